@@ -1,0 +1,115 @@
+"""Shared-memory bank-conflict analysis of the access patterns a kernel's template uses.
+
+Each pattern lists, per hardware phase, the byte addresses a warp touches. Shared memory has 32
+banks of 4 bytes; a phase needs as many wavefronts as the largest number of distinct 4-byte words
+that fall into one bank. 16-byte accesses (uint4, cp.async 16, one ldmatrix 8x8 matrix) are served
+8 threads per phase; 4-byte accesses 32 threads per phase. Degree 1 means conflict-free.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+BANKS = 32
+WORD = 4
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str           # what the template does
+    width: int          # bytes per thread access
+    degree: int         # worst-case wavefronts per phase (1 = conflict-free)
+    phases: int         # phases examined
+
+
+def phase_degree(addresses: Iterable[int], width: int) -> int:
+    words_in_bank: dict[int, set[int]] = defaultdict(set)
+    for a in addresses:
+        for w in range(width // WORD):
+            word = a // WORD + w
+            words_in_bank[word % BANKS].add(word)
+    return max((len(v) for v in words_in_bank.values()), default=1)
+
+
+def worst(phases: list[list[int]], width: int) -> int:
+    return max((phase_degree(p, width) for p in phases), default=1)
+
+
+def _phases(per_lane: list[int], width: int) -> list[list[int]]:
+    group = {16: 8, 8: 16, 4: 32}[width]
+    return [per_lane[i:i + group] for i in range(0, len(per_lane), group)]
+
+
+def tile_store_pattern(plan, region_rows: int, threads: int) -> list[list[int]]:
+    """A warp's 16-byte chunk stores while copying a tile (thread t copies chunk t + i*threads)."""
+    sw, cpr = plan.swizzle, plan.chunks_per_row
+    phases = []
+    for it in range(-(-region_rows * cpr // threads)):
+        for warp0 in range(0, threads, 32):
+            lanes = []
+            for lane in range(32):
+                c = warp0 + lane + it * threads
+                if c < region_rows * cpr:
+                    lanes.append(sw.chunk_offset(c // cpr, c % cpr))
+            phases += _phases(lanes, 16)
+    return phases
+
+
+def scalar_store_pattern(plan, region_rows: int, threads: int) -> list[list[int]]:
+    """The scalar kernel stores each 16-byte chunk as four 4-byte words (rows may be padded)."""
+    sw, cpr = plan.swizzle, plan.chunks_per_row
+    phases = []
+    for it in range(-(-region_rows * cpr // threads)):
+        for warp0 in range(0, threads, 32):
+            for word in range(4):
+                lanes = []
+                for lane in range(32):
+                    c = warp0 + lane + it * threads
+                    if c < region_rows * cpr:
+                        lanes.append(sw.chunk_offset(c // cpr, c % cpr) + 4 * word)
+                phases.append(lanes)
+    return phases
+
+
+def ldmatrix_phases(plan, rows: int, cols: int, lane_row, lane_chunk) -> list[list[int]]:
+    """ldmatrix.x4 over every 16x16 block of a rows x cols tile: one phase per 8x8 matrix."""
+    sw = plan.swizzle
+    phases = []
+    for r0 in range(0, rows, 16):
+        for c0 in range(0, cols // 8, 2):
+            lanes = [sw.chunk_offset(r0 + lane_row(i), c0 + lane_chunk(i)) for i in range(32)]
+            phases += _phases(lanes, 16)
+    return phases
+
+
+def report(plan) -> list[Pattern]:
+    out: list[Pattern] = []
+    d, bn, bm = plan.head_dim, plan.block_n, plan.block_m
+    if plan.family == "scalar":
+        kv = scalar_store_pattern(plan, bn, plan.threads)
+        out.append(Pattern("K/V tile store (4 x 4 B per 16-B chunk)", 4, worst(kv, 4), len(kv)))
+        sw = plan.swizzle
+        k_read = [[sw.byte_offset(lane + 32 * j, 4 * p) for lane in range(32)]
+                  for j in range(bn // 32) for p in range(d // 2)]
+        out.append(Pattern("K read for Q.K^T (half2 per lane, one key per lane)", 4, worst(k_read, 4), len(k_read)))
+        v_read = [[sw.byte_offset(j, 4 * lane + 128 * p) for lane in range(32)]
+                  for j in range(bn) for p in range(d // 64)]
+        out.append(Pattern("V read for P.V (half2 per lane, one row per warp)", 4, worst(v_read, 4), len(v_read)))
+        return out
+    copy_threads = plan.producer_threads or plan.threads
+    kv = tile_store_pattern(plan, bn, copy_threads)
+    verb = "cp.async" if plan.async_copy else "uint4"
+    out.append(Pattern(f"K/V tile store ({verb}, 16 B)", 16, worst(kv, 16), len(kv)))
+    if plan.family == "wmma":
+        q = tile_store_pattern(plan, bm, plan.threads)
+        out.append(Pattern("Q tile store (uint4, 16 B)", 16, worst(q, 16), len(q)))
+        return out  # wmma::load_matrix_sync addresses are not specified by CUDA
+    # ldmatrix.x4 lane -> (row, chunk) maps of the mma_m16n8k16 template (see templates/lib/mma.j2)
+    q = ldmatrix_phases(plan, bm, d, lambda i: i % 8 + (i // 8) % 2 * 8, lambda i: i // 16)
+    out.append(Pattern("ldmatrix.x4 Q (A fragments)", 16, worst(q, 16), len(q)))
+    k = ldmatrix_phases(plan, bn, d, lambda i: i % 8 + i // 16 * 8, lambda i: (i // 8) % 2)
+    out.append(Pattern("ldmatrix.x4 K (B fragments of Q.K^T)", 16, worst(k, 16), len(k)))
+    v = ldmatrix_phases(plan, bn, d, lambda i: i % 8 + (i // 8) % 2 * 8, lambda i: i // 16)
+    out.append(Pattern("ldmatrix.x4.trans V (B fragments of P.V)", 16, worst(v, 16), len(v)))
+    return out

@@ -1,0 +1,216 @@
+"""attngen command line: a thin click layer over spec -> plan -> render -> compile -> verify/bench.
+
+Exit codes: 0 success; 1 a check failed (stale generated/, verification failure, spills);
+2 bad input (spec error, over budget, bad option); 3 a tool failed or is missing (nvcc);
+4 no CUDA GPU / torch / pycuda on this machine.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import AttngenError
+
+EXIT_CODES = """\b
+Exit codes:
+  0  success
+  1  a check failed: generated/ stale, verification failed, register spills
+  2  bad input: spec error, shared memory over budget, bad option
+  3  a tool failed or is missing (nvcc)
+  4  no CUDA GPU, torch or pycuda on this machine"""
+
+
+def fail(exc: AttngenError) -> None:
+    click.echo(f"attngen: {exc}" if not getattr(exc, "file", None) else str(exc), err=True)
+    sys.exit(exc.exit_code)
+
+
+class Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except AttngenError as exc:
+            fail(exc)
+
+
+@click.group(cls=Group, epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="attngen")
+def main():
+    """attngen: generate specialized FlashAttention-style CUDA kernels from YAML specs.
+
+    \b
+    A spec (specs/*.yaml) states tile sizes, warp roles, tensor-core fragment,
+    shared-memory swizzle and pipeline depth. attngen plans every derived number
+    (shared-memory layout, threads, fragments, budget), renders CUDA source into
+    generated/, compiles it with nvcc and verifies it on the GPU against torch.
+
+    \b
+    Typical use:
+      attngen explain specs/phase4.yaml     # the plan: layout, budget, bank conflicts
+      attngen build specs/phase4.yaml       # write generated/phase4.cu
+      attngen compile specs/phase4.yaml     # nvcc + ptxas register/spill report
+      attngen check                         # is generated/ in sync with specs/?
+      attngen verify                        # GPU: every spec against an fp32 reference
+    """
+
+
+def _spec_files(paths: tuple[str, ...], specs_dir: str) -> list[Path]:
+    if paths:
+        return [Path(p) for p in paths]
+    d = Path(specs_dir)
+    files = sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml"))
+    if not files:
+        raise click.UsageError(f"no spec files given and none found in {d}/")
+    return sorted(files)
+
+
+@main.command()
+@click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", default="generated", show_default=True, type=click.Path(file_okay=False),
+              help="directory for the generated .cu files")
+@click.option("--specs-dir", default="specs", show_default=True, help="where to find specs when none are given")
+def build(specs, out_dir, specs_dir):
+    """Render SPECS (default: every spec in specs/) to OUT/<name>.cu.
+
+    Writes only files whose content changed, and says which.
+    """
+    from .render import render_spec_file
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in _spec_files(specs, specs_dir):
+        r = render_spec_file(path)
+        dest = out / r.out_name
+        if dest.is_file() and dest.read_text() == r.source:
+            click.echo(f"unchanged {dest}")
+            continue
+        dest.write_text(r.source)
+        click.echo(f"wrote     {dest}  ({r.plan.smem_bytes} B smem, {r.plan.threads} threads)")
+
+
+@main.command()
+@click.option("--specs-dir", default="specs", show_default=True)
+@click.option("--generated", "gen_dir", default="generated", show_default=True)
+def check(specs_dir, gen_dir):
+    """Check that generated/ matches what specs/ and the templates produce now.
+
+    Regenerates every spec in memory and compares with the committed files; exits 1 with a
+    unified diff when a file is stale or missing, or when generated/ holds an orphan (a .cu that
+    no spec produces). Run it in CI and before review.
+    """
+    from .render import render_spec_file
+    gen = Path(gen_dir)
+    expected = {}
+    for path in _spec_files((), specs_dir):
+        r = render_spec_file(path)
+        if r.out_name in expected:
+            raise click.UsageError(f"two specs produce {r.out_name}: {expected[r.out_name][0]} and {path}")
+        expected[r.out_name] = (path, r.source)
+    problems = 0
+    for name, (path, source) in sorted(expected.items()):
+        dest = gen / name
+        if not dest.is_file():
+            click.echo(f"missing: {dest} (from {path}); run `attngen build`")
+            problems += 1
+            continue
+        current = dest.read_text()
+        if current != source:
+            problems += 1
+            click.echo(f"stale: {dest} differs from what {path} renders now; run `attngen build`")
+            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), source.splitlines(True),
+                                                       fromfile=f"{dest} (committed)", tofile=f"{dest} (from {path})"))
+    for f in sorted(gen.glob("*.cu")) if gen.is_dir() else []:
+        if f.name not in expected:
+            problems += 1
+            click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
+    if problems:
+        click.echo(f"attngen check: {problems} problem(s)", err=True)
+        sys.exit(1)
+    click.echo(f"attngen check: {len(expected)} generated file(s) in sync")
+
+
+@main.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
+@click.option("--arch", default=None, help="also compile for this arch (e.g. sm_89) to add register occupancy")
+def explain(spec, as_json, arch):
+    """Print the plan of SPEC: shared-memory layout, budget, threads, fragments, bank conflicts.
+
+    Nothing is compiled unless --arch is given; with --arch, ptxas registers refine the
+    resident-blocks estimate.
+    """
+    from .explain import explain as describe, plan_dict
+    from .render import render_spec_file
+    r = render_spec_file(spec)
+    regs = None
+    if arch:
+        from .compile import compile_source
+        res = compile_source(r.source, arch)
+        regs = max(f.registers for f in res.functions)
+    if as_json:
+        d = plan_dict(r.plan)
+        if regs:
+            d["registers"] = regs
+            d["blocks_per_sm_by_registers"] = r.plan.blocks_per_sm_by_registers(regs)
+        click.echo(json.dumps(d, indent=2))
+    else:
+        click.echo(describe(r.plan, regs))
+
+
+@main.command(name="compile")
+@click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--arch", "archs", multiple=True, help="target arch, repeatable (default: the spec target's)")
+@click.option("--allow-spills", is_flag=True, help="do not fail when ptxas reports register spills")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="also write <name>.<arch>.cubin here")
+@click.option("--json", "as_json", is_flag=True, help="print the ptxas report as JSON")
+@click.option("--specs-dir", default="specs", show_default=True)
+def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
+    """Compile SPECS (default: every spec) with nvcc and report ptxas resources.
+
+    Prints registers, spill stores/loads, stack and static shared memory per kernel function,
+    and checks that ptxas's shared memory equals the planner's. Exits 1 on spills (unless
+    --allow-spills) or on a shared-memory mismatch; 3 when nvcc is missing or fails.
+    """
+    from .compile import compile_source
+    from .render import render_spec_file
+    report, bad = [], 0
+    for path in _spec_files(specs, specs_dir):
+        r = render_spec_file(path)
+        for arch in archs or (r.plan.target.arch,):
+            res = compile_source(r.source, arch, on_compile=lambda a, n=r.out_name: click.echo(
+                f"compiling {n} for {a} ...", err=True))
+            want_static = 0 if r.plan.smem_dynamic else r.plan.smem_bytes
+            for f in res.functions:
+                ok_smem = f.smem_bytes == want_static
+                spill = f.spills and not allow_spills
+                bad += spill or not ok_smem
+                report.append({"spec": str(path), "arch": arch, **f.as_dict(), "plan_smem_bytes": r.plan.smem_bytes,
+                               "smem_matches_plan": ok_smem})
+            if out_dir:
+                Path(out_dir).mkdir(parents=True, exist_ok=True)
+                (Path(out_dir) / f"{r.plan.spec.name}.{arch}.cubin").write_bytes(res.cubin)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(f"{'function':<34} {'arch':<6} {'regs':>4} {'spill st/ld':>11} {'stack':>5} "
+                   f"{'smem':>7} {'plan':>7}")
+        for e in report:
+            note = "" if e["smem_matches_plan"] else "  <- ptxas smem differs from the plan"
+            if e["spill_stores"] or e["spill_loads"]:
+                note += "  <- spills"
+            click.echo(f"{e['name']:<34} {e['arch']:<6} {e['registers']:>4} "
+                       f"{e['spill_stores']:>5}/{e['spill_loads']:<5} {e['stack_bytes']:>5} {e['smem_bytes']:>7} "
+                       f"{e['plan_smem_bytes']:>7}{note}")
+    if bad:
+        sys.exit(1)
+
+
+@main.command()
+def schema():
+    """Print the JSON schema of a spec file (every key, type, range and description)."""
+    from .spec import json_schema
+    click.echo(json.dumps(json_schema(), indent=2))

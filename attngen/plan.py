@@ -1,0 +1,370 @@
+"""The planner: every number a kernel needs, derived from a spec.
+
+Templates read only a Plan. If a template would need arithmetic on spec fields, the result
+belongs here, under a name a reviewer can read in `attngen explain`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import banks
+from .errors import BudgetError, SpecError
+from .spec import PadSwizzle, Spec, XorSwizzle
+from .targets import TARGETS, Target
+
+REGION_ALIGN = 128          # bytes; every region starts on a 128-byte boundary
+CHUNK_BYTES = 16            # one vectorized copy (uint4 / cp.async.cg 16)
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Region:
+    """One named shared-memory buffer."""
+
+    name: str
+    rows: int
+    cols: int
+    elem: str               # "half", "bf16", "float" ...
+    elem_bytes: int
+    pitch_bytes: int        # bytes from one row to the next (includes padding)
+    offset: int = 0
+    swizzle: str = "none"   # human description
+    per: str = ""           # what the buffer is for, for explain
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.pitch_bytes
+
+    @property
+    def pitch_elems(self) -> int:
+        return self.pitch_bytes // self.elem_bytes
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.bytes
+
+
+@dataclass(frozen=True)
+class Swizzle:
+    """Address function of a tile row of 16-byte chunks: byte(row, chunk) inside a region."""
+
+    kind: str               # none | pad | xor
+    pitch_bytes: int
+    xor_bits: int = 0
+    row_shift: int = 0
+
+    @property
+    def rows_16b_aligned(self) -> bool:
+        """Rows start on 16-byte boundaries, so a chunk can be stored as one uint4."""
+        return self.pitch_bytes % CHUNK_BYTES == 0
+
+    @property
+    def xor_mask(self) -> int:
+        return (1 << self.xor_bits) - 1
+
+    def chunk_offset(self, row: int, chunk: int) -> int:
+        if self.kind == "xor":
+            chunk ^= (row >> self.row_shift) & self.xor_mask
+        return row * self.pitch_bytes + chunk * CHUNK_BYTES
+
+    def byte_offset(self, row: int, col_byte: int) -> int:
+        return self.chunk_offset(row, col_byte // CHUNK_BYTES) + col_byte % CHUNK_BYTES
+
+    def describe(self) -> str:
+        if self.kind == "xor":
+            rows = f"(row >> {self.row_shift})" if self.row_shift else "row"
+            return f"xor: chunk ^= {rows} & {self.xor_mask}"
+        if self.kind == "pad":
+            return f"pad to {self.pitch_bytes} B/row"
+        return "none"
+
+
+@dataclass(frozen=True)
+class TileCopy:
+    """How a group of threads copies an R x D tile global->shared in 16-byte chunks."""
+
+    rows: int
+    chunks_per_row: int
+    threads: int
+
+    @property
+    def chunks(self) -> int:
+        return self.rows * self.chunks_per_row
+
+    @property
+    def iterations(self) -> int:
+        return math.ceil(self.chunks / self.threads)
+
+    @property
+    def exact(self) -> bool:
+        """True when every thread copies the same number of chunks (no bounds test needed)."""
+        return self.chunks % self.threads == 0
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """A named barrier (bar.sync / bar.arrive) of the producer/consumer hand-off."""
+
+    id: int
+    name: str
+    threads: int
+    arrive: str             # role that arrives
+    wait: str               # role that waits
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    target: Target
+    family: str                     # scalar | wmma | mma
+    masks: tuple[str, ...]
+    functions: tuple[tuple[str, str], ...]   # (mask, extern "C" function name)
+    ctype: str                      # CUDA element type
+    ctype2: str                     # its two-element vector type
+    head_dim: int
+    block_m: int
+    block_n: int
+    compute_warps: int
+    producer_warps: int
+    threads: int
+    compute_threads: int
+    producer_threads: int
+    rows_per_warp: int
+    chunks_per_row: int
+    swizzle: Swizzle
+    regions: tuple[Region, ...]
+    smem_bytes: int
+    smem_budget: int
+    smem_dynamic: bool              # launched with dynamic shared memory (needed above 48 KiB)
+    stages: int
+    async_copy: bool
+    q_in_registers: bool
+    rescale: str
+    q_copy: TileCopy
+    kv_copy: TileCopy
+    # per-family numbers
+    scalar: dict = field(default_factory=dict)
+    wmma: dict = field(default_factory=dict)
+    mma: dict = field(default_factory=dict)
+    barriers: tuple[Barrier, ...] = ()
+    bank_report: tuple = ()
+
+    def region(self, name: str) -> Region:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def kv_regions(self) -> list[tuple[Region, Region]]:
+        return [(self.region(f"k{s}"), self.region(f"v{s}")) for s in range(self.stages)]
+
+    def blocks_per_sm_by_smem(self) -> int:
+        t = self.target
+        per_block = self.smem_bytes + t.smem_reserved_per_block
+        by_smem = t.smem_per_sm // per_block if self.smem_bytes else t.max_blocks_per_sm
+        return min(by_smem, self.blocks_per_sm_by_threads())
+
+    def blocks_per_sm_by_threads(self) -> int:
+        t = self.target
+        return min(t.max_threads_per_sm // self.threads, t.max_blocks_per_sm)
+
+    def blocks_per_sm_by_registers(self, regs_per_thread: int) -> int:
+        """Registers are allocated per warp in units of 256."""
+        per_warp = math.ceil(max(regs_per_thread, 1) * 32 / 256) * 256
+        warps = self.threads // 32
+        return self.target.regs_per_sm // (per_warp * warps)
+
+
+# -- derivations ---------------------------------------------------------------------------------
+
+def element_types(dtype: str) -> tuple[str, str]:
+    return {"fp16": ("half", "half2"), "bf16": ("__nv_bfloat16", "__nv_bfloat162")}[dtype]
+
+
+def function_name(spec: Spec, mask: str) -> str:
+    return f"attngen_{spec.name}_{mask}"
+
+
+def tile_swizzle(spec: Spec) -> Swizzle:
+    row_bytes = spec.head_dim * spec.elem_bytes
+    sw = spec.smem.swizzle
+    if isinstance(sw, PadSwizzle):
+        return Swizzle("pad", row_bytes + sw.pad_bytes)
+    if isinstance(sw, XorSwizzle):
+        return Swizzle("xor", row_bytes, sw.xor_bits, sw.row_shift)
+    return Swizzle("none", row_bytes)
+
+
+def smem_budget(spec: Spec, target: Target) -> int:
+    return target.smem_per_block_optin if spec.smem.opt_in else target.smem_per_block
+
+
+def layout_regions(regions: list[Region]) -> tuple[Region, ...]:
+    """Place regions one after another, each on a REGION_ALIGN boundary."""
+    placed, offset = [], 0
+    for r in regions:
+        offset = -(-offset // REGION_ALIGN) * REGION_ALIGN
+        placed.append(Region(**{**r.__dict__, "offset": offset}))
+        offset += r.bytes
+    return tuple(placed)
+
+
+def tile_regions(spec: Spec, sw: Swizzle) -> list[Region]:
+    """Q tile, then each pipeline stage's K and V tile."""
+    ctype = element_types(spec.dtype)[0]
+    d, bn, bm = spec.head_dim, spec.tile.block_n, spec.tile.block_m
+    desc = sw.describe()
+    regions = [Region("q", bm, d, ctype, 2, sw.pitch_bytes, swizzle=desc, per="Q tile, loaded once")]
+    for s in range(spec.smem.stages):
+        regions.append(Region(f"k{s}", bn, d, ctype, 2, sw.pitch_bytes, swizzle=desc, per=f"K tile, stage {s}"))
+        regions.append(Region(f"v{s}", bn, d, ctype, 2, sw.pitch_bytes, swizzle=desc, per=f"V tile, stage {s}"))
+    return regions
+
+
+def family_regions(spec: Spec) -> list[Region]:
+    """Buffers beyond the tiles that a fragment family needs."""
+    bm, bn, d = spec.tile.block_m, spec.tile.block_n, spec.head_dim
+    ctype = element_types(spec.dtype)[0]
+    if spec.mma == "scalar":
+        return [Region("p", bm, bn, "float", 4, bn * 4, per="P = softmax numerators, fp32, row per warp slice")]
+    if spec.mma == "wmma_m16n16k16":
+        # The wmma accumulator layout is opaque, so S, P and the running O go through shared memory.
+        return [
+            Region("s", bm, bn, "float", 4, bn * 4, per="S = Q.K^T scores, fp32"),
+            Region("p", bm, bn, ctype, 2, bn * 2, per="P, softmax numerators in the input type"),
+            Region("o", bm, d, "float", 4, d * 4, per="running output O, fp32"),
+        ]
+    return []  # mma.sync keeps S, P and O in registers
+
+
+def check_budget(spec: Spec, target: Target, regions: tuple[Region, ...], file: str | None) -> int:
+    total = regions[-1].end if regions else 0
+    budget = smem_budget(spec, target)
+    if total > budget:
+        lines = [f"  {'region':<8} {'shape':<14} {'bytes':>8} {'KiB':>8}"]
+        for r in regions:
+            lines.append(f"  {r.name:<8} {f'{r.rows}x{r.cols} {r.elem}':<14} {r.bytes:>8} {r.bytes / 1024:>8.2f}")
+        pad = total - sum(r.bytes for r in regions)
+        if pad:
+            lines.append(f"  {'(align)':<8} {'':<14} {pad:>8} {pad / 1024:>8.2f}")
+        lines.append(f"  {'total':<8} {'':<14} {total:>8} {total / 1024:>8.2f}")
+        lines.append(f"  {'budget':<8} {'':<14} {budget:>8} {budget / 1024:>8.2f}  "
+                     f"({target.name}, {'opt-in maximum' if spec.smem.opt_in else 'default per block'})")
+        if not spec.smem.opt_in and total <= target.smem_per_block_optin:
+            hint = (f"set smem.opt_in: true (the {target.name} allows {target.smem_per_block_optin} B per block), "
+                    "or shrink tile.block_m / tile.block_n / smem.stages")
+        else:
+            hint = "shrink tile.block_m, tile.block_n or smem.stages"
+        raise BudgetError(f"shared memory {total} B ({total / 1024:.2f} KiB) exceeds the budget of {budget} B "
+                          f"({budget / 1024:.2f} KiB) by {total - budget} B",
+                          breakdown=lines and "\n".join(lines), file=file, key="smem", hint=hint)
+    return total
+
+
+def producer_consumer_barriers(spec: Spec, threads: int) -> tuple[Barrier, ...]:
+    """FULL[s] and EMPTY[s] per stage; id 0 stays with __syncthreads."""
+    if not spec.producer_warps:
+        return ()
+    stages = spec.smem.stages
+    if 1 + 2 * stages > 16:
+        raise SpecError(f"{stages} stages need {2 * stages} named barriers plus id 0; the hardware has 16",
+                        key="smem.stages", hint="use at most 7 stages with producer warps")
+    out = []
+    for s in range(stages):
+        out.append(Barrier(1 + s, f"full{s}", threads, "producer", "consumer"))
+    for s in range(stages):
+        out.append(Barrier(1 + stages + s, f"empty{s}", threads, "consumer", "producer"))
+    return tuple(out)
+
+
+def scalar_numbers(spec: Spec, rows_per_warp: int) -> dict:
+    return {
+        "keys_per_lane": spec.tile.block_n // 32,      # S columns each lane owns
+        "pairs_per_lane": spec.head_dim // 64,         # half2 column pairs of O each lane owns
+        "d_pairs": spec.head_dim // 2,                 # half2 steps of the Q.K^T dot product
+        "rows_per_warp": rows_per_warp,
+    }
+
+
+def wmma_numbers(spec: Spec, rows_per_warp: int) -> dict:
+    lanes_per_row = 32 // rows_per_warp if rows_per_warp <= 32 else 1
+    if rows_per_warp > 32 or 32 % rows_per_warp:
+        raise SpecError(f"the wmma kernel gives each warp 16 or 32 rows (got {rows_per_warp})",
+                        key="tile.block_m", hint="make block_m = 16 or 32 x warps.compute")
+    return {
+        "m_tiles": rows_per_warp // 16,
+        "n_tiles": spec.tile.block_n // 16,
+        "d_tiles": spec.head_dim // 16,
+        "k_steps_qk": spec.head_dim // 16,
+        "k_steps_pv": spec.tile.block_n // 16,
+        "lanes_per_row": lanes_per_row,
+        "cols_per_lane": spec.tile.block_n // lanes_per_row,
+        "d_per_lane": spec.head_dim // lanes_per_row,
+    }
+
+
+def mma_numbers(spec: Spec, rows_per_warp: int) -> dict:
+    m_tiles = rows_per_warp // 16
+    n_tiles = spec.tile.block_n // 8
+    d_tiles = spec.head_dim // 8
+    k_qk = spec.head_dim // 16
+    acc = m_tiles * (n_tiles + d_tiles) * 4
+    q_regs = m_tiles * k_qk * 4 if spec.smem.q_in_registers else 0
+    return {
+        "m_tiles": m_tiles,             # 16-row A fragments per warp
+        "n_tiles": n_tiles,             # 8-key accumulator tiles of S
+        "d_tiles": d_tiles,             # 8-column accumulator tiles of O
+        "k_steps_qk": k_qk,             # k16 steps of Q.K^T
+        "k_steps_pv": spec.tile.block_n // 16,  # k16 steps of P.V
+        "s_regs": m_tiles * n_tiles * 4,
+        "o_regs": m_tiles * d_tiles * 4,
+        "q_regs": q_regs,
+        "est_regs": acc + q_regs,        # fp32 accumulators + Q fragments, before addressing
+    }
+
+
+def make_plan(spec: Spec, file: str | None = None) -> Plan:
+    target = TARGETS[spec.target]
+    ctype, ctype2 = element_types(spec.dtype)
+    sw = tile_swizzle(spec)
+    regions = layout_regions(tile_regions(spec, sw) + family_regions(spec))
+    total = check_budget(spec, target, regions, file)
+    compute_threads = 32 * spec.compute_warps
+    producer_threads = 32 * spec.producer_warps
+    threads = compute_threads + producer_threads
+    rows_per_warp = spec.tile.block_m // spec.compute_warps
+    chunks_per_row = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
+    kv_threads = producer_threads or threads
+    family = {"scalar": "scalar", "wmma_m16n16k16": "wmma", "mma_m16n8k16": "mma"}[spec.mma]
+    numbers = {"scalar": {}, "wmma": {}, "mma": {}}
+    if family == "scalar":
+        numbers["scalar"] = scalar_numbers(spec, rows_per_warp)
+    elif family == "wmma":
+        numbers["wmma"] = wmma_numbers(spec, rows_per_warp)
+    else:
+        numbers["mma"] = mma_numbers(spec, rows_per_warp)
+    plan = Plan(
+        spec=spec, target=target, family=family, masks=tuple(spec.masks),
+        functions=tuple((m, function_name(spec, m)) for m in spec.masks),
+        ctype=ctype, ctype2=ctype2, head_dim=spec.head_dim,
+        block_m=spec.tile.block_m, block_n=spec.tile.block_n,
+        compute_warps=spec.compute_warps, producer_warps=spec.producer_warps,
+        threads=threads, compute_threads=compute_threads, producer_threads=producer_threads,
+        rows_per_warp=rows_per_warp, chunks_per_row=chunks_per_row, swizzle=sw,
+        regions=regions, smem_bytes=total, smem_budget=smem_budget(spec, target),
+        smem_dynamic=total > target.smem_per_block,
+        stages=spec.smem.stages, async_copy=spec.smem.async_copy,
+        q_in_registers=spec.smem.q_in_registers, rescale=spec.softmax.rescale,
+        q_copy=TileCopy(spec.tile.block_m, chunks_per_row, threads),
+        kv_copy=TileCopy(spec.tile.block_n, chunks_per_row, kv_threads),
+        scalar=numbers["scalar"], wmma=numbers["wmma"], mma=numbers["mma"],
+        barriers=producer_consumer_barriers(spec, threads),
+    )
+    return _with_bank_report(plan)
+
+
+def _with_bank_report(plan: Plan) -> Plan:
+    from dataclasses import replace
+    return replace(plan, bank_report=tuple(banks.report(plan)))
