@@ -9,7 +9,7 @@ import jinja2
 
 from . import __version__
 from .plan import Plan, make_plan
-from .spec import parse_spec
+from .spec import parse_spec, read_spec_text
 
 ENTRY_TEMPLATE = "attention_fwd.cu.j2"
 
@@ -90,11 +90,8 @@ def display_path(path: str | Path) -> str:
 
 
 def render_spec_file(path: str | Path) -> Rendered:
-    text = Path(path).read_text() if Path(path).is_file() else None
+    text = read_spec_text(path)
     shown = display_path(path)
-    if text is None:
-        from .errors import SpecError
-        raise SpecError("no such spec file", file=str(path))
     spec = parse_spec(text, file=shown)
     plan = make_plan(spec, file=shown)
     return Rendered(shown, f"{spec.name}.cu", render_plan(plan, shown, text), plan)

@@ -24,7 +24,8 @@ TENSOR_CORE_FRAGMENTS = ("wmma_m16n16k16", "mma_m16n8k16")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML already gives ints, bools and strings; lax coercion would read `stages: true` as 1
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Tile(_Strict):
@@ -98,7 +99,7 @@ class Spec(_Strict):
     smem: SharedMemory = SharedMemory()
     softmax: Softmax = Softmax()
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
     @field_validator("target")
     @classmethod
@@ -239,6 +240,10 @@ def _rule_rescale(s: Spec):
         return "softmax.rescale", "the scalar kernel always rescales; use rescale: always"
 
 
+# class name -> model, to list a mapping's keys when a scalar was given instead
+_MODELS = {m.__name__: m for m in (Tile, HomogeneousWarps, SpecializedWarps, PadSwizzle, XorSwizzle,
+                                   SharedMemory, Softmax)}
+
 _RULES = [
     _rule_head_dim_vector_loads, _rule_head_dim_fragments, _rule_scalar_head_dim, _rule_block_m_split,
     _rule_block_n, _rule_stages_need_async, _rule_async_needs_tensor_cores, _rule_q_in_registers,
@@ -258,7 +263,7 @@ def _line_of(node: yaml.Node | None, path: tuple) -> int | None:
     for part in path:
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
-                if k.value == part or (part == "schema_" and k.value == "schema"):
+                if k.value == str(part) or (part == "schema_" and k.value == "schema"):
                     line = k.start_mark.line + 1
                     node = v
                     break
@@ -276,21 +281,42 @@ _UNION_TAGS = {"HomogeneousWarps", "SpecializedWarps", "PadSwizzle", "XorSwizzle
                "function-after[_known_target(), str]"}
 
 
+def _is_tag(part) -> bool:
+    return isinstance(part, str) and (part in _UNION_TAGS or part.startswith(("literal[", "function-", "union[")))
+
+
 def _clean_loc(loc: tuple) -> tuple:
     """Drop pydantic's union-member tags from an error location: keep the user's key path."""
-    out = []
-    for part in loc:
-        if isinstance(part, str) and (part in _UNION_TAGS or part.startswith(("literal[", "function-", "union["))):
-            continue
-        out.append(part)
-    return tuple("schema" if p == "schema_" else p for p in out)
+    return tuple("schema" if p == "schema_" else p for p in loc if not _is_tag(p))
+
+
+# The forms a union-typed key accepts, for the message when a value fits none of them.
+_UNION_FORMS = {
+    ("warps",): "{compute: N} or {producer: P, consumer: C}",
+    ("smem", "swizzle"): "none, {pad_bytes: N} or {xor_bits: B, row_shift: S}",
+}
+_KEY_ERRORS = ("missing", "extra_forbidden")
+# Among errors at the same depth: an unknown key usually explains the missing one (a typo).
+_TYPE_RANK = {"extra_forbidden": 1, "missing": 2, "model_type": 3, "literal_error": 4}
 
 
 def _pick_error(err: ValidationError) -> dict:
-    """With unions pydantic reports one error per member; show the one that went deepest."""
+    """Pick the one error to show.
+
+    With unions pydantic reports errors for every member. The member whose keys match the input
+    best is the one the user meant, so its errors come first: a member refusing the value's kind
+    outright (a mapping for `none`, a scalar for a mapping) matches worst, then each missing or
+    unknown key counts one. Then the deepest location; then an unknown key before a missing one.
+    """
     errors = err.errors()
-    errors.sort(key=lambda e: (-len(_clean_loc(e["loc"])), e["type"] == "literal_error"))
-    return errors[0]
+    members = [tuple(p for p in e["loc"] if _is_tag(p)) for e in errors]
+    mismatch: dict[tuple, int] = {}
+    for e, m in zip(errors, members):
+        wrong_kind = bool(m) and _is_tag(e["loc"][-1])
+        mismatch[m] = mismatch.get(m, 0) + (100 if wrong_kind else e["type"] in _KEY_ERRORS)
+    order = sorted(range(len(errors)), key=lambda i: (
+        mismatch[members[i]], -len(_clean_loc(errors[i]["loc"])), _TYPE_RANK.get(errors[i]["type"], 0)))
+    return errors[order[0]]
 
 
 def _message(e: dict) -> str:
@@ -299,11 +325,43 @@ def _message(e: dict) -> str:
         return "unknown key; check the spelling (see `attngen schema` for the keys a spec takes)"
     if e["type"] == "missing":
         return "required key is missing"
+    loc = _clean_loc(e["loc"])
+    got = "" if isinstance(e.get("input"), (dict, list)) else f" (got {e.get('input')!r})"
+    if loc in _UNION_FORMS and e["type"] in ("model_type", "literal_error"):
+        return f"must be {_UNION_FORMS[loc]}{got}"
+    if e["type"] == "model_type":
+        model = _MODELS.get((e.get("ctx") or {}).get("class_name"))
+        keys = f" with keys {', '.join(model.model_fields)}" if model else ""
+        return f"must be a mapping{keys}{got}"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     if e["type"] not in ("value_error",) and "input" in e and not isinstance(e["input"], (dict, list)):
         msg += f" (got {e['input']!r})"
     return msg
+
+
+def _duplicate_key(node: yaml.Node, path: tuple = ()) -> tuple[str, int, int] | None:
+    """(key path, line, first line) of the first key given twice in one mapping, else None.
+
+    PyYAML silently keeps the last value of a repeated key; in a spec that hides an edit.
+    """
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            line = k.start_mark.line + 1
+            if isinstance(k, yaml.ScalarNode):
+                if k.value in seen:
+                    return ".".join(map(str, path + (k.value,))), line, seen[k.value]
+                seen[k.value] = line
+            found = _duplicate_key(v, path + (getattr(k, "value", "?"),))
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            found = _duplicate_key(v, path + (i,))
+            if found:
+                return found
+    return None
 
 
 def parse_spec(text: str, file: str = "<spec>") -> Spec:
@@ -319,6 +377,10 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                         hint="check indentation and the ':' after each key") from None
     if not isinstance(data, dict):
         raise SpecError("a spec is a YAML mapping of keys (schema, name, tile, ...)", file=file, line=1)
+    dup = _duplicate_key(node)
+    if dup:
+        key, line, first = dup
+        raise SpecError(f"key given twice (first on line {first}); keep one", file=file, line=line, key=key)
     try:
         return Spec.model_validate(data)
     except ValidationError as exc:
@@ -336,16 +398,22 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         raise SpecError(_message(e), file=file, line=_line_of(node, loc), key=key, hint=hint) from None
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Load a spec file; any problem becomes one SpecError."""
+def read_spec_text(path: str | Path) -> str:
+    """The text of a spec file; a missing, unreadable or non-UTF-8 file becomes one SpecError."""
     p = Path(path)
     try:
-        text = p.read_text()
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError("no such spec file", file=str(path)) from None
+    except IsADirectoryError:
+        raise SpecError("is a directory, not a spec file", file=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read spec: {exc}", file=str(path)) from None
-    return parse_spec(text, file=str(path))
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Load a spec file; any problem becomes one SpecError."""
+    return parse_spec(read_spec_text(path), file=str(path))
 
 
 def json_schema() -> dict:
