@@ -63,6 +63,14 @@ class Swizzle:
     def xor_mask(self) -> int:
         return (1 << self.xor_bits) - 1
 
+    @property
+    def steps_by_xor(self) -> bool:
+        """Fragment steps (row0 a multiple of 16, chunk0 even) can reuse one per-lane offset:
+        offset(row0 + r, chunk0 + c) == (offset(r, c) ^ chunk0 * 16) + row0 * pitch. Holds when the
+        pitch is a power of two (row bits never overlap chunk bits) and row0 leaves the XOR term alone."""
+        pow2 = self.pitch_bytes & (self.pitch_bytes - 1) == 0
+        return self.kind == "xor" and pow2 and self.xor_bits + self.row_shift <= 4
+
     def chunk_offset(self, row: int, chunk: int) -> int:
         if self.kind == "xor":
             chunk ^= (row >> self.row_shift) & self.xor_mask
@@ -149,12 +157,23 @@ class Plan:
     mma: dict = field(default_factory=dict)
     barriers: tuple[Barrier, ...] = ()
     bank_report: tuple = ()
+    kv_stage_stride: int = 0        # bytes from stage s's K (or V) tile to stage s+1's
+
 
     def region(self, name: str) -> Region:
         for r in self.regions:
             if r.name == name:
                 return r
         raise KeyError(name)
+
+    @property
+    def full_barrier_base(self) -> int:
+        """Id of full[0]; full[s] = base + s (consecutive by construction)."""
+        return self.barriers[0].id
+
+    @property
+    def empty_barrier_base(self) -> int:
+        return self.barriers[self.stages].id
 
     @property
     def kv_regions(self) -> list[tuple[Region, Region]]:
@@ -237,6 +256,18 @@ def family_regions(spec: Spec) -> list[Region]:
             Region("o", bm, d, "float", 4, d * 4, per="running output O, fp32"),
         ]
     return []  # mma.sync keeps S, P and O in registers
+
+
+def stage_stride(regions: tuple[Region, ...]) -> int:
+    """Stages repeat k, v with one fixed stride, so a ring slot is addressed as base + slot * stride."""
+    by_name = {r.name: r for r in regions}
+    if "k1" not in by_name:
+        return 0
+    stride = by_name["k1"].offset - by_name["k0"].offset
+    for s in range(1, sum(1 for n in by_name if n.startswith("k") and n[1:].isdigit())):
+        assert by_name[f"k{s}"].offset - by_name[f"k{s - 1}"].offset == stride
+        assert by_name[f"v{s}"].offset - by_name[f"v{s - 1}"].offset == stride
+    return stride
 
 
 def check_budget(spec: Spec, target: Target, regions: tuple[Region, ...], file: str | None) -> int:
@@ -322,6 +353,7 @@ def mma_numbers(spec: Spec, rows_per_warp: int) -> dict:
         "o_regs": m_tiles * d_tiles * 4,
         "q_regs": q_regs,
         "est_regs": acc + q_regs,        # fp32 accumulators + Q fragments, before addressing
+        "ptx_type": {"fp16": "f16", "bf16": "bf16"}[spec.dtype],
     }
 
 
@@ -361,6 +393,7 @@ def make_plan(spec: Spec, file: str | None = None) -> Plan:
         kv_copy=TileCopy(spec.tile.block_n, chunks_per_row, kv_threads),
         scalar=numbers["scalar"], wmma=numbers["wmma"], mma=numbers["mma"],
         barriers=producer_consumer_barriers(spec, threads),
+        kv_stage_stride=stage_stride(regions),
     )
     return _with_bank_report(plan)
 

@@ -104,6 +104,17 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * kTilePitchBytes + (chunk << 4);
 }
 
+// A lane's fixed position inside a 16-row x 2-chunk fragment block, as ldmatrix addresses it.
+struct LanePos {
+    int row, chunk, offset;  // offset = tile_offset(row, chunk)
+    __device__ __forceinline__ LanePos(int r, int c) : row(r), chunk(c), offset(tile_offset(r, c)) {}
+};
+
+// tile_offset(row0 + lp.row, chunk0 + lp.chunk) for row0 a multiple of 16 and chunk0 even.
+__device__ __forceinline__ int step_offset(const LanePos& lp, int row0, int chunk0) {
+    return lp.offset + (chunk0 << 4) + row0 * kTilePitchBytes;
+}
+
 // Number of K/V tiles a query block visits. Causal (top-left, as torch SDPA is_causal): row i sees
 // keys 0..i, so tiles that start past the block's last row are skipped entirely. Every role and
 // loop of the kernel takes its tile count from here, so they cannot disagree.

@@ -1,0 +1,399 @@
+"""Run a generated kernel on torch tensors: input checks, the Params struct, grid, launch.
+
+The CUDA source always comes from the renderer (the same bytes as generated/<name>.cu for a spec
+file); it is compiled for the GPU torch is using, loaded with PyCUDA into torch's primary context
+and launched on torch's current stream.
+
+Streams: PyCUDA launches only on a ``pycuda.driver.Stream`` (or the legacy default stream when
+given none) and cannot wrap a raw ``cudaStream_t``. So when torch's current stream is the legacy
+default stream (handle 0, torch's default) the kernel goes straight onto it; otherwise it is
+launched on a PyCUDA stream owned by the Kernel, wrapped for torch as ``torch.cuda.ExternalStream``
+and ordered with events: that stream waits for torch's current stream before the launch, and
+torch's current stream waits for it after. Work queued later on torch's stream therefore sees the
+output, and memory freed on torch's stream is reused only after the kernel finished with it.
+
+Nothing here imports torch or pycuda at module import time: the CPU-only install has neither.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import struct
+import sys
+from dataclasses import dataclass
+
+from .errors import NoGpuError, ToolError
+from .plan import LOG2E, Plan, make_plan
+from .spec import Spec
+
+# Params in templates/lib/prelude.j2: 5 pointers, 12 int64 strides (elements), 5 int32, 1 float32.
+PARAMS_FORMAT = "<5Q12q5if"
+PARAMS_BYTES = 160
+assert struct.calcsize(PARAMS_FORMAT) == PARAMS_BYTES
+
+LAYOUTS = ("bhsd", "bshd")          # bhsd: (batch, heads, seq, dim) as torch SDPA; bshd: (batch, seq, heads, dim)
+LOAD_BYTES = 16                     # the kernels read and write rows in 16-byte vectors
+ELEM_BYTES = 2                      # fp16 / bf16
+MAX_GRID_YZ = 65535                 # CUDA limit of gridDim.y and gridDim.z (heads, batch)
+MAX_GRID_X = 2**31 - 1
+TORCH_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
+SYNC_ENV = "ATTNGEN_SYNC"           # "1": synchronize after every launch, so asynchronous faults name the kernel
+
+
+class LaunchError(RuntimeError):
+    """CUDA refused or aborted a kernel launch; the message names the kernel and launch config."""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_dynamic: int               # bytes of dynamic shared memory (0 when the kernel's is static)
+
+    def describe(self) -> str:
+        return f"grid={self.grid}, block={self.block}, dynamic smem={self.smem_dynamic} B"
+
+
+def launch_config(plan: Plan, batch: int, heads: int, seqlen_q: int) -> LaunchConfig:
+    """Grid (ceil(seqlen_q / block_m), heads, batch), one block of plan.threads."""
+    return LaunchConfig((-(-seqlen_q // plan.block_m), heads, batch), (plan.threads, 1, 1),
+                        plan.smem_bytes if plan.smem_dynamic else 0)
+
+
+def pack_params(pointers: tuple[int, int, int, int, int], strides: tuple[tuple[int, int, int], ...],
+                batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, scale_log2: float) -> bytes:
+    """The kernel's by-value Params: pointers (q, k, v, o, lse or 0), then (batch, head, row) element
+    strides of q, k, v and o, then the sizes and softmax_scale * log2(e)."""
+    if len(pointers) != 5 or len(strides) != 4 or any(len(s) != 3 for s in strides):
+        raise ValueError("pack_params takes 5 pointers and 4 (batch, head, row) stride triples")
+    flat = [s for triple in strides for s in triple]
+    return struct.pack(PARAMS_FORMAT, *pointers, *flat, batch, heads, kv_heads, seqlen_q, seqlen_k, scale_log2)
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def to_bhsd(t, layout: str):
+    """A (batch, heads, seq, dim) view of a tensor given in `layout` (no copy)."""
+    return t if layout == "bhsd" else t.permute(0, 2, 1, 3)
+
+
+def render_for(spec_or_path) -> tuple[Plan, str, str]:
+    """(plan, CUDA source, label) for a spec path, Spec or Plan, through attngen.render.
+
+    A path renders exactly generated/<name>.cu. A Spec or Plan has no YAML text of its own, so its
+    header quotes the spec as dumped YAML; the code below the header is the same.
+    """
+    from .render import render_plan, render_spec_file
+    if isinstance(spec_or_path, (str, os.PathLike)):
+        r = render_spec_file(spec_or_path)
+        return r.plan, r.source, r.spec_path
+    if isinstance(spec_or_path, Spec):
+        plan = make_plan(spec_or_path)
+    elif isinstance(spec_or_path, Plan):
+        plan = spec_or_path
+    else:
+        raise TypeError(f"load() takes a spec path, a Spec or a Plan (got {type(spec_or_path).__name__})")
+    import yaml
+    text = yaml.safe_dump(plan.spec.model_dump(by_alias=True, mode="json"), sort_keys=False)
+    label = f"<spec {plan.spec.name}>"
+    return plan, render_plan(plan, label, text), label
+
+
+def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> "Kernel":
+    """Render, compile (cached) and load a spec for the current GPU; returns a callable Kernel.
+
+    `spec_or_path`: a spec file path, a Spec or a Plan. `on_compile(arch)` is called on a cubin
+    cache miss (default: a line on stderr). `synchronize`: wait for every launch and turn
+    asynchronous CUDA faults into LaunchError (default: env ATTNGEN_SYNC=1).
+    """
+    plan, source, label = render_for(spec_or_path)
+    return Kernel.from_source(plan, source, label=label, on_compile=on_compile, synchronize=synchronize)
+
+
+# -- GPU access ----------------------------------------------------------------------------------
+
+def gpu_modules():
+    """(torch, pycuda.driver, pycuda.autoprimaryctx) with torch's primary context current.
+
+    Raises NoGpuError when torch, a CUDA GPU or pycuda is missing.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        raise NoGpuError(f"torch is not installed: pip install -e '.[gpu]' ({exc})") from exc
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise NoGpuError(f"no CUDA GPU: torch {torch.__version__} ({build}) sees none")
+    try:
+        import pycuda.driver as drv
+    except ImportError as exc:
+        raise NoGpuError(f"pycuda is not installed: pip install -e '.[gpu]' ({exc})") from exc
+    torch.cuda.init()
+    try:
+        # Retains and pushes the device's primary context, the one torch's runtime uses, so
+        # torch's pointers are valid in PyCUDA launches. (pycuda.autoinit would make a new context.)
+        import pycuda.autoprimaryctx as primary
+    except drv.Error as exc:
+        raise NoGpuError(f"no CUDA GPU: pycuda could not retain the primary context ({exc})") from exc
+    _check_same_device(torch, primary.device)
+    return torch, drv, primary
+
+
+def _check_same_device(torch, device) -> None:
+    """PyCUDA picks its device itself (env CUDA_DEVICE, else the first usable); torch may differ."""
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    want = tuple(getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
+    if None in want:
+        return
+    try:
+        domain, bus, dev_fn = device.pci_bus_id().split(":")
+        have = (int(domain, 16), int(bus, 16), int(dev_fn.split(".")[0], 16))
+    except (AttributeError, ValueError):
+        return
+    if have != want:
+        raise ToolError(f"pycuda's context is on GPU {device.pci_bus_id()} but torch's current device is "
+                        f"cuda:{index}; run with CUDA_DEVICE={index} or torch.cuda.set_device to match")
+
+
+def device_arch(torch) -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+# -- the kernel ----------------------------------------------------------------------------------
+
+class Kernel:
+    """One compiled spec: every mask variant it emits, callable on torch tensors.
+
+    ``kernel(q, k, v, causal=False, scale=None, return_lse=False, layout="bhsd")`` returns o, or
+    (o, lse) with lse of shape (batch, heads, seqlen_q), fp32, natural log.
+    """
+
+    def __init__(self, plan: Plan, source: str, *, label: str, compiled, module, functions: dict,
+                 device, synchronize: bool):
+        self.plan = plan
+        self.source = source
+        self.label = label
+        self.compiled = compiled            # attngen.compile.CompileResult
+        self.arch = compiled.arch
+        self.module = module
+        self.functions = functions          # mask -> (function name, pycuda Function)
+        self.device = device                # torch.device
+        self.synchronize = synchronize
+        self._side = None                   # (pycuda Stream, torch ExternalStream), made on first use
+
+    @classmethod
+    def from_source(cls, plan: Plan, source: str, *, label: str | None = None, on_compile=None,
+                    synchronize: bool | None = None) -> "Kernel":
+        """Compile `source` (which must define plan.functions with the Params ABI) and load it.
+
+        `load()` always renders the source from the spec; this entry exists for sources that
+        differ on purpose, e.g. a kernel with a planted bug that the verifier must reject.
+        """
+        from .compile import compile_source
+        torch, drv, primary = gpu_modules()
+        arch = device_arch(torch)
+        label = label or plan.spec.name
+        if on_compile is None:
+            def on_compile(a, name=label):
+                print(f"compiling {name} for {a} ...", file=sys.stderr, flush=True)
+        compiled = compile_source(source, arch, on_compile=on_compile)
+        try:
+            module = drv.module_from_buffer(compiled.cubin)
+        except drv.Error as exc:
+            raise ToolError(f"cannot load the {arch} cubin of {label}: {exc}") from exc
+        functions = {}
+        for mask, name in plan.functions:
+            try:
+                fn = module.get_function(name)
+            except drv.Error as exc:
+                raise ToolError(f"{label}: the cubin has no kernel {name} ({exc})") from exc
+            _configure(drv, primary.device, plan, fn, name)
+            functions[mask] = (name, fn.prepare(f"{PARAMS_BYTES}s"))
+        if synchronize is None:
+            synchronize = os.environ.get(SYNC_ENV, "") == "1"
+        return cls(plan, source, label=label, compiled=compiled, module=module, functions=functions,
+                   device=torch.device("cuda", torch.cuda.current_device()), synchronize=synchronize)
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.plan.spec.name
+
+    @property
+    def masks(self) -> tuple[str, ...]:
+        return tuple(self.functions)
+
+    @property
+    def dtype(self):
+        import torch
+        return getattr(torch, TORCH_DTYPE_NAMES[self.plan.spec.dtype])
+
+    def __repr__(self) -> str:
+        return (f"<attngen.Kernel {self.label} {self.plan.spec.dtype} head_dim={self.plan.head_dim} "
+                f"masks={list(self.masks)} {self.arch}>")
+
+    def __call__(self, q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False,
+                 layout: str = "bhsd", out=None, lse_out=None):
+        """Attention softmax(scale * q k^T) v of q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
+
+        layout "bshd" takes and returns (B, S, H, D) instead. Any strides work as long as the
+        last dimension is contiguous and the others are multiples of 8 elements. causal is
+        top-left aligned (torch SDPA is_causal). GQA/MQA: query head h reads kv head
+        h // (Hq // Hkv). `out` (shaped like q) and `lse_out` (fp32 (B, Hq, Sq), contiguous)
+        receive the results instead of new tensors; lse_out implies return_lse.
+        """
+        import torch
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            self._check_tensor(name, t, layout)
+        qb, kb, vb = (to_bhsd(t, layout) for t in (q, k, v))
+        batch, heads, seqlen_q, _ = qb.shape
+        _, kv_heads, seqlen_k, _ = kb.shape
+        if kb.shape[0] != batch or vb.shape[0] != batch:
+            raise ValueError(f"q, k and v must have the same batch size (got {qb.shape[0]}, {kb.shape[0]}, "
+                             f"{vb.shape[0]})")
+        if tuple(kb.shape) != tuple(vb.shape):
+            raise ValueError(f"k and v must have the same shape (got {tuple(k.shape)} and {tuple(v.shape)})")
+        if heads % kv_heads:
+            raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads}) for GQA/MQA")
+        if heads > MAX_GRID_YZ or batch > MAX_GRID_YZ:
+            raise ValueError(f"heads ({heads}) and batch ({batch}) must be at most {MAX_GRID_YZ} (grid y/z limit)")
+        cfg = launch_config(self.plan, batch, heads, seqlen_q)
+        if cfg.grid[0] > MAX_GRID_X:
+            raise ValueError(f"seqlen_q {seqlen_q} needs more than {MAX_GRID_X} blocks")
+        mask = "causal" if causal else "none"
+        if mask not in self.functions:
+            raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
+                             f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
+        if scale is None:
+            scale = default_scale(self.plan.head_dim)
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a positive number (got {type(scale).__name__})")
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be positive and finite (got {scale})")
+
+        if out is None:
+            out = torch.empty_like(q, memory_format=torch.preserve_format)
+        else:
+            self._check_tensor("out", out, layout)
+            if tuple(out.shape) != tuple(q.shape):
+                raise ValueError(f"out must have q's shape {tuple(q.shape)} (got {tuple(out.shape)})")
+        ob = to_bhsd(out, layout)
+        if lse_out is not None:
+            self._check_lse(lse_out, (batch, heads, seqlen_q))
+            return_lse = True
+        elif return_lse:
+            lse_out = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+
+        params = pack_params(
+            (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0),
+            tuple(tuple(t.stride(i) for i in range(3)) for t in (qb, kb, vb, ob)),
+            batch, heads, kv_heads, seqlen_q, seqlen_k, float(scale) * LOG2E)
+        self._launch(mask, params, cfg)
+        return (out, lse_out) if return_lse else out
+
+    # -- checks ------------------------------------------------------------------------------
+    def _check_tensor(self, name: str, t, layout: str) -> None:
+        import torch
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+        dims = "(batch, heads, seq, head_dim)" if layout == "bhsd" else "(batch, seq, heads, head_dim)"
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {dims} for layout {layout!r} (got shape {tuple(t.shape)})")
+        if not t.is_cuda:
+            raise ValueError(f"{name} is on {t.device}; the kernel needs CUDA tensors (e.g. {name}.cuda())")
+        if t.device != self.device:
+            raise ValueError(f"{name} is on {t.device} but the kernel was loaded for {self.device}")
+        if t.dtype != self.dtype:
+            raise TypeError(f"{name} is {t.dtype} but {self.label} takes {self.dtype} (spec dtype "
+                            f"{self.plan.spec.dtype})")
+        if t.numel() == 0:
+            raise ValueError(f"{name} is empty (shape {tuple(t.shape)}): every dimension must be at least 1")
+        if t.shape[-1] != self.plan.head_dim:
+            raise ValueError(f"{name} has head_dim {t.shape[-1]} but {self.label} is generated for head_dim "
+                             f"{self.plan.head_dim}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}'s last dimension must be contiguous (stride 1, got {t.stride(-1)}); "
+                             f"pass {name}.contiguous()")
+        unit = LOAD_BYTES // ELEM_BYTES
+        for d in range(3):
+            # A dimension of size 1 is only ever indexed at 0, so its stride does not matter.
+            if t.shape[d] > 1 and t.stride(d) % unit:
+                raise ValueError(f"{name}'s strides {tuple(t.stride())} must be multiples of {unit} elements "
+                                 f"({LOAD_BYTES}-byte rows for vector loads); pass {name}.contiguous()")
+        if t.data_ptr() % LOAD_BYTES:
+            raise ValueError(f"{name}'s data pointer is not {LOAD_BYTES}-byte aligned (offset view?); "
+                             f"pass {name}.clone()")
+
+    def _check_lse(self, lse, shape: tuple[int, int, int]) -> None:
+        import torch
+        if not isinstance(lse, torch.Tensor):
+            raise TypeError(f"lse_out must be a torch.Tensor (got {type(lse).__name__})")
+        if lse.dtype != torch.float32 or tuple(lse.shape) != shape or not lse.is_contiguous():
+            raise ValueError(f"lse_out must be a contiguous float32 tensor of shape {shape} (got "
+                             f"{lse.dtype}, {tuple(lse.shape)}, strides {tuple(lse.stride())})")
+        if lse.device != self.device:
+            raise ValueError(f"lse_out is on {lse.device} but the kernel was loaded for {self.device}")
+
+    # -- launch ------------------------------------------------------------------------------
+    def _launch(self, mask: str, params: bytes, cfg: LaunchConfig) -> None:
+        import torch
+        from pycuda import driver as drv
+        name, fn = self.functions[mask]
+        current = torch.cuda.current_stream(self.device)
+        where = f"{name} (grid={cfg.grid}, block={cfg.block}, dynamic smem={cfg.smem_dynamic} B)"
+        try:
+            if current.cuda_stream == 0:
+                fn.prepared_async_call(cfg.grid, cfg.block, None, params, shared_size=cfg.smem_dynamic)
+            else:
+                side, side_torch = self._side_stream()
+                if side_torch is None:
+                    # No stream handle from this pycuda: fall back to full synchronization.
+                    current.synchronize()
+                    fn.prepared_async_call(cfg.grid, cfg.block, None, params, shared_size=cfg.smem_dynamic)
+                    drv.Context.synchronize()
+                else:
+                    side_torch.wait_stream(current)
+                    fn.prepared_async_call(cfg.grid, cfg.block, side, params, shared_size=cfg.smem_dynamic)
+                    current.wait_stream(side_torch)
+        except drv.Error as exc:
+            raise LaunchError(f"launch of {where} failed: {exc}") from exc
+        if self.synchronize:
+            try:
+                current.synchronize()
+            except RuntimeError as exc:
+                raise LaunchError(f"{where} failed while running: {exc}") from exc
+
+    def _side_stream(self):
+        if self._side is None:
+            import torch
+            from pycuda import driver as drv
+            side = drv.Stream()
+            handle = getattr(side, "handle", None)
+            self._side = (side, torch.cuda.ExternalStream(handle, device=self.device) if handle else None)
+        return self._side
+
+
+def _configure(drv, device, plan: Plan, fn, name: str) -> None:
+    """Opt the function into its dynamic shared memory and check it can run plan.threads."""
+    if plan.smem_dynamic:
+        limit = device.get_attribute(drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        if plan.smem_bytes > limit:
+            raise ToolError(f"{name} needs {plan.smem_bytes} B of shared memory per block; {device.name()} "
+                            f"allows at most {limit} B")
+        fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, plan.smem_bytes)
+    max_threads = fn.get_attribute(drv.function_attribute.MAX_THREADS_PER_BLOCK)
+    if max_threads < plan.threads:
+        regs = fn.get_attribute(drv.function_attribute.NUM_REGS)
+        raise ToolError(f"{name} can run at most {max_threads} threads per block ({regs} registers per thread) "
+                        f"but the plan launches {plan.threads}")
+
+
+__all__ = ["Kernel", "LaunchConfig", "LaunchError", "PARAMS_BYTES", "PARAMS_FORMAT", "default_scale",
+           "launch_config", "load", "pack_params", "render_for", "to_bhsd"]

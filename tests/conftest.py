@@ -1,0 +1,24 @@
+# -- nvcc: tests marked `nvcc` compile generated kernels; without nvcc on PATH they skip with a reason.
+import os as _os
+import shutil as _shutil
+
+import pytest as _pytest
+
+
+@_pytest.fixture(autouse=True)
+def _skip_without_nvcc(request):
+    # An autouse fixture rather than a collection hook, so that other skips in this file can
+    # define their own hooks without one silently replacing another.
+    if request.node.get_closest_marker("nvcc") and _shutil.which("nvcc") is None:
+        _pytest.skip("nvcc not on PATH: install the CUDA toolkit and put its bin/ on PATH to run compile tests")
+
+
+@_pytest.fixture(scope="session", autouse=True)
+def _attngen_cache_dir(tmp_path_factory):
+    # Compile tests measure fresh nvcc runs, not a user's cache; an explicit ATTNGEN_CACHE_DIR wins.
+    if _os.environ.get("ATTNGEN_CACHE_DIR"):
+        yield
+        return
+    with _pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNGEN_CACHE_DIR", str(tmp_path_factory.mktemp("attngen-cache")))
+        yield

@@ -1,0 +1,279 @@
+"""Planner numbers against layouts computed by hand, the budget refusal, and bank-conflict analysis.
+
+Every region starts on a 128-byte boundary; a tile row is head_dim * 2 bytes plus any pad.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from attngen import banks
+from attngen.cli import main
+from attngen.errors import BudgetError
+from attngen.plan import make_plan
+from attngen.spec import load_spec, parse_spec
+from attngen.targets import TARGETS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PHASE4 = """\
+schema: 1
+name: phase4
+target: l4
+dtype: fp16
+head_dim: 64
+masks: [none, causal]
+tile: {block_m: 32, block_n: 64}
+warps: {compute: 4}
+mma: scalar
+smem:
+  swizzle: {pad_bytes: 4}
+  stages: 1
+  async_copy: false
+"""
+
+
+def spec_text(head_dim=64, block_m=64, block_n=64, warps="{compute: 4}", mma="mma_m16n8k16", smem="",
+              target="l4", name="t"):
+    return (f"schema: 1\nname: {name}\ntarget: {target}\nhead_dim: {head_dim}\n"
+            f"tile: {{block_m: {block_m}, block_n: {block_n}}}\nwarps: {warps}\nmma: {mma}\n"
+            + (f"smem: {smem}\n" if smem else ""))
+
+
+def plan_of(text: str, file: str = "t.yaml"):
+    return make_plan(parse_spec(text, file=file), file=file)
+
+
+def layout(plan) -> list[tuple]:
+    return [(r.name, r.offset, r.bytes, r.pitch_bytes) for r in plan.regions]
+
+
+# -- layouts ----------------------------------------------------------------------------------
+
+def test_phase4_layout():
+    p = plan_of(PHASE4)
+    # Q: 32 rows x (128 + 4) B = 4224, then K and V: 64 rows x 132 B = 8448 each (4224, 12672 and
+    # 21120 are multiples of 128, so no alignment gap), then P: 32 x 64 fp32 = 8192.
+    assert layout(p) == [
+        ("q", 0, 4224, 132),
+        ("k0", 4224, 8448, 132),
+        ("v0", 12672, 8448, 132),
+        ("p", 21120, 8192, 256),
+    ]
+    assert p.smem_bytes == 29312
+    assert p.smem_budget == 49152 and not p.smem_dynamic
+    assert (p.threads, p.compute_warps, p.producer_warps, p.rows_per_warp) == (128, 4, 0, 8)
+    assert p.chunks_per_row == 8
+    assert p.scalar == {"keys_per_lane": 2, "pairs_per_lane": 1, "d_pairs": 32, "rows_per_warp": 8}
+    assert p.functions == (("none", "attngen_phase4_none"), ("causal", "attngen_phase4_causal"))
+    assert (p.ctype, p.ctype2) == ("half", "half2")
+    assert (p.q_copy.chunks, p.q_copy.iterations, p.q_copy.exact) == (256, 2, True)
+    assert (p.kv_copy.chunks, p.kv_copy.iterations, p.kv_copy.exact) == (512, 4, True)
+    # 3 blocks of 29312 + 1024 reserved fit in the L4's 100 KiB per SM
+    assert p.blocks_per_sm_by_smem() == 3
+
+
+def test_phase4_file_plans_the_same():
+    path = ROOT / "specs" / "phase4.yaml"
+    if not path.is_file():
+        pytest.skip("specs/phase4.yaml is not in this checkout")
+    p = make_plan(load_spec(path))
+    assert p.smem_bytes == 29312
+    assert layout(p) == layout(plan_of(PHASE4))
+
+
+def test_alignment_gap():
+    # Q: 8 rows x 132 B = 1056 -> K starts at the next multiple of 128, 1152.
+    p = plan_of(spec_text(block_m=8, mma="scalar", smem="{swizzle: {pad_bytes: 4}}"))
+    assert layout(p) == [
+        ("q", 0, 1056, 132),
+        ("k0", 1152, 8448, 132),
+        ("v0", 9600, 8448, 132),
+        ("p", 18048, 2048, 256),
+    ]
+    assert p.smem_bytes == 20096
+
+
+def test_mma_two_stage_layout():
+    # No padding with the XOR swizzle: 128 B rows; Q 64 x 128, then k0 v0 k1 v1 of 64 x 128 each.
+    p = plan_of(spec_text(smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, q_in_registers: true}"))
+    assert layout(p) == [
+        ("q", 0, 8192, 128),
+        ("k0", 8192, 8192, 128),
+        ("v0", 16384, 8192, 128),
+        ("k1", 24576, 8192, 128),
+        ("v1", 32768, 8192, 128),
+    ]
+    assert p.smem_bytes == 40960
+    assert [(k.name, v.name) for k, v in p.kv_regions] == [("k0", "v0"), ("k1", "v1")]
+    assert (p.threads, p.rows_per_warp) == (128, 16)
+    m = p.mma
+    assert (m["m_tiles"], m["n_tiles"], m["d_tiles"], m["k_steps_qk"], m["k_steps_pv"]) == (1, 8, 8, 4, 4)
+    assert (m["s_regs"], m["o_regs"], m["q_regs"]) == (32, 32, 16)
+    assert p.swizzle.describe() == "xor: chunk ^= row & 7"
+
+
+def test_wmma_layout():
+    # Pad 16: 144 B rows. Q 32 x 144 = 4608; K, V 64 x 144 = 9216; then S (32 x 64 fp32 = 8192),
+    # P (32 x 64 half = 4096) and O (32 x 64 fp32 = 8192); all offsets already 128-aligned.
+    p = plan_of(spec_text(block_m=32, warps="{compute: 2}", mma="wmma_m16n16k16", smem="{swizzle: {pad_bytes: 16}}"))
+    assert layout(p) == [
+        ("q", 0, 4608, 144),
+        ("k0", 4608, 9216, 144),
+        ("v0", 13824, 9216, 144),
+        ("s", 23040, 8192, 256),
+        ("p", 31232, 4096, 128),
+        ("o", 35328, 8192, 256),
+    ]
+    assert p.smem_bytes == 43520
+    assert p.family == "wmma" and p.rows_per_warp == 16
+
+
+def test_specialized_warps_and_barriers():
+    p = plan_of(spec_text(head_dim=128, block_n=32, warps="{producer: 1, consumer: 4}",
+                          smem="{swizzle: {xor_bits: 3}, stages: 3, async_copy: true, opt_in: true}"))
+    assert (p.threads, p.compute_threads, p.producer_threads) == (160, 128, 32)
+    assert p.kv_copy.threads == 32 and p.q_copy.threads == 160
+    # FULL[s] then EMPTY[s]; id 0 stays with __syncthreads
+    assert [(b.id, b.name, b.threads, b.arrive, b.wait) for b in p.barriers] == [
+        (1, "full0", 160, "producer", "consumer"),
+        (2, "full1", 160, "producer", "consumer"),
+        (3, "full2", 160, "producer", "consumer"),
+        (4, "empty0", 160, "consumer", "producer"),
+        (5, "empty1", 160, "consumer", "producer"),
+        (6, "empty2", 160, "consumer", "producer"),
+    ]
+    # Q 64 x 256 B, then three stages of K and V, 32 x 256 B each
+    assert [r.offset for r in p.regions] == [0, 16384, 24576, 32768, 40960, 49152, 57344]
+    assert p.smem_bytes == 65536 and p.smem_dynamic
+
+
+def test_bf16_types():
+    p = plan_of(spec_text().replace("head_dim:", "dtype: bf16\nhead_dim:"))
+    assert (p.ctype, p.ctype2) == ("__nv_bfloat16", "__nv_bfloat162")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "specs").glob("*.y*ml")), ids=lambda p: p.name)
+def test_repo_specs_plan_within_budget(path):
+    p = make_plan(load_spec(path))
+    assert 0 < p.smem_bytes <= p.smem_budget
+    assert p.smem_dynamic == (p.smem_bytes > p.target.smem_per_block)
+    # regions are 128-aligned and do not overlap
+    end = 0
+    for r in p.regions:
+        assert r.offset % 128 == 0 and r.offset >= end
+        end = r.end
+    assert p.smem_bytes == end
+
+
+# -- budget -----------------------------------------------------------------------------------
+
+def test_budget_refusal_lists_every_region():
+    # block_m 128: Q 128 x 132 = 16896, K and V 8448 each, P 128 x 64 fp32 = 32768 -> 66560 B.
+    text = spec_text(block_m=128, mma="scalar", smem="{swizzle: {pad_bytes: 4}}")
+    with pytest.raises(BudgetError) as info:
+        plan_of(text, file="big.yaml")
+    err = info.value
+    msg = str(err)
+    assert err.key == "smem" and err.file == "big.yaml"
+    assert "shared memory 66560 B (65.00 KiB) exceeds the budget of 49152 B (48.00 KiB) by 17408 B" in msg
+    rows = {ln.split()[0]: ln.split() for ln in err.breakdown.splitlines()[1:]}
+    assert rows["q"][-2:] == ["16896", "16.50"]
+    assert rows["k0"][-2:] == ["8448", "8.25"]
+    assert rows["v0"][-2:] == ["8448", "8.25"]
+    assert rows["p"][-2:] == ["32768", "32.00"]
+    assert rows["total"][-2:] == ["66560", "65.00"]
+    assert rows["budget"][1:3] == ["49152", "48.00"] and "(l4, default per block)" in err.breakdown
+    # fits the L4's opt-in maximum, so the hint says how to opt in
+    assert "set smem.opt_in: true (the l4 allows 101376 B per block)" in msg
+
+
+def test_budget_refusal_through_cli(tmp_path):
+    p = tmp_path / "big.yaml"
+    p.write_text(spec_text(block_m=128, mma="scalar", smem="{swizzle: {pad_bytes: 4}}"))
+    result = CliRunner().invoke(main, ["explain", str(p)])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert "exceeds the budget of 49152 B" in result.output and "32768" in result.output
+
+
+def test_opt_in_accepted_on_l4():
+    text = spec_text(block_m=128, mma="scalar", smem="{swizzle: {pad_bytes: 4}, opt_in: true}")
+    p = plan_of(text)
+    assert p.smem_bytes == 66560
+    assert p.smem_budget == TARGETS["l4"].smem_per_block_optin == 101376
+    assert p.smem_dynamic
+
+
+def test_exactly_at_budget_is_static():
+    # mma, 128 B rows: Q 128 x 128 = 16384 plus two stages of K and V, 64 x 128 = 8192 each: 49152.
+    p = plan_of(spec_text(block_m=128, warps="{compute: 8}", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true}"))
+    assert p.smem_bytes == 49152 == p.smem_budget
+    assert not p.smem_dynamic
+
+
+def test_one_stage_more_needs_opt_in():
+    smem = "{swizzle: {xor_bits: 3}, stages: 3, async_copy: true%s}"
+    with pytest.raises(BudgetError, match="65536 B .* exceeds the budget of 49152 B"):
+        plan_of(spec_text(block_m=128, warps="{compute: 8}", smem=smem % ""))
+    p = plan_of(spec_text(block_m=128, warps="{compute: 8}", smem=smem % ", opt_in: true"))
+    assert p.smem_bytes == 65536 and p.smem_dynamic
+
+
+def test_opt_in_maximum_depends_on_target():
+    # block_m 256: Q 256 x 132 = 33792, K and V 8448 each, P 256 x 64 fp32 = 65536 -> 116224 B:
+    # over the L4's 101376 B opt-in maximum, under the H100's 232448 B.
+    smem = "{swizzle: {pad_bytes: 4}, opt_in: true}"
+    with pytest.raises(BudgetError) as info:
+        plan_of(spec_text(block_m=256, mma="scalar", smem=smem))
+    msg = str(info.value)
+    assert "116224 B" in msg and "budget of 101376 B" in msg and "(l4, opt-in maximum)" in msg
+    assert "shrink tile.block_m" in msg and "opt_in: true" not in msg
+    p = plan_of(spec_text(block_m=256, mma="scalar", smem=smem, target="h100"))
+    assert p.smem_bytes == 116224 and p.smem_budget == 232448 and p.smem_dynamic
+
+
+def test_over_opt_in_without_opt_in_says_shrink():
+    with pytest.raises(BudgetError) as info:
+        plan_of(spec_text(block_m=256, mma="scalar", smem="{swizzle: {pad_bytes: 4}}"))
+    assert "shrink tile.block_m" in str(info.value) and "opt_in: true" not in str(info.value)
+
+
+# -- bank conflicts ---------------------------------------------------------------------------
+
+def test_phase_degree_by_hand():
+    # 16-byte accesses, 8 per phase: 8 rows of a 128 B pitch all start in bank 0 -> 8 wavefronts.
+    assert banks.phase_degree([r * 128 for r in range(8)], 16) == 8
+    assert banks.phase_degree([r * 128 + 16 * r for r in range(8)], 16) == 1
+    assert banks.phase_degree([r * 144 for r in range(8)], 16) == 1
+    # 4-byte accesses: lanes reading the same word broadcast; two words in one bank conflict.
+    assert banks.phase_degree([0] * 32, 4) == 1
+    assert banks.phase_degree([4 * lane for lane in range(32)], 4) == 1
+    assert banks.phase_degree([128 * lane for lane in range(32)], 4) == 32
+    assert banks.phase_degree([132 * lane for lane in range(32)], 4) == 1
+
+
+def _degrees(plan) -> dict[str, int]:
+    return {p.name: p.degree for p in plan.bank_report}
+
+
+def test_xor_swizzle_makes_ldmatrix_conflict_free():
+    swizzled = _degrees(plan_of(spec_text(smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true}")))
+    plain = _degrees(plan_of(spec_text(smem="{swizzle: none, stages: 2, async_copy: true}")))
+    ldm = [n for n in swizzled if n.startswith("ldmatrix")]
+    assert len(ldm) == 3  # Q, K and V fragments
+    assert all(swizzled[n] == 1 for n in swizzled), swizzled
+    # unswizzled 128 B rows: the 8 row addresses of one 8x8 matrix all hit the same 4 banks
+    assert all(plain[n] == 8 for n in ldm), plain
+
+
+def test_pad_breaks_scalar_conflicts():
+    padded = _degrees(plan_of(PHASE4))
+    plain = _degrees(plan_of(PHASE4.replace("{pad_bytes: 4}", "none")))
+    assert all(d == 1 for d in padded.values()), padded
+    # one key per lane with 128 B rows: all 32 lanes read the same bank
+    assert plain["K read for Q.K^T (half2 per lane, one key per lane)"] == 32
+    # four rows of eight 16-byte chunks per 32 lanes, each row in the same banks
+    assert plain["K/V tile store (4 x 4 B per 16-B chunk)"] == 4
