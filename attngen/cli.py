@@ -210,7 +210,134 @@ def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
 
 
 @main.command()
+@click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--shapes", default=None, metavar="BxHxSxD,...",
+              help="comma-separated shapes (default: 1x8x512x64, 4x16x2048x64, 4x16x2048x128, 2x16x8192x64, "
+                   "2x16x8192x128)")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp16", "bf16"]),
+              help="repeatable; default both")
+@click.option("--causal", "causal", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
+@click.option("--backends", default="flash,cudnn,efficient,default", show_default=True,
+              help="torch SDPA backends to time beside the specs")
+@click.option("--reps", default=30, show_default=True, help="timed calls per measurement (median reported)")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="write the full report here")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="draw TFLOP/s per shape to this PNG")
+@click.option("--specs-dir", default="specs", show_default=True)
+def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, specs_dir):
+    """Time SPECS (default: every spec) beside torch SDPA's backends on the GPU.
+
+    \b
+    Each spec runs only on the shapes, dtypes and mask variants it supports, and only after
+    its output on those very inputs passed the verifier's error rule. Times are medians of
+    CUDA-event-timed calls over inputs rotated to defeat L2; TFLOP/s counts 4*B*H*S*S*D
+    (halved for causal). Ratios are SDPA time / spec time: above 1.0 the spec is faster.
+    """
+    from . import bench as B
+    from .render import render_spec_file
+    shape_list = tuple(B.parse_shape(s) for s in shapes.split(",")) if shapes else B.DEFAULT_SHAPES
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[causal]
+    backend_list = tuple(b.strip() for b in backends.split(",") if b.strip())
+    for b in backend_list:
+        if b not in B.SDPA_BACKENDS:
+            raise click.BadParameter(f"unknown backend {b!r}; choose from {', '.join(B.SDPA_BACKENDS)}")
+    paths = _spec_files(specs, specs_dir)
+    plans = [render_spec_file(p).plan for p in paths]
+    dtypes = dtypes or ("fp16", "bf16")
+    steps = B.total_steps(plans, shape_list, dtypes, causals, backend_list)
+    with click.progressbar(length=steps, label="bench", file=sys.stderr, show_pos=True) as bar:
+        def step(case, timing):
+            bar.label = f"{case.label} {timing.impl}"
+            bar.update(1)
+        report = B.run_bench(paths, shapes=shape_list, dtypes=dtypes, causals=causals, backends=backend_list,
+                             reps=reps, on_step=step,
+                             on_compile=lambda a: click.echo(f"compiling for {a} ...", err=True))
+    click.echo(format_bench(report, backend_list))
+    if json_file:
+        Path(json_file).write_text(json.dumps(report.as_dict(), indent=2))
+        click.echo(f"wrote {json_file}")
+    if plot_file:
+        B.plot(report, plot_file)
+        click.echo(f"wrote {plot_file}")
+
+
+def format_bench(report, backends) -> str:
+    """The bench table: one row per case and implementation, ratios against each SDPA backend."""
+    lines = [f"GPU: {report.gpu}; torch {report.environment['torch']}, CUDA {report.environment['cuda']}, "
+             f"driver {report.environment['driver']}",
+             f"{'case':<30} {'impl':<24} {'time us':>9} {'TFLOP/s':>8} {'spread':>6}  "
+             + " ".join(f"{'/' + b:>9}" for b in backends)]
+    for r in report.results:
+        for t in r.timings:
+            if t.status != "ok":
+                lines.append(f"{r.case.label:<30} {t.impl:<24} {t.status:>9}  {t.note[:70]}")
+                continue
+            ratios = []
+            for b in backends:
+                ref = r.get(f"sdpa:{b}")
+                ok = ref is not None and ref.status == "ok" and not t.impl.startswith("sdpa:")
+                ratios.append(f"{ref.median_us / t.median_us:>9.2f}" if ok else f"{'':>9}")
+            lines.append(f"{r.case.label:<30} {t.impl:<24} {t.median_us:>9.1f} {t.tflops:>8.1f} "
+                         f"{t.spread_pct:>5.1f}%  " + " ".join(ratios))
+    lines.append("")
+    lines.append("geometric-mean speed ratio (SDPA time / spec time) per spec:")
+    for impl in report.impls():
+        parts = []
+        for b in backends:
+            g = report.geomean(impl, b)
+            parts.append(f"{b} {g:.2f}" if g else f"{b} -")
+        lines.append(f"  {impl:<24} " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+@main.command()
 def schema():
     """Print the JSON schema of a spec file (every key, type, range and description)."""
     from .spec import json_schema
     click.echo(json.dumps(json_schema(), indent=2))
+
+
+@main.command()
+@click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--quick", is_flag=True, help="a 6-shape suite instead of the full 14 shapes per variant")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="also write the full report (every case, errors, tolerances) to this file")
+@click.option("--seed", default=0, show_default=True, help="base seed of the random inputs")
+@click.option("--failures-only", is_flag=True, help="list only failing cases in the table")
+@click.option("--specs-dir", default="specs", show_default=True)
+def verify(specs, quick, json_path, seed, failures_only, specs_dir):
+    """Run SPECS (default: every spec) on this GPU and compare every variant with torch.
+
+    \b
+    For each mask variant and each shape of the suite (seqlens that are not tile multiples,
+    seqlen_q != seqlen_k both ways, GQA/MQA, both layouts, strided qkv): random inputs, an
+    output poisoned with NaN, then
+      pass when max|out - ref| <= 2 x max|torch low-precision - ref| + 1e-5
+    (ref: fp32 attention on the upcast inputs), no NaN or unwritten element, nothing written
+    past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Exits 1 on any failure, 4 when there
+    is no GPU, torch or pycuda.
+    """
+    from . import verify as verification
+    paths = _spec_files(specs, specs_dir)
+    kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
+        f"compiling {Path(p).stem} for {arch} ...", err=True))
+    shapes = verification.suite(quick)
+    with click.progressbar(length=verification.case_count(kernels, shapes), label="verifying", file=sys.stderr,
+                           show_pos=True) as bar:
+        report = verification.verify_kernels(kernels, shapes, suite_name="quick" if quick else "full", seed=seed,
+                                             on_case=lambda _case: bar.update(1))
+    click.echo(f"{report.device} ({report.arch}), torch {report.torch_version}, {report.suite} suite")
+    click.echo(f"{'spec':<24} {'variant':<7} {'shape':<26} {'layout':<6} {'max err':>9} {'bound':>9} "
+               f"{'lse err':>9}  result")
+    for c in report.cases:
+        if failures_only and c.passed:
+            continue
+        num = (lambda x: f"{x:9.2e}" if x is not None else f"{'-':>9}")
+        click.echo(f"{c.spec:<24} {c.variant:<7} {c.shape.label:<26} {c.shape.layout:<6} {num(c.max_err)} "
+                   f"{num(c.bound)} {num(c.lse_err)}  {'pass' if c.passed else 'FAIL: ' + '; '.join(c.problems)}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    failed = len(report.failed)
+    click.echo(f"attngen verify: {len(report.cases) - failed} passed, {failed} failed "
+               f"({len(kernels)} spec(s), {len(shapes)} shapes per variant)", err=bool(failed))
+    if not report.ok:
+        sys.exit(1)

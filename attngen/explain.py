@@ -56,8 +56,11 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
                 f"  consumer warps 0..{plan.compute_warps - 1} compute tile t from stage t % {plan.stages}"]
         for b in plan.barriers:
             out.append(f"  bar {b.id:>2} {b.name:<7} {b.threads} threads: {b.arrive}s arrive, {b.wait}s wait")
-        out.append("  schedule: producer waits empty[s] (tiles >= stages), copies, waits for its copy, arrives full[s];"
-                   " consumer waits full[s], computes, arrives empty[s] if a later tile will reuse stage s")
+        out += ["  schedule, tile t in stage s = t % stages:",
+                "    producer: wait empty[s] (when t >= stages), cp.async tile t, commit; once tile t-1 has landed"
+                " (cp.async.wait_group 1) arrive full[(t-1) % stages]; after the last tile wait_group 0, arrive",
+                "    consumer: wait full[s], compute tile t, arrive empty[s] when tile t + stages exists",
+                "  Q is copied by all threads before the roles split: the kernel's only __syncthreads"]
     out += ["", "shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):"]
     for p in plan.bank_report:
         flag = "conflict-free" if p.degree == 1 else f"{p.degree}-way conflict"

@@ -1,0 +1,270 @@
+"""`attngen bench`: time generated kernels beside torch SDPA's backends, on the same inputs.
+
+Method: CUDA events around every call, a warm-up first, the median of many calls; inputs rotate
+over enough buffer sets that a call never finds its q, k, v in L2; a long GPU sleep is queued
+before the timed calls so the host enqueues them all while the GPU waits, and launch overhead on
+the host never shows as GPU time. FLOPs = 4 B H Sq Sk D, halved for causal. A kernel is timed on a
+shape only after its output on that shape's inputs passed the verifier's error rule.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_SHAPES = ((1, 8, 512, 64), (4, 16, 2048, 64), (4, 16, 2048, 128), (2, 16, 8192, 64), (2, 16, 8192, 128))
+SDPA_BACKENDS = ("flash", "cudnn", "efficient", "default")
+DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+CHECK_HEADS = 2          # heads of batch 0 compared with the fp32 reference before timing
+SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU sleep: enough for the host to enqueue every timed call
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    heads: int
+    seqlen: int
+    head_dim: int
+    dtype: str
+    causal: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.batch}x{self.heads}x{self.seqlen}x{self.head_dim} {self.dtype}{' causal' if self.causal else ''}"
+
+    @property
+    def flops(self) -> float:
+        f = 4.0 * self.batch * self.heads * self.seqlen * self.seqlen * self.head_dim
+        return f / 2 if self.causal else f
+
+
+@dataclass
+class Timing:
+    impl: str                  # spec name, or sdpa:<backend>
+    median_us: float | None = None
+    tflops: float | None = None
+    spread_pct: float | None = None   # (p90 - p10) / median of the calls
+    status: str = "ok"         # ok | unsupported | failed-check | error
+    note: str = ""
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    timings: list[Timing] = field(default_factory=list)
+
+    def get(self, impl: str) -> Timing | None:
+        for t in self.timings:
+            if t.impl == impl:
+                return t
+        return None
+
+    def best_attngen(self) -> Timing | None:
+        ours = [t for t in self.timings if not t.impl.startswith("sdpa:") and t.status == "ok"]
+        return min(ours, key=lambda t: t.median_us) if ours else None
+
+
+@dataclass
+class BenchReport:
+    gpu: str
+    environment: dict
+    results: list[CaseResult]
+
+    def ratios(self, impl: str, backend: str) -> list[float]:
+        """impl's speed over the backend's (time_backend / time_impl) on every case both ran."""
+        out = []
+        for r in self.results:
+            a, b = r.get(impl), r.get(f"sdpa:{backend}")
+            if a and b and a.status == "ok" and b.status == "ok":
+                out.append(b.median_us / a.median_us)
+        return out
+
+    def geomean(self, impl: str, backend: str) -> float | None:
+        rs = self.ratios(impl, backend)
+        return math.exp(sum(map(math.log, rs)) / len(rs)) if rs else None
+
+    def impls(self) -> list[str]:
+        seen = []
+        for r in self.results:
+            for t in r.timings:
+                if not t.impl.startswith("sdpa:") and t.impl not in seen:
+                    seen.append(t.impl)
+        return seen
+
+    def as_dict(self) -> dict:
+        return {"gpu": self.gpu, "environment": self.environment,
+                "results": [{"case": asdict(r.case), "label": r.case.label, "flops": r.case.flops,
+                             "timings": [asdict(t) for t in r.timings]} for r in self.results],
+                "geomean_vs_flash": {i: self.geomean(i, "flash") for i in self.impls()}}
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"shape {text!r} is not BxHxSxD (e.g. 4x16x2048x64)")
+    return tuple(int(p) for p in parts)  # type: ignore[return-value]
+
+
+# -- timing --------------------------------------------------------------------------------------
+
+def input_sets(torch, case: Case, device, generator) -> list[tuple]:
+    """Enough (q, k, v) sets that cycling through them defeats L2 reuse (at least 2)."""
+    dtype = getattr(torch, DTYPES[case.dtype])
+    shape = (case.batch, case.heads, case.seqlen, case.head_dim)
+    set_bytes = 3 * math.prod(shape) * 2
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    free, _ = torch.cuda.mem_get_info(device)
+    n = max(2, math.ceil(3 * l2 / set_bytes))
+    n = max(1, min(n, int(0.5 * free // set_bytes), 16))
+    return [tuple(torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+                  for _ in range(3)) for _ in range(n)]
+
+
+def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, float]:
+    """Median and relative p10-p90 spread (percent) of fn(*set) in microseconds."""
+    for i in range(warmup):
+        fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    torch.cuda._sleep(SLEEP_CYCLES)  # the host queues every call below while the GPU sleeps
+    for i in range(reps):
+        starts[i].record()
+        fn(*sets[i % len(sets)])
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+    med = statistics.median(times)
+    p10, p90 = times[len(times) // 10], times[(len(times) * 9) // 10]
+    return med, 100.0 * (p90 - p10) / med
+
+
+def sdpa_callable(torch, backend: str, causal: bool):
+    import torch.nn.functional as F
+    if backend == "default":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+    def run(q, k, v):
+        with sdpa_kernel([which]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def check_output(torch, kernel, q, k, v, causal: bool) -> tuple[bool, str]:
+    """The verifier's rule on the first heads of batch 0 of the bench inputs."""
+    from .runtime import default_scale
+    from .verify import ERR_FACTOR, ERR_FLOOR, attention_torch, exact_fp32_matmul
+    scale = default_scale(q.shape[-1])
+    out = kernel(q, k, v, causal=causal, scale=scale)
+    h = min(CHECK_HEADS, q.shape[1])
+    qs, ks, vs, os_ = (t[:1, :h] for t in (q, k, v, out))
+    with exact_fp32_matmul(torch):
+        ref, _ = attention_torch(qs.float(), ks.float(), vs.float(), causal=causal, scale=scale)
+    low, _ = attention_torch(qs, ks, vs, causal=causal, scale=scale)
+    err = (os_.float() - ref).abs().max().item()
+    bound = ERR_FACTOR * (low.float() - ref).abs().max().item() + ERR_FLOOR
+    ok = bool(torch.isfinite(out).all().item()) and err <= bound
+    return ok, f"max err {err:.3g} vs bound {bound:.3g}"
+
+
+def cases_for(shapes, dtypes, causals) -> list[Case]:
+    return [Case(b, h, s, d, dt, c) for (b, h, s, d) in shapes for dt in dtypes for c in causals]
+
+
+def supports(plan, case: Case) -> bool:
+    return (plan.spec.dtype == case.dtype and plan.head_dim == case.head_dim
+            and ("causal" if case.causal else "none") in plan.masks)
+
+
+def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), causals=(False, True),
+              backends=SDPA_BACKENDS, reps: int = 30, seed: int = 0, on_step=None, on_compile=None) -> BenchReport:
+    """Time every spec on every case it supports, and each SDPA backend, on the same inputs."""
+    from .runtime import gpu_modules, load
+    torch = gpu_modules()[0]
+    device = torch.device("cuda", torch.cuda.current_device())
+    kernels = [load(p, on_compile=on_compile) for p in spec_paths]
+    cases = cases_for(shapes, dtypes, causals)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    results = []
+    for case in cases:
+        res = CaseResult(case)
+        sets = input_sets(torch, case, device, gen)
+        for kernel in kernels:
+            if not supports(kernel.plan, case):
+                continue
+            t = Timing(kernel.plan.spec.name)
+            ok, note = check_output(torch, kernel, *sets[0], case.causal)
+            if not ok:
+                t.status, t.note = "failed-check", note
+            else:
+                outs = [torch.empty_like(s[0]) for s in sets]
+                idx = {id(s[0]): i for i, s in enumerate(sets)}
+
+                def call(q, k, v, _kernel=kernel):
+                    _kernel(q, k, v, causal=case.causal, out=outs[idx[id(q)]])
+                t.median_us, t.spread_pct = time_calls(torch, call, sets, reps=reps)
+                t.tflops = case.flops / (t.median_us * 1e-6) / 1e12
+            res.timings.append(t)
+            if on_step:
+                on_step(case, t)
+        for backend in backends:
+            t = Timing(f"sdpa:{backend}")
+            fn = sdpa_callable(torch, backend, case.causal)
+            try:
+                fn(*sets[0])
+                torch.cuda.synchronize()
+            except RuntimeError as exc:
+                t.status, t.note = "unsupported", str(exc).splitlines()[0][:120]
+            else:
+                t.median_us, t.spread_pct = time_calls(torch, fn, sets, reps=reps)
+                t.tflops = case.flops / (t.median_us * 1e-6) / 1e12
+            res.timings.append(t)
+            if on_step:
+                on_step(case, t)
+        del sets
+        torch.cuda.empty_cache()
+        results.append(res)
+    return BenchReport(torch.cuda.get_device_name(device), environment(torch), results)
+
+
+def environment(torch) -> dict:
+    import subprocess
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        driver = "unknown"
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "driver": driver}
+
+
+def total_steps(spec_plans, shapes, dtypes, causals, backends) -> int:
+    cases = cases_for(shapes, dtypes, causals)
+    return sum(sum(supports(p, c) for p in spec_plans) + len(backends) for c in cases)
+
+
+def plot(report: BenchReport, path: str) -> None:
+    """TFLOP/s per shape: each spec beside the SDPA backends, one panel per dtype x causal."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = sorted({(r.case.dtype, r.case.causal) for r in report.results})
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 3.6 * len(panels)), squeeze=False)
+    impls = report.impls() + [f"sdpa:{b}" for b in SDPA_BACKENDS]
+    for ax, (dtype, causal) in zip(axes[:, 0], panels):
+        rows = [r for r in report.results if r.case.dtype == dtype and r.case.causal == causal]
+        labels = [f"{r.case.batch}x{r.case.heads}x{r.case.seqlen}x{r.case.head_dim}" for r in rows]
+        present = [i for i in impls if any((r.get(i) and r.get(i).status == "ok") for r in rows)]
+        width = 0.8 / max(1, len(present))
+        for j, impl in enumerate(present):
+            vals = [(r.get(impl).tflops if r.get(impl) and r.get(impl).status == "ok" else 0.0) for r in rows]
+            ax.bar([x + j * width for x in range(len(rows))], vals, width, label=impl)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels)
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"{dtype}, {'causal' if causal else 'non-causal'} - {report.gpu}")
+        ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
