@@ -243,6 +243,8 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, s
     paths = _spec_files(specs, specs_dir)
     plans = [render_spec_file(p).plan for p in paths]
     dtypes = dtypes or ("fp16", "bf16")
+    from .runtime import gpu_modules
+    gpu_modules()  # no GPU, torch or pycuda: say so (exit 4) before any progress is drawn
     steps = B.total_steps(plans, shape_list, dtypes, causals, backend_list)
     with click.progressbar(length=steps, label="bench", file=sys.stderr, show_pos=True) as bar:
         def step(case, timing):
