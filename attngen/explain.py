@@ -57,8 +57,8 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
         for b in plan.barriers:
             out.append(f"  bar {b.id:>2} {b.name:<7} {b.threads} threads: {b.arrive}s arrive, {b.wait}s wait")
         out += ["  schedule, tile t in stage s = t % stages:",
-                "    producer: wait empty[s] (when t >= stages), cp.async tile t, commit; once tile t-1 has landed"
-                " (cp.async.wait_group 1) arrive full[(t-1) % stages]; after the last tile wait_group 0, arrive",
+                "    producer: wait empty[s] (when t >= stages), cp.async tile t, wait for it to land"
+                " (cp.async.wait_group 0), arrive full[s]",
                 "    consumer: wait full[s], compute tile t, arrive empty[s] when tile t + stages exists",
                 "  Q is copied by all threads before the roles split: the kernel's only __syncthreads"]
     out += ["", "shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):"]

@@ -437,14 +437,11 @@ __device__ __forceinline__ void attention(const Params& p) {
             copy_tile_async<kBlockN, kProducerThreads>(slot + kSmem_k0, k, p.k_row_stride, t * kBlockN, p.seqlen_k, ptid);
             copy_tile_async<kBlockN, kProducerThreads>(slot + kSmem_v0, v, p.v_row_stride, t * kBlockN, p.seqlen_k, ptid);
             cp_async_commit();
-            // Keep two tiles in flight: once tile t-1 has landed, hand it to the consumers.
-            if (t > 0) {
-                cp_async_wait<1>();
-                named_barrier_arrive(kFullBarrier0 + (t - 1) % kStages, kThreads);
-            }
+            // Hand tile t over as soon as it has landed; the ring (kStages tiles) is the lookahead,
+            // so the consumers never wait on the producer's next issue.
+            cp_async_wait<0>();
+            named_barrier_arrive(kFullBarrier0 + stage, kThreads);
         }
-        cp_async_wait<0>();
-        named_barrier_arrive(kFullBarrier0 + (n_tiles - 1) % kStages, kThreads);
         return;  // producers write no output
     } else {
 #pragma unroll
