@@ -22,3 +22,37 @@ def _attngen_cache_dir(tmp_path_factory):
     with _pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATTNGEN_CACHE_DIR", str(tmp_path_factory.mktemp("attngen-cache")))
         yield
+
+
+# -- gpu: tests marked `gpu` run kernels; without torch (CUDA build), a GPU, pycuda or nvcc they skip
+# with a reason. Also an autouse fixture, for the reason given above.
+import functools as _functools
+
+
+@_functools.lru_cache(maxsize=None)
+def _gpu_skip_reason():
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed: pip install -e '.[gpu]'"
+    if not torch.cuda.is_available():
+        return f"no CUDA GPU visible to torch {torch.__version__}"
+    try:
+        import pycuda.driver  # noqa: F401
+    except ImportError as exc:
+        return f"pycuda is not installed: pip install -e '.[gpu]' ({exc})"
+    from attngen.compile import find_nvcc
+    from attngen.errors import ToolError
+    try:
+        find_nvcc()
+    except ToolError as exc:
+        return f"GPU tests compile kernels: {exc}"
+    return None
+
+
+@_pytest.fixture(autouse=True)
+def _skip_without_gpu(request):
+    if request.node.get_closest_marker("gpu"):
+        reason = _gpu_skip_reason()
+        if reason:
+            _pytest.skip(reason)

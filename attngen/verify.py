@@ -1,0 +1,358 @@
+"""Verify generated kernels on the GPU against torch, the way FlashAttention tests itself.
+
+For every spec, mask variant and shape of a suite: fresh random inputs, an output poisoned with
+NaN (with guard rows after seqlen_q that must stay NaN), one launch, then
+
+- reference: attention in fp32 on the upcast inputs (explicit matmul / softmax, no TF32);
+- low-precision baseline: the same attention computed by torch in the kernel's dtype;
+- accept when max|out - ref| <= ERR_FACTOR * max|baseline - ref| + ERR_FLOOR, every output
+  element finite and written, no write past seqlen_q;
+- lse (when the kernel writes it, always here): |lse - ref_lse| <= LSE_ATOL + LSE_RTOL * |ref_lse|
+  against torch.logsumexp of the scaled fp32 scores.
+
+Returns data; the CLI prints. Nothing imports torch before a function runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, field
+
+ERR_FACTOR = 2.0        # flash-attention tests/test_flash_attn.py: out error <= 2 x the low-precision error
+ERR_FLOOR = 1e-5        # absolute floor for cases where torch's low-precision result is exact (e.g. seqlen_k 1)
+LSE_ATOL = 1e-3
+LSE_RTOL = 1e-3
+ROW_ALIGN = 8           # guard rows are a multiple of 8 so views keep 16-byte aligned strides
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One problem size. layout says how the tensors are passed; packed: q, k, v are slices of one
+    qkv tensor (strided, not contiguous), as a fused projection produces them."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    layout: str = "bhsd"
+    packed: bool = False
+
+    def __post_init__(self):
+        if self.packed and (self.heads != self.kv_heads or self.seqlen_q != self.seqlen_k):
+            raise ValueError("a packed qkv shape needs heads == kv_heads and seqlen_q == seqlen_k")
+
+    @property
+    def label(self) -> str:
+        heads = f"{self.heads}" if self.heads == self.kv_heads else f"{self.heads}/{self.kv_heads}"
+        return (f"B{self.batch} H{heads} Sq{self.seqlen_q} Sk{self.seqlen_k}"
+                + (" qkv" if self.packed else ""))
+
+
+# Seqlens that are not multiples of any tile (1, 17, 77, 113, 333, 1000, 1023), seqlen_q != seqlen_k
+# both ways, batch 1-4, GQA and MQA, both layouts, strided (packed qkv) inputs. The head_dim comes
+# from the spec.
+FULL_SUITE: tuple[Shape, ...] = (
+    Shape(1, 1, 1, 1, 1),
+    Shape(1, 2, 2, 17, 17, "bshd"),
+    Shape(2, 4, 4, 113, 113),
+    Shape(1, 2, 2, 128, 128, "bshd"),
+    Shape(2, 3, 3, 1000, 1023),
+    Shape(1, 4, 4, 1023, 1000, "bshd"),
+    Shape(1, 8, 2, 256, 77),                 # GQA, seqlen_q > seqlen_k
+    Shape(2, 8, 1, 77, 300, "bshd"),         # MQA, seqlen_q < seqlen_k
+    Shape(4, 2, 2, 64, 1),                   # a single key
+    Shape(1, 2, 1, 1, 500, "bshd"),          # a single query, MQA
+    Shape(1, 4, 4, 333, 333, "bshd", packed=True),
+    Shape(3, 6, 3, 200, 511),                # GQA
+    Shape(1, 2, 2, 2048, 2048),
+    Shape(2, 16, 16, 513, 257, "bshd"),
+)
+
+QUICK_SUITE: tuple[Shape, ...] = (
+    Shape(1, 1, 1, 1, 1),
+    Shape(1, 2, 2, 17, 17, "bshd"),
+    Shape(2, 4, 2, 113, 300),                # GQA, seqlen_q < seqlen_k
+    Shape(1, 4, 1, 1000, 77, "bshd"),        # MQA, seqlen_q > seqlen_k
+    Shape(1, 3, 3, 333, 333, "bhsd", packed=True),
+    Shape(2, 2, 2, 64, 1023),
+)
+
+
+def suite(quick: bool = False) -> tuple[Shape, ...]:
+    return QUICK_SUITE if quick else FULL_SUITE
+
+
+@dataclass
+class CaseResult:
+    spec: str               # spec name (or the kernel's label)
+    function: str           # extern "C" kernel name
+    variant: str            # mask: none | causal
+    shape: Shape
+    passed: bool
+    max_err: float | None = None        # max |out - ref|
+    lowprec_err: float | None = None    # max |baseline - ref|
+    bound: float | None = None          # ERR_FACTOR * lowprec_err + ERR_FLOOR
+    lse_err: float | None = None        # max |lse - ref_lse|
+    lse_excess: float | None = None     # max of |lse - ref_lse| / (LSE_ATOL + LSE_RTOL |ref_lse|); <= 1 passes
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["shape"] = {**asdict(self.shape), "label": self.shape.label}
+        for key in ("max_err", "lowprec_err", "bound", "lse_err", "lse_excess"):
+            if d[key] is not None and not math.isfinite(d[key]):
+                d[key] = str(d[key])        # JSON has no NaN / inf
+        return d
+
+
+@dataclass
+class VerifyReport:
+    device: str
+    arch: str
+    torch_version: str
+    suite: str
+    cases: list[CaseResult]
+
+    @property
+    def failed(self) -> list[CaseResult]:
+        return [c for c in self.cases if not c.passed]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.cases) and not self.failed
+
+    def as_dict(self) -> dict:
+        return {
+            "device": self.device, "arch": self.arch, "torch": self.torch_version, "suite": self.suite,
+            "tolerance": {"rule": "max|out-ref| <= factor * max|lowprec-ref| + floor; "
+                                  "|lse-ref_lse| <= lse_atol + lse_rtol * |ref_lse|",
+                          "factor": ERR_FACTOR, "floor": ERR_FLOOR, "lse_atol": LSE_ATOL, "lse_rtol": LSE_RTOL},
+            "passed": len(self.cases) - len(self.failed), "failed": len(self.failed),
+            "cases": [c.as_dict() for c in self.cases],
+        }
+
+
+# -- torch attention -----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def exact_fp32_matmul(torch):
+    """The reference must be fp32, not TF32, whatever the caller's global setting."""
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def attention_torch(q, k, v, *, causal: bool, scale: float):
+    """softmax(scale q k^T) v and the natural-log LSE of the scaled scores, in q's dtype.
+
+    (B, H, S, D) tensors; GQA/MQA by repeating kv heads; causal is top-left (key j <= query i).
+    """
+    import torch
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        sq, sk = q.shape[2], k.shape[2]
+        visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores.float(), dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v), lse
+
+
+def make_inputs(shape: Shape, head_dim: int, dtype, device, generator):
+    """q, k, v in shape.layout, standard normal (never zeros)."""
+    import torch
+    b, h, kvh, sq, sk, d = shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, head_dim
+
+    def randn(*size):
+        return torch.randn(size, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+    if shape.packed:
+        if shape.layout == "bshd":
+            return randn(b, sq, 3, h, d).unbind(2)
+        return randn(b, 3, h, sq, d).unbind(1)
+    if shape.layout == "bshd":
+        return randn(b, sq, h, d), randn(b, sk, kvh, d), randn(b, sk, kvh, d)
+    return randn(b, h, sq, d), randn(b, kvh, sk, d), randn(b, kvh, sk, d)
+
+
+def poisoned_output(shape: Shape, head_dim: int, guard_rows: int, dtype, device):
+    """(o, guard): o in shape.layout filled with NaN, a view of a buffer with `guard_rows` more
+    sequence rows per head; the guard rows must still be NaN after the kernel ran."""
+    import torch
+    b, h, sq, d = shape.batch, shape.heads, shape.seqlen_q, head_dim
+    if shape.layout == "bshd":
+        buf = torch.full((b, sq + guard_rows, h, d), float("nan"), dtype=dtype, device=device)
+        return buf[:, :sq], buf[:, sq:]
+    buf = torch.full((b, h, sq + guard_rows, d), float("nan"), dtype=dtype, device=device)
+    return buf[:, :, :sq], buf[:, :, sq:]
+
+
+def poisoned_lse(shape: Shape, guard: int, device):
+    """(lse, guard): contiguous fp32 (B, H, Sq) of NaN followed by `guard` NaN elements."""
+    import torch
+    n = shape.batch * shape.heads * shape.seqlen_q
+    buf = torch.full((n + guard,), float("nan"), dtype=torch.float32, device=device)
+    return buf[:n].view(shape.batch, shape.heads, shape.seqlen_q), buf[n:]
+
+
+# -- one case ------------------------------------------------------------------------------------
+
+def check_case(kernel, mask: str, shape: Shape, seed: int, *, spec_label: str | None = None) -> CaseResult:
+    """Run one (variant, shape) case of `kernel` and compare it with torch."""
+    import torch
+    from .runtime import default_scale, to_bhsd
+    plan = kernel.plan
+    function = dict(plan.functions)[mask]
+    result = CaseResult(spec_label or kernel.label, function, mask, shape, passed=False)
+    device, dtype, d = kernel.device, kernel.dtype, plan.head_dim
+    causal = mask == "causal"
+    scale = default_scale(d)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    q, k, v = make_inputs(shape, d, dtype, device, gen)
+    guard_rows = -(-plan.block_m // ROW_ALIGN) * ROW_ALIGN
+    o, o_guard = poisoned_output(shape, d, guard_rows, dtype, device)
+    lse, lse_guard = poisoned_lse(shape, guard_rows, device)
+
+    kernel(q, k, v, causal=causal, scale=scale, layout=shape.layout, out=o, lse_out=lse)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+    qb, kb, vb, ob = (to_bhsd(t, shape.layout) for t in (q, k, v, o))
+    with exact_fp32_matmul(torch):
+        ref, ref_lse = attention_torch(qb.float(), kb.float(), vb.float(), causal=causal, scale=scale)
+    lowprec, _ = attention_torch(qb, kb, vb, causal=causal, scale=scale)
+
+    problems = result.problems
+    bad = (~torch.isfinite(ob)).sum().item()
+    if bad:
+        problems.append(f"{bad} of {ob.numel()} output elements are NaN/inf (unwritten or overflowed)")
+    stray = (~torch.isnan(o_guard)).sum().item()
+    if stray:
+        problems.append(f"{stray} elements written past seqlen_q in o")
+    result.max_err = (ob.float() - ref).abs().max().item()
+    result.lowprec_err = (lowprec.float() - ref).abs().max().item()
+    result.bound = ERR_FACTOR * result.lowprec_err + ERR_FLOOR
+    if not bad and not result.max_err <= result.bound:
+        problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} "
+                        f"({ERR_FACTOR:g} x torch {plan.spec.dtype} error {result.lowprec_err:.3g} + {ERR_FLOOR:g})")
+
+    lse_bad = (~torch.isfinite(lse)).sum().item()
+    if lse_bad:
+        problems.append(f"{lse_bad} of {lse.numel()} lse elements are NaN/inf")
+    if (~torch.isnan(lse_guard)).any().item():
+        problems.append("lse written past its (batch, heads, seqlen_q) end")
+    lse_diff = (lse - ref_lse).abs()
+    result.lse_err = lse_diff.max().item()
+    result.lse_excess = (lse_diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs())).max().item()
+    if not result.lse_excess <= 1.0 and not lse_bad:
+        problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
+    result.passed = not problems
+    return result
+
+
+def case_seed(seed: int, kernel_index: int, mask: str, shape_index: int) -> int:
+    """Each case draws its own inputs; the same seed reproduces a failing case."""
+    return seed * 1_000_003 + kernel_index * 10_007 + (mask == "causal") * 1009 + shape_index
+
+
+class _Runner:
+    """Runs cases in order. A case that raises is a failed case; after a CUDA fault that leaves
+    the context unusable, every remaining case (of every kernel) is reported as not run."""
+
+    def __init__(self, seed: int, on_case):
+        self.seed = seed
+        self.on_case = on_case
+        self.context_lost: str | None = None
+
+    def run(self, kernel, shapes, masks, kernel_index: int, spec_label: str | None) -> list[CaseResult]:
+        label = spec_label or kernel.label
+        results = []
+        for mask in masks:
+            function = dict(kernel.plan.functions)[mask]
+            for i, shape in enumerate(shapes):
+                if self.context_lost:
+                    r = CaseResult(label, function, mask, shape, passed=False,
+                                   problems=[f"not run: the CUDA context was lost {self.context_lost}"])
+                else:
+                    try:
+                        r = check_case(kernel, mask, shape, case_seed(self.seed, kernel_index, mask, i),
+                                       spec_label=label)
+                    except (TypeError, ValueError):
+                        raise               # the verifier called the kernel wrongly: a bug here, not a result
+                    except Exception as exc:
+                        r = CaseResult(label, function, mask, shape, passed=False,
+                                       problems=[f"{type(exc).__name__}: {exc}"])
+                        if not _context_usable(kernel.device):
+                            self.context_lost = f"after {label} {mask} {shape.label}"
+                results.append(r)
+                if self.on_case:
+                    self.on_case(r)
+        return results
+
+
+def verify_kernel(kernel, shapes=None, *, masks=None, seed: int = 0, spec_label: str | None = None,
+                  on_case=None) -> list[CaseResult]:
+    """Every mask variant of `kernel` (or just `masks`) over `shapes` (default: the full suite).
+
+    `kernel` is an attngen Kernel (or anything with its plan, label, masks, device, dtype and call
+    signature). `on_case(result)` is called after each case.
+    """
+    shapes = FULL_SUITE if shapes is None else tuple(shapes)
+    masks = kernel.masks if masks is None else tuple(masks)
+    return _Runner(seed, on_case).run(kernel, shapes, masks, 0, spec_label)
+
+
+def _context_usable(device) -> bool:
+    import torch
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        return torch.ones(1, device=device).add_(1).item() == 2.0
+    except RuntimeError:
+        return False
+
+
+# -- specs ---------------------------------------------------------------------------------------
+
+def load_kernels(spec_paths, *, on_compile=None) -> list:
+    """attngen.load each spec (compiling on a cache miss), synchronizing after every launch so a
+    fault is reported with the case that caused it. `on_compile(spec_path, arch)` on a cache miss."""
+    from .runtime import load
+    kernels = []
+    for path in spec_paths:
+        hook = None if on_compile is None else (lambda arch, path=path: on_compile(path, arch))
+        kernels.append(load(str(path), on_compile=hook, synchronize=True))
+    return kernels
+
+
+def case_count(kernels, shapes) -> int:
+    return sum(len(k.masks) for k in kernels) * len(shapes)
+
+
+def verify_kernels(kernels, shapes, *, suite_name: str = "custom", seed: int = 0, on_case=None) -> VerifyReport:
+    import torch
+    runner = _Runner(seed, on_case)
+    cases = []
+    for i, kernel in enumerate(kernels):
+        cases += runner.run(kernel, tuple(shapes), kernel.masks, i, kernel.name)
+    device = kernels[0].device if kernels else None
+    name = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else str(device)
+    return VerifyReport(name, kernels[0].arch if kernels else "", torch.__version__, suite_name, cases)
+
+
+def verify_specs(spec_paths, *, quick: bool = False, seed: int = 0, on_case=None, on_compile=None) -> VerifyReport:
+    """Load every spec and verify each of its variants over the (quick or full) suite."""
+    kernels = load_kernels(spec_paths, on_compile=on_compile)
+    return verify_kernels(kernels, suite(quick), suite_name="quick" if quick else "full", seed=seed,
+                          on_case=on_case)

@@ -1,0 +1,195 @@
+"""GPU tests: every spec verifies, the runtime refuses bad inputs, and the verifier rejects kernels
+with planted bugs. Skipped with a reason where there is no GPU, torch, pycuda or nvcc."""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+
+import attngen
+from attngen import verify
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = sorted((ROOT / "specs").glob("*.yaml"))
+PHASE4 = ROOT / "specs" / "phase4.yaml"
+MMA_SPEC = ROOT / "specs" / "h100_mma_d64.yaml"
+
+
+def failures(results) -> str:
+    return "\n".join(f"{r.spec} {r.variant} {r.shape.label} {r.shape.layout}: {'; '.join(r.problems)}"
+                     for r in results if not r.passed)
+
+
+# Function-scoped fixtures, so that the conftest's gpu skip (an autouse function fixture) runs
+# before them; the kernel itself is loaded once.
+@pytest.fixture
+def torch():
+    import torch
+    return torch
+
+
+@functools.lru_cache(maxsize=None)
+def load_once(path: Path):
+    return attngen.load(path, synchronize=True)
+
+
+@pytest.fixture
+def phase4():
+    return load_once(PHASE4)
+
+
+def randn(torch, *shape, dtype=None):
+    return torch.randn(*shape, device="cuda", dtype=dtype or torch.float16)
+
+
+# -- every spec ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
+def test_spec_passes_quick_suite(spec):
+    kernel = attngen.load(spec, synchronize=True)
+    results = verify.verify_kernel(kernel, verify.QUICK_SUITE, spec_label=kernel.name)
+    assert len(results) == len(kernel.masks) * len(verify.QUICK_SUITE)
+    assert all(r.passed for r in results), failures(results)
+
+
+def test_reference_matches_sdpa(torch):
+    """The verifier's own reference: top-left causal and GQA as torch SDPA defines them."""
+    import torch.nn.functional as F
+    q, k, v = randn(torch, 2, 8, 77, 64).float(), randn(torch, 2, 2, 130, 64).float(), randn(torch, 2, 2, 130, 64).float()
+    for causal in (False, True):
+        ours, _ = verify.attention_torch(q, k, v, causal=causal, scale=0.125)
+        with verify.exact_fp32_matmul(torch):
+            theirs = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
+                                                    is_causal=causal, scale=0.125)
+        assert (ours - theirs).abs().max().item() < 1e-4
+
+
+# -- the runtime API -----------------------------------------------------------------------------
+
+def test_bshd_layout_gives_the_same_result(torch, phase4):
+    q, k, v = randn(torch, 2, 4, 113, 64), randn(torch, 2, 2, 300, 64), randn(torch, 2, 2, 300, 64)
+    for causal in (False, True):
+        o_bhsd = phase4(q, k, v, causal=causal)
+        q_s, k_s, v_s = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        o_bshd = phase4(q_s, k_s, v_s, causal=causal, layout="bshd")
+        assert o_bshd.shape == q_s.shape
+        assert torch.equal(o_bshd.transpose(1, 2), o_bhsd)
+
+
+def test_lse_matches_logsumexp(torch, phase4):
+    q, k, v = randn(torch, 1, 3, 200, 64), randn(torch, 1, 3, 150, 64), randn(torch, 1, 3, 150, 64)
+    scale = 0.2
+    for causal in (False, True):
+        o, lse = phase4(q, k, v, causal=causal, scale=scale, return_lse=True)
+        assert lse.shape == (1, 3, 200) and lse.dtype == torch.float32 and lse.is_contiguous()
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        if causal:
+            scores = scores.masked_fill(~torch.ones(200, 150, dtype=torch.bool, device="cuda").tril(), -math.inf)
+        ref = torch.logsumexp(scores, dim=-1)
+        assert ((lse - ref).abs() <= verify.LSE_ATOL + verify.LSE_RTOL * ref.abs()).all()
+
+
+def test_output_takes_q_layout_and_default_scale(torch, phase4):
+    q, k, v = randn(torch, 2, 50, 4, 64), randn(torch, 2, 70, 4, 64), randn(torch, 2, 70, 4, 64)
+    o = phase4(q, k, v, layout="bshd")
+    assert o.shape == q.shape and o.stride() == q.stride() and o.dtype == q.dtype
+    explicit = phase4(q, k, v, layout="bshd", scale=1 / 8)
+    assert torch.equal(o, explicit)
+
+
+def test_launch_on_a_side_stream(torch, phase4):
+    q, k, v = randn(torch, 1, 4, 257, 64), randn(torch, 1, 4, 257, 64), randn(torch, 1, 4, 257, 64)
+    expected = phase4(q, k, v, causal=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        o = phase4(q, k, v, causal=True)
+        o2 = o * 1          # queued on the side stream after the kernel
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(o, expected) and torch.equal(o2, expected)
+
+
+def _bad_inputs(torch):
+    good = lambda *s: randn(torch, *s)  # noqa: E731
+    q, k, v = good(1, 4, 32, 64), good(1, 2, 48, 64), good(1, 2, 48, 64)
+    strided_last = randn(torch, 1, 4, 32, 128)[..., ::2]
+    misaligned = randn(torch, 1 * 4 * 32 * 64 + 1).narrow(0, 1, 4 * 32 * 64).view(1, 4, 32, 64)
+    return {
+        "cpu tensor": ((q.cpu(), k, v), {}, ValueError),
+        "wrong dtype": ((q.to(torch.bfloat16), k, v), {}, TypeError),
+        "fp32": ((q.float(), k, v), {}, TypeError),
+        "wrong head_dim": ((good(1, 4, 32, 128), good(1, 2, 48, 128), good(1, 2, 48, 128)), {}, ValueError),
+        "heads not a multiple of kv_heads": ((good(1, 3, 32, 64), k, v), {}, ValueError),
+        "k and v differ": ((q, k, good(1, 2, 40, 64)), {}, ValueError),
+        "batch differs": ((good(2, 4, 32, 64), k, v), {}, ValueError),
+        "3-D": ((q[0], k[0], v[0]), {}, ValueError),
+        "non-contiguous last dim": ((strided_last, k, v), {}, ValueError),
+        "misaligned pointer": ((misaligned, k, v), {}, ValueError),
+        "empty seqlen_q": ((good(1, 4, 0, 64), k, v), {}, ValueError),
+        "empty seqlen_k": ((q, good(1, 2, 0, 64), good(1, 2, 0, 64)), {}, ValueError),
+        "not a tensor": ((q.tolist(), k, v), {}, TypeError),
+        "negative scale": ((q, k, v), {"scale": -1.0}, ValueError),
+        "nan scale": ((q, k, v), {"scale": float("nan")}, ValueError),
+        "unknown layout": ((q, k, v), {"layout": "sbhd"}, ValueError),
+        "wrong out shape": ((q, k, v), {"out": good(1, 4, 31, 64)}, ValueError),
+        "wrong lse_out": ((q, k, v), {"lse_out": torch.empty(1, 4, 32, device="cuda")[..., :16]}, ValueError),
+    }
+
+
+@pytest.mark.parametrize("case", ["cpu tensor", "wrong dtype", "fp32", "wrong head_dim",
+                                  "heads not a multiple of kv_heads", "k and v differ", "batch differs", "3-D",
+                                  "non-contiguous last dim", "misaligned pointer", "empty seqlen_q",
+                                  "empty seqlen_k", "not a tensor", "negative scale", "nan scale",
+                                  "unknown layout", "wrong out shape", "wrong lse_out"])
+def test_bad_inputs_are_refused(torch, phase4, case):
+    args, kwargs, error = _bad_inputs(torch)[case]
+    with pytest.raises(error):
+        phase4(*args, **kwargs)
+
+
+def test_load_accepts_spec_and_plan_and_refuses_missing_causal(torch, phase4):
+    from attngen.plan import make_plan
+    spec = phase4.plan.spec.model_copy(update={"name": "phase4_noncausal", "masks": ["none"]})
+    from_spec = attngen.load(spec)
+    from_plan = attngen.load(make_plan(spec))
+    assert from_spec.masks == ("none",)
+    body = lambda src: src[src.index("#include"):]  # noqa: E731
+    assert body(from_spec.source) == body(from_plan.source)
+    # A path renders exactly the committed generated/ file.
+    assert phase4.source == (ROOT / "generated" / "phase4.cu").read_text()
+    q = randn(torch, 1, 2, 40, 64)
+    assert torch.equal(from_spec(q, q, q), from_plan(q, q, q))
+    with pytest.raises(ValueError, match="causal"):
+        from_spec(q, q, q, causal=True)
+
+
+# -- planted bugs: the verifier must reject them -------------------------------------------------
+
+PLANTED = {
+    # tail mask off by one: key == seqlen_k (a zero-filled row) takes part in the softmax
+    "phase4-tail-off-by-one": (PHASE4, "if (key >= seqlen_k ||", "if (key > seqlen_k ||"),
+    # the running output is not rescaled when a row's max grows
+    "phase4-no-rescale": (PHASE4, "acc[r][c] *= alpha;", ";"),
+    # causal mask hides the diagonal too: row 0 sees no key
+    "phase4-causal-diagonal": (PHASE4, "(kCausal && key > row0 + r)", "(kCausal && key >= row0 + r)"),
+    "mma-tail-off-by-one": (MMA_SPEC, "if (key >= seqlen_k ||", "if (key > seqlen_k ||"),
+}
+
+
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_verifier_rejects_planted_bug(name):
+    from attngen.runtime import Kernel, render_for
+    spec, old, new = PLANTED[name]
+    plan, source, _ = render_for(spec)
+    assert source.count(old) >= 1, f"the text to plant {name} into is gone from {spec.name}; update the test"
+    bugged = source.replace(old, new)
+    assert bugged != source
+    kernel = Kernel.from_source(plan, bugged, label=name, synchronize=True)
+    results = verify.verify_kernel(kernel, verify.QUICK_SUITE)
+    rejected = [r for r in results if not r.passed]
+    assert rejected, f"the verifier accepted {name}"
+    assert any("exceeds" in p or "NaN" in p for r in rejected for p in r.problems)
