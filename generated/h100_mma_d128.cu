@@ -200,9 +200,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// d += a (16x16, row-major) * b (16x8, column-major), fp32 accumulators.
+// d += a (16x16, row-major) * b (16x8, column-major), fp32 accumulators. Registers only, so not
+// volatile: the compiler may schedule it freely between the (volatile) shared-memory loads.
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
 
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -314,30 +315,35 @@ __device__ __forceinline__ void online_softmax(float (&s)[kMTiles][kNTiles][4], 
         }
 }
 
-// O += P.V: the S accumulators of n-tiles 2kk and 2kk+1 are exactly the A fragment of k-step kk.
-__device__ __forceinline__ void accumulate_pv(SoftmaxState& st, const float (&p)[kMTiles][kNTiles][4], uint32_t sV,
-                                              const LdmatrixLanes& ln) {
+// P as A fragments of P.V, rounded to the element type right after the softmax so that the fp32
+// scores die early: the accumulators of n-tiles 2kk and 2kk+1 are exactly the A fragment of k-step kk.
+__device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][kMTiles][4], const float (&p)[kMTiles][kNTiles][4]) {
 #pragma unroll
-    for (int kk = 0; kk < kKStepsPV; ++kk) {
-        uint32_t a[kMTiles][4];
+    for (int kk = 0; kk < kKStepsPV; ++kk)
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-            a[mt][0] = pack2(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-            a[mt][1] = pack2(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-            a[mt][2] = pack2(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-            a[mt][3] = pack2(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+            pa[kk][mt][0] = pack2(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+            pa[kk][mt][1] = pack2(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+            pa[kk][mt][2] = pack2(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+            pa[kk][mt][3] = pack2(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
         }
+}
+
+// O += P.V over the tile's keys.
+__device__ __forceinline__ void accumulate_pv(SoftmaxState& st, const uint32_t (&pa)[kKStepsPV][kMTiles][4], uint32_t sV,
+                                              const LdmatrixLanes& ln) {
+#pragma unroll
+    for (int kk = 0; kk < kKStepsPV; ++kk)
 #pragma unroll
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
             uint32_t b[4];
             ldmatrix_x4_trans(b, sV + step_offset(ln.a, kk * 16, 2 * dp));
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
-                mma_m16n8k16(st.o[mt][2 * dp], a[mt], b[0], b[1]);
-                mma_m16n8k16(st.o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                mma_m16n8k16(st.o[mt][2 * dp], pa[kk][mt], b[0], b[1]);
+                mma_m16n8k16(st.o[mt][2 * dp + 1], pa[kk][mt], b[2], b[3]);
             }
         }
-    }
 }
 
 // One K/V tile through the warp: scores, mask, online softmax, P.V.
@@ -353,7 +359,9 @@ __device__ __forceinline__ void consume_tile(SoftmaxState& st,
     if (tile_needs_mask<kCausal>(n0, m0 + warp_row0, p.seqlen_k))
         mask_scores<kCausal>(s, n0, m0 + warp_row0, p.seqlen_k, lane);
     online_softmax(s, st, p.scale_log2);
-    accumulate_pv(st, s, sV, ln);
+    uint32_t pa[kKStepsPV][kMTiles][4];
+    p_fragments(pa, s);
+    accumulate_pv(st, pa, sV, ln);
 }
 
 // Normalise by the row sums and write O (and the log-sum-exp) for rows inside seqlen_q.
