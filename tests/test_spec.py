@@ -1,6 +1,7 @@
 """Spec loading: good specs load; every bad spec gives one message with file, line and key path."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -411,8 +412,9 @@ def test_real_process_has_no_traceback(tmp_path, name):
     # CliRunner catches exceptions itself; a subprocess shows exactly what a user sees. The path
     # in the message is relative to the working directory.
     p = _write(tmp_path, name)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-m", "attngen", "build", str(p), "--out", str(tmp_path / "gen")],
-                          capture_output=True, text=True, cwd=tmp_path)
+                          capture_output=True, text=True, cwd=tmp_path, env=env)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
