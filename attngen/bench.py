@@ -91,6 +91,12 @@ class BenchReport:
                     seen.append(t.impl)
         return seen
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "BenchReport":
+        """Inverse of as_dict (e.g. to redraw a plot from a saved --json report)."""
+        results = [CaseResult(Case(**r["case"]), [Timing(**t) for t in r["timings"]]) for r in d["results"]]
+        return cls(d["gpu"], d["environment"], results)
+
     def as_dict(self) -> dict:
         return {"gpu": self.gpu, "environment": self.environment,
                 "results": [{"case": asdict(r.case), "label": r.case.label, "flops": r.case.flops,
@@ -261,7 +267,10 @@ def plot(report: BenchReport, path: str) -> None:
         width = 0.8 / max(1, len(present))
         for j, impl in enumerate(present):
             vals = [(r.get(impl).tflops if r.get(impl) and r.get(impl).status == "ok" else 0.0) for r in rows]
-            ax.bar([x + j * width for x in range(len(rows))], vals, width, label=impl)
+            # one fixed color per implementation across panels; SDPA backends hatched
+            color = plt.cm.tab20(impls.index(impl) % 20)
+            ax.bar([x + j * width for x in range(len(rows))], vals, width, label=impl, color=color,
+                   hatch="//" if impl.startswith("sdpa:") else None, edgecolor="black", linewidth=0.3)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels)
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"{dtype}, {'causal' if causal else 'non-causal'} - {report.gpu}")
