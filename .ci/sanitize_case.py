@@ -1,19 +1,25 @@
-"""Run one spec once per mask variant on a small shape: the program compute-sanitizer watches.
+"""Run specs once per mask variant on a small shape: the program compute-sanitizer watches.
 
-Usage: compute-sanitizer --tool racecheck python3 .ci/sanitize_case.py specs/x.yaml
-Shape (1, 2, 300, head_dim): several K/V tiles, tails on both sequence lengths.
+Usage: [SEQ=300] compute-sanitizer --tool racecheck python3 .ci/sanitize_case.py [--mask none|causal] specs/x.yaml ...
+Shape (1, 2, SEQ, head_dim), SEQ 300 by default: several K/V tiles, tails on both sequence lengths.
 """
+import os
 import sys
 
 import torch
 
 import attngen
 
-for path in sys.argv[1:]:
+args = sys.argv[1:]
+masks = None
+if args[:1] == ["--mask"]:
+    masks, args = (args[1],), args[2:]
+seq = int(os.environ.get("SEQ", "300"))
+for path in args:
     kernel = attngen.load(path)
     d = kernel.plan.head_dim
-    q, k, v = (torch.randn(1, 2, 300, d, device="cuda").to(kernel.dtype) for _ in range(3))
-    for mask in kernel.masks:
+    q, k, v = (torch.randn(1, 2, seq, d, device="cuda").to(kernel.dtype) for _ in range(3))
+    for mask in masks or kernel.masks:
         kernel(q, k, v, causal=mask == "causal")
     torch.cuda.synchronize()
-    print(f"ran {path}: {', '.join(kernel.masks)}")
+    print(f"ran {path}: {', '.join(masks or kernel.masks)}")
