@@ -420,7 +420,7 @@ __device__ __forceinline__ void attention(const Params& p) {
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();  // the tile (and Q) is visible to every warp
-        if (t == 0) {
+        if (t == 0) {  // Q has landed with the first tile: keep its fragments in registers from now on
 #pragma unroll
             for (int kk = 0; kk < kKStepsQK; ++kk) load_q_fragments(q_frag[kk], sQ, warp_row0, kk, ln);
         }

@@ -432,7 +432,7 @@ __device__ __forceinline__ void attention(const Params& p) {
         __syncthreads();               // ... for every thread, and every warp is done with tile t-1
         if (t + kStages - 1 < n_tiles) copy_kv(t + kStages - 1);  // refill the slot tile t-1 used
         cp_async_commit();
-        if (t == 0) {
+        if (t == 0) {  // Q has landed with the first tile: keep its fragments in registers from now on
 #pragma unroll
             for (int kk = 0; kk < kKStepsQK; ++kk) load_q_fragments(q_frag[kk], sQ, warp_row0, kk, ln);
         }
