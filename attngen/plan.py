@@ -6,7 +6,7 @@ belongs here, under a name a reviewer can read in `attngen explain`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import banks
 from .errors import BudgetError, SpecError
@@ -290,7 +290,7 @@ def check_budget(spec: Spec, target: Target, regions: tuple[Region, ...], file: 
             hint = "shrink tile.block_m, tile.block_n or smem.stages"
         raise BudgetError(f"shared memory {total} B ({total / 1024:.2f} KiB) exceeds the budget of {budget} B "
                           f"({budget / 1024:.2f} KiB) by {total - budget} B",
-                          breakdown=lines and "\n".join(lines), file=file, key="smem", hint=hint)
+                          breakdown="\n".join(lines), file=file, key="smem", hint=hint)
     return total
 
 
@@ -395,9 +395,5 @@ def make_plan(spec: Spec, file: str | None = None) -> Plan:
         barriers=producer_consumer_barriers(spec, threads),
         kv_stage_stride=stage_stride(regions),
     )
-    return _with_bank_report(plan)
-
-
-def _with_bank_report(plan: Plan) -> Plan:
-    from dataclasses import replace
+    # The bank analysis reads the finished plan's address function, so it is attached last.
     return replace(plan, bank_report=tuple(banks.report(plan)))
