@@ -50,17 +50,19 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
                f"{100 * used / plan.smem_budget:.0f}%; "
                f"{'dynamic (opt-in attribute raised at launch)' if plan.smem_dynamic else 'static'}")
     if plan.barriers:
-        out += ["", "warp roles and named barriers (id 0 is __syncthreads):",
+        out += ["", "warp roles and mbarriers (region bars):",
                 f"  producer warps {plan.compute_warps}..{plan.compute_warps + plan.producer_warps - 1} "
                 f"(threads {plan.compute_threads}..{plan.threads - 1}) copy K/V tile t into stage t % {plan.stages}",
                 f"  consumer warps 0..{plan.compute_warps - 1} compute tile t from stage t % {plan.stages}"]
         for b in plan.barriers:
-            out.append(f"  bar {b.id:>2} {b.name:<7} {b.threads} threads: {b.arrive}s arrive, {b.wait}s wait")
-        out += ["  schedule, tile t in stage s = t % stages:",
-                "    producer: wait empty[s] (when t >= stages), cp.async tile t, wait for it to land"
-                " (cp.async.wait_group 0), arrive full[s]",
-                "    consumer: wait full[s], compute tile t, arrive empty[s] when tile t + stages exists",
-                "  Q is copied by all threads before the roles split: the kernel's only __syncthreads"]
+            out.append(f"  {b.name:<7} smem +{b.offset:<6} {b.arrivals:>4} arrivals per phase from {b.arrive}; "
+                       f"{b.wait} wait")
+        out += ["  schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
+                "    producer: wait empty[s] (when t >= stages), issue cp.async of K and V tile t,"
+                " cp.async.mbarrier.arrive on full[s], go on without waiting for the copies",
+                "    consumer: wait full[s], compute tile t, arrive empty[s]",
+                f"  up to {plan.stages} tiles in flight; thread 0 initialises the mbarriers, and the Q copy's"
+                " __syncthreads (the kernel's only block-wide barrier) publishes them"]
     out += ["", "shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):"]
     for p in plan.bank_report:
         flag = "conflict-free" if p.degree == 1 else f"{p.degree}-way conflict"

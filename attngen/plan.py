@@ -112,13 +112,20 @@ class TileCopy:
 
 @dataclass(frozen=True)
 class Barrier:
-    """A named barrier (bar.sync / bar.arrive) of the producer/consumer hand-off."""
+    """An mbarrier (a 64-bit object in shared memory) of the producer/consumer hand-off.
 
-    id: int
-    name: str
-    threads: int
-    arrive: str             # role that arrives
-    wait: str               # role that waits
+    A phase completes when `arrivals` arrivals have been counted; waiters test the phase's parity.
+    """
+
+    name: str               # full0, empty0, ...
+    stage: int
+    offset: int             # bytes from the start of shared memory
+    arrivals: int           # expected arrivals per phase
+    arrive: str             # who arrives, and how
+    wait: str               # who waits
+
+
+MBARRIER_BYTES = 8
 
 
 @dataclass(frozen=True)
@@ -167,13 +174,17 @@ class Plan:
         raise KeyError(name)
 
     @property
-    def full_barrier_base(self) -> int:
-        """Id of full[0]; full[s] = base + s (consecutive by construction)."""
-        return self.barriers[0].id
+    def full_barrier_offset(self) -> int:
+        """Byte offset of full[0]; full[s] = full[0] + 8 s (consecutive by construction)."""
+        return self.barriers[0].offset
 
     @property
-    def empty_barrier_base(self) -> int:
-        return self.barriers[self.stages].id
+    def empty_barrier_offset(self) -> int:
+        return self.barriers[self.stages].offset
+
+    @property
+    def barrier_bytes(self) -> int:
+        return MBARRIER_BYTES
 
     @property
     def kv_regions(self) -> list[tuple[Region, Region]]:
@@ -294,20 +305,30 @@ def check_budget(spec: Spec, target: Target, regions: tuple[Region, ...], file: 
     return total
 
 
-def producer_consumer_barriers(spec: Spec, threads: int) -> tuple[Barrier, ...]:
-    """FULL[s] and EMPTY[s] per stage; id 0 stays with __syncthreads."""
+def barrier_regions(spec: Spec) -> list[Region]:
+    """The mbarriers of the producer/consumer hand-off: full[0..stages), then empty[0..stages)."""
+    if not spec.producer_warps:
+        return []
+    n = 2 * spec.smem.stages
+    return [Region("bars", n, 1, "uint64", MBARRIER_BYTES, MBARRIER_BYTES,
+                   per=f"mbarriers full[0..{spec.smem.stages}), empty[0..{spec.smem.stages})")]
+
+
+def producer_consumer_barriers(spec: Spec, regions: tuple[Region, ...]) -> tuple[Barrier, ...]:
+    """full[s]: one arrival per producer thread, made by the hardware when that thread's cp.async
+    copies into stage s have landed; empty[s]: one arrival per consumer thread after its last read."""
     if not spec.producer_warps:
         return ()
+    base = next(r.offset for r in regions if r.name == "bars")
     stages = spec.smem.stages
-    if 1 + 2 * stages > 16:
-        raise SpecError(f"{stages} stages need {2 * stages} named barriers plus id 0; the hardware has 16",
-                        key="smem.stages", hint="use at most 7 stages with producer warps")
-    out = []
-    for s in range(stages):
-        out.append(Barrier(1 + s, f"full{s}", threads, "producer", "consumer"))
-    for s in range(stages):
-        out.append(Barrier(1 + stages + s, f"empty{s}", threads, "consumer", "producer"))
-    return tuple(out)
+    producers, consumers = 32 * spec.producer_warps, 32 * spec.compute_warps
+    full = [Barrier(f"full{s}", s, base + MBARRIER_BYTES * s, producers,
+                    "producer threads, when their copies land (cp.async.mbarrier.arrive.noinc)",
+                    "consumer threads") for s in range(stages)]
+    empty = [Barrier(f"empty{s}", s, base + MBARRIER_BYTES * (stages + s), consumers,
+                     "consumer threads, after their last read of the stage (mbarrier.arrive)",
+                     "producer threads") for s in range(stages)]
+    return tuple(full + empty)
 
 
 def scalar_numbers(spec: Spec, rows_per_warp: int) -> dict:
@@ -361,7 +382,7 @@ def make_plan(spec: Spec, file: str | None = None) -> Plan:
     target = TARGETS[spec.target]
     ctype, ctype2 = element_types(spec.dtype)
     sw = tile_swizzle(spec)
-    regions = layout_regions(tile_regions(spec, sw) + family_regions(spec))
+    regions = layout_regions(tile_regions(spec, sw) + family_regions(spec) + barrier_regions(spec))
     total = check_budget(spec, target, regions, file)
     compute_threads = 32 * spec.compute_warps
     producer_threads = 32 * spec.producer_warps
@@ -392,7 +413,7 @@ def make_plan(spec: Spec, file: str | None = None) -> Plan:
         q_copy=TileCopy(spec.tile.block_m, chunks_per_row, threads),
         kv_copy=TileCopy(spec.tile.block_n, chunks_per_row, kv_threads),
         scalar=numbers["scalar"], wmma=numbers["wmma"], mma=numbers["mma"],
-        barriers=producer_consumer_barriers(spec, threads),
+        barriers=producer_consumer_barriers(spec, regions),
         kv_stage_stride=stage_stride(regions),
     )
     # The bank analysis reads the finished plan's address function, so it is attached last.

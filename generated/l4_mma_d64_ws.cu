@@ -20,13 +20,14 @@
 //     async_copy: true
 //     q_in_registers: true
 //
-// Shared memory on NVIDIA L4 (sm_89), 40960 B of a 49152 B budget (static):
+// Shared memory on NVIDIA L4 (sm_89), 40992 B of a 49152 B budget (static):
 //   region   offset   bytes  shape            layout
 //   q             0    8192  64x64 half       128 B/row, xor: chunk ^= row & 7
 //   k0         8192    8192  64x64 half       128 B/row, xor: chunk ^= row & 7
 //   v0        16384    8192  64x64 half       128 B/row, xor: chunk ^= row & 7
 //   k1        24576    8192  64x64 half       128 B/row, xor: chunk ^= row & 7
 //   v1        32768    8192  64x64 half       128 B/row, xor: chunk ^= row & 7
+//   bars      40960      32  4x1 uint64       8 B/row, none
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -42,7 +43,7 @@ constexpr int kThreads = 160;
 constexpr int kComputeWarps = 4;
 constexpr int kRowsPerWarp = 16;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 8;  // 16-byte chunks in one row of head_dim
-constexpr int kSmemBytes = 40960;
+constexpr int kSmemBytes = 40992;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 64x64 half, 8192 B
@@ -50,6 +51,7 @@ constexpr int kSmem_k0 = 8192;  // K tile, stage 0: 64x64 half, 8192 B
 constexpr int kSmem_v0 = 16384;  // V tile, stage 0: 64x64 half, 8192 B
 constexpr int kSmem_k1 = 24576;  // K tile, stage 1: 64x64 half, 8192 B
 constexpr int kSmem_v1 = 32768;  // V tile, stage 1: 64x64 half, 8192 B
+constexpr int kSmem_bars = 40960;  // mbarriers full[0..2), empty[0..2): 4x1 uint64, 32 B
 constexpr int kTilePitchBytes = 128;  // bytes between tile rows (Q, K, V)
 
 // Kernel arguments, passed by value. Python packs the same layout (attngen/runtime.py).
@@ -145,6 +147,7 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(kPending)); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Issue the copy of rows [row0, row0 + kRows) of a head into a tile at shared address `dst`
 // (rows >= rows_valid become zeros). kCopyThreads threads share the work; `tid` counts from 0.
@@ -209,12 +212,34 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Named barriers (ids from the plan; id 0 is __syncthreads). `count` threads take part in all.
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+// mbarriers (64-bit objects in shared memory) for the producer/consumer hand-off. A phase completes
+// when its expected arrivals are in; a waiter names the parity of the phase it waits for.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int arrivals) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" :: "r"(bar), "r"(arrivals) : "memory");
 }
-__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+// Release: this thread's shared-memory reads and writes before the arrival happen before the
+// phase completes for every waiter.
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" :: "r"(bar) : "memory");
+}
+// The arrival is made by the hardware once every cp.async this thread issued so far has landed;
+// .noinc: it counts as one of the phase's expected arrivals.
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+// Acquire: spin until the phase of the given parity has completed. sm_90 has try_wait, which lets
+// the warp sleep inside the instruction; earlier GPUs poll test_wait.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+#if __CUDA_ARCH__ >= 900
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#else
+        asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#endif
+    } while (!done);
 }
 
 constexpr int kMTiles = 1;      // 16-row A fragments per warp
@@ -425,43 +450,55 @@ __device__ __forceinline__ void attention(const Params& p) {
     // Warp roles: warps 0..kComputeWarps-1 consume (compute), the rest produce (copy K/V tiles).
     constexpr int kProducerThreads = 32;
     constexpr int kComputeThreads = 128;
-    constexpr int kFullBarrier0 = 1;    // full[s]: stage s holds a tile; producers arrive, consumers wait
-    constexpr int kEmptyBarrier0 = 3;  // empty[s]: stage s may be refilled; consumers arrive, producers wait
+    // full[s]: stage s holds its tile; kProducerThreads arrivals, made as each producer's copies land.
+    // empty[s]: stage s may be refilled; kComputeThreads arrivals, one per consumer thread.
+    constexpr int kBarrierBytes = 8;  // one mbarrier; stage s's is at base + s * kBarrierBytes
+    const uint32_t full_bar = smem_addr + 40960;
+    const uint32_t empty_bar = smem_addr + 40976;
     enum class Role { Consumer, Producer };
     const Role role = warp < kComputeWarps ? Role::Consumer : Role::Producer;
 
-    // Q once, copied by every thread; the only block-wide barrier of the kernel.
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(full_bar + kBarrierBytes * s, kProducerThreads);
+            mbarrier_init(empty_bar + kBarrierBytes * s, kComputeThreads);
+        }
+    }
+    // Q once, copied by every thread. The kernel's only block-wide barrier, which also publishes
+    // the initialised mbarriers to every thread.
     copy_tile_async<kBlockM, kThreads>(sQ, q, p.q_row_stride, m0, p.seqlen_q, tid);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
 
+    // Tile t uses stage t % kStages for the (t / kStages)-th time: that use is phase t / kStages of
+    // both of the stage's mbarriers, and waiters name its parity.
     if (role == Role::Producer) {
         const int ptid = tid - kComputeThreads;
         for (int t = 0; t < n_tiles; ++t) {
             const int stage = t % kStages;
-            if (t >= kStages) named_barrier_sync(kEmptyBarrier0 + stage, kThreads);  // consumers are done with tile t - kStages
+            const uint32_t phase = (t / kStages) & 1;
+            if (t >= kStages) mbarrier_wait(empty_bar + kBarrierBytes * stage, phase ^ 1);  // consumers are done with tile t - kStages
             const uint32_t slot = smem_addr + stage * kStageStride;
             copy_tile_async<kBlockN, kProducerThreads>(slot + kSmem_k0, k, p.k_row_stride, t * kBlockN, p.seqlen_k, ptid);
             copy_tile_async<kBlockN, kProducerThreads>(slot + kSmem_v0, v, p.v_row_stride, t * kBlockN, p.seqlen_k, ptid);
-            cp_async_commit();
-            // Hand tile t over as soon as it has landed; the ring (kStages tiles) is the lookahead,
-            // so the consumers never wait on the producer's next issue.
-            cp_async_wait<0>();
-            named_barrier_arrive(kFullBarrier0 + stage, kThreads);
+            // No wait here: the hardware arrives on full[stage] when these copies land, so the producer
+            // goes straight on to the next stage and up to kStages tiles are in flight.
+            cp_async_mbarrier_arrive(full_bar + kBarrierBytes * stage);
         }
-        return;  // producers write no output
+        cp_async_wait_all();  // leave no copy in flight behind an exited thread
+        return;               // producers write no output
     } else {
 #pragma unroll
         for (int kk = 0; kk < kKStepsQK; ++kk) load_q_fragments(q_frag[kk], sQ, warp_row0, kk, ln);
         for (int t = 0; t < n_tiles; ++t) {
             const int stage = t % kStages;
-            named_barrier_sync(kFullBarrier0 + stage, kThreads);  // tile t has landed in its stage
+            mbarrier_wait(full_bar + kBarrierBytes * stage, (t / kStages) & 1);  // tile t has landed in its stage
             const uint32_t sK = smem_addr + kSmem_k0 + stage * kStageStride;
             const uint32_t sV = smem_addr + kSmem_v0 + stage * kStageStride;
             consume_tile<kCausal>(st, q_frag, sQ, sK, sV, t * kBlockN, m0, warp_row0, lane, ln, p);
-            // Release the stage only if a later tile will reuse it (the producer waits for exactly those).
-            if (t + kStages < n_tiles) named_barrier_arrive(kEmptyBarrier0 + stage, kThreads);
+            mbarrier_arrive(empty_bar + kBarrierBytes * stage);  // this thread has read the stage for the last time
         }
     }
     store_output(st, p, batch, head, m0, warp_row0, lane);

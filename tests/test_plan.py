@@ -136,18 +136,17 @@ def test_specialized_warps_and_barriers():
                           smem="{swizzle: {xor_bits: 3}, stages: 3, async_copy: true, opt_in: true}"))
     assert (p.threads, p.compute_threads, p.producer_threads) == (160, 128, 32)
     assert p.kv_copy.threads == 32 and p.q_copy.threads == 160
-    # FULL[s] then EMPTY[s]; id 0 stays with __syncthreads
-    assert [(b.id, b.name, b.threads, b.arrive, b.wait) for b in p.barriers] == [
-        (1, "full0", 160, "producer", "consumer"),
-        (2, "full1", 160, "producer", "consumer"),
-        (3, "full2", 160, "producer", "consumer"),
-        (4, "empty0", 160, "consumer", "producer"),
-        (5, "empty1", 160, "consumer", "producer"),
-        (6, "empty2", 160, "consumer", "producer"),
+    # full[s] then empty[s], 8-byte mbarriers in their own region after the tiles
+    assert [(b.name, b.stage, b.offset, b.arrivals) for b in p.barriers] == [
+        ("full0", 0, 65536, 32), ("full1", 1, 65544, 32), ("full2", 2, 65552, 32),
+        ("empty0", 0, 65560, 128), ("empty1", 1, 65568, 128), ("empty2", 2, 65576, 128),
     ]
-    # Q 64 x 256 B, then three stages of K and V, 32 x 256 B each
-    assert [r.offset for r in p.regions] == [0, 16384, 24576, 32768, 40960, 49152, 57344]
-    assert p.smem_bytes == 65536 and p.smem_dynamic
+    assert all(b.arrive.startswith("producer") for b in p.barriers[:3])
+    assert all(b.arrive.startswith("consumer") for b in p.barriers[3:])
+    assert (p.full_barrier_offset, p.empty_barrier_offset, p.barrier_bytes) == (65536, 65560, 8)
+    # Q 64 x 256 B, then three stages of K and V, 32 x 256 B each, then the mbarriers
+    assert [r.offset for r in p.regions] == [0, 16384, 24576, 32768, 40960, 49152, 57344, 65536]
+    assert p.smem_bytes == 65536 + 48 and p.smem_dynamic
 
 
 def test_bf16_types():
