@@ -187,6 +187,13 @@ class Plan:
         return MBARRIER_BYTES
 
     @property
+    def copy_by_row_steps(self) -> bool:
+        """Every copy group (a multiple of 32 threads) covers whole rows of 16-byte chunks, so a
+        thread copies one chunk column every threads / chunks_per_row rows: one global pointer and
+        one shared offset per thread instead of an address per chunk (fewer live registers)."""
+        return 32 % self.chunks_per_row == 0
+
+    @property
     def kv_regions(self) -> list[tuple[Region, Region]]:
         return [(self.region(f"k{s}"), self.region(f"v{s}")) for s in range(self.stages)]
 

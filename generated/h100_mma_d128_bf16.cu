@@ -152,18 +152,19 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 template <int kRows, int kCopyThreads>
 __device__ __forceinline__ void copy_tile_async(uint32_t dst, const elem_t* src, long long row_stride,
                                                 int row0, int rows_valid, int tid) {
-    constexpr int kChunks = kRows * kChunksPerRow;
-    // Partly unrolled: a full unroll lets the compiler hoist one global address per chunk out of
-    // the tile loop, which costs a register each (a 32-thread producer copies 64 chunks per tile).
-#pragma unroll 4
-    for (int i = 0; i < (kChunks + kCopyThreads - 1) / kCopyThreads; ++i) {
-        const int c = tid + i * kCopyThreads;
-        if (kChunks % kCopyThreads == 0 || c < kChunks) {
-            const int row = c / kChunksPerRow, chunk = c % kChunksPerRow;
-            const bool valid = row0 + row < rows_valid;
-            const elem_t* g = valid ? src + (row0 + row) * row_stride + chunk * 8 : src;
-            cp_async_16(dst + tile_offset(row, chunk), g, valid ? 16 : 0);
+    // Each thread copies one chunk column, every kRowStep-th row: one global pointer advanced by a
+    // constant, instead of an address per chunk that the compiler would keep live across tiles.
+    constexpr int kRowStep = kCopyThreads / kChunksPerRow;
+    const int row = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+    const elem_t* g = src + (row0 + row) * row_stride + chunk * 8;
+#pragma unroll
+    for (int i = 0; i < (kRows + kRowStep - 1) / kRowStep; ++i) {
+        const int r = row + i * kRowStep;
+        if (kRows % kRowStep == 0 || r < kRows) {
+            const bool valid = row0 + r < rows_valid;
+            cp_async_16(dst + tile_offset(r, chunk), valid ? g : src, valid ? 16 : 0);
         }
+        g += kRowStep * row_stride;
     }
 }
 
@@ -268,19 +269,23 @@ __device__ __forceinline__ void scores_qk(float (&s)[kMTiles][kNTiles][4],
 }
 
 // Scores past seqlen_k, or above the diagonal for causal, become -inf. Element e of an m16n8
-// accumulator sits at row g + 8 * (e / 2), column 2 * (lane % 4) + e % 2.
+// accumulator sits at row g + 8 * (e / 2), column 2 * (lane % 4) + e % 2. Each row has one key
+// bound, min(seqlen_k, row + 1) for causal, so an element costs one compare.
 template <bool kCausal>
 __device__ __forceinline__ void mask_scores(float (&s)[kMTiles][kNTiles][4], int n0, int row0, int seqlen_k, int lane) {
+    const int key0 = n0 + 2 * (lane % 4);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + mt * 16 + lane / 4 + 8 * h;
+            const int key_end = kCausal ? min(seqlen_k, row + 1) : seqlen_k;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = n0 + nt * 8 + 2 * (lane % 4) + e % 2;
-                const int row = row0 + mt * 16 + lane / 4 + 8 * (e / 2);
-                if (key >= seqlen_k || (kCausal && key > row)) s[mt][nt][e] = -INFINITY;
-            }
+            for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (key0 + nt * 8 + e >= key_end) s[mt][nt][2 * h + e] = -INFINITY;
+        }
 }
 
 // Online softmax over one tile of scores: update the running max, turn S into exp2 numerators
