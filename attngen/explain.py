@@ -67,6 +67,10 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     for p in plan.bank_report:
         flag = "conflict-free" if p.degree == 1 else f"{p.degree}-way conflict"
         out.append(f"  {p.name:<52} {p.degree:>2}  {flag}")
+    if plan.min_blocks_per_sm:
+        out += ["", f"launch bounds: {plan.threads} threads, at least {plan.min_blocks_per_sm} block(s) per SM: ptxas "
+                    f"caps registers at "
+                    f"{min(255, plan.target.regs_per_sm // (plan.min_blocks_per_sm * plan.threads))} per thread"]
     by_smem = plan.blocks_per_sm_by_smem()
     out += ["", f"resident blocks per SM on {t.name}: {by_smem} by shared memory and threads"
                 + (f", {plan.blocks_per_sm_by_registers(regs_per_thread)} by registers ({regs_per_thread}/thread)"

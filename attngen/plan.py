@@ -165,6 +165,7 @@ class Plan:
     barriers: tuple[Barrier, ...] = ()
     bank_report: tuple = ()
     kv_stage_stride: int = 0        # bytes from stage s's K (or V) tile to stage s+1's
+    min_blocks_per_sm: int | None = None   # __launch_bounds__ minimum blocks per SM (None: ptxas chooses)
 
 
     def region(self, name: str) -> Region:
@@ -338,6 +339,17 @@ def producer_consumer_barriers(spec: Spec, regions: tuple[Region, ...]) -> tuple
     return tuple(full + empty)
 
 
+def launch_min_blocks(spec: Spec, target: Target, threads: int, file: str | None) -> int | None:
+    """The spec's min_blocks_per_sm, refused when that many blocks cannot be resident on the target."""
+    n = spec.min_blocks_per_sm
+    if n is not None and n * threads > target.max_threads_per_sm:
+        fit = target.max_threads_per_sm // threads
+        raise SpecError(f"{n} blocks of {threads} threads exceed the {target.max_threads_per_sm} threads an SM of "
+                        f"the {target.name} holds", file=file, key="min_blocks_per_sm",
+                        hint=f"use min_blocks_per_sm <= {fit}, or leave it unset")
+    return n
+
+
 def scalar_numbers(spec: Spec, rows_per_warp: int) -> dict:
     return {
         "keys_per_lane": spec.tile.block_n // 32,      # S columns each lane owns
@@ -422,6 +434,7 @@ def make_plan(spec: Spec, file: str | None = None) -> Plan:
         scalar=numbers["scalar"], wmma=numbers["wmma"], mma=numbers["mma"],
         barriers=producer_consumer_barriers(spec, regions),
         kv_stage_stride=stage_stride(regions),
+        min_blocks_per_sm=launch_min_blocks(spec, target, threads, file),
     )
     # The bank analysis reads the finished plan's address function, so it is attached last.
     return replace(plan, bank_report=tuple(banks.report(plan)))

@@ -7,7 +7,7 @@ only on the spec live here, so that an invalid spec is refused before anything i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -98,6 +98,11 @@ class Spec(_Strict):
     mma: Fragment = Field(description="scalar | wmma_m16n16k16 | mma_m16n8k16")
     smem: SharedMemory = SharedMemory()
     softmax: Softmax = Softmax()
+    min_blocks_per_sm: Optional[int] = Field(
+        default=None, ge=1, le=32,
+        description="second argument of __launch_bounds__: ptxas caps registers per thread so that this "
+                    "many blocks fit on one SM; unset lets ptxas choose (it may trade a small spill for "
+                    "occupancy)")
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 

@@ -123,8 +123,11 @@ struct LanePos {
 
 // tile_offset(row0 + lp.row, chunk0 + lp.chunk) for row0 a multiple of 16 and chunk0 even.
 __device__ __forceinline__ int step_offset(const LanePos& lp, int row0, int chunk0) {
-    // Power-of-two pitch: the step only flips chunk bits and adds whole rows (one op per step).
-    return (lp.offset ^ (chunk0 << 4)) + row0 * kTilePitchBytes;
+    // Power-of-two pitch: the step flips the swizzled chunk bits and adds whole rows. A lane's own
+    // chunk (0 or 1) stays inside the swizzled bits, so chunk bits above them are 0 in lp.offset and
+    // the rest of chunk0 is a plain add: steps that differ only there share one XOR result.
+    return (lp.offset ^ ((chunk0 & 7) << 4)) + ((chunk0 & ~7) << 4)
+           + row0 * kTilePitchBytes;
 }
 
 // Number of K/V tiles a query block visits. Causal (top-left, as torch SDPA is_causal): row i sees

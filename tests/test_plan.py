@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from attngen import banks
 from attngen.cli import main
-from attngen.errors import BudgetError
+from attngen.errors import BudgetError, SpecError
 from attngen.plan import make_plan
 from attngen.spec import load_spec, parse_spec
 from attngen.targets import TARGETS
@@ -276,3 +276,21 @@ def test_pad_breaks_scalar_conflicts():
     assert plain["K read for Q.K^T (half2 per lane, one key per lane)"] == 32
     # four rows of eight 16-byte chunks per 32 lanes, each row in the same banks
     assert plain["K/V tile store (4 x 4 B per 16-B chunk)"] == 4
+
+
+def test_min_blocks_per_sm_reaches_launch_bounds():
+    from attngen.render import render_plan
+    p = plan_of(spec_text() + "min_blocks_per_sm: 2\n")
+    assert p.min_blocks_per_sm == 2
+    assert "__launch_bounds__(attngen_t::kThreads, 2)" in render_plan(p, "t.yaml", "")
+    unset = plan_of(spec_text())
+    assert unset.min_blocks_per_sm is None
+    assert "__launch_bounds__(attngen_t::kThreads)\n" in render_plan(unset, "t.yaml", "")
+
+
+def test_min_blocks_per_sm_must_fit_the_sm():
+    # 4 warps = 128 threads; the L4 holds 1536 threads per SM, so 12 blocks fit and 13 do not
+    assert plan_of(spec_text() + "min_blocks_per_sm: 12\n").min_blocks_per_sm == 12
+    with pytest.raises(SpecError) as info:
+        plan_of(spec_text() + "min_blocks_per_sm: 13\n")
+    assert info.value.key == "min_blocks_per_sm" and "min_blocks_per_sm <= 12" in info.value.hint

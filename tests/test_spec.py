@@ -427,5 +427,5 @@ def test_schema_command_lists_every_key():
     import json
     schema = json.loads(result.output)
     assert set(schema["properties"]) == {"schema", "name", "description", "target", "dtype", "head_dim", "masks",
-                                         "tile", "warps", "mma", "smem", "softmax"}
+                                         "tile", "warps", "mma", "smem", "softmax", "min_blocks_per_sm"}
     assert set(schema["required"]) == {"schema", "name", "head_dim", "tile", "warps", "mma"}
