@@ -398,7 +398,10 @@ template <bool kCausal>
 __device__ __forceinline__ void attention(const Params& p) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int m0 = blockIdx.x * kBlockM, head = blockIdx.y, batch = blockIdx.z;
+    // Causal: the last query blocks see the most keys, so they take the first block ids and start
+    // first; the short blocks then fill the tail of the grid instead of the long ones.
+    const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int m0 = m_block * kBlockM, head = blockIdx.y, batch = blockIdx.z;
     const int kv_head = head / (p.heads / p.kv_heads);
     const elem_t* q = head_ptr(p.q, batch, head, p.q_batch_stride, p.q_head_stride);
     const elem_t* k = head_ptr(p.k, batch, kv_head, p.k_batch_stride, p.k_head_stride);
