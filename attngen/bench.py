@@ -145,6 +145,17 @@ def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, f
     return med, 100.0 * (p90 - p10) / med
 
 
+def kernel_call(torch, kernel, sets, causal: bool):
+    """fn(q, k, v) for time_calls: runs `kernel` into an output buffer preallocated per input set,
+    so the timed calls allocate nothing."""
+    outs = [torch.empty_like(s[0]) for s in sets]
+    index = {id(s[0]): i for i, s in enumerate(sets)}
+
+    def call(q, k, v):
+        kernel(q, k, v, causal=causal, out=outs[index[id(q)]])
+    return call
+
+
 def sdpa_callable(torch, backend: str, causal: bool):
     import torch.nn.functional as F
     if backend == "default":
@@ -207,12 +218,8 @@ def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), cau
             if not ok:
                 t.status, t.note = "failed-check", note
             else:
-                outs = [torch.empty_like(s[0]) for s in sets]
-                idx = {id(s[0]): i for i, s in enumerate(sets)}
-
-                def call(q, k, v, _kernel=kernel):
-                    _kernel(q, k, v, causal=case.causal, out=outs[idx[id(q)]])
-                t.median_us, t.spread_pct = time_calls(torch, call, sets, reps=reps)
+                t.median_us, t.spread_pct = time_calls(torch, kernel_call(torch, kernel, sets, case.causal), sets,
+                                                       reps=reps)
                 t.tflops = case.flops / (t.median_us * 1e-6) / 1e12
             res.timings.append(t)
             if on_step:

@@ -343,3 +343,117 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
                f"({len(kernels)} spec(s), {len(shapes)} shapes per variant)", err=bool(failed))
     if not report.ok:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("base_spec", type=click.Path(dir_okay=False))
+@click.option("--shapes", default=None, metavar="BxHxSxD,...",
+              help="comma-separated shapes to measure; D must be the base's head_dim, the dtype is the base's "
+                   "(not needed with --compile-only)")
+@click.option("--causal", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="at most N candidates go on to compile (a seeded sample when more survive pruning)")
+@click.option("--search", type=click.Choice(["grid", "evolve"]), default="grid", show_default=True,
+              help="grid: every surviving candidate; evolve: keep the top-k and mutate them")
+@click.option("--seed", default=0, show_default=True, help="seed of the sampling, the evolution and the inputs")
+@click.option("--generations", type=click.IntRange(min=0), default=4, show_default=True, help="evolve: generations")
+@click.option("--top-k", type=click.IntRange(min=1), default=4, show_default=True,
+              help="evolve: parents kept per generation (the first population is twice this)")
+@click.option("--arch", default=None, help="compile for this arch, e.g. sm_90 (default: the GPU's)")
+@click.option("--compile-only", is_flag=True,
+              help="stop after compiling: fill the cubin cache (on a CPU machine, with --arch) for a later GPU run")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="parallel nvcc processes [default: CPU count]")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="write the full report here")
+@click.option("--write-best", "best_dir", type=click.Path(file_okay=False),
+              help="write each case's winning spec to DIR/<name>.yaml, ready for `attngen build`")
+@click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True,
+              help="timed calls per measurement (median reported)")
+def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, arch, compile_only, jobs, json_file,
+          best_dir, reps):
+    """Search variants of BASE_SPEC for the fastest correct kernel per shape on this GPU.
+
+    \b
+    The space: tile.block_m, tile.block_n, warps (and producer/consumer splits when the
+    base has warp roles), smem.stages, smem.swizzle (the base's or none) and
+    smem.q_in_registers. A candidate is dropped before compiling when it breaks a spec
+    rule, exceeds the shared-memory budget or renders the same code as another; after
+    compiling when nvcc fails or ptxas reports spills; on the GPU when it fails the
+    verifier's quick suite or the output check on the sweep's inputs. Survivors are timed
+    like `attngen bench`, beside torch's flash backend (vs flash = flash time / time).
+    Results are cached per spec, GPU and shape under $ATTNGEN_CACHE_DIR/sweep, so an
+    interrupted sweep resumes where it stopped. Exits 1 when a case has no verified
+    candidate (or, with --compile-only, when none compiles cleanly).
+    """
+    import os
+    import re
+    from . import sweep as S
+    from .spec import load_spec
+    base = load_spec(base_spec)
+    if arch is not None and not re.fullmatch(r"sm_\d+a?", arch):
+        raise click.BadParameter(f"must look like sm_89 or sm_90a (got {arch!r})", param_hint="--arch")
+    if not shapes and not compile_only:
+        raise click.UsageError("--shapes is required (unless --compile-only)")
+    try:
+        cases = S.parse_cases(shapes, base, causal) if shapes else []
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shapes/--causal") from None
+    measurer = None
+    if compile_only:
+        arch = arch or _gpu_arch()
+    else:
+        measurer = S.GpuMeasurer(reps=reps, seed=seed)   # no GPU, torch or pycuda: exit 4 before any work
+        if arch is not None and arch != measurer.arch:
+            raise click.BadParameter(f"{arch} is not this GPU's arch ({measurer.arch}); a measuring sweep compiles "
+                                     "for the GPU it runs on", param_hint="--arch")
+        arch = measurer.arch
+    options = S.SweepOptions(cases, search=search, budget=budget, seed=seed, generations=generations, top_k=top_k,
+                             jobs=jobs or os.cpu_count() or 1)
+    space = S.default_space(base)
+    click.echo(f"sweep: {space.size} candidates in the space of {base.name}; pruning ...", err=True)
+    survivors = S.prune(base, space.choices())
+    steps = S.planned_steps(len(survivors[0]), options, measuring=measurer is not None)
+    # Off a terminal click prints every new label as a line: there, relabel every 10% only.
+    every = 1 if sys.stderr.isatty() else max(1, steps // 10)
+    with click.progressbar(length=steps, label="sweep", file=sys.stderr, show_pos=True) as bar:
+        def changed(p, n):
+            if (bar.pos + n) // every != bar.pos // every:
+                bar.label = (f"pruned {p.pruned}, compiled {p.compiled}, failed {p.failed}, timed {p.timed}"
+                             + (f", cached {p.cached}" if p.cached else "") + f"; best {p.best_text()}")
+            bar.update(n)
+        report = S.run_sweep(base, space, options, arch=arch, measurer=measurer, survivors=survivors,
+                             progress=S.Progress(on_change=changed))
+    click.echo(S.format_report(report))
+    command = _sweep_command(base_spec, shapes, causal, budget, search, seed, generations, top_k, reps)
+    if json_file:
+        Path(json_file).write_text(json.dumps({"command": command, **S.report_dict(report)}, indent=2) + "\n")
+        click.echo(f"wrote {json_file}")
+    if best_dir and not compile_only:
+        for path in S.write_best(report, best_dir, command):
+            click.echo(f"wrote {path}")
+    counts = report.counts()
+    if compile_only and not counts.get(S.COMPILED):
+        sys.exit(1)
+    if not compile_only and any(not report.ranking(c) for c in cases):
+        sys.exit(1)
+
+
+def _gpu_arch() -> str:
+    """The arch of this machine's GPU, or a usage error asking for --arch."""
+    from .errors import NoGpuError
+    from .runtime import device_arch, gpu_modules
+    try:
+        return device_arch(gpu_modules()[0])
+    except NoGpuError as exc:
+        raise click.UsageError(f"--compile-only needs --arch (e.g. --arch sm_90) when there is no GPU to take it "
+                               f"from ({exc})") from None
+
+
+def _sweep_command(base_spec, shapes, causal, budget, search, seed, generations, top_k, reps) -> str:
+    """The sweep's command line as the written specs and the JSON quote it."""
+    parts = ["attngen", "sweep", str(base_spec), "--shapes", shapes or "", "--causal", causal, "--search", search,
+             "--seed", str(seed)]
+    if budget is not None:
+        parts += ["--budget", str(budget)]
+    if search == "evolve":
+        parts += ["--generations", str(generations), "--top-k", str(top_k)]
+    return " ".join(parts + ["--reps", str(reps)])

@@ -1,0 +1,415 @@
+"""`attngen sweep`: the space, static pruning, the record cache, the searches and the output, with
+the GPU step behind a stub Measurer (and nvcc stubbed) unless a test is marked `nvcc` or `gpu`."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from attngen import sweep as S
+from attngen.bench import Case
+from attngen.cli import main
+from attngen.errors import NoGpuError
+from attngen.plan import make_plan
+from attngen.render import render_spec_file
+from attngen.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+L4_D64 = ROOT / "specs" / "l4_mma_d64.yaml"
+L4_D64_WS = ROOT / "specs" / "l4_mma_d64_ws.yaml"
+W = S.WarpChoice
+CASES = [Case(1, 2, 256, 64, "fp16", False), Case(1, 2, 256, 64, "fp16", True)]
+
+
+def space(**fields) -> S.SearchSpace:
+    """A small space around l4_mma_d64 (64x64 tiles, 4 warps, 2 stages, xor3, Q in registers)."""
+    d = dict(block_m=(64,), block_n=(64,), warps=(W(4),), stages=(2,), swizzle=("xor3",), q_in_registers=(True,))
+    return S.SearchSpace(**{**d, **fields})
+
+
+# 8 points on the L4 (48 KiB budget): 64 rows cannot split over 8 warps of 16 rows (2 rule breaks);
+# 64x128, 128x128 with 4 or 8 warps need 72-80 KiB (3 over budget); 3 survive.
+MIXED = space(block_m=(64, 128), block_n=(64, 128), warps=(W(4), W(8)))
+
+
+@pytest.fixture(scope="module")
+def base():
+    return load_spec(L4_D64)
+
+
+@pytest.fixture(scope="module")
+def medium(base):
+    """A 72-point space and its pruning, shared by the search tests."""
+    sp = space(block_m=(64, 128), block_n=(32, 64, 128), warps=(W(2), W(4), W(8)), stages=(1, 2),
+               q_in_registers=(False, True))
+    return sp, S.prune(base, sp.choices())
+
+
+@pytest.fixture
+def stub_nvcc(monkeypatch):
+    """compile_all without nvcc: every candidate compiles cleanly unless its tag is in `spills`."""
+    state = {"compiled": [], "spills": set()}
+
+    def fake(cands, arch, jobs, on_done=None):
+        out = {}
+        for c in cands:
+            state["compiled"].append(c.name)
+            outcome = S.CompileOutcome(S.SPILLS if c.choice.tag in state["spills"] else "ok", 128)
+            out[c.name] = outcome
+            if on_done:
+                on_done(c, outcome)
+        return out
+    monkeypatch.setattr(S, "compile_all", fake)
+    return state
+
+
+class StubMeasurer:
+    """A deterministic GPU: time falls with block_m and stages; `fail` tags fail verification;
+    `stop_after` raises KeyboardInterrupt on that call, as a user's Ctrl-C would."""
+
+    gpu = "Stub GPU"
+    arch = "sm_90"
+    torch_version = "stub"
+
+    def __init__(self, fail=(), stop_after=None):
+        self.fail = set(fail)
+        self.stop_after = stop_after
+        self.calls: list[tuple[str, bool]] = []
+
+    def measure(self, plan, source, shape, causal):
+        if self.stop_after is not None and len(self.calls) == self.stop_after:
+            raise KeyboardInterrupt
+        self.calls.append((plan.spec.name, causal))
+        if S.choice_of(plan.spec).tag in self.fail:
+            return S.Measurement(S.FAILED_VERIFY, note="planted")
+        us = 10000 / plan.block_m + plan.block_n / 8 + 5 / plan.stages + 3 * plan.compute_warps \
+            + (0 if plan.q_in_registers else 1) + (7 if causal else 0)
+        return S.Measurement("ok", us)
+
+    def flash_time(self, shape, dtype, causal):
+        return 150.0
+
+
+def sweep(base, sp, tmp_path, measurer, **opts):
+    options = S.SweepOptions(CASES, **opts)
+    return S.run_sweep(base, sp, options, arch="sm_90", measurer=measurer, cache=S.RecordCache(tmp_path / "rec"))
+
+
+# -- the space -------------------------------------------------------------------------------------
+
+def test_default_space_from_base(base):
+    sp = S.default_space(base)
+    assert sp.block_m == (64, 96, 112, 128) and sp.block_n == (32, 64, 128) and sp.stages == (1, 2, 3, 4)
+    assert sp.warps == (W(2), W(4), W(8))            # no producer/consumer splits for a homogeneous base
+    assert sp.swizzle == ("xor3", "none") and sp.q_in_registers == (False, True)
+    assert S.choice_of(base) in set(sp.choices())
+
+
+def test_default_space_with_warp_roles():
+    ws = load_spec(L4_D64_WS)
+    warps = S.default_space(ws).warps
+    assert warps[:3] == (W(2), W(4), W(8))
+    assert set(warps[3:]) == {W(4, 1), W(7, 1), W(4, 2), W(6, 2)}
+
+
+def test_enumeration_is_deterministic_and_covers_the_space(base):
+    sp = S.default_space(base)
+    first, second = list(sp.choices()), list(sp.choices())
+    assert first == second and len(first) == sp.size == 4 * 3 * 3 * 4 * 2 * 2
+    assert len({c.tag for c in first}) == sp.size
+    for f in S.SearchSpace.FIELDS:
+        assert {getattr(c, f) for c in first} == set(getattr(sp, f))
+
+
+def test_candidate_is_the_base_under_a_new_name(base):
+    cand = S.build_candidate(base, S.choice_of(base))
+    assert cand.name == "l4_mma_d64_m64n64w4s2x3q"
+    assert {k: v for k, v in S.spec_dict(cand.spec).items() if k != "name"} == \
+           {k: v for k, v in S.spec_dict(base).items() if k != "name"}
+    assert cand.code_hash == S.code_hash(render_spec_file(L4_D64).source, base.name)
+    assert cand.spec_hash == S.spec_hash(base)
+
+
+def test_candidate_names_keep_the_name_rule(base):
+    long_base = base.model_copy(update={"name": "a" * 48})
+    cand = S.build_candidate(long_base, S.Choice(112, 64, W(7, 1), 2, "xor3r1", True))
+    assert len(cand.name) <= 48 and re.fullmatch(r"[a-z][a-z0-9_]{0,47}", cand.name)
+    assert cand.name.endswith("_m112n64p1c7s2x3r1q")
+
+
+def test_neighbours_step_one_field(base):
+    sp = S.default_space(base)
+    at = S.choice_of(base)
+    for n in sp.neighbours(at):
+        changed = [f for f in sp.FIELDS if getattr(n, f) != getattr(at, f)]
+        assert len(changed) == 1
+        values = getattr(sp, changed[0])
+        assert abs(values.index(getattr(n, changed[0])) - values.index(getattr(at, changed[0]))) == 1
+
+
+def test_swizzle_tokens_round_trip():
+    for token in ("none", "pad16", "xor3", "xor2r1"):
+        assert S.swizzle_token(S.swizzle_value(token)) == token
+    with pytest.raises(ValueError):
+        S.swizzle_value("zigzag")
+
+
+# -- static pruning ----------------------------------------------------------------------------------
+
+def test_pruning_counts_each_reason(base):
+    survivors, pruned = S.prune(base, MIXED.choices())
+    reasons = {}
+    for p in pruned:
+        reasons[p.reason] = reasons.get(p.reason, 0) + 1
+    assert reasons == {"spec rule: tile.block_m": 2, S.BUDGET: 3}
+    assert [c.choice.tag for c in survivors] == ["m64n64w4s2x3q", "m128n64w4s2x3q", "m128n64w8s2x3q"]
+    budget_refused = {p.choice.tag for p in pruned if p.reason == S.BUDGET}
+    assert budget_refused == {"m64n128w4s2x3q", "m128n128w4s2x3q", "m128n128w8s2x3q"}
+
+
+def test_duplicate_code_is_pruned(base):
+    # xor3 and xor3r0 are the same swizzle: the second candidate renders the first one's code.
+    sp = space(block_m=(64, 128), swizzle=("xor3", "xor3r0"))
+    survivors, pruned = S.prune(base, sp.choices())
+    assert [c.choice.swizzle for c in survivors] == ["xor3", "xor3"]
+    assert [(p.reason, p.choice.swizzle) for p in pruned] == [(S.DUPLICATE, "xor3r0")] * 2
+    assert "same code as l4_mma_d64_m64n64w4s2x3q" in pruned[0].message
+
+
+def test_report_counts(base, tmp_path, stub_nvcc):
+    stub_nvcc["spills"].add("m128n64w8s2x3q")
+    report = sweep(base, MIXED, tmp_path, StubMeasurer(fail={"m128n64w4s2x3q"}))
+    assert report.counts() == {"enumerated": 8, S.FAILED_VERIFY: 1, S.BUDGET: 3, "spec rule: tile.block_m": 2,
+                               S.SPILLS: 1, S.TIMED: 1}
+
+
+def test_budget_samples_deterministically(medium):
+    _, (survivors, _) = medium
+    a = S.sample(survivors, 5, seed=1)
+    assert a == S.sample(survivors, 5, seed=1) and len(a) == 5
+    assert a != S.sample(survivors, 5, seed=2)
+    assert [survivors.index(c) for c in a] == sorted(survivors.index(c) for c in a)
+    assert S.sample(survivors, len(survivors) + 1, seed=1) == survivors
+
+
+# -- measuring, the cache, resuming ---------------------------------------------------------------
+
+def test_cache_hit_skips_the_measurer(base, tmp_path, stub_nvcc):
+    first = StubMeasurer()
+    a = sweep(base, MIXED, tmp_path, first)
+    assert len(first.calls) == 3 * len(CASES)
+    again = StubMeasurer()
+    compiled_before = len(stub_nvcc["compiled"])
+    b = sweep(base, MIXED, tmp_path, again)
+    assert again.calls == [] and len(stub_nvcc["compiled"]) == compiled_before   # neither measured nor compiled
+    for case in CASES:
+        assert [(r.candidate.name, r.time(case)) for r in a.ranking(case)] == \
+               [(r.candidate.name, r.time(case)) for r in b.ranking(case)]
+    rec = json.loads(next((tmp_path / "rec").rglob("*.json")).read_text())
+    assert {"status", "median_us", "note", "torch", "gpu", "shape", "dtype", "causal", "spec_hash"} <= set(rec)
+
+
+def test_record_of_other_code_is_not_reused(base, tmp_path, stub_nvcc):
+    sweep(base, MIXED, tmp_path, StubMeasurer())
+    for path in (tmp_path / "rec").rglob("*.json"):            # as if the templates had changed since
+        rec = json.loads(path.read_text())
+        path.write_text(json.dumps({**rec, "code_hash": "0" * 64}))
+    again = StubMeasurer()
+    sweep(base, MIXED, tmp_path, again)
+    assert len(again.calls) == 3 * len(CASES)
+
+
+def test_interrupted_sweep_resumes(base, tmp_path, stub_nvcc):
+    with pytest.raises(KeyboardInterrupt):
+        sweep(base, MIXED, tmp_path, StubMeasurer(stop_after=4))
+    rest = StubMeasurer()
+    report = sweep(base, MIXED, tmp_path, rest)
+    assert len(rest.calls) == 3 * len(CASES) - 4
+    assert all(len(r.records) == len(CASES) for r in report.results)
+    assert [r.candidate.choice.tag for r in report.ranking(CASES[0])][0] == "m128n64w4s2x3q"
+
+
+def test_failed_verify_and_spills_are_never_ranked(base, tmp_path, stub_nvcc):
+    fastest = "m128n64w4s2x3q"
+    stub_nvcc["spills"].add("m128n64w8s2x3q")
+    measurer = StubMeasurer(fail={fastest})
+    report = sweep(base, MIXED, tmp_path, measurer)
+    assert "l4_mma_d64_m128n64w8s2x3q" not in {name for name, _ in measurer.calls}
+    for case in CASES:
+        assert [r.candidate.choice.tag for r in report.ranking(case)] == ["m64n64w4s2x3q"]
+    assert {name for name, (_, cases) in S.winners(report).items()} == {"l4_mma_d64_m64n64w4s2x3q"}
+    table = S.format_report(report)
+    assert fastest not in table and "l4_mma_d64_m64n64w4s2x3q" in table
+
+
+def test_fatal_error_stops_the_sweep_and_is_cached(base, tmp_path, stub_nvcc):
+    class Faulting(StubMeasurer):
+        def measure(self, plan, source, shape, causal):
+            self.calls.append((plan.spec.name, causal))
+            return S.Measurement(S.ERROR, note="illegal address", fatal=True)
+    from attngen.errors import ToolError
+    with pytest.raises(ToolError, match="run the same command again"):
+        sweep(base, MIXED, tmp_path, Faulting())
+    resumed = StubMeasurer()
+    report = sweep(base, MIXED, tmp_path, resumed)
+    # the faulting candidate keeps its error and is not measured again; the others are
+    assert report.results[0].outcome == S.ERROR and len(resumed.calls) == 2 * len(CASES)
+    assert report.results[0].candidate.name not in {name for name, _ in resumed.calls}
+
+
+# -- the searches -------------------------------------------------------------------------------------
+
+def evolve(base, medium, tmp_path, seed):
+    sp, survivors = medium
+    measurer = StubMeasurer()
+    options = S.SweepOptions(CASES, search="evolve", seed=seed, generations=3, top_k=2)
+    S.run_sweep(base, sp, options, arch="sm_90", measurer=measurer, cache=S.RecordCache(tmp_path / f"r{seed}"),
+                survivors=survivors)
+    return [name for name, causal in measurer.calls if not causal]
+
+
+def test_evolve_is_reproducible_for_a_seed(base, medium, tmp_path, stub_nvcc):
+    a = evolve(base, medium, tmp_path / "a", seed=1)
+    assert a == evolve(base, medium, tmp_path / "b", seed=1)
+    assert a != evolve(base, medium, tmp_path / "c", seed=2)
+    assert len(a) == len(set(a)) and 4 < len(a) <= 4 + 3 * 2      # first population 2 x top-k, then <= top-k each
+
+
+def test_evolve_children_differ_from_a_parent_in_one_field(base, medium, tmp_path, stub_nvcc):
+    sp, (survivors, _) = medium
+    names = evolve(base, medium, tmp_path, seed=3)
+    by_name = {c.name: c.choice for c in survivors}
+    first, later = names[:4], names[4:]
+    for name in later:
+        seen = [by_name[n] for n in names[:names.index(name)]]
+        assert any(by_name[name] in sp.neighbours(p) for p in seen)
+
+
+def test_evolve_never_measures_twice_and_respects_the_budget(base, medium, tmp_path, stub_nvcc):
+    sp, survivors = medium
+    measurer = StubMeasurer()
+    options = S.SweepOptions(CASES, search="evolve", seed=5, generations=10, top_k=2, budget=7)
+    report = S.run_sweep(base, sp, options, arch="sm_90", measurer=measurer, cache=S.RecordCache(tmp_path),
+                         survivors=survivors)
+    assert len(report.results) == 7 and len(measurer.calls) == 7 * len(CASES)
+
+
+# -- output -------------------------------------------------------------------------------------------
+
+def test_write_best_round_trips(base, tmp_path, stub_nvcc):
+    report = sweep(base, MIXED, tmp_path, StubMeasurer())
+    paths = S.write_best(report, tmp_path / "best", "attngen sweep specs/l4_mma_d64.yaml --shapes 1x2x256x64")
+    assert [p.name for p in paths] == ["l4_mma_d64_m128n64w4s2x3q.yaml"]
+    text = paths[0].read_text()
+    comments = [ln for ln in text.splitlines() if ln.startswith("#")]
+    assert text.startswith("# ") and "Stub GPU" in comments[0]
+    assert any("1x2x256x64 fp16 causal" in ln and "x torch's flash backend (150.0 us)" in ln for ln in comments)
+    assert comments[-1] == "# command: attngen sweep specs/l4_mma_d64.yaml --shapes 1x2x256x64"
+    spec = load_spec(paths[0])
+    plan = make_plan(spec)
+    assert spec.name == paths[0].stem and (plan.block_m, plan.block_n, plan.compute_warps) == (128, 64, 4)
+    order = list(yaml.safe_load(text))
+    file_order = list(yaml.safe_load(L4_D64.read_text()))
+    assert [k for k in order if k in file_order] == file_order
+
+
+def test_report_dict_and_table(base, tmp_path, stub_nvcc):
+    report = sweep(base, MIXED, tmp_path, StubMeasurer())
+    d = json.loads(json.dumps(S.report_dict(report)))
+    assert d["counts"]["enumerated"] == 8 and len(d["candidates"]) == 3 and len(d["pruned"]) == 5
+    assert d["space"]["warps"] == [{"compute": 4}, {"compute": 8}]
+    case = d["cases"][0]
+    assert case["flash_us"] == 150.0 and case["ranking"][0]["rank"] == 1
+    assert math.isclose(case["ranking"][0]["vs_flash"], 150.0 / case["ranking"][0]["median_us"])
+    table = S.format_report(report)
+    assert "vs flash" in table and "(base)" in table and "smem budget" in table
+
+
+# -- the CLI ------------------------------------------------------------------------------------------
+
+def run_cli(*args):
+    result = CliRunner().invoke(main, ["sweep", *map(str, args)])
+    out = result.output + (result.stderr if hasattr(result, "stderr") else "")
+    assert "Traceback" not in out
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result, out
+
+
+@pytest.fixture
+def tiny_space(monkeypatch):
+    """The CLI sweeps a 3-point space (block_m 64, 128 x 4 warps, and 128 x 8 warps survive)."""
+    sp = space(block_m=(64, 128), warps=(W(4), W(8)))
+    monkeypatch.setattr(S, "default_space", lambda base: sp)
+    return sp
+
+
+@pytest.mark.nvcc
+def test_cli_compile_only(tmp_path, tiny_space):
+    report = tmp_path / "sweep.json"
+    result, out = run_cli(L4_D64, "--compile-only", "--arch", "sm_90", "--jobs", "2", "--json", report)
+    assert result.exit_code == 0, out
+    d = json.loads(report.read_text())
+    assert d["counts"] == {"enumerated": 4, S.COMPILED: 3, "spec rule: tile.block_m": 1}
+    assert all(c["compile"]["registers"] > 0 for c in d["candidates"])
+    assert "compiled" in out
+
+
+def test_cli_without_gpu_exits_4(monkeypatch, tiny_space):
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:                   # a machine with torch (and maybe a GPU): take the GPU away
+        def no_gpu():
+            raise NoGpuError("no CUDA GPU: torch sees none")
+        monkeypatch.setattr("attngen.runtime.gpu_modules", no_gpu)
+    result, out = run_cli(L4_D64, "--shapes", "1x2x256x64")
+    assert result.exit_code == 4, out
+    assert out.startswith("attngen: ") and ("torch" in out or "GPU" in out)
+
+
+def test_cli_compile_only_without_arch_or_gpu(monkeypatch, tiny_space):
+    def no_gpu():
+        raise NoGpuError("no CUDA GPU: torch sees none")
+    monkeypatch.setattr("attngen.runtime.gpu_modules", no_gpu)
+    result, out = run_cli(L4_D64, "--compile-only")
+    assert result.exit_code == 2 and "--arch" in out
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--shapes", "1x2x256x128"], "head_dim 128"),
+    (["--shapes", "1x2x256"], "BxHxSxD"),
+    ([], "--shapes is required"),
+    (["--compile-only", "--arch", "90"], "sm_89"),
+])
+def test_cli_bad_options_exit_2(args, fragment, tiny_space):
+    result, out = run_cli(L4_D64, *args)
+    assert result.exit_code == 2 and fragment in out, out
+
+
+def test_cli_bad_base_spec_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(L4_D64.read_text().replace("block_m: 64", "block_m: 48"))
+    result, out = run_cli(bad, "--compile-only", "--arch", "sm_90")
+    assert result.exit_code == 2 and "tile.block_m" in out
+
+
+@pytest.mark.gpu
+def test_gpu_tiny_sweep(tmp_path, tiny_space):
+    report, best = tmp_path / "sweep.json", tmp_path / "best"
+    result, out = run_cli(L4_D64, "--shapes", "1x4x512x64", "--reps", "5", "--json", report, "--write-best", best)
+    assert result.exit_code == 0, out
+    d = json.loads(report.read_text())
+    assert d["counts"][S.TIMED] >= 1 and all(c["ranking"] for c in d["cases"])
+    assert all(c["flash_us"] for c in d["cases"])
+    for path in best.glob("*.yaml"):
+        make_plan(load_spec(path))
+    again, _ = run_cli(L4_D64, "--shapes", "1x4x512x64", "--reps", "5", "--json", report)
+    times = [[(r["name"], r["median_us"]) for r in c["ranking"]] for c in d["cases"]]
+    d2 = json.loads(report.read_text())
+    assert [[(r["name"], r["median_us"]) for r in c["ranking"]] for c in d2["cases"]] == times   # from the cache
