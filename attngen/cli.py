@@ -380,8 +380,8 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     compiling when nvcc fails or ptxas reports spills; on the GPU when it fails the
     verifier's quick suite or the output check on the sweep's inputs. Survivors are timed
     like `attngen bench`, beside torch's flash backend (vs flash = flash time / time).
-    Results are cached per spec, GPU and shape under $ATTNGEN_CACHE_DIR/sweep, so an
-    interrupted sweep resumes where it stopped. Exits 1 when a case has no verified
+    Results are cached per spec, GPU and shape in the sweep/ folder of the cubin cache
+    ($ATTNGEN_CACHE_DIR, default ~/.cache/attngen): an interrupted sweep resumes. Exits 1 when a case has no verified
     candidate (or, with --compile-only, when none compiles cleanly).
     """
     import os
@@ -393,6 +393,8 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
         raise click.BadParameter(f"must look like sm_89 or sm_90a (got {arch!r})", param_hint="--arch")
     if not shapes and not compile_only:
         raise click.UsageError("--shapes is required (unless --compile-only)")
+    if best_dir and compile_only:
+        raise click.UsageError("--write-best needs measurements: drop --compile-only")
     try:
         cases = S.parse_cases(shapes, base, causal) if shapes else []
     except ValueError as exc:
@@ -427,7 +429,7 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     if json_file:
         Path(json_file).write_text(json.dumps({"command": command, **S.report_dict(report)}, indent=2) + "\n")
         click.echo(f"wrote {json_file}")
-    if best_dir and not compile_only:
+    if best_dir:
         for path in S.write_best(report, best_dir, command):
             click.echo(f"wrote {path}")
     counts = report.counts()

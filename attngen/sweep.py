@@ -242,12 +242,13 @@ def candidate_name(base_name: str, tag: str) -> str:
 
 
 def spec_dict(spec: Spec) -> dict:
-    """A spec as plain data, keys in the order of the spec files (the model's field order)."""
-    return spec.model_dump(by_alias=True, mode="json")
+    """A spec as plain data, keys in the order of the spec files (the model's field order); unset
+    optional keys are left out, as a spec file leaves them out."""
+    return spec.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def spec_yaml(data: dict) -> str:
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml.safe_dump(data, sort_keys=False, width=200)
 
 
 def spec_hash(spec: Spec) -> str:
@@ -874,7 +875,7 @@ def best_spec_text(report: SweepReport, cand: Candidate, cases: list[Case], comm
     lines.append(f"# command: {command}")
     data = spec_dict(cand.spec)
     c = cand.choice
-    data["description"] = (f"sweep winner over {report.base.name}: {c.block_m}x{c.block_n} tiles, warps {c.warps}, "
+    data["description"] = (f"sweep winner over {report.base.name}, {c.block_m}x{c.block_n} tiles, {c.warps} warps, "
                            f"{c.stages} stages, swizzle {c.swizzle}, Q in {'registers' if c.q_in_registers else 'smem'}")
     return "\n".join(lines) + "\n" + spec_yaml(data)
 

@@ -310,6 +310,7 @@ def test_write_best_round_trips(base, tmp_path, stub_nvcc):
     assert text.startswith("# ") and "Stub GPU" in comments[0]
     assert any("1x2x256x64 fp16 causal" in ln and "x torch's flash backend (150.0 us)" in ln for ln in comments)
     assert comments[-1] == "# command: attngen sweep specs/l4_mma_d64.yaml --shapes 1x2x256x64"
+    assert "null" not in text and "description: sweep winner over l4_mma_d64, 128x64 tiles, 4 warps" in text
     spec = load_spec(paths[0])
     plan = make_plan(spec)
     assert spec.name == paths[0].stem and (plan.block_m, plan.block_n, plan.compute_warps) == (128, 64, 4)
@@ -346,6 +347,22 @@ def tiny_space(monkeypatch):
     sp = space(block_m=(64, 128), warps=(W(4), W(8)))
     monkeypatch.setattr(S, "default_space", lambda base: sp)
     return sp
+
+
+def test_cli_measuring_run_with_a_stub_gpu(tmp_path, monkeypatch, tiny_space, stub_nvcc):
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(S, "GpuMeasurer", lambda reps, seed: StubMeasurer(fail={"m128n64w8s2x3q"}))
+    report, best = tmp_path / "sweep.json", tmp_path / "best"
+    result, out = run_cli(L4_D64, "--shapes", "1x2x256x64", "--causal", "yes", "--json", report, "--write-best", best)
+    assert result.exit_code == 0, out
+    assert "1x2x256x64 fp16 causal: 2 ranked; torch flash 150.0 us" in out
+    d = json.loads(report.read_text())
+    assert d["command"].startswith("attngen sweep ") and "--causal yes" in d["command"]
+    assert d["counts"] == {"enumerated": 4, S.FAILED_VERIFY: 1, "spec rule: tile.block_m": 1, S.TIMED: 2}
+    [path] = best.glob("*.yaml")
+    assert path.name == "l4_mma_d64_m128n64w4s2x3q.yaml" and f"wrote {path}" in out
+    assert make_plan(load_spec(path)).block_m == 128
+    assert (tmp_path / "cache" / "sweep").is_dir()
 
 
 @pytest.mark.nvcc
@@ -386,6 +403,7 @@ def test_cli_compile_only_without_arch_or_gpu(monkeypatch, tiny_space):
     (["--shapes", "1x2x256"], "BxHxSxD"),
     ([], "--shapes is required"),
     (["--compile-only", "--arch", "90"], "sm_89"),
+    (["--compile-only", "--arch", "sm_90", "--write-best", "best"], "--write-best needs measurements"),
 ])
 def test_cli_bad_options_exit_2(args, fragment, tiny_space):
     result, out = run_cli(L4_D64, *args)
