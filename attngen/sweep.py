@@ -219,7 +219,6 @@ class Candidate:
     choice: Choice
     spec: Spec
     plan: Plan
-    yaml_text: str
     source: str
     spec_hash: str
     code_hash: str
@@ -282,7 +281,7 @@ def build_candidate(base: Spec, choice: Choice) -> Candidate:
     spec = parse_spec(text, file=label)
     plan = make_plan(spec, file=label)
     source = render_plan(plan, label, text)
-    return Candidate(choice, spec, plan, text, source, spec_hash(spec), code_hash(source, spec.name))
+    return Candidate(choice, spec, plan, source, spec_hash(spec), code_hash(source, spec.name))
 
 
 def prune_reason(exc: SpecError) -> str:
