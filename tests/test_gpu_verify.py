@@ -176,7 +176,8 @@ PLANTED = {
     "phase4-no-rescale": (PHASE4, "acc[r][c] *= alpha;", ";"),
     # causal mask hides the diagonal too: row 0 sees no key
     "phase4-causal-diagonal": (PHASE4, "(kCausal && key > row0 + r)", "(kCausal && key >= row0 + r)"),
-    "mma-tail-off-by-one": (MMA_SPEC, "if (key >= seqlen_k ||", "if (key > seqlen_k ||"),
+    # key == key_end (past seqlen_k, or the first key above the diagonal) is not masked
+    "mma-tail-off-by-one": (MMA_SPEC, "if (key0 + nt * 8 + e >= key_end)", "if (key0 + nt * 8 + e > key_end)"),
 }
 
 
