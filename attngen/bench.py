@@ -17,6 +17,7 @@ SDPA_BACKENDS = ("flash", "cudnn", "efficient", "default")
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 CHECK_HEADS = 2          # heads of batch 0 compared with the fp32 reference before timing
 SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU sleep: enough for the host to enqueue every timed call
+CAUSAL_CHOICES = {"both": (False, True), "yes": (True,), "no": (False,)}   # --causal -> mask variants timed
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Case:
     def flops(self) -> float:
         f = 4.0 * self.batch * self.heads * self.seqlen * self.seqlen * self.head_dim
         return f / 2 if self.causal else f
+
+    def tflops(self, median_us: float) -> float:
+        return self.flops / (median_us * 1e-6) / 1e12
 
 
 @dataclass
@@ -220,7 +224,7 @@ def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), cau
             else:
                 t.median_us, t.spread_pct = time_calls(torch, kernel_call(torch, kernel, sets, case.causal), sets,
                                                        reps=reps)
-                t.tflops = case.flops / (t.median_us * 1e-6) / 1e12
+                t.tflops = case.tflops(t.median_us)
             res.timings.append(t)
             if on_step:
                 on_step(case, t)
@@ -234,7 +238,7 @@ def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), cau
                 t.status, t.note = "unsupported", str(exc).splitlines()[0][:120]
             else:
                 t.median_us, t.spread_pct = time_calls(torch, fn, sets, reps=reps)
-                t.tflops = case.flops / (t.median_us * 1e-6) / 1e12
+                t.tflops = case.tflops(t.median_us)
             res.timings.append(t)
             if on_step:
                 on_step(case, t)

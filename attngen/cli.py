@@ -235,7 +235,7 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, s
     from . import bench as B
     from .render import render_spec_file
     shape_list = tuple(B.parse_shape(s) for s in shapes.split(",")) if shapes else B.DEFAULT_SHAPES
-    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[causal]
+    causals = B.CAUSAL_CHOICES[causal]
     backend_list = tuple(b.strip() for b in backends.split(",") if b.strip())
     for b in backend_list:
         if b not in B.SDPA_BACKENDS:

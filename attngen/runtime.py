@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .errors import NoGpuError, ToolError
 from .plan import LOG2E, Plan, make_plan
-from .spec import Spec
+from .spec import Spec, spec_dict, spec_yaml
 
 # Params in templates/lib/prelude.j2: 5 pointers, 12 int64 strides (elements), 5 int32, 1 float32.
 PARAMS_FORMAT = "<5Q12q5if"
@@ -96,8 +96,7 @@ def render_for(spec_or_path) -> tuple[Plan, str, str]:
         plan = spec_or_path
     else:
         raise TypeError(f"load() takes a spec path, a Spec or a Plan (got {type(spec_or_path).__name__})")
-    import yaml
-    text = yaml.safe_dump(plan.spec.model_dump(by_alias=True, mode="json"), sort_keys=False)
+    text = spec_yaml(spec_dict(plan.spec))
     label = f"<spec {plan.spec.name}>"
     return plan, render_plan(plan, label, text), label
 

@@ -421,5 +421,16 @@ def load_spec(path: str | Path) -> Spec:
     return parse_spec(read_spec_text(path), file=str(path))
 
 
+def spec_dict(spec: Spec) -> dict:
+    """A spec as plain data, keys in the order of the spec files (the model's field order); unset
+    optional keys are left out, as a spec file leaves them out."""
+    return spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def spec_yaml(data: dict) -> str:
+    """spec_dict() as YAML that parse_spec reads back to the same spec."""
+    return yaml.safe_dump(data, sort_keys=False, width=200)
+
+
 def json_schema() -> dict:
     return Spec.model_json_schema(by_alias=True)

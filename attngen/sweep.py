@@ -32,13 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar, Iterable, Protocol
 
-import yaml
 
-from .bench import Case, check_output, input_sets, kernel_call, parse_shape, sdpa_callable, time_calls
+from .bench import CAUSAL_CHOICES, Case, check_output, input_sets, kernel_call, parse_shape, sdpa_callable, time_calls
 from .errors import BudgetError, SpecError, ToolError
 from .plan import Plan, make_plan
 from .render import render_plan
-from .spec import PadSwizzle, Spec, XorSwizzle, parse_spec
+from .spec import PadSwizzle, Spec, XorSwizzle, parse_spec, spec_dict, spec_yaml
 
 Shape = tuple[int, int, int, int]          # batch, heads, seqlen, head_dim
 
@@ -238,16 +237,6 @@ class Pruned:
 def candidate_name(base_name: str, tag: str) -> str:
     """`<base>_<tag>`, the base part shortened when the whole would break the name rule."""
     return f"{base_name[:NAME_MAX - len(tag) - 1].rstrip('_')}_{tag}"
-
-
-def spec_dict(spec: Spec) -> dict:
-    """A spec as plain data, keys in the order of the spec files (the model's field order); unset
-    optional keys are left out, as a spec file leaves them out."""
-    return spec.model_dump(by_alias=True, mode="json", exclude_none=True)
-
-
-def spec_yaml(data: dict) -> str:
-    return yaml.safe_dump(data, sort_keys=False, width=200)
 
 
 def spec_hash(spec: Spec) -> str:
@@ -478,10 +467,6 @@ class GpuMeasurer:
 
 def shape_of(case: Case) -> Shape:
     return case.batch, case.heads, case.seqlen, case.head_dim
-
-
-def tflops(case: Case, us: float) -> float:
-    return case.flops / (us * 1e-6) / 1e12
 
 
 class RecordCache:
@@ -804,7 +789,7 @@ def format_report(report: SweepReport, *, top: int | None = 20) -> str:
         ranked = report.ranking(case)
         flash = report.flash.get(case)
         lines += ["", f"{case.label}: {len(ranked)} ranked; torch flash "
-                      + (f"{flash:.1f} us, {tflops(case, flash):.1f} TFLOP/s" if flash else "unavailable"), head]
+                      + (f"{flash:.1f} us, {case.tflops(flash):.1f} TFLOP/s" if flash else "unavailable"), head]
         for i, r in enumerate(ranked, 1):
             if top is not None and i > top and r.candidate.choice != base_choice:
                 continue
@@ -813,7 +798,7 @@ def format_report(report: SweepReport, *, top: int | None = 20) -> str:
             mark = "  (base)" if c == base_choice else ""
             lines.append(f"{i:>4}  {r.candidate.name:<40} {c.block_m:>7} {c.block_n:>7} {str(c.warps):>5} "
                          f"{c.stages:>6} {c.swizzle:<7} {'yes' if c.q_in_registers else 'no':<6} {us:>9.1f} "
-                         f"{tflops(case, us):>8.1f} {f'{ratio:.2f}' if ratio else '-':>8}{mark}")
+                         f"{case.tflops(us):>8.1f} {f'{ratio:.2f}' if ratio else '-':>8}{mark}")
         if top is not None and len(ranked) > top:
             lines.append(f"      ... {len(ranked) - top} more in --json")
     lines += ["", "candidates:"] + [f"  {k:<28} {v:>5}" for k, v in report.counts().items()]
@@ -829,7 +814,7 @@ def report_dict(report: SweepReport) -> dict:
     for case in report.options.cases if report.gpu else []:
         flash = report.flash.get(case)
         cases.append({**case_dict(case), "flash_us": flash, "ranking": [
-            {"rank": i, "name": r.candidate.name, "median_us": r.time(case), "tflops": tflops(case, r.time(case)),
+            {"rank": i, "name": r.candidate.name, "median_us": r.time(case), "tflops": case.tflops(r.time(case)),
              "vs_flash": _ratio(flash, r.time(case))} for i, r in enumerate(report.ranking(case), 1)]})
     opts = report.options
     return {
@@ -870,7 +855,7 @@ def best_spec_text(report: SweepReport, cand: Candidate, cases: list[Case], comm
         us, flash = result.time(case), report.flash.get(case)
         ratio = _ratio(flash, us)
         vs = f"{ratio:.2f}x torch's flash backend ({flash:.1f} us)" if ratio else "torch's flash backend unavailable"
-        lines.append(f"#   {case.label}: {us:.1f} us, {tflops(case, us):.1f} TFLOP/s, {vs}")
+        lines.append(f"#   {case.label}: {us:.1f} us, {case.tflops(us):.1f} TFLOP/s, {vs}")
     lines.append(f"# command: {command}")
     data = spec_dict(cand.spec)
     c = cand.choice
@@ -894,7 +879,7 @@ def write_best(report: SweepReport, out_dir: str | Path, command: str) -> list[P
 def parse_cases(shapes: str, base: Spec, causal: str) -> list[Case]:
     """--shapes and --causal as cases in the base's dtype; a shape must have the base's head_dim and
     the base must emit the mask variants asked for."""
-    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[causal]
+    causals = CAUSAL_CHOICES[causal]
     for c in causals:
         mask = "causal" if c else "none"
         if mask not in base.masks:
