@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .core.specio import line_of, load_yaml, read_spec_text
 from .errors import SpecError
 from .targets import TARGETS
 
@@ -262,26 +263,6 @@ def _round(x: int, unit: int) -> int:
 
 # -- YAML loading with line numbers ------------------------------------------------------------
 
-def _line_of(node: yaml.Node | None, path: tuple) -> int | None:
-    """Line (1-based) of the deepest node along a pydantic location inside a composed YAML tree."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in path:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if k.value == str(part) or (part == "schema_" and k.value == "schema"):
-                    line = k.start_mark.line + 1
-                    node = v
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
-
-
 _UNION_TAGS = {"HomogeneousWarps", "SpecializedWarps", "PadSwizzle", "XorSwizzle", "literal['none']",
                "function-after[_known_target(), str]"}
 
@@ -345,47 +326,9 @@ def _message(e: dict) -> str:
     return msg
 
 
-def _duplicate_key(node: yaml.Node, path: tuple = ()) -> tuple[str, int, int] | None:
-    """(key path, line, first line) of the first key given twice in one mapping, else None.
-
-    PyYAML silently keeps the last value of a repeated key; in a spec that hides an edit.
-    """
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for k, v in node.value:
-            line = k.start_mark.line + 1
-            if isinstance(k, yaml.ScalarNode):
-                if k.value in seen:
-                    return ".".join(map(str, path + (k.value,))), line, seen[k.value]
-                seen[k.value] = line
-            found = _duplicate_key(v, path + (getattr(k, "value", "?"),))
-            if found:
-                return found
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            found = _duplicate_key(v, path + (i,))
-            if found:
-                return found
-    return None
-
-
 def parse_spec(text: str, file: str = "<spec>") -> Spec:
     """Parse and validate spec YAML text; raise SpecError naming file, line and key."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"YAML syntax error: {problem}", file=file, line=line,
-                        hint="check indentation and the ':' after each key") from None
-    if not isinstance(data, dict):
-        raise SpecError("a spec is a YAML mapping of keys (schema, name, tile, ...)", file=file, line=1)
-    dup = _duplicate_key(node)
-    if dup:
-        key, line, first = dup
-        raise SpecError(f"key given twice (first on line {first}); keep one", file=file, line=line, key=key)
+    data, node = load_yaml(text, file)
     try:
         return Spec.model_validate(data)
     except ValidationError as exc:
@@ -394,26 +337,13 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         if isinstance(ctx_err, _RuleError):
             key = ctx_err.key
             path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
-            raise SpecError(str(ctx_err), file=file, line=_line_of(node, path), key=key) from None
+            raise SpecError(str(ctx_err), file=file, line=line_of(node, path), key=key) from None
         loc = _clean_loc(e["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
         hint = None
         if loc == ("schema",):
             hint = f"this attngen reads schema {SCHEMA_VERSION}; start the file with 'schema: {SCHEMA_VERSION}'"
-        raise SpecError(_message(e), file=file, line=_line_of(node, loc), key=key, hint=hint) from None
-
-
-def read_spec_text(path: str | Path) -> str:
-    """The text of a spec file; a missing, unreadable or non-UTF-8 file becomes one SpecError."""
-    p = Path(path)
-    try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError("no such spec file", file=str(path)) from None
-    except IsADirectoryError:
-        raise SpecError("is a directory, not a spec file", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read spec: {exc}", file=str(path)) from None
+        raise SpecError(_message(e), file=file, line=line_of(node, loc), key=key, hint=hint) from None
 
 
 def load_spec(path: str | Path) -> Spec:
