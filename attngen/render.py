@@ -42,6 +42,11 @@ class Rendered:
     source: str
     plan: Plan
 
+    @property
+    def files(self) -> tuple[tuple[str, str], ...]:
+        """(file name, source) of every part the spec renders (a bundle may have several)."""
+        return ((self.out_name, self.source),)
+
 
 def header_lines(plan: Plan, spec_path: str, spec_text: str) -> list[str]:
     sha = hashlib.sha256(spec_text.encode()).hexdigest()
