@@ -1,41 +1,283 @@
 """Spec files as YAML: reading a file, composing it with line numbers, finding a key's line.
 
-Everything a spec file can do wrong before validation (unreadable, not YAML, not a mapping, a key
-given twice) becomes one SpecError naming the file and line.
+Everything a spec file can do wrong before validation (unreadable, not a regular file, too large,
+not YAML, nested too deep, anchors and aliases, explicit tags, number forms whose meaning depends
+on the YAML version, not a mapping, a key given twice) becomes one SpecError naming the file and
+line.
+
+The YAML read here is deliberately small: a spec is a few hundred bytes of mappings, lists,
+strings, plain decimal integers and true/false. PyYAML implements YAML 1.1, where `0100` is octal
+64, `1:04` is base-60 64, `6_4` is 64 and `on` is true; YAML 1.2 and most other tools read those
+differently, so a spec that relied on them would mean different things to different readers. The
+loader below resolves only the unambiguous forms and refuses the rest with the value as written.
 """
 from __future__ import annotations
 
+import os
+import re
+import stat
 from pathlib import Path
 
 import yaml
 
 from ..errors import SpecError
 
+# The largest spec in specs/ is under 1 KiB; 64 KiB leaves room for long comments and nothing else.
+MAX_SPEC_BYTES = 64 * 1024
+# A spec nests at most 4 levels (document, smem, swizzle, pad_bytes).
+MAX_DEPTH = 16
+# Plain decimal integers longer than this are refused before Python converts them.
+MAX_INT_DIGITS = 18
+
+
+# -- reading the file ------------------------------------------------------------------------
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _kind(mode: int) -> str:
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _too_large(size: int) -> str:
+    return (f"is {size} bytes; a spec file is at most {MAX_SPEC_BYTES} bytes ({MAX_SPEC_BYTES // 1024} KiB), "
+            "a spec is a few hundred")
+
 
 def read_spec_text(path: str | Path) -> str:
-    """The text of a spec file; a missing, unreadable or non-UTF-8 file becomes one SpecError."""
-    p = Path(path)
+    """The text of a spec file.
+
+    Only a regular file of at most MAX_SPEC_BYTES of UTF-8 is read. A missing, unreadable,
+    non-regular (FIFO, device, directory), oversized or non-UTF-8 file becomes one SpecError.
+    The file is opened without blocking, so a FIFO with no writer is refused, not waited on.
+    """
+    name = str(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
     try:
-        return p.read_text(encoding="utf-8")
+        fd = os.open(name, flags)
     except FileNotFoundError:
-        raise SpecError("no such spec file", file=str(path)) from None
+        raise SpecError("no such spec file", file=name) from None
     except IsADirectoryError:
-        raise SpecError("is a directory, not a spec file", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read spec: {exc}", file=str(path)) from None
+        raise SpecError("is a directory, not a spec file", file=name) from None
+    except OSError as exc:
+        raise SpecError(f"cannot read spec: {exc.strerror or exc}", file=name) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise SpecError("is a directory, not a spec file", file=name)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(f"is {_kind(st.st_mode)}, not a regular file; a spec is a small YAML file", file=name)
+        if st.st_size > MAX_SPEC_BYTES:
+            raise SpecError(_too_large(st.st_size), file=name)
+        chunks, total = [], 0
+        while total <= MAX_SPEC_BYTES:   # the file may grow after fstat: never read past the cap
+            chunk = os.read(fd, MAX_SPEC_BYTES + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > MAX_SPEC_BYTES:
+            raise SpecError(_too_large(total) + " (it grew while being read)", file=name)
+    except OSError as exc:
+        raise SpecError(f"cannot read spec: {exc.strerror or exc}", file=name) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SpecError(f"cannot read spec: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                        file=name, line=line, hint="save the file as UTF-8") from None
+
+
+# -- the loader ------------------------------------------------------------------------------
+
+class _Refused(Exception):
+    """A construct the spec loader does not accept, with the 1-based line it starts on."""
+
+    def __init__(self, message: str, line: int | None, hint: str | None = None, key: str | None = None):
+        super().__init__(message)
+        self.message, self.line, self.hint, self.key = message, line, hint, key
+
+
+_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$")
+_FLOAT = re.compile(r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$")
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
+
+
+class SpecLoader(yaml.SafeLoader):
+    """SafeLoader that resolves only plain decimal ints, decimal floats, true/false and null,
+    and refuses anchors, aliases, explicit tags and nesting deeper than MAX_DEPTH.
+
+    Any other plain scalar is a string here; `suspicious_scalar` then refuses those that YAML 1.1
+    or 1.2 would read as a number or a boolean.
+    """
+
+    yaml_implicit_resolvers: dict = {}
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent):
+            raise _Refused(f"YAML alias *{event.anchor} is not allowed in a spec", line,
+                           "write the value out where it is used")
+        if getattr(event, "anchor", None) is not None:
+            raise _Refused(f"YAML anchor &{event.anchor} is not allowed in a spec", line,
+                           "remove it and write values out where they are used")
+        tag = getattr(event, "tag", None)
+        if tag is not None:
+            if tag.startswith("tag:yaml.org,2002:"):
+                tag = "!!" + tag[len("tag:yaml.org,2002:"):]
+            raise _Refused(f"explicit YAML tag {_shown(tag)} is not allowed in a spec", line,
+                           "remove the tag; quote a value to make it a string")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(f"nested more than {MAX_DEPTH} levels deep; a spec nests at most 4 "
+                               "(e.g. smem.swizzle.pad_bytes)", line)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+for _tag, _regexp, _first in (
+        ("tag:yaml.org,2002:int", _INT, "-+0123456789"),
+        ("tag:yaml.org,2002:float", _FLOAT, "-+0123456789."),
+        ("tag:yaml.org,2002:bool", _BOOL, "tTfF"),
+        ("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""])):
+    SpecLoader.add_implicit_resolver(_tag, _regexp, list(_first))
+
+
+# Plain scalars that SpecLoader leaves as strings but some YAML reader takes for a number or a
+# boolean: (pattern, what it is, fix). The fix may name {v}, YAML 1.1's reading of the value.
+_SUSPICIOUS = [
+    (re.compile(r"^[-+]?0[0-7_]+$"), "a YAML 1.1 octal number ({v})",
+     "integers are plain decimal without leading zeros: write {v}"),
+    (re.compile(r"^[-+]?0[0-9_]+$"), "a decimal number with a leading zero",
+     "integers are plain decimal without leading zeros: write {d}"),
+    (re.compile(r"^[-+]?0x[0-9a-fA-F_]+$"), "a hexadecimal number ({v})", "integers are plain decimal: write {v}"),
+    (re.compile(r"^[-+]?0o[0-7_]+$"), "an octal number ({o})", "integers are plain decimal: write {o}"),
+    (re.compile(r"^[-+]?0b[01_]+$"), "a binary number ({v})", "integers are plain decimal: write {v}"),
+    (re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$"), "a YAML 1.1 base-60 number ({v})",
+     "integers are plain decimal: write {v}"),
+    (re.compile(r"^[-+]?(?:[0-9][0-9_]*)?\.?[0-9_]*(?:[eE][-+]?[0-9]+)?$"), "a number with digit separators or an "
+     "exponent", "integers are plain decimal digits only: write {d}"),
+    (re.compile(r"^[-+]?\.(?:inf|Inf|INF|nan|NaN|NAN)$"), "a YAML float ({v})",
+     "a spec takes no infinities or NaNs: write a plain decimal integer"),
+    (re.compile(r"^(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF|y|Y|n|N)$"), "a YAML 1.1 boolean",
+     "write true or false"),
+]
+
+
+def _yaml11(value: str):
+    """What PyYAML's YAML 1.1 SafeLoader makes of a plain scalar (None when it fails)."""
+    try:
+        return yaml.load(value, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, ValueError):
+        return None
+
+
+def _decimal(value: str):
+    """The value read as decimal digits, ignoring separators, leading zeros and exponents."""
+    try:
+        f = float(value.replace("_", ""))
+        return int(f) if f.is_integer() else f
+    except (ValueError, OverflowError):
+        return None
+
+
+def _shown(value: str) -> str:
+    return value if len(value) <= 40 else value[:37] + "..."
+
+
+def suspicious_scalar(value: str) -> tuple[str, str] | None:
+    """(problem, fix) when a plain scalar that SpecLoader reads as a string would be a number or a
+    boolean to YAML 1.1 or 1.2, else None."""
+    if not value or len(value) > 64 or not (value[0] in "-+.0123456789" or value[0] in "yYnNoO"):
+        return None
+    for pattern, what, fix in _SUSPICIOUS:
+        if pattern.match(value):
+            if "{v}" in what + fix and not isinstance(_yaml11(value), (int, float)):
+                continue
+            if "{d}" in fix and _decimal(value) is None:
+                continue
+            oct_value = int(value.replace("_", "").replace("0o", ""), 8) if "0o" in value else None
+            subs = {"v": _yaml11(value), "d": _decimal(value), "o": oct_value}
+            return what.format(**subs), fix.format(**subs)
+    return None
+
+
+def _check_scalars(node: yaml.Node, path: tuple = ()) -> None:
+    """Refuse plain scalars of ambiguous meaning and oversized integers anywhere in the tree."""
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if not (isinstance(k, yaml.ScalarNode) and k.tag == "tag:yaml.org,2002:str"):
+                shown = f"'{_shown(k.value)}'" if isinstance(k, yaml.ScalarNode) else "(a " + k.id + ")"
+                raise _Refused(f"key {shown} is not a name; keys are words like tile or block_m",
+                               k.start_mark.line + 1, key=".".join(map(str, path)) or None)
+            _check_scalars(v, path + (k.value,))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _check_scalars(v, path + (i,))
+    elif isinstance(node, yaml.ScalarNode) and node.style is None:
+        line = node.start_mark.line + 1
+        key = ".".join(map(str, path)) or None
+        if node.tag == "tag:yaml.org,2002:int" and len(node.value.lstrip("+-")) > MAX_INT_DIGITS:
+            raise _Refused(f"integer {_shown(node.value)} has {len(node.value.lstrip('+-'))} digits, more than any "
+                           "spec value", line, "a spec's integers are at most a few hundred", key)
+        if node.tag == "tag:yaml.org,2002:str":
+            found = suspicious_scalar(node.value)
+            if found:
+                what, fix = found
+                raise _Refused(f"{_shown(node.value)} is {what}", line,
+                               f"{fix} (quote it if you mean text)", key)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 def load_yaml(text: str, file: str = "<spec>") -> tuple[dict, yaml.Node]:
     """(data, composed node tree) of spec text; the node tree gives every key its line."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(_too_large(len(text.encode("utf-8", "surrogatepass"))), file=file)
+    loader = None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
+        loader = SpecLoader(text)
+        node = loader.get_single_node()
+        if node is not None:
+            _check_scalars(node)
+        data = loader.construct_document(node) if node is not None else None
+    except _Refused as exc:
+        raise SpecError(exc.message, file=file, line=exc.line, key=exc.key, hint=exc.hint) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = exc.problem or exc.context or "not YAML"
+        if exc.context and problem.startswith("but "):     # "expected a single document ... but found ..."
+            problem = f"{exc.context} {problem}"
+        problem = _one_line(problem)
         raise SpecError(f"YAML syntax error: {problem}", file=file, line=line,
                         hint="check indentation and the ':' after each key") from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise SpecError(f"character U+{exc.character:04X} is not allowed in YAML", file=file,
+                        line=line, hint="remove it") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"YAML error: {_one_line(exc)}", file=file) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise SpecError("a spec is a YAML mapping of keys (schema, name, tile, ...)", file=file, line=1)
     dup = duplicate_key(node)
