@@ -232,7 +232,7 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, s
     CUDA-event-timed calls over inputs rotated to defeat L2; TFLOP/s counts 4*B*H*S*S*D
     (halved for causal). Ratios are SDPA time / spec time: above 1.0 the spec is faster.
     """
-    from . import bench as B
+    from .eval import bench as B
     from .render import render_spec_file
     shape_list = tuple(B.parse_shape(s) for s in shapes.split(",")) if shapes else B.DEFAULT_SHAPES
     causals = B.CAUSAL_CHOICES[causal]
@@ -318,7 +318,7 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
     past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Exits 1 on any failure, 4 when there
     is no GPU, torch or pycuda.
     """
-    from . import verify as verification
+    from .eval import verify as verification
     paths = _spec_files(specs, specs_dir)
     kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
         f"compiling {Path(p).stem} for {arch} ...", err=True))
@@ -386,7 +386,7 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     """
     import os
     import re
-    from . import sweep as S
+    from .eval import sweep as S
     from .spec import load_spec
     base = load_spec(base_spec)
     if arch is not None and not re.fullmatch(r"sm_\d+a?", arch):

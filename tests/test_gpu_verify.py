@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import attngen
-from attngen import verify
+from attngen.eval import verify
 
 pytestmark = pytest.mark.gpu
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from attngen import sweep as S
-from attngen.bench import Case
+from attngen.eval import sweep as S
+from attngen.eval.bench import Case
 from attngen.cli import main
 from attngen.errors import NoGpuError
 from attngen.plan import make_plan

@@ -209,7 +209,7 @@ def poisoned_lse(shape: Shape, guard: int, device):
 def check_case(kernel, mask: str, shape: Shape, seed: int, *, spec_label: str | None = None) -> CaseResult:
     """Run one (variant, shape) case of `kernel` and compare it with torch."""
     import torch
-    from .runtime import default_scale, to_bhsd
+    from ..runtime import default_scale, to_bhsd
     plan = kernel.plan
     function = dict(plan.functions)[mask]
     result = CaseResult(spec_label or kernel.label, function, mask, shape, passed=False)
@@ -328,7 +328,7 @@ def _context_usable(device) -> bool:
 def load_kernels(spec_paths, *, on_compile=None) -> list:
     """attngen.load each spec (compiling on a cache miss), synchronizing after every launch so a
     fault is reported with the case that caused it. `on_compile(spec_path, arch)` on a cache miss."""
-    from .runtime import load
+    from ..runtime import load
     kernels = []
     for path in spec_paths:
         hook = None if on_compile is None else (lambda arch, path=path: on_compile(path, arch))

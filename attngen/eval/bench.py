@@ -176,7 +176,7 @@ def sdpa_callable(torch, backend: str, causal: bool):
 
 def check_output(torch, kernel, q, k, v, causal: bool) -> tuple[bool, str]:
     """The verifier's rule on the first heads of batch 0 of the bench inputs."""
-    from .runtime import default_scale
+    from ..runtime import default_scale
     from .verify import ERR_FACTOR, ERR_FLOOR, attention_torch, exact_fp32_matmul
     scale = default_scale(q.shape[-1])
     out = kernel(q, k, v, causal=causal, scale=scale)
@@ -203,7 +203,7 @@ def supports(plan, case: Case) -> bool:
 def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), causals=(False, True),
               backends=SDPA_BACKENDS, reps: int = 30, seed: int = 0, on_step=None, on_compile=None) -> BenchReport:
     """Time every spec on every case it supports, and each SDPA backend, on the same inputs."""
-    from .runtime import gpu_modules, load
+    from ..runtime import gpu_modules, load
     torch = gpu_modules()[0]
     device = torch.device("cuda", torch.cuda.current_device())
     kernels = [load(p, on_compile=on_compile) for p in spec_paths]

@@ -34,10 +34,10 @@ from typing import Callable, ClassVar, Iterable, Protocol
 
 
 from .bench import CAUSAL_CHOICES, Case, check_output, input_sets, kernel_call, parse_shape, sdpa_callable, time_calls
-from .errors import BudgetError, SpecError, ToolError
-from .plan import Plan, make_plan
-from .render import render_plan
-from .spec import PadSwizzle, Spec, XorSwizzle, parse_spec, spec_dict, spec_yaml
+from ..errors import BudgetError, SpecError, ToolError
+from ..plan import Plan, make_plan
+from ..render import render_plan
+from ..spec import PadSwizzle, Spec, XorSwizzle, parse_spec, spec_dict, spec_yaml
 
 Shape = tuple[int, int, int, int]          # batch, heads, seqlen, head_dim
 
@@ -316,7 +316,7 @@ class CompileOutcome:
 
 def compile_candidate(source: str, arch: str) -> CompileOutcome:
     """nvcc one source (cached by compile.compile_source); runs in a pool worker."""
-    from .compile import compile_source
+    from ..compile import compile_source
     try:
         res = compile_source(source, arch)
     except ToolError as exc:
@@ -335,7 +335,7 @@ def compile_all(candidates: list[Candidate], arch: str, jobs: int,
 
     Workers are spawned, not forked: the parent may already hold a CUDA context.
     """
-    from .compile import find_nvcc
+    from ..compile import find_nvcc
     find_nvcc()                     # no nvcc is one error for the sweep, not one per candidate
     out: dict[str, CompileOutcome] = {}
 
@@ -388,7 +388,7 @@ class GpuMeasurer:
     """
 
     def __init__(self, *, reps: int = DEFAULT_REPS, seed: int = 0):
-        from .runtime import device_arch, gpu_modules
+        from ..runtime import device_arch, gpu_modules
         torch = gpu_modules()[0]
         self.torch = torch
         self.device = torch.device("cuda", torch.cuda.current_device())
@@ -410,7 +410,7 @@ class GpuMeasurer:
         return self._inputs[key]
 
     def _load(self, plan: Plan, source: str):
-        from .runtime import Kernel
+        from ..runtime import Kernel
         if self._kernel[0] != source:
             self._kernel = (None, None)
             kernel = Kernel.from_source(plan, source, label=plan.spec.name, on_compile=lambda arch: None)
@@ -478,7 +478,7 @@ class RecordCache:
 
     def __init__(self, root: Path | None = None):
         if root is None:
-            from .compile import cache_dir
+            from ..compile import cache_dir
             root = cache_dir() / "sweep"
         self.root = Path(root)
 
