@@ -432,8 +432,8 @@ class GpuMeasurer:
         return self._verified[kernel.source]
 
     def _usable(self) -> bool:
-        from .verify import _context_usable
-        return _context_usable(self.device)
+        from .verify import context_usable
+        return context_usable(self.device)
 
     def measure(self, plan: Plan, source: str, shape: Shape, causal: bool) -> Measurement:
         try:

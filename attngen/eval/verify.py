@@ -5,8 +5,8 @@ NaN (with guard rows after seqlen_q that must stay NaN), one launch, then
 
 - reference: attention in fp32 on the upcast inputs (explicit matmul / softmax, no TF32);
 - low-precision baseline: the same attention computed by torch in the kernel's dtype;
-- accept when max|out - ref| <= ERR_FACTOR * max|baseline - ref| + ERR_FLOOR, every output
-  element finite and written, no write past seqlen_q;
+- accept when max|out - ref| <= error_bound(max|baseline - ref|), that is ERR_FACTOR times the
+  baseline's error plus ERR_FLOOR, every output element finite and written, no write past seqlen_q;
 - lse (when the kernel writes it, always here): |lse - ref_lse| <= LSE_ATOL + LSE_RTOL * |ref_lse|
   against torch.logsumexp of the scaled fp32 scores.
 
@@ -83,6 +83,12 @@ def suite(quick: bool = False) -> tuple[Shape, ...]:
     return QUICK_SUITE if quick else FULL_SUITE
 
 
+def error_bound(lowprec_err: float) -> float:
+    """The largest max|out - ref| accepted for a kernel whose dtype's torch attention is
+    `lowprec_err` = max|lowprec - ref| away from the fp32 reference."""
+    return ERR_FACTOR * lowprec_err + ERR_FLOOR
+
+
 @dataclass
 class CaseResult:
     spec: str               # spec name (or the kernel's label)
@@ -92,7 +98,7 @@ class CaseResult:
     passed: bool
     max_err: float | None = None        # max |out - ref|
     lowprec_err: float | None = None    # max |baseline - ref|
-    bound: float | None = None          # ERR_FACTOR * lowprec_err + ERR_FLOOR
+    bound: float | None = None          # error_bound(lowprec_err)
     lse_err: float | None = None        # max |lse - ref_lse|
     lse_excess: float | None = None     # max of |lse - ref_lse| / (LSE_ATOL + LSE_RTOL |ref_lse|); <= 1 passes
     problems: list[str] = field(default_factory=list)
@@ -241,7 +247,7 @@ def check_case(kernel, mask: str, shape: Shape, seed: int, *, spec_label: str | 
         problems.append(f"{stray} elements written past seqlen_q in o")
     result.max_err = (ob.float() - ref).abs().max().item()
     result.lowprec_err = (lowprec.float() - ref).abs().max().item()
-    result.bound = ERR_FACTOR * result.lowprec_err + ERR_FLOOR
+    result.bound = error_bound(result.lowprec_err)
     if not bad and not result.max_err <= result.bound:
         problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} "
                         f"({ERR_FACTOR:g} x torch {plan.spec.dtype} error {result.lowprec_err:.3g} + {ERR_FLOOR:g})")
@@ -292,7 +298,7 @@ class _Runner:
                     except Exception as exc:
                         r = CaseResult(label, function, mask, shape, passed=False,
                                        problems=[f"{type(exc).__name__}: {exc}"])
-                        if not _context_usable(kernel.device):
+                        if not context_usable(kernel.device):
                             self.context_lost = f"after {label} {mask} {shape.label}"
                 results.append(r)
                 if self.on_case:
@@ -312,7 +318,8 @@ def verify_kernel(kernel, shapes=None, *, masks=None, seed: int = 0, spec_label:
     return _Runner(seed, on_case).run(kernel, shapes, masks, 0, spec_label)
 
 
-def _context_usable(device) -> bool:
+def context_usable(device) -> bool:
+    """False after a CUDA fault that left the context unusable (nothing more can run on it)."""
     import torch
     if device.type != "cuda":
         return True
