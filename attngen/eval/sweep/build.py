@@ -1,0 +1,126 @@
+"""Candidates: a base spec with one `Choice` applied, validated, planned and rendered
+(`build_candidate`), their hashes, and nvcc over many of them in a process pool (`compile_all`)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Callable
+
+from ...errors import ToolError
+from ...plan import Plan, make_plan
+from ...render import render_plan
+from ...spec import Spec, parse_spec, spec_dict, spec_yaml
+from .space import Choice, swizzle_value
+
+NAME_MAX = 48                              # the spec name rule: ^[a-z][a-z0-9_]{0,47}$
+
+# Compile outcomes that drop a candidate.
+COMPILE_FAILED = "compile failed"
+SPILLS = "spills"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A valid, planned and rendered variant of the base spec."""
+
+    choice: Choice
+    spec: Spec
+    plan: Plan
+    source: str
+    spec_hash: str
+    code_hash: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def candidate_name(base_name: str, tag: str) -> str:
+    """`<base>_<tag>`, the base part shortened when the whole would break the name rule."""
+    return f"{base_name[:NAME_MAX - len(tag) - 1].rstrip('_')}_{tag}"
+
+
+def spec_hash(spec: Spec) -> str:
+    """SHA-256 of the spec's canonical JSON without its name: the same kernel under any name."""
+    data = {k: v for k, v in spec_dict(spec).items() if k != "name"}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def code_hash(source: str, name: str) -> str:
+    """SHA-256 of the generated code below its header comment, with the kernel name factored out:
+    two candidates with equal code hashes compile to the same kernel."""
+    lines = source.splitlines()
+    start = next((i for i, ln in enumerate(lines) if not ln.startswith("//")), len(lines))
+    code = "\n".join(lines[start:]).replace(f"attngen_{name}", "attngen_@")
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+def build_candidate(base: Spec, choice: Choice) -> Candidate:
+    """The base spec with `choice` applied, validated like a spec file, planned and rendered.
+
+    Raises SpecError (a rule) or BudgetError (shared memory over the target's budget).
+    """
+    data = spec_dict(base)
+    data["name"] = candidate_name(base.name, choice.tag)
+    data["tile"] = {"block_m": choice.block_m, "block_n": choice.block_n}
+    data["warps"] = choice.warps.as_spec()
+    data["smem"] = {**data["smem"], "swizzle": swizzle_value(choice.swizzle), "stages": choice.stages,
+                    "q_in_registers": choice.q_in_registers}
+    text = spec_yaml(data)
+    label = f"<sweep {data['name']}>"
+    spec = parse_spec(text, file=label)
+    plan = make_plan(spec, file=label)
+    source = render_plan(plan, label, text)
+    return Candidate(choice, spec, plan, source, spec_hash(spec), code_hash(source, spec.name))
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    status: str                     # ok | spills | compile failed
+    registers: int | None = None    # the most any of its functions uses
+    note: str = ""
+
+
+def compile_candidate(source: str, arch: str) -> CompileOutcome:
+    """nvcc one source (cached by compile.compile_source); runs in a pool worker."""
+    from ...compile import compile_source
+    try:
+        res = compile_source(source, arch)
+    except ToolError as exc:
+        return CompileOutcome(COMPILE_FAILED, note=str(exc).splitlines()[-1][:200])
+    regs = max((f.registers for f in res.functions), default=None)
+    spilled = [f for f in res.functions if f.spills]
+    if spilled:
+        f = spilled[0]
+        return CompileOutcome(SPILLS, regs, f"{f.name}: {f.spill_stores} B spill stores, {f.spill_loads} B loads")
+    return CompileOutcome("ok", regs)
+
+
+def compile_all(candidates: list[Candidate], arch: str, jobs: int,
+                on_done: Callable[[Candidate, CompileOutcome], None] | None = None) -> dict[str, CompileOutcome]:
+    """Compile every candidate, `jobs` at a time, in worker processes (nvcc and rendering are CPU-bound).
+
+    Workers are spawned, not forked: the parent may already hold a CUDA context.
+    """
+    from ...compile import find_nvcc
+    find_nvcc()                     # no nvcc is one error for the sweep, not one per candidate
+    out: dict[str, CompileOutcome] = {}
+
+    def done(cand, outcome):
+        out[cand.name] = outcome
+        if on_done:
+            on_done(cand, outcome)
+
+    if jobs <= 1 or len(candidates) <= 1:
+        for cand in candidates:
+            done(cand, compile_candidate(cand.source, arch))
+        return out
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(candidates)), mp_context=ctx) as pool:
+        futures = {pool.submit(compile_candidate, c.source, arch): c for c in candidates}
+        for fut in as_completed(futures):
+            done(futures[fut], fut.result())
+    return out
