@@ -1,20 +1,26 @@
-"""nvcc: CUDA source -> cubin, the ptxas resource report, and an on-disk cubin cache."""
+"""nvcc: CUDA source -> cubin, the ptxas resource report, and an on-disk cubin cache that is verified
+on every read."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import ToolError
+from . import fsutil
+from .errors import ToolError, WriteError
 
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-Xptxas=-v")
 CACHE_ENV = "ATTNGEN_CACHE_DIR"
+CACHE_FORMAT = 2          # part of every cache key: entries of other formats are never looked up
+ARCH_RE = re.compile(r"sm_\d+a?")
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,10 @@ def find_nvcc() -> str:
 
 @lru_cache(maxsize=None)
 def nvcc_version(nvcc: str) -> str:
-    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, timeout=120).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ToolError(f"cannot run {nvcc} --version: {getattr(exc, 'strerror', None) or exc}") from None
     m = re.search(r"release [\d.]+, V([\d.]+)", out)
     return m.group(1) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
 
@@ -110,43 +119,188 @@ def cache_dir() -> Path:
 
 def cache_key(source: str, arch: str, nvcc: str) -> str:
     h = hashlib.sha256()
-    for part in (source, arch, nvcc_version(nvcc), " ".join(NVCC_FLAGS)):
+    for part in (f"cache format {CACHE_FORMAT}", source, arch, nvcc_version(nvcc), " ".join(NVCC_FLAGS)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
 
 
-def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile=None) -> CompileResult:
+# -- the cache entry: <cache_dir>/<key>/{kernel.cubin, ptxas.log, manifest.json, .lock} -----------
+#
+# kernel.cubin and ptxas.log are written first, each atomically, then manifest.json, which records
+# their sizes and sha256. An entry counts only when the manifest is there and both files match it;
+# a damaged entry is reported and rebuilt, never used. The .lock file serialises the compile and
+# store of one key across processes, so concurrent compiles of one source run nvcc once.
+
+CUBIN, LOG, MANIFEST, LOCK = "kernel.cubin", "ptxas.log", "manifest.json", ".lock"
+
+
+class BadCacheEntry(Exception):
+    """A cache entry that must not be used; the message says why."""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise BadCacheEntry(f"{path.name} is missing") from None
+    except OSError as exc:
+        raise BadCacheEntry(f"cannot read {path.name}: {fsutil.reason(exc)}") from None
+
+
+def read_cache_entry(cdir: Path, key: str, arch: str) -> CompileResult | None:
+    """The verified result stored in `cdir`, None when there is no entry; BadCacheEntry when the
+    entry is damaged, incomplete or does not match its manifest."""
+    try:
+        raw = (cdir / MANIFEST).read_bytes()
+    except FileNotFoundError:
+        try:
+            names = {p.name for p in cdir.iterdir()} - {LOCK}
+        except OSError:
+            return None
+        if names:
+            raise BadCacheEntry(f"{MANIFEST} is missing (an interrupted write?)") from None
+        return None
+    except NotADirectoryError:
+        raise BadCacheEntry("the entry is a file, not a directory") from None
+    except OSError as exc:
+        raise BadCacheEntry(f"cannot read {MANIFEST}: {fsutil.reason(exc)}") from None
+    try:
+        m = json.loads(raw.decode("utf-8"))
+        fields = (m["format"], m["key"], m["arch"], m["cubin_bytes"], m["cubin_sha256"], m["log_bytes"],
+                  m["log_sha256"], m["functions"])
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+        raise BadCacheEntry(f"{MANIFEST} is not a valid manifest") from None
+    if fields[:3] != (CACHE_FORMAT, key, arch):
+        raise BadCacheEntry(f"{MANIFEST} describes another entry")
+    cubin = _read_file(cdir / CUBIN)
+    log_bytes = _read_file(cdir / LOG)
+    for name, data, size, sha in ((CUBIN, cubin, m["cubin_bytes"], m["cubin_sha256"]),
+                                  (LOG, log_bytes, m["log_bytes"], m["log_sha256"])):
+        if len(data) != size or _sha256(data) != sha:
+            raise BadCacheEntry(f"{name} has {len(data)} bytes and does not match the {size} bytes recorded "
+                                f"in {MANIFEST}")
+    if cubin[:4] != b"\x7fELF":
+        raise BadCacheEntry(f"{CUBIN} is not an ELF file")
+    try:
+        log = log_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadCacheEntry(f"{LOG} is not UTF-8 text") from None
+    functions = parse_ptxas(log)
+    if len(functions) != m["functions"]:
+        raise BadCacheEntry(f"{LOG} reports {len(functions)} kernel function(s), {MANIFEST} {m['functions']}")
+    return CompileResult(arch, cubin, functions, log, True)
+
+
+def write_cache_entry(cdir: Path, key: str, result: CompileResult) -> None:
+    """Store a fresh result: both files atomically, then the manifest that makes them an entry."""
+    log_bytes = result.log.encode("utf-8")
+    manifest = {"format": CACHE_FORMAT, "key": key, "arch": result.arch,
+                "cubin_bytes": len(result.cubin), "cubin_sha256": _sha256(result.cubin),
+                "log_bytes": len(log_bytes), "log_sha256": _sha256(log_bytes),
+                "functions": len(result.functions)}
+    fsutil.ensure_dir(cdir)
+    try:
+        (cdir / MANIFEST).unlink()          # the entry is not valid while its files change
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise WriteError(f"cannot write {cdir / MANIFEST}: {fsutil.reason(exc)}") from None
+    fsutil.atomic_write_bytes(cdir / CUBIN, result.cubin)
+    fsutil.atomic_write_bytes(cdir / LOG, log_bytes)
+    fsutil.atomic_write_bytes(cdir / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+
+
+def _warn(message: str) -> None:
+    print(f"attngen: {message}", file=sys.stderr, flush=True)
+
+
+# -- nvcc --------------------------------------------------------------------------------------
+
+# The name nvcc records for the source (line info, the seed of internal symbol names). A fixed
+# name instead of the temporary directory's makes two builds of one source byte-identical.
+SOURCE_NAME = "/attngen/kernel.cu"
+
+
+@lru_cache(maxsize=None)
+def _source_name_flags(nvcc: str, arch: str) -> tuple[str, ...]:
+    """Flags that make cicc record SOURCE_NAME as the source's path, when this nvcc passes cicc
+    one (it seeds the `_INTERNAL_<hash>` symbol names); () otherwise."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="attngen-") as tmp:
+            out = subprocess.run([nvcc, "--dryrun", "-cubin", f"-arch={arch}", "-o", "k.cubin", "k.cu"], cwd=tmp,
+                                 capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    if b"--orig_src_path_name" in out.stdout + out.stderr:
+        return ("-Xcicc", "--orig_src_path_name", "-Xcicc", SOURCE_NAME)
+    return ()
+
+
+def run_nvcc(source: str, arch: str, nvcc: str) -> CompileResult:
+    """Compile `source` with nvcc in a fresh temporary directory; no cache."""
+    gencode = f"-gencode=arch=compute_{arch[3:]},code={arch}"
+    cmd = [nvcc, "-cubin", gencode, *NVCC_FLAGS, *_source_name_flags(nvcc, arch), "-o", "kernel.cubin", "kernel.cu"]
+    try:
+        with tempfile.TemporaryDirectory(prefix="attngen-") as tmp:
+            src = Path(tmp) / "kernel.cu"
+            # Line numbers stay those of the generated file; the file name is SOURCE_NAME, and a
+            # fixed mtime keeps ptxas's line table the same from build to build.
+            src.write_text(f'#line 1 "{SOURCE_NAME}"\n' + source, encoding="utf-8")
+            os.utime(src, (0, 0))
+            proc = subprocess.run(cmd, capture_output=True, cwd=tmp)
+            log = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
+            if proc.returncode != 0:
+                raise ToolError(f"nvcc failed for {arch} (exit {proc.returncode}):\n{log.strip()}")
+            cubin = (Path(tmp) / "kernel.cubin").read_bytes()
+    except OSError as exc:
+        raise ToolError(f"cannot run nvcc for {arch}: {fsutil.reason(exc)}"
+                        + (f" ({exc.filename})" if exc.filename else "")) from None
+    return CompileResult(arch, cubin, parse_ptxas(log), log, False)
+
+
+def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile=None,
+                   on_warning=_warn) -> CompileResult:
     """Compile CUDA source to a cubin for `arch` (e.g. sm_89). Cached by source, arch, nvcc, flags.
 
-    `on_compile(arch)` is called before nvcc actually runs (a cache miss), so callers can say so.
+    `on_compile(arch)` is called before nvcc actually runs (a cache miss), so callers can say so;
+    `on_warning(message)` hears of a damaged cache entry that is being rebuilt (default: a line on
+    stderr). Writing the cache is part of the job: a cache that cannot be written is a WriteError.
+    Concurrent calls for one source, in threads or processes, run nvcc once and share the entry.
     """
-    if not re.fullmatch(r"sm_\d+a?", arch):
+    if not ARCH_RE.fullmatch(arch):
         raise ToolError(f"--arch must look like sm_89 or sm_90a (got {arch!r})")
     nvcc = find_nvcc()
+    if not use_cache:
+        if on_compile:
+            on_compile(arch)
+        return run_nvcc(source, arch, nvcc)
     key = cache_key(source, arch, nvcc)
     cdir = cache_dir() / key
-    if use_cache and (cdir / "kernel.cubin").is_file() and (cdir / "ptxas.log").is_file():
-        log = (cdir / "ptxas.log").read_text()
-        return CompileResult(arch, (cdir / "kernel.cubin").read_bytes(), parse_ptxas(log), log, True)
-    if on_compile:
-        on_compile(arch)
-    with tempfile.TemporaryDirectory(prefix="attngen-") as tmp:
-        src = Path(tmp) / "kernel.cu"
-        out = Path(tmp) / "kernel.cubin"
-        src.write_text(source)
-        gencode = f"-gencode=arch=compute_{arch[3:]},code={arch}"
-        cmd = [nvcc, "-cubin", gencode, *NVCC_FLAGS, "-o", str(out), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0:
-            raise ToolError(f"nvcc failed for {arch} (exit {proc.returncode}):\n{log.strip()}")
-        cubin = out.read_bytes()
-    if use_cache:
-        try:
-            cdir.mkdir(parents=True, exist_ok=True)
-            (cdir / "kernel.cubin").write_bytes(cubin)
-            (cdir / "ptxas.log").write_text(log)
-        except OSError:
-            pass  # a read-only cache only costs a recompile
-    return CompileResult(arch, cubin, parse_ptxas(log), log, False)
+    try:
+        hit = read_cache_entry(cdir, key, arch)
+        if hit is not None:
+            return hit
+    except BadCacheEntry:
+        pass                                 # looked at again under the lock: it may be being written
+    try:
+        fsutil.ensure_dir(cdir)
+        with fsutil.locked(cdir / LOCK):
+            try:
+                hit = read_cache_entry(cdir, key, arch)
+                if hit is not None:
+                    return hit               # another process compiled it while this one waited
+            except BadCacheEntry as bad:
+                on_warning(f"damaged cache entry {cdir} ({bad}); rebuilding it")
+            if on_compile:
+                on_compile(arch)
+            result = run_nvcc(source, arch, nvcc)
+            write_cache_entry(cdir, key, result)
+            return result
+    except WriteError as exc:
+        raise WriteError(f"{exc}; the cubin cache must be writable: fix it or set {CACHE_ENV} to another "
+                         "directory") from None

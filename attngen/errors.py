@@ -46,6 +46,11 @@ class ToolError(AttngenError):
     exit_code = 3
 
 
+class WriteError(ToolError):
+    """A file or directory attngen writes (generated source, a cubin, a report, the cache) could not
+    be written: a full disk, a read-only directory, a missing permission."""
+
+
 class NoGpuError(ToolError):
     """No CUDA GPU, torch or pycuda on this machine."""
 
