@@ -1,6 +1,11 @@
-"""Human-readable description of a Plan (what `attngen explain` prints)."""
+"""Human-readable description of a plan: what `attngen explain` prints and every generated header
+carries. Generic sections (block, layout, roles and mbarriers, bank conflicts, occupancy) come from
+the plan's shared numbers; the kind adds its own section."""
 from __future__ import annotations
 
+from dataclasses import asdict, is_dataclass
+
+from .kinds import kind_of
 from .plan import Plan
 
 
@@ -8,10 +13,31 @@ def kib(n: int) -> str:
     return f"{n / 1024:.2f} KiB"
 
 
+def roles_and_barriers(plan: Plan) -> list[str]:
+    """Warp roles, every mbarrier and the schedule of a warp-specialized plan (nothing otherwise)."""
+    if not plan.barriers:
+        return []
+    out = ["warp roles and mbarriers (region bars):",
+           f"  producer warps {plan.compute_warps}..{plan.compute_warps + plan.producer_warps - 1} "
+           f"(threads {plan.compute_threads}..{plan.threads - 1}) copy K/V tile t into stage t % {plan.stages}",
+           f"  consumer warps 0..{plan.compute_warps - 1} compute tile t from stage t % {plan.stages}"]
+    for b in plan.barriers:
+        out.append(f"  {b.name:<7} smem +{b.offset:<6} {b.arrivals:>4} arrivals per phase from {b.arrive}; "
+                   f"{b.wait} wait")
+    out += ["  schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
+            "    producer: wait empty[s] (when t >= stages), issue cp.async of K and V tile t,"
+            " cp.async.mbarrier.arrive on full[s], go on without waiting for the copies",
+            "    consumer: wait full[s], compute tile t, arrive empty[s]",
+            f"  up to {plan.stages} tiles in flight; thread 0 initialises the mbarriers, and the Q copy's"
+            " __syncthreads (the kernel's only block-wide barrier) publishes them"]
+    return out
+
+
 def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     s, t = plan.spec, plan.target
-    out = [f"{s.name}: {s.mma} attention forward, {s.dtype}, head_dim {plan.head_dim}, "
-           f"masks {', '.join(plan.masks)}",
+    kind = kind_of(s)
+    out = [f"{s.name}: {kind.name} ({kind.title}), {s.dtype}, head_dim {plan.head_dim}, "
+           f"masks {', '.join(plan.mask_names)}",
            f"target {t.name} ({t.gpu}, {t.arch}); functions: {', '.join(fn for _, fn in plan.functions)}",
            "",
            f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; grid (ceil(seqlen_q / {plan.block_m}), "
@@ -19,27 +45,11 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
            f"threads: {plan.threads} = {plan.compute_warps} compute warp(s)"
            + (f" + {plan.producer_warps} producer warp(s)" if plan.producer_warps else "")
            + f"; each compute warp owns {plan.rows_per_warp} query rows"]
-    if plan.family == "mma":
-        m = plan.mma
-        out.append(f"fragments per warp: {m['m_tiles']} x m16 rows; S = {m['m_tiles']}x{m['n_tiles']} m16n8 tiles "
-                   f"({m['s_regs']} fp32 regs), O = {m['m_tiles']}x{m['d_tiles']} tiles ({m['o_regs']} fp32 regs)"
-                   + (f", Q fragments {m['q_regs']} regs" if m["q_regs"] else ", Q re-read from shared memory")
-                   + f"; ~{m['est_regs']} accumulator registers per thread")
-        out.append(f"mma.sync per tile per warp: {m['m_tiles'] * m['n_tiles'] * m['k_steps_qk']} (Q.K^T) + "
-                   f"{m['m_tiles'] * m['d_tiles'] * m['k_steps_pv']} (P.V)")
-    elif plan.family == "wmma":
-        w = plan.wmma
-        out.append(f"wmma 16x16x16 per warp: {w['m_tiles']} row tile(s); S, P and O staged in shared memory; "
-                   f"{w['lanes_per_row']} lanes per softmax row")
-    else:
-        sc = plan.scalar
-        out.append(f"scalar: each lane owns {sc['keys_per_lane']} key(s) of S and {sc['pairs_per_lane']} column "
-                   f"pair(s) of O per row")
-    pipeline = (f"K/V pipeline: {plan.stages} stage(s), {'cp.async 16 B' if plan.async_copy else 'synchronous 16-B loads'}"
-                f"; Q {'kept in registers' if plan.q_in_registers else 'in shared memory'}")
-    out.append(pipeline)
-    if plan.family != "scalar":
-        out.append(f"online softmax: exp2 with the scale folded in; rescale {plan.rescale.replace('_', ' ')}")
+    out += kind.explain(plan)
+    out.append(f"K/V pipeline: {plan.stages} stage(s), "
+               f"{'cp.async 16 B' if plan.async_copy else 'synchronous 16-B loads'}"
+               f"; Q {'kept in registers' if plan.q_in_registers else 'in shared memory'}")
+    out.append("masks: " + "; ".join(f"{m.name}: {m.describe}" for m in plan.masks))
     out += ["", "shared memory:", f"  {'region':<7} {'offset':>7} {'bytes':>7} {'KiB':>7}  {'shape':<16} {'pitch':>6}  "
             f"{'layout':<28} purpose"]
     for r in plan.regions:
@@ -47,50 +57,46 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
                    f"{f'{r.rows}x{r.cols} {r.elem}':<16} {r.pitch_bytes:>6}  {r.swizzle:<28} {r.per}")
     used = plan.smem_bytes
     out.append(f"  total {used} B ({kib(used)}) of {plan.smem_budget} B ({kib(plan.smem_budget)}) budget, "
-               f"{100 * used / plan.smem_budget:.0f}%; "
-               f"{'dynamic (opt-in attribute raised at launch)' if plan.smem_dynamic else 'static'}")
-    if plan.barriers:
-        out += ["", "warp roles and mbarriers (region bars):",
-                f"  producer warps {plan.compute_warps}..{plan.compute_warps + plan.producer_warps - 1} "
-                f"(threads {plan.compute_threads}..{plan.threads - 1}) copy K/V tile t into stage t % {plan.stages}",
-                f"  consumer warps 0..{plan.compute_warps - 1} compute tile t from stage t % {plan.stages}"]
-        for b in plan.barriers:
-            out.append(f"  {b.name:<7} smem +{b.offset:<6} {b.arrivals:>4} arrivals per phase from {b.arrive}; "
-                       f"{b.wait} wait")
-        out += ["  schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
-                "    producer: wait empty[s] (when t >= stages), issue cp.async of K and V tile t,"
-                " cp.async.mbarrier.arrive on full[s], go on without waiting for the copies",
-                "    consumer: wait full[s], compute tile t, arrive empty[s]",
-                f"  up to {plan.stages} tiles in flight; thread 0 initialises the mbarriers, and the Q copy's"
-                " __syncthreads (the kernel's only block-wide barrier) publishes them"]
+               f"{100 * used / plan.smem_budget:.0f}%")
+    out.append(f"  {plan.smem_note}")
+    roles = roles_and_barriers(plan)
+    if roles:
+        out += [""] + roles
+    out += ["", f"kernel parameters ({plan.abi.name}, {plan.abi.size} B by value):"]
+    for f, offset in plan.abi.rows():
+        out.append(f"  +{offset:<4} {f.ctype + ('[%d]' % f.array if f.array else ''):<14} {f.name:<16} {f.meaning}")
     out += ["", "shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):"]
     for p in plan.bank_report:
         flag = "conflict-free" if p.degree == 1 else f"{p.degree}-way conflict"
         out.append(f"  {p.name:<52} {p.degree:>2}  {flag}")
+    occ = plan.occupancy
     if plan.min_blocks_per_sm:
         out += ["", f"launch bounds: {plan.threads} threads, at least {plan.min_blocks_per_sm} block(s) per SM: ptxas "
-                    f"caps registers at "
-                    f"{min(255, plan.target.regs_per_sm // (plan.min_blocks_per_sm * plan.threads))} per thread"]
-    by_smem = plan.blocks_per_sm_by_smem()
-    out += ["", f"resident blocks per SM on {t.name}: {by_smem} by shared memory and threads"
-                + (f", {plan.blocks_per_sm_by_registers(regs_per_thread)} by registers ({regs_per_thread}/thread)"
+                    f"caps registers at {occ.register_cap(plan.min_blocks_per_sm)} per thread"]
+    out += ["", f"resident blocks per SM on {t.name}: {occ.by_smem()} by shared memory and threads"
+                + (f", {occ.by_registers(regs_per_thread)} by registers ({regs_per_thread}/thread)"
                    if regs_per_thread else " (compile to see the register limit)")]
     return "\n".join(out)
 
 
 def plan_dict(plan: Plan) -> dict:
     """JSON-ready form of a plan for `explain --json`."""
+    kind = kind_of(plan.spec)
+    frag = plan.fragments
     return {
-        "name": plan.spec.name, "family": plan.family, "target": plan.target.name, "arch": plan.target.arch,
+        "name": plan.spec.name, "kind": kind.name, "target": plan.target.name, "arch": plan.target.arch,
         "dtype": plan.spec.dtype, "head_dim": plan.head_dim, "block_m": plan.block_m, "block_n": plan.block_n,
         "threads": plan.threads, "compute_warps": plan.compute_warps, "producer_warps": plan.producer_warps,
         "rows_per_warp": plan.rows_per_warp, "stages": plan.stages, "async_copy": plan.async_copy,
         "functions": dict(plan.functions),
+        "parts": [{"name": p.name, "file": p.file_name, "functions": dict(p.functions)} for p in plan.parts],
         "regions": [{"name": r.name, "offset": r.offset, "bytes": r.bytes, "rows": r.rows, "cols": r.cols,
                      "elem": r.elem, "pitch_bytes": r.pitch_bytes, "swizzle": r.swizzle} for r in plan.regions],
         "smem_bytes": plan.smem_bytes, "smem_budget": plan.smem_budget, "smem_dynamic": plan.smem_dynamic,
-        "barriers": [b.__dict__ for b in plan.barriers],
+        "barriers": [asdict(b) for b in plan.barriers],
+        "params": [{"name": f.name, "ctype": f.ctype, "offset": o, "size": f.size} for f, o in plan.abi.rows()],
+        "params_bytes": plan.abi.size,
         "bank_conflicts": [{"pattern": p.name, "degree": p.degree} for p in plan.bank_report],
-        "blocks_per_sm_by_smem": plan.blocks_per_sm_by_smem(),
-        "fragments": plan.mma or plan.wmma or plan.scalar,
+        "blocks_per_sm_by_smem": plan.occupancy.by_smem(),
+        "fragments": asdict(frag) if is_dataclass(frag) else {},
     }

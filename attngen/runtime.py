@@ -19,18 +19,13 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import struct
 import sys
 from dataclasses import dataclass
 
 from .errors import NoGpuError, ToolError
-from .plan import LOG2E, Plan, make_plan
+from .core.forward import LOG2E
+from .plan import Plan, make_plan
 from .spec import Spec, spec_dict, spec_yaml
-
-# Params in templates/lib/prelude.j2: 5 pointers, 12 int64 strides (elements), 5 int32, 1 float32.
-PARAMS_FORMAT = "<5Q12q5if"
-PARAMS_BYTES = 160
-assert struct.calcsize(PARAMS_FORMAT) == PARAMS_BYTES
 
 LAYOUTS = ("bhsd", "bshd")          # bhsd: (batch, heads, seq, dim) as torch SDPA; bshd: (batch, seq, heads, dim)
 LOAD_BYTES = 16                     # the kernels read and write rows in 16-byte vectors
@@ -56,19 +51,18 @@ class LaunchConfig:
 
 
 def launch_config(plan: Plan, batch: int, heads: int, seqlen_q: int) -> LaunchConfig:
-    """Grid (ceil(seqlen_q / block_m), heads, batch), one block of plan.threads."""
-    return LaunchConfig((-(-seqlen_q // plan.block_m), heads, batch), (plan.threads, 1, 1),
+    """The plan's grid for this problem, one block of plan.threads."""
+    return LaunchConfig(plan.grid(batch, heads, seqlen_q), (plan.threads, 1, 1),
                         plan.smem_bytes if plan.smem_dynamic else 0)
 
 
-def pack_params(pointers: tuple[int, int, int, int, int], strides: tuple[tuple[int, int, int], ...],
-                batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, scale_log2: float) -> bytes:
-    """The kernel's by-value Params: pointers (q, k, v, o, lse or 0), then (batch, head, row) element
-    strides of q, k, v and o, then the sizes and softmax_scale * log2(e)."""
-    if len(pointers) != 5 or len(strides) != 4 or any(len(s) != 3 for s in strides):
-        raise ValueError("pack_params takes 5 pointers and 4 (batch, head, row) stride triples")
-    flat = [s for triple in strides for s in triple]
-    return struct.pack(PARAMS_FORMAT, *pointers, *flat, batch, heads, kv_heads, seqlen_q, seqlen_k, scale_log2)
+def pack_params(plan: Plan, *, strides: dict, **values) -> bytes:
+    """The kernel's by-value Params, laid out by the plan's ABI list: `values` by field name, plus
+    the (batch, head, row) element strides of each (B, H, S, D) tensor in `strides`."""
+    for t, view in strides.items():
+        for d, name in enumerate(("batch", "head", "row")):
+            values[f"{t}_{name}_stride"] = view.stride(d)
+    return plan.abi.pack(values)
 
 
 def default_scale(head_dim: int) -> float:
@@ -212,7 +206,7 @@ class Kernel:
             except drv.Error as exc:
                 raise ToolError(f"{label}: the cubin has no kernel {name} ({exc})") from exc
             _configure(drv, primary.device, plan, fn, name)
-            functions[mask] = (name, fn.prepare(f"{PARAMS_BYTES}s"))
+            functions[mask] = (name, fn.prepare(f"{plan.abi.size}s"))
         if synchronize is None:
             synchronize = os.environ.get(SYNC_ENV, "") == "1"
         return cls(plan, source, label=label, compiled=compiled, module=module, functions=functions,
@@ -236,13 +230,15 @@ class Kernel:
         return (f"<attngen.Kernel {self.label} {self.plan.spec.dtype} head_dim={self.plan.head_dim} "
                 f"masks={list(self.masks)} {self.arch}>")
 
-    def __call__(self, q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                 layout: str = "bhsd", out=None, lse_out=None):
+    def __call__(self, q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
+                 return_lse: bool = False, layout: str = "bhsd", out=None, lse_out=None):
         """Attention softmax(scale * q k^T) v of q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
 
         layout "bshd" takes and returns (B, S, H, D) instead. Any strides work as long as the
-        last dimension is contiguous and the others are multiples of 8 elements. causal is
-        top-left aligned (torch SDPA is_causal). GQA/MQA: query head h reads kv head
+        last dimension is contiguous and the others are multiples of 8 elements. `alignment` of a
+        causal mask: "top_left" (default, torch SDPA is_causal: query i sees keys <= i) or
+        "bottom_right" (FlashAttention >= 2.1: query i sees keys <= i + Sk - Sq; rows that see no
+        key give zeros and LSE -inf). GQA/MQA: query head h reads kv head
         h // (Hq // Hkv). `out` (shaped like q) and `lse_out` (fp32 (B, Hq, Sq), contiguous)
         receive the results instead of new tensors; lse_out implies return_lse.
         """
@@ -270,6 +266,10 @@ class Kernel:
         if mask not in self.functions:
             raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
                              f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
+        variant = next(m for m in self.plan.masks if m.name == mask)
+        if alignment is not None and not causal:
+            raise ValueError(f"alignment={alignment!r} applies to causal=True only")
+        variant_values = variant.abi_values(alignment, seqlen_q, seqlen_k)
         if scale is None:
             scale = default_scale(self.plan.head_dim)
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
@@ -290,10 +290,11 @@ class Kernel:
         elif return_lse:
             lse_out = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
 
-        params = pack_params(
-            (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0),
-            tuple(tuple(t.stride(i) for i in range(3)) for t in (qb, kb, vb, ob)),
-            batch, heads, kv_heads, seqlen_q, seqlen_k, float(scale) * LOG2E)
+        params = pack_params(self.plan, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=out.data_ptr(),
+                             lse=lse_out.data_ptr() if return_lse else 0,
+                             strides={"q": qb, "k": kb, "v": vb, "o": ob},
+                             batch=batch, heads=heads, kv_heads=kv_heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                             scale_log2=float(scale) * LOG2E, **variant_values)
         self._launch(mask, params, cfg)
         return (out, lse_out) if return_lse else out
 
@@ -394,5 +395,5 @@ def _configure(drv, device, plan: Plan, fn, name: str) -> None:
                         f"but the plan launches {plan.threads}")
 
 
-__all__ = ["Kernel", "LaunchConfig", "LaunchError", "PARAMS_BYTES", "PARAMS_FORMAT", "default_scale",
+__all__ = ["Kernel", "LaunchConfig", "LaunchError", "default_scale",
            "launch_config", "load", "pack_params", "render_for", "to_bhsd"]

@@ -171,13 +171,15 @@ def test_load_accepts_spec_and_plan_and_refuses_missing_causal(torch, phase4):
 
 PLANTED = {
     # tail mask off by one: key == seqlen_k (a zero-filled row) takes part in the softmax
-    "phase4-tail-off-by-one": (PHASE4, "if (key >= seqlen_k ||", "if (key > seqlen_k ||"),
+    "phase4-tail-off-by-one": (PHASE4, "if (n0 + lane + 32 * j >= end)", "if (n0 + lane + 32 * j > end)"),
     # the running output is not rescaled when a row's max grows
     "phase4-no-rescale": (PHASE4, "acc[r][c] *= alpha;", ";"),
-    # causal mask hides the diagonal too: row 0 sees no key
-    "phase4-causal-diagonal": (PHASE4, "(kCausal && key > row0 + r)", "(kCausal && key >= row0 + r)"),
+    # the causal hook hides the diagonal too: row 0 sees no key
+    "phase4-causal-diagonal": (PHASE4, "row + 1 + p.causal_offset", "row + p.causal_offset"),
     # key == key_end (past seqlen_k, or the first key above the diagonal) is not masked
-    "mma-tail-off-by-one": (MMA_SPEC, "if (key0 + nt * 8 + e >= key_end)", "if (key0 + nt * 8 + e > key_end)"),
+    "mma-tail-off-by-one": (MMA_SPEC, "if (key0 + nt * 8 + e >= end)", "if (key0 + nt * 8 + e > end)"),
+    # bottom-right with seqlen_q > seqlen_k: a negative offset is dropped, so the first rows see keys
+    "mma-bottom-right-offset": (MMA_SPEC, "row + 1 + p.causal_offset", "row + 1 + max(p.causal_offset, 0)"),
 }
 
 

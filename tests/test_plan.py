@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from attngen import banks
+from attngen.core import banks
 from attngen.cli import main
 from attngen.errors import BudgetError, SpecError
 from attngen.plan import make_plan
@@ -66,13 +66,13 @@ def test_phase4_layout():
     assert p.smem_budget == 49152 and not p.smem_dynamic
     assert (p.threads, p.compute_warps, p.producer_warps, p.rows_per_warp) == (128, 4, 0, 8)
     assert p.chunks_per_row == 8
-    assert p.scalar == {"keys_per_lane": 2, "pairs_per_lane": 1, "d_pairs": 32, "rows_per_warp": 8}
+    assert (p.fragments.keys_per_lane, p.fragments.pairs_per_lane, p.fragments.rows_per_warp) == (2, 1, 8)
     assert p.functions == (("none", "attngen_phase4_none"), ("causal", "attngen_phase4_causal"))
     assert (p.ctype, p.ctype2) == ("half", "half2")
     assert (p.q_copy.chunks, p.q_copy.iterations, p.q_copy.exact) == (256, 2, True)
     assert (p.kv_copy.chunks, p.kv_copy.iterations, p.kv_copy.exact) == (512, 4, True)
     # 3 blocks of 29312 + 1024 reserved fit in the L4's 100 KiB per SM
-    assert p.blocks_per_sm_by_smem() == 3
+    assert p.occupancy.by_smem() == 3
 
 
 def test_phase4_file_plans_the_same():
@@ -109,9 +109,9 @@ def test_mma_two_stage_layout():
     assert p.smem_bytes == 40960
     assert [(k.name, v.name) for k, v in p.kv_regions] == [("k0", "v0"), ("k1", "v1")]
     assert (p.threads, p.rows_per_warp) == (128, 16)
-    m = p.mma
-    assert (m["m_tiles"], m["n_tiles"], m["d_tiles"], m["k_steps_qk"], m["k_steps_pv"]) == (1, 8, 8, 4, 4)
-    assert (m["s_regs"], m["o_regs"], m["q_regs"]) == (32, 32, 16)
+    m = p.fragments
+    assert (m.m_tiles, m.n_tiles, m.d_tiles, m.k_steps_qk, m.k_steps_pv) == (1, 8, 8, 4, 4)
+    assert (m.s_regs, m.o_regs, m.q_regs) == (32, 32, 16)
     assert p.swizzle.describe() == "xor: chunk ^= row & 7"
 
 
@@ -128,7 +128,7 @@ def test_wmma_layout():
         ("o", 35328, 8192, 256),
     ]
     assert p.smem_bytes == 43520
-    assert p.family == "wmma" and p.rows_per_warp == 16
+    assert p.kind == "fwd_wmma" and p.rows_per_warp == 16
 
 
 def test_specialized_warps_and_barriers():
@@ -143,7 +143,7 @@ def test_specialized_warps_and_barriers():
     ]
     assert all(b.arrive.startswith("producer") for b in p.barriers[:3])
     assert all(b.arrive.startswith("consumer") for b in p.barriers[3:])
-    assert (p.full_barrier_offset, p.empty_barrier_offset, p.barrier_bytes) == (65536, 65560, 8)
+    assert p.region("bars").offset == 65536 and p.barrier_bytes == 8
     # Q 64 x 256 B, then three stages of K and V, 32 x 256 B each, then the mbarriers
     assert [r.offset for r in p.regions] == [0, 16384, 24576, 32768, 40960, 49152, 57344, 65536]
     assert p.smem_bytes == 65536 + 48 and p.smem_dynamic
@@ -282,7 +282,9 @@ def test_min_blocks_per_sm_reaches_launch_bounds():
     from attngen.render import render_plan
     p = plan_of(spec_text() + "min_blocks_per_sm: 2\n")
     assert p.min_blocks_per_sm == 2
-    assert "__launch_bounds__(attngen_t::kThreads, 2)" in render_plan(p, "t.yaml", "")
+    src = render_plan(p, "t.yaml", "")
+    assert "__launch_bounds__(attngen_t::kThreads, attngen_t::kMinBlocksPerSm)" in src
+    assert "constexpr int kMinBlocksPerSm = 2;" in src
     unset = plan_of(spec_text())
     assert unset.min_blocks_per_sm is None
     assert "__launch_bounds__(attngen_t::kThreads)\n" in render_plan(unset, "t.yaml", "")

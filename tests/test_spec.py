@@ -11,7 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from attngen import spec as spec_mod
+from attngen.core import spec as core_spec
+from attngen.kinds import KINDS, kind_for_data
 from attngen.cli import main
 from attngen.errors import SpecError
 from attngen.spec import load_spec, parse_spec
@@ -129,56 +130,58 @@ def test_warp_roles():
 # -- one bad spec per cross-field rule -------------------------------------------------------
 # (rule, base, changes, key path, part of the message)
 RULE_CASES = [
-    ("_rule_head_dim_vector_loads", SCALAR, {"head_dim": 68}, "head_dim", "multiple of 8 for 16-byte loads (got 68); try 72"),
-    ("_rule_head_dim_fragments", MMA, {"head_dim": 72}, "head_dim", "multiple of 16 for mma_m16n8k16 fragments (got 72); try 80"),
-    ("_rule_head_dim_fragments", WMMA, {"head_dim": 40}, "head_dim", "multiple of 16 for wmma_m16n16k16"),
-    ("_rule_scalar_head_dim", SCALAR, {"head_dim": 96}, "head_dim", "multiple of 64 (got 96)"),
-    ("_rule_block_m_split", SCALAR, {"tile__block_m": 30}, "tile.block_m", "multiple of warps.compute = 4"),
-    ("_rule_block_m_split", MMA, {"tile__block_m": 48}, "tile.block_m", "multiple of 16 x warps.compute = 64"),
-    ("_rule_block_m_split", SPECIALIZED, {"tile__block_m": 32}, "tile.block_m", "16 x warps.consumer = 64"),
-    ("_rule_block_n", SCALAR, {"tile__block_n": 48}, "tile.block_n", "multiple of 32 for scalar"),
-    ("_rule_block_n", MMA, {"tile__block_n": 40}, "tile.block_n", "multiple of 16 for mma_m16n8k16"),
-    ("_rule_stages_need_async", MMA, {"smem__async_copy": False}, "smem.stages", "set smem.async_copy: true or stages: 1"),
-    ("_rule_async_needs_tensor_cores", SCALAR, {"smem__async_copy": True}, "smem.async_copy", "scalar kernel loads synchronously"),
-    ("_rule_q_in_registers", WMMA, {"smem__q_in_registers": True}, "smem.q_in_registers", "only the mma_m16n8k16 family"),
-    ("_rule_swizzle_family", SCALAR, {"smem__swizzle": {"xor_bits": 2}}, "smem.swizzle", "XOR swizzle is applied by"),
-    ("_rule_swizzle_family", SCALAR, {"smem__swizzle": {"pad_bytes": 6}}, "smem.swizzle.pad_bytes", "multiple of 4 (got 6); try 8"),
-    ("_rule_swizzle_family", MMA, {"smem__swizzle": {"pad_bytes": 8}}, "smem.swizzle.pad_bytes", "multiple of 16"),
-    ("_rule_swizzle_family", MMA, {"head_dim": 32, "smem__swizzle": {"xor_bits": 3}}, "smem.swizzle.xor_bits",
+    ("rule_head_dim_vector_loads", SCALAR, {"head_dim": 68}, "head_dim", "multiple of 8 for 16-byte loads (got 68); try 72"),
+    ("rule_head_dim_fragments", MMA, {"head_dim": 72}, "head_dim", "multiple of 16 for mma_m16n8k16 fragments (got 72); try 80"),
+    ("rule_head_dim_fragments", WMMA, {"head_dim": 40}, "head_dim", "multiple of 16 for wmma_m16n16k16"),
+    ("rule_scalar_head_dim", SCALAR, {"head_dim": 96}, "head_dim", "multiple of 64 (got 96)"),
+    ("rule_block_m_split", SCALAR, {"tile__block_m": 30}, "tile.block_m", "multiple of warps.compute = 4"),
+    ("rule_block_m_split", MMA, {"tile__block_m": 48}, "tile.block_m", "multiple of 16 x warps.compute = 64"),
+    ("rule_block_m_split", SPECIALIZED, {"tile__block_m": 32}, "tile.block_m", "16 x warps.consumer = 64"),
+    ("rule_block_n", SCALAR, {"tile__block_n": 48}, "tile.block_n", "multiple of 32 for scalar"),
+    ("rule_block_n", MMA, {"tile__block_n": 40}, "tile.block_n", "multiple of 16 for mma_m16n8k16"),
+    ("rule_stages_need_async", MMA, {"smem__async_copy": False}, "smem.stages", "set smem.async_copy: true or stages: 1"),
+    ("rule_no_async_copy", SCALAR, {"smem__async_copy": True}, "smem.async_copy", "scalar kernel loads synchronously"),
+    ("rule_no_q_in_registers", WMMA, {"smem__q_in_registers": True}, "smem.q_in_registers", "only the mma_m16n8k16 family"),
+    ("rule_no_xor_swizzle", SCALAR, {"smem__swizzle": {"xor_bits": 2}}, "smem.swizzle", "XOR swizzle is applied by"),
+    ("rule_pad_bytes", SCALAR, {"smem__swizzle": {"pad_bytes": 6}}, "smem.swizzle.pad_bytes", "multiple of 4 (got 6); try 8"),
+    ("rule_pad_16_bytes", MMA, {"smem__swizzle": {"pad_bytes": 8}}, "smem.swizzle.pad_bytes", "multiple of 16"),
+    ("rule_xor_bits", MMA, {"head_dim": 32, "smem__swizzle": {"xor_bits": 3}}, "smem.swizzle.xor_bits",
      "exceeds the 4 16-byte chunks"),
-    ("_rule_warp_roles", merged(SPECIALIZED, mma="scalar", head_dim=64, tile={"block_m": 32, "block_n": 64},
+    ("rule_no_warp_roles", merged(SPECIALIZED, mma="scalar", head_dim=64, tile={"block_m": 32, "block_n": 64},
                                 smem={"stages": 1}), {}, "warps.producer", "mma_m16n8k16 only (mma is scalar)"),
-    ("_rule_warp_roles", SPECIALIZED, {"smem__async_copy": False, "smem__stages": 1}, "smem.async_copy",
+    ("rule_warp_roles_need_a_ring", SPECIALIZED, {"smem__async_copy": False, "smem__stages": 1}, "smem.async_copy",
      "producer warps issue cp.async"),
-    ("_rule_warp_roles", SPECIALIZED, {"smem__stages": 1}, "smem.stages", "at least 2 stages"),
-    ("_rule_rescale", SCALAR, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale", "always rescales"),
+    ("rule_warp_roles_need_a_ring", SPECIALIZED, {"smem__stages": 1}, "smem.stages", "at least 2 stages"),
+    ("rule_always_rescales", SCALAR, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale", "always rescales"),
 ]
 
 
 @pytest.mark.parametrize("rule, base, changes, key, fragment", RULE_CASES,
-                         ids=[f"{c[0][6:]}-{c[3]}-{i}" for i, c in enumerate(RULE_CASES)])
+                         ids=[f"{c[0][5:]}-{c[3]}-{i}" for i, c in enumerate(RULE_CASES)])
 def test_rule(rule, base, changes, key, fragment, monkeypatch):
     text = to_yaml(merged(base, **changes))
     err = spec_error(text)
     assert_where(err, line_of(text, key), key)
     assert fragment in err.message
-    # The message comes from the named rule: with the rules switched off the spec parses, and the
-    # rule alone returns this key and message.
-    monkeypatch.setattr(spec_mod, "_RULES", [])
-    assert getattr(spec_mod, rule)(parse_spec(text)) == (key, err.message)
+    # The message comes from the named rule of the spec's kind: with the kind's rules switched off
+    # the spec parses, and the rule alone returns this key and message.
+    model = kind_for_data(yaml.safe_load(text)).spec_model
+    fn = next(r for r in model.rules if r.__name__ == rule)
+    monkeypatch.setattr(model, "rules", ())
+    assert fn(parse_spec(text)) == (key, err.message)
 
 
 def test_every_rule_has_a_case():
-    covered = {c[0] for c in RULE_CASES} | {"_rule_threads"}  # _rule_threads: see below
-    assert {r.__name__ for r in spec_mod._RULES} <= covered
+    covered = {c[0] for c in RULE_CASES} | {"rule_threads"}  # rule_threads: see below
+    assert {r.__name__ for k in KINDS for r in k.spec_model.rules} <= covered
 
 
 def test_rule_threads():
     # Field ranges (compute <= 16, producer <= 4) keep a parsed spec under 1024 threads, so the
     # rule is exercised on a stand-in that has only the attributes it reads.
-    assert spec_mod._rule_threads(SimpleNamespace(compute_warps=30, producer_warps=4)) == (
+    assert core_spec.rule_threads(SimpleNamespace(compute_warps=30, producer_warps=4)) == (
         "warps", "1088 threads per block exceed CUDA's 1024; use fewer warps")
-    assert spec_mod._rule_threads(SimpleNamespace(compute_warps=16, producer_warps=4)) is None
+    assert core_spec.rule_threads(SimpleNamespace(compute_warps=16, producer_warps=4)) is None
 
 
 def test_first_failing_rule_wins():
@@ -426,6 +429,10 @@ def test_schema_command_lists_every_key():
     assert result.exit_code == 0
     import json
     schema = json.loads(result.output)
-    assert set(schema["properties"]) == {"schema", "name", "description", "target", "dtype", "head_dim", "masks",
-                                         "tile", "warps", "mma", "smem", "softmax", "min_blocks_per_sm"}
-    assert set(schema["required"]) == {"schema", "name", "head_dim", "tile", "warps", "mma"}
+    # one alternative per kind; each lists every key of a forward spec
+    alternatives = [schema["$defs"][ref["$ref"].split("/")[-1]] for ref in schema.get("anyOf") or schema["oneOf"]]
+    assert len(alternatives) == len(KINDS)
+    for alt in alternatives:
+        assert set(alt["properties"]) == {"schema", "name", "description", "target", "dtype", "head_dim", "masks",
+                                          "tile", "warps", "mma", "smem", "softmax", "min_blocks_per_sm"}
+        assert set(alt["required"]) == {"schema", "name", "head_dim", "tile", "warps", "mma"}

@@ -18,6 +18,8 @@ import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 
+from ..core.variants import MASKS
+
 ERR_FACTOR = 2.0        # flash-attention tests/test_flash_attn.py: out error <= 2 x the low-precision error
 ERR_FLOOR = 1e-5        # absolute floor for cases where torch's low-precision result is exact (e.g. seqlen_k 1)
 LSE_ATOL = 1e-3
@@ -89,11 +91,28 @@ def error_bound(lowprec_err: float) -> float:
     return ERR_FACTOR * lowprec_err + ERR_FLOOR
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One way a kernel function is called: its mask and, for masks with options, one option."""
+
+    mask: str
+    alignment: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.mask if self.alignment is None else f"{self.mask}:{self.alignment}"
+
+
+def variants(masks) -> tuple[Variant, ...]:
+    """Every (mask, option) the kernel functions of `masks` take: causal runs in both alignments."""
+    return tuple(Variant(m, o) for m in masks for o in (MASKS[m].options or (None,)))
+
+
 @dataclass
 class CaseResult:
     spec: str               # spec name (or the kernel's label)
     function: str           # extern "C" kernel name
-    variant: str            # mask: none | causal
+    variant: str            # Variant.label: none | causal:top_left | causal:bottom_right
     shape: Shape
     passed: bool
     max_err: float | None = None        # max |out - ref|
@@ -153,24 +172,40 @@ def exact_fp32_matmul(torch):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-def attention_torch(q, k, v, *, causal: bool, scale: float):
+def attention_torch(q, k, v, *, scale: float, mask: str = "none", alignment: str | None = None,
+                    causal: bool | None = None):
     """softmax(scale q k^T) v and the natural-log LSE of the scaled scores, in q's dtype.
 
-    (B, H, S, D) tensors; GQA/MQA by repeating kv heads; causal is top-left (key j <= query i).
+    (B, H, S, D) tensors; GQA/MQA by repeating kv heads. The mask comes from the same variant
+    definition the kernel's mask hook follows (attngen/core/variants.py): `mask` names it and
+    `alignment` is its option (causal: top_left as torch SDPA is_causal, or bottom_right).
+    `causal=True` is short for mask="causal". A row that sees no key gives zeros and LSE -inf.
     """
     import torch
+    if causal is not None:
+        mask = "causal" if causal else "none"
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads != kv_heads:
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if causal:
-        sq, sk = q.shape[2], k.shape[2]
-        visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+    visible = MASKS[mask].visible(torch, q.shape[2], k.shape[2], alignment, q.device)
+    if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores.float(), dim=-1)
     probs = torch.softmax(scores, dim=-1)
+    if visible is not None:
+        probs = probs.masked_fill(~visible.any(dim=-1, keepdim=True), 0.0)  # softmax of no key: zeros, not NaN
     return torch.matmul(probs, v), lse
+
+
+def reference_errors(torch, q, k, v, out, *, scale: float, mask: str, alignment: str | None):
+    """(max|out - ref|, max|lowprec - ref|, ref_lse) for (B, H, S, D) tensors: ref is fp32 attention
+    on the upcast inputs, lowprec torch's attention in the inputs' dtype. verify and bench share it."""
+    with exact_fp32_matmul(torch):
+        ref, ref_lse = attention_torch(q.float(), k.float(), v.float(), scale=scale, mask=mask, alignment=alignment)
+    lowprec, _ = attention_torch(q, k, v, scale=scale, mask=mask, alignment=alignment)
+    return (out.float() - ref).abs().max().item(), (lowprec.float() - ref).abs().max().item(), ref_lse
 
 
 def make_inputs(shape: Shape, head_dim: int, dtype, device, generator):
@@ -212,15 +247,14 @@ def poisoned_lse(shape: Shape, guard: int, device):
 
 # -- one case ------------------------------------------------------------------------------------
 
-def check_case(kernel, mask: str, shape: Shape, seed: int, *, spec_label: str | None = None) -> CaseResult:
+def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label: str | None = None) -> CaseResult:
     """Run one (variant, shape) case of `kernel` and compare it with torch."""
     import torch
     from ..runtime import default_scale, to_bhsd
     plan = kernel.plan
-    function = dict(plan.functions)[mask]
-    result = CaseResult(spec_label or kernel.label, function, mask, shape, passed=False)
+    function = dict(plan.functions)[variant.mask]
+    result = CaseResult(spec_label or kernel.label, function, variant.label, shape, passed=False)
     device, dtype, d = kernel.device, kernel.dtype, plan.head_dim
-    causal = mask == "causal"
     scale = default_scale(d)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -229,15 +263,14 @@ def check_case(kernel, mask: str, shape: Shape, seed: int, *, spec_label: str | 
     o, o_guard = poisoned_output(shape, d, guard_rows, dtype, device)
     lse, lse_guard = poisoned_lse(shape, guard_rows, device)
 
-    kernel(q, k, v, causal=causal, scale=scale, layout=shape.layout, out=o, lse_out=lse)
+    kernel(q, k, v, causal=variant.mask == "causal", alignment=variant.alignment, scale=scale, layout=shape.layout,
+           out=o, lse_out=lse)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
     qb, kb, vb, ob = (to_bhsd(t, shape.layout) for t in (q, k, v, o))
-    with exact_fp32_matmul(torch):
-        ref, ref_lse = attention_torch(qb.float(), kb.float(), vb.float(), causal=causal, scale=scale)
-    lowprec, _ = attention_torch(qb, kb, vb, causal=causal, scale=scale)
-
+    result.max_err, result.lowprec_err, ref_lse = reference_errors(torch, qb, kb, vb, ob, scale=scale,
+                                                                   mask=variant.mask, alignment=variant.alignment)
     problems = result.problems
     bad = (~torch.isfinite(ob)).sum().item()
     if bad:
@@ -245,30 +278,33 @@ def check_case(kernel, mask: str, shape: Shape, seed: int, *, spec_label: str | 
     stray = (~torch.isnan(o_guard)).sum().item()
     if stray:
         problems.append(f"{stray} elements written past seqlen_q in o")
-    result.max_err = (ob.float() - ref).abs().max().item()
-    result.lowprec_err = (lowprec.float() - ref).abs().max().item()
     result.bound = error_bound(result.lowprec_err)
     if not bad and not result.max_err <= result.bound:
         problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} "
                         f"({ERR_FACTOR:g} x torch {plan.spec.dtype} error {result.lowprec_err:.3g} + {ERR_FLOOR:g})")
 
-    lse_bad = (~torch.isfinite(lse)).sum().item()
+    # A row that sees no key has LSE -inf, in the reference and in the kernel; every other is finite.
+    no_key = torch.isneginf(ref_lse)
+    lse_bad = (torch.isnan(lse) | torch.isinf(lse) & ~no_key | no_key & ~torch.isneginf(lse)).sum().item()
     if lse_bad:
-        problems.append(f"{lse_bad} of {lse.numel()} lse elements are NaN/inf")
+        problems.append(f"{lse_bad} of {lse.numel()} lse elements are NaN, inf, or not -inf where no key is visible")
     if (~torch.isnan(lse_guard)).any().item():
         problems.append("lse written past its (batch, heads, seqlen_q) end")
-    lse_diff = (lse - ref_lse).abs()
-    result.lse_err = lse_diff.max().item()
-    result.lse_excess = (lse_diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs())).max().item()
+    finite = ~no_key
+    lse_diff = (lse - ref_lse).abs()[finite]
+    result.lse_err = lse_diff.max().item() if lse_diff.numel() else 0.0
+    excess = lse_diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[finite])
+    result.lse_excess = excess.max().item() if excess.numel() else 0.0
     if not result.lse_excess <= 1.0 and not lse_bad:
         problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
     result.passed = not problems
     return result
 
 
-def case_seed(seed: int, kernel_index: int, mask: str, shape_index: int) -> int:
+def case_seed(seed: int, kernel_index: int, variant: Variant, shape_index: int) -> int:
     """Each case draws its own inputs; the same seed reproduces a failing case."""
-    return seed * 1_000_003 + kernel_index * 10_007 + (mask == "causal") * 1009 + shape_index
+    salt = {"none": 0, "causal:top_left": 1009, "causal:bottom_right": 2017}.get(variant.label, 3023)
+    return seed * 1_000_003 + kernel_index * 10_007 + salt + shape_index
 
 
 class _Runner:
@@ -283,23 +319,23 @@ class _Runner:
     def run(self, kernel, shapes, masks, kernel_index: int, spec_label: str | None) -> list[CaseResult]:
         label = spec_label or kernel.label
         results = []
-        for mask in masks:
-            function = dict(kernel.plan.functions)[mask]
+        for variant in variants(masks):
+            function = dict(kernel.plan.functions)[variant.mask]
             for i, shape in enumerate(shapes):
                 if self.context_lost:
-                    r = CaseResult(label, function, mask, shape, passed=False,
+                    r = CaseResult(label, function, variant.label, shape, passed=False,
                                    problems=[f"not run: the CUDA context was lost {self.context_lost}"])
                 else:
                     try:
-                        r = check_case(kernel, mask, shape, case_seed(self.seed, kernel_index, mask, i),
+                        r = check_case(kernel, variant, shape, case_seed(self.seed, kernel_index, variant, i),
                                        spec_label=label)
                     except (TypeError, ValueError):
                         raise               # the verifier called the kernel wrongly: a bug here, not a result
                     except Exception as exc:
-                        r = CaseResult(label, function, mask, shape, passed=False,
+                        r = CaseResult(label, function, variant.label, shape, passed=False,
                                        problems=[f"{type(exc).__name__}: {exc}"])
                         if not context_usable(kernel.device):
-                            self.context_lost = f"after {label} {mask} {shape.label}"
+                            self.context_lost = f"after {label} {variant.label} {shape.label}"
                 results.append(r)
                 if self.on_case:
                     self.on_case(r)
@@ -344,7 +380,7 @@ def load_kernels(spec_paths, *, on_compile=None) -> list:
 
 
 def case_count(kernels, shapes) -> int:
-    return sum(len(k.masks) for k in kernels) * len(shapes)
+    return sum(len(variants(k.masks)) for k in kernels) * len(shapes)
 
 
 def verify_kernels(kernels, shapes, *, suite_name: str = "custom", seed: int = 0, on_case=None) -> VerifyReport:

@@ -1,5 +1,8 @@
 """Shared-memory bank-conflict analysis of the access patterns a kernel's template uses.
 
+The primitives here turn a plan's address function into per-phase addresses; each kind lists the
+patterns its template uses (its `bank_patterns`).
+
 Each pattern lists, per hardware phase, the byte addresses a warp touches. Shared memory has 32
 banks of 4 bytes; a phase needs as many wavefronts as the largest number of distinct 4-byte words
 that fall into one bank. 16-byte accesses (uint4, cp.async 16, one ldmatrix 8x8 matrix) are served
@@ -56,8 +59,9 @@ def tile_store_pattern(plan, region_rows: int, threads: int) -> list[list[int]]:
     return phases
 
 
-def scalar_store_pattern(plan, region_rows: int, threads: int) -> list[list[int]]:
-    """The scalar kernel stores each 16-byte chunk as four 4-byte words (rows may be padded)."""
+def word_store_pattern(plan, region_rows: int, threads: int) -> list[list[int]]:
+    """A tile copy that stores each 16-byte chunk as four 4-byte words (padded rows need not be
+    16-byte aligned)."""
     sw, cpr = plan.swizzle, plan.chunks_per_row
     phases = []
     for it in range(-(-region_rows * cpr // threads)):
@@ -81,35 +85,3 @@ def ldmatrix_phases(plan, rows: int, cols: int, lane_row, lane_chunk) -> list[li
             lanes = [sw.chunk_offset(r0 + lane_row(i), c0 + lane_chunk(i)) for i in range(32)]
             phases += _phases(lanes, 16)
     return phases
-
-
-def report(plan) -> list[Pattern]:
-    out: list[Pattern] = []
-    d, bn, bm = plan.head_dim, plan.block_n, plan.block_m
-    if plan.family == "scalar":
-        kv = scalar_store_pattern(plan, bn, plan.threads)
-        out.append(Pattern("K/V tile store (4 x 4 B per 16-B chunk)", 4, worst(kv, 4), len(kv)))
-        sw = plan.swizzle
-        k_read = [[sw.byte_offset(lane + 32 * j, 4 * p) for lane in range(32)]
-                  for j in range(bn // 32) for p in range(d // 2)]
-        out.append(Pattern("K read for Q.K^T (half2 per lane, one key per lane)", 4, worst(k_read, 4), len(k_read)))
-        v_read = [[sw.byte_offset(j, 4 * lane + 128 * p) for lane in range(32)]
-                  for j in range(bn) for p in range(d // 64)]
-        out.append(Pattern("V read for P.V (half2 per lane, one row per warp)", 4, worst(v_read, 4), len(v_read)))
-        return out
-    copy_threads = plan.producer_threads or plan.threads
-    kv = tile_store_pattern(plan, bn, copy_threads)
-    verb = "cp.async" if plan.async_copy else "uint4"
-    out.append(Pattern(f"K/V tile store ({verb}, 16 B)", 16, worst(kv, 16), len(kv)))
-    if plan.family == "wmma":
-        q = tile_store_pattern(plan, bm, plan.threads)
-        out.append(Pattern("Q tile store (uint4, 16 B)", 16, worst(q, 16), len(q)))
-        return out  # wmma::load_matrix_sync addresses are not specified by CUDA
-    # ldmatrix.x4 lane -> (row, chunk) maps of the mma_m16n8k16 template (see templates/lib/mma.j2)
-    q = ldmatrix_phases(plan, bm, d, lambda i: i % 8 + (i // 8) % 2 * 8, lambda i: i // 16)
-    out.append(Pattern("ldmatrix.x4 Q (A fragments)", 16, worst(q, 16), len(q)))
-    k = ldmatrix_phases(plan, bn, d, lambda i: i % 8 + i // 16 * 8, lambda i: (i // 8) % 2)
-    out.append(Pattern("ldmatrix.x4 K (B fragments of Q.K^T)", 16, worst(k, 16), len(k)))
-    v = ldmatrix_phases(plan, bn, d, lambda i: i % 8 + (i // 8) % 2 * 8, lambda i: i // 16)
-    out.append(Pattern("ldmatrix.x4.trans V (B fragments of P.V)", 16, worst(v, 16), len(v)))
-    return out

@@ -1,0 +1,109 @@
+"""One list of kernel parameters makes both the C struct and the Python packing.
+
+Each field is declared once: name, C type, size, alignment, meaning and the struct format of its
+value. The generated struct carries a static_assert per offset and one for its size, so the C and
+Python sides cannot drift: adding a field (a page-table pointer, a 64-byte aligned 128-byte tensor
+map) is one more entry in a list.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AbiField:
+    name: str
+    ctype: str              # C declaration type ("const void*", "long long", ...)
+    size: int               # bytes
+    align: int              # bytes
+    pack: str               # struct format of one value ("Q", "q", "i", "f", "128s")
+    meaning: str
+    default: object = None  # value packed when the caller gives none (None: the caller must give one)
+    array: int = 0          # > 0: declared as ctype name[array] (an opaque byte blob)
+
+    def declaration(self) -> str:
+        align = f"alignas({self.align}) " if self.align > 8 else ""
+        dims = f"[{self.array}]" if self.array else ""
+        return f"{align}{self.ctype} {self.name}{dims};"
+
+
+def pointer(name: str, meaning: str, *, const: bool = True, optional: bool = False) -> AbiField:
+    return AbiField(name, "const void*" if const else "void*", 8, 8, "Q", meaning, 0 if optional else None)
+
+
+def float_pointer(name: str, meaning: str, *, optional: bool = False) -> AbiField:
+    return AbiField(name, "float*", 8, 8, "Q", meaning, 0 if optional else None)
+
+
+def int64(name: str, meaning: str) -> AbiField:
+    return AbiField(name, "long long", 8, 8, "q", meaning)
+
+
+def int32(name: str, meaning: str, default: int | None = None) -> AbiField:
+    return AbiField(name, "int", 4, 4, "i", meaning, default)
+
+
+def float32(name: str, meaning: str) -> AbiField:
+    return AbiField(name, "float", 4, 4, "f", meaning)
+
+
+def blob(name: str, size: int, align: int, meaning: str) -> AbiField:
+    """Opaque bytes, e.g. a CUtensorMap (128 B, 64-byte aligned)."""
+    return AbiField(name, "unsigned char", size, align, f"{size}s", meaning, array=size)
+
+
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+@dataclass(frozen=True)
+class Abi:
+    """A by-value parameter struct: fields in order, each at its natural alignment."""
+
+    name: str
+    fields: tuple[AbiField, ...]
+
+    def __post_init__(self):
+        names = [f.name for f in self.fields]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"ABI {self.name}: field(s) declared twice: {', '.join(sorted(dup))}")
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        out, offset = [], 0
+        for f in self.fields:
+            offset = _round_up(offset, f.align)
+            out.append(offset)
+            offset += f.size
+        return tuple(out)
+
+    @property
+    def align(self) -> int:
+        return max((f.align for f in self.fields), default=1)
+
+    @property
+    def size(self) -> int:
+        if not self.fields:
+            return 0
+        return _round_up(self.offsets[-1] + self.fields[-1].size, self.align)
+
+    def rows(self) -> list[tuple[AbiField, int]]:
+        return list(zip(self.fields, self.offsets))
+
+    def pack(self, values: dict) -> bytes:
+        """The struct's bytes; every field without a default must be in `values`, and nothing else."""
+        unknown = set(values) - {f.name for f in self.fields}
+        if unknown:
+            raise ValueError(f"ABI {self.name} has no field(s) {', '.join(sorted(unknown))}")
+        buf = bytearray(self.size)
+        for f, offset in self.rows():
+            value = values.get(f.name, f.default)
+            if value is None:
+                raise ValueError(f"ABI {self.name}: no value for {f.name} ({f.meaning})")
+            struct.pack_into("<" + f.pack, buf, offset, value)
+        return bytes(buf)
+
+    def with_fields(self, extra: tuple[AbiField, ...]) -> "Abi":
+        return Abi(self.name, self.fields + tuple(extra))

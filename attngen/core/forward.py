@@ -1,0 +1,245 @@
+"""The attention-forward plan every forward kind builds on: Q tile, K/V ring, copies, warp roles,
+mbarriers, the Params ABI and the kernel functions. A kind adds its own regions, its typed
+fragment numbers and its bank patterns; this module knows no kind."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..errors import SpecError
+from ..targets import TARGETS, Target
+from .abi import Abi, float32, float_pointer, int32, int64, pointer
+from .layout import (CHUNK_BYTES, DEFAULT_SMEM_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
+                     TileCopy, barrier_region, check_budget, layout_regions, ring_stride)
+from .spec import ForwardSpec, PadSwizzle, XorSwizzle
+from .variants import MASKS, MaskVariant
+
+LOG2E = 1.4426950408889634
+
+ELEMENT_TYPES = {"fp16": ("half", "half2", "f16"), "bf16": ("__nv_bfloat16", "__nv_bfloat162", "bf16")}
+
+
+def _strides(t: str, what: str) -> tuple:
+    return tuple(int64(f"{t}_{d}_stride", f"{what}: elements between {p}") for d, p in
+                 (("batch", "batches"), ("head", "heads"), ("row", "rows")))
+
+
+# The forward kernels' by-value parameters. The mask variants add theirs (core/variants.py).
+FORWARD_ABI = Abi("Params", (
+    pointer("q", "query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous"),
+    pointer("k", "keys (batch, kv_heads, seqlen_k, head_dim)"),
+    pointer("v", "values, shaped like k"),
+    pointer("o", "output, shaped like q", const=False),
+    float_pointer("lse", "(batch, heads, seqlen_q) fp32 natural-log LSE; null: not written", optional=True),
+    *_strides("q", "q"), *_strides("k", "k"), *_strides("v", "v"), *_strides("o", "o"),
+    int32("batch", "batch size"),
+    int32("heads", "query heads"),
+    int32("kv_heads", "key/value heads; heads is a multiple (GQA/MQA)"),
+    int32("seqlen_q", "query rows per head"),
+    int32("seqlen_k", "keys per head"),
+    float32("scale_log2", "softmax scale * log2(e): scores are exponentiated with exp2"),
+) + tuple(f for m in MASKS.values() for f in m.abi_fields))
+
+
+@dataclass(frozen=True)
+class Part:
+    """One generated file of a bundle: a template of the kind and the kernel functions it defines."""
+
+    name: str                                  # e.g. fwd; split, combine for a decode bundle
+    template: str                              # template file in the kind's folder
+    file_name: str                             # generated/<file_name>
+    functions: tuple[tuple[str, str], ...]     # (mask, extern "C" function name)
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    spec: ForwardSpec
+    kind: str                       # the kind's name, for explain and headers
+    title: str
+    target: Target
+    masks: tuple[MaskVariant, ...]
+    parts: tuple[Part, ...]
+    abi: Abi
+    ctype: str                      # CUDA element type
+    ctype2: str                     # its two-element vector type
+    ptx_type: str                   # its PTX name (f16, bf16)
+    head_dim: int
+    block_m: int
+    block_n: int
+    compute_warps: int
+    producer_warps: int
+    threads: int
+    compute_threads: int
+    producer_threads: int
+    rows_per_warp: int
+    chunks_per_row: int
+    swizzle: Swizzle
+    regions: tuple[Region, ...]
+    smem_bytes: int
+    smem_budget: int
+    smem_dynamic: bool              # launched with dynamic shared memory (needed above 48 KiB)
+    stages: int
+    async_copy: bool
+    q_in_registers: bool
+    rescale: str
+    q_copy: TileCopy
+    kv_copy: TileCopy
+    barriers: tuple[Barrier, ...]
+    kv_stage_stride: int            # bytes from stage s's K (or V) tile to stage s+1's
+    min_blocks_per_sm: int | None   # __launch_bounds__ minimum blocks per SM (None: ptxas chooses)
+    fragments: object               # the kind's typed fragment numbers
+    bank_report: tuple = ()
+
+    def region(self, name: str) -> Region:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def kv_regions(self) -> list[tuple[Region, Region]]:
+        return [(self.region(f"k{s}"), self.region(f"v{s}")) for s in range(self.stages)]
+
+    @property
+    def functions(self) -> tuple[tuple[str, str], ...]:
+        return tuple(f for part in self.parts for f in part.functions)
+
+    @property
+    def mask_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.masks)
+
+    @property
+    def mask_cpp(self) -> dict[str, str]:
+        """mask name -> the C++ enumerator its kernel function is instantiated with."""
+        return {m.name: m.cpp for m in self.masks}
+
+    @property
+    def occupancy(self) -> Occupancy:
+        return Occupancy(self.target, self.smem_bytes, self.threads)
+
+    @property
+    def barrier_bytes(self) -> int:
+        return MBARRIER_BYTES
+
+    @property
+    def copy_by_row_steps(self) -> bool:
+        """Every copy group (a multiple of 32 threads) covers whole rows of 16-byte chunks, so a
+        thread copies one chunk column every threads / chunks_per_row rows: one global pointer and
+        one shared offset per thread instead of an address per chunk (fewer live registers)."""
+        return 32 % self.chunks_per_row == 0
+
+    @property
+    def smem_note(self) -> str:
+        """Why the kernel declares its shared memory the way it does."""
+        if self.smem_dynamic:
+            return (f"dynamic: {self.smem_bytes} B exceed the {DEFAULT_SMEM_BYTES} B a block gets by default, so the "
+                    f"kernel declares extern __shared__ and the launch raises the opt-in attribute")
+        return f"static: {self.smem_bytes} B fit the {DEFAULT_SMEM_BYTES} B default, so ptxas can confirm the plan"
+
+    def grid(self, batch: int, heads: int, seqlen_q: int) -> tuple[int, int, int]:
+        """One block per block_m query rows of each (head, batch)."""
+        return (-(-seqlen_q // self.block_m), heads, batch)
+
+
+# -- derivations ---------------------------------------------------------------------------------
+
+def function_name(spec: ForwardSpec, mask: str) -> str:
+    return f"attngen_{spec.name}_{mask}"
+
+
+def tile_swizzle(spec: ForwardSpec) -> Swizzle:
+    row_bytes = spec.head_dim * spec.elem_bytes
+    sw = spec.smem.swizzle
+    if isinstance(sw, PadSwizzle):
+        return Swizzle("pad", row_bytes + sw.pad_bytes)
+    if isinstance(sw, XorSwizzle):
+        return Swizzle("xor", row_bytes, sw.xor_bits, sw.row_shift)
+    return Swizzle("none", row_bytes)
+
+
+def tile_regions(spec: ForwardSpec, sw: Swizzle) -> list[Region]:
+    """Q tile, then each pipeline stage's K and V tile."""
+    ctype = ELEMENT_TYPES[spec.dtype][0]
+    d, bn, bm = spec.head_dim, spec.tile.block_n, spec.tile.block_m
+    desc = sw.describe()
+    regions = [Region("q", bm, d, ctype, 2, sw.pitch_bytes, swizzle=desc, per="Q tile, loaded once")]
+    for s in range(spec.smem.stages):
+        regions.append(Region(f"k{s}", bn, d, ctype, 2, sw.pitch_bytes, swizzle=desc, per=f"K tile, stage {s}"))
+        regions.append(Region(f"v{s}", bn, d, ctype, 2, sw.pitch_bytes, swizzle=desc, per=f"V tile, stage {s}"))
+    return regions
+
+
+def role_barrier_regions(spec: ForwardSpec) -> list[Region]:
+    """The mbarriers of the producer/consumer hand-off: full[0..stages), then empty[0..stages)."""
+    if not spec.producer_warps:
+        return []
+    n = spec.smem.stages
+    return [barrier_region("bars", 2 * n, f"mbarriers full[0..{n}), empty[0..{n})")]
+
+
+def producer_consumer_barriers(spec: ForwardSpec, regions: tuple[Region, ...]) -> tuple[Barrier, ...]:
+    """full[s]: one arrival per producer thread, made by the hardware when that thread's cp.async
+    copies into stage s have landed; empty[s]: one arrival per consumer thread after its last read."""
+    if not spec.producer_warps:
+        return ()
+    base = next(r.offset for r in regions if r.name == "bars")
+    stages = spec.smem.stages
+    producers, consumers = 32 * spec.producer_warps, 32 * spec.compute_warps
+    full = [Barrier(f"full{s}", s, base + MBARRIER_BYTES * s, producers,
+                    "producer threads, when their copies land (cp.async.mbarrier.arrive.noinc)",
+                    "consumer threads") for s in range(stages)]
+    empty = [Barrier(f"empty{s}", s, base + MBARRIER_BYTES * (stages + s), consumers,
+                     "consumer threads, after their last read of the stage (mbarrier.arrive)",
+                     "producer threads") for s in range(stages)]
+    return tuple(full + empty)
+
+
+def launch_min_blocks(spec: ForwardSpec, target: Target, threads: int, file: str | None) -> int | None:
+    """The spec's min_blocks_per_sm, refused when that many blocks cannot be resident on the target."""
+    n = spec.min_blocks_per_sm
+    if n is not None and n * threads > target.max_threads_per_sm:
+        fit = target.max_threads_per_sm // threads
+        raise SpecError(f"{n} blocks of {threads} threads exceed the {target.max_threads_per_sm} threads an SM of "
+                        f"the {target.name} holds", file=file, key="min_blocks_per_sm",
+                        hint=f"use min_blocks_per_sm <= {fit}, or leave it unset")
+    return n
+
+
+def plan_forward(spec: ForwardSpec, *, kind: str, title: str, file: str | None,
+                 fragments: Callable[[ForwardSpec, int], object],
+                 extra_regions: Callable[[ForwardSpec], list[Region]] = lambda spec: [],
+                 bank_patterns: Callable[["ForwardPlan"], list] = lambda plan: [],
+                 template: str = "kernel.cu.j2") -> ForwardPlan:
+    """The forward plan of `spec`; the kind supplies its fragment numbers, regions and bank patterns."""
+    target = TARGETS[spec.target]
+    ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
+    sw = tile_swizzle(spec)
+    regions = layout_regions(tile_regions(spec, sw) + extra_regions(spec) + role_barrier_regions(spec))
+    total = check_budget(regions, Budget.of(target, spec.smem.opt_in), file)
+    compute_threads = 32 * spec.compute_warps
+    producer_threads = 32 * spec.producer_warps
+    threads = compute_threads + producer_threads
+    rows_per_warp = spec.tile.block_m // spec.compute_warps
+    chunks_per_row = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
+    functions = tuple((m, function_name(spec, m)) for m in spec.masks)
+    plan = ForwardPlan(
+        spec=spec, kind=kind, title=title, target=target, masks=tuple(MASKS[m] for m in spec.masks),
+        parts=(Part("fwd", template, f"{spec.name}.cu", functions),), abi=FORWARD_ABI,
+        ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=spec.head_dim,
+        block_m=spec.tile.block_m, block_n=spec.tile.block_n,
+        compute_warps=spec.compute_warps, producer_warps=spec.producer_warps,
+        threads=threads, compute_threads=compute_threads, producer_threads=producer_threads,
+        rows_per_warp=rows_per_warp, chunks_per_row=chunks_per_row, swizzle=sw,
+        regions=regions, smem_bytes=total, smem_budget=Budget.of(target, spec.smem.opt_in).bytes,
+        smem_dynamic=total > target.smem_per_block,
+        stages=spec.smem.stages, async_copy=spec.smem.async_copy,
+        q_in_registers=spec.smem.q_in_registers, rescale=spec.softmax.rescale,
+        q_copy=TileCopy(spec.tile.block_m, chunks_per_row, threads),
+        kv_copy=TileCopy(spec.tile.block_n, chunks_per_row, producer_threads or threads),
+        barriers=producer_consumer_barriers(spec, regions),
+        kv_stage_stride=ring_stride(regions, "k", "v"),
+        min_blocks_per_sm=launch_min_blocks(spec, target, threads, file),
+        fragments=fragments(spec, rows_per_warp, file),
+    )
+    # The bank analysis reads the finished plan's address function, so it is attached last.
+    return replace(plan, bank_report=tuple(bank_patterns(plan)))

@@ -1,0 +1,26 @@
+"""What a kernel kind is: the unit of growth. A kind lives in its own package under attngen/kinds/
+and is registered once in attngen/kinds/__init__.py; nothing outside it knows its name."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str                           # e.g. fwd_mma; printed, never compared outside the kind
+    title: str                          # one line for explain and headers
+    selector: tuple[str, str]           # (spec key, value) that picks this kind, e.g. ("mma", "mma_m16n8k16")
+    spec_model: type                    # its pydantic model (a core.spec.SpecBase subclass)
+    plan: Callable                      # (spec, file) -> its plan
+    explain: Callable                   # plan -> lines of its explain section
+    template_dir: Path                  # its templates; shared ones come from attngen/templates
+
+    @property
+    def select_key(self) -> str:
+        return self.selector[0]
+
+    @property
+    def select_value(self) -> str:
+        return self.selector[1]

@@ -1,0 +1,343 @@
+"""Spec pieces every kind shares: the strict model base, the common keys, the cross-field rule
+mechanism and the translation of validation errors into one SpecError with file, line and key.
+
+A spec states choices; it never holds a number that can be derived from other fields. A kind's
+spec model subclasses ForwardSpec (or SpecBase) and lists its rules: small named functions, each
+returning None or (key path, message with the fix).
+"""
+from __future__ import annotations
+
+from typing import Callable, ClassVar, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import SpecError
+from ..targets import TARGETS
+from .specio import line_of
+from .variants import MASKS
+
+SCHEMA_VERSION = 1
+
+Dtype = Literal["fp16", "bf16"]
+MaskName = Literal[tuple(MASKS)]
+
+
+class Strict(BaseModel):
+    # strict: YAML already gives ints, bools and strings; lax coercion would read `stages: true` as 1
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Tile(Strict):
+    """Tile sizes of one thread block."""
+
+    block_m: int = Field(ge=1, le=256, description="query rows per thread block (CTA)")
+    block_n: int = Field(ge=1, le=256, description="keys per K/V tile")
+
+
+class HomogeneousWarps(Strict):
+    """Every warp loads and computes; warps split block_m into equal row slices."""
+
+    compute: int = Field(ge=1, le=16, description="compute warps; each owns block_m / compute rows")
+
+
+class SpecializedWarps(Strict):
+    """Producer warps only copy K/V tiles into the ring; consumer warps only compute."""
+
+    producer: int = Field(ge=1, le=4, description="warps that only issue global->shared copies")
+    consumer: int = Field(ge=1, le=16, description="warps that only compute; each owns block_m / consumer rows")
+
+
+class PadSwizzle(Strict):
+    """Pad each shared-memory row by pad_bytes (breaks the power-of-two row pitch)."""
+
+    pad_bytes: int = Field(ge=4, le=128, description="bytes added after every row; a multiple of 4 (16 for 16-byte copies)")
+
+
+class XorSwizzle(Strict):
+    """XOR the 16-byte chunk index within a row with (row >> row_shift) mod 2**bits."""
+
+    xor_bits: int = Field(ge=1, le=4, description="low bits of the 16-byte chunk index that are XORed")
+    row_shift: int = Field(default=0, ge=0, le=3, description="rows sharing one XOR pattern = 2**row_shift")
+
+
+Swizzle = Union[Literal["none"], PadSwizzle, XorSwizzle]
+
+
+class SharedMemory(Strict):
+    """Shared-memory layout and K/V pipeline."""
+
+    swizzle: Swizzle = Field(default="none", description="none | {pad_bytes: N} | {xor_bits: B, row_shift: S}")
+    stages: int = Field(default=1, ge=1, le=8, description="depth of the K/V ring in shared memory")
+    async_copy: bool = Field(default=False, description="copy K/V global->shared with cp.async (16 B)")
+    q_in_registers: bool = Field(default=False, description="keep Q fragments in registers for the whole kernel")
+    opt_in: bool = Field(default=False, description="allow dynamic shared memory above 48 KiB, up to the target's opt-in maximum")
+
+
+class Softmax(Strict):
+    """Online-softmax choices."""
+
+    rescale: Literal["always", "on_max_change"] = Field(
+        default="always",
+        description="rescale the running output every tile, or only when a row's max moved (tensor-core kinds)")
+
+
+Rule = Callable[["SpecBase"], Optional[tuple[str, str]]]
+
+
+class RuleError(ValueError):
+    """A cross-field rule failed; carries the key path it is about."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(message)
+
+
+class SpecBase(Strict):
+    """Keys every spec has, whatever its kind."""
+
+    schema_: Literal[1] = Field(alias="schema", description="spec schema version")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,47}$", description="kernel name; lowercase, digits, _")
+    description: str = Field(default="", description="free text, copied into the generated header")
+    target: str = Field(default="l4", description="GPU profile: " + ", ".join(TARGETS))
+    dtype: Dtype = Field(default="fp16", description="element type of q, k, v and o")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+    # The kind's cross-field rules, run in order after field validation; the first that fails is reported.
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        if v not in TARGETS:
+            raise ValueError(f"unknown target {v!r}; choose one of {', '.join(TARGETS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _rules(self):
+        for rule in type(self).rules:
+            problem = rule(self)
+            if problem:
+                key, message = problem
+                raise RuleError(key, message)
+        return self
+
+    @property
+    def elem_bytes(self) -> int:
+        return 2
+
+
+class ForwardSpec(SpecBase):
+    """An attention-forward kernel: tiles, warps, a fragment (which picks the kind), shared memory.
+    Every mask variant it lists shares it."""
+
+    head_dim: int = Field(ge=8, le=256, description="D, the size of each head")
+    masks: list[MaskName] = Field(default=["none", "causal"], min_length=1,
+                                  description="mask variants to emit, one kernel function each")
+    tile: Tile
+    warps: Union[HomogeneousWarps, SpecializedWarps]
+    mma: str = Field(description="the fragment; it picks the kernel kind")
+    smem: SharedMemory = SharedMemory()
+    softmax: Softmax = Softmax()
+    min_blocks_per_sm: Optional[int] = Field(
+        default=None, ge=1, le=32,
+        description="second argument of __launch_bounds__: ptxas caps registers per thread so that this "
+                    "many blocks fit on one SM; unset lets ptxas choose (it may trade a small spill for "
+                    "occupancy)")
+
+    # What the kind's fragments need of the tile: rows per compute warp and keys per tile come in
+    # multiples of these (see rule_block_m_split / rule_block_n).
+    row_unit: ClassVar[int] = 1
+    row_unit_what: ClassVar[str] = "rows"
+    key_unit: ClassVar[int] = 1
+    key_unit_why: ClassVar[str] = ""
+
+    @field_validator("masks")
+    @classmethod
+    def _unique_masks(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"lists a mask twice ({v}); list each variant once")
+        return v
+
+    @property
+    def compute_warps(self) -> int:
+        w = self.warps
+        return w.compute if isinstance(w, HomogeneousWarps) else w.consumer
+
+    @property
+    def producer_warps(self) -> int:
+        w = self.warps
+        return w.producer if isinstance(w, SpecializedWarps) else 0
+
+
+# -- rules every forward kind uses ----------------------------------------------------------------
+
+def round_up(x: int, unit: int) -> int:
+    return max(unit, (x + unit - 1) // unit * unit)
+
+
+def rule_head_dim_vector_loads(s: ForwardSpec):
+    if s.head_dim % 8:
+        return "head_dim", f"must be a multiple of 8 for 16-byte loads (got {s.head_dim}); try {round_up(s.head_dim, 8)}"
+
+
+def rule_block_m_split(s: ForwardSpec):
+    warps = s.compute_warps
+    who = "warps.compute" if s.producer_warps == 0 else "warps.consumer"
+    unit = s.row_unit
+    if s.tile.block_m % (unit * warps):
+        need = unit * warps
+        return "tile.block_m", (f"must be a multiple of {f'{unit} x ' if unit > 1 else ''}{who} = {need} so each compute "
+                                f"warp owns whole {s.row_unit_what} (got {s.tile.block_m}); "
+                                f"try {round_up(s.tile.block_m, need)}")
+
+
+def rule_block_n(s: ForwardSpec):
+    if s.tile.block_n % s.key_unit:
+        return "tile.block_n", (f"must be a multiple of {s.key_unit} for {s.mma} ({s.key_unit_why}) "
+                                f"(got {s.tile.block_n}); try {round_up(s.tile.block_n, s.key_unit)}")
+
+
+def rule_head_dim_fragments(s: ForwardSpec):
+    """Tensor-core kinds step over head_dim in k16 fragments."""
+    if s.head_dim % 16:
+        return "head_dim", (f"must be a multiple of 16 for {s.mma} fragments (got {s.head_dim}); "
+                            f"try {round_up(s.head_dim, 16)}")
+
+
+def rule_pad_16_bytes(s: ForwardSpec):
+    """Kinds that store 16-byte chunks need 16-byte aligned rows."""
+    sw = s.smem.swizzle
+    if isinstance(sw, PadSwizzle) and sw.pad_bytes % 16:
+        return "smem.swizzle.pad_bytes", (f"must be a multiple of 16 to keep 16-byte rows aligned for {s.mma} "
+                                          f"(got {sw.pad_bytes}); try {round_up(sw.pad_bytes, 16)}")
+
+
+def rule_stages_need_async(s: ForwardSpec):
+    if s.smem.stages > 1 and not s.smem.async_copy:
+        return "smem.stages", (f"{s.smem.stages} stages need asynchronous copies to overlap anything; "
+                               "set smem.async_copy: true or stages: 1")
+
+
+def rule_pad_bytes(s: ForwardSpec):
+    sw = s.smem.swizzle
+    if isinstance(sw, PadSwizzle) and sw.pad_bytes % 4:
+        return "smem.swizzle.pad_bytes", f"must be a multiple of 4 (got {sw.pad_bytes}); try {round_up(sw.pad_bytes, 4)}"
+
+
+def rule_xor_bits(s: ForwardSpec):
+    sw = s.smem.swizzle
+    if isinstance(sw, XorSwizzle):
+        chunks = s.head_dim * 2 // 16
+        if (1 << sw.xor_bits) > chunks:
+            return "smem.swizzle.xor_bits", (f"2**{sw.xor_bits} exceeds the {chunks} 16-byte chunks of a "
+                                             f"{s.head_dim}-element row; use xor_bits <= {chunks.bit_length() - 1}")
+
+
+def rule_warp_roles_need_a_ring(s: ForwardSpec):
+    if s.producer_warps and not s.smem.async_copy:
+        return "smem.async_copy", "producer warps issue cp.async copies; set smem.async_copy: true"
+    if s.producer_warps and s.smem.stages < 2:
+        return "smem.stages", "producer warps fill a ring while consumers compute: use at least 2 stages"
+
+
+def rule_threads(s: ForwardSpec):
+    threads = 32 * (s.compute_warps + s.producer_warps)
+    if threads > 1024:
+        return "warps", f"{threads} threads per block exceed CUDA's 1024; use fewer warps"
+
+
+def refuse(key: str, applies: Callable[[ForwardSpec], bool], message: Callable[[ForwardSpec], str], name: str) -> Rule:
+    """A rule refusing a key's value that a kind does not generate code for."""
+    def rule(s):
+        if applies(s):
+            return key, message(s)
+    rule.__name__ = name
+    return rule
+
+
+# -- validation errors -> one SpecError ------------------------------------------------------------
+
+_UNION_TAGS = {"HomogeneousWarps", "SpecializedWarps", "PadSwizzle", "XorSwizzle", "literal['none']",
+               "function-after[_known_target(), str]"}
+
+
+def _is_tag(part) -> bool:
+    return isinstance(part, str) and (part in _UNION_TAGS or part.startswith(("literal[", "function-", "union[")))
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    """Drop pydantic's union-member tags from an error location: keep the user's key path."""
+    return tuple("schema" if p == "schema_" else p for p in loc if not _is_tag(p))
+
+
+# The forms a union-typed key accepts, for the message when a value fits none of them.
+_UNION_FORMS = {
+    ("warps",): "{compute: N} or {producer: P, consumer: C}",
+    ("smem", "swizzle"): "none, {pad_bytes: N} or {xor_bits: B, row_shift: S}",
+}
+# class name -> model, to list a mapping's keys when a scalar was given instead
+_MODELS = {m.__name__: m for m in (Tile, HomogeneousWarps, SpecializedWarps, PadSwizzle, XorSwizzle,
+                                   SharedMemory, Softmax)}
+_KEY_ERRORS = ("missing", "extra_forbidden")
+# Among errors at the same depth: an unknown key usually explains the missing one (a typo).
+_TYPE_RANK = {"extra_forbidden": 1, "missing": 2, "model_type": 3, "literal_error": 4}
+
+
+def _pick_error(err: ValidationError) -> dict:
+    """Pick the one error to show.
+
+    With unions pydantic reports errors for every member. The member whose keys match the input
+    best is the one the user meant, so its errors come first: a member refusing the value's kind
+    outright (a mapping for `none`, a scalar for a mapping) matches worst, then each missing or
+    unknown key counts one. Then the deepest location; then an unknown key before a missing one.
+    """
+    errors = err.errors()
+    members = [tuple(p for p in e["loc"] if _is_tag(p)) for e in errors]
+    mismatch: dict[tuple, int] = {}
+    for e, m in zip(errors, members):
+        wrong_kind = bool(m) and _is_tag(e["loc"][-1])
+        mismatch[m] = mismatch.get(m, 0) + (100 if wrong_kind else e["type"] in _KEY_ERRORS)
+    order = sorted(range(len(errors)), key=lambda i: (
+        mismatch[members[i]], -len(_clean_loc(errors[i]["loc"])), _TYPE_RANK.get(errors[i]["type"], 0)))
+    return errors[order[0]]
+
+
+def _message(e: dict) -> str:
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        return "unknown key; check the spelling (see `attngen schema` for the keys a spec takes)"
+    if e["type"] == "missing":
+        return "required key is missing"
+    loc = _clean_loc(e["loc"])
+    got = "" if isinstance(e.get("input"), (dict, list)) else f" (got {e.get('input')!r})"
+    if loc in _UNION_FORMS and e["type"] in ("model_type", "literal_error"):
+        return f"must be {_UNION_FORMS[loc]}{got}"
+    if e["type"] == "model_type":
+        model = _MODELS.get((e.get("ctx") or {}).get("class_name"))
+        keys = f" with keys {', '.join(model.model_fields)}" if model else ""
+        return f"must be a mapping{keys}{got}"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if e["type"] not in ("value_error",) and "input" in e and not isinstance(e["input"], (dict, list)):
+        msg += f" (got {e['input']!r})"
+    return msg
+
+
+def validate(model: type[SpecBase], data: dict, node, file: str) -> SpecBase:
+    """Validate YAML data against a kind's spec model; any problem becomes one SpecError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        e = _pick_error(exc)
+        ctx_err = (e.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, RuleError):
+            key = ctx_err.key
+            path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+            raise SpecError(str(ctx_err), file=file, line=line_of(node, path), key=key) from None
+        loc = _clean_loc(e["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        hint = None
+        if loc == ("schema",):
+            hint = f"this attngen reads schema {SCHEMA_VERSION}; start the file with 'schema: {SCHEMA_VERSION}'"
+        raise SpecError(_message(e), file=file, line=line_of(node, loc), key=key, hint=hint) from None

@@ -1,0 +1,55 @@
+"""The kind registry: every kernel kind attngen generates, registered once here.
+
+A spec picks its kind by a (key, value) pair the kind declares (e.g. mma: mma_m16n8k16). Nothing
+outside attngen/kinds/ knows the names; the rest of attngen asks this registry.
+"""
+from __future__ import annotations
+
+from ..core.kind import Kind
+from ..errors import SpecError
+from . import fwd_mma, fwd_scalar, fwd_wmma
+
+KINDS: tuple[Kind, ...] = (fwd_scalar.KIND, fwd_wmma.KIND, fwd_mma.KIND)
+
+
+def _check_registry(kinds: tuple[Kind, ...]) -> None:
+    names = [k.name for k in kinds]
+    selectors = [k.selector for k in kinds]
+    assert len(set(names)) == len(names), f"two kinds share a name: {names}"
+    assert len(set(selectors)) == len(selectors), f"two kinds share a selector: {selectors}"
+
+
+_check_registry(KINDS)
+
+
+def selector_keys() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(k.select_key for k in KINDS))
+
+
+def kind_for_data(data: dict, *, file: str | None = None, line_of=None) -> Kind:
+    """The kind a spec's YAML data asks for; a SpecError naming the key when none matches."""
+    for key in selector_keys():
+        if key not in data:
+            continue
+        value = data[key]
+        for k in KINDS:
+            if k.selector == (key, value):
+                return k
+        choices = [repr(k.select_value) for k in KINDS if k.select_key == key]
+        listed = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+        raise SpecError(f"Input should be {listed} (got {value!r})", file=file,
+                        line=line_of((key,)) if line_of else None, key=key)
+    keys = " or ".join(selector_keys())
+    raise SpecError("required key is missing", file=file, line=line_of(()) if line_of else None, key=keys)
+
+
+def kind_of(spec) -> Kind:
+    """The kind whose spec model `spec` is."""
+    for k in KINDS:
+        if isinstance(spec, k.spec_model):
+            return k
+    raise TypeError(f"{type(spec).__name__} is not the spec model of a registered kind")
+
+
+def spec_models() -> tuple[type, ...]:
+    return tuple(k.spec_model for k in KINDS)

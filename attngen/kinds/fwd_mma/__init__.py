@@ -1,0 +1,96 @@
+"""fwd_mma: the mma.sync m16n8k16 attention forward (FlashAttention-2 style). S, P and O stay in
+registers; ldmatrix(.trans) feeds the fragments from XOR-swizzled tiles; a cp.async ring, or
+producer warps handing tiles to consumer warps over mbarriers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from ...core import banks
+from ...core.forward import plan_forward
+from ...core.kind import Kind
+from ...core.spec import (ForwardSpec, PadSwizzle, rule_head_dim_fragments, rule_pad_16_bytes, refuse, rule_block_m_split, rule_block_n,
+                          rule_head_dim_vector_loads, rule_pad_bytes, rule_stages_need_async, rule_threads,
+                          rule_warp_roles_need_a_ring, rule_xor_bits)
+
+NAME = "fwd_mma"
+FRAGMENT = "mma_m16n8k16"
+
+
+
+
+class MmaSpec(ForwardSpec):
+    mma: Literal["mma_m16n8k16"] = Field(description="mma_m16n8k16: mma.sync, S/P/O in registers")
+    row_unit = 16
+    row_unit_what = "16-row fragments"
+    key_unit = 16
+    key_unit_why = "whole k16 steps of the P.V product"
+    rules = (rule_head_dim_vector_loads, rule_head_dim_fragments, rule_block_m_split, rule_block_n,
+             rule_stages_need_async, rule_pad_bytes, rule_pad_16_bytes, rule_xor_bits, rule_warp_roles_need_a_ring,
+             rule_threads)
+
+
+@dataclass(frozen=True)
+class MmaFragments:
+    m_tiles: int            # 16-row A fragments per warp
+    n_tiles: int            # 8-key accumulator tiles of S
+    d_tiles: int            # 8-column accumulator tiles of O
+    k_steps_qk: int         # k16 steps of Q.K^T
+    k_steps_pv: int         # k16 steps of P.V
+    s_regs: int
+    o_regs: int
+    q_regs: int
+    est_regs: int           # fp32 accumulators + Q fragments, before addressing
+
+
+def fragments(spec: MmaSpec, rows_per_warp: int, file) -> MmaFragments:
+    m_tiles = rows_per_warp // 16
+    n_tiles = spec.tile.block_n // 8
+    d_tiles = spec.head_dim // 8
+    k_qk = spec.head_dim // 16
+    q_regs = m_tiles * k_qk * 4 if spec.smem.q_in_registers else 0
+    return MmaFragments(m_tiles, n_tiles, d_tiles, k_qk, spec.tile.block_n // 16, m_tiles * n_tiles * 4,
+                        m_tiles * d_tiles * 4, q_regs, m_tiles * (n_tiles + d_tiles) * 4 + q_regs)
+
+
+# ldmatrix.x4 lane -> (row, chunk) maps of the template (see LdmatrixLanes in kernel.cu.j2)
+def _a_row(i): return i % 8 + (i // 8) % 2 * 8
+def _a_chunk(i): return i // 16
+def _b_row(i): return i % 8 + i // 16 * 8
+def _b_chunk(i): return (i // 8) % 2
+
+
+def bank_patterns(plan) -> list[banks.Pattern]:
+    d, bn, bm = plan.head_dim, plan.block_n, plan.block_m
+    kv = banks.tile_store_pattern(plan, bn, plan.producer_threads or plan.threads)
+    verb = "cp.async" if plan.async_copy else "uint4"
+    q = banks.ldmatrix_phases(plan, bm, d, _a_row, _a_chunk)
+    k = banks.ldmatrix_phases(plan, bn, d, _b_row, _b_chunk)
+    v = banks.ldmatrix_phases(plan, bn, d, _a_row, _a_chunk)
+    return [banks.Pattern(f"K/V tile store ({verb}, 16 B)", 16, banks.worst(kv, 16), len(kv)),
+            banks.Pattern("ldmatrix.x4 Q (A fragments)", 16, banks.worst(q, 16), len(q)),
+            banks.Pattern("ldmatrix.x4 K (B fragments of Q.K^T)", 16, banks.worst(k, 16), len(k)),
+            banks.Pattern("ldmatrix.x4.trans V (B fragments of P.V)", 16, banks.worst(v, 16), len(v))]
+
+
+def plan(spec: MmaSpec, file: str | None = None):
+    return plan_forward(spec, kind=NAME, title="mma.sync m16n8k16 attention forward", file=file,
+                        fragments=fragments, bank_patterns=bank_patterns)
+
+
+def explain(plan) -> list[str]:
+    f = plan.fragments
+    return [f"fragments per warp: {f.m_tiles} x m16 rows; S = {f.m_tiles}x{f.n_tiles} m16n8 tiles "
+            f"({f.s_regs} fp32 regs), O = {f.m_tiles}x{f.d_tiles} tiles ({f.o_regs} fp32 regs)"
+            + (f", Q fragments {f.q_regs} regs" if f.q_regs else ", Q re-read from shared memory")
+            + f"; ~{f.est_regs} accumulator registers per thread",
+            f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
+            f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
+            f"online softmax: exp2 with the scale folded in; rescale {plan.rescale.replace('_', ' ')}"]
+
+
+KIND = Kind(NAME, "mma.sync m16n8k16 attention forward", ("mma", FRAGMENT), MmaSpec, plan, explain,
+            Path(__file__).parent)

@@ -1,0 +1,98 @@
+"""fwd_scalar: the FMA attention forward ("Phase 4"). Each compute warp owns rows of the query
+block; lane l owns keys l + 32j of S and column pairs l + 32c of O; P goes through shared memory."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from ...core import banks
+from ...core.forward import plan_forward
+from ...core.kind import Kind
+from ...core.layout import Region
+from ...core.spec import (ForwardSpec, PadSwizzle, XorSwizzle, refuse, rule_block_m_split, rule_block_n,
+                          rule_head_dim_vector_loads, rule_pad_bytes, rule_stages_need_async, rule_threads,
+                          rule_xor_bits)
+
+NAME = "fwd_scalar"
+FRAGMENT = "scalar"
+
+
+def rule_scalar_head_dim(s):
+    if s.head_dim % 64:
+        return "head_dim", (f"the scalar kernel gives each lane head_dim/32 columns as half2 pairs, so it must be "
+                            f"a multiple of 64 (got {s.head_dim}); use a tensor-core fragment for other sizes")
+
+
+rule_no_async_copy = refuse(
+    "smem.async_copy", lambda s: s.smem.async_copy,
+    lambda s: "the scalar kernel loads synchronously; set async_copy: false or use mma_m16n8k16", "rule_no_async_copy")
+rule_no_q_in_registers = refuse(
+    "smem.q_in_registers", lambda s: s.smem.q_in_registers,
+    lambda s: f"only the mma_m16n8k16 family keeps Q fragments in registers (mma is {s.mma})", "rule_no_q_in_registers")
+rule_no_xor_swizzle = refuse(
+    "smem.swizzle", lambda s: isinstance(s.smem.swizzle, XorSwizzle),
+    lambda s: (f"the XOR swizzle is applied by the ldmatrix/cp.async path of mma_m16n8k16 only (mma is {s.mma}); "
+               "use {pad_bytes: 16} or none"), "rule_no_xor_swizzle")
+rule_no_warp_roles = refuse(
+    "warps.producer", lambda s: s.producer_warps > 0,
+    lambda s: f"producer/consumer roles are generated for mma_m16n8k16 only (mma is {s.mma})", "rule_no_warp_roles")
+rule_always_rescales = refuse(
+    "softmax.rescale", lambda s: s.softmax.rescale != "always",
+    lambda s: "the scalar kernel always rescales; use rescale: always", "rule_always_rescales")
+
+
+class ScalarSpec(ForwardSpec):
+    mma: Literal["scalar"] = Field(description="scalar: FMA kernel, no tensor cores")
+    row_unit = 1
+    row_unit_what = "rows"
+    key_unit = 32
+    key_unit_why = "one key per lane per step"
+    rules = (rule_head_dim_vector_loads, rule_scalar_head_dim, rule_block_m_split, rule_block_n, rule_stages_need_async,
+             rule_no_async_copy, rule_no_q_in_registers, rule_no_xor_swizzle, rule_pad_bytes, rule_xor_bits,
+             rule_no_warp_roles, rule_threads, rule_always_rescales)
+
+
+@dataclass(frozen=True)
+class ScalarFragments:
+    keys_per_lane: int      # S columns each lane owns
+    pairs_per_lane: int     # elem2 column pairs of O each lane owns
+    rows_per_warp: int
+
+
+def fragments(spec: ScalarSpec, rows_per_warp: int, file) -> ScalarFragments:
+    return ScalarFragments(spec.tile.block_n // 32, spec.head_dim // 64, rows_per_warp)
+
+
+def extra_regions(spec: ScalarSpec) -> list[Region]:
+    bm, bn = spec.tile.block_m, spec.tile.block_n
+    return [Region("p", bm, bn, "float", 4, bn * 4, per="P = softmax numerators, fp32, row per warp slice")]
+
+
+def bank_patterns(plan) -> list[banks.Pattern]:
+    d, bn = plan.head_dim, plan.block_n
+    kv = banks.word_store_pattern(plan, bn, plan.threads)
+    sw = plan.swizzle
+    k_read = [[sw.byte_offset(lane + 32 * j, 4 * p) for lane in range(32)]
+              for j in range(bn // 32) for p in range(d // 2)]
+    v_read = [[sw.byte_offset(j, 4 * lane + 128 * p) for lane in range(32)]
+              for j in range(bn) for p in range(d // 64)]
+    return [banks.Pattern("K/V tile store (4 x 4 B per 16-B chunk)", 4, banks.worst(kv, 4), len(kv)),
+            banks.Pattern("K read for Q.K^T (half2 per lane, one key per lane)", 4, banks.worst(k_read, 4), len(k_read)),
+            banks.Pattern("V read for P.V (half2 per lane, one row per warp)", 4, banks.worst(v_read, 4), len(v_read))]
+
+
+def plan(spec: ScalarSpec, file: str | None = None):
+    return plan_forward(spec, kind=NAME, title="scalar FMA attention forward", file=file, fragments=fragments,
+                        extra_regions=extra_regions, bank_patterns=bank_patterns)
+
+
+def explain(plan) -> list[str]:
+    f = plan.fragments
+    return [f"scalar: each lane owns {f.keys_per_lane} key(s) of S and {f.pairs_per_lane} column pair(s) of O per "
+            f"row; P goes through shared memory; every tile rescales"]
+
+
+KIND = Kind(NAME, "scalar FMA attention forward", ("mma", FRAGMENT), ScalarSpec, plan, explain, Path(__file__).parent)
