@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -69,101 +70,254 @@ def _spec_files(paths: tuple[str, ...], specs_dir: str) -> list[Path]:
     return sorted(files)
 
 
+def _error_line(exc: AttngenError) -> str:
+    """An error as the CLI prints it: a spec error names its file; others start with `attngen:`."""
+    return f"attngen: {exc}" if not getattr(exc, "file", None) else str(exc)
+
+
+def _error_dict(path: Path, exc: AttngenError) -> dict:
+    first, _, detail = str(exc).partition("\n")
+    d = {"spec": str(path), "line": getattr(exc, "line", None), "key": getattr(exc, "key", None),
+         "message": getattr(exc, "message", first), "error": first}
+    if detail:
+        d["detail"] = detail
+    return d
+
+
+def _render_specs(paths: list[Path], report_error) -> list[tuple[Path, object]]:
+    """Render every spec; each one that fails goes to `report_error(path, exc)` and the rest go on.
+
+    Specs whose output files clash (two specs with one `name:`) are reported once per file, naming
+    every spec involved, and left out of the result: nothing is written or compared for them.
+    """
+    from .errors import SpecError
+    from .render import render_spec_file
+    rendered = []
+    for path in paths:
+        try:
+            rendered.append((path, render_spec_file(path)))
+        except AttngenError as exc:
+            report_error(path, exc)
+    owners: dict[str, list[Path]] = {}
+    for path, r in rendered:
+        for name, _source in r.files:
+            owners.setdefault(name, []).append(path)
+    clashing: set[Path] = set()
+    reported: set[tuple] = set()
+    for name, specs in owners.items():
+        if len(specs) > 1:
+            clashing.update(specs)
+            if tuple(specs) in reported:
+                continue
+            reported.add(tuple(specs))
+            spec_name = next(r.plan.spec.name for p, r in rendered if p == specs[0])
+            others = ", ".join(str(p) for p in specs[1:])
+            report_error(specs[0], SpecError(
+                f"{spec_name!r} is also the name of {others} (each would write {name}); nothing is written "
+                f"for {'either' if len(specs) == 2 else 'any of them'}", file=str(specs[0]),
+                line=_line_of_key(specs[0], "name"), key="name", hint="give each spec its own name"))
+    return [(p, r) for p, r in rendered if p not in clashing]
+
+
+def _line_of_key(path: Path, key: str) -> int | None:
+    """The line of a top-level key in a spec file that has already been read once."""
+    from .core.specio import line_of, load_yaml, read_spec_text
+    try:
+        return line_of(load_yaml(read_spec_text(path), str(path))[1], (key,))
+    except AttngenError:
+        return None
+
+
+def _read_existing(path: Path) -> str | None:
+    """The text of a file already on disk (undecodable bytes replaced), None if there is none."""
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        from .errors import WriteError
+        raise WriteError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
 @main.command()
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", default="generated", show_default=True, type=click.Path(file_okay=False),
               help="directory for the generated .cu files")
 @click.option("--specs-dir", default="specs", show_default=True, help="where to find specs when none are given")
-def build(specs, out_dir, specs_dir):
+@click.option("--json", "as_json", is_flag=True,
+              help="print a JSON report (files written or unchanged, errors) instead of the text lines")
+def build(specs, out_dir, specs_dir, as_json):
     """Render SPECS (default: every spec in specs/) to OUT/<name>.cu.
 
-    Writes only files whose content changed, and says which.
+    Writes only files whose content changed, and says which; each file is written atomically
+    (a temporary file renamed into place), so an interrupted or failed build never leaves half a
+    file. A bad spec is reported and the others are still built; two specs with the same name
+    are refused (nothing written for either). Exits 2 when any spec was refused, 3 when a file
+    cannot be written.
     """
-    from .render import render_spec_file
+    from . import fsutil
+    errors, files = [], []
+
+    def refuse(path, exc):
+        errors.append(_error_dict(path, exc))
+        click.echo(_error_line(exc), err=True)
+
+    paths = _spec_files(specs, specs_dir)
+    rendered = _render_specs(paths, refuse)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for path in _spec_files(specs, specs_dir):
-        r = render_spec_file(path)
-        dest = out / r.out_name
-        if dest.is_file() and dest.read_text() == r.source:
-            click.echo(f"unchanged {dest}")
-            continue
-        dest.write_text(r.source)
-        click.echo(f"wrote     {dest}  ({r.plan.smem_bytes} B smem, {r.plan.threads} threads)")
+    if rendered:
+        fsutil.ensure_dir(out)
+    for path, r in rendered:
+        for name, source in r.files:
+            dest = out / name
+            if _read_existing(dest) == source:
+                files.append({"spec": str(path), "file": str(dest), "status": "unchanged"})
+                if not as_json:
+                    click.echo(f"unchanged {dest}")
+                continue
+            fsutil.atomic_write_text(dest, source)
+            files.append({"spec": str(path), "file": str(dest), "status": "written",
+                          "smem_bytes": r.plan.smem_bytes, "threads": r.plan.threads})
+            if not as_json:
+                click.echo(f"wrote     {dest}  ({r.plan.smem_bytes} B smem, {r.plan.threads} threads)")
+    if as_json:
+        click.echo(json.dumps({"ok": not errors, "files": files, "errors": errors}, indent=2))
+    elif errors and len(paths) > 1:
+        written = sum(f["status"] == "written" for f in files)
+        click.echo(f"attngen build: {len(errors)} error(s) in {len(paths)} spec(s); {written} file(s) written, "
+                   f"{len(files) - written} unchanged")
+    if errors:
+        sys.exit(2)
 
 
 @main.command()
 @click.option("--specs-dir", default="specs", show_default=True)
 @click.option("--generated", "gen_dir", default="generated", show_default=True)
-def check(specs_dir, gen_dir):
+@click.option("--json", "as_json", is_flag=True,
+              help="print a JSON report (in sync, stale with diff, missing, orphans, errors)")
+def check(specs_dir, gen_dir, as_json):
     """Check that generated/ matches what specs/ and the templates produce now.
 
     Regenerates every spec in memory and compares with the committed files; exits 1 with a
     unified diff when a file is stale or missing, or when generated/ holds an orphan (a .cu that
-    no spec produces). Run it in CI and before review.
+    no spec produces). Exits 2 when a spec is bad or two specs produce the same file (every one
+    is reported). Run it in CI and before review.
     """
-    from .render import render_spec_file
     gen = Path(gen_dir)
-    expected = {}
-    for path in _spec_files((), specs_dir):
-        r = render_spec_file(path)
-        if r.out_name in expected:
-            raise click.UsageError(f"two specs produce {r.out_name}: {expected[r.out_name][0]} and {path}")
-        expected[r.out_name] = (path, r.source)
-    problems = 0
+    errors = []
+
+    def refuse(path, exc):
+        errors.append(_error_dict(path, exc))
+        click.echo(_error_line(exc), err=True)
+
+    paths = _spec_files((), specs_dir)
+    rendered = _render_specs(paths, refuse)
+    expected = {name: (path, source) for path, r in rendered for name, source in r.files}
+    report = {"in_sync": [], "stale": [], "missing": [], "orphans": []}
     for name, (path, source) in sorted(expected.items()):
         dest = gen / name
-        if not dest.is_file():
-            click.echo(f"missing: {dest} (from {path}); run `attngen build`")
-            problems += 1
-            continue
-        current = dest.read_text()
-        if current != source:
-            problems += 1
-            click.echo(f"stale: {dest} differs from what {path} renders now; run `attngen build`")
-            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), source.splitlines(True),
-                                                       fromfile=f"{dest} (committed)", tofile=f"{dest} (from {path})"))
-    for f in sorted(gen.glob("*.cu")) if gen.is_dir() else []:
-        if f.name not in expected:
-            problems += 1
-            click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
+        current = _read_existing(dest)
+        if current is None:
+            report["missing"].append({"file": str(dest), "spec": str(path)})
+            if not as_json:
+                click.echo(f"missing: {dest} (from {path}); run `attngen build`")
+        elif current != source:
+            diff = "".join(difflib.unified_diff(current.splitlines(True), source.splitlines(True),
+                                                fromfile=f"{dest} (committed)", tofile=f"{dest} (from {path})"))
+            report["stale"].append({"file": str(dest), "spec": str(path), "diff": diff})
+            if not as_json:
+                click.echo(f"stale: {dest} differs from what {path} renders now; run `attngen build`")
+                sys.stdout.write(diff)
+        else:
+            report["in_sync"].append({"file": str(dest), "spec": str(path)})
+    if not errors:   # with a spec refused, its files are not known: no orphan can be told apart
+        for f in sorted(gen.glob("*.cu")) if gen.is_dir() else []:
+            if f.name not in expected:
+                report["orphans"].append({"file": str(f)})
+                if not as_json:
+                    click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
+    problems = len(report["stale"]) + len(report["missing"]) + len(report["orphans"])
+    if as_json:
+        click.echo(json.dumps({"ok": not problems and not errors, **report, "errors": errors}, indent=2))
+    if errors:
+        if not as_json and len(errors) + problems > 1:
+            click.echo(f"attngen check: {len(errors)} spec error(s), {problems} problem(s)", err=True)
+        sys.exit(2)
     if problems:
-        click.echo(f"attngen check: {problems} problem(s)", err=True)
+        if not as_json:
+            click.echo(f"attngen check: {problems} problem(s)", err=True)
         sys.exit(1)
-    click.echo(f"attngen check: {len(expected)} generated file(s) in sync")
+    if not as_json:
+        click.echo(f"attngen check: {len(expected)} generated file(s) in sync")
+
+
+def _known_arch(ctx, param, value):
+    """--arch of explain: the arch of one of the targets (sm_90a for sm_90 too)."""
+    if value is None:
+        return None
+    from .targets import TARGETS
+    known = sorted({t.arch for t in TARGETS.values()}, key=lambda a: int(a[3:]))
+    base = value[:-1] if value.endswith("a") else value
+    if base not in known or (base != value and int(base[3:]) < 90):
+        raise click.BadParameter(f"{value!r} is not the arch of any target; known: {', '.join(known)}, sm_90a")
+    return value
 
 
 @main.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
-@click.option("--arch", default=None, help="also compile for this arch (e.g. sm_89) to add register occupancy")
+@click.option("--arch", default=None, callback=_known_arch,
+              help="also compile for the spec target's arch (e.g. sm_89 for l4) to add the register limit")
 def explain(spec, as_json, arch):
     """Print the plan of SPEC: shared-memory layout, budget, threads, fragments, bank conflicts.
 
     Nothing is compiled unless --arch is given; with --arch, ptxas registers refine the
-    resident-blocks estimate.
+    resident-blocks estimate. The estimate is for the spec's target, so --arch must be that
+    target's arch: registers of another arch say nothing about it (`attngen compile --arch`
+    reports them).
     """
     from .explain import explain as describe, plan_dict
     from .render import render_spec_file
     r = render_spec_file(spec)
     regs = None
     if arch:
+        target = r.plan.target
+        if arch.rstrip("a") != target.arch:
+            raise click.BadParameter(
+                f"{arch} is not the arch of the spec's target {target.name} ({target.arch}); the resident-blocks "
+                f"estimate is for {target.name}, so use --arch {target.arch} (or `attngen compile --arch {arch}` "
+                f"for the registers on {arch})", param_hint="'--arch'")
         from .compile import compile_source
-        res = compile_source(r.source, arch)
-        regs = max(f.registers for f in res.functions)
+        from .errors import ToolError
+        functions = [f for _name, source in r.files for f in compile_source(source, arch).functions]
+        if not functions:
+            raise ToolError(f"ptxas reported no kernel function for {spec} on {arch}; "
+                            f"see `attngen compile {spec} --arch {arch}`")
+        regs = max(f.registers for f in functions)
     if as_json:
         d = plan_dict(r.plan)
         if regs:
             d["registers"] = regs
-            d["blocks_per_sm_by_registers"] = r.plan.blocks_per_sm_by_registers(regs)
+            d["registers_arch"] = arch
+            d["blocks_per_sm_by_registers"] = r.plan.occupancy.by_registers(regs)
         click.echo(json.dumps(d, indent=2))
     else:
         click.echo(describe(r.plan, regs))
 
 
+def _archs(ctx, param, values):
+    """--arch of compile: each like sm_89, sm_90a or sm_100f (nvcc says which it supports)."""
+    from .compile import ARCH_RE
+    for v in values:
+        if not ARCH_RE.fullmatch(v):
+            raise click.BadParameter(f"{v!r} is not an arch; write it like sm_89 or sm_90a")
+    return values
+
+
 @main.command(name="compile")
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--arch", "archs", multiple=True, help="target arch, repeatable (default: the spec target's)")
+@click.option("--arch", "archs", multiple=True, callback=_archs,
+              help="target arch, repeatable (default: the spec target's)")
 @click.option("--allow-spills", is_flag=True, help="do not fail when ptxas reports register spills")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="also write <name>.<arch>.cubin here")
 @click.option("--json", "as_json", is_flag=True, help="print the ptxas report as JSON")
@@ -172,54 +326,100 @@ def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
     """Compile SPECS (default: every spec) with nvcc and report ptxas resources.
 
     Prints registers, spill stores/loads, stack and static shared memory per kernel function,
-    and checks that ptxas's shared memory equals the planner's. Exits 1 on spills (unless
-    --allow-spills) or on a shared-memory mismatch; 3 when nvcc is missing or fails.
+    and checks that ptxas's shared memory equals the planner's. A kernel whose plan uses dynamic
+    shared memory (over 48 KiB, opt-in) declares none statically: ptxas reports 0 and the plan
+    column says `dyn`. Exits 1 on spills (unless --allow-spills) or on a shared-memory mismatch;
+    3 when nvcc is missing or fails.
     """
+    from . import fsutil
     from .compile import compile_source
     from .render import render_spec_file
     report, bad = [], 0
     for path in _spec_files(specs, specs_dir):
         r = render_spec_file(path)
         for arch in archs or (r.plan.target.arch,):
-            res = compile_source(r.source, arch, on_compile=lambda a, n=r.out_name: click.echo(
-                f"compiling {n} for {a} ...", err=True))
-            want_static = 0 if r.plan.smem_dynamic else r.plan.smem_bytes
-            for f in res.functions:
-                ok_smem = f.smem_bytes == want_static
-                spill = f.spills and not allow_spills
-                bad += spill or not ok_smem
-                report.append({"spec": str(path), "arch": arch, **f.as_dict(), "plan_smem_bytes": r.plan.smem_bytes,
-                               "smem_matches_plan": ok_smem})
-            if out_dir:
-                Path(out_dir).mkdir(parents=True, exist_ok=True)
-                (Path(out_dir) / f"{r.plan.spec.name}.{arch}.cubin").write_bytes(res.cubin)
+            for name, source in r.files:
+                res = compile_source(source, arch, on_compile=lambda a, n=name: click.echo(
+                    f"compiling {n} for {a} ...", err=True))
+                want_static = 0 if r.plan.smem_dynamic else r.plan.smem_bytes
+                for f in res.functions:
+                    ok_smem = f.smem_bytes == want_static
+                    spill = f.spills and not allow_spills
+                    bad += spill or not ok_smem
+                    report.append({"spec": str(path), "arch": arch, **f.as_dict(),
+                                   "plan_smem_bytes": r.plan.smem_bytes, "plan_smem_dynamic": r.plan.smem_dynamic,
+                                   "smem_matches_plan": ok_smem})
+                if out_dir:
+                    fsutil.ensure_dir(out_dir)
+                    fsutil.atomic_write_bytes(Path(out_dir) / f"{Path(name).stem}.{arch}.cubin", res.cubin)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        click.echo(f"{'function':<34} {'arch':<6} {'regs':>4} {'spill st/ld':>11} {'stack':>5} "
-                   f"{'smem':>7} {'plan':>7}")
-        for e in report:
-            note = "" if e["smem_matches_plan"] else "  <- ptxas smem differs from the plan"
-            if e["spill_stores"] or e["spill_loads"]:
-                note += "  <- spills"
-            click.echo(f"{e['name']:<34} {e['arch']:<6} {e['registers']:>4} "
-                       f"{e['spill_stores']:>5}/{e['spill_loads']:<5} {e['stack_bytes']:>5} {e['smem_bytes']:>7} "
-                       f"{e['plan_smem_bytes']:>7}{note}")
+        click.echo(format_compile(report))
     if bad:
         sys.exit(1)
 
 
+def format_compile(report: list[dict]) -> str:
+    """The compile table; columns widen to the longest function name and arch."""
+    nw = max([len("function")] + [len(e["name"]) for e in report])
+    aw = max([len("arch")] + [len(e["arch"]) for e in report])
+    lines = [f"{'function':<{nw}}  {'arch':<{aw}} {'regs':>4} {'spill st/ld':>11} {'stack':>5} "
+             f"{'smem':>7} {'plan':>7}"]
+    for e in report:
+        plan = f"{e['plan_smem_bytes']:>7}" + (" dyn" if e.get("plan_smem_dynamic") else "")
+        note = "" if e["smem_matches_plan"] else "  <- ptxas smem differs from the plan"
+        if e["spill_stores"] or e["spill_loads"]:
+            note += "  <- spills"
+        lines.append(f"{e['name']:<{nw}}  {e['arch']:<{aw}} {e['registers']:>4} "
+                     f"{e['spill_stores']:>5}/{e['spill_loads']:<5} {e['stack_bytes']:>5} {e['smem_bytes']:>7} "
+                     f"{plan}{note}".rstrip())
+    if any(e.get("plan_smem_dynamic") for e in report):
+        lines.append("smem: static shared memory per ptxas. dyn: the plan's shared memory is dynamic (sized at "
+                     "launch), so ptxas reports 0 static bytes for it")
+    return "\n".join(lines)
+
+
+_SHAPE_DIM = re.compile(r"[1-9][0-9]{0,8}")
+
+
+def _shapes(ctx, param, value):
+    """--shapes of bench: comma-separated BxHxSxD, four positive decimal integers each."""
+    if value is None:
+        return None
+    shapes = []
+    for part in value.split(","):
+        dims = part.strip().lower().split("x")
+        if len(dims) != 4 or not all(_SHAPE_DIM.fullmatch(d) for d in dims):
+            raise click.BadParameter(f"{part.strip()!r} is not BxHxSxD: four positive integers, e.g. 4x16x2048x64")
+        shapes.append(tuple(int(d) for d in dims))
+    return tuple(shapes)
+
+
+def _backends(ctx, param, value):
+    """--backends of bench: comma-separated names of torch SDPA backends."""
+    from .eval.bench import SDPA_BACKENDS
+    names = tuple(b.strip() for b in value.split(",") if b.strip())
+    if not names:
+        raise click.BadParameter(f"name at least one of {', '.join(SDPA_BACKENDS)}")
+    for b in names:
+        if b not in SDPA_BACKENDS:
+            raise click.BadParameter(f"unknown backend {b!r}; choose from {', '.join(SDPA_BACKENDS)}")
+    return names
+
+
 @main.command()
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--shapes", default=None, metavar="BxHxSxD,...",
+@click.option("--shapes", default=None, metavar="BxHxSxD,...", callback=_shapes,
               help="comma-separated shapes (default: 1x8x512x64, 4x16x2048x64, 4x16x2048x128, 2x16x8192x64, "
                    "2x16x8192x128)")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp16", "bf16"]),
               help="repeatable; default both")
 @click.option("--causal", "causal", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
-@click.option("--backends", default="flash,cudnn,efficient,default", show_default=True,
+@click.option("--backends", default="flash,cudnn,efficient,default", show_default=True, callback=_backends,
               help="torch SDPA backends to time beside the specs")
-@click.option("--reps", default=30, show_default=True, help="timed calls per measurement (median reported)")
+@click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True,
+              help="timed calls per measurement (median reported)")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="write the full report here")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="draw TFLOP/s per shape to this PNG")
 @click.option("--specs-dir", default="specs", show_default=True)
@@ -232,14 +432,12 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, s
     CUDA-event-timed calls over inputs rotated to defeat L2; TFLOP/s counts 4*B*H*S*S*D
     (halved for causal). Ratios are SDPA time / spec time: above 1.0 the spec is faster.
     """
+    from . import fsutil
     from .eval import bench as B
     from .render import render_spec_file
-    shape_list = tuple(B.parse_shape(s) for s in shapes.split(",")) if shapes else B.DEFAULT_SHAPES
+    shape_list = shapes or B.DEFAULT_SHAPES
     causals = B.CAUSAL_CHOICES[causal]
-    backend_list = tuple(b.strip() for b in backends.split(",") if b.strip())
-    for b in backend_list:
-        if b not in B.SDPA_BACKENDS:
-            raise click.BadParameter(f"unknown backend {b!r}; choose from {', '.join(B.SDPA_BACKENDS)}")
+    backend_list = backends
     paths = _spec_files(specs, specs_dir)
     plans = [render_spec_file(p).plan for p in paths]
     dtypes = dtypes or ("fp16", "bf16")
@@ -255,7 +453,7 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, s
                              on_compile=lambda a: click.echo(f"compiling for {a} ...", err=True))
     click.echo(format_bench(report, backend_list))
     if json_file:
-        Path(json_file).write_text(json.dumps(report.as_dict(), indent=2))
+        fsutil.atomic_write_text(json_file, json.dumps(report.as_dict(), indent=2) + "\n")
         click.echo(f"wrote {json_file}")
     if plot_file:
         B.plot(report, plot_file)

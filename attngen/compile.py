@@ -20,7 +20,7 @@ from .errors import ToolError, WriteError
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-Xptxas=-v")
 CACHE_ENV = "ATTNGEN_CACHE_DIR"
 CACHE_FORMAT = 2          # part of every cache key: entries of other formats are never looked up
-ARCH_RE = re.compile(r"sm_\d+a?")
+ARCH_RE = re.compile(r"sm_[1-9][0-9]+[af]?")
 
 
 @dataclass(frozen=True)

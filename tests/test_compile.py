@@ -138,7 +138,77 @@ def test_compile_without_nvcc_exits_3(monkeypatch):
     assert "attngen: nvcc not found" in result.output and "Traceback" not in result.output
 
 
-def test_bad_arch_exits_3(monkeypatch):
+def test_bad_arch_exits_2(monkeypatch):
+    # A malformed --arch is a bad option (exit 2), refused before nvcc is looked for.
     monkeypatch.chdir(ROOT)
     result = CliRunner().invoke(main, ["compile", str(SPEC_FILES[0].relative_to(ROOT)), "--arch", "89"])
-    assert result.exit_code == 3 and "sm_89 or sm_90a" in result.output
+    assert result.exit_code == 2 and "sm_89 or sm_90a" in result.output
+
+
+def test_compile_source_refuses_a_malformed_arch():
+    with pytest.raises(ToolError, match="sm_89 or sm_90a"):
+        compile_source("", "89")
+
+
+def _row(name, smem, plan, dynamic, arch="sm_89"):
+    return {"spec": "s.yaml", "arch": arch, "name": name, "registers": 128, "spill_stores": 0, "spill_loads": 0,
+            "stack_bytes": 0, "smem_bytes": smem, "barriers": 1, "plan_smem_bytes": plan,
+            "plan_smem_dynamic": dynamic, "smem_matches_plan": True}
+
+
+def test_compile_table_long_names_and_dynamic_smem():
+    from attngen.cli import format_compile
+    long_name = "attngen_l4_mma_d128_optin_m128n32w4s4x3_causal"      # 47 characters
+    text = format_compile([_row(long_name, 0, 98304, True), _row("attngen_phase4_none", 29312, 29312, False),
+                           _row("attngen_phase4_none", 29312, 29312, False, arch="sm_100f")])
+    header, dyn, static, wide_arch, note = text.splitlines()
+    # every column starts at the same offset in every row, however long the name or arch
+    for col in ("regs", "smem", "plan"):
+        end = header.index(col) + len(col)
+        for row in (dyn, static, wide_arch):
+            assert row[end - 1] != " " and row[end:end + 1] in ("", " "), (col, row)
+    assert dyn.split()[-2:] == ["98304", "dyn"] and dyn.split()[-3] == "0"
+    assert static.split()[-2:] == ["29312", "29312"]
+    assert note.startswith("smem: static shared memory") and "dynamic" in note and "0 static" in note
+    assert all(line == line.rstrip() for line in text.splitlines())
+
+
+def test_compile_table_without_dynamic_smem_has_no_note():
+    from attngen.cli import format_compile
+    assert len(format_compile([_row("attngen_phase4_none", 29312, 29312, False)]).splitlines()) == 2
+
+
+@pytest.mark.nvcc
+def test_same_cubin_from_two_builds():
+    # nvcc records the source path (and seeds internal symbol names with it): two builds in two
+    # temporary directories used to differ in 28 bytes.
+    source = render_spec_file(SPEC_FILES[0]).source
+    nvcc = compile_mod.find_nvcc()
+    a = compile_mod.run_nvcc(source, "sm_89", nvcc)
+    b = compile_mod.run_nvcc(source, "sm_89", nvcc)
+    assert a.cubin == b.cubin
+    assert b"attngen-" not in a.cubin            # no temporary directory name inside
+
+
+@pytest.mark.nvcc
+def test_compile_command_dynamic_smem(compiled, monkeypatch):
+    dynamic = [p for p in SPEC_FILES if compiled[0][p].plan.smem_dynamic]
+    assert dynamic, "no spec in specs/ uses dynamic shared memory"
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(main, ["compile", str(dynamic[0].relative_to(ROOT)), "--arch", "sm_89"])
+    assert result.exit_code == 0, result.output
+    rows = [ln for ln in result.output.splitlines() if ln.startswith("attngen_")]
+    plan = compiled[0][dynamic[0]].plan.smem_bytes
+    assert rows and all(ln.split()[-3:] == ["0", str(plan), "dyn"] for ln in rows), result.output
+    assert "dyn: the plan's shared memory is dynamic" in result.output
+
+
+@pytest.mark.nvcc
+def test_explain_arch_adds_registers(compiled, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    spec = str(SPEC_FILES[0].relative_to(ROOT))
+    arch = compiled[0][SPEC_FILES[0]].plan.target.arch
+    result = CliRunner().invoke(main, ["explain", spec, "--arch", arch, "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    assert d["registers"] > 0 and d["registers_arch"] == arch and d["blocks_per_sm_by_registers"] >= 1
