@@ -37,7 +37,7 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     s, t = plan.spec, plan.target
     kind = kind_of(s)
     out = [f"{s.name}: {kind.name} ({kind.title}), {s.dtype}, head_dim {plan.head_dim}, "
-           f"masks {', '.join(plan.mask_names)}",
+           f"masks {', '.join(plan.masks)}",
            f"target {t.name} ({t.gpu}, {t.arch}); functions: {', '.join(fn for _, fn in plan.functions)}",
            "",
            f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; grid (ceil(seqlen_q / {plan.block_m}), "
@@ -49,7 +49,7 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     out.append(f"K/V pipeline: {plan.stages} stage(s), "
                f"{'cp.async 16 B' if plan.async_copy else 'synchronous 16-B loads'}"
                f"; Q {'kept in registers' if plan.q_in_registers else 'in shared memory'}")
-    out.append("masks: " + "; ".join(f"{m.name}: {m.describe}" for m in plan.masks))
+    out.append("masks: " + "; ".join(f"{m.name}: {m.describe}" for m in plan.mask_variants))
     out += ["", "shared memory:", f"  {'region':<7} {'offset':>7} {'bytes':>7} {'KiB':>7}  {'shape':<16} {'pitch':>6}  "
             f"{'layout':<28} purpose"]
     for r in plan.regions:

@@ -266,7 +266,7 @@ class Kernel:
         if mask not in self.functions:
             raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
                              f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
-        variant = next(m for m in self.plan.masks if m.name == mask)
+        variant = next(m for m in self.plan.mask_variants if m.name == mask)
         if alignment is not None and not causal:
             raise ValueError(f"alignment={alignment!r} applies to causal=True only")
         variant_values = variant.abi_values(alignment, seqlen_q, seqlen_k)

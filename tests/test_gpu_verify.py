@@ -52,7 +52,9 @@ def randn(torch, *shape, dtype=None):
 def test_spec_passes_quick_suite(spec):
     kernel = attngen.load(spec, synchronize=True)
     results = verify.verify_kernel(kernel, verify.QUICK_SUITE, spec_label=kernel.name)
-    assert len(results) == len(kernel.masks) * len(verify.QUICK_SUITE)
+    assert len(results) == len(verify.variants(kernel.masks)) * len(verify.QUICK_SUITE)
+    # causal runs in both alignments
+    assert {r.variant for r in results} == {"none", "causal:top_left", "causal:bottom_right"}
     assert all(r.passed for r in results), failures(results)
 
 
@@ -66,6 +68,36 @@ def test_reference_matches_sdpa(torch):
             theirs = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
                                                     is_causal=causal, scale=0.125)
         assert (ours - theirs).abs().max().item() < 1e-4
+
+
+def test_bottom_right_reference_matches_torch_lower_right(torch):
+    """Bottom-right causal as torch defines it independently (torch.nn.attention.bias.causal_lower_right),
+    with seqlen_q < seqlen_k and seqlen_q > seqlen_k (rows that see no key: zeros, LSE -inf)."""
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+    for sq, sk in ((77, 130), (130, 77)):
+        q, k, v = (randn(torch, 2, 4, s, 64).float() for s in (sq, sk, sk))
+        ours, lse = verify.attention_torch(q, k, v, mask="causal", alignment="bottom_right", scale=0.125)
+        mask = causal_lower_right(sq, sk)._materialize(q.device)
+        with verify.exact_fp32_matmul(torch):
+            theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125)
+        seen = mask.any(dim=-1)
+        assert (ours[..., seen, :] - theirs[..., seen, :]).abs().max().item() < 1e-4
+        assert (ours[..., ~seen, :] == 0).all() and torch.isneginf(lse[..., ~seen]).all()
+        assert bool((~seen).any()) == (sq > sk)
+
+
+def test_bottom_right_kernel_rows_without_keys(torch, phase4):
+    """Sq > Sk, bottom-right: the first Sq - Sk rows see no key (zeros, LSE -inf); with Sq == Sk
+    both alignments are the same mask."""
+    q, k, v = randn(torch, 1, 2, 300, 64), randn(torch, 1, 2, 200, 64), randn(torch, 1, 2, 200, 64)
+    o, lse = phase4(q, k, v, causal=True, alignment="bottom_right", return_lse=True)
+    assert (o[:, :, :100] == 0).all() and torch.isneginf(lse[:, :, :100]).all()
+    assert torch.isfinite(lse[:, :, 100:]).all()
+    q2 = randn(torch, 1, 2, 200, 64)
+    assert torch.equal(phase4(q2, k, v, causal=True, alignment="bottom_right"), phase4(q2, k, v, causal=True))
+    with pytest.raises(ValueError, match="alignment"):
+        phase4(q2, k, v, causal=True, alignment="diagonal")
 
 
 # -- the runtime API -----------------------------------------------------------------------------

@@ -57,7 +57,8 @@ class ForwardPlan:
     kind: str                       # the kind's name, for explain and headers
     title: str
     target: Target
-    masks: tuple[MaskVariant, ...]
+    masks: tuple[str, ...]          # the spec's mask names, one kernel function each
+    mask_variants: tuple[MaskVariant, ...]
     parts: tuple[Part, ...]
     abi: Abi
     ctype: str                      # CUDA element type
@@ -105,13 +106,9 @@ class ForwardPlan:
         return tuple(f for part in self.parts for f in part.functions)
 
     @property
-    def mask_names(self) -> tuple[str, ...]:
-        return tuple(m.name for m in self.masks)
-
-    @property
     def mask_cpp(self) -> dict[str, str]:
         """mask name -> the C++ enumerator its kernel function is instantiated with."""
-        return {m.name: m.cpp for m in self.masks}
+        return {m.name: m.cpp for m in self.mask_variants}
 
     @property
     def occupancy(self) -> Occupancy:
@@ -223,7 +220,8 @@ def plan_forward(spec: ForwardSpec, *, kind: str, title: str, file: str | None,
     chunks_per_row = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
     functions = tuple((m, function_name(spec, m)) for m in spec.masks)
     plan = ForwardPlan(
-        spec=spec, kind=kind, title=title, target=target, masks=tuple(MASKS[m] for m in spec.masks),
+        spec=spec, kind=kind, title=title, target=target, masks=tuple(spec.masks),
+        mask_variants=tuple(MASKS[m] for m in spec.masks),
         parts=(Part("fwd", template, f"{spec.name}.cu", functions),), abi=FORWARD_ABI,
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=spec.head_dim,
         block_m=spec.tile.block_m, block_n=spec.tile.block_n,
