@@ -1,7 +1,8 @@
 """attngen command line: a thin click layer over spec -> plan -> render -> compile -> verify/bench.
 
 Exit codes: 0 success; 1 a check failed (stale generated/, verification failure, spills);
-2 bad input (spec error, over budget, bad option); 3 a tool failed or is missing (nvcc);
+2 bad input (spec error, over budget, bad option); 3 a tool failed or is missing (nvcc), or a
+file could not be written;
 4 no CUDA GPU / torch / pycuda on this machine.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ Exit codes:
   0  success
   1  a check failed: generated/ stale, verification failed, register spills
   2  bad input: spec error, shared memory over budget, bad option
-  3  a tool failed or is missing (nvcc)
+  3  a tool failed or is missing (nvcc), or a file could not be written
   4  no CUDA GPU, torch or pycuda on this machine"""
 
 
