@@ -191,6 +191,22 @@ def test_same_cubin_from_two_builds():
 
 
 @pytest.mark.nvcc
+def test_damaged_cache_entry_is_rebuilt_to_the_same_bytes(monkeypatch, tmp_path):
+    # A truncated cubin and an empty ptxas.log used to be returned as a cache hit (exit 0, empty table).
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path))
+    source = render_spec_file(SPEC_FILES[0]).source
+    first = compile_source(source, "sm_89")
+    entry = tmp_path / compile_mod.cache_key(source, "sm_89", compile_mod.find_nvcc())
+    (entry / "kernel.cubin").write_bytes(first.cubin[: len(first.cubin) // 2])
+    (entry / "ptxas.log").write_text("")
+    warnings = []
+    again = compile_source(source, "sm_89", on_warning=warnings.append)
+    assert not again.cached and len(warnings) == 1 and "damaged cache entry" in warnings[0]
+    assert again.cubin == first.cubin and again.functions == first.functions
+    assert compile_source(source, "sm_89").cached
+
+
+@pytest.mark.nvcc
 def test_compile_command_dynamic_smem(compiled, monkeypatch):
     dynamic = [p for p in SPEC_FILES if compiled[0][p].plan.smem_dynamic]
     assert dynamic, "no spec in specs/ uses dynamic shared memory"
