@@ -16,10 +16,23 @@ from typing import Iterator
 
 from .errors import WriteError
 
-# Mode bits for new files, as open() would give them. Read once: os.umask can only be read by
-# setting it, which must not happen while other threads create files.
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
+def _current_umask() -> int:
+    """The process umask. Linux reports it in /proc; elsewhere os.umask can only read it by setting
+    it, so that is done once, at import, not while other threads may be creating files."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# Mode bits for new files are 0666 minus this, as open() would give them.
+_UMASK = _current_umask()
 
 
 def reason(exc: OSError) -> str:

@@ -532,6 +532,13 @@ def test_atomic_write_keeps_permissions_and_replaces(tmp_path):
     assert f.read_text() == "new" and stat.S_IMODE(f.stat().st_mode) == 0o640
 
 
+def test_atomic_write_new_file_gets_the_umask_mode(tmp_path):
+    # mkstemp creates 0600 files; a generated file must be readable like any other.
+    f = tmp_path / "new"
+    fsutil.atomic_write_bytes(f, b"x")
+    assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~fsutil._UMASK
+
+
 # -- the cubin cache --------------------------------------------------------------------------------
 
 FAKE_LOG = """\
