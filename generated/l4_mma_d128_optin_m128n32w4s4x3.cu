@@ -296,8 +296,14 @@ __device__ __forceinline__ elem_t* output_ptr(const Params& p, const BlockCoords
 template <int kGroup, int kCols, typename Score>
 __device__ __forceinline__ float online_softmax_step(float& row_max, float& row_sum, float scale_log2, Score&& score) {
     float mx = row_max;
+    if constexpr (kCols % 2 == 0) {
+        // Pairs first: half the length of the dependent chain of fmaxf.
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) mx = fmaxf(mx, score(c));
+        for (int c = 0; c < kCols; c += 2) mx = fmaxf(mx, fmaxf(score(c), score(c + 1)));
+    } else {
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) mx = fmaxf(mx, score(c));
+    }
     const float m_new = group_max<kGroup>(mx);
     // A row that has seen only masked keys keeps max -inf; subtract 0 so exp2 gives 0, not NaN.
     const float m_scaled = (m_new == -INFINITY ? 0.f : m_new) * scale_log2;
