@@ -74,36 +74,44 @@ def to_bhsd(t, layout: str):
     return t if layout == "bhsd" else t.permute(0, 2, 1, 3)
 
 
-def render_for(spec_or_path) -> tuple[Plan, str, str]:
-    """(plan, CUDA source, label) for a spec path, Spec or Plan, through attngen.render.
+def render_bundle(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
+    """(plan, CUDA source of every part, label) for a spec path, Spec or Plan, through attngen.render.
 
-    A path renders exactly generated/<name>.cu. A Spec or Plan has no YAML text of its own, so its
-    header quotes the spec as dumped YAML; the code below the header is the same.
+    A path renders exactly its files under generated/. A Spec or Plan has no YAML text of its own,
+    so its header quotes the spec as dumped YAML; the code below the header is the same.
     """
-    from .render import render_plan, render_spec_file
+    from .render import render_parts, render_spec_file
     if isinstance(spec_or_path, (str, os.PathLike)):
         r = render_spec_file(spec_or_path)
-        return r.plan, r.source, r.spec_path
+        return r.plan, tuple(p.source for p in r.parts), r.spec_path
     if isinstance(spec_or_path, Spec):
         plan = make_plan(spec_or_path)
     elif isinstance(spec_or_path, Plan):
         plan = spec_or_path
     else:
         raise TypeError(f"load() takes a spec path, a Spec or a Plan (got {type(spec_or_path).__name__})")
-    text = spec_yaml(spec_dict(plan.spec))
     label = f"<spec {plan.spec.name}>"
-    return plan, render_plan(plan, label, text), label
+    return plan, tuple(p.source for p in render_parts(plan, label, spec_yaml(spec_dict(plan.spec)))), label
+
+
+def render_for(spec_or_path) -> tuple[Plan, str, str]:
+    """(plan, CUDA source, label) of a one-part spec (every forward kind), as render_bundle."""
+    plan, sources, label = render_bundle(spec_or_path)
+    if len(sources) != 1:
+        raise ValueError(f"{label} renders {len(sources)} parts; use render_bundle")
+    return plan, sources[0], label
 
 
 def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> "Kernel":
     """Render, compile (cached) and load a spec for the current GPU; returns a callable Kernel.
 
-    `spec_or_path`: a spec file path, a Spec or a Plan. `on_compile(arch)` is called on a cubin
-    cache miss (default: a line on stderr). `synchronize`: wait for every launch and turn
-    asynchronous CUDA faults into LaunchError (default: env ATTNGEN_SYNC=1).
+    `spec_or_path`: a spec file path, a Spec or a Plan. Every part of its bundle is compiled and
+    loaded. `on_compile(arch)` is called on a cubin cache miss (default: a line on stderr).
+    `synchronize`: wait for every launch and turn asynchronous CUDA faults into LaunchError
+    (default: env ATTNGEN_SYNC=1).
     """
-    plan, source, label = render_for(spec_or_path)
-    return Kernel.from_source(plan, source, label=label, on_compile=on_compile, synchronize=synchronize)
+    plan, sources, label = render_bundle(spec_or_path)
+    return Kernel.from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
 
 
 # -- GPU access ----------------------------------------------------------------------------------
@@ -166,51 +174,71 @@ class Kernel:
     (o, lse) with lse of shape (batch, heads, seqlen_q), fp32, natural log.
     """
 
-    def __init__(self, plan: Plan, source: str, *, label: str, compiled, module, functions: dict,
-                 device, synchronize: bool):
+    def __init__(self, plan: Plan, sources: tuple[str, ...], *, label: str, compiled: tuple, modules: tuple,
+                 functions: dict, device, synchronize: bool):
         self.plan = plan
-        self.source = source
+        self.sources = sources              # one CUDA source per part of the plan's bundle
         self.label = label
-        self.compiled = compiled            # attngen.compile.CompileResult
-        self.arch = compiled.arch
-        self.module = module
+        self.compiled = compiled            # attngen.compile.CompileResult per part
+        self.arch = compiled[0].arch
+        self.modules = modules
         self.functions = functions          # mask -> (function name, pycuda Function)
         self.device = device                # torch.device
         self.synchronize = synchronize
         self._side = None                   # (pycuda Stream, torch ExternalStream), made on first use
 
+    @property
+    def source(self) -> str:
+        """The source of a one-part kernel (every forward kind)."""
+        if len(self.sources) != 1:
+            raise ValueError(f"{self.label} has {len(self.sources)} parts; see .sources")
+        return self.sources[0]
+
     @classmethod
-    def from_source(cls, plan: Plan, source: str, *, label: str | None = None, on_compile=None,
-                    synchronize: bool | None = None) -> "Kernel":
-        """Compile `source` (which must define plan.functions with the Params ABI) and load it.
+    def from_source(cls, plan: Plan, source: str, **kw) -> "Kernel":
+        """Compile one-part `source` (which must define plan.functions with the plan's Params ABI)
+        and load it.
 
         `load()` always renders the source from the spec; this entry exists for sources that
         differ on purpose, e.g. a kernel with a planted bug that the verifier must reject.
         """
+        return cls.from_sources(plan, (source,), **kw)
+
+    @classmethod
+    def from_sources(cls, plan: Plan, sources, *, label: str | None = None, on_compile=None,
+                     synchronize: bool | None = None) -> "Kernel":
+        """Compile and load one source per part of the plan's bundle."""
         from .compile import compile_source
         torch, drv, primary = gpu_modules()
         arch = device_arch(torch)
         label = label or plan.spec.name
+        sources = tuple(sources)
+        if len(sources) != len(plan.parts):
+            raise ValueError(f"{label}: {len(sources)} source(s) for {len(plan.parts)} part(s)")
         if on_compile is None:
             def on_compile(a, name=label):
                 print(f"compiling {name} for {a} ...", file=sys.stderr, flush=True)
-        compiled = compile_source(source, arch, on_compile=on_compile)
-        try:
-            module = drv.module_from_buffer(compiled.cubin)
-        except drv.Error as exc:
-            raise ToolError(f"cannot load the {arch} cubin of {label}: {exc}") from exc
-        functions = {}
-        for mask, name in plan.functions:
+        compiled, modules, functions = [], [], {}
+        for part, source in zip(plan.parts, sources):
+            result = compile_source(source, arch, on_compile=on_compile)
             try:
-                fn = module.get_function(name)
+                module = drv.module_from_buffer(result.cubin)
             except drv.Error as exc:
-                raise ToolError(f"{label}: the cubin has no kernel {name} ({exc})") from exc
-            _configure(drv, primary.device, plan, fn, name)
-            functions[mask] = (name, fn.prepare(f"{plan.abi.size}s"))
+                raise ToolError(f"cannot load the {arch} cubin of {label} ({part.name}): {exc}") from exc
+            for mask, name in part.functions:
+                try:
+                    fn = module.get_function(name)
+                except drv.Error as exc:
+                    raise ToolError(f"{label}: the cubin has no kernel {name} ({exc})") from exc
+                _configure(drv, primary.device, plan, fn, name)
+                functions[mask] = (name, fn.prepare(f"{plan.abi.size}s"))
+            compiled.append(result)
+            modules.append(module)
         if synchronize is None:
             synchronize = os.environ.get(SYNC_ENV, "") == "1"
-        return cls(plan, source, label=label, compiled=compiled, module=module, functions=functions,
-                   device=torch.device("cuda", torch.cuda.current_device()), synchronize=synchronize)
+        return cls(plan, sources, label=label, compiled=tuple(compiled), modules=tuple(modules),
+                   functions=functions, device=torch.device("cuda", torch.cuda.current_device()),
+                   synchronize=synchronize)
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -396,4 +424,4 @@ def _configure(drv, device, plan: Plan, fn, name: str) -> None:
 
 
 __all__ = ["Kernel", "LaunchConfig", "LaunchError", "default_scale",
-           "launch_config", "load", "pack_params", "render_for", "to_bhsd"]
+           "launch_config", "load", "pack_params", "render_bundle", "render_for", "to_bhsd"]
