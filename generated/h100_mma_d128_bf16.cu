@@ -99,6 +99,8 @@ constexpr int kSmemBytes = 98304;
 constexpr int kStages = 2;           // K/V ring depth
 constexpr int kStageStride = 32768;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x128 __nv_bfloat16, 32768 B
@@ -642,12 +644,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_h100_mma_d128_bf16
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_bf16::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_bf16::kThreads, attngen_h100_mma_d128_bf16::kMinBlocksPerSm)
 attngen_h100_mma_d128_bf16_none(const attngen_h100_mma_d128_bf16::Params p) {
     attngen_h100_mma_d128_bf16::attention<attngen_h100_mma_d128_bf16::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_bf16::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_bf16::kThreads, attngen_h100_mma_d128_bf16::kMinBlocksPerSm)
 attngen_h100_mma_d128_bf16_causal(const attngen_h100_mma_d128_bf16::Params p) {
     attngen_h100_mma_d128_bf16::attention<attngen_h100_mma_d128_bf16::Mask::Causal>(p);
 }

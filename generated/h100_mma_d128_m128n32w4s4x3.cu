@@ -113,6 +113,8 @@ constexpr int kSmemBytes = 98304;
 constexpr int kStages = 4;           // K/V ring depth
 constexpr int kStageStride = 16384;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x128 half, 32768 B
@@ -660,12 +662,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_h100_mma_d128_m128n32w4s4x3
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m128n32w4s4x3::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m128n32w4s4x3::kThreads, attngen_h100_mma_d128_m128n32w4s4x3::kMinBlocksPerSm)
 attngen_h100_mma_d128_m128n32w4s4x3_none(const attngen_h100_mma_d128_m128n32w4s4x3::Params p) {
     attngen_h100_mma_d128_m128n32w4s4x3::attention<attngen_h100_mma_d128_m128n32w4s4x3::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m128n32w4s4x3::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m128n32w4s4x3::kThreads, attngen_h100_mma_d128_m128n32w4s4x3::kMinBlocksPerSm)
 attngen_h100_mma_d128_m128n32w4s4x3_causal(const attngen_h100_mma_d128_m128n32w4s4x3::Params p) {
     attngen_h100_mma_d128_m128n32w4s4x3::attention<attngen_h100_mma_d128_m128n32w4s4x3::Mask::Causal>(p);
 }

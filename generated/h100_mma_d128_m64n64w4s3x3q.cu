@@ -111,6 +111,8 @@ constexpr int kSmemBytes = 114688;
 constexpr int kStages = 3;           // K/V ring depth
 constexpr int kStageStride = 32768;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 64x128 half, 16384 B
@@ -656,12 +658,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_h100_mma_d128_m64n64w4s3x3q
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m64n64w4s3x3q::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m64n64w4s3x3q::kThreads, attngen_h100_mma_d128_m64n64w4s3x3q::kMinBlocksPerSm)
 attngen_h100_mma_d128_m64n64w4s3x3q_none(const attngen_h100_mma_d128_m64n64w4s3x3q::Params p) {
     attngen_h100_mma_d128_m64n64w4s3x3q::attention<attngen_h100_mma_d128_m64n64w4s3x3q::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m64n64w4s3x3q::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m64n64w4s3x3q::kThreads, attngen_h100_mma_d128_m64n64w4s3x3q::kMinBlocksPerSm)
 attngen_h100_mma_d128_m64n64w4s3x3q_causal(const attngen_h100_mma_d128_m64n64w4s3x3q::Params p) {
     attngen_h100_mma_d128_m64n64w4s3x3q::attention<attngen_h100_mma_d128_m64n64w4s3x3q::Mask::Causal>(p);
 }

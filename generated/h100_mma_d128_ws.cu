@@ -123,6 +123,8 @@ constexpr int kSmemBytes = 98368;
 constexpr int kStages = 4;           // K/V ring depth
 constexpr int kStageStride = 16384;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x128 half, 32768 B
@@ -729,12 +731,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_h100_mma_d128_ws
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_ws::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_ws::kThreads, attngen_h100_mma_d128_ws::kMinBlocksPerSm)
 attngen_h100_mma_d128_ws_none(const attngen_h100_mma_d128_ws::Params p) {
     attngen_h100_mma_d128_ws::attention<attngen_h100_mma_d128_ws::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_ws::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_ws::kThreads, attngen_h100_mma_d128_ws::kMinBlocksPerSm)
 attngen_h100_mma_d128_ws_causal(const attngen_h100_mma_d128_ws::Params p) {
     attngen_h100_mma_d128_ws::attention<attngen_h100_mma_d128_ws::Mask::Causal>(p);
 }

@@ -101,6 +101,8 @@ constexpr int kSmemBytes = 114688;
 constexpr int kStages = 3;           // K/V ring depth
 constexpr int kStageStride = 32768;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x64 half, 16384 B
@@ -646,12 +648,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_h100_mma_d64
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d64::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d64::kThreads, attngen_h100_mma_d64::kMinBlocksPerSm)
 attngen_h100_mma_d64_none(const attngen_h100_mma_d64::Params p) {
     attngen_h100_mma_d64::attention<attngen_h100_mma_d64::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d64::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d64::kThreads, attngen_h100_mma_d64::kMinBlocksPerSm)
 attngen_h100_mma_d64_causal(const attngen_h100_mma_d64::Params p) {
     attngen_h100_mma_d64::attention<attngen_h100_mma_d64::Mask::Causal>(p);
 }

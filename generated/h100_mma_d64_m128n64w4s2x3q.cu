@@ -109,6 +109,8 @@ constexpr int kSmemBytes = 49152;
 constexpr int kStages = 2;           // K/V ring depth
 constexpr int kStageStride = 16384;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x64 half, 16384 B
@@ -652,12 +654,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_h100_mma_d64_m128n64w4s2x3q
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d64_m128n64w4s2x3q::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d64_m128n64w4s2x3q::kThreads, attngen_h100_mma_d64_m128n64w4s2x3q::kMinBlocksPerSm)
 attngen_h100_mma_d64_m128n64w4s2x3q_none(const attngen_h100_mma_d64_m128n64w4s2x3q::Params p) {
     attngen_h100_mma_d64_m128n64w4s2x3q::attention<attngen_h100_mma_d64_m128n64w4s2x3q::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d64_m128n64w4s2x3q::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d64_m128n64w4s2x3q::kThreads, attngen_h100_mma_d64_m128n64w4s2x3q::kMinBlocksPerSm)
 attngen_h100_mma_d64_m128n64w4s2x3q_causal(const attngen_h100_mma_d64_m128n64w4s2x3q::Params p) {
     attngen_h100_mma_d64_m128n64w4s2x3q::attention<attngen_h100_mma_d64_m128n64w4s2x3q::Mask::Causal>(p);
 }

@@ -100,7 +100,8 @@ constexpr int kSmemBytes = 49152;
 constexpr int kStages = 1;           // K/V ring depth
 constexpr int kStageStride = 0;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
-constexpr int kMinBlocksPerSm = 1;  // __launch_bounds__: ptxas fits this many blocks per SM
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 1;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x128 half, 32768 B

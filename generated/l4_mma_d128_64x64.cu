@@ -96,6 +96,8 @@ constexpr int kSmemBytes = 49152;
 constexpr int kStages = 1;           // K/V ring depth
 constexpr int kStageStride = 0;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 64x128 half, 16384 B
@@ -627,12 +629,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_l4_mma_d128_64x64
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_64x64::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_64x64::kThreads, attngen_l4_mma_d128_64x64::kMinBlocksPerSm)
 attngen_l4_mma_d128_64x64_none(const attngen_l4_mma_d128_64x64::Params p) {
     attngen_l4_mma_d128_64x64::attention<attngen_l4_mma_d128_64x64::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_64x64::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_64x64::kThreads, attngen_l4_mma_d128_64x64::kMinBlocksPerSm)
 attngen_l4_mma_d128_64x64_causal(const attngen_l4_mma_d128_64x64::Params p) {
     attngen_l4_mma_d128_64x64::attention<attngen_l4_mma_d128_64x64::Mask::Causal>(p);
 }

@@ -99,6 +99,8 @@ constexpr int kSmemBytes = 98304;
 constexpr int kStages = 2;           // K/V ring depth
 constexpr int kStageStride = 32768;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x128 half, 32768 B
@@ -642,12 +644,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_l4_mma_d128_optin
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_optin::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_optin::kThreads, attngen_l4_mma_d128_optin::kMinBlocksPerSm)
 attngen_l4_mma_d128_optin_none(const attngen_l4_mma_d128_optin::Params p) {
     attngen_l4_mma_d128_optin::attention<attngen_l4_mma_d128_optin::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_optin::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_optin::kThreads, attngen_l4_mma_d128_optin::kMinBlocksPerSm)
 attngen_l4_mma_d128_optin_causal(const attngen_l4_mma_d128_optin::Params p) {
     attngen_l4_mma_d128_optin::attention<attngen_l4_mma_d128_optin::Mask::Causal>(p);
 }

@@ -107,6 +107,8 @@ constexpr int kSmemBytes = 81920;
 constexpr int kStages = 1;           // K/V ring depth
 constexpr int kStageStride = 0;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 64x128 half, 16384 B
@@ -638,12 +640,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_l4_mma_d128_optin_m64n128w4s1x3q
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_optin_m64n128w4s1x3q::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_optin_m64n128w4s1x3q::kThreads, attngen_l4_mma_d128_optin_m64n128w4s1x3q::kMinBlocksPerSm)
 attngen_l4_mma_d128_optin_m64n128w4s1x3q_none(const attngen_l4_mma_d128_optin_m64n128w4s1x3q::Params p) {
     attngen_l4_mma_d128_optin_m64n128w4s1x3q::attention<attngen_l4_mma_d128_optin_m64n128w4s1x3q::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_optin_m64n128w4s1x3q::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d128_optin_m64n128w4s1x3q::kThreads, attngen_l4_mma_d128_optin_m64n128w4s1x3q::kMinBlocksPerSm)
 attngen_l4_mma_d128_optin_m64n128w4s1x3q_causal(const attngen_l4_mma_d128_optin_m64n128w4s1x3q::Params p) {
     attngen_l4_mma_d128_optin_m64n128w4s1x3q::attention<attngen_l4_mma_d128_optin_m64n128w4s1x3q::Mask::Causal>(p);
 }

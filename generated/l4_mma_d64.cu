@@ -98,6 +98,8 @@ constexpr int kSmemBytes = 40960;
 constexpr int kStages = 2;           // K/V ring depth
 constexpr int kStageStride = 16384;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 64x64 half, 8192 B
@@ -641,12 +643,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_l4_mma_d64
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64::kThreads, attngen_l4_mma_d64::kMinBlocksPerSm)
 attngen_l4_mma_d64_none(const attngen_l4_mma_d64::Params p) {
     attngen_l4_mma_d64::attention<attngen_l4_mma_d64::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64::kThreads, attngen_l4_mma_d64::kMinBlocksPerSm)
 attngen_l4_mma_d64_causal(const attngen_l4_mma_d64::Params p) {
     attngen_l4_mma_d64::attention<attngen_l4_mma_d64::Mask::Causal>(p);
 }

@@ -98,6 +98,8 @@ constexpr int kSmemBytes = 40960;
 constexpr int kStages = 2;           // K/V ring depth
 constexpr int kStageStride = 16384;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 64x64 half, 8192 B
@@ -641,12 +643,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_l4_mma_d64_unswizzled
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64_unswizzled::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64_unswizzled::kThreads, attngen_l4_mma_d64_unswizzled::kMinBlocksPerSm)
 attngen_l4_mma_d64_unswizzled_none(const attngen_l4_mma_d64_unswizzled::Params p) {
     attngen_l4_mma_d64_unswizzled::attention<attngen_l4_mma_d64_unswizzled::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64_unswizzled::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64_unswizzled::kThreads, attngen_l4_mma_d64_unswizzled::kMinBlocksPerSm)
 attngen_l4_mma_d64_unswizzled_causal(const attngen_l4_mma_d64_unswizzled::Params p) {
     attngen_l4_mma_d64_unswizzled::attention<attngen_l4_mma_d64_unswizzled::Mask::Causal>(p);
 }

@@ -116,6 +116,8 @@ constexpr int kSmemBytes = 49184;
 constexpr int kStages = 2;           // K/V ring depth
 constexpr int kStageStride = 16384;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x64 half, 16384 B
@@ -718,12 +720,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_l4_mma_d64_ws
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64_ws::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64_ws::kThreads, attngen_l4_mma_d64_ws::kMinBlocksPerSm)
 attngen_l4_mma_d64_ws_none(const attngen_l4_mma_d64_ws::Params p) {
     attngen_l4_mma_d64_ws::attention<attngen_l4_mma_d64_ws::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64_ws::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_l4_mma_d64_ws::kThreads, attngen_l4_mma_d64_ws::kMinBlocksPerSm)
 attngen_l4_mma_d64_ws_causal(const attngen_l4_mma_d64_ws::Params p) {
     attngen_l4_mma_d64_ws::attention<attngen_l4_mma_d64_ws::Mask::Causal>(p);
 }

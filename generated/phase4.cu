@@ -94,6 +94,8 @@ constexpr int kSmemBytes = 29312;
 constexpr int kStages = 1;           // K/V ring depth
 constexpr int kStageStride = 0;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 32x64 half, 4224 B
@@ -473,12 +475,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_phase4
 
-extern "C" __global__ void __launch_bounds__(attngen_phase4::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_phase4::kThreads, attngen_phase4::kMinBlocksPerSm)
 attngen_phase4_none(const attngen_phase4::Params p) {
     attngen_phase4::attention<attngen_phase4::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_phase4::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_phase4::kThreads, attngen_phase4::kMinBlocksPerSm)
 attngen_phase4_causal(const attngen_phase4::Params p) {
     attngen_phase4::attention<attngen_phase4::Mask::Causal>(p);
 }

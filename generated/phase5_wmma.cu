@@ -98,6 +98,8 @@ constexpr int kSmemBytes = 43520;
 constexpr int kStages = 1;           // K/V ring depth
 constexpr int kStageStride = 0;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
+// __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
+constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 32x64 half, 4608 B
@@ -475,12 +477,12 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 }  // namespace attngen_phase5_wmma
 
-extern "C" __global__ void __launch_bounds__(attngen_phase5_wmma::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_phase5_wmma::kThreads, attngen_phase5_wmma::kMinBlocksPerSm)
 attngen_phase5_wmma_none(const attngen_phase5_wmma::Params p) {
     attngen_phase5_wmma::attention<attngen_phase5_wmma::Mask::None>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(attngen_phase5_wmma::kThreads)
+extern "C" __global__ void __launch_bounds__(attngen_phase5_wmma::kThreads, attngen_phase5_wmma::kMinBlocksPerSm)
 attngen_phase5_wmma_causal(const attngen_phase5_wmma::Params p) {
     attngen_phase5_wmma::attention<attngen_phase5_wmma::Mask::Causal>(p);
 }

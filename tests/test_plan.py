@@ -287,7 +287,7 @@ def test_min_blocks_per_sm_reaches_launch_bounds():
     assert "constexpr int kMinBlocksPerSm = 2;" in src
     unset = plan_of(spec_text())
     assert unset.min_blocks_per_sm is None
-    assert "__launch_bounds__(attngen_t::kThreads)\n" in render_plan(unset, "t.yaml", "")
+    assert "constexpr int kMinBlocksPerSm = 0;" in render_plan(unset, "t.yaml", "")
 
 
 def test_min_blocks_per_sm_must_fit_the_sm():

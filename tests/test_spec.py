@@ -267,6 +267,7 @@ def test_unknown_key_inside_union(changes, key):
     ({"target": "v100"}, "target", "unknown target 'v100'; choose one of l4"),
     ({"name": "Bad-Name"}, "name", "should match pattern"),
     ({"masks": ["none", "none"]}, "masks", "lists a mask twice"),
+    ({"masks": []}, "masks", "must list at least 1 item (got an empty list); e.g. masks: [none, causal]"),
 ], ids=lambda v: v if isinstance(v, str) and v.replace(".", "").replace("_", "").isalnum() else "")
 def test_wrong_type_or_value(changes, key, fragment):
     text = to_yaml(merged(SCALAR, **changes))

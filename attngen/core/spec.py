@@ -279,6 +279,8 @@ _UNION_FORMS = {
 # class name -> model, to list a mapping's keys when a scalar was given instead
 _MODELS = {m.__name__: m for m in (Tile, HomogeneousWarps, SpecializedWarps, PadSwizzle, XorSwizzle,
                                    SharedMemory, Softmax)}
+# A valid value to show when a list is empty.
+_EXAMPLES = {("masks",): "[none, causal]"}
 _KEY_ERRORS = ("missing", "extra_forbidden")
 # Among errors at the same depth: an unknown key usually explains the missing one (a typo).
 _TYPE_RANK = {"extra_forbidden": 1, "missing": 2, "model_type": 3, "literal_error": 4}
@@ -313,6 +315,11 @@ def _message(e: dict) -> str:
     got = "" if isinstance(e.get("input"), (dict, list)) else f" (got {e.get('input')!r})"
     if loc in _UNION_FORMS and e["type"] in ("model_type", "literal_error"):
         return f"must be {_UNION_FORMS[loc]}{got}"
+    if e["type"] == "too_short":
+        need = (e.get("ctx") or {}).get("min_length", 1)
+        example = _EXAMPLES.get(loc)
+        return (f"must list at least {need} item{'s' if need > 1 else ''} (got an empty list)"
+                + (f"; e.g. {'.'.join(map(str, loc))}: {example}" if example else ""))
     if e["type"] == "model_type":
         model = _MODELS.get((e.get("ctx") or {}).get("class_name"))
         keys = f" with keys {', '.join(model.model_fields)}" if model else ""

@@ -37,7 +37,7 @@ def kind_for_data(data: dict, *, file: str | None = None, line_of=None) -> Kind:
                 return k
         choices = [repr(k.select_value) for k in KINDS if k.select_key == key]
         listed = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
-        raise SpecError(f"Input should be {listed} (got {value!r})", file=file,
+        raise SpecError(f"must be {listed} (got {value!r}): each picks a kernel kind", file=file,
                         line=line_of((key,)) if line_of else None, key=key)
     keys = " or ".join(selector_keys())
     raise SpecError("required key is missing", file=file, line=line_of(()) if line_of else None, key=keys)
@@ -46,7 +46,7 @@ def kind_for_data(data: dict, *, file: str | None = None, line_of=None) -> Kind:
 def kind_of(spec) -> Kind:
     """The kind whose spec model `spec` is."""
     for k in KINDS:
-        if isinstance(spec, k.spec_model):
+        if type(spec) is k.spec_model:
             return k
     raise TypeError(f"{type(spec).__name__} is not the spec model of a registered kind")
 

@@ -1,0 +1,299 @@
+"""The layout holds: imports point down, nothing outside a kind knows kind names, one ABI list
+makes the C struct and the Python packing, and every layer handles a spec that renders several
+parts (a bundle)."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import shutil
+import struct
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from click.testing import CliRunner
+from pydantic import Field
+
+import attngen.kinds as registry
+from attngen.cli import main
+from attngen.core.abi import Abi, blob, int32, pointer
+from attngen.core.forward import FORWARD_ABI, Part
+from attngen.core.kind import Kind
+from attngen.kinds import KINDS, fwd_mma
+from attngen.plan import make_plan
+from attngen.render import render_parts
+from attngen.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "attngen"
+
+
+# -- imports point down ---------------------------------------------------------------------------
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """attngen modules a file imports (absolute or relative), wherever the import statement is."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("attngen")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("attngen"):
+                found.add(target)
+                # `from . import x` / `from .kinds import fwd_mma` may name submodules
+                found |= {f"{target}.{a.name}" for a in node.names if (PKG.parent / (target.replace(".", "/") + f"/{a.name}")).exists()
+                          or (PKG.parent / (target.replace(".", "/") + f"/{a.name}.py")).exists()}
+    return found
+
+
+def layer(module: str) -> tuple[str, str]:
+    """(layer, which kind) of a module. Layers from the bottom: base, core, kind, registry, top."""
+    if module in ("attngen.errors", "attngen.targets", "attngen.fsutil"):
+        return "base", ""
+    if module.startswith("attngen.core"):
+        return "core", ""
+    if module == "attngen.kinds":
+        return "registry", ""
+    if module.startswith("attngen.kinds."):
+        return "kind", module.split(".")[2]
+    return "top", ""
+
+
+ALLOWED = {
+    "base": {"base"},
+    "core": {"base", "core"},
+    "kind": {"base", "core", "kind"},     # its own kind only (checked below)
+    "registry": {"base", "core", "kind"},
+    "top": {"base", "core", "registry", "top"},   # never a kind directly: the registry names them
+}
+
+MODULES = sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[module_name(p) for p in MODULES])
+def test_imports_point_down(path):
+    me = module_name(path)
+    my_layer, my_kind = layer(me)
+    for target in imports_of(path) - {me}:
+        their_layer, their_kind = layer(target)
+        assert their_layer in ALLOWED[my_layer], f"{me} ({my_layer}) imports {target} ({their_layer})"
+        if my_layer == "kind" and their_layer == "kind":
+            assert their_kind == my_kind, f"kind {my_kind} imports kind {their_kind} ({target})"
+
+
+def test_the_import_walk_sees_imports():
+    """The check above cannot pass by seeing nothing."""
+    assert "attngen.core.forward" in imports_of(PKG / "kinds" / "fwd_mma" / "__init__.py")
+    assert "attngen.kinds.fwd_mma" in imports_of(PKG / "kinds" / "__init__.py")
+    assert layer("attngen.kinds.fwd_mma") == ("kind", "fwd_mma") and layer("attngen.render") == ("top", "")
+
+
+# -- kind names stay inside their kind ------------------------------------------------------------
+
+KIND_WORDS = ({k.name for k in KINDS} | {k.select_value for k in KINDS}
+              | {"scalar", "wmma", "mma", "family"})
+
+
+def compared_kind_words(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, word) of every comparison or lookup of a kind word: == / != / in / a dict key / a case."""
+    hits = []
+
+    def words(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in KIND_WORDS:
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [w for elt in node.elts for w in words(elt)]
+        return []
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                hits += [(node.lineno, w) for w in words(side)]
+        elif isinstance(node, ast.Subscript):
+            hits += [(node.lineno, w) for w in words(node.slice)]
+        elif isinstance(node, ast.Dict):
+            hits += [(node.lineno, w) for key in node.keys if key is not None for w in words(key)]
+        elif isinstance(node, ast.MatchValue):
+            hits += [(node.lineno, w) for w in words(node.value)]
+        elif isinstance(node, ast.Attribute) and node.attr == "family":
+            hits.append((node.lineno, "family"))
+    return hits
+
+
+OUTSIDE_KINDS = [p for p in MODULES if "kinds" not in p.relative_to(PKG).parts]
+
+
+@pytest.mark.parametrize("path", OUTSIDE_KINDS, ids=[module_name(p) for p in OUTSIDE_KINDS])
+def test_no_kind_name_compared_outside_kinds(path):
+    hits = compared_kind_words(ast.parse(path.read_text()))
+    assert not hits, f"{module_name(path)} compares kind names: {hits}"
+
+
+def test_the_kind_name_check_can_fail():
+    tree = ast.parse('if spec.mma == "mma_m16n8k16": pass\nx = {"scalar": 1}\nif plan.family: pass\n'
+                     'y = s.mma in ("wmma_m16n16k16", "other")\n')
+    assert [w for _, w in compared_kind_words(tree)] == ["mma_m16n8k16", "scalar", "family", "wmma_m16n16k16"]
+
+
+SHARED_TEMPLATES = sorted((PKG / "templates").rglob("*.j2"))
+
+
+@pytest.mark.parametrize("path", SHARED_TEMPLATES, ids=[p.name for p in SHARED_TEMPLATES])
+def test_shared_templates_know_no_kind(path):
+    for tag in re.findall(r"{%.*?%}|{{.*?}}", path.read_text(), flags=re.S):
+        for word in KIND_WORDS:
+            assert not re.search(rf"\b{re.escape(word)}\b", tag), f"{path.name}: {tag!r} names {word}"
+
+
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.j2")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_templates_bind_values(path):
+    """No template logic inside a C++ parameter or argument list: a `{% if %}` or `{{ ... if ... }}`
+    between a `(` and its `)` on the lines it spans; C++ decides with constexpr and if constexpr."""
+    text = path.read_text()
+    depth, line_no = 0, 1
+    for token in re.finditer(r"{%.*?%}|{{.*?}}|\(|\)|\n", text, flags=re.S):
+        t = token.group(0)
+        if t == "\n":
+            line_no += 1
+        elif t == "(":
+            depth += 1
+        elif t == ")":
+            depth = max(0, depth - 1)
+        elif depth and re.search(r"\bif\b", t) and not t.startswith("{#"):
+            pytest.fail(f"{path.name}:{line_no}: template condition inside a parameter/argument list: {t}")
+
+
+def test_ln2_is_defined_once():
+    sources = "".join(p.read_text() for p in PKG.rglob("*.j2"))
+    assert sources.count("0.6931471805599453") == 1
+
+
+# -- one ABI list ---------------------------------------------------------------------------------
+
+def test_abi_offsets_alignment_and_packing():
+    abi = Abi("P", (pointer("a", "a pointer"), int32("n", "a count"), blob("map", 128, 64, "a tensor map"),
+                    int32("m", "after the map", default=7)))
+    assert abi.offsets == (0, 8, 64, 192) and abi.size == 256 and abi.align == 64
+    raw = abi.pack({"a": 0x1122334455667788, "n": -3, "map": bytes(range(128))})
+    assert len(raw) == 256
+    assert struct.unpack_from("<Q", raw, 0)[0] == 0x1122334455667788
+    assert struct.unpack_from("<i", raw, 8)[0] == -3 and raw[64:192] == bytes(range(128))
+    assert struct.unpack_from("<i", raw, 192)[0] == 7       # the default
+    with pytest.raises(ValueError, match="no value for n"):
+        abi.pack({"a": 1, "map": b""})
+    with pytest.raises(ValueError, match="no field"):
+        abi.pack({"a": 1, "n": 1, "map": b"", "typo": 2})
+    with pytest.raises(ValueError, match="declared twice"):
+        Abi("P", (int32("n", ""), int32("n", "")))
+
+
+def test_forward_abi_matches_the_generated_struct():
+    plan = make_plan(parse_spec((ROOT / "specs" / "h100_mma_d128_ws.yaml").read_text()))
+    src = render_parts(plan, "specs/x.yaml", "")[0].source
+    for f, offset in FORWARD_ABI.rows():
+        assert f"static_assert(offsetof(Params, {f.name}) == {offset}," in src
+    assert f"static_assert(sizeof(Params) == {FORWARD_ABI.size}," in src
+    assert [f.name for f in FORWARD_ABI.fields][-1] == "causal_offset"   # a variant's field, from the same list
+
+
+def plan_with_tensor_map():
+    """Adding a field is one entry: a 128-byte, 64-byte aligned tensor map after the forward fields."""
+    plan = make_plan(parse_spec((ROOT / "specs" / "l4_mma_d64.yaml").read_text()))
+    return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((blob("tma_q", 128, 64, "TMA descriptor of q"),)))
+
+
+def test_one_line_adds_a_field():
+    plan = plan_with_tensor_map()
+    src = render_parts(plan, "specs/x.yaml", "")[0].source
+    assert plan.abi.offsets[-1] == 192 and plan.abi.size == 320
+    assert "alignas(64) unsigned char tma_q[128];" in src
+    assert "static_assert(offsetof(Params, tma_q) == 192," in src and "static_assert(sizeof(Params) == 320," in src
+
+
+@pytest.mark.nvcc
+def test_generated_struct_asserts_hold_with_a_new_field():
+    """nvcc checks every static_assert of the generated struct against the Python offsets."""
+    from attngen.compile import compile_source
+    plan = plan_with_tensor_map()
+    res = compile_source(render_parts(plan, "specs/x.yaml", "")[0].source, "sm_89")
+    assert {f.name for f in res.functions} == {fn for _, fn in plan.functions}
+
+
+# -- bundles: a spec that renders two parts ---------------------------------------------------------
+
+class TwoPartSpec(fwd_mma.MmaSpec):
+    mma: Literal["mma_m16n8k16_pair"] = Field(description="test kind: fwd_mma rendered as two parts")
+
+
+def two_part_plan(spec, file=None):
+    plan = fwd_mma.plan(spec, file)
+    main_part = plan.parts[0]
+    second = Part("second", main_part.template, f"{spec.name}.second.cu",
+                  tuple((m, f"{fn}_second") for m, fn in main_part.functions[:1]))
+    return dataclasses.replace(plan, parts=(main_part, second))
+
+
+TWO_PART = Kind("test_two_part", "two-part test kind", ("mma", "mma_m16n8k16_pair"), TwoPartSpec, two_part_plan,
+                fwd_mma.explain, fwd_mma.KIND.template_dir)
+
+
+@pytest.fixture
+def two_part_project(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "KINDS", KINDS + (TWO_PART,))
+    text = (ROOT / "specs" / "l4_mma_d64.yaml").read_text().replace("name: l4_mma_d64", "name: pair")
+    text = text.replace("mma: mma_m16n8k16", "mma: mma_m16n8k16_pair")
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "pair.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_bundle_renders_each_part(two_part_project):
+    from attngen.render import render_spec_file
+    r = render_spec_file("specs/pair.yaml")
+    assert [name for name, _ in r.files] == ["pair.cu", "pair.second.cu"]
+    first, second = (src for _, src in r.files)
+    assert "\nattngen_pair_none(" in first and "\nattngen_pair_none_second(" not in first
+    assert "\nattngen_pair_none_second(" in second and "\nattngen_pair_causal(" not in second
+    assert "Part second of 2 (fwd, second)" in second
+    with pytest.raises(ValueError, match="2 parts"):
+        r.source
+
+
+def test_build_and_check_handle_parts(two_part_project):
+    runner = CliRunner()
+    built = runner.invoke(main, ["build"])
+    assert built.exit_code == 0, built.output
+    gen = two_part_project / "generated"
+    assert sorted(p.name for p in gen.glob("*.cu")) == ["pair.cu", "pair.second.cu"]
+    assert runner.invoke(main, ["check"]).exit_code == 0
+    (gen / "pair.second.cu").write_text((gen / "pair.second.cu").read_text() + "// edit\n")
+    stale = runner.invoke(main, ["check"])
+    assert stale.exit_code == 1 and "pair.second.cu" in stale.output
+    (gen / "pair.second.cu").unlink()
+    missing = runner.invoke(main, ["check"])
+    assert missing.exit_code == 1 and "missing" in missing.output and "pair.second.cu" in missing.output
+
+
+@pytest.mark.nvcc
+def test_compile_handles_parts(two_part_project):
+    result = CliRunner().invoke(main, ["compile", "--json", "specs/pair.yaml"])
+    assert result.exit_code == 0, result.output
+    import json
+    names = {row["name"] for row in json.loads(result.stdout)}
+    assert names == {"attngen_pair_none", "attngen_pair_causal", "attngen_pair_none_second"}
