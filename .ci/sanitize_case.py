@@ -2,6 +2,7 @@
 
 Usage: [SEQ=300] compute-sanitizer --tool racecheck python3 .ci/sanitize_case.py [--mask none|causal] specs/x.yaml ...
 Shape (1, 2, SEQ, head_dim), SEQ 300 by default: several K/V tiles, tails on both sequence lengths.
+Causal runs in both alignments; bottom-right also with seqlen_q < seqlen_k and seqlen_q > seqlen_k.
 """
 import os
 import sys
@@ -18,8 +19,13 @@ seq = int(os.environ.get("SEQ", "300"))
 for path in args:
     kernel = attngen.load(path)
     d = kernel.plan.head_dim
-    q, k, v = (torch.randn(1, 2, seq, d, device="cuda").to(kernel.dtype) for _ in range(3))
+    k, v = (torch.randn(1, 2, seq, d, device="cuda").to(kernel.dtype) for _ in range(2))
+    ran = []
     for mask in masks or kernel.masks:
-        kernel(q, k, v, causal=mask == "causal")
+        for alignment in ((None,) if mask == "none" else ("top_left", "bottom_right")):
+            for sq in ((seq,) if alignment != "bottom_right" else (seq, seq // 2 + 1, seq + 50)):
+                q = torch.randn(1, 2, sq, d, device="cuda").to(kernel.dtype)
+                kernel(q, k, v, causal=mask == "causal", alignment=alignment)
+                ran.append(f"{mask}{':' + alignment if alignment else ''} Sq{sq}")
     torch.cuda.synchronize()
-    print(f"ran {path}: {', '.join(masks or kernel.masks)}")
+    print(f"ran {path}: {', '.join(ran)}")
