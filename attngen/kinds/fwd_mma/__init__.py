@@ -12,11 +12,12 @@ from pydantic import Field
 from ...core import banks
 from ...core.forward import plan_forward
 from ...core.kind import Kind
-from ...core.spec import (ForwardSpec, PadSwizzle, rule_head_dim_fragments, rule_pad_16_bytes, refuse, rule_block_m_split, rule_block_n,
-                          rule_head_dim_vector_loads, rule_pad_bytes, rule_stages_need_async, rule_threads,
-                          rule_warp_roles_need_a_ring, rule_xor_bits)
+from ...core.spec import (ForwardSpec, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
+                          rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async,
+                          rule_threads, rule_warp_roles_need_a_ring, rule_xor_bits)
 
 NAME = "fwd_mma"
+TITLE = "mma.sync m16n8k16 attention forward"
 FRAGMENT = "mma_m16n8k16"
 
 
@@ -77,7 +78,7 @@ def bank_patterns(plan) -> list[banks.Pattern]:
 
 
 def plan(spec: MmaSpec, file: str | None = None):
-    return plan_forward(spec, kind=NAME, title="mma.sync m16n8k16 attention forward", file=file,
+    return plan_forward(spec, kind=NAME, title=TITLE, file=file,
                         fragments=fragments, bank_patterns=bank_patterns)
 
 
@@ -92,5 +93,5 @@ def explain(plan) -> list[str]:
             f"online softmax: exp2 with the scale folded in; rescale {plan.rescale.replace('_', ' ')}"]
 
 
-KIND = Kind(NAME, "mma.sync m16n8k16 attention forward", ("mma", FRAGMENT), MmaSpec, plan, explain,
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), MmaSpec, plan, explain,
             Path(__file__).parent)

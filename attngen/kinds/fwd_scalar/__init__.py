@@ -12,11 +12,12 @@ from ...core import banks
 from ...core.forward import plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
-from ...core.spec import (ForwardSpec, PadSwizzle, XorSwizzle, refuse, rule_block_m_split, rule_block_n,
+from ...core.spec import (ForwardSpec, XorSwizzle, refuse, rule_block_m_split, rule_block_n,
                           rule_head_dim_vector_loads, rule_pad_bytes, rule_stages_need_async, rule_threads,
                           rule_xor_bits)
 
 NAME = "fwd_scalar"
+TITLE = "scalar FMA attention forward"
 FRAGMENT = "scalar"
 
 
@@ -85,7 +86,7 @@ def bank_patterns(plan) -> list[banks.Pattern]:
 
 
 def plan(spec: ScalarSpec, file: str | None = None):
-    return plan_forward(spec, kind=NAME, title="scalar FMA attention forward", file=file, fragments=fragments,
+    return plan_forward(spec, kind=NAME, title=TITLE, file=file, fragments=fragments,
                         extra_regions=extra_regions, bank_patterns=bank_patterns)
 
 
@@ -95,4 +96,4 @@ def explain(plan) -> list[str]:
             f"row; P goes through shared memory; every tile rescales"]
 
 
-KIND = Kind(NAME, "scalar FMA attention forward", ("mma", FRAGMENT), ScalarSpec, plan, explain, Path(__file__).parent)
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), ScalarSpec, plan, explain, Path(__file__).parent)

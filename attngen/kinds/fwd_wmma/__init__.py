@@ -13,12 +13,13 @@ from ...core import banks
 from ...core.forward import ELEMENT_TYPES, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
-from ...core.spec import (ForwardSpec, PadSwizzle, rule_head_dim_fragments, rule_pad_16_bytes, XorSwizzle, refuse, rule_block_m_split, rule_block_n,
-                          rule_head_dim_vector_loads, rule_pad_bytes, rule_stages_need_async, rule_threads,
-                          rule_xor_bits)
+from ...core.spec import (ForwardSpec, XorSwizzle, refuse, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
+                          rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async,
+                          rule_threads, rule_xor_bits)
 from ...errors import SpecError
 
 NAME = "fwd_wmma"
+TITLE = "wmma m16n16k16 attention forward"
 FRAGMENT = "wmma_m16n16k16"
 
 
@@ -86,7 +87,7 @@ def bank_patterns(plan) -> list[banks.Pattern]:
 
 
 def plan(spec: WmmaSpec, file: str | None = None):
-    return plan_forward(spec, kind=NAME, title="wmma m16n16k16 attention forward", file=file, fragments=fragments,
+    return plan_forward(spec, kind=NAME, title=TITLE, file=file, fragments=fragments,
                         extra_regions=extra_regions, bank_patterns=bank_patterns)
 
 
@@ -97,5 +98,5 @@ def explain(plan) -> list[str]:
             "online softmax: exp2 with the scale folded in; rescale always"]
 
 
-KIND = Kind(NAME, "wmma m16n16k16 attention forward", ("mma", FRAGMENT), WmmaSpec, plan, explain,
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WmmaSpec, plan, explain,
             Path(__file__).parent)
