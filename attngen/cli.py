@@ -338,7 +338,7 @@ def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
     report, bad = [], 0
     for path in _spec_files(specs, specs_dir):
         r = render_spec_file(path)
-        for arch in archs or (r.plan.target.arch,):
+        for arch in archs or (r.plan.compile_arch(r.plan.target.arch),):
             for name, source in r.files:
                 res = compile_source(source, arch, on_compile=lambda a, n=name: click.echo(
                     f"compiling {n} for {a} ...", err=True))

@@ -14,23 +14,14 @@ def kib(n: int) -> str:
 
 
 def roles_and_barriers(plan: Plan) -> list[str]:
-    """Warp roles, every mbarrier and the schedule of a warp-specialized plan (nothing otherwise)."""
+    """Roles, every mbarrier and the schedule of a plan whose warps hand work over (nothing otherwise)."""
     if not plan.barriers:
         return []
-    out = ["warp roles and mbarriers (region bars):",
-           f"  producer warps {plan.compute_warps}..{plan.compute_warps + plan.producer_warps - 1} "
-           f"(threads {plan.compute_threads}..{plan.threads - 1}) copy K/V tile t into stage t % {plan.stages}",
-           f"  consumer warps 0..{plan.compute_warps - 1} compute tile t from stage t % {plan.stages}"]
+    out = ["warp roles and mbarriers (region bars):"] + [f"  {line}" for line in plan.roles]
     for b in plan.barriers:
         out.append(f"  {b.name:<7} smem +{b.offset:<6} {b.arrivals:>4} arrivals per phase from {b.arrive}; "
                    f"{b.wait} wait")
-    out += ["  schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
-            "    producer: wait empty[s] (when t >= stages), issue cp.async of K and V tile t,"
-            " cp.async.mbarrier.arrive on full[s], go on without waiting for the copies",
-            "    consumer: wait full[s], compute tile t, arrive empty[s]",
-            f"  up to {plan.stages} tiles in flight; thread 0 initialises the mbarriers, and the Q copy's"
-            " __syncthreads (the kernel's only block-wide barrier) publishes them"]
-    return out
+    return out + [f"  {line}" for line in plan.schedule]
 
 
 def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
@@ -47,7 +38,7 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
            + f"; each compute warp owns {plan.rows_per_warp} query rows"]
     out += kind.explain(plan)
     out.append(f"K/V pipeline: {plan.stages} stage(s), "
-               f"{'cp.async 16 B' if plan.async_copy else 'synchronous 16-B loads'}"
+               f"{plan.copy_engine or ('cp.async 16 B' if plan.async_copy else 'synchronous 16-B loads')}"
                f"; Q {'kept in registers' if plan.q_in_registers else 'in shared memory'}")
     out.append("masks: " + "; ".join(f"{m.name}: {m.describe}" for m in plan.mask_variants))
     out += ["", "shared memory:", f"  {'region':<7} {'offset':>7} {'bytes':>7} {'KiB':>7}  {'shape':<16} {'pitch':>6}  "

@@ -30,6 +30,16 @@ def cpp(value) -> str:
     raise TypeError(f"no C++ literal for {value!r}")
 
 
+def asm_regs(count: int, start: int = 0) -> str:
+    """Inline-asm operand references %start .. %(start + count - 1), comma-separated."""
+    return ", ".join(f"%{i}" for i in range(start, start + count))
+
+
+def asm_operands(count: int, array: str, constraint: str) -> str:
+    """Inline-asm operands binding array[0 .. count) with one constraint, comma-separated."""
+    return ", ".join(f'"{constraint}"({array}[{i}])' for i in range(count))
+
+
 @lru_cache(maxsize=None)
 def environment(template_dir: str) -> jinja2.Environment:
     """Templates of one kind first, then the shared library (lib/...)."""
@@ -42,6 +52,8 @@ def environment(template_dir: str) -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["cpp"] = cpp
+    env.filters["asm_regs"] = asm_regs
+    env.filters["asm_operands"] = asm_operands
     return env
 
 

@@ -186,6 +186,7 @@ class Kernel:
         self.device = device                # torch.device
         self.synchronize = synchronize
         self._side = None                   # (pycuda Stream, torch ExternalStream), made on first use
+        self._tensor_maps = None            # TensorMapCache, for plans that read TMA tensor maps
 
     @property
     def source(self) -> str:
@@ -210,7 +211,7 @@ class Kernel:
         """Compile and load one source per part of the plan's bundle."""
         from .compile import compile_source
         torch, drv, primary = gpu_modules()
-        arch = device_arch(torch)
+        arch = plan.compile_arch(device_arch(torch))   # e.g. sm_90a for wgmma / setmaxnreg
         label = label or plan.spec.name
         sources = tuple(sources)
         if len(sources) != len(plan.parts):
@@ -297,7 +298,7 @@ class Kernel:
         variant = next(m for m in self.plan.mask_variants if m.name == mask)
         if alignment is not None and not causal:
             raise ValueError(f"alignment={alignment!r} applies to causal=True only")
-        variant_values = variant.abi_values(alignment, seqlen_q, seqlen_k)
+        extra_params = variant.abi_values(alignment, seqlen_q, seqlen_k)
         if scale is None:
             scale = default_scale(self.plan.head_dim)
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
@@ -318,11 +319,13 @@ class Kernel:
         elif return_lse:
             lse_out = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
 
+        if self.plan.tensor_maps:
+            extra_params["tensor_maps"] = self._maps().pointer(torch, {"q": qb, "k": kb, "v": vb, "o": ob})
         params = pack_params(self.plan, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=out.data_ptr(),
                              lse=lse_out.data_ptr() if return_lse else 0,
                              strides={"q": qb, "k": kb, "v": vb, "o": ob},
                              batch=batch, heads=heads, kv_heads=kv_heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                             scale_log2=float(scale) * LOG2E, **variant_values)
+                             scale_log2=float(scale) * LOG2E, **extra_params)
         self._launch(mask, params, cfg)
         return (out, lse_out) if return_lse else out
 
@@ -397,6 +400,12 @@ class Kernel:
                 current.synchronize()
             except RuntimeError as exc:
                 raise LaunchError(f"{where} failed while running: {exc}") from exc
+
+    def _maps(self):
+        if self._tensor_maps is None:
+            from .tma import TensorMapCache
+            self._tensor_maps = TensorMapCache(self.plan.tensor_maps)
+        return self._tensor_maps
 
     def _side_stream(self):
         if self._side is None:

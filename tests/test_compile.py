@@ -14,12 +14,22 @@ from attngen import compile as compile_mod
 from attngen.cli import main
 from attngen.compile import compile_source, parse_ptxas
 from attngen.errors import ToolError
+from attngen.plan import make_plan
 from attngen.render import render_spec_file
+from attngen.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_FILES = sorted((ROOT / "specs").glob("*.y*ml"))
 ARCHS = ("sm_89", "sm_90")
-CASES = [(p, a) for p in SPEC_FILES for a in ARCHS]
+
+
+def _archs(path) -> list[str]:
+    """The archs a spec compiles for: both, or its target's arch-specific one (sm_90a for wgmma)."""
+    plan = make_plan(load_spec(path))
+    return [plan.compile_arch(plan.target.arch)] if plan.arch_suffix else list(ARCHS)
+
+
+CASES = [(p, a) for p in SPEC_FILES for a in _archs(p)]
 
 
 PTXAS_LOG = """\

@@ -296,3 +296,23 @@ def test_min_blocks_per_sm_must_fit_the_sm():
     with pytest.raises(SpecError) as info:
         plan_of(spec_text() + "min_blocks_per_sm: 13\n")
     assert info.value.key == "min_blocks_per_sm" and "min_blocks_per_sm <= 12" in info.value.hint
+
+
+def test_wgmma_layout_and_numbers():
+    """Hopper kind: 128-byte-swizzled tiles on 1024-byte boundaries, [panels][rows][64] each; a K/V
+    ring; full/empty mbarriers per stage and one for Q; TMA transaction bytes; sm_90a."""
+    text = (spec_text(head_dim=128, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
+                      mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}",
+                      target="h100") + "registers: {producer: 24, consumer: 240}\n")
+    p = plan_of(text)
+    assert layout(p) == [("q", 0, 32768, 128), ("k0", 32768, 32768, 128), ("v0", 65536, 32768, 128),
+                         ("k1", 98304, 32768, 128), ("v1", 131072, 32768, 128), ("bars", 163840, 40, 8)]
+    assert all(r.offset % 1024 == 0 for r in p.regions if r.name != "bars") and p.smem_align == 1024
+    assert p.kv_stage_stride == 65536 and p.threads == 384 and p.min_blocks_per_sm == 1
+    f = p.fragments
+    assert (f.consumer_warpgroups, f.panels, f.s_regs, f.o_regs, f.k_steps_qk, f.k_steps_pv) == (2, 2, 64, 64, 8, 8)
+    assert (f.q_bytes, f.kv_bytes, f.producer_registers, f.consumer_registers) == (32768, 65536, 24, 240)
+    assert [(b.name, b.arrivals) for b in p.barriers] == [("full0", 1), ("full1", 1), ("empty0", 8), ("empty1", 8),
+                                                          ("q_full", 1)]
+    assert p.compile_arch("sm_90") == "sm_90a" and [m.tensor for m in p.tensor_maps] == ["q", "k", "v"]
+    assert p.abi.fields[-1].name == "tensor_maps"

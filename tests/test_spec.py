@@ -40,6 +40,12 @@ SPECIALIZED = {
     "warps": {"producer": 1, "consumer": 4}, "mma": "mma_m16n8k16",
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 3, "async_copy": True},
 }
+WGMMA = {
+    "schema": 1, "name": "t_wgmma", "target": "h100", "head_dim": 128, "tile": {"block_m": 128, "block_n": 128},
+    "warps": {"producer": 4, "consumer": 8}, "mma": "wgmma_m64nNk16",
+    "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True, "opt_in": True},
+    "registers": {"producer": 24, "consumer": 240},
+}
 
 
 def merged(base: dict, **changes) -> dict:
@@ -153,6 +159,21 @@ RULE_CASES = [
      "producer warps issue cp.async"),
     ("rule_warp_roles_need_a_ring", SPECIALIZED, {"smem__stages": 1}, "smem.stages", "at least 2 stages"),
     ("rule_always_rescales", SCALAR, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale", "always rescales"),
+    ("rule_target_has_sm90a", WGMMA, {"target": "l4"}, "target", "need an sm_90a GPU"),
+    ("rule_head_dim_panels", WGMMA, {"head_dim": 96}, "head_dim", "multiple of 64"),
+    ("rule_warpgroups", WGMMA, {"warps__consumer": 6}, "warps.consumer", "warpgroups of 4 warps"),
+    ("rule_warpgroups", WGMMA, {"warps__producer": 2}, "warps.producer", "the producer is one warpgroup"),
+    ("rule_block_m_rows", WGMMA, {"tile__block_m": 64}, "tile.block_m", "block_m must be 128"),
+    ("rule_block_n", WGMMA, {"tile__block_n": 120}, "tile.block_n", "multiple of 16 (k16 steps of P.V)"),
+    ("rule_swizzle_128b", WGMMA, {"smem__swizzle": "none"}, "smem.swizzle", "128-byte swizzled"),
+    ("rule_async_copies", WGMMA, {"smem__async_copy": False}, "smem.async_copy", "TMA copies are asynchronous"),
+    ("rule_q_in_shared", WGMMA, {"smem__q_in_registers": True}, "smem.q_in_registers", "wgmma SS"),
+    ("rule_ring", WGMMA, {"smem__stages": 1}, "smem.stages", "at least 2 stages"),
+    ("rule_needs_producer", WGMMA, {"warps": {"compute": 8}, "registers": DELETE}, "warps", "producer warpgroup only"),
+    ("rule_always_rescales", WGMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale", "not generated"),
+    ("rule_registers", WGMMA, {"registers__consumer": 244}, "registers.consumer", "multiple of 8 (got 244)"),
+    ("rule_registers", WGMMA, {"registers__consumer": 248}, "registers", "exceed the pool of 504"),
+    ("rule_registers", WGMMA, {"registers": {"producer": 200, "consumer": 152}}, "registers", "at most and consumer"),
 ]
 
 
@@ -260,7 +281,7 @@ def test_unknown_key_inside_union(changes, key):
     ({"name": 5}, "name", "valid string"),
     ({"masks": "causal"}, "masks", "valid list"),
     ({"masks": ["none", "sliding"]}, "masks.1", "'none' or 'causal' (got 'sliding')"),
-    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16' or 'mma_m16n8k16'"),
+    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16' or 'wgmma_m64nNk16'"),
     ({"tile": 32}, "tile", "must be a mapping with keys block_m, block_n (got 32)"),
     ({"warps": 4}, "warps", "must be {compute: N} or {producer: P, consumer: C} (got 4)"),
     ({"smem__swizzle": "xor"}, "smem.swizzle", "must be none, {pad_bytes: N} or {xor_bits: B, row_shift: S} (got 'xor')"),
@@ -434,6 +455,8 @@ def test_schema_command_lists_every_key():
     alternatives = [schema["$defs"][ref["$ref"].split("/")[-1]] for ref in schema.get("anyOf") or schema["oneOf"]]
     assert len(alternatives) == len(KINDS)
     for alt in alternatives:
-        assert set(alt["properties"]) == {"schema", "name", "description", "target", "dtype", "head_dim", "masks",
-                                          "tile", "warps", "mma", "smem", "softmax", "min_blocks_per_sm"}
+        # every forward kind has the forward keys; a kind may add its own (wgmma: registers)
+        assert set(alt["properties"]) - {"registers"} == {
+            "schema", "name", "description", "target", "dtype", "head_dim", "masks", "tile", "warps", "mma", "smem",
+            "softmax", "min_blocks_per_sm"}
         assert set(alt["required"]) == {"schema", "name", "head_dim", "tile", "warps", "mma"}

@@ -90,12 +90,22 @@ class ForwardPlan:
     min_blocks_per_sm: int | None   # __launch_bounds__ minimum blocks per SM (None: ptxas chooses)
     fragments: object               # the kind's typed fragment numbers
     bank_report: tuple = ()
+    roles: tuple[str, ...] = ()     # who does what, for explain (warp-specialized plans)
+    schedule: tuple[str, ...] = ()  # the hand-off, step by step, for explain
+    copy_engine: str = ""           # how K/V tiles travel, for explain (default: from async_copy)
+    arch_suffix: str = ""           # "a": needs the arch-specific target (sm_90a: wgmma, setmaxnreg)
+    tensor_maps: tuple = ()         # TMA tensor maps the runtime encodes per call (core.tma_maps.TensorMapSpec)
 
     def region(self, name: str) -> Region:
         for r in self.regions:
             if r.name == name:
                 return r
         raise KeyError(name)
+
+    @property
+    def smem_align(self) -> int:
+        """Alignment the kernel declares its shared memory with: the largest any region needs."""
+        return max((r.align for r in self.regions), default=128)
 
     @property
     def kv_regions(self) -> list[tuple[Region, Region]]:
@@ -132,6 +142,10 @@ class ForwardPlan:
             return (f"dynamic: {self.smem_bytes} B exceed the {DEFAULT_SMEM_BYTES} B a block gets by default, so the "
                     f"kernel declares extern __shared__ and the launch raises the opt-in attribute")
         return f"static: {self.smem_bytes} B fit the {DEFAULT_SMEM_BYTES} B default, so ptxas can confirm the plan"
+
+    def compile_arch(self, arch: str) -> str:
+        """The nvcc target for a GPU of `arch` (sm_90 -> sm_90a when the kernel needs it)."""
+        return arch.rstrip("a") + self.arch_suffix
 
     def grid(self, batch: int, heads: int, seqlen_q: int) -> tuple[int, int, int]:
         """One block per block_m query rows of each (head, batch)."""
@@ -191,6 +205,23 @@ def producer_consumer_barriers(spec: ForwardSpec, regions: tuple[Region, ...]) -
     return tuple(full + empty)
 
 
+def producer_consumer_text(spec: ForwardSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(roles, schedule) lines of the cp.async producer/consumer hand-off, for explain."""
+    if not spec.producer_warps:
+        return (), ()
+    c, p, stages = spec.compute_warps, spec.producer_warps, spec.smem.stages
+    roles = (f"producer warps {c}..{c + p - 1} (threads {32 * c}..{32 * (c + p) - 1}) copy K/V tile t into stage "
+             f"t % {stages}",
+             f"consumer warps 0..{c - 1} compute tile t from stage t % {stages}")
+    schedule = ("schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
+                "  producer: wait empty[s] (when t >= stages), issue cp.async of K and V tile t,"
+                " cp.async.mbarrier.arrive on full[s], go on without waiting for the copies",
+                "  consumer: wait full[s], compute tile t, arrive empty[s]",
+                f"up to {stages} tiles in flight; thread 0 initialises the mbarriers, and the Q copy's"
+                " __syncthreads (the kernel's only block-wide barrier) publishes them")
+    return roles, schedule
+
+
 def launch_min_blocks(spec: ForwardSpec, target: Target, threads: int, file: str | None) -> int | None:
     """The spec's min_blocks_per_sm, refused when that many blocks cannot be resident on the target."""
     n = spec.min_blocks_per_sm
@@ -238,6 +269,7 @@ def plan_forward(spec: ForwardSpec, *, kind: str, title: str, file: str | None,
         kv_stage_stride=ring_stride(regions, "k", "v"),
         min_blocks_per_sm=launch_min_blocks(spec, target, threads, file),
         fragments=fragments(spec, rows_per_warp, file),
+        roles=producer_consumer_text(spec)[0], schedule=producer_consumer_text(spec)[1],
     )
     # The bank analysis reads the finished plan's address function, so it is attached last.
     return replace(plan, bank_report=tuple(bank_patterns(plan)))

@@ -27,6 +27,7 @@ class Region:
     offset: int = 0
     swizzle: str = "none"   # human description
     per: str = ""           # what the buffer is for, for explain
+    align: int = 128        # its start is a multiple of this (1024 for 128-byte-swizzled TMA/wgmma tiles)
 
     @property
     def bytes(self) -> int:
@@ -137,10 +138,11 @@ class Budget:
 
 
 def layout_regions(regions: list[Region]) -> tuple[Region, ...]:
-    """Place regions one after another, each on a REGION_ALIGN boundary."""
+    """Place regions one after another, each on a REGION_ALIGN boundary (or its own, larger one)."""
     placed, offset = [], 0
     for r in regions:
-        offset = -(-offset // REGION_ALIGN) * REGION_ALIGN
+        align = max(REGION_ALIGN, r.align)
+        offset = -(-offset // align) * align
         placed.append(replace(r, offset=offset))
         offset += r.bytes
     return tuple(placed)

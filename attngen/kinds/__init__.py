@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from ..core.kind import Kind
 from ..errors import SpecError
-from . import fwd_mma, fwd_scalar, fwd_wmma
+from . import fwd_mma, fwd_scalar, fwd_wgmma, fwd_wmma
 
-KINDS: tuple[Kind, ...] = (fwd_scalar.KIND, fwd_wmma.KIND, fwd_mma.KIND)
+KINDS: tuple[Kind, ...] = (fwd_scalar.KIND, fwd_wmma.KIND, fwd_mma.KIND, fwd_wgmma.KIND)
 
 
 def _check_registry(kinds: tuple[Kind, ...]) -> None:

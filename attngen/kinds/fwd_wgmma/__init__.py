@@ -1,0 +1,244 @@
+"""fwd_wgmma: the Hopper (sm_90a) attention forward. TMA copies Q, K and V into 128-byte-swizzled,
+1024-aligned tiles, completing on mbarriers; one producer warpgroup (one thread issues every copy)
+fills a K/V ring; each consumer warpgroup owns 64 query rows and runs S = Q.K^T with both operands
+from shared memory (wgmma SS) and O += P.V with P from registers and V MN-major (wgmma RS), fp32
+accumulators. setmaxnreg moves registers from the producer to the consumers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ...core.abi import pointer
+from ...core.forward import FORWARD_ABI, ForwardPlan, function_name, launch_min_blocks, Part, ELEMENT_TYPES
+from ...core.kind import Kind
+from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
+                            check_budget, layout_regions, ring_stride)
+from ...core.spec import ForwardSpec, Strict, XorSwizzle, refuse, rule_threads
+from ...core.tma import SWIZZLE_128B_COLS, TensorMapSpec
+from ...core.variants import MASKS
+from ...errors import SpecError
+from ...targets import TARGETS
+
+NAME = "fwd_wgmma"
+TITLE = "wgmma + TMA attention forward (sm_90a)"
+FRAGMENT = "wgmma_m64nNk16"
+WARPGROUP = 4              # warps
+ROWS_PER_WARPGROUP = 64    # the M of every wgmma
+PANEL_BYTES = 128          # one 128-byte-swizzled row: 64 16-bit elements
+TILE_ALIGN = 1024          # the 128-byte swizzle pattern repeats every 8 rows = 1024 B, on absolute addresses
+MAX_N = 256                # wgmma N
+REGISTER_FILE = 65536      # 32-bit registers per SM (one block per SM with setmaxnreg)
+
+
+class Registers(Strict):
+    """Registers per thread of each role after setmaxnreg (multiples of 8, 24 to 256)."""
+
+    producer: int = Field(ge=24, le=256, description="registers per producer thread (setmaxnreg.dec)")
+    consumer: int = Field(ge=24, le=256, description="registers per consumer thread (setmaxnreg.inc)")
+
+
+def rule_target_has_sm90a(s):
+    if TARGETS[s.target].arch != "sm_90":
+        return "target", (f"wgmma and setmaxnreg need an sm_90a GPU; target {s.target} is "
+                          f"{TARGETS[s.target].arch}: use target h100 or h200, or mma: mma_m16n8k16")
+
+
+def rule_head_dim_panels(s):
+    if s.head_dim % SWIZZLE_128B_COLS or s.head_dim > MAX_N:
+        return "head_dim", (f"must be a multiple of 64 (128-byte swizzled panels) and at most {MAX_N} (the N of "
+                            f"P.V) for {s.mma} (got {s.head_dim}); use 64, 128, 192 or 256")
+
+
+def rule_warpgroups(s):
+    if s.compute_warps % WARPGROUP or not 1 <= s.compute_warps // WARPGROUP <= 3:
+        key = "warps.consumer" if s.producer_warps else "warps.compute"
+        return key, (f"{s.mma} computes in warpgroups of 4 warps: use 4, 8 or 12 (1 to 3 warpgroups, "
+                     f"got {s.compute_warps})")
+    if s.producer_warps not in (0, WARPGROUP):
+        return "warps.producer", f"the producer is one warpgroup: use producer: 4 (got {s.producer_warps})"
+
+
+def rule_block_m_rows(s):
+    need = ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)
+    if s.tile.block_m != need:
+        return "tile.block_m", (f"each consumer warpgroup owns {ROWS_PER_WARPGROUP} query rows (one m64 wgmma), so "
+                                f"block_m must be {need} for {s.compute_warps} compute warps (got {s.tile.block_m})")
+
+
+def rule_block_n(s):
+    if s.tile.block_n % 16 or s.tile.block_n > MAX_N:
+        return "tile.block_n", (f"must be a multiple of 16 (k16 steps of P.V) and at most {MAX_N} (the N of Q.K^T) "
+                                f"for {s.mma} (got {s.tile.block_n})")
+
+
+def rule_swizzle_128b(s):
+    sw = s.smem.swizzle
+    if not (isinstance(sw, XorSwizzle) and sw.xor_bits == 3 and sw.row_shift == 0):
+        return "smem.swizzle", ("TMA and wgmma read 128-byte swizzled tiles (16-byte chunk ^= row % 8): "
+                                "set swizzle: {xor_bits: 3}")
+
+
+rule_async_copies = refuse(
+    "smem.async_copy", lambda s: not s.smem.async_copy,
+    lambda s: "TMA copies are asynchronous: set smem.async_copy: true", "rule_async_copies")
+rule_q_in_shared = refuse(
+    "smem.q_in_registers", lambda s: s.smem.q_in_registers,
+    lambda s: "Q.K^T reads Q from shared memory (wgmma SS): set q_in_registers: false", "rule_q_in_shared")
+rule_ring = refuse(
+    "smem.stages", lambda s: s.smem.stages < 2,
+    lambda s: "the K/V ring needs at least 2 stages", "rule_ring")
+rule_needs_producer = refuse(
+    "warps", lambda s: s.producer_warps == 0,
+    lambda s: (f"{s.mma} is generated with a producer warpgroup only so far: use warps: {{producer: 4, consumer: "
+               f"{s.compute_warps}}}"), "rule_needs_producer")
+rule_always_rescales = refuse(
+    "softmax.rescale", lambda s: s.softmax.rescale != "always",
+    lambda s: "rescale: on_max_change is not generated for wgmma; use always", "rule_always_rescales")
+
+
+def rule_registers(s):
+    r = s.registers
+    if r is None:
+        return None
+    if s.producer_warps == 0:
+        return "registers", "setmaxnreg moves registers between roles: it needs a producer warpgroup"
+    for role in ("producer", "consumer"):
+        n = getattr(r, role)
+        if n % 8:
+            return f"registers.{role}", f"setmaxnreg takes a multiple of 8 (got {n}); try {n // 8 * 8}"
+    consumers = s.compute_warps // WARPGROUP
+    threads = 32 * (s.compute_warps + s.producer_warps)
+    pool = REGISTER_FILE // threads // 8 * 8 * (consumers + 1)
+    used = r.producer + consumers * r.consumer
+    if used > pool:
+        return "registers", (f"{r.producer} + {consumers} x {r.consumer} = {used} registers per warpgroup lane exceed "
+                             f"the pool of {pool} ({consumers + 1} warpgroups x {pool // (consumers + 1)}, the cap at "
+                             f"entry for {threads} threads); lower registers.consumer to "
+                             f"{(pool - r.producer) // consumers // 8 * 8}")
+    if r.producer > pool // (consumers + 1) or r.consumer < pool // (consumers + 1):
+        return "registers", (f"the producer gives registers to the consumers: producer ({r.producer}) at most and "
+                             f"consumer ({r.consumer}) at least the entry cap of {pool // (consumers + 1)}")
+
+
+class WgmmaSpec(ForwardSpec):
+    mma: Literal["wgmma_m64nNk16"] = Field(description="wgmma_m64nNk16: Hopper wgmma + TMA (sm_90a)")
+    registers: Optional[Registers] = Field(
+        default=None, description="registers per thread of each role after setmaxnreg; unset: no reallocation")
+    key_unit = 16
+    key_unit_why = "k16 steps of P.V"
+    rules = (rule_target_has_sm90a, rule_head_dim_panels, rule_warpgroups, rule_block_m_rows, rule_block_n,
+             rule_swizzle_128b, rule_async_copies, rule_q_in_shared, rule_ring, rule_needs_producer,
+             rule_always_rescales, rule_registers, rule_threads)
+
+
+@dataclass(frozen=True)
+class WgmmaFragments:
+    consumer_warpgroups: int
+    producer_warpgroups: int
+    panels: int             # 64-column panels of head_dim
+    s_regs: int             # fp32 accumulators of S per thread (block_n / 2)
+    o_regs: int             # fp32 accumulators of O per thread (head_dim / 2)
+    k_steps_qk: int         # k16 wgmma steps of Q.K^T (head_dim / 16)
+    k_steps_pv: int         # k16 wgmma steps of P.V (block_n / 16)
+    producer_registers: int  # after setmaxnreg (0: no reallocation)
+    consumer_registers: int
+    q_bytes: int            # TMA transaction bytes of the Q tile
+    kv_bytes: int           # TMA transaction bytes of one stage (K and V tiles)
+
+
+def swizzled_tile(name: str, rows: int, head_dim: int, ctype: str, per: str) -> Region:
+    """A tile as TMA writes it with SWIZZLE_128B: [head_dim/64 panels][rows][64 elements], 128-byte rows."""
+    panels = head_dim // SWIZZLE_128B_COLS
+    return Region(name, panels * rows, SWIZZLE_128B_COLS, ctype, 2, PANEL_BYTES, swizzle="128B: chunk ^= row % 8",
+                  per=f"{per}; {panels} panel(s) of {rows} rows x 64", align=TILE_ALIGN)
+
+
+def barriers(stages: int, consumer_warps: int, kv_bytes: int, q_bytes: int, base: int) -> tuple[Barrier, ...]:
+    full = [Barrier(f"full{s}", s, base + MBARRIER_BYTES * s, 1,
+                    f"the producer thread (arrive.expect_tx {kv_bytes} B; TMA completes the bytes)", "consumer threads")
+            for s in range(stages)]
+    empty = [Barrier(f"empty{s}", s, base + MBARRIER_BYTES * (stages + s), consumer_warps,
+                     "lane 0 of each consumer warp, after its wgmma reads of the stage completed", "the producer thread")
+             for s in range(stages)]
+    q = [Barrier("q_full", 0, base + MBARRIER_BYTES * 2 * stages, 1,
+                 f"the producer thread (arrive.expect_tx {q_bytes} B)", "consumer threads")]
+    return tuple(full + empty + q)
+
+
+def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
+    target = TARGETS[spec.target]
+    ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
+    d, bm, bn, stages = spec.head_dim, spec.tile.block_m, spec.tile.block_n, spec.smem.stages
+    consumers, producers = spec.compute_warps // WARPGROUP, spec.producer_warps // WARPGROUP
+    tiles = [swizzled_tile("q", bm, d, ctype, "Q tile, loaded once")]
+    for s in range(stages):
+        tiles.append(swizzled_tile(f"k{s}", bn, d, ctype, f"K tile, stage {s}"))
+        tiles.append(swizzled_tile(f"v{s}", bn, d, ctype, f"V tile, stage {s}"))
+    tiles.append(barrier_region("bars", 2 * stages + 1,
+                                f"mbarriers full[0..{stages}), empty[0..{stages}), q_full"))
+    regions = layout_regions(tiles)
+    budget = Budget.of(target, spec.smem.opt_in)
+    total = check_budget(regions, budget, file)
+    threads = 32 * (spec.compute_warps + spec.producer_warps)
+    q_bytes, kv_bytes = bm * d * 2, 2 * bn * d * 2
+    regs = spec.registers
+    frag = WgmmaFragments(consumers, producers, d // SWIZZLE_128B_COLS, bn // 2, d // 2, d // 16, bn // 16,
+                          regs.producer if regs else 0, regs.consumer if regs else 0, q_bytes, kv_bytes)
+    bars = barriers(stages, spec.compute_warps, kv_bytes, q_bytes, next(r.offset for r in regions if r.name == "bars"))
+    functions = tuple((m, function_name(spec, m)) for m in spec.masks)
+    # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
+    min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
+    roles = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each; "
+             f"S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {d})"
+             + (f"; setmaxnreg.inc to {regs.consumer}" if regs else ""),
+             f"producer warpgroup {consumers} (warps {spec.compute_warps}..{spec.compute_warps + 3}): thread "
+             f"{32 * spec.compute_warps} issues every TMA copy, the other threads exit"
+             + (f"; setmaxnreg.dec to {regs.producer}" if regs else ""))
+    schedule = ("schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
+                f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty[s] (when t >= stages), "
+                f"expect_tx {kv_bytes} B on full[s], TMA K and V panels",
+                "  consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, "
+                "arrive empty[s]",
+                f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
+                "one __syncthreads publishes them")
+    return ForwardPlan(
+        spec=spec, kind=NAME, title=TITLE, target=target, masks=tuple(spec.masks),
+        mask_variants=tuple(MASKS[m] for m in spec.masks),
+        parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
+        abi=FORWARD_ABI.with_fields((pointer("tensor_maps", "device array of the TMA tensor maps q, k, v "
+                                                            "(128 B each), filled by the runtime"),)),
+        ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
+        compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,
+        compute_threads=32 * spec.compute_warps, producer_threads=32 * spec.producer_warps,
+        rows_per_warp=16, chunks_per_row=d * 2 // 16, swizzle=Swizzle("xor", PANEL_BYTES, 3, 0),
+        regions=regions, smem_bytes=total, smem_budget=budget.bytes, smem_dynamic=total > target.smem_per_block,
+        stages=stages, async_copy=True, q_in_registers=False, rescale="always",
+        q_copy=TileCopy(bm, d * 2 // 16, 1), kv_copy=TileCopy(bn, d * 2 // 16, 1),
+        barriers=bars, kv_stage_stride=ring_stride(regions, "k", "v"), min_blocks_per_sm=min_blocks,
+        fragments=frag, bank_report=(), roles=roles, schedule=schedule, arch_suffix="a",
+        copy_engine="TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers",
+        tensor_maps=(TensorMapSpec("q", bm), TensorMapSpec("k", bn), TensorMapSpec("v", bn)),
+    )
+
+
+def explain(plan) -> list[str]:
+    f = plan.fragments
+    lines = [f"warpgroups: {f.consumer_warpgroups} consumer(s) x 64 rows + {f.producer_warpgroups} producer; "
+             f"S {f.s_regs} + O {f.o_regs} fp32 accumulator registers per consumer thread",
+             f"wgmma per tile per consumer warpgroup: {f.k_steps_qk} x m64n{plan.block_n}k16 (Q.K^T, SS) + "
+             f"{f.k_steps_pv} x m64n{plan.head_dim}k16 (P.V, RS, V MN-major)",
+             f"TMA: Q {f.q_bytes} B once, K+V {f.kv_bytes} B per stage, in {f.panels} 64-column panel(s) each; "
+             "tensor maps: " + "; ".join(m.describe() for m in plan.tensor_maps),
+             "descriptors: 128-byte swizzle, K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V "
+             f"(LBO {plan.block_n * PANEL_BYTES} B between 64-column panels, SBO 1024 B, k16 step +2048 B)",
+             "registers: " + (f"setmaxnreg producer {f.producer_registers}, consumer {f.consumer_registers}"
+                              if f.producer_registers else "no reallocation"),
+             "online softmax: exp2 with the scale folded in; rescale always",
+             "shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)"]
+    return lines
+
+
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaSpec, plan, explain, Path(__file__).parent)

@@ -1,0 +1,85 @@
+"""Encode TMA tensor maps on the host (cuTensorMapEncodeTiled from the CUDA driver, through ctypes:
+PyCUDA does not expose it) and keep them on the device for kernels that read them.
+
+Each map describes a (batch, heads, seq, head_dim) view as a 4-D tensor (head_dim, seq, heads,
+batch) with the view's strides, so rows past a head's sequence load as zeros instead of the next
+head's rows. Maps are cached per (pointer, shape, strides): a repeated call reuses the device copy.
+"""
+from __future__ import annotations
+
+import ctypes
+from collections import OrderedDict
+
+from .core.tma import MAP_ALIGN, MAP_BYTES, TensorMapSpec
+from .errors import ToolError
+
+# CUtensorMap enums (cuda.h)
+DATA_TYPES = {"float16": 6, "bfloat16": 9}
+SWIZZLES = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
+INTERLEAVE_NONE = 0
+L2_PROMOTION_128B = 2
+OOB_FILL_ZEROS = 0
+CACHE_ENTRIES = 64
+
+_driver = None
+
+
+def driver():
+    global _driver
+    if _driver is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise ToolError(f"cannot load the CUDA driver library libcuda.so.1 for tensor maps ({exc})") from exc
+        fn = lib.cuTensorMapEncodeTiled
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                       ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                       ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        _driver = fn
+    return _driver
+
+
+def encode(view, spec: TensorMapSpec) -> bytes:
+    """The 128-byte tensor map of a (B, H, S, D) torch view for `spec`."""
+    b, h, s, d = view.shape
+    esize = view.element_size()
+    dtype = DATA_TYPES[str(view.dtype).replace("torch.", "")]
+    buf = ctypes.create_string_buffer(MAP_BYTES + MAP_ALIGN)
+    addr = (ctypes.addressof(buf) + MAP_ALIGN - 1) // MAP_ALIGN * MAP_ALIGN   # the encoder needs 64-byte alignment
+    dims = (ctypes.c_uint64 * 4)(d, s, h, b)
+    strides = (ctypes.c_uint64 * 3)(view.stride(2) * esize, view.stride(1) * esize, view.stride(0) * esize)
+    box = (ctypes.c_uint32 * 4)(spec.box_cols, spec.box_rows, 1, 1)
+    elem = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+    rc = driver()(addr, dtype, 4, view.data_ptr(), dims, strides, box, elem, INTERLEAVE_NONE,
+                  SWIZZLES[spec.swizzle], L2_PROMOTION_128B, OOB_FILL_ZEROS)
+    if rc != 0:
+        raise ValueError(f"cuTensorMapEncodeTiled refused {spec.tensor} (shape {tuple(view.shape)}, strides "
+                         f"{tuple(view.stride())}, box {spec.box_cols}x{spec.box_rows}): CUresult {rc}")
+    return ctypes.string_at(addr, MAP_BYTES)
+
+
+class TensorMapCache:
+    """Device copies of encoded maps, keyed by every tensor's (pointer, shape, strides, dtype)."""
+
+    def __init__(self, specs: tuple[TensorMapSpec, ...]):
+        self.specs = specs
+        self._cache: OrderedDict = OrderedDict()
+
+    def pointer(self, torch, views: dict) -> int:
+        """Device address of the plan's maps, in order, for these (B, H, S, D) views."""
+        key = tuple((views[s.tensor].data_ptr(), tuple(views[s.tensor].shape), tuple(views[s.tensor].stride()),
+                     views[s.tensor].dtype) for s in self.specs)
+        hit = self._cache.get(key)
+        if hit is None:
+            raw = b"".join(encode(views[s.tensor], s) for s in self.specs)
+            host = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            device = views[self.specs[0].tensor].device
+            hit = host.to(device)          # torch's allocator aligns far beyond the 64 bytes a map needs
+            self._cache[key] = hit
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return hit.data_ptr()
