@@ -79,7 +79,7 @@ def plan_dict(plan: Plan) -> dict:
         "dtype": plan.spec.dtype, "head_dim": plan.head_dim, "block_m": plan.block_m, "block_n": plan.block_n,
         "threads": plan.threads, "compute_warps": plan.compute_warps, "producer_warps": plan.producer_warps,
         "rows_per_warp": plan.rows_per_warp, "stages": plan.stages, "async_copy": plan.async_copy,
-        "functions": dict(plan.functions),
+        "functions": [name for _, name in plan.functions],
         "parts": [{"name": p.name, "file": p.file_name, "functions": dict(p.functions)} for p in plan.parts],
         "regions": [{"name": r.name, "offset": r.offset, "bytes": r.bytes, "rows": r.rows, "cols": r.cols,
                      "elem": r.elem, "pitch_bytes": r.pitch_bytes, "swizzle": r.swizzle} for r in plan.regions],

@@ -182,7 +182,8 @@ class Kernel:
         self.compiled = compiled            # attngen.compile.CompileResult per part
         self.arch = compiled[0].arch
         self.modules = modules
-        self.functions = functions          # mask -> (function name, pycuda Function)
+        self.functions = functions          # function name -> pycuda Function, every part's
+        self.entry = plan.entry_functions   # mask -> the function a call launches
         self.device = device                # torch.device
         self.synchronize = synchronize
         self._side = None                   # (pycuda Stream, torch ExternalStream), made on first use
@@ -232,7 +233,7 @@ class Kernel:
                 except drv.Error as exc:
                     raise ToolError(f"{label}: the cubin has no kernel {name} ({exc})") from exc
                 _configure(drv, primary.device, plan, fn, name)
-                functions[mask] = (name, fn.prepare(f"{plan.abi.size}s"))
+                functions[name] = fn.prepare(f"{plan.abi.size}s")
             compiled.append(result)
             modules.append(module)
         if synchronize is None:
@@ -248,7 +249,7 @@ class Kernel:
 
     @property
     def masks(self) -> tuple[str, ...]:
-        return tuple(self.functions)
+        return tuple(self.entry)
 
     @property
     def dtype(self):
@@ -292,7 +293,7 @@ class Kernel:
         if cfg.grid[0] > MAX_GRID_X:
             raise ValueError(f"seqlen_q {seqlen_q} needs more than {MAX_GRID_X} blocks")
         mask = "causal" if causal else "none"
-        if mask not in self.functions:
+        if mask not in self.entry:
             raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
                              f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
         variant = next(m for m in self.plan.mask_variants if m.name == mask)
@@ -376,7 +377,8 @@ class Kernel:
     def _launch(self, mask: str, params: bytes, cfg: LaunchConfig) -> None:
         import torch
         from pycuda import driver as drv
-        name, fn = self.functions[mask]
+        name = self.entry[mask]
+        fn = self.functions[name]
         current = torch.cuda.current_stream(self.device)
         where = f"{name} (grid={cfg.grid}, block={cfg.block}, dynamic smem={cfg.smem_dynamic} B)"
         try:

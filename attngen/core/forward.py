@@ -113,7 +113,13 @@ class ForwardPlan:
 
     @property
     def functions(self) -> tuple[tuple[str, str], ...]:
+        """(mask, function name) of every part, in order; names are unique, masks repeat across parts."""
         return tuple(f for part in self.parts for f in part.functions)
+
+    @property
+    def entry_functions(self) -> dict[str, str]:
+        """mask -> function name of the part a call launches first (the bundle's entry, parts[0])."""
+        return dict(self.parts[0].functions)
 
     @property
     def mask_cpp(self) -> dict[str, str]:

@@ -252,7 +252,7 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
     import torch
     from ..runtime import default_scale, to_bhsd
     plan = kernel.plan
-    function = dict(plan.functions)[variant.mask]
+    function = plan.entry_functions[variant.mask]
     result = CaseResult(spec_label or kernel.label, function, variant.label, shape, passed=False)
     device, dtype, d = kernel.device, kernel.dtype, plan.head_dim
     scale = default_scale(d)
@@ -320,7 +320,7 @@ class _Runner:
         label = spec_label or kernel.label
         results = []
         for variant in variants(masks):
-            function = dict(kernel.plan.functions)[variant.mask]
+            function = kernel.plan.entry_functions[variant.mask]
             for i, shape in enumerate(shapes):
                 if self.context_lost:
                     r = CaseResult(label, function, variant.label, shape, passed=False,
