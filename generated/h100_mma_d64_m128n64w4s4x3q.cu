@@ -247,11 +247,17 @@ __device__ __forceinline__ int key_end(int row, const Params& p) {
 template <Mask kMask>
 constexpr bool kLaterRowsSeeMore = kMask == Mask::Causal;
 
-// K/V tiles a query block [m0, m0 + kBlockM) visits: those before its last row's key_end.
+// K/V tiles rows up to last_row visit: those before last_row's key_end.
+template <Mask kMask>
+__device__ __forceinline__ int tiles_up_to_row(int last_row, const Params& p) {
+    const int keys = max(key_end<kMask>(last_row, p), 0);
+    return (keys + kBlockN - 1) / kBlockN;
+}
+
+// K/V tiles a query block [m0, m0 + kBlockM) visits.
 template <Mask kMask>
 __device__ __forceinline__ int kv_tile_count(int m0, const Params& p) {
-    const int keys = max(key_end<kMask>(m0 + kBlockM - 1, p), 0);
-    return (keys + kBlockN - 1) / kBlockN;
+    return tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);
 }
 
 // True when some key of the tile starting at n0 is hidden from some row from row0 on (row0 has
@@ -657,6 +663,9 @@ __device__ __forceinline__ void attention(const Params& p) {
         const uint32_t sV = smem_addr + kSmem_v0 + (t % kStages) * kStageStride;
         consume_tile<kMask>(st, q_frag, sQ, sK, sV, t * kBlockN, m0, warp_row0, lane, ln, p);
     }
+    // A block whose rows the mask hides every key from visits no tile, and its Q copy may still be in
+    // flight: no copy outlives the block.
+    cp_async_wait_all();
     store_output(st, p, c, warp_row0, lane);
 }
 

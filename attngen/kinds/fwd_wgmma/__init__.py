@@ -123,10 +123,19 @@ def rule_registers(s):
                              f"consumer ({r.consumer}) at least the entry cap of {pool // (consumers + 1)}")
 
 
+class Schedule(Strict):
+    """How a consumer warpgroup orders its GEMMs and softmax."""
+
+    overlap: bool = Field(default=False, description=(
+        "issue S = Q.K^T of tile t before O += P.V of tile t-1 and run the softmax of tile t while P.V "
+        "runs; off: each GEMM is waited for before the next step"))
+
+
 class WgmmaSpec(ForwardSpec):
     mma: Literal["wgmma_m64nNk16"] = Field(description="wgmma_m64nNk16: Hopper wgmma + TMA (sm_90a)")
     registers: Optional[Registers] = Field(
         default=None, description="registers per thread of each role after setmaxnreg; unset: no reallocation")
+    schedule: Schedule = Schedule()
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
     rules = (rule_target_has_sm90a, rule_head_dim_panels, rule_warpgroups, rule_block_m_rows, rule_block_n,
@@ -145,6 +154,7 @@ class WgmmaFragments:
     k_steps_pv: int         # k16 wgmma steps of P.V (block_n / 16)
     producer_registers: int  # after setmaxnreg (0: no reallocation)
     consumer_registers: int
+    overlap: bool           # softmax of tile t runs while P.V of tile t-1 is in flight
     q_bytes: int            # TMA transaction bytes of the Q tile
     kv_bytes: int           # TMA transaction bytes of one stage (K and V tiles)
 
@@ -186,7 +196,8 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     q_bytes, kv_bytes = bm * d * 2, 2 * bn * d * 2
     regs = spec.registers
     frag = WgmmaFragments(consumers, producers, d // SWIZZLE_128B_COLS, bn // 2, d // 2, d // 16, bn // 16,
-                          regs.producer if regs else 0, regs.consumer if regs else 0, q_bytes, kv_bytes)
+                          regs.producer if regs else 0, regs.consumer if regs else 0, spec.schedule.overlap,
+                          q_bytes, kv_bytes)
     bars = barriers(stages, spec.compute_warps, kv_bytes, q_bytes, next(r.offset for r in regions if r.name == "bars"))
     functions = tuple((m, function_name(spec, m)) for m in spec.masks)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
@@ -200,8 +211,13 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     schedule = ("schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
                 f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty[s] (when t >= stages), "
                 f"expect_tx {kv_bytes} B on full[s], TMA K and V panels",
-                "  consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, "
-                "arrive empty[s]",
+                ("  consumer: wait q_full once; per tile t: wait full[s], issue S_t = Q.K_t^T and O += P_(t-1).V_(t-1), "
+                 "wait for S_t only, softmax S_t while P.V runs, wait for P.V, arrive empty[(t-1) % stages], rescale O"
+                 if spec.schedule.overlap else
+                 "  consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, "
+                 "arrive empty[s]"),
+                "  a consumer warpgroup whose rows see no key of a tile (causal) waits full[s] and arrives empty[s] "
+                "without computing",
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
     return ForwardPlan(
@@ -236,7 +252,8 @@ def explain(plan) -> list[str]:
              f"(LBO {plan.block_n * PANEL_BYTES} B between 64-column panels, SBO 1024 B, k16 step +2048 B)",
              "registers: " + (f"setmaxnreg producer {f.producer_registers}, consumer {f.consumer_registers}"
                               if f.producer_registers else "no reallocation"),
-             "online softmax: exp2 with the scale folded in; rescale always",
+             "online softmax: exp2 with the scale folded in; rescale always"
+             + ("; overlapped with the previous tile's P.V" if f.overlap else ""),
              "shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)"]
     return lines
 
