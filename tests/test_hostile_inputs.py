@@ -8,8 +8,10 @@ compile.run_nvcc in-process or with a small fake `nvcc` script on PATH for real 
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from attngen import compile as compile_mod
 from attngen import fsutil
 from attngen.cli import main
 from attngen.compile import CompileResult, parse_ptxas
-from attngen.core.specio import MAX_SPEC_BYTES
+from attngen.core.specio import MAX_SPEC_BYTES, suspicious_scalar
 
 ROOT = Path(__file__).resolve().parents[1]
 SECONDS = 5.0      # every hostile input is answered within this
@@ -176,6 +178,15 @@ HOSTILE_SPECS: dict[str, str | bytes] = {
     "int_minus_inf": edit(SCALAR, "head_dim: 64", "head_dim: -.inf"),
     "int_nan": edit(SCALAR, "head_dim: 64", "head_dim: .nan"),
     "int_5000_digits": edit(SCALAR, "head_dim: 64", "head_dim: " + "9" * 5000),
+    # number forms without a value: no digits, or none that a float can hold
+    "int_hex_no_digits": edit(SCALAR, "block_m: 32", "block_m: 0x_"),
+    "int_binary_no_digits": edit(SCALAR, "block_m: 32", "block_m: 0b_"),
+    "int_octal_0o_no_digits": edit(SCALAR, "block_m: 32", "block_m: 0o_"),
+    "int_octal_0o_signed_no_digits": edit(SCALAR, "block_m: 32", "block_m: -0o__"),
+    "int_exponent_overflow": edit(SCALAR, "head_dim: 64", "head_dim: 1_0e400"),
+    "text_hex_no_digits": SCALAR + "description: 0x_\n",
+    "text_binary_no_digits": SCALAR + "description: 0b_\n",
+    "text_exponent_overflow": SCALAR + "description: 1_0e400\n",
     "bool_yes": edit(MMA, "async_copy: true", "async_copy: yes"),
     "bool_on": edit(MMA, "q_in_registers: true", "q_in_registers: on"),
     "bool_off": edit(MMA, "async_copy: true", "async_copy: off"),
@@ -198,6 +209,15 @@ EXPECTED = {
     "int_inf": [".inf"],
     "int_nan": [".nan"],
     "int_5000_digits": ["5000 digits"],
+    "int_hex_no_digits": ["0x_ is a hexadecimal number; integers are plain decimal (quote it"],
+    "int_binary_no_digits": ["0b_ is a binary number; integers are plain decimal (quote it"],
+    "int_octal_0o_no_digits": ["tile.block_m", "valid integer", "'0o_'"],
+    "int_octal_0o_signed_no_digits": ["tile.block_m", "valid integer", "'-0o__'"],
+    "int_exponent_overflow": ["1_0e400 is a number with digit separators or an exponent; integers are plain decimal "
+                              "digits only (quote it"],
+    "text_hex_no_digits": ["description: 0x_ is a hexadecimal number"],
+    "text_binary_no_digits": ["description: 0b_ is a binary number"],
+    "text_exponent_overflow": ["description: 1_0e400 is a number"],
     "bool_yes": ["yes", "true or false"],
     "bool_on": ["on", "true or false"],
     "bool_off": ["off", "true or false"],
@@ -296,6 +316,34 @@ def test_plain_decimal_and_yaml_1_2_booleans_still_load(tmp_path):
     code, out, err, exc, _ = invoke(["build", p, "--out", tmp_path / "gen"])
     assert code == 0, err
     assert (tmp_path / "gen" / "h_mma.cu").is_file()
+
+
+def test_number_form_without_a_value_is_text_where_text_is_expected(tmp_path):
+    # `0o_` is text to YAML 1.1 (no 0o form) and to YAML 1.2 (0o needs a digit): a description may
+    # say it. `0x_` and `0b_` are refused (see HOSTILE_SPECS): YAML 1.1 takes them for integers and
+    # cannot convert them, so a file holding them does not load there.
+    for i, value in enumerate(["0o_", "-0o__", "_", "0:30"]):
+        p = write_spec(tmp_path, f"text{i}", SCALAR + f"description: {value}\n")
+        code, out, err, exc, _ = invoke(["build", p, "--out", tmp_path / "gen"])
+        assert code == 0 and "Traceback" not in err, (value, err)
+        assert f"{value}" in (tmp_path / "gen" / "h_scalar.cu").read_text()
+
+
+def test_suspicious_scalar_never_raises_and_never_names_a_non_number():
+    # Every plain scalar of up to 3 characters made of number-form pieces, and some longer ones:
+    # the check answers None or (problem, fix); a fix never says `write inf`, `write nan` or `None`.
+    alphabet = "0179_-+.eExob:"
+    values = ["".join(p) for n in range(1, 4) for p in itertools.product(alphabet, repeat=n)]
+    values += ["0o_", "-0o__", "0x_", "0b_", "+0x__", "1_0e400", "1e400", "-9e999", "0x" + "f" * 60, "1" + "0" * 60,
+               "1e19", "1_0e-400", "0o" + "7" * 60]
+    for value in values:
+        found = suspicious_scalar(value)
+        if found is not None:
+            what, fix = found
+            assert not re.search(r"\b(inf|nan|None)\b", what + " " + fix), (value, found)
+    assert suspicious_scalar("1e400") == ("a number with digit separators or an exponent",
+                                          "integers are plain decimal digits only")
+    assert suspicious_scalar("0o40") == ("an octal number (32)", "integers are plain decimal: write 32")
 
 
 # -- files that are not small regular files --------------------------------------------------------

@@ -13,6 +13,7 @@ loader below resolves only the unambiguous forms and refuses the rest with the v
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -179,21 +180,60 @@ _SUSPICIOUS = [
 ]
 
 
-def _yaml11(value: str):
-    """What PyYAML's YAML 1.1 SafeLoader makes of a plain scalar (None when it fails)."""
-    try:
-        return yaml.load(value, Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, ValueError):
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+# A number is named in a fix only up to this size; a longer one helps no reader of the message.
+_MAX_SHOWN = 10 ** MAX_INT_DIGITS
+
+
+def _shown_number(n):
+    """n when it is a finite number short enough to write out in a fix, else None."""
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
         return None
+    if isinstance(n, float) and not math.isfinite(n):
+        return None
+    return n if abs(n) < _MAX_SHOWN else None
 
 
-def _decimal(value: str):
-    """The value read as decimal digits, ignoring separators, leading zeros and exponents."""
+def _yaml11(value: str) -> tuple[bool, object]:
+    """(whether PyYAML's YAML 1.1 SafeLoader reads a plain scalar as a number, that number or None).
+
+    YAML 1.1 resolves `0x_` and `0b_` as integers and then fails to convert them: such a value is
+    still a number to that reader (a file holding it does not load there), only one without a value.
+    """
+    if yaml.resolver.Resolver().resolve(yaml.ScalarNode, value, (True, False)) not in _NUMBER_TAGS:
+        return False, None
+    try:
+        return True, _shown_number(yaml.load(value, Loader=yaml.SafeLoader))
+    except (yaml.YAMLError, ValueError, OverflowError):
+        return True, None
+
+
+def _decimal(value: str) -> tuple[bool, object]:
+    """(whether the value has a digit before any exponent, its value read as decimal digits
+    ignoring separators, leading zeros and exponents, or None). `1_0e400` has digits but no
+    finite value; `_` and `.e1` have none."""
+    if not any(c in "0123456789" for c in re.split("[eE]", value)[0]):
+        return False, None
     try:
         f = float(value.replace("_", ""))
-        return int(f) if f.is_integer() else f
     except (ValueError, OverflowError):
-        return None
+        return True, None
+    if not math.isfinite(f):
+        return True, None
+    return True, _shown_number(int(f) if f.is_integer() else f)
+
+
+def _octal(value: str) -> tuple[bool, object]:
+    """(whether a `0o` value has octal digits, their value). `0o_` has none: it is text to every
+    YAML reader."""
+    sign = -1 if value.startswith("-") else 1
+    digits = value.lstrip("+-")[2:].replace("_", "")
+    if not digits:
+        return False, None
+    return True, _shown_number(sign * int(digits, 8))
+
+
+_READINGS = {"v": _yaml11, "d": _decimal, "o": _octal}
 
 
 def _shown(value: str) -> str:
@@ -202,18 +242,26 @@ def _shown(value: str) -> str:
 
 def suspicious_scalar(value: str) -> tuple[str, str] | None:
     """(problem, fix) when a plain scalar that SpecLoader reads as a string would be a number or a
-    boolean to YAML 1.1 or 1.2, else None."""
+    boolean to YAML 1.1 or 1.2, else None.
+
+    The fix names the number the value stands for when it has one that can be written out;
+    otherwise (`0x_` has no digits, `1e400` no finite value) it names none. Never raises.
+    """
     if not value or len(value) > 64 or not (value[0] in "-+.0123456789" or value[0] in "yYnNoO"):
         return None
     for pattern, what, fix in _SUSPICIOUS:
-        if pattern.match(value):
-            if "{v}" in what + fix and not isinstance(_yaml11(value), (int, float)):
-                continue
-            if "{d}" in fix and _decimal(value) is None:
-                continue
-            oct_value = int(value.replace("_", "").replace("0o", ""), 8) if "0o" in value else None
-            subs = {"v": _yaml11(value), "d": _decimal(value), "o": oct_value}
-            return what.format(**subs), fix.format(**subs)
+        if not pattern.match(value):
+            continue
+        subs, is_number = {}, True
+        for key in set(re.findall(r"\{(\w)\}", what + fix)):
+            number_form, subs[key] = _READINGS[key](value)
+            is_number = is_number and number_form
+        if not is_number and not _yaml11(value)[0]:
+            continue                     # every reader takes it for text: `0:30` (1.1 wants 1-9 first), `_`
+        if any(v is None for v in subs.values()):
+            what = re.sub(r" \(\{\w\}\)", "", what)
+            fix = re.sub(r": write \{\w\}$", "", fix)
+        return what.format(**subs), fix.format(**subs)
     return None
 
 
