@@ -114,8 +114,10 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def locked(path: str | Path) -> Iterator[None]:
     """Hold an exclusive advisory lock (flock) on `path`, created if missing, for the with-block.
 
-    Other processes and threads taking the same lock wait. Where there is no fcntl (Windows) the
-    block runs unlocked: every write is still atomic, concurrent writers only repeat work.
+    Other processes and threads taking the same lock wait. Where there is no fcntl (Windows), or
+    the filesystem refuses the lock (ENOLCK or EOPNOTSUPP on NFS without a lock daemon, some FUSE
+    filesystems), the block runs unlocked: every write is still atomic, concurrent writers only
+    repeat work. A lock file that cannot be created is a WriteError.
     """
     try:
         import fcntl
@@ -127,7 +129,10 @@ def locked(path: str | Path) -> Iterator[None]:
     except OSError as exc:
         raise WriteError(f"cannot create lock file {path}: {reason(exc)}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass       # no locks on this filesystem: run unlocked (errors of the block itself pass through)
         yield
     finally:
         os.close(fd)   # closing the descriptor releases the lock
