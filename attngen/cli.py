@@ -397,6 +397,18 @@ def _shapes(ctx, param, value):
     return tuple(shapes)
 
 
+def _plot_file(ctx, param, value):
+    """--plot of bench: a file whose suffix names an image format matplotlib writes."""
+    if value is None:
+        return None
+    from .eval.bench import plot_format
+    try:
+        plot_format(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 def _backends(ctx, param, value):
     """--backends of bench: comma-separated names of torch SDPA backends."""
     from .eval.bench import SDPA_BACKENDS
@@ -422,7 +434,8 @@ def _backends(ctx, param, value):
 @click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True,
               help="timed calls per measurement (median reported)")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="write the full report here")
-@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="draw TFLOP/s per shape to this PNG")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), callback=_plot_file,
+              help="draw TFLOP/s per shape to this PNG (or .svg, .pdf); needs matplotlib")
 @click.option("--specs-dir", default="specs", show_default=True)
 def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, specs_dir):
     """Time SPECS (default: every spec) beside torch SDPA's backends on the GPU.
@@ -442,6 +455,8 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, s
     paths = _spec_files(specs, specs_dir)
     plans = [render_spec_file(p).plan for p in paths]
     dtypes = dtypes or ("fp16", "bf16")
+    if plot_file:
+        B.pyplot()   # no matplotlib: say so (exit 3) before the run, not after it
     from .runtime import gpu_modules
     gpu_modules()  # no GPU, torch or pycuda: say so (exit 4) before any progress is drawn
     steps = B.total_steps(plans, shape_list, dtypes, causals, backend_list)
@@ -517,6 +532,7 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
     past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Exits 1 on any failure, 4 when there
     is no GPU, torch or pycuda.
     """
+    from . import fsutil
     from .eval import verify as verification
     paths = _spec_files(specs, specs_dir)
     kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
@@ -536,7 +552,7 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
         click.echo(f"{c.spec:<24} {c.variant:<7} {c.shape.label:<26} {c.shape.layout:<6} {num(c.max_err)} "
                    f"{num(c.bound)} {num(c.lse_err)}  {'pass' if c.passed else 'FAIL: ' + '; '.join(c.problems)}")
     if json_path:
-        Path(json_path).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        fsutil.atomic_write_text(json_path, json.dumps(report.as_dict(), indent=2) + "\n")
     failed = len(report.failed)
     click.echo(f"attngen verify: {len(report.cases) - failed} passed, {failed} failed "
                f"({len(kernels)} spec(s), {len(shapes)} shapes per variant)", err=bool(failed))
@@ -585,6 +601,7 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     """
     import os
     import re
+    from . import fsutil
     from .eval import sweep as S
     from .spec import load_spec
     base = load_spec(base_spec)
@@ -626,7 +643,7 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     click.echo(S.format_report(report))
     command = _sweep_command(base_spec, shapes, causal, budget, search, seed, generations, top_k, reps)
     if json_file:
-        Path(json_file).write_text(json.dumps({"command": command, **S.report_dict(report)}, indent=2) + "\n")
+        fsutil.atomic_write_text(json_file, json.dumps({"command": command, **S.report_dict(report)}, indent=2) + "\n")
         click.echo(f"wrote {json_file}")
     if best_dir:
         for path in S.write_best(report, best_dir, command):

@@ -257,11 +257,12 @@ def invoke(args, **kw):
 
 
 def error_lines(stderr: str) -> list[str]:
-    """The lines that carry an error: click's usage boilerplate, progress lines and the table
-    that follows a budget refusal left out. Any other line counts, indented or not."""
+    """The lines that carry an error: click's usage boilerplate, progress lines (a progress bar
+    off a terminal prints its label) and the table that follows a budget refusal left out. Any
+    other line counts, indented or not."""
     lines, table = [], False
     for ln in stderr.splitlines():
-        if not ln.strip() or ln.startswith(("Usage:", "Try '", "compiling ")):
+        if not ln.strip() or ln.startswith(("Usage:", "Try '", "compiling ")) or ln == "verifying":
             continue
         if table and ln.startswith("  "):
             continue
@@ -425,6 +426,7 @@ HOSTILE_OPTIONS = {
     "bench_reps_text": ["bench", "--reps", "many"],
     "bench_backend_unknown": ["bench", "--backends", "flash,magic"],
     "bench_backend_none": ["bench", "--backends", ","],
+    "bench_plot_suffix": ["bench", "--plot", "bench.jpeg"],
     "explain_arch_bogus": ["explain", _spec(), "--arch", "bogus"],
     "explain_arch_number": ["explain", _spec(), "--arch", "89"],
     "explain_arch_sm_100": ["explain", _spec(), "--arch", "sm_100"],
@@ -571,6 +573,86 @@ def test_build_into_a_read_only_directory(tmp_path):
         assert "Permission denied" in line
     finally:
         gen.chmod(stat.S_IRWXU)
+
+
+# -- reports: verify --json, bench --plot (sweep's in test_sweep.py) ------------------------------------
+
+def _verify_case(variant="none", passed=True):
+    from attngen.eval.verify import CaseResult, Shape
+    return CaseResult("phase4", "attngen_phase4_none", variant, Shape(1, 2, 2, 17, 17, "bshd"), passed,
+                      1e-4, 1e-4, 3e-4, 1e-6, 0.1, [] if passed else ["max err exceeds the bound"])
+
+
+@pytest.fixture
+def stub_verify(monkeypatch):
+    """`attngen verify` without a GPU: no kernel is loaded and the report holds the given cases."""
+    from attngen.eval import verify as verify_mod
+    cases = [_verify_case()]
+    monkeypatch.setattr(verify_mod, "load_kernels", lambda paths, on_compile=None: [object()])
+    monkeypatch.setattr(verify_mod, "case_count", lambda kernels, shapes: len(cases))
+    monkeypatch.setattr(verify_mod, "verify_kernels", lambda kernels, shapes, suite_name, seed, on_case: (
+        verify_mod.VerifyReport("Stub GPU", "sm_90", "stub", suite_name, list(cases))))
+    return cases
+
+
+def test_verify_json_is_written_atomically(stub_verify, tmp_path, monkeypatch):
+    report = tmp_path / "verify.json"
+    code, out, err, exc, _ = invoke(["verify", _spec(), "--quick", "--json", report])
+    assert code == 0, err
+    assert json.loads(report.read_text())["passed"] == 1
+    old = report.read_text()
+    monkeypatch.setattr(fsutil, "_write_all", _enospc_after_half)
+    line = assert_clean(*invoke(["verify", _spec(), "--quick", "--json", report]), exit_code=3)
+    assert line == f"attngen: cannot write {report}: No space left on device"
+    assert report.read_text() == old and [p.name for p in tmp_path.iterdir()] == ["verify.json"]
+
+
+def test_verify_json_into_a_missing_directory(stub_verify, tmp_path):
+    # Before: FileNotFoundError from Path.write_text, a traceback after the whole run.
+    line = assert_clean(*invoke(["verify", _spec(), "--json", tmp_path / "no" / "verify.json"]), exit_code=3)
+    assert line == f"attngen: cannot write {tmp_path / 'no' / 'verify.json'}: No such file or directory"
+
+
+def _bench_report():
+    from attngen.eval.bench import BenchReport, Case, CaseResult, Timing
+    return BenchReport("Stub GPU", {"torch": "stub", "cuda": "0", "driver": "0"}, [
+        CaseResult(Case(1, 8, 512, 64, "fp16", False), [Timing("phase4", 50.0, 10.7, 1.0),
+                                                        Timing("sdpa:flash", 40.0, 13.4, 1.0)])])
+
+
+def test_bench_plot_is_written_atomically(tmp_path, monkeypatch):
+    from attngen.eval import bench
+    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png": b"\x89PNG " + fmt.encode())
+    path = tmp_path / "bench.png"
+    bench.plot(_bench_report(), path)
+    assert path.read_bytes() == b"\x89PNG png"
+    monkeypatch.setattr(fsutil, "_write_all", _enospc_after_half)
+    with pytest.raises(WriteError, match="No space left on device"):
+        bench.plot(_bench_report(), path)
+    assert path.read_bytes() == b"\x89PNG png" and [p.name for p in tmp_path.iterdir()] == ["bench.png"]
+
+
+def test_bench_plot_into_a_missing_directory(tmp_path, monkeypatch):
+    # Before: matplotlib's savefig raised FileNotFoundError, a traceback after the whole bench.
+    from attngen.eval import bench
+    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png": b"\x89PNG")
+    with pytest.raises(WriteError, match="No such file or directory"):
+        bench.plot(_bench_report(), tmp_path / "no" / "bench.png")
+
+
+def test_bench_plot_draws_with_matplotlib(tmp_path):
+    pytest.importorskip("matplotlib")
+    from attngen.eval import bench
+    bench.plot(_bench_report(), tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, tmp_path):
+    # Before: ImportError, a traceback after the whole bench had run.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib raises ImportError
+    monkeypatch.setattr("attngen.runtime.gpu_modules", lambda: pytest.fail("reached the GPU"))
+    line = assert_clean(*invoke(["bench", _spec(), "--plot", tmp_path / "bench.png"]), exit_code=3)
+    assert "matplotlib" in line and "[plot]" in line
 
 
 def test_atomic_write_keeps_permissions_and_replaces(tmp_path):

@@ -366,6 +366,69 @@ def test_cli_measuring_run_with_a_stub_gpu(tmp_path, monkeypatch, tiny_space, st
     assert (tmp_path / "cache" / "sweep").is_dir()
 
 
+def test_cli_reports_are_written_atomically(tmp_path, monkeypatch, tiny_space, stub_nvcc):
+    # Before: Path.write_text (a half-written file on a full disk) and a traceback for a missing
+    # directory or a --write-best path under a file.
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(S, "GpuMeasurer", lambda reps, seed: StubMeasurer())
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    result, out = run_cli(L4_D64, "--shapes", "1x2x256x64", "--json", tmp_path / "no" / "sweep.json")
+    assert result.exit_code == 3 and f"attngen: cannot write {tmp_path / 'no' / 'sweep.json'}" in out, out
+    result, out = run_cli(L4_D64, "--shapes", "1x2x256x64", "--write-best", blocker / "best")
+    assert result.exit_code == 3 and f"attngen: cannot create directory {blocker / 'best'}" in out, out
+
+
+def test_write_best_on_a_full_disk_keeps_the_old_file(base, tmp_path, stub_nvcc, monkeypatch):
+    from attngen import fsutil
+    from attngen.errors import WriteError
+    report = sweep(base, MIXED, tmp_path, StubMeasurer())
+    [path] = S.write_best(report, tmp_path / "best", "attngen sweep")
+    path.write_text("# an older winner\n")
+
+    def enospc(fd, data):
+        import errno, os
+        os.write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(fsutil, "_write_all", enospc)
+    with pytest.raises(WriteError, match="No space left on device"):
+        S.write_best(report, tmp_path / "best", "attngen sweep")
+    assert path.read_text() == "# an older winner\n" and [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_record_cache_write_failure_is_an_error(base, tmp_path, stub_nvcc):
+    # Before: a record that could not be written was dropped silently and the sweep measured it
+    # again on every run.
+    from attngen.errors import WriteError
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    options = S.SweepOptions(CASES)
+    with pytest.raises(WriteError, match="cannot create directory .*ATTNGEN_CACHE_DIR"):
+        S.run_sweep(base, MIXED, options, arch="sm_90", measurer=StubMeasurer(),
+                    cache=S.RecordCache(blocker / "rec"))
+
+
+def test_unwritable_cubin_cache_is_an_error_not_a_failed_compile(monkeypatch):
+    # Before: compile_candidate took the WriteError for a compile failure of each candidate.
+    from attngen import compile as compile_mod
+    from attngen.errors import WriteError
+
+    def unwritable(source, arch):
+        raise WriteError("cannot write /cache/x/kernel.cubin: Read-only file system")
+    monkeypatch.setattr(compile_mod, "compile_source", unwritable)
+    with pytest.raises(WriteError, match="Read-only file system"):
+        S.build.compile_candidate("source", "sm_90")
+
+
+def test_cli_record_cache_write_failure_exits_3(tmp_path, monkeypatch, tiny_space, stub_nvcc):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(S, "GpuMeasurer", lambda reps, seed: StubMeasurer())
+    result, out = run_cli(L4_D64, "--shapes", "1x2x256x64")
+    assert result.exit_code == 3 and "attngen: cannot create directory" in out and "ATTNGEN_CACHE_DIR" in out, out
+
+
 @pytest.mark.nvcc
 def test_cli_compile_only(tmp_path, tiny_space):
     report = tmp_path / "sweep.json"

@@ -8,9 +8,14 @@ shape only after its output on that shape's inputs passed the verifier's error r
 """
 from __future__ import annotations
 
+import io
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import fsutil
+from ..errors import ToolError
 
 DEFAULT_SHAPES = ((1, 8, 512, 64), (4, 16, 2048, 64), (4, 16, 2048, 128), (2, 16, 8192, 64), (2, 16, 8192, 128))
 SDPA_BACKENDS = ("flash", "cudnn", "efficient", "default")
@@ -18,6 +23,7 @@ DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 CHECK_HEADS = 2          # heads of batch 0 compared with the fp32 reference before timing
 SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU sleep: enough for the host to enqueue every timed call
 CAUSAL_CHOICES = {"both": (False, True), "yes": (True,), "no": (False,)}   # --causal -> mask variants timed
+PLOT_FORMATS = ("png", "svg", "pdf")   # --plot file suffixes
 
 
 @dataclass(frozen=True)
@@ -261,11 +267,28 @@ def total_steps(spec_plans, shapes, dtypes, causals, backends) -> int:
     return sum(sum(supports(p, c) for p in spec_plans) + len(backends) for c in cases)
 
 
-def plot(report: BenchReport, path: str) -> None:
-    """TFLOP/s per shape: each spec beside the SDPA backends, one panel per dtype x causal."""
-    import matplotlib
+def pyplot():
+    """matplotlib.pyplot drawing off-screen; a ToolError when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ToolError("--plot needs matplotlib: python3 -m pip install -e '.[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_format(path: str | Path) -> str:
+    """The image format a plot file's suffix asks for; a ValueError for one not in PLOT_FORMATS."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise ValueError(f"{str(path)!r} does not end in {', '.join('.' + f for f in PLOT_FORMATS)}")
+    return suffix
+
+
+def plot_image(report: BenchReport, fmt: str = "png") -> bytes:
+    """TFLOP/s per shape: each spec beside the SDPA backends, one panel per dtype x causal."""
+    plt = pyplot()
     panels = sorted({(r.case.dtype, r.case.causal) for r in report.results})
     fig, axes = plt.subplots(len(panels), 1, figsize=(12, 3.6 * len(panels)), squeeze=False)
     impls = report.impls() + [f"sdpa:{b}" for b in SDPA_BACKENDS]
@@ -285,4 +308,15 @@ def plot(report: BenchReport, path: str) -> None:
         ax.set_title(f"{dtype}, {'causal' if causal else 'non-causal'} - {report.gpu}")
         ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=fmt, dpi=110)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def plot(report: BenchReport, path: str | Path) -> None:
+    """Draw the plot into `path` atomically (its suffix picks the format); a failed write is a
+    WriteError and leaves any previous file as it was."""
+    fsutil.atomic_write_bytes(path, plot_image(report, plot_format(path)))

@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable
 
-from ...errors import ToolError
+from ...errors import ToolError, WriteError
 from ...plan import Plan, make_plan
 from ...render import render_plan
 from ...spec import Spec, parse_spec, spec_dict, spec_yaml
@@ -89,6 +89,8 @@ def compile_candidate(source: str, arch: str) -> CompileOutcome:
     from ...compile import compile_source
     try:
         res = compile_source(source, arch)
+    except WriteError:
+        raise                       # an unwritable cache fails every candidate alike: one error, exit 3
     except ToolError as exc:
         return CompileOutcome(COMPILE_FAILED, note=str(exc).splitlines()[-1][:200])
     regs = max((f.registers for f in res.functions), default=None)

@@ -3,10 +3,11 @@ sweep resumes without measuring anything twice."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
+from ... import fsutil
+from ...errors import WriteError
 from ..bench import Case
 from .build import Candidate
 from .measure import Measurement, Measurer
@@ -41,16 +42,17 @@ class RecordCache:
         return rec if same else None
 
     def put(self, record: dict) -> None:
-        """Write atomically, so an interrupted sweep never leaves half a record."""
+        """Write atomically, so an interrupted sweep never leaves half a record. A record that
+        cannot be written is a WriteError, as a cubin is: the cache is part of the job."""
         case = Case(*record["shape"], record["dtype"], record["causal"])
         path = self.path(record["spec_hash"], record["gpu"], case)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(record, indent=1) + "\n")
-            os.replace(tmp, path)
-        except OSError:
-            pass                                 # a read-only cache only costs re-measuring
+            fsutil.ensure_dir(path.parent)
+            fsutil.atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+        except WriteError as exc:
+            from ...compile import CACHE_ENV
+            raise WriteError(f"{exc}; the sweep's record cache must be writable: fix it or set {CACHE_ENV} to "
+                             "another directory") from None
 
 
 def make_record(cand: Candidate, measurer: Measurer, case: Case, m: Measurement) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from ... import fsutil
 from ...spec import spec_dict, spec_yaml
 from ..bench import Case
 from .build import Candidate, candidate_name
@@ -104,12 +105,12 @@ def best_spec_text(report: SweepReport, cand: Candidate, cases: list[Case], comm
 
 
 def write_best(report: SweepReport, out_dir: str | Path, command: str) -> list[Path]:
-    """DIR/<name>.yaml for the winner of each case, ready for `attngen build`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """DIR/<name>.yaml for the winner of each case, ready for `attngen build`; each file is written
+    atomically, and a failed write is a WriteError."""
+    out = fsutil.ensure_dir(out_dir)
     written = []
     for name, (cand, cases) in winners(report).items():
         path = out / f"{name}.yaml"
-        path.write_text(best_spec_text(report, cand, cases, command))
+        fsutil.atomic_write_text(path, best_spec_text(report, cand, cases, command))
         written.append(path)
     return written
