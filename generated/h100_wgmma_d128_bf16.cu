@@ -456,6 +456,8 @@ constexpr int kKVBytes = 65536;       // TMA transaction bytes of one stage
 constexpr int kProducerRegisters = 24;  // 0: no setmaxnreg
 constexpr int kConsumerRegisters = 240;
 constexpr bool kOverlap = true;  // softmax of tile t while P.V of tile t-1 runs
+constexpr bool kPingPong = false;  // consumer warpgroups take turns issuing GEMMs
+constexpr int kTurnBarrier = 1;   // named barrier 1 + w: consumer warpgroup w's turn (0 is __syncthreads)
 constexpr int kPanelRowBytes = 128;                           // one swizzled row: 64 elements
 constexpr int kSwizzleAtomBytes = 1024;                       // 8 rows: the stride byte offset of every descriptor
 constexpr int kBarrierBytes = 8;
@@ -464,6 +466,15 @@ constexpr int kEmptyBars = kSmem_bars + kStages * kBarrierBytes;   // empty[s]: 
 constexpr int kQBar = kSmem_bars + 2 * kStages * kBarrierBytes;    // q_full: the Q tile has landed
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
               kStageStride % kSwizzleAtomBytes == 0, "128-byte swizzled tiles must be 1024-byte aligned");
+
+// Ping-pong turns: warpgroup w waits for its turn before issuing GEMMs and hands the turn to the
+// other after; each phase of a turn barrier counts both warpgroups' 256 threads.
+__device__ __forceinline__ void wait_turn(int warpgroup) {
+    if constexpr (kPingPong) asm volatile("bar.sync %0, 256;\n" :: "r"(kTurnBarrier + warpgroup) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int warpgroup) {
+    if constexpr (kPingPong) asm volatile("bar.arrive %0, 256;\n" :: "r"(kTurnBarrier + (warpgroup ^ 1)) : "memory");
+}
 
 // Descriptors of one k16 step: Q rows of this warpgroup (A, K-major) and the K tile (B, K-major):
 // a 64-column panel holds 4 steps, 32 bytes apart.
@@ -630,22 +641,29 @@ __device__ __forceinline__ void attention(const Params& p) {
         mbarrier_wait(smem_addr + kQBar, 0);
         if constexpr (kOverlap) {
             // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
-            if (my_tiles > 0) {
+            // Ping-pong: both warpgroups take every tile (their turns must pair up), warpgroup 0 first.
+            const int tiles = kPingPong ? n_tiles : my_tiles;
+            if (kPingPong && warpgroup == 1) pass_turn(warpgroup);
+            if (tiles > 0) {
                 mbarrier_wait(full(0), 0);
+                wait_turn(warpgroup);
                 wgmma_fence();
                 issue_scores(s, sQ, slot(0) + kSmem_k0, wg_row0);
+                pass_turn(warpgroup);
                 wgmma_wait<0>();
                 fence_registers(s);
                 if (tile_needs_mask<kMask>(0, row0, p)) mask_scores<kMask>(s, 0, row0, lane, p);
                 softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
                 p_fragments(pa, s);
             }
-            for (int t = 1; t < my_tiles; ++t) {
+            for (int t = 1; t < tiles; ++t) {
                 const int n0 = t * kBlockN;
                 mbarrier_wait(full(t), (t / kStages) & 1);
+                wait_turn(warpgroup);
                 wgmma_fence();
                 issue_scores(s, sQ, slot(t) + kSmem_k0, wg_row0);
                 issue_pv(o, pa, slot(t - 1) + kSmem_v0);
+                pass_turn(warpgroup);
                 wgmma_wait<1>();   // S_t is ready; P.V may still run
                 fence_registers(s);
                 if (tile_needs_mask<kMask>(n0, row0, p)) mask_scores<kMask>(s, n0, row0, lane, p);
@@ -656,12 +674,14 @@ __device__ __forceinline__ void attention(const Params& p) {
                 rescale_output(o, alpha);
                 p_fragments(pa, s);
             }
-            if (my_tiles > 0) {
+            if (tiles > 0) {
+                wait_turn(warpgroup);
                 wgmma_fence();
-                issue_pv(o, pa, slot(my_tiles - 1) + kSmem_v0);
+                issue_pv(o, pa, slot(tiles - 1) + kSmem_v0);
+                pass_turn(warpgroup);
                 wgmma_wait<0>();
                 fence_registers(o);
-                release(my_tiles - 1);
+                release(tiles - 1);
             }
         } else {
             for (int t = 0; t < my_tiles; ++t) {
@@ -682,7 +702,7 @@ __device__ __forceinline__ void attention(const Params& p) {
                 release(t);
             }
         }
-        for (int t = my_tiles; t < n_tiles; ++t) {  // tiles the mask hides from all of this warpgroup's rows
+        for (int t = kOverlap && kPingPong ? n_tiles : my_tiles; t < n_tiles; ++t) {  // tiles hidden from all its rows
             mbarrier_wait(full(t), (t / kStages) & 1);   // in order: the arrival must count for this tile's phase
             release(t);
         }

@@ -99,6 +99,14 @@ rule_always_rescales = refuse(
     lambda s: "rescale: on_max_change is not generated for wgmma; use always", "rule_always_rescales")
 
 
+def rule_pingpong(s):
+    if s.schedule.pingpong and not s.schedule.overlap:
+        return "schedule.pingpong", "ping-pong is generated on the overlapped schedule: set schedule.overlap: true"
+    if s.schedule.pingpong and s.compute_warps != 2 * WARPGROUP:
+        return "schedule.pingpong", (f"ping-pong alternates two consumer warpgroups: use warps.consumer: 8 "
+                                     f"(got {s.compute_warps})")
+
+
 def rule_registers(s):
     r = s.registers
     if r is None:
@@ -129,6 +137,9 @@ class Schedule(Strict):
     overlap: bool = Field(default=False, description=(
         "issue S = Q.K^T of tile t before O += P.V of tile t-1 and run the softmax of tile t while P.V "
         "runs; off: each GEMM is waited for before the next step"))
+    pingpong: bool = Field(default=False, description=(
+        "two consumer warpgroups take turns issuing their GEMMs (named barriers), so one runs its softmax "
+        "while the other's GEMMs use the tensor cores; needs overlap and 2 consumer warpgroups"))
 
 
 class WgmmaSpec(ForwardSpec):
@@ -140,7 +151,7 @@ class WgmmaSpec(ForwardSpec):
     key_unit_why = "k16 steps of P.V"
     rules = (rule_target_has_sm90a, rule_head_dim_panels, rule_warpgroups, rule_block_m_rows, rule_block_n,
              rule_swizzle_128b, rule_async_copies, rule_q_in_shared, rule_ring, rule_needs_producer,
-             rule_always_rescales, rule_registers, rule_threads)
+             rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,7 @@ class WgmmaFragments:
     producer_registers: int  # after setmaxnreg (0: no reallocation)
     consumer_registers: int
     overlap: bool           # softmax of tile t runs while P.V of tile t-1 is in flight
+    pingpong: bool          # the two consumer warpgroups take turns issuing GEMMs
     q_bytes: int            # TMA transaction bytes of the Q tile
     kv_bytes: int           # TMA transaction bytes of one stage (K and V tiles)
 
@@ -197,6 +209,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     regs = spec.registers
     frag = WgmmaFragments(consumers, producers, d // SWIZZLE_128B_COLS, bn // 2, d // 2, d // 16, bn // 16,
                           regs.producer if regs else 0, regs.consumer if regs else 0, spec.schedule.overlap,
+                          spec.schedule.pingpong,
                           q_bytes, kv_bytes)
     bars = barriers(stages, spec.compute_warps, kv_bytes, q_bytes, next(r.offset for r in regions if r.name == "bars"))
     functions = tuple((m, function_name(spec, m)) for m in spec.masks)
@@ -216,8 +229,11 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                  if spec.schedule.overlap else
                  "  consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, "
                  "arrive empty[s]"),
-                "  a consumer warpgroup whose rows see no key of a tile (causal) waits full[s] and arrives empty[s] "
-                "without computing",
+                ("  ping-pong: consumer warpgroup w waits on named barrier 1 + w before issuing its GEMMs and "
+                 "arrives on the other's after, so one warpgroup's softmax runs under the other's GEMMs"
+                 if spec.schedule.pingpong else
+                 "  a consumer warpgroup whose rows see no key of a tile (causal) waits full[s] and arrives empty[s] "
+                 "without computing"),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
     return ForwardPlan(
@@ -253,7 +269,8 @@ def explain(plan) -> list[str]:
              "registers: " + (f"setmaxnreg producer {f.producer_registers}, consumer {f.consumer_registers}"
                               if f.producer_registers else "no reallocation"),
              "online softmax: exp2 with the scale folded in; rescale always"
-             + ("; overlapped with the previous tile's P.V" if f.overlap else ""),
+             + ("; overlapped with the previous tile's P.V" if f.overlap else "")
+             + ("; consumer warpgroups ping-pong their GEMMs (named barriers 1, 2)" if f.pingpong else ""),
              "shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)"]
     return lines
 
