@@ -17,7 +17,7 @@ from pydantic import Field
 
 import attngen.kinds as registry
 from attngen.cli import main
-from attngen.core.abi import Abi, blob, int32, pointer
+from attngen.core.abi import Abi, AbiField, blob, int32, pointer
 from attngen.core.forward import FORWARD_ABI, Part
 from attngen.core.kind import Kind
 from attngen.kinds import KINDS, fwd_mma
@@ -195,11 +195,42 @@ def test_abi_offsets_alignment_and_packing():
     assert struct.unpack_from("<i", raw, 8)[0] == -3 and raw[64:192] == bytes(range(128))
     assert struct.unpack_from("<i", raw, 192)[0] == 7       # the default
     with pytest.raises(ValueError, match="no value for n"):
-        abi.pack({"a": 1, "map": b""})
+        abi.pack({"a": 1, "map": bytes(128)})
     with pytest.raises(ValueError, match="no field"):
-        abi.pack({"a": 1, "n": 1, "map": b"", "typo": 2})
+        abi.pack({"a": 1, "n": 1, "map": bytes(128), "typo": 2})
     with pytest.raises(ValueError, match="declared twice"):
         Abi("P", (int32("n", ""), int32("n", "")))
+
+
+@pytest.mark.parametrize("value", [b"", bytes(127), bytes(129), "x" * 128], ids=["empty", "short", "long", "str"])
+def test_abi_blob_takes_exactly_its_size(value):
+    # struct's "128s" pads a short value with zeros and cuts a long one: a wrong tensor map would
+    # reach the kernel without a word.
+    abi = Abi("P", (int32("n", "a count"), blob("map", 128, 64, "a tensor map")))
+    with pytest.raises(ValueError, match="map takes 128 bytes"):
+        abi.pack({"n": 1, "map": value})
+
+
+def test_blob_aligned_above_its_element_after_an_int():
+    # unsigned char has alignment 1: without alignas a 16-byte, 8-aligned blob after an int sits at
+    # C offset 4 while Python puts it at 8. Every field aligned above its type's own gets alignas.
+    abi = Abi("P", (int32("n", "a count"), blob("x", 16, 8, "an 8-aligned blob")))
+    assert abi.offsets == (0, 8) and abi.size == 24 and abi.align == 8
+    assert [f.declaration() for f in abi.fields] == ["int n;", "alignas(8) unsigned char x[16];"]
+    assert blob("y", 4, 1, "bytes").declaration() == "unsigned char y[4];"
+    assert pointer("p", "a pointer").declaration() == "const void* p;"
+    raw = abi.pack({"n": 5, "x": bytes(range(16))})
+    assert raw[8:24] == bytes(range(16)) and raw[4:8] == bytes(4)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: blob("x", 16, 3, ""), "not a power of two"),
+    (lambda: AbiField("x", "long long", 8, 4, "q", ""), "below the 8 bytes"),
+    (lambda: AbiField("x", "int", 6, 4, "6s", "", array=4), "not 4 equal elements"),
+])
+def test_abi_field_refuses_what_c_cannot_lay_out(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
 
 
 def test_forward_abi_matches_the_generated_struct():
@@ -225,11 +256,28 @@ def test_one_line_adds_a_field():
     assert "static_assert(offsetof(Params, tma_q) == 192," in src and "static_assert(sizeof(Params) == 320," in src
 
 
+def plan_with_small_blob():
+    """A 16-byte, 8-aligned blob right after the int that ends FORWARD_ABI (at +160): Python puts it
+    at +168, and C must too."""
+    plan = make_plan(parse_spec((ROOT / "specs" / "l4_mma_d64.yaml").read_text()))
+    assert FORWARD_ABI.fields[-1].ctype == "int" and FORWARD_ABI.offsets[-1] % 8 == 0
+    return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((blob("small", 16, 8, "an 8-aligned blob"),)))
+
+
+def test_small_aligned_blob_is_declared_where_python_puts_it():
+    plan = plan_with_small_blob()
+    src = render_parts(plan, "specs/x.yaml", "")[0].source
+    assert plan.abi.offsets[-1] == FORWARD_ABI.offsets[-1] + 8 == 168 and plan.abi.size == 184
+    assert "alignas(8) unsigned char small[16];" in src
+    assert "static_assert(offsetof(Params, small) == 168," in src and "static_assert(sizeof(Params) == 184," in src
+
+
 @pytest.mark.nvcc
-def test_generated_struct_asserts_hold_with_a_new_field():
+@pytest.mark.parametrize("make_plan_", [plan_with_tensor_map, plan_with_small_blob], ids=["tensor_map", "small_blob"])
+def test_generated_struct_asserts_hold_with_a_new_field(make_plan_):
     """nvcc checks every static_assert of the generated struct against the Python offsets."""
     from attngen.compile import compile_source
-    plan = plan_with_tensor_map()
+    plan = make_plan_()
     res = compile_source(render_parts(plan, "specs/x.yaml", "")[0].source, "sm_89")
     assert {f.name for f in res.functions} == {fn for _, fn in plan.functions}
 

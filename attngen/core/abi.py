@@ -22,8 +22,24 @@ class AbiField:
     default: object = None  # value packed when the caller gives none (None: the caller must give one)
     array: int = 0          # > 0: declared as ctype name[array] (an opaque byte blob)
 
+    def __post_init__(self):
+        if self.align < 1 or self.align & (self.align - 1):
+            raise ValueError(f"ABI field {self.name}: alignment {self.align} is not a power of two")
+        if self.array and self.size % self.array:
+            raise ValueError(f"ABI field {self.name}: {self.size} bytes are not {self.array} equal elements")
+        if self.align < self.natural_align:
+            raise ValueError(f"ABI field {self.name}: alignment {self.align} is below the {self.natural_align} "
+                             f"bytes of {self.ctype}; C cannot lower it")
+
+    @property
+    def natural_align(self) -> int:
+        """The alignment C gives the declared type: its element's size (char 1, int 4, pointer 8)."""
+        return self.size // self.array if self.array else self.size
+
     def declaration(self) -> str:
-        align = f"alignas({self.align}) " if self.align > 8 else ""
+        """The C member. alignas whenever the field's alignment exceeds its type's own, so C puts
+        it at the offset Python computes (a 16-byte, 8-aligned blob after an int is at +8, not +4)."""
+        align = f"alignas({self.align}) " if self.align > self.natural_align else ""
         dims = f"[{self.array}]" if self.array else ""
         return f"{align}{self.ctype} {self.name}{dims};"
 
@@ -93,7 +109,8 @@ class Abi:
         return list(zip(self.fields, self.offsets))
 
     def pack(self, values: dict) -> bytes:
-        """The struct's bytes; every field without a default must be in `values`, and nothing else."""
+        """The struct's bytes; every field without a default must be in `values`, and nothing else.
+        A blob takes exactly its size in bytes: struct would pad a short one and cut a long one."""
         unknown = set(values) - {f.name for f in self.fields}
         if unknown:
             raise ValueError(f"ABI {self.name} has no field(s) {', '.join(sorted(unknown))}")
@@ -102,6 +119,11 @@ class Abi:
             value = values.get(f.name, f.default)
             if value is None:
                 raise ValueError(f"ABI {self.name}: no value for {f.name} ({f.meaning})")
+            if f.array:
+                if not isinstance(value, (bytes, bytearray, memoryview)):
+                    raise ValueError(f"ABI {self.name}: {f.name} takes {f.size} bytes (got {type(value).__name__})")
+                if len(value) != f.size:
+                    raise ValueError(f"ABI {self.name}: {f.name} takes {f.size} bytes (got {len(value)})")
             struct.pack_into("<" + f.pack, buf, offset, value)
         return bytes(buf)
 
