@@ -61,14 +61,32 @@ def main():
     """
 
 
+def _same_file_key(path: Path) -> Path:
+    """What tells two spellings of one spec file apart from two files: its resolved path."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):          # a symlink loop: compare as written, made absolute
+        return Path.cwd() / path
+
+
 def _spec_files(paths: tuple[str, ...], specs_dir: str) -> list[Path]:
+    """The spec files to work on, each once: `p.yaml ./p.yaml` (or a symlink to p.yaml) is one
+    spec, not two specs of one name."""
     if paths:
-        return [Path(p) for p in paths]
-    d = Path(specs_dir)
-    files = sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml"))
-    if not files:
-        raise click.UsageError(f"no spec files given and none found in {d}/")
-    return sorted(files)
+        files = [Path(p) for p in paths]
+    else:
+        d = Path(specs_dir)
+        files = sorted(sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")))
+        if not files:
+            raise click.UsageError(f"no spec files given and none found in {d}/")
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        key = _same_file_key(f)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
 
 
 def _error_line(exc: AttngenError) -> str:
@@ -542,15 +560,7 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
                            show_pos=True) as bar:
         report = verification.verify_kernels(kernels, shapes, suite_name="quick" if quick else "full", seed=seed,
                                              on_case=lambda _case: bar.update(1))
-    click.echo(f"{report.device} ({report.arch}), torch {report.torch_version}, {report.suite} suite")
-    click.echo(f"{'spec':<24} {'variant':<7} {'shape':<26} {'layout':<6} {'max err':>9} {'bound':>9} "
-               f"{'lse err':>9}  result")
-    for c in report.cases:
-        if failures_only and c.passed:
-            continue
-        num = (lambda x: f"{x:9.2e}" if x is not None else f"{'-':>9}")
-        click.echo(f"{c.spec:<24} {c.variant:<7} {c.shape.label:<26} {c.shape.layout:<6} {num(c.max_err)} "
-                   f"{num(c.bound)} {num(c.lse_err)}  {'pass' if c.passed else 'FAIL: ' + '; '.join(c.problems)}")
+    click.echo(format_verify(report, failures_only))
     if json_path:
         fsutil.atomic_write_text(json_path, json.dumps(report.as_dict(), indent=2) + "\n")
     failed = len(report.failed)
@@ -558,6 +568,25 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
                f"({len(kernels)} spec(s), {len(shapes)} shapes per variant)", err=bool(failed))
     if not report.ok:
         sys.exit(1)
+
+
+def format_verify(report, failures_only: bool = False) -> str:
+    """The verify table; the spec, variant and shape columns widen to their longest entry
+    (`causal:bottom_right` is 19 characters)."""
+    cases = [c for c in report.cases if not (failures_only and c.passed)]
+    sw = max([len("spec")] + [len(c.spec) for c in cases])
+    vw = max([len("variant")] + [len(c.variant) for c in cases])
+    hw = max([len("shape")] + [len(c.shape.label) for c in cases])
+    lines = [f"{report.device} ({report.arch}), torch {report.torch_version}, {report.suite} suite",
+             f"{'spec':<{sw}} {'variant':<{vw}} {'shape':<{hw}} {'layout':<6} {'max err':>9} {'bound':>9} "
+             f"{'lse err':>9}  result"]
+
+    def num(x):
+        return f"{x:9.2e}" if x is not None else f"{'-':>9}"
+    for c in cases:
+        lines.append(f"{c.spec:<{sw}} {c.variant:<{vw}} {c.shape.label:<{hw}} {c.shape.layout:<6} {num(c.max_err)} "
+                     f"{num(c.bound)} {num(c.lse_err)}  {'pass' if c.passed else 'FAIL: ' + '; '.join(c.problems)}")
+    return "\n".join(lines)
 
 
 @main.command()

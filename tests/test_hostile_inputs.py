@@ -492,6 +492,30 @@ def test_build_refuses_duplicate_names(tmp_path):
     assert [p.name for p in (tmp_path / "gen").iterdir()] == ["h_wmma.cu"]   # nothing for the clash
 
 
+def test_build_takes_one_spec_given_twice_once(tmp_path, monkeypatch):
+    # Before: `build s.yaml ./s.yaml` refused s.yaml as a duplicate name of itself, exit 2.
+    monkeypatch.chdir(tmp_path)
+    p = write_spec(tmp_path, "s", SCALAR)
+    (tmp_path / "link.yaml").symlink_to(p)
+    for args in (["s.yaml", "s.yaml"], ["s.yaml", "./s.yaml"], ["s.yaml", str(p)], ["s.yaml", "link.yaml"]):
+        code, out, err, exc, _ = invoke(["build", *args, "--out", "gen", "--json"])
+        assert code == 0 and not error_lines(err), (args, err)
+        report = json.loads(out)
+        assert [f["spec"] for f in report["files"]] == ["s.yaml"], args
+    assert [f.name for f in (tmp_path / "gen").iterdir()] == ["h_scalar.cu"]
+
+
+def test_check_takes_a_linked_spec_once(tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    p = write_spec(specs, "a", SCALAR)
+    (specs / "b.yaml").symlink_to(p)
+    code, out, err, exc, _ = invoke(["build", "--specs-dir", specs, "--out", tmp_path / "gen"])
+    assert code == 0, err
+    code, out, err, exc, _ = invoke(["check", "--specs-dir", specs, "--generated", tmp_path / "gen"])
+    assert code == 0 and "1 generated file(s) in sync" in out, out + err
+
+
 def test_check_reports_duplicate_names_and_every_bad_spec(tmp_path):
     specs = tmp_path / "specs"
     specs.mkdir()
@@ -605,6 +629,23 @@ def test_verify_json_is_written_atomically(stub_verify, tmp_path, monkeypatch):
     line = assert_clean(*invoke(["verify", _spec(), "--quick", "--json", report]), exit_code=3)
     assert line == f"attngen: cannot write {report}: No space left on device"
     assert report.read_text() == old and [p.name for p in tmp_path.iterdir()] == ["verify.json"]
+
+
+def test_verify_table_columns_fit_every_variant(stub_verify):
+    # Before: a fixed 7-character variant column; causal:bottom_right (19) pushed its row's shape,
+    # errors and result out of line with the header and the other rows.
+    stub_verify[:] = [_verify_case("none"), _verify_case("causal:top_left"),
+                      _verify_case("causal:bottom_right", passed=False)]
+    code, out, err, exc, _ = invoke(["verify", _spec(), "--quick"])
+    assert code == 1, err
+    lines = out.splitlines()
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("spec "))
+    rows = lines[header + 1: header + 4]
+    assert [r.split()[1] for r in rows] == ["none", "causal:top_left", "causal:bottom_right"]
+    for column in ("shape", "layout", "result"):
+        at = lines[header].index(column)
+        assert all(r[at - 1] == " " and r[at] != " " for r in rows), (column, lines[header:header + 4])
+    assert all(r.index("B1 H2 Sq17 Sk17") == lines[header].index("shape") for r in rows)
 
 
 def test_verify_json_into_a_missing_directory(stub_verify, tmp_path):
