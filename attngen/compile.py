@@ -215,6 +215,20 @@ def write_cache_entry(cdir: Path, key: str, result: CompileResult) -> None:
     fsutil.atomic_write_bytes(cdir / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
 
 
+def clear_non_directory_entry(cdir: Path, on_warning) -> None:
+    """An entry path that is a file (or a dangling link) is a damaged entry: report it and remove
+    it, so that the entry can be rebuilt as a directory. Only a failed removal is an error."""
+    if cdir.is_dir() or not os.path.lexists(cdir):
+        return
+    on_warning(f"damaged cache entry {cdir} (the entry is a file, not a directory); rebuilding it")
+    try:
+        os.unlink(cdir)
+    except FileNotFoundError:
+        pass                                 # another process removed it first
+    except OSError as exc:
+        raise WriteError(f"cannot remove {cdir}: {fsutil.reason(exc)}") from None
+
+
 def _warn(message: str) -> None:
     print(f"attngen: {message}", file=sys.stderr, flush=True)
 
@@ -288,6 +302,7 @@ def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile
     except BadCacheEntry:
         pass                                 # looked at again under the lock: it may be being written
     try:
+        clear_non_directory_entry(cdir, on_warning)
         fsutil.ensure_dir(cdir)
         with fsutil.locked(cdir / LOCK):
             try:

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -810,10 +811,22 @@ def _missing_cubin(entry):
     (entry / "kernel.cubin").unlink()
 
 
+def _entry_is_a_file(entry):
+    # Before: ensure_dir met a file in the way, exit 3 instead of a rebuild.
+    shutil.rmtree(entry)
+    entry.write_bytes(FAKE_CUBIN)
+
+
+def _entry_is_a_dangling_link(entry):
+    shutil.rmtree(entry)
+    entry.symlink_to(entry.parent / "nowhere")
+
+
 DAMAGE = {"truncated_cubin": _truncate, "random_cubin": _randomize, "empty_log": _empty_log,
           "corrupt_log": _corrupt_log, "corrupt_log_matching_manifest": _corrupt_log_matching_manifest,
           "empty_log_matching_manifest": _empty_log_matching_manifest, "no_manifest": _no_manifest,
-          "garbage_manifest": _garbage_manifest, "missing_cubin": _missing_cubin}
+          "garbage_manifest": _garbage_manifest, "missing_cubin": _missing_cubin,
+          "entry_is_a_file": _entry_is_a_file, "entry_is_a_dangling_link": _entry_is_a_dangling_link}
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
@@ -842,6 +855,17 @@ def test_damaged_entry_through_the_cli(fake_nvcc, tmp_path):
     assert "attngen: damaged cache entry" in err and "rebuilding it" in err
     assert "attngen_t_none" in out                                # a real resource table
     assert (tmp_path / "out" / "phase4.sm_89.cubin").read_bytes() == FAKE_CUBIN
+
+
+def test_entry_that_is_a_file_through_the_cli(fake_nvcc, tmp_path):
+    code, out, err, exc, _ = invoke(["compile", _spec()])
+    assert code == 0, err
+    (entry,) = [d for d in (tmp_path / "cache").iterdir()]
+    _entry_is_a_file(entry)
+    code, out, err, exc, _ = invoke(["compile", _spec()])
+    assert code == 0 and "Traceback" not in err, err
+    assert "attngen: damaged cache entry" in err and "is a file" in err and "rebuilding it" in err
+    assert entry.is_dir() and fake_nvcc.calls == 2
 
 
 def test_explain_arch_with_an_empty_log_is_rebuilt(fake_nvcc):
