@@ -282,6 +282,74 @@ def test_generated_struct_asserts_hold_with_a_new_field(make_plan_):
     assert {f.name for f in res.functions} == {fn for _, fn in plan.functions}
 
 
+# -- mask variants bring their own behaviour ---------------------------------------------------------
+
+class Grid:
+    """Just enough of a torch bool tensor for the variants' `visible`: ones(...).tril(diagonal)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def tril(self, diagonal=0):
+        return Grid([[v and j <= i + diagonal for j, v in enumerate(row)] for i, row in enumerate(self.rows)])
+
+
+class FakeTorch:
+    bool = "bool"
+
+    @staticmethod
+    def ones(rows, cols, dtype=None, device=None):
+        assert dtype == "bool" and device == "cpu"
+        return Grid([[True] * cols for _ in range(rows)])
+
+
+def test_causal_variant_fills_its_field_and_draws_its_mask():
+    from attngen.core.variants import CAUSAL, NONE
+    assert CAUSAL.abi_values(None, 3, 10) == {"causal_offset": 0}                 # top-left by default
+    assert CAUSAL.abi_values("bottom_right", 3, 10) == {"causal_offset": 7}
+    assert CAUSAL.abi_values("bottom_right", 10, 3) == {"causal_offset": -7}
+    assert NONE.abi_values(None, 3, 10) == {}
+    T, F = True, False
+    assert CAUSAL.visible(FakeTorch, 2, 4, "top_left", "cpu").rows == [[T, F, F, F], [T, T, F, F]]
+    assert CAUSAL.visible(FakeTorch, 2, 4, "bottom_right", "cpu").rows == [[T, T, T, F], [T, T, T, T]]
+    assert NONE.visible(FakeTorch, 2, 4, None, "cpu") is None
+    with pytest.raises(ValueError, match="takes alignment in"):
+        CAUSAL.abi_values("diagonal", 3, 10)
+    with pytest.raises(ValueError, match="takes alignment in"):
+        NONE.visible(FakeTorch, 2, 4, "top_left", "cpu")
+
+
+def test_a_new_variant_needs_no_change_to_mask_variant():
+    """A variant with Params fields but every key visible (as a runtime-only option would be) and
+    its own field name: MaskVariant used to fill `causal_offset` and draw a causal mask for any
+    variant with fields."""
+    from attngen.core.variants import MaskVariant
+    seen = []
+
+    def fill(option, seqlen_q, seqlen_k):
+        seen.append(option)
+        return {"window": 4 if option == "narrow" else 16}
+
+    window = MaskVariant("window", "Mask::Window", ("narrow", "wide"), (int32("window", "keys each row sees"),),
+                         "a stand-in", fill, lambda torch, sq, sk, option, device: None)
+    assert window.abi_values(None, 8, 8) == {"window": 4} and window.abi_values("wide", 8, 8) == {"window": 16}
+    assert seen == ["narrow", "wide"]                                  # the option is checked, then passed on
+    assert window.visible(FakeTorch, 2, 2, "wide", "cpu") is None
+    stray = MaskVariant("stray", "Mask::Stray", (), (), "fills a field it lacks",
+                        lambda option, sq, sk: {"causal_offset": 0}, lambda *a: None)
+    with pytest.raises(ValueError, match="does not declare: causal_offset"):
+        stray.abi_values(None, 1, 1)
+
+
+def test_mask_variant_names_no_variant():
+    import inspect
+    from attngen.core import variants
+    source = inspect.getsource(variants.MaskVariant)
+    for word in ("causal", "BOTTOM_RIGHT", "TOP_LEFT", "tril"):
+        assert word not in source, f"MaskVariant names {word}: that belongs to a variant"
+    assert not hasattr(variants, "mask_abi_fields")
+
+
 # -- bundles: a spec that renders two parts ---------------------------------------------------------
 
 class TwoPartSpec(fwd_mma.MmaSpec):

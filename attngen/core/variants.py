@@ -4,16 +4,25 @@ kernel and its test cannot disagree about the mask.
 
 A variant is chosen per kernel function by the spec's `masks` list (none, causal); its options
 (causal alignment) are runtime values packed into Params, so one function serves every option.
+MaskVariant itself knows no variant: each one brings its Params fields, the function that fills
+them and the function that draws its visible keys for the reference.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 from .abi import AbiField, int32
 
 TOP_LEFT = "top_left"          # torch SDPA is_causal: query i sees keys 0..i
 BOTTOM_RIGHT = "bottom_right"  # FlashAttention >= 2.1: query i sees keys 0..i + Sk - Sq (KV-cache prefill)
 ALIGNMENTS = (TOP_LEFT, BOTTOM_RIGHT)
+
+# (option, seqlen_q, seqlen_k) -> {Params field name: value}; the option is already checked.
+AbiValues = Callable[[str, int, int], dict]
+# (torch, seqlen_q, seqlen_k, option, device) -> (Sq, Sk) bool tensor of visible keys, or None
+# when every key is visible; the option is already checked.
+Visible = Callable[[Any, int, int, str, Any], Optional[Any]]
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,8 @@ class MaskVariant:
     options: tuple[str, ...]        # runtime options; the first is the default
     abi_fields: tuple[AbiField, ...]
     describe: str
+    fill: AbiValues                 # the values of abi_fields for one call
+    visibility: Visible             # the reference's mask
 
     def check_option(self, option: str | None) -> str:
         if option is None:
@@ -32,38 +43,54 @@ class MaskVariant:
             raise ValueError(f"mask {self.name!r} takes alignment in ({have}), got {option!r}")
         return option
 
-    def key_offset(self, option: str | None, seqlen_q: int, seqlen_k: int) -> int:
-        """Query row i sees keys j <= i + offset (only for variants that bound the keys)."""
-        option = self.check_option(option)
-        return seqlen_k - seqlen_q if option == BOTTOM_RIGHT else 0
-
     def abi_values(self, option: str | None, seqlen_q: int, seqlen_k: int) -> dict:
-        if not self.abi_fields:
-            return {}
-        return {"causal_offset": self.key_offset(option, seqlen_q, seqlen_k)}
+        """The variant's Params fields for one call (fields left out take their defaults)."""
+        values = self.fill(self.check_option(option), seqlen_q, seqlen_k)
+        unknown = set(values) - {f.name for f in self.abi_fields}
+        if unknown:
+            raise ValueError(f"mask {self.name!r} fills Params field(s) it does not declare: "
+                             f"{', '.join(sorted(unknown))}")
+        return values
 
     def visible(self, torch, seqlen_q: int, seqlen_k: int, option: str | None, device):
         """(Sq, Sk) bool tensor of visible keys, or None when every key is visible."""
-        if not self.abi_fields:
-            return None
-        offset = self.key_offset(option, seqlen_q, seqlen_k)
-        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device).tril(diagonal=offset)
+        return self.visibility(torch, seqlen_q, seqlen_k, self.check_option(option), device)
 
 
-NONE = MaskVariant("none", "Mask::None", (), (), "every key is visible")
+# -- none: every key is visible ---------------------------------------------------------------------
+
+def no_abi_values(option: str, seqlen_q: int, seqlen_k: int) -> dict:
+    return {}
+
+
+def every_key_visible(torch, seqlen_q: int, seqlen_k: int, option: str, device):
+    return None
+
+
+NONE = MaskVariant("none", "Mask::None", (), (), "every key is visible", no_abi_values, every_key_visible)
+
+
+# -- causal: query row i sees keys j <= i + causal_offset ----------------------------------------------
+
+def causal_key_offset(option: str, seqlen_q: int, seqlen_k: int) -> int:
+    """Query row i sees keys j <= i + offset: 0 top-left, Sk - Sq bottom-right."""
+    return seqlen_k - seqlen_q if option == BOTTOM_RIGHT else 0
+
+
+def causal_abi_values(option: str, seqlen_q: int, seqlen_k: int) -> dict:
+    return {"causal_offset": causal_key_offset(option, seqlen_q, seqlen_k)}
+
+
+def causal_visible(torch, seqlen_q: int, seqlen_k: int, option: str, device):
+    offset = causal_key_offset(option, seqlen_q, seqlen_k)
+    return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
 CAUSAL = MaskVariant(
     "causal", "Mask::Causal", ALIGNMENTS,
     (int32("causal_offset", "causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq "
                             "bottom-right)", default=0),),
-    "query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)")
+    "query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)",
+    causal_abi_values, causal_visible)
 
 MASKS: dict[str, MaskVariant] = {m.name: m for m in (NONE, CAUSAL)}
-
-
-def mask_abi_fields(names) -> tuple[AbiField, ...]:
-    """The Params fields of the listed variants, each once, in MASKS order."""
-    out: list[AbiField] = []
-    for m in MASKS.values():
-        if m.name in names:
-            out += [f for f in m.abi_fields if f not in out]
-    return tuple(out)
