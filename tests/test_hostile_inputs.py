@@ -149,6 +149,7 @@ HOSTILE_SPECS: dict[str, str | bytes] = {
     "rule_producer_async": edit(WS, "stages: 3, async_copy: true", "stages: 1"),
     "rule_producer_stages": edit(WS, "stages: 3", "stages: 1"),
     "rule_rescale": SCALAR + "softmax: {rescale: on_max_change}\n",
+    "rule_rescale_wmma": WMMA + "softmax: {rescale: on_max_change}\n",
     # shared memory over budget (a table follows the error line)
     "over_budget": edit(MMA, "block_m: 64, block_n: 64", "block_m: 128, block_n: 128").replace(
         "head_dim: 64", "head_dim: 256").replace("warps: {compute: 4}", "warps: {compute: 8}"),
@@ -211,6 +212,12 @@ EXPECTED = {
     "int_inf": [".inf"],
     "int_nan": [".nan"],
     "int_5000_digits": ["5000 digits"],
+    "rule_q_in_registers": ["smem.q_in_registers: Q fragments in registers are not generated for wmma_m16n16k16"],
+    "rule_xor_family": ["smem.swizzle: the XOR swizzle is not generated for wmma_m16n16k16"],
+    "rule_producer_family": ["warps.producer: producer/consumer warp roles are not generated for wmma_m16n16k16"],
+    "rule_rescale": ["softmax.rescale: rescaling only when a row's max changes is not generated for scalar"],
+    "rule_rescale_wmma": ["softmax.rescale: rescaling only when a row's max changes is not generated for "
+                          "wmma_m16n16k16; set softmax.rescale: always"],
     "int_hex_no_digits": ["0x_ is a hexadecimal number; integers are plain decimal (quote it"],
     "int_binary_no_digits": ["0b_ is a binary number; integers are plain decimal (quote it"],
     "int_octal_0o_no_digits": ["tile.block_m", "valid integer", "'0o_'"],

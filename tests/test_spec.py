@@ -146,19 +146,34 @@ RULE_CASES = [
     ("rule_block_n", SCALAR, {"tile__block_n": 48}, "tile.block_n", "multiple of 32 for scalar"),
     ("rule_block_n", MMA, {"tile__block_n": 40}, "tile.block_n", "multiple of 16 for mma_m16n8k16"),
     ("rule_stages_need_async", MMA, {"smem__async_copy": False}, "smem.stages", "set smem.async_copy: true or stages: 1"),
-    ("rule_no_async_copy", SCALAR, {"smem__async_copy": True}, "smem.async_copy", "scalar kernel loads synchronously"),
-    ("rule_no_q_in_registers", WMMA, {"smem__q_in_registers": True}, "smem.q_in_registers", "only the mma_m16n8k16 family"),
-    ("rule_no_xor_swizzle", SCALAR, {"smem__swizzle": {"xor_bits": 2}}, "smem.swizzle", "XOR swizzle is applied by"),
+    ("rule_no_async_copy", SCALAR, {"smem__async_copy": True}, "smem.async_copy",
+     "asynchronous copies are not generated for scalar; set smem.async_copy: false"),
+    ("rule_no_q_in_registers", WMMA, {"smem__q_in_registers": True}, "smem.q_in_registers",
+     "Q fragments in registers are not generated for wmma_m16n16k16; set smem.q_in_registers: false"),
+    ("rule_no_q_in_registers", SCALAR, {"smem__q_in_registers": True}, "smem.q_in_registers",
+     "Q fragments in registers are not generated for scalar"),
+    ("rule_no_xor_swizzle", SCALAR, {"smem__swizzle": {"xor_bits": 2}}, "smem.swizzle",
+     "the XOR swizzle is not generated for scalar; set smem.swizzle to {pad_bytes: N} or none"),
+    ("rule_no_xor_swizzle", WMMA, {"smem__swizzle": {"xor_bits": 2}}, "smem.swizzle",
+     "the XOR swizzle is not generated for wmma_m16n16k16"),
     ("rule_pad_bytes", SCALAR, {"smem__swizzle": {"pad_bytes": 6}}, "smem.swizzle.pad_bytes", "multiple of 4 (got 6); try 8"),
     ("rule_pad_16_bytes", MMA, {"smem__swizzle": {"pad_bytes": 8}}, "smem.swizzle.pad_bytes", "multiple of 16"),
     ("rule_xor_bits", MMA, {"head_dim": 32, "smem__swizzle": {"xor_bits": 3}}, "smem.swizzle.xor_bits",
      "exceeds the 4 16-byte chunks"),
     ("rule_no_warp_roles", merged(SPECIALIZED, mma="scalar", head_dim=64, tile={"block_m": 32, "block_n": 64},
-                                smem={"stages": 1}), {}, "warps.producer", "mma_m16n8k16 only (mma is scalar)"),
+                                smem={"stages": 1}), {}, "warps.producer",
+     "producer/consumer warp roles are not generated for scalar; use warps: {compute: 4}"),
+    ("rule_no_warp_roles", merged(SPECIALIZED, mma="wmma_m16n16k16", head_dim=64, tile={"block_m": 64, "block_n": 64},
+                                smem={"swizzle": {"pad_bytes": 16}, "stages": 1}), {}, "warps.producer",
+     "producer/consumer warp roles are not generated for wmma_m16n16k16"),
     ("rule_warp_roles_need_a_ring", SPECIALIZED, {"smem__async_copy": False, "smem__stages": 1}, "smem.async_copy",
      "producer warps issue cp.async"),
     ("rule_warp_roles_need_a_ring", SPECIALIZED, {"smem__stages": 1}, "smem.stages", "at least 2 stages"),
-    ("rule_always_rescales", SCALAR, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale", "always rescales"),
+    ("rule_always_rescales", SCALAR, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
+     "rescaling only when a row's max changes is not generated for scalar; set softmax.rescale: always"),
+    # before, wmma took on_max_change and always rescaled (explain said so) without a word
+    ("rule_always_rescales", WMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
+     "not generated for wmma_m16n16k16; set softmax.rescale: always"),
     ("rule_target_has_sm90a", WGMMA, {"target": "l4"}, "target", "need an sm_90a GPU"),
     ("rule_head_dim_panels", WGMMA, {"head_dim": 96}, "head_dim", "multiple of 64"),
     ("rule_warpgroups", WGMMA, {"warps__consumer": 6}, "warps.consumer", "warpgroups of 4 warps"),
@@ -190,6 +205,20 @@ def test_rule(rule, base, changes, key, fragment, monkeypatch):
     fn = next(r for r in model.rules if r.__name__ == rule)
     monkeypatch.setattr(model, "rules", ())
     assert fn(parse_spec(text)) == (key, err.message)
+
+
+def test_refusals_name_the_spec_own_fragment_only():
+    """A refusal names the feature and the spec's own mma, never another kind: which kind
+    generates a feature is the registry's business, and a kind added later would make the hint
+    wrong."""
+    for rule, base, changes, key, fragment in RULE_CASES:
+        text = to_yaml(merged(base, **changes))
+        kind = kind_for_data(yaml.safe_load(text))
+        if kind.name == "fwd_wgmma":
+            continue        # rule_target_has_sm90a still suggests mma: mma_m16n8k16 for sm_89 targets
+        message = spec_error(text).message
+        others = [k.select_value for k in KINDS if k is not kind and k.select_value in message]
+        assert not others, f"{rule} for {kind.select_value} names {others}: {message}"
 
 
 def test_every_rule_has_a_case():

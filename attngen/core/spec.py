@@ -78,7 +78,8 @@ class Softmax(Strict):
 
     rescale: Literal["always", "on_max_change"] = Field(
         default="always",
-        description="rescale the running output every tile, or only when a row's max moved (tensor-core kinds)")
+        description="rescale the running output every tile, or only when a row's max moved (not every kind "
+                    "generates it)")
 
 
 Rule = Callable[["SpecBase"], Optional[tuple[str, str]]]
@@ -254,6 +255,28 @@ def refuse(key: str, applies: Callable[[ForwardSpec], bool], message: Callable[[
             return key, message(s)
     rule.__name__ = name
     return rule
+
+
+# Refusals of features some kinds do not generate. Each message names the feature, the spec's own
+# `mma` and the value that works, never another kind: what generates the feature is the registry's
+# business, and a kind added later would make such a hint wrong.
+
+rule_no_q_in_registers = refuse(
+    "smem.q_in_registers", lambda s: s.smem.q_in_registers,
+    lambda s: f"Q fragments in registers are not generated for {s.mma}; set smem.q_in_registers: false",
+    "rule_no_q_in_registers")
+rule_no_xor_swizzle = refuse(
+    "smem.swizzle", lambda s: isinstance(s.smem.swizzle, XorSwizzle),
+    lambda s: f"the XOR swizzle is not generated for {s.mma}; set smem.swizzle to {{pad_bytes: N}} or none",
+    "rule_no_xor_swizzle")
+rule_no_warp_roles = refuse(
+    "warps.producer", lambda s: s.producer_warps > 0,
+    lambda s: (f"producer/consumer warp roles are not generated for {s.mma}; use warps: "
+               f"{{compute: {s.compute_warps}}}"), "rule_no_warp_roles")
+rule_always_rescales = refuse(
+    "softmax.rescale", lambda s: s.softmax.rescale != "always",
+    lambda s: (f"rescaling only when a row's max changes is not generated for {s.mma}; set "
+               "softmax.rescale: always"), "rule_always_rescales")
 
 
 # -- validation errors -> one SpecError ------------------------------------------------------------

@@ -21,10 +21,8 @@ TITLE = "mma.sync m16n8k16 attention forward"
 FRAGMENT = "mma_m16n8k16"
 
 
-
-
 class MmaSpec(ForwardSpec):
-    mma: Literal["mma_m16n8k16"] = Field(description="mma_m16n8k16: mma.sync, S/P/O in registers")
+    mma: Literal[FRAGMENT] = Field(description="mma_m16n8k16: mma.sync, S/P/O in registers")
     row_unit = 16
     row_unit_what = "16-row fragments"
     key_unit = 16

@@ -12,9 +12,9 @@ from ...core import banks
 from ...core.forward import plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
-from ...core.spec import (ForwardSpec, XorSwizzle, refuse, rule_block_m_split, rule_block_n,
-                          rule_head_dim_vector_loads, rule_pad_bytes, rule_stages_need_async, rule_threads,
-                          rule_xor_bits)
+from ...core.spec import (ForwardSpec, refuse, rule_always_rescales, rule_block_m_split, rule_block_n,
+                          rule_head_dim_vector_loads, rule_no_q_in_registers, rule_no_warp_roles, rule_no_xor_swizzle,
+                          rule_pad_bytes, rule_stages_need_async, rule_threads, rule_xor_bits)
 
 NAME = "fwd_scalar"
 TITLE = "scalar FMA attention forward"
@@ -29,24 +29,11 @@ def rule_scalar_head_dim(s):
 
 rule_no_async_copy = refuse(
     "smem.async_copy", lambda s: s.smem.async_copy,
-    lambda s: "the scalar kernel loads synchronously; set async_copy: false or use mma_m16n8k16", "rule_no_async_copy")
-rule_no_q_in_registers = refuse(
-    "smem.q_in_registers", lambda s: s.smem.q_in_registers,
-    lambda s: f"only the mma_m16n8k16 family keeps Q fragments in registers (mma is {s.mma})", "rule_no_q_in_registers")
-rule_no_xor_swizzle = refuse(
-    "smem.swizzle", lambda s: isinstance(s.smem.swizzle, XorSwizzle),
-    lambda s: (f"the XOR swizzle is applied by the ldmatrix/cp.async path of mma_m16n8k16 only (mma is {s.mma}); "
-               "use {pad_bytes: 16} or none"), "rule_no_xor_swizzle")
-rule_no_warp_roles = refuse(
-    "warps.producer", lambda s: s.producer_warps > 0,
-    lambda s: f"producer/consumer roles are generated for mma_m16n8k16 only (mma is {s.mma})", "rule_no_warp_roles")
-rule_always_rescales = refuse(
-    "softmax.rescale", lambda s: s.softmax.rescale != "always",
-    lambda s: "the scalar kernel always rescales; use rescale: always", "rule_always_rescales")
+    lambda s: f"asynchronous copies are not generated for {s.mma}; set smem.async_copy: false", "rule_no_async_copy")
 
 
 class ScalarSpec(ForwardSpec):
-    mma: Literal["scalar"] = Field(description="scalar: FMA kernel, no tensor cores")
+    mma: Literal[FRAGMENT] = Field(description="scalar: FMA kernel, no tensor cores")
     row_unit = 1
     row_unit_what = "rows"
     key_unit = 32

@@ -13,9 +13,9 @@ from ...core import banks
 from ...core.forward import ELEMENT_TYPES, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
-from ...core.spec import (ForwardSpec, XorSwizzle, refuse, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
-                          rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async,
-                          rule_threads, rule_xor_bits)
+from ...core.spec import (ForwardSpec, rule_always_rescales, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
+                          rule_head_dim_vector_loads, rule_no_q_in_registers, rule_no_warp_roles, rule_no_xor_swizzle,
+                          rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async, rule_threads, rule_xor_bits)
 from ...errors import SpecError
 
 NAME = "fwd_wmma"
@@ -23,27 +23,15 @@ TITLE = "wmma m16n16k16 attention forward"
 FRAGMENT = "wmma_m16n16k16"
 
 
-rule_no_q_in_registers = refuse(
-    "smem.q_in_registers", lambda s: s.smem.q_in_registers,
-    lambda s: f"only the mma_m16n8k16 family keeps Q fragments in registers (mma is {s.mma})", "rule_no_q_in_registers")
-rule_no_xor_swizzle = refuse(
-    "smem.swizzle", lambda s: isinstance(s.smem.swizzle, XorSwizzle),
-    lambda s: (f"the XOR swizzle is applied by the ldmatrix/cp.async path of mma_m16n8k16 only (mma is {s.mma}); "
-               "use {pad_bytes: 16} or none"), "rule_no_xor_swizzle")
-rule_no_warp_roles = refuse(
-    "warps.producer", lambda s: s.producer_warps > 0,
-    lambda s: f"producer/consumer roles are generated for mma_m16n8k16 only (mma is {s.mma})", "rule_no_warp_roles")
-
-
 class WmmaSpec(ForwardSpec):
-    mma: Literal["wmma_m16n16k16"] = Field(description="wmma_m16n16k16: wmma fragments, S/P/O in shared memory")
+    mma: Literal[FRAGMENT] = Field(description="wmma_m16n16k16: wmma fragments, S/P/O in shared memory")
     row_unit = 16
     row_unit_what = "16-row fragments"
     key_unit = 16
     key_unit_why = "whole k16 steps of the P.V product"
     rules = (rule_head_dim_vector_loads, rule_head_dim_fragments, rule_block_m_split, rule_block_n,
              rule_stages_need_async, rule_no_q_in_registers, rule_no_xor_swizzle, rule_pad_bytes, rule_pad_16_bytes,
-             rule_xor_bits, rule_no_warp_roles, rule_threads)
+             rule_xor_bits, rule_no_warp_roles, rule_threads, rule_always_rescales)
 
 
 @dataclass(frozen=True)
