@@ -2,7 +2,8 @@
 
 Usage: [SEQ=300] compute-sanitizer --tool racecheck python3 .ci/sanitize_case.py [--mask none|causal] specs/x.yaml ...
 Shape (1, 2, SEQ, head_dim), SEQ 300 by default: several K/V tiles, tails on both sequence lengths.
-Causal runs in both alignments; bottom-right also with seqlen_q < seqlen_k and seqlen_q > seqlen_k.
+Causal runs in both alignments; bottom-right also with seqlen_q < seqlen_k and seqlen_q > seqlen_k
+(by 50, and by 200: blocks whose rows see no key at all).
 """
 import os
 import sys
@@ -23,7 +24,8 @@ for path in args:
     ran = []
     for mask in masks or kernel.masks:
         for alignment in ((None,) if mask == "none" else ("top_left", "bottom_right")):
-            for sq in ((seq,) if alignment != "bottom_right" else (seq, seq // 2 + 1, seq + 50)):
+            # bottom-right with seqlen_q > seqlen_k + block_m: whole blocks see no key
+            for sq in ((seq,) if alignment != "bottom_right" else (seq, seq // 2 + 1, seq + 50, seq + 200)):
                 q = torch.randn(1, 2, sq, d, device="cuda").to(kernel.dtype)
                 kernel(q, k, v, causal=mask == "causal", alignment=alignment)
                 ran.append(f"{mask}{':' + alignment if alignment else ''} Sq{sq}")

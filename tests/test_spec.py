@@ -189,6 +189,10 @@ RULE_CASES = [
     ("rule_registers", WGMMA, {"registers__consumer": 244}, "registers.consumer", "multiple of 8 (got 244)"),
     ("rule_registers", WGMMA, {"registers__consumer": 248}, "registers", "exceed the pool of 504"),
     ("rule_registers", WGMMA, {"registers": {"producer": 200, "consumer": 152}}, "registers", "at most and consumer"),
+    ("rule_pingpong", WGMMA, {"schedule": {"pingpong": True}}, "schedule.pingpong", "set schedule.overlap: true"),
+    ("rule_pingpong", merged(WGMMA, warps={"producer": 4, "consumer": 4}, tile={"block_m": 64, "block_n": 128},
+                             registers={"producer": 24, "consumer": 232}),
+     {"schedule": {"overlap": True, "pingpong": True}}, "schedule.pingpong", "use warps.consumer: 8"),
 ]
 
 
@@ -484,8 +488,8 @@ def test_schema_command_lists_every_key():
     alternatives = [schema["$defs"][ref["$ref"].split("/")[-1]] for ref in schema.get("anyOf") or schema["oneOf"]]
     assert len(alternatives) == len(KINDS)
     for alt in alternatives:
-        # every forward kind has the forward keys; a kind may add its own (wgmma: registers)
-        assert set(alt["properties"]) - {"registers"} == {
+        # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule)
+        assert set(alt["properties"]) - {"registers", "schedule"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "masks", "tile", "warps", "mma", "smem",
             "softmax", "min_blocks_per_sm"}
         assert set(alt["required"]) == {"schema", "name", "head_dim", "tile", "warps", "mma"}
