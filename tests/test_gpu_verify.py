@@ -212,6 +212,11 @@ PLANTED = {
     "mma-tail-off-by-one": (MMA_SPEC, "if (key0 + nt * 8 + e >= end)", "if (key0 + nt * 8 + e > end)"),
     # bottom-right with seqlen_q > seqlen_k: a negative offset is dropped, so the first rows see keys
     "mma-bottom-right-offset": (MMA_SPEC, "row + 1 + p.causal_offset", "row + 1 + max(p.causal_offset, 0)"),
+    # tile skipping follows the block's first row instead of its last (kv_tile_count in mask.j2):
+    # the mask bound is untouched, but later rows of a block never get the K/V tiles past the
+    # first row's keys (top-left with block_m = block_n hides it; bottom-right offsets show it)
+    "mma-tile-count-first-row": (MMA_SPEC, "return tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);",
+                                 "return tiles_up_to_row<kMask>(m0, p);"),
 }
 
 
