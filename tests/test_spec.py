@@ -218,8 +218,6 @@ def test_refusals_name_the_spec_own_fragment_only():
     for rule, base, changes, key, fragment in RULE_CASES:
         text = to_yaml(merged(base, **changes))
         kind = kind_for_data(yaml.safe_load(text))
-        if kind.name == "fwd_wgmma":
-            continue        # rule_target_has_sm90a still suggests mma: mma_m16n8k16 for sm_89 targets
         message = spec_error(text).message
         others = [k.select_value for k in KINDS if k is not kind and k.select_value in message]
         assert not others, f"{rule} for {kind.select_value} names {others}: {message}"

@@ -43,7 +43,7 @@ class Registers(Strict):
 def rule_target_has_sm90a(s):
     if TARGETS[s.target].arch != "sm_90":
         return "target", (f"wgmma and setmaxnreg need an sm_90a GPU; target {s.target} is "
-                          f"{TARGETS[s.target].arch}: use target h100 or h200, or mma: mma_m16n8k16")
+                          f"{TARGETS[s.target].arch}: use target h100 or h200, or a fragment the target runs")
 
 
 def rule_head_dim_panels(s):
