@@ -182,7 +182,7 @@ class Kernel:
         self.compiled = compiled            # attngen.compile.CompileResult per part
         self.arch = compiled[0].arch
         self.modules = modules
-        self.functions = functions          # function name -> pycuda Function, every part's
+        self.functions = functions          # function name -> (parameter gap, pycuda Function), every part's
         self.entry = plan.entry_functions   # mask -> the function a call launches
         self.device = device                # torch.device
         self.synchronize = synchronize
@@ -211,6 +211,7 @@ class Kernel:
                      synchronize: bool | None = None) -> "Kernel":
         """Compile and load one source per part of the plan's bundle."""
         from .compile import compile_source
+        from .cubin import param_offsets
         torch, drv, primary = gpu_modules()
         arch = plan.compile_arch(device_arch(torch))   # e.g. sm_90a for wgmma / setmaxnreg
         label = label or plan.spec.name
@@ -223,6 +224,7 @@ class Kernel:
         compiled, modules, functions = [], [], {}
         for part, source in zip(plan.parts, sources):
             result = compile_source(source, arch, on_compile=on_compile)
+            offsets = param_offsets(result.cubin)
             try:
                 module = drv.module_from_buffer(result.cubin)
             except drv.Error as exc:
@@ -233,7 +235,9 @@ class Kernel:
                 except drv.Error as exc:
                     raise ToolError(f"{label}: the cubin has no kernel {name} ({exc})") from exc
                 _configure(drv, primary.device, plan, fn, name)
-                functions[name] = fn.prepare(f"{plan.abi.size}s")
+                # A 64-byte aligned Params starts past a gap in the parameter buffer (the cubin says where).
+                gap = offsets.get(name, 0)
+                functions[name] = (gap, fn.prepare(f"{gap + plan.abi.size}s"))
             compiled.append(result)
             modules.append(module)
         if synchronize is None:
@@ -321,7 +325,7 @@ class Kernel:
             lse_out = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
 
         if self.plan.tensor_maps:
-            extra_params["tensor_maps"] = self._maps().pointer(torch, {"q": qb, "k": kb, "v": vb, "o": ob})
+            extra_params.update(self._maps().fields({"q": qb, "k": kb, "v": vb, "o": ob}))
         params = pack_params(self.plan, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=out.data_ptr(),
                              lse=lse_out.data_ptr() if return_lse else 0,
                              strides={"q": qb, "k": kb, "v": vb, "o": ob},
@@ -378,7 +382,8 @@ class Kernel:
         import torch
         from pycuda import driver as drv
         name = self.entry[mask]
-        fn = self.functions[name]
+        gap, fn = self.functions[name]
+        params = bytes(gap) + params
         current = torch.cuda.current_stream(self.device)
         where = f"{name} (grid={cfg.grid}, block={cfg.block}, dynamic smem={cfg.smem_dynamic} B)"
         try:

@@ -66,7 +66,7 @@
 //       a consumer warpgroup whose rows see no key of a tile (causal) waits full[s] and arrives empty[s] without computing
 //     up to 2 tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), one __syncthreads publishes them
 //
-//   kernel parameters (Params, 176 B by value):
+//   kernel parameters (Params, 576 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -91,7 +91,9 @@
 //     +152  int            seqlen_k         keys per head
 //     +156  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
 //     +160  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-//     +168  const void*    tensor_maps      device array of the TMA tensor maps q, k, v (128 B each), filled by the runtime
+//     +192  unsigned char[128] tma_q            TMA tensor map of q, encoded by the runtime per call
+//     +320  unsigned char[128] tma_k            TMA tensor map of k, encoded by the runtime per call
+//     +448  unsigned char[128] tma_v            TMA tensor map of v, encoded by the runtime per call
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -167,7 +169,9 @@ struct Params {
     int seqlen_k;  // +152: keys per head
     float scale_log2;  // +156: softmax scale * log2(e): scores are exponentiated with exp2
     int causal_offset;  // +160: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-    const void* tensor_maps;  // +168: device array of the TMA tensor maps q, k, v (128 B each), filled by the runtime
+    alignas(64) unsigned char tma_q[128];  // +192: TMA tensor map of q, encoded by the runtime per call
+    alignas(64) unsigned char tma_k[128];  // +320: TMA tensor map of k, encoded by the runtime per call
+    alignas(64) unsigned char tma_v[128];  // +448: TMA tensor map of v, encoded by the runtime per call
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -193,8 +197,10 @@ static_assert(offsetof(Params, seqlen_q) == 148, "Params.seqlen_q offset");
 static_assert(offsetof(Params, seqlen_k) == 152, "Params.seqlen_k offset");
 static_assert(offsetof(Params, scale_log2) == 156, "Params.scale_log2 offset");
 static_assert(offsetof(Params, causal_offset) == 160, "Params.causal_offset offset");
-static_assert(offsetof(Params, tensor_maps) == 168, "Params.tensor_maps offset");
-static_assert(sizeof(Params) == 176, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, tma_q) == 192, "Params.tma_q offset");
+static_assert(offsetof(Params, tma_k) == 320, "Params.tma_k offset");
+static_assert(offsetof(Params, tma_v) == 448, "Params.tma_v offset");
+static_assert(sizeof(Params) == 576, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;
@@ -568,10 +574,9 @@ __device__ __forceinline__ void attention(const Params& p) {
     const int n_tiles = kv_tile_count<kMask>(c.m0, p);
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     if (smem_addr % kSwizzleAtomBytes) __trap();  // the swizzle pattern is on absolute addresses
-    const unsigned char* maps = static_cast<const unsigned char*>(p.tensor_maps);
-    const void* map_q = maps;
-    const void* map_k = maps + 128;
-    const void* map_v = maps + 256;
+    const void* map_q = p.tma_q;   // in parameter space: Params is a __grid_constant__ parameter
+    const void* map_k = p.tma_k;
+    const void* map_v = p.tma_v;
 
     if (tid == 0) {
 #pragma unroll
@@ -706,11 +711,11 @@ __device__ __forceinline__ void attention(const Params& p) {
 }  // namespace attngen_h100_wgmma_d64
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_wgmma_d64::kThreads, attngen_h100_wgmma_d64::kMinBlocksPerSm)
-attngen_h100_wgmma_d64_none(const attngen_h100_wgmma_d64::Params p) {
+attngen_h100_wgmma_d64_none(const __grid_constant__ attngen_h100_wgmma_d64::Params p) {
     attngen_h100_wgmma_d64::attention<attngen_h100_wgmma_d64::Mask::None>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_wgmma_d64::kThreads, attngen_h100_wgmma_d64::kMinBlocksPerSm)
-attngen_h100_wgmma_d64_causal(const attngen_h100_wgmma_d64::Params p) {
+attngen_h100_wgmma_d64_causal(const __grid_constant__ attngen_h100_wgmma_d64::Params p) {
     attngen_h100_wgmma_d64::attention<attngen_h100_wgmma_d64::Mask::Causal>(p);
 }

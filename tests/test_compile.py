@@ -238,3 +238,14 @@ def test_explain_arch_adds_registers(compiled, monkeypatch):
     assert result.exit_code == 0, result.output
     d = json.loads(result.output)
     assert d["registers"] > 0 and d["registers_arch"] == arch and d["blocks_per_sm_by_registers"] >= 1
+
+
+@pytest.mark.nvcc
+def test_param_offsets_from_the_cubin():
+    """A Params struct with 64-byte aligned TMA maps (a __grid_constant__ parameter) starts past a
+    gap in the parameter buffer; an 8-byte aligned one at 0. The runtime pads a launch by this."""
+    from attngen.cubin import param_offsets
+    for name, gap in (("h100_wgmma_d128", 48), ("l4_mma_d64", 0)):
+        r = render_spec_file(ROOT / "specs" / f"{name}.yaml")
+        res = compile_source(r.source, r.plan.compile_arch(r.plan.target.arch))
+        assert param_offsets(res.cubin) == {fn: gap for _, fn in r.plan.functions}, name

@@ -315,4 +315,7 @@ def test_wgmma_layout_and_numbers():
     assert [(b.name, b.arrivals) for b in p.barriers] == [("full0", 1), ("full1", 1), ("empty0", 8), ("empty1", 8),
                                                           ("q_full", 1)]
     assert p.compile_arch("sm_90") == "sm_90a" and [m.tensor for m in p.tensor_maps] == ["q", "k", "v"]
-    assert p.abi.fields[-1].name == "tensor_maps"
+    # the maps travel by value: three 128-byte, 64-byte aligned Params fields, Params a __grid_constant__
+    assert [(f.name, f.size, f.align) for f in p.abi.fields[-3:]] == [("tma_q", 128, 64), ("tma_k", 128, 64),
+                                                                      ("tma_v", 128, 64)]
+    assert p.abi.offsets[-3:] == (192, 320, 448) and p.abi.size == 576 and p.params_qualifier == "__grid_constant__ "

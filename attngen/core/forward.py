@@ -94,7 +94,8 @@ class ForwardPlan:
     schedule: tuple[str, ...] = ()  # the hand-off, step by step, for explain
     copy_engine: str = ""           # how K/V tiles travel, for explain (default: from async_copy)
     arch_suffix: str = ""           # "a": needs the arch-specific target (sm_90a: wgmma, setmaxnreg)
-    tensor_maps: tuple = ()         # TMA tensor maps the runtime encodes per call (core.tma_maps.TensorMapSpec)
+    tensor_maps: tuple = ()         # TMA tensor maps the runtime encodes per call (core.tma.TensorMapSpec)
+    params_qualifier: str = ""      # "__grid_constant__ ": Params stays in parameter space (TMA maps need its address)
 
     def region(self, name: str) -> Region:
         for r in self.regions:

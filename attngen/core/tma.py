@@ -1,6 +1,7 @@
 """Tensor maps (TMA descriptors) a plan asks the runtime for: which tensor, and the box one copy
-moves. The runtime encodes them per call (attngen/tma.py); the kernel reads them from the
-`tensor_maps` parameter, 128 bytes each, in the plan's order."""
+moves. The runtime encodes them per call (attngen/tma.py) into Params fields (`abi_field`), 128
+bytes each, 64-byte aligned; the kernel takes Params as a __grid_constant__ parameter so the maps
+have a parameter-space address TMA can read."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,11 @@ class TensorMapSpec:
     box_rows: int         # sequence rows one copy moves
     box_cols: int = SWIZZLE_128B_COLS
     swizzle: str = "128B"
+
+    @property
+    def abi_field(self) -> str:
+        """The Params field that carries the map, by value (a __grid_constant__ parameter)."""
+        return f"tma_{self.tensor}"
 
     def describe(self) -> str:
         return (f"{self.tensor}: 4-D (head_dim, seq, heads, batch), box {self.box_cols} x {self.box_rows}, "

@@ -11,13 +11,13 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.abi import pointer
+from ...core.abi import blob
 from ...core.forward import FORWARD_ABI, ForwardPlan, function_name, launch_min_blocks, Part, ELEMENT_TYPES
 from ...core.kind import Kind
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
 from ...core.spec import ForwardSpec, Strict, XorSwizzle, refuse, rule_threads
-from ...core.tma import SWIZZLE_128B_COLS, TensorMapSpec
+from ...core.tma import MAP_ALIGN, MAP_BYTES, SWIZZLE_128B_COLS, TensorMapSpec
 from ...core.variants import MASKS
 from ...errors import SpecError
 from ...targets import TARGETS
@@ -207,6 +207,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     threads = 32 * (spec.compute_warps + spec.producer_warps)
     q_bytes, kv_bytes = bm * d * 2, 2 * bn * d * 2
     regs = spec.registers
+    maps = (TensorMapSpec("q", bm), TensorMapSpec("k", bn), TensorMapSpec("v", bn))
     frag = WgmmaFragments(consumers, producers, d // SWIZZLE_128B_COLS, bn // 2, d // 2, d // 16, bn // 16,
                           regs.producer if regs else 0, regs.consumer if regs else 0, spec.schedule.overlap,
                           spec.schedule.pingpong,
@@ -240,8 +241,9 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         spec=spec, kind=NAME, title=TITLE, target=target, masks=tuple(spec.masks),
         mask_variants=tuple(MASKS[m] for m in spec.masks),
         parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
-        abi=FORWARD_ABI.with_fields((pointer("tensor_maps", "device array of the TMA tensor maps q, k, v "
-                                                            "(128 B each), filled by the runtime"),)),
+        abi=FORWARD_ABI.with_fields(tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, "
+                                               "encoded by the runtime per call") for m in maps)),
+        params_qualifier="__grid_constant__ ",
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,
         compute_threads=32 * spec.compute_warps, producer_threads=32 * spec.producer_warps,
@@ -252,7 +254,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         barriers=bars, kv_stage_stride=ring_stride(regions, "k", "v"), min_blocks_per_sm=min_blocks,
         fragments=frag, bank_report=(), roles=roles, schedule=schedule, arch_suffix="a",
         copy_engine="TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers",
-        tensor_maps=(TensorMapSpec("q", bm), TensorMapSpec("k", bn), TensorMapSpec("v", bn)),
+        tensor_maps=maps,
     )
 
 
