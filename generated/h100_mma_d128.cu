@@ -632,6 +632,7 @@ __device__ __forceinline__ void attention(const Params& p) {
         if (j < n_tiles) copy_kv(j);
         cp_async_commit();  // commit even when empty: group j always means tile j
     }
+    if (n_tiles == 0) cp_async_wait_all();  // the mask hides every key from the block: no copy outlives it
     for (int t = 0; t < n_tiles; ++t) {
         cp_async_wait<kStages - 2>();  // groups 0..t are complete: tile t has landed
         __syncthreads();               // ... for every thread, and every warp is done with tile t-1
@@ -645,9 +646,6 @@ __device__ __forceinline__ void attention(const Params& p) {
         const uint32_t sV = smem_addr + kSmem_v0 + (t % kStages) * kStageStride;
         consume_tile<kMask>(st, q_frag, sQ, sK, sV, t * kBlockN, m0, warp_row0, lane, ln, p);
     }
-    // A block whose rows the mask hides every key from visits no tile, and its Q copy may still be in
-    // flight: no copy outlives the block.
-    cp_async_wait_all();
     store_output(st, p, c, warp_row0, lane);
 }
 

@@ -627,6 +627,7 @@ __device__ __forceinline__ void attention(const Params& p) {
     uint32_t q_frag[kQFragSteps][kMTiles][4];  // used when kQInRegisters
     // One stage, cp.async: the copy of tile t is waited for before it is used (no overlap).
     copy_tile_async<kBlockM, kThreads>(sQ, q, p.q_row_stride, m0, p.seqlen_q, tid);
+    if (n_tiles == 0) cp_async_wait_all();  // the mask hides every key from the block: no copy outlives it
     const uint32_t sK = smem_addr + kSmem_k0, sV = smem_addr + kSmem_v0;
     for (int t = 0; t < n_tiles; ++t) {
         __syncthreads();  // every warp is done with the previous tile
@@ -641,9 +642,6 @@ __device__ __forceinline__ void attention(const Params& p) {
         }
         consume_tile<kMask>(st, q_frag, sQ, sK, sV, t * kBlockN, m0, warp_row0, lane, ln, p);
     }
-    // A block whose rows the mask hides every key from visits no tile, and its Q copy may still be in
-    // flight: no copy outlives the block.
-    cp_async_wait_all();
     store_output(st, p, c, warp_row0, lane);
 }
 
