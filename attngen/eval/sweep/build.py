@@ -118,11 +118,12 @@ def compile_all(candidates: list[Candidate], arch: str, jobs: int,
 
     if jobs <= 1 or len(candidates) <= 1:
         for cand in candidates:
-            done(cand, compile_candidate(cand.source, arch))
+            done(cand, compile_candidate(cand.source, cand.plan.compile_arch(arch)))
         return out
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(candidates)), mp_context=ctx) as pool:
-        futures = {pool.submit(compile_candidate, c.source, arch): c for c in candidates}
+        # a kind may need the arch-specific target (sm_90a for wgmma)
+        futures = {pool.submit(compile_candidate, c.source, c.plan.compile_arch(arch)): c for c in candidates}
         for fut in as_completed(futures):
             done(futures[fut], fut.result())
     return out
