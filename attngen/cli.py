@@ -347,7 +347,8 @@ def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
     Prints registers, spill stores/loads, stack and static shared memory per kernel function,
     and checks that ptxas's shared memory equals the planner's. A kernel whose plan uses dynamic
     shared memory (over 48 KiB, opt-in) declares none statically: ptxas reports 0 and the plan
-    column says `dyn`. Exits 1 on spills (unless --allow-spills) or on a shared-memory mismatch;
+    column says `dyn`. Exits 1 on spills (unless --allow-spills), on a shared-memory mismatch, or
+    on a ptxas warning that setmaxnreg was ignored or a wgmma serialized (C7508, C7510-C7520);
     3 when nvcc is missing or fails.
     """
     from . import fsutil
@@ -361,6 +362,9 @@ def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
                 res = compile_source(source, arch, on_compile=lambda a, n=name: click.echo(
                     f"compiling {n} for {a} ...", err=True))
                 want_static = 0 if r.plan.smem_dynamic else r.plan.smem_bytes
+                for warning in res.wgmma_warnings:
+                    click.echo(f"{name} ({arch}): {warning}", err=True)
+                    bad += 1
                 for f in res.functions:
                     ok_smem = f.smem_bytes == want_static
                     spill = f.spills and not allow_spills

@@ -51,11 +51,20 @@ class CompileResult:
     log: str
     cached: bool
 
+    @property
+    def wgmma_warnings(self) -> tuple[str, ...]:
+        """ptxas warnings that mean a kernel lost what it was written for: setmaxnreg ignored (C7508)
+        or wgmma serialized / an arrive inserted (C7510-C7520)."""
+        return tuple(line.strip() for line in self.log.splitlines() if WGMMA_WARNING.search(line))
+
     def function(self, name: str) -> FunctionReport:
         for f in self.functions:
             if f.name == name:
                 return f
         raise KeyError(name)
+
+
+WGMMA_WARNING = re.compile(r"\bC75(08|1\d|20)\b")
 
 
 def find_nvcc() -> str:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import struct
 
 KPARAM_INFO = 0x17          # EIATTR_KPARAM_INFO: one record per kernel parameter
-SVAL, HVAL, BVAL = 4, 3, 2  # .nv.info record formats: sized value, 16-bit value, 8-bit value
+PARAM_CBANK = 0x0A          # EIATTR_PARAM_CBANK: where the parameter buffer sits, and its size
+SVAL = 4                    # .nv.info record format with a 16-bit size and that many bytes
+FIXED = (1, 2, 3)           # formats with a 2-byte value (NVAL, BVAL, HVAL): every record is 4 bytes
 
 
 def _sections(elf: bytes) -> dict[str, bytes]:
@@ -28,31 +30,35 @@ def _sections(elf: bytes) -> dict[str, bytes]:
 def _records(info: bytes):
     """(attribute, payload) of every record of an .nv.info section."""
     at = 0
-    while at + 2 <= len(info):
+    while at + 4 <= len(info):
         fmt, attr = info[at], info[at + 1]
-        at += 2
         if fmt == SVAL:
-            size = struct.unpack_from("<H", info, at)[0]
-            yield attr, info[at + 2:at + 2 + size]
-            at += 2 + size
-        elif fmt == HVAL:
-            yield attr, info[at:at + 2]
-            at += 2
-        elif fmt == BVAL:
-            yield attr, info[at:at + 1]
-            at += 1
+            size = struct.unpack_from("<H", info, at + 2)[0]
+            yield attr, info[at + 4:at + 4 + size]
+            at += 4 + size
+        elif fmt in FIXED:
+            yield attr, info[at + 2:at + 4]
+            at += 4
         else:
-            yield attr, b""
+            raise ValueError(f"unknown .nv.info record format {fmt} at byte {at}")
 
 
-def param_offsets(cubin: bytes) -> dict[str, int]:
-    """kernel name -> byte offset of its first parameter in the parameter buffer."""
+def param_layout(cubin: bytes) -> dict[str, tuple[int, int]]:
+    """kernel name -> (byte offset of its first parameter, size of its parameter buffer)."""
     out = {}
     for section, data in _sections(cubin).items():
         if not section.startswith(".nv.info."):
             continue
-        offsets = [struct.unpack_from("<IHH", payload)[2] for attr, payload in _records(data)
+        records = list(_records(data))
+        offsets = [struct.unpack_from("<IHH", payload)[2] for attr, payload in records
                    if attr == KPARAM_INFO and len(payload) >= 8]
+        sizes = [struct.unpack_from("<IHH", payload)[2] for attr, payload in records
+                 if attr == PARAM_CBANK and len(payload) >= 8]
         if offsets:
-            out[section[len(".nv.info."):]] = min(offsets)
+            out[section[len(".nv.info."):]] = (min(offsets), sizes[0] if sizes else -1)
     return out
+
+
+def param_offsets(cubin: bytes) -> dict[str, int]:
+    """kernel name -> byte offset of its first parameter in the parameter buffer."""
+    return {name: offset for name, (offset, _size) in param_layout(cubin).items()}

@@ -211,9 +211,13 @@ class Kernel:
                      synchronize: bool | None = None) -> "Kernel":
         """Compile and load one source per part of the plan's bundle."""
         from .compile import compile_source
-        from .cubin import param_offsets
+        from .cubin import param_layout
         torch, drv, primary = gpu_modules()
-        arch = plan.compile_arch(device_arch(torch))   # e.g. sm_90a for wgmma / setmaxnreg
+        device = device_arch(torch)
+        if plan.arch_suffix and device != plan.target.arch:
+            raise ToolError(f"{plan.spec.name} needs an {plan.target.arch}{plan.arch_suffix} GPU ({plan.target.name}); "
+                            f"this one is {device}")
+        arch = plan.compile_arch(device)   # e.g. sm_90a for wgmma / setmaxnreg
         label = label or plan.spec.name
         sources = tuple(sources)
         if len(sources) != len(plan.parts):
@@ -224,7 +228,7 @@ class Kernel:
         compiled, modules, functions = [], [], {}
         for part, source in zip(plan.parts, sources):
             result = compile_source(source, arch, on_compile=on_compile)
-            offsets = param_offsets(result.cubin)
+            layout = param_layout(result.cubin)
             try:
                 module = drv.module_from_buffer(result.cubin)
             except drv.Error as exc:
@@ -236,7 +240,10 @@ class Kernel:
                     raise ToolError(f"{label}: the cubin has no kernel {name} ({exc})") from exc
                 _configure(drv, primary.device, plan, fn, name)
                 # A 64-byte aligned Params starts past a gap in the parameter buffer (the cubin says where).
-                gap = offsets.get(name, 0)
+                gap, size = layout.get(name, (None, None))
+                if gap is None or (size >= 0 and gap + plan.abi.size != size):
+                    raise ToolError(f"{label}: the cubin's parameter layout of {name} (offset {gap}, buffer {size} B) "
+                                    f"does not match Params ({plan.abi.size} B)")
                 functions[name] = (gap, fn.prepare(f"{gap + plan.abi.size}s"))
             compiled.append(result)
             modules.append(module)

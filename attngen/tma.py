@@ -42,6 +42,21 @@ def driver():
     return _driver
 
 
+def map_strides(shape: tuple[int, int, int, int], strides: tuple[int, ...], esize: int) -> tuple[int, int, int]:
+    """Byte strides of the map's dims (seq, heads, batch) for a (B, H, S, D) view. The encoder needs
+    multiples of 16 bytes; a dimension of size 1 is only read at index 0, so its stride is free and
+    becomes the extent of the dimensions inside it."""
+    b, h, s, d = shape
+    out, inner = [], d * esize
+    for size, stride in ((s, strides[2]), (h, strides[1]), (b, strides[0])):
+        step = stride * esize
+        if size == 1 and step % 16:
+            step = -(-inner // 16) * 16
+        out.append(step)
+        inner = step * size
+    return tuple(out)
+
+
 def encode(view, spec: TensorMapSpec) -> bytes:
     """The 128-byte tensor map of a (B, H, S, D) torch view for `spec`."""
     b, h, s, d = view.shape
@@ -50,7 +65,7 @@ def encode(view, spec: TensorMapSpec) -> bytes:
     buf = ctypes.create_string_buffer(MAP_BYTES + MAP_ALIGN)
     addr = (ctypes.addressof(buf) + MAP_ALIGN - 1) // MAP_ALIGN * MAP_ALIGN   # the encoder needs 64-byte alignment
     dims = (ctypes.c_uint64 * 4)(d, s, h, b)
-    strides = (ctypes.c_uint64 * 3)(view.stride(2) * esize, view.stride(1) * esize, view.stride(0) * esize)
+    strides = (ctypes.c_uint64 * 3)(*map_strides(tuple(view.shape), tuple(view.stride()), esize))
     box = (ctypes.c_uint32 * 4)(spec.box_cols, spec.box_rows, 1, 1)
     elem = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
     rc = driver()(addr, dtype, 4, view.data_ptr(), dims, strides, box, elem, INTERLEAVE_NONE,

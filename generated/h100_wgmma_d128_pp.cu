@@ -100,7 +100,7 @@
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
-//   launch bounds: 384 threads, at least 1 block(s) per SM: ptxas caps registers at 170 per thread
+//   launch bounds: 384 threads, at least 1 block(s) per SM: ptxas caps registers at 168 per thread
 //
 //   resident blocks per SM on h100: 1 by shared memory and threads (compile to see the register limit)
 
@@ -462,8 +462,16 @@ constexpr int kConsumerRegisters = 240;
 constexpr bool kOverlap = true;  // softmax of tile t while P.V of tile t-1 runs
 constexpr bool kPingPong = true;  // consumer warpgroups take turns issuing GEMMs
 constexpr int kTurnBarrier = 1;   // named barrier 1 + w: consumer warpgroup w's turn (0 is __syncthreads)
-constexpr int kPanelRowBytes = 128;                           // one swizzled row: 64 elements
-constexpr int kSwizzleAtomBytes = 1024;                       // 8 rows: the stride byte offset of every descriptor
+constexpr int kPanelCols = 64;          // elements in one swizzled row (TMA box width)
+constexpr int kPanelRowBytes = 128;     // bytes of one swizzled row
+constexpr int kSwizzleAtomBytes = 1024;  // 8 rows: every descriptor's stride byte offset
+constexpr int kKMajorLBO = 16;        // leading byte offset of K-major Q and K
+constexpr int kKStepBytes = 32;            // a k16 step inside a K-major panel
+constexpr int kKStepsPerPanel = 4;
+constexpr int kVPanelBytes = 16384;           // MN-major V: bytes between 64-column panels
+constexpr int kVStepBytes = 2048;            // MN-major V: a k16 step (16 key rows)
+constexpr int kRowsPerWarpgroup = 64;  // the M of every wgmma
+constexpr int kTurnThreads = 256;           // threads of a ping-pong turn barrier
 constexpr int kBarrierBytes = 8;
 constexpr int kFullBars = kSmem_bars;                         // full[s]: stage s holds tile t
 constexpr int kEmptyBars = kSmem_bars + kStages * kBarrierBytes;   // empty[s]: stage s may be refilled
@@ -474,25 +482,26 @@ static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes =
 // Ping-pong turns: warpgroup w waits for its turn before issuing GEMMs and hands the turn to the
 // other after; each phase of a turn barrier counts both warpgroups' 256 threads.
 __device__ __forceinline__ void wait_turn(int warpgroup) {
-    if constexpr (kPingPong) asm volatile("bar.sync %0, 256;\n" :: "r"(kTurnBarrier + warpgroup) : "memory");
+    if constexpr (kPingPong) asm volatile("bar.sync %0, %1;\n" :: "r"(kTurnBarrier + warpgroup), "n"(kTurnThreads) : "memory");
 }
 __device__ __forceinline__ void pass_turn(int warpgroup) {
-    if constexpr (kPingPong) asm volatile("bar.arrive %0, 256;\n" :: "r"(kTurnBarrier + (warpgroup ^ 1)) : "memory");
+    if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" :: "r"(kTurnBarrier + (warpgroup ^ 1)), "n"(kTurnThreads) : "memory");
 }
 
 // Descriptors of one k16 step: Q rows of this warpgroup (A, K-major) and the K tile (B, K-major):
 // a 64-column panel holds 4 steps, 32 bytes apart.
 __device__ __forceinline__ uint64_t q_desc(uint32_t sQ, int wg_row0, int kk) {
-    return smem_desc_sw128(sQ + (kk / 4) * (kBlockM * kPanelRowBytes) + wg_row0 * kPanelRowBytes + (kk % 4) * 32,
-                           16, kSwizzleAtomBytes);
+    return smem_desc_sw128(sQ + (kk / kKStepsPerPanel) * (kBlockM * kPanelRowBytes) + wg_row0 * kPanelRowBytes +
+                           (kk % kKStepsPerPanel) * kKStepBytes, kKMajorLBO, kSwizzleAtomBytes);
 }
 __device__ __forceinline__ uint64_t k_desc(uint32_t sK, int kk) {
-    return smem_desc_sw128(sK + (kk / 4) * (kBlockN * kPanelRowBytes) + (kk % 4) * 32, 16, kSwizzleAtomBytes);
+    return smem_desc_sw128(sK + (kk / kKStepsPerPanel) * (kBlockN * kPanelRowBytes) + (kk % kKStepsPerPanel) * kKStepBytes,
+                           kKMajorLBO, kSwizzleAtomBytes);
 }
 // V (B of P.V, MN-major: keys are rows, head_dim contiguous): 16 keys per step; 64-column panels
 // of head_dim are kBlockN rows apart (the leading byte offset).
 __device__ __forceinline__ uint64_t v_desc(uint32_t sV, int kc) {
-    return smem_desc_sw128(sV + kc * 16 * kPanelRowBytes, kBlockN * kPanelRowBytes, kSwizzleAtomBytes);
+    return smem_desc_sw128(sV + kc * kVStepBytes, kVPanelBytes, kSwizzleAtomBytes);
 }
 
 // Issue S = Q.K^T for this warpgroup's 64 rows against one K tile (one commit group).
@@ -604,7 +613,7 @@ __device__ __forceinline__ void attention(const Params& p) {
             mbarrier_arrive_expect_tx(smem_addr + kQBar, kQBytes);
 #pragma unroll
             for (int panel = 0; panel < kPanels; ++panel)
-                tma_load_4d(smem_addr + kSmem_q + panel * kBlockM * kPanelRowBytes, map_q, 64 * panel, c.m0, c.head,
+                tma_load_4d(smem_addr + kSmem_q + panel * kBlockM * kPanelRowBytes, map_q, kPanelCols * panel, c.m0, c.head,
                             c.batch, smem_addr + kQBar);
             for (int t = 0; t < n_tiles; ++t) {
                 const int stage = t % kStages;
@@ -615,22 +624,22 @@ __device__ __forceinline__ void attention(const Params& p) {
                 const uint32_t slot = smem_addr + stage * kStageStride;
 #pragma unroll
                 for (int panel = 0; panel < kPanels; ++panel) {
-                    tma_load_4d(slot + kSmem_k0 + panel * kBlockN * kPanelRowBytes, map_k, 64 * panel, t * kBlockN,
+                    tma_load_4d(slot + kSmem_k0 + panel * kBlockN * kPanelRowBytes, map_k, kPanelCols * panel, t * kBlockN,
                                 c.kv_head, c.batch, full);
-                    tma_load_4d(slot + kSmem_v0 + panel * kBlockN * kPanelRowBytes, map_v, 64 * panel, t * kBlockN,
+                    tma_load_4d(slot + kSmem_v0 + panel * kBlockN * kPanelRowBytes, map_v, kPanelCols * panel, t * kBlockN,
                                 c.kv_head, c.batch, full);
                 }
             }
         }
     } else {
         if constexpr (kConsumerRegisters > 0) setmaxnreg_inc<kConsumerRegisters>();
-        const int wg_row0 = warpgroup * 64;                  // this warpgroup's rows inside the block
+        const int wg_row0 = warpgroup * kRowsPerWarpgroup;   // this warpgroup's rows inside the block
         const int row0 = c.m0 + wg_row0 + (warp % 4) * 16;   // this warp's first query row
         float o[kORegs], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
         // Tiles whose keys some row of this warpgroup sees; later tiles of the block it only hands back.
-        const int my_tiles = min(n_tiles, tiles_up_to_row<kMask>(c.m0 + wg_row0 + 63, p));
+        const int my_tiles = min(n_tiles, tiles_up_to_row<kMask>(c.m0 + wg_row0 + kRowsPerWarpgroup - 1, p));
         const uint32_t sQ = smem_addr + kSmem_q;
         auto full = [&](int t) { return smem_addr + kFullBars + (t % kStages) * kBarrierBytes; };
         auto empty = [&](int t) { return smem_addr + kEmptyBars + (t % kStages) * kBarrierBytes; };

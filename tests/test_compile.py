@@ -3,6 +3,7 @@ the planner's. The ptxas parser is tested on a literal log and needs no nvcc."""
 from __future__ import annotations
 
 import json
+import re
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -249,3 +250,32 @@ def test_param_offsets_from_the_cubin():
         r = render_spec_file(ROOT / "specs" / f"{name}.yaml")
         res = compile_source(r.source, r.plan.compile_arch(r.plan.target.arch))
         assert param_offsets(res.cubin) == {fn: gap for _, fn in r.plan.functions}, name
+
+
+@pytest.mark.nvcc
+def test_ignored_setmaxnreg_is_reported():
+    """Without a register cap at entry ptxas ignores setmaxnreg (C7508); `compile` must notice."""
+    r = render_spec_file(ROOT / "specs" / "h100_wgmma_d128.yaml")
+    source = re.sub(r"__launch_bounds__\([^)]*\)", "", r.source)
+    assert source != r.source
+    res = compile_source(source, "sm_90a")
+    assert any("C7508" in w for w in res.wgmma_warnings), res.log
+    assert not compile_source(r.source, "sm_90a").wgmma_warnings
+
+
+def test_tensor_map_strides():
+    from attngen.tma import map_strides
+    assert map_strides((2, 4, 100, 64), (25600, 6400, 64, 1), 2) == (128, 12800, 51200)    # bhsd
+    assert map_strides((2, 4, 100, 64), (25600, 64, 256, 1), 2) == (512, 128, 51200)      # bshd
+    # size-1 dimensions may carry any stride; the map gets a valid one
+    assert map_strides((1, 1, 1, 64), (3, 3, 3, 1), 2) == (128, 128, 128)
+
+
+def test_cubin_records_parse_whole_sections():
+    """Every .nv.info record is 4 bytes, or 4 plus its size: a parse that went out of step raises."""
+    from attngen.cubin import _records
+    info = bytes([2, 0x4C, 1, 0]) + bytes([4, 0x17, 12, 0]) + bytes(6) + (48).to_bytes(2, "little") + bytes(4) \
+        + bytes([3, 0x1B, 255, 0])
+    assert [a for a, _ in _records(info)] == [0x4C, 0x17, 0x1B]
+    with pytest.raises(ValueError):
+        list(_records(bytes([9, 1, 0, 0])))

@@ -189,6 +189,9 @@ RULE_CASES = [
     ("rule_registers", WGMMA, {"registers__consumer": 244}, "registers.consumer", "multiple of 8 (got 244)"),
     ("rule_registers", WGMMA, {"registers__consumer": 248}, "registers", "exceed the pool of 504"),
     ("rule_registers", WGMMA, {"registers": {"producer": 200, "consumer": 152}}, "registers", "at most and consumer"),
+    ("rule_registers", merged(WGMMA, warps={"producer": 4, "consumer": 4}, tile={"block_m": 64, "block_n": 128}),
+     {}, "registers", "leave registers unset"),
+    ("rule_registers", WGMMA, {"min_blocks_per_sm": 1}, "min_blocks_per_sm", "one block per SM"),
     ("rule_pingpong", WGMMA, {"schedule": {"pingpong": True}}, "schedule.pingpong", "set schedule.overlap: true"),
     ("rule_pingpong", merged(WGMMA, warps={"producer": 4, "consumer": 4}, tile={"block_m": 64, "block_n": 128},
                              registers={"producer": 24, "consumer": 232}),
@@ -221,6 +224,11 @@ def test_refusals_name_the_spec_own_fragment_only():
         message = spec_error(text).message
         others = [k.select_value for k in KINDS if k is not kind and k.select_value in message]
         assert not others, f"{rule} for {kind.select_value} names {others}: {message}"
+
+
+def test_wgmma_without_registers_when_accumulators_do_not_fit():
+    err = spec_error(to_yaml(merged(WGMMA, registers=DELETE)))
+    assert err.key == "registers" and "gets 168 at entry" in err.message and "set registers:" in err.message
 
 
 def test_every_rule_has_a_case():

@@ -222,5 +222,6 @@ class Occupancy:
         return self.target.regs_per_sm // (per_warp * (self.threads // 32))
 
     def register_cap(self, min_blocks: int) -> int:
-        """Registers per thread ptxas may use so that `min_blocks` blocks fit on one SM."""
-        return min(255, self.target.regs_per_sm // (min_blocks * self.threads))
+        """Registers per thread ptxas may use so that `min_blocks` blocks fit on one SM (it
+        allocates in units of 8)."""
+        return min(255, self.target.regs_per_sm // (min_blocks * self.threads) // 8 * 8)

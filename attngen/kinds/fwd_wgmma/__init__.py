@@ -30,7 +30,7 @@ ROWS_PER_WARPGROUP = 64    # the M of every wgmma
 PANEL_BYTES = 128          # one 128-byte-swizzled row: 64 16-bit elements
 TILE_ALIGN = 1024          # the 128-byte swizzle pattern repeats every 8 rows = 1024 B, on absolute addresses
 MAX_N = 256                # wgmma N
-REGISTER_FILE = 65536      # 32-bit registers per SM (one block per SM with setmaxnreg)
+ACCUMULATOR_MARGIN = 48    # registers a consumer thread needs beside its S and O accumulators (addresses, softmax)
 
 
 class Registers(Strict):
@@ -107,28 +107,47 @@ def rule_pingpong(s):
                                      f"(got {s.compute_warps})")
 
 
+def entry_cap(s) -> int:
+    """Registers per thread at entry with one block per SM: the register file over the block's
+    threads, in the units of 8 that ptxas and setmaxnreg count in."""
+    threads = 32 * (s.compute_warps + s.producer_warps)
+    return TARGETS[s.target].regs_per_sm // threads // 8 * 8
+
+
 def rule_registers(s):
     r = s.registers
+    consumers = s.compute_warps // WARPGROUP
+    need = s.tile.block_n // 2 + s.head_dim // 2 + ACCUMULATOR_MARGIN
     if r is None:
+        if need > entry_cap(s):
+            return "registers", (f"a consumer thread needs about {need} registers (S {s.tile.block_n // 2} + O "
+                                 f"{s.head_dim // 2} accumulators + {ACCUMULATOR_MARGIN}) but gets {entry_cap(s)} "
+                                 f"at entry: set registers: {{producer: 24, consumer: ...}} to move the producer's "
+                                 f"registers to the consumers")
         return None
     if s.producer_warps == 0:
         return "registers", "setmaxnreg moves registers between roles: it needs a producer warpgroup"
+    if consumers == 1:
+        return "registers", ("with one consumer warpgroup the entry cap already gives it all it can take; leave "
+                             "registers unset")
+    if s.min_blocks_per_sm is not None:
+        return "min_blocks_per_sm", ("setmaxnreg needs one block per SM (its register pool is the block's); "
+                                     "leave min_blocks_per_sm unset")
     for role in ("producer", "consumer"):
         n = getattr(r, role)
         if n % 8:
             return f"registers.{role}", f"setmaxnreg takes a multiple of 8 (got {n}); try {n // 8 * 8}"
-    consumers = s.compute_warps // WARPGROUP
-    threads = 32 * (s.compute_warps + s.producer_warps)
-    pool = REGISTER_FILE // threads // 8 * 8 * (consumers + 1)
+    cap = entry_cap(s)
+    pool = cap * (consumers + 1)
     used = r.producer + consumers * r.consumer
     if used > pool:
         return "registers", (f"{r.producer} + {consumers} x {r.consumer} = {used} registers per warpgroup lane exceed "
-                             f"the pool of {pool} ({consumers + 1} warpgroups x {pool // (consumers + 1)}, the cap at "
-                             f"entry for {threads} threads); lower registers.consumer to "
+                             f"the pool of {pool} ({consumers + 1} warpgroups x {cap}, the cap at entry for "
+                             f"{32 * (s.compute_warps + s.producer_warps)} threads); lower registers.consumer to "
                              f"{(pool - r.producer) // consumers // 8 * 8}")
-    if r.producer > pool // (consumers + 1) or r.consumer < pool // (consumers + 1):
+    if r.producer > cap or r.consumer < cap:
         return "registers", (f"the producer gives registers to the consumers: producer ({r.producer}) at most and "
-                             f"consumer ({r.consumer}) at least the entry cap of {pool // (consumers + 1)}")
+                             f"consumer ({r.consumer}) at least the entry cap of {cap}")
 
 
 class Schedule(Strict):
@@ -167,6 +186,16 @@ class WgmmaFragments:
     consumer_registers: int
     overlap: bool           # softmax of tile t runs while P.V of tile t-1 is in flight
     pingpong: bool          # the two consumer warpgroups take turns issuing GEMMs
+    panel_cols: int         # elements in one 128-byte swizzled row (the TMA box width)
+    panel_row_bytes: int    # bytes of one such row
+    swizzle_atom_bytes: int  # 8 rows: the repeat of the 128-byte swizzle, every descriptor's stride byte offset
+    k_major_lbo_bytes: int  # leading byte offset of K-major Q and K (unused by the hardware with this swizzle)
+    k_step_bytes: int       # a k16 step inside a K-major panel (16 elements)
+    k_steps_per_panel: int
+    v_lbo_bytes: int        # MN-major V: bytes between its 64-column panels (block_n rows)
+    v_step_bytes: int       # MN-major V: a k16 step = 16 key rows
+    rows_per_warpgroup: int
+    turn_threads: int       # threads counted by a ping-pong turn barrier (both consumer warpgroups)
     q_bytes: int            # TMA transaction bytes of the Q tile
     kv_bytes: int           # TMA transaction bytes of one stage (K and V tiles)
 
@@ -210,8 +239,9 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     maps = (TensorMapSpec("q", bm), TensorMapSpec("k", bn), TensorMapSpec("v", bn))
     frag = WgmmaFragments(consumers, producers, d // SWIZZLE_128B_COLS, bn // 2, d // 2, d // 16, bn // 16,
                           regs.producer if regs else 0, regs.consumer if regs else 0, spec.schedule.overlap,
-                          spec.schedule.pingpong,
-                          q_bytes, kv_bytes)
+                          spec.schedule.pingpong, SWIZZLE_128B_COLS, PANEL_BYTES, TILE_ALIGN, 16,
+                          16 * 2, SWIZZLE_128B_COLS // 16, bn * PANEL_BYTES, 16 * PANEL_BYTES, ROWS_PER_WARPGROUP,
+                          2 * WARPGROUP * 32, q_bytes, kv_bytes)
     bars = barriers(stages, spec.compute_warps, kv_bytes, q_bytes, next(r.offset for r in regions if r.name == "bars"))
     functions = tuple((m, function_name(spec, m)) for m in spec.masks)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
@@ -266,8 +296,9 @@ def explain(plan) -> list[str]:
              f"{f.k_steps_pv} x m64n{plan.head_dim}k16 (P.V, RS, V MN-major)",
              f"TMA: Q {f.q_bytes} B once, K+V {f.kv_bytes} B per stage, in {f.panels} 64-column panel(s) each; "
              "tensor maps: " + "; ".join(m.describe() for m in plan.tensor_maps),
-             "descriptors: 128-byte swizzle, K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V "
-             f"(LBO {plan.block_n * PANEL_BYTES} B between 64-column panels, SBO 1024 B, k16 step +2048 B)",
+             f"descriptors: 128-byte swizzle, K-major Q and K (SBO {f.swizzle_atom_bytes} B, k16 step "
+             f"+{f.k_step_bytes} B), MN-major V (LBO {f.v_lbo_bytes} B between 64-column panels, SBO "
+             f"{f.swizzle_atom_bytes} B, k16 step +{f.v_step_bytes} B)",
              "registers: " + (f"setmaxnreg producer {f.producer_registers}, consumer {f.consumer_registers}"
                               if f.producer_registers else "no reallocation"),
              "online softmax: exp2 with the scale folded in; rescale always"
