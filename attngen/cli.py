@@ -308,7 +308,7 @@ def explain(spec, as_json, arch):
                 f"for the registers on {arch})", param_hint="'--arch'")
         from .compile import compile_source
         from .errors import ToolError
-        functions = [f for _name, source in r.files for f in compile_source(source, arch).functions]
+        functions = [f for _name, source in r.files for f in compile_source(source, r.plan.compile_arch(arch)).functions]
         if not functions:
             raise ToolError(f"ptxas reported no kernel function for {spec} on {arch}; "
                             f"see `attngen compile {spec} --arch {arch}`")
