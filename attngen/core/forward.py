@@ -9,7 +9,7 @@ from typing import Callable
 from ..errors import SpecError
 from ..targets import TARGETS, Target
 from .abi import Abi, float32, float_pointer, int32, int64, pointer
-from .layout import (CHUNK_BYTES, DEFAULT_SMEM_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
+from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
                      TileCopy, barrier_region, check_budget, layout_regions, ring_stride)
 from .spec import ForwardSpec, PadSwizzle, XorSwizzle
 from .variants import MASKS, MaskVariant
@@ -146,9 +146,9 @@ class ForwardPlan:
     def smem_note(self) -> str:
         """Why the kernel declares its shared memory the way it does."""
         if self.smem_dynamic:
-            return (f"dynamic: {self.smem_bytes} B exceed the {DEFAULT_SMEM_BYTES} B a block gets by default, so the "
+            return (f"dynamic: {self.smem_bytes} B exceed the {self.target.smem_per_block} B a block gets by default, so the "
                     f"kernel declares extern __shared__ and the launch raises the opt-in attribute")
-        return f"static: {self.smem_bytes} B fit the {DEFAULT_SMEM_BYTES} B default, so ptxas can confirm the plan"
+        return f"static: {self.smem_bytes} B fit the {self.target.smem_per_block} B default, so ptxas can confirm the plan"
 
     def compile_arch(self, arch: str) -> str:
         """The nvcc target for a GPU of `arch` (sm_90 -> sm_90a when the kernel needs it)."""

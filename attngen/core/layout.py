@@ -11,7 +11,6 @@ from ..targets import Target
 REGION_ALIGN = 128          # bytes; every region starts on a 128-byte boundary
 CHUNK_BYTES = 16            # one vectorized copy (uint4 / cp.async.cg 16)
 MBARRIER_BYTES = 8          # one mbarrier object
-DEFAULT_SMEM_BYTES = 49152  # what a block may use without the opt-in attribute, on every target
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, Ti
 from ...core.spec import ForwardSpec, Strict, XorSwizzle, refuse, rule_threads
 from ...core.tma import MAP_ALIGN, MAP_BYTES, SWIZZLE_128B_COLS, TensorMapSpec
 from ...core.variants import MASKS
-from ...errors import SpecError
 from ...targets import TARGETS
 
 NAME = "fwd_wgmma"
