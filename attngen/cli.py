@@ -357,7 +357,11 @@ def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
     report, bad = [], 0
     for path in _spec_files(specs, specs_dir):
         r = render_spec_file(path)
-        for arch in archs or (r.plan.compile_arch(r.plan.target.arch),):
+        for asked in archs or (r.plan.target.arch,):
+            try:
+                arch = r.plan.compile_arch(asked)   # sm_90 -> sm_90a for a kind that needs it
+            except ValueError as e:
+                raise click.UsageError(f"{path}: {e}")
             for name, source in r.files:
                 res = compile_source(source, arch, on_compile=lambda a, n=name: click.echo(
                     f"compiling {n} for {a} ...", err=True))
@@ -621,9 +625,11 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     """Search variants of BASE_SPEC for the fastest correct kernel per shape on this GPU.
 
     \b
-    The space: tile.block_m, tile.block_n, warps (and producer/consumer splits when the
-    base has warp roles), smem.stages, smem.swizzle (the base's or none) and
-    smem.q_in_registers. A candidate is dropped before compiling when it breaks a spec
+    The space is declared by the base spec's kind, around the base's own values. scalar,
+    wmma and mma.sync specs: tile.block_m, tile.block_n, warps (and producer/consumer
+    splits when the base has warp roles), smem.stages, smem.swizzle (the base's or none)
+    and smem.q_in_registers. wgmma specs: tile.block_n, consumer warpgroups with or
+    without a producer warpgroup (block_m follows), smem.stages, registers and schedule. A candidate is dropped before compiling when it breaks a spec
     rule, exceeds the shared-memory budget or renders the same code as another; after
     compiling when nvcc fails or ptxas reports spills; on the GPU when it fails the
     verifier's quick suite or the output check on the sweep's inputs. Survivors are timed
@@ -661,7 +667,7 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
                              jobs=jobs or os.cpu_count() or 1)
     space = S.default_space(base)
     click.echo(f"sweep: {space.size} candidates in the space of {base.name}; pruning ...", err=True)
-    survivors = S.prune(base, space.choices())
+    survivors = S.prune(base, space)
     steps = S.planned_steps(len(survivors[0]), options, measuring=measurer is not None)
     # Off a terminal click prints every new label as a line: there, relabel every 10% only.
     every = 1 if sys.stderr.isatty() else max(1, steps // 10)

@@ -34,7 +34,7 @@
 //   threads: 384 = 8 compute warp(s) + 4 producer warp(s); each compute warp owns 16 query rows
 //   warpgroups: 2 consumer(s) x 64 rows + 1 producer; S 64 + O 64 fp32 accumulator registers per consumer thread
 //   wgmma per tile per consumer warpgroup: 8 x m64n128k16 (Q.K^T, SS) + 8 x m64n128k16 (P.V, RS, V MN-major)
-//   TMA: Q 32768 B once, K+V 65536 B per stage, in 2 64-column panel(s) each; tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows past the sequence read as zeros; k: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows past the sequence read as zeros; v: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows past the sequence read as zeros
+//   TMA: Q 32768 B once, K and V 32768 B each per stage, in 2 64-column panel(s) each, issued by thread 256 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows past the sequence read as zeros; k: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows past the sequence read as zeros; v: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows past the sequence read as zeros
 //   descriptors: 128-byte swizzle, K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V (LBO 16384 B between 64-column panels, SBO 1024 B, k16 step +2048 B)
 //   registers: setmaxnreg producer 24, consumer 240
 //   online softmax: exp2 with the scale folded in; rescale always; overlapped with the previous tile's P.V
@@ -51,24 +51,30 @@
 //     v1       131072   32768   32.00  256x64 half         128  128B: chunk ^= row % 8       V tile, stage 1; 2 panel(s) of 128 rows x 64
 //     k2       163840   32768   32.00  256x64 half         128  128B: chunk ^= row % 8       K tile, stage 2; 2 panel(s) of 128 rows x 64
 //     v2       196608   32768   32.00  256x64 half         128  128B: chunk ^= row % 8       V tile, stage 2; 2 panel(s) of 128 rows x 64
-//     bars     229376      56    0.05  7x1 uint64            8  none                         mbarriers full[0..3), empty[0..3), q_full
-//     total 229432 B (224.05 KiB) of 232448 B (227.00 KiB) budget, 99%
-//     dynamic: 229432 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
+//     bars     229376     104    0.10  13x1 uint64           8  none                         mbarriers full_k, full_v, empty_k, empty_v [0..3) each, q_full
+//     total 229480 B (224.10 KiB) of 232448 B (227.00 KiB) budget, 99%
+//     dynamic: 229480 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
 //   warp roles and mbarriers (region bars):
 //     consumer warpgroups 0..1 (warps 0..7): 64 query rows each; S = Q.K^T (wgmma SS, N 128), online softmax, O += P.V (wgmma RS, N 128); setmaxnreg.inc to 240
 //     producer warpgroup 2 (warps 8..11): thread 256 issues every TMA copy, the other threads exit; setmaxnreg.dec to 24
-//     full0   smem +229376    1 arrivals per phase from the producer thread (arrive.expect_tx 65536 B; TMA completes the bytes); consumer threads wait
-//     full1   smem +229384    1 arrivals per phase from the producer thread (arrive.expect_tx 65536 B; TMA completes the bytes); consumer threads wait
-//     full2   smem +229392    1 arrivals per phase from the producer thread (arrive.expect_tx 65536 B; TMA completes the bytes); consumer threads wait
-//     empty0  smem +229400    8 arrivals per phase from lane 0 of each consumer warp, after its wgmma reads of the stage completed; the producer thread wait
-//     empty1  smem +229408    8 arrivals per phase from lane 0 of each consumer warp, after its wgmma reads of the stage completed; the producer thread wait
-//     empty2  smem +229416    8 arrivals per phase from lane 0 of each consumer warp, after its wgmma reads of the stage completed; the producer thread wait
-//     q_full  smem +229424    1 arrivals per phase from the producer thread (arrive.expect_tx 32768 B); consumer threads wait
+//     full_k0 smem +229376    1 arrivals per phase from the producer thread (256) (arrive.expect_tx 32768 B; TMA completes the bytes); consumer threads wait
+//     full_k1 smem +229384    1 arrivals per phase from the producer thread (256) (arrive.expect_tx 32768 B; TMA completes the bytes); consumer threads wait
+//     full_k2 smem +229392    1 arrivals per phase from the producer thread (256) (arrive.expect_tx 32768 B; TMA completes the bytes); consumer threads wait
+//     full_v0 smem +229400    1 arrivals per phase from the producer thread (256) (arrive.expect_tx 32768 B; TMA completes the bytes); consumer threads wait
+//     full_v1 smem +229408    1 arrivals per phase from the producer thread (256) (arrive.expect_tx 32768 B; TMA completes the bytes); consumer threads wait
+//     full_v2 smem +229416    1 arrivals per phase from the producer thread (256) (arrive.expect_tx 32768 B; TMA completes the bytes); consumer threads wait
+//     empty_k0 smem +229424    8 arrivals per phase from lane 0 of each consumer warp, once its S = Q.K^T of the stage completed; the producer thread (256) wait
+//     empty_k1 smem +229432    8 arrivals per phase from lane 0 of each consumer warp, once its S = Q.K^T of the stage completed; the producer thread (256) wait
+//     empty_k2 smem +229440    8 arrivals per phase from lane 0 of each consumer warp, once its S = Q.K^T of the stage completed; the producer thread (256) wait
+//     empty_v0 smem +229448    8 arrivals per phase from lane 0 of each consumer warp, once its P.V of the stage completed; the producer thread (256) wait
+//     empty_v1 smem +229456    8 arrivals per phase from lane 0 of each consumer warp, once its P.V of the stage completed; the producer thread (256) wait
+//     empty_v2 smem +229464    8 arrivals per phase from lane 0 of each consumer warp, once its P.V of the stage completed; the producer thread (256) wait
+//     q_full  smem +229472    1 arrivals per phase from the producer thread (256) (arrive.expect_tx 32768 B); consumer threads wait
 //     schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):
-//       producer: Q (expect_tx 32768 B on q_full), then per tile: wait empty[s] (when t >= stages), expect_tx 65536 B on full[s], TMA K and V panels
-//       consumer: wait q_full once; per tile t: wait full[s], issue S_t = Q.K_t^T and O += P_(t-1).V_(t-1), wait for S_t only, softmax S_t while P.V runs, wait for P.V, arrive empty[(t-1) % stages], rescale O
-//       a consumer warpgroup whose rows see no key of a tile (causal) waits full[s] and arrives empty[s] without computing
+//       producer: Q (expect_tx 32768 B on q_full), then per tile: wait empty_k[s] (when t >= stages), expect_tx 32768 B on full_k[s], TMA K; the same for V on empty_v[s] and full_v[s]
+//       consumer: wait q_full once; per tile t: wait full_k[s] and full_v[(t-1) % stages], issue S_t = Q.K_t^T and O += P_(t-1).V_(t-1), wait for S_t only, arrive empty_k[s], softmax S_t while P.V runs, wait for P.V, arrive empty_v[(t-1) % stages], rescale O
+//       a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives empty_k/empty_v[s] without computing
 //     up to 3 tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), one __syncthreads publishes them
 //
 //   kernel parameters (Params, 576 B by value):
@@ -123,7 +129,7 @@ constexpr int kComputeThreads = 256;
 constexpr int kProducerThreads = 128;  // 0: every warp copies and computes
 constexpr int kRowsPerWarp = 16;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 16;  // 16-byte chunks in one row of head_dim
-constexpr int kSmemBytes = 229432;
+constexpr int kSmemBytes = 229480;
 constexpr int kStages = 3;           // K/V ring depth
 constexpr int kStageStride = 65536;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
@@ -138,7 +144,7 @@ constexpr int kSmem_k1 = 98304;  // K tile, stage 1; 2 panel(s) of 128 rows x 64
 constexpr int kSmem_v1 = 131072;  // V tile, stage 1; 2 panel(s) of 128 rows x 64: 256x64 half, 32768 B
 constexpr int kSmem_k2 = 163840;  // K tile, stage 2; 2 panel(s) of 128 rows x 64: 256x64 half, 32768 B
 constexpr int kSmem_v2 = 196608;  // V tile, stage 2; 2 panel(s) of 128 rows x 64: 256x64 half, 32768 B
-constexpr int kSmem_bars = 229376;  // mbarriers full[0..3), empty[0..3), q_full: 7x1 uint64, 56 B
+constexpr int kSmem_bars = 229376;  // mbarriers full_k, full_v, empty_k, empty_v [0..3) each, q_full: 13x1 uint64, 104 B
 
 // Q/K/V tile rows: pitch and swizzle (xor: chunk ^= row & 7).
 constexpr int kTilePitchBytes = 128;
@@ -458,7 +464,9 @@ constexpr int kORegs = 64;           // O accumulators per thread
 constexpr int kKStepsQK = 8;    // k16 steps of Q.K^T
 constexpr int kKStepsPV = 8;    // k16 steps of P.V
 constexpr int kQBytes = 32768;         // TMA transaction bytes of Q
-constexpr int kKVBytes = 65536;       // TMA transaction bytes of one stage
+constexpr int kTileBytes = 32768;   // TMA transaction bytes of one K or V tile
+constexpr bool kHasProducer = true;  // false: a consumer thread also issues the copies
+constexpr int kIssuer = 256;  // the one thread that issues every TMA copy
 constexpr int kProducerRegisters = 24;  // 0: no setmaxnreg
 constexpr int kConsumerRegisters = 240;
 constexpr bool kOverlap = true;  // softmax of tile t while P.V of tile t-1 runs
@@ -475,9 +483,11 @@ constexpr int kVStepBytes = 2048;            // MN-major V: a k16 step (16 key r
 constexpr int kRowsPerWarpgroup = 64;  // the M of every wgmma
 constexpr int kTurnThreads = 256;           // threads of a ping-pong turn barrier
 constexpr int kBarrierBytes = 8;
-constexpr int kFullBars = kSmem_bars;                         // full[s]: stage s holds tile t
-constexpr int kEmptyBars = kSmem_bars + kStages * kBarrierBytes;   // empty[s]: stage s may be refilled
-constexpr int kQBar = kSmem_bars + 2 * kStages * kBarrierBytes;    // q_full: the Q tile has landed
+constexpr int kFullK = kSmem_bars;                           // full_k[s]: stage s holds K of tile t
+constexpr int kFullV = kFullK + kStages * kBarrierBytes;      // full_v[s]: stage s holds V of tile t
+constexpr int kEmptyK = kFullV + kStages * kBarrierBytes;     // empty_k[s]: K of stage s may be refilled
+constexpr int kEmptyV = kEmptyK + kStages * kBarrierBytes;    // empty_v[s]: V of stage s may be refilled
+constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full: the Q tile has landed
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
               kStageStride % kSwizzleAtomBytes == 0, "128-byte swizzled tiles must be 1024-byte aligned");
 
@@ -488,6 +498,29 @@ __device__ __forceinline__ void wait_turn(int warpgroup) {
 }
 __device__ __forceinline__ void pass_turn(int warpgroup) {
     if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" :: "r"(kTurnBarrier + (warpgroup ^ 1)), "n"(kTurnThreads) : "memory");
+}
+
+// The copies. Tile t sits in stage t % kStages for the (t / kStages)-th time: phase t / kStages of
+// the stage's mbarriers (waiters test its parity).
+__device__ __forceinline__ void load_q(uint32_t smem_addr, const void* map_q, const BlockCoords& c) {
+    mbarrier_arrive_expect_tx(smem_addr + kQBar, kQBytes);
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel)
+        tma_load_4d(smem_addr + kSmem_q + panel * kBlockM * kPanelRowBytes, map_q, kPanelCols * panel, c.m0, c.head,
+                    c.batch, smem_addr + kQBar);
+}
+
+// K (kIsV false) or V of tile t into its stage, once the consumers handed back that operand of tile t - kStages.
+template <bool kIsV>
+__device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, const BlockCoords& c, int t) {
+    const int stage = t % kStages;
+    if (t >= kStages) mbarrier_wait(smem_addr + (kIsV ? kEmptyV : kEmptyK) + stage * kBarrierBytes, ((t / kStages) & 1) ^ 1);
+    const uint32_t full = smem_addr + (kIsV ? kFullV : kFullK) + stage * kBarrierBytes;
+    mbarrier_arrive_expect_tx(full, kTileBytes);
+    const uint32_t dst = smem_addr + stage * kStageStride + (kIsV ? kSmem_v0 : kSmem_k0);
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel)
+        tma_load_4d(dst + panel * kBlockN * kPanelRowBytes, map, kPanelCols * panel, t * kBlockN, c.kv_head, c.batch, full);
 }
 
 // Descriptors of one k16 step: Q rows of this warpgroup (A, K-major) and the K tile (B, K-major):
@@ -583,7 +616,7 @@ __device__ __forceinline__ void store_output(const float (&o)[kORegs], const flo
 
 template <Mask kMask>
 __device__ __forceinline__ void attention(const Params& p) {
-    extern __shared__ __align__(1024) unsigned char smem[];  // 229432 B: dynamic, opt-in
+    extern __shared__ __align__(1024) unsigned char smem[];  // 229480 B: dynamic, opt-in
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
     const BlockCoords c = block_coords<kMask>(p);
@@ -597,82 +630,88 @@ __device__ __forceinline__ void attention(const Params& p) {
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(smem_addr + kFullBars + s * kBarrierBytes, 1);
-            mbarrier_init(smem_addr + kEmptyBars + s * kBarrierBytes, kComputeWarps);
+            mbarrier_init(smem_addr + kFullK + s * kBarrierBytes, 1);
+            mbarrier_init(smem_addr + kFullV + s * kBarrierBytes, 1);
+            mbarrier_init(smem_addr + kEmptyK + s * kBarrierBytes, kComputeWarps);
+            mbarrier_init(smem_addr + kEmptyV + s * kBarrierBytes, kComputeWarps);
         }
         mbarrier_init(smem_addr + kQBar, 1);
         fence_mbarrier_init();
     }
     __syncthreads();  // the only block-wide barrier: every thread sees initialised mbarriers
 
-    // Tile t uses stage t % kStages for the (t / kStages)-th time: phase t / kStages of its mbarriers.
-    if (warpgroup == kConsumerWarpgroups) {
-        if constexpr (kProducerRegisters > 0) setmaxnreg_dec<kProducerRegisters>();
-        if (tid == kComputeThreads) {
-            prefetch_tensor_map(map_q);
-            prefetch_tensor_map(map_k);
-            prefetch_tensor_map(map_v);
-            mbarrier_arrive_expect_tx(smem_addr + kQBar, kQBytes);
-#pragma unroll
-            for (int panel = 0; panel < kPanels; ++panel)
-                tma_load_4d(smem_addr + kSmem_q + panel * kBlockM * kPanelRowBytes, map_q, kPanelCols * panel, c.m0, c.head,
-                            c.batch, smem_addr + kQBar);
-            for (int t = 0; t < n_tiles; ++t) {
-                const int stage = t % kStages;
-                if (t >= kStages)   // consumers are done with tile t - kStages
-                    mbarrier_wait(smem_addr + kEmptyBars + stage * kBarrierBytes, ((t / kStages) & 1) ^ 1);
-                const uint32_t full = smem_addr + kFullBars + stage * kBarrierBytes;
-                mbarrier_arrive_expect_tx(full, kKVBytes);
-                const uint32_t slot = smem_addr + stage * kStageStride;
-#pragma unroll
-                for (int panel = 0; panel < kPanels; ++panel) {
-                    tma_load_4d(slot + kSmem_k0 + panel * kBlockN * kPanelRowBytes, map_k, kPanelCols * panel, t * kBlockN,
-                                c.kv_head, c.batch, full);
-                    tma_load_4d(slot + kSmem_v0 + panel * kBlockN * kPanelRowBytes, map_v, kPanelCols * panel, t * kBlockN,
-                                c.kv_head, c.batch, full);
-                }
-            }
+    auto issue_copies = [&](int tiles) {  // by the issuer: Q, then the ring's first `tiles` tiles
+        prefetch_tensor_map(map_q);
+        prefetch_tensor_map(map_k);
+        prefetch_tensor_map(map_v);
+        load_q(smem_addr, map_q, c);
+        for (int t = 0; t < tiles; ++t) {
+            load_kv<false>(smem_addr, map_k, c, t);
+            load_kv<true>(smem_addr, map_v, c, t);
         }
+    };
+    // setmaxnreg comes first in both roles: a consumer's .inc waits until the producer's .dec has
+    // returned registers to the pool.
+    if (kHasProducer && warpgroup == kConsumerWarpgroups) {
+        if constexpr (kProducerRegisters > 0) setmaxnreg_dec<kProducerRegisters>();
+        if (tid == kIssuer) issue_copies(n_tiles);
     } else {
         if constexpr (kConsumerRegisters > 0) setmaxnreg_inc<kConsumerRegisters>();
+        if (!kHasProducer && tid == kIssuer) issue_copies(min(n_tiles, kStages));  // the rest as stages come back
+        __syncwarp();  // the issuer's warp reconverges before its first wgmma
         const int wg_row0 = warpgroup * kRowsPerWarpgroup;   // this warpgroup's rows inside the block
         const int row0 = c.m0 + wg_row0 + (warp % 4) * 16;   // this warp's first query row
         float o[kORegs], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
         // Tiles whose keys some row of this warpgroup sees; later tiles of the block it only hands back.
+        // The last warpgroup (the homogeneous issuer's) holds the block's last row: it sees every tile.
         const int my_tiles = min(n_tiles, tiles_up_to_row<kMask>(c.m0 + wg_row0 + kRowsPerWarpgroup - 1, p));
         const uint32_t sQ = smem_addr + kSmem_q;
-        auto full = [&](int t) { return smem_addr + kFullBars + (t % kStages) * kBarrierBytes; };
-        auto empty = [&](int t) { return smem_addr + kEmptyBars + (t % kStages) * kBarrierBytes; };
+        auto stage_bar = [&](int base, int t) { return smem_addr + base + (t % kStages) * kBarrierBytes; };
         auto slot = [&](int t) { return smem_addr + (t % kStages) * kStageStride; };
-        auto release = [&](int t) {  // this warp's wgmma reads of tile t's stage are complete
+        auto wait_k = [&](int t) { mbarrier_wait(stage_bar(kFullK, t), (t / kStages) & 1); };
+        auto wait_v = [&](int t) { mbarrier_wait(stage_bar(kFullV, t), (t / kStages) & 1); };
+        // This warp's wgmma reads of K (or V) of tile t are complete: hand the operand back. Without a
+        // producer, the issuer then refills it with tile t + kStages (waiting for every warp's arrival).
+        auto release_k = [&](int t) {
             __syncwarp();
-            if (lane == 0) mbarrier_arrive(empty(t));
+            if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
+            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) load_kv<false>(smem_addr, map_k, c, t + kStages);
+            __syncwarp();
+        };
+        auto release_v = [&](int t) {
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
+            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) load_kv<true>(smem_addr, map_v, c, t + kStages);
+            __syncwarp();
         };
         float s[kSRegs], alpha[2];
         uint32_t pa[kKStepsPV][4];
         mbarrier_wait(smem_addr + kQBar, 0);
         if constexpr (kOverlap) {
             // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
+            // K_t is handed back as soon as S_t is done, V_(t-1) when its P.V is.
             // Ping-pong: both warpgroups take every tile (their turns must pair up), warpgroup 0 first.
             const int tiles = kPingPong ? n_tiles : my_tiles;
             if (kPingPong && warpgroup == 1) pass_turn(warpgroup);
             if (tiles > 0) {
-                mbarrier_wait(full(0), 0);
+                wait_k(0);
                 wait_turn(warpgroup);
                 wgmma_fence();
                 issue_scores(s, sQ, slot(0) + kSmem_k0, wg_row0);
                 pass_turn(warpgroup);
                 wgmma_wait<0>();
                 fence_registers(s);
+                release_k(0);
                 if (tile_needs_mask<kMask>(0, row0, p)) mask_scores<kMask>(s, 0, row0, lane, p);
                 softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
                 p_fragments(pa, s);
             }
             for (int t = 1; t < tiles; ++t) {
                 const int n0 = t * kBlockN;
-                mbarrier_wait(full(t), (t / kStages) & 1);
+                wait_k(t);
+                wait_v(t - 1);
                 wait_turn(warpgroup);
                 wgmma_fence();
                 issue_scores(s, sQ, slot(t) + kSmem_k0, wg_row0);
@@ -680,45 +719,51 @@ __device__ __forceinline__ void attention(const Params& p) {
                 pass_turn(warpgroup);
                 wgmma_wait<1>();   // S_t is ready; P.V may still run
                 fence_registers(s);
+                release_k(t);
                 if (tile_needs_mask<kMask>(n0, row0, p)) mask_scores<kMask>(s, n0, row0, lane, p);
                 softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
                 wgmma_wait<0>();   // P_(t-1).V_(t-1) is done: O and the A fragments are free
                 fence_registers(o);
-                release(t - 1);
+                release_v(t - 1);
                 rescale_output(o, alpha);
                 p_fragments(pa, s);
             }
             if (tiles > 0) {
+                wait_v(tiles - 1);
                 wait_turn(warpgroup);
                 wgmma_fence();
                 issue_pv(o, pa, slot(tiles - 1) + kSmem_v0);
                 pass_turn(warpgroup);
                 wgmma_wait<0>();
                 fence_registers(o);
-                release(tiles - 1);
+                release_v(tiles - 1);
             }
         } else {
             for (int t = 0; t < my_tiles; ++t) {
                 const int n0 = t * kBlockN;
-                mbarrier_wait(full(t), (t / kStages) & 1);
+                wait_k(t);
                 wgmma_fence();
                 issue_scores(s, sQ, slot(t) + kSmem_k0, wg_row0);
                 wgmma_wait<0>();
                 fence_registers(s);
+                release_k(t);
                 if (tile_needs_mask<kMask>(n0, row0, p)) mask_scores<kMask>(s, n0, row0, lane, p);
                 softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
                 rescale_output(o, alpha);
                 p_fragments(pa, s);
+                wait_v(t);
                 wgmma_fence();  // the rescaled O and the A fragments are written before P.V reads them
                 issue_pv(o, pa, slot(t) + kSmem_v0);
                 wgmma_wait<0>();
                 fence_registers(o);
-                release(t);
+                release_v(t);
             }
         }
         for (int t = kOverlap && kPingPong ? n_tiles : my_tiles; t < n_tiles; ++t) {  // tiles hidden from all its rows
-            mbarrier_wait(full(t), (t / kStages) & 1);   // in order: the arrival must count for this tile's phase
-            release(t);
+            wait_k(t);   // in order: the arrival must count for this tile's phase
+            release_k(t);
+            wait_v(t);
+            release_v(t);
         }
         store_output(o, row_max, row_sum, p, c, row0, lane);
     }

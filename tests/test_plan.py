@@ -298,22 +298,39 @@ def test_min_blocks_per_sm_must_fit_the_sm():
     assert info.value.key == "min_blocks_per_sm" and "min_blocks_per_sm <= 12" in info.value.hint
 
 
+def test_wgmma_homogeneous_issuer():
+    """Without a producer warpgroup the first thread of the last consumer warpgroup (whose rows see
+    every tile) issues the copies; the entry cap alone gives 2 warpgroups 255 registers."""
+    text = spec_text(head_dim=128, block_m=128, block_n=176, warps="{compute: 8}", mma="wgmma_m64nNk16",
+                     smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}", target="h100")
+    p = plan_of(text)
+    f = p.fragments
+    assert (f.has_producer, f.issuer_thread, f.producer_registers, f.consumer_registers) == (False, 128, 0, 0)
+    assert (p.threads, p.producer_threads, f.s_regs, f.k_steps_pv, f.tile_bytes) == (256, 0, 88, 11, 176 * 128 * 2)
+    assert all(r.offset % 1024 == 0 for r in p.regions if r.name != "bars")
+    assert "consumer thread 128" in p.roles[0] and len(p.roles) == 1
+    assert p.barriers[0].arrive.startswith("the issuer (consumer thread 128)")
+
+
 def test_wgmma_layout_and_numbers():
     """Hopper kind: 128-byte-swizzled tiles on 1024-byte boundaries, [panels][rows][64] each; a K/V
-    ring; full/empty mbarriers per stage and one for Q; TMA transaction bytes; sm_90a."""
+    ring; full and empty mbarriers of K and of V per stage and one for Q; TMA transaction bytes; sm_90a."""
     text = (spec_text(head_dim=128, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
                       mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}",
                       target="h100") + "registers: {producer: 24, consumer: 240}\n")
     p = plan_of(text)
     assert layout(p) == [("q", 0, 32768, 128), ("k0", 32768, 32768, 128), ("v0", 65536, 32768, 128),
-                         ("k1", 98304, 32768, 128), ("v1", 131072, 32768, 128), ("bars", 163840, 40, 8)]
+                         ("k1", 98304, 32768, 128), ("v1", 131072, 32768, 128), ("bars", 163840, 72, 8)]
     assert all(r.offset % 1024 == 0 for r in p.regions if r.name != "bars") and p.smem_align == 1024
     assert p.kv_stage_stride == 65536 and p.threads == 384 and p.min_blocks_per_sm == 1
     f = p.fragments
     assert (f.consumer_warpgroups, f.panels, f.s_regs, f.o_regs, f.k_steps_qk, f.k_steps_pv) == (2, 2, 64, 64, 8, 8)
-    assert (f.q_bytes, f.kv_bytes, f.producer_registers, f.consumer_registers) == (32768, 65536, 24, 240)
-    assert [(b.name, b.arrivals) for b in p.barriers] == [("full0", 1), ("full1", 1), ("empty0", 8), ("empty1", 8),
-                                                          ("q_full", 1)]
+    assert (f.q_bytes, f.tile_bytes, f.producer_registers, f.consumer_registers) == (32768, 32768, 24, 240)
+    assert (f.has_producer, f.issuer_thread) == (True, 256)
+    assert [(b.name, b.arrivals) for b in p.barriers] == [
+        ("full_k0", 1), ("full_k1", 1), ("full_v0", 1), ("full_v1", 1), ("empty_k0", 8), ("empty_k1", 8),
+        ("empty_v0", 8), ("empty_v1", 8), ("q_full", 1)]
+    assert [b.offset for b in p.barriers] == list(range(163840, 163840 + 72, 8))
     assert p.compile_arch("sm_90") == "sm_90a" and [m.tensor for m in p.tensor_maps] == ["q", "k", "v"]
     # the maps travel by value: three 128-byte, 64-byte aligned Params fields, Params a __grid_constant__
     assert [(f.name, f.size, f.align) for f in p.abi.fields[-3:]] == [("tma_q", 128, 64), ("tma_k", 128, 64),

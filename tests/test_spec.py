@@ -184,7 +184,7 @@ RULE_CASES = [
     ("rule_async_copies", WGMMA, {"smem__async_copy": False}, "smem.async_copy", "TMA copies are asynchronous"),
     ("rule_q_in_shared", WGMMA, {"smem__q_in_registers": True}, "smem.q_in_registers", "wgmma SS"),
     ("rule_ring", WGMMA, {"smem__stages": 1}, "smem.stages", "at least 2 stages"),
-    ("rule_needs_producer", WGMMA, {"warps": {"compute": 8}, "registers": DELETE}, "warps", "producer warpgroup only"),
+    ("rule_registers", WGMMA, {"warps": {"compute": 8}}, "registers", "needs a producer warpgroup"),
     ("rule_always_rescales", WGMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale", "not generated"),
     ("rule_registers", WGMMA, {"registers__consumer": 244}, "registers.consumer", "multiple of 8 (got 244)"),
     ("rule_registers", WGMMA, {"registers__consumer": 248}, "registers", "exceed the pool of 504"),
@@ -196,6 +196,8 @@ RULE_CASES = [
     ("rule_pingpong", merged(WGMMA, warps={"producer": 4, "consumer": 4}, tile={"block_m": 64, "block_n": 128},
                              registers={"producer": 24, "consumer": 232}),
      {"schedule": {"overlap": True, "pingpong": True}}, "schedule.pingpong", "use warps.consumer: 8"),
+    ("rule_pingpong", WGMMA, {"warps": {"compute": 8}, "registers": DELETE, "schedule": {"overlap": True, "pingpong": True}},
+     "schedule.pingpong", "generated with a producer warpgroup"),
 ]
 
 

@@ -151,8 +151,13 @@ class ForwardPlan:
         return f"static: {self.smem_bytes} B fit the {self.target.smem_per_block} B default, so ptxas can confirm the plan"
 
     def compile_arch(self, arch: str) -> str:
-        """The nvcc target for a GPU of `arch` (sm_90 -> sm_90a when the kernel needs it)."""
-        return arch.rstrip("a") + self.arch_suffix
+        """The nvcc target for a GPU of `arch` (sm_90 -> sm_90a when the kernel needs it); ValueError
+        when the kernel's arch-specific instructions do not exist on that GPU."""
+        plain = arch.rstrip("a")
+        if self.arch_suffix and plain != self.target.arch:
+            raise ValueError(f"{self.spec.name} uses {self.target.arch}{self.arch_suffix}-only instructions and cannot "
+                             f"be compiled for {arch}; use --arch {self.target.arch}")
+        return plain + self.arch_suffix
 
     def grid(self, batch: int, heads: int, seqlen_q: int) -> tuple[int, int, int]:
         """One block per block_m query rows of each (head, batch)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,7 @@ class Kind:
     plan: Callable                      # (spec, file) -> its plan
     explain: Callable                   # plan -> lines of its explain section
     template_dir: Path                  # its templates; shared ones come from attngen/templates
+    space: Optional[Callable] = None    # base spec -> the SearchSpace `attngen sweep` explores (core.space)
 
     @property
     def select_key(self) -> str:

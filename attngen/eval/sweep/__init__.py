@@ -1,11 +1,12 @@
 """`attngen sweep`: search the neighbourhood of a base spec for the fastest correct kernel per shape.
 
-Which block_m, block_n, warps, stages and swizzle win depends on head dim, sequence length,
-causality and the GPU, so the sweep measures instead of guessing. One module per step:
+Which tiles, warps, stages, swizzle, register split or schedule win depends on head dim, sequence
+length, causality and the GPU, so the sweep measures instead of guessing. One module per step:
 
-1. space      `default_space(base)`: the values each field may take (a `SearchSpace`), and the
-              cases measured (`parse_cases`);
-2. prune      `prune(base, choices)`: build every candidate spec through the YAML loader's own
+1. space      `default_space(base)`: the axes the base's kind sweeps and their values (a
+              `SearchSpace`, attngen/core/space.py; each kind declares its own), and the cases
+              measured (`parse_cases`);
+2. prune      `prune(base, space)`: build every candidate spec through the YAML loader's own
               validation, drop those that break a spec rule, exceed the shared-memory budget or
               render to the same code as an earlier one, counting each reason;
 3. build      `build_candidate` (one candidate) and `compile_all(...)`: nvcc in a process pool;
@@ -15,7 +16,7 @@ causality and the GPU, so the sweep measures instead of guessing. One module per
 5. cache      `RecordCache`: one JSON record per (spec hash, GPU, shape, dtype, causal), so an
               interrupted sweep resumes without measuring anything twice;
 6. search     `grid` measures every survivor (up to the budget); `evolve` keeps the top-k and
-              mutates one field at a time, reproducibly for a seed; `run_sweep` runs it all;
+              mutates one axis at a time, reproducibly for a seed; `run_sweep` runs it all;
 7. report     `format_report`, `report_dict` (JSON) and `write_best` (winning specs as YAML).
 
 This package re-exports the public names of those modules.
@@ -29,14 +30,14 @@ from .report import best_spec_text, format_report, report_dict, winners, write_b
 from .search import (COMPILED, NOT_REACHED, NOT_SAMPLED, TIMED, CandidateResult, Progress, Sweep, SweepOptions,
                      SweepReport, planned_steps, run_sweep)
 from .space import (DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, DEFAULT_COMPUTE_WARPS, DEFAULT_ROLE_PAIRS, DEFAULT_STAGES,
-                    Choice, SearchSpace, Shape, WarpChoice, choice_of, default_space, parse_cases, shape_of,
-                    swizzle_token, swizzle_value)
+                    Axis, Choice, SearchSpace, Shape, WarpChoice, choice_of, default_space, forward_space, parse_cases,
+                    shape_of, swizzle_token, swizzle_value)
 
 __all__ = [
     # space
     "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N", "DEFAULT_COMPUTE_WARPS", "DEFAULT_ROLE_PAIRS", "DEFAULT_STAGES",
-    "Choice", "SearchSpace", "Shape", "WarpChoice", "choice_of", "default_space", "parse_cases", "shape_of",
-    "swizzle_token", "swizzle_value",
+    "Axis", "Choice", "SearchSpace", "Shape", "WarpChoice", "choice_of", "default_space", "forward_space",
+    "parse_cases", "shape_of", "swizzle_token", "swizzle_value",
     # prune
     "BUDGET", "DUPLICATE", "Pruned", "prune", "prune_reason", "sample",
     # build

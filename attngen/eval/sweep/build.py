@@ -1,4 +1,4 @@
-"""Candidates: a base spec with one `Choice` applied, validated, planned and rendered
+"""Candidates: a base spec with one point of its space applied, validated, planned and rendered
 (`build_candidate`), their hashes, and nvcc over many of them in a process pool (`compile_all`)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ...errors import ToolError, WriteError
 from ...plan import Plan, make_plan
 from ...render import render_plan
 from ...spec import Spec, parse_spec, spec_dict, spec_yaml
-from .space import Choice, swizzle_value
+from .space import Choice, SearchSpace
 
 NAME_MAX = 48                              # the spec name rule: ^[a-z][a-z0-9_]{0,47}$
 
@@ -58,17 +58,15 @@ def code_hash(source: str, name: str) -> str:
     return hashlib.sha256(code.encode()).hexdigest()
 
 
-def build_candidate(base: Spec, choice: Choice) -> Candidate:
-    """The base spec with `choice` applied, validated like a spec file, planned and rendered.
+def build_candidate(base: Spec, space: SearchSpace, choice: Choice) -> Candidate:
+    """The base spec with `choice` (a point of `space`) applied, validated like a spec file, planned
+    and rendered.
 
     Raises SpecError (a rule) or BudgetError (shared memory over the target's budget).
     """
     data = spec_dict(base)
     data["name"] = candidate_name(base.name, choice.tag)
-    data["tile"] = {"block_m": choice.block_m, "block_n": choice.block_n}
-    data["warps"] = choice.warps.as_spec()
-    data["smem"] = {**data["smem"], "swizzle": swizzle_value(choice.swizzle), "stages": choice.stages,
-                    "q_in_registers": choice.q_in_registers}
+    space.apply(data, choice)
     text = spec_yaml(data)
     label = f"<sweep {data['name']}>"
     spec = parse_spec(text, file=label)

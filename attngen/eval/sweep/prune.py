@@ -9,7 +9,7 @@ from typing import Iterable
 from ...errors import BudgetError, SpecError
 from ...spec import Spec
 from .build import Candidate, build_candidate
-from .space import Choice
+from .space import Choice, SearchSpace
 
 # Reasons a candidate leaves the sweep before compiling (besides "spec rule: <key>" for each rule).
 BUDGET = "smem budget"
@@ -30,12 +30,14 @@ def prune_reason(exc: SpecError) -> str:
     return f"spec rule: {exc.key or 'other'}"
 
 
-def prune(base: Spec, choices: Iterable[Choice]) -> tuple[list[Candidate], list[Pruned]]:
-    """Build every choice; keep the valid ones whose code no earlier candidate already has."""
+def prune(base: Spec, space: SearchSpace,
+          choices: Iterable[Choice] | None = None) -> tuple[list[Candidate], list[Pruned]]:
+    """Build every choice (default: every point of the space); keep the valid ones whose code no
+    earlier candidate already has."""
     survivors, pruned, seen = [], [], {}
-    for choice in choices:
+    for choice in space.choices() if choices is None else choices:
         try:
-            cand = build_candidate(base, choice)
+            cand = build_candidate(base, space, choice)
         except SpecError as exc:
             pruned.append(Pruned(choice, prune_reason(exc), exc.message))
             continue

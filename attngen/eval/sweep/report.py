@@ -17,14 +17,18 @@ def _ratio(flash: float | None, us: float | None) -> float | None:
 
 
 def format_report(report: SweepReport, *, top: int | None = 20) -> str:
-    """Ranked table per case, the flash reference, the base spec's place, and the counts."""
-    base_choice = choice_of(report.base)
+    """Ranked table per case (a column per axis of the space), the flash reference, the base spec's
+    place, and the counts."""
+    space = report.space
+    base_choice = choice_of(report.base, space)
     lines = []
     if report.gpu:
         lines.append(f"GPU: {report.gpu} ({report.arch}), torch {report.torch_version}; "
                      f"vs flash = flash time / candidate time (above 1.00 the candidate is faster)")
-    head = (f"{'rank':>4}  {'name':<40} {'block_m':>7} {'block_n':>7} {'warps':>5} {'stages':>6} "
-            f"{'swizzle':<7} {'q_regs':<6} {'time us':>9} {'TFLOP/s':>8} {'vs flash':>8}")
+    widths = {a.name: max([len(a.name)] + [len(a.show(v)) for v in a.values]) for a in space.axes}
+    nw = max([40] + [len(r.candidate.name) for r in report.results])
+    head = (f"{'rank':>4}  {'name':<{nw}} " + " ".join(f"{n:>{w}}" for n, w in widths.items())
+            + f" {'time us':>9} {'TFLOP/s':>8} {'vs flash':>8}")
     for case in report.options.cases if report.gpu else []:
         ranked = report.ranking(case)
         flash = report.flash.get(case)
@@ -33,12 +37,12 @@ def format_report(report: SweepReport, *, top: int | None = 20) -> str:
         for i, r in enumerate(ranked, 1):
             if top is not None and i > top and r.candidate.choice != base_choice:
                 continue
-            c, us = r.candidate.choice, r.time(case)
+            us = r.time(case)
             ratio = _ratio(flash, us)
-            mark = "  (base)" if c == base_choice else ""
-            lines.append(f"{i:>4}  {r.candidate.name:<40} {c.block_m:>7} {c.block_n:>7} {str(c.warps):>5} "
-                         f"{c.stages:>6} {c.swizzle:<7} {'yes' if c.q_in_registers else 'no':<6} {us:>9.1f} "
-                         f"{case.tflops(us):>8.1f} {f'{ratio:.2f}' if ratio else '-':>8}{mark}")
+            mark = "  (base)" if r.candidate.choice == base_choice else ""
+            shown = space.shown(r.candidate.choice)
+            lines.append(f"{i:>4}  {r.candidate.name:<{nw}} " + " ".join(f"{shown[n]:>{w}}" for n, w in widths.items())
+                         + f" {us:>9.1f} {case.tflops(us):>8.1f} {f'{ratio:.2f}' if ratio else '-':>8}{mark}")
         if top is not None and len(ranked) > top:
             lines.append(f"      ... {len(ranked) - top} more in --json")
     lines += ["", "candidates:"] + [f"  {k:<28} {v:>5}" for k, v in report.counts().items()]
@@ -64,13 +68,13 @@ def report_dict(report: SweepReport) -> dict:
                     "top_k": opts.top_k, "cases": [case_dict(c) for c in opts.cases]},
         "counts": report.counts(),
         "cases": cases,
-        "candidates": [{"name": r.candidate.name, "fields": r.candidate.choice.as_dict(),
+        "candidates": [{"name": r.candidate.name, "fields": report.space.shown(r.candidate.choice),
                         "spec_hash": r.candidate.spec_hash, "outcome": r.outcome,
                         "compile": asdict(r.compile) if r.compile else None,
                         "results": [{**case_dict(c), "status": rec["status"], "median_us": rec["median_us"],
                                      "note": rec["note"]} for c, rec in r.records.items()]}
                        for r in report.results],
-        "pruned": [{"name": candidate_name(report.base.name, p.choice.tag), "fields": p.choice.as_dict(),
+        "pruned": [{"name": candidate_name(report.base.name, p.choice.tag), "fields": report.space.shown(p.choice),
                     "reason": p.reason, "message": p.message} for p in report.pruned],
     }
 
@@ -98,9 +102,8 @@ def best_spec_text(report: SweepReport, cand: Candidate, cases: list[Case], comm
         lines.append(f"#   {case.label}: {us:.1f} us, {case.tflops(us):.1f} TFLOP/s, {vs}")
     lines.append(f"# command: {command}")
     data = spec_dict(cand.spec)
-    c = cand.choice
-    data["description"] = (f"sweep winner over {report.base.name}, {c.block_m}x{c.block_n} tiles, {c.warps} warps, "
-                           f"{c.stages} stages, swizzle {c.swizzle}, Q in {'registers' if c.q_in_registers else 'smem'}")
+    data["description"] = (f"sweep winner over {report.base.name}: "
+                           + ", ".join(f"{k} {v}" for k, v in report.space.shown(cand.choice).items()))
     return "\n".join(lines) + "\n" + spec_yaml(data)
 
 

@@ -252,10 +252,10 @@ def run_sweep(base: Spec, space: SearchSpace, options: SweepOptions, *, arch: st
               ) -> SweepReport:
     """The whole sweep. Without a measurer only compiles (what a grid sweep would measure).
 
-    `survivors`: the result of prune(base, space.choices()) when the caller already has it.
+    `survivors`: the result of prune(base, space) when the caller already has it.
     """
     progress = progress or Progress()
-    candidates, pruned = survivors or prune(base, space.choices())
+    candidates, pruned = survivors or prune(base, space)
     progress.pruned = len(pruned)
     report = SweepReport(base, space, options, arch, pruned, [],
                          gpu=getattr(measurer, "gpu", None), torch_version=getattr(measurer, "torch_version", None))

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from ...core import banks
 from ...core.forward import plan_forward
+from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
 from ...core.spec import (ForwardSpec, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
                           rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async,
@@ -92,4 +93,4 @@ def explain(plan) -> list[str]:
 
 
 KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), MmaSpec, plan, explain,
-            Path(__file__).parent)
+            Path(__file__).parent, space=default_forward_space)

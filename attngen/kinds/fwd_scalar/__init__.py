@@ -10,6 +10,7 @@ from pydantic import Field
 
 from ...core import banks
 from ...core.forward import plan_forward
+from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
 from ...core.layout import Region
 from ...core.spec import (ForwardSpec, refuse, rule_always_rescales, rule_block_m_split, rule_block_n,
@@ -83,4 +84,5 @@ def explain(plan) -> list[str]:
             f"row; P goes through shared memory; every tile rescales"]
 
 
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), ScalarSpec, plan, explain, Path(__file__).parent)
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), ScalarSpec, plan, explain,
+            Path(__file__).parent, space=default_forward_space)

@@ -1,8 +1,10 @@
 """fwd_wgmma: the Hopper (sm_90a) attention forward. TMA copies Q, K and V into 128-byte-swizzled,
-1024-aligned tiles, completing on mbarriers; one producer warpgroup (one thread issues every copy)
-fills a K/V ring; each consumer warpgroup owns 64 query rows and runs S = Q.K^T with both operands
-from shared memory (wgmma SS) and O += P.V with P from registers and V MN-major (wgmma RS), fp32
-accumulators. setmaxnreg moves registers from the producer to the consumers."""
+1024-aligned tiles, completing on mbarriers; one thread issues every copy into a K/V ring: the first
+thread of a producer warpgroup, or (homogeneous, `warps: {compute: N}`) the first thread of the last
+consumer warpgroup between its GEMMs. Each consumer warpgroup owns 64 query rows and runs S = Q.K^T
+with both operands from shared memory (wgmma SS) and O += P.V with P from registers and V MN-major
+(wgmma RS), fp32 accumulators. K and V of a stage are handed back on separate mbarriers. setmaxnreg
+moves registers from the producer to the consumers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from pydantic import Field
 from ...core.abi import blob
 from ...core.forward import FORWARD_ABI, ForwardPlan, function_name, launch_min_blocks, Part, ELEMENT_TYPES
 from ...core.kind import Kind
+from ...core.space import Axis, SearchSpace, field_axis, with_base
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
 from ...core.spec import ForwardSpec, Strict, XorSwizzle, refuse, rule_threads
@@ -89,10 +92,6 @@ rule_q_in_shared = refuse(
 rule_ring = refuse(
     "smem.stages", lambda s: s.smem.stages < 2,
     lambda s: "the K/V ring needs at least 2 stages", "rule_ring")
-rule_needs_producer = refuse(
-    "warps", lambda s: s.producer_warps == 0,
-    lambda s: (f"{s.mma} is generated with a producer warpgroup only so far: use warps: {{producer: 4, consumer: "
-               f"{s.compute_warps}}}"), "rule_needs_producer")
 rule_always_rescales = refuse(
     "softmax.rescale", lambda s: s.softmax.rescale != "always",
     lambda s: "rescale: on_max_change is not generated for wgmma; use always", "rule_always_rescales")
@@ -101,6 +100,9 @@ rule_always_rescales = refuse(
 def rule_pingpong(s):
     if s.schedule.pingpong and not s.schedule.overlap:
         return "schedule.pingpong", "ping-pong is generated on the overlapped schedule: set schedule.overlap: true"
+    if s.schedule.pingpong and not s.producer_warps:
+        return "schedule.pingpong", ("ping-pong is generated with a producer warpgroup (the homogeneous issuer "
+                                     "would wait for stages inside its turn): use warps: {producer: 4, consumer: 8}")
     if s.schedule.pingpong and s.compute_warps != 2 * WARPGROUP:
         return "schedule.pingpong", (f"ping-pong alternates two consumer warpgroups: use warps.consumer: 8 "
                                      f"(got {s.compute_warps})")
@@ -168,8 +170,7 @@ class WgmmaSpec(ForwardSpec):
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
     rules = (rule_target_has_sm90a, rule_head_dim_panels, rule_warpgroups, rule_block_m_rows, rule_block_n,
-             rule_swizzle_128b, rule_async_copies, rule_q_in_shared, rule_ring, rule_needs_producer,
-             rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
+             rule_swizzle_128b, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,9 @@ class WgmmaFragments:
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (both consumer warpgroups)
     q_bytes: int            # TMA transaction bytes of the Q tile
-    kv_bytes: int           # TMA transaction bytes of one stage (K and V tiles)
+    tile_bytes: int         # TMA transaction bytes of one K or V tile
+    has_producer: bool      # false: homogeneous, a consumer thread also issues the copies
+    issuer_thread: int      # the thread that issues every TMA copy
 
 
 def swizzled_tile(name: str, rows: int, head_dim: int, ctype: str, per: str) -> Region:
@@ -206,16 +209,22 @@ def swizzled_tile(name: str, rows: int, head_dim: int, ctype: str, per: str) -> 
                   per=f"{per}; {panels} panel(s) of {rows} rows x 64", align=TILE_ALIGN)
 
 
-def barriers(stages: int, consumer_warps: int, kv_bytes: int, q_bytes: int, base: int) -> tuple[Barrier, ...]:
-    full = [Barrier(f"full{s}", s, base + MBARRIER_BYTES * s, 1,
-                    f"the producer thread (arrive.expect_tx {kv_bytes} B; TMA completes the bytes)", "consumer threads")
-            for s in range(stages)]
-    empty = [Barrier(f"empty{s}", s, base + MBARRIER_BYTES * (stages + s), consumer_warps,
-                     "lane 0 of each consumer warp, after its wgmma reads of the stage completed", "the producer thread")
-             for s in range(stages)]
-    q = [Barrier("q_full", 0, base + MBARRIER_BYTES * 2 * stages, 1,
-                 f"the producer thread (arrive.expect_tx {q_bytes} B)", "consumer threads")]
-    return tuple(full + empty + q)
+def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, issuer: str,
+             base: int) -> tuple[Barrier, ...]:
+    """full_k, full_v, empty_k, empty_v per stage, then q_full: K and V are handed over separately,
+    so K of a stage is refilled as soon as the S GEMM that read it is done."""
+    out, at = [], base
+    for kind, arrivals, arrive, wait in (
+            ("full_k", 1, f"{issuer} (arrive.expect_tx {tile_bytes} B; TMA completes the bytes)", "consumer threads"),
+            ("full_v", 1, f"{issuer} (arrive.expect_tx {tile_bytes} B; TMA completes the bytes)", "consumer threads"),
+            ("empty_k", consumer_warps, "lane 0 of each consumer warp, once its S = Q.K^T of the stage completed",
+             issuer),
+            ("empty_v", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer)):
+        for s in range(stages):
+            out.append(Barrier(f"{kind}{s}", s, at, arrivals, arrive, wait))
+            at += MBARRIER_BYTES
+    out.append(Barrier("q_full", 0, at, 1, f"{issuer} (arrive.expect_tx {q_bytes} B)", "consumer threads"))
+    return tuple(out)
 
 
 def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
@@ -227,43 +236,58 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     for s in range(stages):
         tiles.append(swizzled_tile(f"k{s}", bn, d, ctype, f"K tile, stage {s}"))
         tiles.append(swizzled_tile(f"v{s}", bn, d, ctype, f"V tile, stage {s}"))
-    tiles.append(barrier_region("bars", 2 * stages + 1,
-                                f"mbarriers full[0..{stages}), empty[0..{stages}), q_full"))
+    tiles.append(barrier_region("bars", 4 * stages + 1, f"mbarriers full_k, full_v, empty_k, empty_v "
+                                f"[0..{stages}) each, q_full"))
     regions = layout_regions(tiles)
     budget = Budget.of(target, spec.smem.opt_in)
     total = check_budget(regions, budget, file)
     threads = 32 * (spec.compute_warps + spec.producer_warps)
-    q_bytes, kv_bytes = bm * d * 2, 2 * bn * d * 2
+    q_bytes, tile_bytes = bm * d * 2, bn * d * 2
+    has_producer = producers > 0
+    issuer_thread = 32 * spec.compute_warps if has_producer else 32 * WARPGROUP * (consumers - 1)
+    issuer = (f"the producer thread ({issuer_thread})" if has_producer else
+              f"the issuer (consumer thread {issuer_thread})")
     regs = spec.registers
     maps = (TensorMapSpec("q", bm), TensorMapSpec("k", bn), TensorMapSpec("v", bn))
     frag = WgmmaFragments(consumers, producers, d // SWIZZLE_128B_COLS, bn // 2, d // 2, d // 16, bn // 16,
                           regs.producer if regs else 0, regs.consumer if regs else 0, spec.schedule.overlap,
                           spec.schedule.pingpong, SWIZZLE_128B_COLS, PANEL_BYTES, TILE_ALIGN, 16,
                           16 * 2, SWIZZLE_128B_COLS // 16, bn * PANEL_BYTES, 16 * PANEL_BYTES, ROWS_PER_WARPGROUP,
-                          2 * WARPGROUP * 32, q_bytes, kv_bytes)
-    bars = barriers(stages, spec.compute_warps, kv_bytes, q_bytes, next(r.offset for r in regions if r.name == "bars"))
+                          2 * WARPGROUP * 32, q_bytes, tile_bytes, has_producer, issuer_thread)
+    bars = barriers(stages, spec.compute_warps, tile_bytes, q_bytes, issuer,
+                    next(r.offset for r in regions if r.name == "bars"))
     functions = tuple((m, function_name(spec, m)) for m in spec.masks)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
-    roles = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each; "
-             f"S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {d})"
-             + (f"; setmaxnreg.inc to {regs.consumer}" if regs else ""),
-             f"producer warpgroup {consumers} (warps {spec.compute_warps}..{spec.compute_warps + 3}): thread "
-             f"{32 * spec.compute_warps} issues every TMA copy, the other threads exit"
-             + (f"; setmaxnreg.dec to {regs.producer}" if regs else ""))
+    consumer_role = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each; "
+                     f"S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {d})"
+                     + (f"; setmaxnreg.inc to {regs.consumer}" if regs else ""))
+    if has_producer:
+        roles = (consumer_role,
+                 f"producer warpgroup {consumers} (warps {spec.compute_warps}..{spec.compute_warps + 3}): thread "
+                 f"{issuer_thread} issues every TMA copy, the other threads exit"
+                 + (f"; setmaxnreg.dec to {regs.producer}" if regs else ""))
+        copies = (f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty_k[s] (when t >= stages), "
+                  f"expect_tx {tile_bytes} B on full_k[s], TMA K; the same for V on empty_v[s] and full_v[s]")
+    else:
+        roles = (consumer_role + f"; consumer thread {issuer_thread} (first of the last warpgroup, whose rows see "
+                 "every tile) also issues every TMA copy",)
+        copies = (f"  issuer: Q and the first {stages} tiles before its first GEMM; after its warp hands back K (or V) "
+                  f"of tile t, it waits empty_k[s] (empty_v[s]) and copies tile t + {stages} into the stage")
+    overlap = spec.schedule.overlap
     schedule = ("schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
-                f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty[s] (when t >= stages), "
-                f"expect_tx {kv_bytes} B on full[s], TMA K and V panels",
-                ("  consumer: wait q_full once; per tile t: wait full[s], issue S_t = Q.K_t^T and O += P_(t-1).V_(t-1), "
-                 "wait for S_t only, softmax S_t while P.V runs, wait for P.V, arrive empty[(t-1) % stages], rescale O"
-                 if spec.schedule.overlap else
-                 "  consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, "
-                 "arrive empty[s]"),
+                copies,
+                ("  consumer: wait q_full once; per tile t: wait full_k[s] and full_v[(t-1) % stages], issue S_t = Q.K_t^T "
+                 "and O += P_(t-1).V_(t-1), wait for S_t only, arrive empty_k[s], softmax S_t while P.V runs, wait for "
+                 "P.V, arrive empty_v[(t-1) % stages], rescale O"
+                 if overlap else
+                 "  consumer: wait q_full once; per tile: wait full_k[s], S = Q.K^T, wait, arrive empty_k[s], softmax, "
+                 "wait full_v[s], O += P.V, wait, arrive empty_v[s]"),
                 ("  ping-pong: consumer warpgroup w waits on named barrier 1 + w before issuing its GEMMs and "
                  "arrives on the other's after, so one warpgroup's softmax runs under the other's GEMMs"
                  if spec.schedule.pingpong else
-                 "  a consumer warpgroup whose rows see no key of a tile (causal) waits full[s] and arrives empty[s] "
-                 "without computing"),
+                 "  a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives "
+                 "empty_k/empty_v[s] without computing"),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
     return ForwardPlan(
@@ -293,7 +317,8 @@ def explain(plan) -> list[str]:
              f"S {f.s_regs} + O {f.o_regs} fp32 accumulator registers per consumer thread",
              f"wgmma per tile per consumer warpgroup: {f.k_steps_qk} x m64n{plan.block_n}k16 (Q.K^T, SS) + "
              f"{f.k_steps_pv} x m64n{plan.head_dim}k16 (P.V, RS, V MN-major)",
-             f"TMA: Q {f.q_bytes} B once, K+V {f.kv_bytes} B per stage, in {f.panels} 64-column panel(s) each; "
+             f"TMA: Q {f.q_bytes} B once, K and V {f.tile_bytes} B each per stage, in {f.panels} 64-column panel(s) "
+             f"each, issued by thread {f.issuer_thread} ({'producer' if f.has_producer else 'homogeneous: a consumer'}); "
              "tensor maps: " + "; ".join(m.describe() for m in plan.tensor_maps),
              f"descriptors: 128-byte swizzle, K-major Q and K (SBO {f.swizzle_atom_bytes} B, k16 step "
              f"+{f.k_step_bytes} B), MN-major V (LBO {f.v_lbo_bytes} B between 64-column panels, SBO "
@@ -307,4 +332,59 @@ def explain(plan) -> list[str]:
     return lines
 
 
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaSpec, plan, explain, Path(__file__).parent)
+# Sweep axes. block_m follows the consumer warpgroups (64 rows each), so they move together.
+SWEEP_BLOCK_N = (64, 96, 128, 176, 192)
+SWEEP_WARPGROUPS = tuple((p, c) for p in (1, 0) for c in (1, 2, 3))   # (producer warpgroups, consumer warpgroups)
+SWEEP_STAGES = (2, 3, 4)
+SWEEP_REGISTERS = (None, (24, 240), (32, 160))                       # (producer, consumer) after setmaxnreg
+SWEEP_SCHEDULES = ("seq", "overlap", "pingpong")
+
+
+def _read_warpgroups(s) -> tuple[int, int]:
+    return s.producer_warps // WARPGROUP, s.compute_warps // WARPGROUP
+
+
+def _write_warpgroups(data: dict, v: tuple[int, int]) -> None:
+    producers, consumers = v
+    data["warps"] = ({"producer": WARPGROUP, "consumer": WARPGROUP * consumers} if producers
+                     else {"compute": WARPGROUP * consumers})
+    data.setdefault("tile", {})["block_m"] = ROWS_PER_WARPGROUP * consumers
+
+
+def _write_registers(data: dict, v) -> None:
+    if v is None:
+        data.pop("registers", None)
+    else:
+        data["registers"] = {"producer": v[0], "consumer": v[1]}
+
+
+def _read_schedule(s) -> str:
+    return "pingpong" if s.schedule.pingpong else "overlap" if s.schedule.overlap else "seq"
+
+
+def _write_schedule(data: dict, v: str) -> None:
+    data["schedule"] = {"overlap": v != "seq", "pingpong": v == "pingpong"}
+
+
+def sweep_space(base: WgmmaSpec) -> SearchSpace:
+    """Tiles, roles (producer warpgroup or homogeneous, 1-3 consumer warpgroups), ring depth,
+    register split and schedule, around `base`; the spec rules prune what does not fit."""
+    regs = (base.registers.producer, base.registers.consumer) if base.registers else None
+    return SearchSpace((
+        field_axis("block_n", "tile.block_n", with_base(SWEEP_BLOCK_N, base.tile.block_n), lambda s: s.tile.block_n,
+                   lambda v: f"n{v}"),
+        Axis("warpgroups", tuple(dict.fromkeys(SWEEP_WARPGROUPS + (_read_warpgroups(base),))), _read_warpgroups,
+             _write_warpgroups, lambda v: f"c{v[1]}" + ("p" if v[0] else "h"),
+             lambda v: f"p+{v[1]}" if v[0] else f"{v[1]}"),
+        field_axis("stages", "smem.stages", with_base(SWEEP_STAGES, base.smem.stages), lambda s: s.smem.stages,
+                   lambda v: f"s{v}"),
+        Axis("registers", tuple(dict.fromkeys(SWEEP_REGISTERS + (regs,))),
+             lambda s: (s.registers.producer, s.registers.consumer) if s.registers else None, _write_registers,
+             lambda v: f"r{v[0]}x{v[1]}" if v else "", lambda v: f"{v[0]}/{v[1]}" if v else "-"),
+        Axis("schedule", SWEEP_SCHEDULES, _read_schedule, _write_schedule,
+             lambda v: {"seq": "", "overlap": "o", "pingpong": "pp"}[v]),
+    ))
+
+
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaSpec, plan, explain, Path(__file__).parent,
+            space=sweep_space)

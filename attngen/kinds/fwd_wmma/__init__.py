@@ -11,6 +11,7 @@ from pydantic import Field
 
 from ...core import banks
 from ...core.forward import ELEMENT_TYPES, plan_forward
+from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
 from ...core.layout import Region
 from ...core.spec import (ForwardSpec, rule_always_rescales, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
@@ -87,4 +88,4 @@ def explain(plan) -> list[str]:
 
 
 KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WmmaSpec, plan, explain,
-            Path(__file__).parent)
+            Path(__file__).parent, space=default_forward_space)
