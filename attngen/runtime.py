@@ -50,9 +50,10 @@ class LaunchConfig:
         return f"grid={self.grid}, block={self.block}, dynamic smem={self.smem_dynamic} B"
 
 
-def launch_config(plan: Plan, batch: int, heads: int, seqlen_q: int) -> LaunchConfig:
-    """The plan's grid for this problem, one block of plan.threads."""
-    return LaunchConfig(plan.grid(batch, heads, seqlen_q), (plan.threads, 1, 1),
+def launch_config(plan: Plan, batch: int, heads: int, seqlen_q: int, sm_count: int | None = None) -> LaunchConfig:
+    """The plan's grid for this problem (persistent plans: `sm_count` blocks at most), one block of
+    plan.threads."""
+    return LaunchConfig(plan.grid(batch, heads, seqlen_q, sm_count), (plan.threads, 1, 1),
                         plan.smem_bytes if plan.smem_dynamic else 0)
 
 
@@ -300,7 +301,7 @@ class Kernel:
             raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads}) for GQA/MQA")
         if heads > MAX_GRID_YZ or batch > MAX_GRID_YZ:
             raise ValueError(f"heads ({heads}) and batch ({batch}) must be at most {MAX_GRID_YZ} (grid y/z limit)")
-        cfg = launch_config(self.plan, batch, heads, seqlen_q)
+        cfg = launch_config(self.plan, batch, heads, seqlen_q, self._sm_count(q))
         if cfg.grid[0] > MAX_GRID_X:
             raise ValueError(f"seqlen_q {seqlen_q} needs more than {MAX_GRID_X} blocks")
         mask = "causal" if causal else "none"
@@ -342,6 +343,13 @@ class Kernel:
         return (out, lse_out) if return_lse else out
 
     # -- checks ------------------------------------------------------------------------------
+    def _sm_count(self, tensor) -> int | None:
+        """Streaming multiprocessors of the tensor's GPU (persistent plans launch one block per SM)."""
+        if not self.plan.persistent:
+            return None
+        torch, _drv, _ctx = gpu_modules()
+        return torch.cuda.get_device_properties(tensor.device).multi_processor_count
+
     def _check_tensor(self, name: str, t, layout: str) -> None:
         import torch
         if not isinstance(t, torch.Tensor):

@@ -52,6 +52,7 @@
 //   descriptors: 128-byte swizzle, K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V (LBO 22528 B between 64-column panels, SBO 1024 B, k16 step +2048 B)
 //   registers: setmaxnreg producer 24, consumer 240
 //   online softmax: exp2 with the scale folded in; rescale always; overlapped with the previous tile's P.V; consumer warpgroups ping-pong their GEMMs (named barriers 1, 2)
+//   grid: one block per query block
 //   shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)
 //   K/V pipeline: 2 stage(s), TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers; Q in shared memory
 //   masks: none: every key is visible; causal: query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)
@@ -83,6 +84,7 @@
 //       producer: Q (expect_tx 32768 B on q_full), then per tile: wait empty_k[s] (when t >= stages), expect_tx 45056 B on full_k[s], TMA K; the same for V on empty_v[s] and full_v[s]
 //       consumer: wait q_full once; per tile t: wait full_k[s] and full_v[(t-1) % stages], issue S_t = Q.K_t^T and O += P_(t-1).V_(t-1), wait for S_t only, arrive empty_k[s], softmax S_t while P.V runs, wait for P.V, arrive empty_v[(t-1) % stages], rescale O
 //       ping-pong: consumer warpgroup w waits on named barrier 1 + w before issuing its GEMMs and arrives on the other's after, so one warpgroup's softmax runs under the other's GEMMs
+//       one query block per thread block
 //     up to 2 tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), one __syncthreads publishes them
 //
 //   kernel parameters (Params, 576 B by value):
@@ -477,6 +479,7 @@ constexpr int kProducerRegisters = 24;  // 0: no setmaxnreg
 constexpr int kConsumerRegisters = 240;
 constexpr bool kOverlap = true;  // softmax of tile t while P.V of tile t-1 runs
 constexpr bool kPingPong = true;  // consumer warpgroups take turns issuing GEMMs
+constexpr bool kPersistent = false;  // gridDim.x resident blocks loop over every query block
 constexpr int kTurnBarrier = 1;   // named barrier 1 + w: consumer warpgroup w's turn (0 is __syncthreads)
 constexpr int kPanelCols = 64;          // elements in one swizzled row (TMA box width)
 constexpr int kPanelRowBytes = 128;     // bytes of one swizzled row
@@ -494,6 +497,7 @@ constexpr int kFullV = kFullK + kStages * kBarrierBytes;      // full_v[s]: stag
 constexpr int kEmptyK = kFullV + kStages * kBarrierBytes;     // empty_k[s]: K of stage s may be refilled
 constexpr int kEmptyV = kEmptyK + kStages * kBarrierBytes;    // empty_v[s]: V of stage s may be refilled
 constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full: the Q tile has landed
+constexpr int kQEmptyBar = kQBar + kBarrierBytes;             // q_empty (persistent): the Q tile may be replaced
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
               kStageStride % kSwizzleAtomBytes == 0, "128-byte swizzled tiles must be 1024-byte aligned");
 
@@ -506,8 +510,8 @@ __device__ __forceinline__ void pass_turn(int warpgroup) {
     if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" :: "r"(kTurnBarrier + (warpgroup ^ 1)), "n"(kTurnThreads) : "memory");
 }
 
-// The copies. Tile t sits in stage t % kStages for the (t / kStages)-th time: phase t / kStages of
-// the stage's mbarriers (waiters test its parity).
+// The copies. Ring position r sits in stage r % kStages for the (r / kStages)-th time: phase
+// r / kStages of the stage's mbarriers (waiters test its parity).
 __device__ __forceinline__ void load_q(uint32_t smem_addr, const void* map_q, const BlockCoords& c) {
     mbarrier_arrive_expect_tx(smem_addr + kQBar, kQBytes);
 #pragma unroll
@@ -516,11 +520,12 @@ __device__ __forceinline__ void load_q(uint32_t smem_addr, const void* map_q, co
                     c.batch, smem_addr + kQBar);
 }
 
-// K (kIsV false) or V of tile t into its stage, once the consumers handed back that operand of tile t - kStages.
+// K (kIsV false) or V of tile t (keys t * kBlockN ...) into ring position r's stage, once the consumers
+// handed back that operand of ring position r - kStages.
 template <bool kIsV>
-__device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, const BlockCoords& c, int t) {
-    const int stage = t % kStages;
-    if (t >= kStages) mbarrier_wait(smem_addr + (kIsV ? kEmptyV : kEmptyK) + stage * kBarrierBytes, ((t / kStages) & 1) ^ 1);
+__device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, const BlockCoords& c, int r, int t) {
+    const int stage = r % kStages;
+    if (r >= kStages) mbarrier_wait(smem_addr + (kIsV ? kEmptyV : kEmptyK) + stage * kBarrierBytes, ((r / kStages) & 1) ^ 1);
     const uint32_t full = smem_addr + (kIsV ? kFullV : kFullK) + stage * kBarrierBytes;
     mbarrier_arrive_expect_tx(full, kTileBytes);
     const uint32_t dst = smem_addr + stage * kStageStride + (kIsV ? kSmem_v0 : kSmem_k0);
@@ -620,18 +625,33 @@ __device__ __forceinline__ void store_output(const float (&o)[kORegs], const flo
     }
 }
 
+// Persistent kernels: the query block, head and batch of work item `item`. Items enumerate query
+// blocks fastest, as the blocks of a grid run (the longest first when later rows see more keys).
+template <Mask kMask>
+__device__ __forceinline__ BlockCoords work_coords(int item, int m_blocks, const Params& p) {
+    const int m = item % m_blocks, head_batch = item / m_blocks;
+    const int head = head_batch % p.heads;
+    const int m_block = kLaterRowsSeeMore<kMask> ? m_blocks - 1 - m : m;
+    return {m_block * kBlockM, head, head_batch / p.heads, head / (p.heads / p.kv_heads)};
+}
+
 template <Mask kMask>
 __device__ __forceinline__ void attention(const Params& p) {
     extern __shared__ __align__(1024) unsigned char smem[];  // 213064 B: dynamic, opt-in
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
-    const BlockCoords c = block_coords<kMask>(p);
-    const int n_tiles = kv_tile_count<kMask>(c.m0, p);
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     if (smem_addr % kSwizzleAtomBytes) __trap();  // the swizzle pattern is on absolute addresses
     const void* map_q = p.tma_q;   // in parameter space: Params is a __grid_constant__ parameter
     const void* map_k = p.tma_k;
     const void* map_v = p.tma_v;
+    // Work items: one per thread block, or (persistent) every query block of every head, taken
+    // round-robin by the gridDim.x resident blocks.
+    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const int items = kPersistent ? m_blocks * p.heads * p.batch : 1;
+    const int first_item = kPersistent ? static_cast<int>(blockIdx.x) : 0;
+    const int item_step = kPersistent ? static_cast<int>(gridDim.x) : 1;
+    auto coords = [&](int item) { return kPersistent ? work_coords<kMask>(item, m_blocks, p) : block_coords<kMask>(p); };
 
     if (tid == 0) {
 #pragma unroll
@@ -642,28 +662,54 @@ __device__ __forceinline__ void attention(const Params& p) {
             mbarrier_init(smem_addr + kEmptyV + s * kBarrierBytes, kComputeWarps);
         }
         mbarrier_init(smem_addr + kQBar, 1);
+        if constexpr (kPersistent) mbarrier_init(smem_addr + kQEmptyBar, kComputeWarps);
         fence_mbarrier_init();
     }
     __syncthreads();  // the only block-wide barrier: every thread sees initialised mbarriers
 
-    auto issue_copies = [&](int tiles) {  // by the issuer: Q, then the ring's first `tiles` tiles
-        prefetch_tensor_map(map_q);
-        prefetch_tensor_map(map_k);
-        prefetch_tensor_map(map_v);
-        load_q(smem_addr, map_q, c);
-        for (int t = 0; t < tiles; ++t) {
-            load_kv<false>(smem_addr, map_k, c, t);
-            load_kv<true>(smem_addr, map_v, c, t);
-        }
-    };
+    // Ring positions run on across a block's items: tile t of an item whose first tile is ring
+    // position r sits in stage (r + t) % kStages, phase (r + t) / kStages. The i-th item of a block
+    // uses phase i of q_full (and of q_empty).
     // setmaxnreg comes first in both roles: a consumer's .inc waits until the producer's .dec has
     // returned registers to the pool.
     if (kHasProducer && warpgroup == kConsumerWarpgroups) {
         if constexpr (kProducerRegisters > 0) setmaxnreg_dec<kProducerRegisters>();
-        if (tid == kIssuer) issue_copies(n_tiles);
+        if (tid == kIssuer) {
+            prefetch_tensor_map(map_q);
+            prefetch_tensor_map(map_k);
+            prefetch_tensor_map(map_v);
+            int ring = 0, nth = 0;
+            for (int item = first_item; item < items; item += item_step, ++nth) {
+                const BlockCoords c = coords(item);
+                const int n_tiles = kv_tile_count<kMask>(c.m0, p);
+                if (kPersistent && nth > 0)   // the consumers are done with the previous item's Q
+                    mbarrier_wait(smem_addr + kQEmptyBar, (nth - 1) & 1);
+                load_q(smem_addr, map_q, c);
+                for (int t = 0; t < n_tiles; ++t) {
+                    load_kv<false>(smem_addr, map_k, c, ring + t, t);
+                    load_kv<true>(smem_addr, map_v, c, ring + t, t);
+                }
+                ring += n_tiles;
+            }
+        }
     } else {
         if constexpr (kConsumerRegisters > 0) setmaxnreg_inc<kConsumerRegisters>();
-        if (!kHasProducer && tid == kIssuer) issue_copies(min(n_tiles, kStages));  // the rest as stages come back
+        const uint32_t sQ = smem_addr + kSmem_q;
+        int ring = 0, nth = 0;
+        if (kPingPong && warpgroup == 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
+        for (int item = first_item; item < items; item += item_step, ++nth) {
+        const BlockCoords c = coords(item);
+        const int n_tiles = kv_tile_count<kMask>(c.m0, p);
+        if (!kHasProducer && tid == kIssuer) {  // homogeneous (one item): Q and the first kStages tiles
+            prefetch_tensor_map(map_q);
+            prefetch_tensor_map(map_k);
+            prefetch_tensor_map(map_v);
+            load_q(smem_addr, map_q, c);
+            for (int t = 0; t < min(n_tiles, kStages); ++t) {
+                load_kv<false>(smem_addr, map_k, c, t, t);
+                load_kv<true>(smem_addr, map_v, c, t, t);
+            }
+        }
         __syncwarp();  // the issuer's warp reconverges before its first wgmma
         const int wg_row0 = warpgroup * kRowsPerWarpgroup;   // this warpgroup's rows inside the block
         const int row0 = c.m0 + wg_row0 + (warp % 4) * 16;   // this warp's first query row
@@ -673,34 +719,34 @@ __device__ __forceinline__ void attention(const Params& p) {
         // Tiles whose keys some row of this warpgroup sees; later tiles of the block it only hands back.
         // The last warpgroup (the homogeneous issuer's) holds the block's last row: it sees every tile.
         const int my_tiles = min(n_tiles, tiles_up_to_row<kMask>(c.m0 + wg_row0 + kRowsPerWarpgroup - 1, p));
-        const uint32_t sQ = smem_addr + kSmem_q;
-        auto stage_bar = [&](int base, int t) { return smem_addr + base + (t % kStages) * kBarrierBytes; };
-        auto slot = [&](int t) { return smem_addr + (t % kStages) * kStageStride; };
-        auto wait_k = [&](int t) { mbarrier_wait(stage_bar(kFullK, t), (t / kStages) & 1); };
-        auto wait_v = [&](int t) { mbarrier_wait(stage_bar(kFullV, t), (t / kStages) & 1); };
+        auto stage_bar = [&](int base, int t) { return smem_addr + base + ((ring + t) % kStages) * kBarrierBytes; };
+        auto slot = [&](int t) { return smem_addr + ((ring + t) % kStages) * kStageStride; };
+        auto wait_k = [&](int t) { mbarrier_wait(stage_bar(kFullK, t), ((ring + t) / kStages) & 1); };
+        auto wait_v = [&](int t) { mbarrier_wait(stage_bar(kFullV, t), ((ring + t) / kStages) & 1); };
         // This warp's wgmma reads of K (or V) of tile t are complete: hand the operand back. Without a
         // producer, the issuer then refills it with tile t + kStages (waiting for every warp's arrival).
         auto release_k = [&](int t) {
             __syncwarp();
             if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
-            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) load_kv<false>(smem_addr, map_k, c, t + kStages);
+            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
+                load_kv<false>(smem_addr, map_k, c, t + kStages, t + kStages);
             __syncwarp();
         };
         auto release_v = [&](int t) {
             __syncwarp();
             if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
-            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) load_kv<true>(smem_addr, map_v, c, t + kStages);
+            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
+                load_kv<true>(smem_addr, map_v, c, t + kStages, t + kStages);
             __syncwarp();
         };
         float s[kSRegs], alpha[2];
         uint32_t pa[kKStepsPV][4];
-        mbarrier_wait(smem_addr + kQBar, 0);
+        mbarrier_wait(smem_addr + kQBar, nth & 1);
         if constexpr (kOverlap) {
             // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
             // K_t is handed back as soon as S_t is done, V_(t-1) when its P.V is.
             // Ping-pong: both warpgroups take every tile (their turns must pair up), warpgroup 0 first.
             const int tiles = kPingPong ? n_tiles : my_tiles;
-            if (kPingPong && warpgroup == 1) pass_turn(warpgroup);
             if (tiles > 0) {
                 wait_k(0);
                 wait_turn(warpgroup);
@@ -771,7 +817,13 @@ __device__ __forceinline__ void attention(const Params& p) {
             wait_v(t);
             release_v(t);
         }
+        if constexpr (kPersistent) {   // every GEMM of this item is done: Q may be replaced
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(smem_addr + kQEmptyBar);
+        }
         store_output(o, row_max, row_sum, p, c, row0, lane);
+        ring += n_tiles;
+        }
     }
 }
 

@@ -312,6 +312,21 @@ def test_wgmma_homogeneous_issuer():
     assert p.barriers[0].arrive.startswith("the issuer (consumer thread 128)")
 
 
+def test_wgmma_persistent_grid_and_q_barriers():
+    """Persistent: one block per SM (never more than there are query blocks), and a q_empty mbarrier
+    after q_full that the producer waits on before it replaces Q."""
+    text = (spec_text(head_dim=128, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
+                      mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}",
+                      target="h100") + "registers: {producer: 24, consumer: 240}\nschedule: {persistent: true}\n")
+    p = plan_of(text)
+    assert p.persistent and p.grid(4, 16, 2048, sm_count=132) == (132, 1, 1) and p.grid(1, 2, 300, 132) == (6, 1, 1)
+    assert p.grid(1, 1, 1000) == (8, 1, 1) and p.grid(64, 64, 8192) == (p.target.sm_count, 1, 1)
+    assert [(b.name, b.arrivals) for b in p.barriers[-2:]] == [("q_full", 1), ("q_empty", 8)]
+    assert p.region("bars").bytes == 8 * (4 * 2 + 2)
+    plain = plan_of(text.replace("persistent: true", "persistent: false"))
+    assert not plain.persistent and plain.grid(4, 16, 2048, sm_count=132) == (16, 16, 4)
+
+
 def test_wgmma_layout_and_numbers():
     """Hopper kind: 128-byte-swizzled tiles on 1024-byte boundaries, [panels][rows][64] each; a K/V
     ring; full and empty mbarriers of K and of V per stage and one for Q; TMA transaction bytes; sm_90a."""

@@ -198,6 +198,8 @@ RULE_CASES = [
      {"schedule": {"overlap": True, "pingpong": True}}, "schedule.pingpong", "use warps.consumer: 8"),
     ("rule_pingpong", WGMMA, {"warps": {"compute": 8}, "registers": DELETE, "schedule": {"overlap": True, "pingpong": True}},
      "schedule.pingpong", "generated with a producer warpgroup"),
+    ("rule_pingpong", WGMMA, {"warps": {"compute": 8}, "registers": DELETE, "schedule": {"persistent": True}},
+     "schedule.persistent", "needs a producer warpgroup"),
 ]
 
 

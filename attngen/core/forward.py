@@ -96,6 +96,7 @@ class ForwardPlan:
     arch_suffix: str = ""           # "a": needs the arch-specific target (sm_90a: wgmma, setmaxnreg)
     tensor_maps: tuple = ()         # TMA tensor maps the runtime encodes per call (core.tma.TensorMapSpec)
     params_qualifier: str = ""      # "__grid_constant__ ": Params stays in parameter space (TMA maps need its address)
+    persistent: bool = False        # one resident block per SM loops over every query block (grid = SM count)
 
     def region(self, name: str) -> Region:
         for r in self.regions:
@@ -159,9 +160,13 @@ class ForwardPlan:
                              f"be compiled for {arch}; use --arch {self.target.arch}")
         return plain + self.arch_suffix
 
-    def grid(self, batch: int, heads: int, seqlen_q: int) -> tuple[int, int, int]:
-        """One block per block_m query rows of each (head, batch)."""
-        return (-(-seqlen_q // self.block_m), heads, batch)
+    def grid(self, batch: int, heads: int, seqlen_q: int, sm_count: int | None = None) -> tuple[int, int, int]:
+        """One block per block_m query rows of each (head, batch); persistent: one block per SM of
+        the GPU (`sm_count`, default the target's), never more than there are query blocks."""
+        m_blocks = -(-seqlen_q // self.block_m)
+        if self.persistent:
+            return (max(1, min(m_blocks * heads * batch, sm_count or self.target.sm_count)), 1, 1)
+        return (m_blocks, heads, batch)
 
 
 # -- derivations ---------------------------------------------------------------------------------

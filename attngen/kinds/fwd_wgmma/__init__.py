@@ -103,6 +103,9 @@ def rule_pingpong(s):
     if s.schedule.pingpong and not s.producer_warps:
         return "schedule.pingpong", ("ping-pong is generated with a producer warpgroup (the homogeneous issuer "
                                      "would wait for stages inside its turn): use warps: {producer: 4, consumer: 8}")
+    if s.schedule.persistent and not s.producer_warps:
+        return "schedule.persistent", ("a persistent block needs a producer warpgroup to load the next query "
+                                       "block during the epilogue: use warps: {producer: 4, consumer: ...}")
     if s.schedule.pingpong and s.compute_warps != 2 * WARPGROUP:
         return "schedule.pingpong", (f"ping-pong alternates two consumer warpgroups: use warps.consumer: 8 "
                                      f"(got {s.compute_warps})")
@@ -160,6 +163,9 @@ class Schedule(Strict):
     pingpong: bool = Field(default=False, description=(
         "two consumer warpgroups take turns issuing their GEMMs (named barriers), so one runs its softmax "
         "while the other's GEMMs use the tensor cores; needs overlap and 2 consumer warpgroups"))
+    persistent: bool = Field(default=False, description=(
+        "launch one block per SM that loops over every query block: the producer loads the next block's "
+        "Q and K/V while the consumers finish the last one (its epilogue); needs a producer warpgroup"))
 
 
 class WgmmaSpec(ForwardSpec):
@@ -210,7 +216,7 @@ def swizzled_tile(name: str, rows: int, head_dim: int, ctype: str, per: str) -> 
 
 
 def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, issuer: str,
-             base: int) -> tuple[Barrier, ...]:
+             base: int, persistent: bool = False) -> tuple[Barrier, ...]:
     """full_k, full_v, empty_k, empty_v per stage, then q_full: K and V are handed over separately,
     so K of a stage is refilled as soon as the S GEMM that read it is done."""
     out, at = [], base
@@ -224,6 +230,9 @@ def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, is
             out.append(Barrier(f"{kind}{s}", s, at, arrivals, arrive, wait))
             at += MBARRIER_BYTES
     out.append(Barrier("q_full", 0, at, 1, f"{issuer} (arrive.expect_tx {q_bytes} B)", "consumer threads"))
+    if persistent:
+        out.append(Barrier("q_empty", 0, at + MBARRIER_BYTES, consumer_warps,
+                           "lane 0 of each consumer warp, once every GEMM of its query block is done", issuer))
     return tuple(out)
 
 
@@ -236,8 +245,9 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     for s in range(stages):
         tiles.append(swizzled_tile(f"k{s}", bn, d, ctype, f"K tile, stage {s}"))
         tiles.append(swizzled_tile(f"v{s}", bn, d, ctype, f"V tile, stage {s}"))
-    tiles.append(barrier_region("bars", 4 * stages + 1, f"mbarriers full_k, full_v, empty_k, empty_v "
-                                f"[0..{stages}) each, q_full"))
+    persistent = spec.schedule.persistent
+    tiles.append(barrier_region("bars", 4 * stages + 1 + persistent, f"mbarriers full_k, full_v, empty_k, empty_v "
+                                f"[0..{stages}) each, q_full" + (", q_empty" if persistent else "")))
     regions = layout_regions(tiles)
     budget = Budget.of(target, spec.smem.opt_in)
     total = check_budget(regions, budget, file)
@@ -255,7 +265,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                           16 * 2, SWIZZLE_128B_COLS // 16, bn * PANEL_BYTES, 16 * PANEL_BYTES, ROWS_PER_WARPGROUP,
                           2 * WARPGROUP * 32, q_bytes, tile_bytes, has_producer, issuer_thread)
     bars = barriers(stages, spec.compute_warps, tile_bytes, q_bytes, issuer,
-                    next(r.offset for r in regions if r.name == "bars"))
+                    next(r.offset for r in regions if r.name == "bars"), persistent)
     functions = tuple((m, function_name(spec, m)) for m in spec.masks)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
@@ -288,6 +298,10 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                  if spec.schedule.pingpong else
                  "  a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives "
                  "empty_k/empty_v[s] without computing"),
+                ("  persistent: one block per SM takes query blocks i, i + grid, ...; ring positions and the "
+                 "q_full/q_empty phases run on across them, and the producer waits q_empty before it loads the next "
+                 "Q (the consumers arrive once their last GEMM of a block is done, before its epilogue)"
+                 if persistent else "  one query block per thread block"),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
     return ForwardPlan(
@@ -307,7 +321,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         barriers=bars, kv_stage_stride=ring_stride(regions, "k", "v"), min_blocks_per_sm=min_blocks,
         fragments=frag, bank_report=(), roles=roles, schedule=schedule, arch_suffix="a",
         copy_engine="TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers",
-        tensor_maps=maps,
+        tensor_maps=maps, persistent=persistent,
     )
 
 
@@ -328,6 +342,8 @@ def explain(plan) -> list[str]:
              "online softmax: exp2 with the scale folded in; rescale always"
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
              + ("; consumer warpgroups ping-pong their GEMMs (named barriers 1, 2)" if f.pingpong else ""),
+             ("grid: persistent, one block per SM looping over every query block" if plan.persistent else
+              "grid: one block per query block"),
              "shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)"]
     return lines
 
