@@ -491,10 +491,14 @@ constexpr int kVStepBytes = 2048;            // MN-major V: a k16 step (16 key r
 constexpr int kRowsPerWarpgroup = 64;  // the M of every wgmma
 constexpr int kTurnThreads = 256;           // threads of a ping-pong turn barrier
 constexpr int kBarrierBytes = 8;
-constexpr int kFullK = kSmem_bars;                           // full_k[s]: stage s holds K of tile t
-constexpr int kFullV = kFullK + kStages * kBarrierBytes;      // full_v[s]: stage s holds V of tile t
-constexpr int kEmptyK = kFullV + kStages * kBarrierBytes;     // empty_k[s]: K of stage s may be refilled
-constexpr int kEmptyV = kEmptyK + kStages * kBarrierBytes;    // empty_v[s]: V of stage s may be refilled
+// K and V of a stage are handed over on separate mbarriers when the schedule frees K before V
+// (overlap); otherwise one full/empty pair per stage counts both (fewer arrivals per tile), and the
+// V names alias the K ones.
+constexpr bool kSplitKV = true;
+constexpr int kFullK = kSmem_bars;                                                 // full_k[s]: stage s holds K of tile t
+constexpr int kFullV = kSplitKV ? kFullK + kStages * kBarrierBytes : kFullK;      // full_v[s]: ... V of tile t
+constexpr int kEmptyK = kFullV + kStages * kBarrierBytes;                          // empty_k[s]: K of stage s may be refilled
+constexpr int kEmptyV = kSplitKV ? kEmptyK + kStages * kBarrierBytes : kEmptyK;   // empty_v[s]: V ...
 constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full: the Q tile has landed
 constexpr int kQEmptyBar = kQBar + kBarrierBytes;             // q_empty (persistent): the Q tile may be replaced
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
@@ -655,10 +659,12 @@ __device__ __forceinline__ void attention(const Params& p) {
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(smem_addr + kFullK + s * kBarrierBytes, 1);
-            mbarrier_init(smem_addr + kFullV + s * kBarrierBytes, 1);
+            mbarrier_init(smem_addr + kFullK + s * kBarrierBytes, kSplitKV ? 1 : 2);  // one expect_tx per operand
             mbarrier_init(smem_addr + kEmptyK + s * kBarrierBytes, kComputeWarps);
-            mbarrier_init(smem_addr + kEmptyV + s * kBarrierBytes, kComputeWarps);
+            if constexpr (kSplitKV) {
+                mbarrier_init(smem_addr + kFullV + s * kBarrierBytes, 1);
+                mbarrier_init(smem_addr + kEmptyV + s * kBarrierBytes, kComputeWarps);
+            }
         }
         mbarrier_init(smem_addr + kQBar, 1);
         if constexpr (kPersistent) mbarrier_init(smem_addr + kQEmptyBar, kComputeWarps);
@@ -724,18 +730,23 @@ __device__ __forceinline__ void attention(const Params& p) {
         auto wait_v = [&](int t) { mbarrier_wait(stage_bar(kFullV, t), ((ring + t) / kStages) & 1); };
         // This warp's wgmma reads of K (or V) of tile t are complete: hand the operand back. Without a
         // producer, the issuer then refills it with tile t + kStages (waiting for every warp's arrival).
+        // Without the split, the stage goes back once, with V.
         auto release_k = [&](int t) {
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
-            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
-                load_kv<false>(smem_addr, map_k, c, t + kStages, t + kStages);
-            __syncwarp();
+            if constexpr (kSplitKV) {
+                __syncwarp();
+                if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
+                if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
+                    load_kv<false>(smem_addr, map_k, c, t + kStages, t + kStages);
+                __syncwarp();
+            }
         };
         auto release_v = [&](int t) {
             __syncwarp();
             if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
-            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
+            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) {
+                if constexpr (!kSplitKV) load_kv<false>(smem_addr, map_k, c, t + kStages, t + kStages);
                 load_kv<true>(smem_addr, map_v, c, t + kStages, t + kStages);
+            }
             __syncwarp();
         };
         float s[kSRegs], alpha[2];

@@ -49,25 +49,21 @@
 //     v0        40960   16384   16.00  128x64 __nv_bfloat16    128  128B: chunk ^= row % 8       V tile, stage 0; 1 panel(s) of 128 rows x 64
 //     k1        57344   16384   16.00  128x64 __nv_bfloat16    128  128B: chunk ^= row % 8       K tile, stage 1; 1 panel(s) of 128 rows x 64
 //     v1        73728   16384   16.00  128x64 __nv_bfloat16    128  128B: chunk ^= row % 8       V tile, stage 1; 1 panel(s) of 128 rows x 64
-//     bars      90112      72    0.07  9x1 uint64            8  none                         mbarriers full_k, full_v, empty_k, empty_v [0..2) each, q_full
-//     total 90184 B (88.07 KiB) of 232448 B (227.00 KiB) budget, 39%
-//     dynamic: 90184 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
+//     bars      90112      40    0.04  5x1 uint64            8  none                         mbarriers full, empty [0..2) each, q_full
+//     total 90152 B (88.04 KiB) of 232448 B (227.00 KiB) budget, 39%
+//     dynamic: 90152 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
 //   warp roles and mbarriers (region bars):
 //     consumer warpgroups 0..2 (warps 0..11): 64 query rows each; S = Q.K^T (wgmma SS, N 128), online softmax, O += P.V (wgmma RS, N 64); setmaxnreg.inc to 160
 //     producer warpgroup 3 (warps 12..15): thread 384 issues every TMA copy, the other threads exit; setmaxnreg.dec to 32
-//     full_k0 smem +90112     1 arrivals per phase from the producer thread (384) (arrive.expect_tx 16384 B; TMA completes the bytes); consumer threads wait
-//     full_k1 smem +90120     1 arrivals per phase from the producer thread (384) (arrive.expect_tx 16384 B; TMA completes the bytes); consumer threads wait
-//     full_v0 smem +90128     1 arrivals per phase from the producer thread (384) (arrive.expect_tx 16384 B; TMA completes the bytes); consumer threads wait
-//     full_v1 smem +90136     1 arrivals per phase from the producer thread (384) (arrive.expect_tx 16384 B; TMA completes the bytes); consumer threads wait
-//     empty_k0 smem +90144    12 arrivals per phase from lane 0 of each consumer warp, once its S = Q.K^T of the stage completed; the producer thread (384) wait
-//     empty_k1 smem +90152    12 arrivals per phase from lane 0 of each consumer warp, once its S = Q.K^T of the stage completed; the producer thread (384) wait
-//     empty_v0 smem +90160    12 arrivals per phase from lane 0 of each consumer warp, once its P.V of the stage completed; the producer thread (384) wait
-//     empty_v1 smem +90168    12 arrivals per phase from lane 0 of each consumer warp, once its P.V of the stage completed; the producer thread (384) wait
-//     q_full  smem +90176     1 arrivals per phase from the producer thread (384) (arrive.expect_tx 24576 B); consumer threads wait
+//     full0   smem +90112     2 arrivals per phase from the producer thread (384), once for K and once for V (arrive.expect_tx 16384 B each); consumer threads wait
+//     full1   smem +90120     2 arrivals per phase from the producer thread (384), once for K and once for V (arrive.expect_tx 16384 B each); consumer threads wait
+//     empty0  smem +90128    12 arrivals per phase from lane 0 of each consumer warp, once its P.V of the stage completed; the producer thread (384) wait
+//     empty1  smem +90136    12 arrivals per phase from lane 0 of each consumer warp, once its P.V of the stage completed; the producer thread (384) wait
+//     q_full  smem +90144     1 arrivals per phase from the producer thread (384) (arrive.expect_tx 24576 B); consumer threads wait
 //     schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):
-//       producer: Q (expect_tx 24576 B on q_full), then per tile: wait empty_k[s] (when t >= stages), expect_tx 16384 B on full_k[s], TMA K; the same for V on empty_v[s] and full_v[s]
-//       consumer: wait q_full once; per tile: wait full_k[s], S = Q.K^T, wait, arrive empty_k[s], softmax, wait full_v[s], O += P.V, wait, arrive empty_v[s]
+//       producer: Q (expect_tx 24576 B on q_full), then per tile: wait empty[s] (when t >= stages), expect_tx 16384 B on full[s] and TMA K, the same again for V
+//       consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, arrive empty[s]
 //       a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives empty_k/empty_v[s] without computing
 //       one query block per thread block
 //     up to 2 tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), one __syncthreads publishes them
@@ -124,7 +120,7 @@ constexpr int kComputeThreads = 384;
 constexpr int kProducerThreads = 128;  // 0: every warp copies and computes
 constexpr int kRowsPerWarp = 16;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 8;  // 16-byte chunks in one row of head_dim
-constexpr int kSmemBytes = 90184;
+constexpr int kSmemBytes = 90152;
 constexpr int kStages = 2;           // K/V ring depth
 constexpr int kStageStride = 32768;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
@@ -137,7 +133,7 @@ constexpr int kSmem_k0 = 24576;  // K tile, stage 0; 1 panel(s) of 128 rows x 64
 constexpr int kSmem_v0 = 40960;  // V tile, stage 0; 1 panel(s) of 128 rows x 64: 128x64 __nv_bfloat16, 16384 B
 constexpr int kSmem_k1 = 57344;  // K tile, stage 1; 1 panel(s) of 128 rows x 64: 128x64 __nv_bfloat16, 16384 B
 constexpr int kSmem_v1 = 73728;  // V tile, stage 1; 1 panel(s) of 128 rows x 64: 128x64 __nv_bfloat16, 16384 B
-constexpr int kSmem_bars = 90112;  // mbarriers full_k, full_v, empty_k, empty_v [0..2) each, q_full: 9x1 uint64, 72 B
+constexpr int kSmem_bars = 90112;  // mbarriers full, empty [0..2) each, q_full: 5x1 uint64, 40 B
 
 // Q/K/V tile rows: pitch and swizzle (xor: chunk ^= row & 7).
 constexpr int kTilePitchBytes = 128;
@@ -477,10 +473,14 @@ constexpr int kVStepBytes = 2048;            // MN-major V: a k16 step (16 key r
 constexpr int kRowsPerWarpgroup = 64;  // the M of every wgmma
 constexpr int kTurnThreads = 256;           // threads of a ping-pong turn barrier
 constexpr int kBarrierBytes = 8;
-constexpr int kFullK = kSmem_bars;                           // full_k[s]: stage s holds K of tile t
-constexpr int kFullV = kFullK + kStages * kBarrierBytes;      // full_v[s]: stage s holds V of tile t
-constexpr int kEmptyK = kFullV + kStages * kBarrierBytes;     // empty_k[s]: K of stage s may be refilled
-constexpr int kEmptyV = kEmptyK + kStages * kBarrierBytes;    // empty_v[s]: V of stage s may be refilled
+// K and V of a stage are handed over on separate mbarriers when the schedule frees K before V
+// (overlap); otherwise one full/empty pair per stage counts both (fewer arrivals per tile), and the
+// V names alias the K ones.
+constexpr bool kSplitKV = false;
+constexpr int kFullK = kSmem_bars;                                                 // full_k[s]: stage s holds K of tile t
+constexpr int kFullV = kSplitKV ? kFullK + kStages * kBarrierBytes : kFullK;      // full_v[s]: ... V of tile t
+constexpr int kEmptyK = kFullV + kStages * kBarrierBytes;                          // empty_k[s]: K of stage s may be refilled
+constexpr int kEmptyV = kSplitKV ? kEmptyK + kStages * kBarrierBytes : kEmptyK;   // empty_v[s]: V ...
 constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full: the Q tile has landed
 constexpr int kQEmptyBar = kQBar + kBarrierBytes;             // q_empty (persistent): the Q tile may be replaced
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
@@ -622,7 +622,7 @@ __device__ __forceinline__ BlockCoords work_coords(int item, int m_blocks, const
 
 template <Mask kMask>
 __device__ __forceinline__ void attention(const Params& p) {
-    extern __shared__ __align__(1024) unsigned char smem[];  // 90184 B: dynamic, opt-in
+    extern __shared__ __align__(1024) unsigned char smem[];  // 90152 B: dynamic, opt-in
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -641,10 +641,12 @@ __device__ __forceinline__ void attention(const Params& p) {
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(smem_addr + kFullK + s * kBarrierBytes, 1);
-            mbarrier_init(smem_addr + kFullV + s * kBarrierBytes, 1);
+            mbarrier_init(smem_addr + kFullK + s * kBarrierBytes, kSplitKV ? 1 : 2);  // one expect_tx per operand
             mbarrier_init(smem_addr + kEmptyK + s * kBarrierBytes, kComputeWarps);
-            mbarrier_init(smem_addr + kEmptyV + s * kBarrierBytes, kComputeWarps);
+            if constexpr (kSplitKV) {
+                mbarrier_init(smem_addr + kFullV + s * kBarrierBytes, 1);
+                mbarrier_init(smem_addr + kEmptyV + s * kBarrierBytes, kComputeWarps);
+            }
         }
         mbarrier_init(smem_addr + kQBar, 1);
         if constexpr (kPersistent) mbarrier_init(smem_addr + kQEmptyBar, kComputeWarps);
@@ -710,18 +712,23 @@ __device__ __forceinline__ void attention(const Params& p) {
         auto wait_v = [&](int t) { mbarrier_wait(stage_bar(kFullV, t), ((ring + t) / kStages) & 1); };
         // This warp's wgmma reads of K (or V) of tile t are complete: hand the operand back. Without a
         // producer, the issuer then refills it with tile t + kStages (waiting for every warp's arrival).
+        // Without the split, the stage goes back once, with V.
         auto release_k = [&](int t) {
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
-            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
-                load_kv<false>(smem_addr, map_k, c, t + kStages, t + kStages);
-            __syncwarp();
+            if constexpr (kSplitKV) {
+                __syncwarp();
+                if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
+                if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
+                    load_kv<false>(smem_addr, map_k, c, t + kStages, t + kStages);
+                __syncwarp();
+            }
         };
         auto release_v = [&](int t) {
             __syncwarp();
             if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
-            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
+            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) {
+                if constexpr (!kSplitKV) load_kv<false>(smem_addr, map_k, c, t + kStages, t + kStages);
                 load_kv<true>(smem_addr, map_v, c, t + kStages, t + kStages);
+            }
             __syncwarp();
         };
         float s[kSRegs], alpha[2];

@@ -322,7 +322,7 @@ def test_wgmma_persistent_grid_and_q_barriers():
     assert p.persistent and p.grid(4, 16, 2048, sm_count=132) == (132, 1, 1) and p.grid(1, 2, 300, 132) == (6, 1, 1)
     assert p.grid(1, 1, 1000) == (8, 1, 1) and p.grid(64, 64, 8192) == (p.target.sm_count, 1, 1)
     assert [(b.name, b.arrivals) for b in p.barriers[-2:]] == [("q_full", 1), ("q_empty", 8)]
-    assert p.region("bars").bytes == 8 * (4 * 2 + 2)
+    assert p.region("bars").bytes == 8 * (2 * 2 + 2)   # not overlapped: one full/empty pair per stage
     plain = plan_of(text.replace("persistent: true", "persistent: false"))
     assert not plain.persistent and plain.grid(4, 16, 2048, sm_count=132) == (16, 16, 4)
 
@@ -335,17 +335,22 @@ def test_wgmma_layout_and_numbers():
                       target="h100") + "registers: {producer: 24, consumer: 240}\n")
     p = plan_of(text)
     assert layout(p) == [("q", 0, 32768, 128), ("k0", 32768, 32768, 128), ("v0", 65536, 32768, 128),
-                         ("k1", 98304, 32768, 128), ("v1", 131072, 32768, 128), ("bars", 163840, 72, 8)]
+                         ("k1", 98304, 32768, 128), ("v1", 131072, 32768, 128), ("bars", 163840, 40, 8)]
     assert all(r.offset % 1024 == 0 for r in p.regions if r.name != "bars") and p.smem_align == 1024
     assert p.kv_stage_stride == 65536 and p.threads == 384 and p.min_blocks_per_sm == 1
     f = p.fragments
     assert (f.consumer_warpgroups, f.panels, f.s_regs, f.o_regs, f.k_steps_qk, f.k_steps_pv) == (2, 2, 64, 64, 8, 8)
     assert (f.q_bytes, f.tile_bytes, f.producer_registers, f.consumer_registers) == (32768, 32768, 24, 240)
-    assert (f.has_producer, f.issuer_thread) == (True, 256)
-    assert [(b.name, b.arrivals) for b in p.barriers] == [
+    assert (f.has_producer, f.issuer_thread, f.split_kv) == (True, 256, False)
+    # not overlapped: one full (an expect_tx for K and one for V) and one empty per stage
+    assert [(b.name, b.arrivals) for b in p.barriers] == [("full0", 2), ("full1", 2), ("empty0", 8), ("empty1", 8),
+                                                          ("q_full", 1)]
+    # overlapped: K is handed back after S, V after P.V, on their own mbarriers
+    o = plan_of(text + "schedule: {overlap: true}\n")
+    assert o.fragments.split_kv and [(b.name, b.arrivals) for b in o.barriers] == [
         ("full_k0", 1), ("full_k1", 1), ("full_v0", 1), ("full_v1", 1), ("empty_k0", 8), ("empty_k1", 8),
         ("empty_v0", 8), ("empty_v1", 8), ("q_full", 1)]
-    assert [b.offset for b in p.barriers] == list(range(163840, 163840 + 72, 8))
+    assert [b.offset for b in o.barriers] == list(range(163840, 163840 + 72, 8))
     assert p.compile_arch("sm_90") == "sm_90a" and [m.tensor for m in p.tensor_maps] == ["q", "k", "v"]
     # the maps travel by value: three 128-byte, 64-byte aligned Params fields, Params a __grid_constant__
     assert [(f.name, f.size, f.align) for f in p.abi.fields[-3:]] == [("tma_q", 128, 64), ("tma_k", 128, 64),

@@ -205,6 +205,7 @@ class WgmmaFragments:
     q_bytes: int            # TMA transaction bytes of the Q tile
     tile_bytes: int         # TMA transaction bytes of one K or V tile
     has_producer: bool      # false: homogeneous, a consumer thread also issues the copies
+    split_kv: bool          # K and V of a stage handed over on separate mbarriers (the overlapped schedule)
     issuer_thread: int      # the thread that issues every TMA copy
 
 
@@ -216,16 +217,21 @@ def swizzled_tile(name: str, rows: int, head_dim: int, ctype: str, per: str) -> 
 
 
 def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, issuer: str,
-             base: int, persistent: bool = False) -> tuple[Barrier, ...]:
-    """full_k, full_v, empty_k, empty_v per stage, then q_full: K and V are handed over separately,
-    so K of a stage is refilled as soon as the S GEMM that read it is done."""
+             base: int, persistent: bool = False, split_kv: bool = True) -> tuple[Barrier, ...]:
+    """Split: full_k, full_v, empty_k, empty_v per stage, so K of a stage is refilled as soon as the S
+    GEMM that read it is done (the overlapped schedule needs it). Otherwise full and empty per stage,
+    for K and V together. Then q_full (and q_empty when persistent)."""
     out, at = [], base
-    for kind, arrivals, arrive, wait in (
-            ("full_k", 1, f"{issuer} (arrive.expect_tx {tile_bytes} B; TMA completes the bytes)", "consumer threads"),
-            ("full_v", 1, f"{issuer} (arrive.expect_tx {tile_bytes} B; TMA completes the bytes)", "consumer threads"),
-            ("empty_k", consumer_warps, "lane 0 of each consumer warp, once its S = Q.K^T of the stage completed",
-             issuer),
-            ("empty_v", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer)):
+    copy = f"{issuer} (arrive.expect_tx {tile_bytes} B; TMA completes the bytes)"
+    pairs = ((("full_k", 1, copy, "consumer threads"), ("full_v", 1, copy, "consumer threads"),
+              ("empty_k", consumer_warps, "lane 0 of each consumer warp, once its S = Q.K^T of the stage completed",
+               issuer),
+              ("empty_v", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer))
+             if split_kv else
+             (("full", 2, f"{issuer}, once for K and once for V (arrive.expect_tx {tile_bytes} B each)",
+               "consumer threads"),
+              ("empty", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer)))
+    for kind, arrivals, arrive, wait in pairs:
         for s in range(stages):
             out.append(Barrier(f"{kind}{s}", s, at, arrivals, arrive, wait))
             at += MBARRIER_BYTES
@@ -246,7 +252,9 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         tiles.append(swizzled_tile(f"k{s}", bn, d, ctype, f"K tile, stage {s}"))
         tiles.append(swizzled_tile(f"v{s}", bn, d, ctype, f"V tile, stage {s}"))
     persistent = spec.schedule.persistent
-    tiles.append(barrier_region("bars", 4 * stages + 1 + persistent, f"mbarriers full_k, full_v, empty_k, empty_v "
+    split_kv = spec.schedule.overlap
+    tiles.append(barrier_region("bars", (4 if split_kv else 2) * stages + 1 + persistent,
+                                f"mbarriers {'full_k, full_v, empty_k, empty_v' if split_kv else 'full, empty'} "
                                 f"[0..{stages}) each, q_full" + (", q_empty" if persistent else "")))
     regions = layout_regions(tiles)
     budget = Budget.of(target, spec.smem.opt_in)
@@ -263,9 +271,9 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                           regs.producer if regs else 0, regs.consumer if regs else 0, spec.schedule.overlap,
                           spec.schedule.pingpong, SWIZZLE_128B_COLS, PANEL_BYTES, TILE_ALIGN, 16,
                           16 * 2, SWIZZLE_128B_COLS // 16, bn * PANEL_BYTES, 16 * PANEL_BYTES, ROWS_PER_WARPGROUP,
-                          2 * WARPGROUP * 32, q_bytes, tile_bytes, has_producer, issuer_thread)
+                          2 * WARPGROUP * 32, q_bytes, tile_bytes, has_producer, split_kv, issuer_thread)
     bars = barriers(stages, spec.compute_warps, tile_bytes, q_bytes, issuer,
-                    next(r.offset for r in regions if r.name == "bars"), persistent)
+                    next(r.offset for r in regions if r.name == "bars"), persistent, split_kv)
     functions = tuple((m, function_name(spec, m)) for m in spec.masks)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
@@ -278,12 +286,18 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                  f"{issuer_thread} issues every TMA copy, the other threads exit"
                  + (f"; setmaxnreg.dec to {regs.producer}" if regs else ""))
         copies = (f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty_k[s] (when t >= stages), "
-                  f"expect_tx {tile_bytes} B on full_k[s], TMA K; the same for V on empty_v[s] and full_v[s]")
+                  f"expect_tx {tile_bytes} B on full_k[s], TMA K; the same for V on empty_v[s] and full_v[s]"
+                  if split_kv else
+                  f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty[s] (when t >= stages), "
+                  f"expect_tx {tile_bytes} B on full[s] and TMA K, the same again for V")
     else:
         roles = (consumer_role + f"; consumer thread {issuer_thread} (first of the last warpgroup, whose rows see "
                  "every tile) also issues every TMA copy",)
         copies = (f"  issuer: Q and the first {stages} tiles before its first GEMM; after its warp hands back K (or V) "
-                  f"of tile t, it waits empty_k[s] (empty_v[s]) and copies tile t + {stages} into the stage")
+                  f"of tile t, it waits empty_k[s] (empty_v[s]) and copies tile t + {stages} into the stage"
+                  if split_kv else
+                  f"  issuer: Q and the first {stages} tiles before its first GEMM; after its warp hands back tile t, "
+                  f"it waits empty[s] and copies K and V of tile t + {stages} into the stage")
     overlap = spec.schedule.overlap
     schedule = ("schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
                 copies,
@@ -291,8 +305,8 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                  "and O += P_(t-1).V_(t-1), wait for S_t only, arrive empty_k[s], softmax S_t while P.V runs, wait for "
                  "P.V, arrive empty_v[(t-1) % stages], rescale O"
                  if overlap else
-                 "  consumer: wait q_full once; per tile: wait full_k[s], S = Q.K^T, wait, arrive empty_k[s], softmax, "
-                 "wait full_v[s], O += P.V, wait, arrive empty_v[s]"),
+                 "  consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, "
+                 "arrive empty[s]"),
                 ("  ping-pong: consumer warpgroup w waits on named barrier 1 + w before issuing its GEMMs and "
                  "arrives on the other's after, so one warpgroup's softmax runs under the other's GEMMs"
                  if spec.schedule.pingpong else
