@@ -540,6 +540,23 @@ __device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, con
         tma_load_4d(dst + panel * kBlockN * kPanelRowBytes, map, kPanelCols * panel, t * kBlockN, c.kv_head, c.batch, full);
 }
 
+// Everything a query block reads, by its one issuing thread: Q, then K and V of its first `tiles`
+// tiles from ring position `ring` on (the producer: all of them; homogeneous: the first kStages).
+// The tensor maps stay in parameter space: Params is a __grid_constant__ parameter.
+__device__ __forceinline__ void load_block(uint32_t smem_addr, const Params& p, const BlockCoords& c, int ring, int tiles) {
+    load_q(smem_addr, p.tma_q, c);
+    for (int t = 0; t < tiles; ++t) {
+        load_kv<false>(smem_addr, p.tma_k, c, ring + t, t);
+        load_kv<true>(smem_addr, p.tma_v, c, ring + t, t);
+    }
+}
+
+__device__ __forceinline__ void prefetch_tensor_maps(const Params& p) {
+    prefetch_tensor_map(p.tma_q);
+    prefetch_tensor_map(p.tma_k);
+    prefetch_tensor_map(p.tma_v);
+}
+
 // Descriptors of one k16 step: Q rows of this warpgroup (A, K-major) and the K tile (B, K-major):
 // a 64-column panel holds 4 steps, 32 bytes apart.
 __device__ __forceinline__ uint64_t q_desc(uint32_t sQ, int wg_row0, int kk) {
@@ -648,9 +665,6 @@ __device__ __forceinline__ void attention(const Params& p) {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     if (smem_addr % kSwizzleAtomBytes) __trap();  // the swizzle pattern is on absolute addresses
-    const void* map_q = p.tma_q;   // in parameter space: Params is a __grid_constant__ parameter
-    const void* map_k = p.tma_k;
-    const void* map_v = p.tma_v;
     // Work items: one per thread block, or (persistent) every query block of every head, taken
     // round-robin by the gridDim.x resident blocks.
     const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
@@ -683,20 +697,14 @@ __device__ __forceinline__ void attention(const Params& p) {
     if (kHasProducer && warpgroup == kConsumerWarpgroups) {
         if constexpr (kProducerRegisters > 0) setmaxnreg_dec<kProducerRegisters>();
         if (tid == kIssuer) {
-            prefetch_tensor_map(map_q);
-            prefetch_tensor_map(map_k);
-            prefetch_tensor_map(map_v);
+            prefetch_tensor_maps(p);
             int ring = 0, nth = 0;
             for (int item = first_item; item < items; item += item_step, ++nth) {
                 const BlockCoords c = coords(item);
                 const int n_tiles = kv_tile_count<kMask>(c.m0, p);
                 if (kPersistent && nth > 0)   // the consumers are done with the previous item's Q
                     mbarrier_wait(smem_addr + kQEmptyBar, (nth - 1) & 1);
-                load_q(smem_addr, map_q, c);
-                for (int t = 0; t < n_tiles; ++t) {
-                    load_kv<false>(smem_addr, map_k, c, ring + t, t);
-                    load_kv<true>(smem_addr, map_v, c, ring + t, t);
-                }
+                load_block(smem_addr, p, c, ring, n_tiles);
                 ring += n_tiles;
             }
         }
@@ -706,136 +714,130 @@ __device__ __forceinline__ void attention(const Params& p) {
         int ring = 0, nth = 0;
         if (kPingPong && warpgroup == 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
         for (int item = first_item; item < items; item += item_step, ++nth) {
-        const BlockCoords c = coords(item);
-        const int n_tiles = kv_tile_count<kMask>(c.m0, p);
-        if (!kHasProducer && tid == kIssuer) {  // homogeneous (one item): Q and the first kStages tiles
-            prefetch_tensor_map(map_q);
-            prefetch_tensor_map(map_k);
-            prefetch_tensor_map(map_v);
-            load_q(smem_addr, map_q, c);
-            for (int t = 0; t < min(n_tiles, kStages); ++t) {
-                load_kv<false>(smem_addr, map_k, c, t, t);
-                load_kv<true>(smem_addr, map_v, c, t, t);
+            const BlockCoords c = coords(item);
+            const int n_tiles = kv_tile_count<kMask>(c.m0, p);
+            if (!kHasProducer && tid == kIssuer) {  // homogeneous (one item): the rest as stages come back
+                prefetch_tensor_maps(p);
+                load_block(smem_addr, p, c, 0, min(n_tiles, kStages));
             }
-        }
-        __syncwarp();  // the issuer's warp reconverges before its first wgmma
-        const int wg_row0 = warpgroup * kRowsPerWarpgroup;   // this warpgroup's rows inside the block
-        const int row0 = c.m0 + wg_row0 + (warp % 4) * 16;   // this warp's first query row
-        float o[kORegs], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+            __syncwarp();  // the issuer's warp reconverges before its first wgmma
+            const int wg_row0 = warpgroup * kRowsPerWarpgroup;   // this warpgroup's rows inside the block
+            const int row0 = c.m0 + wg_row0 + (warp % 4) * 16;   // this warp's first query row
+            float o[kORegs], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 #pragma unroll
-        for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
-        // Tiles whose keys some row of this warpgroup sees; later tiles of the block it only hands back.
-        // The last warpgroup (the homogeneous issuer's) holds the block's last row: it sees every tile.
-        const int my_tiles = min(n_tiles, tiles_up_to_row<kMask>(c.m0 + wg_row0 + kRowsPerWarpgroup - 1, p));
-        auto stage_bar = [&](int base, int t) { return smem_addr + base + ((ring + t) % kStages) * kBarrierBytes; };
-        auto slot = [&](int t) { return smem_addr + ((ring + t) % kStages) * kStageStride; };
-        auto wait_k = [&](int t) { mbarrier_wait(stage_bar(kFullK, t), ((ring + t) / kStages) & 1); };
-        auto wait_v = [&](int t) { mbarrier_wait(stage_bar(kFullV, t), ((ring + t) / kStages) & 1); };
-        // This warp's wgmma reads of K (or V) of tile t are complete: hand the operand back. Without a
-        // producer, the issuer then refills it with tile t + kStages (waiting for every warp's arrival).
-        // Without the split, the stage goes back once, with V.
-        auto release_k = [&](int t) {
-            if constexpr (kSplitKV) {
+            for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+            // Tiles whose keys some row of this warpgroup sees; later tiles of the block it only hands back.
+            // The last warpgroup (the homogeneous issuer's) holds the block's last row: it sees every tile.
+            const int my_tiles = min(n_tiles, tiles_up_to_row<kMask>(c.m0 + wg_row0 + kRowsPerWarpgroup - 1, p));
+            auto stage_bar = [&](int base, int t) { return smem_addr + base + ((ring + t) % kStages) * kBarrierBytes; };
+            auto slot = [&](int t) { return smem_addr + ((ring + t) % kStages) * kStageStride; };
+            auto wait_k = [&](int t) { mbarrier_wait(stage_bar(kFullK, t), ((ring + t) / kStages) & 1); };
+            auto wait_v = [&](int t) { mbarrier_wait(stage_bar(kFullV, t), ((ring + t) / kStages) & 1); };
+            // This warp's wgmma reads of K (or V) of tile t are complete: hand the operand back. Without a
+            // producer, the issuer then refills it with tile t + kStages (waiting for every warp's arrival).
+            // Without the split, the stage goes back once, with V.
+            auto release_k = [&](int t) {
+                if constexpr (kSplitKV) {
+                    __syncwarp();
+                    if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
+                    if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
+                        load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t + kStages);
+                    __syncwarp();
+                }
+            };
+            auto release_v = [&](int t) {
                 __syncwarp();
-                if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
-                if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
-                    load_kv<false>(smem_addr, map_k, c, t + kStages, t + kStages);
+                if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
+                if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) {
+                    if constexpr (!kSplitKV) load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t + kStages);
+                    load_kv<true>(smem_addr, p.tma_v, c, t + kStages, t + kStages);
+                }
                 __syncwarp();
+            };
+            float s[kSRegs], alpha[2];
+            uint32_t pa[kKStepsPV][4];
+            mbarrier_wait(smem_addr + kQBar, nth & 1);
+            if constexpr (kOverlap) {
+                // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
+                // K_t is handed back as soon as S_t is done, V_(t-1) when its P.V is.
+                // Ping-pong: both warpgroups take every tile (their turns must pair up), warpgroup 0 first.
+                const int tiles = kPingPong ? n_tiles : my_tiles;
+                if (tiles > 0) {
+                    wait_k(0);
+                    wait_turn(warpgroup);
+                    wgmma_fence();
+                    issue_scores(s, sQ, slot(0) + kSmem_k0, wg_row0);
+                    pass_turn(warpgroup);
+                    wgmma_wait<0>();
+                    fence_registers(s);
+                    release_k(0);
+                    if (tile_needs_mask<kMask>(0, row0, p)) mask_scores<kMask>(s, 0, row0, lane, p);
+                    softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
+                    p_fragments(pa, s);
+                }
+                for (int t = 1; t < tiles; ++t) {
+                    const int n0 = t * kBlockN;
+                    wait_k(t);
+                    wait_v(t - 1);
+                    wait_turn(warpgroup);
+                    wgmma_fence();
+                    issue_scores(s, sQ, slot(t) + kSmem_k0, wg_row0);
+                    issue_pv(o, pa, slot(t - 1) + kSmem_v0);
+                    pass_turn(warpgroup);
+                    wgmma_wait<1>();   // S_t is ready; P.V may still run
+                    fence_registers(s);
+                    release_k(t);
+                    if (tile_needs_mask<kMask>(n0, row0, p)) mask_scores<kMask>(s, n0, row0, lane, p);
+                    softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
+                    wgmma_wait<0>();   // P_(t-1).V_(t-1) is done: O and the A fragments are free
+                    fence_registers(o);
+                    release_v(t - 1);
+                    rescale_output(o, alpha);
+                    p_fragments(pa, s);
+                }
+                if (tiles > 0) {
+                    wait_v(tiles - 1);
+                    wait_turn(warpgroup);
+                    wgmma_fence();
+                    issue_pv(o, pa, slot(tiles - 1) + kSmem_v0);
+                    pass_turn(warpgroup);
+                    wgmma_wait<0>();
+                    fence_registers(o);
+                    release_v(tiles - 1);
+                }
+            } else {
+                for (int t = 0; t < my_tiles; ++t) {
+                    const int n0 = t * kBlockN;
+                    wait_k(t);
+                    wgmma_fence();
+                    issue_scores(s, sQ, slot(t) + kSmem_k0, wg_row0);
+                    wgmma_wait<0>();
+                    fence_registers(s);
+                    release_k(t);
+                    if (tile_needs_mask<kMask>(n0, row0, p)) mask_scores<kMask>(s, n0, row0, lane, p);
+                    softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
+                    rescale_output(o, alpha);
+                    p_fragments(pa, s);
+                    wait_v(t);
+                    wgmma_fence();  // the rescaled O and the A fragments are written before P.V reads them
+                    issue_pv(o, pa, slot(t) + kSmem_v0);
+                    wgmma_wait<0>();
+                    fence_registers(o);
+                    release_v(t);
+                }
             }
-        };
-        auto release_v = [&](int t) {
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
-            if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) {
-                if constexpr (!kSplitKV) load_kv<false>(smem_addr, map_k, c, t + kStages, t + kStages);
-                load_kv<true>(smem_addr, map_v, c, t + kStages, t + kStages);
-            }
-            __syncwarp();
-        };
-        float s[kSRegs], alpha[2];
-        uint32_t pa[kKStepsPV][4];
-        mbarrier_wait(smem_addr + kQBar, nth & 1);
-        if constexpr (kOverlap) {
-            // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
-            // K_t is handed back as soon as S_t is done, V_(t-1) when its P.V is.
-            // Ping-pong: both warpgroups take every tile (their turns must pair up), warpgroup 0 first.
-            const int tiles = kPingPong ? n_tiles : my_tiles;
-            if (tiles > 0) {
-                wait_k(0);
-                wait_turn(warpgroup);
-                wgmma_fence();
-                issue_scores(s, sQ, slot(0) + kSmem_k0, wg_row0);
-                pass_turn(warpgroup);
-                wgmma_wait<0>();
-                fence_registers(s);
-                release_k(0);
-                if (tile_needs_mask<kMask>(0, row0, p)) mask_scores<kMask>(s, 0, row0, lane, p);
-                softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
-                p_fragments(pa, s);
-            }
-            for (int t = 1; t < tiles; ++t) {
-                const int n0 = t * kBlockN;
-                wait_k(t);
-                wait_v(t - 1);
-                wait_turn(warpgroup);
-                wgmma_fence();
-                issue_scores(s, sQ, slot(t) + kSmem_k0, wg_row0);
-                issue_pv(o, pa, slot(t - 1) + kSmem_v0);
-                pass_turn(warpgroup);
-                wgmma_wait<1>();   // S_t is ready; P.V may still run
-                fence_registers(s);
+            for (int t = kOverlap && kPingPong ? n_tiles : my_tiles; t < n_tiles; ++t) {  // tiles hidden from all its rows
+                wait_k(t);   // in order: the arrival must count for this tile's phase
                 release_k(t);
-                if (tile_needs_mask<kMask>(n0, row0, p)) mask_scores<kMask>(s, n0, row0, lane, p);
-                softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
-                wgmma_wait<0>();   // P_(t-1).V_(t-1) is done: O and the A fragments are free
-                fence_registers(o);
-                release_v(t - 1);
-                rescale_output(o, alpha);
-                p_fragments(pa, s);
-            }
-            if (tiles > 0) {
-                wait_v(tiles - 1);
-                wait_turn(warpgroup);
-                wgmma_fence();
-                issue_pv(o, pa, slot(tiles - 1) + kSmem_v0);
-                pass_turn(warpgroup);
-                wgmma_wait<0>();
-                fence_registers(o);
-                release_v(tiles - 1);
-            }
-        } else {
-            for (int t = 0; t < my_tiles; ++t) {
-                const int n0 = t * kBlockN;
-                wait_k(t);
-                wgmma_fence();
-                issue_scores(s, sQ, slot(t) + kSmem_k0, wg_row0);
-                wgmma_wait<0>();
-                fence_registers(s);
-                release_k(t);
-                if (tile_needs_mask<kMask>(n0, row0, p)) mask_scores<kMask>(s, n0, row0, lane, p);
-                softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
-                rescale_output(o, alpha);
-                p_fragments(pa, s);
                 wait_v(t);
-                wgmma_fence();  // the rescaled O and the A fragments are written before P.V reads them
-                issue_pv(o, pa, slot(t) + kSmem_v0);
-                wgmma_wait<0>();
-                fence_registers(o);
                 release_v(t);
             }
-        }
-        for (int t = kOverlap && kPingPong ? n_tiles : my_tiles; t < n_tiles; ++t) {  // tiles hidden from all its rows
-            wait_k(t);   // in order: the arrival must count for this tile's phase
-            release_k(t);
-            wait_v(t);
-            release_v(t);
-        }
-        if constexpr (kPersistent) {   // every GEMM of this item is done: Q may be replaced
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(smem_addr + kQEmptyBar);
-        }
-        store_output(o, row_max, row_sum, p, c, row0, lane);
-        ring += n_tiles;
+            if constexpr (kPersistent) {   // every GEMM of this item is done: Q may be replaced
+                __syncwarp();
+                if (lane == 0) mbarrier_arrive(smem_addr + kQEmptyBar);
+            }
+            store_output(o, row_max, row_sum, p, c, row0, lane);
+            ring += n_tiles;
         }
     }
 }
