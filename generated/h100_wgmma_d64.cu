@@ -37,6 +37,7 @@
 //   descriptors: 128-byte swizzle, K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V (LBO 16384 B between 64-column panels, SBO 1024 B, k16 step +2048 B)
 //   registers: setmaxnreg producer 32, consumer 160
 //   online softmax: exp2 with the scale folded in; rescale always
+//   epilogue: registers (4-byte stores of the accumulators)
 //   grid: one block per query block
 //   shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)
 //   K/V pipeline: 2 stage(s), TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers; Q in shared memory
@@ -66,6 +67,7 @@
 //       consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, arrive empty[s]
 //       a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives empty_k/empty_v[s] without computing
 //       one query block per thread block
+//       epilogue: each thread stores its normalised O pairs to global memory (4-byte stores)
 //     up to 2 tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), one __syncthreads publishes them
 //
 //   kernel parameters (Params, 576 B by value):
@@ -402,6 +404,22 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, int c
                  :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
 
+// Store the box at `src` in shared memory to coordinates (c0, c1, c2, c3) of a 4-D tensor map; rows
+// outside the tensor are not written. Completes in a bulk async-group of the issuing thread.
+__device__ __forceinline__ void tma_store_4d(const void* map, uint32_t src, int c0, int c1, int c2, int c3) {
+
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// At most kPending of this thread's bulk groups still read shared memory after this.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(kPending) : "memory");
+}
+// Make this thread's ordinary shared-memory writes visible to the async proxy (a TMA store reads there).
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // A 64-bit shared-memory matrix descriptor for a 128-byte-swizzled tile (start in a 1024-aligned
 // tile): start address, leading and stride byte offsets, all in 16-byte units; swizzle mode 1.
 __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
@@ -462,6 +480,12 @@ constexpr bool kOverlap = false;  // softmax of tile t while P.V of tile t-1 run
 constexpr bool kPingPong = false;  // consumer warpgroups take turns issuing GEMMs
 constexpr bool kPersistent = false;  // gridDim.x resident blocks loop over every query block
 constexpr int kTurnBarrier = 1;   // named barrier 1 + w: consumer warpgroup w's turn (0 is __syncthreads)
+constexpr int kEpilogueBarrier = 3;   // named barrier 3 + w: consumer warpgroup w's staged rows of O
+constexpr int kWarpgroupThreads = 128;
+// How O leaves: straight from the accumulators, or staged in the warpgroup's rows of the Q tile and
+// stored with 16-byte stores (kShared) or TMA (kTma).
+enum class Epilogue { kRegisters, kShared, kTma };
+constexpr Epilogue kEpilogue = Epilogue::kRegisters;
 constexpr int kPanelCols = 64;          // elements in one swizzled row (TMA box width)
 constexpr int kPanelRowBytes = 128;     // bytes of one swizzled row
 constexpr int kSwizzleAtomBytes = 1024;  // 8 rows: every descriptor's stride byte offset
@@ -611,7 +635,15 @@ __device__ __forceinline__ void issue_pv(float (&o)[kORegs], const uint32_t (&pa
     wgmma_commit();
 }
 
-// Normalise and write this thread's two rows of O (and their LSE).
+// The normalising factors of this thread's two rows (their LSE is written here).
+__device__ __forceinline__ void finish_rows(float (&inv)[2], const float (&row_max)[2], const float (&row_sum)[2],
+                                           const Params& p, const BlockCoords& c, int row0, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) inv[h] = finish_row<4>(row_max[h], row_sum[h], p, c, row0 + lane / 4 + 8 * h, lane % 4 == 0);
+}
+
+// Normalise and write this thread's two rows of O (and their LSE) straight from the accumulators
+// (pairs of columns: 4-byte stores).
 __device__ __forceinline__ void store_output(const float (&o)[kORegs], const float (&row_max)[2], const float (&row_sum)[2],
                                              const Params& p, const BlockCoords& c, int row0, int lane) {
     elem_t* out = output_ptr(p, c);
@@ -625,6 +657,62 @@ __device__ __forceinline__ void store_output(const float (&o)[kORegs], const flo
             *reinterpret_cast<elem2_t*>(out + row * p.o_row_stride + 8 * j + 2 * (lane % 4)) =
                 from_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     }
+}
+
+// Byte address of 16-byte chunk `chunk` (of head_dim / 8) of row `row` in a 128-byte-swizzled
+// [panel][kBlockM rows][64] tile: chunk j of a panel row r sits at chunk j ^ (r % 8).
+__device__ __forceinline__ uint32_t swizzled_chunk(uint32_t tile, int row, int chunk) {
+    return tile + (chunk / 8) * (kBlockM * kPanelRowBytes) + row * kPanelRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
+}
+
+// Staged epilogues: this warp's 16 rows of O, normalised and rounded, over the same rows of the Q
+// tile (the warpgroup's last GEMM that read them has completed). A warp's 4-byte writes of one column
+// chunk cover 8 rows x 16 bytes in 8 different swizzled chunks: all 32 banks.
+__device__ __forceinline__ void stage_output(uint32_t sQ, const float (&o)[kORegs], const float (&inv)[2], int tile_row0,
+                                             int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = tile_row0 + lane / 4 + 8 * h;
+#pragma unroll
+        for (int j = 0; j < kORegs / 4; ++j)
+            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(swizzled_chunk(sQ, row, j) + 4 * (lane % 4)),
+                         "r"(pack2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h])) : "memory");
+    }
+}
+
+// The warpgroup's staged rows are complete (or, after the copy out, free again).
+__device__ __forceinline__ void sync_warpgroup(int warpgroup) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(kEpilogueBarrier + warpgroup), "n"(kWarpgroupThreads) : "memory");
+}
+
+// kShared: the warpgroup's 64 staged rows to global memory, 16 bytes per thread and step; a warp's
+// 8 consecutive threads read one 128-byte swizzled row (conflict-free) and write it contiguously.
+__device__ __forceinline__ void copy_out_rows(uint32_t sQ, const Params& p, const BlockCoords& c, int wg_row0, int wg_tid) {
+    elem_t* out = output_ptr(p, c);
+    constexpr int kSteps = kRowsPerWarpgroup * kChunksPerRow / kWarpgroupThreads;
+    static_assert(kRowsPerWarpgroup * kChunksPerRow % kWarpgroupThreads == 0, "whole steps of 16-byte chunks");
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+        const int idx = wg_tid + i * kWarpgroupThreads, r = wg_row0 + idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+        uint4 v;
+
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(swizzled_chunk(sQ, r, chunk)) : "memory");
+        if (c.m0 + r < p.seqlen_q) *reinterpret_cast<uint4*>(out + (c.m0 + r) * p.o_row_stride + 8 * chunk) = v;
+    }
+}
+
+// kTma: one TMA store per 64-column panel of the warpgroup's rows, by its first thread, which waits
+// until the copies have read shared memory (before the rows are reused or the block exits). A
+// template so that Params needs a tma_o map only in plans that store through TMA.
+template <typename P>
+__device__ __forceinline__ void tma_store_rows(uint32_t sQ, const P& p, const BlockCoords& c, int wg_row0) {
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel)
+        tma_store_4d(p.tma_o, sQ + panel * kBlockM * kPanelRowBytes + wg_row0 * kPanelRowBytes, kPanelCols * panel,
+                     c.m0 + wg_row0, c.head, c.batch);
+    bulk_commit_group();
+    bulk_wait_group_read<0>();
 }
 
 // Persistent kernels: the query block, head and batch of work item `item`. Items enumerate query
@@ -811,11 +899,32 @@ __device__ __forceinline__ void attention(const Params& p) {
                 wait_v(t);
                 release_v(t);
             }
-            if constexpr (kPersistent) {   // every GEMM of this item is done: Q may be replaced
-                __syncwarp();
-                if (lane == 0) mbarrier_arrive(smem_addr + kQEmptyBar);
+            // Every GEMM of this item is done. Persistent: Q may be replaced once the epilogue no
+            // longer needs the tile.
+            auto release_q = [&]() {
+                if constexpr (kPersistent) {
+                    __syncwarp();
+                    if (lane == 0) mbarrier_arrive(smem_addr + kQEmptyBar);
+                }
+            };
+            if constexpr (kEpilogue == Epilogue::kRegisters) {
+                release_q();
+                store_output(o, row_max, row_sum, p, c, row0, lane);
+            } else {
+                const int wg_tid = tid % kWarpgroupThreads;
+                float inv[2];
+                finish_rows(inv, row_max, row_sum, p, c, row0, lane);
+                stage_output(sQ, o, inv, row0 - c.m0, lane);
+                if constexpr (kEpilogue == Epilogue::kTma) fence_proxy_async_shared();
+                sync_warpgroup(warpgroup);
+                if constexpr (kEpilogue == Epilogue::kTma) {
+                    if (wg_tid == 0) tma_store_rows(sQ, p, c, wg_row0);
+                } else {
+                    copy_out_rows(sQ, p, c, wg_row0, wg_tid);
+                }
+                if constexpr (kPersistent) sync_warpgroup(warpgroup);   // the rows were read out
+                release_q();
             }
-            store_output(o, row_max, row_sum, p, c, row0, lane);
             ring += n_tiles;
         }
     }

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from attngen.core import banks
 from attngen.cli import main
 from attngen.errors import BudgetError, SpecError
+from attngen.explain import explain
 from attngen.plan import make_plan
 from attngen.spec import load_spec, parse_spec
 from attngen.targets import TARGETS
@@ -325,6 +326,38 @@ def test_wgmma_persistent_grid_and_q_barriers():
     assert p.region("bars").bytes == 8 * (2 * 2 + 2)   # not overlapped: one full/empty pair per stage
     plain = plan_of(text.replace("persistent: true", "persistent: false"))
     assert not plain.persistent and plain.grid(4, 16, 2048, sm_count=132) == (16, 16, 4)
+
+
+def test_wgmma_split_kv_key_overrides_the_schedule():
+    """schedule.split_kv: false keeps one full/empty pair per stage on the overlapped schedule (and true
+    splits a sequential one); unset follows overlap."""
+    text = (spec_text(head_dim=128, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
+                      mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 3, async_copy: true, opt_in: true}",
+                      target="h100") + "registers: {producer: 24, consumer: 240}\n")
+    pair = plan_of(text + "schedule: {overlap: true, split_kv: false}\n")
+    assert not pair.fragments.split_kv and [b.name for b in pair.barriers] == [
+        "full0", "full1", "full2", "empty0", "empty1", "empty2", "q_full"]
+    split = plan_of(text + "schedule: {split_kv: true}\n")
+    assert split.fragments.split_kv and not split.fragments.overlap and len(split.barriers) == 4 * 3 + 1
+
+
+@pytest.mark.parametrize("epilogue, maps", [("registers", ["q", "k", "v"]), ("shared", ["q", "k", "v"]),
+                                            ("tma", ["q", "k", "v", "o"])])
+def test_wgmma_epilogue(epilogue, maps):
+    """O staged in the Q tile needs no more shared memory; a TMA store adds a stored map of O whose box
+    is one warpgroup's 64 rows, carried in Params after the loaded ones."""
+    text = (spec_text(head_dim=128, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
+                      mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}",
+                      target="h100") + f"registers: {{producer: 24, consumer: 240}}\nepilogue: {epilogue}\n")
+    p = plan_of(text)
+    assert p.fragments.epilogue == epilogue and p.smem_bytes == plan_of(text.replace(epilogue, "registers")).smem_bytes
+    assert [m.tensor for m in p.tensor_maps] == maps
+    if epilogue == "tma":
+        o = p.tensor_maps[-1]
+        assert (o.store, o.box_rows, o.abi_field) == (True, 64, "tma_o") and "not written" in o.describe()
+        assert p.abi.fields[-1].name == "tma_o" and p.abi.size == 576 + 128
+    assert f"epilogue: {epilogue}" in explain(p)
+    assert ("Q tile" in p.schedule[-2]) == (epilogue != "registers")
 
 
 def test_wgmma_layout_and_numbers():

@@ -498,8 +498,8 @@ def test_schema_command_lists_every_key():
     alternatives = [schema["$defs"][ref["$ref"].split("/")[-1]] for ref in schema.get("anyOf") or schema["oneOf"]]
     assert len(alternatives) == len(KINDS)
     for alt in alternatives:
-        # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule)
-        assert set(alt["properties"]) - {"registers", "schedule"} == {
+        # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue)
+        assert set(alt["properties"]) - {"registers", "schedule", "epilogue"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "masks", "tile", "warps", "mma", "smem",
             "softmax", "min_blocks_per_sm"}
         assert set(alt["required"]) == {"schema", "name", "head_dim", "tile", "warps", "mma"}

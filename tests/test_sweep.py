@@ -504,13 +504,15 @@ def test_a_kind_declares_its_own_axes():
     schedule are axes, and its rules prune what cannot be generated."""
     base = load_spec(ROOT / "specs" / "h100_wgmma_d128.yaml")
     sp = S.default_space(base)
-    assert sp.names == ("block_n", "warpgroups", "stages", "registers", "schedule")
+    assert sp.names == ("block_n", "warpgroups", "stages", "registers", "schedule", "epilogue")
     assert S.choice_of(base, sp).tag == "n128c2ps3r24x240o"
-    survivors, pruned = S.prune(base, sp, [sp.choice(176, (0, 2), 2, None, "overlap"),
-                                           sp.choice(128, (0, 2), 2, None, "pingpong"),
-                                           sp.choice(176, (1, 2), 3, (24, 240), "overlap")])
-    (cand,) = survivors
-    assert cand.name == "h100_wgmma_d128_n176c2hs2o"
-    assert (cand.plan.block_m, cand.plan.producer_warps, cand.plan.fragments.has_producer) == (128, 0, False)
-    assert cand.spec.registers is None and cand.spec.schedule.overlap and not cand.spec.schedule.pingpong
+    survivors, pruned = S.prune(base, sp, [sp.choice(176, (0, 2), 2, None, "overlap", "registers"),
+                                           sp.choice(128, (0, 2), 2, None, "pingpong", "registers"),
+                                           sp.choice(176, (1, 2), 3, (24, 240), "overlap", "tma"),
+                                           sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma")])
+    first, tma = survivors
+    assert first.name == "h100_wgmma_d128_n176c2hs2o"
+    assert (first.plan.block_m, first.plan.producer_warps, first.plan.fragments.has_producer) == (128, 0, False)
+    assert first.spec.registers is None and first.spec.schedule.overlap and not first.spec.schedule.pingpong
+    assert tma.name == "h100_wgmma_d128_n128c2ps2r24x240ppet" and tma.spec.epilogue == "tma"
     assert [p.reason for p in pruned] == ["spec rule: schedule.pingpong", S.BUDGET]

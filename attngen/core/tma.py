@@ -13,10 +13,11 @@ SWIZZLE_128B_COLS = 64    # 16-bit elements in one 128-byte swizzled row: the wi
 
 @dataclass(frozen=True)
 class TensorMapSpec:
-    tensor: str           # q, k or v: the (batch, heads, seq, head_dim) operand it describes
+    tensor: str           # q, k, v or o: the (batch, heads, seq, head_dim) tensor it describes
     box_rows: int         # sequence rows one copy moves
     box_cols: int = SWIZZLE_128B_COLS
     swizzle: str = "128B"
+    store: bool = False   # written by the kernel (TMA store): rows past the sequence are dropped
 
     @property
     def abi_field(self) -> str:
@@ -25,4 +26,5 @@ class TensorMapSpec:
 
     def describe(self) -> str:
         return (f"{self.tensor}: 4-D (head_dim, seq, heads, batch), box {self.box_cols} x {self.box_rows}, "
-                f"{self.swizzle} swizzle, rows past the sequence read as zeros")
+                f"{self.swizzle} swizzle, " + ("stored; rows past the sequence are not written" if self.store
+                                               else "rows past the sequence read as zeros"))

@@ -163,6 +163,10 @@ class Schedule(Strict):
     pingpong: bool = Field(default=False, description=(
         "two consumer warpgroups take turns issuing their GEMMs (named barriers), so one runs its softmax "
         "while the other's GEMMs use the tensor cores; needs overlap and 2 consumer warpgroups"))
+    split_kv: Optional[bool] = Field(default=None, description=(
+        "K and V of a stage handed over on separate full/empty mbarriers, so K is refilled as soon as its "
+        "S = Q.K^T is done; false: one pair per stage counts both (fewer arrivals per tile); unset: split "
+        "when the schedule overlaps (it needs only two stages then)"))
     persistent: bool = Field(default=False, description=(
         "launch one block per SM that loops over every query block: the producer loads the next block's "
         "Q and K/V while the consumers finish the last one (its epilogue); needs a producer warpgroup"))
@@ -173,6 +177,11 @@ class WgmmaSpec(ForwardSpec):
     registers: Optional[Registers] = Field(
         default=None, description="registers per thread of each role after setmaxnreg; unset: no reallocation")
     schedule: Schedule = Schedule()
+    epilogue: Literal["registers", "shared", "tma"] = Field(default="registers", description=(
+        "how O leaves: registers = each thread stores its accumulator pairs (4-byte stores); shared = a "
+        "consumer warpgroup writes its 64 normalised rows over its rows of the Q tile (128-byte swizzle) "
+        "and stores them with 16-byte coalesced stores; tma = the same staging, then one TMA bulk tensor "
+        "store per 64-column panel"))
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
     rules = (rule_target_has_sm90a, rule_head_dim_panels, rule_warpgroups, rule_block_m_rows, rule_block_n,
@@ -207,6 +216,7 @@ class WgmmaFragments:
     has_producer: bool      # false: homogeneous, a consumer thread also issues the copies
     split_kv: bool          # K and V of a stage handed over on separate mbarriers (the overlapped schedule)
     issuer_thread: int      # the thread that issues every TMA copy
+    epilogue: str           # registers, shared or tma (spec.epilogue)
 
 
 def swizzled_tile(name: str, rows: int, head_dim: int, ctype: str, per: str) -> Region:
@@ -242,17 +252,31 @@ def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, is
     return tuple(out)
 
 
+def epilogue_line(epilogue: str) -> str:
+    """The schedule's last step: how a consumer warpgroup writes its 64 rows of O."""
+    staging = ("  epilogue: each consumer warpgroup normalises O and writes its 64 rows over its rows of the Q tile "
+               "(its last S GEMM has completed; 128-byte swizzle, 4-byte stores), then syncs its 128 threads on "
+               "named barrier 3 + w; ")
+    return {"registers": "  epilogue: each thread stores its normalised O pairs to global memory (4-byte stores)",
+            "shared": staging + "its threads copy the rows out with 16-byte coalesced stores",
+            "tma": staging + ("after fence.proxy.async its first thread issues one TMA store per 64-column panel "
+                              "(rows past the sequence are dropped) and waits for the reads before the block exits")
+            }[epilogue]
+
+
 def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     target = TARGETS[spec.target]
     ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
     d, bm, bn, stages = spec.head_dim, spec.tile.block_m, spec.tile.block_n, spec.smem.stages
     consumers, producers = spec.compute_warps // WARPGROUP, spec.producer_warps // WARPGROUP
-    tiles = [swizzled_tile("q", bm, d, ctype, "Q tile, loaded once")]
+    staged = spec.epilogue != "registers"
+    tiles = [swizzled_tile("q", bm, d, ctype, "Q tile, loaded once" +
+                           ("; each consumer warpgroup stages its rows of O over its rows of Q" if staged else ""))]
     for s in range(stages):
         tiles.append(swizzled_tile(f"k{s}", bn, d, ctype, f"K tile, stage {s}"))
         tiles.append(swizzled_tile(f"v{s}", bn, d, ctype, f"V tile, stage {s}"))
     persistent = spec.schedule.persistent
-    split_kv = spec.schedule.overlap
+    split_kv = spec.schedule.overlap if spec.schedule.split_kv is None else spec.schedule.split_kv
     tiles.append(barrier_region("bars", (4 if split_kv else 2) * stages + 1 + persistent,
                                 f"mbarriers {'full_k, full_v, empty_k, empty_v' if split_kv else 'full, empty'} "
                                 f"[0..{stages}) each, q_full" + (", q_empty" if persistent else "")))
@@ -267,11 +291,14 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
               f"the issuer (consumer thread {issuer_thread})")
     regs = spec.registers
     maps = (TensorMapSpec("q", bm), TensorMapSpec("k", bn), TensorMapSpec("v", bn))
+    if spec.epilogue == "tma":   # each consumer warpgroup stores its own 64 rows
+        maps += (TensorMapSpec("o", ROWS_PER_WARPGROUP, store=True),)
     frag = WgmmaFragments(consumers, producers, d // SWIZZLE_128B_COLS, bn // 2, d // 2, d // 16, bn // 16,
                           regs.producer if regs else 0, regs.consumer if regs else 0, spec.schedule.overlap,
                           spec.schedule.pingpong, SWIZZLE_128B_COLS, PANEL_BYTES, TILE_ALIGN, 16,
                           16 * 2, SWIZZLE_128B_COLS // 16, bn * PANEL_BYTES, 16 * PANEL_BYTES, ROWS_PER_WARPGROUP,
-                          2 * WARPGROUP * 32, q_bytes, tile_bytes, has_producer, split_kv, issuer_thread)
+                          2 * WARPGROUP * 32, q_bytes, tile_bytes, has_producer, split_kv, issuer_thread,
+                          spec.epilogue)
     bars = barriers(stages, spec.compute_warps, tile_bytes, q_bytes, issuer,
                     next(r.offset for r in regions if r.name == "bars"), persistent, split_kv)
     functions = tuple((m, function_name(spec, m)) for m in spec.masks)
@@ -314,8 +341,11 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                  "empty_k/empty_v[s] without computing"),
                 ("  persistent: one block per SM takes query blocks i, i + grid, ...; ring positions and the "
                  "q_full/q_empty phases run on across them, and the producer waits q_empty before it loads the next "
-                 "Q (the consumers arrive once their last GEMM of a block is done, before its epilogue)"
+                 + ("Q (the consumers arrive once the epilogue has read their staged rows of O out of the Q tile)"
+                    if staged else
+                    "Q (the consumers arrive once their last GEMM of a block is done, before its epilogue)")
                  if persistent else "  one query block per thread block"),
+                epilogue_line(spec.epilogue),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
     return ForwardPlan(
@@ -356,6 +386,9 @@ def explain(plan) -> list[str]:
              "online softmax: exp2 with the scale folded in; rescale always"
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
              + ("; consumer warpgroups ping-pong their GEMMs (named barriers 1, 2)" if f.pingpong else ""),
+             f"epilogue: {f.epilogue}" + ({"registers": " (4-byte stores of the accumulators)",
+                                           "shared": " (staged in the Q tile, 16-byte coalesced stores)",
+                                           "tma": " (staged in the Q tile, TMA bulk tensor store)"}[f.epilogue]),
              ("grid: persistent, one block per SM looping over every query block" if plan.persistent else
               "grid: one block per query block"),
              "shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)"]
@@ -368,6 +401,8 @@ SWEEP_WARPGROUPS = tuple((p, c) for p in (1, 0) for c in (1, 2, 3))   # (produce
 SWEEP_STAGES = (2, 3, 4)
 SWEEP_REGISTERS = (None, (24, 240), (32, 160))                       # (producer, consumer) after setmaxnreg
 SWEEP_SCHEDULES = ("seq", "overlap", "pingpong")
+SWEEP_EPILOGUES = ("registers", "tma")   # shared: measured no faster than tma on any cell (H200)
+EPILOGUE_TAGS = {"registers": "", "shared": "es", "tma": "et"}
 
 
 def _read_warpgroups(s) -> tuple[int, int]:
@@ -398,7 +433,7 @@ def _write_schedule(data: dict, v: str) -> None:
 
 def sweep_space(base: WgmmaSpec) -> SearchSpace:
     """Tiles, roles (producer warpgroup or homogeneous, 1-3 consumer warpgroups), ring depth,
-    register split and schedule, around `base`; the spec rules prune what does not fit."""
+    register split, schedule and epilogue, around `base`; the spec rules prune what does not fit."""
     regs = (base.registers.producer, base.registers.consumer) if base.registers else None
     return SearchSpace((
         field_axis("block_n", "tile.block_n", with_base(SWEEP_BLOCK_N, base.tile.block_n), lambda s: s.tile.block_n,
@@ -413,6 +448,8 @@ def sweep_space(base: WgmmaSpec) -> SearchSpace:
              lambda v: f"r{v[0]}x{v[1]}" if v else "", lambda v: f"{v[0]}/{v[1]}" if v else "-"),
         Axis("schedule", SWEEP_SCHEDULES, _read_schedule, _write_schedule,
              lambda v: {"seq": "", "overlap": "o", "pingpong": "pp"}[v]),
+        field_axis("epilogue", "epilogue", with_base(SWEEP_EPILOGUES, base.epilogue), lambda s: s.epilogue,
+                   lambda v: EPILOGUE_TAGS[v]),
     ))
 
 
