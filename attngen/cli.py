@@ -362,10 +362,11 @@ def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
                 arch = r.plan.compile_arch(asked)   # sm_90 -> sm_90a for a kind that needs it
             except ValueError as e:
                 raise click.UsageError(f"{path}: {e}")
-            for name, source in r.files:
+            for part, (name, source) in zip(r.plan.parts, r.files):
                 res = compile_source(source, arch, on_compile=lambda a, n=name: click.echo(
                     f"compiling {n} for {a} ...", err=True))
-                want_static = 0 if r.plan.smem_dynamic else r.plan.smem_bytes
+                want_static = (part.static_smem if part.static_smem is not None else
+                               0 if r.plan.smem_dynamic else r.plan.smem_bytes)
                 for warning in res.wgmma_warnings:
                     click.echo(f"{name} ({arch}): {warning}", err=True)
                     bad += 1
@@ -374,7 +375,8 @@ def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
                     spill = f.spills and not allow_spills
                     bad += spill or not ok_smem
                     report.append({"spec": str(path), "arch": arch, **f.as_dict(),
-                                   "plan_smem_bytes": r.plan.smem_bytes, "plan_smem_dynamic": r.plan.smem_dynamic,
+                                   "plan_smem_bytes": r.plan.smem_bytes if part.static_smem is None else want_static,
+                                   "plan_smem_dynamic": r.plan.smem_dynamic and part.static_smem is None,
                                    "smem_matches_plan": ok_smem})
                 if out_dir:
                     fsutil.ensure_dir(out_dir)

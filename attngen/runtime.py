@@ -111,8 +111,12 @@ def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> "
     `synchronize`: wait for every launch and turn asynchronous CUDA faults into LaunchError
     (default: env ATTNGEN_SYNC=1).
     """
+    from .kinds import kind_of
     plan, sources, label = render_bundle(spec_or_path)
-    return Kernel.from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
+    cls = Kernel
+    if kind_of(plan.spec).calls == "decode":
+        from .decode import DecodeKernel as cls
+    return cls.from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
 
 
 # -- GPU access ----------------------------------------------------------------------------------
@@ -239,7 +243,7 @@ class Kernel:
                     fn = module.get_function(name)
                 except drv.Error as exc:
                     raise ToolError(f"{label}: the cubin has no kernel {name} ({exc})") from exc
-                _configure(drv, primary.device, plan, fn, name)
+                _configure(drv, primary.device, plan, fn, name, part.threads or plan.threads)
                 # A 64-byte aligned Params starts past a gap in the parameter buffer (the cubin says where).
                 gap, size = layout.get(name, (None, None))
                 if gap is None or (size >= 0 and gap + plan.abi.size != size):
@@ -394,9 +398,12 @@ class Kernel:
 
     # -- launch ------------------------------------------------------------------------------
     def _launch(self, mask: str, params: bytes, cfg: LaunchConfig) -> None:
+        self._launch_function(self.entry[mask], params, cfg)
+
+    def _launch_function(self, name: str, params: bytes, cfg: LaunchConfig) -> None:
+        """Launch kernel function `name` (of any part) with the packed Params on torch's current stream."""
         import torch
         from pycuda import driver as drv
-        name = self.entry[mask]
         gap, fn = self.functions[name]
         params = bytes(gap) + params
         current = torch.cuda.current_stream(self.device)
@@ -439,8 +446,8 @@ class Kernel:
         return self._side
 
 
-def _configure(drv, device, plan: Plan, fn, name: str) -> None:
-    """Opt the function into its dynamic shared memory and check it can run plan.threads."""
+def _configure(drv, device, plan: Plan, fn, name: str, threads: int) -> None:
+    """Opt the function into its dynamic shared memory and check it can run `threads` per block."""
     if plan.smem_dynamic:
         limit = device.get_attribute(drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         if plan.smem_bytes > limit:
@@ -448,10 +455,10 @@ def _configure(drv, device, plan: Plan, fn, name: str) -> None:
                             f"allows at most {limit} B")
         fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, plan.smem_bytes)
     max_threads = fn.get_attribute(drv.function_attribute.MAX_THREADS_PER_BLOCK)
-    if max_threads < plan.threads:
+    if max_threads < threads:
         regs = fn.get_attribute(drv.function_attribute.NUM_REGS)
         raise ToolError(f"{name} can run at most {max_threads} threads per block ({regs} registers per thread) "
-                        f"but the plan launches {plan.threads}")
+                        f"but the plan launches {threads}")
 
 
 __all__ = ["Kernel", "LaunchConfig", "LaunchError", "default_scale",

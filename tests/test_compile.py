@@ -82,8 +82,8 @@ def compiled():
 
     def one(case):
         path, arch = case
-        try:
-            return case, compile_source(rendered[path].source, arch)
+        try:   # one result per part of the spec's bundle
+            return case, tuple(compile_source(src, arch) for _, src in rendered[path].files)
         except Exception as exc:  # reported by the test of that case
             return case, exc
 
@@ -100,14 +100,16 @@ def test_compiles_without_spills_and_smem_matches_plan(compiled, path, arch):
     if isinstance(res, Exception):
         pytest.fail(f"{path.name} for {arch}: {res}")
     plan = rendered[path].plan
-    assert sorted(f.name for f in res.functions) == sorted(fn for _, fn in plan.functions)
-    want = 0 if plan.smem_dynamic else plan.smem_bytes
-    for f in res.functions:
-        assert not f.spills, f"{f.name} ({arch}) spills: {f.spill_stores} B stored, {f.spill_loads} B loaded"
-        assert f.smem_bytes == want, (f"{f.name} ({arch}): ptxas static smem {f.smem_bytes} B, plan {plan.smem_bytes} B"
-                                      f" ({'dynamic' if plan.smem_dynamic else 'static'})")
-        assert f.registers <= 255
-    assert res.cubin[:4] == b"\x7fELF"
+    assert len(res) == len(plan.parts)
+    for part, part_res in zip(plan.parts, res):
+        assert sorted(f.name for f in part_res.functions) == sorted(fn for _, fn in part.functions)
+        want = part.static_smem if part.static_smem is not None else 0 if plan.smem_dynamic else plan.smem_bytes
+        for f in part_res.functions:
+            assert not f.spills, f"{f.name} ({arch}) spills: {f.spill_stores} B stored, {f.spill_loads} B loaded"
+            assert f.smem_bytes == want, (f"{f.name} ({arch}): ptxas static smem {f.smem_bytes} B, plan {want} B"
+                                          f" ({'dynamic' if plan.smem_dynamic else 'static'})")
+            assert f.registers <= 255
+        assert part_res.cubin[:4] == b"\x7fELF"
 
 
 @pytest.mark.nvcc

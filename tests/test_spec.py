@@ -46,6 +46,11 @@ WGMMA = {
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True, "opt_in": True},
     "registers": {"producer": 24, "consumer": 240},
 }
+DECODE = {
+    "schema": 1, "name": "t_decode", "target": "h200", "head_dim": 128, "decode": "split_kv",
+    "tile": {"block_m": 16, "block_n": 128}, "warps": {"compute": 4},
+    "smem": {"swizzle": {"xor_bits": 3}, "stages": 3, "async_copy": True, "opt_in": True},
+}
 
 
 def merged(base: dict, **changes) -> dict:
@@ -136,6 +141,15 @@ def test_warp_roles():
 # -- one bad spec per cross-field rule -------------------------------------------------------
 # (rule, base, changes, key path, part of the message)
 RULE_CASES = [
+    ("rule_homogeneous", DECODE, {"warps": {"producer": 1, "consumer": 4}}, "warps", "use warps: {compute: N}"),
+    ("rule_head_dim", DECODE, {"head_dim": 72}, "head_dim", "multiple of 16 (k16 steps of Q.K^T)"),
+    ("rule_rows", DECODE, {"tile__block_m": 24}, "tile.block_m", "16-row fragments, at most 64"),
+    ("rule_keys_per_warp", DECODE, {"tile__block_n": 96}, "tile.block_n", "multiple of 64 (got 96)"),
+    ("rule_accumulators", DECODE, {"tile__block_m": 64}, "tile.block_m", "320 fp32 accumulator registers"),
+    ("rule_swizzle", DECODE, {"smem__swizzle": "none"}, "smem.swizzle", "set swizzle: {xor_bits: 3}"),
+    ("rule_ring", DECODE, {"smem__stages": 1}, "smem.stages", "streams K/V through a cp.async ring"),
+    ("rule_no_q_registers", DECODE, {"smem__q_in_registers": True}, "smem.q_in_registers",
+     "Q fragments always live in registers"),
     ("rule_head_dim_vector_loads", SCALAR, {"head_dim": 68}, "head_dim", "multiple of 8 for 16-byte loads (got 68); try 72"),
     ("rule_head_dim_fragments", MMA, {"head_dim": 72}, "head_dim", "multiple of 16 for mma_m16n8k16 fragments (got 72); try 80"),
     ("rule_head_dim_fragments", WMMA, {"head_dim": 40}, "head_dim", "multiple of 16 for wmma_m16n16k16"),
@@ -498,8 +512,11 @@ def test_schema_command_lists_every_key():
     alternatives = [schema["$defs"][ref["$ref"].split("/")[-1]] for ref in schema.get("anyOf") or schema["oneOf"]]
     assert len(alternatives) == len(KINDS)
     for alt in alternatives:
-        # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue)
-        assert set(alt["properties"]) - {"registers", "schedule", "epilogue"} == {
+        # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue;
+        # decode: decode, max_splits)
+        assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "masks", "tile", "warps", "mma", "smem",
             "softmax", "min_blocks_per_sm"}
-        assert set(alt["required"]) == {"schema", "name", "head_dim", "tile", "warps", "mma"}
+        # the kind's selector key is required (mma, or decode for a decode kind)
+        assert set(alt["required"]) - {"decode", "mma"} == {"schema", "name", "head_dim", "tile", "warps"}
+        assert len(set(alt["required"]) & {"decode", "mma"}) == 1

@@ -49,6 +49,8 @@ class Part:
     template: str                              # template file in the kind's folder
     file_name: str                             # generated/<file_name>
     functions: tuple[tuple[str, str], ...]     # (mask, extern "C" function name)
+    static_smem: int | None = None             # shared memory its kernels declare statically; None: the plan's
+    threads: int | None = None                 # threads per block of its kernels; None: the plan's
 
 
 @dataclass(frozen=True)

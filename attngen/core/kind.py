@@ -17,6 +17,8 @@ class Kind:
     explain: Callable                   # plan -> lines of its explain section
     template_dir: Path                  # its templates; shared ones come from attngen/templates
     space: Optional[Callable] = None    # base spec -> the SearchSpace `attngen sweep` explores (core.space)
+    calls: str = "forward"              # its kernels' call convention: "forward" (attngen.runtime.Kernel:
+                                        # kernel(q, k, v, causal=...)) or "decode" (attngen.decode)
 
     @property
     def select_key(self) -> str:

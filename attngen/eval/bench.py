@@ -200,8 +200,9 @@ def cases_for(shapes, dtypes, causals) -> list[Case]:
 
 
 def supports(plan, case: Case) -> bool:
-    return (plan.spec.dtype == case.dtype and plan.head_dim == case.head_dim
-            and ("causal" if case.causal else "none") in plan.masks)
+    from ..kinds import kind_of
+    return (kind_of(plan.spec).calls == "forward" and plan.spec.dtype == case.dtype
+            and plan.head_dim == case.head_dim and ("causal" if case.causal else "none") in plan.masks)
 
 
 def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), causals=(False, True),

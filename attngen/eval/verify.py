@@ -301,9 +301,9 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
     return result
 
 
-def case_seed(seed: int, kernel_index: int, variant: Variant, shape_index: int) -> int:
+def case_seed(seed: int, kernel_index: int, variant: str, shape_index: int) -> int:
     """Each case draws its own inputs; the same seed reproduces a failing case."""
-    salt = {"none": 0, "causal:top_left": 1009, "causal:bottom_right": 2017}.get(variant.label, 3023)
+    salt = {"none": 0, "causal:top_left": 1009, "causal:bottom_right": 2017}.get(variant, 3023)
     return seed * 1_000_003 + kernel_index * 10_007 + salt + shape_index
 
 
@@ -319,27 +319,41 @@ class _Runner:
     def run(self, kernel, shapes, masks, kernel_index: int, spec_label: str | None) -> list[CaseResult]:
         label = spec_label or kernel.label
         results = []
-        for variant in variants(masks):
-            function = kernel.plan.entry_functions[variant.mask]
-            for i, shape in enumerate(shapes):
-                if self.context_lost:
-                    r = CaseResult(label, function, variant.label, shape, passed=False,
-                                   problems=[f"not run: the CUDA context was lost {self.context_lost}"])
-                else:
-                    try:
-                        r = check_case(kernel, variant, shape, case_seed(self.seed, kernel_index, variant, i),
-                                       spec_label=label)
-                    except (TypeError, ValueError):
-                        raise               # the verifier called the kernel wrongly: a bug here, not a result
-                    except Exception as exc:
-                        r = CaseResult(label, function, variant.label, shape, passed=False,
-                                       problems=[f"{type(exc).__name__}: {exc}"])
-                        if not context_usable(kernel.device):
-                            self.context_lost = f"after {label} {variant.label} {shape.label}"
-                results.append(r)
-                if self.on_case:
-                    self.on_case(r)
+        for variant, function, shape, index, check in kernel_cases(kernel, shapes, masks):
+            if self.context_lost:
+                r = CaseResult(label, function, variant, shape, passed=False,
+                               problems=[f"not run: the CUDA context was lost {self.context_lost}"])
+            else:
+                try:
+                    r = check(case_seed(self.seed, kernel_index, variant, index), label)
+                except (TypeError, ValueError):
+                    raise               # the verifier called the kernel wrongly: a bug here, not a result
+                except Exception as exc:
+                    r = CaseResult(label, function, variant, shape, passed=False,
+                                   problems=[f"{type(exc).__name__}: {exc}"])
+                    if not context_usable(kernel.device):
+                        self.context_lost = f"after {label} {variant} {shape.label}"
+            results.append(r)
+            if self.on_case:
+                self.on_case(r)
         return results
+
+
+def kernel_cases(kernel, shapes, masks) -> list[tuple]:
+    """(variant label, function, shape, index, check(seed, label) -> CaseResult) of every case of `kernel`:
+    each mask variant over `shapes`, or the cases a kernel of another kind brings itself
+    (`kernel.verify_cases(shapes, masks)`, e.g. a decode kernel's per-sequence lengths)."""
+    own = getattr(kernel, "verify_cases", None)
+    if own is not None:
+        return own(shapes, masks)
+    out = []
+    for variant in variants(masks):
+        function = kernel.plan.entry_functions[variant.mask]
+        for i, shape in enumerate(shapes):
+            out.append((variant.label, function, shape, i,
+                        lambda seed, label, variant=variant, shape=shape: check_case(kernel, variant, shape, seed,
+                                                                                     spec_label=label)))
+    return out
 
 
 def verify_kernel(kernel, shapes=None, *, masks=None, seed: int = 0, spec_label: str | None = None,
@@ -380,7 +394,7 @@ def load_kernels(spec_paths, *, on_compile=None) -> list:
 
 
 def case_count(kernels, shapes) -> int:
-    return sum(len(variants(k.masks)) for k in kernels) * len(shapes)
+    return sum(len(kernel_cases(k, tuple(shapes), k.masks)) for k in kernels)
 
 
 def verify_kernels(kernels, shapes, *, suite_name: str = "custom", seed: int = 0, on_case=None) -> VerifyReport:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from ..core.kind import Kind
 from ..errors import SpecError
-from . import fwd_mma, fwd_scalar, fwd_wgmma, fwd_wmma
+from . import decode_mma, fwd_mma, fwd_scalar, fwd_wgmma, fwd_wmma
 
-KINDS: tuple[Kind, ...] = (fwd_scalar.KIND, fwd_wmma.KIND, fwd_mma.KIND, fwd_wgmma.KIND)
+KINDS: tuple[Kind, ...] = (fwd_scalar.KIND, fwd_wmma.KIND, fwd_mma.KIND, fwd_wgmma.KIND, decode_mma.KIND)
 
 
 def _check_registry(kinds: tuple[Kind, ...]) -> None:
@@ -23,7 +23,10 @@ _check_registry(KINDS)
 
 
 def selector_keys() -> tuple[str, ...]:
-    return tuple(dict.fromkeys(k.select_key for k in KINDS))
+    """The keys that pick a kind, the most specific first: a key fewer kinds share (e.g. decode)
+    decides before one many share (mma), so a spec may carry both."""
+    keys = list(dict.fromkeys(k.select_key for k in KINDS))
+    return tuple(sorted(keys, key=lambda key: sum(k.select_key == key for k in KINDS)))
 
 
 def kind_for_data(data: dict, *, file: str | None = None, line_of=None) -> Kind:
@@ -39,8 +42,9 @@ def kind_for_data(data: dict, *, file: str | None = None, line_of=None) -> Kind:
         listed = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
         raise SpecError(f"must be {listed} (got {value!r}): each picks a kernel kind", file=file,
                         line=line_of((key,)) if line_of else None, key=key)
-    keys = " or ".join(selector_keys())
-    raise SpecError("required key is missing", file=file, line=line_of(()) if line_of else None, key=keys)
+    first, *others = dict.fromkeys(k.select_key for k in KINDS)
+    raise SpecError("required key is missing", file=file, line=line_of(()) if line_of else None, key=first,
+                    hint=(f"it picks the kernel kind; {' or '.join(others)} picks the others" if others else None))
 
 
 def kind_of(spec) -> Kind:

@@ -1,0 +1,48 @@
+"""What every decode kind shares: the Params fields a split-KV decode adds to the forward ones, the
+packing of query rows, and the number of key slices (splits) a launch uses. The decode call
+(attngen/decode.py) and each decode kind read these; none of it names a kind."""
+from __future__ import annotations
+
+import math
+
+from .abi import float_pointer, int32, pointer
+
+MAX_SPLITS = 128
+WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this fraction of the best
+
+DECODE_ABI_FIELDS = (
+    pointer("cache_seqlens", "int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all",
+            optional=True),
+    float_pointer("o_accum", "fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O",
+                  optional=True),
+    float_pointer("lse_accum", "fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE",
+                  optional=True),
+    int32("num_splits", "key slices per (KV head, batch); 1: the split kernel writes O itself", default=1),
+    int32("tiles_per_split", "K/V tiles of block_n keys each split takes", default=1),
+    int32("row_blocks", "blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)",
+          default=1),
+)
+
+
+def row_blocks(plan, heads: int, kv_heads: int, seqlen_q: int) -> int:
+    """Blocks of block_m packed rows per KV head."""
+    return -(-(heads // kv_heads) * seqlen_q // plan.block_m)
+
+
+def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int) -> int:
+    """The fewest key slices whose wave efficiency (blocks in flight / slots of the last wave) is
+    within WAVE_EFFICIENCY of the best over 1..max_splits. `blocks` = batch x kv_heads x row_blocks;
+    no slice is empty for the longest sequence (n_tiles tiles)."""
+    slots = sm_count * blocks_per_sm
+    cap = max(1, min(max_splits, n_tiles))
+    if blocks >= 0.8 * slots or cap == 1:
+        return 1
+
+    def efficiency(s: int) -> float:
+        waves = blocks * s / slots
+        return waves / math.ceil(waves)
+
+    # only split counts that change the slice length make distinct schedules
+    counts = [s for s in range(1, cap + 1) if s == 1 or -(-n_tiles // s) != -(-n_tiles // (s - 1))]
+    best = max(efficiency(s) for s in counts)
+    return next(s for s in counts if efficiency(s) >= WAVE_EFFICIENCY * best)

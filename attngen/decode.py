@@ -1,0 +1,144 @@
+"""The decode call convention (kinds with calls="decode"): `kernel(q, k_cache, v_cache,
+cache_seqlens=..., causal=..., num_splits=...)` on torch tensors. A decode bundle has two parts:
+the split kernel (parts[0], one function per mask) and the combine kernel (parts[1]); the call
+launches the split kernel and, with more than one split, the combine kernel, on torch's current
+stream. The fp32 workspace of the partial outputs comes from torch's allocator."""
+from __future__ import annotations
+
+import math
+import numbers
+
+from .core.decode import num_splits, row_blocks
+from .runtime import LAYOUTS, LOG2E, MAX_GRID_YZ, Kernel, LaunchConfig, default_scale, pack_params, to_bhsd
+
+
+class DecodeKernel(Kernel):
+    _sm_total = None   # SMs of the kernel's GPU, read on the first call that needs the heuristic
+
+    """A decode spec, callable on torch tensors.
+
+    ``kernel(q, k_cache, v_cache, cache_seqlens=None, causal=False)`` returns o (shaped like q), or
+    (o, lse) with return_lse. q is (B, Hq, Sq, D): the Sq new tokens of each sequence (1 for plain
+    decode, up to a few for speculative decoding); k_cache and v_cache are (B, Hkv, capacity, D)
+    ("bshd": (B, S, H, D) for all three). cache_seqlens (int32, (B,), on the GPU) gives the keys of
+    each sequence, the new tokens included; None means every sequence fills the cache. causal: new
+    token t sees the keys up to its own position, len - Sq + t (bottom-right). num_splits overrides
+    the heuristic (1 to the spec's max_splits). validate=True reads the lengths back to check them
+    (one small device-to-host copy); pass False inside CUDA graphs: the kernel then clamps a bad
+    length to [0, capacity] rather than read outside the cache.
+    """
+
+    def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, causal: bool = False, scale: float | None = None,
+                 num_splits: int | None = None, return_lse: bool = False, layout: str = "bhsd", out=None,
+                 validate: bool = True):
+        import torch
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            self._check_tensor(name, t, layout)
+        qb, kb, vb = (to_bhsd(t, layout) for t in (q, k_cache, v_cache))
+        batch, heads, seqlen_q, _ = qb.shape
+        _, kv_heads, capacity, _ = kb.shape
+        if kb.shape[0] != batch or tuple(kb.shape) != tuple(vb.shape):
+            raise ValueError(f"k_cache and v_cache must both be (batch {batch}, kv_heads, capacity, head_dim) "
+                             f"(got {tuple(k_cache.shape)} and {tuple(v_cache.shape)})")
+        if heads % kv_heads:
+            raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads}) for GQA/MQA")
+        if batch > MAX_GRID_YZ:
+            raise ValueError(f"batch ({batch}) must be at most {MAX_GRID_YZ} (grid z limit)")
+        mask = "causal" if causal else "none"
+        if mask not in self.entry:
+            raise ValueError(f"{self.label} has no {mask} variant (its spec lists masks {list(self.masks)}); add "
+                             f"{mask!r} to the spec's masks")
+        if cache_seqlens is not None:
+            self._check_seqlens(cache_seqlens, batch, capacity, validate, layout)
+        scale = self._check_scale(scale)
+        blocks_per_row = row_blocks(self.plan, heads, kv_heads, seqlen_q)
+        if kv_heads * blocks_per_row > MAX_GRID_YZ:
+            raise ValueError(f"kv_heads x row blocks ({kv_heads} x {blocks_per_row}) exceed {MAX_GRID_YZ}")
+        n_tiles = -(-capacity // self.plan.block_n)
+        cap = self.plan.fragments.max_splits
+        if num_splits is None:
+            if self._sm_total is None:
+                self._sm_total = torch.cuda.get_device_properties(q.device).multi_processor_count
+            splits = num_splits_for(self.plan, batch * kv_heads * blocks_per_row, n_tiles, self._sm_total)
+        else:
+            if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 1 <= num_splits <= cap:
+                raise ValueError(f"num_splits must be an integer from 1 to {cap} (the spec's max_splits; got "
+                                 f"{num_splits!r})")
+            splits = min(int(num_splits), n_tiles)
+        tiles_per_split = -(-n_tiles // splits)
+        splits = -(-n_tiles // tiles_per_split)   # no split left without a tile of the cache
+
+        if out is None:
+            out = torch.empty_like(q, memory_format=torch.preserve_format)
+        else:
+            self._check_tensor("out", out, layout)
+            if tuple(out.shape) != tuple(q.shape):
+                raise ValueError(f"out must have q's shape {tuple(q.shape)} (got {tuple(out.shape)})")
+        ob = to_bhsd(out, layout)
+        lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+        o_accum = lse_accum = None
+        if splits > 1:
+            o_accum = torch.empty((splits, batch, heads, seqlen_q, self.plan.head_dim), dtype=torch.float32,
+                                  device=q.device)
+            lse_accum = torch.empty((splits, batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+        params = pack_params(self.plan, q=q.data_ptr(), k=k_cache.data_ptr(), v=v_cache.data_ptr(), o=out.data_ptr(),
+                             lse=lse.data_ptr() if lse is not None else 0, strides={"q": qb, "k": kb, "v": vb, "o": ob},
+                             batch=batch, heads=heads, kv_heads=kv_heads, seqlen_q=seqlen_q, seqlen_k=capacity,
+                             scale_log2=scale * LOG2E,
+                             cache_seqlens=cache_seqlens.data_ptr() if cache_seqlens is not None else 0,
+                             o_accum=o_accum.data_ptr() if o_accum is not None else 0,
+                             lse_accum=lse_accum.data_ptr() if lse_accum is not None else 0,
+                             num_splits=splits, tiles_per_split=tiles_per_split, row_blocks=blocks_per_row)
+        plan = self.plan
+        self._launch_function(self.entry[mask], params, LaunchConfig(
+            (splits, kv_heads * blocks_per_row, batch), (plan.threads, 1, 1), plan.smem_bytes if plan.smem_dynamic else 0))
+        if splits > 1:
+            rows = batch * heads * seqlen_q
+            combine = self.plan.parts[1]
+            per_block = combine.threads // 32   # one output row per warp
+            self._launch_function(combine.functions[0][1], params, LaunchConfig((-(-rows // per_block), 1, 1),
+                                                                                (combine.threads, 1, 1), 0))
+        self.last_splits = splits
+        return (out, lse) if return_lse else out
+
+    def verify_cases(self, shapes, masks) -> list[tuple]:
+        """`attngen verify`'s cases for this kernel: per-sequence lengths, GQA groups, splits."""
+        from .eval.decode_verify import verify_cases
+        return verify_cases(self, shapes, masks)
+
+    def _check_scale(self, scale) -> float:
+        if scale is None:
+            return default_scale(self.plan.head_dim)
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a positive number (got {type(scale).__name__})")
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be positive and finite (got {scale})")
+        return float(scale)
+
+    def _check_seqlens(self, lens, batch: int, capacity: int, validate: bool, layout: str) -> None:
+        import torch
+        if not isinstance(lens, torch.Tensor):
+            raise TypeError(f"cache_seqlens must be a torch.Tensor of int32 (got {type(lens).__name__})")
+        if lens.dtype != torch.int32:
+            raise TypeError(f"cache_seqlens must be int32 (got {lens.dtype}); pass cache_seqlens.int()")
+        if tuple(lens.shape) != (batch,) or not lens.is_contiguous():
+            raise ValueError(f"cache_seqlens must be a contiguous ({batch},) tensor, one length per sequence "
+                             f"(got shape {tuple(lens.shape)})")
+        if lens.device != self.device:
+            raise ValueError(f"cache_seqlens is on {lens.device} but the kernel was loaded for {self.device}")
+        if validate:
+            lo, hi = (int(x) for x in torch.aminmax(lens))
+            if lo < 0 or hi > capacity:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"cache_seqlens holds {bad}, outside [0, {capacity}] (the cache's capacity, "
+                                 f"k_cache.shape[{2 if layout == 'bhsd' else 1}])")
+
+
+def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:
+    """The heuristic's split count on a GPU of `sm_count` SMs."""
+    return num_splits(blocks, n_tiles, sm_count, max(1, plan.occupancy.by_smem()), plan.fragments.max_splits)
+
+
+__all__ = ["DecodeKernel", "num_splits_for"]

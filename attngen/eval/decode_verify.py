@@ -1,0 +1,133 @@
+"""Decode verification: the same error rule as `attngen verify` (max|out - ref| <= 2 x the error of
+torch's own low-precision attention + a floor, against an fp32 reference), per sequence of a batch
+with its own length, on poisoned outputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .verify import (ERR_FACTOR, FULL_SUITE, LSE_ATOL, LSE_RTOL, CaseResult, attention_torch, error_bound,
+                            exact_fp32_matmul)
+
+QUICK_CASES = 5   # the first cases of decode_cases for `attngen verify --quick`
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    capacity: int
+    lengths: tuple[int, ...] | None   # per sequence; None: every sequence fills the cache
+    causal: bool = False
+    layout: str = "bhsd"
+    num_splits: int | None = None
+
+    @property
+    def label(self) -> str:
+        lens = "full" if self.lengths is None else ",".join(map(str, self.lengths))
+        return (f"{self.batch}x{self.heads}/{self.kv_heads}xq{self.seqlen_q}xcap{self.capacity} lens[{lens}] "
+                f"{'causal ' if self.causal else ''}{self.layout} splits={self.num_splits or 'auto'}")
+
+
+def decode_cases(block_n: int) -> tuple[DecodeCase, ...]:
+    """Lengths of 1, a tile +- 1, the capacity, and very different lengths in one batch; GQA groups
+    1, 4 and 8 with 1 and 4 new tokens (up to 32 packed rows: two row blocks of 16); both layouts;
+    one split, the heuristic's and many."""
+    n = block_n
+    cap = 4 * n + 37
+    return (
+        DecodeCase(1, 8, 8, 1, 1000, None),
+        DecodeCase(2, 32, 8, 1, cap, (1, cap)),
+        DecodeCase(3, 32, 8, 4, cap, (n - 1, n, n + 1), causal=True),
+        DecodeCase(3, 32, 8, 4, cap, (4, 2 * n + 3, cap), causal=False),
+        DecodeCase(2, 64, 8, 4, cap, (5, 3 * n - 1), causal=True, layout="bshd"),
+        DecodeCase(4, 16, 2, 1, 8 * n, (1, 7 * n + 5, 2 * n, 8 * n), num_splits=1),
+        DecodeCase(4, 16, 2, 1, 8 * n, (1, 7 * n + 5, 2 * n, 8 * n), num_splits=8),
+        DecodeCase(1, 32, 32, 2, 20 * n + 3, (20 * n + 3,), causal=True, layout="bshd"),
+        DecodeCase(2, 8, 1, 16, 3 * n, (3, 3 * n), causal=True),   # MQA, 16 new tokens: 128 rows, 8 row blocks
+    )
+
+
+def reference(torch, q, k, v, lengths, causal: bool, scale: float):
+    """(fp32 reference O, its LSE, torch's low-precision O): each sequence against its own keys;
+    causal is bottom-right (token t of Sq sees keys <= len - Sq + t)."""
+    outs, lses, lows = [], [], []
+    for b in range(q.shape[0]):
+        L = k.shape[2] if lengths is None else lengths[b]
+        qb, kb, vb = q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L]
+        mask, align = ("causal", "bottom_right") if causal else ("none", None)
+        with exact_fp32_matmul(torch):
+            ref, lse = attention_torch(qb.float(), kb.float(), vb.float(), scale=scale, mask=mask, alignment=align)
+        low, _ = attention_torch(qb, kb, vb, scale=scale, mask=mask, alignment=align)
+        outs.append(ref), lses.append(lse), lows.append(low.float())
+    return torch.cat(outs), torch.cat(lses), torch.cat(lows)
+
+
+def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None = None) -> CaseResult:
+    """Run one case on a poisoned output and compare it with the fp32 reference."""
+    import torch
+    mask = "causal" if case.causal else "none"
+    result = CaseResult(label or kernel.label, kernel.entry[mask], "causal:bottom_right" if case.causal else "none",
+                        case, passed=False)
+    g = torch.Generator(device=kernel.device).manual_seed(seed)
+    d, dtype, dev = kernel.plan.head_dim, kernel.dtype, kernel.device
+
+    def randn(*size):
+        return torch.randn(size, generator=g, device=dev, dtype=torch.float32).to(dtype)
+
+    b, h, kvh, sq, cap = case.batch, case.heads, case.kv_heads, case.seqlen_q, case.capacity
+    if case.layout == "bshd":
+        q, k, v = randn(b, sq, h, d), randn(b, cap, kvh, d), randn(b, cap, kvh, d)
+        out = torch.full((b, sq, h, d), float("nan"), dtype=dtype, device=dev)
+        view = lambda t: t.permute(0, 2, 1, 3)   # noqa: E731
+    else:
+        q, k, v = randn(b, h, sq, d), randn(b, kvh, cap, d), randn(b, kvh, cap, d)
+        out = torch.full((b, h, sq, d), float("nan"), dtype=dtype, device=dev)
+        view = lambda t: t   # noqa: E731
+    lens = None if case.lengths is None else torch.tensor(case.lengths, dtype=torch.int32, device=dev)
+    scale = d ** -0.5
+    o, lse = kernel(q, k, v, cache_seqlens=lens, causal=case.causal, num_splits=case.num_splits, return_lse=True,
+                    layout=case.layout, out=out)
+    torch.cuda.synchronize(dev)
+    ref, ref_lse, low = reference(torch, view(q), view(k), view(v), case.lengths, case.causal, scale)
+    ob = view(o).float()
+    problems = result.problems
+    bad = int((~torch.isfinite(ob)).sum())
+    if bad:
+        problems.append(f"{bad} of {ob.numel()} output elements are NaN/inf (unwritten or overflowed)")
+    result.max_err = (ob - ref).abs().max().item()
+    result.lowprec_err = (low - ref).abs().max().item()
+    result.bound = error_bound(result.lowprec_err)
+    if not bad and not result.max_err <= result.bound:
+        problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} ({ERR_FACTOR:g} x torch "
+                        f"{kernel.plan.spec.dtype} error {result.lowprec_err:.3g} + floor)")
+    no_key = torch.isneginf(ref_lse)
+    if not torch.equal(no_key, torch.isneginf(lse)) or torch.isnan(lse).any():
+        problems.append("LSE is NaN, or -inf on other rows than the reference's (rows that see no key)")
+    finite = ~no_key
+    diff = (lse - ref_lse).abs()[finite]
+    result.lse_err = diff.max().item() if diff.numel() else 0.0
+    excess = diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[finite])
+    result.lse_excess = excess.max().item() if excess.numel() else 0.0
+    if not result.lse_excess <= 1.0:
+        problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
+    result.passed = not problems
+    return result
+
+
+def verify_cases(kernel, shapes, masks) -> list[tuple]:
+    """The decode cases of `attngen verify` for the masks asked (the forward shapes only choose
+    quick, fewer than the full suite, or full)."""
+    cases = decode_cases(kernel.plan.block_n)
+    if len(tuple(shapes)) < len(FULL_SUITE):
+        cases = cases[:QUICK_CASES]
+    out = []
+    for i, case in enumerate(cases):
+        mask = "causal" if case.causal else "none"
+        if mask not in masks:
+            continue
+        variant = "causal:bottom_right" if case.causal else "none"
+        out.append((variant, kernel.entry[mask], case, i,
+                    lambda seed, label, case=case: check_decode_case(kernel, case, seed, label)))
+    return out

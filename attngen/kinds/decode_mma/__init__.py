@@ -1,0 +1,175 @@
+"""decode_mma: attention for decode steps (a few new query tokens per sequence against a long KV
+cache), built for memory bandwidth. A bundle of two kernels:
+
+- split: block (split s, KV head, batch) streams its slice of the cache's keys through a cp.async
+  ring. Its rows are the query heads that share the KV head times the new tokens (GQA packing), so
+  each K/V byte is read once per KV head. The warps split every tile's keys (mma.sync m16n8k16, S, P
+  and O in registers) and merge their softmax states through shared memory at the end. With one
+  split the block writes O itself; otherwise a partial O and LSE in fp32.
+- combine: one warp per output row merges the splits' partial outputs by their LSE.
+
+Lengths come per sequence (`cache_seqlens`); causal is bottom-right (token t of Sq new tokens sees
+the cache up to its own position). The number of splits comes from a wave-efficiency heuristic
+over the SM count (`num_splits`), overridable per spec (`max_splits`) and per call."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from ...core.decode import DECODE_ABI_FIELDS, MAX_SPLITS, WAVE_EFFICIENCY
+from ...core.forward import FORWARD_ABI, Part, plan_forward
+from ...core.kind import Kind
+from ...core.layout import Region
+from ...core.spec import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
+
+NAME = "decode_mma"
+TITLE = "split-KV decode with GQA packing (mma.sync m16n8k16) + LSE combine"
+SELECTOR = ("decode", "split_kv")
+COMBINE_WARPS = 4           # output rows per combine block (one warp each)
+MAX_ACCUMULATORS = 160      # fp32 S + O accumulators per thread the rules allow (255 registers in all)
+
+
+
+class DecodeSpec(ForwardSpec):
+    decode: Literal["split_kv"] = Field(description=(
+        "split_kv: split the cache's keys over blocks and merge the slices by LSE (picks the decode kind)"))
+    mma: Literal["mma_m16n8k16"] = Field(default="mma_m16n8k16", description="the fragment of both GEMMs")
+    max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
+        "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
+    key_unit = 16
+    key_unit_why = "k16 steps of P.V"
+
+
+def rule_homogeneous(s):
+    if not isinstance(s.warps, HomogeneousWarps):
+        return "warps", "the decode kernel's warps all load and compute: use warps: {compute: N}"
+
+
+def rule_rows(s):
+    if s.tile.block_m % 16 or s.tile.block_m > 64:
+        return "tile.block_m", (f"packed query rows per block (query heads per KV head x new tokens) come in "
+                                f"16-row fragments, at most 64 (got {s.tile.block_m}); use 16, 32, 48 or 64")
+
+
+def rule_keys_per_warp(s):
+    unit = 16 * s.compute_warps
+    if s.tile.block_n % unit:
+        return "tile.block_n", (f"each of the {s.compute_warps} warps takes an equal share of a tile's keys in k16 "
+                                f"steps, so block_n must be a multiple of {unit} (got {s.tile.block_n})")
+
+
+def rule_head_dim(s):
+    if s.head_dim % 16:
+        return "head_dim", f"must be a multiple of 16 (k16 steps of Q.K^T) for {NAME} (got {s.head_dim})"
+
+
+def accumulators(s) -> int:
+    """fp32 S and O accumulator registers per thread: every warp holds all block_m rows."""
+    m_tiles = s.tile.block_m // 16
+    return m_tiles * (s.tile.block_n // s.compute_warps // 8 + s.head_dim // 8) * 4
+
+
+def rule_accumulators(s):
+    n = accumulators(s)
+    if n > MAX_ACCUMULATORS:
+        return "tile.block_m", (f"{n} fp32 accumulator registers per thread (S and O for {s.tile.block_m} rows) "
+                                f"exceed {MAX_ACCUMULATORS}; use fewer rows per block (block_m) or more warps")
+
+
+def rule_swizzle(s):
+    sw = s.smem.swizzle
+    if not isinstance(sw, XorSwizzle):
+        return "smem.swizzle", "ldmatrix reads need conflict-free rows: set swizzle: {xor_bits: 3}"
+
+
+rule_ring = refuse("smem.stages", lambda s: s.smem.stages < 2 or not s.smem.async_copy,
+                   lambda s: "the decode kernel streams K/V through a cp.async ring: set stages >= 2 and "
+                             "async_copy: true", "rule_ring")
+rule_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_registers,
+                             lambda s: "Q fragments always live in registers in the decode kernel; leave "
+                                       "q_in_registers unset", "rule_no_q_registers")
+
+
+DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim, rule_rows, rule_keys_per_warp,
+                    rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers)
+
+
+@dataclass(frozen=True)
+class DecodeFragments:
+    m_tiles: int            # 16-row fragments: every warp holds all block_m packed rows
+    keys_per_warp: int      # keys of each tile one warp scores
+    n_tiles: int            # 8-key accumulator tiles of S per warp
+    d_tiles: int            # 8-column accumulator tiles of O
+    k_steps_qk: int         # k16 steps of Q.K^T (head_dim / 16)
+    k_steps_pv: int         # k16 steps of P.V (keys_per_warp / 16)
+    q_regs: int             # Q fragments, loaded once
+    accumulators: int       # fp32 S + O registers per thread
+    merge_pitch: int        # floats per row of a warp's O in the merge buffer (head_dim + 8: conflict-free float2)
+    merge_bytes: int        # the merge buffer (warps x block_m rows), over the K/V ring after the last tile
+    combine_warps: int      # output rows per combine block
+    max_splits: int
+
+
+def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
+    m_tiles = spec.tile.block_m // 16
+    kpw = spec.tile.block_n // spec.compute_warps
+    pitch = spec.head_dim + 8
+    return DecodeFragments(m_tiles, kpw, kpw // 8, spec.head_dim // 8, spec.head_dim // 16, kpw // 16,
+                           m_tiles * spec.head_dim // 16 * 4, accumulators(spec), pitch,
+                           spec.compute_warps * spec.tile.block_m * pitch * 4, COMBINE_WARPS, spec.max_splits)
+
+
+def stats_region(spec: DecodeSpec) -> list[Region]:
+    rows = spec.compute_warps * spec.tile.block_m
+    return [Region("stats", rows, 2, "float", 4, 8, per="each warp's row max and row sum, for the merge")]
+
+
+def function_names(spec: DecodeSpec) -> tuple[Part, Part]:
+    split = tuple((m, f"attngen_{spec.name}_split_{m}") for m in spec.masks)
+    combine = (("combine", f"attngen_{spec.name}_combine"),)
+    return (Part("split", "split.cu.j2", f"{spec.name}_split.cu", split),
+            Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu", combine, static_smem=0,
+                 threads=32 * COMBINE_WARPS))
+
+
+def plan(spec: DecodeSpec, file: str | None = None):
+    p = plan_forward(spec, kind=NAME, title=TITLE, file=file, fragments=fragments, extra_regions=stats_region)
+    ring = p.stages * p.kv_stage_stride
+    if p.fragments.merge_bytes > ring:
+        from ...errors import SpecError
+        raise SpecError(f"the warps' merge buffer ({p.fragments.merge_bytes} B) does not fit over the K/V ring "
+                        f"({ring} B)", file=file, key="smem.stages", hint="use more stages or a larger block_n")
+    roles = (f"{spec.compute_warps} warps: all copy each K/V tile (cp.async); warp w scores keys "
+             f"[{p.fragments.keys_per_warp}w, {p.fragments.keys_per_warp}(w+1)) of the tile against all "
+             f"{spec.tile.block_m} packed rows and keeps its own softmax state and O",)
+    schedule = ("split kernel, grid (num_splits, kv_heads x row_blocks, batch):",
+                "  rows: packed row r = g x seqlen_q + t is query head kv_head x group + g, new token t",
+                "  keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence "
+                "(cache_seqlens[b] keys); an empty slice writes LSE -inf",
+                f"  ring of {spec.smem.stages} stages: cp.async of tile i + {spec.smem.stages - 1} while tile i "
+                "is computed; one __syncthreads per tile",
+                "  end: the warps' (max, sum) through `stats`, their rescaled O through the ring; one split: "
+                "O and LSE written, else fp32 partial O and LSE per split",
+                f"combine kernel, grid ceil(batch x heads x seqlen_q / {COMBINE_WARPS}): a warp per row "
+                "weighs each split by exp(lse_s - lse) and writes O and LSE")
+    return replace(p, parts=function_names(spec), abi=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS),
+                   rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule, q_in_registers=True,
+                   copy_engine="cp.async ring (16-byte chunks), every warp copies")
+
+
+def explain(plan) -> list[str]:
+    f = plan.fragments
+    return [f"fragments per warp: {f.m_tiles} x m16 packed rows; S {f.m_tiles}x{f.n_tiles} m16n8 tiles over "
+            f"{f.keys_per_warp} keys, O {f.m_tiles}x{f.d_tiles} tiles, Q {f.q_regs} registers; {f.accumulators} "
+            "fp32 accumulators per thread",
+            f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
+            f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
+            f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
+            f"splits: at most {f.max_splits}; the runtime picks the fewest whose wave efficiency is within "
+            f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)"]
+
+
+KIND = Kind(NAME, TITLE, SELECTOR, DecodeSpec, plan, explain, Path(__file__).parent, calls="decode")

@@ -1,0 +1,75 @@
+"""The decode kind without a GPU: kind selection, the plan of its two-part bundle, the Params it
+adds, and the split heuristic."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attngen.core.decode import num_splits, row_blocks
+from attngen.errors import SpecError
+from attngen.explain import explain
+from attngen.kinds import kind_for_data, kind_of
+from attngen.plan import make_plan
+from attngen.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+D128 = ROOT / "specs" / "h200_decode_d128.yaml"
+
+
+def test_decode_key_picks_the_kind_before_mma():
+    data = yaml.safe_load(D128.read_text())
+    assert kind_for_data(data).name == "decode_mma"
+    assert kind_for_data({**data, "mma": "mma_m16n8k16"}).name == "decode_mma"   # the rarer key decides
+    assert kind_for_data({k: v for k, v in data.items() if k != "decode"} | {"mma": "mma_m16n8k16"}).name == "fwd_mma"
+
+
+def test_plan_is_a_two_part_bundle():
+    p = make_plan(load_spec(D128))
+    assert kind_of(p.spec).calls == "decode"
+    split, combine = p.parts
+    assert [fn for _, fn in split.functions] == ["attngen_h200_decode_d128_split_none",
+                                                 "attngen_h200_decode_d128_split_causal"]
+    assert combine.functions == (("combine", "attngen_h200_decode_d128_combine"),)
+    assert (combine.static_smem, combine.threads) == (0, 128) and split.static_smem is None
+    names = [f.name for f in p.abi.fields]
+    assert names[-6:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks"]
+    f = p.fragments
+    # each of 4 warps scores 32 of a 128-key tile for all 16 packed rows
+    assert (f.m_tiles, f.keys_per_warp, f.n_tiles, f.d_tiles, f.accumulators) == (1, 32, 4, 16, 80)
+    assert f.merge_bytes == 4 * 16 * 136 * 4 <= p.stages * p.kv_stage_stride
+    text = explain(p)
+    assert "merge:" in text and "splits: at most 128" in text
+
+
+def test_merge_buffer_must_fit_over_the_ring():
+    text = D128.read_text().replace("block_n: 128", "block_n: 64").replace("stages: 3", "stages: 2")
+    text = text.replace("block_m: 16", "block_m: 32").replace("compute: 4", "compute: 4")
+    # 4 warps x 32 rows x 136 floats = 69632 B over a 2 x 2 x 64 x 128 x 2 = 65536 B ring
+    with pytest.raises(SpecError) as info:
+        make_plan(parse_spec(text, file="x.yaml"), file="x.yaml")
+    assert info.value.key == "smem.stages"
+
+
+def test_row_blocks_pack_query_heads_and_tokens():
+    p = make_plan(load_spec(D128))
+    assert row_blocks(p, 32, 8, 1) == 1      # 4 query heads per KV head
+    assert row_blocks(p, 32, 8, 4) == 1      # x 4 new tokens = 16 rows
+    assert row_blocks(p, 64, 8, 4) == 2      # 32 rows
+    assert row_blocks(p, 8, 1, 16) == 8      # MQA: 8 heads x 16 tokens
+
+
+@pytest.mark.parametrize("blocks, n_tiles, expect", [
+    (512, 64, 1),          # already more blocks than 0.8 x the slots: no split
+    (8, 256, 16),          # B=1, 8 KV heads on 132 SMs: 128 blocks (0.97 of a wave) beats 14 (0.85)
+    (8, 3, 3),             # never more splits than tiles
+    (64, 64, 2),           # 128 blocks
+])
+def test_num_splits(blocks, n_tiles, expect):
+    assert num_splits(blocks, n_tiles, 132, 1, 128) == expect
+
+
+def test_num_splits_respects_max_splits():
+    assert num_splits(1, 1000, 132, 1, 4) == 4
+    assert num_splits(1, 1000, 132, 1, 1) == 1
