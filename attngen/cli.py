@@ -437,6 +437,17 @@ def _plot_file(ctx, param, value):
     return value
 
 
+def _cells(ctx, param, value):
+    """--cells of bench: comma-separated decode cells."""
+    if value is None:
+        return None
+    from .eval.decode_bench import parse_cell
+    try:
+        return tuple(parse_cell(c) for c in value.split(",") if c.strip())
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+
+
 def _backends(ctx, param, value):
     """--backends of bench: comma-separated names of torch SDPA backends."""
     from .eval.bench import SDPA_BACKENDS
@@ -464,8 +475,12 @@ def _backends(ctx, param, value):
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="write the full report here")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), callback=_plot_file,
               help="draw TFLOP/s per shape to this PNG (or .svg, .pdf); needs matplotlib")
+@click.option("--cells", default=None, metavar="BxHq/HkvxSkxSq,...", callback=_cells,
+              help="decode specs: cells to time (default: B 1, 8, 64 x Hq/Hkv 32/8, 32/32, 64/8 x Sk 2k, 8k, 32k "
+                   "(128k at B 1) x Sq 1, 4)")
+@click.option("--paged", is_flag=True, help="decode specs: read the cache through a shuffled page table")
 @click.option("--specs-dir", default="specs", show_default=True)
-def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, specs_dir):
+def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, cells, paged, specs_dir):
     """Time SPECS (default: every spec) beside torch SDPA's backends on the GPU.
 
     \b
@@ -473,16 +488,32 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, s
     its output on those very inputs passed the verifier's error rule. Times are medians of
     CUDA-event-timed calls over inputs rotated to defeat L2; TFLOP/s counts 4*B*H*S*S*D
     (halved for causal). Ratios are SDPA time / spec time: above 1.0 the spec is faster.
+
+    \b
+    Decode specs (decode: split_kv) are timed on decode cells instead (--cells): one step of
+    Sq new tokens against a full cache of Sk keys, beside SDPA's flash and cuDNN backends (Sq > 1:
+    causal for the spec, SDPA unmasked), with GB/s of K+V read and its percentage of the
+    device-to-device copy bandwidth measured in the same run. `attngen verify` checks them.
     """
     from . import fsutil
     from .eval import bench as B
+    from .kinds import kind_of
     from .render import render_spec_file
     shape_list = shapes or B.DEFAULT_SHAPES
     causals = B.CAUSAL_CHOICES[causal]
     backend_list = backends
-    paths = _spec_files(specs, specs_dir)
-    plans = [render_spec_file(p).plan for p in paths]
+    all_paths = _spec_files(specs, specs_dir)
+    all_plans = [render_spec_file(p).plan for p in all_paths]
+    decode = [p for p, plan in zip(all_paths, all_plans) if kind_of(plan.spec).calls == "decode"]
+    paths = [p for p, plan in zip(all_paths, all_plans) if kind_of(plan.spec).calls == "forward"]
+    plans = [plan for plan in all_plans if kind_of(plan.spec).calls == "forward"]
     dtypes = dtypes or ("fp16", "bf16")
+    if decode:   # with forward specs too, the decode report goes to FILE-decode.json
+        decode_json = None if not json_file else json_file if not paths else \
+            str(Path(json_file).with_name(Path(json_file).stem + "-decode.json"))
+        _bench_decode(decode, cells, dtypes, backend_list, reps, paged, decode_json)
+        if not paths:
+            return
     if plot_file:
         B.pyplot()   # no matplotlib: say so (exit 3) before the run, not after it
     from .runtime import gpu_modules
@@ -502,6 +533,29 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, s
     if plot_file:
         B.plot(report, plot_file)
         click.echo(f"wrote {plot_file}")
+
+
+def _bench_decode(paths, cells, dtypes, backends, reps, paged, json_file) -> None:
+    from . import fsutil
+    from .eval import decode_bench as DB
+    from .runtime import gpu_modules
+    gpu_modules()  # no GPU, torch or pycuda: say so (exit 4) before any progress is drawn
+    theirs = tuple(b for b in backends if b in ("flash", "cudnn"))
+    with click.progressbar(length=len(paths) * len(cells or DB.default_cells()), label="bench decode",
+                           file=sys.stderr, show_pos=True) as bar:
+        def step(r):
+            bar.label = f"{r['spec']} {r['cell']}"
+            bar.update(1)
+        try:
+            report = DB.run_decode_bench(paths, cells=cells, dtypes=dtypes, backends=theirs, reps=reps, paged=paged,
+                                         on_step=step, on_compile=lambda a: click.echo(f"compiling for {a} ...",
+                                                                                       err=True))
+        except ValueError as e:
+            raise click.UsageError(str(e))
+    click.echo(DB.format_decode(report, theirs))
+    if json_file:
+        fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_file}")
 
 
 def format_bench(report, backends) -> str:

@@ -5,11 +5,10 @@ launches the split kernel and, with more than one split, the combine kernel, on 
 stream. The fp32 workspace of the partial outputs comes from torch's allocator."""
 from __future__ import annotations
 
-import math
 import numbers
 
 from .core.decode import num_splits, row_blocks
-from .runtime import LAYOUTS, LOG2E, MAX_GRID_YZ, Kernel, LaunchConfig, default_scale, pack_params, to_bhsd
+from .runtime import LAYOUTS, LOG2E, MAX_GRID_YZ, Kernel, LaunchConfig, pack_params, to_bhsd
 
 
 class DecodeKernel(Kernel):
@@ -26,11 +25,17 @@ class DecodeKernel(Kernel):
     the heuristic (1 to the spec's max_splits). validate=True reads the lengths back to check them
     (one small device-to-host copy); pass False inside CUDA graphs: the kernel then clamps a bad
     length to [0, capacity] rather than read outside the cache.
+
+    Paged caches (the spec's page_size): k_cache and v_cache are pools of pages, (num_pages, Hkv,
+    page_size, D) ("bshd": (num_pages, page_size, Hkv, D)), and block_table (int32, (B, max_pages))
+    lists each sequence's pages in order; cache_seqlens is required. validate also checks that every
+    page a sequence uses is in the pool (entries past its pages may hold anything); without it the
+    kernel clamps page ids to the pool.
     """
 
-    def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, causal: bool = False, scale: float | None = None,
-                 num_splits: int | None = None, return_lse: bool = False, layout: str = "bhsd", out=None,
-                 validate: bool = True):
+    def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
+                 scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
+                 layout: str = "bhsd", out=None, validate: bool = True):
         import torch
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
@@ -38,10 +43,14 @@ class DecodeKernel(Kernel):
             self._check_tensor(name, t, layout)
         qb, kb, vb = (to_bhsd(t, layout) for t in (q, k_cache, v_cache))
         batch, heads, seqlen_q, _ = qb.shape
-        _, kv_heads, capacity, _ = kb.shape
-        if kb.shape[0] != batch or tuple(kb.shape) != tuple(vb.shape):
-            raise ValueError(f"k_cache and v_cache must both be (batch {batch}, kv_heads, capacity, head_dim) "
-                             f"(got {tuple(k_cache.shape)} and {tuple(v_cache.shape)})")
+        pool, kv_heads, rows, _ = kb.shape
+        paged = block_table is not None
+        if tuple(kb.shape) != tuple(vb.shape) or (not paged and pool != batch):
+            what = "(num_pages, kv_heads, page_size, head_dim) page pools" if paged else \
+                f"(batch {batch}, kv_heads, capacity, head_dim)"
+            raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(k_cache.shape)} and "
+                             f"{tuple(v_cache.shape)})")
+        capacity = self._check_table(block_table, cache_seqlens, batch, rows, layout) if paged else rows
         if heads % kv_heads:
             raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads}) for GQA/MQA")
         if batch > MAX_GRID_YZ:
@@ -51,7 +60,9 @@ class DecodeKernel(Kernel):
             raise ValueError(f"{self.label} has no {mask} variant (its spec lists masks {list(self.masks)}); add "
                              f"{mask!r} to the spec's masks")
         if cache_seqlens is not None:
-            self._check_seqlens(cache_seqlens, batch, capacity, validate, layout)
+            self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged)
+        if paged and validate:
+            self._check_pages(block_table, cache_seqlens, pool)
         scale = self._check_scale(scale)
         blocks_per_row = row_blocks(self.plan, heads, kv_heads, seqlen_q)
         if kv_heads * blocks_per_row > MAX_GRID_YZ:
@@ -90,7 +101,9 @@ class DecodeKernel(Kernel):
                              cache_seqlens=cache_seqlens.data_ptr() if cache_seqlens is not None else 0,
                              o_accum=o_accum.data_ptr() if o_accum is not None else 0,
                              lse_accum=lse_accum.data_ptr() if lse_accum is not None else 0,
-                             num_splits=splits, tiles_per_split=tiles_per_split, row_blocks=blocks_per_row)
+                             num_splits=splits, tiles_per_split=tiles_per_split, row_blocks=blocks_per_row,
+                             block_table=block_table.data_ptr() if paged else 0,
+                             table_stride=block_table.stride(0) if paged else 0, num_pages=pool if paged else 0)
         plan = self.plan
         self._launch_function(self.entry[mask], params, LaunchConfig(
             (splits, kv_heads * blocks_per_row, batch), (plan.threads, 1, 1), plan.smem_bytes if plan.smem_dynamic else 0))
@@ -108,16 +121,43 @@ class DecodeKernel(Kernel):
         from .eval.decode_verify import verify_cases
         return verify_cases(self, shapes, masks)
 
-    def _check_scale(self, scale) -> float:
-        if scale is None:
-            return default_scale(self.plan.head_dim)
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a positive number (got {type(scale).__name__})")
-        if not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"scale must be positive and finite (got {scale})")
-        return float(scale)
+    def _check_table(self, table, lens, batch: int, page_rows: int, layout: str) -> int:
+        """Shape checks of a paged call; returns the capacity of a sequence (pages per row x page size)."""
+        import torch
+        page = self.plan.fragments.page_size
+        if not page:
+            raise ValueError(f"{self.label} reads contiguous caches only: add page_size: N to its spec for a "
+                             "paged cache (block_table)")
+        if page_rows != page:
+            raise ValueError(f"{self.label} is generated for pages of {page} keys; the pools hold pages of "
+                             f"{page_rows} (k_cache.shape[{2 if layout == 'bhsd' else 1}])")
+        if lens is None:
+            raise ValueError("a paged cache needs cache_seqlens (int32, one length per sequence)")
+        if not isinstance(table, torch.Tensor):
+            raise TypeError(f"block_table must be a torch.Tensor of int32 (got {type(table).__name__})")
+        if table.dtype != torch.int32:
+            raise TypeError(f"block_table must be int32 (got {table.dtype}); pass block_table.int()")
+        if table.dim() != 2 or table.shape[0] != batch or table.stride(1) != 1 or table.shape[1] < 1:
+            raise ValueError(f"block_table must be ({batch}, max_pages) with contiguous rows (got shape "
+                             f"{tuple(table.shape)}, strides {tuple(table.stride())})")
+        if table.device != self.device:
+            raise ValueError(f"block_table is on {table.device} but the kernel was loaded for {self.device}")
+        return table.shape[1] * page
 
-    def _check_seqlens(self, lens, batch: int, capacity: int, validate: bool, layout: str) -> None:
+    def _check_pages(self, table, lens, pool: int) -> None:
+        """Every page a sequence uses (its first ceil(len / page_size) entries) is a page of the pool;
+        entries past a sequence's pages are never read and may hold anything (e.g. -1)."""
+        import torch
+        page = self.plan.fragments.page_size
+        used = torch.arange(table.shape[1], device=table.device)[None, :] < ((lens + page - 1) // page)[:, None]
+        ids = table[used]
+        if ids.numel():
+            lo, hi = (int(x) for x in torch.aminmax(ids))
+            if lo < 0 or hi >= pool:
+                raise ValueError(f"block_table holds page id {lo if lo < 0 else hi} for a key of some sequence; "
+                                 f"the pools have pages 0..{pool - 1}")
+
+    def _check_seqlens(self, lens, batch: int, capacity: int, validate: bool, layout: str, paged: bool) -> None:
         import torch
         if not isinstance(lens, torch.Tensor):
             raise TypeError(f"cache_seqlens must be a torch.Tensor of int32 (got {type(lens).__name__})")
@@ -132,8 +172,9 @@ class DecodeKernel(Kernel):
             lo, hi = (int(x) for x in torch.aminmax(lens))
             if lo < 0 or hi > capacity:
                 bad = lo if lo < 0 else hi
-                raise ValueError(f"cache_seqlens holds {bad}, outside [0, {capacity}] (the cache's capacity, "
-                                 f"k_cache.shape[{2 if layout == 'bhsd' else 1}])")
+                where = ("block_table.shape[1] x page_size" if paged else
+                         f"k_cache.shape[{2 if layout == 'bhsd' else 1}]")
+                raise ValueError(f"cache_seqlens holds {bad}, outside [0, {capacity}] (the cache's capacity, {where})")
 
 
 def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:

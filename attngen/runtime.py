@@ -316,12 +316,7 @@ class Kernel:
         if alignment is not None and not causal:
             raise ValueError(f"alignment={alignment!r} applies to causal=True only")
         extra_params = variant.abi_values(alignment, seqlen_q, seqlen_k)
-        if scale is None:
-            scale = default_scale(self.plan.head_dim)
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a positive number (got {type(scale).__name__})")
-        if not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"scale must be positive and finite (got {scale})")
+        scale = self._check_scale(scale)
 
         if out is None:
             out = torch.empty_like(q, memory_format=torch.preserve_format)
@@ -347,6 +342,16 @@ class Kernel:
         return (out, lse_out) if return_lse else out
 
     # -- checks ------------------------------------------------------------------------------
+    def _check_scale(self, scale) -> float:
+        """The softmax scale of a call: 1/sqrt(head_dim) when None, else a positive finite number."""
+        if scale is None:
+            return default_scale(self.plan.head_dim)
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a positive number (got {type(scale).__name__})")
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be positive and finite (got {scale})")
+        return float(scale)
+
     def _sm_count(self, tensor) -> int | None:
         """Streaming multiprocessors of the tensor's GPU (persistent plans launch one block per SM)."""
         if not self.plan.persistent:

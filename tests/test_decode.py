@@ -34,7 +34,9 @@ def test_plan_is_a_two_part_bundle():
     assert combine.functions == (("combine", "attngen_h200_decode_d128_combine"),)
     assert (combine.static_smem, combine.threads) == (0, 128) and split.static_smem is None
     names = [f.name for f in p.abi.fields]
-    assert names[-6:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks"]
+    assert names[-9:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks",
+                          "block_table", "table_stride", "num_pages"]
+    assert f"paged KV: pages of 16 keys" in explain(p)
     f = p.fragments
     # each of 4 warps scores 32 of a 128-key tile for all 16 packed rows
     assert (f.m_tiles, f.keys_per_warp, f.n_tiles, f.d_tiles, f.accumulators) == (1, 32, 4, 16, 80)
@@ -44,9 +46,9 @@ def test_plan_is_a_two_part_bundle():
 
 
 def test_merge_buffer_must_fit_over_the_ring():
-    text = D128.read_text().replace("block_n: 128", "block_n: 64").replace("stages: 3", "stages: 2")
-    text = text.replace("block_m: 16", "block_m: 32").replace("compute: 4", "compute: 4")
-    # 4 warps x 32 rows x 136 floats = 69632 B over a 2 x 2 x 64 x 128 x 2 = 65536 B ring
+    text = (ROOT / "specs" / "h200_decode_d64.yaml").read_text().replace("block_n: 128", "block_n: 64")
+    text = text.replace("stages: 3", "stages: 2").replace("block_m: 16", "block_m: 32")
+    # 4 warps x 32 rows x 72 floats x 4 B = 36864 B over a 2 stages x (K + V) x 64 x 64 x 2 B = 32768 B ring
     with pytest.raises(SpecError) as info:
         make_plan(parse_spec(text, file="x.yaml"), file="x.yaml")
     assert info.value.key == "smem.stages"

@@ -145,11 +145,12 @@ RULE_CASES = [
     ("rule_head_dim", DECODE, {"head_dim": 72}, "head_dim", "multiple of 16 (k16 steps of Q.K^T)"),
     ("rule_rows", DECODE, {"tile__block_m": 24}, "tile.block_m", "16-row fragments, at most 64"),
     ("rule_keys_per_warp", DECODE, {"tile__block_n": 96}, "tile.block_n", "multiple of 64 (got 96)"),
-    ("rule_accumulators", DECODE, {"tile__block_m": 64}, "tile.block_m", "320 fp32 accumulator registers"),
+    ("rule_accumulators", DECODE, {"tile__block_m": 32}, "tile.block_m", "224 registers per thread hold S, O and Q"),
     ("rule_swizzle", DECODE, {"smem__swizzle": "none"}, "smem.swizzle", "set swizzle: {xor_bits: 3}"),
     ("rule_ring", DECODE, {"smem__stages": 1}, "smem.stages", "streams K/V through a cp.async ring"),
     ("rule_no_q_registers", DECODE, {"smem__q_in_registers": True}, "smem.q_in_registers",
      "Q fragments always live in registers"),
+    ("rule_page_size", DECODE, {"page_size": 48}, "page_size", "divides or is a multiple of block_n"),
     ("rule_head_dim_vector_loads", SCALAR, {"head_dim": 68}, "head_dim", "multiple of 8 for 16-byte loads (got 68); try 72"),
     ("rule_head_dim_fragments", MMA, {"head_dim": 72}, "head_dim", "multiple of 16 for mma_m16n8k16 fragments (got 72); try 80"),
     ("rule_head_dim_fragments", WMMA, {"head_dim": 40}, "head_dim", "multiple of 16 for wmma_m16n16k16"),
@@ -513,8 +514,8 @@ def test_schema_command_lists_every_key():
     assert len(alternatives) == len(KINDS)
     for alt in alternatives:
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue;
-        # decode: decode, max_splits)
-        assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits"} == {
+        # decode: decode, max_splits, page_size)
+        assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "masks", "tile", "warps", "mma", "smem",
             "softmax", "min_blocks_per_sm"}
         # the kind's selector key is required (mma, or decode for a decode kind)

@@ -21,6 +21,11 @@ DECODE_ABI_FIELDS = (
     int32("tiles_per_split", "K/V tiles of block_n keys each split takes", default=1),
     int32("row_blocks", "blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)",
           default=1),
+    pointer("block_table", "int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v "
+            "are contiguous caches (batch, kv_heads, seqlen_k, head_dim)", optional=True),
+    int32("table_stride", "entries per row of block_table (its max pages per sequence)", default=0),
+    int32("num_pages", "pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with "
+          "batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past", default=0),
 )
 
 

@@ -48,8 +48,11 @@ def copy_bandwidth(torch, nbytes: int = 1 << 30, reps: int = 20) -> float:
     return 2 * a.numel() * 2 / (us * 1e-6)
 
 
-def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), reps: int = 30) -> dict:
-    """Times (us) of the kernel and each SDPA backend on one cell, fresh caches rotated past L2."""
+def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), reps: int = 30,
+               paged: bool = False) -> dict:
+    """Times (us) of the kernel and each SDPA backend on one cell, fresh caches rotated past L2.
+    paged: the kernel reads the same keys from pages of the spec's page_size in a shuffled pool
+    (through a block table); the SDPA backends read contiguous caches."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
     d, dtype = kernel.plan.head_dim, kernel.dtype
@@ -60,7 +63,30 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
     ks = [torch.randn(cell.batch, cell.kv_heads, cell.seqlen_k, d, device="cuda", dtype=dtype) for _ in range(rotate)]
     vs = [torch.randn_like(k) for k in ks]
     causal = cell.seqlen_q > 1
-    out = {"cell": cell.label, "kv_bytes": kv_bytes, "rotate": rotate}
+    out = {"cell": cell.label, "kv_bytes": kv_bytes, "rotate": rotate, "paged": paged}
+    if paged:
+        pg = kernel.plan.fragments.page_size
+        pages = -(-cell.seqlen_k // pg)
+        order = torch.randperm(cell.batch * pages, device="cuda").int()
+        table = order.view(cell.batch, pages)
+        lens = torch.full((cell.batch,), cell.seqlen_k, dtype=torch.int32, device="cuda")
+        # a pool of batch x pages pages, filled from the contiguous caches in the table's order
+        pools = []
+        for k, v in zip(ks, vs):
+            kp = torch.empty(cell.batch * pages, cell.kv_heads, pg, d, device="cuda", dtype=dtype)
+            vp = torch.empty_like(kp)
+            src_k = k[..., :pages * pg, :].reshape(cell.batch, cell.kv_heads, pages, pg, d).permute(0, 2, 1, 3, 4)
+            src_v = v[..., :pages * pg, :].reshape(cell.batch, cell.kv_heads, pages, pg, d).permute(0, 2, 1, 3, 4)
+            kp[table.flatten().long()] = src_k.reshape(-1, cell.kv_heads, pg, d)
+            vp[table.flatten().long()] = src_v.reshape(-1, cell.kv_heads, pg, d)
+            pools.append((kp, vp))
+        ks = vs = None
+        torch.cuda.empty_cache()
+        out["attngen_us"] = median_time_us(
+            torch, lambda i: kernel(qs[i], pools[i][0], pools[i][1], cache_seqlens=lens, block_table=table,
+                                    causal=causal, validate=False), reps, rotate)
+        out["splits"] = getattr(kernel, "last_splits", None)
+        return out
     out["attngen_us"] = median_time_us(
         torch, lambda i: kernel(qs[i], ks[i], vs[i], causal=causal, validate=False), reps, rotate)
     out["splits"] = getattr(kernel, "last_splits", None)
@@ -78,3 +104,57 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
             out[f"{name}_us"] = None
             out[f"{name}_error"] = str(exc).splitlines()[0][:200]
     return out
+
+
+def parse_cell(text: str) -> DecodeCell:
+    """'BxHq/HkvxSkxSq', e.g. 8x32/8x8192x1."""
+    try:
+        b, heads, sk, sq = text.strip().split("x")
+        hq, hk = heads.split("/")
+        cell = DecodeCell(int(b), int(hq), int(hk), int(sk), int(sq))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a decode cell BxHq/HkvxSkxSq (e.g. 8x32/8x8192x1)") from None
+    if min(cell.batch, cell.heads, cell.kv_heads, cell.seqlen_k, cell.seqlen_q) < 1 or cell.heads % cell.kv_heads:
+        raise ValueError(f"{text!r}: every size must be >= 1 and Hq a multiple of Hkv")
+    return cell
+
+
+def run_decode_bench(spec_paths, *, cells=None, dtypes=("fp16", "bf16"), backends=("flash", "cudnn"),
+                     reps: int = 30, paged: bool = False, on_step=None, on_compile=None) -> dict:
+    """Every decode spec of a listed dtype on every cell, beside the SDPA backends, with the copy
+    bandwidth of the same run; paged times the spec's paged path (its page_size)."""
+    from ..runtime import gpu_modules, load
+    torch = gpu_modules()[0]
+    copy = copy_bandwidth(torch)
+    rows = []
+    for path in spec_paths:
+        kernel = load(path, on_compile=on_compile)
+        if kernel.plan.spec.dtype not in dtypes:
+            continue
+        if paged and not kernel.plan.fragments.page_size:
+            raise ValueError(f"{path}: --paged needs a spec with page_size")
+        for cell in cells or default_cells():
+            r = bench_cell(torch, kernel, cell, backends=backends, reps=reps, paged=paged)
+            r.update(spec=kernel.name, dtype=kernel.plan.spec.dtype, head_dim=kernel.plan.head_dim)
+            r["gbps"] = r["kv_bytes"] / (r["attngen_us"] * 1e-6) / 1e9
+            r["pct_of_copy"] = 100.0 * r["gbps"] * 1e9 / copy
+            others = [r[f"{b}_us"] for b in backends if r.get(f"{b}_us")]
+            r["vs_fastest"] = min(others) / r["attngen_us"] if others else None
+            rows.append(r)
+            torch.cuda.empty_cache()
+            if on_step:
+                on_step(r)
+    return {"gpu": torch.cuda.get_device_name(0), "copy_gbps": copy / 1e9, "paged": paged, "rows": rows}
+
+
+def format_decode(report: dict, backends) -> str:
+    lines = [f"GPU: {report['gpu']}; device-to-device copy {report['copy_gbps']:.0f} GB/s (read + write); "
+             f"bytes = K + V read once per KV head" + ("; paged caches" if report["paged"] else ""),
+             f"{'cell':<26} {'spec':<26} {'us':>9} {'splits':>6} {'GB/s':>6} {'%copy':>6} "
+             + " ".join(f"{b + ' us':>10}" for b in backends) + f" {'vs fastest':>10}"]
+    for r in report["rows"]:
+        theirs = " ".join(f"{r.get(b + '_us') or float('nan'):>10.1f}" for b in backends)
+        vs = f"{r['vs_fastest']:>10.2f}" if r.get("vs_fastest") else f"{'-':>10}"
+        lines.append(f"{r['cell']:<26} {r['spec']:<26} {r['attngen_us']:>9.1f} {r['splits'] or 1:>6} "
+                     f"{r['gbps']:>6.0f} {r['pct_of_copy']:>5.0f}% {theirs} {vs}")
+    return "\n".join(lines)

@@ -22,21 +22,34 @@ class DecodeCase:
     causal: bool = False
     layout: str = "bhsd"
     num_splits: int | None = None
+    page_size: int | None = None      # paged: the cache lives in shuffled pages of a pool, through a table
 
     @property
     def label(self) -> str:
         lens = "full" if self.lengths is None else ",".join(map(str, self.lengths))
         return (f"{self.batch}x{self.heads}/{self.kv_heads}xq{self.seqlen_q}xcap{self.capacity} lens[{lens}] "
-                f"{'causal ' if self.causal else ''}{self.layout} splits={self.num_splits or 'auto'}")
+                f"{'causal ' if self.causal else ''}{self.layout} splits={self.num_splits or 'auto'}"
+                + (f" paged{self.page_size}" if self.page_size else ""))
 
 
-def decode_cases(block_n: int) -> tuple[DecodeCase, ...]:
+def decode_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
     """Lengths of 1, a tile +- 1, the capacity, and very different lengths in one batch; GQA groups
     1, 4 and 8 with 1 and 4 new tokens (up to 32 packed rows: two row blocks of 16); both layouts;
-    one split, the heuristic's and many."""
+    one split, the heuristic's and many. With a page size, the same through shuffled page tables:
+    lengths of 1, exactly a page, a page +- 1, and very different lengths in one batch."""
     n = block_n
     cap = 4 * n + 37
-    return (
+    paged = ()
+    if page_size:
+        pg = page_size
+        pcap = 12 * pg
+        paged = (
+            DecodeCase(4, 32, 8, 1, pcap, (1, pg, pg - 1, pg + 1), page_size=pg),
+            DecodeCase(3, 32, 8, 4, pcap, (pcap, 5, 7 * pg + 3), causal=True, page_size=pg),
+            DecodeCase(2, 16, 2, 1, pcap, (pcap, 2 * pg), layout="bshd", num_splits=5, page_size=pg),
+            DecodeCase(2, 32, 32, 1, pcap, (3 * pg + 1, 1), num_splits=1, page_size=pg),
+        )
+    plain = (
         DecodeCase(1, 8, 8, 1, 1000, None),
         DecodeCase(2, 32, 8, 1, cap, (1, cap)),
         DecodeCase(3, 32, 8, 4, cap, (n - 1, n, n + 1), causal=True),
@@ -47,6 +60,7 @@ def decode_cases(block_n: int) -> tuple[DecodeCase, ...]:
         DecodeCase(1, 32, 32, 2, 20 * n + 3, (20 * n + 3,), causal=True, layout="bshd"),
         DecodeCase(2, 8, 1, 16, 3 * n, (3, 3 * n), causal=True),   # MQA, 16 new tokens: 128 rows, 8 row blocks
     )
+    return plain[:3] + paged + plain[3:]   # --quick takes the first few: both kinds of cache
 
 
 def reference(torch, q, k, v, lengths, causal: bool, scale: float):
@@ -87,8 +101,11 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
         view = lambda t: t   # noqa: E731
     lens = None if case.lengths is None else torch.tensor(case.lengths, dtype=torch.int32, device=dev)
     scale = d ** -0.5
-    o, lse = kernel(q, k, v, cache_seqlens=lens, causal=case.causal, num_splits=case.num_splits, return_lse=True,
-                    layout=case.layout, out=out)
+    kc, vc, table = k, v, None
+    if case.page_size:
+        kc, vc, table = paged_cache(torch, k, v, case, g)
+    o, lse = kernel(q, kc, vc, cache_seqlens=lens, block_table=table, causal=case.causal, num_splits=case.num_splits,
+                    return_lse=True, layout=case.layout, out=out)
     torch.cuda.synchronize(dev)
     ref, ref_lse, low = reference(torch, view(q), view(k), view(v), case.lengths, case.causal, scale)
     ob = view(o).float()
@@ -116,10 +133,39 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
     return result
 
 
+def paged_cache(torch, k, v, case: DecodeCase, generator):
+    """(k pool, v pool, block table) holding the contiguous caches k and v (in case.layout) in pages
+    of a pool in shuffled order, with spare pages; table entries past a sequence's pages are -1."""
+    pg, b = case.page_size, case.batch
+    max_pages = -(-case.capacity // pg)
+    bhsd = case.layout == "bhsd"
+    seq_dim = 2 if bhsd else 1
+    need = [-(-(case.capacity if case.lengths is None else L) // pg) for L in (case.lengths or [None] * b)]
+    pool_pages = sum(need) + 3
+    order = torch.randperm(pool_pages, generator=generator, device=k.device)
+    shape = list(k.shape)
+    shape[0], shape[seq_dim] = pool_pages, pg
+    kp = torch.randn(shape, generator=generator, device=k.device, dtype=torch.float32).to(k.dtype)
+    vp = torch.randn(shape, generator=generator, device=k.device, dtype=torch.float32).to(k.dtype)
+    table = torch.full((b, max_pages), -1, dtype=torch.int32, device=k.device)
+    at = 0
+    for s in range(b):
+        for i in range(need[s]):
+            page = int(order[at])
+            at += 1
+            table[s, i] = page
+            rows = slice(i * pg, (i + 1) * pg)
+            if bhsd:
+                kp[page], vp[page] = k[s, :, rows], v[s, :, rows]
+            else:
+                kp[page], vp[page] = k[s, rows], v[s, rows]
+    return kp, vp, table
+
+
 def verify_cases(kernel, shapes, masks) -> list[tuple]:
     """The decode cases of `attngen verify` for the masks asked (the forward shapes only choose
     quick, fewer than the full suite, or full)."""
-    cases = decode_cases(kernel.plan.block_n)
+    cases = decode_cases(kernel.plan.block_n, kernel.plan.fragments.page_size)
     if len(tuple(shapes)) < len(FULL_SUITE):
         cases = cases[:QUICK_CASES]
     out = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import Field
 
@@ -29,7 +29,8 @@ NAME = "decode_mma"
 TITLE = "split-KV decode with GQA packing (mma.sync m16n8k16) + LSE combine"
 SELECTOR = ("decode", "split_kv")
 COMBINE_WARPS = 4           # output rows per combine block (one warp each)
-MAX_ACCUMULATORS = 160      # fp32 S + O accumulators per thread the rules allow (255 registers in all)
+MAX_ACCUMULATORS = 160      # S + O accumulators and Q fragments per thread the rules allow (255 registers in all;
+                            # 224 at d128 x 32 rows spilled 172 B)
 
 
 
@@ -37,6 +38,9 @@ class DecodeSpec(ForwardSpec):
     decode: Literal["split_kv"] = Field(description=(
         "split_kv: split the cache's keys over blocks and merge the slices by LSE (picks the decode kind)"))
     mma: Literal["mma_m16n8k16"] = Field(default="mma_m16n8k16", description="the fragment of both GEMMs")
+    page_size: Optional[int] = Field(default=None, ge=16, le=256, description=(
+        "keys per page of a paged KV cache (16 to 256, a multiple of 16): the kernel also takes a block table "
+        "of page ids; unset: contiguous caches only"))
     max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
     key_unit = 16
@@ -72,17 +76,32 @@ def accumulators(s) -> int:
     return m_tiles * (s.tile.block_n // s.compute_warps // 8 + s.head_dim // 8) * 4
 
 
+def q_registers(s) -> int:
+    """Registers of the Q fragments, loaded once and held for the whole kernel."""
+    return s.tile.block_m // 16 * s.head_dim // 16 * 4
+
+
 def rule_accumulators(s):
-    n = accumulators(s)
+    n = accumulators(s) + q_registers(s)
     if n > MAX_ACCUMULATORS:
-        return "tile.block_m", (f"{n} fp32 accumulator registers per thread (S and O for {s.tile.block_m} rows) "
-                                f"exceed {MAX_ACCUMULATORS}; use fewer rows per block (block_m) or more warps")
+        return "tile.block_m", (f"{n} registers per thread hold S, O and Q fragments for {s.tile.block_m} rows, over "
+                                f"the {MAX_ACCUMULATORS} that leave room for addresses and the softmax; use fewer rows "
+                                f"per block (block_m) or more warps")
 
 
 def rule_swizzle(s):
     sw = s.smem.swizzle
     if not isinstance(sw, XorSwizzle):
         return "smem.swizzle", "ldmatrix reads need conflict-free rows: set swizzle: {xor_bits: 3}"
+
+
+def rule_page_size(s):
+    n, bn = s.page_size, s.tile.block_n
+    if n is None:
+        return None
+    if n % 16 or not (n % bn == 0 or bn % n == 0):
+        return "page_size", (f"a K/V tile of {bn} keys must cover whole pages or lie inside one: use a multiple of 16 "
+                             f"that divides or is a multiple of block_n (e.g. 16, 32, 64, 128, 256; got {n})")
 
 
 rule_ring = refuse("smem.stages", lambda s: s.smem.stages < 2 or not s.smem.async_copy,
@@ -94,7 +113,7 @@ rule_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_regist
 
 
 DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim, rule_rows, rule_keys_per_warp,
-                    rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers)
+                    rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers, rule_page_size)
 
 
 @dataclass(frozen=True)
@@ -111,6 +130,7 @@ class DecodeFragments:
     merge_bytes: int        # the merge buffer (warps x block_m rows), over the K/V ring after the last tile
     combine_warps: int      # output rows per combine block
     max_splits: int
+    page_size: int          # keys per page of a paged cache; 0: contiguous caches only
 
 
 def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
@@ -119,7 +139,8 @@ def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
     pitch = spec.head_dim + 8
     return DecodeFragments(m_tiles, kpw, kpw // 8, spec.head_dim // 8, spec.head_dim // 16, kpw // 16,
                            m_tiles * spec.head_dim // 16 * 4, accumulators(spec), pitch,
-                           spec.compute_warps * spec.tile.block_m * pitch * 4, COMBINE_WARPS, spec.max_splits)
+                           spec.compute_warps * spec.tile.block_m * pitch * 4, COMBINE_WARPS, spec.max_splits,
+                           spec.page_size or 0)
 
 
 def stats_region(spec: DecodeSpec) -> list[Region]:
@@ -169,7 +190,11 @@ def explain(plan) -> list[str]:
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
             f"splits: at most {f.max_splits}; the runtime picks the fewest whose wave efficiency is within "
-            f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)"]
+            f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)",
+            (f"paged KV: pages of {f.page_size} keys through block_table (a tile "
+             + (f"lies in one page)" if f.page_size >= plan.block_n else f"spans {plan.block_n // f.page_size} pages)")
+             + "; contiguous caches when the call passes no table"
+             if f.page_size else "KV cache: contiguous only (no page_size)")]
 
 
 KIND = Kind(NAME, TITLE, SELECTOR, DecodeSpec, plan, explain, Path(__file__).parent, calls="decode")
