@@ -14,6 +14,10 @@ from .runtime import LAYOUTS, LOG2E, MAX_GRID_YZ, Kernel, LaunchConfig, pack_par
 class DecodeKernel(Kernel):
     _sm_total = None   # SMs of the kernel's GPU, read on the first call that needs the heuristic
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._counter_buffers = {}   # stream -> zeroed int32 split counters (fused combine)
+
     """A decode spec, callable on torch tensors.
 
     ``kernel(q, k_cache, v_cache, cache_seqlens=None, causal=False)`` returns o (shaped like q), or
@@ -102,12 +106,13 @@ class DecodeKernel(Kernel):
                              o_accum=o_accum.data_ptr() if o_accum is not None else 0,
                              lse_accum=lse_accum.data_ptr() if lse_accum is not None else 0,
                              num_splits=splits, tiles_per_split=tiles_per_split, row_blocks=blocks_per_row,
+                             split_counters=self._counters(batch * kv_heads * blocks_per_row) if splits > 1 else 0,
                              block_table=block_table.data_ptr() if paged else 0,
                              table_stride=block_table.stride(0) if paged else 0, num_pages=pool if paged else 0)
         plan = self.plan
         self._launch_function(self.entry[mask], params, LaunchConfig(
             (splits, kv_heads * blocks_per_row, batch), (plan.threads, 1, 1), plan.smem_bytes if plan.smem_dynamic else 0))
-        if splits > 1:
+        if splits > 1 and not plan.fragments.fused_combine:
             rows = batch * heads * seqlen_q
             combine = self.plan.parts[1]
             per_block = combine.threads // 32   # one output row per warp
@@ -115,6 +120,18 @@ class DecodeKernel(Kernel):
                                                                                 (combine.threads, 1, 1), 0))
         self.last_splits = splits
         return (out, lse) if return_lse else out
+
+    def _counters(self, n: int) -> int:
+        """Address of n zeroed int32 split counters for a fused combine, one buffer per stream (the
+        last block of each group resets its counter, so a buffer stays zero between calls; two
+        streams at once must not share one)."""
+        import torch
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        buf = self._counter_buffers.get(stream)
+        if buf is None or buf.numel() < n:
+            buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=self.device)
+            self._counter_buffers[stream] = buf
+        return buf.data_ptr()
 
     def verify_cases(self, shapes, masks) -> list[tuple]:
         """`attngen verify`'s cases for this kernel: per-sequence lengths, GQA groups, splits."""

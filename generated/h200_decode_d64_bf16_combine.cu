@@ -47,7 +47,7 @@
 //     total 100864 B (98.50 KiB) of 232448 B (227.00 KiB) budget, 43%
 //     dynamic: 100864 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 224 B by value):
+//   kernel parameters (Params, 240 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -80,7 +80,8 @@
 //     +200  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
 //     +208  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
 //     +216  int            table_stride     entries per row of block_table (its max pages per sequence)
-//     +220  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+//     +224  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+//     +232  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -95,8 +96,6 @@ namespace attngen_h200_decode_d64_bf16 {
 
 constexpr int kHeadDim = 64;
 constexpr int kCombineWarps = 4;   // output rows per block
-constexpr int kSplitsPerLane = 4;  // LSEs a lane holds (max_splits / 32)
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Kernel arguments, passed by value; attngen packs the same bytes from the same field list
 // (attngen/core/abi.py). Strides are in elements; the last dimension of every tensor is contiguous.
@@ -133,7 +132,8 @@ struct Params {
     int row_blocks;  // +200: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
     const void* block_table;  // +208: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
     int table_stride;  // +216: entries per row of block_table (its max pages per sequence)
-    int num_pages;  // +220: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+    void* split_counters;  // +224: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+    int num_pages;  // +232: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -167,8 +167,9 @@ static_assert(offsetof(Params, tiles_per_split) == 196, "Params.tiles_per_split 
 static_assert(offsetof(Params, row_blocks) == 200, "Params.row_blocks offset");
 static_assert(offsetof(Params, block_table) == 208, "Params.block_table offset");
 static_assert(offsetof(Params, table_stride) == 216, "Params.table_stride offset");
-static_assert(offsetof(Params, num_pages) == 220, "Params.num_pages offset");
-static_assert(sizeof(Params) == 224, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, split_counters) == 224, "Params.split_counters offset");
+static_assert(offsetof(Params, num_pages) == 232, "Params.num_pages offset");
+static_assert(sizeof(Params) == 240, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;
@@ -206,17 +207,17 @@ __device__ __forceinline__ float group_sum(float x) {
     return x;
 }
 
-__device__ __forceinline__ void combine(const Params& p) {
-    const int lane = threadIdx.x % 32;
-    const int rows = p.batch * p.heads * p.seqlen_q;
-    const int row = blockIdx.x * kCombineWarps + threadIdx.x / 32;   // ((batch * heads + head) * seqlen_q + t)
-    if (row >= rows) return;
+constexpr int kSplitsPerLane = 4;  // LSEs a lane holds (max_splits / 32)
+
+// row = (batch * heads + head) * seqlen_q + t, of `rows` in all.
+__device__ __forceinline__ void combine_row(const Params& p, int row, int rows, int lane) {
+    constexpr float kLog2e = 1.4426950408889634f;
     // Split s's LSE sits in lane s % 32, slot s / 32.
     float lse[kSplitsPerLane], mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kSplitsPerLane; ++j) {
         const int s = lane + 32 * j;
-        lse[j] = s < p.num_splits ? p.lse_accum[static_cast<long long>(s) * rows + row] : -INFINITY;
+        lse[j] = s < p.num_splits ? __ldcg(p.lse_accum + static_cast<long long>(s) * rows + row) : -INFINITY;
         mx = fmaxf(mx, lse[j]);
     }
     mx = group_max<32>(mx);
@@ -244,7 +245,7 @@ __device__ __forceinline__ void combine(const Params& p) {
         for (int j = 0; j < kPairsPerLane; ++j) {
             const int d = 2 * lane + 64 * j;
             if (d < kHeadDim) {
-                const float2 x = *reinterpret_cast<const float2*>(src + d);
+                const float2 x = __ldcg(reinterpret_cast<const float2*>(src + d));
                 acc[j].x += w * x.x;
                 acc[j].y += w * x.y;
             }
@@ -254,6 +255,12 @@ __device__ __forceinline__ void combine(const Params& p) {
     for (int j = 0; j < kPairsPerLane; ++j)
         if (2 * lane + 64 * j < kHeadDim) *reinterpret_cast<elem2_t*>(out + 2 * lane + 64 * j) = from_float2(acc[j].x, acc[j].y);
     if (p.lse != nullptr && lane == 0) p.lse[row] = total;
+}
+
+__device__ __forceinline__ void combine(const Params& p) {
+    const int rows = p.batch * p.heads * p.seqlen_q;
+    const int row = blockIdx.x * kCombineWarps + threadIdx.x / 32;   // ((batch * heads + head) * seqlen_q + t)
+    if (row < rows) combine_row(p, row, rows, threadIdx.x % 32);
 }
 
 }  // namespace attngen_h200_decode_d64_bf16

@@ -47,7 +47,7 @@
 //     total 100864 B (98.50 KiB) of 232448 B (227.00 KiB) budget, 43%
 //     dynamic: 100864 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 224 B by value):
+//   kernel parameters (Params, 240 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -80,7 +80,8 @@
 //     +200  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
 //     +208  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
 //     +216  int            table_stride     entries per row of block_table (its max pages per sequence)
-//     +220  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+//     +224  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+//     +232  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -164,7 +165,8 @@ struct Params {
     int row_blocks;  // +200: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
     const void* block_table;  // +208: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
     int table_stride;  // +216: entries per row of block_table (its max pages per sequence)
-    int num_pages;  // +220: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+    void* split_counters;  // +224: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+    int num_pages;  // +232: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -198,8 +200,9 @@ static_assert(offsetof(Params, tiles_per_split) == 196, "Params.tiles_per_split 
 static_assert(offsetof(Params, row_blocks) == 200, "Params.row_blocks offset");
 static_assert(offsetof(Params, block_table) == 208, "Params.block_table offset");
 static_assert(offsetof(Params, table_stride) == 216, "Params.table_stride offset");
-static_assert(offsetof(Params, num_pages) == 220, "Params.num_pages offset");
-static_assert(sizeof(Params) == 224, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, split_counters) == 224, "Params.split_counters offset");
+static_assert(offsetof(Params, num_pages) == 232, "Params.num_pages offset");
+static_assert(sizeof(Params) == 240, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;
@@ -460,6 +463,7 @@ static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 feeds two 8-wid
 constexpr int kPageSize = 16;   // keys per page of a paged cache; 0: contiguous only
 static_assert(kPageSize == 0 || kPageSize % kBlockN == 0 || kBlockN % kPageSize == 0, "tiles and pages nest");
 constexpr int kPageDivisor = kPageSize > 0 ? kPageSize : 1;   // page arithmetic runs on paged caches only
+constexpr bool kFusedCombine = false;   // the last split block of a group merges it
 
 // What one block computes. Packed row r (of the KV head's group x seqlen_q rows) is query head
 // kv_head * group + r / seqlen_q, new token r % seqlen_q.
@@ -691,6 +695,79 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const float
     }
 }
 
+constexpr int kSplitsPerLane = 4;  // LSEs a lane holds (max_splits / 32)
+
+// row = (batch * heads + head) * seqlen_q + t, of `rows` in all.
+__device__ __forceinline__ void combine_row(const Params& p, int row, int rows, int lane) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    // Split s's LSE sits in lane s % 32, slot s / 32.
+    float lse[kSplitsPerLane], mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kSplitsPerLane; ++j) {
+        const int s = lane + 32 * j;
+        lse[j] = s < p.num_splits ? __ldcg(p.lse_accum + static_cast<long long>(s) * rows + row) : -INFINITY;
+        mx = fmaxf(mx, lse[j]);
+    }
+    mx = group_max<32>(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kSplitsPerLane; ++j) sum += mx == -INFINITY ? 0.f : exp2f((lse[j] - mx) * kLog2e);
+    sum = group_sum<32>(sum);
+    const float total = mx == -INFINITY ? -INFINITY : mx + logf(sum);   // the row's LSE over every split
+#pragma unroll
+    for (int j = 0; j < kSplitsPerLane; ++j) lse[j] = total == -INFINITY ? 0.f : exp2f((lse[j] - total) * kLog2e);
+
+    const int t = row % p.seqlen_q, head = row / p.seqlen_q % p.heads, b = row / p.seqlen_q / p.heads;
+    elem_t* out = static_cast<elem_t*>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + t * p.o_row_stride;
+    constexpr int kPairsPerLane = (kHeadDim + 63) / 64;   // column pairs 2 * lane + 64j of the row
+    float2 acc[kPairsPerLane];
+#pragma unroll
+    for (int j = 0; j < kPairsPerLane; ++j) acc[j] = make_float2(0.f, 0.f);
+    for (int s = 0; s < p.num_splits; ++s) {
+        float w = 0.f;
+#pragma unroll
+        for (int j = 0; j < kSplitsPerLane; ++j)   // the weight of split s, from the lane that holds it
+            if (s / 32 == j) w = __shfl_sync(0xffffffffu, lse[j], s % 32);
+        const float* src = p.o_accum + (static_cast<long long>(s) * rows + row) * kHeadDim;
+#pragma unroll
+        for (int j = 0; j < kPairsPerLane; ++j) {
+            const int d = 2 * lane + 64 * j;
+            if (d < kHeadDim) {
+                const float2 x = __ldcg(reinterpret_cast<const float2*>(src + d));
+                acc[j].x += w * x.x;
+                acc[j].y += w * x.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kPairsPerLane; ++j)
+        if (2 * lane + 64 * j < kHeadDim) *reinterpret_cast<elem2_t*>(out + 2 * lane + 64 * j) = from_float2(acc[j].x, acc[j].y);
+    if (p.lse != nullptr && lane == 0) p.lse[row] = total;
+}
+
+// Fused combine: once its partials are visible, each split block counts itself done on its group's
+// counter; the block that completes the count merges the group's rows and resets the counter for
+// the next call.
+__device__ __forceinline__ void combine_if_last(unsigned char* smem, const Params& p, const DecodeBlock& c, int tid) {
+    int* last = reinterpret_cast<int*>(smem + kSmem_stats);   // the merge is done with the stats
+    __threadfence();   // this thread's partial O and LSE reach L2 before the block counts itself done
+    __syncthreads();
+    if (tid == 0) {
+        int* counter = static_cast<int*>(p.split_counters) + (c.batch * p.kv_heads + c.kv_head) * p.row_blocks +
+                       c.row0 / kBlockM;
+        *last = atomicAdd(counter, 1) == p.num_splits - 1;
+        if (*last) *counter = 0;   // every block of the group has counted: ready for the next call
+    }
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();   // the other blocks' partials, counted before, are read after the count
+    const int rows = p.batch * p.heads * p.seqlen_q, end = min(c.row0 + kBlockM, c.rows);
+    for (int r = c.row0 + tid / 32; r < end; r += kComputeWarps) {
+        const int head = c.kv_head * c.group + r / p.seqlen_q;
+        combine_row(p, (c.batch * p.heads + head) * p.seqlen_q + r % p.seqlen_q, rows, tid % 32);
+    }
+}
+
 template <Mask kMask>
 __device__ __forceinline__ void attention(const Params& p) {
     extern __shared__ __align__(128) unsigned char smem[];  // 100864 B: dynamic, opt-in
@@ -774,6 +851,9 @@ __device__ __forceinline__ void attention(const Params& p) {
     }
     cp_async_wait_all();
     merge_and_store(smem, o, row_max, row_sum, p, c, tid);
+    if constexpr (kFusedCombine) {
+        if (p.num_splits > 1) combine_if_last(smem, p, c, tid);
+    }
 }
 
 }  // namespace attngen_h200_decode_d64_bf16

@@ -34,8 +34,8 @@ def test_plan_is_a_two_part_bundle():
     assert combine.functions == (("combine", "attngen_h200_decode_d128_combine"),)
     assert (combine.static_smem, combine.threads) == (0, 128) and split.static_smem is None
     names = [f.name for f in p.abi.fields]
-    assert names[-9:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks",
-                          "block_table", "table_stride", "num_pages"]
+    assert names[-10:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks",
+                           "block_table", "table_stride", "split_counters", "num_pages"]
     assert f"paged KV: pages of 16 keys" in explain(p)
     f = p.fragments
     # each of 4 warps scores 32 of a 128-key tile for all 16 packed rows
@@ -75,3 +75,10 @@ def test_num_splits(blocks, n_tiles, expect):
 def test_num_splits_respects_max_splits():
     assert num_splits(1, 1000, 132, 1, 4) == 4
     assert num_splits(1, 1000, 132, 1, 1) == 1
+
+
+def test_fused_combine_is_one_part():
+    p = make_plan(load_spec(ROOT / "specs" / "h200_decode_d128_fused.yaml"))
+    assert [part.name for part in p.parts] == ["split"] and p.fragments.fused_combine
+    assert "split_counters" in [f.name for f in p.abi.fields]
+    assert any("fused combine" in line for line in p.schedule)

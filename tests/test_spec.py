@@ -514,8 +514,9 @@ def test_schema_command_lists_every_key():
     assert len(alternatives) == len(KINDS)
     for alt in alternatives:
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue;
-        # decode: decode, max_splits, page_size)
-        assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size"} == {
+        # decode: decode, max_splits, page_size, combine)
+        assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size",
+                                         "combine"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "masks", "tile", "warps", "mma", "smem",
             "softmax", "min_blocks_per_sm"}
         # the kind's selector key is required (mma, or decode for a decode kind)

@@ -24,6 +24,8 @@ DECODE_ABI_FIELDS = (
     pointer("block_table", "int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v "
             "are contiguous caches (batch, kv_heads, seqlen_k, head_dim)", optional=True),
     int32("table_stride", "entries per row of block_table (its max pages per sequence)", default=0),
+    pointer("split_counters", "int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused "
+            "combine the last one merges the group's splits and resets it to 0", const=False, optional=True),
     int32("num_pages", "pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with "
           "batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past", default=0),
 )

@@ -41,6 +41,9 @@ class DecodeSpec(ForwardSpec):
     page_size: Optional[int] = Field(default=None, ge=16, le=256, description=(
         "keys per page of a paged KV cache (16 to 256, a multiple of 16): the kernel also takes a block table "
         "of page ids; unset: contiguous caches only"))
+    combine: Literal["kernel", "fused"] = Field(default="kernel", description=(
+        "how the splits are merged: kernel = a second kernel, a warp per output row; fused = the last split "
+        "block of each (sequence, KV head) to finish merges them (an atomic arrival count), no second launch"))
     max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
     key_unit = 16
@@ -131,6 +134,7 @@ class DecodeFragments:
     combine_warps: int      # output rows per combine block
     max_splits: int
     page_size: int          # keys per page of a paged cache; 0: contiguous caches only
+    fused_combine: bool     # the last split block of a group merges the splits (no combine kernel)
 
 
 def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
@@ -140,7 +144,7 @@ def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
     return DecodeFragments(m_tiles, kpw, kpw // 8, spec.head_dim // 8, spec.head_dim // 16, kpw // 16,
                            m_tiles * spec.head_dim // 16 * 4, accumulators(spec), pitch,
                            spec.compute_warps * spec.tile.block_m * pitch * 4, COMBINE_WARPS, spec.max_splits,
-                           spec.page_size or 0)
+                           spec.page_size or 0, spec.combine == "fused")
 
 
 def stats_region(spec: DecodeSpec) -> list[Region]:
@@ -148,12 +152,14 @@ def stats_region(spec: DecodeSpec) -> list[Region]:
     return [Region("stats", rows, 2, "float", 4, 8, per="each warp's row max and row sum, for the merge")]
 
 
-def function_names(spec: DecodeSpec) -> tuple[Part, Part]:
-    split = tuple((m, f"attngen_{spec.name}_split_{m}") for m in spec.masks)
-    combine = (("combine", f"attngen_{spec.name}_combine"),)
-    return (Part("split", "split.cu.j2", f"{spec.name}_split.cu", split),
-            Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu", combine, static_smem=0,
-                 threads=32 * COMBINE_WARPS))
+def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
+    """The split part, and the combine part unless the split kernel merges the splits itself."""
+    split = (Part("split", "split.cu.j2", f"{spec.name}_split.cu",
+                  tuple((m, f"attngen_{spec.name}_split_{m}") for m in spec.masks)),)
+    if spec.combine == "fused":
+        return split
+    return split + (Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
+                         (("combine", f"attngen_{spec.name}_combine"),), static_smem=0, threads=32 * COMBINE_WARPS),)
 
 
 def plan(spec: DecodeSpec, file: str | None = None):
@@ -174,8 +180,12 @@ def plan(spec: DecodeSpec, file: str | None = None):
                 "is computed; one __syncthreads per tile",
                 "  end: the warps' (max, sum) through `stats`, their rescaled O through the ring; one split: "
                 "O and LSE written, else fp32 partial O and LSE per split",
-                f"combine kernel, grid ceil(batch x heads x seqlen_q / {COMBINE_WARPS}): a warp per row "
-                "weighs each split by exp(lse_s - lse) and writes O and LSE")
+                ("fused combine: each split block adds one to its group's counter after its partials are "
+                 "visible (__threadfence); the block that sees num_splits - 1 merges the group's rows (a warp per "
+                 "row, partials read past L1) and resets the counter"
+                 if spec.combine == "fused" else
+                 f"combine kernel, grid ceil(batch x heads x seqlen_q / {COMBINE_WARPS}): a warp per row "
+                 "weighs each split by exp(lse_s - lse) and writes O and LSE"))
     return replace(p, parts=function_names(spec), abi=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS),
                    rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule, q_in_registers=True,
                    copy_engine="cp.async ring (16-byte chunks), every warp copies")
