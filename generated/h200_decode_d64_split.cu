@@ -723,19 +723,33 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
     float2 acc[kPairsPerLane];
 #pragma unroll
     for (int j = 0; j < kPairsPerLane; ++j) acc[j] = make_float2(0.f, 0.f);
-    for (int s = 0; s < p.num_splits; ++s) {
-        float w = 0.f;
+    // kBatch splits at a time: their loads are issued together, so the row pays one L2 latency per
+    // batch of splits rather than one per split.
+    constexpr int kBatch = 8;
+    for (int s0 = 0; s0 < p.num_splits; s0 += kBatch) {
+        float2 x[kBatch][kPairsPerLane];
 #pragma unroll
-        for (int j = 0; j < kSplitsPerLane; ++j)   // the weight of split s, from the lane that holds it
-            if (s / 32 == j) w = __shfl_sync(0xffffffffu, lse[j], s % 32);
-        const float* src = p.o_accum + (static_cast<long long>(s) * rows + row) * kHeadDim;
+        for (int i = 0; i < kBatch; ++i) {
+            const float* src = p.o_accum + (static_cast<long long>(s0 + i) * rows + row) * kHeadDim;
 #pragma unroll
-        for (int j = 0; j < kPairsPerLane; ++j) {
-            const int d = 2 * lane + 64 * j;
-            if (d < kHeadDim) {
-                const float2 x = __ldcg(reinterpret_cast<const float2*>(src + d));
-                acc[j].x += w * x.x;
-                acc[j].y += w * x.y;
+            for (int j = 0; j < kPairsPerLane; ++j) {
+                const int d = 2 * lane + 64 * j;
+                x[i][j] = s0 + i < p.num_splits && d < kHeadDim ? __ldcg(reinterpret_cast<const float2*>(src + d))
+                                                                : make_float2(0.f, 0.f);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            const int s = s0 + i;
+            float w = 0.f;
+#pragma unroll
+            for (int j = 0; j < kSplitsPerLane; ++j)   // the weight of split s, from the lane that holds it
+                if (s / 32 == j) w = __shfl_sync(0xffffffffu, lse[j], s % 32);
+            if (s >= p.num_splits) w = 0.f;
+#pragma unroll
+            for (int j = 0; j < kPairsPerLane; ++j) {
+                acc[j].x += w * x[i][j].x;
+                acc[j].y += w * x[i][j].y;
             }
         }
     }
