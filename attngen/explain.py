@@ -30,17 +30,20 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     out = [f"{s.name}: {kind.name} ({kind.title}), {s.dtype}, head_dim {plan.head_dim}, "
            f"masks {', '.join(plan.masks)}",
            f"target {t.name} ({t.gpu}, {t.arch}); functions: {', '.join(fn for _, fn in plan.functions)}",
-           "",
-           f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; grid (ceil(seqlen_q / {plan.block_m}), "
-           f"heads, batch)",
-           f"threads: {plan.threads} = {plan.compute_warps} compute warp(s)"
-           + (f" + {plan.producer_warps} producer warp(s)" if plan.producer_warps else "")
-           + f"; each compute warp owns {plan.rows_per_warp} query rows"]
+           ""]
+    forward = [f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; grid (ceil(seqlen_q / "
+               f"{plan.block_m}), heads, batch)",
+               f"threads: {plan.threads} = {plan.compute_warps} compute warp(s)"
+               + (f" + {plan.producer_warps} producer warp(s)" if plan.producer_warps else "")
+               + f"; each compute warp owns {plan.rows_per_warp} query rows",
+               "masks: " + "; ".join(f"{m.name}: {m.describe}" for m in plan.mask_variants)]
+    block = list(plan.block_text) or forward
+    out += block[:-1]
     out += kind.explain(plan)
     out.append(f"K/V pipeline: {plan.stages} stage(s), "
                f"{plan.copy_engine or ('cp.async 16 B' if plan.async_copy else 'synchronous 16-B loads')}"
                f"; Q {'kept in registers' if plan.q_in_registers else 'in shared memory'}")
-    out.append("masks: " + "; ".join(f"{m.name}: {m.describe}" for m in plan.mask_variants))
+    out.append(block[-1])
     out += ["", "shared memory:", f"  {'region':<7} {'offset':>7} {'bytes':>7} {'KiB':>7}  {'shape':<16} {'pitch':>6}  "
             f"{'layout':<28} purpose"]
     for r in plan.regions:

@@ -24,15 +24,15 @@
 //   h200_decode_d128_p256: decode_mma (split-KV decode with GQA packing (mma.sync m16n8k16) + LSE combine), fp16, head_dim 128, masks none, causal
 //   target h200 (NVIDIA H200, sm_90); functions: attngen_h200_decode_d128_p256_split_none, attngen_h200_decode_d128_p256_split_causal, attngen_h200_decode_d128_p256_combine
 //
-//   block: 16 query rows x 128-key K/V tiles; grid (ceil(seqlen_q / 16), heads, batch)
-//   threads: 128 = 4 compute warp(s); each compute warp owns 16 query rows
+//   block: one key slice (split) of one KV head and sequence, for 16 packed rows (query heads per KV head x new tokens) in 128-key K/V tiles; grid (num_splits, kv_heads x row_blocks, batch)
+//   threads: 128 = 4 warps; every warp holds all 16 packed rows and scores 32 keys of each tile
 //   fragments per warp: 1 x m16 packed rows; S 1x4 m16n8 tiles over 32 keys, O 1x16 tiles, Q 32 registers; 80 fp32 accumulators per thread
 //   mma.sync per tile per warp: 32 (Q.K^T) + 32 (P.V)
 //   merge: 34816 B of fp32 O over the K/V ring (row pitch 136 floats)
 //   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits)
 //   paged KV: pages of 256 keys through block_table (a tile lies in one page); contiguous caches when the call passes no table
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers
-//   masks: none: every key is visible; causal: query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)
+//   masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new token t of seqlen_q sees the keys up to position len - seqlen_q + t
 //
 //   shared memory:
 //     region   offset   bytes     KiB  shape             pitch  layout                       purpose

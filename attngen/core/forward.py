@@ -99,6 +99,7 @@ class ForwardPlan:
     tensor_maps: tuple = ()         # TMA tensor maps the runtime encodes per call (core.tma.TensorMapSpec)
     params_qualifier: str = ""      # "__grid_constant__ ": Params stays in parameter space (TMA maps need its address)
     persistent: bool = False        # one resident block per SM loops over every query block (grid = SM count)
+    block_text: tuple[str, ...] = ()  # explain's block, threads and masks lines when the forward ones do not fit
 
     def region(self, name: str) -> Region:
         for r in self.regions:

@@ -186,7 +186,14 @@ def plan(spec: DecodeSpec, file: str | None = None):
                  if spec.combine == "fused" else
                  f"combine kernel, grid ceil(batch x heads x seqlen_q / {COMBINE_WARPS}): a warp per row "
                  "weighs each split by exp(lse_s - lse) and writes O and LSE"))
-    return replace(p, parts=function_names(spec), abi=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS),
+    block_text = (f"block: one key slice (split) of one KV head and sequence, for {spec.tile.block_m} packed rows "
+                  f"(query heads per KV head x new tokens) in {spec.tile.block_n}-key K/V tiles; grid (num_splits, "
+                  f"kv_heads x row_blocks, batch)",
+                  f"threads: {p.threads} = {spec.compute_warps} warps; every warp holds all {spec.tile.block_m} packed "
+                  f"rows and scores {p.fragments.keys_per_warp} keys of each tile",
+                  "masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new "
+                  "token t of seqlen_q sees the keys up to position len - seqlen_q + t")
+    return replace(p, parts=function_names(spec), abi=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS), block_text=block_text,
                    rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule, q_in_registers=True,
                    copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
