@@ -8,7 +8,7 @@ from __future__ import annotations
 import numbers
 
 from .core.decode import num_splits, row_blocks
-from .runtime import LAYOUTS, LOG2E, MAX_GRID_YZ, Kernel, LaunchConfig, pack_params, to_bhsd
+from .runtime import LOG2E, MAX_GRID_YZ, Kernel, LaunchConfig, pack_params
 
 
 class DecodeKernel(Kernel):
@@ -41,11 +41,7 @@ class DecodeKernel(Kernel):
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
                  layout: str = "bhsd", out=None, validate: bool = True):
         import torch
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
-        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-            self._check_tensor(name, t, layout)
-        qb, kb, vb = (to_bhsd(t, layout) for t in (q, k_cache, v_cache))
+        qb, kb, vb = self._views(layout, q=q, k_cache=k_cache, v_cache=v_cache)
         batch, heads, seqlen_q, _ = qb.shape
         pool, kv_heads, rows, _ = kb.shape
         paged = block_table is not None
@@ -59,10 +55,7 @@ class DecodeKernel(Kernel):
             raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads}) for GQA/MQA")
         if batch > MAX_GRID_YZ:
             raise ValueError(f"batch ({batch}) must be at most {MAX_GRID_YZ} (grid z limit)")
-        mask = "causal" if causal else "none"
-        if mask not in self.entry:
-            raise ValueError(f"{self.label} has no {mask} variant (its spec lists masks {list(self.masks)}); add "
-                             f"{mask!r} to the spec's masks")
+        mask = self._check_mask(causal)
         if cache_seqlens is not None:
             self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged)
         if paged and validate:
@@ -85,13 +78,7 @@ class DecodeKernel(Kernel):
         tiles_per_split = -(-n_tiles // splits)
         splits = -(-n_tiles // tiles_per_split)   # no split left without a tile of the cache
 
-        if out is None:
-            out = torch.empty_like(q, memory_format=torch.preserve_format)
-        else:
-            self._check_tensor("out", out, layout)
-            if tuple(out.shape) != tuple(q.shape):
-                raise ValueError(f"out must have q's shape {tuple(q.shape)} (got {tuple(out.shape)})")
-        ob = to_bhsd(out, layout)
+        out, ob = self._output(out, q, layout)
         lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
         o_accum = lse_accum = None
         if splits > 1:
@@ -106,7 +93,8 @@ class DecodeKernel(Kernel):
                              o_accum=o_accum.data_ptr() if o_accum is not None else 0,
                              lse_accum=lse_accum.data_ptr() if lse_accum is not None else 0,
                              num_splits=splits, tiles_per_split=tiles_per_split, row_blocks=blocks_per_row,
-                             split_counters=self._counters(batch * kv_heads * blocks_per_row) if splits > 1 else 0,
+                             split_counters=(self._counters(batch * kv_heads * blocks_per_row)
+                                             if splits > 1 and self.plan.fragments.fused_combine else 0),
                              block_table=block_table.data_ptr() if paged else 0,
                              table_stride=block_table.stride(0) if paged else 0, num_pages=pool if paged else 0)
         plan = self.plan

@@ -289,11 +289,7 @@ class Kernel:
         receive the results instead of new tensors; lse_out implies return_lse.
         """
         import torch
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            self._check_tensor(name, t, layout)
-        qb, kb, vb = (to_bhsd(t, layout) for t in (q, k, v))
+        qb, kb, vb = self._views(layout, q=q, k=k, v=v)
         batch, heads, seqlen_q, _ = qb.shape
         _, kv_heads, seqlen_k, _ = kb.shape
         if kb.shape[0] != batch or vb.shape[0] != batch:
@@ -308,23 +304,14 @@ class Kernel:
         cfg = launch_config(self.plan, batch, heads, seqlen_q, self._sm_count(q))
         if cfg.grid[0] > MAX_GRID_X:
             raise ValueError(f"seqlen_q {seqlen_q} needs more than {MAX_GRID_X} blocks")
-        mask = "causal" if causal else "none"
-        if mask not in self.entry:
-            raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
-                             f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
+        mask = self._check_mask(causal)
         variant = next(m for m in self.plan.mask_variants if m.name == mask)
         if alignment is not None and not causal:
             raise ValueError(f"alignment={alignment!r} applies to causal=True only")
         extra_params = variant.abi_values(alignment, seqlen_q, seqlen_k)
         scale = self._check_scale(scale)
 
-        if out is None:
-            out = torch.empty_like(q, memory_format=torch.preserve_format)
-        else:
-            self._check_tensor("out", out, layout)
-            if tuple(out.shape) != tuple(q.shape):
-                raise ValueError(f"out must have q's shape {tuple(q.shape)} (got {tuple(out.shape)})")
-        ob = to_bhsd(out, layout)
+        out, ob = self._output(out, q, layout)
         if lse_out is not None:
             self._check_lse(lse_out, (batch, heads, seqlen_q))
             return_lse = True
@@ -342,6 +329,33 @@ class Kernel:
         return (out, lse_out) if return_lse else out
 
     # -- checks ------------------------------------------------------------------------------
+    def _views(self, layout: str, **tensors) -> tuple:
+        """The (B, H, S, D) views of the named input tensors given in `layout`, each checked."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
+        for name, t in tensors.items():
+            self._check_tensor(name, t, layout)
+        return tuple(to_bhsd(t, layout) for t in tensors.values())
+
+    def _check_mask(self, causal: bool) -> str:
+        """The mask variant a call asks for, refused when the spec does not emit it."""
+        mask = "causal" if causal else "none"
+        if mask not in self.entry:
+            raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
+                             f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
+        return mask
+
+    def _output(self, out, q, layout: str) -> tuple:
+        """(out, its (B, H, S, D) view): a new tensor like q, or the caller's, checked against q."""
+        import torch
+        if out is None:
+            out = torch.empty_like(q, memory_format=torch.preserve_format)
+        else:
+            self._check_tensor("out", out, layout)
+            if tuple(out.shape) != tuple(q.shape):
+                raise ValueError(f"out must have q's shape {tuple(q.shape)} (got {tuple(out.shape)})")
+        return out, to_bhsd(out, layout)
+
     def _check_scale(self, scale) -> float:
         """The softmax scale of a call: 1/sqrt(head_dim) when None, else a positive finite number."""
         if scale is None:

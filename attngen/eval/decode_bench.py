@@ -65,25 +65,14 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
     causal = cell.seqlen_q > 1
     out = {"cell": cell.label, "kv_bytes": kv_bytes, "rotate": rotate, "paged": paged}
     if paged:
-        pg = kernel.plan.fragments.page_size
-        pages = -(-cell.seqlen_k // pg)
-        order = torch.randperm(cell.batch * pages, device="cuda").int()
-        table = order.view(cell.batch, pages)
+        from .decode_verify import paged_cache
         lens = torch.full((cell.batch,), cell.seqlen_k, dtype=torch.int32, device="cuda")
-        # a pool of batch x pages pages, filled from the contiguous caches in the table's order
-        pools = []
-        for k, v in zip(ks, vs):
-            kp = torch.empty(cell.batch * pages, cell.kv_heads, pg, d, device="cuda", dtype=dtype)
-            vp = torch.empty_like(kp)
-            src_k = k[..., :pages * pg, :].reshape(cell.batch, cell.kv_heads, pages, pg, d).permute(0, 2, 1, 3, 4)
-            src_v = v[..., :pages * pg, :].reshape(cell.batch, cell.kv_heads, pages, pg, d).permute(0, 2, 1, 3, 4)
-            kp[table.flatten().long()] = src_k.reshape(-1, cell.kv_heads, pg, d)
-            vp[table.flatten().long()] = src_v.reshape(-1, cell.kv_heads, pg, d)
-            pools.append((kp, vp))
+        pools = [paged_cache(torch, k, v, None, kernel.plan.fragments.page_size, "bhsd", spare=0)
+                 for k, v in zip(ks, vs)]
         ks = vs = None
         torch.cuda.empty_cache()
         out["attngen_us"] = median_time_us(
-            torch, lambda i: kernel(qs[i], pools[i][0], pools[i][1], cache_seqlens=lens, block_table=table,
+            torch, lambda i: kernel(qs[i], pools[i][0], pools[i][1], cache_seqlens=lens, block_table=pools[i][2],
                                     causal=causal, validate=False), reps, rotate)
         out["splits"] = getattr(kernel, "last_splits", None)
         return out

@@ -103,7 +103,7 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
     scale = d ** -0.5
     kc, vc, table = k, v, None
     if case.page_size:
-        kc, vc, table = paged_cache(torch, k, v, case, g)
+        kc, vc, table = paged_cache(torch, k, v, case.lengths, case.page_size, case.layout, g)
     o, lse = kernel(q, kc, vc, cache_seqlens=lens, block_table=table, causal=case.causal, num_splits=case.num_splits,
                     return_lse=True, layout=case.layout, out=out)
     torch.cuda.synchronize(dev)
@@ -133,32 +133,36 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
     return result
 
 
-def paged_cache(torch, k, v, case: DecodeCase, generator):
-    """(k pool, v pool, block table) holding the contiguous caches k and v (in case.layout) in pages
-    of a pool in shuffled order, with spare pages; table entries past a sequence's pages are -1."""
-    pg, b = case.page_size, case.batch
-    max_pages = -(-case.capacity // pg)
-    bhsd = case.layout == "bhsd"
+def paged_cache(torch, k, v, lengths, page_size: int, layout: str, generator=None, spare: int = 3):
+    """(k pool, v pool, block table) holding the contiguous caches k and v (in `layout`) in pages of
+    a pool in shuffled order, with `spare` unused pages of noise; each sequence gets the pages its
+    length needs (`lengths` None: the whole cache) and table entries past them are -1."""
+    bhsd = layout == "bhsd"
     seq_dim = 2 if bhsd else 1
-    need = [-(-(case.capacity if case.lengths is None else L) // pg) for L in (case.lengths or [None] * b)]
-    pool_pages = sum(need) + 3
+    b, cap, pg = k.shape[0], k.shape[seq_dim], page_size
+    heads, d = k.shape[1 if bhsd else 2], k.shape[3]
+    need = [-(-(cap if lengths is None else length) // pg) for length in (lengths or [None] * b)]
+    pool_pages = sum(need) + spare
     order = torch.randperm(pool_pages, generator=generator, device=k.device)
-    shape = list(k.shape)
-    shape[0], shape[seq_dim] = pool_pages, pg
-    kp = torch.randn(shape, generator=generator, device=k.device, dtype=torch.float32).to(k.dtype)
-    vp = torch.randn(shape, generator=generator, device=k.device, dtype=torch.float32).to(k.dtype)
-    table = torch.full((b, max_pages), -1, dtype=torch.int32, device=k.device)
+    shape = [pool_pages, heads, pg, d] if bhsd else [pool_pages, pg, heads, d]
+
+    def noise():
+        return torch.randn(shape, generator=generator, device=k.device, dtype=torch.float32).to(k.dtype)
+
+    kp, vp = noise(), noise()
+    table = torch.full((b, -(-cap // pg)), -1, dtype=torch.int32, device=k.device)
     at = 0
-    for s in range(b):
-        for i in range(need[s]):
-            page = int(order[at])
-            at += 1
-            table[s, i] = page
-            rows = slice(i * pg, (i + 1) * pg)
-            if bhsd:
-                kp[page], vp[page] = k[s, :, rows], v[s, :, rows]
-            else:
-                kp[page], vp[page] = k[s, rows], v[s, rows]
+    for s, n in enumerate(need):
+        ids = order[at:at + n]
+        at += n
+        table[s, :n] = ids.int()
+        for src, pool in ((k, kp), (v, vp)):
+            rows = src[s].narrow(seq_dim - 1, 0, min(n * pg, cap))
+            if n * pg > cap:   # the last page runs past the cache: its tail rows are never read
+                pad = list(rows.shape)
+                pad[seq_dim - 1] = n * pg - cap
+                rows = torch.cat([rows, torch.zeros(pad, dtype=rows.dtype, device=rows.device)], dim=seq_dim - 1)
+            pool[ids] = (rows.reshape(heads, n, pg, d).transpose(0, 1) if bhsd else rows.reshape(n, pg, heads, d))
     return kp, vp, table
 
 

@@ -24,6 +24,7 @@ from ...core.forward import FORWARD_ABI, Part, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
 from ...core.spec import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
+from ...errors import SpecError
 
 NAME = "decode_mma"
 TITLE = "split-KV decode with GQA packing (mma.sync m16n8k16) + LSE combine"
@@ -166,7 +167,6 @@ def plan(spec: DecodeSpec, file: str | None = None):
     p = plan_forward(spec, kind=NAME, title=TITLE, file=file, fragments=fragments, extra_regions=stats_region)
     ring = p.stages * p.kv_stage_stride
     if p.fragments.merge_bytes > ring:
-        from ...errors import SpecError
         raise SpecError(f"the warps' merge buffer ({p.fragments.merge_bytes} B) does not fit over the K/V ring "
                         f"({ring} B)", file=file, key="smem.stages", hint="use more stages or a larger block_n")
     roles = (f"{spec.compute_warps} warps: all copy each K/V tile (cp.async); warp w scores keys "
