@@ -448,6 +448,26 @@ def _cells(ctx, param, value):
         raise click.BadParameter(str(e))
 
 
+def _lengths(ctx, param, value):
+    """--lengths of bench --varlen: comma-separated sequence lengths."""
+    if value is None:
+        return None
+    from .eval.varlen_bench import parse_lengths
+    try:
+        return parse_lengths(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+
+
+def _heads(ctx, param, value):
+    """--heads of bench --varlen: H or Hq/Hkv."""
+    from .eval.varlen_bench import parse_heads
+    try:
+        return parse_heads(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+
+
 def _backends(ctx, param, value):
     """--backends of bench: comma-separated names of torch SDPA backends."""
     from .eval.bench import SDPA_BACKENDS
@@ -479,8 +499,17 @@ def _backends(ctx, param, value):
               help="decode specs: cells to time (default: B 1, 8, 64 x Hq/Hkv 32/8, 32/32, 64/8 x Sk 2k, 8k, 32k "
                    "(128k at B 1) x Sq 1, 4)")
 @click.option("--paged", is_flag=True, help="decode specs: read the cache through a shuffled page table")
+@click.option("--varlen", is_flag=True,
+              help="forward specs with varlen: true: time one packed batch of mixed lengths (kernel.varlen) "
+                   "beside torch's varlen flash path instead of the padded shapes")
+@click.option("--lengths", default=None, metavar="L1,L2,...", callback=_lengths,
+              help="--varlen: sequence lengths of the batch (default: 16 from 1 to 4096: "
+                   "1,17,64,100,256,333,512,700,1000,1024,1500,2048,2500,3000,3500,4096)")
+@click.option("--heads", default="16", show_default=True, metavar="H|Hq/Hkv", callback=_heads,
+              help="--varlen: query heads, or query/key-value heads")
 @click.option("--specs-dir", default="specs", show_default=True)
-def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, cells, paged, specs_dir):
+def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, cells, paged, varlen, lengths, heads,
+          specs_dir):
     """Time SPECS (default: every spec) beside torch SDPA's backends on the GPU.
 
     \b
@@ -494,6 +523,12 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     Sq new tokens against a full cache of Sk keys, beside SDPA's flash and cuDNN backends (Sq > 1:
     causal for the spec, SDPA unmasked), with GB/s of K+V read and its percentage of the
     device-to-device copy bandwidth measured in the same run. `attngen verify` checks them.
+
+    \b
+    --varlen times ragged prefill: the specs' packed-sequence call on one batch of mixed
+    lengths (--lengths, --heads; causal is bottom-right, the same as top-left when each
+    sequence has as many queries as keys) beside torch's varlen flash path, after checking
+    the output with the verifier's error rule.
     """
     from . import fsutil
     from .eval import bench as B
@@ -508,6 +543,9 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     paths = [p for p, plan in zip(all_paths, all_plans) if kind_of(plan.spec).calls == "forward"]
     plans = [plan for plan in all_plans if kind_of(plan.spec).calls == "forward"]
     dtypes = dtypes or ("fp16", "bf16")
+    if varlen:
+        _bench_varlen(paths, lengths, heads, dtypes, causals, reps, json_file)
+        return
     if decode:   # with forward specs too, the decode report goes to FILE-decode.json
         decode_json = None if not json_file else json_file if not paths else \
             str(Path(json_file).with_name(Path(json_file).stem + "-decode.json"))
@@ -553,6 +591,30 @@ def _bench_decode(paths, cells, dtypes, backends, reps, paged, json_file) -> Non
         except ValueError as e:
             raise click.UsageError(str(e))
     click.echo(DB.format_decode(report, theirs))
+    if json_file:
+        fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_file}")
+
+
+def _bench_varlen(paths, lengths, heads, dtypes, causals, reps, json_file) -> None:
+    from . import fsutil
+    from .eval import varlen_bench as VB
+    from .runtime import gpu_modules
+    if not paths:
+        raise click.UsageError("--varlen times forward specs with varlen: true; none was given")
+    gpu_modules()  # no GPU, torch or pycuda: say so (exit 4) before any progress is drawn
+    with click.progressbar(length=len(paths) * len(causals), label="bench varlen", file=sys.stderr,
+                           show_pos=True) as bar:
+        def step(r):
+            bar.label = f"{r['spec']} {'causal' if r['causal'] else 'none'}"
+            bar.update(1)
+        try:
+            report = VB.run_varlen_bench(paths, lengths=lengths or VB.MIXED_LENGTHS, heads=heads, dtypes=dtypes,
+                                         causals=causals, reps=reps, on_step=step,
+                                         on_compile=lambda a: click.echo(f"compiling for {a} ...", err=True))
+        except ValueError as e:
+            raise click.UsageError(str(e))
+    click.echo(VB.format_varlen(report))
     if json_file:
         fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
         click.echo(f"wrote {json_file}")

@@ -88,7 +88,7 @@ class DecodeKernel(Kernel):
         params = pack_params(self.plan, q=q.data_ptr(), k=k_cache.data_ptr(), v=v_cache.data_ptr(), o=out.data_ptr(),
                              lse=lse.data_ptr() if lse is not None else 0, strides={"q": qb, "k": kb, "v": vb, "o": ob},
                              batch=batch, heads=heads, kv_heads=kv_heads, seqlen_q=seqlen_q, seqlen_k=capacity,
-                             scale_log2=scale * LOG2E,
+                             lse_batch_stride=heads * seqlen_q, lse_head_stride=seqlen_q, scale_log2=scale * LOG2E,
                              cache_seqlens=cache_seqlens.data_ptr() if cache_seqlens is not None else 0,
                              o_accum=o_accum.data_ptr() if o_accum is not None else 0,
                              lse_accum=lse_accum.data_ptr() if lse_accum is not None else 0,

@@ -32,7 +32,10 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
            f"target {t.name} ({t.gpu}, {t.arch}); functions: {', '.join(fn for _, fn in plan.functions)}",
            ""]
     forward = [f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; grid (ceil(seqlen_q / "
-               f"{plan.block_m}), heads, batch)",
+               f"{plan.block_m}), heads, batch)"
+               + ("; packed sequences (*_varlen): grid (ceil(max_seqlen_q / "
+                  f"{plan.block_m}), heads, sequences), a block past its sequence's rows returns at once"
+                  if plan.varlen else ""),
                f"threads: {plan.threads} = {plan.compute_warps} compute warp(s)"
                + (f" + {plan.producer_warps} producer warp(s)" if plan.producer_warps else "")
                + f"; each compute warp owns {plan.rows_per_warp} query rows",

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 
 from .errors import NoGpuError, ToolError
 from .core.forward import LOG2E
+from .core.varlen import is_packed, mask_of
 from .plan import Plan, make_plan
 from .spec import Spec, spec_dict, spec_yaml
 
 LAYOUTS = ("bhsd", "bshd")          # bhsd: (batch, heads, seq, dim) as torch SDPA; bshd: (batch, seq, heads, dim)
+PACKED = "packed"                   # varlen calls: (total_rows, heads, dim), sequences back to back
 LOAD_BYTES = 16                     # the kernels read and write rows in 16-byte vectors
 ELEM_BYTES = 2                      # fp16 / bf16
 MAX_GRID_YZ = 65535                 # CUDA limit of gridDim.y and gridDim.z (heads, batch)
@@ -71,8 +73,9 @@ def default_scale(head_dim: int) -> float:
 
 
 def to_bhsd(t, layout: str):
-    """A (batch, heads, seq, dim) view of a tensor given in `layout` (no copy)."""
-    return t if layout == "bhsd" else t.permute(0, 2, 1, 3)
+    """A (batch, heads, seq, dim) view of a tensor given in `layout` (no copy); packed tensors
+    (total_rows, heads, dim) have no batch dimension and come back as they are."""
+    return t if layout in ("bhsd", PACKED) else t.permute(0, 2, 1, 3)
 
 
 def render_bundle(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
@@ -265,7 +268,24 @@ class Kernel:
 
     @property
     def masks(self) -> tuple[str, ...]:
-        return tuple(self.entry)
+        """The masks of the padded call (kernel(q, k, v, causal=...))."""
+        return tuple(key for key in self.entry if not is_packed(key))
+
+    @property
+    def varlen_masks(self) -> tuple[str, ...]:
+        """The masks of the packed-sequence call (kernel.varlen(...)); empty unless the spec sets varlen."""
+        return tuple(mask_of(key) for key in self.entry if is_packed(key))
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None, causal: bool = False,
+               alignment: str | None = None, scale: float | None = None, return_lse: bool = False, out=None,
+               lse_out=None, validate: bool = True):
+        """Attention over packed sequences of different lengths (see attngen.varlen.varlen_call):
+        q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1); returns o
+        shaped like q, or (o, lse) with lse fp32 (Hq, total_q)."""
+        from .varlen import varlen_call
+        return varlen_call(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
+                           alignment=alignment, scale=scale, return_lse=return_lse, out=out, lse_out=lse_out,
+                           validate=validate)
 
     @property
     def dtype(self):
@@ -305,9 +325,7 @@ class Kernel:
         if cfg.grid[0] > MAX_GRID_X:
             raise ValueError(f"seqlen_q {seqlen_q} needs more than {MAX_GRID_X} blocks")
         mask = self._check_mask(causal)
-        variant = next(m for m in self.plan.mask_variants if m.name == mask)
-        if alignment is not None and not causal:
-            raise ValueError(f"alignment={alignment!r} applies to causal=True only")
+        variant = self._mask_variant(mask, causal, alignment)
         extra_params = variant.abi_values(alignment, seqlen_q, seqlen_k)
         scale = self._check_scale(scale)
 
@@ -324,6 +342,7 @@ class Kernel:
                              lse=lse_out.data_ptr() if return_lse else 0,
                              strides={"q": qb, "k": kb, "v": vb, "o": ob},
                              batch=batch, heads=heads, kv_heads=kv_heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                             lse_batch_stride=heads * seqlen_q, lse_head_stride=seqlen_q,
                              scale_log2=float(scale) * LOG2E, **extra_params)
         self._launch(mask, params, cfg)
         return (out, lse_out) if return_lse else out
@@ -333,6 +352,10 @@ class Kernel:
         """The (B, H, S, D) views of the named input tensors given in `layout`, each checked."""
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
+        return self._checked(layout, tensors)
+
+    def _checked(self, layout: str, tensors: dict) -> tuple:
+        """Each named tensor checked for `layout` (one of LAYOUTS, or PACKED for varlen calls); their views."""
         for name, t in tensors.items():
             self._check_tensor(name, t, layout)
         return tuple(to_bhsd(t, layout) for t in tensors.values())
@@ -344,6 +367,13 @@ class Kernel:
             raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
                              f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
         return mask
+
+    def _mask_variant(self, mask: str, causal: bool, alignment: str | None):
+        """The variant of a call's mask; an alignment is refused without causal (the variant checks its value)."""
+        variant = next(m for m in self.plan.mask_variants if m.name == mask)
+        if alignment is not None and not causal:
+            raise ValueError(f"alignment={alignment!r} applies to causal=True only")
+        return variant
 
     def _output(self, out, q, layout: str) -> tuple:
         """(out, its (B, H, S, D) view): a new tensor like q, or the caller's, checked against q."""
@@ -377,9 +407,11 @@ class Kernel:
         import torch
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
-        dims = "(batch, heads, seq, head_dim)" if layout == "bhsd" else "(batch, seq, heads, head_dim)"
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D {dims} for layout {layout!r} (got shape {tuple(t.shape)})")
+        dims, ndim = {"bhsd": ("(batch, heads, seq, head_dim)", 4), "bshd": ("(batch, seq, heads, head_dim)", 4),
+                      PACKED: ("(total_rows, heads, head_dim)", 3)}[layout]
+        if t.dim() != ndim:
+            what = "packed sequences" if layout == PACKED else f"layout {layout!r}"
+            raise ValueError(f"{name} must be {ndim}-D {dims} for {what} (got shape {tuple(t.shape)})")
         if not t.is_cuda:
             raise ValueError(f"{name} is on {t.device}; the kernel needs CUDA tensors (e.g. {name}.cuda())")
         if t.device != self.device:
@@ -396,7 +428,7 @@ class Kernel:
             raise ValueError(f"{name}'s last dimension must be contiguous (stride 1, got {t.stride(-1)}); "
                              f"pass {name}.contiguous()")
         unit = LOAD_BYTES // ELEM_BYTES
-        for d in range(3):
+        for d in range(ndim - 1):
             # A dimension of size 1 is only ever indexed at 0, so its stride does not matter.
             if t.shape[d] > 1 and t.stride(d) % unit:
                 raise ValueError(f"{name}'s strides {tuple(t.stride())} must be multiples of {unit} elements "

@@ -47,12 +47,12 @@
 //     total 100864 B (98.50 KiB) of 232448 B (227.00 KiB) budget, 43%
 //     dynamic: 100864 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 240 B by value):
+//   kernel parameters (Params, 280 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
 //     +24   void*          o                output, shaped like q
-//     +32   float*         lse              (batch, heads, seqlen_q) fp32 natural-log LSE; null: not written
+//     +32   float*         lse              fp32 natural-log LSE of every query row, rows contiguous; null: not written
 //     +40   long long      q_batch_stride   q: elements between batches
 //     +48   long long      q_head_stride    q: elements between heads
 //     +56   long long      q_row_stride     q: elements between rows
@@ -65,23 +65,30 @@
 //     +112  long long      o_batch_stride   o: elements between batches
 //     +120  long long      o_head_stride    o: elements between heads
 //     +128  long long      o_row_stride     o: elements between rows
-//     +136  int            batch            batch size
-//     +140  int            heads            query heads
-//     +144  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
-//     +148  int            seqlen_q         query rows per head
-//     +152  int            seqlen_k         keys per head
-//     +156  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
-//     +160  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-//     +168  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
-//     +176  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-//     +184  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-//     +192  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
-//     +196  int            tiles_per_split  K/V tiles of block_n keys each split takes
-//     +200  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-//     +208  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-//     +216  int            table_stride     entries per row of block_table (its max pages per sequence)
-//     +224  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-//     +232  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+//     +136  long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 packed)
+//     +144  long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q packed)
+//     +152  int            batch            batch size
+//     +156  int            heads            query heads
+//     +160  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
+//     +164  int            seqlen_q         query rows per head
+//     +168  int            seqlen_k         keys per head
+//     +172  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
+//     +176  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
+//     +180  int            causal_from_end  causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
+//     +184  const int*     cu_seqlens_q     int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
+//     +192  const int*     cu_seqlens_k     int32 (batch + 1,): packed calls, first row of each sequence in k and v
+//     +200  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+//     +204  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
+//     +208  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
+//     +216  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+//     +224  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+//     +232  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
+//     +236  int            tiles_per_split  K/V tiles of block_n keys each split takes
+//     +240  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+//     +248  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+//     +256  int            table_stride     entries per row of block_table (its max pages per sequence)
+//     +264  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+//     +272  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -137,7 +144,7 @@ struct Params {
     const void* k;  // +8: keys (batch, kv_heads, seqlen_k, head_dim)
     const void* v;  // +16: values, shaped like k
     void* o;  // +24: output, shaped like q
-    float* lse;  // +32: (batch, heads, seqlen_q) fp32 natural-log LSE; null: not written
+    float* lse;  // +32: fp32 natural-log LSE of every query row, rows contiguous; null: not written
     long long q_batch_stride;  // +40: q: elements between batches
     long long q_head_stride;  // +48: q: elements between heads
     long long q_row_stride;  // +56: q: elements between rows
@@ -150,23 +157,30 @@ struct Params {
     long long o_batch_stride;  // +112: o: elements between batches
     long long o_head_stride;  // +120: o: elements between heads
     long long o_row_stride;  // +128: o: elements between rows
-    int batch;  // +136: batch size
-    int heads;  // +140: query heads
-    int kv_heads;  // +144: key/value heads; heads is a multiple (GQA/MQA)
-    int seqlen_q;  // +148: query rows per head
-    int seqlen_k;  // +152: keys per head
-    float scale_log2;  // +156: softmax scale * log2(e): scores are exponentiated with exp2
-    int causal_offset;  // +160: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-    const void* cache_seqlens;  // +168: int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
-    float* o_accum;  // +176: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-    float* lse_accum;  // +184: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-    int num_splits;  // +192: key slices per (KV head, batch); 1: the split kernel writes O itself
-    int tiles_per_split;  // +196: K/V tiles of block_n keys each split takes
-    int row_blocks;  // +200: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-    const void* block_table;  // +208: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-    int table_stride;  // +216: entries per row of block_table (its max pages per sequence)
-    void* split_counters;  // +224: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-    int num_pages;  // +232: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+    long long lse_batch_stride;  // +136: lse: elements between batches (heads x seqlen_q padded; 0 packed)
+    long long lse_head_stride;  // +144: lse: elements between heads (seqlen_q padded; total_q packed)
+    int batch;  // +152: batch size
+    int heads;  // +156: query heads
+    int kv_heads;  // +160: key/value heads; heads is a multiple (GQA/MQA)
+    int seqlen_q;  // +164: query rows per head
+    int seqlen_k;  // +168: keys per head
+    float scale_log2;  // +172: softmax scale * log2(e): scores are exponentiated with exp2
+    int causal_offset;  // +176: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
+    int causal_from_end;  // +180: causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
+    const int* cu_seqlens_q;  // +184: int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
+    const int* cu_seqlens_k;  // +192: int32 (batch + 1,): packed calls, first row of each sequence in k and v
+    int total_q;  // +200: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+    int total_k;  // +204: packed calls: rows of k and v; offsets are clamped to [0, total_k]
+    const void* cache_seqlens;  // +208: int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
+    float* o_accum;  // +216: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+    float* lse_accum;  // +224: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+    int num_splits;  // +232: key slices per (KV head, batch); 1: the split kernel writes O itself
+    int tiles_per_split;  // +236: K/V tiles of block_n keys each split takes
+    int row_blocks;  // +240: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+    const void* block_table;  // +248: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+    int table_stride;  // +256: entries per row of block_table (its max pages per sequence)
+    void* split_counters;  // +264: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+    int num_pages;  // +272: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -185,24 +199,31 @@ static_assert(offsetof(Params, v_row_stride) == 104, "Params.v_row_stride offset
 static_assert(offsetof(Params, o_batch_stride) == 112, "Params.o_batch_stride offset");
 static_assert(offsetof(Params, o_head_stride) == 120, "Params.o_head_stride offset");
 static_assert(offsetof(Params, o_row_stride) == 128, "Params.o_row_stride offset");
-static_assert(offsetof(Params, batch) == 136, "Params.batch offset");
-static_assert(offsetof(Params, heads) == 140, "Params.heads offset");
-static_assert(offsetof(Params, kv_heads) == 144, "Params.kv_heads offset");
-static_assert(offsetof(Params, seqlen_q) == 148, "Params.seqlen_q offset");
-static_assert(offsetof(Params, seqlen_k) == 152, "Params.seqlen_k offset");
-static_assert(offsetof(Params, scale_log2) == 156, "Params.scale_log2 offset");
-static_assert(offsetof(Params, causal_offset) == 160, "Params.causal_offset offset");
-static_assert(offsetof(Params, cache_seqlens) == 168, "Params.cache_seqlens offset");
-static_assert(offsetof(Params, o_accum) == 176, "Params.o_accum offset");
-static_assert(offsetof(Params, lse_accum) == 184, "Params.lse_accum offset");
-static_assert(offsetof(Params, num_splits) == 192, "Params.num_splits offset");
-static_assert(offsetof(Params, tiles_per_split) == 196, "Params.tiles_per_split offset");
-static_assert(offsetof(Params, row_blocks) == 200, "Params.row_blocks offset");
-static_assert(offsetof(Params, block_table) == 208, "Params.block_table offset");
-static_assert(offsetof(Params, table_stride) == 216, "Params.table_stride offset");
-static_assert(offsetof(Params, split_counters) == 224, "Params.split_counters offset");
-static_assert(offsetof(Params, num_pages) == 232, "Params.num_pages offset");
-static_assert(sizeof(Params) == 240, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, lse_batch_stride) == 136, "Params.lse_batch_stride offset");
+static_assert(offsetof(Params, lse_head_stride) == 144, "Params.lse_head_stride offset");
+static_assert(offsetof(Params, batch) == 152, "Params.batch offset");
+static_assert(offsetof(Params, heads) == 156, "Params.heads offset");
+static_assert(offsetof(Params, kv_heads) == 160, "Params.kv_heads offset");
+static_assert(offsetof(Params, seqlen_q) == 164, "Params.seqlen_q offset");
+static_assert(offsetof(Params, seqlen_k) == 168, "Params.seqlen_k offset");
+static_assert(offsetof(Params, scale_log2) == 172, "Params.scale_log2 offset");
+static_assert(offsetof(Params, causal_offset) == 176, "Params.causal_offset offset");
+static_assert(offsetof(Params, causal_from_end) == 180, "Params.causal_from_end offset");
+static_assert(offsetof(Params, cu_seqlens_q) == 184, "Params.cu_seqlens_q offset");
+static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset");
+static_assert(offsetof(Params, total_q) == 200, "Params.total_q offset");
+static_assert(offsetof(Params, total_k) == 204, "Params.total_k offset");
+static_assert(offsetof(Params, cache_seqlens) == 208, "Params.cache_seqlens offset");
+static_assert(offsetof(Params, o_accum) == 216, "Params.o_accum offset");
+static_assert(offsetof(Params, lse_accum) == 224, "Params.lse_accum offset");
+static_assert(offsetof(Params, num_splits) == 232, "Params.num_splits offset");
+static_assert(offsetof(Params, tiles_per_split) == 236, "Params.tiles_per_split offset");
+static_assert(offsetof(Params, row_blocks) == 240, "Params.row_blocks offset");
+static_assert(offsetof(Params, block_table) == 248, "Params.block_table offset");
+static_assert(offsetof(Params, table_stride) == 256, "Params.table_stride offset");
+static_assert(offsetof(Params, split_counters) == 264, "Params.split_counters offset");
+static_assert(offsetof(Params, num_pages) == 272, "Params.num_pages offset");
+static_assert(sizeof(Params) == 280, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;
@@ -350,7 +371,7 @@ __device__ __forceinline__ float finish_row(float row_max, float row_sum, const 
                                             int row, bool lse_lane) {
     const float sum = group_sum<kGroup>(row_sum);
     if (p.lse != nullptr && lse_lane && row < p.seqlen_q)
-        p.lse[(static_cast<long long>(c.batch) * p.heads + c.head) * p.seqlen_q + row] =
+        p.lse[c.batch * p.lse_batch_stride + c.head * p.lse_head_stride + row] =
             sum > 0.f ? (row_max * p.scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
     return sum > 0.f ? 1.f / sum : 0.f;
 }

@@ -41,12 +41,12 @@
 //     total 49152 B (48.00 KiB) of 49152 B (48.00 KiB) budget, 100%
 //     static: 49152 B fit the 49152 B default, so ptxas can confirm the plan
 //
-//   kernel parameters (Params, 168 B by value):
+//   kernel parameters (Params, 208 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
 //     +24   void*          o                output, shaped like q
-//     +32   float*         lse              (batch, heads, seqlen_q) fp32 natural-log LSE; null: not written
+//     +32   float*         lse              fp32 natural-log LSE of every query row, rows contiguous; null: not written
 //     +40   long long      q_batch_stride   q: elements between batches
 //     +48   long long      q_head_stride    q: elements between heads
 //     +56   long long      q_row_stride     q: elements between rows
@@ -59,13 +59,20 @@
 //     +112  long long      o_batch_stride   o: elements between batches
 //     +120  long long      o_head_stride    o: elements between heads
 //     +128  long long      o_row_stride     o: elements between rows
-//     +136  int            batch            batch size
-//     +140  int            heads            query heads
-//     +144  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
-//     +148  int            seqlen_q         query rows per head
-//     +152  int            seqlen_k         keys per head
-//     +156  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
-//     +160  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
+//     +136  long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 packed)
+//     +144  long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q packed)
+//     +152  int            batch            batch size
+//     +156  int            heads            query heads
+//     +160  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
+//     +164  int            seqlen_q         query rows per head
+//     +168  int            seqlen_k         keys per head
+//     +172  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
+//     +176  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
+//     +180  int            causal_from_end  causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
+//     +184  const int*     cu_seqlens_q     int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
+//     +192  const int*     cu_seqlens_k     int32 (batch + 1,): packed calls, first row of each sequence in k and v
+//     +200  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+//     +204  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -120,7 +127,7 @@ struct Params {
     const void* k;  // +8: keys (batch, kv_heads, seqlen_k, head_dim)
     const void* v;  // +16: values, shaped like k
     void* o;  // +24: output, shaped like q
-    float* lse;  // +32: (batch, heads, seqlen_q) fp32 natural-log LSE; null: not written
+    float* lse;  // +32: fp32 natural-log LSE of every query row, rows contiguous; null: not written
     long long q_batch_stride;  // +40: q: elements between batches
     long long q_head_stride;  // +48: q: elements between heads
     long long q_row_stride;  // +56: q: elements between rows
@@ -133,13 +140,20 @@ struct Params {
     long long o_batch_stride;  // +112: o: elements between batches
     long long o_head_stride;  // +120: o: elements between heads
     long long o_row_stride;  // +128: o: elements between rows
-    int batch;  // +136: batch size
-    int heads;  // +140: query heads
-    int kv_heads;  // +144: key/value heads; heads is a multiple (GQA/MQA)
-    int seqlen_q;  // +148: query rows per head
-    int seqlen_k;  // +152: keys per head
-    float scale_log2;  // +156: softmax scale * log2(e): scores are exponentiated with exp2
-    int causal_offset;  // +160: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
+    long long lse_batch_stride;  // +136: lse: elements between batches (heads x seqlen_q padded; 0 packed)
+    long long lse_head_stride;  // +144: lse: elements between heads (seqlen_q padded; total_q packed)
+    int batch;  // +152: batch size
+    int heads;  // +156: query heads
+    int kv_heads;  // +160: key/value heads; heads is a multiple (GQA/MQA)
+    int seqlen_q;  // +164: query rows per head
+    int seqlen_k;  // +168: keys per head
+    float scale_log2;  // +172: softmax scale * log2(e): scores are exponentiated with exp2
+    int causal_offset;  // +176: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
+    int causal_from_end;  // +180: causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
+    const int* cu_seqlens_q;  // +184: int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
+    const int* cu_seqlens_k;  // +192: int32 (batch + 1,): packed calls, first row of each sequence in k and v
+    int total_q;  // +200: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+    int total_k;  // +204: packed calls: rows of k and v; offsets are clamped to [0, total_k]
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -158,14 +172,21 @@ static_assert(offsetof(Params, v_row_stride) == 104, "Params.v_row_stride offset
 static_assert(offsetof(Params, o_batch_stride) == 112, "Params.o_batch_stride offset");
 static_assert(offsetof(Params, o_head_stride) == 120, "Params.o_head_stride offset");
 static_assert(offsetof(Params, o_row_stride) == 128, "Params.o_row_stride offset");
-static_assert(offsetof(Params, batch) == 136, "Params.batch offset");
-static_assert(offsetof(Params, heads) == 140, "Params.heads offset");
-static_assert(offsetof(Params, kv_heads) == 144, "Params.kv_heads offset");
-static_assert(offsetof(Params, seqlen_q) == 148, "Params.seqlen_q offset");
-static_assert(offsetof(Params, seqlen_k) == 152, "Params.seqlen_k offset");
-static_assert(offsetof(Params, scale_log2) == 156, "Params.scale_log2 offset");
-static_assert(offsetof(Params, causal_offset) == 160, "Params.causal_offset offset");
-static_assert(sizeof(Params) == 168, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, lse_batch_stride) == 136, "Params.lse_batch_stride offset");
+static_assert(offsetof(Params, lse_head_stride) == 144, "Params.lse_head_stride offset");
+static_assert(offsetof(Params, batch) == 152, "Params.batch offset");
+static_assert(offsetof(Params, heads) == 156, "Params.heads offset");
+static_assert(offsetof(Params, kv_heads) == 160, "Params.kv_heads offset");
+static_assert(offsetof(Params, seqlen_q) == 164, "Params.seqlen_q offset");
+static_assert(offsetof(Params, seqlen_k) == 168, "Params.seqlen_k offset");
+static_assert(offsetof(Params, scale_log2) == 172, "Params.scale_log2 offset");
+static_assert(offsetof(Params, causal_offset) == 176, "Params.causal_offset offset");
+static_assert(offsetof(Params, causal_from_end) == 180, "Params.causal_from_end offset");
+static_assert(offsetof(Params, cu_seqlens_q) == 184, "Params.cu_seqlens_q offset");
+static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset");
+static_assert(offsetof(Params, total_q) == 200, "Params.total_q offset");
+static_assert(offsetof(Params, total_k) == 204, "Params.total_k offset");
+static_assert(sizeof(Params) == 208, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;
@@ -313,7 +334,7 @@ __device__ __forceinline__ float finish_row(float row_max, float row_sum, const 
                                             int row, bool lse_lane) {
     const float sum = group_sum<kGroup>(row_sum);
     if (p.lse != nullptr && lse_lane && row < p.seqlen_q)
-        p.lse[(static_cast<long long>(c.batch) * p.heads + c.head) * p.seqlen_q + row] =
+        p.lse[c.batch * p.lse_batch_stride + c.head * p.lse_head_stride + row] =
             sum > 0.f ? (row_max * p.scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
     return sum > 0.f ? 1.f / sum : 0.f;
 }

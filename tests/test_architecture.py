@@ -239,7 +239,9 @@ def test_forward_abi_matches_the_generated_struct():
     for f, offset in FORWARD_ABI.rows():
         assert f"static_assert(offsetof(Params, {f.name}) == {offset}," in src
     assert f"static_assert(sizeof(Params) == {FORWARD_ABI.size}," in src
-    assert [f.name for f in FORWARD_ABI.fields][-1] == "causal_offset"   # a variant's field, from the same list
+    names = [f.name for f in FORWARD_ABI.fields]
+    assert {"causal_offset", "causal_from_end"} <= set(names)   # a variant's fields, from the same list
+    assert names[-4:] == ["cu_seqlens_q", "cu_seqlens_k", "total_q", "total_k"]   # packed sequences' fields
 
 
 def plan_with_tensor_map():
@@ -251,25 +253,26 @@ def plan_with_tensor_map():
 def test_one_line_adds_a_field():
     plan = plan_with_tensor_map()
     src = render_parts(plan, "specs/x.yaml", "")[0].source
-    assert plan.abi.offsets[-1] == 192 and plan.abi.size == 320
+    assert plan.abi.offsets[-1] == 256 and plan.abi.size == 384
     assert "alignas(64) unsigned char tma_q[128];" in src
-    assert "static_assert(offsetof(Params, tma_q) == 192," in src and "static_assert(sizeof(Params) == 320," in src
+    assert "static_assert(offsetof(Params, tma_q) == 256," in src and "static_assert(sizeof(Params) == 384," in src
 
 
 def plan_with_small_blob():
-    """A 16-byte, 8-aligned blob right after the int that ends FORWARD_ABI (at +160): Python puts it
-    at +168, and C must too."""
+    """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +208,
+    the int lies at +208): Python puts the blob at +216, not +212, and C must too."""
     plan = make_plan(parse_spec((ROOT / "specs" / "l4_mma_d64.yaml").read_text()))
-    assert FORWARD_ABI.fields[-1].ctype == "int" and FORWARD_ABI.offsets[-1] % 8 == 0
-    return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((blob("small", 16, 8, "an 8-aligned blob"),)))
+    assert FORWARD_ABI.size == 208
+    return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((int32("n", "an int"),
+                                                                  blob("small", 16, 8, "an 8-aligned blob"))))
 
 
 def test_small_aligned_blob_is_declared_where_python_puts_it():
     plan = plan_with_small_blob()
     src = render_parts(plan, "specs/x.yaml", "")[0].source
-    assert plan.abi.offsets[-1] == FORWARD_ABI.offsets[-1] + 8 == 168 and plan.abi.size == 184
+    assert plan.abi.offsets[-2:] == (208, 216) and plan.abi.size == 232
     assert "alignas(8) unsigned char small[16];" in src
-    assert "static_assert(offsetof(Params, small) == 168," in src and "static_assert(sizeof(Params) == 184," in src
+    assert "static_assert(offsetof(Params, small) == 216," in src and "static_assert(sizeof(Params) == 232," in src
 
 
 @pytest.mark.nvcc
@@ -305,9 +308,10 @@ class FakeTorch:
 
 def test_causal_variant_fills_its_field_and_draws_its_mask():
     from attngen.core.variants import CAUSAL, NONE
-    assert CAUSAL.abi_values(None, 3, 10) == {"causal_offset": 0}                 # top-left by default
-    assert CAUSAL.abi_values("bottom_right", 3, 10) == {"causal_offset": 7}
-    assert CAUSAL.abi_values("bottom_right", 10, 3) == {"causal_offset": -7}
+    # top-left by default; bottom-right also tells packed functions to align each sequence's ends
+    assert CAUSAL.abi_values(None, 3, 10) == {"causal_offset": 0, "causal_from_end": 0}
+    assert CAUSAL.abi_values("bottom_right", 3, 10) == {"causal_offset": 7, "causal_from_end": 1}
+    assert CAUSAL.abi_values("bottom_right", 10, 3) == {"causal_offset": -7, "causal_from_end": 1}
     assert NONE.abi_values(None, 3, 10) == {}
     T, F = True, False
     assert CAUSAL.visible(FakeTorch, 2, 4, "top_left", "cpu").rows == [[T, F, F, F], [T, T, F, F]]

@@ -190,6 +190,8 @@ RULE_CASES = [
     ("rule_always_rescales", WMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
      "not generated for wmma_m16n16k16; set softmax.rescale: always"),
     ("rule_target_has_sm90a", WGMMA, {"target": "l4"}, "target", "need an sm_90a GPU"),
+    ("rule_no_varlen", WGMMA, {"varlen": True}, "varlen", "packed-sequence (varlen) functions are not generated"),
+    ("rule_decode_no_varlen", DECODE, {"varlen": True}, "varlen", "per-sequence cache lengths"),
     ("rule_head_dim_panels", WGMMA, {"head_dim": 96}, "head_dim", "multiple of 64"),
     ("rule_warpgroups", WGMMA, {"warps__consumer": 6}, "warps.consumer", "warpgroups of 4 warps"),
     ("rule_warpgroups", WGMMA, {"warps__producer": 2}, "warps.producer", "the producer is one warpgroup"),
@@ -518,7 +520,7 @@ def test_schema_command_lists_every_key():
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size",
                                          "combine"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "masks", "tile", "warps", "mma", "smem",
-            "softmax", "min_blocks_per_sm"}
+            "softmax", "min_blocks_per_sm", "varlen"}
         # the kind's selector key is required (mma, or decode for a decode kind)
         assert set(alt["required"]) - {"decode", "mma"} == {"schema", "name", "head_dim", "tile", "warps"}
         assert len(set(alt["required"]) & {"decode", "mma"}) == 1

@@ -52,6 +52,10 @@ def float_pointer(name: str, meaning: str, *, optional: bool = False) -> AbiFiel
     return AbiField(name, "float*", 8, 8, "Q", meaning, 0 if optional else None)
 
 
+def int_pointer(name: str, meaning: str, *, optional: bool = False) -> AbiField:
+    return AbiField(name, "const int*", 8, 8, "Q", meaning, 0 if optional else None)
+
+
 def int64(name: str, meaning: str) -> AbiField:
     return AbiField(name, "long long", 8, 8, "q", meaning)
 

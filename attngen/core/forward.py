@@ -13,6 +13,7 @@ from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Re
                      TileCopy, barrier_region, check_budget, layout_regions, ring_stride)
 from .spec import ForwardSpec, PadSwizzle, XorSwizzle
 from .variants import MASKS, MaskVariant
+from .varlen import VARLEN_ABI_FIELDS, is_packed, mask_of, packed_key
 
 LOG2E = 1.4426950408889634
 
@@ -30,15 +31,17 @@ FORWARD_ABI = Abi("Params", (
     pointer("k", "keys (batch, kv_heads, seqlen_k, head_dim)"),
     pointer("v", "values, shaped like k"),
     pointer("o", "output, shaped like q", const=False),
-    float_pointer("lse", "(batch, heads, seqlen_q) fp32 natural-log LSE; null: not written", optional=True),
+    float_pointer("lse", "fp32 natural-log LSE of every query row, rows contiguous; null: not written", optional=True),
     *_strides("q", "q"), *_strides("k", "k"), *_strides("v", "v"), *_strides("o", "o"),
+    int64("lse_batch_stride", "lse: elements between batches (heads x seqlen_q padded; 0 packed)"),
+    int64("lse_head_stride", "lse: elements between heads (seqlen_q padded; total_q packed)"),
     int32("batch", "batch size"),
     int32("heads", "query heads"),
     int32("kv_heads", "key/value heads; heads is a multiple (GQA/MQA)"),
     int32("seqlen_q", "query rows per head"),
     int32("seqlen_k", "keys per head"),
     float32("scale_log2", "softmax scale * log2(e): scores are exponentiated with exp2"),
-) + tuple(f for m in MASKS.values() for f in m.abi_fields))
+) + tuple(f for m in MASKS.values() for f in m.abi_fields) + VARLEN_ABI_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,8 @@ class Part:
     name: str                                  # e.g. fwd; split, combine for a decode bundle
     template: str                              # template file in the kind's folder
     file_name: str                             # generated/<file_name>
-    functions: tuple[tuple[str, str], ...]     # (mask, extern "C" function name)
+    functions: tuple[tuple[str, str], ...]     # (function key, extern "C" function name); the key is a mask,
+                                               # or core.varlen.packed_key(mask) for packed sequences
     static_smem: int | None = None             # shared memory its kernels declare statically; None: the plan's
     threads: int | None = None                 # threads per block of its kernels; None: the plan's
 
@@ -123,13 +127,24 @@ class ForwardPlan:
 
     @property
     def entry_functions(self) -> dict[str, str]:
-        """mask -> function name of the part a call launches first (the bundle's entry, parts[0])."""
+        """function key -> function name of the part a call launches first (the bundle's entry,
+        parts[0]); keys are masks, plus their packed keys in a varlen spec."""
         return dict(self.parts[0].functions)
 
     @property
     def mask_cpp(self) -> dict[str, str]:
-        """mask name -> the C++ enumerator its kernel function is instantiated with."""
-        return {m.name: m.cpp for m in self.mask_variants}
+        """function key -> the C++ enumerator of the mask its kernel function is instantiated with."""
+        cpp = {m.name: m.cpp for m in self.mask_variants}
+        return {key: cpp[mask_of(key)] for part in self.parts for key, _ in part.functions if mask_of(key) in cpp}
+
+    @property
+    def varlen(self) -> bool:
+        """The bundle emits packed-sequence (varlen) functions."""
+        return any(is_packed(key) for key, _ in self.functions)
+
+    def body(self, key: str) -> str:
+        """The C++ function an entry point runs: attention, or attention_packed for packed sequences."""
+        return "attention_packed" if is_packed(key) else "attention"
 
     @property
     def occupancy(self) -> Occupancy:
@@ -174,8 +189,15 @@ class ForwardPlan:
 
 # -- derivations ---------------------------------------------------------------------------------
 
-def function_name(spec: ForwardSpec, mask: str) -> str:
-    return f"attngen_{spec.name}_{mask}"
+def function_name(spec: ForwardSpec, key: str) -> str:
+    return f"attngen_{spec.name}_{key}"
+
+
+def forward_functions(spec: ForwardSpec) -> tuple[tuple[str, str], ...]:
+    """(key, name) of every kernel function: one per mask, then with `varlen` one per mask for
+    packed sequences."""
+    keys = list(spec.masks) + ([packed_key(m) for m in spec.masks] if spec.varlen else [])
+    return tuple((key, function_name(spec, key)) for key in keys)
 
 
 def tile_swizzle(spec: ForwardSpec) -> Swizzle:
@@ -269,7 +291,7 @@ def plan_forward(spec: ForwardSpec, *, kind: str, title: str, file: str | None,
     threads = compute_threads + producer_threads
     rows_per_warp = spec.tile.block_m // spec.compute_warps
     chunks_per_row = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
-    functions = tuple((m, function_name(spec, m)) for m in spec.masks)
+    functions = forward_functions(spec)
     plan = ForwardPlan(
         spec=spec, kind=kind, title=title, target=target, masks=tuple(spec.masks),
         mask_variants=tuple(MASKS[m] for m in spec.masks),

@@ -138,6 +138,10 @@ class ForwardSpec(SpecBase):
     tile: Tile
     warps: Union[HomogeneousWarps, SpecializedWarps]
     mma: str = Field(description="the fragment; it picks the kernel kind")
+    varlen: bool = Field(
+        default=False,
+        description="also emit a packed-sequence (varlen) function per mask: q/k/v of shape (total, heads, "
+                    "head_dim) with cu_seqlens_q/k, called as kernel.varlen(...)")
     smem: SharedMemory = SharedMemory()
     softmax: Softmax = Softmax()
     min_blocks_per_sm: Optional[int] = Field(
@@ -273,6 +277,10 @@ rule_no_warp_roles = refuse(
     "warps.producer", lambda s: s.producer_warps > 0,
     lambda s: (f"producer/consumer warp roles are not generated for {s.mma}; use warps: "
                f"{{compute: {s.compute_warps}}}"), "rule_no_warp_roles")
+rule_no_varlen = refuse(
+    "varlen", lambda s: s.varlen,
+    lambda s: f"packed-sequence (varlen) functions are not generated for {s.mma}; set varlen: false",
+    "rule_no_varlen")
 rule_always_rescales = refuse(
     "softmax.rescale", lambda s: s.softmax.rescale != "always",
     lambda s: (f"rescaling only when a row's max changes is not generated for {s.mma}; set "

@@ -78,7 +78,8 @@ def causal_key_offset(option: str, seqlen_q: int, seqlen_k: int) -> int:
 
 
 def causal_abi_values(option: str, seqlen_q: int, seqlen_k: int) -> dict:
-    return {"causal_offset": causal_key_offset(option, seqlen_q, seqlen_k)}
+    return {"causal_offset": causal_key_offset(option, seqlen_q, seqlen_k),
+            "causal_from_end": int(option == BOTTOM_RIGHT)}
 
 
 def causal_visible(torch, seqlen_q: int, seqlen_k: int, option: str, device):
@@ -89,7 +90,9 @@ def causal_visible(torch, seqlen_q: int, seqlen_k: int, option: str, device):
 CAUSAL = MaskVariant(
     "causal", "Mask::Causal", ALIGNMENTS,
     (int32("causal_offset", "causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq "
-                            "bottom-right)", default=0),),
+                            "bottom-right)", default=0),
+     int32("causal_from_end", "causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q "
+                              "to causal_offset; padded calls carry it in causal_offset already", default=0)),
     "query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)",
     causal_abi_values, causal_visible)
 

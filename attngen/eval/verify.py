@@ -341,7 +341,8 @@ class _Runner:
 
 def kernel_cases(kernel, shapes, masks) -> list[tuple]:
     """(variant label, function, shape, index, check(seed, label) -> CaseResult) of every case of `kernel`:
-    each mask variant over `shapes`, or the cases a kernel of another kind brings itself
+    each mask variant over `shapes` (and over the varlen suite when the kernel has packed-sequence
+    functions), or the cases a kernel of another kind brings itself
     (`kernel.verify_cases(shapes, masks)`, e.g. a decode kernel's per-sequence lengths)."""
     own = getattr(kernel, "verify_cases", None)
     if own is not None:
@@ -353,6 +354,9 @@ def kernel_cases(kernel, shapes, masks) -> list[tuple]:
             out.append((variant.label, function, shape, i,
                         lambda seed, label, variant=variant, shape=shape: check_case(kernel, variant, shape, seed,
                                                                                      spec_label=label)))
+    if getattr(kernel, "varlen_masks", ()):
+        from .varlen_verify import varlen_cases
+        out += varlen_cases(kernel, shapes, masks)
     return out
 
 

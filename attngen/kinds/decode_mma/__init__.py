@@ -111,13 +111,17 @@ def rule_page_size(s):
 rule_ring = refuse("smem.stages", lambda s: s.smem.stages < 2 or not s.smem.async_copy,
                    lambda s: "the decode kernel streams K/V through a cp.async ring: set stages >= 2 and "
                              "async_copy: true", "rule_ring")
+rule_decode_no_varlen = refuse("varlen", lambda s: s.varlen,
+                               lambda s: "a decode call takes per-sequence cache lengths (cache_seqlens), not packed "
+                                         "sequences; set varlen: false", "rule_decode_no_varlen")
 rule_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_registers,
                              lambda s: "Q fragments always live in registers in the decode kernel; leave "
                                        "q_in_registers unset", "rule_no_q_registers")
 
 
 DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim, rule_rows, rule_keys_per_warp,
-                    rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers, rule_page_size)
+                    rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers, rule_page_size,
+                    rule_decode_no_varlen)
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ...core.abi import blob
-from ...core.forward import FORWARD_ABI, ForwardPlan, function_name, launch_min_blocks, Part, ELEMENT_TYPES
+from ...core.forward import FORWARD_ABI, ForwardPlan, forward_functions, launch_min_blocks, Part, ELEMENT_TYPES
 from ...core.kind import Kind
 from ...core.space import Axis, SearchSpace, field_axis, with_base
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
-from ...core.spec import ForwardSpec, Strict, XorSwizzle, refuse, rule_threads
+from ...core.spec import ForwardSpec, Strict, XorSwizzle, refuse, rule_no_varlen, rule_threads
 from ...core.tma import MAP_ALIGN, MAP_BYTES, SWIZZLE_128B_COLS, TensorMapSpec
 from ...core.variants import MASKS
 from ...targets import TARGETS
@@ -185,7 +185,8 @@ class WgmmaSpec(ForwardSpec):
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
     rules = (rule_target_has_sm90a, rule_head_dim_panels, rule_warpgroups, rule_block_m_rows, rule_block_n,
-             rule_swizzle_128b, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
+             rule_swizzle_128b, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads,
+             rule_no_varlen)
 
 
 @dataclass(frozen=True)
@@ -301,7 +302,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                           spec.epilogue)
     bars = barriers(stages, spec.compute_warps, tile_bytes, q_bytes, issuer,
                     next(r.offset for r in regions if r.name == "bars"), persistent, split_kv)
-    functions = tuple((m, function_name(spec, m)) for m in spec.masks)
+    functions = forward_functions(spec)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
     consumer_role = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each; "

@@ -1,0 +1,33 @@
+"""Packed (varlen) sequences, for the forward kinds whose kernels read q, k, v and o through Params
+pointers: every sequence's rows lie back to back, (total, heads, head_dim), and cu_seqlens_q/k
+(int32, batch + 1) give where each sequence begins. A spec with `varlen: true` emits one more
+kernel function per mask; its block narrows a copy of Params to its sequence (first rows, lengths,
+the mask's per-sequence fields) and then runs the kind's attention() unchanged. This module names
+no kind."""
+from __future__ import annotations
+
+from .abi import int32, int_pointer
+
+PACKED_SUFFIX = "_varlen"     # function key (and name) suffix of a mask's packed-sequence function
+
+VARLEN_ABI_FIELDS = (
+    int_pointer("cu_seqlens_q", "int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the "
+            "total; null in padded calls", optional=True),
+    int_pointer("cu_seqlens_k", "int32 (batch + 1,): packed calls, first row of each sequence in k and v", optional=True),
+    int32("total_q", "packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past", default=0),
+    int32("total_k", "packed calls: rows of k and v; offsets are clamped to [0, total_k]", default=0),
+)
+
+
+def packed_key(mask: str) -> str:
+    """The function key of `mask`'s packed-sequence kernel function (also its name's suffix)."""
+    return mask + PACKED_SUFFIX
+
+
+def is_packed(key: str) -> bool:
+    return key.endswith(PACKED_SUFFIX)
+
+
+def mask_of(key: str) -> str:
+    """The mask a function key runs: the key itself, or a packed key without its suffix."""
+    return key[:-len(PACKED_SUFFIX)] if is_packed(key) else key

@@ -1,0 +1,145 @@
+"""Packed-sequence (varlen) verification: the error rule of `attngen verify` (max|out - ref| <= 2 x
+the error of torch's own low-precision attention + a floor, against an fp32 reference computed
+sequence by sequence), on a poisoned output with guard rows past the last sequence."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.variants import MASKS
+from ..core.varlen import packed_key
+from .verify import (ERR_FACTOR, FULL_SUITE, LSE_ATOL, LSE_RTOL, ROW_ALIGN, CaseResult, Variant, attention_torch,
+                     error_bound, exact_fp32_matmul)
+
+QUICK_CASES = 2         # the first cases for `attngen verify --quick`
+SEED_OFFSET = 500       # case seeds apart from the padded cases' shape indices
+
+
+@dataclass(frozen=True)
+class VarlenCase:
+    heads: int
+    kv_heads: int
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...] | None = None   # None: as lens_q (self-attention prefill)
+    qkv: bool = False                       # q, k, v are strided slices of one (total, 3, heads, d) tensor
+    give_max: bool = False                  # pass max_seqlen_q (else the call reads it from cu_seqlens_q)
+
+    def __post_init__(self):
+        if self.lens_k is not None and len(self.lens_k) != len(self.lens_q):
+            raise ValueError("lens_q and lens_k must list the same sequences")
+        if self.qkv and (self.heads != self.kv_heads or self.lens_k is not None):
+            raise ValueError("a packed qkv case needs heads == kv_heads and lens_k = lens_q")
+
+    @property
+    def keys(self) -> tuple[int, ...]:
+        return self.lens_q if self.lens_k is None else self.lens_k
+
+    @property
+    def label(self) -> str:
+        heads = f"{self.heads}" if self.heads == self.kv_heads else f"{self.heads}/{self.kv_heads}"
+        lens = ",".join(map(str, self.lens_q)) + ("" if self.lens_k is None else " k " + ",".join(map(str, self.lens_k)))
+        return f"varlen H{heads} q[{lens}]" + (" qkv" if self.qkv else "")
+
+
+def varlen_suite(block_m: int) -> tuple[VarlenCase, ...]:
+    """Lengths of 1, a query block +- 1, an empty sequence, mixed lengths in one batch; queries
+    fewer and more than keys (bottom-right rows that see nothing); GQA and MQA; strided qkv slices."""
+    m = block_m
+    return (
+        VarlenCase(4, 4, (1, m - 1, m, m + 1, 300)),
+        VarlenCase(8, 2, (5, 100, 1, 77), (300, 64, 0, 77), give_max=True),   # a sequence without keys
+        VarlenCase(2, 2, (17, 0, 333), qkv=True),
+        VarlenCase(6, 1, (1000, 3, 513), (1023, 1, 2000)),
+        VarlenCase(4, 4, (2 * m + 5,) + (1,) * 7 + (3 * m,)),
+        VarlenCase(16, 16, (1, 9, 60, 128, 256, 511, 700, 1024, 1, 2047, 33, 4096, 5, 64, 900, 1500)),
+    )
+
+
+def reference(torch, q, k, v, lens_q, lens_k, variant: Variant, scale: float):
+    """(fp32 reference O, its LSE (heads, total_q), torch's low-precision O), each sequence against
+    its own keys, in packed (total, heads, d) form."""
+    outs, lses, lows = [], [], []
+    q0 = k0 = 0
+    for lq, lk in zip(lens_q, lens_k):
+        qs, ks, vs = (t.transpose(0, 1)[None] for t in (q[q0:q0 + lq], k[k0:k0 + lk], v[k0:k0 + lk]))
+        with exact_fp32_matmul(torch):
+            ref, lse = attention_torch(qs.float(), ks.float(), vs.float(), scale=scale, mask=variant.mask,
+                                       alignment=variant.alignment)
+        low, _ = attention_torch(qs, ks, vs, scale=scale, mask=variant.mask, alignment=variant.alignment)
+        outs.append(ref[0].transpose(0, 1)), lses.append(lse[0]), lows.append(low[0].transpose(0, 1).float())
+        q0, k0 = q0 + lq, k0 + lk
+    return torch.cat(outs), torch.cat(lses, dim=1), torch.cat(lows)
+
+
+def check_varlen_case(kernel, variant: Variant, case: VarlenCase, seed: int, label: str | None = None) -> CaseResult:
+    """Run one packed case with poisoned outputs and compare every sequence with its reference."""
+    import torch
+    result = CaseResult(label or kernel.label, kernel.entry[packed_key(variant.mask)], variant.label + " varlen",
+                        case, passed=False)
+    g = torch.Generator(device=kernel.device).manual_seed(seed)
+    d, dtype, dev = kernel.plan.head_dim, kernel.dtype, kernel.device
+    tq, tk = sum(case.lens_q), sum(case.keys)
+
+    def randn(*size):
+        return torch.randn(size, generator=g, device=dev, dtype=torch.float32).to(dtype)
+
+    if case.qkv:
+        q, k, v = randn(tq, 3, case.heads, d).unbind(1)
+    else:
+        q, k, v = randn(tq, case.heads, d), randn(tk, case.kv_heads, d), randn(tk, case.kv_heads, d)
+    guard = -(-kernel.plan.block_m // ROW_ALIGN) * ROW_ALIGN
+    out_buf = torch.full((tq + guard, case.heads, d), float("nan"), dtype=dtype, device=dev)
+    lse_buf = torch.full((case.heads * tq + guard,), float("nan"), dtype=torch.float32, device=dev)
+    out, lse = out_buf[:tq], lse_buf[:case.heads * tq].view(case.heads, tq)
+
+    def offsets(lens):
+        return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=dev)
+
+    kernel.varlen(q, k, v, offsets(case.lens_q), offsets(case.keys), causal=variant.mask == "causal",
+                  alignment=variant.alignment, scale=d ** -0.5, out=out, lse_out=lse,
+                  max_seqlen_q=max(case.lens_q) if case.give_max else None)
+    torch.cuda.synchronize(dev)
+    ref, ref_lse, low = reference(torch, q, k, v, case.lens_q, case.keys, variant, d ** -0.5)
+    problems = result.problems
+    bad = int((~torch.isfinite(out)).sum())
+    if bad:
+        problems.append(f"{bad} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)")
+    if (~torch.isnan(out_buf[tq:])).any().item():
+        problems.append("o written past the last sequence's rows")
+    if (~torch.isnan(lse_buf[case.heads * tq:])).any().item():
+        problems.append("lse written past its (heads, total_q) end")
+    result.max_err = (out.float() - ref).abs().max().item() if tq else 0.0
+    result.lowprec_err = (low - ref).abs().max().item() if tq else 0.0
+    result.bound = error_bound(result.lowprec_err)
+    if not bad and not result.max_err <= result.bound:
+        problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} ({ERR_FACTOR:g} x torch "
+                        f"{kernel.plan.spec.dtype} error {result.lowprec_err:.3g} + floor)")
+    no_key = torch.isneginf(ref_lse)
+    if not torch.equal(no_key, torch.isneginf(lse)) or torch.isnan(lse).any():
+        problems.append("LSE is NaN, or -inf on other rows than the reference's (rows that see no key)")
+    diff = (lse - ref_lse).abs()[~no_key]
+    result.lse_err = diff.max().item() if diff.numel() else 0.0
+    excess = diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[~no_key])
+    result.lse_excess = excess.max().item() if excess.numel() else 0.0
+    if not result.lse_excess <= 1.0:
+        problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
+    result.passed = not problems
+    return result
+
+
+def varlen_cases(kernel, shapes, masks) -> list[tuple]:
+    """`attngen verify`'s packed-sequence cases of a kernel with varlen functions: every (mask,
+    alignment) over the varlen suite (its first cases when the padded shapes are the quick suite)."""
+    cases = varlen_suite(kernel.plan.block_m)
+    if len(tuple(shapes)) < len(FULL_SUITE):
+        cases = cases[:QUICK_CASES]
+    out = []
+    for mask in masks:
+        if mask not in kernel.varlen_masks:
+            continue
+        for option in MASKS[mask].options or (None,):
+            variant = Variant(mask, option)
+            for i, case in enumerate(cases):
+                out.append((variant.label + " varlen", kernel.entry[packed_key(mask)], case, SEED_OFFSET + i,
+                            lambda seed, label, variant=variant, case=case: check_varlen_case(kernel, variant, case,
+                                                                                              seed, label)))
+    return out

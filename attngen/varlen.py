@@ -1,0 +1,131 @@
+"""The packed-sequence (varlen) call of a forward kernel whose spec sets `varlen: true`:
+``kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=...)`` on torch tensors.
+
+q is (total_q, Hq, D), k and v are (total_k, Hkv, D): the rows of every sequence back to back, as
+a ragged prefill batch arrives. cu_seqlens_q/k (int32, (batch + 1,), on the GPU) hold where each
+sequence starts, then the end of the last: sequence b is rows cu[b]..cu[b+1]. One launch covers
+the batch; the grid is (ceil(max_seqlen_q / block_m), heads, batch) and a block past its
+sequence's last row returns at once, so short sequences cost no padded work.
+"""
+from __future__ import annotations
+
+import numbers
+
+from .core.forward import LOG2E
+from .core.varlen import packed_key
+from .runtime import MAX_GRID_X, MAX_GRID_YZ, PACKED, LaunchConfig, pack_params
+
+INT32_MAX = 2**31 - 1
+
+
+def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
+                causal: bool = False, alignment: str | None = None, scale: float | None = None,
+                return_lse: bool = False, out=None, lse_out=None, validate: bool = True):
+    """Attention of each packed sequence against its own keys.
+
+    causal: query row i of a sequence sees its keys j <= i ("top_left", the default, as the padded
+    call) or j <= i + len_k - len_q ("bottom_right", FlashAttention's varlen convention); the two
+    agree when each sequence has as many queries as keys. A row that sees no key gives zeros and
+    LSE -inf. Returns o (total_q, Hq, D), or (o, lse) with lse fp32 (Hq, total_q); `out` and
+    `lse_out` (contiguous) receive them instead of new tensors.
+
+    validate=True reads cu_seqlens back (one small device-to-host copy): offsets must start at 0
+    or more, never decrease, end within q/k, and q and k must list the same number of sequences;
+    max_seqlen_q, when given, must cover the longest query sequence. validate=False (inside CUDA
+    graphs) needs max_seqlen_q and trusts it: the kernel then clamps every offset to the tensors,
+    so a bad table gives wrong rows but never an access outside them.
+    """
+    import torch
+    qp, kp, vp = kernel._checked(PACKED, {"q": q, "k": k, "v": v})
+    total_q, heads, _ = qp.shape
+    total_k, kv_heads, _ = kp.shape
+    if tuple(kp.shape) != tuple(vp.shape):
+        raise ValueError(f"k and v must have the same shape (got {tuple(k.shape)} and {tuple(v.shape)})")
+    if heads % kv_heads:
+        raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads}) for GQA/MQA")
+    if heads > MAX_GRID_YZ:
+        raise ValueError(f"heads ({heads}) must be at most {MAX_GRID_YZ} (grid y limit)")
+    if max(total_q, total_k) > INT32_MAX:
+        raise ValueError(f"packed tensors of more than {INT32_MAX} rows do not fit int32 offsets")
+    if not kernel.varlen_masks:
+        raise ValueError(f"{kernel.label} has no packed-sequence functions: add `varlen: true` to its spec")
+    mask = kernel._check_mask(causal)
+    variant = kernel._mask_variant(mask, causal, alignment)
+    batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, kernel.device)
+    if _check_offsets("cu_seqlens_k", cu_seqlens_k, kernel.device) != batch:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
+                         f"and {cu_seqlens_k.numel()} offsets)")
+    if batch > MAX_GRID_YZ:
+        raise ValueError(f"{batch} sequences exceed {MAX_GRID_YZ} (grid z limit)")
+    if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral)
+                                     or max_seqlen_q < 0):
+        raise ValueError(f"max_seqlen_q must be a non-negative integer (got {max_seqlen_q!r})")
+    if validate:
+        longest = max(_offsets_on_host("cu_seqlens_q", cu_seqlens_q, total_q, "q.shape[0]"))
+        _offsets_on_host("cu_seqlens_k", cu_seqlens_k, total_k, "k.shape[0]")
+        if max_seqlen_q is not None and max_seqlen_q < longest:
+            raise ValueError(f"max_seqlen_q is {max_seqlen_q} but a query sequence has {longest} rows; pass at least "
+                             f"{longest} (or leave it unset)")
+        max_seqlen_q = longest if max_seqlen_q is None else int(max_seqlen_q)
+    elif max_seqlen_q is None:
+        raise ValueError("validate=False needs max_seqlen_q (the longest query sequence): without it the grid "
+                         "size would have to be read back from the GPU")
+    scale = kernel._check_scale(scale)
+
+    out, op = kernel._output(out, q, PACKED)
+    if lse_out is not None:
+        kernel._check_lse(lse_out, (heads, total_q))
+        return_lse = True
+    elif return_lse:
+        lse_out = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
+    cfg = LaunchConfig(kernel.plan.grid(batch, heads, max_seqlen_q), (kernel.plan.threads, 1, 1),
+                       kernel.plan.smem_bytes if kernel.plan.smem_dynamic else 0)
+    if cfg.grid[0] > MAX_GRID_X:
+        raise ValueError(f"max_seqlen_q {max_seqlen_q} needs more than {MAX_GRID_X} blocks")
+    if cfg.grid[0] == 0:
+        return (out, lse_out) if return_lse else out      # every sequence is empty: nothing to write
+    strides = {}
+    for name, t in (("q", qp), ("k", kp), ("v", vp), ("o", op)):
+        strides.update({f"{name}_batch_stride": 0, f"{name}_head_stride": t.stride(1), f"{name}_row_stride": t.stride(0)})
+    params = pack_params(kernel.plan, strides={}, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=out.data_ptr(),
+                         lse=lse_out.data_ptr() if return_lse else 0, **strides,
+                         lse_batch_stride=0, lse_head_stride=total_q,
+                         batch=batch, heads=heads, kv_heads=kv_heads, seqlen_q=max_seqlen_q, seqlen_k=0,
+                         scale_log2=scale * LOG2E, cu_seqlens_q=cu_seqlens_q.data_ptr(),
+                         cu_seqlens_k=cu_seqlens_k.data_ptr(), total_q=total_q, total_k=total_k,
+                         **variant.abi_values(alignment, 0, 0))
+    kernel._launch_function(kernel.entry[packed_key(mask)], params, cfg)
+    return (out, lse_out) if return_lse else out
+
+
+def _check_offsets(name: str, cu, device) -> int:
+    """Type, shape and device of a cu_seqlens tensor; returns the number of sequences."""
+    import torch
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32 (got {type(cu).__name__})")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32 (got {cu.dtype}); pass {name}.int()")
+    if cu.dim() != 1 or cu.numel() < 2 or not cu.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D tensor of batch + 1 >= 2 offsets (got shape "
+                         f"{tuple(cu.shape)})")
+    if cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but the kernel was loaded for {device}")
+    return cu.numel() - 1
+
+
+def _offsets_on_host(name: str, cu, total: int, where: str) -> list[int]:
+    """The sequence lengths of a cu_seqlens tensor, read back and checked: offsets from 0 or more,
+    never decreasing, the last within the `total` rows of the packed tensor."""
+    offsets = cu.tolist()
+    if offsets[0] < 0:
+        raise ValueError(f"{name}[0] is {offsets[0]}; offsets are row numbers, 0 or more")
+    for b in range(len(offsets) - 1):
+        if offsets[b + 1] < offsets[b]:
+            raise ValueError(f"{name} decreases at sequence {b}: {offsets[b]} then {offsets[b + 1]} (offsets must "
+                             f"be cumulative lengths, non-decreasing)")
+    if offsets[-1] > total:
+        raise ValueError(f"{name}[-1] is {offsets[-1]} but the packed tensor has {total} rows ({where})")
+    return [offsets[b + 1] - offsets[b] for b in range(len(offsets) - 1)]
+
+
+__all__ = ["varlen_call"]

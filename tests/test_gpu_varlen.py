@@ -1,0 +1,115 @@
+"""GPU tests of the packed-sequence (varlen) call: every varlen spec passes the verifier's varlen
+cases, a packed call agrees with the padded call sequence by sequence, bad offsets are refused on
+the host, and without validation the kernel stays inside the tensors."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+import attngen
+from attngen.eval import verify
+from attngen.eval.varlen_verify import varlen_cases
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+VARLEN_SPECS = sorted(p for p in (ROOT / "specs").glob("*.yaml") if "\nvarlen: true" in p.read_text())
+D64 = ROOT / "specs" / "h100_mma_d64_m128n64w4s2x3q.yaml"
+
+
+@functools.lru_cache(maxsize=None)
+def load_once(path: Path):
+    return attngen.load(path, synchronize=True)
+
+
+@pytest.fixture
+def torch():
+    import torch
+    return torch
+
+
+def test_varlen_specs_exist():
+    assert len(VARLEN_SPECS) >= 4 and D64 in VARLEN_SPECS
+
+
+@pytest.mark.parametrize("spec", VARLEN_SPECS, ids=[p.stem for p in VARLEN_SPECS])
+def test_varlen_spec_passes_every_case(spec):
+    kernel = load_once(spec)
+    assert kernel.varlen_masks == ("none", "causal")
+    cases = varlen_cases(kernel, verify.FULL_SUITE, kernel.masks)
+    results = [check(1000 + i, kernel.name) for i, (_v, _f, _c, _n, check) in enumerate(cases)]
+    assert len(results) == 3 * 6
+    assert all(r.passed for r in results), "\n".join(
+        f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
+
+
+def offsets(torch, lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_packed_matches_padded_calls(torch, alignment):
+    """Each sequence of a packed call gives what the padded call gives on that sequence alone."""
+    kernel = load_once(D64)
+    lq, lk = (3, 130, 64), (200, 130, 1)
+    q = torch.randn(sum(lq), 4, 64, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(sum(lk), 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    o, lse = kernel.varlen(q, k, v, offsets(torch, lq), offsets(torch, lk), causal=True, alignment=alignment,
+                           return_lse=True)
+    q0 = k0 = 0
+    for a, b in zip(lq, lk):
+        ob, lb = kernel(q[q0:q0 + a][None], k[k0:k0 + b][None], v[k0:k0 + b][None], causal=True, alignment=alignment,
+                        layout="bshd", return_lse=True)
+        assert torch.equal(o[q0:q0 + a], ob[0])
+        assert torch.equal(lse[:, q0:q0 + a], lb[0])
+        q0, k0 = q0 + a, k0 + b
+
+
+@pytest.mark.parametrize("cu_q, cu_k, kw, error, fragment", [
+    ([0, 5, 3], [0, 5, 8], {}, ValueError, "decreases at sequence 1"),
+    ([0, 5, 20], [0, 5, 8], {}, ValueError, "has 10 rows"),
+    ([-2, 5, 8], [0, 5, 8], {}, ValueError, "0 or more"),
+    ([0, 5, 8], [0, 8], {}, ValueError, "the same sequences"),
+    ([0, 5, 8], [0, 5, 8], {"max_seqlen_q": 4}, ValueError, "pass at least 5"),
+    ([0, 5, 8], [0, 5, 8], {"validate": False}, ValueError, "needs max_seqlen_q"),
+    ("int64", [0, 5, 8], {}, TypeError, "must be int32"),
+    ([0, 5, 8], [0, 5, 8], {"causal": False, "alignment": "bottom_right"}, ValueError, "causal=True only"),
+])
+def test_bad_offsets_are_refused(torch, cu_q, cu_k, kw, error, fragment):
+    kernel = load_once(D64)
+    q = torch.randn(10, 4, 64, device="cuda", dtype=torch.float16)
+    k = v = torch.randn(8, 4, 64, device="cuda", dtype=torch.float16)
+    cq = (torch.tensor([0, 5, 8], dtype=torch.int64, device="cuda") if cu_q == "int64"
+          else torch.tensor(cu_q, dtype=torch.int32, device="cuda"))
+    ck = torch.tensor(cu_k, dtype=torch.int32, device="cuda")
+    with pytest.raises(error, match=fragment.replace("(", r"\(").replace("[", r"\[")):
+        kernel.varlen(q, k, v, cq, ck, **kw)
+
+
+def test_bad_shapes_are_refused(torch):
+    kernel = load_once(D64)
+    cu = torch.tensor([0, 4], dtype=torch.int32, device="cuda")
+    q = torch.randn(4, 4, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="3-D"):
+        kernel.varlen(q[None], q, q, cu, cu)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        kernel.varlen(q, q[:, :3], q[:, :3], cu, cu)
+    padded = load_once(ROOT / "specs" / "h100_mma_d64.yaml")
+    with pytest.raises(ValueError, match="varlen: true"):
+        padded.varlen(q, q, q, cu, cu)
+
+
+def test_unvalidated_offsets_stay_inside_the_tensors(torch):
+    """validate=False with offsets past the tensors: rows are clamped, nothing is read or written
+    outside (a guard region after o stays NaN), and the call completes."""
+    kernel = load_once(D64)
+    q = torch.randn(10, 4, 64, device="cuda", dtype=torch.float16)
+    k = v = torch.randn(8, 4, 64, device="cuda", dtype=torch.float16)
+    buf = torch.full((10 + 64, 4, 64), float("nan"), device="cuda", dtype=torch.float16)
+    bad = torch.tensor([0, 6, 4000], dtype=torch.int32, device="cuda")
+    kernel.varlen(q, k, v, bad, bad, max_seqlen_q=4000, validate=False, out=buf[:10])
+    torch.cuda.synchronize()
+    assert torch.isnan(buf[10:]).all()
+    assert torch.isfinite(buf[:10]).all()
