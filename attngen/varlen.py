@@ -87,15 +87,25 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     strides = {}
     for name, t in (("q", qp), ("k", kp), ("v", vp), ("o", op)):
         strides.update({f"{name}_batch_stride": 0, f"{name}_head_stride": t.stride(1), f"{name}_row_stride": t.stride(0)})
+    order = longest_first(torch, cu_seqlens_k) if batch > 1 else None
     params = pack_params(kernel.plan, strides={}, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=out.data_ptr(),
                          lse=lse_out.data_ptr() if return_lse else 0, **strides,
                          lse_batch_stride=0, lse_head_stride=total_q,
                          batch=batch, heads=heads, kv_heads=kv_heads, seqlen_q=max_seqlen_q, seqlen_k=0,
                          scale_log2=scale * LOG2E, cu_seqlens_q=cu_seqlens_q.data_ptr(),
                          cu_seqlens_k=cu_seqlens_k.data_ptr(), total_q=total_q, total_k=total_k,
+                         seq_order=order.data_ptr() if order is not None else 0,
                          **variant.abi_values(alignment, 0, 0))
     kernel._launch_function(kernel.entry[packed_key(mask)], params, cfg)
     return (out, lse_out) if return_lse else out
+
+
+def longest_first(torch, cu_seqlens_k):
+    """The sequences by key count, longest first (int32, on the GPU, no host sync): a block's work
+    grows with its sequence's keys, and blocks taken longest first leave short ones for the tail of
+    the grid (measured on the H200, 16 sequences of 1-4096 tokens, d128: 1360 us in ascending order,
+    1277 us longest first)."""
+    return torch.argsort(cu_seqlens_k[1:] - cu_seqlens_k[:-1], descending=True, stable=True).to(torch.int32)
 
 
 def _check_offsets(name: str, cu, device) -> int:

@@ -44,7 +44,7 @@
 //     total 98304 B (96.00 KiB) of 232448 B (227.00 KiB) budget, 42%
 //     dynamic: 98304 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 208 B by value):
+//   kernel parameters (Params, 216 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -74,8 +74,9 @@
 //     +180  int            causal_from_end  causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
 //     +184  const int*     cu_seqlens_q     int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
 //     +192  const int*     cu_seqlens_k     int32 (batch + 1,): packed calls, first row of each sequence in k and v
-//     +200  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-//     +204  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
+//     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
+//     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+//     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -157,8 +158,9 @@ struct Params {
     int causal_from_end;  // +180: causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
     const int* cu_seqlens_q;  // +184: int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
     const int* cu_seqlens_k;  // +192: int32 (batch + 1,): packed calls, first row of each sequence in k and v
-    int total_q;  // +200: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-    int total_k;  // +204: packed calls: rows of k and v; offsets are clamped to [0, total_k]
+    const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
+    int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+    int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -189,9 +191,10 @@ static_assert(offsetof(Params, causal_offset) == 176, "Params.causal_offset offs
 static_assert(offsetof(Params, causal_from_end) == 180, "Params.causal_from_end offset");
 static_assert(offsetof(Params, cu_seqlens_q) == 184, "Params.cu_seqlens_q offset");
 static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset");
-static_assert(offsetof(Params, total_q) == 200, "Params.total_q offset");
-static_assert(offsetof(Params, total_k) == 204, "Params.total_k offset");
-static_assert(sizeof(Params) == 208, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, seq_order) == 200, "Params.seq_order offset");
+static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
+static_assert(offsetof(Params, total_k) == 212, "Params.total_k offset");
+static_assert(sizeof(Params) == 216, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;

@@ -37,7 +37,7 @@
 //   h100_mma_d128_m64n64w4s3x3q: fwd_mma (mma.sync m16n8k16 attention forward), fp16, head_dim 128, masks none, causal
 //   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_mma_d128_m64n64w4s3x3q_none, attngen_h100_mma_d128_m64n64w4s3x3q_causal, attngen_h100_mma_d128_m64n64w4s3x3q_none_varlen, attngen_h100_mma_d128_m64n64w4s3x3q_causal_varlen
 //
-//   block: 64 query rows x 64-key K/V tiles; grid (ceil(seqlen_q / 64), heads, batch); packed sequences (*_varlen): grid (ceil(max_seqlen_q / 64), heads, sequences), a block past its sequence's rows returns at once
+//   block: 64 query rows x 64-key K/V tiles; grid (ceil(seqlen_q / 64), heads, batch); packed sequences (*_varlen): grid (ceil(max_seqlen_q / 64), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
 //   threads: 128 = 4 compute warp(s); each compute warp owns 16 query rows
 //   fragments per warp: 1 x m16 rows; S = 1x8 m16n8 tiles (32 fp32 regs), O = 1x16 tiles (64 fp32 regs), Q fragments 32 regs; ~128 accumulator registers per thread
 //   mma.sync per tile per warp: 64 (Q.K^T) + 64 (P.V)
@@ -57,7 +57,7 @@
 //     total 114688 B (112.00 KiB) of 232448 B (227.00 KiB) budget, 49%
 //     dynamic: 114688 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 208 B by value):
+//   kernel parameters (Params, 216 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -87,8 +87,9 @@
 //     +180  int            causal_from_end  causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
 //     +184  const int*     cu_seqlens_q     int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
 //     +192  const int*     cu_seqlens_k     int32 (batch + 1,): packed calls, first row of each sequence in k and v
-//     +200  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-//     +204  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
+//     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
+//     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+//     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -172,8 +173,9 @@ struct Params {
     int causal_from_end;  // +180: causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
     const int* cu_seqlens_q;  // +184: int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
     const int* cu_seqlens_k;  // +192: int32 (batch + 1,): packed calls, first row of each sequence in k and v
-    int total_q;  // +200: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-    int total_k;  // +204: packed calls: rows of k and v; offsets are clamped to [0, total_k]
+    const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
+    int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+    int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -204,9 +206,10 @@ static_assert(offsetof(Params, causal_offset) == 176, "Params.causal_offset offs
 static_assert(offsetof(Params, causal_from_end) == 180, "Params.causal_from_end offset");
 static_assert(offsetof(Params, cu_seqlens_q) == 184, "Params.cu_seqlens_q offset");
 static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset");
-static_assert(offsetof(Params, total_q) == 200, "Params.total_q offset");
-static_assert(offsetof(Params, total_k) == 204, "Params.total_k offset");
-static_assert(sizeof(Params) == 208, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, seq_order) == 200, "Params.seq_order offset");
+static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
+static_assert(offsetof(Params, total_k) == 212, "Params.total_k offset");
+static_assert(sizeof(Params) == 216, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;
@@ -695,14 +698,16 @@ __device__ __forceinline__ void mask_for_sequence(Params& s) {
 }
 
 // Packed (varlen) sequences: q, k, v and o hold every sequence's rows back to back, (total, heads,
-// head_dim), with batch strides 0; cu_seqlens_q/k[b] is sequence b's first row. The block of
-// sequence blockIdx.z narrows its copy of Params to that sequence: pointers at its first rows, its
-// lengths, its LSE columns and the mask's fields, so attention() runs unchanged. Offsets are
-// clamped to [0, total] so a malformed cu_seqlens never reads or writes outside the tensors.
+// head_dim), with batch strides 0; cu_seqlens_q/k[b] is sequence b's first row. Grid slice
+// blockIdx.z computes sequence seq_order[blockIdx.z] (longest first) and narrows its copy of Params
+// to it: pointers at its first rows, its lengths, its LSE columns and the mask's fields, so
+// attention() runs unchanged. Offsets are clamped to [0, total] so a malformed cu_seqlens never
+// reads or writes outside the tensors (an order entry is clamped to the batch likewise).
 // Returns false for a block past the sequence's last query row (the grid covers the longest).
 template <Mask kMask>
 __device__ __forceinline__ bool enter_sequence(Params& s) {
-    const int b = blockIdx.z;
+    const int z = blockIdx.z;
+    const int b = s.seq_order != nullptr ? min(max(s.seq_order[z], 0), static_cast<int>(gridDim.z) - 1) : z;
     const int q_end = min(max(s.cu_seqlens_q[b + 1], 0), s.total_q);
     const int q0 = min(max(s.cu_seqlens_q[b], 0), q_end);
     const int k_end = min(max(s.cu_seqlens_k[b + 1], 0), s.total_k);

@@ -120,8 +120,9 @@
 //     +180  int            causal_from_end  causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
 //     +184  const int*     cu_seqlens_q     int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
 //     +192  const int*     cu_seqlens_k     int32 (batch + 1,): packed calls, first row of each sequence in k and v
-//     +200  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-//     +204  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
+//     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
+//     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+//     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
 //     +256  unsigned char[128] tma_q            TMA tensor map of q, encoded by the runtime per call
 //     +384  unsigned char[128] tma_k            TMA tensor map of k, encoded by the runtime per call
 //     +512  unsigned char[128] tma_v            TMA tensor map of v, encoded by the runtime per call
@@ -206,8 +207,9 @@ struct Params {
     int causal_from_end;  // +180: causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
     const int* cu_seqlens_q;  // +184: int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
     const int* cu_seqlens_k;  // +192: int32 (batch + 1,): packed calls, first row of each sequence in k and v
-    int total_q;  // +200: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-    int total_k;  // +204: packed calls: rows of k and v; offsets are clamped to [0, total_k]
+    const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
+    int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+    int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
     alignas(64) unsigned char tma_q[128];  // +256: TMA tensor map of q, encoded by the runtime per call
     alignas(64) unsigned char tma_k[128];  // +384: TMA tensor map of k, encoded by the runtime per call
     alignas(64) unsigned char tma_v[128];  // +512: TMA tensor map of v, encoded by the runtime per call
@@ -242,8 +244,9 @@ static_assert(offsetof(Params, causal_offset) == 176, "Params.causal_offset offs
 static_assert(offsetof(Params, causal_from_end) == 180, "Params.causal_from_end offset");
 static_assert(offsetof(Params, cu_seqlens_q) == 184, "Params.cu_seqlens_q offset");
 static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset");
-static_assert(offsetof(Params, total_q) == 200, "Params.total_q offset");
-static_assert(offsetof(Params, total_k) == 204, "Params.total_k offset");
+static_assert(offsetof(Params, seq_order) == 200, "Params.seq_order offset");
+static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
+static_assert(offsetof(Params, total_k) == 212, "Params.total_k offset");
 static_assert(offsetof(Params, tma_q) == 256, "Params.tma_q offset");
 static_assert(offsetof(Params, tma_k) == 384, "Params.tma_k offset");
 static_assert(offsetof(Params, tma_v) == 512, "Params.tma_v offset");

@@ -241,7 +241,7 @@ def test_forward_abi_matches_the_generated_struct():
     assert f"static_assert(sizeof(Params) == {FORWARD_ABI.size}," in src
     names = [f.name for f in FORWARD_ABI.fields]
     assert {"causal_offset", "causal_from_end"} <= set(names)   # a variant's fields, from the same list
-    assert names[-4:] == ["cu_seqlens_q", "cu_seqlens_k", "total_q", "total_k"]   # packed sequences' fields
+    assert names[-5:] == ["cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k"]   # packed sequences
 
 
 def plan_with_tensor_map():
@@ -259,10 +259,10 @@ def test_one_line_adds_a_field():
 
 
 def plan_with_small_blob():
-    """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +208,
-    the int lies at +208): Python puts the blob at +216, not +212, and C must too."""
+    """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +216,
+    the int lies at +216): Python puts the blob at +224, not +220, and C must too."""
     plan = make_plan(parse_spec((ROOT / "specs" / "l4_mma_d64.yaml").read_text()))
-    assert FORWARD_ABI.size == 208
+    assert FORWARD_ABI.size == 216
     return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((int32("n", "an int"),
                                                                   blob("small", 16, 8, "an 8-aligned blob"))))
 
@@ -270,9 +270,9 @@ def plan_with_small_blob():
 def test_small_aligned_blob_is_declared_where_python_puts_it():
     plan = plan_with_small_blob()
     src = render_parts(plan, "specs/x.yaml", "")[0].source
-    assert plan.abi.offsets[-2:] == (208, 216) and plan.abi.size == 232
+    assert plan.abi.offsets[-2:] == (216, 224) and plan.abi.size == 240
     assert "alignas(8) unsigned char small[16];" in src
-    assert "static_assert(offsetof(Params, small) == 216," in src and "static_assert(sizeof(Params) == 232," in src
+    assert "static_assert(offsetof(Params, small) == 224," in src and "static_assert(sizeof(Params) == 240," in src
 
 
 @pytest.mark.nvcc

@@ -14,6 +14,8 @@ VARLEN_ABI_FIELDS = (
     int_pointer("cu_seqlens_q", "int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the "
             "total; null in padded calls", optional=True),
     int_pointer("cu_seqlens_k", "int32 (batch + 1,): packed calls, first row of each sequence in k and v", optional=True),
+    int_pointer("seq_order", "packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so "
+                "the longest blocks do not form the tail of the grid; null: blockIdx.z", optional=True),
     int32("total_q", "packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past", default=0),
     int32("total_k", "packed calls: rows of k and v; offsets are clamped to [0, total_k]", default=0),
 )
