@@ -673,8 +673,10 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
     output poisoned with NaN, then
       pass when max|out - ref| <= 2 x max|torch low-precision - ref| + 1e-5
     (ref: fp32 attention on the upcast inputs), no NaN or unwritten element, nothing written
-    past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Exits 1 on any failure, 4 when there
-    is no GPU, torch or pycuda.
+    past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Specs with varlen: true also run
+    packed-sequence cases (mixed lengths in one batch, both causal alignments) and decode specs
+    their decode cases, under the same rule. Exits 1 on any failure, 4 when there is no GPU,
+    torch or pycuda.
     """
     from . import fsutil
     from .eval import verify as verification

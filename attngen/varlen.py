@@ -103,8 +103,8 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
 def longest_first(torch, cu_seqlens_k):
     """The sequences by key count, longest first (int32, on the GPU, no host sync): a block's work
     grows with its sequence's keys, and blocks taken longest first leave short ones for the tail of
-    the grid (measured on the H200, 16 sequences of 1-4096 tokens, d128: 1360 us in ascending order,
-    1277 us longest first)."""
+    the grid. Measured on the H200 (16 sequences of 1-4096 tokens, 16 heads, d128, 128x32 tiles):
+    without it 1360 us in ascending and 1277 us in descending order; with it 1302 and 1301 us."""
     return torch.argsort(cu_seqlens_k[1:] - cu_seqlens_k[:-1], descending=True, stable=True).to(torch.int32)
 
 
