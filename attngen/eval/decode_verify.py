@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .verify import (ERR_FACTOR, FULL_SUITE, LSE_ATOL, LSE_RTOL, CaseResult, attention_torch, error_bound,
-                            exact_fp32_matmul)
+from .verify import FULL_SUITE, CaseResult, attention_torch, exact_fp32_matmul, judge_rows
 
 QUICK_CASES = 5   # the first cases of decode_cases for `attngen verify --quick`
 
@@ -108,28 +107,7 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
                     return_lse=True, layout=case.layout, out=out)
     torch.cuda.synchronize(dev)
     ref, ref_lse, low = reference(torch, view(q), view(k), view(v), case.lengths, case.causal, scale)
-    ob = view(o).float()
-    problems = result.problems
-    bad = int((~torch.isfinite(ob)).sum())
-    if bad:
-        problems.append(f"{bad} of {ob.numel()} output elements are NaN/inf (unwritten or overflowed)")
-    result.max_err = (ob - ref).abs().max().item()
-    result.lowprec_err = (low - ref).abs().max().item()
-    result.bound = error_bound(result.lowprec_err)
-    if not bad and not result.max_err <= result.bound:
-        problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} ({ERR_FACTOR:g} x torch "
-                        f"{kernel.plan.spec.dtype} error {result.lowprec_err:.3g} + floor)")
-    no_key = torch.isneginf(ref_lse)
-    if not torch.equal(no_key, torch.isneginf(lse)) or torch.isnan(lse).any():
-        problems.append("LSE is NaN, or -inf on other rows than the reference's (rows that see no key)")
-    finite = ~no_key
-    diff = (lse - ref_lse).abs()[finite]
-    result.lse_err = diff.max().item() if diff.numel() else 0.0
-    excess = diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[finite])
-    result.lse_excess = excess.max().item() if excess.numel() else 0.0
-    if not result.lse_excess <= 1.0:
-        problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
-    result.passed = not problems
+    judge_rows(result, torch, view(o), ref, low, lse, ref_lse, kernel.plan.spec.dtype)
     return result
 
 

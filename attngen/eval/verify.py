@@ -208,6 +208,34 @@ def reference_errors(torch, q, k, v, out, *, scale: float, mask: str, alignment:
     return (out.float() - ref).abs().max().item(), (lowprec.float() - ref).abs().max().item(), ref_lse
 
 
+def judge_rows(result: CaseResult, torch, out, ref, low, lse, ref_lse, dtype_name: str) -> None:
+    """The error rule on outputs given row by row (decode, packed sequences): every element of
+    `out` finite, max|out - ref| within error_bound(max|low - ref|), LSE -inf exactly where the
+    reference sees no key and within LSE_ATOL + LSE_RTOL |ref| elsewhere. Fills `result`'s errors,
+    appends to its problems and sets passed."""
+    problems = result.problems
+    out = out.float()
+    bad = int((~torch.isfinite(out)).sum())
+    if bad:
+        problems.append(f"{bad} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)")
+    result.max_err = (out - ref).abs().max().item() if out.numel() else 0.0
+    result.lowprec_err = (low - ref).abs().max().item() if out.numel() else 0.0
+    result.bound = error_bound(result.lowprec_err)
+    if not bad and not result.max_err <= result.bound:
+        problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} ({ERR_FACTOR:g} x torch "
+                        f"{dtype_name} error {result.lowprec_err:.3g} + floor)")
+    no_key = torch.isneginf(ref_lse)
+    if not torch.equal(no_key, torch.isneginf(lse)) or torch.isnan(lse).any():
+        problems.append("LSE is NaN, or -inf on other rows than the reference's (rows that see no key)")
+    diff = (lse - ref_lse).abs()[~no_key]
+    result.lse_err = diff.max().item() if diff.numel() else 0.0
+    excess = diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[~no_key])
+    result.lse_excess = excess.max().item() if excess.numel() else 0.0
+    if not result.lse_excess <= 1.0:
+        problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
+    result.passed = not problems
+
+
 def make_inputs(shape: Shape, head_dim: int, dtype, device, generator):
     """q, k, v in shape.layout, standard normal (never zeros)."""
     import torch
