@@ -12,12 +12,6 @@ from .runtime import LOG2E, MAX_GRID_YZ, Kernel, LaunchConfig, pack_params
 
 
 class DecodeKernel(Kernel):
-    _sm_total = None   # SMs of the kernel's GPU, read on the first call that needs the heuristic
-
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        self._counter_buffers = {}   # stream -> zeroed int32 split counters (fused combine)
-
     """A decode spec, callable on torch tensors.
 
     ``kernel(q, k_cache, v_cache, cache_seqlens=None, causal=False)`` returns o (shaped like q), or
@@ -36,6 +30,12 @@ class DecodeKernel(Kernel):
     page a sequence uses is in the pool (entries past its pages may hold anything); without it the
     kernel clamps page ids to the pool.
     """
+
+    _sm_total = None   # SMs of the kernel's GPU, read on the first call that needs the heuristic
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._counter_buffers = {}   # stream -> zeroed int32 split counters (fused combine)
 
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,

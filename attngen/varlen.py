@@ -100,6 +100,14 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     return (out, lse_out) if return_lse else out
 
 
+def cu_seqlens(torch, lengths, device):
+    """The int32 offsets (batch + 1,) of sequences of `lengths` packed back to back: 0, l0, l0 + l1, ..."""
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + int(n))
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
 def longest_first(torch, cu_seqlens_k):
     """The sequences by key count, longest first (int32, on the GPU, no host sync): a block's work
     grows with its sequence's keys, and blocks taken longest first leave short ones for the tail of
@@ -138,4 +146,4 @@ def _offsets_on_host(name: str, cu, total: int, where: str) -> list[int]:
     return [offsets[b + 1] - offsets[b] for b in range(len(offsets) - 1)]
 
 
-__all__ = ["varlen_call"]
+__all__ = ["cu_seqlens", "varlen_call"]

@@ -11,6 +11,7 @@ import pytest
 import attngen
 from attngen.eval import verify
 from attngen.eval.varlen_verify import varlen_cases
+from attngen.varlen import cu_seqlens
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +47,7 @@ def test_varlen_spec_passes_every_case(spec):
 
 
 def offsets(torch, lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    return cu_seqlens(torch, lengths, "cuda")
 
 
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])

@@ -60,6 +60,7 @@ def flash_varlen(torch, q, k, v, cu, max_len: int, causal: bool, scale: float):
 def bench_batch(torch, kernel, batch: VarlenBatch, causal: bool, *, reps: int = 30) -> dict:
     """Times (us) of the spec's varlen call and torch's varlen flash on one packed batch, inputs
     rotated past L2; the spec's output is checked against the fp32 reference first."""
+    from ..varlen import cu_seqlens
     from .bench import time_calls
     from .varlen_verify import reference
     from .verify import Variant, error_bound
@@ -69,7 +70,7 @@ def bench_batch(torch, kernel, batch: VarlenBatch, causal: bool, *, reps: int = 
     nbytes = 2 * total * d * 2 * (batch.heads + batch.kv_heads)   # q, o and k, v
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rotate = max(1, min(8, int(L2_MARGIN * l2 // nbytes) + 1))
-    cu = torch.tensor([0] + torch.tensor(batch.lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(torch, batch.lengths, "cuda")
     sets = [(torch.randn(total, batch.heads, d, device="cuda", dtype=dtype),
              torch.randn(total, batch.kv_heads, d, device="cuda", dtype=dtype),
              torch.randn(total, batch.kv_heads, d, device="cuda", dtype=dtype)) for _ in range(rotate)]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..core.variants import MASKS
 from ..core.varlen import packed_key
+from ..varlen import cu_seqlens
 from .verify import FULL_SUITE, ROW_ALIGN, CaseResult, Variant, attention_torch, exact_fp32_matmul, judge_rows
 
 QUICK_CASES = 2         # the first cases for `attngen verify --quick`
@@ -90,10 +91,7 @@ def check_varlen_case(kernel, variant: Variant, case: VarlenCase, seed: int, lab
     lse_buf = torch.full((case.heads * tq + guard,), float("nan"), dtype=torch.float32, device=dev)
     out, lse = out_buf[:tq], lse_buf[:case.heads * tq].view(case.heads, tq)
 
-    def offsets(lens):
-        return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=dev)
-
-    kernel.varlen(q, k, v, offsets(case.lens_q), offsets(case.keys), causal=variant.mask == "causal",
+    kernel.varlen(q, k, v, cu_seqlens(torch, case.lens_q, dev), cu_seqlens(torch, case.keys, dev), causal=variant.mask == "causal",
                   alignment=variant.alignment, scale=d ** -0.5, out=out, lse_out=lse,
                   max_seqlen_q=max(case.lens_q) if case.give_max else None)
     torch.cuda.synchronize(dev)
