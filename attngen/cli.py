@@ -678,7 +678,6 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
     their decode cases, under the same rule. Exits 1 on any failure, 4 when there is no GPU,
     torch or pycuda.
     """
-    from . import fsutil
     from .eval import verify as verification
     paths = _spec_files(specs, specs_dir)
     kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
@@ -690,7 +689,7 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
                                              on_case=lambda _case: bar.update(1))
     click.echo(format_verify(report, failures_only))
     if json_path:
-        fsutil.atomic_write_text(json_path, json.dumps(report.as_dict(), indent=2) + "\n")
+        write_verify_json(report, json_path)
     failed = len(report.failed)
     click.echo(f"attngen verify: {len(report.cases) - failed} passed, {failed} failed "
                f"({len(kernels)} spec(s), {len(shapes)} shapes per variant)", err=bool(failed))
@@ -698,21 +697,28 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
         sys.exit(1)
 
 
+def write_verify_json(report, path) -> None:
+    """The full verify report (every case, errors, tolerances) as JSON at `path`, written atomically."""
+    from . import fsutil
+    fsutil.atomic_write_text(path, json.dumps(report.as_dict(), indent=2) + "\n")
+
+
 def format_verify(report, failures_only: bool = False) -> str:
-    """The verify table; the spec, variant and shape columns widen to their longest entry
-    (`causal:bottom_right` is 19 characters)."""
+    """The verify table, one row per case of any type (each says its shape label and layout); the
+    spec, variant, shape and layout columns widen to their longest entry."""
     cases = [c for c in report.cases if not (failures_only and c.passed)]
     sw = max([len("spec")] + [len(c.spec) for c in cases])
     vw = max([len("variant")] + [len(c.variant) for c in cases])
     hw = max([len("shape")] + [len(c.shape.label) for c in cases])
+    lw = max([len("layout")] + [len(c.shape.layout) for c in cases])
     lines = [f"{report.device} ({report.arch}), torch {report.torch_version}, {report.suite} suite",
-             f"{'spec':<{sw}} {'variant':<{vw}} {'shape':<{hw}} {'layout':<6} {'max err':>9} {'bound':>9} "
+             f"{'spec':<{sw}} {'variant':<{vw}} {'shape':<{hw}} {'layout':<{lw}} {'max err':>9} {'bound':>9} "
              f"{'lse err':>9}  result"]
 
     def num(x):
         return f"{x:9.2e}" if x is not None else f"{'-':>9}"
     for c in cases:
-        lines.append(f"{c.spec:<{sw}} {c.variant:<{vw}} {c.shape.label:<{hw}} {c.shape.layout:<6} {num(c.max_err)} "
+        lines.append(f"{c.spec:<{sw}} {c.variant:<{vw}} {c.shape.label:<{hw}} {c.shape.layout:<{lw}} {num(c.max_err)} "
                      f"{num(c.bound)} {num(c.lse_err)}  {'pass' if c.passed else 'FAIL: ' + '; '.join(c.problems)}")
     return "\n".join(lines)
 

@@ -239,3 +239,35 @@ def test_verifier_rejects_planted_bug(name):
     rejected = [r for r in results if not r.passed]
     assert rejected, f"the verifier accepted {name}"
     assert any("exceeds" in p or "NaN" in p for r in rejected for p in r.problems)
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+CLI_SPECS = {   # one spec of each kind and call convention
+    "scalar": "phase4.yaml", "wmma": "phase5_wmma.yaml", "mma": "h100_mma_d64.yaml",
+    "wgmma": "h100_wgmma_d64.yaml", "decode": "h200_decode_d128_fused.yaml",
+    "varlen": "h100_mma_d64_m128n64w4s2x3q.yaml",
+}
+
+
+@pytest.mark.parametrize("what", sorted(CLI_SPECS))
+def test_verify_command_line(what, tmp_path):
+    """`attngen verify --quick SPEC --json FILE` exits 0 and prints one table row per case (the
+    JSON lists the same cases), whatever the spec's kind and call convention."""
+    import json
+    import subprocess
+    import sys
+    spec = ROOT / "specs" / CLI_SPECS[what]
+    if "wgmma" in what:
+        import torch
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("the wgmma kind runs on sm_90 only")
+    out = tmp_path / "verify.json"
+    run = subprocess.run([sys.executable, "-m", "attngen", "verify", "--quick", str(spec), "--json", str(out)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = [line for line in run.stdout.splitlines() if line.startswith(spec.stem + " ")]
+    assert data["failed"] == 0 and data["passed"] == len(data["cases"]) == len(rows) > 0
+    if what == "varlen":
+        assert any(c["shape"]["layout"] == "thd" for c in data["cases"])

@@ -34,6 +34,11 @@ class VarlenCase:
         return self.lens_q if self.lens_k is None else self.lens_k
 
     @property
+    def layout(self) -> str:
+        """thd: (total_rows, heads, head_dim), every sequence's rows back to back (FlashAttention's name)."""
+        return "thd"
+
+    @property
     def label(self) -> str:
         heads = f"{self.heads}" if self.heads == self.kv_heads else f"{self.heads}/{self.kv_heads}"
         lens = ",".join(map(str, self.lens_q)) + ("" if self.lens_k is None else " k " + ",".join(map(str, self.lens_k)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Protocol, runtime_checkable
 
 from ..core.variants import MASKS
 
@@ -25,6 +26,19 @@ ERR_FLOOR = 1e-5        # absolute floor for cases where torch's low-precision r
 LSE_ATOL = 1e-3
 LSE_RTOL = 1e-3
 ROW_ALIGN = 8           # guard rows are a multiple of 8 so views keep 16-byte aligned strides
+
+
+@runtime_checkable
+class CaseShape(Protocol):
+    """What a verify case says about its problem, for the report's shape and layout columns.
+    Every case type (padded Shape, VarlenCase, DecodeCase, and any a later call convention adds)
+    is a dataclass with these two properties; the table and the JSON report read nothing else."""
+
+    @property
+    def label(self) -> str: ...          # the shape column, e.g. "B2 H4/2 Sq113 Sk300"
+
+    @property
+    def layout(self) -> str: ...         # the layout column: bhsd, bshd, thd (packed sequences)
 
 
 @dataclass(frozen=True)
@@ -124,7 +138,7 @@ class CaseResult:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d["shape"] = {**asdict(self.shape), "label": self.shape.label}
+        d["shape"] = {**asdict(self.shape), "label": self.shape.label, "layout": self.shape.layout}
         for key in ("max_err", "lowprec_err", "bound", "lse_err", "lse_excess"):
             if d[key] is not None and not math.isfinite(d[key]):
                 d[key] = str(d[key])        # JSON has no NaN / inf

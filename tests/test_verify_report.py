@@ -1,0 +1,61 @@
+"""The verify report formats every case type: the table (`format_verify`) and the `--json` writer
+take a report holding one case of each type the call conventions bring (padded forward, varlen,
+decode), passing and failing. No GPU: the cases are built by hand, as verify builds them."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from attngen.cli import format_verify, write_verify_json
+from attngen.eval.decode_verify import DecodeCase
+from attngen.eval.varlen_verify import VarlenCase
+from attngen.eval.verify import CaseResult, CaseShape, Shape, VerifyReport
+
+CASE_SHAPES = (
+    Shape(2, 4, 2, 113, 300, "bshd"),
+    VarlenCase(8, 2, (5, 100, 1, 77), (300, 64, 0, 77), give_max=True),
+    DecodeCase(3, 32, 8, 4, 165, (31, 32, 33), causal=True, page_size=16),
+)
+
+
+def report_of_every_type() -> VerifyReport:
+    cases = []
+    for shape in CASE_SHAPES:
+        cases.append(CaseResult("spec_a", "attngen_spec_a_none", "none", shape, passed=True, max_err=1e-3,
+                                lowprec_err=9e-4, bound=1.8e-3, lse_err=2e-6, lse_excess=0.01))
+        cases.append(CaseResult("spec_a", "attngen_spec_a_causal", "causal:bottom_right", shape, passed=False,
+                                max_err=float("nan"), lowprec_err=1e-3, bound=2e-3, lse_err=None,
+                                problems=["3 of 40 output elements are NaN/inf (unwritten or overflowed)"]))
+    return VerifyReport("Stub GPU", "sm_90", "stub", "quick", cases)
+
+
+@pytest.mark.parametrize("shape", CASE_SHAPES, ids=lambda s: type(s).__name__)
+def test_every_case_type_says_its_shape_and_layout(shape):
+    assert isinstance(shape, CaseShape)
+    assert dataclasses.is_dataclass(shape)
+    assert shape.label and shape.layout in ("bhsd", "bshd", "thd")
+
+
+def test_format_verify_has_one_row_per_case_of_every_type():
+    report = report_of_every_type()
+    lines = format_verify(report).splitlines()
+    assert len(lines) == 2 + len(report.cases)
+    for line, case in zip(lines[2:], report.cases):
+        assert case.shape.label in line and f" {case.shape.layout} " in line
+        assert line.endswith("pass") == case.passed
+    failing = format_verify(report, failures_only=True).splitlines()
+    assert len(failing) == 2 + len(report.failed)
+    assert all("FAIL: 3 of 40" in line for line in failing[2:])
+
+
+def test_json_writer_keeps_every_case(tmp_path):
+    report = report_of_every_type()
+    path = tmp_path / "verify.json"
+    write_verify_json(report, path)
+    data = json.loads(path.read_text())
+    assert (data["passed"], data["failed"]) == (3, 3)
+    assert [c["shape"]["layout"] for c in data["cases"]] == [c.shape.layout for c in report.cases]
+    assert [c["shape"]["label"] for c in data["cases"]] == [c.shape.label for c in report.cases]
+    assert data["cases"][1]["max_err"] == "nan"          # JSON has no NaN
