@@ -24,7 +24,7 @@ def _attngen_cache_dir(tmp_path_factory):
         yield
 
 
-# -- gpu: tests marked `gpu` run kernels; without torch (CUDA build), a GPU, pycuda or nvcc they skip
+# -- gpu: tests marked `gpu` run kernels; without torch (CUDA build), a GPU, the CUDA driver or nvcc they skip
 # with a reason. Also an autouse fixture, for the reason given above.
 import functools as _functools
 
@@ -37,10 +37,12 @@ def _gpu_skip_reason():
         return "torch is not installed: pip install -e '.[gpu]'"
     if not torch.cuda.is_available():
         return f"no CUDA GPU visible to torch {torch.__version__}"
+    from attngen.errors import NoGpuError
+    from attngen.runtime import driver
     try:
-        import pycuda.driver  # noqa: F401
-    except ImportError as exc:
-        return f"pycuda is not installed: pip install -e '.[gpu]' ({exc})"
+        driver.lib()
+    except NoGpuError as exc:
+        return str(exc)
     from attngen.compile import find_nvcc
     from attngen.errors import ToolError
     try:

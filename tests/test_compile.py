@@ -247,7 +247,7 @@ def test_explain_arch_adds_registers(compiled, monkeypatch):
 def test_param_offsets_from_the_cubin():
     """A Params struct with 64-byte aligned TMA maps (a __grid_constant__ parameter) starts past a
     gap in the parameter buffer; an 8-byte aligned one at 0. The runtime pads a launch by this."""
-    from attngen.cubin import param_offsets
+    from attngen.runtime.cubin import param_offsets
     for name, gap in (("h100_wgmma_d128", 48), ("l4_mma_d64", 0)):
         r = render_spec_file(ROOT / "specs" / f"{name}.yaml")
         res = compile_source(r.source, r.plan.compile_arch(r.plan.target.arch))
@@ -266,7 +266,7 @@ def test_ignored_setmaxnreg_is_reported():
 
 
 def test_tensor_map_strides():
-    from attngen.tma import map_strides
+    from attngen.runtime.tma import map_strides
     assert map_strides((2, 4, 100, 64), (25600, 6400, 64, 1), 2) == (128, 12800, 51200)    # bhsd
     assert map_strides((2, 4, 100, 64), (25600, 64, 256, 1), 2) == (512, 128, 51200)      # bshd
     # size-1 dimensions may carry any stride; the map gets a valid one
@@ -275,7 +275,7 @@ def test_tensor_map_strides():
 
 def test_cubin_records_parse_whole_sections():
     """Every .nv.info record is 4 bytes, or 4 plus its size: a parse that went out of step raises."""
-    from attngen.cubin import _records
+    from attngen.runtime.cubin import _records
     info = bytes([2, 0x4C, 1, 0]) + bytes([4, 0x17, 12, 0]) + bytes(6) + (48).to_bytes(2, "little") + bytes(4) \
         + bytes([3, 0x1B, 255, 0])
     assert [a for a, _ in _records(info)] == [0x4C, 0x17, 0x1B]

@@ -66,7 +66,7 @@ def test_bad_lengths_are_refused(torch, lens, error, fragment):
     else:
         t = torch.tensor(lens, dtype=torch.int32, device="cuda")
     with pytest.raises(error, match=fragment.replace("[", r"\[")):
-        kernel(q, k, v, cache_seqlens=t)
+        kernel(q, k, v, cache_seqlens=t, validate=True)   # the range check reads the lengths back
 
 
 def test_bad_tables_are_refused(torch):
@@ -78,11 +78,13 @@ def test_bad_tables_are_refused(torch):
     kernel(q, kp, vp, cache_seqlens=lens, block_table=table)        # -1 past a sequence's pages is fine
     with pytest.raises(ValueError, match="page id 10"):
         kernel(q, kp, vp, cache_seqlens=lens, block_table=torch.tensor([[3, 4, 0], [0, 1, 10]], dtype=torch.int32,
-                                                                        device="cuda"))
+                                                                        device="cuda"), validate=True)
     with pytest.raises(ValueError, match="page id -1"):
-        kernel(q, kp, vp, cache_seqlens=torch.tensor([40, 33], dtype=torch.int32, device="cuda"), block_table=table)
+        kernel(q, kp, vp, cache_seqlens=torch.tensor([40, 33], dtype=torch.int32, device="cuda"), block_table=table,
+               validate=True)
     with pytest.raises(ValueError, match=r"outside \[0, 48\]"):
-        kernel(q, kp, vp, cache_seqlens=torch.tensor([49, 3], dtype=torch.int32, device="cuda"), block_table=table)
+        kernel(q, kp, vp, cache_seqlens=torch.tensor([49, 3], dtype=torch.int32, device="cuda"), block_table=table,
+               validate=True)
     with pytest.raises(TypeError, match="block_table must be int32"):
         kernel(q, kp, vp, cache_seqlens=lens, block_table=table.long())
     with pytest.raises(ValueError, match="needs cache_seqlens"):

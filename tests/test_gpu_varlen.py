@@ -11,7 +11,7 @@ import pytest
 import attngen
 from attngen.eval import verify
 from attngen.eval.varlen_verify import varlen_cases
-from attngen.varlen import cu_seqlens
+from attngen.runtime.calls.varlen import cu_seqlens
 
 pytestmark = pytest.mark.gpu
 
@@ -69,12 +69,11 @@ def test_packed_matches_padded_calls(torch, alignment):
 
 
 @pytest.mark.parametrize("cu_q, cu_k, kw, error, fragment", [
-    ([0, 5, 3], [0, 5, 8], {}, ValueError, "decreases at sequence 1"),
-    ([0, 5, 20], [0, 5, 8], {}, ValueError, "has 10 rows"),
-    ([-2, 5, 8], [0, 5, 8], {}, ValueError, "0 or more"),
+    ([0, 5, 3], [0, 5, 8], {"validate": True}, ValueError, "decreases at sequence 1"),
+    ([0, 5, 20], [0, 5, 8], {"validate": True}, ValueError, "has 10 rows"),
+    ([-2, 5, 8], [0, 5, 8], {"validate": True}, ValueError, "0 or more"),
     ([0, 5, 8], [0, 8], {}, ValueError, "the same sequences"),
-    ([0, 5, 8], [0, 5, 8], {"max_seqlen_q": 4}, ValueError, "pass at least 5"),
-    ([0, 5, 8], [0, 5, 8], {"validate": False}, ValueError, "needs max_seqlen_q"),
+    ([0, 5, 8], [0, 5, 8], {"max_seqlen_q": 4, "validate": True}, ValueError, "pass at least 5"),
     ("int64", [0, 5, 8], {}, TypeError, "must be int32"),
     ([0, 5, 8], [0, 5, 8], {"causal": False, "alignment": "bottom_right"}, ValueError, "causal=True only"),
 ])

@@ -133,3 +133,60 @@ class Abi:
 
     def with_fields(self, extra: tuple[AbiField, ...]) -> "Abi":
         return Abi(self.name, self.fields + tuple(extra))
+
+    def struct_format(self) -> str:
+        """One struct format for the whole Params, padding included: the bytes `pack` lays out."""
+        parts, at = ["<"], 0
+        for f, offset in self.rows():
+            if offset > at:
+                parts.append(f"{offset - at}x")
+            parts.append(f.pack)
+            at = offset + f.size
+        if self.size > at:
+            parts.append(f"{self.size - at}x")
+        return "".join(parts)
+
+    def packer(self, per_call: tuple[str, ...], fixed: dict | None = None) -> "Packer":
+        """A Packer for calls that give the `per_call` fields in that order; every other field
+        takes its value from `fixed` or its default, once, here."""
+        return Packer(self, tuple(per_call), dict(fixed or {}))
+
+
+class Packer:
+    """The Params of one call convention, laid out once at load: a call passes only the values of
+    the fields that change (in the order given to Abi.packer) and one struct.pack_into writes them
+    all. The checks of Abi.pack (names, sizes, missing values) run here, once."""
+
+    def __init__(self, abi: Abi, per_call: tuple[str, ...], fixed: dict):
+        names = [f.name for f in abi.fields]
+        unknown = (set(per_call) | set(fixed)) - set(names)
+        if unknown:
+            raise ValueError(f"ABI {abi.name} has no field(s) {', '.join(sorted(unknown))}")
+        both = set(per_call) & set(fixed)
+        if both:
+            raise ValueError(f"ABI {abi.name}: field(s) {', '.join(sorted(both))} both fixed and per call")
+        base = []
+        for f in abi.fields:
+            value = fixed.get(f.name, f.default)
+            if value is None and f.name not in per_call:
+                raise ValueError(f"ABI {abi.name}: no value for {f.name} ({f.meaning})")
+            base.append(value if value is not None else 0)
+        self.abi = abi
+        self.per_call = per_call
+        self.size = abi.size
+        self._struct = struct.Struct(abi.struct_format())
+        self._base = base
+        self._slots = tuple(names.index(n) for n in per_call)
+        assert self._struct.size == abi.size, (self._struct.size, abi.size)
+
+    def pack_into(self, buffer, offset: int, values) -> None:
+        """Write the Params into `buffer` at `offset`; `values` in per_call order."""
+        row = self._base.copy()
+        for slot, value in zip(self._slots, values):
+            row[slot] = value
+        self._struct.pack_into(buffer, offset, *row)
+
+    def pack(self, values) -> bytes:
+        buf = bytearray(self.size)
+        self.pack_into(buf, 0, values)
+        return bytes(buf)

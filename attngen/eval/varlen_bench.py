@@ -60,7 +60,7 @@ def flash_varlen(torch, q, k, v, cu, max_len: int, causal: bool, scale: float):
 def bench_batch(torch, kernel, batch: VarlenBatch, causal: bool, *, reps: int = 30) -> dict:
     """Times (us) of the spec's varlen call and torch's varlen flash on one packed batch, inputs
     rotated past L2; the spec's output is checked against the fp32 reference first."""
-    from ..varlen import cu_seqlens
+    from ..runtime.calls.varlen import cu_seqlens
     from .bench import time_calls
     from .varlen_verify import reference
     from .verify import Variant, error_bound

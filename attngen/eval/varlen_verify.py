@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..core.variants import MASKS
 from ..core.varlen import packed_key
-from ..varlen import cu_seqlens
+from ..runtime.calls.varlen import cu_seqlens
 from .verify import FULL_SUITE, ROW_ALIGN, CaseResult, Variant, attention_torch, exact_fp32_matmul, judge_rows
 
 QUICK_CASES = 2         # the first cases for `attngen verify --quick`

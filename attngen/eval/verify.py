@@ -385,10 +385,10 @@ def kernel_cases(kernel, shapes, masks) -> list[tuple]:
     """(variant label, function, shape, index, check(seed, label) -> CaseResult) of every case of `kernel`:
     each mask variant over `shapes` (and over the varlen suite when the kernel has packed-sequence
     functions), or the cases a kernel of another kind brings itself
-    (`kernel.verify_cases(shapes, masks)`, e.g. a decode kernel's per-sequence lengths)."""
-    own = getattr(kernel, "verify_cases", None)
+    (CONVENTION_CASES, e.g. a decode kernel's per-sequence lengths)."""
+    own = CONVENTION_CASES.get(getattr(kernel, "convention", "forward"))
     if own is not None:
-        return own(shapes, masks)
+        return own(kernel, shapes, masks)
     out = []
     for variant in variants(masks):
         function = kernel.plan.entry_functions[variant.mask]
@@ -400,6 +400,15 @@ def kernel_cases(kernel, shapes, masks) -> list[tuple]:
         from .varlen_verify import varlen_cases
         out += varlen_cases(kernel, shapes, masks)
     return out
+
+
+def _decode_cases(kernel, shapes, masks) -> list[tuple]:
+    from .decode_verify import verify_cases
+    return verify_cases(kernel, shapes, masks)
+
+
+# Call conventions whose kernels bring their own cases instead of the padded forward suite.
+CONVENTION_CASES = {"decode": _decode_cases}
 
 
 def verify_kernel(kernel, shapes=None, *, masks=None, seed: int = 0, spec_label: str | None = None,

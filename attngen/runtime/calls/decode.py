@@ -5,10 +5,17 @@ launches the split kernel and, with more than one split, the combine kernel, on 
 stream. The fp32 workspace of the partial outputs comes from torch's allocator."""
 from __future__ import annotations
 
+import functools
 import numbers
+import threading
 
-from .core.decode import num_splits, row_blocks
-from .runtime import LOG2E, MAX_GRID_YZ, Kernel, LaunchConfig, pack_params
+from ...core.decode import num_splits, row_blocks
+from ...core.forward import LOG2E
+from ..kernel import MAX_GRID_YZ, Kernel
+from .forward import PER_CALL as FORWARD_PER_CALL, bhsd_strides
+
+PER_CALL = FORWARD_PER_CALL + ("cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split",
+                               "row_blocks", "split_counters", "block_table", "table_stride", "num_pages")
 
 
 class DecodeKernel(Kernel):
@@ -20,57 +27,73 @@ class DecodeKernel(Kernel):
     ("bshd": (B, S, H, D) for all three). cache_seqlens (int32, (B,), on the GPU) gives the keys of
     each sequence, the new tokens included; None means every sequence fills the cache. causal: new
     token t sees the keys up to its own position, len - Sq + t (bottom-right). num_splits overrides
-    the heuristic (1 to the spec's max_splits). validate=True reads the lengths back to check them
-    (one small device-to-host copy); pass False inside CUDA graphs: the kernel then clamps a bad
-    length to [0, capacity] rather than read outside the cache.
+    the heuristic (1 to the spec's max_splits).
+
+    Nothing waits for the GPU by default, so a call can be captured in a CUDA graph and replayed
+    with new lengths: the kernel clamps a length to [0, capacity] and a page id to the pool rather
+    than read outside them. validate=True reads the lengths (and the pages a sequence uses) back
+    and refuses bad ones (one small device-to-host copy, for debugging).
 
     Paged caches (the spec's page_size): k_cache and v_cache are pools of pages, (num_pages, Hkv,
     page_size, D) ("bshd": (num_pages, page_size, Hkv, D)), and block_table (int32, (B, max_pages))
-    lists each sequence's pages in order; cache_seqlens is required. validate also checks that every
-    page a sequence uses is in the pool (entries past its pages may hold anything); without it the
-    kernel clamps page ids to the pool.
+    lists each sequence's pages in order; cache_seqlens is required. Entries past a sequence's
+    pages may hold anything.
     """
 
-    _sm_total = None   # SMs of the kernel's GPU, read on the first call that needs the heuristic
-
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        self._counter_buffers = {}   # stream -> zeroed int32 split counters (fused combine)
+    def _setup(self) -> None:
+        self._decode = self.plan.abi.packer(PER_CALL)
+        self._counter_buffers = {}   # (device, stream) -> zeroed int32 split counters (fused combine)
+        self._counter_lock = threading.Lock()
+        fragments = self.plan.fragments
+        self._max_splits, self._fused, self._page = fragments.max_splits, fragments.fused_combine, fragments.page_size
+        self.last_splits = None
 
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
-                 layout: str = "bhsd", out=None, validate: bool = True):
-        import torch
-        qb, kb, vb = self._views(layout, q=q, k_cache=k_cache, v_cache=v_cache)
-        batch, heads, seqlen_q, _ = qb.shape
-        pool, kv_heads, rows, _ = kb.shape
+                 layout: str = "bhsd", out=None, validate: bool = False):
+        if layout not in ("bhsd", "bshd"):
+            raise ValueError(f"layout must be one of bhsd, bshd (got {layout!r})")
+        index = self._device_index(q)
+        qs = self._check_tensor("q", q, layout, index)
+        ks = self._check_tensor("k_cache", k_cache, layout, index)
+        vs = self._check_tensor("v_cache", v_cache, layout, index)
+        bhsd = layout == "bhsd"
+        batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
+        pool, kv_heads, rows = (ks[0], ks[1], ks[2]) if bhsd else (ks[0], ks[2], ks[1])
         paged = block_table is not None
-        if tuple(kb.shape) != tuple(vb.shape) or (not paged and pool != batch):
+        if ks != vs or (not paged and pool != batch):
             what = "(num_pages, kv_heads, page_size, head_dim) page pools" if paged else \
                 f"(batch {batch}, kv_heads, capacity, head_dim)"
-            raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(k_cache.shape)} and "
-                             f"{tuple(v_cache.shape)})")
-        capacity = self._check_table(block_table, cache_seqlens, batch, rows, layout) if paged else rows
-        if heads % kv_heads:
-            raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads}) for GQA/MQA")
+            raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(ks)} and {tuple(vs)})")
+        capacity = self._check_table(block_table, cache_seqlens, batch, rows, layout, index) if paged else rows
+        if not heads or not kv_heads or heads % kv_heads:
+            raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
         if batch > MAX_GRID_YZ:
             raise ValueError(f"batch ({batch}) must be at most {MAX_GRID_YZ} (grid z limit)")
         mask = self._check_mask(causal)
         if cache_seqlens is not None:
-            self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged)
+            self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged, index)
         if paged and validate:
             self._check_pages(block_table, cache_seqlens, pool)
         scale = self._check_scale(scale)
+        torch = self._torch
+        out = self._output(out, q, layout, index)
+        lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+        if not (batch and seqlen_q and capacity):
+            if batch and seqlen_q:   # no keys: FlashAttention's zeros and LSE -inf
+                out.zero_()
+                if return_lse:
+                    lse.fill_(float("-inf"))
+            return (out, lse) if return_lse else out
         blocks_per_row = row_blocks(self.plan, heads, kv_heads, seqlen_q)
         if kv_heads * blocks_per_row > MAX_GRID_YZ:
             raise ValueError(f"kv_heads x row blocks ({kv_heads} x {blocks_per_row}) exceed {MAX_GRID_YZ}")
+        info = self._device(index)
         n_tiles = -(-capacity // self.plan.block_n)
-        cap = self.plan.fragments.max_splits
         if num_splits is None:
-            if self._sm_total is None:
-                self._sm_total = torch.cuda.get_device_properties(q.device).multi_processor_count
-            splits = num_splits_for(self.plan, batch * kv_heads * blocks_per_row, n_tiles, self._sm_total)
+            splits = num_splits_for(self.plan, batch * kv_heads * blocks_per_row, n_tiles, info.sm_count)
         else:
+            cap = self._max_splits
             if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 1 <= num_splits <= cap:
                 raise ValueError(f"num_splits must be an integer from 1 to {cap} (the spec's max_splits; got "
                                  f"{num_splits!r})")
@@ -78,58 +101,50 @@ class DecodeKernel(Kernel):
         tiles_per_split = -(-n_tiles // splits)
         splits = -(-n_tiles // tiles_per_split)   # no split left without a tile of the cache
 
-        out, ob = self._output(out, q, layout)
-        lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
         o_accum = lse_accum = None
         if splits > 1:
             o_accum = torch.empty((splits, batch, heads, seqlen_q, self.plan.head_dim), dtype=torch.float32,
                                   device=q.device)
             lse_accum = torch.empty((splits, batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
-        params = pack_params(self.plan, q=q.data_ptr(), k=k_cache.data_ptr(), v=v_cache.data_ptr(), o=out.data_ptr(),
-                             lse=lse.data_ptr() if lse is not None else 0, strides={"q": qb, "k": kb, "v": vb, "o": ob},
-                             batch=batch, heads=heads, kv_heads=kv_heads, seqlen_q=seqlen_q, seqlen_k=capacity,
-                             lse_batch_stride=heads * seqlen_q, lse_head_stride=seqlen_q, scale_log2=scale * LOG2E,
-                             cache_seqlens=cache_seqlens.data_ptr() if cache_seqlens is not None else 0,
-                             o_accum=o_accum.data_ptr() if o_accum is not None else 0,
-                             lse_accum=lse_accum.data_ptr() if lse_accum is not None else 0,
-                             num_splits=splits, tiles_per_split=tiles_per_split, row_blocks=blocks_per_row,
-                             split_counters=(self._counters(batch * kv_heads * blocks_per_row)
-                                             if splits > 1 and self.plan.fragments.fused_combine else 0),
-                             block_table=block_table.data_ptr() if paged else 0,
-                             table_stride=block_table.stride(0) if paged else 0, num_pages=pool if paged else 0)
-        plan = self.plan
-        self._launch_function(self.entry[mask], params, LaunchConfig(
-            (splits, kv_heads * blocks_per_row, batch), (plan.threads, 1, 1), plan.smem_bytes if plan.smem_dynamic else 0))
-        if splits > 1 and not plan.fragments.fused_combine:
-            rows = batch * heads * seqlen_q
+        values = [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                  lse.data_ptr() if lse is not None else 0,
+                  *bhsd_strides(q.stride(), layout), *bhsd_strides(k_cache.stride(), layout),
+                  *bhsd_strides(v_cache.stride(), layout), *bhsd_strides(out.stride(), layout),
+                  heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, capacity, scale * LOG2E,
+                  cache_seqlens.data_ptr() if cache_seqlens is not None else 0,
+                  o_accum.data_ptr() if o_accum is not None else 0,
+                  lse_accum.data_ptr() if lse_accum is not None else 0,
+                  splits, tiles_per_split, blocks_per_row,
+                  self._counters(batch * kv_heads * blocks_per_row, index) if splits > 1 and self._fused else 0,
+                  block_table.data_ptr() if paged else 0, block_table.stride(0) if paged else 0, pool if paged else 0]
+        self._launch(self.functions[self.entry[mask]], self._decode, values, (splits, kv_heads * blocks_per_row, batch),
+                     info)
+        if splits > 1 and not self._fused:
             combine = self.plan.parts[1]
-            per_block = combine.threads // 32   # one output row per warp
-            self._launch_function(combine.functions[0][1], params, LaunchConfig((-(-rows // per_block), 1, 1),
-                                                                                (combine.threads, 1, 1), 0))
+            fn = self.functions[combine.functions[0][1]]
+            per_block = fn.threads // 32   # one output row per warp
+            self._launch(fn, self._decode, values, (-(-batch * heads * seqlen_q // per_block), 1, 1), info)
         self.last_splits = splits
         return (out, lse) if return_lse else out
 
-    def _counters(self, n: int) -> int:
-        """Address of n zeroed int32 split counters for a fused combine, one buffer per stream (the
-        last block of each group resets its counter, so a buffer stays zero between calls; two
-        streams at once must not share one)."""
-        import torch
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        buf = self._counter_buffers.get(stream)
+    def _counters(self, n: int, index: int) -> int:
+        """Address of n zeroed int32 split counters for a fused combine, one buffer per device and
+        stream (the last block of each group resets its counter, so a buffer stays zero between
+        calls; two streams at once must not share one, and calls on one stream run in order)."""
+        key = (index, self._torch._C._cuda_getCurrentRawStream(index))
+        buf = self._counter_buffers.get(key)
         if buf is None or buf.numel() < n:
-            buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=self.device)
-            self._counter_buffers[stream] = buf
+            with self._counter_lock:
+                buf = self._counter_buffers.get(key)
+                if buf is None or buf.numel() < n:
+                    buf = self._torch.zeros(max(n, 1024), dtype=self._torch.int32, device=f"cuda:{index}")
+                    self._counter_buffers[key] = buf
         return buf.data_ptr()
 
-    def verify_cases(self, shapes, masks) -> list[tuple]:
-        """`attngen verify`'s cases for this kernel: per-sequence lengths, GQA groups, splits."""
-        from .eval.decode_verify import verify_cases
-        return verify_cases(self, shapes, masks)
-
-    def _check_table(self, table, lens, batch: int, page_rows: int, layout: str) -> int:
+    def _check_table(self, table, lens, batch: int, page_rows: int, layout: str, index: int) -> int:
         """Shape checks of a paged call; returns the capacity of a sequence (pages per row x page size)."""
-        import torch
-        page = self.plan.fragments.page_size
+        torch = self._torch
+        page = self._page
         if not page:
             raise ValueError(f"{self.label} reads contiguous caches only: add page_size: N to its spec for a "
                              "paged cache (block_table)")
@@ -145,8 +160,8 @@ class DecodeKernel(Kernel):
         if table.dim() != 2 or table.shape[0] != batch or table.stride(1) != 1 or table.shape[1] < 1:
             raise ValueError(f"block_table must be ({batch}, max_pages) with contiguous rows (got shape "
                              f"{tuple(table.shape)}, strides {tuple(table.stride())})")
-        if table.device != self.device:
-            raise ValueError(f"block_table is on {table.device} but the kernel was loaded for {self.device}")
+        if table.get_device() != index:
+            raise ValueError(f"block_table is on {table.device} but q is on cuda:{index}")
         return table.shape[1] * page
 
     def _check_pages(self, table, lens, pool: int) -> None:
@@ -162,8 +177,9 @@ class DecodeKernel(Kernel):
                 raise ValueError(f"block_table holds page id {lo if lo < 0 else hi} for a key of some sequence; "
                                  f"the pools have pages 0..{pool - 1}")
 
-    def _check_seqlens(self, lens, batch: int, capacity: int, validate: bool, layout: str, paged: bool) -> None:
-        import torch
+    def _check_seqlens(self, lens, batch: int, capacity: int, validate: bool, layout: str, paged: bool,
+                       index: int) -> None:
+        torch = self._torch
         if not isinstance(lens, torch.Tensor):
             raise TypeError(f"cache_seqlens must be a torch.Tensor of int32 (got {type(lens).__name__})")
         if lens.dtype != torch.int32:
@@ -171,8 +187,8 @@ class DecodeKernel(Kernel):
         if tuple(lens.shape) != (batch,) or not lens.is_contiguous():
             raise ValueError(f"cache_seqlens must be a contiguous ({batch},) tensor, one length per sequence "
                              f"(got shape {tuple(lens.shape)})")
-        if lens.device != self.device:
-            raise ValueError(f"cache_seqlens is on {lens.device} but the kernel was loaded for {self.device}")
+        if lens.get_device() != index:
+            raise ValueError(f"cache_seqlens is on {lens.device} but q is on cuda:{index}")
         if validate:
             lo, hi = (int(x) for x in torch.aminmax(lens))
             if lo < 0 or hi > capacity:
@@ -183,11 +199,16 @@ class DecodeKernel(Kernel):
 
 
 def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:
+    return _splits(blocks, n_tiles, sm_count, plan.fragments.max_splits)
+
+
+@functools.lru_cache(maxsize=4096)
+def _splits(blocks: int, n_tiles: int, sm_count: int, max_splits: int) -> int:
     """The heuristic's split count on a GPU of `sm_count` SMs: one wave of one block per SM, even
     where two fit (d64): measured on the H200, 11-16 splits beat the 32 that two blocks per SM would
     take for 8 KV heads at batch 1 (14.3-14.7 vs 16.0 us at 8k keys), since every split adds a
     partial output to write and merge."""
-    return num_splits(blocks, n_tiles, sm_count, 1, plan.fragments.max_splits)
+    return num_splits(blocks, n_tiles, sm_count, 1, max_splits)
 
 
 __all__ = ["DecodeKernel", "num_splits_for"]

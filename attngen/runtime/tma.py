@@ -11,8 +11,10 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 
-from .core.tma import MAP_ALIGN, MAP_BYTES, TensorMapSpec
-from .errors import ToolError
+import threading
+
+from ..core.tma import MAP_ALIGN, MAP_BYTES, TensorMapSpec
+from ..errors import ToolError
 
 # CUtensorMap enums (cuda.h)
 DATA_TYPES = {"float16": 6, "bfloat16": 9}
@@ -23,11 +25,14 @@ OOB_FILL_ZEROS = 0
 CACHE_ENTRIES = 256
 
 _driver = None
+_driver_lock = threading.Lock()
 
 
 def driver():
     global _driver
-    if _driver is None:
+    if _driver is not None:
+        return _driver
+    with _driver_lock:
         try:
             lib = ctypes.CDLL("libcuda.so.1")
         except OSError as exc:
@@ -78,22 +83,26 @@ def encode(view, spec: TensorMapSpec) -> bytes:
 
 class TensorMapCache:
     """Encoded maps on the host, keyed by every tensor's (pointer, shape, strides, dtype): a call
-    with the same tensors reuses them. They travel by value in the kernel's parameters."""
+    with the same tensors reuses them. They travel by value in the kernel's parameters. Calls from
+    several threads share the cache; a lock guards its order and size."""
 
     def __init__(self, specs: tuple[TensorMapSpec, ...]):
         self.specs = specs
         self._cache: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
 
     def fields(self, views: dict) -> dict[str, bytes]:
         """Params field -> 128-byte map, for these (B, H, S, D) views."""
         key = tuple((views[s.tensor].data_ptr(), tuple(views[s.tensor].shape), tuple(views[s.tensor].stride()),
                      views[s.tensor].dtype) for s in self.specs)
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = {s.abi_field: encode(views[s.tensor], s) for s in self.specs}
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        hit = {s.abi_field: encode(views[s.tensor], s) for s in self.specs}
+        with self._lock:
             self._cache[key] = hit
             while len(self._cache) > CACHE_ENTRIES:
                 self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
         return hit

@@ -10,17 +10,20 @@ sequence's last row returns at once, so short sequences cost no padded work.
 from __future__ import annotations
 
 import numbers
+import threading
 
-from .core.forward import LOG2E
-from .core.varlen import packed_key
-from .runtime import MAX_GRID_X, MAX_GRID_YZ, PACKED, LaunchConfig, pack_params
+from ...core.forward import LOG2E
+from ...core.varlen import packed_key
+from ..kernel import MAX_GRID_X, MAX_GRID_YZ, PACKED
+from .forward import PER_CALL as FORWARD_PER_CALL
 
 INT32_MAX = 2**31 - 1
+PER_CALL = FORWARD_PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k")
 
 
 def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
                 causal: bool = False, alignment: str | None = None, scale: float | None = None,
-                return_lse: bool = False, out=None, lse_out=None, validate: bool = True):
+                return_lse: bool = False, out=None, lse_out=None, validate: bool = False):
     """Attention of each packed sequence against its own keys.
 
     causal: query row i of a sequence sees its keys j <= i ("top_left", the default, as the padded
@@ -29,20 +32,25 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     LSE -inf. Returns o (total_q, Hq, D), or (o, lse) with lse fp32 (Hq, total_q); `out` and
     `lse_out` (contiguous) receive them instead of new tensors.
 
-    validate=True reads cu_seqlens back (one small device-to-host copy): offsets must start at 0
-    or more, never decrease, end within q/k, and q and k must list the same number of sequences;
-    max_seqlen_q, when given, must cover the longest query sequence. validate=False (inside CUDA
-    graphs) needs max_seqlen_q and trusts it: the kernel then clamps every offset to the tensors,
-    so a bad table gives wrong rows but never an access outside them.
+    Nothing waits for the GPU by default: the kernel clamps every offset to the tensors, so a
+    malformed table gives wrong rows but never an access outside them. max_seqlen_q (the longest
+    query sequence, as FlashAttention takes it) sizes the grid; without it the grid covers
+    total_q rows per sequence and the blocks past each sequence return at once (correct, a few
+    microseconds slower for long batches). validate=True reads cu_seqlens back (one small
+    device-to-host copy, for debugging): offsets must start at 0 or more, never decrease, end
+    within q/k, and q and k must list the same number of sequences; max_seqlen_q, when given,
+    must cover the longest query sequence.
     """
-    import torch
-    qp, kp, vp = kernel._checked(PACKED, {"q": q, "k": k, "v": v})
-    total_q, heads, _ = qp.shape
-    total_k, kv_heads, _ = kp.shape
-    if tuple(kp.shape) != tuple(vp.shape):
-        raise ValueError(f"k and v must have the same shape (got {tuple(k.shape)} and {tuple(v.shape)})")
-    if heads % kv_heads:
-        raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads}) for GQA/MQA")
+    index = kernel._device_index(q)
+    qs = kernel._check_tensor("q", q, PACKED, index)
+    ks = kernel._check_tensor("k", k, PACKED, index)
+    vs = kernel._check_tensor("v", v, PACKED, index)
+    total_q, heads, _ = qs
+    total_k, kv_heads, _ = ks
+    if ks != vs:
+        raise ValueError(f"k and v must have the same shape (got {tuple(ks)} and {tuple(vs)})")
+    if not heads or not kv_heads or heads % kv_heads:
+        raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
     if heads > MAX_GRID_YZ:
         raise ValueError(f"heads ({heads}) must be at most {MAX_GRID_YZ} (grid y limit)")
     if max(total_q, total_k) > INT32_MAX:
@@ -51,8 +59,8 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
         raise ValueError(f"{kernel.label} has no packed-sequence functions: add `varlen: true` to its spec")
     mask = kernel._check_mask(causal)
     variant = kernel._mask_variant(mask, causal, alignment)
-    batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, kernel.device)
-    if _check_offsets("cu_seqlens_k", cu_seqlens_k, kernel.device) != batch:
+    batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, index)
+    if _check_offsets("cu_seqlens_k", cu_seqlens_k, index) != batch:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
                          f"and {cu_seqlens_k.numel()} offsets)")
     if batch > MAX_GRID_YZ:
@@ -68,36 +76,75 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
                              f"{longest} (or leave it unset)")
         max_seqlen_q = longest if max_seqlen_q is None else int(max_seqlen_q)
     elif max_seqlen_q is None:
-        raise ValueError("validate=False needs max_seqlen_q (the longest query sequence): without it the grid "
-                         "size would have to be read back from the GPU")
+        max_seqlen_q = total_q          # covers any sequence; blocks past a sequence's end return at once
+    else:
+        max_seqlen_q = min(int(max_seqlen_q), total_q)
     scale = kernel._check_scale(scale)
 
-    out, op = kernel._output(out, q, PACKED)
+    torch = kernel._torch
+    out = kernel._output(out, q, PACKED, index)
     if lse_out is not None:
-        kernel._check_lse(lse_out, (heads, total_q))
+        kernel._check_lse(lse_out, (heads, total_q), index)
         return_lse = True
     elif return_lse:
         lse_out = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
-    cfg = LaunchConfig(kernel.plan.grid(batch, heads, max_seqlen_q), (kernel.plan.threads, 1, 1),
-                       kernel.plan.smem_bytes if kernel.plan.smem_dynamic else 0)
-    if cfg.grid[0] > MAX_GRID_X:
+    if not max_seqlen_q:
+        return (out, lse_out) if return_lse else out      # no query rows: nothing to write
+    if not total_k:                                         # no keys at all: FlashAttention's zeros and LSE -inf
+        out.zero_()
+        if return_lse:
+            lse_out.fill_(float("-inf"))
+        return (out, lse_out) if return_lse else out
+    info = kernel._device(index)
+    plan = kernel.plan
+    grid = plan.grid(batch, heads, max_seqlen_q)
+    if grid[0] > MAX_GRID_X:
         raise ValueError(f"max_seqlen_q {max_seqlen_q} needs more than {MAX_GRID_X} blocks")
-    if cfg.grid[0] == 0:
-        return (out, lse_out) if return_lse else out      # every sequence is empty: nothing to write
-    strides = {}
-    for name, t in (("q", qp), ("k", kp), ("v", vp), ("o", op)):
-        strides.update({f"{name}_batch_stride": 0, f"{name}_head_stride": t.stride(1), f"{name}_row_stride": t.stride(0)})
-    order = longest_first(torch, cu_seqlens_k) if batch > 1 else None
-    params = pack_params(kernel.plan, strides={}, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=out.data_ptr(),
-                         lse=lse_out.data_ptr() if return_lse else 0, **strides,
-                         lse_batch_stride=0, lse_head_stride=total_q,
-                         batch=batch, heads=heads, kv_heads=kv_heads, seqlen_q=max_seqlen_q, seqlen_k=0,
-                         scale_log2=scale * LOG2E, cu_seqlens_q=cu_seqlens_q.data_ptr(),
-                         cu_seqlens_k=cu_seqlens_k.data_ptr(), total_q=total_q, total_k=total_k,
-                         seq_order=order.data_ptr() if order is not None else 0,
-                         **variant.abi_values(alignment, 0, 0))
-    kernel._launch_function(kernel.entry[packed_key(mask)], params, cfg)
+    packer = kernel._varlen_packer
+    if packer is None:
+        packer = kernel._varlen_packer = plan.abi.packer(PER_CALL + tuple(f.name for f in kernel._mask_fields))
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
+    order = _ORDERS.longest_first(torch, cu_seqlens_k, batch, index) if batch > 1 else None
+    values = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0,
+              0, sq[1], sq[0], 0, sk[1], sk[0], 0, sv[1], sv[0], 0, so[1], so[0],
+              0, total_q, batch, heads, kv_heads, max_seqlen_q, 0, scale * LOG2E,
+              cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), order.data_ptr() if order is not None else 0,
+              total_q, total_k]
+    mask_values = variant.abi_values(alignment, 0, 0)
+    for f in kernel._mask_fields:
+        values.append(mask_values.get(f.name, f.default))
+    kernel._launch(kernel.functions[kernel.entry[packed_key(mask)]], packer, values, grid, info)
     return (out, lse_out) if return_lse else out
+
+
+class SequenceOrders:
+    """The longest-first order of a cu_seqlens_k, computed once per table: every layer of a model
+    passes the same cu_seqlens_k, so one argsort serves them all. Keyed by the tensor's address,
+    version counter (bumped by any in-place write), size and the stream it is used on (the order
+    is computed on that stream, so it is ready before the kernel reads it). A stale entry could
+    only give a permutation of the same batch: the order changes the schedule, never the result."""
+
+    ENTRIES = 64
+
+    def __init__(self):
+        self._cache: dict = {}
+        self._lock = threading.Lock()
+
+    def longest_first(self, torch, cu_seqlens_k, batch: int, index: int):
+        stream = torch._C._cuda_getCurrentRawStream(index)
+        key = (cu_seqlens_k.data_ptr(), cu_seqlens_k._version, batch, index, stream)
+        order = self._cache.get(key)
+        if order is None:
+            order = longest_first(torch, cu_seqlens_k)
+            with self._lock:
+                if len(self._cache) >= self.ENTRIES:
+                    self._cache.clear()
+                self._cache[key] = (order, cu_seqlens_k)   # holds the table: its address is not reused meanwhile
+            return order
+        return order[0]
+
+
+_ORDERS = SequenceOrders()
 
 
 def cu_seqlens(torch, lengths, device):
@@ -116,7 +163,7 @@ def longest_first(torch, cu_seqlens_k):
     return torch.argsort(cu_seqlens_k[1:] - cu_seqlens_k[:-1], descending=True, stable=True).to(torch.int32)
 
 
-def _check_offsets(name: str, cu, device) -> int:
+def _check_offsets(name: str, cu, index: int) -> int:
     """Type, shape and device of a cu_seqlens tensor; returns the number of sequences."""
     import torch
     if not isinstance(cu, torch.Tensor):
@@ -126,8 +173,8 @@ def _check_offsets(name: str, cu, device) -> int:
     if cu.dim() != 1 or cu.numel() < 2 or not cu.is_contiguous():
         raise ValueError(f"{name} must be a contiguous 1-D tensor of batch + 1 >= 2 offsets (got shape "
                          f"{tuple(cu.shape)})")
-    if cu.device != device:
-        raise ValueError(f"{name} is on {cu.device} but the kernel was loaded for {device}")
+    if cu.get_device() != index:
+        raise ValueError(f"{name} is on {cu.device} but q is on cuda:{index}")
     return cu.numel() - 1
 
 

@@ -1,0 +1,13 @@
+"""Run generated kernels on torch tensors: the GPU (driver, devices), the loaded bundle and its
+launch (kernel.py), and one module per call convention (calls/).
+
+Nothing here imports torch at module import time: the CPU-only install has none.
+"""
+from __future__ import annotations
+
+from .gpu import device_arch, device_info, gpu_modules
+from .kernel import (Kernel, LaunchConfig, LaunchError, default_scale, launch_config, load, pack_params,
+                     render_bundle, render_for, to_bhsd)
+
+__all__ = ["Kernel", "LaunchConfig", "LaunchError", "default_scale", "device_arch", "device_info", "gpu_modules",
+           "launch_config", "load", "pack_params", "render_bundle", "render_for", "to_bhsd"]

@@ -1,0 +1,26 @@
+"""The call conventions: how a kernel of each kind is called on torch tensors. Each convention is
+a Kernel subclass in its own module (its input checks, its Params packing, its launches), registered
+once here under the name a kind declares (Kind.calls); nothing else in the runtime names one.
+
+- forward: ``kernel(q, k, v, causal=...)``, and ``kernel.varlen(...)`` for packed sequences
+  when the spec sets `varlen: true` (forward.py, varlen.py);
+- decode: ``kernel(q, k_cache, v_cache, cache_seqlens=..., block_table=...)`` (decode.py).
+"""
+from __future__ import annotations
+
+from .decode import DecodeKernel
+from .forward import ForwardKernel
+
+CONVENTIONS = {"forward": ForwardKernel, "decode": DecodeKernel}
+
+for _name, _cls in CONVENTIONS.items():
+    _cls.convention = _name
+
+
+def convention_class(plan):
+    """The Kernel class of the plan's call convention."""
+    from ...kinds import kind_of
+    return CONVENTIONS[kind_of(plan.spec).calls]
+
+
+__all__ = ["CONVENTIONS", "DecodeKernel", "ForwardKernel", "convention_class"]

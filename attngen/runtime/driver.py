@@ -1,0 +1,200 @@
+"""The CUDA driver calls the runtime makes, through ctypes on libcuda (no compiled extension).
+
+Why not PyCUDA for loading and launching: PyCUDA launches only on its own stream objects (it
+cannot take torch's current stream as a raw handle), exposes no function handle, and binds its
+modules to a context that is current on the loading thread only. A call must run on whatever
+stream torch has current (a user's stream, a CUDA graph being captured), from any thread, on any
+GPU of the process. So:
+
+- cubins are loaded as context-independent libraries (cuLibraryLoadData, CUDA >= 12.0); a
+  library's kernel (CUkernel) launches in whichever context is current and is loaded into each
+  device's primary context on first use there;
+- the launch is cuLaunchKernel on torch's raw current stream, with the Params struct passed as
+  the single by-value parameter;
+- the context a launch needs is the device's primary context, the one torch uses. A thread that
+  has none current (a worker, an autograd engine thread) gets it made current at the call.
+
+Every function returns or raises; a CUresult other than success becomes DriverError with the
+driver's own name and text of the error.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from ..errors import NoGpuError
+
+SUCCESS = 0
+# CUfunction_attribute
+ATTR_MAX_THREADS_PER_BLOCK = 0
+ATTR_NUM_REGS = 4
+ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+# CUdevice_attribute
+DEV_MULTIPROCESSOR_COUNT = 16
+DEV_COMPUTE_CAPABILITY_MAJOR = 75
+DEV_COMPUTE_CAPABILITY_MINOR = 76
+DEV_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+
+_c = ctypes
+_vp = ctypes.c_void_p
+_u = ctypes.c_uint
+
+
+class DriverError(RuntimeError):
+    """A CUDA driver call failed; `code` is its CUresult."""
+
+    def __init__(self, call: str, code: int, name: str, text: str):
+        super().__init__(f"{call} failed: {name}: {text}")
+        self.call, self.code, self.name = call, code, name
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+# name -> (restype, argtypes). Launch-path calls are bound once to module globals below.
+_SIGNATURES = {
+    "cuInit": (_c.c_int, [_u]),
+    "cuGetErrorName": (_c.c_int, [_c.c_int, _c.POINTER(_c.c_char_p)]),
+    "cuGetErrorString": (_c.c_int, [_c.c_int, _c.POINTER(_c.c_char_p)]),
+    "cuDeviceGet": (_c.c_int, [_c.POINTER(_c.c_int), _c.c_int]),
+    "cuDeviceGetAttribute": (_c.c_int, [_c.POINTER(_c.c_int), _c.c_int, _c.c_int]),
+    "cuDevicePrimaryCtxRetain": (_c.c_int, [_c.POINTER(_vp), _c.c_int]),
+    "cuCtxGetCurrent": (_c.c_int, [_c.POINTER(_vp)]),
+    "cuCtxSetCurrent": (_c.c_int, [_vp]),
+    "cuLibraryLoadData": (_c.c_int, [_c.POINTER(_vp), _c.c_char_p, _vp, _vp, _u, _vp, _vp, _u]),
+    "cuLibraryGetKernel": (_c.c_int, [_c.POINTER(_vp), _vp, _c.c_char_p]),
+    "cuKernelSetAttribute": (_c.c_int, [_c.c_int, _c.c_int, _vp, _c.c_int]),
+    "cuKernelGetAttribute": (_c.c_int, [_c.POINTER(_c.c_int), _c.c_int, _vp, _c.c_int]),
+    "cuLaunchKernel": (_c.c_int, [_vp, _u, _u, _u, _u, _u, _u, _u, _vp, _vp, _vp]),
+}
+
+
+def lib():
+    """libcuda with every signature the runtime uses bound; NoGpuError when there is no driver."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                try:
+                    cuda = ctypes.CDLL("libcuda.so.1")
+                except OSError as exc:
+                    raise NoGpuError(f"no CUDA driver: cannot load libcuda.so.1 ({exc})") from exc
+                for name, (restype, argtypes) in _SIGNATURES.items():
+                    try:
+                        fn = getattr(cuda, name)
+                    except AttributeError as exc:
+                        raise NoGpuError(f"the CUDA driver has no {name} (attngen needs a CUDA 12 or newer "
+                                         f"driver)") from exc
+                    fn.restype, fn.argtypes = restype, argtypes
+                check("cuInit", cuda.cuInit(0))
+                _lib = cuda
+    return _lib
+
+
+def error_text(code: int) -> tuple[str, str]:
+    name, text = ctypes.c_char_p(), ctypes.c_char_p()
+    cuda = _lib
+    if cuda is None or cuda.cuGetErrorName(code, ctypes.byref(name)) or cuda.cuGetErrorString(code, ctypes.byref(text)):
+        return f"CUresult {code}", "unknown error"
+    return name.value.decode(), text.value.decode()
+
+
+def check(call: str, code: int) -> None:
+    if code != SUCCESS:
+        raise DriverError(call, code, *error_text(code))
+
+
+# -- devices and contexts --------------------------------------------------------------------------
+
+def device(ordinal: int) -> int:
+    dev = ctypes.c_int()
+    check("cuDeviceGet", lib().cuDeviceGet(ctypes.byref(dev), ordinal))
+    return dev.value
+
+
+def device_attribute(dev: int, attribute: int) -> int:
+    value = ctypes.c_int()
+    check("cuDeviceGetAttribute", lib().cuDeviceGetAttribute(ctypes.byref(value), attribute, dev))
+    return value.value
+
+
+def primary_context(dev: int) -> int:
+    """The device's primary context (retained, never released: it lives as long as the process,
+    as torch's own reference to it does)."""
+    ctx = ctypes.c_void_p()
+    check("cuDevicePrimaryCtxRetain", lib().cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
+    return ctx.value
+
+
+def current_context() -> int | None:
+    ctx = ctypes.c_void_p()
+    check("cuCtxGetCurrent", lib().cuCtxGetCurrent(ctypes.byref(ctx)))
+    return ctx.value
+
+
+def set_current_context(ctx: int | None) -> None:
+    check("cuCtxSetCurrent", lib().cuCtxSetCurrent(ctx))
+
+
+# -- libraries and kernels ------------------------------------------------------------------------
+
+def load_library(cubin: bytes) -> int:
+    """A context-independent library of the cubin's kernels (kept for the life of the process)."""
+    handle = ctypes.c_void_p()
+    check("cuLibraryLoadData", lib().cuLibraryLoadData(ctypes.byref(handle), cubin, None, None, 0, None, None, 0))
+    return handle.value
+
+
+def library_kernel(library: int, name: str) -> int:
+    handle = ctypes.c_void_p()
+    check(f"cuLibraryGetKernel({name})", lib().cuLibraryGetKernel(ctypes.byref(handle), library, name.encode()))
+    return handle.value
+
+
+def kernel_attribute(kernel: int, attribute: int, dev: int) -> int:
+    value = ctypes.c_int()
+    check("cuKernelGetAttribute", lib().cuKernelGetAttribute(ctypes.byref(value), attribute, kernel, dev))
+    return value.value
+
+
+def set_kernel_attribute(kernel: int, attribute: int, value: int, dev: int) -> None:
+    check("cuKernelSetAttribute", lib().cuKernelSetAttribute(attribute, value, kernel, dev))
+
+
+# -- the launch -------------------------------------------------------------------------------------
+
+class LaunchBuffer:
+    """A Params buffer and the one-entry kernelParams array that points at it. One per thread and
+    size (see Launcher), so concurrent calls never share the bytes being packed; the driver copies
+    the parameters during cuLaunchKernel, so the buffer is free again when the call returns."""
+
+    __slots__ = ("raw", "offset", "params")
+
+    def __init__(self, size: int):
+        # 64-byte alignment for Params holding TMA tensor maps: over-allocate and offset.
+        self.raw = ctypes.create_string_buffer(size + 64)
+        base = ctypes.addressof(self.raw)
+        self.offset = -base % 64
+        self.params = (ctypes.c_void_p * 1)(base + self.offset)
+
+
+class Launcher:
+    """cuLaunchKernel with the Params bytes packed straight into a per-thread buffer."""
+
+    def __init__(self):
+        self._local = threading.local()
+        self.launch = lib().cuLaunchKernel
+
+    def buffer(self, size: int) -> LaunchBuffer:
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = {}
+        buf = buffers.get(size)
+        if buf is None:
+            buf = buffers[size] = LaunchBuffer(size)
+        return buf
+
+
+__all__ = ["DriverError", "Launcher", "LaunchBuffer", "check", "current_context", "device", "device_attribute",
+           "error_text", "kernel_attribute", "lib", "library_kernel", "load_library", "primary_context",
+           "set_current_context", "set_kernel_attribute"]

@@ -1,0 +1,70 @@
+"""The GPUs of this process: torch, the CUDA driver, and what the runtime reads once per device
+(its primary context, SM count, arch and shared-memory limit).
+
+Nothing here imports torch at module import time: the CPU-only install has none.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ..errors import NoGpuError
+from . import driver
+
+
+def gpu_modules():
+    """(torch, attngen.runtime.driver) once torch sees a CUDA GPU and the driver loads.
+
+    Raises NoGpuError when torch, a CUDA GPU or the CUDA driver is missing.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        raise NoGpuError(f"torch is not installed: pip install -e '.[gpu]' ({exc})") from exc
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise NoGpuError(f"no CUDA GPU: torch {torch.__version__} ({build}) sees none")
+    torch.cuda.init()
+    driver.lib()
+    return torch, driver
+
+
+def device_arch(torch, index: int | None = None) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One GPU as a launch needs it, read once."""
+
+    index: int                  # torch's ordinal (cuda:N)
+    handle: int                 # CUdevice
+    context: int                # its primary context (torch's)
+    arch: str                   # e.g. sm_90
+    sm_count: int
+    smem_optin: int             # bytes of shared memory a block may opt into
+
+
+_devices: dict[int, DeviceInfo] = {}
+_devices_lock = threading.Lock()
+
+
+def device_info(index: int) -> DeviceInfo:
+    """The DeviceInfo of cuda:`index` (read on first use, from any thread)."""
+    info = _devices.get(index)
+    if info is None:
+        with _devices_lock:
+            info = _devices.get(index)
+            if info is None:
+                dev = driver.device(index)
+                major = driver.device_attribute(dev, driver.DEV_COMPUTE_CAPABILITY_MAJOR)
+                minor = driver.device_attribute(dev, driver.DEV_COMPUTE_CAPABILITY_MINOR)
+                info = DeviceInfo(index, dev, driver.primary_context(dev), f"sm_{major}{minor}",
+                                  driver.device_attribute(dev, driver.DEV_MULTIPROCESSOR_COUNT),
+                                  driver.device_attribute(dev, driver.DEV_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
+                _devices[index] = info
+    return info
+
+
+__all__ = ["DeviceInfo", "NoGpuError", "device_arch", "device_info", "gpu_modules"]

@@ -1,0 +1,420 @@
+"""A compiled spec on the GPU: its bundle's cubins loaded, its functions ready on every device a
+call uses, the checks every call convention shares, and the launch.
+
+The CUDA source always comes from the renderer (the same bytes as generated/<name>.cu for a spec
+file); it is compiled for the GPU torch is using and loaded as a context-independent library
+(attngen.runtime.driver says why), so one Kernel runs on any GPU of the same arch, from any thread.
+
+Host work happens at load: the Params layout becomes one precompiled struct per call convention
+(core.abi.Packer), function handles and per-device attributes are read once. A call checks its
+tensors, packs the fields that change, makes the device's primary context current if the thread
+has another (or none), and launches on torch's current stream: a user's stream, or a CUDA graph
+being captured, orders the kernel like any torch op. Nothing in a default call waits for the GPU.
+
+The call conventions (forward, varlen, decode) live in attngen/runtime/calls/; this module names
+none of them.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+from ..errors import ToolError
+from ..plan import Plan, make_plan
+from ..spec import Spec, spec_dict, spec_yaml
+from . import driver
+from .gpu import device_info, gpu_modules
+
+LAYOUTS = ("bhsd", "bshd")          # bhsd: (batch, heads, seq, dim) as torch SDPA; bshd: (batch, seq, heads, dim)
+PACKED = "packed"                   # varlen calls: (total_rows, heads, dim), sequences back to back
+LOAD_BYTES = 16                     # the kernels read and write rows in 16-byte vectors
+ELEM_BYTES = 2                      # fp16 / bf16
+STRIDE_UNIT = LOAD_BYTES // ELEM_BYTES
+MAX_GRID_YZ = 65535                 # CUDA limit of gridDim.y and gridDim.z (heads, batch)
+MAX_GRID_X = 2**31 - 1
+TORCH_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
+SYNC_ENV = "ATTNGEN_SYNC"           # "1": synchronize after every launch, so asynchronous faults name the kernel
+DIMS = {"bhsd": ("(batch, heads, seq, head_dim)", 4), "bshd": ("(batch, seq, heads, head_dim)", 4),
+        PACKED: ("(total_rows, heads, head_dim)", 3)}
+
+
+class LaunchError(RuntimeError):
+    """CUDA refused or aborted a kernel launch; the message names the kernel and launch config."""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_dynamic: int               # bytes of dynamic shared memory (0 when the kernel's is static)
+
+    def describe(self) -> str:
+        return f"grid={self.grid}, block={self.block}, dynamic smem={self.smem_dynamic} B"
+
+
+def launch_config(plan: Plan, batch: int, heads: int, seqlen_q: int, sm_count: int | None = None) -> LaunchConfig:
+    """The plan's grid for this problem (persistent plans: `sm_count` blocks at most), one block of
+    plan.threads."""
+    return LaunchConfig(plan.grid(batch, heads, seqlen_q, sm_count), (plan.threads, 1, 1),
+                        plan.smem_bytes if plan.smem_dynamic else 0)
+
+
+def pack_params(plan: Plan, *, strides: dict, **values) -> bytes:
+    """The kernel's by-value Params, laid out by the plan's ABI list: `values` by field name, plus
+    the (batch, head, row) element strides of each (B, H, S, D) tensor in `strides`. (The calls
+    pack through a Packer made at load; this is the reference layout tests compare it with.)"""
+    for t, view in strides.items():
+        for d, name in enumerate(("batch", "head", "row")):
+            values[f"{t}_{name}_stride"] = view.stride(d)
+    return plan.abi.pack(values)
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def to_bhsd(t, layout: str):
+    """A (batch, heads, seq, dim) view of a tensor given in `layout` (no copy); packed tensors
+    (total_rows, heads, dim) have no batch dimension and come back as they are."""
+    return t if layout in ("bhsd", PACKED) else t.permute(0, 2, 1, 3)
+
+
+def render_bundle(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
+    """(plan, CUDA source of every part, label) for a spec path, Spec or Plan, through attngen.render.
+
+    A path renders exactly its files under generated/. A Spec or Plan has no YAML text of its own,
+    so its header quotes the spec as dumped YAML; the code below the header is the same.
+    """
+    from ..render import render_parts, render_spec_file
+    if isinstance(spec_or_path, (str, os.PathLike)):
+        r = render_spec_file(spec_or_path)
+        return r.plan, tuple(p.source for p in r.parts), r.spec_path
+    if isinstance(spec_or_path, Spec):
+        plan = make_plan(spec_or_path)
+    elif isinstance(spec_or_path, Plan):
+        plan = spec_or_path
+    else:
+        raise TypeError(f"load() takes a spec path, a Spec or a Plan (got {type(spec_or_path).__name__})")
+    label = f"<spec {plan.spec.name}>"
+    return plan, tuple(p.source for p in render_parts(plan, label, spec_yaml(spec_dict(plan.spec)))), label
+
+
+def render_for(spec_or_path) -> tuple[Plan, str, str]:
+    """(plan, CUDA source, label) of a one-part spec (every forward kind), as render_bundle."""
+    plan, sources, label = render_bundle(spec_or_path)
+    if len(sources) != 1:
+        raise ValueError(f"{label} renders {len(sources)} parts; use render_bundle")
+    return plan, sources[0], label
+
+
+def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> "Kernel":
+    """Render, compile (cached) and load a spec for the current GPU; returns a callable Kernel of
+    the spec's call convention.
+
+    `spec_or_path`: a spec file path, a Spec or a Plan. Every part of its bundle is compiled and
+    loaded. `on_compile(arch)` is called on a cubin cache miss (default: a line on stderr).
+    `synchronize`: wait for every launch and turn asynchronous CUDA faults into LaunchError
+    (default: env ATTNGEN_SYNC=1).
+    """
+    plan, sources, label = render_bundle(spec_or_path)
+    return Kernel.from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
+
+
+@dataclass(frozen=True)
+class Function:
+    """One kernel function of a loaded bundle."""
+
+    name: str
+    handle: int                 # CUkernel: launches in the current context, on any device
+    threads: int                # per block (its part's)
+    smem_dynamic: int           # bytes of dynamic shared memory it is launched with (0: static)
+
+
+class Kernel:
+    """One compiled spec: every function of its bundle, callable on torch tensors by its call
+    convention (attngen/runtime/calls: the class `load` returns is the convention's)."""
+
+    def __init__(self, plan: Plan, sources: tuple[str, ...], *, label: str, compiled: tuple, libraries: tuple,
+                 functions: dict, device, synchronize: bool):
+        import torch
+        self.plan = plan
+        self.sources = sources              # one CUDA source per part of the plan's bundle
+        self.label = label
+        self.compiled = compiled            # attngen.compile.CompileResult per part
+        self.arch = compiled[0].arch
+        self.libraries = libraries          # CUlibrary per part
+        self.functions = functions          # function name -> Function, every part's
+        self.entry = plan.entry_functions   # function key -> the function a call launches
+        self.device = device                # torch.device it was loaded for (verify and bench allocate there)
+        self.synchronize = synchronize
+        self.dtype = getattr(torch, TORCH_DTYPE_NAMES[plan.spec.dtype])
+        self._torch = torch
+        self._tensor_type = torch.Tensor
+        self._ready: dict[int, object] = {}   # device index -> DeviceInfo, once its functions are set up there
+        self._ready_lock = threading.Lock()
+        self._launcher = driver.Launcher()
+        self._raw_stream = torch._C._cuda_getCurrentRawStream
+        self._tensor_maps = None            # TensorMapCache, for plans that read TMA tensor maps
+        self._maps_lock = threading.Lock()
+        self._setup()
+
+    def _setup(self) -> None:
+        """The call convention's load-time work (its Packer, its fixed fields)."""
+
+    @property
+    def source(self) -> str:
+        """The source of a one-part kernel (every forward kind)."""
+        if len(self.sources) != 1:
+            raise ValueError(f"{self.label} has {len(self.sources)} parts; see .sources")
+        return self.sources[0]
+
+    @classmethod
+    def from_source(cls, plan: Plan, source: str, **kw) -> "Kernel":
+        """Compile one-part `source` (which must define plan.functions with the plan's Params ABI)
+        and load it.
+
+        `load()` always renders the source from the spec; this entry exists for sources that
+        differ on purpose, e.g. a kernel with a planted bug that the verifier must reject.
+        """
+        return cls.from_sources(plan, (source,), **kw)
+
+    @classmethod
+    def from_sources(cls, plan: Plan, sources, *, label: str | None = None, on_compile=None,
+                     synchronize: bool | None = None) -> "Kernel":
+        """Compile and load one source per part of the plan's bundle; the class of the plan's call
+        convention when called on Kernel itself."""
+        from ..compile import compile_source
+        from .calls import convention_class
+        from .cubin import param_layout
+        if cls is Kernel:
+            cls = convention_class(plan)
+        torch, _ = gpu_modules()
+        index = torch.cuda.current_device()
+        info = device_info(index)
+        if plan.arch_suffix and info.arch != plan.target.arch:
+            raise ToolError(f"{plan.spec.name} needs an {plan.target.arch}{plan.arch_suffix} GPU ({plan.target.name}); "
+                            f"this one is {info.arch}")
+        arch = plan.compile_arch(info.arch)   # e.g. sm_90a for wgmma / setmaxnreg
+        label = label or plan.spec.name
+        sources = tuple(sources)
+        if len(sources) != len(plan.parts):
+            raise ValueError(f"{label}: {len(sources)} source(s) for {len(plan.parts)} part(s)")
+        if on_compile is None:
+            def on_compile(a, name=label):
+                print(f"compiling {name} for {a} ...", file=sys.stderr, flush=True)
+        compiled, libraries, functions = [], [], {}
+        for part, source in zip(plan.parts, sources):
+            result = compile_source(source, arch, on_compile=on_compile)
+            layout = param_layout(result.cubin)
+            try:
+                library = driver.load_library(result.cubin)
+            except driver.DriverError as exc:
+                raise ToolError(f"cannot load the {arch} cubin of {label} ({part.name}): {exc}") from exc
+            for _key, name in part.functions:
+                try:
+                    handle = driver.library_kernel(library, name)
+                except driver.DriverError as exc:
+                    raise ToolError(f"{label}: the cubin has no kernel {name} ({exc})") from exc
+                # A 64-byte aligned Params starts past a gap in the parameter buffer (the cubin says
+                # where); the driver places it there itself, but the size must be Params'.
+                gap, size = layout.get(name, (None, None))
+                if gap is None or (size >= 0 and gap + plan.abi.size != size):
+                    raise ToolError(f"{label}: the cubin's parameter layout of {name} (offset {gap}, buffer {size} B) "
+                                    f"does not match Params ({plan.abi.size} B)")
+                functions[name] = Function(name, handle, part.threads or plan.threads,
+                                           plan.smem_bytes if plan.smem_dynamic and part is plan.parts[0] else 0)
+            compiled.append(result)
+            libraries.append(library)
+        if synchronize is None:
+            synchronize = os.environ.get(SYNC_ENV, "") == "1"
+        kernel = cls(plan, sources, label=label, compiled=tuple(compiled), libraries=tuple(libraries),
+                     functions=functions, device=torch.device("cuda", index), synchronize=synchronize)
+        kernel._device(index)   # set up on the loading GPU now: a plan the GPU cannot run fails at load
+        return kernel
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.plan.spec.name
+
+    def __repr__(self) -> str:
+        return (f"<attngen.{type(self).__name__} {self.label} {self.plan.spec.dtype} head_dim={self.plan.head_dim} "
+                f"{self.arch}>")
+
+    # -- per device --------------------------------------------------------------------------
+    def _device(self, index: int):
+        """The DeviceInfo of cuda:`index` once every function is set up there (dynamic shared
+        memory opted in, threads per block checked); from any thread, once per device."""
+        info = self._ready.get(index)
+        if info is not None:
+            return info
+        with self._ready_lock:
+            info = self._ready.get(index)
+            if info is None:
+                info = device_info(index)
+                if info.arch.rstrip("a") != self.arch.rstrip("a"):
+                    raise ValueError(f"{self.label} is compiled for {self.arch}; cuda:{index} is {info.arch}. Load the "
+                                     f"spec with cuda:{index} current (torch.cuda.set_device({index})) for a kernel "
+                                     f"of that GPU")
+                for fn in self.functions.values():
+                    self._configure(fn, info)
+                self._ready[index] = info
+        return info
+
+    def _configure(self, fn: Function, info) -> None:
+        """Opt the function into its dynamic shared memory on a device and check it can run its threads."""
+        if fn.smem_dynamic:
+            if fn.smem_dynamic > info.smem_optin:
+                raise ToolError(f"{fn.name} needs {fn.smem_dynamic} B of shared memory per block; cuda:{info.index} "
+                                f"allows at most {info.smem_optin} B")
+            driver.set_kernel_attribute(fn.handle, driver.ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn.smem_dynamic,
+                                        info.handle)
+        max_threads = driver.kernel_attribute(fn.handle, driver.ATTR_MAX_THREADS_PER_BLOCK, info.handle)
+        if max_threads < fn.threads:
+            regs = driver.kernel_attribute(fn.handle, driver.ATTR_NUM_REGS, info.handle)
+            raise ToolError(f"{fn.name} can run at most {max_threads} threads per block ({regs} registers per "
+                            f"thread) but the plan launches {fn.threads}")
+
+    # -- checks every convention shares ---------------------------------------------------------
+    def _check_tensor(self, name: str, t, layout: str, index: int):
+        """The tensor's shape, checked for `layout` (one of LAYOUTS, or PACKED) on cuda:`index`:
+        dtype, rank, device, head_dim, a contiguous last dimension, 16-byte rows and pointer."""
+        if not isinstance(t, self._tensor_type):
+            raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+        shape = t.shape
+        dims, ndim = DIMS[layout]
+        if len(shape) != ndim:
+            what = "packed sequences" if layout == PACKED else f"layout {layout!r}"
+            raise ValueError(f"{name} must be {ndim}-D {dims} for {what} (got shape {tuple(shape)})")
+        where = t.get_device()
+        if where != index:
+            if where < 0:
+                raise ValueError(f"{name} is on {t.device}; the kernel needs CUDA tensors (e.g. {name}.cuda())")
+            raise ValueError(f"{name} is on {t.device} but q is on cuda:{index}: every tensor of a call must be on "
+                             f"one GPU")
+        if t.dtype is not self.dtype:
+            raise TypeError(f"{name} is {t.dtype} but {self.label} takes {self.dtype} (spec dtype "
+                            f"{self.plan.spec.dtype})")
+        if shape[-1] != self.plan.head_dim:
+            raise ValueError(f"{name} has head_dim {shape[-1]} but {self.label} is generated for head_dim "
+                             f"{self.plan.head_dim}")
+        stride = t.stride()
+        if stride[-1] != 1:
+            raise ValueError(f"{name}'s last dimension must be contiguous (stride 1, got {stride[-1]}); "
+                             f"pass {name}.contiguous()")
+        for d in range(ndim - 1):
+            # A dimension of size 1 is only ever indexed at 0, so its stride does not matter.
+            if shape[d] > 1 and stride[d] % STRIDE_UNIT:
+                raise ValueError(f"{name}'s strides {tuple(stride)} must be multiples of {STRIDE_UNIT} elements "
+                                 f"({LOAD_BYTES}-byte rows for vector loads); pass {name}.contiguous()")
+        if t.data_ptr() % LOAD_BYTES:
+            raise ValueError(f"{name}'s data pointer is not {LOAD_BYTES}-byte aligned (offset view?); "
+                             f"pass {name}.clone()")
+        return shape
+
+    def _device_index(self, q) -> int:
+        """The GPU a call runs on: q's."""
+        if not isinstance(q, self._tensor_type):
+            raise TypeError(f"q must be a torch.Tensor (got {type(q).__name__})")
+        index = q.get_device()
+        if index < 0:
+            raise ValueError(f"q is on {q.device}; the kernel needs CUDA tensors (e.g. q.cuda())")
+        return index
+
+    def _check_mask(self, causal: bool) -> str:
+        """The mask variant a call asks for, refused when the spec does not emit it."""
+        mask = "causal" if causal else "none"
+        if mask not in self.entry:
+            raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
+                             f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
+        return mask
+
+    @property
+    def masks(self) -> tuple[str, ...]:
+        """The masks of the plain call."""
+        from ..core.varlen import is_packed
+        return tuple(key for key in self.entry if not is_packed(key))
+
+    def _mask_variant(self, mask: str, causal: bool, alignment: str | None):
+        """The variant of a call's mask; an alignment is refused without causal (the variant checks its value)."""
+        variant = next(m for m in self.plan.mask_variants if m.name == mask)
+        if alignment is not None and not causal:
+            raise ValueError(f"alignment={alignment!r} applies to causal=True only")
+        return variant
+
+    def _output(self, out, q, layout: str, index: int):
+        """out: a new tensor like q (its strides too), or the caller's, checked against q."""
+        if out is None:
+            return self._torch.empty_like(q)
+        self._check_tensor("out", out, layout, index)
+        if out.shape != q.shape:
+            raise ValueError(f"out must have q's shape {tuple(q.shape)} (got {tuple(out.shape)})")
+        return out
+
+    def _check_scale(self, scale) -> float:
+        """The softmax scale of a call: 1/sqrt(head_dim) when None, else a positive finite number."""
+        if scale is None:
+            return self._default_scale
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a positive number (got {type(scale).__name__})")
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be positive and finite (got {scale})")
+        return float(scale)
+
+    @property
+    def _default_scale(self) -> float:
+        return default_scale(self.plan.head_dim)
+
+    def _check_lse(self, lse, shape: tuple, index: int) -> None:
+        torch = self._torch
+        if not isinstance(lse, torch.Tensor):
+            raise TypeError(f"lse_out must be a torch.Tensor (got {type(lse).__name__})")
+        if lse.dtype != torch.float32 or tuple(lse.shape) != shape or not lse.is_contiguous():
+            raise ValueError(f"lse_out must be a contiguous float32 tensor of shape {shape} (got "
+                             f"{lse.dtype}, {tuple(lse.shape)}, strides {tuple(lse.stride())})")
+        if lse.get_device() != index:
+            raise ValueError(f"lse_out is on {lse.device} but q is on cuda:{index}")
+
+    def _maps(self):
+        if self._tensor_maps is None:
+            with self._maps_lock:
+                if self._tensor_maps is None:
+                    from .tma import TensorMapCache
+                    self._tensor_maps = TensorMapCache(self.plan.tensor_maps)
+        return self._tensor_maps
+
+    # -- launch ------------------------------------------------------------------------------
+    def _launch(self, fn: Function, packer, values, grid: tuple[int, int, int], info) -> None:
+        """Pack `values` (in the packer's per-call order) and launch `fn` over `grid` on torch's
+        current stream of the device `info`, with that device's primary context current."""
+        buf = self._launcher.buffer(packer.size)
+        packer.pack_into(buf.raw, buf.offset, values)
+        stream = self._raw_stream(info.index)
+        ctx = driver.current_context()
+        if ctx != info.context:
+            # This thread has no context current (a worker, an autograd thread) or another GPU's:
+            # launch in this GPU's primary context, then give the thread back the one it had.
+            driver.set_current_context(info.context)
+        try:
+            rc = self._launcher.launch(fn.handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic,
+                                       stream, buf.params, None)
+        finally:
+            if ctx != info.context:
+                driver.set_current_context(ctx)
+        if rc:
+            name, text = driver.error_text(rc)
+            raise LaunchError(f"launch of {fn.name} (grid={grid}, block=({fn.threads}, 1, 1), dynamic smem="
+                              f"{fn.smem_dynamic} B) failed: {name}: {text}")
+        if self.synchronize:
+            try:
+                self._torch.cuda.current_stream(info.index).synchronize()
+            except RuntimeError as exc:
+                raise LaunchError(f"{fn.name} (grid={grid}) failed while running: {exc}") from exc
+
+
+__all__ = ["Function", "Kernel", "LaunchConfig", "LaunchError", "default_scale", "launch_config", "load",
+           "pack_params", "render_bundle", "render_for", "to_bhsd"]

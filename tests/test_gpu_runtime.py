@@ -1,0 +1,277 @@
+"""GPU tests of the runtime as a library sees it: calls from any thread (workers with their own
+streams, autograd's engine threads), any GPU of the process, on the caller's stream and inside CUDA
+graph capture, with no host-device synchronization in a default call, and FlashAttention's
+answer for empty inputs. Skipped with a reason where there is no GPU, torch or nvcc."""
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+import pytest
+
+import attngen
+from attngen.eval.verify import attention_torch, error_bound, exact_fp32_matmul
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+MMA = ROOT / "specs" / "h100_mma_d64_m128n64w4s2x3q.yaml"        # forward + varlen, fp16 d64
+WGMMA = ROOT / "specs" / "h100_wgmma_d128.yaml"                   # TMA tensor maps, sm_90 only
+DECODE = ROOT / "specs" / "h200_decode_d128_fused.yaml"           # fused combine: split counters per stream
+DECODE_PAGED = ROOT / "specs" / "h200_decode_d128.yaml"           # page_size 16
+
+
+@pytest.fixture
+def torch():
+    import torch
+    return torch
+
+
+@functools.lru_cache(maxsize=None)
+def load_once(path: Path):
+    return attngen.load(path)
+
+
+def randn(torch, *shape, device="cuda", dtype=None):
+    return torch.randn(*shape, device=device, dtype=dtype or torch.float16)
+
+
+def assert_close_to_reference(torch, out, q, k, v, *, causal=False):
+    """The FlashAttention error rule against an fp32 reference, (B, H, S, D) tensors."""
+    with exact_fp32_matmul(torch):
+        ref, _ = attention_torch(q.float(), k.float(), v.float(), scale=q.shape[-1] ** -0.5, causal=causal)
+    low, _ = attention_torch(q, k, v, scale=q.shape[-1] ** -0.5, causal=causal)
+    err = (out.float() - ref).abs().max().item()
+    assert err <= error_bound((low.float() - ref).abs().max().item()), err
+
+
+def wgmma_or_skip(torch):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kind runs on sm_90 only")
+    return load_once(WGMMA)
+
+
+# -- no synchronization ------------------------------------------------------------------------------
+
+def test_default_calls_never_synchronize(torch):
+    """torch's sync debug mode raises on any host-device synchronization: forward, varlen (without
+    max_seqlen_q) and decode (contiguous, paged) run under it."""
+    from attngen.runtime.calls.varlen import cu_seqlens
+    fwd, dec, paged = load_once(MMA), load_once(DECODE), load_once(DECODE_PAGED)
+    q, k, v = randn(torch, 2, 4, 300, 64), randn(torch, 2, 4, 300, 64), randn(torch, 2, 4, 300, 64)
+    qd, kd, vd = randn(torch, 2, 32, 1, 128), randn(torch, 2, 8, 1000, 128), randn(torch, 2, 8, 1000, 128)
+    lens = torch.tensor([999, 17], dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(torch, [100, 3, 257], "cuda")
+    qp, kp, vp = randn(torch, 360, 4, 64), randn(torch, 360, 4, 64), randn(torch, 360, 4, 64)
+    pool_k, pool_v = randn(torch, 130, 8, 16, 128), randn(torch, 130, 8, 16, 128)
+    table = torch.arange(128, dtype=torch.int32, device="cuda").view(2, 64)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fwd(q, k, v, causal=True)
+        fwd(q, k, v, return_lse=True)
+        fwd.varlen(qp, kp, vp, cu, cu, causal=True)
+        fwd.varlen(qp, kp, vp, cu, cu, max_seqlen_q=257, return_lse=True)
+        dec(qd, kd, vd, cache_seqlens=lens)
+        dec(qd, kd, vd, cache_seqlens=lens, causal=True, return_lse=True)
+        paged(qd, pool_k, pool_v, cache_seqlens=lens, block_table=table)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+# -- empty inputs -------------------------------------------------------------------------------------
+
+def test_empty_inputs_as_flash_attention(torch):
+    """No keys: zeros and LSE -inf. No queries: empty results. Varlen with every key sequence
+    empty (or no key rows at all): the same."""
+    from attngen.runtime.calls.varlen import cu_seqlens
+    fwd = load_once(MMA)
+    q = randn(torch, 2, 4, 33, 64)
+    empty_k = randn(torch, 2, 4, 0, 64)
+    o, lse = fwd(q, empty_k, empty_k, return_lse=True)
+    assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+    o, lse = fwd(randn(torch, 2, 4, 0, 64), randn(torch, 2, 4, 9, 64), randn(torch, 2, 4, 9, 64), return_lse=True)
+    assert o.shape == (2, 4, 0, 64) and lse.shape == (2, 4, 0)
+    qp = randn(torch, 40, 4, 64)
+    for total_k, lens_k in ((0, [0, 0]), (8, [0, 0])):
+        kp = randn(torch, total_k, 4, 64)
+        o, lse = fwd.varlen(qp, kp, kp, cu_seqlens(torch, [30, 10], "cuda"), cu_seqlens(torch, lens_k, "cuda"),
+                            return_lse=True)
+        assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+
+
+# -- streams and graphs --------------------------------------------------------------------------------
+
+def test_launch_on_the_callers_stream_and_in_a_graph(torch):
+    """A call on a user stream is ordered by that stream alone; a forward and a decode captured in a
+    CUDA graph replay correctly, the decode after its lengths change."""
+    fwd, dec = load_once(MMA), load_once(DECODE)
+    q, k, v = randn(torch, 1, 4, 500, 64), randn(torch, 1, 4, 700, 64), randn(torch, 1, 4, 700, 64)
+    expect = fwd(q, k, v)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got = fwd(q, k, v)
+        got2 = got * 1
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(got2, expect)
+
+    qd, kd, vd = randn(torch, 4, 32, 1, 128), randn(torch, 4, 8, 2048, 128), randn(torch, 4, 8, 2048, 128)
+    lens = torch.tensor([2048, 5, 1000, 77], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(qd)
+    fwd_out = torch.empty_like(q)
+    for _ in range(2):   # warm up outside the capture (first-use work: split counters, per-device setup)
+        dec(qd, kd, vd, cache_seqlens=lens, out=out)
+        fwd(q, k, v, out=fwd_out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec(qd, kd, vd, cache_seqlens=lens, out=out)
+        fwd(q, k, v, out=fwd_out)
+    for new in ([1, 2048, 64, 3], [100, 200, 300, 2000]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        fwd_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(fwd_out, expect)
+        for b, n in enumerate(new):
+            assert_close_to_reference(torch, out[b:b + 1], qd[b:b + 1], kd[b:b + 1, :, :n], vd[b:b + 1, :, :n])
+
+
+# -- threads ----------------------------------------------------------------------------------------
+
+def test_calls_from_threads_with_their_own_streams(torch):
+    """8 threads, each on its own stream, call a forward (wgmma on sm_90, else mma), a decode with
+    a fused combine and a varlen kernel 20 times each; every output equals the main thread's
+    bitwise, and the main thread's pass the error rule."""
+    from attngen.runtime.calls.varlen import cu_seqlens
+    fwd = wgmma_or_skip(torch) if torch.cuda.get_device_capability() == (9, 0) else load_once(MMA)
+    d = fwd.plan.head_dim
+    dec, var = load_once(DECODE), load_once(MMA)
+    q, k, v = randn(torch, 2, 8, 600, d), randn(torch, 2, 8, 600, d), randn(torch, 2, 8, 600, d)
+    qd, kd, vd = randn(torch, 3, 32, 1, 128), randn(torch, 3, 8, 3000, 128), randn(torch, 3, 8, 3000, 128)
+    lens = torch.tensor([3000, 1, 1500], dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(torch, [200, 1, 513], "cuda")
+    qp, kp, vp = randn(torch, 714, 4, 64), randn(torch, 714, 4, 64), randn(torch, 714, 4, 64)
+    calls = {
+        "forward": lambda: fwd(q, k, v, causal=True),
+        "decode": lambda: dec(qd, kd, vd, cache_seqlens=lens, causal=True),
+        "varlen": lambda: var.varlen(qp, kp, vp, cu, cu, max_seqlen_q=513),
+    }
+    expect = {name: call() for name, call in calls.items()}
+    torch.cuda.synchronize()
+    assert_close_to_reference(torch, expect["forward"], q, k, v, causal=True)
+    got, errors = [], []
+
+    def worker():
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                mine = [(name, call()) for _ in range(20) for name, call in calls.items()]
+            stream.synchronize()
+            got.extend(mine)
+        except Exception as exc:   # reported below with the thread's error
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert len(got) == 8 * 20 * 3
+    mismatched = [name for name, out in got if not torch.equal(out, expect[name])]
+    assert not mismatched, f"{len(mismatched)} of {len(got)} outputs differ: {sorted(set(mismatched))}"
+
+
+def test_call_from_autograd_backward(torch):
+    """PyTorch runs backward on its engine's threads: a kernel call from Function.backward runs."""
+    fwd = load_once(MMA)
+    k, v = randn(torch, 1, 4, 256, 64), randn(torch, 1, 4, 256, 64)
+
+    class Attend(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q):
+            return fwd(q, k, v)
+
+        @staticmethod
+        def backward(ctx, grad):
+            ctx.thread = threading.get_ident()
+            Attend.seen = threading.get_ident()
+            return fwd(grad.contiguous(), k, v)   # a backward-style launch on the autograd thread
+
+    q = randn(torch, 1, 4, 128, 64).requires_grad_()
+    grad = randn(torch, 1, 4, 128, 64)
+    Attend.apply(q).backward(grad)
+    assert Attend.seen != threading.get_ident()      # it did run on another thread
+    assert torch.equal(q.grad, fwd(grad, k, v))
+
+
+def test_first_loads_at_once_compile_once(torch, tmp_path, monkeypatch):
+    """Two threads that first load the same spec at once (empty cubin cache) both get a working
+    kernel, and nvcc runs once."""
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path))
+    compiled, kernels, errors = [], [], []
+    barrier = threading.Barrier(2)
+
+    def first_load():
+        try:
+            barrier.wait()
+            kernels.append(attngen.load(MMA, on_compile=lambda arch: compiled.append(arch)))
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(kernels) == 2 and len(compiled) == 1
+    q = randn(torch, 1, 2, 100, 64)
+    assert torch.equal(kernels[0](q, q, q), kernels[1](q, q, q))
+
+
+# -- two GPUs -----------------------------------------------------------------------------------------
+
+def test_two_gpus_from_one_and_two_threads(torch):
+    """A model whose two layers sit on cuda:0 and cuda:1 calls attention on both, from one thread
+    and from two; every output passes the error rule and matches across threads bitwise."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (the device tool's nvidia-h200-x2)")
+    kernel = load_once(MMA)
+
+    class Layer(torch.nn.Module):
+        def __init__(self, device):
+            super().__init__()
+            self.qkv = torch.nn.Linear(256, 3 * 256, device=device, dtype=torch.float16)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, 4, 64).unbind(2)
+            return kernel(q, k, v, causal=True, layout="bshd").reshape(b, s, 256), (q, k, v)
+
+    layers = [Layer("cuda:0"), Layer("cuda:1")]
+    xs = [randn(torch, 2, 300, 256, device=f"cuda:{i}") for i in range(2)]
+    with torch.no_grad():
+        serial = [layer(x) for layer, x in zip(layers, xs)]
+        for out, (q, k, v) in serial:
+            t = lambda a: a.permute(0, 2, 1, 3)   # noqa: E731
+            assert_close_to_reference(torch, t(out.view(2, 300, 4, 64)), t(q), t(k), t(v), causal=True)
+        parallel = [None, None]
+
+        def run(i):
+            torch.cuda.set_device(i)
+            parallel[i] = layers[i](xs[i])[0]
+            torch.cuda.synchronize(i)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for i in range(2):
+        assert parallel[i] is not None and parallel[i].device.index == i
+        assert torch.equal(parallel[i], serial[i][0])
