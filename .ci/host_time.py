@@ -167,5 +167,47 @@ def main():
                                                "results": results}, indent=2) + "\n")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--components" not in sys.argv:
     sys.exit(main())
+
+
+def components():
+    """Where a forward call's host time goes, piece by piece (the code after the library issue)."""
+    from attngen.runtime import driver
+    q = torch.randn(1, 8, 512, 64, device="cuda", dtype=torch.float16)
+    mma = attngen.load(str(ROOT / "specs/h100_mma_d64.yaml"))
+    mma(q, q, q)
+    prepared = next(iter(mma._prepared.values()))
+    ptrs = (q.data_ptr(),) * 4 + (0,)
+
+    def t(name, f, n=20000):
+        for _ in range(200):
+            f()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        dt = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        print(f"  {name:<44} {dt:6.2f} us", flush=True)
+
+    print("forward 1x8x512x64 mma, pieces:")
+    t("whole call", lambda: mma(q, q, q), 5000)
+    t("torch.empty_like(q)", lambda: torch.empty_like(q))
+    t("_cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(0))
+    t("driver.current_context", driver.current_context)
+    t("_run (pack + launch)", lambda: mma._run(prepared, ptrs), 5000)
+    t("cache key", lambda: (q.shape, q.shape, q.shape, q.stride(), q.stride(), q.stride(), q.dtype, q.dtype, q.dtype,
+                            q.get_device(), q.get_device(), q.get_device(), False, None, None, False, "bhsd"))
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(5000):
+        mma(q, q, q)
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+
+
+if __name__ == "__main__" and "--components" in sys.argv:
+    components()

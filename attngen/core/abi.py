@@ -146,6 +146,10 @@ class Abi:
             parts.append(f"{self.size - at}x")
         return "".join(parts)
 
+    def patch(self, names: tuple[str, ...]) -> "Patch":
+        """A Patch that rewrites `names` (in ABI order) in Params bytes laid out before."""
+        return Patch(self, tuple(names))
+
     def packer(self, per_call: tuple[str, ...], fixed: dict | None = None) -> "Packer":
         """A Packer for calls that give the `per_call` fields in that order; every other field
         takes its value from `fixed` or its default, once, here."""
@@ -190,3 +194,41 @@ class Packer:
         buf = bytearray(self.size)
         self.pack_into(buf, 0, values)
         return bytes(buf)
+
+
+class Patch:
+    """Rewrites a few fields of Params bytes laid out before (a prepared call's template): the
+    fields that change on every call of one shape, its pointers. Adjacent fields (in ABI order)
+    are written by one struct each, so q, k, v, o and lse take one pack_into."""
+
+    def __init__(self, abi: Abi, names: tuple[str, ...]):
+        rows = {f.name: (i, f, offset) for i, (f, offset) in enumerate(abi.rows())}
+        unknown = set(names) - set(rows)
+        if unknown:
+            raise ValueError(f"ABI {abi.name} has no field(s) {', '.join(sorted(unknown))}")
+        order = sorted(names, key=lambda n: rows[n][0])
+        if list(order) != list(names):
+            raise ValueError(f"patch fields must come in ABI order: {', '.join(order)}")
+        runs, start = [], 0
+        for at in range(1, len(names) + 1):
+            if at == len(names) or rows[names[at]][0] != rows[names[at - 1]][0] + 1:
+                fmt, offset0, end = ["<"], rows[names[start]][2], rows[names[start]][2]
+                for n in names[start:at]:
+                    _, f, offset = rows[n]
+                    if offset > end:
+                        fmt.append(f"{offset - end}x")
+                    fmt.append(f.pack)
+                    end = offset + f.size
+                runs.append((offset0, struct.Struct("".join(fmt)), start, at))
+                start = at
+        self.names = tuple(names)
+        self._runs = tuple(runs)
+        self._single = runs[0][:2] if len(runs) == 1 else None
+
+    def pack_into(self, buffer, offset: int, values) -> None:
+        """Write `values` (in the order of `names`) into Params bytes that start at `offset`."""
+        if self._single is not None:
+            self._single[1].pack_into(buffer, offset + self._single[0], *values)
+            return
+        for at, fmt, start, end in self._runs:
+            fmt.pack_into(buffer, offset + at, *values[start:end])

@@ -126,9 +126,21 @@ def primary_context(dev: int) -> int:
     return ctx.value
 
 
+_probe = threading.local()
+
+
 def current_context() -> int | None:
-    ctx = ctypes.c_void_p()
-    check("cuCtxGetCurrent", lib().cuCtxGetCurrent(ctypes.byref(ctx)))
+    """The context current on this thread (None: none). Called on every launch, so the out
+    parameter is made once per thread."""
+    try:
+        ctx, ref, get = _probe.slot
+    except AttributeError:
+        ctx = ctypes.c_void_p()
+        ref, get = ctypes.byref(ctx), lib().cuCtxGetCurrent
+        _probe.slot = (ctx, ref, get)
+    rc = get(ref)
+    if rc:
+        check("cuCtxGetCurrent", rc)
     return ctx.value
 
 

@@ -21,6 +21,7 @@ import numbers
 import os
 import sys
 import threading
+from ctypes import memmove
 from dataclasses import dataclass
 
 from ..errors import ToolError
@@ -124,6 +125,22 @@ def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> "
     return Kernel.from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
 
 
+PREPARED_ENTRIES = 512               # prepared calls a kernel keeps (one per shape, strides and options)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything about a call that one shape (and its strides, dtypes, device and options)
+    decides, worked out by the first such call: later calls of that shape check their pointers,
+    patch them into the template and launch."""
+
+    info: object                # DeviceInfo of the GPU
+    launches: tuple             # (Function, grid) in launch order; every one reads the same Params
+    template: bytes             # the Params, pointers included (each call patches its own)
+    patch: object               # core.abi.Patch of the per-call pointer fields
+    extra: tuple = ()           # the convention's own per-shape numbers (lse and workspace shapes)
+
+
 @dataclass(frozen=True)
 class Function:
     """One kernel function of a loaded bundle."""
@@ -160,6 +177,7 @@ class Kernel:
         self._raw_stream = torch._C._cuda_getCurrentRawStream
         self._tensor_maps = None            # TensorMapCache, for plans that read TMA tensor maps
         self._maps_lock = threading.Lock()
+        self._prepared: dict = {}           # call key -> Prepared (see the conventions' fast paths)
         self._setup()
 
     def _setup(self) -> None:
@@ -388,11 +406,22 @@ class Kernel:
         return self._tensor_maps
 
     # -- launch ------------------------------------------------------------------------------
-    def _launch(self, fn: Function, packer, values, grid: tuple[int, int, int], info) -> None:
-        """Pack `values` (in the packer's per-call order) and launch `fn` over `grid` on torch's
-        current stream of the device `info`, with that device's primary context current."""
-        buf = self._launcher.buffer(packer.size)
-        packer.pack_into(buf.raw, buf.offset, values)
+    def _remember(self, key, prepared: Prepared) -> None:
+        """Keep a prepared call for later calls of the same key (at most PREPARED_ENTRIES)."""
+        if key is None:
+            return
+        if len(self._prepared) >= PREPARED_ENTRIES:
+            self._prepared.clear()
+        self._prepared[key] = prepared
+
+    def _run(self, prepared: Prepared, pointers) -> None:
+        """Launch a prepared call with this call's `pointers` (in its patch's order) on torch's
+        current stream of its device, with that device's primary context current."""
+        template = prepared.template
+        buf = self._launcher.buffer(len(template))
+        memmove(buf.params[0], template, len(template))
+        prepared.patch.pack_into(buf.raw, buf.offset, pointers)
+        info = prepared.info
         stream = self._raw_stream(info.index)
         ctx = driver.current_context()
         if ctx != info.context:
@@ -400,21 +429,22 @@ class Kernel:
             # launch in this GPU's primary context, then give the thread back the one it had.
             driver.set_current_context(info.context)
         try:
-            rc = self._launcher.launch(fn.handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic,
-                                       stream, buf.params, None)
+            for fn, grid in prepared.launches:
+                rc = self._launcher.launch(fn.handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic,
+                                           stream, buf.params, None)
+                if rc:
+                    name, text = driver.error_text(rc)
+                    raise LaunchError(f"launch of {fn.name} (grid={grid}, block=({fn.threads}, 1, 1), dynamic smem="
+                                      f"{fn.smem_dynamic} B) failed: {name}: {text}")
         finally:
             if ctx != info.context:
                 driver.set_current_context(ctx)
-        if rc:
-            name, text = driver.error_text(rc)
-            raise LaunchError(f"launch of {fn.name} (grid={grid}, block=({fn.threads}, 1, 1), dynamic smem="
-                              f"{fn.smem_dynamic} B) failed: {name}: {text}")
         if self.synchronize:
             try:
                 self._torch.cuda.current_stream(info.index).synchronize()
             except RuntimeError as exc:
-                raise LaunchError(f"{fn.name} (grid={grid}) failed while running: {exc}") from exc
+                raise LaunchError(f"{prepared.launches[0][0].name} failed while running: {exc}") from exc
 
 
-__all__ = ["Function", "Kernel", "LaunchConfig", "LaunchError", "default_scale", "launch_config", "load",
+__all__ = ["Function", "Kernel", "LaunchConfig", "LaunchError", "Prepared", "default_scale", "launch_config", "load",
            "pack_params", "render_bundle", "render_for", "to_bhsd"]

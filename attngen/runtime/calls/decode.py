@@ -11,9 +11,11 @@ import threading
 
 from ...core.decode import num_splits, row_blocks
 from ...core.forward import LOG2E
-from ..kernel import MAX_GRID_YZ, Kernel
+from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
 from .forward import PER_CALL as FORWARD_PER_CALL, bhsd_strides
 
+WORKSPACES = 64                 # split-partial buffers kept (device x stream x thread)
+POINTERS = ("q", "k", "v", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", "block_table", "split_counters")
 PER_CALL = FORWARD_PER_CALL + ("cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split",
                                "row_blocks", "split_counters", "block_table", "table_stride", "num_pages")
 
@@ -42,6 +44,9 @@ class DecodeKernel(Kernel):
 
     def _setup(self) -> None:
         self._decode = self.plan.abi.packer(PER_CALL)
+        self._pointers = self.plan.abi.patch(POINTERS)
+        self._workspaces = {}        # (device, stream, thread) -> fp32 split partials
+        self._captured = []          # workspaces of calls captured in CUDA graphs (the graphs read them)
         self._counter_buffers = {}   # (device, stream) -> zeroed int32 split counters (fused combine)
         self._counter_lock = threading.Lock()
         fragments = self.plan.fragments
@@ -51,6 +56,46 @@ class DecodeKernel(Kernel):
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
                  layout: str = "bhsd", out=None, validate: bool = False):
+        key = None
+        if out is None and not validate:
+            # A shape seen before: its checks passed and its Params are laid out; only the pointers
+            # are new (and must be 16-byte aligned).
+            try:
+                lens, table = cache_seqlens, block_table
+                key = (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype,
+                       k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
+                       None if lens is None else (lens.shape, lens.dtype, lens.stride(), lens.get_device()),
+                       None if table is None else (table.shape, table.dtype, table.stride(), table.get_device()),
+                       causal, scale, num_splits, return_lse, layout)
+                prepared = self._prepared.get(key)
+            except (AttributeError, TypeError):
+                key = prepared = None
+            if prepared is not None:
+                qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
+                if not (qp | kp | vp) % LOAD_BYTES:
+                    return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse)
+        return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                return_lse, layout, out, validate, key)
+
+    def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse):
+        lse_shape, accum, counters, splits = prepared.extra
+        index = prepared.info.index
+        out = self._torch.empty_like(q)
+        lse = q.new_empty(lse_shape, dtype=self._torch.float32) if return_lse else None
+        o_accum = lse_accum = 0
+        if accum:
+            o_accum = self._workspace(index, accum + accum // q.shape[-1])
+            lse_accum = o_accum + 4 * accum
+        self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0,
+                             cache_seqlens.data_ptr() if cache_seqlens is not None else 0, o_accum, lse_accum,
+                             block_table.data_ptr() if block_table is not None else 0,
+                             self._counters(counters, index) if counters else 0))
+        self.last_splits = splits
+        return (out, lse) if return_lse else out
+
+    def _first_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
+                    layout, out, validate, key):
+        """Every check, the split count and the Params of a call; remembered under `key`."""
         if layout not in ("bhsd", "bshd"):
             raise ValueError(f"layout must be one of bhsd, bshd (got {layout!r})")
         index = self._device_index(q)
@@ -77,6 +122,7 @@ class DecodeKernel(Kernel):
             self._check_pages(block_table, cache_seqlens, pool)
         scale = self._check_scale(scale)
         torch = self._torch
+        out_given = out
         out = self._output(out, q, layout, index)
         lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
         if not (batch and seqlen_q and capacity):
@@ -101,31 +147,51 @@ class DecodeKernel(Kernel):
         tiles_per_split = -(-n_tiles // splits)
         splits = -(-n_tiles // tiles_per_split)   # no split left without a tile of the cache
 
-        o_accum = lse_accum = None
-        if splits > 1:
-            o_accum = torch.empty((splits, batch, heads, seqlen_q, self.plan.head_dim), dtype=torch.float32,
-                                  device=q.device)
-            lse_accum = torch.empty((splits, batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+        accum = splits * batch * heads * seqlen_q * self.plan.head_dim if splits > 1 else 0
+        o_accum = lse_accum = 0
+        if accum:   # (splits, B, H, Sq, D) partial outputs, then (splits, B, H, Sq) partial LSEs, fp32
+            o_accum = self._workspace(index, accum + accum // self.plan.head_dim)
+            lse_accum = o_accum + 4 * accum
+        counters = batch * kv_heads * blocks_per_row if splits > 1 and self._fused else 0
         values = [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                   lse.data_ptr() if lse is not None else 0,
                   *bhsd_strides(q.stride(), layout), *bhsd_strides(k_cache.stride(), layout),
                   *bhsd_strides(v_cache.stride(), layout), *bhsd_strides(out.stride(), layout),
                   heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, capacity, scale * LOG2E,
-                  cache_seqlens.data_ptr() if cache_seqlens is not None else 0,
-                  o_accum.data_ptr() if o_accum is not None else 0,
-                  lse_accum.data_ptr() if lse_accum is not None else 0,
-                  splits, tiles_per_split, blocks_per_row,
-                  self._counters(batch * kv_heads * blocks_per_row, index) if splits > 1 and self._fused else 0,
+                  cache_seqlens.data_ptr() if cache_seqlens is not None else 0, o_accum, lse_accum,
+                  splits, tiles_per_split, blocks_per_row, self._counters(counters, index) if counters else 0,
                   block_table.data_ptr() if paged else 0, block_table.stride(0) if paged else 0, pool if paged else 0]
-        self._launch(self.functions[self.entry[mask]], self._decode, values, (splits, kv_heads * blocks_per_row, batch),
-                     info)
+        launches = [(self.functions[self.entry[mask]], (splits, kv_heads * blocks_per_row, batch))]
         if splits > 1 and not self._fused:
-            combine = self.plan.parts[1]
-            fn = self.functions[combine.functions[0][1]]
-            per_block = fn.threads // 32   # one output row per warp
-            self._launch(fn, self._decode, values, (-(-batch * heads * seqlen_q // per_block), 1, 1), info)
+            combine = self.functions[self.plan.parts[1].functions[0][1]]
+            per_block = combine.threads // 32   # one output row per warp
+            launches.append((combine, (-(-batch * heads * seqlen_q // per_block), 1, 1)))
+        prepared = Prepared(info, tuple(launches), self._decode.pack(values), self._pointers,
+                            ((batch, heads, seqlen_q), accum, counters, splits))
+        if out_given is None:
+            self._remember(key, prepared)
+        self._run(prepared, tuple(values[:5]) + (values[25], o_accum, lse_accum, values[-3], values[-4]))
         self.last_splits = splits
         return (out, lse) if return_lse else out
+
+    def _workspace(self, index: int, floats: int) -> int:
+        """Address of `floats` fp32 elements of split partials, one buffer per device, stream and
+        thread: calls on one stream run in order, and two threads sharing a stream (torch's
+        default) must not overwrite each other's partials between their split and combine
+        launches. Inside CUDA graph capture each call gets its own (the graph keeps it)."""
+        torch = self._torch
+        if torch._C._cuda_isCurrentStreamCapturing():
+            buf = torch.empty(floats, dtype=torch.float32, device=f"cuda:{index}")
+            self._captured.append(buf)
+            return buf.data_ptr()
+        key = (index, torch._C._cuda_getCurrentRawStream(index), threading.get_ident())
+        buf = self._workspaces.get(key)
+        if buf is None or buf.numel() < floats:
+            if len(self._workspaces) >= WORKSPACES:
+                self._workspaces.clear()
+            buf = torch.empty(max(floats, 1 << 16), dtype=torch.float32, device=f"cuda:{index}")
+            self._workspaces[key] = buf
+        return buf.data_ptr()
 
     def _counters(self, n: int, index: int) -> int:
         """Address of n zeroed int32 split counters for a fused combine, one buffer per device and

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from ...core.forward import LOG2E
 from ...core.varlen import is_packed, mask_of
-from ..kernel import LAYOUTS, MAX_GRID_X, MAX_GRID_YZ, Kernel
+from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, Kernel, Prepared
 
 TENSORS = ("q", "k", "v", "o")
+POINTERS = ("q", "k", "v", "o", "lse")      # the fields every call of a prepared shape patches
 STRIDES = tuple(f"{t}_{d}_stride" for t in TENSORS for d in ("batch", "head", "row"))
 PER_CALL = ("q", "k", "v", "o", "lse") + STRIDES + (
     "lse_batch_stride", "lse_head_stride", "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "scale_log2")
@@ -35,6 +36,8 @@ class ForwardKernel(Kernel):
         self._mask_fields = mask_fields(plan)
         self._map_fields = tuple(m.abi_field for m in plan.tensor_maps)
         self._forward = plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields) + self._map_fields)
+        self._pointers = plan.abi.patch(POINTERS + self._map_fields)
+        self._fp32 = self._torch.float32
         self._varlen_packer = None          # made by the varlen call on first use
 
     @property
@@ -66,6 +69,40 @@ class ForwardKernel(Kernel):
         receive the results instead of new tensors; lse_out implies return_lse. No keys (Sk 0)
         gives zeros and LSE -inf, as FlashAttention does; no queries gives empty tensors.
         """
+        key = None
+        if out is None and lse_out is None:
+            # A shape seen before: its checks passed and its Params are laid out; only the
+            # pointers are new (and must be 16-byte aligned).
+            try:
+                key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+                       q.get_device(), k.get_device(), v.get_device(), causal, alignment, scale, return_lse, layout)
+                prepared = self._prepared.get(key)
+            except (AttributeError, TypeError):
+                key = prepared = None
+            if prepared is not None:
+                qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+                if not (qp | kp | vp) % LOAD_BYTES:
+                    out = self._torch.empty_like(q)
+                    lse = q.new_empty(prepared.extra, dtype=self._fp32) if return_lse else None
+                    pointers = (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0)
+                    if self._map_fields:
+                        pointers += self._map_values(q, k, v, out, layout)
+                    self._run(prepared, pointers)
+                    return (out, lse) if return_lse else out
+        return self._first_call(q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key)
+
+    def _map_values(self, q, k, v, out, layout: str) -> tuple:
+        """The call's TMA tensor maps (encoded once per tensors, then cached), in Params order."""
+        if layout == "bhsd":
+            views = {"q": q, "k": k, "v": v, "o": out}
+        else:
+            views = {"q": q.permute(0, 2, 1, 3), "k": k.permute(0, 2, 1, 3), "v": v.permute(0, 2, 1, 3),
+                     "o": out.permute(0, 2, 1, 3)}
+        maps = self._maps().fields(views)
+        return tuple(maps[name] for name in self._map_fields)
+
+    def _first_call(self, q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key):
+        """Every check, the grid and the Params of a call; remembered under `key` for later calls."""
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
         index = self._device_index(q)
@@ -89,11 +126,12 @@ class ForwardKernel(Kernel):
         scale = self._check_scale(scale)
         out = self._output(out, q, layout, index)
         torch = self._torch
+        lse_shape = (batch, heads, seqlen_q)
         if lse_out is not None:
-            self._check_lse(lse_out, (batch, heads, seqlen_q), index)
+            self._check_lse(lse_out, lse_shape, index)
             return_lse = True
         elif return_lse:
-            lse_out = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+            lse_out = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
         if not (batch and seqlen_q and seqlen_k):
             if batch and seqlen_q:   # no keys: FlashAttention's zeros and LSE -inf
                 out.zero_()
@@ -106,20 +144,18 @@ class ForwardKernel(Kernel):
         grid = plan.grid(batch, heads, seqlen_q, info.sm_count)
         if grid[0] > MAX_GRID_X:
             raise ValueError(f"seqlen_q {seqlen_q} needs more than {MAX_GRID_X} blocks")
-        so = out.stride()
         values = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0,
                   *bhsd_strides(q.stride(), layout), *bhsd_strides(k.stride(), layout),
-                  *bhsd_strides(v.stride(), layout), *bhsd_strides(so, layout),
+                  *bhsd_strides(v.stride(), layout), *bhsd_strides(out.stride(), layout),
                   heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, seqlen_k, scale * LOG2E]
         for f in self._mask_fields:
             values.append(mask_values.get(f.name, f.default))
-        if self._map_fields:
-            views = {"q": q, "k": k, "v": v, "o": out} if bhsd else \
-                {"q": q.permute(0, 2, 1, 3), "k": k.permute(0, 2, 1, 3), "v": v.permute(0, 2, 1, 3),
-                 "o": out.permute(0, 2, 1, 3)}
-            maps = self._maps().fields(views)
-            values.extend(maps[name] for name in self._map_fields)
-        self._launch(self.functions[self.entry[mask]], self._forward, values, grid, info)
+        maps = self._map_values(q, k, v, out, layout) if self._map_fields else ()
+        values.extend(maps)
+        prepared = Prepared(info, ((self.functions[self.entry[mask]], grid),), self._forward.pack(values),
+                            self._pointers, lse_shape)
+        self._remember(key, prepared)   # no key when the caller gave out or lse_out
+        self._run(prepared, tuple(values[:5]) + maps)
         return (out, lse_out) if return_lse else out
 
 
