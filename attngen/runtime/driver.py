@@ -65,6 +65,7 @@ _SIGNATURES = {
     "cuLibraryGetKernel": (_c.c_int, [_c.POINTER(_vp), _vp, _c.c_char_p]),
     "cuKernelSetAttribute": (_c.c_int, [_c.c_int, _c.c_int, _vp, _c.c_int]),
     "cuKernelGetAttribute": (_c.c_int, [_c.POINTER(_c.c_int), _c.c_int, _vp, _c.c_int]),
+    "cuKernelGetFunction": (_c.c_int, [_c.POINTER(_vp), _vp]),
     "cuLaunchKernel": (_c.c_int, [_vp, _u, _u, _u, _u, _u, _u, _u, _vp, _vp, _vp]),
 }
 
@@ -160,6 +161,13 @@ def load_library(cubin: bytes) -> int:
 def library_kernel(library: int, name: str) -> int:
     handle = ctypes.c_void_p()
     check(f"cuLibraryGetKernel({name})", lib().cuLibraryGetKernel(ctypes.byref(handle), library, name.encode()))
+    return handle.value
+
+
+def kernel_function(kernel: int) -> int:
+    """The CUfunction of a library kernel in the current context (loads it there if needed)."""
+    handle = ctypes.c_void_p()
+    check("cuKernelGetFunction", lib().cuKernelGetFunction(ctypes.byref(handle), kernel))
     return handle.value
 
 

@@ -135,7 +135,7 @@ class Prepared:
     patch them into the template and launch."""
 
     info: object                # DeviceInfo of the GPU
-    launches: tuple             # (Function, grid) in launch order; every one reads the same Params
+    launches: tuple             # (Function, CUfunction on this device, grid) in launch order; all read one Params
     template: bytes             # the Params, pointers included (each call patches its own)
     patch: object               # core.abi.Patch of the per-call pointer fields
     extra: tuple = ()           # the convention's own per-shape numbers (lse and workspace shapes)
@@ -172,11 +172,10 @@ class Kernel:
         self._torch = torch
         self._tensor_type = torch.Tensor
         self._ready: dict[int, object] = {}   # device index -> DeviceInfo, once its functions are set up there
+        self._handles: dict[int, dict] = {}   # device index -> function name -> CUfunction there
         self._ready_lock = threading.Lock()
         self._launcher = driver.Launcher()
         self._raw_stream = torch._C._cuda_getCurrentRawStream
-        self._tensor_maps = None            # TensorMapCache, for plans that read TMA tensor maps
-        self._maps_lock = threading.Lock()
         self._prepared: dict = {}           # call key -> Prepared (see the conventions' fast paths)
         self._setup()
 
@@ -280,6 +279,15 @@ class Kernel:
                                      f"of that GPU")
                 for fn in self.functions.values():
                     self._configure(fn, info)
+                # The library's kernels resolved to this device's functions once: a launch of a
+                # CUfunction skips the per-launch lookup a CUkernel needs.
+                ctx = driver.current_context()
+                driver.set_current_context(info.context)
+                try:
+                    self._handles[index] = {name: driver.kernel_function(fn.handle)
+                                            for name, fn in self.functions.items()}
+                finally:
+                    driver.set_current_context(ctx)
                 self._ready[index] = info
         return info
 
@@ -397,15 +405,12 @@ class Kernel:
         if lse.get_device() != index:
             raise ValueError(f"lse_out is on {lse.device} but q is on cuda:{index}")
 
-    def _maps(self):
-        if self._tensor_maps is None:
-            with self._maps_lock:
-                if self._tensor_maps is None:
-                    from .tma import TensorMapCache
-                    self._tensor_maps = TensorMapCache(self.plan.tensor_maps)
-        return self._tensor_maps
-
     # -- launch ------------------------------------------------------------------------------
+    def _launches(self, info, *named) -> tuple:
+        """(Function, its CUfunction on the device of `info`, grid) for each (function name, grid)."""
+        handles = self._handles[info.index]
+        return tuple((self.functions[name], handles[name], grid) for name, grid in named)
+
     def _remember(self, key, prepared: Prepared) -> None:
         """Keep a prepared call for later calls of the same key (at most PREPARED_ENTRIES)."""
         if key is None:
@@ -429,8 +434,8 @@ class Kernel:
             # launch in this GPU's primary context, then give the thread back the one it had.
             driver.set_current_context(info.context)
         try:
-            for fn, grid in prepared.launches:
-                rc = self._launcher.launch(fn.handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic,
+            for fn, handle, grid in prepared.launches:
+                rc = self._launcher.launch(handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic,
                                            stream, buf.params, None)
                 if rc:
                     name, text = driver.error_text(rc)

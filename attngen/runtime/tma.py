@@ -1,15 +1,14 @@
-"""Encode TMA tensor maps on the host (cuTensorMapEncodeTiled from the CUDA driver, through ctypes:
-PyCUDA does not expose it) and keep them on the device for kernels that read them.
+"""Encode TMA tensor maps on the host (cuTensorMapEncodeTiled from the CUDA driver, through ctypes)
+for kernels that read them.
 
 Each map describes a (batch, heads, seq, head_dim) view as a 4-D tensor (head_dim, seq, heads,
 batch) with the view's strides, so rows past a head's sequence load as zeros instead of the next
-head's rows. Maps are cached per (pointer, shape, strides) on the host; they travel by value in the kernel's
-parameters, so a call adds no copy to the GPU's stream.
+head's rows. A prepared call shape caches its maps per tensor pointer (ShapeMaps); they travel by
+value in the kernel's parameters, so a call adds no copy to the GPU's stream.
 """
 from __future__ import annotations
 
 import ctypes
-from collections import OrderedDict
 
 import threading
 
@@ -22,7 +21,6 @@ SWIZZLES = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 INTERLEAVE_NONE = 0
 L2_PROMOTION_128B = 2
 OOB_FILL_ZEROS = 0
-CACHE_ENTRIES = 256
 
 _driver = None
 _driver_lock = threading.Lock()
@@ -64,45 +62,51 @@ def map_strides(shape: tuple[int, int, int, int], strides: tuple[int, ...], esiz
 
 def encode(view, spec: TensorMapSpec) -> bytes:
     """The 128-byte tensor map of a (B, H, S, D) torch view for `spec`."""
-    b, h, s, d = view.shape
-    esize = view.element_size()
-    dtype = DATA_TYPES[str(view.dtype).replace("torch.", "")]
+    return encode_at(view.data_ptr(), tuple(view.shape), tuple(view.stride()),
+                     str(view.dtype).replace("torch.", ""), view.element_size(), spec)
+
+
+def encode_at(pointer: int, shape: tuple, stride: tuple, dtype_name: str, esize: int, spec: TensorMapSpec) -> bytes:
+    """The 128-byte tensor map of (B, H, S, D) elements of `dtype_name` at `pointer` with `stride`."""
+    b, h, s, d = shape
+    dtype = DATA_TYPES[dtype_name]
     buf = ctypes.create_string_buffer(MAP_BYTES + MAP_ALIGN)
     addr = (ctypes.addressof(buf) + MAP_ALIGN - 1) // MAP_ALIGN * MAP_ALIGN   # the encoder needs 64-byte alignment
     dims = (ctypes.c_uint64 * 4)(d, s, h, b)
-    strides = (ctypes.c_uint64 * 3)(*map_strides(tuple(view.shape), tuple(view.stride()), esize))
+    strides = (ctypes.c_uint64 * 3)(*map_strides(shape, stride, esize))
     box = (ctypes.c_uint32 * 4)(spec.box_cols, spec.box_rows, 1, 1)
     elem = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
-    rc = driver()(addr, dtype, 4, view.data_ptr(), dims, strides, box, elem, INTERLEAVE_NONE,
+    rc = driver()(addr, dtype, 4, pointer, dims, strides, box, elem, INTERLEAVE_NONE,
                   SWIZZLES[spec.swizzle], L2_PROMOTION_128B, OOB_FILL_ZEROS)
     if rc != 0:
-        raise ValueError(f"cuTensorMapEncodeTiled refused {spec.tensor} (shape {tuple(view.shape)}, strides "
-                         f"{tuple(view.stride())}, box {spec.box_cols}x{spec.box_rows}): CUresult {rc}")
+        raise ValueError(f"cuTensorMapEncodeTiled refused {spec.tensor} (shape {shape}, strides "
+                         f"{stride}, box {spec.box_cols}x{spec.box_rows}): CUresult {rc}")
     return ctypes.string_at(addr, MAP_BYTES)
 
 
-class TensorMapCache:
-    """Encoded maps on the host, keyed by every tensor's (pointer, shape, strides, dtype): a call
-    with the same tensors reuses them. They travel by value in the kernel's parameters. Calls from
-    several threads share the cache; a lock guards its order and size."""
+class ShapeMaps:
+    """The tensor maps of one prepared call shape: the shapes, strides and dtype of every mapped
+    tensor are fixed, so a map depends on its tensor's pointer alone and is cached per (tensor,
+    pointer). A new output pointer re-encodes the output's map only."""
 
-    def __init__(self, specs: tuple[TensorMapSpec, ...]):
-        self.specs = specs
-        self._cache: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
+    ENTRIES = 64                    # pointers kept per tensor
 
-    def fields(self, views: dict) -> dict[str, bytes]:
-        """Params field -> 128-byte map, for these (B, H, S, D) views."""
-        key = tuple((views[s.tensor].data_ptr(), tuple(views[s.tensor].shape), tuple(views[s.tensor].stride()),
-                     views[s.tensor].dtype) for s in self.specs)
-        with self._lock:
+    def __init__(self, specs: tuple[TensorMapSpec, ...], views: dict):
+        self._maps = tuple((s, tuple(views[s.tensor].shape), tuple(views[s.tensor].stride()),
+                            str(views[s.tensor].dtype).replace("torch.", ""), views[s.tensor].element_size())
+                           for s in specs)
+        self._order = tuple("qkvo".index(s.tensor) for s in specs)
+        self._cache: dict = {}
+
+    def values(self, pointers: tuple) -> tuple:
+        """The maps, in the specs' order, for the (q, k, v, o) pointers of a call."""
+        out = []
+        for (spec, shape, stride, dtype, esize), at in zip(self._maps, self._order):
+            key = (at, pointers[at])
             hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
-        hit = {s.abi_field: encode(views[s.tensor], s) for s in self.specs}
-        with self._lock:
-            self._cache[key] = hit
-            while len(self._cache) > CACHE_ENTRIES:
-                self._cache.popitem(last=False)
-        return hit
+            if hit is None:
+                if len(self._cache) >= self.ENTRIES * len(self._maps):
+                    self._cache.clear()
+                hit = self._cache[key] = encode_at(pointers[at], shape, stride, dtype, esize, spec)
+            out.append(hit)
+        return tuple(out)

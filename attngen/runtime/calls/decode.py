@@ -161,12 +161,12 @@ class DecodeKernel(Kernel):
                   cache_seqlens.data_ptr() if cache_seqlens is not None else 0, o_accum, lse_accum,
                   splits, tiles_per_split, blocks_per_row, self._counters(counters, index) if counters else 0,
                   block_table.data_ptr() if paged else 0, block_table.stride(0) if paged else 0, pool if paged else 0]
-        launches = [(self.functions[self.entry[mask]], (splits, kv_heads * blocks_per_row, batch))]
+        launches = [(self.entry[mask], (splits, kv_heads * blocks_per_row, batch))]
         if splits > 1 and not self._fused:
             combine = self.functions[self.plan.parts[1].functions[0][1]]
             per_block = combine.threads // 32   # one output row per warp
-            launches.append((combine, (-(-batch * heads * seqlen_q // per_block), 1, 1)))
-        prepared = Prepared(info, tuple(launches), self._decode.pack(values), self._pointers,
+            launches.append((combine.name, (-(-batch * heads * seqlen_q // per_block), 1, 1)))
+        prepared = Prepared(info, self._launches(info, *launches), self._decode.pack(values), self._pointers,
                             ((batch, heads, seqlen_q), accum, counters, splits))
         if out_given is None:
             self._remember(key, prepared)

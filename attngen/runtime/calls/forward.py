@@ -83,23 +83,26 @@ class ForwardKernel(Kernel):
                 qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
                 if not (qp | kp | vp) % LOAD_BYTES:
                     out = self._torch.empty_like(q)
-                    lse = q.new_empty(prepared.extra, dtype=self._fp32) if return_lse else None
-                    pointers = (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0)
+                    lse = q.new_empty(prepared.extra[0], dtype=self._fp32) if return_lse else None
+                    op = out.data_ptr()
+                    pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0)
                     if self._map_fields:
-                        pointers += self._map_values(q, k, v, out, layout)
+                        pointers += prepared.extra[1].values((qp, kp, vp, op))
                     self._run(prepared, pointers)
                     return (out, lse) if return_lse else out
         return self._first_call(q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key)
 
-    def _map_values(self, q, k, v, out, layout: str) -> tuple:
-        """The call's TMA tensor maps (encoded once per tensors, then cached), in Params order."""
+    def _shape_maps(self, q, k, v, out, layout: str):
+        """The TMA tensor maps of this call's shape (core of a prepared call), or None."""
+        if not self._map_fields:
+            return None
+        from ..tma import ShapeMaps
         if layout == "bhsd":
             views = {"q": q, "k": k, "v": v, "o": out}
         else:
             views = {"q": q.permute(0, 2, 1, 3), "k": k.permute(0, 2, 1, 3), "v": v.permute(0, 2, 1, 3),
                      "o": out.permute(0, 2, 1, 3)}
-        maps = self._maps().fields(views)
-        return tuple(maps[name] for name in self._map_fields)
+        return ShapeMaps(self.plan.tensor_maps, views)
 
     def _first_call(self, q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key):
         """Every check, the grid and the Params of a call; remembered under `key` for later calls."""
@@ -150,10 +153,11 @@ class ForwardKernel(Kernel):
                   heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, seqlen_k, scale * LOG2E]
         for f in self._mask_fields:
             values.append(mask_values.get(f.name, f.default))
-        maps = self._map_values(q, k, v, out, layout) if self._map_fields else ()
+        shape_maps = self._shape_maps(q, k, v, out, layout)
+        maps = shape_maps.values(tuple(values[:4])) if shape_maps else ()
         values.extend(maps)
-        prepared = Prepared(info, ((self.functions[self.entry[mask]], grid),), self._forward.pack(values),
-                            self._pointers, lse_shape)
+        prepared = Prepared(info, self._launches(info, (self.entry[mask], grid)), self._forward.pack(values),
+                            self._pointers, (lse_shape, shape_maps))
         self._remember(key, prepared)   # no key when the caller gave out or lse_out
         self._run(prepared, tuple(values[:5]) + maps)
         return (out, lse_out) if return_lse else out

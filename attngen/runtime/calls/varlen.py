@@ -139,7 +139,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     mask_values = variant.abi_values(alignment, 0, 0)
     for f in kernel._mask_fields:
         values.append(mask_values.get(f.name, f.default))
-    prepared = Prepared(info, ((kernel.functions[kernel.entry[packed_key(mask)]], grid),), packer.pack(values),
+    prepared = Prepared(info, kernel._launches(info, (kernel.entry[packed_key(mask)], grid)), packer.pack(values),
                         _patch(kernel), (heads, total_q))
     kernel._remember(key, prepared)   # no key when the caller gave out or lse_out, or validates
     kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]))
