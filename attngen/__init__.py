@@ -1,13 +1,26 @@
-"""attngen: FlashAttention-style CUDA kernels generated from YAML specs."""
+"""attngen: FlashAttention-style CUDA kernels generated from YAML specs.
+
+attngen.attention / attention_varlen / attention_with_kvcache call the committed kernel that
+serves the GPU, dtype, head dim and shape (attngen.ops); attngen.load(spec) compiles and loads
+one spec (attngen.runtime). Both need the ``gpu`` extra (torch) and a CUDA GPU.
+"""
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load"]
+__all__ = ["__version__", "attention", "attention_varlen", "attention_with_kvcache", "load"]
 
 
 def load(spec_or_path, **kwargs):
     """Compile a spec (path, Spec or Plan) for the current GPU and return a callable kernel.
 
-    Needs the ``gpu`` extra (torch, pycuda); see :func:`attngen.runtime.load`.
+    Needs the ``gpu`` extra (torch); see :func:`attngen.runtime.load`.
     """
     from .runtime import load as _load
     return _load(spec_or_path, **kwargs)
+
+
+def __getattr__(name):
+    # The entry points import torch: only when asked for, so the CPU-only install imports attngen.
+    if name in ("attention", "attention_varlen", "attention_with_kvcache"):
+        from . import ops
+        return getattr(ops, name)
+    raise AttributeError(f"module 'attngen' has no attribute {name!r}")

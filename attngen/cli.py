@@ -255,7 +255,9 @@ def check(specs_dir, gen_dir, as_json):
                 report["orphans"].append({"file": str(f)})
                 if not as_json:
                     click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
-    problems = len(report["stale"]) + len(report["missing"]) + len(report["orphans"])
+    report["dispatch"] = _check_dispatch(specs_dir, {Path(p).stem: r.plan for p, r in rendered}, as_json)
+    problems = (len(report["stale"]) + len(report["missing"]) + len(report["orphans"])
+                + sum(1 for d in report["dispatch"] if d.get("problem")))
     if as_json:
         click.echo(json.dumps({"ok": not problems and not errors, **report, "errors": errors}, indent=2))
     if errors:
@@ -267,7 +269,105 @@ def check(specs_dir, gen_dir, as_json):
             click.echo(f"attngen check: {problems} problem(s)", err=True)
         sys.exit(1)
     if not as_json:
-        click.echo(f"attngen check: {len(expected)} generated file(s) in sync")
+        click.echo(f"attngen check: {len(expected)} generated file(s) in sync, {len(report['dispatch'])} dispatch "
+                   f"entries name specs that serve them")
+
+
+def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
+    """Every dispatch-table entry names a spec in specs_dir of the entry's call convention, dtype,
+    head_dim and mask (varlen: a spec with varlen functions; decode: its page size)."""
+    from .core.varlen import packed_key
+    from .kinds import kind_of
+    from .ops.table import load_table, table_path
+    path = table_path(specs_dir)
+    if not path.exists():
+        return []
+    out = []
+    for e in load_table(path):
+        plan = plans.get(e.spec)
+        problem = None
+        if plan is None:
+            problem = f"names spec {e.spec}, which is not in {specs_dir}/"
+        else:
+            convention = "decode" if e.call == "decode" else "forward"
+            if kind_of(plan.spec).calls != convention:
+                problem = f"{e.spec} is a {kind_of(plan.spec).calls} spec, not one for {e.call} calls"
+            elif (plan.spec.dtype, plan.head_dim) != (e.dtype, e.head_dim):
+                problem = f"{e.spec} is {plan.spec.dtype} head_dim {plan.head_dim}, the entry {e.dtype} {e.head_dim}"
+            elif (packed_key(e.mask) if e.call == "varlen" else e.mask) not in plan.entry_functions:
+                problem = f"{e.spec} has no {e.mask} {'varlen ' if e.call == 'varlen' else ''}function"
+            elif e.page_size and getattr(plan.fragments, "page_size", 0) != e.page_size:
+                problem = f"{e.spec} reads pages of {getattr(plan.fragments, 'page_size', 0)}, the entry {e.page_size}"
+        out.append({"entry": f"{e.call} {e.arch} {e.dtype} d{e.head_dim} {e.mask} -> {e.spec}",
+                    **({"problem": problem} if problem else {})})
+        if problem and not as_json:
+            click.echo(f"dispatch: {path}: {e.call} {e.arch} {e.dtype} d{e.head_dim} {e.mask}: {problem}")
+    return out
+
+
+@main.command()
+@click.option("--call", type=click.Choice(["forward", "varlen", "decode"]), default="forward", show_default=True)
+@click.option("--arch", default="sm_90", show_default=True, help="the GPU's arch (H100/H200: sm_90, L4: sm_89)")
+@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
+@click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--causal", is_flag=True)
+@click.option("--seqlen", type=click.IntRange(min=0), default=2048, show_default=True,
+              help="seqlen_k (varlen: max_seqlen_k; decode: the cache's capacity)")
+@click.option("--page-size", type=click.IntRange(min=0), default=0, show_default=True, help="decode: 0 contiguous")
+@click.option("--group-rows", type=click.IntRange(min=1), default=1, show_default=True,
+              help="decode: query rows per KV head (heads / kv_heads x new tokens)")
+@click.option("--from-bench", "bench_files", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="with --write: `attngen bench --json` reports whose winners replace the table's forward entries")
+@click.option("--write", is_flag=True, help="write the table from --from-bench reports")
+@click.option("--json", "as_json", is_flag=True, help="print the choice (or the written entries) as JSON")
+@click.option("--specs-dir", default="specs", show_default=True)
+def dispatch(call, arch, dtype, head_dim, causal, seqlen, page_size, group_rows, bench_files, write, as_json,
+             specs_dir):
+    """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
+    call, and why; or, with --from-bench ... --write, rewrite the table from measurements.
+
+    \b
+    The table is specs/dispatch/table.yaml: per GPU arch, call, dtype, head dim and mask, the
+    measured winner per sequence-length bucket with its runner-up. No GPU needed.
+      attngen dispatch --head-dim 64 --causal --seqlen 4096
+      attngen dispatch --call decode --group-rows 4 --page-size 16 --seqlen 8192
+      attngen bench --json grid.json ... && attngen dispatch --from-bench grid.json --write
+    """
+    from . import fsutil
+    from .ops.table import candidates, dump_table, load_table, select, table_path
+    path = table_path(specs_dir)
+    entries = load_table(path)
+    if write or bench_files:
+        if not (write and bench_files):
+            raise click.UsageError("--write and --from-bench go together: the reports to write the table from")
+        from .eval.dispatch_table import forward_entries, merge, read_reports
+        try:
+            new = forward_entries(read_reports(bench_files))
+        except (KeyError, ValueError, json.JSONDecodeError) as exc:
+            raise click.BadParameter(f"not an `attngen bench --json` report: {exc}", param_hint="--from-bench")
+        header = "".join(line[2:] + "\n" if line.startswith("# ") else "\n"
+                         for line in path.read_text().splitlines() if line.startswith("#"))
+        fsutil.atomic_write_text(path, dump_table(merge(entries, new), header.rstrip("\n")))
+        click.echo(json.dumps([e.__dict__ for e in new], indent=2) if as_json else
+                   f"wrote {path}: {len(new)} forward entries from {len(bench_files)} report(s)")
+        return
+    mask = "causal" if causal else "none"
+    try:
+        e = select(entries, call, arch, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows)
+    except LookupError as exc:
+        raise click.UsageError(str(exc)) from None
+    others = candidates(entries, call, arch, dtype, head_dim, mask, page_size)
+    if as_json:
+        click.echo(json.dumps({"spec": e.spec, "entry": e.__dict__, "bucket": [o.__dict__ for o in others]}, indent=2))
+        return
+    click.echo(f"{call} {arch} {dtype} head_dim {head_dim} {mask} seqlen {seqlen}"
+               + (f" page_size {page_size} group_rows {group_rows}" if call == "decode" else "") + f" -> {e.spec}")
+    click.echo(f"  why: {e.why}")
+    click.echo(f"  buckets of this key ({path}):")
+    for o in others:
+        limit = f"<= {o.upto}" if o.upto is not None else "longer"
+        rows = f", group rows <= {o.max_group_rows}" if o.max_group_rows else ""
+        click.echo(f"    seqlen {limit:<8}{rows}: {o.why}{'   <- chosen' if o is e else ''}")
 
 
 def _known_arch(ctx, param, value):

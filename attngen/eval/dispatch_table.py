@@ -1,0 +1,61 @@
+"""Dispatch-table entries from measurements: the winner and runner-up of every cell of `attngen
+bench --json` reports (GPU time, attngen specs only), bucketed by sequence length. Entries of
+other calls and other arches in the table are kept as they are."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from ..ops.table import Entry
+
+GPU_ARCH = {"H100": "sm_90", "H200": "sm_90", "H800": "sm_90", "L4": "sm_89", "RTX 4090": "sm_89", "A100": "sm_80"}
+
+
+def arch_of(gpu_name: str) -> str:
+    for key, arch in GPU_ARCH.items():
+        if key in gpu_name:
+            return arch
+    raise ValueError(f"no arch known for GPU {gpu_name!r}; known: {', '.join(GPU_ARCH)}")
+
+
+def forward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
+    """Forward entries from (file name, bench report dict) pairs: per (arch, dtype, head_dim,
+    mask) the fastest spec of each measured seqlen, serving up to the geometric mean of its
+    seqlen and the next one measured (the longest serves everything above)."""
+    cells = defaultdict(list)
+    for name, report in reports:
+        arch = arch_of(report["gpu"])
+        for r in report["results"]:
+            c = r["case"]
+            ranked = sorted((t for t in r["timings"] if t["status"] == "ok" and not t["impl"].startswith("sdpa")),
+                            key=lambda t: t["median_us"])
+            if not ranked:
+                continue
+            mask = "causal" if c["causal"] else "none"
+            cells[(arch, c["dtype"], c["head_dim"], mask)].append(
+                (c["seqlen"], ranked, f"{name} {r['label']}"))
+    out = []
+    for (arch, dtype, head_dim, mask), rows in cells.items():
+        rows.sort(key=lambda row: row[0])
+        for i, (seqlen, ranked, where) in enumerate(rows):
+            upto = None if i + 1 == len(rows) else int(math.sqrt(seqlen * rows[i + 1][0]))
+            best, second = ranked[0], (ranked[1] if len(ranked) > 1 else None)
+            out.append(Entry("forward", arch, dtype, head_dim, mask, best["impl"], upto=upto,
+                             us=round(best["median_us"], 1), runner_up=second["impl"] if second else None,
+                             runner_up_us=round(second["median_us"], 1) if second else None, measured=where))
+    return out
+
+
+def merge(existing, new) -> list[Entry]:
+    """`existing` with every key that `new` covers replaced by `new`'s entries of that key."""
+    replaced = {e.key() for e in new}
+    return [e for e in existing if e.key() not in replaced] + list(new)
+
+
+def read_reports(paths) -> list[tuple[str, dict]]:
+    import json
+    return [(Path(p).as_posix(), json.loads(Path(p).read_text())) for p in paths]
+
+
+__all__ = ["arch_of", "forward_entries", "merge", "read_reports"]

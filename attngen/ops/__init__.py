@@ -1,0 +1,77 @@
+"""attngen as a library: one call per convention, each served by the committed dispatch table's
+kernel for the GPU, dtype, head dim, mask and sequence length at hand.
+
+    import attngen
+    o = attngen.attention(q, k, v, causal=True)                      # (B, H, S, D) fp16 / bf16
+    o = attngen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    o = attngen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)
+
+Eager calls go straight to the kernel (a few microseconds of host time); under torch.compile
+they go through the torch ops attngen::attention, ... (library.py), which trace without a graph
+break. Forward only for now: a call on tensors that need gradients is refused rather than
+returning an output autograd cannot differentiate.
+"""
+from __future__ import annotations
+
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache"]
+
+
+def _no_grad_check(torch, *tensors) -> None:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise NotImplementedError("attngen has no backward yet: call it under torch.no_grad() / "
+                                  "torch.inference_mode(), or on tensors that do not require grad")
+
+
+def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
+              layout: str = "bhsd", return_lse: bool = False):
+    """softmax(scale q k^T) v for q (B, Hq, Sq, D) and k, v (B, Hkv, Sk, D) ("bshd": (B, S, H, D)).
+
+    causal: query i sees keys j <= i ("top_left", torch's is_causal) or j <= i + Sk - Sq
+    ("bottom_right", FlashAttention's); GQA/MQA when Hq is a multiple of Hkv; scale defaults to
+    1/sqrt(D). Returns o like q, or (o, lse) with lse fp32 (B, Hq, Sq), natural log.
+    """
+    import torch
+    from . import library
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.attngen.attention(q, k, v, causal, alignment, scale, layout)
+        return (o, lse) if return_lse else o
+    _no_grad_check(torch, q, k, v)
+    return library.forward(q, k, v, causal, alignment, scale, layout, return_lse)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
+                     max_seqlen_k: int | None = None, *, causal: bool = False, alignment: str | None = None,
+                     scale: float | None = None, return_lse: bool = False):
+    """Attention of packed sequences: q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k
+    int32 (batch + 1) offsets on the GPU. max_seqlen_q/k (ints, as FlashAttention takes them) size
+    the grid and pick the kernel; without them nothing is read back either (the grid covers every
+    row). causal alignment "bottom_right" is FlashAttention's varlen convention. Returns o like q,
+    or (o, lse) with lse fp32 (Hq, total_q)."""
+    import torch
+    from . import library
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.attngen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                    causal, alignment, scale)
+        return (o, lse) if return_lse else o
+    _no_grad_check(torch, q, k, v)
+    return library.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale,
+                          return_lse)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
+                           scale: float | None = None, num_splits: int | None = None, layout: str = "bhsd",
+                           return_lse: bool = False):
+    """Decode: q (B, Hq, Sq, D) new tokens against a KV cache (B, Hkv, capacity, D), or pools of
+    pages (num_pages, Hkv, page_size, D) through block_table (int32 (B, max_pages)).
+    cache_seqlens (int32 (B,), on the GPU): keys per sequence, new tokens included. causal: token t
+    sees keys up to len - Sq + t. Never waits for the GPU, so a step can be captured in a CUDA graph
+    and replayed after the lengths change. Returns o like q, or (o, lse)."""
+    import torch
+    from . import library
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.attngen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal,
+                                                          scale, num_splits, layout)
+        return (o, lse) if return_lse else o
+    _no_grad_check(torch, q)
+    return library.kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout,
+                           return_lse)

@@ -1,0 +1,75 @@
+"""The dispatcher: the table's entry for a call, and its kernel, loaded lazily (through the cubin
+cache) once per spec and GPU arch, from any thread. A call resolves once per (device, dtype, head
+dim, mask, sequence length, ...) and remembers the kernel, so the lookup costs a dict get."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from .table import load_table, select, table_path
+
+SPECS_DIR = Path(__file__).resolve().parent.parent.parent / "specs"
+RESOLVED_ENTRIES = 4096
+TORCH_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}
+
+
+class Dispatcher:
+    def __init__(self, specs_dir=None):
+        self.specs_dir = Path(specs_dir) if specs_dir else SPECS_DIR
+        self._entries = None
+        self._kernels: dict = {}            # (spec name, device index) -> Kernel
+        self._resolved: dict = {}           # call key -> Kernel
+        self._lock = threading.Lock()
+        self._loading: dict = {}            # spec name -> lock, so one thread compiles and the others wait
+
+    @property
+    def entries(self):
+        if self._entries is None:
+            self._entries = load_table(table_path(self.specs_dir))
+        return self._entries
+
+    def entry(self, call: str, index: int, dtype, head_dim: int, mask: str, seqlen: int, *, page_size: int = 0,
+              group_rows: int = 1):
+        """The table entry for a call on cuda:`index` (dtype: a torch dtype or fp16/bf16)."""
+        from ..runtime import device_info
+        name = TORCH_DTYPES.get(str(dtype), dtype)
+        if name not in ("fp16", "bf16"):
+            raise TypeError(f"attngen kernels take float16 or bfloat16 tensors (got {dtype})")
+        return select(self.entries, call, device_info(index).arch, name, head_dim, mask, seqlen,
+                      page_size=page_size, group_rows=group_rows)
+
+    def kernel(self, call: str, index: int, dtype, head_dim: int, mask: str, seqlen: int, *, page_size: int = 0,
+               group_rows: int = 1):
+        """The loaded kernel serving a call (see entry)."""
+        key = (call, index, dtype, head_dim, mask, seqlen, page_size, group_rows)
+        kernel = self._resolved.get(key)
+        if kernel is None:
+            e = self.entry(call, index, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows)
+            kernel = self._load(e.spec, index)
+            if len(self._resolved) >= RESOLVED_ENTRIES:
+                self._resolved.clear()
+            self._resolved[key] = kernel
+        return kernel
+
+    def _load(self, spec: str, index: int):
+        """The kernel of `spec` for cuda:`index`'s arch, loaded once by one thread (others wait)."""
+        from ..runtime import device_info, load
+        arch = device_info(index).arch
+        kernel = self._kernels.get((spec, arch))
+        if kernel is not None:
+            return kernel
+        with self._lock:
+            lock = self._loading.setdefault(spec, threading.Lock())
+        with lock:
+            kernel = self._kernels.get((spec, arch))
+            if kernel is None:
+                import torch
+                with torch.cuda.device(index):
+                    kernel = load(str(self.specs_dir / f"{spec}.yaml"))
+                self._kernels[(spec, arch)] = kernel
+        return kernel
+
+
+DISPATCH = Dispatcher()
+
+__all__ = ["DISPATCH", "Dispatcher", "SPECS_DIR"]

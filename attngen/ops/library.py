@@ -1,0 +1,96 @@
+"""attngen's torch ops: attngen::attention, attngen::attention_varlen and
+attngen::attention_with_kvcache, each a torch.library.custom_op over the dispatcher, with a fake
+(meta) implementation that gives the real output shapes and strides, so torch.compile traces
+through a call without a graph break and CUDA graphs capture it. Forward only: the ops return
+(o, lse) so that autograd can be registered on them when the backward kinds land.
+
+Importing this module registers the ops (it needs torch)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .dispatch import DISPATCH
+
+
+def _heads_seq(q: Tensor, layout: str) -> tuple[int, int, int]:
+    return (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def forward(q, k, v, causal, alignment, scale, layout, return_lse):
+    """The eager forward call: the table's kernel for this shape, then the kernel call."""
+    index = q.get_device()
+    if index < 0:
+        raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+    seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
+    kernel = DISPATCH.kernel("forward", index, q.dtype, q.shape[-1], "causal" if causal else "none", seqlen_k)
+    return kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse)
+
+
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, return_lse):
+    index = q.get_device()
+    if index < 0:
+        raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+    kernel = DISPATCH.kernel("varlen", index, q.dtype, q.shape[-1], "causal" if causal else "none",
+                             max_seqlen_k if max_seqlen_k is not None else k.shape[0])
+    return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
+                         alignment=alignment, scale=scale, return_lse=return_lse)
+
+
+def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse):
+    index = q.get_device()
+    if index < 0:
+        raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+    _, heads, seqlen_q = _heads_seq(q, layout)
+    bhsd = layout == "bhsd"
+    kv_heads = k_cache.shape[1] if bhsd else k_cache.shape[2]
+    rows = k_cache.shape[2] if bhsd else k_cache.shape[1]
+    paged = block_table is not None
+    capacity = block_table.shape[1] * rows if paged else rows
+    group_rows = max(1, heads // max(kv_heads, 1)) * seqlen_q
+    kernel = DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], "causal" if causal else "none", capacity,
+                             page_size=rows if paged else 0, group_rows=group_rows)
+    return kernel(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                  scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse)
+
+
+# -- the ops ---------------------------------------------------------------------------------------
+
+@torch.library.custom_op("attngen::attention", mutates_args=(), device_types="cuda")
+def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, alignment: Optional[str], scale: Optional[float],
+                 layout: str) -> tuple[Tensor, Tensor]:
+    return forward(q, k, v, causal, alignment, scale, layout, True)
+
+
+@attention_op.register_fake
+def _(q, k, v, causal, alignment, scale, layout):
+    return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
+
+
+@torch.library.custom_op("attngen::attention_varlen", mutates_args=(), device_types="cuda")
+def attention_varlen_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                        max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], causal: bool,
+                        alignment: Optional[str], scale: Optional[float]) -> tuple[Tensor, Tensor]:
+    return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, True)
+
+
+@attention_varlen_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("attngen::attention_with_kvcache", mutates_args=(), device_types="cuda")
+def attention_with_kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[Tensor],
+                              block_table: Optional[Tensor], causal: bool, scale: Optional[float],
+                              num_splits: Optional[int], layout: str) -> tuple[Tensor, Tensor]:
+    return kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, True)
+
+
+@attention_with_kvcache_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
+    return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
+
+
+__all__ = ["attention_op", "attention_varlen_op", "attention_with_kvcache_op", "forward", "kvcache", "varlen"]

@@ -1,0 +1,135 @@
+"""The dispatch table: which committed spec serves a call, per GPU arch, call convention, dtype,
+head dim, mask and sequence-length bucket. It lives in specs/dispatch/table.yaml beside the specs
+it names, is written from measurements (`attngen dispatch --from-bench`), and read here with no
+torch and no GPU, so `attngen check` can prove that every entry names a spec that exists.
+
+An entry:
+    {call: forward, arch: sm_90, dtype: fp16, head_dim: 64, mask: causal, upto: 1024,
+     spec: h100_wgmma_d64_n128c1hs2oet, us: 9.5, runner_up: h100_wgmma_d64_n128c1hs2o,
+     runner_up_us: 9.7, measured: "docs/hopper-h200/round3/grid_fp16.json 1x8x512x64"}
+`upto`: the largest seqlen_k (forward, varlen: max_seqlen_k; decode: cache capacity) the entry
+serves; null for no limit. An entry without `us` is unmeasured (chosen from its spec's target).
+Decode entries also key on page_size (0: contiguous caches) and may set `max_group_rows`: the
+most query rows per KV head (heads / kv_heads x seqlen_q) they serve.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from ..errors import SpecError
+
+CALLS = ("forward", "varlen", "decode")
+TABLE_FILE = Path("dispatch") / "table.yaml"     # under the specs folder
+
+
+@dataclass(frozen=True)
+class Entry:
+    call: str
+    arch: str
+    dtype: str
+    head_dim: int
+    mask: str
+    spec: str
+    upto: int | None = None
+    page_size: int = 0
+    max_group_rows: int | None = None
+    us: float | None = None
+    runner_up: str | None = None
+    runner_up_us: float | None = None
+    measured: str | None = None
+
+    @property
+    def why(self) -> str:
+        if self.us is None:
+            return f"{self.spec}: unmeasured (the spec's target GPU class)"
+        runner = f", runner-up {self.runner_up} {self.runner_up_us:.1f} us" if self.runner_up else ""
+        return f"{self.spec}: {self.us:.1f} us measured ({self.measured}){runner}"
+
+    def key(self) -> tuple:
+        return (self.call, self.arch, self.dtype, self.head_dim, self.mask, self.page_size)
+
+
+def table_path(specs_dir) -> Path:
+    return Path(specs_dir) / TABLE_FILE
+
+
+def load_table(path) -> tuple[Entry, ...]:
+    """Every entry of the table at `path`; SpecError naming the file and entry when one is malformed."""
+    import yaml
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SpecError(f"cannot read the dispatch table: {exc}", file=str(path)) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not valid YAML: {exc}", file=str(path)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        raise SpecError("a dispatch table is a mapping with a list under `entries`", file=str(path), key="entries")
+    names = {f.name for f in fields(Entry)}
+    out = []
+    for i, raw in enumerate(data["entries"]):
+        where = f"entries[{i}]"
+        if not isinstance(raw, dict):
+            raise SpecError("each entry is a mapping", file=str(path), key=where)
+        unknown = set(raw) - names
+        if unknown:
+            raise SpecError(f"unknown key(s) {', '.join(sorted(unknown))}; keys are {', '.join(sorted(names))}",
+                            file=str(path), key=where)
+        try:
+            entry = Entry(**raw)
+        except TypeError as exc:
+            raise SpecError(f"{exc}", file=str(path), key=where) from None
+        if entry.call not in CALLS:
+            raise SpecError(f"call must be one of {', '.join(CALLS)} (got {entry.call!r})", file=str(path),
+                            key=f"{where}.call")
+        out.append(entry)
+    return tuple(out)
+
+
+def dump_table(entries, header: str) -> str:
+    """The table's YAML: one flow mapping per entry, sorted by key then upto, so a change to one
+    entry is a one-line diff."""
+    import yaml
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()] + ["entries:"]
+    order = sorted(entries, key=lambda e: (e.key(), math.inf if e.upto is None else e.upto,
+                                           e.max_group_rows or 0))
+    for e in order:
+        row = {f.name: getattr(e, f.name) for f in fields(Entry)
+               if getattr(e, f.name) not in (None,) and not (f.name == "page_size" and e.page_size == 0)}
+        text = yaml.safe_dump(row, default_flow_style=True, sort_keys=False, width=10_000).strip()
+        lines.append(f"  - {text}")
+    return "\n".join(lines) + "\n"
+
+
+def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0) -> list:
+    """The entries of one key, by upto (no limit last)."""
+    keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, page_size)]
+    return sorted(keyed, key=lambda e: (math.inf if e.upto is None else e.upto, e.max_group_rows or math.inf))
+
+
+def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
+           page_size: int = 0, group_rows: int = 1) -> Entry:
+    """The entry serving a call: among its key's entries, the first whose upto covers `seqlen`
+    (and whose max_group_rows covers `group_rows`); the last bucket serves longer sequences.
+    LookupError with what exists and how to add the key when the key has no entry."""
+    keyed = candidates(entries, call, arch, dtype, head_dim, mask, page_size)
+    keyed = [e for e in keyed if e.max_group_rows is None or group_rows <= e.max_group_rows] or keyed
+    if not keyed:
+        have = sorted({(e.arch, e.dtype, e.head_dim, e.mask) + ((e.page_size,) if call == "decode" else ())
+                       for e in entries if e.call == call})
+        listed = "; ".join(" ".join(str(x) for x in h) for h in have) or "none"
+        raise LookupError(
+            f"attngen has no {call} kernel for {arch} {dtype} head_dim {head_dim} mask {mask}"
+            + (f" page_size {page_size}" if call == "decode" else "")
+            + f". The dispatch table has: {listed}. Add one: write a spec for it (`attngen explain SPEC` checks it; "
+              f"`attngen sweep SPEC --shapes 1x16x2048x{head_dim}` finds faster variants), time it on that GPU with "
+              f"`attngen bench SPEC --json REPORT.json`, then `attngen dispatch --from-bench REPORT.json --write`.")
+    for e in keyed:
+        if e.upto is None or seqlen <= e.upto:
+            return e
+    return keyed[-1]
+
+
+__all__ = ["CALLS", "Entry", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]

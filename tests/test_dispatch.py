@@ -1,0 +1,62 @@
+"""The dispatch table: every committed entry names a spec that serves it, selection by bucket and
+group rows, a clear refusal for a key with no entry, and the `attngen dispatch` command. No GPU."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from attngen.cli import main
+from attngen.ops.table import Entry, dump_table, load_table, select, table_path
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = table_path(ROOT / "specs")
+
+
+def test_committed_table_names_specs_that_serve_it():
+    entries = load_table(TABLE)
+    assert {e.call for e in entries} == {"forward", "varlen", "decode"}
+    assert {e.arch for e in entries} >= {"sm_90", "sm_89"}
+    result = CliRunner().invoke(main, ["check", "--json"], catch_exceptions=False)
+    data = json.loads(result.output)
+    assert data["dispatch"] and not [d for d in data["dispatch"] if "problem" in d]
+
+
+def test_table_round_trips(tmp_path):
+    entries = load_table(TABLE)
+    path = tmp_path / "table.yaml"
+    path.write_text(dump_table(entries, "header"))
+    assert sorted(map(repr, load_table(path))) == sorted(map(repr, entries))
+
+
+def test_select_buckets_and_group_rows():
+    entries = (Entry("forward", "sm_90", "fp16", 64, "none", "short", upto=1024),
+               Entry("forward", "sm_90", "fp16", 64, "none", "long"),
+               Entry("decode", "sm_90", "fp16", 128, "none", "fused", max_group_rows=4),
+               Entry("decode", "sm_90", "fp16", 128, "none", "kernel"))
+    assert select(entries, "forward", "sm_90", "fp16", 64, "none", 1024).spec == "short"
+    assert select(entries, "forward", "sm_90", "fp16", 64, "none", 1025).spec == "long"
+    assert select(entries, "decode", "sm_90", "fp16", 128, "none", 8192, group_rows=4).spec == "fused"
+    assert select(entries, "decode", "sm_90", "fp16", 128, "none", 8192, group_rows=8).spec == "kernel"
+    with pytest.raises(LookupError, match="no forward kernel for sm_90 fp16 head_dim 80.*attngen bench"):
+        select(entries, "forward", "sm_90", "fp16", 80, "none", 10)
+
+
+def test_dispatch_command_explains_and_refuses():
+    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "64", "--causal", "--seqlen", "4096"])
+    assert run.exit_code == 0 and "-> h100_wgmma_d64" in run.output and "why:" in run.output
+    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "80"])
+    assert run.exit_code == 2 and "has no forward kernel" in run.output
+    run = CliRunner().invoke(main, ["dispatch", "--write"])
+    assert run.exit_code == 2 and "--from-bench" in run.output
+
+
+def test_table_from_bench_reports(tmp_path):
+    from attngen.eval.dispatch_table import forward_entries, read_reports
+    reports = read_reports([ROOT / "docs/hopper-h200/round3/grid_fp16.json"])
+    new = forward_entries(reports)
+    d64 = sorted((e for e in new if e.head_dim == 64 and e.mask == "none"), key=lambda e: e.upto or 1e9)
+    assert [e.upto for e in d64] == [1024, 4096, None]
+    assert all(e.us <= e.runner_up_us for e in new)
