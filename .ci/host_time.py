@@ -129,7 +129,20 @@ def main():
     results.append(row(f"{args.label} varlen 2x512 H8 d64 max_seqlen_q, validate=False",
                        lambda: var.varlen(qp, kp, vp, cu, cu, max_seqlen_q=512, validate=False)))
 
+    if new_api:
+        results.append(row(f"{args.label} attngen.attention 1x8x512x64", lambda: attngen.attention(q, k, v)))
+        results.append(row(f"{args.label} attngen.attention 1x8x512x64 causal", lambda: attngen.attention(
+            q, k, v, causal=True)))
+        results.append(row(f"{args.label} attngen.attention 1x8x512x128", lambda: attngen.attention(q2, k2, v2)))
+        results.append(row(f"{args.label} torch.ops.attngen.attention 1x8x512x64", lambda: torch.ops.attngen.attention(
+            q, k, v, False, None, None, "bhsd")))
+        results.append(row(f"{args.label} attngen.attention_with_kvcache B8 32/8 Sk8192", lambda: (
+            attngen.attention_with_kvcache(qd, kd, vd, cache_seqlens=lens))))
+        results.append(row(f"{args.label} attngen.attention_varlen 2x512 H8 d64", lambda: attngen.attention_varlen(
+            qp, kp, vp, cu, cu, 512, 512)))
     if not args.no_torch:
+        results.append(row("torch SDPA forward 1x8x512x64 causal", lambda: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True)))
         results.append(row("torch SDPA forward 1x8x512x64", lambda: F.scaled_dot_product_attention(q, k, v)))
         results.append(row("torch SDPA forward 1x8x512x128", lambda: F.scaled_dot_product_attention(q2, k2, v2)))
         results.append(row("torch SDPA decode B8 32/8 Sk8192 d128 (GQA)",
@@ -145,6 +158,10 @@ def main():
     kw = {} if new_api else {"validate": False}
 
     def ours():
+        if new_api:
+            for kc, vc in caches:
+                attngen.attention_with_kvcache(qs, kc, vc, cache_seqlens=lens4k)
+            return
         for kc, vc in caches:
             fused(qs, kc, vc, cache_seqlens=lens4k, out=outs, **kw)
 
