@@ -22,7 +22,7 @@ def __getattr__(name):
     # The entry points import torch: only when asked for, so the CPU-only install imports attngen.
     if name in ("attention", "attention_varlen", "attention_with_kvcache"):
         from . import ops
-        from .ops import library  # noqa: F401  (registers the torch ops before anything traces a call)
+        ops._bind()   # registers the torch ops and binds them before anything traces a call
         globals()[name] = getattr(ops, name)
         return globals()[name]
     raise AttributeError(f"module 'attngen' has no attribute {name!r}")

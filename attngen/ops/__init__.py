@@ -15,11 +15,21 @@ from __future__ import annotations
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache"]
 
+_bound = None   # (is_compiling, is_grad_enabled, torch.ops.attngen, library), bound on the first call
 
-def _no_grad_check(torch, *tensors) -> None:
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise NotImplementedError("attngen has no backward yet: call it under torch.no_grad() / "
-                                  "torch.inference_mode(), or on tensors that do not require grad")
+
+def _bind():
+    """torch and the ops, bound once (this package imports without torch, for `attngen check`)."""
+    global _bound
+    import torch
+    from . import library
+    _bound = (torch.compiler.is_compiling, torch.is_grad_enabled, torch.ops.attngen, library)
+    return _bound
+
+
+def _refuse_grad() -> None:
+    raise NotImplementedError("attngen has no backward yet: call it under torch.no_grad() / "
+                              "torch.inference_mode(), or on tensors that do not require grad")
 
 
 def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
@@ -30,12 +40,12 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
     ("bottom_right", FlashAttention's); GQA/MQA when Hq is a multiple of Hkv; scale defaults to
     1/sqrt(D). Returns o like q, or (o, lse) with lse fp32 (B, Hq, Sq), natural log.
     """
-    import torch
-    from . import library
-    if torch.compiler.is_compiling():
-        o, lse = torch.ops.attngen.attention(q, k, v, causal, alignment, scale, layout)
+    compiling, grad, ops, library = _bound or _bind()
+    if compiling():
+        o, lse = ops.attention(q, k, v, causal, alignment, scale, layout)
         return (o, lse) if return_lse else o
-    _no_grad_check(torch, q, k, v)
+    if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        _refuse_grad()
     return library.forward(q, k, v, causal, alignment, scale, layout, return_lse)
 
 
@@ -47,13 +57,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
     the grid and pick the kernel; without them nothing is read back either (the grid covers every
     row). causal alignment "bottom_right" is FlashAttention's varlen convention. Returns o like q,
     or (o, lse) with lse fp32 (Hq, total_q)."""
-    import torch
-    from . import library
-    if torch.compiler.is_compiling():
-        o, lse = torch.ops.attngen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                    causal, alignment, scale)
+    compiling, grad, ops, library = _bound or _bind()
+    if compiling():
+        o, lse = ops.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                      alignment, scale)
         return (o, lse) if return_lse else o
-    _no_grad_check(torch, q, k, v)
+    if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        _refuse_grad()
     return library.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale,
                           return_lse)
 
@@ -66,12 +76,12 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_tab
     cache_seqlens (int32 (B,), on the GPU): keys per sequence, new tokens included. causal: token t
     sees keys up to len - Sq + t. Never waits for the GPU, so a step can be captured in a CUDA graph
     and replayed after the lengths change. Returns o like q, or (o, lse)."""
-    import torch
-    from . import library
-    if torch.compiler.is_compiling():
-        o, lse = torch.ops.attngen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal,
-                                                          scale, num_splits, layout)
+    compiling, grad, ops, library = _bound or _bind()
+    if compiling():
+        o, lse = ops.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
+                                            num_splits, layout)
         return (o, lse) if return_lse else o
-    _no_grad_check(torch, q)
+    if grad() and q.requires_grad:
+        _refuse_grad()
     return library.kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout,
                            return_lse)

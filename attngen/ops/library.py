@@ -19,13 +19,20 @@ def _heads_seq(q: Tensor, layout: str) -> tuple[int, int, int]:
     return (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
 
 
+_FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k) -> kernel: one dict get per call
+
+
 def forward(q, k, v, causal, alignment, scale, layout, return_lse):
     """The eager forward call: the table's kernel for this shape, then the kernel call."""
-    index = q.get_device()
-    if index < 0:
-        raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-    seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
-    kernel = DISPATCH.kernel("forward", index, q.dtype, q.shape[-1], "causal" if causal else "none", seqlen_k)
+    key = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if layout == "bhsd" else k.shape[1])
+    kernel = _FORWARD.get(key)
+    if kernel is None:
+        if key[0] < 0:
+            raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+        kernel = DISPATCH.kernel("forward", key[0], q.dtype, key[2], "causal" if causal else "none", key[4])
+        if len(_FORWARD) >= 4096:
+            _FORWARD.clear()
+        _FORWARD[key] = kernel
     return kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse)
 
 
@@ -39,7 +46,25 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
                          alignment=alignment, scale=scale, return_lse=return_lse)
 
 
+_DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
+
+
 def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse):
+    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
+           causal, layout)
+    kernel = _DECODE.get(key)
+    if kernel is None:
+        kernel = _decode_kernel(q, k_cache, block_table, causal, layout)
+        if len(_DECODE) >= 4096:
+            _DECODE.clear()
+        _DECODE[key] = kernel
+    return kernel(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                  scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse)
+
+
+def _decode_kernel(q, k_cache, block_table, causal, layout):
+    """The table's decode kernel for this call: keyed by the cache's capacity, its page size and
+    the query rows per KV head."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
@@ -50,10 +75,8 @@ def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_
     paged = block_table is not None
     capacity = block_table.shape[1] * rows if paged else rows
     group_rows = max(1, heads // max(kv_heads, 1)) * seqlen_q
-    kernel = DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], "causal" if causal else "none", capacity,
-                             page_size=rows if paged else 0, group_rows=group_rows)
-    return kernel(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
-                  scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse)
+    return DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], "causal" if causal else "none", capacity,
+                           page_size=rows if paged else 0, group_rows=group_rows)
 
 
 # -- the ops ---------------------------------------------------------------------------------------
