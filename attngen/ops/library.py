@@ -1,5 +1,5 @@
 """attngen's torch ops: attngen::attention, attngen::attention_varlen and
-attngen::attention_with_kvcache, each a torch.library.custom_op over the dispatcher, with a fake
+attngen::attention_with_kvcache, each a torch.library op over the dispatcher, with a fake
 (meta) implementation that gives the real output shapes and strides, so torch.compile traces
 through a call without a graph break and CUDA graphs capture it. Forward only: the ops return
 (o, lse) so that autograd can be registered on them when the backward kinds land.
@@ -7,15 +7,12 @@ through a call without a graph break and CUDA graphs capture it. Forward only: t
 Importing this module registers the ops (it needs torch)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
-from torch import Tensor
 
 from .dispatch import DISPATCH
 
 
-def _heads_seq(q: Tensor, layout: str) -> tuple[int, int, int]:
+def _heads_seq(q, layout: str) -> tuple[int, int, int]:
     return (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
 
 
@@ -80,40 +77,44 @@ def _decode_kernel(q, k_cache, block_table, causal, layout):
 
 
 # -- the ops ---------------------------------------------------------------------------------------
+# Defined with torch.library.Library (schema, CUDA kernel, fake) rather than custom_op: a call of
+# the op then costs the dispatcher alone, not custom_op's Python wrapper on top of it.
 
-@torch.library.custom_op("attngen::attention", mutates_args=(), device_types="cuda")
-def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, alignment: Optional[str], scale: Optional[float],
-                 layout: str) -> tuple[Tensor, Tensor]:
+LIB = torch.library.Library("attngen", "DEF")
+LIB.define("attention(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout) "
+           "-> (Tensor, Tensor)")
+LIB.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+           "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale) -> (Tensor, Tensor)")
+LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
+           "Tensor? block_table, bool causal, float? scale, int? num_splits, str layout) -> (Tensor, Tensor)")
+
+
+def attention_cuda(q, k, v, causal, alignment, scale, layout):
     return forward(q, k, v, causal, alignment, scale, layout, True)
 
 
-@attention_op.register_fake
-def _(q, k, v, causal, alignment, scale, layout):
-    return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
-
-
-@torch.library.custom_op("attngen::attention_varlen", mutates_args=(), device_types="cuda")
-def attention_varlen_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                        max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], causal: bool,
-                        alignment: Optional[str], scale: Optional[float]) -> tuple[Tensor, Tensor]:
+def attention_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
     return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, True)
 
 
-@attention_varlen_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-
-
-@torch.library.custom_op("attngen::attention_with_kvcache", mutates_args=(), device_types="cuda")
-def attention_with_kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[Tensor],
-                              block_table: Optional[Tensor], causal: bool, scale: Optional[float],
-                              num_splits: Optional[int], layout: str) -> tuple[Tensor, Tensor]:
+def attention_with_kvcache_cuda(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
     return kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, True)
 
 
-@attention_with_kvcache_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
+def attention_fake(q, k, v, causal, alignment, scale, layout):
     return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
-__all__ = ["attention_op", "attention_varlen_op", "attention_with_kvcache_op", "forward", "kvcache", "varlen"]
+def attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
+    return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
+
+
+for _name in ("attention", "attention_varlen", "attention_with_kvcache"):
+    LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
+    torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
+
+__all__ = ["LIB", "forward", "kvcache", "varlen"]
