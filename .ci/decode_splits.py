@@ -20,5 +20,6 @@ print(f"torch SDPA: {gpu_time(lambda: F.scaled_dot_product_attention(q, k, v, en
 for spec in sys.argv[1:] or ["specs/h200_decode_d128_fused.yaml", "specs/h200_decode_d128.yaml"]:
     kernel = attngen.load(str(ROOT / spec))
     kernel(q, k, v, cache_seqlens=lens)
+    pick = kernel.last_splits
     times = {n: gpu_time(lambda n=n: kernel(q, k, v, cache_seqlens=lens, num_splits=n)) for n in (1, 2, 3, 4, 6, 8, 12, 16)}
-    print(f"{Path(spec).stem}: heuristic picks {kernel.last_splits}: " + ", ".join(f"{n}: {t:.1f}" for n, t in times.items()))
+    print(f"{Path(spec).stem}: heuristic picks {pick}: " + ", ".join(f"{n}: {t:.1f}" for n, t in times.items()))
