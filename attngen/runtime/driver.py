@@ -127,22 +127,11 @@ def primary_context(dev: int) -> int:
     return ctx.value
 
 
-_probe = threading.local()
-
-
 def current_context() -> int | None:
-    """The context current on this thread (None: none). Called on every launch, so the out
-    parameter is made once per thread."""
-    try:
-        ctx, ref, get = _probe.slot
-    except AttributeError:
-        ctx = ctypes.c_void_p()
-        ref, get = ctypes.byref(ctx), lib().cuCtxGetCurrent
-        _probe.slot = (ctx, ref, get)
-    rc = get(ref)
-    if rc:
-        check("cuCtxGetCurrent", rc)
-    return ctx.value
+    """The context current on this thread (None: none)."""
+    state = thread_state()
+    check("cuCtxGetCurrent", lib().cuCtxGetCurrent(state.ctx_ref))
+    return state.ctx.value
 
 
 def set_current_context(ctx: int | None) -> None:
@@ -183,38 +172,39 @@ def set_kernel_attribute(kernel: int, attribute: int, value: int, dev: int) -> N
 
 # -- the launch -------------------------------------------------------------------------------------
 
-class LaunchBuffer:
-    """A Params buffer and the one-entry kernelParams array that points at it. One per thread and
-    size (see Launcher), so concurrent calls never share the bytes being packed; the driver copies
-    the parameters during cuLaunchKernel, so the buffer is free again when the call returns."""
-
-    __slots__ = ("raw", "offset", "params")
-
-    def __init__(self, size: int):
-        # 64-byte alignment for Params holding TMA tensor maps: over-allocate and offset.
-        self.raw = ctypes.create_string_buffer(size + 64)
-        base = ctypes.addressof(self.raw)
-        self.offset = -base % 64
-        self.params = (ctypes.c_void_p * 1)(base + self.offset)
+PARAMS_MAX = 4096          # bytes: CUDA's limit for a kernel's parameters
 
 
-class Launcher:
-    """cuLaunchKernel with the Params bytes packed straight into a per-thread buffer."""
+class ThreadState:
+    """What a launch needs per thread, made once per thread: a Params buffer (64-byte aligned, for
+    Params holding TMA tensor maps) with the one-entry kernelParams array that points at it, and
+    the out parameter of the current-context probe. Concurrent calls never share the bytes being
+    packed; the driver copies the parameters during cuLaunchKernel, so the buffer is free again
+    when the call returns."""
+
+    __slots__ = ("raw", "offset", "address", "params", "ctx", "ctx_ref")
 
     def __init__(self):
-        self._local = threading.local()
-        self.launch = lib().cuLaunchKernel
-
-    def buffer(self, size: int) -> LaunchBuffer:
-        buffers = getattr(self._local, "buffers", None)
-        if buffers is None:
-            buffers = self._local.buffers = {}
-        buf = buffers.get(size)
-        if buf is None:
-            buf = buffers[size] = LaunchBuffer(size)
-        return buf
+        self.raw = ctypes.create_string_buffer(PARAMS_MAX + 64)
+        base = ctypes.addressof(self.raw)
+        self.offset = -base % 64
+        self.address = base + self.offset
+        self.params = (ctypes.c_void_p * 1)(self.address)
+        self.ctx = ctypes.c_void_p()
+        self.ctx_ref = ctypes.byref(self.ctx)
 
 
-__all__ = ["DriverError", "Launcher", "LaunchBuffer", "check", "current_context", "device", "device_attribute",
+_threads = threading.local()
+
+
+def thread_state() -> ThreadState:
+    try:
+        return _threads.state
+    except AttributeError:
+        _threads.state = ThreadState()
+        return _threads.state
+
+
+__all__ = ["DriverError", "PARAMS_MAX", "ThreadState", "check", "current_context", "device", "device_attribute",
            "error_text", "kernel_attribute", "lib", "library_kernel", "load_library", "primary_context",
-           "set_current_context", "set_kernel_attribute"]
+           "set_current_context", "set_kernel_attribute", "thread_state"]

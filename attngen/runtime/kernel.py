@@ -174,7 +174,8 @@ class Kernel:
         self._ready: dict[int, object] = {}   # device index -> DeviceInfo, once its functions are set up there
         self._handles: dict[int, dict] = {}   # device index -> function name -> CUfunction there
         self._ready_lock = threading.Lock()
-        self._launcher = driver.Launcher()
+        cuda = driver.lib()
+        self._launch_kernel, self._get_context = cuda.cuLaunchKernel, cuda.cuCtxGetCurrent
         self._raw_stream = torch._C._cuda_getCurrentRawStream
         self._prepared: dict = {}           # call key -> Prepared (see the conventions' fast paths)
         self._setup()
@@ -223,6 +224,9 @@ class Kernel:
         if on_compile is None:
             def on_compile(a, name=label):
                 print(f"compiling {name} for {a} ...", file=sys.stderr, flush=True)
+        if plan.abi.size > driver.PARAMS_MAX:
+            raise ToolError(f"{label}: Params of {plan.abi.size} B exceed CUDA's {driver.PARAMS_MAX} B of kernel "
+                            f"parameters")
         compiled, libraries, functions = [], [], {}
         for part, source in zip(plan.parts, sources):
             result = compile_source(source, arch, on_compile=on_compile)
@@ -423,20 +427,22 @@ class Kernel:
         """Launch a prepared call with this call's `pointers` (in its patch's order) on torch's
         current stream of its device, with that device's primary context current."""
         template = prepared.template
-        buf = self._launcher.buffer(len(template))
-        memmove(buf.params[0], template, len(template))
-        prepared.patch.pack_into(buf.raw, buf.offset, pointers)
+        state = driver.thread_state()
+        memmove(state.address, template, len(template))
+        prepared.patch.pack_into(state.raw, state.offset, pointers)
         info = prepared.info
         stream = self._raw_stream(info.index)
-        ctx = driver.current_context()
+        if self._get_context(state.ctx_ref):
+            driver.current_context()      # raises with the driver's message
+        ctx = state.ctx.value
         if ctx != info.context:
             # This thread has no context current (a worker, an autograd thread) or another GPU's:
             # launch in this GPU's primary context, then give the thread back the one it had.
             driver.set_current_context(info.context)
         try:
             for fn, handle, grid in prepared.launches:
-                rc = self._launcher.launch(handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic,
-                                           stream, buf.params, None)
+                rc = self._launch_kernel(handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic,
+                                         stream, state.params, None)
                 if rc:
                     name, text = driver.error_text(rc)
                     raise LaunchError(f"launch of {fn.name} (grid={grid}, block=({fn.threads}, 1, 1), dynamic smem="
