@@ -320,7 +320,9 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
               help="with --write: `attngen bench --json` reports whose winners replace the table's forward entries")
 @click.option("--write", is_flag=True, help="write the table from --from-bench reports")
 @click.option("--json", "as_json", is_flag=True, help="print the choice (or the written entries) as JSON")
-@click.option("--specs-dir", default="specs", show_default=True)
+@click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
+                                                  "ones attngen.attention serves: specs/ of this checkout, or "
+                                                  "those installed with attngen]")
 def dispatch(call, arch, dtype, head_dim, causal, seqlen, page_size, group_rows, bench_files, write, as_json,
              specs_dir):
     """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
@@ -334,8 +336,9 @@ def dispatch(call, arch, dtype, head_dim, causal, seqlen, page_size, group_rows,
       attngen bench --json grid.json ... && attngen dispatch --from-bench grid.json --write
     """
     from . import fsutil
+    from .ops.dispatch import SPECS_DIR
     from .ops.table import candidates, dump_table, load_table, select, table_path
-    path = table_path(specs_dir)
+    path = table_path(specs_dir or SPECS_DIR)
     entries = load_table(path)
     if write or bench_files:
         if not (write and bench_files):

@@ -8,7 +8,15 @@ from pathlib import Path
 
 from .table import load_table, select, table_path
 
-SPECS_DIR = Path(__file__).resolve().parent.parent.parent / "specs"
+def specs_dir() -> Path:
+    """The specs the library serves: attngen/specs in an installed wheel, else the repository's
+    specs/ (a checkout or an editable install)."""
+    package = Path(__file__).resolve().parent.parent
+    installed = package / "specs"
+    return installed if installed.is_dir() else package.parent / "specs"
+
+
+SPECS_DIR = specs_dir()
 RESOLVED_ENTRIES = 4096
 TORCH_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}
 
@@ -72,4 +80,4 @@ class Dispatcher:
 
 DISPATCH = Dispatcher()
 
-__all__ = ["DISPATCH", "Dispatcher", "SPECS_DIR"]
+__all__ = ["DISPATCH", "Dispatcher", "SPECS_DIR", "specs_dir"]
