@@ -617,9 +617,11 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
 
     \b
     Each spec runs only on the shapes, dtypes and mask variants it supports, and only after
-    its output on those very inputs passed the verifier's error rule. Times are medians of
-    CUDA-event-timed calls over inputs rotated to defeat L2; TFLOP/s counts 4*B*H*S*S*D
-    (halved for causal). Ratios are SDPA time / spec time: above 1.0 the spec is faster.
+    its output on those very inputs passed the verifier's error rule. GPU times are medians of
+    CUDA-event-timed calls queued behind a GPU sleep (the host hidden) over inputs rotated to
+    defeat L2; eager times are back-to-back calls as a user makes them, host included (wall
+    clock / calls), for the specs and SDPA alike. TFLOP/s counts 4*B*H*S*S*D (halved for
+    causal). Ratios are SDPA GPU time / spec GPU time: above 1.0 the spec is faster.
 
     \b
     Decode specs (decode: split_kv) are timed on decode cells instead (--cells): one step of
@@ -724,10 +726,11 @@ def _bench_varlen(paths, lengths, heads, dtypes, causals, reps, json_file) -> No
 
 
 def format_bench(report, backends) -> str:
-    """The bench table: one row per case and implementation, ratios against each SDPA backend."""
+    """The bench table: one row per case and implementation (GPU time, and eager time: back to
+    back calls with the host included), ratios of GPU time against each SDPA backend."""
     lines = [f"GPU: {report.gpu}; torch {report.environment['torch']}, CUDA {report.environment['cuda']}, "
              f"driver {report.environment['driver']}",
-             f"{'case':<30} {'impl':<24} {'time us':>9} {'TFLOP/s':>8} {'spread':>6}  "
+             f"{'case':<30} {'impl':<24} {'time us':>9} {'eager us':>9} {'TFLOP/s':>8} {'spread':>6}  "
              + " ".join(f"{'/' + b:>9}" for b in backends)]
     for r in report.results:
         for t in r.timings:
@@ -739,7 +742,8 @@ def format_bench(report, backends) -> str:
                 ref = r.get(f"sdpa:{b}")
                 ok = ref is not None and ref.status == "ok" and not t.impl.startswith("sdpa:")
                 ratios.append(f"{ref.median_us / t.median_us:>9.2f}" if ok else f"{'':>9}")
-            lines.append(f"{r.case.label:<30} {t.impl:<24} {t.median_us:>9.1f} {t.tflops:>8.1f} "
+            eager = f"{t.eager_us:>9.1f}" if t.eager_us is not None else f"{'-':>9}"
+            lines.append(f"{r.case.label:<30} {t.impl:<24} {t.median_us:>9.1f} {eager} {t.tflops:>8.1f} "
                          f"{t.spread_pct:>5.1f}%  " + " ".join(ratios))
     lines.append("")
     lines.append("geometric-mean speed ratio (SDPA time / spec time) per spec:")

@@ -3,7 +3,10 @@
 Method: CUDA events around every call, a warm-up first, the median of many calls; inputs rotate
 over enough buffer sets that a call never finds its q, k, v in L2; a long GPU sleep is queued
 before the timed calls so the host enqueues them all while the GPU waits, and launch overhead on
-the host never shows as GPU time. FLOPs = 4 B H Sq Sk D, halved for causal. A kernel is timed on a
+the host never shows as GPU time. Beside it, the eager time: the same calls back to back as a user
+makes them (each allocating its output), host included, wall clock from the first call to the end
+of the last, over the number of calls: what an eager model feels when the host is the bottleneck.
+FLOPs = 4 B H Sq Sk D, halved for causal. A kernel is timed on a
 shape only after its output on that shape's inputs passed the verifier's error rule.
 """
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Timing:
     spread_pct: float | None = None   # (p90 - p10) / median of the calls
     status: str = "ok"         # ok | unsupported | failed-check | error
     note: str = ""
+    eager_us: float | None = None     # back-to-back calls, host included (wall / calls)
 
 
 @dataclass
@@ -155,6 +159,23 @@ def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, f
     return med, 100.0 * (p90 - p10) / med
 
 
+def time_eager(torch, fn, sets, *, reps: int, rounds: int = 5) -> float:
+    """Microseconds per call of fn(*set) called back to back, host included: the median over
+    `rounds` of (wall clock of `reps` calls and the synchronize after them) / reps."""
+    import time
+    for i in range(5):
+        fn(*sets[i % len(sets)])
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(reps):
+            fn(*sets[i % len(sets)])
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) / reps * 1e6)
+    return statistics.median(out)
+
+
 def kernel_call(torch, kernel, sets, causal: bool):
     """fn(q, k, v) for time_calls: runs `kernel` into an output buffer preallocated per input set,
     so the timed calls allocate nothing."""
@@ -230,6 +251,8 @@ def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), cau
                 t.median_us, t.spread_pct = time_calls(torch, kernel_call(torch, kernel, sets, case.causal), sets,
                                                        reps=reps)
                 t.tflops = case.tflops(t.median_us)
+                t.eager_us = time_eager(torch, lambda q, k, v, kernel=kernel: kernel(q, k, v, causal=case.causal),
+                                        sets, reps=reps)
             res.timings.append(t)
             if on_step:
                 on_step(case, t)
@@ -244,6 +267,7 @@ def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), cau
             else:
                 t.median_us, t.spread_pct = time_calls(torch, fn, sets, reps=reps)
                 t.tflops = case.tflops(t.median_us)
+                t.eager_us = time_eager(torch, fn, sets, reps=reps)
             res.timings.append(t)
             if on_step:
                 on_step(case, t)
