@@ -215,9 +215,10 @@ def components():
     t("_run (pack + launch)", lambda: mma._run(prepared, ptrs), 5000)
     fn, handle, grid = prepared.launches[0]
     state = driver.thread_state()
-    stream = torch._C._cuda_getCurrentRawStream(0)
+    import ctypes
+    stream = ctypes.c_void_p(torch._C._cuda_getCurrentRawStream(0))
     mma._run(prepared, ptrs)   # leaves this call's Params in the thread's buffer
-    t("cuLaunchKernel alone (ctypes)", lambda: mma._launch_kernel(handle, grid[0], grid[1], grid[2], fn.threads, 1, 1,
+    t("cuLaunchKernel alone (ctypes, raw)", lambda: mma._launch_kernel(handle, grid[0], grid[1], grid[2], fn.threads, 1, 1,
                                                                    fn.smem_dynamic, stream, state.params, None), 5000)
     one = torch.zeros(1, device="cuda")
     t("torch one.add_(1) (one torch launch)", lambda: one.add_(1), 5000)

@@ -92,6 +92,24 @@ def lib():
     return _lib
 
 
+_raw = None
+
+
+def raw_calls():
+    """(cuLaunchKernel, cuCtxGetCurrent) bound without argtypes, for the launch path: ctypes then
+    converts no argument (1.1 -> 0.4 us per launch measured on a CPU machine with a no-op of the
+    same signature), so the caller passes pointers and handles as c_void_p objects, and plain
+    Python ints only where C takes a 32-bit int (grid, block, shared memory bytes)."""
+    global _raw
+    if _raw is None:
+        lib()
+        cuda = ctypes.CDLL("libcuda.so.1")    # a second handle: its functions keep no argtypes
+        launch, probe = cuda.cuLaunchKernel, cuda.cuCtxGetCurrent
+        launch.restype = probe.restype = ctypes.c_int
+        _raw = (launch, probe)
+    return _raw
+
+
 def error_text(code: int) -> tuple[str, str]:
     name, text = ctypes.c_char_p(), ctypes.c_char_p()
     cuda = _lib

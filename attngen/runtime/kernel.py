@@ -21,7 +21,7 @@ import numbers
 import os
 import sys
 import threading
-from ctypes import memmove
+from ctypes import c_void_p, memmove
 from dataclasses import dataclass
 
 from ..errors import ToolError
@@ -174,8 +174,8 @@ class Kernel:
         self._ready: dict[int, object] = {}   # device index -> DeviceInfo, once its functions are set up there
         self._handles: dict[int, dict] = {}   # device index -> function name -> CUfunction there
         self._ready_lock = threading.Lock()
-        cuda = driver.lib()
-        self._launch_kernel, self._get_context = cuda.cuLaunchKernel, cuda.cuCtxGetCurrent
+        self._launch_kernel, self._get_context = driver.raw_calls()
+        self._streams: dict = {}            # raw stream handle -> c_void_p (the raw launch converts nothing)
         self._raw_stream = torch._C._cuda_getCurrentRawStream
         self._prepared: dict = {}           # call key -> Prepared (see the conventions' fast paths)
         self._setup()
@@ -413,7 +413,7 @@ class Kernel:
     def _launches(self, info, *named) -> tuple:
         """(Function, its CUfunction on the device of `info`, grid) for each (function name, grid)."""
         handles = self._handles[info.index]
-        return tuple((self.functions[name], handles[name], grid) for name, grid in named)
+        return tuple((self.functions[name], c_void_p(handles[name]), grid) for name, grid in named)
 
     def _remember(self, key, prepared: Prepared) -> None:
         """Keep a prepared call for later calls of the same key (at most PREPARED_ENTRIES)."""
@@ -431,7 +431,12 @@ class Kernel:
         memmove(state.address, template, len(template))
         prepared.patch.pack_into(state.raw, state.offset, pointers)
         info = prepared.info
-        stream = self._raw_stream(info.index)
+        raw = self._raw_stream(info.index)
+        stream = self._streams.get(raw)
+        if stream is None:
+            if len(self._streams) >= 1024:
+                self._streams.clear()
+            stream = self._streams[raw] = c_void_p(raw)
         if self._get_context(state.ctx_ref):
             driver.current_context()      # raises with the driver's message
         ctx = state.ctx.value
