@@ -6,7 +6,14 @@ one spec (attngen.runtime). Both need the ``gpu`` extra (torch) and a CUDA GPU.
 """
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "attention", "attention_varlen", "attention_with_kvcache", "load"]
+__all__ = ["__version__", "attention", "attention_varlen", "attention_with_kvcache", "check_errors", "load"]
+
+
+def check_errors(device=None) -> None:
+    """Raise attngen.runtime.InputError if a kernel clamped a bad length, page id or offset since the
+    last check (calls never wait for the GPU to check them); see attngen.runtime.check_errors."""
+    from .runtime import check_errors as _check
+    _check(device)
 
 
 def load(spec_or_path, **kwargs):

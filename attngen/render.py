@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
+from .core.input_errors import INPUT_ERRORS
 from .explain import explain
 from .kinds import kind_of
 from .plan import Plan, make_plan
@@ -54,6 +55,7 @@ def environment(template_dir: str) -> jinja2.Environment:
     env.filters["cpp"] = cpp
     env.filters["asm_regs"] = asm_regs
     env.filters["asm_operands"] = asm_operands
+    env.globals["input_errors"] = INPUT_ERRORS
     return env
 
 

@@ -57,7 +57,7 @@
 //     total 114688 B (112.00 KiB) of 232448 B (227.00 KiB) budget, 49%
 //     dynamic: 114688 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 216 B by value):
+//   kernel parameters (Params, 224 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -90,6 +90,7 @@
 //     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
 //     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
 //     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
+//     +216  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -176,6 +177,7 @@ struct Params {
     const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
     int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
     int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
+    void* errors;  // +216: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -209,7 +211,8 @@ static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset
 static_assert(offsetof(Params, seq_order) == 200, "Params.seq_order offset");
 static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
 static_assert(offsetof(Params, total_k) == 212, "Params.total_k offset");
-static_assert(sizeof(Params) == 216, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, errors) == 216, "Params.errors offset");
+static_assert(sizeof(Params) == 224, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;
@@ -697,23 +700,41 @@ __device__ __forceinline__ void mask_for_sequence(Params& s) {
     }
 }
 
+// Input errors the kernel clamps around instead of reading outside a tensor; it records them in
+// the caller's flag word (attngen.check_errors() raises with their messages).
+constexpr int kBadSeqlen = 1;
+constexpr int kBadPage = 2;
+constexpr int kBadOffsets = 4;
+constexpr int kShortGrid = 8;
+
+__device__ __forceinline__ void report_input_error(const Params& p, int flag) {
+    if (p.errors != nullptr) atomicOr(static_cast<int*>(p.errors), flag);
+}
+
 // Packed (varlen) sequences: q, k, v and o hold every sequence's rows back to back, (total, heads,
 // head_dim), with batch strides 0; cu_seqlens_q/k[b] is sequence b's first row. Grid slice
 // blockIdx.z computes sequence seq_order[blockIdx.z] (longest first) and narrows its copy of Params
 // to it: pointers at its first rows, its lengths, its LSE columns and the mask's fields, so
 // attention() runs unchanged. Offsets are clamped to [0, total] so a malformed cu_seqlens never
-// reads or writes outside the tensors (an order entry is clamped to the batch likewise).
+// reads or writes outside the tensors (an order entry is clamped to the batch likewise); a clamped
+// offset, and a sequence longer than the grid covers, are recorded as input errors.
 // Returns false for a block past the sequence's last query row (the grid covers the longest).
 template <Mask kMask>
 __device__ __forceinline__ bool enter_sequence(Params& s) {
     const int z = blockIdx.z;
     const int b = s.seq_order != nullptr ? min(max(s.seq_order[z], 0), static_cast<int>(gridDim.z) - 1) : z;
-    const int q_end = min(max(s.cu_seqlens_q[b + 1], 0), s.total_q);
-    const int q0 = min(max(s.cu_seqlens_q[b], 0), q_end);
-    const int k_end = min(max(s.cu_seqlens_k[b + 1], 0), s.total_k);
-    const int k0 = min(max(s.cu_seqlens_k[b], 0), k_end);
+    const int raw_q0 = s.cu_seqlens_q[b], raw_q1 = s.cu_seqlens_q[b + 1];
+    const int raw_k0 = s.cu_seqlens_k[b], raw_k1 = s.cu_seqlens_k[b + 1];
+    const int q_end = min(max(raw_q1, 0), s.total_q);
+    const int q0 = min(max(raw_q0, 0), q_end);
+    const int k_end = min(max(raw_k1, 0), s.total_k);
+    const int k0 = min(max(raw_k0, 0), k_end);
     s.seqlen_q = q_end - q0;
     s.seqlen_k = k_end - k0;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {   // one thread per sequence checks it
+        if (raw_q0 != q0 || raw_q1 != q_end || raw_k0 != k0 || raw_k1 != k_end) report_input_error(s, kBadOffsets);
+        if (s.seqlen_q > static_cast<int>(gridDim.x) * kBlockM) report_input_error(s, kShortGrid);
+    }
     if (block_coords<kMask>(s).m0 >= s.seqlen_q) return false;
     s.q = static_cast<const elem_t*>(s.q) + q0 * s.q_row_stride;
     s.k = static_cast<const elem_t*>(s.k) + k0 * s.k_row_stride;

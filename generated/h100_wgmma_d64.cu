@@ -103,6 +103,7 @@
 //     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
 //     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
 //     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
+//     +216  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
 //     +256  unsigned char[128] tma_q            TMA tensor map of q, encoded by the runtime per call
 //     +384  unsigned char[128] tma_k            TMA tensor map of k, encoded by the runtime per call
 //     +512  unsigned char[128] tma_v            TMA tensor map of v, encoded by the runtime per call
@@ -189,6 +190,7 @@ struct Params {
     const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
     int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
     int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
+    void* errors;  // +216: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
     alignas(64) unsigned char tma_q[128];  // +256: TMA tensor map of q, encoded by the runtime per call
     alignas(64) unsigned char tma_k[128];  // +384: TMA tensor map of k, encoded by the runtime per call
     alignas(64) unsigned char tma_v[128];  // +512: TMA tensor map of v, encoded by the runtime per call
@@ -225,6 +227,7 @@ static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset
 static_assert(offsetof(Params, seq_order) == 200, "Params.seq_order offset");
 static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
 static_assert(offsetof(Params, total_k) == 212, "Params.total_k offset");
+static_assert(offsetof(Params, errors) == 216, "Params.errors offset");
 static_assert(offsetof(Params, tma_q) == 256, "Params.tma_q offset");
 static_assert(offsetof(Params, tma_k) == 384, "Params.tma_k offset");
 static_assert(offsetof(Params, tma_v) == 512, "Params.tma_v offset");

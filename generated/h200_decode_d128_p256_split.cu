@@ -47,7 +47,7 @@
 //     total 201216 B (196.50 KiB) of 232448 B (227.00 KiB) budget, 87%
 //     dynamic: 201216 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 288 B by value):
+//   kernel parameters (Params, 296 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -80,16 +80,17 @@
 //     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
 //     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
 //     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
-//     +216  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
-//     +224  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-//     +232  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-//     +240  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
-//     +244  int            tiles_per_split  K/V tiles of block_n keys each split takes
-//     +248  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-//     +256  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-//     +264  int            table_stride     entries per row of block_table (its max pages per sequence)
-//     +272  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-//     +280  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+//     +216  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
+//     +224  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
+//     +232  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+//     +240  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+//     +248  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
+//     +252  int            tiles_per_split  K/V tiles of block_n keys each split takes
+//     +256  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+//     +264  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+//     +272  int            table_stride     entries per row of block_table (its max pages per sequence)
+//     +280  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+//     +288  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -173,16 +174,17 @@ struct Params {
     const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
     int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
     int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
-    const void* cache_seqlens;  // +216: int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
-    float* o_accum;  // +224: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-    float* lse_accum;  // +232: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-    int num_splits;  // +240: key slices per (KV head, batch); 1: the split kernel writes O itself
-    int tiles_per_split;  // +244: K/V tiles of block_n keys each split takes
-    int row_blocks;  // +248: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-    const void* block_table;  // +256: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-    int table_stride;  // +264: entries per row of block_table (its max pages per sequence)
-    void* split_counters;  // +272: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-    int num_pages;  // +280: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+    void* errors;  // +216: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
+    const void* cache_seqlens;  // +224: int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
+    float* o_accum;  // +232: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+    float* lse_accum;  // +240: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+    int num_splits;  // +248: key slices per (KV head, batch); 1: the split kernel writes O itself
+    int tiles_per_split;  // +252: K/V tiles of block_n keys each split takes
+    int row_blocks;  // +256: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+    const void* block_table;  // +264: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+    int table_stride;  // +272: entries per row of block_table (its max pages per sequence)
+    void* split_counters;  // +280: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+    int num_pages;  // +288: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -216,20 +218,32 @@ static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset
 static_assert(offsetof(Params, seq_order) == 200, "Params.seq_order offset");
 static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
 static_assert(offsetof(Params, total_k) == 212, "Params.total_k offset");
-static_assert(offsetof(Params, cache_seqlens) == 216, "Params.cache_seqlens offset");
-static_assert(offsetof(Params, o_accum) == 224, "Params.o_accum offset");
-static_assert(offsetof(Params, lse_accum) == 232, "Params.lse_accum offset");
-static_assert(offsetof(Params, num_splits) == 240, "Params.num_splits offset");
-static_assert(offsetof(Params, tiles_per_split) == 244, "Params.tiles_per_split offset");
-static_assert(offsetof(Params, row_blocks) == 248, "Params.row_blocks offset");
-static_assert(offsetof(Params, block_table) == 256, "Params.block_table offset");
-static_assert(offsetof(Params, table_stride) == 264, "Params.table_stride offset");
-static_assert(offsetof(Params, split_counters) == 272, "Params.split_counters offset");
-static_assert(offsetof(Params, num_pages) == 280, "Params.num_pages offset");
-static_assert(sizeof(Params) == 288, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, errors) == 216, "Params.errors offset");
+static_assert(offsetof(Params, cache_seqlens) == 224, "Params.cache_seqlens offset");
+static_assert(offsetof(Params, o_accum) == 232, "Params.o_accum offset");
+static_assert(offsetof(Params, lse_accum) == 240, "Params.lse_accum offset");
+static_assert(offsetof(Params, num_splits) == 248, "Params.num_splits offset");
+static_assert(offsetof(Params, tiles_per_split) == 252, "Params.tiles_per_split offset");
+static_assert(offsetof(Params, row_blocks) == 256, "Params.row_blocks offset");
+static_assert(offsetof(Params, block_table) == 264, "Params.block_table offset");
+static_assert(offsetof(Params, table_stride) == 272, "Params.table_stride offset");
+static_assert(offsetof(Params, split_counters) == 280, "Params.split_counters offset");
+static_assert(offsetof(Params, num_pages) == 288, "Params.num_pages offset");
+static_assert(sizeof(Params) == 296, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;
+
+// Input errors the kernel clamps around instead of reading outside a tensor; it records them in
+// the caller's flag word (attngen.check_errors() raises with their messages).
+constexpr int kBadSeqlen = 1;
+constexpr int kBadPage = 2;
+constexpr int kBadOffsets = 4;
+constexpr int kShortGrid = 8;
+
+__device__ __forceinline__ void report_input_error(const Params& p, int flag) {
+    if (p.errors != nullptr) atomicOr(static_cast<int*>(p.errors), flag);
+}
 
 // Conversions between fp32 pairs and the element pair type; overloads pick the one for elem2_t.
 __device__ __forceinline__ float2 to_float2(half2 x) { return __half22float2(x); }
@@ -500,8 +514,12 @@ struct DecodeBlock {
 __device__ __forceinline__ DecodeBlock decode_block(const Params& p) {
     const int group = p.heads / p.kv_heads;
     const int b = blockIdx.z;
-    // Lengths are clamped to the cache so that a bad length can never read outside it.
+    // Lengths are clamped to the cache so that a bad length can never read outside it (and the
+    // first block of the sequence records it).
     const int len = p.cache_seqlens != nullptr ? static_cast<const int*>(p.cache_seqlens)[b] : p.seqlen_k;
+    if ((len < 0 || len > p.seqlen_k) && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        report_input_error(p, kBadSeqlen);
+    }
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y) / p.row_blocks,
             static_cast<int>(blockIdx.y) % p.row_blocks * kBlockM, b, group, group * p.seqlen_q,
             min(max(len, 0), p.seqlen_k)};
@@ -588,6 +606,7 @@ __device__ __forceinline__ void load_kv(uint32_t smem_addr, const Params& p, con
 #pragma unroll
         for (int sub = 0; sub < kPagesPerTile; ++sub) {
             const int key = key0 + sub * kRun, page = min(max(pages.id[sub], 0), p.num_pages - 1);
+            if (page != pages.id[sub] && key < c.seqlen && tid == 0) report_input_error(p, kBadPage);
             copy_kv_rows<kRun>(slot, sub * kRun, head_ptr(p.k, page, c.kv_head, p.k_batch_stride, p.k_head_stride),
                                head_ptr(p.v, page, c.kv_head, p.v_batch_stride, p.v_head_stride), p,
                                key % kPageDivisor, c.seqlen - key, tid);

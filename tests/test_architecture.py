@@ -241,7 +241,8 @@ def test_forward_abi_matches_the_generated_struct():
     assert f"static_assert(sizeof(Params) == {FORWARD_ABI.size}," in src
     names = [f.name for f in FORWARD_ABI.fields]
     assert {"causal_offset", "causal_from_end"} <= set(names)   # a variant's fields, from the same list
-    assert names[-5:] == ["cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k"]   # packed sequences
+    assert names[-6:] == ["cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k",   # packed sequences
+                          "errors"]                                                          # input-error flags
 
 
 def plan_with_tensor_map():
@@ -259,10 +260,10 @@ def test_one_line_adds_a_field():
 
 
 def plan_with_small_blob():
-    """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +216,
-    the int lies at +216): Python puts the blob at +224, not +220, and C must too."""
+    """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +224,
+    the int lies at +224): Python puts the blob at +232, not +228, and C must too."""
     plan = make_plan(parse_spec((ROOT / "specs" / "l4_mma_d64.yaml").read_text()))
-    assert FORWARD_ABI.size == 216
+    assert FORWARD_ABI.size == 224
     return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((int32("n", "an int"),
                                                                   blob("small", 16, 8, "an 8-aligned blob"))))
 
@@ -270,9 +271,9 @@ def plan_with_small_blob():
 def test_small_aligned_blob_is_declared_where_python_puts_it():
     plan = plan_with_small_blob()
     src = render_parts(plan, "specs/x.yaml", "")[0].source
-    assert plan.abi.offsets[-2:] == (216, 224) and plan.abi.size == 240
+    assert plan.abi.offsets[-2:] == (224, 232) and plan.abi.size == 248
     assert "alignas(8) unsigned char small[16];" in src
-    assert "static_assert(offsetof(Params, small) == 224," in src and "static_assert(sizeof(Params) == 240," in src
+    assert "static_assert(offsetof(Params, small) == 232," in src and "static_assert(sizeof(Params) == 248," in src
 
 
 @pytest.mark.nvcc

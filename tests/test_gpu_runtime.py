@@ -276,3 +276,36 @@ def test_two_gpus_from_one_and_two_threads(torch):
     for i in range(2):
         assert parallel[i] is not None and parallel[i].device.index == i
         assert torch.equal(parallel[i], serial[i][0])
+
+
+# -- input errors recorded on the device -----------------------------------------------------------
+
+def test_bad_inputs_are_recorded_and_raised_by_check_errors(torch):
+    """Bad lengths, page ids and offsets cost no synchronization in the call: the kernel clamps
+    them and records a flag that attngen.check_errors() raises (and clears); good calls record none."""
+    from attngen.runtime import InputError
+    from attngen.runtime.calls.varlen import cu_seqlens
+    attngen.check_errors()                 # start clean (earlier tests pass bad inputs on purpose)
+    dec, paged, var = load_once(DECODE), load_once(DECODE_PAGED), load_once(MMA)
+    qd, kd = randn(torch, 2, 32, 1, 128), randn(torch, 2, 8, 1000, 128)
+    good = torch.tensor([1000, 3], dtype=torch.int32, device="cuda")
+    dec(qd, kd, kd, cache_seqlens=good)
+    qp = randn(torch, 100, 4, 64)
+    var.varlen(qp, qp, qp, cu_seqlens(torch, [60, 40], "cuda"), cu_seqlens(torch, [60, 40], "cuda"), max_seqlen_q=60)
+    attngen.check_errors()                 # nothing recorded
+    dec(qd, kd, kd, cache_seqlens=torch.tensor([1001, 3], dtype=torch.int32, device="cuda"))
+    with pytest.raises(InputError, match="cache_seqlens entry was outside"):
+        attngen.check_errors()
+    attngen.check_errors()                 # cleared
+    pool = randn(torch, 10, 8, 16, 128)
+    table = torch.tensor([[0, 1, 99], [2, -1, -1]], dtype=torch.int32, device="cuda")   # 99: used, outside
+    paged(qd, pool, pool, cache_seqlens=torch.tensor([40, 5], dtype=torch.int32, device="cuda"), block_table=table)
+    with pytest.raises(InputError, match="block_table entry"):
+        attngen.check_errors()
+    bad = torch.tensor([0, 70, 50], dtype=torch.int32, device="cuda")                  # decreasing
+    var.varlen(qp, qp, qp, bad, bad, max_seqlen_q=70)
+    with pytest.raises(InputError, match="cu_seqlens offsets"):
+        attngen.check_errors()
+    var.varlen(qp, qp, qp, cu_seqlens(torch, [90, 10], "cuda"), cu_seqlens(torch, [90, 10], "cuda"), max_seqlen_q=20)
+    with pytest.raises(InputError, match="longer than max_seqlen_q"):
+        attngen.check_errors()

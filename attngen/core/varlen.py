@@ -7,6 +7,7 @@ no kind."""
 from __future__ import annotations
 
 from .abi import int32, int_pointer
+from .input_errors import ERRORS_FIELD
 
 PACKED_SUFFIX = "_varlen"     # function key (and name) suffix of a mask's packed-sequence function
 
@@ -18,6 +19,7 @@ VARLEN_ABI_FIELDS = (
                 "the longest blocks do not form the tail of the grid; null: blockIdx.z", optional=True),
     int32("total_q", "packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past", default=0),
     int32("total_k", "packed calls: rows of k and v; offsets are clamped to [0, total_k]", default=0),
+    ERRORS_FIELD,
 )
 
 

@@ -5,9 +5,9 @@ Nothing here imports torch at module import time: the CPU-only install has none.
 """
 from __future__ import annotations
 
-from .gpu import device_arch, device_info, gpu_modules
+from .gpu import InputError, check_errors, device_arch, device_info, error_word, gpu_modules
 from .kernel import (Kernel, LaunchConfig, LaunchError, default_scale, launch_config, load, pack_params,
                      render_bundle, render_for, to_bhsd)
 
-__all__ = ["Kernel", "LaunchConfig", "LaunchError", "default_scale", "device_arch", "device_info", "gpu_modules",
+__all__ = ["InputError", "check_errors", "error_word", "Kernel", "LaunchConfig", "LaunchError", "default_scale", "device_arch", "device_info", "gpu_modules",
            "launch_config", "load", "pack_params", "render_bundle", "render_for", "to_bhsd"]

@@ -67,4 +67,53 @@ def device_info(index: int) -> DeviceInfo:
     return info
 
 
-__all__ = ["DeviceInfo", "NoGpuError", "device_arch", "device_info", "gpu_modules"]
+# -- input errors the kernels recorded -----------------------------------------------------------
+
+class InputError(ValueError):
+    """A call's lengths, page ids or offsets were bad; the kernel clamped around them (see
+    attngen.check_errors)."""
+
+
+_flags: dict = {}               # device index -> int32 tensor (1,): the flag word kernels atomicOr into
+_flags_lock = threading.Lock()
+
+
+def error_word(index: int) -> int:
+    """Address of cuda:`index`'s input-error flag word (zeroed on first use)."""
+    word = _flags.get(index)
+    if word is None:
+        with _flags_lock:
+            word = _flags.get(index)
+            if word is None:
+                import torch
+                word = _flags[index] = torch.zeros(1, dtype=torch.int32, device=f"cuda:{index}")
+    return word.data_ptr()
+
+
+def check_errors(device=None) -> None:
+    """Raise InputError if a kernel on `device` (default: every GPU attngen ran on) clamped a bad
+    input since the last check, naming what it was; the flags are cleared. It reads one word per
+    GPU back, so it waits for the work queued before it: call it where the program synchronizes
+    anyway (after a step, at a checkpoint), or in tests."""
+    from ..core.input_errors import messages
+    if device is None:
+        indices = sorted(_flags)
+    else:
+        import torch
+        indices = [torch.device(device).index if not isinstance(device, int) else device]
+    found = []
+    for index in indices:
+        word = _flags.get(index)
+        if word is None:
+            continue
+        flags = int(word.item())
+        if flags:
+            word.zero_()
+            found += [f"cuda:{index}: {m}" for m in messages(flags)]
+    if found:
+        raise InputError("attngen kernels met bad inputs since the last check: " + "; ".join(found)
+                         + " (pass validate=True to a call to have it refused with the value)")
+
+
+__all__ = ["DeviceInfo", "InputError", "NoGpuError", "check_errors", "device_arch", "device_info", "error_word",
+           "gpu_modules"]

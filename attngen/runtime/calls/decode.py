@@ -11,12 +11,13 @@ import threading
 
 from ...core.decode import num_splits, row_blocks
 from ...core.forward import LOG2E
+from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
 from .forward import PER_CALL as FORWARD_PER_CALL, bhsd_strides
 
 WORKSPACES = 64                 # split-partial buffers kept (device x stream x thread)
 POINTERS = ("q", "k", "v", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", "block_table", "split_counters")
-PER_CALL = FORWARD_PER_CALL + ("cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split",
+PER_CALL = FORWARD_PER_CALL + ("errors", "cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split",
                                "row_blocks", "split_counters", "block_table", "table_stride", "num_pages")
 
 
@@ -158,7 +159,7 @@ class DecodeKernel(Kernel):
                   *bhsd_strides(q.stride(), layout), *bhsd_strides(k_cache.stride(), layout),
                   *bhsd_strides(v_cache.stride(), layout), *bhsd_strides(out.stride(), layout),
                   heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, capacity, scale * LOG2E,
-                  cache_seqlens.data_ptr() if cache_seqlens is not None else 0, o_accum, lse_accum,
+                  error_word(index), cache_seqlens.data_ptr() if cache_seqlens is not None else 0, o_accum, lse_accum,
                   splits, tiles_per_split, blocks_per_row, self._counters(counters, index) if counters else 0,
                   block_table.data_ptr() if paged else 0, block_table.stride(0) if paged else 0, pool if paged else 0]
         launches = [(self.entry[mask], (splits, kv_heads * blocks_per_row, batch))]
@@ -170,7 +171,7 @@ class DecodeKernel(Kernel):
                             ((batch, heads, seqlen_q), accum, counters, splits))
         if out_given is None:
             self._remember(key, prepared)
-        self._run(prepared, tuple(values[:5]) + (values[25], o_accum, lse_accum, values[-3], values[-4]))
+        self._run(prepared, tuple(values[:5]) + (values[26], o_accum, lse_accum, values[-3], values[-4]))
         self.last_splits = splits
         return (out, lse) if return_lse else out
 

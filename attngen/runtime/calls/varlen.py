@@ -14,11 +14,12 @@ import threading
 
 from ...core.forward import LOG2E
 from ...core.varlen import packed_key
+from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, PACKED, Prepared
 from .forward import PER_CALL as FORWARD_PER_CALL
 
 INT32_MAX = 2**31 - 1
-PER_CALL = FORWARD_PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k")
+PER_CALL = FORWARD_PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_order")
 
 
@@ -135,7 +136,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
               0, sq[1], sq[0], 0, sk[1], sk[0], 0, sv[1], sv[0], 0, so[1], so[0],
               0, total_q, batch, heads, kv_heads, max_seqlen_q, 0, scale * LOG2E,
               cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), order.data_ptr() if order is not None else 0,
-              total_q, total_k]
+              total_q, total_k, error_word(index)]
     mask_values = variant.abi_values(alignment, 0, 0)
     for f in kernel._mask_fields:
         values.append(mask_values.get(f.name, f.default))
