@@ -418,3 +418,26 @@ def test_compile_handles_parts(two_part_project):
     import json
     names = {row["name"] for row in json.loads(result.stdout)}
     assert names == {"attngen_pair_none", "attngen_pair_causal", "attngen_pair_none_second"}
+
+
+def test_runtime_and_ops_never_import_eval():
+    """The call conventions hand verify cases and bench cells to eval/ as data; nothing in the
+    runtime or the library imports eval/ (no circle runtime -> eval -> runtime)."""
+    import ast
+    offenders = []
+    for pkg in ("runtime", "ops"):
+        for path in (ROOT / "attngen" / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [("." * node.level) + (node.module or "")] if isinstance(node, ast.ImportFrom) else [])
+                offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if "eval" in n.split(".")]
+    assert not offenders, offenders
+
+
+def test_call_conventions_are_registered_once():
+    """Every kind's convention has its Kernel class in runtime/calls, registered in one dict."""
+    from attngen.kinds import KINDS
+    from attngen.runtime.calls import CONVENTIONS
+    assert {k.calls for k in KINDS} <= set(CONVENTIONS)
+    for name, cls in CONVENTIONS.items():
+        assert cls.convention == name and cls.__module__ == f"attngen.runtime.calls.{name}"
