@@ -306,6 +306,8 @@ def test_bad_inputs_are_recorded_and_raised_by_check_errors(torch):
     var.varlen(qp, qp, qp, bad, bad, max_seqlen_q=70)
     with pytest.raises(InputError, match="cu_seqlens offsets"):
         attngen.check_errors()
-    var.varlen(qp, qp, qp, cu_seqlens(torch, [90, 10], "cuda"), cu_seqlens(torch, [90, 10], "cuda"), max_seqlen_q=20)
+    long = randn(torch, 310, 4, 64)       # a 300-row sequence with max_seqlen_q 20: one 128-row block per sequence
+    var.varlen(long, long, long, cu_seqlens(torch, [300, 10], "cuda"), cu_seqlens(torch, [300, 10], "cuda"),
+               max_seqlen_q=20)
     with pytest.raises(InputError, match="longer than max_seqlen_q"):
         attngen.check_errors()

@@ -23,8 +23,8 @@ INPUT_ERRORS = (
                                   "kernel read the nearest page of the pool instead"),
     InputErrorFlag(4, "kBadOffsets", "cu_seqlens offsets were negative, decreasing or past the packed tensors; the "
                                      "kernel clamped them"),
-    InputErrorFlag(8, "kShortGrid", "a query sequence was longer than max_seqlen_q; its rows past max_seqlen_q were "
-                                    "not computed"),
+    InputErrorFlag(8, "kShortGrid", "a query sequence was longer than max_seqlen_q; its rows past the grid "
+                                    "(max_seqlen_q rounded up to whole query blocks) were not computed"),
 )
 
 ERRORS_FIELD = pointer("errors", "int32 word of input-error flags (core/input_errors.py) the kernel sets with "
