@@ -4,7 +4,8 @@ Usage: python3 .ci/host_time.py [--json FILE] [--label NAME] [--no-torch]
 Run once per code version (PYTHONPATH picks which attngen), e.g. before and after a change.
 
 - eager CPU us/call: N calls back to back, host clock from the first call to the return of the
-  last (no synchronization inside; the GPU queue never fills at these sizes);
+  last (no synchronization inside; the GPU queue never fills at these sizes), every row measured
+  once per round, round-robin, median over 7 rounds;
 - eager wall us/call: the same, plus the final synchronize, over N;
 - GPU us/call: N calls queued behind a GPU sleep (so the host is hidden), CUDA events around them.
 Medians of 7 repeats. Inputs are allocated once.
@@ -57,11 +58,33 @@ def gpu_time(call, n=50, repeats=7):
     return statistics.median(out)
 
 
+PENDING = []
+
+
 def row(name, call):
-    cpu, wall = host_and_wall(call)
-    gpu = gpu_time(call)
-    print(f"{name:<58} cpu {cpu:7.1f}  wall {wall:7.1f}  gpu {gpu:7.1f} us/call", flush=True)
-    return {"name": name, "cpu_us": cpu, "wall_us": wall, "gpu_us": gpu}
+    """A row to measure; measure_rows() times every row round-robin, so that the host's slow
+    stretches (this machine's CPU time per call drifts by tens of percent over a minute) fall on
+    every row alike, not on whichever row ran then."""
+    entry = {"name": name}
+    PENDING.append((entry, call))
+    return entry
+
+
+def measure_rows(rounds=7):
+    cpu = {id(e): [] for e, _ in PENDING}
+    wall = {id(e): [] for e, _ in PENDING}
+    for _ in range(rounds):
+        for entry, call in PENDING:
+            c, w = host_and_wall(call, repeats=1)
+            cpu[id(entry)].append(c)
+            wall[id(entry)].append(w)
+    for entry, call in PENDING:
+        entry["cpu_us"] = statistics.median(cpu[id(entry)])
+        entry["wall_us"] = statistics.median(wall[id(entry)])
+        entry["gpu_us"] = gpu_time(call)
+        print(f"{entry['name']:<58} cpu {entry['cpu_us']:7.1f}  wall {entry['wall_us']:7.1f}  "
+              f"gpu {entry['gpu_us']:7.1f} us/call", flush=True)
+    PENDING.clear()
 
 
 def cu_seqlens(lengths):
@@ -147,6 +170,8 @@ def main():
         results.append(row("torch SDPA forward 1x8x512x128", lambda: F.scaled_dot_product_attention(q2, k2, v2)))
         results.append(row("torch SDPA decode B8 32/8 Sk8192 d128 (GQA)",
                            lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True)))
+
+    measure_rows()
 
     # A decode loop: 32 layers, batch 8, GQA 32/8, d128, 4k cache, one new token per step.
     layers = 32
