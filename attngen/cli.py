@@ -316,9 +316,10 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 @click.option("--page-size", type=click.IntRange(min=0), default=0, show_default=True, help="decode: 0 contiguous")
 @click.option("--group-rows", type=click.IntRange(min=1), default=1, show_default=True,
               help="decode: query rows per KV head (heads / kv_heads x new tokens)")
-@click.option("--from-bench", "bench_files", multiple=True, type=click.Path(dir_okay=False, exists=True),
-              help="with --write: `attngen bench --json` reports whose winners replace the table's forward entries")
-@click.option("--write", is_flag=True, help="write the table from --from-bench reports")
+@click.option("--from", "--from-bench", "bench_files", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="with --write: `attngen bench --json` or `attngen sweep --json` reports whose winners replace "
+                   "the table's forward entries of their keys (repeatable)")
+@click.option("--write", is_flag=True, help="write the table from --from reports")
 @click.option("--json", "as_json", is_flag=True, help="print the choice (or the written entries) as JSON")
 @click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
                                                   "ones attngen.attention serves: specs/ of this checkout, or "
@@ -326,14 +327,15 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 def dispatch(call, arch, dtype, head_dim, causal, seqlen, page_size, group_rows, bench_files, write, as_json,
              specs_dir):
     """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
-    call, and why; or, with --from-bench ... --write, rewrite the table from measurements.
+    call, and why; or, with --from REPORT ... --write, rewrite the table from measurements.
 
     \b
     The table is specs/dispatch/table.yaml: per GPU arch, call, dtype, head dim and mask, the
     measured winner per sequence-length bucket with its runner-up. No GPU needed.
       attngen dispatch --head-dim 64 --causal --seqlen 4096
       attngen dispatch --call decode --group-rows 4 --page-size 16 --seqlen 8192
-      attngen bench --json grid.json ... && attngen dispatch --from-bench grid.json --write
+      attngen bench --json grid.json ... && attngen dispatch --from grid.json --write
+      attngen sweep SPEC --shapes ... --json s.json --write-best specs && attngen dispatch --from s.json --write
     """
     from . import fsutil
     from .ops.dispatch import SPECS_DIR
@@ -342,12 +344,18 @@ def dispatch(call, arch, dtype, head_dim, causal, seqlen, page_size, group_rows,
     entries = load_table(path)
     if write or bench_files:
         if not (write and bench_files):
-            raise click.UsageError("--write and --from-bench go together: the reports to write the table from")
+            raise click.UsageError("--write and --from go together: the reports to write the table from")
         from .eval.dispatch_table import forward_entries, merge, read_reports
         try:
             new = forward_entries(read_reports(bench_files))
-        except (KeyError, ValueError, json.JSONDecodeError) as exc:
-            raise click.BadParameter(f"not an `attngen bench --json` report: {exc}", param_hint="--from-bench")
+        except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
+            raise click.BadParameter(f"not an `attngen bench --json` or `attngen sweep --json` report: {exc}",
+                                     param_hint="--from")
+        where = Path(specs_dir or SPECS_DIR)
+        missing = sorted({n for e in new for n in (e.spec, e.runner_up) if n and not (where / f"{n}.yaml").exists()})
+        if missing:
+            raise click.UsageError(f"the reports name specs that are not in {where}/: {', '.join(missing)}; commit "
+                                   f"them first (`attngen sweep ... --write-best {where}` writes a sweep's winners)")
         header = "".join(line[2:] + "\n" if line.startswith("# ") else "\n"
                          for line in path.read_text().splitlines() if line.startswith("#"))
         fsutil.atomic_write_text(path, dump_table(merge(entries, new), header.rstrip("\n")))

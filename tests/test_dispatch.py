@@ -50,7 +50,7 @@ def test_dispatch_command_explains_and_refuses():
     run = CliRunner().invoke(main, ["dispatch", "--head-dim", "80"])
     assert run.exit_code == 2 and "has no forward kernel" in run.output
     run = CliRunner().invoke(main, ["dispatch", "--write"])
-    assert run.exit_code == 2 and "--from-bench" in run.output
+    assert run.exit_code == 2 and "--from" in run.output
 
 
 def test_table_from_bench_reports(tmp_path):
@@ -60,3 +60,19 @@ def test_table_from_bench_reports(tmp_path):
     d64 = sorted((e for e in new if e.head_dim == 64 and e.mask == "none"), key=lambda e: e.upto or 1e9)
     assert [e.upto for e in d64] == [1024, 4096, None]
     assert all(e.us <= e.runner_up_us for e in new)
+
+
+def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeypatch):
+    """A sweep report's winners become entries only when they are committed specs."""
+    import shutil
+    specs = tmp_path / "specs"
+    shutil.copytree(ROOT / "specs", specs)
+    sweep = ROOT / "docs/hopper-h200/round2/sweep_d64.json"
+    run = CliRunner().invoke(main, ["dispatch", "--from", str(sweep), "--write", "--specs-dir", str(specs)])
+    assert run.exit_code == 2 and "not in" in run.output and "--write-best" in run.output
+    monkeypatch.chdir(ROOT)            # the table cites reports relative to the working directory
+    bench = "docs/hopper-h200/round3/grid_fp16.json"
+    run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
+                                    "--write", "--specs-dir", str(specs)])
+    assert run.exit_code == 0, run.output
+    assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))

@@ -1,6 +1,6 @@
 """Dispatch-table entries from measurements: the winner and runner-up of every cell of `attngen
-bench --json` reports (GPU time, attngen specs only), bucketed by sequence length. Entries of
-other calls and other arches in the table are kept as they are."""
+bench --json` or `attngen sweep --json` reports (GPU time, attngen specs only), bucketed by
+sequence length. Entries of other calls and other arches in the table are kept as they are."""
 from __future__ import annotations
 
 import math
@@ -25,6 +25,9 @@ def forward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
     seqlen and the next one measured (the longest serves everything above)."""
     cells = defaultdict(list)
     for name, report in reports:
+        if "cases" in report and "ranking" in (report["cases"] or [{}])[0]:
+            _sweep_cells(cells, name, report)
+            continue
         arch = arch_of(report["gpu"])
         for r in report["results"]:
             c = r["case"]
@@ -47,6 +50,18 @@ def forward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
     return out
 
 
+def _sweep_cells(cells, name: str, report: dict) -> None:
+    """A sweep report's cases as bench cells: its ranking, fastest first, names as written by
+    `attngen sweep --write-best` (a name that is not a committed spec is refused on --write)."""
+    arch = report.get("arch") or arch_of(report["gpu"])
+    for case in report["cases"]:
+        ranked = [{"impl": r["name"], "median_us": r["median_us"]} for r in case["ranking"] if r.get("median_us")]
+        if ranked:
+            _, _, seqlen, head_dim = case["shape"]
+            cells[(arch.rstrip("a"), case["dtype"], head_dim, "causal" if case["causal"] else "none")].append(
+                (seqlen, ranked, f"{name} {case['label']}"))
+
+
 def merge(existing, new) -> list[Entry]:
     """`existing` with every key that `new` covers replaced by `new`'s entries of that key."""
     replaced = {e.key() for e in new}
@@ -54,8 +69,10 @@ def merge(existing, new) -> list[Entry]:
 
 
 def read_reports(paths) -> list[tuple[str, dict]]:
+    """(path as the table cites it: relative to the working directory when inside it, report)."""
     import json
-    return [(Path(p).as_posix(), json.loads(Path(p).read_text())) for p in paths]
+    from ..render import display_path
+    return [(display_path(p), json.loads(Path(p).read_text())) for p in paths]
 
 
 __all__ = ["arch_of", "forward_entries", "merge", "read_reports"]

@@ -1,6 +1,6 @@
 """The dispatch table: which committed spec serves a call, per GPU arch, call convention, dtype,
 head dim, mask and sequence-length bucket. It lives in specs/dispatch/table.yaml beside the specs
-it names, is written from measurements (`attngen dispatch --from-bench`), and read here with no
+it names, is written from measurements (`attngen dispatch --from REPORT --write`), and read here with no
 torch and no GPU, so `attngen check` can prove that every entry names a spec that exists.
 
 An entry:
@@ -125,7 +125,7 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
             + (f" page_size {page_size}" if call == "decode" else "")
             + f". The dispatch table has: {listed}. Add one: write a spec for it (`attngen explain SPEC` checks it; "
               f"`attngen sweep SPEC --shapes 1x16x2048x{head_dim}` finds faster variants), time it on that GPU with "
-              f"`attngen bench SPEC --json REPORT.json`, then `attngen dispatch --from-bench REPORT.json --write`.")
+              f"`attngen bench SPEC --json REPORT.json`, then `attngen dispatch --from REPORT.json --write`.")
     for e in keyed:
         if e.upto is None or seqlen <= e.upto:
             return e
