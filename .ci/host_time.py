@@ -245,6 +245,19 @@ def components():
     mma._run(prepared, ptrs)   # leaves this call's Params in the thread's buffer
     t("cuLaunchKernel alone (ctypes, raw)", lambda: mma._launch_kernel(handle, grid[0], grid[1], grid[2], fn.threads, 1, 1,
                                                                    fn.smem_dynamic, stream, state.params, None), 5000)
+    # the same launch with the Params as one buffer through `extra` instead of kernelParams
+    from attngen.runtime.cubin import param_layout
+    gap = param_layout(mma.compiled[0].cubin)[fn.name][0]
+    size = gap + len(prepared.template)
+    raw = ctypes.create_string_buffer(bytes(gap) + prepared.template)
+    size_t = ctypes.c_size_t(size)
+    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(raw), 2, ctypes.addressof(size_t), 0)
+    t("cuLaunchKernel alone, Params through extra", lambda: mma._launch_kernel(
+        handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic, stream, None, extra), 5000)
+    side = torch.cuda.Stream()
+    side_handle = ctypes.c_void_p(side.cuda_stream)
+    t("cuLaunchKernel alone, on a non-default stream", lambda: mma._launch_kernel(
+        handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic, side_handle, state.params, None), 5000)
     one = torch.zeros(1, device="cuda")
     t("torch one.add_(1) (one torch launch)", lambda: one.add_(1), 5000)
     t("cache key", lambda: (q.shape, q.shape, q.shape, q.stride(), q.stride(), q.stride(), q.dtype, q.dtype, q.dtype,
