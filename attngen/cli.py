@@ -3,7 +3,7 @@
 Exit codes: 0 success; 1 a check failed (stale generated/, verification failure, spills);
 2 bad input (spec error, over budget, bad option); 3 a tool failed or is missing (nvcc), or a
 file could not be written;
-4 no CUDA GPU / torch / pycuda on this machine.
+4 no CUDA GPU / torch / CUDA driver on this machine.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ Exit codes:
   1  a check failed: generated/ stale, verification failed, register spills
   2  bad input: spec error, shared memory over budget, bad option
   3  a tool failed or is missing (nvcc), or a file could not be written
-  4  no CUDA GPU, torch or pycuda on this machine"""
+  4  no CUDA GPU, torch or CUDA driver on this machine"""
 
 
 def fail(exc: AttngenError) -> None:
@@ -668,7 +668,7 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     if plot_file:
         B.pyplot()   # no matplotlib: say so (exit 3) before the run, not after it
     from .runtime import gpu_modules
-    gpu_modules()  # no GPU, torch or pycuda: say so (exit 4) before any progress is drawn
+    gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
     steps = B.total_steps(plans, shape_list, dtypes, causals, backend_list)
     with click.progressbar(length=steps, label="bench", file=sys.stderr, show_pos=True) as bar:
         def step(case, timing):
@@ -690,7 +690,7 @@ def _bench_decode(paths, cells, dtypes, backends, reps, paged, json_file) -> Non
     from . import fsutil
     from .eval import decode_bench as DB
     from .runtime import gpu_modules
-    gpu_modules()  # no GPU, torch or pycuda: say so (exit 4) before any progress is drawn
+    gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
     theirs = tuple(b for b in backends if b in ("flash", "cudnn"))
     with click.progressbar(length=len(paths) * len(cells or DB.default_cells()), label="bench decode",
                            file=sys.stderr, show_pos=True) as bar:
@@ -715,7 +715,7 @@ def _bench_varlen(paths, lengths, heads, dtypes, causals, reps, json_file) -> No
     from .runtime import gpu_modules
     if not paths:
         raise click.UsageError("--varlen times forward specs with varlen: true; none was given")
-    gpu_modules()  # no GPU, torch or pycuda: say so (exit 4) before any progress is drawn
+    gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
     with click.progressbar(length=len(paths) * len(causals), label="bench varlen", file=sys.stderr,
                            show_pos=True) as bar:
         def step(r):
@@ -791,7 +791,7 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
     past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Specs with varlen: true also run
     packed-sequence cases (mixed lengths in one batch, both causal alignments) and decode specs
     their decode cases, under the same rule. Exits 1 on any failure, 4 when there is no GPU,
-    torch or pycuda.
+    torch or CUDA driver.
     """
     from .eval import verify as verification
     paths = _spec_files(specs, specs_dir)
@@ -899,7 +899,7 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     if compile_only:
         arch = arch or _gpu_arch()
     else:
-        measurer = S.GpuMeasurer(reps=reps, seed=seed)   # no GPU, torch or pycuda: exit 4 before any work
+        measurer = S.GpuMeasurer(reps=reps, seed=seed)   # no GPU, torch or CUDA driver: exit 4 before any work
         if arch is not None and arch != measurer.arch:
             raise click.BadParameter(f"{arch} is not this GPU's arch ({measurer.arch}); a measuring sweep compiles "
                                      "for the GPU it runs on", param_hint="--arch")

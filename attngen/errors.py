@@ -41,7 +41,7 @@ class BudgetError(SpecError):
 
 
 class ToolError(AttngenError):
-    """A tool attngen needs (nvcc, a GPU, pycuda) is missing or failed."""
+    """A tool attngen needs (nvcc, a GPU, the CUDA driver) is missing or failed."""
 
     exit_code = 3
 
@@ -52,6 +52,6 @@ class WriteError(ToolError):
 
 
 class NoGpuError(ToolError):
-    """No CUDA GPU, torch or pycuda on this machine."""
+    """No CUDA GPU, torch or CUDA driver on this machine."""
 
     exit_code = 4

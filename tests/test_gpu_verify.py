@@ -1,5 +1,5 @@
 """GPU tests: every spec verifies, the runtime refuses bad inputs, and the verifier rejects kernels
-with planted bugs. Skipped with a reason where there is no GPU, torch, pycuda or nvcc."""
+with planted bugs. Skipped with a reason where there is no GPU, torch, CUDA driver or nvcc."""
 from __future__ import annotations
 
 import functools
