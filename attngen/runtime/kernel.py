@@ -346,6 +346,23 @@ class Kernel:
                              f"pass {name}.clone()")
         return shape
 
+    def _padded_inputs(self, layout: str, names: tuple[str, str, str], q, k, v):
+        """(device index, q's shape, k's shape, v's shape) of a call on (B, H, S, D) or (B, S, H,
+        D) tensors, each checked; a ValueError for another layout."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
+        index = self._device_index(q)
+        return (index, self._check_tensor(names[0], q, layout, index), self._check_tensor(names[1], k, layout, index),
+                self._check_tensor(names[2], v, layout, index))
+
+    @staticmethod
+    def _no_keys(out, lse, return_lse: bool):
+        """FlashAttention's answer where no key exists: zeros and LSE -inf."""
+        out.zero_()
+        if return_lse:
+            lse.fill_(float("-inf"))
+        return (out, lse) if return_lse else out
+
     def _device_index(self, q) -> int:
         """The GPU a call runs on: q's."""
         if not isinstance(q, self._tensor_type):

@@ -97,12 +97,7 @@ class DecodeKernel(Kernel):
     def _first_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
                     layout, out, validate, key):
         """Every check, the split count and the Params of a call; remembered under `key`."""
-        if layout not in ("bhsd", "bshd"):
-            raise ValueError(f"layout must be one of bhsd, bshd (got {layout!r})")
-        index = self._device_index(q)
-        qs = self._check_tensor("q", q, layout, index)
-        ks = self._check_tensor("k_cache", k_cache, layout, index)
-        vs = self._check_tensor("v_cache", v_cache, layout, index)
+        index, qs, ks, vs = self._padded_inputs(layout, ("q", "k_cache", "v_cache"), q, k_cache, v_cache)
         bhsd = layout == "bhsd"
         batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
         pool, kv_heads, rows = (ks[0], ks[1], ks[2]) if bhsd else (ks[0], ks[2], ks[1])
@@ -127,10 +122,8 @@ class DecodeKernel(Kernel):
         out = self._output(out, q, layout, index)
         lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
         if not (batch and seqlen_q and capacity):
-            if batch and seqlen_q:   # no keys: FlashAttention's zeros and LSE -inf
-                out.zero_()
-                if return_lse:
-                    lse.fill_(float("-inf"))
+            if batch and seqlen_q:
+                return self._no_keys(out, lse, return_lse)
             return (out, lse) if return_lse else out
         blocks_per_row = row_blocks(self.plan, heads, kv_heads, seqlen_q)
         if kv_heads * blocks_per_row > MAX_GRID_YZ:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...core.forward import LOG2E
 from ...core.varlen import is_packed, mask_of
-from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, Kernel, Prepared
+from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, Kernel, Prepared
 
 TENSORS = ("q", "k", "v", "o")
 POINTERS = ("q", "k", "v", "o", "lse")      # the fields every call of a prepared shape patches
@@ -106,12 +106,7 @@ class ForwardKernel(Kernel):
 
     def _first_call(self, q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key):
         """Every check, the grid and the Params of a call; remembered under `key` for later calls."""
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
-        index = self._device_index(q)
-        qs = self._check_tensor("q", q, layout, index)
-        ks = self._check_tensor("k", k, layout, index)
-        vs = self._check_tensor("v", v, layout, index)
+        index, qs, ks, vs = self._padded_inputs(layout, ("q", "k", "v"), q, k, v)
         bhsd = layout == "bhsd"
         batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
         kv_heads, seqlen_k = (ks[1], ks[2]) if bhsd else (ks[2], ks[1])
@@ -136,10 +131,8 @@ class ForwardKernel(Kernel):
         elif return_lse:
             lse_out = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
         if not (batch and seqlen_q and seqlen_k):
-            if batch and seqlen_q:   # no keys: FlashAttention's zeros and LSE -inf
-                out.zero_()
-                if return_lse:
-                    lse_out.fill_(float("-inf"))
+            if batch and seqlen_q:
+                return self._no_keys(out, lse_out, return_lse)
             return (out, lse_out) if return_lse else out
 
         info = self._device(index)

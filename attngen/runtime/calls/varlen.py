@@ -117,11 +117,8 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
         lse_out = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
     if not max_seqlen_q:
         return (out, lse_out) if return_lse else out      # no query rows: nothing to write
-    if not total_k:                                         # no keys at all: FlashAttention's zeros and LSE -inf
-        out.zero_()
-        if return_lse:
-            lse_out.fill_(float("-inf"))
-        return (out, lse_out) if return_lse else out
+    if not total_k:                                         # no keys at all
+        return kernel._no_keys(out, lse_out, return_lse)
     info = kernel._device(index)
     plan = kernel.plan
     grid = plan.grid(batch, heads, max_seqlen_q)
