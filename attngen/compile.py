@@ -227,15 +227,17 @@ def write_cache_entry(cdir: Path, key: str, result: CompileResult) -> None:
 def clear_non_directory_entry(cdir: Path, on_warning) -> None:
     """An entry path that is a file (or a dangling link) is a damaged entry: report it and remove
     it, so that the entry can be rebuilt as a directory. Only a failed removal is an error."""
-    if cdir.is_dir() or not os.path.lexists(cdir):
+    # lexists first: checked the other way round, another thread creating the directory between
+    # the two checks made a fresh entry look like a file.
+    if not os.path.lexists(cdir) or cdir.is_dir():
         return
-    on_warning(f"damaged cache entry {cdir} (the entry is a file, not a directory); rebuilding it")
     try:
         os.unlink(cdir)
-    except FileNotFoundError:
-        pass                                 # another process removed it first
+    except (FileNotFoundError, IsADirectoryError):
+        return                               # another thread or process removed it, or made it the entry
     except OSError as exc:
         raise WriteError(f"cannot remove {cdir}: {fsutil.reason(exc)}") from None
+    on_warning(f"damaged cache entry {cdir} (the entry is a file, not a directory); rebuilding it")
 
 
 def _warn(message: str) -> None:

@@ -1041,3 +1041,20 @@ def test_concurrent_processes_share_one_nvcc_run(tmp_path):
     assert calls.read_text().count("compile") == 1, outs
     reports = [json.loads(out) for out, _ in outs]
     assert all(r == reports[0] and r[0]["registers"] == 96 for r in reports)
+
+
+def test_an_entry_another_thread_just_made_is_not_damage(tmp_path, monkeypatch):
+    """A cache entry directory created by another thread while this one looks at the path is the
+    entry, not a damaged file: no warning, no removal, no WriteError (test_concurrent_compiles_...
+    met this race once in CI)."""
+    entry = tmp_path / "entry"
+    real = os.path.lexists
+
+    def made_meanwhile(path):
+        entry.mkdir(exist_ok=True)              # the other thread's ensure_dir, between the checks
+        return real(path)
+
+    monkeypatch.setattr(os.path, "lexists", made_meanwhile)
+    warnings = []
+    compile_mod.clear_non_directory_entry(entry, warnings.append)
+    assert entry.is_dir() and warnings == []
