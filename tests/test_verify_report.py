@@ -59,3 +59,21 @@ def test_json_writer_keeps_every_case(tmp_path):
     assert [c["shape"]["layout"] for c in data["cases"]] == [c.shape.layout for c in report.cases]
     assert [c["shape"]["label"] for c in data["cases"]] == [c.shape.label for c in report.cases]
     assert data["cases"][1]["max_err"] == "nan"          # JSON has no NaN
+
+
+def test_bench_tables_format_gpu_and_eager_columns():
+    """The decode and varlen bench tables print GPU and eager times for attngen and torch, and a
+    missing torch time as '-' (no GPU: rows as the benches build them)."""
+    from attngen.eval.decode_bench import format_decode
+    from attngen.eval.varlen_bench import format_varlen
+    decode = {"gpu": "Stub", "copy_gbps": 4000.0, "paged": False, "rows": [
+        {"cell": "B8 32/8 Sk8192 Sq1", "spec": "d", "attngen_us": 70.0, "attngen_eager_us": 71.0, "splits": 2,
+         "gbps": 3800.0, "pct_of_copy": 90.0, "flash_us": 75.0, "flash_eager_us": 76.0, "cudnn_us": None,
+         "vs_fastest": 1.07}]}
+    text = format_decode(decode, ("flash", "cudnn"))
+    assert "75.0/76.0" in text and "-/-" in text and " 71.0 " in text
+    varlen = {"gpu": "Stub", "torch": "t", "lengths": [1, 2], "heads": [16, 16], "rows": [
+        {"spec": "v", "head_dim": 64, "causal": False, "status": "ok", "attngen_us": 650.0, "attngen_eager_us": 652.0,
+         "tflops": 336.0, "flash_us": 790.0, "flash_eager_us": None, "vs_flash": 1.21}]}
+    text = format_varlen(varlen)
+    assert "652.0" in text and "790.0" in text and text.splitlines()[-1].split()[-2] == "-"

@@ -40,6 +40,12 @@ def median_time_us(torch, fn, reps: int, rotate: int) -> float:
     return time_calls(torch, fn, [(i,) for i in range(rotate)], reps=reps)[0]
 
 
+def eager_time_us(torch, fn, reps: int, rotate: int) -> float:
+    """fn(i) called back to back as a user calls it, host included (attngen bench's eager column)."""
+    from .bench import time_eager
+    return time_eager(torch, fn, [(i,) for i in range(rotate)], reps=reps)
+
+
 def copy_bandwidth(torch, nbytes: int = 1 << 30, reps: int = 20) -> float:
     """Device-to-device copy bandwidth (bytes read + written per second) of this GPU now."""
     a = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda")
@@ -71,13 +77,17 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
                  for k, v in zip(ks, vs)]
         ks = vs = None
         torch.cuda.empty_cache()
-        out["attngen_us"] = median_time_us(
-            torch, lambda i: kernel(qs[i], pools[i][0], pools[i][1], cache_seqlens=lens, block_table=pools[i][2],
-                                    causal=causal, validate=False), reps, rotate)
+        def paged_call(i):
+            kernel(qs[i], pools[i][0], pools[i][1], cache_seqlens=lens, block_table=pools[i][2], causal=causal)
+        out["attngen_us"] = median_time_us(torch, paged_call, reps, rotate)
+        out["attngen_eager_us"] = eager_time_us(torch, paged_call, reps, rotate)
         out["splits"] = getattr(kernel, "last_splits", None)
         return out
-    out["attngen_us"] = median_time_us(
-        torch, lambda i: kernel(qs[i], ks[i], vs[i], causal=causal, validate=False), reps, rotate)
+
+    def call(i):
+        kernel(qs[i], ks[i], vs[i], causal=causal)
+    out["attngen_us"] = median_time_us(torch, call, reps, rotate)
+    out["attngen_eager_us"] = eager_time_us(torch, call, reps, rotate)
     out["splits"] = getattr(kernel, "last_splits", None)
     names = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
     for name in backends:
@@ -89,6 +99,7 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
                 return F.scaled_dot_product_attention(qs[i], ks[i], vs[i], enable_gqa=cell.heads != cell.kv_heads)
         try:
             out[f"{name}_us"] = median_time_us(torch, call, reps, rotate)
+            out[f"{name}_eager_us"] = eager_time_us(torch, call, reps, rotate)
         except RuntimeError as exc:
             out[f"{name}_us"] = None
             out[f"{name}_error"] = str(exc).splitlines()[0][:200]
@@ -139,11 +150,16 @@ def run_decode_bench(spec_paths, *, cells=None, dtypes=("fp16", "bf16"), backend
 def format_decode(report: dict, backends) -> str:
     lines = [f"GPU: {report['gpu']}; device-to-device copy {report['copy_gbps']:.0f} GB/s (read + write); "
              f"bytes = K + V read once per KV head" + ("; paged caches" if report["paged"] else ""),
-             f"{'cell':<26} {'spec':<26} {'us':>9} {'splits':>6} {'GB/s':>6} {'%copy':>6} "
-             + " ".join(f"{b + ' us':>10}" for b in backends) + f" {'vs fastest':>10}"]
+             f"{'cell':<26} {'spec':<26} {'us':>9} {'eager us':>9} {'splits':>6} {'GB/s':>6} {'%copy':>6} "
+             + " ".join(f"{b + ' us/eager':>16}" for b in backends) + f" {'vs fastest':>10}",
+             "(us: GPU time, calls queued behind a GPU sleep; eager: back-to-back calls, host included; "
+             "vs fastest compares GPU times)"]
+
+    def num(x):
+        return f"{x:.1f}" if x else "-"
     for r in report["rows"]:
-        theirs = " ".join(f"{r.get(b + '_us') or float('nan'):>10.1f}" for b in backends)
+        theirs = " ".join(f"{num(r.get(b + '_us')) + '/' + num(r.get(b + '_eager_us')):>16}" for b in backends)
         vs = f"{r['vs_fastest']:>10.2f}" if r.get("vs_fastest") else f"{'-':>10}"
-        lines.append(f"{r['cell']:<26} {r['spec']:<26} {r['attngen_us']:>9.1f} {r['splits'] or 1:>6} "
-                     f"{r['gbps']:>6.0f} {r['pct_of_copy']:>5.0f}% {theirs} {vs}")
+        lines.append(f"{r['cell']:<26} {r['spec']:<26} {r['attngen_us']:>9.1f} {num(r.get('attngen_eager_us')):>9} "
+                     f"{r['splits'] or 1:>6} {r['gbps']:>6.0f} {r['pct_of_copy']:>5.0f}% {theirs} {vs}")
     return "\n".join(lines)
