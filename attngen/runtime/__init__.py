@@ -6,8 +6,7 @@ Nothing here imports torch at module import time: the CPU-only install has none.
 from __future__ import annotations
 
 from .gpu import InputError, check_errors, device_arch, device_info, error_word, gpu_modules
-from .kernel import (Kernel, LaunchConfig, LaunchError, default_scale, launch_config, load, pack_params,
-                     render_bundle, render_for, to_bhsd)
+from .kernel import Kernel, LaunchError, default_scale, load, render_bundle, render_for, to_bhsd
 
-__all__ = ["InputError", "check_errors", "error_word", "Kernel", "LaunchConfig", "LaunchError", "default_scale", "device_arch", "device_info", "gpu_modules",
-           "launch_config", "load", "pack_params", "render_bundle", "render_for", "to_bhsd"]
+__all__ = ["InputError", "Kernel", "LaunchError", "check_errors", "default_scale", "device_arch", "device_info",
+           "error_word", "gpu_modules", "load", "render_bundle", "render_for", "to_bhsd"]

@@ -47,33 +47,6 @@ class LaunchError(RuntimeError):
     """CUDA refused or aborted a kernel launch; the message names the kernel and launch config."""
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    smem_dynamic: int               # bytes of dynamic shared memory (0 when the kernel's is static)
-
-    def describe(self) -> str:
-        return f"grid={self.grid}, block={self.block}, dynamic smem={self.smem_dynamic} B"
-
-
-def launch_config(plan: Plan, batch: int, heads: int, seqlen_q: int, sm_count: int | None = None) -> LaunchConfig:
-    """The plan's grid for this problem (persistent plans: `sm_count` blocks at most), one block of
-    plan.threads."""
-    return LaunchConfig(plan.grid(batch, heads, seqlen_q, sm_count), (plan.threads, 1, 1),
-                        plan.smem_bytes if plan.smem_dynamic else 0)
-
-
-def pack_params(plan: Plan, *, strides: dict, **values) -> bytes:
-    """The kernel's by-value Params, laid out by the plan's ABI list: `values` by field name, plus
-    the (batch, head, row) element strides of each (B, H, S, D) tensor in `strides`. (The calls
-    pack through a Packer made at load; this is the reference layout tests compare it with.)"""
-    for t, view in strides.items():
-        for d, name in enumerate(("batch", "head", "row")):
-            values[f"{t}_{name}_stride"] = view.stride(d)
-    return plan.abi.pack(values)
-
-
 def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
@@ -479,5 +452,5 @@ class Kernel:
                 raise LaunchError(f"{prepared.launches[0][0].name} failed while running: {exc}") from exc
 
 
-__all__ = ["Function", "Kernel", "LaunchConfig", "LaunchError", "Prepared", "default_scale", "launch_config", "load",
-           "pack_params", "render_bundle", "render_for", "to_bhsd"]
+__all__ = ["Function", "Kernel", "LaunchError", "Prepared", "default_scale", "load", "render_bundle", "render_for",
+           "to_bhsd"]
