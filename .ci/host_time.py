@@ -143,6 +143,11 @@ def main():
     results.append(row(f"{args.label} decode B8 32/8 Sk8192 d128 default", lambda: dec(qd, kd, vd, cache_seqlens=lens)))
     results.append(row(f"{args.label} decode fused B8 32/8 Sk8192 d128 default",
                        lambda: fused(qd, kd, vd, cache_seqlens=lens)))
+    if new_api:
+        results.append(row(f"{args.label} decode B8 32/8 Sk8192 d128 4 splits (split + combine kernel)",
+                           lambda: dec(qd, kd, vd, cache_seqlens=lens, num_splits=4)))
+        results.append(row(f"{args.label} decode fused B8 32/8 Sk8192 d128 4 splits (one launch)",
+                           lambda: fused(qd, kd, vd, cache_seqlens=lens, num_splits=4)))
     if not new_api:
         results.append(row(f"{args.label} decode B8 32/8 Sk8192 d128 validate=False",
                            lambda: dec(qd, kd, vd, cache_seqlens=lens, validate=False)))

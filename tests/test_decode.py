@@ -72,6 +72,22 @@ def test_num_splits(blocks, n_tiles, expect):
     assert num_splits(blocks, n_tiles, 132, 1, 128) == expect
 
 
+@pytest.mark.parametrize("blocks, in_flight, expect", [
+    (64, 128 << 10, 1),    # d128 at batch 8: 62 KiB per SM in flight unsplit, enough to stream at full speed
+    (64, 64 << 10, 2),     # d64 at batch 8: 31 KiB per SM; two slices
+    (32, 128 << 10, 4),    # d128 at batch 4
+])
+def test_num_splits_stops_splitting_with_enough_bytes_in_flight(blocks, in_flight, expect):
+    assert num_splits(blocks, 32, 132, 1, 128, in_flight) == expect
+
+
+def test_only_the_contiguous_kernel_combine_build_counts_bytes_in_flight():
+    contiguous = make_plan(load_spec(ROOT / "specs/h200_decode_d128_contiguous.yaml"))
+    assert contiguous.fragments.unsplit_in_flight == 2 * 2 * 128 * 128 * 2     # 2 stages ahead, K and V tiles
+    for name in ("h200_decode_d128", "h200_decode_d128_fused"):        # paged, fused: waves only
+        assert make_plan(load_spec(ROOT / f"specs/{name}.yaml")).fragments.unsplit_in_flight == 0
+
+
 def test_num_splits_respects_max_splits():
     assert num_splits(1, 1000, 132, 1, 4) == 4
     assert num_splits(1, 1000, 132, 1, 1) == 1

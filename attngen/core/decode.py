@@ -1,6 +1,6 @@
 """What every decode kind shares: the Params fields a split-KV decode adds to the forward ones, the
 packing of query rows, and the number of key slices (splits) a launch uses. The decode call
-(attngen/decode.py) and each decode kind read these; none of it names a kind."""
+(attngen/runtime/calls/decode.py) and each decode kind read these; none of it names a kind."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,13 @@ from .abi import float_pointer, int32, pointer
 
 MAX_SPLITS = 128
 WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this fraction of the best
+# K/V bytes in flight per SM, on average over the GPU, from which one slice per (KV head, batch)
+# already streams at full speed: a split would only add partials to write and a combine to run.
+# Measured on the H200 (.ci/decode_split_grid.py, a 32-layer loop replayed from a CUDA graph, GQA
+# 32/8, 1k-16k keys): d128 at batch 8 (64 blocks x 128 KiB in flight, 62 KiB per SM) is 1-16 %
+# faster unsplit than in 2 slices; d64 at batch 8 (64 KiB per block, 31 KiB per SM) is 2-21 % slower
+# unsplit from 4k keys on. The threshold lies between the two.
+IN_FLIGHT_PER_SM = 48 << 10
 
 DECODE_ABI_FIELDS = (
     pointer("cache_seqlens", "int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all",
@@ -36,13 +43,16 @@ def row_blocks(plan, heads: int, kv_heads: int, seqlen_q: int) -> int:
     return -(-(heads // kv_heads) * seqlen_q // plan.block_m)
 
 
-def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int) -> int:
+def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int,
+               in_flight: int = 0) -> int:
     """The fewest key slices whose wave efficiency (blocks in flight / slots of the last wave) is
     within WAVE_EFFICIENCY of the best over 1..max_splits. `blocks` = batch x kv_heads x row_blocks;
-    no slice is empty for the longest sequence (n_tiles tiles)."""
+    no slice is empty for the longest sequence (n_tiles tiles). One slice when the blocks already
+    fill 0.8 of the slots, or keep IN_FLIGHT_PER_SM bytes of K/V in flight per SM (`in_flight`:
+    bytes one block has in flight, its ring's stages ahead of the one it computes)."""
     slots = sm_count * blocks_per_sm
     cap = max(1, min(max_splits, n_tiles))
-    if blocks >= 0.8 * slots or cap == 1:
+    if blocks >= 0.8 * slots or cap == 1 or blocks * in_flight >= IN_FLIGHT_PER_SM * sm_count:
         return 1
 
     def efficiency(s: int) -> float:

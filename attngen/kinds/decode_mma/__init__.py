@@ -19,7 +19,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.decode import DECODE_ABI_FIELDS, MAX_SPLITS, WAVE_EFFICIENCY
+from ...core.decode import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY
 from ...core.forward import FORWARD_ABI, Part, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
@@ -140,6 +140,8 @@ class DecodeFragments:
     max_splits: int
     page_size: int          # keys per page of a paged cache; 0: contiguous caches only
     fused_combine: bool     # the last split block of a group merges the splits (no combine kernel)
+    unsplit_in_flight: int  # K/V bytes in flight per block the split heuristic weighs (core.decode.IN_FLIGHT_PER_SM);
+                            # 0: the build does not stream at full speed unsplit, so the heuristic ignores it
 
 
 def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
@@ -149,7 +151,18 @@ def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
     return DecodeFragments(m_tiles, kpw, kpw // 8, spec.head_dim // 8, spec.head_dim // 16, kpw // 16,
                            m_tiles * spec.head_dim // 16 * 4, accumulators(spec), pitch,
                            spec.compute_warps * spec.tile.block_m * pitch * 4, COMBINE_WARPS, spec.max_splits,
-                           spec.page_size or 0, spec.combine == "fused")
+                           spec.page_size or 0, spec.combine == "fused", unsplit_in_flight(spec))
+
+
+def unsplit_in_flight(spec: DecodeSpec) -> int:
+    """K/V bytes one block keeps in flight (its ring's stages ahead of the one it computes), where
+    one slice per (KV head, batch) streams as fast as two: measured on the H200 (.ci/decode_split_grid.py,
+    B8 GQA 32/8 d128, 16k keys) only for the contiguous-only build with a combine kernel (124.2 vs
+    124.3 us unsplit vs 2 slices); the paged build (134.6 vs 124.9) and the fused one (131.0 vs
+    124.0) stream slower unsplit, so for them the heuristic counts waves only (0)."""
+    if spec.page_size or spec.combine == "fused":
+        return 0
+    return (spec.smem.stages - 1) * 2 * spec.tile.block_n * spec.head_dim * spec.elem_bytes
 
 
 def stats_region(spec: DecodeSpec) -> list[Region]:
@@ -211,7 +224,9 @@ def explain(plan) -> list[str]:
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
             f"splits: at most {f.max_splits}; the runtime picks the fewest whose wave efficiency is within "
-            f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)",
+            f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)"
+            + (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
+               f"({f.unsplit_in_flight // 1024} KiB per block)" if f.unsplit_in_flight else ""),
             (f"paged KV: pages of {f.page_size} keys through block_table (a tile "
              + (f"lies in one page)" if f.page_size >= plan.block_n else f"spans {plan.block_n // f.page_size} pages)")
              + "; contiguous caches when the call passes no table"

@@ -259,16 +259,16 @@ class DecodeKernel(Kernel):
 
 
 def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:
-    return _splits(blocks, n_tiles, sm_count, plan.fragments.max_splits)
+    return _splits(blocks, n_tiles, sm_count, plan.fragments.max_splits, plan.fragments.unsplit_in_flight)
 
 
 @functools.lru_cache(maxsize=4096)
-def _splits(blocks: int, n_tiles: int, sm_count: int, max_splits: int) -> int:
+def _splits(blocks: int, n_tiles: int, sm_count: int, max_splits: int, in_flight: int) -> int:
     """The heuristic's split count on a GPU of `sm_count` SMs: one wave of one block per SM, even
     where two fit (d64): measured on the H200, 11-16 splits beat the 32 that two blocks per SM would
     take for 8 KV heads at batch 1 (14.3-14.7 vs 16.0 us at 8k keys), since every split adds a
     partial output to write and merge."""
-    return num_splits(blocks, n_tiles, sm_count, 1, max_splits)
+    return num_splits(blocks, n_tiles, sm_count, 1, max_splits, in_flight)
 
 
 __all__ = ["DecodeKernel", "num_splits_for"]
