@@ -17,6 +17,7 @@ import click
 
 from . import __version__
 from .errors import AttngenError
+from .ops.table import CALLS as DISPATCH_CALLS
 
 EXIT_CODES = """\b
 Exit codes:
@@ -276,9 +277,7 @@ def check(specs_dir, gen_dir, as_json):
 def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
     """Every dispatch-table entry names a spec in specs_dir of the entry's call convention, dtype,
     head_dim and mask (varlen: a spec with varlen functions; decode: its page size)."""
-    from .core.varlen import packed_key
-    from .kinds import kind_of
-    from .ops.table import load_table, table_path
+    from .ops.table import entry_problem, load_table, table_path
     path = table_path(specs_dir)
     if not path.exists():
         return []
@@ -289,15 +288,7 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
         if plan is None:
             problem = f"names spec {e.spec}, which is not in {specs_dir}/"
         else:
-            convention = "decode" if e.call == "decode" else "forward"
-            if kind_of(plan.spec).calls != convention:
-                problem = f"{e.spec} is a {kind_of(plan.spec).calls} spec, not one for {e.call} calls"
-            elif (plan.spec.dtype, plan.head_dim) != (e.dtype, e.head_dim):
-                problem = f"{e.spec} is {plan.spec.dtype} head_dim {plan.head_dim}, the entry {e.dtype} {e.head_dim}"
-            elif (packed_key(e.mask) if e.call == "varlen" else e.mask) not in plan.entry_functions:
-                problem = f"{e.spec} has no {e.mask} {'varlen ' if e.call == 'varlen' else ''}function"
-            elif e.page_size and getattr(plan.fragments, "page_size", 0) != e.page_size:
-                problem = f"{e.spec} reads pages of {getattr(plan.fragments, 'page_size', 0)}, the entry {e.page_size}"
+            problem = entry_problem(e, plan)
         out.append({"entry": f"{e.call} {e.arch} {e.dtype} d{e.head_dim} {e.mask} -> {e.spec}",
                     **({"problem": problem} if problem else {})})
         if problem and not as_json:
@@ -306,7 +297,7 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 
 
 @main.command()
-@click.option("--call", type=click.Choice(["forward", "varlen", "decode"]), default="forward", show_default=True)
+@click.option("--call", type=click.Choice(DISPATCH_CALLS), default=DISPATCH_CALLS[0], show_default=True)
 @click.option("--arch", default="sm_90", show_default=True, help="the GPU's arch (H100/H200: sm_90, L4: sm_89)")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
 @click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
@@ -339,7 +330,7 @@ def dispatch(call, arch, dtype, head_dim, causal, seqlen, page_size, group_rows,
     """
     from . import fsutil
     from .ops.dispatch import SPECS_DIR
-    from .ops.table import candidates, dump_table, load_table, select, table_path
+    from .ops.table import call_text, candidates, dump_table, load_table, select, table_path
     path = table_path(specs_dir or SPECS_DIR)
     entries = load_table(path)
     if write or bench_files:
@@ -371,8 +362,7 @@ def dispatch(call, arch, dtype, head_dim, causal, seqlen, page_size, group_rows,
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e.__dict__, "bucket": [o.__dict__ for o in others]}, indent=2))
         return
-    click.echo(f"{call} {arch} {dtype} head_dim {head_dim} {mask} seqlen {seqlen}"
-               + (f" page_size {page_size} group_rows {group_rows}" if call == "decode" else "") + f" -> {e.spec}")
+    click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows)} -> {e.spec}")
     click.echo(f"  why: {e.why}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:
@@ -603,7 +593,9 @@ def _backends(ctx, param, value):
               help="torch SDPA backends to time beside the specs")
 @click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True,
               help="timed calls per measurement (median reported)")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="write the full report here")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False),
+              help="write the full report here (specs of several call conventions, e.g. forward and decode: one "
+                   "report each, FILE-<convention>.json)")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), callback=_plot_file,
               help="draw TFLOP/s per shape to this PNG (or .svg, .pdf); needs matplotlib")
 @click.option("--cells", default=None, metavar="BxHq/HkvxSkxSq,...", callback=_cells,
@@ -644,124 +636,38 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     the output with the verifier's error rule.
     """
     from . import fsutil
-    from .eval import bench as B
-    from .kinds import kind_of
+    from .eval.bench import CAUSAL_CHOICES
+    from .eval.conventions import EVALS, BenchOptions, by_convention
     from .render import render_spec_file
-    shape_list = shapes or B.DEFAULT_SHAPES
-    causals = B.CAUSAL_CHOICES[causal]
-    backend_list = backends
     all_paths = _spec_files(specs, specs_dir)
-    all_plans = [render_spec_file(p).plan for p in all_paths]
-    decode = [p for p, plan in zip(all_paths, all_plans) if kind_of(plan.spec).calls == "decode"]
-    paths = [p for p, plan in zip(all_paths, all_plans) if kind_of(plan.spec).calls == "forward"]
-    plans = [plan for plan in all_plans if kind_of(plan.spec).calls == "forward"]
-    dtypes = dtypes or ("fp16", "bf16")
-    if varlen:
-        _bench_varlen(paths, lengths, heads, dtypes, causals, reps, json_file)
-        return
-    if decode:   # with forward specs too, the decode report goes to FILE-decode.json
-        decode_json = None if not json_file else json_file if not paths else \
-            str(Path(json_file).with_name(Path(json_file).stem + "-decode.json"))
-        _bench_decode(decode, cells, dtypes, backend_list, reps, paged, decode_json)
-        if not paths:
-            return
-    if plot_file:
-        B.pyplot()   # no matplotlib: say so (exit 3) before the run, not after it
-    from .runtime import gpu_modules
-    gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
-    steps = B.total_steps(plans, shape_list, dtypes, causals, backend_list)
-    with click.progressbar(length=steps, label="bench", file=sys.stderr, show_pos=True) as bar:
-        def step(case, timing):
-            bar.label = f"{case.label} {timing.impl}"
-            bar.update(1)
-        report = B.run_bench(paths, shapes=shape_list, dtypes=dtypes, causals=causals, backends=backend_list,
-                             reps=reps, on_step=step,
-                             on_compile=lambda a: click.echo(f"compiling for {a} ...", err=True))
-    click.echo(format_bench(report, backend_list))
-    if json_file:
-        fsutil.atomic_write_text(json_file, json.dumps(report.as_dict(), indent=2) + "\n")
-        click.echo(f"wrote {json_file}")
-    if plot_file:
-        B.plot(report, plot_file)
-        click.echo(f"wrote {plot_file}")
+    groups = by_convention(all_paths, [render_spec_file(p).plan for p in all_paths])
+    opts = BenchOptions(shapes=shapes, dtypes=dtypes or ("fp16", "bf16"), causals=CAUSAL_CHOICES[causal],
+                        backends=backends, reps=reps, cells=cells, paged=paged, varlen=varlen, lengths=lengths,
+                        heads=heads, plot_file=plot_file)
 
+    def progress(label, length):
+        return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
 
-def _bench_decode(paths, cells, dtypes, backends, reps, paged, json_file) -> None:
-    from . import fsutil
-    from .eval import decode_bench as DB
-    from .runtime import gpu_modules
-    gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
-    theirs = tuple(b for b in backends if b in ("flash", "cudnn"))
-    with click.progressbar(length=len(paths) * len(cells or DB.default_cells()), label="bench decode",
-                           file=sys.stderr, show_pos=True) as bar:
-        def step(r):
-            bar.label = f"{r['spec']} {r['cell']}"
-            bar.update(1)
+    ran = 0
+    for convention, (paths, plans) in groups.items():
         try:
-            report = DB.run_decode_bench(paths, cells=cells, dtypes=dtypes, backends=theirs, reps=reps, paged=paged,
-                                         on_step=step, on_compile=lambda a: click.echo(f"compiling for {a} ...",
-                                                                                       err=True))
+            run = EVALS[convention].bench(paths, plans, opts, progress,
+                                          lambda a: click.echo(f"compiling for {a} ...", err=True))
         except ValueError as e:
             raise click.UsageError(str(e))
-    click.echo(DB.format_decode(report, theirs))
-    if json_file:
-        fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
-        click.echo(f"wrote {json_file}")
-
-
-def _bench_varlen(paths, lengths, heads, dtypes, causals, reps, json_file) -> None:
-    from . import fsutil
-    from .eval import varlen_bench as VB
-    from .runtime import gpu_modules
-    if not paths:
+        if run is None:   # nothing of this convention runs under these options (e.g. decode specs with --varlen)
+            continue
+        ran += 1
+        click.echo(run.text)
+        for f in run.written:
+            click.echo(f"wrote {f}")
+        if json_file:   # one report per convention when the specs span several: FILE-<convention>.json
+            out = json_file if len(groups) == 1 else str(Path(json_file).with_name(
+                f"{Path(json_file).stem}-{convention}{Path(json_file).suffix}"))
+            fsutil.atomic_write_text(out, json.dumps(run.report, indent=2) + "\n")
+            click.echo(f"wrote {out}")
+    if not ran:
         raise click.UsageError("--varlen times forward specs with varlen: true; none was given")
-    gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
-    with click.progressbar(length=len(paths) * len(causals), label="bench varlen", file=sys.stderr,
-                           show_pos=True) as bar:
-        def step(r):
-            bar.label = f"{r['spec']} {'causal' if r['causal'] else 'none'}"
-            bar.update(1)
-        try:
-            report = VB.run_varlen_bench(paths, lengths=lengths or VB.MIXED_LENGTHS, heads=heads, dtypes=dtypes,
-                                         causals=causals, reps=reps, on_step=step,
-                                         on_compile=lambda a: click.echo(f"compiling for {a} ...", err=True))
-        except ValueError as e:
-            raise click.UsageError(str(e))
-    click.echo(VB.format_varlen(report))
-    if json_file:
-        fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
-        click.echo(f"wrote {json_file}")
-
-
-def format_bench(report, backends) -> str:
-    """The bench table: one row per case and implementation (GPU time, and eager time: back to
-    back calls with the host included), ratios of GPU time against each SDPA backend."""
-    lines = [f"GPU: {report.gpu}; torch {report.environment['torch']}, CUDA {report.environment['cuda']}, "
-             f"driver {report.environment['driver']}",
-             f"{'case':<30} {'impl':<24} {'time us':>9} {'eager us':>9} {'TFLOP/s':>8} {'spread':>6}  "
-             + " ".join(f"{'/' + b:>9}" for b in backends)]
-    for r in report.results:
-        for t in r.timings:
-            if t.status != "ok":
-                lines.append(f"{r.case.label:<30} {t.impl:<24} {t.status:>9}  {t.note[:70]}")
-                continue
-            ratios = []
-            for b in backends:
-                ref = r.get(f"sdpa:{b}")
-                ok = ref is not None and ref.status == "ok" and not t.impl.startswith("sdpa:")
-                ratios.append(f"{ref.median_us / t.median_us:>9.2f}" if ok else f"{'':>9}")
-            eager = f"{t.eager_us:>9.1f}" if t.eager_us is not None else f"{'-':>9}"
-            lines.append(f"{r.case.label:<30} {t.impl:<24} {t.median_us:>9.1f} {eager} {t.tflops:>8.1f} "
-                         f"{t.spread_pct:>5.1f}%  " + " ".join(ratios))
-    lines.append("")
-    lines.append("geometric-mean speed ratio (SDPA time / spec time) per spec:")
-    for impl in report.impls():
-        parts = []
-        for b in backends:
-            g = report.geomean(impl, b)
-            parts.append(f"{b} {g:.2f}" if g else f"{b} -")
-        lines.append(f"  {impl:<24} " + ", ".join(parts))
-    return "\n".join(lines)
 
 
 @main.command()

@@ -78,7 +78,7 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
 
 def plan_dict(plan: Plan) -> dict:
     """JSON-ready form of a plan for `explain --json`."""
-    kind = kind_of(plan.spec)
+    kind = plan.kind
     frag = plan.fragments
     return {
         "name": plan.spec.name, "kind": kind.name, "target": plan.target.name, "arch": plan.target.arch,

@@ -109,12 +109,13 @@ KIND_WORDS = ({k.name for k in KINDS} | {k.select_value for k in KINDS}
               | {"scalar", "wmma", "mma", "family"})
 
 
-def compared_kind_words(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, word) of every comparison or lookup of a kind word: == / != / in / a dict key / a case."""
+def compared_words(tree: ast.AST, vocabulary: set) -> list[tuple[int, str]]:
+    """(line, word) of every comparison or lookup of a word of `vocabulary`: == / != / in, a
+    subscript, a dict key, a match case."""
     hits = []
 
     def words(node):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in KIND_WORDS:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in vocabulary:
             return [node.value]
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             return [w for elt in node.elts for w in words(elt)]
@@ -122,17 +123,22 @@ def compared_kind_words(tree: ast.AST) -> list[tuple[int, str]]:
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
-            for side in [node.left, *node.comparators]:
-                hits += [(node.lineno, w) for w in words(side)]
+            hits += [(node.lineno, w) for side in [node.left, *node.comparators] for w in words(side)]
         elif isinstance(node, ast.Subscript):
             hits += [(node.lineno, w) for w in words(node.slice)]
         elif isinstance(node, ast.Dict):
             hits += [(node.lineno, w) for key in node.keys if key is not None for w in words(key)]
         elif isinstance(node, ast.MatchValue):
             hits += [(node.lineno, w) for w in words(node.value)]
-        elif isinstance(node, ast.Attribute) and node.attr == "family":
-            hits.append((node.lineno, "family"))
     return hits
+
+
+def compared_kind_words(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, word) of every comparison or lookup of a kind word, and every use of `.family`."""
+    hits = compared_words(tree, KIND_WORDS)
+    hits += [(node.lineno, "family") for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and node.attr == "family"]
+    return sorted(hits)
 
 
 OUTSIDE_KINDS = [p for p in MODULES if "kinds" not in p.relative_to(PKG).parts]
@@ -441,3 +447,36 @@ def test_call_conventions_are_registered_once():
     assert {k.calls for k in KINDS} <= set(CONVENTIONS)
     for name, cls in CONVENTIONS.items():
         assert cls.convention == name and cls.__module__ == f"attngen.runtime.calls.{name}"
+
+
+# -- call conventions stay in their rooms -----------------------------------------------------------
+
+CONVENTION_WORDS = {"forward", "decode", "varlen"}
+# Where a convention may be named: its own modules (runtime/calls/<name>.py, eval/<name>_*.py), the
+# two registries, the kinds that declare theirs, and ops (the entry points and the dispatch table
+# are keyed by the call a user makes).
+CONVENTION_ROOMS = ("runtime/calls/", "eval/conventions.py", "eval/decode_", "eval/varlen_", "ops/", "kinds/")
+
+
+OUTSIDE_CONVENTIONS = [p for p in MODULES if not str(p.relative_to(PKG)).startswith(CONVENTION_ROOMS)]
+
+
+@pytest.mark.parametrize("path", OUTSIDE_CONVENTIONS, ids=[module_name(p) for p in OUTSIDE_CONVENTIONS])
+def test_no_convention_switch_outside_its_room(path):
+    """No `calls == "decode"` in the CLI, bench, verify or the shared runtime: they ask the registries."""
+    hits = compared_words(ast.parse(path.read_text()), CONVENTION_WORDS)
+    assert not hits, f"{module_name(path)} switches on a call convention: {hits}"
+
+
+def test_the_convention_check_can_fail():
+    tree = ast.parse('if kind.calls == "decode": pass\nx = {"forward": 1}\ny = EVALS["varlen"]\n')
+    assert [w for _, w in compared_words(tree, CONVENTION_WORDS)] == ["decode", "forward", "varlen"]
+    assert any("cli" in module_name(p) for p in OUTSIDE_CONVENTIONS)
+    assert any(module_name(p).endswith("eval.bench") for p in OUTSIDE_CONVENTIONS)
+
+
+def test_eval_conventions_are_registered_once():
+    """Every runtime convention has its eval entry (bench, verify cases) in eval.conventions."""
+    from attngen.eval.conventions import EVALS
+    from attngen.runtime.calls import CONVENTIONS
+    assert set(EVALS) == set(CONVENTIONS)

@@ -83,9 +83,9 @@ def test_num_splits_stops_splitting_with_enough_bytes_in_flight(blocks, in_fligh
 
 def test_only_the_contiguous_kernel_combine_build_counts_bytes_in_flight():
     contiguous = make_plan(load_spec(ROOT / "specs/h200_decode_d128_contiguous.yaml"))
-    assert contiguous.fragments.unsplit_in_flight == 2 * 2 * 128 * 128 * 2     # 2 stages ahead, K and V tiles
+    assert contiguous.unsplit_in_flight == 2 * 2 * 128 * 128 * 2     # 2 stages ahead, K and V tiles
     for name in ("h200_decode_d128", "h200_decode_d128_fused"):        # paged, fused: waves only
-        assert make_plan(load_spec(ROOT / f"specs/{name}.yaml")).fragments.unsplit_in_flight == 0
+        assert make_plan(load_spec(ROOT / f"specs/{name}.yaml")).unsplit_in_flight == 0
 
 
 def test_num_splits_respects_max_splits():
@@ -95,6 +95,6 @@ def test_num_splits_respects_max_splits():
 
 def test_fused_combine_is_one_part():
     p = make_plan(load_spec(ROOT / "specs" / "h200_decode_d128_fused.yaml"))
-    assert [part.name for part in p.parts] == ["split"] and p.fragments.fused_combine
+    assert [part.name for part in p.parts] == ["split"] and p.fused_combine
     assert "split_counters" in [f.name for f in p.abi.fields]
     assert any("fused combine" in line for line in p.schedule)

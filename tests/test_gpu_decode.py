@@ -33,7 +33,7 @@ def torch():
 def test_decode_spec_passes_every_case(spec):
     kernel = load_once(spec)
     results = verify.verify_kernel(kernel, verify.FULL_SUITE, spec_label=kernel.name)
-    assert len(results) == len(decode_cases(kernel.plan.block_n, kernel.plan.fragments.page_size))
+    assert len(results) == len(decode_cases(kernel.plan.block_n, kernel.plan.page_size))
     assert all(r.passed for r in results), "\n".join(
         f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
 

@@ -270,3 +270,27 @@ def test_verify_command_line(what, tmp_path):
     assert data["failed"] == 0 and data["passed"] == len(data["cases"]) == len(rows) > 0
     if what == "varlen":
         assert any(c["shape"]["layout"] == "thd" for c in data["cases"])
+
+
+def test_bench_command_line_per_convention(tmp_path):
+    """`attngen bench` on a forward and a decode spec at once runs each convention's bench (one
+    JSON report each, FILE-<convention>.json); --varlen runs the forward specs' packed call and
+    leaves the decode spec out."""
+    import json
+    import subprocess
+    import sys
+    forward, decode = ROOT / "specs" / CLI_SPECS["varlen"], ROOT / "specs" / "h200_decode_d64_contiguous.yaml"
+    out = tmp_path / "bench.json"
+    common = [sys.executable, "-m", "attngen", "bench", str(forward), str(decode), "--dtype", "fp16", "--reps", "3",
+              "--backends", "flash"]
+    run = subprocess.run(common + ["--shapes", "1x2x256x64", "--causal", "no", "--cells", "1x8/2x512x1",
+                                   "--json", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    padded = json.loads((tmp_path / "bench-forward.json").read_text())
+    cells = json.loads((tmp_path / "bench-decode.json").read_text())
+    assert [t["impl"] for r in padded["results"] for t in r["timings"]] == [forward.stem, "sdpa:flash"]
+    assert [(r["spec"], r["cell"]) for r in cells["rows"]] == [(decode.stem, "1x8/2x512x1")]
+    run = subprocess.run(common + ["--varlen", "--lengths", "7,300", "--heads", "4", "--causal", "yes"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert forward.stem in run.stdout and decode.stem not in run.stdout

@@ -129,7 +129,7 @@ def test_wmma_layout():
         ("o", 35328, 8192, 256),
     ]
     assert p.smem_bytes == 43520
-    assert p.kind == "fwd_wmma" and p.rows_per_warp == 16
+    assert p.kind.name == "fwd_wmma" and p.rows_per_warp == 16
 
 
 def test_specialized_warps_and_barriers():

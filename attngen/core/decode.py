@@ -4,8 +4,10 @@ packing of query rows, and the number of key slices (splits) a launch uses. The 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 
 from .abi import float_pointer, int32, pointer
+from .forward import ForwardPlan
 
 MAX_SPLITS = 128
 WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this fraction of the best
@@ -36,6 +38,29 @@ DECODE_ABI_FIELDS = (
     int32("num_pages", "pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with "
           "batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past", default=0),
 )
+
+
+@dataclass(frozen=True)
+class DecodePlan(ForwardPlan):
+    """The plan of a decode bundle, the decode call convention's: the forward plan of its split
+    kernel (parts[0]) plus what a decode call decides by (a kind fills these, the runtime reads them)."""
+
+    max_splits: int = 1             # most key slices per (KV head, batch) the heuristic or a call may use
+    page_size: int = 0              # keys per page of a paged cache; 0: contiguous caches only
+    fused_combine: bool = False     # the last split block of a group merges the splits (no combine part)
+    unsplit_in_flight: int = 0      # K/V bytes in flight per block the split heuristic weighs (IN_FLIGHT_PER_SM);
+                                    # 0: the build does not stream at full speed unsplit, waves decide alone
+
+    @classmethod
+    def of(cls, plan: ForwardPlan, **decode) -> "DecodePlan":
+        """A decode plan from the forward plan of its split kernel and the decode fields (and any
+        forward field to replace)."""
+        return cls(**{f.name: getattr(plan, f.name) for f in fields(ForwardPlan)} | decode)
+
+    @property
+    def combine_part(self):
+        """The combine kernel's part, or None where the split kernel merges the splits itself."""
+        return self.parts[1] if len(self.parts) > 1 else None
 
 
 def row_blocks(plan, heads: int, kv_heads: int, seqlen_q: int) -> int:

@@ -9,6 +9,7 @@ from typing import Callable
 from ..errors import SpecError
 from ..targets import TARGETS, Target
 from .abi import Abi, float32, float_pointer, int32, int64, pointer
+from .kind import Kind
 from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
                      TileCopy, barrier_region, check_budget, layout_regions, ring_stride)
 from .spec import ForwardSpec, PadSwizzle, XorSwizzle
@@ -60,7 +61,7 @@ class Part:
 @dataclass(frozen=True)
 class ForwardPlan:
     spec: ForwardSpec
-    kind: str                       # the kind's name, for explain and headers
+    kind: Kind                      # the kind that made it: its name, call convention and templates
     title: str
     target: Target
     masks: tuple[str, ...]          # the spec's mask names, one kernel function each
@@ -275,7 +276,7 @@ def launch_min_blocks(spec: ForwardSpec, target: Target, threads: int, file: str
     return n
 
 
-def plan_forward(spec: ForwardSpec, *, kind: str, title: str, file: str | None,
+def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
                  fragments: Callable[[ForwardSpec, int], object],
                  extra_regions: Callable[[ForwardSpec], list[Region]] = lambda spec: [],
                  bank_patterns: Callable[["ForwardPlan"], list] = lambda plan: [],

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Kind:
     name: str                           # e.g. fwd_mma; printed, never compared outside the kind
     title: str                          # one line for explain and headers
@@ -19,6 +19,9 @@ class Kind:
     space: Optional[Callable] = None    # base spec -> the SearchSpace `attngen sweep` explores (core.space)
     calls: str = "forward"              # its kernels' call convention: "forward" (attngen.runtime.Kernel:
                                         # kernel(q, k, v, causal=...)) or "decode" (attngen.decode)
+
+    def __repr__(self) -> str:
+        return f"<kind {self.name}>"
 
     @property
     def select_key(self) -> str:

@@ -221,9 +221,9 @@ def cases_for(shapes, dtypes, causals) -> list[Case]:
 
 
 def supports(plan, case: Case) -> bool:
-    from ..kinds import kind_of
-    return (kind_of(plan.spec).calls == "forward" and plan.spec.dtype == case.dtype
-            and plan.head_dim == case.head_dim and ("causal" if case.causal else "none") in plan.masks)
+    """The spec (of the forward convention: eval.conventions hands this bench only those) runs the case."""
+    return (plan.spec.dtype == case.dtype and plan.head_dim == case.head_dim
+            and ("causal" if case.causal else "none") in plan.masks)
 
 
 def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), causals=(False, True),
@@ -345,3 +345,68 @@ def plot(report: BenchReport, path: str | Path) -> None:
     """Draw the plot into `path` atomically (its suffix picks the format); a failed write is a
     WriteError and leaves any previous file as it was."""
     fsutil.atomic_write_bytes(path, plot_image(report, plot_format(path)))
+
+
+def bench_specs(paths, plans, opts, progress, on_compile):
+    """`attngen bench` on specs of the forward convention: the padded shapes beside SDPA's backends,
+    or with opts.varlen the packed-sequence call beside torch's varlen flash path."""
+    from ..runtime import gpu_modules
+    from .conventions import BenchRun
+    if opts.varlen:
+        from . import varlen_bench as VB
+        gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
+        with progress("bench varlen", len(paths) * len(opts.causals)) as bar:
+            def step(r):
+                bar.label = f"{r['spec']} {'causal' if r['causal'] else 'none'}"
+                bar.update(1)
+            report = VB.run_varlen_bench(paths, lengths=opts.lengths or VB.MIXED_LENGTHS, heads=opts.heads,
+                                         dtypes=opts.dtypes, causals=opts.causals, reps=opts.reps, on_step=step,
+                                         on_compile=on_compile)
+        return BenchRun(VB.format_varlen(report), report)
+    if opts.plot_file:
+        pyplot()   # no matplotlib: say so (exit 3) before the run, not after it
+    gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
+    shapes = opts.shapes or DEFAULT_SHAPES
+    steps = total_steps(plans, shapes, opts.dtypes, opts.causals, opts.backends)
+    with progress("bench", steps) as bar:
+        def step(case, timing):
+            bar.label = f"{case.label} {timing.impl}"
+            bar.update(1)
+        report = run_bench(paths, shapes=shapes, dtypes=opts.dtypes, causals=opts.causals, backends=opts.backends,
+                           reps=opts.reps, on_step=step, on_compile=on_compile)
+    written = ()
+    if opts.plot_file:
+        plot(report, opts.plot_file)
+        written = (opts.plot_file,)
+    return BenchRun(format_bench(report, opts.backends), report.as_dict(), written)
+
+
+def format_bench(report, backends) -> str:
+    """The bench table: one row per case and implementation (GPU time, and eager time: back to
+    back calls with the host included), ratios of GPU time against each SDPA backend."""
+    lines = [f"GPU: {report.gpu}; torch {report.environment['torch']}, CUDA {report.environment['cuda']}, "
+             f"driver {report.environment['driver']}",
+             f"{'case':<30} {'impl':<24} {'time us':>9} {'eager us':>9} {'TFLOP/s':>8} {'spread':>6}  "
+             + " ".join(f"{'/' + b:>9}" for b in backends)]
+    for r in report.results:
+        for t in r.timings:
+            if t.status != "ok":
+                lines.append(f"{r.case.label:<30} {t.impl:<24} {t.status:>9}  {t.note[:70]}")
+                continue
+            ratios = []
+            for b in backends:
+                ref = r.get(f"sdpa:{b}")
+                ok = ref is not None and ref.status == "ok" and not t.impl.startswith("sdpa:")
+                ratios.append(f"{ref.median_us / t.median_us:>9.2f}" if ok else f"{'':>9}")
+            eager = f"{t.eager_us:>9.1f}" if t.eager_us is not None else f"{'-':>9}"
+            lines.append(f"{r.case.label:<30} {t.impl:<24} {t.median_us:>9.1f} {eager} {t.tflops:>8.1f} "
+                         f"{t.spread_pct:>5.1f}%  " + " ".join(ratios))
+    lines.append("")
+    lines.append("geometric-mean speed ratio (SDPA time / spec time) per spec:")
+    for impl in report.impls():
+        parts = []
+        for b in backends:
+            g = report.geomean(impl, b)
+            parts.append(f"{b} {g:.2f}" if g else f"{b} -")
+        lines.append(f"  {impl:<24} " + ", ".join(parts))
+    return "\n".join(lines)

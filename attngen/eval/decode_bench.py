@@ -73,7 +73,7 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
     if paged:
         from .decode_verify import paged_cache
         lens = torch.full((cell.batch,), cell.seqlen_k, dtype=torch.int32, device="cuda")
-        pools = [paged_cache(torch, k, v, None, kernel.plan.fragments.page_size, "bhsd", spare=0)
+        pools = [paged_cache(torch, k, v, None, kernel.plan.page_size, "bhsd", spare=0)
                  for k, v in zip(ks, vs)]
         ks = vs = None
         torch.cuda.empty_cache()
@@ -131,7 +131,7 @@ def run_decode_bench(spec_paths, *, cells=None, dtypes=("fp16", "bf16"), backend
         kernel = load(path, on_compile=on_compile)
         if kernel.plan.spec.dtype not in dtypes:
             continue
-        if paged and not kernel.plan.fragments.page_size:
+        if paged and not kernel.plan.page_size:
             raise ValueError(f"{path}: --paged needs a spec with page_size")
         for cell in cells or default_cells():
             r = bench_cell(torch, kernel, cell, backends=backends, reps=reps, paged=paged)
@@ -163,3 +163,21 @@ def format_decode(report: dict, backends) -> str:
         lines.append(f"{r['cell']:<26} {r['spec']:<26} {r['attngen_us']:>9.1f} {num(r.get('attngen_eager_us')):>9} "
                      f"{r['splits'] or 1:>6} {r['gbps']:>6.0f} {r['pct_of_copy']:>5.0f}% {theirs} {vs}")
     return "\n".join(lines)
+
+
+def bench_specs(paths, plans, opts, progress, on_compile):
+    """`attngen bench` on decode specs: every cell (opts.cells) beside SDPA's flash and cuDNN
+    backends; None under --varlen (decode specs have no packed-sequence call)."""
+    from ..runtime import gpu_modules
+    from .conventions import BenchRun
+    if opts.varlen:
+        return None
+    gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
+    theirs = tuple(b for b in opts.backends if b in ("flash", "cudnn"))
+    with progress("bench decode", len(paths) * len(opts.cells or default_cells())) as bar:
+        def step(r):
+            bar.label = f"{r['spec']} {r['cell']}"
+            bar.update(1)
+        report = run_decode_bench(paths, cells=opts.cells, dtypes=opts.dtypes, backends=theirs, reps=opts.reps,
+                                  paged=opts.paged, on_step=step, on_compile=on_compile)
+    return BenchRun(format_decode(report, theirs), report)

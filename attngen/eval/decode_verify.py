@@ -147,7 +147,7 @@ def paged_cache(torch, k, v, lengths, page_size: int, layout: str, generator=Non
 def verify_cases(kernel, shapes, masks) -> list[tuple]:
     """The decode cases of `attngen verify` for the masks asked (the forward shapes only choose
     quick, fewer than the full suite, or full)."""
-    cases = decode_cases(kernel.plan.block_n, kernel.plan.fragments.page_size)
+    cases = decode_cases(kernel.plan.block_n, kernel.plan.page_size)
     if len(tuple(shapes)) < len(FULL_SUITE):
         cases = cases[:QUICK_CASES]
     out = []

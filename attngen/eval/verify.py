@@ -385,8 +385,9 @@ def kernel_cases(kernel, shapes, masks) -> list[tuple]:
     """(variant label, function, shape, index, check(seed, label) -> CaseResult) of every case of `kernel`:
     each mask variant over `shapes` (and over the varlen suite when the kernel has packed-sequence
     functions), or the cases a kernel of another kind brings itself
-    (CONVENTION_CASES, e.g. a decode kernel's per-sequence lengths)."""
-    own = CONVENTION_CASES.get(getattr(kernel, "convention", "forward"))
+    (eval.conventions, e.g. a decode kernel's per-sequence lengths)."""
+    from .conventions import kernel_cases as convention_cases
+    own = convention_cases(kernel)
     if own is not None:
         return own(kernel, shapes, masks)
     out = []
@@ -400,15 +401,6 @@ def kernel_cases(kernel, shapes, masks) -> list[tuple]:
         from .varlen_verify import varlen_cases
         out += varlen_cases(kernel, shapes, masks)
     return out
-
-
-def _decode_cases(kernel, shapes, masks) -> list[tuple]:
-    from .decode_verify import verify_cases
-    return verify_cases(kernel, shapes, masks)
-
-
-# Call conventions whose kernels bring their own cases instead of the padded forward suite.
-CONVENTION_CASES = {"decode": _decode_cases}
 
 
 def verify_kernel(kernel, shapes=None, *, masks=None, seed: int = 0, spec_label: str | None = None,

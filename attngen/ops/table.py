@@ -21,6 +21,9 @@ from pathlib import Path
 from ..errors import SpecError
 
 CALLS = ("forward", "varlen", "decode")
+# The runtime call convention (its kind's `calls`) a spec must have to serve each call: a varlen
+# call is the packed-sequence function of a forward-convention kernel.
+CONVENTION = {"forward": "forward", "varlen": "forward", "decode": "decode"}
 TABLE_FILE = Path("dispatch") / "table.yaml"     # under the specs folder
 
 
@@ -103,6 +106,30 @@ def dump_table(entries, header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def call_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, page_size: int = 0,
+              group_rows: int = 1) -> str:
+    """A call's dispatch key in words (the decode keys only for decode calls)."""
+    decode = f" page_size {page_size} group_rows {group_rows}" if call == "decode" else ""
+    return f"{call} {arch} {dtype} head_dim {head_dim} {mask} seqlen {seqlen}{decode}"
+
+
+def entry_problem(e: Entry, plan) -> str | None:
+    """Why the spec whose plan is `plan` cannot serve entry `e`: another call convention, dtype or
+    head_dim, no function for the entry's mask (varlen: its packed-sequence function), or pages of
+    another size; None when it serves it."""
+    from ..core.varlen import packed_key
+    if plan.kind.calls != CONVENTION[e.call]:
+        return f"{e.spec} is a {plan.kind.calls} spec, not one for {e.call} calls"
+    if (plan.spec.dtype, plan.head_dim) != (e.dtype, e.head_dim):
+        return f"{e.spec} is {plan.spec.dtype} head_dim {plan.head_dim}, the entry {e.dtype} {e.head_dim}"
+    if (packed_key(e.mask) if e.call == "varlen" else e.mask) not in plan.entry_functions:
+        return f"{e.spec} has no {e.mask} {'varlen ' if e.call == 'varlen' else ''}function"
+    pages = getattr(plan, "page_size", 0)
+    if e.page_size and pages != e.page_size:
+        return f"{e.spec} reads pages of {pages}, the entry {e.page_size}"
+    return None
+
+
 def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0) -> list:
     """The entries of one key, by upto (no limit last)."""
     keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, page_size)]
@@ -132,4 +159,4 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
     return keyed[-1]
 
 
-__all__ = ["CALLS", "Entry", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]
+__all__ = ["CALLS", "CONVENTION", "Entry", "call_text", "entry_problem", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]

@@ -13,13 +13,13 @@ the cache up to its own position). The number of splits comes from a wave-effici
 over the SM count (`num_splits`), overridable per spec (`max_splits`) and per call."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.decode import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY
+from ...core.decode import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, DecodePlan
 from ...core.forward import FORWARD_ABI, Part, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
@@ -124,7 +124,7 @@ DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim,
                     rule_decode_no_varlen)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DecodeFragments:
     m_tiles: int            # 16-row fragments: every warp holds all block_m packed rows
     keys_per_warp: int      # keys of each tile one warp scores
@@ -137,21 +137,17 @@ class DecodeFragments:
     merge_pitch: int        # floats per row of a warp's O in the merge buffer (head_dim + 8: conflict-free float2)
     merge_bytes: int        # the merge buffer (warps x block_m rows), over the K/V ring after the last tile
     combine_warps: int      # output rows per combine block
-    max_splits: int
-    page_size: int          # keys per page of a paged cache; 0: contiguous caches only
-    fused_combine: bool     # the last split block of a group merges the splits (no combine kernel)
-    unsplit_in_flight: int  # K/V bytes in flight per block the split heuristic weighs (core.decode.IN_FLIGHT_PER_SM);
-                            # 0: the build does not stream at full speed unsplit, so the heuristic ignores it
 
 
 def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
     m_tiles = spec.tile.block_m // 16
     kpw = spec.tile.block_n // spec.compute_warps
     pitch = spec.head_dim + 8
-    return DecodeFragments(m_tiles, kpw, kpw // 8, spec.head_dim // 8, spec.head_dim // 16, kpw // 16,
-                           m_tiles * spec.head_dim // 16 * 4, accumulators(spec), pitch,
-                           spec.compute_warps * spec.tile.block_m * pitch * 4, COMBINE_WARPS, spec.max_splits,
-                           spec.page_size or 0, spec.combine == "fused", unsplit_in_flight(spec))
+    return DecodeFragments(m_tiles=m_tiles, keys_per_warp=kpw, n_tiles=kpw // 8, d_tiles=spec.head_dim // 8,
+                           k_steps_qk=spec.head_dim // 16, k_steps_pv=kpw // 16,
+                           q_regs=m_tiles * spec.head_dim // 16 * 4, accumulators=accumulators(spec),
+                           merge_pitch=pitch, merge_bytes=spec.compute_warps * spec.tile.block_m * pitch * 4,
+                           combine_warps=COMBINE_WARPS)
 
 
 def unsplit_in_flight(spec: DecodeSpec) -> int:
@@ -181,7 +177,7 @@ def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
 
 
 def plan(spec: DecodeSpec, file: str | None = None):
-    p = plan_forward(spec, kind=NAME, title=TITLE, file=file, fragments=fragments, extra_regions=stats_region)
+    p = plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments, extra_regions=stats_region)
     ring = p.stages * p.kv_stage_stride
     if p.fragments.merge_bytes > ring:
         raise SpecError(f"the warps' merge buffer ({p.fragments.merge_bytes} B) does not fit over the K/V ring "
@@ -210,9 +206,11 @@ def plan(spec: DecodeSpec, file: str | None = None):
                   f"rows and scores {p.fragments.keys_per_warp} keys of each tile",
                   "masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new "
                   "token t of seqlen_q sees the keys up to position len - seqlen_q + t")
-    return replace(p, parts=function_names(spec), abi=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS), block_text=block_text,
-                   rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule, q_in_registers=True,
-                   copy_engine="cp.async ring (16-byte chunks), every warp copies")
+    return DecodePlan.of(p, parts=function_names(spec), abi=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS),
+                         block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
+                         q_in_registers=True, max_splits=spec.max_splits, page_size=spec.page_size or 0,
+                         fused_combine=spec.combine == "fused", unsplit_in_flight=unsplit_in_flight(spec),
+                         copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
 
 def explain(plan) -> list[str]:
@@ -223,14 +221,15 @@ def explain(plan) -> list[str]:
             f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
-            f"splits: at most {f.max_splits}; the runtime picks the fewest whose wave efficiency is within "
+            f"splits: at most {plan.max_splits}; the runtime picks the fewest whose wave efficiency is within "
             f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)"
             + (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
-               f"({f.unsplit_in_flight // 1024} KiB per block)" if f.unsplit_in_flight else ""),
-            (f"paged KV: pages of {f.page_size} keys through block_table (a tile "
-             + (f"lies in one page)" if f.page_size >= plan.block_n else f"spans {plan.block_n // f.page_size} pages)")
+               f"({plan.unsplit_in_flight // 1024} KiB per block)" if plan.unsplit_in_flight else ""),
+            (f"paged KV: pages of {plan.page_size} keys through block_table (a tile "
+             + (f"lies in one page)" if plan.page_size >= plan.block_n else
+                f"spans {plan.block_n // plan.page_size} pages)")
              + "; contiguous caches when the call passes no table"
-             if f.page_size else "KV cache: contiguous only (no page_size)")]
+             if plan.page_size else "KV cache: contiguous only (no page_size)")]
 
 
 KIND = Kind(NAME, TITLE, SELECTOR, DecodeSpec, plan, explain, Path(__file__).parent, calls="decode")

@@ -77,7 +77,7 @@ def bank_patterns(plan) -> list[banks.Pattern]:
 
 
 def plan(spec: MmaSpec, file: str | None = None):
-    return plan_forward(spec, kind=NAME, title=TITLE, file=file,
+    return plan_forward(spec, kind=KIND, title=TITLE, file=file,
                         fragments=fragments, bank_patterns=bank_patterns)
 
 

@@ -74,7 +74,7 @@ def bank_patterns(plan) -> list[banks.Pattern]:
 
 
 def plan(spec: ScalarSpec, file: str | None = None):
-    return plan_forward(spec, kind=NAME, title=TITLE, file=file, fragments=fragments,
+    return plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments,
                         extra_regions=extra_regions, bank_patterns=bank_patterns)
 
 

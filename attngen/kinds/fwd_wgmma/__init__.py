@@ -350,7 +350,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
     return ForwardPlan(
-        spec=spec, kind=NAME, title=TITLE, target=target, masks=tuple(spec.masks),
+        spec=spec, kind=KIND, title=TITLE, target=target, masks=tuple(spec.masks),
         mask_variants=tuple(MASKS[m] for m in spec.masks),
         parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
         abi=FORWARD_ABI.with_fields(tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, "

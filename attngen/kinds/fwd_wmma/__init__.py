@@ -76,7 +76,7 @@ def bank_patterns(plan) -> list[banks.Pattern]:
 
 
 def plan(spec: WmmaSpec, file: str | None = None):
-    return plan_forward(spec, kind=NAME, title=TITLE, file=file, fragments=fragments,
+    return plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments,
                         extra_regions=extra_regions, bank_patterns=bank_patterns)
 
 

@@ -18,9 +18,8 @@ for _name, _cls in CONVENTIONS.items():
 
 
 def convention_class(plan):
-    """The Kernel class of the plan's call convention."""
-    from ...kinds import kind_of
-    return CONVENTIONS[kind_of(plan.spec).calls]
+    """The Kernel class of the plan's call convention (its kind's)."""
+    return CONVENTIONS[plan.kind.calls]
 
 
 __all__ = ["CONVENTIONS", "DecodeKernel", "ForwardKernel", "convention_class"]

@@ -50,8 +50,8 @@ class DecodeKernel(Kernel):
         self._captured = []          # workspaces of calls captured in CUDA graphs (the graphs read them)
         self._counter_buffers = {}   # (device, stream) -> zeroed int32 split counters (fused combine)
         self._counter_lock = threading.Lock()
-        fragments = self.plan.fragments
-        self._max_splits, self._fused, self._page = fragments.max_splits, fragments.fused_combine, fragments.page_size
+        plan = self.plan
+        self._max_splits, self._fused, self._page = plan.max_splits, plan.fused_combine, plan.page_size
         self.last_splits = None
 
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
@@ -157,7 +157,7 @@ class DecodeKernel(Kernel):
                   block_table.data_ptr() if paged else 0, block_table.stride(0) if paged else 0, pool if paged else 0]
         launches = [(self.entry[mask], (splits, kv_heads * blocks_per_row, batch))]
         if splits > 1 and not self._fused:
-            combine = self.functions[self.plan.parts[1].functions[0][1]]
+            combine = self.functions[self.plan.combine_part.functions[0][1]]
             per_block = combine.threads // 32   # one output row per warp
             launches.append((combine.name, (-(-batch * heads * seqlen_q // per_block), 1, 1)))
         prepared = Prepared(info, self._launches(info, *launches), self._decode.pack(values), self._pointers,
@@ -228,7 +228,7 @@ class DecodeKernel(Kernel):
         """Every page a sequence uses (its first ceil(len / page_size) entries) is a page of the pool;
         entries past a sequence's pages are never read and may hold anything (e.g. -1)."""
         import torch
-        page = self.plan.fragments.page_size
+        page = self._page
         used = torch.arange(table.shape[1], device=table.device)[None, :] < ((lens + page - 1) // page)[:, None]
         ids = table[used]
         if ids.numel():
@@ -259,7 +259,7 @@ class DecodeKernel(Kernel):
 
 
 def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:
-    return _splits(blocks, n_tiles, sm_count, plan.fragments.max_splits, plan.fragments.unsplit_in_flight)
+    return _splits(blocks, n_tiles, sm_count, plan.max_splits, plan.unsplit_in_flight)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,0 +1,69 @@
+"""What eval does for each call convention, registered once: the verify cases a convention's
+kernels bring (None: the padded forward suite) and the bench `attngen bench` runs on its specs.
+Each convention's own eval modules supply both; verify, bench and the CLI look the convention up
+here by the name its kind declares (plan.kind.calls) and name none of them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from . import bench, decode_bench, decode_verify
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """Every option of `attngen bench`; each convention's bench reads the ones it knows."""
+
+    shapes: tuple = ()
+    dtypes: tuple = ("fp16", "bf16")
+    causals: tuple = (False, True)
+    backends: tuple = ()
+    reps: int = 30
+    cells: tuple | None = None          # decode cells
+    paged: bool = False                 # decode through a page table
+    varlen: bool = False                # forward specs: the packed-sequence call instead of padded shapes
+    lengths: tuple | None = None        # --varlen batch
+    heads: tuple = (16, 16)             # --varlen heads
+    plot_file: str | None = None        # forward: TFLOP/s chart
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """What a convention's bench gives back: the table to print and the JSON report."""
+
+    text: str
+    report: dict
+    written: tuple = ()                 # files it wrote itself (a plot)
+
+
+@dataclass(frozen=True)
+class ConventionEval:
+    bench: Callable                     # (paths, plans, BenchOptions, progress, on_compile) -> BenchRun
+    cases: Optional[Callable] = None    # (kernel, shapes, masks) -> verify cases; None: the padded forward suite
+
+
+EVALS = {"forward": ConventionEval(bench.bench_specs),
+         "decode": ConventionEval(decode_bench.bench_specs, decode_verify.verify_cases)}
+
+
+def convention_of(plan) -> str:
+    return plan.kind.calls
+
+
+def by_convention(paths, plans) -> dict[str, tuple[list, list]]:
+    """{convention: (paths, plans)} in registry order, conventions without specs left out."""
+    groups = {name: ([], []) for name in EVALS}
+    for path, plan in zip(paths, plans):
+        group = groups[convention_of(plan)]
+        group[0].append(path)
+        group[1].append(plan)
+    return {name: group for name, group in groups.items() if group[0]}
+
+
+def kernel_cases(kernel):
+    """The verify-case function a kernel's convention brings, or None (the padded forward suite).
+    A stand-in kernel without a runtime convention class goes by its plan's kind."""
+    return EVALS[getattr(kernel, "convention", None) or convention_of(kernel.plan)].cases
+
+
+__all__ = ["BenchOptions", "BenchRun", "ConventionEval", "EVALS", "by_convention", "convention_of", "kernel_cases"]
