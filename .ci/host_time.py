@@ -267,6 +267,17 @@ def components():
     t("torch one.add_(1) (one torch launch)", lambda: one.add_(1), 5000)
     t("cache key", lambda: (q.shape, q.shape, q.shape, q.stride(), q.stride(), q.stride(), q.dtype, q.dtype, q.dtype,
                             q.get_device(), q.get_device(), q.get_device(), False, None, None, False, "bhsd"))
+    print("attngen.attention 1x8x512x64, the public path's pieces:")
+    from attngen.ops import library
+    t("attngen.attention (whole)", lambda: attngen.attention(q, q, q), 5000)
+    t("ops.library.forward (table lookup + kernel)", lambda: library.forward(q, q, q, False, None, None, "bhsd", False),
+      5000)
+    t("kernel call with the public call's keywords", lambda: mma(q, q, q, causal=False, alignment=None, scale=None,
+                                                                layout="bhsd", return_lse=False), 5000)
+    t("torch.compiler.is_compiling()", torch.compiler.is_compiling)
+    t("torch.is_grad_enabled()", torch.is_grad_enabled)
+    t("3 x requires_grad", lambda: q.requires_grad or q.requires_grad or q.requires_grad)
+    t("library key", lambda: (q.get_device(), q.dtype, q.shape[-1], False, q.shape[2]))
     import cProfile
     import pstats
     prof = cProfile.Profile()

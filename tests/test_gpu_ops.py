@@ -49,6 +49,23 @@ def test_attention_picks_a_kernel_that_passes(torch, dtype, d, seqlen):
     assert lse.shape == (1, 4, seqlen) and lse.dtype == torch.float32
 
 
+def test_repeated_calls_take_the_prepared_path_and_still_check_pointers(torch):
+    """The second call of a shape goes straight to the kernel's prepared call: new inputs give their
+    own output (not the first call's), and an input that is not 16-byte aligned takes the full
+    path, which refuses it."""
+    q, k, v = randn(torch, 1, 4, 700, 64), randn(torch, 1, 4, 700, 64), randn(torch, 1, 4, 700, 64)
+    first = attngen.attention(q, k, v, causal=True)
+    q2 = randn(torch, 1, 4, 700, 64)
+    second = attngen.attention(q2, k, v, causal=True)
+    check(torch, first, q, k, v, causal=True)
+    check(torch, second, q2, k, v, causal=True)
+    assert second.data_ptr() != first.data_ptr()
+    base = randn(torch, 1 * 4 * 700 * 64 + 4)
+    odd = base[4:].view(1, 4, 700, 64)      # 8 bytes past an aligned start: same shape, strides and dtype
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        attngen.attention(odd, k, v, causal=True)
+
+
 def test_varlen_and_kvcache_entry_points(torch):
     from attngen.runtime.calls.varlen import cu_seqlens
     lens = [100, 1, 513]

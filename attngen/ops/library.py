@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.calls.forward import call_key
 from .dispatch import DISPATCH
 
 
@@ -16,21 +17,39 @@ def _heads_seq(q, layout: str) -> tuple[int, int, int]:
     return (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
 
 
-_FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k) -> kernel: one dict get per call
+_FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k) -> kernel
+_PREPARED: dict = {}    # runtime call_key of a call made before -> (its kernel, the kernel's prepared call)
 
 
 def forward(q, k, v, causal, alignment, scale, layout, return_lse):
-    """The eager forward call: the table's kernel for this shape, then the kernel call."""
-    key = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if layout == "bhsd" else k.shape[1])
-    kernel = _FORWARD.get(key)
+    """The eager forward call: a shape seen before goes straight to its kernel's prepared call
+    (one key, one dict get: the table lookup and the kernel's own key are not made again);
+    otherwise the table's kernel for this shape, then the kernel call."""
+    try:
+        key = call_key(q, k, v, causal, alignment, scale, return_lse, layout)
+        hit = _PREPARED.get(key)
+    except (AttributeError, TypeError):
+        key = hit = None
+    if hit is not None:
+        result = hit[0].run_prepared(hit[1], q, k, v, return_lse)
+        if result is not None:
+            return result
+    short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if layout == "bhsd" else k.shape[1])
+    kernel = _FORWARD.get(short)
     if kernel is None:
-        if key[0] < 0:
+        if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        kernel = DISPATCH.kernel("forward", key[0], q.dtype, key[2], "causal" if causal else "none", key[4])
+        kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4])
         if len(_FORWARD) >= 4096:
             _FORWARD.clear()
-        _FORWARD[key] = kernel
-    return kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse)
+        _FORWARD[short] = kernel
+    result = kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse)
+    prepared = kernel.prepared(key) if key is not None else None
+    if prepared is not None:
+        if len(_PREPARED) >= 4096:
+            _PREPARED.clear()
+        _PREPARED[key] = (kernel, prepared)
+    return result
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, return_lse):

@@ -14,6 +14,14 @@ PER_CALL = ("q", "k", "v", "o", "lse") + STRIDES + (
     "lse_batch_stride", "lse_head_stride", "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "scale_log2")
 
 
+def call_key(q, k, v, causal, alignment, scale, return_lse, layout) -> tuple:
+    """What decides a forward call's checks, grid and Params: shapes, strides, dtypes, devices and
+    options (not the pointers); calls with one key share a prepared call. AttributeError or
+    TypeError when an input is not a tensor (the full path then says what is wrong)."""
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+            q.get_device(), k.get_device(), v.get_device(), causal, alignment, scale, return_lse, layout)
+
+
 def bhsd_strides(stride, layout: str) -> tuple[int, int, int]:
     """(batch, head, row) element strides of a 4-D tensor given in `layout`."""
     return (stride[0], stride[1], stride[2]) if layout == "bhsd" else (stride[0], stride[2], stride[1])
@@ -74,23 +82,34 @@ class ForwardKernel(Kernel):
             # A shape seen before: its checks passed and its Params are laid out; only the
             # pointers are new (and must be 16-byte aligned).
             try:
-                key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-                       q.get_device(), k.get_device(), v.get_device(), causal, alignment, scale, return_lse, layout)
+                key = call_key(q, k, v, causal, alignment, scale, return_lse, layout)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None
             if prepared is not None:
-                qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-                if not (qp | kp | vp) % LOAD_BYTES:
-                    out = self._torch.empty_like(q)
-                    lse = q.new_empty(prepared.extra[0], dtype=self._fp32) if return_lse else None
-                    op = out.data_ptr()
-                    pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0)
-                    if self._map_fields:
-                        pointers += prepared.extra[1].values((qp, kp, vp, op))
-                    self._run(prepared, pointers)
-                    return (out, lse) if return_lse else out
+                result = self.run_prepared(prepared, q, k, v, return_lse)
+                if result is not None:
+                    return result
         return self._first_call(q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key)
+
+    def prepared(self, key):
+        """The prepared call of `key` (call_key of a call made before), or None."""
+        return self._prepared.get(key)
+
+    def run_prepared(self, prepared, q, k, v, return_lse: bool):
+        """Launch a prepared call on new tensors of its shape: a new output (and lse), the pointers
+        patched in; None when a pointer is not 16-byte aligned (the caller takes the full path)."""
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if (qp | kp | vp) % LOAD_BYTES:
+            return None
+        out = self._torch.empty_like(q)
+        lse = q.new_empty(prepared.extra[0], dtype=self._fp32) if return_lse else None
+        op = out.data_ptr()
+        pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0)
+        if self._map_fields:
+            pointers += prepared.extra[1].values((qp, kp, vp, op))
+        self._run(prepared, pointers)
+        return (out, lse) if return_lse else out
 
     def _shape_maps(self, q, k, v, out, layout: str):
         """The TMA tensor maps of this call's shape (core of a prepared call), or None."""
@@ -156,4 +175,4 @@ class ForwardKernel(Kernel):
         return (out, lse_out) if return_lse else out
 
 
-__all__ = ["ForwardKernel", "bhsd_strides", "mask_fields"]
+__all__ = ["ForwardKernel", "bhsd_strides", "call_key", "mask_fields"]
