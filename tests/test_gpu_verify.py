@@ -289,7 +289,7 @@ def test_bench_command_line_per_convention(tmp_path):
     padded = json.loads((tmp_path / "bench-forward.json").read_text())
     cells = json.loads((tmp_path / "bench-decode.json").read_text())
     assert [t["impl"] for r in padded["results"] for t in r["timings"]] == [forward.stem, "sdpa:flash"]
-    assert [(r["spec"], r["cell"]) for r in cells["rows"]] == [(decode.stem, "1x8/2x512x1")]
+    assert [(r["spec"], r["cell"]) for r in cells["rows"]] == [(decode.stem, "B1 8/2 Sk512 Sq1")]
     run = subprocess.run(common + ["--varlen", "--lengths", "7,300", "--heads", "4", "--causal", "yes"],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
