@@ -825,7 +825,8 @@ __device__ __forceinline__ void combine_if_last(unsigned char* smem, const Param
     }
 }
 
-template <Mask kMask>
+// kMerge: this block merges its group's splits when it is the group's last (fused combine).
+template <Mask kMask, bool kMerge = kFusedCombine>
 __device__ __forceinline__ void attention(const Params& p) {
     extern __shared__ __align__(128) unsigned char smem[];  // 100864 B: dynamic, opt-in
 
@@ -908,7 +909,7 @@ __device__ __forceinline__ void attention(const Params& p) {
     }
     cp_async_wait_all();
     merge_and_store(smem, o, row_max, row_sum, p, c, tid);
-    if constexpr (kFusedCombine) {
+    if constexpr (kMerge) {
         if (p.num_splits > 1) combine_if_last(smem, p, c, tid);
     }
 }

@@ -93,6 +93,17 @@ def test_num_splits_respects_max_splits():
     assert num_splits(1, 1000, 132, 1, 1) == 1
 
 
+def test_combine_auto_has_a_plain_and_a_merging_split_function_per_mask():
+    p = make_plan(load_spec(ROOT / "specs/h200_decode_d128_contiguous.yaml"))
+    assert [part.name for part in p.parts] == ["split"]
+    assert [key for key, _ in p.parts[0].functions] == ["none", "causal", "none_merging", "causal_merging"]
+    assert p.split_key("causal", 1) == "causal" and p.split_key("causal", 3) == "causal_merging"
+    assert not p.merges_in_kernel(1) and p.merges_in_kernel(3)
+    assert p.body("none_merging") == "attention_merging" and p.mask_cpp["none_merging"] == p.mask_cpp["none"]
+    kernel_combine = make_plan(load_spec(D128))
+    assert kernel_combine.split_key("causal", 3) == "causal" and not kernel_combine.merges_in_kernel(3)
+
+
 def test_fused_combine_is_one_part():
     p = make_plan(load_spec(ROOT / "specs" / "h200_decode_d128_fused.yaml"))
     assert [part.name for part in p.parts] == ["split"] and p.fused_combine

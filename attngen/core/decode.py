@@ -47,7 +47,8 @@ class DecodePlan(ForwardPlan):
 
     max_splits: int = 1             # most key slices per (KV head, batch) the heuristic or a call may use
     page_size: int = 0              # keys per page of a paged cache; 0: contiguous caches only
-    fused_combine: bool = False     # the last split block of a group merges the splits (no combine part)
+    combine: str = "kernel"         # kernel: a combine part; fused: every split function merges its group's
+                                    # splits; auto: merging functions (merging_key) beside the plain ones
     unsplit_in_flight: int = 0      # K/V bytes in flight per block the split heuristic weighs (IN_FLIGHT_PER_SM);
                                     # 0: the build does not stream at full speed unsplit, waves decide alone
 
@@ -58,9 +59,52 @@ class DecodePlan(ForwardPlan):
         return cls(**{f.name: getattr(plan, f.name) for f in fields(ForwardPlan)} | decode)
 
     @property
+    def fused_combine(self) -> bool:
+        """Every split function merges its group's splits itself."""
+        return self.combine == "fused"
+
+    @property
+    def merging_functions(self) -> bool:
+        """The split part has a merging function per mask beside the plain one (combine: auto)."""
+        return self.combine == "auto"
+
+    def split_key(self, mask: str, splits: int) -> str:
+        """The split function a call of `splits` slices launches for `mask`."""
+        return merging_key(mask) if splits > 1 and self.merging_functions else mask
+
+    def merges_in_kernel(self, splits: int) -> bool:
+        """The split kernel a call launches merges the splits itself (no combine launch)."""
+        return splits > 1 and self.combine != "kernel"
+
+    def body(self, key: str) -> str:
+        return "attention_merging" if is_merging(key) else super().body(key)
+
+    @property
+    def mask_cpp(self) -> dict[str, str]:
+        cpp = {m.name: m.cpp for m in self.mask_variants}
+        return {key: cpp[merged_mask(key)] for part in self.parts for key, _ in part.functions
+                if merged_mask(key) in cpp}
+
+    @property
     def combine_part(self):
         """The combine kernel's part, or None where the split kernel merges the splits itself."""
         return self.parts[1] if len(self.parts) > 1 else None
+
+
+MERGING_SUFFIX = "_merging"   # function key (and name) suffix of a mask's merging split function (combine: auto)
+
+
+def merging_key(mask: str) -> str:
+    return mask + MERGING_SUFFIX
+
+
+def is_merging(key: str) -> bool:
+    return key.endswith(MERGING_SUFFIX)
+
+
+def merged_mask(key: str) -> str:
+    """The mask of a split function key, merging or plain."""
+    return key[:-len(MERGING_SUFFIX)] if is_merging(key) else key
 
 
 def row_blocks(plan, heads: int, kv_heads: int, seqlen_q: int) -> int:

@@ -19,7 +19,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.decode import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, DecodePlan
+from ...core.decode import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, DecodePlan, merging_key
 from ...core.forward import FORWARD_ABI, Part, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
@@ -42,9 +42,11 @@ class DecodeSpec(ForwardSpec):
     page_size: Optional[int] = Field(default=None, ge=16, le=256, description=(
         "keys per page of a paged KV cache (16 to 256, a multiple of 16): the kernel also takes a block table "
         "of page ids; unset: contiguous caches only"))
-    combine: Literal["kernel", "fused"] = Field(default="kernel", description=(
+    combine: Literal["kernel", "fused", "auto"] = Field(default="kernel", description=(
         "how the splits are merged: kernel = a second kernel, a warp per output row; fused = the last split "
-        "block of each (sequence, KV head) to finish merges them (an atomic arrival count), no second launch"))
+        "block of each (sequence, KV head) to finish merges them (an atomic arrival count), no second launch; "
+        "auto = two split functions, a plain one for unsplit calls and a merging one for split calls (one "
+        "launch either way, and the unsplit call keeps the plain kernel's code)"))
     max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
     key_unit = 16
@@ -167,10 +169,12 @@ def stats_region(spec: DecodeSpec) -> list[Region]:
 
 
 def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
-    """The split part, and the combine part unless the split kernel merges the splits itself."""
+    """The split part (with combine: auto, a merging function per mask after the plain ones), and
+    the combine part unless the split kernel merges the splits itself."""
+    keys = list(spec.masks) + ([merging_key(m) for m in spec.masks] if spec.combine == "auto" else [])
     split = (Part("split", "split.cu.j2", f"{spec.name}_split.cu",
-                  tuple((m, f"attngen_{spec.name}_split_{m}") for m in spec.masks)),)
-    if spec.combine == "fused":
+                  tuple((key, f"attngen_{spec.name}_split_{key}") for key in keys)),)
+    if spec.combine != "kernel":
         return split
     return split + (Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
                          (("combine", f"attngen_{spec.name}_combine"),), static_smem=0, threads=32 * COMBINE_WARPS),)
@@ -193,10 +197,12 @@ def plan(spec: DecodeSpec, file: str | None = None):
                 "is computed; one __syncthreads per tile",
                 "  end: the warps' (max, sum) through `stats`, their rescaled O through the ring; one split: "
                 "O and LSE written, else fp32 partial O and LSE per split",
-                ("fused combine: each split block adds one to its group's counter after its partials are "
+                (("fused combine" if spec.combine == "fused" else
+                  "combine auto: unsplit calls run the plain function; split calls the merging one, where")
+                 + ": each split block adds one to its group's counter after its partials are "
                  "visible (__threadfence); the block that sees num_splits - 1 merges the group's rows (a warp per "
                  "row, partials read past L1) and resets the counter"
-                 if spec.combine == "fused" else
+                 if spec.combine != "kernel" else
                  f"combine kernel, grid ceil(batch x heads x seqlen_q / {COMBINE_WARPS}): a warp per row "
                  "weighs each split by exp(lse_s - lse) and writes O and LSE"))
     block_text = (f"block: one key slice (split) of one KV head and sequence, for {spec.tile.block_m} packed rows "
@@ -209,7 +215,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
     return DecodePlan.of(p, parts=function_names(spec), abi=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS),
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
                          q_in_registers=True, max_splits=spec.max_splits, page_size=spec.page_size or 0,
-                         fused_combine=spec.combine == "fused", unsplit_in_flight=unsplit_in_flight(spec),
+                         combine=spec.combine, unsplit_in_flight=unsplit_in_flight(spec),
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
 

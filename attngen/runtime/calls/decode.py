@@ -9,7 +9,7 @@ import functools
 import numbers
 import threading
 
-from ...core.decode import num_splits, row_blocks
+from ...core.decode import is_merging, num_splits, row_blocks
 from ...core.forward import LOG2E
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
@@ -51,8 +51,13 @@ class DecodeKernel(Kernel):
         self._counter_buffers = {}   # (device, stream) -> zeroed int32 split counters (fused combine)
         self._counter_lock = threading.Lock()
         plan = self.plan
-        self._max_splits, self._fused, self._page = plan.max_splits, plan.fused_combine, plan.page_size
+        self._max_splits, self._page = plan.max_splits, plan.page_size
         self.last_splits = None
+
+    @property
+    def masks(self) -> tuple[str, ...]:
+        """The masks of the call (a merging split function serves the same mask as its plain one)."""
+        return tuple(key for key in self.entry if not is_merging(key))
 
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
@@ -146,7 +151,8 @@ class DecodeKernel(Kernel):
         if accum:   # (splits, B, H, Sq, D) partial outputs, then (splits, B, H, Sq) partial LSEs, fp32
             o_accum = self._workspace(index, accum + accum // self.plan.head_dim)
             lse_accum = o_accum + 4 * accum
-        counters = batch * kv_heads * blocks_per_row if splits > 1 and self._fused else 0
+        merges = self.plan.merges_in_kernel(splits)   # the split kernel merges the splits: no combine launch
+        counters = batch * kv_heads * blocks_per_row if merges else 0
         values = [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                   lse.data_ptr() if lse is not None else 0,
                   *bhsd_strides(q.stride(), layout), *bhsd_strides(k_cache.stride(), layout),
@@ -155,8 +161,8 @@ class DecodeKernel(Kernel):
                   error_word(index), cache_seqlens.data_ptr() if cache_seqlens is not None else 0, o_accum, lse_accum,
                   splits, tiles_per_split, blocks_per_row, self._counters(counters, index) if counters else 0,
                   block_table.data_ptr() if paged else 0, block_table.stride(0) if paged else 0, pool if paged else 0]
-        launches = [(self.entry[mask], (splits, kv_heads * blocks_per_row, batch))]
-        if splits > 1 and not self._fused:
+        launches = [(self.entry[self.plan.split_key(mask, splits)], (splits, kv_heads * blocks_per_row, batch))]
+        if splits > 1 and not merges:
             combine = self.functions[self.plan.combine_part.functions[0][1]]
             per_block = combine.threads // 32   # one output row per warp
             launches.append((combine.name, (-(-batch * heads * seqlen_q // per_block), 1, 1)))
