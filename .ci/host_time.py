@@ -166,6 +166,11 @@ def main():
             q, k, v, False, None, None, "bhsd")))
         results.append(row(f"{args.label} attngen.attention_with_kvcache B8 32/8 Sk8192", lambda: (
             attngen.attention_with_kvcache(qd, kd, vd, cache_seqlens=lens))))
+        q1 = torch.randn(1, 32, 1, 128, device="cuda", dtype=h)
+        k1, v1 = (torch.randn(1, 8, 8192, 128, device="cuda", dtype=h) for _ in range(2))
+        lens1 = torch.full((1,), 8192, dtype=torch.int32, device="cuda")
+        results.append(row(f"{args.label} attngen.attention_with_kvcache B1 32/8 Sk8192 (split)", lambda: (
+            attngen.attention_with_kvcache(q1, k1, v1, cache_seqlens=lens1))))
         results.append(row(f"{args.label} attngen.attention_varlen 2x512 H8 d64", lambda: attngen.attention_varlen(
             qp, kp, vp, cu, cu, 512, 512)))
     if not args.no_torch:
@@ -175,6 +180,9 @@ def main():
         results.append(row("torch SDPA forward 1x8x512x128", lambda: F.scaled_dot_product_attention(q2, k2, v2)))
         results.append(row("torch SDPA decode B8 32/8 Sk8192 d128 (GQA)",
                            lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True)))
+        if new_api:
+            results.append(row("torch SDPA decode B1 32/8 Sk8192 d128 (GQA)",
+                               lambda: F.scaled_dot_product_attention(q1, k1, v1, enable_gqa=True)))
 
     measure_rows()
 
