@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 
 from .abi import float_pointer, int32, pointer
 from .forward import ForwardPlan
+from .function_keys import KeySuffix
 
 MAX_SPLITS = 128
 WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this fraction of the best
@@ -91,20 +92,10 @@ class DecodePlan(ForwardPlan):
         return self.parts[1] if len(self.parts) > 1 else None
 
 
-MERGING_SUFFIX = "_merging"   # function key (and name) suffix of a mask's merging split function (combine: auto)
-
-
-def merging_key(mask: str) -> str:
-    return mask + MERGING_SUFFIX
-
-
-def is_merging(key: str) -> bool:
-    return key.endswith(MERGING_SUFFIX)
-
-
-def merged_mask(key: str) -> str:
-    """The mask of a split function key, merging or plain."""
-    return key[:-len(MERGING_SUFFIX)] if is_merging(key) else key
+MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's merging split function (combine: auto)
+merging_key = MERGING.key
+is_merging = MERGING.has
+merged_mask = MERGING.mask        # the mask of a split function key, merging or plain
 
 
 def row_blocks(plan, heads: int, kv_heads: int, seqlen_q: int) -> int:

@@ -7,9 +7,10 @@ no kind."""
 from __future__ import annotations
 
 from .abi import int32, int_pointer
+from .function_keys import KeySuffix
 from .input_errors import ERRORS_FIELD
 
-PACKED_SUFFIX = "_varlen"     # function key (and name) suffix of a mask's packed-sequence function
+PACKED = KeySuffix("_varlen")   # function key (and name) suffix of a mask's packed-sequence function
 
 VARLEN_ABI_FIELDS = (
     int_pointer("cu_seqlens_q", "int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the "
@@ -23,15 +24,6 @@ VARLEN_ABI_FIELDS = (
 )
 
 
-def packed_key(mask: str) -> str:
-    """The function key of `mask`'s packed-sequence kernel function (also its name's suffix)."""
-    return mask + PACKED_SUFFIX
-
-
-def is_packed(key: str) -> bool:
-    return key.endswith(PACKED_SUFFIX)
-
-
-def mask_of(key: str) -> str:
-    """The mask a function key runs: the key itself, or a packed key without its suffix."""
-    return key[:-len(PACKED_SUFFIX)] if is_packed(key) else key
+packed_key = PACKED.key      # the function key of a mask's packed-sequence kernel function
+is_packed = PACKED.has
+mask_of = PACKED.mask        # the mask a function key runs: the key itself, or a packed key without its suffix
