@@ -174,7 +174,7 @@ RULE_CASES = [
     ("rule_pad_bytes", SCALAR, {"smem__swizzle": {"pad_bytes": 6}}, "smem.swizzle.pad_bytes", "multiple of 4 (got 6); try 8"),
     ("rule_pad_16_bytes", MMA, {"smem__swizzle": {"pad_bytes": 8}}, "smem.swizzle.pad_bytes", "multiple of 16"),
     ("rule_xor_bits", MMA, {"head_dim": 32, "smem__swizzle": {"xor_bits": 3}}, "smem.swizzle.xor_bits",
-     "exceeds the 4 16-byte chunks"),
+     "can land past the row's end; use xor_bits: 2"),
     ("rule_no_warp_roles", merged(SPECIALIZED, mma="scalar", head_dim=64, tile={"block_m": 32, "block_n": 64},
                                 smem={"stages": 1}), {}, "warps.producer",
      "producer/consumer warp roles are not generated for scalar; use warps: {compute: 4}"),
@@ -230,8 +230,9 @@ def test_rule(rule, base, changes, key, fragment, monkeypatch):
     # The message comes from the named rule of the spec's kind: with the kind's rules switched off
     # the spec parses, and the rule alone returns this key and message.
     model = kind_for_data(yaml.safe_load(text)).spec_model
-    fn = next(r for r in model.rules if r.__name__ == rule)
+    fn = next(r for r in model.rules + model.shared_rules if r.__name__ == rule)
     monkeypatch.setattr(model, "rules", ())
+    monkeypatch.setattr(model, "shared_rules", ())
     assert fn(parse_spec(text)) == (key, err.message)
 
 
@@ -254,7 +255,7 @@ def test_wgmma_without_registers_when_accumulators_do_not_fit():
 
 def test_every_rule_has_a_case():
     covered = {c[0] for c in RULE_CASES} | {"rule_threads"}  # rule_threads: see below
-    assert {r.__name__ for k in KINDS for r in k.spec_model.rules} <= covered
+    assert {r.__name__ for k in KINDS for r in k.spec_model.rules + k.spec_model.shared_rules} <= covered
 
 
 def test_rule_threads():

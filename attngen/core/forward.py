@@ -11,7 +11,7 @@ from ..targets import TARGETS, Target
 from .abi import Abi, float32, float_pointer, int32, int64, pointer
 from .kind import Kind
 from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
-                     TileCopy, barrier_region, check_budget, layout_regions, ring_stride)
+                     TileCopy, barrier_region, check_budget, layout_regions, ring_stride, xor_misfit)
 from .spec import ForwardSpec, PadSwizzle, XorSwizzle
 from .variants import MASKS, MaskVariant
 from .varlen import VARLEN_ABI_FIELDS, is_packed, mask_of, packed_key
@@ -201,14 +201,24 @@ def forward_functions(spec: ForwardSpec) -> tuple[tuple[str, str], ...]:
     return tuple((key, function_name(spec, key)) for key in keys)
 
 
-def tile_swizzle(spec: ForwardSpec) -> Swizzle:
+def tile_swizzle(spec: ForwardSpec, file: str | None = None) -> Swizzle:
+    """The address function of the Q, K and V tile rows; SpecError for an XOR swizzle that would move
+    a chunk past its row (every kind's tiles go through here)."""
     row_bytes = spec.head_dim * spec.elem_bytes
     sw = spec.smem.swizzle
     if isinstance(sw, PadSwizzle):
         return Swizzle("pad", row_bytes + sw.pad_bytes)
     if isinstance(sw, XorSwizzle):
+        check_xor_fits_row(row_bytes // CHUNK_BYTES, sw.xor_bits, spec.head_dim, file)
         return Swizzle("xor", row_bytes, sw.xor_bits, sw.row_shift)
     return Swizzle("none", row_bytes)
+
+
+def check_xor_fits_row(chunks: int, xor_bits: int, head_dim: int, file: str | None) -> None:
+    """SpecError where the XOR swizzle would move a chunk past its row (core.layout.xor_misfit)."""
+    problem = xor_misfit(chunks, xor_bits, head_dim)
+    if problem:
+        raise SpecError(problem, file=file, key="smem.swizzle.xor_bits")
 
 
 def tile_regions(spec: ForwardSpec, sw: Swizzle) -> list[Region]:
@@ -284,7 +294,7 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
     """The forward plan of `spec`; the kind supplies its fragment numbers, regions and bank patterns."""
     target = TARGETS[spec.target]
     ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
-    sw = tile_swizzle(spec)
+    sw = tile_swizzle(spec, file)
     regions = layout_regions(tile_regions(spec, sw) + extra_regions(spec) + role_barrier_regions(spec))
     total = check_budget(regions, Budget.of(target, spec.smem.opt_in), file)
     compute_threads = 32 * spec.compute_warps

@@ -41,6 +41,22 @@ class Region:
         return self.offset + self.bytes
 
 
+def xor_misfit(chunks: int, xor_bits: int, head_dim: int) -> str | None:
+    """Why an XOR of the low `xor_bits` bits of the chunk index breaks a row of `chunks` 16-byte
+    chunks, with the fix; None when it fits. The XOR permutes aligned groups of 2**xor_bits chunks,
+    so it keeps every chunk in its row only when the row is a whole number of groups; otherwise the
+    last chunks land past the row, on the next row's chunks or outside the tile."""
+    group = 1 << xor_bits
+    if not chunks % group:
+        return None
+    fit = (chunks & -chunks).bit_length() - 1      # the most bits whose groups divide the row
+    fix = f"use xor_bits: {fit}" if fit else "use {pad_bytes: 16} or no swizzle"
+    first = chunks - chunks % group
+    which = f"chunk {first}" if first == chunks - 1 else f"chunks {first}..{chunks - 1}"
+    return (f"xor_bits {xor_bits} permutes groups of {group} 16-byte chunks, but a row of head_dim {head_dim} has "
+            f"{chunks}: {which} can land past the row's end; {fix}")
+
+
 @dataclass(frozen=True)
 class Swizzle:
     """Address function of a tile row of 16-byte chunks: byte(row, chunk) inside a region."""

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import SpecError
 from ..targets import TARGETS
+from .layout import xor_misfit
 from .specio import line_of
 from .variants import MASKS
 
@@ -104,7 +105,10 @@ class SpecBase(Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
-    # The kind's cross-field rules, run in order after field validation; the first that fails is reported.
+    # Cross-field rules, run in order after field validation; the first that fails is reported.
+    # rules are the kind's; shared_rules, run after them, hold for every kind of the model (none can leave
+    # one out).
+    shared_rules: ClassVar[tuple[Rule, ...]] = ()
     rules: ClassVar[tuple[Rule, ...]] = ()
 
     @field_validator("target")
@@ -116,7 +120,7 @@ class SpecBase(Strict):
 
     @model_validator(mode="after")
     def _rules(self):
-        for rule in type(self).rules:
+        for rule in type(self).rules + type(self).shared_rules:
             problem = rule(self)
             if problem:
                 key, message = problem
@@ -233,10 +237,13 @@ def rule_pad_bytes(s: ForwardSpec):
 def rule_xor_bits(s: ForwardSpec):
     sw = s.smem.swizzle
     if isinstance(sw, XorSwizzle):
-        chunks = s.head_dim * 2 // 16
-        if (1 << sw.xor_bits) > chunks:
-            return "smem.swizzle.xor_bits", (f"2**{sw.xor_bits} exceeds the {chunks} 16-byte chunks of a "
-                                             f"{s.head_dim}-element row; use xor_bits <= {chunks.bit_length() - 1}")
+        problem = xor_misfit(s.head_dim * s.elem_bytes // 16, sw.xor_bits, s.head_dim)
+        if problem:
+            return "smem.swizzle.xor_bits", problem
+
+
+# Every forward-shaped kind's tiles go through core.forward.tile_swizzle: its legality is not a kind's choice.
+ForwardSpec.shared_rules = (rule_xor_bits,)
 
 
 def rule_warp_roles_need_a_ring(s: ForwardSpec):

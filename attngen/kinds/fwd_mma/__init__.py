@@ -15,7 +15,7 @@ from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
 from ...core.spec import (ForwardSpec, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
                           rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async,
-                          rule_threads, rule_warp_roles_need_a_ring, rule_xor_bits)
+                          rule_threads, rule_warp_roles_need_a_ring)
 
 NAME = "fwd_mma"
 TITLE = "mma.sync m16n8k16 attention forward"
@@ -29,7 +29,7 @@ class MmaSpec(ForwardSpec):
     key_unit = 16
     key_unit_why = "whole k16 steps of the P.V product"
     rules = (rule_head_dim_vector_loads, rule_head_dim_fragments, rule_block_m_split, rule_block_n,
-             rule_stages_need_async, rule_pad_bytes, rule_pad_16_bytes, rule_xor_bits, rule_warp_roles_need_a_ring,
+             rule_stages_need_async, rule_pad_bytes, rule_pad_16_bytes, rule_warp_roles_need_a_ring,
              rule_threads)
 
 

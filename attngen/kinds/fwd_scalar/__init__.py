@@ -15,7 +15,7 @@ from ...core.kind import Kind
 from ...core.layout import Region
 from ...core.spec import (ForwardSpec, refuse, rule_always_rescales, rule_block_m_split, rule_block_n,
                           rule_head_dim_vector_loads, rule_no_q_in_registers, rule_no_warp_roles, rule_no_xor_swizzle,
-                          rule_pad_bytes, rule_stages_need_async, rule_threads, rule_xor_bits)
+                          rule_pad_bytes, rule_stages_need_async, rule_threads)
 
 NAME = "fwd_scalar"
 TITLE = "scalar FMA attention forward"
@@ -40,7 +40,7 @@ class ScalarSpec(ForwardSpec):
     key_unit = 32
     key_unit_why = "one key per lane per step"
     rules = (rule_head_dim_vector_loads, rule_scalar_head_dim, rule_block_m_split, rule_block_n, rule_stages_need_async,
-             rule_no_async_copy, rule_no_q_in_registers, rule_no_xor_swizzle, rule_pad_bytes, rule_xor_bits,
+             rule_no_async_copy, rule_no_q_in_registers, rule_no_xor_swizzle, rule_pad_bytes,
              rule_no_warp_roles, rule_threads, rule_always_rescales)
 
 

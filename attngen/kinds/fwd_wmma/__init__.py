@@ -16,7 +16,7 @@ from ...core.kind import Kind
 from ...core.layout import Region
 from ...core.spec import (ForwardSpec, rule_always_rescales, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
                           rule_head_dim_vector_loads, rule_no_q_in_registers, rule_no_warp_roles, rule_no_xor_swizzle,
-                          rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async, rule_threads, rule_xor_bits)
+                          rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async, rule_threads)
 from ...errors import SpecError
 
 NAME = "fwd_wmma"
@@ -32,7 +32,7 @@ class WmmaSpec(ForwardSpec):
     key_unit_why = "whole k16 steps of the P.V product"
     rules = (rule_head_dim_vector_loads, rule_head_dim_fragments, rule_block_m_split, rule_block_n,
              rule_stages_need_async, rule_no_q_in_registers, rule_no_xor_swizzle, rule_pad_bytes, rule_pad_16_bytes,
-             rule_xor_bits, rule_no_warp_roles, rule_threads, rule_always_rescales)
+             rule_no_warp_roles, rule_threads, rule_always_rescales)
 
 
 @dataclass(frozen=True)

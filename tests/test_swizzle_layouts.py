@@ -1,0 +1,85 @@
+"""Every kind's tile layout, swept over head dims and XOR widths: a spec the rules accept lays each
+16-byte chunk of every tile row at its own address inside the tile; a spec whose XOR would move a
+chunk past its row is refused with the key and the fix. Checked in Python, from the plan."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attngen.errors import SpecError
+from attngen.kinds import KINDS, kind_of
+from attngen.plan import make_plan
+from attngen.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def base_specs() -> dict:
+    """One committed spec per kind (its first, by file name)."""
+    out = {}
+    for path in sorted((ROOT / "specs").glob("*.yaml")):
+        out.setdefault(kind_of(load_spec(path)).name, path)
+    return out
+
+
+BASES = base_specs()
+XOR_KINDS = ("fwd_mma", "decode_mma")     # the kinds whose tiles take any XOR width (wgmma: 128-byte panels only)
+
+
+def test_every_kind_has_a_base_spec():
+    assert set(BASES) == {k.name for k in KINDS}
+
+
+def tile_rows(plan) -> int:
+    return max(plan.block_m, plan.block_n)
+
+
+def assert_chunks_stay_in_their_tile(plan):
+    # A row of the address function: a tile row, or one 128-byte panel row of the wgmma tiles.
+    sw, rows = plan.swizzle, tile_rows(plan)
+    chunks = min(plan.chunks_per_row, sw.pitch_bytes // 16)
+    seen = set()
+    for row in range(rows):
+        for chunk in range(chunks):
+            at = sw.chunk_offset(row, chunk)
+            assert row * sw.pitch_bytes <= at < row * sw.pitch_bytes + chunks * 16, (row, chunk, at)
+            assert at not in seen, (row, chunk, at)
+            seen.add(at)
+
+
+@pytest.mark.parametrize("kind", sorted(BASES))
+@pytest.mark.parametrize("xor_bits", [0, 1, 2, 3])
+def test_swizzle_sweep(kind, xor_bits):
+    data = yaml.safe_load(BASES[kind].read_text())
+    accepted = refused = 0
+    for head_dim in range(16, 257, 8):
+        spec = dict(data, head_dim=head_dim, name=f"sweep_{kind}")
+        spec["smem"] = dict(data.get("smem", {}), swizzle={"xor_bits": xor_bits} if xor_bits else "none")
+        try:
+            plan = make_plan(parse_spec(yaml.safe_dump(spec)))
+        except SpecError as exc:
+            chunks = head_dim * 2 // 16
+            if exc.key == "smem.swizzle.xor_bits":
+                assert chunks % (1 << xor_bits), f"{kind} d{head_dim}: refused a swizzle that fits: {exc}"
+                assert "use " in str(exc)
+                refused += 1
+            continue   # refused for another rule of the kind (head dims it does not take, budgets)
+        if plan.swizzle.is_xor:
+            assert plan.chunks_per_row % (1 << plan.swizzle.xor_bits) == 0, f"{kind} d{head_dim} accepted"
+        assert_chunks_stay_in_their_tile(plan)
+        accepted += 1
+    if xor_bits and kind in XOR_KINDS:
+        assert accepted and (refused or xor_bits == 1), f"{kind}: the sweep reached no {'refusal' if accepted else 'plan'}"
+
+
+@pytest.mark.parametrize("name, head_dim, xor_bits", [("h200_decode_d64", 80, 3), ("l4_mma_d64", 80, 3),
+                                                      ("h200_decode_d64", 48, 3), ("l4_mma_d64", 16, 4)])
+def test_reported_overflows_are_refused(name, head_dim, xor_bits):
+    data = yaml.safe_load((ROOT / "specs" / f"{name}.yaml").read_text())
+    data["head_dim"] = head_dim
+    data["smem"] = dict(data["smem"], swizzle={"xor_bits": xor_bits})
+    with pytest.raises(SpecError, match="can land past the row's end; use ") as info:
+        make_plan(parse_spec(yaml.safe_dump(data)))
+    assert info.value.key == "smem.swizzle.xor_bits"
