@@ -292,11 +292,20 @@ def test_min_blocks_per_sm_reaches_launch_bounds():
 
 
 def test_min_blocks_per_sm_must_fit_the_sm():
-    # 4 warps = 128 threads; the L4 holds 1536 threads per SM, so 12 blocks fit and 13 do not
-    assert plan_of(spec_text() + "min_blocks_per_sm: 12\n").min_blocks_per_sm == 12
+    # 4 warps = 128 threads; the L4 holds 1536 threads per SM, so 13 blocks do not fit; 8 fit with
+    # the 64 accumulator registers the kernel holds (65536 / (8 x 128) = 64 per thread)
+    assert plan_of(spec_text() + "min_blocks_per_sm: 8\n").min_blocks_per_sm == 8
     with pytest.raises(SpecError) as info:
         plan_of(spec_text() + "min_blocks_per_sm: 13\n")
     assert info.value.key == "min_blocks_per_sm" and "min_blocks_per_sm <= 12" in info.value.hint
+
+
+def test_min_blocks_per_sm_must_leave_the_registers_the_kernel_holds():
+    with pytest.raises(SpecError) as info:
+        plan_of(spec_text() + "min_blocks_per_sm: 12\n")
+    assert info.value.key == "min_blocks_per_sm"
+    assert "cap ptxas at 40 registers per thread, but the kernel holds at least 64" in info.value.message
+    assert "use min_blocks_per_sm <= 8" in info.value.message
 
 
 def test_wgmma_homogeneous_issuer():

@@ -41,6 +41,12 @@ class Region:
         return self.offset + self.bytes
 
 
+def register_cap(regs_per_sm: int, threads: int, blocks: int) -> int:
+    """Registers per thread ptxas may use so that `blocks` blocks of `threads` fit on one SM (it
+    allocates in units of 8, at most 255)."""
+    return min(255, regs_per_sm // (blocks * threads) // 8 * 8)
+
+
 def xor_misfit(chunks: int, xor_bits: int, head_dim: int) -> str | None:
     """Why an XOR of the low `xor_bits` bits of the chunk index breaks a row of `chunks` 16-byte
     chunks, with the fix; None when it fits. The XOR permutes aligned groups of 2**xor_bits chunks,
@@ -237,6 +243,5 @@ class Occupancy:
         return self.target.regs_per_sm // (per_warp * (self.threads // 32))
 
     def register_cap(self, min_blocks: int) -> int:
-        """Registers per thread ptxas may use so that `min_blocks` blocks fit on one SM (it
-        allocates in units of 8)."""
-        return min(255, self.target.regs_per_sm // (min_blocks * self.threads) // 8 * 8)
+        """Registers per thread ptxas may use so that `min_blocks` blocks fit on one SM."""
+        return register_cap(self.target.regs_per_sm, self.threads, min_blocks)

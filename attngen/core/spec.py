@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import SpecError
 from ..targets import TARGETS
-from .layout import xor_misfit
+from .layout import register_cap, xor_misfit
 from .specio import line_of
 from .variants import MASKS
 
@@ -178,6 +178,11 @@ class ForwardSpec(SpecBase):
         w = self.warps
         return w.producer if isinstance(w, SpecializedWarps) else 0
 
+    def register_need(self) -> tuple[int, str] | None:
+        """(registers per thread the kernel needs at least, what they hold), for kinds that know it
+        (their accumulators and fragments); None: the kind does not say."""
+        return None
+
 
 # -- rules every forward kind uses ----------------------------------------------------------------
 
@@ -242,8 +247,28 @@ def rule_xor_bits(s: ForwardSpec):
             return "smem.swizzle.xor_bits", problem
 
 
-# Every forward-shaped kind's tiles go through core.forward.tile_swizzle: its legality is not a kind's choice.
-ForwardSpec.shared_rules = (rule_xor_bits,)
+def rule_register_cap(s: ForwardSpec):
+    """min_blocks_per_sm caps the registers ptxas may use; a cap below what the kernel is known to
+    hold makes ptxas fail (wgmma: C7602) or spill its accumulators to local memory."""
+    blocks, need = s.min_blocks_per_sm, s.register_need()
+    if blocks is None or need is None:
+        return None
+    threads = 32 * (s.compute_warps + s.producer_warps)
+    target = TARGETS[s.target]
+    if blocks * threads > target.max_threads_per_sm:
+        return None    # the plan refuses it first: that many blocks are not resident at all
+    regs = target.regs_per_sm
+    cap = register_cap(regs, threads, blocks)
+    if cap < need[0]:
+        fit = max((n for n in range(1, blocks) if register_cap(regs, threads, n) >= need[0]), default=None)
+        fix = f"use min_blocks_per_sm <= {fit}, or leave it unset" if fit else "leave min_blocks_per_sm unset"
+        return "min_blocks_per_sm", (f"{blocks} blocks of {threads} threads per SM cap ptxas at {cap} registers per "
+                                     f"thread, but the kernel holds at least {need[0]} ({need[1]}); {fix}")
+
+
+# Every forward-shaped kind's tiles go through core.forward.tile_swizzle, and every kind's launch
+# bounds through ptxas: neither is a kind's choice.
+ForwardSpec.shared_rules = (rule_xor_bits, rule_register_cap)
 
 
 def rule_warp_roles_need_a_ring(s: ForwardSpec):

@@ -52,6 +52,9 @@ class DecodeSpec(ForwardSpec):
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
 
+    def register_need(self):
+        return accumulators(self) + q_registers(self), "fp32 S and O accumulators and Q fragments"
+
 
 def rule_homogeneous(s):
     if not isinstance(s.warps, HomogeneousWarps):

@@ -32,6 +32,10 @@ class MmaSpec(ForwardSpec):
              rule_stages_need_async, rule_pad_bytes, rule_pad_16_bytes, rule_warp_roles_need_a_ring,
              rule_threads)
 
+    def register_need(self):
+        f = fragments(self, self.tile.block_m // self.compute_warps, None)
+        return f.est_regs, "fp32 S and O accumulators" + (" and Q fragments" if f.q_regs else "")
+
 
 @dataclass(frozen=True)
 class MmaFragments:

@@ -118,10 +118,15 @@ def entry_cap(s) -> int:
     return TARGETS[s.target].regs_per_sm // threads // 8 * 8
 
 
+def consumer_need(s) -> int:
+    """Registers a consumer thread needs: its S and O accumulators and ACCUMULATOR_MARGIN."""
+    return s.tile.block_n // 2 + s.head_dim // 2 + ACCUMULATOR_MARGIN
+
+
 def rule_registers(s):
     r = s.registers
     consumers = s.compute_warps // WARPGROUP
-    need = s.tile.block_n // 2 + s.head_dim // 2 + ACCUMULATOR_MARGIN
+    need = consumer_need(s)
     if r is None:
         if need > entry_cap(s):
             return "registers", (f"a consumer thread needs about {need} registers (S {s.tile.block_n // 2} + O "
@@ -187,6 +192,10 @@ class WgmmaSpec(ForwardSpec):
     rules = (rule_target_has_sm90a, rule_head_dim_panels, rule_warpgroups, rule_block_m_rows, rule_block_n,
              rule_swizzle_128b, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads,
              rule_no_varlen)
+
+    def register_need(self):
+        return (consumer_need(self), f"a consumer thread's S {self.tile.block_n // 2} and O {self.head_dim // 2} "
+                                     f"accumulators + {ACCUMULATOR_MARGIN}")
 
 
 @dataclass(frozen=True)
