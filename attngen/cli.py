@@ -170,8 +170,8 @@ def build(specs, out_dir, specs_dir, as_json):
     """Render SPECS (default: every spec in specs/) to OUT/<name>.cu.
 
     Writes only files whose content changed, and says which; each file is written atomically
-    (a temporary file renamed into place), so an interrupted or failed build never leaves half a
-    file. A bad spec is reported and the others are still built; two specs with the same name
+    (a temporary file renamed into place), and a spec's files (a decode bundle's split and combine)
+    all or none, so an interrupted or failed build never leaves half a file or half a bundle. A bad spec is reported and the others are still built; two specs with the same name
     are refused (nothing written for either). Exits 2 when any spec was refused, 3 when a file
     cannot be written.
     """
@@ -188,14 +188,17 @@ def build(specs, out_dir, specs_dir, as_json):
     if rendered:
         fsutil.ensure_dir(out)
     for path, r in rendered:
+        changed = []
         for name, source in r.files:
             dest = out / name
             if _read_existing(dest) == source:
                 files.append({"spec": str(path), "file": str(dest), "status": "unchanged"})
                 if not as_json:
                     click.echo(f"unchanged {dest}")
-                continue
-            fsutil.atomic_write_text(dest, source)
+            else:
+                changed.append((dest, source))
+        fsutil.atomic_write_texts(changed)   # a bundle's files all, or none of them
+        for dest, _ in changed:
             files.append({"spec": str(path), "file": str(dest), "status": "written",
                           "smem_bytes": r.plan.smem_bytes, "threads": r.plan.threads})
             if not as_json:
@@ -544,9 +547,12 @@ def _cells(ctx, param, value):
         return None
     from .eval.decode_bench import parse_cell
     try:
-        return tuple(parse_cell(c) for c in value.split(",") if c.strip())
+        cells = tuple(parse_cell(c) for c in value.split(",") if c.strip())
     except ValueError as e:
         raise click.BadParameter(str(e))
+    if not cells:
+        raise click.BadParameter("name at least one cell BxHq/HkvxSkxSq (e.g. 8x32/8x8192x1)")
+    return cells
 
 
 def _lengths(ctx, param, value):
@@ -637,13 +643,22 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     """
     from . import fsutil
     from .eval.bench import CAUSAL_CHOICES
-    from .eval.conventions import EVALS, BenchOptions, by_convention
+    from .eval.conventions import EVALS, BenchOptions, by_convention, option_problems
     from .render import render_spec_file
     all_paths = _spec_files(specs, specs_dir)
     groups = by_convention(all_paths, [render_spec_file(p).plan for p in all_paths])
     opts = BenchOptions(shapes=shapes, dtypes=dtypes or ("fp16", "bf16"), causals=CAUSAL_CHOICES[causal],
                         backends=backends, reps=reps, cells=cells, paged=paged, varlen=varlen, lengths=lengths,
                         heads=heads, plot_file=plot_file)
+
+    ctx = click.get_current_context()
+    given = {field for param, field in (("shapes", "shapes"), ("cells", "cells"), ("paged", "paged"),
+                                        ("varlen", "varlen"), ("lengths", "lengths"), ("heads", "heads"),
+                                        ("plot_file", "plot_file"))
+             if ctx.get_parameter_source(param) is click.core.ParameterSource.COMMANDLINE}
+    problems = option_problems(groups, opts, given)
+    if problems:   # before any GPU check: a wrong option is the user's to fix, whatever the machine
+        raise click.UsageError("; ".join(problems))
 
     def progress(label, length):
         return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
@@ -789,8 +804,13 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     import re
     from . import fsutil
     from .eval import sweep as S
+    from .kinds import kind_of
     from .spec import load_spec
     base = load_spec(base_spec)
+    kind = kind_of(base)
+    if kind.space is None:
+        raise click.UsageError(f"{base_spec}: sweep searches the variants a kind declares, and {kind.name} specs "
+                               f"declare none; write variants as specs and time them with `attngen bench`")
     if arch is not None and not re.fullmatch(r"sm_\d+a?", arch):
         raise click.BadParameter(f"must look like sm_89 or sm_90a (got {arch!r})", param_hint="--arch")
     if not shapes and not compile_only:

@@ -74,20 +74,15 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically: readers see the old file or the new one, never a part.
-
-    The directory must exist. An existing file keeps its permission bits; a new one gets the
-    usual 0666 minus the umask.
-    """
-    dest = Path(path)
-    parent = dest.parent
+def _staged(dest: Path, data: bytes) -> str:
+    """A temporary file beside `dest` holding `data`, with dest's permission bits (a new file: the
+    usual 0666 minus the umask); WriteError naming dest when it cannot be made."""
     try:
         mode = os.stat(dest).st_mode & 0o7777
     except OSError:
         mode = 0o666 & ~_UMASK
     try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{dest.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     except OSError as exc:
         raise WriteError(f"cannot write {dest}: {reason(exc)}") from None
     try:
@@ -97,12 +92,60 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         finally:
             os.close(fd)
         os.chmod(tmp, mode)
-        os.replace(tmp, dest)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise WriteError(f"cannot write {dest}: {reason(exc)}") from None
-    _fsync_dir(parent)
+    return tmp
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically: readers see the old file or the new one, never a part.
+
+    The directory must exist. An existing file keeps its permission bits; a new one gets the
+    usual 0666 minus the umask.
+    """
+    atomic_write_all([(path, data)])
+
+
+def atomic_write_all(files) -> None:
+    """Write every (path, bytes) of `files`, or none: each is staged beside its destination first
+    (a full disk or a read-only folder fails there, before any file changes), then renamed into
+    place; a rename that still fails puts the files already replaced back as they were."""
+    files = [(Path(p), data) for p, data in files]
+    staged = []
+    try:
+        for dest, data in files:
+            staged.append((_staged(dest, data), dest))
+    except WriteError:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    done = []      # (dest, its old bytes or None)
+    for i, (tmp, dest) in enumerate(staged):
+        try:
+            old = dest.read_bytes() if dest.is_file() else None
+            os.replace(tmp, dest)
+        except OSError as exc:
+            for later, _ in staged[i:]:
+                with contextlib.suppress(OSError):
+                    os.unlink(later)
+            for earlier, previous in reversed(done):
+                with contextlib.suppress(OSError, WriteError):
+                    if previous is None:
+                        os.unlink(earlier)
+                    else:
+                        os.replace(_staged(earlier, previous), earlier)
+            raise WriteError(f"cannot write {dest}: {reason(exc)}") from None
+        done.append((dest, old))
+    for parent in dict.fromkeys(dest.parent for dest, _ in files):
+        _fsync_dir(parent)
+
+
+def atomic_write_texts(files) -> None:
+    """atomic_write_all of (path, text) pairs, as UTF-8."""
+    atomic_write_all([(p, text.encode("utf-8")) for p, text in files])
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -444,6 +444,24 @@ HOSTILE_OPTIONS = {
     "compile_arch_second_bad": ["compile", _spec(), "--arch", "sm_89", "--arch", "sm_"],
     "build_unknown_option": ["build", "--frobnicate"],
     "check_no_specs": ["check", "--specs-dir", "/nonexistent-attngen-specs"],
+    # options that fit none of the specs: refused before any GPU check (exit 2, even with no torch)
+    "bench_cells_empty": ["bench", "--cells", ",,", _spec("specs/h200_decode_d128.yaml")],
+    "bench_cells_huge": ["bench", "--cells", "1x32/8x99999999999999x1", _spec("specs/h200_decode_d128.yaml")],
+    "bench_cells_forward_only": ["bench", "--cells", "1x32/8x1024x1", _spec("specs/l4_mma_d64.yaml")],
+    "bench_varlen_spec_without": ["bench", "--varlen", _spec("specs/l4_mma_d64.yaml")],
+    "bench_varlen_decode_only": ["bench", "--varlen", _spec("specs/h200_decode_d128.yaml")],
+    "bench_paged_contiguous_spec": ["bench", "--paged", _spec("specs/h200_decode_d128_contiguous.yaml")],
+    "sweep_decode_spec": ["sweep", _spec("specs/h200_decode_d128.yaml"), "--shapes", "1x8x512x128"],
+}
+
+OPTION_MESSAGES = {
+    "bench_cells_empty": "name at least one cell",
+    "bench_cells_huge": "Sk must be at most 4194304",
+    "bench_cells_forward_only": "--cells applies to decode specs",
+    "bench_varlen_spec_without": "l4_mma_d64 has none (give specs with varlen: true)",
+    "bench_varlen_decode_only": "--varlen applies to forward specs",
+    "bench_paged_contiguous_spec": "h200_decode_d128_contiguous reads contiguous caches only",
+    "sweep_decode_spec": "decode_mma specs declare none",
 }
 
 
@@ -453,8 +471,12 @@ def test_hostile_option(name, monkeypatch):
     def no_compile(*a, **kw):
         raise AssertionError("compiled despite a bad option")
     monkeypatch.setattr(compile_mod, "compile_source", no_compile)
-    line = assert_clean(*invoke(HOSTILE_OPTIONS[name]))
+    code, out, err, *rest = invoke(HOSTILE_OPTIONS[name])
+    line = assert_clean(code, out, err, *rest)
     assert line.startswith("Error:"), line
+    assert code == 2, (code, line)
+    if name in OPTION_MESSAGES:
+        assert OPTION_MESSAGES[name] in line, line
 
 
 def test_explain_arch_of_another_target_says_why(monkeypatch):
@@ -1058,3 +1080,18 @@ def test_an_entry_another_thread_just_made_is_not_damage(tmp_path, monkeypatch):
     warnings = []
     compile_mod.clear_non_directory_entry(entry, warnings.append)
     assert entry.is_dir() and warnings == []
+
+
+def test_a_bundle_is_written_whole_or_not_at_all(tmp_path):
+    """A decode spec renders two files; when the second cannot be written, the first is put back as
+    it was (absent, or its old text) and the build exits 3."""
+    out = tmp_path / "gen"
+    out.mkdir()
+    (out / "h200_decode_d128_combine.cu").mkdir()          # a folder where the file goes: its rename fails
+    code, stdout, stderr, *_ = invoke(["build", _spec("specs/h200_decode_d128.yaml"), "--out", out])
+    assert code == 3, (stdout, stderr)
+    assert not (out / "h200_decode_d128_split.cu").exists()
+    (out / "h200_decode_d128_split.cu").write_text("old text\n")
+    code, *_ = invoke(["build", _spec("specs/h200_decode_d128.yaml"), "--out", out])
+    assert code == 3 and (out / "h200_decode_d128_split.cu").read_text() == "old text\n"
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]

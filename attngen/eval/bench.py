@@ -347,6 +347,16 @@ def plot(report: BenchReport, path: str | Path) -> None:
     fsutil.atomic_write_bytes(path, plot_image(report, plot_format(path)))
 
 
+def check_options(paths, plans, opts) -> list[str]:
+    """Problems of `attngen bench`'s options with these forward specs (no GPU needed)."""
+    if opts.varlen:
+        plain = [p.spec.name for p in plans if not p.varlen]
+        if plain:
+            return [f"--varlen times the packed-sequence call; {', '.join(plain)} {'has' if len(plain) == 1 else 'have'} "
+                    f"none (give specs with varlen: true)"]
+    return []
+
+
 def bench_specs(paths, plans, opts, progress, on_compile):
     """`attngen bench` on specs of the forward convention: the padded shapes beside SDPA's backends,
     or with opts.varlen the packed-sequence call beside torch's varlen flash path."""

@@ -38,12 +38,32 @@ class BenchRun:
 
 @dataclass(frozen=True)
 class ConventionEval:
-    bench: Callable                     # (paths, plans, BenchOptions, progress, on_compile) -> BenchRun
+    what: str                           # its specs, for messages ("decode specs (decode: split_kv)")
+    bench: Callable                     # (paths, plans, BenchOptions, progress, on_compile) -> BenchRun | None
+    check: Callable                     # (paths, plans, BenchOptions) -> problems with the options, before any GPU work
+    options: tuple[str, ...] = ()       # the BenchOptions only this convention's bench reads
     cases: Optional[Callable] = None    # (kernel, shapes, masks) -> verify cases; None: the padded forward suite
 
 
-EVALS = {"forward": ConventionEval(bench.bench_specs),
-         "decode": ConventionEval(decode_bench.bench_specs, decode_verify.verify_cases)}
+EVALS = {"forward": ConventionEval("forward specs", bench.bench_specs, bench.check_options,
+                                   ("shapes", "varlen", "lengths", "heads", "plot_file")),
+         "decode": ConventionEval("decode specs (decode: split_kv)", decode_bench.bench_specs,
+                                  decode_bench.check_options, ("cells", "paged"), decode_verify.verify_cases)}
+
+
+def option_problems(groups: dict, opts: BenchOptions, given: set) -> list[str]:
+    """What is wrong with the `given` options (BenchOptions field names the user set) for these
+    groups of specs ({convention: (paths, plans)}): an option no given spec takes, then each
+    convention's own checks. Needs no GPU."""
+    problems = []
+    for name in sorted(given):
+        owners = [c for c, e in EVALS.items() if name in e.options]
+        if owners and not any(c in groups for c in owners):
+            problems.append(f"--{name.replace('_file', '').replace('_', '-')} applies to "
+                            f"{' and '.join(EVALS[c].what for c in owners)}; none of the given specs is one")
+    for convention, (paths, plans) in groups.items():
+        problems += EVALS[convention].check(paths, plans, opts)
+    return problems
 
 
 def convention_of(plan) -> str:
@@ -66,4 +86,5 @@ def kernel_cases(kernel):
     return EVALS[getattr(kernel, "convention", None) or convention_of(kernel.plan)].cases
 
 
-__all__ = ["BenchOptions", "BenchRun", "ConventionEval", "EVALS", "by_convention", "convention_of", "kernel_cases"]
+__all__ = ["BenchOptions", "BenchRun", "ConventionEval", "EVALS", "by_convention", "convention_of", "kernel_cases",
+           "option_problems"]

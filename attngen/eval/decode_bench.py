@@ -106,6 +106,10 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
     return out
 
 
+# The largest cell sizes bench takes: the grid's batch limit, and caches that a GPU can hold.
+CELL_MAX = {"batch": 65535, "heads": 1024, "seqlen_k": 1 << 22, "seqlen_q": 256}
+
+
 def parse_cell(text: str) -> DecodeCell:
     """'BxHq/HkvxSkxSq', e.g. 8x32/8x8192x1."""
     try:
@@ -116,6 +120,10 @@ def parse_cell(text: str) -> DecodeCell:
         raise ValueError(f"{text!r} is not a decode cell BxHq/HkvxSkxSq (e.g. 8x32/8x8192x1)") from None
     if min(cell.batch, cell.heads, cell.kv_heads, cell.seqlen_k, cell.seqlen_q) < 1 or cell.heads % cell.kv_heads:
         raise ValueError(f"{text!r}: every size must be >= 1 and Hq a multiple of Hkv")
+    for what, value, most in (("B", cell.batch, CELL_MAX["batch"]), ("Hq", cell.heads, CELL_MAX["heads"]),
+                              ("Sk", cell.seqlen_k, CELL_MAX["seqlen_k"]), ("Sq", cell.seqlen_q, CELL_MAX["seqlen_q"])):
+        if value > most:
+            raise ValueError(f"{text!r}: {what} must be at most {most} (got {value})")
     return cell
 
 
@@ -163,6 +171,17 @@ def format_decode(report: dict, backends) -> str:
         lines.append(f"{r['cell']:<26} {r['spec']:<26} {r['attngen_us']:>9.1f} {num(r.get('attngen_eager_us')):>9} "
                      f"{r['splits'] or 1:>6} {r['gbps']:>6.0f} {r['pct_of_copy']:>5.0f}% {theirs} {vs}")
     return "\n".join(lines)
+
+
+def check_options(paths, plans, opts) -> list[str]:
+    """Problems of `attngen bench`'s options with these decode specs (no GPU needed)."""
+    if opts.paged:
+        contiguous = [p.spec.name for p in plans if not p.page_size]
+        if contiguous:
+            return [f"--paged reads the cache through a page table; {', '.join(contiguous)} "
+                    f"{'reads' if len(contiguous) == 1 else 'read'} contiguous caches only (give decode specs with "
+                    f"page_size)"]
+    return []
 
 
 def bench_specs(paths, plans, opts, progress, on_compile):

@@ -8,7 +8,7 @@ from pathlib import Path
 from ... import fsutil
 from ...spec import spec_dict, spec_yaml
 from ..bench import Case
-from .build import Candidate, candidate_name
+from .build import COMPILE_FAILED, Candidate, candidate_name
 from .search import SweepReport
 from .space import choice_of, shape_of
 
@@ -46,6 +46,12 @@ def format_report(report: SweepReport, *, top: int | None = 20) -> str:
         if top is not None and len(ranked) > top:
             lines.append(f"      ... {len(ranked) - top} more in --json")
     lines += ["", "candidates:"] + [f"  {k:<28} {v:>5}" for k, v in report.counts().items()]
+    failures = list(dict.fromkeys(r.compile.note for r in report.results
+                                  if r.compile is not None and r.compile.status == COMPILE_FAILED and r.compile.note))
+    if failures:   # nvcc's own words, so a failure that hits every candidate (a wrong --arch) says why
+        lines += ["", "compile failures (nvcc):"] + [f"  {note}" for note in failures[:3]]
+        if len(failures) > 3:
+            lines.append(f"  ... {len(failures) - 3} more in --json")
     return "\n".join(lines)
 
 
