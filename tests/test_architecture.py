@@ -156,7 +156,17 @@ def test_the_kind_name_check_can_fail():
     assert [w for _, w in compared_kind_words(tree)] == ["mma_m16n8k16", "scalar", "family", "wmma_m16n16k16"]
 
 
-SHARED_TEMPLATES = sorted((PKG / "templates").rglob("*.j2"))
+SHARED_TEMPLATES = sorted((ROOT / "templates" / "lib").rglob("*.j2"))
+
+
+def test_templates_mirror_the_kinds():
+    """templates/ holds lib/ and one folder per kind package of attngen/kinds/, and no template
+    lives inside attngen/."""
+    kinds = {p.name for p in (PKG / "kinds").iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in (ROOT / "templates").iterdir() if p.is_dir()}
+    assert folders == kinds | {"lib"}
+    assert {k.template_folder for k in KINDS} == kinds
+    assert not list(PKG.rglob("*.j2"))
 
 
 @pytest.mark.parametrize("path", SHARED_TEMPLATES, ids=[p.name for p in SHARED_TEMPLATES])
@@ -166,7 +176,10 @@ def test_shared_templates_know_no_kind(path):
             assert not re.search(rf"\b{re.escape(word)}\b", tag), f"{path.name}: {tag!r} names {word}"
 
 
-@pytest.mark.parametrize("path", sorted(PKG.rglob("*.j2")), ids=lambda p: f"{p.parent.name}/{p.name}")
+ALL_TEMPLATES = sorted((ROOT / "templates").rglob("*.j2"))
+
+
+@pytest.mark.parametrize("path", ALL_TEMPLATES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_templates_bind_values(path):
     """No template logic inside a C++ parameter or argument list: a `{% if %}` or `{{ ... if ... }}`
     between a `(` and its `)` on the lines it spans; C++ decides with constexpr and if constexpr."""
@@ -185,7 +198,7 @@ def test_templates_bind_values(path):
 
 
 def test_ln2_is_defined_once():
-    sources = "".join(p.read_text() for p in PKG.rglob("*.j2"))
+    sources = "".join(p.read_text() for p in ALL_TEMPLATES)
     assert sources.count("0.6931471805599453") == 1
 
 
@@ -376,7 +389,7 @@ def two_part_plan(spec, file=None):
 
 
 TWO_PART = Kind("test_two_part", "two-part test kind", ("mma", "mma_m16n8k16_pair"), TwoPartSpec, two_part_plan,
-                fwd_mma.explain, fwd_mma.KIND.template_dir)
+                fwd_mma.explain, templates="fwd_mma")
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The wheel's package list holds every package under attngen/ (it is listed, not found, because
-specs/ and generated/ ship inside it as attngen/specs and attngen/generated)."""
+templates/, specs/ and generated/ ship inside it as attngen/templates, attngen/specs and
+attngen/generated), and the top level is the design card's."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,5 +17,20 @@ def test_package_list_holds_every_package():
     listed = set(config["packages"])
     found = {".".join(p.relative_to(ROOT).parts[:-1]) for p in (ROOT / "attngen").rglob("__init__.py")}
     assert found <= listed, f"add to pyproject's packages: {sorted(found - listed)}"
-    assert listed - found == {"attngen.specs", "attngen.generated"}
-    assert config["package-dir"] == {"attngen.specs": "specs", "attngen.generated": "generated"}
+    shipped = {"templates", "specs", "generated"}
+    assert listed - found == {f"attngen.{name}" for name in shipped}
+    assert config["package-dir"] == {f"attngen.{name}": name for name in shipped}
+
+
+def test_top_level_is_the_design_card():
+    """pyproject.toml, attngen, templates, specs, generated, tests, README.md (and docs, the CI
+    folder and the repository's own files)."""
+    import shutil
+    import subprocess
+    if not shutil.which("git") or not (ROOT / ".git").exists():
+        pytest.skip("needs the git checkout to list the tracked files")
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = {f.split("/")[0] for f in files if not f.startswith(".")}
+    card = {"pyproject.toml", "attngen", "templates", "specs", "generated", "tests", "README.md"}
+    assert card <= tracked
+    assert tracked - card <= {"docs"}, tracked - card

@@ -1,9 +1,9 @@
-"""What a kernel kind is: the unit of growth. A kind lives in its own package under attngen/kinds/
-and is registered once in attngen/kinds/__init__.py; nothing outside it knows its name."""
+"""What a kernel kind is: the unit of growth. A kind lives in its own package under attngen/kinds/,
+its templates in templates/<kind>/, and is registered once in attngen/kinds/__init__.py; nothing
+outside it knows its name."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional
 
 
@@ -15,10 +15,14 @@ class Kind:
     spec_model: type                    # its pydantic model (a core.spec.SpecBase subclass)
     plan: Callable                      # (spec, file) -> its plan
     explain: Callable                   # plan -> lines of its explain section
-    template_dir: Path                  # its templates; shared ones come from attngen/templates
     space: Optional[Callable] = None    # base spec -> the SearchSpace `attngen sweep` explores (core.space)
-    calls: str = "forward"              # its kernels' call convention: "forward" (attngen.runtime.Kernel:
-                                        # kernel(q, k, v, causal=...)) or "decode" (attngen.decode)
+    calls: str = "forward"              # its kernels' call convention (attngen/runtime/calls): "forward"
+                                        # (kernel(q, k, v, causal=...)) or "decode"
+    templates: Optional[str] = None     # its folder under templates/ (default: its name); shared ones: templates/lib
+
+    @property
+    def template_folder(self) -> str:
+        return self.templates or self.name
 
     def __repr__(self) -> str:
         return f"<kind {self.name}>"

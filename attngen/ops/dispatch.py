@@ -6,14 +6,14 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from ..shipped import shipped
+
 from .table import load_table, select, table_path
 
 def specs_dir() -> Path:
     """The specs the library serves: attngen/specs in an installed wheel, else the repository's
     specs/ (a checkout or an editable install)."""
-    package = Path(__file__).resolve().parent.parent
-    installed = package / "specs"
-    return installed if installed.is_dir() else package.parent / "specs"
+    return shipped("specs")
 
 
 SPECS_DIR = specs_dir()

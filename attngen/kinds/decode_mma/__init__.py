@@ -14,7 +14,6 @@ over the SM count (`num_splits`), overridable per spec (`max_splits`) and per ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import Field
@@ -241,4 +240,4 @@ def explain(plan) -> list[str]:
              if plan.page_size else "KV cache: contiguous only (no page_size)")]
 
 
-KIND = Kind(NAME, TITLE, SELECTOR, DecodeSpec, plan, explain, Path(__file__).parent, calls="decode")
+KIND = Kind(NAME, TITLE, SELECTOR, DecodeSpec, plan, explain, calls="decode")

@@ -4,7 +4,6 @@ producer warps handing tiles to consumer warps over mbarriers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -96,5 +95,4 @@ def explain(plan) -> list[str]:
             f"online softmax: exp2 with the scale folded in; rescale {plan.rescale.replace('_', ' ')}"]
 
 
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), MmaSpec, plan, explain,
-            Path(__file__).parent, space=default_forward_space)
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), MmaSpec, plan, explain, space=default_forward_space)

@@ -3,7 +3,6 @@ block; lane l owns keys l + 32j of S and column pairs l + 32c of O; P goes throu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -84,5 +83,4 @@ def explain(plan) -> list[str]:
             f"row; P goes through shared memory; every tile rescales"]
 
 
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), ScalarSpec, plan, explain,
-            Path(__file__).parent, space=default_forward_space)
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), ScalarSpec, plan, explain, space=default_forward_space)

@@ -8,7 +8,6 @@ moves registers from the producer to the consumers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import Field
@@ -463,5 +462,4 @@ def sweep_space(base: WgmmaSpec) -> SearchSpace:
     ))
 
 
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaSpec, plan, explain, Path(__file__).parent,
-            space=sweep_space)
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaSpec, plan, explain, space=sweep_space)

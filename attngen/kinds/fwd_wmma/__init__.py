@@ -4,7 +4,6 @@ running output O lives in shared memory (fp32) where rows can be rescaled."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -87,5 +86,4 @@ def explain(plan) -> list[str]:
             "online softmax: exp2 with the scale folded in; rescale always"]
 
 
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WmmaSpec, plan, explain,
-            Path(__file__).parent, space=default_forward_space)
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WmmaSpec, plan, explain, space=default_forward_space)
