@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -43,7 +44,11 @@ class Group(click.Group):
 
 @click.group(cls=Group, epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="attngen")
-def main():
+@click.option("--root", type=click.Path(file_okay=False, exists=True), default=None,
+              help="the attngen project whose specs/ and generated/ the commands use by default (default: the "
+                   "nearest folder at or above the working directory whose pyproject.toml declares attngen)")
+@click.pass_context
+def main(ctx, root):
     """attngen: generate specialized FlashAttention-style CUDA kernels from YAML specs.
 
     \b
@@ -59,7 +64,52 @@ def main():
       attngen compile specs/phase4.yaml     # nvcc + ptxas register/spill report
       attngen check                         # is generated/ in sync with specs/?
       attngen verify                        # GPU: every spec against an fp32 reference
+
+    \b
+    Run from anywhere inside the project: specs/ and generated/ are the project's (the folder
+    whose pyproject.toml declares attngen), not the working directory's, unless given.
     """
+    ctx.obj = {"root": Path(root) if root else None}
+
+
+PROJECT_NAME = re.compile(r'^\s*name\s*=\s*["\']attngen["\']\s*$', re.M)
+
+
+def project_root(start: Path) -> Path | None:
+    """The nearest folder at or above `start` whose pyproject.toml declares the attngen project."""
+    for d in (start, *start.parents):
+        try:
+            text = (d / "pyproject.toml").read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if PROJECT_NAME.search(text):
+            return d
+    return None
+
+
+def _project_dir(value, name: str) -> str:
+    """An option's folder: as given, else the project's <name>/ (relative to the working directory
+    when it is inside the project, so messages read as before), else ./<name>."""
+    if value is not None:
+        return value
+    ctx = click.get_current_context(silent=True)
+    root = (ctx.find_root().obj or {}).get("root") if ctx else None
+    root = root or project_root(Path.cwd().resolve())
+    if root is None:
+        return name
+    return os.path.relpath(Path(root) / name)
+
+
+SPECS_DIR_HELP = "where to find specs when none are given (default: the project's specs/)"
+
+
+def _folder_option(ctx, param, value):
+    """A folder option: refused empty; unset, the project's folder of the option's name."""
+    if value == "":
+        raise click.BadParameter("is empty; name a folder (or leave the option out for the project's)")
+    if value is None:
+        return _project_dir(None, {"out_dir": "generated", "gen_dir": "generated"}.get(param.name, "specs"))
+    return value
 
 
 def _same_file_key(path: Path) -> Path:
@@ -79,7 +129,8 @@ def _spec_files(paths: tuple[str, ...], specs_dir: str) -> list[Path]:
         d = Path(specs_dir)
         files = sorted(sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")))
         if not files:
-            raise click.UsageError(f"no spec files given and none found in {d}/")
+            raise click.UsageError(f"no spec files given and none found in {d}/ (run inside an attngen project, "
+                                   f"pass --root PROJECT or --specs-dir, or name the specs)")
     seen: set[Path] = set()
     unique = []
     for f in files:
@@ -161,13 +212,13 @@ def _read_existing(path: Path) -> str | None:
 
 @main.command()
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--out", "out_dir", default="generated", show_default=True, type=click.Path(file_okay=False),
-              help="directory for the generated .cu files")
-@click.option("--specs-dir", default="specs", show_default=True, help="where to find specs when none are given")
+@click.option("--out", "out_dir", default=None, callback=_folder_option, type=click.Path(file_okay=False),
+              help="directory for the generated .cu files (default: the project's generated/)")
+@click.option("--specs-dir", default=None, callback=_folder_option, help=SPECS_DIR_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="print a JSON report (files written or unchanged, errors) instead of the text lines")
 def build(specs, out_dir, specs_dir, as_json):
-    """Render SPECS (default: every spec in specs/) to OUT/<name>.cu.
+    """Render SPECS (default: every spec in the project's specs/) to OUT/<name>.cu.
 
     Writes only files whose content changed, and says which; each file is written atomically
     (a temporary file renamed into place), and a spec's files (a decode bundle's split and combine)
@@ -214,8 +265,9 @@ def build(specs, out_dir, specs_dir, as_json):
 
 
 @main.command()
-@click.option("--specs-dir", default="specs", show_default=True)
-@click.option("--generated", "gen_dir", default="generated", show_default=True)
+@click.option("--specs-dir", default=None, callback=_folder_option, help=SPECS_DIR_HELP)
+@click.option("--generated", "gen_dir", default=None, callback=_folder_option,
+              help="the generated sources to check (default: the project's generated/)")
 @click.option("--json", "as_json", is_flag=True,
               help="print a JSON report (in sync, stale with diff, missing, orphans, errors)")
 def check(specs_dir, gen_dir, as_json):
@@ -444,7 +496,7 @@ def _archs(ctx, param, values):
 @click.option("--allow-spills", is_flag=True, help="do not fail when ptxas reports register spills")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="also write <name>.<arch>.cubin here")
 @click.option("--json", "as_json", is_flag=True, help="print the ptxas report as JSON")
-@click.option("--specs-dir", default="specs", show_default=True)
+@click.option("--specs-dir", default=None, callback=_folder_option, help=SPECS_DIR_HELP)
 def compile_cmd(specs, archs, allow_spills, out_dir, as_json, specs_dir):
     """Compile SPECS (default: every spec) with nvcc and report ptxas resources.
 
@@ -616,7 +668,7 @@ def _backends(ctx, param, value):
                    "1,17,64,100,256,333,512,700,1000,1024,1500,2048,2500,3000,3500,4096)")
 @click.option("--heads", default="16", show_default=True, metavar="H|Hq/Hkv", callback=_heads,
               help="--varlen: query heads, or query/key-value heads")
-@click.option("--specs-dir", default="specs", show_default=True)
+@click.option("--specs-dir", default=None, callback=_folder_option, help=SPECS_DIR_HELP)
 def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, cells, paged, varlen, lengths, heads,
           specs_dir):
     """Time SPECS (default: every spec) beside torch SDPA's backends on the GPU.
@@ -699,7 +751,7 @@ def schema():
               help="also write the full report (every case, errors, tolerances) to this file")
 @click.option("--seed", default=0, show_default=True, help="base seed of the random inputs")
 @click.option("--failures-only", is_flag=True, help="list only failing cases in the table")
-@click.option("--specs-dir", default="specs", show_default=True)
+@click.option("--specs-dir", default=None, callback=_folder_option, help=SPECS_DIR_HELP)
 def verify(specs, quick, json_path, seed, failures_only, specs_dir):
     """Run SPECS (default: every spec) on this GPU and compare every variant with torch.
 

@@ -1095,3 +1095,43 @@ def test_a_bundle_is_written_whole_or_not_at_all(tmp_path):
     code, *_ = invoke(["build", _spec("specs/h200_decode_d128.yaml"), "--out", out])
     assert code == 3 and (out / "h200_decode_d128_split.cu").read_text() == "old text\n"
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+# -- the project from anywhere inside it ------------------------------------------------------------
+
+def _mini_project(tmp_path) -> Path:
+    """A copy of the project's top level with one spec: pyproject.toml, specs/, generated/, tests/."""
+    root = tmp_path / "project"
+    (root / "specs").mkdir(parents=True)
+    (root / "generated").mkdir()
+    (root / "tests").mkdir()
+    shutil.copy(ROOT / "pyproject.toml", root)
+    shutil.copy(ROOT / "specs" / "phase4.yaml", root / "specs")
+    shutil.copy(ROOT / "generated" / "phase4.cu", root / "generated")
+    return root
+
+
+def _run(args, cwd):
+    return subprocess.run([sys.executable, "-m", "attngen", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=_cli_env(), timeout=120)
+
+
+def test_commands_find_the_project_from_inside_it(tmp_path):
+    root = _mini_project(tmp_path)
+    run = _run(["check"], root / "generated")                       # used to fail: "no spec files"
+    assert run.returncode == 0 and "1 generated file(s) in sync" in run.stdout, run.stdout + run.stderr
+    run = _run(["build", "../specs/phase4.yaml"], root / "tests")    # used to write tests/generated/
+    assert run.returncode == 0 and "unchanged ../generated/phase4.cu" in run.stdout, run.stdout + run.stderr
+    assert not (root / "tests" / "generated").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = _run(["--root", root, "check"], elsewhere)
+    assert run.returncode == 0, run.stdout + run.stderr
+    run = _run(["check"], elsewhere)
+    assert run.returncode == 2 and "pass --root PROJECT" in run.stderr, run.stderr
+
+
+def test_empty_out_is_refused(tmp_path):
+    run = _run(["build", "--out", "", ROOT / "specs" / "phase4.yaml"], tmp_path)
+    assert run.returncode == 2 and "'--out': is empty" in run.stderr, run.stderr
+    assert not list(tmp_path.iterdir())
