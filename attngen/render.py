@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
+from .core.forward import LN2, LOG2E
 from .core.input_errors import INPUT_ERRORS
 from .explain import explain
 from .plan import Plan, make_plan
@@ -27,6 +28,8 @@ def cpp(value) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, float):
+        return f"{value!r}f"       # the shortest decimal that reads back as this double, as a float literal
     raise TypeError(f"no C++ literal for {value!r}")
 
 
@@ -55,6 +58,7 @@ def environment(template_dir: str) -> jinja2.Environment:
     env.filters["asm_regs"] = asm_regs
     env.filters["asm_operands"] = asm_operands
     env.globals["input_errors"] = INPUT_ERRORS
+    env.globals["LOG2E"], env.globals["LN2"] = LOG2E, LN2     # one definition each, in core.forward
     return env
 
 

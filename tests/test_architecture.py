@@ -20,10 +20,10 @@ from attngen.cli import main
 from attngen.core.abi import Abi, AbiField, blob, int32, pointer
 from attngen.core.forward import FORWARD_ABI, Part
 from attngen.core.kind import Kind
-from attngen.kinds import KINDS, fwd_mma
+from attngen.kinds import KINDS, fwd_mma, kind_of
 from attngen.plan import make_plan
 from attngen.render import render_parts
-from attngen.spec import parse_spec
+from attngen.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "attngen"
@@ -197,9 +197,14 @@ def test_templates_bind_values(path):
             pytest.fail(f"{path.name}:{line_no}: template condition inside a parameter/argument list: {t}")
 
 
-def test_ln2_is_defined_once():
-    sources = "".join(p.read_text() for p in ALL_TEMPLATES)
-    assert sources.count("0.6931471805599453") == 1
+def test_log_constants_are_defined_once():
+    """ln 2 and log2 e are Python constants (core.forward) the templates bind, written nowhere else."""
+    import math
+    from attngen.core.forward import LN2, LOG2E
+    assert LN2 == math.log(2) and LOG2E == 1 / math.log(2)
+    sources = "".join(p.read_text() for p in ALL_TEMPLATES + MODULES)
+    for literal in ("0.693147", "1.442695"):
+        assert sources.count(literal) == 1, literal         # core/forward.py
 
 
 # -- one ABI list ---------------------------------------------------------------------------------
@@ -493,3 +498,12 @@ def test_eval_conventions_are_registered_once():
     from attngen.eval.conventions import EVALS
     from attngen.runtime.calls import CONVENTIONS
     assert set(EVALS) == set(CONVENTIONS)
+
+
+def test_fragment_numbers_take_keywords_only():
+    """A kind's typed fragment numbers are built by name: 27 positional ints cannot be reviewed."""
+    import dataclasses
+    for kind in KINDS:
+        spec = next(load_spec(p) for p in sorted((ROOT / "specs").glob("*.yaml")) if kind_of(load_spec(p)) is kind)
+        fragments = kind.plan(spec, None).fragments
+        assert all(f.kw_only for f in dataclasses.fields(fragments)), type(fragments).__name__

@@ -16,7 +16,8 @@ from .spec import ForwardSpec, PadSwizzle, XorSwizzle
 from .variants import MASKS, MaskVariant
 from .varlen import VARLEN_ABI_FIELDS, is_packed, mask_of, packed_key
 
-LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634    # scores are exponentiated with exp2: scale * log2(e) folds the change of base
+LN2 = 0.6931471805599453      # and LSE goes back to natural log with ln(2)
 
 ELEMENT_TYPES = {"fp16": ("half", "half2", "f16"), "bf16": ("__nv_bfloat16", "__nv_bfloat162", "bf16")}
 

@@ -36,7 +36,7 @@ class MmaSpec(ForwardSpec):
         return f.est_regs, "fp32 S and O accumulators" + (" and Q fragments" if f.q_regs else "")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MmaFragments:
     m_tiles: int            # 16-row A fragments per warp
     n_tiles: int            # 8-key accumulator tiles of S
@@ -55,8 +55,10 @@ def fragments(spec: MmaSpec, rows_per_warp: int, file) -> MmaFragments:
     d_tiles = spec.head_dim // 8
     k_qk = spec.head_dim // 16
     q_regs = m_tiles * k_qk * 4 if spec.smem.q_in_registers else 0
-    return MmaFragments(m_tiles, n_tiles, d_tiles, k_qk, spec.tile.block_n // 16, m_tiles * n_tiles * 4,
-                        m_tiles * d_tiles * 4, q_regs, m_tiles * (n_tiles + d_tiles) * 4 + q_regs)
+    return MmaFragments(m_tiles=m_tiles, n_tiles=n_tiles, d_tiles=d_tiles, k_steps_qk=k_qk,
+                        k_steps_pv=spec.tile.block_n // 16, s_regs=m_tiles * n_tiles * 4,
+                        o_regs=m_tiles * d_tiles * 4, q_regs=q_regs,
+                        est_regs=m_tiles * (n_tiles + d_tiles) * 4 + q_regs)
 
 
 # ldmatrix.x4 lane -> (row, chunk) maps of the template (see LdmatrixLanes in kernel.cu.j2)

@@ -43,7 +43,7 @@ class ScalarSpec(ForwardSpec):
              rule_no_warp_roles, rule_threads, rule_always_rescales)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScalarFragments:
     keys_per_lane: int      # S columns each lane owns
     pairs_per_lane: int     # elem2 column pairs of O each lane owns
@@ -51,7 +51,8 @@ class ScalarFragments:
 
 
 def fragments(spec: ScalarSpec, rows_per_warp: int, file) -> ScalarFragments:
-    return ScalarFragments(spec.tile.block_n // 32, spec.head_dim // 64, rows_per_warp)
+    return ScalarFragments(keys_per_lane=spec.tile.block_n // 32, pairs_per_lane=spec.head_dim // 64,
+                           rows_per_warp=rows_per_warp)
 
 
 def extra_regions(spec: ScalarSpec) -> list[Region]:

@@ -197,7 +197,7 @@ class WgmmaSpec(ForwardSpec):
                                      f"accumulators + {ACCUMULATOR_MARGIN}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WgmmaFragments:
     consumer_warpgroups: int
     producer_warpgroups: int
@@ -302,12 +302,17 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     maps = (TensorMapSpec("q", bm), TensorMapSpec("k", bn), TensorMapSpec("v", bn))
     if spec.epilogue == "tma":   # each consumer warpgroup stores its own 64 rows
         maps += (TensorMapSpec("o", ROWS_PER_WARPGROUP, store=True),)
-    frag = WgmmaFragments(consumers, producers, d // SWIZZLE_128B_COLS, bn // 2, d // 2, d // 16, bn // 16,
-                          regs.producer if regs else 0, regs.consumer if regs else 0, spec.schedule.overlap,
-                          spec.schedule.pingpong, SWIZZLE_128B_COLS, PANEL_BYTES, TILE_ALIGN, 16,
-                          16 * 2, SWIZZLE_128B_COLS // 16, bn * PANEL_BYTES, 16 * PANEL_BYTES, ROWS_PER_WARPGROUP,
-                          2 * WARPGROUP * 32, q_bytes, tile_bytes, has_producer, split_kv, issuer_thread,
-                          spec.epilogue)
+    frag = WgmmaFragments(consumer_warpgroups=consumers, producer_warpgroups=producers,
+                          panels=d // SWIZZLE_128B_COLS, s_regs=bn // 2, o_regs=d // 2, k_steps_qk=d // 16,
+                          k_steps_pv=bn // 16, producer_registers=regs.producer if regs else 0,
+                          consumer_registers=regs.consumer if regs else 0, overlap=spec.schedule.overlap,
+                          pingpong=spec.schedule.pingpong, panel_cols=SWIZZLE_128B_COLS, panel_row_bytes=PANEL_BYTES,
+                          swizzle_atom_bytes=TILE_ALIGN, k_major_lbo_bytes=16, k_step_bytes=16 * 2,
+                          k_steps_per_panel=SWIZZLE_128B_COLS // 16, v_lbo_bytes=bn * PANEL_BYTES,
+                          v_step_bytes=16 * PANEL_BYTES, rows_per_warpgroup=ROWS_PER_WARPGROUP,
+                          turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, tile_bytes=tile_bytes,
+                          has_producer=has_producer, split_kv=split_kv, issuer_thread=issuer_thread,
+                          epilogue=spec.epilogue)
     bars = barriers(stages, spec.compute_warps, tile_bytes, q_bytes, issuer,
                     next(r.offset for r in regions if r.name == "bars"), persistent, split_kv)
     functions = forward_functions(spec)

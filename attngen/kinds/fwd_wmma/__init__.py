@@ -34,7 +34,7 @@ class WmmaSpec(ForwardSpec):
              rule_no_warp_roles, rule_threads, rule_always_rescales)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WmmaFragments:
     m_tiles: int            # 16-row tiles per warp
     n_tiles: int            # 16-key tiles of S
@@ -52,8 +52,9 @@ def fragments(spec: WmmaSpec, rows_per_warp: int, file) -> WmmaFragments:
                         key="tile.block_m", hint="make block_m = 16 or 32 x warps.compute")
     lanes_per_row = 32 // rows_per_warp
     bn, d = spec.tile.block_n, spec.head_dim
-    return WmmaFragments(rows_per_warp // 16, bn // 16, d // 16, d // 16, bn // 16, lanes_per_row,
-                         bn // lanes_per_row, d // lanes_per_row)
+    return WmmaFragments(m_tiles=rows_per_warp // 16, n_tiles=bn // 16, d_tiles=d // 16, k_steps_qk=d // 16,
+                         k_steps_pv=bn // 16, lanes_per_row=lanes_per_row, cols_per_lane=bn // lanes_per_row,
+                         d_per_lane=d // lanes_per_row)
 
 
 def extra_regions(spec: WmmaSpec) -> list[Region]:
