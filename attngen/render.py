@@ -15,6 +15,8 @@ from .core.input_errors import INPUT_ERRORS
 from .explain import explain
 from .plan import Plan, make_plan
 from .shipped import TEMPLATES
+from .core.specio import line_of, load_yaml
+from .errors import SpecError
 from .spec import parse_spec, read_spec_text
 
 # Files that mark the root of a project: header paths are relative to it, so they do not depend on
@@ -164,5 +166,19 @@ def render_spec_file(path: str | Path) -> Rendered:
     text = read_spec_text(path)
     shown = display_path(path)
     spec = parse_spec(text, file=shown)
-    plan = make_plan(spec, file=shown)
+    try:
+        plan = make_plan(spec, file=shown)
+    except SpecError as exc:
+        raise with_line(exc, text) from None
     return Rendered(shown, plan, render_parts(plan, header_path(path), text))
+
+
+def with_line(exc: SpecError, text: str) -> SpecError:
+    """A planner's refusal (it sees the spec, not its text) with the line of its key in the file."""
+    if exc.line is not None or not exc.key:
+        return exc
+    _, node = load_yaml(text, exc.file or "<spec>")
+    path = tuple(int(p) if p.isdigit() else p for p in exc.key.split("."))
+    exc.line = line_of(node, path)
+    exc.args = (exc.format(),)      # the same error (a BudgetError keeps its table), now with its line
+    return exc

@@ -14,7 +14,8 @@ from pydantic import TypeAdapter
 from .core.spec import (SCHEMA_VERSION, ForwardSpec, HomogeneousWarps, PadSwizzle, SharedMemory, Softmax,
                         SpecBase, SpecializedWarps, Tile, XorSwizzle, validate)
 from .core.specio import line_of, load_yaml, read_spec_text
-from .kinds import kind_for_data, spec_models
+from .errors import SpecError
+from .kinds import KINDS, kind_for_data, spec_models
 
 # Any kind's spec: a SpecBase subclass (isinstance checks use this).
 Spec = SpecBase
@@ -28,7 +29,24 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     """Parse and validate spec YAML text; raise SpecError naming file, line and key."""
     data, node = load_yaml(text, file)
     kind = kind_for_data(data, file=file, line_of=lambda path: line_of(node, path))
-    return validate(kind.spec_model, data, node, file)
+    try:
+        return validate(kind.spec_model, data, node, file)
+    except SpecError as exc:
+        if exc.key in data and exc.key not in kind.spec_model.model_fields:
+            raise other_kinds_key(exc, kind) from None
+        raise
+
+
+def other_kinds_key(exc: SpecError, kind) -> SpecError:
+    """An unknown top-level key that another kind takes: say which (the registry knows), rather than
+    "check the spelling"."""
+    takers = [k for k in KINDS if exc.key in k.spec_model.model_fields]
+    if not takers:
+        return exc
+    choices = " or ".join(f"{k.select_key}: {k.select_value}" for k in takers)
+    return SpecError(f"is a key of specs with {choices}; this spec's {kind.select_key}: {kind.select_value} takes "
+                     f"no {exc.key} (remove it, or change {kind.select_key})", file=exc.file, line=exc.line,
+                     key=exc.key)
 
 
 def load_spec(path: str | Path) -> Spec:

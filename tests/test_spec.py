@@ -351,7 +351,7 @@ def test_unknown_key_inside_union(changes, key):
     ({"warps": 4}, "warps", "must be {compute: N} or {producer: P, consumer: C} (got 4)"),
     ({"smem__swizzle": "xor"}, "smem.swizzle", "must be none, {pad_bytes: N} or {xor_bits: B, row_shift: S} (got 'xor')"),
     ({"target": "v100"}, "target", "unknown target 'v100'; choose one of l4"),
-    ({"name": "Bad-Name"}, "name", "should match pattern"),
+    ({"name": "Bad-Name"}, "name", "must start with a lowercase letter"),
     ({"masks": ["none", "none"]}, "masks", "lists a mask twice"),
     ({"masks": []}, "masks", "must list at least 1 item (got an empty list); e.g. masks: [none, causal]"),
 ], ids=lambda v: v if isinstance(v, str) and v.replace(".", "").replace("_", "").isalnum() else "")
@@ -529,3 +529,25 @@ def test_schema_command_lists_every_key():
         # the kind's selector key is required (mma, or decode for a decode kind)
         assert set(alt["required"]) - {"decode", "mma"} == {"schema", "name", "head_dim", "tile", "warps"}
         assert len(set(alt["required"]) & {"decode", "mma"}) == 1
+
+
+def test_a_key_of_another_kind_says_which_kind_takes_it():
+    err = spec_error(to_yaml(merged(MMA, epilogue="tma")))
+    assert err.key == "epilogue" and "is a key of specs with mma: wgmma_m64nNk16" in err.message
+    assert "this spec's mma: mma_m16n8k16 takes no epilogue" in err.message
+
+
+def test_a_swizzle_mixing_two_forms_says_choose_one():
+    err = spec_error(to_yaml(merged(MMA, smem__swizzle={"xor_bits": 3, "pad_bytes": 16})))
+    assert err.key.startswith("smem.swizzle.") and "choose one" in err.message
+
+
+def test_planner_refusals_carry_the_line(tmp_path):
+    """min_blocks_per_sm and other refusals the planner makes (it sees the spec, not the file) name
+    the line of their key like the rules do."""
+    from attngen.render import render_spec_file
+    path = tmp_path / "mb.yaml"
+    path.write_text(to_yaml(merged(MMA, min_blocks_per_sm=13, target="l4")))
+    with pytest.raises(SpecError) as info:
+        render_spec_file(path)
+    assert info.value.key == "min_blocks_per_sm" and info.value.line == line_of(path.read_text(), "min_blocks_per_sm")

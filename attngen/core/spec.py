@@ -371,9 +371,17 @@ def _pick_error(err: ValidationError) -> dict:
 def _message(e: dict) -> str:
     msg = e["msg"]
     if e["type"] == "extra_forbidden":
+        loc = _clean_loc(e["loc"])
+        if loc[:2] == ("smem", "swizzle") and len(loc) == 3 and loc[2] in (set(PadSwizzle.model_fields)
+                                                                         | set(XorSwizzle.model_fields)):
+            return ("a swizzle is one of none, {pad_bytes: N} or {xor_bits: B, row_shift: S}: choose one (this one "
+                    "mixes keys of two)")
         return "unknown key; check the spelling (see `attngen schema` for the keys a spec takes)"
     if e["type"] == "missing":
         return "required key is missing"
+    if e["type"] == "string_pattern_mismatch" and _clean_loc(e["loc"]) == ("name",):
+        return (f"must start with a lowercase letter and hold only lowercase letters, digits and _, at most 48 "
+                f"characters: it names the generated files and the kernel functions (got {e.get('input')!r})")
     loc = _clean_loc(e["loc"])
     got = "" if isinstance(e.get("input"), (dict, list)) else f" (got {e.get('input')!r})"
     if loc in _UNION_FORMS and e["type"] in ("model_type", "literal_error"):
