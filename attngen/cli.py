@@ -458,10 +458,13 @@ def explain(spec, as_json, arch):
     if arch:
         target = r.plan.target
         if arch.rstrip("a") != target.arch:
+            # Point at `compile --arch` only where that compile can run: a kernel with arch-specific
+            # instructions (wgmma: sm_90a) compiles for its own arch alone.
+            other = (f" (or `attngen compile --arch {arch}` for the registers on {arch})" if not r.plan.arch_suffix
+                     else f"; its {target.arch}{r.plan.arch_suffix} instructions do not exist on {arch}")
             raise click.BadParameter(
                 f"{arch} is not the arch of the spec's target {target.name} ({target.arch}); the resident-blocks "
-                f"estimate is for {target.name}, so use --arch {target.arch} (or `attngen compile --arch {arch}` "
-                f"for the registers on {arch})", param_hint="'--arch'")
+                f"estimate is for {target.name}, so use --arch {target.arch}{other}", param_hint="'--arch'")
         from .compile import compile_source
         from .errors import ToolError
         functions = [f for _name, source in r.files for f in compile_source(source, r.plan.compile_arch(arch)).functions]
@@ -735,6 +738,28 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
             click.echo(f"wrote {out}")
     if not ran:
         raise click.UsageError("--varlen times forward specs with varlen: true; none was given")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="print the findings as JSON")
+def doctor(as_json):
+    """Check what this machine has for compiling and running kernels, before installing the gpu
+    extra: nvcc and the toolkit it belongs to (a wrapper nvcc on PATH hides the headers pycuda's
+    build needs), the CUDA headers, a C++ compiler, the Python headers, the CUDA driver, torch.
+    Prints the install command that fits this machine. Exits 1 when something is missing (a
+    machine without a GPU lacks the driver and torch: it compiles, it does not run).
+    """
+    from .doctor import findings, install_hint
+    found = findings()
+    if as_json:
+        click.echo(json.dumps({"findings": [{**f.__dict__, "label": f.label} for f in found],
+                               "install": install_hint(found)}, indent=2))
+    else:
+        for f in found:
+            click.echo(f"{f.label:<7} {f.what}: {f.detail}  [{f.needed_for}]")
+        click.echo(f"\ninstall the gpu extra with:\n  {install_hint(found)}")
+    if not all(f.ok or f.note for f in found):
+        sys.exit(1)
 
 
 @main.command()

@@ -1,0 +1,94 @@
+"""`attngen doctor`: what this machine has for each part of attngen, and what is missing, before
+pip spends minutes on the `gpu` extra. Nothing here needs torch, a GPU or network access."""
+from __future__ import annotations
+
+import ctypes.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Finding:
+    what: str           # the part checked
+    ok: bool            # False: missing (or, with note, a warning that the install hint works around)
+    detail: str         # what was found, or what is missing and how to get it
+    needed_for: str     # which use needs it
+    note: bool = False  # a warning, not a missing part
+
+    @property
+    def label(self) -> str:
+        return "ok" if self.ok else "note" if self.note else "MISSING"
+
+
+def cuda_toolkit(nvcc: str) -> Path | None:
+    """The toolkit the nvcc on PATH belongs to, as nvcc itself says (its TOP): a wrapper script on
+    PATH points elsewhere, and the headers are in the toolkit, not beside the wrapper."""
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, flags=re.M)
+    return Path(m.group(1).strip()).resolve() if m else None
+
+
+def toolkit_headers(top: Path) -> Path | None:
+    for d in (top / "include", *sorted((top / "targets").glob("*/include"))):
+        if (d / "cuda.h").is_file():
+            return d
+    return None
+
+
+def findings() -> list[Finding]:
+    out = []
+    nvcc = shutil.which("nvcc")
+    top = cuda_toolkit(nvcc) if nvcc else None
+    out.append(Finding("nvcc on PATH", nvcc is not None,
+                       (f"{nvcc} (toolkit {top})" if top else nvcc) if nvcc else
+                       "not found: install the CUDA toolkit and put its bin/ on PATH",
+                       "compiling kernels (attngen compile, verify, bench; the library's first call per spec)"))
+    headers = toolkit_headers(top) if top else None
+    out.append(Finding("CUDA headers (cuda.h)", headers is not None, str(headers) if headers else
+                       "not found in the toolkit nvcc reports" if top else "no toolkit to look in",
+                       "building pycuda (the gpu extra)"))
+    if nvcc and top and Path(nvcc).resolve().parent != (top / "bin").resolve():
+        out.append(Finding("nvcc is the toolkit's own", False,
+                           f"{nvcc} is a wrapper of {top / 'bin' / 'nvcc'}: pycuda's build looks for headers beside "
+                           f"the nvcc on PATH; install with PATH={top / 'bin'}:$PATH CUDA_ROOT={top}",
+                           "building pycuda (the gpu extra)", note=True))
+    cxx = next((shutil.which(c) for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+    out.append(Finding("C++ compiler", cxx is not None, cxx or "not found: install g++ (build-essential)",
+                       "nvcc's host compiler; building pycuda"))
+    py_include = Path(sysconfig.get_paths()["include"])
+    has_py = (py_include / "Python.h").is_file()
+    out.append(Finding("Python headers (Python.h)", has_py, str(py_include) if has_py else
+                       f"not in {py_include}: install python3-dev (or your Python's headers)",
+                       "building pycuda (the gpu extra)"))
+    driver = ctypes.util.find_library("cuda")
+    out.append(Finding("CUDA driver (libcuda)", driver is not None, driver or
+                       "not found: no NVIDIA driver on this machine (compiling works; running does not)",
+                       "running kernels"))
+    try:
+        import torch                                     # noqa: F401  (only whether it imports)
+        has_torch, torch_text = True, f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+    except ImportError:
+        has_torch, torch_text = False, "not installed: pip install -e '.[gpu]' (after the checks above pass)"
+    out.append(Finding("torch", has_torch, torch_text, "running kernels, verify, bench"))
+    return out
+
+
+def install_hint(found: list[Finding]) -> str:
+    """The command that installs the gpu extra on this machine, with the toolkit first on PATH."""
+    nvcc = shutil.which("nvcc")
+    top = cuda_toolkit(nvcc) if nvcc else None
+    env = f"PATH={top / 'bin'}:$PATH CUDA_ROOT={top} " if top else ""
+    return f'{env}{Path(sys.executable).name} -m pip install -e ".[gpu]"'
+
+
+__all__ = ["Finding", "cuda_toolkit", "findings", "install_hint"]
