@@ -274,8 +274,9 @@ def check(specs_dir, gen_dir, as_json):
     """Check that generated/ matches what specs/ and the templates produce now.
 
     Regenerates every spec in memory and compares with the committed files; exits 1 with a
-    unified diff when a file is stale or missing, or when generated/ holds an orphan (a .cu that
-    no spec produces). Exits 2 when a spec is bad or two specs produce the same file (every one
+    unified diff when a file is stale or missing, when generated/ holds an orphan (a .cu that
+    no spec produces), when a dispatch-table entry names a spec that cannot serve it, or when a
+    spec's description states a number its plan contradicts ("2-stage" after stages: 1). Exits 2 when a spec is bad or two specs produce the same file (every one
     is reported). Run it in CI and before review.
     """
     gen = Path(gen_dir)
@@ -312,8 +313,13 @@ def check(specs_dir, gen_dir, as_json):
                 if not as_json:
                     click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
     report["dispatch"] = _check_dispatch(specs_dir, {Path(p).stem: r.plan for p, r in rendered}, as_json)
+    from .description import description_drift
+    report["descriptions"] = [{"spec": str(path), "problem": d} for path, r in rendered for d in description_drift(r.plan)]
+    for d in report["descriptions"] if not as_json else ():
+        click.echo(f"description: {d['spec']}: {d['problem']}; edit the spec's description (it is copied into the "
+                   f"generated header)")
     problems = (len(report["stale"]) + len(report["missing"]) + len(report["orphans"])
-                + sum(1 for d in report["dispatch"] if d.get("problem")))
+                + sum(1 for d in report["dispatch"] if d.get("problem")) + len(report["descriptions"]))
     if as_json:
         click.echo(json.dumps({"ok": not problems and not errors, **report, "errors": errors}, indent=2))
     if errors:
