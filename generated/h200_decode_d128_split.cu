@@ -280,13 +280,21 @@ __device__ __forceinline__ float group_sum(float x) {
 
 enum class Mask { None, Causal };
 
-// Keys [0, key_end) are visible to query row `row`. Causal: key j is visible to row i when
-// j <= i + p.causal_offset (0: top-left, as torch SDPA is_causal; seqlen_k - seqlen_q: bottom-right,
-// as FlashAttention >= 2.1). Can be <= 0 when the offset is negative: the row sees no key.
+// Keys [0, key_end) of `seqlen_k` are visible to query row `row`. Causal: key j is visible to row i
+// when j <= i + causal_offset (0: top-left, as torch SDPA is_causal; seqlen_k - seqlen_q:
+// bottom-right, as FlashAttention >= 2.1). Can be <= 0 when the offset is negative: the row sees no
+// key. Every kind's masking goes through here (decode too, with its sequence's length), so a
+// variant added here reaches them all.
+template <Mask kMask>
+__device__ __forceinline__ int visible_keys(int row, int seqlen_k, int causal_offset) {
+    if constexpr (kMask == Mask::Causal) return min(seqlen_k, row + 1 + causal_offset);
+    else return seqlen_k;
+}
+
+// visible_keys of a row of the call's Params.
 template <Mask kMask>
 __device__ __forceinline__ int key_end(int row, const Params& p) {
-    if constexpr (kMask == Mask::Causal) return min(p.seqlen_k, row + 1 + p.causal_offset);
-    else return p.seqlen_k;
+    return visible_keys<kMask>(row, p.seqlen_k, p.causal_offset);
 }
 
 // The mask gives later rows more keys (so later query blocks are longer).
@@ -529,8 +537,7 @@ __device__ __forceinline__ DecodeBlock decode_block(const Params& p) {
 // last of the sequence's seqlen keys, and token t sees the keys up to its own position.
 template <Mask kMask>
 __device__ __forceinline__ int token_key_end(int t, const DecodeBlock& c, const Params& p) {
-    if constexpr (kMask == Mask::Causal) return min(c.seqlen, c.seqlen - p.seqlen_q + 1 + t);
-    else return c.seqlen;
+    return visible_keys<kMask>(t, c.seqlen, c.seqlen - p.seqlen_q);   // the shared mask hook, bottom-right
 }
 
 // The block's packed rows of Q into the Q tile (16-byte chunks; rows past the group are zeros).

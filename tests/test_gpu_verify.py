@@ -212,11 +212,11 @@ PLANTED = {
     # the running output is not rescaled when a row's max grows
     "phase4-no-rescale": (PHASE4, "acc[r][c] *= alpha;", ";"),
     # the causal hook hides the diagonal too: row 0 sees no key
-    "phase4-causal-diagonal": (PHASE4, "row + 1 + p.causal_offset", "row + p.causal_offset"),
+    "phase4-causal-diagonal": (PHASE4, "row + 1 + causal_offset", "row + causal_offset"),
     # key == key_end (past seqlen_k, or the first key above the diagonal) is not masked
     "mma-tail-off-by-one": (MMA_SPEC, "if (key0 + nt * 8 + e >= end)", "if (key0 + nt * 8 + e > end)"),
     # bottom-right with seqlen_q > seqlen_k: a negative offset is dropped, so the first rows see keys
-    "mma-bottom-right-offset": (MMA_SPEC, "row + 1 + p.causal_offset", "row + 1 + max(p.causal_offset, 0)"),
+    "mma-bottom-right-offset": (MMA_SPEC, "row + 1 + causal_offset", "row + 1 + max(causal_offset, 0)"),
     # tile skipping follows the block's first row instead of its last (kv_tile_count in mask.j2):
     # the mask bound is untouched, but later rows of a block never get the K/V tiles past the
     # first row's keys (top-left with block_m = block_n hides it; bottom-right offsets show it)
