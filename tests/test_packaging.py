@@ -34,3 +34,18 @@ def test_top_level_is_the_design_card():
     card = {"pyproject.toml", "attngen", "templates", "specs", "generated", "tests", "README.md"}
     assert card <= tracked
     assert tracked - card <= {"docs"}, tracked - card
+
+
+def test_a_stale_package_folder_does_not_shadow_the_repository(tmp_path, monkeypatch):
+    """An attngen/templates/ left holding only __pycache__ (a checkout from before the move) is not
+    taken for an installed copy: the shipped folders are recognised by a file they hold."""
+    from attngen import shipped
+    package = tmp_path / "attngen"
+    (package / "templates" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "templates" / "lib").mkdir(parents=True)
+    (tmp_path / "templates" / "lib" / "prelude.j2").write_text("")
+    monkeypatch.setattr(shipped, "PACKAGE", package)
+    assert shipped.shipped("templates") == tmp_path / "templates"
+    (package / "templates" / "lib").mkdir()
+    (package / "templates" / "lib" / "prelude.j2").write_text("")
+    assert shipped.shipped("templates") == package / "templates"
