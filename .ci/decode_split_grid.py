@@ -82,7 +82,7 @@ def cell(batch, length, head_dim, kernels, splits, rounds=7):
         print(f"B{batch:<3} Sk{length:<6} d{head_dim} {kernel.name:<32} pick {picks[kernel.name]:>2} "
               f"{us[(kernel.name, None)]:7.1f} us ({gb / us[(kernel.name, None)]:.2f} TB/s)  best {best:>2} "
               f"{us[(kernel.name, best)]:7.1f}  sdpa {us['sdpa']:7.1f}  | {line}", flush=True)
-    del caches, graphs
+    graphs.clear()
     torch.cuda.empty_cache()
     return rows
 

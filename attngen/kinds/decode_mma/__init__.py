@@ -234,7 +234,7 @@ def explain(plan) -> list[str]:
             + (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
                f"({plan.unsplit_in_flight // 1024} KiB per block)" if plan.unsplit_in_flight else ""),
             (f"paged KV: pages of {plan.page_size} keys through block_table (a tile "
-             + (f"lies in one page)" if plan.page_size >= plan.block_n else
+             + ("lies in one page)" if plan.page_size >= plan.block_n else
                 f"spans {plan.block_n // plan.page_size} pages)")
              + "; contiguous caches when the call passes no table"
              if plan.page_size else "KV cache: contiguous only (no page_size)")]

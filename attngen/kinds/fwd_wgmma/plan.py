@@ -1,0 +1,234 @@
+"""fwd_wgmma's plan: typed fragment numbers, the swizzled tiles and mbarriers, TMA maps, explain."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core.abi import blob
+from ...core.forward import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, launch_min_blocks
+from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
+                            check_budget, layout_regions, ring_stride)
+from ...core.tma import MAP_ALIGN, MAP_BYTES, SWIZZLE_128B_COLS, TensorMapSpec
+from ...core.variants import MASKS
+from ...targets import TARGETS
+from .spec import PANEL_BYTES, ROWS_PER_WARPGROUP, TILE_ALIGN, TITLE, WARPGROUP, WgmmaSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class WgmmaFragments:
+    consumer_warpgroups: int
+    producer_warpgroups: int
+    panels: int             # 64-column panels of head_dim
+    s_regs: int             # fp32 accumulators of S per thread (block_n / 2)
+    o_regs: int             # fp32 accumulators of O per thread (head_dim / 2)
+    k_steps_qk: int         # k16 wgmma steps of Q.K^T (head_dim / 16)
+    k_steps_pv: int         # k16 wgmma steps of P.V (block_n / 16)
+    producer_registers: int  # after setmaxnreg (0: no reallocation)
+    consumer_registers: int
+    overlap: bool           # softmax of tile t runs while P.V of tile t-1 is in flight
+    pingpong: bool          # the two consumer warpgroups take turns issuing GEMMs
+    panel_cols: int         # elements in one 128-byte swizzled row (the TMA box width)
+    panel_row_bytes: int    # bytes of one such row
+    swizzle_atom_bytes: int  # 8 rows: the repeat of the 128-byte swizzle, every descriptor's stride byte offset
+    k_major_lbo_bytes: int  # leading byte offset of K-major Q and K (unused by the hardware with this swizzle)
+    k_step_bytes: int       # a k16 step inside a K-major panel (16 elements)
+    k_steps_per_panel: int
+    v_lbo_bytes: int        # MN-major V: bytes between its 64-column panels (block_n rows)
+    v_step_bytes: int       # MN-major V: a k16 step = 16 key rows
+    rows_per_warpgroup: int
+    turn_threads: int       # threads counted by a ping-pong turn barrier (both consumer warpgroups)
+    q_bytes: int            # TMA transaction bytes of the Q tile
+    tile_bytes: int         # TMA transaction bytes of one K or V tile
+    has_producer: bool      # false: homogeneous, a consumer thread also issues the copies
+    split_kv: bool          # K and V of a stage handed over on separate mbarriers (the overlapped schedule)
+    issuer_thread: int      # the thread that issues every TMA copy
+    epilogue: str           # registers, shared or tma (spec.epilogue)
+
+
+def swizzled_tile(name: str, rows: int, head_dim: int, ctype: str, per: str) -> Region:
+    """A tile as TMA writes it with SWIZZLE_128B: [head_dim/64 panels][rows][64 elements], 128-byte rows."""
+    panels = head_dim // SWIZZLE_128B_COLS
+    return Region(name, panels * rows, SWIZZLE_128B_COLS, ctype, 2, PANEL_BYTES, swizzle="128B: chunk ^= row % 8",
+                  per=f"{per}; {panels} panel(s) of {rows} rows x 64", align=TILE_ALIGN)
+
+
+def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, issuer: str,
+             base: int, persistent: bool = False, split_kv: bool = True) -> tuple[Barrier, ...]:
+    """Split: full_k, full_v, empty_k, empty_v per stage, so K of a stage is refilled as soon as the S
+    GEMM that read it is done (the overlapped schedule needs it). Otherwise full and empty per stage,
+    for K and V together. Then q_full (and q_empty when persistent)."""
+    out, at = [], base
+    copy = f"{issuer} (arrive.expect_tx {tile_bytes} B; TMA completes the bytes)"
+    pairs = ((("full_k", 1, copy, "consumer threads"), ("full_v", 1, copy, "consumer threads"),
+              ("empty_k", consumer_warps, "lane 0 of each consumer warp, once its S = Q.K^T of the stage completed",
+               issuer),
+              ("empty_v", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer))
+             if split_kv else
+             (("full", 2, f"{issuer}, once for K and once for V (arrive.expect_tx {tile_bytes} B each)",
+               "consumer threads"),
+              ("empty", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer)))
+    for kind, arrivals, arrive, wait in pairs:
+        for s in range(stages):
+            out.append(Barrier(f"{kind}{s}", s, at, arrivals, arrive, wait))
+            at += MBARRIER_BYTES
+    out.append(Barrier("q_full", 0, at, 1, f"{issuer} (arrive.expect_tx {q_bytes} B)", "consumer threads"))
+    if persistent:
+        out.append(Barrier("q_empty", 0, at + MBARRIER_BYTES, consumer_warps,
+                           "lane 0 of each consumer warp, once every GEMM of its query block is done", issuer))
+    return tuple(out)
+
+
+def epilogue_line(epilogue: str) -> str:
+    """The schedule's last step: how a consumer warpgroup writes its 64 rows of O."""
+    staging = ("  epilogue: each consumer warpgroup normalises O and writes its 64 rows over its rows of the Q tile "
+               "(its last S GEMM has completed; 128-byte swizzle, 4-byte stores), then syncs its 128 threads on "
+               "named barrier 3 + w; ")
+    return {"registers": "  epilogue: each thread stores its normalised O pairs to global memory (4-byte stores)",
+            "shared": staging + "its threads copy the rows out with 16-byte coalesced stores",
+            "tma": staging + ("after fence.proxy.async its first thread issues one TMA store per 64-column panel "
+                              "(rows past the sequence are dropped) and waits for the reads before the block exits")
+            }[epilogue]
+
+
+def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
+    target = TARGETS[spec.target]
+    ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
+    d, bm, bn, stages = spec.head_dim, spec.tile.block_m, spec.tile.block_n, spec.smem.stages
+    consumers, producers = spec.compute_warps // WARPGROUP, spec.producer_warps // WARPGROUP
+    staged = spec.epilogue != "registers"
+    tiles = [swizzled_tile("q", bm, d, ctype, "Q tile, loaded once" +
+                           ("; each consumer warpgroup stages its rows of O over its rows of Q" if staged else ""))]
+    for s in range(stages):
+        tiles.append(swizzled_tile(f"k{s}", bn, d, ctype, f"K tile, stage {s}"))
+        tiles.append(swizzled_tile(f"v{s}", bn, d, ctype, f"V tile, stage {s}"))
+    persistent = spec.schedule.persistent
+    split_kv = spec.schedule.overlap if spec.schedule.split_kv is None else spec.schedule.split_kv
+    tiles.append(barrier_region("bars", (4 if split_kv else 2) * stages + 1 + persistent,
+                                f"mbarriers {'full_k, full_v, empty_k, empty_v' if split_kv else 'full, empty'} "
+                                f"[0..{stages}) each, q_full" + (", q_empty" if persistent else "")))
+    regions = layout_regions(tiles)
+    budget = Budget.of(target, spec.smem.opt_in)
+    total = check_budget(regions, budget, file)
+    threads = 32 * (spec.compute_warps + spec.producer_warps)
+    q_bytes, tile_bytes = bm * d * 2, bn * d * 2
+    has_producer = producers > 0
+    issuer_thread = 32 * spec.compute_warps if has_producer else 32 * WARPGROUP * (consumers - 1)
+    issuer = (f"the producer thread ({issuer_thread})" if has_producer else
+              f"the issuer (consumer thread {issuer_thread})")
+    regs = spec.registers
+    maps = (TensorMapSpec("q", bm), TensorMapSpec("k", bn), TensorMapSpec("v", bn))
+    if spec.epilogue == "tma":   # each consumer warpgroup stores its own 64 rows
+        maps += (TensorMapSpec("o", ROWS_PER_WARPGROUP, store=True),)
+    frag = WgmmaFragments(consumer_warpgroups=consumers, producer_warpgroups=producers,
+                          panels=d // SWIZZLE_128B_COLS, s_regs=bn // 2, o_regs=d // 2, k_steps_qk=d // 16,
+                          k_steps_pv=bn // 16, producer_registers=regs.producer if regs else 0,
+                          consumer_registers=regs.consumer if regs else 0, overlap=spec.schedule.overlap,
+                          pingpong=spec.schedule.pingpong, panel_cols=SWIZZLE_128B_COLS, panel_row_bytes=PANEL_BYTES,
+                          swizzle_atom_bytes=TILE_ALIGN, k_major_lbo_bytes=16, k_step_bytes=16 * 2,
+                          k_steps_per_panel=SWIZZLE_128B_COLS // 16, v_lbo_bytes=bn * PANEL_BYTES,
+                          v_step_bytes=16 * PANEL_BYTES, rows_per_warpgroup=ROWS_PER_WARPGROUP,
+                          turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, tile_bytes=tile_bytes,
+                          has_producer=has_producer, split_kv=split_kv, issuer_thread=issuer_thread,
+                          epilogue=spec.epilogue)
+    bars = barriers(stages, spec.compute_warps, tile_bytes, q_bytes, issuer,
+                    next(r.offset for r in regions if r.name == "bars"), persistent, split_kv)
+    functions = forward_functions(spec)
+    # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
+    min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
+    consumer_role = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each; "
+                     f"S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {d})"
+                     + (f"; setmaxnreg.inc to {regs.consumer}" if regs else ""))
+    if has_producer:
+        roles = (consumer_role,
+                 f"producer warpgroup {consumers} (warps {spec.compute_warps}..{spec.compute_warps + 3}): thread "
+                 f"{issuer_thread} issues every TMA copy, the other threads exit"
+                 + (f"; setmaxnreg.dec to {regs.producer}" if regs else ""))
+        copies = (f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty_k[s] (when t >= stages), "
+                  f"expect_tx {tile_bytes} B on full_k[s], TMA K; the same for V on empty_v[s] and full_v[s]"
+                  if split_kv else
+                  f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty[s] (when t >= stages), "
+                  f"expect_tx {tile_bytes} B on full[s] and TMA K, the same again for V")
+    else:
+        roles = (consumer_role + f"; consumer thread {issuer_thread} (first of the last warpgroup, whose rows see "
+                 "every tile) also issues every TMA copy",)
+        copies = (f"  issuer: Q and the first {stages} tiles before its first GEMM; after its warp hands back K (or V) "
+                  f"of tile t, it waits empty_k[s] (empty_v[s]) and copies tile t + {stages} into the stage"
+                  if split_kv else
+                  f"  issuer: Q and the first {stages} tiles before its first GEMM; after its warp hands back tile t, "
+                  f"it waits empty[s] and copies K and V of tile t + {stages} into the stage")
+    overlap = spec.schedule.overlap
+    schedule = ("schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):",
+                copies,
+                ("  consumer: wait q_full once; per tile t: wait full_k[s] and full_v[(t-1) % stages], issue S_t = Q.K_t^T "
+                 "and O += P_(t-1).V_(t-1), wait for S_t only, arrive empty_k[s], softmax S_t while P.V runs, wait for "
+                 "P.V, arrive empty_v[(t-1) % stages], rescale O"
+                 if overlap else
+                 "  consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, "
+                 "arrive empty[s]"),
+                ("  ping-pong: consumer warpgroup w waits on named barrier 1 + w before issuing its GEMMs and "
+                 "arrives on the other's after, so one warpgroup's softmax runs under the other's GEMMs"
+                 if spec.schedule.pingpong else
+                 "  a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives "
+                 "empty_k/empty_v[s] without computing"),
+                ("  persistent: one block per SM takes query blocks i, i + grid, ...; ring positions and the "
+                 "q_full/q_empty phases run on across them, and the producer waits q_empty before it loads the next "
+                 + ("Q (the consumers arrive once the epilogue has read their staged rows of O out of the Q tile)"
+                    if staged else
+                    "Q (the consumers arrive once their last GEMM of a block is done, before its epilogue)")
+                 if persistent else "  one query block per thread block"),
+                epilogue_line(spec.epilogue),
+                f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
+                "one __syncthreads publishes them")
+    return ForwardPlan(
+        spec=spec, kind=kind(), title=TITLE, target=target, masks=tuple(spec.masks),
+        mask_variants=tuple(MASKS[m] for m in spec.masks),
+        parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
+        abi=FORWARD_ABI.with_fields(tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, "
+                                               "encoded by the runtime per call") for m in maps)),
+        params_qualifier="__grid_constant__ ",
+        ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
+        compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,
+        compute_threads=32 * spec.compute_warps, producer_threads=32 * spec.producer_warps,
+        rows_per_warp=16, chunks_per_row=d * 2 // 16, swizzle=Swizzle("xor", PANEL_BYTES, 3, 0),
+        regions=regions, smem_bytes=total, smem_budget=budget.bytes, smem_dynamic=total > target.smem_per_block,
+        stages=stages, async_copy=True, q_in_registers=False, rescale="always",
+        q_copy=TileCopy(bm, d * 2 // 16, 1), kv_copy=TileCopy(bn, d * 2 // 16, 1),
+        barriers=bars, kv_stage_stride=ring_stride(regions, "k", "v"), min_blocks_per_sm=min_blocks,
+        fragments=frag, bank_report=(), roles=roles, schedule=schedule, arch_suffix="a",
+        copy_engine="TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers",
+        tensor_maps=maps, persistent=persistent,
+    )
+
+
+def explain(plan) -> list[str]:
+    f = plan.fragments
+    lines = [f"warpgroups: {f.consumer_warpgroups} consumer(s) x 64 rows + {f.producer_warpgroups} producer; "
+             f"S {f.s_regs} + O {f.o_regs} fp32 accumulator registers per consumer thread",
+             f"wgmma per tile per consumer warpgroup: {f.k_steps_qk} x m64n{plan.block_n}k16 (Q.K^T, SS) + "
+             f"{f.k_steps_pv} x m64n{plan.head_dim}k16 (P.V, RS, V MN-major)",
+             f"TMA: Q {f.q_bytes} B once, K and V {f.tile_bytes} B each per stage, in {f.panels} 64-column panel(s) "
+             f"each, issued by thread {f.issuer_thread} ({'producer' if f.has_producer else 'homogeneous: a consumer'}); "
+             "tensor maps: " + "; ".join(m.describe() for m in plan.tensor_maps),
+             f"descriptors: 128-byte swizzle, K-major Q and K (SBO {f.swizzle_atom_bytes} B, k16 step "
+             f"+{f.k_step_bytes} B), MN-major V (LBO {f.v_lbo_bytes} B between 64-column panels, SBO "
+             f"{f.swizzle_atom_bytes} B, k16 step +{f.v_step_bytes} B)",
+             "registers: " + (f"setmaxnreg producer {f.producer_registers}, consumer {f.consumer_registers}"
+                              if f.producer_registers else "no reallocation"),
+             "online softmax: exp2 with the scale folded in; rescale always"
+             + ("; overlapped with the previous tile's P.V" if f.overlap else "")
+             + ("; consumer warpgroups ping-pong their GEMMs (named barriers 1, 2)" if f.pingpong else ""),
+             f"epilogue: {f.epilogue}" + ({"registers": " (4-byte stores of the accumulators)",
+                                           "shared": " (staged in the Q tile, 16-byte coalesced stores)",
+                                           "tma": " (staged in the Q tile, TMA bulk tensor store)"}[f.epilogue]),
+             ("grid: persistent, one block per SM looping over every query block" if plan.persistent else
+              "grid: one block per query block"),
+             "shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)"]
+    return lines
+
+
+# Sweep axes. block_m follows the consumer warpgroups (64 rows each), so they move together.
+
+
+def kind():
+    """The registered kind (the package's KIND; imported when a plan is made, after registration)."""
+    from . import KIND
+    return KIND

@@ -1,0 +1,61 @@
+"""fwd_wgmma's search space for `attngen sweep`: tiles, roles, ring depth, registers, schedule, epilogue."""
+from __future__ import annotations
+
+from ...core.space import Axis, SearchSpace, field_axis, with_base
+from .spec import ROWS_PER_WARPGROUP, WARPGROUP, WgmmaSpec
+
+SWEEP_BLOCK_N = (64, 96, 128, 176, 192)
+SWEEP_WARPGROUPS = tuple((p, c) for p in (1, 0) for c in (1, 2, 3))   # (producer warpgroups, consumer warpgroups)
+SWEEP_STAGES = (2, 3, 4)
+SWEEP_REGISTERS = (None, (24, 240), (32, 160))                       # (producer, consumer) after setmaxnreg
+SWEEP_SCHEDULES = ("seq", "overlap", "pingpong")
+SWEEP_EPILOGUES = ("registers", "tma")   # shared: measured no faster than tma on any cell (H200)
+EPILOGUE_TAGS = {"registers": "", "shared": "es", "tma": "et"}
+
+
+def _read_warpgroups(s) -> tuple[int, int]:
+    return s.producer_warps // WARPGROUP, s.compute_warps // WARPGROUP
+
+
+def _write_warpgroups(data: dict, v: tuple[int, int]) -> None:
+    producers, consumers = v
+    data["warps"] = ({"producer": WARPGROUP, "consumer": WARPGROUP * consumers} if producers
+                     else {"compute": WARPGROUP * consumers})
+    data.setdefault("tile", {})["block_m"] = ROWS_PER_WARPGROUP * consumers
+
+
+def _write_registers(data: dict, v) -> None:
+    if v is None:
+        data.pop("registers", None)
+    else:
+        data["registers"] = {"producer": v[0], "consumer": v[1]}
+
+
+def _read_schedule(s) -> str:
+    return "pingpong" if s.schedule.pingpong else "overlap" if s.schedule.overlap else "seq"
+
+
+def _write_schedule(data: dict, v: str) -> None:
+    data["schedule"] = {"overlap": v != "seq", "pingpong": v == "pingpong"}
+
+
+def sweep_space(base: WgmmaSpec) -> SearchSpace:
+    """Tiles, roles (producer warpgroup or homogeneous, 1-3 consumer warpgroups), ring depth,
+    register split, schedule and epilogue, around `base`; the spec rules prune what does not fit."""
+    regs = (base.registers.producer, base.registers.consumer) if base.registers else None
+    return SearchSpace((
+        field_axis("block_n", "tile.block_n", with_base(SWEEP_BLOCK_N, base.tile.block_n), lambda s: s.tile.block_n,
+                   lambda v: f"n{v}"),
+        Axis("warpgroups", tuple(dict.fromkeys(SWEEP_WARPGROUPS + (_read_warpgroups(base),))), _read_warpgroups,
+             _write_warpgroups, lambda v: f"c{v[1]}" + ("p" if v[0] else "h"),
+             lambda v: f"p+{v[1]}" if v[0] else f"{v[1]}"),
+        field_axis("stages", "smem.stages", with_base(SWEEP_STAGES, base.smem.stages), lambda s: s.smem.stages,
+                   lambda v: f"s{v}"),
+        Axis("registers", tuple(dict.fromkeys(SWEEP_REGISTERS + (regs,))),
+             lambda s: (s.registers.producer, s.registers.consumer) if s.registers else None, _write_registers,
+             lambda v: f"r{v[0]}x{v[1]}" if v else "", lambda v: f"{v[0]}/{v[1]}" if v else "-"),
+        Axis("schedule", SWEEP_SCHEDULES, _read_schedule, _write_schedule,
+             lambda v: {"seq": "", "overlap": "o", "pingpong": "pp"}[v]),
+        field_axis("epilogue", "epilogue", with_base(SWEEP_EPILOGUES, base.epilogue), lambda s: s.epilogue,
+                   lambda v: EPILOGUE_TAGS[v]),
+    ))

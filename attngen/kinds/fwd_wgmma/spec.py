@@ -1,0 +1,184 @@
+"""fwd_wgmma's spec model and its rules: warpgroups, 128-byte panels, the register split, schedules."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ...core.spec import ForwardSpec, Strict, XorSwizzle, refuse, rule_no_varlen, rule_threads
+from ...core.tma import SWIZZLE_128B_COLS
+from ...targets import TARGETS
+
+
+NAME = "fwd_wgmma"
+TITLE = "wgmma + TMA attention forward (sm_90a)"
+FRAGMENT = "wgmma_m64nNk16"
+WARPGROUP = 4              # warps
+ROWS_PER_WARPGROUP = 64    # the M of every wgmma
+PANEL_BYTES = 128          # one 128-byte-swizzled row: 64 16-bit elements
+TILE_ALIGN = 1024          # the 128-byte swizzle pattern repeats every 8 rows = 1024 B, on absolute addresses
+MAX_N = 256                # wgmma N
+ACCUMULATOR_MARGIN = 48    # registers a consumer thread needs beside its S and O accumulators (addresses, softmax)
+
+
+class Registers(Strict):
+    """Registers per thread of each role after setmaxnreg (multiples of 8, 24 to 256)."""
+
+    producer: int = Field(ge=24, le=256, description="registers per producer thread (setmaxnreg.dec)")
+    consumer: int = Field(ge=24, le=256, description="registers per consumer thread (setmaxnreg.inc)")
+
+
+def rule_target_has_sm90a(s):
+    if TARGETS[s.target].arch != "sm_90":
+        return "target", (f"wgmma and setmaxnreg need an sm_90a GPU; target {s.target} is "
+                          f"{TARGETS[s.target].arch}: use target h100 or h200, or a fragment the target runs")
+
+
+def rule_head_dim_panels(s):
+    if s.head_dim % SWIZZLE_128B_COLS or s.head_dim > MAX_N:
+        return "head_dim", (f"must be a multiple of 64 (128-byte swizzled panels) and at most {MAX_N} (the N of "
+                            f"P.V) for {s.mma} (got {s.head_dim}); use 64, 128, 192 or 256")
+
+
+def rule_warpgroups(s):
+    if s.compute_warps % WARPGROUP or not 1 <= s.compute_warps // WARPGROUP <= 3:
+        key = "warps.consumer" if s.producer_warps else "warps.compute"
+        return key, (f"{s.mma} computes in warpgroups of 4 warps: use 4, 8 or 12 (1 to 3 warpgroups, "
+                     f"got {s.compute_warps})")
+    if s.producer_warps not in (0, WARPGROUP):
+        return "warps.producer", f"the producer is one warpgroup: use producer: 4 (got {s.producer_warps})"
+
+
+def rule_block_m_rows(s):
+    need = ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)
+    if s.tile.block_m != need:
+        return "tile.block_m", (f"each consumer warpgroup owns {ROWS_PER_WARPGROUP} query rows (one m64 wgmma), so "
+                                f"block_m must be {need} for {s.compute_warps} compute warps (got {s.tile.block_m})")
+
+
+def rule_block_n(s):
+    if s.tile.block_n % 16 or s.tile.block_n > MAX_N:
+        return "tile.block_n", (f"must be a multiple of 16 (k16 steps of P.V) and at most {MAX_N} (the N of Q.K^T) "
+                                f"for {s.mma} (got {s.tile.block_n})")
+
+
+def rule_swizzle_128b(s):
+    sw = s.smem.swizzle
+    if not (isinstance(sw, XorSwizzle) and sw.xor_bits == 3 and sw.row_shift == 0):
+        return "smem.swizzle", ("TMA and wgmma read 128-byte swizzled tiles (16-byte chunk ^= row % 8): "
+                                "set swizzle: {xor_bits: 3}")
+
+
+rule_async_copies = refuse(
+    "smem.async_copy", lambda s: not s.smem.async_copy,
+    lambda s: "TMA copies are asynchronous: set smem.async_copy: true", "rule_async_copies")
+rule_q_in_shared = refuse(
+    "smem.q_in_registers", lambda s: s.smem.q_in_registers,
+    lambda s: "Q.K^T reads Q from shared memory (wgmma SS): set q_in_registers: false", "rule_q_in_shared")
+rule_ring = refuse(
+    "smem.stages", lambda s: s.smem.stages < 2,
+    lambda s: "the K/V ring needs at least 2 stages", "rule_ring")
+rule_always_rescales = refuse(
+    "softmax.rescale", lambda s: s.softmax.rescale != "always",
+    lambda s: "rescale: on_max_change is not generated for wgmma; use always", "rule_always_rescales")
+
+
+def rule_pingpong(s):
+    if s.schedule.pingpong and not s.schedule.overlap:
+        return "schedule.pingpong", "ping-pong is generated on the overlapped schedule: set schedule.overlap: true"
+    if s.schedule.pingpong and not s.producer_warps:
+        return "schedule.pingpong", ("ping-pong is generated with a producer warpgroup (the homogeneous issuer "
+                                     "would wait for stages inside its turn): use warps: {producer: 4, consumer: 8}")
+    if s.schedule.persistent and not s.producer_warps:
+        return "schedule.persistent", ("a persistent block needs a producer warpgroup to load the next query "
+                                       "block during the epilogue: use warps: {producer: 4, consumer: ...}")
+    if s.schedule.pingpong and s.compute_warps != 2 * WARPGROUP:
+        return "schedule.pingpong", (f"ping-pong alternates two consumer warpgroups: use warps.consumer: 8 "
+                                     f"(got {s.compute_warps})")
+
+
+def entry_cap(s) -> int:
+    """Registers per thread at entry with one block per SM: the register file over the block's
+    threads, in the units of 8 that ptxas and setmaxnreg count in."""
+    threads = 32 * (s.compute_warps + s.producer_warps)
+    return TARGETS[s.target].regs_per_sm // threads // 8 * 8
+
+
+def consumer_need(s) -> int:
+    """Registers a consumer thread needs: its S and O accumulators and ACCUMULATOR_MARGIN."""
+    return s.tile.block_n // 2 + s.head_dim // 2 + ACCUMULATOR_MARGIN
+
+
+def rule_registers(s):
+    r = s.registers
+    consumers = s.compute_warps // WARPGROUP
+    need = consumer_need(s)
+    if r is None:
+        if need > entry_cap(s):
+            return "registers", (f"a consumer thread needs about {need} registers (S {s.tile.block_n // 2} + O "
+                                 f"{s.head_dim // 2} accumulators + {ACCUMULATOR_MARGIN}) but gets {entry_cap(s)} "
+                                 f"at entry: set registers: {{producer: 24, consumer: ...}} to move the producer's "
+                                 f"registers to the consumers")
+        return None
+    if s.producer_warps == 0:
+        return "registers", "setmaxnreg moves registers between roles: it needs a producer warpgroup"
+    if consumers == 1:
+        return "registers", ("with one consumer warpgroup the entry cap already gives it all it can take; leave "
+                             "registers unset")
+    if s.min_blocks_per_sm is not None:
+        return "min_blocks_per_sm", ("setmaxnreg needs one block per SM (its register pool is the block's); "
+                                     "leave min_blocks_per_sm unset")
+    for role in ("producer", "consumer"):
+        n = getattr(r, role)
+        if n % 8:
+            return f"registers.{role}", f"setmaxnreg takes a multiple of 8 (got {n}); try {n // 8 * 8}"
+    cap = entry_cap(s)
+    pool = cap * (consumers + 1)
+    used = r.producer + consumers * r.consumer
+    if used > pool:
+        return "registers", (f"{r.producer} + {consumers} x {r.consumer} = {used} registers per warpgroup lane exceed "
+                             f"the pool of {pool} ({consumers + 1} warpgroups x {cap}, the cap at entry for "
+                             f"{32 * (s.compute_warps + s.producer_warps)} threads); lower registers.consumer to "
+                             f"{(pool - r.producer) // consumers // 8 * 8}")
+    if r.producer > cap or r.consumer < cap:
+        return "registers", (f"the producer gives registers to the consumers: producer ({r.producer}) at most and "
+                             f"consumer ({r.consumer}) at least the entry cap of {cap}")
+
+
+class Schedule(Strict):
+    """How a consumer warpgroup orders its GEMMs and softmax."""
+
+    overlap: bool = Field(default=False, description=(
+        "issue S = Q.K^T of tile t before O += P.V of tile t-1 and run the softmax of tile t while P.V "
+        "runs; off: each GEMM is waited for before the next step"))
+    pingpong: bool = Field(default=False, description=(
+        "two consumer warpgroups take turns issuing their GEMMs (named barriers), so one runs its softmax "
+        "while the other's GEMMs use the tensor cores; needs overlap and 2 consumer warpgroups"))
+    split_kv: Optional[bool] = Field(default=None, description=(
+        "K and V of a stage handed over on separate full/empty mbarriers, so K is refilled as soon as its "
+        "S = Q.K^T is done; false: one pair per stage counts both (fewer arrivals per tile); unset: split "
+        "when the schedule overlaps (it needs only two stages then)"))
+    persistent: bool = Field(default=False, description=(
+        "launch one block per SM that loops over every query block: the producer loads the next block's "
+        "Q and K/V while the consumers finish the last one (its epilogue); needs a producer warpgroup"))
+
+
+class WgmmaSpec(ForwardSpec):
+    mma: Literal["wgmma_m64nNk16"] = Field(description="wgmma_m64nNk16: Hopper wgmma + TMA (sm_90a)")
+    registers: Optional[Registers] = Field(
+        default=None, description="registers per thread of each role after setmaxnreg; unset: no reallocation")
+    schedule: Schedule = Schedule()
+    epilogue: Literal["registers", "shared", "tma"] = Field(default="registers", description=(
+        "how O leaves: registers = each thread stores its accumulator pairs (4-byte stores); shared = a "
+        "consumer warpgroup writes its 64 normalised rows over its rows of the Q tile (128-byte swizzle) "
+        "and stores them with 16-byte coalesced stores; tma = the same staging, then one TMA bulk tensor "
+        "store per 64-column panel"))
+    key_unit = 16
+    key_unit_why = "k16 steps of P.V"
+    rules = (rule_target_has_sm90a, rule_head_dim_panels, rule_warpgroups, rule_block_m_rows, rule_block_n,
+             rule_swizzle_128b, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads,
+             rule_no_varlen)
+
+    def register_need(self):
+        return (consumer_need(self), f"a consumer thread's S {self.tile.block_n // 2} and O {self.head_dim // 2} "
+                                     f"accumulators + {ACCUMULATOR_MARGIN}")
