@@ -87,11 +87,9 @@ def project_root(start: Path) -> Path | None:
     return None
 
 
-def _project_dir(value, name: str) -> str:
-    """An option's folder: as given, else the project's <name>/ (relative to the working directory
-    when it is inside the project, so messages read as before), else ./<name>."""
-    if value is not None:
-        return value
+def _project_dir(name: str) -> str:
+    """The project's <name>/ (relative to the working directory when it is inside the project, so
+    messages read as before), else ./<name>."""
     ctx = click.get_current_context(silent=True)
     root = (ctx.find_root().obj or {}).get("root") if ctx else None
     root = root or project_root(Path.cwd().resolve())
@@ -103,13 +101,14 @@ def _project_dir(value, name: str) -> str:
 SPECS_DIR_HELP = "where to find specs when none are given (default: the project's specs/)"
 
 
+PROJECT_FOLDERS = {"specs_dir": "specs", "out_dir": "generated", "gen_dir": "generated"}   # option -> its default
+
+
 def _folder_option(ctx, param, value):
-    """A folder option: refused empty; unset, the project's folder of the option's name."""
+    """A folder option: refused empty; unset, the project's folder (PROJECT_FOLDERS)."""
     if value == "":
         raise click.BadParameter("is empty; name a folder (or leave the option out for the project's)")
-    if value is None:
-        return _project_dir(None, {"out_dir": "generated", "gen_dir": "generated"}.get(param.name, "specs"))
-    return value
+    return _project_dir(PROJECT_FOLDERS[param.name]) if value is None else value
 
 
 def _same_file_key(path: Path) -> Path:
@@ -222,8 +221,9 @@ def build(specs, out_dir, specs_dir, as_json):
 
     Writes only files whose content changed, and says which; each file is written atomically
     (a temporary file renamed into place), and a spec's files (a decode bundle's split and combine)
-    all or none, so an interrupted or failed build never leaves half a file or half a bundle. A bad spec is reported and the others are still built; two specs with the same name
-    are refused (nothing written for either). Exits 2 when any spec was refused, 3 when a file
+    all or none, so an interrupted or failed build never leaves half a file or half a bundle. A
+    bad spec is reported and the others are still built; two specs with the same name are refused
+    (nothing written for either). Exits 2 when any spec was refused, 3 when a file
     cannot be written.
     """
     from . import fsutil
@@ -276,8 +276,9 @@ def check(specs_dir, gen_dir, as_json):
     Regenerates every spec in memory and compares with the committed files; exits 1 with a
     unified diff when a file is stale or missing, when generated/ holds an orphan (a .cu that
     no spec produces), when a dispatch-table entry names a spec that cannot serve it, or when a
-    spec's description states a number its plan contradicts ("2-stage" after stages: 1). Exits 2 when a spec is bad or two specs produce the same file (every one
-    is reported). Run it in CI and before review.
+    spec's description states a number its plan contradicts ("2-stage" after stages: 1). Exits 2
+    when a spec is bad or two specs produce the same file (every one is reported). Run it in CI
+    and before review.
     """
     gen = Path(gen_dir)
     errors = []
@@ -314,7 +315,8 @@ def check(specs_dir, gen_dir, as_json):
                     click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
     report["dispatch"] = _check_dispatch(specs_dir, {Path(p).stem: r.plan for p, r in rendered}, as_json)
     from .description import description_drift
-    report["descriptions"] = [{"spec": str(path), "problem": d} for path, r in rendered for d in description_drift(r.plan)]
+    report["descriptions"] = [{"spec": str(path), "problem": d}
+                              for path, r in rendered for d in description_drift(r.plan)]
     for d in report["descriptions"] if not as_json else ():
         click.echo(f"description: {d['spec']}: {d['problem']}; edit the spec's description (it is copied into the "
                    f"generated header)")
@@ -713,10 +715,9 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
                         heads=heads, plot_file=plot_file)
 
     ctx = click.get_current_context()
-    given = {field for param, field in (("shapes", "shapes"), ("cells", "cells"), ("paged", "paged"),
-                                        ("varlen", "varlen"), ("lengths", "lengths"), ("heads", "heads"),
-                                        ("plot_file", "plot_file"))
-             if ctx.get_parameter_source(param) is click.core.ParameterSource.COMMANDLINE}
+    given = {name for name in ("shapes", "cells", "paged", "varlen", "lengths", "heads", "plot_file")
+             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}   # BenchOptions fields
+
     problems = option_problems(groups, opts, given)
     if problems:   # before any GPU check: a wrong option is the user's to fix, whatever the machine
         raise click.UsageError("; ".join(problems))
@@ -724,7 +725,6 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     def progress(label, length):
         return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
 
-    ran = 0
     for convention, (paths, plans) in groups.items():
         try:
             run = EVALS[convention].bench(paths, plans, opts, progress,
@@ -733,7 +733,6 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
             raise click.UsageError(str(e))
         if run is None:   # nothing of this convention runs under these options (e.g. decode specs with --varlen)
             continue
-        ran += 1
         click.echo(run.text)
         for f in run.written:
             click.echo(f"wrote {f}")
@@ -742,8 +741,6 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
                 f"{Path(json_file).stem}-{convention}{Path(json_file).suffix}"))
             fsutil.atomic_write_text(out, json.dumps(run.report, indent=2) + "\n")
             click.echo(f"wrote {out}")
-    if not ran:
-        raise click.UsageError("--varlen times forward specs with varlen: true; none was given")
 
 
 @main.command()
@@ -759,11 +756,11 @@ def doctor(as_json):
     found = findings()
     if as_json:
         click.echo(json.dumps({"findings": [{**f.__dict__, "label": f.label} for f in found],
-                               "install": install_hint(found)}, indent=2))
+                               "install": install_hint()}, indent=2))
     else:
         for f in found:
             click.echo(f"{f.label:<7} {f.what}: {f.detail}  [{f.needed_for}]")
-        click.echo(f"\ninstall the gpu extra with:\n  {install_hint(found)}")
+        click.echo(f"\ninstall the gpu extra with:\n  {install_hint()}")
     if not all(f.ok or f.note for f in found):
         sys.exit(1)
 

@@ -3,6 +3,7 @@ pip spends minutes on the `gpu` extra. Nothing here needs torch, a GPU or networ
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import os
 import re
 import shutil
@@ -26,6 +27,7 @@ class Finding:
         return "ok" if self.ok else "note" if self.note else "MISSING"
 
 
+@functools.lru_cache(maxsize=None)
 def cuda_toolkit(nvcc: str) -> Path | None:
     """The toolkit the nvcc on PATH belongs to, as nvcc itself says (its TOP): a wrapper script on
     PATH points elsewhere, and the headers are in the toolkit, not beside the wrapper."""
@@ -83,8 +85,9 @@ def findings() -> list[Finding]:
     return out
 
 
-def install_hint(found: list[Finding]) -> str:
-    """The command that installs the gpu extra on this machine, with the toolkit first on PATH."""
+def install_hint() -> str:
+    """The command that installs the gpu extra on this machine, with the toolkit first on PATH
+    (nvcc asked once: cuda_toolkit remembers its answer per nvcc)."""
     nvcc = shutil.which("nvcc")
     top = cuda_toolkit(nvcc) if nvcc else None
     env = f"PATH={top / 'bin'}:$PATH CUDA_ROOT={top} " if top else ""

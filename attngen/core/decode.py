@@ -80,11 +80,8 @@ class DecodePlan(ForwardPlan):
     def body(self, key: str) -> str:
         return "attention_merging" if is_merging(key) else super().body(key)
 
-    @property
-    def mask_cpp(self) -> dict[str, str]:
-        cpp = {m.name: m.cpp for m in self.mask_variants}
-        return {key: cpp[merged_mask(key)] for part in self.parts for key, _ in part.functions
-                if merged_mask(key) in cpp}
+    def key_mask(self, key: str) -> str:
+        return merged_mask(key)
 
     @property
     def combine_part(self):

@@ -137,7 +137,12 @@ class ForwardPlan:
     def mask_cpp(self) -> dict[str, str]:
         """function key -> the C++ enumerator of the mask its kernel function is instantiated with."""
         cpp = {m.name: m.cpp for m in self.mask_variants}
-        return {key: cpp[mask_of(key)] for part in self.parts for key, _ in part.functions if mask_of(key) in cpp}
+        return {key: cpp[self.key_mask(key)] for part in self.parts for key, _ in part.functions
+                if self.key_mask(key) in cpp}
+
+    def key_mask(self, key: str) -> str:
+        """The mask a function key runs (a packed-sequence key without its suffix)."""
+        return mask_of(key)
 
     @property
     def varlen(self) -> bool:

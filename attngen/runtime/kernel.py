@@ -355,9 +355,8 @@ class Kernel:
 
     @property
     def masks(self) -> tuple[str, ...]:
-        """The masks of the plain call."""
-        from ..core.varlen import is_packed
-        return tuple(key for key in self.entry if not is_packed(key))
+        """The masks of the call: the spec's (a mask's packed or merging function serves that mask)."""
+        return self.plan.masks
 
     def _mask_variant(self, mask: str, causal: bool, alignment: str | None):
         """The variant of a call's mask; an alignment is refused without causal (the variant checks its value)."""

@@ -9,7 +9,7 @@ import functools
 import numbers
 import threading
 
-from ...core.decode import is_merging, num_splits, row_blocks
+from ...core.decode import num_splits, row_blocks
 from ...core.forward import LOG2E
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
@@ -53,11 +53,6 @@ class DecodeKernel(Kernel):
         plan = self.plan
         self._max_splits, self._page = plan.max_splits, plan.page_size
         self.last_splits = None
-
-    @property
-    def masks(self) -> tuple[str, ...]:
-        """The masks of the call (a merging split function serves the same mask as its plain one)."""
-        return tuple(key for key in self.entry if not is_merging(key))
 
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
