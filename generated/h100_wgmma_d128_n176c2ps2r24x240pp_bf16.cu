@@ -89,43 +89,24 @@
 //       epilogue: each thread stores its normalised O pairs to global memory (4-byte stores)
 //     up to 2 tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), one __syncthreads publishes them
 //
-//   kernel parameters (Params, 640 B by value):
-//     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
-//     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
-//     +16   const void*    v                values, shaped like k
-//     +24   void*          o                output, shaped like q
-//     +32   float*         lse              fp32 natural-log LSE of every query row, rows contiguous; null: not written
-//     +40   long long      q_batch_stride   q: elements between batches
-//     +48   long long      q_head_stride    q: elements between heads
-//     +56   long long      q_row_stride     q: elements between rows
-//     +64   long long      k_batch_stride   k: elements between batches
-//     +72   long long      k_head_stride    k: elements between heads
-//     +80   long long      k_row_stride     k: elements between rows
-//     +88   long long      v_batch_stride   v: elements between batches
-//     +96   long long      v_head_stride    v: elements between heads
-//     +104  long long      v_row_stride     v: elements between rows
-//     +112  long long      o_batch_stride   o: elements between batches
-//     +120  long long      o_head_stride    o: elements between heads
-//     +128  long long      o_row_stride     o: elements between rows
-//     +136  long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 packed)
-//     +144  long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q packed)
-//     +152  int            batch            batch size
-//     +156  int            heads            query heads
-//     +160  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
-//     +164  int            seqlen_q         query rows per head
-//     +168  int            seqlen_k         keys per head
-//     +172  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
-//     +176  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-//     +180  int            causal_from_end  causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
-//     +184  const int*     cu_seqlens_q     int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
-//     +192  const int*     cu_seqlens_k     int32 (batch + 1,): packed calls, first row of each sequence in k and v
-//     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
-//     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-//     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
-//     +216  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
-//     +256  unsigned char[128] tma_q            TMA tensor map of q, encoded by the runtime per call
-//     +384  unsigned char[128] tma_k            TMA tensor map of k, encoded by the runtime per call
-//     +512  unsigned char[128] tma_v            TMA tensor map of v, encoded by the runtime per call
+//   kernel parameters (Params, 512 B by value):
+//     +0    void*          o                output, shaped like q
+//     +8    float*         lse              fp32 natural-log LSE of every query row, rows contiguous; null: not written
+//     +16   long long      o_batch_stride   o: elements between batches
+//     +24   long long      o_head_stride    o: elements between heads
+//     +32   long long      o_row_stride     o: elements between rows
+//     +40   long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 packed)
+//     +48   long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q packed)
+//     +56   int            batch            batch size
+//     +60   int            heads            query heads
+//     +64   int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
+//     +68   int            seqlen_q         query rows per head
+//     +72   int            seqlen_k         keys per head
+//     +76   float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
+//     +80   int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
+//     +128  unsigned char[128] tma_q            TMA tensor map of q, encoded by the runtime per call
+//     +256  unsigned char[128] tma_k            TMA tensor map of k, encoded by the runtime per call
+//     +384  unsigned char[128] tma_v            TMA tensor map of v, encoded by the runtime per call
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -177,80 +158,42 @@ constexpr float kLn2 = 0.6931471805599453f;  // LSE is reported in natural log; 
 // Kernel arguments, passed by value; attngen packs the same bytes from the same field list
 // (attngen/core/abi.py). Strides are in elements; the last dimension of every tensor is contiguous.
 struct Params {
-    const void* q;  // +0: query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
-    const void* k;  // +8: keys (batch, kv_heads, seqlen_k, head_dim)
-    const void* v;  // +16: values, shaped like k
-    void* o;  // +24: output, shaped like q
-    float* lse;  // +32: fp32 natural-log LSE of every query row, rows contiguous; null: not written
-    long long q_batch_stride;  // +40: q: elements between batches
-    long long q_head_stride;  // +48: q: elements between heads
-    long long q_row_stride;  // +56: q: elements between rows
-    long long k_batch_stride;  // +64: k: elements between batches
-    long long k_head_stride;  // +72: k: elements between heads
-    long long k_row_stride;  // +80: k: elements between rows
-    long long v_batch_stride;  // +88: v: elements between batches
-    long long v_head_stride;  // +96: v: elements between heads
-    long long v_row_stride;  // +104: v: elements between rows
-    long long o_batch_stride;  // +112: o: elements between batches
-    long long o_head_stride;  // +120: o: elements between heads
-    long long o_row_stride;  // +128: o: elements between rows
-    long long lse_batch_stride;  // +136: lse: elements between batches (heads x seqlen_q padded; 0 packed)
-    long long lse_head_stride;  // +144: lse: elements between heads (seqlen_q padded; total_q packed)
-    int batch;  // +152: batch size
-    int heads;  // +156: query heads
-    int kv_heads;  // +160: key/value heads; heads is a multiple (GQA/MQA)
-    int seqlen_q;  // +164: query rows per head
-    int seqlen_k;  // +168: keys per head
-    float scale_log2;  // +172: softmax scale * log2(e): scores are exponentiated with exp2
-    int causal_offset;  // +176: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-    int causal_from_end;  // +180: causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
-    const int* cu_seqlens_q;  // +184: int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
-    const int* cu_seqlens_k;  // +192: int32 (batch + 1,): packed calls, first row of each sequence in k and v
-    const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
-    int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-    int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
-    void* errors;  // +216: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
-    alignas(64) unsigned char tma_q[128];  // +256: TMA tensor map of q, encoded by the runtime per call
-    alignas(64) unsigned char tma_k[128];  // +384: TMA tensor map of k, encoded by the runtime per call
-    alignas(64) unsigned char tma_v[128];  // +512: TMA tensor map of v, encoded by the runtime per call
+    void* o;  // +0: output, shaped like q
+    float* lse;  // +8: fp32 natural-log LSE of every query row, rows contiguous; null: not written
+    long long o_batch_stride;  // +16: o: elements between batches
+    long long o_head_stride;  // +24: o: elements between heads
+    long long o_row_stride;  // +32: o: elements between rows
+    long long lse_batch_stride;  // +40: lse: elements between batches (heads x seqlen_q padded; 0 packed)
+    long long lse_head_stride;  // +48: lse: elements between heads (seqlen_q padded; total_q packed)
+    int batch;  // +56: batch size
+    int heads;  // +60: query heads
+    int kv_heads;  // +64: key/value heads; heads is a multiple (GQA/MQA)
+    int seqlen_q;  // +68: query rows per head
+    int seqlen_k;  // +72: keys per head
+    float scale_log2;  // +76: softmax scale * log2(e): scores are exponentiated with exp2
+    int causal_offset;  // +80: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
+    alignas(64) unsigned char tma_q[128];  // +128: TMA tensor map of q, encoded by the runtime per call
+    alignas(64) unsigned char tma_k[128];  // +256: TMA tensor map of k, encoded by the runtime per call
+    alignas(64) unsigned char tma_v[128];  // +384: TMA tensor map of v, encoded by the runtime per call
 };
-static_assert(offsetof(Params, q) == 0, "Params.q offset");
-static_assert(offsetof(Params, k) == 8, "Params.k offset");
-static_assert(offsetof(Params, v) == 16, "Params.v offset");
-static_assert(offsetof(Params, o) == 24, "Params.o offset");
-static_assert(offsetof(Params, lse) == 32, "Params.lse offset");
-static_assert(offsetof(Params, q_batch_stride) == 40, "Params.q_batch_stride offset");
-static_assert(offsetof(Params, q_head_stride) == 48, "Params.q_head_stride offset");
-static_assert(offsetof(Params, q_row_stride) == 56, "Params.q_row_stride offset");
-static_assert(offsetof(Params, k_batch_stride) == 64, "Params.k_batch_stride offset");
-static_assert(offsetof(Params, k_head_stride) == 72, "Params.k_head_stride offset");
-static_assert(offsetof(Params, k_row_stride) == 80, "Params.k_row_stride offset");
-static_assert(offsetof(Params, v_batch_stride) == 88, "Params.v_batch_stride offset");
-static_assert(offsetof(Params, v_head_stride) == 96, "Params.v_head_stride offset");
-static_assert(offsetof(Params, v_row_stride) == 104, "Params.v_row_stride offset");
-static_assert(offsetof(Params, o_batch_stride) == 112, "Params.o_batch_stride offset");
-static_assert(offsetof(Params, o_head_stride) == 120, "Params.o_head_stride offset");
-static_assert(offsetof(Params, o_row_stride) == 128, "Params.o_row_stride offset");
-static_assert(offsetof(Params, lse_batch_stride) == 136, "Params.lse_batch_stride offset");
-static_assert(offsetof(Params, lse_head_stride) == 144, "Params.lse_head_stride offset");
-static_assert(offsetof(Params, batch) == 152, "Params.batch offset");
-static_assert(offsetof(Params, heads) == 156, "Params.heads offset");
-static_assert(offsetof(Params, kv_heads) == 160, "Params.kv_heads offset");
-static_assert(offsetof(Params, seqlen_q) == 164, "Params.seqlen_q offset");
-static_assert(offsetof(Params, seqlen_k) == 168, "Params.seqlen_k offset");
-static_assert(offsetof(Params, scale_log2) == 172, "Params.scale_log2 offset");
-static_assert(offsetof(Params, causal_offset) == 176, "Params.causal_offset offset");
-static_assert(offsetof(Params, causal_from_end) == 180, "Params.causal_from_end offset");
-static_assert(offsetof(Params, cu_seqlens_q) == 184, "Params.cu_seqlens_q offset");
-static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset");
-static_assert(offsetof(Params, seq_order) == 200, "Params.seq_order offset");
-static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
-static_assert(offsetof(Params, total_k) == 212, "Params.total_k offset");
-static_assert(offsetof(Params, errors) == 216, "Params.errors offset");
-static_assert(offsetof(Params, tma_q) == 256, "Params.tma_q offset");
-static_assert(offsetof(Params, tma_k) == 384, "Params.tma_k offset");
-static_assert(offsetof(Params, tma_v) == 512, "Params.tma_v offset");
-static_assert(sizeof(Params) == 640, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, o) == 0, "Params.o offset");
+static_assert(offsetof(Params, lse) == 8, "Params.lse offset");
+static_assert(offsetof(Params, o_batch_stride) == 16, "Params.o_batch_stride offset");
+static_assert(offsetof(Params, o_head_stride) == 24, "Params.o_head_stride offset");
+static_assert(offsetof(Params, o_row_stride) == 32, "Params.o_row_stride offset");
+static_assert(offsetof(Params, lse_batch_stride) == 40, "Params.lse_batch_stride offset");
+static_assert(offsetof(Params, lse_head_stride) == 48, "Params.lse_head_stride offset");
+static_assert(offsetof(Params, batch) == 56, "Params.batch offset");
+static_assert(offsetof(Params, heads) == 60, "Params.heads offset");
+static_assert(offsetof(Params, kv_heads) == 64, "Params.kv_heads offset");
+static_assert(offsetof(Params, seqlen_q) == 68, "Params.seqlen_q offset");
+static_assert(offsetof(Params, seqlen_k) == 72, "Params.seqlen_k offset");
+static_assert(offsetof(Params, scale_log2) == 76, "Params.scale_log2 offset");
+static_assert(offsetof(Params, causal_offset) == 80, "Params.causal_offset offset");
+static_assert(offsetof(Params, tma_q) == 128, "Params.tma_q offset");
+static_assert(offsetof(Params, tma_k) == 256, "Params.tma_k offset");
+static_assert(offsetof(Params, tma_v) == 384, "Params.tma_v offset");
+static_assert(sizeof(Params) == 512, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;

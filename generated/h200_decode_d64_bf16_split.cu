@@ -47,7 +47,7 @@
 //     total 100864 B (98.50 KiB) of 232448 B (227.00 KiB) budget, 43%
 //     dynamic: 100864 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 296 B by value):
+//   kernel parameters (Params, 264 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -74,23 +74,17 @@
 //     +168  int            seqlen_k         keys per head
 //     +172  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
 //     +176  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-//     +180  int            causal_from_end  causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
-//     +184  const int*     cu_seqlens_q     int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
-//     +192  const int*     cu_seqlens_k     int32 (batch + 1,): packed calls, first row of each sequence in k and v
-//     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
-//     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-//     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
-//     +216  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
-//     +224  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
-//     +232  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-//     +240  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-//     +248  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
-//     +252  int            tiles_per_split  K/V tiles of block_n keys each split takes
-//     +256  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-//     +264  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-//     +272  int            table_stride     entries per row of block_table (its max pages per sequence)
-//     +280  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-//     +288  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+//     +184  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
+//     +192  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
+//     +200  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+//     +208  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+//     +216  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
+//     +220  int            tiles_per_split  K/V tiles of block_n keys each split takes
+//     +224  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+//     +232  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+//     +240  int            table_stride     entries per row of block_table (its max pages per sequence)
+//     +248  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+//     +256  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -168,23 +162,17 @@ struct Params {
     int seqlen_k;  // +168: keys per head
     float scale_log2;  // +172: softmax scale * log2(e): scores are exponentiated with exp2
     int causal_offset;  // +176: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-    int causal_from_end;  // +180: causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
-    const int* cu_seqlens_q;  // +184: int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
-    const int* cu_seqlens_k;  // +192: int32 (batch + 1,): packed calls, first row of each sequence in k and v
-    const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
-    int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-    int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
-    void* errors;  // +216: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
-    const void* cache_seqlens;  // +224: int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
-    float* o_accum;  // +232: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-    float* lse_accum;  // +240: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-    int num_splits;  // +248: key slices per (KV head, batch); 1: the split kernel writes O itself
-    int tiles_per_split;  // +252: K/V tiles of block_n keys each split takes
-    int row_blocks;  // +256: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-    const void* block_table;  // +264: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-    int table_stride;  // +272: entries per row of block_table (its max pages per sequence)
-    void* split_counters;  // +280: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-    int num_pages;  // +288: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+    void* errors;  // +184: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
+    const void* cache_seqlens;  // +192: int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
+    float* o_accum;  // +200: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+    float* lse_accum;  // +208: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+    int num_splits;  // +216: key slices per (KV head, batch); 1: the split kernel writes O itself
+    int tiles_per_split;  // +220: K/V tiles of block_n keys each split takes
+    int row_blocks;  // +224: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+    const void* block_table;  // +232: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+    int table_stride;  // +240: entries per row of block_table (its max pages per sequence)
+    void* split_counters;  // +248: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+    int num_pages;  // +256: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -212,24 +200,18 @@ static_assert(offsetof(Params, seqlen_q) == 164, "Params.seqlen_q offset");
 static_assert(offsetof(Params, seqlen_k) == 168, "Params.seqlen_k offset");
 static_assert(offsetof(Params, scale_log2) == 172, "Params.scale_log2 offset");
 static_assert(offsetof(Params, causal_offset) == 176, "Params.causal_offset offset");
-static_assert(offsetof(Params, causal_from_end) == 180, "Params.causal_from_end offset");
-static_assert(offsetof(Params, cu_seqlens_q) == 184, "Params.cu_seqlens_q offset");
-static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset");
-static_assert(offsetof(Params, seq_order) == 200, "Params.seq_order offset");
-static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
-static_assert(offsetof(Params, total_k) == 212, "Params.total_k offset");
-static_assert(offsetof(Params, errors) == 216, "Params.errors offset");
-static_assert(offsetof(Params, cache_seqlens) == 224, "Params.cache_seqlens offset");
-static_assert(offsetof(Params, o_accum) == 232, "Params.o_accum offset");
-static_assert(offsetof(Params, lse_accum) == 240, "Params.lse_accum offset");
-static_assert(offsetof(Params, num_splits) == 248, "Params.num_splits offset");
-static_assert(offsetof(Params, tiles_per_split) == 252, "Params.tiles_per_split offset");
-static_assert(offsetof(Params, row_blocks) == 256, "Params.row_blocks offset");
-static_assert(offsetof(Params, block_table) == 264, "Params.block_table offset");
-static_assert(offsetof(Params, table_stride) == 272, "Params.table_stride offset");
-static_assert(offsetof(Params, split_counters) == 280, "Params.split_counters offset");
-static_assert(offsetof(Params, num_pages) == 288, "Params.num_pages offset");
-static_assert(sizeof(Params) == 296, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, errors) == 184, "Params.errors offset");
+static_assert(offsetof(Params, cache_seqlens) == 192, "Params.cache_seqlens offset");
+static_assert(offsetof(Params, o_accum) == 200, "Params.o_accum offset");
+static_assert(offsetof(Params, lse_accum) == 208, "Params.lse_accum offset");
+static_assert(offsetof(Params, num_splits) == 216, "Params.num_splits offset");
+static_assert(offsetof(Params, tiles_per_split) == 220, "Params.tiles_per_split offset");
+static_assert(offsetof(Params, row_blocks) == 224, "Params.row_blocks offset");
+static_assert(offsetof(Params, block_table) == 232, "Params.block_table offset");
+static_assert(offsetof(Params, table_stride) == 240, "Params.table_stride offset");
+static_assert(offsetof(Params, split_counters) == 248, "Params.split_counters offset");
+static_assert(offsetof(Params, num_pages) == 256, "Params.num_pages offset");
+static_assert(sizeof(Params) == 264, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;

@@ -61,7 +61,7 @@
 //       consumer: wait full[s], compute tile t, arrive empty[s]
 //     up to 2 tiles in flight; thread 0 initialises the mbarriers, and the Q copy's __syncthreads (the kernel's only block-wide barrier) publishes them
 //
-//   kernel parameters (Params, 224 B by value):
+//   kernel parameters (Params, 184 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -88,13 +88,6 @@
 //     +168  int            seqlen_k         keys per head
 //     +172  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
 //     +176  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-//     +180  int            causal_from_end  causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
-//     +184  const int*     cu_seqlens_q     int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
-//     +192  const int*     cu_seqlens_k     int32 (batch + 1,): packed calls, first row of each sequence in k and v
-//     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
-//     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-//     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
-//     +216  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -174,13 +167,6 @@ struct Params {
     int seqlen_k;  // +168: keys per head
     float scale_log2;  // +172: softmax scale * log2(e): scores are exponentiated with exp2
     int causal_offset;  // +176: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-    int causal_from_end;  // +180: causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
-    const int* cu_seqlens_q;  // +184: int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
-    const int* cu_seqlens_k;  // +192: int32 (batch + 1,): packed calls, first row of each sequence in k and v
-    const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
-    int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-    int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
-    void* errors;  // +216: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -208,14 +194,7 @@ static_assert(offsetof(Params, seqlen_q) == 164, "Params.seqlen_q offset");
 static_assert(offsetof(Params, seqlen_k) == 168, "Params.seqlen_k offset");
 static_assert(offsetof(Params, scale_log2) == 172, "Params.scale_log2 offset");
 static_assert(offsetof(Params, causal_offset) == 176, "Params.causal_offset offset");
-static_assert(offsetof(Params, causal_from_end) == 180, "Params.causal_from_end offset");
-static_assert(offsetof(Params, cu_seqlens_q) == 184, "Params.cu_seqlens_q offset");
-static_assert(offsetof(Params, cu_seqlens_k) == 192, "Params.cu_seqlens_k offset");
-static_assert(offsetof(Params, seq_order) == 200, "Params.seq_order offset");
-static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
-static_assert(offsetof(Params, total_k) == 212, "Params.total_k offset");
-static_assert(offsetof(Params, errors) == 216, "Params.errors offset");
-static_assert(sizeof(Params) == 224, "Params size must match attngen/core/abi.py");
+static_assert(sizeof(Params) == 184, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;

@@ -17,7 +17,7 @@ from pydantic import Field
 
 import attngen.kinds as registry
 from attngen.cli import main
-from attngen.core.abi import Abi, AbiField, blob, int32, pointer
+from attngen.core.abi import Abi, AbiField, blob, float32, int32, int64, pointer
 from attngen.core.forward import FORWARD_ABI, Part
 from attngen.core.kind import Kind
 from attngen.kinds import KINDS, fwd_mma, kind_of
@@ -260,13 +260,53 @@ def test_abi_field_refuses_what_c_cannot_lay_out(make, message):
 def test_forward_abi_matches_the_generated_struct():
     plan = make_plan(parse_spec((ROOT / "specs" / "h100_mma_d128_ws.yaml").read_text()))
     src = render_parts(plan, "specs/x.yaml", "")[0].source
-    for f, offset in FORWARD_ABI.rows():
+    for f, offset in plan.abi.rows():
         assert f"static_assert(offsetof(Params, {f.name}) == {offset}," in src
-    assert f"static_assert(sizeof(Params) == {FORWARD_ABI.size}," in src
+    assert f"static_assert(sizeof(Params) == {plan.abi.size}," in src
     names = [f.name for f in FORWARD_ABI.fields]
     assert {"causal_offset", "causal_from_end"} <= set(names)   # a variant's fields, from the same list
     assert names[-6:] == ["cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k",   # packed sequences
                           "errors"]                                                          # input-error flags
+
+
+@pytest.mark.parametrize("spec, carries, leaves_out", [
+    # padded causal: the causal offset, not the per-sequence flag nor the packed-sequence fields
+    ("h100_mma_d128_ws", {"q", "causal_offset"}, {"causal_from_end", "cu_seqlens_q", "total_k", "errors"}),
+    # varlen: the packed-sequence fields and the error flags
+    ("h100_mma_d128_m128n32w4s4x3", {"causal_offset", "causal_from_end", "cu_seqlens_q", "seq_order", "errors"},
+     set()),
+    # TMA loads: the maps carry q, k and v; o is still written through its pointer
+    ("h100_wgmma_d128", {"o", "o_row_stride", "tma_q", "tma_k", "tma_v"}, {"q", "k_row_stride", "v", "errors"}),
+    # decode: its own fields and the error flags, no packed sequences
+    ("h200_decode_d128", {"block_table", "errors", "causal_offset"}, {"cu_seqlens_k", "causal_from_end"}),
+])
+def test_a_plans_params_carry_what_its_kernels_read(spec, carries, leaves_out):
+    plan = make_plan(parse_spec((ROOT / "specs" / f"{spec}.yaml").read_text()))
+    names = {f.name for f in plan.abi.fields}
+    assert carries <= names and not leaves_out & names
+    assert leaves_out <= plan.abi.omitted
+
+
+def test_packing_skips_the_fields_a_plan_omits_and_refuses_unknown_ones():
+    abi = Abi("P", (int32("a", "a"), int32("b", "b"), int64("c", "c"))).without({"b"})
+    packer = abi.packer(("a", "b", "c"))
+    assert packer.pack((1, 2, 3)) == struct.pack("<i4xq", 1, 3)
+    buf = bytearray(packer.pack((1, 2, 3)))
+    abi.patch(("a", "b")).pack_into(buf, 0, (7, 8))
+    assert bytes(buf) == struct.pack("<i4xq", 7, 3)
+    with pytest.raises(ValueError, match="no field"):
+        abi.packer(("a", "d"))
+    with pytest.raises(ValueError, match="no field"):
+        abi.without({"b"})
+
+
+def test_a_view_declares_what_a_kernel_reads_at_the_same_offsets():
+    abi = Abi("P", (int32("a", "a"), int64("b", "b"), int32("c", "c"), float32("d", "d")))
+    rows = abi.view({"b", "d"})
+    assert [(decl, offset) for decl, offset, _ in rows] == [
+        ("unsigned char reserved_0[8];", 0), ("long long b;", 8), ("unsigned char reserved_16[4];", 16),
+        ("float d;", 20)]
+    assert abi.size == 24
 
 
 def plan_with_tensor_map():

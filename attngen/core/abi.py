@@ -79,10 +79,16 @@ def _round_up(x: int, unit: int) -> int:
 
 @dataclass(frozen=True)
 class Abi:
-    """A by-value parameter struct: fields in order, each at its natural alignment."""
+    """A by-value parameter struct: fields in order, each at its natural alignment.
+
+    A plan's Params holds only the fields its kernels read; `omitted` names the fields of the list
+    it was cut from (Abi.without) that it leaves out, so one call convention's packing can name
+    every field of the list and skip those this plan does not carry, while a misspelt name is
+    still refused."""
 
     name: str
     fields: tuple[AbiField, ...]
+    omitted: frozenset = frozenset()
 
     def __post_init__(self):
         names = [f.name for f in self.fields]
@@ -115,7 +121,7 @@ class Abi:
     def pack(self, values: dict) -> bytes:
         """The struct's bytes; every field without a default must be in `values`, and nothing else.
         A blob takes exactly its size in bytes: struct would pad a short one and cut a long one."""
-        unknown = set(values) - {f.name for f in self.fields}
+        unknown = set(values) - {f.name for f in self.fields} - self.omitted
         if unknown:
             raise ValueError(f"ABI {self.name} has no field(s) {', '.join(sorted(unknown))}")
         buf = bytearray(self.size)
@@ -132,7 +138,36 @@ class Abi:
         return bytes(buf)
 
     def with_fields(self, extra: tuple[AbiField, ...]) -> "Abi":
-        return Abi(self.name, self.fields + tuple(extra))
+        return Abi(self.name, self.fields + tuple(extra), self.omitted)
+
+    def without(self, names) -> "Abi":
+        """This Params less the fields `names` (which must be in it): a plan's kernels do not read them."""
+        names = set(names)
+        unknown = names - {f.name for f in self.fields}
+        if unknown:
+            raise ValueError(f"ABI {self.name} has no field(s) {', '.join(sorted(unknown))}")
+        return Abi(self.name, tuple(f for f in self.fields if f.name not in names), self.omitted | names)
+
+    def view(self, names) -> list[tuple[str, int, AbiField | None]]:
+        """The struct of a kernel that reads only `names`, byte for byte this Params: those fields at
+        their offsets and the bytes between them as reserved arrays. One launch's bytes then serve
+        two kernels (a decode bundle's split and combine) while each declares only what it reads.
+        Rows of (C member, offset, field or None for reserved bytes)."""
+        names = set(names)
+        unknown = names - {f.name for f in self.fields}
+        if unknown:
+            raise ValueError(f"ABI {self.name} has no field(s) {', '.join(sorted(unknown))}")
+        rows, at = [], 0
+        for f, offset in self.rows():
+            if f.name not in names:
+                continue
+            if offset > at:
+                rows.append((f"unsigned char reserved_{at}[{offset - at}];", at, None))
+            rows.append((f.declaration(), offset, f))
+            at = offset + f.size
+        if self.size > at:
+            rows.append((f"unsigned char reserved_{at}[{self.size - at}];", at, None))
+        return rows
 
     def struct_format(self) -> str:
         """One struct format for the whole Params, padding included: the bytes `pack` lays out."""
@@ -163,7 +198,8 @@ class Packer:
 
     def __init__(self, abi: Abi, per_call: tuple[str, ...], fixed: dict):
         names = [f.name for f in abi.fields]
-        unknown = (set(per_call) | set(fixed)) - set(names)
+        fixed = {n: v for n, v in fixed.items() if n not in abi.omitted}
+        unknown = (set(per_call) | set(fixed)) - set(names) - abi.omitted
         if unknown:
             raise ValueError(f"ABI {abi.name} has no field(s) {', '.join(sorted(unknown))}")
         both = set(per_call) & set(fixed)
@@ -180,14 +216,16 @@ class Packer:
         self.size = abi.size
         self._struct = struct.Struct(abi.struct_format())
         self._base = base
-        self._slots = tuple(names.index(n) for n in per_call)
+        # (Params slot, index in per_call) of each per-call value this Params carries
+        self._slots = tuple((names.index(n), i) for i, n in enumerate(per_call) if n not in abi.omitted)
         assert self._struct.size == abi.size, (self._struct.size, abi.size)
 
     def pack_into(self, buffer, offset: int, values) -> None:
-        """Write the Params into `buffer` at `offset`; `values` in per_call order."""
+        """Write the Params into `buffer` at `offset`; `values` in per_call order (the values of
+        fields this Params omits are skipped)."""
         row = self._base.copy()
-        for slot, value in zip(self._slots, values):
-            row[slot] = value
+        for slot, i in self._slots:
+            row[slot] = values[i]
         self._struct.pack_into(buffer, offset, *row)
 
     def pack(self, values) -> bytes:
@@ -203,9 +241,13 @@ class Patch:
 
     def __init__(self, abi: Abi, names: tuple[str, ...]):
         rows = {f.name: (i, f, offset) for i, (f, offset) in enumerate(abi.rows())}
-        unknown = set(names) - set(rows)
+        unknown = set(names) - set(rows) - abi.omitted
         if unknown:
             raise ValueError(f"ABI {abi.name} has no field(s) {', '.join(sorted(unknown))}")
+        # The values of fields this Params omits are dropped before writing (index of each kept one).
+        keep = tuple(i for i, n in enumerate(names) if n not in abi.omitted)
+        self._keep = None if len(keep) == len(names) else keep
+        names = tuple(n for n in names if n not in abi.omitted)
         order = sorted(names, key=lambda n: rows[n][0])
         if list(order) != list(names):
             raise ValueError(f"patch fields must come in ABI order: {', '.join(order)}")
@@ -226,7 +268,10 @@ class Patch:
         self._single = runs[0][:2] if len(runs) == 1 else None
 
     def pack_into(self, buffer, offset: int, values) -> None:
-        """Write `values` (in the order of `names`) into Params bytes that start at `offset`."""
+        """Write `values` (in the order of the names given, omitted fields included) into Params
+        bytes that start at `offset`."""
+        if self._keep is not None:
+            values = [values[i] for i in self._keep]
         if self._single is not None:
             self._single[1].pack_into(buffer, offset + self._single[0], *values)
             return

@@ -14,6 +14,7 @@ from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Re
                      TileCopy, barrier_region, check_budget, layout_regions, ring_stride, xor_misfit)
 from .spec import ForwardSpec, PadSwizzle, XorSwizzle
 from .variants import MASKS, MaskVariant
+from .input_errors import ERRORS_FIELD
 from .varlen import VARLEN_ABI_FIELDS, is_packed, mask_of, packed_key
 
 LOG2E = 1.4426950408889634    # scores are exponentiated with exp2: scale * log2(e) folds the change of base
@@ -27,7 +28,8 @@ def _strides(t: str, what: str) -> tuple:
                  (("batch", "batches"), ("head", "heads"), ("row", "rows")))
 
 
-# The forward kernels' by-value parameters. The mask variants add theirs (core/variants.py).
+# Every by-value parameter a forward kernel may read; the mask variants add theirs
+# (core/variants.py). A plan's Params is this list less what its kernels do not read (plan_abi).
 FORWARD_ABI = Abi("Params", (
     pointer("q", "query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous"),
     pointer("k", "keys (batch, kv_heads, seqlen_k, head_dim)"),
@@ -46,6 +48,29 @@ FORWARD_ABI = Abi("Params", (
 ) + tuple(f for m in MASKS.values() for f in m.abi_fields) + VARLEN_ABI_FIELDS)
 
 
+def tensor_fields(tensor: str) -> tuple[str, ...]:
+    """The Params fields that locate a (batch, heads, rows, head_dim) tensor: pointer and strides."""
+    return (tensor,) + tuple(f"{tensor}_{d}_stride" for d in ("batch", "head", "row"))
+
+
+def plan_abi(masks, *, packed: bool, reports_errors: bool, through_maps=(), base: Abi = FORWARD_ABI) -> Abi:
+    """The Params of a plan: `base` less the fields its kernels never read, so a generated file
+    declares no field it does not use. Left out: the fields of masks the plan has no function for,
+    and of packed sequences (those a mask reads only per sequence too) unless it has packed
+    functions; the error-flag pointer unless its kernels report input errors; the pointer and
+    strides of the tensors it loads through TMA maps (the maps carry them)."""
+    names = {f.name for f in base.fields}
+    unread = {f.name for m in MASKS.values() if m not in masks for f in m.abi_fields}
+    if not packed:
+        unread |= {n for m in masks for n in m.packed_only}
+        unread |= {f.name for f in VARLEN_ABI_FIELDS if f.name != ERRORS_FIELD.name}
+    if not (packed or reports_errors):
+        unread.add(ERRORS_FIELD.name)
+    for tensor in through_maps:
+        unread |= set(tensor_fields(tensor))
+    return base.without(unread & names)
+
+
 @dataclass(frozen=True)
 class Part:
     """One generated file of a bundle: a template of the kind and the kernel functions it defines."""
@@ -57,6 +82,8 @@ class Part:
                                                # or core.varlen.packed_key(mask) for packed sequences
     static_smem: int | None = None             # shared memory its kernels declare statically; None: the plan's
     threads: int | None = None                 # threads per block of its kernels; None: the plan's
+    reads: tuple[str, ...] = ()                # the Params fields its kernels read when not all of them: its
+                                               # struct declares those and reserves the other bytes (Abi.view)
 
 
 @dataclass(frozen=True)
@@ -312,7 +339,8 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
     plan = ForwardPlan(
         spec=spec, kind=kind, title=title, target=target, masks=tuple(spec.masks),
         mask_variants=tuple(MASKS[m] for m in spec.masks),
-        parts=(Part("fwd", template, f"{spec.name}.cu", functions),), abi=FORWARD_ABI,
+        parts=(Part("fwd", template, f"{spec.name}.cu", functions),),
+        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), packed=spec.varlen, reports_errors=False),
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=spec.head_dim,
         block_m=spec.tile.block_m, block_n=spec.tile.block_n,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps,

@@ -19,7 +19,7 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ...core.decode import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, DecodePlan, merging_key
-from ...core.forward import FORWARD_ABI, Part, plan_forward
+from ...core.forward import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
 from ...core.spec import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
@@ -29,6 +29,9 @@ NAME = "decode_mma"
 TITLE = "split-KV decode with GQA packing (mma.sync m16n8k16) + LSE combine"
 SELECTOR = ("decode", "split_kv")
 COMBINE_WARPS = 4           # output rows per combine block (one warp each)
+# The Params fields the combine kernel reads: it launches with the split kernel's Params bytes.
+COMBINE_READS = ("o", "lse", "o_batch_stride", "o_head_stride", "o_row_stride", "batch", "heads", "seqlen_q",
+                 "o_accum", "lse_accum", "num_splits")
 MAX_ACCUMULATORS = 160      # S + O accumulators and Q fragments per thread the rules allow (255 registers in all;
                             # 224 at d128 x 32 rows spilled 172 B)
 
@@ -179,7 +182,8 @@ def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
     if spec.combine != "kernel":
         return split
     return split + (Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
-                         (("combine", f"attngen_{spec.name}_combine"),), static_smem=0, threads=32 * COMBINE_WARPS),)
+                         (("combine", f"attngen_{spec.name}_combine"),), static_smem=0, threads=32 * COMBINE_WARPS,
+                         reads=COMBINE_READS),)
 
 
 def plan(spec: DecodeSpec, file: str | None = None):
@@ -214,7 +218,8 @@ def plan(spec: DecodeSpec, file: str | None = None):
                   f"rows and scores {p.fragments.keys_per_warp} keys of each tile",
                   "masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new "
                   "token t of seqlen_q sees the keys up to position len - seqlen_q + t")
-    return DecodePlan.of(p, parts=function_names(spec), abi=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS),
+    return DecodePlan.of(p, parts=function_names(spec), abi=plan_abi(p.mask_variants, packed=False, reports_errors=True,
+                                                                  base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS)),
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
                          q_in_registers=True, max_splits=spec.max_splits, page_size=spec.page_size or 0,
                          combine=spec.combine, unsplit_in_flight=unsplit_in_flight(spec),

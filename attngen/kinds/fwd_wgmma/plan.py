@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.abi import blob
-from ...core.forward import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, launch_min_blocks
+from ...core.forward import ELEMENT_TYPES, ForwardPlan, Part, forward_functions, launch_min_blocks, plan_abi
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
 from ...core.tma import MAP_ALIGN, MAP_BYTES, SWIZZLE_128B_COLS, TensorMapSpec
@@ -182,8 +182,10 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         spec=spec, kind=kind(), title=TITLE, target=target, masks=tuple(spec.masks),
         mask_variants=tuple(MASKS[m] for m in spec.masks),
         parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
-        abi=FORWARD_ABI.with_fields(tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, "
-                                               "encoded by the runtime per call") for m in maps)),
+        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), packed=False, reports_errors=False,
+                     through_maps=tuple(m.tensor for m in maps if not m.store)).with_fields(
+            tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime "
+                       "per call") for m in maps)),
         params_qualifier="__grid_constant__ ",
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,
