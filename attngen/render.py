@@ -13,6 +13,7 @@ from . import __version__
 from .core.forward import LN2, LOG2E
 from .core.input_errors import INPUT_ERRORS
 from .explain import explain
+from .lean import drop_unnamed
 from .plan import Plan, make_plan
 from .shipped import TEMPLATES
 from .core.specio import line_of, load_yaml
@@ -130,7 +131,7 @@ def render_parts(plan: Plan, spec_path: str, spec_text: str) -> tuple[RenderedPa
     for part in plan.parts:
         src = env.get_template(part.template).render(plan=plan, part=part,
                                                      header=header_lines(plan, part, spec_path, spec_text))
-        out.append(RenderedPart(part.name, part.file_name, normalise(src)))
+        out.append(RenderedPart(part.name, part.file_name, normalise(drop_unnamed(src))))
     return tuple(out)
 
 

@@ -114,14 +114,12 @@ namespace attngen_h100_mma_d128_ws {
 // Tile shape and block (from the plan).
 constexpr int kBlockM = 128;        // query rows per block
 constexpr int kBlockN = 32;        // keys per K/V tile
-constexpr int kHeadDim = 128;
 constexpr int kThreads = 256;
 constexpr int kComputeWarps = 4;
 constexpr int kComputeThreads = 128;
 constexpr int kProducerThreads = 128;  // 0: every warp copies and computes
 constexpr int kRowsPerWarp = 32;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 16;  // 16-byte chunks in one row of head_dim
-constexpr int kSmemBytes = 98368;
 constexpr int kStages = 4;           // K/V ring depth
 constexpr int kStageStride = 16384;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
@@ -132,12 +130,6 @@ constexpr int kMinBlocksPerSm = 0;
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x128 half, 32768 B
 constexpr int kSmem_k0 = 32768;  // K tile, stage 0: 32x128 half, 8192 B
 constexpr int kSmem_v0 = 40960;  // V tile, stage 0: 32x128 half, 8192 B
-constexpr int kSmem_k1 = 49152;  // K tile, stage 1: 32x128 half, 8192 B
-constexpr int kSmem_v1 = 57344;  // V tile, stage 1: 32x128 half, 8192 B
-constexpr int kSmem_k2 = 65536;  // K tile, stage 2: 32x128 half, 8192 B
-constexpr int kSmem_v2 = 73728;  // V tile, stage 2: 32x128 half, 8192 B
-constexpr int kSmem_k3 = 81920;  // K tile, stage 3: 32x128 half, 8192 B
-constexpr int kSmem_v3 = 90112;  // V tile, stage 3: 32x128 half, 8192 B
 constexpr int kSmem_bars = 98304;  // mbarriers full[0..4), empty[0..4): 8x1 uint64, 64 B
 
 // Q/K/V tile rows: pitch and swizzle (xor: chunk ^= row & 7).
@@ -145,7 +137,6 @@ constexpr int kTilePitchBytes = 256;
 constexpr bool kXorSwizzle = true;
 constexpr int kSwizzleRowShift = 0;
 constexpr int kSwizzleMask = 7;
-constexpr bool kRows16BAligned = true;
 
 constexpr float kLn2 = 0.6931471805599453f;  // LSE is reported in natural log; the kernels work in log2
 
@@ -209,10 +200,6 @@ static_assert(sizeof(Params) == 184, "Params size must match attngen/core/abi.py
 
 using elem_t = half;
 using elem2_t = half2;
-
-// Conversions between fp32 pairs and the element pair type; overloads pick the one for elem2_t.
-__device__ __forceinline__ float2 to_float2(half2 x) { return __half22float2(x); }
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 
 template <typename T> __device__ __forceinline__ T float2_to(float a, float b);
 template <> __device__ __forceinline__ half2 float2_to<half2>(float a, float b) { return __floats2half2_rn(a, b); }

@@ -92,14 +92,9 @@ namespace attngen_h100_mma_d64 {
 // Tile shape and block (from the plan).
 constexpr int kBlockM = 128;        // query rows per block
 constexpr int kBlockN = 128;        // keys per K/V tile
-constexpr int kHeadDim = 64;
 constexpr int kThreads = 256;
-constexpr int kComputeWarps = 8;
-constexpr int kComputeThreads = 256;
-constexpr int kProducerThreads = 0;  // 0: every warp copies and computes
 constexpr int kRowsPerWarp = 16;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 8;  // 16-byte chunks in one row of head_dim
-constexpr int kSmemBytes = 114688;
 constexpr int kStages = 3;           // K/V ring depth
 constexpr int kStageStride = 32768;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
@@ -110,17 +105,12 @@ constexpr int kMinBlocksPerSm = 0;
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 128x64 half, 16384 B
 constexpr int kSmem_k0 = 16384;  // K tile, stage 0: 128x64 half, 16384 B
 constexpr int kSmem_v0 = 32768;  // V tile, stage 0: 128x64 half, 16384 B
-constexpr int kSmem_k1 = 49152;  // K tile, stage 1: 128x64 half, 16384 B
-constexpr int kSmem_v1 = 65536;  // V tile, stage 1: 128x64 half, 16384 B
-constexpr int kSmem_k2 = 81920;  // K tile, stage 2: 128x64 half, 16384 B
-constexpr int kSmem_v2 = 98304;  // V tile, stage 2: 128x64 half, 16384 B
 
 // Q/K/V tile rows: pitch and swizzle (xor: chunk ^= row & 7).
 constexpr int kTilePitchBytes = 128;
 constexpr bool kXorSwizzle = true;
 constexpr int kSwizzleRowShift = 0;
 constexpr int kSwizzleMask = 7;
-constexpr bool kRows16BAligned = true;
 
 constexpr float kLn2 = 0.6931471805599453f;  // LSE is reported in natural log; the kernels work in log2
 
@@ -184,10 +174,6 @@ static_assert(sizeof(Params) == 184, "Params size must match attngen/core/abi.py
 
 using elem_t = half;
 using elem2_t = half2;
-
-// Conversions between fp32 pairs and the element pair type; overloads pick the one for elem2_t.
-__device__ __forceinline__ float2 to_float2(half2 x) { return __half22float2(x); }
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 
 template <typename T> __device__ __forceinline__ T float2_to(float a, float b);
 template <> __device__ __forceinline__ half2 float2_to<half2>(float a, float b) { return __floats2half2_rn(a, b); }

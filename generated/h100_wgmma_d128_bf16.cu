@@ -117,17 +117,11 @@ namespace attngen_h100_wgmma_d128_bf16 {
 // Tile shape and block (from the plan).
 constexpr int kBlockM = 128;        // query rows per block
 constexpr int kBlockN = 128;        // keys per K/V tile
-constexpr int kHeadDim = 128;
 constexpr int kThreads = 384;
 constexpr int kComputeWarps = 8;
-constexpr int kComputeThreads = 256;
-constexpr int kProducerThreads = 128;  // 0: every warp copies and computes
-constexpr int kRowsPerWarp = 16;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 16;  // 16-byte chunks in one row of head_dim
-constexpr int kSmemBytes = 229480;
 constexpr int kStages = 3;           // K/V ring depth
 constexpr int kStageStride = 65536;  // bytes between ring slots
-constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
 // __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
 constexpr int kMinBlocksPerSm = 1;
 
@@ -135,18 +129,7 @@ constexpr int kMinBlocksPerSm = 1;
 constexpr int kSmem_q = 0;  // Q tile, loaded once; 2 panel(s) of 128 rows x 64: 256x64 __nv_bfloat16, 32768 B
 constexpr int kSmem_k0 = 32768;  // K tile, stage 0; 2 panel(s) of 128 rows x 64: 256x64 __nv_bfloat16, 32768 B
 constexpr int kSmem_v0 = 65536;  // V tile, stage 0; 2 panel(s) of 128 rows x 64: 256x64 __nv_bfloat16, 32768 B
-constexpr int kSmem_k1 = 98304;  // K tile, stage 1; 2 panel(s) of 128 rows x 64: 256x64 __nv_bfloat16, 32768 B
-constexpr int kSmem_v1 = 131072;  // V tile, stage 1; 2 panel(s) of 128 rows x 64: 256x64 __nv_bfloat16, 32768 B
-constexpr int kSmem_k2 = 163840;  // K tile, stage 2; 2 panel(s) of 128 rows x 64: 256x64 __nv_bfloat16, 32768 B
-constexpr int kSmem_v2 = 196608;  // V tile, stage 2; 2 panel(s) of 128 rows x 64: 256x64 __nv_bfloat16, 32768 B
 constexpr int kSmem_bars = 229376;  // mbarriers full_k, full_v, empty_k, empty_v [0..3) each, q_full: 13x1 uint64, 104 B
-
-// Q/K/V tile rows: pitch and swizzle (xor: chunk ^= row & 7).
-constexpr int kTilePitchBytes = 128;
-constexpr bool kXorSwizzle = true;
-constexpr int kSwizzleRowShift = 0;
-constexpr int kSwizzleMask = 7;
-constexpr bool kRows16BAligned = true;
 
 constexpr float kLn2 = 0.6931471805599453f;  // LSE is reported in natural log; the kernels work in log2
 
@@ -192,10 +175,6 @@ static_assert(sizeof(Params) == 512, "Params size must match attngen/core/abi.py
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;
-
-// Conversions between fp32 pairs and the element pair type; overloads pick the one for elem2_t.
-__device__ __forceinline__ float2 to_float2(half2 x) { return __half22float2(x); }
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 
 template <typename T> __device__ __forceinline__ T float2_to(float a, float b);
 template <> __device__ __forceinline__ half2 float2_to<half2>(float a, float b) { return __floats2half2_rn(a, b); }
@@ -269,13 +248,6 @@ __device__ __forceinline__ bool tile_needs_mask(int n0, int row0, const Params& 
     return n0 + kBlockN > key_end<kMask>(row0, p);
 }
 
-// False when rows up to last_row see no key of the tile starting at n0: they can skip it.
-template <Mask kMask>
-__device__ __forceinline__ bool tile_visible(int n0, int last_row, const Params& p) {
-    if constexpr (kMask == Mask::None) return true;
-    else return n0 < key_end<kMask>(last_row, p);
-}
-
 // The query block, head and batch a thread block computes. When the mask gives later rows more
 // keys, the last query blocks are the longest, so they take the first block ids and start first;
 // the short blocks then fill the tail of the grid.
@@ -288,11 +260,6 @@ __device__ __forceinline__ BlockCoords block_coords(const Params& p) {
     const int m_block = kLaterRowsSeeMore<kMask> ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int head = blockIdx.y;
     return {m_block * kBlockM, head, static_cast<int>(blockIdx.z), head / (p.heads / p.kv_heads)};
-}
-
-// Base pointer of (batch, head) inside a (batch, heads, rows, dim) strided tensor.
-__device__ __forceinline__ const elem_t* head_ptr(const void* base, int b, int h, long long bs, long long hs) {
-    return static_cast<const elem_t*>(base) + b * bs + h * hs;
 }
 
 __device__ __forceinline__ elem_t* output_ptr(const Params& p, const BlockCoords& c) {
@@ -352,11 +319,6 @@ __device__ __forceinline__ void mbarrier_init(uint32_t bar, int arrivals) {
 // phase completes for every waiter.
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
     asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" :: "r"(bar) : "memory");
-}
-// The arrival is made by the hardware once every cp.async this thread issued so far has landed;
-// .noinc: it counts as one of the phase's expected arrivals.
-__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" :: "r"(bar) : "memory");
 }
 // Acquire: spin until the phase of the given parity has completed. sm_90 has try_wait, which lets
 // the warp sleep inside the instruction; earlier GPUs poll test_wait.

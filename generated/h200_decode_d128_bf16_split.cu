@@ -47,7 +47,7 @@
 //     total 201216 B (196.50 KiB) of 232448 B (227.00 KiB) budget, 87%
 //     dynamic: 201216 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 264 B by value):
+//   kernel parameters (Params, 240 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -65,26 +65,23 @@
 //     +112  long long      o_batch_stride   o: elements between batches
 //     +120  long long      o_head_stride    o: elements between heads
 //     +128  long long      o_row_stride     o: elements between rows
-//     +136  long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 packed)
-//     +144  long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q packed)
-//     +152  int            batch            batch size
-//     +156  int            heads            query heads
-//     +160  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
-//     +164  int            seqlen_q         query rows per head
-//     +168  int            seqlen_k         keys per head
-//     +172  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
-//     +176  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-//     +184  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
-//     +192  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
-//     +200  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-//     +208  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-//     +216  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
-//     +220  int            tiles_per_split  K/V tiles of block_n keys each split takes
-//     +224  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-//     +232  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-//     +240  int            table_stride     entries per row of block_table (its max pages per sequence)
-//     +248  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-//     +256  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+//     +136  int            batch            batch size
+//     +140  int            heads            query heads
+//     +144  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
+//     +148  int            seqlen_q         query rows per head
+//     +152  int            seqlen_k         keys per head
+//     +156  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
+//     +160  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
+//     +168  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
+//     +176  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+//     +184  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+//     +192  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
+//     +196  int            tiles_per_split  K/V tiles of block_n keys each split takes
+//     +200  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+//     +208  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+//     +216  int            table_stride     entries per row of block_table (its max pages per sequence)
+//     +224  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+//     +232  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -103,11 +100,7 @@ constexpr int kBlockN = 128;        // keys per K/V tile
 constexpr int kHeadDim = 128;
 constexpr int kThreads = 128;
 constexpr int kComputeWarps = 4;
-constexpr int kComputeThreads = 128;
-constexpr int kProducerThreads = 0;  // 0: every warp copies and computes
-constexpr int kRowsPerWarp = 16;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 16;  // 16-byte chunks in one row of head_dim
-constexpr int kSmemBytes = 201216;
 constexpr int kStages = 3;           // K/V ring depth
 constexpr int kStageStride = 65536;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
@@ -118,10 +111,6 @@ constexpr int kMinBlocksPerSm = 0;
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 16x128 __nv_bfloat16, 4096 B
 constexpr int kSmem_k0 = 4096;  // K tile, stage 0: 128x128 __nv_bfloat16, 32768 B
 constexpr int kSmem_v0 = 36864;  // V tile, stage 0: 128x128 __nv_bfloat16, 32768 B
-constexpr int kSmem_k1 = 69632;  // K tile, stage 1: 128x128 __nv_bfloat16, 32768 B
-constexpr int kSmem_v1 = 102400;  // V tile, stage 1: 128x128 __nv_bfloat16, 32768 B
-constexpr int kSmem_k2 = 135168;  // K tile, stage 2: 128x128 __nv_bfloat16, 32768 B
-constexpr int kSmem_v2 = 167936;  // V tile, stage 2: 128x128 __nv_bfloat16, 32768 B
 constexpr int kSmem_stats = 200704;  // each warp's row max and row sum, for the merge: 64x2 float, 512 B
 
 // Q/K/V tile rows: pitch and swizzle (xor: chunk ^= row & 7).
@@ -129,7 +118,6 @@ constexpr int kTilePitchBytes = 256;
 constexpr bool kXorSwizzle = true;
 constexpr int kSwizzleRowShift = 0;
 constexpr int kSwizzleMask = 7;
-constexpr bool kRows16BAligned = true;
 
 constexpr float kLn2 = 0.6931471805599453f;  // LSE is reported in natural log; the kernels work in log2
 
@@ -153,26 +141,23 @@ struct Params {
     long long o_batch_stride;  // +112: o: elements between batches
     long long o_head_stride;  // +120: o: elements between heads
     long long o_row_stride;  // +128: o: elements between rows
-    long long lse_batch_stride;  // +136: lse: elements between batches (heads x seqlen_q padded; 0 packed)
-    long long lse_head_stride;  // +144: lse: elements between heads (seqlen_q padded; total_q packed)
-    int batch;  // +152: batch size
-    int heads;  // +156: query heads
-    int kv_heads;  // +160: key/value heads; heads is a multiple (GQA/MQA)
-    int seqlen_q;  // +164: query rows per head
-    int seqlen_k;  // +168: keys per head
-    float scale_log2;  // +172: softmax scale * log2(e): scores are exponentiated with exp2
-    int causal_offset;  // +176: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-    void* errors;  // +184: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
-    const void* cache_seqlens;  // +192: int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
-    float* o_accum;  // +200: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-    float* lse_accum;  // +208: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-    int num_splits;  // +216: key slices per (KV head, batch); 1: the split kernel writes O itself
-    int tiles_per_split;  // +220: K/V tiles of block_n keys each split takes
-    int row_blocks;  // +224: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-    const void* block_table;  // +232: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-    int table_stride;  // +240: entries per row of block_table (its max pages per sequence)
-    void* split_counters;  // +248: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-    int num_pages;  // +256: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+    int batch;  // +136: batch size
+    int heads;  // +140: query heads
+    int kv_heads;  // +144: key/value heads; heads is a multiple (GQA/MQA)
+    int seqlen_q;  // +148: query rows per head
+    int seqlen_k;  // +152: keys per head
+    float scale_log2;  // +156: softmax scale * log2(e): scores are exponentiated with exp2
+    void* errors;  // +160: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
+    const void* cache_seqlens;  // +168: int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
+    float* o_accum;  // +176: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+    float* lse_accum;  // +184: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+    int num_splits;  // +192: key slices per (KV head, batch); 1: the split kernel writes O itself
+    int tiles_per_split;  // +196: K/V tiles of block_n keys each split takes
+    int row_blocks;  // +200: blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+    const void* block_table;  // +208: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+    int table_stride;  // +216: entries per row of block_table (its max pages per sequence)
+    void* split_counters;  // +224: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+    int num_pages;  // +232: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -191,27 +176,24 @@ static_assert(offsetof(Params, v_row_stride) == 104, "Params.v_row_stride offset
 static_assert(offsetof(Params, o_batch_stride) == 112, "Params.o_batch_stride offset");
 static_assert(offsetof(Params, o_head_stride) == 120, "Params.o_head_stride offset");
 static_assert(offsetof(Params, o_row_stride) == 128, "Params.o_row_stride offset");
-static_assert(offsetof(Params, lse_batch_stride) == 136, "Params.lse_batch_stride offset");
-static_assert(offsetof(Params, lse_head_stride) == 144, "Params.lse_head_stride offset");
-static_assert(offsetof(Params, batch) == 152, "Params.batch offset");
-static_assert(offsetof(Params, heads) == 156, "Params.heads offset");
-static_assert(offsetof(Params, kv_heads) == 160, "Params.kv_heads offset");
-static_assert(offsetof(Params, seqlen_q) == 164, "Params.seqlen_q offset");
-static_assert(offsetof(Params, seqlen_k) == 168, "Params.seqlen_k offset");
-static_assert(offsetof(Params, scale_log2) == 172, "Params.scale_log2 offset");
-static_assert(offsetof(Params, causal_offset) == 176, "Params.causal_offset offset");
-static_assert(offsetof(Params, errors) == 184, "Params.errors offset");
-static_assert(offsetof(Params, cache_seqlens) == 192, "Params.cache_seqlens offset");
-static_assert(offsetof(Params, o_accum) == 200, "Params.o_accum offset");
-static_assert(offsetof(Params, lse_accum) == 208, "Params.lse_accum offset");
-static_assert(offsetof(Params, num_splits) == 216, "Params.num_splits offset");
-static_assert(offsetof(Params, tiles_per_split) == 220, "Params.tiles_per_split offset");
-static_assert(offsetof(Params, row_blocks) == 224, "Params.row_blocks offset");
-static_assert(offsetof(Params, block_table) == 232, "Params.block_table offset");
-static_assert(offsetof(Params, table_stride) == 240, "Params.table_stride offset");
-static_assert(offsetof(Params, split_counters) == 248, "Params.split_counters offset");
-static_assert(offsetof(Params, num_pages) == 256, "Params.num_pages offset");
-static_assert(sizeof(Params) == 264, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, batch) == 136, "Params.batch offset");
+static_assert(offsetof(Params, heads) == 140, "Params.heads offset");
+static_assert(offsetof(Params, kv_heads) == 144, "Params.kv_heads offset");
+static_assert(offsetof(Params, seqlen_q) == 148, "Params.seqlen_q offset");
+static_assert(offsetof(Params, seqlen_k) == 152, "Params.seqlen_k offset");
+static_assert(offsetof(Params, scale_log2) == 156, "Params.scale_log2 offset");
+static_assert(offsetof(Params, errors) == 160, "Params.errors offset");
+static_assert(offsetof(Params, cache_seqlens) == 168, "Params.cache_seqlens offset");
+static_assert(offsetof(Params, o_accum) == 176, "Params.o_accum offset");
+static_assert(offsetof(Params, lse_accum) == 184, "Params.lse_accum offset");
+static_assert(offsetof(Params, num_splits) == 192, "Params.num_splits offset");
+static_assert(offsetof(Params, tiles_per_split) == 196, "Params.tiles_per_split offset");
+static_assert(offsetof(Params, row_blocks) == 200, "Params.row_blocks offset");
+static_assert(offsetof(Params, block_table) == 208, "Params.block_table offset");
+static_assert(offsetof(Params, table_stride) == 216, "Params.table_stride offset");
+static_assert(offsetof(Params, split_counters) == 224, "Params.split_counters offset");
+static_assert(offsetof(Params, num_pages) == 232, "Params.num_pages offset");
+static_assert(sizeof(Params) == 240, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;
@@ -220,16 +202,10 @@ using elem2_t = __nv_bfloat162;
 // the caller's flag word (attngen.check_errors() raises with their messages).
 constexpr int kBadSeqlen = 1;
 constexpr int kBadPage = 2;
-constexpr int kBadOffsets = 4;
-constexpr int kShortGrid = 8;
 
 __device__ __forceinline__ void report_input_error(const Params& p, int flag) {
     if (p.errors != nullptr) atomicOr(static_cast<int*>(p.errors), flag);
 }
-
-// Conversions between fp32 pairs and the element pair type; overloads pick the one for elem2_t.
-__device__ __forceinline__ float2 to_float2(half2 x) { return __half22float2(x); }
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 
 template <typename T> __device__ __forceinline__ T float2_to(float a, float b);
 template <> __device__ __forceinline__ half2 float2_to<half2>(float a, float b) { return __floats2half2_rn(a, b); }
@@ -273,70 +249,15 @@ __device__ __forceinline__ int visible_keys(int row, int seqlen_k, int causal_of
     else return seqlen_k;
 }
 
-// visible_keys of a row of the call's Params.
-template <Mask kMask>
-__device__ __forceinline__ int key_end(int row, const Params& p) {
-    return visible_keys<kMask>(row, p.seqlen_k, p.causal_offset);
-}
-
-// The mask gives later rows more keys (so later query blocks are longer).
-template <Mask kMask>
-constexpr bool kLaterRowsSeeMore = kMask == Mask::Causal;
-
-// K/V tiles rows up to last_row visit: those before last_row's key_end.
-template <Mask kMask>
-__device__ __forceinline__ int tiles_up_to_row(int last_row, const Params& p) {
-    const int keys = max(key_end<kMask>(last_row, p), 0);
-    return (keys + kBlockN - 1) / kBlockN;
-}
-
-// K/V tiles a query block [m0, m0 + kBlockM) visits.
-template <Mask kMask>
-__device__ __forceinline__ int kv_tile_count(int m0, const Params& p) {
-    return tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);
-}
-
-// True when some key of the tile starting at n0 is hidden from some row from row0 on (row0 has
-// the smallest key_end of those rows), so the tile's scores must be masked.
-template <Mask kMask>
-__device__ __forceinline__ bool tile_needs_mask(int n0, int row0, const Params& p) {
-    return n0 + kBlockN > key_end<kMask>(row0, p);
-}
-
-// False when rows up to last_row see no key of the tile starting at n0: they can skip it.
-template <Mask kMask>
-__device__ __forceinline__ bool tile_visible(int n0, int last_row, const Params& p) {
-    if constexpr (kMask == Mask::None) return true;
-    else return n0 < key_end<kMask>(last_row, p);
-}
-
 // Byte offset of 16-byte chunk `chunk` of row `row` inside a Q/K/V tile.
 __device__ __forceinline__ int tile_offset(int row, int chunk) {
     if constexpr (kXorSwizzle) chunk ^= (row >> kSwizzleRowShift) & kSwizzleMask;
     return row * kTilePitchBytes + (chunk << 4);
 }
 
-// The query block, head and batch a thread block computes. When the mask gives later rows more
-// keys, the last query blocks are the longest, so they take the first block ids and start first;
-// the short blocks then fill the tail of the grid.
-struct BlockCoords {
-    int m0, head, batch, kv_head;
-};
-
-template <Mask kMask>
-__device__ __forceinline__ BlockCoords block_coords(const Params& p) {
-    const int m_block = kLaterRowsSeeMore<kMask> ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int head = blockIdx.y;
-    return {m_block * kBlockM, head, static_cast<int>(blockIdx.z), head / (p.heads / p.kv_heads)};
-}
-
 // Base pointer of (batch, head) inside a (batch, heads, rows, dim) strided tensor.
 __device__ __forceinline__ const elem_t* head_ptr(const void* base, int b, int h, long long bs, long long hs) {
     return static_cast<const elem_t*>(base) + b * bs + h * hs;
-}
-
-__device__ __forceinline__ elem_t* output_ptr(const Params& p, const BlockCoords& c) {
-    return static_cast<elem_t*>(p.o) + c.batch * p.o_batch_stride + c.head * p.o_head_stride;
 }
 
 // One online-softmax step for one query row. This thread holds kCols of the row's scores, read
@@ -368,19 +289,6 @@ __device__ __forceinline__ float online_softmax_step(float& row_max, float& row_
     }
     row_sum = row_sum * alpha + sum;
     return alpha;
-}
-
-// The end of the online softmax for one row: add the kGroup lanes' partial sums, write the row's
-// LSE (natural log; -inf for a row that saw no key) from the lane with lse_lane set, and return
-// 1 / sum (0 for a row that saw no key: its output is zeros). Every lane of the group calls it.
-template <int kGroup>
-__device__ __forceinline__ float finish_row(float row_max, float row_sum, const Params& p, const BlockCoords& c,
-                                            int row, bool lse_lane) {
-    const float sum = group_sum<kGroup>(row_sum);
-    if (p.lse != nullptr && lse_lane && row < p.seqlen_q)
-        p.lse[c.batch * p.lse_batch_stride + c.head * p.lse_head_stride + row] =
-            sum > 0.f ? (row_max * p.scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
-    return sum > 0.f ? 1.f / sum : 0.f;
 }
 
 // cp.async of one 16-byte chunk; src_bytes = 0 writes zeros without reading global memory.
@@ -454,30 +362,6 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A lane's fixed position inside a 16-row x 2-chunk fragment block, as ldmatrix addresses it.
-struct LanePos {
-    int row, chunk, offset;  // offset = tile_offset(row, chunk)
-    __device__ __forceinline__ LanePos(int r, int c) : row(r), chunk(c), offset(tile_offset(r, c)) {}
-};
-
-// Whether a fragment step (row0 a multiple of 16, chunk0 even) can reuse a lane's offset: with a
-// power-of-two pitch the step flips the swizzled chunk bits and adds whole rows.
-constexpr bool kStepsByXor = true;
-
-// tile_offset(row0 + lp.row, chunk0 + lp.chunk) for row0 a multiple of 16 and chunk0 even.
-__device__ __forceinline__ int step_offset(const LanePos& lp, int row0, int chunk0) {
-    if constexpr (kStepsByXor) {
-        // A lane's own chunk (0 or 1) stays inside the swizzled bits, so chunk bits above them are 0
-        // in lp.offset and the rest of chunk0 is a plain add: steps that differ only there share
-        // one XOR result.
-        return (lp.offset ^ ((chunk0 & kSwizzleMask) << 4)) + ((chunk0 & ~kSwizzleMask) << 4) + row0 * kTilePitchBytes;
-    } else if constexpr (kXorSwizzle) {
-        return tile_offset(row0 + lp.row, chunk0 + lp.chunk);
-    } else {
-        return lp.offset + (chunk0 << 4) + row0 * kTilePitchBytes;
-    }
-}
-
 constexpr int kMTiles = 1;            // 16-row fragments: each warp holds every packed row
 constexpr int kKeysPerWarp = 32;  // keys of a tile one warp scores
 constexpr int kNTiles = 4;            // 8-key S tiles per warp
@@ -489,8 +373,8 @@ constexpr int kMergeBytes = 34816;
 static_assert(kMergeBytes <= kStages * kStageStride, "the merge buffer lies over the K/V ring");
 static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 feeds two 8-wide tiles at a time");
 constexpr int kPageSize = 16;   // keys per page of a paged cache; 0: contiguous only
-static_assert(kPageSize == 0 || kPageSize % kBlockN == 0 || kBlockN % kPageSize == 0, "tiles and pages nest");
 constexpr int kPageDivisor = kPageSize > 0 ? kPageSize : 1;   // page arithmetic runs on paged caches only
+static_assert(kPageSize == 0 || kPageSize % kBlockN == 0 || kBlockN % kPageDivisor == 0, "tiles and pages nest");
 constexpr bool kFusedCombine = false;   // the last split block of a group merges it
 
 // What one block computes. Packed row r (of the KV head's group x seqlen_q rows) is query head

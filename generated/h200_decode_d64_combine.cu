@@ -47,7 +47,7 @@
 //     total 100864 B (98.50 KiB) of 232448 B (227.00 KiB) budget, 43%
 //     dynamic: 100864 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 264 B by value):
+//   kernel parameters (Params, 240 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -65,26 +65,23 @@
 //     +112  long long      o_batch_stride   o: elements between batches
 //     +120  long long      o_head_stride    o: elements between heads
 //     +128  long long      o_row_stride     o: elements between rows
-//     +136  long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 packed)
-//     +144  long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q packed)
-//     +152  int            batch            batch size
-//     +156  int            heads            query heads
-//     +160  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
-//     +164  int            seqlen_q         query rows per head
-//     +168  int            seqlen_k         keys per head
-//     +172  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
-//     +176  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-//     +184  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
-//     +192  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
-//     +200  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-//     +208  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-//     +216  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
-//     +220  int            tiles_per_split  K/V tiles of block_n keys each split takes
-//     +224  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-//     +232  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-//     +240  int            table_stride     entries per row of block_table (its max pages per sequence)
-//     +248  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-//     +256  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+//     +136  int            batch            batch size
+//     +140  int            heads            query heads
+//     +144  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
+//     +148  int            seqlen_q         query rows per head
+//     +152  int            seqlen_k         keys per head
+//     +156  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
+//     +160  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
+//     +168  const void*    cache_seqlens    int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all
+//     +176  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+//     +184  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+//     +192  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
+//     +196  int            tiles_per_split  K/V tiles of block_n keys each split takes
+//     +200  int            row_blocks       blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+//     +208  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+//     +216  int            table_stride     entries per row of block_table (its max pages per sequence)
+//     +224  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+//     +232  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -111,36 +108,31 @@ struct Params {
     long long o_batch_stride;  // +112: o: elements between batches
     long long o_head_stride;  // +120: o: elements between heads
     long long o_row_stride;  // +128: o: elements between rows
-    unsigned char reserved_136[16];  // +136
-    int batch;  // +152: batch size
-    int heads;  // +156: query heads
-    unsigned char reserved_160[4];  // +160
-    int seqlen_q;  // +164: query rows per head
-    unsigned char reserved_168[32];  // +168
-    float* o_accum;  // +200: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
-    float* lse_accum;  // +208: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
-    int num_splits;  // +216: key slices per (KV head, batch); 1: the split kernel writes O itself
-    unsigned char reserved_220[44];  // +220
+    int batch;  // +136: batch size
+    int heads;  // +140: query heads
+    unsigned char reserved_144[4];  // +144
+    int seqlen_q;  // +148: query rows per head
+    unsigned char reserved_152[24];  // +152
+    float* o_accum;  // +176: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
+    float* lse_accum;  // +184: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
+    int num_splits;  // +192: key slices per (KV head, batch); 1: the split kernel writes O itself
+    unsigned char reserved_196[44];  // +196
 };
 static_assert(offsetof(Params, o) == 24, "Params.o offset");
 static_assert(offsetof(Params, lse) == 32, "Params.lse offset");
 static_assert(offsetof(Params, o_batch_stride) == 112, "Params.o_batch_stride offset");
 static_assert(offsetof(Params, o_head_stride) == 120, "Params.o_head_stride offset");
 static_assert(offsetof(Params, o_row_stride) == 128, "Params.o_row_stride offset");
-static_assert(offsetof(Params, batch) == 152, "Params.batch offset");
-static_assert(offsetof(Params, heads) == 156, "Params.heads offset");
-static_assert(offsetof(Params, seqlen_q) == 164, "Params.seqlen_q offset");
-static_assert(offsetof(Params, o_accum) == 200, "Params.o_accum offset");
-static_assert(offsetof(Params, lse_accum) == 208, "Params.lse_accum offset");
-static_assert(offsetof(Params, num_splits) == 216, "Params.num_splits offset");
-static_assert(sizeof(Params) == 264, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, batch) == 136, "Params.batch offset");
+static_assert(offsetof(Params, heads) == 140, "Params.heads offset");
+static_assert(offsetof(Params, seqlen_q) == 148, "Params.seqlen_q offset");
+static_assert(offsetof(Params, o_accum) == 176, "Params.o_accum offset");
+static_assert(offsetof(Params, lse_accum) == 184, "Params.lse_accum offset");
+static_assert(offsetof(Params, num_splits) == 192, "Params.num_splits offset");
+static_assert(sizeof(Params) == 240, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;
-
-// Conversions between fp32 pairs and the element pair type; overloads pick the one for elem2_t.
-__device__ __forceinline__ float2 to_float2(half2 x) { return __half22float2(x); }
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 
 template <typename T> __device__ __forceinline__ T float2_to(float a, float b);
 template <> __device__ __forceinline__ half2 float2_to<half2>(float a, float b) { return __floats2half2_rn(a, b); }
@@ -149,12 +141,6 @@ template <> __device__ __forceinline__ __nv_bfloat162 float2_to<__nv_bfloat162>(
 }
 
 __device__ __forceinline__ elem2_t from_float2(float a, float b) { return float2_to<elem2_t>(a, b); }
-
-// Two floats rounded to the element type, packed low-first into one 32-bit register.
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-    elem2_t h = from_float2(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-}
 
 // Reductions across kWidth adjacent lanes: the whole warp (32) or an mma quad (4: one row).
 template <int kWidth>

@@ -98,16 +98,9 @@ namespace attngen_l4_mma_d128_optin_m64n128w4s1x3q {
 // Tile shape and block (from the plan).
 constexpr int kBlockM = 64;        // query rows per block
 constexpr int kBlockN = 128;        // keys per K/V tile
-constexpr int kHeadDim = 128;
 constexpr int kThreads = 128;
-constexpr int kComputeWarps = 4;
-constexpr int kComputeThreads = 128;
-constexpr int kProducerThreads = 0;  // 0: every warp copies and computes
 constexpr int kRowsPerWarp = 16;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 16;  // 16-byte chunks in one row of head_dim
-constexpr int kSmemBytes = 81920;
-constexpr int kStages = 1;           // K/V ring depth
-constexpr int kStageStride = 0;  // bytes between ring slots
 constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
 // __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
 constexpr int kMinBlocksPerSm = 0;
@@ -122,7 +115,6 @@ constexpr int kTilePitchBytes = 256;
 constexpr bool kXorSwizzle = true;
 constexpr int kSwizzleRowShift = 0;
 constexpr int kSwizzleMask = 7;
-constexpr bool kRows16BAligned = true;
 
 constexpr float kLn2 = 0.6931471805599453f;  // LSE is reported in natural log; the kernels work in log2
 
@@ -186,10 +178,6 @@ static_assert(sizeof(Params) == 184, "Params size must match attngen/core/abi.py
 
 using elem_t = half;
 using elem2_t = half2;
-
-// Conversions between fp32 pairs and the element pair type; overloads pick the one for elem2_t.
-__device__ __forceinline__ float2 to_float2(half2 x) { return __half22float2(x); }
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 
 template <typename T> __device__ __forceinline__ T float2_to(float a, float b);
 template <> __device__ __forceinline__ half2 float2_to<half2>(float a, float b) { return __floats2half2_rn(a, b); }

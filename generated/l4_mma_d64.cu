@@ -89,11 +89,7 @@ namespace attngen_l4_mma_d64 {
 // Tile shape and block (from the plan).
 constexpr int kBlockM = 64;        // query rows per block
 constexpr int kBlockN = 64;        // keys per K/V tile
-constexpr int kHeadDim = 64;
 constexpr int kThreads = 128;
-constexpr int kComputeWarps = 4;
-constexpr int kComputeThreads = 128;
-constexpr int kProducerThreads = 0;  // 0: every warp copies and computes
 constexpr int kRowsPerWarp = 16;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 8;  // 16-byte chunks in one row of head_dim
 constexpr int kSmemBytes = 40960;
@@ -107,15 +103,12 @@ constexpr int kMinBlocksPerSm = 0;
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 64x64 half, 8192 B
 constexpr int kSmem_k0 = 8192;  // K tile, stage 0: 64x64 half, 8192 B
 constexpr int kSmem_v0 = 16384;  // V tile, stage 0: 64x64 half, 8192 B
-constexpr int kSmem_k1 = 24576;  // K tile, stage 1: 64x64 half, 8192 B
-constexpr int kSmem_v1 = 32768;  // V tile, stage 1: 64x64 half, 8192 B
 
 // Q/K/V tile rows: pitch and swizzle (xor: chunk ^= row & 7).
 constexpr int kTilePitchBytes = 128;
 constexpr bool kXorSwizzle = true;
 constexpr int kSwizzleRowShift = 0;
 constexpr int kSwizzleMask = 7;
-constexpr bool kRows16BAligned = true;
 
 constexpr float kLn2 = 0.6931471805599453f;  // LSE is reported in natural log; the kernels work in log2
 
@@ -179,10 +172,6 @@ static_assert(sizeof(Params) == 184, "Params size must match attngen/core/abi.py
 
 using elem_t = half;
 using elem2_t = half2;
-
-// Conversions between fp32 pairs and the element pair type; overloads pick the one for elem2_t.
-__device__ __forceinline__ float2 to_float2(half2 x) { return __half22float2(x); }
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 
 template <typename T> __device__ __forceinline__ T float2_to(float a, float b);
 template <> __device__ __forceinline__ half2 float2_to<half2>(float a, float b) { return __floats2half2_rn(a, b); }

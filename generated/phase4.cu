@@ -87,15 +87,9 @@ constexpr int kBlockM = 32;        // query rows per block
 constexpr int kBlockN = 64;        // keys per K/V tile
 constexpr int kHeadDim = 64;
 constexpr int kThreads = 128;
-constexpr int kComputeWarps = 4;
-constexpr int kComputeThreads = 128;
-constexpr int kProducerThreads = 0;  // 0: every warp copies and computes
 constexpr int kRowsPerWarp = 8;   // query rows each compute warp owns
 constexpr int kChunksPerRow = 8;  // 16-byte chunks in one row of head_dim
 constexpr int kSmemBytes = 29312;
-constexpr int kStages = 1;           // K/V ring depth
-constexpr int kStageStride = 0;  // bytes between ring slots
-constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chunks
 // __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
 constexpr int kMinBlocksPerSm = 0;
 
@@ -187,12 +181,6 @@ template <> __device__ __forceinline__ __nv_bfloat162 float2_to<__nv_bfloat162>(
 
 __device__ __forceinline__ elem2_t from_float2(float a, float b) { return float2_to<elem2_t>(a, b); }
 
-// Two floats rounded to the element type, packed low-first into one 32-bit register.
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-    elem2_t h = from_float2(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-}
-
 // Reductions across kWidth adjacent lanes: the whole warp (32) or an mma quad (4: one row).
 template <int kWidth>
 __device__ __forceinline__ float group_max(float x) {
@@ -255,13 +243,6 @@ __device__ __forceinline__ int kv_tile_count(int m0, const Params& p) {
 template <Mask kMask>
 __device__ __forceinline__ bool tile_needs_mask(int n0, int row0, const Params& p) {
     return n0 + kBlockN > key_end<kMask>(row0, p);
-}
-
-// False when rows up to last_row see no key of the tile starting at n0: they can skip it.
-template <Mask kMask>
-__device__ __forceinline__ bool tile_visible(int n0, int last_row, const Params& p) {
-    if constexpr (kMask == Mask::None) return true;
-    else return n0 < key_end<kMask>(last_row, p);
 }
 
 // The query block, head and batch a thread block computes. When the mask gives later rows more

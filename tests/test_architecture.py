@@ -277,8 +277,10 @@ def test_forward_abi_matches_the_generated_struct():
      set()),
     # TMA loads: the maps carry q, k and v; o is still written through its pointer
     ("h100_wgmma_d128", {"o", "o_row_stride", "tma_q", "tma_k", "tma_v"}, {"q", "k_row_stride", "v", "errors"}),
-    # decode: its own fields and the error flags, no packed sequences
-    ("h200_decode_d128", {"block_table", "errors", "causal_offset"}, {"cu_seqlens_k", "causal_from_end"}),
+    # decode: its own fields and the error flags, no packed sequences; LSE rows are contiguous and
+    # each sequence's causal offset comes from its cache length
+    ("h200_decode_d128", {"block_table", "errors", "lse"},
+     {"cu_seqlens_k", "causal_from_end", "causal_offset", "lse_batch_stride", "lse_head_stride"}),
 ])
 def test_a_plans_params_carry_what_its_kernels_read(spec, carries, leaves_out):
     plan = make_plan(parse_spec((ROOT / "specs" / f"{spec}.yaml").read_text()))

@@ -53,14 +53,16 @@ def tensor_fields(tensor: str) -> tuple[str, ...]:
     return (tensor,) + tuple(f"{tensor}_{d}_stride" for d in ("batch", "head", "row"))
 
 
-def plan_abi(masks, *, packed: bool, reports_errors: bool, through_maps=(), base: Abi = FORWARD_ABI) -> Abi:
+def plan_abi(masks, *, packed: bool, reports_errors: bool, through_maps=(), unread=(),
+             base: Abi = FORWARD_ABI) -> Abi:
     """The Params of a plan: `base` less the fields its kernels never read, so a generated file
     declares no field it does not use. Left out: the fields of masks the plan has no function for,
     and of packed sequences (those a mask reads only per sequence too) unless it has packed
     functions; the error-flag pointer unless its kernels report input errors; the pointer and
-    strides of the tensors it loads through TMA maps (the maps carry them)."""
+    strides of the tensors it loads through TMA maps (the maps carry them); and the `unread` fields a
+    kind's kernels never read."""
     names = {f.name for f in base.fields}
-    unread = {f.name for m in MASKS.values() if m not in masks for f in m.abi_fields}
+    unread = set(unread) | {f.name for m in MASKS.values() if m not in masks for f in m.abi_fields}
     if not packed:
         unread |= {n for m in masks for n in m.packed_only}
         unread |= {f.name for f in VARLEN_ABI_FIELDS if f.name != ERRORS_FIELD.name}

@@ -218,8 +218,12 @@ def plan(spec: DecodeSpec, file: str | None = None):
                   f"rows and scores {p.fragments.keys_per_warp} keys of each tile",
                   "masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new "
                   "token t of seqlen_q sees the keys up to position len - seqlen_q + t")
-    return DecodePlan.of(p, parts=function_names(spec), abi=plan_abi(p.mask_variants, packed=False, reports_errors=True,
-                                                                  base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS)),
+    # The split kernel writes LSE rows contiguously and takes each sequence's causal offset from its
+    # cache length, so neither the LSE strides nor the masks' Params fields are read.
+    unread = ("lse_batch_stride", "lse_head_stride") + tuple(f.name for m in p.mask_variants for f in m.abi_fields)
+    abi = plan_abi(p.mask_variants, packed=False, reports_errors=True, unread=unread,
+                   base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS))
+    return DecodePlan.of(p, parts=function_names(spec), abi=abi,
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
                          q_in_registers=True, max_splits=spec.max_splits, page_size=spec.page_size or 0,
                          combine=spec.combine, unsplit_in_flight=unsplit_in_flight(spec),
