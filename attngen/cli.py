@@ -672,7 +672,7 @@ def _backends(ctx, param, value):
                    "(128k at B 1) x Sq 1, 4)")
 @click.option("--paged", is_flag=True, help="decode specs: read the cache through a shuffled page table")
 @click.option("--varlen", is_flag=True,
-              help="forward specs with varlen: true: time one packed batch of mixed lengths (kernel.varlen) "
+              help="forward specs with varlen: true: time one varlen batch of mixed lengths (kernel.varlen) "
                    "beside torch's varlen flash path instead of the padded shapes")
 @click.option("--lengths", default=None, metavar="L1,L2,...", callback=_lengths,
               help="--varlen: sequence lengths of the batch (default: 16 from 1 to 4096: "
@@ -699,7 +699,7 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     device-to-device copy bandwidth measured in the same run. `attngen verify` checks them.
 
     \b
-    --varlen times ragged prefill: the specs' packed-sequence call on one batch of mixed
+    --varlen times ragged prefill: the specs' varlen call on one batch of mixed
     lengths (--lengths, --heads; causal is bottom-right, the same as top-left when each
     sequence has as many queries as keys) beside torch's varlen flash path, after checking
     the output with the verifier's error rule.
@@ -790,7 +790,7 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
       pass when max|out - ref| <= 2 x max|torch low-precision - ref| + 1e-5
     (ref: fp32 attention on the upcast inputs), no NaN or unwritten element, nothing written
     past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Specs with varlen: true also run
-    packed-sequence cases (mixed lengths in one batch, both causal alignments) and decode specs
+    varlen cases (mixed lengths in one batch, both causal alignments) and decode specs
     their decode cases, under the same rule. Exits 1 on any failure, 4 when there is no GPU,
     torch or CUDA driver.
     """

@@ -21,7 +21,7 @@ def _facts(plan) -> list[tuple[str, str, object]]:
         (r"\bhead_dim (\d+)\b", "head_dim", plan.head_dim),
         (r"\b(\d+) KiB\b", "KiB of shared memory", round(plan.smem_bytes / 1024)),
         (r"\bswizzle xor(\d)\b", "xor_bits", xor),
-        (r"\b(\d+) packed rows\b", "packed rows", plan.block_m),
+        (r"\b(\d+) group rows\b", "group rows", plan.block_m),
         (r"\b(\d+) producer warps\b", "producer warps", plan.producer_warps),
     ]
     regs = getattr(spec, "registers", None)

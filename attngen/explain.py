@@ -33,7 +33,7 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
            ""]
     forward = [f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; grid (ceil(seqlen_q / "
                f"{plan.block_m}), heads, batch)"
-               + ("; packed sequences (*_varlen): grid (ceil(max_seqlen_q / "
+               + ("; varlen sequences (*_varlen): grid (ceil(max_seqlen_q / "
                   f"{plan.block_m}), heads, sequences), sequences longest first, a block past its sequence's rows returns at once"
                   if plan.varlen else ""),
                f"threads: {plan.threads} = {plan.compute_warps} compute warp(s)"

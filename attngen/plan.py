@@ -5,7 +5,7 @@ in the kind's plan (or the shared layer it builds on), under a name `attngen exp
 """
 from __future__ import annotations
 
-from .core.forward import ForwardPlan
+from .core.forward_plan import ForwardPlan
 from .kinds import kind_of
 
 # A plan of any kind; forward kinds share ForwardPlan.

@@ -1,6 +1,6 @@
 """Specs: YAML text -> the spec model of its kind, validated; and back to plain data / YAML.
 
-The shared keys and rules live in attngen/core/spec.py, each kind's own in attngen/kinds/<kind>/;
+The shared keys and rules live in attngen/core/spec_keys.py, each kind's own in attngen/kinds/<kind>/;
 the registry picks the kind from the key the kinds declare (mma today).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Union
 import yaml
 from pydantic import TypeAdapter
 
-from .core.spec import (SCHEMA_VERSION, ForwardSpec, HomogeneousWarps, PadSwizzle, SharedMemory, Softmax,
+from .core.spec_keys import (SCHEMA_VERSION, ForwardSpec, HomogeneousWarps, PadSwizzle, SharedMemory, Softmax,
                         SpecBase, SpecializedWarps, Tile, XorSwizzle, validate)
 from .core.specio import line_of, load_yaml, read_spec_text
 from .errors import SpecError

@@ -35,7 +35,7 @@
 //   h100_mma_d128_m64n64w4s3x3q_bf16: fwd_mma (mma.sync m16n8k16 attention forward), bf16, head_dim 128, masks none, causal
 //   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_mma_d128_m64n64w4s3x3q_bf16_none, attngen_h100_mma_d128_m64n64w4s3x3q_bf16_causal, attngen_h100_mma_d128_m64n64w4s3x3q_bf16_none_varlen, attngen_h100_mma_d128_m64n64w4s3x3q_bf16_causal_varlen
 //
-//   block: 64 query rows x 64-key K/V tiles; grid (ceil(seqlen_q / 64), heads, batch); packed sequences (*_varlen): grid (ceil(max_seqlen_q / 64), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
+//   block: 64 query rows x 64-key K/V tiles; grid (ceil(seqlen_q / 64), heads, batch); varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 64), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
 //   threads: 128 = 4 compute warp(s); each compute warp owns 16 query rows
 //   fragments per warp: 1 x m16 rows; S = 1x8 m16n8 tiles (32 fp32 regs), O = 1x16 tiles (64 fp32 regs), Q fragments 32 regs; ~128 accumulator registers per thread
 //   mma.sync per tile per warp: 64 (Q.K^T) + 64 (P.V)
@@ -73,8 +73,8 @@
 //     +112  long long      o_batch_stride   o: elements between batches
 //     +120  long long      o_head_stride    o: elements between heads
 //     +128  long long      o_row_stride     o: elements between rows
-//     +136  long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 packed)
-//     +144  long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q packed)
+//     +136  long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 varlen)
+//     +144  long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q varlen)
 //     +152  int            batch            batch size
 //     +156  int            heads            query heads
 //     +160  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
@@ -82,12 +82,12 @@
 //     +168  int            seqlen_k         keys per head
 //     +172  float          scale_log2       softmax scale * log2(e): scores are exponentiated with exp2
 //     +176  int            causal_offset    causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-//     +180  int            causal_from_end  causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
-//     +184  const int*     cu_seqlens_q     int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
-//     +192  const int*     cu_seqlens_k     int32 (batch + 1,): packed calls, first row of each sequence in k and v
-//     +200  const int*     seq_order        packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
-//     +208  int            total_q          packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-//     +212  int            total_k          packed calls: rows of k and v; offsets are clamped to [0, total_k]
+//     +180  int            causal_from_end  causal, varlen sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
+//     +184  const int*     cu_seqlens_q     int32 (batch + 1,): varlen calls, first row of each sequence in q and o, then the total; null in padded calls
+//     +192  const int*     cu_seqlens_k     int32 (batch + 1,): varlen calls, first row of each sequence in k and v
+//     +200  const int*     seq_order        varlen calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
+//     +208  int            total_q          varlen calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+//     +212  int            total_k          varlen calls: rows of k and v; offsets are clamped to [0, total_k]
 //     +216  void*          errors           int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
@@ -150,8 +150,8 @@ struct Params {
     long long o_batch_stride;  // +112: o: elements between batches
     long long o_head_stride;  // +120: o: elements between heads
     long long o_row_stride;  // +128: o: elements between rows
-    long long lse_batch_stride;  // +136: lse: elements between batches (heads x seqlen_q padded; 0 packed)
-    long long lse_head_stride;  // +144: lse: elements between heads (seqlen_q padded; total_q packed)
+    long long lse_batch_stride;  // +136: lse: elements between batches (heads x seqlen_q padded; 0 varlen)
+    long long lse_head_stride;  // +144: lse: elements between heads (seqlen_q padded; total_q varlen)
     int batch;  // +152: batch size
     int heads;  // +156: query heads
     int kv_heads;  // +160: key/value heads; heads is a multiple (GQA/MQA)
@@ -159,12 +159,12 @@ struct Params {
     int seqlen_k;  // +168: keys per head
     float scale_log2;  // +172: softmax scale * log2(e): scores are exponentiated with exp2
     int causal_offset;  // +176: causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq bottom-right)
-    int causal_from_end;  // +180: causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
-    const int* cu_seqlens_q;  // +184: int32 (batch + 1,): packed calls, first row of each sequence in q and o, then the total; null in padded calls
-    const int* cu_seqlens_k;  // +192: int32 (batch + 1,): packed calls, first row of each sequence in k and v
-    const int* seq_order;  // +200: packed calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
-    int total_q;  // +208: packed calls: rows of q and o; offsets are clamped to [0, total_q], never read past
-    int total_k;  // +212: packed calls: rows of k and v; offsets are clamped to [0, total_k]
+    int causal_from_end;  // +180: causal, varlen sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q to causal_offset; padded calls carry it in causal_offset already
+    const int* cu_seqlens_q;  // +184: int32 (batch + 1,): varlen calls, first row of each sequence in q and o, then the total; null in padded calls
+    const int* cu_seqlens_k;  // +192: int32 (batch + 1,): varlen calls, first row of each sequence in k and v
+    const int* seq_order;  // +200: varlen calls: int32 (batch,), the sequence blockIdx.z computes: longest first, so the longest blocks do not form the tail of the grid; null: blockIdx.z
+    int total_q;  // +208: varlen calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+    int total_k;  // +212: varlen calls: rows of k and v; offsets are clamped to [0, total_k]
     void* errors;  // +216: int32 word of input-error flags (core/input_errors.py) the kernel sets with atomicOr where it clamped a bad length, page id or offset; null: not recorded
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
@@ -683,7 +683,7 @@ __device__ __forceinline__ void attention(const Params& p) {
     store_output(st, p, c, warp_row0, lane);
 }
 
-// Packed sequences: the mask's Params fields for one sequence, once its lengths are in `s`.
+// Varlen sequences: the mask's Params fields for one sequence, once its lengths are in `s`.
 // Causal bottom-right aligns each sequence's last query row with its own last key.
 template <Mask kMask>
 __device__ __forceinline__ void mask_for_sequence(Params& s) {
@@ -701,7 +701,7 @@ __device__ __forceinline__ void report_input_error(const Params& p, int flag) {
     if (p.errors != nullptr) atomicOr(static_cast<int*>(p.errors), flag);
 }
 
-// Packed (varlen) sequences: q, k, v and o hold every sequence's rows back to back, (total, heads,
+// Varlen sequences: q, k, v and o hold every sequence's rows back to back, (total, heads,
 // head_dim), with batch strides 0; cu_seqlens_q/k[b] is sequence b's first row. Grid slice
 // blockIdx.z computes sequence seq_order[blockIdx.z] (longest first) and narrows its copy of Params
 // to it: pointers at its first rows, its lengths, its LSE columns and the mask's fields, so
@@ -736,7 +736,7 @@ __device__ __forceinline__ bool enter_sequence(Params& s) {
 }
 
 template <Mask kMask>
-__device__ __forceinline__ void attention_packed(const Params& p) {
+__device__ __forceinline__ void attention_varlen(const Params& p) {
     Params s = p;
     if (enter_sequence<kMask>(s)) attention<kMask>(s);
 }
@@ -755,10 +755,10 @@ attngen_h100_mma_d128_m64n64w4s3x3q_bf16_causal(const attngen_h100_mma_d128_m64n
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m64n64w4s3x3q_bf16::kThreads, attngen_h100_mma_d128_m64n64w4s3x3q_bf16::kMinBlocksPerSm)
 attngen_h100_mma_d128_m64n64w4s3x3q_bf16_none_varlen(const attngen_h100_mma_d128_m64n64w4s3x3q_bf16::Params p) {
-    attngen_h100_mma_d128_m64n64w4s3x3q_bf16::attention_packed<attngen_h100_mma_d128_m64n64w4s3x3q_bf16::Mask::None>(p);
+    attngen_h100_mma_d128_m64n64w4s3x3q_bf16::attention_varlen<attngen_h100_mma_d128_m64n64w4s3x3q_bf16::Mask::None>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_mma_d128_m64n64w4s3x3q_bf16::kThreads, attngen_h100_mma_d128_m64n64w4s3x3q_bf16::kMinBlocksPerSm)
 attngen_h100_mma_d128_m64n64w4s3x3q_bf16_causal_varlen(const attngen_h100_mma_d128_m64n64w4s3x3q_bf16::Params p) {
-    attngen_h100_mma_d128_m64n64w4s3x3q_bf16::attention_packed<attngen_h100_mma_d128_m64n64w4s3x3q_bf16::Mask::Causal>(p);
+    attngen_h100_mma_d128_m64n64w4s3x3q_bf16::attention_varlen<attngen_h100_mma_d128_m64n64w4s3x3q_bf16::Mask::Causal>(p);
 }

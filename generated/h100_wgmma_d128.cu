@@ -88,8 +88,8 @@
 //     +16   long long      o_batch_stride   o: elements between batches
 //     +24   long long      o_head_stride    o: elements between heads
 //     +32   long long      o_row_stride     o: elements between rows
-//     +40   long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 packed)
-//     +48   long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q packed)
+//     +40   long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 varlen)
+//     +48   long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q varlen)
 //     +56   int            batch            batch size
 //     +60   int            heads            query heads
 //     +64   int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
@@ -141,8 +141,8 @@ struct Params {
     long long o_batch_stride;  // +16: o: elements between batches
     long long o_head_stride;  // +24: o: elements between heads
     long long o_row_stride;  // +32: o: elements between rows
-    long long lse_batch_stride;  // +40: lse: elements between batches (heads x seqlen_q padded; 0 packed)
-    long long lse_head_stride;  // +48: lse: elements between heads (seqlen_q padded; total_q packed)
+    long long lse_batch_stride;  // +40: lse: elements between batches (heads x seqlen_q padded; 0 varlen)
+    long long lse_head_stride;  // +48: lse: elements between heads (seqlen_q padded; total_q varlen)
     int batch;  // +56: batch size
     int heads;  // +60: query heads
     int kv_heads;  // +64: key/value heads; heads is a multiple (GQA/MQA)
@@ -454,11 +454,11 @@ constexpr int kBarrierBytes = 8;
 // K and V of a stage are handed over on separate mbarriers when the schedule frees K before V
 // (overlap); otherwise one full/empty pair per stage counts both (fewer arrivals per tile), and the
 // V names alias the K ones.
-constexpr bool kSplitKV = true;
+constexpr bool kSeparateKVBarriers = true;
 constexpr int kFullK = kSmem_bars;                                                 // full_k[s]: stage s holds K of tile t
-constexpr int kFullV = kSplitKV ? kFullK + kStages * kBarrierBytes : kFullK;      // full_v[s]: ... V of tile t
+constexpr int kFullV = kSeparateKVBarriers ? kFullK + kStages * kBarrierBytes : kFullK;      // full_v[s]: ... V of tile t
 constexpr int kEmptyK = kFullV + kStages * kBarrierBytes;                          // empty_k[s]: K of stage s may be refilled
-constexpr int kEmptyV = kSplitKV ? kEmptyK + kStages * kBarrierBytes : kEmptyK;   // empty_v[s]: V ...
+constexpr int kEmptyV = kSeparateKVBarriers ? kEmptyK + kStages * kBarrierBytes : kEmptyK;   // empty_v[s]: V ...
 constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full: the Q tile has landed
 constexpr int kQEmptyBar = kQBar + kBarrierBytes;             // q_empty (persistent): the Q tile may be replaced
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
@@ -697,9 +697,9 @@ __device__ __forceinline__ void attention(const Params& p) {
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(smem_addr + kFullK + s * kBarrierBytes, kSplitKV ? 1 : 2);  // one expect_tx per operand
+            mbarrier_init(smem_addr + kFullK + s * kBarrierBytes, kSeparateKVBarriers ? 1 : 2);  // one expect_tx per operand
             mbarrier_init(smem_addr + kEmptyK + s * kBarrierBytes, kComputeWarps);
-            if constexpr (kSplitKV) {
+            if constexpr (kSeparateKVBarriers) {
                 mbarrier_init(smem_addr + kFullV + s * kBarrierBytes, 1);
                 mbarrier_init(smem_addr + kEmptyV + s * kBarrierBytes, kComputeWarps);
             }
@@ -758,7 +758,7 @@ __device__ __forceinline__ void attention(const Params& p) {
             // producer, the issuer then refills it with tile t + kStages (waiting for every warp's arrival).
             // Without the split, the stage goes back once, with V.
             auto release_k = [&](int t) {
-                if constexpr (kSplitKV) {
+                if constexpr (kSeparateKVBarriers) {
                     __syncwarp();
                     if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
                     if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
@@ -770,7 +770,7 @@ __device__ __forceinline__ void attention(const Params& p) {
                 __syncwarp();
                 if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
                 if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) {
-                    if constexpr (!kSplitKV) load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t + kStages);
+                    if constexpr (!kSeparateKVBarriers) load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t + kStages);
                     load_kv<true>(smem_addr, p.tma_v, c, t + kStages, t + kStages);
                 }
                 __syncwarp();

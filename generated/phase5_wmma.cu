@@ -61,8 +61,8 @@
 //     +112  long long      o_batch_stride   o: elements between batches
 //     +120  long long      o_head_stride    o: elements between heads
 //     +128  long long      o_row_stride     o: elements between rows
-//     +136  long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 packed)
-//     +144  long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q packed)
+//     +136  long long      lse_batch_stride lse: elements between batches (heads x seqlen_q padded; 0 varlen)
+//     +144  long long      lse_head_stride  lse: elements between heads (seqlen_q padded; total_q varlen)
 //     +152  int            batch            batch size
 //     +156  int            heads            query heads
 //     +160  int            kv_heads         key/value heads; heads is a multiple (GQA/MQA)
@@ -133,8 +133,8 @@ struct Params {
     long long o_batch_stride;  // +112: o: elements between batches
     long long o_head_stride;  // +120: o: elements between heads
     long long o_row_stride;  // +128: o: elements between rows
-    long long lse_batch_stride;  // +136: lse: elements between batches (heads x seqlen_q padded; 0 packed)
-    long long lse_head_stride;  // +144: lse: elements between heads (seqlen_q padded; total_q packed)
+    long long lse_batch_stride;  // +136: lse: elements between batches (heads x seqlen_q padded; 0 varlen)
+    long long lse_head_stride;  // +144: lse: elements between heads (seqlen_q padded; total_q varlen)
     int batch;  // +152: batch size
     int heads;  // +156: query heads
     int kv_heads;  // +160: key/value heads; heads is a multiple (GQA/MQA)

@@ -18,7 +18,7 @@ from pydantic import Field
 import attngen.kinds as registry
 from attngen.cli import main
 from attngen.core.abi import Abi, AbiField, blob, float32, int32, int64, pointer
-from attngen.core.forward import FORWARD_ABI, Part
+from attngen.core.forward_plan import FORWARD_ABI, Part
 from attngen.core.kind import Kind
 from attngen.kinds import KINDS, fwd_mma, kind_of
 from attngen.plan import make_plan
@@ -98,7 +98,7 @@ def test_imports_point_down(path):
 
 def test_the_import_walk_sees_imports():
     """The check above cannot pass by seeing nothing."""
-    assert "attngen.core.forward" in imports_of(PKG / "kinds" / "fwd_mma" / "__init__.py")
+    assert "attngen.core.forward_plan" in imports_of(PKG / "kinds" / "fwd_mma" / "__init__.py")
     assert "attngen.kinds.fwd_mma" in imports_of(PKG / "kinds" / "__init__.py")
     assert layer("attngen.kinds.fwd_mma") == ("kind", "fwd_mma") and layer("attngen.render") == ("top", "")
 
@@ -198,13 +198,13 @@ def test_templates_bind_values(path):
 
 
 def test_log_constants_are_defined_once():
-    """ln 2 and log2 e are Python constants (core.forward) the templates bind, written nowhere else."""
+    """ln 2 and log2 e are Python constants (core.forward_plan) the templates bind, written nowhere else."""
     import math
-    from attngen.core.forward import LN2, LOG2E
+    from attngen.core.forward_plan import LN2, LOG2E
     assert LN2 == math.log(2) and LOG2E == 1 / math.log(2)
     sources = "".join(p.read_text() for p in ALL_TEMPLATES + MODULES)
     for literal in ("0.693147", "1.442695"):
-        assert sources.count(literal) == 1, literal         # core/forward.py
+        assert sources.count(literal) == 1, literal         # core/forward_plan.py
 
 
 # -- one ABI list ---------------------------------------------------------------------------------
@@ -265,19 +265,19 @@ def test_forward_abi_matches_the_generated_struct():
     assert f"static_assert(sizeof(Params) == {plan.abi.size}," in src
     names = [f.name for f in FORWARD_ABI.fields]
     assert {"causal_offset", "causal_from_end"} <= set(names)   # a variant's fields, from the same list
-    assert names[-6:] == ["cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k",   # packed sequences
+    assert names[-6:] == ["cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k",   # varlen sequences
                           "errors"]                                                          # input-error flags
 
 
 @pytest.mark.parametrize("spec, carries, leaves_out", [
-    # padded causal: the causal offset, not the per-sequence flag nor the packed-sequence fields
+    # padded causal: the causal offset, not the per-sequence flag nor the varlen fields
     ("h100_mma_d128_ws", {"q", "causal_offset"}, {"causal_from_end", "cu_seqlens_q", "total_k", "errors"}),
-    # varlen: the packed-sequence fields and the error flags
+    # varlen: the varlen fields and the error flags
     ("h100_mma_d128_m128n32w4s4x3", {"causal_offset", "causal_from_end", "cu_seqlens_q", "seq_order", "errors"},
      set()),
     # TMA loads: the maps carry q, k and v; o is still written through its pointer
     ("h100_wgmma_d128", {"o", "o_row_stride", "tma_q", "tma_k", "tma_v"}, {"q", "k_row_stride", "v", "errors"}),
-    # decode: its own fields and the error flags, no packed sequences; LSE rows are contiguous and
+    # decode: its own fields and the error flags, no varlen sequences; LSE rows are contiguous and
     # each sequence's causal offset comes from its cache length
     ("h200_decode_d128", {"block_table", "errors", "lse"},
      {"cu_seqlens_k", "causal_from_end", "causal_offset", "lse_batch_stride", "lse_head_stride"}),
@@ -375,7 +375,7 @@ class FakeTorch:
 
 def test_causal_variant_fills_its_field_and_draws_its_mask():
     from attngen.core.variants import CAUSAL, NONE
-    # top-left by default; bottom-right also tells packed functions to align each sequence's ends
+    # top-left by default; bottom-right also tells varlen functions to align each sequence's ends
     assert CAUSAL.abi_values(None, 3, 10) == {"causal_offset": 0, "causal_from_end": 0}
     assert CAUSAL.abi_values("bottom_right", 3, 10) == {"causal_offset": 7, "causal_from_end": 1}
     assert CAUSAL.abi_values("bottom_right", 10, 3) == {"causal_offset": -7, "causal_from_end": 1}

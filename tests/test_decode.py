@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attngen.core.decode import num_splits, row_blocks
+from attngen.core.decode_plan import num_splits, row_blocks
 from attngen.errors import SpecError
 from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of
@@ -38,7 +38,7 @@ def test_plan_is_a_two_part_bundle():
                            "block_table", "table_stride", "split_counters", "num_pages"]
     assert f"paged KV: pages of 16 keys" in explain(p)
     f = p.fragments
-    # each of 4 warps scores 32 of a 128-key tile for all 16 packed rows
+    # each of 4 warps scores 32 of a 128-key tile for all 16 group rows
     assert (f.m_tiles, f.keys_per_warp, f.n_tiles, f.d_tiles, f.accumulators) == (1, 32, 4, 16, 80)
     assert f.merge_bytes == 4 * 16 * 136 * 4 <= p.stages * p.kv_stage_stride
     text = explain(p)

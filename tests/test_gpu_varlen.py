@@ -1,5 +1,5 @@
-"""GPU tests of the packed-sequence (varlen) call: every varlen spec passes the verifier's varlen
-cases, a packed call agrees with the padded call sequence by sequence, bad offsets are refused on
+"""GPU tests of the varlen call: every varlen spec passes the verifier's varlen
+cases, a varlen call agrees with the padded call sequence by sequence, bad offsets are refused on
 the host, and without validation the kernel stays inside the tensors."""
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def offsets(torch, lengths):
 
 
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
-def test_packed_matches_padded_calls(torch, alignment):
-    """Each sequence of a packed call gives what the padded call gives on that sequence alone."""
+def test_varlen_matches_padded_calls(torch, alignment):
+    """Each sequence of a varlen call gives what the padded call gives on that sequence alone."""
     kernel = load_once(D64)
     lq, lk = (3, 130, 64), (200, 130, 1)
     q = torch.randn(sum(lq), 4, 64, device="cuda", dtype=torch.float16)

@@ -58,7 +58,7 @@ def test_spec_passes_quick_suite(spec):
     else:
         padded = [r for r in results if not r.variant.endswith(" varlen")]
         assert len(padded) == len(verify.variants(kernel.masks)) * len(verify.QUICK_SUITE)
-        # causal runs in both alignments; a varlen spec adds its packed-sequence cases in each
+        # causal runs in both alignments; a varlen spec adds its varlen cases in each
         assert {r.variant for r in padded} == {"none", "causal:top_left", "causal:bottom_right"}
         assert len(results) - len(padded) == (3 * QUICK_VARLEN if kernel.varlen_masks else 0)
     assert all(r.passed for r in results), failures(results)
@@ -274,7 +274,7 @@ def test_verify_command_line(what, tmp_path):
 
 def test_bench_command_line_per_convention(tmp_path):
     """`attngen bench` on a forward and a decode spec at once runs each convention's bench (one
-    JSON report each, FILE-<convention>.json); --varlen runs the forward specs' packed call and
+    JSON report each, FILE-<convention>.json); --varlen runs the forward specs' varlen call and
     leaves the decode spec out."""
     import json
     import subprocess

@@ -337,17 +337,17 @@ def test_wgmma_persistent_grid_and_q_barriers():
     assert not plain.persistent and plain.grid(4, 16, 2048, sm_count=132) == (16, 16, 4)
 
 
-def test_wgmma_split_kv_key_overrides_the_schedule():
-    """schedule.split_kv: false keeps one full/empty pair per stage on the overlapped schedule (and true
-    splits a sequential one); unset follows overlap."""
+def test_wgmma_separate_kv_barriers_key_overrides_the_schedule():
+    """schedule.separate_kv_barriers: false keeps one full/empty pair per stage on the overlapped
+    schedule (and true separates a sequential one's); unset follows overlap."""
     text = (spec_text(head_dim=128, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
                       mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 3, async_copy: true, opt_in: true}",
                       target="h100") + "registers: {producer: 24, consumer: 240}\n")
-    pair = plan_of(text + "schedule: {overlap: true, split_kv: false}\n")
-    assert not pair.fragments.split_kv and [b.name for b in pair.barriers] == [
+    pair = plan_of(text + "schedule: {overlap: true, separate_kv_barriers: false}\n")
+    assert not pair.fragments.separate_kv_barriers and [b.name for b in pair.barriers] == [
         "full0", "full1", "full2", "empty0", "empty1", "empty2", "q_full"]
-    split = plan_of(text + "schedule: {split_kv: true}\n")
-    assert split.fragments.split_kv and not split.fragments.overlap and len(split.barriers) == 4 * 3 + 1
+    split = plan_of(text + "schedule: {separate_kv_barriers: true}\n")
+    assert split.fragments.separate_kv_barriers and not split.fragments.overlap and len(split.barriers) == 4 * 3 + 1
 
 
 @pytest.mark.parametrize("epilogue, maps", [("registers", ["q", "k", "v"]), ("shared", ["q", "k", "v"]),
@@ -384,13 +384,13 @@ def test_wgmma_layout_and_numbers():
     f = p.fragments
     assert (f.consumer_warpgroups, f.panels, f.s_regs, f.o_regs, f.k_steps_qk, f.k_steps_pv) == (2, 2, 64, 64, 8, 8)
     assert (f.q_bytes, f.tile_bytes, f.producer_registers, f.consumer_registers) == (32768, 32768, 24, 240)
-    assert (f.has_producer, f.issuer_thread, f.split_kv) == (True, 256, False)
+    assert (f.has_producer, f.issuer_thread, f.separate_kv_barriers) == (True, 256, False)
     # not overlapped: one full (an expect_tx for K and one for V) and one empty per stage
     assert [(b.name, b.arrivals) for b in p.barriers] == [("full0", 2), ("full1", 2), ("empty0", 8), ("empty1", 8),
                                                           ("q_full", 1)]
     # overlapped: K is handed back after S, V after P.V, on their own mbarriers
     o = plan_of(text + "schedule: {overlap: true}\n")
-    assert o.fragments.split_kv and [(b.name, b.arrivals) for b in o.barriers] == [
+    assert o.fragments.separate_kv_barriers and [(b.name, b.arrivals) for b in o.barriers] == [
         ("full_k0", 1), ("full_k1", 1), ("full_v0", 1), ("full_v1", 1), ("empty_k0", 8), ("empty_k1", 8),
         ("empty_v0", 8), ("empty_v1", 8), ("q_full", 1)]
     assert [b.offset for b in o.barriers] == list(range(163840, 163840 + 72, 8))

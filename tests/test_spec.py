@@ -11,7 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from attngen.core import spec as core_spec
+from attngen.core import spec_keys as core_spec
 from attngen.kinds import KINDS, kind_for_data
 from attngen.cli import main
 from attngen.errors import SpecError
@@ -194,7 +194,7 @@ RULE_CASES = [
     ("rule_always_rescales", WMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
      "not generated for wmma_m16n16k16; set softmax.rescale: always"),
     ("rule_target_has_sm90a", WGMMA, {"target": "l4"}, "target", "need an sm_90a GPU"),
-    ("rule_no_varlen", WGMMA, {"varlen": True}, "varlen", "packed-sequence (varlen) functions are not generated"),
+    ("rule_no_varlen", WGMMA, {"varlen": True}, "varlen", "varlen functions are not generated"),
     ("rule_decode_no_varlen", DECODE, {"varlen": True}, "varlen", "per-sequence cache lengths"),
     ("rule_head_dim_panels", WGMMA, {"head_dim": 96}, "head_dim", "multiple of 64"),
     ("rule_warpgroups", WGMMA, {"warps__consumer": 6}, "warps.consumer", "warpgroups of 4 warps"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .space import Axis, SearchSpace, field_axis, with_base
-from .spec import PadSwizzle, XorSwizzle
+from .search_space import Axis, SearchSpace, field_axis, with_base
+from .spec_keys import PadSwizzle, XorSwizzle
 
 DEFAULT_BLOCK_M = (64, 96, 112, 128)
 DEFAULT_BLOCK_N = (32, 64, 128)

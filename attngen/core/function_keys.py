@@ -1,5 +1,5 @@
 """Kernel-function keys: a bundle's functions are keyed by the mask they run, or by the mask plus a
-suffix for another function of that mask (its packed-sequence function, a decode split function
+suffix for another function of that mask (its varlen function, a decode split function
 that merges the splits). The suffix is also the end of the function's name."""
 from __future__ import annotations
 

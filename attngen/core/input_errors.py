@@ -21,7 +21,7 @@ INPUT_ERRORS = (
     InputErrorFlag(1, "kBadSeqlen", "a cache_seqlens entry was outside [0, capacity]; the kernel clamped it"),
     InputErrorFlag(2, "kBadPage", "a block_table entry of a sequence's pages was outside [0, num_pages); the "
                                   "kernel read the nearest page of the pool instead"),
-    InputErrorFlag(4, "kBadOffsets", "cu_seqlens offsets were negative, decreasing or past the packed tensors; the "
+    InputErrorFlag(4, "kBadOffsets", "cu_seqlens offsets were negative, decreasing or past the varlen tensors; the "
                                      "kernel clamped them"),
     InputErrorFlag(8, "kShortGrid", "a query sequence was longer than max_seqlen_q; its rows past the grid "
                                     "(max_seqlen_q rounded up to whole query blocks) were not computed"),

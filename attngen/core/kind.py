@@ -12,10 +12,10 @@ class Kind:
     name: str                           # e.g. fwd_mma; printed, never compared outside the kind
     title: str                          # one line for explain and headers
     selector: tuple[str, str]           # (spec key, value) that picks this kind, e.g. ("mma", "mma_m16n8k16")
-    spec_model: type                    # its pydantic model (a core.spec.SpecBase subclass)
+    spec_model: type                    # its pydantic model (a core.spec_keys.SpecBase subclass)
     plan: Callable                      # (spec, file) -> its plan
     explain: Callable                   # plan -> lines of its explain section
-    space: Optional[Callable] = None    # base spec -> the SearchSpace `attngen sweep` explores (core.space)
+    space: Optional[Callable] = None    # base spec -> the SearchSpace `attngen sweep` explores (core.search_space)
     calls: str = "forward"              # its kernels' call convention (attngen/runtime/calls): "forward"
                                         # (kernel(q, k, v, causal=...)) or "decode"
     templates: Optional[str] = None     # its folder under templates/ (default: its name); shared ones: templates/lib

@@ -34,7 +34,7 @@ class MaskVariant:
     describe: str
     fill: AbiValues                 # the values of abi_fields for one call
     visibility: Visible             # the reference's mask
-    packed_only: tuple[str, ...] = ()   # abi_fields only packed-sequence (varlen) functions read
+    varlen_only: tuple[str, ...] = ()   # abi_fields only varlen functions read
 
     def check_option(self, option: str | None) -> str:
         if option is None:
@@ -92,9 +92,9 @@ CAUSAL = MaskVariant(
     "causal", "Mask::Causal", ALIGNMENTS,
     (int32("causal_offset", "causal: query row i sees keys j <= i + causal_offset (0 top-left, Sk - Sq "
                             "bottom-right)", default=0),
-     int32("causal_from_end", "causal, packed sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q "
+     int32("causal_from_end", "causal, varlen sequences: 1 (bottom-right) adds each sequence's seqlen_k - seqlen_q "
                               "to causal_offset; padded calls carry it in causal_offset already", default=0)),
     "query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)",
-    causal_abi_values, causal_visible, packed_only=("causal_from_end",))
+    causal_abi_values, causal_visible, varlen_only=("causal_from_end",))
 
 MASKS: dict[str, MaskVariant] = {m.name: m for m in (NONE, CAUSAL)}

@@ -352,14 +352,14 @@ def check_options(paths, plans, opts) -> list[str]:
     if opts.varlen:
         plain = [p.spec.name for p in plans if not p.varlen]
         if plain:
-            return [f"--varlen times the packed-sequence call; {', '.join(plain)} {'has' if len(plain) == 1 else 'have'} "
+            return [f"--varlen times the varlen call; {', '.join(plain)} {'has' if len(plain) == 1 else 'have'} "
                     f"none (give specs with varlen: true)"]
     return []
 
 
 def bench_specs(paths, plans, opts, progress, on_compile):
     """`attngen bench` on specs of the forward convention: the padded shapes beside SDPA's backends,
-    or with opts.varlen the packed-sequence call beside torch's varlen flash path."""
+    or with opts.varlen the varlen call beside torch's varlen flash path."""
     from ..runtime import gpu_modules
     from .conventions import BenchRun
     if opts.varlen:

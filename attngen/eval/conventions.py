@@ -21,7 +21,7 @@ class BenchOptions:
     reps: int = 30
     cells: tuple | None = None          # decode cells
     paged: bool = False                 # decode through a page table
-    varlen: bool = False                # forward specs: the packed-sequence call instead of padded shapes
+    varlen: bool = False                # forward specs: the varlen call instead of padded shapes
     lengths: tuple | None = None        # --varlen batch
     heads: tuple = (16, 16)             # --varlen heads
     plot_file: str | None = None        # forward: TFLOP/s chart

@@ -186,7 +186,7 @@ def check_options(paths, plans, opts) -> list[str]:
 
 def bench_specs(paths, plans, opts, progress, on_compile):
     """`attngen bench` on decode specs: every cell (opts.cells) beside SDPA's flash and cuDNN
-    backends; None under --varlen (decode specs have no packed-sequence call)."""
+    backends; None under --varlen (decode specs have no varlen call)."""
     from ..runtime import gpu_modules
     from .conventions import BenchRun
     if opts.varlen:

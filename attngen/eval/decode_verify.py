@@ -33,7 +33,7 @@ class DecodeCase:
 
 def decode_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
     """Lengths of 1, a tile +- 1, the capacity, and very different lengths in one batch; GQA groups
-    1, 4 and 8 with 1 and 4 new tokens (up to 32 packed rows: two row blocks of 16); both layouts;
+    1, 4 and 8 with 1 and 4 new tokens (up to 32 group rows: two row blocks of 16); both layouts;
     one split, the heuristic's and many. With a page size, the same through shuffled page tables:
     lengths of 1, exactly a page, a page +- 1, and very different lengths in one batch."""
     n = block_n

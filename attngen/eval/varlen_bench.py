@@ -1,4 +1,4 @@
-"""Packed-sequence (varlen) prefill timing beside torch's varlen flash path
+"""Varlen prefill timing beside torch's varlen flash path
 (torch.ops.aten._flash_attention_forward with cumulative sequence offsets), on one batch of mixed
 lengths, after checking the spec's output on the same inputs with the verifier's error rule.
 FLOPs count only the (query, key) pairs each sequence's mask leaves visible."""
@@ -58,7 +58,7 @@ def flash_varlen(torch, q, k, v, cu, max_len: int, causal: bool, scale: float):
 
 
 def bench_batch(torch, kernel, batch: VarlenBatch, causal: bool, *, reps: int = 30) -> dict:
-    """Times (us) of the spec's varlen call and torch's varlen flash on one packed batch, inputs
+    """Times (us) of the spec's varlen call and torch's varlen flash on one varlen batch, inputs
     rotated past L2; the spec's output is checked against the fp32 reference first."""
     from ..runtime.calls.varlen import cu_seqlens
     from .bench import time_calls, time_eager
@@ -115,7 +115,7 @@ def bench_batch(torch, kernel, batch: VarlenBatch, causal: bool, *, reps: int = 
 
 def run_varlen_bench(spec_paths, *, lengths=MIXED_LENGTHS, heads=(16, 16), dtypes=("fp16", "bf16"),
                      causals=(False, True), reps: int = 30, on_step=None, on_compile=None) -> dict:
-    """Every varlen spec of a listed dtype on the packed batch, both masks, beside torch's varlen flash."""
+    """Every varlen spec of a listed dtype on the varlen batch, both masks, beside torch's varlen flash."""
     from ..runtime import gpu_modules, load
     torch = gpu_modules()[0]
     batch = VarlenBatch(heads[0], heads[1], tuple(lengths))

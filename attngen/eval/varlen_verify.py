@@ -1,4 +1,4 @@
-"""Packed-sequence (varlen) verification: the error rule of `attngen verify` (max|out - ref| <= 2 x
+"""Varlen verification: the error rule of `attngen verify` (max|out - ref| <= 2 x
 the error of torch's own low-precision attention + a floor, against an fp32 reference computed
 sequence by sequence), on a poisoned output with guard rows past the last sequence."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.variants import MASKS
-from ..core.varlen import packed_key
+from ..core.varlen_plan import varlen_key
 from ..runtime.calls.varlen import cu_seqlens
 from .verify import FULL_SUITE, ROW_ALIGN, CaseResult, Variant, attention_torch, exact_fp32_matmul, judge_rows
 
@@ -27,7 +27,7 @@ class VarlenCase:
         if self.lens_k is not None and len(self.lens_k) != len(self.lens_q):
             raise ValueError("lens_q and lens_k must list the same sequences")
         if self.qkv and (self.heads != self.kv_heads or self.lens_k is not None):
-            raise ValueError("a packed qkv case needs heads == kv_heads and lens_k = lens_q")
+            raise ValueError("a qkv case needs heads == kv_heads and lens_k = lens_q")
 
     @property
     def keys(self) -> tuple[int, ...]:
@@ -61,7 +61,7 @@ def varlen_suite(block_m: int) -> tuple[VarlenCase, ...]:
 
 def reference(torch, q, k, v, lens_q, lens_k, variant: Variant, scale: float):
     """(fp32 reference O, its LSE (heads, total_q), torch's low-precision O), each sequence against
-    its own keys, in packed (total, heads, d) form."""
+    its own keys, in varlen (total, heads, d) form."""
     outs, lses, lows = [], [], []
     q0 = k0 = 0
     for lq, lk in zip(lens_q, lens_k):
@@ -76,9 +76,9 @@ def reference(torch, q, k, v, lens_q, lens_k, variant: Variant, scale: float):
 
 
 def check_varlen_case(kernel, variant: Variant, case: VarlenCase, seed: int, label: str | None = None) -> CaseResult:
-    """Run one packed case with poisoned outputs and compare every sequence with its reference."""
+    """Run one varlen case with poisoned outputs and compare every sequence with its reference."""
     import torch
-    result = CaseResult(label or kernel.label, kernel.entry[packed_key(variant.mask)], variant.label + " varlen",
+    result = CaseResult(label or kernel.label, kernel.entry[varlen_key(variant.mask)], variant.label + " varlen",
                         case, passed=False)
     g = torch.Generator(device=kernel.device).manual_seed(seed)
     d, dtype, dev = kernel.plan.head_dim, kernel.dtype, kernel.device
@@ -110,7 +110,7 @@ def check_varlen_case(kernel, variant: Variant, case: VarlenCase, seed: int, lab
 
 
 def varlen_cases(kernel, shapes, masks) -> list[tuple]:
-    """`attngen verify`'s packed-sequence cases of a kernel with varlen functions: every (mask,
+    """`attngen verify`'s varlen cases of a kernel with varlen functions: every (mask,
     alignment) over the varlen suite (its first cases when the padded shapes are the quick suite)."""
     cases = varlen_suite(kernel.plan.block_m)
     if len(tuple(shapes)) < len(FULL_SUITE):
@@ -122,7 +122,7 @@ def varlen_cases(kernel, shapes, masks) -> list[tuple]:
         for option in MASKS[mask].options or (None,):
             variant = Variant(mask, option)
             for i, case in enumerate(cases):
-                out.append((variant.label + " varlen", kernel.entry[packed_key(mask)], case, SEED_OFFSET + i,
+                out.append((variant.label + " varlen", kernel.entry[varlen_key(mask)], case, SEED_OFFSET + i,
                             lambda seed, label, variant=variant, case=case: check_varlen_case(kernel, variant, case,
                                                                                               seed, label)))
     return out

@@ -38,12 +38,12 @@ class CaseShape(Protocol):
     def label(self) -> str: ...          # the shape column, e.g. "B2 H4/2 Sq113 Sk300"
 
     @property
-    def layout(self) -> str: ...         # the layout column: bhsd, bshd, thd (packed sequences)
+    def layout(self) -> str: ...         # the layout column: bhsd, bshd, thd (varlen sequences)
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One problem size. layout says how the tensors are passed; packed: q, k, v are slices of one
+    """One problem size. layout says how the tensors are passed; qkv: q, k, v are slices of one
     qkv tensor (strided, not contiguous), as a fused projection produces them."""
 
     batch: int
@@ -52,21 +52,21 @@ class Shape:
     seqlen_q: int
     seqlen_k: int
     layout: str = "bhsd"
-    packed: bool = False
+    qkv: bool = False
 
     def __post_init__(self):
-        if self.packed and (self.heads != self.kv_heads or self.seqlen_q != self.seqlen_k):
-            raise ValueError("a packed qkv shape needs heads == kv_heads and seqlen_q == seqlen_k")
+        if self.qkv and (self.heads != self.kv_heads or self.seqlen_q != self.seqlen_k):
+            raise ValueError("a qkv shape needs heads == kv_heads and seqlen_q == seqlen_k")
 
     @property
     def label(self) -> str:
         heads = f"{self.heads}" if self.heads == self.kv_heads else f"{self.heads}/{self.kv_heads}"
         return (f"B{self.batch} H{heads} Sq{self.seqlen_q} Sk{self.seqlen_k}"
-                + (" qkv" if self.packed else ""))
+                + (" qkv" if self.qkv else ""))
 
 
 # Seqlens that are not multiples of any tile (1, 17, 77, 113, 333, 1000, 1023), seqlen_q != seqlen_k
-# both ways, batch 1-4, GQA and MQA, both layouts, strided (packed qkv) inputs. The head_dim comes
+# both ways, batch 1-4, GQA and MQA, both layouts, strided inputs (q, k, v sliced from one qkv tensor). The head_dim comes
 # from the spec.
 FULL_SUITE: tuple[Shape, ...] = (
     Shape(1, 1, 1, 1, 1),
@@ -79,7 +79,7 @@ FULL_SUITE: tuple[Shape, ...] = (
     Shape(2, 8, 1, 77, 300, "bshd"),         # MQA, seqlen_q < seqlen_k
     Shape(4, 2, 2, 64, 1),                   # a single key
     Shape(1, 2, 1, 1, 500, "bshd"),          # a single query, MQA
-    Shape(1, 4, 4, 333, 333, "bshd", packed=True),
+    Shape(1, 4, 4, 333, 333, "bshd", qkv=True),
     Shape(3, 6, 3, 200, 511),                # GQA
     Shape(1, 2, 2, 2048, 2048),
     Shape(2, 16, 16, 513, 257, "bshd"),
@@ -90,7 +90,7 @@ QUICK_SUITE: tuple[Shape, ...] = (
     Shape(1, 2, 2, 17, 17, "bshd"),
     Shape(2, 4, 2, 113, 300),                # GQA, seqlen_q < seqlen_k
     Shape(1, 4, 1, 1000, 77, "bshd"),        # MQA, seqlen_q > seqlen_k
-    Shape(1, 3, 3, 333, 333, "bhsd", packed=True),
+    Shape(1, 3, 3, 333, 333, "bhsd", qkv=True),
     Shape(2, 2, 2, 64, 1023),
 )
 
@@ -223,7 +223,7 @@ def reference_errors(torch, q, k, v, out, *, scale: float, mask: str, alignment:
 
 
 def judge_rows(result: CaseResult, torch, out, ref, low, lse, ref_lse, dtype_name: str) -> None:
-    """The error rule on outputs given row by row (decode, packed sequences): every element of
+    """The error rule on outputs given row by row (decode, varlen sequences): every element of
     `out` finite, max|out - ref| within error_bound(max|low - ref|), LSE -inf exactly where the
     reference sees no key and within LSE_ATOL + LSE_RTOL |ref| elsewhere. Fills `result`'s errors,
     appends to its problems and sets passed."""
@@ -258,7 +258,7 @@ def make_inputs(shape: Shape, head_dim: int, dtype, device, generator):
     def randn(*size):
         return torch.randn(size, generator=generator, device=device, dtype=torch.float32).to(dtype)
 
-    if shape.packed:
+    if shape.qkv:
         if shape.layout == "bshd":
             return randn(b, sq, 3, h, d).unbind(2)
         return randn(b, 3, h, sq, d).unbind(1)
@@ -383,7 +383,7 @@ class _Runner:
 
 def kernel_cases(kernel, shapes, masks) -> list[tuple]:
     """(variant label, function, shape, index, check(seed, label) -> CaseResult) of every case of `kernel`:
-    each mask variant over `shapes` (and over the varlen suite when the kernel has packed-sequence
+    each mask variant over `shapes` (and over the varlen suite when the kernel has varlen
     functions), or the cases a kernel of another kind brings itself
     (eval.conventions, e.g. a decode kernel's per-sequence lengths)."""
     from .conventions import kernel_cases as convention_cases

@@ -52,7 +52,7 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
                      max_seqlen_k: int | None = None, *, causal: bool = False, alignment: str | None = None,
                      scale: float | None = None, return_lse: bool = False):
-    """Attention of packed sequences: q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k
+    """Attention of varlen sequences: q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k
     int32 (batch + 1) offsets on the GPU. max_seqlen_q/k (ints, as FlashAttention takes them) size
     the grid and pick the kernel; without them nothing is read back either (the grid covers every
     row). causal alignment "bottom_right" is FlashAttention's varlen convention. Returns o like q,

@@ -22,7 +22,7 @@ from ..errors import SpecError
 
 CALLS = ("forward", "varlen", "decode")
 # The runtime call convention (its kind's `calls`) a spec must have to serve each call: a varlen
-# call is the packed-sequence function of a forward-convention kernel.
+# call is the varlen function of a forward-convention kernel.
 CONVENTION = {"forward": "forward", "varlen": "forward", "decode": "decode"}
 TABLE_FILE = Path("dispatch") / "table.yaml"     # under the specs folder
 
@@ -115,14 +115,14 @@ def call_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen
 
 def entry_problem(e: Entry, plan) -> str | None:
     """Why the spec whose plan is `plan` cannot serve entry `e`: another call convention, dtype or
-    head_dim, no function for the entry's mask (varlen: its packed-sequence function), or pages of
+    head_dim, no function for the entry's mask (varlen: its varlen function), or pages of
     another size; None when it serves it."""
-    from ..core.varlen import packed_key
+    from ..core.varlen_plan import varlen_key
     if plan.kind.calls != CONVENTION[e.call]:
         return f"{e.spec} is a {plan.kind.calls} spec, not one for {e.call} calls"
     if (plan.spec.dtype, plan.head_dim) != (e.dtype, e.head_dim):
         return f"{e.spec} is {plan.spec.dtype} head_dim {plan.head_dim}, the entry {e.dtype} {e.head_dim}"
-    if (packed_key(e.mask) if e.call == "varlen" else e.mask) not in plan.entry_functions:
+    if (varlen_key(e.mask) if e.call == "varlen" else e.mask) not in plan.entry_functions:
         return f"{e.spec} has no {e.mask} {'varlen ' if e.call == 'varlen' else ''}function"
     pages = getattr(plan, "page_size", 0)
     if e.page_size and pages != e.page_size:

@@ -31,7 +31,7 @@ from . import driver
 from .gpu import device_info, gpu_modules
 
 LAYOUTS = ("bhsd", "bshd")          # bhsd: (batch, heads, seq, dim) as torch SDPA; bshd: (batch, seq, heads, dim)
-PACKED = "packed"                   # varlen calls: (total_rows, heads, dim), sequences back to back
+VARLEN_LAYOUT = "thd"               # varlen calls: (total_rows, heads, dim), sequences back to back
 LOAD_BYTES = 16                     # the kernels read and write rows in 16-byte vectors
 ELEM_BYTES = 2                      # fp16 / bf16
 STRIDE_UNIT = LOAD_BYTES // ELEM_BYTES
@@ -40,7 +40,7 @@ MAX_GRID_X = 2**31 - 1
 TORCH_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
 SYNC_ENV = "ATTNGEN_SYNC"           # "1": synchronize after every launch, so asynchronous faults name the kernel
 DIMS = {"bhsd": ("(batch, heads, seq, head_dim)", 4), "bshd": ("(batch, seq, heads, head_dim)", 4),
-        PACKED: ("(total_rows, heads, head_dim)", 3)}
+        VARLEN_LAYOUT: ("(total_rows, heads, head_dim)", 3)}
 
 
 class LaunchError(RuntimeError):
@@ -52,9 +52,9 @@ def default_scale(head_dim: int) -> float:
 
 
 def to_bhsd(t, layout: str):
-    """A (batch, heads, seq, dim) view of a tensor given in `layout` (no copy); packed tensors
+    """A (batch, heads, seq, dim) view of a tensor given in `layout` (no copy); varlen tensors
     (total_rows, heads, dim) have no batch dimension and come back as they are."""
-    return t if layout in ("bhsd", PACKED) else t.permute(0, 2, 1, 3)
+    return t if layout in ("bhsd", VARLEN_LAYOUT) else t.permute(0, 2, 1, 3)
 
 
 def render_bundle(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
@@ -284,14 +284,14 @@ class Kernel:
 
     # -- checks every convention shares ---------------------------------------------------------
     def _check_tensor(self, name: str, t, layout: str, index: int):
-        """The tensor's shape, checked for `layout` (one of LAYOUTS, or PACKED) on cuda:`index`:
+        """The tensor's shape, checked for `layout` (one of LAYOUTS, or VARLEN_LAYOUT) on cuda:`index`:
         dtype, rank, device, head_dim, a contiguous last dimension, 16-byte rows and pointer."""
         if not isinstance(t, self._tensor_type):
             raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
         shape = t.shape
         dims, ndim = DIMS[layout]
         if len(shape) != ndim:
-            what = "packed sequences" if layout == PACKED else f"layout {layout!r}"
+            what = "varlen sequences" if layout == VARLEN_LAYOUT else f"layout {layout!r}"
             raise ValueError(f"{name} must be {ndim}-D {dims} for {what} (got shape {tuple(shape)})")
         where = t.get_device()
         if where != index:
@@ -355,7 +355,7 @@ class Kernel:
 
     @property
     def masks(self) -> tuple[str, ...]:
-        """The masks of the call: the spec's (a mask's packed or merging function serves that mask)."""
+        """The masks of the call: the spec's (a mask's varlen or merging function serves that mask)."""
         return self.plan.masks
 
     def _mask_variant(self, mask: str, causal: bool, alignment: str | None):

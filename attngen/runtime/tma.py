@@ -12,7 +12,7 @@ import ctypes
 
 import threading
 
-from ..core.tma import MAP_ALIGN, MAP_BYTES, TensorMapSpec
+from ..core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
 from ..errors import ToolError
 
 # CUtensorMap enums (cuda.h)

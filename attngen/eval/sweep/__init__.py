@@ -4,7 +4,7 @@ Which tiles, warps, stages, swizzle, register split or schedule win depends on h
 length, causality and the GPU, so the sweep measures instead of guessing. One module per step:
 
 1. space      `default_space(base)`: the axes the base's kind sweeps and their values (a
-              `SearchSpace`, attngen/core/space.py; each kind declares its own), and the cases
+              `SearchSpace`, attngen/core/search_space.py; each kind declares its own), and the cases
               measured (`parse_cases`);
 2. prune      `prune(base, space)`: build every candidate spec through the YAML loader's own
               validation, drop those that break a spec rule, exceed the shared-memory budget or

@@ -1,11 +1,11 @@
 """The search space of a sweep: the kind's own axes around a base spec (`default_space`), the
 points (`Choice`) and the cases measured (`parse_cases`). Spaces and axes are defined in
-attngen/core/space.py; each kind declares its axes (`Kind.space`)."""
+attngen/core/search_space.py; each kind declares its axes (`Kind.space`)."""
 from __future__ import annotations
 
 from ...core.forward_space import (DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, DEFAULT_COMPUTE_WARPS, DEFAULT_ROLE_PAIRS,
                                    DEFAULT_STAGES, WarpChoice, forward_space, swizzle_token, swizzle_value)
-from ...core.space import Axis, Choice, SearchSpace
+from ...core.search_space import Axis, Choice, SearchSpace
 from ...errors import SpecError
 from ...kinds import kind_of
 from ...spec import Spec

@@ -2,7 +2,7 @@
 cache), built for memory bandwidth. A bundle of two kernels:
 
 - split: block (split s, KV head, batch) streams its slice of the cache's keys through a cp.async
-  ring. Its rows are the query heads that share the KV head times the new tokens (GQA packing), so
+  ring. Its rows are the query heads that share the KV head times the new tokens (group rows), so
   each K/V byte is read once per KV head. The warps split every tile's keys (mma.sync m16n8k16, S, P
   and O in registers) and merge their softmax states through shared memory at the end. With one
   split the block writes O itself; otherwise a partial O and LSE in fp32.
@@ -18,15 +18,15 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.decode import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, DecodePlan, merging_key
-from ...core.forward import FORWARD_ABI, Part, plan_abi, plan_forward
+from ...core.decode_plan import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, DecodePlan, merging_key
+from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Region
-from ...core.spec import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
+from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
 from ...errors import SpecError
 
 NAME = "decode_mma"
-TITLE = "split-KV decode with GQA packing (mma.sync m16n8k16) + LSE combine"
+TITLE = "split-KV decode over group rows (mma.sync m16n8k16) + LSE combine"
 SELECTOR = ("decode", "split_kv")
 COMBINE_WARPS = 4           # output rows per combine block (one warp each)
 # The Params fields the combine kernel reads: it launches with the split kernel's Params bytes.
@@ -65,7 +65,7 @@ def rule_homogeneous(s):
 
 def rule_rows(s):
     if s.tile.block_m % 16 or s.tile.block_m > 64:
-        return "tile.block_m", (f"packed query rows per block (query heads per KV head x new tokens) come in "
+        return "tile.block_m", (f"group rows per block (query heads per KV head x new tokens) come in "
                                 f"16-row fragments, at most 64 (got {s.tile.block_m}); use 16, 32, 48 or 64")
 
 
@@ -119,7 +119,7 @@ rule_ring = refuse("smem.stages", lambda s: s.smem.stages < 2 or not s.smem.asyn
                    lambda s: "the decode kernel streams K/V through a cp.async ring: set stages >= 2 and "
                              "async_copy: true", "rule_ring")
 rule_decode_no_varlen = refuse("varlen", lambda s: s.varlen,
-                               lambda s: "a decode call takes per-sequence cache lengths (cache_seqlens), not packed "
+                               lambda s: "a decode call takes per-sequence cache lengths (cache_seqlens), not varlen "
                                          "sequences; set varlen: false", "rule_decode_no_varlen")
 rule_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_registers,
                              lambda s: "Q fragments always live in registers in the decode kernel; leave "
@@ -133,7 +133,7 @@ DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim,
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeFragments:
-    m_tiles: int            # 16-row fragments: every warp holds all block_m packed rows
+    m_tiles: int            # 16-row fragments: every warp holds all block_m group rows
     keys_per_warp: int      # keys of each tile one warp scores
     n_tiles: int            # 8-key accumulator tiles of S per warp
     d_tiles: int            # 8-column accumulator tiles of O
@@ -194,9 +194,9 @@ def plan(spec: DecodeSpec, file: str | None = None):
                         f"({ring} B)", file=file, key="smem.stages", hint="use more stages or a larger block_n")
     roles = (f"{spec.compute_warps} warps: all copy each K/V tile (cp.async); warp w scores keys "
              f"[{p.fragments.keys_per_warp}w, {p.fragments.keys_per_warp}(w+1)) of the tile against all "
-             f"{spec.tile.block_m} packed rows and keeps its own softmax state and O",)
+             f"{spec.tile.block_m} group rows and keeps its own softmax state and O",)
     schedule = ("split kernel, grid (num_splits, kv_heads x row_blocks, batch):",
-                "  rows: packed row r = g x seqlen_q + t is query head kv_head x group + g, new token t",
+                "  rows: group row r = g x seqlen_q + t is query head kv_head x group + g, new token t",
                 "  keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence "
                 "(cache_seqlens[b] keys); an empty slice writes LSE -inf",
                 f"  ring of {spec.smem.stages} stages: cp.async of tile i + {spec.smem.stages - 1} while tile i "
@@ -211,17 +211,17 @@ def plan(spec: DecodeSpec, file: str | None = None):
                  if spec.combine != "kernel" else
                  f"combine kernel, grid ceil(batch x heads x seqlen_q / {COMBINE_WARPS}): a warp per row "
                  "weighs each split by exp(lse_s - lse) and writes O and LSE"))
-    block_text = (f"block: one key slice (split) of one KV head and sequence, for {spec.tile.block_m} packed rows "
+    block_text = (f"block: one key slice (split) of one KV head and sequence, for {spec.tile.block_m} group rows "
                   f"(query heads per KV head x new tokens) in {spec.tile.block_n}-key K/V tiles; grid (num_splits, "
                   f"kv_heads x row_blocks, batch)",
-                  f"threads: {p.threads} = {spec.compute_warps} warps; every warp holds all {spec.tile.block_m} packed "
+                  f"threads: {p.threads} = {spec.compute_warps} warps; every warp holds all {spec.tile.block_m} group "
                   f"rows and scores {p.fragments.keys_per_warp} keys of each tile",
                   "masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new "
                   "token t of seqlen_q sees the keys up to position len - seqlen_q + t")
     # The split kernel writes LSE rows contiguously and takes each sequence's causal offset from its
     # cache length, so neither the LSE strides nor the masks' Params fields are read.
     unread = ("lse_batch_stride", "lse_head_stride") + tuple(f.name for m in p.mask_variants for f in m.abi_fields)
-    abi = plan_abi(p.mask_variants, packed=False, reports_errors=True, unread=unread,
+    abi = plan_abi(p.mask_variants, varlen=False, reports_errors=True, unread=unread,
                    base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS))
     return DecodePlan.of(p, parts=function_names(spec), abi=abi,
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
@@ -232,7 +232,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
 
 def explain(plan) -> list[str]:
     f = plan.fragments
-    return [f"fragments per warp: {f.m_tiles} x m16 packed rows; S {f.m_tiles}x{f.n_tiles} m16n8 tiles over "
+    return [f"fragments per warp: {f.m_tiles} x m16 group rows; S {f.m_tiles}x{f.n_tiles} m16n8 tiles over "
             f"{f.keys_per_warp} keys, O {f.m_tiles}x{f.d_tiles} tiles, Q {f.q_regs} registers; {f.accumulators} "
             "fp32 accumulators per thread",
             f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "

@@ -9,10 +9,10 @@ from typing import Literal
 from pydantic import Field
 
 from ...core import banks
-from ...core.forward import plan_forward
+from ...core.forward_plan import plan_forward
 from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
-from ...core.spec import (ForwardSpec, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
+from ...core.spec_keys import (ForwardSpec, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
                           rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async,
                           rule_threads, rule_warp_roles_need_a_ring)
 

@@ -8,11 +8,11 @@ from typing import Literal
 from pydantic import Field
 
 from ...core import banks
-from ...core.forward import plan_forward
+from ...core.forward_plan import plan_forward
 from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
 from ...core.layout import Region
-from ...core.spec import (ForwardSpec, refuse, rule_always_rescales, rule_block_m_split, rule_block_n,
+from ...core.spec_keys import (ForwardSpec, refuse, rule_always_rescales, rule_block_m_split, rule_block_n,
                           rule_head_dim_vector_loads, rule_no_q_in_registers, rule_no_warp_roles, rule_no_xor_swizzle,
                           rule_pad_bytes, rule_stages_need_async, rule_threads)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.abi import blob
-from ...core.forward import ELEMENT_TYPES, ForwardPlan, Part, forward_functions, launch_min_blocks, plan_abi
+from ...core.forward_plan import ELEMENT_TYPES, ForwardPlan, Part, forward_functions, launch_min_blocks, plan_abi
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
-from ...core.tma import MAP_ALIGN, MAP_BYTES, SWIZZLE_128B_COLS, TensorMapSpec
+from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, SWIZZLE_128B_COLS, TensorMapSpec
 from ...core.variants import MASKS
 from ...targets import TARGETS
 from .spec import PANEL_BYTES, ROWS_PER_WARPGROUP, TILE_ALIGN, TITLE, WARPGROUP, WgmmaSpec
@@ -39,7 +39,7 @@ class WgmmaFragments:
     q_bytes: int            # TMA transaction bytes of the Q tile
     tile_bytes: int         # TMA transaction bytes of one K or V tile
     has_producer: bool      # false: homogeneous, a consumer thread also issues the copies
-    split_kv: bool          # K and V of a stage handed over on separate mbarriers (the overlapped schedule)
+    separate_kv_barriers: bool  # K and V of a stage handed over on separate mbarriers (the overlapped schedule)
     issuer_thread: int      # the thread that issues every TMA copy
     epilogue: str           # registers, shared or tma (spec.epilogue)
 
@@ -52,7 +52,7 @@ def swizzled_tile(name: str, rows: int, head_dim: int, ctype: str, per: str) -> 
 
 
 def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, issuer: str,
-             base: int, persistent: bool = False, split_kv: bool = True) -> tuple[Barrier, ...]:
+             base: int, persistent: bool = False, separate_kv_barriers: bool = True) -> tuple[Barrier, ...]:
     """Split: full_k, full_v, empty_k, empty_v per stage, so K of a stage is refilled as soon as the S
     GEMM that read it is done (the overlapped schedule needs it). Otherwise full and empty per stage,
     for K and V together. Then q_full (and q_empty when persistent)."""
@@ -62,7 +62,7 @@ def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, is
               ("empty_k", consumer_warps, "lane 0 of each consumer warp, once its S = Q.K^T of the stage completed",
                issuer),
               ("empty_v", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer))
-             if split_kv else
+             if separate_kv_barriers else
              (("full", 2, f"{issuer}, once for K and once for V (arrive.expect_tx {tile_bytes} B each)",
                "consumer threads"),
               ("empty", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer)))
@@ -101,9 +101,10 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         tiles.append(swizzled_tile(f"k{s}", bn, d, ctype, f"K tile, stage {s}"))
         tiles.append(swizzled_tile(f"v{s}", bn, d, ctype, f"V tile, stage {s}"))
     persistent = spec.schedule.persistent
-    split_kv = spec.schedule.overlap if spec.schedule.split_kv is None else spec.schedule.split_kv
-    tiles.append(barrier_region("bars", (4 if split_kv else 2) * stages + 1 + persistent,
-                                f"mbarriers {'full_k, full_v, empty_k, empty_v' if split_kv else 'full, empty'} "
+    separate_kv_barriers = (spec.schedule.overlap if spec.schedule.separate_kv_barriers is None
+                            else spec.schedule.separate_kv_barriers)
+    tiles.append(barrier_region("bars", (4 if separate_kv_barriers else 2) * stages + 1 + persistent,
+                                f"mbarriers {'full_k, full_v, empty_k, empty_v' if separate_kv_barriers else 'full, empty'} "
                                 f"[0..{stages}) each, q_full" + (", q_empty" if persistent else "")))
     regions = layout_regions(tiles)
     budget = Budget.of(target, spec.smem.opt_in)
@@ -127,10 +128,10 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                           k_steps_per_panel=SWIZZLE_128B_COLS // 16, v_lbo_bytes=bn * PANEL_BYTES,
                           v_step_bytes=16 * PANEL_BYTES, rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, tile_bytes=tile_bytes,
-                          has_producer=has_producer, split_kv=split_kv, issuer_thread=issuer_thread,
-                          epilogue=spec.epilogue)
+                          has_producer=has_producer, separate_kv_barriers=separate_kv_barriers,
+                          issuer_thread=issuer_thread, epilogue=spec.epilogue)
     bars = barriers(stages, spec.compute_warps, tile_bytes, q_bytes, issuer,
-                    next(r.offset for r in regions if r.name == "bars"), persistent, split_kv)
+                    next(r.offset for r in regions if r.name == "bars"), persistent, separate_kv_barriers)
     functions = forward_functions(spec)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
@@ -144,7 +145,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                  + (f"; setmaxnreg.dec to {regs.producer}" if regs else ""))
         copies = (f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty_k[s] (when t >= stages), "
                   f"expect_tx {tile_bytes} B on full_k[s], TMA K; the same for V on empty_v[s] and full_v[s]"
-                  if split_kv else
+                  if separate_kv_barriers else
                   f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty[s] (when t >= stages), "
                   f"expect_tx {tile_bytes} B on full[s] and TMA K, the same again for V")
     else:
@@ -152,7 +153,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                  "every tile) also issues every TMA copy",)
         copies = (f"  issuer: Q and the first {stages} tiles before its first GEMM; after its warp hands back K (or V) "
                   f"of tile t, it waits empty_k[s] (empty_v[s]) and copies tile t + {stages} into the stage"
-                  if split_kv else
+                  if separate_kv_barriers else
                   f"  issuer: Q and the first {stages} tiles before its first GEMM; after its warp hands back tile t, "
                   f"it waits empty[s] and copies K and V of tile t + {stages} into the stage")
     overlap = spec.schedule.overlap
@@ -182,7 +183,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         spec=spec, kind=kind(), title=TITLE, target=target, masks=tuple(spec.masks),
         mask_variants=tuple(MASKS[m] for m in spec.masks),
         parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
-        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), packed=False, reports_errors=False,
+        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), varlen=False, reports_errors=False,
                      through_maps=tuple(m.tensor for m in maps if not m.store)).with_fields(
             tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime "
                        "per call") for m in maps)),

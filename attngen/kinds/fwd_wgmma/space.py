@@ -1,7 +1,7 @@
 """fwd_wgmma's search space for `attngen sweep`: tiles, roles, ring depth, registers, schedule, epilogue."""
 from __future__ import annotations
 
-from ...core.space import Axis, SearchSpace, field_axis, with_base
+from ...core.search_space import Axis, SearchSpace, field_axis, with_base
 from .spec import ROWS_PER_WARPGROUP, WARPGROUP, WgmmaSpec
 
 SWEEP_BLOCK_N = (64, 96, 128, 176, 192)

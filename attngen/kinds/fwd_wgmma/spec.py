@@ -5,8 +5,8 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.spec import ForwardSpec, Strict, XorSwizzle, refuse, rule_no_varlen, rule_threads
-from ...core.tma import SWIZZLE_128B_COLS
+from ...core.spec_keys import ForwardSpec, Strict, XorSwizzle, refuse, rule_no_varlen, rule_threads
+from ...core.tensor_maps import SWIZZLE_128B_COLS
 from ...targets import TARGETS
 
 
@@ -154,9 +154,9 @@ class Schedule(Strict):
     pingpong: bool = Field(default=False, description=(
         "two consumer warpgroups take turns issuing their GEMMs (named barriers), so one runs its softmax "
         "while the other's GEMMs use the tensor cores; needs overlap and 2 consumer warpgroups"))
-    split_kv: Optional[bool] = Field(default=None, description=(
+    separate_kv_barriers: Optional[bool] = Field(default=None, description=(
         "K and V of a stage handed over on separate full/empty mbarriers, so K is refilled as soon as its "
-        "S = Q.K^T is done; false: one pair per stage counts both (fewer arrivals per tile); unset: split "
+        "S = Q.K^T is done; false: one pair per stage counts both (fewer arrivals per tile); unset: separate "
         "when the schedule overlaps (it needs only two stages then)"))
     persistent: bool = Field(default=False, description=(
         "launch one block per SM that loops over every query block: the producer loads the next block's "

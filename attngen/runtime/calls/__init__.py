@@ -2,7 +2,7 @@
 a Kernel subclass in its own module (its input checks, its Params packing, its launches), registered
 once here under the name a kind declares (Kind.calls); nothing else in the runtime names one.
 
-- forward: ``kernel(q, k, v, causal=...)``, and ``kernel.varlen(...)`` for packed sequences
+- forward: ``kernel(q, k, v, causal=...)``, and ``kernel.varlen(...)`` for varlen sequences
   when the spec sets `varlen: true` (forward.py, varlen.py);
 - decode: ``kernel(q, k_cache, v_cache, cache_seqlens=..., block_table=...)`` (decode.py).
 """

@@ -9,8 +9,8 @@ import functools
 import numbers
 import threading
 
-from ...core.decode import num_splits, row_blocks
-from ...core.forward import LOG2E
+from ...core.decode_plan import num_splits, row_blocks
+from ...core.forward_plan import LOG2E
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
 from .forward import PER_CALL as FORWARD_PER_CALL, bhsd_strides

@@ -1,10 +1,10 @@
 """The forward call convention: ``kernel(q, k, v, causal=..., ...)`` on padded (B, H, S, D) or
-(B, S, H, D) tensors, one launch. A forward spec with `varlen: true` also takes packed sequences
+(B, S, H, D) tensors, one launch. A forward spec with `varlen: true` also takes varlen sequences
 through ``kernel.varlen(...)`` (attngen/runtime/calls/varlen.py)."""
 from __future__ import annotations
 
-from ...core.forward import LOG2E
-from ...core.varlen import is_packed, mask_of
+from ...core.forward_plan import LOG2E
+from ...core.varlen_plan import is_varlen, mask_of
 from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, Kernel, Prepared
 
 TENSORS = ("q", "k", "v", "o")
@@ -50,13 +50,13 @@ class ForwardKernel(Kernel):
 
     @property
     def varlen_masks(self) -> tuple[str, ...]:
-        """The masks of the packed-sequence call (kernel.varlen(...)); empty unless the spec sets varlen."""
-        return tuple(mask_of(key) for key in self.entry if is_packed(key))
+        """The masks of the varlen call (kernel.varlen(...)); empty unless the spec sets varlen."""
+        return tuple(mask_of(key) for key in self.entry if is_varlen(key))
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None, causal: bool = False,
                alignment: str | None = None, scale: float | None = None, return_lse: bool = False, out=None,
                lse_out=None, validate: bool = False):
-        """Attention over packed sequences of different lengths (see attngen.runtime.calls.varlen.varlen_call):
+        """Attention over varlen sequences of different lengths (see attngen.runtime.calls.varlen.varlen_call):
         q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1); returns o
         shaped like q, or (o, lse) with lse fp32 (Hq, total_q)."""
         from .varlen import varlen_call

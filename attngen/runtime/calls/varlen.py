@@ -1,4 +1,4 @@
-"""The packed-sequence (varlen) call of a forward kernel whose spec sets `varlen: true`:
+"""The varlen call of a forward kernel whose spec sets `varlen: true`:
 ``kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=...)`` on torch tensors.
 
 q is (total_q, Hq, D), k and v are (total_k, Hkv, D): the rows of every sequence back to back, as
@@ -12,10 +12,10 @@ from __future__ import annotations
 import numbers
 import threading
 
-from ...core.forward import LOG2E
-from ...core.varlen import packed_key
+from ...core.forward_plan import LOG2E
+from ...core.varlen_plan import varlen_key
 from ..gpu import error_word
-from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, PACKED, Prepared
+from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Prepared
 from .forward import PER_CALL as FORWARD_PER_CALL
 
 INT32_MAX = 2**31 - 1
@@ -26,7 +26,7 @@ POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_orde
 def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
                 causal: bool = False, alignment: str | None = None, scale: float | None = None,
                 return_lse: bool = False, out=None, lse_out=None, validate: bool = False):
-    """Attention of each packed sequence against its own keys.
+    """Attention of each varlen sequence against its own keys.
 
     causal: query row i of a sequence sees its keys j <= i ("top_left", the default, as the padded
     call) or j <= i + len_k - len_q ("bottom_right", FlashAttention's varlen convention); the two
@@ -69,9 +69,9 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
                                        order.data_ptr() if order is not None else 0))
                 return (out, lse) if return_lse else out
     index = kernel._device_index(q)
-    qs = kernel._check_tensor("q", q, PACKED, index)
-    ks = kernel._check_tensor("k", k, PACKED, index)
-    vs = kernel._check_tensor("v", v, PACKED, index)
+    qs = kernel._check_tensor("q", q, VARLEN_LAYOUT, index)
+    ks = kernel._check_tensor("k", k, VARLEN_LAYOUT, index)
+    vs = kernel._check_tensor("v", v, VARLEN_LAYOUT, index)
     total_q, heads, _ = qs
     total_k, kv_heads, _ = ks
     if ks != vs:
@@ -81,9 +81,9 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     if heads > MAX_GRID_YZ:
         raise ValueError(f"heads ({heads}) must be at most {MAX_GRID_YZ} (grid y limit)")
     if max(total_q, total_k) > INT32_MAX:
-        raise ValueError(f"packed tensors of more than {INT32_MAX} rows do not fit int32 offsets")
+        raise ValueError(f"varlen tensors of more than {INT32_MAX} rows do not fit int32 offsets")
     if not kernel.varlen_masks:
-        raise ValueError(f"{kernel.label} has no packed-sequence functions: add `varlen: true` to its spec")
+        raise ValueError(f"{kernel.label} has no varlen functions: add `varlen: true` to its spec")
     mask = kernel._check_mask(causal)
     variant = kernel._mask_variant(mask, causal, alignment)
     batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, index)
@@ -109,7 +109,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     scale = kernel._check_scale(scale)
 
     torch = kernel._torch
-    out = kernel._output(out, q, PACKED, index)
+    out = kernel._output(out, q, VARLEN_LAYOUT, index)
     if lse_out is not None:
         kernel._check_lse(lse_out, (heads, total_q), index)
         return_lse = True
@@ -137,7 +137,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     mask_values = variant.abi_values(alignment, 0, 0)
     for f in kernel._mask_fields:
         values.append(mask_values.get(f.name, f.default))
-    prepared = Prepared(info, kernel._launches(info, (kernel.entry[packed_key(mask)], grid)), packer.pack(values),
+    prepared = Prepared(info, kernel._launches(info, (kernel.entry[varlen_key(mask)], grid)), packer.pack(values),
                         _patch(kernel), (heads, total_q))
     kernel._remember(key, prepared)   # no key when the caller gave out or lse_out, or validates
     kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]))
@@ -215,7 +215,7 @@ def _check_offsets(name: str, cu, index: int) -> int:
 
 def _offsets_on_host(name: str, cu, total: int, where: str) -> list[int]:
     """The sequence lengths of a cu_seqlens tensor, read back and checked: offsets from 0 or more,
-    never decreasing, the last within the `total` rows of the packed tensor."""
+    never decreasing, the last within the `total` rows of the varlen tensor."""
     offsets = cu.tolist()
     if offsets[0] < 0:
         raise ValueError(f"{name}[0] is {offsets[0]}; offsets are row numbers, 0 or more")
@@ -224,7 +224,7 @@ def _offsets_on_host(name: str, cu, total: int, where: str) -> list[int]:
             raise ValueError(f"{name} decreases at sequence {b}: {offsets[b]} then {offsets[b + 1]} (offsets must "
                              f"be cumulative lengths, non-decreasing)")
     if offsets[-1] > total:
-        raise ValueError(f"{name}[-1] is {offsets[-1]} but the packed tensor has {total} rows ({where})")
+        raise ValueError(f"{name}[-1] is {offsets[-1]} but the varlen tensor has {total} rows ({where})")
     return [offsets[b + 1] - offsets[b] for b in range(len(offsets) - 1)]
 
 

@@ -144,7 +144,7 @@ class ForwardSpec(SpecBase):
     mma: str = Field(description="the fragment; it picks the kernel kind")
     varlen: bool = Field(
         default=False,
-        description="also emit a packed-sequence (varlen) function per mask: q/k/v of shape (total, heads, "
+        description="also emit a varlen function per mask: q/k/v of shape (total, heads, "
                     "head_dim) with cu_seqlens_q/k, called as kernel.varlen(...)")
     smem: SharedMemory = SharedMemory()
     softmax: Softmax = Softmax()
@@ -266,7 +266,7 @@ def rule_register_cap(s: ForwardSpec):
                                      f"thread, but the kernel holds at least {need[0]} ({need[1]}); {fix}")
 
 
-# Every forward-shaped kind's tiles go through core.forward.tile_swizzle, and every kind's launch
+# Every forward-shaped kind's tiles go through core.forward_plan.tile_swizzle, and every kind's launch
 # bounds through ptxas: neither is a kind's choice.
 ForwardSpec.shared_rules = (rule_xor_bits, rule_register_cap)
 
@@ -311,7 +311,7 @@ rule_no_warp_roles = refuse(
                f"{{compute: {s.compute_warps}}}"), "rule_no_warp_roles")
 rule_no_varlen = refuse(
     "varlen", lambda s: s.varlen,
-    lambda s: f"packed-sequence (varlen) functions are not generated for {s.mma}; set varlen: false",
+    lambda s: f"varlen functions are not generated for {s.mma}; set varlen: false",
     "rule_no_varlen")
 rule_always_rescales = refuse(
     "softmax.rescale", lambda s: s.softmax.rescale != "always",

@@ -1,13 +1,14 @@
 """What every decode kind shares: the Params fields a split-KV decode adds to the forward ones, the
-packing of query rows, and the number of key slices (splits) a launch uses. The decode call
-(attngen/runtime/calls/decode.py) and each decode kind read these; none of it names a kind."""
+group rows (a KV head's query heads x new tokens), and the number of key slices (splits) a launch
+uses. The decode call (attngen/runtime/calls/decode.py) and each decode kind read these; none of it
+names a kind."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
 
 from .abi import float_pointer, int32, pointer
-from .forward import ForwardPlan
+from .forward_plan import ForwardPlan
 from .function_keys import KeySuffix
 
 MAX_SPLITS = 128
@@ -29,7 +30,7 @@ DECODE_ABI_FIELDS = (
                   optional=True),
     int32("num_splits", "key slices per (KV head, batch); 1: the split kernel writes O itself", default=1),
     int32("tiles_per_split", "K/V tiles of block_n keys each split takes", default=1),
-    int32("row_blocks", "blocks of block_m packed rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)",
+    int32("row_blocks", "blocks of block_m group rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)",
           default=1),
     pointer("block_table", "int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v "
             "are contiguous caches (batch, kv_heads, seqlen_k, head_dim)", optional=True),
@@ -96,7 +97,7 @@ merged_mask = MERGING.mask        # the mask of a split function key, merging or
 
 
 def row_blocks(plan, heads: int, kv_heads: int, seqlen_q: int) -> int:
-    """Blocks of block_m packed rows per KV head."""
+    """Blocks of block_m group rows per KV head."""
     return -(-(heads // kv_heads) * seqlen_q // plan.block_m)
 
 

@@ -12,10 +12,10 @@ from .abi import Abi, float32, float_pointer, int32, int64, pointer
 from .kind import Kind
 from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
                      TileCopy, barrier_region, check_budget, layout_regions, ring_stride, xor_misfit)
-from .spec import ForwardSpec, PadSwizzle, XorSwizzle
+from .spec_keys import ForwardSpec, PadSwizzle, XorSwizzle
 from .variants import MASKS, MaskVariant
 from .input_errors import ERRORS_FIELD
-from .varlen import VARLEN_ABI_FIELDS, is_packed, mask_of, packed_key
+from .varlen_plan import VARLEN_ABI_FIELDS, is_varlen, mask_of, varlen_key
 
 LOG2E = 1.4426950408889634    # scores are exponentiated with exp2: scale * log2(e) folds the change of base
 LN2 = 0.6931471805599453      # and LSE goes back to natural log with ln(2)
@@ -37,8 +37,8 @@ FORWARD_ABI = Abi("Params", (
     pointer("o", "output, shaped like q", const=False),
     float_pointer("lse", "fp32 natural-log LSE of every query row, rows contiguous; null: not written", optional=True),
     *_strides("q", "q"), *_strides("k", "k"), *_strides("v", "v"), *_strides("o", "o"),
-    int64("lse_batch_stride", "lse: elements between batches (heads x seqlen_q padded; 0 packed)"),
-    int64("lse_head_stride", "lse: elements between heads (seqlen_q padded; total_q packed)"),
+    int64("lse_batch_stride", "lse: elements between batches (heads x seqlen_q padded; 0 varlen)"),
+    int64("lse_head_stride", "lse: elements between heads (seqlen_q padded; total_q varlen)"),
     int32("batch", "batch size"),
     int32("heads", "query heads"),
     int32("kv_heads", "key/value heads; heads is a multiple (GQA/MQA)"),
@@ -53,20 +53,20 @@ def tensor_fields(tensor: str) -> tuple[str, ...]:
     return (tensor,) + tuple(f"{tensor}_{d}_stride" for d in ("batch", "head", "row"))
 
 
-def plan_abi(masks, *, packed: bool, reports_errors: bool, through_maps=(), unread=(),
+def plan_abi(masks, *, varlen: bool, reports_errors: bool, through_maps=(), unread=(),
              base: Abi = FORWARD_ABI) -> Abi:
     """The Params of a plan: `base` less the fields its kernels never read, so a generated file
     declares no field it does not use. Left out: the fields of masks the plan has no function for,
-    and of packed sequences (those a mask reads only per sequence too) unless it has packed
+    and of varlen sequences (those a mask reads only per sequence too) unless it has varlen
     functions; the error-flag pointer unless its kernels report input errors; the pointer and
     strides of the tensors it loads through TMA maps (the maps carry them); and the `unread` fields a
     kind's kernels never read."""
     names = {f.name for f in base.fields}
     unread = set(unread) | {f.name for m in MASKS.values() if m not in masks for f in m.abi_fields}
-    if not packed:
-        unread |= {n for m in masks for n in m.packed_only}
+    if not varlen:
+        unread |= {n for m in masks for n in m.varlen_only}
         unread |= {f.name for f in VARLEN_ABI_FIELDS if f.name != ERRORS_FIELD.name}
-    if not (packed or reports_errors):
+    if not (varlen or reports_errors):
         unread.add(ERRORS_FIELD.name)
     for tensor in through_maps:
         unread |= set(tensor_fields(tensor))
@@ -81,7 +81,7 @@ class Part:
     template: str                              # template file in the kind's folder
     file_name: str                             # generated/<file_name>
     functions: tuple[tuple[str, str], ...]     # (function key, extern "C" function name); the key is a mask,
-                                               # or core.varlen.packed_key(mask) for packed sequences
+                                               # or core.varlen_plan.varlen_key(mask) for varlen sequences
     static_smem: int | None = None             # shared memory its kernels declare statically; None: the plan's
     threads: int | None = None                 # threads per block of its kernels; None: the plan's
     reads: tuple[str, ...] = ()                # the Params fields its kernels read when not all of them: its
@@ -131,7 +131,7 @@ class ForwardPlan:
     schedule: tuple[str, ...] = ()  # the hand-off, step by step, for explain
     copy_engine: str = ""           # how K/V tiles travel, for explain (default: from async_copy)
     arch_suffix: str = ""           # "a": needs the arch-specific target (sm_90a: wgmma, setmaxnreg)
-    tensor_maps: tuple = ()         # TMA tensor maps the runtime encodes per call (core.tma.TensorMapSpec)
+    tensor_maps: tuple = ()         # TMA tensor maps the runtime encodes per call (core.tensor_maps.TensorMapSpec)
     params_qualifier: str = ""      # "__grid_constant__ ": Params stays in parameter space (TMA maps need its address)
     persistent: bool = False        # one resident block per SM loops over every query block (grid = SM count)
     block_text: tuple[str, ...] = ()  # explain's block, threads and masks lines when the forward ones do not fit
@@ -159,7 +159,7 @@ class ForwardPlan:
     @property
     def entry_functions(self) -> dict[str, str]:
         """function key -> function name of the part a call launches first (the bundle's entry,
-        parts[0]); keys are masks, plus their packed keys in a varlen spec."""
+        parts[0]); keys are masks, plus their varlen keys in a varlen spec."""
         return dict(self.parts[0].functions)
 
     @property
@@ -170,17 +170,17 @@ class ForwardPlan:
                 if self.key_mask(key) in cpp}
 
     def key_mask(self, key: str) -> str:
-        """The mask a function key runs (a packed-sequence key without its suffix)."""
+        """The mask a function key runs (a varlen key without its suffix)."""
         return mask_of(key)
 
     @property
     def varlen(self) -> bool:
-        """The bundle emits packed-sequence (varlen) functions."""
-        return any(is_packed(key) for key, _ in self.functions)
+        """The bundle emits varlen functions."""
+        return any(is_varlen(key) for key, _ in self.functions)
 
     def body(self, key: str) -> str:
-        """The C++ function an entry point runs: attention, or attention_packed for packed sequences."""
-        return "attention_packed" if is_packed(key) else "attention"
+        """The C++ function an entry point runs: attention, or attention_varlen for varlen sequences."""
+        return "attention_varlen" if is_varlen(key) else "attention"
 
     @property
     def occupancy(self) -> Occupancy:
@@ -231,8 +231,8 @@ def function_name(spec: ForwardSpec, key: str) -> str:
 
 def forward_functions(spec: ForwardSpec) -> tuple[tuple[str, str], ...]:
     """(key, name) of every kernel function: one per mask, then with `varlen` one per mask for
-    packed sequences."""
-    keys = list(spec.masks) + ([packed_key(m) for m in spec.masks] if spec.varlen else [])
+    varlen sequences."""
+    keys = list(spec.masks) + ([varlen_key(m) for m in spec.masks] if spec.varlen else [])
     return tuple((key, function_name(spec, key)) for key in keys)
 
 
@@ -342,7 +342,7 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
         spec=spec, kind=kind, title=title, target=target, masks=tuple(spec.masks),
         mask_variants=tuple(MASKS[m] for m in spec.masks),
         parts=(Part("fwd", template, f"{spec.name}.cu", functions),),
-        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), packed=spec.varlen, reports_errors=False),
+        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), varlen=spec.varlen, reports_errors=False),
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=spec.head_dim,
         block_m=spec.tile.block_m, block_n=spec.tile.block_n,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps,
