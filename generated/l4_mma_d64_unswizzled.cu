@@ -221,10 +221,13 @@ __device__ __forceinline__ int visible_keys(int row, int seqlen_k, int causal_of
     else return seqlen_k;
 }
 
-// visible_keys of a row of the call's Params.
-template <Mask kMask>
-__device__ __forceinline__ int key_end(int row, const Params& p) {
-    return visible_keys<kMask>(row, p.seqlen_k, p.causal_offset);
+// visible_keys of a row of the call's Params. A plan's Params carries only the fields of the masks
+// it has, so each mask's fields are read in its own branch; P is a template parameter so that the
+// branches of the masks a plan lacks are discarded, never checked against its Params.
+template <Mask kMask, typename P>
+__device__ __forceinline__ int key_end(int row, const P& p) {
+    if constexpr (kMask == Mask::Causal) return visible_keys<kMask>(row, p.seqlen_k, p.causal_offset);
+    else return visible_keys<kMask>(row, p.seqlen_k, 0);
 }
 
 // The mask gives later rows more keys (so later query blocks are longer).

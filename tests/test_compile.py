@@ -281,3 +281,22 @@ def test_cubin_records_parse_whole_sections():
     assert [a for a, _ in _records(info)] == [0x4C, 0x17, 0x1B]
     with pytest.raises(ValueError):
         list(_records(bytes([9, 1, 0, 0])))
+
+
+# One spec of each kind (the mma one with varlen functions), re-planned with a single mask: a plan's
+# Params carries only its masks' fields, so a kernel must compile without the others'.
+ONE_MASK_SPECS = ("phase4", "phase5_wmma", "h100_mma_d128_m128n32w4s4x3", "h100_wgmma_d128", "h200_decode_d128")
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("mask", ["none", "causal"])
+@pytest.mark.parametrize("name", ONE_MASK_SPECS)
+def test_a_spec_with_one_mask_compiles(name, mask):
+    from attngen.render import render_parts
+    spec = load_spec(ROOT / "specs" / f"{name}.yaml")
+    plan = make_plan(spec.model_copy(update={"name": f"{name}_{mask}_only", "masks": [mask]}))
+    assert {f.name for f in plan.abi.fields} & {"causal_offset", "causal_from_end"} == set() or mask == "causal"
+    arch = plan.compile_arch(plan.target.arch)
+    for part in render_parts(plan, f"specs/{name}.yaml", ""):
+        result = compile_source(part.source, arch)
+        assert result.functions, part.file_name
