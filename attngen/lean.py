@@ -71,7 +71,7 @@ def definitions(lines: list[str]) -> list[Definition]:
             i += 1
             continue
         lead = i
-        while lead > 0 and lines[lead - 1].lstrip().startswith("//") and lines[lead - 1].startswith("//"):
+        while lead > 0 and lines[lead - 1].startswith("//"):   # comments at the start of a line
             lead -= 1
         heads_group = lead < i and prev_end < 0
         depth, j, text = 0, i, ""
