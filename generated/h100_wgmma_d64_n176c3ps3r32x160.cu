@@ -47,8 +47,8 @@
 //   threads: 512 = 12 compute warp(s) + 4 producer warp(s); each compute warp owns 16 query rows
 //   warpgroups: 3 consumer(s) x 64 rows + 1 producer; S 88 + O 32 fp32 accumulator registers per consumer thread
 //   wgmma per tile per consumer warpgroup: 4 x m64n176k16 (Q.K^T, SS) + 11 x m64n64k16 (P.V, RS, V MN-major)
-//   TMA: Q 24576 B once, K and V 22528 B each per stage, in 1 64-column panel(s) each, issued by thread 384 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 192, 128B swizzle, rows past the sequence read as zeros; k: 4-D (head_dim, seq, heads, batch), box 64 x 176, 128B swizzle, rows past the sequence read as zeros; v: 4-D (head_dim, seq, heads, batch), box 64 x 176, 128B swizzle, rows past the sequence read as zeros
-//   descriptors: 128-byte swizzle, K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V (LBO 22528 B between 64-column panels, SBO 1024 B, k16 step +2048 B)
+//   TMA: Q 24576 B once, K and V 22528 B each per stage, in 1 64-column panel(s) each, issued by thread 384 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 192, 128B swizzle, rows and columns past the tensor read as zeros; k: 4-D (head_dim, seq, heads, batch), box 64 x 176, 128B swizzle, rows and columns past the tensor read as zeros; v: 4-D (head_dim, seq, heads, batch), box 64 x 176, 128B swizzle, rows and columns past the tensor read as zeros
+//   descriptors: 128-byte swizzle (mode 1), K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V (LBO 22528 B between panels, SBO 1024 B, k16 step +2048 B)
 //   registers: setmaxnreg producer 32, consumer 160
 //   online softmax: exp2 with the scale folded in; rescale always
 //   epilogue: registers (4-byte stores of the accumulators)
@@ -123,6 +123,7 @@ namespace attngen_h100_wgmma_d64_n176c3ps3r32x160 {
 // Tile shape and block (from the plan).
 constexpr int kBlockM = 192;        // query rows per block
 constexpr int kBlockN = 176;        // keys per K/V tile
+constexpr int kHeadDim = 64;
 constexpr int kThreads = 512;
 constexpr int kComputeWarps = 12;
 constexpr int kChunksPerRow = 8;  // 16-byte chunks in one row of head_dim
@@ -383,11 +384,12 @@ __device__ __forceinline__ void bulk_wait_group_read() {
 // Make this thread's ordinary shared-memory writes visible to the async proxy (a TMA store reads there).
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// A 64-bit shared-memory matrix descriptor for a 128-byte-swizzled tile (start in a 1024-aligned
-// tile): start address, leading and stride byte offsets, all in 16-byte units; swizzle mode 1.
-__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+// A 64-bit shared-memory matrix descriptor of a swizzled tile (start in a tile aligned to its
+// swizzle's repeat): start address, leading and stride byte offsets, all in 16-byte units, and the
+// swizzle mode (1: 128-byte, 2: 64-byte, 3: 32-byte).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes, uint32_t mode) {
     return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16 |
-           static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32 | static_cast<uint64_t>(1) << 62;
+           static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32 | static_cast<uint64_t>(mode) << 62;
 }
 
 // Order register writes of ordinary code before the wgmma that reads them (accumulators, A fragments).
@@ -428,7 +430,7 @@ __device__ __forceinline__ void wgmma_rs_m64n64(float (&d)[32], const uint32_t (
 }
 
 constexpr int kConsumerWarpgroups = 3;
-constexpr int kPanels = 1;          // 64-column panels of head_dim
+constexpr int kPanels = 1;          // swizzled panels of a Q/K/V tile (head_dim in whole panels)
 constexpr int kSRegs = 88;           // S accumulators per thread
 constexpr int kORegs = 32;           // O accumulators per thread
 constexpr int kKStepsQK = 4;    // k16 steps of Q.K^T
@@ -450,12 +452,14 @@ constexpr int kWarpgroupThreads = 128;
 enum class Epilogue { kRegisters, kShared, kTma };
 constexpr Epilogue kEpilogue = Epilogue::kRegisters;
 constexpr int kPanelCols = 64;          // elements in one swizzled row (TMA box width)
-constexpr int kPanelRowBytes = 128;     // bytes of one swizzled row
+constexpr int kPanelRowBytes = 128;     // bytes of one swizzled row: the swizzle's span
+constexpr int kPanelChunks = kPanelRowBytes / 16;                       // 16-byte chunks in one (the XOR's range)
+constexpr int kDescriptorMode = 1;       // the swizzle in a wgmma descriptor
 constexpr int kSwizzleAtomBytes = 1024;  // 8 rows: every descriptor's stride byte offset
 constexpr int kKMajorLBO = 16;        // leading byte offset of K-major Q and K
 constexpr int kKStepBytes = 32;            // a k16 step inside a K-major panel
 constexpr int kKStepsPerPanel = 4;
-constexpr int kVPanelBytes = 22528;           // MN-major V: bytes between 64-column panels
+constexpr int kVPanelBytes = 22528;           // MN-major V: bytes between panels
 constexpr int kVStepBytes = 2048;            // MN-major V: a k16 step (16 key rows)
 constexpr int kRowsPerWarpgroup = 64;  // the M of every wgmma
 constexpr int kTurnThreads = 256;           // threads of a ping-pong turn barrier
@@ -471,7 +475,7 @@ constexpr int kEmptyV = kSeparateKVBarriers ? kEmptyK + kStages * kBarrierBytes 
 constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full: the Q tile has landed
 constexpr int kQEmptyBar = kQBar + kBarrierBytes;             // q_empty (persistent): the Q tile may be replaced
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
-              kStageStride % kSwizzleAtomBytes == 0, "128-byte swizzled tiles must be 1024-byte aligned");
+              kStageStride % kSwizzleAtomBytes == 0, "swizzled tiles start on their swizzle's repeat");
 
 // Ping-pong turns: warpgroup w waits for its turn before issuing GEMMs and hands the turn to the
 // other after; each phase of a turn barrier counts both warpgroups' 256 threads.
@@ -524,19 +528,19 @@ __device__ __forceinline__ void prefetch_tensor_maps(const Params& p) {
 }
 
 // Descriptors of one k16 step: Q rows of this warpgroup (A, K-major) and the K tile (B, K-major):
-// a 64-column panel holds 4 steps, 32 bytes apart.
+// a panel holds kKStepsPerPanel steps, 32 bytes apart.
 __device__ __forceinline__ uint64_t q_desc(uint32_t sQ, int wg_row0, int kk) {
-    return smem_desc_sw128(sQ + (kk / kKStepsPerPanel) * (kBlockM * kPanelRowBytes) + wg_row0 * kPanelRowBytes +
-                           (kk % kKStepsPerPanel) * kKStepBytes, kKMajorLBO, kSwizzleAtomBytes);
+    return smem_desc(sQ + (kk / kKStepsPerPanel) * (kBlockM * kPanelRowBytes) + wg_row0 * kPanelRowBytes +
+                     (kk % kKStepsPerPanel) * kKStepBytes, kKMajorLBO, kSwizzleAtomBytes, kDescriptorMode);
 }
 __device__ __forceinline__ uint64_t k_desc(uint32_t sK, int kk) {
-    return smem_desc_sw128(sK + (kk / kKStepsPerPanel) * (kBlockN * kPanelRowBytes) + (kk % kKStepsPerPanel) * kKStepBytes,
-                           kKMajorLBO, kSwizzleAtomBytes);
+    return smem_desc(sK + (kk / kKStepsPerPanel) * (kBlockN * kPanelRowBytes) + (kk % kKStepsPerPanel) * kKStepBytes,
+                     kKMajorLBO, kSwizzleAtomBytes, kDescriptorMode);
 }
-// V (B of P.V, MN-major: keys are rows, head_dim contiguous): 16 keys per step; 64-column panels
-// of head_dim are kBlockN rows apart (the leading byte offset).
+// V (B of P.V, MN-major: keys are rows, head_dim contiguous): 16 keys per step; the panels of
+// head_dim are kBlockN rows apart (the leading byte offset).
 __device__ __forceinline__ uint64_t v_desc(uint32_t sV, int kc) {
-    return smem_desc_sw128(sV + kc * kVStepBytes, kVPanelBytes, kSwizzleAtomBytes);
+    return smem_desc(sV + kc * kVStepBytes, kVPanelBytes, kSwizzleAtomBytes, kDescriptorMode);
 }
 
 // Issue S = Q.K^T for this warpgroup's 64 rows against one K tile (one commit group).
@@ -616,21 +620,23 @@ __device__ __forceinline__ void store_output(const float (&o)[kORegs], const flo
         const float inv = finish_row<4>(row_max[h], row_sum[h], p, c, row, lane % 4 == 0);
         if (row >= p.seqlen_q) continue;
 #pragma unroll
-        for (int j = 0; j < kORegs / 4; ++j)
+        for (int j = 0; j < kHeadDim / 8; ++j)   // column groups past head_dim (padding) are not stored
             *reinterpret_cast<elem2_t*>(out + row * p.o_row_stride + 8 * j + 2 * (lane % 4)) =
                 from_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     }
 }
 
-// Byte address of 16-byte chunk `chunk` (of head_dim / 8) of row `row` in a 128-byte-swizzled
-// [panel][kBlockM rows][64] tile: chunk j of a panel row r sits at chunk j ^ (r % 8).
+// Byte address of 16-byte chunk `chunk` (of the tile's columns / 8) of row `row` in a swizzled
+// [panel][kBlockM rows][kPanelCols] tile. The swizzle XORs address bits 4.. with bits 7..: chunk j of
+// panel row r sits at chunk j ^ (r / (8 / kPanelChunks) % kPanelChunks) (128-byte panels: j ^ (r % 8)).
 __device__ __forceinline__ uint32_t swizzled_chunk(uint32_t tile, int row, int chunk) {
-    return tile + (chunk / 8) * (kBlockM * kPanelRowBytes) + row * kPanelRowBytes + (((chunk % 8) ^ (row % 8)) * 16);
+    return tile + (chunk / kPanelChunks) * (kBlockM * kPanelRowBytes) + row * kPanelRowBytes +
+           (((chunk % kPanelChunks) ^ (row / (8 / kPanelChunks) % kPanelChunks)) * 16);
 }
 
 // Staged epilogues: this warp's 16 rows of O, normalised and rounded, over the same rows of the Q
 // tile (the warpgroup's last GEMM that read them has completed). A warp's 4-byte writes of one column
-// chunk cover 8 rows x 16 bytes in 8 different swizzled chunks: all 32 banks.
+// chunk cover 8 rows x 16 bytes in 8 different 16-byte slots of a 128-byte line: all 32 banks.
 __device__ __forceinline__ void stage_output(uint32_t sQ, const float (&o)[kORegs], const float (&inv)[2], int tile_row0,
                                              int lane) {
 #pragma unroll
@@ -648,15 +654,16 @@ __device__ __forceinline__ void sync_warpgroup(int warpgroup) {
     asm volatile("bar.sync %0, %1;\n" :: "r"(kEpilogueBarrier + warpgroup), "n"(kWarpgroupThreads) : "memory");
 }
 
-// kShared: the warpgroup's 64 staged rows to global memory, 16 bytes per thread and step; a warp's
-// 8 consecutive threads read one 128-byte swizzled row (conflict-free) and write it contiguously.
+// kShared: the warpgroup's 64 staged rows (their head_dim columns) to global memory, 16 bytes per
+// thread and step; a warp's consecutive threads read a row's chunks and write them contiguously.
 __device__ __forceinline__ void copy_out_rows(uint32_t sQ, const Params& p, const BlockCoords& c, int wg_row0, int wg_tid) {
     elem_t* out = output_ptr(p, c);
-    constexpr int kSteps = kRowsPerWarpgroup * kChunksPerRow / kWarpgroupThreads;
-    static_assert(kRowsPerWarpgroup * kChunksPerRow % kWarpgroupThreads == 0, "whole steps of 16-byte chunks");
+    constexpr int kChunks = kRowsPerWarpgroup * kChunksPerRow;
+    constexpr int kSteps = (kChunks + kWarpgroupThreads - 1) / kWarpgroupThreads;
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
         const int idx = wg_tid + i * kWarpgroupThreads, r = wg_row0 + idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+        if (kChunks % kWarpgroupThreads && idx >= kChunks) break;
         uint4 v;
 
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -665,9 +672,9 @@ __device__ __forceinline__ void copy_out_rows(uint32_t sQ, const Params& p, cons
     }
 }
 
-// kTma: one TMA store per 64-column panel of the warpgroup's rows, by its first thread, which waits
-// until the copies have read shared memory (before the rows are reused or the block exits). A
-// template so that Params needs a tma_o map only in plans that store through TMA.
+// kTma: one TMA store per panel of the warpgroup's rows (columns past head_dim are dropped), by its
+// first thread, which waits until the copies have read shared memory (before the rows are reused or
+// the block exits). A template so that Params needs a tma_o map only in plans that store through TMA.
 template <typename P>
 __device__ __forceinline__ void tma_store_rows(uint32_t sQ, const P& p, const BlockCoords& c, int wg_row0) {
 #pragma unroll

@@ -367,6 +367,8 @@ constexpr int kKeysPerWarp = 32;  // keys of a tile one warp scores
 constexpr int kNTiles = 4;            // 8-key S tiles per warp
 constexpr int kDTiles = 8;            // 8-column O tiles
 constexpr int kKStepsQK = 4;
+constexpr bool kQHeld = true;   // Q fragments in registers for the whole kernel
+constexpr int kQHeldSteps = kQHeld ? kKStepsQK : 1;
 constexpr int kKStepsPV = 2;
 constexpr int kMergePitch = 72;    // floats per row of a warp's O in the merge buffer
 constexpr int kMergeBytes = 18432;
@@ -487,28 +489,57 @@ __device__ __forceinline__ void load_kv(uint32_t smem_addr, const Params& p, con
     }
 }
 
-// S = Q.K^T for this warp's keys [key_w0, key_w0 + kKeysPerWarp) of the tile in sK.
-__device__ __forceinline__ void score_tile(float (&s)[kMTiles][kNTiles][4], const uint32_t (&qf)[kMTiles][kKStepsQK][4],
-                                           uint32_t sK, int key_w0, int lane) {
+// The A fragment of Q's 16-row tile mt at k-step kk, as ldmatrix reads it from the Q tile.
+__device__ __forceinline__ void load_q_fragment(uint32_t (&a)[4], uint32_t sQ, int mt, int kk, int lane) {
+    ldmatrix_x4(a, sQ + tile_offset(16 * mt + lane % 8 + (lane / 8) % 2 * 8, 2 * kk + lane / 16));
+}
+
+// One k-step of S = Q.K^T for this warp's keys [key_w0, key_w0 + kKeysPerWarp) of the tile in sK,
+// with Q's A fragments of the step in q.
+__device__ __forceinline__ void score_step(float (&s)[kMTiles][kNTiles][4], const uint32_t (&q)[kMTiles][4],
+                                           uint32_t sK, int kk, int key_w0, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; nt += 2) {
+        // matrices: keys +0..7 (dims of the step's halves 0, 1), keys +8..15 (0, 1)
+        uint32_t b[4];
+        ldmatrix_x4(b, sK + tile_offset(key_w0 + nt * 8 + lane % 8 + lane / 16 * 8, 2 * kk + (lane / 8) % 2));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_m16n8k16(s[mt][nt], q[mt], b[0], b[1]);
+            mma_m16n8k16(s[mt][nt + 1], q[mt], b[2], b[3]);
+        }
+    }
+}
+
+// S = Q.K^T for this warp's keys of the tile in sK. Q's fragments are held (qf), or read from the Q
+// tile in sQ at every k-step when they would not fit (kQHeldSteps 1): then two steps at a time, so
+// a step's loads stay next to its mma (fully unrolled, every step's loads were hoisted and spilled).
+__device__ __forceinline__ void score_tile(float (&s)[kMTiles][kNTiles][4], const uint32_t (&qf)[kMTiles][kQHeldSteps][4],
+                                           uint32_t sQ, uint32_t sK, int key_w0, int lane) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
             for (int v = 0; v < 4; ++v) s[mt][nt][v] = 0.f;
+    uint32_t q[kMTiles][4];
+    if constexpr (kQHeld) {
 #pragma unroll
-    for (int kk = 0; kk < kKStepsQK; ++kk)
+        for (int kk = 0; kk < kKStepsQK; ++kk) {
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; nt += 2) {
-            // matrices: keys +0..7 (dims of the step's halves 0, 1), keys +8..15 (0, 1)
-            uint32_t b[4];
-            ldmatrix_x4(b, sK + tile_offset(key_w0 + nt * 8 + lane % 8 + lane / 16 * 8, 2 * kk + (lane / 8) % 2));
+            for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-                mma_m16n8k16(s[mt][nt], qf[mt][kk], b[0], b[1]);
-                mma_m16n8k16(s[mt][nt + 1], qf[mt][kk], b[2], b[3]);
-            }
+                for (int r = 0; r < 4; ++r) q[mt][r] = qf[mt][kk][r];
+            score_step(s, q, sK, kk, key_w0, lane);
         }
+    } else {
+#pragma unroll 2
+        for (int kk = 0; kk < kKStepsQK; ++kk) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) load_q_fragment(q[mt], sQ, mt, kk, lane);
+            score_step(s, q, sK, kk, key_w0, lane);
+        }
+    }
 }
 
 // O += P.V over the warp's keys: the S accumulators of keys 16kc..16kc+15 are the A fragment of
@@ -718,12 +749,13 @@ __device__ __forceinline__ void attention(const Params& p) {
     }
     load_q(smem, p, c, tid);
     __syncthreads();
-    uint32_t qf[kMTiles][kKStepsQK][4];
+    uint32_t qf[kMTiles][kQHeldSteps][4];
+    if constexpr (kQHeld) {
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+        for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int kk = 0; kk < kKStepsQK; ++kk)
-            ldmatrix_x4(qf[mt][kk], smem_addr + kSmem_q + tile_offset(16 * mt + lane % 8 + (lane / 8) % 2 * 8, 2 * kk + lane / 16));
+            for (int kk = 0; kk < kKStepsQK; ++kk) load_q_fragment(qf[mt][kk], smem_addr + kSmem_q, mt, kk, lane);
+    }
 
     // Where each of this thread's rows stops seeing keys, and from which key any row of the block does.
     int row_end[kMTiles][2];
@@ -754,7 +786,7 @@ __device__ __forceinline__ void attention(const Params& p) {
         pages = tile_pages(p, c, first + i + kStages);   // used next iteration
         const uint32_t slot = smem_addr + (i % kStages) * kStageStride;
         float s[kMTiles][kNTiles][4];
-        score_tile(s, qf, slot + kSmem_k0, key_w0, lane);
+        score_tile(s, qf, smem_addr + kSmem_q, slot + kSmem_k0, key_w0, lane);
         const int key0 = (first + i) * kBlockN + key_w0;
         if (key0 + kKeysPerWarp > mask_from) {   // past the sequence, or a causal row's own position
 #pragma unroll

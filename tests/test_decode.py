@@ -45,6 +45,22 @@ def test_plan_is_a_two_part_bundle():
     assert "merge:" in text and "splits: at most 128" in text
 
 
+def test_q_fragments_are_held_where_they_fit():
+    """d128: Q's fragments stay in registers beside S and O; d256: O alone takes 128 accumulators, so
+    the plan reads Q from its tile at every k-step (explain says why) and the rule counts S and O only."""
+    held = make_plan(load_spec(D128))
+    assert held.fragments.q_regs == 32 and held.q_in_registers
+    read = make_plan(load_spec(ROOT / "specs" / "h200_decode_d256.yaml"))
+    assert (read.fragments.q_regs, read.fragments.accumulators, read.q_in_registers) == (0, 136, False)
+    assert "Q read from its tile at every k-step" in explain(read)
+    assert read.spec.register_need()[0] == 136
+    # 32 rows of d256 hold 272 accumulators: refused, with the fix
+    text = (ROOT / "specs" / "h200_decode_d256.yaml").read_text().replace("block_m: 16", "block_m: 32")
+    with pytest.raises(SpecError) as info:
+        make_plan(parse_spec(text, file="x.yaml"), file="x.yaml")
+    assert info.value.key == "tile.block_m" and "hold S and O for 32 rows" in info.value.message
+
+
 def test_merge_buffer_must_fit_over_the_ring():
     text = (ROOT / "specs" / "h200_decode_d64.yaml").read_text().replace("block_n: 128", "block_n: 64")
     text = text.replace("stages: 3", "stages: 2").replace("block_m: 16", "block_m: 32")

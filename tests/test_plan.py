@@ -370,6 +370,36 @@ def test_wgmma_epilogue(epilogue, maps):
     assert ("Q tile" in p.schedule[-2]) == (epilogue != "registers")
 
 
+@pytest.mark.parametrize("head_dim, swizzle, tile_dim, mode, tma", [
+    (96, "{xor_bits: 2, row_shift: 1}", 96, 2, "64B"), (80, "{xor_bits: 1, row_shift: 2}", 80, 3, "32B"),
+    (40, "{xor_bits: 1, row_shift: 2}", 48, 3, "32B"), (40, "{xor_bits: 3}", 64, 1, "128B"),
+    (160, "{xor_bits: 2, row_shift: 1}", 160, 2, "64B")])
+def test_wgmma_panels_of_any_head_dim(head_dim, swizzle, tile_dim, mode, tma):
+    """Head dims that are not multiples of 64 take 64- or 32-byte swizzled panels (or pad to whole
+    panels): the descriptors' mode, stride and V offsets, the TMA boxes and transaction bytes, the
+    accumulators and the P.V width all follow the panel, and a padded tile says so in explain."""
+    text = (spec_text(head_dim=head_dim, block_m=192, block_n=128, warps="{producer: 4, consumer: 12}",
+                      mma="wgmma_m64nNk16", smem=f"{{swizzle: {swizzle}, stages: 2, async_copy: true, opt_in: true}}",
+                      target="h100") + "registers: {producer: 32, consumer: 160}\n")
+    p = plan_of(text)
+    f, row = p.fragments, {"128B": 128, "64B": 64, "32B": 32}[tma]
+    assert (f.tile_dim, f.panels, f.panel_cols, f.panel_row_bytes) == (tile_dim, tile_dim * 2 // row, row // 2, row)
+    assert (f.descriptor_mode, f.swizzle_atom_bytes, f.k_steps_per_panel) == (mode, 8 * row, row // 32)
+    assert (f.v_lbo_bytes, f.v_step_bytes, f.o_regs, f.k_steps_qk) == (128 * row, 16 * row, tile_dim // 2, tile_dim // 16)
+    assert (f.q_bytes, f.tile_bytes) == (192 * tile_dim * 2, 128 * tile_dim * 2)   # zero-filled columns count
+    assert p.region("q").bytes == 192 * tile_dim * 2 and all(r.offset % 1024 == 0 for r in p.regions if r.name != "bars")
+    assert {(m.box_cols, m.swizzle) for m in p.tensor_maps} == {(row // 2, tma)}
+    assert (p.head_dim, p.chunks_per_row) == (head_dim, head_dim // 8)   # what the runtime checks and stores
+    # The plan's swizzle is the TMA pattern: 16-byte chunk c of panel row r at c ^ (r / (8 / chunks) % chunks).
+    chunks = row // 16
+    assert all(p.swizzle.chunk_offset(r, c) == r * row + 16 * (c ^ (r // (8 // chunks) % chunks))
+               for r in range(16) for c in range(chunks))
+    padded = [line for line in explain(p).splitlines() if "padded to" in line]
+    assert bool(padded) == (tile_dim != head_dim)
+    if padded:
+        assert f"head_dim {head_dim} padded to {tile_dim} columns" in padded[0]
+
+
 def test_wgmma_layout_and_numbers():
     """Hopper kind: 128-byte-swizzled tiles on 1024-byte boundaries, [panels][rows][64] each; a K/V
     ring; full and empty mbarriers of K and of V per stage and one for Q; TMA transaction bytes; sm_90a."""

@@ -25,7 +25,7 @@ def base_specs() -> dict:
 
 
 BASES = base_specs()
-XOR_KINDS = ("fwd_mma", "decode_mma")     # the kinds whose tiles take any XOR width (wgmma: 128-byte panels only)
+XOR_KINDS = ("fwd_mma", "decode_mma")     # the kinds whose tiles take any XOR width (wgmma: TMA's panel swizzles)
 
 
 def test_every_kind_has_a_base_spec():
@@ -37,9 +37,10 @@ def tile_rows(plan) -> int:
 
 
 def assert_chunks_stay_in_their_tile(plan):
-    # A row of the address function: a tile row, or one 128-byte panel row of the wgmma tiles.
+    # A row of the address function: a tile row, or one panel row of the wgmma tiles (whole panels:
+    # a padded head_dim's last panel row is permuted whole).
     sw, rows = plan.swizzle, tile_rows(plan)
-    chunks = min(plan.chunks_per_row, sw.pitch_bytes // 16)
+    chunks = sw.pitch_bytes // 16 if sw.is_xor else min(plan.chunks_per_row, sw.pitch_bytes // 16)
     seen = set()
     for row in range(rows):
         for chunk in range(chunks):
@@ -67,7 +68,9 @@ def test_swizzle_sweep(kind, xor_bits):
                 refused += 1
             continue   # refused for another rule of the kind (head dims it does not take, budgets)
         if plan.swizzle.is_xor:
-            assert plan.chunks_per_row % (1 << plan.swizzle.xor_bits) == 0, f"{kind} d{head_dim} accepted"
+            permuted = min(plan.chunks_per_row, plan.swizzle.pitch_bytes // 16) if kind != "fwd_wgmma" else \
+                plan.swizzle.pitch_bytes // 16
+            assert permuted % (1 << plan.swizzle.xor_bits) == 0, f"{kind} d{head_dim} accepted"
         assert_chunks_stay_in_their_tile(plan)
         accepted += 1
     if xor_bits and kind in XOR_KINDS:

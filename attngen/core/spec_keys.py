@@ -178,6 +178,11 @@ class ForwardSpec(SpecBase):
         w = self.warps
         return w.producer if isinstance(w, SpecializedWarps) else 0
 
+    def swizzled_row_chunks(self) -> int:
+        """16-byte chunks in the row an XOR swizzle permutes: a row of head_dim (kinds that store
+        their tiles in narrower panels say so)."""
+        return self.head_dim * self.elem_bytes // 16
+
     def register_need(self) -> tuple[int, str] | None:
         """(registers per thread the kernel needs at least, what they hold), for kinds that know it
         (their accumulators and fragments); None: the kind does not say."""
@@ -242,7 +247,7 @@ def rule_pad_bytes(s: ForwardSpec):
 def rule_xor_bits(s: ForwardSpec):
     sw = s.smem.swizzle
     if isinstance(sw, XorSwizzle):
-        problem = xor_misfit(s.head_dim * s.elem_bytes // 16, sw.xor_bits, s.head_dim)
+        problem = xor_misfit(s.swizzled_row_chunks(), sw.xor_bits, s.head_dim)
         if problem:
             return "smem.swizzle.xor_bits", problem
 

@@ -8,15 +8,14 @@ from dataclasses import dataclass
 
 MAP_BYTES = 128           # one CUtensorMap
 MAP_ALIGN = 64            # its required alignment
-SWIZZLE_128B_COLS = 64    # 16-bit elements in one 128-byte swizzled row: the widest box row with SWIZZLE_128B
 
 
 @dataclass(frozen=True)
 class TensorMapSpec:
     tensor: str           # q, k, v or o: the (batch, heads, seq, head_dim) tensor it describes
     box_rows: int         # sequence rows one copy moves
-    box_cols: int = SWIZZLE_128B_COLS
-    swizzle: str = "128B"
+    box_cols: int         # head_dim columns one copy moves: one swizzled panel row
+    swizzle: str          # 128B, 64B or 32B (CUtensorMapSwizzle); the box row spans its bytes
     store: bool = False   # written by the kernel (TMA store): rows past the sequence are dropped
 
     @property
@@ -26,5 +25,5 @@ class TensorMapSpec:
 
     def describe(self) -> str:
         return (f"{self.tensor}: 4-D (head_dim, seq, heads, batch), box {self.box_cols} x {self.box_rows}, "
-                f"{self.swizzle} swizzle, " + ("stored; rows past the sequence are not written" if self.store
-                                               else "rows past the sequence read as zeros"))
+                f"{self.swizzle} swizzle, " + ("stored; rows and columns past the tensor are not written" if self.store
+                                               else "rows and columns past the tensor read as zeros"))

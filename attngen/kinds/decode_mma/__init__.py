@@ -32,8 +32,8 @@ COMBINE_WARPS = 4           # output rows per combine block (one warp each)
 # The Params fields the combine kernel reads: it launches with the split kernel's Params bytes.
 COMBINE_READS = ("o", "lse", "o_batch_stride", "o_head_stride", "o_row_stride", "batch", "heads", "seqlen_q",
                  "o_accum", "lse_accum", "num_splits")
-MAX_ACCUMULATORS = 160      # S + O accumulators and Q fragments per thread the rules allow (255 registers in all;
-                            # 224 at d128 x 32 rows spilled 172 B)
+MAX_ACCUMULATORS = 160      # S + O accumulators and held Q fragments per thread the rules allow (255 registers in
+                            # all; 224 at d128 x 32 rows spilled 172 B, 200 at d256 x 16 rows 64 B)
 
 
 
@@ -55,7 +55,9 @@ class DecodeSpec(ForwardSpec):
     key_unit_why = "k16 steps of P.V"
 
     def register_need(self):
-        return accumulators(self) + q_registers(self), "fp32 S and O accumulators and Q fragments"
+        if holds_q(self):
+            return accumulators(self) + q_registers(self), "fp32 S and O accumulators and Q fragments"
+        return accumulators(self), "fp32 S and O accumulators"
 
 
 def rule_homogeneous(s):
@@ -88,16 +90,22 @@ def accumulators(s) -> int:
 
 
 def q_registers(s) -> int:
-    """Registers of the Q fragments, loaded once and held for the whole kernel."""
+    """Registers of the Q fragments, were they loaded once and held for the whole kernel."""
     return s.tile.block_m // 16 * s.head_dim // 16 * 4
 
 
+def holds_q(s) -> bool:
+    """Q fragments stay in registers when they fit beside the accumulators; otherwise (d256) each
+    k-step reads them from the Q tile again (ldmatrix), which stays in shared memory anyway."""
+    return accumulators(s) + q_registers(s) <= MAX_ACCUMULATORS
+
+
 def rule_accumulators(s):
-    n = accumulators(s) + q_registers(s)
+    n = accumulators(s)
     if n > MAX_ACCUMULATORS:
-        return "tile.block_m", (f"{n} registers per thread hold S, O and Q fragments for {s.tile.block_m} rows, over "
-                                f"the {MAX_ACCUMULATORS} that leave room for addresses and the softmax; use fewer rows "
-                                f"per block (block_m) or more warps")
+        return "tile.block_m", (f"{n} registers per thread hold S and O for {s.tile.block_m} rows, over the "
+                                f"{MAX_ACCUMULATORS} that leave room for addresses and the softmax; use fewer rows "
+                                f"per block (block_m), fewer keys per warp (block_n) or more warps")
 
 
 def rule_swizzle(s):
@@ -122,8 +130,8 @@ rule_decode_no_varlen = refuse("varlen", lambda s: s.varlen,
                                lambda s: "a decode call takes per-sequence cache lengths (cache_seqlens), not varlen "
                                          "sequences; set varlen: false", "rule_decode_no_varlen")
 rule_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_registers,
-                             lambda s: "Q fragments always live in registers in the decode kernel; leave "
-                                       "q_in_registers unset", "rule_no_q_registers")
+                             lambda s: "the decode plan keeps Q fragments in registers wherever they fit beside "
+                                       "the accumulators; leave q_in_registers unset", "rule_no_q_registers")
 
 
 DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim, rule_rows, rule_keys_per_warp,
@@ -139,7 +147,7 @@ class DecodeFragments:
     d_tiles: int            # 8-column accumulator tiles of O
     k_steps_qk: int         # k16 steps of Q.K^T (head_dim / 16)
     k_steps_pv: int         # k16 steps of P.V (keys_per_warp / 16)
-    q_regs: int             # Q fragments, loaded once
+    q_regs: int             # Q fragments held for the whole kernel (0: read from the Q tile at every k-step)
     accumulators: int       # fp32 S + O registers per thread
     merge_pitch: int        # floats per row of a warp's O in the merge buffer (head_dim + 8: conflict-free float2)
     merge_bytes: int        # the merge buffer (warps x block_m rows), over the K/V ring after the last tile
@@ -152,7 +160,7 @@ def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
     pitch = spec.head_dim + 8
     return DecodeFragments(m_tiles=m_tiles, keys_per_warp=kpw, n_tiles=kpw // 8, d_tiles=spec.head_dim // 8,
                            k_steps_qk=spec.head_dim // 16, k_steps_pv=kpw // 16,
-                           q_regs=m_tiles * spec.head_dim // 16 * 4, accumulators=accumulators(spec),
+                           q_regs=q_registers(spec) if holds_q(spec) else 0, accumulators=accumulators(spec),
                            merge_pitch=pitch, merge_bytes=spec.compute_warps * spec.tile.block_m * pitch * 4,
                            combine_warps=COMBINE_WARPS)
 
@@ -225,7 +233,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
                    base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS))
     return DecodePlan.of(p, parts=function_names(spec), abi=abi,
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
-                         q_in_registers=True, max_splits=spec.max_splits, page_size=spec.page_size or 0,
+                         q_in_registers=holds_q(spec), max_splits=spec.max_splits, page_size=spec.page_size or 0,
                          combine=spec.combine, unsplit_in_flight=unsplit_in_flight(spec),
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
@@ -233,8 +241,11 @@ def plan(spec: DecodeSpec, file: str | None = None):
 def explain(plan) -> list[str]:
     f = plan.fragments
     return [f"fragments per warp: {f.m_tiles} x m16 group rows; S {f.m_tiles}x{f.n_tiles} m16n8 tiles over "
-            f"{f.keys_per_warp} keys, O {f.m_tiles}x{f.d_tiles} tiles, Q {f.q_regs} registers; {f.accumulators} "
-            "fp32 accumulators per thread",
+            f"{f.keys_per_warp} keys, O {f.m_tiles}x{f.d_tiles} tiles, "
+            + (f"Q {f.q_regs} registers" if f.q_regs else
+               f"Q read from its tile at every k-step (held, its {q_registers(plan.spec)} registers would leave too "
+               f"few beside {f.accumulators} accumulators)")
+            + f"; {f.accumulators} fp32 accumulators per thread",
             f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",

@@ -7,32 +7,34 @@ from ...core.abi import blob
 from ...core.forward_plan import ELEMENT_TYPES, ForwardPlan, Part, forward_functions, launch_min_blocks, plan_abi
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
-from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, SWIZZLE_128B_COLS, TensorMapSpec
+from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
 from ...core.variants import MASKS
 from ...targets import TARGETS
-from .spec import PANEL_BYTES, ROWS_PER_WARPGROUP, TILE_ALIGN, TITLE, WARPGROUP, WgmmaSpec
+from .spec import ROWS_PER_WARPGROUP, TILE_ALIGN, TITLE, WARPGROUP, PanelSwizzle, WgmmaSpec, panel_swizzle, tile_dim
 
 
 @dataclass(frozen=True, kw_only=True)
 class WgmmaFragments:
     consumer_warpgroups: int
     producer_warpgroups: int
-    panels: int             # 64-column panels of head_dim
+    tile_dim: int           # columns of the Q, K and V tiles: head_dim rounded up to whole panels
+    panels: int             # panels of tile_dim
     s_regs: int             # fp32 accumulators of S per thread (block_n / 2)
-    o_regs: int             # fp32 accumulators of O per thread (head_dim / 2)
-    k_steps_qk: int         # k16 wgmma steps of Q.K^T (head_dim / 16)
+    o_regs: int             # fp32 accumulators of O per thread (tile_dim / 2)
+    k_steps_qk: int         # k16 wgmma steps of Q.K^T (tile_dim / 16)
     k_steps_pv: int         # k16 wgmma steps of P.V (block_n / 16)
     producer_registers: int  # after setmaxnreg (0: no reallocation)
     consumer_registers: int
     overlap: bool           # softmax of tile t runs while P.V of tile t-1 is in flight
     pingpong: bool          # the two consumer warpgroups take turns issuing GEMMs
-    panel_cols: int         # elements in one 128-byte swizzled row (the TMA box width)
-    panel_row_bytes: int    # bytes of one such row
-    swizzle_atom_bytes: int  # 8 rows: the repeat of the 128-byte swizzle, every descriptor's stride byte offset
+    panel_cols: int         # elements in one swizzled panel row (the TMA box width)
+    panel_row_bytes: int    # bytes of one such row: 128, 64 or 32, the swizzle's span
+    descriptor_mode: int    # the swizzle in bits 62-63 of a wgmma descriptor (1: 128B, 2: 64B, 3: 32B)
+    swizzle_atom_bytes: int  # 8 panel rows: every descriptor's stride byte offset
     k_major_lbo_bytes: int  # leading byte offset of K-major Q and K (unused by the hardware with this swizzle)
     k_step_bytes: int       # a k16 step inside a K-major panel (16 elements)
     k_steps_per_panel: int
-    v_lbo_bytes: int        # MN-major V: bytes between its 64-column panels (block_n rows)
+    v_lbo_bytes: int        # MN-major V: bytes between its panels (block_n rows)
     v_step_bytes: int       # MN-major V: a k16 step = 16 key rows
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (both consumer warpgroups)
@@ -44,11 +46,13 @@ class WgmmaFragments:
     epilogue: str           # registers, shared or tma (spec.epilogue)
 
 
-def swizzled_tile(name: str, rows: int, head_dim: int, ctype: str, per: str) -> Region:
-    """A tile as TMA writes it with SWIZZLE_128B: [head_dim/64 panels][rows][64 elements], 128-byte rows."""
-    panels = head_dim // SWIZZLE_128B_COLS
-    return Region(name, panels * rows, SWIZZLE_128B_COLS, ctype, 2, PANEL_BYTES, swizzle="128B: chunk ^= row % 8",
-                  per=f"{per}; {panels} panel(s) of {rows} rows x 64", align=TILE_ALIGN)
+def swizzled_tile(name: str, rows: int, cols: int, panel: PanelSwizzle, ctype: str, per: str) -> Region:
+    """A tile as TMA writes it with the panel's swizzle: [cols / panel cols][rows][panel cols]."""
+    panels = cols // panel.cols
+    pattern = f"(row >> {panel.row_shift})" if panel.row_shift else "row"
+    return Region(name, panels * rows, panel.cols, ctype, 2, panel.row_bytes,
+                  swizzle=f"{panel.tma_name}: chunk ^= {pattern} % {panel.row_bytes // 16}",
+                  per=f"{per}; {panels} panel(s) of {rows} rows x {panel.cols}", align=TILE_ALIGN)
 
 
 def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, issuer: str,
@@ -80,11 +84,11 @@ def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, is
 def epilogue_line(epilogue: str) -> str:
     """The schedule's last step: how a consumer warpgroup writes its 64 rows of O."""
     staging = ("  epilogue: each consumer warpgroup normalises O and writes its 64 rows over its rows of the Q tile "
-               "(its last S GEMM has completed; 128-byte swizzle, 4-byte stores), then syncs its 128 threads on "
+               "(its last S GEMM has completed; swizzled like Q, 4-byte stores), then syncs its 128 threads on "
                "named barrier 3 + w; ")
     return {"registers": "  epilogue: each thread stores its normalised O pairs to global memory (4-byte stores)",
             "shared": staging + "its threads copy the rows out with 16-byte coalesced stores",
-            "tma": staging + ("after fence.proxy.async its first thread issues one TMA store per 64-column panel "
+            "tma": staging + ("after fence.proxy.async its first thread issues one TMA store per panel "
                               "(rows past the sequence are dropped) and waits for the reads before the block exits")
             }[epilogue]
 
@@ -93,13 +97,14 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     target = TARGETS[spec.target]
     ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
     d, bm, bn, stages = spec.head_dim, spec.tile.block_m, spec.tile.block_n, spec.smem.stages
+    panel, td = panel_swizzle(spec), tile_dim(spec)
     consumers, producers = spec.compute_warps // WARPGROUP, spec.producer_warps // WARPGROUP
     staged = spec.epilogue != "registers"
-    tiles = [swizzled_tile("q", bm, d, ctype, "Q tile, loaded once" +
+    tiles = [swizzled_tile("q", bm, td, panel, ctype, "Q tile, loaded once" +
                            ("; each consumer warpgroup stages its rows of O over its rows of Q" if staged else ""))]
     for s in range(stages):
-        tiles.append(swizzled_tile(f"k{s}", bn, d, ctype, f"K tile, stage {s}"))
-        tiles.append(swizzled_tile(f"v{s}", bn, d, ctype, f"V tile, stage {s}"))
+        tiles.append(swizzled_tile(f"k{s}", bn, td, panel, ctype, f"K tile, stage {s}"))
+        tiles.append(swizzled_tile(f"v{s}", bn, td, panel, ctype, f"V tile, stage {s}"))
     persistent = spec.schedule.persistent
     separate_kv_barriers = (spec.schedule.overlap if spec.schedule.separate_kv_barriers is None
                             else spec.schedule.separate_kv_barriers)
@@ -110,23 +115,23 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     budget = Budget.of(target, spec.smem.opt_in)
     total = check_budget(regions, budget, file)
     threads = 32 * (spec.compute_warps + spec.producer_warps)
-    q_bytes, tile_bytes = bm * d * 2, bn * d * 2
+    q_bytes, tile_bytes = bm * td * 2, bn * td * 2   # a TMA box counts its zero-filled columns too
     has_producer = producers > 0
     issuer_thread = 32 * spec.compute_warps if has_producer else 32 * WARPGROUP * (consumers - 1)
     issuer = (f"the producer thread ({issuer_thread})" if has_producer else
               f"the issuer (consumer thread {issuer_thread})")
     regs = spec.registers
-    maps = (TensorMapSpec("q", bm), TensorMapSpec("k", bn), TensorMapSpec("v", bn))
+    maps = tuple(TensorMapSpec(t, rows, panel.cols, panel.tma_name) for t, rows in (("q", bm), ("k", bn), ("v", bn)))
     if spec.epilogue == "tma":   # each consumer warpgroup stores its own 64 rows
-        maps += (TensorMapSpec("o", ROWS_PER_WARPGROUP, store=True),)
+        maps += (TensorMapSpec("o", ROWS_PER_WARPGROUP, panel.cols, panel.tma_name, store=True),)
     frag = WgmmaFragments(consumer_warpgroups=consumers, producer_warpgroups=producers,
-                          panels=d // SWIZZLE_128B_COLS, s_regs=bn // 2, o_regs=d // 2, k_steps_qk=d // 16,
+                          tile_dim=td, panels=td // panel.cols, s_regs=bn // 2, o_regs=td // 2, k_steps_qk=td // 16,
                           k_steps_pv=bn // 16, producer_registers=regs.producer if regs else 0,
                           consumer_registers=regs.consumer if regs else 0, overlap=spec.schedule.overlap,
-                          pingpong=spec.schedule.pingpong, panel_cols=SWIZZLE_128B_COLS, panel_row_bytes=PANEL_BYTES,
-                          swizzle_atom_bytes=TILE_ALIGN, k_major_lbo_bytes=16, k_step_bytes=16 * 2,
-                          k_steps_per_panel=SWIZZLE_128B_COLS // 16, v_lbo_bytes=bn * PANEL_BYTES,
-                          v_step_bytes=16 * PANEL_BYTES, rows_per_warpgroup=ROWS_PER_WARPGROUP,
+                          pingpong=spec.schedule.pingpong, panel_cols=panel.cols, panel_row_bytes=panel.row_bytes,
+                          descriptor_mode=panel.descriptor_mode, swizzle_atom_bytes=8 * panel.row_bytes,
+                          k_major_lbo_bytes=16, k_step_bytes=16 * 2, k_steps_per_panel=panel.cols // 16,
+                          v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, tile_bytes=tile_bytes,
                           has_producer=has_producer, separate_kv_barriers=separate_kv_barriers,
                           issuer_thread=issuer_thread, epilogue=spec.epilogue)
@@ -136,7 +141,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
     consumer_role = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each; "
-                     f"S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {d})"
+                     f"S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {td})"
                      + (f"; setmaxnreg.inc to {regs.consumer}" if regs else ""))
     if has_producer:
         roles = (consumer_role,
@@ -191,10 +196,11 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,
         compute_threads=32 * spec.compute_warps, producer_threads=32 * spec.producer_warps,
-        rows_per_warp=16, chunks_per_row=d * 2 // 16, swizzle=Swizzle("xor", PANEL_BYTES, 3, 0),
+        rows_per_warp=16, chunks_per_row=d * 2 // 16,
+        swizzle=Swizzle("xor", panel.row_bytes, panel.xor_bits, panel.row_shift),
         regions=regions, smem_bytes=total, smem_budget=budget.bytes, smem_dynamic=total > target.smem_per_block,
         stages=stages, async_copy=True, q_in_registers=False, rescale="always",
-        q_copy=TileCopy(bm, d * 2 // 16, 1), kv_copy=TileCopy(bn, d * 2 // 16, 1),
+        q_copy=TileCopy(bm, td * 2 // 16, 1), kv_copy=TileCopy(bn, td * 2 // 16, 1),
         barriers=bars, kv_stage_stride=ring_stride(regions, "k", "v"), min_blocks_per_sm=min_blocks,
         fragments=frag, bank_report=(), roles=roles, schedule=schedule, arch_suffix="a",
         copy_engine="TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers",
@@ -207,12 +213,17 @@ def explain(plan) -> list[str]:
     lines = [f"warpgroups: {f.consumer_warpgroups} consumer(s) x 64 rows + {f.producer_warpgroups} producer; "
              f"S {f.s_regs} + O {f.o_regs} fp32 accumulator registers per consumer thread",
              f"wgmma per tile per consumer warpgroup: {f.k_steps_qk} x m64n{plan.block_n}k16 (Q.K^T, SS) + "
-             f"{f.k_steps_pv} x m64n{plan.head_dim}k16 (P.V, RS, V MN-major)",
-             f"TMA: Q {f.q_bytes} B once, K and V {f.tile_bytes} B each per stage, in {f.panels} 64-column panel(s) "
+             f"{f.k_steps_pv} x m64n{f.tile_dim}k16 (P.V, RS, V MN-major)",
+             *([f"head_dim {plan.head_dim} padded to {f.tile_dim} columns: TMA fills columns {plan.head_dim}.."
+                f"{f.tile_dim - 1} of Q, K and V with zeros (they add nothing to S); those O columns are not stored"]
+               if f.tile_dim != plan.head_dim else []),
+             f"TMA: Q {f.q_bytes} B once, K and V {f.tile_bytes} B each per stage, in {f.panels} {f.panel_cols}-column "
+             "panel(s) "
              f"each, issued by thread {f.issuer_thread} ({'producer' if f.has_producer else 'homogeneous: a consumer'}); "
              "tensor maps: " + "; ".join(m.describe() for m in plan.tensor_maps),
-             f"descriptors: 128-byte swizzle, K-major Q and K (SBO {f.swizzle_atom_bytes} B, k16 step "
-             f"+{f.k_step_bytes} B), MN-major V (LBO {f.v_lbo_bytes} B between 64-column panels, SBO "
+             f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}), K-major Q and K (SBO "
+             f"{f.swizzle_atom_bytes} B, k16 step +{f.k_step_bytes} B), MN-major V (LBO {f.v_lbo_bytes} B between "
+             "panels, SBO "
              f"{f.swizzle_atom_bytes} B, k16 step +{f.v_step_bytes} B)",
              "registers: " + (f"setmaxnreg producer {f.producer_registers}, consumer {f.consumer_registers}"
                               if f.producer_registers else "no reallocation"),
@@ -224,7 +235,8 @@ def explain(plan) -> list[str]:
                                            "tma": " (staged in the Q tile, TMA bulk tensor store)"}[f.epilogue]),
              ("grid: persistent, one block per SM looping over every query block" if plan.persistent else
               "grid: one block per query block"),
-             "shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)"]
+             f"shared-memory banks: TMA writes and wgmma reads {f.panel_row_bytes}-byte-swizzled tiles (conflict-free "
+             "by layout)"]
     return lines
 
 

@@ -1,12 +1,13 @@
 """fwd_wgmma's spec model and its rules: warpgroups, 128-byte panels, the register split, schedules."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.spec_keys import ForwardSpec, Strict, XorSwizzle, refuse, rule_no_varlen, rule_threads
-from ...core.tensor_maps import SWIZZLE_128B_COLS
+from ...core.spec_keys import (ForwardSpec, Strict, XorSwizzle, refuse, round_up, rule_head_dim_vector_loads,
+                               rule_no_varlen, rule_threads)
 from ...targets import TARGETS
 
 
@@ -15,8 +16,7 @@ TITLE = "wgmma + TMA attention forward (sm_90a)"
 FRAGMENT = "wgmma_m64nNk16"
 WARPGROUP = 4              # warps
 ROWS_PER_WARPGROUP = 64    # the M of every wgmma
-PANEL_BYTES = 128          # one 128-byte-swizzled row: 64 16-bit elements
-TILE_ALIGN = 1024          # the 128-byte swizzle pattern repeats every 8 rows = 1024 B, on absolute addresses
+TILE_ALIGN = 1024          # the widest (128-byte) swizzle pattern repeats every 8 rows = 1024 B, on absolute addresses
 MAX_N = 256                # wgmma N
 ACCUMULATOR_MARGIN = 48    # registers a consumer thread needs beside its S and O accumulators (addresses, softmax)
 
@@ -34,10 +34,55 @@ def rule_target_has_sm90a(s):
                           f"{TARGETS[s.target].arch}: use target h100 or h200, or a fragment the target runs")
 
 
-def rule_head_dim_panels(s):
-    if s.head_dim % SWIZZLE_128B_COLS or s.head_dim > MAX_N:
-        return "head_dim", (f"must be a multiple of 64 (128-byte swizzled panels) and at most {MAX_N} (the N of "
-                            f"P.V) for {s.mma} (got {s.head_dim}); use 64, 128, 192 or 256")
+# The swizzles TMA writes and wgmma reads, by the bytes of one swizzled row: the spec's XOR swizzle
+# (chunk ^= (row >> row_shift) % 2**xor_bits) that each one is, and its descriptor and tensor-map
+# names. A tile is stored in panels of one such row's width (64, 32 or 16 16-bit elements).
+@dataclass(frozen=True)
+class PanelSwizzle:
+    row_bytes: int          # bytes of one swizzled panel row
+    xor_bits: int
+    row_shift: int
+    descriptor_mode: int    # bits 62-63 of a wgmma shared-memory descriptor
+    tma_name: str           # CUtensorMapSwizzle
+
+    @property
+    def cols(self) -> int:
+        return self.row_bytes // 2
+
+    def describe(self) -> str:
+        return f"{{xor_bits: {self.xor_bits}" + (f", row_shift: {self.row_shift}" if self.row_shift else "") + "}"
+
+
+PANEL_SWIZZLES = (PanelSwizzle(128, 3, 0, 1, "128B"), PanelSwizzle(64, 2, 1, 2, "64B"), PanelSwizzle(32, 1, 2, 3, "32B"))
+
+
+def panel_swizzle(s) -> PanelSwizzle | None:
+    """The panel swizzle the spec's smem.swizzle names, or None."""
+    sw = s.smem.swizzle
+    if isinstance(sw, XorSwizzle):
+        return next((p for p in PANEL_SWIZZLES if (p.xor_bits, p.row_shift) == (sw.xor_bits, sw.row_shift)), None)
+    return None
+
+
+def tile_dim(s) -> int:
+    """Columns of the Q, K and V tiles: head_dim rounded up to whole panels (TMA fills the columns
+    past head_dim with zeros, which add nothing to S and give O columns that are never stored).
+    Every panel width divides 256, so the tiles stay within MAX_N wherever head_dim does."""
+    return round_up(s.head_dim, panel_swizzle(s).cols)
+
+
+def widest_panels(head_dim: int) -> PanelSwizzle:
+    """The widest panel swizzle whose rows tile head_dim without padding (the narrowest when none does)."""
+    return next((p for p in PANEL_SWIZZLES if head_dim % p.cols == 0), PANEL_SWIZZLES[-1])
+
+
+def rule_swizzle_panels(s):
+    if panel_swizzle(s) is None:
+        best = widest_panels(s.head_dim)
+        return "smem.swizzle", ("TMA and wgmma read 128-, 64- or 32-byte swizzled panels: set swizzle: "
+                                + ", ".join(p.describe() for p in PANEL_SWIZZLES)
+                                + f" (panels of 64, 32 or 16 columns; head_dim {s.head_dim} takes {best.describe()} "
+                                  "without padding)")
 
 
 def rule_warpgroups(s):
@@ -60,13 +105,6 @@ def rule_block_n(s):
     if s.tile.block_n % 16 or s.tile.block_n > MAX_N:
         return "tile.block_n", (f"must be a multiple of 16 (k16 steps of P.V) and at most {MAX_N} (the N of Q.K^T) "
                                 f"for {s.mma} (got {s.tile.block_n})")
-
-
-def rule_swizzle_128b(s):
-    sw = s.smem.swizzle
-    if not (isinstance(sw, XorSwizzle) and sw.xor_bits == 3 and sw.row_shift == 0):
-        return "smem.swizzle", ("TMA and wgmma read 128-byte swizzled tiles (16-byte chunk ^= row % 8): "
-                                "set swizzle: {xor_bits: 3}")
 
 
 rule_async_copies = refuse(
@@ -106,7 +144,7 @@ def entry_cap(s) -> int:
 
 def consumer_need(s) -> int:
     """Registers a consumer thread needs: its S and O accumulators and ACCUMULATOR_MARGIN."""
-    return s.tile.block_n // 2 + s.head_dim // 2 + ACCUMULATOR_MARGIN
+    return s.tile.block_n // 2 + tile_dim(s) // 2 + ACCUMULATOR_MARGIN
 
 
 def rule_registers(s):
@@ -116,7 +154,7 @@ def rule_registers(s):
     if r is None:
         if need > entry_cap(s):
             return "registers", (f"a consumer thread needs about {need} registers (S {s.tile.block_n // 2} + O "
-                                 f"{s.head_dim // 2} accumulators + {ACCUMULATOR_MARGIN}) but gets {entry_cap(s)} "
+                                 f"{tile_dim(s) // 2} accumulators + {ACCUMULATOR_MARGIN}) but gets {entry_cap(s)} "
                                  f"at entry: set registers: {{producer: 24, consumer: ...}} to move the producer's "
                                  f"registers to the consumers")
         return None
@@ -175,10 +213,14 @@ class WgmmaSpec(ForwardSpec):
         "store per 64-column panel"))
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
-    rules = (rule_target_has_sm90a, rule_head_dim_panels, rule_warpgroups, rule_block_m_rows, rule_block_n,
-             rule_swizzle_128b, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads,
+    rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
+             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads,
              rule_no_varlen)
 
+    def swizzled_row_chunks(self) -> int:
+        panel = panel_swizzle(self)
+        return panel.row_bytes // 16 if panel else super().swizzled_row_chunks()
+
     def register_need(self):
-        return (consumer_need(self), f"a consumer thread's S {self.tile.block_n // 2} and O {self.head_dim // 2} "
+        return (consumer_need(self), f"a consumer thread's S {self.tile.block_n // 2} and O {tile_dim(self) // 2} "
                                      f"accumulators + {ACCUMULATOR_MARGIN}")
