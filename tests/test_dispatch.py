@@ -47,7 +47,7 @@ def test_select_buckets_and_group_rows():
 def test_dispatch_command_explains_and_refuses():
     run = CliRunner().invoke(main, ["dispatch", "--head-dim", "64", "--causal", "--seqlen", "4096"])
     assert run.exit_code == 0 and "-> h100_wgmma_d64" in run.output and "why:" in run.output
-    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "40"])
+    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "48"])
     assert run.exit_code == 2 and "has no forward kernel" in run.output
     run = CliRunner().invoke(main, ["dispatch", "--write"])
     assert run.exit_code == 2 and "--from" in run.output
