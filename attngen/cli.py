@@ -367,6 +367,8 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 @click.option("--causal", is_flag=True)
 @click.option("--seqlen", type=click.IntRange(min=0), default=2048, show_default=True,
               help="seqlen_k (varlen: max_seqlen_k; decode: the cache's capacity)")
+@click.option("--head-dim-v", type=click.IntRange(min=0), default=0,
+              help="V's head dim where it differs from --head-dim (DeepSeek MLA: --head-dim 192 --head-dim-v 128)")
 @click.option("--page-size", type=click.IntRange(min=0), default=0, show_default=True, help="decode: 0 contiguous")
 @click.option("--group-rows", type=click.IntRange(min=1), default=1, show_default=True,
               help="decode: query rows per KV head (heads / kv_heads x new tokens)")
@@ -378,8 +380,8 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 @click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
                                                   "ones attngen.attention serves: specs/ of this checkout, or "
                                                   "those installed with attngen]")
-def dispatch(call, arch, dtype, head_dim, causal, seqlen, page_size, group_rows, bench_files, write, as_json,
-             specs_dir):
+def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, page_size, group_rows, bench_files, write,
+             as_json, specs_dir):
     """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
     call, and why; or, with --from REPORT ... --write, rewrite the table from measurements.
 
@@ -417,15 +419,17 @@ def dispatch(call, arch, dtype, head_dim, causal, seqlen, page_size, group_rows,
                    f"wrote {path}: {len(new)} forward entries from {len(bench_files)} report(s)")
         return
     mask = "causal" if causal else "none"
+    head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
     try:
-        e = select(entries, call, arch, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows)
+        e = select(entries, call, arch, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows,
+                   head_dim_v=head_dim_v)
     except LookupError as exc:
         raise click.UsageError(str(exc)) from None
-    others = candidates(entries, call, arch, dtype, head_dim, mask, page_size)
+    others = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e.__dict__, "bucket": [o.__dict__ for o in others]}, indent=2))
         return
-    click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows)} -> {e.spec}")
+    click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v)} -> {e.spec}")
     click.echo(f"  why: {e.why}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:
@@ -580,15 +584,18 @@ _SHAPE_DIM = re.compile(r"[1-9][0-9]{0,8}")
 
 
 def _shapes(ctx, param, value):
-    """--shapes of bench: comma-separated BxHxSxD, four positive decimal integers each."""
+    """--shapes of bench: comma-separated BxHxSxD, four positive decimal integers each, or BxHxSxDxDv
+    where V's head dim Dv differs from D (MLA: 4x16x2048x192x128)."""
     if value is None:
         return None
     shapes = []
     for part in value.split(","):
         dims = part.strip().lower().split("x")
-        if len(dims) != 4 or not all(_SHAPE_DIM.fullmatch(d) for d in dims):
-            raise click.BadParameter(f"{part.strip()!r} is not BxHxSxD: four positive integers, e.g. 4x16x2048x64")
-        shapes.append(tuple(int(d) for d in dims))
+        if len(dims) not in (4, 5) or not all(_SHAPE_DIM.fullmatch(d) for d in dims):
+            raise click.BadParameter(f"{part.strip()!r} is not BxHxSxD: four positive integers, e.g. 4x16x2048x64 "
+                                     "(or BxHxSxDxDv where V's head dim differs, e.g. 4x16x2048x192x128)")
+        shape = tuple(int(d) for d in dims)
+        shapes.append(shape[:4] if len(shape) == 5 and shape[4] == shape[3] else shape)
     return tuple(shapes)
 
 
@@ -653,7 +660,7 @@ def _backends(ctx, param, value):
 @main.command()
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--shapes", default=None, metavar="BxHxSxD,...", callback=_shapes,
-              help="comma-separated shapes (default: 1x8x512x64, 4x16x2048x64, 4x16x2048x128, 2x16x8192x64, "
+              help="comma-separated shapes; BxHxSxDxDv where V's head dim Dv differs (default: 1x8x512x64, 4x16x2048x64, 4x16x2048x128, 2x16x8192x64, "
                    "2x16x8192x128)")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp16", "bf16"]),
               help="repeatable; default both")

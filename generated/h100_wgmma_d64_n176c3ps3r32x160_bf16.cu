@@ -82,7 +82,7 @@
 //     empty2  smem +159784   12 arrivals per phase from lane 0 of each consumer warp, once its P.V of the stage completed; the producer thread (384) wait
 //     q_full  smem +159792    1 arrivals per phase from the producer thread (384) (arrive.expect_tx 24576 B); consumer threads wait
 //     schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):
-//       producer: Q (expect_tx 24576 B on q_full), then per tile: wait empty[s] (when t >= stages), expect_tx 22528 B on full[s] and TMA K, the same again for V
+//       producer: Q (expect_tx 24576 B on q_full), then per tile: wait empty[s] (when t >= stages), expect_tx 22528 B on full[s] and TMA K, the same again for V (22528 B)
 //       consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, arrive empty[s]
 //       a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives empty_k/empty_v[s] without computing
 //       one query block per thread block
@@ -124,10 +124,8 @@ namespace attngen_h100_wgmma_d64_n176c3ps3r32x160_bf16 {
 // Tile shape and block (from the plan).
 constexpr int kBlockM = 192;        // query rows per block
 constexpr int kBlockN = 176;        // keys per K/V tile
-constexpr int kHeadDim = 64;
 constexpr int kThreads = 512;
 constexpr int kComputeWarps = 12;
-constexpr int kChunksPerRow = 8;  // 16-byte chunks in one row of head_dim
 constexpr int kStages = 3;           // K/V ring depth
 constexpr int kStageStride = 45056;  // bytes between ring slots
 // __launch_bounds__: ptxas caps registers so that this many blocks fit on one SM (0: ptxas chooses).
@@ -431,13 +429,17 @@ __device__ __forceinline__ void wgmma_rs_m64n64(float (&d)[32], const uint32_t (
 }
 
 constexpr int kConsumerWarpgroups = 3;
-constexpr int kPanels = 1;          // swizzled panels of a Q/K/V tile (head_dim in whole panels)
+constexpr int kPanels = 1;          // swizzled panels of a Q or K tile (head_dim in whole panels)
+constexpr int kPanelsV = 1;        // ... of a V tile and of O (head_dim_v in whole panels)
+constexpr int kHeadDimV = 64;                   // V's and O's head dim
+constexpr int kChunksPerRowV = kHeadDimV / 8;               // 16-byte chunks in one row of O
 constexpr int kSRegs = 88;           // S accumulators per thread
 constexpr int kORegs = 32;           // O accumulators per thread
 constexpr int kKStepsQK = 4;    // k16 steps of Q.K^T
 constexpr int kKStepsPV = 11;    // k16 steps of P.V
 constexpr int kQBytes = 24576;         // TMA transaction bytes of Q
-constexpr int kTileBytes = 22528;   // TMA transaction bytes of one K or V tile
+constexpr int kKTileBytes = 22528;  // TMA transaction bytes of one K tile
+constexpr int kVTileBytes = 22528;  // ... of one V tile
 constexpr bool kHasProducer = true;  // false: a consumer thread also issues the copies
 constexpr int kIssuer = 384;  // the one thread that issues every TMA copy
 constexpr int kProducerRegisters = 32;  // 0: no setmaxnreg
@@ -504,10 +506,10 @@ __device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, con
     const int stage = r % kStages;
     if (r >= kStages) mbarrier_wait(smem_addr + (kIsV ? kEmptyV : kEmptyK) + stage * kBarrierBytes, ((r / kStages) & 1) ^ 1);
     const uint32_t full = smem_addr + (kIsV ? kFullV : kFullK) + stage * kBarrierBytes;
-    mbarrier_arrive_expect_tx(full, kTileBytes);
+    mbarrier_arrive_expect_tx(full, kIsV ? kVTileBytes : kKTileBytes);
     const uint32_t dst = smem_addr + stage * kStageStride + (kIsV ? kSmem_v0 : kSmem_k0);
 #pragma unroll
-    for (int panel = 0; panel < kPanels; ++panel)
+    for (int panel = 0; panel < (kIsV ? kPanelsV : kPanels); ++panel)
         tma_load_4d(dst + panel * kBlockN * kPanelRowBytes, map, kPanelCols * panel, t * kBlockN, c.kv_head, c.batch, full);
 }
 
@@ -621,7 +623,7 @@ __device__ __forceinline__ void store_output(const float (&o)[kORegs], const flo
         const float inv = finish_row<4>(row_max[h], row_sum[h], p, c, row, lane % 4 == 0);
         if (row >= p.seqlen_q) continue;
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j)   // column groups past head_dim (padding) are not stored
+        for (int j = 0; j < kHeadDimV / 8; ++j)   // column groups past the head dim (padding) are not stored
             *reinterpret_cast<elem2_t*>(out + row * p.o_row_stride + 8 * j + 2 * (lane % 4)) =
                 from_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     }
@@ -659,11 +661,11 @@ __device__ __forceinline__ void sync_warpgroup(int warpgroup) {
 // thread and step; a warp's consecutive threads read a row's chunks and write them contiguously.
 __device__ __forceinline__ void copy_out_rows(uint32_t sQ, const Params& p, const BlockCoords& c, int wg_row0, int wg_tid) {
     elem_t* out = output_ptr(p, c);
-    constexpr int kChunks = kRowsPerWarpgroup * kChunksPerRow;
+    constexpr int kChunks = kRowsPerWarpgroup * kChunksPerRowV;
     constexpr int kSteps = (kChunks + kWarpgroupThreads - 1) / kWarpgroupThreads;
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
-        const int idx = wg_tid + i * kWarpgroupThreads, r = wg_row0 + idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+        const int idx = wg_tid + i * kWarpgroupThreads, r = wg_row0 + idx / kChunksPerRowV, chunk = idx % kChunksPerRowV;
         if (kChunks % kWarpgroupThreads && idx >= kChunks) break;
         uint4 v;
 
@@ -679,7 +681,7 @@ __device__ __forceinline__ void copy_out_rows(uint32_t sQ, const Params& p, cons
 template <typename P>
 __device__ __forceinline__ void tma_store_rows(uint32_t sQ, const P& p, const BlockCoords& c, int wg_row0) {
 #pragma unroll
-    for (int panel = 0; panel < kPanels; ++panel)
+    for (int panel = 0; panel < kPanelsV; ++panel)
         tma_store_4d(p.tma_o, sQ + panel * kBlockM * kPanelRowBytes + wg_row0 * kPanelRowBytes, kPanelCols * panel,
                      c.m0 + wg_row0, c.head, c.batch);
     bulk_commit_group();

@@ -44,6 +44,22 @@ def test_select_buckets_and_group_rows():
         select(entries, "forward", "sm_90", "fp16", 80, "none", 10)
 
 
+def test_head_dim_v_is_part_of_the_key():
+    """A call whose V has its own head dim (MLA: 192 / 128) finds only entries of that head_dim_v;
+    a plain call never gets them; the refusal names head_dim_v. Bench shapes take it as a 5th number."""
+    from attngen.eval.bench import Case, parse_shape
+    entries = (Entry("forward", "sm_90", "fp16", 192, "none", "plain"),
+               Entry("forward", "sm_90", "fp16", 192, "none", "mla", head_dim_v=128))
+    assert select(entries, "forward", "sm_90", "fp16", 192, "none", 4096).spec == "plain"
+    assert select(entries, "forward", "sm_90", "fp16", 192, "none", 4096, head_dim_v=128).spec == "mla"
+    with pytest.raises(LookupError, match="head_dim 192 head_dim_v 96 mask none"):
+        select(entries, "forward", "sm_90", "fp16", 192, "none", 4096, head_dim_v=96)
+    assert parse_shape("4x16x2048x192x128") == (4, 16, 2048, 192, 128) and parse_shape("1x2x3x64x64") == (1, 2, 3, 64)
+    c = Case(4, 16, 2048, 192, "fp16", False, 128)
+    assert c.label == "4x16x2048x192x128 fp16" and c.flops == 2.0 * 4 * 16 * 2048 * 2048 * (192 + 128)
+    assert Case(4, 16, 2048, 64, "fp16", True).flops == 4.0 * 4 * 16 * 2048 * 2048 * 64 / 2
+
+
 def test_dispatch_command_explains_and_refuses():
     run = CliRunner().invoke(main, ["dispatch", "--head-dim", "64", "--causal", "--seqlen", "4096"])
     assert run.exit_code == 0 and "-> h100_wgmma_d64" in run.output and "why:" in run.output

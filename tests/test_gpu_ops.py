@@ -4,12 +4,15 @@ error rule; the ops pass torch.library.opcheck; a transformer block compiled wit
 torch.compile(fullgraph=True) runs through the ops (also under CUDA graphs) and matches eager."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import attngen
 from attngen.eval.verify import attention_torch, error_bound, exact_fp32_matmul
 
 pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -47,6 +50,30 @@ def test_attention_picks_a_kernel_that_passes(torch, dtype, d, seqlen):
                                return_lse=True)
     check(torch, o.transpose(1, 2), q, k, v)
     assert lse.shape == (1, 4, seqlen) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_attention_with_its_own_v_head_dim(torch, dtype):
+    """DeepSeek MLA's prefill shape: Q and K of head dim 192, V of 128. The table's head_dim_v entry
+    serves it (both layouts, both masks, the prepared path of a repeated call), the output has V's
+    head dim, and the op's fake gives the same shape (opcheck)."""
+    dt = getattr(torch, dtype)
+    q, k, v = randn(torch, 2, 4, 700, 192, dtype=dt), randn(torch, 2, 2, 900, 192, dtype=dt), \
+        randn(torch, 2, 2, 900, 128, dtype=dt)
+    for causal in (False, True, False):   # the third call takes the prepared path
+        out = attngen.attention(q, k, v, causal=causal)
+        assert out.shape == (2, 4, 700, 128)
+        check(torch, out, q, k, v, causal)
+    o, lse = attngen.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="bshd",
+                               return_lse=True)
+    assert o.shape == (2, 700, 4, 128) and lse.shape == (2, 4, 700)
+    check(torch, o.transpose(1, 2), q, k, v)
+    torch.library.opcheck(torch.ops.attngen.attention.default, (q, k, v, True, None, None, "bhsd"))
+    kernel = attngen.load(ROOT / "specs" / f"h100_wgmma_d192_v128{'_bf16' if dtype == 'bfloat16' else ''}.yaml")
+    with pytest.raises(ValueError, match="v has head_dim 192 but .* is generated for head_dim_v 128"):
+        kernel(q, k, k)
+    with pytest.raises(ValueError, match="out has head_dim 192 but .* head_dim_v 128"):
+        kernel(q, k, v, out=torch.empty_like(q))
 
 
 def test_repeated_calls_take_the_prepared_path_and_still_check_pointers(torch):

@@ -425,7 +425,7 @@ def _spec(path="specs/phase4.yaml") -> str:
 HOSTILE_OPTIONS = {
     "bench_shapes_two_dims": ["bench", "--shapes", "1x2"],
     "bench_shapes_zero": ["bench", "--shapes", "0x0x0x64"],
-    "bench_shapes_five_dims": ["bench", "--shapes", "1x2x3x4x5"],
+    "bench_shapes_six_dims": ["bench", "--shapes", "1x2x3x4x5x6"],
     "bench_shapes_letters": ["bench", "--shapes", "axbxcxd"],
     "bench_shapes_negative": ["bench", "--shapes", "1x-2x64x64"],
     "bench_shapes_empty_item": ["bench", "--shapes", "4x16x2048x64,"],

@@ -316,7 +316,7 @@ def test_wgmma_homogeneous_issuer():
     p = plan_of(text)
     f = p.fragments
     assert (f.has_producer, f.issuer_thread, f.producer_registers, f.consumer_registers) == (False, 128, 0, 0)
-    assert (p.threads, p.producer_threads, f.s_regs, f.k_steps_pv, f.tile_bytes) == (256, 0, 88, 11, 176 * 128 * 2)
+    assert (p.threads, p.producer_threads, f.s_regs, f.k_steps_pv, f.k_tile_bytes) == (256, 0, 88, 11, 176 * 128 * 2)
     assert all(r.offset % 1024 == 0 for r in p.regions if r.name != "bars")
     assert "consumer thread 128" in p.roles[0] and len(p.roles) == 1
     assert p.barriers[0].arrive.startswith("the issuer (consumer thread 128)")
@@ -386,7 +386,7 @@ def test_wgmma_panels_of_any_head_dim(head_dim, swizzle, tile_dim, mode, tma):
     assert (f.tile_dim, f.panels, f.panel_cols, f.panel_row_bytes) == (tile_dim, tile_dim * 2 // row, row // 2, row)
     assert (f.descriptor_mode, f.swizzle_atom_bytes, f.k_steps_per_panel) == (mode, 8 * row, row // 32)
     assert (f.v_lbo_bytes, f.v_step_bytes, f.o_regs, f.k_steps_qk) == (128 * row, 16 * row, tile_dim // 2, tile_dim // 16)
-    assert (f.q_bytes, f.tile_bytes) == (192 * tile_dim * 2, 128 * tile_dim * 2)   # zero-filled columns count
+    assert (f.q_bytes, f.k_tile_bytes, f.v_tile_bytes) == (192 * tile_dim * 2, 128 * tile_dim * 2, 128 * tile_dim * 2)
     assert p.region("q").bytes == 192 * tile_dim * 2 and all(r.offset % 1024 == 0 for r in p.regions if r.name != "bars")
     assert {(m.box_cols, m.swizzle) for m in p.tensor_maps} == {(row // 2, tma)}
     assert (p.head_dim, p.chunks_per_row) == (head_dim, head_dim // 8)   # what the runtime checks and stores
@@ -398,6 +398,32 @@ def test_wgmma_panels_of_any_head_dim(head_dim, swizzle, tile_dim, mode, tma):
     assert bool(padded) == (tile_dim != head_dim)
     if padded:
         assert f"head_dim {head_dim} padded to {tile_dim} columns" in padded[0]
+
+
+def test_wgmma_head_dim_v():
+    """head_dim_v (DeepSeek MLA: 192 / 128): V tiles, O's accumulators, P.V's N, V's TMA bytes and the
+    output's columns follow head_dim_v; Q and K keep head_dim; explain names both and the scale."""
+    text = (spec_text(head_dim=192, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
+                      mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}",
+                      target="h100") + "head_dim_v: 128\nregisters: {producer: 24, consumer: 240}\n")
+    p = plan_of(text)
+    f = p.fragments
+    assert (p.head_dim, p.v_dim, p.head_dim_v) == (192, 128, 128)
+    assert (f.tile_dim, f.tile_dim_v, f.panels, f.panels_v, f.o_regs) == (192, 128, 3, 2, 64)
+    assert (f.q_bytes, f.k_tile_bytes, f.v_tile_bytes) == (128 * 192 * 2, 128 * 192 * 2, 128 * 128 * 2)
+    assert p.region("k0").bytes == 128 * 192 * 2 and p.region("v0").bytes == 128 * 128 * 2
+    text_out = explain(p)
+    assert "V and O: head_dim_v 128, Q and K: head_dim 192 (the default scale is 1/sqrt(192))" in text_out
+    assert "m64n128k16 (P.V" in text_out and "K 49152 B and V 32768 B per stage" in text_out
+    assert p.spec.register_need()[0] == 64 + 64 + 48
+    same = plan_of(text.replace("head_dim_v: 128", "head_dim_v: 192").replace("block_n: 128", "block_n: 96"))
+    # head_dim_v equal to head_dim is the plain plan
+    assert (same.head_dim_v, same.v_dim, same.fragments.tile_dim_v) == (0, 192, 192)
+    # O is staged in the Q tile by the shared and TMA epilogues: it must not be wider than Q
+    with pytest.raises(SpecError) as info:
+        plan_of(text.replace("head_dim: 192", "head_dim: 64").replace("head_dim_v: 128", "head_dim_v: 128\n"
+                                                                         "epilogue: tma"))
+    assert info.value.key == "epilogue" and "use epilogue: registers" in info.value.message
 
 
 def test_wgmma_layout_and_numbers():
@@ -413,7 +439,8 @@ def test_wgmma_layout_and_numbers():
     assert p.kv_stage_stride == 65536 and p.threads == 384 and p.min_blocks_per_sm == 1
     f = p.fragments
     assert (f.consumer_warpgroups, f.panels, f.s_regs, f.o_regs, f.k_steps_qk, f.k_steps_pv) == (2, 2, 64, 64, 8, 8)
-    assert (f.q_bytes, f.tile_bytes, f.producer_registers, f.consumer_registers) == (32768, 32768, 24, 240)
+    assert (f.q_bytes, f.k_tile_bytes, f.v_tile_bytes, f.producer_registers, f.consumer_registers) == (
+        32768, 32768, 32768, 24, 240)
     assert (f.has_producer, f.issuer_thread, f.separate_kv_barriers) == (True, 256, False)
     # not overlapped: one full (an expect_tx for K and one for V) and one empty per stage
     assert [(b.name, b.arrivals) for b in p.barriers] == [("full0", 2), ("full1", 2), ("empty0", 8), ("empty1", 8),

@@ -197,6 +197,10 @@ RULE_CASES = [
     ("rule_no_varlen", WGMMA, {"varlen": True}, "varlen", "varlen functions are not generated"),
     ("rule_decode_no_varlen", DECODE, {"varlen": True}, "varlen", "per-sequence cache lengths"),
     ("rule_head_dim_vector_loads", WGMMA, {"head_dim": 36}, "head_dim", "multiple of 8 for 16-byte loads"),
+    ("rule_head_dim_v", MMA, {"head_dim_v": 32}, "head_dim_v", "a V head dim other than head_dim is not generated"),
+    ("rule_head_dim_v", WGMMA, {"head_dim_v": 100}, "head_dim_v", "multiple of 8 for 16-byte rows (got 100); try 104"),
+    ("rule_staged_output_fits_q", WGMMA, {"head_dim": 64, "head_dim_v": 128, "epilogue": "tma"}, "epilogue",
+     "stages O in the Q tile"),
     ("rule_warpgroups", WGMMA, {"warps__consumer": 6}, "warps.consumer", "warpgroups of 4 warps"),
     ("rule_warpgroups", WGMMA, {"warps__producer": 2}, "warps.producer", "the producer is one warpgroup"),
     ("rule_block_m_rows", WGMMA, {"tile__block_m": 64}, "tile.block_m", "block_m must be 128"),
@@ -527,7 +531,8 @@ def test_schema_command_lists_every_key():
         # decode: decode, max_splits, page_size, combine)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size",
                                          "combine"} == {
-            "schema", "name", "description", "target", "dtype", "head_dim", "masks", "tile", "warps", "mma", "smem",
+            "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "tile", "warps",
+            "mma", "smem",
             "softmax", "min_blocks_per_sm", "varlen"}
         # the kind's selector key is required (mma, or decode for a decode kind)
         assert set(alt["required"]) - {"decode", "mma"} == {"schema", "name", "head_dim", "tile", "warps"}

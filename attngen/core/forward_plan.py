@@ -135,6 +135,12 @@ class ForwardPlan:
     params_qualifier: str = ""      # "__grid_constant__ ": Params stays in parameter space (TMA maps need its address)
     persistent: bool = False        # one resident block per SM loops over every query block (grid = SM count)
     block_text: tuple[str, ...] = ()  # explain's block, threads and masks lines when the forward ones do not fit
+    head_dim_v: int = 0             # V's and O's head dim where it differs from head_dim (0: the same)
+
+    @property
+    def v_dim(self) -> int:
+        """The head dim of V and O."""
+        return self.head_dim_v or self.head_dim
 
     def region(self, name: str) -> Region:
         for r in self.regions:

@@ -137,6 +137,9 @@ class ForwardSpec(SpecBase):
     Every mask variant it lists shares it."""
 
     head_dim: int = Field(ge=8, le=256, description="D, the size of each head")
+    head_dim_v: Optional[int] = Field(default=None, ge=8, le=256, description=(
+        "the head size of V and of the output when it differs from head_dim's Q and K (DeepSeek MLA: head_dim "
+        "192, head_dim_v 128); unset: head_dim"))
     masks: list[MaskName] = Field(default=["none", "causal"], min_length=1,
                                   description="mask variants to emit, one kernel function each")
     tile: Tile
@@ -154,6 +157,9 @@ class ForwardSpec(SpecBase):
                     "many blocks fit on one SM; unset lets ptxas choose (it may trade a small spill for "
                     "occupancy)")
 
+    # Kinds whose plans give V and O their own head dim (head_dim_v) say so.
+    takes_head_dim_v: ClassVar[bool] = False
+
     # What the kind's fragments need of the tile: rows per compute warp and keys per tile come in
     # multiples of these (see rule_block_m_split / rule_block_n).
     row_unit: ClassVar[int] = 1
@@ -167,6 +173,11 @@ class ForwardSpec(SpecBase):
         if len(set(v)) != len(v):
             raise ValueError(f"lists a mask twice ({v}); list each variant once")
         return v
+
+    @property
+    def v_dim(self) -> int:
+        """The head dim of V and O: head_dim_v, or head_dim when unset."""
+        return self.head_dim_v or self.head_dim
 
     @property
     def compute_warps(self) -> int:
@@ -271,9 +282,21 @@ def rule_register_cap(s: ForwardSpec):
                                      f"thread, but the kernel holds at least {need[0]} ({need[1]}); {fix}")
 
 
+def rule_head_dim_v(s: ForwardSpec):
+    if s.head_dim_v is None or s.head_dim_v == s.head_dim:
+        return None
+    if not s.takes_head_dim_v:
+        return "head_dim_v", (f"a V head dim other than head_dim is not generated for {s.mma}: its P.V and output "
+                              f"tiles share Q's head dim; leave head_dim_v unset (or {s.head_dim})")
+    if s.head_dim_v % 8:
+        return "head_dim_v", (f"must be a multiple of 8 for 16-byte rows (got {s.head_dim_v}); try "
+                              f"{round_up(s.head_dim_v, 8)}")
+
+
 # Every forward-shaped kind's tiles go through core.forward_plan.tile_swizzle, and every kind's launch
-# bounds through ptxas: neither is a kind's choice.
-ForwardSpec.shared_rules = (rule_xor_bits, rule_register_cap)
+# bounds through ptxas: neither is a kind's choice. head_dim_v is refused by every kind that does not
+# take it, in one place.
+ForwardSpec.shared_rules = (rule_xor_bits, rule_register_cap, rule_head_dim_v)
 
 
 def rule_warp_roles_need_a_ring(s: ForwardSpec):

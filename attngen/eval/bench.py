@@ -37,14 +37,25 @@ class Case:
     head_dim: int
     dtype: str
     causal: bool
+    head_dim_v: int = 0        # V's head dim where it differs (shape BxHxSxDxDv); 0: head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def shape_text(self) -> str:
+        return (f"{self.batch}x{self.heads}x{self.seqlen}x{self.head_dim}"
+                + (f"x{self.head_dim_v}" if self.head_dim_v else ""))
 
     @property
     def label(self) -> str:
-        return f"{self.batch}x{self.heads}x{self.seqlen}x{self.head_dim} {self.dtype}{' causal' if self.causal else ''}"
+        return f"{self.shape_text} {self.dtype}{' causal' if self.causal else ''}"
 
     @property
     def flops(self) -> float:
-        f = 4.0 * self.batch * self.heads * self.seqlen * self.seqlen * self.head_dim
+        """2 B H S^2 (D + Dv): Q.K^T and P.V (4 B H S^2 D when V's head dim is D); halved for causal."""
+        f = 2.0 * self.batch * self.heads * self.seqlen * self.seqlen * (self.head_dim + self.v_dim)
         return f / 2 if self.causal else f
 
     def tflops(self, median_us: float) -> float:
@@ -118,11 +129,13 @@ class BenchReport:
                 "geomean_vs_flash": {i: self.geomean(i, "flash") for i in self.impls()}}
 
 
-def parse_shape(text: str) -> tuple[int, int, int, int]:
+def parse_shape(text: str) -> tuple[int, ...]:
+    """(B, H, S, D) from BxHxSxD, or (B, H, S, D, Dv) from BxHxSxDxDv (V's head dim Dv differs)."""
     parts = text.lower().split("x")
-    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"shape {text!r} is not BxHxSxD (e.g. 4x16x2048x64)")
-    return tuple(int(p) for p in parts)  # type: ignore[return-value]
+    if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"shape {text!r} is not BxHxSxD or BxHxSxDxDv (e.g. 4x16x2048x64, 4x16x2048x192x128)")
+    out = tuple(int(p) for p in parts)
+    return out[:4] if len(out) == 5 and out[4] == out[3] else out
 
 
 # -- timing --------------------------------------------------------------------------------------
@@ -131,13 +144,14 @@ def input_sets(torch, case: Case, device, generator) -> list[tuple]:
     """Enough (q, k, v) sets that cycling through them defeats L2 reuse (at least 2)."""
     dtype = getattr(torch, DTYPES[case.dtype])
     shape = (case.batch, case.heads, case.seqlen, case.head_dim)
-    set_bytes = 3 * math.prod(shape) * 2
+    v_shape = shape[:3] + (case.v_dim,)
+    set_bytes = (2 * math.prod(shape) + math.prod(v_shape)) * 2
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     free, _ = torch.cuda.mem_get_info(device)
     n = max(2, math.ceil(3 * l2 / set_bytes))
     n = max(1, min(n, int(0.5 * free // set_bytes), 16))
-    return [tuple(torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
-                  for _ in range(3)) for _ in range(n)]
+    return [tuple(torch.randn(s, generator=generator, device=device, dtype=torch.float32).to(dtype)
+                  for s in (shape, shape, v_shape)) for _ in range(n)]
 
 
 def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, float]:
@@ -179,7 +193,7 @@ def time_eager(torch, fn, sets, *, reps: int, rounds: int = 5) -> float:
 def kernel_call(torch, kernel, sets, causal: bool):
     """fn(q, k, v) for time_calls: runs `kernel` into an output buffer preallocated per input set,
     so the timed calls allocate nothing."""
-    outs = [torch.empty_like(s[0]) for s in sets]
+    outs = [s[0].new_empty(s[0].shape[:-1] + s[2].shape[-1:]) for s in sets]   # q's shape, V's head dim
     index = {id(s[0]): i for i, s in enumerate(sets)}
 
     def call(q, k, v):
@@ -217,12 +231,12 @@ def check_output(torch, kernel, q, k, v, causal: bool) -> tuple[bool, str]:
 
 
 def cases_for(shapes, dtypes, causals) -> list[Case]:
-    return [Case(b, h, s, d, dt, c) for (b, h, s, d) in shapes for dt in dtypes for c in causals]
+    return [Case(*shape[:4], dt, c, *shape[4:]) for shape in shapes for dt in dtypes for c in causals]
 
 
 def supports(plan, case: Case) -> bool:
     """The spec (of the forward convention: eval.conventions hands this bench only those) runs the case."""
-    return (plan.spec.dtype == case.dtype and plan.head_dim == case.head_dim
+    return (plan.spec.dtype == case.dtype and plan.head_dim == case.head_dim and plan.v_dim == case.v_dim
             and ("causal" if case.causal else "none") in plan.masks)
 
 
@@ -319,7 +333,7 @@ def plot_image(report: BenchReport, fmt: str = "png") -> bytes:
     impls = report.impls() + [f"sdpa:{b}" for b in SDPA_BACKENDS]
     for ax, (dtype, causal) in zip(axes[:, 0], panels):
         rows = [r for r in report.results if r.case.dtype == dtype and r.case.causal == causal]
-        labels = [f"{r.case.batch}x{r.case.heads}x{r.case.seqlen}x{r.case.head_dim}" for r in rows]
+        labels = [r.case.shape_text for r in rows]
         present = [i for i in impls if any((r.get(i) and r.get(i).status == "ok") for r in rows)]
         width = 0.8 / max(1, len(present))
         for j, impl in enumerate(present):

@@ -36,17 +36,18 @@ def forward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
             if not ranked:
                 continue
             mask = "causal" if c["causal"] else "none"
-            cells[(arch, c["dtype"], c["head_dim"], mask)].append(
+            cells[(arch, c["dtype"], c["head_dim"], mask, c.get("head_dim_v", 0))].append(
                 (c["seqlen"], ranked, f"{name} {r['label']}"))
     out = []
-    for (arch, dtype, head_dim, mask), rows in cells.items():
+    for (arch, dtype, head_dim, mask, *v), rows in cells.items():
         rows.sort(key=lambda row: row[0])
         for i, (seqlen, ranked, where) in enumerate(rows):
             upto = None if i + 1 == len(rows) else int(math.sqrt(seqlen * rows[i + 1][0]))
             best, second = ranked[0], (ranked[1] if len(ranked) > 1 else None)
             out.append(Entry("forward", arch, dtype, head_dim, mask, best["impl"], upto=upto,
                              us=round(best["median_us"], 1), runner_up=second["impl"] if second else None,
-                             runner_up_us=round(second["median_us"], 1) if second else None, measured=where))
+                             runner_up_us=round(second["median_us"], 1) if second else None, measured=where,
+                             head_dim_v=v[0] if v else 0))
     return out
 
 

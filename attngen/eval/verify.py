@@ -250,21 +250,25 @@ def judge_rows(result: CaseResult, torch, out, ref, low, lse, ref_lse, dtype_nam
     result.passed = not problems
 
 
-def make_inputs(shape: Shape, head_dim: int, dtype, device, generator):
-    """q, k, v in shape.layout, standard normal (never zeros)."""
+def make_inputs(shape: Shape, head_dim: int, dtype, device, generator, v_dim: int | None = None):
+    """q, k, v in shape.layout, standard normal (never zeros); v with v_dim columns when given."""
     import torch
     b, h, kvh, sq, sk, d = shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, head_dim
+    dv = v_dim or d
 
     def randn(*size):
         return torch.randn(size, generator=generator, device=device, dtype=torch.float32).to(dtype)
 
+    if shape.qkv and dv != d:   # one buffer, q | k | v side by side in each row (strided views)
+        qkv = randn(b, sq, h, 2 * d + dv) if shape.layout == "bshd" else randn(b, h, sq, 2 * d + dv)
+        return qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
     if shape.qkv:
         if shape.layout == "bshd":
             return randn(b, sq, 3, h, d).unbind(2)
         return randn(b, 3, h, sq, d).unbind(1)
     if shape.layout == "bshd":
-        return randn(b, sq, h, d), randn(b, sk, kvh, d), randn(b, sk, kvh, d)
-    return randn(b, h, sq, d), randn(b, kvh, sk, d), randn(b, kvh, sk, d)
+        return randn(b, sq, h, d), randn(b, sk, kvh, d), randn(b, sk, kvh, dv)
+    return randn(b, h, sq, d), randn(b, kvh, sk, d), randn(b, kvh, sk, dv)
 
 
 def poisoned_output(shape: Shape, head_dim: int, guard_rows: int, dtype, device):
@@ -300,9 +304,9 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
     scale = default_scale(d)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    q, k, v = make_inputs(shape, d, dtype, device, gen)
+    q, k, v = make_inputs(shape, d, dtype, device, gen, v_dim=plan.v_dim)
     guard_rows = -(-plan.block_m // ROW_ALIGN) * ROW_ALIGN
-    o, o_guard = poisoned_output(shape, d, guard_rows, dtype, device)
+    o, o_guard = poisoned_output(shape, plan.v_dim, guard_rows, dtype, device)
     lse, lse_guard = poisoned_lse(shape, guard_rows, device)
 
     kernel(q, k, v, causal=variant.mask == "causal", alignment=variant.alignment, scale=scale, layout=shape.layout,

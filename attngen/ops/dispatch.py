@@ -37,22 +37,23 @@ class Dispatcher:
         return self._entries
 
     def entry(self, call: str, index: int, dtype, head_dim: int, mask: str, seqlen: int, *, page_size: int = 0,
-              group_rows: int = 1):
+              group_rows: int = 1, head_dim_v: int = 0):
         """The table entry for a call on cuda:`index` (dtype: a torch dtype or fp16/bf16)."""
         from ..runtime import device_info
         name = TORCH_DTYPES.get(str(dtype), dtype)
         if name not in ("fp16", "bf16"):
             raise TypeError(f"attngen kernels take float16 or bfloat16 tensors (got {dtype})")
         return select(self.entries, call, device_info(index).arch, name, head_dim, mask, seqlen,
-                      page_size=page_size, group_rows=group_rows)
+                      page_size=page_size, group_rows=group_rows, head_dim_v=head_dim_v)
 
     def kernel(self, call: str, index: int, dtype, head_dim: int, mask: str, seqlen: int, *, page_size: int = 0,
-               group_rows: int = 1):
+               group_rows: int = 1, head_dim_v: int = 0):
         """The loaded kernel serving a call (see entry)."""
-        key = (call, index, dtype, head_dim, mask, seqlen, page_size, group_rows)
+        key = (call, index, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v)
         kernel = self._resolved.get(key)
         if kernel is None:
-            e = self.entry(call, index, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows)
+            e = self.entry(call, index, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows,
+                           head_dim_v=head_dim_v)
             kernel = self._load(e.spec, index)
             if len(self._resolved) >= RESOLVED_ENTRIES:
                 self._resolved.clear()

@@ -17,7 +17,7 @@ def _heads_seq(q, layout: str) -> tuple[int, int, int]:
     return (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
 
 
-_FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k) -> kernel
+_FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k, V head_dim) -> kernel
 _PREPARED: dict = {}    # runtime call_key of a call made before -> (its kernel, the kernel's prepared call)
 
 
@@ -34,12 +34,13 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
         result = hit[0].run_prepared(hit[1], q, k, v, return_lse)
         if result is not None:
             return result
-    short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if layout == "bhsd" else k.shape[1])
+    short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if layout == "bhsd" else k.shape[1], v.shape[-1])
     kernel = _FORWARD.get(short)
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4])
+        kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4],
+                                 head_dim_v=short[5] if short[5] != short[2] else 0)
         if len(_FORWARD) >= 4096:
             _FORWARD.clear()
         _FORWARD[short] = kernel
@@ -121,7 +122,9 @@ def attention_with_kvcache_cuda(q, k_cache, v_cache, cache_seqlens, block_table,
 
 
 def attention_fake(q, k, v, causal, alignment, scale, layout):
-    return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
+    # as the kernel makes it: like q, or q's shape with V's head dim (contiguous) where they differ
+    out = torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
 def attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):

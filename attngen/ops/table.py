@@ -42,6 +42,7 @@ class Entry:
     runner_up: str | None = None
     runner_up_us: float | None = None
     measured: str | None = None
+    head_dim_v: int = 0                 # V's and O's head dim where it differs from head_dim (0: the same)
 
     @property
     def why(self) -> str:
@@ -51,7 +52,7 @@ class Entry:
         return f"{self.spec}: {self.us:.1f} us measured ({self.measured}){runner}"
 
     def key(self) -> tuple:
-        return (self.call, self.arch, self.dtype, self.head_dim, self.mask, self.page_size)
+        return (self.call, self.arch, self.dtype, self.head_dim, self.mask, self.page_size, self.head_dim_v)
 
 
 def table_path(specs_dir) -> Path:
@@ -100,17 +101,19 @@ def dump_table(entries, header: str) -> str:
                                            e.max_group_rows or 0))
     for e in order:
         row = {f.name: getattr(e, f.name) for f in fields(Entry)
-               if getattr(e, f.name) not in (None,) and not (f.name == "page_size" and e.page_size == 0)}
+               if getattr(e, f.name) not in (None,) and not (f.name in ("page_size", "head_dim_v")
+                                                             and getattr(e, f.name) == 0)}
         text = yaml.safe_dump(row, default_flow_style=True, sort_keys=False, width=10_000).strip()
         lines.append(f"  - {text}")
     return "\n".join(lines) + "\n"
 
 
 def call_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, page_size: int = 0,
-              group_rows: int = 1) -> str:
+              group_rows: int = 1, head_dim_v: int = 0) -> str:
     """A call's dispatch key in words (the decode keys only for decode calls)."""
     decode = f" page_size {page_size} group_rows {group_rows}" if call == "decode" else ""
-    return f"{call} {arch} {dtype} head_dim {head_dim} {mask} seqlen {seqlen}{decode}"
+    v = f" head_dim_v {head_dim_v}" if head_dim_v else ""
+    return f"{call} {arch} {dtype} head_dim {head_dim}{v} {mask} seqlen {seqlen}{decode}"
 
 
 def entry_problem(e: Entry, plan) -> str | None:
@@ -122,6 +125,8 @@ def entry_problem(e: Entry, plan) -> str | None:
         return f"{e.spec} is a {plan.kind.calls} spec, not one for {e.call} calls"
     if (plan.spec.dtype, plan.head_dim) != (e.dtype, e.head_dim):
         return f"{e.spec} is {plan.spec.dtype} head_dim {plan.head_dim}, the entry {e.dtype} {e.head_dim}"
+    if plan.head_dim_v != e.head_dim_v:
+        return f"{e.spec} has head_dim_v {plan.v_dim}, the entry {e.head_dim_v or e.head_dim}"
     if (varlen_key(e.mask) if e.call == "varlen" else e.mask) not in plan.entry_functions:
         return f"{e.spec} has no {e.mask} {'varlen ' if e.call == 'varlen' else ''}function"
     pages = getattr(plan, "page_size", 0)
@@ -130,25 +135,27 @@ def entry_problem(e: Entry, plan) -> str | None:
     return None
 
 
-def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0) -> list:
-    """The entries of one key, by upto (no limit last)."""
-    keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, page_size)]
+def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0,
+               head_dim_v: int = 0) -> list:
+    """The entries of one key, by upto (no limit last); head_dim_v 0: V's head dim is head_dim."""
+    keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, page_size, head_dim_v)]
     return sorted(keyed, key=lambda e: (math.inf if e.upto is None else e.upto, e.max_group_rows or math.inf))
 
 
 def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
-           page_size: int = 0, group_rows: int = 1) -> Entry:
+           page_size: int = 0, group_rows: int = 1, head_dim_v: int = 0) -> Entry:
     """The entry serving a call: among its key's entries, the first whose upto covers `seqlen`
     (and whose max_group_rows covers `group_rows`); the last bucket serves longer sequences.
     LookupError with what exists and how to add the key when the key has no entry."""
-    keyed = candidates(entries, call, arch, dtype, head_dim, mask, page_size)
+    keyed = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v)
     keyed = [e for e in keyed if e.max_group_rows is None or group_rows <= e.max_group_rows] or keyed
     if not keyed:
-        have = sorted({(e.arch, e.dtype, e.head_dim, e.mask) + ((e.page_size,) if call == "decode" else ())
-                       for e in entries if e.call == call})
+        have = sorted({(e.arch, e.dtype, e.head_dim) + ((f"v{e.head_dim_v}",) if e.head_dim_v else ()) + (e.mask,)
+                       + ((e.page_size,) if call == "decode" else ()) for e in entries if e.call == call}, key=str)
         listed = "; ".join(" ".join(str(x) for x in h) for h in have) or "none"
         raise LookupError(
-            f"attngen has no {call} kernel for {arch} {dtype} head_dim {head_dim} mask {mask}"
+            f"attngen has no {call} kernel for {arch} {dtype} head_dim {head_dim}"
+            + (f" head_dim_v {head_dim_v}" if head_dim_v else "") + f" mask {mask}"
             + (f" page_size {page_size}" if call == "decode" else "")
             + f". The dispatch table has: {listed}. Add one: write a spec for it (`attngen explain SPEC` checks it; "
               f"`attngen sweep SPEC --shapes 1x16x2048x{head_dim}` finds faster variants), time it on that GPU with "

@@ -283,9 +283,10 @@ class Kernel:
                             f"thread) but the plan launches {fn.threads}")
 
     # -- checks every convention shares ---------------------------------------------------------
-    def _check_tensor(self, name: str, t, layout: str, index: int):
+    def _check_tensor(self, name: str, t, layout: str, index: int, v_dim: bool = False):
         """The tensor's shape, checked for `layout` (one of LAYOUTS, or VARLEN_LAYOUT) on cuda:`index`:
-        dtype, rank, device, head_dim, a contiguous last dimension, 16-byte rows and pointer."""
+        dtype, rank, device, head dim (v_dim: V's and O's), a contiguous last dimension, 16-byte rows
+        and pointer."""
         if not isinstance(t, self._tensor_type):
             raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
         shape = t.shape
@@ -302,9 +303,10 @@ class Kernel:
         if t.dtype is not self.dtype:
             raise TypeError(f"{name} is {t.dtype} but {self.label} takes {self.dtype} (spec dtype "
                             f"{self.plan.spec.dtype})")
-        if shape[-1] != self.plan.head_dim:
-            raise ValueError(f"{name} has head_dim {shape[-1]} but {self.label} is generated for head_dim "
-                             f"{self.plan.head_dim}")
+        want = self.plan.v_dim if v_dim else self.plan.head_dim
+        if shape[-1] != want:
+            which = "head_dim_v" if v_dim and self.plan.v_dim != self.plan.head_dim else "head_dim"
+            raise ValueError(f"{name} has head_dim {shape[-1]} but {self.label} is generated for {which} {want}")
         stride = t.stride()
         if stride[-1] != 1:
             raise ValueError(f"{name}'s last dimension must be contiguous (stride 1, got {stride[-1]}); "
@@ -326,7 +328,7 @@ class Kernel:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
         index = self._device_index(q)
         return (index, self._check_tensor(names[0], q, layout, index), self._check_tensor(names[1], k, layout, index),
-                self._check_tensor(names[2], v, layout, index))
+                self._check_tensor(names[2], v, layout, index, v_dim=True))
 
     @staticmethod
     def _no_keys(out, lse, return_lse: bool):
@@ -365,13 +367,22 @@ class Kernel:
             raise ValueError(f"alignment={alignment!r} applies to causal=True only")
         return variant
 
-    def _output(self, out, q, layout: str, index: int):
-        """out: a new tensor like q (its strides too), or the caller's, checked against q."""
-        if out is None:
+    def _new_output(self, q):
+        """A new output for q: like q (its strides too), or, where V's head dim differs, q's shape
+        with head_dim_v columns (contiguous)."""
+        if self.plan.v_dim == self.plan.head_dim:
             return self._torch.empty_like(q)
-        self._check_tensor("out", out, layout, index)
-        if out.shape != q.shape:
-            raise ValueError(f"out must have q's shape {tuple(q.shape)} (got {tuple(out.shape)})")
+        return q.new_empty(q.shape[:-1] + (self.plan.v_dim,))
+
+    def _output(self, out, q, layout: str, index: int):
+        """out: a new tensor for q (_new_output), or the caller's, checked against q."""
+        if out is None:
+            return self._new_output(q)
+        self._check_tensor("out", out, layout, index, v_dim=True)
+        want = tuple(q.shape[:-1]) + (self.plan.v_dim,)
+        if tuple(out.shape) != want:
+            what = "q's shape" if self.plan.v_dim == self.plan.head_dim else "q's shape with head_dim_v columns"
+            raise ValueError(f"out must have {what} {want} (got {tuple(out.shape)})")
         return out
 
     def _check_scale(self, scale) -> float:

@@ -10,17 +10,20 @@ from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, Ti
 from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
 from ...core.variants import MASKS
 from ...targets import TARGETS
-from .spec import ROWS_PER_WARPGROUP, TILE_ALIGN, TITLE, WARPGROUP, PanelSwizzle, WgmmaSpec, panel_swizzle, tile_dim
+from .spec import (ROWS_PER_WARPGROUP, TILE_ALIGN, TITLE, WARPGROUP, PanelSwizzle, WgmmaSpec, panel_swizzle, tile_dim,
+                   tile_dim_v)
 
 
 @dataclass(frozen=True, kw_only=True)
 class WgmmaFragments:
     consumer_warpgroups: int
     producer_warpgroups: int
-    tile_dim: int           # columns of the Q, K and V tiles: head_dim rounded up to whole panels
+    tile_dim: int           # columns of the Q and K tiles: head_dim rounded up to whole panels
+    tile_dim_v: int         # columns of the V tiles and of O: head_dim_v (or head_dim) in whole panels
     panels: int             # panels of tile_dim
+    panels_v: int           # panels of tile_dim_v
     s_regs: int             # fp32 accumulators of S per thread (block_n / 2)
-    o_regs: int             # fp32 accumulators of O per thread (tile_dim / 2)
+    o_regs: int             # fp32 accumulators of O per thread (tile_dim_v / 2)
     k_steps_qk: int         # k16 wgmma steps of Q.K^T (tile_dim / 16)
     k_steps_pv: int         # k16 wgmma steps of P.V (block_n / 16)
     producer_registers: int  # after setmaxnreg (0: no reallocation)
@@ -39,7 +42,8 @@ class WgmmaFragments:
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (both consumer warpgroups)
     q_bytes: int            # TMA transaction bytes of the Q tile
-    tile_bytes: int         # TMA transaction bytes of one K or V tile
+    k_tile_bytes: int       # TMA transaction bytes of one K tile
+    v_tile_bytes: int       # TMA transaction bytes of one V tile
     has_producer: bool      # false: homogeneous, a consumer thread also issues the copies
     separate_kv_barriers: bool  # K and V of a stage handed over on separate mbarriers (the overlapped schedule)
     issuer_thread: int      # the thread that issues every TMA copy
@@ -55,19 +59,21 @@ def swizzled_tile(name: str, rows: int, cols: int, panel: PanelSwizzle, ctype: s
                   per=f"{per}; {panels} panel(s) of {rows} rows x {panel.cols}", align=TILE_ALIGN)
 
 
-def barriers(stages: int, consumer_warps: int, tile_bytes: int, q_bytes: int, issuer: str,
+def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_bytes: int, issuer: str,
              base: int, persistent: bool = False, separate_kv_barriers: bool = True) -> tuple[Barrier, ...]:
     """Split: full_k, full_v, empty_k, empty_v per stage, so K of a stage is refilled as soon as the S
     GEMM that read it is done (the overlapped schedule needs it). Otherwise full and empty per stage,
     for K and V together. Then q_full (and q_empty when persistent)."""
     out, at = [], base
-    copy = f"{issuer} (arrive.expect_tx {tile_bytes} B; TMA completes the bytes)"
-    pairs = ((("full_k", 1, copy, "consumer threads"), ("full_v", 1, copy, "consumer threads"),
+    def copy(nbytes):
+        return f"{issuer} (arrive.expect_tx {nbytes} B; TMA completes the bytes)"
+    both = f"{k_bytes} B each" if k_bytes == v_bytes else f"{k_bytes} and {v_bytes} B"
+    pairs = ((("full_k", 1, copy(k_bytes), "consumer threads"), ("full_v", 1, copy(v_bytes), "consumer threads"),
               ("empty_k", consumer_warps, "lane 0 of each consumer warp, once its S = Q.K^T of the stage completed",
                issuer),
               ("empty_v", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer))
              if separate_kv_barriers else
-             (("full", 2, f"{issuer}, once for K and once for V (arrive.expect_tx {tile_bytes} B each)",
+             (("full", 2, f"{issuer}, once for K and once for V (arrive.expect_tx {both})",
                "consumer threads"),
               ("empty", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer)))
     for kind, arrivals, arrive, wait in pairs:
@@ -97,14 +103,14 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     target = TARGETS[spec.target]
     ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
     d, bm, bn, stages = spec.head_dim, spec.tile.block_m, spec.tile.block_n, spec.smem.stages
-    panel, td = panel_swizzle(spec), tile_dim(spec)
+    panel, td, tdv = panel_swizzle(spec), tile_dim(spec), tile_dim_v(spec)
     consumers, producers = spec.compute_warps // WARPGROUP, spec.producer_warps // WARPGROUP
     staged = spec.epilogue != "registers"
     tiles = [swizzled_tile("q", bm, td, panel, ctype, "Q tile, loaded once" +
                            ("; each consumer warpgroup stages its rows of O over its rows of Q" if staged else ""))]
     for s in range(stages):
         tiles.append(swizzled_tile(f"k{s}", bn, td, panel, ctype, f"K tile, stage {s}"))
-        tiles.append(swizzled_tile(f"v{s}", bn, td, panel, ctype, f"V tile, stage {s}"))
+        tiles.append(swizzled_tile(f"v{s}", bn, tdv, panel, ctype, f"V tile, stage {s}"))
     persistent = spec.schedule.persistent
     separate_kv_barriers = (spec.schedule.overlap if spec.schedule.separate_kv_barriers is None
                             else spec.schedule.separate_kv_barriers)
@@ -115,7 +121,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     budget = Budget.of(target, spec.smem.opt_in)
     total = check_budget(regions, budget, file)
     threads = 32 * (spec.compute_warps + spec.producer_warps)
-    q_bytes, tile_bytes = bm * td * 2, bn * td * 2   # a TMA box counts its zero-filled columns too
+    q_bytes, k_bytes, v_bytes = bm * td * 2, bn * td * 2, bn * tdv * 2   # a TMA box counts its zero-filled columns too
     has_producer = producers > 0
     issuer_thread = 32 * spec.compute_warps if has_producer else 32 * WARPGROUP * (consumers - 1)
     issuer = (f"the producer thread ({issuer_thread})" if has_producer else
@@ -125,23 +131,24 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     if spec.epilogue == "tma":   # each consumer warpgroup stores its own 64 rows
         maps += (TensorMapSpec("o", ROWS_PER_WARPGROUP, panel.cols, panel.tma_name, store=True),)
     frag = WgmmaFragments(consumer_warpgroups=consumers, producer_warpgroups=producers,
-                          tile_dim=td, panels=td // panel.cols, s_regs=bn // 2, o_regs=td // 2, k_steps_qk=td // 16,
+                          tile_dim=td, tile_dim_v=tdv, panels=td // panel.cols, panels_v=tdv // panel.cols,
+                          s_regs=bn // 2, o_regs=tdv // 2, k_steps_qk=td // 16,
                           k_steps_pv=bn // 16, producer_registers=regs.producer if regs else 0,
                           consumer_registers=regs.consumer if regs else 0, overlap=spec.schedule.overlap,
                           pingpong=spec.schedule.pingpong, panel_cols=panel.cols, panel_row_bytes=panel.row_bytes,
                           descriptor_mode=panel.descriptor_mode, swizzle_atom_bytes=8 * panel.row_bytes,
                           k_major_lbo_bytes=16, k_step_bytes=16 * 2, k_steps_per_panel=panel.cols // 16,
                           v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, rows_per_warpgroup=ROWS_PER_WARPGROUP,
-                          turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, tile_bytes=tile_bytes,
+                          turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, k_tile_bytes=k_bytes, v_tile_bytes=v_bytes,
                           has_producer=has_producer, separate_kv_barriers=separate_kv_barriers,
                           issuer_thread=issuer_thread, epilogue=spec.epilogue)
-    bars = barriers(stages, spec.compute_warps, tile_bytes, q_bytes, issuer,
+    bars = barriers(stages, spec.compute_warps, k_bytes, v_bytes, q_bytes, issuer,
                     next(r.offset for r in regions if r.name == "bars"), persistent, separate_kv_barriers)
     functions = forward_functions(spec)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
     consumer_role = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each; "
-                     f"S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {td})"
+                     f"S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {tdv})"
                      + (f"; setmaxnreg.inc to {regs.consumer}" if regs else ""))
     if has_producer:
         roles = (consumer_role,
@@ -149,10 +156,10 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                  f"{issuer_thread} issues every TMA copy, the other threads exit"
                  + (f"; setmaxnreg.dec to {regs.producer}" if regs else ""))
         copies = (f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty_k[s] (when t >= stages), "
-                  f"expect_tx {tile_bytes} B on full_k[s], TMA K; the same for V on empty_v[s] and full_v[s]"
+                  f"expect_tx {k_bytes} B on full_k[s], TMA K; the same for V ({v_bytes} B) on empty_v[s] and full_v[s]"
                   if separate_kv_barriers else
                   f"  producer: Q (expect_tx {q_bytes} B on q_full), then per tile: wait empty[s] (when t >= stages), "
-                  f"expect_tx {tile_bytes} B on full[s] and TMA K, the same again for V")
+                  f"expect_tx {k_bytes} B on full[s] and TMA K, the same again for V ({v_bytes} B)")
     else:
         roles = (consumer_role + f"; consumer thread {issuer_thread} (first of the last warpgroup, whose rows see "
                  "every tile) also issues every TMA copy",)
@@ -204,8 +211,21 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         barriers=bars, kv_stage_stride=ring_stride(regions, "k", "v"), min_blocks_per_sm=min_blocks,
         fragments=frag, bank_report=(), roles=roles, schedule=schedule, arch_suffix="a",
         copy_engine="TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers",
-        tensor_maps=maps, persistent=persistent,
+        tensor_maps=maps, persistent=persistent, head_dim_v=spec.v_dim if spec.v_dim != d else 0,
     )
+
+
+def padding_lines(plan) -> list[str]:
+    """What explain says about head dims padded to whole panels (TMA's zero fill)."""
+    f, out = plan.fragments, []
+    if f.tile_dim != plan.head_dim:
+        out.append(f"head_dim {plan.head_dim} padded to {f.tile_dim} columns: TMA fills columns {plan.head_dim}.."
+                   f"{f.tile_dim - 1} of Q and K with zeros (they add nothing to S)")
+    if f.tile_dim_v != plan.v_dim:
+        out.append(f"{'head_dim_v' if plan.v_dim != plan.head_dim else 'V'} {plan.v_dim} padded to {f.tile_dim_v} "
+                   f"columns: TMA fills V's columns {plan.v_dim}..{f.tile_dim_v - 1} with zeros; those O columns "
+                   "are not stored")
+    return out
 
 
 def explain(plan) -> list[str]:
@@ -213,13 +233,15 @@ def explain(plan) -> list[str]:
     lines = [f"warpgroups: {f.consumer_warpgroups} consumer(s) x 64 rows + {f.producer_warpgroups} producer; "
              f"S {f.s_regs} + O {f.o_regs} fp32 accumulator registers per consumer thread",
              f"wgmma per tile per consumer warpgroup: {f.k_steps_qk} x m64n{plan.block_n}k16 (Q.K^T, SS) + "
-             f"{f.k_steps_pv} x m64n{f.tile_dim}k16 (P.V, RS, V MN-major)",
-             *([f"head_dim {plan.head_dim} padded to {f.tile_dim} columns: TMA fills columns {plan.head_dim}.."
-                f"{f.tile_dim - 1} of Q, K and V with zeros (they add nothing to S); those O columns are not stored"]
-               if f.tile_dim != plan.head_dim else []),
-             f"TMA: Q {f.q_bytes} B once, K and V {f.tile_bytes} B each per stage, in {f.panels} {f.panel_cols}-column "
-             "panel(s) "
-             f"each, issued by thread {f.issuer_thread} ({'producer' if f.has_producer else 'homogeneous: a consumer'}); "
+             f"{f.k_steps_pv} x m64n{f.tile_dim_v}k16 (P.V, RS, V MN-major)",
+             *([f"V and O: head_dim_v {plan.v_dim}, Q and K: head_dim {plan.head_dim} (the default scale is "
+                f"1/sqrt({plan.head_dim}))"] if plan.v_dim != plan.head_dim else []),
+             *padding_lines(plan),
+             (f"TMA: Q {f.q_bytes} B once, K and V {f.k_tile_bytes} B each per stage, in {f.panels} "
+              if f.k_tile_bytes == f.v_tile_bytes else
+              f"TMA: Q {f.q_bytes} B once, K {f.k_tile_bytes} B and V {f.v_tile_bytes} B per stage, in {f.panels} "
+              f"and {f.panels_v} ") +
+             f"{f.panel_cols}-column panel(s) each, issued by thread {f.issuer_thread} ({'producer' if f.has_producer else 'homogeneous: a consumer'}); "
              "tensor maps: " + "; ".join(m.describe() for m in plan.tensor_maps),
              f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}), K-major Q and K (SBO "
              f"{f.swizzle_atom_bytes} B, k16 step +{f.k_step_bytes} B), MN-major V (LBO {f.v_lbo_bytes} B between "

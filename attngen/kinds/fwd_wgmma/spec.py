@@ -71,6 +71,11 @@ def tile_dim(s) -> int:
     return round_up(s.head_dim, panel_swizzle(s).cols)
 
 
+def tile_dim_v(s) -> int:
+    """Columns of the V tiles and of O: head_dim_v (or head_dim) rounded up to whole panels."""
+    return round_up(s.v_dim, panel_swizzle(s).cols)
+
+
 def widest_panels(head_dim: int) -> PanelSwizzle:
     """The widest panel swizzle whose rows tile head_dim without padding (the narrowest when none does)."""
     return next((p for p in PANEL_SWIZZLES if head_dim % p.cols == 0), PANEL_SWIZZLES[-1])
@@ -105,6 +110,12 @@ def rule_block_n(s):
     if s.tile.block_n % 16 or s.tile.block_n > MAX_N:
         return "tile.block_n", (f"must be a multiple of 16 (k16 steps of P.V) and at most {MAX_N} (the N of Q.K^T) "
                                 f"for {s.mma} (got {s.tile.block_n})")
+
+
+def rule_staged_output_fits_q(s):
+    if s.epilogue != "registers" and panel_swizzle(s) and tile_dim_v(s) > tile_dim(s):
+        return "epilogue", (f"the {s.epilogue} epilogue stages O in the Q tile, {tile_dim(s)} columns wide, but O has "
+                            f"{tile_dim_v(s)} (head_dim_v {s.v_dim}): use epilogue: registers")
 
 
 rule_async_copies = refuse(
@@ -144,7 +155,7 @@ def entry_cap(s) -> int:
 
 def consumer_need(s) -> int:
     """Registers a consumer thread needs: its S and O accumulators and ACCUMULATOR_MARGIN."""
-    return s.tile.block_n // 2 + tile_dim(s) // 2 + ACCUMULATOR_MARGIN
+    return s.tile.block_n // 2 + tile_dim_v(s) // 2 + ACCUMULATOR_MARGIN
 
 
 def rule_registers(s):
@@ -154,7 +165,7 @@ def rule_registers(s):
     if r is None:
         if need > entry_cap(s):
             return "registers", (f"a consumer thread needs about {need} registers (S {s.tile.block_n // 2} + O "
-                                 f"{tile_dim(s) // 2} accumulators + {ACCUMULATOR_MARGIN}) but gets {entry_cap(s)} "
+                                 f"{tile_dim_v(s) // 2} accumulators + {ACCUMULATOR_MARGIN}) but gets {entry_cap(s)} "
                                  f"at entry: set registers: {{producer: 24, consumer: ...}} to move the producer's "
                                  f"registers to the consumers")
         return None
@@ -213,7 +224,8 @@ class WgmmaSpec(ForwardSpec):
         "store per 64-column panel"))
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
-    rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
+    takes_head_dim_v = True
+    rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads,
              rule_no_varlen)
 
@@ -222,5 +234,5 @@ class WgmmaSpec(ForwardSpec):
         return panel.row_bytes // 16 if panel else super().swizzled_row_chunks()
 
     def register_need(self):
-        return (consumer_need(self), f"a consumer thread's S {self.tile.block_n // 2} and O {tile_dim(self) // 2} "
+        return (consumer_need(self), f"a consumer thread's S {self.tile.block_n // 2} and O {tile_dim_v(self) // 2} "
                                      f"accumulators + {ACCUMULATOR_MARGIN}")

@@ -102,7 +102,7 @@ class ForwardKernel(Kernel):
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if (qp | kp | vp) % LOAD_BYTES:
             return None
-        out = self._torch.empty_like(q)
+        out = self._new_output(q)
         lse = q.new_empty(prepared.extra[0], dtype=self._fp32) if return_lse else None
         op = out.data_ptr()
         pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0)
@@ -131,8 +131,8 @@ class ForwardKernel(Kernel):
         kv_heads, seqlen_k = (ks[1], ks[2]) if bhsd else (ks[2], ks[1])
         if ks[0] != batch or vs[0] != batch:
             raise ValueError(f"q, k and v must have the same batch size (got {batch}, {ks[0]}, {vs[0]})")
-        if ks != vs:
-            raise ValueError(f"k and v must have the same shape (got {tuple(ks)} and {tuple(vs)})")
+        if ks[:-1] != vs[:-1]:
+            raise ValueError(f"k and v must have the same shape but for the head dim (got {tuple(ks)} and {tuple(vs)})")
         if not heads or not kv_heads or heads % kv_heads:
             raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
         if heads > MAX_GRID_YZ or batch > MAX_GRID_YZ:
