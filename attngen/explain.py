@@ -66,6 +66,8 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     for p in plan.bank_report:
         flag = "conflict-free" if p.degree == 1 else f"{p.degree}-way conflict"
         out.append(f"  {p.name:<52} {p.degree:>2}  {flag}")
+    if getattr(plan, "swizzle_hint", ""):
+        out.append(f"  smem.swizzle: {plan.swizzle_hint} makes every access above conflict-free")
     occ = plan.occupancy
     if plan.min_blocks_per_sm:
         out += ["", f"launch bounds: {plan.threads} threads, at least {plan.min_blocks_per_sm} block(s) per SM: ptxas "
@@ -94,6 +96,7 @@ def plan_dict(plan: Plan) -> dict:
         "params": [{"name": f.name, "ctype": f.ctype, "offset": o, "size": f.size} for f, o in plan.abi.rows()],
         "params_bytes": plan.abi.size,
         "bank_conflicts": [{"pattern": p.name, "degree": p.degree} for p in plan.bank_report],
+        "conflict_free_swizzle": getattr(plan, "swizzle_hint", "") or None,
         "blocks_per_sm_by_smem": plan.occupancy.by_smem(),
         "fragments": asdict(frag) if is_dataclass(frag) else {},
     }

@@ -84,6 +84,10 @@
 //     +232  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
+//     K/V tile store (cp.async, 16 B)                       1  conflict-free
+//     ldmatrix.x4 Q (A fragments)                           1  conflict-free
+//     ldmatrix.x4 K (B fragments of Q.K^T)                  1  conflict-free
+//     ldmatrix.x4.trans V (B fragments of P.V)              1  conflict-free
 //
 //   resident blocks per SM on h200: 2 by shared memory and threads (compile to see the register limit)
 

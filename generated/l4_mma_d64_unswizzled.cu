@@ -76,6 +76,7 @@
 //     ldmatrix.x4 Q (A fragments)                           8  8-way conflict
 //     ldmatrix.x4 K (B fragments of Q.K^T)                  8  8-way conflict
 //     ldmatrix.x4.trans V (B fragments of P.V)              8  8-way conflict
+//     smem.swizzle: {xor_bits: 3} makes every access above conflict-free
 //
 //   resident blocks per SM on l4: 2 by shared memory and threads (compile to see the register limit)
 

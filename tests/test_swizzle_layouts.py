@@ -86,3 +86,22 @@ def test_reported_overflows_are_refused(name, head_dim, xor_bits):
     with pytest.raises(SpecError, match="can land past the row's end; use ") as info:
         make_plan(parse_spec(yaml.safe_dump(data)))
     assert info.value.key == "smem.swizzle.xor_bits"
+
+
+@pytest.mark.parametrize("name, swizzle, hint", [
+    ("h100_mma_d96", {"xor_bits": 2}, "{xor_bits: 2, row_shift: 1}"),     # rows r and r + 4 share banks
+    ("h100_mma_d80", {"xor_bits": 1}, "{xor_bits: 1, row_shift: 2}"),     # rows r and r + 2
+    ("h100_mma_d96", {"xor_bits": 2, "row_shift": 1}, ""),                # conflict-free: no hint
+    ("l4_mma_d64_unswizzled", None, "{xor_bits: 3}"),
+    ("h200_decode_d96", {"xor_bits": 2}, "{xor_bits: 2, row_shift: 1}")])
+def test_explain_names_a_conflict_free_swizzle(name, swizzle, hint):
+    """Where the bank report shows conflicts, the plan names the first XOR swizzle the kind takes
+    under which every pattern is conflict-free, and explain prints it."""
+    from attngen.explain import explain
+    data = yaml.safe_load((ROOT / "specs" / f"{name}.yaml").read_text())
+    if swizzle:
+        data["smem"] = dict(data["smem"], swizzle=swizzle)
+    plan = make_plan(parse_spec(yaml.safe_dump(data)))
+    assert plan.swizzle_hint == hint
+    assert any(p.degree > 1 for p in plan.bank_report) == bool(hint)
+    assert (f"smem.swizzle: {hint} makes every access above conflict-free" in explain(plan)) == bool(hint)

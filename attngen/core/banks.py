@@ -85,3 +85,26 @@ def ldmatrix_phases(plan, rows: int, cols: int, lane_row, lane_chunk) -> list[li
             lanes = [sw.chunk_offset(r0 + lane_row(i), c0 + lane_chunk(i)) for i in range(32)]
             phases += _phases(lanes, 16)
     return phases
+
+
+# ldmatrix.x4 lane -> (row, chunk) maps of the mma.sync templates (templates/lib/mma_sync.j2's users):
+# A fragments (Q; V through .trans) and B fragments (K).
+def a_row(i: int) -> int: return i % 8 + (i // 8) % 2 * 8
+def a_chunk(i: int) -> int: return i // 16
+def b_row(i: int) -> int: return i % 8 + i // 16 * 8
+def b_chunk(i: int) -> int: return (i // 8) % 2
+
+
+def mma_sync_patterns(plan, copy_threads: int) -> list[Pattern]:
+    """The K/V tile copy and the three ldmatrix.x4 reads of an mma.sync kernel over block_m Q rows
+    and block_n K/V rows."""
+    d, bn, bm = plan.head_dim, plan.block_n, plan.block_m
+    kv = tile_store_pattern(plan, bn, copy_threads)
+    verb = "cp.async" if plan.async_copy else "uint4"
+    q = ldmatrix_phases(plan, bm, d, a_row, a_chunk)
+    k = ldmatrix_phases(plan, bn, d, b_row, b_chunk)
+    v = ldmatrix_phases(plan, bn, d, a_row, a_chunk)
+    return [Pattern(f"K/V tile store ({verb}, 16 B)", 16, worst(kv, 16), len(kv)),
+            Pattern("ldmatrix.x4 Q (A fragments)", 16, worst(q, 16), len(q)),
+            Pattern("ldmatrix.x4 K (B fragments of Q.K^T)", 16, worst(k, 16), len(k)),
+            Pattern("ldmatrix.x4.trans V (B fragments of P.V)", 16, worst(v, 16), len(v))]

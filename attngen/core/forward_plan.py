@@ -136,6 +136,8 @@ class ForwardPlan:
     persistent: bool = False        # one resident block per SM loops over every query block (grid = SM count)
     block_text: tuple[str, ...] = ()  # explain's block, threads and masks lines when the forward ones do not fit
     head_dim_v: int = 0             # V's and O's head dim where it differs from head_dim (0: the same)
+    swizzle_hint: str = ""          # an XOR swizzle the kind takes under which the bank report is conflict-free
+                                    # (only where the spec's own has conflicts)
 
     @property
     def v_dim(self) -> int:
@@ -367,4 +369,29 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
         roles=producer_consumer_text(spec)[0], schedule=producer_consumer_text(spec)[1],
     )
     # The bank analysis reads the finished plan's address function, so it is attached last.
-    return replace(plan, bank_report=tuple(bank_patterns(plan)))
+    report = tuple(bank_patterns(plan))
+    hint = conflict_free_swizzle(spec, plan, bank_patterns) if any(p.degree > 1 for p in report) else ""
+    return replace(plan, bank_report=report, swizzle_hint=hint)
+
+
+def conflict_free_swizzle(spec: ForwardSpec, plan: ForwardPlan, bank_patterns) -> str:
+    """The first XOR swizzle (fewest bits, then smallest row shift) that fits a row, that the spec's
+    kind accepts, and under which every pattern of the bank report is conflict-free; "" when none
+    is. A row of 10 or 12 16-byte chunks puts rows r and r + 2 or r + 4 on the same banks under a
+    plain XOR: the row shift is what a hand-picked swizzle tends to miss."""
+    chunks = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
+    data = spec.model_dump(by_alias=True, exclude_none=True)
+    for bits in (1, 2, 3):
+        for shift in range(4):
+            if xor_misfit(chunks, bits, spec.head_dim):
+                continue
+            swizzle = {"xor_bits": bits, "row_shift": shift}
+            try:
+                type(spec).model_validate({**data, "smem": {**data["smem"], "swizzle": swizzle}})
+            except ValueError:
+                continue    # the kind does not take it (scalar, wmma), or a rule refuses it
+            alt = replace(plan, swizzle=Swizzle("xor", plan.swizzle.pitch_bytes if plan.swizzle.is_xor else
+                                                chunks * CHUNK_BYTES, bits, shift))
+            if all(p.degree == 1 for p in bank_patterns(alt)):
+                return f"{{xor_bits: {bits}" + (f", row_shift: {shift}" if shift else "") + "}"
+    return ""

@@ -18,6 +18,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
+from ...core import banks
 from ...core.decode_plan import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, DecodePlan, merging_key
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
@@ -176,6 +177,12 @@ def unsplit_in_flight(spec: DecodeSpec) -> int:
     return (spec.smem.stages - 1) * 2 * spec.tile.block_n * spec.head_dim * spec.elem_bytes
 
 
+def bank_patterns(plan) -> list[banks.Pattern]:
+    """Every thread copies K/V; Q, K and V are read with the mma.sync lane maps (load_q_fragment,
+    score_step and accumulate_pv in split.cu.j2)."""
+    return banks.mma_sync_patterns(plan, plan.threads)
+
+
 def stats_region(spec: DecodeSpec) -> list[Region]:
     rows = spec.compute_warps * spec.tile.block_m
     return [Region("stats", rows, 2, "float", 4, 8, per="each warp's row max and row sum, for the merge")]
@@ -195,7 +202,8 @@ def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
 
 
 def plan(spec: DecodeSpec, file: str | None = None):
-    p = plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments, extra_regions=stats_region)
+    p = plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments, extra_regions=stats_region,
+                     bank_patterns=bank_patterns)
     ring = p.stages * p.kv_stage_stride
     if p.fragments.merge_bytes > ring:
         raise SpecError(f"the warps' merge buffer ({p.fragments.merge_bytes} B) does not fit over the K/V ring "

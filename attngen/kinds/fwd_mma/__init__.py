@@ -61,24 +61,10 @@ def fragments(spec: MmaSpec, rows_per_warp: int, file) -> MmaFragments:
                         est_regs=m_tiles * (n_tiles + d_tiles) * 4 + q_regs)
 
 
-# ldmatrix.x4 lane -> (row, chunk) maps of the template (see LdmatrixLanes in kernel.cu.j2)
-def _a_row(i): return i % 8 + (i // 8) % 2 * 8
-def _a_chunk(i): return i // 16
-def _b_row(i): return i % 8 + i // 16 * 8
-def _b_chunk(i): return (i // 8) % 2
-
-
 def bank_patterns(plan) -> list[banks.Pattern]:
-    d, bn, bm = plan.head_dim, plan.block_n, plan.block_m
-    kv = banks.tile_store_pattern(plan, bn, plan.producer_threads or plan.threads)
-    verb = "cp.async" if plan.async_copy else "uint4"
-    q = banks.ldmatrix_phases(plan, bm, d, _a_row, _a_chunk)
-    k = banks.ldmatrix_phases(plan, bn, d, _b_row, _b_chunk)
-    v = banks.ldmatrix_phases(plan, bn, d, _a_row, _a_chunk)
-    return [banks.Pattern(f"K/V tile store ({verb}, 16 B)", 16, banks.worst(kv, 16), len(kv)),
-            banks.Pattern("ldmatrix.x4 Q (A fragments)", 16, banks.worst(q, 16), len(q)),
-            banks.Pattern("ldmatrix.x4 K (B fragments of Q.K^T)", 16, banks.worst(k, 16), len(k)),
-            banks.Pattern("ldmatrix.x4.trans V (B fragments of P.V)", 16, banks.worst(v, 16), len(v))]
+    """The K/V copy (by the producer warps, or every thread) and the ldmatrix reads (see
+    LdmatrixLanes in kernel.cu.j2: core.banks' A and B lane maps)."""
+    return banks.mma_sync_patterns(plan, plan.producer_threads or plan.threads)
 
 
 def plan(spec: MmaSpec, file: str | None = None):
