@@ -1,0 +1,361 @@
+"""Score and mask expressions (a spec's `variant`: `mask: "..."`, `score: "..."`): a whitelisted
+grammar written in Python's expression syntax. The text is parsed with `ast` and every node is
+checked against the grammar; nothing is ever evaluated by Python. A parsed, type-checked tree has
+three readers, so the kernel and its test cannot disagree:
+
+- `to_torch`: the reference, on broadcast index tensors (verify);
+- `to_cuda`: one C++ expression for the score or mask hook;
+- `bounds`: interval arithmetic over a (query block, key block) pair, which decides whether a mask
+  hides every key of the pair (empty: the block is skipped), none (full: no mask applied) or some
+  (partial). It is exact on the boundaries of causal and window masks and conservative elsewhere.
+
+Grammar: numbers, `+ - * /`, `%` and `//` on ints (floor semantics, as Python and torch have them),
+comparisons (chained ones too), `and or not`, `where(c, a, b)`, `tanh exp2 abs min max`, the indices
+`b h q_idx kv_idx`, `score` (score expressions only), the per-call lengths `seqlen_q seqlen_k
+causal_offset` (= seqlen_k - seqlen_q), and the spec's declared params: scalars (`int`, `float`) or
+per-head / per-batch tensors (`float[heads]`, `int[batch]`, ...) indexed by `h` or `b`.
+"""
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+INT, FLOAT, BOOL = "int", "float", "bool"
+INDICES = {"b": INT, "h": INT, "q_idx": INT, "kv_idx": INT}
+LENGTHS = {"seqlen_q": INT, "seqlen_k": INT, "causal_offset": INT}
+PARAM_TYPES = {f"{t}{shape}": (t, by) for t in (INT, FLOAT)
+               for shape, by in (("", None), ("[heads]", "h"), ("[batch]", "b"))}
+FUNCTIONS = {"tanh": 1, "exp2": 1, "abs": 1, "min": 2, "max": 2, "where": 3}
+ARITHMETIC = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Mod: "%", ast.FloorDiv: "//"}
+COMPARISONS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+
+
+class ExpressionError(ValueError):
+    """A one-line reason and the 1-based column of the text where it starts."""
+
+    def __init__(self, message: str, column: int):
+        super().__init__(f"column {column}: {message}")
+        self.message, self.column = message, column
+
+
+@dataclass(frozen=True)
+class Node:
+    op: str                 # num, name, index, neg, not, arith (+ - * / % //), cmp (< ...), and, or, call
+    type: str               # int, float or bool
+    args: tuple = ()        # child nodes
+    value: object = None    # num: the number; name / index: the name; arith / cmp: the operator; call: the function
+    by: str | None = None   # index: h or b
+
+
+@dataclass(frozen=True)
+class Expression:
+    text: str
+    tree: Node
+    params: dict            # name -> declared type text (float, int[heads], ...)
+
+
+def parse(text: str, params: dict[str, str] | None = None, *, score: bool = False) -> Expression:
+    """The checked tree of a mask (score False: a bool) or score (a number) expression.
+    ExpressionError with the column for anything outside the grammar or ill-typed."""
+    params = dict(params or {})
+    for name, kind in params.items():
+        if kind not in PARAM_TYPES:
+            raise ExpressionError(f"param {name!r} has type {kind!r}; use one of {', '.join(sorted(PARAM_TYPES))}", 1)
+        if name in INDICES or name in LENGTHS or name == "score" or name in FUNCTIONS:
+            raise ExpressionError(f"param {name!r} shadows a built-in name; rename it", 1)
+    try:
+        body = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as exc:
+        raise ExpressionError(f"not an expression: {exc.msg}", exc.offset or 1) from None
+    tree = _Checker(params, score).node(body)
+    want = FLOAT if score else BOOL
+    if score and tree.type == INT:
+        tree = Node("call", FLOAT, (tree,), "float")
+    if tree.type != want:
+        raise ExpressionError(f"a {'score' if score else 'mask'} expression gives a "
+                              f"{'number' if score else 'bool (a comparison)'}, this one a {tree.type}", 1)
+    return Expression(text, tree, params)
+
+
+class _Checker:
+    def __init__(self, params: dict, score: bool):
+        self.params, self.score = params, score
+
+    def node(self, n: ast.AST) -> Node:
+        col = getattr(n, "col_offset", 0) + 1
+        if isinstance(n, ast.Constant) and type(n.value) in (int, float, bool):
+            return Node("num", BOOL if isinstance(n.value, bool) else INT if isinstance(n.value, int) else FLOAT,
+                        value=n.value)
+        if isinstance(n, ast.Name):
+            return self.name(n.id, col)
+        if isinstance(n, ast.Subscript):
+            return self.subscript(n, col)
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.USub, ast.UAdd)):
+            x = self.number(n.operand)
+            return x if isinstance(n.op, ast.UAdd) else Node("neg", x.type, (x,))
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+            return Node("not", BOOL, (self.boolean(n.operand),))
+        if isinstance(n, ast.BinOp) and type(n.op) in ARITHMETIC:
+            op = ARITHMETIC[type(n.op)]
+            a, b = self.number(n.left), self.number(n.right)
+            if op in ("%", "//"):
+                for side, x in ((n.left, a), (n.right, b)):
+                    if x.type != INT:
+                        raise ExpressionError(f"{op} takes ints: a float where an int is needed", side.col_offset + 1)
+                return Node("arith", INT, (a, b), op)
+            kind = FLOAT if op == "/" or FLOAT in (a.type, b.type) else INT
+            return Node("arith", kind, (a, b), op)
+        if isinstance(n, ast.Compare) and all(type(o) in COMPARISONS for o in n.ops):
+            terms = [self.number(x) for x in [n.left, *n.comparators]]
+            pairs = [Node("cmp", BOOL, (terms[i], terms[i + 1]), COMPARISONS[type(o)]) for i, o in enumerate(n.ops)]
+            return pairs[0] if len(pairs) == 1 else Node("and", BOOL, tuple(pairs))
+        if isinstance(n, ast.BoolOp):
+            return Node("and" if isinstance(n.op, ast.And) else "or", BOOL, tuple(self.boolean(v) for v in n.values))
+        if isinstance(n, ast.Call):
+            return self.call(n, col)
+        what = type(n).__name__.lower()
+        raise ExpressionError(f"{what} is not in the expression grammar (numbers, + - * / % //, comparisons, "
+                              f"and/or/not, where, {', '.join(f for f in FUNCTIONS if f != 'where')})", col)
+
+    def name(self, name: str, col: int) -> Node:
+        if name in INDICES or name in LENGTHS:
+            return Node("name", INT, value=name)
+        if name == "score":
+            if not self.score:
+                raise ExpressionError("score is known in score expressions only, not in a mask", col)
+            return Node("name", FLOAT, value="score")
+        if name in self.params:
+            kind, by = PARAM_TYPES[self.params[name]]
+            if by:
+                raise ExpressionError(f"{name} is a {self.params[name]} tensor: index it with [{by}]", col)
+            return Node("name", kind, value=name)
+        known = sorted([*INDICES, *LENGTHS, *self.params] + (["score"] if self.score else []))
+        raise ExpressionError(f"unknown name {name!r}; known: {', '.join(known)} (declare params under variant.params)",
+                              col)
+
+    def subscript(self, n: ast.Subscript, col: int) -> Node:
+        if not isinstance(n.value, ast.Name) or n.value.id not in self.params:
+            raise ExpressionError("only a declared tensor param can be indexed (e.g. bias[h])", col)
+        name = n.value.id
+        kind, by = PARAM_TYPES[self.params[name]]
+        index = n.slice
+        if by is None:
+            raise ExpressionError(f"{name} is a scalar {kind}; it takes no index", col)
+        if not (isinstance(index, ast.Name) and index.id == by):
+            raise ExpressionError(f"{name} is {self.params[name]}: index it with [{by}]", index.col_offset + 1)
+        return Node("index", kind, value=name, by=by)
+
+    def call(self, n: ast.Call, col: int) -> Node:
+        fn = n.func.id if isinstance(n.func, ast.Name) else None
+        if fn not in FUNCTIONS or n.keywords:
+            raise ExpressionError(f"unknown function {fn or ast.unparse(n.func)!r}; use {', '.join(FUNCTIONS)}", col)
+        if len(n.args) != FUNCTIONS[fn]:
+            raise ExpressionError(f"{fn} takes {FUNCTIONS[fn]} argument(s), got {len(n.args)}", col)
+        if fn == "where":
+            c, a, b = self.boolean(n.args[0]), self.node(n.args[1]), self.node(n.args[2])
+            if (a.type == BOOL) != (b.type == BOOL):
+                raise ExpressionError("where's branches are both numbers or both bools", col)
+            kind = BOOL if a.type == BOOL else FLOAT if FLOAT in (a.type, b.type) else INT
+            return Node("call", kind, (c, a, b), fn)
+        args = tuple(self.number(a) for a in n.args)
+        kind = FLOAT if fn in ("tanh", "exp2") or FLOAT in (a.type for a in args) else INT
+        return Node("call", kind, args, fn)
+
+    def number(self, n: ast.AST) -> Node:
+        x = self.node(n)
+        if x.type == BOOL:
+            raise ExpressionError("a bool where a number is needed", getattr(n, "col_offset", 0) + 1)
+        return x
+
+    def boolean(self, n: ast.AST) -> Node:
+        x = self.node(n)
+        if x.type != BOOL:
+            raise ExpressionError(f"a {x.type} where a bool (a comparison) is needed", getattr(n, "col_offset", 0) + 1)
+        return x
+
+
+# -- the torch reference -------------------------------------------------------------------------
+
+def to_torch(expr: Expression, torch, env: dict):
+    """The expression on tensors: env maps each index and length name used (and score) to a tensor
+    or number that broadcasts (q_idx a column, kv_idx a row, ...), and each param to its value (a
+    1-D tensor for [heads] / [batch] params)."""
+    def ev(n: Node):
+        if n.op == "num":
+            return n.value
+        if n.op == "name":
+            return env[n.value]
+        if n.op == "index":
+            return env[n.value][env[n.by]]
+        a = [ev(x) for x in n.args]
+        t = [x if torch.is_tensor(x) else torch.tensor(x) for x in a]
+        if n.op == "neg":
+            return -t[0]
+        if n.op == "not":
+            return ~t[0]
+        if n.op in ("and", "or"):
+            out = t[0]
+            for x in t[1:]:
+                out = out & x if n.op == "and" else out | x
+            return out
+        if n.op == "cmp":
+            return {"<": torch.lt, "<=": torch.le, ">": torch.gt, ">=": torch.ge, "==": torch.eq,
+                    "!=": torch.ne}[n.value](t[0], t[1])
+        if n.op == "arith":
+            if n.value == "/":
+                return torch.true_divide(t[0], t[1])
+            if n.value == "%":
+                return torch.remainder(t[0], t[1])
+            if n.value == "//":
+                return torch.div(t[0], t[1], rounding_mode="floor")
+            return {"+": torch.add, "-": torch.sub, "*": torch.mul}[n.value](t[0], t[1])
+        fn = n.value
+        if fn == "float":
+            return t[0].float()
+        if fn == "where":
+            return torch.where(t[0], t[1], t[2])
+        if fn in ("min", "max"):
+            return (torch.minimum if fn == "min" else torch.maximum)(t[0], t[1])
+        return {"tanh": torch.tanh, "exp2": torch.exp2, "abs": torch.abs}[fn](t[0].float() if fn != "abs" else t[0])
+    return ev(expr.tree)
+
+
+# -- CUDA ----------------------------------------------------------------------------------------
+
+def to_cuda(expr: Expression, name: Callable[[str], str], index: Callable[[str, str], str]) -> str:
+    """One parenthesised C++ expression; `name` spells an index, length, param or score in the hook
+    (e.g. q_idx -> "q_idx", window -> "p.window"), `index` a tensor param at h or b."""
+    def c(n: Node) -> str:
+        if n.op == "num":
+            if n.type == BOOL:
+                return "true" if n.value else "false"
+            return repr(int(n.value)) if n.type == INT else f"{float(n.value)!r}f"
+        if n.op == "name":
+            return name(n.value)
+        if n.op == "index":
+            return index(n.value, n.by)
+        a = [c(x) for x in n.args]
+        if n.op == "neg":
+            return f"(-{a[0]})"
+        if n.op == "not":
+            return f"(!{a[0]})"
+        if n.op in ("and", "or"):
+            return "(" + (" && " if n.op == "and" else " || ").join(a) + ")"
+        if n.op == "cmp":
+            return f"({a[0]} {n.value} {a[1]})"
+        if n.op == "arith":
+            x, y = a
+            if n.value == "/":
+                return f"(static_cast<float>({x}) / static_cast<float>({y}))"
+            if n.value == "%":      # Python's floor modulo for every sign
+                return f"(((({x}) % ({y})) + ({y})) % ({y}))"
+            if n.value == "//":
+                return f"((({x}) - (((({x}) % ({y})) + ({y})) % ({y}))) / ({y}))"
+            return f"({x} {n.value} {y})"
+        fn, floats = n.value, n.type == FLOAT
+        if fn == "float":
+            return f"static_cast<float>({a[0]})"
+        if fn == "where":
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if fn in ("min", "max"):
+            return f"{'f' + fn + 'f' if floats else fn}({a[0]}, {a[1]})"
+        if fn == "abs":
+            return f"{'fabsf' if floats else 'abs'}({a[0]})"
+        return f"{fn}f(static_cast<float>({a[0]}))"
+    return c(expr.tree)
+
+
+# -- block classification ------------------------------------------------------------------------
+
+EMPTY, FULL, PARTIAL = "empty", "full", "partial"
+
+
+def bounds(expr: Expression, ranges: dict):
+    """Interval evaluation: `ranges` maps every name the expression uses to (lo, hi) (a number's
+    own value twice; a tensor param its min and max). A number node gives (lo, hi); a bool node
+    True (every point), False (none) or None (some, or unknown)."""
+    def num(x):
+        return (x, x) if not isinstance(x, tuple) else x
+
+    def ev(n: Node):
+        if n.op == "num":
+            return n.value if n.type == BOOL else (n.value, n.value)
+        if n.op in ("name", "index"):
+            return num(ranges[n.value])
+        a = [ev(x) for x in n.args]
+        if n.op == "neg":
+            return (-a[0][1], -a[0][0])
+        if n.op == "not":
+            return None if a[0] is None else not a[0]
+        if n.op == "and":
+            return False if any(x is False for x in a) else True if all(x is True for x in a) else None
+        if n.op == "or":
+            return True if any(x is True for x in a) else False if all(x is False for x in a) else None
+        if n.op == "cmp":
+            return _compare(n.value, a[0], a[1])
+        if n.op == "arith":
+            return _arith(n.value, a[0], a[1])
+        fn = n.value
+        if fn == "float":
+            return a[0]
+        if fn == "where":
+            c, x, y = a
+            if c is True or c is False:
+                return x if c else y
+            if n.type == BOOL:
+                return x if x == y and x is not None else None
+            return (min(x[0], y[0]), max(x[1], y[1]))
+        if fn in ("min", "max"):
+            f = min if fn == "min" else max
+            return (f(a[0][0], a[1][0]), f(a[0][1], a[1][1]))
+        lo, hi = a[0]
+        if fn == "abs":
+            return (0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
+        f = math.tanh if fn == "tanh" else (lambda v: 2.0 ** v if v < 1024 else math.inf)
+        return (f(lo), f(hi))      # both monotonic
+    return ev(expr.tree)
+
+
+def _compare(op: str, a, b):
+    (alo, ahi), (blo, bhi) = a, b
+    if op in (">", ">="):
+        return _compare("<" if op == ">" else "<=", b, a)
+    if op == "<":
+        return True if ahi < blo else False if alo >= bhi else None
+    if op == "<=":
+        return True if ahi <= blo else False if alo > bhi else None
+    same = alo == ahi == blo == bhi
+    apart = ahi < blo or bhi < alo
+    if op == "==":
+        return True if same else False if apart else None
+    return False if same else True if apart else None
+
+
+def _arith(op: str, a, b):
+    (alo, ahi), (blo, bhi) = a, b
+    if op == "+":
+        return (alo + blo, ahi + bhi)
+    if op == "-":
+        return (alo - bhi, ahi - blo)
+    if op == "*":
+        products = [x * y for x in (alo, ahi) for y in (blo, bhi) if not (math.isinf(x) and y == 0 or math.isinf(y) and x == 0)]
+        return (min(products, default=0), max(products, default=0))
+    if op == "/":
+        if blo <= 0 <= bhi:
+            return (-math.inf, math.inf)
+        q = [x / y for x in (alo, ahi) for y in (blo, bhi)]
+        return (min(q), max(q))
+    if blo == bhi and blo > 0:     # % and // by a positive constant; anything else: unbounded
+        if op == "//":
+            return (alo // blo, ahi // blo)
+        return (alo % blo, ahi % blo) if alo // blo == ahi // blo else (0, blo - 1)
+    return (-math.inf, math.inf)
+
+
+def classify(mask: Expression, q_rows: tuple[int, int], keys: tuple[int, int], ranges: dict) -> str:
+    """EMPTY when the mask hides every key of query rows q_rows (inclusive) x keys, FULL when it
+    hides none, else PARTIAL; `ranges` bounds every other name (b, h, lengths, params)."""
+    verdict = bounds(mask, {**ranges, "q_idx": q_rows, "kv_idx": keys})
+    return FULL if verdict is True else EMPTY if verdict is False else PARTIAL

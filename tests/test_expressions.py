@@ -1,0 +1,131 @@
+"""The score and mask expression language: the grammar and its one-line errors, the torch
+reference, the CUDA emitted, and block classification checked point by point."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from attngen.core.expressions import (EMPTY, FULL, PARTIAL, ExpressionError, bounds, classify, parse, to_cuda,
+                                      to_torch)
+
+PARAMS = {"cap": "float", "window": "int", "bias": "float[heads]"}
+WINDOW = "kv_idx <= q_idx + causal_offset and q_idx - kv_idx < window"
+SCORE = "cap * tanh(score / cap) + bias[h] * (kv_idx - q_idx)"
+
+
+def test_the_issue_examples_parse_and_type():
+    mask, score = parse(WINDOW, PARAMS), parse(SCORE, PARAMS, score=True)
+    assert mask.tree.type == "bool" and mask.tree.op == "and"
+    assert score.tree.type == "float"
+    assert parse("q_idx - kv_idx", {}, score=True).tree.type == "float"    # an int score is promoted
+    assert parse("0 <= q_idx - kv_idx < window", PARAMS).tree.op == "and"  # a chained comparison
+
+
+@pytest.mark.parametrize("text, score, column, words", [
+    ("kv_idx <= q_idx + windw", False, 19, "unknown name 'windw'"),
+    ("tanh(score, cap)", True, 1, "tanh takes 1 argument(s), got 2"),
+    ("q_idx % 1.5 == 0", False, 9, "a float where an int is needed"),
+    ("score > 0", False, 1, "score is known in score expressions only"),
+    ("bias[q_idx] > 0", False, 6, "index it with [h]"),
+    ("bias > 0", False, 1, "index it with [h]"),
+    ("q_idx.real > 0", False, 1, "attribute is not in the expression grammar"),
+    ("q_idx ** 2 > 0", False, 1, "binop is not in the expression grammar"),
+    ("__import__('os')", True, 1, "unknown function '__import__'"),
+    ("q_idx + 1", False, 1, "a mask expression gives a bool (a comparison), this one a int"),
+    ("(q_idx < 3) + 1 > 0", False, 2, "a bool where a number is needed"),
+    ("q_idx < ", False, None, "not an expression"),     # the column is Python's parser's
+    ("where(q_idx, 1, 2) > 0", False, 7, "a int where a bool (a comparison) is needed"),
+])
+def test_errors_name_the_column_and_the_fix(text, score, column, words):
+    with pytest.raises(ExpressionError) as info:
+        parse(text, PARAMS, score=score)
+    assert column in (None, info.value.column) and words in info.value.message, str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_declared_params_are_checked():
+    with pytest.raises(ExpressionError, match="has type 'double'"):
+        parse("q_idx < 3", {"x": "double"})
+    with pytest.raises(ExpressionError, match="shadows a built-in"):
+        parse("q_idx < 3", {"h": "int"})
+
+
+def test_torch_reference():
+    torch = pytest.importorskip("torch")
+    sq, sk, heads = 37, 53, 3
+    q = torch.arange(sq).view(sq, 1)
+    k = torch.arange(sk).view(1, sk)
+    env = {"q_idx": q, "kv_idx": k, "seqlen_q": sq, "seqlen_k": sk, "causal_offset": sk - sq, "window": 7,
+           "cap": 30.0, "bias": torch.tensor([0.5, 0.25, 0.125]), "h": 2, "b": 0}
+    mask = to_torch(parse(WINDOW, PARAMS), torch, env)
+    want = (k <= q + sk - sq) & (q - k < 7)
+    assert torch.equal(mask, want)
+    s = torch.randn(sq, sk)
+    got = to_torch(parse(SCORE, PARAMS, score=True), torch, {**env, "score": s})
+    assert torch.allclose(got, 30.0 * torch.tanh(s / 30.0) + 0.125 * (k - q))
+    # floor semantics of % and // on negative numbers, as Python has them
+    d = to_torch(parse("(kv_idx - q_idx) // 4 == (kv_idx - q_idx) % 3", {}), torch, env)
+    assert all(bool(d[i, j]) == ((j - i) // 4 == (j - i) % 3) for i in range(sq) for j in range(sk))
+
+
+def test_cuda_spelling():
+    mask = to_cuda(parse(WINDOW, PARAMS), lambda n: n if n in ("q_idx", "kv_idx") else f"p.{n}",
+                   lambda n, by: f"p.{n}[{by}]")
+    assert mask == "((kv_idx <= (q_idx + p.causal_offset)) && ((q_idx - kv_idx) < p.window))"
+    score = to_cuda(parse(SCORE, PARAMS, score=True), lambda n: n if n != "cap" else "p.cap",
+                    lambda n, by: f"p.{n}[{by}]")
+    assert score == ("((p.cap * tanhf(static_cast<float>((static_cast<float>(score) / static_cast<float>(p.cap))))) + "
+                     "(p.bias[h] * (kv_idx - q_idx)))")
+    assert to_cuda(parse("q_idx % 3 == 0", {}), str, str) == "(((((q_idx) % (3)) + (3)) % (3)) == 0)"
+    assert to_cuda(parse("2.5 * abs(score) + min(q_idx, 3)", {}, score=True), str, str) == \
+        "((2.5f * fabsf(score)) + min(q_idx, 3))"
+
+
+def brute(expr, rows, keys, env) -> set:
+    return {bounds(expr, {**env, "q_idx": (i, i), "kv_idx": (j, j)})
+            for i in range(rows[0], rows[1] + 1) for j in range(keys[0], keys[1] + 1)}
+
+
+@pytest.mark.parametrize("text, params, exact", [
+    ("kv_idx <= q_idx + causal_offset", {}, True),        # one affine comparison: exact
+    (WINDOW, {"window": "int"}, False),
+    ("q_idx - kv_idx < window and kv_idx - q_idx < window", {"window": "int"}, False),
+    ("not (kv_idx // 16 == q_idx // 16) or kv_idx % 16 < 8", {}, False),
+    ("where(q_idx < 40, kv_idx < 20, kv_idx >= 20)", {}, False),
+])
+def test_classification_is_sound(text, params, exact):
+    """EMPTY only where every point is hidden, FULL only where every point is seen (checked point
+    by point on random 16 x 16 blocks); one affine comparison is classified exactly, and the
+    window mask finds empty and full blocks, not only partial ones."""
+    expr = parse(text, params)
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(200):
+        env = {"window": rng.choice([0, 1, 15, 16, 17, 100]), "causal_offset": rng.randint(-40, 40),
+               "seqlen_q": 64, "seqlen_k": 64, "b": 0, "h": 0}
+        r0, c0 = rng.randrange(0, 96, 16), rng.randrange(0, 96, 16)
+        rows, keys = (r0, r0 + 15), (c0, c0 + 15)
+        got = classify(expr, rows, keys, env)
+        points = brute(expr, rows, keys, env)
+        assert points <= {True, False} and got in (EMPTY, FULL, PARTIAL)
+        if got == EMPTY:
+            assert points == {False}, (rows, keys, env)
+        elif got == FULL:
+            assert points == {True}, (rows, keys, env)
+        elif exact:
+            assert len(points) == 2, (rows, keys, env)
+        seen.add(got)
+    if "window" in text:
+        assert seen == {EMPTY, FULL, PARTIAL}
+
+
+def test_interval_arithmetic_bounds_every_point():
+    expr = parse("cap * tanh(score / cap) - abs(kv_idx - q_idx) * bias[h]", PARAMS, score=True)
+    env = {"cap": (30.0, 30.0), "bias": (0.0, 0.5), "h": (0, 7), "score": (-100.0, 100.0)}
+    lo, hi = bounds(expr, {**env, "q_idx": (0, 15), "kv_idx": (16, 31)})
+    for s, i, j, bias in itertools.product((-100.0, 0.0, 100.0), (0, 15), (16, 31), (0.0, 0.5)):
+        v = 30.0 * math.tanh(s / 30.0) - abs(j - i) * bias
+        assert lo - 1e-9 <= v <= hi + 1e-9
