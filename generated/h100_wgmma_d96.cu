@@ -37,7 +37,7 @@
 //   epilogue: registers (4-byte stores of the accumulators)
 //   grid: one block per query block
 //   shared-memory banks: TMA writes and wgmma reads 64-byte-swizzled tiles (conflict-free by layout)
-//   K/V pipeline: 2 stage(s), TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers; Q in shared memory
+//   K/V pipeline: 2 stage(s), TMA (cp.async.bulk.tensor, 64-byte swizzle) on mbarriers; Q in shared memory
 //   masks: none: every key is visible; causal: query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)
 //
 //   shared memory:

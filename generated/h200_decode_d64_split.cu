@@ -581,7 +581,9 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const float
                                                 const Params& p, const DecodeBlock& c, int tid) {
     const int lane = tid % 32, warp = tid / 32;
     float* stats = reinterpret_cast<float*>(smem + kSmem_stats);   // [warp][row] (max, sum)
-    float* merge = reinterpret_cast<float*>(smem);                 // [warp][row][kMergePitch], over the ring
+    // [warp][row][kMergePitch] from offset 0: over the Q tile and the ring, both dead once every warp
+    // passed the barrier below (Q is read from its tile in the main loop where it is not held).
+    float* merge = reinterpret_cast<float*>(smem);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from attngen.core.expressions import (EMPTY, FULL, PARTIAL, ExpressionError, bounds, classify, parse, to_cuda,
-                                      to_torch)
+from attngen.core.expressions import (CUDA_HELPERS, EMPTY, FULL, PARTIAL, ExpressionError, bounds, classify, parse,
+                                      to_cuda, to_torch, uses_helpers)
 
 PARAMS = {"cap": "float", "window": "int", "bias": "float[heads]"}
 WINDOW = "kv_idx <= q_idx + causal_offset and q_idx - kv_idx < window"
@@ -46,6 +46,18 @@ def test_errors_name_the_column_and_the_fix(text, score, column, words):
     assert "\n" not in str(info.value)
 
 
+def test_literals_columns_and_depth():
+    with pytest.raises(ExpressionError, match="beyond the kernel's 32-bit numbers"):
+        parse("q_idx < 3000000000", {})
+    with pytest.raises(ExpressionError, match="beyond the kernel's 32-bit numbers"):
+        parse("score * 1e400", {}, score=True)
+    with pytest.raises(ExpressionError) as info:
+        parse("   q_idx < windw", {})
+    assert info.value.column == 12            # counted in the text as written, leading spaces too
+    with pytest.raises(ExpressionError, match="nested too deeply"):
+        parse("1" + "+1" * 5000 + " < q_idx", {})
+
+
 def test_declared_params_are_checked():
     with pytest.raises(ExpressionError, match="has type 'double'"):
         parse("q_idx < 3", {"x": "double"})
@@ -69,6 +81,8 @@ def test_torch_reference():
     # floor semantics of % and // on negative numbers, as Python has them
     d = to_torch(parse("(kv_idx - q_idx) // 4 == (kv_idx - q_idx) % 3", {}), torch, env)
     assert all(bool(d[i, j]) == ((j - i) // 4 == (j - i) % 3) for i in range(sq) for j in range(sk))
+    z = to_torch(parse("q_idx % kv_idx == q_idx // kv_idx", {}), torch, env)   # x % 0 == x // 0 == 0
+    assert bool(z[:, 0].all())
 
 
 def test_cuda_spelling():
@@ -79,7 +93,11 @@ def test_cuda_spelling():
                     lambda n, by: f"p.{n}[{by}]")
     assert score == ("((p.cap * tanhf(static_cast<float>((static_cast<float>(score) / static_cast<float>(p.cap))))) + "
                      "(p.bias[h] * (kv_idx - q_idx)))")
-    assert to_cuda(parse("q_idx % 3 == 0", {}), str, str) == "(((((q_idx) % (3)) + (3)) % (3)) == 0)"
+    mod = parse("q_idx % 3 == 0", {})
+    assert to_cuda(mod, str, str) == "(attngen_floor_mod(q_idx, 3) == 0)" and uses_helpers(mod)
+    assert "attngen_floor_mod" in CUDA_HELPERS and not uses_helpers(parse(WINDOW, PARAMS))
+    # a chain of // grows linearly (helpers, not repeated operands)
+    assert len(to_cuda(parse("q_idx" + " // 2" * 20 + " == 0", {}), str, str)) < 600
     assert to_cuda(parse("2.5 * abs(score) + min(q_idx, 3)", {}, score=True), str, str) == \
         "((2.5f * fabsf(score)) + min(q_idx, 3))"
 
@@ -120,6 +138,18 @@ def test_classification_is_sound(text, params, exact):
         seen.add(got)
     if "window" in text:
         assert seen == {EMPTY, FULL, PARTIAL}
+
+
+@pytest.mark.parametrize("text, rows, keys", [
+    # an unbounded // (a divisor that is not a constant) must not turn into NaN and then a number
+    ("min(0, ((q_idx - kv_idx) // (kv_idx + 1)) // 2) == 0", (0, 15), (0, 15)),
+    # fp32: exp2 overflows at 2^128, and inf - inf is NaN (False) in the kernel
+    ("exp2(q_idx / 8.0) - exp2(kv_idx / 8.0) >= 0", (2048, 2111), (1024, 1087)),
+    # int32: 49990^2 wraps around in the kernel
+    ("(q_idx - kv_idx) * (q_idx - kv_idx) <= 4096", (50000, 50063), (0, 63)),
+])
+def test_classification_never_decides_what_the_kernel_may_compute_otherwise(text, rows, keys):
+    assert classify(parse(text, {}), rows, keys, {}) == PARTIAL
 
 
 def test_interval_arithmetic_bounds_every_point():

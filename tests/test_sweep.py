@@ -516,3 +516,16 @@ def test_a_kind_declares_its_own_axes():
     assert first.spec.registers is None and first.spec.schedule.overlap and not first.spec.schedule.pingpong
     assert tma.name == "h100_wgmma_d128_n128c2ps2r24x240ppet" and tma.spec.epilogue == "tma"
     assert [p.reason for p in pruned] == ["spec rule: schedule.pingpong", S.BUDGET]
+
+
+def test_sweep_cases_of_a_base_whose_v_has_its_own_head_dim():
+    """An MLA base (192 / 128): a 4-number shape takes the base's V head dim, a 5-number one must
+    match it, and the cases (and the cache's shape records) keep it."""
+    from attngen.eval.sweep.space import parse_cases, shape_of
+    from attngen.spec import load_spec
+    base = load_spec(Path(__file__).resolve().parent.parent / "specs" / "h100_wgmma_d192_v128.yaml")
+    cases = parse_cases("4x16x2048x192,2x16x8192x192x128", base, "both")
+    assert {(c.head_dim, c.head_dim_v) for c in cases} == {(192, 128)} and len(cases) == 4
+    assert shape_of(cases[0]) == (4, 16, 2048, 192, 128)
+    with pytest.raises(ValueError, match="V head dim 64, the base spec h100_wgmma_d192_v128 128"):
+        parse_cases("4x16x2048x192x64", base, "no")

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 INT, FLOAT, BOOL = "int", "float", "bool"
+INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1     # the kernel's ints
+FLOAT_MAX = 3.4028234663852886e38            # the kernel's floats (fp32)
+EXACT_FLOAT = 2.0 ** 24                      # fp32 holds every integer up to here
 INDICES = {"b": INT, "h": INT, "q_idx": INT, "kv_idx": INT}
 LENGTHS = {"seqlen_q": INT, "seqlen_k": INT, "causal_offset": INT}
 PARAM_TYPES = {f"{t}{shape}": (t, by) for t in (INT, FLOAT)
@@ -65,11 +68,17 @@ def parse(text: str, params: dict[str, str] | None = None, *, score: bool = Fals
             raise ExpressionError(f"param {name!r} has type {kind!r}; use one of {', '.join(sorted(PARAM_TYPES))}", 1)
         if name in INDICES or name in LENGTHS or name == "score" or name in FUNCTIONS:
             raise ExpressionError(f"param {name!r} shadows a built-in name; rename it", 1)
+    lead = len(text) - len(text.lstrip())      # columns count from the text as written
     try:
         body = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as exc:
-        raise ExpressionError(f"not an expression: {exc.msg}", exc.offset or 1) from None
-    tree = _Checker(params, score).node(body)
+        raise ExpressionError(f"not an expression: {exc.msg}", (exc.offset or 1) + lead) from None
+    except RecursionError:
+        raise ExpressionError("nested too deeply; split it with where() or simplify it", 1) from None
+    try:
+        tree = _Checker(params, score, lead).node(body)
+    except RecursionError:
+        raise ExpressionError("nested too deeply; simplify it", 1) from None
     want = FLOAT if score else BOOL
     if score and tree.type == INT:
         tree = Node("call", FLOAT, (tree,), "float")
@@ -80,14 +89,19 @@ def parse(text: str, params: dict[str, str] | None = None, *, score: bool = Fals
 
 
 class _Checker:
-    def __init__(self, params: dict, score: bool):
-        self.params, self.score = params, score
+    def __init__(self, params: dict, score: bool, lead: int = 0):
+        self.params, self.score, self.lead = params, score, lead
+
+    def col(self, n: ast.AST) -> int:
+        return getattr(n, "col_offset", 0) + 1 + self.lead
 
     def node(self, n: ast.AST) -> Node:
-        col = getattr(n, "col_offset", 0) + 1
+        col = self.col(n)
         if isinstance(n, ast.Constant) and type(n.value) in (int, float, bool):
-            return Node("num", BOOL if isinstance(n.value, bool) else INT if isinstance(n.value, int) else FLOAT,
-                        value=n.value)
+            v = n.value
+            if isinstance(v, float) and not math.isfinite(v) or type(v) is int and not INT_MIN <= v <= INT_MAX:
+                raise ExpressionError(f"the literal {ast.unparse(n)} is beyond the kernel's 32-bit numbers", col)
+            return Node("num", BOOL if isinstance(v, bool) else INT if isinstance(v, int) else FLOAT, value=v)
         if isinstance(n, ast.Name):
             return self.name(n.id, col)
         if isinstance(n, ast.Subscript):
@@ -103,7 +117,7 @@ class _Checker:
             if op in ("%", "//"):
                 for side, x in ((n.left, a), (n.right, b)):
                     if x.type != INT:
-                        raise ExpressionError(f"{op} takes ints: a float where an int is needed", side.col_offset + 1)
+                        raise ExpressionError(f"{op} takes ints: a float where an int is needed", self.col(side))
                 return Node("arith", INT, (a, b), op)
             kind = FLOAT if op == "/" or FLOAT in (a.type, b.type) else INT
             return Node("arith", kind, (a, b), op)
@@ -144,7 +158,7 @@ class _Checker:
         if by is None:
             raise ExpressionError(f"{name} is a scalar {kind}; it takes no index", col)
         if not (isinstance(index, ast.Name) and index.id == by):
-            raise ExpressionError(f"{name} is {self.params[name]}: index it with [{by}]", index.col_offset + 1)
+            raise ExpressionError(f"{name} is {self.params[name]}: index it with [{by}]", self.col(index))
         return Node("index", kind, value=name, by=by)
 
     def call(self, n: ast.Call, col: int) -> Node:
@@ -166,13 +180,13 @@ class _Checker:
     def number(self, n: ast.AST) -> Node:
         x = self.node(n)
         if x.type == BOOL:
-            raise ExpressionError("a bool where a number is needed", getattr(n, "col_offset", 0) + 1)
+            raise ExpressionError("a bool where a number is needed", self.col(n))
         return x
 
     def boolean(self, n: ast.AST) -> Node:
         x = self.node(n)
         if x.type != BOOL:
-            raise ExpressionError(f"a {x.type} where a bool (a comparison) is needed", getattr(n, "col_offset", 0) + 1)
+            raise ExpressionError(f"a {x.type} where a bool (a comparison) is needed", self.col(n))
         return x
 
 
@@ -206,18 +220,18 @@ def to_torch(expr: Expression, torch, env: dict):
         if n.op == "arith":
             if n.value == "/":
                 return torch.true_divide(t[0], t[1])
-            if n.value == "%":
-                return torch.remainder(t[0], t[1])
-            if n.value == "//":
-                return torch.div(t[0], t[1], rounding_mode="floor")
+            if n.value in ("%", "//"):      # x % 0 and x // 0 are 0, as the CUDA helpers have them
+                safe = torch.where(t[1] == 0, torch.ones_like(t[1]), t[1])
+                out = torch.remainder(t[0], safe) if n.value == "%" else torch.div(t[0], safe, rounding_mode="floor")
+                return torch.where(t[1] == 0, torch.zeros_like(out), out)
             return {"+": torch.add, "-": torch.sub, "*": torch.mul}[n.value](t[0], t[1])
         fn = n.value
         if fn == "float":
             return t[0].float()
         if fn == "where":
             return torch.where(t[0], t[1], t[2])
-        if fn in ("min", "max"):
-            return (torch.minimum if fn == "min" else torch.maximum)(t[0], t[1])
+        if fn in ("min", "max"):      # fmin/fmax: a NaN operand loses, as with CUDA's fminf/fmaxf
+            return (torch.fmin if fn == "min" else torch.fmax)(t[0], t[1])
         return {"tanh": torch.tanh, "exp2": torch.exp2, "abs": torch.abs}[fn](t[0].float() if fn != "abs" else t[0])
     return ev(expr.tree)
 
@@ -249,10 +263,8 @@ def to_cuda(expr: Expression, name: Callable[[str], str], index: Callable[[str, 
             x, y = a
             if n.value == "/":
                 return f"(static_cast<float>({x}) / static_cast<float>({y}))"
-            if n.value == "%":      # Python's floor modulo for every sign
-                return f"(((({x}) % ({y})) + ({y})) % ({y}))"
-            if n.value == "//":
-                return f"((({x}) - (((({x}) % ({y})) + ({y})) % ({y}))) / ({y}))"
+            if n.value in ("%", "//"):      # CUDA_HELPERS: Python's floor semantics for every sign
+                return f"attngen_floor_{'mod' if n.value == '%' else 'div'}({x}, {y})"
             return f"({x} {n.value} {y})"
         fn, floats = n.value, n.type == FLOAT
         if fn == "float":
@@ -267,6 +279,21 @@ def to_cuda(expr: Expression, name: Callable[[str], str], index: Callable[[str, 
     return c(expr.tree)
 
 
+# What to_cuda's output calls for % and //: Python's floor modulo and division on ints, 0 for a zero
+# divisor (as to_torch has them). A hook that uses an expression with % or // includes these once.
+CUDA_HELPERS = """\
+__device__ __forceinline__ int attngen_floor_mod(int x, int y) { return y ? ((x % y) + y) % y : 0; }
+__device__ __forceinline__ int attngen_floor_div(int x, int y) { return y ? (x - attngen_floor_mod(x, y)) / y : 0; }
+"""
+
+
+def uses_helpers(expr: Expression) -> bool:
+    """Whether to_cuda's output calls CUDA_HELPERS."""
+    def walk(n: Node) -> bool:
+        return n.op == "arith" and n.value in ("%", "//") or any(walk(x) for x in n.args)
+    return walk(expr.tree)
+
+
 # -- block classification ------------------------------------------------------------------------
 
 EMPTY, FULL, PARTIAL = "empty", "full", "partial"
@@ -275,11 +302,17 @@ EMPTY, FULL, PARTIAL = "empty", "full", "partial"
 def bounds(expr: Expression, ranges: dict):
     """Interval evaluation: `ranges` maps every name the expression uses to (lo, hi) (a number's
     own value twice; a tensor param its min and max). A number node gives (lo, hi); a bool node
-    True (every point), False (none) or None (some, or unknown)."""
+    True (every point), False (none) or None (some, or unknown). Sound for the kernel's arithmetic:
+    an int interval that could leave 32 bits, or any NaN, widens to unbounded, and a comparison
+    involving floats decides only with a margin for fp32 rounding and never on infinite bounds."""
     def num(x):
         return (x, x) if not isinstance(x, tuple) else x
 
     def ev(n: Node):
+        out = raw(n)
+        return out if n.type == BOOL else _sound(n.type, *out)
+
+    def raw(n: Node):
         if n.op == "num":
             return n.value if n.type == BOOL else (n.value, n.value)
         if n.op in ("name", "index"):
@@ -294,7 +327,8 @@ def bounds(expr: Expression, ranges: dict):
         if n.op == "or":
             return True if any(x is True for x in a) else False if all(x is False for x in a) else None
         if n.op == "cmp":
-            return _compare(n.value, a[0], a[1])
+            exact = all(x.type == INT for x in n.args)
+            return _compare(n.value, a[0], a[1]) if exact else _compare_floats(n.value, a[0], a[1])
         if n.op == "arith":
             return _arith(n.value, a[0], a[1])
         fn = n.value
@@ -313,9 +347,36 @@ def bounds(expr: Expression, ranges: dict):
         lo, hi = a[0]
         if fn == "abs":
             return (0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
-        f = math.tanh if fn == "tanh" else (lambda v: 2.0 ** v if v < 1024 else math.inf)
+        f = math.tanh if fn == "tanh" else (lambda v: 2.0 ** v if v < 128 else math.inf)   # fp32 overflows at 2^128
         return (f(lo), f(hi))      # both monotonic
     return ev(expr.tree)
+
+
+def _sound(kind: str, lo, hi) -> tuple:
+    """An interval the kernel's numbers stay inside: unbounded where a NaN appeared or an int could
+    wrap around 32 bits."""
+    if math.isnan(lo) or math.isnan(hi):
+        return (-math.inf, math.inf)
+    if kind == INT and (lo < INT_MIN or hi > INT_MAX):
+        return (-math.inf, math.inf)
+    return (lo, hi)
+
+
+def _compare_floats(op: str, a, b):
+    """A comparison on fp32 values: no verdict on infinite bounds (inf - inf is NaN in the kernel),
+    and a verdict only with a relative margin that covers fp32 rounding on either side."""
+    if any(math.isinf(x) for x in (*a, *b)) or max(abs(x) for x in (*a, *b)) > EXACT_FLOAT * 2 ** 100:
+        return None
+    margin = 1e-5 * max(1.0, *(abs(x) for x in (*a, *b)))
+    if op in ("<", "<=", ">", ">="):
+        first, second = (a, b) if op in ("<", "<=") else (b, a)
+        if first[1] + margin < second[0]:
+            return True
+        if first[0] > second[1] + margin:
+            return False
+        return None
+    return _compare(op, a, b) if a[0] == a[1] == b[0] == b[1] else (
+        (op == "!=") if a[1] + margin < b[0] or b[1] + margin < a[0] else None)
 
 
 def _compare(op: str, a, b):

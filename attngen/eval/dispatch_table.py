@@ -58,8 +58,9 @@ def _sweep_cells(cells, name: str, report: dict) -> None:
     for case in report["cases"]:
         ranked = [{"impl": r["name"], "median_us": r["median_us"]} for r in case["ranking"] if r.get("median_us")]
         if ranked:
-            _, _, seqlen, head_dim = case["shape"]
-            cells[(arch.rstrip("a"), case["dtype"], head_dim, "causal" if case["causal"] else "none")].append(
+            _, _, seqlen, head_dim, *v = case["shape"]
+            cells[(arch.rstrip("a"), case["dtype"], head_dim, "causal" if case["causal"] else "none",
+                   v[0] if v else 0)].append(
                 (seqlen, ranked, f"{name} {case['label']}"))
 
 

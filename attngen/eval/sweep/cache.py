@@ -44,7 +44,7 @@ class RecordCache:
     def put(self, record: dict) -> None:
         """Write atomically, so an interrupted sweep never leaves half a record. A record that
         cannot be written is a WriteError, as a cubin is: the cache is part of the job."""
-        case = Case(*record["shape"], record["dtype"], record["causal"])
+        case = Case(*record["shape"][:4], record["dtype"], record["causal"], *record["shape"][4:])
         path = self.path(record["spec_hash"], record["gpu"], case)
         try:
             fsutil.ensure_dir(path.parent)

@@ -64,7 +64,7 @@ class GpuMeasurer:
         if key not in self._inputs:
             gen = self.torch.Generator(device=self.device)
             gen.manual_seed(self.seed)
-            self._inputs[key] = input_sets(self.torch, Case(*shape, dtype, False), self.device, gen)
+            self._inputs[key] = input_sets(self.torch, Case(*shape[:4], dtype, False, *shape[4:]), self.device, gen)
         return self._inputs[key]
 
     def _load(self, plan: Plan, source: str):

@@ -11,7 +11,7 @@ from ...kinds import kind_of
 from ...spec import Spec
 from ..bench import CAUSAL_CHOICES, Case, parse_shape
 
-Shape = tuple[int, int, int, int]          # batch, heads, seqlen, head_dim
+Shape = tuple[int, ...]                    # batch, heads, seqlen, head_dim (and V's head dim where it differs)
 
 __all__ = ["Axis", "Choice", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N", "DEFAULT_COMPUTE_WARPS", "DEFAULT_ROLE_PAIRS",
            "DEFAULT_STAGES", "SearchSpace", "Shape", "WarpChoice", "choice_of", "default_space", "forward_space",
@@ -32,7 +32,8 @@ def choice_of(spec: Spec, space: SearchSpace | None = None) -> Choice:
 
 
 def shape_of(case: Case) -> Shape:
-    return case.batch, case.heads, case.seqlen, case.head_dim
+    """(B, H, S, D), and V's head dim after them where it differs."""
+    return (case.batch, case.heads, case.seqlen, case.head_dim) + ((case.head_dim_v,) if case.head_dim_v else ())
 
 
 def parse_cases(shapes: str, base: Spec, causal: str) -> list[Case]:
@@ -50,5 +51,9 @@ def parse_cases(shapes: str, base: Spec, causal: str) -> list[Case]:
         if shape[3] != base.head_dim:
             raise ValueError(f"shape {text.strip()} has head_dim {shape[3]}, the base spec {base.name} "
                              f"{base.head_dim}")
-        cases += [Case(*shape, base.dtype, c) for c in causals]
+        v_dim = shape[4] if len(shape) == 5 else base.v_dim     # a 4-number shape takes the base's V
+        if v_dim != base.v_dim:
+            raise ValueError(f"shape {text.strip()} has V head dim {v_dim}, the base spec {base.name} {base.v_dim}")
+        v = (v_dim,) if v_dim != base.head_dim else ()
+        cases += [Case(*shape[:4], base.dtype, c, *v) for c in causals]
     return cases

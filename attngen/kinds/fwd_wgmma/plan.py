@@ -210,7 +210,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
         q_copy=TileCopy(bm, td * 2 // 16, 1), kv_copy=TileCopy(bn, td * 2 // 16, 1),
         barriers=bars, kv_stage_stride=ring_stride(regions, "k", "v"), min_blocks_per_sm=min_blocks,
         fragments=frag, bank_report=(), roles=roles, schedule=schedule, arch_suffix="a",
-        copy_engine="TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers",
+        copy_engine=f"TMA (cp.async.bulk.tensor, {panel.row_bytes}-byte swizzle) on mbarriers",
         tensor_maps=maps, persistent=persistent, head_dim_v=spec.v_dim if spec.v_dim != d else 0,
     )
 

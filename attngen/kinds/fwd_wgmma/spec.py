@@ -219,9 +219,9 @@ class WgmmaSpec(ForwardSpec):
     schedule: Schedule = Schedule()
     epilogue: Literal["registers", "shared", "tma"] = Field(default="registers", description=(
         "how O leaves: registers = each thread stores its accumulator pairs (4-byte stores); shared = a "
-        "consumer warpgroup writes its 64 normalised rows over its rows of the Q tile (128-byte swizzle) "
+        "consumer warpgroup writes its 64 normalised rows over its rows of the Q tile (swizzled like Q) "
         "and stores them with 16-byte coalesced stores; tma = the same staging, then one TMA bulk tensor "
-        "store per 64-column panel"))
+        "store per panel"))
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
     takes_head_dim_v = True
