@@ -387,11 +387,9 @@ def conflict_free_swizzle(spec: ForwardSpec, plan: ForwardPlan, bank_patterns) -
                 continue
             swizzle = {"xor_bits": bits, "row_shift": shift}
             try:
-                type(spec).model_validate({**data, "smem": {**data["smem"], "swizzle": swizzle}})
+                alt_spec = type(spec).model_validate({**data, "smem": {**data["smem"], "swizzle": swizzle}})
             except ValueError:
                 continue    # the kind does not take it (scalar, wmma), or a rule refuses it
-            alt = replace(plan, swizzle=Swizzle("xor", plan.swizzle.pitch_bytes if plan.swizzle.is_xor else
-                                                chunks * CHUNK_BYTES, bits, shift))
-            if all(p.degree == 1 for p in bank_patterns(alt)):
+            if all(p.degree == 1 for p in bank_patterns(replace(plan, swizzle=tile_swizzle(alt_spec)))):
                 return f"{{xor_bits: {bits}" + (f", row_shift: {shift}" if shift else "") + "}"
     return ""
