@@ -214,6 +214,18 @@ __device__ __forceinline__ int key_end(int row, const P& p) {
     else return visible_keys<kMask>(row, p.seqlen_k, 0);
 }
 
+// The first key a row sees: keys before it are hidden (0 unless the mask has a left bound). With
+// key_end, a row sees keys [key_begin, key_end); it sees none when key_end <= key_begin.
+template <Mask kMask, typename P>
+__device__ __forceinline__ int key_begin(int row, const P& p) {
+    return 0;
+}
+
+// The mask hides keys before some row's key_begin; without one, nothing compares against it (the
+// kinds test it inline: a helper call, even one that folds away, changes ptxas's schedule).
+template <Mask kMask>
+constexpr bool kHasLeftBound = false;
+
 // The mask gives later rows more keys (so later query blocks are longer).
 template <Mask kMask>
 constexpr bool kLaterRowsSeeMore = kMask == Mask::Causal;
@@ -225,17 +237,27 @@ __device__ __forceinline__ int tiles_up_to_row(int last_row, const Params& p) {
     return (keys + kBlockN - 1) / kBlockN;
 }
 
-// K/V tiles a query block [m0, m0 + kBlockM) visits.
+// The first K/V tile rows from first_row on visit: the one holding first_row's key_begin (0 unless
+// the mask has a left bound). A block visits tiles first_kv_tile .. first_kv_tile + kv_tile_count - 1.
 template <Mask kMask>
-__device__ __forceinline__ int kv_tile_count(int m0, const Params& p) {
-    return tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);
+__device__ __forceinline__ int first_kv_tile(int first_row, const Params& p) {
+    return key_begin<kMask>(first_row, p) / kBlockN;
 }
 
-// True when some key of the tile starting at n0 is hidden from some row from row0 on (row0 has
-// the smallest key_end of those rows), so the tile's scores must be masked.
+// K/V tiles a query block [m0, m0 + kBlockM) visits, from its first_kv_tile on.
 template <Mask kMask>
-__device__ __forceinline__ bool tile_needs_mask(int n0, int row0, const Params& p) {
-    return n0 + kBlockN > key_end<kMask>(row0, p);
+__device__ __forceinline__ int kv_tile_count(int m0, const Params& p) {
+    const int end = tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);
+    if constexpr (kHasLeftBound<kMask>) return max(end - first_kv_tile<kMask>(m0, p), 0);
+    else return end;
+}
+
+// True when some key of the tile starting at n0 is hidden from some row of row0 .. last_row (row0
+// has the smallest key_end of those rows, last_row the largest key_begin), so the tile's scores
+// must be masked.
+template <Mask kMask>
+__device__ __forceinline__ bool tile_needs_mask(int n0, int row0, int last_row, const Params& p) {
+    return n0 + kBlockN > key_end<kMask>(row0, p) || (kHasLeftBound<kMask> && n0 < key_begin<kMask>(last_row, p));
 }
 
 // The query block, head and batch a thread block computes. When the mask gives later rows more
@@ -255,6 +277,22 @@ __device__ __forceinline__ BlockCoords block_coords(const Params& p) {
 __device__ __forceinline__ elem_t* output_ptr(const Params& p, const BlockCoords& c) {
     return static_cast<elem_t*>(p.o) + c.batch * p.o_batch_stride + c.head * p.o_head_stride;
 }
+
+// The score modifiers of this spec: none (scores: []); apply() is the raw score.
+struct ScoreMods {
+
+    __device__ __forceinline__ ScoreMods(const Params&, const BlockCoords&) {}
+
+    // What apply() needs of a row: its distance to key `key0` (alibi), as a float.
+    __device__ __forceinline__ float row_base(int row, int key0) const {
+        return 0.f;
+    }
+
+    // The modified score of raw score s at key key0 + dk of a row whose row_base(row, key0) is base.
+    __device__ __forceinline__ float apply(float s, float base, int dk) const {
+        return s;
+    }
+};
 
 // One online-softmax step for one query row. This thread holds kCols of the row's scores, read
 // and written through score(c); kGroup adjacent lanes hold the whole row. The scores become exp2
@@ -494,14 +532,15 @@ __device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, con
         tma_load_4d(dst + panel * kBlockN * kPanelRowBytes, map, kPanelCols * panel, t * kBlockN, c.kv_head, c.batch, full);
 }
 
-// Everything a query block reads, by its one issuing thread: Q, then K and V of its first `tiles`
-// tiles from ring position `ring` on (the producer: all of them; homogeneous: the first kStages).
-// The tensor maps stay in parameter space: Params is a __grid_constant__ parameter.
-__device__ __forceinline__ void load_block(uint32_t smem_addr, const Params& p, const BlockCoords& c, int ring, int tiles) {
+// Everything a query block reads, by its one issuing thread: Q, then K and V of `tiles` tiles from
+// tile t0 on, into ring positions from `ring` on (the producer: all of them; homogeneous: the first
+// kStages). The tensor maps stay in parameter space: Params is a __grid_constant__ parameter.
+__device__ __forceinline__ void load_block(uint32_t smem_addr, const Params& p, const BlockCoords& c, int ring, int t0,
+                                           int tiles) {
     load_q(smem_addr, p.tma_q, c);
     for (int t = 0; t < tiles; ++t) {
-        load_kv<false>(smem_addr, p.tma_k, c, ring + t, t);
-        load_kv<true>(smem_addr, p.tma_v, c, ring + t, t);
+        load_kv<false>(smem_addr, p.tma_k, c, ring + t, t0 + t);
+        load_kv<true>(smem_addr, p.tma_v, c, ring + t, t0 + t);
     }
 }
 
@@ -542,11 +581,27 @@ __device__ __forceinline__ void mask_scores(float (&s)[kSRegs], int n0, int row0
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int end = key_end<kMask>(row0 + lane / 4 + 8 * h, p);
+        const int begin = key_begin<kMask>(row0 + lane / 4 + 8 * h, p);
 #pragma unroll
         for (int j = 0; j < kSRegs / 4; ++j)
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-                if (key0 + 8 * j + e >= end) s[4 * j + 2 * h + e] = -INFINITY;
+            for (int e = 0; e < 2; ++e) {
+                const int key = key0 + 8 * j + e;
+                if (key >= end || (kHasLeftBound<kMask> && key < begin)) s[4 * j + 2 * h + e] = -INFINITY;
+            }
+    }
+}
+
+// Every score of the tile through the spec's score modifiers (the same element layout as mask_scores).
+__device__ __forceinline__ void modify_scores(float (&s)[kSRegs], int n0, int row0, int lane, const ScoreMods& mods) {
+    const int key0 = n0 + 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float base = mods.row_base(row0 + lane / 4 + 8 * h, key0);
+#pragma unroll
+        for (int j = 0; j < kSRegs / 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) s[4 * j + 2 * h + e] = mods.apply(s[4 * j + 2 * h + e], base, 8 * j + e);
     }
 }
 
@@ -725,7 +780,7 @@ __device__ __forceinline__ void attention(const Params& p) {
                 const int n_tiles = kv_tile_count<kMask>(c.m0, p);
                 if (kPersistent && nth > 0)   // the consumers are done with the previous item's Q
                     mbarrier_wait(smem_addr + kQEmptyBar, (nth - 1) & 1);
-                load_block(smem_addr, p, c, ring, n_tiles);
+                load_block(smem_addr, p, c, ring, kHasLeftBound<kMask> ? first_kv_tile<kMask>(c.m0, p) : 0, n_tiles);
                 ring += n_tiles;
             }
         }
@@ -736,20 +791,26 @@ __device__ __forceinline__ void attention(const Params& p) {
         if (kPingPong && warpgroup == 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
         for (int item = first_item; item < items; item += item_step, ++nth) {
             const BlockCoords c = coords(item);
+            // The item visits tiles t0 .. t0 + n_tiles - 1 (a literal 0 without a left bound, as in fwd_mma).
+            const int t0 = kHasLeftBound<kMask> ? first_kv_tile<kMask>(c.m0, p) : 0;
             const int n_tiles = kv_tile_count<kMask>(c.m0, p);
             if (!kHasProducer && tid == kIssuer) {  // homogeneous (one item): the rest as stages come back
                 prefetch_tensor_maps(p);
-                load_block(smem_addr, p, c, 0, min(n_tiles, kStages));
+                load_block(smem_addr, p, c, 0, t0, min(n_tiles, kStages));
             }
             __syncwarp();  // the issuer's warp reconverges before its first wgmma
             const int wg_row0 = warpgroup * kRowsPerWarpgroup;   // this warpgroup's rows inside the block
             const int row0 = c.m0 + wg_row0 + (warp % 4) * 16;   // this warp's first query row
+            const int last_row = row0 + 15;                      // and its last
+            const ScoreMods mods(p, c);
             float o[kORegs], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 #pragma unroll
             for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
             // Tiles whose keys some row of this warpgroup sees; later tiles of the block it only hands back.
             // The last warpgroup (the homogeneous issuer's) holds the block's last row: it sees every tile.
-            const int my_tiles = min(n_tiles, tiles_up_to_row<kMask>(c.m0 + wg_row0 + kRowsPerWarpgroup - 1, p));
+            // (A left bound can end them before t0: none then.)
+            const int wg_end = tiles_up_to_row<kMask>(c.m0 + wg_row0 + kRowsPerWarpgroup - 1, p) - t0;
+            const int my_tiles = min(n_tiles, kHasLeftBound<kMask> ? max(wg_end, 0) : wg_end);
             auto stage_bar = [&](int base, int t) { return smem_addr + base + ((ring + t) % kStages) * kBarrierBytes; };
             auto slot = [&](int t) { return smem_addr + ((ring + t) % kStages) * kStageStride; };
             auto wait_k = [&](int t) { mbarrier_wait(stage_bar(kFullK, t), ((ring + t) / kStages) & 1); };
@@ -762,7 +823,7 @@ __device__ __forceinline__ void attention(const Params& p) {
                     __syncwarp();
                     if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
                     if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
-                        load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t + kStages);
+                        load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t0 + t + kStages);
                     __syncwarp();
                 }
             };
@@ -770,8 +831,8 @@ __device__ __forceinline__ void attention(const Params& p) {
                 __syncwarp();
                 if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
                 if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) {
-                    if constexpr (!kSeparateKVBarriers) load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t + kStages);
-                    load_kv<true>(smem_addr, p.tma_v, c, t + kStages, t + kStages);
+                    if constexpr (!kSeparateKVBarriers) load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t0 + t + kStages);
+                    load_kv<true>(smem_addr, p.tma_v, c, t + kStages, t0 + t + kStages);
                 }
                 __syncwarp();
             };
@@ -792,12 +853,13 @@ __device__ __forceinline__ void attention(const Params& p) {
                     wgmma_wait<0>();
                     fence_registers(s);
                     release_k(0);
-                    if (tile_needs_mask<kMask>(0, row0, p)) mask_scores<kMask>(s, 0, row0, lane, p);
+                    modify_scores(s, t0 * kBlockN, row0, lane, mods);
+                    if (tile_needs_mask<kMask>(t0 * kBlockN, row0, last_row, p)) mask_scores<kMask>(s, t0 * kBlockN, row0, lane, p);
                     softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
                     p_fragments(pa, s);
                 }
                 for (int t = 1; t < tiles; ++t) {
-                    const int n0 = t * kBlockN;
+                    const int n0 = (t0 + t) * kBlockN;
                     wait_k(t);
                     wait_v(t - 1);
                     wait_turn(warpgroup);
@@ -808,7 +870,8 @@ __device__ __forceinline__ void attention(const Params& p) {
                     wgmma_wait<1>();   // S_t is ready; P.V may still run
                     fence_registers(s);
                     release_k(t);
-                    if (tile_needs_mask<kMask>(n0, row0, p)) mask_scores<kMask>(s, n0, row0, lane, p);
+                    modify_scores(s, n0, row0, lane, mods);
+                    if (tile_needs_mask<kMask>(n0, row0, last_row, p)) mask_scores<kMask>(s, n0, row0, lane, p);
                     softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
                     wgmma_wait<0>();   // P_(t-1).V_(t-1) is done: O and the A fragments are free
                     fence_registers(o);
@@ -828,14 +891,15 @@ __device__ __forceinline__ void attention(const Params& p) {
                 }
             } else {
                 for (int t = 0; t < my_tiles; ++t) {
-                    const int n0 = t * kBlockN;
+                    const int n0 = (t0 + t) * kBlockN;
                     wait_k(t);
                     wgmma_fence();
                     issue_scores(s, sQ, slot(t) + kSmem_k0, wg_row0);
                     wgmma_wait<0>();
                     fence_registers(s);
                     release_k(t);
-                    if (tile_needs_mask<kMask>(n0, row0, p)) mask_scores<kMask>(s, n0, row0, lane, p);
+                    modify_scores(s, n0, row0, lane, mods);
+                    if (tile_needs_mask<kMask>(n0, row0, last_row, p)) mask_scores<kMask>(s, n0, row0, lane, p);
                     softmax_rows(s, alpha, row_max, row_sum, p.scale_log2);
                     rescale_output(o, alpha);
                     p_fragments(pa, s);

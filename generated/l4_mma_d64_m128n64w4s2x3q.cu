@@ -241,6 +241,18 @@ __device__ __forceinline__ int key_end(int row, const P& p) {
     else return visible_keys<kMask>(row, p.seqlen_k, 0);
 }
 
+// The first key a row sees: keys before it are hidden (0 unless the mask has a left bound). With
+// key_end, a row sees keys [key_begin, key_end); it sees none when key_end <= key_begin.
+template <Mask kMask, typename P>
+__device__ __forceinline__ int key_begin(int row, const P& p) {
+    return 0;
+}
+
+// The mask hides keys before some row's key_begin; without one, nothing compares against it (the
+// kinds test it inline: a helper call, even one that folds away, changes ptxas's schedule).
+template <Mask kMask>
+constexpr bool kHasLeftBound = false;
+
 // The mask gives later rows more keys (so later query blocks are longer).
 template <Mask kMask>
 constexpr bool kLaterRowsSeeMore = kMask == Mask::Causal;
@@ -252,24 +264,34 @@ __device__ __forceinline__ int tiles_up_to_row(int last_row, const Params& p) {
     return (keys + kBlockN - 1) / kBlockN;
 }
 
-// K/V tiles a query block [m0, m0 + kBlockM) visits.
+// The first K/V tile rows from first_row on visit: the one holding first_row's key_begin (0 unless
+// the mask has a left bound). A block visits tiles first_kv_tile .. first_kv_tile + kv_tile_count - 1.
+template <Mask kMask>
+__device__ __forceinline__ int first_kv_tile(int first_row, const Params& p) {
+    return key_begin<kMask>(first_row, p) / kBlockN;
+}
+
+// K/V tiles a query block [m0, m0 + kBlockM) visits, from its first_kv_tile on.
 template <Mask kMask>
 __device__ __forceinline__ int kv_tile_count(int m0, const Params& p) {
-    return tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);
+    const int end = tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);
+    if constexpr (kHasLeftBound<kMask>) return max(end - first_kv_tile<kMask>(m0, p), 0);
+    else return end;
 }
 
-// True when some key of the tile starting at n0 is hidden from some row from row0 on (row0 has
-// the smallest key_end of those rows), so the tile's scores must be masked.
+// True when some key of the tile starting at n0 is hidden from some row of row0 .. last_row (row0
+// has the smallest key_end of those rows, last_row the largest key_begin), so the tile's scores
+// must be masked.
 template <Mask kMask>
-__device__ __forceinline__ bool tile_needs_mask(int n0, int row0, const Params& p) {
-    return n0 + kBlockN > key_end<kMask>(row0, p);
+__device__ __forceinline__ bool tile_needs_mask(int n0, int row0, int last_row, const Params& p) {
+    return n0 + kBlockN > key_end<kMask>(row0, p) || (kHasLeftBound<kMask> && n0 < key_begin<kMask>(last_row, p));
 }
 
-// False when rows up to last_row see no key of the tile starting at n0: they can skip it.
+// False when rows row0 .. last_row see no key of the tile starting at n0: they can skip it.
 template <Mask kMask>
-__device__ __forceinline__ bool tile_visible(int n0, int last_row, const Params& p) {
+__device__ __forceinline__ bool tile_visible(int n0, int row0, int last_row, const Params& p) {
     if constexpr (kMask == Mask::None) return true;
-    else return n0 < key_end<kMask>(last_row, p);
+    else return n0 < key_end<kMask>(last_row, p) && (!kHasLeftBound<kMask> || n0 + kBlockN > key_begin<kMask>(row0, p));
 }
 
 // The query block, head and batch a thread block computes. When the mask gives later rows more
@@ -294,6 +316,22 @@ __device__ __forceinline__ const elem_t* head_ptr(const void* base, int b, int h
 __device__ __forceinline__ elem_t* output_ptr(const Params& p, const BlockCoords& c) {
     return static_cast<elem_t*>(p.o) + c.batch * p.o_batch_stride + c.head * p.o_head_stride;
 }
+
+// The score modifiers of this spec: none (scores: []); apply() is the raw score.
+struct ScoreMods {
+
+    __device__ __forceinline__ ScoreMods(const Params&, const BlockCoords&) {}
+
+    // What apply() needs of a row: its distance to key `key0` (alibi), as a float.
+    __device__ __forceinline__ float row_base(int row, int key0) const {
+        return 0.f;
+    }
+
+    // The modified score of raw score s at key key0 + dk of a row whose row_base(row, key0) is base.
+    __device__ __forceinline__ float apply(float s, float base, int dk) const {
+        return s;
+    }
+};
 
 // One online-softmax step for one query row. This thread holds kCols of the row's scores, read
 // and written through score(c); kGroup adjacent lanes hold the whole row. The scores become exp2
@@ -510,11 +548,30 @@ __device__ __forceinline__ void mask_scores(float (&s)[kMTiles][kNTiles][4], int
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int end = key_end<kMask>(row0 + mt * 16 + lane / 4 + 8 * h, p);
+            const int begin = key_begin<kMask>(row0 + mt * 16 + lane / 4 + 8 * h, p);
 #pragma unroll
             for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (key0 + nt * 8 + e >= end) s[mt][nt][2 * h + e] = -INFINITY;
+                for (int e = 0; e < 2; ++e) {
+                    const int key = key0 + nt * 8 + e;
+                    if (key >= end || (kHasLeftBound<kMask> && key < begin)) s[mt][nt][2 * h + e] = -INFINITY;
+                }
+        }
+}
+
+// Every score of the tile through the spec's score modifiers (the same element layout as mask_scores).
+__device__ __forceinline__ void modify_scores(float (&s)[kMTiles][kNTiles][4], int n0, int row0, int lane,
+                                              const ScoreMods& mods) {
+    const int key0 = n0 + 2 * (lane % 4);
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float base = mods.row_base(row0 + mt * 16 + lane / 4 + 8 * h, key0);
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) s[mt][nt][2 * h + e] = mods.apply(s[mt][nt][2 * h + e], base, nt * 8 + e);
         }
 }
 
@@ -574,13 +631,16 @@ __device__ __forceinline__ void accumulate_pv(SoftmaxState& st, const uint32_t (
 template <Mask kMask>
 __device__ __forceinline__ void consume_tile(SoftmaxState& st, const uint32_t (&q_frag)[kQFragSteps][kMTiles][4],
                                              uint32_t sQ, uint32_t sK, uint32_t sV, int n0, int m0,
-                                             int warp_row0, int lane, const LdmatrixLanes& ln, const Params& p) {
+                                             int warp_row0, int lane, const LdmatrixLanes& ln, const Params& p,
+                                             const ScoreMods& mods) {
     // A tile whose keys the mask hides from all of the warp's rows contributes nothing to it.
-    if (!tile_visible<kMask>(n0, m0 + warp_row0 + kRowsPerWarp - 1, p)) return;
+    const int row0 = m0 + warp_row0, last_row = row0 + kRowsPerWarp - 1;
+    if (!tile_visible<kMask>(n0, row0, last_row, p)) return;
     float s[kMTiles][kNTiles][4];
     scores_qk(s, q_frag, sQ, sK, warp_row0, ln);
-    if (tile_needs_mask<kMask>(n0, m0 + warp_row0, p))
-        mask_scores<kMask>(s, n0, m0 + warp_row0, lane, p);
+    modify_scores(s, n0, row0, lane, mods);
+    if (tile_needs_mask<kMask>(n0, row0, last_row, p))
+        mask_scores<kMask>(s, n0, row0, lane, p);
     online_softmax(s, st, p.scale_log2);
     uint32_t pa[kKStepsPV][kMTiles][4];
     p_fragments(pa, s);
@@ -619,7 +679,11 @@ __device__ __forceinline__ void attention(const Params& p) {
     const uint32_t sQ = smem_addr + kSmem_q;
     const int warp_row0 = warp * kRowsPerWarp;
     const LdmatrixLanes ln(lane);
+    // The block visits tiles t0 .. t0 + n_tiles - 1. (A literal 0 without a left bound: the plain
+    // masks' loops then compile as they did before t0 existed.)
+    const int t0 = kHasLeftBound<kMask> ? first_kv_tile<kMask>(m0, p) : 0;
     const int n_tiles = kv_tile_count<kMask>(m0, p);
+    const ScoreMods mods(p, c);
 
     SoftmaxState st;
 #pragma unroll
@@ -639,8 +703,8 @@ __device__ __forceinline__ void attention(const Params& p) {
     // also Q); tiles t+1 .. t+kStages-1 are in flight while tile t is computed. One barrier per tile.
     auto copy_kv = [&](int tile) {
         const uint32_t slot = smem_addr + (tile % kStages) * kStageStride;
-        copy_tile_async<kBlockN, kThreads>(slot + kSmem_k0, k, p.k_row_stride, tile * kBlockN, p.seqlen_k, tid);
-        copy_tile_async<kBlockN, kThreads>(slot + kSmem_v0, v, p.v_row_stride, tile * kBlockN, p.seqlen_k, tid);
+        copy_tile_async<kBlockN, kThreads>(slot + kSmem_k0, k, p.k_row_stride, (t0 + tile) * kBlockN, p.seqlen_k, tid);
+        copy_tile_async<kBlockN, kThreads>(slot + kSmem_v0, v, p.v_row_stride, (t0 + tile) * kBlockN, p.seqlen_k, tid);
     };
     copy_tile_async<kBlockM, kThreads>(sQ, q, p.q_row_stride, m0, p.seqlen_q, tid);
 #pragma unroll
@@ -660,7 +724,7 @@ __device__ __forceinline__ void attention(const Params& p) {
         }
         const uint32_t sK = smem_addr + kSmem_k0 + (t % kStages) * kStageStride;
         const uint32_t sV = smem_addr + kSmem_v0 + (t % kStages) * kStageStride;
-        consume_tile<kMask>(st, q_frag, sQ, sK, sV, t * kBlockN, m0, warp_row0, lane, ln, p);
+        consume_tile<kMask>(st, q_frag, sQ, sK, sV, (t0 + t) * kBlockN, m0, warp_row0, lane, ln, p, mods);
     }
     store_output(st, p, c, warp_row0, lane);
 }

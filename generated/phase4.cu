@@ -224,6 +224,18 @@ __device__ __forceinline__ int key_end(int row, const P& p) {
     else return visible_keys<kMask>(row, p.seqlen_k, 0);
 }
 
+// The first key a row sees: keys before it are hidden (0 unless the mask has a left bound). With
+// key_end, a row sees keys [key_begin, key_end); it sees none when key_end <= key_begin.
+template <Mask kMask, typename P>
+__device__ __forceinline__ int key_begin(int row, const P& p) {
+    return 0;
+}
+
+// The mask hides keys before some row's key_begin; without one, nothing compares against it (the
+// kinds test it inline: a helper call, even one that folds away, changes ptxas's schedule).
+template <Mask kMask>
+constexpr bool kHasLeftBound = false;
+
 // The mask gives later rows more keys (so later query blocks are longer).
 template <Mask kMask>
 constexpr bool kLaterRowsSeeMore = kMask == Mask::Causal;
@@ -235,17 +247,27 @@ __device__ __forceinline__ int tiles_up_to_row(int last_row, const Params& p) {
     return (keys + kBlockN - 1) / kBlockN;
 }
 
-// K/V tiles a query block [m0, m0 + kBlockM) visits.
+// The first K/V tile rows from first_row on visit: the one holding first_row's key_begin (0 unless
+// the mask has a left bound). A block visits tiles first_kv_tile .. first_kv_tile + kv_tile_count - 1.
 template <Mask kMask>
-__device__ __forceinline__ int kv_tile_count(int m0, const Params& p) {
-    return tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);
+__device__ __forceinline__ int first_kv_tile(int first_row, const Params& p) {
+    return key_begin<kMask>(first_row, p) / kBlockN;
 }
 
-// True when some key of the tile starting at n0 is hidden from some row from row0 on (row0 has
-// the smallest key_end of those rows), so the tile's scores must be masked.
+// K/V tiles a query block [m0, m0 + kBlockM) visits, from its first_kv_tile on.
 template <Mask kMask>
-__device__ __forceinline__ bool tile_needs_mask(int n0, int row0, const Params& p) {
-    return n0 + kBlockN > key_end<kMask>(row0, p);
+__device__ __forceinline__ int kv_tile_count(int m0, const Params& p) {
+    const int end = tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);
+    if constexpr (kHasLeftBound<kMask>) return max(end - first_kv_tile<kMask>(m0, p), 0);
+    else return end;
+}
+
+// True when some key of the tile starting at n0 is hidden from some row of row0 .. last_row (row0
+// has the smallest key_end of those rows, last_row the largest key_begin), so the tile's scores
+// must be masked.
+template <Mask kMask>
+__device__ __forceinline__ bool tile_needs_mask(int n0, int row0, int last_row, const Params& p) {
+    return n0 + kBlockN > key_end<kMask>(row0, p) || (kHasLeftBound<kMask> && n0 < key_begin<kMask>(last_row, p));
 }
 
 // The query block, head and batch a thread block computes. When the mask gives later rows more
@@ -456,7 +478,7 @@ __device__ __forceinline__ void attention(const Params& p) {
 
         float s[kRowsPerWarp][kKeysPerLane];
         scores_qk(s, sQ, sK, warp_row0, lane);
-        if (tile_needs_mask<kMask>(n0, m0 + warp_row0, p))
+        if (tile_needs_mask<kMask>(n0, m0 + warp_row0, m0 + warp_row0 + kRowsPerWarp - 1, p))
             mask_scores<kMask>(s, n0, m0 + warp_row0, lane, p);
         online_softmax(s, row_max, row_sum, acc, sP, warp_row0, lane, p.scale_log2);
         __syncwarp();  // P rows of this warp are written before its lanes read them

@@ -326,10 +326,10 @@ def test_one_line_adds_a_field():
 
 
 def plan_with_small_blob():
-    """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +224,
-    the int lies at +224): Python puts the blob at +232, not +228, and C must too."""
+    """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +256,
+    the int lies at +256): Python puts the blob at +264, not +260, and C must too."""
     plan = make_plan(parse_spec((ROOT / "specs" / "l4_mma_d64.yaml").read_text()))
-    assert FORWARD_ABI.size == 224
+    assert FORWARD_ABI.size == 256
     return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((int32("n", "an int"),
                                                                   blob("small", 16, 8, "an 8-aligned blob"))))
 
@@ -337,9 +337,9 @@ def plan_with_small_blob():
 def test_small_aligned_blob_is_declared_where_python_puts_it():
     plan = plan_with_small_blob()
     src = render_parts(plan, "specs/x.yaml", "")[0].source
-    assert plan.abi.offsets[-2:] == (224, 232) and plan.abi.size == 248
+    assert plan.abi.offsets[-2:] == (256, 264) and plan.abi.size == 280
     assert "alignas(8) unsigned char small[16];" in src
-    assert "static_assert(offsetof(Params, small) == 232," in src and "static_assert(sizeof(Params) == 248," in src
+    assert "static_assert(offsetof(Params, small) == 264," in src and "static_assert(sizeof(Params) == 280," in src
 
 
 @pytest.mark.nvcc
@@ -397,17 +397,17 @@ def test_a_new_variant_needs_no_change_to_mask_variant():
     from attngen.core.variants import MaskVariant
     seen = []
 
-    def fill(option, seqlen_q, seqlen_k):
+    def fill(option, seqlen_q, seqlen_k, window):
         seen.append(option)
         return {"window": 4 if option == "narrow" else 16}
 
     window = MaskVariant("window", "Mask::Window", ("narrow", "wide"), (int32("window", "keys each row sees"),),
-                         "a stand-in", fill, lambda torch, sq, sk, option, device: None)
+                         "a stand-in", fill, lambda torch, sq, sk, option, device, window: None)
     assert window.abi_values(None, 8, 8) == {"window": 4} and window.abi_values("wide", 8, 8) == {"window": 16}
     assert seen == ["narrow", "wide"]                                  # the option is checked, then passed on
     assert window.visible(FakeTorch, 2, 2, "wide", "cpu") is None
     stray = MaskVariant("stray", "Mask::Stray", (), (), "fills a field it lacks",
-                        lambda option, sq, sk: {"causal_offset": 0}, lambda *a: None)
+                        lambda option, sq, sk, window: {"causal_offset": 0}, lambda *a: None)
     with pytest.raises(ValueError, match="does not declare: causal_offset"):
         stray.abi_values(None, 1, 1)
 

@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
 PHASE4 = ROOT / "specs" / "phase4.yaml"
 MMA_SPEC = ROOT / "specs" / "h100_mma_d64.yaml"
+WINDOW_SPEC = ROOT / "specs" / "h100_mma_d64_window.yaml"
+WGMMA_WINDOW_SPEC = ROOT / "specs" / "h100_wgmma_d64_window.yaml"
+ALIBI_SPEC = ROOT / "specs" / "h100_mma_d128_alibi.yaml"
+SOFTCAP_SPEC = ROOT / "specs" / "h100_wgmma_d128_softcap.yaml"
 
 
 def failures(results) -> str:
@@ -214,14 +218,26 @@ PLANTED = {
     # the causal hook hides the diagonal too: row 0 sees no key
     "phase4-causal-diagonal": (PHASE4, "row + 1 + causal_offset", "row + causal_offset"),
     # key == key_end (past seqlen_k, or the first key above the diagonal) is not masked
-    "mma-tail-off-by-one": (MMA_SPEC, "if (key0 + nt * 8 + e >= end)", "if (key0 + nt * 8 + e > end)"),
+    "mma-tail-off-by-one": (MMA_SPEC, "if (key >= end || (kHasLeftBound", "if (key > end || (kHasLeftBound"),
     # bottom-right with seqlen_q > seqlen_k: a negative offset is dropped, so the first rows see keys
     "mma-bottom-right-offset": (MMA_SPEC, "row + 1 + causal_offset", "row + 1 + max(causal_offset, 0)"),
     # tile skipping follows the block's first row instead of its last (kv_tile_count in mask.j2):
     # the mask bound is untouched, but later rows of a block never get the K/V tiles past the
     # first row's keys (top-left with block_m = block_n hides it; bottom-right offsets show it)
-    "mma-tile-count-first-row": (MMA_SPEC, "return tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);",
-                                 "return tiles_up_to_row<kMask>(m0, p);"),
+    "mma-tile-count-first-row": (MMA_SPEC, "const int end = tiles_up_to_row<kMask>(m0 + kBlockM - 1, p);",
+                                 "const int end = tiles_up_to_row<kMask>(m0, p);"),
+    # the window's left bound one key late: key i + lo is hidden
+    "window-left-off-by-one": (WINDOW_SPEC, "return max(row + p.window_lo, 0);", "return max(row + p.window_lo + 1, 0);"),
+    # blocks start one tile late: keys of the first visited tile are never seen
+    "window-first-tile-late": (WINDOW_SPEC, "return key_begin<kMask>(first_row, p) / kBlockN;",
+                               "return key_begin<kMask>(first_row, p) / kBlockN + 1;"),
+    # the Hopper kind's TMA loads ignore the first tile: tile t of the block is read from tile t
+    "wgmma-window-loads-from-zero": (WGMMA_WINDOW_SPEC, "load_kv<true>(smem_addr, p.tma_v, c, ring + t, t0 + t);",
+                                     "load_kv<true>(smem_addr, p.tma_v, c, ring + t, t);"),
+    # ALiBi's distance measured from the top-left corner instead of FlashAttention's bottom-right one
+    "alibi-top-left": (ALIBI_SPEC, "alibi_offset = p.seqlen_k - p.seqlen_q;", "alibi_offset = 0;"),
+    # softcap without the scale folded into its multiply
+    "softcap-unscaled": (SOFTCAP_SPEC, "s = tanh_approx(s * softcap_premul);", "s = tanh_approx(s);"),
 }
 
 

@@ -198,6 +198,8 @@ RULE_CASES = [
     ("rule_decode_no_varlen", DECODE, {"varlen": True}, "varlen", "per-sequence cache lengths"),
     ("rule_head_dim_vector_loads", WGMMA, {"head_dim": 36}, "head_dim", "multiple of 8 for 16-byte loads"),
     ("rule_head_dim_v", MMA, {"head_dim_v": 32}, "head_dim_v", "a V head dim other than head_dim is not generated"),
+    ("rule_variants_taken", SCALAR, {"masks": ["none", "window"]}, "masks", "does not generate the window mask"),
+    ("rule_variants_taken", DECODE, {"scores": ["softcap"]}, "scores", "does not apply score modifiers"),
     ("rule_head_dim_v", WGMMA, {"head_dim_v": 100}, "head_dim_v", "multiple of 8 for 16-byte rows (got 100); try 104"),
     ("rule_staged_output_fits_q", WGMMA, {"head_dim": 64, "head_dim_v": 128, "epilogue": "tma"}, "epilogue",
      "stages O in the Q tile"),

@@ -13,7 +13,7 @@ from .kind import Kind
 from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
                      TileCopy, barrier_region, check_budget, layout_regions, ring_stride, xor_misfit)
 from .spec_keys import ForwardSpec, PadSwizzle, XorSwizzle
-from .variants import MASKS, MaskVariant
+from .variants import MASKS, SCORES, MaskVariant, ScoreVariant
 from .input_errors import ERRORS_FIELD
 from .varlen_plan import VARLEN_ABI_FIELDS, is_varlen, mask_of, varlen_key
 
@@ -45,7 +45,8 @@ FORWARD_ABI = Abi("Params", (
     int32("seqlen_q", "query rows per head"),
     int32("seqlen_k", "keys per head"),
     float32("scale_log2", "softmax scale * log2(e): scores are exponentiated with exp2"),
-) + tuple(f for m in MASKS.values() for f in m.abi_fields) + VARLEN_ABI_FIELDS)
+) + tuple(f for m in MASKS.values() for f in m.abi_fields) + tuple(f for s in SCORES.values() for f in s.abi_fields)
+  + VARLEN_ABI_FIELDS)
 
 
 def tensor_fields(tensor: str) -> tuple[str, ...]:
@@ -53,16 +54,18 @@ def tensor_fields(tensor: str) -> tuple[str, ...]:
     return (tensor,) + tuple(f"{tensor}_{d}_stride" for d in ("batch", "head", "row"))
 
 
-def plan_abi(masks, *, varlen: bool, reports_errors: bool, through_maps=(), unread=(),
+def plan_abi(masks, *, varlen: bool, reports_errors: bool, through_maps=(), unread=(), scores=(),
              base: Abi = FORWARD_ABI) -> Abi:
     """The Params of a plan: `base` less the fields its kernels never read, so a generated file
-    declares no field it does not use. Left out: the fields of masks the plan has no function for,
+    declares no field it does not use. Left out: the fields of masks the plan has no function for and
+    of score modifiers it does not apply,
     and of varlen sequences (those a mask reads only per sequence too) unless it has varlen
     functions; the error-flag pointer unless its kernels report input errors; the pointer and
     strides of the tensors it loads through TMA maps (the maps carry them); and the `unread` fields a
     kind's kernels never read."""
     names = {f.name for f in base.fields}
     unread = set(unread) | {f.name for m in MASKS.values() if m not in masks for f in m.abi_fields}
+    unread |= {f.name for s in SCORES.values() if s not in scores for f in s.abi_fields}
     if not varlen:
         unread |= {n for m in masks for n in m.varlen_only}
         unread |= {f.name for f in VARLEN_ABI_FIELDS if f.name != ERRORS_FIELD.name}
@@ -134,6 +137,7 @@ class ForwardPlan:
     tensor_maps: tuple = ()         # TMA tensor maps the runtime encodes per call (core.tensor_maps.TensorMapSpec)
     params_qualifier: str = ""      # "__grid_constant__ ": Params stays in parameter space (TMA maps need its address)
     persistent: bool = False        # one resident block per SM loops over every query block (grid = SM count)
+    score_variants: tuple[ScoreVariant, ...] = ()   # the spec's score modifiers, in the order they apply
     block_text: tuple[str, ...] = ()  # explain's block, threads and masks lines when the forward ones do not fit
     head_dim_v: int = 0             # V's and O's head dim where it differs from head_dim (0: the same)
     swizzle_hint: str = ""          # an XOR swizzle the kind takes under which the bank report is conflict-free
@@ -350,7 +354,9 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
         spec=spec, kind=kind, title=title, target=target, masks=tuple(spec.masks),
         mask_variants=tuple(MASKS[m] for m in spec.masks),
         parts=(Part("fwd", template, f"{spec.name}.cu", functions),),
-        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), varlen=spec.varlen, reports_errors=False),
+        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), varlen=spec.varlen, reports_errors=False,
+                     scores=tuple(SCORES[s] for s in spec.scores)),
+        score_variants=tuple(SCORES[s] for s in spec.scores),
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=spec.head_dim,
         block_m=spec.tile.block_m, block_n=spec.tile.block_n,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps,

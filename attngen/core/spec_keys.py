@@ -15,12 +15,13 @@ from ..errors import SpecError
 from ..targets import TARGETS
 from .layout import register_cap, xor_misfit
 from .specio import line_of
-from .variants import MASKS
+from .variants import MASKS, SCORES
 
 SCHEMA_VERSION = 1
 
 Dtype = Literal["fp16", "bf16"]
 MaskName = Literal[tuple(MASKS)]
+ScoreName = Literal[tuple(SCORES)]
 
 
 class Strict(BaseModel):
@@ -141,7 +142,11 @@ class ForwardSpec(SpecBase):
         "the head size of V and of the output when it differs from head_dim's Q and K (DeepSeek MLA: head_dim "
         "192, head_dim_v 128); unset: head_dim"))
     masks: list[MaskName] = Field(default=["none", "causal"], min_length=1,
-                                  description="mask variants to emit, one kernel function each")
+                                  description="mask variants to emit, one kernel function each: none, causal, "
+                                              "window (a sliding window, FlashAttention's window_size)")
+    scores: list[ScoreName] = Field(default=[], description=(
+        "score modifiers every function applies before the mask, in this order: softcap (cap * tanh(s / cap), "
+        "the call passes softcap=), alibi (-slope[h] * |i + Sk - Sq - j|, the call passes alibi_slopes=)"))
     tile: Tile
     warps: Union[HomogeneousWarps, SpecializedWarps]
     mma: str = Field(description="the fragment; it picks the kernel kind")
@@ -159,6 +164,9 @@ class ForwardSpec(SpecBase):
 
     # Kinds whose plans give V and O their own head dim (head_dim_v) say so.
     takes_head_dim_v: ClassVar[bool] = False
+    # The masks and score modifiers a kind's templates implement.
+    masks_taken: ClassVar[tuple[str, ...]] = ("none", "causal")
+    takes_scores: ClassVar[bool] = False
 
     # What the kind's fragments need of the tile: rows per compute warp and keys per tile come in
     # multiples of these (see rule_block_m_split / rule_block_n).
@@ -167,11 +175,19 @@ class ForwardSpec(SpecBase):
     key_unit: ClassVar[int] = 1
     key_unit_why: ClassVar[str] = ""
 
-    @field_validator("masks")
+    @field_validator("masks", "scores")
     @classmethod
     def _unique_masks(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
-            raise ValueError(f"lists a mask twice ({v}); list each variant once")
+            raise ValueError(f"lists a variant twice ({v}); list each one once")
+        return v
+
+    @field_validator("scores")
+    @classmethod
+    def _score_order(cls, v: list[str]) -> list[str]:
+        order = [s for s in SCORES if s in v]
+        if v != order:
+            raise ValueError(f"score modifiers apply in the order {list(SCORES)}; write {order}")
         return v
 
     @property
@@ -293,10 +309,20 @@ def rule_head_dim_v(s: ForwardSpec):
                               f"{round_up(s.head_dim_v, 8)}")
 
 
+def rule_variants_taken(s: ForwardSpec):
+    for mask in s.masks:
+        if mask not in s.masks_taken:
+            return "masks", (f"this kind does not generate the {mask} mask (it takes "
+                                  f"{', '.join(s.masks_taken)}); remove it, or pick a fragment whose kind takes it")
+    if s.scores and not s.takes_scores:
+        return "scores", (f"this kind does not apply score modifiers; leave scores empty, or pick a fragment whose "
+                          f"kind takes them")
+
+
 # Every forward-shaped kind's tiles go through core.forward_plan.tile_swizzle, and every kind's launch
-# bounds through ptxas: neither is a kind's choice. head_dim_v is refused by every kind that does not
-# take it, in one place.
-ForwardSpec.shared_rules = (rule_xor_bits, rule_register_cap, rule_head_dim_v)
+# bounds through ptxas: neither is a kind's choice. head_dim_v and the variants are refused by every
+# kind that does not take them, in one place.
+ForwardSpec.shared_rules = (rule_xor_bits, rule_register_cap, rule_head_dim_v, rule_variants_taken)
 
 
 def rule_warp_roles_need_a_ring(s: ForwardSpec):

@@ -1,28 +1,32 @@
-"""Mask variants: which keys a query row sees. One definition per variant serves the CUDA hook
-(templates/lib/mask.j2 reads the variant's Params fields) and the fp32 reference of `verify`, so a
-kernel and its test cannot disagree about the mask.
+"""Attention variants: which keys a query row sees (masks) and what happens to a score before the
+softmax (score modifiers). One definition per variant serves the CUDA hook (templates/lib/mask.j2
+and score.j2 read the variant's Params fields) and the fp32 reference of `verify`, so a kernel and
+its test cannot disagree.
 
-A variant is chosen per kernel function by the spec's `masks` list (none, causal); its options
-(causal alignment) are runtime values packed into Params, so one function serves every option.
-MaskVariant itself knows no variant: each one brings its Params fields, the function that fills
-them and the function that draws its visible keys for the reference.
+A mask is chosen per kernel function by the spec's `masks` list (none, causal, window); its options
+(the alignment) and arguments (window sizes) are runtime values packed into Params, so one function
+serves every option. A score modifier (softcap, alibi) is applied by every function of a spec that
+lists it in `scores`; its argument (the cap, the slopes tensor) is a call argument. MaskVariant and
+ScoreVariant know no variant: each one brings its Params fields, the function that fills them and
+its torch reference.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .abi import AbiField, int32
+from .abi import AbiField, float32, float_pointer, int32, int64
 
 TOP_LEFT = "top_left"          # torch SDPA is_causal: query i sees keys 0..i
 BOTTOM_RIGHT = "bottom_right"  # FlashAttention >= 2.1: query i sees keys 0..i + Sk - Sq (KV-cache prefill)
 ALIGNMENTS = (TOP_LEFT, BOTTOM_RIGHT)
 
-# (option, seqlen_q, seqlen_k) -> {Params field name: value}; the option is already checked.
-AbiValues = Callable[[str, int, int], dict]
-# (torch, seqlen_q, seqlen_k, option, device) -> (Sq, Sk) bool tensor of visible keys, or None
-# when every key is visible; the option is already checked.
-Visible = Callable[[Any, int, int, str, Any], Optional[Any]]
+# (option, seqlen_q, seqlen_k, window) -> {Params field name: value}; the option is already checked,
+# window is the call's (left, right) (None for masks that take none).
+AbiValues = Callable[[str, int, int, Optional[tuple]], dict]
+# (torch, seqlen_q, seqlen_k, option, device, window) -> (Sq, Sk) bool tensor of visible keys, or
+# None when every key is visible; the option is already checked.
+Visible = Callable[[Any, int, int, str, Any, Optional[tuple]], Optional[Any]]
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class MaskVariant:
     fill: AbiValues                 # the values of abi_fields for one call
     visibility: Visible             # the reference's mask
     varlen_only: tuple[str, ...] = ()   # abi_fields only varlen functions read
+    takes_window: bool = False          # the call gives it window=(left, right)
 
     def check_option(self, option: str | None) -> str:
         if option is None:
@@ -44,27 +49,27 @@ class MaskVariant:
             raise ValueError(f"mask {self.name!r} takes alignment in ({have}), got {option!r}")
         return option
 
-    def abi_values(self, option: str | None, seqlen_q: int, seqlen_k: int) -> dict:
+    def abi_values(self, option: str | None, seqlen_q: int, seqlen_k: int, window: tuple | None = None) -> dict:
         """The variant's Params fields for one call (fields left out take their defaults)."""
-        values = self.fill(self.check_option(option), seqlen_q, seqlen_k)
+        values = self.fill(self.check_option(option), seqlen_q, seqlen_k, window)
         unknown = set(values) - {f.name for f in self.abi_fields}
         if unknown:
             raise ValueError(f"mask {self.name!r} fills Params field(s) it does not declare: "
                              f"{', '.join(sorted(unknown))}")
         return values
 
-    def visible(self, torch, seqlen_q: int, seqlen_k: int, option: str | None, device):
+    def visible(self, torch, seqlen_q: int, seqlen_k: int, option: str | None, device, window: tuple | None = None):
         """(Sq, Sk) bool tensor of visible keys, or None when every key is visible."""
-        return self.visibility(torch, seqlen_q, seqlen_k, self.check_option(option), device)
+        return self.visibility(torch, seqlen_q, seqlen_k, self.check_option(option), device, window)
 
 
 # -- none: every key is visible ---------------------------------------------------------------------
 
-def no_abi_values(option: str, seqlen_q: int, seqlen_k: int) -> dict:
+def no_abi_values(option: str, seqlen_q: int, seqlen_k: int, window) -> dict:
     return {}
 
 
-def every_key_visible(torch, seqlen_q: int, seqlen_k: int, option: str, device):
+def every_key_visible(torch, seqlen_q: int, seqlen_k: int, option: str, device, window):
     return None
 
 
@@ -78,12 +83,12 @@ def causal_key_offset(option: str, seqlen_q: int, seqlen_k: int) -> int:
     return seqlen_k - seqlen_q if option == BOTTOM_RIGHT else 0
 
 
-def causal_abi_values(option: str, seqlen_q: int, seqlen_k: int) -> dict:
+def causal_abi_values(option: str, seqlen_q: int, seqlen_k: int, window) -> dict:
     return {"causal_offset": causal_key_offset(option, seqlen_q, seqlen_k),
             "causal_from_end": int(option == BOTTOM_RIGHT)}
 
 
-def causal_visible(torch, seqlen_q: int, seqlen_k: int, option: str, device):
+def causal_visible(torch, seqlen_q: int, seqlen_k: int, option: str, device, window):
     offset = causal_key_offset(option, seqlen_q, seqlen_k)
     return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device).tril(diagonal=offset)
 
@@ -97,4 +102,160 @@ CAUSAL = MaskVariant(
     "query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)",
     causal_abi_values, causal_visible, varlen_only=("causal_from_end",))
 
-MASKS: dict[str, MaskVariant] = {m.name: m for m in (NONE, CAUSAL)}
+# -- window: query row i sees keys i + offset - left <= j <= i + offset + right ------------------------
+
+UNBOUNDED = 1 << 30   # a window side of -1 (unbounded) as a diagonal offset: beyond any sequence, no int overflow
+
+
+def window_bounds(option: str, seqlen_q: int, seqlen_k: int, window: tuple) -> tuple[int, int]:
+    """(lo, hi): row i sees keys i + lo <= j <= i + hi. A side of -1 is unbounded. The offset of the
+    alignment (0 top-left, Sk - Sq bottom-right) is folded in."""
+    left, right = window
+    offset = causal_key_offset(option, seqlen_q, seqlen_k)
+    return (-UNBOUNDED if left < 0 else offset - left), (UNBOUNDED if right < 0 else offset + right)
+
+
+def window_abi_values(option: str, seqlen_q: int, seqlen_k: int, window) -> dict:
+    lo, hi = window_bounds(option, seqlen_q, seqlen_k, window)
+    return {"window_lo": lo, "window_hi": hi, "window_from_end": int(option == BOTTOM_RIGHT)}
+
+
+def window_visible(torch, seqlen_q: int, seqlen_k: int, option: str, device, window):
+    lo, hi = window_bounds(option, seqlen_q, seqlen_k, window)
+    rows = torch.arange(seqlen_q, device=device)[:, None]
+    keys = torch.arange(seqlen_k, device=device)[None, :]
+    return (keys >= rows + lo) & (keys <= rows + hi)
+
+
+WINDOW = MaskVariant(
+    "window", "Mask::Window", ALIGNMENTS,
+    (int32("window_lo", "window: query row i sees keys j >= i + window_lo (offset - left; -2^30 unbounded)",
+           default=-UNBOUNDED),
+     int32("window_hi", "window: ... and j <= i + window_hi (offset + right; 2^30 unbounded)", default=UNBOUNDED),
+     int32("window_from_end", "window, varlen sequences: 1 (bottom-right) adds each sequence's seqlen_k - "
+                              "seqlen_q to window_lo and window_hi; padded calls carry it already", default=0)),
+    "query row i sees keys i + offset - left <= j <= i + offset + right (FlashAttention's window_size; -1: "
+    "unbounded side); offset 0 (top_left) or Sk - Sq (bottom_right)",
+    window_abi_values, window_visible, varlen_only=("window_from_end",), takes_window=True)
+
+MASKS: dict[str, MaskVariant] = {m.name: m for m in (NONE, CAUSAL, WINDOW)}
+
+
+def check_window(window) -> tuple[int, int]:
+    """A call's window=(left, right): two integers, each -1 (unbounded) or more. ValueError otherwise."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be a pair (left, right) of integers, -1 for an unbounded side "
+                         f"(got {window!r})") from None
+    for side in (left, right):
+        if isinstance(side, bool) or not isinstance(side, int) or side < -1:
+            raise ValueError(f"window sides must be integers >= -1, -1 for unbounded (got {window!r})")
+    return int(left), int(right)
+
+
+# -- score modifiers -----------------------------------------------------------------------------------
+
+# (value, scale, context) -> {Params field: value}. context: batch, heads, device index of the call.
+ScoreFill = Callable[[Any, float, dict], dict]
+# (torch, scores (B, H, Sq, Sk) scaled, value, seqlen_q, seqlen_k) -> the modified scores
+ScoreReference = Callable[[Any, Any, Any, int, int], Any]
+
+
+@dataclass(frozen=True)
+class ScoreVariant:
+    """A change to every score before the mask and the softmax, applied in the order of SCORES."""
+
+    name: str                         # the spec's word for it (scores: [...])
+    argument: str                     # the call's keyword that carries its value
+    abi_fields: tuple[AbiField, ...]
+    describe: str
+    fill: ScoreFill
+    reference: ScoreReference
+
+
+def softcap_fill(cap, scale: float, context: dict) -> dict:
+    """The kernel computes t = tanh(s * scale / cap) and runs the softmax on t with scale_log2 =
+    cap * log2(e): cap * tanh(scale * s / cap) with the scale folded into one multiply."""
+    from .forward_plan import LOG2E
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not (0 < cap < float("inf")):
+        raise ValueError(f"softcap must be a positive finite number (got {cap!r})")
+    return {"softcap_premul": scale / cap, "scale_log2": cap * LOG2E}
+
+
+def softcap_reference(torch, scores, cap, seqlen_q: int, seqlen_k: int):
+    return cap * torch.tanh(scores / cap)
+
+
+SOFTCAP = ScoreVariant(
+    "softcap", "softcap",
+    (float32("softcap_premul", "softcap: scale / cap; the score is tanh(s * softcap_premul) and scale_log2 is "
+                               "cap * log2(e)"),),
+    "logit softcapping (Gemma 2): cap * tanh(scale * s / cap)", softcap_fill, softcap_reference)
+
+
+def alibi_fill(slopes, scale: float, context: dict) -> dict:
+    """The slopes tensor, fp32 (heads,) or (batch, heads) on the call's GPU."""
+    import torch
+    heads, batch, index = context["heads"], context["batch"], context["device"]
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor (got {type(slopes).__name__})")
+    if slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be float32 (got {slopes.dtype}); pass alibi_slopes.float()")
+    if slopes.get_device() != index:
+        raise ValueError(f"alibi_slopes is on {slopes.device} but q is on cuda:{index}")
+    shapes = ((heads,),) + (((batch, heads),) if batch is not None else ())
+    if tuple(slopes.shape) not in shapes or slopes.stride(-1) != 1:
+        want = " or ".join(str(s) for s in shapes)
+        raise ValueError(f"alibi_slopes must have shape {want} with its last dim contiguous (got "
+                         f"{tuple(slopes.shape)}, strides {tuple(slopes.stride())})")
+    if slopes.data_ptr() % 4:
+        raise ValueError("alibi_slopes must be 4-byte aligned")
+    return {"alibi_slopes": slopes.data_ptr(), "alibi_batch_stride": slopes.stride(0) if slopes.dim() == 2 else 0}
+
+
+def alibi_bias(torch, slopes, seqlen_q: int, seqlen_k: int):
+    """-slope * |i + Sk - Sq - j| as (B or 1, H, Sq, Sk) fp32 (FlashAttention's ALiBi)."""
+    rows = torch.arange(seqlen_q, device=slopes.device)[:, None]
+    keys = torch.arange(seqlen_k, device=slopes.device)[None, :]
+    distance = (rows + seqlen_k - seqlen_q - keys).abs().float()
+    s = slopes.float().reshape(-1 if slopes.dim() == 2 else 1, slopes.shape[-1], 1, 1)
+    return -s * distance
+
+
+def alibi_reference(torch, scores, slopes, seqlen_q: int, seqlen_k: int):
+    return scores + alibi_bias(torch, slopes, seqlen_q, seqlen_k).to(scores.dtype)
+
+
+ALIBI = ScoreVariant(
+    "alibi", "alibi_slopes",
+    (float_pointer("alibi_slopes", "alibi: fp32 slopes of (batch, heads) or (heads,), heads contiguous"),
+     int64("alibi_batch_stride", "alibi: elements between batches of alibi_slopes (0: one row for all)")),
+    "ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score",
+    alibi_fill, alibi_reference)
+
+SCORES: dict[str, ScoreVariant] = {s.name: s for s in (SOFTCAP, ALIBI)}
+
+
+def score_values(scores, arguments: dict, scale: float, context: dict) -> dict:
+    """The Params values of a call's score modifiers (`scores`, in order); each takes its argument
+    from `arguments` (keyword -> value). ValueError when one is missing or given to a spec without it."""
+    values: dict = {}
+    names = {s.argument for s in scores}
+    for keyword, value in arguments.items():
+        if value is not None and keyword not in names:
+            raise ValueError(f"{keyword}= needs a spec whose `scores` list has "
+                             f"{next(s.name for s in SCORES.values() if s.argument == keyword)!r}")
+    for s in scores:
+        value = arguments.get(s.argument)
+        if value is None:
+            raise ValueError(f"this kernel applies {s.name} to every call ({s.describe}): pass {s.argument}=")
+        values.update(s.fill(value, scale, context))
+    return values
+
+
+def reference_scores(torch, scores, modifiers, seqlen_q: int, seqlen_k: int):
+    """scaled scores (B, H, Sq, Sk) with each (ScoreVariant, value) of `modifiers` applied in order."""
+    for variant, value in modifiers:
+        scores = variant.reference(torch, scores, value, seqlen_q, seqlen_k)
+    return scores

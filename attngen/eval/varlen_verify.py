@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.variants import MASKS
 from ..core.varlen_plan import varlen_key
 from ..runtime.calls.varlen import cu_seqlens
-from .verify import FULL_SUITE, ROW_ALIGN, CaseResult, Variant, attention_torch, exact_fp32_matmul, judge_rows
+from .verify import (FULL_SUITE, ROW_ALIGN, CaseResult, Variant, attention_torch, exact_fp32_matmul, judge_rows,
+                     score_arguments, score_modifiers, variants)
 
 QUICK_CASES = 2         # the first cases for `attngen verify --quick`
 SEED_OFFSET = 500       # case seeds apart from the padded cases' shape indices
@@ -59,17 +59,19 @@ def varlen_suite(block_m: int) -> tuple[VarlenCase, ...]:
     )
 
 
-def reference(torch, q, k, v, lens_q, lens_k, variant: Variant, scale: float):
+def reference(torch, q, k, v, lens_q, lens_k, variant: Variant, scale: float, plan=None, scores: dict | None = None):
     """(fp32 reference O, its LSE (heads, total_q), torch's low-precision O), each sequence against
-    its own keys, in varlen (total, heads, d) form."""
+    its own keys, in varlen (total, heads, d) form; `scores` are the call's score-modifier
+    arguments of `plan` (ALiBi slopes per sequence)."""
     outs, lses, lows = [], [], []
     q0 = k0 = 0
-    for lq, lk in zip(lens_q, lens_k):
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         qs, ks, vs = (t.transpose(0, 1)[None] for t in (q[q0:q0 + lq], k[k0:k0 + lk], v[k0:k0 + lk]))
+        mods = score_modifiers(plan, scores, slice(b, b + 1)) if plan is not None else ()
+        mask = dict(mask=variant.mask, alignment=variant.alignment, window=variant.visible_window, modifiers=mods)
         with exact_fp32_matmul(torch):
-            ref, lse = attention_torch(qs.float(), ks.float(), vs.float(), scale=scale, mask=variant.mask,
-                                       alignment=variant.alignment)
-        low, _ = attention_torch(qs, ks, vs, scale=scale, mask=variant.mask, alignment=variant.alignment)
+            ref, lse = attention_torch(qs.float(), ks.float(), vs.float(), scale=scale, **mask)
+        low, _ = attention_torch(qs, ks, vs, scale=scale, **mask)
         outs.append(ref[0].transpose(0, 1)), lses.append(lse[0]), lows.append(low[0].transpose(0, 1).float())
         q0, k0 = q0 + lq, k0 + lk
     return torch.cat(outs), torch.cat(lses, dim=1), torch.cat(lows)
@@ -96,11 +98,12 @@ def check_varlen_case(kernel, variant: Variant, case: VarlenCase, seed: int, lab
     lse_buf = torch.full((case.heads * tq + guard,), float("nan"), dtype=torch.float32, device=dev)
     out, lse = out_buf[:tq], lse_buf[:case.heads * tq].view(case.heads, tq)
 
-    kernel.varlen(q, k, v, cu_seqlens(torch, case.lens_q, dev), cu_seqlens(torch, case.keys, dev), causal=variant.mask == "causal",
-                  alignment=variant.alignment, scale=d ** -0.5, out=out, lse_out=lse,
+    scores = score_arguments(kernel.plan, len(case.lens_q), case.heads, g, dev)
+    kernel.varlen(q, k, v, cu_seqlens(torch, case.lens_q, dev), cu_seqlens(torch, case.keys, dev),
+                  **variant.call_arguments(), **scores, scale=d ** -0.5, out=out, lse_out=lse,
                   max_seqlen_q=max(case.lens_q) if case.give_max else None)
     torch.cuda.synchronize(dev)
-    ref, ref_lse, low = reference(torch, q, k, v, case.lens_q, case.keys, variant, d ** -0.5)
+    ref, ref_lse, low = reference(torch, q, k, v, case.lens_q, case.keys, variant, d ** -0.5, kernel.plan, scores)
     if (~torch.isnan(out_buf[tq:])).any().item():
         result.problems.append("o written past the last sequence's rows")
     if (~torch.isnan(lse_buf[case.heads * tq:])).any().item():
@@ -116,13 +119,9 @@ def varlen_cases(kernel, shapes, masks) -> list[tuple]:
     if len(tuple(shapes)) < len(FULL_SUITE):
         cases = cases[:QUICK_CASES]
     out = []
-    for mask in masks:
-        if mask not in kernel.varlen_masks:
-            continue
-        for option in MASKS[mask].options or (None,):
-            variant = Variant(mask, option)
-            for i, case in enumerate(cases):
-                out.append((variant.label + " varlen", kernel.entry[varlen_key(mask)], case, SEED_OFFSET + i,
-                            lambda seed, label, variant=variant, case=case: check_varlen_case(kernel, variant, case,
-                                                                                              seed, label)))
+    for variant in variants([m for m in masks if m in kernel.varlen_masks], kernel.plan.block_n):
+        for i, case in enumerate(cases):
+            out.append((variant.label + " varlen", kernel.entry[varlen_key(variant.mask)], case, SEED_OFFSET + i,
+                        lambda seed, label, variant=variant, case=case: check_varlen_case(kernel, variant, case,
+                                                                                          seed, label)))
     return out

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..core.variants import MASKS
+from ..core.variants import MASKS, SCORES, reference_scores
 
 ERR_FACTOR = 2.0        # flash-attention tests/test_flash_attn.py: out error <= 2 x the low-precision error
 ERR_FLOOR = 1e-5        # absolute floor for cases where torch's low-precision result is exact (e.g. seqlen_k 1)
@@ -107,19 +108,88 @@ def error_bound(lowprec_err: float) -> float:
 
 @dataclass(frozen=True)
 class Variant:
-    """One way a kernel function is called: its mask and, for masks with options, one option."""
+    """One way a kernel function is called: its mask and, for masks with options, one option; a
+    window mask's (left, right) and whether the call also says causal (which bounds right at 0)."""
 
     mask: str
     alignment: str | None = None
+    window: tuple[int, int] | None = None
+    causal: bool = False
 
     @property
     def label(self) -> str:
-        return self.mask if self.alignment is None else f"{self.mask}:{self.alignment}"
+        name = self.mask
+        if self.window is not None:
+            name += f"({self.window[0]},{self.window[1]})" + ("+causal" if self.causal else "")
+        return name if self.alignment is None else f"{name}:{self.alignment}"
+
+    def call_arguments(self) -> dict:
+        """The mask's keyword arguments of a kernel call."""
+        args = {"causal": self.mask == "causal" or self.causal, "alignment": self.alignment}
+        if self.window is not None:
+            args["window"] = self.window
+        return args
+
+    @property
+    def visible_window(self) -> tuple[int, int] | None:
+        """The window the reference draws: causal bounds its right side at 0."""
+        if self.window is None:
+            return None
+        return (self.window[0], 0) if self.causal else self.window
 
 
-def variants(masks) -> tuple[Variant, ...]:
-    """Every (mask, option) the kernel functions of `masks` take: causal runs in both alignments."""
-    return tuple(Variant(m, o) for m in masks for o in (MASKS[m].options or (None,)))
+def window_variants(block_n: int) -> tuple[Variant, ...]:
+    """Windows of 0 and 1 key, a tile +- 1, one wider than any sequence of the suites, one-sided
+    windows, and a causal window (Mistral's), in both alignments."""
+    n = block_n
+    return (Variant("window", "top_left", (0, 0)),
+            Variant("window", "top_left", (1, -1)),
+            Variant("window", "top_left", (n - 1, n + 1)),
+            Variant("window", "top_left", (-1, n)),
+            Variant("window", "bottom_right", (n + 1, 1), causal=True),
+            Variant("window", "bottom_right", (1, n - 1)),
+            Variant("window", "bottom_right", (5000, 5000)))
+
+
+def variants(masks, block_n: int = 64) -> tuple[Variant, ...]:
+    """Every (mask, option) the kernel functions of `masks` take: causal runs in both alignments,
+    a window mask over window_variants."""
+    out = []
+    for m in masks:
+        if MASKS[m].takes_window:
+            out += window_variants(block_n)
+        else:
+            out += [Variant(m, o) for o in (MASKS[m].options or (None,))]
+    return tuple(out)
+
+
+SOFTCAP = 4.0           # small enough that tanh bends the scores of standard normal inputs
+ALIBI_SLOPE_MAX = 0.3   # FlashAttention's tests draw slopes uniformly below this
+
+
+def score_arguments(plan, batch: int, heads: int, generator, device) -> dict:
+    """The keyword arguments a kernel of `plan` takes for its score modifiers: a softcap, and
+    (batch, heads) fp32 ALiBi slopes drawn from `generator`."""
+    import torch
+    args = {}
+    for s in plan.score_variants:
+        if s.argument == "softcap":
+            args["softcap"] = SOFTCAP
+        elif s.argument == "alibi_slopes":
+            args["alibi_slopes"] = torch.rand(batch, heads, generator=generator, device=device) * ALIBI_SLOPE_MAX
+    return args
+
+
+def score_modifiers(plan, args: dict, batch_slice=None) -> tuple:
+    """(ScoreVariant, value) of the plan's modifiers for the reference; batch_slice picks the
+    slopes of some batches (a varlen sequence)."""
+    out = []
+    for s in plan.score_variants:
+        value = args[s.argument]
+        if batch_slice is not None and s.argument == "alibi_slopes":
+            value = value[batch_slice]
+        out.append((s, value))
+    return tuple(out)
 
 
 @dataclass
@@ -187,13 +257,15 @@ def exact_fp32_matmul(torch):
 
 
 def attention_torch(q, k, v, *, scale: float, mask: str = "none", alignment: str | None = None,
-                    causal: bool | None = None):
+                    causal: bool | None = None, window: tuple | None = None, modifiers: tuple = ()):
     """softmax(scale q k^T) v and the natural-log LSE of the scaled scores, in q's dtype.
 
-    (B, H, S, D) tensors; GQA/MQA by repeating kv heads. The mask comes from the same variant
-    definition the kernel's mask hook follows (attngen/core/variants.py): `mask` names it and
-    `alignment` is its option (causal: top_left as torch SDPA is_causal, or bottom_right).
-    `causal=True` is short for mask="causal". A row that sees no key gives zeros and LSE -inf.
+    (B, H, S, D) tensors; GQA/MQA by repeating kv heads. The mask and the score modifiers come
+    from the same variant definitions the kernel's hooks follow (attngen/core/variants.py): `mask`
+    names it, `alignment` is its option (causal: top_left as torch SDPA is_causal, or
+    bottom_right) and `window` a window mask's (left, right); `modifiers` are (ScoreVariant,
+    value) pairs applied to the scaled scores in order. `causal=True` is short for mask="causal".
+    A row that sees no key gives zeros and LSE -inf.
     """
     import torch
     if causal is not None:
@@ -203,7 +275,8 @@ def attention_torch(q, k, v, *, scale: float, mask: str = "none", alignment: str
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    visible = MASKS[mask].visible(torch, q.shape[2], k.shape[2], alignment, q.device)
+    scores = reference_scores(torch, scores, modifiers, q.shape[2], k.shape[2])
+    visible = MASKS[mask].visible(torch, q.shape[2], k.shape[2], alignment, q.device, window)
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores.float(), dim=-1)
@@ -213,12 +286,15 @@ def attention_torch(q, k, v, *, scale: float, mask: str = "none", alignment: str
     return torch.matmul(probs, v), lse
 
 
-def reference_errors(torch, q, k, v, out, *, scale: float, mask: str, alignment: str | None):
+def reference_errors(torch, q, k, v, out, *, scale: float, mask: str, alignment: str | None, window=None,
+                     modifiers: tuple = ()):
     """(max|out - ref|, max|lowprec - ref|, ref_lse) for (B, H, S, D) tensors: ref is fp32 attention
     on the upcast inputs, lowprec torch's attention in the inputs' dtype. verify and bench share it."""
     with exact_fp32_matmul(torch):
-        ref, ref_lse = attention_torch(q.float(), k.float(), v.float(), scale=scale, mask=mask, alignment=alignment)
-    lowprec, _ = attention_torch(q, k, v, scale=scale, mask=mask, alignment=alignment)
+        ref, ref_lse = attention_torch(q.float(), k.float(), v.float(), scale=scale, mask=mask, alignment=alignment,
+                                       window=window, modifiers=modifiers)
+    lowprec, _ = attention_torch(q, k, v, scale=scale, mask=mask, alignment=alignment, window=window,
+                                 modifiers=modifiers)
     return (out.float() - ref).abs().max().item(), (lowprec.float() - ref).abs().max().item(), ref_lse
 
 
@@ -309,14 +385,15 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
     o, o_guard = poisoned_output(shape, plan.v_dim, guard_rows, dtype, device)
     lse, lse_guard = poisoned_lse(shape, guard_rows, device)
 
-    kernel(q, k, v, causal=variant.mask == "causal", alignment=variant.alignment, scale=scale, layout=shape.layout,
-           out=o, lse_out=lse)
+    scores = score_arguments(plan, shape.batch, shape.heads, gen, device)
+    kernel(q, k, v, **variant.call_arguments(), **scores, scale=scale, layout=shape.layout, out=o, lse_out=lse)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
     qb, kb, vb, ob = (to_bhsd(t, shape.layout) for t in (q, k, v, o))
-    result.max_err, result.lowprec_err, ref_lse = reference_errors(torch, qb, kb, vb, ob, scale=scale,
-                                                                   mask=variant.mask, alignment=variant.alignment)
+    result.max_err, result.lowprec_err, ref_lse = reference_errors(
+        torch, qb, kb, vb, ob, scale=scale, mask=variant.mask, alignment=variant.alignment,
+        window=variant.visible_window, modifiers=score_modifiers(plan, scores))
     problems = result.problems
     bad = (~torch.isfinite(ob)).sum().item()
     if bad:
@@ -349,7 +426,9 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
 
 def case_seed(seed: int, kernel_index: int, variant: str, shape_index: int) -> int:
     """Each case draws its own inputs; the same seed reproduces a failing case."""
-    salt = {"none": 0, "causal:top_left": 1009, "causal:bottom_right": 2017}.get(variant, 3023)
+    salt = {"none": 0, "causal:top_left": 1009, "causal:bottom_right": 2017}.get(variant)
+    if salt is None:
+        salt = 3023 + zlib.crc32(variant.encode()) % 4099
     return seed * 1_000_003 + kernel_index * 10_007 + salt + shape_index
 
 
@@ -395,7 +474,7 @@ def kernel_cases(kernel, shapes, masks) -> list[tuple]:
     if own is not None:
         return own(kernel, shapes, masks)
     out = []
-    for variant in variants(masks):
+    for variant in variants(masks, kernel.plan.block_n):
         function = kernel.plan.entry_functions[variant.mask]
         for i, shape in enumerate(shapes):
             out.append((variant.label, function, shape, i,

@@ -24,6 +24,7 @@ import threading
 from ctypes import c_void_p, memmove
 from dataclasses import dataclass
 
+from ..core.variants import check_window, score_values
 from ..errors import ToolError
 from ..plan import Plan, make_plan
 from ..spec import Spec, spec_dict, spec_yaml
@@ -347,8 +348,18 @@ class Kernel:
             raise ValueError(f"q is on {q.device}; the kernel needs CUDA tensors (e.g. q.cuda())")
         return index
 
-    def _check_mask(self, causal: bool) -> str:
-        """The mask variant a call asks for, refused when the spec does not emit it."""
+    def _check_mask(self, causal: bool, window=None) -> str:
+        """The mask variant a call asks for, refused when the spec does not emit it: window when the
+        call's window bounds a side (causal bounds its right side at 0), else causal or none."""
+        if window is not None:
+            left, right = check_window(window)
+            if causal:
+                right = 0
+            if left >= 0 or right >= 0 and not causal:
+                if "window" not in self.entry:
+                    raise ValueError(f"{self.label} has no window variant (its spec lists masks {list(self.masks)}); "
+                                     f"add 'window' to the spec's masks")
+                return "window"
         mask = "causal" if causal else "none"
         if mask not in self.entry:
             raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
@@ -361,11 +372,25 @@ class Kernel:
         return self.plan.masks
 
     def _mask_variant(self, mask: str, causal: bool, alignment: str | None):
-        """The variant of a call's mask; an alignment is refused without causal (the variant checks its value)."""
+        """The variant of a call's mask; an alignment is refused without causal or a window (the variant
+        checks its value)."""
         variant = next(m for m in self.plan.mask_variants if m.name == mask)
-        if alignment is not None and not causal:
-            raise ValueError(f"alignment={alignment!r} applies to causal=True only")
+        if alignment is not None and not (causal or variant.takes_window):
+            raise ValueError(f"alignment={alignment!r} applies to causal=True or a window only")
         return variant
+
+    def _variant_values(self, mask: str, causal: bool, alignment, window, seqlen_q: int, seqlen_k: int,
+                        scale: float, scores: dict, context: dict) -> dict:
+        """The Params values of a call's mask (its alignment and window) and of the spec's score
+        modifiers (`scores`: call keyword -> value; `context`: batch, heads, device). A score modifier
+        may set scale_log2 (softcap folds the scale into its multiply)."""
+        variant = self._mask_variant(mask, causal, alignment)
+        if variant.takes_window:
+            left, right = check_window(window)
+            window = (left, 0 if causal else right)
+        values = variant.abi_values(alignment, seqlen_q, seqlen_k, window)
+        values.update(score_values(self.plan.score_variants, scores, scale, context))
+        return values
 
     def _new_output(self, q):
         """A new output for q: like q (its strides too), or, where V's head dim differs, q's shape

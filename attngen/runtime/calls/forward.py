@@ -14,12 +14,23 @@ PER_CALL = ("q", "k", "v", "o", "lse") + STRIDES + (
     "lse_batch_stride", "lse_head_stride", "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "scale_log2")
 
 
-def call_key(q, k, v, causal, alignment, scale, return_lse, layout) -> tuple:
+def call_key(q, k, v, causal, alignment, scale, return_lse, layout, variants=()) -> tuple:
     """What decides a forward call's checks, grid and Params: shapes, strides, dtypes, devices and
-    options (not the pointers); calls with one key share a prepared call. AttributeError or
-    TypeError when an input is not a tensor (the full path then says what is wrong)."""
+    options (not the pointers); calls with one key share a prepared call. `variants`: the call's
+    variant arguments (variant_key). AttributeError or TypeError when an input is not a tensor (the
+    full path then says what is wrong)."""
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-            q.get_device(), k.get_device(), v.get_device(), causal, alignment, scale, return_lse, layout)
+            q.get_device(), k.get_device(), v.get_device(), causal, alignment, scale, return_lse, layout, variants)
+
+
+def variant_key(window, softcap, alibi_slopes) -> tuple:
+    """The variant arguments of a call as part of its key: the slopes tensor by address and layout
+    (the kernel reads it at launch, so new values at the same address need no new Params)."""
+    if window is None and softcap is None and alibi_slopes is None:
+        return ()
+    slopes = None if alibi_slopes is None else (alibi_slopes.data_ptr(), alibi_slopes.shape, alibi_slopes.stride(),
+                                                 alibi_slopes.dtype, alibi_slopes.get_device())
+    return (None if window is None else tuple(window), softcap, slopes)
 
 
 def bhsd_strides(stride, layout: str) -> tuple[int, int, int]:
@@ -28,15 +39,18 @@ def bhsd_strides(stride, layout: str) -> tuple[int, int, int]:
 
 
 def mask_fields(plan) -> tuple:
-    """The Params fields of every mask variant the plan's functions use, each with its default."""
-    return tuple(f for m in plan.mask_variants for f in m.abi_fields)
+    """The Params fields of every mask variant and score modifier the plan's functions use, each
+    with its default."""
+    return tuple(f for m in plan.mask_variants for f in m.abi_fields) + tuple(
+        f for s in plan.score_variants for f in s.abi_fields)
 
 
 class ForwardKernel(Kernel):
     """A forward spec, callable on torch tensors.
 
     ``kernel(q, k, v, causal=False, scale=None, return_lse=False, layout="bhsd")`` returns o, or
-    (o, lse) with lse of shape (batch, heads, seqlen_q), fp32, natural log.
+    (o, lse) with lse of shape (batch, heads, seqlen_q), fp32, natural log. A spec's variants add
+    window=(left, right), softcap= and alibi_slopes= (see __call__).
     """
 
     def _setup(self) -> None:
@@ -55,17 +69,18 @@ class ForwardKernel(Kernel):
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None, causal: bool = False,
                alignment: str | None = None, scale: float | None = None, return_lse: bool = False, out=None,
-               lse_out=None, validate: bool = False):
+               lse_out=None, validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None):
         """Attention over varlen sequences of different lengths (see attngen.runtime.calls.varlen.varlen_call):
         q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1); returns o
         shaped like q, or (o, lse) with lse fp32 (Hq, total_q)."""
         from .varlen import varlen_call
         return varlen_call(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                            alignment=alignment, scale=scale, return_lse=return_lse, out=out, lse_out=lse_out,
-                           validate=validate)
+                           validate=validate, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
 
     def __call__(self, q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
-                 return_lse: bool = False, layout: str = "bhsd", out=None, lse_out=None):
+                 return_lse: bool = False, layout: str = "bhsd", out=None, lse_out=None, window=None,
+                 softcap: float | None = None, alibi_slopes=None):
         """Attention softmax(scale * q k^T) v of q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
 
         layout "bshd" takes and returns (B, S, H, D) instead. Any strides work as long as the
@@ -76,13 +91,21 @@ class ForwardKernel(Kernel):
         h // (Hq // Hkv). `out` (shaped like q) and `lse_out` (fp32 (B, Hq, Sq), contiguous)
         receive the results instead of new tensors; lse_out implies return_lse. No keys (Sk 0)
         gives zeros and LSE -inf, as FlashAttention does; no queries gives empty tensors.
+
+        Variants (where the spec has them): window=(left, right), FlashAttention's window_size:
+        query i sees keys i + offset - left .. i + offset + right (offset 0, or Sk - Sq with
+        alignment "bottom_right"), -1 for an unbounded side; causal=True bounds the right side at 0.
+        softcap=cap: scores become cap * tanh(scale * s / cap) (a spec with scores: [softcap]).
+        alibi_slopes: fp32 (Hq,) or (B, Hq) on the GPU: -slope * |i + Sk - Sq - j| is added to the
+        scaled score (a spec with scores: [alibi]).
         """
+        variants = variant_key(window, softcap, alibi_slopes)
         key = None
         if out is None and lse_out is None:
             # A shape seen before: its checks passed and its Params are laid out; only the
             # pointers are new (and must be 16-byte aligned).
             try:
-                key = call_key(q, k, v, causal, alignment, scale, return_lse, layout)
+                key = call_key(q, k, v, causal, alignment, scale, return_lse, layout, variants)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None
@@ -90,7 +113,8 @@ class ForwardKernel(Kernel):
                 result = self.run_prepared(prepared, q, k, v, return_lse)
                 if result is not None:
                     return result
-        return self._first_call(q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key)
+        return self._first_call(q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key,
+                                (window, softcap, alibi_slopes))
 
     def prepared(self, key):
         """The prepared call of `key` (call_key of a call made before), or None."""
@@ -123,7 +147,7 @@ class ForwardKernel(Kernel):
                      "o": out.permute(0, 2, 1, 3)}
         return ShapeMaps(self.plan.tensor_maps, views)
 
-    def _first_call(self, q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key):
+    def _first_call(self, q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key, variants):
         """Every check, the grid and the Params of a call; remembered under `key` for later calls."""
         index, qs, ks, vs = self._padded_inputs(layout, ("q", "k", "v"), q, k, v)
         bhsd = layout == "bhsd"
@@ -137,10 +161,12 @@ class ForwardKernel(Kernel):
             raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
         if heads > MAX_GRID_YZ or batch > MAX_GRID_YZ:
             raise ValueError(f"heads ({heads}) and batch ({batch}) must be at most {MAX_GRID_YZ} (grid y/z limit)")
-        mask = self._check_mask(causal)
-        variant = self._mask_variant(mask, causal, alignment)
-        mask_values = variant.abi_values(alignment, seqlen_q, seqlen_k)
+        window, softcap, alibi_slopes = variants
+        mask = self._check_mask(causal, window)
         scale = self._check_scale(scale)
+        mask_values = self._variant_values(mask, causal, alignment, window, seqlen_q, seqlen_k, scale,
+                                           {"softcap": softcap, "alibi_slopes": alibi_slopes},
+                                           {"batch": batch, "heads": heads, "device": index})
         out = self._output(out, q, layout, index)
         torch = self._torch
         lse_shape = (batch, heads, seqlen_q)
@@ -162,7 +188,8 @@ class ForwardKernel(Kernel):
         values = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0,
                   *bhsd_strides(q.stride(), layout), *bhsd_strides(k.stride(), layout),
                   *bhsd_strides(v.stride(), layout), *bhsd_strides(out.stride(), layout),
-                  heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, seqlen_k, scale * LOG2E]
+                  heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, seqlen_k,
+                  mask_values.pop("scale_log2", scale * LOG2E)]
         for f in self._mask_fields:
             values.append(mask_values.get(f.name, f.default))
         shape_maps = self._shape_maps(q, k, v, out, layout)
@@ -175,4 +202,4 @@ class ForwardKernel(Kernel):
         return (out, lse_out) if return_lse else out
 
 
-__all__ = ["ForwardKernel", "bhsd_strides", "call_key", "mask_fields"]
+__all__ = ["ForwardKernel", "bhsd_strides", "call_key", "mask_fields", "variant_key"]

@@ -16,7 +16,7 @@ from ...core.forward_plan import LOG2E
 from ...core.varlen_plan import varlen_key
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Prepared
-from .forward import PER_CALL as FORWARD_PER_CALL
+from .forward import PER_CALL as FORWARD_PER_CALL, variant_key
 
 INT32_MAX = 2**31 - 1
 PER_CALL = FORWARD_PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
@@ -25,7 +25,8 @@ POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_orde
 
 def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
                 causal: bool = False, alignment: str | None = None, scale: float | None = None,
-                return_lse: bool = False, out=None, lse_out=None, validate: bool = False):
+                return_lse: bool = False, out=None, lse_out=None, validate: bool = False, window=None,
+                softcap: float | None = None, alibi_slopes=None):
     """Attention of each varlen sequence against its own keys.
 
     causal: query row i of a sequence sees its keys j <= i ("top_left", the default, as the padded
@@ -42,7 +43,11 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     device-to-host copy, for debugging): offsets must start at 0 or more, never decrease, end
     within q/k, and q and k must list the same number of sequences; max_seqlen_q, when given,
     must cover the longest query sequence.
+
+    window, softcap and alibi_slopes as in the padded call, per sequence (a window's bottom_right
+    alignment and ALiBi's offset use each sequence's own lengths; (B, Hq) slopes are per sequence).
     """
+    variants = variant_key(window, softcap, alibi_slopes)
     key = None
     if out is None and lse_out is None and not validate:
         # A shape seen before: its checks passed and its Params are laid out; only the pointers
@@ -52,7 +57,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
                    q.get_device(), k.get_device(), v.get_device(), cu_seqlens_q.shape, cu_seqlens_k.shape,
                    cu_seqlens_q.dtype, cu_seqlens_k.dtype, cu_seqlens_q.stride(), cu_seqlens_k.stride(),
                    cu_seqlens_q.get_device(), cu_seqlens_k.get_device(), max_seqlen_q, causal, alignment, scale,
-                   return_lse)
+                   return_lse, variants)
             prepared = kernel._prepared.get(key)
         except (AttributeError, TypeError):
             key = prepared = None
@@ -84,8 +89,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
         raise ValueError(f"varlen tensors of more than {INT32_MAX} rows do not fit int32 offsets")
     if not kernel.varlen_masks:
         raise ValueError(f"{kernel.label} has no varlen functions: add `varlen: true` to its spec")
-    mask = kernel._check_mask(causal)
-    variant = kernel._mask_variant(mask, causal, alignment)
+    mask = kernel._check_mask(causal, window)
     batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, index)
     if _check_offsets("cu_seqlens_k", cu_seqlens_k, index) != batch:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
@@ -134,7 +138,11 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
               0, total_q, batch, heads, kv_heads, max_seqlen_q, 0, scale * LOG2E,
               cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), order.data_ptr() if order is not None else 0,
               total_q, total_k, error_word(index)]
-    mask_values = variant.abi_values(alignment, 0, 0)
+    # Lengths 0: each sequence adds its own offsets (mask_for_sequence; ALiBi reads its lengths).
+    mask_values = kernel._variant_values(mask, causal, alignment, window, 0, 0, scale,
+                                         {"softcap": softcap, "alibi_slopes": alibi_slopes},
+                                         {"batch": batch, "heads": heads, "device": index})
+    values[PER_CALL.index("scale_log2")] = mask_values.pop("scale_log2", scale * LOG2E)
     for f in kernel._mask_fields:
         values.append(mask_values.get(f.name, f.default))
     prepared = Prepared(info, kernel._launches(info, (kernel.entry[varlen_key(mask)], grid)), packer.pack(values),
