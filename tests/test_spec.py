@@ -354,14 +354,14 @@ def test_unknown_key_inside_union(changes, key):
     ({"smem__async_copy": "maybe"}, "smem.async_copy", "valid boolean"),
     ({"name": 5}, "name", "valid string"),
     ({"masks": "causal"}, "masks", "valid list"),
-    ({"masks": ["none", "sliding"]}, "masks.1", "'none' or 'causal' (got 'sliding')"),
+    ({"masks": ["none", "sliding"]}, "masks.1", "'none', 'causal' or 'window' (got 'sliding')"),
     ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16' or 'wgmma_m64nNk16'"),
     ({"tile": 32}, "tile", "must be a mapping with keys block_m, block_n (got 32)"),
     ({"warps": 4}, "warps", "must be {compute: N} or {producer: P, consumer: C} (got 4)"),
     ({"smem__swizzle": "xor"}, "smem.swizzle", "must be none, {pad_bytes: N} or {xor_bits: B, row_shift: S} (got 'xor')"),
     ({"target": "v100"}, "target", "unknown target 'v100'; choose one of l4"),
     ({"name": "Bad-Name"}, "name", "must start with a lowercase letter"),
-    ({"masks": ["none", "none"]}, "masks", "lists a mask twice"),
+    ({"masks": ["none", "none"]}, "masks", "lists a variant twice"),
     ({"masks": []}, "masks", "must list at least 1 item (got an empty list); e.g. masks: [none, causal]"),
 ], ids=lambda v: v if isinstance(v, str) and v.replace(".", "").replace("_", "").isalnum() else "")
 def test_wrong_type_or_value(changes, key, fragment):
@@ -533,7 +533,8 @@ def test_schema_command_lists_every_key():
         # decode: decode, max_splits, page_size, combine)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size",
                                          "combine"} == {
-            "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "tile", "warps",
+            "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "scores", "tile",
+            "warps",
             "mma", "smem",
             "softmax", "min_blocks_per_sm", "varlen"}
         # the kind's selector key is required (mma, or decode for a decode kind)

@@ -1,0 +1,157 @@
+"""The built-in variants beside torch's peers in one process: sliding window, softcap and ALiBi.
+
+Usage: python3 .ci/variant_bench.py OUT.json [window,scores]
+
+- window: causal sliding windows of 256 / 1024 / 4096 keys (FlashAttention's window_size=(w, 0))
+  at 4x16x8192 and 1x16x32768, d64 and d128, against torch.ops.aten._flash_attention_forward
+  (FA2, window_size_left/right) and FlexAttention (compiled, a sliding-window mask_mod, its block
+  mask built once outside the timing);
+- scores: softcap 30 and ALiBi (slopes uniform below 0.3, per batch and head) at 4x16x2048 and
+  2x16x8192, d128, causal and not, against the same kernel without the modifier, FlexAttention
+  with the equivalent score_mod, and (ALiBi) SDPA's memory-efficient backend with the bias as a
+  float attn_mask; torch's FA2 build has no ALiBi (it refuses alibi_slopes).
+
+GPU time: CUDA events around calls queued behind a GPU sleep, input sets rotated through more than
+3x the L2 cache, median of 20 (attngen.eval.bench.time_calls); eager time: calls back to back with
+the host included (time_eager). fp16, (B, S, H, D) tensors; each attngen result is also compared
+with its peer (max |difference|).
+"""
+import json
+import math
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from attngen.eval.bench import time_calls, time_eager
+from attngen.runtime import load
+
+DEV = torch.device("cuda")
+GEN = torch.Generator(device=DEV).manual_seed(0)
+REPS = 20
+# One compiled FlexAttention per (shape, mod, mask): more than dynamo's default number of recompiles,
+# past which it would fall back to the unfused (and unmeasurable) math path.
+for _limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+    if hasattr(torch._dynamo.config, _limit):
+        setattr(torch._dynamo.config, _limit, 256)
+FLEX = torch.compile(flex_attention, dynamic=False)
+KERNELS: dict = {}
+
+
+def kernel(name):
+    if name not in KERNELS:
+        KERNELS[name] = load(f"specs/{name}.yaml")
+    return KERNELS[name]
+
+
+def input_sets(b, h, s, d):
+    """(q, k, v) sets in (B, S, H, D), enough to rotate through 3x the L2 cache (2 to 8)."""
+    set_bytes = 3 * b * h * s * d * 2
+    l2 = torch.cuda.get_device_properties(DEV).L2_cache_size
+    n = max(2, min(8, math.ceil(3 * l2 / set_bytes)))
+    return [tuple(torch.randn(b, s, h, d, generator=GEN, device=DEV).half() for _ in range(3)) for _ in range(n)]
+
+
+def bhsd(sets):
+    return [tuple(t.transpose(1, 2).contiguous() for t in st) for st in sets]
+
+
+def timed(fn, sets):
+    gpu, _ = time_calls(torch, fn, sets, reps=REPS)
+    return {"gpu_us": gpu, "eager_us": time_eager(torch, fn, sets, reps=REPS)}
+
+
+def fa2(q, k, v, causal, scale, **kw):
+    s = q.shape[1]
+    return torch.ops.aten._flash_attention_forward(q, k, v, None, None, s, s, 0.0, causal, False, scale=scale,
+                                                   **kw)[0]
+
+
+def max_diff(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+def window_rows():
+    rows = []
+    for d in (128, 64):
+        for b, h, s in ((4, 16, 8192), (1, 16, 32768)):
+            sets = input_sets(b, h, s, d)
+            fsets = bhsd(sets)
+            scale = d ** -0.5
+            for w in (256, 1024, 4096):
+                q, k, v = sets[0]
+                row = {"variant": "window", "d": d, "shape": f"{b}x{h}x{s}", "window": w}
+                ref = fa2(q, k, v, True, scale, window_size_left=w, window_size_right=0)
+                row["fa2"] = timed(lambda q, k, v: fa2(q, k, v, True, scale, window_size_left=w, window_size_right=0),
+                                   sets)
+                mask = create_block_mask(lambda b_, h_, qi, ki: (qi >= ki) & (qi - ki <= w), None, None, s, s)
+                row["flex"] = timed(lambda q, k, v: FLEX(q, k, v, block_mask=mask, scale=scale), fsets)
+                for kind in ("mma", "wgmma"):
+                    kern = kernel(f"h100_{kind}_d{d}_window")
+                    call = lambda q, k, v: kern(q, k, v, causal=True, window=(w, 0), layout="bshd", scale=scale)
+                    row[kind] = {**timed(call, sets), "max_diff_fa2": max_diff(call(q, k, v), ref)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del sets, fsets
+            torch.cuda.empty_cache()
+    return rows
+
+
+def score_rows():
+    rows = []
+    d = 128
+    scale = d ** -0.5
+    for b, h, s in ((4, 16, 2048), (2, 16, 8192)):
+        sets = input_sets(b, h, s, d)
+        fsets = bhsd(sets)
+        slopes = torch.rand(b, h, generator=GEN, device=DEV) * 0.3
+        mods = {"softcap": lambda x, b_, h_, qi, ki: 30.0 * torch.tanh(x / 30.0),
+                "alibi": lambda x, b_, h_, qi, ki: x - slopes[b_, h_] * (qi - ki).abs()}
+        args = {"softcap": {"softcap": 30.0}, "alibi": {"alibi_slopes": slopes}}
+        for causal in (False, True):
+            q, k, v = sets[0]
+            mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, s, s) if causal else None
+            row = {"variant": "scores", "d": d, "shape": f"{b}x{h}x{s}", "causal": causal,
+                   "fa2": timed(lambda q, k, v: fa2(q, k, v, causal, scale), sets)}
+            i = torch.arange(s, device=DEV)
+            bias = (-slopes[:, :, None, None] * (i[:, None] - i[None, :]).abs().float()).half()
+            if causal:
+                bias = bias.masked_fill(i[:, None] < i[None, :], float("-inf"))
+
+            def efficient(q, k, v):
+                with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+            row["sdpa_efficient_alibi"] = timed(efficient, fsets)
+            alibi_ref = efficient(*fsets[0]).transpose(1, 2)
+            del bias
+            for name, mod in mods.items():
+                row[f"flex_{name}"] = timed(lambda q, k, v: FLEX(q, k, v, score_mod=mod, block_mask=mask, scale=scale),
+                                            fsets)
+            for kind in ("mma", "wgmma"):
+                plain = kernel(f"h100_{kind}_d128")
+                row[kind] = timed(lambda q, k, v: plain(q, k, v, causal=causal, layout="bshd", scale=scale), sets)
+                for name in mods:
+                    kern = kernel(f"h100_{kind}_d128_{name}")
+                    call = lambda q, k, v: kern(q, k, v, causal=causal, layout="bshd", scale=scale, **args[name])
+                    row[f"{kind}_{name}"] = timed(call, sets)
+                row[f"{kind}_alibi"]["max_diff_sdpa"] = max_diff(
+                    kernel(f"h100_{kind}_d128_alibi")(q, k, v, causal=causal, layout="bshd", scale=scale,
+                                                     alibi_slopes=slopes), alibi_ref)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del sets, fsets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    out = sys.argv[1]
+    which = sys.argv[2].split(",") if len(sys.argv) > 2 else ["window", "scores"]
+    rows = (window_rows() if "window" in which else []) + (score_rows() if "scores" in which else [])
+    with open(out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
