@@ -369,6 +369,9 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
               help="seqlen_k (varlen: max_seqlen_k; decode: the cache's capacity)")
 @click.option("--head-dim-v", type=click.IntRange(min=0), default=0,
               help="V's head dim where it differs from --head-dim (DeepSeek MLA: --head-dim 192 --head-dim-v 128)")
+@click.option("--window", is_flag=True, help="a sliding-window call (window=(left, right) bounding a side)")
+@click.option("--scores", default="", metavar="MODS",
+              help="the call's score modifiers joined by +, as the table keys them: softcap, alibi, softcap+alibi")
 @click.option("--page-size", type=click.IntRange(min=0), default=0, show_default=True, help="decode: 0 contiguous")
 @click.option("--group-rows", type=click.IntRange(min=1), default=1, show_default=True,
               help="decode: query rows per KV head (heads / kv_heads x new tokens)")
@@ -380,8 +383,8 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 @click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
                                                   "ones attngen.attention serves: specs/ of this checkout, or "
                                                   "those installed with attngen]")
-def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, page_size, group_rows, bench_files, write,
-             as_json, specs_dir):
+def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, scores, page_size, group_rows,
+             bench_files, write, as_json, specs_dir):
     """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
     call, and why; or, with --from REPORT ... --write, rewrite the table from measurements.
 
@@ -390,6 +393,8 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, page_size,
     measured winner per sequence-length bucket with its runner-up. No GPU needed.
       attngen dispatch --head-dim 64 --causal --seqlen 4096
       attngen dispatch --call decode --group-rows 4 --page-size 16 --seqlen 8192
+      attngen dispatch --head-dim 128 --window --seqlen 32768      (window=(4096, 0) and the like)
+      attngen dispatch --head-dim 128 --causal --scores softcap --seqlen 8192
       attngen bench --json grid.json ... && attngen dispatch --from grid.json --write
       attngen sweep SPEC --shapes ... --json s.json --write-best specs && attngen dispatch --from s.json --write
     """
@@ -418,18 +423,19 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, page_size,
         click.echo(json.dumps([e.__dict__ for e in new], indent=2) if as_json else
                    f"wrote {path}: {len(new)} forward entries from {len(bench_files)} report(s)")
         return
-    mask = "causal" if causal else "none"
+    mask = "window" if window else "causal" if causal else "none"
     head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
     try:
         e = select(entries, call, arch, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows,
-                   head_dim_v=head_dim_v)
+                   head_dim_v=head_dim_v, scores=scores)
     except LookupError as exc:
         raise click.UsageError(str(exc)) from None
-    others = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v)
+    others = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e.__dict__, "bucket": [o.__dict__ for o in others]}, indent=2))
         return
-    click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v)} -> {e.spec}")
+    click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v, scores)} "
+               f"-> {e.spec}")
     click.echo(f"  why: {e.why}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:

@@ -92,3 +92,32 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
                                     "--write", "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
+
+
+def test_score_modifiers_are_part_of_the_key():
+    """A softcap call finds only softcap entries, a plain call never does, and the refusal names the
+    modifiers; `attngen check` refuses an entry whose spec applies other modifiers."""
+    from attngen.ops.table import entry_problem
+    from attngen.plan import make_plan
+    from attngen.spec import parse_spec
+    entries = (Entry("forward", "sm_90", "fp16", 128, "causal", "plain"),
+               Entry("forward", "sm_90", "fp16", 128, "causal", "capped", scores="softcap"))
+    assert select(entries, "forward", "sm_90", "fp16", 128, "causal", 4096).spec == "plain"
+    assert select(entries, "forward", "sm_90", "fp16", 128, "causal", 4096, scores="softcap").spec == "capped"
+    with pytest.raises(LookupError, match="mask causal scores alibi"):
+        select(entries, "forward", "sm_90", "fp16", 128, "causal", 4096, scores="alibi")
+    plan = make_plan(parse_spec((ROOT / "specs" / "h100_wgmma_d128_softcap.yaml").read_text()))
+    assert entry_problem(Entry("forward", "sm_90", "fp16", 128, "causal", "h100_wgmma_d128_softcap",
+                               scores="softcap"), plan) is None
+    assert "applies scores [softcap], the entry []" in entry_problem(
+        Entry("forward", "sm_90", "fp16", 128, "causal", "h100_wgmma_d128_softcap"), plan)
+
+
+def test_window_calls_have_their_own_mask():
+    from attngen.core.variants import call_mask
+    assert call_mask(False, None) == "none" and call_mask(True, None) == "causal"
+    assert call_mask(True, (-1, -1)) == "causal" and call_mask(True, (-1, 5)) == "causal"   # causal closes right
+    assert call_mask(True, (256, 0)) == "window" and call_mask(False, (-1, 0)) == "window"
+    assert call_mask(False, (-1, -1)) == "none"
+    entries = load_table(TABLE)
+    assert select(entries, "forward", "sm_90", "fp16", 128, "window", 8192).spec == "h100_wgmma_d128_window"

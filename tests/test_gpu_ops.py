@@ -119,6 +119,43 @@ def test_refuses_tensors_that_need_gradients(torch):
         attngen.attention(q, q, q)
 
 
+def test_attention_variants_through_the_table(torch):
+    """window, softcap and ALiBi through attngen.attention: the table's variant specs serve them, each
+    output passes the error rule against the reference of the same variant definitions, and a plain
+    call still takes the plain kernel."""
+    from attngen.core.variants import SCORES
+    q, k, v = randn(torch, 2, 4, 700, 128), randn(torch, 2, 4, 700, 128), randn(torch, 2, 4, 700, 128)
+    slopes = torch.rand(2, 4, device="cuda") * 0.3
+
+    def ref_check(out, **kw):
+        with exact_fp32_matmul(torch):
+            ref, _ = attention_torch(q.float(), k.float(), v.float(), scale=128 ** -0.5, **kw)
+        low, _ = attention_torch(q, k, v, scale=128 ** -0.5, **kw)
+        err = (out.float() - ref).abs().max().item()
+        assert err <= error_bound((low.float() - ref).abs().max().item()), err
+
+    ref_check(attngen.attention(q, k, v, causal=True, window=(100, 0)), mask="window", alignment="top_left",
+              window=(100, 0))
+    ref_check(attngen.attention(q, k, v, causal=True, softcap=20.0), mask="causal",
+              modifiers=((SCORES["softcap"], 20.0),))
+    ref_check(attngen.attention(q, k, v, alibi_slopes=slopes), mask="none", modifiers=((SCORES["alibi"], slopes),))
+    ref_check(attngen.attention(q, k, v, causal=True, window=(-1, -1)), mask="causal")
+    torch.library.opcheck(torch.ops.attngen.attention_variant.default,
+                          (q, k, v, True, None, None, "bhsd", [64, 0], None, None))
+
+
+def test_compiled_window_call_has_no_graph_break(torch):
+    torch._dynamo.reset()
+    q, k, v = randn(torch, 1, 4, 500, 64), randn(torch, 1, 4, 500, 64), randn(torch, 1, 4, 500, 64)
+
+    def f(q, k, v):
+        return attngen.attention(q, k, v, causal=True, window=(128, 0)) * 2
+
+    with torch.no_grad():
+        out = torch.compile(f, fullgraph=True)(q, k, v)
+        assert (out.float() - f(q, k, v).float()).abs().max().item() == 0
+
+
 def test_opcheck(torch):
     from attngen.runtime.calls.varlen import cu_seqlens
     q, k, v = randn(torch, 2, 4, 200, 64), randn(torch, 2, 2, 300, 64), randn(torch, 2, 2, 300, 64)

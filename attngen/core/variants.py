@@ -154,6 +154,16 @@ def check_window(window) -> tuple[int, int]:
     return int(left), int(right)
 
 
+def call_mask(causal: bool, window) -> str:
+    """The mask a call asks for: window when its window=(left, right) bounds a side (causal closes the
+    right side at 0, so a causal call is a window call only when left is bounded), else causal or none."""
+    if window is not None:
+        left, right = check_window(window)
+        if left >= 0 or (right >= 0 and not causal):
+            return "window"
+    return "causal" if causal else "none"
+
+
 # -- score modifiers -----------------------------------------------------------------------------------
 
 # (value, scale, context) -> {Params field: value}. context: batch, heads, device index of the call.

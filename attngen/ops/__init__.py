@@ -33,14 +33,29 @@ def _refuse_grad() -> None:
 
 
 def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
-              layout: str = "bhsd", return_lse: bool = False):
+              layout: str = "bhsd", return_lse: bool = False, window=None, softcap: float | None = None,
+              alibi_slopes=None):
     """softmax(scale q k^T) v for q (B, Hq, Sq, D) and k, v (B, Hkv, Sk, D) ("bshd": (B, S, H, D)).
 
     causal: query i sees keys j <= i ("top_left", torch's is_causal) or j <= i + Sk - Sq
     ("bottom_right", FlashAttention's); GQA/MQA when Hq is a multiple of Hkv; scale defaults to
     1/sqrt(D). Returns o like q, or (o, lse) with lse fp32 (B, Hq, Sq), natural log.
+
+    Variants (served by the table's specs that carry them): window=(left, right), FlashAttention's
+    window_size (-1: an open side; causal closes the right side at 0; the offset follows
+    `alignment`); softcap=cap: cap * tanh(scale * s / cap); alibi_slopes: fp32 (Hq,) or (B, Hq),
+    -slope * |i + Sk - Sq - j| added to the scaled score.
     """
     compiling, grad, ops, library = _bound or _bind()
+    if window is not None or softcap is not None or alibi_slopes is not None:
+        if compiling():
+            o, lse = ops.attention_variant(q, k, v, causal, alignment, scale, layout,
+                                           None if window is None else list(window), softcap, alibi_slopes)
+            return (o, lse) if return_lse else o
+        if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            _refuse_grad()
+        return library.forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap,
+                                       alibi_slopes)
     if compiling():
         o, lse = ops.attention(q, k, v, causal, alignment, scale, layout)
         return (o, lse) if return_lse else o

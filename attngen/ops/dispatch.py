@@ -37,23 +37,23 @@ class Dispatcher:
         return self._entries
 
     def entry(self, call: str, index: int, dtype, head_dim: int, mask: str, seqlen: int, *, page_size: int = 0,
-              group_rows: int = 1, head_dim_v: int = 0):
+              group_rows: int = 1, head_dim_v: int = 0, scores: str = ""):
         """The table entry for a call on cuda:`index` (dtype: a torch dtype or fp16/bf16)."""
         from ..runtime import device_info
         name = TORCH_DTYPES.get(str(dtype), dtype)
         if name not in ("fp16", "bf16"):
             raise TypeError(f"attngen kernels take float16 or bfloat16 tensors (got {dtype})")
         return select(self.entries, call, device_info(index).arch, name, head_dim, mask, seqlen,
-                      page_size=page_size, group_rows=group_rows, head_dim_v=head_dim_v)
+                      page_size=page_size, group_rows=group_rows, head_dim_v=head_dim_v, scores=scores)
 
     def kernel(self, call: str, index: int, dtype, head_dim: int, mask: str, seqlen: int, *, page_size: int = 0,
-               group_rows: int = 1, head_dim_v: int = 0):
-        """The loaded kernel serving a call (see entry)."""
-        key = (call, index, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v)
+               group_rows: int = 1, head_dim_v: int = 0, scores: str = ""):
+        """The loaded kernel serving a call (see entry); `scores`: its score modifiers joined by "+"."""
+        key = (call, index, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v, scores)
         kernel = self._resolved.get(key)
         if kernel is None:
             e = self.entry(call, index, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows,
-                           head_dim_v=head_dim_v)
+                           head_dim_v=head_dim_v, scores=scores)
             kernel = self._load(e.spec, index)
             if len(self._resolved) >= RESOLVED_ENTRIES:
                 self._resolved.clear()

@@ -1,5 +1,5 @@
-"""attngen's torch ops: attngen::attention, attngen::attention_varlen and
-attngen::attention_with_kvcache, each a torch.library op over the dispatcher, with a fake
+"""attngen's torch ops: attngen::attention, attngen::attention_variant (window, softcap, ALiBi),
+attngen::attention_varlen and attngen::attention_with_kvcache, each a torch.library op over the dispatcher, with a fake
 (meta) implementation that gives the real output shapes and strides, so torch.compile traces
 through a call without a graph break and CUDA graphs capture it. Forward only: the ops return
 (o, lse) so that autograd can be registered on them when the backward kinds land.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.variants import SCORES, call_mask
 from ..runtime.calls.forward import call_key
 from .dispatch import DISPATCH
 
@@ -51,6 +52,30 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
             _PREPARED.clear()
         _PREPARED[key] = (kernel, prepared)
     return result
+
+
+_VARIANT: dict = {}     # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim) -> kernel
+
+
+def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes):
+    """The eager forward call with variants (window, softcap, ALiBi): the table's kernel for the
+    call's mask and score modifiers, then the kernel call (which keeps its own prepared calls)."""
+    mask = call_mask(causal, window)
+    scores = "+".join(s.name for s in SCORES.values() if {"softcap": softcap, "alibi_slopes": alibi_slopes}.get(
+        s.argument) is not None)
+    short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, k.shape[2] if layout == "bhsd" else k.shape[1],
+             v.shape[-1])
+    kernel = _VARIANT.get(short)
+    if kernel is None:
+        if short[0] < 0:
+            raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+        kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], mask, short[5],
+                                 head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores)
+        if len(_VARIANT) >= 4096:
+            _VARIANT.clear()
+        _VARIANT[short] = kernel
+    return kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse,
+                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, return_lse):
@@ -103,6 +128,8 @@ def _decode_kernel(q, k_cache, block_table, causal, layout):
 LIB = torch.library.Library("attngen", "DEF")
 LIB.define("attention(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout) "
            "-> (Tensor, Tensor)")
+LIB.define("attention_variant(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout, "
+           "int[]? window, float? softcap, Tensor? alibi_slopes) -> (Tensor, Tensor)")
 LIB.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
            "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
@@ -111,6 +138,10 @@ LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Ten
 
 def attention_cuda(q, k, v, causal, alignment, scale, layout):
     return forward(q, k, v, causal, alignment, scale, layout, True)
+
+
+def attention_variant_cuda(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes):
+    return forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes)
 
 
 def attention_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
@@ -127,6 +158,10 @@ def attention_fake(q, k, v, causal, alignment, scale, layout):
     return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
+def attention_variant_fake(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes):
+    return attention_fake(q, k, v, causal, alignment, scale, layout)
+
+
 def attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
@@ -135,8 +170,8 @@ def attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table,
     return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
-for _name in ("attention", "attention_varlen", "attention_with_kvcache"):
+for _name in ("attention", "attention_variant", "attention_varlen", "attention_with_kvcache"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
 
-__all__ = ["LIB", "forward", "kvcache", "varlen"]
+__all__ = ["LIB", "forward", "forward_variant", "kvcache", "varlen"]

@@ -10,7 +10,8 @@ An entry:
 `upto`: the largest seqlen_k (forward, varlen: max_seqlen_k; decode: cache capacity) the entry
 serves; null for no limit. An entry without `us` is unmeasured (chosen from its spec's target).
 Decode entries also key on page_size (0: contiguous caches) and may set `max_group_rows`: the
-most query rows per KV head (heads / kv_heads x seqlen_q) they serve.
+most query rows per KV head (heads / kv_heads x seqlen_q) they serve. Entries for a spec with score
+modifiers key on them too: `scores: softcap`, `alibi` or `softcap+alibi` (the spec's `scores`, joined).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class Entry:
     runner_up_us: float | None = None
     measured: str | None = None
     head_dim_v: int = 0                 # V's and O's head dim where it differs from head_dim (0: the same)
+    scores: str = ""                    # the spec's score modifiers joined by "+" ("": none)
 
     @property
     def why(self) -> str:
@@ -52,7 +54,8 @@ class Entry:
         return f"{self.spec}: {self.us:.1f} us measured ({self.measured}){runner}"
 
     def key(self) -> tuple:
-        return (self.call, self.arch, self.dtype, self.head_dim, self.mask, self.page_size, self.head_dim_v)
+        return (self.call, self.arch, self.dtype, self.head_dim, self.mask, self.page_size, self.head_dim_v,
+                self.scores)
 
 
 def table_path(specs_dir) -> Path:
@@ -101,19 +104,25 @@ def dump_table(entries, header: str) -> str:
                                            e.max_group_rows or 0))
     for e in order:
         row = {f.name: getattr(e, f.name) for f in fields(Entry)
-               if getattr(e, f.name) not in (None,) and not (f.name in ("page_size", "head_dim_v")
-                                                             and getattr(e, f.name) == 0)}
+               if getattr(e, f.name) not in (None,) and not (f.name in ("page_size", "head_dim_v", "scores")
+                                                             and not getattr(e, f.name))}
         text = yaml.safe_dump(row, default_flow_style=True, sort_keys=False, width=10_000).strip()
         lines.append(f"  - {text}")
     return "\n".join(lines) + "\n"
 
 
 def call_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, page_size: int = 0,
-              group_rows: int = 1, head_dim_v: int = 0) -> str:
+              group_rows: int = 1, head_dim_v: int = 0, scores: str = "") -> str:
     """A call's dispatch key in words (the decode keys only for decode calls)."""
     decode = f" page_size {page_size} group_rows {group_rows}" if call == "decode" else ""
     v = f" head_dim_v {head_dim_v}" if head_dim_v else ""
-    return f"{call} {arch} {dtype} head_dim {head_dim}{v} {mask} seqlen {seqlen}{decode}"
+    mods = f" scores {scores}" if scores else ""
+    return f"{call} {arch} {dtype} head_dim {head_dim}{v} {mask}{mods} seqlen {seqlen}{decode}"
+
+
+def scores_key(plan) -> str:
+    """A plan's score modifiers as an entry's `scores`."""
+    return "+".join(s.name for s in getattr(plan, "score_variants", ()))
 
 
 def entry_problem(e: Entry, plan) -> str | None:
@@ -127,6 +136,8 @@ def entry_problem(e: Entry, plan) -> str | None:
         return f"{e.spec} is {plan.spec.dtype} head_dim {plan.head_dim}, the entry {e.dtype} {e.head_dim}"
     if plan.head_dim_v != e.head_dim_v:
         return f"{e.spec} has head_dim_v {plan.v_dim}, the entry {e.head_dim_v or e.head_dim}"
+    if scores_key(plan) != e.scores:
+        return f"{e.spec} applies scores [{scores_key(plan)}], the entry [{e.scores}]"
     if (varlen_key(e.mask) if e.call == "varlen" else e.mask) not in plan.entry_functions:
         return f"{e.spec} has no {e.mask} {'varlen ' if e.call == 'varlen' else ''}function"
     pages = getattr(plan, "page_size", 0)
@@ -136,26 +147,28 @@ def entry_problem(e: Entry, plan) -> str | None:
 
 
 def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0,
-               head_dim_v: int = 0) -> list:
+               head_dim_v: int = 0, scores: str = "") -> list:
     """The entries of one key, by upto (no limit last); head_dim_v 0: V's head dim is head_dim."""
-    keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, page_size, head_dim_v)]
+    keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)]
     return sorted(keyed, key=lambda e: (math.inf if e.upto is None else e.upto, e.max_group_rows or math.inf))
 
 
 def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
-           page_size: int = 0, group_rows: int = 1, head_dim_v: int = 0) -> Entry:
+           page_size: int = 0, group_rows: int = 1, head_dim_v: int = 0, scores: str = "") -> Entry:
     """The entry serving a call: among its key's entries, the first whose upto covers `seqlen`
     (and whose max_group_rows covers `group_rows`); the last bucket serves longer sequences.
     LookupError with what exists and how to add the key when the key has no entry."""
-    keyed = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v)
+    keyed = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
     keyed = [e for e in keyed if e.max_group_rows is None or group_rows <= e.max_group_rows] or keyed
     if not keyed:
         have = sorted({(e.arch, e.dtype, e.head_dim) + ((f"v{e.head_dim_v}",) if e.head_dim_v else ()) + (e.mask,)
+                       + ((f"scores {e.scores}",) if e.scores else ())
                        + ((e.page_size,) if call == "decode" else ()) for e in entries if e.call == call}, key=str)
         listed = "; ".join(" ".join(str(x) for x in h) for h in have) or "none"
         raise LookupError(
             f"attngen has no {call} kernel for {arch} {dtype} head_dim {head_dim}"
             + (f" head_dim_v {head_dim_v}" if head_dim_v else "") + f" mask {mask}"
+            + (f" scores {scores}" if scores else "")
             + (f" page_size {page_size}" if call == "decode" else "")
             + f". The dispatch table has: {listed}. Add one: write a spec for it (`attngen explain SPEC` checks it; "
               f"`attngen sweep SPEC --shapes 1x16x2048x{head_dim}` finds faster variants), time it on that GPU with "
@@ -166,4 +179,4 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
     return keyed[-1]
 
 
-__all__ = ["CALLS", "CONVENTION", "Entry", "call_text", "entry_problem", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]
+__all__ = ["CALLS", "CONVENTION", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]

@@ -24,7 +24,7 @@ import threading
 from ctypes import c_void_p, memmove
 from dataclasses import dataclass
 
-from ..core.variants import check_window, score_values
+from ..core.variants import call_mask, check_window, score_values
 from ..errors import ToolError
 from ..plan import Plan, make_plan
 from ..spec import Spec, spec_dict, spec_yaml
@@ -351,16 +351,10 @@ class Kernel:
     def _check_mask(self, causal: bool, window=None) -> str:
         """The mask variant a call asks for, refused when the spec does not emit it: window when the
         call's window bounds a side (causal bounds its right side at 0), else causal or none."""
-        if window is not None:
-            left, right = check_window(window)
-            if causal:
-                right = 0
-            if left >= 0 or right >= 0 and not causal:
-                if "window" not in self.entry:
-                    raise ValueError(f"{self.label} has no window variant (its spec lists masks {list(self.masks)}); "
-                                     f"add 'window' to the spec's masks")
-                return "window"
-        mask = "causal" if causal else "none"
+        mask = call_mask(causal, window)
+        if mask == "window" and mask not in self.entry:
+            raise ValueError(f"{self.label} has no window variant (its spec lists masks {list(self.masks)}); "
+                             f"add 'window' to the spec's masks")
         if mask not in self.entry:
             raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
                              f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
