@@ -61,10 +61,17 @@ def test_spec_passes_quick_suite(spec):
         assert results and {r.variant for r in results} == {"none", "causal:bottom_right"}
     else:
         padded = [r for r in results if not r.variant.endswith(" varlen")]
-        assert len(padded) == len(verify.variants(kernel.masks)) * len(verify.QUICK_SUITE)
-        # causal runs in both alignments; a varlen spec adds its varlen cases in each
-        assert {r.variant for r in padded} == {"none", "causal:top_left", "causal:bottom_right"}
-        assert len(results) - len(padded) == (3 * QUICK_VARLEN if kernel.varlen_masks else 0)
+        variants = verify.variants(kernel.masks, kernel.plan.block_n)
+        assert len(padded) == len(variants) * len(verify.QUICK_SUITE)
+        # causal runs in both alignments, a window over its windows; a varlen spec adds its varlen
+        # cases in each
+        expected = {v.label for v in variants}
+        assert {r.variant for r in padded} == expected
+        if "causal" in kernel.masks:
+            assert {"causal:top_left", "causal:bottom_right"} <= expected
+        if "window" in kernel.masks:
+            assert len(expected) == 7
+        assert len(results) - len(padded) == (len(variants) * QUICK_VARLEN if kernel.varlen_masks else 0)
     assert all(r.passed for r in results), failures(results)
 
 
