@@ -1,6 +1,6 @@
 """The built-in variants beside torch's peers in one process: sliding window, softcap and ALiBi.
 
-Usage: python3 .ci/variant_bench.py OUT.json [window,scores]
+Usage: python3 .ci/variant_bench.py OUT.json [window,scores] [fp16|bf16]
 
 - window: causal sliding windows of 256 / 1024 / 4096 keys (FlashAttention's window_size=(w, 0))
   at 4x16x8192 and 1x16x32768, d64 and d128, against torch.ops.aten._flash_attention_forward
@@ -13,8 +13,8 @@ Usage: python3 .ci/variant_bench.py OUT.json [window,scores]
 
 GPU time: CUDA events around calls queued behind a GPU sleep, input sets rotated through more than
 3x the L2 cache, median of 20 (attngen.eval.bench.time_calls); eager time: calls back to back with
-the host included (time_eager). fp16, (B, S, H, D) tensors; each attngen result is also compared
-with its peer (max |difference|).
+the host included (time_eager). fp16 (or bf16: the *_bf16 specs), (B, S, H, D) tensors; each attngen
+result is also compared with its peer (max |difference|).
 """
 import json
 import math
@@ -37,9 +37,13 @@ for _limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_lim
         setattr(torch._dynamo.config, _limit, 256)
 FLEX = torch.compile(flex_attention, dynamic=False)
 KERNELS: dict = {}
+DTYPE = torch.float16
+SUFFIX = ""     # the specs of DTYPE: "" (fp16) or "_bf16"
 
 
 def kernel(name):
+    """The spec `name` of the bench's dtype (its _bf16 twin for bf16)."""
+    name += SUFFIX
     if name not in KERNELS:
         KERNELS[name] = load(f"specs/{name}.yaml")
     return KERNELS[name]
@@ -50,7 +54,7 @@ def input_sets(b, h, s, d):
     set_bytes = 3 * b * h * s * d * 2
     l2 = torch.cuda.get_device_properties(DEV).L2_cache_size
     n = max(2, min(8, math.ceil(3 * l2 / set_bytes)))
-    return [tuple(torch.randn(b, s, h, d, generator=GEN, device=DEV).half() for _ in range(3)) for _ in range(n)]
+    return [tuple(torch.randn(b, s, h, d, generator=GEN, device=DEV).to(DTYPE) for _ in range(3)) for _ in range(n)]
 
 
 def bhsd(sets):
@@ -115,7 +119,7 @@ def score_rows():
             row = {"variant": "scores", "d": d, "shape": f"{b}x{h}x{s}", "causal": causal,
                    "fa2": timed(lambda q, k, v: fa2(q, k, v, causal, scale), sets)}
             i = torch.arange(s, device=DEV)
-            bias = (-slopes[:, :, None, None] * (i[:, None] - i[None, :]).abs().float()).half()
+            bias = (-slopes[:, :, None, None] * (i[:, None] - i[None, :]).abs().float()).to(DTYPE)
             if causal:
                 bias = bias.masked_fill(i[:, None] < i[None, :], float("-inf"))
 
@@ -146,11 +150,15 @@ def score_rows():
 
 
 def main():
+    global DTYPE, SUFFIX
     out = sys.argv[1]
     which = sys.argv[2].split(",") if len(sys.argv) > 2 else ["window", "scores"]
+    if len(sys.argv) > 3 and sys.argv[3] == "bf16":
+        DTYPE, SUFFIX = torch.bfloat16, "_bf16"
     rows = (window_rows() if "window" in which else []) + (score_rows() if "scores" in which else [])
     with open(out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(DTYPE),
+                   "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
