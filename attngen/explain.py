@@ -27,8 +27,9 @@ def roles_and_barriers(plan: Plan) -> list[str]:
 def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     s, t = plan.spec, plan.target
     kind = kind_of(s)
+    scores = getattr(plan, "score_variants", ())
     out = [f"{s.name}: {kind.name} ({kind.title}), {s.dtype}, head_dim {plan.head_dim}, "
-           f"masks {', '.join(plan.masks)}",
+           f"masks {', '.join(plan.masks)}" + (f", scores {', '.join(v.name for v in scores)}" if scores else ""),
            f"target {t.name} ({t.gpu}, {t.arch}); functions: {', '.join(fn for _, fn in plan.functions)}",
            ""]
     forward = [f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; grid (ceil(seqlen_q / "
@@ -47,6 +48,9 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
                f"{plan.copy_engine or ('cp.async 16 B' if plan.async_copy else 'synchronous 16-B loads')}"
                f"; Q {'kept in registers' if plan.q_in_registers else 'in shared memory'}")
     out.append(block[-1])
+    if scores:
+        out.append("scores (every function, before the mask, in this order): " + "; ".join(
+            f"{v.name}: {v.describe} (the call passes {v.argument}=)" for v in scores))
     out += ["", "shared memory:", f"  {'region':<7} {'offset':>7} {'bytes':>7} {'KiB':>7}  {'shape':<16} {'pitch':>6}  "
             f"{'layout':<28} purpose"]
     for r in plan.regions:
@@ -88,6 +92,7 @@ def plan_dict(plan: Plan) -> dict:
         "threads": plan.threads, "compute_warps": plan.compute_warps, "producer_warps": plan.producer_warps,
         "rows_per_warp": plan.rows_per_warp, "stages": plan.stages, "async_copy": plan.async_copy,
         "functions": [name for _, name in plan.functions],
+        "masks": list(plan.masks), "scores": [v.name for v in getattr(plan, "score_variants", ())],
         "parts": [{"name": p.name, "file": p.file_name, "functions": dict(p.functions)} for p in plan.parts],
         "regions": [{"name": r.name, "offset": r.offset, "bytes": r.bytes, "rows": r.rows, "cols": r.cols,
                      "elem": r.elem, "pitch_bytes": r.pitch_bytes, "swizzle": r.swizzle} for r in plan.regions],

@@ -144,3 +144,14 @@ def test_varlen_alibi_moves_the_slopes_to_the_sequence():
     assert "scores_for_sequence(s, b);" in source
     _, source = render("h100_mma_d128.yaml", scores="[softcap]", varlen="true")
     assert "scores_for_sequence" not in source
+
+
+def test_explain_names_the_score_modifiers():
+    from attngen.explain import explain, plan_dict
+    plan = make_plan(parse_spec((ROOT / "specs" / "h100_wgmma_d128_alibi.yaml").read_text()))
+    text = explain(plan)
+    assert "masks none, causal, scores alibi" in text.splitlines()[0]
+    assert "alibi: ALiBi" in text and "alibi_slopes=" in text
+    assert plan_dict(plan)["scores"] == ["alibi"] and plan_dict(plan)["masks"] == ["none", "causal"]
+    plain = explain(make_plan(parse_spec((ROOT / "specs" / "h100_wgmma_d128.yaml").read_text())))
+    assert "scores (" not in plain and ", scores " not in plain.splitlines()[0]
