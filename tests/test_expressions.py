@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import shutil
+import subprocess
 
 import pytest
 
-from attngen.core.expressions import (CUDA_HELPERS, EMPTY, FULL, PARTIAL, ExpressionError, bounds, classify, parse,
-                                      to_cuda, to_torch, uses_helpers)
+from attngen.core.expressions import (CLASSIFY_HELPERS, CUDA_HELPERS, EMPTY, FULL, PARTIAL, ExpressionError, bounds,
+                                      classify, parse, to_cuda, to_cuda_classifier, to_torch, uses_helpers)
 
 PARAMS = {"cap": "float", "window": "int", "bias": "float[heads]"}
 WINDOW = "kv_idx <= q_idx + causal_offset and q_idx - kv_idx < window"
@@ -159,3 +161,53 @@ def test_interval_arithmetic_bounds_every_point():
     for s, i, j, bias in itertools.product((-100.0, 0.0, 100.0), (0, 15), (16, 31), (0.0, 0.5)):
         v = 30.0 * math.tanh(s / 30.0) - abs(j - i) * bias
         assert lo - 1e-9 <= v <= hi + 1e-9
+
+
+# -- the classifier the kernels run: the same verdicts as `classify`, compiled as C++ ------------------
+
+CLASSIFIER_MASKS = [
+    ("kv_idx <= q_idx + causal_offset", {}),
+    (WINDOW, {"window": "int"}),
+    ("q_idx - kv_idx < window and kv_idx - q_idx < window", {"window": "int"}),
+    ("not (kv_idx // 16 == q_idx // 16) or kv_idx % 16 < 8", {}),
+    ("where(q_idx < 40, kv_idx < 20, kv_idx >= 20)", {}),
+    ("abs(q_idx - kv_idx) * 0.5 <= window / 2 + 1.5", {"window": "int"}),
+    ("exp2(q_idx / 8.0) - exp2(kv_idx / 8.0) >= 0", {}),
+    ("(q_idx - kv_idx) * (q_idx - kv_idx) <= 4096", {}),
+    ("min(0, ((q_idx - kv_idx) // (kv_idx + 1)) // 2) == 0", {}),
+    ("tanh(q_idx - kv_idx + 0.0) > -0.5 or max(q_idx, kv_idx) % 7 != 3", {}),
+]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler (g++) to build the classifier")
+@pytest.mark.parametrize("text, params", CLASSIFIER_MASKS, ids=range(len(CLASSIFIER_MASKS)))
+def test_emitted_classifier_gives_the_same_verdicts(text, params, tmp_path):
+    """to_cuda_classifier's C++ (built here as host code) against `classify` on random blocks, small
+    and near the 32-bit edges: the kernel skips and unmasks exactly the blocks the reference would."""
+    expr = parse(text, params)
+    body = to_cuda_classifier(expr, lambda n: f"p.{n}", lambda n, by: f"p.{n}[{by}]")
+    src = tmp_path / "c.cpp"
+    src.write_text("#include <cmath>\n#include <cstdio>\n#define __host__\n#define __device__\n" + CLASSIFY_HELPERS
+                   + "struct P { int window, causal_offset, seqlen_q, seqlen_k, b, h; };\n"
+                   + "int classify_block(const P& p, int q_lo, int q_hi, int k_lo, int k_hi) {\n"
+                   + body + "\nreturn verdict;\n}\n"
+                   + "int main() { P p{}; int a, b, c, d;\n"
+                   + "  while (scanf(\"%d %d %d %d %d %d\", &p.window, &p.causal_offset, &a, &b, &c, &d) == 6)\n"
+                   + "    printf(\"%d\\n\", classify_block(p, a, b, c, d)); }\n")
+    exe = tmp_path / "c"
+    subprocess.run(["g++", "-O1", "-std=c++17", "-o", str(exe), str(src)], check=True, capture_output=True)
+    rng = random.Random(1)
+    cases = []
+    for _ in range(400):
+        base = rng.choice([0, 0, 1000, 2 ** 31 - 300])
+        r0, c0 = base + rng.randrange(0, 160, 16), rng.choice([base, 0]) + rng.randrange(0, 160, 16)
+        env = {"window": rng.choice([0, 1, 15, 16, 17, 100]), "causal_offset": rng.randint(-40, 40),
+               "seqlen_q": 64, "seqlen_k": 64, "b": 0, "h": 0}
+        size = rng.choice([1, 16, 64])
+        cases.append((env, (r0, min(r0 + size - 1, 2 ** 31 - 1)), (c0, min(c0 + size - 1, 2 ** 31 - 1))))
+    stdin = "".join(f"{e['window']} {e['causal_offset']} {r[0]} {r[1]} {k[0]} {k[1]}\n" for e, r, k in cases)
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split()
+    code = {FULL: "1", EMPTY: "0", PARTIAL: "-1"}
+    for (env, rows, keys), got in zip(cases, out):
+        assert got == code[classify(expr, rows, keys, env)], (text, env, rows, keys)
+    assert len(out) == len(cases)

@@ -419,3 +419,171 @@ def classify(mask: Expression, q_rows: tuple[int, int], keys: tuple[int, int], r
     hides none, else PARTIAL; `ranges` bounds every other name (b, h, lengths, params)."""
     verdict = bounds(mask, {**ranges, "q_idx": q_rows, "kv_idx": keys})
     return FULL if verdict is True else EMPTY if verdict is False else PARTIAL
+
+
+# -- block classification in the kernel ----------------------------------------------------------
+# The same interval rules as `bounds`, emitted as C++ so that a kernel classifies each (query block,
+# key block) pair with the call's own values: every name but q_idx and kv_idx is one value (the
+# block's b and h pick a tensor param's element), the two indices are the block's ranges. Intervals
+# are doubles, as Python's numbers are here: ints stay exact far beyond 32 bits, so the checks that
+# widen a result that could wrap (or a NaN) read the same as `_sound`. The helpers use <cmath>'s
+# double functions and HUGE_VAL, which CUDA provides on the device too.
+
+CLASSIFY_HELPERS = """\
+struct AttngenIv { double lo, hi; };    // a closed interval; a bool is 1 (every point), 0 (none) or -1 (unknown)
+__host__ __device__ inline AttngenIv attngen_iv_sound(AttngenIv a, bool is_int) {
+    const double inf = HUGE_VAL;
+    if (a.lo != a.lo || a.hi != a.hi) return {-inf, inf};
+    if (is_int && (a.lo < -2147483648.0 || a.hi > 2147483647.0)) return {-inf, inf};
+    return a;
+}
+__host__ __device__ inline double attngen_min2(double a, double b) { return a < b ? a : b; }
+__host__ __device__ inline double attngen_max2(double a, double b) { return a > b ? a : b; }
+__host__ __device__ inline bool attngen_isinf(double x) { return x == HUGE_VAL || x == -HUGE_VAL; }
+__host__ __device__ inline AttngenIv attngen_iv_mul(AttngenIv a, AttngenIv b) {
+    const double xs[2] = {a.lo, a.hi}, ys[2] = {b.lo, b.hi};
+    double lo = 0, hi = 0;
+    bool any = false;
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j) {
+            if ((attngen_isinf(xs[i]) && ys[j] == 0) || (attngen_isinf(ys[j]) && xs[i] == 0)) continue;
+            const double p = xs[i] * ys[j];
+            lo = any ? attngen_min2(lo, p) : p;
+            hi = any ? attngen_max2(hi, p) : p;
+            any = true;
+        }
+    return {lo, hi};
+}
+__host__ __device__ inline AttngenIv attngen_iv_div(AttngenIv a, AttngenIv b) {
+    const double inf = HUGE_VAL;
+    if (b.lo <= 0 && 0 <= b.hi) return {-inf, inf};
+    const double q[4] = {a.lo / b.lo, a.lo / b.hi, a.hi / b.lo, a.hi / b.hi};
+    double lo = q[0], hi = q[0];
+    for (int i = 1; i < 4; ++i) { lo = attngen_min2(lo, q[i]); hi = attngen_max2(hi, q[i]); }
+    return {lo, hi};
+}
+__host__ __device__ inline double attngen_floor_div_d(double x, double y) { return floor(x / y); }
+__host__ __device__ inline AttngenIv attngen_iv_floordiv(AttngenIv a, AttngenIv b) {   // // by a positive constant
+    const double inf = HUGE_VAL;
+    if (!(b.lo == b.hi && b.lo > 0)) return {-inf, inf};
+    return {attngen_floor_div_d(a.lo, b.lo), attngen_floor_div_d(a.hi, b.lo)};
+}
+__host__ __device__ inline AttngenIv attngen_iv_mod(AttngenIv a, AttngenIv b) {        // % by a positive constant
+    const double inf = HUGE_VAL;
+    if (!(b.lo == b.hi && b.lo > 0)) return {-inf, inf};
+    const double ql = attngen_floor_div_d(a.lo, b.lo), qh = attngen_floor_div_d(a.hi, b.lo);
+    if (ql == qh && !attngen_isinf(ql)) return {a.lo - b.lo * ql, a.hi - b.lo * qh};
+    return {0, b.lo - 1};
+}
+__host__ __device__ inline AttngenIv attngen_iv_abs(AttngenIv a) {
+    const double l = a.lo < 0 ? -a.lo : a.lo, h = a.hi < 0 ? -a.hi : a.hi;
+    return {(a.lo <= 0 && 0 <= a.hi) ? 0 : attngen_min2(l, h), attngen_max2(l, h)};
+}
+__host__ __device__ inline double attngen_exp2_d(double v) { return v < 128 ? exp2(v) : HUGE_VAL; }
+// Comparisons (op: 0 <, 1 <=, 2 >, 3 >=, 4 ==, 5 !=). Exact on ints; on floats a verdict only with a
+// margin for fp32 rounding and never on bounds beyond fp32.
+__host__ __device__ inline int attngen_cmp_exact(int op, AttngenIv a, AttngenIv b) {
+    if (op == 2 || op == 3) return attngen_cmp_exact(op == 2 ? 0 : 1, b, a);
+    if (op == 0) return a.hi < b.lo ? 1 : a.lo >= b.hi ? 0 : -1;
+    if (op == 1) return a.hi <= b.lo ? 1 : a.lo > b.hi ? 0 : -1;
+    const bool same = a.lo == a.hi && a.hi == b.lo && b.lo == b.hi, apart = a.hi < b.lo || b.hi < a.lo;
+    if (op == 4) return same ? 1 : apart ? 0 : -1;
+    return same ? 0 : apart ? 1 : -1;
+}
+__host__ __device__ inline int attngen_cmp_float(int op, AttngenIv a, AttngenIv b) {
+    const double m = attngen_max2(attngen_max2(fabs(a.lo), fabs(a.hi)),
+                                  attngen_max2(fabs(b.lo), fabs(b.hi)));
+    if (m > 3.4028234663852886e38) return -1;
+    const double margin = 1e-5 * attngen_max2(1.0, m);
+    if (op <= 3) {
+        const AttngenIv f = op <= 1 ? a : b, s = op <= 1 ? b : a;
+        return f.hi + margin < s.lo ? 1 : f.lo > s.hi + margin ? 0 : -1;
+    }
+    if (a.lo == a.hi && a.hi == b.lo && b.lo == b.hi) return attngen_cmp_exact(op, a, b);
+    return (a.hi + margin < b.lo || b.hi + margin < a.lo) ? (op == 5 ? 1 : 0) : -1;
+}
+__host__ __device__ inline int attngen_tri_not(int a) { return a < 0 ? -1 : !a; }
+"""
+
+_CMP_CODE = {"<": 0, "<=": 1, ">": 2, ">=": 3, "==": 4, "!=": 5}
+
+
+def to_cuda_classifier(mask: Expression, name: Callable[[str], str], index: Callable[[str, str], str],
+                       rows: tuple[str, str] = ("q_lo", "q_hi"), keys: tuple[str, str] = ("k_lo", "k_hi")) -> str:
+    """C++ statements that leave in `verdict` 1 (every key of the block is visible: FULL), 0 (none:
+    EMPTY) or -1 (PARTIAL) by `bounds`' rules. `rows` and `keys` name the C++ values of the block's
+    first and last query row and key; `name` and `index` spell every other name as `to_cuda` does.
+    Needs CLASSIFY_HELPERS."""
+    lines: list[str] = []
+    counter = iter(range(1 << 30))
+
+    def new(kind: str, expr: str) -> str:
+        var = f"v{next(counter)}"
+        lines.append(f"const {kind} {var} = {expr};")
+        return var
+
+    def iv(n: Node) -> str:
+        """A numeric node's interval variable, widened as `_sound` widens it."""
+        return new("AttngenIv", f"attngen_iv_sound({raw(n)}, {'true' if n.type == INT else 'false'})")
+
+    def tri(n: Node) -> str:
+        return new("int", raw(n))
+
+    def raw(n: Node) -> str:
+        if n.op == "num":
+            if n.type == BOOL:
+                return "1" if n.value else "0"
+            return f"AttngenIv{{{float(n.value)!r}, {float(n.value)!r}}}"
+        if n.op == "name" and n.value in ("q_idx", "kv_idx"):
+            lo, hi = rows if n.value == "q_idx" else keys
+            return f"AttngenIv{{static_cast<double>({lo}), static_cast<double>({hi})}}"
+        if n.op in ("name", "index"):
+            spelled = name(n.value) if n.op == "name" else index(n.value, n.by)
+            return f"AttngenIv{{static_cast<double>({spelled}), static_cast<double>({spelled})}}"
+        if n.type == BOOL and n.op not in ("call",):
+            if n.op == "not":
+                return f"attngen_tri_not({tri(n.args[0])})"
+            if n.op in ("and", "or"):
+                parts = [tri(x) for x in n.args]
+                decide, other = ("0", "1") if n.op == "and" else ("1", "0")
+                any_decides = " || ".join(f"{p} == {decide}" for p in parts)
+                all_other = " && ".join(f"{p} == {other}" for p in parts)
+                return f"(({any_decides}) ? {decide} : ({all_other}) ? {other} : -1)"
+            a, b = (iv(x) for x in n.args)
+            exact = all(x.type == INT for x in n.args)
+            return f"attngen_cmp_{'exact' if exact else 'float'}({_CMP_CODE[n.value]}, {a}, {b})"
+        if n.op == "neg":
+            a = iv(n.args[0])
+            return f"AttngenIv{{-{a}.hi, -{a}.lo}}"
+        if n.op == "arith":
+            a, b = (iv(x) for x in n.args)
+            op = n.value
+            if op == "+":
+                return f"AttngenIv{{{a}.lo + {b}.lo, {a}.hi + {b}.hi}}"
+            if op == "-":
+                return f"AttngenIv{{{a}.lo - {b}.hi, {a}.hi - {b}.lo}}"
+            return {"*": "attngen_iv_mul", "/": "attngen_iv_div", "//": "attngen_iv_floordiv",
+                    "%": "attngen_iv_mod"}[op] + f"({a}, {b})"
+        fn = n.value
+        if fn == "where":
+            c = tri(n.args[0])
+            if n.type == BOOL:
+                x, y = tri(n.args[1]), tri(n.args[2])
+                return f"({c} == 1 ? {x} : {c} == 0 ? {y} : ({x} == {y} && {x} >= 0) ? {x} : -1)"
+            x, y = iv(n.args[1]), iv(n.args[2])
+            return (f"({c} == 1 ? {x} : {c} == 0 ? {y} : AttngenIv{{attngen_min2({x}.lo, {y}.lo), "
+                    f"attngen_max2({x}.hi, {y}.hi)}})")
+        a = [iv(x) for x in n.args]
+        if fn == "float":
+            return a[0]
+        if fn in ("min", "max"):
+            f = f"attngen_{fn}2"
+            return f"AttngenIv{{{f}({a[0]}.lo, {a[1]}.lo), {f}({a[0]}.hi, {a[1]}.hi)}}"
+        if fn == "abs":
+            return f"attngen_iv_abs({a[0]})"
+        f = "tanh" if fn == "tanh" else "attngen_exp2_d"
+        return f"AttngenIv{{{f}({a[0]}.lo), {f}({a[0]}.hi)}}"     # both monotonic
+
+    verdict = tri(mask.tree)
+    lines.append(f"const int verdict = {verdict};")
+    return "\n".join(lines)
