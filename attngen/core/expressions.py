@@ -8,6 +8,8 @@ three readers, so the kernel and its test cannot disagree:
 - `bounds`: interval arithmetic over a (query block, key block) pair, which decides whether a mask
   hides every key of the pair (empty: the block is skipped), none (full: no mask applied) or some
   (partial). It is exact on the boundaries of causal and window masks and conservative elsewhere.
+- `to_cuda_classifier`: the same interval rules as C++ statements (with CLASSIFY_HELPERS), so a
+  kernel classifies each block pair with the call's own values.
 
 Grammar: numbers, `+ - * /`, `%` and `//` on ints (floor semantics, as Python and torch have them),
 comparisons (chained ones too), `and or not`, `where(c, a, b)`, `tanh exp2 abs min max`, the indices
