@@ -24,7 +24,7 @@
 //     opt_in: true
 //
 // Plan (attngen explain):
-//   h100_mma_d128_alibi_bf16: fwd_mma (mma.sync m16n8k16 attention forward), bf16, head_dim 128, masks none, causal
+//   h100_mma_d128_alibi_bf16: fwd_mma (mma.sync m16n8k16 attention forward), bf16, head_dim 128, masks none, causal, scores alibi
 //   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_mma_d128_alibi_bf16_none, attngen_h100_mma_d128_alibi_bf16_causal, attngen_h100_mma_d128_alibi_bf16_none_varlen, attngen_h100_mma_d128_alibi_bf16_causal_varlen
 //
 //   block: 128 query rows x 64-key K/V tiles; grid (ceil(seqlen_q / 128), heads, batch); varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 128), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
@@ -34,6 +34,7 @@
 //   online softmax: exp2 with the scale folded in; rescale always
 //   K/V pipeline: 2 stage(s), cp.async 16 B; Q kept in registers
 //   masks: none: every key is visible; causal: query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)
+//   scores (every function, before the mask, in this order): alibi: ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score (the call passes alibi_slopes=)
 //
 //   shared memory:
 //     region   offset   bytes     KiB  shape             pitch  layout                       purpose

@@ -41,7 +41,7 @@
 //   epilogue: tma
 //
 // Plan (attngen explain):
-//   h100_wgmma_d128_alibi: fwd_wgmma (wgmma + TMA attention forward (sm_90a)), fp16, head_dim 128, masks none, causal
+//   h100_wgmma_d128_alibi: fwd_wgmma (wgmma + TMA attention forward (sm_90a)), fp16, head_dim 128, masks none, causal, scores alibi
 //   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_wgmma_d128_alibi_none, attngen_h100_wgmma_d128_alibi_causal
 //
 //   block: 128 query rows x 128-key K/V tiles; grid (ceil(seqlen_q / 128), heads, batch)
@@ -57,6 +57,7 @@
 //   shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)
 //   K/V pipeline: 2 stage(s), TMA (cp.async.bulk.tensor, 128-byte swizzle) on mbarriers; Q in shared memory
 //   masks: none: every key is visible; causal: query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)
+//   scores (every function, before the mask, in this order): alibi: ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score (the call passes alibi_slopes=)
 //
 //   shared memory:
 //     region   offset   bytes     KiB  shape             pitch  layout                       purpose
