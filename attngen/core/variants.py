@@ -170,6 +170,8 @@ def call_mask(causal: bool, window) -> str:
 ScoreFill = Callable[[Any, float, dict], dict]
 # (torch, scores (B, H, Sq, Sk) scaled, value, seqlen_q, seqlen_k) -> the modified scores
 ScoreReference = Callable[[Any, Any, Any, int, int], Any]
+# (torch, batch, heads, generator, device) -> the value `attngen verify` calls a kernel with
+VerifyValue = Callable[[Any, int, int, Any, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ class ScoreVariant:
     describe: str
     fill: ScoreFill
     reference: ScoreReference
+    verify_value: VerifyValue
 
 
 def softcap_fill(cap, scale: float, context: dict) -> dict:
@@ -197,11 +200,16 @@ def softcap_reference(torch, scores, cap, seqlen_q: int, seqlen_k: int):
     return cap * torch.tanh(scores / cap)
 
 
+def softcap_verify_value(torch, batch: int, heads: int, generator, device) -> float:
+    return 4.0      # small enough that tanh bends the scores of standard normal inputs
+
+
 SOFTCAP = ScoreVariant(
     "softcap", "softcap",
     (float32("softcap_premul", "softcap: scale / cap; the score is tanh(s * softcap_premul) and scale_log2 is "
                                "cap * log2(e)"),),
-    "logit softcapping (Gemma 2): cap * tanh(scale * s / cap)", softcap_fill, softcap_reference)
+    "logit softcapping (Gemma 2): cap * tanh(scale * s / cap)", softcap_fill, softcap_reference,
+    softcap_verify_value)
 
 
 def alibi_fill(slopes, scale: float, context: dict) -> dict:
@@ -237,12 +245,17 @@ def alibi_reference(torch, scores, slopes, seqlen_q: int, seqlen_k: int):
     return scores + alibi_bias(torch, slopes, seqlen_q, seqlen_k).to(scores.dtype)
 
 
+def alibi_verify_value(torch, batch: int, heads: int, generator, device):
+    """(batch, heads) fp32 slopes, uniform below 0.3 as FlashAttention's tests draw them."""
+    return torch.rand(batch, heads, generator=generator, device=device) * 0.3
+
+
 ALIBI = ScoreVariant(
     "alibi", "alibi_slopes",
     (float_pointer("alibi_slopes", "alibi: fp32 slopes of (batch, heads) or (heads,), heads contiguous"),
      int64("alibi_batch_stride", "alibi: elements between batches of alibi_slopes (0: one row for all)")),
     "ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score",
-    alibi_fill, alibi_reference)
+    alibi_fill, alibi_reference, alibi_verify_value)
 
 SCORES: dict[str, ScoreVariant] = {s.name: s for s in (SOFTCAP, ALIBI)}
 

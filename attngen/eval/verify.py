@@ -163,21 +163,11 @@ def variants(masks, block_n: int = 64) -> tuple[Variant, ...]:
     return tuple(out)
 
 
-SOFTCAP = 4.0           # small enough that tanh bends the scores of standard normal inputs
-ALIBI_SLOPE_MAX = 0.3   # FlashAttention's tests draw slopes uniformly below this
-
-
 def score_arguments(plan, batch: int, heads: int, generator, device) -> dict:
-    """The keyword arguments a kernel of `plan` takes for its score modifiers: a softcap, and
-    (batch, heads) fp32 ALiBi slopes drawn from `generator`."""
+    """The keyword arguments a kernel of `plan` takes for its score modifiers, each modifier's own
+    verify value (core/variants.py; ALiBi slopes drawn from `generator`)."""
     import torch
-    args = {}
-    for s in plan.score_variants:
-        if s.argument == "softcap":
-            args["softcap"] = SOFTCAP
-        elif s.argument == "alibi_slopes":
-            args["alibi_slopes"] = torch.rand(batch, heads, generator=generator, device=device) * ALIBI_SLOPE_MAX
-    return args
+    return {s.argument: s.verify_value(torch, batch, heads, generator, device) for s in plan.score_variants}
 
 
 def score_modifiers(plan, args: dict, batch_slice=None) -> tuple:

@@ -352,11 +352,8 @@ class Kernel:
         """The mask variant a call asks for, refused when the spec does not emit it: window when the
         call's window bounds a side (causal bounds its right side at 0), else causal or none."""
         mask = call_mask(causal, window)
-        if mask == "window" and mask not in self.entry:
-            raise ValueError(f"{self.label} has no window variant (its spec lists masks {list(self.masks)}); "
-                             f"add 'window' to the spec's masks")
         if mask not in self.entry:
-            raise ValueError(f"{self.label} has no {'causal' if causal else 'non-causal'} variant (its spec lists "
+            raise ValueError(f"{self.label} has no {'non-causal' if mask == 'none' else mask} variant (its spec lists "
                              f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
         return mask
 
