@@ -1,6 +1,6 @@
 """The built-in variants beside torch's peers in one process: sliding window, softcap and ALiBi.
 
-Usage: python3 .ci/variant_bench.py OUT.json [window,scores] [fp16|bf16]
+Usage: python3 .ci/variant_bench.py OUT.json [window,scores,expr] [fp16|bf16]
 
 - window: causal sliding windows of 256 / 1024 / 4096 keys (FlashAttention's window_size=(w, 0))
   at 4x16x8192 and 1x16x32768, d64 and d128, against torch.ops.aten._flash_attention_forward
@@ -10,6 +10,13 @@ Usage: python3 .ci/variant_bench.py OUT.json [window,scores] [fp16|bf16]
   2x16x8192, d128, causal and not, against the spec they add the modifier to (PLAIN), FlexAttention
   with the equivalent score_mod, and (ALiBi) SDPA's memory-efficient backend with the bias as a
   float attn_mask; torch's FA2 build has no ALiBi (it refuses alibi_slopes).
+
+- expr: the expression specs (h100_{mma,wgmma}_d128_expr_*) beside the built-in they write out
+  (window, softcap, ALiBi: the hand-written spec with the same tiles) and FlexAttention with the same
+  mod: a causal window of 256 / 1024 / 4096 at 4x16x8192; softcap 30, ALiBi (per-head slopes) and
+  both at 4x16x2048 and 2x16x8192, causal; a prefix-LM mask (prefix 1024) at 4x16x2048, 2x16x8192
+  and 1x16x32768; document masking: 16 packed documents of 256..2048 tokens (causal within each),
+  attngen's varlen call against Flex's document mask_mod on the packed sequence.
 
 GPU time: CUDA events around calls queued behind a GPU sleep, input sets rotated through more than
 3x the L2 cache, median of 20 (attngen.eval.bench.time_calls); eager time: calls back to back with
@@ -151,13 +158,113 @@ def score_rows():
     return rows
 
 
+def expr_rows():
+    rows = []
+    d = 128
+    scale = d ** -0.5
+
+    def add(row, name, fn, sets, ref=None):
+        row[name] = timed(fn, sets)
+        if ref is not None:
+            row[name]["max_diff"] = max_diff(fn(*sets[0]), ref)
+
+    for b, h, s in ((4, 16, 8192),):
+        sets = input_sets(b, h, s, d)
+        fsets = bhsd(sets)
+        for w in (256, 1024, 4096):
+            row = {"variant": "expr_window", "d": d, "shape": f"{b}x{h}x{s}", "window": w}
+            mask = create_block_mask(lambda b_, h_, qi, ki: (qi >= ki) & (qi - ki <= w), None, None, s, s)
+            flex = lambda q, k, v: FLEX(q, k, v, block_mask=mask, scale=scale)
+            add(row, "flex", flex, fsets)
+            ref = flex(*fsets[0]).transpose(1, 2)
+            for kind in ("mma", "wgmma"):
+                hand, expr = kernel(f"h100_{kind}_d128_window"), kernel(f"h100_{kind}_d128_expr_window")
+                add(row, f"{kind}_builtin", lambda q, k, v: hand(q, k, v, causal=True, window=(w, 0), layout="bshd",
+                                                                  scale=scale), sets, ref)
+                add(row, f"{kind}_expr", lambda q, k, v: expr(q, k, v, params={"left": w}, layout="bshd", scale=scale),
+                    sets, ref)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del sets, fsets
+        torch.cuda.empty_cache()
+    for b, h, s in ((4, 16, 2048), (2, 16, 8192)):
+        sets = input_sets(b, h, s, d)
+        fsets = bhsd(sets)
+        slopes = torch.rand(h, generator=GEN, device=DEV) * 0.3
+        mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, s, s)
+        mods = {"softcap": lambda x, b_, h_, qi, ki: 30.0 * torch.tanh(x / 30.0),
+                "alibi": lambda x, b_, h_, qi, ki: x - slopes[h_] * (qi - ki).abs(),
+                "softcap_alibi": lambda x, b_, h_, qi, ki: 30.0 * torch.tanh(x / 30.0) - slopes[h_] * (qi - ki).abs()}
+        params = {"softcap": {"cap": 30.0}, "alibi": {"slope": slopes}, "softcap_alibi": {"cap": 30.0, "slope": slopes}}
+        builtin = {"softcap": {"softcap": 30.0}, "alibi": {"alibi_slopes": slopes}}
+        for name, mod in mods.items():
+            row = {"variant": f"expr_{name}", "d": d, "shape": f"{b}x{h}x{s}", "causal": True}
+            flex = lambda q, k, v: FLEX(q, k, v, score_mod=mod, block_mask=mask, scale=scale)
+            add(row, "flex", flex, fsets)
+            ref = flex(*fsets[0]).transpose(1, 2)
+            for kind in ("mma", "wgmma"):
+                if name in builtin:
+                    hand = kernel(f"h100_{kind}_d128_{name}")
+                    add(row, f"{kind}_builtin", lambda q, k, v: hand(q, k, v, causal=True, layout="bshd", scale=scale,
+                                                                      **builtin[name]), sets, ref)
+                expr = kernel(f"h100_{kind}_d128_expr_{name}")
+                add(row, f"{kind}_expr", lambda q, k, v: expr(q, k, v, causal=True, layout="bshd", scale=scale,
+                                                               params=params[name]), sets, ref)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del sets, fsets
+        torch.cuda.empty_cache()
+    prefix = 1024
+    for b, h, s in ((4, 16, 2048), (2, 16, 8192), (1, 16, 32768)):
+        sets = input_sets(b, h, s, d)
+        fsets = bhsd(sets)
+        row = {"variant": "expr_prefix_lm", "d": d, "shape": f"{b}x{h}x{s}", "prefix": prefix}
+        mask = create_block_mask(lambda b_, h_, qi, ki: (ki < prefix) | (qi >= ki), None, None, s, s)
+        flex = lambda q, k, v: FLEX(q, k, v, block_mask=mask, scale=scale)
+        add(row, "flex", flex, fsets)
+        ref = flex(*fsets[0]).transpose(1, 2)
+        for kind in ("mma", "wgmma"):
+            expr = kernel(f"h100_{kind}_d128_expr_prefix_lm")
+            add(row, f"{kind}_expr", lambda q, k, v: expr(q, k, v, params={"prefix": prefix}, layout="bshd",
+                                                           scale=scale), sets, ref)
+            plain = kernel(PLAIN[kind])
+            add(row, f"{kind}_causal", lambda q, k, v: plain(q, k, v, causal=True, layout="bshd", scale=scale), sets)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del sets, fsets
+        torch.cuda.empty_cache()
+    # document masking: packed documents, causal within each
+    lens = (torch.randint(256, 2049, (16,), generator=GEN, device=DEV)).tolist()
+    total, h = sum(lens), 16
+    cu = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), device=DEV, dtype=torch.int32)
+    doc = torch.repeat_interleave(torch.arange(len(lens), device=DEV), torch.tensor(lens, device=DEV))
+    n = max(2, min(8, math.ceil(3 * torch.cuda.get_device_properties(DEV).L2_cache_size / (3 * total * h * d * 2))))
+    packed = [tuple(torch.randn(total, h, d, generator=GEN, device=DEV).to(DTYPE) for _ in range(3)) for _ in range(n)]
+    fsets = [tuple(t.transpose(0, 1).unsqueeze(0).contiguous() for t in st) for st in packed]
+    mask = create_block_mask(lambda b_, h_, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki), None, None, total, total)
+    row = {"variant": "expr_document", "d": d, "shape": f"{len(lens)} docs, {total} tokens, {h} heads"}
+    flex = lambda q, k, v: FLEX(q, k, v, block_mask=mask, scale=scale)
+    add(row, "flex", flex, fsets)
+    ref = flex(*fsets[0])[0].transpose(0, 1)
+    expr = kernel("h100_mma_d128_expr_document")
+    mx = max(lens)
+    add(row, "mma_expr", lambda q, k, v: expr.varlen(q, k, v, cu, cu, max_seqlen_q=mx, scale=scale), packed, ref)
+    hand = kernel("h100_mma_d128_window")
+    add(row, "mma_builtin_causal", lambda q, k, v: hand.varlen(q, k, v, cu, cu, max_seqlen_q=mx, scale=scale,
+                                                                causal=True, window=(1 << 20, 0)), packed, ref)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    return rows
+
+
 def main():
     global DTYPE, SUFFIX
     out = sys.argv[1]
     which = sys.argv[2].split(",") if len(sys.argv) > 2 else ["window", "scores"]
     if len(sys.argv) > 3 and sys.argv[3] == "bf16":
         DTYPE, SUFFIX = torch.bfloat16, "_bf16"
-    rows = (window_rows() if "window" in which else []) + (score_rows() if "scores" in which else [])
+    rows = ((window_rows() if "window" in which else []) + (score_rows() if "scores" in which else [])
+            + (expr_rows() if "expr" in which else []))
     with open(out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(DTYPE),
                    "rows": rows}, f, indent=1)

@@ -271,7 +271,7 @@ __device__ __forceinline__ int key_begin(int row, const P& p) {
 template <Mask kMask>
 constexpr bool kHasLeftBound = false;
 
-// The mask gives later rows more keys (so later query blocks are longer).
+// The mask gives later rows more keys, so later query blocks are longer.
 template <Mask kMask>
 constexpr bool kLaterRowsSeeMore = kMask == Mask::Causal;
 
@@ -351,12 +351,28 @@ struct ScoreMods {
         return static_cast<float>(row + alibi_offset - key0);
     }
 
+    // Whether the tile starting at key n0 needs a mask applied here: never (the kinds mask).
+    __device__ __forceinline__ bool masks_tile(int) const { return false; }
+
     // The modified score of raw score s at key key0 + dk of a row whose row_base(row, key0) is base.
+    template <bool kMasked>
     __device__ __forceinline__ float apply(float s, float base, int dk) const {
         s = fmaf(-alibi_slope, fabsf(base - static_cast<float>(dk)), s);   // -slope * |i + Sk - Sq - j|
         return s;
     }
 };
+
+// The K/V tiles query block c visits: block_first_tile .. block_first_tile + block_tile_count - 1.
+// `mods` is the block's ScoreMods where the caller has one (it may hold them already).
+template <Mask kMask>
+__device__ __forceinline__ int block_first_tile(const BlockCoords& c, const Params& p, const ScoreMods* mods = nullptr) {
+    return first_kv_tile<kMask>(c.m0, p);
+}
+
+template <Mask kMask>
+__device__ __forceinline__ int block_tile_count(const BlockCoords& c, const Params& p, const ScoreMods* mods = nullptr) {
+    return kv_tile_count<kMask>(c.m0, p);
+}
 
 // One online-softmax step for one query row. This thread holds kCols of the row's scores, read
 // and written through score(c); kGroup adjacent lanes hold the whole row. The scores become exp2
@@ -584,20 +600,30 @@ __device__ __forceinline__ void mask_scores(float (&s)[kMTiles][kNTiles][4], int
         }
 }
 
-// Every score of the tile through the spec's score modifiers (the same element layout as mask_scores).
-__device__ __forceinline__ void modify_scores(float (&s)[kMTiles][kNTiles][4], int n0, int row0, int lane,
-                                              const ScoreMods& mods) {
+// Every score of the tile through the spec's score modifiers (the same element layout as mask_scores);
+// kMasked: and through the mask they carry.
+template <bool kMasked>
+__device__ __forceinline__ void modify_tile(float (&s)[kMTiles][kNTiles][4], int n0, int row0, int lane,
+                                            const ScoreMods& mods) {
     const int key0 = n0 + 2 * (lane % 4);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const float base = mods.row_base(row0 + mt * 16 + lane / 4 + 8 * h, key0);
+            const auto base = mods.row_base(row0 + mt * 16 + lane / 4 + 8 * h, key0);
 #pragma unroll
             for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) s[mt][nt][2 * h + e] = mods.apply(s[mt][nt][2 * h + e], base, nt * 8 + e);
+                for (int e = 0; e < 2; ++e)
+                    s[mt][nt][2 * h + e] = mods.template apply<kMasked>(s[mt][nt][2 * h + e], base, nt * 8 + e);
         }
+}
+
+// The tile through the score modifiers, with their mask where the tile needs it (one branch per tile).
+__device__ __forceinline__ void modify_scores(float (&s)[kMTiles][kNTiles][4], int n0, int row0, int lane,
+                                              const ScoreMods& mods) {
+    if (mods.masks_tile(n0)) modify_tile<true>(s, n0, row0, lane, mods);
+    else modify_tile<false>(s, n0, row0, lane, mods);
 }
 
 // The online-softmax step over one tile for each of the thread's rows (the 4 lanes of a quad hold
@@ -706,9 +732,9 @@ __device__ __forceinline__ void attention(const Params& p) {
     const LdmatrixLanes ln(lane);
     // The block visits tiles t0 .. t0 + n_tiles - 1. (A literal 0 without a left bound: the plain
     // masks' loops then compile as they did before t0 existed.)
-    const int t0 = kHasLeftBound<kMask> ? first_kv_tile<kMask>(m0, p) : 0;
-    const int n_tiles = kv_tile_count<kMask>(m0, p);
     const ScoreMods mods(p, c);
+    const int t0 = kHasLeftBound<kMask> ? block_first_tile<kMask>(c, p, &mods) : 0;
+    const int n_tiles = block_tile_count<kMask>(c, p, &mods);
 
     SoftmaxState st;
 #pragma unroll

@@ -251,8 +251,10 @@ __device__ __forceinline__ int key_begin(int row, const P& p) {
 // kinds test it inline: a helper call, even one that folds away, changes ptxas's schedule).
 template <Mask kMask>
 constexpr bool kHasLeftBound = false;
+template <Mask kMask>
+constexpr bool kWarpTileSpan = false;
 
-// The mask gives later rows more keys (so later query blocks are longer).
+// The mask gives later rows more keys, so later query blocks are longer.
 template <Mask kMask>
 constexpr bool kLaterRowsSeeMore = kMask == Mask::Causal;
 
@@ -325,12 +327,23 @@ struct ScoreMods {
         return 0.f;
     }
 
+    // Whether the tile starting at key n0 needs a mask applied here: never (the kinds mask).
+    __device__ __forceinline__ bool masks_tile(int) const { return false; }
+
     // The modified score of raw score s at key key0 + dk of a row whose row_base(row, key0) is base.
+    template <bool kMasked>
     __device__ __forceinline__ float apply(float s, float base, int dk) const {
         s = tanh_approx(s * softcap_premul);
         return s;
     }
 };
+
+// Both at once, for a caller without a ScoreMods.
+template <Mask kMask>
+__device__ __forceinline__ void block_tile_span(const BlockCoords& c, const Params& p, int& first, int& count) {
+    first = kHasLeftBound<kMask> ? first_kv_tile<kMask>(c.m0, p) : 0;
+    count = kv_tile_count<kMask>(c.m0, p);
+}
 
 // One online-softmax step for one query row. This thread holds kCols of the row's scores, read
 // and written through score(c); kGroup adjacent lanes hold the whole row. The scores become exp2
@@ -630,17 +643,25 @@ __device__ __forceinline__ void mask_scores(float (&s)[kSRegs], int n0, int row0
     }
 }
 
-// Every score of the tile through the spec's score modifiers (the same element layout as mask_scores).
-__device__ __forceinline__ void modify_scores(float (&s)[kSRegs], int n0, int row0, int lane, const ScoreMods& mods) {
+// Every score of the tile through the spec's score modifiers (the same element layout as mask_scores);
+// kMasked: and through the mask they carry.
+template <bool kMasked>
+__device__ __forceinline__ void modify_tile(float (&s)[kSRegs], int n0, int row0, int lane, const ScoreMods& mods) {
     const int key0 = n0 + 2 * (lane % 4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float base = mods.row_base(row0 + lane / 4 + 8 * h, key0);
+        const auto base = mods.row_base(row0 + lane / 4 + 8 * h, key0);
 #pragma unroll
         for (int j = 0; j < kSRegs / 4; ++j)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) s[4 * j + 2 * h + e] = mods.apply(s[4 * j + 2 * h + e], base, 8 * j + e);
+            for (int e = 0; e < 2; ++e) s[4 * j + 2 * h + e] = mods.template apply<kMasked>(s[4 * j + 2 * h + e], base, 8 * j + e);
     }
+}
+
+// The tile through the score modifiers, with their mask where the tile needs it (one branch per tile).
+__device__ __forceinline__ void modify_scores(float (&s)[kSRegs], int n0, int row0, int lane, const ScoreMods& mods) {
+    if (mods.masks_tile(n0)) modify_tile<true>(s, n0, row0, lane, mods);
+    else modify_tile<false>(s, n0, row0, lane, mods);
 }
 
 // The online-softmax step for the thread's two rows (a quad holds a row): S becomes P in place;
@@ -810,15 +831,19 @@ __device__ __forceinline__ void attention(const Params& p) {
     // returned registers to the pool.
     if (kHasProducer && warpgroup == kConsumerWarpgroups) {
         if constexpr (kProducerRegisters > 0) setmaxnreg_dec<kProducerRegisters>();
-        if (tid == kIssuer) {
-            prefetch_tensor_maps(p);
+        // The issuer's warp runs the loop where a mask's tile span is warp-collective; the issuer loads.
+        if (kWarpTileSpan<kMask> ? warp == kIssuer / 32 : tid == kIssuer) {
+            if (tid == kIssuer) prefetch_tensor_maps(p);
             int ring = 0, nth = 0;
             for (int item = first_item; item < items; item += item_step, ++nth) {
                 const BlockCoords c = coords(item);
-                const int n_tiles = kv_tile_count<kMask>(c.m0, p);
-                if (kPersistent && nth > 0)   // the consumers are done with the previous item's Q
-                    mbarrier_wait(smem_addr + kQEmptyBar, (nth - 1) & 1);
-                load_block(smem_addr, p, c, ring, kHasLeftBound<kMask> ? first_kv_tile<kMask>(c.m0, p) : 0, n_tiles);
+                int t0, n_tiles;
+                block_tile_span<kMask>(c, p, t0, n_tiles);
+                if (tid == kIssuer) {
+                    if (kPersistent && nth > 0)   // the consumers are done with the previous item's Q
+                        mbarrier_wait(smem_addr + kQEmptyBar, (nth - 1) & 1);
+                    load_block(smem_addr, p, c, ring, t0, n_tiles);
+                }
                 ring += n_tiles;
             }
         }
@@ -830,8 +855,8 @@ __device__ __forceinline__ void attention(const Params& p) {
         for (int item = first_item; item < items; item += item_step, ++nth) {
             const BlockCoords c = coords(item);
             // The item visits tiles t0 .. t0 + n_tiles - 1 (a literal 0 without a left bound, as in fwd_mma).
-            const int t0 = kHasLeftBound<kMask> ? first_kv_tile<kMask>(c.m0, p) : 0;
-            const int n_tiles = kv_tile_count<kMask>(c.m0, p);
+            int t0, n_tiles;
+            block_tile_span<kMask>(c, p, t0, n_tiles);
             if (!kHasProducer && tid == kIssuer) {  // homogeneous (one item): the rest as stages come back
                 prefetch_tensor_maps(p);
                 load_block(smem_addr, p, c, 0, t0, min(n_tiles, kStages));

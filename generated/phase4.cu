@@ -236,7 +236,7 @@ __device__ __forceinline__ int key_begin(int row, const P& p) {
 template <Mask kMask>
 constexpr bool kHasLeftBound = false;
 
-// The mask gives later rows more keys (so later query blocks are longer).
+// The mask gives later rows more keys, so later query blocks are longer.
 template <Mask kMask>
 constexpr bool kLaterRowsSeeMore = kMask == Mask::Causal;
 

@@ -93,7 +93,7 @@ def test_cuda_spelling():
     assert mask == "((kv_idx <= (q_idx + p.causal_offset)) && ((q_idx - kv_idx) < p.window))"
     score = to_cuda(parse(SCORE, PARAMS, score=True), lambda n: n if n != "cap" else "p.cap",
                     lambda n, by: f"p.{n}[{by}]")
-    assert score == ("((p.cap * tanhf(static_cast<float>((static_cast<float>(score) / static_cast<float>(p.cap))))) + "
+    assert score == ("((p.cap * tanhf(static_cast<float>((static_cast<float>(score) * (1.0f / static_cast<float>(p.cap)))))) + "
                      "(p.bias[h] * (kv_idx - q_idx)))")
     mod = parse("q_idx % 3 == 0", {})
     assert to_cuda(mod, str, str) == "(attngen_floor_mod(q_idx, 3) == 0)" and uses_helpers(mod)

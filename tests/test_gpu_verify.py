@@ -22,6 +22,9 @@ WINDOW_SPEC = ROOT / "specs" / "h100_mma_d64_window.yaml"
 WGMMA_WINDOW_SPEC = ROOT / "specs" / "h100_wgmma_d64_window.yaml"
 ALIBI_SPEC = ROOT / "specs" / "h100_mma_d128_alibi.yaml"
 SOFTCAP_SPEC = ROOT / "specs" / "h100_wgmma_d128_softcap.yaml"
+EXPR_PREFIX_SPEC = ROOT / "specs" / "h100_wgmma_d128_expr_prefix_lm.yaml"
+EXPR_WINDOW_SPEC = ROOT / "specs" / "h100_mma_d128_expr_window.yaml"
+EXPR_SOFTCAP_SPEC = ROOT / "specs" / "h100_mma_d128_expr_softcap.yaml"
 
 
 def failures(results) -> str:
@@ -245,6 +248,14 @@ PLANTED = {
     "alibi-top-left": (ALIBI_SPEC, "alibi_offset = p.seqlen_k - p.seqlen_q;", "alibi_offset = 0;"),
     # softcap without the scale folded into its multiply
     "softcap-unscaled": (SOFTCAP_SPEC, "s = tanh_approx(s * softcap_premul);", "s = tanh_approx(s);"),
+    # an expression mask is never applied: every tile counted as one of the full run
+    "expr-mask-never-applied": (EXPR_PREFIX_SPEC, "return tile < 0 || tile >= tiles.full_count;", "return false;"),
+    # the classification's span starts one tile late: the first visible tile is never loaded
+    "expr-span-late": (EXPR_WINDOW_SPEC, "return {hi < 0 ? 0 : lo, hi < 0 ? 0 : hi - lo + 1,",
+                       "return {hi < 0 ? 0 : lo + 1, hi < 0 ? 0 : hi - lo,"),
+    # the score expression reads the raw score, not the scaled one
+    "expr-score-unscaled": (EXPR_SOFTCAP_SPEC, "s = expr_score(e, s * scale, r.row, r.key0 + dk);",
+                            "s = expr_score(e, s, r.row, r.key0 + dk);"),
 }
 
 

@@ -200,6 +200,10 @@ RULE_CASES = [
     ("rule_head_dim_v", MMA, {"head_dim_v": 32}, "head_dim_v", "a V head dim other than head_dim is not generated"),
     ("rule_variants_taken", SCALAR, {"masks": ["none", "window"]}, "masks", "does not generate the window mask"),
     ("rule_variants_taken", DECODE, {"scores": ["softcap"]}, "scores", "does not apply score modifiers"),
+    ("rule_variant_expressions", MMA, {"variant": {"mask": "kv_idx <= q_idx and nope"}}, "variant.mask",
+     "column 21: unknown name 'nope'"),
+    ("rule_variant_expressions", MMA, {"masks": ["none", "expr"], "variant": {"mask": "kv_idx <= q_idx"}}, "masks",
+     "write masks: [expr]"),
     ("rule_head_dim_v", WGMMA, {"head_dim_v": 100}, "head_dim_v", "multiple of 8 for 16-byte rows (got 100); try 104"),
     ("rule_staged_output_fits_q", WGMMA, {"head_dim": 64, "head_dim_v": 128, "epilogue": "tma"}, "epilogue",
      "stages O in the Q tile"),
@@ -354,7 +358,7 @@ def test_unknown_key_inside_union(changes, key):
     ({"smem__async_copy": "maybe"}, "smem.async_copy", "valid boolean"),
     ({"name": 5}, "name", "valid string"),
     ({"masks": "causal"}, "masks", "valid list"),
-    ({"masks": ["none", "sliding"]}, "masks.1", "'none', 'causal' or 'window' (got 'sliding')"),
+    ({"masks": ["none", "sliding"]}, "masks.1", "'none', 'causal', 'window' or 'expr' (got 'sliding')"),
     ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16' or 'wgmma_m64nNk16'"),
     ({"tile": 32}, "tile", "must be a mapping with keys block_m, block_n (got 32)"),
     ({"warps": 4}, "warps", "must be {compute: N} or {producer: P, consumer: C} (got 4)"),
@@ -533,8 +537,8 @@ def test_schema_command_lists_every_key():
         # decode: decode, max_splits, page_size, combine)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size",
                                          "combine"} == {
-            "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "scores", "tile",
-            "warps",
+            "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "scores", "variant",
+            "tile", "warps",
             "mma", "smem",
             "softmax", "min_blocks_per_sm", "varlen"}
         # the kind's selector key is required (mma, or decode for a decode kind)

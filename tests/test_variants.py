@@ -74,7 +74,7 @@ def test_score_arguments_are_required_and_refused_where_they_do_not_apply():
 
 
 def test_registries_name_each_variant_once():
-    assert list(MASKS) == ["none", "causal", "window"] and list(SCORES) == ["softcap", "alibi"]
+    assert list(MASKS) == ["none", "causal", "window", "expr"] and list(SCORES) == ["softcap", "alibi"]
     assert {s.argument for s in SCORES.values()} == {"softcap", "alibi_slopes"}
 
 

@@ -262,8 +262,8 @@ def to_cuda(expr: Expression, name: Callable[[str], str], index: Callable[[str, 
             return f"({a[0]} {n.value} {a[1]})"
         if n.op == "arith":
             x, y = a
-            if n.value == "/":
-                return f"(static_cast<float>({x}) / static_cast<float>({y}))"
+            if n.value == "/":   # a reciprocal the compiler computes once where y does not change (a param)
+                return f"(static_cast<float>({x}) * (1.0f / static_cast<float>({y})))"
             if n.value in ("%", "//"):      # CUDA_HELPERS: Python's floor semantics for every sign
                 return f"attngen_floor_{'mod' if n.value == '%' else 'div'}({x}, {y})"
             return f"({x} {n.value} {y})"
@@ -506,6 +506,35 @@ __host__ __device__ inline int attngen_cmp_float(int op, AttngenIv a, AttngenIv 
 }
 __host__ __device__ inline int attngen_tri_not(int a) { return a < 0 ? -1 : !a; }
 """
+
+def classify_helpers_for(code: str) -> str:
+    """The part of CLASSIFY_HELPERS that `code` (a to_cuda_classifier output) calls, with what those
+    call in turn, in CLASSIFY_HELPERS' order: a generated file defines nothing it does not use."""
+    import re
+    chunks, current = [], []
+    for line in CLASSIFY_HELPERS.splitlines():
+        if (line.startswith(("__host__", "struct")) or line.startswith("//")) and current and not current[-1].startswith("//"):
+            chunks.append(current)
+            current = []
+        current.append(line)
+    chunks.append(current)
+    named = []
+    for chunk in chunks:
+        body = "\n".join(chunk)
+        m = re.search(r"(?:struct|inline [\w ]+?)\s+(attngen_\w+|AttngenIv)\b", body)
+        named.append((m.group(1) if m else "", body))
+    need, text = set(), code
+    changed = True
+    while changed:
+        changed = False
+        for name, body in named:
+            if name and name not in need and re.search(rf"\b{name}\b", text):
+                need.add(name)
+                text += "\n" + body.split("{", 1)[1] if "{" in body else ""
+                changed = True
+    need.add("AttngenIv")
+    return "\n".join(body for name, body in named if name in need).rstrip("\n") + "\n"
+
 
 _CMP_CODE = {"<": 0, "<=": 1, ">": 2, ">=": 3, "==": 4, "!=": 5}
 

@@ -63,6 +63,7 @@ def plan_abi(masks, *, varlen: bool, reports_errors: bool, through_maps=(), unre
     functions; the error-flag pointer unless its kernels report input errors; the pointer and
     strides of the tensors it loads through TMA maps (the maps carry them); and the `unread` fields a
     kind's kernels never read."""
+    base = base.with_fields(tuple(f for s in scores if s.name not in SCORES for f in s.abi_fields))  # an expression's
     names = {f.name for f in base.fields}
     unread = set(unread) | {f.name for m in MASKS.values() if m not in masks for f in m.abi_fields}
     unread |= {f.name for s in SCORES.values() if s not in scores for f in s.abi_fields}
@@ -138,6 +139,8 @@ class ForwardPlan:
     params_qualifier: str = ""      # "__grid_constant__ ": Params stays in parameter space (TMA maps need its address)
     persistent: bool = False        # one resident block per SM loops over every query block (grid = SM count)
     score_variants: tuple[ScoreVariant, ...] = ()   # the spec's score modifiers, in the order they apply
+    expression: object = None       # the spec's variant: expressions (core.expression_variant), or None
+    expression_cuda: object = None  # ... and the C++ its templates render (expression_variant.CudaPieces)
     block_text: tuple[str, ...] = ()  # explain's block, threads and masks lines when the forward ones do not fit
     head_dim_v: int = 0             # V's and O's head dim where it differs from head_dim (0: the same)
     swizzle_hint: str = ""          # an XOR swizzle the kind takes under which the bank report is conflict-free
@@ -236,6 +239,17 @@ class ForwardPlan:
 
 
 # -- derivations ---------------------------------------------------------------------------------
+
+def spec_variants(spec: ForwardSpec) -> dict:
+    """The plan fields of a spec's variants: its masks, its score modifiers (the built-in ones, then an
+    expression variant's) and the expression variant itself."""
+    from .expression_variant import expression_variant
+    expression = expression_variant(spec.variant, varlen=spec.varlen)
+    scores = tuple(SCORES[s] for s in spec.scores) + ((expression.as_score_variant(),) if expression else ())
+    return {"masks": tuple(spec.masks), "mask_variants": tuple(MASKS[m] for m in spec.masks),
+            "score_variants": scores, "expression": expression,
+            "expression_cuda": expression.cuda(spec.tile.block_m, spec.tile.block_n) if expression else None}
+
 
 def function_name(spec: ForwardSpec, key: str) -> str:
     return f"attngen_{spec.name}_{key}"
@@ -350,13 +364,12 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
     rows_per_warp = spec.tile.block_m // spec.compute_warps
     chunks_per_row = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
     functions = forward_functions(spec)
+    variants = spec_variants(spec)
     plan = ForwardPlan(
-        spec=spec, kind=kind, title=title, target=target, masks=tuple(spec.masks),
-        mask_variants=tuple(MASKS[m] for m in spec.masks),
+        spec=spec, kind=kind, title=title, target=target, **variants,
         parts=(Part("fwd", template, f"{spec.name}.cu", functions),),
-        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), varlen=spec.varlen, reports_errors=False,
-                     scores=tuple(SCORES[s] for s in spec.scores)),
-        score_variants=tuple(SCORES[s] for s in spec.scores),
+        abi=plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False,
+                     scores=variants["score_variants"]),
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=spec.head_dim,
         block_m=spec.tile.block_m, block_n=spec.tile.block_n,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps,

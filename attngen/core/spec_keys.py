@@ -133,6 +133,23 @@ class SpecBase(Strict):
         return 2
 
 
+class VariantExpressions(Strict):
+    """A spec's own variant, written as expressions (attngen/core/expressions.py has the grammar)."""
+
+    params: dict[str, str] = Field(default={}, description=(
+        "name: type of each call argument the expressions read: int, float, or a tensor of one per head or "
+        "per batch (float[heads], int[batch], ...); the call passes params={name: value}"))
+    mask: Optional[str] = Field(default=None, description=(
+        "which keys a query row sees, e.g. \"kv_idx <= q_idx + causal_offset and q_idx - kv_idx < window\" "
+        "(indices b h q_idx kv_idx, lengths seqlen_q seqlen_k causal_offset, the params)"))
+    score: Optional[str] = Field(default=None, description=(
+        "the score the softmax takes, from `score` (the scaled q.k) and the names a mask reads, e.g. "
+        "\"cap * tanh(score / cap)\""))
+    verify: dict[str, list[Union[int, float]]] = Field(default={}, description=(
+        "param: [lo, hi], the range `attngen verify` draws it from (default [0, 256] for ints, [0, 1] for "
+        "floats; a tensor's elements likewise)"))
+
+
 class ForwardSpec(SpecBase):
     """An attention-forward kernel: tiles, warps, a fragment (which picks the kind), shared memory.
     Every mask variant it lists shares it."""
@@ -147,6 +164,9 @@ class ForwardSpec(SpecBase):
     scores: list[ScoreName] = Field(default=[], description=(
         "score modifiers every function applies before the mask, in this order: softcap (cap * tanh(s / cap), "
         "the call passes softcap=), alibi (-slope[h] * |i + Sk - Sq - j|, the call passes alibi_slopes=)"))
+    variant: Optional[VariantExpressions] = Field(default=None, description=(
+        "score and mask expressions (params, mask, score, verify); a mask expression is the spec's only mask "
+        "(masks: [expr], the default with one)"))
     tile: Tile
     warps: Union[HomogeneousWarps, SpecializedWarps]
     mma: str = Field(description="the fragment; it picks the kernel kind")
@@ -174,6 +194,15 @@ class ForwardSpec(SpecBase):
     row_unit_what: ClassVar[str] = "rows"
     key_unit: ClassVar[int] = 1
     key_unit_why: ClassVar[str] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expression_mask_default(cls, data):
+        """A spec with a mask expression and no masks key has the one function that applies it."""
+        if isinstance(data, dict) and "masks" not in data and isinstance(data.get("variant"), dict) \
+                and data["variant"].get("mask") is not None:
+            data = {**data, "masks": ["expr"]}
+        return data
 
     @field_validator("masks", "scores")
     @classmethod
@@ -314,15 +343,47 @@ def rule_variants_taken(s: ForwardSpec):
         if mask not in s.masks_taken:
             return "masks", (f"this kind does not generate the {mask} mask (it takes "
                                   f"{', '.join(s.masks_taken)}); remove it, or pick a fragment whose kind takes it")
-    if s.scores and not s.takes_scores:
-        return "scores", (f"this kind does not apply score modifiers; leave scores empty, or pick a fragment whose "
-                          f"kind takes them")
+    if (s.scores or (s.variant is not None and s.variant.score is not None)) and not s.takes_scores:
+        key = "scores" if s.scores else "variant.score"
+        return key, (f"this kind does not apply score modifiers; leave {key} empty, or pick a fragment whose "
+                     f"kind takes them")
+
+
+def rule_variant_expressions(s: ForwardSpec):
+    """The expressions parse and type-check (the column in the message); a mask expression is the
+    spec's only mask, and a score expression the only score change."""
+    from .expression_variant import check_ranges
+    from .expressions import ExpressionError, parse
+    v = s.variant
+    if v is None:
+        if "expr" in s.masks:
+            return "masks", "the expr mask applies the spec's mask expression: add variant.mask, or remove expr"
+        return None
+    for key, text in (("variant.mask", v.mask), ("variant.score", v.score)):
+        if text is not None:
+            try:
+                parse(text, v.params, score=key == "variant.score")
+            except ExpressionError as exc:
+                return key, f"{exc} in {text!r}"
+    if v.mask is not None and list(s.masks) != ["expr"]:
+        return "masks", (f"a spec with a mask expression has one mask function, expr, which applies it (got "
+                         f"{list(s.masks)}); write masks: [expr] or leave masks out, and put causality or a window "
+                         f"into the expression")
+    if v.mask is None and "expr" in s.masks:
+        return "masks", "the expr mask applies variant.mask, which this spec lacks: add it, or remove expr"
+    if v.score is not None and s.scores:
+        return "scores", (f"a score expression replaces the built-in modifiers: write {s.scores} into variant.score "
+                          f"(e.g. cap * tanh(score / cap)) and leave scores empty")
+    if v.mask is None and v.score is None:
+        return "variant", "give a mask expression, a score expression, or both (variant.mask, variant.score)"
+    return check_ranges(v)
 
 
 # Every forward-shaped kind's tiles go through core.forward_plan.tile_swizzle, and every kind's launch
 # bounds through ptxas: neither is a kind's choice. head_dim_v and the variants are refused by every
 # kind that does not take them, in one place.
-ForwardSpec.shared_rules = (rule_xor_bits, rule_register_cap, rule_head_dim_v, rule_variants_taken)
+ForwardSpec.shared_rules = (rule_xor_bits, rule_register_cap, rule_head_dim_v, rule_variants_taken,
+                            rule_variant_expressions)
 
 
 def rule_warp_roles_need_a_ring(s: ForwardSpec):

@@ -138,7 +138,15 @@ WINDOW = MaskVariant(
     "unbounded side); offset 0 (top_left) or Sk - Sq (bottom_right)",
     window_abi_values, window_visible, varlen_only=("window_from_end",), takes_window=True)
 
-MASKS: dict[str, MaskVariant] = {m.name: m for m in (NONE, CAUSAL, WINDOW)}
+# -- expr: the spec's mask expression (variant.mask, core/expression_variant.py) ------------------------
+# Its function is instantiated with Mask::Expr; the expression itself is applied by the score hook
+# with the spec's other expressions, and its reference by the expression's ScoreVariant, so the mask
+# variant has no fields and hides nothing on its own.
+
+EXPR = MaskVariant("expr", "Mask::Expr", (), (), "the spec's mask expression (variant.mask)", no_abi_values,
+                   every_key_visible)
+
+MASKS: dict[str, MaskVariant] = {m.name: m for m in (NONE, CAUSAL, WINDOW, EXPR)}
 
 
 def check_window(window) -> tuple[int, int]:
@@ -154,9 +162,15 @@ def check_window(window) -> tuple[int, int]:
     return int(left), int(right)
 
 
-def call_mask(causal: bool, window) -> str:
+def call_mask(causal: bool, window, masks=()) -> str:
     """The mask a call asks for: window when its window=(left, right) bounds a side (causal closes the
-    right side at 0, so a causal call is a window call only when left is bounded), else causal or none."""
+    right side at 0, so a causal call is a window call only when left is bounded), else causal or none.
+    A spec whose mask is an expression (masks [expr]) takes neither: its expression is the mask."""
+    if "expr" in masks:
+        if causal or window is not None:
+            raise ValueError("this spec's mask is its expression (variant.mask); write causality or a window into "
+                             "the expression instead of passing causal= or window=")
+        return "expr"
     if window is not None:
         left, right = check_window(window)
         if left >= 0 or (right >= 0 and not causal):
@@ -185,6 +199,8 @@ class ScoreVariant:
     fill: ScoreFill
     reference: ScoreReference
     verify_value: VerifyValue
+    select_batches: Optional[Callable[[Any, slice], Any]] = None   # the value for some batches (a varlen sequence's)
+    default: Any = None               # the value of a call that gives none (None: the call must give one)
 
 
 def softcap_fill(cap, scale: float, context: dict) -> dict:
@@ -245,6 +261,11 @@ def alibi_reference(torch, scores, slopes, seqlen_q: int, seqlen_k: int):
     return scores + alibi_bias(torch, slopes, seqlen_q, seqlen_k).to(scores.dtype)
 
 
+def alibi_select_batches(slopes, batches: slice):
+    """(B, H) slopes of some batches; (H,) slopes serve every batch."""
+    return slopes[batches] if slopes.dim() == 2 else slopes
+
+
 def alibi_verify_value(torch, batch: int, heads: int, generator, device):
     """(batch, heads) fp32 slopes, uniform below 0.3 as FlashAttention's tests draw them."""
     return torch.rand(batch, heads, generator=generator, device=device) * 0.3
@@ -255,7 +276,7 @@ ALIBI = ScoreVariant(
     (float_pointer("alibi_slopes", "alibi: fp32 slopes of (batch, heads) or (heads,), heads contiguous"),
      int64("alibi_batch_stride", "alibi: elements between batches of alibi_slopes (0: one row for all)")),
     "ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score",
-    alibi_fill, alibi_reference, alibi_verify_value)
+    alibi_fill, alibi_reference, alibi_verify_value, alibi_select_batches)
 
 SCORES: dict[str, ScoreVariant] = {s.name: s for s in (SOFTCAP, ALIBI)}
 
@@ -267,10 +288,13 @@ def score_values(scores, arguments: dict, scale: float, context: dict) -> dict:
     names = {s.argument for s in scores}
     for keyword, value in arguments.items():
         if value is not None and keyword not in names:
-            raise ValueError(f"{keyword}= needs a spec whose `scores` list has "
-                             f"{next(s.name for s in SCORES.values() if s.argument == keyword)!r}")
+            builtin = next((s.name for s in SCORES.values() if s.argument == keyword), None)
+            raise ValueError(f"{keyword}= needs a spec whose `scores` list has {builtin!r}" if builtin else
+                             f"{keyword}= needs a spec with expressions that read params (variant.params)")
     for s in scores:
         value = arguments.get(s.argument)
+        if value is None:
+            value = s.default
         if value is None:
             raise ValueError(f"this kernel applies {s.name} to every call ({s.describe}): pass {s.argument}=")
         values.update(s.fill(value, scale, context))

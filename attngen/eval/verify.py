@@ -176,8 +176,8 @@ def score_modifiers(plan, args: dict, batch_slice=None) -> tuple:
     out = []
     for s in plan.score_variants:
         value = args[s.argument]
-        if batch_slice is not None and s.argument == "alibi_slopes":
-            value = value[batch_slice]
+        if batch_slice is not None and s.select_batches is not None:
+            value = s.select_batches(value, batch_slice)
         out.append((s, value))
     return tuple(out)
 
@@ -273,6 +273,8 @@ def attention_torch(q, k, v, *, scale: float, mask: str = "none", alignment: str
     probs = torch.softmax(scores, dim=-1)
     if visible is not None:
         probs = probs.masked_fill(~visible.any(dim=-1, keepdim=True), 0.0)  # softmax of no key: zeros, not NaN
+    if modifiers:    # a score hook's mask (an expression's) hides keys with -inf: a row of them gives zeros too
+        probs = probs.masked_fill(torch.isneginf(scores).all(dim=-1, keepdim=True), 0.0)
     return torch.matmul(probs, v), lse
 
 

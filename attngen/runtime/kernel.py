@@ -351,7 +351,7 @@ class Kernel:
     def _check_mask(self, causal: bool, window=None) -> str:
         """The mask variant a call asks for, refused when the spec does not emit it: window when the
         call's window bounds a side (causal bounds its right side at 0), else causal or none."""
-        mask = call_mask(causal, window)
+        mask = call_mask(causal, window, self.masks)
         if mask not in self.entry:
             raise ValueError(f"{self.label} has no {'non-causal' if mask == 'none' else mask} variant (its spec lists "
                              f"masks {list(self.masks)}); add {mask!r} to the spec's masks")

@@ -27,7 +27,7 @@ class MmaSpec(ForwardSpec):
     row_unit_what = "16-row fragments"
     key_unit = 16
     key_unit_why = "whole k16 steps of the P.V product"
-    masks_taken = ("none", "causal", "window")
+    masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
     rules = (rule_head_dim_vector_loads, rule_head_dim_fragments, rule_block_m_split, rule_block_n,
              rule_stages_need_async, rule_pad_bytes, rule_pad_16_bytes, rule_warp_roles_need_a_ring,

@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.abi import blob
-from ...core.forward_plan import ELEMENT_TYPES, ForwardPlan, Part, forward_functions, launch_min_blocks, plan_abi
+from ...core.forward_plan import (ELEMENT_TYPES, ForwardPlan, Part, forward_functions, launch_min_blocks, plan_abi,
+                                  spec_variants)
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
 from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
-from ...core.variants import MASKS, SCORES
 from ...targets import TARGETS
 from .spec import (ROWS_PER_WARPGROUP, TILE_ALIGN, TITLE, WARPGROUP, PanelSwizzle, WgmmaSpec, panel_swizzle, tile_dim,
                    tile_dim_v)
@@ -191,13 +191,12 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                 epilogue_line(spec.epilogue),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
+    variants = spec_variants(spec)
     return ForwardPlan(
-        spec=spec, kind=kind(), title=TITLE, target=target, masks=tuple(spec.masks),
-        mask_variants=tuple(MASKS[m] for m in spec.masks),
+        spec=spec, kind=kind(), title=TITLE, target=target, **variants,
         parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
-        score_variants=tuple(SCORES[s] for s in spec.scores),
-        abi=plan_abi(tuple(MASKS[m] for m in spec.masks), varlen=False, reports_errors=False,
-                     scores=tuple(SCORES[s] for s in spec.scores), through_maps=tuple(m.tensor for m in maps if not m.store)).with_fields(
+        abi=plan_abi(variants["mask_variants"], varlen=False, reports_errors=False,
+                     scores=variants["score_variants"], through_maps=tuple(m.tensor for m in maps if not m.store)).with_fields(
             tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime "
                        "per call") for m in maps)),
         params_qualifier="__grid_constant__ ",

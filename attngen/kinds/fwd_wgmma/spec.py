@@ -225,7 +225,7 @@ class WgmmaSpec(ForwardSpec):
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
     takes_head_dim_v = True
-    masks_taken = ("none", "causal", "window")
+    masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads,

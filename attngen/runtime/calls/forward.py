@@ -23,14 +23,21 @@ def call_key(q, k, v, causal, alignment, scale, return_lse, layout, variants=())
             q.get_device(), k.get_device(), v.get_device(), causal, alignment, scale, return_lse, layout, variants)
 
 
-def variant_key(window, softcap, alibi_slopes) -> tuple:
-    """The variant arguments of a call as part of its key: the slopes tensor by address and layout
-    (the kernel reads it at launch, so new values at the same address need no new Params)."""
-    if window is None and softcap is None and alibi_slopes is None:
+def tensor_key(t) -> tuple:
+    """A tensor argument as part of a call's key: by address and layout (the kernel reads it at
+    launch, so new values at the same address need no new Params)."""
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
+
+
+def variant_key(window, softcap, alibi_slopes, params=None) -> tuple:
+    """The variant arguments of a call as part of its key (tensors by tensor_key); params, an
+    expression spec's dict, by name."""
+    if window is None and softcap is None and alibi_slopes is None and params is None:
         return ()
-    slopes = None if alibi_slopes is None else (alibi_slopes.data_ptr(), alibi_slopes.shape, alibi_slopes.stride(),
-                                                 alibi_slopes.dtype, alibi_slopes.get_device())
-    return (None if window is None else tuple(window), softcap, slopes)
+    slopes = None if alibi_slopes is None else tensor_key(alibi_slopes)
+    named = None if params is None else tuple(
+        (n, tensor_key(v) if hasattr(v, "data_ptr") else (type(v), v)) for n, v in sorted(params.items()))
+    return (None if window is None else tuple(window), softcap, slopes, named)
 
 
 def bhsd_strides(stride, layout: str) -> tuple[int, int, int]:
@@ -50,7 +57,7 @@ class ForwardKernel(Kernel):
 
     ``kernel(q, k, v, causal=False, scale=None, return_lse=False, layout="bhsd")`` returns o, or
     (o, lse) with lse of shape (batch, heads, seqlen_q), fp32, natural log. A spec's variants add
-    window=(left, right), softcap= and alibi_slopes= (see __call__).
+    window=(left, right), softcap=, alibi_slopes= and an expression spec's params= (see __call__).
     """
 
     def _setup(self) -> None:
@@ -69,18 +76,20 @@ class ForwardKernel(Kernel):
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None, causal: bool = False,
                alignment: str | None = None, scale: float | None = None, return_lse: bool = False, out=None,
-               lse_out=None, validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None):
+               lse_out=None, validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
+               params: dict | None = None):
         """Attention over varlen sequences of different lengths (see attngen.runtime.calls.varlen.varlen_call):
         q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1); returns o
         shaped like q, or (o, lse) with lse fp32 (Hq, total_q)."""
         from .varlen import varlen_call
         return varlen_call(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                            alignment=alignment, scale=scale, return_lse=return_lse, out=out, lse_out=lse_out,
-                           validate=validate, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
+                           validate=validate, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                           params=params)
 
     def __call__(self, q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
                  return_lse: bool = False, layout: str = "bhsd", out=None, lse_out=None, window=None,
-                 softcap: float | None = None, alibi_slopes=None):
+                 softcap: float | None = None, alibi_slopes=None, params: dict | None = None):
         """Attention softmax(scale * q k^T) v of q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
 
         layout "bshd" takes and returns (B, S, H, D) instead. Any strides work as long as the
@@ -98,8 +107,10 @@ class ForwardKernel(Kernel):
         softcap=cap: scores become cap * tanh(scale * s / cap) (a spec with scores: [softcap]).
         alibi_slopes: fp32 (Hq,) or (B, Hq) on the GPU: -slope * |i + Sk - Sq - j| is added to the
         scaled score (a spec with scores: [alibi]).
+        params={name: value}: the values of an expression spec's variant.params (int, float, or an
+        int32 / fp32 tensor of one element per head or per batch on the GPU).
         """
-        variants = variant_key(window, softcap, alibi_slopes)
+        variants = variant_key(window, softcap, alibi_slopes, params)
         key = None
         if out is None and lse_out is None:
             # A shape seen before: its checks passed and its Params are laid out; only the
@@ -114,7 +125,7 @@ class ForwardKernel(Kernel):
                 if result is not None:
                     return result
         return self._first_call(q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key,
-                                (window, softcap, alibi_slopes))
+                                (window, softcap, alibi_slopes, params))
 
     def prepared(self, key):
         """The prepared call of `key` (call_key of a call made before), or None."""
@@ -161,11 +172,11 @@ class ForwardKernel(Kernel):
             raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
         if heads > MAX_GRID_YZ or batch > MAX_GRID_YZ:
             raise ValueError(f"heads ({heads}) and batch ({batch}) must be at most {MAX_GRID_YZ} (grid y/z limit)")
-        window, softcap, alibi_slopes = variants
+        window, softcap, alibi_slopes, params = variants
         mask = self._check_mask(causal, window)
         scale = self._check_scale(scale)
         mask_values = self._variant_values(mask, causal, alignment, window, seqlen_q, seqlen_k, scale,
-                                           {"softcap": softcap, "alibi_slopes": alibi_slopes},
+                                           {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params},
                                            {"batch": batch, "heads": heads, "device": index})
         out = self._output(out, q, layout, index)
         torch = self._torch
