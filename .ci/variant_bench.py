@@ -13,7 +13,7 @@ Usage: python3 .ci/variant_bench.py OUT.json [window,scores,expr] [fp16|bf16]
 
 - expr: the expression specs (h100_{mma,wgmma}_d128_expr_*) beside the built-in they write out
   (window, softcap, ALiBi: the hand-written spec with the same tiles) and FlexAttention with the same
-  mod: a causal window of 256 / 1024 / 4096 at 4x16x8192; softcap 30, ALiBi (per-head slopes) and
+  mod: a causal window of 256 / 1024 / 4096 at 4x16x8192 and 1x16x32768; softcap 30, ALiBi (per-head slopes) and
   both at 4x16x2048 and 2x16x8192, causal; a prefix-LM mask (prefix 1024) at 4x16x2048, 2x16x8192
   and 1x16x32768; document masking: 16 packed documents of 256..2048 tokens (causal within each),
   attngen's varlen call against Flex's document mask_mod on the packed sequence.
@@ -168,7 +168,7 @@ def expr_rows():
         if ref is not None:
             row[name]["max_diff"] = max_diff(fn(*sets[0]), ref)
 
-    for b, h, s in ((4, 16, 8192),):
+    for b, h, s in ((4, 16, 8192), (1, 16, 32768)):
         sets = input_sets(b, h, s, d)
         fsets = bhsd(sets)
         for w in (256, 1024, 4096):

@@ -317,12 +317,6 @@ __device__ __forceinline__ elem_t* output_ptr(const Params& p, const BlockCoords
 // They read the block's values through a VariantEnv: b, h, the lengths and the params (a tensor
 // param indexed by h or b is one element per block, loaded once).
 struct AttngenIv { double lo, hi; };    // a closed interval; a bool is 1 (every point), 0 (none) or -1 (unknown)
-__host__ __device__ inline AttngenIv attngen_iv_sound(AttngenIv a, bool is_int) {
-    const double inf = HUGE_VAL;
-    if (a.lo != a.lo || a.hi != a.hi) return {-inf, inf};
-    if (is_int && (a.lo < -2147483648.0 || a.hi > 2147483647.0)) return {-inf, inf};
-    return a;
-}
 // Comparisons (op: 0 <, 1 <=, 2 >, 3 >=, 4 ==, 5 !=). Exact on ints; on floats a verdict only with a
 // margin for fp32 rounding and never on bounds beyond fp32.
 __host__ __device__ inline int attngen_cmp_exact(int op, AttngenIv a, AttngenIv b) {
@@ -366,11 +360,11 @@ __device__ __forceinline__ bool expr_visible(const VariantEnv& e, int q_idx, int
 // The mask's interval classification of rows q_lo..q_hi x keys k_lo..k_hi: 1 every key visible,
 // 0 none, -1 some (or unknown).
 __device__ __forceinline__ int expr_classify(const VariantEnv& e, int q_lo, int q_hi, int k_lo, int k_hi) {
-    const AttngenIv v0 = attngen_iv_sound(AttngenIv{static_cast<double>(k_lo), static_cast<double>(k_hi)}, true);
-    const AttngenIv v1 = attngen_iv_sound(AttngenIv{static_cast<double>(e.prefix), static_cast<double>(e.prefix)}, true);
+    const AttngenIv v0 = AttngenIv{static_cast<double>(k_lo), static_cast<double>(k_hi)};
+    const AttngenIv v1 = AttngenIv{static_cast<double>(e.prefix), static_cast<double>(e.prefix)};
     const int v2 = attngen_cmp_exact(0, v0, v1);
-    const AttngenIv v3 = attngen_iv_sound(AttngenIv{static_cast<double>(k_lo), static_cast<double>(k_hi)}, true);
-    const AttngenIv v4 = attngen_iv_sound(AttngenIv{static_cast<double>(q_lo), static_cast<double>(q_hi)}, true);
+    const AttngenIv v3 = AttngenIv{static_cast<double>(k_lo), static_cast<double>(k_hi)};
+    const AttngenIv v4 = AttngenIv{static_cast<double>(q_lo), static_cast<double>(q_hi)};
     const int v5 = attngen_cmp_exact(1, v3, v4);
     const int v6 = ((v2 == 1 || v5 == 1) ? 1 : (v2 == 0 && v5 == 0) ? 0 : -1);
     const int verdict = v6;
@@ -381,13 +375,15 @@ __device__ __forceinline__ int expr_classify(const VariantEnv& e, int q_lo, int 
 // (block, tile) pair: it visits tiles first .. first + count - 1 (those the classification does not
 // find empty, and any between), and tiles full_first .. full_first + full_count - 1 are full (every
 // key of them visible to every row, inside seqlen_k: no mask). The full run is empty unless the full
-// tiles are contiguous. Warp-collective: each lane classifies every 32nd tile.
+// tiles are contiguous. Warp-collective: each lane classifies every 32nd tile. Past 64 tiles, a lane
+// first classifies a chunk of 32 tiles as a whole, and only the chunks not found empty are classified
+// tile by tile: a narrow mask over a long sequence then costs a few classifications, not tiles / 32.
 struct ExprTiles { int first, count, full_first, full_count; };
 __device__ __forceinline__ ExprTiles expr_tiles(const VariantEnv& e, int m0) {
-    const int lane = threadIdx.x % 32, tiles = (e.seqlen_k + kBlockN - 1) / kBlockN;
+    const int lane = threadIdx.x % 32, tiles = (e.seqlen_k + kBlockN - 1) / kBlockN, q_hi = m0 + kBlockM - 1;
     int lo = 0x7fffffff, hi = -1, full_lo = 0x7fffffff, full_hi = -1, n_full = 0;
-    for (int t = lane; t < tiles; t += 32) {
-        const int verdict = expr_classify(e, m0, m0 + kBlockM - 1, t * kBlockN, t * kBlockN + kBlockN - 1);
+    auto take = [&](int t) {
+        const int verdict = expr_classify(e, m0, q_hi, t * kBlockN, t * kBlockN + kBlockN - 1);
         if (verdict != 0) {
             lo = min(lo, t);
             hi = max(hi, t);
@@ -396,6 +392,19 @@ __device__ __forceinline__ ExprTiles expr_tiles(const VariantEnv& e, int m0) {
             full_lo = min(full_lo, t);
             full_hi = max(full_hi, t);
             ++n_full;
+        }
+    };
+    if (tiles <= 64) {
+        for (int t = lane; t < tiles; t += 32) take(t);
+    } else {
+        for (int c0 = 0; c0 < tiles; c0 += 32 * 32) {      // 32 chunks of 32 tiles a round
+            const int t0 = c0 + 32 * lane;
+            const bool live = t0 < tiles &&
+                expr_classify(e, m0, q_hi, t0 * kBlockN, min(t0 + 32, tiles) * kBlockN - 1) != 0;
+            for (unsigned chunks = __ballot_sync(0xffffffffu, live); chunks; chunks &= chunks - 1) {
+                const int t = c0 + 32 * (__ffs(chunks) - 1) + lane;
+                if (t < tiles) take(t);
+            }
         }
     }
     lo = __reduce_min_sync(0xffffffffu, lo);
@@ -441,7 +450,8 @@ struct ScoreMods {
     // the mask hides the key.
     template <bool kMasked>
     __device__ __forceinline__ float apply(float s, const ScoreRow& r, int dk) const {
-        if (kMasked && !(r.key0 + dk < e.seqlen_k && expr_visible(e, r.row, r.key0 + dk))) s = -INFINITY;
+        // (keys past seqlen_k: the kind's own mask hides them, as key_end is seqlen_k for Mask::Expr)
+        if (kMasked && !expr_visible(e, r.row, r.key0 + dk)) s = -INFINITY;
         return s;
     }
 };

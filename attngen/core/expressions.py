@@ -554,7 +554,10 @@ def to_cuda_classifier(mask: Expression, name: Callable[[str], str], index: Call
         return var
 
     def iv(n: Node) -> str:
-        """A numeric node's interval variable, widened as `_sound` widens it."""
+        """A numeric node's interval variable, widened as `_sound` widens it (an int leaf, one 32-bit
+        value or range, is sound as it is)."""
+        if n.type == INT and n.op in ("num", "name", "index"):
+            return new("AttngenIv", raw(n))
         return new("AttngenIv", f"attngen_iv_sound({raw(n)}, {'true' if n.type == INT else 'false'})")
 
     def tri(n: Node) -> str:
