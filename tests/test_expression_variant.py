@@ -132,3 +132,15 @@ def test_params_are_checked_before_any_launch():
     values = v.fill({"w": 3, "cap": 2.0}, 0.125, context)
     assert values[PARAM_PREFIX + "w"] == 3 and values[PARAM_PREFIX + "cap"] == 2.0
     assert values[SCALE_FIELD] == 0.125 and values["scale_log2"] == pytest.approx(1.4426950408889634)
+
+
+def test_bench_refuses_variant_specs_with_the_way_to_time_them():
+    from types import SimpleNamespace
+    from attngen.eval.bench import check_options
+    paths = [ROOT / "specs" / n for n in ("h100_wgmma_d128_expr_prefix_lm.yaml", "h100_mma_d128_softcap.yaml",
+                                          "h100_mma_d128.yaml")]
+    plans = [make_plan(parse_spec(p.read_text(), p.name)) for p in paths]
+    problems = check_options(paths, plans, SimpleNamespace(varlen=False))
+    assert len(problems) == 1 and "h100_wgmma_d128_expr_prefix_lm, h100_mma_d128_softcap take" in problems[0]
+    assert "variant_bench.py" in problems[0]
+    assert check_options(paths[2:], plans[2:], SimpleNamespace(varlen=False)) == []
