@@ -84,6 +84,22 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     return "\n".join(out)
 
 
+def expression_dict(expression, block_m: int, block_n: int) -> dict | None:
+    """An expression spec's variant for `explain --json`: its params, texts, and the classification
+    of the sample problem explain prints (None without one)."""
+    if expression is None:
+        return None
+    from .core.expression_variant import later_rows_see_more, sample_classes
+    out = {"params": dict(expression.params),
+           "mask": expression.mask.text if expression.mask is not None else None,
+           "score": expression.score.text if expression.score is not None else None}
+    if expression.mask is not None:
+        classes = [c for row in sample_classes(expression, block_m, block_n) for c in row]
+        out["sample_4096"] = {c: classes.count(c) for c in ("empty", "full", "partial")}
+        out["later_rows_see_more"] = later_rows_see_more(expression, block_m, block_n)
+    return out
+
+
 def plan_dict(plan: Plan) -> dict:
     """JSON-ready form of a plan for `explain --json`."""
     kind = plan.kind
@@ -95,6 +111,7 @@ def plan_dict(plan: Plan) -> dict:
         "rows_per_warp": plan.rows_per_warp, "stages": plan.stages, "async_copy": plan.async_copy,
         "functions": [name for _, name in plan.functions],
         "masks": list(plan.masks), "scores": [v.name for v in getattr(plan, "score_variants", ())],
+        "expressions": expression_dict(getattr(plan, "expression", None), plan.block_m, plan.block_n),
         "parts": [{"name": p.name, "file": p.file_name, "functions": dict(p.functions)} for p in plan.parts],
         "regions": [{"name": r.name, "offset": r.offset, "bytes": r.bytes, "rows": r.rows, "cols": r.cols,
                      "elem": r.elem, "pitch_bytes": r.pitch_bytes, "swizzle": r.swizzle} for r in plan.regions],

@@ -144,3 +144,12 @@ def test_bench_refuses_variant_specs_with_the_way_to_time_them():
     assert len(problems) == 1 and "h100_wgmma_d128_expr_prefix_lm, h100_mma_d128_softcap take" in problems[0]
     assert "variant_bench.py" in problems[0]
     assert check_options(paths[2:], plans[2:], SimpleNamespace(varlen=False)) == []
+
+
+def test_explain_json_carries_the_expressions():
+    from attngen.explain import plan_dict
+    d = plan_dict(make_plan(parse_spec((ROOT / "specs" / "h100_mma_d128_expr_window.yaml").read_text(), "x")))
+    e = d["expressions"]
+    assert e["params"] == {"left": "int"} and "kv_idx <= q_idx + causal_offset" in e["mask"] and e["score"] is None
+    assert sum(e["sample_4096"].values()) == (4096 // 128) * (4096 // 64) and e["later_rows_see_more"] is True
+    assert plan_dict(make_plan(parse_spec((ROOT / "specs" / "h100_mma_d128.yaml").read_text(), "x")))["expressions"] is None
