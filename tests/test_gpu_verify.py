@@ -328,3 +328,22 @@ def test_bench_command_line_per_convention(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert forward.stem in run.stdout and decode.stem not in run.stdout
+
+
+def test_mask_params_per_head_and_per_batch(tmp_path):
+    """A mask that reads a per-head and a per-batch tensor param (each block loads its element; a
+    varlen block its sequence's), padded and varlen, under the quick suite."""
+    text = (ROOT / "specs" / "h100_mma_d128_expr_window.yaml").read_text()
+    text = text.replace("name: h100_mma_d128_expr_window", "name: t_expr_per_head")
+    start = text.index("\nvariant:") + 1
+    end = text.index("\ntarget:") + 1
+    text = text[:start] + (
+        'variant:\n  params: {left: "int[heads]", first: "int[batch]"}\n'
+        '  mask: "kv_idx <= q_idx + causal_offset and q_idx + causal_offset - kv_idx <= left[h] and kv_idx >= first[b]"\n'
+        '  verify: {left: [0, 300], first: [0, 200]}\n') + text[end:]
+    path = tmp_path / "t_expr_per_head.yaml"
+    path.write_text(text)
+    kernel = attngen.load(path, synchronize=True)
+    results = verify.verify_kernel(kernel, verify.QUICK_SUITE, spec_label="t_expr_per_head")
+    assert any(r.variant.endswith(" varlen") for r in results)
+    assert all(r.passed for r in results), failures(results)
