@@ -211,3 +211,41 @@ def test_emitted_classifier_gives_the_same_verdicts(text, params, tmp_path):
     for (env, rows, keys), got in zip(cases, out):
         assert got == code[classify(expr, rows, keys, env)], (text, env, rows, keys)
     assert len(out) == len(cases)
+
+
+DERIVATIVE_CASES = [
+    "cap * tanh(score / cap)",
+    "cap * tanh(score / cap) - bias[h] * abs(q_idx + causal_offset - kv_idx)",
+    "where(kv_idx <= q_idx, score * 2.0, exp2(score) - 1)",
+    "min(score, cap) + max(score * score, 0.5) / (1 + abs(score))",
+    "-score / cap + (q_idx % 3) * score",
+    "score",
+    "3.0",
+]
+
+
+@pytest.mark.parametrize("text", DERIVATIVE_CASES)
+def test_derivative_matches_finite_differences(text):
+    from attngen.core.expressions import derivative, evaluate
+    e = parse(text, {"cap": "float", "bias": "float[heads]"}, score=True)
+    de = derivative(e)
+    assert de.tree.type == "float"
+    import random
+    rnd = random.Random(0)
+    for _ in range(40):
+        env = {"q_idx": rnd.randint(0, 50), "kv_idx": rnd.randint(0, 50), "b": 0, "h": rnd.randint(0, 2),
+               "seqlen_q": 51, "seqlen_k": 60, "causal_offset": 9, "cap": rnd.uniform(2, 30),
+               "bias": [0.1, 0.2, 0.3], "score": rnd.uniform(-5, 5)}
+        step = 1e-6
+        hi, lo = (evaluate(e, {**env, "score": env["score"] + d}) for d in (step, -step))
+        numeric = (hi - lo) / (2 * step)
+        assert evaluate(de, env) == pytest.approx(numeric, rel=1e-4, abs=1e-5), (text, env)
+    # the derivative renders like any score expression
+    assert to_cuda(de, lambda n: n, lambda n, by: f"{n}[{by}]")
+
+
+def test_derivative_prunes_what_does_not_depend_on_score():
+    from attngen.core.expressions import derivative
+    assert to_cuda(derivative(parse("score - bias[h] * abs(q_idx - kv_idx)", {"bias": "float[heads]"}, score=True)),
+                   str, str) == "1.0f"
+    assert to_cuda(derivative(parse("2.5", {}, score=True)), str, str) == "0.0f"

@@ -1,7 +1,7 @@
 """Score and mask expressions (a spec's `variant`: `mask: "..."`, `score: "..."`): a whitelisted
 grammar written in Python's expression syntax. The text is parsed with `ast` and every node is
-checked against the grammar; nothing is ever evaluated by Python. A parsed, type-checked tree has
-three readers, so the kernel and its test cannot disagree:
+checked against the grammar; no text ever reaches Python's eval. A parsed, type-checked tree has
+several readers, so the kernel and its test cannot disagree:
 
 - `to_torch`: the reference, on broadcast index tensors (verify);
 - `to_cuda`: one C++ expression for the score or mask hook;
@@ -9,7 +9,9 @@ three readers, so the kernel and its test cannot disagree:
   hides every key of the pair (empty: the block is skipped), none (full: no mask applied) or some
   (partial). It is exact on the boundaries of causal and window masks and conservative elsewhere.
 - `to_cuda_classifier`: the same interval rules as C++ statements (with CLASSIFY_HELPERS), so a
-  kernel classifies each block pair with the call's own values.
+  kernel classifies each block pair with the call's own values;
+- `evaluate`: one point in Python (tests, explain);
+- `derivative`: d(score expression)/d(score) as another tree, for a backward kernel.
 
 Grammar: numbers, `+ - * /`, `%` and `//` on ints (floor semantics, as Python and torch have them),
 comparisons (chained ones too), `and or not`, `where(c, a, b)`, `tanh exp2 abs min max`, the indices
@@ -235,6 +237,141 @@ def to_torch(expr: Expression, torch, env: dict):
             return (torch.fmin if fn == "min" else torch.fmax)(t[0], t[1])
         return {"tanh": torch.tanh, "exp2": torch.exp2, "abs": torch.abs}[fn](t[0].float() if fn != "abs" else t[0])
     return ev(expr.tree)
+
+
+# -- one point, in Python ------------------------------------------------------------------------
+
+def evaluate(expr: Expression, env: dict):
+    """The expression at one point: env maps every name it reads (and score) to a number, and each
+    tensor param to a sequence indexed by h or b. Python's arithmetic with the kernel's rules: ints
+    floor-divide (% and // by 0 give 0), `/` is true division, min/max let a NaN operand lose."""
+    def ev(n: Node):
+        if n.op == "num":
+            return n.value
+        if n.op == "name":
+            return env[n.value]
+        if n.op == "index":
+            return env[n.value][env[n.by]]
+        a = [ev(x) for x in n.args]
+        if n.op == "neg":
+            return -a[0]
+        if n.op == "not":
+            return not a[0]
+        if n.op == "and":
+            return all(a)
+        if n.op == "or":
+            return any(a)
+        if n.op == "cmp":
+            x, y = a
+            return {"<": x < y, "<=": x <= y, ">": x > y, ">=": x >= y, "==": x == y, "!=": x != y}[n.value]
+        if n.op == "arith":
+            x, y = a
+            if n.value == "/":
+                return x / y if y else math.copysign(math.inf, x) if x else math.nan
+            if n.value in ("%", "//"):
+                return 0 if y == 0 else (x % y if n.value == "%" else x // y)
+            return {"+": x + y, "-": x - y, "*": x * y}[n.value]
+        fn = n.value
+        if fn == "float":
+            return float(a[0])
+        if fn == "where":
+            return a[1] if a[0] else a[2]
+        if fn in ("min", "max"):
+            x, y = a
+            if isinstance(x, float) and math.isnan(x):
+                return y
+            if isinstance(y, float) and math.isnan(y):
+                return x
+            return min(x, y) if fn == "min" else max(x, y)
+        if fn == "abs":
+            return abs(a[0])
+        if fn == "tanh":
+            return math.tanh(a[0])
+        return 2.0 ** a[0] if a[0] < 128 else math.inf
+    return ev(expr.tree)
+
+
+# -- the derivative, for backward ---------------------------------------------------------------
+
+LN2 = 0.6931471805599453
+_ZERO, _ONE = Node("num", FLOAT, value=0.0), Node("num", FLOAT, value=1.0)
+
+
+def derivative(score_expr: Expression) -> Expression:
+    """d(score expression) / d(score) as an expression of the same names: what a backward kernel
+    multiplies dS by. Every function of the grammar has one (abs, min, max and where take the
+    branch they take forward; ints do not depend on score). The tree is pruned of zero terms."""
+    def is_zero(n: Node) -> bool:
+        return n.op == "num" and n.value == 0
+
+    def is_one(n: Node) -> bool:
+        return n.op == "num" and n.value == 1
+
+    def mul(a: Node, b: Node) -> Node:
+        if is_zero(a) or is_zero(b):
+            return _ZERO
+        if is_one(a):
+            return as_float(b)
+        if is_one(b):
+            return as_float(a)
+        return Node("arith", FLOAT, (a, b), "*")
+
+    def add(a: Node, b: Node, op: str = "+") -> Node:
+        if is_zero(b):
+            return a
+        if is_zero(a):
+            return b if op == "+" else Node("neg", FLOAT, (b,))
+        return Node("arith", FLOAT, (a, b), op)
+
+    def as_float(n: Node) -> Node:
+        return n if n.type == FLOAT else Node("call", FLOAT, (n,), "float")
+
+    def pick(c: Node, a: Node, b: Node) -> Node:
+        return _ZERO if is_zero(a) and is_zero(b) else Node("call", FLOAT, (c, as_float(a), as_float(b)), "where")
+
+    def d(n: Node) -> Node:
+        if n.type != FLOAT and n.op != "call":
+            return _ZERO                                    # ints and bools do not depend on score
+        if n.op == "name":
+            return _ONE if n.value == "score" else _ZERO
+        if n.op in ("num", "index"):
+            return _ZERO
+        if n.op == "neg":
+            inner = d(n.args[0])
+            return _ZERO if is_zero(inner) else Node("neg", FLOAT, (inner,))
+        if n.op == "arith":
+            a, b = n.args
+            da, db = d(a), d(b)
+            if n.value in ("+", "-"):
+                return add(da, db, n.value)
+            if n.value == "*":
+                return add(mul(da, b), mul(a, db))
+            if n.value == "/":                               # (a' - (a / b) * b') / b
+                top = add(da, mul(Node("arith", FLOAT, (a, b), "/"), db), "-")
+                return _ZERO if is_zero(top) else Node("arith", FLOAT, (top, b), "/")
+            return _ZERO                                     # % and // are on ints
+        fn, args = n.value, n.args
+        if fn == "float":
+            return _ZERO if args[0].type == INT else d(args[0])
+        if fn == "where":
+            return pick(args[0], d(args[1]), d(args[2]))
+        if fn in ("min", "max"):
+            a, b = args
+            return pick(Node("cmp", BOOL, (a, b), "<=" if fn == "min" else ">="), d(a), d(b))
+        x = args[0]
+        dx = d(x)
+        if is_zero(dx):
+            return _ZERO
+        if fn == "abs":
+            return pick(Node("cmp", BOOL, (x, Node("num", INT, value=0)), ">="), dx, Node("neg", FLOAT, (dx,)))
+        if fn == "tanh":                                     # 1 - tanh(x)^2
+            t = Node("call", FLOAT, (x,), "tanh")
+            return mul(Node("arith", FLOAT, (_ONE, Node("arith", FLOAT, (t, t), "*")), "-"), dx)
+        return mul(Node("arith", FLOAT, (Node("call", FLOAT, (x,), "exp2"), Node("num", FLOAT, value=LN2)), "*"), dx)
+
+    if score_expr.tree.type != FLOAT:
+        raise ValueError("derivative takes a score expression")
+    return Expression(f"d({score_expr.text})/d(score)", as_float(d(score_expr.tree)), score_expr.params)
 
 
 # -- CUDA ----------------------------------------------------------------------------------------
