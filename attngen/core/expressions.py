@@ -293,7 +293,7 @@ def evaluate(expr: Expression, env: dict):
 
 # -- the derivative, for backward ---------------------------------------------------------------
 
-LN2 = 0.6931471805599453
+LN2 = math.log(2.0)    # d exp2(x) = exp2(x) ln 2 dx
 _ZERO, _ONE = Node("num", FLOAT, value=0.0), Node("num", FLOAT, value=1.0)
 
 
