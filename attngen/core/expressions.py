@@ -195,17 +195,25 @@ class _Checker:
 
 # -- the torch reference -------------------------------------------------------------------------
 
+LEAVES = ("num", "name", "index")
+
+
+def leaf_value(n: Node, env: dict):
+    """A leaf's value at env: a number's own, a name's entry, a tensor param's element at h or b."""
+    if n.op == "num":
+        return n.value
+    if n.op == "name":
+        return env[n.value]
+    return env[n.value][env[n.by]]
+
+
 def to_torch(expr: Expression, torch, env: dict):
     """The expression on tensors: env maps each index and length name used (and score) to a tensor
     or number that broadcasts (q_idx a column, kv_idx a row, ...), and each param to its value (a
     1-D tensor for [heads] / [batch] params)."""
     def ev(n: Node):
-        if n.op == "num":
-            return n.value
-        if n.op == "name":
-            return env[n.value]
-        if n.op == "index":
-            return env[n.value][env[n.by]]
+        if n.op in LEAVES:
+            return leaf_value(n, env)
         a = [ev(x) for x in n.args]
         t = [x if torch.is_tensor(x) else torch.tensor(x) for x in a]
         if n.op == "neg":
@@ -246,12 +254,8 @@ def evaluate(expr: Expression, env: dict):
     tensor param to a sequence indexed by h or b. Python's arithmetic with the kernel's rules: ints
     floor-divide (% and // by 0 give 0), `/` is true division, min/max let a NaN operand lose."""
     def ev(n: Node):
-        if n.op == "num":
-            return n.value
-        if n.op == "name":
-            return env[n.value]
-        if n.op == "index":
-            return env[n.value][env[n.by]]
+        if n.op in LEAVES:
+            return leaf_value(n, env)
         a = [ev(x) for x in n.args]
         if n.op == "neg":
             return -a[0]
