@@ -327,14 +327,14 @@ struct ScoreMods {
 };
 
 // The K/V tiles query block c visits: block_first_tile .. block_first_tile + block_tile_count - 1.
-// `mods` is the block's ScoreMods where the caller has one (it may hold them already).
+// `mods` is the block's ScoreMods.
 template <Mask kMask>
-__device__ __forceinline__ int block_first_tile(const BlockCoords& c, const Params& p, const ScoreMods* mods = nullptr) {
+__device__ __forceinline__ int block_first_tile(const BlockCoords& c, const Params& p, const ScoreMods& mods) {
     return first_kv_tile<kMask>(c.m0, p);
 }
 
 template <Mask kMask>
-__device__ __forceinline__ int block_tile_count(const BlockCoords& c, const Params& p, const ScoreMods* mods = nullptr) {
+__device__ __forceinline__ int block_tile_count(const BlockCoords& c, const Params& p, const ScoreMods& mods) {
     return kv_tile_count<kMask>(c.m0, p);
 }
 
@@ -697,8 +697,8 @@ __device__ __forceinline__ void attention(const Params& p) {
     // The block visits tiles t0 .. t0 + n_tiles - 1. (A literal 0 without a left bound: the plain
     // masks' loops then compile as they did before t0 existed.)
     const ScoreMods mods(p, c);
-    const int t0 = kHasLeftBound<kMask> ? block_first_tile<kMask>(c, p, &mods) : 0;
-    const int n_tiles = block_tile_count<kMask>(c, p, &mods);
+    const int t0 = kHasLeftBound<kMask> ? block_first_tile<kMask>(c, p, mods) : 0;
+    const int n_tiles = block_tile_count<kMask>(c, p, mods);
 
     SoftmaxState st;
 #pragma unroll

@@ -456,7 +456,7 @@ struct ScoreMods {
     }
 };
 
-// Both at once, for a caller without a ScoreMods (one classification pass).
+// The K/V tiles query block c visits, first .. first + count - 1, for a caller without a ScoreMods (one classification pass).
 template <Mask kMask>
 __device__ __forceinline__ void block_tile_span(const BlockCoords& c, const Params& p, int& first, int& count) {
     if constexpr (kMask == Mask::Expr) {

@@ -386,7 +386,7 @@ struct ScoreMods {
     }
 };
 
-// Both at once, for a caller without a ScoreMods.
+// The K/V tiles query block c visits, first .. first + count - 1, for a caller without a ScoreMods.
 template <Mask kMask>
 __device__ __forceinline__ void block_tile_span(const BlockCoords& c, const Params& p, int& first, int& count) {
     first = kHasLeftBound<kMask> ? first_kv_tile<kMask>(c.m0, p) : 0;
