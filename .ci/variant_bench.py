@@ -1,6 +1,6 @@
 """The built-in variants beside torch's peers in one process: sliding window, softcap and ALiBi.
 
-Usage: python3 .ci/variant_bench.py OUT.json [window,scores,expr] [fp16|bf16]
+Usage: python3 .ci/variant_bench.py OUT.json [window,scores,expr,decode] [fp16|bf16]
 
 - window: causal sliding windows of 256 / 1024 / 4096 keys (FlashAttention's window_size=(w, 0))
   at 4x16x8192 and 1x16x32768, d64 and d128, against torch.ops.aten._flash_attention_forward
@@ -17,6 +17,12 @@ Usage: python3 .ci/variant_bench.py OUT.json [window,scores,expr] [fp16|bf16]
   both at 4x16x2048 and 2x16x8192, causal; a prefix-LM mask (prefix 1024) at 4x16x2048, 2x16x8192
   and 1x16x32768; document masking: 16 packed documents of 256..2048 tokens (causal within each),
   attngen's varlen call against Flex's document mask_mod on the packed sequence.
+- decode: one new token against a KV cache (B x 32/8 heads x Sk, d128, contiguous, fp16 only):
+  h200_decode_d128 over the whole cache (causal) beside h200_decode_d128_window with causal windows
+  of 256 / 1024 / 4096, against torch.ops.aten._flash_attention_forward (FA2, Sq 1, causal
+  bottom-right, window_size_left); softcap 30 and ALiBi (h200_decode_d128_softcap / _alibi) against
+  the plain spec. A window reads only its keys, so the calls rotate over 2 caches and up to 32
+  window positions (cache_seqlens; FA2 gets the same keys as a slice).
 
 GPU time: CUDA events around calls queued behind a GPU sleep, input sets rotated through more than
 3x the L2 cache, median of 20 (attngen.eval.bench.time_calls); eager time: calls back to back with
@@ -257,6 +263,46 @@ def expr_rows():
     return rows
 
 
+def decode_rows():
+    rows = []
+    d, h, hk = 128, 32, 8
+    scale = d ** -0.5
+    plain, windowed = kernel("h200_decode_d128"), kernel("h200_decode_d128_window")
+    softcap, alibi = kernel("h200_decode_d128_softcap"), kernel("h200_decode_d128_alibi")
+    for b, cap in ((1, 32768), (8, 32768), (8, 8192)):
+        caches = [tuple(torch.randn(b, cap, hk, d, generator=GEN, device=DEV).to(DTYPE) for _ in range(2))
+                  for _ in range(2)]
+        q = torch.randn(b, 1, h, d, generator=GEN, device=DEV).to(DTYPE)
+        slopes = torch.rand(b, h, generator=GEN, device=DEV) * 0.3
+        for w in (None, 4096, 1024, 256):
+            span = cap if w is None else w + 1
+            positions = 1 if w is None else max(1, min(32, (cap - span) // (span + 128) + 1))
+            sets = [(c, cap - j * (span + 128)) for c in range(len(caches)) for j in range(positions)]
+            lens = {length: torch.full((b,), length, dtype=torch.int32, device=DEV) for _, length in sets}
+            window = {} if w is None else {"window_size_left": w, "window_size_right": 0}
+
+            def peer(c, length):
+                kc, vc = caches[c]
+                return torch.ops.aten._flash_attention_forward(q, kc[:, :length], vc[:, :length], None, None, 1,
+                                                               length, 0.0, True, False, scale=scale, **window)[0]
+
+            def ours(c, length, kern=plain if w is None else windowed, **kw):
+                kc, vc = caches[c]
+                return kern(q, kc, vc, cache_seqlens=lens[length], causal=True, layout="bshd", scale=scale,
+                            **({} if w is None else {"window": (w, 0)}), **kw)
+            row = {"variant": "decode", "d": d, "shape": f"B{b} {h}/{hk} Sk{cap}", "window": w,
+                   "positions": len(sets), "fa2": timed(peer, sets)}
+            row["attngen"] = {**timed(ours, sets), "max_diff_fa2": max_diff(ours(*sets[0]), peer(*sets[0]))}
+            if w is None:
+                row["softcap"] = timed(lambda c, length: ours(c, length, softcap, softcap=30.0), sets)
+                row["alibi"] = timed(lambda c, length: ours(c, length, alibi, alibi_slopes=slopes), sets)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del caches
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     global DTYPE, SUFFIX
     out = sys.argv[1]
@@ -264,7 +310,7 @@ def main():
     if len(sys.argv) > 3 and sys.argv[3] == "bf16":
         DTYPE, SUFFIX = torch.bfloat16, "_bf16"
     rows = ((window_rows() if "window" in which else []) + (score_rows() if "scores" in which else [])
-            + (expr_rows() if "expr" in which else []))
+            + (expr_rows() if "expr" in which else []) + (decode_rows() if "decode" in which else []))
     with open(out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(DTYPE),
                    "rows": rows}, f, indent=1)

@@ -254,6 +254,11 @@ __device__ __forceinline__ int visible_keys(int row, int seqlen_k, int causal_of
     else return seqlen_k;
 }
 
+// The mask hides keys before some row's key_begin; without one, nothing compares against it (the
+// kinds test it inline: a helper call, even one that folds away, changes ptxas's schedule).
+template <Mask kMask>
+constexpr bool kHasLeftBound = false;
+
 // Byte offset of 16-byte chunk `chunk` of row `row` inside a Q/K/V tile.
 __device__ __forceinline__ int tile_offset(int row, int chunk) {
     if constexpr (kXorSwizzle) chunk ^= (row >> kSwizzleRowShift) & kSwizzleMask;
@@ -406,11 +411,17 @@ __device__ __forceinline__ DecodeBlock decode_block(const Params& p) {
             min(max(len, 0), p.seqlen_k)};
 }
 
-// Keys [0, end) are visible to new token t. Causal is bottom-right: the seqlen_q new tokens are the
-// last of the sequence's seqlen keys, and token t sees the keys up to its own position.
+// Keys [token_key_begin, token_key_end) are visible to new token t. Masks are bottom-right: the
+// seqlen_q new tokens are the last of the sequence's seqlen keys, and token t's own position is key
+// seqlen - seqlen_q + t; causal sees the keys up to it.
 template <Mask kMask>
 __device__ __forceinline__ int token_key_end(int t, const DecodeBlock& c, const Params& p) {
     return visible_keys<kMask>(t, c.seqlen, c.seqlen - p.seqlen_q);   // the shared mask hook, bottom-right
+}
+
+template <Mask kMask>
+__device__ __forceinline__ int token_key_begin(int t, const DecodeBlock& c, const Params& p) {
+    return 0;
 }
 
 // The block's group rows of Q into the Q tile (16-byte chunks; rows past the group are zeros).
@@ -745,7 +756,9 @@ __device__ __forceinline__ void attention(const Params& p) {
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const DecodeBlock c = decode_block(p);
     const int n_tiles = (c.seqlen + kBlockN - 1) / kBlockN;
-    const int first = c.split * p.tiles_per_split;
+    // Tiles before the one holding token 0's first visible key are never visited (a window's left
+    // bound); the splits share the tiles from there on.
+    const int first = (kHasLeftBound<kMask> ? token_key_begin<kMask>(0, c, p) / kBlockN : 0) + c.split * p.tiles_per_split;
     const int count = max(0, min(n_tiles, first + p.tiles_per_split) - first);   // tiles of this split
 
     // The ring's first kStages - 1 tiles go out before Q is even read.
@@ -764,14 +777,19 @@ __device__ __forceinline__ void attention(const Params& p) {
             for (int kk = 0; kk < kKStepsQK; ++kk) load_q_fragment(qf[mt][kk], smem_addr + kSmem_q, mt, kk, lane);
     }
 
-    // Where each of this thread's rows stops seeing keys, and from which key any row of the block does.
-    int row_end[kMTiles][2];
+    // Where each of this thread's rows stops seeing keys, and from which key any row of the block does
+    // (with a left bound: where each row starts, and up to which key some row does not see them yet).
+    int row_end[kMTiles][2], row_begin[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            row_end[mt][h] = token_key_end<kMask>((c.row0 + 16 * mt + lane / 4 + 8 * h) % p.seqlen_q, c, p);
+        for (int h = 0; h < 2; ++h) {
+            const int t = (c.row0 + 16 * mt + lane / 4 + 8 * h) % p.seqlen_q;
+            row_end[mt][h] = token_key_end<kMask>(t, c, p);
+            if constexpr (kHasLeftBound<kMask>) row_begin[mt][h] = token_key_begin<kMask>(t, c, p);
+        }
     const int mask_from = token_key_end<kMask>(0, c, p);   // keys from here on are hidden from some row
+    const int mask_until = kHasLeftBound<kMask> ? token_key_begin<kMask>(p.seqlen_q - 1, c, p) : 0;   // ... and before here
 
     float o[kMTiles][kDTiles][4], row_max[kMTiles][2], row_sum[kMTiles][2];
 #pragma unroll
@@ -795,14 +813,18 @@ __device__ __forceinline__ void attention(const Params& p) {
         float s[kMTiles][kNTiles][4];
         score_tile(s, qf, smem_addr + kSmem_q, slot + kSmem_k0, key_w0, lane);
         const int key0 = (first + i) * kBlockN + key_w0;
-        if (key0 + kKeysPerWarp > mask_from) {   // past the sequence, or a causal row's own position
+        // past the sequence, a causal row's own position
+        if (key0 + kKeysPerWarp > mask_from || (kHasLeftBound<kMask> && key0 < mask_until)) {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-                    for (int v = 0; v < 4; ++v)
-                        if (key0 + 8 * nt + 2 * (lane % 4) + (v & 1) >= row_end[mt][v >> 1]) s[mt][nt][v] = -INFINITY;
+                    for (int v = 0; v < 4; ++v) {
+                        const int key = key0 + 8 * nt + 2 * (lane % 4) + (v & 1);
+                        if (key >= row_end[mt][v >> 1] || (kHasLeftBound<kMask> && key < row_begin[mt][v >> 1]))
+                            s[mt][nt][v] = -INFINITY;
+                    }
         }
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)

@@ -9,13 +9,14 @@ import pytest
 
 import attngen
 from attngen.eval import verify
-from attngen.eval.decode_verify import decode_cases
+from attngen.eval.decode_verify import decode_cases, window_cases
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 DECODE_SPECS = sorted((ROOT / "specs").glob("*decode*.yaml"))
 D128 = ROOT / "specs" / "h200_decode_d128.yaml"
+WINDOW = ROOT / "specs" / "h200_decode_d128_window.yaml"
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,7 +34,9 @@ def torch():
 def test_decode_spec_passes_every_case(spec):
     kernel = load_once(spec)
     results = verify.verify_kernel(kernel, verify.FULL_SUITE, spec_label=kernel.name)
-    assert len(results) == len(decode_cases(kernel.plan.block_n, kernel.plan.page_size))
+    plan = kernel.plan
+    windows = window_cases(plan.block_n, plan.page_size) if "window" in plan.masks else ()
+    assert len(results) == len(decode_cases(plan.block_n, plan.page_size)) + len(windows)
     assert all(r.passed for r in results), "\n".join(
         f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
 
@@ -119,3 +122,74 @@ def test_bad_num_splits_and_shapes_are_refused(torch):
         kernel(q[:, :30], k, v)
     with pytest.raises(ValueError, match="k_cache and v_cache"):
         kernel(q, k, v[:, :, :256])
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_window_reads_only_its_tiles(torch, paged):
+    """A window over a long cache: K and V are NaN in every tile before the one holding the first
+    visible key (were one read, 0 x NaN would reach O), and with a page table the pages there are
+    -1 (were one read, the kernel would report a bad page id); the output matches the cache without
+    the poison, and the kernel reports nothing."""
+    kernel = load_once(WINDOW)
+    n, left = kernel.plan.block_n, 300
+    q = torch.randn(2, 32, 4, 128, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    lens = torch.tensor([4096, 3001], dtype=torch.int32, device="cuda")
+    clean = kernel(q, k, v, cache_seqlens=lens, causal=True, window=(left, 0), num_splits=3)
+    first_tile = [(int(length) - 4 - left) // n for length in lens]
+    for b, tile in enumerate(first_tile):
+        k[b, :, :tile * n] = float("nan")
+        v[b, :, :tile * n] = float("nan")
+    if paged:
+        page = kernel.plan.page_size
+        kp = k.view(2, 8, 256, page, 128).permute(0, 2, 1, 3, 4).reshape(512, 8, page, 128)
+        vp = v.view(2, 8, 256, page, 128).permute(0, 2, 1, 3, 4).reshape(512, 8, page, 128)
+        table = torch.arange(512, dtype=torch.int32, device="cuda").view(2, 256)
+        for b, tile in enumerate(first_tile):
+            table[b, :tile * n // page] = -1
+        out = kernel(q, kp.contiguous(), vp.contiguous(), cache_seqlens=lens, block_table=table, causal=True,
+                     window=(left, 0), num_splits=3)
+    else:
+        out = kernel(q, k, v, cache_seqlens=lens, causal=True, window=(left, 0), num_splits=3)
+    attngen.check_errors()
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, clean)
+
+
+def test_window_splits_cover_the_window(torch):
+    """Splits share the window's tiles, not the cache's: one split, the heuristic's and the most give
+    the same answer, and the heuristic splits the window's few tiles, not the cache's many."""
+    kernel = load_once(WINDOW)
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 8, 32768, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    lens = torch.tensor([32768], dtype=torch.int32, device="cuda")
+    outs = [kernel(q, k, v, cache_seqlens=lens, window=(1000, 0), num_splits=n) for n in (1, None, 128)]
+    assert kernel.last_splits <= 10   # 1001 keys: at most 9 tiles of 128
+    for o in outs[1:]:
+        assert (o.float() - outs[0].float()).abs().max().item() < 2e-3
+
+
+@pytest.mark.parametrize("spec, option", [(WINDOW, {"window": (4, 4)}),
+                                          (ROOT / "specs" / "h200_decode_d128_softcap.yaml", {"softcap": 0.0}),
+                                          (ROOT / "specs" / "h200_decode_d128_alibi.yaml", {"alibi_slopes": "int"})])
+def test_bad_variant_arguments_are_refused(torch, spec, option):
+    kernel = load_once(spec)
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 8, 512, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    if "window" in option:
+        with pytest.raises(ValueError, match="window sides must be integers >= -1"):
+            kernel(q, k, v, window=(-2, 0))
+        with pytest.raises(ValueError, match="softcap= needs a spec"):
+            kernel(q, k, v, softcap=5.0)
+    elif "softcap" in option:
+        with pytest.raises(ValueError, match="positive finite"):
+            kernel(q, k, v, softcap=0.0)
+        with pytest.raises(ValueError, match="pass softcap="):
+            kernel(q, k, v)
+        with pytest.raises(ValueError, match="no window variant"):
+            kernel(q, k, v, softcap=5.0, window=(3, 0))
+    else:
+        with pytest.raises(TypeError, match="must be float32"):
+            kernel(q, k, v, alibi_slopes=torch.ones(32, dtype=torch.int32, device="cuda"))
+        with pytest.raises(ValueError, match="must have shape"):
+            kernel(q, k, v, alibi_slopes=torch.ones(8, device="cuda"))

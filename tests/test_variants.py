@@ -95,7 +95,7 @@ def spec_text(path: str, **changes) -> str:
     return "\n".join(out) + "\n"
 
 
-@pytest.mark.parametrize("path", ["phase4.yaml", "phase5_wmma.yaml", "h200_decode_d128.yaml"])
+@pytest.mark.parametrize("path", ["phase4.yaml", "phase5_wmma.yaml"])
 def test_kinds_without_the_hooks_refuse_window_and_scores(path):
     with pytest.raises(SpecError, match="does not generate the window mask") as e:
         parse_spec(spec_text(path, masks="[none, window]"), file="x.yaml")
@@ -103,6 +103,15 @@ def test_kinds_without_the_hooks_refuse_window_and_scores(path):
     with pytest.raises(SpecError, match="does not apply score modifiers") as e:
         parse_spec(spec_text(path, scores="[softcap]"), file="x.yaml")
     assert e.value.key == "scores"
+
+
+def test_decode_takes_the_builtins_not_expressions():
+    spec = parse_spec(spec_text("h200_decode_d128.yaml", masks="[none, causal, window]", scores="[softcap, alibi]"),
+                      file="x.yaml")
+    assert spec.masks == ["none", "causal", "window"] and spec.scores == ["softcap", "alibi"]
+    with pytest.raises(SpecError, match="not expressions") as e:
+        parse_spec(spec_text("h200_decode_d128.yaml") + "variant: {mask: \"kv_idx <= q_idx\"}\n", file="x.yaml")
+    assert e.value.key == "variant"
 
 
 def test_scores_are_listed_once_in_their_order():

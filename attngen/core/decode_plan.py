@@ -101,6 +101,13 @@ def row_blocks(plan, heads: int, kv_heads: int, seqlen_q: int) -> int:
     return -(-(heads // kv_heads) * seqlen_q // plan.block_m)
 
 
+def visited_tiles(n_tiles: int, block_n: int, seqlen_q: int, left: int) -> int:
+    """The most K/V tiles one block of a sequence visits under a window of `left` keys (>= 0) before
+    each new token: its seqlen_q tokens see seqlen_q + left keys ending at the sequence's end, which
+    span at most one tile more than they fill; never more than the cache's n_tiles."""
+    return min(n_tiles, -(-(seqlen_q + left) // block_n) + 1)
+
+
 def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int,
                in_flight: int = 0) -> int:
     """The fewest key slices whose wave efficiency (blocks in flight / slots of the last wave) is

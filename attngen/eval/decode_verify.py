@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .verify import FULL_SUITE, CaseResult, attention_torch, exact_fp32_matmul, judge_rows
+from .verify import FULL_SUITE, CaseResult, attention_torch, exact_fp32_matmul, judge_rows, score_arguments, \
+    score_modifiers
 
 QUICK_CASES = 5   # the first cases of decode_cases for `attngen verify --quick`
 
@@ -22,13 +23,37 @@ class DecodeCase:
     layout: str = "bhsd"
     num_splits: int | None = None
     page_size: int | None = None      # paged: the cache lives in shuffled pages of a pool, through a table
+    window: tuple[int, int] | None = None   # (left, right) from each new token's own position (window mask)
+
+    @property
+    def mask(self) -> str:
+        """The kernel function the case calls."""
+        if self.window is not None:
+            return "window"
+        return "causal" if self.causal else "none"
+
+    @property
+    def variant(self) -> str:
+        """The variant column of the report."""
+        if self.window is not None:
+            return (f"window({self.window[0]},{self.window[1]})" + ("+causal" if self.causal else "")
+                    + ":bottom_right")
+        return "causal:bottom_right" if self.causal else "none"
+
+    @property
+    def visible_window(self) -> tuple[int, int] | None:
+        """The window the reference draws: causal bounds its right side at 0."""
+        if self.window is None:
+            return None
+        return (self.window[0], 0) if self.causal else self.window
 
     @property
     def label(self) -> str:
         lens = "full" if self.lengths is None else ",".join(map(str, self.lengths))
         return (f"{self.batch}x{self.heads}/{self.kv_heads}xq{self.seqlen_q}xcap{self.capacity} lens[{lens}] "
                 f"{'causal ' if self.causal else ''}{self.layout} splits={self.num_splits or 'auto'}"
-                + (f" paged{self.page_size}" if self.page_size else ""))
+                + (f" paged{self.page_size}" if self.page_size else "")
+                + (f" window({self.window[0]},{self.window[1]})" if self.window is not None else ""))
 
 
 def decode_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
@@ -62,17 +87,50 @@ def decode_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
     return plain[:3] + paged + plain[3:]   # --quick takes the first few: both kinds of cache
 
 
-def reference(torch, q, k, v, lengths, causal: bool, scale: float):
-    """(fp32 reference O, its LSE, torch's low-precision O): each sequence against its own keys;
-    causal is bottom-right (token t of Sq sees keys <= len - Sq + t)."""
+def window_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
+    """Windows (left, right) counted from each new token: of 0 and 1 key, a tile +- 1 (from one
+    token, and from four with causal), one-sided ones, and one wider than any sequence; over
+    sequences shorter than the window, a tile +- 1 long and many tiles long; the heuristic's splits,
+    many splits over a window of several tiles, GQA/MQA, both layouts, and paged caches."""
+    n = block_n
+    cap = 8 * n + 37
+    cases = [
+        DecodeCase(3, 32, 8, 1, cap, (1, n + 1, cap), window=(0, 0)),
+        DecodeCase(3, 32, 8, 4, cap, (3, n, cap), window=(1, -1)),
+        DecodeCase(3, 32, 8, 4, cap, (n - 1, 3 * n + 5, cap), window=(n - 1, n + 1)),
+        DecodeCase(2, 16, 2, 4, cap, (2 * n + 3, cap), causal=True, window=(n + 1, 1), layout="bshd"),
+        DecodeCase(2, 8, 1, 16, cap, (5, cap), window=(-1, 2)),
+        DecodeCase(4, 16, 2, 1, cap, (1, 7 * n + 5, 2 * n, cap), causal=True, window=(3 * n + 5, -1), num_splits=8),
+        DecodeCase(1, 32, 32, 2, cap, (cap,), causal=True, window=(2 * n - 1, 0), num_splits=3),
+        DecodeCase(2, 32, 8, 1, cap, (cap, 4), window=(5000, 5000)),
+    ]
+    if page_size:
+        pg = page_size
+        pcap = 12 * pg
+        cases += [
+            DecodeCase(3, 32, 8, 4, pcap, (pcap, 5, 7 * pg + 3), causal=True, window=(pg + 1, 0), page_size=pg),
+            DecodeCase(2, 16, 2, 1, pcap, (pcap, 2 * pg), layout="bshd", window=(3 * pg - 1, -1), num_splits=5,
+                       page_size=pg),
+        ]
+    return tuple(cases)
+
+
+def reference(torch, q, k, v, lengths, case: DecodeCase, scale: float, modifiers: tuple = ()):
+    """(fp32 reference O, its LSE, torch's low-precision O): each sequence against its own keys, with
+    its own length as Sk for the masks and score modifiers (`modifiers`: (ScoreVariant, value) of the
+    whole batch); masks are bottom-right (token t of Sq sits at key len - Sq + t)."""
     outs, lses, lows = [], [], []
+    mask = case.mask
+    align = "bottom_right" if mask != "none" else None
     for b in range(q.shape[0]):
         L = k.shape[2] if lengths is None else lengths[b]
         qb, kb, vb = q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L]
-        mask, align = ("causal", "bottom_right") if causal else ("none", None)
+        mods = tuple((s, s.select_batches(value, slice(b, b + 1)) if s.select_batches else value)
+                     for s, value in modifiers)
+        args = dict(scale=scale, mask=mask, alignment=align, window=case.visible_window, modifiers=mods)
         with exact_fp32_matmul(torch):
-            ref, lse = attention_torch(qb.float(), kb.float(), vb.float(), scale=scale, mask=mask, alignment=align)
-        low, _ = attention_torch(qb, kb, vb, scale=scale, mask=mask, alignment=align)
+            ref, lse = attention_torch(qb.float(), kb.float(), vb.float(), **args)
+        low, _ = attention_torch(qb, kb, vb, **args)
         outs.append(ref), lses.append(lse), lows.append(low.float())
     return torch.cat(outs), torch.cat(lses), torch.cat(lows)
 
@@ -80,9 +138,7 @@ def reference(torch, q, k, v, lengths, causal: bool, scale: float):
 def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None = None) -> CaseResult:
     """Run one case on a poisoned output and compare it with the fp32 reference."""
     import torch
-    mask = "causal" if case.causal else "none"
-    result = CaseResult(label or kernel.label, kernel.entry[mask], "causal:bottom_right" if case.causal else "none",
-                        case, passed=False)
+    result = CaseResult(label or kernel.label, kernel.entry[case.mask], case.variant, case, passed=False)
     g = torch.Generator(device=kernel.device).manual_seed(seed)
     d, dtype, dev = kernel.plan.head_dim, kernel.dtype, kernel.device
 
@@ -103,10 +159,13 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
     kc, vc, table = k, v, None
     if case.page_size:
         kc, vc, table = paged_cache(torch, k, v, case.lengths, case.page_size, case.layout, g)
+    scores = score_arguments(kernel.plan, b, h, g, dev)
+    extra = {"window": case.window} if case.window is not None else {}
     o, lse = kernel(q, kc, vc, cache_seqlens=lens, block_table=table, causal=case.causal, num_splits=case.num_splits,
-                    return_lse=True, layout=case.layout, out=out)
+                    return_lse=True, layout=case.layout, out=out, **extra, **scores)
     torch.cuda.synchronize(dev)
-    ref, ref_lse, low = reference(torch, view(q), view(k), view(v), case.lengths, case.causal, scale)
+    ref, ref_lse, low = reference(torch, view(q), view(k), view(v), case.lengths, case, scale,
+                                  score_modifiers(kernel.plan, scores))
     judge_rows(result, torch, view(o), ref, low, lse, ref_lse, kernel.plan.spec.dtype)
     return result
 
@@ -148,14 +207,13 @@ def verify_cases(kernel, shapes, masks) -> list[tuple]:
     """The decode cases of `attngen verify` for the masks asked (the forward shapes only choose
     quick, fewer than the full suite, or full)."""
     cases = decode_cases(kernel.plan.block_n, kernel.plan.page_size)
+    windows = window_cases(kernel.plan.block_n, kernel.plan.page_size) if "window" in masks else ()
     if len(tuple(shapes)) < len(FULL_SUITE):
-        cases = cases[:QUICK_CASES]
+        cases, windows = cases[:QUICK_CASES], windows[:QUICK_CASES]
     out = []
-    for i, case in enumerate(cases):
-        mask = "causal" if case.causal else "none"
-        if mask not in masks:
+    for i, case in enumerate(cases + windows):
+        if case.mask not in masks:
             continue
-        variant = "causal:bottom_right" if case.causal else "none"
-        out.append((variant, kernel.entry[mask], case, i,
+        out.append((case.variant, kernel.entry[case.mask], case, i,
                     lambda seed, label, case=case: check_decode_case(kernel, case, seed, label)))
     return out

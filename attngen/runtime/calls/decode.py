@@ -9,11 +9,12 @@ import functools
 import numbers
 import threading
 
-from ...core.decode_plan import num_splits, row_blocks
+from ...core.decode_plan import num_splits, row_blocks, visited_tiles
 from ...core.forward_plan import LOG2E
+from ...core.variants import BOTTOM_RIGHT
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
-from .forward import PER_CALL as FORWARD_PER_CALL, bhsd_strides
+from .forward import PER_CALL as FORWARD_PER_CALL, bhsd_strides, mask_fields, variant_key
 
 WORKSPACES = 64                 # split-partial buffers kept (device x stream x thread)
 POINTERS = ("q", "k", "v", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", "block_table", "split_counters")
@@ -37,6 +38,12 @@ class DecodeKernel(Kernel):
     than read outside them. validate=True reads the lengths (and the pages a sequence uses) back
     and refuses bad ones (one small device-to-host copy, for debugging).
 
+    Variants (where the spec has them), as FlashAttention's flash_attn_with_kvcache takes them:
+    window=(left, right): new token t sees keys len - Sq + t - left .. len - Sq + t + right (-1 an
+    unbounded side; causal=True bounds the right side at 0); only the tiles from token 0's first
+    visible key on are read, and the splits share those. softcap=cap and alibi_slopes (fp32 (Hq,)
+    or (B, Hq)): as the forward call's, with each sequence's own length as Sk.
+
     Paged caches (the spec's page_size): k_cache and v_cache are pools of pages, (num_pages, Hkv,
     page_size, D) ("bshd": (num_pages, page_size, Hkv, D)), and block_table (int32, (B, max_pages))
     lists each sequence's pages in order; cache_seqlens is required. Entries past a sequence's
@@ -44,7 +51,8 @@ class DecodeKernel(Kernel):
     """
 
     def _setup(self) -> None:
-        self._decode = self.plan.abi.packer(PER_CALL)
+        self._mask_fields = mask_fields(self.plan)
+        self._decode = self.plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields))
         self._pointers = self.plan.abi.patch(POINTERS)
         self._workspaces = {}        # (device, stream, thread) -> fp32 split partials
         self._captured = []          # workspaces of calls captured in CUDA graphs (the graphs read them)
@@ -56,7 +64,9 @@ class DecodeKernel(Kernel):
 
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
-                 layout: str = "bhsd", out=None, validate: bool = False):
+                 layout: str = "bhsd", out=None, validate: bool = False, window=None, softcap: float | None = None,
+                 alibi_slopes=None):
+        variants = variant_key(window, softcap, alibi_slopes)
         key = None
         if out is None and not validate:
             # A shape seen before: its checks passed and its Params are laid out; only the pointers
@@ -67,7 +77,7 @@ class DecodeKernel(Kernel):
                        k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
                        None if lens is None else (lens.shape, lens.dtype, lens.stride(), lens.get_device()),
                        None if table is None else (table.shape, table.dtype, table.stride(), table.get_device()),
-                       causal, scale, num_splits, return_lse, layout)
+                       causal, scale, num_splits, return_lse, layout, variants)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None
@@ -76,7 +86,7 @@ class DecodeKernel(Kernel):
                 if not (qp | kp | vp) % LOAD_BYTES:
                     return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse)
         return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
-                                return_lse, layout, out, validate, key)
+                                return_lse, layout, out, validate, key, (window, softcap, alibi_slopes))
 
     def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse):
         lse_shape, accum, counters, splits = prepared.extra
@@ -95,7 +105,7 @@ class DecodeKernel(Kernel):
         return (out, lse) if return_lse else out
 
     def _first_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
-                    layout, out, validate, key):
+                    layout, out, validate, key, variants):
         """Every check, the split count and the Params of a call; remembered under `key`."""
         index, qs, ks, vs = self._padded_inputs(layout, ("q", "k_cache", "v_cache"), q, k_cache, v_cache)
         bhsd = layout == "bhsd"
@@ -111,12 +121,19 @@ class DecodeKernel(Kernel):
             raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
         if batch > MAX_GRID_YZ:
             raise ValueError(f"batch ({batch}) must be at most {MAX_GRID_YZ} (grid z limit)")
-        mask = self._check_mask(causal)
+        window, softcap, alibi_slopes = variants
+        mask = self._check_mask(causal, window)
         if cache_seqlens is not None:
             self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged, index)
         if paged and validate:
             self._check_pages(block_table, cache_seqlens, pool)
         scale = self._check_scale(scale)
+        # A window counts from each new token's own position (bottom-right, offset 0 here; the kernel
+        # adds each sequence's len - Sq).
+        takes_window = mask == "window"
+        mask_values = self._variant_values(mask, causal, BOTTOM_RIGHT if takes_window else None, window, seqlen_q,
+                                           seqlen_q, scale, {"softcap": softcap, "alibi_slopes": alibi_slopes},
+                                           {"batch": batch, "heads": heads, "device": index})
         torch = self._torch
         out_given = out
         out = self._output(out, q, layout, index)
@@ -130,6 +147,8 @@ class DecodeKernel(Kernel):
             raise ValueError(f"kv_heads x row blocks ({kv_heads} x {blocks_per_row}) exceed {MAX_GRID_YZ}")
         info = self._device(index)
         n_tiles = -(-capacity // self.plan.block_n)
+        if takes_window and window[0] >= 0:   # the tiles a block visits: its new tokens' window
+            n_tiles = visited_tiles(n_tiles, self.plan.block_n, seqlen_q, window[0])
         if num_splits is None:
             splits = num_splits_for(self.plan, batch * kv_heads * blocks_per_row, n_tiles, info.sm_count)
         else:
@@ -148,14 +167,18 @@ class DecodeKernel(Kernel):
             lse_accum = o_accum + 4 * accum
         merges = self.plan.merges_in_kernel(splits)   # the split kernel merges the splits: no combine launch
         counters = batch * kv_heads * blocks_per_row if merges else 0
+        lens_ptr = cache_seqlens.data_ptr() if cache_seqlens is not None else 0
+        table_ptr = block_table.data_ptr() if paged else 0
+        counters_ptr = self._counters(counters, index) if counters else 0
         values = [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                   lse.data_ptr() if lse is not None else 0,
                   *bhsd_strides(q.stride(), layout), *bhsd_strides(k_cache.stride(), layout),
                   *bhsd_strides(v_cache.stride(), layout), *bhsd_strides(out.stride(), layout),
-                  heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, capacity, scale * LOG2E,
-                  error_word(index), cache_seqlens.data_ptr() if cache_seqlens is not None else 0, o_accum, lse_accum,
-                  splits, tiles_per_split, blocks_per_row, self._counters(counters, index) if counters else 0,
-                  block_table.data_ptr() if paged else 0, block_table.stride(0) if paged else 0, pool if paged else 0]
+                  heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, capacity,
+                  mask_values.pop("scale_log2", scale * LOG2E), error_word(index), lens_ptr, o_accum, lse_accum,
+                  splits, tiles_per_split, blocks_per_row, counters_ptr, table_ptr,
+                  block_table.stride(0) if paged else 0, pool if paged else 0]
+        values += [mask_values.get(f.name, f.default) for f in self._mask_fields]
         launches = [(self.entry[self.plan.split_key(mask, splits)], (splits, kv_heads * blocks_per_row, batch))]
         if splits > 1 and not merges:
             combine = self.functions[self.plan.combine_part.functions[0][1]]
@@ -165,7 +188,7 @@ class DecodeKernel(Kernel):
                             ((batch, heads, seqlen_q), accum, counters, splits))
         if out_given is None:
             self._remember(key, prepared)
-        self._run(prepared, tuple(values[:5]) + (values[26], o_accum, lse_accum, values[-3], values[-4]))
+        self._run(prepared, tuple(values[:5]) + (lens_ptr, o_accum, lse_accum, table_ptr, counters_ptr))
         self.last_splits = splits
         return (out, lse) if return_lse else out
 
