@@ -21,7 +21,8 @@ Usage: python3 .ci/variant_bench.py OUT.json [window,scores,expr,decode] [fp16|b
   h200_decode_d128 over the whole cache (causal) beside h200_decode_d128_window with causal windows
   of 256 / 1024 / 4096, against torch.ops.aten._flash_attention_forward (FA2, Sq 1, causal
   bottom-right, window_size_left); softcap 30 and ALiBi (h200_decode_d128_softcap / _alibi) against
-  the plain spec. A window reads only its keys, so the calls rotate over 2 caches and up to 32
+  the plain spec; the expression specs h200_decode_d128_expr_window and _expr_softcap_alibi beside
+  them. A window reads only its keys, so the calls rotate over 2 caches and up to 32
   window positions (cache_seqlens; FA2 gets the same keys as a slice).
 
 GPU time: CUDA events around calls queued behind a GPU sleep, input sets rotated through more than
@@ -269,6 +270,7 @@ def decode_rows():
     scale = d ** -0.5
     plain, windowed = kernel("h200_decode_d128"), kernel("h200_decode_d128_window")
     softcap, alibi = kernel("h200_decode_d128_softcap"), kernel("h200_decode_d128_alibi")
+    expr_window, expr_scores = kernel("h200_decode_d128_expr_window"), kernel("h200_decode_d128_expr_softcap_alibi")
     for b, cap in ((1, 32768), (8, 32768), (8, 8192)):
         caches = [tuple(torch.randn(b, cap, hk, d, generator=GEN, device=DEV).to(DTYPE) for _ in range(2))
                   for _ in range(2)]
@@ -296,6 +298,16 @@ def decode_rows():
             if w is None:
                 row["softcap"] = timed(lambda c, length: ours(c, length, softcap, softcap=30.0), sets)
                 row["alibi"] = timed(lambda c, length: ours(c, length, alibi, alibi_slopes=slopes), sets)
+                head_slopes = slopes[0].contiguous()
+                row["expr_softcap_alibi"] = timed(lambda c, length: expr_scores(
+                    q, caches[c][0], caches[c][1], cache_seqlens=lens[length], causal=True, layout="bshd",
+                    scale=scale, params={"cap": 30.0, "slope": head_slopes}), sets)
+            else:
+                def expression(c, length):
+                    return expr_window(q, caches[c][0], caches[c][1], cache_seqlens=lens[length], layout="bshd",
+                                       scale=scale, params={"left": w})
+                row["expr_window"] = {**timed(expression, sets),
+                                      "max_diff_builtin": max_diff(expression(*sets[0]), ours(*sets[0]))}
             rows.append(row)
             print(json.dumps(row), flush=True)
         del caches

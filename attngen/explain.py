@@ -51,8 +51,7 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     if scores:
         out.append("scores (every function, before the mask, in this order): " + "; ".join(
             f"{v.name}: {v.describe} (the call passes {v.argument}=)" for v in scores))
-    if plan.expression is not None:
-        out += plan.expression.explain_lines(plan.block_m, plan.block_n)
+    out += plan.expression_lines()
     out += ["", "shared memory:", f"  {'region':<7} {'offset':>7} {'bytes':>7} {'KiB':>7}  {'shape':<16} {'pitch':>6}  "
             f"{'layout':<28} purpose"]
     for r in plan.regions:

@@ -385,19 +385,19 @@ __device__ __forceinline__ int expr_classify(const VariantEnv& e, int q_lo, int 
     return verdict;
 }
 
-// The K/V tiles of query block m0 (rows m0 .. m0 + kBlockM - 1), from one classification of each
-// (block, tile) pair: it visits tiles first .. first + count - 1 (those the classification does not
-// find empty, and any between), and tiles full_first .. full_first + full_count - 1 are full (every
-// key of them visible to every row, inside seqlen_k: no mask). The full run is empty unless the full
-// tiles are contiguous. Warp-collective: each lane classifies every 32nd tile. Past 64 tiles, a lane
-// first classifies a chunk of 32 tiles as a whole, and only the chunks not found empty are classified
-// tile by tile: a narrow mask over a long sequence then costs a few classifications, not tiles / 32.
+// The K/V tiles of rows q_lo .. q_hi, from one classification of each (rows, tile) pair: they visit
+// tiles first .. first + count - 1 (those the classification does not find empty, and any between),
+// and tiles full_first .. full_first + full_count - 1 are full (every key of them visible to every
+// row, inside seqlen_k: no mask). The full run is empty unless the full tiles are contiguous.
+// Warp-collective: each lane classifies every 32nd tile. Past 64 tiles, a lane first classifies a
+// chunk of 32 tiles as a whole, and only the chunks not found empty are classified tile by tile: a
+// narrow mask over a long sequence then costs a few classifications, not tiles / 32.
 struct ExprTiles { int first, count, full_first, full_count; };
-__device__ __forceinline__ ExprTiles expr_tiles(const VariantEnv& e, int m0) {
-    const int lane = threadIdx.x % 32, tiles = (e.seqlen_k + kBlockN - 1) / kBlockN, q_hi = m0 + kBlockM - 1;
+__device__ __forceinline__ ExprTiles expr_span(const VariantEnv& e, int q_lo, int q_hi) {
+    const int lane = threadIdx.x % 32, tiles = (e.seqlen_k + kBlockN - 1) / kBlockN;
     int lo = 0x7fffffff, hi = -1, full_lo = 0x7fffffff, full_hi = -1, n_full = 0;
     auto take = [&](int t) {
-        const int verdict = expr_classify(e, m0, q_hi, t * kBlockN, t * kBlockN + kBlockN - 1);
+        const int verdict = expr_classify(e, q_lo, q_hi, t * kBlockN, t * kBlockN + kBlockN - 1);
         if (verdict != 0) {
             lo = min(lo, t);
             hi = max(hi, t);
@@ -414,7 +414,7 @@ __device__ __forceinline__ ExprTiles expr_tiles(const VariantEnv& e, int m0) {
         for (int c0 = 0; c0 < tiles; c0 += 32 * 32) {      // 32 chunks of 32 tiles a round
             const int t0 = c0 + 32 * lane;
             const bool live = t0 < tiles &&
-                expr_classify(e, m0, q_hi, t0 * kBlockN, min(t0 + 32, tiles) * kBlockN - 1) != 0;
+                expr_classify(e, q_lo, q_hi, t0 * kBlockN, min(t0 + 32, tiles) * kBlockN - 1) != 0;
             for (unsigned chunks = __ballot_sync(0xffffffffu, live); chunks; chunks &= chunks - 1) {
                 const int t = c0 + 32 * (__ffs(chunks) - 1) + lane;
                 if (t < tiles) take(t);
@@ -428,6 +428,11 @@ __device__ __forceinline__ ExprTiles expr_tiles(const VariantEnv& e, int m0) {
     n_full = __reduce_add_sync(0xffffffffu, n_full);
     const bool contiguous = full_hi >= 0 && n_full == full_hi - full_lo + 1;
     return {hi < 0 ? 0 : lo, hi < 0 ? 0 : hi - lo + 1, contiguous ? full_lo : 0, contiguous ? n_full : 0};
+}
+
+// The K/V tiles of query block m0 (rows m0 .. m0 + kBlockM - 1).
+__device__ __forceinline__ ExprTiles expr_tiles(const VariantEnv& e, int m0) {
+    return expr_span(e, m0, m0 + kBlockM - 1);
 }
 
 // What apply() needs of a row and tile: the row, the tile's first key of this thread.

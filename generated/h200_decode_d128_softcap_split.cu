@@ -627,9 +627,9 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[kMTiles][kDTiles][4], c
     }
 }
 
-// The score modifiers of this thread's rows: a block's group rows belong to several query heads, so
-// each row gets the ScoreMods of its own head (padding rows past the group take the last head),
-// made for this sequence's keys, and the row's new token.
+// The score modifiers of this thread's rows: a block's group rows belong to several query
+// heads, so each row gets the ScoreMods of its own head (padding rows past the group take the
+// last head), made for this sequence's keys, and the row's new token.
 struct RowMods {
     ScoreMods mods[kMTiles][2];
     int token[kMTiles][2];
@@ -649,7 +649,8 @@ __device__ __forceinline__ RowMods row_mods(const DecodeBlock& c, const Params& 
 }
 
 // Every score of the warp's share of a tile through its row's modifiers; key0: this thread's first key.
-__device__ __forceinline__ void modify_scores(float (&s)[kMTiles][kNTiles][4], const RowMods& rows, int key0) {
+__device__ __forceinline__ void modify_scores(float (&s)[kMTiles][kNTiles][4], const RowMods& rows, int key0,
+                                              const Params&) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -892,7 +893,7 @@ __device__ __forceinline__ void attention(const Params& p) {
         float s[kMTiles][kNTiles][4];
         score_tile(s, qf, smem_addr + kSmem_q, slot + kSmem_k0, key_w0, lane);
         const int key0 = (first + i) * kBlockN + key_w0;
-        modify_scores(s, mods, key0 + 2 * (lane % 4));
+        modify_scores(s, mods, key0 + 2 * (lane % 4), p);
         // past the sequence, a causal row's own position
         if (key0 + kKeysPerWarp > mask_from || (kHasLeftBound<kMask> && key0 < mask_until)) {
 #pragma unroll

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DECODE_SPECS = sorted((ROOT / "specs").glob("*decode*.yaml"))
 D128 = ROOT / "specs" / "h200_decode_d128.yaml"
 WINDOW = ROOT / "specs" / "h200_decode_d128_window.yaml"
+EXPR_WINDOW = ROOT / "specs" / "h200_decode_d128_expr_window.yaml"
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,7 +37,11 @@ def test_decode_spec_passes_every_case(spec):
     results = verify.verify_kernel(kernel, verify.FULL_SUITE, spec_label=kernel.name)
     plan = kernel.plan
     windows = window_cases(plan.block_n, plan.page_size) if "window" in plan.masks else ()
-    assert len(results) == len(decode_cases(plan.block_n, plan.page_size)) + len(windows)
+    cases = decode_cases(plan.block_n, plan.page_size)
+    if "expr" in plan.masks:   # each case once through the expression (causal cases fold into plain ones)
+        cases = {(c.batch, c.heads, c.kv_heads, c.seqlen_q, c.capacity, c.lengths, c.layout, c.num_splits,
+                  c.page_size) for c in cases}
+    assert len(results) == len(cases) + len(windows)
     assert all(r.passed for r in results), "\n".join(
         f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
 
@@ -124,18 +129,21 @@ def test_bad_num_splits_and_shapes_are_refused(torch):
         kernel(q, k, v[:, :, :256])
 
 
+@pytest.mark.parametrize("expression", [False, True], ids=["builtin", "expression"])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_window_reads_only_its_tiles(torch, paged):
-    """A window over a long cache: K and V are NaN in every tile before the one holding the first
-    visible key (were one read, 0 x NaN would reach O), and with a page table the pages there are
-    -1 (were one read, the kernel would report a bad page id); the output matches the cache without
-    the poison, and the kernel reports nothing."""
-    kernel = load_once(WINDOW)
+def test_window_reads_only_its_tiles(torch, paged, expression):
+    """A window over a long cache (the built-in, and the same window as a mask expression, whose
+    block classification bounds the tiles): K and V are NaN in every tile before the one holding
+    the first visible key (were one read, 0 x NaN would reach O), and with a page table the pages
+    there are -1 (were one read, the kernel would report a bad page id); the output matches the
+    cache without the poison, and the kernel reports nothing."""
+    kernel = load_once(EXPR_WINDOW if expression else WINDOW)
     n, left = kernel.plan.block_n, 300
+    window = {"params": {"left": left}} if expression else {"causal": True, "window": (left, 0)}
     q = torch.randn(2, 32, 4, 128, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.float16) for _ in range(2))
     lens = torch.tensor([4096, 3001], dtype=torch.int32, device="cuda")
-    clean = kernel(q, k, v, cache_seqlens=lens, causal=True, window=(left, 0), num_splits=3)
+    clean = kernel(q, k, v, cache_seqlens=lens, num_splits=3, **window)
     first_tile = [(int(length) - 4 - left) // n for length in lens]
     for b, tile in enumerate(first_tile):
         k[b, :, :tile * n] = float("nan")
@@ -147,10 +155,10 @@ def test_window_reads_only_its_tiles(torch, paged):
         table = torch.arange(512, dtype=torch.int32, device="cuda").view(2, 256)
         for b, tile in enumerate(first_tile):
             table[b, :tile * n // page] = -1
-        out = kernel(q, kp.contiguous(), vp.contiguous(), cache_seqlens=lens, block_table=table, causal=True,
-                     window=(left, 0), num_splits=3)
+        out = kernel(q, kp.contiguous(), vp.contiguous(), cache_seqlens=lens, block_table=table,
+                     num_splits=3, **window)
     else:
-        out = kernel(q, k, v, cache_seqlens=lens, causal=True, window=(left, 0), num_splits=3)
+        out = kernel(q, k, v, cache_seqlens=lens, num_splits=3, **window)
     attngen.check_errors()
     assert torch.isfinite(out).all()
     assert torch.equal(out, clean)

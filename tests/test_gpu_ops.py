@@ -144,6 +144,47 @@ def test_attention_variants_through_the_table(torch):
                           (q, k, v, True, None, None, "bhsd", [64, 0], None, None))
 
 
+def test_kvcache_variants_through_the_table(torch):
+    """window, softcap and ALiBi through attngen.attention_with_kvcache: the table's decode variant
+    specs serve them (contiguous and paged), each output passes the error rule against the decode
+    reference of the same variant definitions, the op passes opcheck, and a compiled decode step
+    with a window runs through the op with no graph break."""
+    from attngen.core.variants import SCORES
+    from attngen.eval.decode_verify import DecodeCase, paged_cache, reference
+    q, k, v = randn(torch, 2, 32, 1, 128), randn(torch, 2, 8, 2000, 128), randn(torch, 2, 8, 2000, 128)
+    lengths = (2000, 777)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    slopes = torch.rand(2, 32, device="cuda") * 0.3
+    kp, vp, table = paged_cache(torch, k, v, lengths, 16, "bhsd")
+
+    def ref_check(out, case, modifiers=()):
+        ref, _, low = reference(torch, q, k, v, lengths, case, 128 ** -0.5, modifiers)
+        err = (out.float() - ref).abs().max().item()
+        assert err <= error_bound((low.float() - ref).abs().max().item()), err
+
+    window = DecodeCase(2, 32, 8, 1, 2000, lengths, causal=True, window=(300, 0))
+    plain = DecodeCase(2, 32, 8, 1, 2000, lengths)
+    for paged in (False, True):
+        kc, vc, tb = (kp, vp, table) if paged else (k, v, None)
+        call = dict(cache_seqlens=lens, block_table=tb)
+        ref_check(attngen.attention_with_kvcache(q, kc, vc, causal=True, window=(300, 0), **call), window)
+        ref_check(attngen.attention_with_kvcache(q, kc, vc, softcap=20.0, **call), plain,
+                  ((SCORES["softcap"], 20.0),))
+        ref_check(attngen.attention_with_kvcache(q, kc, vc, alibi_slopes=slopes, **call), plain,
+                  ((SCORES["alibi"], slopes),))
+    torch.library.opcheck(torch.ops.attngen.attention_with_kvcache_variant.default,
+                          (q, k, v, lens, None, True, None, None, "bhsd", [300, 0], None, None))
+
+    torch._dynamo.reset()
+
+    def step(q, k, v, lens):
+        return attngen.attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, window=(300, 0)) * 2
+
+    with torch.no_grad():
+        out = torch.compile(step, fullgraph=True)(q, k, v, lens)
+        assert (out.float() - step(q, k, v, lens).float()).abs().max().item() == 0
+
+
 def test_compiled_window_call_has_no_graph_break(torch):
     torch._dynamo.reset()
     q, k, v = randn(torch, 1, 4, 500, 64), randn(torch, 1, 4, 500, 64), randn(torch, 1, 4, 500, 64)

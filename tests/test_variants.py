@@ -105,13 +105,17 @@ def test_kinds_without_the_hooks_refuse_window_and_scores(path):
     assert e.value.key == "scores"
 
 
-def test_decode_takes_the_builtins_not_expressions():
+def test_decode_takes_the_builtins_or_expressions():
     spec = parse_spec(spec_text("h200_decode_d128.yaml", masks="[none, causal, window]", scores="[softcap, alibi]"),
                       file="x.yaml")
     assert spec.masks == ["none", "causal", "window"] and spec.scores == ["softcap", "alibi"]
-    with pytest.raises(SpecError, match="not expressions") as e:
-        parse_spec(spec_text("h200_decode_d128.yaml") + "variant: {mask: \"kv_idx <= q_idx\"}\n", file="x.yaml")
-    assert e.value.key == "variant"
+    spec = parse_spec(spec_text("h200_decode_d128.yaml", masks=None) + "variant: {mask: \"kv_idx <= q_idx\"}\n",
+                      file="x.yaml")
+    assert spec.masks == ["expr"]
+    with pytest.raises(SpecError, match="not both") as e:
+        parse_spec(spec_text("h200_decode_d128.yaml", masks=None, scores="[softcap]")
+                   + "variant: {mask: \"kv_idx <= q_idx\"}\n", file="x.yaml")
+    assert e.value.key == "scores"
 
 
 def test_scores_are_listed_once_in_their_order():

@@ -81,6 +81,22 @@ class DecodePlan(ForwardPlan):
     def body(self, key: str) -> str:
         return "attention_merging" if is_merging(key) else super().body(key)
 
+    def expression_lines(self) -> list[str]:
+        """A decode block's rows are several heads' new tokens: the expressions run per row (its head,
+        its token as q_idx, the sequence's length as seqlen_k), the mask key by key on every tile read."""
+        x = self.expression
+        if x is None:
+            return []
+        lines = ["expressions per row: each group row evaluates them with its own head and new token (q_idx "
+                 "0 .. seqlen_q - 1; seqlen_k and causal_offset are the sequence's len and len - seqlen_q)"]
+        if x.mask is not None:
+            lines.append("mask: key by key on every tile read; " + (
+                "it reads a head, so every tile of the sequence is read" if self.expression_cuda.mask_reads_head
+                else "it reads no head, so one interval classification per block of tokens 0 .. seqlen_q - 1 "
+                     "against each tile (in the kernel, a lane per tile) bounds the tiles read: the splits "
+                     "share the cache's tiles and each reads only those inside the bound"))
+        return lines
+
     def key_mask(self, key: str) -> str:
         return merged_mask(key)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .abi import AbiField, float32, float_pointer, int32, int_pointer
 from .expressions import (CUDA_HELPERS, classify_helpers_for, FLOAT, INT, PARAM_TYPES, Expression, parse, to_cuda, to_cuda_classifier, to_torch,
-                          uses_helpers)
+                          reads_head, uses_helpers)
 from .variants import ScoreVariant
 
 ARGUMENT = "params"                  # the call's keyword: {param name: value}
@@ -42,6 +42,8 @@ class CudaPieces:
     mask_text: str | None
     score_text: str | None
     later_rows_see_more: bool = False   # the mask gives later query blocks more tiles (launch them first)
+    expression_helpers: str = ""        # the helpers of the expressions alone (no classifier)
+    mask_reads_head: bool = False       # the mask can differ between heads (h, or a per-head param)
     batch_field: str = BATCH_FIELD
     scale_field: str = SCALE_FIELD
 
@@ -162,12 +164,13 @@ class ExpressionVariant:
         mask = to_cuda(self.mask, spell, index) if self.mask is not None else None
         classifier = (to_cuda_classifier(self.mask, spell, index) if self.mask is not None else None)
         score = to_cuda(self.score, spell, index) if self.score is not None else None
-        helpers = (CUDA_HELPERS if any(uses_helpers(x) for x in (self.mask, self.score) if x is not None) else "") + (
-            classify_helpers_for(classifier) if classifier is not None else "")
+        own = CUDA_HELPERS if any(uses_helpers(x) for x in (self.mask, self.score) if x is not None) else ""
+        helpers = own + (classify_helpers_for(classifier) if classifier is not None else "")
         return CudaPieces(tuple(env), mask, classifier, score, helpers.rstrip("\n"),
                           self.mask.text if self.mask is not None else None,
                           self.score.text if self.score is not None else None,
-                          later_rows_see_more(self, block_m, block_n))
+                          later_rows_see_more(self, block_m, block_n), expression_helpers=own.rstrip("\n"),
+                          mask_reads_head=self.mask is not None and reads_head(self.mask))
 
     def describe(self) -> str:
         parts = []

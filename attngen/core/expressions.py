@@ -429,6 +429,13 @@ __device__ __forceinline__ int attngen_floor_div(int x, int y) { return y ? (x -
 """
 
 
+def reads_head(expr: Expression) -> bool:
+    """Whether the expression's value can differ between heads: it reads h or a per-head param."""
+    def walk(n: Node) -> bool:
+        return (n.op == "name" and n.value == "h") or (n.op == "index" and n.by == "h") or any(walk(x) for x in n.args)
+    return walk(expr.tree)
+
+
 def uses_helpers(expr: Expression) -> bool:
     """Whether to_cuda's output calls CUDA_HELPERS."""
     def walk(n: Node) -> bool:

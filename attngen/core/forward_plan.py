@@ -193,6 +193,10 @@ class ForwardPlan:
         """The bundle emits varlen functions."""
         return any(is_varlen(key) for key, _ in self.functions)
 
+    def expression_lines(self) -> list[str]:
+        """explain's lines on how the kernels apply the spec's expressions (none without them)."""
+        return self.expression.explain_lines(self.block_m, self.block_n) if self.expression is not None else []
+
     def body(self, key: str) -> str:
         """The C++ function an entry point runs: attention, or attention_varlen for varlen sequences."""
         return "attention_varlen" if is_varlen(key) else "attention"

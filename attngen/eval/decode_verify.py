@@ -3,7 +3,7 @@ torch's own low-precision attention + a floor, against an fp32 reference), per s
 with its own length, on poisoned outputs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .verify import FULL_SUITE, CaseResult, attention_torch, exact_fp32_matmul, judge_rows, score_arguments, \
     score_modifiers
@@ -24,10 +24,13 @@ class DecodeCase:
     num_splits: int | None = None
     page_size: int | None = None      # paged: the cache lives in shuffled pages of a pool, through a table
     window: tuple[int, int] | None = None   # (left, right) from each new token's own position (window mask)
+    expression: bool = False          # the spec's mask expression is the mask (masks: [expr])
 
     @property
     def mask(self) -> str:
         """The kernel function the case calls."""
+        if self.expression:
+            return "expr"
         if self.window is not None:
             return "window"
         return "causal" if self.causal else "none"
@@ -35,6 +38,8 @@ class DecodeCase:
     @property
     def variant(self) -> str:
         """The variant column of the report."""
+        if self.expression:
+            return "expr"
         if self.window is not None:
             return (f"window({self.window[0]},{self.window[1]})" + ("+causal" if self.causal else "")
                     + ":bottom_right")
@@ -53,7 +58,8 @@ class DecodeCase:
         return (f"{self.batch}x{self.heads}/{self.kv_heads}xq{self.seqlen_q}xcap{self.capacity} lens[{lens}] "
                 f"{'causal ' if self.causal else ''}{self.layout} splits={self.num_splits or 'auto'}"
                 + (f" paged{self.page_size}" if self.page_size else "")
-                + (f" window({self.window[0]},{self.window[1]})" if self.window is not None else ""))
+                + (f" window({self.window[0]},{self.window[1]})" if self.window is not None else "")
+                + (" expr" if self.expression else ""))
 
 
 def decode_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
@@ -121,7 +127,7 @@ def reference(torch, q, k, v, lengths, case: DecodeCase, scale: float, modifiers
     whole batch); masks are bottom-right (token t of Sq sits at key len - Sq + t)."""
     outs, lses, lows = [], [], []
     mask = case.mask
-    align = "bottom_right" if mask != "none" else None
+    align = "bottom_right" if mask in ("causal", "window") else None
     for b in range(q.shape[0]):
         L = k.shape[2] if lengths is None else lengths[b]
         qb, kb, vb = q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L]
@@ -207,6 +213,8 @@ def verify_cases(kernel, shapes, masks) -> list[tuple]:
     """The decode cases of `attngen verify` for the masks asked (the forward shapes only choose
     quick, fewer than the full suite, or full)."""
     cases = decode_cases(kernel.plan.block_n, kernel.plan.page_size)
+    if "expr" in masks:   # the expression is the only mask: every case through it (no causal= argument)
+        cases = tuple(dict.fromkeys(replace(c, causal=False, expression=True) for c in cases))
     windows = window_cases(kernel.plan.block_n, kernel.plan.page_size) if "window" in masks else ()
     if len(tuple(shapes)) < len(FULL_SUITE):
         cases, windows = cases[:QUICK_CASES], windows[:QUICK_CASES]

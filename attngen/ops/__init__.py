@@ -85,13 +85,28 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
 
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                            scale: float | None = None, num_splits: int | None = None, layout: str = "bhsd",
-                           return_lse: bool = False):
+                           return_lse: bool = False, window=None, softcap: float | None = None, alibi_slopes=None):
     """Decode: q (B, Hq, Sq, D) new tokens against a KV cache (B, Hkv, capacity, D), or pools of
     pages (num_pages, Hkv, page_size, D) through block_table (int32 (B, max_pages)).
     cache_seqlens (int32 (B,), on the GPU): keys per sequence, new tokens included. causal: token t
     sees keys up to len - Sq + t. Never waits for the GPU, so a step can be captured in a CUDA graph
-    and replayed after the lengths change. Returns o like q, or (o, lse)."""
+    and replayed after the lengths change. Returns o like q, or (o, lse).
+
+    Variants (served by the table's decode specs that carry them), as flash_attn_with_kvcache takes
+    them: window=(left, right) from each new token's own position (-1: an open side; causal closes
+    the right side at 0; only the window's keys are read), softcap=cap, alibi_slopes fp32 (Hq,) or
+    (B, Hq) with each sequence's length as Sk."""
     compiling, grad, ops, library = _bound or _bind()
+    if window is not None or softcap is not None or alibi_slopes is not None:
+        if compiling():
+            o, lse = ops.attention_with_kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
+                                                        num_splits, layout, None if window is None else list(window),
+                                                        softcap, alibi_slopes)
+            return (o, lse) if return_lse else o
+        if grad() and q.requires_grad:
+            _refuse_grad()
+        return library.kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                       layout, return_lse, window, softcap, alibi_slopes)
     if compiling():
         o, lse = ops.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
                                             num_splits, layout)

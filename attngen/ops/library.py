@@ -1,5 +1,5 @@
 """attngen's torch ops: attngen::attention, attngen::attention_variant (window, softcap, ALiBi),
-attngen::attention_varlen and attngen::attention_with_kvcache, each a torch.library op over the dispatcher, with a fake
+attngen::attention_varlen, attngen::attention_with_kvcache and attngen::attention_with_kvcache_variant, each a torch.library op over the dispatcher, with a fake
 (meta) implementation that gives the real output shapes and strides, so torch.compile traces
 through a call without a graph break and CUDA graphs capture it. Forward only: the ops return
 (o, lse) so that autograd can be registered on them when the backward kinds land.
@@ -57,12 +57,17 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
 _VARIANT: dict = {}     # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim) -> kernel
 
 
+def call_scores(softcap, alibi_slopes) -> str:
+    """The score modifiers a call asks for, as the dispatch table keys them ("softcap+alibi", ...)."""
+    given = {"softcap": softcap, "alibi_slopes": alibi_slopes}
+    return "+".join(s.name for s in SCORES.values() if given.get(s.argument) is not None)
+
+
 def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes):
     """The eager forward call with variants (window, softcap, ALiBi): the table's kernel for the
     call's mask and score modifiers, then the kernel call (which keeps its own prepared calls)."""
     mask = call_mask(causal, window)
-    scores = "+".join(s.name for s in SCORES.values() if {"softcap": softcap, "alibi_slopes": alibi_slopes}.get(
-        s.argument) is not None)
+    scores = call_scores(softcap, alibi_slopes)
     short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, k.shape[2] if layout == "bhsd" else k.shape[1],
              v.shape[-1])
     kernel = _VARIANT.get(short)
@@ -96,7 +101,7 @@ def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_
            causal, layout)
     kernel = _DECODE.get(key)
     if kernel is None:
-        kernel = _decode_kernel(q, k_cache, block_table, causal, layout)
+        kernel = _decode_kernel(q, k_cache, block_table, "causal" if causal else "none", layout)
         if len(_DECODE) >= 4096:
             _DECODE.clear()
         _DECODE[key] = kernel
@@ -104,9 +109,30 @@ def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_
                   scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse)
 
 
-def _decode_kernel(q, k_cache, block_table, causal, layout):
-    """The table's decode kernel for this call: keyed by the cache's capacity, its page size and
-    the query rows per KV head."""
+_DECODE_VARIANT: dict = {}   # (device, dtype, q shape, cache shape, table shape, mask, scores, layout) -> kernel
+
+
+def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse,
+                    window, softcap, alibi_slopes):
+    """The eager decode call with variants (window, softcap, ALiBi): the table's decode kernel for the
+    call's mask and score modifiers, then the kernel call (which keeps its own prepared calls)."""
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes)
+    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
+           mask, scores, layout)
+    kernel = _DECODE_VARIANT.get(key)
+    if kernel is None:
+        kernel = _decode_kernel(q, k_cache, block_table, mask, layout, scores)
+        if len(_DECODE_VARIANT) >= 4096:
+            _DECODE_VARIANT.clear()
+        _DECODE_VARIANT[key] = kernel
+    return kernel(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                  scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse,
+                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes)
+
+
+def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = ""):
+    """The table's decode kernel for this call: keyed by its mask and score modifiers, the cache's
+    capacity, its page size and the query rows per KV head."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
@@ -117,8 +143,8 @@ def _decode_kernel(q, k_cache, block_table, causal, layout):
     paged = block_table is not None
     capacity = block_table.shape[1] * rows if paged else rows
     group_rows = max(1, heads // max(kv_heads, 1)) * seqlen_q
-    return DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], "causal" if causal else "none", capacity,
-                           page_size=rows if paged else 0, group_rows=group_rows)
+    return DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], mask, capacity, page_size=rows if paged else 0,
+                           group_rows=group_rows, scores=scores)
 
 
 # -- the ops ---------------------------------------------------------------------------------------
@@ -134,6 +160,9 @@ LIB.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, 
            "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
            "Tensor? block_table, bool causal, float? scale, int? num_splits, str layout) -> (Tensor, Tensor)")
+LIB.define("attention_with_kvcache_variant(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
+           "Tensor? block_table, bool causal, float? scale, int? num_splits, str layout, int[]? window, "
+           "float? softcap, Tensor? alibi_slopes) -> (Tensor, Tensor)")
 
 
 def attention_cuda(q, k, v, causal, alignment, scale, layout):
@@ -150,6 +179,12 @@ def attention_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
 
 def attention_with_kvcache_cuda(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
     return kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, True)
+
+
+def attention_with_kvcache_variant_cuda(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                        layout, window, softcap, alibi_slopes):
+    return kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, True,
+                           window, softcap, alibi_slopes)
 
 
 def attention_fake(q, k, v, causal, alignment, scale, layout):
@@ -170,8 +205,15 @@ def attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table,
     return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
-for _name in ("attention", "attention_variant", "attention_varlen", "attention_with_kvcache"):
+def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                        layout, window, softcap, alibi_slopes):
+    return attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                       layout)
+
+
+for _name in ("attention", "attention_variant", "attention_varlen", "attention_with_kvcache",
+              "attention_with_kvcache_variant"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
 
-__all__ = ["LIB", "forward", "forward_variant", "kvcache", "varlen"]
+__all__ = ["LIB", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_variant", "varlen"]

@@ -54,13 +54,23 @@ class DecodeSpec(ForwardSpec):
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
-    masks_taken = ("none", "causal", "window")
+    masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
 
     def register_need(self):
         if holds_q(self):
             return accumulators(self) + q_registers(self), "fp32 S and O accumulators and Q fragments"
         return accumulators(self), "fp32 S and O accumulators"
+
+
+# The masks as a decode call applies them (bottom-right: new token t of Sq sits at key len - Sq + t).
+DECODE_MASKS = {
+    "none": "none: every key of the sequence (cache_seqlens) is visible",
+    "causal": "causal: bottom-right, new token t of seqlen_q sees the keys up to position len - seqlen_q + t",
+    "window": "window (left, right): keys len - seqlen_q + t - left .. len - seqlen_q + t + right, and the splits "
+              "share the tiles from token 0's first visible key on (none before it is read)",
+    "expr": "expr: the spec's mask expression, with q_idx the new token t",
+}
 
 
 def rule_homogeneous(s):
@@ -132,10 +142,11 @@ rule_ring = refuse("smem.stages", lambda s: s.smem.stages < 2 or not s.smem.asyn
 rule_decode_no_varlen = refuse("varlen", lambda s: s.varlen,
                                lambda s: "a decode call takes per-sequence cache lengths (cache_seqlens), not varlen "
                                          "sequences; set varlen: false", "rule_decode_no_varlen")
-rule_decode_no_expressions = refuse("variant", lambda s: s.variant is not None,
-                                    lambda s: "decode applies the built-in variants (masks: window; scores: "
-                                              "softcap, alibi), not expressions; remove variant",
-                                    "rule_decode_no_expressions")
+rule_decode_expressions_alone = refuse("scores", lambda s: s.variant is not None and bool(s.scores),
+                                       lambda s: f"decode applies either built-in score modifiers or the spec's "
+                                                 f"expressions, not both: write {s.scores} into variant.score "
+                                                 f"(e.g. cap * tanh(score / cap)) and leave scores empty",
+                                       "rule_decode_expressions_alone")
 rule_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_registers,
                              lambda s: "the decode plan keeps Q fragments in registers wherever they fit beside "
                                        "the accumulators; leave q_in_registers unset", "rule_no_q_registers")
@@ -143,7 +154,7 @@ rule_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_regist
 
 DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim, rule_rows, rule_keys_per_warp,
                     rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers, rule_page_size,
-                    rule_decode_no_varlen, rule_decode_no_expressions)
+                    rule_decode_no_varlen, rule_decode_expressions_alone)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,11 +249,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
                   f"kv_heads x row_blocks, batch)",
                   f"threads: {p.threads} = {spec.compute_warps} warps; every warp holds all {spec.tile.block_m} group "
                   f"rows and scores {p.fragments.keys_per_warp} keys of each tile",
-                  "masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new "
-                  "token t of seqlen_q sees the keys up to position len - seqlen_q + t"
-                  + ("; window (left, right): keys len - seqlen_q + t - left .. len - seqlen_q + t + right, and "
-                     "the splits share the tiles from token 0's first visible key on (none before it is read)"
-                     if "window" in spec.masks else ""))
+                  "masks: " + "; ".join(DECODE_MASKS[m] for m in spec.masks))
     # The split kernel writes LSE rows contiguously and takes each sequence's causal offset from its
     # cache length, so neither the LSE strides nor the fields of masks without call arguments are
     # read; a window's bounds come from the call, counted from each new token's own position.

@@ -42,7 +42,9 @@ class DecodeKernel(Kernel):
     window=(left, right): new token t sees keys len - Sq + t - left .. len - Sq + t + right (-1 an
     unbounded side; causal=True bounds the right side at 0); only the tiles from token 0's first
     visible key on are read, and the splits share those. softcap=cap and alibi_slopes (fp32 (Hq,)
-    or (B, Hq)): as the forward call's, with each sequence's own length as Sk.
+    or (B, Hq)): as the forward call's, with each sequence's own length as Sk. params={name: value}:
+    an expression spec's variant.params; its q_idx is the new token (0 .. Sq - 1), seqlen_k and
+    causal_offset are the sequence's len and len - Sq.
 
     Paged caches (the spec's page_size): k_cache and v_cache are pools of pages, (num_pages, Hkv,
     page_size, D) ("bshd": (num_pages, page_size, Hkv, D)), and block_table (int32, (B, max_pages))
@@ -65,8 +67,8 @@ class DecodeKernel(Kernel):
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
                  layout: str = "bhsd", out=None, validate: bool = False, window=None, softcap: float | None = None,
-                 alibi_slopes=None):
-        variants = variant_key(window, softcap, alibi_slopes)
+                 alibi_slopes=None, params: dict | None = None):
+        variants = variant_key(window, softcap, alibi_slopes, params)
         key = None
         if out is None and not validate:
             # A shape seen before: its checks passed and its Params are laid out; only the pointers
@@ -86,7 +88,7 @@ class DecodeKernel(Kernel):
                 if not (qp | kp | vp) % LOAD_BYTES:
                     return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse)
         return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
-                                return_lse, layout, out, validate, key, (window, softcap, alibi_slopes))
+                                return_lse, layout, out, validate, key, (window, softcap, alibi_slopes, params))
 
     def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse):
         lse_shape, accum, counters, splits = prepared.extra
@@ -121,7 +123,7 @@ class DecodeKernel(Kernel):
             raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
         if batch > MAX_GRID_YZ:
             raise ValueError(f"batch ({batch}) must be at most {MAX_GRID_YZ} (grid z limit)")
-        window, softcap, alibi_slopes = variants
+        window, softcap, alibi_slopes, params = variants
         mask = self._check_mask(causal, window)
         if cache_seqlens is not None:
             self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged, index)
@@ -132,7 +134,8 @@ class DecodeKernel(Kernel):
         # adds each sequence's len - Sq).
         takes_window = mask == "window"
         mask_values = self._variant_values(mask, causal, BOTTOM_RIGHT if takes_window else None, window, seqlen_q,
-                                           seqlen_q, scale, {"softcap": softcap, "alibi_slopes": alibi_slopes},
+                                           seqlen_q, scale,
+                                           {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params},
                                            {"batch": batch, "heads": heads, "device": index})
         torch = self._torch
         out_given = out
