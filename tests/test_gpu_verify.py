@@ -60,8 +60,11 @@ def randn(torch, *shape, dtype=None):
 def test_spec_passes_quick_suite(spec):
     kernel = attngen.load(spec, synchronize=True)
     results = verify.verify_kernel(kernel, verify.QUICK_SUITE, spec_label=kernel.name)
-    if kernel.convention == "decode":   # a decode kernel brings its own cases (bottom-right causal only)
-        assert results and {r.variant for r in results} == {"none", "causal:bottom_right"}
+    if kernel.convention == "decode":   # a decode kernel brings its own cases (masks bottom-right)
+        names = {"none": "none", "causal": "causal:bottom_right", "expr": "expr"}
+        windows = {r.variant for r in results if r.variant.startswith("window(")}
+        assert results and {r.variant for r in results} - windows == {names[m] for m in kernel.masks if m in names}
+        assert bool(windows) == ("window" in kernel.masks)
     else:
         padded = [r for r in results if not r.variant.endswith(" varlen")]
         variants = verify.variants(kernel.masks, kernel.plan.block_n)
