@@ -39,7 +39,7 @@
 //   masks: expr: the spec's mask expression, with q_idx the new token t
 //   scores (every function, before the mask, in this order): expr: expressions: mask 'kv_idx < prefix or kv_idx <= q_idx + causal_offset' (params prefix: int; `score` is the scaled score) (the call passes params=)
 //   expressions per row: each group row evaluates them with its own head and new token (q_idx 0 .. seqlen_q - 1; seqlen_k and causal_offset are the sequence's len and len - seqlen_q)
-//   mask: key by key on every tile read; it reads no head, so one interval classification per block of tokens 0 .. seqlen_q - 1 against each tile (in the kernel, a lane per tile) bounds the tiles read: the splits share the cache's tiles and each reads only those inside the bound
+//   mask: key by key on every tile read; it reads no head, so one interval classification per block of tokens 0 .. seqlen_q - 1 against each tile (in the kernel, a lane per tile) bounds the tiles read, and the splits share the tiles inside the bound
 //
 //   shared memory:
 //     region   offset   bytes     KiB  shape             pitch  layout                       purpose
@@ -54,7 +54,7 @@
 //     total 201216 B (196.50 KiB) of 232448 B (227.00 KiB) budget, 87%
 //     dynamic: 201216 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 240 B by value):
+//   kernel parameters (Params, 232 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -83,13 +83,12 @@
 //     +176  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
 //     +184  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
 //     +192  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
-//     +196  int            tiles_per_split  K/V tiles of block_n keys each split takes
-//     +200  int            row_blocks       blocks of block_m group rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-//     +208  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-//     +216  int            table_stride     entries per row of block_table (its max pages per sequence)
-//     +224  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-//     +232  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
-//     +236  int            variant_prefix   variant param prefix (int)
+//     +196  int            row_blocks       blocks of block_m group rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+//     +200  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+//     +208  int            table_stride     entries per row of block_table (its max pages per sequence)
+//     +216  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+//     +224  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+//     +228  int            variant_prefix   variant param prefix (int)
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -128,7 +127,7 @@ struct Params {
     float* o_accum;  // +176: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
     float* lse_accum;  // +184: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
     int num_splits;  // +192: key slices per (KV head, batch); 1: the split kernel writes O itself
-    unsigned char reserved_196[44];  // +196
+    unsigned char reserved_196[36];  // +196
 };
 static_assert(offsetof(Params, o) == 24, "Params.o offset");
 static_assert(offsetof(Params, lse) == 32, "Params.lse offset");
@@ -141,7 +140,7 @@ static_assert(offsetof(Params, seqlen_q) == 148, "Params.seqlen_q offset");
 static_assert(offsetof(Params, o_accum) == 176, "Params.o_accum offset");
 static_assert(offsetof(Params, lse_accum) == 184, "Params.lse_accum offset");
 static_assert(offsetof(Params, num_splits) == 192, "Params.num_splits offset");
-static_assert(sizeof(Params) == 240, "Params size must match attngen/core/abi.py");
+static_assert(sizeof(Params) == 232, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;

@@ -39,7 +39,7 @@
 //   masks: expr: the spec's mask expression, with q_idx the new token t
 //   scores (every function, before the mask, in this order): expr: expressions: mask 'kv_idx <= q_idx + causal_offset and q_idx + causal_offset - kv_idx <= left' (params left: int; `score` is the scaled score) (the call passes params=)
 //   expressions per row: each group row evaluates them with its own head and new token (q_idx 0 .. seqlen_q - 1; seqlen_k and causal_offset are the sequence's len and len - seqlen_q)
-//   mask: key by key on every tile read; it reads no head, so one interval classification per block of tokens 0 .. seqlen_q - 1 against each tile (in the kernel, a lane per tile) bounds the tiles read: the splits share the cache's tiles and each reads only those inside the bound
+//   mask: key by key on every tile read; it reads no head, so one interval classification per block of tokens 0 .. seqlen_q - 1 against each tile (in the kernel, a lane per tile) bounds the tiles read, and the splits share the tiles inside the bound
 //
 //   shared memory:
 //     region   offset   bytes     KiB  shape             pitch  layout                       purpose
@@ -54,7 +54,7 @@
 //     total 201216 B (196.50 KiB) of 232448 B (227.00 KiB) budget, 87%
 //     dynamic: 201216 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 240 B by value):
+//   kernel parameters (Params, 232 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -83,13 +83,12 @@
 //     +176  float*         o_accum          fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
 //     +184  float*         lse_accum        fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
 //     +192  int            num_splits       key slices per (KV head, batch); 1: the split kernel writes O itself
-//     +196  int            tiles_per_split  K/V tiles of block_n keys each split takes
-//     +200  int            row_blocks       blocks of block_m group rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-//     +208  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-//     +216  int            table_stride     entries per row of block_table (its max pages per sequence)
-//     +224  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-//     +232  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
-//     +236  int            variant_left     variant param left (int)
+//     +196  int            row_blocks       blocks of block_m group rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+//     +200  const void*    block_table      int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+//     +208  int            table_stride     entries per row of block_table (its max pages per sequence)
+//     +216  void*          split_counters   int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+//     +224  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+//     +228  int            variant_left     variant param left (int)
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -164,13 +163,12 @@ struct Params {
     float* o_accum;  // +176: fp32 (num_splits, batch, heads, seqlen_q, head_dim): each split's normalised O
     float* lse_accum;  // +184: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
     int num_splits;  // +192: key slices per (KV head, batch); 1: the split kernel writes O itself
-    int tiles_per_split;  // +196: K/V tiles of block_n keys each split takes
-    int row_blocks;  // +200: blocks of block_m group rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
-    const void* block_table;  // +208: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
-    int table_stride;  // +216: entries per row of block_table (its max pages per sequence)
-    void* split_counters;  // +224: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
-    int num_pages;  // +232: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
-    int variant_left;  // +236: variant param left (int)
+    int row_blocks;  // +196: blocks of block_m group rows per KV head: ceil(heads / kv_heads * seqlen_q / block_m)
+    const void* block_table;  // +200: int32 (batch, table_stride): page ids of each sequence's keys, in order; null: k and v are contiguous caches (batch, kv_heads, seqlen_k, head_dim)
+    int table_stride;  // +208: entries per row of block_table (its max pages per sequence)
+    void* split_counters;  // +216: int32 (batch, kv_heads, row_blocks), zeros: split blocks done per group; with a fused combine the last one merges the group's splits and resets it to 0
+    int num_pages;  // +224: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
+    int variant_left;  // +228: variant param left (int)
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -200,14 +198,13 @@ static_assert(offsetof(Params, cache_seqlens) == 168, "Params.cache_seqlens offs
 static_assert(offsetof(Params, o_accum) == 176, "Params.o_accum offset");
 static_assert(offsetof(Params, lse_accum) == 184, "Params.lse_accum offset");
 static_assert(offsetof(Params, num_splits) == 192, "Params.num_splits offset");
-static_assert(offsetof(Params, tiles_per_split) == 196, "Params.tiles_per_split offset");
-static_assert(offsetof(Params, row_blocks) == 200, "Params.row_blocks offset");
-static_assert(offsetof(Params, block_table) == 208, "Params.block_table offset");
-static_assert(offsetof(Params, table_stride) == 216, "Params.table_stride offset");
-static_assert(offsetof(Params, split_counters) == 224, "Params.split_counters offset");
-static_assert(offsetof(Params, num_pages) == 232, "Params.num_pages offset");
-static_assert(offsetof(Params, variant_left) == 236, "Params.variant_left offset");
-static_assert(sizeof(Params) == 240, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, row_blocks) == 196, "Params.row_blocks offset");
+static_assert(offsetof(Params, block_table) == 200, "Params.block_table offset");
+static_assert(offsetof(Params, table_stride) == 208, "Params.table_stride offset");
+static_assert(offsetof(Params, split_counters) == 216, "Params.split_counters offset");
+static_assert(offsetof(Params, num_pages) == 224, "Params.num_pages offset");
+static_assert(offsetof(Params, variant_left) == 228, "Params.variant_left offset");
+static_assert(sizeof(Params) == 232, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;
@@ -933,14 +930,14 @@ __device__ __forceinline__ void attention(const Params& p) {
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const DecodeBlock c = decode_block(p);
     // The mask expression reads no head, so one classification of the block's tokens 0 .. Sq - 1
-    // bounds the tiles any of its rows sees (each warp computes the same span); the splits share the
-    // cache's tiles, and each reads only those inside the span.
+    // bounds the tiles any of its rows sees (each warp computes the same span), and the splits share
+    // that span: the host, which never reads the lengths, cannot size it.
     Params seq = p;
     seq.seqlen_k = c.seqlen;
     const ExprTiles span = expr_span(variant_env(seq, row_coords(c, p, c.row0)), 0, p.seqlen_q - 1);
-    const int n_tiles = span.first + span.count;
-    const int first = max(c.split * p.tiles_per_split, span.first);
-    const int count = max(0, min(n_tiles, c.split * p.tiles_per_split + p.tiles_per_split) - first);
+    const int per_split = (span.count + p.num_splits - 1) / p.num_splits;
+    const int first = span.first + c.split * per_split;
+    const int count = max(0, min(span.first + span.count, first + per_split) - first);   // tiles of this split
 
     // The ring's first kStages - 1 tiles go out before Q is even read.
 #pragma unroll

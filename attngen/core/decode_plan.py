@@ -93,8 +93,8 @@ class DecodePlan(ForwardPlan):
             lines.append("mask: key by key on every tile read; " + (
                 "it reads a head, so every tile of the sequence is read" if self.expression_cuda.mask_reads_head
                 else "it reads no head, so one interval classification per block of tokens 0 .. seqlen_q - 1 "
-                     "against each tile (in the kernel, a lane per tile) bounds the tiles read: the splits "
-                     "share the cache's tiles and each reads only those inside the bound"))
+                     "against each tile (in the kernel, a lane per tile) bounds the tiles read, and the "
+                     "splits share the tiles inside the bound"))
         return lines
 
     def key_mask(self, key: str) -> str:

@@ -255,6 +255,9 @@ def plan(spec: DecodeSpec, file: str | None = None):
     # read; a window's bounds come from the call, counted from each new token's own position.
     unread = ("lse_batch_stride", "lse_head_stride") + tuple(
         f.name for m in p.mask_variants if not m.takes_window for f in m.abi_fields)
+    x = p.expression_cuda
+    if x is not None and x.mask is not None and not x.mask_reads_head:
+        unread += ("tiles_per_split",)   # the blocks share the span their classification finds
     abi = plan_abi(p.mask_variants, varlen=False, reports_errors=True, unread=unread, scores=p.score_variants,
                    base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS))
     return DecodePlan.of(p, parts=function_names(spec), abi=abi,
