@@ -1,13 +1,14 @@
 """The built-in variants beside torch's peers in one process: sliding window, softcap and ALiBi.
 
-Usage: python3 .ci/variant_bench.py OUT.json [window,scores,expr,decode] [fp16|bf16]
+Usage: python3 .ci/variant_bench.py OUT.json [window,scores,scores64,expr,decode] [fp16|bf16]
 
 - window: causal sliding windows of 256 / 1024 / 4096 keys (FlashAttention's window_size=(w, 0))
   at 4x16x8192 and 1x16x32768, d64 and d128, against torch.ops.aten._flash_attention_forward
   (FA2, window_size_left/right) and FlexAttention (compiled, a sliding-window mask_mod, its block
   mask built once outside the timing);
 - scores: softcap 30 and ALiBi (slopes uniform below 0.3, per batch and head) at 4x16x2048 and
-  2x16x8192, d128, causal and not, against the spec they add the modifier to (PLAIN), FlexAttention
+  2x16x8192, d128 and d64 (scores64: d64 alone), causal and not, against the spec they add the
+  modifier to (PLAIN), FlexAttention
   with the equivalent score_mod, and (ALiBi) SDPA's memory-efficient backend with the bias as a
   float attn_mask; torch's FA2 build has no ALiBi (it refuses alibi_slopes).
 
@@ -51,8 +52,9 @@ for _limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_lim
         setattr(torch._dynamo.config, _limit, 256)
 FLEX = torch.compile(flex_attention, dynamic=False)
 KERNELS: dict = {}
-# The specs the d128 softcap and ALiBi specs add their modifier to (their cost is against these).
-PLAIN = {"mma": "h100_mma_d128", "wgmma": "h100_wgmma_d128_n128c2ps2r24x240ppet"}
+# The specs the softcap and ALiBi specs add their modifier to, per head dim (their cost is against these).
+PLAIN = {128: {"mma": "h100_mma_d128", "wgmma": "h100_wgmma_d128_n128c2ps2r24x240ppet"},
+         64: {"mma": "h100_mma_d64", "wgmma": "h100_wgmma_d64"}}
 DTYPE = torch.float16
 SUFFIX = ""     # the specs of DTYPE: "" (fp16) or "_bf16"
 
@@ -118,9 +120,12 @@ def window_rows():
     return rows
 
 
-def score_rows():
+def score_rows(head_dims=(128, 64)):
+    return [row for d in head_dims for row in score_rows_at(d)]
+
+
+def score_rows_at(d):
     rows = []
-    d = 128
     scale = d ** -0.5
     for b, h, s in ((4, 16, 2048), (2, 16, 8192)):
         sets = input_sets(b, h, s, d)
@@ -149,14 +154,14 @@ def score_rows():
                 row[f"flex_{name}"] = timed(lambda q, k, v: FLEX(q, k, v, score_mod=mod, block_mask=mask, scale=scale),
                                             fsets)
             for kind in ("mma", "wgmma"):
-                plain = kernel(PLAIN[kind])
+                plain = kernel(PLAIN[d][kind])
                 row[kind] = timed(lambda q, k, v: plain(q, k, v, causal=causal, layout="bshd", scale=scale), sets)
                 for name in mods:
-                    kern = kernel(f"h100_{kind}_d128_{name}")
+                    kern = kernel(f"h100_{kind}_d{d}_{name}")
                     call = lambda q, k, v: kern(q, k, v, causal=causal, layout="bshd", scale=scale, **args[name])
                     row[f"{kind}_{name}"] = timed(call, sets)
                 row[f"{kind}_alibi"]["max_diff_sdpa"] = max_diff(
-                    kernel(f"h100_{kind}_d128_alibi")(q, k, v, causal=causal, layout="bshd", scale=scale,
+                    kernel(f"h100_{kind}_d{d}_alibi")(q, k, v, causal=causal, layout="bshd", scale=scale,
                                                      alibi_slopes=slopes), alibi_ref)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -234,7 +239,7 @@ def expr_rows():
             expr = kernel(f"h100_{kind}_d128_expr_prefix_lm")
             add(row, f"{kind}_expr", lambda q, k, v: expr(q, k, v, params={"prefix": prefix}, layout="bshd",
                                                            scale=scale), sets, ref)
-            plain = kernel(PLAIN[kind])
+            plain = kernel(PLAIN[128][kind])
             add(row, f"{kind}_causal", lambda q, k, v: plain(q, k, v, causal=True, layout="bshd", scale=scale), sets)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -322,6 +327,7 @@ def main():
     if len(sys.argv) > 3 and sys.argv[3] == "bf16":
         DTYPE, SUFFIX = torch.bfloat16, "_bf16"
     rows = ((window_rows() if "window" in which else []) + (score_rows() if "scores" in which else [])
+            + (score_rows((64,)) if "scores64" in which else [])
             + (expr_rows() if "expr" in which else []) + (decode_rows() if "decode" in which else []))
     with open(out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(DTYPE),
