@@ -21,6 +21,8 @@ from attngen.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_FILES = sorted((ROOT / "specs").glob("*.y*ml"))
+# The first spec that renders one file (a bundle, decode or backward, renders several).
+ONE_PART = next(p for p in SPEC_FILES if "\ndecode:" not in p.read_text() and "\nbackward:" not in p.read_text())
 ARCHS = ("sm_89", "sm_90")
 
 
@@ -115,7 +117,7 @@ def test_compiles_without_spills_and_smem_matches_plan(compiled, path, arch):
 @pytest.mark.nvcc
 def test_cache_hit(compiled):
     rendered, _ = compiled
-    path = SPEC_FILES[0]
+    path = ONE_PART
     res = compile_source(rendered[path].source, "sm_89")
     assert res.cached
 
@@ -123,7 +125,7 @@ def test_cache_hit(compiled):
 @pytest.mark.nvcc
 def test_compile_command(compiled, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
-    spec = str(SPEC_FILES[0].relative_to(ROOT))
+    spec = str(ONE_PART.relative_to(ROOT))
     result = CliRunner().invoke(main, ["compile", spec, "--arch", "sm_89", "--json", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output[result.output.index("["):])
@@ -146,7 +148,7 @@ def test_compile_without_nvcc_exits_3(monkeypatch):
         raise ToolError("nvcc not found: install the CUDA toolkit and put its bin/ on PATH (or set CUDA_HOME)")
     monkeypatch.setattr(compile_mod, "find_nvcc", no_nvcc)
     monkeypatch.chdir(ROOT)
-    result = CliRunner().invoke(main, ["compile", str(SPEC_FILES[0].relative_to(ROOT)), "--arch", "sm_89"])
+    result = CliRunner().invoke(main, ["compile", str(ONE_PART.relative_to(ROOT)), "--arch", "sm_89"])
     assert result.exit_code == 3, result.output
     assert "attngen: nvcc not found" in result.output and "Traceback" not in result.output
 
@@ -154,7 +156,7 @@ def test_compile_without_nvcc_exits_3(monkeypatch):
 def test_bad_arch_exits_2(monkeypatch):
     # A malformed --arch is a bad option (exit 2), refused before nvcc is looked for.
     monkeypatch.chdir(ROOT)
-    result = CliRunner().invoke(main, ["compile", str(SPEC_FILES[0].relative_to(ROOT)), "--arch", "89"])
+    result = CliRunner().invoke(main, ["compile", str(ONE_PART.relative_to(ROOT)), "--arch", "89"])
     assert result.exit_code == 2 and "sm_89 or sm_90a" in result.output
 
 
@@ -195,7 +197,7 @@ def test_compile_table_without_dynamic_smem_has_no_note():
 def test_same_cubin_from_two_builds():
     # nvcc records the source path (and seeds internal symbol names with it): two builds in two
     # temporary directories used to differ in 28 bytes.
-    source = render_spec_file(SPEC_FILES[0]).source
+    source = render_spec_file(ONE_PART).source
     nvcc = compile_mod.find_nvcc()
     a = compile_mod.run_nvcc(source, "sm_89", nvcc)
     b = compile_mod.run_nvcc(source, "sm_89", nvcc)
@@ -207,7 +209,7 @@ def test_same_cubin_from_two_builds():
 def test_damaged_cache_entry_is_rebuilt_to_the_same_bytes(monkeypatch, tmp_path):
     # A truncated cubin and an empty ptxas.log used to be returned as a cache hit (exit 0, empty table).
     monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path))
-    source = render_spec_file(SPEC_FILES[0]).source
+    source = render_spec_file(ONE_PART).source
     first = compile_source(source, "sm_89")
     entry = tmp_path / compile_mod.cache_key(source, "sm_89", compile_mod.find_nvcc())
     (entry / "kernel.cubin").write_bytes(first.cubin[: len(first.cubin) // 2])
@@ -235,8 +237,8 @@ def test_compile_command_dynamic_smem(compiled, monkeypatch):
 @pytest.mark.nvcc
 def test_explain_arch_adds_registers(compiled, monkeypatch):
     monkeypatch.chdir(ROOT)
-    spec = str(SPEC_FILES[0].relative_to(ROOT))
-    arch = compiled[0][SPEC_FILES[0]].plan.target.arch
+    spec = str(ONE_PART.relative_to(ROOT))
+    arch = compiled[0][ONE_PART].plan.target.arch
     result = CliRunner().invoke(main, ["explain", spec, "--arch", arch, "--json"])
     assert result.exit_code == 0, result.output
     d = json.loads(result.output)

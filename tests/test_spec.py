@@ -52,6 +52,12 @@ DECODE = {
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 3, "async_copy": True, "opt_in": True},
 }
 
+BACKWARD = {
+    "schema": 1, "name": "t_backward", "target": "h100", "head_dim": 128, "backward": "dq_atomic",
+    "tile": {"block_m": 64, "block_n": 64}, "warps": {"compute": 4},
+    "smem": {"swizzle": {"xor_bits": 3}, "async_copy": True, "opt_in": True},
+}
+
 
 def merged(base: dict, **changes) -> dict:
     """base with changes applied; a dotted key (smem__stages) reaches into a nested mapping."""
@@ -141,6 +147,14 @@ def test_warp_roles():
 # -- one bad spec per cross-field rule -------------------------------------------------------
 # (rule, base, changes, key path, part of the message)
 RULE_CASES = [
+    ("rule_backward_homogeneous", BACKWARD, {"warps": {"producer": 1, "consumer": 4}}, "warps", "use warps: {compute: N}"),
+    ("rule_backward_head_dim", BACKWARD, {"head_dim": 96}, "head_dim", "generated for head_dim 32, 64, 128"),
+    ("rule_backward_keys_per_warp", BACKWARD, {"tile__block_n": 128}, "tile.block_n", "16 x warps.compute = 64"),
+    ("rule_backward_query_chunks", BACKWARD, {"tile__block_m": 80}, "tile.block_m", "chunks of 32 queries"),
+    ("rule_backward_masks", BACKWARD, {"masks": ["none", "window"]}, "masks", "generates masks none and causal"),
+    ("rule_backward_no_scores", BACKWARD, {"scores": ["softcap"]}, "scores", "not generated for the backward kind"),
+    ("rule_backward_no_varlen", BACKWARD, {"varlen": True}, "varlen", "set varlen: false"),
+    ("rule_backward_one_stage", BACKWARD, {"smem__stages": 2}, "smem.stages", "set smem.stages: 1"),
     ("rule_homogeneous", DECODE, {"warps": {"producer": 1, "consumer": 4}}, "warps", "use warps: {compute: N}"),
     ("rule_head_dim", DECODE, {"head_dim": 72}, "head_dim", "multiple of 16 (k16 steps of Q.K^T)"),
     ("rule_rows", DECODE, {"tile__block_m": 24}, "tile.block_m", "16-row fragments, at most 64"),
@@ -538,14 +552,14 @@ def test_schema_command_lists_every_key():
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue;
         # decode: decode, max_splits, page_size, combine)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size",
-                                         "combine"} == {
+                                         "combine", "backward"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "scores", "variant",
             "tile", "warps",
             "mma", "smem",
             "softmax", "min_blocks_per_sm", "varlen"}
-        # the kind's selector key is required (mma, or decode for a decode kind)
-        assert set(alt["required"]) - {"decode", "mma"} == {"schema", "name", "head_dim", "tile", "warps"}
-        assert len(set(alt["required"]) & {"decode", "mma"}) == 1
+        # the kind's selector key is required (mma, or decode / backward for those kinds)
+        assert set(alt["required"]) - {"decode", "mma", "backward"} == {"schema", "name", "head_dim", "tile", "warps"}
+        assert len(set(alt["required"]) & {"decode", "mma", "backward"}) == 1
 
 
 def test_a_key_of_another_kind_says_which_kind_takes_it():

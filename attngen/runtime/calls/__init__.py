@@ -4,14 +4,16 @@ once here under the name a kind declares (Kind.calls); nothing else in the runti
 
 - forward: ``kernel(q, k, v, causal=...)``, and ``kernel.varlen(...)`` for varlen sequences
   when the spec sets `varlen: true` (forward.py, varlen.py);
-- decode: ``kernel(q, k_cache, v_cache, cache_seqlens=..., block_table=...)`` (decode.py).
+- decode: ``kernel(q, k_cache, v_cache, cache_seqlens=..., block_table=...)`` (decode.py);
+- backward: ``kernel(q, k, v, out, lse, dout, causal=...)`` -> (dq, dk, dv) (backward.py).
 """
 from __future__ import annotations
 
+from .backward import BackwardKernel
 from .decode import DecodeKernel
 from .forward import ForwardKernel
 
-CONVENTIONS = {"forward": ForwardKernel, "decode": DecodeKernel}
+CONVENTIONS = {"forward": ForwardKernel, "decode": DecodeKernel, "backward": BackwardKernel}
 
 for _name, _cls in CONVENTIONS.items():
     _cls.convention = _name
@@ -22,4 +24,4 @@ def convention_class(plan):
     return CONVENTIONS[plan.kind.calls]
 
 
-__all__ = ["CONVENTIONS", "DecodeKernel", "ForwardKernel", "convention_class"]
+__all__ = ["CONVENTIONS", "BackwardKernel", "DecodeKernel", "ForwardKernel", "convention_class"]

@@ -1,0 +1,121 @@
+"""Backward verification: dq, dk and dv of a backward kernel against the fp32 gradients, under
+FlashAttention's rule for gradients: each max|g - g_ref| <= 2 x max|g_low - g_ref| + a floor, where
+g_ref comes from fp32 attention on the upcast inputs and g_low from the same formulas evaluated by
+torch in the inputs' dtype (its low-precision backward). Gradients are poisoned with NaN first, so an
+element the kernel never writes fails the case.
+
+The gradients are written out (not autograd): a row that sees no key has P = 0 and zero gradients,
+where autograd through a softmax of -inf would give NaN."""
+from __future__ import annotations
+
+from .verify import (ERR_FACTOR, ERR_FLOOR, CaseResult, Shape, Variant, error_bound, exact_fp32_matmul, make_inputs,
+                     variants)
+from ..core.variants import MASKS
+
+QUICK_SHAPES = 6   # the first shapes of the suite for `attngen verify --quick`
+
+
+def attention_gradients(q, k, v, dout, *, scale: float, mask: str, alignment: str | None, low: bool = False):
+    """(out, lse, dq, dk, dv) of softmax(scale q k^T) v for (B, H, S, D) tensors, GQA by repeating kv
+    heads (dk and dv summed back over each group). In fp32 for fp32 inputs; with low=True every
+    product is rounded to the inputs' dtype as torch's low-precision backward rounds it."""
+    import torch
+    dtype = q.dtype
+    heads, kv_heads = q.shape[1], k.shape[1]
+    group = heads // kv_heads
+    kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = torch.matmul(q, kr.transpose(-1, -2)) * scale
+    visible = MASKS[mask].visible(torch, q.shape[2], k.shape[2], alignment, q.device, None)
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s.float(), dim=-1)
+    no_key = torch.isneginf(lse)[..., None]
+    p = torch.exp(s.float() - lse.masked_fill(torch.isneginf(lse), 0.0)[..., None]).masked_fill(no_key, 0.0).to(dtype)
+    out = torch.matmul(p, vr)
+    dv = torch.matmul(p.transpose(-1, -2), dout)
+    dp = torch.matmul(dout, vr.transpose(-1, -2))
+    delta = (dout.float() * out.float()).sum(dim=-1, keepdim=True).to(dtype)
+    ds = p * (dp - delta)
+    dq = torch.matmul(ds, kr) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q) * scale
+
+    def group_sum(g):
+        b, _, sk, d = g.shape
+        return g.float().view(b, kv_heads, group, sk, d).sum(dim=2).to(dtype)
+    return out, lse, dq, group_sum(dk), group_sum(dv)
+
+
+def verify_cases(kernel, shapes, masks) -> list[tuple]:
+    """Every (mask, alignment) of the kernel over the forward suite's shapes (both layouts, strided
+    qkv, GQA/MQA, tails, Sq != Sk)."""
+    out = []
+    for variant in variants(masks, kernel.plan.block_n):
+        for i, shape in enumerate(shapes):
+            out.append((variant.label, kernel.entry[variant.mask], shape, i,
+                        lambda seed, label, variant=variant, shape=shape: check_backward_case(
+                            kernel, variant, shape, seed, label)))
+    return out
+
+
+def in_layout(t, layout: str):
+    """A (B, H, S, D) tensor as a new contiguous tensor of `layout`."""
+    return t.contiguous() if layout == "bhsd" else t.transpose(1, 2).contiguous()
+
+
+def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label: str) -> CaseResult:
+    import torch
+    from ..runtime import default_scale, to_bhsd
+    plan = kernel.plan
+    result = CaseResult(label, plan.entry_functions[variant.mask], variant.label, shape, passed=False)
+    device, dtype, d = kernel.device, kernel.dtype, plan.head_dim
+    scale = default_scale(d)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    q, k, v = make_inputs(shape, d, dtype, device, gen)
+    qb, kb, vb = (to_bhsd(t, shape.layout) for t in (q, k, v))
+    dout_b = torch.randn(qb.shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    with exact_fp32_matmul(torch):
+        ref = attention_gradients(qb.float(), kb.float(), vb.float(), dout_b.float(), scale=scale, mask=variant.mask,
+                                  alignment=variant.alignment)
+    low = attention_gradients(qb, kb, vb, dout_b, scale=scale, mask=variant.mask, alignment=variant.alignment, low=True)
+    out = in_layout(ref[0].to(dtype), shape.layout)
+    lse = ref[1].contiguous()
+    dout = in_layout(dout_b, shape.layout)
+    poisoned = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    dq, dk, dv = kernel(q, k, v, out, lse, dout, **variant.call_arguments(), scale=scale, layout=shape.layout,
+                        dq=poisoned[0], dk=poisoned[1], dv=poisoned[2])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    problems = result.problems
+    worst = 0.0
+    for name, got, want, base in zip(("dq", "dk", "dv"), (dq, dk, dv), ref[2:], low[2:]):
+        got = to_bhsd(got, shape.layout).float()
+        bad = int((~torch.isfinite(got)).sum())
+        if bad:
+            problems.append(f"{bad} of {got.numel()} {name} elements are NaN/inf (unwritten or overflowed)")
+            continue
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        low_err = (base.float() - want).abs().max().item() if got.numel() else 0.0
+        bound = error_bound(low_err)
+        if not err <= bound:
+            problems.append(f"{name}: max error {err:.3g} exceeds {bound:.3g} ({ERR_FACTOR:g} x torch "
+                            f"{plan.spec.dtype} error {low_err:.3g} + {ERR_FLOOR:g})")
+        if err / bound >= worst:
+            worst = err / bound
+            result.max_err, result.lowprec_err, result.bound = err, low_err, bound
+    result.passed = not problems
+    return result
+
+
+def check_options(paths, plans, opts) -> list[str]:
+    """`attngen bench` has no backward cells yet: say so before any GPU work."""
+    names = ", ".join(p.spec.name for p in plans)
+    return [f"{names}: `attngen bench` does not time backward specs yet; `attngen verify` checks them"]
+
+
+def bench_specs(paths, plans, opts, progress, on_compile):
+    """Never reached: check_options refuses every backward spec."""
+    return None
+
+
+__all__ = ["attention_gradients", "bench_specs", "check_backward_case", "check_options", "verify_cases"]

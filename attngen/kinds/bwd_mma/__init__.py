@@ -1,0 +1,189 @@
+"""bwd_mma: the attention backward on mma.sync m16n8k16 (FlashAttention-2's structure). A bundle of
+three kernels over one Params (attngen/core/backward_plan.py):
+
+- main: block (key block, KV head, batch) holds its block_n keys' K and V tiles in shared memory
+  and dK, dV in registers: warp w owns keys [16w, 16w + 16). It walks the query blocks that see its
+  keys (for every query head of its KV head): loads Q and dO, recomputes S^T = K Q^T and
+  P^T = exp2(S^T scale log2 e - LSE log2 e), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
+  dK += dS^T Q; dS^T goes through shared memory so that each warp adds dS K for its query rows into
+  the fp32 dQ accumulator (atomics). dK, dV are written in the element type at the end.
+- preprocess: delta = rowsum(dO * O), and zeros in the accumulator;
+- convert: dQ = scale * accumulator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pydantic import Field
+
+from ...core.backward_plan import (BACKWARD_ABI_FIELDS, CONVERT_READS, MAIN_UNREAD, PREPROCESS_READS, ROW_THREADS,
+                                   rows_per_row_block)
+from ...core.forward_plan import FORWARD_ABI, Part, function_name, plan_abi, plan_forward
+from ...core.kind import Kind
+from ...core.layout import Region
+from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_head_dim_fragments,
+                               rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_threads)
+
+NAME = "bwd_mma"
+TITLE = "mma.sync m16n8k16 attention backward (dQ by fp32 atomics)"
+SELECTOR = ("backward", "dq_atomic")
+QUERY_CHUNK = 32           # queries whose S^T and dP^T a warp holds at once (16 fp32 registers each)
+HEAD_DIMS = (32, 64, 128)   # dK and dV of 16 keys take head_dim fp32 registers per thread; the row kernels
+                            # give each row head_dim / 8 lanes of one warp (a power of two)
+
+
+class BackwardSpec(ForwardSpec):
+    backward: Literal["dq_atomic"] = Field(description=(
+        "dq_atomic: blocks over keys hold dK and dV, and add dQ into an fp32 buffer with atomics (picks the "
+        "backward kind)"))
+    mma: Literal["mma_m16n8k16"] = Field(default="mma_m16n8k16", description="the fragment of every GEMM")
+    row_unit = 16
+    row_unit_what = "16-row fragments of dQ"
+    key_unit = 16
+    key_unit_why = "16 keys per warp"
+    masks_taken = ("none", "causal")
+
+    def register_need(self):
+        f = fragments(self, 16, None)
+        return f.accumulators, "fp32 dK, dV, S^T and dP^T accumulators"
+
+
+def rule_backward_homogeneous(s: BackwardSpec):
+    if not isinstance(s.warps, HomogeneousWarps):
+        return "warps", "the backward kernel's warps all copy and compute; use warps: {compute: N}"
+
+
+def rule_backward_keys_per_warp(s: BackwardSpec):
+    if s.tile.block_n != 16 * s.compute_warps:
+        return "tile.block_n", (f"must be 16 x warps.compute = {16 * s.compute_warps}: each warp owns 16 keys of the "
+                                f"block (got {s.tile.block_n})")
+
+
+def rule_backward_head_dim(s: BackwardSpec):
+    if s.head_dim not in HEAD_DIMS or s.head_dim_v not in (None, s.head_dim):
+        return "head_dim", (f"the backward kernels are generated for head_dim {', '.join(map(str, HEAD_DIMS))} "
+                            f"with V of the same head dim (got {s.head_dim})")
+
+
+def rule_backward_query_chunks(s: BackwardSpec):
+    if s.tile.block_m % QUERY_CHUNK:
+        return "tile.block_m", (f"must be a multiple of {QUERY_CHUNK}: the query block goes in chunks of "
+                                f"{QUERY_CHUNK} queries (got {s.tile.block_m})")
+
+
+def rule_backward_masks(s: BackwardSpec):
+    if any(m not in BackwardSpec.masks_taken for m in s.masks):
+        return "masks", f"the backward kind generates masks none and causal (got {s.masks})"
+
+
+rule_backward_no_scores = refuse(
+    "scores", lambda s: bool(s.scores) or s.variant is not None,
+    lambda s: "score modifiers and expressions are not generated for the backward kind yet; remove scores/variant",
+    "rule_backward_no_scores")
+rule_backward_no_varlen = refuse(
+    "varlen", lambda s: s.varlen, lambda s: "varlen is not generated for the backward kind yet; set varlen: false",
+    "rule_backward_no_varlen")
+rule_backward_one_stage = refuse(
+    "smem.stages", lambda s: s.smem.stages != 1 or s.smem.q_in_registers,
+    lambda s: "the backward kernel loads one query block at a time into shared memory; set smem.stages: 1 and "
+              "leave q_in_registers unset", "rule_backward_one_stage")
+
+BackwardSpec.rules = (rule_backward_homogeneous, rule_head_dim_vector_loads, rule_head_dim_fragments, rule_backward_head_dim,
+                      rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_masks, rule_backward_no_scores, rule_backward_no_varlen,
+                      rule_backward_one_stage, rule_pad_bytes, rule_pad_16_bytes, rule_threads)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackwardFragments:
+    chunk_tiles: int        # 8-query accumulator tiles of S^T and dP^T per warp: the query block goes in
+                            # chunks of QUERY_CHUNK queries
+    d_tiles: int            # 8-column accumulator tiles of dK and dV (head_dim / 8)
+    k_steps_d: int          # k16 steps over head_dim (S^T, dP^T)
+    chunks: int             # chunks of the query block
+    k_steps_n: int          # k16 steps over the key block (dQ)
+    dq_m_tiles: int         # 16-row fragments of dQ each warp adds (block_m / 16 / warps)
+    ds_pitch: int           # bytes per row of the dS^T tile (block_m elements + 16: conflict-free ldmatrix)
+    accumulators: int       # fp32 dK + dV + S^T + dP^T registers per thread
+    row_block: int          # query rows per preprocess / convert block
+
+
+def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:
+    bm, d = spec.tile.block_m, spec.head_dim
+    return BackwardFragments(chunk_tiles=QUERY_CHUNK // 8, d_tiles=d // 8, k_steps_d=d // 16, chunks=bm // QUERY_CHUNK,
+                             k_steps_n=spec.tile.block_n // 16, dq_m_tiles=bm // 16 // spec.compute_warps,
+                             ds_pitch=bm * spec.elem_bytes + 16, accumulators=d + 2 * QUERY_CHUNK // 4,
+                             row_block=rows_per_row_block(d))
+
+
+def backward_regions(spec: BackwardSpec) -> list[Region]:
+    """dO beside the Q tile (same swizzle), the dS^T tile, and the query block's LSE and delta."""
+    from ...core.forward_plan import ELEMENT_TYPES, tile_swizzle
+    ctype = ELEMENT_TYPES[spec.dtype][0]
+    sw = tile_swizzle(spec)
+    bm, bn = spec.tile.block_m, spec.tile.block_n
+    f = fragments(spec, 16, None)
+    return [Region("do", bm, spec.head_dim, ctype, 2, sw.pitch_bytes, swizzle=sw.describe(),
+                   per="dO tile of the query block"),
+            Region("ds", bn, bm, ctype, 2, f.ds_pitch, swizzle=f"rows padded by 16 B",
+                   per="dS^T of the block's keys x the query block, for dQ"),
+            Region("lse", 1, bm, "float", 4, bm * 4, per="the query block's LSE x log2(e) (+inf: a row that adds nothing)"),
+            Region("delta", 1, bm, "float", 4, bm * 4, per="the query block's rowsum(dO * O)")]
+
+
+REGION_TEXT = {"q": "Q tile of the query block", "k0": "K tile of the block's keys, loaded once",
+               "v0": "V tile of the block's keys, loaded once"}
+
+
+def parts(spec: BackwardSpec, abi) -> tuple[Part, ...]:
+    """main (one function per mask; it reads every Params field but the row kernels' own), then the
+    row kernels."""
+    main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((m, function_name(spec, m)) for m in spec.masks),
+                reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
+    row = dict(static_smem=0, threads=ROW_THREADS)
+    return (main,
+            Part("preprocess", "preprocess.cu.j2", f"{spec.name}_preprocess.cu",
+                 (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS, **row),
+            Part("convert", "convert.cu.j2", f"{spec.name}_convert.cu",
+                 (("convert", function_name(spec, "convert")),), reads=CONVERT_READS, **row))
+
+
+def plan(spec: BackwardSpec, file: str | None = None):
+    p = plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments, extra_regions=backward_regions)
+    regions = tuple(replace(r, per=REGION_TEXT.get(r.name, r.per)) for r in p.regions)
+    abi = plan_abi(p.mask_variants, varlen=False, reports_errors=False, base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
+    w = spec.compute_warps
+    roles = (f"{w} warps: all copy; warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T) and query "
+             f"rows [{spec.tile.block_m // w}w, {spec.tile.block_m // w}(w + 1)) of each dQ step",)
+    schedule = ("main kernel, grid (key blocks, kv_heads, batch):",
+                "  load K, V of the block's keys (cp.async, rows past seqlen_k zero)",
+                "  for each query head of the KV head, each query block that sees a key of the block:",
+                "    load Q, dO (cp.async), LSE x log2 e and delta; __syncthreads",
+                "    S^T = K Q^T, P^T = exp2(S^T scale log2 e - LSE log2 e) (masked: 0); dV += P^T dO",
+                "    dP^T = V dO^T, dS^T = P^T (dP^T - delta); dK += dS^T Q; dS^T to shared; __syncthreads",
+                "    dQ accumulator += dS K (fp32 atomics, its rows); __syncthreads",
+                "  dK *= scale; write dK, dV (rows < seqlen_k)",
+                f"preprocess, convert: grid (ceil(seqlen_q / {p.fragments.row_block}), heads, batch), {ROW_THREADS} "
+                f"threads, head_dim / 8 threads per row")
+    block_text = (f"block: {spec.tile.block_n} keys of one KV head and sequence; the query blocks of "
+                  f"{spec.tile.block_m} rows that see them, for every query head of the KV head",
+                  f"threads: {p.threads} = {w} warps of 16 keys",
+                  "masks: " + ", ".join(spec.masks))
+    return replace(p, parts=parts(spec, abi), abi=abi, regions=regions, roles=roles, schedule=schedule,
+                   block_text=block_text, copy_engine="cp.async (16-byte chunks), every warp copies")
+
+
+def explain(plan) -> list[str]:
+    f = plan.fragments
+    steps = f.chunk_tiles // 2 * f.chunks   # k16 steps over the query block
+    return [f"fragments per warp: 16 keys; S^T and dP^T {f.chunk_tiles} m16n8 tiles each over a chunk of "
+            f"{QUERY_CHUNK} queries ({f.chunks} chunks per query block), dK and dV {f.d_tiles} tiles each; "
+            f"{f.accumulators} fp32 accumulators per thread",
+            f"mma.sync per query block per warp: {f.chunk_tiles * f.chunks * f.k_steps_d} (S^T) + {f.d_tiles * steps} "
+            f"(dV) + {f.chunk_tiles * f.chunks * f.k_steps_d} (dP^T) + {f.d_tiles * steps} (dK) + "
+            f"{f.dq_m_tiles * f.d_tiles * f.k_steps_n} (dQ)",
+            f"dQ: fp32 atomic adds of {plan.block_m} x {plan.head_dim} per query block and key block "
+            "(not bitwise repeatable: the adds land in any order)"]
+
+
+KIND = Kind(NAME, TITLE, SELECTOR, BackwardSpec, plan, explain, calls="backward")

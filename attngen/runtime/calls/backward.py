@@ -1,0 +1,120 @@
+"""The backward call convention: ``kernel(q, k, v, out, lse, dout, causal=...)`` returns (dq, dk, dv),
+the gradients of attention softmax(scale q k^T) v at q, k and v given dout, the gradient of its
+output. `out` and `lse` are the forward's (attngen's, or any FlashAttention-style forward: the output
+and the natural-log LSE of the scaled scores, fp32 (B, H, Sq)). Three launches on one Params
+(attngen/core/backward_plan.py): preprocess, main, convert."""
+from __future__ import annotations
+
+from ...core.backward_plan import row_grid
+from ...core.forward_plan import LOG2E
+from ..kernel import MAX_GRID_YZ, Kernel, Prepared
+from .forward import bhsd_strides, mask_fields
+
+TENSORS = ("q", "k", "v", "o")
+GRADIENTS = ("dout", "dq", "dk", "dv")
+POINTERS = ("q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "dq_accum", "delta")   # in ABI order
+PER_CALL = (("q", "k", "v", "o", "lse") + tuple(f"{t}_{d}_stride" for t in TENSORS for d in ("batch", "head", "row"))
+            + ("lse_batch_stride", "lse_head_stride", "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k",
+               "scale_log2", "dout", "dq", "dk", "dv")
+            + tuple(f"{t}_{d}_stride" for t in GRADIENTS for d in ("batch", "head", "row"))
+            + ("dq_accum", "delta", "scale"))
+
+
+class BackwardKernel(Kernel):
+    """A backward spec, callable on torch tensors.
+
+    ``kernel(q, k, v, out, lse, dout, causal=False, alignment=None, scale=None, layout="bhsd")``
+    returns (dq, dk, dv), each shaped (and strided) like q, k and v.
+    """
+
+    def _setup(self) -> None:
+        plan = self.plan
+        self._mask_fields = mask_fields(plan)
+        self._packer = plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields))
+        self._pointers = plan.abi.patch(POINTERS)
+        self._fp32 = self._torch.float32
+        self._functions = {part.name: dict(part.functions) for part in plan.parts}
+
+    @property
+    def varlen_masks(self) -> tuple[str, ...]:
+        """Backward specs have no varlen call yet."""
+        return ()
+
+    def __call__(self, q, k, v, out, lse, dout, *, causal: bool = False, alignment: str | None = None,
+                 scale: float | None = None, layout: str = "bhsd", dq=None, dk=None, dv=None):
+        """The gradients (dq, dk, dv) of attention at q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
+
+        out: the forward's output, shaped like q; lse: its natural-log LSE, contiguous fp32 (B, Hq, Sq)
+        (-inf for rows that see no key); dout: the gradient of the output, shaped like q. causal,
+        alignment, scale and layout mean what they mean in the forward call, and must be the ones
+        the forward ran with. GQA/MQA: dk and dv sum over the query heads that share a KV head.
+        dq, dk, dv: tensors shaped like q, k and v to write the gradients into (default: new ones).
+        """
+        index, qs, ks, vs = self._padded_inputs(layout, ("q", "k", "v"), q, k, v)
+        bhsd = layout == "bhsd"
+        batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
+        kv_heads, seqlen_k = (ks[1], ks[2]) if bhsd else (ks[2], ks[1])
+        if ks[0] != batch or tuple(ks) != tuple(vs):
+            raise ValueError(f"k and v must have one shape with q's batch size (got q {tuple(qs)}, k {tuple(ks)}, "
+                             f"v {tuple(vs)})")
+        if not heads or not kv_heads or heads % kv_heads:
+            raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
+        if heads > MAX_GRID_YZ or batch > MAX_GRID_YZ:
+            raise ValueError(f"heads ({heads}) and batch ({batch}) must be at most {MAX_GRID_YZ} (grid y/z limit)")
+        for name, t in (("out", out), ("dout", dout)):
+            if tuple(self._check_tensor(name, t, layout, index)) != tuple(qs):
+                raise ValueError(f"{name} must have q's shape {tuple(qs)} (got {tuple(t.shape)})")
+        self._check_lse_input(lse, (batch, heads, seqlen_q), index)
+        mask = self._check_mask(causal)
+        scale = self._check_scale(scale)
+        values = self._variant_values(mask, causal, alignment, None, seqlen_q, seqlen_k, scale, {},
+                                      {"batch": batch, "heads": heads, "device": index})
+        torch = self._torch
+        dq, dk, dv = (self._gradient(name, g, t, layout, index) for name, g, t in (("dq", dq, q), ("dk", dk, k),
+                                                                                     ("dv", dv, v)))
+        if not (batch and seqlen_q and seqlen_k):
+            # No query sees a key: every gradient is zero (FlashAttention's answer for empty inputs).
+            for g in (dq, dk, dv):
+                g.zero_()
+            return dq, dk, dv
+        dq_accum = torch.empty((batch, heads, seqlen_q, self.plan.head_dim), dtype=self._fp32, device=q.device)
+        delta = torch.empty((batch, heads, seqlen_q), dtype=self._fp32, device=q.device)
+        info = self._device(index)
+        plan = self.plan
+        pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
+                    dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum.data_ptr(), delta.data_ptr())
+        row = [*pointers[:5], *bhsd_strides(q.stride(), layout), *bhsd_strides(k.stride(), layout),
+               *bhsd_strides(v.stride(), layout), *bhsd_strides(out.stride(), layout), heads * seqlen_q, seqlen_q,
+               batch, heads, kv_heads, seqlen_q, seqlen_k, scale * LOG2E, *pointers[5:9],
+               *bhsd_strides(dout.stride(), layout), *bhsd_strides(dq.stride(), layout),
+               *bhsd_strides(dk.stride(), layout), *bhsd_strides(dv.stride(), layout), *pointers[9:], scale]
+        row += [values.get(f.name, f.default) for f in self._mask_fields]
+        rows = row_grid(plan.head_dim, batch, heads, seqlen_q)
+        main = (-(-seqlen_k // plan.block_n), kv_heads, batch)
+        launches = self._launches(info, (self._functions["preprocess"]["preprocess"], rows),
+                                  (self.entry[mask], main), (self._functions["convert"]["convert"], rows))
+        prepared = Prepared(info, launches, self._packer.pack(row), self._pointers)
+        self._run(prepared, pointers)
+        return dq, dk, dv
+
+    def _gradient(self, name: str, given, like, layout: str, index: int):
+        """A new tensor like `like` (its strides too), or the caller's, checked against it."""
+        if given is None:
+            return self._torch.empty_like(like)
+        if tuple(self._check_tensor(name, given, layout, index)) != tuple(like.shape):
+            raise ValueError(f"{name} must have the shape {tuple(like.shape)} (got {tuple(given.shape)})")
+        return given
+
+    def _check_lse_input(self, lse, shape: tuple, index: int) -> None:
+        torch = self._torch
+        if not isinstance(lse, torch.Tensor):
+            raise TypeError(f"lse must be a torch.Tensor (got {type(lse).__name__})")
+        if lse.dtype != torch.float32 or tuple(lse.shape) != shape or not lse.is_contiguous():
+            raise ValueError(f"lse must be the forward's contiguous float32 LSE of shape {shape} (got {lse.dtype}, "
+                             f"{tuple(lse.shape)}, strides {tuple(lse.stride())}); the forward gives it with "
+                             f"return_lse=True")
+        if lse.get_device() != index:
+            raise ValueError(f"lse is on {lse.device} but q is on cuda:{index}")
+
+
+__all__ = ["BackwardKernel"]

@@ -1,0 +1,104 @@
+"""GPU tests of the backward kind: its specs pass the gradient rule, its gradients agree with torch's
+own autograd, the verifier rejects a kernel with a planted bug, and bad inputs are refused. Skipped
+with a reason where there is no GPU, torch, CUDA driver or nvcc."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+import attngen
+from attngen.eval import verify
+from attngen.eval.backward_verify import check_backward_case
+from attngen.runtime import Kernel
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKWARD_SPECS = sorted((ROOT / "specs").glob("*_bwd_*.yaml"))
+D64 = ROOT / "specs" / "l4_bwd_d64.yaml"
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(path):
+    return attngen.load(path, synchronize=True)
+
+
+def failures(results) -> str:
+    return "\n".join(f"{r.spec} {r.variant} {r.shape.label} {r.shape.layout}: {'; '.join(r.problems)}"
+                     for r in results if not r.passed)
+
+
+def test_backward_specs_exist():
+    assert len(BACKWARD_SPECS) >= 3 and D64 in BACKWARD_SPECS
+
+
+@pytest.mark.parametrize("spec", BACKWARD_SPECS, ids=[p.stem for p in BACKWARD_SPECS])
+def test_backward_spec_passes_full_suite(spec):
+    k = kernel(spec)
+    results = verify.verify_kernel(k, verify.FULL_SUITE, spec_label=k.name)
+    assert len(results) == 3 * len(verify.FULL_SUITE)   # none, causal top-left, causal bottom-right
+    assert all(r.passed for r in results), failures(results)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_match_torch_autograd(causal):
+    """Against SDPA's fp32 autograd (not the verifier's written-out formulas): GQA, Sq != Sk tails."""
+    import torch
+    import torch.nn.functional as F
+    k = kernel(D64)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    b, h, hk, sq, sk, d = 2, 4, 2, 300, 300, 64
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device="cuda")
+    q32, k32, v32, do32 = randn(b, h, sq, d), randn(b, hk, sk, d), randn(b, hk, sk, d), randn(b, h, sq, d)
+    leaves = [t.clone().requires_grad_() for t in (q32, k32, v32)]
+    with verify.exact_fp32_matmul(torch):
+        out = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=True)
+        out.backward(do32)
+    low = [t.half().requires_grad_() for t in (q32, k32, v32)]
+    out16 = F.scaled_dot_product_attention(*low, is_causal=causal, enable_gqa=True)
+    out16.backward(do32.half())
+    fwd = attngen.load(ROOT / "specs" / "h100_mma_d64.yaml") if torch.cuda.get_device_capability()[0] >= 9 else None
+    q, kk, v, dout = (t.half() for t in (q32, k32, v32, do32))
+    if fwd is not None:
+        o, lse = fwd(q, kk, v, causal=causal, return_lse=True)
+    else:
+        o = out.detach().half()
+        s = (q32 @ k32.repeat_interleave(h // hk, 1).transpose(-1, -2)) / d ** 0.5
+        if causal:
+            s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+        lse = torch.logsumexp(s, -1).contiguous()
+    grads = k(q, kk, v, o, lse, dout, causal=causal)
+    for name, got, ref, base in zip(("dq", "dk", "dv"), grads, (t.grad for t in leaves), (t.grad for t in low)):
+        err = (got.float() - ref).abs().max().item()
+        bound = verify.error_bound((base.float() - ref).abs().max().item())
+        assert err <= bound, f"{name}: {err:.3g} > {bound:.3g}"
+
+
+def test_planted_bug_is_rejected():
+    """dK without its scale: the verifier must fail the case on dk alone."""
+    k = kernel(D64)
+    sources = list(k.sources)
+    bad = sources[0].replace("from_float2(dk[dt][2 * h] * p.scale, dk[dt][2 * h + 1] * p.scale)",
+                             "from_float2(dk[dt][2 * h], dk[dt][2 * h + 1])")
+    assert bad != sources[0]
+    broken = Kernel.from_sources(k.plan, (bad, *sources[1:]), label="planted", synchronize=True)
+    r = check_backward_case(broken, verify.Variant("none"), verify.Shape(2, 4, 2, 113, 300), 0, "planted")
+    assert not r.passed and any(p.startswith("dk") for p in r.problems), r.problems
+    assert not any(p.startswith(("dq", "dv")) for p in r.problems), r.problems
+
+
+def test_bad_inputs_are_refused():
+    import torch
+    k = kernel(D64)
+    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
+    lse = torch.zeros(1, 2, 64, device="cuda")
+    with pytest.raises(ValueError, match="lse must be"):
+        k(q, q, q, q, lse[:, :1], q)
+    with pytest.raises(ValueError, match="dout must have"):
+        k(q, q, q, q, lse, q[:, :, :32])
+    with pytest.raises(TypeError, match="float16"):
+        k(q, q, q, q, lse, q.float())
