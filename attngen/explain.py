@@ -44,7 +44,8 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     block = list(plan.block_text) or forward
     out += block[:-1]
     out += kind.explain(plan)
-    out.append(f"K/V pipeline: {plan.stages} stage(s), "
+    out.append(getattr(plan, "pipeline_text", "") or
+               f"K/V pipeline: {plan.stages} stage(s), "
                f"{plan.copy_engine or ('cp.async 16 B' if plan.async_copy else 'synchronous 16-B loads')}"
                f"; Q {'kept in registers' if plan.q_in_registers else 'in shared memory'}")
     out.append(block[-1])

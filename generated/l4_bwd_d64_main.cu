@@ -29,15 +29,15 @@
 //   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (2 chunks per query block), dK and dV 8 tiles each; 80 fp32 accumulators per thread
 //   mma.sync per query block per warp: 32 (S^T) + 32 (dV) + 32 (dP^T) + 32 (dK) + 32 (dQ)
 //   dQ: fp32 atomic adds of 64 x 64 per query block and key block (not bitwise repeatable: the adds land in any order)
-//   K/V pipeline: 1 stage(s), cp.async (16-byte chunks), every warp copies; Q in shared memory
+//   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 1 stage(s), waited for before each block
 //   masks: none, causal
 //
 //   shared memory:
 //     region   offset   bytes     KiB  shape             pitch  layout                       purpose
-//     q             0    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        Q tile of the query block
-//     k0         8192    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        K tile of the block's keys, loaded once
-//     v0        16384    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        V tile of the block's keys, loaded once
-//     do        24576    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        dO tile of the query block
+//     q             0    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        Q tile of the query block (stage 0)
+//     do         8192    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        dO tile of the query block
+//     k0        16384    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        K tile of the block's keys, loaded once
+//     v0        24576    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        V tile of the block's keys, loaded once
 //     ds        32768    9216    9.00  64x64 half          144  rows padded by 16 B          dS^T of the block's keys x the query block, for dQ
 //     lse       41984     256    0.25  1x64 float          256  none                         the query block's LSE x log2(e) (+inf: a row that adds nothing)
 //     delta     42240     256    0.25  1x64 float          256  none                         the query block's rowsum(dO * O)
@@ -114,10 +114,10 @@ constexpr bool kCopyByRowSteps = true;  // a copy group covers whole rows of chu
 constexpr int kMinBlocksPerSm = 0;
 
 // Shared-memory regions: byte offsets inside the block's buffer.
-constexpr int kSmem_q = 0;  // Q tile of the query block: 64x64 half, 8192 B
-constexpr int kSmem_k0 = 8192;  // K tile of the block's keys, loaded once: 64x64 half, 8192 B
-constexpr int kSmem_v0 = 16384;  // V tile of the block's keys, loaded once: 64x64 half, 8192 B
-constexpr int kSmem_do = 24576;  // dO tile of the query block: 64x64 half, 8192 B
+constexpr int kSmem_q = 0;  // Q tile of the query block (stage 0): 64x64 half, 8192 B
+constexpr int kSmem_do = 8192;  // dO tile of the query block: 64x64 half, 8192 B
+constexpr int kSmem_k0 = 16384;  // K tile of the block's keys, loaded once: 64x64 half, 8192 B
+constexpr int kSmem_v0 = 24576;  // V tile of the block's keys, loaded once: 64x64 half, 8192 B
 constexpr int kSmem_ds = 32768;  // dS^T of the block's keys x the query block, for dQ: 64x64 half, 9216 B
 constexpr int kSmem_lse = 41984;  // the query block's LSE x log2(e) (+inf: a row that adds nothing): 1x64 float, 256 B
 constexpr int kSmem_delta = 42240;  // the query block's rowsum(dO * O): 1x64 float, 256 B
@@ -297,6 +297,8 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(kPending)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Issue the copy of rows [row0, row0 + kRows) of a head into a tile at shared address `dst`
@@ -391,7 +393,11 @@ constexpr int kChunkSteps = kChunkTiles / 2;                    // k16 steps ove
 constexpr int kDTiles = 8;          // 8-column accumulator tiles of dK and dV
 constexpr int kKStepsD = 4;       // k16 steps over head_dim
 constexpr int kKStepsN = 4;       // k16 steps over the key block
+constexpr int kDqRowWarps = 4;  // warps over the query block's rows in the dQ step
 constexpr int kDqMTiles = 1;     // 16-row fragments of dQ per warp
+constexpr int kDqDPairs = 4;     // 16-column pairs of dQ per warp
+constexpr int kQueryStages = 1;  // Q and dO tiles in flight
+constexpr int kQueryStageBytes = 0;  // from stage 0's Q (dO) tile to stage 1's
 constexpr int kDsPitch = 144;        // bytes per row of the dS^T tile
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -495,11 +501,11 @@ __device__ __forceinline__ void store_ds(unsigned char* sDS, const uint32_t (&a)
             *reinterpret_cast<uint32_t*>(sDS + (row + 8 * (i % 2)) * kDsPitch + (kk * 16 + col + 8 * (i / 2)) * 2) = a[kk][i];
 }
 
-// dQ accumulator rows [q_row0, q_row0 + 16 kDqMTiles) of the query block += dS K: A fragments of dS
-// (queries x keys) are transposed loads of the dS^T tile, B fragments of K transposed loads of the K
-// tile. Rows past seqlen_q add nothing.
-__device__ __forceinline__ void add_dq(float* dq_accum, uint32_t sDS, uint32_t sK, int m0, int q_row0, int lane,
-                                       const LaneMaps& ln, const Params& p) {
+// dQ accumulator rows [q_row0, q_row0 + 16 kDqMTiles) x column pairs [dp0, dp0 + kDqDPairs) of the
+// query block += dS K: A fragments of dS (queries x keys) are transposed loads of the dS^T tile, B
+// fragments of K transposed loads of the K tile. Rows past seqlen_q add nothing.
+__device__ __forceinline__ void add_dq(float* dq_accum, uint32_t sDS, uint32_t sK, int m0, int q_row0, int dp0,
+                                       int lane, const LaneMaps& ln, const Params& p) {
 #pragma unroll
     for (int mt = 0; mt < kDqMTiles; ++mt) {
         uint32_t a[kKStepsN][4];
@@ -508,7 +514,7 @@ __device__ __forceinline__ void add_dq(float* dq_accum, uint32_t sDS, uint32_t s
             ldmatrix_x4_trans(a[kk], sDS + (kk * 16 + ln.b.row) * kDsPitch + ((q_row0 + mt * 16) / 8 + ln.b.chunk) * 16);
         const int row = m0 + q_row0 + mt * 16 + lane / 4;
 #pragma unroll
-        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        for (int dp = dp0; dp < dp0 + kDqDPairs; ++dp) {
             float acc[2][4] = {};
 #pragma unroll
             for (int kk = 0; kk < kKStepsN; ++kk) {
@@ -541,23 +547,50 @@ __device__ __forceinline__ void load_row_stats(float* sLse, float* sDelta, const
     }
 }
 
-// One query block [m0, m0 + kBlockM) of one query head against the block's keys.
+// One step of the block's walk: query block [m0, m0 + kBlockM) of one query head.
+struct QueryStep {
+    const elem_t* q;
+    const elem_t* dout;
+    const float* lse;
+    const float* delta;
+    float* dq_accum;
+    int m0;
+};
+
+// Step i of `blocks` query blocks per query head (heads of the KV head in turn), from row m_first.
+__device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, int batch, int kv_head,
+                                                const Params& p) {
+    const int group = p.heads / p.kv_heads;
+    const int head = kv_head * group + i / blocks;
+    const long long row0 = (static_cast<long long>(batch) * p.heads + head) * p.seqlen_q;
+    return {head_ptr(p.q, batch, head, p.q_batch_stride, p.q_head_stride),
+            head_ptr(p.dout, batch, head, p.dout_batch_stride, p.dout_head_stride),
+            p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride, p.delta + row0,
+            p.dq_accum + row0 * kHeadDim, m_first + i % blocks * kBlockM};
+}
+
+// Issue the copies of a step's Q and dO tiles into stage `stage` (one cp.async group).
+__device__ __forceinline__ void issue_query_tiles(const QueryStep& st, uint32_t smem_addr, int stage, int tid,
+                                                  const Params& p) {
+    copy_tile_async<kBlockM, kThreads>(smem_addr + kSmem_q + stage * kQueryStageBytes, st.q, p.q_row_stride, st.m0,
+                                       p.seqlen_q, tid);
+    copy_tile_async<kBlockM, kThreads>(smem_addr + kSmem_do + stage * kQueryStageBytes, st.dout, p.dout_row_stride,
+                                       st.m0, p.seqlen_q, tid);
+    cp_async_commit();
+}
+
+// One query block against the block's keys, its Q and dO tiles in stage `stage` (their copies issued).
 template <Mask kMask>
 __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)[kDTiles][4], unsigned char* smem,
-                                            uint32_t smem_addr, const elem_t* q, const elem_t* dout, const float* lse,
-                                            const float* delta, float* dq_accum, int n0, int m0, int tid,
+                                            uint32_t smem_addr, const QueryStep& st, int stage, int n0, int tid,
                                             const LaneMaps& ln, const Params& p) {
-    const int lane = tid % 32, warp = tid / 32, key_row0 = 16 * warp;
-    const uint32_t sQ = smem_addr + kSmem_q, sDO = smem_addr + kSmem_do, sK = smem_addr + kSmem_k0,
-                   sV = smem_addr + kSmem_v0, sDS = smem_addr + kSmem_ds;
+    const int lane = tid % 32, warp = tid / 32, key_row0 = 16 * warp, m0 = st.m0;
+    const uint32_t sQ = smem_addr + kSmem_q + stage * kQueryStageBytes, sDO = smem_addr + kSmem_do + stage * kQueryStageBytes,
+                   sK = smem_addr + kSmem_k0, sV = smem_addr + kSmem_v0, sDS = smem_addr + kSmem_ds;
     const float* sLse = reinterpret_cast<const float*>(smem + kSmem_lse);
     const float* sDelta = reinterpret_cast<const float*>(smem + kSmem_delta);
-    copy_tile_async<kBlockM, kThreads>(sQ, q, p.q_row_stride, m0, p.seqlen_q, tid);
-    copy_tile_async<kBlockM, kThreads>(sDO, dout, p.dout_row_stride, m0, p.seqlen_q, tid);
-    cp_async_commit();
-    load_row_stats(reinterpret_cast<float*>(smem + kSmem_lse), reinterpret_cast<float*>(smem + kSmem_delta), lse,
-                   delta, m0, tid, p);
-    cp_async_wait_all();
+    load_row_stats(reinterpret_cast<float*>(smem + kSmem_lse), reinterpret_cast<float*>(smem + kSmem_delta), st.lse,
+                   st.delta, m0, tid, p);
     __syncthreads();
 
     const bool masked = tile_needs_mask<kMask>(n0, m0, m0 + kBlockM - 1, p);
@@ -582,8 +615,8 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
     }
     __syncthreads();
 
-    add_dq(dq_accum, sDS, sK, m0, warp * 16 * kDqMTiles, lane, ln, p);
-    __syncthreads();   // the next query block overwrites Q, dO, dS^T and the row stats
+    add_dq(st.dq_accum, sDS, sK, m0, warp % kDqRowWarps * 16 * kDqMTiles, warp / kDqRowWarps * kDqDPairs, lane, ln, p);
+    __syncthreads();   // the next steps overwrite this stage's Q and dO, dS^T and the row stats
 }
 
 // dK (times the scale) and dV of the warp's keys, rows past seqlen_k not written.
@@ -625,18 +658,27 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
-    // Query rows before the first that sees the block's first key see none of its keys.
+    // Query rows before the first that sees the block's first key see none of its keys. The walk:
+    // those query blocks of each query head of the KV head, Q and dO of step i in stage i % kQueryStages.
     const int m_first = first_row_seeing<kMask>(n0, p) / kBlockM * kBlockM;
-    for (int g = 0; g < group; ++g) {
-        const int head = kv_head * group + g;
-        const elem_t* q = head_ptr(p.q, batch, head, p.q_batch_stride, p.q_head_stride);
-        const elem_t* dout = head_ptr(p.dout, batch, head, p.dout_batch_stride, p.dout_head_stride);
-        const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-        const long long row0 = (static_cast<long long>(batch) * p.heads + head) * p.seqlen_q;
-        const float* delta = p.delta + row0;
-        float* dq_accum = p.dq_accum + row0 * kHeadDim;
-        for (int m0 = m_first; m0 < p.seqlen_q; m0 += kBlockM)
-            query_block<kMask>(dk, dv, smem, smem_addr, q, dout, lse, delta, dq_accum, n0, m0, tid, ln, p);
+    const int blocks = max(p.seqlen_q - m_first + kBlockM - 1, 0) / kBlockM;
+    const int steps = group * blocks;
+    if (kQueryStages > 1 && steps > 0)
+        issue_query_tiles(query_step(0, blocks, m_first, batch, kv_head, p), smem_addr, 0, tid, p);
+    for (int i = 0; i < steps; ++i) {
+        const QueryStep st = query_step(i, blocks, m_first, batch, kv_head, p);
+        if (kQueryStages == 1) {
+            issue_query_tiles(st, smem_addr, 0, tid, p);
+            cp_async_wait<0>();
+        } else if (i + 1 < steps) {
+            // The other stage was last read by step i - 1, which ended with __syncthreads.
+            issue_query_tiles(query_step(i + 1, blocks, m_first, batch, kv_head, p), smem_addr, (i + 1) % kQueryStages,
+                              tid, p);
+            cp_async_wait<1>();   // every group but the one just issued: this step's tiles (and K, V)
+        } else {
+            cp_async_wait<0>();
+        }
+        query_block<kMask>(dk, dv, smem, smem_addr, st, i % kQueryStages, n0, tid, ln, p);
     }
     cp_async_wait_all();   // K and V, when no query block saw the keys
     store_key_gradients(dk, dv, n0 + 16 * (tid / 32), lane, batch, kv_head, p);

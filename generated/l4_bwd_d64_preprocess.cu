@@ -29,15 +29,15 @@
 //   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (2 chunks per query block), dK and dV 8 tiles each; 80 fp32 accumulators per thread
 //   mma.sync per query block per warp: 32 (S^T) + 32 (dV) + 32 (dP^T) + 32 (dK) + 32 (dQ)
 //   dQ: fp32 atomic adds of 64 x 64 per query block and key block (not bitwise repeatable: the adds land in any order)
-//   K/V pipeline: 1 stage(s), cp.async (16-byte chunks), every warp copies; Q in shared memory
+//   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 1 stage(s), waited for before each block
 //   masks: none, causal
 //
 //   shared memory:
 //     region   offset   bytes     KiB  shape             pitch  layout                       purpose
-//     q             0    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        Q tile of the query block
-//     k0         8192    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        K tile of the block's keys, loaded once
-//     v0        16384    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        V tile of the block's keys, loaded once
-//     do        24576    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        dO tile of the query block
+//     q             0    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        Q tile of the query block (stage 0)
+//     do         8192    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        dO tile of the query block
+//     k0        16384    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        K tile of the block's keys, loaded once
+//     v0        24576    8192    8.00  64x64 half          128  xor: chunk ^= row & 7        V tile of the block's keys, loaded once
 //     ds        32768    9216    9.00  64x64 half          144  rows padded by 16 B          dS^T of the block's keys x the query block, for dQ
 //     lse       41984     256    0.25  1x64 float          256  none                         the query block's LSE x log2(e) (+inf: a row that adds nothing)
 //     delta     42240     256    0.25  1x64 float          256  none                         the query block's rowsum(dO * O)

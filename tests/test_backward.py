@@ -40,9 +40,21 @@ def test_plan_is_a_three_part_bundle():
     assert "causal_from_end" not in names      # no varlen functions
     assert set(pre.reads) <= set(names) and set(conv.reads) <= set(names)
     f = p.fragments
-    assert (f.chunk_tiles, f.chunks, f.d_tiles, f.dq_m_tiles, f.ds_pitch, f.accumulators) == (4, 2, 16, 1, 144, 144)
+    # 8 warps x 16 keys, query blocks of 128 in 4 chunks of 32; each warp adds 16 rows x all of dQ
+    assert (f.chunk_tiles, f.chunks, f.d_tiles, f.dq_m_tiles, f.dq_d_pairs, f.ds_pitch, f.accumulators) == (
+        4, 4, 16, 1, 8, 272, 144)
     text = explain(p)
     assert "dQ: fp32 atomic adds" in text and "dS^T" in text
+
+
+def test_dq_warp_grid_and_query_stages():
+    from attngen.kinds.bwd_mma import dq_warp_grid
+    assert dq_warp_grid(64, 8) == (4, 2) and dq_warp_grid(128, 8) == (8, 1) and dq_warp_grid(64, 4) == (4, 1)
+    p = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64.yaml"))
+    regions = {r.name: r for r in p.regions}
+    assert p.fragments.query_stages == 2
+    assert p.fragments.query_stage_bytes == regions["q1"].offset - regions["q"].offset == \
+        regions["do1"].offset - regions["do"].offset > 0
 
 
 def test_l4_spec_fits_the_default_budget():
@@ -56,8 +68,11 @@ def test_row_kernels_cover_every_row():
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"tile": {"block_m": 64, "block_n": 32}}, "tile.block_n"),           # 4 warps own 64 keys
-    ({"tile": {"block_m": 48, "block_n": 64}}, "tile.block_m"),           # not whole chunks of 32 queries
+    ({"tile": {"block_m": 64, "block_n": 32}}, "tile.block_n"),           # 8 warps own 128 keys
+    ({"tile": {"block_m": 96, "block_n": 128}}, "warps.compute"),         # 6 row fragments over 8 warps
+    ({"tile": {"block_m": 64, "block_n": 256}, "warps": {"compute": 16}}, "warps.compute"),   # too few registers
+    ({"head_dim_v": 64}, "head_dim_v"),
+    ({"tile": {"block_m": 48, "block_n": 128}}, "tile.block_m"),          # not whole chunks of 32 queries
     ({"head_dim": 96}, "head_dim"),
     ({"masks": ["window"]}, "masks"),
     ({"scores": ["softcap"]}, "scores"),

@@ -111,12 +111,17 @@ def test_varlen_and_kvcache_entry_points(torch):
         check(torch, od[b:b + 1], qd[b:b + 1], kd[b:b + 1, :, :n], vd[b:b + 1, :, :n])
 
 
-def test_refuses_tensors_that_need_gradients(torch):
+def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch):
+    """attention() differentiates (tests/test_gpu_backward.py); its variants and varlen do not yet."""
     q = randn(torch, 1, 2, 64, 64).requires_grad_()
-    with pytest.raises(NotImplementedError, match="no backward"):
-        attngen.attention(q, q, q)
+    with pytest.raises(NotImplementedError, match="no backward for window"):
+        attngen.attention(q, q, q, softcap=30.0)
+    qv = randn(torch, 64, 2, 64).requires_grad_()
+    cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="no backward for varlen"):
+        attngen.attention_varlen(qv, qv, qv, cu, cu, 64, 64)
     with torch.no_grad():
-        attngen.attention(q, q, q)
+        attngen.attention(q, q, q, softcap=30.0)
 
 
 def test_attention_variants_through_the_table(torch):

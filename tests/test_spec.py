@@ -149,8 +149,11 @@ def test_warp_roles():
 RULE_CASES = [
     ("rule_backward_homogeneous", BACKWARD, {"warps": {"producer": 1, "consumer": 4}}, "warps", "use warps: {compute: N}"),
     ("rule_backward_head_dim", BACKWARD, {"head_dim": 96}, "head_dim", "generated for head_dim 32, 64, 128"),
+    ("rule_backward_warps", BACKWARD, {"smem__async_copy": False}, "smem.async_copy", "set smem.async_copy: true"),
     ("rule_backward_keys_per_warp", BACKWARD, {"tile__block_n": 128}, "tile.block_n", "16 x warps.compute = 64"),
     ("rule_backward_query_chunks", BACKWARD, {"tile__block_m": 80}, "tile.block_m", "chunks of 32 queries"),
+    ("rule_backward_dq_grid", BACKWARD, {"tile": {"block_m": 96, "block_n": 128}, "warps": {"compute": 8}},
+     "warps.compute", "do not split dQ of 96 queries"),
     ("rule_backward_masks", BACKWARD, {"masks": ["none", "window"]}, "masks", "generates masks none and causal"),
     ("rule_backward_no_scores", BACKWARD, {"scores": ["softcap"]}, "scores", "not generated for the backward kind"),
     ("rule_backward_no_varlen", BACKWARD, {"varlen": True}, "varlen", "set varlen: false"),
@@ -552,7 +555,7 @@ def test_schema_command_lists_every_key():
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue;
         # decode: decode, max_splits, page_size, combine)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size",
-                                         "combine", "backward"} == {
+                                         "combine", "backward", "query_stages"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "scores", "variant",
             "tile", "warps",
             "mma", "smem",

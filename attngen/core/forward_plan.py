@@ -143,6 +143,7 @@ class ForwardPlan:
     expression_cuda: object = None  # ... and the C++ its templates render (expression_variant.CudaPieces)
     block_text: tuple[str, ...] = ()  # explain's block, threads and masks lines when the forward ones do not fit
     head_dim_v: int = 0             # V's and O's head dim where it differs from head_dim (0: the same)
+    pipeline_text: str = ""         # explain's copies line where the K/V ring's does not describe the kernel
     swizzle_hint: str = ""          # an XOR swizzle the kind takes under which the bank report is conflict-free
                                     # (only where the spec's own has conflicts)
 

@@ -8,8 +8,10 @@ kernel for the GPU, dtype, head dim, mask and sequence length at hand.
 
 Eager calls go straight to the kernel (a few microseconds of host time); under torch.compile
 they go through the torch ops attngen::attention, ... (library.py), which trace without a graph
-break. Forward only for now: a call on tensors that need gradients is refused rather than
-returning an output autograd cannot differentiate.
+break. attention() on tensors that need gradients goes through attngen::attention_train, whose
+backward runs the dispatch table's backward spec; the variants, varlen and decode are forward only for now:
+a call of theirs on tensors that need gradients is refused rather than returning an output autograd
+cannot differentiate.
 """
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ def _bind():
     return _bound
 
 
-def _refuse_grad() -> None:
-    raise NotImplementedError("attngen has no backward yet: call it under torch.no_grad() / "
-                              "torch.inference_mode(), or on tensors that do not require grad")
+def _refuse_grad(what: str) -> None:
+    raise NotImplementedError(f"attngen has no backward for {what} yet (attngen.attention without window, softcap "
+                              "and alibi_slopes has one where the dispatch table lists a backward spec: `attngen "
+                              "dispatch --call backward`): call it under torch.no_grad() / torch.inference_mode(), or "
+                              "on tensors that do not require grad")
 
 
 def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
@@ -53,14 +57,19 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
                                            None if window is None else list(window), softcap, alibi_slopes)
             return (o, lse) if return_lse else o
         if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            _refuse_grad()
+            _refuse_grad("window, softcap or alibi_slopes")
         return library.forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap,
                                        alibi_slopes)
+    if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # the differentiable op (its backward is registered), eager or traced by torch.compile;
+        # eager calls first make sure a backward spec serves the call (loaded once per shape key)
+        if not compiling():
+            library.backward_kernel(q, k, v, causal, layout)
+        o, lse = ops.attention_train(q, k, v, causal, alignment, scale, layout)
+        return (o, lse) if return_lse else o
     if compiling():
         o, lse = ops.attention(q, k, v, causal, alignment, scale, layout)
         return (o, lse) if return_lse else o
-    if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        _refuse_grad()
     return library.forward(q, k, v, causal, alignment, scale, layout, return_lse)
 
 
@@ -78,7 +87,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
                                       alignment, scale)
         return (o, lse) if return_lse else o
     if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        _refuse_grad()
+        _refuse_grad("varlen sequences")
     return library.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale,
                           return_lse)
 
@@ -104,7 +113,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_tab
                                                         softcap, alibi_slopes)
             return (o, lse) if return_lse else o
         if grad() and q.requires_grad:
-            _refuse_grad()
+            _refuse_grad("decode")
         return library.kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                        layout, return_lse, window, softcap, alibi_slopes)
     if compiling():
@@ -112,6 +121,6 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_tab
                                             num_splits, layout)
         return (o, lse) if return_lse else o
     if grad() and q.requires_grad:
-        _refuse_grad()
+        _refuse_grad("decode")
     return library.kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout,
                            return_lse)

@@ -1,8 +1,11 @@
 """attngen's torch ops: attngen::attention, attngen::attention_variant (window, softcap, ALiBi),
 attngen::attention_varlen, attngen::attention_with_kvcache and attngen::attention_with_kvcache_variant, each a torch.library op over the dispatcher, with a fake
 (meta) implementation that gives the real output shapes and strides, so torch.compile traces
-through a call without a graph break and CUDA graphs capture it. Forward only: the ops return
-(o, lse) so that autograd can be registered on them when the backward kinds land.
+through a call without a graph break and CUDA graphs capture it. attngen::attention_train is
+attngen::attention with a backward (register_autograd: it saves q, k, v, o and lse, and
+attngen::attention_backward runs the table's backward spec); calls on tensors that need gradients
+take it, the others the plain op, whose host time an autograd registration would raise (measured:
+docs/performance.md, "Backward"). The other ops are forward only.
 
 Importing this module registers the ops (it needs torch)."""
 from __future__ import annotations
@@ -93,6 +96,44 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
                          alignment=alignment, scale=scale, return_lse=return_lse)
 
 
+_BACKWARD: dict = {}    # (device, dtype, head_dim, causal, seqlen_k) -> kernel
+
+
+def _vector_ready(t) -> bool:
+    """The backward kernel reads t in 16-byte vectors: last dim contiguous, other strides in 8s."""
+    return t.stride(-1) == 1 and not any(s % 8 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
+
+
+def backward_kernel(q, k, v, causal, layout):
+    """The table's backward kernel for a call's gradients; NotImplementedError (before the forward
+    runs, from attention()) where the table has none: a forward whose backward would then fail."""
+    seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
+    short = (q.get_device(), q.dtype, q.shape[-1], causal, seqlen_k, v.shape[-1])
+    kernel = _BACKWARD.get(short)
+    if kernel is None:
+        if short[5] != short[2]:
+            raise NotImplementedError(f"attngen has no backward where V's head dim ({short[5]}) differs from q's "
+                                      f"({short[2]}) yet")
+        try:
+            kernel = DISPATCH.kernel("backward", short[0], q.dtype, short[2], "causal" if causal else "none", seqlen_k)
+        except LookupError as exc:
+            raise NotImplementedError(f"attngen has no backward for this call yet: {exc}") from None
+        if len(_BACKWARD) >= 4096:
+            _BACKWARD.clear()
+        _BACKWARD[short] = kernel
+    return kernel
+
+
+def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout):
+    """The gradients (dq, dk, dv) of attention(q, k, v) at dout through the table's backward spec.
+    dout comes from autograd in any strides (a sum's is expanded, stride 0): copied when the
+    kernel cannot read it in place."""
+    kernel = backward_kernel(q, k, v, causal, layout)
+    if not _vector_ready(dout):
+        dout = dout.contiguous()
+    return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout)
+
+
 _DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
 
 
@@ -154,6 +195,10 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "")
 LIB = torch.library.Library("attngen", "DEF")
 LIB.define("attention(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout) "
            "-> (Tensor, Tensor)")
+LIB.define("attention_train(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout) "
+           "-> (Tensor, Tensor)")
+LIB.define("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
+           "str? alignment, float? scale, str layout) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_variant(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout, "
            "int[]? window, float? softcap, Tensor? alibi_slopes) -> (Tensor, Tensor)")
 LIB.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
@@ -167,6 +212,14 @@ LIB.define("attention_with_kvcache_variant(Tensor q, Tensor k_cache, Tensor v_ca
 
 def attention_cuda(q, k, v, causal, alignment, scale, layout):
     return forward(q, k, v, causal, alignment, scale, layout, True)
+
+
+def attention_train_cuda(q, k, v, causal, alignment, scale, layout):
+    return forward(q, k, v, causal, alignment, scale, layout, True)
+
+
+def attention_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, layout):
+    return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout)
 
 
 def attention_variant_cuda(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes):
@@ -193,6 +246,14 @@ def attention_fake(q, k, v, causal, alignment, scale, layout):
     return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
+def attention_train_fake(q, k, v, causal, alignment, scale, layout):
+    return attention_fake(q, k, v, causal, alignment, scale, layout)
+
+
+def attention_backward_fake(dout, q, k, v, out, lse, causal, alignment, scale, layout):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def attention_variant_fake(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes):
     return attention_fake(q, k, v, causal, alignment, scale, layout)
 
@@ -211,9 +272,27 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
                                        layout)
 
 
-for _name in ("attention", "attention_variant", "attention_varlen", "attention_with_kvcache",
-              "attention_with_kvcache_variant"):
+for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_varlen",
+              "attention_with_kvcache", "attention_with_kvcache_variant"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
 
-__all__ = ["LIB", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_variant", "varlen"]
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, causal, alignment, scale, layout = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.call = (causal, alignment, scale, layout)
+    ctx.mark_non_differentiable(lse)   # as FlashAttention's: the LSE comes back with requires_grad False
+
+
+def _attention_gradients(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attngen.attention_backward(grad_o, q, k, v, o, lse, *ctx.call)
+    return dq, dk, dv, None, None, None, None
+
+
+torch.library.register_autograd("attngen::attention_train", _attention_gradients, setup_context=_attention_setup,
+                                lib=LIB)
+
+__all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_variant", "varlen"]

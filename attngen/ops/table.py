@@ -21,10 +21,11 @@ from pathlib import Path
 
 from ..errors import SpecError
 
-CALLS = ("forward", "varlen", "decode")
+CALLS = ("forward", "varlen", "decode", "backward")
 # The runtime call convention (its kind's `calls`) a spec must have to serve each call: a varlen
-# call is the varlen function of a forward-convention kernel.
-CONVENTION = {"forward": "forward", "varlen": "forward", "decode": "decode"}
+# call is the varlen function of a forward-convention kernel; backward serves the gradients of a
+# forward call (autograd through attngen.attention).
+CONVENTION = {"forward": "forward", "varlen": "forward", "decode": "decode", "backward": "backward"}
 TABLE_FILE = Path("dispatch") / "table.yaml"     # under the specs folder
 
 

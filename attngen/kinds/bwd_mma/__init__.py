@@ -21,7 +21,7 @@ from ...core.backward_plan import (BACKWARD_ABI_FIELDS, CONVERT_READS, MAIN_UNRE
                                    rows_per_row_block)
 from ...core.forward_plan import FORWARD_ABI, Part, function_name, plan_abi, plan_forward
 from ...core.kind import Kind
-from ...core.layout import Region
+from ...core.layout import Budget, Region, check_budget, layout_regions
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_head_dim_fragments,
                                rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_threads)
 
@@ -38,6 +38,8 @@ class BackwardSpec(ForwardSpec):
         "dq_atomic: blocks over keys hold dK and dV, and add dQ into an fp32 buffer with atomics (picks the "
         "backward kind)"))
     mma: Literal["mma_m16n8k16"] = Field(default="mma_m16n8k16", description="the fragment of every GEMM")
+    query_stages: int = Field(default=1, ge=1, le=2, description=(
+        "Q and dO tiles in shared memory: 2 loads the next query block's while the block computes this one"))
     row_unit = 16
     row_unit_what = "16-row fragments of dQ"
     key_unit = 16
@@ -61,15 +63,43 @@ def rule_backward_keys_per_warp(s: BackwardSpec):
 
 
 def rule_backward_head_dim(s: BackwardSpec):
-    if s.head_dim not in HEAD_DIMS or s.head_dim_v not in (None, s.head_dim):
+    if s.head_dim not in HEAD_DIMS:
         return "head_dim", (f"the backward kernels are generated for head_dim {', '.join(map(str, HEAD_DIMS))} "
-                            f"with V of the same head dim (got {s.head_dim})")
+                            f"(got {s.head_dim})")
+    if s.head_dim_v not in (None, s.head_dim):
+        return "head_dim_v", f"the backward kernels take V of q's head dim; remove head_dim_v (got {s.head_dim_v})"
+
+
+MAX_WARPS = 8   # 16 keys each; more warps leave ptxas fewer registers per thread than dK, dV, S^T and dP^T take
+
+
+def rule_backward_warps(s: BackwardSpec):
+    if s.compute_warps > MAX_WARPS:
+        return "warps.compute", (f"at most {MAX_WARPS} (block_n {16 * MAX_WARPS}): {s.compute_warps} warps of "
+                                 f"{32 * s.compute_warps} threads leave each fewer registers than its accumulators")
+    if not s.smem.async_copy:
+        return "smem.async_copy", "the backward kernel copies its tiles with cp.async; set smem.async_copy: true"
 
 
 def rule_backward_query_chunks(s: BackwardSpec):
     if s.tile.block_m % QUERY_CHUNK:
         return "tile.block_m", (f"must be a multiple of {QUERY_CHUNK}: the query block goes in chunks of "
                                 f"{QUERY_CHUNK} queries (got {s.tile.block_m})")
+
+
+def dq_warp_grid(block_m: int, warps: int) -> tuple[int, int]:
+    """(row groups, column groups) of the warps in the dQ step: as many row groups of 16-row fragments
+    as the query block has (at most one per warp), the rest of the warps split the head dim."""
+    rows = min(warps, block_m // 16)
+    return rows, warps // rows
+
+
+def rule_backward_dq_grid(s: BackwardSpec):
+    rows, cols = dq_warp_grid(s.tile.block_m, s.compute_warps)
+    if s.compute_warps % rows or (s.tile.block_m // 16) % rows or (s.head_dim // 16) % cols:
+        return "warps.compute", (f"{s.compute_warps} warps do not split dQ of {s.tile.block_m} queries x head_dim "
+                                 f"{s.head_dim} into whole 16-row fragments and 16-column pairs; use a number of warps "
+                                 f"that divides {s.tile.block_m // 16} (the query block's fragments) or a multiple of it")
 
 
 def rule_backward_masks(s: BackwardSpec):
@@ -90,7 +120,7 @@ rule_backward_one_stage = refuse(
               "leave q_in_registers unset", "rule_backward_one_stage")
 
 BackwardSpec.rules = (rule_backward_homogeneous, rule_head_dim_vector_loads, rule_head_dim_fragments, rule_backward_head_dim,
-                      rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_masks, rule_backward_no_scores, rule_backward_no_varlen,
+                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_grid, rule_backward_masks, rule_backward_no_scores, rule_backward_no_varlen,
                       rule_backward_one_stage, rule_pad_bytes, rule_pad_16_bytes, rule_threads)
 
 
@@ -102,7 +132,11 @@ class BackwardFragments:
     k_steps_d: int          # k16 steps over head_dim (S^T, dP^T)
     chunks: int             # chunks of the query block
     k_steps_n: int          # k16 steps over the key block (dQ)
-    dq_m_tiles: int         # 16-row fragments of dQ each warp adds (block_m / 16 / warps)
+    dq_row_warps: int       # warps over the query block's rows in the dQ step (dq_warp_grid)
+    dq_m_tiles: int         # 16-row fragments of dQ each warp adds
+    dq_d_pairs: int         # ... and 16-column pairs of the head dim
+    query_stages: int       # Q and dO tiles in flight
+    query_stage_bytes: int = 0   # from stage 0's Q (dO) tile to stage 1's (set once the regions are laid out)
     ds_pitch: int           # bytes per row of the dS^T tile (block_m elements + 16: conflict-free ldmatrix)
     accumulators: int       # fp32 dK + dV + S^T + dP^T registers per thread
     row_block: int          # query rows per preprocess / convert block
@@ -110,28 +144,35 @@ class BackwardFragments:
 
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:
     bm, d = spec.tile.block_m, spec.head_dim
+    rows, cols = dq_warp_grid(bm, spec.compute_warps)
     return BackwardFragments(chunk_tiles=QUERY_CHUNK // 8, d_tiles=d // 8, k_steps_d=d // 16, chunks=bm // QUERY_CHUNK,
-                             k_steps_n=spec.tile.block_n // 16, dq_m_tiles=bm // 16 // spec.compute_warps,
+                             k_steps_n=spec.tile.block_n // 16, dq_row_warps=rows, dq_m_tiles=bm // 16 // rows,
+                             dq_d_pairs=d // 16 // cols, query_stages=spec.query_stages,
                              ds_pitch=bm * spec.elem_bytes + 16, accumulators=d + 2 * QUERY_CHUNK // 4,
                              row_block=rows_per_row_block(d))
 
 
 def backward_regions(spec: BackwardSpec) -> list[Region]:
-    """dO beside the Q tile (same swizzle), the dS^T tile, and the query block's LSE and delta."""
+    """dO beside the Q tile (same swizzle; with two query stages a second Q and dO after them), the
+    dS^T tile, and the query block's LSE and delta."""
     from ...core.forward_plan import ELEMENT_TYPES, tile_swizzle
     ctype = ELEMENT_TYPES[spec.dtype][0]
     sw = tile_swizzle(spec)
     bm, bn = spec.tile.block_m, spec.tile.block_n
     f = fragments(spec, 16, None)
-    return [Region("do", bm, spec.head_dim, ctype, 2, sw.pitch_bytes, swizzle=sw.describe(),
-                   per="dO tile of the query block"),
+
+    def tile(name, per):
+        return Region(name, bm, spec.head_dim, ctype, 2, sw.pitch_bytes, swizzle=sw.describe(), per=per)
+    second = [tile("q1", "Q tile of the next query block (stage 1)"), tile("do1", "dO tile of the next query block")]
+    return [tile("do", "dO tile of the query block"), *(second if spec.query_stages == 2 else []),
             Region("ds", bn, bm, ctype, 2, f.ds_pitch, swizzle=f"rows padded by 16 B",
                    per="dS^T of the block's keys x the query block, for dQ"),
             Region("lse", 1, bm, "float", 4, bm * 4, per="the query block's LSE x log2(e) (+inf: a row that adds nothing)"),
             Region("delta", 1, bm, "float", 4, bm * 4, per="the query block's rowsum(dO * O)")]
 
 
-REGION_TEXT = {"q": "Q tile of the query block", "k0": "K tile of the block's keys, loaded once",
+REGION_ORDER = ("q", "do", "q1", "do1", "k0", "v0", "ds", "lse", "delta")
+REGION_TEXT = {"q": "Q tile of the query block (stage 0)", "k0": "K tile of the block's keys, loaded once",
                "v0": "V tile of the block's keys, loaded once"}
 
 
@@ -150,15 +191,25 @@ def parts(spec: BackwardSpec, abi) -> tuple[Part, ...]:
 
 def plan(spec: BackwardSpec, file: str | None = None):
     p = plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments, extra_regions=backward_regions)
-    regions = tuple(replace(r, per=REGION_TEXT.get(r.name, r.per)) for r in p.regions)
+    # Stage s's Q and dO tiles sit query_stage_bytes after stage 0's: Q, dO, then the next stage's.
+    by_name = {r.name: replace(r, per=REGION_TEXT.get(r.name, r.per)) for r in p.regions}
+    regions = layout_regions([by_name[n] for n in REGION_ORDER if n in by_name])
+    smem = check_budget(regions, Budget.of(p.target, spec.smem.opt_in), file)
+    offsets = {r.name: r.offset for r in regions}
+    stage_bytes = offsets["q1"] - offsets["q"] if "q1" in offsets else 0
+    assert not stage_bytes or offsets["do1"] - offsets["do"] == stage_bytes
     abi = plan_abi(p.mask_variants, varlen=False, reports_errors=False, base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
     w = spec.compute_warps
-    roles = (f"{w} warps: all copy; warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T) and query "
-             f"rows [{spec.tile.block_m // w}w, {spec.tile.block_m // w}(w + 1)) of each dQ step",)
+    f = p.fragments
+    roles = (f"{w} warps: all copy; warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T), and in the "
+             f"dQ step {16 * f.dq_m_tiles} query rows x {16 * f.dq_d_pairs} columns ({f.dq_row_warps} x "
+             f"{w // f.dq_row_warps} warps)",)
     schedule = ("main kernel, grid (key blocks, kv_heads, batch):",
                 "  load K, V of the block's keys (cp.async, rows past seqlen_k zero)",
                 "  for each query head of the KV head, each query block that sees a key of the block:",
-                "    load Q, dO (cp.async), LSE x log2 e and delta; __syncthreads",
+                ("    issue the next query block's Q, dO (cp.async, the other stage); wait for this one's; LSE x log2 e "
+                 "and delta; __syncthreads" if spec.query_stages == 2 else
+                 "    load Q, dO (cp.async), LSE x log2 e and delta; __syncthreads"),
                 "    S^T = K Q^T, P^T = exp2(S^T scale log2 e - LSE log2 e) (masked: 0); dV += P^T dO",
                 "    dP^T = V dO^T, dS^T = P^T (dP^T - delta); dK += dS^T Q; dS^T to shared; __syncthreads",
                 "    dQ accumulator += dS K (fp32 atomics, its rows); __syncthreads",
@@ -169,8 +220,14 @@ def plan(spec: BackwardSpec, file: str | None = None):
                   f"{spec.tile.block_m} rows that see them, for every query head of the KV head",
                   f"threads: {p.threads} = {w} warps of 16 keys",
                   "masks: " + ", ".join(spec.masks))
-    return replace(p, parts=parts(spec, abi), abi=abi, regions=regions, roles=roles, schedule=schedule,
-                   block_text=block_text, copy_engine="cp.async (16-byte chunks), every warp copies")
+    return replace(p, parts=parts(spec, abi), abi=abi, regions=regions, smem_bytes=smem,
+                   smem_dynamic=smem > p.target.smem_per_block,
+                   fragments=replace(p.fragments, query_stage_bytes=stage_bytes), roles=roles, schedule=schedule,
+                   block_text=block_text, copy_engine="cp.async (16-byte chunks), every warp copies",
+                   pipeline_text=(f"copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q "
+                                  f"and dO of each query block in {spec.query_stages} stage(s), "
+                                  + ("the next block's issued before this one is computed"
+                                     if spec.query_stages == 2 else "waited for before each block")))
 
 
 def explain(plan) -> list[str]:

@@ -1,0 +1,92 @@
+"""The autograd plumbing of attngen.attention without a GPU: with stand-in CPU implementations of its
+ops (torch SDPA), a call on tensors that need gradients goes through attngen::attention_train, whose
+registered backward calls attngen::attention_backward with what the forward saved; the LSE takes no
+gradient; torch.compile(fullgraph=True) traces a training step through both ops. Needs torch (CPU is
+enough); the kernels themselves are checked by tests/test_gpu_backward.py."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[gpu]' (the CPU build will do)")
+
+
+def _sdpa(q, k, v, causal, scale, layout):
+    t = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
+    q, k, v = t(q), t(k), t(v)
+    s = (q.float() @ k.float().transpose(-1, -2)) * (scale or q.shape[-1] ** -0.5)
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return t((torch.softmax(s, -1) @ v.float()).to(q.dtype)), torch.logsumexp(s, -1)
+
+
+@pytest.fixture(scope="module")
+def cpu_ops():
+    import attngen
+    from attngen.ops import library
+    calls = []
+
+    def train_cpu(q, k, v, causal, alignment, scale, layout):
+        calls.append("train")
+        return _sdpa(q, k, v, causal, scale, layout)
+
+    def backward_cpu(dout, q, k, v, out, lse, causal, alignment, scale, layout):
+        calls.append(("backward", tuple(out.shape), tuple(lse.shape), causal, layout))
+        leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        with torch.enable_grad():   # autograd runs a backward with gradients off
+            o, _ = _sdpa(*leaves, causal, scale, layout)
+            o.backward(dout.float())
+        return tuple(x.grad.to(q.dtype) for x in leaves)
+
+    lib = torch.library.Library("attngen", "IMPL")
+    lib.impl("attention_train", train_cpu, "CPU")
+    lib.impl("attention_backward", backward_cpu, "CPU")
+    # the eager call first looks up the table's backward kernel (a GPU's): the stand-ins need none
+    patch = pytest.MonkeyPatch()
+    patch.setattr(library, "backward_kernel", lambda *args: None)
+    yield attngen, calls
+    patch.undo()
+    lib._destroy()
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_gradients_flow_through_the_backward_op(cpu_ops, layout):
+    attngen, calls = cpu_ops
+    calls.clear()
+    shape = (2, 3, 40, 16) if layout == "bhsd" else (2, 40, 3, 16)
+    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+    o, lse = attngen.attention(q, k, v, causal=True, layout=layout, return_lse=True)
+    assert o.grad_fn is not None and not lse.requires_grad
+    dout = torch.randn(shape)
+    o.backward(dout)
+    assert calls[0] == "train" and calls[1] == ("backward", shape, (2, 3, 40), True, layout)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    _sdpa(*leaves, True, None, layout)[0].backward(dout)
+    for a, b in zip((q, k, v), leaves):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5)
+
+
+def test_the_lse_takes_no_gradient(cpu_ops):
+    """As FlashAttention's: the LSE output does not require grad, so a loss on it alone is refused."""
+    attngen, _ = cpu_ops
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    _, lse = attngen.attention(q, q, q, return_lse=True)
+    with pytest.raises(RuntimeError):
+        lse.sum().backward()
+
+
+def test_compiled_training_step_has_no_graph_break(cpu_ops):
+    attngen, calls = cpu_ops
+    q, k, v = (torch.randn(1, 2, 32, 16, requires_grad=True) for _ in range(3))
+
+    def step(q, k, v):
+        return attngen.attention(q, k, v, causal=True).square().sum()
+
+    step(q, k, v).backward()
+    eager = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    calls.clear()
+    torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v).backward()
+    assert "train" in calls and any(c[0] == "backward" for c in calls if isinstance(c, tuple))
+    for a, b in zip(eager, (x.grad for x in (q, k, v))):
+        assert torch.allclose(a, b, atol=1e-5)
