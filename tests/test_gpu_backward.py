@@ -189,3 +189,22 @@ def test_small_gpt_trains_like_sdpa():
     losses = report["losses"]["attngen"]
     assert sum(losses[-10:]) / 10 < losses[0] - 1.0, losses
     assert report["attngen_vs_sdpa"]["mean"] <= max(3 * report["sdpa_vs_sdpa"]["mean"], 0.05), report
+
+
+def test_opcheck_of_the_training_ops():
+    """torch.library.opcheck: schema, fakes and the autograd registration (gradients through
+    attention_train), bhsd and bshd. Not its AOT-dispatch test: that compares two runs' outputs
+    bitwise-closely, and dQ's fp32 atomics land in any order."""
+    import torch
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(2, n, 200, 64, generator=gen, device="cuda").half() for n in (4, 2, 2))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.library.opcheck(torch.ops.attngen.attention_train.default, (*leaves, True, None, None, "bhsd"),
+                          test_utils=utils)
+    bshd = [t.transpose(1, 2).clone().requires_grad_() for t in (q, k, v)]
+    torch.library.opcheck(torch.ops.attngen.attention_train.default, (*bshd, False, None, 0.1, "bshd"),
+                          test_utils=utils)
+    o, lse = torch.ops.attngen.attention(q, k, v, True, None, None, "bhsd")
+    torch.library.opcheck(torch.ops.attngen.attention_backward.default,
+                          (torch.randn_like(o), q, k, v, o, lse, True, None, None, "bhsd"), test_utils=utils)
