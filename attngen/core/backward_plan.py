@@ -10,15 +10,11 @@ A backward bundle runs three kernels on one Params:
 """
 from __future__ import annotations
 
-from .abi import float32, float_pointer, int64, pointer
+from .abi import float32, float_pointer, pointer
+from .forward_plan import stride_fields
 
 ROW_THREADS = 128           # threads per block of the preprocess and convert kernels
 VECTOR = 8                  # elements each of their threads reads per row (one 16-byte vector)
-
-
-def _strides(t: str, what: str) -> tuple:
-    return tuple(int64(f"{t}_{d}_stride", f"{what}: elements between {p}") for d, p in
-                 (("batch", "batches"), ("head", "heads"), ("row", "rows")))
 
 
 BACKWARD_ABI_FIELDS = (
@@ -26,7 +22,8 @@ BACKWARD_ABI_FIELDS = (
     pointer("dq", "gradient of q, shaped like q (written by the convert kernel)", const=False),
     pointer("dk", "gradient of k, shaped like k", const=False),
     pointer("dv", "gradient of v, shaped like v", const=False),
-    *_strides("dout", "dout"), *_strides("dq", "dq"), *_strides("dk", "dk"), *_strides("dv", "dv"),
+    *stride_fields("dout", "dout"), *stride_fields("dq", "dq"), *stride_fields("dk", "dk"),
+    *stride_fields("dv", "dv"),
     float_pointer("dq_accum", "fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's "
                   "blocks add it up; zeroed by the preprocess kernel"),
     float_pointer("delta", "fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row"),

@@ -23,7 +23,8 @@ LN2 = 0.6931471805599453      # and LSE goes back to natural log with ln(2)
 ELEMENT_TYPES = {"fp16": ("half", "half2", "f16"), "bf16": ("__nv_bfloat16", "__nv_bfloat162", "bf16")}
 
 
-def _strides(t: str, what: str) -> tuple:
+def stride_fields(t: str, what: str) -> tuple:
+    """The batch, head and row strides of a (batch, heads, rows, dim) tensor, as ABI fields."""
     return tuple(int64(f"{t}_{d}_stride", f"{what}: elements between {p}") for d, p in
                  (("batch", "batches"), ("head", "heads"), ("row", "rows")))
 
@@ -36,7 +37,7 @@ FORWARD_ABI = Abi("Params", (
     pointer("v", "values, shaped like k"),
     pointer("o", "output, shaped like q", const=False),
     float_pointer("lse", "fp32 natural-log LSE of every query row, rows contiguous; null: not written", optional=True),
-    *_strides("q", "q"), *_strides("k", "k"), *_strides("v", "v"), *_strides("o", "o"),
+    *stride_fields("q", "q"), *stride_fields("k", "k"), *stride_fields("v", "v"), *stride_fields("o", "o"),
     int64("lse_batch_stride", "lse: elements between batches (heads x seqlen_q padded; 0 varlen)"),
     int64("lse_head_stride", "lse: elements between heads (seqlen_q padded; total_q varlen)"),
     int32("batch", "batch size"),

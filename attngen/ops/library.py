@@ -214,10 +214,6 @@ def attention_cuda(q, k, v, causal, alignment, scale, layout):
     return forward(q, k, v, causal, alignment, scale, layout, True)
 
 
-def attention_train_cuda(q, k, v, causal, alignment, scale, layout):
-    return forward(q, k, v, causal, alignment, scale, layout, True)
-
-
 def attention_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, layout):
     return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout)
 
@@ -246,10 +242,6 @@ def attention_fake(q, k, v, causal, alignment, scale, layout):
     return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
-def attention_train_fake(q, k, v, causal, alignment, scale, layout):
-    return attention_fake(q, k, v, causal, alignment, scale, layout)
-
-
 def attention_backward_fake(dout, q, k, v, out, lse, causal, alignment, scale, layout):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
@@ -271,6 +263,9 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
     return attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                        layout)
 
+
+# attention_train is attention with a backward: the same forward and fake
+attention_train_cuda, attention_train_fake = attention_cuda, attention_fake
 
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_varlen",
               "attention_with_kvcache", "attention_with_kvcache_variant"):

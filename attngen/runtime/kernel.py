@@ -415,15 +415,16 @@ class Kernel:
     def _default_scale(self) -> float:
         return default_scale(self.plan.head_dim)
 
-    def _check_lse(self, lse, shape: tuple, index: int) -> None:
+    def _check_lse(self, lse, shape: tuple, index: int, name: str = "lse_out", hint: str = "") -> None:
+        """An LSE tensor of a call (`name`: its argument; `hint`: where a right one comes from)."""
         torch = self._torch
         if not isinstance(lse, torch.Tensor):
-            raise TypeError(f"lse_out must be a torch.Tensor (got {type(lse).__name__})")
+            raise TypeError(f"{name} must be a torch.Tensor (got {type(lse).__name__})")
         if lse.dtype != torch.float32 or tuple(lse.shape) != shape or not lse.is_contiguous():
-            raise ValueError(f"lse_out must be a contiguous float32 tensor of shape {shape} (got "
-                             f"{lse.dtype}, {tuple(lse.shape)}, strides {tuple(lse.stride())})")
+            raise ValueError(f"{name} must be a contiguous float32 tensor of shape {shape} (got "
+                             f"{lse.dtype}, {tuple(lse.shape)}, strides {tuple(lse.stride())}){hint}")
         if lse.get_device() != index:
-            raise ValueError(f"lse_out is on {lse.device} but q is on cuda:{index}")
+            raise ValueError(f"{name} is on {lse.device} but q is on cuda:{index}")
 
     # -- launch ------------------------------------------------------------------------------
     def _launches(self, info, *named) -> tuple:

@@ -8,15 +8,13 @@ from __future__ import annotations
 from ...core.backward_plan import row_grid
 from ...core.forward_plan import LOG2E
 from ..kernel import MAX_GRID_YZ, Kernel, Prepared
+from . import forward
 from .forward import bhsd_strides, mask_fields
 
-TENSORS = ("q", "k", "v", "o")
 GRADIENTS = ("dout", "dq", "dk", "dv")
 POINTERS = ("q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "dq_accum", "delta")   # in ABI order
-PER_CALL = (("q", "k", "v", "o", "lse") + tuple(f"{t}_{d}_stride" for t in TENSORS for d in ("batch", "head", "row"))
-            + ("lse_batch_stride", "lse_head_stride", "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k",
-               "scale_log2", "dout", "dq", "dk", "dv")
-            + tuple(f"{t}_{d}_stride" for t in GRADIENTS for d in ("batch", "head", "row"))
+# The forward call's fields, then the gradients' (in the order __call__ lists their values).
+PER_CALL = (forward.PER_CALL + GRADIENTS + tuple(f"{t}_{d}_stride" for t in GRADIENTS for d in ("batch", "head", "row"))
             + ("dq_accum", "delta", "scale"))
 
 
@@ -64,7 +62,7 @@ class BackwardKernel(Kernel):
         for name, t in (("out", out), ("dout", dout)):
             if tuple(self._check_tensor(name, t, layout, index)) != tuple(qs):
                 raise ValueError(f"{name} must have q's shape {tuple(qs)} (got {tuple(t.shape)})")
-        self._check_lse_input(lse, (batch, heads, seqlen_q), index)
+        self._check_lse(lse, (batch, heads, seqlen_q), index, "lse", "; the forward gives it with return_lse=True")
         mask = self._check_mask(causal)
         scale = self._check_scale(scale)
         values = self._variant_values(mask, causal, alignment, None, seqlen_q, seqlen_k, scale, {},
@@ -104,17 +102,6 @@ class BackwardKernel(Kernel):
         if tuple(self._check_tensor(name, given, layout, index)) != tuple(like.shape):
             raise ValueError(f"{name} must have the shape {tuple(like.shape)} (got {tuple(given.shape)})")
         return given
-
-    def _check_lse_input(self, lse, shape: tuple, index: int) -> None:
-        torch = self._torch
-        if not isinstance(lse, torch.Tensor):
-            raise TypeError(f"lse must be a torch.Tensor (got {type(lse).__name__})")
-        if lse.dtype != torch.float32 or tuple(lse.shape) != shape or not lse.is_contiguous():
-            raise ValueError(f"lse must be the forward's contiguous float32 LSE of shape {shape} (got {lse.dtype}, "
-                             f"{tuple(lse.shape)}, strides {tuple(lse.stride())}); the forward gives it with "
-                             f"return_lse=True")
-        if lse.get_device() != index:
-            raise ValueError(f"lse is on {lse.device} but q is on cuda:{index}")
 
 
 __all__ = ["BackwardKernel"]
