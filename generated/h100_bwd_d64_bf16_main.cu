@@ -286,16 +286,51 @@ __device__ __forceinline__ bool tile_needs_mask(int n0, int row0, int last_row, 
 
 // The first query row that sees key `key` (rows before it see no key from `key` on): key_end grows
 // with the row, and passes `key` there. A kind that walks query blocks per key block starts here.
-template <Mask kMask>
-__device__ __forceinline__ int first_row_seeing(int key, const Params& p) {
+// (P: see key_end.)
+template <Mask kMask, typename P>
+__device__ __forceinline__ int first_row_seeing(int key, const P& p) {
     if constexpr (kMask == Mask::Causal) return max(key - p.causal_offset, 0);
     else return 0;
 }
+
+// The row after the last that sees key `key` (rows from it on see no key up to `key`): key_begin
+// grows with the row, and passes `key` there. Such a kind's walk ends here.
+template <Mask kMask, typename P>
+__device__ __forceinline__ int rows_end_seeing(int key, const P& p) {
+    return p.seqlen_q;
+}
+
+// The query block, head and batch a thread block computes. When the mask gives later rows more
+// keys, the last query blocks are the longest, so they take the first block ids and start first;
+// the short blocks then fill the tail of the grid.
+struct BlockCoords {
+    int m0, head, batch, kv_head;
+};
 
 // Base pointer of (batch, head) inside a (batch, heads, rows, dim) strided tensor.
 __device__ __forceinline__ const elem_t* head_ptr(const void* base, int b, int h, long long bs, long long hs) {
     return static_cast<const elem_t*>(base) + b * bs + h * hs;
 }
+
+// The score modifiers of this spec: none (scores: []); apply() is the raw score.
+struct ScoreMods {
+
+    __device__ __forceinline__ ScoreMods(const Params&, const BlockCoords&) {}
+
+    // What apply() needs of a row: its distance to key `key0` (alibi), as a float.
+    __device__ __forceinline__ float row_base(int row, int key0) const {
+        return 0.f;
+    }
+
+    // The modified score of raw score s at key key0 + dk of a row whose row_base(row, key0) is base,
+    // and in `slope` the derivative of the logit it gives (score x scale_log2 / log2 e) by s, over
+    // the plain softmax's (scale): the chain rule's factor on dS. Softcap's logit cap tanh(s scale /
+    // cap) has derivative scale (1 - tanh^2); ALiBi's bias does not depend on s.
+    __device__ __forceinline__ float apply_with_slope(float s, float base, int dk, float& slope) const {
+        slope = 1.f;
+        return s;
+    }
+};
 
 // cp.async of one 16-byte chunk; src_bytes = 0 writes zeros without reading global memory.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
@@ -464,34 +499,38 @@ __device__ __forceinline__ void a_fragments(uint32_t (&a)[kChunkSteps][4], const
     }
 }
 
-// P^T in place of S^T: exp2(s scale log2 e - LSE log2 e) per query column; keys the mask hides from
-// a query (only looked at when the block straddles a bound: kMasked) become 0. Element e of an
-// m16n8 accumulator sits at key row lane / 4 + 8 (e / 2), query column 2 (lane % 4) + e % 2 of the
-// chunk, whose first query is q0 and whose LSE starts at sLse.
+// P^T in place of S^T: exp2(m(s) scale_log2 - LSE log2 e) per query column, m the score modifiers
+// (slope: their chain-rule factor, ScoreMods::apply_with_slope); keys the mask hides from a query
+// (only looked at when the block straddles a bound: kMasked) become 0. Element e of an m16n8
+// accumulator sits at key row lane / 4 + 8 (e / 2), query column 2 (lane % 4) + e % 2 of the chunk,
+// whose first query is q0 and whose LSE starts at sLse.
 template <Mask kMask, bool kMasked>
-__device__ __forceinline__ void probabilities(float (&s)[kChunkTiles][4], const float* sLse, int key0, int q0,
-                                              int lane, const Params& p) {
+__device__ __forceinline__ void probabilities(float (&s)[kChunkTiles][4], float (&slope)[kChunkTiles][4],
+                                              const float* sLse, int key0, int q0, int lane, const ScoreMods& mods,
+                                              const Params& p) {
 #pragma unroll
     for (int nt = 0; nt < kChunkTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int col = nt * 8 + 2 * (lane % 4) + e % 2;
-            float x = fmaf(s[nt][e], p.scale_log2, -sLse[col]);
+            const int key = key0 + lane / 4 + 8 * (e / 2);
+            const float m = mods.apply_with_slope(s[nt][e], mods.row_base(q0 + col, key), 0, slope[nt][e]);
+            float x = fmaf(m, p.scale_log2, -sLse[col]);
             if constexpr (kMasked) {
-                const int key = key0 + lane / 4 + 8 * (e / 2);
                 if (key >= key_end<kMask>(q0 + col, p) || key < key_begin<kMask>(q0 + col, p)) x = -INFINITY;
             }
             s[nt][e] = exp2f(x);
         }
 }
 
-// dS^T = P^T (dP^T - delta) in place of dP^T.
+// dS^T = P^T (dP^T - delta) x slope in place of dP^T.
 __device__ __forceinline__ void score_gradients(float (&dp)[kChunkTiles][4], const float (&pt)[kChunkTiles][4],
-                                                const float* sDelta, int lane) {
+                                                const float (&slope)[kChunkTiles][4], const float* sDelta, int lane) {
 #pragma unroll
     for (int nt = 0; nt < kChunkTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dp[nt][e] = pt[nt][e] * (dp[nt][e] - sDelta[nt * 8 + 2 * (lane % 4) + e % 2]);
+        for (int e = 0; e < 4; ++e)
+            dp[nt][e] = pt[nt][e] * (dp[nt][e] - sDelta[nt * 8 + 2 * (lane % 4) + e % 2]) * slope[nt][e];
 }
 
 // The warp's dS^T fragments of a chunk into the dS^T tile [key][query] from query column col0 (rows
@@ -554,6 +593,7 @@ __device__ __forceinline__ void load_row_stats(float* sLse, float* sDelta, const
 
 // One step of the block's walk: query block [m0, m0 + kBlockM) of one query head.
 struct QueryStep {
+    int head;
     const elem_t* q;
     const elem_t* dout;
     const float* lse;
@@ -568,7 +608,7 @@ __device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, 
     const int group = p.heads / p.kv_heads;
     const int head = kv_head * group + i / blocks;
     const long long row0 = (static_cast<long long>(batch) * p.heads + head) * p.seqlen_q;
-    return {head_ptr(p.q, batch, head, p.q_batch_stride, p.q_head_stride),
+    return {head, head_ptr(p.q, batch, head, p.q_batch_stride, p.q_head_stride),
             head_ptr(p.dout, batch, head, p.dout_batch_stride, p.dout_head_stride),
             p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride, p.delta + row0,
             p.dq_accum + row0 * kHeadDim, m_first + i % blocks * kBlockM};
@@ -588,8 +628,9 @@ __device__ __forceinline__ void issue_query_tiles(const QueryStep& st, uint32_t 
 template <Mask kMask>
 __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)[kDTiles][4], unsigned char* smem,
                                             uint32_t smem_addr, const QueryStep& st, int stage, int n0, int tid,
-                                            const LaneMaps& ln, const Params& p) {
+                                            int batch, const LaneMaps& ln, const Params& p) {
     const int lane = tid % 32, warp = tid / 32, key_row0 = 16 * warp, m0 = st.m0;
+    const ScoreMods mods(p, BlockCoords{m0, st.head, batch, 0});
     const uint32_t sQ = smem_addr + kSmem_q + stage * kQueryStageBytes, sDO = smem_addr + kSmem_do + stage * kQueryStageBytes,
                    sK = smem_addr + kSmem_k0, sV = smem_addr + kSmem_v0, sDS = smem_addr + kSmem_ds;
     const float* sLse = reinterpret_cast<const float*>(smem + kSmem_lse);
@@ -603,17 +644,17 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
     // in registers.
 #pragma unroll 1
     for (int c0 = 0; c0 < kBlockM; c0 += kChunk) {
-        float s[kChunkTiles][4];
+        float s[kChunkTiles][4], slope[kChunkTiles][4];
         rows_by_queries(s, sK, key_row0, sQ, c0, ln);
-        if (masked) probabilities<kMask, true>(s, sLse + c0, n0 + key_row0, m0 + c0, lane, p);
-        else probabilities<kMask, false>(s, sLse + c0, n0 + key_row0, m0 + c0, lane, p);
+        if (masked) probabilities<kMask, true>(s, slope, sLse + c0, n0 + key_row0, m0 + c0, lane, mods, p);
+        else probabilities<kMask, false>(s, slope, sLse + c0, n0 + key_row0, m0 + c0, lane, mods, p);
         uint32_t a[kChunkSteps][4];
         a_fragments(a, s);
         add_fragments_by_tile(dv, a, sDO, c0, ln);
 
         float ds[kChunkTiles][4];
         rows_by_queries(ds, sV, key_row0, sDO, c0, ln);
-        score_gradients(ds, s, sDelta + c0, lane);
+        score_gradients(ds, s, slope, sDelta + c0, lane);
         a_fragments(a, ds);
         add_fragments_by_tile(dk, a, sQ, c0, ln);
         store_ds(smem + kSmem_ds, a, key_row0, c0, lane);
@@ -663,10 +704,12 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
-    // Query rows before the first that sees the block's first key see none of its keys. The walk:
-    // those query blocks of each query head of the KV head, Q and dO of step i in stage i % kQueryStages.
+    // Query rows before the first that sees the block's first key, and rows from the end of those
+    // that see its last key, see none of its keys. The walk: the query blocks between, of each query
+    // head of the KV head, Q and dO of step i in stage i % kQueryStages.
     const int m_first = first_row_seeing<kMask>(n0, p) / kBlockM * kBlockM;
-    const int blocks = max(p.seqlen_q - m_first + kBlockM - 1, 0) / kBlockM;
+    const int m_end = rows_end_seeing<kMask>(min(n0 + kBlockN, p.seqlen_k) - 1, p);
+    const int blocks = max(m_end - m_first + kBlockM - 1, 0) / kBlockM;
     const int steps = group * blocks;
     if (kQueryStages > 1 && steps > 0)
         issue_query_tiles(query_step(0, blocks, m_first, batch, kv_head, p), smem_addr, 0, tid, p);
@@ -683,7 +726,7 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
         } else {
             cp_async_wait<0>();
         }
-        query_block<kMask>(dk, dv, smem, smem_addr, st, i % kQueryStages, n0, tid, ln, p);
+        query_block<kMask>(dk, dv, smem, smem_addr, st, i % kQueryStages, n0, tid, batch, ln, p);
     }
     cp_async_wait_all();   // K and V, when no query block saw the keys
     store_key_gradients(dk, dv, n0 + 16 * (tid / 32), lane, batch, kv_head, p);

@@ -74,8 +74,7 @@ def test_row_kernels_cover_every_row():
     ({"head_dim_v": 64}, "head_dim_v"),
     ({"tile": {"block_m": 48, "block_n": 128}}, "tile.block_m"),          # not whole chunks of 32 queries
     ({"head_dim": 96}, "head_dim"),
-    ({"masks": ["window"]}, "masks"),
-    ({"scores": ["softcap"]}, "scores"),
+    ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}}, "variant"),
     ({"varlen": True}, "varlen"),
     ({"smem": {"stages": 2, "async_copy": True, "opt_in": True}}, "smem.stages"),
     ({"warps": {"producer": 1, "consumer": 4}}, "warps"),

@@ -38,7 +38,9 @@ def test_backward_specs_exist():
 def test_backward_spec_passes_full_suite(spec):
     k = kernel(spec)
     results = verify.verify_kernel(k, verify.FULL_SUITE, spec_label=k.name)
-    assert len(results) == 3 * len(verify.FULL_SUITE)   # none, causal top-left, causal bottom-right
+    # none, causal top-left and bottom-right, or the window cases
+    assert len(results) == len(verify.variants(k.plan.masks, k.plan.block_n)) * len(verify.FULL_SUITE)
+    assert len(results) >= 3 * len(verify.FULL_SUITE)
     assert all(r.passed for r in results), failures(results)
 
 
@@ -208,3 +210,86 @@ def test_opcheck_of_the_training_ops():
     o, lse = torch.ops.attngen.attention(q, k, v, True, None, None, "bhsd")
     torch.library.opcheck(torch.ops.attngen.attention_backward.default,
                           (torch.randn_like(o), q, k, v, o, lse, True, None, None, "bhsd"), test_utils=utils)
+
+
+# -- variants: window, softcap, ALiBi ------------------------------------------------------------------
+
+VARIANT_CALLS = [   # (name, causal, attention() keywords but the slopes, ALiBi)
+    ("window", False, {"window": (100, 30)}, False),
+    ("window_causal", True, {"window": (200, -1)}, False),
+    ("softcap", True, {"softcap": 3.0}, False),
+    ("alibi", False, {}, True),
+]
+
+
+def variant_reference_gradients(torch, q, k, v, dout, causal, keywords, slopes):
+    """(dq, dk, dv) through torch's autograd of verify's reference attention with the call's variants,
+    in fp32 (the reference) and in the inputs' dtype (its error sets the bound)."""
+    from attngen.core.variants import SCORES
+    mask, window = "causal" if causal else "none", keywords.get("window")
+    if window is not None:
+        mask, window = "window", (window[0], 0 if causal else window[1])
+    modifiers = (((SCORES["softcap"], keywords["softcap"]),) if "softcap" in keywords else ()) + (
+        ((SCORES["alibi"], slopes),) if slopes is not None else ())
+    out = []
+    for dtype in (torch.float32, q.dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        with verify.exact_fp32_matmul(torch):
+            o, _ = verify.attention_torch(*leaves, scale=q.shape[-1] ** -0.5, mask=mask,
+                                          alignment=None if mask == "none" else "top_left", window=window,
+                                          modifiers=modifiers)
+            o.backward(dout.to(dtype))
+        out.append([t.grad.float() for t in leaves])
+    return out
+
+
+@pytest.mark.parametrize("dtype, d", [("float16", 64), ("bfloat16", 128)])
+@pytest.mark.parametrize("name, causal, keywords, alibi", VARIANT_CALLS, ids=[c[0] for c in VARIANT_CALLS])
+def test_variant_loss_backward(name, causal, keywords, alibi, dtype, d):
+    """loss.backward() through attngen.attention with a window, softcap or ALiBi (attention_variant_train
+    and the table's backward variant specs): gradients within the rule of torch's autograd through
+    verify's reference attention; the ALiBi slopes take none."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    dt = getattr(torch, dtype)
+    q, k, v, dout = (torch.randn(s, generator=gen, device="cuda").to(dt) for s in
+                     ((2, 4, 333, d), (2, 2, 333, d), (2, 2, 333, d), (2, 4, 333, d)))
+    slopes = torch.rand(4, generator=gen, device="cuda") * 0.3 if alibi else None
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attngen.attention(*leaves, causal=causal, alibi_slopes=slopes, **keywords)
+    assert o.grad_fn is not None
+    o.backward(dout)
+    ref, low = variant_reference_gradients(torch, q, k, v, dout, causal, keywords, slopes)
+    for what, got, want, base in zip(("dq", "dk", "dv"), (t.grad for t in leaves), ref, low):
+        err = (got.float() - want).abs().max().item()
+        bound = verify.error_bound((base - want).abs().max().item())
+        assert err <= bound, f"{name} {what}: {err:.3g} > {bound:.3g}"
+
+
+def test_variant_compiled_step_and_opcheck():
+    """A torch.compile(fullgraph=True) training step with a window gives the eager gradients; opcheck
+    of attention_variant_train (softcap) and attention_variant_backward (ALiBi)."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    q, k, v = (torch.randn(1, 4, 256, 64, generator=gen, device="cuda").half().requires_grad_() for _ in range(3))
+
+    def step(q, k, v):
+        o = attngen.attention(q, k, v, causal=True, window=(64, -1))
+        return (o.float() * o.float()).sum()
+
+    step(q, k, v).backward()
+    eager = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    torch.compile(step, fullgraph=True)(q, k, v).backward()
+    for a, b in zip(eager, (t.grad for t in (q, k, v))):
+        assert torch.allclose(a.float(), b.float(), atol=2e-3, rtol=0), (a.float() - b.float()).abs().max()
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    torch.library.opcheck(torch.ops.attngen.attention_variant_train.default,
+                          (*leaves, False, None, None, "bhsd", None, 5.0, None), test_utils=utils)
+    slopes = torch.rand(4, generator=gen, device="cuda") * 0.3
+    o, lse = torch.ops.attngen.attention_variant(q, k, v, True, None, None, "bhsd", None, None, slopes)
+    torch.library.opcheck(torch.ops.attngen.attention_variant_backward.default,
+                          (torch.randn_like(o), q, k, v, o, lse, True, None, None, "bhsd", None, None, slopes),
+                          test_utils=utils)

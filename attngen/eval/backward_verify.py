@@ -9,23 +9,31 @@ where autograd through a softmax of -inf would give NaN."""
 from __future__ import annotations
 
 from .verify import (ERR_FACTOR, ERR_FLOOR, CaseResult, Shape, Variant, error_bound, exact_fp32_matmul, make_inputs,
-                     variants)
-from ..core.variants import MASKS
+                     score_arguments, score_modifiers, variants)
+from ..core.variants import MASKS, reference_scores
 
 SCALE_FACTOR = 0.8   # verify's softmax scale, times 1/sqrt(head_dim)
 
 
-def attention_gradients(q, k, v, dout, *, scale: float, mask: str, alignment: str | None, low: bool = False):
-    """(out, lse, dq, dk, dv) of softmax(scale q k^T) v for (B, H, S, D) tensors, GQA by repeating kv
-    heads (dk and dv summed back over each group). In fp32 for fp32 inputs; with low=True every
-    product is rounded to the inputs' dtype as torch's low-precision backward rounds it."""
+def attention_gradients(q, k, v, dout, *, scale: float, mask: str, alignment: str | None, window=None,
+                        modifiers: tuple = ()):
+    """(out, lse, dq, dk, dv) of softmax(m(scale q k^T)) v for (B, H, S, D) tensors, m the score
+    `modifiers` ((ScoreVariant, value) pairs, as verify's forward reference takes them) and the mask
+    (`window`: a window mask's (left, right)); GQA by repeating kv heads (dk and dv summed back over
+    each group). Every product is rounded to the inputs' dtype: fp32 inputs give the reference,
+    fp16/bf16 ones torch's low-precision backward. The modifiers' derivative comes from autograd
+    through their own reference."""
     import torch
     dtype = q.dtype
     heads, kv_heads = q.shape[1], k.shape[1]
     group = heads // kv_heads
     kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    s = torch.matmul(q, kr.transpose(-1, -2)) * scale
-    visible = MASKS[mask].visible(torch, q.shape[2], k.shape[2], alignment, q.device, None)
+    scaled = torch.matmul(q, kr.transpose(-1, -2)) * scale
+    with torch.enable_grad():
+        leaf = scaled.detach().requires_grad_(bool(modifiers))
+        logits = reference_scores(torch, leaf, modifiers, q.shape[2], k.shape[2])
+    s = logits.detach()
+    visible = MASKS[mask].visible(torch, q.shape[2], k.shape[2], alignment, q.device, window)
     if visible is not None:
         s = s.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s.float(), dim=-1)
@@ -36,6 +44,8 @@ def attention_gradients(q, k, v, dout, *, scale: float, mask: str, alignment: st
     dp = torch.matmul(dout, vr.transpose(-1, -2))
     delta = (dout.float() * out.float()).sum(dim=-1, keepdim=True).to(dtype)
     ds = p * (dp - delta)
+    if modifiers:   # the chain rule through the modifiers: d logit / d scaled score
+        ds = torch.autograd.grad(logits, leaf, ds)[0]
     dq = torch.matmul(ds, kr) * scale
     dk = torch.matmul(ds.transpose(-1, -2), q) * scale
 
@@ -76,16 +86,18 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
     q, k, v = make_inputs(shape, d, dtype, device, gen)
     qb, kb, vb = (to_bhsd(t, shape.layout) for t in (q, k, v))
     dout_b = torch.randn(qb.shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    scores = score_arguments(plan, shape.batch, shape.heads, gen, device)
+    call = dict(scale=scale, mask=variant.mask, alignment=variant.alignment, window=variant.visible_window,
+                modifiers=score_modifiers(plan, scores))
     with exact_fp32_matmul(torch):
-        ref = attention_gradients(qb.float(), kb.float(), vb.float(), dout_b.float(), scale=scale, mask=variant.mask,
-                                  alignment=variant.alignment)
-    low = attention_gradients(qb, kb, vb, dout_b, scale=scale, mask=variant.mask, alignment=variant.alignment, low=True)
+        ref = attention_gradients(qb.float(), kb.float(), vb.float(), dout_b.float(), **call)
+    low = attention_gradients(qb, kb, vb, dout_b, **call)
     out = in_layout(ref[0].to(dtype), shape.layout)
     lse = ref[1].contiguous()
     dout = in_layout(dout_b, shape.layout)
     poisoned = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    dq, dk, dv = kernel(q, k, v, out, lse, dout, **variant.call_arguments(), scale=scale, layout=shape.layout,
-                        dq=poisoned[0], dk=poisoned[1], dv=poisoned[2])
+    dq, dk, dv = kernel(q, k, v, out, lse, dout, **variant.call_arguments(), **scores, scale=scale,
+                        layout=shape.layout, dq=poisoned[0], dk=poisoned[1], dv=poisoned[2])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     problems = result.problems

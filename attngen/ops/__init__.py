@@ -8,10 +8,10 @@ kernel for the GPU, dtype, head dim, mask and sequence length at hand.
 
 Eager calls go straight to the kernel (a few microseconds of host time); under torch.compile
 they go through the torch ops attngen::attention, ... (library.py), which trace without a graph
-break. attention() on tensors that need gradients goes through attngen::attention_train, whose
-backward runs the dispatch table's backward spec; the variants, varlen and decode are forward only for now:
-a call of theirs on tensors that need gradients is refused rather than returning an output autograd
-cannot differentiate.
+break. attention() on tensors that need gradients goes through attngen::attention_train (with
+variants, attngen::attention_variant_train), whose backward runs the dispatch table's backward spec;
+varlen and decode are forward only for now: a call of theirs on tensors that need gradients is
+refused rather than returning an output autograd cannot differentiate.
 """
 from __future__ import annotations
 
@@ -30,10 +30,9 @@ def _bind():
 
 
 def _refuse_grad(what: str) -> None:
-    raise NotImplementedError(f"attngen has no backward for {what} yet (attngen.attention without window, softcap "
-                              "and alibi_slopes has one where the dispatch table lists a backward spec: `attngen "
-                              "dispatch --call backward`): call it under torch.no_grad() / torch.inference_mode(), or "
-                              "on tensors that do not require grad")
+    raise NotImplementedError(f"attngen has no backward for {what} yet (attngen.attention has one where the "
+                              "dispatch table lists a backward spec: `attngen dispatch --call backward`): call it "
+                              "under torch.no_grad() / torch.inference_mode(), or on tensors that do not require grad")
 
 
 def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
@@ -52,12 +51,17 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
     """
     compiling, grad, ops, library = _bound or _bind()
     if window is not None or softcap is not None or alibi_slopes is not None:
+        if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            # as below, through the differentiable variant op
+            if not compiling():
+                library.backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
+            o, lse = ops.attention_variant_train(q, k, v, causal, alignment, scale, layout,
+                                                 None if window is None else list(window), softcap, alibi_slopes)
+            return (o, lse) if return_lse else o
         if compiling():
             o, lse = ops.attention_variant(q, k, v, causal, alignment, scale, layout,
                                            None if window is None else list(window), softcap, alibi_slopes)
             return (o, lse) if return_lse else o
-        if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            _refuse_grad("window, softcap or alibi_slopes")
         return library.forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap,
                                        alibi_slopes)
     if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):

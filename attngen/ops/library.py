@@ -3,9 +3,10 @@ attngen::attention_varlen, attngen::attention_with_kvcache and attngen::attentio
 (meta) implementation that gives the real output shapes and strides, so torch.compile traces
 through a call without a graph break and CUDA graphs capture it. attngen::attention_train is
 attngen::attention with a backward (register_autograd: it saves q, k, v, o and lse, and
-attngen::attention_backward runs the table's backward spec); calls on tensors that need gradients
-take it, the others the plain op, whose host time an autograd registration would raise (measured:
-docs/performance.md, "Backward"). The other ops are forward only.
+attngen::attention_backward runs the table's backward spec), attngen::attention_variant_train the
+same for attngen::attention_variant; calls on tensors that need gradients take them, the others the
+plain ops, whose host time an autograd registration would raise (measured: docs/performance.md,
+"Backward"). The varlen and decode ops are forward only.
 
 Importing this module registers the ops (it needs torch)."""
 from __future__ import annotations
@@ -96,7 +97,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
                          alignment=alignment, scale=scale, return_lse=return_lse)
 
 
-_BACKWARD: dict = {}    # (device, dtype, head_dim, causal, seqlen_k) -> kernel
+_BACKWARD: dict = {}    # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim) -> kernel
 
 
 def _vector_ready(t) -> bool:
@@ -104,18 +105,21 @@ def _vector_ready(t) -> bool:
     return t.stride(-1) == 1 and not any(s % 8 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
 
 
-def backward_kernel(q, k, v, causal, layout):
-    """The table's backward kernel for a call's gradients; NotImplementedError (before the forward
-    runs, from attention()) where the table has none: a forward whose backward would then fail."""
+def backward_kernel(q, k, v, causal, layout, window=None, softcap=None, alibi_slopes=None):
+    """The table's backward kernel for a call's gradients (its mask and score modifiers);
+    NotImplementedError (before the forward runs, from attention()) where the table has none: a
+    forward whose backward would then fail."""
     seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
-    short = (q.get_device(), q.dtype, q.shape[-1], causal, seqlen_k, v.shape[-1])
+    mask = call_mask(causal, window) if window is not None else "causal" if causal else "none"
+    scores = call_scores(softcap, alibi_slopes) if softcap is not None or alibi_slopes is not None else ""
+    short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, seqlen_k, v.shape[-1])
     kernel = _BACKWARD.get(short)
     if kernel is None:
-        if short[5] != short[2]:
-            raise NotImplementedError(f"attngen has no backward where V's head dim ({short[5]}) differs from q's "
+        if short[6] != short[2]:
+            raise NotImplementedError(f"attngen has no backward where V's head dim ({short[6]}) differs from q's "
                                       f"({short[2]}) yet")
         try:
-            kernel = DISPATCH.kernel("backward", short[0], q.dtype, short[2], "causal" if causal else "none", seqlen_k)
+            kernel = DISPATCH.kernel("backward", short[0], q.dtype, short[2], mask, seqlen_k, scores=scores)
         except LookupError as exc:
             raise NotImplementedError(f"attngen has no backward for this call yet: {exc}") from None
         if len(_BACKWARD) >= 4096:
@@ -124,14 +128,17 @@ def backward_kernel(q, k, v, causal, layout):
     return kernel
 
 
-def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout):
-    """The gradients (dq, dk, dv) of attention(q, k, v) at dout through the table's backward spec.
-    dout comes from autograd in any strides (a sum's is expanded, stride 0): copied when the
-    kernel cannot read it in place."""
-    kernel = backward_kernel(q, k, v, causal, layout)
+def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None, alibi_slopes=None):
+    """The gradients (dq, dk, dv) of attention(q, k, v) at dout through the table's backward spec
+    (with the forward call's variants). dout comes from autograd in any strides (a sum's is
+    expanded, stride 0): copied when the kernel cannot read it in place."""
+    kernel = backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
     if not _vector_ready(dout):
         dout = dout.contiguous()
-    return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout)
+    if window is None and softcap is None and alibi_slopes is None:
+        return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout)
+    return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout,
+                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 _DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
@@ -201,6 +208,11 @@ LIB.define("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor
            "str? alignment, float? scale, str layout) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_variant(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout, "
            "int[]? window, float? softcap, Tensor? alibi_slopes) -> (Tensor, Tensor)")
+LIB.define("attention_variant_train(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, "
+           "str layout, int[]? window, float? softcap, Tensor? alibi_slopes) -> (Tensor, Tensor)")
+LIB.define("attention_variant_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+           "bool causal, str? alignment, float? scale, str layout, int[]? window, float? softcap, "
+           "Tensor? alibi_slopes) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
            "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
@@ -220,6 +232,11 @@ def attention_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, l
 
 def attention_variant_cuda(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes):
     return forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes)
+
+
+def attention_variant_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, layout, window, softcap,
+                                    alibi_slopes):
+    return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window, softcap, alibi_slopes)
 
 
 def attention_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
@@ -250,6 +267,11 @@ def attention_variant_fake(q, k, v, causal, alignment, scale, layout, window, so
     return attention_fake(q, k, v, causal, alignment, scale, layout)
 
 
+def attention_variant_backward_fake(dout, q, k, v, out, lse, causal, alignment, scale, layout, window, softcap,
+                                    alibi_slopes):
+    return attention_backward_fake(dout, q, k, v, out, lse, causal, alignment, scale, layout)
+
+
 def attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
@@ -264,11 +286,14 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
                                        layout)
 
 
-# attention_train is attention with a backward: the same forward and fake
+# attention_train (attention_variant_train) is attention (attention_variant) with a backward: the
+# same forward and fake
 attention_train_cuda, attention_train_fake = attention_cuda, attention_fake
+attention_variant_train_cuda, attention_variant_train_fake = attention_variant_cuda, attention_variant_fake
 
-for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_varlen",
-              "attention_with_kvcache", "attention_with_kvcache_variant"):
+for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
+              "attention_variant_backward", "attention_varlen", "attention_with_kvcache",
+              "attention_with_kvcache_variant"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
 
@@ -287,7 +312,23 @@ def _attention_gradients(ctx, grad_o, grad_lse):
     return dq, dk, dv, None, None, None, None
 
 
+def _attention_variant_setup(ctx, inputs, output):
+    q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
+    ctx.call = (causal, alignment, scale, layout, window, softcap)
+    ctx.mark_non_differentiable(lse)
+
+
+def _attention_variant_gradients(ctx, grad_o, grad_lse):
+    q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attngen.attention_variant_backward(grad_o, q, k, v, o, lse, *ctx.call, alibi_slopes)
+    return dq, dk, dv, None, None, None, None, None, None, None   # the ALiBi slopes get none, as FlashAttention's
+
+
 torch.library.register_autograd("attngen::attention_train", _attention_gradients, setup_context=_attention_setup,
                                 lib=LIB)
+torch.library.register_autograd("attngen::attention_variant_train", _attention_variant_gradients,
+                                setup_context=_attention_variant_setup, lib=LIB)
 
 __all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_variant", "varlen"]

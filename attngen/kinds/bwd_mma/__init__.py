@@ -44,7 +44,8 @@ class BackwardSpec(ForwardSpec):
     row_unit_what = "16-row fragments of dQ"
     key_unit = 16
     key_unit_why = "16 keys per warp"
-    masks_taken = ("none", "causal")
+    masks_taken = ("none", "causal", "window")
+    takes_scores = True
 
     def register_need(self):
         f = fragments(self, 16, None)
@@ -102,15 +103,10 @@ def rule_backward_dq_grid(s: BackwardSpec):
                                  f"that divides {s.tile.block_m // 16} (the query block's fragments) or a multiple of it")
 
 
-def rule_backward_masks(s: BackwardSpec):
-    if any(m not in BackwardSpec.masks_taken for m in s.masks):
-        return "masks", f"the backward kind generates masks none and causal (got {s.masks})"
-
-
-rule_backward_no_scores = refuse(
-    "scores", lambda s: bool(s.scores) or s.variant is not None,
-    lambda s: "score modifiers and expressions are not generated for the backward kind yet; remove scores/variant",
-    "rule_backward_no_scores")
+rule_backward_no_expressions = refuse(
+    "variant", lambda s: s.variant is not None,
+    lambda s: "expressions are not generated for the backward kind yet (masks none, causal and window, scores "
+              "softcap and alibi are); remove variant", "rule_backward_no_expressions")
 rule_backward_no_varlen = refuse(
     "varlen", lambda s: s.varlen, lambda s: "varlen is not generated for the backward kind yet; set varlen: false",
     "rule_backward_no_varlen")
@@ -120,7 +116,7 @@ rule_backward_one_stage = refuse(
               "leave q_in_registers unset", "rule_backward_one_stage")
 
 BackwardSpec.rules = (rule_backward_homogeneous, rule_head_dim_vector_loads, rule_head_dim_fragments, rule_backward_head_dim,
-                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_grid, rule_backward_masks, rule_backward_no_scores, rule_backward_no_varlen,
+                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_grid, rule_backward_no_expressions, rule_backward_no_varlen,
                       rule_backward_one_stage, rule_pad_bytes, rule_pad_16_bytes, rule_threads)
 
 
@@ -198,7 +194,8 @@ def plan(spec: BackwardSpec, file: str | None = None):
     offsets = {r.name: r.offset for r in regions}
     stage_bytes = offsets["q1"] - offsets["q"] if "q1" in offsets else 0
     assert not stage_bytes or offsets["do1"] - offsets["do"] == stage_bytes
-    abi = plan_abi(p.mask_variants, varlen=False, reports_errors=False, base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
+    abi = plan_abi(p.mask_variants, varlen=False, reports_errors=False, scores=p.score_variants,
+                   base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
     w = spec.compute_warps
     f = p.fragments
     roles = (f"{w} warps: all copy; warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T), and in the "

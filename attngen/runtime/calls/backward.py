@@ -22,7 +22,8 @@ class BackwardKernel(Kernel):
     """A backward spec, callable on torch tensors.
 
     ``kernel(q, k, v, out, lse, dout, causal=False, alignment=None, scale=None, layout="bhsd")``
-    returns (dq, dk, dv), each shaped (and strided) like q, k and v.
+    returns (dq, dk, dv), each shaped (and strided) like q, k and v. A spec's variants add
+    window=(left, right), softcap= and alibi_slopes=, as in the forward call.
     """
 
     def _setup(self) -> None:
@@ -39,13 +40,16 @@ class BackwardKernel(Kernel):
         return ()
 
     def __call__(self, q, k, v, out, lse, dout, *, causal: bool = False, alignment: str | None = None,
-                 scale: float | None = None, layout: str = "bhsd", dq=None, dk=None, dv=None):
+                 scale: float | None = None, layout: str = "bhsd", dq=None, dk=None, dv=None, window=None,
+                 softcap: float | None = None, alibi_slopes=None):
         """The gradients (dq, dk, dv) of attention at q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
 
         out: the forward's output, shaped like q; lse: its natural-log LSE, contiguous fp32 (B, Hq, Sq)
         (-inf for rows that see no key); dout: the gradient of the output, shaped like q. causal,
         alignment, scale and layout mean what they mean in the forward call, and must be the ones
-        the forward ran with. GQA/MQA: dk and dv sum over the query heads that share a KV head.
+        the forward ran with; so must window, softcap and alibi_slopes (the spec's variants; see the
+        forward call). GQA/MQA: dk and dv sum over the query heads that share a KV head. ALiBi's
+        slopes get no gradient.
         dq, dk, dv: tensors shaped like q, k and v to write the gradients into (default: new ones).
         """
         index, qs, ks, vs = self._padded_inputs(layout, ("q", "k", "v"), q, k, v)
@@ -63,9 +67,10 @@ class BackwardKernel(Kernel):
             if tuple(self._check_tensor(name, t, layout, index)) != tuple(qs):
                 raise ValueError(f"{name} must have q's shape {tuple(qs)} (got {tuple(t.shape)})")
         self._check_lse(lse, (batch, heads, seqlen_q), index, "lse", "; the forward gives it with return_lse=True")
-        mask = self._check_mask(causal)
+        mask = self._check_mask(causal, window)
         scale = self._check_scale(scale)
-        values = self._variant_values(mask, causal, alignment, None, seqlen_q, seqlen_k, scale, {},
+        values = self._variant_values(mask, causal, alignment, window, seqlen_q, seqlen_k, scale,
+                                      {"softcap": softcap, "alibi_slopes": alibi_slopes},
                                       {"batch": batch, "heads": heads, "device": index})
         torch = self._torch
         dq, dk, dv = (self._gradient(name, g, t, layout, index) for name, g, t in (("dq", dq, q), ("dk", dk, k),
@@ -83,7 +88,7 @@ class BackwardKernel(Kernel):
                     dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum.data_ptr(), delta.data_ptr())
         row = [*pointers[:5], *bhsd_strides(q.stride(), layout), *bhsd_strides(k.stride(), layout),
                *bhsd_strides(v.stride(), layout), *bhsd_strides(out.stride(), layout), heads * seqlen_q, seqlen_q,
-               batch, heads, kv_heads, seqlen_q, seqlen_k, scale * LOG2E, *pointers[5:9],
+               batch, heads, kv_heads, seqlen_q, seqlen_k, values.pop("scale_log2", scale * LOG2E), *pointers[5:9],
                *bhsd_strides(dout.stride(), layout), *bhsd_strides(dq.stride(), layout),
                *bhsd_strides(dk.stride(), layout), *bhsd_strides(dv.stride(), layout), *pointers[9:], scale]
         row += [values.get(f.name, f.default) for f in self._mask_fields]
