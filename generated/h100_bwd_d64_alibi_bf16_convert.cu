@@ -23,13 +23,13 @@
 //
 // Plan (attngen explain):
 //   h100_bwd_d64_alibi_bf16: bwd_mma (mma.sync m16n8k16 attention backward (dQ by fp32 atomics)), bf16, head_dim 64, masks none, causal, scores alibi
-//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_alibi_bf16_none, attngen_h100_bwd_d64_alibi_bf16_causal, attngen_h100_bwd_d64_alibi_bf16_preprocess, attngen_h100_bwd_d64_alibi_bf16_convert
+//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_alibi_bf16_none, attngen_h100_bwd_d64_alibi_bf16_causal, attngen_h100_bwd_d64_alibi_bf16_none_deterministic, attngen_h100_bwd_d64_alibi_bf16_causal_deterministic, attngen_h100_bwd_d64_alibi_bf16_preprocess, attngen_h100_bwd_d64_alibi_bf16_convert
 //
 //   block: 128 keys of one KV head and sequence; the query blocks of 128 rows that see them, for every query head of the KV head
 //   threads: 256 = 8 warps of 16 keys
 //   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (4 chunks per query block), dK and dV 8 tiles each; 80 fp32 accumulators per thread
 //   mma.sync per query block per warp: 64 (S^T) + 64 (dV) + 64 (dP^T) + 64 (dK) + 64 (dQ)
-//   dQ: fp32 atomic adds of 128 x 64 per query block and key block (not bitwise repeatable: the adds land in any order)
+//   dQ: fp32 atomic adds of 128 x 64 per query block and key block (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 2 stage(s), the next block's issued before this one is computed
 //   masks: none, causal
 //   scores (every function, before the mask, in this order): alibi: ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score (the call passes alibi_slopes=)
@@ -48,7 +48,7 @@
 //     total 134144 B (131.00 KiB) of 232448 B (227.00 KiB) budget, 58%
 //     dynamic: 134144 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 352 B by value):
+//   kernel parameters (Params, 360 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -96,6 +96,7 @@
 //     +328  float*         dq_accum         fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
 //     +336  float*         delta            fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row
 //     +344  float          scale            the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
+//     +352  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -131,7 +132,7 @@ struct Params {
     float* dq_accum;  // +328: fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
     unsigned char reserved_336[8];  // +336
     float scale;  // +344: the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
-    unsigned char reserved_348[4];  // +348
+    unsigned char reserved_348[12];  // +348
 };
 static_assert(offsetof(Params, heads) == 156, "Params.heads offset");
 static_assert(offsetof(Params, seqlen_q) == 164, "Params.seqlen_q offset");
@@ -141,7 +142,7 @@ static_assert(offsetof(Params, dq_head_stride) == 264, "Params.dq_head_stride of
 static_assert(offsetof(Params, dq_row_stride) == 272, "Params.dq_row_stride offset");
 static_assert(offsetof(Params, dq_accum) == 328, "Params.dq_accum offset");
 static_assert(offsetof(Params, scale) == 344, "Params.scale offset");
-static_assert(sizeof(Params) == 352, "Params size must match attngen/core/abi.py");
+static_assert(sizeof(Params) == 360, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;

@@ -22,13 +22,13 @@
 //
 // Plan (attngen explain):
 //   h100_bwd_d64_window_bf16: bwd_mma (mma.sync m16n8k16 attention backward (dQ by fp32 atomics)), bf16, head_dim 64, masks window
-//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_window_bf16_window, attngen_h100_bwd_d64_window_bf16_preprocess, attngen_h100_bwd_d64_window_bf16_convert
+//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_window_bf16_window, attngen_h100_bwd_d64_window_bf16_window_deterministic, attngen_h100_bwd_d64_window_bf16_preprocess, attngen_h100_bwd_d64_window_bf16_convert
 //
 //   block: 128 keys of one KV head and sequence; the query blocks of 128 rows that see them, for every query head of the KV head
 //   threads: 256 = 8 warps of 16 keys
 //   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (4 chunks per query block), dK and dV 8 tiles each; 80 fp32 accumulators per thread
 //   mma.sync per query block per warp: 64 (S^T) + 64 (dV) + 64 (dP^T) + 64 (dK) + 64 (dQ)
-//   dQ: fp32 atomic adds of 128 x 64 per query block and key block (not bitwise repeatable: the adds land in any order)
+//   dQ: fp32 atomic adds of 128 x 64 per query block and key block (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 2 stage(s), the next block's issued before this one is computed
 //   masks: window
 //
@@ -46,7 +46,7 @@
 //     total 134144 B (131.00 KiB) of 232448 B (227.00 KiB) budget, 58%
 //     dynamic: 134144 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 336 B by value):
+//   kernel parameters (Params, 344 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -93,6 +93,7 @@
 //     +312  float*         dq_accum         fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
 //     +320  float*         delta            fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row
 //     +328  float          scale            the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
+//     +336  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -177,6 +178,7 @@ struct Params {
     float* delta;  // +320: fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row
     float scale;  // +328: the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
     unsigned char reserved_332[4];  // +332
+    void* dq_turns;  // +336: int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -215,7 +217,8 @@ static_assert(offsetof(Params, dv_row_stride) == 304, "Params.dv_row_stride offs
 static_assert(offsetof(Params, dq_accum) == 312, "Params.dq_accum offset");
 static_assert(offsetof(Params, delta) == 320, "Params.delta offset");
 static_assert(offsetof(Params, scale) == 328, "Params.scale offset");
-static_assert(sizeof(Params) == 336, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, dq_turns) == 336, "Params.dq_turns offset");
+static_assert(sizeof(Params) == 344, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;
@@ -593,6 +596,37 @@ __device__ __forceinline__ void load_row_stats(float* sLse, float* sDelta, const
     }
 }
 
+// Deterministic mode (kDeterministic): the key blocks whose walks have a query block add its dQ one
+// at a time, the last key block first, each waiting for its turn: the number of those key blocks
+// after it. A later key block's walk starts at a later query block (or the same one), so it reaches
+// any query block in fewer steps: the block it waits for got there first. Its thread block also
+// launched first (key_block: block ids run from the last key block), so every block waited for is
+// running or done, however few fit on the GPU at once. Walks that have query block m0 are a run of
+// key blocks (first rows and row ends both grow with the key), from this one up to the last whose
+// first row is in m0's block: found by bisection.
+template <Mask kMask>
+__device__ __forceinline__ int dq_turn(int n_block, int m0, const Params& p) {
+    int last = n_block, hi = (p.seqlen_k + kBlockN - 1) / kBlockN - 1;
+    while (last < hi) {
+        const int mid = (last + hi + 1) / 2;
+        if (first_row_seeing<kMask>(mid * kBlockN, p) < m0 + kBlockM) last = mid;
+        else hi = mid - 1;
+    }
+    return last - n_block;
+}
+
+__device__ __forceinline__ int* dq_turn_counter(const Params& p, int batch, int head, int m0) {
+    const int blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    return static_cast<int*>(p.dq_turns) + (batch * p.heads + head) * blocks + m0 / kBlockM;
+}
+
+__device__ __forceinline__ void wait_for_turn(const int* counter, int turn) {
+    int seen;
+    do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen != turn);
+}
+
 // One step of the block's walk: query block [m0, m0 + kBlockM) of one query head.
 struct QueryStep {
     int head;
@@ -627,7 +661,7 @@ __device__ __forceinline__ void issue_query_tiles(const QueryStep& st, uint32_t 
 }
 
 // One query block against the block's keys, its Q and dO tiles in stage `stage` (their copies issued).
-template <Mask kMask>
+template <Mask kMask, bool kDeterministic>
 __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)[kDTiles][4], unsigned char* smem,
                                             uint32_t smem_addr, const QueryStep& st, int stage, int n0, int tid,
                                             int batch, const LaneMaps& ln, const Params& p) {
@@ -661,10 +695,17 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
         add_fragments_by_tile(dk, a, sQ, c0, ln);
         store_ds(smem + kSmem_ds, a, key_row0, c0, lane);
     }
+    if constexpr (kDeterministic) {
+        if (tid == 0) wait_for_turn(dq_turn_counter(p, batch, st.head, m0), dq_turn<kMask>(n0 / kBlockN, m0, p));
+    }
     __syncthreads();
 
     add_dq(st.dq_accum, sDS, sK, m0, warp % kDqRowWarps * 16 * kDqMTiles, warp / kDqRowWarps * kDqDPairs, lane, ln, p);
+    if constexpr (kDeterministic) __threadfence();   // this thread's adds land before the next key block's turn
     __syncthreads();   // the next steps overwrite this stage's Q and dO, dS^T and the row stats
+    if constexpr (kDeterministic) {
+        if (tid == 0) atomicAdd(dq_turn_counter(p, batch, st.head, m0), 1);
+    }
 }
 
 // dK (times the scale) and dV of the warp's keys, rows past seqlen_k not written.
@@ -686,12 +727,14 @@ __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDTiles][4
     }
 }
 
-template <Mask kMask>
+template <Mask kMask, bool kDeterministic>
 __device__ __forceinline__ void attention_backward(const Params& p) {
     extern __shared__ __align__(128) unsigned char smem[];  // 134144 B: dynamic, opt-in
 
     const int tid = threadIdx.x, lane = tid % 32;
-    const int n0 = blockIdx.x * kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
+    // deterministic: the last key block first (dq_turn)
+    const int n0 = (kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockN;
+    const int kv_head = blockIdx.y, batch = blockIdx.z;
     const int group = p.heads / p.kv_heads;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const LaneMaps ln(lane);
@@ -728,7 +771,7 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
         } else {
             cp_async_wait<0>();
         }
-        query_block<kMask>(dk, dv, smem, smem_addr, st, i % kQueryStages, n0, tid, batch, ln, p);
+        query_block<kMask, kDeterministic>(dk, dv, smem, smem_addr, st, i % kQueryStages, n0, tid, batch, ln, p);
     }
     cp_async_wait_all();   // K and V, when no query block saw the keys
     store_key_gradients(dk, dv, n0 + 16 * (tid / 32), lane, batch, kv_head, p);
@@ -738,5 +781,10 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_window_bf16::kThreads, attngen_h100_bwd_d64_window_bf16::kMinBlocksPerSm)
 attngen_h100_bwd_d64_window_bf16_window(const attngen_h100_bwd_d64_window_bf16::Params p) {
-    attngen_h100_bwd_d64_window_bf16::attention_backward<attngen_h100_bwd_d64_window_bf16::Mask::Window>(p);
+    attngen_h100_bwd_d64_window_bf16::attention_backward<attngen_h100_bwd_d64_window_bf16::Mask::Window, false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_window_bf16::kThreads, attngen_h100_bwd_d64_window_bf16::kMinBlocksPerSm)
+attngen_h100_bwd_d64_window_bf16_window_deterministic(const attngen_h100_bwd_d64_window_bf16::Params p) {
+    attngen_h100_bwd_d64_window_bf16::attention_backward<attngen_h100_bwd_d64_window_bf16::Mask::Window, true>(p);
 }

@@ -29,13 +29,19 @@ def test_plan_is_a_three_part_bundle():
     p = make_plan(load_spec(D128))
     assert kind_of(p.spec).calls == "backward"
     main, pre, conv = p.parts
-    assert [fn for _, fn in main.functions] == ["attngen_h100_bwd_d128_none", "attngen_h100_bwd_d128_causal"]
+    assert [fn for _, fn in main.functions] == ["attngen_h100_bwd_d128_none", "attngen_h100_bwd_d128_causal",
+                                                "attngen_h100_bwd_d128_none_deterministic",
+                                                "attngen_h100_bwd_d128_causal_deterministic"]
+    assert [p.takes_turns(k) for k, _ in main.functions] == [False, False, True, True]
+    assert {p.key_mask(k) for k, _ in main.functions} == {"none", "causal"}
     assert pre.functions == (("preprocess", "attngen_h100_bwd_d128_preprocess"),)
     assert conv.functions == (("convert", "attngen_h100_bwd_d128_convert"),)
     assert (pre.threads, pre.static_smem, conv.threads, conv.static_smem) == (128, 0, 128, 0)
-    assert p.entry_functions == {"none": "attngen_h100_bwd_d128_none", "causal": "attngen_h100_bwd_d128_causal"}
+    assert p.entry_functions == {"none": "attngen_h100_bwd_d128_none", "causal": "attngen_h100_bwd_d128_causal",
+                                 "none_deterministic": "attngen_h100_bwd_d128_none_deterministic",
+                                 "causal_deterministic": "attngen_h100_bwd_d128_causal_deterministic"}
     names = [f.name for f in p.abi.fields]
-    for field in ("dout", "dq", "dk", "dv", "dq_accum", "delta", "scale", "causal_offset"):
+    for field in ("dout", "dq", "dk", "dv", "dq_accum", "delta", "scale", "causal_offset", "dq_turns"):
         assert field in names
     assert "causal_from_end" not in names      # no varlen functions
     assert set(pre.reads) <= set(names) and set(conv.reads) <= set(names)

@@ -10,7 +10,7 @@ import pytest
 
 import attngen
 from attngen.eval import verify
-from attngen.eval.backward_verify import check_backward_case
+from attngen.eval.backward_verify import check_backward_case, takes_turns
 from attngen.runtime import Kernel
 
 pytestmark = pytest.mark.gpu
@@ -38,8 +38,10 @@ def test_backward_specs_exist():
 def test_backward_spec_passes_full_suite(spec):
     k = kernel(spec)
     results = verify.verify_kernel(k, verify.FULL_SUITE, spec_label=k.name)
-    # none, causal top-left and bottom-right, or the window cases
-    assert len(results) == len(verify.variants(k.plan.masks, k.plan.block_n)) * len(verify.FULL_SUITE)
+    # none, causal top-left and bottom-right, or the window cases; deterministic mode where key blocks take turns
+    turns = sum(takes_turns(s, k.plan.block_n) for s in verify.FULL_SUITE)
+    assert turns >= 5
+    assert len(results) == len(verify.variants(k.plan.masks, k.plan.block_n)) * (len(verify.FULL_SUITE) + turns)
     assert len(results) >= 3 * len(verify.FULL_SUITE)
     assert all(r.passed for r in results), failures(results)
 
@@ -293,3 +295,29 @@ def test_variant_compiled_step_and_opcheck():
     torch.library.opcheck(torch.ops.attngen.attention_variant_backward.default,
                           (torch.randn_like(o), q, k, v, o, lse, True, None, None, "bhsd", None, None, slopes),
                           test_utils=utils)
+
+
+# -- deterministic mode ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_mode_repeats_bit_for_bit(causal):
+    """deterministic=True: dq (and dk, dv) of repeated calls are bitwise equal, on a shape with many
+    key blocks per query block and GQA; through autograd too (attngen.attention(deterministic=True))."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    q, k, v, dout = (torch.randn(s, generator=gen, device="cuda").half() for s in
+                     ((2, 8, 1500, 128), (2, 2, 1500, 128), (2, 2, 1500, 128), (2, 8, 1500, 128)))
+    bwd = kernel(ROOT / "specs" / "h100_bwd_d128.yaml")
+    o, lse = attngen.attention(q, k, v, causal=causal, return_lse=True)
+    first = bwd(q, k, v, o, lse, dout, causal=causal, deterministic=True)
+    for _ in range(3):
+        again = bwd(q, k, v, o, lse, dout, causal=causal, deterministic=True)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    plain = bwd(q, k, v, o, lse, dout, causal=causal)
+    assert (plain[0].float() - first[0].float()).abs().max().item() < 2e-2   # the same sums, in another order
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        attngen.attention(*leaves, causal=causal, deterministic=True).backward(dout)
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

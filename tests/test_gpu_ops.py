@@ -112,10 +112,12 @@ def test_varlen_and_kvcache_entry_points(torch):
 
 
 def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch):
-    """attention() differentiates (tests/test_gpu_backward.py); its variants and varlen do not yet."""
+    """attention() differentiates, with its variants (tests/test_gpu_backward.py); varlen does not
+    yet, nor a variant the table has no backward spec for (softcap and ALiBi together)."""
     q = randn(torch, 1, 2, 64, 64).requires_grad_()
-    with pytest.raises(NotImplementedError, match="no backward for window"):
-        attngen.attention(q, q, q, softcap=30.0)
+    slopes = torch.rand(2, device="cuda") * 0.3
+    with pytest.raises(NotImplementedError, match="no backward for this call"):
+        attngen.attention(q, q, q, softcap=30.0, alibi_slopes=slopes)
     qv = randn(torch, 64, 2, 64).requires_grad_()
     cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
     with pytest.raises(NotImplementedError, match="no backward for varlen"):

@@ -7,11 +7,19 @@ A backward bundle runs three kernels on one Params:
 - main: one block per key block (and KV head, batch) recomputes P from Q, K and the forward's LSE,
   keeps dK and dV in registers and adds its share of dQ into the accumulator (fp32 atomics);
 - convert: dQ = scale * accumulator, in the element type, with the caller's strides.
+
+Deterministic mode (a call's deterministic=True) runs the main part's deterministic function of the
+mask (deterministic_key) with a turn counter per query block (dq_turns): the key blocks that see a
+query block add its dQ one after another, in one order, so the fp32 sums, and dQ, repeat bit for bit.
+A function of its own, so that the default one's code is not touched by the waits.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from .abi import float32, float_pointer, pointer
-from .forward_plan import stride_fields
+from .forward_plan import ForwardPlan, stride_fields
+from .function_keys import KeySuffix
 
 ROW_THREADS = 128           # threads per block of the preprocess and convert kernels
 VECTOR = 8                  # elements each of their threads reads per row (one 16-byte vector)
@@ -28,6 +36,9 @@ BACKWARD_ABI_FIELDS = (
                   "blocks add it up; zeroed by the preprocess kernel"),
     float_pointer("delta", "fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row"),
     float32("scale", "the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)"),
+    pointer("dq_turns", "int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key "
+            "blocks that have added into each query block's dQ accumulator, which take turns in key order; null: "
+            "they add in any order (not deterministic, faster)", const=False, optional=True),
 )
 
 # The Params fields the main kernel leaves to the row kernels (it reads every other one).
@@ -35,7 +46,7 @@ MAIN_UNREAD = ("o", "o_batch_stride", "o_head_stride", "o_row_stride", "batch", 
                "dq_head_stride", "dq_row_stride")
 # The Params fields each row kernel reads (they launch with the main kernel's bytes).
 PREPROCESS_READS = ("o", "o_batch_stride", "o_head_stride", "o_row_stride", "dout", "dout_batch_stride",
-                    "dout_head_stride", "dout_row_stride", "dq_accum", "delta", "heads", "seqlen_q")
+                    "dout_head_stride", "dout_row_stride", "dq_accum", "delta", "heads", "seqlen_q", "dq_turns")
 CONVERT_READS = ("dq", "dq_batch_stride", "dq_head_stride", "dq_row_stride", "dq_accum", "heads", "seqlen_q",
                  "scale")
 
@@ -43,6 +54,32 @@ CONVERT_READS = ("dq", "dq_batch_stride", "dq_head_stride", "dq_row_stride", "dq
 def rows_per_row_block(head_dim: int) -> int:
     """Query rows one preprocess or convert block covers: ROW_THREADS threads, head_dim / VECTOR per row."""
     return ROW_THREADS // (head_dim // VECTOR)
+
+
+DETERMINISTIC = KeySuffix("_deterministic")   # function key (and name) suffix of a mask's deterministic main function
+deterministic_key = DETERMINISTIC.key
+
+
+@dataclass(frozen=True)
+class BackwardPlan(ForwardPlan):
+    """The plan of a backward bundle: the forward plan's numbers, with function keys that may carry
+    the deterministic suffix."""
+
+    @classmethod
+    def of(cls, plan: ForwardPlan, **changes) -> "BackwardPlan":
+        return cls(**{f.name: getattr(plan, f.name) for f in fields(ForwardPlan)} | changes)
+
+    def key_mask(self, key: str) -> str:
+        return DETERMINISTIC.mask(key)
+
+    def takes_turns(self, key: str) -> bool:
+        """The function of `key` adds dQ in turns (deterministic mode)."""
+        return DETERMINISTIC.has(key)
+
+
+def query_blocks(seqlen_q: int, block_m: int) -> int:
+    """Query blocks per (batch, head): the dq_turns counters of one head."""
+    return -(-seqlen_q // block_m)
 
 
 def row_grid(head_dim: int, batch: int, heads: int, seqlen_q: int) -> tuple[int, int, int]:

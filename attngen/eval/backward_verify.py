@@ -2,7 +2,8 @@
 FlashAttention's rule for gradients: each max|g - g_ref| <= 2 x max|g_low - g_ref| + a floor, where
 g_ref comes from fp32 attention on the upcast inputs and g_low from the same formulas evaluated by
 torch in the inputs' dtype (its low-precision backward). Gradients are poisoned with NaN first, so an
-element the kernel never writes fails the case.
+element the kernel never writes fails the case. Shapes whose keys span two key blocks also run in
+deterministic mode: the same rule, and a second call must give the same bits.
 
 The gradients are written out (not autograd): a row that sees no key has P = 0 and zero gradients,
 where autograd through a softmax of -inf would give NaN."""
@@ -55,15 +56,25 @@ def attention_gradients(q, k, v, dout, *, scale: float, mask: str, alignment: st
     return out, lse, dq, group_sum(dk), group_sum(dv)
 
 
+DETERMINISTIC = " deterministic"   # the variant label's suffix of a deterministic-mode case
+
+
+def takes_turns(shape: Shape, block_n: int) -> bool:
+    """Whether deterministic mode orders anything in this shape: two key blocks add into dQ rows."""
+    return shape.seqlen_k > block_n and shape.seqlen_q > 1
+
+
 def verify_cases(kernel, shapes, masks) -> list[tuple]:
     """Every (mask, alignment) of the kernel over the forward suite's shapes (both layouts, strided
-    qkv, GQA/MQA, tails, Sq != Sk)."""
+    qkv, GQA/MQA, tails, Sq != Sk), and in deterministic mode where key blocks take turns."""
     out = []
-    for variant in variants(masks, kernel.plan.block_n):
+    block_n = kernel.plan.block_n
+    for variant in variants(masks, block_n):
         for i, shape in enumerate(shapes):
-            out.append((variant.label, kernel.entry[variant.mask], shape, i,
-                        lambda seed, label, variant=variant, shape=shape: check_backward_case(
-                            kernel, variant, shape, seed, label)))
+            for deterministic in (False, True) if takes_turns(shape, block_n) else (False,):
+                out.append((variant.label + (DETERMINISTIC if deterministic else ""), kernel.entry[variant.mask],
+                            shape, i, lambda seed, label, variant=variant, shape=shape, deterministic=deterministic:
+                            check_backward_case(kernel, variant, shape, seed, label, deterministic)))
     return out
 
 
@@ -72,11 +83,13 @@ def in_layout(t, layout: str):
     return t.contiguous() if layout == "bhsd" else t.transpose(1, 2).contiguous()
 
 
-def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label: str) -> CaseResult:
+def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label: str,
+                        deterministic: bool = False) -> CaseResult:
     import torch
     from ..runtime import default_scale, to_bhsd
     plan = kernel.plan
-    result = CaseResult(label, plan.entry_functions[variant.mask], variant.label, shape, passed=False)
+    result = CaseResult(label, plan.entry_functions[variant.mask],
+                        variant.label + (DETERMINISTIC if deterministic else ""), shape, passed=False)
     device, dtype, d = kernel.device, kernel.dtype, plan.head_dim
     # Not the default 1/sqrt(d): a kernel that ignored the call's scale would fail (autograd calls
     # take the default; tests/test_gpu_backward.py covers them).
@@ -95,12 +108,20 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
     out = in_layout(ref[0].to(dtype), shape.layout)
     lse = ref[1].contiguous()
     dout = in_layout(dout_b, shape.layout)
-    poisoned = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    dq, dk, dv = kernel(q, k, v, out, lse, dout, **variant.call_arguments(), **scores, scale=scale,
-                        layout=shape.layout, dq=poisoned[0], dk=poisoned[1], dv=poisoned[2])
+    def run():
+        poisoned = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+        return kernel(q, k, v, out, lse, dout, **variant.call_arguments(), **scores, scale=scale,
+                      layout=shape.layout, dq=poisoned[0], dk=poisoned[1], dv=poisoned[2],
+                      **({"deterministic": True} if deterministic else {}))
+    dq, dk, dv = run()
+    problems = result.problems
+    if deterministic:
+        again = run()
+        for name, first, second in zip(("dq", "dk", "dv"), (dq, dk, dv), again):
+            if not torch.equal(first.view(torch.int16), second.view(torch.int16)):
+                problems.append(f"{name}: a second deterministic call gave other bits")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    problems = result.problems
     worst = 0.0
     for name, got, want, base in zip(("dq", "dk", "dv"), (dq, dk, dv), ref[2:], low[2:]):
         got = to_bhsd(got, shape.layout).float()

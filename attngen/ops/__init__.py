@@ -37,7 +37,7 @@ def _refuse_grad(what: str) -> None:
 
 def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
               layout: str = "bhsd", return_lse: bool = False, window=None, softcap: float | None = None,
-              alibi_slopes=None):
+              alibi_slopes=None, deterministic: bool = False):
     """softmax(scale q k^T) v for q (B, Hq, Sq, D) and k, v (B, Hkv, Sk, D) ("bshd": (B, S, H, D)).
 
     causal: query i sees keys j <= i ("top_left", torch's is_causal) or j <= i + Sk - Sq
@@ -48,6 +48,9 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
     window_size (-1: an open side; causal closes the right side at 0; the offset follows
     `alignment`); softcap=cap: cap * tanh(scale * s / cap); alibi_slopes: fp32 (Hq,) or (B, Hq),
     -slope * |i + Sk - Sq - j| added to the scaled score.
+
+    deterministic: the backward of this call (on tensors that need gradients) gives the same dq bit
+    for bit every time, at the cost of its key blocks taking turns (dk and dv always repeat).
     """
     compiling, grad, ops, library = _bound or _bind()
     if window is not None or softcap is not None or alibi_slopes is not None:
@@ -56,7 +59,8 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
             if not compiling():
                 library.backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
             o, lse = ops.attention_variant_train(q, k, v, causal, alignment, scale, layout,
-                                                 None if window is None else list(window), softcap, alibi_slopes)
+                                                 None if window is None else list(window), softcap, alibi_slopes,
+                                                 deterministic)
             return (o, lse) if return_lse else o
         if compiling():
             o, lse = ops.attention_variant(q, k, v, causal, alignment, scale, layout,
@@ -69,7 +73,7 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
         # eager calls first make sure a backward spec serves the call (loaded once per shape key)
         if not compiling():
             library.backward_kernel(q, k, v, causal, layout)
-        o, lse = ops.attention_train(q, k, v, causal, alignment, scale, layout)
+        o, lse = ops.attention_train(q, k, v, causal, alignment, scale, layout, deterministic)
         return (o, lse) if return_lse else o
     if compiling():
         o, lse = ops.attention(q, k, v, causal, alignment, scale, layout)

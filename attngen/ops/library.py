@@ -128,7 +128,8 @@ def backward_kernel(q, k, v, causal, layout, window=None, softcap=None, alibi_sl
     return kernel
 
 
-def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None, alibi_slopes=None):
+def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None, alibi_slopes=None,
+             deterministic=False):
     """The gradients (dq, dk, dv) of attention(q, k, v) at dout through the table's backward spec
     (with the forward call's variants). dout comes from autograd in any strides (a sum's is
     expanded, stride 0): copied when the kernel cannot read it in place."""
@@ -136,9 +137,11 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
     if not _vector_ready(dout):
         dout = dout.contiguous()
     if window is None and softcap is None and alibi_slopes is None:
-        return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout)
+        return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout,
+                      deterministic=deterministic)
     return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout,
-                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes)
+                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
+                  deterministic=deterministic)
 
 
 _DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
@@ -202,17 +205,18 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "")
 LIB = torch.library.Library("attngen", "DEF")
 LIB.define("attention(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout) "
            "-> (Tensor, Tensor)")
-LIB.define("attention_train(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout) "
-           "-> (Tensor, Tensor)")
+LIB.define("attention_train(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout, "
+           "bool deterministic=False) -> (Tensor, Tensor)")
 LIB.define("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
-           "str? alignment, float? scale, str layout) -> (Tensor, Tensor, Tensor)")
+           "str? alignment, float? scale, str layout, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_variant(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout, "
            "int[]? window, float? softcap, Tensor? alibi_slopes) -> (Tensor, Tensor)")
 LIB.define("attention_variant_train(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, "
-           "str layout, int[]? window, float? softcap, Tensor? alibi_slopes) -> (Tensor, Tensor)")
+           "str layout, int[]? window, float? softcap, Tensor? alibi_slopes, bool deterministic=False) "
+           "-> (Tensor, Tensor)")
 LIB.define("attention_variant_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
            "bool causal, str? alignment, float? scale, str layout, int[]? window, float? softcap, "
-           "Tensor? alibi_slopes) -> (Tensor, Tensor, Tensor)")
+           "Tensor? alibi_slopes, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
            "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
@@ -226,17 +230,27 @@ def attention_cuda(q, k, v, causal, alignment, scale, layout):
     return forward(q, k, v, causal, alignment, scale, layout, True)
 
 
-def attention_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, layout):
-    return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout)
+def attention_train_cuda(q, k, v, causal, alignment, scale, layout, deterministic=False):
+    return forward(q, k, v, causal, alignment, scale, layout, True)
+
+
+def attention_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=False):
+    return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=deterministic)
 
 
 def attention_variant_cuda(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes):
     return forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes)
 
 
+def attention_variant_train_cuda(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes,
+                                 deterministic=False):
+    return forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes)
+
+
 def attention_variant_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, layout, window, softcap,
-                                    alibi_slopes):
-    return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window, softcap, alibi_slopes)
+                                    alibi_slopes, deterministic=False):
+    return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window, softcap, alibi_slopes,
+                    deterministic)
 
 
 def attention_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
@@ -259,7 +273,11 @@ def attention_fake(q, k, v, causal, alignment, scale, layout):
     return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
-def attention_backward_fake(dout, q, k, v, out, lse, causal, alignment, scale, layout):
+def attention_train_fake(q, k, v, causal, alignment, scale, layout, deterministic=False):
+    return attention_fake(q, k, v, causal, alignment, scale, layout)
+
+
+def attention_backward_fake(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -267,8 +285,13 @@ def attention_variant_fake(q, k, v, causal, alignment, scale, layout, window, so
     return attention_fake(q, k, v, causal, alignment, scale, layout)
 
 
+def attention_variant_train_fake(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes,
+                                 deterministic=False):
+    return attention_fake(q, k, v, causal, alignment, scale, layout)
+
+
 def attention_variant_backward_fake(dout, q, k, v, out, lse, causal, alignment, scale, layout, window, softcap,
-                                    alibi_slopes):
+                                    alibi_slopes, deterministic=False):
     return attention_backward_fake(dout, q, k, v, out, lse, causal, alignment, scale, layout)
 
 
@@ -286,11 +309,6 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
                                        layout)
 
 
-# attention_train (attention_variant_train) is attention (attention_variant) with a backward: the
-# same forward and fake
-attention_train_cuda, attention_train_fake = attention_cuda, attention_fake
-attention_variant_train_cuda, attention_variant_train_fake = attention_variant_cuda, attention_variant_fake
-
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
               "attention_variant_backward", "attention_varlen", "attention_with_kvcache",
               "attention_with_kvcache_variant"):
@@ -298,32 +316,37 @@ for _name in ("attention", "attention_train", "attention_backward", "attention_v
     torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
 
 
+# attention_train (attention_variant_train) is attention (attention_variant) with a backward, and
+# `deterministic` for it: the same forward and fake.
+
 def _attention_setup(ctx, inputs, output):
-    q, k, v, causal, alignment, scale, layout = inputs
+    q, k, v, causal, alignment, scale, layout, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.call = (causal, alignment, scale, layout)
+    ctx.call = (causal, alignment, scale, layout, deterministic)
     ctx.mark_non_differentiable(lse)   # as FlashAttention's: the LSE comes back with requires_grad False
 
 
 def _attention_gradients(ctx, grad_o, grad_lse):
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.attngen.attention_backward(grad_o, q, k, v, o, lse, *ctx.call)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None
 
 
 def _attention_variant_setup(ctx, inputs, output):
-    q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes = inputs
+    q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
-    ctx.call = (causal, alignment, scale, layout, window, softcap)
+    ctx.call = (causal, alignment, scale, layout, window, softcap, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
 def _attention_variant_gradients(ctx, grad_o, grad_lse):
     q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = torch.ops.attngen.attention_variant_backward(grad_o, q, k, v, o, lse, *ctx.call, alibi_slopes)
-    return dq, dk, dv, None, None, None, None, None, None, None   # the ALiBi slopes get none, as FlashAttention's
+    causal, alignment, scale, layout, window, softcap, deterministic = ctx.call
+    dq, dk, dv = torch.ops.attngen.attention_variant_backward(grad_o, q, k, v, o, lse, causal, alignment, scale,
+                                                              layout, window, softcap, alibi_slopes, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None, None   # the ALiBi slopes get none, as FlashAttention's
 
 
 torch.library.register_autograd("attngen::attention_train", _attention_gradients, setup_context=_attention_setup,

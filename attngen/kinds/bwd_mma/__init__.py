@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from ...core.backward_plan import (BACKWARD_ABI_FIELDS, CONVERT_READS, MAIN_UNREAD, PREPROCESS_READS, ROW_THREADS,
-                                   rows_per_row_block)
+                                   BackwardPlan, deterministic_key, rows_per_row_block)
 from ...core.forward_plan import FORWARD_ABI, Part, function_name, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, check_budget, layout_regions
@@ -173,9 +173,10 @@ REGION_TEXT = {"q": "Q tile of the query block (stage 0)", "k0": "K tile of the 
 
 
 def parts(spec: BackwardSpec, abi) -> tuple[Part, ...]:
-    """main (one function per mask; it reads every Params field but the row kernels' own), then the
-    row kernels."""
-    main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((m, function_name(spec, m)) for m in spec.masks),
+    """main (one function per mask, then a deterministic one per mask; they read every Params field
+    but the row kernels' own), then the row kernels."""
+    keys = (*spec.masks, *(deterministic_key(m) for m in spec.masks))
+    main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
                 reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
     row = dict(static_smem=0, threads=ROW_THREADS)
     return (main,
@@ -207,9 +208,11 @@ def plan(spec: BackwardSpec, file: str | None = None):
                 ("    issue the next query block's Q, dO (cp.async, the other stage); wait for this one's; LSE x log2 e "
                  "and delta; __syncthreads" if spec.query_stages == 2 else
                  "    load Q, dO (cp.async), LSE x log2 e and delta; __syncthreads"),
-                "    S^T = K Q^T, P^T = exp2(S^T scale log2 e - LSE log2 e) (masked: 0); dV += P^T dO",
-                "    dP^T = V dO^T, dS^T = P^T (dP^T - delta); dK += dS^T Q; dS^T to shared; __syncthreads",
-                "    dQ accumulator += dS K (fp32 atomics, its rows); __syncthreads",
+                "    S^T = K Q^T, P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); "
+                "dV += P^T dO",
+                "    dP^T = V dO^T, dS^T = P^T (dP^T - delta) m'; dK += dS^T Q; dS^T to shared; __syncthreads",
+                "    (deterministic: thread 0 waits for the block's turn at this query block; __syncthreads)",
+                "    dQ accumulator += dS K (fp32 atomics, its rows); __syncthreads (deterministic: then pass the turn)",
                 "  dK *= scale; write dK, dV (rows < seqlen_k)",
                 f"preprocess, convert: grid (ceil(seqlen_q / {p.fragments.row_block}), heads, batch), {ROW_THREADS} "
                 f"threads, head_dim / 8 threads per row")
@@ -217,7 +220,7 @@ def plan(spec: BackwardSpec, file: str | None = None):
                   f"{spec.tile.block_m} rows that see them, for every query head of the KV head",
                   f"threads: {p.threads} = {w} warps of 16 keys",
                   "masks: " + ", ".join(spec.masks))
-    return replace(p, parts=parts(spec, abi), abi=abi, regions=regions, smem_bytes=smem,
+    return BackwardPlan.of(p, parts=parts(spec, abi), abi=abi, regions=regions, smem_bytes=smem,
                    smem_dynamic=smem > p.target.smem_per_block,
                    fragments=replace(p.fragments, query_stage_bytes=stage_bytes), roles=roles, schedule=schedule,
                    block_text=block_text, copy_engine="cp.async (16-byte chunks), every warp copies",
@@ -237,7 +240,8 @@ def explain(plan) -> list[str]:
             f"(dV) + {f.chunk_tiles * f.chunks * f.k_steps_d} (dP^T) + {f.d_tiles * steps} (dK) + "
             f"{f.dq_m_tiles * f.d_tiles * f.k_steps_n} (dQ)",
             f"dQ: fp32 atomic adds of {plan.block_m} x {plan.head_dim} per query block and key block "
-            "(not bitwise repeatable: the adds land in any order)"]
+            "(not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one "
+            "key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit"]
 
 
 KIND = Kind(NAME, TITLE, SELECTOR, BackwardSpec, plan, explain, calls="backward")
