@@ -155,6 +155,18 @@ def test_loss_backward_through_attention(causal, dtype, d):
     assert not lse.requires_grad
 
 
+def compiled_step_matches_eager(torch, step, leaves):
+    """step(*leaves).backward() eager, then compiled with fullgraph=True: the same gradients (within
+    dQ's atomics' run-to-run difference). Leaves the compiled gradients in place."""
+    step(*leaves).backward()
+    eager = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    torch.compile(step, fullgraph=True)(*leaves).backward()
+    for a, b in zip(eager, (t.grad for t in leaves)):
+        assert torch.allclose(a.float(), b.float(), atol=2e-3, rtol=0), (a.float() - b.float()).abs().max()
+
+
 def test_sum_loss_and_compiled_step():
     """A loss whose gradient autograd expands (o.sum(): stride 0) and a torch.compile(fullgraph=True)
     training step give the eager gradients."""
@@ -166,13 +178,7 @@ def test_sum_loss_and_compiled_step():
         o = attngen.attention(q, k, v, causal=True)
         return (o.float() * o.float()).sum()
 
-    step(q, k, v).backward()
-    eager = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    torch.compile(step, fullgraph=True)(q, k, v).backward()
-    for a, b in zip(eager, (t.grad for t in (q, k, v))):
-        assert torch.allclose(a.float(), b.float(), atol=2e-3, rtol=0), (a.float() - b.float()).abs().max()
+    compiled_step_matches_eager(torch, step, (q, k, v))
     for t in (q, k, v):
         t.grad = None
     attngen.attention(q, k, v).sum().backward()
@@ -279,13 +285,7 @@ def test_variant_compiled_step_and_opcheck():
         o = attngen.attention(q, k, v, causal=True, window=(64, -1))
         return (o.float() * o.float()).sum()
 
-    step(q, k, v).backward()
-    eager = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    torch.compile(step, fullgraph=True)(q, k, v).backward()
-    for a, b in zip(eager, (t.grad for t in (q, k, v))):
-        assert torch.allclose(a.float(), b.float(), atol=2e-3, rtol=0), (a.float() - b.float()).abs().max()
+    compiled_step_matches_eager(torch, step, (q, k, v))
     utils = ("test_schema", "test_autograd_registration", "test_faketensor")
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     torch.library.opcheck(torch.ops.attngen.attention_variant_train.default,
