@@ -110,8 +110,7 @@ def backward_kernel(q, k, v, causal, layout, window=None, softcap=None, alibi_sl
     NotImplementedError (before the forward runs, from attention()) where the table has none: a
     forward whose backward would then fail."""
     seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
-    mask = call_mask(causal, window) if window is not None else "causal" if causal else "none"
-    scores = call_scores(softcap, alibi_slopes) if softcap is not None or alibi_slopes is not None else ""
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes)
     short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, seqlen_k, v.shape[-1])
     kernel = _BACKWARD.get(short)
     if kernel is None:
@@ -136,9 +135,6 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
     kernel = backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
     if not _vector_ready(dout):
         dout = dout.contiguous()
-    if window is None and softcap is None and alibi_slopes is None:
-        return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout,
-                      deterministic=deterministic)
     return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout,
                   window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
                   deterministic=deterministic)
