@@ -87,10 +87,10 @@
 //     +288  long long      dv_batch_stride  dv: elements between batches
 //     +296  long long      dv_head_stride   dv: elements between heads
 //     +304  long long      dv_row_stride    dv: elements between rows
-//     +312  float*         dq_accum         fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
-//     +320  float*         delta            fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row
+//     +312  float*         dq_accum         fp32 (batch, heads, seqlen_q, head_dim), contiguous (varlen: (heads, total_q, head_dim)), rows laid out as lse's: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
+//     +320  float*         delta            fp32, laid out as lse (batch, heads, seqlen_q) or (heads, total_q): rowsum(dO * O) of every query row
 //     +328  float          scale            the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
-//     +336  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
+//     +336  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)) (varlen: heads x (ceil(total_q / block_m) + sequences)), zeroed by the caller: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -123,7 +123,7 @@ struct Params {
     long long dq_head_stride;  // +248: dq: elements between heads
     long long dq_row_stride;  // +256: dq: elements between rows
     unsigned char reserved_264[48];  // +264
-    float* dq_accum;  // +312: fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
+    float* dq_accum;  // +312: fp32 (batch, heads, seqlen_q, head_dim), contiguous (varlen: (heads, total_q, head_dim)), rows laid out as lse's: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
     unsigned char reserved_320[8];  // +320
     float scale;  // +328: the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
     unsigned char reserved_332[12];  // +332

@@ -93,10 +93,10 @@
 //     +288  long long      dv_batch_stride  dv: elements between batches
 //     +296  long long      dv_head_stride   dv: elements between heads
 //     +304  long long      dv_row_stride    dv: elements between rows
-//     +312  float*         dq_accum         fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
-//     +320  float*         delta            fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row
+//     +312  float*         dq_accum         fp32 (batch, heads, seqlen_q, head_dim), contiguous (varlen: (heads, total_q, head_dim)), rows laid out as lse's: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
+//     +320  float*         delta            fp32, laid out as lse (batch, heads, seqlen_q) or (heads, total_q): rowsum(dO * O) of every query row
 //     +328  float          scale            the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
-//     +336  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
+//     +336  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)) (varlen: heads x (ceil(total_q / block_m) + sequences)), zeroed by the caller: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -110,7 +110,6 @@
 namespace attngen_h100_bwd_d64 {
 
 constexpr int kHeadDim = 64;
-constexpr int kBlockM = 128;              // query rows per turn counter (the main kernel's block)
 constexpr int kThreads = 128;
 constexpr int kLanesPerRow = kHeadDim / 8;              // 16-byte vectors in a row
 constexpr int kRowsPerBlock = kThreads / kLanesPerRow;  // 16
@@ -136,10 +135,9 @@ struct Params {
     long long dout_head_stride;  // +224: dout: elements between heads
     long long dout_row_stride;  // +232: dout: elements between rows
     unsigned char reserved_240[72];  // +240
-    float* dq_accum;  // +312: fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
-    float* delta;  // +320: fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row
-    unsigned char reserved_328[8];  // +328
-    void* dq_turns;  // +336: int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
+    float* dq_accum;  // +312: fp32 (batch, heads, seqlen_q, head_dim), contiguous (varlen: (heads, total_q, head_dim)), rows laid out as lse's: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
+    float* delta;  // +320: fp32, laid out as lse (batch, heads, seqlen_q) or (heads, total_q): rowsum(dO * O) of every query row
+    unsigned char reserved_328[16];  // +328
 };
 static_assert(offsetof(Params, o) == 24, "Params.o offset");
 static_assert(offsetof(Params, o_batch_stride) == 112, "Params.o_batch_stride offset");
@@ -153,7 +151,6 @@ static_assert(offsetof(Params, dout_head_stride) == 224, "Params.dout_head_strid
 static_assert(offsetof(Params, dout_row_stride) == 232, "Params.dout_row_stride offset");
 static_assert(offsetof(Params, dq_accum) == 312, "Params.dq_accum offset");
 static_assert(offsetof(Params, delta) == 320, "Params.delta offset");
-static_assert(offsetof(Params, dq_turns) == 336, "Params.dq_turns offset");
 static_assert(sizeof(Params) == 344, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
@@ -200,13 +197,7 @@ __device__ __forceinline__ void preprocess(const Params& p) {
         acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     sum = group_sum<kLanesPerRow>(sum);   // every lane takes part: the row's lanes are adjacent
-    if (row < p.seqlen_q && lane_in_row == 0) {
-        p.delta[row_index] = sum;
-        if (p.dq_turns != nullptr && row % kBlockM == 0) {
-            const int blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-            static_cast<int*>(p.dq_turns)[(batch * p.heads + head) * blocks + row / kBlockM] = 0;
-        }
-    }
+    if (row < p.seqlen_q && lane_in_row == 0) p.delta[row_index] = sum;
 }
 
 }  // namespace attngen_h100_bwd_d64

@@ -90,10 +90,10 @@
 //     +288  long long      dv_batch_stride  dv: elements between batches
 //     +296  long long      dv_head_stride   dv: elements between heads
 //     +304  long long      dv_row_stride    dv: elements between rows
-//     +312  float*         dq_accum         fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
-//     +320  float*         delta            fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row
+//     +312  float*         dq_accum         fp32 (batch, heads, seqlen_q, head_dim), contiguous (varlen: (heads, total_q, head_dim)), rows laid out as lse's: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
+//     +320  float*         delta            fp32, laid out as lse (batch, heads, seqlen_q) or (heads, total_q): rowsum(dO * O) of every query row
 //     +328  float          scale            the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
-//     +336  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
+//     +336  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)) (varlen: heads x (ceil(total_q / block_m) + sequences)), zeroed by the caller: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -174,11 +174,11 @@ struct Params {
     long long dv_batch_stride;  // +288: dv: elements between batches
     long long dv_head_stride;  // +296: dv: elements between heads
     long long dv_row_stride;  // +304: dv: elements between rows
-    float* dq_accum;  // +312: fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
-    float* delta;  // +320: fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row
+    float* dq_accum;  // +312: fp32 (batch, heads, seqlen_q, head_dim), contiguous (varlen: (heads, total_q, head_dim)), rows laid out as lse's: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
+    float* delta;  // +320: fp32, laid out as lse (batch, heads, seqlen_q) or (heads, total_q): rowsum(dO * O) of every query row
     float scale;  // +328: the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
     unsigned char reserved_332[4];  // +332
-    void* dq_turns;  // +336: int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
+    void* dq_turns;  // +336: int32 (batch, heads, ceil(seqlen_q / block_m)) (varlen: heads x (ceil(total_q / block_m) + sequences)), zeroed by the caller: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -615,9 +615,25 @@ __device__ __forceinline__ int dq_turn(int n_block, int m0, const Params& p) {
     return last - n_block;
 }
 
-__device__ __forceinline__ int* dq_turn_counter(const Params& p, int batch, int head, int m0) {
+// Where a block's sequence lies: its batch, its first query row (in q, dO and the lse-like
+// tensors: lse, delta, dq_accum), its first key row (in k, v, dK, dV) and its first turn counter.
+struct Sequence {
+    int batch, q0, k0, turns;
+};
+
+// A padded block's sequence: (blockIdx.z, 0, 0, 0). A varlen block's: batch 0 from the sequence's
+// first rows (lse, delta and dq_accum are (heads, total_q)), and its run of turn counters from
+// heads x (its first row's query block + its index), so runs never overlap and all of them fit
+// heads x (ceil(total_q / kBlockM) + sequences). Worked out again where it is used rather than held
+// in registers through the walk (the d128 kernels have none to spare).
+template <bool kVarlen>
+__device__ __forceinline__ Sequence block_sequence(const Params& p) {
+    return {static_cast<int>(blockIdx.z), 0, 0, 0};
+}
+
+__device__ __forceinline__ int* dq_turn_counter(const Params& p, const Sequence& seq, int head, int m0) {
     const int blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    return static_cast<int*>(p.dq_turns) + (batch * p.heads + head) * blocks + m0 / kBlockM;
+    return static_cast<int*>(p.dq_turns) + seq.turns + (seq.batch * p.heads + head) * blocks + m0 / kBlockM;
 }
 
 __device__ __forceinline__ void wait_for_turn(const int* counter, int turn) {
@@ -639,14 +655,15 @@ struct QueryStep {
 };
 
 // Step i of `blocks` query blocks per query head (heads of the KV head in turn), from row m_first.
-__device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, int batch, int kv_head,
+__device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, const Sequence& seq, int kv_head,
                                                 const Params& p) {
     const int group = p.heads / p.kv_heads;
     const int head = kv_head * group + i / blocks;
-    const long long row0 = (static_cast<long long>(batch) * p.heads + head) * p.seqlen_q;
-    return {head, head_ptr(p.q, batch, head, p.q_batch_stride, p.q_head_stride),
-            head_ptr(p.dout, batch, head, p.dout_batch_stride, p.dout_head_stride),
-            p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride, p.delta + row0,
+    // delta and dq_accum are laid out as lse
+    const long long row0 = seq.batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q0;
+    return {head, head_ptr(p.q, seq.batch, head, p.q_batch_stride, p.q_head_stride) + seq.q0 * p.q_row_stride,
+            head_ptr(p.dout, seq.batch, head, p.dout_batch_stride, p.dout_head_stride) + seq.q0 * p.dout_row_stride,
+            p.lse + row0, p.delta + row0,
             p.dq_accum + row0 * kHeadDim, m_first + i % blocks * kBlockM};
 }
 
@@ -664,9 +681,9 @@ __device__ __forceinline__ void issue_query_tiles(const QueryStep& st, uint32_t 
 template <Mask kMask, bool kDeterministic>
 __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)[kDTiles][4], unsigned char* smem,
                                             uint32_t smem_addr, const QueryStep& st, int stage, int n0, int tid,
-                                            int batch, const LaneMaps& ln, const Params& p) {
+                                            const Sequence& seq, const LaneMaps& ln, const Params& p) {
     const int lane = tid % 32, warp = tid / 32, key_row0 = 16 * warp, m0 = st.m0;
-    const ScoreMods mods(p, BlockCoords{m0, st.head, batch, 0});
+    const ScoreMods mods(p, BlockCoords{m0, st.head, seq.batch, 0});
     const uint32_t sQ = smem_addr + kSmem_q + stage * kQueryStageBytes, sDO = smem_addr + kSmem_do + stage * kQueryStageBytes,
                    sK = smem_addr + kSmem_k0, sV = smem_addr + kSmem_v0, sDS = smem_addr + kSmem_ds;
     const float* sLse = reinterpret_cast<const float*>(smem + kSmem_lse);
@@ -696,7 +713,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
         store_ds(smem + kSmem_ds, a, key_row0, c0, lane);
     }
     if constexpr (kDeterministic) {
-        if (tid == 0) wait_for_turn(dq_turn_counter(p, batch, st.head, m0), dq_turn<kMask>(n0 / kBlockN, m0, p));
+        if (tid == 0) wait_for_turn(dq_turn_counter(p, seq, st.head, m0), dq_turn<kMask>(n0 / kBlockN, m0, p));
     }
     __syncthreads();
 
@@ -704,15 +721,18 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
     if constexpr (kDeterministic) __threadfence();   // this thread's adds land before the next key block's turn
     __syncthreads();   // the next steps overwrite this stage's Q and dO, dS^T and the row stats
     if constexpr (kDeterministic) {
-        if (tid == 0) atomicAdd(dq_turn_counter(p, batch, st.head, m0), 1);
+        if (tid == 0) atomicAdd(dq_turn_counter(p, seq, st.head, m0), 1);
     }
 }
 
 // dK (times the scale) and dV of the warp's keys, rows past seqlen_k not written.
 __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDTiles][4], const float (&dv)[kDTiles][4],
-                                                    int key0, int lane, int batch, int kv_head, const Params& p) {
-    elem_t* gk = static_cast<elem_t*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
-    elem_t* gv = static_cast<elem_t*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
+                                                    int key0, int lane, const Sequence& seq, int kv_head,
+                                                    const Params& p) {
+    elem_t* gk = static_cast<elem_t*>(p.dk) + seq.batch * p.dk_batch_stride + kv_head * p.dk_head_stride
+                 + seq.k0 * p.dk_row_stride;
+    elem_t* gv = static_cast<elem_t*>(p.dv) + seq.batch * p.dv_batch_stride + kv_head * p.dv_head_stride
+                 + seq.k0 * p.dv_row_stride;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = key0 + lane / 4 + 8 * h;
@@ -727,21 +747,27 @@ __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDTiles][4
     }
 }
 
-template <Mask kMask, bool kDeterministic>
-__device__ __forceinline__ void attention_backward(const Params& p) {
+// The first key of the block's keys; deterministic: block ids run from the last key block (dq_turn).
+template <bool kDeterministic>
+__device__ __forceinline__ int key_block_start() {
+    return (kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockN;
+}
+
+// Keys [n0, n0 + kBlockN) of KV head blockIdx.y in the block's sequence.
+template <Mask kMask, bool kDeterministic, bool kVarlen>
+__device__ __forceinline__ void key_block(const Params& p, int n0) {
     extern __shared__ __align__(128) unsigned char smem[];  // 134144 B: dynamic, opt-in
 
     const int tid = threadIdx.x, lane = tid % 32;
-    // deterministic: the last key block first (dq_turn)
-    const int n0 = (kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockN;
-    const int kv_head = blockIdx.y, batch = blockIdx.z;
+    const int kv_head = blockIdx.y;
     const int group = p.heads / p.kv_heads;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const LaneMaps ln(lane);
-    copy_tile_async<kBlockN, kThreads>(smem_addr + kSmem_k0, head_ptr(p.k, batch, kv_head, p.k_batch_stride,
-                                       p.k_head_stride), p.k_row_stride, n0, p.seqlen_k, tid);
-    copy_tile_async<kBlockN, kThreads>(smem_addr + kSmem_v0, head_ptr(p.v, batch, kv_head, p.v_batch_stride,
-                                       p.v_head_stride), p.v_row_stride, n0, p.seqlen_k, tid);
+    const Sequence seq = block_sequence<kVarlen>(p);
+    copy_tile_async<kBlockN, kThreads>(smem_addr + kSmem_k0, head_ptr(p.k, seq.batch, kv_head, p.k_batch_stride,
+                                       p.k_head_stride) + seq.k0 * p.k_row_stride, p.k_row_stride, n0, p.seqlen_k, tid);
+    copy_tile_async<kBlockN, kThreads>(smem_addr + kSmem_v0, head_ptr(p.v, seq.batch, kv_head, p.v_batch_stride,
+                                       p.v_head_stride) + seq.k0 * p.v_row_stride, p.v_row_stride, n0, p.seqlen_k, tid);
     cp_async_commit();
 
     float dk[kDTiles][4], dv[kDTiles][4];
@@ -757,24 +783,30 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     const int blocks = max(m_end - m_first + kBlockM - 1, 0) / kBlockM;
     const int steps = group * blocks;
     if (kQueryStages > 1 && steps > 0)
-        issue_query_tiles(query_step(0, blocks, m_first, batch, kv_head, p), smem_addr, 0, tid, p);
+        issue_query_tiles(query_step(0, blocks, m_first, block_sequence<kVarlen>(p), kv_head, p), smem_addr, 0, tid, p);
     for (int i = 0; i < steps; ++i) {
-        const QueryStep st = query_step(i, blocks, m_first, batch, kv_head, p);
+        const Sequence seq = block_sequence<kVarlen>(p);
+        const QueryStep st = query_step(i, blocks, m_first, seq, kv_head, p);
         if (kQueryStages == 1) {
             issue_query_tiles(st, smem_addr, 0, tid, p);
             cp_async_wait<0>();
         } else if (i + 1 < steps) {
             // The other stage was last read by step i - 1, which ended with __syncthreads.
-            issue_query_tiles(query_step(i + 1, blocks, m_first, batch, kv_head, p), smem_addr, (i + 1) % kQueryStages,
+            issue_query_tiles(query_step(i + 1, blocks, m_first, seq, kv_head, p), smem_addr, (i + 1) % kQueryStages,
                               tid, p);
             cp_async_wait<1>();   // every group but the one just issued: this step's tiles (and K, V)
         } else {
             cp_async_wait<0>();
         }
-        query_block<kMask, kDeterministic>(dk, dv, smem, smem_addr, st, i % kQueryStages, n0, tid, batch, ln, p);
+        query_block<kMask, kDeterministic>(dk, dv, smem, smem_addr, st, i % kQueryStages, n0, tid, seq, ln, p);
     }
     cp_async_wait_all();   // K and V, when no query block saw the keys
-    store_key_gradients(dk, dv, n0 + 16 * (tid / 32), lane, batch, kv_head, p);
+    store_key_gradients(dk, dv, n0 + 16 * (tid / 32), lane, block_sequence<kVarlen>(p), kv_head, p);
+}
+
+template <Mask kMask, bool kDeterministic>
+__device__ __forceinline__ void attention_backward(const Params& p) {
+    key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>());
 }
 
 }  // namespace attngen_h100_bwd_d64_window

@@ -803,16 +803,20 @@ __device__ __forceinline__ void report_input_error(const Params& p, int flag) {
     if (p.errors != nullptr) atomicOr(static_cast<int*>(p.errors), flag);
 }
 
-// Varlen sequences: q, k, v and o hold every sequence's rows back to back, (total, heads,
-// head_dim), with batch strides 0; cu_seqlens_q/k[b] is sequence b's first row. Grid slice
-// blockIdx.z computes sequence seq_order[blockIdx.z] (longest first) and narrows its copy of Params
-// to it: pointers at its first rows, its lengths, its LSE columns and the mask's fields, so
-// attention() runs unchanged. Offsets are clamped to [0, total] so a malformed cu_seqlens never
-// reads or writes outside the tensors (an order entry is clamped to the batch likewise); a clamped
-// offset, and a sequence longer than the grid covers, are recorded as input errors.
-// Returns false for a block past the sequence's last query row (the grid covers the longest).
-template <Mask kMask>
-__device__ __forceinline__ bool enter_sequence(Params& s) {
+// Varlen sequences: the tensors hold every sequence's rows back to back, (total, heads, head_dim),
+// with batch strides 0; cu_seqlens_q/k[b] is sequence b's first row. Grid slice blockIdx.z
+// computes sequence seq_order[blockIdx.z] (longest first). Offsets are clamped to [0, total] so a
+// malformed cu_seqlens never reads or writes outside the tensors (an order entry is clamped to the
+// batch likewise); a clamped offset is recorded as an input error.
+struct SequenceRows {
+    int b;              // the sequence
+    int q0, q_end;      // its rows in q (o)
+    int k0, k_end;      // and in k (v)
+};
+
+// The sequence of this grid slice and its rows (reads only: a kind may call it again rather than
+// hold the rows in registers).
+__device__ __forceinline__ SequenceRows sequence_bounds(const Params& s) {
     const int z = blockIdx.z;
     const int b = s.seq_order != nullptr ? min(max(s.seq_order[z], 0), static_cast<int>(gridDim.z) - 1) : z;
     const int raw_q0 = s.cu_seqlens_q[b], raw_q1 = s.cu_seqlens_q[b + 1];
@@ -821,19 +825,47 @@ __device__ __forceinline__ bool enter_sequence(Params& s) {
     const int q0 = min(max(raw_q0, 0), q_end);
     const int k_end = min(max(raw_k1, 0), s.total_k);
     const int k0 = min(max(raw_k0, 0), k_end);
-    s.seqlen_q = q_end - q0;
-    s.seqlen_k = k_end - k0;
+    return {b, q0, q_end, k0, k_end};
+}
+
+// Sets s's lengths to the sequence of this grid slice; returns it and its rows.
+__device__ __forceinline__ SequenceRows sequence_rows(Params& s) {
+    const SequenceRows r = sequence_bounds(s);
+    s.seqlen_q = r.q_end - r.q0;
+    s.seqlen_k = r.k_end - r.k0;
+    return r;
+}
+
+// Whether sequence r's offsets were clamped (the input error kBadOffsets).
+__device__ __forceinline__ bool offsets_clamped(const Params& s, const SequenceRows& r) {
+    return s.cu_seqlens_q[r.b] != r.q0 || s.cu_seqlens_q[r.b + 1] != r.q_end || s.cu_seqlens_k[r.b] != r.k0 ||
+           s.cu_seqlens_k[r.b + 1] != r.k_end;
+}
+
+// The mask's and score modifiers' Params fields for sequence b, once its lengths are in s.
+template <Mask kMask>
+__device__ __forceinline__ void sequence_fields(Params& s, int b) {
+    mask_for_sequence<kMask>(s);
+}
+
+// A forward block narrows its copy of Params to its sequence: pointers at its first rows, its
+// lengths, its LSE columns and the mask's fields, so attention() runs unchanged. A sequence longer
+// than the grid covers is recorded as an input error. Returns false for a block past the
+// sequence's last query row (the grid covers the longest).
+template <Mask kMask>
+__device__ __forceinline__ bool enter_sequence(Params& s) {
+    const SequenceRows r = sequence_rows(s);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {   // one thread per sequence checks it
-        if (raw_q0 != q0 || raw_q1 != q_end || raw_k0 != k0 || raw_k1 != k_end) report_input_error(s, kBadOffsets);
+        if (offsets_clamped(s, r)) report_input_error(s, kBadOffsets);
         if (s.seqlen_q > static_cast<int>(gridDim.x) * kBlockM) report_input_error(s, kShortGrid);
     }
     if (block_coords<kMask>(s).m0 >= s.seqlen_q) return false;
-    s.q = static_cast<const elem_t*>(s.q) + q0 * s.q_row_stride;
-    s.k = static_cast<const elem_t*>(s.k) + k0 * s.k_row_stride;
-    s.v = static_cast<const elem_t*>(s.v) + k0 * s.v_row_stride;
-    s.o = static_cast<elem_t*>(s.o) + q0 * s.o_row_stride;
-    if (s.lse != nullptr) s.lse += q0;
-    mask_for_sequence<kMask>(s);
+    s.q = static_cast<const elem_t*>(s.q) + r.q0 * s.q_row_stride;
+    s.k = static_cast<const elem_t*>(s.k) + r.k0 * s.k_row_stride;
+    s.v = static_cast<const elem_t*>(s.v) + r.k0 * s.v_row_stride;
+    s.o = static_cast<elem_t*>(s.o) + r.q0 * s.o_row_stride;
+    if (s.lse != nullptr) s.lse += r.q0;
+    sequence_fields<kMask>(s, r.b);
     return true;
 }
 

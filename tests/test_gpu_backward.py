@@ -10,7 +10,8 @@ import pytest
 
 import attngen
 from attngen.eval import verify
-from attngen.eval.backward_verify import check_backward_case, takes_turns
+from attngen.eval.backward_verify import check_backward_case, takes_turns, varlen_gradients
+from attngen.eval.varlen_verify import VarlenCase, varlen_suite
 from attngen.runtime import Kernel
 
 pytestmark = pytest.mark.gpu
@@ -41,7 +42,10 @@ def test_backward_spec_passes_full_suite(spec):
     # none, causal top-left and bottom-right, or the window cases; deterministic mode where key blocks take turns
     turns = sum(takes_turns(s, k.plan.block_n) for s in verify.FULL_SUITE)
     assert turns >= 5
-    assert len(results) == len(verify.variants(k.plan.masks, k.plan.block_n)) * (len(verify.FULL_SUITE) + turns)
+    # varlen specs: the varlen suite in both modes
+    varlen = len(verify.variants(k.varlen_masks, k.plan.block_n)) * len(varlen_suite(k.plan.block_m)) * 2
+    assert not k.plan.varlen or varlen >= 30
+    assert len(results) == len(verify.variants(k.plan.masks, k.plan.block_n)) * (len(verify.FULL_SUITE) + turns) + varlen
     assert len(results) >= 3 * len(verify.FULL_SUITE)
     assert all(r.passed for r in results), failures(results)
 
@@ -323,3 +327,87 @@ def test_deterministic_mode_repeats_bit_for_bit(causal):
         attngen.attention(*leaves, causal=causal, deterministic=True).backward(dout)
         grads.append([t.grad for t in leaves])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+# -- varlen ------------------------------------------------------------------------------------------------
+
+VARLEN_LENGTHS = ((300, 1, 0, 129, 77), (300, 64, 5, 129, 0))   # queries, keys: an empty sequence of each
+
+
+def varlen_leaves(torch, gen, dtype, d, heads=(4, 2)):
+    lens_q, lens_k = VARLEN_LENGTHS
+    tq, tk = sum(lens_q), sum(lens_k)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device="cuda").to(getattr(torch, dtype))
+    q, k, v = randn(tq, heads[0], d), randn(tk, heads[1], d), randn(tk, heads[1], d)
+    cu = [torch.tensor([0, *__import__("itertools").accumulate(n)], dtype=torch.int32, device="cuda")
+          for n in (lens_q, lens_k)]
+    return (q, k, v), cu, randn(tq, heads[0], d)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype, d", [("float16", 64), ("bfloat16", 128)])
+def test_varlen_loss_backward(causal, dtype, d):
+    """loss.backward() through attngen.attention_varlen (GQA, Sq != Sk per sequence, empty sequences,
+    bottom-right causal): each sequence's gradients within the rule of its own reference."""
+    import torch
+    from attngen.eval.verify import Variant
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    (q, k, v), (cu_q, cu_k), dout = varlen_leaves(torch, gen, dtype, d)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attngen.attention_varlen(*leaves, cu_q, cu_k, max(VARLEN_LENGTHS[0]), max(VARLEN_LENGTHS[1]), causal=causal,
+                                 alignment="bottom_right" if causal else None)
+    o.backward(dout)
+    case = VarlenCase(4, 2, *VARLEN_LENGTHS)
+    variant = Variant("causal", "bottom_right") if causal else Variant("none")
+    ref, low = varlen_gradients(torch, q, k, v, dout, case, variant, d ** -0.5)
+    assert (o.float() - ref[0]).abs().max().item() < 2e-2
+    for name, got, want, base in zip(("dq", "dk", "dv"), (t.grad for t in leaves), ref[2:], low[2:]):
+        err = (got.float() - want).abs().max().item()
+        bound = verify.error_bound((base.float() - want).abs().max().item())
+        assert err <= bound, f"{name}: {err:.3g} > {bound:.3g}"
+
+
+def test_varlen_deterministic_compiled_step_and_opcheck():
+    """attention_varlen(deterministic=True) repeats bit for bit; a torch.compile(fullgraph=True)
+    varlen training step gives the eager gradients; opcheck of attention_varlen_train and
+    attention_varlen_backward."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    (q, k, v), (cu_q, cu_k), dout = varlen_leaves(torch, gen, "float16", 64)
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        attngen.attention_varlen(*leaves, cu_q, cu_k, causal=True, deterministic=True).backward(dout)
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+    def step(q, k, v):
+        o = attngen.attention_varlen(q, k, v, cu_q, cu_k, 300, 300, causal=True)
+        return (o.float() * o.float()).sum()
+
+    compiled_step_matches_eager(torch, step, [t.clone().requires_grad_() for t in (q, k, v)])
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.library.opcheck(torch.ops.attngen.attention_varlen_train.default,
+                          (*leaves, cu_q, cu_k, 300, 300, False, None, None), test_utils=utils)
+    o, lse = torch.ops.attngen.attention_varlen(q, k, v, cu_q, cu_k, 300, 300, True, "bottom_right", None)
+    torch.library.opcheck(torch.ops.attngen.attention_varlen_backward.default,
+                          (dout, q, k, v, o, lse, cu_q, cu_k, 300, 300, True, "bottom_right", None), test_utils=utils)
+
+
+def test_varlen_backward_refuses_bad_inputs():
+    """The varlen backward call's checks: lse of the wrong shape, a too-small max_seqlen_k under
+    validate=True, a padded-only spec."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    (q, k, v), (cu_q, cu_k), dout = varlen_leaves(torch, gen, "float16", 64)
+    bwd = kernel(ROOT / "specs" / "h100_bwd_d64_varlen.yaml")
+    o, lse = attngen.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True)
+    with pytest.raises(ValueError, match="lse"):
+        bwd.varlen(q, k, v, o, lse.t(), dout, cu_q, cu_k)
+    with pytest.raises(ValueError, match="max_seqlen_k is 100"):
+        bwd.varlen(q, k, v, o, lse, dout, cu_q, cu_k, max_seqlen_k=100, validate=True)
+    with pytest.raises(ValueError, match="varlen: true"):
+        kernel(ROOT / "specs" / "h100_bwd_d64.yaml").varlen(q, k, v, o, lse, dout, cu_q, cu_k)

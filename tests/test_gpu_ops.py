@@ -112,16 +112,20 @@ def test_varlen_and_kvcache_entry_points(torch):
 
 
 def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch):
-    """attention() differentiates, with its variants (tests/test_gpu_backward.py); varlen does not
-    yet, nor a variant the table has no backward spec for (softcap and ALiBi together)."""
+    """attention() and attention_varlen() differentiate (tests/test_gpu_backward.py); decode does
+    not, nor a variant or head dim the table has no backward spec for (softcap and ALiBi together,
+    a varlen d96)."""
     q = randn(torch, 1, 2, 64, 64).requires_grad_()
     slopes = torch.rand(2, device="cuda") * 0.3
     with pytest.raises(NotImplementedError, match="no backward for this call"):
         attngen.attention(q, q, q, softcap=30.0, alibi_slopes=slopes)
-    qv = randn(torch, 64, 2, 64).requires_grad_()
+    qv = randn(torch, 64, 2, 96).requires_grad_()
     cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="no backward for varlen"):
+    with pytest.raises(NotImplementedError, match="no varlen backward for this call"):
         attngen.attention_varlen(qv, qv, qv, cu, cu, 64, 64)
+    cache = randn(torch, 1, 2, 128, 64)
+    with pytest.raises(NotImplementedError, match="no backward for decode"):
+        attngen.attention_with_kvcache(q[:, :, :1], cache, cache)
     with torch.no_grad():
         attngen.attention(q, q, q, softcap=30.0)
 

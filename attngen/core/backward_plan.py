@@ -11,7 +11,12 @@ A backward bundle runs three kernels on one Params:
 Deterministic mode (a call's deterministic=True) runs the main part's deterministic function of the
 mask (deterministic_key) with a turn counter per query block (dq_turns): the key blocks that see a
 query block add its dQ one after another, in one order, so the fp32 sums, and dQ, repeat bit for bit.
-A function of its own, so that the default one's code is not touched by the waits.
+A function of its own, so that the default one's code is not touched by the waits. The caller
+zeroes the counters (one memset, only in this mode).
+
+Varlen (a spec's `varlen: true`): the main part's varlen functions take a block per (key block,
+KV head, sequence) and narrow Params to the sequence; the row kernels need no sequences at all:
+they run over the total_q rows as one batch (delta and dq_accum are laid out as lse).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from dataclasses import dataclass, fields
 from .abi import float32, float_pointer, pointer
 from .forward_plan import ForwardPlan, stride_fields
 from .function_keys import KeySuffix
+from .varlen_plan import is_varlen, mask_of
 
 ROW_THREADS = 128           # threads per block of the preprocess and convert kernels
 VECTOR = 8                  # elements each of their threads reads per row (one 16-byte vector)
@@ -32,13 +38,16 @@ BACKWARD_ABI_FIELDS = (
     pointer("dv", "gradient of v, shaped like v", const=False),
     *stride_fields("dout", "dout"), *stride_fields("dq", "dq"), *stride_fields("dk", "dk"),
     *stride_fields("dv", "dv"),
-    float_pointer("dq_accum", "fp32 (batch, heads, seqlen_q, head_dim), contiguous: dQ / scale as the main kernel's "
-                  "blocks add it up; zeroed by the preprocess kernel"),
-    float_pointer("delta", "fp32 (batch, heads, seqlen_q), contiguous: rowsum(dO * O) of every query row"),
+    float_pointer("dq_accum", "fp32 (batch, heads, seqlen_q, head_dim), contiguous (varlen: (heads, total_q, "
+                  "head_dim)), rows laid out as lse's: dQ / scale as the main kernel's blocks add it up; zeroed by "
+                  "the preprocess kernel"),
+    float_pointer("delta", "fp32, laid out as lse (batch, heads, seqlen_q) or (heads, total_q): rowsum(dO * O) of "
+                  "every query row"),
     float32("scale", "the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)"),
-    pointer("dq_turns", "int32 (batch, heads, ceil(seqlen_q / block_m)), zeroed by the preprocess kernel: the key "
-            "blocks that have added into each query block's dQ accumulator, which take turns in key order; null: "
-            "they add in any order (not deterministic, faster)", const=False, optional=True),
+    pointer("dq_turns", "int32 (batch, heads, ceil(seqlen_q / block_m)) (varlen: heads x (ceil(total_q / block_m) "
+            "+ sequences)), zeroed by the caller: the key blocks that have added into each query block's dQ "
+            "accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)",
+            const=False, optional=True),
 )
 
 # The Params fields the main kernel leaves to the row kernels (it reads every other one).
@@ -46,7 +55,7 @@ MAIN_UNREAD = ("o", "o_batch_stride", "o_head_stride", "o_row_stride", "batch", 
                "dq_head_stride", "dq_row_stride")
 # The Params fields each row kernel reads (they launch with the main kernel's bytes).
 PREPROCESS_READS = ("o", "o_batch_stride", "o_head_stride", "o_row_stride", "dout", "dout_batch_stride",
-                    "dout_head_stride", "dout_row_stride", "dq_accum", "delta", "heads", "seqlen_q", "dq_turns")
+                    "dout_head_stride", "dout_row_stride", "dq_accum", "delta", "heads", "seqlen_q")
 CONVERT_READS = ("dq", "dq_batch_stride", "dq_head_stride", "dq_row_stride", "dq_accum", "heads", "seqlen_q",
                  "scale")
 
@@ -70,11 +79,15 @@ class BackwardPlan(ForwardPlan):
         return cls(**{f.name: getattr(plan, f.name) for f in fields(ForwardPlan)} | changes)
 
     def key_mask(self, key: str) -> str:
-        return DETERMINISTIC.mask(key)
+        return mask_of(DETERMINISTIC.mask(key))
 
     def takes_turns(self, key: str) -> bool:
         """The function of `key` adds dQ in turns (deterministic mode)."""
         return DETERMINISTIC.has(key)
+
+    def body(self, key: str) -> str:
+        """The C++ function an entry point runs: attention_backward, or its varlen form."""
+        return "attention_backward_varlen" if is_varlen(DETERMINISTIC.mask(key)) else "attention_backward"
 
 
 def query_blocks(seqlen_q: int, block_m: int) -> int:

@@ -9,9 +9,11 @@ The gradients are written out (not autograd): a row that sees no key has P = 0 a
 where autograd through a softmax of -inf would give NaN."""
 from __future__ import annotations
 
-from .verify import (ERR_FACTOR, ERR_FLOOR, CaseResult, Shape, Variant, error_bound, exact_fp32_matmul, make_inputs,
-                     score_arguments, score_modifiers, variants)
+from .varlen_verify import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_suite
+from .verify import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
+                     exact_fp32_matmul, make_inputs, score_arguments, score_modifiers, variants)
 from ..core.variants import MASKS, reference_scores
+from ..core.varlen_plan import varlen_key
 
 SCALE_FACTOR = 0.8   # verify's softmax scale, times 1/sqrt(head_dim)
 
@@ -66,7 +68,9 @@ def takes_turns(shape: Shape, block_n: int) -> bool:
 
 def verify_cases(kernel, shapes, masks) -> list[tuple]:
     """Every (mask, alignment) of the kernel over the forward suite's shapes (both layouts, strided
-    qkv, GQA/MQA, tails, Sq != Sk), and in deterministic mode where key blocks take turns."""
+    qkv, GQA/MQA, tails, Sq != Sk), and in deterministic mode where key blocks take turns; a spec
+    with varlen functions adds the varlen suite (empty sequences, GQA/MQA, strided qkv, lengths
+    around a block), each case also in deterministic mode."""
     out = []
     block_n = kernel.plan.block_n
     for variant in variants(masks, block_n):
@@ -75,6 +79,16 @@ def verify_cases(kernel, shapes, masks) -> list[tuple]:
                 out.append((variant.label + (DETERMINISTIC if deterministic else ""), kernel.entry[variant.mask],
                             shape, i, lambda seed, label, variant=variant, shape=shape, deterministic=deterministic:
                             check_backward_case(kernel, variant, shape, seed, label, deterministic)))
+    cases = varlen_suite(kernel.plan.block_m)
+    if len(tuple(shapes)) < len(FULL_SUITE):
+        cases = cases[:QUICK_CASES]
+    for variant in variants([m for m in masks if m in kernel.varlen_masks], block_n):
+        for i, case in enumerate(cases):
+            for deterministic in (False, True):
+                out.append((variant.label + " varlen" + (DETERMINISTIC if deterministic else ""),
+                            kernel.entry[varlen_key(variant.mask)], case, SEED_OFFSET + i,
+                            lambda seed, label, variant=variant, case=case, deterministic=deterministic:
+                            check_varlen_backward_case(kernel, variant, case, seed, label, deterministic)))
     return out
 
 
@@ -114,17 +128,28 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
                       layout=shape.layout, dq=poisoned[0], dk=poisoned[1], dv=poisoned[2],
                       **({"deterministic": True} if deterministic else {}))
     dq, dk, dv = run()
-    problems = result.problems
     if deterministic:
-        again = run()
-        for name, first, second in zip(("dq", "dk", "dv"), (dq, dk, dv), again):
-            if not torch.equal(first.view(torch.int16), second.view(torch.int16)):
-                problems.append(f"{name}: a second deterministic call gave other bits")
+        check_repeats(torch, result, (dq, dk, dv), run())
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    judge_gradients(torch, result, [to_bhsd(g, shape.layout) for g in (dq, dk, dv)], ref[2:], low[2:], plan.spec.dtype)
+    return result
+
+
+def check_repeats(torch, result: CaseResult, first, second) -> None:
+    """Deterministic mode: a second call's gradients must have the first's bits."""
+    for name, a, b in zip(("dq", "dk", "dv"), first, second):
+        if not torch.equal(a.view(torch.int16), b.view(torch.int16)):
+            result.problems.append(f"{name}: a second deterministic call gave other bits")
+
+
+def judge_gradients(torch, result: CaseResult, got_all, ref_all, low_all, dtype: str) -> None:
+    """FlashAttention's rule on each of dq, dk, dv (NaN or inf: unwritten or overflowed); sets
+    the result's worst error and passed."""
+    problems = result.problems
     worst = 0.0
-    for name, got, want, base in zip(("dq", "dk", "dv"), (dq, dk, dv), ref[2:], low[2:]):
-        got = to_bhsd(got, shape.layout).float()
+    for name, got, want, base in zip(("dq", "dk", "dv"), got_all, ref_all, low_all):
+        got = got.float()
         bad = int((~torch.isfinite(got)).sum())
         if bad:
             problems.append(f"{bad} of {got.numel()} {name} elements are NaN/inf (unwritten or overflowed)")
@@ -134,11 +159,77 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
         bound = error_bound(low_err)
         if not err <= bound:
             problems.append(f"{name}: max error {err:.3g} exceeds {bound:.3g} ({ERR_FACTOR:g} x torch "
-                            f"{plan.spec.dtype} error {low_err:.3g} + {ERR_FLOOR:g})")
+                            f"{dtype} error {low_err:.3g} + {ERR_FLOOR:g})")
         if err / bound >= worst:
             worst = err / bound
             result.max_err, result.lowprec_err, result.bound = err, low_err, bound
     result.passed = not problems
+
+
+def varlen_gradients(torch, q, k, v, dout, case: VarlenCase, variant: Variant, scale: float):
+    """(reference, low-precision) of attention_gradients for varlen tensors, sequence by sequence:
+    each a tuple (out, lse (heads, total_q), dq, dk, dv) in varlen (total, heads, d) form."""
+    refs, lows = [], []
+    q0 = k0 = 0
+    call = dict(scale=scale, mask=variant.mask, alignment=variant.alignment, window=variant.visible_window)
+    for lq, lk in zip(case.lens_q, case.keys):
+        qs, ks, vs, ds = (t.transpose(0, 1)[None] for t in (q[q0:q0 + lq], k[k0:k0 + lk], v[k0:k0 + lk],
+                                                            dout[q0:q0 + lq]))
+        with exact_fp32_matmul(torch):
+            refs.append(attention_gradients(qs.float(), ks.float(), vs.float(), ds.float(), **call))
+        lows.append(attention_gradients(qs, ks, vs, ds, **call))
+        q0, k0 = q0 + lq, k0 + lk
+
+    def joined(parts):
+        def rows(i):   # (1, H, S, D) -> (S, H, D), sequences back to back
+            return torch.cat([p[i][0].transpose(0, 1) for p in parts])
+        return (rows(0), torch.cat([p[1][0] for p in parts], dim=1), rows(2), rows(3), rows(4))
+    return joined(refs), joined(lows)
+
+
+def check_varlen_backward_case(kernel, variant: Variant, case: VarlenCase, seed: int, label: str,
+                               deterministic: bool = False) -> CaseResult:
+    """The varlen call's gradients against each sequence's reference, written into poisoned
+    buffers with guard rows past the last sequence (which must stay untouched)."""
+    import torch
+    from ..runtime import default_scale
+    from ..runtime.calls.varlen import cu_seqlens
+    plan = kernel.plan
+    result = CaseResult(label, kernel.entry[varlen_key(variant.mask)],
+                        variant.label + " varlen" + (DETERMINISTIC if deterministic else ""), case, passed=False)
+    g = torch.Generator(device=kernel.device).manual_seed(seed)
+    d, dtype, dev = plan.head_dim, kernel.dtype, kernel.device
+    tq, tk = sum(case.lens_q), sum(case.keys)
+
+    def randn(*size):
+        return torch.randn(size, generator=g, device=dev, dtype=torch.float32).to(dtype)
+
+    if case.qkv:
+        q, k, v = randn(tq, 3, case.heads, d).unbind(1)
+    else:
+        q, k, v = randn(tq, case.heads, d), randn(tk, case.kv_heads, d), randn(tk, case.kv_heads, d)
+    dout = randn(tq, case.heads, d)
+    scale = SCALE_FACTOR * default_scale(d)
+    ref, low = varlen_gradients(torch, q, k, v, dout, case, variant, scale)
+    out, lse = ref[0].to(dtype), ref[1].contiguous()
+    guard = -(-max(plan.block_m, plan.block_n) // ROW_ALIGN) * ROW_ALIGN
+    cu_q, cu_k = cu_seqlens(torch, case.lens_q, dev), cu_seqlens(torch, case.keys, dev)
+
+    def run():
+        bufs = [torch.full((n + guard,) + tuple(t.shape[1:]), float("nan"), dtype=dtype, device=dev)
+                for n, t in ((tq, q), (tk, k), (tk, v))]
+        grads = kernel.varlen(q, k, v, out, lse, dout, cu_q, cu_k, **variant.call_arguments(), scale=scale,
+                              dq=bufs[0][:tq], dk=bufs[1][:tk], dv=bufs[2][:tk], deterministic=deterministic,
+                              max_seqlen_k=max(case.keys) if case.give_max else None)
+        return grads, bufs
+    (dq, dk, dv), bufs = run()
+    if deterministic:
+        check_repeats(torch, result, (dq, dk, dv), run()[0])
+    torch.cuda.synchronize(dev)
+    for name, buf, n in zip(("dq", "dk", "dv"), bufs, (tq, tk, tk)):
+        if (~torch.isnan(buf[n:])).any().item():
+            result.problems.append(f"{name} written past the last sequence's rows")
+    judge_gradients(torch, result, (dq, dk, dv), ref[2:], low[2:], plan.spec.dtype)
     return result
 
 
@@ -153,4 +244,5 @@ def bench_specs(paths, plans, opts, progress, on_compile):
     return None
 
 
-__all__ = ["attention_gradients", "bench_specs", "check_backward_case", "check_options", "verify_cases"]
+__all__ = ["attention_gradients", "bench_specs", "check_backward_case", "check_options", "check_varlen_backward_case",
+           "varlen_gradients", "verify_cases"]

@@ -9,9 +9,10 @@ kernel for the GPU, dtype, head dim, mask and sequence length at hand.
 Eager calls go straight to the kernel (a few microseconds of host time); under torch.compile
 they go through the torch ops attngen::attention, ... (library.py), which trace without a graph
 break. attention() on tensors that need gradients goes through attngen::attention_train (with
-variants, attngen::attention_variant_train), whose backward runs the dispatch table's backward spec;
-varlen and decode are forward only for now: a call of theirs on tensors that need gradients is
-refused rather than returning an output autograd cannot differentiate.
+variants, attngen::attention_variant_train), attention_varlen() through
+attngen::attention_varlen_train; their backward runs the dispatch table's backward spec. Decode is
+forward only: a call on tensors that need gradients is refused rather than returning an output
+autograd cannot differentiate.
 """
 from __future__ import annotations
 
@@ -83,19 +84,24 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
                      max_seqlen_k: int | None = None, *, causal: bool = False, alignment: str | None = None,
-                     scale: float | None = None, return_lse: bool = False):
+                     scale: float | None = None, return_lse: bool = False, deterministic: bool = False):
     """Attention of varlen sequences: q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k
     int32 (batch + 1) offsets on the GPU. max_seqlen_q/k (ints, as FlashAttention takes them) size
     the grid and pick the kernel; without them nothing is read back either (the grid covers every
     row). causal alignment "bottom_right" is FlashAttention's varlen convention. Returns o like q,
-    or (o, lse) with lse fp32 (Hq, total_q)."""
+    or (o, lse) with lse fp32 (Hq, total_q). On tensors that need gradients the call is
+    differentiable (the table's varlen backward spec); deterministic as in attention()."""
     compiling, grad, ops, library = _bound or _bind()
+    if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if not compiling():
+            library.varlen_backward_kernel(q, k, causal, max_seqlen_k)
+        o, lse = ops.attention_varlen_train(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                            alignment, scale, deterministic)
+        return (o, lse) if return_lse else o
     if compiling():
         o, lse = ops.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                       alignment, scale)
         return (o, lse) if return_lse else o
-    if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        _refuse_grad("varlen sequences")
     return library.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale,
                           return_lse)
 

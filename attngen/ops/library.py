@@ -3,10 +3,11 @@ attngen::attention_varlen, attngen::attention_with_kvcache and attngen::attentio
 (meta) implementation that gives the real output shapes and strides, so torch.compile traces
 through a call without a graph break and CUDA graphs capture it. attngen::attention_train is
 attngen::attention with a backward (register_autograd: it saves q, k, v, o and lse, and
-attngen::attention_backward runs the table's backward spec), attngen::attention_variant_train the
-same for attngen::attention_variant; calls on tensors that need gradients take them, the others the
-plain ops, whose host time an autograd registration would raise (measured: docs/performance.md,
-"Backward"). The varlen and decode ops are forward only.
+attngen::attention_backward runs the table's backward spec), attngen::attention_variant_train and
+attngen::attention_varlen_train the same for attngen::attention_variant and attngen::attention_varlen;
+calls on tensors that need gradients take them, the others the plain ops, whose host time an
+autograd registration would raise (measured: docs/performance.md, "Backward"). The decode ops are
+forward only.
 
 Importing this module registers the ops (it needs torch)."""
 from __future__ import annotations
@@ -140,6 +141,31 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
                   deterministic=deterministic)
 
 
+def varlen_backward_kernel(q, k, causal, max_seqlen_k):
+    """The table's backward kernel for a varlen call's gradients; NotImplementedError (before the
+    forward runs, from attention_varlen()) where the table has none."""
+    index = q.get_device()
+    if index < 0:
+        raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+    try:
+        return DISPATCH.kernel("varlen_backward", index, q.dtype, q.shape[-1], "causal" if causal else "none",
+                               max_seqlen_k if max_seqlen_k is not None else k.shape[0])
+    except LookupError as exc:
+        raise NotImplementedError(f"attngen has no varlen backward for this call yet: {exc}") from None
+
+
+def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                    alignment, scale, deterministic=False):
+    """The gradients (dq, dk, dv) of attention_varlen at dout through the table's varlen backward
+    spec (dout copied when the kernel cannot read it in place, as in backward())."""
+    kernel = varlen_backward_kernel(q, k, causal, max_seqlen_k)
+    if not _vector_ready(dout):
+        dout = dout.contiguous()
+    return kernel.varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                         max_seqlen_k=max_seqlen_k, causal=causal, alignment=alignment, scale=scale,
+                         deterministic=deterministic)
+
+
 _DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
 
 
@@ -215,6 +241,12 @@ LIB.define("attention_variant_backward(Tensor dout, Tensor q, Tensor k, Tensor v
            "Tensor? alibi_slopes, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
            "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale) -> (Tensor, Tensor)")
+LIB.define("attention_varlen_train(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+           "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale, "
+           "bool deterministic=False) -> (Tensor, Tensor)")
+LIB.define("attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+           "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q, int? max_seqlen_k, bool causal, "
+           "str? alignment, float? scale, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
            "Tensor? block_table, bool causal, float? scale, int? num_splits, str layout) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache_variant(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
@@ -251,6 +283,17 @@ def attention_variant_backward_cuda(dout, q, k, v, out, lse, causal, alignment, 
 
 def attention_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
     return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, True)
+
+
+def attention_varlen_train_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                scale, deterministic=False):
+    return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, True)
+
+
+def attention_varlen_backward_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   causal, alignment, scale, deterministic=False):
+    return varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                           alignment, scale, deterministic)
 
 
 def attention_with_kvcache_cuda(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
@@ -295,6 +338,17 @@ def attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
+def attention_varlen_train_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                scale, deterministic=False):
+    return attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                 scale)
+
+
+def attention_varlen_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   causal, alignment, scale, deterministic=False):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
     return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
@@ -306,7 +360,8 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
 
 
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
-              "attention_variant_backward", "attention_varlen", "attention_with_kvcache",
+              "attention_variant_backward", "attention_varlen", "attention_varlen_train", "attention_varlen_backward",
+              "attention_with_kvcache",
               "attention_with_kvcache_variant"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
@@ -345,9 +400,27 @@ def _attention_variant_gradients(ctx, grad_o, grad_lse):
     return dq, dk, dv, None, None, None, None, None, None, None, None   # the ALiBi slopes get none, as FlashAttention's
 
 
+def _attention_varlen_setup(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.call = (max_seqlen_q, max_seqlen_k, causal, alignment, scale, deterministic)
+    ctx.mark_non_differentiable(lse)
+
+
+def _attention_varlen_gradients(ctx, grad_o, grad_lse):
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attngen.attention_varlen_backward(grad_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
+                                                             *ctx.call)
+    return dq, dk, dv, None, None, None, None, None, None, None, None   # none for the offsets and options
+
+
 torch.library.register_autograd("attngen::attention_train", _attention_gradients, setup_context=_attention_setup,
                                 lib=LIB)
 torch.library.register_autograd("attngen::attention_variant_train", _attention_variant_gradients,
                                 setup_context=_attention_variant_setup, lib=LIB)
+torch.library.register_autograd("attngen::attention_varlen_train", _attention_varlen_gradients,
+                                setup_context=_attention_varlen_setup, lib=LIB)
 
-__all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_variant", "varlen"]
+__all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_variant",
+           "varlen", "varlen_backward", "varlen_backward_kernel"]

@@ -7,7 +7,7 @@ An entry:
     {call: forward, arch: sm_90, dtype: fp16, head_dim: 64, mask: causal, upto: 1024,
      spec: h100_wgmma_d64_n128c1hs2oet, us: 9.5, runner_up: h100_wgmma_d64_n128c1hs2o,
      runner_up_us: 9.7, measured: "docs/hopper-h200/round3/grid_fp16.json 1x8x512x64"}
-`upto`: the largest seqlen_k (forward, varlen: max_seqlen_k; decode: cache capacity) the entry
+`upto`: the largest seqlen_k (forward, varlen, backward: max_seqlen_k; decode: cache capacity) the entry
 serves; null for no limit. An entry without `us` is unmeasured (chosen from its spec's target).
 Decode entries also key on page_size (0: contiguous caches) and may set `max_group_rows`: the
 most query rows per KV head (heads / kv_heads x seqlen_q) they serve. Entries for a spec with score
@@ -21,11 +21,14 @@ from pathlib import Path
 
 from ..errors import SpecError
 
-CALLS = ("forward", "varlen", "decode", "backward")
+CALLS = ("forward", "varlen", "decode", "backward", "varlen_backward")
 # The runtime call convention (its kind's `calls`) a spec must have to serve each call: a varlen
 # call is the varlen function of a forward-convention kernel; backward serves the gradients of a
-# forward call (autograd through attngen.attention).
-CONVENTION = {"forward": "forward", "varlen": "forward", "decode": "decode", "backward": "backward"}
+# forward call (autograd through attngen.attention), varlen_backward those of a varlen call (the
+# varlen functions of a backward-convention kernel).
+CONVENTION = {"forward": "forward", "varlen": "forward", "decode": "decode", "backward": "backward",
+              "varlen_backward": "backward"}
+VARLEN_CALLS = ("varlen", "varlen_backward")   # calls served by a spec's varlen functions
 TABLE_FILE = Path("dispatch") / "table.yaml"     # under the specs folder
 
 
@@ -139,8 +142,9 @@ def entry_problem(e: Entry, plan) -> str | None:
         return f"{e.spec} has head_dim_v {plan.v_dim}, the entry {e.head_dim_v or e.head_dim}"
     if scores_key(plan) != e.scores:
         return f"{e.spec} applies scores [{scores_key(plan)}], the entry [{e.scores}]"
-    if (varlen_key(e.mask) if e.call == "varlen" else e.mask) not in plan.entry_functions:
-        return f"{e.spec} has no {e.mask} {'varlen ' if e.call == 'varlen' else ''}function"
+    varlen = e.call in VARLEN_CALLS
+    if (varlen_key(e.mask) if varlen else e.mask) not in plan.entry_functions:
+        return f"{e.spec} has no {e.mask} {'varlen ' if varlen else ''}function"
     pages = getattr(plan, "page_size", 0)
     if e.page_size and pages != e.page_size:
         return f"{e.spec} reads pages of {pages}, the entry {e.page_size}"

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from ...core.backward_plan import (BACKWARD_ABI_FIELDS, CONVERT_READS, MAIN_UNREAD, PREPROCESS_READS, ROW_THREADS,
                                    BackwardPlan, deterministic_key, rows_per_row_block)
-from ...core.forward_plan import FORWARD_ABI, Part, function_name, plan_abi, plan_forward
+from ...core.forward_plan import FORWARD_ABI, Part, forward_functions, function_name, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, check_budget, layout_regions
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_head_dim_fragments,
@@ -107,16 +107,18 @@ rule_backward_no_expressions = refuse(
     "variant", lambda s: s.variant is not None,
     lambda s: "expressions are not generated for the backward kind yet (masks none, causal and window, scores "
               "softcap and alibi are); remove variant", "rule_backward_no_expressions")
-rule_backward_no_varlen = refuse(
-    "varlen", lambda s: s.varlen, lambda s: "varlen is not generated for the backward kind yet; set varlen: false",
-    "rule_backward_no_varlen")
+rule_backward_varlen_plain = refuse(
+    "varlen", lambda s: s.varlen and (s.scores or "window" in s.masks),
+    lambda s: "the backward's varlen call takes masks none and causal, without score modifiers, so far (as the "
+              "forward's varlen op); drop varlen: true, or put the window and scores in a spec without it",
+    "rule_backward_varlen_plain")
 rule_backward_one_stage = refuse(
     "smem.stages", lambda s: s.smem.stages != 1 or s.smem.q_in_registers,
     lambda s: "the backward kernel loads one query block at a time into shared memory; set smem.stages: 1 and "
               "leave q_in_registers unset", "rule_backward_one_stage")
 
 BackwardSpec.rules = (rule_backward_homogeneous, rule_head_dim_vector_loads, rule_head_dim_fragments, rule_backward_head_dim,
-                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_grid, rule_backward_no_expressions, rule_backward_no_varlen,
+                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_grid, rule_backward_no_expressions, rule_backward_varlen_plain,
                       rule_backward_one_stage, rule_pad_bytes, rule_pad_16_bytes, rule_threads)
 
 
@@ -173,9 +175,11 @@ REGION_TEXT = {"q": "Q tile of the query block (stage 0)", "k0": "K tile of the 
 
 
 def parts(spec: BackwardSpec, abi) -> tuple[Part, ...]:
-    """main (one function per mask, then a deterministic one per mask; they read every Params field
-    but the row kernels' own), then the row kernels."""
-    keys = (*spec.masks, *(deterministic_key(m) for m in spec.masks))
+    """main (the forward's functions: one per mask, and with `varlen` one per mask for varlen
+    sequences; then a deterministic one of each; they read every Params field but the row kernels'
+    own), then the row kernels, which run the same for varlen calls."""
+    keys = [key for key, _ in forward_functions(spec)]
+    keys += [deterministic_key(key) for key in keys]
     main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
                 reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
     row = dict(static_smem=0, threads=ROW_THREADS)
@@ -195,14 +199,16 @@ def plan(spec: BackwardSpec, file: str | None = None):
     offsets = {r.name: r.offset for r in regions}
     stage_bytes = offsets["q1"] - offsets["q"] if "q1" in offsets else 0
     assert not stage_bytes or offsets["do1"] - offsets["do"] == stage_bytes
-    abi = plan_abi(p.mask_variants, varlen=False, reports_errors=False, scores=p.score_variants,
+    abi = plan_abi(p.mask_variants, varlen=spec.varlen, reports_errors=False, scores=p.score_variants,
                    base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
     w = spec.compute_warps
     f = p.fragments
     roles = (f"{w} warps: all copy; warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T), and in the "
              f"dQ step {16 * f.dq_m_tiles} query rows x {16 * f.dq_d_pairs} columns ({f.dq_row_warps} x "
              f"{w // f.dq_row_warps} warps)",)
-    schedule = ("main kernel, grid (key blocks, kv_heads, batch):",
+    schedule = ("main kernel, grid (key blocks, kv_heads, batch" + (" or sequences" if spec.varlen else "") + "):",
+                *(("  (varlen: the block narrows Params to its sequence, longest first; past its last key it returns)",)
+                  if spec.varlen else ()),
                 "  load K, V of the block's keys (cp.async, rows past seqlen_k zero)",
                 "  for each query head of the KV head, each query block that sees a key of the block:",
                 ("    issue the next query block's Q, dO (cp.async, the other stage); wait for this one's; LSE x log2 e "
@@ -215,7 +221,8 @@ def plan(spec: BackwardSpec, file: str | None = None):
                 "    dQ accumulator += dS K (fp32 atomics, its rows); __syncthreads (deterministic: then pass the turn)",
                 "  dK *= scale; write dK, dV (rows < seqlen_k)",
                 f"preprocess, convert: grid (ceil(seqlen_q / {p.fragments.row_block}), heads, batch), {ROW_THREADS} "
-                f"threads, head_dim / 8 threads per row")
+                f"threads, head_dim / 8 threads per row" + ("; varlen: (ceil(total_q / "
+                                                            f"{p.fragments.row_block}), heads, 1)" if spec.varlen else ""))
     block_text = (f"block: {spec.tile.block_n} keys of one KV head and sequence; the query blocks of "
                   f"{spec.tile.block_m} rows that see them, for every query head of the KV head",
                   f"threads: {p.threads} = {w} warps of 16 keys",

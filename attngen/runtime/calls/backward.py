@@ -5,17 +5,23 @@ and the natural-log LSE of the scaled scores, fp32 (B, H, Sq)). Three launches o
 (attngen/core/backward_plan.py): preprocess, main, convert."""
 from __future__ import annotations
 
+import numbers
+
 from ...core.backward_plan import deterministic_key, query_blocks, row_grid
 from ...core.forward_plan import LOG2E
-from ..kernel import MAX_GRID_YZ, Kernel, Prepared
+from ...core.varlen_plan import is_varlen, mask_of, varlen_key
+from ..gpu import error_word
+from ..kernel import MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Kernel, Prepared
 from . import forward
 from .forward import bhsd_strides, mask_fields
+from .varlen import _ORDERS, _offsets_on_host, check_sequences
 
 GRADIENTS = ("dout", "dq", "dk", "dv")
 POINTERS = ("q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "dq_accum", "delta", "dq_turns")   # in ABI order
 # The forward call's fields, then the gradients' (in the order __call__ lists their values).
 PER_CALL = (forward.PER_CALL + GRADIENTS + tuple(f"{t}_{d}_stride" for t in GRADIENTS for d in ("batch", "head", "row"))
             + ("dq_accum", "delta", "scale", "dq_turns"))
+VARLEN_PER_CALL = PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 
 
 class BackwardKernel(Kernel):
@@ -25,20 +31,24 @@ class BackwardKernel(Kernel):
     returns (dq, dk, dv), each shaped (and strided) like q, k and v. A spec's variants add
     window=(left, right), softcap= and alibi_slopes=, as in the forward call. deterministic=True
     makes dq repeat bit for bit from call to call (the key blocks add it in turn; slower).
+    A spec with `varlen: true` adds ``kernel.varlen(q, k, v, out, lse, dout, cu_seqlens_q,
+    cu_seqlens_k, ...)``, the gradients of the forward's varlen call.
     """
 
     def _setup(self) -> None:
         plan = self.plan
         self._mask_fields = mask_fields(plan)
         self._packer = plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields))
+        self._varlen_packer = (plan.abi.packer(VARLEN_PER_CALL + tuple(f.name for f in self._mask_fields))
+                               if self.varlen_masks else None)
         self._pointers = plan.abi.patch(POINTERS)
         self._fp32 = self._torch.float32
         self._functions = {part.name: dict(part.functions) for part in plan.parts}
 
     @property
     def varlen_masks(self) -> tuple[str, ...]:
-        """Backward specs have no varlen call yet."""
-        return ()
+        """The masks of the varlen call (kernel.varlen(...)); empty unless the spec sets varlen."""
+        return tuple(mask_of(key) for key in self.entry if is_varlen(key))
 
     def __call__(self, q, k, v, out, lse, dout, *, causal: bool = False, alignment: str | None = None,
                  scale: float | None = None, layout: str = "bhsd", dq=None, dk=None, dv=None, window=None,
@@ -85,8 +95,7 @@ class BackwardKernel(Kernel):
             return dq, dk, dv
         dq_accum = torch.empty((batch, heads, seqlen_q, self.plan.head_dim), dtype=self._fp32, device=q.device)
         delta = torch.empty((batch, heads, seqlen_q), dtype=self._fp32, device=q.device)
-        # zeroed by the preprocess kernel
-        turns = (torch.empty((batch, heads, query_blocks(seqlen_q, self.plan.block_m)), dtype=torch.int32,
+        turns = (torch.zeros((batch, heads, query_blocks(seqlen_q, self.plan.block_m)), dtype=torch.int32,
                              device=q.device) if deterministic else None)
         info = self._device(index)
         plan = self.plan
@@ -107,6 +116,86 @@ class BackwardKernel(Kernel):
                                   (self._functions["convert"]["convert"], rows))
         prepared = Prepared(info, launches, self._packer.pack(row), self._pointers)
         self._run(prepared, pointers)
+        return dq, dk, dv
+
+    def varlen(self, q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
+               max_seqlen_k: int | None = None, causal: bool = False, alignment: str | None = None,
+               scale: float | None = None, dq=None, dk=None, dv=None, deterministic: bool = False,
+               validate: bool = False):
+        """The gradients (dq, dk, dv) of the forward's varlen call: q (total_q, Hq, D), k and v
+        (total_k, Hkv, D), every sequence's rows back to back at cu_seqlens_q/k (int32 (batch + 1,),
+        on the GPU), out and dout shaped like q, lse fp32 (Hq, total_q) as the forward's varlen call
+        returns it. causal, alignment and scale as that call had them (bottom_right: FlashAttention's
+        varlen convention, per sequence). GQA/MQA: dk and dv sum over each group.
+
+        Nothing waits for the GPU by default: the kernels clamp every offset to the tensors.
+        max_seqlen_k (the longest key sequence) sizes the grid; without it the grid covers total_k
+        keys per sequence and the blocks past each sequence's keys return at once (correct, slower
+        for long batches). A key sequence longer than max_seqlen_k is recorded as an input error
+        (attngen.check_errors()). max_seqlen_q is not needed (the blocks walk each sequence's own
+        query rows); it is taken so the forward's arguments pass unchanged, and checked with
+        validate=True, which reads cu_seqlens back (offsets as the forward's varlen call checks
+        them; max_seqlen_q/k, when given, must cover the longest sequences). deterministic: as the
+        padded call's.
+        """
+        index, total_q, heads, total_k, kv_heads, batch = check_sequences(self, q, k, v, cu_seqlens_q, cu_seqlens_k)
+        for name, t in (("out", out), ("dout", dout)):
+            if tuple(self._check_tensor(name, t, VARLEN_LAYOUT, index)) != (total_q, heads, q.shape[2]):
+                raise ValueError(f"{name} must have q's shape {tuple(q.shape)} (got {tuple(t.shape)})")
+        self._check_lse(lse, (heads, total_q), index, "lse", "; the forward's varlen call gives it with return_lse=True")
+        for name, given in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if given is not None and (isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < 0):
+                raise ValueError(f"{name} must be a non-negative integer (got {given!r})")
+        if validate:
+            for name, cu, total, where, given in (
+                    ("cu_seqlens_q", cu_seqlens_q, total_q, "q.shape[0]", max_seqlen_q),
+                    ("cu_seqlens_k", cu_seqlens_k, total_k, "k.shape[0]", max_seqlen_k)):
+                longest = max(_offsets_on_host(name, cu, total, where))
+                if given is not None and given < longest:
+                    raise ValueError(f"{name.replace('cu_seqlens', 'max_seqlen')} is {given} but a sequence has "
+                                     f"{longest} rows; pass at least {longest} (or leave it unset)")
+        mask = self._check_mask(causal, None)
+        scale = self._check_scale(scale)
+        # Lengths 0: each sequence adds its own offsets (mask_for_sequence).
+        values = self._variant_values(mask, causal, alignment, None, 0, 0, scale, {}, {"batch": batch, "heads": heads,
+                                                                                        "device": index})
+        dq, dk, dv = (self._gradient(name, g, t, VARLEN_LAYOUT, index) for name, g, t in (("dq", dq, q), ("dk", dk, k),
+                                                                                            ("dv", dv, v)))
+        if not (total_q and total_k):
+            for g in (dq, dk, dv):
+                g.zero_()
+            return dq, dk, dv
+        keys = total_k if max_seqlen_k is None else min(int(max_seqlen_k), total_k)
+        plan = self.plan
+        main = (-(-keys // plan.block_n), kv_heads, batch)
+        if main[0] > MAX_GRID_X:
+            raise ValueError(f"max_seqlen_k {keys} needs more than {MAX_GRID_X} blocks")
+        torch = self._torch
+        dq_accum = torch.empty((heads, total_q, plan.head_dim), dtype=self._fp32, device=q.device)
+        delta = torch.empty((heads, total_q), dtype=self._fp32, device=q.device)
+        # a run of heads x query blocks per sequence, from heads x (its first row's block + its index)
+        turns = (torch.zeros(heads * (query_blocks(total_q, plan.block_m) + batch), dtype=torch.int32,
+                             device=q.device) if deterministic else None)
+        order = _ORDERS.longest_first(torch, cu_seqlens_k, batch, index) if batch > 1 else None
+        pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
+                    dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum.data_ptr(), delta.data_ptr(),
+                    0 if turns is None else turns.data_ptr())
+
+        def strides(t):   # (total, heads, dim): batch stride 0
+            return (0, t.stride(1), t.stride(0))
+        row = [*pointers[:5], *strides(q), *strides(k), *strides(v), *strides(out), 0, total_q,
+               batch, heads, kv_heads, total_q, total_k, values.pop("scale_log2", scale * LOG2E), *pointers[5:9],
+               *strides(dout), *strides(dq), *strides(dk), *strides(dv), *pointers[9:11], scale, pointers[11],
+               cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), 0 if order is None else order.data_ptr(), total_q,
+               total_k, error_word(index)]
+        row += [values.get(f.name, f.default) for f in self._mask_fields]
+        info = self._device(index)
+        rows = row_grid(plan.head_dim, 1, heads, total_q)   # the row kernels take every row as one batch
+        function = varlen_key(mask)
+        launches = self._launches(info, (self._functions["preprocess"]["preprocess"], rows),
+                                  (self.entry[deterministic_key(function) if deterministic else function], main),
+                                  (self._functions["convert"]["convert"], rows))
+        self._run(Prepared(info, launches, self._varlen_packer.pack(row), self._pointers), pointers)
         return dq, dk, dv
 
     def _gradient(self, name: str, given, like, layout: str, index: int):

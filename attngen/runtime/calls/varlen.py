@@ -75,29 +75,8 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
                                        cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
                                        order.data_ptr() if order is not None else 0))
                 return (out, lse) if return_lse else out
-    index = kernel._device_index(q)
-    qs = kernel._check_tensor("q", q, VARLEN_LAYOUT, index)
-    ks = kernel._check_tensor("k", k, VARLEN_LAYOUT, index)
-    vs = kernel._check_tensor("v", v, VARLEN_LAYOUT, index)
-    total_q, heads, _ = qs
-    total_k, kv_heads, _ = ks
-    if ks != vs:
-        raise ValueError(f"k and v must have the same shape (got {tuple(ks)} and {tuple(vs)})")
-    if not heads or not kv_heads or heads % kv_heads:
-        raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
-    if heads > MAX_GRID_YZ:
-        raise ValueError(f"heads ({heads}) must be at most {MAX_GRID_YZ} (grid y limit)")
-    if max(total_q, total_k) > INT32_MAX:
-        raise ValueError(f"varlen tensors of more than {INT32_MAX} rows do not fit int32 offsets")
-    if not kernel.varlen_masks:
-        raise ValueError(f"{kernel.label} has no varlen functions: add `varlen: true` to its spec")
+    index, total_q, heads, total_k, kv_heads, batch = check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k)
     mask = kernel._check_mask(causal, window)
-    batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, index)
-    if _check_offsets("cu_seqlens_k", cu_seqlens_k, index) != batch:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
-                         f"and {cu_seqlens_k.numel()} offsets)")
-    if batch > MAX_GRID_YZ:
-        raise ValueError(f"{batch} sequences exceed {MAX_GRID_YZ} (grid z limit)")
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral)
                                      or max_seqlen_q < 0):
         raise ValueError(f"max_seqlen_q must be a non-negative integer (got {max_seqlen_q!r})")
@@ -152,6 +131,34 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     kernel._remember(key, prepared)   # no key when the caller gave out or lse_out, or validates
     kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]))
     return (out, lse_out) if return_lse else out
+
+
+def check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k) -> tuple[int, int, int, int, int, int]:
+    """The checks every varlen call makes of its tensors and offsets (without reading the offsets
+    back): (device index, total_q, heads, total_k, kv_heads, sequences)."""
+    index = kernel._device_index(q)
+    qs = kernel._check_tensor("q", q, VARLEN_LAYOUT, index)
+    ks = kernel._check_tensor("k", k, VARLEN_LAYOUT, index)
+    vs = kernel._check_tensor("v", v, VARLEN_LAYOUT, index)
+    total_q, heads, _ = qs
+    total_k, kv_heads, _ = ks
+    if ks != vs:
+        raise ValueError(f"k and v must have the same shape (got {tuple(ks)} and {tuple(vs)})")
+    if not heads or not kv_heads or heads % kv_heads:
+        raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
+    if heads > MAX_GRID_YZ:
+        raise ValueError(f"heads ({heads}) must be at most {MAX_GRID_YZ} (grid y limit)")
+    if max(total_q, total_k) > INT32_MAX:
+        raise ValueError(f"varlen tensors of more than {INT32_MAX} rows do not fit int32 offsets")
+    if not kernel.varlen_masks:
+        raise ValueError(f"{kernel.label} has no varlen functions: add `varlen: true` to its spec")
+    batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, index)
+    if _check_offsets("cu_seqlens_k", cu_seqlens_k, index) != batch:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
+                         f"and {cu_seqlens_k.numel()} offsets)")
+    if batch > MAX_GRID_YZ:
+        raise ValueError(f"{batch} sequences exceed {MAX_GRID_YZ} (grid z limit)")
+    return index, total_q, heads, total_k, kv_heads, batch
 
 
 def _patch(kernel):
@@ -238,4 +245,4 @@ def _offsets_on_host(name: str, cu, total: int, where: str) -> list[int]:
     return [offsets[b + 1] - offsets[b] for b in range(len(offsets) - 1)]
 
 
-__all__ = ["cu_seqlens", "varlen_call"]
+__all__ = ["check_sequences", "cu_seqlens", "longest_first", "varlen_call"]
