@@ -377,7 +377,8 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
               help="decode: query rows per KV head (heads / kv_heads x new tokens)")
 @click.option("--from", "--from-bench", "bench_files", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="with --write: `attngen bench --json` or `attngen sweep --json` reports whose winners replace "
-                   "the table's forward entries of their keys (repeatable)")
+                   "the table's forward entries of their keys (backward entries from a bench of backward specs; "
+                   "repeatable)")
 @click.option("--write", is_flag=True, help="write the table from --from reports")
 @click.option("--json", "as_json", is_flag=True, help="print the choice (or the written entries) as JSON")
 @click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
@@ -396,6 +397,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
       attngen dispatch --head-dim 128 --window --seqlen 32768      (window=(4096, 0) and the like)
       attngen dispatch --head-dim 128 --causal --scores softcap --seqlen 8192
       attngen bench --json grid.json ... && attngen dispatch --from grid.json --write
+      attngen bench --json bwd.json specs/h100_bwd_d64.yaml && attngen dispatch --from bwd.json --write
       attngen sweep SPEC --shapes ... --json s.json --write-best specs && attngen dispatch --from s.json --write
     """
     from . import fsutil
@@ -406,9 +408,9 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     if write or bench_files:
         if not (write and bench_files):
             raise click.UsageError("--write and --from go together: the reports to write the table from")
-        from .eval.dispatch_table import forward_entries, merge, read_reports
+        from .eval.dispatch_table import bench_entries, entries_summary, merge, read_reports
         try:
-            new = forward_entries(read_reports(bench_files))
+            new = bench_entries(read_reports(bench_files))
         except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
             raise click.BadParameter(f"not an `attngen bench --json` or `attngen sweep --json` report: {exc}",
                                      param_hint="--from")
@@ -421,7 +423,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
                          for line in path.read_text().splitlines() if line.startswith("#"))
         fsutil.atomic_write_text(path, dump_table(merge(entries, new), header.rstrip("\n")))
         click.echo(json.dumps([e.__dict__ for e in new], indent=2) if as_json else
-                   f"wrote {path}: {len(new)} forward entries from {len(bench_files)} report(s)")
+                   f"wrote {path}: {entries_summary(new)} from {len(bench_files)} report(s)")
         return
     mask = "window" if window else "causal" if causal else "none"
     head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
@@ -667,7 +669,7 @@ def _backends(ctx, param, value):
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--shapes", default=None, metavar="BxHxSxD,...", callback=_shapes,
               help="comma-separated shapes; BxHxSxDxDv where V's head dim Dv differs (default: 1x8x512x64, 4x16x2048x64, 4x16x2048x128, 2x16x8192x64, "
-                   "2x16x8192x128)")
+                   "2x16x8192x128; backward specs: 4x16x2048 and 1x16x8192 at the spec's head dim)")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp16", "bf16"]),
               help="repeatable; default both")
 @click.option("--causal", "causal", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
@@ -710,6 +712,13 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     Sq new tokens against a full cache of Sk keys, beside SDPA's flash and cuDNN backends (Sq > 1:
     causal for the spec, SDPA unmasked), with GB/s of K+V read and its percentage of the
     device-to-device copy bandwidth measured in the same run. `attngen verify` checks them.
+
+    \b
+    Backward specs (backward: dq_atomic) are timed on --shapes (default 4x16x2048 and
+    1x16x8192 at each spec's head dim), in their own dtype: the call kernel(q, k, v, o, lse,
+    dout) given attngen's forward o and lse, after checking dq, dk and dv against fp32
+    gradients, beside SDPA's flash and cuDNN backward (torch.autograd.grad of its output).
+    TFLOP/s counts 2.5 x the forward's FLOPs. Not with --varlen, window or score modifiers.
 
     \b
     --varlen times ragged prefill: the specs' varlen call on one batch of mixed

@@ -81,7 +81,7 @@ def test_row_kernels_cover_every_row():
     ({"tile": {"block_m": 48, "block_n": 128}}, "tile.block_m"),          # not whole chunks of 32 queries
     ({"head_dim": 96}, "head_dim"),
     ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}}, "variant"),
-    ({"varlen": True}, "varlen"),
+    ({"varlen": True, "masks": ["none", "window"]}, "varlen"),            # the varlen call takes none / causal
     ({"smem": {"stages": 2, "async_copy": True, "opt_in": True}}, "smem.stages"),
     ({"warps": {"producer": 1, "consumer": 4}}, "warps"),
 ])
@@ -101,3 +101,18 @@ def test_kernels_compile_without_spills(spec):
     for part, (name, source) in zip(r.plan.parts, r.files):
         res = compile_source(source, r.plan.compile_arch(r.plan.target.arch))
         assert res.functions and not any(f.spills for f in res.functions), (name, res.functions)
+
+
+def test_varlen_spec_adds_varlen_functions_with_their_deterministic_twins():
+    p = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64_varlen.yaml"))
+    keys = [k for k, _ in p.parts[0].functions]
+    assert keys == ["none", "causal", "none_varlen", "causal_varlen", "none_deterministic", "causal_deterministic",
+                    "none_varlen_deterministic", "causal_varlen_deterministic"]
+    assert p.varlen and [p.key_mask(k) for k in keys] == ["none", "causal"] * 4
+    assert [p.body(k) for k in keys] == ["attention_backward"] * 2 + ["attention_backward_varlen"] * 2 + \
+        ["attention_backward"] * 2 + ["attention_backward_varlen"] * 2
+    assert [p.takes_turns(k) for k in keys] == [False] * 4 + [True] * 4
+    names = {f.name for f in p.abi.fields}
+    assert {"cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors"} <= names
+    plain = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64.yaml"))
+    assert not plain.varlen and "cu_seqlens_q" not in {f.name for f in plain.abi.fields}

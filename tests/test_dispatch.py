@@ -121,3 +121,65 @@ def test_window_calls_have_their_own_mask():
     assert call_mask(False, (-1, -1)) == "none"
     entries = load_table(TABLE)
     assert select(entries, "forward", "sm_90", "fp16", 128, "window", 8192).spec == "h100_wgmma_d128_window"
+
+
+def backward_bench_report() -> dict:
+    """A backward bench report (`attngen bench --json` on backward specs), made by hand: d64 fp16
+    at two seqlens, both masks, beside SDPA (never an entry)."""
+    def result(seqlen, causal, times):
+        case = {"batch": 1, "heads": 16, "seqlen": seqlen, "head_dim": 64, "dtype": "fp16", "causal": causal,
+                "head_dim_v": 0, "call": "backward"}
+        return {"case": case, "label": f"1x16x{seqlen}x64 fp16{' causal' if causal else ''}",
+                "timings": [{"impl": impl, "median_us": us, "status": "ok" if us else "wrong"}
+                            for impl, us in times]}
+    return {"gpu": "NVIDIA H200", "environment": {}, "call": "backward", "results": [
+        result(2048, False, [("h100_bwd_d64", 300.0), ("h100_bwd_d64_varlen", 310.0), ("sdpa:flash", 200.0)]),
+        result(8192, False, [("h100_bwd_d64", 4000.0), ("h100_bwd_d64_varlen", 3900.0), ("sdpa:flash", 3000.0)]),
+        result(8192, True, [("h100_bwd_d64", 2100.0), ("h100_bwd_d64_varlen", None), ("sdpa:flash", 1500.0)])]}
+
+
+def test_backward_entries_from_a_backward_bench_report():
+    """A backward bench report gives `call: backward` entries bucketed by seqlen as forward ones are
+    (attngen specs only, fastest first); a forward report gives none, and a backward one no forward entry."""
+    from attngen.eval.dispatch_table import backward_entries, bench_entries, entries_summary, forward_entries
+    reports = [("bwd.json", backward_bench_report())]
+    new = backward_entries(reports)
+    assert new == [Entry("backward", "sm_90", "fp16", 64, "none", "h100_bwd_d64", upto=4096, us=300.0,
+                         runner_up="h100_bwd_d64_varlen", runner_up_us=310.0, measured="bwd.json 1x16x2048x64 fp16"),
+                   Entry("backward", "sm_90", "fp16", 64, "none", "h100_bwd_d64_varlen", us=3900.0,
+                         runner_up="h100_bwd_d64", runner_up_us=4000.0, measured="bwd.json 1x16x8192x64 fp16"),
+                   Entry("backward", "sm_90", "fp16", 64, "causal", "h100_bwd_d64", us=2100.0,
+                         measured="bwd.json 1x16x8192x64 fp16 causal")]
+    assert forward_entries(reports) == [] and bench_entries(reports) == new
+    grid = read_grid()
+    assert backward_entries(grid) == [] and bench_entries(grid) == forward_entries(grid)
+    assert entries_summary(new) == "3 backward entries"
+    assert entries_summary(forward_entries(grid)) == f"{len(forward_entries(grid))} forward entries"
+    assert entries_summary(new + forward_entries(grid)[:2]) == "2 forward and 3 backward entries"
+
+
+def read_grid():
+    from attngen.eval.dispatch_table import read_reports
+    return read_reports([ROOT / "docs/hopper-h200/round3/grid_fp16.json"])
+
+
+def test_write_from_a_backward_bench_report(tmp_path):
+    """`attngen dispatch --from REPORT --write` replaces the backward entries of the report's keys
+    and keeps every other entry."""
+    import shutil
+    specs = tmp_path / "specs"
+    shutil.copytree(ROOT / "specs", specs)
+    report = tmp_path / "bwd.json"
+    report.write_text(json.dumps(backward_bench_report()))
+    run = CliRunner().invoke(main, ["dispatch", "--from", str(report), "--write", "--specs-dir", str(specs)])
+    assert run.exit_code == 0, run.output
+    assert run.output.endswith(": 3 backward entries from 1 report(s)\n"), run.output
+    written = load_table(table_path(specs))
+    mine = [e for e in written if e.measured and e.measured.startswith(str(report))]
+    assert {(e.call, e.mask, e.upto, e.spec) for e in mine} == {("backward", "causal", None, "h100_bwd_d64"),
+                                                                ("backward", "none", 4096, "h100_bwd_d64"),
+                                                                ("backward", "none", None, "h100_bwd_d64_varlen")}
+    replaced = {("backward", "sm_90", "fp16", 64, m) for m in ("none", "causal")}
+    kept = [e for e in load_table(TABLE) if (e.call, e.arch, e.dtype, e.head_dim, e.mask) not in replaced
+            or e.scores]
+    assert sorted(map(repr, written)) == sorted(map(repr, kept + mine))

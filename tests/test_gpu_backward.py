@@ -411,3 +411,37 @@ def test_varlen_backward_refuses_bad_inputs():
         bwd.varlen(q, k, v, o, lse, dout, cu_q, cu_k, max_seqlen_k=100, validate=True)
     with pytest.raises(ValueError, match="varlen: true"):
         kernel(ROOT / "specs" / "h100_bwd_d64.yaml").varlen(q, k, v, o, lse, dout, cu_q, cu_k)
+
+
+def test_bench_times_a_backward_spec(tmp_path):
+    """`attngen bench` on a backward spec, one small shape: the spec's gradients pass the check and
+    it is timed (GPU and eager, positive TFLOP/s) beside SDPA's flash and cuDNN backward; the JSON
+    report gives backward dispatch entries."""
+    import json
+    import subprocess
+    import sys
+    import torch
+    from attngen.eval.dispatch_table import bench_entries
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("h100_bwd_d64 targets sm_90")
+    spec, out = ROOT / "specs" / "h100_bwd_d64.yaml", tmp_path / "bwd.json"
+    run = subprocess.run([sys.executable, "-m", "attngen", "bench", str(spec), "--shapes", "1x4x512x64", "--reps", "5",
+                          "--dtype", "fp16", "--backends", "flash,cudnn", "--json", str(out)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["call"] == "backward" and report["gpu"] == torch.cuda.get_device_name()
+    assert [(r["case"]["seqlen"], r["case"]["causal"], r["case"]["call"]) for r in report["results"]] == [
+        (512, False, "backward"), (512, True, "backward")]
+    for r in report["results"]:
+        timings = {t["impl"]: t for t in r["timings"]}
+        assert set(timings) == {"h100_bwd_d64", "sdpa:flash", "sdpa:cudnn"}
+        ours = timings["h100_bwd_d64"]
+        assert ours["status"] == "ok", ours
+        assert ours["median_us"] > 0 and ours["eager_us"] > 0 and ours["tflops"] > 0
+        assert "max err" in ours["note"]
+        assert all(t["status"] in ("ok", "unsupported") for t in timings.values())
+        assert "h100_bwd_d64" in run.stdout and r["label"] in run.stdout
+    entries = bench_entries([("bwd.json", report)])
+    assert {(e.call, e.mask, e.spec) for e in entries} == {("backward", "none", "h100_bwd_d64"),
+                                                            ("backward", "causal", "h100_bwd_d64")}

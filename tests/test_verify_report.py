@@ -77,3 +77,35 @@ def test_bench_tables_format_gpu_and_eager_columns():
          "tflops": 336.0, "flash_us": 790.0, "flash_eager_us": None, "vs_flash": 1.21}]}
     text = format_varlen(varlen)
     assert "652.0" in text and "790.0" in text and text.splitlines()[-1].split()[-2] == "-"
+
+
+def backward_report() -> dict:
+    """A backward bench report as `attngen bench --json` writes it for backward specs (no GPU)."""
+    def timing(impl, us=None, status="ok", note=""):
+        return {"impl": impl, "median_us": us, "tflops": None if us is None else 100.0,
+                "spread_pct": None if us is None else 1.0, "status": status, "note": note,
+                "eager_us": None if us is None else us + 20.0}
+    case = {"batch": 4, "heads": 16, "seqlen": 2048, "head_dim": 64, "dtype": "fp16", "causal": True,
+            "head_dim_v": 0, "call": "backward"}
+    return {"gpu": "NVIDIA H200", "environment": {"torch": "2.11", "cuda": "13.0", "driver": "580"}, "call": "backward",
+            "results": [{"case": case, "label": "4x16x2048x64 fp16 causal", "flops": 1.0,
+                         "timings": [timing("h100_bwd_d64", 1000.0), timing("h100_bwd_d64_varlen", status="wrong",
+                                                                             note="dk: max error 0.3 exceeds 0.02"),
+                                     timing("sdpa:flash", 800.0), timing("sdpa:cudnn", status="unsupported",
+                                                                         note="No available kernel")]}],
+            "notes": ["h100_bwd_d64: bf16 not timed (the spec is fp16)"]}
+
+
+def test_backward_bench_table():
+    """The backward bench's table: GPU and eager time, TFLOP/s and the ratio against each SDPA
+    backend per spec, a failed check and an unsupported backend with their notes, then the notes."""
+    from attngen.eval.backward_bench import format_backward
+    lines = format_backward(backward_report()).splitlines()
+    assert lines[0].startswith("backward: ") and "2.5 x the forward's" in lines[1]
+    assert lines[2] == "GPU: NVIDIA H200; torch 2.11, CUDA 13.0, driver 580"
+    assert lines[3].split()[-2:] == ["/flash", "/cudnn"]
+    row = {ln.split()[3]: ln.split()[4:] for ln in lines[4:8]}
+    assert row["h100_bwd_d64"][:5] == ["1000.0", "1020.0", "100.0", "1.0%", "0.80"]
+    assert row["h100_bwd_d64_varlen"][:2] == ["wrong", "dk:"] and row["sdpa:cudnn"][0] == "unsupported"
+    assert "  h100_bwd_d64             flash 0.80, cudnn -" in lines
+    assert lines[-2:] == ["not timed:", "  h100_bwd_d64: bf16 not timed (the spec is fp16)"]

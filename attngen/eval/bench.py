@@ -117,9 +117,10 @@ class BenchReport:
         return seen
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BenchReport":
-        """Inverse of as_dict (e.g. to redraw a plot from a saved --json report)."""
-        results = [CaseResult(Case(**r["case"]), [Timing(**t) for t in r["timings"]]) for r in d["results"]]
+    def from_dict(cls, d: dict, case_type: type = Case) -> "BenchReport":
+        """Inverse of as_dict (e.g. to redraw a plot from a saved --json report); case_type: the
+        report's Case class (a subclass with fields of its own, such as the backward bench's)."""
+        results = [CaseResult(case_type(**r["case"]), [Timing(**t) for t in r["timings"]]) for r in d["results"]]
         return cls(d["gpu"], d["environment"], results)
 
     def as_dict(self) -> dict:
@@ -188,6 +189,14 @@ def time_eager(torch, fn, sets, *, reps: int, rounds: int = 5) -> float:
         torch.cuda.synchronize()
         out.append((time.perf_counter() - t0) / reps * 1e6)
     return statistics.median(out)
+
+
+def time_timing(torch, t: Timing, case: Case, fn, sets, *, reps: int, eager=None) -> None:
+    """Fill t's GPU time and spread (time_calls of fn), TFLOP/s of the case, and eager time
+    (time_eager of `eager`, the call as a user makes it; default fn)."""
+    t.median_us, t.spread_pct = time_calls(torch, fn, sets, reps=reps)
+    t.tflops = case.tflops(t.median_us)
+    t.eager_us = time_eager(torch, eager or fn, sets, reps=reps)
 
 
 def kernel_call(torch, kernel, sets, causal: bool):
@@ -262,11 +271,8 @@ def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), cau
             if not ok:
                 t.status, t.note = "failed-check", note
             else:
-                t.median_us, t.spread_pct = time_calls(torch, kernel_call(torch, kernel, sets, case.causal), sets,
-                                                       reps=reps)
-                t.tflops = case.tflops(t.median_us)
-                t.eager_us = time_eager(torch, lambda q, k, v, kernel=kernel: kernel(q, k, v, causal=case.causal),
-                                        sets, reps=reps)
+                time_timing(torch, t, case, kernel_call(torch, kernel, sets, case.causal), sets, reps=reps,
+                            eager=lambda q, k, v, kernel=kernel: kernel(q, k, v, causal=case.causal))
             res.timings.append(t)
             if on_step:
                 on_step(case, t)
@@ -279,9 +285,7 @@ def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), cau
             except RuntimeError as exc:
                 t.status, t.note = "unsupported", str(exc).splitlines()[0][:120]
             else:
-                t.median_us, t.spread_pct = time_calls(torch, fn, sets, reps=reps)
-                t.tflops = case.tflops(t.median_us)
-                t.eager_us = time_eager(torch, fn, sets, reps=reps)
+                time_timing(torch, t, case, fn, sets, reps=reps)
             res.timings.append(t)
             if on_step:
                 on_step(case, t)

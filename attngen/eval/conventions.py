@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import backward_verify, bench, decode_bench, decode_verify
+from . import backward_bench, backward_verify, bench, decode_bench, decode_verify
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ EVALS = {"forward": ConventionEval("forward specs", bench.bench_specs, bench.che
                                    ("shapes", "varlen", "lengths", "heads", "plot_file")),
          "decode": ConventionEval("decode specs (decode: split_kv)", decode_bench.bench_specs,
                                   decode_bench.check_options, ("cells", "paged"), decode_verify.verify_cases),
-         "backward": ConventionEval("backward specs (backward: dq_atomic)", backward_verify.bench_specs,
-                                    backward_verify.check_options, (), backward_verify.verify_cases)}
+         "backward": ConventionEval("backward specs (backward: dq_atomic)", backward_bench.bench_specs,
+                                    backward_bench.check_options, ("shapes",), backward_verify.verify_cases)}
 
 
 def option_problems(groups: dict, opts: BenchOptions, given: set) -> list[str]:

@@ -1,13 +1,16 @@
 """Dispatch-table entries from measurements: the winner and runner-up of every cell of `attngen
 bench --json` or `attngen sweep --json` reports (GPU time, attngen specs only), bucketed by
-sequence length. Entries of other calls and other arches in the table are kept as they are."""
+sequence length: forward entries from forward reports and sweeps, backward entries from backward
+bench reports. Entries of other calls and other arches in the table are kept as they are."""
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from pathlib import Path
 
-from ..ops.table import Entry
+from ..ops.table import CALLS, Entry
+
+FORWARD, BACKWARD = "forward", "backward"   # the Entry.call of the two calls bench reports measure
 
 GPU_ARCH = {"H100": "sm_90", "H200": "sm_90", "H800": "sm_90", "L4": "sm_89", "RTX 4090": "sm_89", "A100": "sm_80"}
 
@@ -23,14 +26,41 @@ def forward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
     """Forward entries from (file name, bench report dict) pairs: per (arch, dtype, head_dim,
     mask) the fastest spec of each measured seqlen, serving up to the geometric mean of its
     seqlen and the next one measured (the longest serves everything above)."""
+    return call_entries(reports, FORWARD)
+
+
+def backward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
+    """Backward entries from the cases of backward bench reports (`attngen bench --json` on backward
+    specs: cases with "call": "backward"), bucketed by seqlen as forward_entries buckets."""
+    return call_entries(reports, BACKWARD)
+
+
+def bench_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
+    """The entries of every call the reports measure: forward_entries, then backward_entries."""
+    return forward_entries(reports) + backward_entries(reports)
+
+
+def entries_summary(entries) -> str:
+    """'12 forward entries', or '12 forward and 4 backward entries'."""
+    counts = [(call, sum(e.call == call for e in entries)) for call in CALLS]
+    parts = [f"{n} {call}" for call, n in counts if n] or [f"0 {FORWARD}"]
+    return " and ".join(parts) + " entries"
+
+
+def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
+    """`call`'s entries from the reports' cases of that call (a case without "call": forward; a
+    sweep report's cases are forward)."""
     cells = defaultdict(list)
     for name, report in reports:
         if "cases" in report and "ranking" in (report["cases"] or [{}])[0]:
-            _sweep_cells(cells, name, report)
+            if call == FORWARD:
+                _sweep_cells(cells, name, report)
             continue
         arch = arch_of(report["gpu"])
         for r in report["results"]:
             c = r["case"]
+            if c.get("call", FORWARD) != call:
+                continue
             ranked = sorted((t for t in r["timings"] if t["status"] == "ok" and not t["impl"].startswith("sdpa")),
                             key=lambda t: t["median_us"])
             if not ranked:
@@ -44,7 +74,7 @@ def forward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
         for i, (seqlen, ranked, where) in enumerate(rows):
             upto = None if i + 1 == len(rows) else int(math.sqrt(seqlen * rows[i + 1][0]))
             best, second = ranked[0], (ranked[1] if len(ranked) > 1 else None)
-            out.append(Entry("forward", arch, dtype, head_dim, mask, best["impl"], upto=upto,
+            out.append(Entry(call, arch, dtype, head_dim, mask, best["impl"], upto=upto,
                              us=round(best["median_us"], 1), runner_up=second["impl"] if second else None,
                              runner_up_us=round(second["median_us"], 1) if second else None, measured=where,
                              head_dim_v=v[0] if v else 0))
@@ -77,4 +107,5 @@ def read_reports(paths) -> list[tuple[str, dict]]:
     return [(display_path(p), json.loads(Path(p).read_text())) for p in paths]
 
 
-__all__ = ["arch_of", "forward_entries", "merge", "read_reports"]
+__all__ = ["arch_of", "backward_entries", "bench_entries", "call_entries", "entries_summary", "forward_entries",
+           "merge", "read_reports"]

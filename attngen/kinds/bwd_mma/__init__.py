@@ -28,7 +28,7 @@ from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_head_
 NAME = "bwd_mma"
 TITLE = "mma.sync m16n8k16 attention backward (dQ by fp32 atomics)"
 SELECTOR = ("backward", "dq_atomic")
-QUERY_CHUNK = 32           # queries whose S^T and dP^T a warp holds at once (16 fp32 registers each)
+QUERY_CHUNKS = (32, 64)     # queries whose S^T and dP^T a warp holds at once (chunk / 2 fp32 registers each)
 HEAD_DIMS = (32, 64, 128)   # dK and dV of 16 keys take head_dim fp32 registers per thread; the row kernels
                             # give each row head_dim / 8 lanes of one warp (a power of two)
 
@@ -40,6 +40,9 @@ class BackwardSpec(ForwardSpec):
     mma: Literal["mma_m16n8k16"] = Field(default="mma_m16n8k16", description="the fragment of every GEMM")
     query_stages: int = Field(default=1, ge=1, le=2, description=(
         "Q and dO tiles in shared memory: 2 loads the next query block's while the block computes this one"))
+    query_chunk: Literal[QUERY_CHUNKS] = Field(default=32, description=(
+        "queries of the query block whose S^T and dP^T each warp holds in registers at once: 64 gives each "
+        "ldmatrix of K and V twice the mma work and more independent mma, for 32 more registers per thread"))
     row_unit = 16
     row_unit_what = "16-row fragments of dQ"
     key_unit = 16
@@ -83,9 +86,9 @@ def rule_backward_warps(s: BackwardSpec):
 
 
 def rule_backward_query_chunks(s: BackwardSpec):
-    if s.tile.block_m % QUERY_CHUNK:
-        return "tile.block_m", (f"must be a multiple of {QUERY_CHUNK}: the query block goes in chunks of "
-                                f"{QUERY_CHUNK} queries (got {s.tile.block_m})")
+    if s.tile.block_m % s.query_chunk:
+        return "tile.block_m", (f"must be a multiple of query_chunk ({s.query_chunk}): the query block goes in "
+                                f"chunks of {s.query_chunk} queries (got {s.tile.block_m})")
 
 
 def dq_warp_grid(block_m: int, warps: int) -> tuple[int, int]:
@@ -125,7 +128,7 @@ BackwardSpec.rules = (rule_backward_homogeneous, rule_head_dim_vector_loads, rul
 @dataclass(frozen=True, kw_only=True)
 class BackwardFragments:
     chunk_tiles: int        # 8-query accumulator tiles of S^T and dP^T per warp: the query block goes in
-                            # chunks of QUERY_CHUNK queries
+                            # chunks of query_chunk queries
     d_tiles: int            # 8-column accumulator tiles of dK and dV (head_dim / 8)
     k_steps_d: int          # k16 steps over head_dim (S^T, dP^T)
     chunks: int             # chunks of the query block
@@ -143,10 +146,11 @@ class BackwardFragments:
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:
     bm, d = spec.tile.block_m, spec.head_dim
     rows, cols = dq_warp_grid(bm, spec.compute_warps)
-    return BackwardFragments(chunk_tiles=QUERY_CHUNK // 8, d_tiles=d // 8, k_steps_d=d // 16, chunks=bm // QUERY_CHUNK,
+    chunk = spec.query_chunk
+    return BackwardFragments(chunk_tiles=chunk // 8, d_tiles=d // 8, k_steps_d=d // 16, chunks=bm // chunk,
                              k_steps_n=spec.tile.block_n // 16, dq_row_warps=rows, dq_m_tiles=bm // 16 // rows,
                              dq_d_pairs=d // 16 // cols, query_stages=spec.query_stages,
-                             ds_pitch=bm * spec.elem_bytes + 16, accumulators=d + 2 * QUERY_CHUNK // 4,
+                             ds_pitch=bm * spec.elem_bytes + 16, accumulators=d + 2 * chunk // 4,
                              row_block=rows_per_row_block(d))
 
 
@@ -241,7 +245,7 @@ def explain(plan) -> list[str]:
     f = plan.fragments
     steps = f.chunk_tiles // 2 * f.chunks   # k16 steps over the query block
     return [f"fragments per warp: 16 keys; S^T and dP^T {f.chunk_tiles} m16n8 tiles each over a chunk of "
-            f"{QUERY_CHUNK} queries ({f.chunks} chunks per query block), dK and dV {f.d_tiles} tiles each; "
+            f"{8 * f.chunk_tiles} queries ({f.chunks} chunks per query block), dK and dV {f.d_tiles} tiles each; "
             f"{f.accumulators} fp32 accumulators per thread",
             f"mma.sync per query block per warp: {f.chunk_tiles * f.chunks * f.k_steps_d} (S^T) + {f.d_tiles * steps} "
             f"(dV) + {f.chunk_tiles * f.chunks * f.k_steps_d} (dP^T) + {f.d_tiles * steps} (dK) + "

@@ -1,0 +1,79 @@
+"""`attngen bench` on backward specs without a GPU: the options it refuses before any GPU work, the
+cases it plans from the options, and the no-GPU exit it shares with forward specs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from attngen.cli import main
+from attngen.errors import NoGpuError
+from attngen.eval.backward_bench import BackwardCase, backward_cases, check_options
+from attngen.eval.conventions import BenchOptions
+from attngen.plan import make_plan
+from attngen.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+
+
+def plans(*names):
+    paths = [SPECS / f"{n}.yaml" for n in names]
+    return paths, [make_plan(load_spec(p)) for p in paths]
+
+
+def bench(*args):
+    result = CliRunner().invoke(main, ["bench", *map(str, args)])
+    out = result.output + (result.stderr if hasattr(result, "stderr") else "")
+    assert "Traceback" not in out and (result.exception is None or isinstance(result.exception, SystemExit)), out
+    return result.exit_code, out
+
+
+def test_variant_specs_are_refused_with_what_checks_them():
+    paths, ps = plans("h100_bwd_d64", "h100_bwd_d64_window", "h100_bwd_d128_alibi", "h100_bwd_d64_softcap")
+    (problem,) = check_options(paths, ps, BenchOptions())
+    assert problem.startswith("h100_bwd_d64_window, h100_bwd_d128_alibi, h100_bwd_d64_softcap take variant arguments")
+    assert "no script times variant backward yet" in problem and "`attngen verify` checks them" in problem
+    assert check_options(paths[:1], ps[:1], BenchOptions()) == []
+    code, out = bench(SPECS / "h100_bwd_d64_window.yaml")
+    assert code == 2 and "h100_bwd_d64_window takes variant arguments" in out
+
+
+def test_varlen_is_refused_with_the_script_that_times_it():
+    paths, ps = plans("h100_bwd_d64_varlen")
+    (problem,) = check_options(paths, ps, BenchOptions(varlen=True))
+    assert "does not time the varlen backward (h100_bwd_d64_varlen)" in problem
+    assert "python3 .ci/varlen_backward_bench.py OUT.json" in problem
+    code, out = bench("--varlen", SPECS / "h100_bwd_d64_varlen.yaml")
+    assert code == 2 and ".ci/varlen_backward_bench.py" in out
+
+
+def test_cases_follow_the_spec_head_dim_dtype_and_masks():
+    _, ps = plans("h100_bwd_d64", "h100_bwd_d128_bf16")
+    cases, notes = backward_cases(ps)
+    assert list(cases) == [BackwardCase(b, h, s, d, dt, c) for d, dt in ((64, "fp16"), (128, "bf16"))
+                           for b, h, s in ((4, 16, 2048), (1, 16, 8192)) for c in (False, True)]
+    assert all(v == [0] for v in list(cases.values())[:4]) and all(v == [1] for v in list(cases.values())[4:])
+    assert notes == ["h100_bwd_d64: bf16 not timed (the spec is fp16)",
+                     "h100_bwd_d128_bf16: fp16 not timed (the spec is bf16)"]
+    cases, notes = backward_cases(ps, shapes=((1, 4, 512, 64), "2x4x256x128x64"), dtypes=("fp16",), causals=(True,))
+    assert list(cases) == [BackwardCase(1, 4, 512, 64, "fp16", True)]
+    assert notes == ["h100_bwd_d64: 2x4x256x128x64 skipped (the spec's head dim is 64, for q, k and v alike)",
+                     "h100_bwd_d128_bf16: not timed, it is bf16 (--dtype fp16)"]
+    case = BackwardCase(4, 16, 2048, 64, "fp16", True)
+    assert case.flops == 2.5 * 4 * 4 * 16 * 2048 * 2048 * 64 / 2 and case.label == "4x16x2048x64 fp16 causal"
+
+
+@pytest.mark.parametrize("args", [["h100_bwd_d64.yaml"], ["h100_mma_d64.yaml"],
+                                  ["--shapes", "1x4x512x64", "--causal", "yes", "h100_bwd_d64.yaml"]],
+                         ids=["backward", "forward", "backward-shapes"])
+def test_without_gpu_backward_exits_as_forward_does(args, monkeypatch):
+    """No GPU: exit 4 with the same one line for a backward spec as for a forward one (--shapes is
+    the backward bench's option too: it passes the option check)."""
+    def no_gpu():           # whatever this machine has: no GPU
+        raise NoGpuError("no CUDA GPU: torch sees none")
+    monkeypatch.setattr("attngen.runtime.gpu_modules", no_gpu)
+    code, out = bench(*args[:-1], SPECS / args[-1])
+    assert code == 4, out
+    assert out.startswith("attngen: ") and ("torch" in out or "GPU" in out)
