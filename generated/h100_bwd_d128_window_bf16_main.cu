@@ -328,6 +328,8 @@ struct ScoreMods {
     // and in `slope` the derivative of the logit it gives (score x scale_log2 / log2 e) by s, over
     // the plain softmax's (scale): the chain rule's factor on dS. Softcap's logit cap tanh(s scale /
     // cap) has derivative scale (1 - tanh^2); ALiBi's bias does not depend on s.
+    static constexpr bool kSlopesVary = false;   // else every chain-rule factor is 1
+
     __device__ __forceinline__ float apply_with_slope(float s, float base, int dk, float& slope) const {
         slope = 1.f;
         return s;
@@ -501,38 +503,63 @@ __device__ __forceinline__ void a_fragments(uint32_t (&a)[kChunkSteps][4], const
     }
 }
 
+// The score modifiers' chain-rule factors of a chunk (ScoreMods::apply_with_slope), as fp16 pairs:
+// eight registers where fp32 would take sixteen (d128 softcap has none to spare). Each factor is in
+// [0, 1] and multiplies dS, which the dK and dQ products round to the element type anyway. Where
+// every factor is 1 (ScoreMods::kSlopesVary false) nothing is stored.
+struct Slopes {
+    uint32_t pair[kChunkTiles][2];   // elements (0, 1) and (2, 3) of accumulator tile nt
+    __device__ __forceinline__ void set(int nt, int half, float a, float b) {
+        const __half2 h = __floats2half2_rn(a, b);
+        pair[nt][half] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    __device__ __forceinline__ float2 get(int nt, int half) const {
+        return __half22float2(*reinterpret_cast<const __half2*>(&pair[nt][half]));
+    }
+};
+
 // P^T in place of S^T: exp2(m(s) scale_log2 - LSE log2 e) per query column, m the score modifiers
-// (slope: their chain-rule factor, ScoreMods::apply_with_slope); keys the mask hides from a query
+// (slopes: their chain-rule factors); keys the mask hides from a query
 // (only looked at when the block straddles a bound: kMasked) become 0. Element e of an m16n8
 // accumulator sits at key row lane / 4 + 8 (e / 2), query column 2 (lane % 4) + e % 2 of the chunk,
 // whose first query is q0 and whose LSE starts at sLse.
 template <Mask kMask, bool kMasked>
-__device__ __forceinline__ void probabilities(float (&s)[kChunkTiles][4], float (&slope)[kChunkTiles][4],
-                                              const float* sLse, int key0, int q0, int lane, const ScoreMods& mods,
-                                              const Params& p) {
+__device__ __forceinline__ void probabilities(float (&s)[kChunkTiles][4], Slopes& slopes, const float* sLse, int key0,
+                                              int q0, int lane, const ScoreMods& mods, const Params& p) {
 #pragma unroll
-    for (int nt = 0; nt < kChunkTiles; ++nt)
+    for (int nt = 0; nt < kChunkTiles; ++nt) {
+        float slope[2];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int col = nt * 8 + 2 * (lane % 4) + e % 2;
             const int key = key0 + lane / 4 + 8 * (e / 2);
-            const float m = mods.apply_with_slope(s[nt][e], mods.row_base(q0 + col, key), 0, slope[nt][e]);
+            const float m = mods.apply_with_slope(s[nt][e], mods.row_base(q0 + col, key), 0, slope[e % 2]);
             float x = fmaf(m, p.scale_log2, -sLse[col]);
             if constexpr (kMasked) {
                 if (key >= key_end<kMask>(q0 + col, p) || key < key_begin<kMask>(q0 + col, p)) x = -INFINITY;
             }
             s[nt][e] = exp2f(x);
+            if constexpr (ScoreMods::kSlopesVary) {
+                if (e % 2) slopes.set(nt, e / 2, slope[0], slope[1]);
+            }
         }
+    }
 }
 
 // dS^T = P^T (dP^T - delta) x slope in place of dP^T.
 __device__ __forceinline__ void score_gradients(float (&dp)[kChunkTiles][4], const float (&pt)[kChunkTiles][4],
-                                                const float (&slope)[kChunkTiles][4], const float* sDelta, int lane) {
+                                                const Slopes& slopes, const float* sDelta, int lane) {
 #pragma unroll
     for (int nt = 0; nt < kChunkTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            dp[nt][e] = pt[nt][e] * (dp[nt][e] - sDelta[nt * 8 + 2 * (lane % 4) + e % 2]) * slope[nt][e];
+        for (int e = 0; e < 4; ++e) {
+            float slope = 1.f;
+            if constexpr (ScoreMods::kSlopesVary) {
+                const float2 pair = slopes.get(nt, e / 2);
+                slope = e % 2 ? pair.y : pair.x;
+            }
+            dp[nt][e] = pt[nt][e] * (dp[nt][e] - sDelta[nt * 8 + 2 * (lane % 4) + e % 2]) * slope;
+        }
 }
 
 // The warp's dS^T fragments of a chunk into the dS^T tile [key][query] from query column col0 (rows
@@ -694,17 +721,18 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
     // in registers.
 #pragma unroll 1
     for (int c0 = 0; c0 < kBlockM; c0 += kChunk) {
-        float s[kChunkTiles][4], slope[kChunkTiles][4];
+        float s[kChunkTiles][4];
+        Slopes slopes;
         rows_by_queries(s, sK, key_row0, sQ, c0, ln);
-        if (masked) probabilities<kMask, true>(s, slope, sLse + c0, n0 + key_row0, m0 + c0, lane, mods, p);
-        else probabilities<kMask, false>(s, slope, sLse + c0, n0 + key_row0, m0 + c0, lane, mods, p);
+        if (masked) probabilities<kMask, true>(s, slopes, sLse + c0, n0 + key_row0, m0 + c0, lane, mods, p);
+        else probabilities<kMask, false>(s, slopes, sLse + c0, n0 + key_row0, m0 + c0, lane, mods, p);
         uint32_t a[kChunkSteps][4];
         a_fragments(a, s);
         add_fragments_by_tile(dv, a, sDO, c0, ln);
 
         float ds[kChunkTiles][4];
         rows_by_queries(ds, sV, key_row0, sDO, c0, ln);
-        score_gradients(ds, s, slope, sDelta + c0, lane);
+        score_gradients(ds, s, slopes, sDelta + c0, lane);
         a_fragments(a, ds);
         add_fragments_by_tile(dk, a, sQ, c0, ln);
         store_ds(smem + kSmem_ds, a, key_row0, c0, lane);
