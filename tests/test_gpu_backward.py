@@ -443,3 +443,30 @@ def test_bench_times_a_backward_spec(tmp_path):
     entries = bench_entries([("bwd.json", report)])
     assert {(e.call, e.mask, e.spec) for e in entries} == {("backward", "none", "h100_bwd_d64"),
                                                             ("backward", "causal", "h100_bwd_d64")}
+
+
+def test_repeated_backward_calls_take_the_prepared_path():
+    """A second call of one shape goes through the prepared call (its Params laid out once) and
+    gives what the full path gives on the same tensors; a misaligned pointer still takes the full
+    path, which refuses it."""
+    import torch
+    bwd = attngen.load(ROOT / "specs" / "h100_bwd_d64.yaml", synchronize=True)
+    gen = torch.Generator(device="cuda").manual_seed(31)
+
+    def inputs():
+        q, k, v, do = (torch.randn(2, 4, 300, 64, generator=gen, device="cuda").half() for _ in range(4))
+        o, lse = attngen.attention(q, k, v, causal=True, return_lse=True)
+        return q, k, v, o, lse, do
+    bwd._prepared.clear()
+    bwd(*inputs(), causal=True, deterministic=True)
+    assert len(bwd._prepared) == 1
+    args = inputs()
+    fast = bwd(*args, causal=True, deterministic=True)
+    full = bwd(*args, causal=True, deterministic=True, dq=torch.empty_like(args[0]), dk=torch.empty_like(args[1]),
+               dv=torch.empty_like(args[2]))
+    assert len(bwd._prepared) == 1 and all(torch.equal(a, b) for a, b in zip(fast, full))
+    q = args[0]
+    shifted = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)[1:1 + q.numel()].view(q.shape)
+    shifted.copy_(q)
+    with pytest.raises(ValueError, match="16-byte"):
+        bwd(shifted, *args[1:], causal=True, deterministic=True)

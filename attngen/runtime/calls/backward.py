@@ -11,9 +11,9 @@ from ...core.backward_plan import deterministic_key, query_blocks, row_grid
 from ...core.forward_plan import LOG2E
 from ...core.varlen_plan import is_varlen, mask_of, varlen_key
 from ..gpu import error_word
-from ..kernel import MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Kernel, Prepared
+from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Kernel, Prepared
 from . import forward
-from .forward import bhsd_strides, mask_fields
+from .forward import bhsd_strides, call_key, mask_fields, variant_key
 from .varlen import _ORDERS, _offsets_on_host, check_sequences
 
 GRADIENTS = ("dout", "dq", "dk", "dv")
@@ -65,6 +65,22 @@ class BackwardKernel(Kernel):
         (docs/performance.md, "Backward").
         dq, dk, dv: tensors shaped like q, k and v to write the gradients into (default: new ones).
         """
+        key = None
+        if dq is None and dk is None and dv is None:
+            # A call seen before (every training step of a model): its checks passed and its Params
+            # are laid out; only the pointers are new.
+            try:
+                key = (call_key(q, k, v, causal, alignment, scale, deterministic, layout,
+                                variant_key(window, softcap, alibi_slopes)),
+                       out.shape, out.stride(), out.dtype, out.get_device(), dout.shape, dout.stride(), dout.dtype,
+                       dout.get_device(), lse.shape, lse.stride(), lse.dtype, lse.get_device())
+                prepared = self._prepared.get(key)
+            except (AttributeError, TypeError):
+                key = prepared = None
+            if prepared is not None:
+                result = self._run_prepared(prepared, q, k, v, out, lse, dout)
+                if result is not None:
+                    return result
         index, qs, ks, vs = self._padded_inputs(layout, ("q", "k", "v"), q, k, v)
         bhsd = layout == "bhsd"
         batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
@@ -93,10 +109,9 @@ class BackwardKernel(Kernel):
             for g in (dq, dk, dv):
                 g.zero_()
             return dq, dk, dv
-        dq_accum = torch.empty((batch, heads, seqlen_q, self.plan.head_dim), dtype=self._fp32, device=q.device)
-        delta = torch.empty((batch, heads, seqlen_q), dtype=self._fp32, device=q.device)
-        turns = (torch.zeros((batch, heads, query_blocks(seqlen_q, self.plan.block_m)), dtype=torch.int32,
-                             device=q.device) if deterministic else None)
+        scratch = ((batch, heads, seqlen_q, self.plan.head_dim), (batch, heads, seqlen_q),
+                   (batch, heads, query_blocks(seqlen_q, self.plan.block_m)) if deterministic else None)
+        dq_accum, delta, turns = self._scratch(q, scratch)
         info = self._device(index)
         plan = self.plan
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
@@ -114,8 +129,30 @@ class BackwardKernel(Kernel):
         launches = self._launches(info, (self._functions["preprocess"]["preprocess"], rows),
                                   (self.entry[deterministic_key(mask) if deterministic else mask], main),
                                   (self._functions["convert"]["convert"], rows))
-        prepared = Prepared(info, launches, self._packer.pack(row), self._pointers)
+        prepared = Prepared(info, launches, self._packer.pack(row), self._pointers, scratch)
+        self._remember(key, prepared)
         self._run(prepared, pointers)
+        return dq, dk, dv
+
+    def _scratch(self, q, shapes):
+        """The fp32 dQ accumulator and delta (zeroed and written by the preprocess kernel), and in
+        deterministic mode the turn counters (zeroed here)."""
+        torch = self._torch
+        accum, delta, turns = shapes
+        return (torch.empty(accum, dtype=self._fp32, device=q.device), torch.empty(delta, dtype=self._fp32, device=q.device),
+                None if turns is None else torch.zeros(turns, dtype=torch.int32, device=q.device))
+
+    def _run_prepared(self, prepared, q, k, v, out, lse, dout):
+        """A prepared call on new tensors of its shapes: new gradients and scratch, the pointers
+        patched in; None when a 16-byte row pointer is not aligned (the full path says why)."""
+        qp, kp, vp, op, dp = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr()
+        if (qp | kp | vp | op | dp) % LOAD_BYTES:
+            return None
+        torch = self._torch
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq_accum, delta, turns = self._scratch(q, prepared.extra)
+        self._run(prepared, (qp, kp, vp, op, lse.data_ptr(), dp, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                             dq_accum.data_ptr(), delta.data_ptr(), 0 if turns is None else turns.data_ptr()))
         return dq, dk, dv
 
     def varlen(self, q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
