@@ -503,18 +503,38 @@ __device__ __forceinline__ void a_fragments(uint32_t (&a)[kChunkSteps][4], const
     }
 }
 
-// The score modifiers' chain-rule factors of a chunk (ScoreMods::apply_with_slope), as fp16 pairs:
-// eight registers where fp32 would take sixteen (d128 softcap has none to spare). Each factor is in
-// [0, 1] and multiplies dS, which the dK and dQ products round to the element type anyway. Where
-// every factor is 1 (ScoreMods::kSlopesVary false) nothing is stored.
+constexpr bool kSlopePairs = true;   // chain-rule factors held as fp16 pairs
+
+// The score modifiers' chain-rule factors of a chunk (ScoreMods::apply_with_slope). With
+// kSlopePairs, as fp16 pairs: eight registers where fp32 takes sixteen (d128 softcap has none to
+// spare; at d64 the conversions cost 2 % and fp32 fits). Each factor is in [0, 1] and multiplies dS,
+// which the dK and dQ products round to the element type anyway. Where every factor is 1
+// (ScoreMods::kSlopesVary false) nothing is stored.
 struct Slopes {
-    uint32_t pair[kChunkTiles][2];   // elements (0, 1) and (2, 3) of accumulator tile nt
-    __device__ __forceinline__ void set(int nt, int half, float a, float b) {
-        const __half2 h = __floats2half2_rn(a, b);
-        pair[nt][half] = *reinterpret_cast<const uint32_t*>(&h);
+    uint32_t pair[kChunkTiles][2];   // kSlopePairs: elements (0, 1) and (2, 3) of accumulator tile nt
+    float full[kChunkTiles][4];      // otherwise: element e of tile nt
+    float staged[2];                 // kSlopePairs: the pair being filled
+    // Where apply_with_slope writes the factor of element e of tile nt.
+    __device__ __forceinline__ float& slot(int nt, int e) {
+        if constexpr (kSlopePairs) return staged[e % 2];
+        else return full[nt][e];
     }
-    __device__ __forceinline__ float2 get(int nt, int half) const {
-        return __half22float2(*reinterpret_cast<const __half2*>(&pair[nt][half]));
+    // After slot(nt, e) is written: a filled pair is packed.
+    __device__ __forceinline__ void written(int nt, int e) {
+        if constexpr (kSlopePairs) {
+            if (e % 2) {
+                const __half2 h = __floats2half2_rn(staged[0], staged[1]);
+                pair[nt][e / 2] = *reinterpret_cast<const uint32_t*>(&h);
+            }
+        }
+    }
+    __device__ __forceinline__ float get(int nt, int e) const {
+        if constexpr (kSlopePairs) {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&pair[nt][e / 2]));
+            return e % 2 ? f.y : f.x;
+        } else {
+            return full[nt][e];
+        }
     }
 };
 
@@ -527,23 +547,19 @@ template <Mask kMask, bool kMasked>
 __device__ __forceinline__ void probabilities(float (&s)[kChunkTiles][4], Slopes& slopes, const float* sLse, int key0,
                                               int q0, int lane, const ScoreMods& mods, const Params& p) {
 #pragma unroll
-    for (int nt = 0; nt < kChunkTiles; ++nt) {
-        float slope[2];
+    for (int nt = 0; nt < kChunkTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int col = nt * 8 + 2 * (lane % 4) + e % 2;
             const int key = key0 + lane / 4 + 8 * (e / 2);
-            const float m = mods.apply_with_slope(s[nt][e], mods.row_base(q0 + col, key), 0, slope[e % 2]);
+            const float m = mods.apply_with_slope(s[nt][e], mods.row_base(q0 + col, key), 0, slopes.slot(nt, e));
             float x = fmaf(m, p.scale_log2, -sLse[col]);
             if constexpr (kMasked) {
                 if (key >= key_end<kMask>(q0 + col, p) || key < key_begin<kMask>(q0 + col, p)) x = -INFINITY;
             }
             s[nt][e] = exp2f(x);
-            if constexpr (ScoreMods::kSlopesVary) {
-                if (e % 2) slopes.set(nt, e / 2, slope[0], slope[1]);
-            }
+            if constexpr (ScoreMods::kSlopesVary) slopes.written(nt, e);
         }
-    }
 }
 
 // dS^T = P^T (dP^T - delta) x slope in place of dP^T.
@@ -554,10 +570,7 @@ __device__ __forceinline__ void score_gradients(float (&dp)[kChunkTiles][4], con
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float slope = 1.f;
-            if constexpr (ScoreMods::kSlopesVary) {
-                const float2 pair = slopes.get(nt, e / 2);
-                slope = e % 2 ? pair.y : pair.x;
-            }
+            if constexpr (ScoreMods::kSlopesVary) slope = slopes.get(nt, e);
             dp[nt][e] = pt[nt][e] * (dp[nt][e] - sDelta[nt * 8 + 2 * (lane % 4) + e % 2]) * slope;
         }
 }

@@ -28,6 +28,8 @@ from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_head_
 NAME = "bwd_mma"
 TITLE = "mma.sync m16n8k16 attention backward (dQ by fp32 atomics)"
 SELECTOR = ("backward", "dq_atomic")
+SLOPE_PAIRS_FROM = 128      # head dims whose dK and dV leave no registers for fp32 chain-rule factors (d128
+                            # softcap spills on sm_89 with them); below, fp32 factors are 2 % faster (H200)
 QUERY_CHUNKS = (32, 64)     # queries whose S^T and dP^T a warp holds at once (chunk / 2 fp32 registers each)
 HEAD_DIMS = (32, 64, 128)   # dK and dV of 16 keys take head_dim fp32 registers per thread; the row kernels
                             # give each row head_dim / 8 lanes of one warp (a power of two)
@@ -141,6 +143,7 @@ class BackwardFragments:
     ds_pitch: int           # bytes per row of the dS^T tile (block_m elements + 16: conflict-free ldmatrix)
     accumulators: int       # fp32 dK + dV + S^T + dP^T registers per thread
     row_block: int          # query rows per preprocess / convert block
+    slope_pairs: bool       # softcap's chain-rule factors held as fp16 pairs (SLOPE_PAIRS_FROM)
 
 
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:
@@ -151,7 +154,7 @@ def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments
                              k_steps_n=spec.tile.block_n // 16, dq_row_warps=rows, dq_m_tiles=bm // 16 // rows,
                              dq_d_pairs=d // 16 // cols, query_stages=spec.query_stages,
                              ds_pitch=bm * spec.elem_bytes + 16, accumulators=d + 2 * chunk // 4,
-                             row_block=rows_per_row_block(d))
+                             row_block=rows_per_row_block(d), slope_pairs=d >= SLOPE_PAIRS_FROM)
 
 
 def backward_regions(spec: BackwardSpec) -> list[Region]:
