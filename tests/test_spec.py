@@ -52,6 +52,11 @@ DECODE = {
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 3, "async_copy": True, "opt_in": True},
 }
 
+BACKWARD_WGMMA = {
+    "schema": 1, "name": "t_backward_wgmma", "target": "h100", "head_dim": 128, "backward": "dq_bulk_reduce",
+    "tile": {"block_m": 64, "block_n": 128}, "warps": {"compute": 8},
+    "smem": {"swizzle": {"xor_bits": 3}, "async_copy": True, "opt_in": True},
+}
 BACKWARD = {
     "schema": 1, "name": "t_backward", "target": "h100", "head_dim": 128, "backward": "dq_atomic",
     "tile": {"block_m": 64, "block_n": 64}, "warps": {"compute": 4},
@@ -159,6 +164,11 @@ RULE_CASES = [
     ("rule_backward_varlen_plain", BACKWARD, {"varlen": True, "scores": ["softcap"]}, "varlen",
      "masks none and causal, without score modifiers"),
     ("rule_backward_one_stage", BACKWARD, {"smem__stages": 2}, "smem.stages", "set smem.stages: 1"),
+    ("rule_backward_warpgroups", BACKWARD_WGMMA, {"tile__block_m": 128}, "tile.block_m", "one m64 wgmma per warpgroup"),
+    ("rule_backward_head_dim", BACKWARD_WGMMA, {"head_dim": 64}, "smem.swizzle", "{xor_bits: 2, row_shift: 1}"),
+    ("rule_backward_plain", BACKWARD_WGMMA, {"scores": ["alibi"]}, "scores", "remove scores and variant"),
+    ("rule_backward_copies", BACKWARD_WGMMA, {"smem__stages": 2}, "smem", "double-buffers Q and dO itself"),
+    ("rule_backward_opt_in", BACKWARD_WGMMA, {"smem__opt_in": False}, "smem.opt_in", "set smem.opt_in: true"),
     ("rule_homogeneous", DECODE, {"warps": {"producer": 1, "consumer": 4}}, "warps", "use warps: {compute: N}"),
     ("rule_head_dim", DECODE, {"head_dim": 72}, "head_dim", "multiple of 16 (k16 steps of Q.K^T)"),
     ("rule_rows", DECODE, {"tile__block_m": 24}, "tile.block_m", "16-row fragments, at most 64"),

@@ -95,6 +95,14 @@ def query_blocks(seqlen_q: int, block_m: int) -> int:
     return -(-seqlen_q // block_m)
 
 
-def row_grid(head_dim: int, batch: int, heads: int, seqlen_q: int) -> tuple[int, int, int]:
-    """The grid of the preprocess and convert kernels: (row blocks, heads, batch)."""
-    return (-(-seqlen_q // rows_per_row_block(head_dim)), heads, batch)
+def accum_rows(plan, seqlen_q: int) -> int:
+    """Rows of the fp32 dQ accumulator per (batch, head): seqlen_q, rounded up to whole query blocks
+    where the kind's main kernel adds whole blocks (fragments.accum_row_block)."""
+    block = plan.fragments.accum_row_block
+    return -(-seqlen_q // block) * block
+
+
+def row_grid(head_dim: int, batch: int, heads: int, rows: int) -> tuple[int, int, int]:
+    """The grid of the preprocess and convert kernels over `rows` rows per (batch, head) (the
+    accumulator's, which cover seqlen_q): (row blocks, heads, batch)."""
+    return (-(-rows // rows_per_row_block(head_dim)), heads, batch)

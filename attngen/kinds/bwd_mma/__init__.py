@@ -144,6 +144,8 @@ class BackwardFragments:
     accumulators: int       # fp32 dK + dV + S^T + dP^T registers per thread
     row_block: int          # query rows per preprocess / convert block
     slope_pairs: bool       # softcap's chain-rule factors held as fp16 pairs (SLOPE_PAIRS_FROM)
+    accum_row_block: int = 1      # the dQ accumulator holds each head's seqlen_q rows, in order
+    accum_fragment_cols: int = 0  # ... each row's columns in order
 
 
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:
@@ -191,9 +193,9 @@ def parts(spec: BackwardSpec, abi) -> tuple[Part, ...]:
                 reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
     row = dict(static_smem=0, threads=ROW_THREADS)
     return (main,
-            Part("preprocess", "preprocess.cu.j2", f"{spec.name}_preprocess.cu",
+            Part("preprocess", "lib/backward_preprocess.cu.j2", f"{spec.name}_preprocess.cu",
                  (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS, **row),
-            Part("convert", "convert.cu.j2", f"{spec.name}_convert.cu",
+            Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu",
                  (("convert", function_name(spec, "convert")),), reads=CONVERT_READS, **row))
 
 

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from ...core.abi import blob
 from ...core.forward_plan import (ELEMENT_TYPES, ForwardPlan, Part, forward_functions, launch_min_blocks, plan_abi,
                                   spec_variants)
-from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region,
+from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
 from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
+from ...core.wgmma import swizzled_tile
 from ...targets import TARGETS
-from .spec import (ROWS_PER_WARPGROUP, TILE_ALIGN, TITLE, WARPGROUP, PanelSwizzle, WgmmaSpec, panel_swizzle, tile_dim,
+from .spec import (ROWS_PER_WARPGROUP, TITLE, WARPGROUP, WgmmaSpec, panel_swizzle, tile_dim,
                    tile_dim_v)
 
 
@@ -48,15 +49,6 @@ class WgmmaFragments:
     separate_kv_barriers: bool  # K and V of a stage handed over on separate mbarriers (the overlapped schedule)
     issuer_thread: int      # the thread that issues every TMA copy
     epilogue: str           # registers, shared or tma (spec.epilogue)
-
-
-def swizzled_tile(name: str, rows: int, cols: int, panel: PanelSwizzle, ctype: str, per: str) -> Region:
-    """A tile as TMA writes it with the panel's swizzle: [cols / panel cols][rows][panel cols]."""
-    panels = cols // panel.cols
-    pattern = f"(row >> {panel.row_shift})" if panel.row_shift else "row"
-    return Region(name, panels * rows, panel.cols, ctype, 2, panel.row_bytes,
-                  swizzle=f"{panel.tma_name}: chunk ^= {pattern} % {panel.row_bytes // 16}",
-                  per=f"{per}; {panels} panel(s) of {rows} rows x {panel.cols}", align=TILE_ALIGN)
 
 
 def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_bytes: int, issuer: str,

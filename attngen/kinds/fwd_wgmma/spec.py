@@ -1,22 +1,20 @@
 """fwd_wgmma's spec model and its rules: warpgroups, 128-byte panels, the register split, schedules."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.spec_keys import (ForwardSpec, Strict, XorSwizzle, refuse, round_up, rule_head_dim_vector_loads,
+from ...core.spec_keys import (ForwardSpec, Strict, refuse, round_up, rule_head_dim_vector_loads,
                                rule_no_varlen, rule_threads)
+from ...core.wgmma import (ROWS_PER_WARPGROUP, TILE_ALIGN, WARPGROUP, PanelSwizzle,  # noqa: F401 (plan and space take them from here)
+                           panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a)
 from ...targets import TARGETS
 
 
 NAME = "fwd_wgmma"
 TITLE = "wgmma + TMA attention forward (sm_90a)"
 FRAGMENT = "wgmma_m64nNk16"
-WARPGROUP = 4              # warps
-ROWS_PER_WARPGROUP = 64    # the M of every wgmma
-TILE_ALIGN = 1024          # the widest (128-byte) swizzle pattern repeats every 8 rows = 1024 B, on absolute addresses
 MAX_N = 256                # wgmma N
 ACCUMULATOR_MARGIN = 48    # registers a consumer thread needs beside its S and O accumulators (addresses, softmax)
 
@@ -26,42 +24,6 @@ class Registers(Strict):
 
     producer: int = Field(ge=24, le=256, description="registers per producer thread (setmaxnreg.dec)")
     consumer: int = Field(ge=24, le=256, description="registers per consumer thread (setmaxnreg.inc)")
-
-
-def rule_target_has_sm90a(s):
-    if TARGETS[s.target].arch != "sm_90":
-        return "target", (f"wgmma and setmaxnreg need an sm_90a GPU; target {s.target} is "
-                          f"{TARGETS[s.target].arch}: use target h100 or h200, or a fragment the target runs")
-
-
-# The swizzles TMA writes and wgmma reads, by the bytes of one swizzled row: the spec's XOR swizzle
-# (chunk ^= (row >> row_shift) % 2**xor_bits) that each one is, and its descriptor and tensor-map
-# names. A tile is stored in panels of one such row's width (64, 32 or 16 16-bit elements).
-@dataclass(frozen=True)
-class PanelSwizzle:
-    row_bytes: int          # bytes of one swizzled panel row
-    xor_bits: int
-    row_shift: int
-    descriptor_mode: int    # bits 62-63 of a wgmma shared-memory descriptor
-    tma_name: str           # CUtensorMapSwizzle
-
-    @property
-    def cols(self) -> int:
-        return self.row_bytes // 2
-
-    def describe(self) -> str:
-        return f"{{xor_bits: {self.xor_bits}" + (f", row_shift: {self.row_shift}" if self.row_shift else "") + "}"
-
-
-PANEL_SWIZZLES = (PanelSwizzle(128, 3, 0, 1, "128B"), PanelSwizzle(64, 2, 1, 2, "64B"), PanelSwizzle(32, 1, 2, 3, "32B"))
-
-
-def panel_swizzle(s) -> PanelSwizzle | None:
-    """The panel swizzle the spec's smem.swizzle names, or None."""
-    sw = s.smem.swizzle
-    if isinstance(sw, XorSwizzle):
-        return next((p for p in PANEL_SWIZZLES if (p.xor_bits, p.row_shift) == (sw.xor_bits, sw.row_shift)), None)
-    return None
 
 
 def tile_dim(s) -> int:
@@ -74,20 +36,6 @@ def tile_dim(s) -> int:
 def tile_dim_v(s) -> int:
     """Columns of the V tiles and of O: head_dim_v (or head_dim) rounded up to whole panels."""
     return round_up(s.v_dim, panel_swizzle(s).cols)
-
-
-def widest_panels(head_dim: int) -> PanelSwizzle:
-    """The widest panel swizzle whose rows tile head_dim without padding (the narrowest when none does)."""
-    return next((p for p in PANEL_SWIZZLES if head_dim % p.cols == 0), PANEL_SWIZZLES[-1])
-
-
-def rule_swizzle_panels(s):
-    if panel_swizzle(s) is None:
-        best = widest_panels(s.head_dim)
-        return "smem.swizzle", ("TMA and wgmma read 128-, 64- or 32-byte swizzled panels: set swizzle: "
-                                + ", ".join(p.describe() for p in PANEL_SWIZZLES)
-                                + f" (panels of 64, 32 or 16 columns; head_dim {s.head_dim} takes {best.describe()} "
-                                  "without padding)")
 
 
 def rule_warpgroups(s):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 
-from ...core.backward_plan import deterministic_key, query_blocks, row_grid
+from ...core.backward_plan import accum_rows, deterministic_key, query_blocks, row_grid
 from ...core.forward_plan import LOG2E
 from ...core.varlen_plan import is_varlen, mask_of, varlen_key
 from ..gpu import error_word
@@ -109,7 +109,8 @@ class BackwardKernel(Kernel):
             for g in (dq, dk, dv):
                 g.zero_()
             return dq, dk, dv
-        scratch = ((batch, heads, seqlen_q, self.plan.head_dim), (batch, heads, seqlen_q),
+        rows = accum_rows(self.plan, seqlen_q)
+        scratch = ((batch, heads, rows, self.plan.head_dim), (batch, heads, seqlen_q),
                    (batch, heads, query_blocks(seqlen_q, self.plan.block_m)) if deterministic else None)
         dq_accum, delta, turns = self._scratch(q, scratch)
         info = self._device(index)
@@ -124,7 +125,7 @@ class BackwardKernel(Kernel):
                *bhsd_strides(dk.stride(), layout), *bhsd_strides(dv.stride(), layout), *pointers[9:11], scale,
                pointers[11]]
         row += [values.get(f.name, f.default) for f in self._mask_fields]
-        rows = row_grid(plan.head_dim, batch, heads, seqlen_q)
+        rows = row_grid(plan.head_dim, batch, heads, rows)
         main = (-(-seqlen_k // plan.block_n), kv_heads, batch)
         launches = self._launches(info, (self._functions["preprocess"]["preprocess"], rows),
                                   (self.entry[deterministic_key(mask) if deterministic else mask], main),

@@ -1,0 +1,256 @@
+"""bwd_wgmma: the attention backward on Hopper's warpgroup MMA (sm_90a). A bundle of three kernels over
+one Params (attngen/core/backward_plan.py), as bwd_mma's:
+
+- main: block (key block, KV head, batch), one warpgroup per 64 keys of the block. K and V of the
+  block's keys sit in swizzled panels (cp.async); each warpgroup keeps dK and dV of its keys in wgmma
+  accumulators. It walks the query blocks of 64 rows that see its keys (for every query head of its
+  KV head), their Q and dO double-buffered: S^T = K Q^T and dP^T = V dO^T (wgmma SS),
+  P^T = exp2(S^T scale log2 e - LSE log2 e) and dS^T = P^T (dP^T - delta) in registers,
+  dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments (wgmma RS, Q and dO MN-major).
+  dS^T goes to shared memory; warpgroup w computes dQ's columns [w d / W, (w + 1) d / W) = dS K over
+  all the block's keys (both operands MN-major) and adds them into the fp32 accumulator with one bulk
+  reduce-add (cp.reduce.async.bulk) of its registers, staged in register order: the accumulator keeps
+  each 64-row query block in that order, and the convert kernel reads it so.
+- preprocess: delta = rowsum(dO * O), zeros in the accumulator (whole query blocks);
+- convert: dQ = scale * accumulator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pydantic import Field
+
+from ...core.backward_plan import (BACKWARD_ABI_FIELDS, CONVERT_READS, MAIN_UNREAD, PREPROCESS_READS, ROW_THREADS,
+                                   BackwardPlan, deterministic_key, rows_per_row_block)
+from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, function_name,
+                                  plan_abi, spec_variants)
+from ...core.kind import Kind
+from ...core.layout import Budget, Region, Swizzle, TileCopy, check_budget, layout_regions
+from ...core.spec_keys import ForwardSpec, HomogeneousWarps, refuse, rule_head_dim_vector_loads, rule_no_varlen
+from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
+                           swizzled_tile)
+from ...targets import TARGETS
+
+NAME = "bwd_wgmma"
+TITLE = "wgmma attention backward (sm_90a; dQ by bulk reduce-add)"
+SELECTOR = ("backward", "dq_bulk_reduce")
+KEYS_PER_WARPGROUP = 64     # the M of S^T, dP^T, dK and dV
+MAX_WARPGROUPS = 2          # dK and dV of 64 keys take head_dim fp32 registers per thread: two warpgroups
+                            # of 128 threads get at most 255 each
+HEAD_DIMS = (64, 128)
+QUERY_STAGES = 2            # Q and dO of the step computing and of the next, loading
+REGISTER_MARGIN = 40        # registers a thread needs beside its accumulators and fragments (addresses, stats)
+
+
+class WgmmaBackwardSpec(ForwardSpec):
+    backward: Literal["dq_bulk_reduce"] = Field(description=(
+        "dq_bulk_reduce: Hopper warpgroup MMA (mma: wgmma_m64nNk16) from swizzled shared memory; blocks over keys "
+        "hold dK and dV and add dQ into an fp32 buffer with one bulk reduce-add per warpgroup and query block "
+        "(picks the backward kind)"))
+    mma: Literal["wgmma_m64nNk16"] = Field(default="wgmma_m64nNk16", description="the fragment of every GEMM")
+    row_unit = ROWS_PER_WARPGROUP
+    row_unit_what = "query rows (the M of dQ's wgmma)"
+    key_unit = KEYS_PER_WARPGROUP
+    key_unit_why = "64 keys per warpgroup"
+    masks_taken = ("none", "causal", "window")
+    takes_scores = False
+
+    def swizzled_row_chunks(self) -> int:
+        panel = panel_swizzle(self)
+        return panel.row_bytes // 16 if panel else super().swizzled_row_chunks()
+
+    def register_need(self):
+        return (register_need(self), f"a thread's dK, dV, S^T and dP^T accumulators, P^T and dS^T fragments + "
+                                     f"{REGISTER_MARGIN}")
+
+
+def register_need(s) -> int:
+    d, bm = s.head_dim, s.tile.block_m
+    return d + 2 * (bm // 2) + 2 * (bm // 4) + REGISTER_MARGIN
+
+
+def rule_backward_warpgroups(s):
+    if not isinstance(s.warps, HomogeneousWarps):
+        return "warps", "the backward's warpgroups all copy and compute; use warps: {compute: 8}"
+    if s.compute_warps % WARPGROUP or not 1 <= s.compute_warps // WARPGROUP <= MAX_WARPGROUPS:
+        return "warps.compute", (f"one warpgroup (4 warps) per 64 keys, at most {MAX_WARPGROUPS}: use 4 or 8 "
+                                 f"(got {s.compute_warps})")
+    if s.tile.block_n != KEYS_PER_WARPGROUP * (s.compute_warps // WARPGROUP):
+        return "tile.block_n", (f"must be 64 x warpgroups = {KEYS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)}: "
+                                f"each warpgroup owns 64 keys of the block (got {s.tile.block_n})")
+    if s.tile.block_m != ROWS_PER_WARPGROUP:
+        return "tile.block_m", (f"must be {ROWS_PER_WARPGROUP}: dQ of a query block is one m64 wgmma per "
+                                f"warpgroup (got {s.tile.block_m})")
+
+
+def rule_backward_head_dim(s):
+    if s.head_dim not in HEAD_DIMS:
+        return "head_dim", (f"this backward is generated for head_dim {', '.join(map(str, HEAD_DIMS))} "
+                            f"(got {s.head_dim})")
+    if s.head_dim_v not in (None, s.head_dim):
+        return "head_dim_v", f"the backward kernels take V of q's head dim; remove head_dim_v (got {s.head_dim_v})"
+    panel = panel_swizzle(s)
+    warpgroups = max(s.compute_warps // WARPGROUP, 1)
+    if panel and (s.head_dim // warpgroups) % panel.cols:
+        return "smem.swizzle", (f"each of the {warpgroups} warpgroups computes {s.head_dim // warpgroups} columns of "
+                                f"dQ, which must be whole {panel.cols}-column panels (wgmma reads MN-major operands "
+                                "by whole panels): use {xor_bits: 2, row_shift: 1} (32-column panels)")
+
+
+rule_backward_plain = refuse(
+    "scores", lambda s: bool(s.scores) or s.variant is not None,
+    lambda s: "this backward takes masks none, causal and window so far; remove scores and variant",
+    "rule_backward_plain")
+rule_backward_copies = refuse(
+    "smem", lambda s: not s.smem.async_copy or s.smem.stages != 1 or s.smem.q_in_registers,
+    lambda s: "this backward copies with cp.async and double-buffers Q and dO itself: set async_copy: true "
+              "and leave stages and q_in_registers unset", "rule_backward_copies")
+rule_backward_opt_in = refuse(
+    "smem.opt_in", lambda s: not s.smem.opt_in,
+    lambda s: "the K, V, Q, dO and dS^T panels and the dQ staging take more than 48 KiB: set smem.opt_in: true",
+    "rule_backward_opt_in")
+
+WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
+                           rule_backward_warpgroups, rule_backward_head_dim, rule_backward_plain,
+                           rule_backward_copies, rule_backward_opt_in, rule_no_varlen)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WgmmaBackwardFragments:
+    warpgroups: int         # consumer warpgroups, 64 keys each
+    s_regs: int             # S^T (and dP^T) accumulators per thread: 64 keys x block_m queries
+    d_regs: int             # dK (and dV) accumulators per thread: 64 keys x head_dim
+    dq_cols: int            # dQ columns per warpgroup (whole panels)
+    dq_regs: int            # dQ accumulators per thread
+    k_steps_d: int          # k16 steps over head_dim (S^T, dP^T)
+    k_steps_m: int          # k16 steps over the query block (dK, dV)
+    k_steps_n: int          # k16 steps over the key block (dQ)
+    query_stage_bytes: int  # from stage 0's Q (dO) tile to stage 1's
+    panel_cols: int         # elements of one swizzled panel row
+    panel_row_bytes: int    # its bytes: the swizzle's span
+    panel_row_shift: int    # rows sharing one XOR pattern: 2^shift
+    descriptor_mode: int    # the swizzle in bits 62-63 of a wgmma descriptor
+    row_block: int          # query rows per preprocess / convert block
+    accum_row_block: int    # the accumulator holds whole query blocks of each head
+    accum_fragment_cols: int  # ... each in register order, dq_cols per warpgroup
+
+
+def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardFragments:
+    d, bm, bn = spec.head_dim, spec.tile.block_m, spec.tile.block_n
+    panel = panel_swizzle(spec)
+    w = spec.compute_warps // WARPGROUP
+    return WgmmaBackwardFragments(
+        warpgroups=w, s_regs=bm // 2, d_regs=d // 2, dq_cols=d // w, dq_regs=d // w // 2, k_steps_d=d // 16,
+        k_steps_m=bm // 16, k_steps_n=bn // 16, query_stage_bytes=query_stage_bytes, panel_cols=panel.cols,
+        panel_row_bytes=panel.row_bytes, panel_row_shift=panel.row_shift, descriptor_mode=panel.descriptor_mode,
+        row_block=rows_per_row_block(d), accum_row_block=bm, accum_fragment_cols=d // w)
+
+
+def regions(spec: WgmmaBackwardSpec) -> list[Region]:
+    """Q and dO of QUERY_STAGES query blocks, K and V of the block's keys, dS^T (all swizzled panels,
+    as TMA would write them), each warpgroup's dQ staging (fp32, register order) and two steps' row
+    statistics."""
+    ctype = ELEMENT_TYPES[spec.dtype][0]
+    panel = panel_swizzle(spec)
+    d, bm, bn = spec.head_dim, spec.tile.block_m, spec.tile.block_n
+    w = spec.compute_warps // WARPGROUP
+    stages = [swizzled_tile(f"{name}{s or ''}", bm, d, panel, ctype, f"{what} tile of a query block (stage {s})")
+              for s in range(QUERY_STAGES) for name, what in (("q", "Q"), ("do", "dO"))]
+    return [*stages,
+            swizzled_tile("k0", bn, d, panel, ctype, "K tile of the block's keys, loaded once"),
+            swizzled_tile("v0", bn, d, panel, ctype, "V tile of the block's keys, loaded once"),
+            swizzled_tile("ds", bn, bm, panel, ctype, "dS^T of the block's keys x the query block, for dQ"),
+            Region("dq", w * bm, d // w, "float", 4, d // w * 4, per="each warpgroup's dQ columns of the query block "
+                   "in register order, for the bulk reduce-add"),
+            Region("stats", 2, 2 * bm, "float", 4, 2 * bm * 4, per="per stage: the query block's LSE x log2(e) "
+                   "(+inf: a row that adds nothing), then its rowsum(dO * O)")]
+
+
+def parts(spec: WgmmaBackwardSpec, abi) -> tuple[Part, ...]:
+    """main (one function per mask, then a deterministic one of each), then the shared row kernels."""
+    keys = [key for key, _ in forward_functions(spec)]
+    keys += [deterministic_key(key) for key in keys]
+    main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
+                reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
+    row = dict(static_smem=0, threads=ROW_THREADS)
+    return (main,
+            Part("preprocess", "lib/backward_preprocess.cu.j2", f"{spec.name}_preprocess.cu",
+                 (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS, **row),
+            Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu",
+                 (("convert", function_name(spec, "convert")),), reads=CONVERT_READS, **row))
+
+
+def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
+    target = TARGETS[spec.target]
+    ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
+    d, bm, bn = spec.head_dim, spec.tile.block_m, spec.tile.block_n
+    panel = panel_swizzle(spec)
+    laid = layout_regions(regions(spec))
+    budget = Budget.of(target, spec.smem.opt_in)
+    total = check_budget(laid, budget, file)
+    offsets = {r.name: r.offset for r in laid}
+    stage_bytes = offsets["q1"] - offsets["q"]
+    assert all(offsets[f"{n}{s}"] - offsets[f"{n}{s - 1 or ''}"] == stage_bytes for n in ("q", "do")
+               for s in range(1, QUERY_STAGES))
+    f = fragments(spec, stage_bytes)
+    w = f.warpgroups
+    variants = spec_variants(spec)
+    abi = plan_abi(variants["mask_variants"], varlen=False, reports_errors=False, scores=(),
+                   base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
+    threads = 32 * spec.compute_warps
+    roles = (f"{w} warpgroup(s), all copy (cp.async); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, "
+             f"S^T, dP^T in wgmma accumulators) and dQ's columns [{f.dq_cols}w, {f.dq_cols}w + {f.dq_cols})",)
+    schedule = ("main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:",
+                "  load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero)",
+                "  for each query head of the KV head, each query block of 64 rows that sees a key of the block:",
+                "    wait for its Q, dO (cp.async); fence.proxy.async; __syncthreads; issue the next block's Q, dO into "
+                "the other stage, and load its LSE or delta (one per thread) for the next step",
+                "    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(S^T scale_log2 - "
+                "LSE log2 e) (masked: 0); wait dP^T: dS^T = P^T (dP^T - delta)",
+                "    dS^T to shared (swizzled); issue dV += P^T dO, dK += dS^T Q (wgmma RS, N head_dim); "
+                "fence.proxy.async; __syncthreads",
+                f"    issue dQ[:, {f.dq_cols}w:] = dS K (wgmma SS, MN-major, N {f.dq_cols}); wait for all three",
+                "    (deterministic: thread 0 waits for the block's turn at this query block; __syncthreads)",
+                "    stage dQ in register order; fence.proxy.async; warpgroup barrier; its first thread issues one "
+                "bulk reduce-add into the accumulator (deterministic: waits for it, then passes the turn)",
+                "  dK *= scale; write dK, dV (rows < seqlen_k)",
+                f"preprocess, convert: grid (ceil(rows / {f.row_block}), heads, batch), {ROW_THREADS} threads, "
+                "head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)")
+    block_text = (f"block: {bn} keys of one KV head; the query blocks of {bm} rows that see them, for every query "
+                  "head of the KV head",
+                  f"threads: {threads} = {w} warpgroup(s) of 64 keys",
+                  "masks: " + ", ".join(spec.masks))
+    forward = ForwardPlan(
+        spec=spec, kind=KIND, title=TITLE, target=target, **variants, parts=(), abi=abi,
+        ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
+        compute_warps=spec.compute_warps, producer_warps=0, threads=threads, compute_threads=threads,
+        producer_threads=0, rows_per_warp=16, chunks_per_row=d * 2 // 16,
+        swizzle=Swizzle("xor", panel.row_bytes, panel.xor_bits, panel.row_shift), regions=laid, smem_bytes=total,
+        smem_budget=budget.bytes, smem_dynamic=total > target.smem_per_block, stages=1, async_copy=True,
+        q_in_registers=False, rescale="always", q_copy=TileCopy(bm, d * 2 // 16, threads),
+        kv_copy=TileCopy(bn, d * 2 // 16, threads), barriers=(), kv_stage_stride=0, min_blocks_per_sm=1,
+        fragments=f, arch_suffix="a")
+    return BackwardPlan.of(forward, parts=parts(spec, abi), roles=roles, schedule=schedule, block_text=block_text,
+                           copy_engine=f"cp.async (16-byte chunks, every thread) into {panel.row_bytes}-byte-swizzled "
+                                       "panels",
+                           pipeline_text="copies (cp.async, every thread): K and V of the block's keys once; Q and dO "
+                                         "of each query block in 2 stages, the next block's issued as this one starts")
+
+
+def explain(plan) -> list[str]:
+    f = plan.fragments
+    return [f"accumulators per thread: dK, dV {f.d_regs} each, S^T, dP^T {f.s_regs} each, dQ {f.dq_regs}; "
+            f"P^T and dS^T as {f.k_steps_m} A fragments each",
+            f"wgmma per query block per warpgroup: {f.k_steps_d} x m64n{plan.block_m}k16 (S^T, SS) + {f.k_steps_d} "
+            f"(dP^T, SS) + {f.k_steps_m} x m64n{plan.head_dim}k16 (dV, RS) + {f.k_steps_m} (dK, RS) + {f.k_steps_n} x "
+            f"m64n{f.dq_cols}k16 (dQ, SS, MN-major)",
+            f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}); K-major K, V, Q, dO for "
+            f"S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels {f.panel_cols} columns wide",
+            f"dQ: each warpgroup adds {plan.block_m} x {f.dq_cols} fp32 per query block with one cp.reduce.async.bulk "
+            f"of {plan.block_m * f.dq_cols * 4} B; the accumulator keeps each 64-row block in register order (the "
+            "convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic "
+            "functions add one key block at a time, the last first (turn counters in dq_turns)"]
+
+
+KIND = Kind(NAME, TITLE, SELECTOR, WgmmaBackwardSpec, plan, explain, calls="backward")
