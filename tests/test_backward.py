@@ -1,13 +1,17 @@
-"""The backward kind without a GPU: kind selection, the plan of its three-part bundle, the Params
-the gradients add, its rules, and (with nvcc) its kernels compiling without spills."""
+"""The backward kinds without a GPU: kind selection, the plan of their three-part bundles, the Params
+the gradients add, their rules, the register-order layout of the wgmma kind's dQ accumulator (the
+main kernel's staging and the convert kernel's reads must be inverses), and (with nvcc) their
+kernels compiling without spills."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import re
+
 import pytest
 import yaml
 
-from attngen.core.backward_plan import row_grid, rows_per_row_block
+from attngen.core.backward_plan import accum_rows, row_grid, rows_per_row_block
 from attngen.errors import SpecError
 from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of
@@ -17,6 +21,8 @@ from attngen.spec import load_spec, parse_spec
 ROOT = Path(__file__).resolve().parent.parent
 D128 = ROOT / "specs" / "h100_bwd_d128.yaml"
 L4 = ROOT / "specs" / "l4_bwd_d64.yaml"
+WGMMA_D64 = ROOT / "specs" / "h100_bwd_d64_wgmma.yaml"
+WGMMA_D128 = ROOT / "specs" / "h100_bwd_d128_wgmma.yaml"
 
 
 def test_backward_key_picks_the_kind():
@@ -86,14 +92,19 @@ def test_row_kernels_cover_every_row():
     ({"warps": {"producer": 1, "consumer": 4}}, "warps"),
 ])
 def test_rules_refuse_what_is_not_generated(change, key):
-    data = yaml.safe_load(D128.read_text()) | change
+    assert refused_key(D128, change) == key
+
+
+def refused_key(spec: Path, change: dict) -> str:
+    """The key of the SpecError that planning `spec` with `change` raises."""
+    data = yaml.safe_load(spec.read_text()) | change
     with pytest.raises(SpecError) as info:
         make_plan(parse_spec(yaml.safe_dump(data), file="b.yaml"), file="b.yaml")
-    assert info.value.key == key, str(info.value)
+    return info.value.key
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("spec", [D128, L4], ids=["h100_d128", "l4_d64"])
+@pytest.mark.parametrize("spec", [D128, L4, WGMMA_D64, WGMMA_D128], ids=["h100_d128", "l4_d64", "wgmma_d64", "wgmma_d128"])
 def test_kernels_compile_without_spills(spec):
     from attngen.compile import compile_source
     from attngen.render import render_spec_file
@@ -116,3 +127,101 @@ def test_varlen_spec_adds_varlen_functions_with_their_deterministic_twins():
     assert {"cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors"} <= names
     plain = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64.yaml"))
     assert not plain.varlen and "cu_seqlens_q" not in {f.name for f in plain.abi.fields}
+
+
+# -- the wgmma kind (backward: dq_bulk_reduce) --------------------------------------------------
+
+def test_wgmma_backward_picks_its_kind():
+    data = yaml.safe_load(WGMMA_D128.read_text())
+    assert kind_for_data(data).name == "bwd_wgmma"
+    assert kind_for_data(data | {"backward": "dq_atomic", "mma": "mma_m16n8k16"}).name == "bwd_mma"
+
+
+@pytest.mark.parametrize("path, dq_cols, panel_cols", [(WGMMA_D64, 32, 32), (WGMMA_D128, 64, 64)])
+def test_wgmma_plan_numbers(path, dq_cols, panel_cols):
+    p = make_plan(load_spec(path))
+    main, pre, conv = p.parts
+    assert [k for k, _ in main.functions] == ["none", "causal", "none_deterministic", "causal_deterministic"]
+    assert (pre.template, conv.template) == ("lib/backward_preprocess.cu.j2", "lib/backward_convert.cu.j2")
+    f = p.fragments
+    d = p.head_dim
+    assert (f.warpgroups, f.s_regs, f.d_regs, f.dq_cols, f.dq_regs) == (2, 32, d // 2, dq_cols, dq_cols // 2)
+    assert (f.k_steps_d, f.k_steps_m, f.k_steps_n, f.panel_cols) == (d // 16, 4, 8, panel_cols)
+    assert (f.accum_row_block, f.accum_fragment_cols) == (64, dq_cols)
+    regions = {r.name: r for r in p.regions}
+    for name in ("q", "do", "q1", "do1", "k0", "v0", "ds"):
+        assert regions[name].offset % 1024 == 0, name    # the swizzle pattern is on absolute addresses
+    assert f.query_stage_bytes == regions["q1"].offset - regions["q"].offset == \
+        regions["do1"].offset - regions["do"].offset
+    assert regions["dq"].bytes == 64 * d * 4
+    assert p.smem_bytes <= 227 * 1024 and p.arch_suffix == "a"
+    text = explain(p)
+    assert "cp.reduce.async.bulk" in text and "register order" in text
+
+
+def test_accumulator_rows_round_up_to_query_blocks():
+    p = make_plan(load_spec(WGMMA_D64))
+    assert accum_rows(p, 1) == 64 and accum_rows(p, 64) == 64 and accum_rows(p, 65) == 128
+    assert row_grid(64, 2, 3, accum_rows(p, 65)) == (8, 3, 2)
+
+
+def staged_index(v: int, tid: int) -> int:
+    """Where the main kernel stages register v of warpgroup thread tid (add_dq)."""
+    return v * 128 + tid
+
+
+def accumulator_position(v: int, tid: int) -> tuple[int, int]:
+    """(row, column) of register v of warpgroup thread tid in an m64 wgmma accumulator."""
+    warp, lane = tid // 32, tid % 32
+    return 16 * warp + lane // 4 + 8 * ((v >> 1) & 1), 8 * (v >> 2) + 2 * (lane % 4) + (v & 1)
+
+
+def convert_reads(r: int, c: int, fragment_cols: int) -> list[int]:
+    """The offsets the convert kernel reads for columns c..c+7 of row r of a block (its two float4
+    loads: even columns, then odd), as in lib/backward_convert.cu.j2, in column order."""
+    v = 4 * (c % fragment_cols // 8) + 2 * (r % 16 // 8)
+    t = r // 16 * 32 + r % 8 * 4
+    base = c // fragment_cols * 64 * fragment_cols
+    even = [base + v * 128 + t + i for i in range(4)]
+    odd = [base + (v + 1) * 128 + t + i for i in range(4)]
+    return [x for pair in zip(even, odd) for x in pair]
+
+
+@pytest.mark.parametrize("d, warpgroups", [(64, 2), (128, 2), (128, 1)])
+def test_convert_reads_what_the_main_kernel_staged(d, warpgroups):
+    cols = d // warpgroups
+    where = {}
+    for w in range(warpgroups):
+        for tid in range(128):
+            for v in range(cols // 2):
+                row, col = accumulator_position(v, tid)
+                where[(row, w * cols + col)] = w * 64 * cols + staged_index(v, tid)
+    assert len(where) == 64 * d and sorted(where.values()) == list(range(64 * d))   # a bijection
+    for r in range(64):
+        for c in range(0, d, 8):
+            assert convert_reads(r, c, cols) == [where[(r, c + j)] for j in range(8)], (r, c)
+
+
+def test_convert_template_matches_the_model():
+    """The formulas the convert template renders are the ones test_convert_reads_what_the_main_kernel_staged checks."""
+    text = (ROOT / "templates" / "lib" / "backward_convert.cu.j2").read_text()
+    assert "const int v = 4 * (c % kFragmentCols / 8) + 2 * (r % 16 / 8), t = r / 16 * 32 + r % 8 * 4;" in text
+    assert "+ c / kFragmentCols * kAccumRowBlock * kFragmentCols;" in text
+    main = (ROOT / "templates" / "bwd_wgmma" / "main.cu.j2").read_text()
+    assert re.search(r"staging\[v \* kWarpgroupThreads \+ wg_tid\] = dq\[v\]", main)
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"tile": {"block_m": 128, "block_n": 128}}, "tile.block_m"),
+    ({"tile": {"block_m": 64, "block_n": 64}}, "tile.block_n"),          # 2 warpgroups own 128 keys
+    ({"warps": {"compute": 12}, "tile": {"block_m": 64, "block_n": 192}}, "warps.compute"),
+    ({"head_dim": 96}, "head_dim"),
+    ({"head_dim": 64}, "smem.swizzle"),                                  # 32 dQ columns per warpgroup
+    ({"scores": ["softcap"]}, "scores"),
+    ({"varlen": True}, "varlen"),
+    ({"target": "l4", "smem": {"swizzle": {"xor_bits": 3}, "async_copy": True, "opt_in": True}}, "target"),
+    ({"smem": {"swizzle": {"xor_bits": 3}, "async_copy": True}}, "smem.opt_in"),
+    ({"warps": {"producer": 4, "consumer": 8}}, "warps"),
+])
+def test_wgmma_rules_refuse_what_is_not_generated(change, key):
+    assert refused_key(WGMMA_D128, change) == key

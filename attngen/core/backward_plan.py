@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from .abi import float32, float_pointer, pointer
-from .forward_plan import ForwardPlan, stride_fields
+from .forward_plan import ForwardPlan, Part, forward_functions, function_name, stride_fields
 from .function_keys import KeySuffix
 from .varlen_plan import is_varlen, mask_of
 
@@ -88,6 +88,23 @@ class BackwardPlan(ForwardPlan):
     def body(self, key: str) -> str:
         """The C++ function an entry point runs: attention_backward, or its varlen form."""
         return "attention_backward_varlen" if is_varlen(DETERMINISTIC.mask(key)) else "attention_backward"
+
+
+def backward_parts(spec, abi) -> tuple[Part, ...]:
+    """A backward bundle's parts: main, from the kind's main.cu.j2 (the forward's functions: one per
+    mask, and with `varlen` one per mask for varlen sequences; then a deterministic one of each; they
+    read every Params field but the row kernels' own), then the shared row kernels, which run the
+    same for varlen calls."""
+    keys = [key for key, _ in forward_functions(spec)]
+    keys += [deterministic_key(key) for key in keys]
+    main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
+                reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
+    row = dict(static_smem=0, threads=ROW_THREADS)
+    return (main,
+            Part("preprocess", "lib/backward_preprocess.cu.j2", f"{spec.name}_preprocess.cu",
+                 (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS, **row),
+            Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu",
+                 (("convert", function_name(spec, "convert")),), reads=CONVERT_READS, **row))
 
 
 def query_blocks(seqlen_q: int, block_m: int) -> int:

@@ -17,9 +17,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from ...core.backward_plan import (BACKWARD_ABI_FIELDS, CONVERT_READS, MAIN_UNREAD, PREPROCESS_READS, ROW_THREADS,
-                                   BackwardPlan, deterministic_key, rows_per_row_block)
-from ...core.forward_plan import FORWARD_ABI, Part, forward_functions, function_name, plan_abi, plan_forward
+from ...core.backward_plan import (BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts,
+                                   rows_per_row_block)
+from ...core.forward_plan import FORWARD_ABI, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, check_budget, layout_regions
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_head_dim_fragments,
@@ -183,22 +183,6 @@ REGION_TEXT = {"q": "Q tile of the query block (stage 0)", "k0": "K tile of the 
                "v0": "V tile of the block's keys, loaded once"}
 
 
-def parts(spec: BackwardSpec, abi) -> tuple[Part, ...]:
-    """main (the forward's functions: one per mask, and with `varlen` one per mask for varlen
-    sequences; then a deterministic one of each; they read every Params field but the row kernels'
-    own), then the row kernels, which run the same for varlen calls."""
-    keys = [key for key, _ in forward_functions(spec)]
-    keys += [deterministic_key(key) for key in keys]
-    main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
-                reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
-    row = dict(static_smem=0, threads=ROW_THREADS)
-    return (main,
-            Part("preprocess", "lib/backward_preprocess.cu.j2", f"{spec.name}_preprocess.cu",
-                 (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS, **row),
-            Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu",
-                 (("convert", function_name(spec, "convert")),), reads=CONVERT_READS, **row))
-
-
 def plan(spec: BackwardSpec, file: str | None = None):
     p = plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments, extra_regions=backward_regions)
     # Stage s's Q and dO tiles sit query_stage_bytes after stage 0's: Q, dO, then the next stage's.
@@ -236,7 +220,7 @@ def plan(spec: BackwardSpec, file: str | None = None):
                   f"{spec.tile.block_m} rows that see them, for every query head of the KV head",
                   f"threads: {p.threads} = {w} warps of 16 keys",
                   "masks: " + ", ".join(spec.masks))
-    return BackwardPlan.of(p, parts=parts(spec, abi), abi=abi, regions=regions, smem_bytes=smem,
+    return BackwardPlan.of(p, parts=backward_parts(spec, abi), abi=abi, regions=regions, smem_bytes=smem,
                    smem_dynamic=smem > p.target.smem_per_block,
                    fragments=replace(p.fragments, query_stage_bytes=stage_bytes), roles=roles, schedule=schedule,
                    block_text=block_text, copy_engine="cp.async (16-byte chunks), every warp copies",

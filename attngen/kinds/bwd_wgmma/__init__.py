@@ -16,15 +16,13 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field
 
-from ...core.backward_plan import (BACKWARD_ABI_FIELDS, CONVERT_READS, MAIN_UNREAD, PREPROCESS_READS, ROW_THREADS,
-                                   BackwardPlan, deterministic_key, rows_per_row_block)
-from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, function_name,
-                                  plan_abi, spec_variants)
+from ...core.backward_plan import BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts, rows_per_row_block
+from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, Swizzle, TileCopy, check_budget, layout_regions
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, refuse, rule_head_dim_vector_loads, rule_no_varlen
@@ -167,20 +165,6 @@ def regions(spec: WgmmaBackwardSpec) -> list[Region]:
                    "(+inf: a row that adds nothing), then its rowsum(dO * O)")]
 
 
-def parts(spec: WgmmaBackwardSpec, abi) -> tuple[Part, ...]:
-    """main (one function per mask, then a deterministic one of each), then the shared row kernels."""
-    keys = [key for key, _ in forward_functions(spec)]
-    keys += [deterministic_key(key) for key in keys]
-    main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
-                reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
-    row = dict(static_smem=0, threads=ROW_THREADS)
-    return (main,
-            Part("preprocess", "lib/backward_preprocess.cu.j2", f"{spec.name}_preprocess.cu",
-                 (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS, **row),
-            Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu",
-                 (("convert", function_name(spec, "convert")),), reads=CONVERT_READS, **row))
-
-
 def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
     target = TARGETS[spec.target]
     ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
@@ -231,7 +215,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
         q_in_registers=False, rescale="always", q_copy=TileCopy(bm, d * 2 // 16, threads),
         kv_copy=TileCopy(bn, d * 2 // 16, threads), barriers=(), kv_stage_stride=0, min_blocks_per_sm=1,
         fragments=f, arch_suffix="a")
-    return BackwardPlan.of(forward, parts=parts(spec, abi), roles=roles, schedule=schedule, block_text=block_text,
+    return BackwardPlan.of(forward, parts=backward_parts(spec, abi), roles=roles, schedule=schedule, block_text=block_text,
                            copy_engine=f"cp.async (16-byte chunks, every thread) into {panel.row_bytes}-byte-swizzled "
                                        "panels",
                            pipeline_text="copies (cp.async, every thread): K and V of the block's keys once; Q and dO "
