@@ -302,8 +302,6 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(kPending)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Store the box at `src` in shared memory to coordinates (c0, c1, c2, c3) of a 4-D tensor map; rows
-// outside the tensor are not written. Completes in a bulk async-group of the issuing thread.
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // At most kPending of this thread's bulk groups still read shared memory after this.
 template <int kPending>

@@ -49,7 +49,7 @@ EVALS = {"forward": ConventionEval("forward specs", bench.bench_specs, bench.che
                                    ("shapes", "varlen", "lengths", "heads", "plot_file")),
          "decode": ConventionEval("decode specs (decode: split_kv)", decode_bench.bench_specs,
                                   decode_bench.check_options, ("cells", "paged"), decode_verify.verify_cases),
-         "backward": ConventionEval("backward specs (backward: dq_atomic)", backward_bench.bench_specs,
+         "backward": ConventionEval("backward specs (backward: dq_atomic, dq_bulk_reduce)", backward_bench.bench_specs,
                                     backward_bench.check_options, ("shapes",), backward_verify.verify_cases)}
 
 
