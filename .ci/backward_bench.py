@@ -6,20 +6,13 @@ GPU time of one backward call (attngen: preprocess + main + convert; SDPA: torch
 its forward's output), CUDA events around each call, median of 15 after 3 warm-up calls; fp16,
 (B, H, S, D) tensors, causal and not. TFLOP/s counts 2.5 x the forward's 4 B H S^2 D (half with causal).
 """
-import json, sys, statistics
+import json, sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import attngen
+from gpu_timing import med   # .ci/, beside this script
 
-def med(fn, reps=15):
-    for _ in range(3): fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts)
 
 rows = []
 specs = {64: "specs/h100_bwd_d64.yaml", 128: "specs/h100_bwd_d128.yaml"}

@@ -7,7 +7,7 @@ fp16 d64, GPU time of one backward call (CUDA events around each call, median of
 warm-up calls, the best of two interleaved rounds); the largest |difference| of each variant's
 gradients from the committed spec's is recorded too.
 """
-import json, re, statistics, sys, tempfile
+import json, re, sys, tempfile
 from pathlib import Path
 
 import torch
@@ -15,18 +15,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attngen
+from gpu_timing import med   # .ci/, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def med(fn, reps=15):
-    for _ in range(3): fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts)
 
 
 def variants(folder: Path) -> dict:

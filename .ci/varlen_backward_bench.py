@@ -10,27 +10,17 @@ each call, median of 15 after 3 warm-up calls. Before timing, attngen's gradient
 against flash's (max |difference| reported). TFLOP/s count 2.5 x the forward's 4 d per visible
 (query, key) pair.
 """
-import json, statistics, sys
+import json, sys
 
 import torch
 
 import attngen
 from attngen.eval.varlen_bench import visible_pairs
 from attngen.runtime.calls.varlen import cu_seqlens
+from gpu_timing import med   # .ci/, beside this script
 
 LENGTHS = (1, 9, 60, 128, 256, 511, 700, 1024, 1, 2047, 33, 4096, 5, 64, 900, 1500)
 HEADS = 16
-
-
-def med(fn, reps=15):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts)
 
 
 def main(out):

@@ -10,7 +10,7 @@ The gradients are written out (not autograd): a row that sees no key has P = 0 a
 where autograd through a softmax of -inf would give NaN."""
 from __future__ import annotations
 
-from .varlen_verify import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_suite
+from .varlen_verify import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, varlen_suite
 from .verify import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
                      exact_fp32_matmul, make_inputs, score_arguments, score_modifiers, variants)
 from ..core.variants import MASKS, reference_scores
@@ -208,17 +208,9 @@ def check_varlen_backward_case(kernel, variant: Variant, case: VarlenCase, seed:
     plan = kernel.plan
     result = CaseResult(label, kernel.entry[varlen_key(variant.mask)],
                         variant.label + " varlen" + (DETERMINISTIC if deterministic else ""), case, passed=False)
-    g = torch.Generator(device=kernel.device).manual_seed(seed)
     d, dtype, dev = plan.head_dim, kernel.dtype, kernel.device
     tq, tk = sum(case.lens_q), sum(case.keys)
-
-    def randn(*size):
-        return torch.randn(size, generator=g, device=dev, dtype=torch.float32).to(dtype)
-
-    if case.qkv:
-        q, k, v = randn(tq, 3, case.heads, d).unbind(1)
-    else:
-        q, k, v = randn(tq, case.heads, d), randn(tk, case.kv_heads, d), randn(tk, case.kv_heads, d)
+    _, randn, q, k, v = varlen_case_inputs(torch, kernel, case, seed)
     dout = randn(tq, case.heads, d)
     scale = SCALE_FACTOR * default_scale(d)
     ref, low = varlen_gradients(torch, q, k, v, dout, case, variant, scale)

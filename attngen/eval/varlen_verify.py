@@ -77,22 +77,30 @@ def reference(torch, q, k, v, lens_q, lens_k, variant: Variant, scale: float, pl
     return torch.cat(outs), torch.cat(lses, dim=1), torch.cat(lows)
 
 
-def check_varlen_case(kernel, variant: Variant, case: VarlenCase, seed: int, label: str | None = None) -> CaseResult:
-    """Run one varlen case with poisoned outputs and compare every sequence with its reference."""
-    import torch
-    result = CaseResult(label or kernel.label, kernel.entry[varlen_key(variant.mask)], variant.label + " varlen",
-                        case, passed=False)
+def varlen_case_inputs(torch, kernel, case: VarlenCase, seed: int):
+    """The case's random q, k, v (total, heads, head_dim) in the kernel's dtype (as slices of one qkv
+    tensor when case.qkv), after the generator and the draw they came from, for the case's other inputs."""
     g = torch.Generator(device=kernel.device).manual_seed(seed)
-    d, dtype, dev = kernel.plan.head_dim, kernel.dtype, kernel.device
-    tq, tk = sum(case.lens_q), sum(case.keys)
+    d, tq, tk = kernel.plan.head_dim, sum(case.lens_q), sum(case.keys)
 
     def randn(*size):
-        return torch.randn(size, generator=g, device=dev, dtype=torch.float32).to(dtype)
+        return torch.randn(size, generator=g, device=kernel.device, dtype=torch.float32).to(kernel.dtype)
 
     if case.qkv:
         q, k, v = randn(tq, 3, case.heads, d).unbind(1)
     else:
         q, k, v = randn(tq, case.heads, d), randn(tk, case.kv_heads, d), randn(tk, case.kv_heads, d)
+    return g, randn, q, k, v
+
+
+def check_varlen_case(kernel, variant: Variant, case: VarlenCase, seed: int, label: str | None = None) -> CaseResult:
+    """Run one varlen case with poisoned outputs and compare every sequence with its reference."""
+    import torch
+    result = CaseResult(label or kernel.label, kernel.entry[varlen_key(variant.mask)], variant.label + " varlen",
+                        case, passed=False)
+    d, dtype, dev = kernel.plan.head_dim, kernel.dtype, kernel.device
+    tq = sum(case.lens_q)
+    g, _, q, k, v = varlen_case_inputs(torch, kernel, case, seed)
     guard = -(-kernel.plan.block_m // ROW_ALIGN) * ROW_ALIGN
     out_buf = torch.full((tq + guard, case.heads, d), float("nan"), dtype=dtype, device=dev)
     lse_buf = torch.full((case.heads * tq + guard,), float("nan"), dtype=torch.float32, device=dev)
