@@ -23,6 +23,7 @@ D128 = ROOT / "specs" / "h100_bwd_d128.yaml"
 L4 = ROOT / "specs" / "l4_bwd_d64.yaml"
 WGMMA_D64 = ROOT / "specs" / "h100_bwd_d64_wgmma.yaml"
 WGMMA_D128 = ROOT / "specs" / "h100_bwd_d128_wgmma.yaml"
+WGMMA_D128_WINDOW = ROOT / "specs" / "h100_bwd_d128_wgmma_window.yaml"   # the mask with the most registers
 
 
 def test_backward_key_picks_the_kind():
@@ -104,7 +105,8 @@ def refused_key(spec: Path, change: dict) -> str:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("spec", [D128, L4, WGMMA_D64, WGMMA_D128], ids=["h100_d128", "l4_d64", "wgmma_d64", "wgmma_d128"])
+@pytest.mark.parametrize("spec", [D128, L4, WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW],
+                         ids=["h100_d128", "l4_d64", "wgmma_d64", "wgmma_d128", "wgmma_d128_window"])
 def test_kernels_compile_without_spills(spec):
     from attngen.compile import compile_source
     from attngen.render import render_spec_file

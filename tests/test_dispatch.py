@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from attngen.cli import main
+from attngen.errors import SpecError
 from attngen.ops.table import Entry, dump_table, load_table, select, table_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,18 @@ def test_table_round_trips(tmp_path):
     path = tmp_path / "table.yaml"
     path.write_text(dump_table(entries, "header"))
     assert sorted(map(repr, load_table(path))) == sorted(map(repr, entries))
+
+
+def test_an_unquoted_comma_in_an_entry_is_named_not_a_traceback(tmp_path):
+    """`measured: report.json 512,0` in a flow mapping splits into a key 0: the error names the
+    entry and the keys, as for any unknown key."""
+    path = tmp_path / "table.yaml"
+    path.write_text("entries:\n  - {call: backward, arch: sm_90, dtype: fp16, head_dim: 64, mask: window, "
+                    "spec: h100_bwd_d64_window, measured: r.json window 512,0}\n")
+    with pytest.raises(SpecError) as info:
+        load_table(path)
+    assert info.value.key == "entries[0]" and "unknown key(s) 0" in info.value.message
+    assert "needs quotes" in info.value.message
 
 
 def test_select_buckets_and_group_rows():

@@ -86,7 +86,8 @@ def load_table(path) -> tuple[Entry, ...]:
             raise SpecError("each entry is a mapping", file=str(path), key=where)
         unknown = set(raw) - names
         if unknown:
-            raise SpecError(f"unknown key(s) {', '.join(sorted(unknown))}; keys are {', '.join(sorted(names))}",
+            raise SpecError(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; keys are {', '.join(sorted(names))} "
+                            "(a value with a comma in a flow mapping needs quotes)",
                             file=str(path), key=where)
         try:
             entry = Entry(**raw)

@@ -1,0 +1,71 @@
+"""Where the Hopper backward's time goes: each ablation takes one piece out of the bwd_wgmma main
+template (the gradients are then wrong; only the time means anything) and times the call.
+
+Usage: python3 .ci/bwd_wgmma_ablation.py [NAME...]     (default: every ablation, `full` first and last)
+
+Each ablation renders the template with one text edit, in a fresh process (its own compile), and
+times h100_bwd_d128_wgmma non-causal and causal and h100_bwd_d64_wgmma non-causal at 4x16x2048,
+fp16: one call (preprocess + main + convert), CUDA events, median of 15 after 3 warm-up calls.
+The template is restored afterwards, also on failure.
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "templates" / "bwd_wgmma" / "main.cu.j2"
+LOAD = "            issue_query_tiles(next, smem_addr, (i + 1) % 2, tid, p);"
+ABLATIONS = {   # name: [(text, replacement)]
+    "full": [],
+    "no_next_load": [(LOAD, "            cp_async_commit();")],
+    "no_dq_reduce": [("        bulk_reduce_add(st.dq_accum", "        if (p.seqlen_q < 0) bulk_reduce_add(st.dq_accum")],
+    "no_dq": [("    issue_dq(dq, sDS, sK, kDqCols * warpgroup);", "    for (int v = 0; v < kDqRegs; ++v) dq[v] = 0.f;"),
+              ("    add_dq<kMask, kDeterministic>(dq, smem, smem_addr, st, n0, tid, seq, p);",
+               "    if (p.seqlen_q < 0) add_dq<kMask, kDeterministic>(dq, smem, smem_addr, st, n0, tid, seq, p);")],
+    "no_dq_staging": [("    for (int v = 0; v < kDqRegs; ++v) staging[v * kWarpgroupThreads + wg_tid] = dq[v];",
+                       "    if (p.seqlen_q < 0) for (int v = 0; v < kDqRegs; ++v) staging[v * kWarpgroupThreads + wg_tid] = dq[v];")],
+    "no_exp2": [("        s[v] = exp2f(x);", "        s[v] = x;")],
+    "ds_barrier_per_warpgroup": [("    __syncthreads();              // dS^T of every warpgroup is in the tile",
+                                  "    sync_warpgroup(warpgroup);")],
+    "no_top_barrier": [("        __syncthreads();               // every thread's copies",
+                        "        // __syncthreads();               // every thread's copies")],
+}
+TIMER = r'''
+import statistics, sys, torch, attngen
+out = []
+for spec, d, causal in (("h100_bwd_d128_wgmma", 128, False), ("h100_bwd_d128_wgmma", 128, True),
+                        ("h100_bwd_d64_wgmma", 64, False)):
+    k = attngen.load(f"specs/{spec}.yaml")
+    torch.manual_seed(0)
+    q, kk, v, do, o = (torch.randn(4, 16, 2048, d, device="cuda").half() for _ in range(5))
+    lse = torch.randn(4, 16, 2048, device="cuda") + 10
+    for _ in range(3):
+        k(q, kk, v, o, lse, do, causal=causal)
+    ts = []
+    for _ in range(15):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); k(q, kk, v, o, lse, do, causal=causal); b.record(); torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    out.append(f"d{d}{' causal' if causal else ''} {statistics.median(ts):.0f} us")
+print(sys.argv[1].ljust(26), "  ".join(out), flush=True)
+'''
+
+
+def main(names):
+    base = TEMPLATE.read_text()
+    try:
+        for name in names:
+            text = base
+            for old, new in ABLATIONS[name]:
+                if old not in text:
+                    sys.exit(f"{name}: the template no longer has {old.strip()!r}; update the ablation")
+                text = text.replace(old, new, 1)
+            TEMPLATE.write_text(text)
+            run = subprocess.run([sys.executable, "-c", TIMER, name], cwd=ROOT, capture_output=True, text=True)
+            print(run.stdout.strip() if run.returncode == 0 else f"{name}: failed\n{run.stderr[-800:]}", flush=True)
+    finally:
+        TEMPLATE.write_text(base)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["full", *[n for n in ABLATIONS if n != "full"], "full"])
