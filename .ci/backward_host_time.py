@@ -1,0 +1,42 @@
+"""Host time of a training call's backward: CPU time to queue torch.autograd.grad through
+attngen.attention's registered backward, beside SDPA's, at 1x8x512x64 fp16 (small enough that
+the host, not the GPU, sets the pace).
+
+Usage: python3 .ci/backward_host_time.py
+
+Per call: wall clock of 200 calls (no synchronize inside) / 200, median of 5 rounds after 20
+warm-up calls; the synchronize after each round is not counted.
+"""
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import attngen
+
+q, k, v = (torch.randn(1, 8, 512, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+do = torch.randn(1, 8, 512, 64, device="cuda", dtype=torch.float16)
+
+
+def per_call(fn, n=200):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+o, s = attngen.attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
+ours = per_call(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+theirs = per_call(lambda: torch.autograd.grad(s, (q, k, v), do, retain_graph=True))
+print(f"backward call 1x8x512x64 fp16, CPU us to queue: attngen {ours:.1f}  SDPA {theirs:.1f}")
+ours = per_call(lambda: torch.autograd.grad(attngen.attention(q, k, v), (q, k, v), do))
+theirs = per_call(lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), do))
+print(f"forward + backward step 1x8x512x64 fp16, CPU us to queue: attngen {ours:.1f}  SDPA {theirs:.1f}")
