@@ -34,7 +34,8 @@ def test_variant_specs_are_refused_with_what_checks_them():
     paths, ps = plans("h100_bwd_d64", "h100_bwd_d64_window", "h100_bwd_d128_alibi", "h100_bwd_d64_softcap")
     (problem,) = check_options(paths, ps, BenchOptions())
     assert problem.startswith("h100_bwd_d64_window, h100_bwd_d128_alibi, h100_bwd_d64_softcap take variant arguments")
-    assert "no script times variant backward yet" in problem and "`attngen verify` checks them" in problem
+    assert "`attngen verify` checks them" in problem and ".ci/window_backward_bench.py" in problem
+    assert "no script times softcap or ALiBi backward yet" in problem
     assert check_options(paths[:1], ps[:1], BenchOptions()) == []
     code, out = bench(SPECS / "h100_bwd_d64_window.yaml")
     assert code == 2 and "h100_bwd_d64_window takes variant arguments" in out

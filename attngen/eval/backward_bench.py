@@ -44,8 +44,10 @@ def check_options(paths, plans, opts) -> list[str]:
     if taking:
         one = len(taking) == 1
         problems.append(f"{', '.join(taking)} {'takes' if one else 'take'} variant arguments (window=, softcap=, "
-                        f"alibi_slopes=) that `attngen bench` does not pass to backward specs, and no script times "
-                        f"variant backward yet: `attngen verify` checks {'it' if one else 'them'}")
+                        f"alibi_slopes=) that `attngen bench` does not pass to backward specs: `attngen verify` "
+                        f"checks {'it' if one else 'them'}; `python3 .ci/window_backward_bench.py OUT.json` (in the "
+                        f"repository) times the window specs of both classes; no script times softcap or ALiBi "
+                        f"backward yet")
     if opts.varlen:
         problems.append(f"--varlen: `attngen bench` does not time the varlen backward "
                         f"({', '.join(p.spec.name for p in plans)}); time it with "
