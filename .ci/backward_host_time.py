@@ -4,33 +4,22 @@ the host, not the GPU, sets the pace).
 
 Usage: python3 .ci/backward_host_time.py
 
-Per call: wall clock of 200 calls (no synchronize inside) / 200, median of 5 rounds after 20
-warm-up calls; the synchronize after each round is not counted.
+Per call: host_time.py's CPU clock, 200 calls back to back (no synchronize inside) / 200, median of
+5 rounds after 20 warm-up calls; the synchronize after each round is not counted.
 """
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
 import attngen
+from host_time import host_and_wall   # .ci/, beside this script
 
 q, k, v = (torch.randn(1, 8, 512, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
 do = torch.randn(1, 8, 512, 64, device="cuda", dtype=torch.float16)
 
 
-def per_call(fn, n=200):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        out.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
+def per_call(fn):
+    """CPU µs per call: host_time.py's clock (200 calls, 20 warm-up), median of 5 rounds."""
+    return host_and_wall(fn, repeats=5)[0]
 
 
 o, s = attngen.attention(q, k, v), F.scaled_dot_product_attention(q, k, v)

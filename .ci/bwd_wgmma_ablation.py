@@ -5,7 +5,8 @@ Usage: python3 .ci/bwd_wgmma_ablation.py [NAME...]     (default: every ablation,
 
 Each ablation renders the template with one text edit, in a fresh process (its own compile), and
 times h100_bwd_d128_wgmma non-causal and causal and h100_bwd_d64_wgmma non-causal at 4x16x2048,
-fp16: one call (preprocess + main + convert), CUDA events, median of 15 after 3 warm-up calls.
+fp16: one call (preprocess + main + convert), CUDA events, median of 15 after 3 warm-up calls
+(.ci/gpu_timing.med).
 The template is restored afterwards, also on failure.
 """
 import subprocess
@@ -31,7 +32,9 @@ ABLATIONS = {   # name: [(text, replacement)]
                         "        // __syncthreads();               // every thread's copies")],
 }
 TIMER = r'''
-import statistics, sys, torch, attngen
+import sys, torch, attngen
+sys.path.insert(0, ".ci")
+from gpu_timing import med
 out = []
 for spec, d, causal in (("h100_bwd_d128_wgmma", 128, False), ("h100_bwd_d128_wgmma", 128, True),
                         ("h100_bwd_d64_wgmma", 64, False)):
@@ -39,14 +42,7 @@ for spec, d, causal in (("h100_bwd_d128_wgmma", 128, False), ("h100_bwd_d128_wgm
     torch.manual_seed(0)
     q, kk, v, do, o = (torch.randn(4, 16, 2048, d, device="cuda").half() for _ in range(5))
     lse = torch.randn(4, 16, 2048, device="cuda") + 10
-    for _ in range(3):
-        k(q, kk, v, o, lse, do, causal=causal)
-    ts = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); k(q, kk, v, o, lse, do, causal=causal); b.record(); torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    out.append(f"d{d}{' causal' if causal else ''} {statistics.median(ts):.0f} us")
+    out.append(f"d{d}{' causal' if causal else ''} {med(lambda: k(q, kk, v, o, lse, do, causal=causal)):.0f} us")
 print(sys.argv[1].ljust(26), "  ".join(out), flush=True)
 '''
 
