@@ -292,10 +292,39 @@ __device__ __forceinline__ int rows_end_seeing(int key, const P& p) {
     else return p.seqlen_q;
 }
 
+// The query block, head and batch a thread block computes. When the mask gives later rows more
+// keys, the last query blocks are the longest, so they take the first block ids and start first;
+// the short blocks then fill the tail of the grid.
+struct BlockCoords {
+    int m0, head, batch, kv_head;
+};
+
 // Base pointer of (batch, head) inside a (batch, heads, rows, dim) strided tensor.
 __device__ __forceinline__ const elem_t* head_ptr(const void* base, int b, int h, long long bs, long long hs) {
     return static_cast<const elem_t*>(base) + b * bs + h * hs;
 }
+
+// The score modifiers of this spec: none (scores: []); apply() is the raw score.
+struct ScoreMods {
+
+    __device__ __forceinline__ ScoreMods(const Params&, const BlockCoords&) {}
+
+    // What apply() needs of a row: its distance to key `key0` (alibi), as a float.
+    __device__ __forceinline__ float row_base(int row, int key0) const {
+        return 0.f;
+    }
+
+    // The modified score of raw score s at key key0 + dk of a row whose row_base(row, key0) is base,
+    // and in `slope` the derivative of the logit it gives (score x scale_log2 / log2 e) by s, over
+    // the plain softmax's (scale): the chain rule's factor on dS. Softcap's logit cap tanh(s scale /
+    // cap) has derivative scale (1 - tanh^2); ALiBi's bias does not depend on s.
+    static constexpr bool kSlopesVary = false;   // else every chain-rule factor is 1
+
+    __device__ __forceinline__ float apply_with_slope(float s, float base, int dk, float& slope) const {
+        slope = 1.f;
+        return s;
+    }
+};
 
 // cp.async of one 16-byte chunk; src_bytes = 0 writes zeros without reading global memory.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
@@ -458,19 +487,30 @@ __device__ __forceinline__ void issue_dq(float (&acc)[kDqRegs], uint32_t sDS, ui
 __device__ __forceinline__ int acc_row(int v, int lane) { return lane / 4 + 8 * ((v >> 1) & 1); }
 __device__ __forceinline__ int acc_col(int v, int lane) { return 8 * (v >> 2) + 2 * (lane % 4) + (v & 1); }
 
-// P^T in place of S^T: exp2(S^T scale_log2 - LSE log2 e) per query column; keys the mask hides from a
-// query (only looked at when the block straddles a bound: kMasked) become 0. key0: the warp's first key.
+// exp2's argument for P^T's accumulator v: m(S^T) scale_log2 - LSE log2 e, m the score modifiers, and
+// -inf where the mask hides the key from the query (only looked at when the block straddles a bound:
+// kMasked); slope: the modifiers' chain-rule factor on dS. key0: the warp's first key.
+template <Mask kMask, bool kMasked>
+__device__ __forceinline__ float log2_probability(float s, int v, float& slope, const float* sLse, int key0, int q0,
+                                                  int lane, const ScoreMods& mods, const Params& p) {
+    const int col = acc_col(v, lane), key = key0 + acc_row(v, lane);
+    const float m = mods.apply_with_slope(s, mods.row_base(q0 + col, key), 0, slope);
+    float x = fmaf(m, p.scale_log2, -sLse[col]);
+    if constexpr (kMasked) {
+        if (key >= key_end<kMask>(q0 + col, p) || key < key_begin<kMask>(q0 + col, p)) x = -INFINITY;
+    }
+    return x;
+}
+
+// P^T in place of S^T, where every chain-rule factor is 1 (dP^T may still be in flight).
 template <Mask kMask, bool kMasked>
 __device__ __forceinline__ void probabilities(float (&s)[kSRegs], const float* sLse, int key0, int q0, int lane,
-                                              const Params& p) {
+                                              const ScoreMods& mods, const Params& p) {
+    static_assert(!ScoreMods::kSlopesVary, "factors other than 1 take probabilities_and_gradients");
 #pragma unroll
     for (int v = 0; v < kSRegs; ++v) {
-        const int col = acc_col(v, lane), key = key0 + acc_row(v, lane);
-        float x = fmaf(s[v], p.scale_log2, -sLse[col]);
-        if constexpr (kMasked) {
-            if (key >= key_end<kMask>(q0 + col, p) || key < key_begin<kMask>(q0 + col, p)) x = -INFINITY;
-        }
-        s[v] = exp2f(x);
+        float one;
+        s[v] = exp2f(log2_probability<kMask, kMasked>(s[v], v, one, sLse, key0, q0, lane, mods, p));
     }
 }
 
@@ -479,6 +519,21 @@ __device__ __forceinline__ void score_gradients(float (&dp)[kSRegs], const float
                                                 int lane) {
 #pragma unroll
     for (int v = 0; v < kSRegs; ++v) dp[v] = pt[v] * (dp[v] - sDelta[acc_col(v, lane)]);
+}
+
+// P^T in place of S^T and dS^T = P^T (dP^T - delta) x factor in place of dP^T, in one pass once dP^T
+// has landed: each factor is used as it is made. Held across the wait, a thread's kSRegs factors
+// would take registers a d128 kernel does not have (softcap's 1 - tanh^2).
+template <Mask kMask, bool kMasked>
+__device__ __forceinline__ void probabilities_and_gradients(float (&s)[kSRegs], float (&dp)[kSRegs], const float* sLse,
+                                                            const float* sDelta, int key0, int q0, int lane,
+                                                            const ScoreMods& mods, const Params& p) {
+#pragma unroll
+    for (int v = 0; v < kSRegs; ++v) {
+        float slope;
+        s[v] = exp2f(log2_probability<kMask, kMasked>(s[v], v, slope, sLse, key0, q0, lane, mods, p));
+        dp[v] = s[v] * (dp[v] - sDelta[acc_col(v, lane)]) * slope;
+    }
 }
 
 // The accumulators of query columns 16 kc .. 16 kc + 15 are the A fragment of k-step kc (the register
@@ -640,6 +695,13 @@ __device__ __forceinline__ void add_dq(const float (&dq)[kDqRegs], unsigned char
     }
 }
 
+// x, computed again in each step: the compiler cannot hoist the descriptors made from it out of the
+// walk. Hoisted, they hold registers for the whole walk that a d128 kernel with score modifiers needs.
+__device__ __forceinline__ uint32_t per_step(uint32_t x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
 // One query block against the block's keys: its Q and dO tiles in stage `stage`, landed and fenced,
 // its row statistics in buffer `stage` (every thread past the barrier that published them).
 template <Mask kMask, bool kDeterministic>
@@ -648,8 +710,9 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
                                             const Sequence& seq, const Params& p) {
     const int lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
     const int key0 = kKeysPerWarpgroup * warpgroup;   // the warpgroup's first key in the block
-    const uint32_t sQ = smem_addr + kSmem_q + stage * kQueryStageBytes, sDO = smem_addr + kSmem_do + stage * kQueryStageBytes,
-                   sK = smem_addr + kSmem_k0, sV = smem_addr + kSmem_v0, sDS = smem_addr + kSmem_ds;
+    const uint32_t sQ = per_step(smem_addr + kSmem_q + stage * kQueryStageBytes),
+                   sDO = per_step(smem_addr + kSmem_do + stage * kQueryStageBytes), sK = per_step(smem_addr + kSmem_k0),
+                   sV = per_step(smem_addr + kSmem_v0), sDS = per_step(smem_addr + kSmem_ds);
     const float* sLse = reinterpret_cast<const float*>(smem + kSmem_stats) + stage * 2 * kBlockM;
     const float* sDelta = sLse + kBlockM;
 
@@ -657,18 +720,27 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     wgmma_fence();
     issue_keys_by_queries(s, sK, key0, sQ);
     issue_keys_by_queries(dp, sV, key0, sDO);
-    wgmma_wait<1>();   // S^T is ready; dP^T may still run
-    fence_registers(s);
     const int warp_key0 = n0 + key0 + 16 * (warp % 4);
-    if (tile_needs_mask<kMask>(n0, st.m0, st.m0 + kBlockM - 1, p))
-        probabilities<kMask, true>(s, sLse, warp_key0, st.m0, lane, p);
-    else
-        probabilities<kMask, false>(s, sLse, warp_key0, st.m0, lane, p);
+    const ScoreMods mods(p, BlockCoords{st.m0, st.head, seq.batch, 0});
+    const bool masked = tile_needs_mask<kMask>(n0, st.m0, st.m0 + kBlockM - 1, p);
     uint32_t pa[kKStepsM][4];
-    a_fragments(pa, s);
-    wgmma_wait<0>();
-    fence_registers(dp);
-    score_gradients(dp, s, sDelta, lane);
+    if constexpr (ScoreMods::kSlopesVary) {
+        wgmma_wait<0>();   // S^T and dP^T
+        fence_registers(s);
+        fence_registers(dp);
+        if (masked) probabilities_and_gradients<kMask, true>(s, dp, sLse, sDelta, warp_key0, st.m0, lane, mods, p);
+        else probabilities_and_gradients<kMask, false>(s, dp, sLse, sDelta, warp_key0, st.m0, lane, mods, p);
+        a_fragments(pa, s);
+    } else {
+        wgmma_wait<1>();   // S^T is ready; dP^T may still run
+        fence_registers(s);
+        if (masked) probabilities<kMask, true>(s, sLse, warp_key0, st.m0, lane, mods, p);
+        else probabilities<kMask, false>(s, sLse, warp_key0, st.m0, lane, mods, p);
+        a_fragments(pa, s);
+        wgmma_wait<0>();
+        fence_registers(dp);
+        score_gradients(dp, s, sDelta, lane);
+    }
     uint32_t da[kKStepsM][4];
     a_fragments(da, dp);
     store_ds(sDS, da, key0 + 16 * (warp % 4), lane);

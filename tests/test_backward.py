@@ -24,6 +24,7 @@ L4 = ROOT / "specs" / "l4_bwd_d64.yaml"
 WGMMA_D64 = ROOT / "specs" / "h100_bwd_d64_wgmma.yaml"
 WGMMA_D128 = ROOT / "specs" / "h100_bwd_d128_wgmma.yaml"
 WGMMA_D128_WINDOW = ROOT / "specs" / "h100_bwd_d128_wgmma_window.yaml"   # the mask with the most registers
+WGMMA_D128_SCORES = [ROOT / "specs" / f"h100_bwd_d128_wgmma_{s}.yaml" for s in ("softcap", "alibi")]  # at 255 registers
 
 
 def test_backward_key_picks_the_kind():
@@ -105,8 +106,9 @@ def refused_key(spec: Path, change: dict) -> str:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("spec", [D128, L4, WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW],
-                         ids=["h100_d128", "l4_d64", "wgmma_d64", "wgmma_d128", "wgmma_d128_window"])
+@pytest.mark.parametrize("spec", [D128, L4, WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW, *WGMMA_D128_SCORES],
+                         ids=["h100_d128", "l4_d64", "wgmma_d64", "wgmma_d128", "wgmma_d128_window", "wgmma_d128_softcap",
+                              "wgmma_d128_alibi"])
 def test_kernels_compile_without_spills(spec):
     from attngen.compile import compile_source
     from attngen.render import render_spec_file
@@ -219,7 +221,7 @@ def test_convert_template_matches_the_model():
     ({"warps": {"compute": 12}, "tile": {"block_m": 64, "block_n": 192}}, "warps.compute"),
     ({"head_dim": 96}, "head_dim"),
     ({"head_dim": 64}, "smem.swizzle"),                                  # 32 dQ columns per warpgroup
-    ({"scores": ["softcap"]}, "scores"),
+    ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}}, "variant"),
     ({"varlen": True}, "varlen"),
     ({"target": "l4", "smem": {"swizzle": {"xor_bits": 3}, "async_copy": True, "opt_in": True}}, "target"),
     ({"smem": {"swizzle": {"xor_bits": 3}, "async_copy": True}}, "smem.opt_in"),

@@ -35,7 +35,7 @@ def test_variant_specs_are_refused_with_what_checks_them():
     (problem,) = check_options(paths, ps, BenchOptions())
     assert problem.startswith("h100_bwd_d64_window, h100_bwd_d128_alibi, h100_bwd_d64_softcap take variant arguments")
     assert "`attngen verify` checks them" in problem and ".ci/window_backward_bench.py" in problem
-    assert "no script times softcap or ALiBi backward yet" in problem
+    assert ".ci/score_backward_bench.py OUT.json` the softcap and ALiBi ones" in problem
     assert check_options(paths[:1], ps[:1], BenchOptions()) == []
     code, out = bench(SPECS / "h100_bwd_d64_window.yaml")
     assert code == 2 and "h100_bwd_d64_window takes variant arguments" in out

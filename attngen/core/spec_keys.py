@@ -428,6 +428,10 @@ rule_no_varlen = refuse(
     "varlen", lambda s: s.varlen,
     lambda s: f"varlen functions are not generated for {s.mma}; set varlen: false",
     "rule_no_varlen")
+rule_backward_no_expressions = refuse(
+    "variant", lambda s: s.variant is not None,
+    lambda s: "expressions are not generated for the backward kinds yet (masks none, causal and window, scores "
+              "softcap and alibi are); remove variant", "rule_backward_no_expressions")
 rule_always_rescales = refuse(
     "softmax.rescale", lambda s: s.softmax.rescale != "always",
     lambda s: (f"rescaling only when a row's max changes is not generated for {s.mma}; set "

@@ -22,8 +22,9 @@ from ...core.backward_plan import (BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPla
 from ...core.forward_plan import FORWARD_ABI, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, check_budget, layout_regions
-from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_head_dim_fragments,
-                               rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_threads)
+from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_expressions,
+                               rule_head_dim_fragments, rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes,
+                               rule_threads)
 
 NAME = "bwd_mma"
 TITLE = "mma.sync m16n8k16 attention backward (dQ by fp32 atomics)"
@@ -108,10 +109,6 @@ def rule_backward_dq_grid(s: BackwardSpec):
                                  f"that divides {s.tile.block_m // 16} (the query block's fragments) or a multiple of it")
 
 
-rule_backward_no_expressions = refuse(
-    "variant", lambda s: s.variant is not None,
-    lambda s: "expressions are not generated for the backward kind yet (masks none, causal and window, scores "
-              "softcap and alibi are); remove variant", "rule_backward_no_expressions")
 rule_backward_varlen_plain = refuse(
     "varlen", lambda s: s.varlen and (s.scores or "window" in s.masks),
     lambda s: "the backward's varlen call takes masks none and causal, without score modifiers, so far (as the "

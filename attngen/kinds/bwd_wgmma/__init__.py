@@ -5,7 +5,8 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
   block's keys sit in swizzled panels (cp.async); each warpgroup keeps dK and dV of its keys in wgmma
   accumulators. It walks the query blocks of 64 rows that see its keys (for every query head of its
   KV head), their Q and dO double-buffered: S^T = K Q^T and dP^T = V dO^T (wgmma SS),
-  P^T = exp2(S^T scale log2 e - LSE log2 e) and dS^T = P^T (dP^T - delta) in registers,
+  P^T = exp2(m(S^T) scale log2 e - LSE log2 e) and dS^T = P^T (dP^T - delta) m' in registers (m the
+  score modifiers, softcap and ALiBi; m' softcap's chain-rule factor),
   dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments (wgmma RS, Q and dO MN-major).
   dS^T goes to shared memory; warpgroup w computes dQ's columns [w d / W, (w + 1) d / W) = dS K over
   all the block's keys (both operands MN-major) and adds them into the fp32 accumulator with one bulk
@@ -25,7 +26,8 @@ from ...core.backward_plan import BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, Swizzle, TileCopy, check_budget, layout_regions
-from ...core.spec_keys import ForwardSpec, HomogeneousWarps, refuse, rule_head_dim_vector_loads, rule_no_varlen
+from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_expressions,
+                               rule_head_dim_vector_loads, rule_no_varlen)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
                            swizzled_tile)
 from ...targets import TARGETS
@@ -52,7 +54,7 @@ class WgmmaBackwardSpec(ForwardSpec):
     key_unit = KEYS_PER_WARPGROUP
     key_unit_why = "64 keys per warpgroup"
     masks_taken = ("none", "causal", "window")
-    takes_scores = False
+    takes_scores = True
 
     def swizzled_row_chunks(self) -> int:
         panel = panel_swizzle(self)
@@ -96,10 +98,6 @@ def rule_backward_head_dim(s):
                                 "by whole panels): use {xor_bits: 2, row_shift: 1} (32-column panels)")
 
 
-rule_backward_plain = refuse(
-    "scores", lambda s: bool(s.scores) or s.variant is not None,
-    lambda s: "this backward takes masks none, causal and window so far; remove scores and variant",
-    "rule_backward_plain")
 rule_backward_copies = refuse(
     "smem", lambda s: not s.smem.async_copy or s.smem.stages != 1 or s.smem.q_in_registers,
     lambda s: "this backward copies with cp.async and double-buffers Q and dO itself: set async_copy: true "
@@ -110,7 +108,7 @@ rule_backward_opt_in = refuse(
     "rule_backward_opt_in")
 
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
-                           rule_backward_warpgroups, rule_backward_head_dim, rule_backward_plain,
+                           rule_backward_warpgroups, rule_backward_head_dim, rule_backward_no_expressions,
                            rule_backward_copies, rule_backward_opt_in, rule_no_varlen)
 
 
@@ -180,7 +178,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
     f = fragments(spec, stage_bytes)
     w = f.warpgroups
     variants = spec_variants(spec)
-    abi = plan_abi(variants["mask_variants"], varlen=False, reports_errors=False, scores=(),
+    abi = plan_abi(variants["mask_variants"], varlen=False, reports_errors=False, scores=variants["score_variants"],
                    base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
     threads = 32 * spec.compute_warps
     roles = (f"{w} warpgroup(s), all copy (cp.async); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, "
@@ -190,8 +188,9 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 "  for each query head of the KV head, each query block of 64 rows that sees a key of the block:",
                 "    wait for its Q, dO (cp.async); fence.proxy.async; __syncthreads; issue the next block's Q, dO into "
                 "the other stage, and load its LSE or delta (one per thread) for the next step",
-                "    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(S^T scale_log2 - "
-                "LSE log2 e) (masked: 0); wait dP^T: dS^T = P^T (dP^T - delta)",
+                "    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(m(S^T) scale_log2 - "
+                "LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' "
+                "(softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)",
                 "    dS^T to shared (swizzled); issue dV += P^T dO, dK += dS^T Q (wgmma RS, N head_dim); "
                 "fence.proxy.async; __syncthreads",
                 f"    issue dQ[:, {f.dq_cols}w:] = dS K (wgmma SS, MN-major, N {f.dq_cols}); wait for all three",
