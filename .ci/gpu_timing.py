@@ -1,7 +1,12 @@
-"""The GPU timing the backward bench scripts in .ci share: the median of CUDA-event-timed calls."""
+"""The GPU timing the backward bench scripts in .ci share: the median of CUDA-event-timed calls
+(`med`: host gaps included), or `attngen bench`'s queued timing (`queued_med`: launches hidden);
+and the comparison of the two backward classes' gradients in one row."""
+import json
 import statistics
 
 import torch
+
+from attngen.eval.bench import time_calls
 
 
 def med(fn, reps=15):
@@ -14,3 +19,19 @@ def med(fn, reps=15):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b) * 1e3)
     return statistics.median(ts)
+
+
+def queued_med(fn, reps=30):
+    """`attngen bench`'s timing of fn(): CUDA events around each of `reps` calls queued behind a GPU
+    sleep, so the host's launches are hidden; the median, µs."""
+    return time_calls(torch, fn, [()], reps=reps)[0]
+
+
+def compare_classes(row, grads, rows):
+    """Finish a row timing both backward classes (mma_us, wgmma_us): their gradients' largest
+    difference beside the largest gradient, and wgmma's speedup; print it and keep it in rows."""
+    row["max_diff"] = max((a.float() - c.float()).abs().max().item() for a, c in zip(grads["mma"], grads["wgmma"]))
+    row["max_grad"] = max(g.float().abs().max().item() for g in grads["mma"])
+    row["wgmma_speedup"] = row["mma_us"] / row["wgmma_us"]
+    print(json.dumps(row), flush=True)
+    rows.append(row)

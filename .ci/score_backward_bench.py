@@ -16,13 +16,9 @@ beside the gradients' largest magnitude); `attngen verify` checks each against f
 import json, sys
 import torch
 import attngen
-from attngen.eval.bench import time_calls
+from gpu_timing import compare_classes, queued_med as med   # .ci/, beside this script
 
 SOFTCAP = 30.0
-
-
-def med(fn):
-    return time_calls(torch, fn, [()], reps=30)[0]
 
 
 def alibi_slopes(h):
@@ -53,9 +49,5 @@ for d, dtype in ((64, "fp16"), (128, "fp16"), (64, "bf16"), (128, "bf16")):
                     row[f"{name}_tflops"] = 4 * b * h * s * s * d * 2.5 / (2 if causal else 1) / row[f"{name}_us"] / 1e6
                     row[f"{name}_plain_us"] = plain_us[name]
                     row[f"{name}_cost"] = row[f"{name}_us"] / plain_us[name] - 1
-                row["max_diff"] = max((a.float() - c.float()).abs().max().item() for a, c in zip(grads["mma"], grads["wgmma"]))
-                row["max_grad"] = max(g.float().abs().max().item() for g in grads["mma"])
-                row["wgmma_speedup"] = row["mma_us"] / row["wgmma_us"]
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                compare_classes(row, grads, rows)
 json.dump(rows, open(sys.argv[1], "w"), indent=1)

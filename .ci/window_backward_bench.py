@@ -17,11 +17,7 @@ each against fp32.
 import json, sys
 import torch
 import attngen
-from attngen.eval.bench import time_calls
-
-
-def med(fn):
-    return time_calls(torch, fn, [()], reps=30)[0]
+from gpu_timing import compare_classes, queued_med as med   # .ci/, beside this script
 
 
 def visible_pairs(s, left, right):
@@ -52,9 +48,5 @@ for d, dtype in ((64, "fp16"), (128, "fp16"), (64, "bf16"), (128, "bf16")):
             oc, lsec = attngen.attention(q, k, v, causal=True, return_lse=True) if dense else (None, None)
             for name, kern in dense.items():
                 row[f"{name}_causal_us"] = med(lambda: kern(q, k, v, oc, lsec, do, causal=True))
-            row["max_diff"] = max((a.float() - c.float()).abs().max().item() for a, c in zip(grads["mma"], grads["wgmma"]))
-            row["max_grad"] = max(g.float().abs().max().item() for g in grads["mma"])
-            row["wgmma_speedup"] = row["mma_us"] / row["wgmma_us"]
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+            compare_classes(row, grads, rows)
 json.dump(rows, open(sys.argv[1], "w"), indent=1)
