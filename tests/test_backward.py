@@ -24,7 +24,8 @@ L4 = ROOT / "specs" / "l4_bwd_d64.yaml"
 WGMMA_D64 = ROOT / "specs" / "h100_bwd_d64_wgmma.yaml"
 WGMMA_D128 = ROOT / "specs" / "h100_bwd_d128_wgmma.yaml"
 WGMMA_D128_WINDOW = ROOT / "specs" / "h100_bwd_d128_wgmma_window.yaml"   # the mask with the most registers
-WGMMA_D128_SCORES = [ROOT / "specs" / f"h100_bwd_d128_wgmma_{s}.yaml" for s in ("softcap", "alibi")]  # at 255 registers
+WGMMA_D128_SCORES = [ROOT / "specs" / f"h100_bwd_d128_wgmma_{s}.yaml"    # at 255 registers
+                     for s in ("softcap", "alibi", "softcap_alibi")]
 
 
 def test_backward_key_picks_the_kind():
@@ -108,7 +109,7 @@ def refused_key(spec: Path, change: dict) -> str:
 @pytest.mark.nvcc
 @pytest.mark.parametrize("spec", [D128, L4, WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW, *WGMMA_D128_SCORES],
                          ids=["h100_d128", "l4_d64", "wgmma_d64", "wgmma_d128", "wgmma_d128_window", "wgmma_d128_softcap",
-                              "wgmma_d128_alibi"])
+                              "wgmma_d128_alibi", "wgmma_d128_softcap_alibi"])
 def test_kernels_compile_without_spills(spec):
     from attngen.compile import compile_source
     from attngen.render import render_spec_file
