@@ -231,6 +231,7 @@ VARIANT_CALLS = [   # (name, causal, attention() keywords but the slopes, ALiBi)
     ("window_causal", True, {"window": (200, -1)}, False),
     ("softcap", True, {"softcap": 3.0}, False),
     ("alibi", False, {}, True),
+    ("softcap_alibi", True, {"softcap": 3.0}, True),   # both at once: the _softcap_alibi specs
 ]
 
 
@@ -258,7 +259,7 @@ def variant_reference_gradients(torch, q, k, v, dout, causal, keywords, slopes):
 @pytest.mark.parametrize("dtype, d", [("float16", 64), ("bfloat16", 128)])
 @pytest.mark.parametrize("name, causal, keywords, alibi", VARIANT_CALLS, ids=[c[0] for c in VARIANT_CALLS])
 def test_variant_loss_backward(name, causal, keywords, alibi, dtype, d):
-    """loss.backward() through attngen.attention with a window, softcap or ALiBi (attention_variant_train
+    """loss.backward() through attngen.attention with a window, softcap, ALiBi or both (attention_variant_train
     and the table's backward variant specs): gradients within the rule of torch's autograd through
     verify's reference attention; the ALiBi slopes take none."""
     import torch
