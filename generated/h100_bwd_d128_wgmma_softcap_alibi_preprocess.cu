@@ -172,6 +172,13 @@ __device__ __forceinline__ float group_sum(float x) {
     return x;
 }
 
+// Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
+// varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
+// no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
+__device__ __forceinline__ int accum_rows_per_head(const Params& p) {
+    return (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
+}
+
 // The dot product of 8 elements of dO and O, in fp32.
 __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     const elem2_t* x = reinterpret_cast<const elem2_t*>(&a);
@@ -208,8 +215,8 @@ __device__ __forceinline__ void preprocess(const Params& p) {
             clear_accumulator(p.dq_accum + row_index * kHeadDim + lane_in_row * 8);
         }
     }
-    if constexpr (kAccumRowBlock > 1) {   // ... or whole query blocks of them: the grid covers those rows
-        const int accum_rows = (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
+    {   // ... or whole query blocks of them: the grid covers those rows
+        const int accum_rows = accum_rows_per_head(p);
         if (row < accum_rows) {
             const long long accum_row = (static_cast<long long>(batch) * p.heads + head) * accum_rows + row;
             clear_accumulator(p.dq_accum + accum_row * kHeadDim + lane_in_row * 8);

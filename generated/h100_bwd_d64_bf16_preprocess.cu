@@ -206,13 +206,6 @@ __device__ __forceinline__ void preprocess(const Params& p) {
             clear_accumulator(p.dq_accum + row_index * kHeadDim + lane_in_row * 8);
         }
     }
-    if constexpr (kAccumRowBlock > 1) {   // ... or whole query blocks of them: the grid covers those rows
-        const int accum_rows = (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
-        if (row < accum_rows) {
-            const long long accum_row = (static_cast<long long>(batch) * p.heads + head) * accum_rows + row;
-            clear_accumulator(p.dq_accum + accum_row * kHeadDim + lane_in_row * 8);
-        }
-    }
     sum = group_sum<kLanesPerRow>(sum);   // every lane takes part: the row's lanes are adjacent
     if (row < p.seqlen_q && lane_in_row == 0) p.delta[row_index] = sum;
 }

@@ -163,6 +163,13 @@ template <> __device__ __forceinline__ __nv_bfloat162 float2_to<__nv_bfloat162>(
 
 __device__ __forceinline__ elem2_t from_float2(float a, float b) { return float2_to<elem2_t>(a, b); }
 
+// Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
+// varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
+// no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
+__device__ __forceinline__ int accum_rows_per_head(const Params& p) {
+    return (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
+}
+
 __device__ __forceinline__ void convert(const Params& p) {
     const int lane_in_row = threadIdx.x % kLanesPerRow;
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
@@ -170,11 +177,10 @@ __device__ __forceinline__ void convert(const Params& p) {
     if (row >= p.seqlen_q) return;
     // Columns c .. c + 7 of row r of its block: registers v (even columns) and v + 1 (odd) of the four
     // threads of one quad, adjacent in the block: two 16-byte loads.
-    const int accum_rows = (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
     const int r = row % kAccumRowBlock, c = lane_in_row * 8;
     const int v = 4 * (c % kFragmentCols / 8) + 2 * (r % 16 / 8), t = r / 16 * 32 + r % 8 * 4;
-    const float* block = p.dq_accum + ((static_cast<long long>(batch) * p.heads + head) * accum_rows + row - r) * kHeadDim
-                         + c / kFragmentCols * kAccumRowBlock * kFragmentCols;
+    const float* block = p.dq_accum + ((static_cast<long long>(batch) * p.heads + head) * accum_rows_per_head(p) + row - r)
+                         * kHeadDim + c / kFragmentCols * kAccumRowBlock * kFragmentCols;
     const float4 even = *reinterpret_cast<const float4*>(block + v * 128 + t);
     const float4 odd = *reinterpret_cast<const float4*>(block + (v + 1) * 128 + t);
     uint4 out;

@@ -432,6 +432,7 @@ constexpr int kKStepsPerPanel = kPanelCols / 16;
 constexpr int kDescriptorMode = 2;   // the swizzle in a wgmma descriptor
 constexpr int kSwizzleAtomBytes = 8 * kPanelRowBytes;               // 8 panel rows: every descriptor's stride byte offset
 constexpr int kDqStagingBytes = kBlockM * kDqCols * 4;              // one warpgroup's dQ in register order
+constexpr int kAccumRowBlock = 64;          // the accumulator's whole blocks: query blocks
 constexpr int kWarpgroupBarrier = 1;                                // named barrier 1 + w: warpgroup w's threads
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kSmem_k0 % kSwizzleAtomBytes == 0 && kSmem_q % kSwizzleAtomBytes == 0 && kSmem_ds % kSwizzleAtomBytes == 0
@@ -651,16 +652,36 @@ struct QueryStep {
     int m0;
 };
 
-// Step i of `blocks` query blocks per query head (heads of the KV head in turn), from row m_first.
+// Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
+// varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
+// no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
+__device__ __forceinline__ int accum_rows_per_head(const Params& p) {
+    return (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
+}
+
+// Step i of `blocks` query blocks per query head (heads of the KV head in turn), from row m_first of
+// the block's sequence. The query block's accumulator rows: in a varlen sequence, from the start of
+// the sequence's run of blocks, which is laid out as its run of turn counters (block_sequence:
+// turns = heads x (its first row's block + its index)).
+template <bool kVarlen>
 __device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, const Sequence& seq, int kv_head,
                                                 const Params& p) {
     const int group = p.heads / p.kv_heads;
     const int head = kv_head * group + i / blocks, m0 = m_first + i % blocks * kBlockM;
     const long long row0 = seq.batch * p.lse_batch_stride + head * p.lse_head_stride;
-    const int accum_rows = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;   // whole query blocks per head
-    return {head, head_ptr(p.q, seq.batch, head, p.q_batch_stride, p.q_head_stride),
-            head_ptr(p.dout, seq.batch, head, p.dout_batch_stride, p.dout_head_stride), p.lse + row0, p.delta + row0,
-            p.dq_accum + ((static_cast<long long>(seq.batch) * p.heads + head) * accum_rows + m0) * kHeadDim, m0};
+    QueryStep st{head, head_ptr(p.q, seq.batch, head, p.q_batch_stride, p.q_head_stride),
+                 head_ptr(p.dout, seq.batch, head, p.dout_batch_stride, p.dout_head_stride), p.lse + row0,
+                 p.delta + row0,
+                 p.dq_accum + ((static_cast<long long>(seq.batch) * p.heads + head) * accum_rows_per_head(p) + m0) * kHeadDim,
+                 m0};
+    if constexpr (kVarlen) {   // the sequence's first rows (lse and delta are (heads, total_q), batch 0)
+        st.q += seq.q0 * p.q_row_stride;
+        st.dout += seq.q0 * p.dout_row_stride;
+        st.lse += seq.q0;
+        st.delta += seq.q0;
+        st.dq_accum += static_cast<long long>(seq.turns / p.heads * kBlockM) * kHeadDim;
+    }
+    return st;
 }
 
 // Issue the copies of a step's Q and dO tiles into stage `stage` (one cp.async group).
@@ -784,10 +805,15 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
 }
 
 // dK (times the scale) and dV of the warpgroup's 64 keys from key row0, rows past seqlen_k not written.
+template <bool kVarlen>
 __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDRegs], const float (&dv)[kDRegs], int row0,
                                                     int lane, const Sequence& seq, int kv_head, const Params& p) {
     elem_t* gk = static_cast<elem_t*>(p.dk) + seq.batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
     elem_t* gv = static_cast<elem_t*>(p.dv) + seq.batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
+    if constexpr (kVarlen) {   // the sequence's first key
+        gk += seq.k0 * p.dk_row_stride;
+        gv += seq.k0 * p.dv_row_stride;
+    }
 #pragma unroll
     for (int v = 0; v < kDRegs; v += 2) {
         const int key = row0 + acc_row(v, lane), col = acc_col(v, lane);
@@ -803,21 +829,26 @@ __device__ __forceinline__ int key_block_start() {
     return (kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockN;
 }
 
-// Keys [n0, n0 + kBlockN) of KV head blockIdx.y in batch blockIdx.z: K and V once, then the walk over
-// the query blocks that see them, the next block's Q and dO (and row statistics) loading during this one.
-template <Mask kMask, bool kDeterministic>
-__device__ __forceinline__ void attention_backward(const Params& p) {
+// Keys [n0, n0 + kBlockN) of KV head blockIdx.y in the block's sequence: K and V once, then the walk
+// over the query blocks that see them, the next block's Q and dO (and row statistics) loading during
+// this one.
+template <Mask kMask, bool kDeterministic, bool kVarlen>
+__device__ __forceinline__ void key_block(const Params& p, int n0) {
     extern __shared__ __align__(1024) unsigned char smem[];  // 99328 B: dynamic, opt-in
 
     const int tid = threadIdx.x, warp = tid / 32;
-    const int kv_head = blockIdx.y, n0 = key_block_start<kDeterministic>();
+    const int kv_head = blockIdx.y;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     if (smem_addr % kSwizzleAtomBytes) __trap();   // the swizzle pattern is on absolute addresses
-    const Sequence seq = block_sequence<false>(p);
-    copy_panels_async<kBlockN>(smem_addr + kSmem_k0, head_ptr(p.k, seq.batch, kv_head, p.k_batch_stride, p.k_head_stride),
-                               p.k_row_stride, n0, p.seqlen_k, tid);
-    copy_panels_async<kBlockN>(smem_addr + kSmem_v0, head_ptr(p.v, seq.batch, kv_head, p.v_batch_stride, p.v_head_stride),
-                               p.v_row_stride, n0, p.seqlen_k, tid);
+    const Sequence seq = block_sequence<kVarlen>(p);
+    const elem_t* k = head_ptr(p.k, seq.batch, kv_head, p.k_batch_stride, p.k_head_stride);
+    const elem_t* v = head_ptr(p.v, seq.batch, kv_head, p.v_batch_stride, p.v_head_stride);
+    if constexpr (kVarlen) {   // the sequence's first key
+        k += seq.k0 * p.k_row_stride;
+        v += seq.k0 * p.v_row_stride;
+    }
+    copy_panels_async<kBlockN>(smem_addr + kSmem_k0, k, p.k_row_stride, n0, p.seqlen_k, tid);
+    copy_panels_async<kBlockN>(smem_addr + kSmem_v0, v, p.v_row_stride, n0, p.seqlen_k, tid);
 
     float dk[kDRegs], dv[kDRegs];
 #pragma unroll
@@ -831,7 +862,7 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     const int steps = group * blocks;
     float stat = 0.f;
     if (steps > 0) {
-        const QueryStep first = query_step(0, blocks, m_first, seq, kv_head, p);
+        const QueryStep first = query_step<kVarlen>(0, blocks, m_first, seq, kv_head, p);
         issue_query_tiles(first, smem_addr, 0, tid, p);   // one group with K and V
         stat = row_stat(first, tid, p);
     } else {
@@ -839,13 +870,13 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     }
     float* stats = reinterpret_cast<float*>(smem + kSmem_stats);
     for (int i = 0; i < steps; ++i) {
-        const QueryStep st = query_step(i, blocks, m_first, seq, kv_head, p);
+        const QueryStep st = query_step<kVarlen>(i, blocks, m_first, seq, kv_head, p);
         if (tid < 2 * kBlockM) stats[i % 2 * 2 * kBlockM + tid] = stat;
         cp_async_wait<0>();            // this step's Q and dO: the only group in flight
         fence_proxy_async_shared();    // cp.async wrote them; wgmma reads through the async proxy
         __syncthreads();               // every thread's copies and statistics; step i - 1 is done everywhere
         if (i + 1 < steps) {           // into the stage step i - 1 read
-            const QueryStep next = query_step(i + 1, blocks, m_first, seq, kv_head, p);
+            const QueryStep next = query_step<kVarlen>(i + 1, blocks, m_first, seq, kv_head, p);
             issue_query_tiles(next, smem_addr, (i + 1) % 2, tid, p);
             stat = row_stat(next, tid, p);
         }
@@ -853,7 +884,13 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     }
     cp_async_wait_all();                                   // K and V, when no query block saw the keys
     if (tid % kWarpgroupThreads == 0) bulk_wait_group_read<0>();   // shared memory outlives the last reduce's reads
-    store_key_gradients(dk, dv, n0 + kKeysPerWarpgroup * (warp / 4) + 16 * (warp % 4), tid % 32, seq, kv_head, p);
+    store_key_gradients<kVarlen>(dk, dv, n0 + kKeysPerWarpgroup * (warp / 4) + 16 * (warp % 4), tid % 32, seq,
+                                 kv_head, p);
+}
+
+template <Mask kMask, bool kDeterministic>
+__device__ __forceinline__ void attention_backward(const Params& p) {
+    key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>());
 }
 
 }  // namespace attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16

@@ -223,7 +223,7 @@ def test_convert_template_matches_the_model():
     ({"head_dim": 96}, "head_dim"),
     ({"head_dim": 64}, "smem.swizzle"),                                  # 32 dQ columns per warpgroup
     ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}}, "variant"),
-    ({"varlen": True}, "varlen"),
+    ({"varlen": True, "scores": ["softcap"]}, "varlen"),              # varlen: masks none and causal only
     ({"target": "l4", "smem": {"swizzle": {"xor_bits": 3}, "async_copy": True, "opt_in": True}}, "target"),
     ({"smem": {"swizzle": {"xor_bits": 3}, "async_copy": True}}, "smem.opt_in"),
     ({"warps": {"producer": 4, "consumer": 8}}, "warps"),

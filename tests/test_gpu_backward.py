@@ -471,3 +471,29 @@ def test_repeated_backward_calls_take_the_prepared_path():
     shifted.copy_(q)
     with pytest.raises(ValueError, match="16-byte"):
         bwd(shifted, *args[1:], causal=True, deterministic=True)
+
+
+def test_wgmma_varlen_backward_with_bad_offsets_stays_inside_and_reports():
+    """The Hopper class's varlen backward (whole-block accumulator per sequence, the convert kernel's
+    bisection) given decreasing cu_seqlens: it reads and writes inside its tensors, its gradients are
+    finite, and the input error is recorded; the next call with good offsets is right again."""
+    import torch
+    from attngen.runtime import InputError
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("h100_bwd_d64_wgmma_varlen targets sm_90a")
+    bwd = kernel(ROOT / "specs" / "h100_bwd_d64_wgmma_varlen.yaml")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, o, do = (torch.randn(70, 4, 64, generator=gen, device="cuda").half() for _ in range(3))
+    lse = torch.full((4, 70), 20.0, device="cuda")   # every P small: finite gradients whatever rows pair up
+    attngen.check_errors()
+    bad = torch.tensor([0, 70, 50], dtype=torch.int32, device="cuda")
+    grads = bwd.varlen(q, q, q, o, lse, do, bad, bad, max_seqlen_k=70)
+    torch.cuda.synchronize()
+    assert all(bool(torch.isfinite(g).all()) for g in grads)
+    with pytest.raises(InputError, match="cu_seqlens offsets"):
+        attngen.check_errors()
+    good = torch.tensor([0, 50, 70], dtype=torch.int32, device="cuda")
+    again = bwd.varlen(q, q, q, o, lse, do, good, good, max_seqlen_k=50)
+    torch.cuda.synchronize()
+    attngen.check_errors()                 # nothing recorded
+    assert all(bool(torch.isfinite(g).all()) for g in again)

@@ -56,6 +56,9 @@ MAIN_UNREAD = ("o", "o_batch_stride", "o_head_stride", "o_row_stride", "batch", 
 # The Params fields each row kernel reads (they launch with the main kernel's bytes).
 PREPROCESS_READS = ("o", "o_batch_stride", "o_head_stride", "o_row_stride", "dout", "dout_batch_stride",
                     "dout_head_stride", "dout_row_stride", "dq_accum", "delta", "heads", "seqlen_q")
+# What the row kernels of a kind that adds whole query blocks also read in a varlen spec: where each
+# sequence's run of accumulator blocks starts (varlen_accum_rows).
+VARLEN_ACCUM_READS = ("cu_seqlens_q", "batch", "total_q")
 CONVERT_READS = ("dq", "dq_batch_stride", "dq_head_stride", "dq_row_stride", "dq_accum", "heads", "seqlen_q",
                  "scale")
 
@@ -90,21 +93,23 @@ class BackwardPlan(ForwardPlan):
         return "attention_backward_varlen" if is_varlen(DETERMINISTIC.mask(key)) else "attention_backward"
 
 
-def backward_parts(spec, abi) -> tuple[Part, ...]:
+def backward_parts(spec, abi, accum_blocks: bool = False) -> tuple[Part, ...]:
     """A backward bundle's parts: main, from the kind's main.cu.j2 (the forward's functions: one per
     mask, and with `varlen` one per mask for varlen sequences; then a deterministic one of each; they
     read every Params field but the row kernels' own), then the shared row kernels, which run the
-    same for varlen calls."""
+    same for varlen calls. accum_blocks: the kind adds whole query blocks to the accumulator; in a
+    varlen spec its row kernels then also read the sequences (VARLEN_ACCUM_READS)."""
     keys = [key for key, _ in forward_functions(spec)]
     keys += [deterministic_key(key) for key in keys]
     main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
                 reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
     row = dict(static_smem=0, threads=ROW_THREADS)
+    sequences = VARLEN_ACCUM_READS if accum_blocks and spec.varlen else ()
     return (main,
             Part("preprocess", "lib/backward_preprocess.cu.j2", f"{spec.name}_preprocess.cu",
-                 (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS, **row),
+                 (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS + sequences, **row),
             Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu",
-                 (("convert", function_name(spec, "convert")),), reads=CONVERT_READS, **row))
+                 (("convert", function_name(spec, "convert")),), reads=CONVERT_READS + sequences, **row))
 
 
 def query_blocks(seqlen_q: int, block_m: int) -> int:
@@ -117,6 +122,15 @@ def accum_rows(plan, seqlen_q: int) -> int:
     where the kind's main kernel adds whole blocks (fragments.accum_row_block)."""
     block = plan.fragments.accum_row_block
     return -(-seqlen_q // block) * block
+
+
+def varlen_accum_rows(plan, total_q: int, sequences: int) -> int:
+    """Rows of the fp32 dQ accumulator per head in a varlen call: total_q; or, where the kind adds
+    whole query blocks, a run of blocks per sequence starting at block (its first row's block + its
+    index), so that no two sequences share a block: (blocks of total_q + sequences) blocks. The
+    deterministic turn counters are laid out the same way."""
+    block = plan.fragments.accum_row_block
+    return total_q if block == 1 else (-(-total_q // block) + sequences) * block
 
 
 def row_grid(head_dim: int, batch: int, heads: int, rows: int) -> tuple[int, int, int]:

@@ -432,6 +432,11 @@ rule_backward_no_expressions = refuse(
     "variant", lambda s: s.variant is not None,
     lambda s: "expressions are not generated for the backward kinds yet (masks none, causal and window, scores "
               "softcap and alibi are); remove variant", "rule_backward_no_expressions")
+rule_backward_varlen_plain = refuse(
+    "varlen", lambda s: s.varlen and (s.scores or "window" in s.masks),
+    lambda s: "the backward's varlen call takes masks none and causal, without score modifiers, so far (as the "
+              "forward's varlen op); drop varlen: true, or put the window and scores in a spec without it",
+    "rule_backward_varlen_plain")
 rule_always_rescales = refuse(
     "softmax.rescale", lambda s: s.softmax.rescale != "always",
     lambda s: (f"rescaling only when a row's max changes is not generated for {s.mma}; set "

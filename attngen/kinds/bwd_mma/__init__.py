@@ -23,6 +23,7 @@ from ...core.forward_plan import FORWARD_ABI, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, check_budget, layout_regions
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_expressions,
+                               rule_backward_varlen_plain,
                                rule_head_dim_fragments, rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes,
                                rule_threads)
 
@@ -109,11 +110,6 @@ def rule_backward_dq_grid(s: BackwardSpec):
                                  f"that divides {s.tile.block_m // 16} (the query block's fragments) or a multiple of it")
 
 
-rule_backward_varlen_plain = refuse(
-    "varlen", lambda s: s.varlen and (s.scores or "window" in s.masks),
-    lambda s: "the backward's varlen call takes masks none and causal, without score modifiers, so far (as the "
-              "forward's varlen op); drop varlen: true, or put the window and scores in a spec without it",
-    "rule_backward_varlen_plain")
 rule_backward_one_stage = refuse(
     "smem.stages", lambda s: s.smem.stages != 1 or s.smem.q_in_registers,
     lambda s: "the backward kernel loads one query block at a time into shared memory; set smem.stages: 1 and "

@@ -27,7 +27,7 @@ from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_a
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, Swizzle, TileCopy, check_budget, layout_regions
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_expressions,
-                               rule_head_dim_vector_loads, rule_no_varlen)
+                               rule_backward_varlen_plain, rule_head_dim_vector_loads)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
                            swizzled_tile)
 from ...targets import TARGETS
@@ -109,7 +109,7 @@ rule_backward_opt_in = refuse(
 
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
                            rule_backward_warpgroups, rule_backward_head_dim, rule_backward_no_expressions,
-                           rule_backward_copies, rule_backward_opt_in, rule_no_varlen)
+                           rule_backward_copies, rule_backward_opt_in, rule_backward_varlen_plain)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,7 +178,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
     f = fragments(spec, stage_bytes)
     w = f.warpgroups
     variants = spec_variants(spec)
-    abi = plan_abi(variants["mask_variants"], varlen=False, reports_errors=False, scores=variants["score_variants"],
+    abi = plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False, scores=variants["score_variants"],
                    base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
     threads = 32 * spec.compute_warps
     roles = (f"{w} warpgroup(s), all copy (cp.async); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, "
@@ -198,6 +198,10 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 "    stage dQ in register order; fence.proxy.async; warpgroup barrier; its first thread issues one "
                 "bulk reduce-add into the accumulator (deterministic: waits for it, then passes the turn)",
                 "  dK *= scale; write dK, dV (rows < seqlen_k)",
+                *(("varlen functions: a block per (key block, KV head, sequence), Params narrowed to the sequence; "
+                   "each sequence's accumulator blocks start at block (its first row's block + its index), so no "
+                   "query block spans two sequences (the convert kernel finds a row's sequence by bisection)",)
+                  if spec.varlen else ()),
                 f"preprocess, convert: grid (ceil(rows / {f.row_block}), heads, batch), {ROW_THREADS} threads, "
                 "head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)")
     block_text = (f"block: {bn} keys of one KV head; the query blocks of {bm} rows that see them, for every query "
@@ -214,7 +218,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
         q_in_registers=False, rescale="always", q_copy=TileCopy(bm, d * 2 // 16, threads),
         kv_copy=TileCopy(bn, d * 2 // 16, threads), barriers=(), kv_stage_stride=0, min_blocks_per_sm=1,
         fragments=f, arch_suffix="a")
-    return BackwardPlan.of(forward, parts=backward_parts(spec, abi), roles=roles, schedule=schedule, block_text=block_text,
+    return BackwardPlan.of(forward, parts=backward_parts(spec, abi, accum_blocks=True), roles=roles, schedule=schedule, block_text=block_text,
                            copy_engine=f"cp.async (16-byte chunks, every thread) into {panel.row_bytes}-byte-swizzled "
                                        "panels",
                            pipeline_text="copies (cp.async, every thread): K and V of the block's keys once; Q and dO "

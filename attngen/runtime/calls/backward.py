@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 
-from ...core.backward_plan import accum_rows, deterministic_key, query_blocks, row_grid
+from ...core.backward_plan import accum_rows, deterministic_key, query_blocks, row_grid, varlen_accum_rows
 from ...core.forward_plan import LOG2E
 from ...core.varlen_plan import is_varlen, mask_of, varlen_key
 from ..gpu import error_word
@@ -209,7 +209,8 @@ class BackwardKernel(Kernel):
         if main[0] > MAX_GRID_X:
             raise ValueError(f"max_seqlen_k {keys} needs more than {MAX_GRID_X} blocks")
         torch = self._torch
-        dq_accum = torch.empty((heads, total_q, plan.head_dim), dtype=self._fp32, device=q.device)
+        accum = varlen_accum_rows(plan, total_q, batch)   # total_q, or whole blocks per sequence
+        dq_accum = torch.empty((heads, accum, plan.head_dim), dtype=self._fp32, device=q.device)
         delta = torch.empty((heads, total_q), dtype=self._fp32, device=q.device)
         # a run of heads x query blocks per sequence, from heads x (its first row's block + its index)
         turns = (torch.zeros(heads * (query_blocks(total_q, plan.block_m) + batch), dtype=torch.int32,
@@ -228,11 +229,13 @@ class BackwardKernel(Kernel):
                total_k, error_word(index)]
         row += [values.get(f.name, f.default) for f in self._mask_fields]
         info = self._device(index)
-        rows = row_grid(plan.head_dim, 1, heads, total_q)   # the row kernels take every row as one batch
+        # The row kernels take every row as one batch; the preprocess's grid also covers the
+        # accumulator's rows, which it zeroes.
         function = varlen_key(mask)
-        launches = self._launches(info, (self._functions["preprocess"]["preprocess"], rows),
+        launches = self._launches(info, (self._functions["preprocess"]["preprocess"],
+                                         row_grid(plan.head_dim, 1, heads, max(accum, total_q))),
                                   (self.entry[deterministic_key(function) if deterministic else function], main),
-                                  (self._functions["convert"]["convert"], rows))
+                                  (self._functions["convert"]["convert"], row_grid(plan.head_dim, 1, heads, total_q)))
         self._run(Prepared(info, launches, self._varlen_packer.pack(row), self._pointers), pointers)
         return dq, dk, dv
 
