@@ -229,11 +229,11 @@ class BackwardKernel(Kernel):
                total_k, error_word(index)]
         row += [values.get(f.name, f.default) for f in self._mask_fields]
         info = self._device(index)
-        # The row kernels take every row as one batch; the preprocess's grid also covers the
-        # accumulator's rows, which it zeroes.
+        # The row kernels take every row as one batch; the preprocess's grid covers the accumulator's
+        # rows (at least total_q), which it zeroes.
         function = varlen_key(mask)
         launches = self._launches(info, (self._functions["preprocess"]["preprocess"],
-                                         row_grid(plan.head_dim, 1, heads, max(accum, total_q))),
+                                         row_grid(plan.head_dim, 1, heads, accum)),
                                   (self.entry[deterministic_key(function) if deterministic else function], main),
                                   (self._functions["convert"]["convert"], row_grid(plan.head_dim, 1, heads, total_q)))
         self._run(Prepared(info, launches, self._varlen_packer.pack(row), self._pointers), pointers)
