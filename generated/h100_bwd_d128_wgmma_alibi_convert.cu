@@ -116,10 +116,12 @@ constexpr int kThreads = 128;
 constexpr int kLanesPerRow = kHeadDim / 8;              // 16-byte vectors in a row
 constexpr int kRowsPerBlock = kThreads / kLanesPerRow;  // 8
 constexpr int kAccumRowBlock = 64;   // each head's accumulator rows: seqlen_q rounded up to this
-// Each block of kAccumRowBlock (64) accumulator rows is laid out as the warpgroups that added it hold
+// Each block of kFragmentRows (64) accumulator rows is laid out as the warpgroups that added it hold
 // it: warpgroup w's columns [w kFragmentCols, (w + 1) kFragmentCols) as an m64 wgmma accumulator,
 // register v of warpgroup thread t at v * 128 + t. That register of a thread of warp wi, lane l is
-// row 16 wi + l / 4 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2 (l % 4) + (v & 1).
+// row 16 wi + l / 4 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2 (l % 4) + (v & 1). (A query block of
+// kAccumRowBlock rows holds kAccumRowBlock / kFragmentRows of them.)
+constexpr int kFragmentRows = 64;
 constexpr int kFragmentCols = 64;
 
 // Kernel arguments, passed by value: the bytes of the plan's Params (attngen/core/abi.py), of which
@@ -177,10 +179,10 @@ __device__ __forceinline__ void convert(const Params& p) {
     if (row >= p.seqlen_q) return;
     // Columns c .. c + 7 of row r of its block: registers v (even columns) and v + 1 (odd) of the four
     // threads of one quad, adjacent in the block: two 16-byte loads.
-    const int r = row % kAccumRowBlock, c = lane_in_row * 8;
+    const int r = row % kFragmentRows, c = lane_in_row * 8;
     const int v = 4 * (c % kFragmentCols / 8) + 2 * (r % 16 / 8), t = r / 16 * 32 + r % 8 * 4;
     const float* block = p.dq_accum + ((static_cast<long long>(batch) * p.heads + head) * accum_rows_per_head(p) + row - r)
-                         * kHeadDim + c / kFragmentCols * kAccumRowBlock * kFragmentCols;
+                         * kHeadDim + c / kFragmentCols * kFragmentRows * kFragmentCols;
     const float4 even = *reinterpret_cast<const float4*>(block + v * 128 + t);
     const float4 odd = *reinterpret_cast<const float4*>(block + (v + 1) * 128 + t);
     uint4 out;

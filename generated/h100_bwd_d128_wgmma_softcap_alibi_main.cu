@@ -418,8 +418,10 @@ constexpr int kWarpgroupThreads = 128;
 constexpr int kKeysPerWarpgroup = 64;                          // the M of S^T, dP^T, dK and dV
 constexpr int kSRegs = 32;                // S^T (and dP^T) accumulators per thread: 64 keys x kBlockM queries
 constexpr int kDRegs = 64;                // dK (and dV) accumulators per thread: 64 keys x head_dim
+constexpr bool kDqByRows = false;          // warpgroup w computes dQ of query rows [64 w, 64 w + 64), else of its columns
+constexpr int kDqRows = 64;                                         // dQ rows per warpgroup: one m64 wgmma
 constexpr int kDqCols = 64;              // dQ columns per warpgroup (whole panels)
-constexpr int kDqRegs = 32;              // dQ accumulators per thread: kBlockM queries x kDqCols
+constexpr int kDqRegs = 32;              // dQ accumulators per thread: kDqRows queries x kDqCols
 constexpr int kKStepsD = 8;           // k16 steps over head_dim (S^T, dP^T)
 constexpr int kKStepsM = 4;           // k16 steps over the query block (dK, dV)
 constexpr int kKStepsN = 8;           // k16 steps over the key block (dQ)
@@ -431,13 +433,14 @@ constexpr int kPanelRowShift = 0;   // rows sharing one XOR pattern: 2^shift
 constexpr int kKStepsPerPanel = kPanelCols / 16;
 constexpr int kDescriptorMode = 1;   // the swizzle in a wgmma descriptor
 constexpr int kSwizzleAtomBytes = 8 * kPanelRowBytes;               // 8 panel rows: every descriptor's stride byte offset
-constexpr int kDqStagingBytes = kBlockM * kDqCols * 4;              // one warpgroup's dQ in register order
+constexpr int kDqStagingBytes = kDqRows * kDqCols * 4;             // one warpgroup's dQ in register order
 constexpr int kAccumRowBlock = 64;          // the accumulator's whole blocks: query blocks
 constexpr int kWarpgroupBarrier = 1;                                // named barrier 1 + w: warpgroup w's threads
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kSmem_k0 % kSwizzleAtomBytes == 0 && kSmem_q % kSwizzleAtomBytes == 0 && kSmem_ds % kSwizzleAtomBytes == 0
               && kQueryStageBytes % kSwizzleAtomBytes == 0, "swizzled tiles start on their swizzle's repeat");
-static_assert(kBlockM == kKeysPerWarpgroup && kBlockN == kWarpgroups * kKeysPerWarpgroup, "m64 wgmma tiles");
+static_assert(kBlockM == (kDqByRows ? kWarpgroups : 1) * kDqRows && kBlockN == kWarpgroups * kKeysPerWarpgroup,
+              "m64 wgmma tiles");
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kRows rows, stored as TMA's swizzle
 // writes it: panels of kPanelCols columns, each kRows rows of kPanelRowBytes, chunks XORed by row.
@@ -496,12 +499,13 @@ __device__ __forceinline__ void issue_add_by_queries(float (&acc)[kDRegs], const
     for (int kc = 0; kc < kKStepsM; ++kc) wgmma_rs_m64n128(acc, a[kc], mn_major_desc<kBlockM>(sY, 0, kc));
 }
 
-// Issue dQ's columns [col0, col0 + kDqCols) = dS K over the block's keys: dS read MN-major from the
-// dS^T tile, K MN-major from the K tile (one commit group).
-__device__ __forceinline__ void issue_dq(float (&acc)[kDqRegs], uint32_t sDS, uint32_t sK, int col0) {
+// Issue dQ's rows [row0, row0 + kDqRows) x columns [col0, col0 + kDqCols) = dS K over the block's
+// keys: dS read MN-major from the dS^T tile (its query columns from row0), K MN-major from the K tile
+// (one commit group).
+__device__ __forceinline__ void issue_dq(float (&acc)[kDqRegs], uint32_t sDS, uint32_t sK, int row0, int col0) {
 #pragma unroll
     for (int kk = 0; kk < kKStepsN; ++kk)
-        wgmma_ss_m64n64_mn(acc, mn_major_desc<kBlockN>(sDS, 0, kk), mn_major_desc<kBlockN>(sK, col0, kk), kk > 0);
+        wgmma_ss_m64n64_mn(acc, mn_major_desc<kBlockN>(sDS, row0, kk), mn_major_desc<kBlockN>(sK, col0, kk), kk > 0);
     wgmma_commit();
 }
 
@@ -796,7 +800,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
 
     float dq[kDqRegs];
     wgmma_fence();
-    issue_dq(dq, sDS, sK, kDqCols * warpgroup);
+    issue_dq(dq, sDS, sK, kDqByRows ? kDqRows * warpgroup : 0, kDqByRows ? 0 : kDqCols * warpgroup);
     wgmma_wait<0>();   // dV, dK and dQ: the fragments, this stage's tiles and dS^T are read
     fence_registers(dq);
     fence_registers(dk);

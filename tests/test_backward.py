@@ -142,32 +142,35 @@ def test_wgmma_backward_picks_its_kind():
     assert kind_for_data(data | {"backward": "dq_atomic", "mma": "mma_m16n8k16"}).name == "bwd_mma"
 
 
-@pytest.mark.parametrize("path, dq_cols, panel_cols", [(WGMMA_D64, 32, 32), (WGMMA_D128, 64, 64)])
-def test_wgmma_plan_numbers(path, dq_cols, panel_cols):
+@pytest.mark.parametrize("path, block_m, dq_cols, panel_cols", [(WGMMA_D64, 128, 64, 32), (WGMMA_D128, 64, 64, 64)])
+def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
     p = make_plan(load_spec(path))
     main, pre, conv = p.parts
     assert [k for k, _ in main.functions] == ["none", "causal", "none_deterministic", "causal_deterministic"]
     assert (pre.template, conv.template) == ("lib/backward_preprocess.cu.j2", "lib/backward_convert.cu.j2")
     f = p.fragments
     d = p.head_dim
-    assert (f.warpgroups, f.s_regs, f.d_regs, f.dq_cols, f.dq_regs) == (2, 32, d // 2, dq_cols, dq_cols // 2)
-    assert (f.k_steps_d, f.k_steps_m, f.k_steps_n, f.panel_cols) == (d // 16, 4, 8, panel_cols)
-    assert (f.accum_row_block, f.accum_fragment_cols) == (64, dq_cols)
+    assert p.block_m == block_m and f.dq_by_rows == (block_m == 128)
+    assert (f.warpgroups, f.s_regs, f.d_regs, f.dq_cols, f.dq_regs) == (2, block_m // 2, d // 2, dq_cols, dq_cols // 2)
+    assert (f.k_steps_d, f.k_steps_m, f.k_steps_n, f.panel_cols) == (d // 16, block_m // 16, 8, panel_cols)
+    assert (f.accum_row_block, f.accum_fragment_cols) == (block_m, dq_cols)
     regions = {r.name: r for r in p.regions}
     for name in ("q", "do", "q1", "do1", "k0", "v0", "ds"):
         assert regions[name].offset % 1024 == 0, name    # the swizzle pattern is on absolute addresses
     assert f.query_stage_bytes == regions["q1"].offset - regions["q"].offset == \
         regions["do1"].offset - regions["do"].offset
-    assert regions["dq"].bytes == 64 * d * 4
+    assert regions["dq"].bytes == block_m * d * 4
     assert p.smem_bytes <= 227 * 1024 and p.arch_suffix == "a"
     text = explain(p)
     assert "cp.reduce.async.bulk" in text and "register order" in text
 
 
 def test_accumulator_rows_round_up_to_query_blocks():
-    p = make_plan(load_spec(WGMMA_D64))
+    p = make_plan(load_spec(WGMMA_D128))
     assert accum_rows(p, 1) == 64 and accum_rows(p, 64) == 64 and accum_rows(p, 65) == 128
-    assert row_grid(64, 2, 3, accum_rows(p, 65)) == (8, 3, 2)
+    assert row_grid(128, 2, 3, accum_rows(p, 65)) == (16, 3, 2)
+    p = make_plan(load_spec(WGMMA_D64))   # query blocks of 128
+    assert accum_rows(p, 1) == 128 and accum_rows(p, 128) == 128 and accum_rows(p, 129) == 256
 
 
 def staged_index(v: int, tid: int) -> int:
@@ -192,32 +195,41 @@ def convert_reads(r: int, c: int, fragment_cols: int) -> list[int]:
     return [x for pair in zip(even, odd) for x in pair]
 
 
-@pytest.mark.parametrize("d, warpgroups", [(64, 2), (128, 2), (128, 1)])
-def test_convert_reads_what_the_main_kernel_staged(d, warpgroups):
-    cols = d // warpgroups
+@pytest.mark.parametrize("d, warpgroups, by_rows", [(64, 2, False), (128, 2, False), (128, 1, False), (64, 2, True)])
+def test_convert_reads_what_the_main_kernel_staged(d, warpgroups, by_rows):
+    """Warpgroup w stages its dQ (add_dq) at w x its staging size in the query block's accumulator:
+    columns [w cols, (w + 1) cols) of 64 rows, or (by rows) rows [64 w, 64 w + 64) at every column.
+    The convert reads each 64-row block from (row - row % 64) x d."""
+    cols = d if by_rows else d // warpgroups
+    rows = 64 * warpgroups if by_rows else 64
     where = {}
     for w in range(warpgroups):
         for tid in range(128):
             for v in range(cols // 2):
                 row, col = accumulator_position(v, tid)
-                where[(row, w * cols + col)] = w * 64 * cols + staged_index(v, tid)
-    assert len(where) == 64 * d and sorted(where.values()) == list(range(64 * d))   # a bijection
-    for r in range(64):
+                at = (64 * w + row, col) if by_rows else (row, w * cols + col)
+                where[at] = w * 64 * cols + staged_index(v, tid)
+    assert len(where) == rows * d and sorted(where.values()) == list(range(rows * d))   # a bijection
+    for r in range(rows):
         for c in range(0, d, 8):
-            assert convert_reads(r, c, cols) == [where[(r, c + j)] for j in range(8)], (r, c)
+            reads = [r // 64 * 64 * d + x for x in convert_reads(r % 64, c, cols)]
+            assert reads == [where[(r, c + j)] for j in range(8)], (r, c)
 
 
 def test_convert_template_matches_the_model():
     """The formulas the convert template renders are the ones test_convert_reads_what_the_main_kernel_staged checks."""
     text = (ROOT / "templates" / "lib" / "backward_convert.cu.j2").read_text()
     assert "const int v = 4 * (c % kFragmentCols / 8) + 2 * (r % 16 / 8), t = r / 16 * 32 + r % 8 * 4;" in text
-    assert "+ c / kFragmentCols * kAccumRowBlock * kFragmentCols;" in text
+    assert "const int r = {{ at }} % kFragmentRows, c = lane_in_row * 8;" in text and "kFragmentRows = 64;" in text
+    assert "+ {{ at }} - r)" in text and "+ c / kFragmentCols * kFragmentRows * kFragmentCols;" in text
     main = (ROOT / "templates" / "bwd_wgmma" / "main.cu.j2").read_text()
     assert re.search(r"staging\[v \* kWarpgroupThreads \+ wg_tid\] = dq\[v\]", main)
+    assert "bulk_reduce_add(st.dq_accum + warpgroup * (kDqStagingBytes / 4)," in main
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"tile": {"block_m": 128, "block_n": 128}}, "tile.block_m"),
+    ({"tile": {"block_m": 128, "block_n": 128}}, "tile.block_m"),     # d128: dK, dV, S^T, dP^T take 296 registers
+    ({"tile": {"block_m": 256, "block_n": 128}}, "tile.block_m"),     # 64 or 64 x warpgroups
     ({"tile": {"block_m": 64, "block_n": 64}}, "tile.block_n"),          # 2 warpgroups own 128 keys
     ({"warps": {"compute": 12}, "tile": {"block_m": 64, "block_n": 192}}, "warps.compute"),
     ({"head_dim": 96}, "head_dim"),
@@ -230,3 +242,10 @@ def test_convert_template_matches_the_model():
 ])
 def test_wgmma_rules_refuse_what_is_not_generated(change, key):
     assert refused_key(WGMMA_D128, change) == key
+
+
+def test_wgmma_query_blocks_of_128_refuse_varlen():
+    """Query blocks of 128 (dQ by rows) are generated for padded calls: the varlen functions spill."""
+    assert refused_key(WGMMA_D64, {"varlen": True}) == "tile.block_m"
+    data = yaml.safe_load(WGMMA_D64.read_text()) | {"varlen": True, "tile": {"block_m": 64, "block_n": 128}}
+    assert make_plan(parse_spec(yaml.safe_dump(data), file="b.yaml"), file="b.yaml").varlen

@@ -3,15 +3,17 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
 
 - main: block (key block, KV head, batch), one warpgroup per 64 keys of the block. K and V of the
   block's keys sit in swizzled panels (cp.async); each warpgroup keeps dK and dV of its keys in wgmma
-  accumulators. It walks the query blocks of 64 rows that see its keys (for every query head of its
+  accumulators. It walks the query blocks of 64 or 128 rows that see its keys (for every query head of its
   KV head), their Q and dO double-buffered: S^T = K Q^T and dP^T = V dO^T (wgmma SS),
   P^T = exp2(m(S^T) scale log2 e - LSE log2 e) and dS^T = P^T (dP^T - delta) m' in registers (m the
   score modifiers, softcap and ALiBi; m' softcap's chain-rule factor),
   dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments (wgmma RS, Q and dO MN-major).
-  dS^T goes to shared memory; warpgroup w computes dQ's columns [w d / W, (w + 1) d / W) = dS K over
-  all the block's keys (both operands MN-major) and adds them into the fp32 accumulator with one bulk
-  reduce-add (cp.reduce.async.bulk) of its registers, staged in register order: the accumulator keeps
-  each 64-row query block in that order, and the convert kernel reads it so.
+  dS^T goes to shared memory; warpgroup w computes its share of dQ = dS K over all the block's keys
+  (both operands MN-major): with query blocks of 64 rows, columns [w d / W, (w + 1) d / W); with
+  query blocks of 64 W rows, rows [64 w, 64 w + 64) at every column (each warpgroup then reads only
+  its queries' dS^T). It adds them into the fp32 accumulator with one bulk reduce-add
+  (cp.reduce.async.bulk) of its registers, staged in register order: the accumulator keeps each
+  64-row block in that order, and the convert kernel reads it so.
 - preprocess: delta = rowsum(dO * O), zeros in the accumulator (whole query blocks);
 - convert: dQ = scale * accumulator.
 """
@@ -41,6 +43,7 @@ MAX_WARPGROUPS = 2          # dK and dV of 64 keys take head_dim fp32 registers 
 HEAD_DIMS = (64, 128)
 QUERY_STAGES = 2            # Q and dO of the step computing and of the next, loading
 REGISTER_MARGIN = 40        # registers a thread needs beside its accumulators and fragments (addresses, stats)
+MAX_REGISTERS = 255         # a thread's most; 256 threads of one block use the whole register file
 
 
 class WgmmaBackwardSpec(ForwardSpec):
@@ -66,8 +69,15 @@ class WgmmaBackwardSpec(ForwardSpec):
 
 
 def register_need(s) -> int:
+    """dK, dV, S^T and dP^T in flight at once (P^T and dS^T fragments replace S^T and dP^T)."""
     d, bm = s.head_dim, s.tile.block_m
-    return d + 2 * (bm // 2) + 2 * (bm // 4) + REGISTER_MARGIN
+    return d + 2 * (bm // 2) + REGISTER_MARGIN
+
+
+def dq_by_rows(s) -> bool:
+    """Query blocks of 64 rows per warpgroup: each warpgroup computes dQ of its 64 rows (all columns),
+    reading only its queries' dS^T; query blocks of 64: each computes a share of the columns."""
+    return s.tile.block_m > ROWS_PER_WARPGROUP
 
 
 def rule_backward_warpgroups(s):
@@ -79,9 +89,11 @@ def rule_backward_warpgroups(s):
     if s.tile.block_n != KEYS_PER_WARPGROUP * (s.compute_warps // WARPGROUP):
         return "tile.block_n", (f"must be 64 x warpgroups = {KEYS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)}: "
                                 f"each warpgroup owns 64 keys of the block (got {s.tile.block_n})")
-    if s.tile.block_m != ROWS_PER_WARPGROUP:
-        return "tile.block_m", (f"must be {ROWS_PER_WARPGROUP}: dQ of a query block is one m64 wgmma per "
-                                f"warpgroup (got {s.tile.block_m})")
+    by_rows = ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)
+    if s.tile.block_m not in (ROWS_PER_WARPGROUP, by_rows):
+        return "tile.block_m", (f"must be {ROWS_PER_WARPGROUP} (dQ of a query block split by columns, one m64 "
+                                f"wgmma per warpgroup) or {by_rows} (64 rows per warpgroup, dQ split by rows) "
+                                f"(got {s.tile.block_m})")
 
 
 def rule_backward_head_dim(s):
@@ -92,7 +104,7 @@ def rule_backward_head_dim(s):
         return "head_dim_v", f"the backward kernels take V of q's head dim; remove head_dim_v (got {s.head_dim_v})"
     panel = panel_swizzle(s)
     warpgroups = max(s.compute_warps // WARPGROUP, 1)
-    if panel and (s.head_dim // warpgroups) % panel.cols:
+    if panel and not dq_by_rows(s) and (s.head_dim // warpgroups) % panel.cols:
         return "smem.swizzle", (f"each of the {warpgroups} warpgroups computes {s.head_dim // warpgroups} columns of "
                                 f"dQ, which must be whole {panel.cols}-column panels (wgmma reads MN-major operands "
                                 "by whole panels): use {xor_bits: 2, row_shift: 1} (32-column panels)")
@@ -102,6 +114,15 @@ rule_backward_copies = refuse(
     "smem", lambda s: not s.smem.async_copy or s.smem.stages != 1 or s.smem.q_in_registers,
     lambda s: "this backward copies with cp.async and double-buffers Q and dO itself: set async_copy: true "
               "and leave stages and q_in_registers unset", "rule_backward_copies")
+rule_backward_registers = refuse(
+    "tile.block_m", lambda s: register_need(s) > MAX_REGISTERS,
+    lambda s: (f"a thread would hold dK, dV, S^T and dP^T together: {register_need(s)} registers with the margin, "
+               f"over {MAX_REGISTERS}; use block_m: {ROWS_PER_WARPGROUP} (query blocks of {s.tile.block_m} fit "
+               f"head_dim {MAX_REGISTERS - REGISTER_MARGIN - s.tile.block_m} or less)"), "rule_backward_registers")
+rule_backward_rows_plain = refuse(
+    "tile.block_m", lambda s: dq_by_rows(s) and s.varlen,
+    lambda s: f"varlen is generated for query blocks of {ROWS_PER_WARPGROUP} rows (with {s.tile.block_m} its varlen "
+              f"functions spill at 255 registers): set tile.block_m: {ROWS_PER_WARPGROUP}", "rule_backward_rows_plain")
 rule_backward_opt_in = refuse(
     "smem.opt_in", lambda s: not s.smem.opt_in,
     lambda s: "the K, V, Q, dO and dS^T panels and the dQ staging take more than 48 KiB: set smem.opt_in: true",
@@ -109,7 +130,8 @@ rule_backward_opt_in = refuse(
 
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
                            rule_backward_warpgroups, rule_backward_head_dim, rule_backward_no_expressions,
-                           rule_backward_copies, rule_backward_opt_in, rule_backward_varlen_plain)
+                           rule_backward_copies, rule_backward_opt_in, rule_backward_varlen_plain,
+                           rule_backward_registers, rule_backward_rows_plain)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,8 +139,9 @@ class WgmmaBackwardFragments:
     warpgroups: int         # consumer warpgroups, 64 keys each
     s_regs: int             # S^T (and dP^T) accumulators per thread: 64 keys x block_m queries
     d_regs: int             # dK (and dV) accumulators per thread: 64 keys x head_dim
+    dq_by_rows: bool        # each warpgroup computes dQ of its 64 query rows (else: of its columns)
     dq_cols: int            # dQ columns per warpgroup (whole panels)
-    dq_regs: int            # dQ accumulators per thread
+    dq_regs: int            # dQ accumulators per thread: 64 rows x dq_cols
     k_steps_d: int          # k16 steps over head_dim (S^T, dP^T)
     k_steps_m: int          # k16 steps over the query block (dK, dV)
     k_steps_n: int          # k16 steps over the key block (dQ)
@@ -129,18 +152,21 @@ class WgmmaBackwardFragments:
     descriptor_mode: int    # the swizzle in bits 62-63 of a wgmma descriptor
     row_block: int          # query rows per preprocess / convert block
     accum_row_block: int    # the accumulator holds whole query blocks of each head
-    accum_fragment_cols: int  # ... each in register order, dq_cols per warpgroup
+    accum_fragment_cols: int  # ... each 64 rows in register order, dq_cols per warpgroup
 
 
 def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardFragments:
     d, bm, bn = spec.head_dim, spec.tile.block_m, spec.tile.block_n
     panel = panel_swizzle(spec)
     w = spec.compute_warps // WARPGROUP
+    by_rows = dq_by_rows(spec)
+    dq_cols = d if by_rows else d // w
     return WgmmaBackwardFragments(
-        warpgroups=w, s_regs=bm // 2, d_regs=d // 2, dq_cols=d // w, dq_regs=d // w // 2, k_steps_d=d // 16,
-        k_steps_m=bm // 16, k_steps_n=bn // 16, query_stage_bytes=query_stage_bytes, panel_cols=panel.cols,
-        panel_row_bytes=panel.row_bytes, panel_row_shift=panel.row_shift, descriptor_mode=panel.descriptor_mode,
-        row_block=rows_per_row_block(d), accum_row_block=bm, accum_fragment_cols=d // w)
+        warpgroups=w, s_regs=bm // 2, d_regs=d // 2, dq_by_rows=by_rows, dq_cols=dq_cols, dq_regs=dq_cols // 2,
+        k_steps_d=d // 16, k_steps_m=bm // 16, k_steps_n=bn // 16, query_stage_bytes=query_stage_bytes,
+        panel_cols=panel.cols, panel_row_bytes=panel.row_bytes, panel_row_shift=panel.row_shift,
+        descriptor_mode=panel.descriptor_mode, row_block=rows_per_row_block(d), accum_row_block=bm,
+        accum_fragment_cols=dq_cols)
 
 
 def regions(spec: WgmmaBackwardSpec) -> list[Region]:
@@ -157,8 +183,10 @@ def regions(spec: WgmmaBackwardSpec) -> list[Region]:
             swizzled_tile("k0", bn, d, panel, ctype, "K tile of the block's keys, loaded once"),
             swizzled_tile("v0", bn, d, panel, ctype, "V tile of the block's keys, loaded once"),
             swizzled_tile("ds", bn, bm, panel, ctype, "dS^T of the block's keys x the query block, for dQ"),
-            Region("dq", w * bm, d // w, "float", 4, d // w * 4, per="each warpgroup's dQ columns of the query block "
-                   "in register order, for the bulk reduce-add"),
+            (Region("dq", bm, d, "float", 4, d * 4, per="each warpgroup's dQ rows of the query block in register "
+                    "order, for the bulk reduce-add") if dq_by_rows(spec) else
+             Region("dq", w * bm, d // w, "float", 4, d // w * 4, per="each warpgroup's dQ columns of the query block "
+                    "in register order, for the bulk reduce-add")),
             Region("stats", 2, 2 * bm, "float", 4, 2 * bm * 4, per="per stage: the query block's LSE x log2(e) "
                    "(+inf: a row that adds nothing), then its rowsum(dO * O)")]
 
@@ -181,19 +209,23 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
     abi = plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False, scores=variants["score_variants"],
                    base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
     threads = 32 * spec.compute_warps
+    dq_share = ("dQ's rows [64w, 64w + 64) of the query block" if f.dq_by_rows else
+                f"dQ's columns [{f.dq_cols}w, {f.dq_cols}w + {f.dq_cols})")
+    dq_issue = (f"dQ[64w:64w + 64, :] = dS K (wgmma SS, MN-major, N {f.dq_cols}; dS of the warpgroup's queries only)"
+                if f.dq_by_rows else f"dQ[:, {f.dq_cols}w:] = dS K (wgmma SS, MN-major, N {f.dq_cols})")
     roles = (f"{w} warpgroup(s), all copy (cp.async); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, "
-             f"S^T, dP^T in wgmma accumulators) and dQ's columns [{f.dq_cols}w, {f.dq_cols}w + {f.dq_cols})",)
+             f"S^T, dP^T in wgmma accumulators) and {dq_share}",)
     schedule = ("main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:",
                 "  load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero)",
-                "  for each query head of the KV head, each query block of 64 rows that sees a key of the block:",
+                f"  for each query head of the KV head, each query block of {bm} rows that sees a key of the block:",
                 "    wait for its Q, dO (cp.async); fence.proxy.async; __syncthreads; issue the next block's Q, dO into "
                 "the other stage, and load its LSE or delta (one per thread) for the next step",
-                "    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(m(S^T) scale_log2 - "
+                f"    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N {bm}); wait S^T: P^T = exp2(m(S^T) scale_log2 - "
                 "LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' "
                 "(softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)",
                 "    dS^T to shared (swizzled); issue dV += P^T dO, dK += dS^T Q (wgmma RS, N head_dim); "
                 "fence.proxy.async; __syncthreads",
-                f"    issue dQ[:, {f.dq_cols}w:] = dS K (wgmma SS, MN-major, N {f.dq_cols}); wait for all three",
+                f"    issue {dq_issue}; wait for all three",
                 "    (deterministic: thread 0 waits for the block's turn at this query block; __syncthreads)",
                 "    stage dQ in register order; fence.proxy.async; warpgroup barrier; its first thread issues one "
                 "bulk reduce-add into the accumulator (deterministic: waits for it, then passes the turn)",
@@ -203,7 +235,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                    "query block spans two sequences (the convert kernel finds a row's sequence by bisection)",)
                   if spec.varlen else ()),
                 f"preprocess, convert: grid (ceil(rows / {f.row_block}), heads, batch), {ROW_THREADS} threads, "
-                "head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)")
+                f"head_dim / 8 threads per row (rows: seqlen_q rounded up to {bm} for the preprocess's zeros)")
     block_text = (f"block: {bn} keys of one KV head; the query blocks of {bm} rows that see them, for every query "
                   "head of the KV head",
                   f"threads: {threads} = {w} warpgroup(s) of 64 keys",
@@ -234,8 +266,8 @@ def explain(plan) -> list[str]:
             f"m64n{f.dq_cols}k16 (dQ, SS, MN-major)",
             f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}); K-major K, V, Q, dO for "
             f"S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels {f.panel_cols} columns wide",
-            f"dQ: each warpgroup adds {plan.block_m} x {f.dq_cols} fp32 per query block with one cp.reduce.async.bulk "
-            f"of {plan.block_m * f.dq_cols * 4} B; the accumulator keeps each 64-row block in register order (the "
+            f"dQ: each warpgroup adds {64 if f.dq_by_rows else plan.block_m} x {f.dq_cols} fp32 per query block with one "
+            f"cp.reduce.async.bulk of {(64 if f.dq_by_rows else plan.block_m) * f.dq_cols * 4} B; the accumulator keeps each 64-row block in register order (the "
             "convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic "
             "functions add one key block at a time, the last first (turn counters in dq_turns)"]
 
