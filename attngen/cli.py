@@ -893,9 +893,13 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     wmma and mma.sync specs: tile.block_m, tile.block_n, warps (and producer/consumer
     splits when the base has warp roles), smem.stages, smem.swizzle (the base's or none)
     and smem.q_in_registers. wgmma specs: tile.block_n, consumer warpgroups with or
-    without a producer warpgroup (block_m follows), smem.stages, registers and schedule. A candidate is dropped before compiling when it breaks a spec
-    rule, exceeds the shared-memory budget or renders the same code as another; after
-    compiling when nvcc fails or ptxas reports spills; on the GPU when it fails the
+    without a producer warpgroup (block_m follows), smem.stages, registers and schedule.
+    Backward specs: tile.block_m, tile.block_n with the warps that own its keys (16 per warp),
+    and for mma.sync query_stages and query_chunk; their backward call is timed (given
+    attngen's forward o and lse) beside flash's backward, TFLOP/s counting 2.5x the forward's
+    FLOPs, and their gradients are checked. A candidate is dropped before compiling when it
+    breaks a spec rule, exceeds the shared-memory budget or renders the same code as another;
+    after compiling when nvcc fails or ptxas reports spills; on the GPU when it fails the
     verifier's quick suite or the output check on the sweep's inputs. Survivors are timed
     like `attngen bench`, beside torch's flash backend (vs flash = flash time / time).
     Results are cached per spec, GPU and shape in the sweep/ folder of the cubin cache

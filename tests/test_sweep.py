@@ -82,7 +82,7 @@ class StubMeasurer:
         self.stop_after = stop_after
         self.calls: list[tuple[str, bool]] = []
 
-    def measure(self, plan, source, shape, causal):
+    def measure(self, plan, sources, shape, causal):
         if self.stop_after is not None and len(self.calls) == self.stop_after:
             raise KeyboardInterrupt
         self.calls.append((plan.spec.name, causal))
@@ -92,7 +92,7 @@ class StubMeasurer:
             + (0 if plan.q_in_registers else 1) + (7 if causal else 0)
         return S.Measurement("ok", us)
 
-    def flash_time(self, shape, dtype, causal):
+    def flash_time(self, shape, dtype, causal, call="forward"):
         return 150.0
 
 
@@ -132,7 +132,7 @@ def test_candidate_is_the_base_under_a_new_name(base):
     assert cand.name == "l4_mma_d64_m64n64w4s2x3q"
     assert {k: v for k, v in spec_dict(cand.spec).items() if k != "name"} == \
            {k: v for k, v in spec_dict(base).items() if k != "name"}
-    assert cand.code_hash == S.code_hash(render_spec_file(L4_D64).source, base.name)
+    assert cand.code_hash == S.code_hash((render_spec_file(L4_D64).source,), base.name)
     assert cand.spec_hash == S.spec_hash(base)
 
 
@@ -251,7 +251,7 @@ def test_failed_verify_and_spills_are_never_ranked(base, tmp_path, stub_nvcc):
 
 def test_fatal_error_stops_the_sweep_and_is_cached(base, tmp_path, stub_nvcc):
     class Faulting(StubMeasurer):
-        def measure(self, plan, source, shape, causal):
+        def measure(self, plan, sources, shape, causal):
             self.calls.append((plan.spec.name, causal))
             return S.Measurement(S.ERROR, note="illegal address", fatal=True)
     from attngen.errors import ToolError
@@ -529,3 +529,81 @@ def test_sweep_cases_of_a_base_whose_v_has_its_own_head_dim():
     assert shape_of(cases[0]) == (4, 16, 2048, 192, 128)
     with pytest.raises(ValueError, match="V head dim 64, the base spec h100_wgmma_d192_v128 128"):
         parse_cases("4x16x2048x192x64", base, "no")
+
+
+# -- backward specs ----------------------------------------------------------------------------------
+
+WGMMA_BWD_D64 = ROOT / "specs" / "h100_bwd_d64_wgmma.yaml"
+WGMMA_BWD_D128 = ROOT / "specs" / "h100_bwd_d128_wgmma.yaml"
+MMA_BWD_D64 = ROOT / "specs" / "h100_bwd_d64.yaml"
+
+
+@pytest.mark.parametrize("path, survivors, refused", [
+    (WGMMA_BWD_D64, {"m64n64", "m64n128", "m128n128"}, {"m128n64": "spec rule: tile.block_m"}),   # 64 rows / warpgroup
+    (WGMMA_BWD_D128, {"m64n64", "m64n128"}, {"m128n64": "spec rule: tile.block_m",
+                                             "m128n128": "spec rule: tile.block_m"}),           # 296 registers
+])
+def test_wgmma_backward_space(path, survivors, refused):
+    base = load_spec(path)
+    sp = S.default_space(base)
+    assert sp.names == ("block_m", "block_n") and sp.block_m == (64, 128) and sp.block_n == (64, 128)
+    kept, pruned = S.prune(base, sp)
+    assert {c.choice.tag for c in kept} == survivors
+    assert {p.choice.tag: p.reason for p in pruned} == refused
+    one = next(c for c in kept if c.choice.tag == "m64n64")
+    assert one.spec.compute_warps == 4 and len(one.sources) == 3      # main, preprocess, convert
+    assert S.choice_of(base) in {c.choice for c in kept}
+
+
+def test_mma_backward_space_moves_warps_with_keys():
+    base = load_spec(MMA_BWD_D64)
+    sp = S.default_space(base)
+    assert sp.names == ("block_m", "block_n", "query_stages", "query_chunk") and sp.size == 16
+    kept, _ = S.prune(base, sp)
+    by_tag = {c.choice.tag: c for c in kept}
+    assert by_tag["m64n64s1c32"].spec.compute_warps == 4 and by_tag["m128n128s2c64"].spec.compute_warps == 8
+    assert S.choice_of(base).tag == "m128n128s2c64"
+
+
+class BackwardStub(StubMeasurer):
+    """The stub GPU, recording what a backward sweep hands it."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts, self.flash_calls = [], []
+
+    def measure(self, plan, sources, shape, causal):
+        self.parts.append(len(sources))
+        return S.Measurement("ok", 1000.0 / plan.block_m + (5 if causal else 0))
+
+    def flash_time(self, shape, dtype, causal, call="forward"):
+        self.flash_calls.append(call)
+        return 100.0
+
+
+def test_backward_sweep_times_the_backward_call(tmp_path, stub_nvcc):
+    base = load_spec(WGMMA_BWD_D64)
+    cases = S.parse_cases("1x2x256x64", base, "both")
+    assert [type(c).__name__ for c in cases] == ["BackwardCase", "BackwardCase"]
+    stub = BackwardStub()
+    report = S.run_sweep(base, S.default_space(base), S.SweepOptions(cases), arch="sm_90", measurer=stub,
+                         cache=S.RecordCache(tmp_path / "rec"))
+    assert set(stub.parts) == {3} and stub.flash_calls == ["backward", "backward"]
+    data = S.report_dict(report)
+    assert data["call"] == "backward"
+    best = data["cases"][0]["ranking"][0]
+    assert best["name"] == "h100_bwd_d64_wgmma_m128n128" and best["median_us"] == pytest.approx(1000 / 128)
+    assert cases[0].flops == 2.5 * Case(1, 2, 256, 64, "fp16", False).flops     # the backward's five products
+    assert best["tflops"] == pytest.approx(cases[0].tflops(1000 / 128))
+
+
+def test_backward_sweep_reports_make_backward_entries():
+    from attngen.eval.dispatch_table import backward_entries, forward_entries
+    report = {"base": "h100_bwd_d64_wgmma", "call": "backward", "gpu": "NVIDIA H200", "arch": "sm_90a",
+              "cases": [{"shape": [4, 16, 2048, 64], "dtype": "fp16", "causal": True, "label": "4x16x2048x64 fp16 causal",
+                         "ranking": [{"name": "h100_bwd_d64_wgmma", "median_us": 350.0},
+                                     {"name": "h100_bwd_d64_wgmma_m64n128", "median_us": 390.0}]}]}
+    assert forward_entries([("s.json", report)]) == []
+    (entry,) = backward_entries([("s.json", report)])
+    assert (entry.call, entry.arch, entry.mask, entry.spec, entry.us, entry.runner_up) == \
+        ("backward", "sm_90", "causal", "h100_bwd_d64_wgmma", 350.0, "h100_bwd_d64_wgmma_m64n128")

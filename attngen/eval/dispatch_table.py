@@ -1,7 +1,7 @@
 """Dispatch-table entries from measurements: the winner and runner-up of every cell of `attngen
 bench --json` or `attngen sweep --json` reports (GPU time, attngen specs only), bucketed by
 sequence length: forward entries from forward reports and sweeps, backward entries from backward
-bench reports. Entries of other calls and other arches in the table are kept as they are."""
+bench reports and sweeps of backward specs. Entries of other calls and other arches in the table are kept as they are."""
 from __future__ import annotations
 
 import math
@@ -49,11 +49,11 @@ def entries_summary(entries) -> str:
 
 def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
     """`call`'s entries from the reports' cases of that call (a case without "call": forward; a
-    sweep report's cases are forward)."""
+    sweep report's cases are its "call", forward where it has none)."""
     cells = defaultdict(list)
     for name, report in reports:
         if "cases" in report and "ranking" in (report["cases"] or [{}])[0]:
-            if call == FORWARD:
+            if report.get("call", FORWARD) == call:
                 _sweep_cells(cells, name, report)
             continue
         arch = arch_of(report["gpu"])

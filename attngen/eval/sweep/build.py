@@ -11,7 +11,7 @@ from typing import Callable
 
 from ...errors import ToolError, WriteError
 from ...plan import Plan, make_plan
-from ...render import render_plan
+from ...render import render_parts
 from ...spec import Spec, parse_spec, spec_dict, spec_yaml
 from .space import Choice, SearchSpace
 
@@ -29,7 +29,7 @@ class Candidate:
     choice: Choice
     spec: Spec
     plan: Plan
-    source: str
+    sources: tuple[str, ...]   # one per part of the plan's bundle (a forward kind: one)
     spec_hash: str
     code_hash: str
 
@@ -49,13 +49,14 @@ def spec_hash(spec: Spec) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def code_hash(source: str, name: str) -> str:
-    """SHA-256 of the generated code below its header comment, with the kernel name factored out:
-    two candidates with equal code hashes compile to the same kernel."""
-    lines = source.splitlines()
-    start = next((i for i, ln in enumerate(lines) if not ln.startswith("//")), len(lines))
-    code = "\n".join(lines[start:]).replace(f"attngen_{name}", "attngen_@")
-    return hashlib.sha256(code.encode()).hexdigest()
+def code_hash(sources: tuple[str, ...], name: str) -> str:
+    """SHA-256 of the generated code of every part below its header comment, with the kernel name
+    factored out: two candidates with equal code hashes compile to the same kernels."""
+    def code(source: str) -> str:
+        lines = source.splitlines()
+        start = next((i for i, ln in enumerate(lines) if not ln.startswith("//")), len(lines))
+        return "\n".join(lines[start:]).replace(f"attngen_{name}", "attngen_@")
+    return hashlib.sha256("\n\f\n".join(code(s) for s in sources).encode()).hexdigest()
 
 
 def build_candidate(base: Spec, space: SearchSpace, choice: Choice) -> Candidate:
@@ -71,8 +72,8 @@ def build_candidate(base: Spec, space: SearchSpace, choice: Choice) -> Candidate
     label = f"<sweep {data['name']}>"
     spec = parse_spec(text, file=label)
     plan = make_plan(spec, file=label)
-    source = render_plan(plan, label, text)
-    return Candidate(choice, spec, plan, source, spec_hash(spec), code_hash(source, spec.name))
+    sources = tuple(part.source for part in render_parts(plan, label, text))
+    return Candidate(choice, spec, plan, sources, spec_hash(spec), code_hash(sources, spec.name))
 
 
 @dataclass(frozen=True)
@@ -82,17 +83,19 @@ class CompileOutcome:
     note: str = ""
 
 
-def compile_candidate(source: str, arch: str) -> CompileOutcome:
-    """nvcc one source (cached by compile.compile_source); runs in a pool worker."""
+def compile_candidate(sources: tuple[str, ...], arch: str) -> CompileOutcome:
+    """nvcc a candidate's sources (cached by compile.compile_source); runs in a pool worker."""
     from ...compile import compile_source
-    try:
-        res = compile_source(source, arch)
-    except WriteError:
-        raise                       # an unwritable cache fails every candidate alike: one error, exit 3
-    except ToolError as exc:
-        return CompileOutcome(COMPILE_FAILED, note=str(exc).splitlines()[-1][:200])
-    regs = max((f.registers for f in res.functions), default=None)
-    spilled = [f for f in res.functions if f.spills]
+    functions = []
+    for source in sources:
+        try:
+            functions += compile_source(source, arch).functions
+        except WriteError:
+            raise                   # an unwritable cache fails every candidate alike: one error, exit 3
+        except ToolError as exc:
+            return CompileOutcome(COMPILE_FAILED, note=str(exc).splitlines()[-1][:200])
+    regs = max((f.registers for f in functions), default=None)
+    spilled = [f for f in functions if f.spills]
     if spilled:
         f = spilled[0]
         return CompileOutcome(SPILLS, regs, f"{f.name}: {f.spill_stores} B spill stores, {f.spill_loads} B loads")
@@ -116,12 +119,12 @@ def compile_all(candidates: list[Candidate], arch: str, jobs: int,
 
     if jobs <= 1 or len(candidates) <= 1:
         for cand in candidates:
-            done(cand, compile_candidate(cand.source, cand.plan.compile_arch(arch)))
+            done(cand, compile_candidate(cand.sources, cand.plan.compile_arch(arch)))
         return out
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(candidates)), mp_context=ctx) as pool:
         # a kind may need the arch-specific target (sm_90a for wgmma)
-        futures = {pool.submit(compile_candidate, c.source, c.plan.compile_arch(arch)): c for c in candidates}
+        futures = {pool.submit(compile_candidate, c.sources, c.plan.compile_arch(arch)): c for c in candidates}
         for fut in as_completed(futures):
             done(futures[fut], fut.result())
     return out

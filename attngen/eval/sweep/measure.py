@@ -1,11 +1,14 @@
 """Measuring candidates on a GPU: the `Measurer` protocol the search talks to (a stub in tests) and
-`GpuMeasurer`, which verifies a candidate before timing it beside torch's flash backend."""
+`GpuMeasurer`, which verifies a candidate before timing it beside torch's flash backend: the
+forward call, or for a backward spec its backward call beside flash's backward (as `attngen bench`
+times backward specs, eval/backward_bench.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
 from ...plan import Plan
+from ..backward_bench import backward_call, check_gradients, gradient_inputs, sdpa_backward, sdpa_sets
 from ..bench import Case, check_output, input_sets, kernel_call, sdpa_callable, time_calls
 from .space import Shape
 
@@ -14,6 +17,7 @@ DEFAULT_REPS = 30
 # Measurement outcomes that keep a candidate out of the ranking.
 FAILED_VERIFY = "failed-verify"
 ERROR = "error"
+BACKWARD = "backward"                # a kind's call convention (Kind.calls) whose backward call is timed
 
 
 @dataclass(frozen=True)
@@ -32,17 +36,18 @@ class Measurer(Protocol):
     arch: str                        # what candidates are compiled for
     torch_version: str
 
-    def measure(self, plan: Plan, source: str, shape: Shape, causal: bool) -> Measurement: ...
+    def measure(self, plan: Plan, sources: tuple[str, ...], shape: Shape, causal: bool) -> Measurement: ...
 
-    def flash_time(self, shape: Shape, dtype: str, causal: bool) -> float | None: ...
+    def flash_time(self, shape: Shape, dtype: str, causal: bool, call: str = "forward") -> float | None: ...
 
 
 class GpuMeasurer:
     """The real Measurer: attngen's runtime, verifier and bench timing on the current GPU.
 
     Per candidate: the verifier's quick suite on every mask variant (once), then the bench's
-    output check on the sweep shape's inputs, then the median of `reps` timed calls. Inputs are
-    made once per shape and dtype and shared by every candidate and by torch's flash backend.
+    output check on the sweep shape's inputs (a backward spec: its gradients'), then the median of
+    `reps` timed calls. Inputs are made once per shape and dtype (and call) and shared by every
+    candidate and by torch's flash backend.
     """
 
     def __init__(self, *, reps: int = DEFAULT_REPS, seed: int = 0):
@@ -59,26 +64,35 @@ class GpuMeasurer:
         self._verified: dict[str, tuple[bool, str]] = {}
         self._kernel = (None, None)              # (source, Kernel): the candidate being measured
 
-    def _sets(self, shape: Shape, dtype: str):
-        key = (shape, dtype)
+    def _sets(self, shape: Shape, dtype: str, call: str = "forward", causal: bool = False):
+        """Forward: (q, k, v) sets. Backward: (q, k, v, o, lse, dout) sets, o and lse from attngen's
+        forward of that mask."""
+        key = (shape, dtype) if call == "forward" else (shape, dtype, call, causal)
         if key not in self._inputs:
             gen = self.torch.Generator(device=self.device)
             gen.manual_seed(self.seed)
-            self._inputs[key] = input_sets(self.torch, Case(*shape[:4], dtype, False, *shape[4:]), self.device, gen)
+            case = Case(*shape[:4], dtype, causal, *shape[4:])
+            if call == "forward":
+                self._inputs[key] = input_sets(self.torch, case, self.device, gen)
+            else:
+                sets, problem = gradient_inputs(self.torch, case, self.device, gen)
+                if problem:
+                    raise LookupError(problem)
+                self._inputs[key] = sets
         return self._inputs[key]
 
-    def _load(self, plan: Plan, source: str):
+    def _load(self, plan: Plan, sources: tuple[str, ...]):
         from ...runtime import Kernel
-        if self._kernel[0] != source:
+        if self._kernel[0] != sources:
             self._kernel = (None, None)
-            kernel = Kernel.from_source(plan, source, label=plan.spec.name, on_compile=lambda arch: None)
-            self._kernel = (source, kernel)
+            kernel = Kernel.from_sources(plan, sources, label=plan.spec.name, on_compile=lambda arch: None)
+            self._kernel = (sources, kernel)
         return self._kernel[1]
 
     def _verify(self, kernel) -> tuple[bool, str]:
-        """The quick verification suite on every mask variant, once per source."""
+        """The quick verification suite on every mask variant, once per candidate's sources."""
         from ..verify import suite, verify_kernel
-        if kernel.source not in self._verified:
+        if kernel.sources not in self._verified:
             kernel.synchronize = True            # a fault is reported with the case that caused it
             try:
                 results = verify_kernel(kernel, suite(quick=True), seed=self.seed, spec_label=kernel.name)
@@ -86,23 +100,26 @@ class GpuMeasurer:
                 kernel.synchronize = False
             bad = [r for r in results if not r.passed]
             note = f"{bad[0].variant} {bad[0].shape.label}: {'; '.join(bad[0].problems)}" if bad else ""
-            self._verified[kernel.source] = (not bad, note)
-        return self._verified[kernel.source]
+            self._verified[kernel.sources] = (not bad, note)
+        return self._verified[kernel.sources]
 
     def _usable(self) -> bool:
         from ..verify import context_usable
         return context_usable(self.device)
 
-    def measure(self, plan: Plan, source: str, shape: Shape, causal: bool) -> Measurement:
+    def measure(self, plan: Plan, sources: tuple[str, ...], shape: Shape, causal: bool) -> Measurement:
         try:
-            kernel = self._load(plan, source)
+            kernel = self._load(plan, sources)
+            backward = plan.kind.calls == BACKWARD
             ok, note = self._verify(kernel)
             if ok:
-                sets = self._sets(shape, plan.spec.dtype)
-                ok, note = check_output(self.torch, kernel, *sets[0], causal)
+                sets = self._sets(shape, plan.spec.dtype, plan.kind.calls, causal)
+                check = check_gradients if backward else check_output
+                ok, note = check(self.torch, kernel, *sets[0], causal)
             if not ok:
                 return Measurement(FAILED_VERIFY, note=note, fatal=not self._usable())
-            med, spread = time_calls(self.torch, kernel_call(self.torch, kernel, sets, causal), sets, reps=self.reps)
+            call = (backward_call if backward else kernel_call)(self.torch, kernel, sets, causal)
+            med, spread = time_calls(self.torch, call, sets, reps=self.reps)
             return Measurement("ok", med, f"spread {spread:.1f}%")
         except (TypeError, ValueError):
             raise                                # the sweep called the kernel wrongly: a bug, not a result
@@ -110,12 +127,17 @@ class GpuMeasurer:
             first = str(exc).splitlines()[0][:200] if str(exc) else ""
             return Measurement(ERROR, note=f"{type(exc).__name__}: {first}", fatal=not self._usable())
 
-    def flash_time(self, shape: Shape, dtype: str, causal: bool) -> float | None:
-        fn = sdpa_callable(self.torch, "flash", causal)
-        sets = self._sets(shape, dtype)
+    def flash_time(self, shape: Shape, dtype: str, causal: bool, call: str = "forward") -> float | None:
+        """torch's flash backend on the same inputs: its forward, or its backward (autograd of its
+        output, the forward's graph kept)."""
         try:
+            if call == BACKWARD:
+                sets = sdpa_sets(self.torch, "flash", self._sets(shape, dtype, call, causal), causal)
+                fn = lambda *g: sdpa_backward(self.torch, *g)   # noqa: E731
+            else:
+                sets, fn = self._sets(shape, dtype), sdpa_callable(self.torch, "flash", causal)
             fn(*sets[0])
             self.torch.cuda.synchronize()
-        except RuntimeError:
+        except (RuntimeError, LookupError):
             return None                          # flash does not run this case on this GPU
         return time_calls(self.torch, fn, sets, reps=self.reps)[0]

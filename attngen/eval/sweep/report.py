@@ -6,6 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ... import fsutil
+from ...kinds import kind_of
 from ...spec import spec_dict, spec_yaml
 from ..bench import Case
 from .build import COMPILE_FAILED, Candidate, candidate_name
@@ -68,7 +69,8 @@ def report_dict(report: SweepReport) -> dict:
              "vs_flash": _ratio(flash, r.time(case))} for i, r in enumerate(report.ranking(case), 1)]})
     opts = report.options
     return {
-        "base": report.base.name, "gpu": report.gpu, "arch": report.arch, "torch": report.torch_version,
+        "base": report.base.name, "call": kind_of(report.base).calls, "gpu": report.gpu, "arch": report.arch,
+        "torch": report.torch_version,
         "space": report.space.as_dict(),
         "options": {"search": opts.search, "budget": opts.budget, "seed": opts.seed, "generations": opts.generations,
                     "top_k": opts.top_k, "cases": [case_dict(c) for c in opts.cases]},

@@ -15,7 +15,7 @@ from .build import Candidate, CompileOutcome, compile_all
 from .cache import RecordCache, make_record
 from .measure import ERROR, FAILED_VERIFY, Measurer
 from .prune import Pruned, prune, sample
-from .space import Choice, SearchSpace, shape_of
+from .space import Choice, SearchSpace, case_call, shape_of
 
 # Survivors the search never evaluated, and outcomes of those it compiled and measured.
 NOT_SAMPLED = "over --budget"      # grid: survivors left out of the sample
@@ -185,7 +185,7 @@ class Sweep:
 
     def _measure_case(self, r: CandidateResult, case: Case) -> None:
         cand = r.candidate
-        m = self.measurer.measure(cand.plan, cand.source, shape_of(case), case.causal)
+        m = self.measurer.measure(cand.plan, cand.sources, shape_of(case), case.causal)
         rec = make_record(cand, self.measurer, case, m)
         r.records[case] = rec
         if m.status != ERROR or m.fatal:
@@ -264,7 +264,7 @@ def run_sweep(base: Spec, space: SearchSpace, options: SweepOptions, *, arch: st
     sweep = Sweep(report, measurer, cache, progress)
     if measurer is not None:
         for case in options.cases:
-            report.flash[case] = measurer.flash_time(shape_of(case), case.dtype, case.causal)
+            report.flash[case] = measurer.flash_time(shape_of(case), case.dtype, case.causal, case_call(case))
     if options.search == "evolve" and measurer is not None:
         sweep.evolve(candidates)
         report.unvisited = (NOT_REACHED, len(candidates) - len(report.results))

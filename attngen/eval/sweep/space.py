@@ -9,13 +9,14 @@ from ...core.search_space import Axis, Choice, SearchSpace
 from ...errors import SpecError
 from ...kinds import kind_of
 from ...spec import Spec
+from ..backward_bench import BackwardCase
 from ..bench import CAUSAL_CHOICES, Case, parse_shape
 
 Shape = tuple[int, ...]                    # batch, heads, seqlen, head_dim (and V's head dim where it differs)
 
 __all__ = ["Axis", "Choice", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N", "DEFAULT_COMPUTE_WARPS", "DEFAULT_ROLE_PAIRS",
            "DEFAULT_STAGES", "SearchSpace", "Shape", "WarpChoice", "choice_of", "default_space", "forward_space",
-           "parse_cases", "shape_of", "swizzle_token", "swizzle_value"]
+           "case_call", "parse_cases", "shape_of", "swizzle_token", "swizzle_value"]
 
 
 def default_space(base: Spec) -> SearchSpace:
@@ -36,9 +37,15 @@ def shape_of(case: Case) -> Shape:
     return (case.batch, case.heads, case.seqlen, case.head_dim) + ((case.head_dim_v,) if case.head_dim_v else ())
 
 
+def case_call(case: Case) -> str:
+    """The call a case times: "forward", or "backward" (a backward spec's cases)."""
+    return getattr(case, "call", "forward")
+
+
 def parse_cases(shapes: str, base: Spec, causal: str) -> list[Case]:
     """--shapes and --causal as cases in the base's dtype; a shape must have the base's head_dim and
-    the base must emit the mask variants asked for."""
+    the base must emit the mask variants asked for. A backward spec's cases time its backward call
+    (BackwardCase: 2.5x the forward's FLOPs)."""
     causals = CAUSAL_CHOICES[causal]
     for c in causals:
         mask = "causal" if c else "none"
@@ -55,5 +62,6 @@ def parse_cases(shapes: str, base: Spec, causal: str) -> list[Case]:
         if v_dim != base.v_dim:
             raise ValueError(f"shape {text.strip()} has V head dim {v_dim}, the base spec {base.name} {base.v_dim}")
         v = (v_dim,) if v_dim != base.head_dim else ()
-        cases += [Case(*shape[:4], base.dtype, c, *v) for c in causals]
+        make = BackwardCase if kind_of(base).calls == "backward" else Case
+        cases += [make(*shape[:4], base.dtype, c, *v) for c in causals]
     return cases

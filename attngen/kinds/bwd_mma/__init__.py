@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from ...core.backward_space import mma_backward_space
 from ...core.backward_plan import (BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts,
                                    rows_per_row_block)
 from ...core.forward_plan import FORWARD_ABI, plan_abi, plan_forward
@@ -237,4 +238,5 @@ def explain(plan) -> list[str]:
             "key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit"]
 
 
-KIND = Kind(NAME, TITLE, SELECTOR, BackwardSpec, plan, explain, calls="backward")
+KIND = Kind(NAME, TITLE, SELECTOR, BackwardSpec, plan, explain, calls="backward",
+            space=mma_backward_space)

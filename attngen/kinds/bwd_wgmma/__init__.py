@@ -24,6 +24,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from ...core.backward_space import wgmma_backward_space
 from ...core.backward_plan import BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts, rows_per_row_block
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants
 from ...core.kind import Kind
@@ -272,4 +273,5 @@ def explain(plan) -> list[str]:
             "functions add one key block at a time, the last first (turn counters in dq_turns)"]
 
 
-KIND = Kind(NAME, TITLE, SELECTOR, WgmmaBackwardSpec, plan, explain, calls="backward")
+KIND = Kind(NAME, TITLE, SELECTOR, WgmmaBackwardSpec, plan, explain, calls="backward",
+            space=wgmma_backward_space)

@@ -1,0 +1,42 @@
+"""The axes `attngen sweep` explores around a backward spec (both backward kinds): the query block,
+the key block with the warps that own it, and each kind's own fields. A backward block's keys are
+split between its warps, 16 each in both kinds (bwd_wgmma: 64 per warpgroup), so block_n and
+warps.compute move together on one axis."""
+from __future__ import annotations
+
+from .search_space import Axis, SearchSpace, field_axis, with_base
+
+BLOCK_M = (64, 128)        # query blocks the walk takes
+BLOCK_N = (64, 128)        # keys per block
+KEYS_PER_WARP = 16
+
+
+def block_m_axis(base) -> Axis:
+    return field_axis("block_m", "tile.block_m", with_base(BLOCK_M, base.tile.block_m), lambda s: s.tile.block_m,
+                      lambda v: f"m{v}")
+
+
+def keys_axis(base) -> Axis:
+    """tile.block_n with warps.compute = block_n / 16."""
+    def write(data: dict, n: int) -> None:
+        data.setdefault("tile", {})["block_n"] = n
+        data["warps"] = {"compute": n // KEYS_PER_WARP}
+    return Axis("block_n", with_base(BLOCK_N, base.tile.block_n), lambda s: s.tile.block_n, write,
+                lambda v: f"n{v}", lambda v: f"{v} ({v // KEYS_PER_WARP} warps)")
+
+
+def mma_backward_space(base) -> SearchSpace:
+    """bwd_mma: query block, key block (16 keys per warp), query stages and query chunk."""
+    return SearchSpace((
+        block_m_axis(base),
+        keys_axis(base),
+        field_axis("query_stages", "query_stages", with_base((1, 2), base.query_stages), lambda s: s.query_stages,
+                   lambda v: f"s{v}"),
+        field_axis("query_chunk", "query_chunk", with_base((32, 64), base.query_chunk), lambda s: s.query_chunk,
+                   lambda v: f"c{v}"),
+    ))
+
+
+def wgmma_backward_space(base) -> SearchSpace:
+    """bwd_wgmma: query block (64, or 64 per warpgroup: dQ by rows) and key block (64 per warpgroup)."""
+    return SearchSpace((block_m_axis(base), keys_axis(base)))
