@@ -337,6 +337,9 @@ struct ScoreMods {
     // the plain softmax's (scale): the chain rule's factor on dS. Softcap's logit cap tanh(s scale /
     // cap) has derivative scale (1 - tanh^2); ALiBi's bias does not depend on s.
     static constexpr bool kSlopesVary = false;   // else every chain-rule factor is 1
+    static constexpr bool kMasksKeys = false;   // no mask expression: the kinds' own masks
+    __device__ __forceinline__ bool masks_tile(int) const { return false; }
+    __device__ __forceinline__ bool hides(float, int) const { return false; }
 
     __device__ __forceinline__ float apply_with_slope(float s, float base, int dk, float& slope) const {
         slope = 1.f;
@@ -566,6 +569,9 @@ __device__ __forceinline__ void probabilities(float (&s)[kChunkTiles][4], Slopes
             if constexpr (kMasked) {
                 if (key >= key_end<kMask>(q0 + col, p) || key < key_begin<kMask>(q0 + col, p)) x = -INFINITY;
             }
+            if constexpr (kMasked && ScoreMods::kMasksKeys) {   // the spec's mask expression
+                if (mods.hides(mods.row_base(q0 + col, key), 0)) x = -INFINITY;
+            }
             s[nt][e] = exp2f(x);
             if constexpr (ScoreMods::kSlopesVary) slopes.written(nt, e);
         }
@@ -738,7 +744,8 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
                    st.delta, m0, tid, p);
     __syncthreads();
 
-    const bool masked = tile_needs_mask<kMask>(n0, m0, m0 + kBlockM - 1, p);
+    bool masked = tile_needs_mask<kMask>(n0, m0, m0 + kBlockM - 1, p);
+    if constexpr (ScoreMods::kMasksKeys) masked = masked || mods.masks_tile(n0);
     // A chunk of queries at a time: S^T and dP^T of the whole block beside dK and dV would not fit
     // in registers.
 #pragma unroll 1
@@ -825,8 +832,9 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
     // Query rows before the first that sees the block's first key, and rows from the end of those
     // that see its last key, see none of its keys. The walk: the query blocks between, of each query
     // head of the KV head, Q and dO of step i in stage i % kQueryStages.
-    const int m_first = first_row_seeing<kMask>(n0, p) / kBlockM * kBlockM;
-    const int m_end = rows_end_seeing<kMask>(min(n0 + kBlockN, p.seqlen_k) - 1, p);
+    int m_first = first_row_seeing<kMask>(n0, p) / kBlockM * kBlockM;
+    int m_end = rows_end_seeing<kMask>(min(n0 + kBlockN, p.seqlen_k) - 1, p);
+
     const int blocks = max(m_end - m_first + kBlockM - 1, 0) / kBlockM;
     const int steps = group * blocks;
     if (kQueryStages > 1 && steps > 0)

@@ -327,6 +327,9 @@ struct ScoreMods {
     // the plain softmax's (scale): the chain rule's factor on dS. Softcap's logit cap tanh(s scale /
     // cap) has derivative scale (1 - tanh^2); ALiBi's bias does not depend on s.
     static constexpr bool kSlopesVary = false;   // else every chain-rule factor is 1
+    static constexpr bool kMasksKeys = false;   // no mask expression: the kinds' own masks
+    __device__ __forceinline__ bool masks_tile(int) const { return false; }
+    __device__ __forceinline__ bool hides(float, int) const { return false; }
 
     __device__ __forceinline__ float apply_with_slope(float s, float base, int dk, float& slope) const {
         slope = 1.f;
@@ -512,6 +515,9 @@ __device__ __forceinline__ float log2_probability(float s, int v, float& slope, 
     float x = fmaf(m, p.scale_log2, -sLse[col]);
     if constexpr (kMasked) {
         if (key >= key_end<kMask>(q0 + col, p) || key < key_begin<kMask>(q0 + col, p)) x = -INFINITY;
+    }
+    if constexpr (kMasked && ScoreMods::kMasksKeys) {   // the spec's mask expression
+        if (mods.hides(mods.row_base(q0 + col, key), 0)) x = -INFINITY;
     }
     return x;
 }
@@ -756,7 +762,8 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     issue_keys_by_queries(dp, sV, key0, sDO);
     const int warp_key0 = n0 + key0 + 16 * (warp % 4);
     const ScoreMods mods(p, BlockCoords{st.m0, st.head, seq.batch, 0});
-    const bool masked = tile_needs_mask<kMask>(n0, st.m0, st.m0 + kBlockM - 1, p);
+    bool masked = tile_needs_mask<kMask>(n0, st.m0, st.m0 + kBlockM - 1, p);
+    if constexpr (ScoreMods::kMasksKeys) masked = masked || mods.masks_tile(n0);
     uint32_t pa[kKStepsM][4];
     if constexpr (ScoreMods::kSlopesVary) {
         wgmma_wait<0>();   // S^T and dP^T
@@ -847,8 +854,9 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
     // The walk: the query blocks between the first row that sees the block's first key and the end of
     // the rows that see its last, for each query head of the KV head; step i in stage i % 2.
     const int group = p.heads / p.kv_heads;
-    const int m_first = first_row_seeing<kMask>(n0, p) / kBlockM * kBlockM;
-    const int m_end = rows_end_seeing<kMask>(min(n0 + kBlockN, p.seqlen_k) - 1, p);
+    int m_first = first_row_seeing<kMask>(n0, p) / kBlockM * kBlockM;
+    int m_end = rows_end_seeing<kMask>(min(n0 + kBlockN, p.seqlen_k) - 1, p);
+
     const int blocks = max(m_end - m_first + kBlockM - 1, 0) / kBlockM;
     const int steps = group * blocks;
     float stat = 0.f;

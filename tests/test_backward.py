@@ -89,7 +89,7 @@ def test_row_kernels_cover_every_row():
     ({"head_dim_v": 64}, "head_dim_v"),
     ({"tile": {"block_m": 48, "block_n": 128}}, "tile.block_m"),          # not whole chunks of 32 queries
     ({"head_dim": 96}, "head_dim"),
-    ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}}, "variant"),
+    ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}, "varlen": True}, "variant"),   # padded only
     ({"varlen": True, "masks": ["none", "window"]}, "varlen"),            # the varlen call takes none / causal
     ({"smem": {"stages": 2, "async_copy": True, "opt_in": True}}, "smem.stages"),
     ({"warps": {"producer": 1, "consumer": 4}}, "warps"),
@@ -234,7 +234,7 @@ def test_convert_template_matches_the_model():
     ({"warps": {"compute": 12}, "tile": {"block_m": 64, "block_n": 192}}, "warps.compute"),
     ({"head_dim": 96}, "head_dim"),
     ({"head_dim": 64}, "smem.swizzle"),                                  # 32 dQ columns per warpgroup
-    ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}}, "variant"),
+    ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}, "varlen": True}, "variant"),   # padded only
     ({"varlen": True, "scores": ["softcap"]}, "varlen"),              # varlen: masks none and causal only
     ({"target": "l4", "smem": {"swizzle": {"xor_bits": 3}, "async_copy": True, "opt_in": True}}, "target"),
     ({"smem": {"swizzle": {"xor_bits": 3}, "async_copy": True}}, "smem.opt_in"),
@@ -249,3 +249,26 @@ def test_wgmma_query_blocks_of_128_refuse_varlen():
     assert refused_key(WGMMA_D64, {"varlen": True}) == "tile.block_m"
     data = yaml.safe_load(WGMMA_D64.read_text()) | {"varlen": True, "tile": {"block_m": 64, "block_n": 128}}
     assert make_plan(parse_spec(yaml.safe_dump(data), file="b.yaml"), file="b.yaml").varlen
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "specs").glob("h100_bwd_*_expr_*.yaml")), ids=lambda p: p.stem)
+def test_expression_backward_renders_the_derivative_and_the_walk(path):
+    """A score expression's backward multiplies dS by the expression's derivative (rendered from
+    core/expressions.py derivative); a mask expression's classifies each (query block, key block)
+    pair, masks partial ones key by key and narrows the walk (not in deterministic mode)."""
+    from attngen.core.expressions import derivative, to_cuda
+    from attngen.render import render_spec_file
+    r = render_spec_file(path)
+    main = r.parts[0].source
+    x = r.plan.expression
+    assert r.plan.kind.calls == "backward" and x is not None
+    if x.score is not None:
+        assert r.plan.expression_cuda.score_slope in main and "slope *= expr_score_slope(" in main
+        assert r.plan.expression_cuda.score_slope == to_cuda(derivative(x.score), lambda n: n if n in (
+            "q_idx", "kv_idx", "score") else f"e.{n}", lambda n, by: f"e.{n}")
+    if x.mask is not None:
+        assert r.plan.masks == ("expr",)
+        assert "if constexpr (kMask == Mask::Expr && !kDeterministic) {" in main and "expr_rows_seeing(" in main
+        assert "masked = masked || mods.masks_tile(n0);" in main and "mods.hides(" in main
+    else:
+        assert "expr_rows_seeing" not in main

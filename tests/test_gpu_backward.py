@@ -497,3 +497,27 @@ def test_wgmma_varlen_backward_with_bad_offsets_stays_inside_and_reports():
     torch.cuda.synchronize()
     attngen.check_errors()                 # nothing recorded
     assert all(bool(torch.isfinite(g).all()) for g in again)
+
+
+EXPR_SOFTCAP = ROOT / "specs" / "h100_bwd_d128_expr_softcap.yaml"
+EXPR_WINDOW = ROOT / "specs" / "h100_bwd_d128_expr_window.yaml"
+
+
+@pytest.mark.parametrize("path, old, new, what", [
+    (EXPR_SOFTCAP, "slope *= expr_score_slope(", "slope *= 1.f + 0.f * expr_score_slope(",
+     "the score expression's derivative left out of dS"),
+    (EXPR_WINDOW, "        m_end = rows.y;", "        m_end = max(rows.y - kBlockM, rows.x);",
+     "the walk under the mask expression one query block short"),
+    (EXPR_WINDOW, "if (mods.hides(mods.row_base(q0 + col, key), 0)) x = -INFINITY;", "",
+     "partial tiles not masked by the expression"),
+])
+def test_expression_backward_planted_bugs_are_rejected(path, old, new, what):
+    """Each bug, planted in an expression spec's backward, fails the verifier's cases."""
+    k = kernel(path)
+    sources = list(k.sources)
+    assert sources[0].count(old) >= 1, what
+    broken = Kernel.from_sources(k.plan, (sources[0].replace(old, new), *sources[1:]), label="planted",
+                                 synchronize=True)
+    results = verify.verify_kernel(broken, verify.QUICK_SUITE, spec_label="planted")
+    assert any(not r.passed for r in results), what
+    assert all(r.passed for r in verify.verify_kernel(k, verify.QUICK_SUITE, spec_label=k.name))

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 
 from .abi import AbiField, float32, float_pointer, int32, int_pointer
-from .expressions import (CUDA_HELPERS, classify_helpers_for, FLOAT, INT, PARAM_TYPES, Expression, parse, to_cuda, to_cuda_classifier, to_torch,
-                          reads_head, uses_helpers)
+from .expressions import (CUDA_HELPERS, classify_helpers_for, FLOAT, INT, PARAM_TYPES, Expression, derivative, parse, to_cuda,
+                          to_cuda_classifier, to_torch, reads_head, uses_helpers)
 from .variants import ScoreVariant
 
 ARGUMENT = "params"                  # the call's keyword: {param name: value}
@@ -46,6 +46,7 @@ class CudaPieces:
     mask_reads_head: bool = False       # the mask can differ between heads (h, or a per-head param)
     batch_field: str = BATCH_FIELD
     scale_field: str = SCALE_FIELD
+    score_slope: str | None = None      # float expression of e, score, q_idx, kv_idx: d(score expression)/d(score)
 
 
 @dataclass(frozen=True)
@@ -164,13 +165,14 @@ class ExpressionVariant:
         mask = to_cuda(self.mask, spell, index) if self.mask is not None else None
         classifier = (to_cuda_classifier(self.mask, spell, index) if self.mask is not None else None)
         score = to_cuda(self.score, spell, index) if self.score is not None else None
+        slope = to_cuda(derivative(self.score), spell, index) if self.score is not None else None
         own = CUDA_HELPERS if any(uses_helpers(x) for x in (self.mask, self.score) if x is not None) else ""
         helpers = own + (classify_helpers_for(classifier) if classifier is not None else "")
         return CudaPieces(tuple(env), mask, classifier, score, helpers.rstrip("\n"),
                           self.mask.text if self.mask is not None else None,
                           self.score.text if self.score is not None else None,
                           later_rows_see_more(self, block_m, block_n), expression_helpers=own.rstrip("\n"),
-                          mask_reads_head=self.mask is not None and reads_head(self.mask))
+                          mask_reads_head=self.mask is not None and reads_head(self.mask), score_slope=slope)
 
     def describe(self) -> str:
         parts = []

@@ -428,10 +428,10 @@ rule_no_varlen = refuse(
     "varlen", lambda s: s.varlen,
     lambda s: f"varlen functions are not generated for {s.mma}; set varlen: false",
     "rule_no_varlen")
-rule_backward_no_expressions = refuse(
-    "variant", lambda s: s.variant is not None,
-    lambda s: "expressions are not generated for the backward kinds yet (masks none, causal and window, scores "
-              "softcap and alibi are); remove variant", "rule_backward_no_expressions")
+rule_backward_varlen_no_expressions = refuse(
+    "variant", lambda s: s.variant is not None and s.varlen,
+    lambda s: "the backward's varlen functions take no expressions yet (its padded functions do): drop varlen: "
+              "true, or put the expressions in a spec without it", "rule_backward_varlen_no_expressions")
 rule_backward_varlen_plain = refuse(
     "varlen", lambda s: s.varlen and (s.scores or "window" in s.masks),
     lambda s: "the backward's varlen call takes masks none and causal, without score modifiers, so far (as the "

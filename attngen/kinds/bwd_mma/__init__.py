@@ -23,7 +23,7 @@ from ...core.backward_plan import (BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPla
 from ...core.forward_plan import FORWARD_ABI, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, check_budget, layout_regions
-from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_expressions,
+from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_varlen_no_expressions,
                                rule_backward_varlen_plain,
                                rule_head_dim_fragments, rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes,
                                rule_threads)
@@ -52,7 +52,7 @@ class BackwardSpec(ForwardSpec):
     row_unit_what = "16-row fragments of dQ"
     key_unit = 16
     key_unit_why = "16 keys per warp"
-    masks_taken = ("none", "causal", "window")
+    masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
 
     def register_need(self):
@@ -117,7 +117,7 @@ rule_backward_one_stage = refuse(
               "leave q_in_registers unset", "rule_backward_one_stage")
 
 BackwardSpec.rules = (rule_backward_homogeneous, rule_head_dim_vector_loads, rule_head_dim_fragments, rule_backward_head_dim,
-                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_grid, rule_backward_no_expressions, rule_backward_varlen_plain,
+                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_grid, rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
                       rule_backward_one_stage, rule_pad_bytes, rule_pad_16_bytes, rule_threads)
 
 

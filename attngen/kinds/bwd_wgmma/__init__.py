@@ -29,7 +29,7 @@ from ...core.backward_plan import BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, Swizzle, TileCopy, check_budget, layout_regions
-from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_expressions,
+from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_varlen_no_expressions,
                                rule_backward_varlen_plain, rule_head_dim_vector_loads)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
                            swizzled_tile)
@@ -57,7 +57,7 @@ class WgmmaBackwardSpec(ForwardSpec):
     row_unit_what = "query rows (the M of dQ's wgmma)"
     key_unit = KEYS_PER_WARPGROUP
     key_unit_why = "64 keys per warpgroup"
-    masks_taken = ("none", "causal", "window")
+    masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
 
     def swizzled_row_chunks(self) -> int:
@@ -130,7 +130,7 @@ rule_backward_opt_in = refuse(
     "rule_backward_opt_in")
 
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
-                           rule_backward_warpgroups, rule_backward_head_dim, rule_backward_no_expressions,
+                           rule_backward_warpgroups, rule_backward_head_dim, rule_backward_varlen_no_expressions,
                            rule_backward_copies, rule_backward_opt_in, rule_backward_varlen_plain,
                            rule_backward_registers, rule_backward_rows_plain)
 

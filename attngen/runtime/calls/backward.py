@@ -52,14 +52,15 @@ class BackwardKernel(Kernel):
 
     def __call__(self, q, k, v, out, lse, dout, *, causal: bool = False, alignment: str | None = None,
                  scale: float | None = None, layout: str = "bhsd", dq=None, dk=None, dv=None, window=None,
-                 softcap: float | None = None, alibi_slopes=None, deterministic: bool = False):
+                 softcap: float | None = None, alibi_slopes=None, params: dict | None = None,
+                 deterministic: bool = False):
         """The gradients (dq, dk, dv) of attention at q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
 
         out: the forward's output, shaped like q; lse: its natural-log LSE, contiguous fp32 (B, Hq, Sq)
         (-inf for rows that see no key); dout: the gradient of the output, shaped like q. causal,
         alignment, scale and layout mean what they mean in the forward call, and must be the ones
-        the forward ran with; so must window, softcap and alibi_slopes (the spec's variants; see the
-        forward call). GQA/MQA: dk and dv sum over the query heads that share a KV head. ALiBi's
+        the forward ran with; so must window, softcap, alibi_slopes and an expression spec's params
+        (the spec's variants; see the forward call). GQA/MQA: dk and dv sum over the query heads that share a KV head. ALiBi's
         slopes get no gradient. deterministic: dq's fp32 sums are added in one order (dk and dv
         always are), so repeated calls give the same bits; it costs the waits of that order
         (docs/performance.md, "Backward").
@@ -71,7 +72,7 @@ class BackwardKernel(Kernel):
             # are laid out; only the pointers are new.
             try:
                 key = (call_key(q, k, v, causal, alignment, scale, deterministic, layout,
-                                variant_key(window, softcap, alibi_slopes)),
+                                variant_key(window, softcap, alibi_slopes, params)),
                        out.shape, out.stride(), out.dtype, out.get_device(), dout.shape, dout.stride(), dout.dtype,
                        dout.get_device(), lse.shape, lse.stride(), lse.dtype, lse.get_device())
                 prepared = self._prepared.get(key)
@@ -99,7 +100,7 @@ class BackwardKernel(Kernel):
         mask = self._check_mask(causal, window)
         scale = self._check_scale(scale)
         values = self._variant_values(mask, causal, alignment, window, seqlen_q, seqlen_k, scale,
-                                      {"softcap": softcap, "alibi_slopes": alibi_slopes},
+                                      {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params},
                                       {"batch": batch, "heads": heads, "device": index})
         torch = self._torch
         dq, dk, dv = (self._gradient(name, g, t, layout, index) for name, g, t in (("dq", dq, q), ("dk", dk, k),
