@@ -46,7 +46,8 @@ def test_backward_spec_passes_full_suite(spec):
     varlen = len(verify.variants(k.varlen_masks, k.plan.block_n)) * len(varlen_suite(k.plan.block_m)) * 2
     assert not k.plan.varlen or varlen >= 30
     assert len(results) == len(verify.variants(k.plan.masks, k.plan.block_n)) * (len(verify.FULL_SUITE) + turns) + varlen
-    assert len(results) >= 3 * len(verify.FULL_SUITE)
+    # none and causal in both alignments (a mask expression: its one function, expr)
+    assert len(results) >= (1 if k.plan.masks == ("expr",) else 3) * len(verify.FULL_SUITE)
     assert all(r.passed for r in results), failures(results)
 
 
