@@ -37,7 +37,7 @@
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 1 stage(s), waited for before each block
 //   masks: none, causal
 //   scores (every function, before the mask, in this order): expr: expressions: score 'cap * tanh(score / cap) - slope[h] * abs(q_idx + causal_offset - kv_idx)' (params cap: float, slope: float[heads]; `score` is the scaled score) (the call passes params=)
-//   score expression: cap * tanh(score / cap) - slope[h] * abs(q_idx + causal_offset - kv_idx) (scaled score in, softmax scale log2(e) after)
+//   score expression: cap * tanh(score / cap) - slope[h] * abs(q_idx + causal_offset - kv_idx) (scaled score in, softmax scale log2(e) after); dS takes its derivative by score
 //
 //   shared memory:
 //     region   offset   bytes     KiB  shape             pitch  layout                       purpose

@@ -39,7 +39,7 @@
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 1 stage(s), waited for before each block
 //   masks: expr
 //   scores (every function, before the mask, in this order): expr: expressions: mask 'kv_idx <= q_idx + causal_offset and q_idx + causal_offset - kv_idx <= left' (params left: int; `score` is the scaled score) (the call passes params=)
-//   block classification: interval arithmetic over each (128-row query block, 128-key tile) pair with the call's values, in the kernel, one pass per block (a lane per tile): tiles before the first and after the last non-empty one are never loaded, a contiguous run of full tiles is not masked, every other tile is masked key by key by the expression
+//   block classification: interval arithmetic over each (128-row query block, 128-key block) pair with the call's values, in the kernel: a key block first classifies every query block (a lane per block) and walks from the first to the last non-empty one (deterministic mode: all of them); a pair not found wholly visible is masked key by key by the expression
 //     e.g. at 4096x4096 with left=150: 931 of 1024 block pairs empty (skipped), 0 full, 93 partial: it visits 9% of the unmasked kernel's tiles
 //
 //   shared memory:

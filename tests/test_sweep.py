@@ -92,7 +92,7 @@ class StubMeasurer:
             + (0 if plan.q_in_registers else 1) + (7 if causal else 0)
         return S.Measurement("ok", us)
 
-    def flash_time(self, shape, dtype, causal, call="forward"):
+    def flash_time(self, shape, dtype, causal, call):
         return 150.0
 
 
@@ -576,7 +576,7 @@ class BackwardStub(StubMeasurer):
         self.parts.append(len(sources))
         return S.Measurement("ok", 1000.0 / plan.block_m + (5 if causal else 0))
 
-    def flash_time(self, shape, dtype, causal, call="forward"):
+    def flash_time(self, shape, dtype, causal, call):
         self.flash_calls.append(call)
         return 100.0
 

@@ -183,15 +183,23 @@ class ExpressionVariant:
         declared = ", ".join(f"{n}: {k}" for n, k in self.params) or "none"
         return f"expressions: {'; '.join(parts)} (params {declared}; `score` is the scaled score)"
 
-    def explain_lines(self, block_m: int, block_n: int) -> list[str]:
+    def explain_lines(self, block_m: int, block_n: int, backward: bool = False) -> list[str]:
         """explain's lines on the expressions: the block classification rule and, for a mask, a
-        worked example of its cost (sample_bounds)."""
+        worked example of its cost (sample_bounds). backward: the kernels walk query blocks per key
+        block and take the score expression's derivative."""
         if self.mask is None:
-            return [f"score expression: {self.score.text} (scaled score in, softmax scale log2(e) after)"]
-        lines = [f"block classification: interval arithmetic over each ({block_m}-row query block, {block_n}-key "
-                 f"tile) pair with the call's values, in the kernel, one pass per block (a lane per tile): tiles "
-                 f"before the first and after the last non-empty one are never loaded, a contiguous run of full "
-                 f"tiles is not masked, every other tile is masked key by key by the expression"]
+            return [f"score expression: {self.score.text} (scaled score in, softmax scale log2(e) after)"
+                    + ("; dS takes its derivative by score" if backward else "")]
+        if backward:
+            lines = [f"block classification: interval arithmetic over each ({block_m}-row query block, {block_n}-key "
+                     f"block) pair with the call's values, in the kernel: a key block first classifies every query "
+                     f"block (a lane per block) and walks from the first to the last non-empty one (deterministic "
+                     f"mode: all of them); a pair not found wholly visible is masked key by key by the expression"]
+        else:
+            lines = [f"block classification: interval arithmetic over each ({block_m}-row query block, {block_n}-key "
+                     f"tile) pair with the call's values, in the kernel, one pass per block (a lane per tile): tiles "
+                     f"before the first and after the last non-empty one are never loaded, a contiguous run of full "
+                     f"tiles is not masked, every other tile is masked key by key by the expression"]
         example = sample_bounds(self, block_m, block_n)
         if example:
             lines.append("  e.g. " + example)

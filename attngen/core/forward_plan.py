@@ -197,7 +197,9 @@ class ForwardPlan:
 
     def expression_lines(self) -> list[str]:
         """explain's lines on how the kernels apply the spec's expressions (none without them)."""
-        return self.expression.explain_lines(self.block_m, self.block_n) if self.expression is not None else []
+        if self.expression is None:
+            return []
+        return self.expression.explain_lines(self.block_m, self.block_n, backward=self.kind.calls == "backward")
 
     def body(self, key: str) -> str:
         """The C++ function an entry point runs: attention, or attention_varlen for varlen sequences."""

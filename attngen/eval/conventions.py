@@ -37,20 +37,55 @@ class BenchRun:
 
 
 @dataclass(frozen=True)
+class SweepEval:
+    """What `attngen sweep` measures of a convention's specs, beside torch's flash backend on the
+    same inputs: the cases it builds from --shapes, a case's input sets, the check of a candidate on
+    them, its timed call, and flash's."""
+
+    case: type                          # Case, or a subclass that counts the call's FLOPs
+    inputs: Callable                    # (torch, case, device, generator) -> input sets; LookupError when none can be made
+    check: Callable                     # (torch, kernel, *inputs[0], causal) -> (ok, note)
+    call: Callable                      # (torch, kernel, sets, causal) -> fn(*set) to time
+    flash: Callable                     # (torch, sets, causal) -> (fn, the sets it takes)
+    causal_inputs: bool = False         # a case's inputs depend on its mask (so are made per mask)
+
+
+@dataclass(frozen=True)
 class ConventionEval:
     what: str                           # its specs, for messages ("decode specs (decode: split_kv)")
     bench: Callable                     # (paths, plans, BenchOptions, progress, on_compile) -> BenchRun | None
     check: Callable                     # (paths, plans, BenchOptions) -> problems with the options, before any GPU work
     options: tuple[str, ...] = ()       # the BenchOptions only this convention's bench reads
     cases: Optional[Callable] = None    # (kernel, shapes, masks) -> verify cases; None: the padded forward suite
+    sweep: Optional[SweepEval] = None   # what `attngen sweep` measures; None: its specs are not swept
+
+
+def _flash_forward(torch, sets, causal):
+    return bench.sdpa_callable(torch, "flash", causal), sets
+
+
+def _flash_backward(torch, sets, causal):
+    return (lambda *g: backward_bench.sdpa_backward(torch, *g)), backward_bench.sdpa_sets(torch, "flash", sets, causal)
+
+
+def _gradient_inputs(torch, case, device, generator):
+    sets, problem = backward_bench.gradient_inputs(torch, case, device, generator)
+    if problem:
+        raise LookupError(problem)
+    return sets
 
 
 EVALS = {"forward": ConventionEval("forward specs", bench.bench_specs, bench.check_options,
-                                   ("shapes", "varlen", "lengths", "heads", "plot_file")),
+                                   ("shapes", "varlen", "lengths", "heads", "plot_file"),
+                                   sweep=SweepEval(bench.Case, bench.input_sets, bench.check_output, bench.kernel_call,
+                                                   _flash_forward)),
          "decode": ConventionEval("decode specs (decode: split_kv)", decode_bench.bench_specs,
                                   decode_bench.check_options, ("cells", "paged"), decode_verify.verify_cases),
          "backward": ConventionEval("backward specs (backward: dq_atomic, dq_bulk_reduce)", backward_bench.bench_specs,
-                                    backward_bench.check_options, ("shapes",), backward_verify.verify_cases)}
+                                    backward_bench.check_options, ("shapes",), backward_verify.verify_cases,
+                                    sweep=SweepEval(backward_bench.BackwardCase, _gradient_inputs,
+                                                    backward_bench.check_gradients, backward_bench.backward_call,
+                                                    _flash_backward, causal_inputs=True))}
 
 
 def option_problems(groups: dict, opts: BenchOptions, given: set) -> list[str]:
@@ -88,5 +123,5 @@ def kernel_cases(kernel):
     return EVALS[getattr(kernel, "convention", None) or convention_of(kernel.plan)].cases
 
 
-__all__ = ["BenchOptions", "BenchRun", "ConventionEval", "EVALS", "by_convention", "convention_of", "kernel_cases",
-           "option_problems"]
+__all__ = ["BenchOptions", "BenchRun", "ConventionEval", "EVALS", "SweepEval", "by_convention", "convention_of",
+           "kernel_cases", "option_problems"]

@@ -1,15 +1,16 @@
 """Measuring candidates on a GPU: the `Measurer` protocol the search talks to (a stub in tests) and
-`GpuMeasurer`, which verifies a candidate before timing it beside torch's flash backend: the
-forward call, or for a backward spec its backward call beside flash's backward (as `attngen bench`
-times backward specs, eval/backward_bench.py)."""
+`GpuMeasurer`, which verifies a candidate before timing it beside torch's flash backend. What a
+candidate's call convention measures (its inputs, check, timed call and flash's) comes from the
+registry (eval/conventions.py SweepEval): the forward call, or a backward spec's backward call
+beside flash's backward."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
 from ...plan import Plan
-from ..backward_bench import backward_call, check_gradients, gradient_inputs, sdpa_backward, sdpa_sets
-from ..bench import Case, check_output, input_sets, kernel_call, sdpa_callable, time_calls
+from ..bench import time_calls
+from ..conventions import EVALS
 from .space import Shape
 
 DEFAULT_REPS = 30
@@ -17,7 +18,6 @@ DEFAULT_REPS = 30
 # Measurement outcomes that keep a candidate out of the ranking.
 FAILED_VERIFY = "failed-verify"
 ERROR = "error"
-BACKWARD = "backward"                # a kind's call convention (Kind.calls) whose backward call is timed
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Measurer(Protocol):
 
     def measure(self, plan: Plan, sources: tuple[str, ...], shape: Shape, causal: bool) -> Measurement: ...
 
-    def flash_time(self, shape: Shape, dtype: str, causal: bool, call: str = "forward") -> float | None: ...
+    def flash_time(self, shape: Shape, dtype: str, causal: bool, call: str) -> float | None: ...
 
 
 class GpuMeasurer:
@@ -64,21 +64,16 @@ class GpuMeasurer:
         self._verified: dict[str, tuple[bool, str]] = {}
         self._kernel = (None, None)              # (source, Kernel): the candidate being measured
 
-    def _sets(self, shape: Shape, dtype: str, call: str = "forward", causal: bool = False):
-        """Forward: (q, k, v) sets. Backward: (q, k, v, o, lse, dout) sets, o and lse from attngen's
-        forward of that mask."""
-        key = (shape, dtype) if call == "forward" else (shape, dtype, call, causal)
+    def _sets(self, shape: Shape, dtype: str, call: str, causal: bool):
+        """The input sets of a case of convention `call` (its SweepEval's), made once per shape and
+        dtype (and mask, where the inputs depend on it)."""
+        sweep = EVALS[call].sweep
+        key = (shape, dtype, call, causal if sweep.causal_inputs else None)
         if key not in self._inputs:
             gen = self.torch.Generator(device=self.device)
             gen.manual_seed(self.seed)
-            case = Case(*shape[:4], dtype, causal, *shape[4:])
-            if call == "forward":
-                self._inputs[key] = input_sets(self.torch, case, self.device, gen)
-            else:
-                sets, problem = gradient_inputs(self.torch, case, self.device, gen)
-                if problem:
-                    raise LookupError(problem)
-                self._inputs[key] = sets
+            case = sweep.case(*shape[:4], dtype, causal, *shape[4:])
+            self._inputs[key] = sweep.inputs(self.torch, case, self.device, gen)
         return self._inputs[key]
 
     def _load(self, plan: Plan, sources: tuple[str, ...]):
@@ -110,16 +105,14 @@ class GpuMeasurer:
     def measure(self, plan: Plan, sources: tuple[str, ...], shape: Shape, causal: bool) -> Measurement:
         try:
             kernel = self._load(plan, sources)
-            backward = plan.kind.calls == BACKWARD
+            sweep = EVALS[plan.kind.calls].sweep
             ok, note = self._verify(kernel)
             if ok:
                 sets = self._sets(shape, plan.spec.dtype, plan.kind.calls, causal)
-                check = check_gradients if backward else check_output
-                ok, note = check(self.torch, kernel, *sets[0], causal)
+                ok, note = sweep.check(self.torch, kernel, *sets[0], causal)
             if not ok:
                 return Measurement(FAILED_VERIFY, note=note, fatal=not self._usable())
-            call = (backward_call if backward else kernel_call)(self.torch, kernel, sets, causal)
-            med, spread = time_calls(self.torch, call, sets, reps=self.reps)
+            med, spread = time_calls(self.torch, sweep.call(self.torch, kernel, sets, causal), sets, reps=self.reps)
             return Measurement("ok", med, f"spread {spread:.1f}%")
         except (TypeError, ValueError):
             raise                                # the sweep called the kernel wrongly: a bug, not a result
@@ -127,15 +120,11 @@ class GpuMeasurer:
             first = str(exc).splitlines()[0][:200] if str(exc) else ""
             return Measurement(ERROR, note=f"{type(exc).__name__}: {first}", fatal=not self._usable())
 
-    def flash_time(self, shape: Shape, dtype: str, causal: bool, call: str = "forward") -> float | None:
-        """torch's flash backend on the same inputs: its forward, or its backward (autograd of its
-        output, the forward's graph kept)."""
+    def flash_time(self, shape: Shape, dtype: str, causal: bool, call: str) -> float | None:
+        """torch's flash backend on the same inputs, as convention `call` times it (the forward, or
+        the backward: autograd of its output, the forward's graph kept)."""
         try:
-            if call == BACKWARD:
-                sets = sdpa_sets(self.torch, "flash", self._sets(shape, dtype, call, causal), causal)
-                fn = lambda *g: sdpa_backward(self.torch, *g)   # noqa: E731
-            else:
-                sets, fn = self._sets(shape, dtype), sdpa_callable(self.torch, "flash", causal)
+            fn, sets = EVALS[call].sweep.flash(self.torch, self._sets(shape, dtype, call, causal), causal)
             fn(*sets[0])
             self.torch.cuda.synchronize()
         except (RuntimeError, LookupError):

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ...errors import ToolError
+from ...kinds import kind_of
 from ...spec import Spec
 from ..bench import Case
 from .build import Candidate, CompileOutcome, compile_all
 from .cache import RecordCache, make_record
 from .measure import ERROR, FAILED_VERIFY, Measurer
 from .prune import Pruned, prune, sample
-from .space import Choice, SearchSpace, case_call, shape_of
+from .space import Choice, SearchSpace, shape_of
 
 # Survivors the search never evaluated, and outcomes of those it compiled and measured.
 NOT_SAMPLED = "over --budget"      # grid: survivors left out of the sample
@@ -263,8 +264,9 @@ def run_sweep(base: Spec, space: SearchSpace, options: SweepOptions, *, arch: st
         cache = RecordCache()
     sweep = Sweep(report, measurer, cache, progress)
     if measurer is not None:
+        call = kind_of(base).calls
         for case in options.cases:
-            report.flash[case] = measurer.flash_time(shape_of(case), case.dtype, case.causal, case_call(case))
+            report.flash[case] = measurer.flash_time(shape_of(case), case.dtype, case.causal, call)
     if options.search == "evolve" and measurer is not None:
         sweep.evolve(candidates)
         report.unvisited = (NOT_REACHED, len(candidates) - len(report.results))

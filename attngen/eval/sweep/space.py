@@ -9,14 +9,14 @@ from ...core.search_space import Axis, Choice, SearchSpace
 from ...errors import SpecError
 from ...kinds import kind_of
 from ...spec import Spec
-from ..backward_bench import BackwardCase
 from ..bench import CAUSAL_CHOICES, Case, parse_shape
+from ..conventions import EVALS
 
 Shape = tuple[int, ...]                    # batch, heads, seqlen, head_dim (and V's head dim where it differs)
 
 __all__ = ["Axis", "Choice", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N", "DEFAULT_COMPUTE_WARPS", "DEFAULT_ROLE_PAIRS",
            "DEFAULT_STAGES", "SearchSpace", "Shape", "WarpChoice", "choice_of", "default_space", "forward_space",
-           "case_call", "parse_cases", "shape_of", "swizzle_token", "swizzle_value"]
+           "parse_cases", "shape_of", "swizzle_token", "swizzle_value"]
 
 
 def default_space(base: Spec) -> SearchSpace:
@@ -37,15 +37,10 @@ def shape_of(case: Case) -> Shape:
     return (case.batch, case.heads, case.seqlen, case.head_dim) + ((case.head_dim_v,) if case.head_dim_v else ())
 
 
-def case_call(case: Case) -> str:
-    """The call a case times: "forward", or "backward" (a backward spec's cases)."""
-    return getattr(case, "call", "forward")
-
-
 def parse_cases(shapes: str, base: Spec, causal: str) -> list[Case]:
     """--shapes and --causal as cases in the base's dtype; a shape must have the base's head_dim and
-    the base must emit the mask variants asked for. A backward spec's cases time its backward call
-    (BackwardCase: 2.5x the forward's FLOPs)."""
+    the base must emit the mask variants asked for. The case class is the base's convention's (a
+    backward spec's: BackwardCase, whose FLOPs are 2.5x the forward's)."""
     causals = CAUSAL_CHOICES[causal]
     for c in causals:
         mask = "causal" if c else "none"
@@ -62,6 +57,6 @@ def parse_cases(shapes: str, base: Spec, causal: str) -> list[Case]:
         if v_dim != base.v_dim:
             raise ValueError(f"shape {text.strip()} has V head dim {v_dim}, the base spec {base.name} {base.v_dim}")
         v = (v_dim,) if v_dim != base.head_dim else ()
-        make = BackwardCase if kind_of(base).calls == "backward" else Case
+        make = EVALS[kind_of(base).calls].sweep.case
         cases += [make(*shape[:4], base.dtype, c, *v) for c in causals]
     return cases
