@@ -17,7 +17,7 @@ import json, sys
 import torch
 
 import attngen
-from gpu_timing import queued_med as med   # .ci/, beside this script
+from gpu_timing import gradient_difference, queued_med as med   # .ci/, beside this script
 
 CAP, LEFT, PREFIX = 30.0, 256, 1024
 
@@ -65,8 +65,7 @@ for expr_name, builtin_name, builtin_kw, params_of, d in PAIRS:
             ob, lseb = (o, lse) if prefix_forward is None else attngen.attention(q, k, v, return_lse=True, **kw)
             g_expr, g_builtin = expr(q, k, v, o, lse, do, params=params, **expr_kw), builtin(q, k, v, ob, lseb, do, **kw)
             if prefix_forward is None:
-                row["max_diff"] = max((x.float() - y.float()).abs().max().item() for x, y in zip(g_expr, g_builtin))
-                row["max_grad"] = max(x.float().abs().max().item() for x in g_builtin)
+                row.update(gradient_difference(g_expr, g_builtin))
             row["builtin_us"] = med(lambda: builtin(q, k, v, ob, lseb, do, **kw))
             row["expr_over_builtin"] = row["expr_us"] / row["builtin_us"]
         print(json.dumps(row), flush=True)

@@ -27,11 +27,17 @@ def queued_med(fn, reps=30):
     return time_calls(torch, fn, [()], reps=reps)[0]
 
 
+def gradient_difference(grads, reference) -> dict:
+    """{"max_diff": the largest |difference| between two (dq, dk, dv), "max_grad": the largest
+    |gradient| of `reference`}."""
+    return {"max_diff": max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, reference)),
+            "max_grad": max(g.float().abs().max().item() for g in reference)}
+
+
 def compare_classes(row, grads, rows):
     """Finish a row timing both backward classes (mma_us, wgmma_us): their gradients' largest
     difference beside the largest gradient, and wgmma's speedup; print it and keep it in rows."""
-    row["max_diff"] = max((a.float() - c.float()).abs().max().item() for a, c in zip(grads["mma"], grads["wgmma"]))
-    row["max_grad"] = max(g.float().abs().max().item() for g in grads["mma"])
+    row.update(gradient_difference(grads["wgmma"], grads["mma"]))
     row["wgmma_speedup"] = row["mma_us"] / row["wgmma_us"]
     print(json.dumps(row), flush=True)
     rows.append(row)

@@ -19,7 +19,7 @@ import yaml
 
 import attngen
 from attngen.spec import parse_spec
-from gpu_timing import queued_med as med   # .ci/, beside this script
+from gpu_timing import gradient_difference, queued_med as med   # .ci/, beside this script
 
 SHAPES = ((16, 16, 512), (8, 16, 1024), (4, 16, 2048), (1, 16, 8192))
 
@@ -48,8 +48,7 @@ for name, calls in (("h100_bwd_d64_wgmma", ({"causal": False}, {"causal": True})
             g_new, g_old = new(q, k, v, o, lse, do, **kw), old(q, k, v, o, lse, do, **kw)
             row = {"spec": name, "shape": f"{b}x{h}x{s}x64", **{k_: list(v_) if isinstance(v_, tuple) else v_
                                                                 for k_, v_ in kw.items()},
-                   "max_diff": max((x.float() - y.float()).abs().max().item() for x, y in zip(g_new, g_old)),
-                   "max_grad": max(x.float().abs().max().item() for x in g_old)}
+                   **gradient_difference(g_new, g_old)}
             t = {"m64": [], "m128": []}
             for _ in range(3):
                 t["m64"].append(med(lambda: old(q, k, v, o, lse, do, **kw)))

@@ -1,7 +1,8 @@
 """Dispatch-table entries from measurements: the winner and runner-up of every cell of `attngen
 bench --json` or `attngen sweep --json` reports (GPU time, attngen specs only), bucketed by
 sequence length: forward entries from forward reports and sweeps, backward entries from backward
-bench reports and sweeps of backward specs. Entries of other calls and other arches in the table are kept as they are."""
+bench reports and sweeps of backward specs. Entries of other calls and other arches in the table
+are kept as they are."""
 from __future__ import annotations
 
 import math

@@ -61,8 +61,8 @@ class GpuMeasurer:
         self.reps = reps
         self.seed = seed
         self._inputs: dict[tuple, list] = {}
-        self._verified: dict[str, tuple[bool, str]] = {}
-        self._kernel = (None, None)              # (source, Kernel): the candidate being measured
+        self._verified: dict[tuple[str, ...], tuple[bool, str]] = {}
+        self._kernel = (None, None)              # (sources, Kernel): the candidate being measured
 
     def _sets(self, shape: Shape, dtype: str, call: str, causal: bool):
         """The input sets of a case of convention `call` (its SweepEval's), made once per shape and
