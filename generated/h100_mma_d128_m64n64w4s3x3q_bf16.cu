@@ -840,21 +840,27 @@ __device__ __forceinline__ void sequence_fields(Params& s, int b) {
     mask_for_sequence<kMask>(s);
 }
 
-// A forward block narrows its copy of Params to its sequence: pointers at its first rows, its
-// lengths, its LSE columns and the mask's fields, so attention() runs unchanged. A sequence longer
-// than the grid covers is recorded as an input error. Returns false for a block past the
-// sequence's last query row (the grid covers the longest).
-template <Mask kMask>
-__device__ __forceinline__ bool enter_sequence(Params& s) {
-    const SequenceRows r = sequence_rows(s);
+// Pointer or map: the kernels read Q, K and V through TMA tensor maps, which a block addresses at
+// its sequence's rows by coordinates, or through pointers, which it moves to them.
+constexpr bool kInputsThroughMaps = false;
+
+// A forward block narrows its copy of Params to sequence r: its lengths, the inputs' and the
+// output's pointers at its first rows, its LSE columns and the mask's fields, so the body runs
+// unchanged. A sequence longer than the grid covers is recorded as an input error. Returns false
+// for a block past the sequence's last query row (the grid covers the longest). (P: Params, a
+// template so that a kind whose Params has no input pointers compiles without them.)
+template <Mask kMask, typename P>
+__device__ __forceinline__ bool enter_sequence(P& s, const SequenceRows& r) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {   // one thread per sequence checks it
         if (offsets_clamped(s, r)) report_input_error(s, kBadOffsets);
         if (s.seqlen_q > static_cast<int>(gridDim.x) * kBlockM) report_input_error(s, kShortGrid);
     }
     if (block_coords<kMask>(s).m0 >= s.seqlen_q) return false;
-    s.q = static_cast<const elem_t*>(s.q) + r.q0 * s.q_row_stride;
-    s.k = static_cast<const elem_t*>(s.k) + r.k0 * s.k_row_stride;
-    s.v = static_cast<const elem_t*>(s.v) + r.k0 * s.v_row_stride;
+    if constexpr (!kInputsThroughMaps) {
+        s.q = static_cast<const elem_t*>(s.q) + r.q0 * s.q_row_stride;
+        s.k = static_cast<const elem_t*>(s.k) + r.k0 * s.k_row_stride;
+        s.v = static_cast<const elem_t*>(s.v) + r.k0 * s.v_row_stride;
+    }
     s.o = static_cast<elem_t*>(s.o) + r.q0 * s.o_row_stride;
     if (s.lse != nullptr) s.lse += r.q0;
     sequence_fields<kMask>(s, r.b);
@@ -864,7 +870,8 @@ __device__ __forceinline__ bool enter_sequence(Params& s) {
 template <Mask kMask>
 __device__ __forceinline__ void attention_varlen(const Params& p) {
     Params s = p;
-    if (enter_sequence<kMask>(s)) attention<kMask>(s);
+    const SequenceRows r = sequence_rows(s);
+    if (enter_sequence<kMask>(s, r)) attention<kMask>(s);
 }
 
 }  // namespace attngen_h100_mma_d128_m64n64w4s3x3q_bf16

@@ -570,18 +570,30 @@ __device__ __forceinline__ void pass_turn(int warpgroup) {
 
 // The copies. Ring position r sits in stage r % kStages for the (r / kStages)-th time: phase
 // r / kStages of the stage's mbarriers (waiters test its parity).
-__device__ __forceinline__ void load_q(uint32_t smem_addr, const void* map_q, const BlockCoords& c) {
+// Where a block's rows sit in the maps' (row, batch) coordinates. A padded call's maps are (batch,
+// heads, rows) views, so its rows start at 0 in the block's batch. A varlen call's maps see every
+// sequence's rows back to back as one batch: its rows start at the sequence's first rows. Keys past a
+// sequence's end then load the next sequence's rows (or zeros past the tensor), which the mask hides
+// as it hides a padded call's tail; query rows past the end are computed and never stored.
+struct MapOrigin {
+    int q_row, k_row;   // the sequence's first rows in q and in k / v (0: padded)
+    bool packed;        // varlen: batch coordinate 0 whatever the block's grid slice
+    __device__ __forceinline__ int batch(const BlockCoords& c) const { return packed ? 0 : c.batch; }
+};
+
+__device__ __forceinline__ void load_q(uint32_t smem_addr, const void* map_q, const BlockCoords& c, const MapOrigin& at) {
     mbarrier_arrive_expect_tx(smem_addr + kQBar, kQBytes);
 #pragma unroll
     for (int panel = 0; panel < kPanels; ++panel)
-        tma_load_4d(smem_addr + kSmem_q + panel * kBlockM * kPanelRowBytes, map_q, kPanelCols * panel, c.m0, c.head,
-                    c.batch, smem_addr + kQBar);
+        tma_load_4d(smem_addr + kSmem_q + panel * kBlockM * kPanelRowBytes, map_q, kPanelCols * panel, at.q_row + c.m0,
+                    c.head, at.batch(c), smem_addr + kQBar);
 }
 
 // K (kIsV false) or V of tile t (keys t * kBlockN ...) into ring position r's stage, once the consumers
 // handed back that operand of ring position r - kStages.
 template <bool kIsV>
-__device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, const BlockCoords& c, int r, int t) {
+__device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, const BlockCoords& c, const MapOrigin& at, int r,
+                                        int t) {
     const int stage = r % kStages;
     if (r >= kStages) mbarrier_wait(smem_addr + (kIsV ? kEmptyV : kEmptyK) + stage * kBarrierBytes, ((r / kStages) & 1) ^ 1);
     const uint32_t full = smem_addr + (kIsV ? kFullV : kFullK) + stage * kBarrierBytes;
@@ -589,18 +601,19 @@ __device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, con
     const uint32_t dst = smem_addr + stage * kStageStride + (kIsV ? kSmem_v0 : kSmem_k0);
 #pragma unroll
     for (int panel = 0; panel < (kIsV ? kPanelsV : kPanels); ++panel)
-        tma_load_4d(dst + panel * kBlockN * kPanelRowBytes, map, kPanelCols * panel, t * kBlockN, c.kv_head, c.batch, full);
+        tma_load_4d(dst + panel * kBlockN * kPanelRowBytes, map, kPanelCols * panel, at.k_row + t * kBlockN, c.kv_head,
+                    at.batch(c), full);
 }
 
 // Everything a query block reads, by its one issuing thread: Q, then K and V of `tiles` tiles from
 // tile t0 on, into ring positions from `ring` on (the producer: all of them; homogeneous: the first
-// kStages). The tensor maps stay in parameter space: Params is a __grid_constant__ parameter.
-__device__ __forceinline__ void load_block(uint32_t smem_addr, const Params& p, const BlockCoords& c, int ring, int t0,
-                                           int tiles) {
-    load_q(smem_addr, p.tma_q, c);
+// kStages). The tensor maps stay in parameter space: `maps` is the __grid_constant__ parameter.
+__device__ __forceinline__ void load_block(uint32_t smem_addr, const Params& maps, const BlockCoords& c, const MapOrigin& at,
+                                           int ring, int t0, int tiles) {
+    load_q(smem_addr, maps.tma_q, c, at);
     for (int t = 0; t < tiles; ++t) {
-        load_kv<false>(smem_addr, p.tma_k, c, ring + t, t0 + t);
-        load_kv<true>(smem_addr, p.tma_v, c, ring + t, t0 + t);
+        load_kv<false>(smem_addr, maps.tma_k, c, at, ring + t, t0 + t);
+        load_kv<true>(smem_addr, maps.tma_v, c, at, ring + t, t0 + t);
     }
 }
 
@@ -802,8 +815,15 @@ __device__ __forceinline__ BlockCoords work_coords(int item, int m_blocks, const
     return {m_block * kBlockM, head, head_batch / p.heads, head / (p.heads / p.kv_heads)};
 }
 
-template <Mask kMask>
-__device__ __forceinline__ void attention(const Params& p) {
+// The body of both calls. p: the block's Params (a varlen block's copy narrowed to its sequence);
+// maps: the kernel's __grid_constant__ Params, whose tensor maps TMA reads in parameter space; at:
+// where the block's rows sit in those maps. A varlen block computes one query block (no persistent
+// loop: its grid covers every sequence) and stores O without TMA (a store map's rows would run on
+// into the next sequence).
+template <Mask kMask, bool kVarlen>
+__device__ __forceinline__ void attend(const Params& p, const Params& maps, const MapOrigin& at) {
+    constexpr bool kLoop = kPersistent && !kVarlen;
+    constexpr Epilogue kOut = kVarlen && kEpilogue == Epilogue::kTma ? Epilogue::kShared : kEpilogue;
     extern __shared__ __align__(1024) unsigned char smem[];  // 163912 B: dynamic, opt-in
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
@@ -812,10 +832,10 @@ __device__ __forceinline__ void attention(const Params& p) {
     // Work items: one per thread block, or (persistent) every query block of every head, taken
     // round-robin by the gridDim.x resident blocks.
     const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    const int items = kPersistent ? m_blocks * p.heads * p.batch : 1;
-    const int first_item = kPersistent ? static_cast<int>(blockIdx.x) : 0;
-    const int item_step = kPersistent ? static_cast<int>(gridDim.x) : 1;
-    auto coords = [&](int item) { return kPersistent ? work_coords<kMask>(item, m_blocks, p) : block_coords<kMask>(p); };
+    const int items = kLoop ? m_blocks * p.heads * p.batch : 1;
+    const int first_item = kLoop ? static_cast<int>(blockIdx.x) : 0;
+    const int item_step = kLoop ? static_cast<int>(gridDim.x) : 1;
+    auto coords = [&](int item) { return kLoop ? work_coords<kMask>(item, m_blocks, p) : block_coords<kMask>(p); };
 
     if (tid == 0) {
 #pragma unroll
@@ -842,16 +862,16 @@ __device__ __forceinline__ void attention(const Params& p) {
         if constexpr (kProducerRegisters > 0) setmaxnreg_dec<kProducerRegisters>();
         // The issuer's warp runs the loop where a mask's tile span is warp-collective; the issuer loads.
         if (kWarpTileSpan<kMask> ? warp == kIssuer / 32 : tid == kIssuer) {
-            if (tid == kIssuer) prefetch_tensor_maps(p);
+            if (tid == kIssuer) prefetch_tensor_maps(maps);
             int ring = 0, nth = 0;
             for (int item = first_item; item < items; item += item_step, ++nth) {
                 const BlockCoords c = coords(item);
                 int t0, n_tiles;
                 block_tile_span<kMask>(c, p, t0, n_tiles);
                 if (tid == kIssuer) {
-                    if (kPersistent && nth > 0)   // the consumers are done with the previous item's Q
+                    if (kLoop && nth > 0)   // the consumers are done with the previous item's Q
                         mbarrier_wait(smem_addr + kQEmptyBar, (nth - 1) & 1);
-                    load_block(smem_addr, p, c, ring, t0, n_tiles);
+                    load_block(smem_addr, maps, c, at, ring, t0, n_tiles);
                 }
                 ring += n_tiles;
             }
@@ -867,8 +887,8 @@ __device__ __forceinline__ void attention(const Params& p) {
             int t0, n_tiles;
             block_tile_span<kMask>(c, p, t0, n_tiles);
             if (!kHasProducer && tid == kIssuer) {  // homogeneous (one item): the rest as stages come back
-                prefetch_tensor_maps(p);
-                load_block(smem_addr, p, c, 0, t0, min(n_tiles, kStages));
+                prefetch_tensor_maps(maps);
+                load_block(smem_addr, maps, c, at, 0, t0, min(n_tiles, kStages));
             }
             __syncwarp();  // the issuer's warp reconverges before its first wgmma
             const int wg_row0 = warpgroup * kRowsPerWarpgroup;   // this warpgroup's rows inside the block
@@ -895,7 +915,7 @@ __device__ __forceinline__ void attention(const Params& p) {
                     __syncwarp();
                     if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
                     if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
-                        load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t0 + t + kStages);
+                        load_kv<false>(smem_addr, maps.tma_k, c, at, t + kStages, t0 + t + kStages);
                     __syncwarp();
                 }
             };
@@ -903,8 +923,8 @@ __device__ __forceinline__ void attention(const Params& p) {
                 __syncwarp();
                 if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
                 if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) {
-                    if constexpr (!kSeparateKVBarriers) load_kv<false>(smem_addr, p.tma_k, c, t + kStages, t0 + t + kStages);
-                    load_kv<true>(smem_addr, p.tma_v, c, t + kStages, t0 + t + kStages);
+                    if constexpr (!kSeparateKVBarriers) load_kv<false>(smem_addr, maps.tma_k, c, at, t + kStages, t0 + t + kStages);
+                    load_kv<true>(smem_addr, maps.tma_v, c, at, t + kStages, t0 + t + kStages);
                 }
                 __syncwarp();
             };
@@ -992,12 +1012,12 @@ __device__ __forceinline__ void attention(const Params& p) {
             // Every GEMM of this item is done. Persistent: Q may be replaced once the epilogue no
             // longer needs the tile.
             auto release_q = [&]() {
-                if constexpr (kPersistent) {
+                if constexpr (kLoop) {
                     __syncwarp();
                     if (lane == 0) mbarrier_arrive(smem_addr + kQEmptyBar);
                 }
             };
-            if constexpr (kEpilogue == Epilogue::kRegisters) {
+            if constexpr (kOut == Epilogue::kRegisters) {
                 release_q();
                 store_output(o, row_max, row_sum, p, c, row0, lane);
             } else {
@@ -1005,19 +1025,24 @@ __device__ __forceinline__ void attention(const Params& p) {
                 float inv[2];
                 finish_rows(inv, row_max, row_sum, p, c, row0, lane);
                 stage_output(sQ, o, inv, row0 - c.m0, lane);
-                if constexpr (kEpilogue == Epilogue::kTma) fence_proxy_async_shared();
+                if constexpr (kOut == Epilogue::kTma) fence_proxy_async_shared();
                 sync_warpgroup(warpgroup);
-                if constexpr (kEpilogue == Epilogue::kTma) {
-                    if (wg_tid == 0) tma_store_rows(sQ, p, c, wg_row0);
+                if constexpr (kOut == Epilogue::kTma) {
+                    if (wg_tid == 0) tma_store_rows(sQ, maps, c, wg_row0);
                 } else {
                     copy_out_rows(sQ, p, c, wg_row0, wg_tid);
                 }
-                if constexpr (kPersistent) sync_warpgroup(warpgroup);   // the rows were read out
+                if constexpr (kLoop) sync_warpgroup(warpgroup);   // the rows were read out
                 release_q();
             }
             ring += n_tiles;
         }
     }
+}
+
+template <Mask kMask>
+__device__ __forceinline__ void attention(const Params& p) {
+    attend<kMask, false>(p, p, MapOrigin{0, 0, false});
 }
 
 }  // namespace attngen_h100_wgmma_d128_softcap_alibi_bf16

@@ -171,6 +171,33 @@ def test_backward_entries_from_a_backward_bench_report():
     assert entries_summary(new + forward_entries(grid)[:2]) == "2 forward and 3 backward entries"
 
 
+def varlen_bench_report(lengths, rows):
+    """An `attngen bench --varlen --json` report, made by hand: d128 fp16 rows of (spec, causal, us
+    or None for a failed check), beside torch's varlen flash (never an entry)."""
+    batch = f"{len(lengths)} seqs ({sum(lengths)} tokens, {min(lengths)}-{max(lengths)}) H16"
+    return {"gpu": "NVIDIA H200", "torch": "2.11", "lengths": lengths, "heads": [16, 16], "rows": [
+        {"batch": batch, "causal": causal, "spec": spec, "dtype": "fp16", "head_dim": 128, "attngen_us": us,
+         "flash_us": 2 * (us or 1.0), "status": "ok" if us else "wrong"} for spec, causal, us in rows]}
+
+
+def test_varlen_entries_from_varlen_bench_reports():
+    """Varlen bench reports give `call: varlen` entries keyed by each batch's longest sequence and
+    bucketed as forward ones are; a failed spec is no entry, and other reports give none."""
+    from attngen.eval.dispatch_table import bench_entries, forward_entries, varlen_entries
+    reports = [("short.json", varlen_bench_report([100, 2048], [("a", False, 50.0), ("b", False, 40.0),
+                                                                ("a", True, 30.0), ("b", True, None)])),
+               ("long.json", varlen_bench_report([1, 4096], [("a", False, 90.0), ("b", False, 95.0)]))]
+    new = varlen_entries(reports)
+    assert new == [Entry("varlen", "sm_90", "fp16", 128, "none", "b", upto=2896, us=40.0, runner_up="a",
+                         runner_up_us=50.0, measured="short.json 2 seqs (2148 tokens, 100-2048) H16"),
+                   Entry("varlen", "sm_90", "fp16", 128, "none", "a", us=90.0, runner_up="b", runner_up_us=95.0,
+                         measured="long.json 2 seqs (4097 tokens, 1-4096) H16"),
+                   Entry("varlen", "sm_90", "fp16", 128, "causal", "a", us=30.0,
+                         measured="short.json 2 seqs (2148 tokens, 100-2048) H16")]
+    assert forward_entries(reports) == [] and bench_entries(reports) == new
+    assert varlen_entries(read_grid()) == []
+
+
 def read_grid():
     from attngen.eval.dispatch_table import read_reports
     return read_reports([ROOT / "docs/hopper-h200/round3/grid_fp16.json"])

@@ -337,6 +337,27 @@ def test_wgmma_persistent_grid_and_q_barriers():
     assert not plain.persistent and plain.grid(4, 16, 2048, sm_count=132) == (16, 16, 4)
 
 
+def test_wgmma_varlen_functions():
+    """varlen: true adds a varlen function per mask; their Params carry the sequence fields but no
+    q/k/v pointers (TMA maps read them); a persistent TMA-store spec's varlen grid is one block per
+    query block of the longest sequence, and explain says how a block reaches its sequence's rows."""
+    text = (spec_text(head_dim=128, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
+                      mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}",
+                      target="h100") + "registers: {producer: 24, consumer: 240}\nepilogue: tma\n"
+            "schedule: {persistent: true}\nvarlen: true\n")
+    p = plan_of(text)
+    assert p.varlen and [k for k, _ in p.functions] == ["none", "causal", "none_varlen", "causal_varlen"]
+    names = {f.name for f in p.abi.fields}
+    assert {"cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "errors", "tma_q", "tma_o", "o"} <= names
+    assert not names & {"q", "k", "v", "q_row_stride"}
+    assert p.grid(4, 16, 2048, sm_count=132) == (132, 1, 1) and p.varlen_grid(4, 16, 2048) == (16, 16, 4)
+    line = next(x.strip() for x in explain(p).splitlines() if x.strip().startswith("varlen: the maps"))
+    assert "no persistent loop" in line and "not a TMA store" in line
+    plain = plan_of(text.replace("varlen: true", "varlen: false"))
+    assert not plain.varlen and "varlen: the maps" not in explain(plain)
+    assert "cu_seqlens_q" not in {f.name for f in plain.abi.fields}
+
+
 def test_wgmma_separate_kv_barriers_key_overrides_the_schedule():
     """schedule.separate_kv_barriers: false keeps one full/empty pair per stage on the overlapped
     schedule (and true separates a sequential one's); unset follows overlap."""

@@ -225,7 +225,6 @@ RULE_CASES = [
     ("rule_always_rescales", WMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
      "not generated for wmma_m16n16k16; set softmax.rescale: always"),
     ("rule_target_has_sm90a", WGMMA, {"target": "l4"}, "target", "need an sm_90a GPU"),
-    ("rule_no_varlen", WGMMA, {"varlen": True}, "varlen", "varlen functions are not generated"),
     ("rule_decode_no_varlen", DECODE, {"varlen": True}, "varlen", "per-sequence cache lengths"),
     ("rule_head_dim_vector_loads", WGMMA, {"head_dim": 36}, "head_dim", "multiple of 8 for 16-byte loads"),
     ("rule_head_dim_v", MMA, {"head_dim_v": 32}, "head_dim_v", "a V head dim other than head_dim is not generated"),

@@ -245,6 +245,11 @@ class ForwardPlan:
             return (max(1, min(m_blocks * heads * batch, sm_count or self.target.sm_count)), 1, 1)
         return (m_blocks, heads, batch)
 
+    def varlen_grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
+        """A varlen call's grid: one block per block_m query rows of the longest sequence, per head and
+        sequence (a persistent plan's varlen functions compute one query block per block too)."""
+        return (-(-max_seqlen_q // self.block_m), heads, batch)
+
 
 # -- derivations ---------------------------------------------------------------------------------
 

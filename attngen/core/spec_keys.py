@@ -424,10 +424,6 @@ rule_no_warp_roles = refuse(
     "warps.producer", lambda s: s.producer_warps > 0,
     lambda s: (f"producer/consumer warp roles are not generated for {s.mma}; use warps: "
                f"{{compute: {s.compute_warps}}}"), "rule_no_warp_roles")
-rule_no_varlen = refuse(
-    "varlen", lambda s: s.varlen,
-    lambda s: f"varlen functions are not generated for {s.mma}; set varlen: false",
-    "rule_no_varlen")
 rule_backward_varlen_no_expressions = refuse(
     "variant", lambda s: s.variant is not None and s.varlen,
     lambda s: "the backward's varlen functions take no expressions yet (its padded functions do): drop varlen: "

@@ -1,7 +1,8 @@
 """Dispatch-table entries from measurements: the winner and runner-up of every cell of `attngen
 bench --json` or `attngen sweep --json` reports (GPU time, attngen specs only), bucketed by
 sequence length: forward entries from forward reports and sweeps, backward entries from backward
-bench reports and sweeps of backward specs. Entries of other calls and other arches in the table
+bench reports and sweeps of backward specs, varlen entries from `attngen bench --varlen` reports
+(bucketed by the batch's longest sequence). Entries of other calls and other arches in the table
 are kept as they are."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from ..ops.table import CALLS, Entry
 
-FORWARD, BACKWARD = "forward", "backward"   # the Entry.call of the two calls bench reports measure
+FORWARD, BACKWARD, VARLEN = "forward", "backward", "varlen"   # the Entry.call of the calls bench reports measure
 
 GPU_ARCH = {"H100": "sm_90", "H200": "sm_90", "H800": "sm_90", "L4": "sm_89", "RTX 4090": "sm_89", "A100": "sm_80"}
 
@@ -36,9 +37,16 @@ def backward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
     return call_entries(reports, BACKWARD)
 
 
+def varlen_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
+    """Varlen entries from `attngen bench --varlen --json` reports: per (arch, dtype, head_dim, mask)
+    the fastest spec of each measured batch, keyed by its longest sequence (the call's
+    max_seqlen_k) and bucketed as forward_entries buckets seqlens."""
+    return call_entries(reports, VARLEN)
+
+
 def bench_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
-    """The entries of every call the reports measure: forward_entries, then backward_entries."""
-    return forward_entries(reports) + backward_entries(reports)
+    """The entries of every call the reports measure: forward, backward, then varlen entries."""
+    return forward_entries(reports) + backward_entries(reports) + varlen_entries(reports)
 
 
 def entries_summary(entries) -> str:
@@ -53,6 +61,10 @@ def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
     sweep report's cases are its "call", forward where it has none)."""
     cells = defaultdict(list)
     for name, report in reports:
+        if "lengths" in report and "rows" in report:   # a varlen bench report
+            if call == VARLEN:
+                _varlen_cells(cells, name, report)
+            continue
         if "cases" in report and "ranking" in (report["cases"] or [{}])[0]:
             if report.get("call", FORWARD) == call:
                 _sweep_cells(cells, name, report)
@@ -95,6 +107,19 @@ def _sweep_cells(cells, name: str, report: dict) -> None:
                 (seqlen, ranked, f"{name} {case['label']}"))
 
 
+def _varlen_cells(cells, name: str, report: dict) -> None:
+    """A varlen bench report's rows as cells: per batch, dtype, head dim and mask, the specs that
+    passed, fastest first; the batch's longest sequence stands for its seqlen."""
+    arch, longest = arch_of(report["gpu"]), max(report["lengths"])
+    ranked = defaultdict(list)
+    for r in report["rows"]:
+        if r.get("status") == "ok":
+            key = (arch, r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", 0)
+            ranked[key, r["batch"]].append({"impl": r["spec"], "median_us": r["attngen_us"]})
+    for (key, batch), specs in ranked.items():
+        cells[key].append((longest, sorted(specs, key=lambda t: t["median_us"]), f"{name} {batch}"))
+
+
 def merge(existing, new) -> list[Entry]:
     """`existing` with every key that `new` covers replaced by `new`'s entries of that key."""
     replaced = {e.key() for e in new}
@@ -109,4 +134,4 @@ def read_reports(paths) -> list[tuple[str, dict]]:
 
 
 __all__ = ["arch_of", "backward_entries", "bench_entries", "call_entries", "entries_summary", "forward_entries",
-           "merge", "read_reports"]
+           "merge", "read_reports", "varlen_entries"]

@@ -187,7 +187,7 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     return ForwardPlan(
         spec=spec, kind=kind(), title=TITLE, target=target, **variants,
         parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
-        abi=plan_abi(variants["mask_variants"], varlen=False, reports_errors=False,
+        abi=plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False,
                      scores=variants["score_variants"], through_maps=tuple(m.tensor for m in maps if not m.store)).with_fields(
             tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime "
                        "per call") for m in maps)),
@@ -220,6 +220,18 @@ def padding_lines(plan) -> list[str]:
     return out
 
 
+def varlen_lines(plan) -> list[str]:
+    """What explain says about the varlen functions (none without them)."""
+    if not plan.varlen:
+        return []
+    changes = [w for w, on in (("one query block per block (no persistent loop)", plan.persistent),
+                               ("O leaves through shared memory, not a TMA store (whose rows would run into the "
+                                "next sequence)", plan.fragments.epilogue == "tma")) if on]
+    return ["varlen: the maps see each packed (total, heads, dim) tensor as one batch; a block's TMA copies start "
+            "at its sequence's first rows (keys past its end are masked, query rows past it are not stored)"
+            + ("; " + "; ".join(changes) if changes else "")]
+
+
 def explain(plan) -> list[str]:
     f = plan.fragments
     lines = [f"warpgroups: {f.consumer_warpgroups} consumer(s) x 64 rows + {f.producer_warpgroups} producer; "
@@ -249,6 +261,7 @@ def explain(plan) -> list[str]:
                                            "tma": " (staged in the Q tile, TMA bulk tensor store)"}[f.epilogue]),
              ("grid: persistent, one block per SM looping over every query block" if plan.persistent else
               "grid: one block per query block"),
+             *varlen_lines(plan),
              f"shared-memory banks: TMA writes and wgmma reads {f.panel_row_bytes}-byte-swizzled tiles (conflict-free "
              "by layout)"]
     return lines

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ...core.spec_keys import (ForwardSpec, Strict, refuse, round_up, rule_head_dim_vector_loads,
-                               rule_no_varlen, rule_threads)
+                               rule_threads)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, TILE_ALIGN, WARPGROUP, PanelSwizzle,  # noqa: F401 (plan and space take them from here)
                            panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a)
 from ...targets import TARGETS
@@ -176,8 +176,7 @@ class WgmmaSpec(ForwardSpec):
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads,
-             rule_no_varlen)
+             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
         panel = panel_swizzle(self)

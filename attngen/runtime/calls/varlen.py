@@ -68,12 +68,16 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
             if not (qp | kp | vp) % LOAD_BYTES:
                 torch = kernel._torch
                 out = torch.empty_like(q)
-                lse = q.new_empty(prepared.extra, dtype=torch.float32) if return_lse else None
+                lse_shape, shape_maps = prepared.extra
+                lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
                 batch = cu_seqlens_k.shape[0] - 1
                 order = _ORDERS.longest_first(torch, cu_seqlens_k, batch, prepared.info.index) if batch > 1 else None
-                kernel._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0,
-                                       cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
-                                       order.data_ptr() if order is not None else 0))
+                op = out.data_ptr()
+                pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0, cu_seqlens_q.data_ptr(),
+                            cu_seqlens_k.data_ptr(), order.data_ptr() if order is not None else 0)
+                if shape_maps is not None:
+                    pointers += shape_maps.values((qp, kp, vp, op))
+                kernel._run(prepared, pointers)
                 return (out, lse) if return_lse else out
     index, total_q, heads, total_k, kv_heads, batch = check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k)
     mask = kernel._check_mask(causal, window)
@@ -106,12 +110,13 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
         return kernel._no_keys(out, lse_out, return_lse)
     info = kernel._device(index)
     plan = kernel.plan
-    grid = plan.grid(batch, heads, max_seqlen_q)
+    grid = plan.varlen_grid(batch, heads, max_seqlen_q)
     if grid[0] > MAX_GRID_X:
         raise ValueError(f"max_seqlen_q {max_seqlen_q} needs more than {MAX_GRID_X} blocks")
     packer = kernel._varlen_packer
     if packer is None:
-        packer = kernel._varlen_packer = plan.abi.packer(PER_CALL + tuple(f.name for f in kernel._mask_fields))
+        packer = kernel._varlen_packer = plan.abi.packer(PER_CALL + tuple(f.name for f in kernel._mask_fields) +
+                                                         kernel._map_fields)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
     order = _ORDERS.longest_first(torch, cu_seqlens_k, batch, index) if batch > 1 else None
     values = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0,
@@ -126,10 +131,13 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     values[PER_CALL.index("scale_log2")] = mask_values.pop("scale_log2", scale * LOG2E)
     for f in kernel._mask_fields:
         values.append(mask_values.get(f.name, f.default))
+    shape_maps = packed_maps(kernel, q, k, v, out)
+    maps = shape_maps.values(tuple(values[:4])) if shape_maps is not None else ()
+    values.extend(maps)
     prepared = Prepared(info, kernel._launches(info, (kernel.entry[varlen_key(mask)], grid)), packer.pack(values),
-                        _patch(kernel), (heads, total_q))
+                        _patch(kernel), ((heads, total_q), shape_maps))
     kernel._remember(key, prepared)   # no key when the caller gave out or lse_out, or validates
-    kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]))
+    kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]) + maps)
     return (out, lse_out) if return_lse else out
 
 
@@ -162,11 +170,24 @@ def check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k) -> tuple[int, i
 
 
 def _patch(kernel):
-    """The pointer fields a varlen call patches: q, k, v, o, lse, the offsets and the order."""
+    """The pointer fields a varlen call patches: q, k, v, o, lse, the offsets and the order (and
+    the tensor maps of a kernel that reads through them)."""
     patch = getattr(kernel, "_varlen_patch", None)
     if patch is None:
-        patch = kernel._varlen_patch = kernel.plan.abi.patch(POINTERS)
+        patch = kernel._varlen_patch = kernel.plan.abi.patch(POINTERS + kernel._map_fields)
     return patch
+
+
+def packed_maps(kernel, q, k, v, out):
+    """The TMA tensor maps of a varlen call's shape, or None for a kernel without them: each packed
+    (total, heads, dim) tensor seen as one batch of `total` rows per head, (1, heads, total, dim).
+    A block addresses its sequence's rows by coordinates (the kind's MapOrigin); rows past the
+    tensor's end load as zeros."""
+    if not kernel._map_fields:
+        return None
+    from ..tma import ShapeMaps
+    views = {name: t.unsqueeze(0).transpose(1, 2) for name, t in (("q", q), ("k", k), ("v", v), ("o", out))}
+    return ShapeMaps(kernel.plan.tensor_maps, views)
 
 
 class SequenceOrders:
