@@ -1,6 +1,6 @@
 """The built-in variants beside torch's peers in one process: sliding window, softcap and ALiBi.
 
-Usage: python3 .ci/variant_bench.py OUT.json [window,scores,scores64,expr,decode] [fp16|bf16]
+Usage: python3 .ci/variant_bench.py OUT.json [window,scores,scores64,expr,document,decode] [fp16|bf16]
 
 - window: causal sliding windows of 256 / 1024 / 4096 keys (FlashAttention's window_size=(w, 0))
   at 4x16x8192 and 1x16x32768, d64 and d128, against torch.ops.aten._flash_attention_forward
@@ -170,15 +170,17 @@ def score_rows_at(d):
     return rows
 
 
+def add(row, name, fn, sets, ref=None):
+    """Time fn over the input sets into row[name]; with a reference, its max |difference| on the first."""
+    row[name] = timed(fn, sets)
+    if ref is not None:
+        row[name]["max_diff"] = max_diff(fn(*sets[0]), ref)
+
+
 def expr_rows():
     rows = []
     d = 128
     scale = d ** -0.5
-
-    def add(row, name, fn, sets, ref=None):
-        row[name] = timed(fn, sets)
-        if ref is not None:
-            row[name]["max_diff"] = max_diff(fn(*sets[0]), ref)
 
     for b, h, s in ((4, 16, 8192), (1, 16, 32768)):
         sets = input_sets(b, h, s, d)
@@ -245,6 +247,16 @@ def expr_rows():
         print(json.dumps(row), flush=True)
         del sets, fsets
         torch.cuda.empty_cache()
+    return rows + document_rows()
+
+
+def document_rows():
+    """Document masking: 16 packed documents of 256..2048 tokens, causal within each: the expression
+    specs' varlen call (mma.sync and Hopper) and the built-in causal varlen call beside Flex's
+    document mask_mod on the packed sequence."""
+    rows = []
+    d = 128
+    scale = d ** -0.5
     # document masking: packed documents, causal within each
     lens = (torch.randint(256, 2049, (16,), generator=GEN, device=DEV)).tolist()
     total, h = sum(lens), 16
@@ -258,12 +270,16 @@ def expr_rows():
     flex = lambda q, k, v: FLEX(q, k, v, block_mask=mask, scale=scale)
     add(row, "flex", flex, fsets)
     ref = flex(*fsets[0])[0].transpose(0, 1)
-    expr = kernel("h100_mma_d128_expr_document")
     mx = max(lens)
-    add(row, "mma_expr", lambda q, k, v: expr.varlen(q, k, v, cu, cu, max_seqlen_q=mx, scale=scale), packed, ref)
-    hand = kernel("h100_mma_d128_window")
-    add(row, "mma_builtin_causal", lambda q, k, v: hand.varlen(q, k, v, cu, cu, max_seqlen_q=mx, scale=scale,
-                                                                causal=True, window=(1 << 20, 0)), packed, ref)
+    # the built-in causal varlen call: the mma.sync expression's tiles (its window spec's window function,
+    # unbounded on the left) and the Hopper varlen spec (the ping-pong base of the Hopper expression)
+    for kind, builtin, kw in (("mma", "h100_mma_d128_window", {"window": (1 << 20, 0)}),
+                              ("wgmma", "h100_wgmma_d128_varlen", {})):
+        expr, hand = kernel(f"h100_{kind}_d128_expr_document"), kernel(builtin)
+        add(row, f"{kind}_expr", lambda q, k, v: expr.varlen(q, k, v, cu, cu, max_seqlen_q=mx, scale=scale), packed,
+            ref)
+        add(row, f"{kind}_builtin_causal", lambda q, k, v: hand.varlen(q, k, v, cu, cu, max_seqlen_q=mx, scale=scale,
+                                                                       causal=True, **kw), packed, ref)
     rows.append(row)
     print(json.dumps(row), flush=True)
     return rows
@@ -328,7 +344,8 @@ def main():
         DTYPE, SUFFIX = torch.bfloat16, "_bf16"
     rows = ((window_rows() if "window" in which else []) + (score_rows() if "scores" in which else [])
             + (score_rows((64,)) if "scores64" in which else [])
-            + (expr_rows() if "expr" in which else []) + (decode_rows() if "decode" in which else []))
+            + (expr_rows() if "expr" in which else []) + (document_rows() if "document" in which else [])
+            + (decode_rows() if "decode" in which else []))
     with open(out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(DTYPE),
                    "rows": rows}, f, indent=1)

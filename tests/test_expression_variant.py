@@ -41,7 +41,8 @@ def test_the_expression_specs_exist():
     # window, softcap + ALiBi, document masking over varlen and prefix-LM, and the single modifiers
     names = set(EXPR_SPECS)
     for want in ("h100_mma_d128_expr_window", "h100_wgmma_d128_expr_window", "h100_mma_d128_expr_softcap_alibi",
-                 "h100_wgmma_d128_expr_softcap_alibi", "h100_mma_d128_expr_document", "h100_mma_d128_expr_prefix_lm",
+                 "h100_wgmma_d128_expr_softcap_alibi", "h100_mma_d128_expr_document", "h100_wgmma_d128_expr_document",
+                 "h100_mma_d128_expr_prefix_lm",
                  "h100_wgmma_d128_expr_prefix_lm"):
         assert want + ".yaml" in names
 
