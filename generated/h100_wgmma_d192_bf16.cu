@@ -487,6 +487,10 @@ constexpr int kWarpgroupThreads = 128;
 // stored with 16-byte stores (kShared) or TMA (kTma).
 enum class Epilogue { kRegisters, kShared, kTma };
 constexpr Epilogue kEpilogue = Epilogue::kRegisters;
+// The tile a staged epilogue writes O to: the Q tile, or O's own, which lets a persistent block hand
+// Q back (and its producer load the next one) before the epilogue instead of after it.
+constexpr int kSmemOutput = 0;
+constexpr bool kOwnOutputTile = kSmemOutput != kSmem_q;
 constexpr int kPanelCols = 64;          // elements in one swizzled row (TMA box width)
 constexpr int kPanelRowBytes = 128;     // bytes of one swizzled row: the swizzle's span
 constexpr int kPanelChunks = kPanelRowBytes / 16;                       // 16-byte chunks in one (the XOR's range)
@@ -511,7 +515,8 @@ constexpr int kEmptyV = kSeparateKVBarriers ? kEmptyK + kStages * kBarrierBytes 
 constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full: the Q tile has landed
 constexpr int kQEmptyBar = kQBar + kBarrierBytes;             // q_empty (persistent): the Q tile may be replaced
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
-              kStageStride % kSwizzleAtomBytes == 0, "swizzled tiles start on their swizzle's repeat");
+              kStageStride % kSwizzleAtomBytes == 0 && kSmemOutput % kSwizzleAtomBytes == 0,
+              "swizzled tiles start on their swizzle's repeat");
 
 // Ping-pong turns: warpgroup w waits for its turn before issuing GEMMs and hands the turn to the
 // other after; each phase of a turn barrier counts both warpgroups' 256 threads.
@@ -708,17 +713,18 @@ __device__ __forceinline__ uint32_t swizzled_chunk(uint32_t tile, int row, int c
            (((chunk % kPanelChunks) ^ (row / (8 / kPanelChunks) % kPanelChunks)) * 16);
 }
 
-// Staged epilogues: this warp's 16 rows of O, normalised and rounded, over the same rows of the Q
-// tile (the warpgroup's last GEMM that read them has completed). A warp's 4-byte writes of one column
+// Staged epilogues: this warp's 16 rows of O, normalised and rounded, into the same rows of the
+// staging tile sO: the Q tile (the warpgroup's last GEMM that read them has completed) or O's own (a
+// persistent block's previous rows there were read out). A warp's 4-byte writes of one column
 // chunk cover 8 rows x 16 bytes in 8 different 16-byte slots of a 128-byte line: all 32 banks.
-__device__ __forceinline__ void stage_output(uint32_t sQ, const float (&o)[kORegs], const float (&inv)[2], int tile_row0,
+__device__ __forceinline__ void stage_output(uint32_t sO, const float (&o)[kORegs], const float (&inv)[2], int tile_row0,
                                              int lane) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = tile_row0 + lane / 4 + 8 * h;
 #pragma unroll
         for (int j = 0; j < kORegs / 4; ++j)
-            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(swizzled_chunk(sQ, row, j) + 4 * (lane % 4)),
+            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(swizzled_chunk(sO, row, j) + 4 * (lane % 4)),
                          "r"(pack2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h])) : "memory");
     }
 }
@@ -730,7 +736,7 @@ __device__ __forceinline__ void sync_warpgroup(int warpgroup) {
 
 // kShared: the warpgroup's 64 staged rows (their head_dim columns) to global memory, 16 bytes per
 // thread and step; a warp's consecutive threads read a row's chunks and write them contiguously.
-__device__ __forceinline__ void copy_out_rows(uint32_t sQ, const Params& p, const BlockCoords& c, int wg_row0, int wg_tid) {
+__device__ __forceinline__ void copy_out_rows(uint32_t sO, const Params& p, const BlockCoords& c, int wg_row0, int wg_tid) {
     elem_t* out = output_ptr(p, c);
     constexpr int kChunks = kRowsPerWarpgroup * kChunksPerRowV;
     constexpr int kSteps = (kChunks + kWarpgroupThreads - 1) / kWarpgroupThreads;
@@ -741,7 +747,7 @@ __device__ __forceinline__ void copy_out_rows(uint32_t sQ, const Params& p, cons
         uint4 v;
 
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(swizzled_chunk(sQ, r, chunk)) : "memory");
+                     : "r"(swizzled_chunk(sO, r, chunk)) : "memory");
         if (c.m0 + r < p.seqlen_q) *reinterpret_cast<uint4*>(out + (c.m0 + r) * p.o_row_stride + 8 * chunk) = v;
     }
 }
@@ -750,10 +756,10 @@ __device__ __forceinline__ void copy_out_rows(uint32_t sQ, const Params& p, cons
 // first thread, which waits until the copies have read shared memory (before the rows are reused or
 // the block exits). A template so that Params needs a tma_o map only in plans that store through TMA.
 template <typename P>
-__device__ __forceinline__ void tma_store_rows(uint32_t sQ, const P& p, const BlockCoords& c, int wg_row0) {
+__device__ __forceinline__ void tma_store_rows(uint32_t sO, const P& p, const BlockCoords& c, int wg_row0) {
 #pragma unroll
     for (int panel = 0; panel < kPanelsV; ++panel)
-        tma_store_4d(p.tma_o, sQ + panel * kBlockM * kPanelRowBytes + wg_row0 * kPanelRowBytes, kPanelCols * panel,
+        tma_store_4d(p.tma_o, sO + panel * kBlockM * kPanelRowBytes + wg_row0 * kPanelRowBytes, kPanelCols * panel,
                      c.m0 + wg_row0, c.head, c.batch);
     bulk_commit_group();
     bulk_wait_group_read<0>();
@@ -975,19 +981,21 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                 release_q();
                 store_output(o, row_max, row_sum, p, c, row0, lane);
             } else {
+                if constexpr (kOwnOutputTile) release_q();
                 const int wg_tid = tid % kWarpgroupThreads;
+                const uint32_t sO = smem_addr + kSmemOutput;
                 float inv[2];
                 finish_rows(inv, row_max, row_sum, p, c, row0, lane);
-                stage_output(sQ, o, inv, row0 - c.m0, lane);
+                stage_output(sO, o, inv, row0 - c.m0, lane);
                 if constexpr (kOut == Epilogue::kTma) fence_proxy_async_shared();
                 sync_warpgroup(warpgroup);
                 if constexpr (kOut == Epilogue::kTma) {
-                    if (wg_tid == 0) tma_store_rows(sQ, maps, c, wg_row0);
+                    if (wg_tid == 0) tma_store_rows(sO, maps, c, wg_row0);
                 } else {
-                    copy_out_rows(sQ, p, c, wg_row0, wg_tid);
+                    copy_out_rows(sO, p, c, wg_row0, wg_tid);
                 }
                 if constexpr (kLoop) sync_warpgroup(warpgroup);   // the rows were read out
-                release_q();
+                if constexpr (!kOwnOutputTile) release_q();
             }
             ring += n_tiles;
         }

@@ -358,6 +358,21 @@ def test_wgmma_varlen_functions():
     assert "cu_seqlens_q" not in {f.name for f in plain.abi.fields}
 
 
+def test_wgmma_own_epilogue_tile():
+    """epilogue_tile: own stages O in a tile of its own (block_m x head_dim_v more shared memory, on a
+    swizzle repeat), so a persistent block's consumers hand Q back before the epilogue."""
+    text = (spec_text(head_dim=128, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
+                      mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}",
+                      target="h100") + "registers: {producer: 24, consumer: 240}\nepilogue: tma\n"
+            "schedule: {persistent: true}\n")
+    over_q, own = plan_of(text), plan_of(text + "epilogue_tile: own\n")
+    assert over_q.fragments.o_stage_offset == over_q.region("q").offset
+    assert own.fragments.o_stage_offset == own.region("o").offset and own.region("o").offset % 1024 == 0
+    assert own.smem_bytes == over_q.smem_bytes + 128 * 128 * 2
+    assert "O tile of its own" in explain(own) and "before its epilogue" in " ".join(own.schedule)
+    assert "out of the Q tile" in " ".join(over_q.schedule)
+
+
 def test_wgmma_separate_kv_barriers_key_overrides_the_schedule():
     """schedule.separate_kv_barriers: false keeps one full/empty pair per stage on the overlapped
     schedule (and true separates a sequential one's); unset follows overlap."""

@@ -49,6 +49,7 @@ class WgmmaFragments:
     separate_kv_barriers: bool  # K and V of a stage handed over on separate mbarriers (the overlapped schedule)
     issuer_thread: int      # the thread that issues every TMA copy
     epilogue: str           # registers, shared or tma (spec.epilogue)
+    o_stage_offset: int     # byte offset of the tile a staged epilogue writes O to: the Q tile's, or O's own
 
 
 def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_bytes: int, issuer: str,
@@ -79,11 +80,13 @@ def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_byt
     return tuple(out)
 
 
-def epilogue_line(epilogue: str) -> str:
+def epilogue_line(epilogue: str, own_tile: bool = False) -> str:
     """The schedule's last step: how a consumer warpgroup writes its 64 rows of O."""
-    staging = ("  epilogue: each consumer warpgroup normalises O and writes its 64 rows over its rows of the Q tile "
-               "(its last S GEMM has completed; swizzled like Q, 4-byte stores), then syncs its 128 threads on "
-               "named barrier 3 + w; ")
+    staging = ("  epilogue: each consumer warpgroup normalises O and writes its 64 rows " +
+               ("into its rows of O's own tile (swizzled like Q, 4-byte stores; Q went back before it)"
+                if own_tile else
+                "over its rows of the Q tile (its last S GEMM has completed; swizzled like Q, 4-byte stores)") +
+               ", then syncs its 128 threads on named barrier 3 + w; ")
     return {"registers": "  epilogue: each thread stores its normalised O pairs to global memory (4-byte stores)",
             "shared": staging + "its threads copy the rows out with 16-byte coalesced stores",
             "tma": staging + ("after fence.proxy.async its first thread issues one TMA store per panel "
@@ -98,8 +101,13 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     panel, td, tdv = panel_swizzle(spec), tile_dim(spec), tile_dim_v(spec)
     consumers, producers = spec.compute_warps // WARPGROUP, spec.producer_warps // WARPGROUP
     staged = spec.epilogue != "registers"
+    own_o = staged and spec.epilogue_tile == "own"
     tiles = [swizzled_tile("q", bm, td, panel, ctype, "Q tile, loaded once" +
-                           ("; each consumer warpgroup stages its rows of O over its rows of Q" if staged else ""))]
+                           ("; each consumer warpgroup stages its rows of O over its rows of Q" if staged and not own_o
+                            else ""))]
+    if own_o:
+        tiles.append(swizzled_tile("o", bm, tdv, panel, ctype, "O staged for the epilogue (its own tile: Q is handed "
+                                                                "back before the epilogue)"))
     for s in range(stages):
         tiles.append(swizzled_tile(f"k{s}", bn, td, panel, ctype, f"K tile, stage {s}"))
         tiles.append(swizzled_tile(f"v{s}", bn, tdv, panel, ctype, f"V tile, stage {s}"))
@@ -133,7 +141,8 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                           v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, k_tile_bytes=k_bytes, v_tile_bytes=v_bytes,
                           has_producer=has_producer, separate_kv_barriers=separate_kv_barriers,
-                          issuer_thread=issuer_thread, epilogue=spec.epilogue)
+                          issuer_thread=issuer_thread, epilogue=spec.epilogue,
+                          o_stage_offset=next(r.offset for r in regions if r.name == ("o" if own_o else "q")))
     bars = barriers(stages, spec.compute_warps, k_bytes, v_bytes, q_bytes, issuer,
                     next(r.offset for r in regions if r.name == "bars"), persistent, separate_kv_barriers)
     functions = forward_functions(spec)
@@ -177,10 +186,10 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                 ("  persistent: one block per SM takes query blocks i, i + grid, ...; ring positions and the "
                  "q_full/q_empty phases run on across them, and the producer waits q_empty before it loads the next "
                  + ("Q (the consumers arrive once the epilogue has read their staged rows of O out of the Q tile)"
-                    if staged else
+                    if staged and not own_o else
                     "Q (the consumers arrive once their last GEMM of a block is done, before its epilogue)")
                  if persistent else "  one query block per thread block"),
-                epilogue_line(spec.epilogue),
+                epilogue_line(spec.epilogue, own_o),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
     variants = spec_variants(spec)
@@ -257,8 +266,10 @@ def explain(plan) -> list[str]:
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
              + ("; consumer warpgroups ping-pong their GEMMs (named barriers 1, 2)" if f.pingpong else ""),
              f"epilogue: {f.epilogue}" + ({"registers": " (4-byte stores of the accumulators)",
-                                           "shared": " (staged in the Q tile, 16-byte coalesced stores)",
-                                           "tma": " (staged in the Q tile, TMA bulk tensor store)"}[f.epilogue]),
+                                           "shared": " (staged in the {tile}, 16-byte coalesced stores)",
+                                           "tma": " (staged in the {tile}, TMA bulk tensor store)"}[f.epilogue]
+                                          .format(tile="Q tile" if plan.region("q").offset == f.o_stage_offset
+                                                  else "O tile of its own")),
              ("grid: persistent, one block per SM looping over every query block" if plan.persistent else
               "grid: one block per query block"),
              *varlen_lines(plan),

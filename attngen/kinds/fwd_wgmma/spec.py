@@ -61,9 +61,17 @@ def rule_block_n(s):
 
 
 def rule_staged_output_fits_q(s):
-    if s.epilogue != "registers" and panel_swizzle(s) and tile_dim_v(s) > tile_dim(s):
+    if s.epilogue != "registers" and s.epilogue_tile == "q" and panel_swizzle(s) and tile_dim_v(s) > tile_dim(s):
         return "epilogue", (f"the {s.epilogue} epilogue stages O in the Q tile, {tile_dim(s)} columns wide, but O has "
                             f"{tile_dim_v(s)} (head_dim_v {s.v_dim}): use epilogue: registers")
+
+
+def rule_epilogue_tile(s):
+    if s.epilogue_tile == "own" and s.epilogue == "registers":
+        return "epilogue_tile", "the registers epilogue stages nothing: use epilogue: shared or tma, or epilogue_tile: q"
+    if s.epilogue_tile == "own" and not s.schedule.persistent:
+        return "epilogue_tile", ("an own O tile lets a persistent block's producer load the next Q during the epilogue; "
+                                 "without schedule.persistent: true nothing reuses Q: use epilogue_tile: q")
 
 
 rule_async_copies = refuse(
@@ -165,6 +173,11 @@ class WgmmaSpec(ForwardSpec):
     registers: Optional[Registers] = Field(
         default=None, description="registers per thread of each role after setmaxnreg; unset: no reallocation")
     schedule: Schedule = Schedule()
+    epilogue_tile: Literal["q", "own"] = Field(default="q", description=(
+        "where a staged epilogue (shared, tma) writes O: q = over the Q tile (no more shared memory; a "
+        "persistent block's producer loads the next Q only once O was read out of it); own = a tile of its "
+        "own (block_m x head_dim_v more shared memory; Q is handed back as soon as the block's GEMMs are done, "
+        "so the next Q loads during the epilogue); needs schedule.persistent"))
     epilogue: Literal["registers", "shared", "tma"] = Field(default="registers", description=(
         "how O leaves: registers = each thread stores its accumulator pairs (4-byte stores); shared = a "
         "consumer warpgroup writes its 64 normalised rows over its rows of the Q tile (swizzled like Q) "
@@ -176,6 +189,7 @@ class WgmmaSpec(ForwardSpec):
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
+             rule_epilogue_tile,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
