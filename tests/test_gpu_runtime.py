@@ -285,7 +285,10 @@ def test_bad_inputs_are_recorded_and_raised_by_check_errors(torch):
     them and records a flag that attngen.check_errors() raises (and clears); good calls record none."""
     from attngen.runtime import InputError
     from attngen.runtime.calls.varlen import cu_seqlens
-    attngen.check_errors()                 # start clean (earlier tests pass bad inputs on purpose)
+    try:                                   # start clean (earlier tests pass bad inputs on purpose)
+        attngen.check_errors()
+    except InputError:
+        pass
     dec, paged, var = load_once(DECODE), load_once(DECODE_PAGED), load_once(MMA)
     qd, kd = randn(torch, 2, 32, 1, 128), randn(torch, 2, 8, 1000, 128)
     good = torch.tensor([1000, 3], dtype=torch.int32, device="cuda")

@@ -11,6 +11,7 @@ import pytest
 import attngen
 from attngen.eval import verify
 from attngen.eval.varlen_verify import varlen_cases
+from attngen.runtime import InputError
 from attngen.runtime.calls.varlen import cu_seqlens
 
 pytestmark = pytest.mark.gpu
@@ -133,3 +134,5 @@ def test_unvalidated_offsets_stay_inside_the_tensors(torch, spec):
     torch.cuda.synchronize()
     assert torch.isnan(buf[10:]).all()
     assert torch.isfinite(buf[:10]).all()
+    with pytest.raises(InputError, match="cu_seqlens offsets"):   # recorded, and cleared for later tests
+        attngen.check_errors()

@@ -251,8 +251,8 @@ PLANTED = {
     "window-first-tile-late": (WINDOW_SPEC, "return key_begin<kMask>(first_row, p) / kBlockN;",
                                "return key_begin<kMask>(first_row, p) / kBlockN + 1;"),
     # the Hopper kind's TMA loads ignore the first tile: tile t of the block is read from tile t
-    "wgmma-window-loads-from-zero": (WGMMA_WINDOW_SPEC, "load_kv<true>(smem_addr, p.tma_v, c, ring + t, t0 + t);",
-                                     "load_kv<true>(smem_addr, p.tma_v, c, ring + t, t);"),
+    "wgmma-window-loads-from-zero": (WGMMA_WINDOW_SPEC, "load_kv<true>(smem_addr, maps.tma_v, c, at, ring + t, t0 + t);",
+                                     "load_kv<true>(smem_addr, maps.tma_v, c, at, ring + t, t);"),
     # ALiBi's distance measured from the top-left corner instead of FlashAttention's bottom-right one
     "alibi-top-left": (ALIBI_SPEC, "alibi_offset = p.seqlen_k - p.seqlen_q;", "alibi_offset = 0;"),
     # softcap without the scale folded into its multiply

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .varlen_verify import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, varlen_suite
 from .verify import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
-                     exact_fp32_matmul, make_inputs, score_arguments, score_modifiers, variants)
+                     exact_fp32_matmul, kernel_shapes, make_inputs, score_arguments, score_modifiers, variants)
 from ..core.variants import MASKS, reference_scores
 from ..core.varlen_plan import varlen_key
 
@@ -75,7 +75,7 @@ def verify_cases(kernel, shapes, masks) -> list[tuple]:
     out = []
     block_n = kernel.plan.block_n
     for variant in variants(masks, block_n):
-        for i, shape in enumerate(shapes):
+        for i, shape in enumerate(kernel_shapes(kernel.plan, shapes)):   # long keys for a mask expression
             for deterministic in (False, True) if takes_turns(shape, block_n) else (False,):
                 out.append((variant.label + (DETERMINISTIC if deterministic else ""), kernel.entry[variant.mask],
                             shape, i, lambda seed, label, variant=variant, shape=shape, deterministic=deterministic:
