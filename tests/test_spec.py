@@ -569,10 +569,10 @@ def test_schema_command_lists_every_key():
     alternatives = [schema["$defs"][ref["$ref"].split("/")[-1]] for ref in schema.get("anyOf") or schema["oneOf"]]
     assert len(alternatives) == len(KINDS)
     for alt in alternatives:
-        # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue;
-        # decode: decode, max_splits, page_size, combine)
-        assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "decode", "max_splits", "page_size",
-                                         "combine", "backward", "query_stages", "query_chunk"} == {
+        # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
+        # epilogue_tile; decode: decode, max_splits, page_size, combine)
+        assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
+                                         "page_size", "combine", "backward", "query_stages", "query_chunk"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "scores", "variant",
             "tile", "warps",
             "mma", "smem",
