@@ -240,14 +240,15 @@ class ForwardPlan:
     def grid(self, batch: int, heads: int, seqlen_q: int, sm_count: int | None = None) -> tuple[int, int, int]:
         """One block per block_m query rows of each (head, batch); persistent: one block per SM of
         the GPU (`sm_count`, default the target's), never more than there are query blocks."""
-        m_blocks = -(-seqlen_q // self.block_m)
+        blocks = self.varlen_grid(batch, heads, seqlen_q)
         if self.persistent:
-            return (max(1, min(m_blocks * heads * batch, sm_count or self.target.sm_count)), 1, 1)
-        return (m_blocks, heads, batch)
+            return (max(1, min(blocks[0] * heads * batch, sm_count or self.target.sm_count)), 1, 1)
+        return blocks
 
     def varlen_grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
-        """A varlen call's grid: one block per block_m query rows of the longest sequence, per head and
-        sequence (a persistent plan's varlen functions compute one query block per block too)."""
+        """One block per block_m query rows (of the longest sequence, in a varlen call), head and
+        batch (or sequence): a non-persistent plan's grid, and every plan's varlen grid (a persistent
+        plan's varlen functions compute one query block per block too)."""
         return (-(-max_seqlen_q // self.block_m), heads, batch)
 
 
