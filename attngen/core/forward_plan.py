@@ -20,7 +20,8 @@ from .varlen_plan import VARLEN_ABI_FIELDS, is_varlen, mask_of, varlen_key
 LOG2E = 1.4426950408889634    # scores are exponentiated with exp2: scale * log2(e) folds the change of base
 LN2 = 0.6931471805599453      # and LSE goes back to natural log with ln(2)
 
-ELEMENT_TYPES = {"fp16": ("half", "half2", "f16"), "bf16": ("__nv_bfloat16", "__nv_bfloat162", "bf16")}
+ELEMENT_TYPES = {"fp16": ("half", "half2", "f16"), "bf16": ("__nv_bfloat16", "__nv_bfloat162", "bf16"),
+                 "e4m3": ("__nv_fp8_e4m3", "__nv_fp8x2_e4m3", "e4m3")}
 
 
 def stride_fields(t: str, what: str) -> tuple:
@@ -103,7 +104,7 @@ class ForwardPlan:
     mask_variants: tuple[MaskVariant, ...]
     parts: tuple[Part, ...]
     abi: Abi
-    ctype: str                      # CUDA element type
+    ctype: str                      # CUDA element type of the output (and of the inputs but for e4m3 ones)
     ctype2: str                     # its two-element vector type
     ptx_type: str                   # its PTX name (f16, bf16)
     head_dim: int
@@ -298,13 +299,13 @@ def check_xor_fits_row(chunks: int, xor_bits: int, head_dim: int, file: str | No
 
 def tile_regions(spec: ForwardSpec, sw: Swizzle) -> list[Region]:
     """Q tile, then each pipeline stage's K and V tile."""
-    ctype = ELEMENT_TYPES[spec.dtype][0]
+    ctype, eb = ELEMENT_TYPES[spec.dtype][0], spec.elem_bytes
     d, bn, bm = spec.head_dim, spec.tile.block_n, spec.tile.block_m
     desc = sw.describe()
-    regions = [Region("q", bm, d, ctype, 2, sw.pitch_bytes, swizzle=desc, per="Q tile, loaded once")]
+    regions = [Region("q", bm, d, ctype, eb, sw.pitch_bytes, swizzle=desc, per="Q tile, loaded once")]
     for s in range(spec.smem.stages):
-        regions.append(Region(f"k{s}", bn, d, ctype, 2, sw.pitch_bytes, swizzle=desc, per=f"K tile, stage {s}"))
-        regions.append(Region(f"v{s}", bn, d, ctype, 2, sw.pitch_bytes, swizzle=desc, per=f"V tile, stage {s}"))
+        regions.append(Region(f"k{s}", bn, d, ctype, eb, sw.pitch_bytes, swizzle=desc, per=f"K tile, stage {s}"))
+        regions.append(Region(f"v{s}", bn, d, ctype, eb, sw.pitch_bytes, swizzle=desc, per=f"V tile, stage {s}"))
     return regions
 
 
@@ -365,12 +366,15 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
                  fragments: Callable[[ForwardSpec, int], object],
                  extra_regions: Callable[[ForwardSpec], list[Region]] = lambda spec: [],
                  bank_patterns: Callable[["ForwardPlan"], list] = lambda plan: [],
-                 template: str = "kernel.cu.j2") -> ForwardPlan:
-    """The forward plan of `spec`; the kind supplies its fragment numbers, regions and bank patterns."""
+                 template: str = "kernel.cu.j2",
+                 tiles: Callable[[ForwardSpec, Swizzle], list[Region]] = tile_regions,
+                 abi: Abi = FORWARD_ABI) -> ForwardPlan:
+    """The forward plan of `spec`; the kind supplies its fragment numbers, regions and bank patterns
+    (and, where its tiles or Params differ from the forward's, its `tiles` and `abi`)."""
     target = TARGETS[spec.target]
-    ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
+    ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.out_dtype]
     sw = tile_swizzle(spec, file)
-    regions = layout_regions(tile_regions(spec, sw) + extra_regions(spec) + role_barrier_regions(spec))
+    regions = layout_regions(tiles(spec, sw) + extra_regions(spec) + role_barrier_regions(spec))
     total = check_budget(regions, Budget.of(target, spec.smem.opt_in), file)
     compute_threads = 32 * spec.compute_warps
     producer_threads = 32 * spec.producer_warps
@@ -383,7 +387,7 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
         spec=spec, kind=kind, title=title, target=target, **variants,
         parts=(Part("fwd", template, f"{spec.name}.cu", functions),),
         abi=plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False,
-                     scores=variants["score_variants"]),
+                     scores=variants["score_variants"], base=abi),
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=spec.head_dim,
         block_m=spec.tile.block_m, block_n=spec.tile.block_n,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps,

@@ -132,6 +132,11 @@ class SpecBase(Strict):
     def elem_bytes(self) -> int:
         return 2
 
+    @property
+    def out_dtype(self) -> str:
+        """The element type of the output: the inputs' (a kind with e4m3 inputs says otherwise)."""
+        return self.dtype
+
 
 class VariantExpressions(Strict):
     """A spec's own variant, written as expressions (attngen/core/expressions.py has the grammar)."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import backward_bench, backward_verify, bench, decode_bench, decode_verify
+from . import (backward_bench, backward_verify, bench, decode_bench, decode_verify, forward_fp8_bench,
+               forward_fp8_verify)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ EVALS = {"forward": ConventionEval("forward specs", bench.bench_specs, bench.che
                                     backward_bench.check_options, ("shapes",), backward_verify.verify_cases,
                                     sweep=SweepEval(backward_bench.BackwardCase, _gradient_inputs,
                                                     backward_bench.check_gradients, backward_bench.backward_call,
-                                                    _flash_backward, causal_inputs=True))}
+                                                    _flash_backward, causal_inputs=True)),
+         "forward_fp8": ConventionEval("e4m3 forward specs (dtype: e4m3)", forward_fp8_bench.bench_specs,
+                                       forward_fp8_bench.check_options, ("shapes",), forward_fp8_verify.verify_cases)}
 
 
 def option_problems(groups: dict, opts: BenchOptions, given: set) -> list[str]:

@@ -38,7 +38,7 @@ ELEM_BYTES = 2                      # fp16 / bf16
 STRIDE_UNIT = LOAD_BYTES // ELEM_BYTES
 MAX_GRID_YZ = 65535                 # CUDA limit of gridDim.y and gridDim.z (heads, batch)
 MAX_GRID_X = 2**31 - 1
-TORCH_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
+TORCH_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "e4m3": "float8_e4m3fn"}
 SYNC_ENV = "ATTNGEN_SYNC"           # "1": synchronize after every launch, so asynchronous faults name the kernel
 DIMS = {"bhsd": ("(batch, heads, seq, head_dim)", 4), "bshd": ("(batch, seq, heads, head_dim)", 4),
         VARLEN_LAYOUT: ("(total_rows, heads, head_dim)", 3)}

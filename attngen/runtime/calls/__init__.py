@@ -5,15 +5,19 @@ once here under the name a kind declares (Kind.calls); nothing else in the runti
 - forward: ``kernel(q, k, v, causal=...)``, and ``kernel.varlen(...)`` for varlen sequences
   when the spec sets `varlen: true` (forward.py, varlen.py);
 - decode: ``kernel(q, k_cache, v_cache, cache_seqlens=..., block_table=...)`` (decode.py);
-- backward: ``kernel(q, k, v, out, lse, dout, causal=...)`` -> (dq, dk, dv) (backward.py).
+- backward: ``kernel(q, k, v, out, lse, dout, causal=...)`` -> (dq, dk, dv) (backward.py);
+- forward_fp8: ``kernel(q8, k8, v_t8, q_descale=..., k_descale=..., v_descale=..., causal=...)`` on
+  e4m3 tensors with V transposed (forward_fp8.py, which also has quantize_fp8).
 """
 from __future__ import annotations
 
 from .backward import BackwardKernel
 from .decode import DecodeKernel
+from .forward_fp8 import Fp8ForwardKernel
 from .forward import ForwardKernel
 
-CONVENTIONS = {"forward": ForwardKernel, "decode": DecodeKernel, "backward": BackwardKernel}
+CONVENTIONS = {"forward": ForwardKernel, "decode": DecodeKernel, "backward": BackwardKernel,
+               "forward_fp8": Fp8ForwardKernel}
 
 for _name, _cls in CONVENTIONS.items():
     _cls.convention = _name
@@ -24,4 +28,4 @@ def convention_class(plan):
     return CONVENTIONS[plan.kind.calls]
 
 
-__all__ = ["CONVENTIONS", "BackwardKernel", "DecodeKernel", "ForwardKernel", "convention_class"]
+__all__ = ["CONVENTIONS", "BackwardKernel", "DecodeKernel", "ForwardKernel", "Fp8ForwardKernel", "convention_class"]

@@ -1,0 +1,82 @@
+"""GPU tests of the e4m3 forward: every e4m3 spec passes the verifier's cases, a planted bug in the
+key order of P is caught, the call refuses malformed V^T and descales on the host, and the descales
+act as FlashAttention-3's: scaling v's values up and its descale down changes nothing."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+import attngen
+from attngen.eval import verify
+from attngen.eval.forward_fp8_verify import check_fp8_case, verify_cases
+from attngen.runtime.calls.forward_fp8 import quantize_fp8
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+FP8_SPECS = sorted(p for p in (ROOT / "specs").glob("*.yaml") if "\ndtype: e4m3" in p.read_text())
+D128 = ROOT / "specs" / "l4_mma_fp8_d128.yaml"
+
+
+@functools.lru_cache(maxsize=None)
+def load_once(path: Path):
+    return attngen.load(path, synchronize=True)
+
+
+def test_fp8_specs_exist():
+    assert D128 in FP8_SPECS and len(FP8_SPECS) >= 2
+
+
+@pytest.mark.parametrize("spec", FP8_SPECS, ids=[p.stem for p in FP8_SPECS])
+def test_fp8_spec_passes_every_case(spec):
+    kernel = load_once(spec)
+    cases = verify_cases(kernel, verify.FULL_SUITE, kernel.masks)
+    assert len(cases) == len(verify.variants(kernel.masks)) * len(verify.FULL_SUITE)
+    results = [check(2000 + i, kernel.name) for i, (_v, _f, _c, _n, check) in enumerate(cases)]
+    assert all(r.passed for r in results), "\n".join(
+        f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
+
+
+def test_planted_key_order_bug_is_caught():
+    """P's registers read through the K tile's key order: a kernel that stores K in plain order
+    (the permutation undone) must fail the verifier."""
+    from attngen.runtime.kernel import render_for
+    plan, source, _ = render_for(D128)
+    planted = source.replace("kKeyOrder ? key_row(r) : r", "r")
+    assert planted != source
+    kernel = type(load_once(D128)).from_source(plan, planted, label="planted")
+    r = check_fp8_case(kernel, verify.Variant("none"), verify.Shape(1, 2, 2, 200, 200), 7, "planted")
+    assert not r.passed and "exceeds" in " ".join(r.problems)
+
+
+def test_descales_scale_the_values():
+    import torch
+    kernel = load_once(D128)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 300, 128, generator=g, device="cuda") for _ in range(3))
+    q8, k8, vt, qd, kd, vd = quantize_fp8(q, k, v)
+    o = kernel(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=True)
+    o2 = kernel(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd * 4, causal=True)
+    assert o.dtype == torch.bfloat16 and o.shape == q.shape
+    assert torch.equal((o.float() * 4).to(torch.bfloat16), o2)  # a power of two is exact
+    plain = kernel(q8, k8, vt, causal=True)       # no descales: the e4m3 values as they are
+    assert not torch.equal(plain, o)
+
+
+def test_bad_inputs_are_refused_on_the_host():
+    import torch
+    kernel = load_once(D128)
+    q, k, v = (torch.randn(1, 2, 64, 128, device="cuda") for _ in range(3))
+    q8, k8, vt, qd, kd, vd = quantize_fp8(q, k, v)
+    with pytest.raises(ValueError, match="V transposed"):
+        kernel(q8, k8, vt.transpose(2, 3), q_descale=qd)
+    with pytest.raises(ValueError, match="q_descale must be a contiguous fp32"):
+        kernel(q8, k8, vt, q_descale=qd.double())
+    with pytest.raises(TypeError, match="takes torch.float8_e4m3fn"):
+        kernel(q.half(), k8, vt)
+    k70 = torch.zeros(1, 2, 70, 128, dtype=torch.float8_e4m3fn, device="cuda")
+    vt70 = torch.zeros(1, 2, 128, 70, dtype=torch.float8_e4m3fn, device="cuda")   # rows 70 bytes apart
+    with pytest.raises(ValueError, match="multiples of 16"):
+        kernel(q8, k70, vt70)
