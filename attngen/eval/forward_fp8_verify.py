@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .verify import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, LSE_ATOL, LSE_RTOL, ROW_ALIGN, CaseResult, Shape,
-                     attention_torch, error_bound, exact_fp32_matmul, poisoned_lse, poisoned_output, variants)
+from .verify import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, attention_torch, error_bound,
+                     exact_fp32_matmul, judge_lse, poisoned_lse, poisoned_output, variants)
 
 P_SCALE = 256.0      # the kernel keeps P 2^8 larger inside the e4m3 range (attngen/kinds/fwd_mma_fp8)
 
@@ -98,18 +98,7 @@ def check_fp8_case(kernel, variant, shape: Shape, seed: int, label: str) -> Case
     if not bad and not result.max_err <= result.bound:
         problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} ({ERR_FACTOR:g} x the e4m3-P torch "
                         f"error {result.lowprec_err:.3g} + {ERR_FLOOR:g}; torch fp16: {fp16_err:.3g})")
-    no_key = torch.isneginf(ref_lse)
-    lse_bad = (torch.isnan(lse) | torch.isinf(lse) & ~no_key | no_key & ~torch.isneginf(lse)).sum().item()
-    if lse_bad:
-        problems.append(f"{lse_bad} of {lse.numel()} lse elements are NaN, inf, or not -inf where no key is visible")
-    if (~torch.isnan(lse_guard)).any().item():
-        problems.append("lse written past its (batch, heads, seqlen_q) end")
-    diff = (lse - ref_lse).abs()[~no_key]
-    result.lse_err = diff.max().item() if diff.numel() else 0.0
-    excess = diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[~no_key])
-    result.lse_excess = excess.max().item() if excess.numel() else 0.0
-    if not result.lse_excess <= 1.0 and not lse_bad:
-        problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
+    judge_lse(result, torch, lse, ref_lse, lse_guard)
     result.passed = not problems
     return result
 

@@ -410,8 +410,16 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
     if not bad and not result.max_err <= result.bound:
         problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} "
                         f"({ERR_FACTOR:g} x torch {plan.spec.dtype} error {result.lowprec_err:.3g} + {ERR_FLOOR:g})")
+    judge_lse(result, torch, lse, ref_lse, lse_guard)
+    result.passed = not problems
+    return result
 
-    # A row that sees no key has LSE -inf, in the reference and in the kernel; every other is finite.
+
+def judge_lse(result: CaseResult, torch, lse, ref_lse, lse_guard) -> None:
+    """The LSE rule of a padded case: -inf exactly where the reference sees no key (every other row
+    finite), nothing written into the guard after it, |lse - ref_lse| <= LSE_ATOL + LSE_RTOL |ref_lse|.
+    Fills result's lse errors and appends to its problems."""
+    problems = result.problems
     no_key = torch.isneginf(ref_lse)
     lse_bad = (torch.isnan(lse) | torch.isinf(lse) & ~no_key | no_key & ~torch.isneginf(lse)).sum().item()
     if lse_bad:
@@ -425,8 +433,6 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
     result.lse_excess = excess.max().item() if excess.numel() else 0.0
     if not result.lse_excess <= 1.0 and not lse_bad:
         problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
-    result.passed = not problems
-    return result
 
 
 def case_seed(seed: int, kernel_index: int, variant: str, shape_index: int) -> int:

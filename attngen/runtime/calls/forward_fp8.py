@@ -8,8 +8,8 @@ kv_heads)."""
 from __future__ import annotations
 
 from ...core.forward_plan import LOG2E
-from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, Prepared
-from .forward import ForwardKernel, bhsd_strides, tensor_key
+from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, Kernel, Prepared
+from .forward import bhsd_strides, tensor_key
 
 E4M3_MAX = 448.0            # the largest finite e4m3 value
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -24,7 +24,7 @@ def descale_key(t) -> tuple | None:
     return None if t is None else tensor_key(t)[1:]
 
 
-class Fp8ForwardKernel(ForwardKernel):
+class Fp8ForwardKernel(Kernel):
     """An e4m3 forward spec, callable on torch float8_e4m3fn tensors.
 
     ``kernel(q, k, v_t, q_descale=None, k_descale=None, v_descale=None, causal=False, scale=None,
@@ -41,9 +41,6 @@ class Fp8ForwardKernel(ForwardKernel):
 
     def _fields_of_masks(self) -> tuple:
         return tuple(f for m in self.plan.mask_variants for f in m.abi_fields)
-
-    def varlen(self, *args, **kwargs):
-        raise ValueError(f"{self.label} takes padded tensors only: e4m3 varlen sequences are not generated yet")
 
     def __call__(self, q, k, v_t, *, q_descale=None, k_descale=None, v_descale=None, causal: bool = False,
                  alignment: str | None = None, scale: float | None = None, return_lse: bool = False,
@@ -113,7 +110,6 @@ class Fp8ForwardKernel(ForwardKernel):
 
     def _first_fp8_call(self, q, k, v_t, descales, causal, alignment, scale, return_lse, layout, out, lse_out, key):
         """Every check, the grid and the Params of a call; remembered under `key` for later calls."""
-        from ..kernel import LAYOUTS
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
         index = self._device_index(q)
