@@ -31,6 +31,11 @@ MMA = {
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True, "q_in_registers": True},
     "softmax": {"rescale": "on_max_change"},
 }
+FP8 = {
+    "schema": 1, "name": "t_fp8", "dtype": "e4m3", "head_dim": 128, "tile": {"block_m": 128, "block_n": 64},
+    "warps": {"compute": 8}, "mma": "mma_m16n8k32_e4m3",
+    "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True},
+}
 WMMA = {
     "schema": 1, "name": "t_wmma", "head_dim": 64, "tile": {"block_m": 32, "block_n": 64},
     "warps": {"compute": 2}, "mma": "wmma_m16n16k16", "smem": {"swizzle": {"pad_bytes": 16}},
@@ -270,6 +275,13 @@ RULE_CASES = [
      "schedule.pingpong", "generated with a producer warpgroup"),
     ("rule_pingpong", WGMMA, {"warps": {"compute": 8}, "registers": DELETE, "schedule": {"persistent": True}},
      "schedule.persistent", "needs a producer warpgroup"),
+    ("rule_head_dim_k32", FP8, {"head_dim": 80}, "head_dim", "multiple of 32 for e4m3 fragments"),
+    ("rule_fp8_pipeline", FP8, {"head_dim": 96}, "head_dim", "6 chunks of 16 bytes per row must divide"),
+    ("rule_fp8_pipeline", FP8, {"warps": {"producer": 1, "consumer": 8}}, "warps", "homogeneous warps"),
+    ("rule_fp8_pipeline", FP8, {"smem__stages": 1}, "smem", "cp.async ring"),
+    ("rule_fp8_pipeline", FP8, {"smem__swizzle": {"pad_bytes": 16}}, "smem.swizzle", "padded rows"),
+    ("rule_fp8_calls", FP8, {"varlen": True}, "varlen", "not generated for e4m3 yet"),
+    ("rule_fp8_calls", FP8, {"head_dim_v": 64}, "head_dim_v", "share Q's head dim"),
 ]
 
 
@@ -395,7 +407,7 @@ def test_unknown_key_inside_union(changes, key):
     ({"name": 5}, "name", "valid string"),
     ({"masks": "causal"}, "masks", "valid list"),
     ({"masks": ["none", "sliding"]}, "masks.1", "'none', 'causal', 'window' or 'expr' (got 'sliding')"),
-    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16' or 'wgmma_m64nNk16'"),
+    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16', 'mma_m16n8k32_e4m3' or 'wgmma_m64nNk16'"),
     ({"tile": 32}, "tile", "must be a mapping with keys block_m, block_n (got 32)"),
     ({"warps": 4}, "warps", "must be {compute: N} or {producer: P, consumer: C} (got 4)"),
     ({"smem__swizzle": "xor"}, "smem.swizzle", "must be none, {pad_bytes: N} or {xor_bits: B, row_shift: S} (got 'xor')"),
@@ -570,9 +582,10 @@ def test_schema_command_lists_every_key():
     assert len(alternatives) == len(KINDS)
     for alt in alternatives:
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
-        # epilogue_tile; decode: decode, max_splits, page_size, combine)
+        # epilogue_tile; decode: decode, max_splits, page_size, combine; e4m3: out_dtype)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
-                                         "page_size", "combine", "backward", "query_stages", "query_chunk"} == {
+                                         "page_size", "combine", "backward", "query_stages", "query_chunk",
+                                         "out_dtype"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "scores", "variant",
             "tile", "warps",
             "mma", "smem",
