@@ -1,7 +1,7 @@
 """Accuracy of the e4m3 forward against fp32 attention on the unquantized inputs, beside torch's
 fp16 attention on the same inputs, and what outlier channels cost under each scaling.
 
-Usage: python3 .ci/fp8_accuracy.py OUT.json [SPEC]      (default specs/l4_mma_fp8_d128.yaml)
+Usage: python3 .ci/fp8_accuracy.py OUT.json [SPEC]      (default specs/l4_mma_d128_fp8.yaml)
 
 Inputs: B 2, H 8, S 2048, the spec's head dim, non-causal and causal, standard normal; "outliers":
 q and k with 4 of their channels 20x larger (FlashAttention-3's setting: a few large-magnitude
@@ -57,7 +57,7 @@ def per_block(t):
 
 def main():
     out_path = sys.argv[1]
-    spec = sys.argv[2] if len(sys.argv) > 2 else "specs/l4_mma_fp8_d128.yaml"
+    spec = sys.argv[2] if len(sys.argv) > 2 else "specs/l4_mma_d128_fp8.yaml"
     kernel = attngen.load(spec)
     d = kernel.plan.head_dim
     dev = torch.device("cuda")

@@ -1,12 +1,13 @@
 """attngen: FlashAttention-style CUDA kernels generated from YAML specs.
 
-attngen.attention / attention_varlen / attention_with_kvcache call the committed kernel that
+attngen.attention / attention_varlen / attention_with_kvcache / attention_fp8 call the committed kernel that
 serves the GPU, dtype, head dim and shape (attngen.ops); attngen.load(spec) compiles and loads
 one spec (attngen.runtime). Both need the ``gpu`` extra (torch) and a CUDA GPU.
 """
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "attention", "attention_varlen", "attention_with_kvcache", "check_errors", "load"]
+__all__ = ["__version__", "attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "check_errors",
+           "load", "quantize_fp8"]
 
 
 def check_errors(device=None) -> None:
@@ -27,9 +28,13 @@ def load(spec_or_path, **kwargs):
 
 def __getattr__(name):
     # The entry points import torch: only when asked for, so the CPU-only install imports attngen.
-    if name in ("attention", "attention_varlen", "attention_with_kvcache"):
+    if name in ("attention", "attention_fp8", "attention_varlen", "attention_with_kvcache"):
         from . import ops
         ops._bind()   # registers the torch ops and binds them before anything traces a call
         globals()[name] = getattr(ops, name)
         return globals()[name]
+    if name == "quantize_fp8":
+        from .runtime.calls.forward_fp8 import quantize_fp8
+        globals()[name] = quantize_fp8
+        return quantize_fp8
     raise AttributeError(f"module 'attngen' has no attribute {name!r}")

@@ -362,7 +362,8 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 @main.command()
 @click.option("--call", type=click.Choice(DISPATCH_CALLS), default=DISPATCH_CALLS[0], show_default=True)
 @click.option("--arch", default="sm_90", show_default=True, help="the GPU's arch (H100/H200: sm_90, L4: sm_89)")
-@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp16", "bf16", "e4m3"]), default=None,
+              help="the inputs' element type  [default: fp16; e4m3 for --call forward_fp8]")
 @click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--causal", is_flag=True)
 @click.option("--seqlen", type=click.IntRange(min=0), default=2048, show_default=True,
@@ -399,10 +400,12 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
       attngen bench --json grid.json ... && attngen dispatch --from grid.json --write
       attngen bench --json bwd.json specs/h100_bwd_d64.yaml && attngen dispatch --from bwd.json --write
       attngen sweep SPEC --shapes ... --json s.json --write-best specs && attngen dispatch --from s.json --write
+      attngen dispatch --call forward_fp8 --arch sm_89 --head-dim 128 --causal   (attngen.attention_fp8)
     """
     from . import fsutil
-    from .ops.dispatch import SPECS_DIR
+    from .ops.dispatch import CALL_DTYPES, SPECS_DIR
     from .ops.table import call_text, candidates, dump_table, load_table, select, table_path
+    dtype = dtype or CALL_DTYPES.get(call, ("fp16",))[0]
     path = table_path(specs_dir or SPECS_DIR)
     entries = load_table(path)
     if write or bench_files:

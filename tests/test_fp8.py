@@ -12,7 +12,7 @@ from attngen.plan import make_plan
 from attngen.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-D128 = ROOT / "specs" / "l4_mma_fp8_d128.yaml"
+D128 = ROOT / "specs" / "l4_mma_d128_fp8.yaml"
 
 
 def fp8_text(head_dim=128, block_n=64, warps="{compute: 8}", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true}",
@@ -83,7 +83,27 @@ def test_vt_swizzle_spreads_an_ldmatrix_phase(block_n):
 
 
 def test_generated_file_carries_only_the_e4m3_path():
-    text = (ROOT / "generated" / "l4_mma_fp8_d128.cu").read_text()
+    text = (ROOT / "generated" / "l4_mma_d128_fp8.cu").read_text()
     assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in text
     assert "m16n8k16" not in text and ".trans" not in text
     assert "p_shift" in text and "key_row" in text
+
+
+def test_the_table_serves_e4m3_calls_with_bf16_specs():
+    from attngen.ops.table import Entry, entry_problem, load_table, select, table_path
+    entries = load_table(table_path(ROOT / "specs"))
+    for arch in ("sm_89", "sm_90"):
+        for d in (64, 128):
+            for mask in ("none", "causal"):
+                assert select(entries, "forward_fp8", arch, "e4m3", d, mask, 2048).spec == f"l4_mma_fp8_d{d}"
+    fp16_out = make_plan(parse_spec(fp8_text(extra="out_dtype: fp16\n")))
+    problem = entry_problem(Entry("forward_fp8", "sm_89", "e4m3", 128, "none", "t"), fp16_out)
+    assert "writes fp16, forward_fp8 calls return bf16" in problem
+
+
+def test_dispatch_command_defaults_to_the_call_dtype():
+    from click.testing import CliRunner
+    from attngen.cli import main
+    run = CliRunner().invoke(main, ["dispatch", "--call", "forward_fp8", "--arch", "sm_89", "--head-dim", "64"])
+    assert run.exit_code == 0 and "forward_fp8 sm_89 e4m3 head_dim 64 none" in run.output
+    assert "l4_mma_d64_fp8" in run.output

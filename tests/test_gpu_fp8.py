@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 FP8_SPECS = sorted(p for p in (ROOT / "specs").glob("*.yaml") if "\ndtype: e4m3" in p.read_text())
-D128 = ROOT / "specs" / "l4_mma_fp8_d128.yaml"
+D128 = ROOT / "specs" / "l4_mma_d128_fp8.yaml"
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,3 +80,24 @@ def test_bad_inputs_are_refused_on_the_host():
     vt70 = torch.zeros(1, 2, 128, 70, dtype=torch.float8_e4m3fn, device="cuda")   # rows 70 bytes apart
     with pytest.raises(ValueError, match="multiples of 16"):
         kernel(q8, k70, vt70)
+
+
+def test_library_call_is_the_kernel_call_and_compiles():
+    """attngen.attention_fp8 serves the call from the dispatch table's e4m3 spec, bit for bit the
+    kernel's output, eager and under torch.compile(fullgraph=True); opcheck passes on its op."""
+    import torch
+    torch._dynamo.reset()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(2, 300, 4, 128, generator=g, device="cuda") for _ in range(3))
+    q8, k8, vt, qd, kd, vd = attngen.quantize_fp8(q, k, v, layout="bshd")
+    want = load_once(D128)(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=True, layout="bshd")
+    got = attngen.attention_fp8(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=True, layout="bshd")
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+    def f(q8, k8, vt, qd, kd, vd):
+        return attngen.attention_fp8(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=True,
+                                     layout="bshd") * 2
+    compiled = torch.compile(f, fullgraph=True)(q8, k8, vt, qd, kd, vd)
+    assert torch.equal(compiled, want * 2)
+    torch.library.opcheck(torch.ops.attngen.attention_fp8.default,
+                          (q8, k8, vt, qd, kd, vd, True, None, None, "bshd"))

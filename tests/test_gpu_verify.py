@@ -288,7 +288,7 @@ def test_verifier_rejects_planted_bug(name):
 CLI_SPECS = {   # one spec of each kind and call convention
     "scalar": "phase4.yaml", "wmma": "phase5_wmma.yaml", "mma": "h100_mma_d64.yaml",
     "wgmma": "h100_wgmma_d64.yaml", "decode": "h200_decode_d128_fused.yaml",
-    "varlen": "h100_mma_d64_m128n64w4s2x3q.yaml", "fp8": "l4_mma_fp8_d64.yaml",
+    "varlen": "h100_mma_d64_m128n64w4s2x3q.yaml", "fp8": "l4_mma_d64_fp8.yaml",
 }
 
 

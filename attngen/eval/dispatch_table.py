@@ -2,7 +2,7 @@
 bench --json` or `attngen sweep --json` reports (GPU time, attngen specs only), bucketed by
 sequence length: forward entries from forward reports and sweeps, backward entries from backward
 bench reports and sweeps of backward specs, varlen entries from `attngen bench --varlen` reports
-(bucketed by the batch's longest sequence). Entries of other calls and other arches in the table
+(bucketed by the batch's longest sequence), e4m3 forward entries from bench reports of e4m3 specs. Entries of other calls and other arches in the table
 are kept as they are."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..ops.table import CALLS, Entry
 
-FORWARD, BACKWARD, VARLEN = "forward", "backward", "varlen"   # the Entry.call of the calls bench reports measure
+FORWARD, BACKWARD, VARLEN, FP8 = "forward", "backward", "varlen", "forward_fp8"   # the Entry.call of the calls
+                                                                                  # bench reports measure
 
 GPU_ARCH = {"H100": "sm_90", "H200": "sm_90", "H800": "sm_90", "L4": "sm_89", "RTX 4090": "sm_89", "A100": "sm_80"}
 
@@ -45,8 +46,10 @@ def varlen_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
 
 
 def bench_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
-    """The entries of every call the reports measure: forward, backward, then varlen entries."""
-    return forward_entries(reports) + backward_entries(reports) + varlen_entries(reports)
+    """The entries of every call the reports measure: forward, backward, varlen, then e4m3 forward
+    entries (`attngen bench --json` on e4m3 specs: cases with "call": "forward_fp8")."""
+    return (forward_entries(reports) + backward_entries(reports) + varlen_entries(reports)
+            + call_entries(reports, FP8))
 
 
 def entries_summary(entries) -> str:

@@ -5,6 +5,7 @@ kernel for the GPU, dtype, head dim, mask and sequence length at hand.
     o = attngen.attention(q, k, v, causal=True)                      # (B, H, S, D) fp16 / bf16
     o = attngen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     o = attngen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)
+    o = attngen.attention_fp8(q8, k8, v_t8, q_descale=qd, k_descale=kd, v_descale=vd)   # e4m3, bf16 out
 
 Eager calls go straight to the kernel (a few microseconds of host time); under torch.compile
 they go through the torch ops attngen::attention, ... (library.py), which trace without a graph
@@ -16,7 +17,7 @@ autograd cannot differentiate.
 """
 from __future__ import annotations
 
-__all__ = ["attention", "attention_varlen", "attention_with_kvcache"]
+__all__ = ["attention", "attention_fp8", "attention_varlen", "attention_with_kvcache"]
 
 _bound = None   # (is_compiling, is_grad_enabled, torch.ops.attngen, library), bound on the first call
 
@@ -80,6 +81,21 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
         o, lse = ops.attention(q, k, v, causal, alignment, scale, layout)
         return (o, lse) if return_lse else o
     return library.forward(q, k, v, causal, alignment, scale, layout, return_lse)
+
+
+def attention_fp8(q, k, v_t, *, q_descale=None, k_descale=None, v_descale=None, causal: bool = False,
+                  alignment: str | None = None, scale: float | None = None, layout: str = "bhsd",
+                  return_lse: bool = False):
+    """Attention of e4m3 inputs: q (B, Hq, Sq, D) and k (B, Hkv, Sk, D) float8_e4m3fn ("bshd": (B, S,
+    H, D)), v_t V transposed, (B, Hkv, D, Sk) with keys contiguous, and FlashAttention-3's descales,
+    fp32 (B, Hkv) or None. Returns o bf16 like q, or (o, lse). `quantize_fp8(q, k, v)` makes all of it
+    (attngen.runtime.calls.forward_fp8). Forward only: e4m3 tensors carry no gradients."""
+    compiling, _grad, ops, library = _bound or _bind()
+    if compiling():
+        o, lse = ops.attention_fp8(q, k, v_t, q_descale, k_descale, v_descale, causal, alignment, scale, layout)
+        return (o, lse) if return_lse else o
+    return library.forward_fp8(q, k, v_t, q_descale, k_descale, v_descale, causal, alignment, scale, layout,
+                               return_lse)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,

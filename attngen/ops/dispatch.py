@@ -18,7 +18,8 @@ def specs_dir() -> Path:
 
 SPECS_DIR = specs_dir()
 RESOLVED_ENTRIES = 4096
-TORCH_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}
+TORCH_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float8_e4m3fn": "e4m3"}
+CALL_DTYPES = {"forward_fp8": ("e4m3",)}     # the element types of a call's inputs (others: fp16, bf16)
 
 
 class Dispatcher:
@@ -38,11 +39,13 @@ class Dispatcher:
 
     def entry(self, call: str, index: int, dtype, head_dim: int, mask: str, seqlen: int, *, page_size: int = 0,
               group_rows: int = 1, head_dim_v: int = 0, scores: str = ""):
-        """The table entry for a call on cuda:`index` (dtype: a torch dtype or fp16/bf16)."""
+        """The table entry for a call on cuda:`index` (dtype: a torch dtype or fp16/bf16/e4m3)."""
         from ..runtime import device_info
         name = TORCH_DTYPES.get(str(dtype), dtype)
-        if name not in ("fp16", "bf16"):
-            raise TypeError(f"attngen kernels take float16 or bfloat16 tensors (got {dtype})")
+        if name not in CALL_DTYPES.get(call, ("fp16", "bf16")):
+            taken = {"fp16": "float16", "bf16": "bfloat16", "e4m3": "float8_e4m3fn"}
+            want = " or ".join(taken[d] for d in CALL_DTYPES.get(call, ("fp16", "bf16")))
+            raise TypeError(f"attngen's {call} kernels take {want} tensors (got {dtype})")
         return select(self.entries, call, device_info(index).arch, name, head_dim, mask, seqlen,
                       page_size=page_size, group_rows=group_rows, head_dim_v=head_dim_v, scores=scores)
 

@@ -1,5 +1,6 @@
 """attngen's torch ops: attngen::attention, attngen::attention_variant (window, softcap, ALiBi),
-attngen::attention_varlen, attngen::attention_with_kvcache and attngen::attention_with_kvcache_variant, each a torch.library op over the dispatcher, with a fake
+attngen::attention_varlen, attngen::attention_with_kvcache, attngen::attention_with_kvcache_variant and
+attngen::attention_fp8 (e4m3 inputs), each a torch.library op over the dispatcher, with a fake
 (meta) implementation that gives the real output shapes and strides, so torch.compile traces
 through a call without a graph break and CUDA graphs capture it. attngen::attention_train is
 attngen::attention with a backward (register_autograd: it saves q, k, v, o and lse, and
@@ -220,6 +221,26 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "")
                            group_rows=group_rows, scores=scores)
 
 
+_FP8: dict = {}         # (device, head_dim, causal, seqlen_k) -> kernel
+
+
+def forward_fp8(q, k, v_t, q_descale, k_descale, v_descale, causal, alignment, scale, layout, return_lse):
+    """The eager e4m3 forward: the table's kernel for this device, head dim, mask and seqlen_k, then
+    the kernel call (its own prepared-call path skips the checks of a shape seen before)."""
+    seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
+    short = (q.get_device(), q.shape[-1], causal, seqlen_k)
+    kernel = _FP8.get(short)
+    if kernel is None:
+        if short[0] < 0:
+            raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+        kernel = DISPATCH.kernel("forward_fp8", short[0], q.dtype, short[1], "causal" if causal else "none", seqlen_k)
+        if len(_FP8) >= 4096:
+            _FP8.clear()
+        _FP8[short] = kernel
+    return kernel(q, k, v_t, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, causal=causal,
+                  alignment=alignment, scale=scale, layout=layout, return_lse=return_lse)
+
+
 # -- the ops ---------------------------------------------------------------------------------------
 # Defined with torch.library.Library (schema, CUDA kernel, fake) rather than custom_op: a call of
 # the op then costs the dispatcher alone, not custom_op's Python wrapper on top of it.
@@ -247,6 +268,8 @@ LIB.define("attention_varlen_train(Tensor q, Tensor k, Tensor v, Tensor cu_seqle
 LIB.define("attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
            "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q, int? max_seqlen_k, bool causal, "
            "str? alignment, float? scale, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
+LIB.define("attention_fp8(Tensor q, Tensor k, Tensor v_t, Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, "
+           "bool causal, str? alignment, float? scale, str layout) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
            "Tensor? block_table, bool causal, float? scale, int? num_splits, str layout) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache_variant(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
@@ -306,6 +329,16 @@ def attention_with_kvcache_variant_cuda(q, k_cache, v_cache, cache_seqlens, bloc
                            window, softcap, alibi_slopes)
 
 
+def attention_fp8_cuda(q, k, v_t, q_descale, k_descale, v_descale, causal, alignment, scale, layout):
+    return forward_fp8(q, k, v_t, q_descale, k_descale, v_descale, causal, alignment, scale, layout, True)
+
+
+def attention_fp8_fake(q, k, v_t, q_descale, k_descale, v_descale, causal, alignment, scale, layout):
+    # the table's forward_fp8 specs write bf16 (ops/table.py OUT_DTYPE), contiguous in q's shape
+    out = q.new_empty(q.shape, dtype=torch.bfloat16)
+    return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
+
+
 def attention_fake(q, k, v, causal, alignment, scale, layout):
     # as the kernel makes it: like q, or q's shape with V's head dim (contiguous) where they differ
     out = torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(q.shape[:-1] + (v.shape[-1],))
@@ -361,8 +394,7 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
 
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
               "attention_variant_backward", "attention_varlen", "attention_varlen_train", "attention_varlen_backward",
-              "attention_with_kvcache",
-              "attention_with_kvcache_variant"):
+              "attention_with_kvcache", "attention_with_kvcache_variant", "attention_fp8"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
 

@@ -21,13 +21,16 @@ from pathlib import Path
 
 from ..errors import SpecError
 
-CALLS = ("forward", "varlen", "decode", "backward", "varlen_backward")
+CALLS = ("forward", "varlen", "decode", "backward", "varlen_backward", "forward_fp8")
 # The runtime call convention (its kind's `calls`) a spec must have to serve each call: a varlen
 # call is the varlen function of a forward-convention kernel; backward serves the gradients of a
 # forward call (autograd through attngen.attention), varlen_backward those of a varlen call (the
 # varlen functions of a backward-convention kernel).
 CONVENTION = {"forward": "forward", "varlen": "forward", "decode": "decode", "backward": "backward",
-              "varlen_backward": "backward"}
+              "varlen_backward": "backward", "forward_fp8": "forward_fp8"}
+# The output type of each call where the table fixes it: attngen.attention_fp8 returns bf16 (as
+# FlashAttention-3's fp8 forward), so torch.compile knows its output without loading a kernel.
+OUT_DTYPE = {"forward_fp8": "bf16"}
 VARLEN_CALLS = ("varlen", "varlen_backward")   # calls served by a spec's varlen functions
 TABLE_FILE = Path("dispatch") / "table.yaml"     # under the specs folder
 
@@ -139,6 +142,8 @@ def entry_problem(e: Entry, plan) -> str | None:
         return f"{e.spec} is a {plan.kind.calls} spec, not one for {e.call} calls"
     if (plan.spec.dtype, plan.head_dim) != (e.dtype, e.head_dim):
         return f"{e.spec} is {plan.spec.dtype} head_dim {plan.head_dim}, the entry {e.dtype} {e.head_dim}"
+    if e.call in OUT_DTYPE and plan.spec.out_dtype != OUT_DTYPE[e.call]:
+        return f"{e.spec} writes {plan.spec.out_dtype}, {e.call} calls return {OUT_DTYPE[e.call]}"
     if plan.head_dim_v != e.head_dim_v:
         return f"{e.spec} has head_dim_v {plan.v_dim}, the entry {e.head_dim_v or e.head_dim}"
     if scores_key(plan) != e.scores:
@@ -185,4 +190,4 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
     return keyed[-1]
 
 
-__all__ = ["CALLS", "CONVENTION", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]
+__all__ = ["CALLS", "CONVENTION", "OUT_DTYPE", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]
