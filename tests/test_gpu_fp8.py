@@ -99,5 +99,10 @@ def test_library_call_is_the_kernel_call_and_compiles():
                                      layout="bshd") * 2
     compiled = torch.compile(f, fullgraph=True)(q8, k8, vt, qd, kd, vd)
     assert torch.equal(compiled, want * 2)
+    # test_schema is left out: its mutation check does arithmetic on the inputs, which torch has no
+    # kernel for on float8_e4m3fn tensors ("mul_cuda" not implemented). opcheck clones the inputs
+    # contiguous, so its V^T rows must be 16-byte aligned without padding: 256 keys.
+    q8, k8, vt, qd, kd, vd = attngen.quantize_fp8(*(t[:, :256] for t in (q, k, v)), layout="bshd")
     torch.library.opcheck(torch.ops.attngen.attention_fp8.default,
-                          (q8, k8, vt, qd, kd, vd, True, None, None, "bshd"))
+                          (q8, k8, vt, qd, kd, vd, True, None, None, "bshd"),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))

@@ -39,6 +39,12 @@ class Fp8ForwardKernel(Kernel):
         self._fp32 = self._torch.float32
         self.out_dtype = getattr(self._torch, OUT_DTYPES[self.plan.spec.out_dtype])
 
+    @property
+    def varlen_masks(self) -> tuple[str, ...]:
+        """The masks of a varlen call, as a forward kernel has them: none (e4m3 specs have no varlen
+        functions yet)."""
+        return ()
+
     def _fields_of_masks(self) -> tuple:
         return tuple(f for m in self.plan.mask_variants for f in m.abi_fields)
 
