@@ -95,7 +95,7 @@ def test_the_table_serves_e4m3_calls_with_bf16_specs():
     for arch in ("sm_89", "sm_90"):
         for d in (64, 128):
             for mask in ("none", "causal"):
-                assert select(entries, "forward_fp8", arch, "e4m3", d, mask, 2048).spec == f"l4_mma_fp8_d{d}"
+                assert select(entries, "forward_fp8", arch, "e4m3", d, mask, 2048).spec == f"l4_mma_d{d}_fp8"
     fp16_out = make_plan(parse_spec(fp8_text(extra="out_dtype: fp16\n")))
     problem = entry_problem(Entry("forward_fp8", "sm_89", "e4m3", 128, "none", "t"), fp16_out)
     assert "writes fp16, forward_fp8 calls return bf16" in problem
