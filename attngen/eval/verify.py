@@ -491,7 +491,7 @@ def kernel_cases(kernel, shapes, masks) -> list[tuple]:
             out.append((variant.label, function, shape, i,
                         lambda seed, label, variant=variant, shape=shape: check_case(kernel, variant, shape, seed,
                                                                                      spec_label=label)))
-    if getattr(kernel, "varlen_masks", ()):
+    if kernel.varlen_masks:
         from .varlen_verify import varlen_cases
         out += varlen_cases(kernel, shapes, masks)
     return out

@@ -25,6 +25,7 @@ from ctypes import c_void_p, memmove
 from dataclasses import dataclass
 
 from ..core.variants import call_mask, check_window, score_values
+from ..core.varlen_plan import is_varlen, mask_of
 from ..errors import ToolError
 from ..plan import Plan, make_plan
 from ..spec import Spec, spec_dict, spec_yaml
@@ -34,8 +35,6 @@ from .gpu import device_info, gpu_modules
 LAYOUTS = ("bhsd", "bshd")          # bhsd: (batch, heads, seq, dim) as torch SDPA; bshd: (batch, seq, heads, dim)
 VARLEN_LAYOUT = "thd"               # varlen calls: (total_rows, heads, dim), sequences back to back
 LOAD_BYTES = 16                     # the kernels read and write rows in 16-byte vectors
-ELEM_BYTES = 2                      # fp16 / bf16
-STRIDE_UNIT = LOAD_BYTES // ELEM_BYTES
 MAX_GRID_YZ = 65535                 # CUDA limit of gridDim.y and gridDim.z (heads, batch)
 MAX_GRID_X = 2**31 - 1
 TORCH_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "e4m3": "float8_e4m3fn"}
@@ -284,10 +283,10 @@ class Kernel:
                             f"thread) but the plan launches {fn.threads}")
 
     # -- checks every convention shares ---------------------------------------------------------
-    def _check_tensor(self, name: str, t, layout: str, index: int, v_dim: bool = False):
+    def _check_tensor(self, name: str, t, layout: str, index: int, v_dim: bool = False, dtype=None):
         """The tensor's shape, checked for `layout` (one of LAYOUTS, or VARLEN_LAYOUT) on cuda:`index`:
-        dtype, rank, device, head dim (v_dim: V's and O's), a contiguous last dimension, 16-byte rows
-        and pointer."""
+        dtype (the spec's, or `dtype`: an output's), rank, device, head dim (v_dim: V's and O's), a
+        contiguous last dimension, 16-byte rows and pointer."""
         if not isinstance(t, self._tensor_type):
             raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
         shape = t.shape
@@ -301,7 +300,10 @@ class Kernel:
                 raise ValueError(f"{name} is on {t.device}; the kernel needs CUDA tensors (e.g. {name}.cuda())")
             raise ValueError(f"{name} is on {t.device} but q is on cuda:{index}: every tensor of a call must be on "
                              f"one GPU")
-        if t.dtype is not self.dtype:
+        if dtype is not None:
+            if t.dtype is not dtype:
+                raise TypeError(f"{name} is {t.dtype} but {self.label} writes {dtype}")
+        elif t.dtype is not self.dtype:
             raise TypeError(f"{name} is {t.dtype} but {self.label} takes {self.dtype} (spec dtype "
                             f"{self.plan.spec.dtype})")
         want = self.plan.v_dim if v_dim else self.plan.head_dim
@@ -312,10 +314,11 @@ class Kernel:
         if stride[-1] != 1:
             raise ValueError(f"{name}'s last dimension must be contiguous (stride 1, got {stride[-1]}); "
                              f"pass {name}.contiguous()")
+        unit = LOAD_BYTES // t.element_size()
         for d in range(ndim - 1):
             # A dimension of size 1 is only ever indexed at 0, so its stride does not matter.
-            if shape[d] > 1 and stride[d] % STRIDE_UNIT:
-                raise ValueError(f"{name}'s strides {tuple(stride)} must be multiples of {STRIDE_UNIT} elements "
+            if shape[d] > 1 and stride[d] % unit:
+                raise ValueError(f"{name}'s strides {tuple(stride)} must be multiples of {unit} elements "
                                  f"({LOAD_BYTES}-byte rows for vector loads); pass {name}.contiguous()")
         if t.data_ptr() % LOAD_BYTES:
             raise ValueError(f"{name}'s data pointer is not {LOAD_BYTES}-byte aligned (offset view?); "
@@ -330,6 +333,35 @@ class Kernel:
         index = self._device_index(q)
         return (index, self._check_tensor(names[0], q, layout, index), self._check_tensor(names[1], k, layout, index),
                 self._check_tensor(names[2], v, layout, index, v_dim=True))
+
+    def _check_heads(self, heads: int, kv_heads: int, **grid_dims: int) -> None:
+        """Query heads a positive multiple of kv heads (GQA/MQA), and each named dimension the grid
+        spans in y or z within CUDA's limit."""
+        if not heads or not kv_heads or heads % kv_heads:
+            raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
+        if any(n > MAX_GRID_YZ for n in grid_dims.values()):
+            named = " and ".join(f"{name} ({n})" for name, n in grid_dims.items())
+            raise ValueError(f"{named} must be at most {MAX_GRID_YZ} (grid y/z limit)")
+
+    def _lse_output(self, lse_out, return_lse: bool, shape: tuple, index: int):
+        """(lse, return_lse) of a call: the caller's lse_out, checked (it implies return_lse), a new fp32
+        tensor of `shape` when return_lse, else None."""
+        if lse_out is not None:
+            self._check_lse(lse_out, shape, index)
+            return lse_out, True
+        if return_lse:
+            torch = self._torch
+            return torch.empty(shape, dtype=torch.float32, device=torch.device("cuda", index)), True
+        return None, False
+
+    def _without_launch(self, out, lse, return_lse: bool, batch: int, seqlen_q: int, seqlen_k: int):
+        """The result of a padded call with nothing to compute (no query rows, or no keys: zeros and
+        LSE -inf), else None."""
+        if batch and seqlen_q and seqlen_k:
+            return None
+        if batch and seqlen_q:
+            return self._no_keys(out, lse, return_lse)
+        return (out, lse) if return_lse else out
 
     @staticmethod
     def _no_keys(out, lse, return_lse: bool):
@@ -356,6 +388,11 @@ class Kernel:
             raise ValueError(f"{self.label} has no {'non-causal' if mask == 'none' else mask} variant (its spec lists "
                              f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
         return mask
+
+    @property
+    def varlen_masks(self) -> tuple[str, ...]:
+        """The masks of the varlen call (kernel.varlen(...)); empty unless the spec sets varlen."""
+        return tuple(mask_of(key) for key in self.entry if is_varlen(key))
 
     @property
     def masks(self) -> tuple[str, ...]:

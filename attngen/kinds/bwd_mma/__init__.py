@@ -166,7 +166,7 @@ def backward_regions(spec: BackwardSpec) -> list[Region]:
         return Region(name, bm, spec.head_dim, ctype, 2, sw.pitch_bytes, swizzle=sw.describe(), per=per)
     second = [tile("q1", "Q tile of the next query block (stage 1)"), tile("do1", "dO tile of the next query block")]
     return [tile("do", "dO tile of the query block"), *(second if spec.query_stages == 2 else []),
-            Region("ds", bn, bm, ctype, 2, f.ds_pitch, swizzle=f"rows padded by 16 B",
+            Region("ds", bn, bm, ctype, 2, f.ds_pitch, swizzle="rows padded by 16 B",
                    per="dS^T of the block's keys x the query block, for dQ"),
             Region("lse", 1, bm, "float", 4, bm * 4, per="the query block's LSE x log2(e) (+inf: a row that adds nothing)"),
             Region("delta", 1, bm, "float", 4, bm * 4, per="the query block's rowsum(dO * O)")]

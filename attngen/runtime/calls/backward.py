@@ -9,9 +9,9 @@ import numbers
 
 from ...core.backward_plan import accum_rows, deterministic_key, query_blocks, row_grid, varlen_accum_rows
 from ...core.forward_plan import LOG2E
-from ...core.varlen_plan import is_varlen, mask_of, varlen_key
+from ...core.varlen_plan import varlen_key
 from ..gpu import error_word
-from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Kernel, Prepared
+from ..kernel import LOAD_BYTES, MAX_GRID_X, VARLEN_LAYOUT, Kernel, Prepared
 from . import forward
 from .forward import bhsd_strides, call_key, mask_fields, variant_key
 from .varlen import _ORDERS, _offsets_on_host, check_sequences
@@ -44,11 +44,6 @@ class BackwardKernel(Kernel):
         self._pointers = plan.abi.patch(POINTERS)
         self._fp32 = self._torch.float32
         self._functions = {part.name: dict(part.functions) for part in plan.parts}
-
-    @property
-    def varlen_masks(self) -> tuple[str, ...]:
-        """The masks of the varlen call (kernel.varlen(...)); empty unless the spec sets varlen."""
-        return tuple(mask_of(key) for key in self.entry if is_varlen(key))
 
     def __call__(self, q, k, v, out, lse, dout, *, causal: bool = False, alignment: str | None = None,
                  scale: float | None = None, layout: str = "bhsd", dq=None, dk=None, dv=None, window=None,
@@ -89,10 +84,7 @@ class BackwardKernel(Kernel):
         if ks[0] != batch or tuple(ks) != tuple(vs):
             raise ValueError(f"k and v must have one shape with q's batch size (got q {tuple(qs)}, k {tuple(ks)}, "
                              f"v {tuple(vs)})")
-        if not heads or not kv_heads or heads % kv_heads:
-            raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
-        if heads > MAX_GRID_YZ or batch > MAX_GRID_YZ:
-            raise ValueError(f"heads ({heads}) and batch ({batch}) must be at most {MAX_GRID_YZ} (grid y/z limit)")
+        self._check_heads(heads, kv_heads, heads=heads, batch=batch)
         for name, t in (("out", out), ("dout", dout)):
             if tuple(self._check_tensor(name, t, layout, index)) != tuple(qs):
                 raise ValueError(f"{name} must have q's shape {tuple(qs)} (got {tuple(t.shape)})")
@@ -102,7 +94,6 @@ class BackwardKernel(Kernel):
         values = self._variant_values(mask, causal, alignment, window, seqlen_q, seqlen_k, scale,
                                       {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params},
                                       {"batch": batch, "heads": heads, "device": index})
-        torch = self._torch
         dq, dk, dv = (self._gradient(name, g, t, layout, index) for name, g, t in (("dq", dq, q), ("dk", dk, k),
                                                                                      ("dv", dv, v)))
         if not (batch and seqlen_q and seqlen_k):

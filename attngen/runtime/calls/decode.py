@@ -119,10 +119,7 @@ class DecodeKernel(Kernel):
                 f"(batch {batch}, kv_heads, capacity, head_dim)"
             raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(ks)} and {tuple(vs)})")
         capacity = self._check_table(block_table, cache_seqlens, batch, rows, layout, index) if paged else rows
-        if not heads or not kv_heads or heads % kv_heads:
-            raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
-        if batch > MAX_GRID_YZ:
-            raise ValueError(f"batch ({batch}) must be at most {MAX_GRID_YZ} (grid z limit)")
+        self._check_heads(heads, kv_heads, batch=batch)
         window, softcap, alibi_slopes, params = variants
         mask = self._check_mask(causal, window)
         if cache_seqlens is not None:

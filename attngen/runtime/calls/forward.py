@@ -4,8 +4,7 @@ through ``kernel.varlen(...)`` (attngen/runtime/calls/varlen.py)."""
 from __future__ import annotations
 
 from ...core.forward_plan import LOG2E
-from ...core.varlen_plan import is_varlen, mask_of
-from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, Kernel, Prepared
+from ..kernel import LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
 
 TENSORS = ("q", "k", "v", "o")
 POINTERS = ("q", "k", "v", "o", "lse")      # the fields every call of a prepared shape patches
@@ -68,11 +67,6 @@ class ForwardKernel(Kernel):
         self._pointers = plan.abi.patch(POINTERS + self._map_fields)
         self._fp32 = self._torch.float32
         self._varlen_packer = None          # made by the varlen call on first use
-
-    @property
-    def varlen_masks(self) -> tuple[str, ...]:
-        """The masks of the varlen call (kernel.varlen(...)); empty unless the spec sets varlen."""
-        return tuple(mask_of(key) for key in self.entry if is_varlen(key))
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None, causal: bool = False,
                alignment: str | None = None, scale: float | None = None, return_lse: bool = False, out=None,
@@ -168,10 +162,7 @@ class ForwardKernel(Kernel):
             raise ValueError(f"q, k and v must have the same batch size (got {batch}, {ks[0]}, {vs[0]})")
         if ks[:-1] != vs[:-1]:
             raise ValueError(f"k and v must have the same shape but for the head dim (got {tuple(ks)} and {tuple(vs)})")
-        if not heads or not kv_heads or heads % kv_heads:
-            raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
-        if heads > MAX_GRID_YZ or batch > MAX_GRID_YZ:
-            raise ValueError(f"heads ({heads}) and batch ({batch}) must be at most {MAX_GRID_YZ} (grid y/z limit)")
+        self._check_heads(heads, kv_heads, heads=heads, batch=batch)
         window, softcap, alibi_slopes, params = variants
         mask = self._check_mask(causal, window)
         scale = self._check_scale(scale)
@@ -179,17 +170,11 @@ class ForwardKernel(Kernel):
                                            {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params},
                                            {"batch": batch, "heads": heads, "device": index})
         out = self._output(out, q, layout, index)
-        torch = self._torch
         lse_shape = (batch, heads, seqlen_q)
-        if lse_out is not None:
-            self._check_lse(lse_out, lse_shape, index)
-            return_lse = True
-        elif return_lse:
-            lse_out = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-        if not (batch and seqlen_q and seqlen_k):
-            if batch and seqlen_q:
-                return self._no_keys(out, lse_out, return_lse)
-            return (out, lse_out) if return_lse else out
+        lse_out, return_lse = self._lse_output(lse_out, return_lse, lse_shape, index)
+        done = self._without_launch(out, lse_out, return_lse, batch, seqlen_q, seqlen_k)
+        if done is not None:
+            return done
 
         info = self._device(index)
         plan = self.plan

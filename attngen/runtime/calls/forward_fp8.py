@@ -8,8 +8,8 @@ kv_heads)."""
 from __future__ import annotations
 
 from ...core.forward_plan import LOG2E
-from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, Kernel, Prepared
-from .forward import bhsd_strides, tensor_key
+from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
+from .forward import bhsd_strides, mask_fields, tensor_key
 
 E4M3_MAX = 448.0            # the largest finite e4m3 value
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -34,19 +34,11 @@ class Fp8ForwardKernel(Kernel):
     """
 
     def _setup(self) -> None:
-        self._forward = self.plan.abi.packer(PER_CALL + tuple(f.name for f in self._fields_of_masks()))
+        self._mask_fields = mask_fields(self.plan)
+        self._forward = self.plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields))
         self._pointers = self.plan.abi.patch(POINTERS)
         self._fp32 = self._torch.float32
         self.out_dtype = getattr(self._torch, OUT_DTYPES[self.plan.spec.out_dtype])
-
-    @property
-    def varlen_masks(self) -> tuple[str, ...]:
-        """The masks of a varlen call, as a forward kernel has them: none (e4m3 specs have no varlen
-        functions yet)."""
-        return ()
-
-    def _fields_of_masks(self) -> tuple:
-        return tuple(f for m in self.plan.mask_variants for f in m.abi_fields)
 
     def __call__(self, q, k, v_t, *, q_descale=None, k_descale=None, v_descale=None, causal: bool = False,
                  alignment: str | None = None, scale: float | None = None, return_lse: bool = False,
@@ -121,19 +113,12 @@ class Fp8ForwardKernel(Kernel):
         index = self._device_index(q)
         qs = self._check_tensor("q", q, layout, index)
         ks = self._check_tensor("k", k, layout, index)
-        for name, t in (("q", q), ("k", k)):
-            if any(n > 1 and s % LOAD_BYTES for n, s in zip(t.shape[:-1], t.stride()[:-1])):
-                raise ValueError(f"{name}'s strides {tuple(t.stride())} must be multiples of {LOAD_BYTES} (16-byte e4m3 "
-                                 f"rows for cp.async); pass {name}.contiguous()")
         bhsd = layout == "bhsd"
         batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
         kv_heads, seqlen_k = (ks[1], ks[2]) if bhsd else (ks[2], ks[1])
         if ks[0] != batch:
             raise ValueError(f"q and k must have the same batch size (got {batch}, {ks[0]})")
-        if not heads or not kv_heads or heads % kv_heads:
-            raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
-        if heads > MAX_GRID_YZ or batch > MAX_GRID_YZ:
-            raise ValueError(f"heads ({heads}) and batch ({batch}) must be at most {MAX_GRID_YZ} (grid y/z limit)")
+        self._check_heads(heads, kv_heads, heads=heads, batch=batch)
         self._check_vt(v_t, batch, kv_heads, seqlen_k, index)
         for name, t in zip(DESCALES, descales):
             if t is not None:
@@ -142,24 +127,15 @@ class Fp8ForwardKernel(Kernel):
         scale = self._check_scale(scale)
         mask_values = self._variant_values(mask, causal, alignment, None, seqlen_q, seqlen_k, scale, {},
                                            {"batch": batch, "heads": heads, "device": index})
-        torch = self._torch
         if out is None:
             out = q.new_empty(q.shape, dtype=self.out_dtype)
-        elif not isinstance(out, self._tensor_type) or out.dtype != self.out_dtype or out.shape != q.shape \
-                or out.get_device() != index or out.stride(-1) != 1 or out.data_ptr() % LOAD_BYTES \
-                or any(s % 8 for n, s in zip(out.shape[:-1], out.stride()[:-1]) if n > 1):
-            raise ValueError(f"out must be a {self.out_dtype} tensor shaped like q {tuple(q.shape)} on cuda:{index}, "
-                             f"last dimension contiguous, 16-byte aligned rows")
+        elif tuple(self._check_tensor("out", out, layout, index, dtype=self.out_dtype)) != tuple(qs):
+            raise ValueError(f"out must have q's shape {tuple(qs)} (got {tuple(out.shape)})")
         lse_shape = (batch, heads, seqlen_q)
-        if lse_out is not None:
-            self._check_lse(lse_out, lse_shape, index)
-            return_lse = True
-        elif return_lse:
-            lse_out = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-        if not (batch and seqlen_q and seqlen_k):
-            if batch and seqlen_q:
-                return self._no_keys(out, lse_out, return_lse)
-            return (out, lse_out) if return_lse else out
+        lse_out, return_lse = self._lse_output(lse_out, return_lse, lse_shape, index)
+        done = self._without_launch(out, lse_out, return_lse, batch, seqlen_q, seqlen_k)
+        if done is not None:
+            return done
 
         info = self._device(index)
         grid = self.plan.grid(batch, heads, seqlen_q, info.sm_count)
@@ -170,7 +146,7 @@ class Fp8ForwardKernel(Kernel):
         values = [*pointers, *bhsd_strides(q.stride(), layout), *bhsd_strides(k.stride(), layout),
                   *v_t.stride()[:3], *bhsd_strides(out.stride(), layout),
                   heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, seqlen_k, scale * LOG2E]
-        for f in self._fields_of_masks():
+        for f in self._mask_fields:
             values.append(mask_values.get(f.name, f.default))
         prepared = Prepared(info, self._launches(info, (self.entry[mask], grid)), self._forward.pack(values),
                             self._pointers, (lse_shape,))

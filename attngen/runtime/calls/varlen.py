@@ -97,13 +97,8 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
         max_seqlen_q = min(int(max_seqlen_q), total_q)
     scale = kernel._check_scale(scale)
 
-    torch = kernel._torch
     out = kernel._output(out, q, VARLEN_LAYOUT, index)
-    if lse_out is not None:
-        kernel._check_lse(lse_out, (heads, total_q), index)
-        return_lse = True
-    elif return_lse:
-        lse_out = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
+    lse_out, return_lse = kernel._lse_output(lse_out, return_lse, (heads, total_q), index)
     if not max_seqlen_q:
         return (out, lse_out) if return_lse else out      # no query rows: nothing to write
     if not total_k:                                         # no keys at all
@@ -152,10 +147,7 @@ def check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k) -> tuple[int, i
     total_k, kv_heads, _ = ks
     if ks != vs:
         raise ValueError(f"k and v must have the same shape (got {tuple(ks)} and {tuple(vs)})")
-    if not heads or not kv_heads or heads % kv_heads:
-        raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads}) for GQA/MQA")
-    if heads > MAX_GRID_YZ:
-        raise ValueError(f"heads ({heads}) must be at most {MAX_GRID_YZ} (grid y limit)")
+    kernel._check_heads(heads, kv_heads, heads=heads)
     if max(total_q, total_k) > INT32_MAX:
         raise ValueError(f"varlen tensors of more than {INT32_MAX} rows do not fit int32 offsets")
     if not kernel.varlen_masks:
