@@ -18,6 +18,13 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 FP8_SPECS = sorted(p for p in (ROOT / "specs").glob("*.yaml") if "\ndtype: e4m3" in p.read_text())
 D128 = ROOT / "specs" / "l4_mma_d128_fp8.yaml"
+WGMMA_D128 = ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"     # sm_90a
+
+
+def needs_sm90a(spec: Path) -> None:
+    import torch
+    if "target: h100" in spec.read_text() and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"{spec.stem} targets sm_90a (H100/H200)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,6 +38,7 @@ def test_fp8_specs_exist():
 
 @pytest.mark.parametrize("spec", FP8_SPECS, ids=[p.stem for p in FP8_SPECS])
 def test_fp8_spec_passes_every_case(spec):
+    needs_sm90a(spec)
     kernel = load_once(spec)
     cases = verify_cases(kernel, verify.FULL_SUITE, kernel.masks)
     assert len(cases) == len(verify.variants(kernel.masks)) * len(verify.FULL_SUITE)
@@ -51,9 +59,25 @@ def test_planted_key_order_bug_is_caught():
     assert not r.passed and "exceeds" in " ".join(r.problems)
 
 
-def test_descales_scale_the_values():
+def test_planted_lane_exchange_bug_is_caught():
+    """The Hopper kernel moves P from the S accumulators to the A registers of P.V by two shuffles per
+    16 keys; one that forgets to swap the halves of lanes 2 and 3 must fail the verifier."""
+    needs_sm90a(WGMMA_D128)
+    from attngen.runtime.kernel import render_for
+    plan, source, _ = render_for(WGMMA_D128)
+    planted = source.replace("const uint32_t lo = t < 2 ? got1 : got2, hi = t < 2 ? got2 : got1;",
+                             "const uint32_t lo = got1, hi = got2;")
+    assert planted != source
+    kernel = type(load_once(WGMMA_D128)).from_source(plan, planted, label="planted")
+    r = check_fp8_case(kernel, verify.Variant("none"), verify.Shape(1, 2, 2, 200, 200), 7, "planted")
+    assert not r.passed and "exceeds" in " ".join(r.problems)
+
+
+@pytest.mark.parametrize("spec", [D128, WGMMA_D128], ids=lambda p: p.stem)
+def test_descales_scale_the_values(spec):
     import torch
-    kernel = load_once(D128)
+    needs_sm90a(spec)
+    kernel = load_once(spec)
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v = (torch.randn(2, 4, 300, 128, generator=g, device="cuda") for _ in range(3))
     q8, k8, vt, qd, kd, vd = quantize_fp8(q, k, v)

@@ -17,6 +17,7 @@ class TensorMapSpec:
     box_cols: int         # head_dim columns one copy moves: one swizzled panel row
     swizzle: str          # 128B, 64B or 32B (CUtensorMapSwizzle); the box row spans its bytes
     store: bool = False   # written by the kernel (TMA store): rows past the sequence are dropped
+    transposed: bool = False  # V^T (batch, heads, head_dim, seq): rows are head-dim columns, columns keys
 
     @property
     def abi_field(self) -> str:
@@ -24,6 +25,7 @@ class TensorMapSpec:
         return f"tma_{self.tensor}"
 
     def describe(self) -> str:
-        return (f"{self.tensor}: 4-D (head_dim, seq, heads, batch), box {self.box_cols} x {self.box_rows}, "
+        dims = "(seq, head_dim, heads, batch)" if self.transposed else "(head_dim, seq, heads, batch)"
+        return (f"{self.tensor}{'^T' if self.transposed else ''}: 4-D {dims}, box {self.box_cols} x {self.box_rows}, "
                 f"{self.swizzle} swizzle, " + ("stored; rows and columns past the tensor are not written" if self.store
                                                else "rows and columns past the tensor read as zeros"))

@@ -32,7 +32,12 @@ class PanelSwizzle:
 
     @property
     def cols(self) -> int:
+        """Elements of 16-bit types in one panel row."""
         return self.row_bytes // 2
+
+    def columns(self, elem_bytes: int) -> int:
+        """Elements of `elem_bytes` bytes in one panel row."""
+        return self.row_bytes // elem_bytes
 
     def describe(self) -> str:
         return f"{{xor_bits: {self.xor_bits}" + (f", row_shift: {self.row_shift}" if self.row_shift else "") + "}"
@@ -49,24 +54,27 @@ def panel_swizzle(s) -> PanelSwizzle | None:
     return None
 
 
-def widest_panels(head_dim: int) -> PanelSwizzle:
+def widest_panels(head_dim: int, elem_bytes: int = 2) -> PanelSwizzle:
     """The widest panel swizzle whose rows tile head_dim without padding (the narrowest when none does)."""
-    return next((p for p in PANEL_SWIZZLES if head_dim % p.cols == 0), PANEL_SWIZZLES[-1])
+    return next((p for p in PANEL_SWIZZLES if head_dim % p.columns(elem_bytes) == 0), PANEL_SWIZZLES[-1])
 
 
 def rule_swizzle_panels(s):
     if panel_swizzle(s) is None:
-        best = widest_panels(s.head_dim)
+        eb = s.elem_bytes
+        best = widest_panels(s.head_dim, eb)
         return "smem.swizzle", ("TMA and wgmma read 128-, 64- or 32-byte swizzled panels: set swizzle: "
                                 + ", ".join(p.describe() for p in PANEL_SWIZZLES)
-                                + f" (panels of 64, 32 or 16 columns; head_dim {s.head_dim} takes {best.describe()} "
-                                  "without padding)")
+                                + f" (panels of {', '.join(str(p.columns(eb)) for p in PANEL_SWIZZLES)} columns; "
+                                  f"head_dim {s.head_dim} takes {best.describe()} without padding)")
 
 
-def swizzled_tile(name: str, rows: int, cols: int, panel: PanelSwizzle, ctype: str, per: str) -> Region:
+def swizzled_tile(name: str, rows: int, cols: int, panel: PanelSwizzle, ctype: str, per: str,
+                  elem_bytes: int = 2) -> Region:
     """A tile as TMA writes it with the panel's swizzle: [cols / panel cols][rows][panel cols]."""
-    panels = cols // panel.cols
+    panel_cols = panel.columns(elem_bytes)
+    panels = cols // panel_cols
     pattern = f"(row >> {panel.row_shift})" if panel.row_shift else "row"
-    return Region(name, panels * rows, panel.cols, ctype, 2, panel.row_bytes,
+    return Region(name, panels * rows, panel_cols, ctype, elem_bytes, panel.row_bytes,
                   swizzle=f"{panel.tma_name}: chunk ^= {pattern} % {panel.row_bytes // 16}",
-                  per=f"{per}; {panels} panel(s) of {rows} rows x {panel.cols}", align=TILE_ALIGN)
+                  per=f"{per}; {panels} panel(s) of {rows} rows x {panel_cols}", align=TILE_ALIGN)

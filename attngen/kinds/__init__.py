@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from ..core.kind import Kind
 from ..errors import SpecError
-from . import bwd_mma, bwd_wgmma, decode_mma, fwd_mma, fwd_mma_fp8, fwd_scalar, fwd_wgmma, fwd_wmma
+from . import bwd_mma, bwd_wgmma, decode_mma, fwd_mma, fwd_mma_fp8, fwd_scalar, fwd_wgmma, fwd_wgmma_fp8, fwd_wmma
 
 KINDS: tuple[Kind, ...] = (fwd_scalar.KIND, fwd_wmma.KIND, fwd_mma.KIND, fwd_mma_fp8.KIND, fwd_wgmma.KIND,
-                          decode_mma.KIND, bwd_mma.KIND, bwd_wgmma.KIND)
+                          fwd_wgmma_fp8.KIND, decode_mma.KIND, bwd_mma.KIND, bwd_wgmma.KIND)
 
 
 def _check_registry(kinds: tuple[Kind, ...]) -> None:

@@ -334,7 +334,7 @@ class Kernel:
         return (index, self._check_tensor(names[0], q, layout, index), self._check_tensor(names[1], k, layout, index),
                 self._check_tensor(names[2], v, layout, index, v_dim=True))
 
-    def _check_heads(self, heads: int, kv_heads: int, **grid_dims: int) -> None:
+    def _check_heads(self, heads: int, kv_heads: int, /, **grid_dims: int) -> None:
         """Query heads a positive multiple of kv heads (GQA/MQA), and each named dimension the grid
         spans in y or z within CUDA's limit."""
         if not heads or not kv_heads or heads % kv_heads:

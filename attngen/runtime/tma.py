@@ -16,7 +16,7 @@ from ..core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
 from ..errors import ToolError
 
 # CUtensorMap enums (cuda.h)
-DATA_TYPES = {"float16": 6, "bfloat16": 9}
+DATA_TYPES = {"float16": 6, "bfloat16": 9, "float8_e4m3fn": 0}   # 8-bit types as UINT8: TMA moves bytes
 SWIZZLES = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 INTERLEAVE_NONE = 0
 L2_PROMOTION_128B = 2

@@ -17,25 +17,20 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from ...core import banks
-from ...core.abi import Abi, pointer
-from ...core.forward_plan import FORWARD_ABI, plan_forward
+from ...core.forward_plan import plan_forward
 from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
 from ...core.layout import CHUNK_BYTES, Region, Swizzle
+from ...core.fp8 import FP8_ABI, KEY_STEP, P_LOG2_OFFSET, E4m3Types, rule_fp8_calls, rule_head_dim_k32
 from ...core.spec_keys import (ForwardSpec, PadSwizzle, rule_block_m_split, rule_block_n, rule_threads)
 
 NAME = "fwd_mma_fp8"
 TITLE = "mma.sync m16n8k32 e4m3 attention forward"
 FRAGMENT = "mma_m16n8k32_e4m3"
-P_LOG2_OFFSET = 8       # P = exp2(s - max + 8) <= 256, inside e4m3's 448: its small values keep their bits
-KEY_STEP = 32           # keys (and head-dim columns) per k32 step of the 8-bit mma.sync
 
 
-class MmaFp8Spec(ForwardSpec):
+class MmaFp8Spec(E4m3Types, ForwardSpec):
     mma: Literal[FRAGMENT] = Field(description="mma_m16n8k32_e4m3: mma.sync with e4m3 operands, S/P/O in registers")
-    dtype: Literal["e4m3"] = Field(default="e4m3", description="element type of q, k and v: e4m3 (fp8)")
-    output_dtype: Literal["fp16", "bf16"] = Field(
-        default="bf16", alias="out_dtype", description="element type of the output (bf16 as FlashAttention-3's fp8)")
     row_unit = 16
     row_unit_what = "16-row fragments"
     key_unit = KEY_STEP
@@ -43,23 +38,9 @@ class MmaFp8Spec(ForwardSpec):
     masks_taken: ClassVar[tuple[str, ...]] = ("none", "causal")
     takes_scores: ClassVar[bool] = False
 
-    @property
-    def elem_bytes(self) -> int:
-        return 1
-
-    @property
-    def out_dtype(self) -> str:
-        return self.output_dtype
-
     def register_need(self):
         f = fragments(self, self.tile.block_m // self.compute_warps, None)
         return f.est_regs, "fp32 S and O accumulators" + (" and Q fragments" if f.q_regs else "")
-
-
-def rule_head_dim_k32(s: MmaFp8Spec):
-    if s.head_dim % KEY_STEP:
-        return "head_dim", (f"must be a multiple of {KEY_STEP} for e4m3 fragments (k32 steps of Q.K^T; got "
-                            f"{s.head_dim}); try {-(-s.head_dim // KEY_STEP) * KEY_STEP}")
 
 
 def rule_fp8_pipeline(s: MmaFp8Spec):
@@ -76,24 +57,8 @@ def rule_fp8_pipeline(s: MmaFp8Spec):
                                 "{xor_bits: B} or none")
 
 
-def rule_fp8_calls(s: MmaFp8Spec):
-    if s.varlen:
-        return "varlen", "varlen sequences are not generated for e4m3 yet; set varlen: false"
-    if s.head_dim_v not in (None, s.head_dim):
-        return "head_dim_v", "e4m3 kernels share Q's head dim for V; leave head_dim_v unset"
-
-
 MmaFp8Spec.rules = (rule_head_dim_k32, rule_block_m_split, rule_block_n, rule_fp8_pipeline, rule_fp8_calls,
                     rule_threads)
-
-
-# Params: the forward's, V described as the transposed tensor it is, and the descale factors.
-FP8_ABI = Abi("Params", tuple(
-    pointer("v", "values transposed: (batch, kv_heads, head_dim, seqlen_k) e4m3, keys contiguous, rows 16-byte "
-                 "aligned") if f.name == "v" else f for f in FORWARD_ABI.fields) + (
-    pointer("q_descale", "fp32 (batch, kv_heads) factor of q's values; null: 1", optional=True),
-    pointer("k_descale", "fp32 (batch, kv_heads) factor of k's values; null: 1", optional=True),
-    pointer("v_descale", "fp32 (batch, kv_heads) factor of v's values; null: 1", optional=True)))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.abi import blob
-from ...core.forward_plan import (ELEMENT_TYPES, ForwardPlan, Part, forward_functions, launch_min_blocks, plan_abi,
-                                  spec_variants)
+from ...core.abi import Abi, blob
+from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, launch_min_blocks,
+                                  plan_abi, spec_variants)
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
 from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
-from ...core.wgmma import swizzled_tile
+from ...core.wgmma import PANEL_SWIZZLES, PanelSwizzle, swizzled_tile
 from ...targets import TARGETS
 from .spec import (ROWS_PER_WARPGROUP, TITLE, WARPGROUP, WgmmaSpec, panel_swizzle, tile_dim,
                    tile_dim_v)
@@ -25,8 +25,10 @@ class WgmmaFragments:
     panels_v: int           # panels of tile_dim_v
     s_regs: int             # fp32 accumulators of S per thread (block_n / 2)
     o_regs: int             # fp32 accumulators of O per thread (tile_dim_v / 2)
-    k_steps_qk: int         # k16 wgmma steps of Q.K^T (tile_dim / 16)
-    k_steps_pv: int         # k16 wgmma steps of P.V (block_n / 16)
+    k_steps_qk: int         # k-steps of Q.K^T (tile_dim / k)
+    k_steps_pv: int         # k-steps of P.V (block_n / k)
+    k: int                  # the K of every wgmma: 32 bytes of elements (16 of 16-bit types, 32 of e4m3)
+    mma_type: str           # the PTX type of its A and B operands (f16, bf16, e4m3)
     producer_registers: int  # after setmaxnreg (0: no reallocation)
     consumer_registers: int
     overlap: bool           # softmax of tile t runs while P.V of tile t-1 is in flight
@@ -36,10 +38,12 @@ class WgmmaFragments:
     descriptor_mode: int    # the swizzle in bits 62-63 of a wgmma descriptor (1: 128B, 2: 64B, 3: 32B)
     swizzle_atom_bytes: int  # 8 panel rows: every descriptor's stride byte offset
     k_major_lbo_bytes: int  # leading byte offset of K-major Q and K (unused by the hardware with this swizzle)
-    k_step_bytes: int       # a k16 step inside a K-major panel (16 elements)
+    k_step_bytes: int       # a k-step inside a K-major panel (32 bytes)
     k_steps_per_panel: int
     v_lbo_bytes: int        # MN-major V: bytes between its panels (block_n rows)
     v_step_bytes: int       # MN-major V: a k16 step = 16 key rows
+    vt: "TransposedV | None"  # e4m3: V comes transposed and is read K-major (None: V MN-major)
+    p_log2_offset: int      # P is kept 2^this larger (e4m3: inside its range; 0 otherwise)
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (both consumer warpgroups)
     q_bytes: int            # TMA transaction bytes of the Q tile
@@ -50,6 +54,27 @@ class WgmmaFragments:
     issuer_thread: int      # the thread that issues every TMA copy
     epilogue: str           # registers, shared or tma (spec.epilogue)
     o_stage_offset: int     # byte offset of the tile a staged epilogue writes O to: the Q tile's, or O's own
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransposedV:
+    """The V^T tile of an e4m3 plan: tile_dim_v rows (V's head-dim columns) of block_n keys, in panels
+    of one swizzled row of keys. wgmma reads it K-major, as Q.K^T reads K."""
+    panel: PanelSwizzle     # the swizzle of its panels (row_bytes keys per row)
+    panels: int             # panels of block_n keys
+    panel_bytes: int        # bytes of one panel: tile_dim_v rows
+    steps_per_panel: int    # k32 steps of P.V inside one panel
+
+    @property
+    def keys(self) -> int:
+        return self.panel.row_bytes
+
+
+def transposed_v(block_n: int, rows: int) -> TransposedV:
+    """The widest panel swizzle whose rows tile block_n keys (bytes)."""
+    panel = next(p for p in PANEL_SWIZZLES if block_n % p.row_bytes == 0)
+    return TransposedV(panel=panel, panels=block_n // panel.row_bytes, panel_bytes=rows * panel.row_bytes,
+                       steps_per_panel=panel.row_bytes // 32)
 
 
 def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_bytes: int, issuer: str,
@@ -95,22 +120,35 @@ def epilogue_line(epilogue: str, own_tile: bool = False) -> str:
 
 
 def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
+    return plan_for(spec, file, kind=kind(), title=TITLE)
+
+
+def plan_for(spec: WgmmaSpec, file: str | None, *, kind, title: str, abi_base: Abi = FORWARD_ABI,
+             vt: bool = False, p_log2_offset: int = 0) -> ForwardPlan:
+    """The plan of a wgmma forward spec of `kind`; vt: V comes transposed (e4m3: the B operand of an
+    8-bit wgmma is K-major), P is kept 2^p_log2_offset larger."""
     target = TARGETS[spec.target]
-    ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.dtype]
+    ctype, ctype2, ptx_type = ELEMENT_TYPES[spec.out_dtype]
+    in_ctype, _, mma_type = ELEMENT_TYPES[spec.dtype]
+    eb = spec.elem_bytes
+    k = 32 // eb
     d, bm, bn, stages = spec.head_dim, spec.tile.block_m, spec.tile.block_n, spec.smem.stages
     panel, td, tdv = panel_swizzle(spec), tile_dim(spec), tile_dim_v(spec)
+    cols = panel.columns(eb)
+    v_t = transposed_v(bn * eb, tdv) if vt else None
     consumers, producers = spec.compute_warps // WARPGROUP, spec.producer_warps // WARPGROUP
     staged = spec.epilogue != "registers"
     own_o = staged and spec.epilogue_tile == "own"
-    tiles = [swizzled_tile("q", bm, td, panel, ctype, "Q tile, loaded once" +
+    tiles = [swizzled_tile("q", bm, td, panel, in_ctype, "Q tile, loaded once" +
                            ("; each consumer warpgroup stages its rows of O over its rows of Q" if staged and not own_o
-                            else ""))]
+                            else ""), eb)]
     if own_o:
         tiles.append(swizzled_tile("o", bm, tdv, panel, ctype, "O staged for the epilogue (its own tile: Q is handed "
                                                                 "back before the epilogue)"))
     for s in range(stages):
-        tiles.append(swizzled_tile(f"k{s}", bn, td, panel, ctype, f"K tile, stage {s}"))
-        tiles.append(swizzled_tile(f"v{s}", bn, tdv, panel, ctype, f"V tile, stage {s}"))
+        tiles.append(swizzled_tile(f"k{s}", bn, td, panel, in_ctype, f"K tile, stage {s}", eb))
+        tiles.append(swizzled_tile(f"v{s}", tdv, bn, v_t.panel, in_ctype, f"V^T tile, stage {s}", eb) if v_t else
+                     swizzled_tile(f"v{s}", bn, tdv, panel, in_ctype, f"V tile, stage {s}", eb))
     persistent = spec.schedule.persistent
     separate_kv_barriers = (spec.schedule.overlap if spec.schedule.separate_kv_barriers is None
                             else spec.schedule.separate_kv_barriers)
@@ -121,24 +159,27 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
     budget = Budget.of(target, spec.smem.opt_in)
     total = check_budget(regions, budget, file)
     threads = 32 * (spec.compute_warps + spec.producer_warps)
-    q_bytes, k_bytes, v_bytes = bm * td * 2, bn * td * 2, bn * tdv * 2   # a TMA box counts its zero-filled columns too
+    q_bytes, k_bytes, v_bytes = bm * td * eb, bn * td * eb, bn * tdv * eb   # a TMA box counts its zero-filled columns too
     has_producer = producers > 0
     issuer_thread = 32 * spec.compute_warps if has_producer else 32 * WARPGROUP * (consumers - 1)
     issuer = (f"the producer thread ({issuer_thread})" if has_producer else
               f"the issuer (consumer thread {issuer_thread})")
     regs = spec.registers
-    maps = tuple(TensorMapSpec(t, rows, panel.cols, panel.tma_name) for t, rows in (("q", bm), ("k", bn), ("v", bn)))
+    maps = tuple(TensorMapSpec(t, rows, cols, panel.tma_name) for t, rows in (("q", bm), ("k", bn)))
+    maps += ((TensorMapSpec("v", tdv, v_t.keys // eb, v_t.panel.tma_name, transposed=True),) if v_t else
+             (TensorMapSpec("v", bn, cols, panel.tma_name),))
     if spec.epilogue == "tma":   # each consumer warpgroup stores its own 64 rows
         maps += (TensorMapSpec("o", ROWS_PER_WARPGROUP, panel.cols, panel.tma_name, store=True),)
     frag = WgmmaFragments(consumer_warpgroups=consumers, producer_warpgroups=producers,
-                          tile_dim=td, tile_dim_v=tdv, panels=td // panel.cols, panels_v=tdv // panel.cols,
-                          s_regs=bn // 2, o_regs=tdv // 2, k_steps_qk=td // 16,
-                          k_steps_pv=bn // 16, producer_registers=regs.producer if regs else 0,
+                          tile_dim=td, tile_dim_v=tdv, panels=td // cols, panels_v=tdv // cols,
+                          s_regs=bn // 2, o_regs=tdv // 2, k_steps_qk=td // k,
+                          k_steps_pv=bn // k, k=k, mma_type=mma_type, producer_registers=regs.producer if regs else 0,
                           consumer_registers=regs.consumer if regs else 0, overlap=spec.schedule.overlap,
-                          pingpong=spec.schedule.pingpong, panel_cols=panel.cols, panel_row_bytes=panel.row_bytes,
+                          pingpong=spec.schedule.pingpong, panel_cols=cols, panel_row_bytes=panel.row_bytes,
                           descriptor_mode=panel.descriptor_mode, swizzle_atom_bytes=8 * panel.row_bytes,
-                          k_major_lbo_bytes=16, k_step_bytes=16 * 2, k_steps_per_panel=panel.cols // 16,
-                          v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, rows_per_warpgroup=ROWS_PER_WARPGROUP,
+                          k_major_lbo_bytes=16, k_step_bytes=32, k_steps_per_panel=panel.row_bytes // 32,
+                          v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, vt=v_t,
+                          p_log2_offset=p_log2_offset, rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, k_tile_bytes=k_bytes, v_tile_bytes=v_bytes,
                           has_producer=has_producer, separate_kv_barriers=separate_kv_barriers,
                           issuer_thread=issuer_thread, epilogue=spec.epilogue,
@@ -194,21 +235,22 @@ def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
                 "one __syncthreads publishes them")
     variants = spec_variants(spec)
     return ForwardPlan(
-        spec=spec, kind=kind(), title=TITLE, target=target, **variants,
+        spec=spec, kind=kind, title=title, target=target, **variants,
         parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
         abi=plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False,
-                     scores=variants["score_variants"], through_maps=tuple(m.tensor for m in maps if not m.store)).with_fields(
+                     scores=variants["score_variants"], through_maps=tuple(m.tensor for m in maps if not m.store),
+                     base=abi_base).with_fields(
             tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime "
                        "per call") for m in maps)),
         params_qualifier="__grid_constant__ ",
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,
         compute_threads=32 * spec.compute_warps, producer_threads=32 * spec.producer_warps,
-        rows_per_warp=16, chunks_per_row=d * 2 // 16,
+        rows_per_warp=16, chunks_per_row=d * eb // 16,
         swizzle=Swizzle("xor", panel.row_bytes, panel.xor_bits, panel.row_shift),
         regions=regions, smem_bytes=total, smem_budget=budget.bytes, smem_dynamic=total > target.smem_per_block,
         stages=stages, async_copy=True, q_in_registers=False, rescale="always",
-        q_copy=TileCopy(bm, td * 2 // 16, 1), kv_copy=TileCopy(bn, td * 2 // 16, 1),
+        q_copy=TileCopy(bm, td * eb // 16, 1), kv_copy=TileCopy(bn, td * eb // 16, 1),
         barriers=bars, kv_stage_stride=ring_stride(regions, "k", "v"), min_blocks_per_sm=min_blocks,
         fragments=frag, bank_report=(), roles=roles, schedule=schedule, arch_suffix="a",
         copy_engine=f"TMA (cp.async.bulk.tensor, {panel.row_bytes}-byte swizzle) on mbarriers",
@@ -245,8 +287,9 @@ def explain(plan) -> list[str]:
     f = plan.fragments
     lines = [f"warpgroups: {f.consumer_warpgroups} consumer(s) x 64 rows + {f.producer_warpgroups} producer; "
              f"S {f.s_regs} + O {f.o_regs} fp32 accumulator registers per consumer thread",
-             f"wgmma per tile per consumer warpgroup: {f.k_steps_qk} x m64n{plan.block_n}k16 (Q.K^T, SS) + "
-             f"{f.k_steps_pv} x m64n{f.tile_dim_v}k16 (P.V, RS, V MN-major)",
+             f"wgmma per tile per consumer warpgroup: {f.k_steps_qk} x m64n{plan.block_n}k{f.k} (Q.K^T, SS) + "
+             f"{f.k_steps_pv} x m64n{f.tile_dim_v}k{f.k} (P.V, RS, " + ("V^T K-major" if f.vt else "V MN-major") + ")"
+             + (f", {f.mma_type} operands" if f.vt else ""),
              *([f"V and O: head_dim_v {plan.v_dim}, Q and K: head_dim {plan.head_dim} (the default scale is "
                 f"1/sqrt({plan.head_dim}))"] if plan.v_dim != plan.head_dim else []),
              *padding_lines(plan),
@@ -257,12 +300,17 @@ def explain(plan) -> list[str]:
              f"{f.panel_cols}-column panel(s) each, issued by thread {f.issuer_thread} ({'producer' if f.has_producer else 'homogeneous: a consumer'}); "
              "tensor maps: " + "; ".join(m.describe() for m in plan.tensor_maps),
              f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}), K-major Q and K (SBO "
-             f"{f.swizzle_atom_bytes} B, k16 step +{f.k_step_bytes} B), MN-major V (LBO {f.v_lbo_bytes} B between "
-             "panels, SBO "
-             f"{f.swizzle_atom_bytes} B, k16 step +{f.v_step_bytes} B)",
+             f"{f.swizzle_atom_bytes} B, k{f.k} step +{f.k_step_bytes} B), " +
+             (f"K-major V^T ({f.vt.panel.row_bytes}-byte swizzle, mode {f.vt.panel.descriptor_mode}; {f.vt.panels} "
+              f"panel(s) of {f.vt.keys} keys, {f.vt.panel_bytes} B apart; SBO {8 * f.vt.panel.row_bytes} B, k{f.k} step "
+              f"+32 B)" if f.vt else
+              f"MN-major V (LBO {f.v_lbo_bytes} B between panels, SBO {f.swizzle_atom_bytes} B, k16 step "
+              f"+{f.v_step_bytes} B)"),
              "registers: " + (f"setmaxnreg producer {f.producer_registers}, consumer {f.consumer_registers}"
                               if f.producer_registers else "no reallocation"),
-             "online softmax: exp2 with the scale folded in; rescale always"
+             ("online softmax: exp2 with the scale and the q, k descales folded in; P = exp2(s - max + "
+              f"{f.p_log2_offset}) rounded to {f.mma_type} (the row sums take the power out); output x v descale, "
+              f"{plan.spec.out_dtype}; rescale always" if f.vt else "online softmax: exp2 with the scale folded in; rescale always")
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
              + ("; consumer warpgroups ping-pong their GEMMs (named barriers 1, 2)" if f.pingpong else ""),
              f"epilogue: {f.epilogue}" + ({"registers": " (4-byte stores of the accumulators)",

@@ -30,12 +30,12 @@ def tile_dim(s) -> int:
     """Columns of the Q, K and V tiles: head_dim rounded up to whole panels (TMA fills the columns
     past head_dim with zeros, which add nothing to S and give O columns that are never stored).
     Every panel width divides 256, so the tiles stay within MAX_N wherever head_dim does."""
-    return round_up(s.head_dim, panel_swizzle(s).cols)
+    return round_up(s.head_dim, panel_swizzle(s).columns(s.elem_bytes))
 
 
 def tile_dim_v(s) -> int:
     """Columns of the V tiles and of O: head_dim_v (or head_dim) rounded up to whole panels."""
-    return round_up(s.v_dim, panel_swizzle(s).cols)
+    return round_up(s.v_dim, panel_swizzle(s).columns(s.elem_bytes))
 
 
 def rule_warpgroups(s):

@@ -44,6 +44,16 @@ def bhsd_strides(stride, layout: str) -> tuple[int, int, int]:
     return (stride[0], stride[1], stride[2]) if layout == "bhsd" else (stride[0], stride[2], stride[1])
 
 
+def shape_maps(plan, q, k, v, out, layout: str, v_transposed: bool = False):
+    """The TMA tensor maps of a call's shape: each tensor as its (B, H, S, D) view; v_transposed: v
+    is V^T, (B, H, D, S) in every layout, mapped as it is."""
+    from ..tma import ShapeMaps
+    views = {"q": q, "k": k, "v": v, "o": out}
+    if layout != "bhsd":
+        views = {name: t if name == "v" and v_transposed else t.permute(0, 2, 1, 3) for name, t in views.items()}
+    return ShapeMaps(plan.tensor_maps, views)
+
+
 def mask_fields(plan) -> tuple:
     """The Params fields of every mask variant and score modifier the plan's functions use, each
     with its default."""
@@ -142,15 +152,7 @@ class ForwardKernel(Kernel):
 
     def _shape_maps(self, q, k, v, out, layout: str):
         """The TMA tensor maps of this call's shape (core of a prepared call), or None."""
-        if not self._map_fields:
-            return None
-        from ..tma import ShapeMaps
-        if layout == "bhsd":
-            views = {"q": q, "k": k, "v": v, "o": out}
-        else:
-            views = {"q": q.permute(0, 2, 1, 3), "k": k.permute(0, 2, 1, 3), "v": v.permute(0, 2, 1, 3),
-                     "o": out.permute(0, 2, 1, 3)}
-        return ShapeMaps(self.plan.tensor_maps, views)
+        return shape_maps(self.plan, q, k, v, out, layout) if self._map_fields else None
 
     def _first_call(self, q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key, variants):
         """Every check, the grid and the Params of a call; remembered under `key` for later calls."""
@@ -198,4 +200,4 @@ class ForwardKernel(Kernel):
         return (out, lse_out) if return_lse else out
 
 
-__all__ = ["ForwardKernel", "bhsd_strides", "call_key", "mask_fields", "variant_key"]
+__all__ = ["ForwardKernel", "bhsd_strides", "call_key", "mask_fields", "shape_maps", "variant_key"]

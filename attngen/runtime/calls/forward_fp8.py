@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core.forward_plan import LOG2E
 from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
-from .forward import bhsd_strides, mask_fields, tensor_key
+from .forward import bhsd_strides, mask_fields, shape_maps, tensor_key
 
 E4M3_MAX = 448.0            # the largest finite e4m3 value
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -35,8 +35,9 @@ class Fp8ForwardKernel(Kernel):
 
     def _setup(self) -> None:
         self._mask_fields = mask_fields(self.plan)
-        self._forward = self.plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields))
-        self._pointers = self.plan.abi.patch(POINTERS)
+        self._map_fields = tuple(m.abi_field for m in self.plan.tensor_maps)   # Hopper: TMA maps of q, k, v^T
+        self._forward = self.plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields) + self._map_fields)
+        self._pointers = self.plan.abi.patch(POINTERS + self._map_fields)
         self._fp32 = self._torch.float32
         self.out_dtype = getattr(self._torch, OUT_DTYPES[self.plan.spec.out_dtype])
 
@@ -72,8 +73,12 @@ class Fp8ForwardKernel(Kernel):
             return None
         out = q.new_empty(q.shape, dtype=self.out_dtype)
         lse = q.new_empty(prepared.extra[0], dtype=self._fp32) if return_lse else None
-        self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0,
-                             *(0 if d is None else d.data_ptr() for d in descales)))
+        op = out.data_ptr()
+        pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0,
+                    *(0 if d is None else d.data_ptr() for d in descales))
+        if self._map_fields:
+            pointers += prepared.extra[1].values((qp, kp, vp, op))
+        self._run(prepared, pointers)
         return (out, lse) if return_lse else out
 
     def _check_vt(self, v_t, batch: int, kv_heads: int, seqlen_k: int, index: int) -> None:
@@ -148,10 +153,13 @@ class Fp8ForwardKernel(Kernel):
                   heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, seqlen_k, scale * LOG2E]
         for f in self._mask_fields:
             values.append(mask_values.get(f.name, f.default))
+        maps = shape_maps(self.plan, q, k, v_t, out, layout, v_transposed=True) if self._map_fields else None
+        map_values = maps.values(pointers[:4]) if maps else ()
+        values.extend(map_values)
         prepared = Prepared(info, self._launches(info, (self.entry[mask], grid)), self._forward.pack(values),
-                            self._pointers, (lse_shape,))
+                            self._pointers, (lse_shape, maps))
         self._remember(key, prepared)
-        self._run(prepared, pointers)
+        self._run(prepared, pointers + map_values)
         return (out, lse_out) if return_lse else out
 
 

@@ -1,0 +1,65 @@
+"""fwd_wgmma_fp8: the e4m3 attention forward of the Hopper class (sm_90a). fwd_wgmma's warpgroups,
+TMA ring, schedules and templates, with wgmma m64nNk32 on e4m3 operands for Q.K^T and P.V:
+
+- V comes transposed, (batch, kv_heads, head_dim, seqlen_k) with keys contiguous, the layout the
+  e4m3 call convention takes (the B operand of an 8-bit wgmma is K-major): TMA copies V^T tiles of
+  head_dim rows and wgmma reads them as it reads K;
+- P leaves the S accumulators for the A registers of P.V through two shuffles per 16 keys: an
+  accumulator holds keys 2t, 2t + 1 and 8 + 2t, 9 + 2t of each 16, an A register four consecutive
+  keys 4t .. 4t + 3, which lanes 2(t % 2) and 2(t % 2) + 1 of the quad hold;
+- P = exp2(s - max + 8) is rounded to e4m3 (the row sums take the 2^8 out); the q and k descales
+  fold into the scale, v's into the output, which leaves as fp16 or bf16 from the registers."""
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from ...core.fp8 import FP8_ABI, KEY_STEP, P_LOG2_OFFSET, E4m3Types, rule_fp8_calls, rule_head_dim_k32
+from ...core.kind import Kind
+from ...core.spec_keys import rule_threads
+from ...core.wgmma import rule_swizzle_panels, rule_target_has_sm90a
+from ..fwd_wgmma.plan import explain as wgmma_explain
+from ..fwd_wgmma.plan import plan_for
+from ..fwd_wgmma.space import sweep_space
+from ..fwd_wgmma.spec import (MAX_N, WgmmaSpec, rule_always_rescales, rule_async_copies, rule_block_m_rows,
+                              rule_pingpong, rule_q_in_shared, rule_registers, rule_ring, rule_warpgroups)
+
+NAME = "fwd_wgmma_fp8"
+TITLE = "wgmma + TMA e4m3 attention forward (sm_90a)"
+FRAGMENT = "wgmma_m64nNk32_e4m3"
+
+
+def rule_block_n_fp8(s):
+    if s.tile.block_n % KEY_STEP or s.tile.block_n > MAX_N:
+        return "tile.block_n", (f"must be a multiple of {KEY_STEP} (k32 steps of P.V; the V^T tile's rows of keys "
+                                f"are swizzled panels) and at most {MAX_N} (the N of Q.K^T) for {s.mma} (got "
+                                f"{s.tile.block_n})")
+
+
+def rule_fp8_epilogue(s):
+    if s.epilogue != "registers":
+        return "epilogue", ("e4m3 kernels write O from the registers (the Q tile holds half of O's bytes): use "
+                            "epilogue: registers")
+
+
+class WgmmaFp8Spec(E4m3Types, WgmmaSpec):
+    mma: Literal[FRAGMENT] = Field(description="wgmma_m64nNk32_e4m3: Hopper wgmma + TMA with e4m3 operands (sm_90a)")
+    key_unit = KEY_STEP
+    key_unit_why = "k32 steps of P.V"
+    takes_head_dim_v: ClassVar[bool] = False
+    masks_taken: ClassVar[tuple[str, ...]] = ("none", "causal")
+    takes_scores: ClassVar[bool] = False
+    rules = (rule_target_has_sm90a, rule_head_dim_k32, rule_swizzle_panels, rule_fp8_epilogue, rule_fp8_calls,
+             rule_warpgroups, rule_block_m_rows, rule_block_n_fp8, rule_async_copies, rule_q_in_shared, rule_ring,
+             rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
+
+
+def plan(spec: WgmmaFp8Spec, file: str | None = None):
+    return plan_for(spec, file, kind=KIND, title=TITLE, abi_base=FP8_ABI, vt=True, p_log2_offset=P_LOG2_OFFSET)
+
+
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaFp8Spec, plan, wgmma_explain, space=sweep_space,
+            calls="forward_fp8", templates="fwd_wgmma")
+
+__all__ = ["KIND", "WgmmaFp8Spec"]

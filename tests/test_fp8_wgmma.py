@@ -1,0 +1,100 @@
+"""The Hopper e4m3 kind (fwd_wgmma_fp8) without a GPU: its rules, its plan (V^T tiles and maps, k32
+steps, Params), the lane exchange that turns S accumulators into P's A registers (simulated against
+the fragment layouts), and that the fp16 wgmma kernels do not carry its code."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attngen.errors import SpecError
+from attngen.plan import make_plan
+from attngen.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+D128 = ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"
+D64 = ROOT / "specs" / "h100_wgmma_d64_fp8.yaml"
+
+
+def text(block_n=128, extra="", head_dim=128, swizzle="{xor_bits: 3}"):
+    return (f"schema: 1\nname: t\ntarget: h100\ndtype: e4m3\nhead_dim: {head_dim}\n"
+            f"tile: {{block_m: 128, block_n: {block_n}}}\nwarps: {{producer: 4, consumer: 8}}\n"
+            f"mma: wgmma_m64nNk32_e4m3\nsmem: {{swizzle: {swizzle}, stages: 2, async_copy: true, opt_in: true}}\n"
+            f"registers: {{producer: 24, consumer: 240}}\nschedule: {{overlap: true}}\n{extra}")
+
+
+def test_plan_of_the_d128_spec():
+    plan = make_plan(load_spec(D128))
+    f = plan.fragments
+    assert (f.k, f.mma_type, f.k_steps_qk, f.k_steps_pv) == (32, "e4m3", 4, 6)
+    assert plan.ctype == "__nv_bfloat16" and f.p_log2_offset == 8
+    # Q and K: one 128-byte panel of 128 e4m3 columns; V^T: 128 rows (head dim) of 192 keys in panels
+    # of 64 keys (the widest swizzled row that tiles 192 bytes)
+    assert (f.panel_cols, f.panels) == (128, 1)
+    assert (f.vt.keys, f.vt.panels, f.vt.panel_bytes, f.vt.steps_per_panel) == (64, 3, 128 * 64, 2)
+    v0 = plan.region("v0")
+    assert v0.bytes == 128 * 192 and v0.pitch_bytes == 64
+    assert f.v_tile_bytes == f.k_tile_bytes == 192 * 128
+    v_map = next(m for m in plan.tensor_maps if m.tensor == "v")
+    assert (v_map.box_rows, v_map.box_cols, v_map.swizzle, v_map.transposed) == (128, 64, "64B", True)
+    names = [fl.name for fl in plan.abi.fields]
+    assert {"q_descale", "k_descale", "v_descale", "tma_q", "tma_k", "tma_v"} <= set(names)
+    assert not {"q", "k", "v", "q_row_stride", "v_row_stride"} & set(names)   # carried by the maps
+
+
+def test_d64_takes_64_byte_panels():
+    f = make_plan(load_spec(D64)).fragments
+    assert (f.panel_row_bytes, f.panel_cols, f.k_steps_qk, f.vt.keys) == (64, 64, 2, 128)
+
+
+@pytest.mark.parametrize("spec_text, key", [
+    (text(block_n=80), "tile.block_n"),                    # not whole k32 steps
+    (text(head_dim=80), "head_dim"),
+    (text(extra="epilogue: tma\n"), "epilogue"),           # O leaves from the registers
+    (text(extra="varlen: true\n"), "varlen"),
+    (text(extra="masks: [window]\n"), "masks"),
+    (text(extra="head_dim_v: 64\n"), "head_dim_v"),
+    (text(swizzle="{xor_bits: 2, row_shift: 2}"), "smem.swizzle"),
+])
+def test_rules_refuse_what_the_kind_does_not_generate(spec_text, key):
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec_text)
+    assert err.value.key == key
+
+
+def test_lane_exchange_gives_the_a_registers():
+    """Simulate p_fragments' two shuffles on a quad for 16 keys of rows g and g + 8: lane t must end
+    with keys 4t .. 4t + 3 of row g (register 0) and of row g + 8 (register 1), the A layout of an
+    8-bit wgmma; the accumulators give lane t keys 2t, 2t + 1 (tile 0) and 8 + 2t, 9 + 2t (tile 1)."""
+    def acc(t, tile, row, e):          # what accumulator (tile, row half, e) of lane t holds: (row, key)
+        return (row, 8 * tile + 2 * t + e)
+
+    def pack(t, tile):                 # pack4_e4m3(a[0], a[1], a[2], a[3]): bytes row g e0 e1, row g+8 e0 e1
+        return [acc(t, tile, 0, 0), acc(t, tile, 0, 1), acc(t, tile, 1, 0), acc(t, tile, 1, 1)]
+
+    offers1 = [pack(t, 1) if t % 2 else pack(t, 0) for t in range(4)]
+    offers2 = [pack(t, 0) if t % 2 else pack(t, 1) for t in range(4)]
+    for t in range(4):
+        first = 2 * t if t < 2 else 2 * t - 3         # the template's source lanes
+        second = 2 * t + 1 if t < 2 else 2 * t - 4
+        got1, got2 = offers1[first], offers2[second]
+        lo, hi = (got1, got2) if t < 2 else (got2, got1)
+        both = lo + hi                                # __byte_perm's byte numbering: lo 0..3, hi 4..7
+        row_g = [both[i] for i in (0, 1, 4, 5)]       # selector 0x5410
+        row_g8 = [both[i] for i in (2, 3, 6, 7)]      # selector 0x7632
+        assert row_g == [(0, 4 * t + i) for i in range(4)]
+        assert row_g8 == [(1, 4 * t + i) for i in range(4)]
+
+
+def test_template_lines_match_the_simulation():
+    source = (ROOT / "generated" / "h100_wgmma_d128_fp8.cu").read_text()
+    for line in ("(t < 2 ? 2 * t : 2 * t - 3)", "(t < 2 ? 2 * t + 1 : 2 * t - 4)", "0x5410", "0x7632",
+                 "t % 2 ? pair_b : pair_a", "t % 2 ? pair_a : pair_b",
+                 "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3", "p_shift"):
+        assert line in source, line
+
+
+def test_fp16_wgmma_kernels_carry_none_of_it():
+    source = (ROOT / "generated" / "h100_wgmma_d128_n128c2ps2r24x240pp.cu").read_text()
+    for word in ("e4m3", "descale", "kVtPanel", "cuda_fp8.h", "p_shift"):
+        assert word not in source, word
