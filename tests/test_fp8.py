@@ -92,10 +92,11 @@ def test_generated_file_carries_only_the_e4m3_path():
 def test_the_table_serves_e4m3_calls_with_bf16_specs():
     from attngen.ops.table import Entry, entry_problem, load_table, select, table_path
     entries = load_table(table_path(ROOT / "specs"))
-    for arch in ("sm_89", "sm_90"):
+    for arch, family in (("sm_89", "l4_mma_d{}_fp8"), ("sm_90", "h100_wgmma_d{}_fp8")):   # Hopper: the wgmma kind
         for d in (64, 128):
             for mask in ("none", "causal"):
-                assert select(entries, "forward_fp8", arch, "e4m3", d, mask, 2048).spec == f"l4_mma_d{d}_fp8"
+                for seqlen in (2048, 8192):
+                    assert select(entries, "forward_fp8", arch, "e4m3", d, mask, seqlen).spec == family.format(d)
     fp16_out = make_plan(parse_spec(fp8_text(extra="out_dtype: fp16\n")))
     problem = entry_problem(Entry("forward_fp8", "sm_89", "e4m3", 128, "none", "t"), fp16_out)
     assert "writes fp16, forward_fp8 calls return bf16" in problem

@@ -1,5 +1,6 @@
 """fwd_wgmma_fp8: the e4m3 attention forward of the Hopper class (sm_90a). fwd_wgmma's warpgroups,
-TMA ring, schedules and templates, with wgmma m64nNk32 on e4m3 operands for Q.K^T and P.V:
+TMA ring and schedules (core.wgmma_forward_*, templates/lib/wgmma_forward.cu.j2), with wgmma
+m64nNk32 on e4m3 operands for Q.K^T and P.V:
 
 - V comes transposed, (batch, kv_heads, head_dim, seqlen_k) with keys contiguous, the layout the
   e4m3 call convention takes (the B operand of an 8-bit wgmma is K-major): TMA copies V^T tiles of
@@ -19,11 +20,11 @@ from ...core.fp8 import FP8_ABI, KEY_STEP, P_LOG2_OFFSET, E4m3Types, rule_fp8_ca
 from ...core.kind import Kind
 from ...core.spec_keys import rule_threads
 from ...core.wgmma import rule_swizzle_panels, rule_target_has_sm90a
-from ..fwd_wgmma.plan import explain as wgmma_explain
-from ..fwd_wgmma.plan import plan_for
-from ..fwd_wgmma.space import sweep_space
-from ..fwd_wgmma.spec import (MAX_N, WgmmaSpec, rule_always_rescales, rule_async_copies, rule_block_m_rows,
-                              rule_pingpong, rule_q_in_shared, rule_registers, rule_ring, rule_warpgroups)
+from ...core.wgmma_forward_plan import explain, plan_for
+from ...core.wgmma_forward_space import sweep_space
+from ...core.wgmma_forward_spec import (MAX_N, WgmmaForwardSpec, rule_always_rescales, rule_async_copies,
+                                        rule_block_m_rows, rule_pingpong, rule_q_in_shared, rule_registers, rule_ring,
+                                        rule_warpgroups)
 
 NAME = "fwd_wgmma_fp8"
 TITLE = "wgmma + TMA e4m3 attention forward (sm_90a)"
@@ -43,7 +44,7 @@ def rule_fp8_epilogue(s):
                             "epilogue: registers")
 
 
-class WgmmaFp8Spec(E4m3Types, WgmmaSpec):
+class WgmmaFp8Spec(E4m3Types, WgmmaForwardSpec):
     mma: Literal[FRAGMENT] = Field(description="wgmma_m64nNk32_e4m3: Hopper wgmma + TMA with e4m3 operands (sm_90a)")
     key_unit = KEY_STEP
     key_unit_why = "k32 steps of P.V"
@@ -59,7 +60,6 @@ def plan(spec: WgmmaFp8Spec, file: str | None = None):
     return plan_for(spec, file, kind=KIND, title=TITLE, abi_base=FP8_ABI, vt=True, p_log2_offset=P_LOG2_OFFSET)
 
 
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaFp8Spec, plan, wgmma_explain, space=sweep_space,
-            calls="forward_fp8", templates="fwd_wgmma")
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaFp8Spec, plan, explain, space=sweep_space, calls="forward_fp8")
 
 __all__ = ["KIND", "WgmmaFp8Spec"]

@@ -1,8 +1,8 @@
-"""fwd_wgmma's search space for `attngen sweep`: tiles, roles, ring depth, registers, schedule, epilogue."""
+"""The search space of the wgmma forward kinds for `attngen sweep`: tiles, roles, ring depth, registers, schedule, epilogue."""
 from __future__ import annotations
 
-from ...core.search_space import Axis, SearchSpace, field_axis, with_base
-from .spec import ROWS_PER_WARPGROUP, WARPGROUP, WgmmaSpec
+from .search_space import Axis, SearchSpace, field_axis, with_base
+from .wgmma_forward_spec import ROWS_PER_WARPGROUP, WARPGROUP, WgmmaForwardSpec
 
 SWEEP_BLOCK_N = (64, 96, 128, 176, 192)
 SWEEP_WARPGROUPS = tuple((p, c) for p in (1, 0) for c in (1, 2, 3))   # (producer warpgroups, consumer warpgroups)
@@ -39,7 +39,7 @@ def _write_schedule(data: dict, v: str) -> None:
     data["schedule"] = {"overlap": v != "seq", "pingpong": v == "pingpong"}
 
 
-def sweep_space(base: WgmmaSpec) -> SearchSpace:
+def sweep_space(base: WgmmaForwardSpec) -> SearchSpace:
     """Tiles, roles (producer warpgroup or homogeneous, 1-3 consumer warpgroups), ring depth,
     register split, schedule and epilogue, around `base`; the spec rules prune what does not fit."""
     regs = (base.registers.producer, base.registers.consumer) if base.registers else None

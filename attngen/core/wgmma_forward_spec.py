@@ -1,20 +1,18 @@
-"""fwd_wgmma's spec model and its rules: warpgroups, 128-byte panels, the register split, schedules."""
+"""The spec model every wgmma forward kind builds on, and its rules: warpgroups, swizzled panels,
+the register split, schedules. A kind adds its fragment (the `mma` key) and its element types."""
 from __future__ import annotations
 
 from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.spec_keys import (ForwardSpec, Strict, refuse, round_up, rule_head_dim_vector_loads,
+from ..targets import TARGETS
+from .spec_keys import (ForwardSpec, Strict, refuse, round_up, rule_head_dim_vector_loads,
                                rule_threads)
-from ...core.wgmma import (ROWS_PER_WARPGROUP, TILE_ALIGN, WARPGROUP, PanelSwizzle,  # noqa: F401 (plan and space take them from here)
-                           panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a)
-from ...targets import TARGETS
+from .wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels,  # noqa: F401 (plan and space
+                    rule_target_has_sm90a)                                              # take the first two from here)
 
 
-NAME = "fwd_wgmma"
-TITLE = "wgmma + TMA attention forward (sm_90a)"
-FRAGMENT = "wgmma_m64nNk16"
 MAX_N = 256                # wgmma N
 ACCUMULATOR_MARGIN = 48    # registers a consumer thread needs beside its S and O accumulators (addresses, softmax)
 
@@ -168,8 +166,7 @@ class Schedule(Strict):
         "Q and K/V while the consumers finish the last one (its epilogue); needs a producer warpgroup"))
 
 
-class WgmmaSpec(ForwardSpec):
-    mma: Literal["wgmma_m64nNk16"] = Field(description="wgmma_m64nNk16: Hopper wgmma + TMA (sm_90a)")
+class WgmmaForwardSpec(ForwardSpec):
     registers: Optional[Registers] = Field(
         default=None, description="registers per thread of each role after setmaxnreg; unset: no reallocation")
     schedule: Schedule = Schedule()

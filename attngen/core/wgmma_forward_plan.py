@@ -1,18 +1,19 @@
-"""fwd_wgmma's plan: typed fragment numbers, the swizzled tiles and mbarriers, TMA maps, explain."""
+"""The plan every wgmma forward kind builds: typed fragment numbers, the swizzled tiles and mbarriers,
+TMA maps, explain."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.abi import Abi, blob
-from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, launch_min_blocks,
+from ..targets import TARGETS
+from .abi import Abi, blob
+from .forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, launch_min_blocks,
                                   plan_abi, spec_variants)
-from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region,
+from .layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
-from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
-from ...core.wgmma import PANEL_SWIZZLES, PanelSwizzle, swizzled_tile
-from ...targets import TARGETS
-from .spec import (ROWS_PER_WARPGROUP, TITLE, WARPGROUP, WgmmaSpec, panel_swizzle, tile_dim,
-                   tile_dim_v)
+from .tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
+from .wgmma import PANEL_SWIZZLES, PanelSwizzle, swizzled_tile
+from .wgmma_forward_spec import (ROWS_PER_WARPGROUP, WARPGROUP, WgmmaForwardSpec, panel_swizzle, tile_dim,
+                                 tile_dim_v)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,11 +120,7 @@ def epilogue_line(epilogue: str, own_tile: bool = False) -> str:
             }[epilogue]
 
 
-def plan(spec: WgmmaSpec, file: str | None = None) -> ForwardPlan:
-    return plan_for(spec, file, kind=kind(), title=TITLE)
-
-
-def plan_for(spec: WgmmaSpec, file: str | None, *, kind, title: str, abi_base: Abi = FORWARD_ABI,
+def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_base: Abi = FORWARD_ABI,
              vt: bool = False, p_log2_offset: int = 0) -> ForwardPlan:
     """The plan of a wgmma forward spec of `kind`; vt: V comes transposed (e4m3: the B operand of an
     8-bit wgmma is K-major), P is kept 2^p_log2_offset larger."""
@@ -325,11 +322,3 @@ def explain(plan) -> list[str]:
              "by layout)"]
     return lines
 
-
-# Sweep axes. block_m follows the consumer warpgroups (64 rows each), so they move together.
-
-
-def kind():
-    """The registered kind (the package's KIND; imported when a plan is made, after registration)."""
-    from . import KIND
-    return KIND
