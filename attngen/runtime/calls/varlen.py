@@ -113,7 +113,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
         packer = kernel._varlen_packer = plan.abi.packer(PER_CALL + tuple(f.name for f in kernel._mask_fields) +
                                                          kernel._map_fields)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
-    order = _ORDERS.longest_first(torch, cu_seqlens_k, batch, index) if batch > 1 else None
+    order = _ORDERS.longest_first(kernel._torch, cu_seqlens_k, batch, index) if batch > 1 else None
     values = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0,
               0, sq[1], sq[0], 0, sk[1], sk[0], 0, sv[1], sv[0], 0, so[1], so[0],
               0, total_q, batch, heads, kv_heads, max_seqlen_q, 0, scale * LOG2E,
