@@ -722,12 +722,18 @@ __device__ __forceinline__ void rescale_output(float (&o)[kORegs], const float (
 // b). Lane t takes its keys from lanes 2(t % 2) and 2(t % 2) + 1 of its quad: their pair a for t < 2,
 // their pair b for t >= 2. Each lane packs its pairs of both rows (g, g + 8) into one register per
 // pair and offers pair a in one shuffle and pair b in the other (even lanes a first), so that every
-// reader of a shuffle gets the pair it needs; two shuffles move 16 keys of both rows.
+// reader of a shuffle gets the pair it needs; two shuffles move 16 keys of both rows. The choices by
+// lane are byte selectors, fixed per lane: one byte permute picks the offer, one builds each register.
 __device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][4], const float (&s)[kSRegs]) {
     const int t = threadIdx.x % 4;
     const int quad0 = threadIdx.x % 32 & ~3;
     const int first = quad0 + (t < 2 ? 2 * t : 2 * t - 3);       // lanes 0, 2, 1, 3 of the quad
     const int second = quad0 + (t < 2 ? 2 * t + 1 : 2 * t - 4);  // lanes 1, 3, 0, 2
+    const uint32_t offer1 = t % 2 ? 0x7654u : 0x3210u;           // __byte_perm(pair a, pair b): b for odd lanes
+    const uint32_t offer2 = t % 2 ? 0x3210u : 0x7654u;
+    // t < 2: the first shuffle brought keys 4t, 4t + 1 and the second 4t + 2, 4t + 3; t >= 2 the other
+    // way round. Bytes of a pair: row g (0, 1), row g + 8 (2, 3).
+    const uint32_t row_g = t < 2 ? 0x5410u : 0x1054u, row_g8 = t < 2 ? 0x7632u : 0x3276u;
 #pragma unroll
     for (int kc = 0; kc < kKStepsPV; ++kc)
 #pragma unroll
@@ -736,13 +742,10 @@ __device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][4], const 
             const float* b = a + 4;                             // the next 8-key tile: pair b
             const uint32_t pair_a = pack4_e4m3(a[0], a[1], a[2], a[3]);   // row g low half, row g + 8 high half
             const uint32_t pair_b = pack4_e4m3(b[0], b[1], b[2], b[3]);
-            const uint32_t offer1 = t % 2 ? pair_b : pair_a, offer2 = t % 2 ? pair_a : pair_b;
-            const uint32_t got1 = __shfl_sync(0xffffffffu, offer1, first);
-            const uint32_t got2 = __shfl_sync(0xffffffffu, offer2, second);
-            // t < 2: got1 holds keys 4t, 4t + 1 and got2 4t + 2, 4t + 3; t >= 2 the other way round.
-            const uint32_t lo = t < 2 ? got1 : got2, hi = t < 2 ? got2 : got1;
-            pa[kc][2 * half] = __byte_perm(lo, hi, 0x5410);       // row g: keys 4t .. 4t + 3
-            pa[kc][2 * half + 1] = __byte_perm(lo, hi, 0x7632);   // row g + 8
+            const uint32_t got1 = __shfl_sync(0xffffffffu, __byte_perm(pair_a, pair_b, offer1), first);
+            const uint32_t got2 = __shfl_sync(0xffffffffu, __byte_perm(pair_a, pair_b, offer2), second);
+            pa[kc][2 * half] = __byte_perm(got1, got2, row_g);       // row g: keys 4t .. 4t + 3
+            pa[kc][2 * half + 1] = __byte_perm(got1, got2, row_g8);  // row g + 8
         }
 }
 

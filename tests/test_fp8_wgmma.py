@@ -72,24 +72,30 @@ def test_lane_exchange_gives_the_a_registers():
     def pack(t, tile):                 # pack4_e4m3(a[0], a[1], a[2], a[3]): bytes row g e0 e1, row g+8 e0 e1
         return [acc(t, tile, 0, 0), acc(t, tile, 0, 1), acc(t, tile, 1, 0), acc(t, tile, 1, 1)]
 
-    offers1 = [pack(t, 1) if t % 2 else pack(t, 0) for t in range(4)]
-    offers2 = [pack(t, 0) if t % 2 else pack(t, 1) for t in range(4)]
+    def byte_perm(x, y, selector):     # __byte_perm: bytes of x are 0..3, of y 4..7; nibble i picks byte i
+        both = x + y
+        return [both[(selector >> (4 * i)) & 7] for i in range(4)]
+
+    # the template's per-lane choices
+    offer1 = [0x7654 if t % 2 else 0x3210 for t in range(4)]
+    offer2 = [0x3210 if t % 2 else 0x7654 for t in range(4)]
+    row_g = [0x5410 if t < 2 else 0x1054 for t in range(4)]
+    row_g8 = [0x7632 if t < 2 else 0x3276 for t in range(4)]
+    offers1 = [byte_perm(pack(t, 0), pack(t, 1), offer1[t]) for t in range(4)]
+    offers2 = [byte_perm(pack(t, 0), pack(t, 1), offer2[t]) for t in range(4)]
     for t in range(4):
         first = 2 * t if t < 2 else 2 * t - 3         # the template's source lanes
         second = 2 * t + 1 if t < 2 else 2 * t - 4
         got1, got2 = offers1[first], offers2[second]
-        lo, hi = (got1, got2) if t < 2 else (got2, got1)
-        both = lo + hi                                # __byte_perm's byte numbering: lo 0..3, hi 4..7
-        row_g = [both[i] for i in (0, 1, 4, 5)]       # selector 0x5410
-        row_g8 = [both[i] for i in (2, 3, 6, 7)]      # selector 0x7632
-        assert row_g == [(0, 4 * t + i) for i in range(4)]
-        assert row_g8 == [(1, 4 * t + i) for i in range(4)]
+        assert byte_perm(got1, got2, row_g[t]) == [(0, 4 * t + i) for i in range(4)]
+        assert byte_perm(got1, got2, row_g8[t]) == [(1, 4 * t + i) for i in range(4)]
 
 
 def test_template_lines_match_the_simulation():
     source = (ROOT / "generated" / "h100_wgmma_d128_fp8.cu").read_text()
-    for line in ("(t < 2 ? 2 * t : 2 * t - 3)", "(t < 2 ? 2 * t + 1 : 2 * t - 4)", "0x5410", "0x7632",
-                 "t % 2 ? pair_b : pair_a", "t % 2 ? pair_a : pair_b",
+    for line in ("(t < 2 ? 2 * t : 2 * t - 3)", "(t < 2 ? 2 * t + 1 : 2 * t - 4)", "t % 2 ? 0x7654u : 0x3210u",
+                 "t % 2 ? 0x3210u : 0x7654u", "t < 2 ? 0x5410u : 0x1054u", "t < 2 ? 0x7632u : 0x3276u",
+                 "pack4_e4m3(a[0], a[1], a[2], a[3])", "pack4_e4m3(b[0], b[1], b[2], b[3])",
                  "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3", "p_shift"):
         assert line in source, line
 
