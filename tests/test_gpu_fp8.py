@@ -47,27 +47,24 @@ def test_fp8_spec_passes_every_case(spec):
         f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
 
 
-def test_planted_key_order_bug_is_caught():
-    """P's registers read through the K tile's key order: a kernel that stores K in plain order
-    (the permutation undone) must fail the verifier."""
-    from attngen.runtime.kernel import render_for
-    plan, source, _ = render_for(D128)
-    planted = source.replace("kKeyOrder ? key_row(r) : r", "r")
-    assert planted != source
-    kernel = type(load_once(D128)).from_source(plan, planted, label="planted")
-    r = check_fp8_case(kernel, verify.Variant("none"), verify.Shape(1, 2, 2, 200, 200), 7, "planted")
-    assert not r.passed and "exceeds" in " ".join(r.problems)
+PLANTED = [
+    # mma.sync: P's registers read through the K tile's key order; K stored in plain order (the
+    # permutation undone) must fail the verifier.
+    (D128, "kKeyOrder ? key_row(r) : r", "r"),
+    # wgmma: P moves from the S accumulators to the A registers of P.V by two shuffles per 16 keys;
+    # row g's halves of lanes 2 and 3 put in the wrong order must fail it.
+    (WGMMA_D128, "row_g = t < 2 ? 0x5410u : 0x1054u", "row_g = 0x5410u"),
+]
 
 
-def test_planted_lane_exchange_bug_is_caught():
-    """The Hopper kernel moves P from the S accumulators to the A registers of P.V by two shuffles per
-    16 keys; one that puts row g's halves of lanes 2 and 3 in the wrong order must fail the verifier."""
-    needs_sm90a(WGMMA_D128)
+@pytest.mark.parametrize("spec, right, wrong", PLANTED, ids=["key_order", "lane_exchange"])
+def test_planted_p_layout_bug_is_caught(spec, right, wrong):
+    needs_sm90a(spec)
     from attngen.runtime.kernel import render_for
-    plan, source, _ = render_for(WGMMA_D128)
-    planted = source.replace("row_g = t < 2 ? 0x5410u : 0x1054u", "row_g = 0x5410u")
+    plan, source, _ = render_for(spec)
+    planted = source.replace(right, wrong)
     assert planted != source
-    kernel = type(load_once(WGMMA_D128)).from_source(plan, planted, label="planted")
+    kernel = type(load_once(spec)).from_source(plan, planted, label="planted")
     r = check_fp8_case(kernel, verify.Variant("none"), verify.Shape(1, 2, 2, 200, 200), 7, "planted")
     assert not r.passed and "exceeds" in " ".join(r.problems)
 
