@@ -96,7 +96,8 @@ def test_the_table_serves_e4m3_calls_with_bf16_specs():
         for d in (64, 128):
             for mask in ("none", "causal"):
                 for seqlen in (2048, 8192):
-                    assert select(entries, "forward_fp8", arch, "e4m3", d, mask, seqlen).spec == family.format(d)
+                    spec = select(entries, "forward_fp8", arch, "e4m3", d, mask, seqlen).spec
+                    assert spec.startswith(family.format(d)), spec      # the base or a sweep winner of it
     fp16_out = make_plan(parse_spec(fp8_text(extra="out_dtype: fp16\n")))
     problem = entry_problem(Entry("forward_fp8", "sm_89", "e4m3", 128, "none", "t"), fp16_out)
     assert "writes fp16, forward_fp8 calls return bf16" in problem

@@ -110,8 +110,10 @@ def test_library_call_is_the_kernel_call_and_compiles():
     g = torch.Generator(device="cuda").manual_seed(5)
     q, k, v = (torch.randn(2, 300, 4, 128, generator=g, device="cuda") for _ in range(3))
     q8, k8, vt, qd, kd, vd = attngen.quantize_fp8(q, k, v, layout="bshd")
-    served = WGMMA_D128 if torch.cuda.get_device_capability() == (9, 0) else D128   # the table's spec (sm_90 / sm_89)
-    want = load_once(served)(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=True, layout="bshd")
+    from attngen.ops.table import load_table, select, table_path
+    major, minor = torch.cuda.get_device_capability()
+    entry = select(load_table(table_path(ROOT / "specs")), "forward_fp8", f"sm_{major}{minor}", "e4m3", 128, "causal", 300)
+    want = load_once(ROOT / "specs" / f"{entry.spec}.yaml")(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=True, layout="bshd")
     got = attngen.attention_fp8(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=True, layout="bshd")
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -607,3 +608,35 @@ def test_backward_sweep_reports_make_backward_entries():
     (entry,) = backward_entries([("s.json", report)])
     assert (entry.call, entry.arch, entry.mask, entry.spec, entry.us, entry.runner_up) == \
         ("backward", "sm_90", "causal", "h100_bwd_d64_wgmma", 350.0, "h100_bwd_d64_wgmma_m64n128")
+
+
+# -- e4m3 specs ----------------------------------------------------------------------------------
+
+WGMMA_FP8_D128 = ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"
+
+
+def test_e4m3_sweep_keeps_the_kinds_rules_and_times_its_call(tmp_path, stub_nvcc):
+    """An e4m3 base sweeps the wgmma axes under its own kind's rules (O from the registers, k32 key
+    steps), times candidates on the e4m3 call beside flash in fp16, and reports the call so that
+    `attngen dispatch --from` makes forward_fp8 entries. (Two of the kind's axes, a few values each:
+    the full space takes minutes to prune.)"""
+    from attngen.core.search_space import SearchSpace
+    base = load_spec(WGMMA_FP8_D128)
+    full = S.default_space(base)
+    axes = {a.name: a for a in full.axes}
+    sp = SearchSpace((replace(axes["block_n"], values=(128, 176, 192)),
+                      replace(axes["epilogue"], values=("registers", "tma"))))
+    kept, pruned = S.prune(base, sp)
+    assert {c.spec.tile.block_n for c in kept} == {128, 192} and {c.spec.epilogue for c in kept} == {"registers"}
+    assert {p.reason for p in pruned} == {"spec rule: epilogue", "spec rule: tile.block_n"}   # tma; 176 keys
+    cases = S.parse_cases("1x2x256x128", base, "no")
+    assert [type(c).__name__ for c in cases] == ["Fp8Case"]
+    stub = BackwardStub()
+    report = S.run_sweep(base, sp, S.SweepOptions(cases), arch="sm_90", measurer=stub,
+                         cache=S.RecordCache(tmp_path / "rec"))
+    assert stub.flash_calls == ["forward_fp8"]
+    data = S.report_dict(report)
+    assert data["call"] == "forward_fp8" and data["cases"][0]["dtype"] == "e4m3"
+    from attngen.eval.dispatch_table import call_entries
+    (entry,) = call_entries([("s.json", {**data, "gpu": "NVIDIA H200"})], "forward_fp8")
+    assert (entry.call, entry.dtype, entry.head_dim, entry.mask) == ("forward_fp8", "e4m3", 128, "none")

@@ -88,7 +88,10 @@ EVALS = {"forward": ConventionEval("forward specs", bench.bench_specs, bench.che
                                                     backward_bench.check_gradients, backward_bench.backward_call,
                                                     _flash_backward, causal_inputs=True)),
          "forward_fp8": ConventionEval("e4m3 forward specs (dtype: e4m3)", forward_fp8_bench.bench_specs,
-                                       forward_fp8_bench.check_options, ("shapes",), forward_fp8_verify.verify_cases)}
+                                       forward_fp8_bench.check_options, ("shapes",), forward_fp8_verify.verify_cases,
+                                       sweep=SweepEval(forward_fp8_bench.Fp8Case, forward_fp8_bench.sweep_inputs,
+                                                       forward_fp8_bench.sweep_check, forward_fp8_bench.sweep_call,
+                                                       forward_fp8_bench.sweep_flash))}
 
 
 def option_problems(groups: dict, opts: BenchOptions, given: set) -> list[str]:

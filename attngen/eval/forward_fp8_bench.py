@@ -38,6 +38,35 @@ def fp8_call(kernel, sets, causal: bool):
     return call
 
 
+# -- what `attngen sweep` measures of e4m3 specs (eval/conventions.py) ------------------------------
+
+def sweep_inputs(torch, case, device, generator) -> list[tuple]:
+    """The sweep's input sets of a case: the bench's fp16 sets, quantized as the bench quantizes them."""
+    fp16 = input_sets(torch, Case(case.batch, case.heads, case.seqlen, case.head_dim, "fp16", case.causal), device,
+                      generator)
+    return quantized_sets(torch, fp16)
+
+
+def sweep_check(torch, kernel, q8, k8, v_t, q_descale, k_descale, v_descale, causal: bool) -> tuple[bool, str]:
+    """The bench's check of a candidate: the e4m3 verifier's rule on a case of the sweep's head count."""
+    from .forward_fp8_verify import check_fp8_case
+    from .verify import Shape, Variant
+    h, s = min(q8.shape[1], 2), min(q8.shape[2], 1024)
+    r = check_fp8_case(kernel, Variant("causal" if causal else "none", "top_left" if causal else None),
+                       Shape(1, h, h, s, s), 1, "sweep")
+    return r.passed, "; ".join(r.problems)
+
+
+def sweep_call(torch, kernel, sets, causal: bool):
+    return fp8_call(kernel, sets, causal)
+
+
+def sweep_flash(torch, sets, causal: bool):
+    """torch's flash backend on the sweep's inputs as fp16 (V^T turned back): (fn, its sets)."""
+    fp16 = [(q8.half(), k8.half(), v_t.transpose(-1, -2).contiguous().half()) for q8, k8, v_t, *_ in sets]
+    return sdpa_callable(torch, "flash", causal), fp16
+
+
 def run_fp8_bench(paths, *, shapes, causals, backends, reps: int, on_step=None, on_compile=None) -> BenchReport:
     import torch
     from ..runtime import load
