@@ -51,6 +51,12 @@ WGMMA = {
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True, "opt_in": True},
     "registers": {"producer": 24, "consumer": 240},
 }
+WGMMA_FP8 = {
+    "schema": 1, "name": "t_wgmma_fp8", "target": "h100", "dtype": "e4m3", "head_dim": 128,
+    "tile": {"block_m": 128, "block_n": 128}, "warps": {"producer": 4, "consumer": 8}, "mma": "wgmma_m64nNk32_e4m3",
+    "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True, "opt_in": True},
+    "registers": {"producer": 24, "consumer": 240},
+}
 DECODE = {
     "schema": 1, "name": "t_decode", "target": "h200", "head_dim": 128, "decode": "split_kv",
     "tile": {"block_m": 16, "block_n": 128}, "warps": {"compute": 4},
@@ -282,6 +288,8 @@ RULE_CASES = [
     ("rule_fp8_pipeline", FP8, {"smem__swizzle": {"pad_bytes": 16}}, "smem.swizzle", "padded rows"),
     ("rule_fp8_calls", FP8, {"varlen": True}, "varlen", "not generated for e4m3 yet"),
     ("rule_fp8_calls", FP8, {"head_dim_v": 64}, "head_dim_v", "share Q's head dim"),
+    ("rule_block_n_fp8", WGMMA_FP8, {"tile__block_n": 80}, "tile.block_n", "multiple of 32 (k32 steps of P.V"),
+    ("rule_fp8_epilogue", WGMMA_FP8, {"epilogue": "tma"}, "epilogue", "write O from the registers"),
 ]
 
 
@@ -407,7 +415,8 @@ def test_unknown_key_inside_union(changes, key):
     ({"name": 5}, "name", "valid string"),
     ({"masks": "causal"}, "masks", "valid list"),
     ({"masks": ["none", "sliding"]}, "masks.1", "'none', 'causal', 'window' or 'expr' (got 'sliding')"),
-    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16', 'mma_m16n8k32_e4m3' or 'wgmma_m64nNk16'"),
+    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16', 'mma_m16n8k32_e4m3', 'wgmma_m64nNk16' "
+                               "or 'wgmma_m64nNk32_e4m3'"),
     ({"tile": 32}, "tile", "must be a mapping with keys block_m, block_n (got 32)"),
     ({"warps": 4}, "warps", "must be {compute: N} or {producer: P, consumer: C} (got 4)"),
     ({"smem__swizzle": "xor"}, "smem.swizzle", "must be none, {pad_bytes: N} or {xor_bits: B, row_shift: S} (got 'xor')"),
