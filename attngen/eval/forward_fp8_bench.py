@@ -47,14 +47,19 @@ def sweep_inputs(torch, case, device, generator) -> list[tuple]:
     return quantized_sets(torch, fp16)
 
 
-def sweep_check(torch, kernel, q8, k8, v_t, q_descale, k_descale, v_descale, causal: bool) -> tuple[bool, str]:
-    """The bench's check of a candidate: the e4m3 verifier's rule on a case of the sweep's head count."""
+def check_candidate(kernel, heads: int, seqlen: int, causal: bool, label: str) -> tuple[bool, str]:
+    """The e4m3 verifier's rule on one case of the call's mask, at most 2 heads and 1024 rows (the
+    bench's and the sweep's check before timing): (passed, its problems)."""
     from .forward_fp8_verify import check_fp8_case
     from .verify import Shape, Variant
-    h, s = min(q8.shape[1], 2), min(q8.shape[2], 1024)
+    h, s = min(heads, 2), min(seqlen, 1024)
     r = check_fp8_case(kernel, Variant("causal" if causal else "none", "top_left" if causal else None),
-                       Shape(1, h, h, s, s), 1, "sweep")
+                       Shape(1, h, h, s, s), 1, label)
     return r.passed, "; ".join(r.problems)
+
+
+def sweep_check(torch, kernel, q8, k8, v_t, q_descale, k_descale, v_descale, causal: bool) -> tuple[bool, str]:
+    return check_candidate(kernel, q8.shape[1], q8.shape[2], causal, "sweep")
 
 
 def sweep_call(torch, kernel, sets, causal: bool):
@@ -70,8 +75,6 @@ def sweep_flash(torch, sets, causal: bool):
 def run_fp8_bench(paths, *, shapes, causals, backends, reps: int, on_step=None, on_compile=None) -> BenchReport:
     import torch
     from ..runtime import load
-    from .forward_fp8_verify import check_fp8_case
-    from .verify import Shape, Variant
     device = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
@@ -89,11 +92,9 @@ def run_fp8_bench(paths, *, shapes, causals, backends, reps: int, on_step=None, 
                 if kernel.plan.head_dim != d:
                     t.status, t.note = "unsupported", f"generated for head_dim {kernel.plan.head_dim}"
                 else:
-                    check = check_fp8_case(kernel, Variant("causal" if causal else "none",
-                                                           "top_left" if causal else None),
-                                           Shape(1, min(h, 2), min(h, 2), min(s, 1024), min(s, 1024)), 1, "bench")
-                    if not check.passed:
-                        t.status, t.note = "failed-check", "; ".join(check.problems)
+                    passed, problems = check_candidate(kernel, h, s, causal, "bench")
+                    if not passed:
+                        t.status, t.note = "failed-check", problems
                     else:
                         fn = fp8_call(kernel, sets, causal)
                         time_timing(torch, t, case, fn, sets, reps=reps)
