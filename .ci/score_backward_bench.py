@@ -1,5 +1,5 @@
 """The score-modifier backward specs of both classes (h100_bwd_d{64,128}_{softcap,alibi}: mma.sync,
-dQ atomics; h100_bwd_d{64,128}_wgmma_{softcap,alibi}: wgmma, dQ bulk reduce-add) in one process,
+dQ atomics; h100_bwd_d{64,128}_wgmma_{softcap,alibi}: wgmma, dQ by red.global.add) in one process,
 beside the same class's backward without modifiers (h100_bwd_d{64,128}, h100_bwd_d{64,128}_wgmma):
 what softcap's tanh and chain-rule factor, and ALiBi's bias, cost each class.
 

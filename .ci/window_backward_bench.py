@@ -1,5 +1,5 @@
 """The window backward specs of both classes (h100_bwd_d{64,128}_window: mma.sync, dQ atomics;
-h100_bwd_d{64,128}_wgmma_window: wgmma, dQ bulk reduce-add) in one process, beside the same
+h100_bwd_d{64,128}_wgmma_window: wgmma, dQ by red.global.add) in one process, beside the same
 class's dense causal backward.
 
 Usage: python3 .ci/window_backward_bench.py OUT.json

@@ -717,7 +717,7 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     device-to-device copy bandwidth measured in the same run. `attngen verify` checks them.
 
     \b
-    Backward specs (backward: dq_atomic or dq_bulk_reduce) are timed on --shapes (default 4x16x2048 and
+    Backward specs (backward: dq_atomic or wgmma_dq_red) are timed on --shapes (default 4x16x2048 and
     1x16x8192 at each spec's head dim), in their own dtype: the call kernel(q, k, v, o, lse,
     dout) given attngen's forward o and lse, after checking dq, dk and dv against fp32
     gradients, beside SDPA's flash and cuDNN backward (torch.autograd.grad of its output).

@@ -134,7 +134,7 @@ def test_varlen_spec_adds_varlen_functions_with_their_deterministic_twins():
     assert not plain.varlen and "cu_seqlens_q" not in {f.name for f in plain.abi.fields}
 
 
-# -- the wgmma kind (backward: dq_bulk_reduce) --------------------------------------------------
+# -- the wgmma kind (backward: wgmma_dq_red) -------------------------------------------
 
 def test_wgmma_backward_picks_its_kind():
     data = yaml.safe_load(WGMMA_D128.read_text())
@@ -159,10 +159,11 @@ def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
         assert regions[name].offset % 1024 == 0, name    # the swizzle pattern is on absolute addresses
     assert f.query_stage_bytes == regions["q1"].offset - regions["q"].offset == \
         regions["do1"].offset - regions["do"].offset
-    assert regions["dq"].bytes == block_m * d * 4
+    assert "dq" not in regions   # dQ is added from registers; deterministic mode stages it in the step's Q / dO
+    assert f.dq_regs * 4 * 128 <= f.query_stage_bytes // 2
     assert p.smem_bytes <= 227 * 1024 and p.arch_suffix == "a"
     text = explain(p)
-    assert "cp.reduce.async.bulk" in text and "register order" in text
+    assert "red.global.add.f32" in text and "register order" in text
 
 
 def test_accumulator_rows_round_up_to_query_blocks():
@@ -174,7 +175,7 @@ def test_accumulator_rows_round_up_to_query_blocks():
 
 
 def staged_index(v: int, tid: int) -> int:
-    """Where the main kernel stages register v of warpgroup thread tid (add_dq)."""
+    """Where the main kernel adds register v of warpgroup thread tid, from its share's start (add_dq)."""
     return v * 128 + tid
 
 
@@ -197,7 +198,7 @@ def convert_reads(r: int, c: int, fragment_cols: int) -> list[int]:
 
 @pytest.mark.parametrize("d, warpgroups, by_rows", [(64, 2, False), (128, 2, False), (128, 1, False), (64, 2, True)])
 def test_convert_reads_what_the_main_kernel_staged(d, warpgroups, by_rows):
-    """Warpgroup w stages its dQ (add_dq) at w x its staging size in the query block's accumulator:
+    """Warpgroup w adds its dQ (add_dq) at w x its share's size in the query block's accumulator:
     columns [w cols, (w + 1) cols) of 64 rows, or (by rows) rows [64 w, 64 w + 64) at every column.
     The convert reads each 64-row block from (row - row % 64) x d."""
     cols = d if by_rows else d // warpgroups
@@ -223,8 +224,8 @@ def test_convert_template_matches_the_model():
     assert "const int r = {{ at }} % kFragmentRows, c = lane_in_row * 8;" in text and "kFragmentRows = 64;" in text
     assert "+ {{ at }} - r)" in text and "+ c / kFragmentCols * kFragmentRows * kFragmentCols;" in text
     main = (ROOT / "templates" / "bwd_wgmma" / "main.cu.j2").read_text()
-    assert re.search(r"staging\[v \* kWarpgroupThreads \+ wg_tid\] = dq\[v\]", main)
-    assert "bulk_reduce_add(st.dq_accum + warpgroup * (kDqStagingBytes / 4)," in main
+    assert "float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + wg_tid;" in main
+    assert "red_add(dst + v * kWarpgroupThreads, dq[v]);" in main
 
 
 @pytest.mark.parametrize("change, key", [

@@ -39,13 +39,15 @@ def test_backward_specs_exist():
 def test_backward_spec_passes_full_suite(spec):
     k = kernel(spec)
     results = verify.verify_kernel(k, verify.FULL_SUITE, spec_label=k.name)
-    # none, causal top-left and bottom-right, or the window cases; deterministic mode where key blocks take turns
-    turns = sum(takes_turns(s, k.plan.block_n) for s in verify.FULL_SUITE)
+    # none, causal top-left and bottom-right, or the window cases (a mask expression: with its long-key
+    # shapes); deterministic mode where key blocks take turns
+    shapes = verify.kernel_shapes(k.plan, verify.FULL_SUITE)
+    turns = sum(takes_turns(s, k.plan.block_n) for s in shapes)
     assert turns >= 5
     # varlen specs: the varlen suite in both modes
     varlen = len(verify.variants(k.varlen_masks, k.plan.block_n)) * len(varlen_suite(k.plan.block_m)) * 2
     assert not k.plan.varlen or varlen >= 30
-    assert len(results) == len(verify.variants(k.plan.masks, k.plan.block_n)) * (len(verify.FULL_SUITE) + turns) + varlen
+    assert len(results) == len(verify.variants(k.plan.masks, k.plan.block_n)) * (len(shapes) + turns) + varlen
     # none and causal in both alignments (a mask expression: its one function, expr)
     assert len(results) >= (1 if k.plan.masks == ("expr",) else 3) * len(verify.FULL_SUITE)
     assert all(r.passed for r in results), failures(results)

@@ -64,7 +64,7 @@ DECODE = {
 }
 
 BACKWARD_WGMMA = {
-    "schema": 1, "name": "t_backward_wgmma", "target": "h100", "head_dim": 128, "backward": "dq_bulk_reduce",
+    "schema": 1, "name": "t_backward_wgmma", "target": "h100", "head_dim": 128, "backward": "wgmma_dq_red",
     "tile": {"block_m": 64, "block_n": 128}, "warps": {"compute": 8},
     "smem": {"swizzle": {"xor_bits": 3}, "async_copy": True, "opt_in": True},
 }

@@ -1,4 +1,4 @@
-"""`attngen bench` on backward specs (backward: dq_atomic, dq_bulk_reduce): the spec's backward call beside SDPA's
+"""`attngen bench` on backward specs (backward: dq_atomic, wgmma_dq_red): the spec's backward call beside SDPA's
 flash and cuDNN backward, on the same inputs.
 
 Method: attngen bench's (eval/bench.py): CUDA events around calls queued behind a GPU sleep, the

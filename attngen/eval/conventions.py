@@ -82,7 +82,7 @@ EVALS = {"forward": ConventionEval("forward specs", bench.bench_specs, bench.che
                                                    _flash_forward)),
          "decode": ConventionEval("decode specs (decode: split_kv)", decode_bench.bench_specs,
                                   decode_bench.check_options, ("cells", "paged"), decode_verify.verify_cases),
-         "backward": ConventionEval("backward specs (backward: dq_atomic, dq_bulk_reduce)", backward_bench.bench_specs,
+         "backward": ConventionEval("backward specs (backward: dq_atomic, wgmma_dq_red)", backward_bench.bench_specs,
                                     backward_bench.check_options, ("shapes",), backward_verify.verify_cases,
                                     sweep=SweepEval(backward_bench.BackwardCase, _gradient_inputs,
                                                     backward_bench.check_gradients, backward_bench.backward_call,

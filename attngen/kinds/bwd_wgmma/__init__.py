@@ -11,9 +11,9 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
   dS^T goes to shared memory; warpgroup w computes its share of dQ = dS K over all the block's keys
   (both operands MN-major): with query blocks of 64 rows, columns [w d / W, (w + 1) d / W); with
   query blocks of 64 W rows, rows [64 w, 64 w + 64) at every column (each warpgroup then reads only
-  its queries' dS^T). It adds them into the fp32 accumulator with one bulk reduce-add
-  (cp.reduce.async.bulk) of its registers, staged in register order: the accumulator keeps each
-  64-row block in that order, and the convert kernel reads it so.
+  its queries' dS^T). Each thread adds its dQ registers into the fp32 accumulator with
+  red.global.add.f32, in register order: the accumulator keeps each 64-row block in that order, and
+  the convert kernel reads it so.
 - preprocess: delta = rowsum(dO * O), zeros in the accumulator (whole query blocks);
 - convert: dQ = scale * accumulator.
 """
@@ -36,8 +36,8 @@ from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_sw
 from ...targets import TARGETS
 
 NAME = "bwd_wgmma"
-TITLE = "wgmma attention backward (sm_90a; dQ by bulk reduce-add)"
-SELECTOR = ("backward", "dq_bulk_reduce")
+TITLE = "wgmma attention backward (sm_90a; dQ by red.global.add from registers)"
+SELECTOR = ("backward", "wgmma_dq_red")
 KEYS_PER_WARPGROUP = 64     # the M of S^T, dP^T, dK and dV
 MAX_WARPGROUPS = 2          # dK and dV of 64 keys take head_dim fp32 registers per thread: two warpgroups
                             # of 128 threads get at most 255 each
@@ -48,9 +48,9 @@ MAX_REGISTERS = 255         # a thread's most; 256 threads of one block use the 
 
 
 class WgmmaBackwardSpec(ForwardSpec):
-    backward: Literal["dq_bulk_reduce"] = Field(description=(
-        "dq_bulk_reduce: Hopper warpgroup MMA (mma: wgmma_m64nNk16) from swizzled shared memory; blocks over keys "
-        "hold dK and dV and add dQ into an fp32 buffer with one bulk reduce-add per warpgroup and query block "
+    backward: Literal["wgmma_dq_red"] = Field(description=(
+        "wgmma_dq_red: Hopper warpgroup MMA (mma: wgmma_m64nNk16) from swizzled shared memory; blocks over keys "
+        "hold dK and dV and add dQ into an fp32 buffer from the wgmma accumulators (red.global.add) "
         "(picks the backward kind)"))
     mma: Literal["wgmma_m64nNk16"] = Field(default="wgmma_m64nNk16", description="the fragment of every GEMM")
     row_unit = ROWS_PER_WARPGROUP
@@ -126,7 +126,7 @@ rule_backward_rows_plain = refuse(
               f"functions spill at 255 registers): set tile.block_m: {ROWS_PER_WARPGROUP}", "rule_backward_rows_plain")
 rule_backward_opt_in = refuse(
     "smem.opt_in", lambda s: not s.smem.opt_in,
-    lambda s: "the K, V, Q, dO and dS^T panels and the dQ staging take more than 48 KiB: set smem.opt_in: true",
+    lambda s: "the K, V, Q, dO and dS^T panels take more than 48 KiB: set smem.opt_in: true",
     "rule_backward_opt_in")
 
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
@@ -172,22 +172,16 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
 
 def regions(spec: WgmmaBackwardSpec) -> list[Region]:
     """Q and dO of QUERY_STAGES query blocks, K and V of the block's keys, dS^T (all swizzled panels,
-    as TMA would write them), each warpgroup's dQ staging (fp32, register order) and two steps' row
-    statistics."""
+    as TMA would write them) and two steps' row statistics."""
     ctype = ELEMENT_TYPES[spec.dtype][0]
     panel = panel_swizzle(spec)
     d, bm, bn = spec.head_dim, spec.tile.block_m, spec.tile.block_n
-    w = spec.compute_warps // WARPGROUP
     stages = [swizzled_tile(f"{name}{s or ''}", bm, d, panel, ctype, f"{what} tile of a query block (stage {s})")
               for s in range(QUERY_STAGES) for name, what in (("q", "Q"), ("do", "dO"))]
     return [*stages,
             swizzled_tile("k0", bn, d, panel, ctype, "K tile of the block's keys, loaded once"),
             swizzled_tile("v0", bn, d, panel, ctype, "V tile of the block's keys, loaded once"),
             swizzled_tile("ds", bn, bm, panel, ctype, "dS^T of the block's keys x the query block, for dQ"),
-            (Region("dq", bm, d, "float", 4, d * 4, per="each warpgroup's dQ rows of the query block in register "
-                    "order, for the bulk reduce-add") if dq_by_rows(spec) else
-             Region("dq", w * bm, d // w, "float", 4, d // w * 4, per="each warpgroup's dQ columns of the query block "
-                    "in register order, for the bulk reduce-add")),
             Region("stats", 2, 2 * bm, "float", 4, 2 * bm * 4, per="per stage: the query block's LSE x log2(e) "
                    "(+inf: a row that adds nothing), then its rowsum(dO * O)")]
 
@@ -228,8 +222,8 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 "fence.proxy.async; __syncthreads",
                 f"    issue {dq_issue}; wait for all three",
                 "    (deterministic: thread 0 waits for the block's turn at this query block; __syncthreads)",
-                "    stage dQ in register order; fence.proxy.async; warpgroup barrier; its first thread issues one "
-                "bulk reduce-add into the accumulator (deterministic: waits for it, then passes the turn)",
+                "    each thread adds its dQ registers into the accumulator (red.global.add.f32, register order; "
+                "deterministic: each thread's adds performed, __syncthreads, then thread 0 passes the turn)",
                 "  dK *= scale; write dK, dV (rows < seqlen_k)",
                 *(("varlen functions: a block per (key block, KV head, sequence), Params narrowed to the sequence; "
                    "each sequence's accumulator blocks start at block (its first row's block + its index), so no "
@@ -267,9 +261,9 @@ def explain(plan) -> list[str]:
             f"m64n{f.dq_cols}k16 (dQ, SS, MN-major)",
             f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}); K-major K, V, Q, dO for "
             f"S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels {f.panel_cols} columns wide",
-            f"dQ: each warpgroup adds {64 if f.dq_by_rows else plan.block_m} x {f.dq_cols} fp32 per query block with one "
-            f"cp.reduce.async.bulk of {(64 if f.dq_by_rows else plan.block_m) * f.dq_cols * 4} B; the accumulator keeps each 64-row block in register order (the "
-            "convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic "
+            f"dQ: each warpgroup adds {64 if f.dq_by_rows else plan.block_m} x {f.dq_cols} fp32 per query block, "
+            f"{f.dq_regs} red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps "
+            "each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic "
             "functions add one key block at a time, the last first (turn counters in dq_turns)"]
 
 
