@@ -11,13 +11,13 @@ The old kernels get the shared memory their own header states. GPU time of one b
 (30 calls behind a GPU sleep, the median), old and new alternating over 3 rounds (the median of the
 rounds); deterministic mode at 4x16x2048.
 """
-import dataclasses, json, re, statistics, sys
+import dataclasses, json, re, sys
 from pathlib import Path
 
 import torch
 
 import attngen
-from gpu_timing import gradient_difference, queued_med   # .ci/, beside this script
+from gpu_timing import alternating, gradient_difference   # .ci/, beside this script
 
 SHAPES = ((4, 16, 2048), (1, 16, 8192))
 
@@ -46,13 +46,10 @@ def main(old_dir, out, names):
             call = {**kw, **extra}
             row = {"spec": name, "shape": f"{b}x{h}x{s}x{d}", **kw,
                    **gradient_difference(new(q, k, v, o, lse, do, **call), old(q, k, v, o, lse, do, **call))}
-            t = {"before": [], "after": []}
-            for _ in range(3):
-                t["before"].append(queued_med(lambda: old(q, k, v, o, lse, do, **call)))
-                t["after"].append(queued_med(lambda: new(q, k, v, o, lse, do, **call)))
-            row["before_us"], row["after_us"] = statistics.median(t["before"]), statistics.median(t["after"])
+            us, row["rounds"] = alternating({"before": lambda: old(q, k, v, o, lse, do, **call),
+                                             "after": lambda: new(q, k, v, o, lse, do, **call)})
+            row["before_us"], row["after_us"] = us["before"], us["after"]
             row["speedup"] = row["before_us"] / row["after_us"]
-            row["rounds"] = t
             print(json.dumps(row), flush=True)
             rows.append(row)
     Path(out).write_text(json.dumps({"command": " ".join(["python3", *sys.argv]), "device": torch.cuda.get_device_name(),

@@ -27,6 +27,17 @@ def queued_med(fn, reps=30):
     return time_calls(torch, fn, [()], reps=reps)[0]
 
 
+def alternating(calls: dict, rounds: int = 3) -> tuple[dict, dict]:
+    """Time each of `calls` ({name: fn}) with queued_med, the calls alternating over `rounds` rounds
+    (so that drift in the GPU's clocks reaches all alike): ({name: median of its rounds, µs},
+    {name: its rounds})."""
+    t = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            t[name].append(queued_med(fn))
+    return {name: statistics.median(x) for name, x in t.items()}, t
+
+
 def gradient_difference(grads, reference) -> dict:
     """{"max_diff": the largest |difference| between two (dq, dk, dv), "max_grad": the largest
     |gradient| of `reference`}."""

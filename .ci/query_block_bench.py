@@ -12,14 +12,14 @@ alternating over 3 rounds (the median of the rounds). Dense specs: causal and no
 FlashAttention's window_size (512, 0) and (512, 512). Gradients of the two are compared (largest
 difference beside the largest gradient); `attngen verify` checks each against fp32.
 """
-import json, statistics, sys
+import json, sys
 
 import torch
 import yaml
 
 import attngen
 from attngen.spec import parse_spec
-from gpu_timing import gradient_difference, queued_med as med   # .ci/, beside this script
+from gpu_timing import alternating, gradient_difference   # .ci/, beside this script
 
 SHAPES = ((16, 16, 512), (8, 16, 1024), (4, 16, 2048), (1, 16, 8192))
 
@@ -49,11 +49,9 @@ for name, calls in (("h100_bwd_d64_wgmma", ({"causal": False}, {"causal": True})
             row = {"spec": name, "shape": f"{b}x{h}x{s}x64", **{k_: list(v_) if isinstance(v_, tuple) else v_
                                                                 for k_, v_ in kw.items()},
                    **gradient_difference(g_new, g_old)}
-            t = {"m64": [], "m128": []}
-            for _ in range(3):
-                t["m64"].append(med(lambda: old(q, k, v, o, lse, do, **kw)))
-                t["m128"].append(med(lambda: new(q, k, v, o, lse, do, **kw)))
-            row["m64_us"], row["m128_us"] = statistics.median(t["m64"]), statistics.median(t["m128"])
+            us, t = alternating({"m64": lambda: old(q, k, v, o, lse, do, **kw),
+                                 "m128": lambda: new(q, k, v, o, lse, do, **kw)})
+            row["m64_us"], row["m128_us"] = us["m64"], us["m128"]
             row["speedup"] = row["m64_us"] / row["m128_us"]
             row["rounds"] = t
             print(json.dumps(row), flush=True)

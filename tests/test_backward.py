@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import re
 
 import pytest
 import yaml
