@@ -30,7 +30,7 @@
 //   accumulators per thread: dK, dV 64 each, S^T, dP^T 32 each, dQ 32; P^T and dS^T as 4 A fragments each
 //   wgmma per query block per warpgroup: 8 x m64n64k16 (S^T, SS) + 8 (dP^T, SS) + 4 x m64n128k16 (dV, RS) + 4 (dK, RS) + 8 x m64n64k16 (dQ, SS, MN-major)
 //   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
-//   dQ: each warpgroup adds 64 x 64 fp32 per query block, 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns)
+//   dQ: each warpgroup adds 64 x 64 fp32 per query block, 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   copies (cp.async, every thread): K and V of the block's keys once; Q and dO of each query block in 2 stages, the next block's issued as this one starts
 //   masks: none, causal
 //   scores (every function, before the mask, in this order): softcap: logit softcapping (Gemma 2): cap * tanh(scale * s / cap) (the call passes softcap=); alibi: ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score (the call passes alibi_slopes=)
@@ -711,16 +711,19 @@ __device__ __forceinline__ float row_stat(const QueryStep& st, int tid, const Pa
 // from registers: register v of warpgroup thread t at v * 128 + t of the warpgroup's kDqRows x kDqCols
 // (the convert kernel reads that order). Deterministic: in the key block's turn at the query block,
 // the adds performed before the turn passes. There dQ is staged in the same order and added with one
-// bulk reduce-add: it waits in the step's Q (warpgroup 0) or dO tile (1), which both warpgroups' wgmma
-// have read once they pass the first barrier, and which nothing writes before the next step's barrier
-// (held in registers across the wait for the turn, dQ spilled).
+// bulk reduce-add per warpgroup: it waits in the step's stage (its Q and dO tiles, warpgroup w's share
+// from w x its size), which every wgmma of both warpgroups has read once they pass the first barrier
+// below, and which nothing writes before the next step's barrier. (Adding from registers after the
+// wait for the turn would hold dQ across it: it spilled at d128.)
 template <Mask kMask, bool kDeterministic>
-__device__ __forceinline__ void add_dq(const float (&dq)[kDqRegs], uint32_t staging, const QueryStep& st, int n0,
+__device__ __forceinline__ void add_dq(const float (&dq)[kDqRegs], uint32_t stage_base, const QueryStep& st, int n0,
                                        int tid, const Sequence& seq, const Params& p) {
     const int warpgroup = tid / kWarpgroupThreads, wg_tid = tid % kWarpgroupThreads;
     if constexpr (kDeterministic) {
         constexpr int kBytes = kDqRows * kDqCols * 4;
-        static_assert(kBytes <= kQueryStageBytes / 2, "a warpgroup's dQ fits in a Q tile");
+        static_assert(kWarpgroups * kBytes <= kQueryStageBytes && kSmem_do == kSmem_q + kQueryStageBytes / 2,
+                      "every warpgroup's dQ fits in the stage's Q and dO tiles, one after the other");
+        const uint32_t staging = stage_base + warpgroup * kBytes;
         __syncthreads();   // every wgmma reading this step's Q and dO is complete
 #pragma unroll
         for (int v = 0; v < kDqRegs; ++v)
@@ -807,7 +810,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     fence_registers(dq);
     fence_registers(dk);
     fence_registers(dv);
-    add_dq<kMask, kDeterministic>(dq, warpgroup ? sDO : sQ, st, n0, tid, seq, p);
+    add_dq<kMask, kDeterministic>(dq, sQ, st, n0, tid, seq, p);
 }
 
 // dK (times the scale) and dV of the warpgroup's 64 keys from key row0, rows past seqlen_k not written.

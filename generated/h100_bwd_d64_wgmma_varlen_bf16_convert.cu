@@ -30,7 +30,7 @@
 //   accumulators per thread: dK, dV 32 each, S^T, dP^T 32 each, dQ 16; P^T and dS^T as 4 A fragments each
 //   wgmma per query block per warpgroup: 4 x m64n64k16 (S^T, SS) + 4 (dP^T, SS) + 4 x m64n64k16 (dV, RS) + 4 (dK, RS) + 8 x m64n32k16 (dQ, SS, MN-major)
 //   descriptors: 64-byte swizzle (mode 2); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 32 columns wide
-//   dQ: each warpgroup adds 64 x 32 fp32 per query block, 16 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns)
+//   dQ: each warpgroup adds 64 x 32 fp32 per query block, 16 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   copies (cp.async, every thread): K and V of the block's keys once; Q and dO of each query block in 2 stages, the next block's issued as this one starts
 //   masks: none, causal
 //

@@ -1,6 +1,6 @@
 """The backward kinds without a GPU: kind selection, the plan of their three-part bundles, the Params
 the gradients add, their rules, the register-order layout of the wgmma kind's dQ accumulator (the
-main kernel's staging and the convert kernel's reads must be inverses), and (with nvcc) their
+main kernel's adds and the convert kernel's reads must be inverses), and (with nvcc) their
 kernels compiling without spills."""
 from __future__ import annotations
 
@@ -118,6 +118,23 @@ def test_kernels_compile_without_spills(spec):
         assert res.functions and not any(f.spills for f in res.functions), (name, res.functions)
 
 
+@pytest.mark.nvcc
+def test_one_warpgroup_kernels_compile(tmp_path):
+    """The rules take one warpgroup (64 keys per block) and the sweep proposes it: its kernels build,
+    deterministic staging included (its dQ share is the whole stage)."""
+    from attngen.compile import compile_source
+    from attngen.render import render_spec_file
+    data = yaml.safe_load(WGMMA_D64.read_text()) | {"name": "t_bwd_d64_one_warpgroup", "warps": {"compute": 4}}
+    data["tile"] = {"block_m": 64, "block_n": 64}
+    path = tmp_path / "t_bwd_d64_one_warpgroup.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = render_spec_file(path)
+    assert r.plan.fragments.warpgroups == 1
+    for name, source in r.files:
+        res = compile_source(source, r.plan.compile_arch(r.plan.target.arch))
+        assert res.functions and not any(f.spills for f in res.functions), (name, res.functions)
+
+
 def test_varlen_spec_adds_varlen_functions_with_their_deterministic_twins():
     p = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64_varlen.yaml"))
     keys = [k for k, _ in p.parts[0].functions]
@@ -196,7 +213,7 @@ def convert_reads(r: int, c: int, fragment_cols: int) -> list[int]:
 
 
 @pytest.mark.parametrize("d, warpgroups, by_rows", [(64, 2, False), (128, 2, False), (128, 1, False), (64, 2, True)])
-def test_convert_reads_what_the_main_kernel_staged(d, warpgroups, by_rows):
+def test_convert_reads_what_the_main_kernel_added(d, warpgroups, by_rows):
     """Warpgroup w adds its dQ (add_dq) at w x its share's size in the query block's accumulator:
     columns [w cols, (w + 1) cols) of 64 rows, or (by rows) rows [64 w, 64 w + 64) at every column.
     The convert reads each 64-row block from (row - row % 64) x d."""
@@ -225,6 +242,10 @@ def test_convert_template_matches_the_model():
     main = (ROOT / "templates" / "bwd_wgmma" / "main.cu.j2").read_text()
     assert "float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + wg_tid;" in main
     assert "red_add(dst + v * kWarpgroupThreads, dq[v]);" in main
+    # deterministic mode: the same order staged in the stage's tiles, warpgroup w's share from w x its size
+    assert "const uint32_t staging = stage_base + warpgroup * kBytes;" in main
+    assert '"r"(staging + 4 * (v * kWarpgroupThreads + wg_tid)), "f"(dq[v])' in main
+    assert "bulk_reduce_add(st.dq_accum + warpgroup * (kBytes / 4), staging, kBytes);" in main
 
 
 @pytest.mark.parametrize("change, key", [

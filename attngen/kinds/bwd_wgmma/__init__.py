@@ -221,9 +221,11 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 "    dS^T to shared (swizzled); issue dV += P^T dO, dK += dS^T Q (wgmma RS, N head_dim); "
                 "fence.proxy.async; __syncthreads",
                 f"    issue {dq_issue}; wait for all three",
-                "    (deterministic: thread 0 waits for the block's turn at this query block; __syncthreads)",
-                "    each thread adds its dQ registers into the accumulator (red.global.add.f32, register order; "
-                "deterministic: each thread's adds performed, __syncthreads, then thread 0 passes the turn)",
+                "    each thread adds its dQ registers into the accumulator (red.global.add.f32, register order)",
+                "    (deterministic instead: __syncthreads; dQ staged in register order in this step's Q and dO tiles; "
+                "fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each "
+                "warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; "
+                "__syncthreads; thread 0 passes the turn)",
                 "  dK *= scale; write dK, dV (rows < seqlen_k)",
                 *(("varlen functions: a block per (key block, KV head, sequence), Params narrowed to the sequence; "
                    "each sequence's accumulator blocks start at block (its first row's block + its index), so no "
@@ -263,8 +265,10 @@ def explain(plan) -> list[str]:
             f"S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels {f.panel_cols} columns wide",
             f"dQ: each warpgroup adds {64 if f.dq_by_rows else plan.block_m} x {f.dq_cols} fp32 per query block, "
             f"{f.dq_regs} red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps "
-            "each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic "
-            "functions add one key block at a time, the last first (turn counters in dq_turns)"]
+            "each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add "
+            "in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in "
+            "dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one "
+            "cp.reduce.async.bulk"]
 
 
 KIND = Kind(NAME, TITLE, SELECTOR, WgmmaBackwardSpec, plan, explain, calls="backward",
