@@ -5,8 +5,8 @@ Usage: python3 .ci/bwd_wgmma_ablation.py [NAME...]     (default: every ablation,
 
 Each ablation renders the template with one text edit, in a fresh process (its own compile), and
 times h100_bwd_d128_wgmma non-causal and causal and h100_bwd_d64_wgmma non-causal at 4x16x2048,
-fp16: one call (preprocess + main + convert), CUDA events, median of 15 after 3 warm-up calls
-(.ci/gpu_timing.med).
+fp16: one call (preprocess + main + convert), `attngen bench`'s queued timing (.ci/gpu_timing.queued_med:
+30 calls behind a GPU sleep, the median; until c17ee4e, CUDA events around each call, .ci/gpu_timing.med).
 The template is restored afterwards, also on failure.
 """
 import subprocess
@@ -30,10 +30,14 @@ ABLATIONS = {   # name: [(text, replacement)]
     "no_top_barrier": [("        __syncthreads();               // every thread's copies",
                         "        // __syncthreads();               // every thread's copies")],
 }
+# Pieces together: what the warpgroups out of lockstep could give at most (no block barrier in a
+# step), and that with the dQ adds gone too.
+ABLATIONS["no_block_barriers"] = ABLATIONS["ds_barrier_per_warpgroup"] + ABLATIONS["no_top_barrier"]
+ABLATIONS["no_block_barriers_no_dq_add"] = ABLATIONS["no_block_barriers"] + ABLATIONS["no_dq_add"]
 TIMER = r'''
 import sys, torch, attngen
 sys.path.insert(0, ".ci")
-from gpu_timing import med
+from gpu_timing import queued_med as med
 out = []
 for spec, d, causal in (("h100_bwd_d128_wgmma", 128, False), ("h100_bwd_d128_wgmma", 128, True),
                         ("h100_bwd_d64_wgmma", 64, False)):
