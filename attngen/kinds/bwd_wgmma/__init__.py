@@ -218,11 +218,12 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 f"    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N {bm}); wait S^T: P^T = exp2(m(S^T) scale_log2 - "
                 "LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' "
                 "(softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)",
-                "    dS^T to shared (swizzled); issue dV += P^T dO, dK += dS^T Q (wgmma RS, N head_dim); "
-                "fence.proxy.async; __syncthreads",
-                f"    issue {dq_issue}; wait for all three",
-                "    each thread adds its dQ registers into the accumulator (red.global.add.f32, register order)",
-                "    (deterministic instead: __syncthreads; dQ staged in register order in this step's Q and dO tiles; "
+                "    dS^T to shared (swizzled); fence.proxy.async; __syncthreads",
+                f"    issue {dq_issue}, then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ",
+                "    each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while "
+                "dV and dK run; wait for them",
+                "    (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; "
+                "__syncthreads; dQ staged in register order in this step's Q and dO tiles; "
                 "fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each "
                 "warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; "
                 "__syncthreads; thread 0 passes the turn)",
