@@ -1,6 +1,6 @@
 """A backward kind's kernels before and after a change, in one process: the committed generated
 sources of an earlier checkout compiled and launched through today's runtime (the Params ABI must be
-unchanged), beside today's. Gradients of the two are compared, deterministic mode included.
+unchanged, but for the tensor maps the Hopper backward added at its end), beside today's. Gradients of the two are compared, deterministic mode included.
 
 Usage: python3 .ci/backward_before_after.py OLD_GENERATED_DIR OUT.json [SPEC...]
        (OLD_GENERATED_DIR: e.g. `git worktree add /tmp/before <commit>`, then /tmp/before/generated;
@@ -26,6 +26,10 @@ def old_kernel(new, old_dir: Path):
     sources = [(old_dir / part.file_name).read_text() for part in new.plan.parts]
     smem = int(re.search(r"dynamic: (\d+) B exceed", sources[0]).group(1))
     plan = dataclasses.replace(new.plan, smem_bytes=smem)
+    if new.plan.tensor_maps and "tma_q" not in sources[0]:
+        # Kernels from before the Hopper backward read Q and dO by TMA: their Params end before the maps.
+        plan = dataclasses.replace(plan, tensor_maps=(),
+                                   abi=plan.abi.without({m.abi_field for m in new.plan.tensor_maps}))
     return type(new).from_sources(plan, sources, label=f"{new.plan.spec.name}_before")
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "templates" / "bwd_wgmma" / "main.cu.j2"
-LOAD = "            issue_query_tiles(next, smem_addr, (i + 1) % 2, tid, p);"
+LOAD = "            if (tid == 0) load_query_tiles(maps, next, seq, smem_addr, (i + 1) % 2);"
 ABLATIONS = {   # name: [(text, replacement)]
     "full": [],
-    "no_next_load": [(LOAD, "            cp_async_commit();")],
+    # (the stage's mbarrier still completes its phase: one arrival, no bytes)
+    "no_next_load": [(LOAD, "            if (tid == 0) mbarrier_arrive(query_bar(smem_addr, (i + 1) % 2));")],
     "no_dq_add": [("    for (int v = 0; v < kDqRegs; ++v) red_add(", "    if (p.seqlen_q < 0) for (int v = 0; v < kDqRegs; ++v) red_add(")],
     "no_dq": [("    issue_dq(dq, sDS, sK, kDqByRows ? kDqRows * warpgroup : 0, kDqByRows ? 0 : kDqCols * warpgroup);", "    for (int v = 0; v < kDqRegs; ++v) dq[v] = 0.f;"),
               ("    add_dq<kMask, kDeterministic>(dq, sQ, st, n0, tid, seq, p);",
@@ -27,8 +28,8 @@ ABLATIONS = {   # name: [(text, replacement)]
                  "        s[v] = log2_probability<kMask, kMasked>(s[v], v, one, sLse, key0, q0, lane, mods, p);")],
     "ds_barrier_per_warpgroup": [("    __syncthreads();              // dS^T of every warpgroup is in the tile",
                                   "    sync_warpgroup(warpgroup);")],
-    "no_top_barrier": [("        __syncthreads();               // every thread's copies",
-                        "        // __syncthreads();               // every thread's copies")],
+    "no_top_barrier": [("        __syncthreads();               // every thread's statistics",
+                        "        // __syncthreads();               // every thread's statistics")],
 }
 # Pieces together: what the warpgroups out of lockstep could give at most (no block barrier in a
 # step), and that with the dQ adds gone too.

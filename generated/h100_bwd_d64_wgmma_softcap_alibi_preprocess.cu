@@ -31,7 +31,7 @@
 //   wgmma per query block per warpgroup: 4 x m64n64k16 (S^T, SS) + 4 (dP^T, SS) + 4 x m64n64k16 (dV, RS) + 4 (dK, RS) + 8 x m64n32k16 (dQ, SS, MN-major)
 //   descriptors: 64-byte swizzle (mode 2); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 32 columns wide
 //   dQ: each warpgroup adds 64 x 32 fp32 per query block, 16 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
-//   copies (cp.async, every thread): K and V of the block's keys once; Q and dO of each query block in 2 stages, the next block's issued as this one starts
+//   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued as this one starts
 //   masks: none, causal
 //   scores (every function, before the mask, in this order): softcap: logit softcapping (Gemma 2): cap * tanh(scale * s / cap) (the call passes softcap=); alibi: ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score (the call passes alibi_slopes=)
 //
@@ -45,10 +45,27 @@
 //     v0        49152   16384   16.00  256x32 half          64  64B: chunk ^= (row >> 1) % 4 V tile of the block's keys, loaded once; 2 panel(s) of 128 rows x 32
 //     ds        65536   16384   16.00  256x32 half          64  64B: chunk ^= (row >> 1) % 4 dS^T of the block's keys x the query block, for dQ; 2 panel(s) of 128 rows x 32
 //     stats     81920    1024    1.00  2x128 float         512  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
-//     total 82944 B (81.00 KiB) of 232448 B (227.00 KiB) budget, 36%
-//     dynamic: 82944 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
+//     bars      82944      16    0.02  2x1 uint64            8  none                         per stage: its Q and dO tiles have landed (TMA transactions)
+//     total 82960 B (81.02 KiB) of 232448 B (227.00 KiB) budget, 36%
+//     dynamic: 82960 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 360 B by value):
+//   warp roles and mbarriers (region bars):
+//     2 warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, S^T, dP^T in wgmma accumulators) and dQ's columns [32w, 32w + 32)
+//     qfull0  smem +82944     1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; every thread, before its first wgmma of the step wait
+//     qfull1  smem +82952     1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; every thread, before its first wgmma of the step wait
+//     main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:
+//       load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier)
+//       for each query head of the KV head, each query block of 64 rows that sees a key of the block:
+//         (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier)
+//         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
+//         dS^T to shared (swizzled); fence.proxy.async; __syncthreads
+//         issue dQ[:, 32w:] = dS K (wgmma SS, MN-major, N 32), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ
+//         each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while dV and dK run; wait for them
+//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
+//       dK *= scale; write dK, dV (rows < seqlen_k)
+//     preprocess, convert: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
+//
+//   kernel parameters (Params, 640 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -98,6 +115,8 @@
 //     +336  float*         delta            fp32, laid out as lse (batch, heads, seqlen_q) or (heads, total_q): rowsum(dO * O) of every query row
 //     +344  float          scale            the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
 //     +352  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)) (varlen: heads x (ceil(total_q / block_m) + sequences)), zeroed by the caller: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
+//     +384  unsigned char[128] tma_q            TMA tensor map of q, encoded by the runtime per call
+//     +512  unsigned char[128] tma_dout         TMA tensor map of dout, encoded by the runtime per call
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -141,7 +160,7 @@ struct Params {
     unsigned char reserved_256[72];  // +256
     float* dq_accum;  // +328: fp32 (batch, heads, seqlen_q, head_dim), contiguous (varlen: (heads, total_q, head_dim)), rows laid out as lse's: dQ / scale as the main kernel's blocks add it up; zeroed by the preprocess kernel
     float* delta;  // +336: fp32, laid out as lse (batch, heads, seqlen_q) or (heads, total_q): rowsum(dO * O) of every query row
-    unsigned char reserved_344[16];  // +344
+    unsigned char reserved_344[296];  // +344
 };
 static_assert(offsetof(Params, o) == 24, "Params.o offset");
 static_assert(offsetof(Params, o_batch_stride) == 112, "Params.o_batch_stride offset");
@@ -155,7 +174,7 @@ static_assert(offsetof(Params, dout_head_stride) == 240, "Params.dout_head_strid
 static_assert(offsetof(Params, dout_row_stride) == 248, "Params.dout_row_stride offset");
 static_assert(offsetof(Params, dq_accum) == 328, "Params.dq_accum offset");
 static_assert(offsetof(Params, delta) == 336, "Params.delta offset");
-static_assert(sizeof(Params) == 360, "Params size must match attngen/core/abi.py");
+static_assert(sizeof(Params) == 640, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
 using elem2_t = half2;

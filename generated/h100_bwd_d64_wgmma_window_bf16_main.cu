@@ -29,7 +29,7 @@
 //   wgmma per query block per warpgroup: 4 x m64n128k16 (S^T, SS) + 4 (dP^T, SS) + 8 x m64n64k16 (dV, RS) + 8 (dK, RS) + 8 x m64n64k16 (dQ, SS, MN-major)
 //   descriptors: 64-byte swizzle (mode 2); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 32 columns wide
 //   dQ: each warpgroup adds 64 x 64 fp32 per query block, 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
-//   copies (cp.async, every thread): K and V of the block's keys once; Q and dO of each query block in 2 stages, the next block's issued as this one starts
+//   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued as this one starts
 //   masks: window
 //
 //   shared memory:
@@ -42,10 +42,27 @@
 //     v0        81920   16384   16.00  256x32 __nv_bfloat16     64  64B: chunk ^= (row >> 1) % 4 V tile of the block's keys, loaded once; 2 panel(s) of 128 rows x 32
 //     ds        98304   32768   32.00  512x32 __nv_bfloat16     64  64B: chunk ^= (row >> 1) % 4 dS^T of the block's keys x the query block, for dQ; 4 panel(s) of 128 rows x 32
 //     stats    131072    2048    2.00  2x256 float        1024  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
-//     total 133120 B (130.00 KiB) of 232448 B (227.00 KiB) budget, 57%
-//     dynamic: 133120 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
+//     bars     133120      16    0.02  2x1 uint64            8  none                         per stage: its Q and dO tiles have landed (TMA transactions)
+//     total 133136 B (130.02 KiB) of 232448 B (227.00 KiB) budget, 57%
+//     dynamic: 133136 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
-//   kernel parameters (Params, 344 B by value):
+//   warp roles and mbarriers (region bars):
+//     2 warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, S^T, dP^T in wgmma accumulators) and dQ's rows [64w, 64w + 64) of the query block
+//     qfull0  smem +133120    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; every thread, before its first wgmma of the step wait
+//     qfull1  smem +133128    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; every thread, before its first wgmma of the step wait
+//     main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:
+//       load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier)
+//       for each query head of the KV head, each query block of 128 rows that sees a key of the block:
+//         (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier)
+//         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 128); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
+//         dS^T to shared (swizzled); fence.proxy.async; __syncthreads
+//         issue dQ[64w:64w + 64, :] = dS K (wgmma SS, MN-major, N 64; dS of the warpgroup's queries only), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ
+//         each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while dV and dK run; wait for them
+//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
+//       dK *= scale; write dK, dV (rows < seqlen_k)
+//     preprocess, convert: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 128 for the preprocess's zeros)
+//
+//   kernel parameters (Params, 640 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -93,6 +110,8 @@
 //     +320  float*         delta            fp32, laid out as lse (batch, heads, seqlen_q) or (heads, total_q): rowsum(dO * O) of every query row
 //     +328  float          scale            the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
 //     +336  void*          dq_turns         int32 (batch, heads, ceil(seqlen_q / block_m)) (varlen: heads x (ceil(total_q / block_m) + sequences)), zeroed by the caller: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
+//     +384  unsigned char[128] tma_q            TMA tensor map of q, encoded by the runtime per call
+//     +512  unsigned char[128] tma_dout         TMA tensor map of dout, encoded by the runtime per call
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -121,19 +140,18 @@ constexpr int kSmem_k0 = 65536;  // K tile of the block's keys, loaded once; 2 p
 constexpr int kSmem_v0 = 81920;  // V tile of the block's keys, loaded once; 2 panel(s) of 128 rows x 32: 256x32 __nv_bfloat16, 16384 B
 constexpr int kSmem_ds = 98304;  // dS^T of the block's keys x the query block, for dQ; 4 panel(s) of 128 rows x 32: 512x32 __nv_bfloat16, 32768 B
 constexpr int kSmem_stats = 131072;  // per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O): 2x256 float, 2048 B
+constexpr int kSmem_bars = 133120;  // per stage: its Q and dO tiles have landed (TMA transactions): 2x1 uint64, 16 B
 
 // Kernel arguments, passed by value: the bytes of the plan's Params (attngen/core/abi.py), of which
 // this kernel reads the fields declared here; the others are reserved bytes. Strides are in
 // elements; the last dimension of every tensor is contiguous.
 struct Params {
-    const void* q;  // +0: query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
+    unsigned char reserved_0[8];  // +0
     const void* k;  // +8: keys (batch, kv_heads, seqlen_k, head_dim)
     const void* v;  // +16: values, shaped like k
     unsigned char reserved_24[8];  // +24
     float* lse;  // +32: fp32 natural-log LSE of every query row, rows contiguous; null: not written
-    long long q_batch_stride;  // +40: q: elements between batches
-    long long q_head_stride;  // +48: q: elements between heads
-    long long q_row_stride;  // +56: q: elements between rows
+    unsigned char reserved_40[24];  // +40
     long long k_batch_stride;  // +64: k: elements between batches
     long long k_head_stride;  // +72: k: elements between heads
     long long k_row_stride;  // +80: k: elements between rows
@@ -151,14 +169,10 @@ struct Params {
     float scale_log2;  // +172: softmax scale * log2(e): scores are exponentiated with exp2
     int window_lo;  // +176: window: query row i sees keys j >= i + window_lo (offset - left; -2^30 unbounded)
     int window_hi;  // +180: window: ... and j <= i + window_hi (offset + right; 2^30 unbounded)
-    const void* dout;  // +184: dO, the gradient of the output, shaped like o
-    unsigned char reserved_192[8];  // +192
+    unsigned char reserved_184[16];  // +184
     void* dk;  // +200: gradient of k, shaped like k
     void* dv;  // +208: gradient of v, shaped like v
-    long long dout_batch_stride;  // +216: dout: elements between batches
-    long long dout_head_stride;  // +224: dout: elements between heads
-    long long dout_row_stride;  // +232: dout: elements between rows
-    unsigned char reserved_240[24];  // +240
+    unsigned char reserved_216[48];  // +216
     long long dk_batch_stride;  // +264: dk: elements between batches
     long long dk_head_stride;  // +272: dk: elements between heads
     long long dk_row_stride;  // +280: dk: elements between rows
@@ -170,14 +184,13 @@ struct Params {
     float scale;  // +328: the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
     unsigned char reserved_332[4];  // +332
     void* dq_turns;  // +336: int32 (batch, heads, ceil(seqlen_q / block_m)) (varlen: heads x (ceil(total_q / block_m) + sequences)), zeroed by the caller: the key blocks that have added into each query block's dQ accumulator, which take turns in key order; null: they add in any order (not deterministic, faster)
+    unsigned char reserved_344[40];  // +344
+    alignas(64) unsigned char tma_q[128];  // +384: TMA tensor map of q, encoded by the runtime per call
+    alignas(64) unsigned char tma_dout[128];  // +512: TMA tensor map of dout, encoded by the runtime per call
 };
-static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
 static_assert(offsetof(Params, v) == 16, "Params.v offset");
 static_assert(offsetof(Params, lse) == 32, "Params.lse offset");
-static_assert(offsetof(Params, q_batch_stride) == 40, "Params.q_batch_stride offset");
-static_assert(offsetof(Params, q_head_stride) == 48, "Params.q_head_stride offset");
-static_assert(offsetof(Params, q_row_stride) == 56, "Params.q_row_stride offset");
 static_assert(offsetof(Params, k_batch_stride) == 64, "Params.k_batch_stride offset");
 static_assert(offsetof(Params, k_head_stride) == 72, "Params.k_head_stride offset");
 static_assert(offsetof(Params, k_row_stride) == 80, "Params.k_row_stride offset");
@@ -193,12 +206,8 @@ static_assert(offsetof(Params, seqlen_k) == 168, "Params.seqlen_k offset");
 static_assert(offsetof(Params, scale_log2) == 172, "Params.scale_log2 offset");
 static_assert(offsetof(Params, window_lo) == 176, "Params.window_lo offset");
 static_assert(offsetof(Params, window_hi) == 180, "Params.window_hi offset");
-static_assert(offsetof(Params, dout) == 184, "Params.dout offset");
 static_assert(offsetof(Params, dk) == 200, "Params.dk offset");
 static_assert(offsetof(Params, dv) == 208, "Params.dv offset");
-static_assert(offsetof(Params, dout_batch_stride) == 216, "Params.dout_batch_stride offset");
-static_assert(offsetof(Params, dout_head_stride) == 224, "Params.dout_head_stride offset");
-static_assert(offsetof(Params, dout_row_stride) == 232, "Params.dout_row_stride offset");
 static_assert(offsetof(Params, dk_batch_stride) == 264, "Params.dk_batch_stride offset");
 static_assert(offsetof(Params, dk_head_stride) == 272, "Params.dk_head_stride offset");
 static_assert(offsetof(Params, dk_row_stride) == 280, "Params.dk_row_stride offset");
@@ -209,7 +218,9 @@ static_assert(offsetof(Params, dq_accum) == 312, "Params.dq_accum offset");
 static_assert(offsetof(Params, delta) == 320, "Params.delta offset");
 static_assert(offsetof(Params, scale) == 328, "Params.scale offset");
 static_assert(offsetof(Params, dq_turns) == 336, "Params.dq_turns offset");
-static_assert(sizeof(Params) == 344, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, tma_q) == 384, "Params.tma_q offset");
+static_assert(offsetof(Params, tma_dout) == 512, "Params.tma_dout offset");
+static_assert(sizeof(Params) == 640, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;
@@ -336,6 +347,51 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(kPending)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// mbarriers (64-bit objects in shared memory) for the producer/consumer hand-off. A phase completes
+// when its expected arrivals are in; a waiter names the parity of the phase it waits for.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int arrivals) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" :: "r"(bar), "r"(arrivals) : "memory");
+}
+// Acquire: spin until the phase of the given parity has completed. sm_90 has try_wait, which lets
+// the warp sleep inside the instruction; earlier GPUs poll test_wait.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+#if __CUDA_ARCH__ >= 900
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#else
+        asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#endif
+    } while (!done);
+}
+
+// Make mbarrier initialisation visible to the async proxy (TMA completes transactions there).
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Arrive on `bar` and add `bytes` to the transactions its current phase waits for.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+// Fetch a tensor map into the descriptor cache ahead of its first use.
+__device__ __forceinline__ void prefetch_tensor_map(const void* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
+}
+
+// Copy the box at coordinates (c0, c1, c2, c3) of a 4-D tensor map into shared memory at `dst`;
+// the bytes complete as transactions on mbarrier `bar`. Rows outside the tensor read as zeros.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, int c0, int c1, int c2, int c3, uint32_t bar) {
+
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+
+// Store the box at `src` in shared memory to coordinates (c0, c1, c2, c3) of a 4-D tensor map; rows
+// outside the tensor are not written. Completes in a bulk async-group of the issuing thread.
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Make this thread's ordinary shared-memory writes visible to the async proxy (a TMA store reads there).
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -400,11 +456,13 @@ constexpr int kKStepsD = 4;           // k16 steps over head_dim (S^T, dP^T)
 constexpr int kKStepsM = 8;           // k16 steps over the query block (dK, dV)
 constexpr int kKStepsN = 8;           // k16 steps over the key block (dQ)
 constexpr int kQueryStageBytes = 32768;  // from stage 0's Q (dO) tile to stage 1's
+constexpr int kQueryTileBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(elem_t));  // what TMA moves into one Q (dO) tile
 constexpr int kPanelCols = 32;        // elements in one swizzled panel row
 constexpr int kPanelRowBytes = 64;   // bytes of one: the swizzle's span
 constexpr int kPanelChunks = kPanelRowBytes / 16;                   // 16-byte chunks in one (the XOR's range)
 constexpr int kPanelRowShift = 1;   // rows sharing one XOR pattern: 2^shift
 constexpr int kKStepsPerPanel = kPanelCols / 16;
+constexpr int kPanels = kHeadDim / kPanelCols;                      // panels of a Q (dO) tile: one TMA box each
 constexpr int kDescriptorMode = 2;   // the swizzle in a wgmma descriptor
 constexpr int kSwizzleAtomBytes = 8 * kPanelRowBytes;               // 8 panel rows: every descriptor's stride byte offset
 constexpr int kAccumRowBlock = 128;          // the accumulator's whole blocks: query blocks
@@ -625,8 +683,6 @@ __device__ __forceinline__ void wait_for_turn(const int* counter, int turn) {
 // One step of the block's walk: query block [m0, m0 + kBlockM) of one query head.
 struct QueryStep {
     int head;
-    const elem_t* q;
-    const elem_t* dout;
     const float* lse;
     const float* delta;
     float* dq_accum;   // the query block's accumulator rows (kBlockM x head_dim, register order)
@@ -650,14 +706,10 @@ __device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, 
     const int group = p.heads / p.kv_heads;
     const int head = kv_head * group + i / blocks, m0 = m_first + i % blocks * kBlockM;
     const long long row0 = seq.batch * p.lse_batch_stride + head * p.lse_head_stride;
-    QueryStep st{head, head_ptr(p.q, seq.batch, head, p.q_batch_stride, p.q_head_stride),
-                 head_ptr(p.dout, seq.batch, head, p.dout_batch_stride, p.dout_head_stride), p.lse + row0,
-                 p.delta + row0,
+    QueryStep st{head, p.lse + row0, p.delta + row0,
                  p.dq_accum + ((static_cast<long long>(seq.batch) * p.heads + head) * accum_rows_per_head(p) + m0) * kHeadDim,
                  m0};
     if constexpr (kVarlen) {   // the sequence's first rows (lse and delta are (heads, total_q), batch 0)
-        st.q += seq.q0 * p.q_row_stride;
-        st.dout += seq.q0 * p.dout_row_stride;
         st.lse += seq.q0;
         st.delta += seq.q0;
         st.dq_accum += static_cast<long long>(seq.turns / p.heads * kBlockM) * kHeadDim;
@@ -665,14 +717,24 @@ __device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, 
     return st;
 }
 
-// Issue the copies of a step's Q and dO tiles into stage `stage` (one cp.async group).
-__device__ __forceinline__ void issue_query_tiles(const QueryStep& st, uint32_t smem_addr, int stage, int tid,
-                                                  const Params& p) {
-    copy_panels_async<kBlockM>(smem_addr + kSmem_q + stage * kQueryStageBytes, st.q, p.q_row_stride, st.m0,
-                               p.seqlen_q, tid);
-    copy_panels_async<kBlockM>(smem_addr + kSmem_do + stage * kQueryStageBytes, st.dout, p.dout_row_stride, st.m0,
-                               p.seqlen_q, tid);
-    cp_async_commit();
+// The mbarrier of query stage `stage`: its Q and dO tiles have landed.
+__device__ __forceinline__ uint32_t query_bar(uint32_t smem_addr, int stage) { return smem_addr + kSmem_bars + 8 * stage; }
+
+// One thread: the copies of a step's Q and dO tiles into stage `stage` (TMA, one box per panel),
+// completing on the stage's mbarrier. maps: the kernel's __grid_constant__ Params (TMA reads its
+// maps in parameter space). Rows past the tensor read as zeros; a varlen sequence's rows past its
+// end read the next sequence's, which the step's +inf LSE (row_stat) keeps out of every gradient.
+__device__ __forceinline__ void load_query_tiles(const Params& maps, const QueryStep& st, const Sequence& seq,
+                                                 uint32_t smem_addr, int stage) {
+    const uint32_t bar = query_bar(smem_addr, stage);
+    mbarrier_arrive_expect_tx(bar, 2 * kQueryTileBytes);
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) {
+        const uint32_t at = stage * kQueryStageBytes + panel * kBlockM * kPanelRowBytes;
+        tma_load_4d(smem_addr + kSmem_q + at, &maps.tma_q, kPanelCols * panel, seq.q0 + st.m0, st.head, seq.batch, bar);
+        tma_load_4d(smem_addr + kSmem_do + at, &maps.tma_dout, kPanelCols * panel, seq.q0 + st.m0, st.head, seq.batch,
+                    bar);
+    }
 }
 
 // A step's row statistic of thread tid < 2 kBlockM: LSE x log2 e of row tid (+inf for rows past
@@ -731,12 +793,14 @@ __device__ __forceinline__ uint32_t per_step(uint32_t x) {
     return x;
 }
 
-// One query block against the block's keys: its Q and dO tiles in stage `stage`, landed and fenced,
-// its row statistics in buffer `stage` (every thread past the barrier that published them).
+// One query block against the block's keys: its Q and dO tiles in stage `stage`, landing (TMA) in
+// the phase `phase` of the stage's mbarrier, which every thread waits for here (waited for before the
+// step's block barrier instead, the wait's loop spilled 8 B at d64); its row statistics in buffer
+// `stage` (every thread past the barrier that published them).
 template <Mask kMask, bool kDeterministic>
 __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDRegs], unsigned char* smem,
                                             uint32_t smem_addr, const QueryStep& st, int stage, int n0, int tid,
-                                            const Sequence& seq, const Params& p) {
+                                            const Sequence& seq, const Params& p, uint32_t phase) {
     const int lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
     const int key0 = kKeysPerWarpgroup * warpgroup;   // the warpgroup's first key in the block
     const uint32_t sQ = per_step(smem_addr + kSmem_q + stage * kQueryStageBytes),
@@ -746,6 +810,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     const float* sDelta = sLse + kBlockM;
 
     float s[kSRegs], dp[kSRegs];
+    mbarrier_wait(query_bar(smem_addr, stage), phase);   // the stage's Q and dO have landed (TMA)
     wgmma_fence();
     issue_keys_by_queries(s, sK, key0, sQ);
     issue_keys_by_queries(dp, sV, key0, sDO);
@@ -831,15 +896,21 @@ __device__ __forceinline__ int key_block_start() {
 
 // Keys [n0, n0 + kBlockN) of KV head blockIdx.y in the block's sequence: K and V once, then the walk
 // over the query blocks that see them, the next block's Q and dO (and row statistics) loading during
-// this one.
+// this one. maps: the kernel's own Params (a varlen block's p is its narrowed copy).
 template <Mask kMask, bool kDeterministic, bool kVarlen>
-__device__ __forceinline__ void key_block(const Params& p, int n0) {
-    extern __shared__ __align__(1024) unsigned char smem[];  // 133120 B: dynamic, opt-in
+__device__ __forceinline__ void key_block(const Params& p, int n0, const Params& maps) {
+    extern __shared__ __align__(1024) unsigned char smem[];  // 133136 B: dynamic, opt-in
 
     const int tid = threadIdx.x, warp = tid / 32;
     const int kv_head = blockIdx.y;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     if (smem_addr % kSwizzleAtomBytes) __trap();   // the swizzle pattern is on absolute addresses
+    if (tid == 0) {
+        prefetch_tensor_map(&maps.tma_q);
+        prefetch_tensor_map(&maps.tma_dout);
+        for (int s = 0; s < 2; ++s) mbarrier_init(query_bar(smem_addr, s), 1);
+        fence_mbarrier_init();
+    }
     const Sequence seq = block_sequence<kVarlen>(p);
     const elem_t* k = head_ptr(p.k, seq.batch, kv_head, p.k_batch_stride, p.k_head_stride);
     const elem_t* v = head_ptr(p.v, seq.batch, kv_head, p.v_batch_stride, p.v_head_stride);
@@ -861,27 +932,29 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
 
     const int blocks = max(m_end - m_first + kBlockM - 1, 0) / kBlockM;
     const int steps = group * blocks;
+    cp_async_commit();   // K and V
     float stat = 0.f;
     if (steps > 0) {
         const QueryStep first = query_step<kVarlen>(0, blocks, m_first, seq, kv_head, p);
-        issue_query_tiles(first, smem_addr, 0, tid, p);   // one group with K and V
+        if (tid == 0) load_query_tiles(maps, first, seq, smem_addr, 0);
         stat = row_stat(first, tid, p);
-    } else {
-        cp_async_commit();
     }
+    __syncthreads();   // the mbarriers are initialised before any thread waits on them
     float* stats = reinterpret_cast<float*>(smem + kSmem_stats);
     for (int i = 0; i < steps; ++i) {
         const QueryStep st = query_step<kVarlen>(i, blocks, m_first, seq, kv_head, p);
         if (tid < 2 * kBlockM) stats[i % 2 * 2 * kBlockM + tid] = stat;
-        cp_async_wait<0>();            // this step's Q and dO: the only group in flight
-        fence_proxy_async_shared();    // cp.async wrote them; wgmma reads through the async proxy
-        __syncthreads();               // every thread's copies and statistics; step i - 1 is done everywhere
+        if (i == 0) {
+            cp_async_wait<0>();            // K and V
+            fence_proxy_async_shared();    // cp.async wrote them; wgmma reads through the async proxy
+        }
+        __syncthreads();               // every thread's statistics; step i - 1 is done everywhere
         if (i + 1 < steps) {           // into the stage step i - 1 read
             const QueryStep next = query_step<kVarlen>(i + 1, blocks, m_first, seq, kv_head, p);
-            issue_query_tiles(next, smem_addr, (i + 1) % 2, tid, p);
+            if (tid == 0) load_query_tiles(maps, next, seq, smem_addr, (i + 1) % 2);
             stat = row_stat(next, tid, p);
         }
-        query_block<kMask, kDeterministic>(dk, dv, smem, smem_addr, st, i % 2, n0, tid, seq, p);
+        query_block<kMask, kDeterministic>(dk, dv, smem, smem_addr, st, i % 2, n0, tid, seq, p, (i / 2) & 1);
     }
     cp_async_wait_all();                                   // K and V, when no query block saw the keys
     store_key_gradients<kVarlen>(dk, dv, n0 + kKeysPerWarpgroup * (warp / 4) + 16 * (warp % 4), tid % 32, seq,
@@ -890,17 +963,17 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
 
 template <Mask kMask, bool kDeterministic>
 __device__ __forceinline__ void attention_backward(const Params& p) {
-    key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>());
+    key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>(), p);
 }
 
 }  // namespace attngen_h100_bwd_d64_wgmma_window_bf16
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma_window_bf16::kThreads, 1)
-attngen_h100_bwd_d64_wgmma_window_bf16_window(const attngen_h100_bwd_d64_wgmma_window_bf16::Params p) {
+attngen_h100_bwd_d64_wgmma_window_bf16_window(const __grid_constant__ attngen_h100_bwd_d64_wgmma_window_bf16::Params p) {
     attngen_h100_bwd_d64_wgmma_window_bf16::attention_backward<attngen_h100_bwd_d64_wgmma_window_bf16::Mask::Window, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma_window_bf16::kThreads, 1)
-attngen_h100_bwd_d64_wgmma_window_bf16_window_deterministic(const attngen_h100_bwd_d64_wgmma_window_bf16::Params p) {
+attngen_h100_bwd_d64_wgmma_window_bf16_window_deterministic(const __grid_constant__ attngen_h100_bwd_d64_wgmma_window_bf16::Params p) {
     attngen_h100_bwd_d64_wgmma_window_bf16::attention_backward<attngen_h100_bwd_d64_wgmma_window_bf16::Mask::Window, true>(p);
 }

@@ -93,16 +93,18 @@ class BackwardPlan(ForwardPlan):
         return "attention_backward_varlen" if is_varlen(DETERMINISTIC.mask(key)) else "attention_backward"
 
 
-def backward_parts(spec, abi, accum_blocks: bool = False) -> tuple[Part, ...]:
+def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str, ...] = ()) -> tuple[Part, ...]:
     """A backward bundle's parts: main, from the kind's main.cu.j2 (the forward's functions: one per
     mask, and with `varlen` one per mask for varlen sequences; then a deterministic one of each; they
-    read every Params field but the row kernels' own), then the shared row kernels, which run the
-    same for varlen calls. accum_blocks: the kind adds whole query blocks to the accumulator; in a
-    varlen spec its row kernels then also read the sequences (VARLEN_ACCUM_READS)."""
+    read every Params field but the row kernels' own and the kind's `main_unread`), then the shared
+    row kernels, which run the same for varlen calls. accum_blocks: the kind adds whole query blocks
+    to the accumulator; in a varlen spec its row kernels then also read the sequences
+    (VARLEN_ACCUM_READS)."""
     keys = [key for key, _ in forward_functions(spec)]
     keys += [deterministic_key(key) for key in keys]
+    unread = set(MAIN_UNREAD) | set(main_unread)
     main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
-                reads=tuple(f.name for f in abi.fields if f.name not in MAIN_UNREAD))
+                reads=tuple(f.name for f in abi.fields if f.name not in unread))
     row = dict(static_smem=0, threads=ROW_THREADS)
     sequences = VARLEN_ACCUM_READS if accum_blocks and spec.varlen else ()
     return (main,

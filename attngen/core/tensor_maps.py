@@ -12,7 +12,7 @@ MAP_ALIGN = 64            # its required alignment
 
 @dataclass(frozen=True)
 class TensorMapSpec:
-    tensor: str           # q, k, v or o: the (batch, heads, seq, head_dim) tensor it describes
+    tensor: str           # q, k, v, o or dout: the (batch, heads, seq, head_dim) tensor it describes
     box_rows: int         # sequence rows one copy moves
     box_cols: int         # head_dim columns one copy moves: one swizzled panel row
     swizzle: str          # 128B, 64B or 32B (CUtensorMapSwizzle); the box row spans its bytes

@@ -91,15 +91,16 @@ class ShapeMaps:
 
     ENTRIES = 64                    # pointers kept per tensor
 
-    def __init__(self, specs: tuple[TensorMapSpec, ...], views: dict):
+    def __init__(self, specs: tuple[TensorMapSpec, ...], views: dict, pointer_names: tuple[str, ...] = ("q", "k", "v", "o")):
         self._maps = tuple((s, tuple(views[s.tensor].shape), tuple(views[s.tensor].stride()),
                             str(views[s.tensor].dtype).replace("torch.", ""), views[s.tensor].element_size())
                            for s in specs)
-        self._order = tuple("qkvo".index(s.tensor) for s in specs)
+        self._order = tuple(pointer_names.index(s.tensor) for s in specs)
         self._cache: dict = {}
 
     def values(self, pointers: tuple) -> tuple:
-        """The maps, in the specs' order, for the (q, k, v, o) pointers of a call."""
+        """The maps, in the specs' order, for a call's pointers (named by pointer_names: by default
+        q, k, v, o)."""
         out = []
         for (spec, shape, stride, dtype, esize), at in zip(self._maps, self._order):
             key = (at, pointers[at])

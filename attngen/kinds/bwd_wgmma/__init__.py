@@ -25,10 +25,12 @@ from typing import Literal
 from pydantic import Field
 
 from ...core.backward_space import wgmma_backward_space
+from ...core.abi import blob
 from ...core.backward_plan import BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts, rows_per_row_block
-from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants
+from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants, tensor_fields
 from ...core.kind import Kind
-from ...core.layout import Budget, Region, Swizzle, TileCopy, check_budget, layout_regions
+from ...core.layout import Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget, layout_regions
+from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_varlen_no_expressions,
                                rule_backward_varlen_plain, rule_head_dim_vector_loads)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
@@ -170,9 +172,15 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
         accum_fragment_cols=dq_cols)
 
 
+def tensor_maps(spec: WgmmaBackwardSpec) -> tuple[TensorMapSpec, ...]:
+    """Q and dO reach their tiles by TMA: one box per swizzled panel of a query block's rows."""
+    panel = panel_swizzle(spec)
+    return tuple(TensorMapSpec(t, spec.tile.block_m, panel.cols, panel.tma_name) for t in ("q", "dout"))
+
+
 def regions(spec: WgmmaBackwardSpec) -> list[Region]:
-    """Q and dO of QUERY_STAGES query blocks, K and V of the block's keys, dS^T (all swizzled panels,
-    as TMA would write them) and two steps' row statistics."""
+    """Q and dO of QUERY_STAGES query blocks (TMA writes them), K and V of the block's keys (cp.async),
+    dS^T (all swizzled panels), two steps' row statistics and the stages' mbarriers."""
     ctype = ELEMENT_TYPES[spec.dtype][0]
     panel = panel_swizzle(spec)
     d, bm, bn = spec.head_dim, spec.tile.block_m, spec.tile.block_n
@@ -183,7 +191,8 @@ def regions(spec: WgmmaBackwardSpec) -> list[Region]:
             swizzled_tile("v0", bn, d, panel, ctype, "V tile of the block's keys, loaded once"),
             swizzled_tile("ds", bn, bm, panel, ctype, "dS^T of the block's keys x the query block, for dQ"),
             Region("stats", 2, 2 * bm, "float", 4, 2 * bm * 4, per="per stage: the query block's LSE x log2(e) "
-                   "(+inf: a row that adds nothing), then its rowsum(dO * O)")]
+                   "(+inf: a row that adds nothing), then its rowsum(dO * O)"),
+            barrier_region("bars", QUERY_STAGES, "per stage: its Q and dO tiles have landed (TMA transactions)")]
 
 
 def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
@@ -201,20 +210,28 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
     f = fragments(spec, stage_bytes)
     w = f.warpgroups
     variants = spec_variants(spec)
+    maps = tensor_maps(spec)
     abi = plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False, scores=variants["score_variants"],
-                   base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
+                   base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS)).with_fields(
+        tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime per call")
+              for m in maps))
+    bars = tuple(Barrier(f"qfull{s}", s, offsets["bars"] + 8 * s, 1, "thread 0 (arrive.expect_tx with the Q and dO "
+                         "bytes), then the TMA transactions", "every thread, before its first wgmma of the step")
+                 for s in range(QUERY_STAGES))
     threads = 32 * spec.compute_warps
     dq_share = ("dQ's rows [64w, 64w + 64) of the query block" if f.dq_by_rows else
                 f"dQ's columns [{f.dq_cols}w, {f.dq_cols}w + {f.dq_cols})")
     dq_issue = (f"dQ[64w:64w + 64, :] = dS K (wgmma SS, MN-major, N {f.dq_cols}; dS of the warpgroup's queries only)"
                 if f.dq_by_rows else f"dQ[:, {f.dq_cols}w:] = dS K (wgmma SS, MN-major, N {f.dq_cols})")
-    roles = (f"{w} warpgroup(s), all copy (cp.async); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, "
+    roles = (f"{w} warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, "
              f"S^T, dP^T in wgmma accumulators) and {dq_share}",)
     schedule = ("main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:",
-                "  load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero)",
+                "  load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 "
+                "issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier)",
                 f"  for each query head of the KV head, each query block of {bm} rows that sees a key of the block:",
-                "    wait for its Q, dO (cp.async); fence.proxy.async; __syncthreads; issue the next block's Q, dO into "
-                "the other stage, and load its LSE or delta (one per thread) for the next step",
+                "    (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the "
+                "next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE "
+                "or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier)",
                 f"    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N {bm}); wait S^T: P^T = exp2(m(S^T) scale_log2 - "
                 "LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' "
                 "(softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)",
@@ -246,13 +263,16 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
         swizzle=Swizzle("xor", panel.row_bytes, panel.xor_bits, panel.row_shift), regions=laid, smem_bytes=total,
         smem_budget=budget.bytes, smem_dynamic=total > target.smem_per_block, stages=1, async_copy=True,
         q_in_registers=False, rescale="always", q_copy=TileCopy(bm, d * 2 // 16, threads),
-        kv_copy=TileCopy(bn, d * 2 // 16, threads), barriers=(), kv_stage_stride=0, min_blocks_per_sm=1,
-        fragments=f, arch_suffix="a")
-    return BackwardPlan.of(forward, parts=backward_parts(spec, abi, accum_blocks=True), roles=roles, schedule=schedule, block_text=block_text,
-                           copy_engine=f"cp.async (16-byte chunks, every thread) into {panel.row_bytes}-byte-swizzled "
-                                       "panels",
-                           pipeline_text="copies (cp.async, every thread): K and V of the block's keys once; Q and dO "
-                                         "of each query block in 2 stages, the next block's issued as this one starts")
+        kv_copy=TileCopy(bn, d * 2 // 16, threads), barriers=bars, kv_stage_stride=0, min_blocks_per_sm=1,
+        fragments=f, arch_suffix="a", tensor_maps=maps, params_qualifier="__grid_constant__ ")
+    main_unread = tensor_fields("q") + tensor_fields("dout")   # the main kernel reads Q and dO through the maps
+    return BackwardPlan.of(forward, parts=backward_parts(spec, abi, accum_blocks=True, main_unread=main_unread),
+                           roles=roles, schedule=schedule, block_text=block_text,
+                           copy_engine=f"K, V: cp.async (16-byte chunks, every thread); Q, dO: TMA "
+                                       f"(cp.async.bulk.tensor, one thread); {panel.row_bytes}-byte-swizzled panels",
+                           pipeline_text="copies: K and V of the block's keys once (cp.async, every thread); Q and dO "
+                                         "of each query block in 2 stages by TMA (thread 0), the next block's issued "
+                                         "as this one starts")
 
 
 def explain(plan) -> list[str]:

@@ -38,10 +38,11 @@ class BackwardKernel(Kernel):
     def _setup(self) -> None:
         plan = self.plan
         self._mask_fields = mask_fields(plan)
-        self._packer = plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields))
-        self._varlen_packer = (plan.abi.packer(VARLEN_PER_CALL + tuple(f.name for f in self._mask_fields))
-                               if self.varlen_masks else None)
-        self._pointers = plan.abi.patch(POINTERS)
+        self._map_fields = tuple(m.abi_field for m in plan.tensor_maps)   # a kind that reads Q and dO by TMA
+        self._packer = plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields) + self._map_fields)
+        self._varlen_packer = (plan.abi.packer(VARLEN_PER_CALL + tuple(f.name for f in self._mask_fields)
+                                               + self._map_fields) if self.varlen_masks else None)
+        self._pointers = plan.abi.patch(POINTERS + self._map_fields)
         self._fp32 = self._torch.float32
         self._functions = {part.name: dict(part.functions) for part in plan.parts}
 
@@ -117,15 +118,27 @@ class BackwardKernel(Kernel):
                *bhsd_strides(dk.stride(), layout), *bhsd_strides(dv.stride(), layout), *pointers[9:11], scale,
                pointers[11]]
         row += [values.get(f.name, f.default) for f in self._mask_fields]
+        views = {"q": q, "dout": dout} if bhsd else {"q": q.permute(0, 2, 1, 3), "dout": dout.permute(0, 2, 1, 3)}
+        shape_maps = self._shape_maps(views)
+        maps = shape_maps.values(pointers) if shape_maps else ()
+        row += maps
         rows = row_grid(plan.head_dim, batch, heads, rows)
         main = (-(-seqlen_k // plan.block_n), kv_heads, batch)
         launches = self._launches(info, (self._functions["preprocess"]["preprocess"], rows),
                                   (self.entry[deterministic_key(mask) if deterministic else mask], main),
                                   (self._functions["convert"]["convert"], rows))
-        prepared = Prepared(info, launches, self._packer.pack(row), self._pointers, scratch)
+        prepared = Prepared(info, launches, self._packer.pack(row), self._pointers, (scratch, shape_maps))
         self._remember(key, prepared)
-        self._run(prepared, pointers)
+        self._run(prepared, pointers + maps)
         return dq, dk, dv
+
+    def _shape_maps(self, views):
+        """The TMA tensor maps of a call's shape (views: q and dout as (B, H, S, D)), or None for a
+        kind that reads them through pointers."""
+        if not self._map_fields:
+            return None
+        from ..tma import ShapeMaps
+        return ShapeMaps(self.plan.tensor_maps, views, POINTERS)
 
     def _scratch(self, q, shapes):
         """The fp32 dQ accumulator and delta (zeroed and written by the preprocess kernel), and in
@@ -143,9 +156,11 @@ class BackwardKernel(Kernel):
             return None
         torch = self._torch
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dq_accum, delta, turns = self._scratch(q, prepared.extra)
-        self._run(prepared, (qp, kp, vp, op, lse.data_ptr(), dp, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                             dq_accum.data_ptr(), delta.data_ptr(), 0 if turns is None else turns.data_ptr()))
+        scratch, shape_maps = prepared.extra
+        dq_accum, delta, turns = self._scratch(q, scratch)
+        pointers = (qp, kp, vp, op, lse.data_ptr(), dp, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                    dq_accum.data_ptr(), delta.data_ptr(), 0 if turns is None else turns.data_ptr())
+        self._run(prepared, pointers + (shape_maps.values(pointers) if shape_maps else ()))
         return dq, dk, dv
 
     def varlen(self, q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
@@ -220,6 +235,11 @@ class BackwardKernel(Kernel):
                cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), 0 if order is None else order.data_ptr(), total_q,
                total_k, error_word(index)]
         row += [values.get(f.name, f.default) for f in self._mask_fields]
+        # Maps: each packed (total, heads, dim) tensor as one batch of total rows per head; a block's
+        # copies start at its sequence's first rows (coordinates), rows past the tensor read as zeros.
+        shape_maps = self._shape_maps({"q": q.unsqueeze(0).transpose(1, 2), "dout": dout.unsqueeze(0).transpose(1, 2)})
+        maps = shape_maps.values(pointers) if shape_maps else ()
+        row += maps
         info = self._device(index)
         # The row kernels take every row as one batch; the preprocess's grid covers the accumulator's
         # rows (at least total_q), which it zeroes.
@@ -228,7 +248,7 @@ class BackwardKernel(Kernel):
                                          row_grid(plan.head_dim, 1, heads, accum)),
                                   (self.entry[deterministic_key(function) if deterministic else function], main),
                                   (self._functions["convert"]["convert"], row_grid(plan.head_dim, 1, heads, total_q)))
-        self._run(Prepared(info, launches, self._varlen_packer.pack(row), self._pointers), pointers)
+        self._run(Prepared(info, launches, self._varlen_packer.pack(row), self._pointers), pointers + maps)
         return dq, dk, dv
 
     def _gradient(self, name: str, given, like, layout: str, index: int):
