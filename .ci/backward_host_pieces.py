@@ -28,9 +28,11 @@ od, lse = torch.ops.attngen.attention(qd, kd, vd, False, None, None, "bhsd")
 kernel = library.backward_kernel(qd, kd, vd, False, "bhsd")
 kernel(qd, kd, vd, od, lse, do)
 prepared = next(iter(kernel._prepared.values()))
-scratch = kernel._scratch(qd, prepared.extra)
+shapes, shape_maps = prepared.extra   # scratch shapes; the TMA maps of a kind that reads Q and dO by TMA
+scratch = kernel._scratch(qd, shapes)
 pointers = (qd.data_ptr(), kd.data_ptr(), vd.data_ptr(), od.data_ptr(), lse.data_ptr(), do.data_ptr(), qd.data_ptr(),
             kd.data_ptr(), vd.data_ptr(), scratch[0].data_ptr(), scratch[1].data_ptr(), 0)
+pointers += shape_maps.values(pointers) if shape_maps else ()
 flash = torch.ops.aten._scaled_dot_product_flash_attention(qd, kd, vd, 0.0, False, False)
 
 
@@ -59,7 +61,8 @@ LAYERS = {
     "table lookup (backward_kernel)": lambda: library.backward_kernel(qd, kd, vd, False, "bhsd"),
     "kernel(...) (a prepared call)": lambda: kernel(qd, kd, vd, od, lse, do),
     "five allocations (dq, dk, dv, scratch)": lambda: (torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd),
-                                                       kernel._scratch(qd, prepared.extra)),
+                                                       kernel._scratch(qd, shapes)),
+    "the maps (TMA kinds; cached per pointer)": lambda: shape_maps.values(pointers[:12]) if shape_maps else (),
     "three launches (_run)": lambda: kernel._run(prepared, pointers),
 }
 for name, fn in LAYERS.items():
