@@ -4,16 +4,17 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
 - main: block (key block, KV head, batch), one warpgroup per 64 keys of the block. K and V of the
   block's keys sit in swizzled panels (cp.async); each warpgroup keeps dK and dV of its keys in wgmma
   accumulators. It walks the query blocks of 64 or 128 rows that see its keys (for every query head of its
-  KV head), their Q and dO double-buffered: S^T = K Q^T and dP^T = V dO^T (wgmma SS),
+  KV head), their Q and dO double-buffered (TMA from thread 0, an mbarrier per stage):
+  S^T = K Q^T and dP^T = V dO^T (wgmma SS),
   P^T = exp2(m(S^T) scale log2 e - LSE log2 e) and dS^T = P^T (dP^T - delta) m' in registers (m the
   score modifiers, softcap and ALiBi; m' softcap's chain-rule factor),
   dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments (wgmma RS, Q and dO MN-major).
   dS^T goes to shared memory; warpgroup w computes its share of dQ = dS K over all the block's keys
   (both operands MN-major): with query blocks of 64 rows, columns [w d / W, (w + 1) d / W); with
   query blocks of 64 W rows, rows [64 w, 64 w + 64) at every column (each warpgroup then reads only
-  its queries' dS^T). Each thread adds its dQ registers into the fp32 accumulator with
-  red.global.add.f32, in register order: the accumulator keeps each 64-row block in that order, and
-  the convert kernel reads it so.
+  its queries' dS^T). dQ is issued first and dV, dK behind it; each thread adds its dQ registers into
+  the fp32 accumulator with red.global.add.f32 while dV and dK run, in register order: the
+  accumulator keeps each 64-row block in that order, and the convert kernel reads it so.
 - preprocess: delta = rowsum(dO * O), zeros in the accumulator (whole query blocks);
 - convert: dQ = scale * accumulator.
 """
