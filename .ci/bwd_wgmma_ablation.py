@@ -28,13 +28,10 @@ ABLATIONS = {   # name: [(text, replacement)]
                  "        s[v] = log2_probability<kMask, kMasked>(s[v], v, one, sLse, key0, q0, lane, mods, p);")],
     "ds_barrier_per_warpgroup": [("    __syncthreads();              // dS^T of every warpgroup is in the tile",
                                   "    sync_warpgroup(warpgroup);")],
-    "no_top_barrier": [("        __syncthreads();               // every thread's statistics",
-                        "        // __syncthreads();               // every thread's statistics")],
 }
-# Pieces together: what the warpgroups out of lockstep could give at most (no block barrier in a
-# step), and that with the dQ adds gone too.
-ABLATIONS["no_block_barriers"] = ABLATIONS["ds_barrier_per_warpgroup"] + ABLATIONS["no_top_barrier"]
-ABLATIONS["no_block_barriers_no_dq_add"] = ABLATIONS["no_block_barriers"] + ABLATIONS["no_dq_add"]
+# (Until the Q and dO copies moved to TMA, no_top_barrier and no_block_barriers took the step's top
+# block barrier out as well. That barrier now also keeps thread 0 from re-arming a stage's mbarrier
+# before every thread has waited on its last phase: without it a walk can hang, so they are gone.)
 TIMER = r'''
 import sys, torch, attngen
 sys.path.insert(0, ".ci")

@@ -33,6 +33,7 @@
 //   wgmma per query block per warpgroup: 4 x m64n128k16 (S^T, SS) + 4 (dP^T, SS) + 8 x m64n64k16 (dV, RS) + 8 (dK, RS) + 8 x m64n64k16 (dQ, SS, MN-major)
 //   descriptors: 64-byte swizzle (mode 2); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 32 columns wide
 //   dQ: each warpgroup adds 64 x 64 fp32 per query block, 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
+//   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 32 x 128, 64B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 32 x 128, 64B swizzle, rows and columns past the tensor read as zeros
 //   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued as this one starts
 //   masks: none, causal
 //
@@ -52,12 +53,12 @@
 //
 //   warp roles and mbarriers (region bars):
 //     2 warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, S^T, dP^T in wgmma accumulators) and dQ's rows [64w, 64w + 64) of the query block
-//     qfull0  smem +133120    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; every thread, before its first wgmma of the step wait
-//     qfull1  smem +133128    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; every thread, before its first wgmma of the step wait
+//     qfull0  smem +133120    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
+//     qfull1  smem +133128    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
 //     main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:
-//       load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier)
+//       thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init; the first step's __syncthreads publishes them); load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier)
 //       for each query head of the KV head, each query block of 128 rows that sees a key of the block:
-//         (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier)
+//         (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier); a varlen sequence's last query block: its rows past the sequence become zeros (stores, fence.proxy.async, __syncthreads)
 //         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 128); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
 //         dS^T to shared (swizzled); fence.proxy.async; __syncthreads
 //         issue dQ[64w:64w + 64, :] = dS K (wgmma SS, MN-major, N 64; dS of the warpgroup's queries only), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ
@@ -464,8 +465,11 @@ constexpr int kDescriptorMode = 2;   // the swizzle in a wgmma descriptor
 constexpr int kSwizzleAtomBytes = 8 * kPanelRowBytes;               // 8 panel rows: every descriptor's stride byte offset
 constexpr int kAccumRowBlock = 128;          // the accumulator's whole blocks: query blocks
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kSmem_k0 % kSwizzleAtomBytes == 0 && kSmem_q % kSwizzleAtomBytes == 0 && kSmem_ds % kSwizzleAtomBytes == 0
-              && kQueryStageBytes % kSwizzleAtomBytes == 0, "swizzled tiles start on their swizzle's repeat");
+static_assert(kSmem_k0 % kSwizzleAtomBytes == 0 && kSmem_q % kSwizzleAtomBytes == 0 && kSmem_do % kSwizzleAtomBytes == 0
+              && kSmem_ds % kSwizzleAtomBytes == 0 && kQueryStageBytes % kSwizzleAtomBytes == 0,
+              "swizzled tiles start on their swizzle's repeat (TMA writes the Q and dO tiles so)");
+static_assert(kPanels * kPanelCols == kHeadDim && kQueryTileBytes == kPanels * kBlockM * kPanelRowBytes,
+              "a Q (dO) tile is whole panels: the TMA boxes of a stage bring kQueryTileBytes each");
 static_assert(kBlockM == (kDqByRows ? kWarpgroups : 1) * kDqRows && kBlockN == kWarpgroups * kKeysPerWarpgroup,
               "m64 wgmma tiles");
 
@@ -790,11 +794,29 @@ __device__ __forceinline__ uint32_t per_step(uint32_t x) {
     return x;
 }
 
+// Zeros in rows [valid, kBlockM) of stage `stage`'s Q and dO tiles (every thread of the block; then
+// fenced for wgmma and published). A varlen sequence's last query block: TMA brought the next
+// sequence's rows there (or rows past the packed tensor's last sequence, whatever they hold), and a
+// P of 0 does not keep a non-finite value out of dV += P^T dO or dK += dS^T Q (0 x inf is NaN), as
+// the zeros cp.async wrote there did. Every 16-byte chunk of a row, in any swizzled order.
+__device__ __forceinline__ void zero_rows_past_end(uint32_t smem_addr, int stage, int valid, int tid) {
+    const int chunks = (kBlockM - valid) * kPanels * kPanelChunks;   // per tile
+    for (int c = tid; c < 2 * chunks; c += kThreads) {
+        const int tile = c / chunks, r = c % chunks;
+        const int row = valid + r / (kPanels * kPanelChunks), panel = r / kPanelChunks % kPanels;
+        const uint32_t at = smem_addr + (tile ? kSmem_do : kSmem_q) + stage * kQueryStageBytes +
+                            panel * kBlockM * kPanelRowBytes + row * kPanelRowBytes + (r % kPanelChunks) * 16;
+        asm volatile("st.shared.v4.u32 [%0], { %1, %1, %1, %1 };\n" :: "r"(at), "r"(0) : "memory");
+    }
+    fence_proxy_async_shared();   // the zeros, before the wgmma that read the tiles
+    __syncthreads();
+}
+
 // One query block against the block's keys: its Q and dO tiles in stage `stage`, landing (TMA) in
 // the phase `phase` of the stage's mbarrier, which every thread waits for here (waited for before the
 // step's block barrier instead, the wait's loop spilled 8 B at d64); its row statistics in buffer
 // `stage` (every thread past the barrier that published them).
-template <Mask kMask, bool kDeterministic>
+template <Mask kMask, bool kDeterministic, bool kVarlen>
 __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDRegs], unsigned char* smem,
                                             uint32_t smem_addr, const QueryStep& st, int stage, int n0, int tid,
                                             const Sequence& seq, const Params& p, uint32_t phase) {
@@ -808,6 +830,9 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
 
     float s[kSRegs], dp[kSRegs];
     mbarrier_wait(query_bar(smem_addr, stage), phase);   // the stage's Q and dO have landed (TMA)
+    if constexpr (kVarlen) {   // (a padded call's rows past seqlen_q are TMA's zeros)
+        if (st.m0 + kBlockM > p.seqlen_q) zero_rows_past_end(smem_addr, stage, p.seqlen_q - st.m0, tid);
+    }
     wgmma_fence();
     issue_keys_by_queries(s, sK, key0, sQ);
     issue_keys_by_queries(dp, sV, key0, sDO);
@@ -936,7 +961,6 @@ __device__ __forceinline__ void key_block(const Params& p, int n0, const Params&
         if (tid == 0) load_query_tiles(maps, first, seq, smem_addr, 0);
         stat = row_stat(first, tid, p);
     }
-    __syncthreads();   // the mbarriers are initialised before any thread waits on them
     float* stats = reinterpret_cast<float*>(smem + kSmem_stats);
     for (int i = 0; i < steps; ++i) {
         const QueryStep st = query_step<kVarlen>(i, blocks, m_first, seq, kv_head, p);
@@ -951,7 +975,7 @@ __device__ __forceinline__ void key_block(const Params& p, int n0, const Params&
             if (tid == 0) load_query_tiles(maps, next, seq, smem_addr, (i + 1) % 2);
             stat = row_stat(next, tid, p);
         }
-        query_block<kMask, kDeterministic>(dk, dv, smem, smem_addr, st, i % 2, n0, tid, seq, p, (i / 2) & 1);
+        query_block<kMask, kDeterministic, kVarlen>(dk, dv, smem, smem_addr, st, i % 2, n0, tid, seq, p, (i / 2) & 1);
     }
     cp_async_wait_all();                                   // K and V, when no query block saw the keys
     store_key_gradients<kVarlen>(dk, dv, n0 + kKeysPerWarpgroup * (warp / 4) + 16 * (warp % 4), tid % 32, seq,

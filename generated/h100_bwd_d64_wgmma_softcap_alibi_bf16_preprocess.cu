@@ -31,6 +31,7 @@
 //   wgmma per query block per warpgroup: 4 x m64n64k16 (S^T, SS) + 4 (dP^T, SS) + 4 x m64n64k16 (dV, RS) + 4 (dK, RS) + 8 x m64n32k16 (dQ, SS, MN-major)
 //   descriptors: 64-byte swizzle (mode 2); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 32 columns wide
 //   dQ: each warpgroup adds 64 x 32 fp32 per query block, 16 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
+//   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 32 x 64, 64B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 32 x 64, 64B swizzle, rows and columns past the tensor read as zeros
 //   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued as this one starts
 //   masks: none, causal
 //   scores (every function, before the mask, in this order): softcap: logit softcapping (Gemma 2): cap * tanh(scale * s / cap) (the call passes softcap=); alibi: ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score (the call passes alibi_slopes=)
@@ -51,12 +52,12 @@
 //
 //   warp roles and mbarriers (region bars):
 //     2 warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, S^T, dP^T in wgmma accumulators) and dQ's columns [32w, 32w + 32)
-//     qfull0  smem +82944     1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; every thread, before its first wgmma of the step wait
-//     qfull1  smem +82952     1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; every thread, before its first wgmma of the step wait
+//     qfull0  smem +82944     1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
+//     qfull1  smem +82952     1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
 //     main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:
-//       load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier)
+//       thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init; the first step's __syncthreads publishes them); load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier)
 //       for each query head of the KV head, each query block of 64 rows that sees a key of the block:
-//         (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier)
+//         (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier); a varlen sequence's last query block: its rows past the sequence become zeros (stores, fence.proxy.async, __syncthreads)
 //         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
 //         dS^T to shared (swizzled); fence.proxy.async; __syncthreads
 //         issue dQ[:, 32w:] = dS K (wgmma SS, MN-major, N 32), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ

@@ -116,8 +116,8 @@ def rule_backward_head_dim(s):
 
 rule_backward_copies = refuse(
     "smem", lambda s: not s.smem.async_copy or s.smem.stages != 1 or s.smem.q_in_registers,
-    lambda s: "this backward copies with cp.async and double-buffers Q and dO itself: set async_copy: true "
-              "and leave stages and q_in_registers unset", "rule_backward_copies")
+    lambda s: "this backward copies K and V with cp.async and double-buffers Q and dO itself (TMA): set "
+              "async_copy: true and leave stages and q_in_registers unset", "rule_backward_copies")
 rule_backward_registers = refuse(
     "tile.block_m", lambda s: register_need(s) > MAX_REGISTERS,
     lambda s: (f"a thread would hold dK, dV, S^T and dP^T together: {register_need(s)} registers with the margin, "
@@ -217,7 +217,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
         tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime per call")
               for m in maps))
     bars = tuple(Barrier(f"qfull{s}", s, offsets["bars"] + 8 * s, 1, "thread 0 (arrive.expect_tx with the Q and dO "
-                         "bytes), then the TMA transactions", "every thread, before its first wgmma of the step")
+                         "bytes), then the TMA transactions", "all threads (before their first wgmma of the step)")
                  for s in range(QUERY_STAGES))
     threads = 32 * spec.compute_warps
     dq_share = ("dQ's rows [64w, 64w + 64) of the query block" if f.dq_by_rows else
@@ -227,12 +227,16 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
     roles = (f"{w} warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, "
              f"S^T, dP^T in wgmma accumulators) and {dq_share}",)
     schedule = ("main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:",
-                "  load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 "
-                "issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier)",
+                "  thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init; the first step's __syncthreads "
+                "publishes them); load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k "
+                "zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's "
+                "mbarrier)",
                 f"  for each query head of the KV head, each query block of {bm} rows that sees a key of the block:",
                 "    (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the "
                 "next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE "
-                "or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier)",
+                "or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier); a varlen "
+                "sequence's last query block: its rows past the sequence become zeros (stores, fence.proxy.async, "
+                "__syncthreads)",
                 f"    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N {bm}); wait S^T: P^T = exp2(m(S^T) scale_log2 - "
                 "LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' "
                 "(softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)",
@@ -263,7 +267,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
         producer_threads=0, rows_per_warp=16, chunks_per_row=d * 2 // 16,
         swizzle=Swizzle("xor", panel.row_bytes, panel.xor_bits, panel.row_shift), regions=laid, smem_bytes=total,
         smem_budget=budget.bytes, smem_dynamic=total > target.smem_per_block, stages=1, async_copy=True,
-        q_in_registers=False, rescale="always", q_copy=TileCopy(bm, d * 2 // 16, threads),
+        q_in_registers=False, rescale="always", q_copy=TileCopy(bm, d * 2 // 16, 1),
         kv_copy=TileCopy(bn, d * 2 // 16, threads), barriers=bars, kv_stage_stride=0, min_blocks_per_sm=1,
         fragments=f, arch_suffix="a", tensor_maps=maps, params_qualifier="__grid_constant__ ")
     main_unread = tensor_fields("q") + tensor_fields("dout")   # the main kernel reads Q and dO through the maps
@@ -290,7 +294,8 @@ def explain(plan) -> list[str]:
             "each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add "
             "in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in "
             "dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one "
-            "cp.reduce.async.bulk"]
+            "cp.reduce.async.bulk",
+            "tensor maps: " + "; ".join(m.describe() for m in plan.tensor_maps)]
 
 
 KIND = Kind(NAME, TITLE, SELECTOR, WgmmaBackwardSpec, plan, explain, calls="backward",
