@@ -737,7 +737,7 @@ __device__ __forceinline__ uint32_t query_bar(uint32_t smem_addr, int stage) { r
 // One thread: the copies of a step's Q and dO tiles into stage `stage` (TMA, one box per panel),
 // completing on the stage's mbarrier. maps: the kernel's __grid_constant__ Params (TMA reads its
 // maps in parameter space). Rows past the tensor read as zeros; a varlen sequence's rows past its
-// end read the next sequence's, which the step's +inf LSE (row_stat) keeps out of every gradient.
+// end read the next sequence's (or what lies past the last), which query_block zeroes.
 __device__ __forceinline__ void load_query_tiles(const Params& maps, const QueryStep& st, const Sequence& seq,
                                                  uint32_t smem_addr, int stage) {
     const uint32_t bar = query_bar(smem_addr, stage);
