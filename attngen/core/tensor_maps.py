@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .abi import AbiField, blob
+
 MAP_BYTES = 128           # one CUtensorMap
 MAP_ALIGN = 64            # its required alignment
 
@@ -29,3 +31,9 @@ class TensorMapSpec:
         return (f"{self.tensor}{'^T' if self.transposed else ''}: 4-D {dims}, box {self.box_cols} x {self.box_rows}, "
                 f"{self.swizzle} swizzle, " + ("stored; rows and columns past the tensor are not written" if self.store
                                                else "rows and columns past the tensor read as zeros"))
+
+
+def map_abi_fields(maps) -> tuple[AbiField, ...]:
+    """The Params fields that carry `maps` (TensorMapSpec), by value, in their order."""
+    return tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime per call")
+                 for m in maps)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..targets import TARGETS
-from .abi import Abi, blob
+from .abi import Abi
 from .forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, launch_min_blocks,
                                   plan_abi, spec_variants)
 from .layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region,
                             check_budget, layout_regions, ring_stride)
-from .tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
+from .tensor_maps import TensorMapSpec, map_abi_fields
 from .wgmma import PANEL_SWIZZLES, PanelSwizzle, swizzled_tile
 from .wgmma_forward_spec import (ROWS_PER_WARPGROUP, WARPGROUP, WgmmaForwardSpec, panel_swizzle, tile_dim,
                                  tile_dim_v)
@@ -236,9 +236,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
         parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
         abi=plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False,
                      scores=variants["score_variants"], through_maps=tuple(m.tensor for m in maps if not m.store),
-                     base=abi_base).with_fields(
-            tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime "
-                       "per call") for m in maps)),
+                     base=abi_base).with_fields(map_abi_fields(maps)),
         params_qualifier="__grid_constant__ ",
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,

@@ -26,12 +26,11 @@ from typing import Literal
 from pydantic import Field
 
 from ...core.backward_space import wgmma_backward_space
-from ...core.abi import blob
 from ...core.backward_plan import BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts, rows_per_row_block
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants, tensor_fields
 from ...core.kind import Kind
 from ...core.layout import Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget, layout_regions
-from ...core.tensor_maps import MAP_ALIGN, MAP_BYTES, TensorMapSpec
+from ...core.tensor_maps import TensorMapSpec, map_abi_fields
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_varlen_no_expressions,
                                rule_backward_varlen_plain, rule_head_dim_vector_loads)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
@@ -213,9 +212,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
     variants = spec_variants(spec)
     maps = tensor_maps(spec)
     abi = plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False, scores=variants["score_variants"],
-                   base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS)).with_fields(
-        tuple(blob(m.abi_field, MAP_BYTES, MAP_ALIGN, f"TMA tensor map of {m.tensor}, encoded by the runtime per call")
-              for m in maps))
+                   base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS)).with_fields(map_abi_fields(maps))
     bars = tuple(Barrier(f"qfull{s}", s, offsets["bars"] + 8 * s, 1, "thread 0 (arrive.expect_tx with the Q and dO "
                          "bytes), then the TMA transactions", "all threads (before their first wgmma of the step)")
                  for s in range(QUERY_STAGES))
