@@ -15,23 +15,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "templates" / "bwd_wgmma" / "main.cu.j2"
-LOAD = "            if (tid == 0) load_query_tiles(maps, next, seq, smem_addr, (i + 1) % 2);"
+LOAD = "                    load_query_tiles(maps, query_step<kVarlen>(next_head, next_m0, seq, p), seq, smem_addr, (i + 1) % 2);"
 ABLATIONS = {   # name: [(text, replacement)]
     "full": [],
     # (the stage's mbarrier still completes its phase: one arrival, no bytes)
-    "no_next_load": [(LOAD, "            if (tid == 0) mbarrier_arrive(query_bar(smem_addr, (i + 1) % 2));")],
+    "no_next_load": [(LOAD, "                    mbarrier_arrive(query_bar(smem_addr, (i + 1) % 2));")],
     "no_dq_add": [("    for (int v = 0; v < kDqRegs; ++v) red_add(", "    if (p.seqlen_q < 0) for (int v = 0; v < kDqRegs; ++v) red_add(")],
     "no_dq": [("    issue_dq(dq, sDS, sK, kDqByRows ? kDqRows * warpgroup : 0, kDqByRows ? 0 : kDqCols * warpgroup);", "    for (int v = 0; v < kDqRegs; ++v) dq[v] = 0.f;"),
               ("    add_dq<kMask, kDeterministic>(dq, sQ, st, n0, tid, seq, p);",
                "    if (p.seqlen_q < 0) add_dq<kMask, kDeterministic>(dq, sQ, st, n0, tid, seq, p);")],
     "no_exp2": [("        s[v] = exp2f(log2_probability<kMask, kMasked>(s[v], v, one, sLse, key0, q0, lane, mods, p));",
                  "        s[v] = log2_probability<kMask, kMasked>(s[v], v, one, sLse, key0, q0, lane, mods, p);")],
-    "ds_barrier_per_warpgroup": [("    __syncthreads();              // dS^T of every warpgroup is in the tile",
-                                  "    sync_warpgroup(warpgroup);")],
 }
 # (Until the Q and dO copies moved to TMA, no_top_barrier and no_block_barriers took the step's top
-# block barrier out as well. That barrier now also keeps thread 0 from re-arming a stage's mbarrier
-# before every thread has waited on its last phase: without it a walk can hang, so they are gone.)
+# block barrier out as well; ds_barrier_per_warpgroup replaced the dS^T barrier with a warpgroup's.
+# That barrier, now the step's only one, also keeps thread 0 from re-arming a stage's mbarrier before
+# every thread has waited on its last phase: without it a walk can hang, so they are gone.)
 TIMER = r'''
 import sys, torch, attngen
 sys.path.insert(0, ".ci")

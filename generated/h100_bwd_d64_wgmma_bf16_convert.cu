@@ -34,7 +34,7 @@
 //   descriptors: 64-byte swizzle (mode 2); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 32 columns wide
 //   dQ: each warpgroup adds 64 x 64 fp32 per query block, 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 32 x 128, 64B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 32 x 128, 64B swizzle, rows and columns past the tensor read as zeros
-//   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued as this one starts
+//   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued at this one's block barrier (after its dS^T is written)
 //   masks: none, causal
 //
 //   shared memory:
@@ -45,22 +45,23 @@
 //     do1       49152   16384   16.00  256x32 __nv_bfloat16     64  64B: chunk ^= (row >> 1) % 4 dO tile of a query block (stage 1); 2 panel(s) of 128 rows x 32
 //     k0        65536   16384   16.00  256x32 __nv_bfloat16     64  64B: chunk ^= (row >> 1) % 4 K tile of the block's keys, loaded once; 2 panel(s) of 128 rows x 32
 //     v0        81920   16384   16.00  256x32 __nv_bfloat16     64  64B: chunk ^= (row >> 1) % 4 V tile of the block's keys, loaded once; 2 panel(s) of 128 rows x 32
-//     ds        98304   32768   32.00  512x32 __nv_bfloat16     64  64B: chunk ^= (row >> 1) % 4 dS^T of the block's keys x the query block, for dQ; 4 panel(s) of 128 rows x 32
-//     stats    131072    2048    2.00  2x256 float        1024  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
-//     bars     133120      16    0.02  2x1 uint64            8  none                         per stage: its Q and dO tiles have landed (TMA transactions)
-//     total 133136 B (130.02 KiB) of 232448 B (227.00 KiB) budget, 57%
-//     dynamic: 133136 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
+//     ds        98304   32768   32.00  512x32 __nv_bfloat16     64  64B: chunk ^= (row >> 1) % 4 dS^T of the block's keys x the query block, for dQ (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 4 panel(s) of 128 rows x 32
+//     ds1      131072   32768   32.00  512x32 __nv_bfloat16     64  64B: chunk ^= (row >> 1) % 4 dS^T of the block's keys x the query block, for dQ (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 4 panel(s) of 128 rows x 32
+//     stats    163840    2048    2.00  2x256 float        1024  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
+//     bars     165888      16    0.02  2x1 uint64            8  none                         per stage: its Q and dO tiles have landed (TMA transactions)
+//     total 165904 B (162.02 KiB) of 232448 B (227.00 KiB) budget, 71%
+//     dynamic: 165904 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
 //   warp roles and mbarriers (region bars):
 //     2 warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, S^T, dP^T in wgmma accumulators) and dQ's rows [64w, 64w + 64) of the query block
-//     qfull0  smem +133120    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
-//     qfull1  smem +133128    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
+//     qfull0  smem +165888    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
+//     qfull1  smem +165896    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
 //     main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:
-//       thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init; the first step's __syncthreads publishes them); load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier)
-//       for each query head of the KV head, each query block of 128 rows that sees a key of the block:
-//         (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier); a varlen sequence's last query block: its rows past the sequence become zeros (stores, fence.proxy.async, __syncthreads)
+//       thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init); load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier); the first 2 block_m threads store its LSE and delta; wait for K, V (cp.async, fence.proxy.async); __syncthreads
+//       for each query head of the KV head, each query block of 128 rows that sees a key of the block (a cursor of query head and first row, moved on one block per step):
+//         each of the first 2 block_m threads loads its LSE or delta of the next step (a register); every thread waits for this step's Q, dO (the stage's mbarrier); a varlen sequence's last query block: its rows past the sequence become zeros (stores, fence.proxy.async, __syncthreads)
 //         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 128); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
-//         dS^T to shared (swizzled); fence.proxy.async; __syncthreads
+//         dS^T to the step's own dS^T tile (swizzled; a tile per stage, since the other warpgroup may still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; __syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is complete)
 //         issue dQ[64w:64w + 64, :] = dS K (wgmma SS, MN-major, N 64; dS of the warpgroup's queries only), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ
 //         each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while dV and dK run; wait for them
 //         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)

@@ -180,7 +180,8 @@ def tensor_maps(spec: WgmmaBackwardSpec) -> tuple[TensorMapSpec, ...]:
 
 def regions(spec: WgmmaBackwardSpec) -> list[Region]:
     """Q and dO of QUERY_STAGES query blocks (TMA writes them), K and V of the block's keys (cp.async),
-    dS^T (all swizzled panels), two steps' row statistics and the stages' mbarriers."""
+    dS^T of QUERY_STAGES steps (all swizzled panels), two steps' row statistics and the stages'
+    mbarriers."""
     ctype = ELEMENT_TYPES[spec.dtype][0]
     panel = panel_swizzle(spec)
     d, bm, bn = spec.head_dim, spec.tile.block_m, spec.tile.block_n
@@ -189,7 +190,9 @@ def regions(spec: WgmmaBackwardSpec) -> list[Region]:
     return [*stages,
             swizzled_tile("k0", bn, d, panel, ctype, "K tile of the block's keys, loaded once"),
             swizzled_tile("v0", bn, d, panel, ctype, "V tile of the block's keys, loaded once"),
-            swizzled_tile("ds", bn, bm, panel, ctype, "dS^T of the block's keys x the query block, for dQ"),
+            *(swizzled_tile(f"ds{s or ''}", bn, bm, panel, ctype, f"dS^T of the block's keys x the query block, for "
+                            f"dQ (stage {s}: a warpgroup may write the next step's while the other's dQ still reads "
+                            f"this one)") for s in range(QUERY_STAGES)),
             Region("stats", 2, 2 * bm, "float", 4, 2 * bm * 4, per="per stage: the query block's LSE x log2(e) "
                    "(+inf: a row that adds nothing), then its rowsum(dO * O)"),
             barrier_region("bars", QUERY_STAGES, "per stage: its Q and dO tiles have landed (TMA transactions)")]
@@ -224,20 +227,23 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
     roles = (f"{w} warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, "
              f"S^T, dP^T in wgmma accumulators) and {dq_share}",)
     schedule = ("main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:",
-                "  thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init; the first step's __syncthreads "
-                "publishes them); load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k "
-                "zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's "
-                "mbarrier)",
-                f"  for each query head of the KV head, each query block of {bm} rows that sees a key of the block:",
-                "    (the first step: wait for K, V: cp.async, fence.proxy.async) __syncthreads; thread 0 issues the "
-                "next block's Q, dO into the other stage (TMA), and each of the first 2 block_m threads loads its LSE "
-                "or delta for the next step; every thread waits for this step's Q, dO (the stage's mbarrier); a varlen "
-                "sequence's last query block: its rows past the sequence become zeros (stores, fence.proxy.async, "
-                "__syncthreads)",
+                "  thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init); load K, V of the block's keys "
+                "(cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q "
+                "and dO (TMA, one box per panel, on its stage's mbarrier); the first 2 block_m threads store its LSE "
+                "and delta; wait for K, V (cp.async, fence.proxy.async); __syncthreads",
+                f"  for each query head of the KV head, each query block of {bm} rows that sees a key of the block "
+                "(a cursor of query head and first row, moved on one block per step):",
+                "    each of the first 2 block_m threads loads its LSE or delta of the next step (a register); every "
+                "thread waits for this step's Q, dO (the stage's mbarrier); a varlen sequence's last query block: its "
+                "rows past the sequence become zeros (stores, fence.proxy.async, __syncthreads)",
                 f"    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N {bm}); wait S^T: P^T = exp2(m(S^T) scale_log2 - "
                 "LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' "
                 "(softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)",
-                "    dS^T to shared (swizzled); fence.proxy.async; __syncthreads",
+                "    dS^T to the step's own dS^T tile (swizzled; a tile per stage, since the other warpgroup may "
+                "still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; "
+                "__syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the "
+                "next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is "
+                "complete)",
                 f"    issue {dq_issue}, then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ",
                 "    each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while "
                 "dV and dK run; wait for them",
@@ -274,7 +280,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                                        f"(cp.async.bulk.tensor, one thread); {panel.row_bytes}-byte-swizzled panels",
                            pipeline_text="copies: K and V of the block's keys once (cp.async, every thread); Q and dO "
                                          "of each query block in 2 stages by TMA (thread 0), the next block's issued "
-                                         "as this one starts")
+                                         "at this one's block barrier (after its dS^T is written)")
 
 
 def explain(plan) -> list[str]:
