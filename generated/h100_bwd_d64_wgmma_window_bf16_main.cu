@@ -504,20 +504,28 @@ __device__ __forceinline__ void copy_panels_async(uint32_t dst, const elem_t* sr
     }
 }
 
+// A descriptor moved on by `bytes` (a multiple of 16) in its start address, the low 14 bits: one
+// integer add per wgmma in place of a descriptor built again (1-2 % of a step, H200). No shared
+// memory address carries out of the field (>> 4, below 2^14).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+    const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // Descriptor of k16 step kk of a K-major operand: rows [row0, row0 + 64) (A) or all (B) of a tile of
 // kRows rows x head_dim; a panel holds kKStepsPerPanel steps, 32 bytes apart.
 template <int kRows>
 __device__ __forceinline__ uint64_t k_major_desc(uint32_t tile, int row0, int kk) {
-    return smem_desc(tile + (kk / kKStepsPerPanel) * (kRows * kPanelRowBytes) + row0 * kPanelRowBytes +
-                     (kk % kKStepsPerPanel) * 32, 16, kSwizzleAtomBytes, kDescriptorMode);
+    return desc_advance(smem_desc(tile + row0 * kPanelRowBytes, 16, kSwizzleAtomBytes, kDescriptorMode),
+                        (kk / kKStepsPerPanel) * (kRows * kPanelRowBytes) + (kk % kKStepsPerPanel) * 32);
 }
 
 // Descriptor of k16 step kk of an MN-major operand: rows [16 kk, 16 kk + 16) of a tile of kRows rows
 // (the K dimension), its columns (M or N) from col0, a panel boundary; panels are kRows rows apart.
 template <int kRows>
 __device__ __forceinline__ uint64_t mn_major_desc(uint32_t tile, int col0, int kk) {
-    return smem_desc(tile + (col0 / kPanelCols) * (kRows * kPanelRowBytes) + kk * 16 * kPanelRowBytes,
-                     kRows * kPanelRowBytes, kSwizzleAtomBytes, kDescriptorMode);
+    return desc_advance(smem_desc(tile + (col0 / kPanelCols) * (kRows * kPanelRowBytes), kRows * kPanelRowBytes,
+                                  kSwizzleAtomBytes, kDescriptorMode), kk * 16 * kPanelRowBytes);
 }
 
 // Issue acc = X[key0, key0 + 64) . Y^T over head_dim, X a key tile (K or V), Y a query tile (Q or dO):
