@@ -31,7 +31,7 @@
 //   threads: 256 = 8 warps of 16 keys
 //   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (4 chunks per query block), dK and dV 16 tiles each; 144 fp32 accumulators per thread
 //   mma.sync per query block per warp: 128 (S^T) + 128 (dV) + 128 (dP^T) + 128 (dK) + 128 (dQ)
-//   dQ: fp32 atomic adds of 128 x 128 per query block and key block (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
+//   dQ: fp32 atomic adds of 128 x 128 per query block and key block into an accumulator in register order (each warp's add covers 128 contiguous bytes) (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 1 stage(s), waited for before each block
 //   masks: none, causal
 //
@@ -117,16 +117,29 @@ constexpr int kHeadDim = 128;
 constexpr int kThreads = 128;
 constexpr int kLanesPerRow = kHeadDim / 8;              // 16-byte vectors in a row
 constexpr int kRowsPerBlock = kThreads / kLanesPerRow;  // 8
+constexpr int kAccumRowBlock = 128;   // each head's accumulator rows: seqlen_q rounded up to this
+// Each block of kFragmentRows (64) accumulator rows is laid out as the warpgroups that added it hold
+// it: warpgroup w's columns [w kFragmentCols, (w + 1) kFragmentCols) as an m64 wgmma accumulator,
+// register v of warpgroup thread t at v * 128 + t. That register of a thread of warp wi, lane l is
+// row 16 wi + l / 4 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2 (l % 4) + (v & 1). (A query block of
+// kAccumRowBlock rows holds kAccumRowBlock / kFragmentRows of them.)
+constexpr int kFragmentRows = 64;
+constexpr int kFragmentCols = 128;
 
 // Kernel arguments, passed by value: the bytes of the plan's Params (attngen/core/abi.py), of which
 // this kernel reads the fields declared here; the others are reserved bytes. Strides are in
 // elements; the last dimension of every tensor is contiguous.
 struct Params {
-    unsigned char reserved_0[156];  // +0
+    unsigned char reserved_0[152];  // +0
+    int batch;  // +152: batch size
     int heads;  // +156: query heads
     unsigned char reserved_160[4];  // +160
     int seqlen_q;  // +164: query rows per head
-    unsigned char reserved_168[64];  // +168
+    unsigned char reserved_168[16];  // +168
+    const int* cu_seqlens_q;  // +184: int32 (batch + 1,): varlen calls, first row of each sequence in q and o, then the total; null in padded calls
+    unsigned char reserved_192[16];  // +192
+    int total_q;  // +208: varlen calls: rows of q and o; offsets are clamped to [0, total_q], never read past
+    unsigned char reserved_212[20];  // +212
     void* dq;  // +232: gradient of q, shaped like q (written by the convert kernel)
     unsigned char reserved_240[40];  // +240
     long long dq_batch_stride;  // +280: dq: elements between batches
@@ -138,8 +151,11 @@ struct Params {
     float scale;  // +368: the softmax scale: dQ and dK carry it (dS is the gradient of the scaled score)
     unsigned char reserved_372[12];  // +372
 };
+static_assert(offsetof(Params, batch) == 152, "Params.batch offset");
 static_assert(offsetof(Params, heads) == 156, "Params.heads offset");
 static_assert(offsetof(Params, seqlen_q) == 164, "Params.seqlen_q offset");
+static_assert(offsetof(Params, cu_seqlens_q) == 184, "Params.cu_seqlens_q offset");
+static_assert(offsetof(Params, total_q) == 208, "Params.total_q offset");
 static_assert(offsetof(Params, dq) == 232, "Params.dq offset");
 static_assert(offsetof(Params, dq_batch_stride) == 280, "Params.dq_batch_stride offset");
 static_assert(offsetof(Params, dq_head_stride) == 288, "Params.dq_head_stride offset");
@@ -159,20 +175,57 @@ template <> __device__ __forceinline__ __nv_bfloat162 float2_to<__nv_bfloat162>(
 
 __device__ __forceinline__ elem2_t from_float2(float a, float b) { return float2_to<elem2_t>(a, b); }
 
+// Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
+// varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
+// no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
+__device__ __forceinline__ int accum_rows_per_head(const Params& p) {
+    if (p.cu_seqlens_q != nullptr)
+        return ((p.total_q + kAccumRowBlock - 1) / kAccumRowBlock + static_cast<int>(p.batch)) * kAccumRowBlock;
+    return (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
+}
+
+// The accumulator row of query row `row` of a varlen call (the rows of every sequence back to back):
+// its sequence's run of blocks starts at block (first row's block + sequence index); -1 for a row
+// outside every sequence the clamped offsets give (malformed cu_seqlens, which the main kernel
+// reports), whose dQ is then 0.
+__device__ __forceinline__ long long varlen_accum_row(const Params& p, int row) {
+    auto offset = [&](int b) { return min(max(p.cu_seqlens_q[b], 0), p.total_q); };
+    int lo = 0, hi = p.batch - 1;   // the last sequence whose first row is at or before `row`
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (offset(mid) <= row) lo = mid;
+        else hi = mid - 1;
+    }
+    const int q_end = offset(lo + 1), q0 = min(offset(lo), q_end);
+    if (row < q0 || row >= q_end) return -1;
+    return static_cast<long long>(q0 / kAccumRowBlock + lo) * kAccumRowBlock + (row - q0);
+}
+
 __device__ __forceinline__ void convert(const Params& p) {
     const int lane_in_row = threadIdx.x % kLanesPerRow;
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
     const int head = blockIdx.y, batch = blockIdx.z;
     if (row >= p.seqlen_q) return;
-    const long long row_index = (static_cast<long long>(batch) * p.heads + head) * p.seqlen_q + row;
-    const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + row_index * kHeadDim + lane_in_row * 8);
-    const float4 a = acc[0], b = acc[1];
+    // Columns c .. c + 7 of row r of its block: registers v (even columns) and v + 1 (odd) of the four
+    // threads of one quad, adjacent in the block: two 16-byte loads.
+    const long long accum_row = p.cu_seqlens_q != nullptr ? varlen_accum_row(p, row) : row;
+    if (accum_row < 0) {   // outside every sequence: dQ 0
+        *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
+                                  + row * p.dq_row_stride + lane_in_row * 8) = make_uint4(0, 0, 0, 0);
+        return;
+    }
+    const int r = accum_row % kFragmentRows, c = lane_in_row * 8;
+    const int v = 4 * (c % kFragmentCols / 8) + 2 * (r % 16 / 8), t = r / 16 * 32 + r % 8 * 4;
+    const float* block = p.dq_accum + ((static_cast<long long>(batch) * p.heads + head) * accum_rows_per_head(p) + accum_row - r)
+                         * kHeadDim + c / kFragmentCols * kFragmentRows * kFragmentCols;
+    const float4 even = *reinterpret_cast<const float4*>(block + v * 128 + t);
+    const float4 odd = *reinterpret_cast<const float4*>(block + (v + 1) * 128 + t);
     uint4 out;
     elem2_t* x = reinterpret_cast<elem2_t*>(&out);
-    x[0] = from_float2(a.x * p.scale, a.y * p.scale);
-    x[1] = from_float2(a.z * p.scale, a.w * p.scale);
-    x[2] = from_float2(b.x * p.scale, b.y * p.scale);
-    x[3] = from_float2(b.z * p.scale, b.w * p.scale);
+    x[0] = from_float2(even.x * p.scale, odd.x * p.scale);
+    x[1] = from_float2(even.y * p.scale, odd.y * p.scale);
+    x[2] = from_float2(even.z * p.scale, odd.z * p.scale);
+    x[3] = from_float2(even.w * p.scale, odd.w * p.scale);
     *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
                               + row * p.dq_row_stride + lane_in_row * 8) = out;
 }

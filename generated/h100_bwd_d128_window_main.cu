@@ -27,7 +27,7 @@
 //   threads: 256 = 8 warps of 16 keys
 //   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (4 chunks per query block), dK and dV 16 tiles each; 144 fp32 accumulators per thread
 //   mma.sync per query block per warp: 128 (S^T) + 128 (dV) + 128 (dP^T) + 128 (dK) + 128 (dQ)
-//   dQ: fp32 atomic adds of 128 x 128 per query block and key block (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
+//   dQ: fp32 atomic adds of 128 x 128 per query block and key block into an accumulator in register order (each warp's add covers 128 contiguous bytes) (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 1 stage(s), waited for before each block
 //   masks: window
 //
@@ -443,6 +443,8 @@ constexpr int kKStepsN = 8;       // k16 steps over the key block
 constexpr int kDqRowWarps = 8;  // warps over the query block's rows in the dQ step
 constexpr int kDqMTiles = 1;     // 16-row fragments of dQ per warp
 constexpr int kDqDPairs = 8;     // 16-column pairs of dQ per warp
+constexpr int kAccumRowBlock = 128;   // the dQ accumulator's whole blocks: query blocks
+constexpr int kFragmentRows = 64;                               // ... each 64 rows of them in register order
 constexpr int kQueryStages = 1;  // Q and dO tiles in flight
 constexpr int kQueryStageBytes = 0;  // from stage 0's Q (dO) tile to stage 1's
 constexpr int kDsPitch = 272;        // bytes per row of the dS^T tile
@@ -593,19 +595,24 @@ __device__ __forceinline__ void store_ds(unsigned char* sDS, const uint32_t (&a)
             *reinterpret_cast<uint32_t*>(sDS + (row + 8 * (i % 2)) * kDsPitch + (kk * 16 + col + 8 * (i / 2)) * 2) = a[kk][i];
 }
 
-// dQ accumulator rows [q_row0, q_row0 + 16 kDqMTiles) x column pairs [dp0, dp0 + kDqDPairs) of the
-// query block += dS K: A fragments of dS (queries x keys) are transposed loads of the dS^T tile, B
-// fragments of K transposed loads of the K tile. Rows past seqlen_q add nothing.
-__device__ __forceinline__ void add_dq(float* dq_accum, uint32_t sDS, uint32_t sK, int m0, int q_row0, int dp0,
-                                       int lane, const LaneMaps& ln, const Params& p) {
+// dQ rows [q_row0, q_row0 + 16 kDqMTiles) x column pairs [dp0, dp0 + kDqDPairs) of the query block
+// += dS K: A fragments of dS (queries x keys) are transposed loads of the dS^T tile, B fragments of
+// K transposed loads of the K tile. dq_block: the query block's accumulator in register order
+// (kAccumRowBlock): each 64-row block holds its four 16-row fragments' m16n8 accumulators, element
+// e of 8-column tile j of fragment f, lane l at (4 j + e) x 128 + 32 f + l, so that a warp's add
+// covers 128 contiguous bytes (in row order, each add touched 8 sectors, half of each: 1.2-1.3x
+// slower on the H200). Rows past seqlen_q add zeros (their dS is 0) to rows no query reads.
+__device__ __forceinline__ void add_dq(float* dq_block, uint32_t sDS, uint32_t sK, int q_row0, int dp0, int lane,
+                                       const LaneMaps& ln) {
 #pragma unroll
     for (int mt = 0; mt < kDqMTiles; ++mt) {
+        const int row0 = q_row0 + mt * 16;
+        float* at = dq_block + row0 / kFragmentRows * kFragmentRows * kHeadDim + row0 % kFragmentRows / 16 * 32 + lane;
         uint32_t a[kKStepsN][4];
 #pragma unroll
         for (int kk = 0; kk < kKStepsN; ++kk)
-            ldmatrix_x4_trans(a[kk], sDS + (kk * 16 + ln.b.row) * kDsPitch + ((q_row0 + mt * 16) / 8 + ln.b.chunk) * 16);
-        const int row = m0 + q_row0 + mt * 16 + lane / 4;
-#pragma unroll
+            ldmatrix_x4_trans(a[kk], sDS + (kk * 16 + ln.b.row) * kDsPitch + (row0 / 8 + ln.b.chunk) * 16);
+#pragma unroll 1
         for (int dp = dp0; dp < dp0 + kDqDPairs; ++dp) {
             float acc[2][4] = {};
 #pragma unroll
@@ -618,11 +625,7 @@ __device__ __forceinline__ void add_dq(float* dq_accum, uint32_t sDS, uint32_t s
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = row + 8 * (e / 2);
-                    if (r < p.seqlen_q)
-                        atomicAdd(dq_accum + r * kHeadDim + (2 * dp + j) * 8 + 2 * (lane % 4) + e % 2, acc[j][e]);
-                }
+                for (int e = 0; e < 4; ++e) atomicAdd(at + (4 * (2 * dp + j) + e) * 128, acc[j][e]);
         }
     }
 }
@@ -693,21 +696,36 @@ struct QueryStep {
     const elem_t* dout;
     const float* lse;
     const float* delta;
-    float* dq_accum;
     int m0;
 };
+
+// Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
+// varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
+// no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
+__device__ __forceinline__ int accum_rows_per_head(const Params& p) {
+    return (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
+}
 
 // Step i of `blocks` query blocks per query head (heads of the KV head in turn), from row m_first.
 __device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, const Sequence& seq, int kv_head,
                                                 const Params& p) {
     const int group = p.heads / p.kv_heads;
     const int head = kv_head * group + i / blocks;
-    // delta and dq_accum are laid out as lse
+    // delta is laid out as lse
     const long long row0 = seq.batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q0;
     return {head, head_ptr(p.q, seq.batch, head, p.q_batch_stride, p.q_head_stride) + seq.q0 * p.q_row_stride,
             head_ptr(p.dout, seq.batch, head, p.dout_batch_stride, p.dout_head_stride) + seq.q0 * p.dout_row_stride,
-            p.lse + row0, p.delta + row0,
-            p.dq_accum + row0 * kHeadDim, m_first + i % blocks * kBlockM};
+            p.lse + row0, p.delta + row0, m_first + i % blocks * kBlockM};
+}
+
+// The accumulator rows of query block [m0, m0 + kBlockM) of query head `head` (kBlockM x head_dim,
+// register order); a varlen sequence's start its run of blocks, laid out as its run of turn counters
+// (block_sequence: turns = heads x (its first row's block + its index)). Worked out where the adds
+// are made rather than held through the step: the d128 kernels have no registers to spare.
+__device__ __forceinline__ float* accum_block(int head, int m0, const Sequence& seq, const Params& p) {
+    const long long row = (static_cast<long long>(seq.batch) * p.heads + head) * accum_rows_per_head(p) + m0
+                          + seq.turns / p.heads * kBlockM;
+    return p.dq_accum + row * kHeadDim;
 }
 
 // Issue the copies of a step's Q and dO tiles into stage `stage` (one cp.async group).
@@ -762,7 +780,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
     }
     __syncthreads();
 
-    add_dq(st.dq_accum, sDS, sK, m0, warp % kDqRowWarps * 16 * kDqMTiles, warp / kDqRowWarps * kDqDPairs, lane, ln, p);
+    add_dq(accum_block(st.head, m0, seq, p), sDS, sK, warp % kDqRowWarps * 16 * kDqMTiles, warp / kDqRowWarps * kDqDPairs, lane, ln);
     if constexpr (kDeterministic) __threadfence();   // this thread's adds land before the next key block's turn
     __syncthreads();   // the next steps overwrite this stage's Q and dO, dS^T and the row stats
     if constexpr (kDeterministic) {

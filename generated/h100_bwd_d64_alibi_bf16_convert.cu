@@ -30,7 +30,7 @@
 //   threads: 256 = 8 warps of 16 keys
 //   fragments per warp: 16 keys; S^T and dP^T 8 m16n8 tiles each over a chunk of 64 queries (2 chunks per query block), dK and dV 8 tiles each; 96 fp32 accumulators per thread
 //   mma.sync per query block per warp: 64 (S^T) + 64 (dV) + 64 (dP^T) + 64 (dK) + 64 (dQ)
-//   dQ: fp32 atomic adds of 128 x 64 per query block and key block (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
+//   dQ: fp32 atomic adds of 128 x 64 per query block and key block into an accumulator in register order (each warp's add covers 128 contiguous bytes) (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 2 stage(s), the next block's issued before this one is computed
 //   masks: none, causal
 //   scores (every function, before the mask, in this order): alibi: ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score (the call passes alibi_slopes=)
@@ -114,6 +114,14 @@ constexpr int kHeadDim = 64;
 constexpr int kThreads = 128;
 constexpr int kLanesPerRow = kHeadDim / 8;              // 16-byte vectors in a row
 constexpr int kRowsPerBlock = kThreads / kLanesPerRow;  // 16
+constexpr int kAccumRowBlock = 128;   // each head's accumulator rows: seqlen_q rounded up to this
+// Each block of kFragmentRows (64) accumulator rows is laid out as the warpgroups that added it hold
+// it: warpgroup w's columns [w kFragmentCols, (w + 1) kFragmentCols) as an m64 wgmma accumulator,
+// register v of warpgroup thread t at v * 128 + t. That register of a thread of warp wi, lane l is
+// row 16 wi + l / 4 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2 (l % 4) + (v & 1). (A query block of
+// kAccumRowBlock rows holds kAccumRowBlock / kFragmentRows of them.)
+constexpr int kFragmentRows = 64;
+constexpr int kFragmentCols = 64;
 
 // Kernel arguments, passed by value: the bytes of the plan's Params (attngen/core/abi.py), of which
 // this kernel reads the fields declared here; the others are reserved bytes. Strides are in
@@ -156,20 +164,32 @@ template <> __device__ __forceinline__ __nv_bfloat162 float2_to<__nv_bfloat162>(
 
 __device__ __forceinline__ elem2_t from_float2(float a, float b) { return float2_to<elem2_t>(a, b); }
 
+// Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
+// varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
+// no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
+__device__ __forceinline__ int accum_rows_per_head(const Params& p) {
+    return (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
+}
+
 __device__ __forceinline__ void convert(const Params& p) {
     const int lane_in_row = threadIdx.x % kLanesPerRow;
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
     const int head = blockIdx.y, batch = blockIdx.z;
     if (row >= p.seqlen_q) return;
-    const long long row_index = (static_cast<long long>(batch) * p.heads + head) * p.seqlen_q + row;
-    const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + row_index * kHeadDim + lane_in_row * 8);
-    const float4 a = acc[0], b = acc[1];
+    // Columns c .. c + 7 of row r of its block: registers v (even columns) and v + 1 (odd) of the four
+    // threads of one quad, adjacent in the block: two 16-byte loads.
+    const int r = row % kFragmentRows, c = lane_in_row * 8;
+    const int v = 4 * (c % kFragmentCols / 8) + 2 * (r % 16 / 8), t = r / 16 * 32 + r % 8 * 4;
+    const float* block = p.dq_accum + ((static_cast<long long>(batch) * p.heads + head) * accum_rows_per_head(p) + row - r)
+                         * kHeadDim + c / kFragmentCols * kFragmentRows * kFragmentCols;
+    const float4 even = *reinterpret_cast<const float4*>(block + v * 128 + t);
+    const float4 odd = *reinterpret_cast<const float4*>(block + (v + 1) * 128 + t);
     uint4 out;
     elem2_t* x = reinterpret_cast<elem2_t*>(&out);
-    x[0] = from_float2(a.x * p.scale, a.y * p.scale);
-    x[1] = from_float2(a.z * p.scale, a.w * p.scale);
-    x[2] = from_float2(b.x * p.scale, b.y * p.scale);
-    x[3] = from_float2(b.z * p.scale, b.w * p.scale);
+    x[0] = from_float2(even.x * p.scale, odd.x * p.scale);
+    x[1] = from_float2(even.y * p.scale, odd.y * p.scale);
+    x[2] = from_float2(even.z * p.scale, odd.z * p.scale);
+    x[3] = from_float2(even.w * p.scale, odd.w * p.scale);
     *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
                               + row * p.dq_row_stride + lane_in_row * 8) = out;
 }

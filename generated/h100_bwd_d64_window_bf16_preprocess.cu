@@ -29,7 +29,7 @@
 //   threads: 256 = 8 warps of 16 keys
 //   fragments per warp: 16 keys; S^T and dP^T 8 m16n8 tiles each over a chunk of 64 queries (2 chunks per query block), dK and dV 8 tiles each; 96 fp32 accumulators per thread
 //   mma.sync per query block per warp: 64 (S^T) + 64 (dV) + 64 (dP^T) + 64 (dK) + 64 (dQ)
-//   dQ: fp32 atomic adds of 128 x 64 per query block and key block (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
+//   dQ: fp32 atomic adds of 128 x 64 per query block and key block into an accumulator in register order (each warp's add covers 128 contiguous bytes) (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 2 stage(s), the next block's issued before this one is computed
 //   masks: window
 //
@@ -111,7 +111,7 @@ constexpr int kHeadDim = 64;
 constexpr int kThreads = 128;
 constexpr int kLanesPerRow = kHeadDim / 8;              // 16-byte vectors in a row
 constexpr int kRowsPerBlock = kThreads / kLanesPerRow;  // 16
-constexpr int kAccumRowBlock = 1;   // each head's accumulator rows: seqlen_q rounded up to this
+constexpr int kAccumRowBlock = 128;   // each head's accumulator rows: seqlen_q rounded up to this
 
 // Kernel arguments, passed by value: the bytes of the plan's Params (attngen/core/abi.py), of which
 // this kernel reads the fields declared here; the others are reserved bytes. Strides are in
@@ -166,6 +166,13 @@ __device__ __forceinline__ float group_sum(float x) {
     return x;
 }
 
+// Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
+// varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
+// no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
+__device__ __forceinline__ int accum_rows_per_head(const Params& p) {
+    return (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
+}
+
 // The dot product of 8 elements of dO and O, in fp32.
 __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     const elem2_t* x = reinterpret_cast<const elem2_t*>(&a);
@@ -200,6 +207,13 @@ __device__ __forceinline__ void preprocess(const Params& p) {
         sum = dot8(*reinterpret_cast<const uint4*>(dout), *reinterpret_cast<const uint4*>(o));
         if constexpr (kAccumRowBlock == 1) {   // the accumulator's rows are the query rows
             clear_accumulator(p.dq_accum + row_index * kHeadDim + lane_in_row * 8);
+        }
+    }
+    {   // ... or whole query blocks of them: the grid covers those rows
+        const int accum_rows = accum_rows_per_head(p);
+        if (row < accum_rows) {
+            const long long accum_row = (static_cast<long long>(batch) * p.heads + head) * accum_rows + row;
+            clear_accumulator(p.dq_accum + accum_row * kHeadDim + lane_in_row * 8);
         }
     }
     sum = group_sum<kLanesPerRow>(sum);   // every lane takes part: the row's lanes are adjacent

@@ -83,7 +83,8 @@ def test_row_kernels_cover_every_row():
 
 @pytest.mark.parametrize("change, key", [
     ({"tile": {"block_m": 64, "block_n": 32}}, "tile.block_n"),           # 8 warps own 128 keys
-    ({"tile": {"block_m": 96, "block_n": 128}}, "warps.compute"),         # 6 row fragments over 8 warps
+    ({"tile": {"block_m": 96, "block_n": 128}}, "tile.block_m"),          # dQ accumulator blocks of 64 rows
+    ({"tile": {"block_m": 64, "block_n": 96}, "warps": {"compute": 6}}, "warps.compute"),   # 4 row fragments, 6 warps
     ({"tile": {"block_m": 64, "block_n": 256}, "warps": {"compute": 16}}, "warps.compute"),   # too few registers
     ({"head_dim_v": 64}, "head_dim_v"),
     ({"tile": {"block_m": 48, "block_n": 128}}, "tile.block_m"),          # not whole chunks of 32 queries

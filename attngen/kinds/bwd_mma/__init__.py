@@ -6,8 +6,11 @@ three kernels over one Params (attngen/core/backward_plan.py):
   keys (for every query head of its KV head): loads Q and dO, recomputes S^T = K Q^T and
   P^T = exp2(S^T scale log2 e - LSE log2 e), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
   dK += dS^T Q; dS^T goes through shared memory so that each warp adds dS K for its query rows into
-  the fp32 dQ accumulator (atomics). dK, dV are written in the element type at the end.
-- preprocess: delta = rowsum(dO * O), and zeros in the accumulator;
+  the fp32 dQ accumulator (red.global.add), in register order: the accumulator keeps each 64-row block
+  as the m16n8 accumulators of its four 16-row fragments hold it (the layout the convert kernel reads
+  for bwd_wgmma too), so that a warp's add covers 128 contiguous bytes. dK, dV are written in the
+  element type at the end.
+- preprocess: delta = rowsum(dO * O), and zeros in the accumulator (whole query blocks);
 - convert: dQ = scale * accumulator.
 """
 from __future__ import annotations
@@ -36,6 +39,7 @@ SLOPE_PAIRS_FROM = 128      # head dims whose dK and dV leave no registers for f
 QUERY_CHUNKS = (32, 64)     # queries whose S^T and dP^T a warp holds at once (chunk / 2 fp32 registers each)
 HEAD_DIMS = (32, 64, 128)   # dK and dV of 16 keys take head_dim fp32 registers per thread; the row kernels
                             # give each row head_dim / 8 lanes of one warp (a power of two)
+ACCUM_FRAGMENT_ROWS = 64    # rows of a register-order block of the dQ accumulator (the convert kernel's kFragmentRows)
 
 
 class BackwardSpec(ForwardSpec):
@@ -96,6 +100,12 @@ def rule_backward_query_chunks(s: BackwardSpec):
                                 f"chunks of {s.query_chunk} queries (got {s.tile.block_m})")
 
 
+def rule_backward_dq_blocks(s: BackwardSpec):
+    if s.tile.block_m % ACCUM_FRAGMENT_ROWS:
+        return "tile.block_m", (f"must be a multiple of {ACCUM_FRAGMENT_ROWS}: the dQ accumulator is laid out in blocks of "
+                                f"{ACCUM_FRAGMENT_ROWS} rows in register order (got {s.tile.block_m})")
+
+
 def dq_warp_grid(block_m: int, warps: int) -> tuple[int, int]:
     """(row groups, column groups) of the warps in the dQ step: as many row groups of 16-row fragments
     as the query block has (at most one per warp), the rest of the warps split the head dim."""
@@ -117,7 +127,7 @@ rule_backward_one_stage = refuse(
               "leave q_in_registers unset", "rule_backward_one_stage")
 
 BackwardSpec.rules = (rule_backward_homogeneous, rule_head_dim_vector_loads, rule_head_dim_fragments, rule_backward_head_dim,
-                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_grid, rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
+                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_blocks, rule_backward_dq_grid, rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
                       rule_backward_one_stage, rule_pad_bytes, rule_pad_16_bytes, rule_threads)
 
 
@@ -138,8 +148,8 @@ class BackwardFragments:
     accumulators: int       # fp32 dK + dV + S^T + dP^T registers per thread
     row_block: int          # query rows per preprocess / convert block
     slope_pairs: bool       # softcap's chain-rule factors held as fp16 pairs (SLOPE_PAIRS_FROM)
-    accum_row_block: int = 1      # the dQ accumulator holds each head's seqlen_q rows, in order
-    accum_fragment_cols: int = 0  # ... each row's columns in order
+    accum_row_block: int    # the dQ accumulator holds whole query blocks of each head
+    accum_fragment_cols: int  # ... each 64 rows in register order, all head_dim columns in one run
 
 
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:
@@ -150,7 +160,8 @@ def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments
                              k_steps_n=spec.tile.block_n // 16, dq_row_warps=rows, dq_m_tiles=bm // 16 // rows,
                              dq_d_pairs=d // 16 // cols, query_stages=spec.query_stages,
                              ds_pitch=bm * spec.elem_bytes + 16, accumulators=d + 2 * chunk // 4,
-                             row_block=rows_per_row_block(d), slope_pairs=d >= SLOPE_PAIRS_FROM)
+                             row_block=rows_per_row_block(d), slope_pairs=d >= SLOPE_PAIRS_FROM,
+                             accum_row_block=bm, accum_fragment_cols=d)
 
 
 def backward_regions(spec: BackwardSpec) -> list[Region]:
@@ -205,7 +216,8 @@ def plan(spec: BackwardSpec, file: str | None = None):
                 "dV += P^T dO",
                 "    dP^T = V dO^T, dS^T = P^T (dP^T - delta) m'; dK += dS^T Q; dS^T to shared; __syncthreads",
                 "    (deterministic: thread 0 waits for the block's turn at this query block; __syncthreads)",
-                "    dQ accumulator += dS K (fp32 atomics, its rows); __syncthreads (deterministic: then pass the turn)",
+                "    dQ accumulator += dS K (red.global.add, its rows, in register order: 128 contiguous bytes per warp add); "
+                "__syncthreads (deterministic: then pass the turn)",
                 "  dK *= scale; write dK, dV (rows < seqlen_k)",
                 f"preprocess, convert: grid (ceil(seqlen_q / {p.fragments.row_block}), heads, batch), {ROW_THREADS} "
                 f"threads, head_dim / 8 threads per row" + ("; varlen: (ceil(total_q / "
@@ -214,7 +226,7 @@ def plan(spec: BackwardSpec, file: str | None = None):
                   f"{spec.tile.block_m} rows that see them, for every query head of the KV head",
                   f"threads: {p.threads} = {w} warps of 16 keys",
                   "masks: " + ", ".join(spec.masks))
-    return BackwardPlan.of(p, parts=backward_parts(spec, abi), abi=abi, regions=regions, smem_bytes=smem,
+    return BackwardPlan.of(p, parts=backward_parts(spec, abi, accum_blocks=True), abi=abi, regions=regions, smem_bytes=smem,
                    smem_dynamic=smem > p.target.smem_per_block,
                    fragments=replace(p.fragments, query_stage_bytes=stage_bytes), roles=roles, schedule=schedule,
                    block_text=block_text, copy_engine="cp.async (16-byte chunks), every warp copies",
@@ -233,7 +245,8 @@ def explain(plan) -> list[str]:
             f"mma.sync per query block per warp: {f.chunk_tiles * f.chunks * f.k_steps_d} (S^T) + {f.d_tiles * steps} "
             f"(dV) + {f.chunk_tiles * f.chunks * f.k_steps_d} (dP^T) + {f.d_tiles * steps} (dK) + "
             f"{f.dq_m_tiles * f.d_tiles * f.k_steps_n} (dQ)",
-            f"dQ: fp32 atomic adds of {plan.block_m} x {plan.head_dim} per query block and key block "
+            f"dQ: fp32 atomic adds of {plan.block_m} x {plan.head_dim} per query block and key block into an "
+            "accumulator in register order (each warp's add covers 128 contiguous bytes) "
             "(not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one "
             "key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit"]
 
