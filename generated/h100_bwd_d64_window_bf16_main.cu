@@ -634,15 +634,26 @@ __device__ __forceinline__ void add_dq(float* dq_block, uint32_t sDS, uint32_t s
     }
 }
 
-// The query block's LSE (x log2 e; +inf for rows past seqlen_q and rows that saw no key, so their
-// P is 0) and delta into shared memory.
-__device__ __forceinline__ void load_row_stats(float* sLse, float* sDelta, const float* lse, const float* delta, int m0,
-                                               int tid, const Params& p) {
-    for (int i = tid; i < kBlockM; i += kThreads) {
-        const int row = m0 + i;
-        const float l = row < p.seqlen_q ? lse[row] : -INFINITY;
-        sLse[i] = l == -INFINITY ? INFINITY : l * kLog2e;
-        sDelta[i] = row < p.seqlen_q ? delta[row] : 0.f;
+// Row `tid` of a query block's statistics: its LSE (x log2 e; +inf for rows past seqlen_q and rows
+// that saw no key, so their P is 0) and delta. A thread per row: loaded into registers while the step
+// before adds its dQ, stored to shared memory after.
+struct RowStat {
+    float lse, delta;
+};
+static_assert(kBlockM <= kThreads, "a thread per query row loads its statistics");
+
+__device__ __forceinline__ RowStat load_row_stat(const float* lse, const float* delta, int m0, int tid,
+                                                 const Params& p) {
+    const int row = m0 + tid;
+    if (tid >= kBlockM || row >= p.seqlen_q) return {INFINITY, 0.f};
+    const float l = lse[row];
+    return {l == -INFINITY ? INFINITY : l * kLog2e, delta[row]};
+}
+
+__device__ __forceinline__ void store_row_stat(unsigned char* smem, const RowStat& s, int tid) {
+    if (tid < kBlockM) {
+        reinterpret_cast<float*>(smem + kSmem_lse)[tid] = s.lse;
+        reinterpret_cast<float*>(smem + kSmem_delta)[tid] = s.delta;
     }
 }
 
@@ -742,20 +753,18 @@ __device__ __forceinline__ void issue_query_tiles(const QueryStep& st, uint32_t 
     cp_async_commit();
 }
 
-// One query block against the block's keys, its Q and dO tiles in stage `stage` (their copies issued).
-template <Mask kMask, bool kDeterministic>
+// One query block against the block's keys, its Q and dO tiles in stage `stage` and its row
+// statistics in shared memory: dV and dK, and dS^T into shared memory for the dQ step.
+template <Mask kMask>
 __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)[kDTiles][4], unsigned char* smem,
                                             uint32_t smem_addr, const QueryStep& st, int stage, int n0, int tid,
                                             const Sequence& seq, const LaneMaps& ln, const Params& p) {
-    const int lane = tid % 32, warp = tid / 32, key_row0 = 16 * warp, m0 = st.m0;
+    const int lane = tid % 32, key_row0 = 16 * (tid / 32), m0 = st.m0;
     const ScoreMods mods(p, BlockCoords{m0, st.head, seq.batch, 0});
     const uint32_t sQ = smem_addr + kSmem_q + stage * kQueryStageBytes, sDO = smem_addr + kSmem_do + stage * kQueryStageBytes,
-                   sK = smem_addr + kSmem_k0, sV = smem_addr + kSmem_v0, sDS = smem_addr + kSmem_ds;
+                   sK = smem_addr + kSmem_k0, sV = smem_addr + kSmem_v0;
     const float* sLse = reinterpret_cast<const float*>(smem + kSmem_lse);
     const float* sDelta = reinterpret_cast<const float*>(smem + kSmem_delta);
-    load_row_stats(reinterpret_cast<float*>(smem + kSmem_lse), reinterpret_cast<float*>(smem + kSmem_delta), st.lse,
-                   st.delta, m0, tid, p);
-    __syncthreads();
 
     bool masked = tile_needs_mask<kMask>(n0, m0, m0 + kBlockM - 1, p);
     if constexpr (ScoreMods::kMasksKeys) masked = masked || mods.masks_tile(n0);
@@ -778,17 +787,6 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
         a_fragments(a, ds);
         add_fragments_by_tile(dk, a, sQ, c0, ln);
         store_ds(smem + kSmem_ds, a, key_row0, c0, lane);
-    }
-    if constexpr (kDeterministic) {
-        if (tid == 0) wait_for_turn(dq_turn_counter(p, seq, st.head, m0), dq_turn<kMask>(n0 / kBlockN, m0, p));
-    }
-    __syncthreads();
-
-    add_dq(accum_block(st.head, m0, seq, p), sDS, sK, warp % kDqRowWarps * 16 * kDqMTiles, warp / kDqRowWarps * kDqDPairs, lane, ln);
-    if constexpr (kDeterministic) __threadfence();   // this thread's adds land before the next key block's turn
-    __syncthreads();   // the next steps overwrite this stage's Q and dO, dS^T and the row stats
-    if constexpr (kDeterministic) {
-        if (tid == 0) atomicAdd(dq_turn_counter(p, seq, st.head, m0), 1);
     }
 }
 
@@ -850,23 +848,52 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
 
     const int blocks = max(m_end - m_first + kBlockM - 1, 0) / kBlockM;
     const int steps = group * blocks;
-    if (kQueryStages > 1 && steps > 0)
-        issue_query_tiles(query_step(0, blocks, m_first, block_sequence<kVarlen>(p), kv_head, p), smem_addr, 0, tid, p);
+    // Two block barriers per step: one before it (its tiles and statistics landed, the last step's
+    // dQ read dS^T), one after dS^T is stored (Q, dO and the statistics read). With one stage the
+    // next step's Q and dO are copied while dQ is added (dQ reads only dS^T and K); its statistics
+    // are loaded then too.
+    if (steps > 0) {
+        const QueryStep first = query_step(0, blocks, m_first, block_sequence<kVarlen>(p), kv_head, p);
+        issue_query_tiles(first, smem_addr, 0, tid, p);
+        store_row_stat(smem, load_row_stat(first.lse, first.delta, first.m0, tid, p), tid);
+    }
     for (int i = 0; i < steps; ++i) {
         const Sequence seq = block_sequence<kVarlen>(p);
         const QueryStep st = query_step(i, blocks, m_first, seq, kv_head, p);
-        if (kQueryStages == 1) {
-            issue_query_tiles(st, smem_addr, 0, tid, p);
-            cp_async_wait<0>();
-        } else if (i + 1 < steps) {
-            // The other stage was last read by step i - 1, which ended with __syncthreads.
+        const bool more = i + 1 < steps;
+        if (kQueryStages > 1 && more) {
+            // The other stage was last read by step i - 1's products, before its second barrier.
             issue_query_tiles(query_step(i + 1, blocks, m_first, seq, kv_head, p), smem_addr, (i + 1) % kQueryStages,
                               tid, p);
             cp_async_wait<1>();   // every group but the one just issued: this step's tiles (and K, V)
         } else {
             cp_async_wait<0>();
         }
-        query_block<kMask, kDeterministic>(dk, dv, smem, smem_addr, st, i % kQueryStages, n0, tid, seq, ln, p);
+        __syncthreads();
+        query_block<kMask>(dk, dv, smem, smem_addr, st, i % kQueryStages, n0, tid, seq, ln, p);
+        if constexpr (kDeterministic) {
+            if (tid == 0) wait_for_turn(dq_turn_counter(p, seq, st.head, st.m0), dq_turn<kMask>(n0 / kBlockN, st.m0, p));
+        }
+        __syncthreads();
+        const QueryStep next = query_step(more ? i + 1 : i, blocks, m_first, seq, kv_head, p);
+        RowStat next_stat{};
+        if (more) {
+            if (kQueryStages == 1) issue_query_tiles(next, smem_addr, 0, tid, p);
+            // Deterministic: loaded after the adds; the turn's values leave no registers to hold it.
+            if constexpr (!kDeterministic) next_stat = load_row_stat(next.lse, next.delta, next.m0, tid, p);
+        }
+        const int warp = tid / 32;
+        add_dq(accum_block(st.head, st.m0, seq, p), smem_addr + kSmem_ds, smem_addr + kSmem_k0,
+               warp % kDqRowWarps * 16 * kDqMTiles, warp / kDqRowWarps * kDqDPairs, lane, ln);
+        if (more) {
+            if constexpr (kDeterministic) next_stat = load_row_stat(next.lse, next.delta, next.m0, tid, p);
+            store_row_stat(smem, next_stat, tid);
+        }
+        if constexpr (kDeterministic) {
+            __threadfence();   // this thread's adds land before the next key block's turn
+            __syncthreads();
+            if (tid == 0) atomicAdd(dq_turn_counter(p, seq, st.head, st.m0), 1);
+        }
     }
     cp_async_wait_all();   // K and V, when no query block saw the keys
     store_key_gradients(dk, dv, n0 + 16 * (tid / 32), lane, block_sequence<kVarlen>(p), kv_head, p);

@@ -207,17 +207,19 @@ def plan(spec: BackwardSpec, file: str | None = None):
     schedule = ("main kernel, grid (key blocks, kv_heads, batch" + (" or sequences" if spec.varlen else "") + "):",
                 *(("  (varlen: the block narrows Params to its sequence, longest first; past its last key it returns)",)
                   if spec.varlen else ()),
-                "  load K, V of the block's keys (cp.async, rows past seqlen_k zero)",
+                "  load K, V of the block's keys and the first query block's Q, dO (cp.async, rows past the ends "
+                "zero), LSE x log2 e and delta",
                 "  for each query head of the KV head, each query block that sees a key of the block:",
-                ("    issue the next query block's Q, dO (cp.async, the other stage); wait for this one's; LSE x log2 e "
-                 "and delta; __syncthreads" if spec.query_stages == 2 else
-                 "    load Q, dO (cp.async), LSE x log2 e and delta; __syncthreads"),
+                ("    issue the next query block's Q, dO (cp.async, the other stage); wait for this one's; __syncthreads"
+                 if spec.query_stages == 2 else "    wait for this query block's Q, dO; __syncthreads"),
                 "    S^T = K Q^T, P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); "
                 "dV += P^T dO",
-                "    dP^T = V dO^T, dS^T = P^T (dP^T - delta) m'; dK += dS^T Q; dS^T to shared; __syncthreads",
-                "    (deterministic: thread 0 waits for the block's turn at this query block; __syncthreads)",
-                "    dQ accumulator += dS K (red.global.add, its rows, in register order: 128 contiguous bytes per warp add); "
-                "__syncthreads (deterministic: then pass the turn)",
+                "    dP^T = V dO^T, dS^T = P^T (dP^T - delta) m'; dK += dS^T Q; dS^T to shared",
+                "    (deterministic: thread 0 waits for the block's turn at this query block); __syncthreads",
+                ("    " if spec.query_stages == 2 else "    issue the next query block's Q, dO (cp.async, the same stage); ")
+                + "load its LSE x log2 e and delta (registers)",
+                "    dQ accumulator += dS K (red.global.add, its rows, in register order: 128 contiguous bytes per warp "
+                "add); the next LSE and delta to shared (deterministic: __syncthreads, then pass the turn)",
                 "  dK *= scale; write dK, dV (rows < seqlen_k)",
                 f"preprocess, convert: grid (ceil(seqlen_q / {p.fragments.row_block}), heads, batch), {ROW_THREADS} "
                 f"threads, head_dim / 8 threads per row" + ("; varlen: (ceil(total_q / "
@@ -233,7 +235,8 @@ def plan(spec: BackwardSpec, file: str | None = None):
                    pipeline_text=(f"copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q "
                                   f"and dO of each query block in {spec.query_stages} stage(s), "
                                   + ("the next block's issued before this one is computed"
-                                     if spec.query_stages == 2 else "waited for before each block")))
+                                     if spec.query_stages == 2 else "the next block's issued while this one's dQ is "
+                                                                    "added (dQ reads only dS^T and K)")))
 
 
 def explain(plan) -> list[str]:
