@@ -818,7 +818,7 @@ __device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, 
 }
 
 // The accumulator rows of query block [m0, m0 + kBlockM) of query head `head` (kBlockM x head_dim,
-// register order); a varlen sequence's start its run of blocks, laid out as its run of turn counters
+// register order); a varlen sequence's rows start its run of blocks, laid out as its run of turn counters
 // (block_sequence: turns = heads x (its first row's block + its index)). Worked out where the adds
 // are made rather than held through the step: the d128 kernels have no registers to spare.
 __device__ __forceinline__ float* accum_block(int head, int m0, const Sequence& seq, const Params& p) {

@@ -228,8 +228,8 @@ def plan(spec: BackwardSpec, file: str | None = None):
                   f"{spec.tile.block_m} rows that see them, for every query head of the KV head",
                   f"threads: {p.threads} = {w} warps of 16 keys",
                   "masks: " + ", ".join(spec.masks))
-    return BackwardPlan.of(p, parts=backward_parts(spec, abi, accum_blocks=True), abi=abi, regions=regions, smem_bytes=smem,
-                   smem_dynamic=smem > p.target.smem_per_block,
+    return BackwardPlan.of(p, parts=backward_parts(spec, abi, accum_blocks=True), abi=abi, regions=regions,
+                   smem_bytes=smem, smem_dynamic=smem > p.target.smem_per_block,
                    fragments=replace(p.fragments, query_stage_bytes=stage_bytes), roles=roles, schedule=schedule,
                    block_text=block_text, copy_engine="cp.async (16-byte chunks), every warp copies",
                    pipeline_text=(f"copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q "
