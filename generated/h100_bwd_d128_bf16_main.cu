@@ -442,7 +442,7 @@ constexpr int kDqRowWarps = 8;  // warps over the query block's rows in the dQ s
 constexpr int kDqMTiles = 1;     // 16-row fragments of dQ per warp
 constexpr int kDqDPairs = 8;     // 16-column pairs of dQ per warp
 constexpr int kAccumRowBlock = 128;   // the dQ accumulator's whole blocks: query blocks
-constexpr int kFragmentRows = 64;                               // ... each 64 rows of them in register order
+constexpr int kFragmentRows = 64;   // ... each kFragmentRows rows of them in register order
 constexpr int kQueryStages = 1;  // Q and dO tiles in flight
 constexpr int kQueryStageBytes = 0;  // from stage 0's Q (dO) tile to stage 1's
 constexpr int kDsPitch = 272;        // bytes per row of the dS^T tile
@@ -715,6 +715,16 @@ __device__ __forceinline__ int accum_rows_per_head(const Params& p) {
     return (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
 }
 
+// The accumulator rows of query block [m0, m0 + kBlockM) of query head `head` in the block's sequence
+// (kBlockM x head_dim, register order): a varlen sequence's rows start its run of blocks, laid out as
+// its run of turn counters (block_sequence: turns = heads x (its first row's block + its index); 0 in
+// a padded call). The convert kernel's varlen_accum_row finds the same rows from a query row.
+__device__ __forceinline__ float* accum_block(int head, int m0, const Sequence& seq, const Params& p) {
+    const long long row = (static_cast<long long>(seq.batch) * p.heads + head) * accum_rows_per_head(p) + m0
+                          + seq.turns / p.heads * kBlockM;
+    return p.dq_accum + row * kHeadDim;
+}
+
 // Step i of `blocks` query blocks per query head (heads of the KV head in turn), from row m_first.
 __device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, const Sequence& seq, int kv_head,
                                                 const Params& p) {
@@ -725,16 +735,6 @@ __device__ __forceinline__ QueryStep query_step(int i, int blocks, int m_first, 
     return {head, head_ptr(p.q, seq.batch, head, p.q_batch_stride, p.q_head_stride) + seq.q0 * p.q_row_stride,
             head_ptr(p.dout, seq.batch, head, p.dout_batch_stride, p.dout_head_stride) + seq.q0 * p.dout_row_stride,
             p.lse + row0, p.delta + row0, m_first + i % blocks * kBlockM};
-}
-
-// The accumulator rows of query block [m0, m0 + kBlockM) of query head `head` (kBlockM x head_dim,
-// register order); a varlen sequence's rows start its run of blocks, laid out as its run of turn counters
-// (block_sequence: turns = heads x (its first row's block + its index)). Worked out where the adds
-// are made rather than held through the step: the d128 kernels have no registers to spare.
-__device__ __forceinline__ float* accum_block(int head, int m0, const Sequence& seq, const Params& p) {
-    const long long row = (static_cast<long long>(seq.batch) * p.heads + head) * accum_rows_per_head(p) + m0
-                          + seq.turns / p.heads * kBlockM;
-    return p.dq_accum + row * kHeadDim;
 }
 
 // Issue the copies of a step's Q and dO tiles into stage `stage` (one cp.async group).
@@ -877,6 +877,8 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
             if constexpr (!kDeterministic) next_stat = load_row_stat(next.lse, next.delta, next.m0, tid, p);
         }
         const int warp = tid / 32;
+        // The accumulator's address is worked out here rather than held through the step: the d128
+        // kernels have no registers to spare.
         add_dq(accum_block(st.head, st.m0, seq, p), smem_addr + kSmem_ds, smem_addr + kSmem_k0,
                warp % kDqRowWarps * 16 * kDqMTiles, warp / kDqRowWarps * kDqDPairs, lane, ln);
         if (more) {

@@ -117,7 +117,7 @@ constexpr int kThreads = 128;
 constexpr int kLanesPerRow = kHeadDim / 8;              // 16-byte vectors in a row
 constexpr int kRowsPerBlock = kThreads / kLanesPerRow;  // 8
 constexpr int kAccumRowBlock = 128;   // each head's accumulator rows: seqlen_q rounded up to this
-// Each block of kFragmentRows (64) accumulator rows is laid out as the warpgroups that added it hold
+// Each block of kFragmentRows accumulator rows is laid out as the warpgroups that added it hold
 // it: warpgroup w's columns [w kFragmentCols, (w + 1) kFragmentCols) as an m64 wgmma accumulator,
 // register v of warpgroup thread t at v * 128 + t. That register of a thread of warp wi, lane l is
 // row 16 wi + l / 4 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2 (l % 4) + (v & 1). (A query block of

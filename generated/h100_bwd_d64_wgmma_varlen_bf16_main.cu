@@ -797,20 +797,24 @@ __device__ __forceinline__ int accum_rows_per_head(const Params& p) {
     return (p.seqlen_q + kAccumRowBlock - 1) / kAccumRowBlock * kAccumRowBlock;
 }
 
-// The step at query block [m0, m0 + kBlockM) of query head `head` in the block's sequence. The query
-// block's accumulator rows: in a varlen sequence, from the start of the sequence's run of blocks,
-// which is laid out as its run of turn counters (block_sequence: turns = heads x (its first row's
-// block + its index)).
+// The accumulator rows of query block [m0, m0 + kBlockM) of query head `head` in the block's sequence
+// (kBlockM x head_dim, register order): a varlen sequence's rows start its run of blocks, laid out as
+// its run of turn counters (block_sequence: turns = heads x (its first row's block + its index); 0 in
+// a padded call). The convert kernel's varlen_accum_row finds the same rows from a query row.
+__device__ __forceinline__ float* accum_block(int head, int m0, const Sequence& seq, const Params& p) {
+    const long long row = (static_cast<long long>(seq.batch) * p.heads + head) * accum_rows_per_head(p) + m0
+                          + seq.turns / p.heads * kBlockM;
+    return p.dq_accum + row * kHeadDim;
+}
+
+// The step at query block [m0, m0 + kBlockM) of query head `head` in the block's sequence.
 template <bool kVarlen>
 __device__ __forceinline__ QueryStep query_step(int head, int m0, const Sequence& seq, const Params& p) {
     const long long row0 = seq.batch * p.lse_batch_stride + head * p.lse_head_stride;
-    QueryStep st{head, p.lse + row0, p.delta + row0,
-                 p.dq_accum + ((static_cast<long long>(seq.batch) * p.heads + head) * accum_rows_per_head(p) + m0) * kHeadDim,
-                 m0};
+    QueryStep st{head, p.lse + row0, p.delta + row0, accum_block(head, m0, seq, p), m0};
     if constexpr (kVarlen) {   // the sequence's first rows (lse and delta are (heads, total_q), batch 0)
         st.lse += seq.q0;
         st.delta += seq.q0;
-        st.dq_accum += static_cast<long long>(seq.turns / p.heads * kBlockM) * kHeadDim;
     }
     return st;
 }

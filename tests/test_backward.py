@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attngen.core.backward_plan import accum_rows, row_grid, rows_per_row_block
+from attngen.core.backward_plan import ACCUM_FRAGMENT_ROWS, accum_rows, row_grid, rows_per_row_block
 from attngen.errors import SpecError
 from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of
@@ -238,7 +238,8 @@ def test_convert_template_matches_the_model():
     """The formulas the convert template renders are the ones test_convert_reads_what_the_main_kernel_staged checks."""
     text = (ROOT / "templates" / "lib" / "backward_convert.cu.j2").read_text()
     assert "const int v = 4 * (c % kFragmentCols / 8) + 2 * (r % 16 / 8), t = r / 16 * 32 + r % 8 * 4;" in text
-    assert "const int r = {{ at }} % kFragmentRows, c = lane_in_row * 8;" in text and "kFragmentRows = 64;" in text
+    assert "const int r = {{ at }} % kFragmentRows, c = lane_in_row * 8;" in text
+    assert "kFragmentRows = {{ plan.fragments.accum_fragment_rows }};" in text and ACCUM_FRAGMENT_ROWS == 64
     assert "+ {{ at }} - r)" in text and "+ c / kFragmentCols * kFragmentRows * kFragmentCols;" in text
     main = (ROOT / "templates" / "bwd_wgmma" / "main.cu.j2").read_text()
     assert "float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + wg_tid;" in main

@@ -28,6 +28,8 @@ from .function_keys import KeySuffix
 from .varlen_plan import is_varlen, mask_of
 
 ROW_THREADS = 128           # threads per block of the preprocess and convert kernels
+ACCUM_FRAGMENT_ROWS = 64    # rows of a register-order block of a whole-block kind's dQ accumulator: an m64
+                            # wgmma accumulator, or four m16 mma.sync fragments laid out alike
 VECTOR = 8                  # elements each of their threads reads per row (one 16-byte vector)
 
 

@@ -21,8 +21,8 @@ from typing import Literal
 from pydantic import Field
 
 from ...core.backward_space import mma_backward_space
-from ...core.backward_plan import (BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts,
-                                   rows_per_row_block)
+from ...core.backward_plan import (ACCUM_FRAGMENT_ROWS, BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan,
+                                   backward_parts, rows_per_row_block)
 from ...core.forward_plan import FORWARD_ABI, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.layout import Budget, Region, check_budget, layout_regions
@@ -39,7 +39,6 @@ SLOPE_PAIRS_FROM = 128      # head dims whose dK and dV leave no registers for f
 QUERY_CHUNKS = (32, 64)     # queries whose S^T and dP^T a warp holds at once (chunk / 2 fp32 registers each)
 HEAD_DIMS = (32, 64, 128)   # dK and dV of 16 keys take head_dim fp32 registers per thread; the row kernels
                             # give each row head_dim / 8 lanes of one warp (a power of two)
-ACCUM_FRAGMENT_ROWS = 64    # rows of a register-order block of the dQ accumulator (the convert kernel's kFragmentRows)
 
 
 class BackwardSpec(ForwardSpec):
@@ -149,7 +148,8 @@ class BackwardFragments:
     row_block: int          # query rows per preprocess / convert block
     slope_pairs: bool       # softcap's chain-rule factors held as fp16 pairs (SLOPE_PAIRS_FROM)
     accum_row_block: int    # the dQ accumulator holds whole query blocks of each head
-    accum_fragment_cols: int  # ... each 64 rows in register order, all head_dim columns in one run
+    accum_fragment_rows: int  # ... each a run of blocks of this many rows in register order
+    accum_fragment_cols: int  # ... all head_dim columns in one run
 
 
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:
@@ -161,7 +161,8 @@ def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments
                              dq_d_pairs=d // 16 // cols, query_stages=spec.query_stages,
                              ds_pitch=bm * spec.elem_bytes + 16, accumulators=d + 2 * chunk // 4,
                              row_block=rows_per_row_block(d), slope_pairs=d >= SLOPE_PAIRS_FROM,
-                             accum_row_block=bm, accum_fragment_cols=d)
+                             accum_row_block=bm, accum_fragment_rows=ACCUM_FRAGMENT_ROWS,
+                             accum_fragment_cols=d)
 
 
 def backward_regions(spec: BackwardSpec) -> list[Region]:

@@ -26,7 +26,8 @@ from typing import Literal
 from pydantic import Field
 
 from ...core.backward_space import wgmma_backward_space
-from ...core.backward_plan import BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts, rows_per_row_block
+from ...core.backward_plan import (ACCUM_FRAGMENT_ROWS, BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts,
+                                   rows_per_row_block)
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants, tensor_fields
 from ...core.kind import Kind
 from ...core.layout import Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget, layout_regions
@@ -155,7 +156,8 @@ class WgmmaBackwardFragments:
     descriptor_mode: int    # the swizzle in bits 62-63 of a wgmma descriptor
     row_block: int          # query rows per preprocess / convert block
     accum_row_block: int    # the accumulator holds whole query blocks of each head
-    accum_fragment_cols: int  # ... each 64 rows in register order, dq_cols per warpgroup
+    accum_fragment_rows: int  # ... each a run of blocks of this many rows (a warpgroup's m64) in register order
+    accum_fragment_cols: int  # ... dq_cols per warpgroup
 
 
 def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardFragments:
@@ -169,7 +171,7 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
         k_steps_d=d // 16, k_steps_m=bm // 16, k_steps_n=bn // 16, query_stage_bytes=query_stage_bytes,
         panel_cols=panel.cols, panel_row_bytes=panel.row_bytes, panel_row_shift=panel.row_shift,
         descriptor_mode=panel.descriptor_mode, row_block=rows_per_row_block(d), accum_row_block=bm,
-        accum_fragment_cols=dq_cols)
+        accum_fragment_rows=ACCUM_FRAGMENT_ROWS, accum_fragment_cols=dq_cols)
 
 
 def tensor_maps(spec: WgmmaBackwardSpec) -> tuple[TensorMapSpec, ...]:
