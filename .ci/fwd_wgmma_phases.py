@@ -34,7 +34,8 @@ STAMPS = [
     ("    __syncthreads();  // the only block-wide barrier: every thread sees initialised mbarriers\n", 1,
      "mbarrier init, block barrier"),
     ("        if constexpr (kConsumerRegisters > 0) setmaxnreg_inc<kConsumerRegisters>();\n", 2, "setmaxnreg.inc"),
-    ("            mbarrier_wait(smem_addr + kQBar, nth & 1);\n", 3, "wait for Q (TMA)"),
+    ("            mbarrier_wait(smem_addr + kQBar + q_tile * kBarrierBytes, (nth / kQStages) & 1);\n", 3,
+     "wait for Q (TMA)"),
     ("                    wait_k(0);\n", 4, "wait for K_0"),
     ("                    release_k(0);\n", 5, "S_0 = Q.K_0^T (issue, wait)"),
     ("                    p_fragments(pa, s);\n                }\n|                for (int t = 1; t < tiles; ++t) {\n", 6,
@@ -45,7 +46,7 @@ STAMPS = [
      "epilogue (finish rows, stage O, TMA store issued)"),
     ("        if constexpr (kProducerRegisters > 0) setmaxnreg_dec<kProducerRegisters>();\n", 10,
      "producer: setmaxnreg.dec"),
-    ("                    load_block(smem_addr, maps, c, at, ring, t0, n_tiles);\n", 11,
+    ("                    load_block(smem_addr, maps, c, at, ring, t0, n_tiles, q_tile);\n", 11,
      "producer: every TMA load issued (waits on empty stages included)"),
 ]
 CONSUMER_SLOTS = list(range(10))

@@ -488,6 +488,8 @@ constexpr int kORegs = 32;           // O accumulators per thread
 constexpr int kKStepsQK = 4;    // k16 steps of Q.K^T
 constexpr int kKStepsPV = 11;    // k16 steps of P.V
 constexpr int kQBytes = 24576;         // TMA transaction bytes of Q
+constexpr int kQStages = 1;        // Q tiles: a persistent block's i-th query block uses tile i % kQStages
+constexpr int kQStageStride = 0;   // from Q tile 0 to Q tile 1
 constexpr int kKTileBytes = 22528;  // TMA transaction bytes of one K tile
 constexpr int kVTileBytes = 22528;  // ... of one V tile
 constexpr bool kHasProducer = true;  // false: a consumer thread also issues the copies
@@ -529,8 +531,8 @@ constexpr int kFullK = kSmem_bars;                                              
 constexpr int kFullV = kSeparateKVBarriers ? kFullK + kStages * kBarrierBytes : kFullK;      // full_v[s]: ... V of tile t
 constexpr int kEmptyK = kFullV + kStages * kBarrierBytes;                          // empty_k[s]: K of stage s may be refilled
 constexpr int kEmptyV = kSeparateKVBarriers ? kEmptyK + kStages * kBarrierBytes : kEmptyK;   // empty_v[s]: V ...
-constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full: the Q tile has landed
-constexpr int kQEmptyBar = kQBar + kBarrierBytes;             // q_empty (persistent): the Q tile may be replaced
+constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full[q]: Q tile q has landed
+constexpr int kQEmptyBar = kQBar + kQStages * kBarrierBytes;  // q_empty[q] (persistent): Q tile q may be replaced
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
               kStageStride % kSwizzleAtomBytes == 0 && kSmemOutput % kSwizzleAtomBytes == 0,
               "swizzled tiles start on their swizzle's repeat");
@@ -557,12 +559,15 @@ struct MapOrigin {
     __device__ __forceinline__ int batch(const BlockCoords& c) const { return packed ? 0 : c.batch; }
 };
 
-__device__ __forceinline__ void load_q(uint32_t smem_addr, const void* map_q, const BlockCoords& c, const MapOrigin& at) {
-    mbarrier_arrive_expect_tx(smem_addr + kQBar, kQBytes);
+// Q of the block into Q tile q_tile.
+__device__ __forceinline__ void load_q(uint32_t smem_addr, const void* map_q, const BlockCoords& c, const MapOrigin& at,
+                                       int q_tile) {
+    const uint32_t full = smem_addr + kQBar + q_tile * kBarrierBytes;
+    mbarrier_arrive_expect_tx(full, kQBytes);
 #pragma unroll
     for (int panel = 0; panel < kPanels; ++panel)
-        tma_load_4d(smem_addr + kSmem_q + panel * kBlockM * kPanelRowBytes, map_q, kPanelCols * panel, at.q_row + c.m0,
-                    c.head, at.batch(c), smem_addr + kQBar);
+        tma_load_4d(smem_addr + kSmem_q + q_tile * kQStageStride + panel * kBlockM * kPanelRowBytes, map_q,
+                    kPanelCols * panel, at.q_row + c.m0, c.head, at.batch(c), full);
 }
 
 // K (kIsV false) or V of tile t (keys t * kBlockN ...) into ring position r's stage, once the consumers
@@ -581,12 +586,13 @@ __device__ __forceinline__ void load_kv(uint32_t smem_addr, const void* map, con
                     at.batch(c), full);
 }
 
-// Everything a query block reads, by its one issuing thread: Q, then K and V of `tiles` tiles from
-// tile t0 on, into ring positions from `ring` on (the producer: all of them; homogeneous: the first
-// kStages). The tensor maps stay in parameter space: `maps` is the __grid_constant__ parameter.
+// Everything a query block reads, by its one issuing thread: Q into Q tile q_tile, then K and V of
+// `tiles` tiles from tile t0 on, into ring positions from `ring` on (the producer: all of them;
+// homogeneous: the first kStages). The tensor maps stay in parameter space: `maps` is the
+// __grid_constant__ parameter.
 __device__ __forceinline__ void load_block(uint32_t smem_addr, const Params& maps, const BlockCoords& c, const MapOrigin& at,
-                                           int ring, int t0, int tiles) {
-    load_q(smem_addr, maps.tma_q, c, at);
+                                           int ring, int t0, int tiles, int q_tile) {
+    load_q(smem_addr, maps.tma_q, c, at, q_tile);
     for (int t = 0; t < tiles; ++t) {
         load_kv<false>(smem_addr, maps.tma_k, c, at, ring + t, t0 + t);
         load_kv<true>(smem_addr, maps.tma_v, c, at, ring + t, t0 + t);
@@ -824,15 +830,18 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                 mbarrier_init(smem_addr + kEmptyV + s * kBarrierBytes, kComputeWarps);
             }
         }
-        mbarrier_init(smem_addr + kQBar, 1);
-        if constexpr (kPersistent) mbarrier_init(smem_addr + kQEmptyBar, kComputeWarps);
+#pragma unroll
+        for (int q = 0; q < kQStages; ++q) {
+            mbarrier_init(smem_addr + kQBar + q * kBarrierBytes, 1);
+            if constexpr (kPersistent) mbarrier_init(smem_addr + kQEmptyBar + q * kBarrierBytes, kComputeWarps);
+        }
         fence_mbarrier_init();
     }
     __syncthreads();  // the only block-wide barrier: every thread sees initialised mbarriers
 
     // Ring positions run on across a block's items: tile t of an item whose first tile is ring
     // position r sits in stage (r + t) % kStages, phase (r + t) / kStages. The i-th item of a block
-    // uses phase i of q_full (and of q_empty).
+    // uses Q tile i % kQStages, phase i / kQStages of its q_full (and q_empty).
     // setmaxnreg comes first in both roles: a consumer's .inc waits until the producer's .dec has
     // returned registers to the pool.
     if (kHasProducer && warpgroup == kConsumerWarpgroups) {
@@ -846,26 +855,28 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                 int t0, n_tiles;
                 block_tile_span<kMask>(c, p, t0, n_tiles);
                 if (tid == kIssuer) {
-                    if (kLoop && nth > 0)   // the consumers are done with the previous item's Q
-                        mbarrier_wait(smem_addr + kQEmptyBar, (nth - 1) & 1);
-                    load_block(smem_addr, maps, c, at, ring, t0, n_tiles);
+                    const int q_tile = nth % kQStages;
+                    if (kLoop && nth >= kQStages)   // the consumers are done with the Q this tile held last
+                        mbarrier_wait(smem_addr + kQEmptyBar + q_tile * kBarrierBytes, (nth / kQStages - 1) & 1);
+                    load_block(smem_addr, maps, c, at, ring, t0, n_tiles, q_tile);
                 }
                 ring += n_tiles;
             }
         }
     } else {
         if constexpr (kConsumerRegisters > 0) setmaxnreg_inc<kConsumerRegisters>();
-        const uint32_t sQ = smem_addr + kSmem_q;
         int ring = 0, nth = 0;
         if (kPingPong && warpgroup == 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
         for (int item = first_item; item < items; item += item_step, ++nth) {
             const BlockCoords c = coords(item);
+            const int q_tile = nth % kQStages;
+            const uint32_t sQ = smem_addr + kSmem_q + q_tile * kQStageStride;
             // The item visits tiles t0 .. t0 + n_tiles - 1 (a literal 0 without a left bound, as in fwd_mma).
             int t0, n_tiles;
             block_tile_span<kMask>(c, p, t0, n_tiles);
             if (!kHasProducer && tid == kIssuer) {  // homogeneous (one item): the rest as stages come back
                 prefetch_tensor_maps(maps);
-                load_block(smem_addr, maps, c, at, 0, t0, min(n_tiles, kStages));
+                load_block(smem_addr, maps, c, at, 0, t0, min(n_tiles, kStages), q_tile);
             }
             __syncwarp();  // the issuer's warp reconverges before its first wgmma
             const int wg_row0 = warpgroup * kRowsPerWarpgroup;   // this warpgroup's rows inside the block
@@ -907,7 +918,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             };
             float s[kSRegs], alpha[2];
             uint32_t pa[kKStepsPV][4];
-            mbarrier_wait(smem_addr + kQBar, nth & 1);
+            mbarrier_wait(smem_addr + kQBar + q_tile * kBarrierBytes, (nth / kQStages) & 1);
             if constexpr (kOverlap) {
                 // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
                 // K_t is handed back as soon as S_t is done, V_(t-1) when its P.V is.
@@ -991,7 +1002,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             auto release_q = [&]() {
                 if constexpr (kLoop) {
                     __syncwarp();
-                    if (lane == 0) mbarrier_arrive(smem_addr + kQEmptyBar);
+                    if (lane == 0) mbarrier_arrive(smem_addr + kQEmptyBar + q_tile * kBarrierBytes);
                 }
             };
             if constexpr (kOut == Epilogue::kRegisters) {
@@ -1000,7 +1011,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             } else {
                 if constexpr (kOwnOutputTile) release_q();
                 const int wg_tid = tid % kWarpgroupThreads;
-                const uint32_t sO = smem_addr + kSmemOutput;
+                const uint32_t sO = kOwnOutputTile ? smem_addr + kSmemOutput : sQ;
                 float inv[2];
                 finish_rows(inv, row_max, row_sum, p, c, row0, lane);
                 stage_output(sO, o, inv, row0 - c.m0, lane);

@@ -373,6 +373,29 @@ def test_wgmma_own_epilogue_tile():
     assert "out of the Q tile" in " ".join(over_q.schedule)
 
 
+def test_wgmma_two_q_tiles():
+    """schedule.q_tiles: 2 (persistent) gives a second swizzled Q tile right after the first and a
+    q_full / q_empty pair per tile, so the producer loads the next query block's Q into the other tile."""
+    from attngen.render import render_plan
+    text = (spec_text(head_dim=128, block_m=128, block_n=128, warps="{producer: 4, consumer: 8}",
+                      mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}",
+                      target="h100") + "registers: {producer: 24, consumer: 240}\nepilogue: tma\n")
+    one = plan_of(text + "schedule: {overlap: true, persistent: true}\n")
+    two = plan_of(text + "schedule: {overlap: true, persistent: true, q_tiles: 2}\n")
+    assert (one.fragments.q_stages, one.fragments.q_stage_stride) == (1, 0)
+    assert two.fragments.q_stages == 2 and two.fragments.q_stage_stride == two.region("q1").offset - two.region("q").offset
+    assert two.region("q1").offset % 1024 == 0 and two.smem_bytes == one.smem_bytes + 128 * 128 * 2 + 2 * 8
+    assert [b.name for b in one.barriers][-2:] == ["q_full", "q_empty"]
+    assert [b.name for b in two.barriers][-4:] == ["q_full0", "q_full1", "q_empty0", "q_empty1"]
+    offsets = [b.offset for b in two.barriers]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    assert "tile i % 2" in " ".join(two.schedule) and "tile i % 2" not in " ".join(one.schedule)
+    source = render_plan(two, "t.yaml", "")
+    assert "constexpr int kQStages = 2;" in source and "warp = uniform_warp()" in source
+    plain = plan_of(text.replace("epilogue: tma\n", ""))
+    assert "uniform_warp" not in render_plan(plain, "t.yaml", "")   # a block of one query block keeps threadIdx.x / 32
+
+
 def test_wgmma_separate_kv_barriers_key_overrides_the_schedule():
     """schedule.separate_kv_barriers: false keeps one full/empty pair per stage on the overlapped
     schedule (and true separates a sequential one's); unset follows overlap."""

@@ -275,6 +275,7 @@ RULE_CASES = [
      "stages nothing"),
     ("rule_epilogue_tile", WGMMA, {"epilogue_tile": "own", "epilogue": "tma"}, "epilogue_tile",
      "without schedule.persistent"),
+    ("rule_q_tiles", WGMMA, {"schedule": {"q_tiles": 2}}, "schedule.q_tiles", "without schedule.persistent: true"),
     ("rule_pingpong", WGMMA, {"schedule": {"pingpong": True}}, "schedule.pingpong", "set schedule.overlap: true"),
     ("rule_pingpong", merged(WGMMA, warps={"producer": 4, "consumer": 4}, tile={"block_m": 64, "block_n": 128},
                              registers={"producer": 24, "consumer": 232}),

@@ -55,6 +55,8 @@ class WgmmaFragments:
     issuer_thread: int      # the thread that issues every TMA copy
     epilogue: str           # registers, shared or tma (spec.epilogue)
     o_stage_offset: int     # byte offset of the tile a staged epilogue writes O to: the Q tile's, or O's own
+    q_stages: int           # Q tiles (schedule.q_tiles): a persistent block's i-th query block uses tile i % q_stages
+    q_stage_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,10 +81,11 @@ def transposed_v(block_n: int, rows: int) -> TransposedV:
 
 
 def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_bytes: int, issuer: str,
-             base: int, persistent: bool = False, separate_kv_barriers: bool = True) -> tuple[Barrier, ...]:
+             base: int, persistent: bool = False, separate_kv_barriers: bool = True,
+             q_tiles: int = 1) -> tuple[Barrier, ...]:
     """Split: full_k, full_v, empty_k, empty_v per stage, so K of a stage is refilled as soon as the S
     GEMM that read it is done (the overlapped schedule needs it). Otherwise full and empty per stage,
-    for K and V together. Then q_full (and q_empty when persistent)."""
+    for K and V together. Then q_full per Q tile (and q_empty per Q tile when persistent)."""
     out, at = [], base
     def copy(nbytes):
         return f"{issuer} (arrive.expect_tx {nbytes} B; TMA completes the bytes)"
@@ -99,10 +102,15 @@ def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_byt
         for s in range(stages):
             out.append(Barrier(f"{kind}{s}", s, at, arrivals, arrive, wait))
             at += MBARRIER_BYTES
-    out.append(Barrier("q_full", 0, at, 1, f"{issuer} (arrive.expect_tx {q_bytes} B)", "consumer threads"))
-    if persistent:
-        out.append(Barrier("q_empty", 0, at + MBARRIER_BYTES, consumer_warps,
+    def q_name(kind, q):
+        return kind if q_tiles == 1 else f"{kind}{q}"
+    for q in range(q_tiles):
+        out.append(Barrier(q_name("q_full", q), q, at, 1, f"{issuer} (arrive.expect_tx {q_bytes} B)", "consumer threads"))
+        at += MBARRIER_BYTES
+    for q in range(q_tiles if persistent else 0):
+        out.append(Barrier(q_name("q_empty", q), q, at, consumer_warps,
                            "lane 0 of each consumer warp, once every GEMM of its query block is done", issuer))
+        at += MBARRIER_BYTES
     return tuple(out)
 
 
@@ -136,9 +144,13 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     consumers, producers = spec.compute_warps // WARPGROUP, spec.producer_warps // WARPGROUP
     staged = spec.epilogue != "registers"
     own_o = staged and spec.epilogue_tile == "own"
-    tiles = [swizzled_tile("q", bm, td, panel, in_ctype, "Q tile, loaded once" +
-                           ("; each consumer warpgroup stages its rows of O over its rows of Q" if staged and not own_o
-                            else ""), eb)]
+    q_tiles = spec.schedule.q_tiles
+    over_q = "; each consumer warpgroup stages its rows of O over its rows of Q" if staged and not own_o else ""
+    tiles = [swizzled_tile("q", bm, td, panel, in_ctype, "Q tile, loaded once" + over_q, eb)]
+    if q_tiles == 2:
+        tiles[0] = swizzled_tile("q", bm, td, panel, in_ctype, "Q tile 0: even query blocks of the block" + over_q, eb)
+        tiles.append(swizzled_tile("q1", bm, td, panel, in_ctype, "Q tile 1: odd query blocks, loaded while tile 0's "
+                                                                  "block runs (and the other way round)", eb))
     if own_o:
         tiles.append(swizzled_tile("o", bm, tdv, panel, ctype, "O staged for the epilogue (its own tile: Q is handed "
                                                                 "back before the epilogue)"))
@@ -149,9 +161,10 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     persistent = spec.schedule.persistent
     separate_kv_barriers = (spec.schedule.overlap if spec.schedule.separate_kv_barriers is None
                             else spec.schedule.separate_kv_barriers)
-    tiles.append(barrier_region("bars", (4 if separate_kv_barriers else 2) * stages + 1 + persistent,
+    q_bars = "q_full" + (", q_empty" if persistent else "") + (f" [0..{q_tiles}) each" if q_tiles > 1 else "")
+    tiles.append(barrier_region("bars", (4 if separate_kv_barriers else 2) * stages + q_tiles * (1 + persistent),
                                 f"mbarriers {'full_k, full_v, empty_k, empty_v' if separate_kv_barriers else 'full, empty'} "
-                                f"[0..{stages}) each, q_full" + (", q_empty" if persistent else "")))
+                                f"[0..{stages}) each, " + q_bars))
     regions = layout_regions(tiles)
     budget = Budget.of(target, spec.smem.opt_in)
     total = check_budget(regions, budget, file)
@@ -180,9 +193,12 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, k_tile_bytes=k_bytes, v_tile_bytes=v_bytes,
                           has_producer=has_producer, separate_kv_barriers=separate_kv_barriers,
                           issuer_thread=issuer_thread, epilogue=spec.epilogue,
-                          o_stage_offset=next(r.offset for r in regions if r.name == ("o" if own_o else "q")))
+                          o_stage_offset=next(r.offset for r in regions if r.name == ("o" if own_o else "q")),
+                          q_stages=q_tiles, q_stage_stride=(next(r.offset for r in regions if r.name == "q1")
+                                                            - next(r.offset for r in regions if r.name == "q"))
+                          if q_tiles > 1 else 0)
     bars = barriers(stages, spec.compute_warps, k_bytes, v_bytes, q_bytes, issuer,
-                    next(r.offset for r in regions if r.name == "bars"), persistent, separate_kv_barriers)
+                    next(r.offset for r in regions if r.name == "bars"), persistent, separate_kv_barriers, q_tiles)
     functions = forward_functions(spec)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
@@ -226,6 +242,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                  + ("Q (the consumers arrive once the epilogue has read their staged rows of O out of the Q tile)"
                     if staged and not own_o else
                     "Q (the consumers arrive once their last GEMM of a block is done, before its epilogue)")
+                 + (f"; with {q_tiles} Q tiles, block i's Q goes into tile i % {q_tiles} once block i - {q_tiles} "
+                    f"handed it back, so it loads while block i - 1 still runs" if q_tiles > 1 else "")
                  if persistent else "  one query block per thread block"),
                 epilogue_line(spec.epilogue, own_o),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "

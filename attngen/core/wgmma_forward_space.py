@@ -36,7 +36,8 @@ def _read_schedule(s) -> str:
 
 
 def _write_schedule(data: dict, v: str) -> None:
-    data["schedule"] = {"overlap": v != "seq", "pingpong": v == "pingpong"}
+    # The base's other schedule keys (persistent, q_tiles, separate_kv_barriers) stay as they are.
+    data["schedule"] = {**(data.get("schedule") or {}), "overlap": v != "seq", "pingpong": v == "pingpong"}
 
 
 def sweep_space(base: WgmmaForwardSpec) -> SearchSpace:

@@ -64,6 +64,12 @@ def rule_staged_output_fits_q(s):
                             f"{tile_dim_v(s)} (head_dim_v {s.v_dim}): use epilogue: registers")
 
 
+def rule_q_tiles(s):
+    if s.schedule.q_tiles > 1 and not s.schedule.persistent:
+        return "schedule.q_tiles", ("a second Q tile holds the next query block of a persistent block; without "
+                                    "schedule.persistent: true each block has one: use q_tiles: 1")
+
+
 def rule_epilogue_tile(s):
     if s.epilogue_tile == "own" and s.epilogue == "registers":
         return "epilogue_tile", "the registers epilogue stages nothing: use epilogue: shared or tma, or epilogue_tile: q"
@@ -164,6 +170,10 @@ class Schedule(Strict):
     persistent: bool = Field(default=False, description=(
         "launch one block per SM that loops over every query block: the producer loads the next block's "
         "Q and K/V while the consumers finish the last one (its epilogue); needs a producer warpgroup"))
+    q_tiles: Literal[1, 2] = Field(default=1, description=(
+        "Q tiles in shared memory: 2 lets a persistent block's producer load the next query block's Q "
+        "while this one's K/V tiles still run (it waits for the Q tile used two query blocks before), "
+        "rather than once this one's GEMMs are done; needs persistent"))
 
 
 class WgmmaForwardSpec(ForwardSpec):
@@ -186,7 +196,7 @@ class WgmmaForwardSpec(ForwardSpec):
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile,
+             rule_epilogue_tile, rule_q_tiles,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
