@@ -467,8 +467,8 @@ constexpr int kORegs = 48;           // O accumulators per thread
 constexpr int kKStepsQK = 6;    // k16 steps of Q.K^T
 constexpr int kKStepsPV = 8;    // k16 steps of P.V
 constexpr int kQBytes = 36864;         // TMA transaction bytes of Q
-constexpr int kQStages = 1;        // Q tiles: a persistent block's i-th query block uses tile i % kQStages
-constexpr int kQStageStride = 0;   // from Q tile 0 to Q tile 1
+constexpr int kQTiles = 1;        // Q tiles: a persistent block's i-th query block uses tile i % kQTiles
+constexpr int kQTileStride = 0;   // from Q tile 0 to Q tile 1
 constexpr int kKTileBytes = 24576;  // TMA transaction bytes of one K tile
 constexpr int kVTileBytes = 24576;  // ... of one V tile
 constexpr bool kHasProducer = true;  // false: a consumer thread also issues the copies
@@ -511,7 +511,7 @@ constexpr int kFullV = kSeparateKVBarriers ? kFullK + kStages * kBarrierBytes : 
 constexpr int kEmptyK = kFullV + kStages * kBarrierBytes;                          // empty_k[s]: K of stage s may be refilled
 constexpr int kEmptyV = kSeparateKVBarriers ? kEmptyK + kStages * kBarrierBytes : kEmptyK;   // empty_v[s]: V ...
 constexpr int kQBar = kEmptyV + kStages * kBarrierBytes;      // q_full[q]: Q tile q has landed
-constexpr int kQEmptyBar = kQBar + kQStages * kBarrierBytes;  // q_empty[q] (persistent): Q tile q may be replaced
+constexpr int kQEmptyBar = kQBar + kQTiles * kBarrierBytes;  // q_empty[q] (persistent): Q tile q may be replaced
 static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes == 0 &&
               kStageStride % kSwizzleAtomBytes == 0 && kSmemOutput % kSwizzleAtomBytes == 0,
               "swizzled tiles start on their swizzle's repeat");
@@ -545,7 +545,7 @@ __device__ __forceinline__ void load_q(uint32_t smem_addr, const void* map_q, co
     mbarrier_arrive_expect_tx(full, kQBytes);
 #pragma unroll
     for (int panel = 0; panel < kPanels; ++panel)
-        tma_load_4d(smem_addr + kSmem_q + q_tile * kQStageStride + panel * kBlockM * kPanelRowBytes, map_q,
+        tma_load_4d(smem_addr + kSmem_q + q_tile * kQTileStride + panel * kBlockM * kPanelRowBytes, map_q,
                     kPanelCols * panel, at.q_row + c.m0, c.head, at.batch(c), full);
 }
 
@@ -810,7 +810,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             }
         }
 #pragma unroll
-        for (int q = 0; q < kQStages; ++q) {
+        for (int q = 0; q < kQTiles; ++q) {
             mbarrier_init(smem_addr + kQBar + q * kBarrierBytes, 1);
             if constexpr (kPersistent) mbarrier_init(smem_addr + kQEmptyBar + q * kBarrierBytes, kComputeWarps);
         }
@@ -820,7 +820,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
 
     // Ring positions run on across a block's items: tile t of an item whose first tile is ring
     // position r sits in stage (r + t) % kStages, phase (r + t) / kStages. The i-th item of a block
-    // uses Q tile i % kQStages, phase i / kQStages of its q_full (and q_empty).
+    // uses Q tile i % kQTiles, phase i / kQTiles of its q_full (and q_empty).
     // setmaxnreg comes first in both roles: a consumer's .inc waits until the producer's .dec has
     // returned registers to the pool.
     if (kHasProducer && warpgroup == kConsumerWarpgroups) {
@@ -834,9 +834,9 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                 int t0, n_tiles;
                 block_tile_span<kMask>(c, p, t0, n_tiles);
                 if (tid == kIssuer) {
-                    const int q_tile = nth % kQStages;
-                    if (kLoop && nth >= kQStages)   // the consumers are done with the Q this tile held last
-                        mbarrier_wait(smem_addr + kQEmptyBar + q_tile * kBarrierBytes, (nth / kQStages - 1) & 1);
+                    const int q_tile = nth % kQTiles;
+                    if (kLoop && nth >= kQTiles)   // the consumers are done with the Q this tile held last
+                        mbarrier_wait(smem_addr + kQEmptyBar + q_tile * kBarrierBytes, (nth / kQTiles - 1) & 1);
                     load_block(smem_addr, maps, c, at, ring, t0, n_tiles, q_tile);
                 }
                 ring += n_tiles;
@@ -848,8 +848,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
         if (kPingPong && warpgroup == 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
         for (int item = first_item; item < items; item += item_step, ++nth) {
             const BlockCoords c = coords(item);
-            const int q_tile = nth % kQStages;
-            const uint32_t sQ = smem_addr + kSmem_q + q_tile * kQStageStride;
+            const int q_tile = nth % kQTiles;
+            const uint32_t sQ = smem_addr + kSmem_q + q_tile * kQTileStride;
             // The item visits tiles t0 .. t0 + n_tiles - 1 (a literal 0 without a left bound, as in fwd_mma).
             int t0, n_tiles;
             block_tile_span<kMask>(c, p, t0, n_tiles);
@@ -897,7 +897,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             };
             float s[kSRegs], alpha[2];
             uint32_t pa[kKStepsPV][4];
-            mbarrier_wait(smem_addr + kQBar + q_tile * kBarrierBytes, (nth / kQStages) & 1);
+            mbarrier_wait(smem_addr + kQBar + q_tile * kBarrierBytes, (nth / kQTiles) & 1);
             if constexpr (kOverlap) {
                 // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
                 // K_t is handed back as soon as S_t is done, V_(t-1) when its P.V is.

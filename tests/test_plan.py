@@ -382,8 +382,8 @@ def test_wgmma_two_q_tiles():
                       target="h100") + "registers: {producer: 24, consumer: 240}\nepilogue: tma\n")
     one = plan_of(text + "schedule: {overlap: true, persistent: true}\n")
     two = plan_of(text + "schedule: {overlap: true, persistent: true, q_tiles: 2}\n")
-    assert (one.fragments.q_stages, one.fragments.q_stage_stride) == (1, 0)
-    assert two.fragments.q_stages == 2 and two.fragments.q_stage_stride == two.region("q1").offset - two.region("q").offset
+    assert (one.fragments.q_tiles, one.fragments.q_tile_stride) == (1, 0)
+    assert two.fragments.q_tiles == 2 and two.fragments.q_tile_stride == two.region("q1").offset - two.region("q").offset
     assert two.region("q1").offset % 1024 == 0 and two.smem_bytes == one.smem_bytes + 128 * 128 * 2 + 2 * 8
     assert [b.name for b in one.barriers][-2:] == ["q_full", "q_empty"]
     assert [b.name for b in two.barriers][-4:] == ["q_full0", "q_full1", "q_empty0", "q_empty1"]
@@ -391,7 +391,7 @@ def test_wgmma_two_q_tiles():
     assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
     assert "tile i % 2" in " ".join(two.schedule) and "tile i % 2" not in " ".join(one.schedule)
     source = render_plan(two, "t.yaml", "")
-    assert "constexpr int kQStages = 2;" in source and "warp = uniform_warp()" in source
+    assert "constexpr int kQTiles = 2;" in source and "warp = uniform_warp()" in source
     plain = plan_of(text.replace("epilogue: tma\n", ""))
     assert "uniform_warp" not in render_plan(plain, "t.yaml", "")   # a block of one query block keeps threadIdx.x / 32
 

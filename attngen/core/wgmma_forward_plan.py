@@ -55,8 +55,8 @@ class WgmmaFragments:
     issuer_thread: int      # the thread that issues every TMA copy
     epilogue: str           # registers, shared or tma (spec.epilogue)
     o_stage_offset: int     # byte offset of the tile a staged epilogue writes O to: the Q tile's, or O's own
-    q_stages: int           # Q tiles (schedule.q_tiles): a persistent block's i-th query block uses tile i % q_stages
-    q_stage_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
+    q_tiles: int           # Q tiles (schedule.q_tiles): a persistent block's i-th query block uses tile i % q_tiles
+    q_tile_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,9 +146,9 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     own_o = staged and spec.epilogue_tile == "own"
     q_tiles = spec.schedule.q_tiles
     over_q = "; each consumer warpgroup stages its rows of O over its rows of Q" if staged and not own_o else ""
-    tiles = [swizzled_tile("q", bm, td, panel, in_ctype, "Q tile, loaded once" + over_q, eb)]
+    q_what = "Q tile, loaded once" if q_tiles == 1 else "Q tile 0: even query blocks of the block"
+    tiles = [swizzled_tile("q", bm, td, panel, in_ctype, q_what + over_q, eb)]
     if q_tiles == 2:
-        tiles[0] = swizzled_tile("q", bm, td, panel, in_ctype, "Q tile 0: even query blocks of the block" + over_q, eb)
         tiles.append(swizzled_tile("q1", bm, td, panel, in_ctype, "Q tile 1: odd query blocks, loaded while tile 0's "
                                                                   "block runs (and the other way round)", eb))
     if own_o:
@@ -166,6 +166,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                                 f"mbarriers {'full_k, full_v, empty_k, empty_v' if separate_kv_barriers else 'full, empty'} "
                                 f"[0..{stages}) each, " + q_bars))
     regions = layout_regions(tiles)
+    offset = {r.name: r.offset for r in regions}
     budget = Budget.of(target, spec.smem.opt_in)
     total = check_budget(regions, budget, file)
     threads = 32 * (spec.compute_warps + spec.producer_warps)
@@ -193,12 +194,10 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, k_tile_bytes=k_bytes, v_tile_bytes=v_bytes,
                           has_producer=has_producer, separate_kv_barriers=separate_kv_barriers,
                           issuer_thread=issuer_thread, epilogue=spec.epilogue,
-                          o_stage_offset=next(r.offset for r in regions if r.name == ("o" if own_o else "q")),
-                          q_stages=q_tiles, q_stage_stride=(next(r.offset for r in regions if r.name == "q1")
-                                                            - next(r.offset for r in regions if r.name == "q"))
-                          if q_tiles > 1 else 0)
+                          o_stage_offset=offset["o" if own_o else "q"],
+                          q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0)
     bars = barriers(stages, spec.compute_warps, k_bytes, v_bytes, q_bytes, issuer,
-                    next(r.offset for r in regions if r.name == "bars"), persistent, separate_kv_barriers, q_tiles)
+                    offset["bars"], persistent, separate_kv_barriers, q_tiles)
     functions = forward_functions(spec)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
