@@ -771,16 +771,6 @@ __device__ __forceinline__ void tma_store_rows(uint32_t sO, const P& p, const Bl
     bulk_wait_group_read<0>();
 }
 
-// Persistent kernels: the query block, head and batch of work item `item`. Items enumerate query
-// blocks fastest, as the blocks of a grid run (the longest first when later rows see more keys).
-template <Mask kMask>
-__device__ __forceinline__ BlockCoords work_coords(int item, int m_blocks, const Params& p) {
-    const int m = item % m_blocks, head_batch = item / m_blocks;
-    const int head = head_batch % p.heads;
-    const int m_block = kLaterRowsSeeMore<kMask> ? m_blocks - 1 - m : m;
-    return {m_block * kBlockM, head, head_batch / p.heads, head / (p.heads / p.kv_heads)};
-}
-
 // The body of both calls. p: the block's Params (a varlen block's copy narrowed to its sequence);
 // maps: the kernel's __grid_constant__ Params, whose tensor maps TMA reads in parameter space; at:
 // where the block's rows sit in those maps. A varlen block computes one query block (no persistent
@@ -795,13 +785,12 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     if (smem_addr % kSwizzleAtomBytes) __trap();  // the swizzle pattern is on absolute addresses
-    // Work items: one per thread block, or (persistent) every query block of every head, taken
-    // round-robin by the gridDim.x resident blocks.
-    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    const int items = kLoop ? m_blocks * p.heads * p.batch : 1;
-    const int first_item = kLoop ? static_cast<int>(blockIdx.x) : 0;
-    const int item_step = kLoop ? static_cast<int>(gridDim.x) : 1;
-    auto coords = [&](int item) { return kLoop ? work_coords<kMask>(item, m_blocks, p) : block_coords<kMask>(p); };
+    // One work item: the thread block's query block.
+    const int positions = 1, first_item = 0, item_step = 1;
+    auto coords = [&](int, BlockCoords& c) {
+        c = block_coords<kMask>(p);
+        return true;
+    };
 
     if (tid == 0) {
 #pragma unroll
@@ -833,8 +822,9 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
         if (kWarpTileSpan<kMask> ? warp == kIssuer / 32 : tid == kIssuer) {
             if (tid == kIssuer) prefetch_tensor_maps(maps);
             int ring = 0, nth = 0;
-            for (int item = first_item; item < items; item += item_step, ++nth) {
-                const BlockCoords c = coords(item);
+            for (int pos = first_item; pos < positions; pos += item_step) {
+                BlockCoords c;
+                if (!coords(pos, c)) continue;
                 int t0, n_tiles;
                 block_tile_span<kMask>(c, p, t0, n_tiles);
                 if (tid == kIssuer) {
@@ -844,15 +834,18 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                     load_block(smem_addr, maps, c, at, ring, t0, n_tiles, q_tile);
                 }
                 ring += n_tiles;
+                ++nth;
             }
         }
     } else {
         if constexpr (kConsumerRegisters > 0) setmaxnreg_inc<kConsumerRegisters>();
         int ring = 0, nth = 0;
         if (kPingPong && warpgroup == 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
-        for (int item = first_item; item < items; item += item_step, ++nth) {
-            const BlockCoords c = coords(item);
-            const int q_tile = nth % kQTiles;
+        for (int pos = first_item; pos < positions; pos += item_step) {
+            BlockCoords c;
+            if (!coords(pos, c)) continue;
+            const int q_tile = nth % kQTiles, q_phase = (nth / kQTiles) & 1;
+            ++nth;
             const uint32_t sQ = smem_addr + kSmem_q + q_tile * kQTileStride;
             // The item visits tiles t0 .. t0 + n_tiles - 1 (a literal 0 without a left bound, as in fwd_mma).
             int t0, n_tiles;
@@ -901,7 +894,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             };
             float s[kSRegs], alpha[2];
             uint32_t pa[kKStepsPV][4];
-            mbarrier_wait(smem_addr + kQBar + q_tile * kBarrierBytes, (nth / kQTiles) & 1);
+            mbarrier_wait(smem_addr + kQBar + q_tile * kBarrierBytes, q_phase);
             if constexpr (kOverlap) {
                 // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
                 // K_t is handed back as soon as S_t is done, V_(t-1) when its P.V is.

@@ -91,6 +91,20 @@ def test_table_from_bench_reports(tmp_path):
     assert all(e.us <= e.runner_up_us for e in new)
 
 
+def test_a_later_report_remeasures_a_cell():
+    """Two reports that measure the same cell (key and seqlen): the later one's ranking makes the
+    entry, the earlier one's other cells stay."""
+    from attngen.eval.dispatch_table import forward_entries, read_reports
+    grid, walk = read_reports([ROOT / "docs/hopper-h200/round3/grid_fp16.json",
+                               ROOT / "docs/hopper-h200/round4/walk_dispatch.json"])
+    def d64_none(reports):
+        return sorted(((e.upto, e.spec, e.measured.split()[0]) for e in forward_entries(reports)
+                       if e.head_dim == 64 and e.mask == "none" and e.dtype == "fp16"), key=lambda t: t[0] or 1e9)
+    before = d64_none([grid])
+    assert d64_none([grid, walk]) == [before[0], (4096, "h100_wgmma_d64_persistent_q2", walk[0]), before[2]]
+    assert d64_none([walk, grid]) == before
+
+
 def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeypatch):
     """A sweep report's winners become entries only when they are committed specs."""
     import shutil
@@ -102,8 +116,9 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     monkeypatch.chdir(ROOT)            # the table cites reports relative to the working directory
     bench = "docs/hopper-h200/round3/grid_fp16.json"
     short = "docs/hopper-h100/round4_persistent_q2_dispatch.json"   # the d128 cells of 1024 keys (H100)
+    walk = "docs/hopper-h200/round4/walk_dispatch.json"   # remeasures 2048-key cells of `bench` (H200)
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
-                                    "--from", short, "--write", "--specs-dir", str(specs)])
+                                    "--from", short, "--from", walk, "--write", "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
 

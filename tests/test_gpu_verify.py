@@ -174,6 +174,23 @@ def test_launch_on_a_side_stream(torch, phase4):
     assert torch.equal(o, expected) and torch.equal(o2, expected)
 
 
+# Persistent walks with more query blocks than SMs: causal calls then take a head's query blocks in
+# units (longest with shortest); an even and an odd count of query blocks per head (the middle
+# blocks come last), seqlen_q above and below seqlen_k (bottom-right blocks that see no key), GQA.
+PERSISTENT_SPEC = ROOT / "specs" / "h100_wgmma_d128_persistent_q2.yaml"
+PERSISTENT_WALKS = (verify.Shape(2, 48, 16, 1024, 1024), verify.Shape(3, 40, 40, 300, 300, "bshd"),
+                    verify.Shape(1, 96, 24, 640, 400), verify.Shape(2, 70, 70, 333, 900, "bshd"))
+
+
+def test_persistent_walks_cover_every_query_block(torch):
+    kernel = load_once(PERSISTENT_SPEC)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for shape in PERSISTENT_WALKS:   # every shape has more query blocks than this GPU has SMs
+        assert -(-shape.seqlen_q // kernel.plan.block_m) * shape.heads * shape.batch > sms, shape
+    results = verify.verify_kernel(kernel, PERSISTENT_WALKS, spec_label=kernel.name)
+    assert len(results) == 3 * len(PERSISTENT_WALKS) and all(r.passed for r in results), failures(results)
+
+
 def _bad_inputs(torch):
     good = lambda *s: randn(torch, *s)  # noqa: E731
     q, k, v = good(1, 4, 32, 64), good(1, 2, 48, 64), good(1, 2, 48, 64)

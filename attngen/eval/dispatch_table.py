@@ -61,8 +61,10 @@ def entries_summary(entries) -> str:
 
 def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
     """`call`'s entries from the reports' cases of that call (a case without "call": forward; a
-    sweep report's cases are its "call", forward where it has none)."""
-    cells = defaultdict(list)
+    sweep report's cases are its "call", forward where it has none). A cell (key and seqlen) that
+    several reports measure is the last report's: a later --from remeasures it (a varlen report's
+    batches are cells of their own)."""
+    cells = defaultdict(dict)
     for name, report in reports:
         if "lengths" in report and "rows" in report:   # a varlen bench report
             if call == VARLEN:
@@ -82,11 +84,11 @@ def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
             if not ranked:
                 continue
             mask = "causal" if c["causal"] else "none"
-            cells[(arch, c["dtype"], c["head_dim"], mask, c.get("head_dim_v", 0))].append(
-                (c["seqlen"], ranked, f"{name} {r['label']}"))
+            cells[(arch, c["dtype"], c["head_dim"], mask, c.get("head_dim_v", 0))][c["seqlen"], 0] = (
+                ranked, f"{name} {r['label']}")
     out = []
-    for (arch, dtype, head_dim, mask, *v), rows in cells.items():
-        rows.sort(key=lambda row: row[0])
+    for (arch, dtype, head_dim, mask, *v), by_seqlen in cells.items():
+        rows = [(seqlen, *cell) for (seqlen, _), cell in sorted(by_seqlen.items())]
         for i, (seqlen, ranked, where) in enumerate(rows):
             upto = None if i + 1 == len(rows) else int(math.sqrt(seqlen * rows[i + 1][0]))
             best, second = ranked[0], (ranked[1] if len(ranked) > 1 else None)
@@ -106,8 +108,7 @@ def _sweep_cells(cells, name: str, report: dict) -> None:
         if ranked:
             _, _, seqlen, head_dim, *v = case["shape"]
             cells[(arch.rstrip("a"), case["dtype"], head_dim, "causal" if case["causal"] else "none",
-                   v[0] if v else 0)].append(
-                (seqlen, ranked, f"{name} {case['label']}"))
+                   v[0] if v else 0)][seqlen, 0] = (ranked, f"{name} {case['label']}")
 
 
 def _varlen_cells(cells, name: str, report: dict) -> None:
@@ -120,7 +121,7 @@ def _varlen_cells(cells, name: str, report: dict) -> None:
             key = (arch, r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", 0)
             ranked[key, r["batch"]].append({"impl": r["spec"], "median_us": r["attngen_us"]})
     for (key, batch), specs in ranked.items():
-        cells[key].append((longest, sorted(specs, key=lambda t: t["median_us"]), f"{name} {batch}"))
+        cells[key][longest, batch] = (sorted(specs, key=lambda t: t["median_us"]), f"{name} {batch}")
 
 
 def merge(existing, new) -> list[Entry]:
