@@ -376,6 +376,9 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 @click.option("--page-size", type=click.IntRange(min=0), default=0, show_default=True, help="decode: 0 contiguous")
 @click.option("--group-rows", type=click.IntRange(min=1), default=1, show_default=True,
               help="decode: query rows per KV head (heads / kv_heads x new tokens)")
+@click.option("--rows", type=click.IntRange(min=1), default=None,
+              help="the call's query rows, batch x heads x seqlen_q, where a bucket's winner depends on the "
+                   "grid's size (entries with min_rows)  [default: the entry for any size]")
 @click.option("--from", "--from-bench", "bench_files", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="with --write: `attngen bench --json` or `attngen sweep --json` reports whose winners replace "
                    "the table's forward entries of their keys (backward entries from a bench of backward specs; "
@@ -385,7 +388,7 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 @click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
                                                   "ones attngen.attention serves: specs/ of this checkout, or "
                                                   "those installed with attngen]")
-def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, scores, page_size, group_rows,
+def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, scores, page_size, group_rows, rows,
              bench_files, write, as_json, specs_dir):
     """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
     call, and why; or, with --from REPORT ... --write, rewrite the table from measurements.
@@ -394,6 +397,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     The table is specs/dispatch/table.yaml: per GPU arch, call, dtype, head dim and mask, the
     measured winner per sequence-length bucket with its runner-up. No GPU needed.
       attngen dispatch --head-dim 64 --causal --seqlen 4096
+      attngen dispatch --head-dim 64 --seqlen 1024 --rows 262144      (batch 16 x 16 heads x 1024)
       attngen dispatch --call decode --group-rows 4 --page-size 16 --seqlen 8192
       attngen dispatch --head-dim 128 --window --seqlen 32768      (window=(4096, 0) and the like)
       attngen dispatch --head-dim 128 --causal --scores softcap --seqlen 8192
@@ -432,21 +436,22 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
     try:
         e = select(entries, call, arch, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows,
-                   head_dim_v=head_dim_v, scores=scores)
+                   head_dim_v=head_dim_v, scores=scores, rows=rows)
     except LookupError as exc:
         raise click.UsageError(str(exc)) from None
     others = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e.__dict__, "bucket": [o.__dict__ for o in others]}, indent=2))
         return
-    click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v, scores)} "
-               f"-> {e.spec}")
+    click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v, scores)}"
+               f"{f' rows {rows}' if rows else ''} -> {e.spec}")
     click.echo(f"  why: {e.why}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:
         limit = f"<= {o.upto}" if o.upto is not None else "longer"
-        rows = f", group rows <= {o.max_group_rows}" if o.max_group_rows else ""
-        click.echo(f"    seqlen {limit:<8}{rows}: {o.why}{'   <- chosen' if o is e else ''}")
+        group = f", group rows <= {o.max_group_rows}" if o.max_group_rows else ""
+        grid = f", rows >= {o.min_rows}" if o.min_rows else ""
+        click.echo(f"    seqlen {limit:<8}{group}{grid}: {o.why}{'   <- chosen' if o is e else ''}")
 
 
 def _known_arch(ctx, param, value):

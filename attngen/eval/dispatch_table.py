@@ -61,9 +61,10 @@ def entries_summary(entries) -> str:
 
 def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
     """`call`'s entries from the reports' cases of that call (a case without "call": forward; a
-    sweep report's cases are its "call", forward where it has none). A cell (key and seqlen) that
-    several reports measure is the last report's: a later --from remeasures it (a varlen report's
-    batches are cells of their own)."""
+    sweep report's cases are its "call", forward where it has none). A cell (key, seqlen and query
+    rows, batch x heads x seqlen) that several reports measure is the last report's: a later --from
+    remeasures it. Where cells of one seqlen but different rows have different winners, the
+    bucket splits by rows (grid_entries)."""
     cells = defaultdict(dict)
     for name, report in reports:
         if "lengths" in report and "rows" in report:   # a varlen bench report
@@ -84,19 +85,37 @@ def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
             if not ranked:
                 continue
             mask = "causal" if c["causal"] else "none"
-            cells[(arch, c["dtype"], c["head_dim"], mask, c.get("head_dim_v", 0))][c["seqlen"], 0] = (
+            query_rows = c["batch"] * c["heads"] * c["seqlen"]
+            cells[(arch, c["dtype"], c["head_dim"], mask, c.get("head_dim_v", 0))][c["seqlen"], query_rows] = (
                 ranked, f"{name} {r['label']}")
     out = []
-    for (arch, dtype, head_dim, mask, *v), by_seqlen in cells.items():
-        rows = [(seqlen, *cell) for (seqlen, _), cell in sorted(by_seqlen.items())]
-        for i, (seqlen, ranked, where) in enumerate(rows):
-            upto = None if i + 1 == len(rows) else int(math.sqrt(seqlen * rows[i + 1][0]))
-            best, second = ranked[0], (ranked[1] if len(ranked) > 1 else None)
-            out.append(Entry(call, arch, dtype, head_dim, mask, best["impl"], upto=upto,
-                             us=round(best["median_us"], 1), runner_up=second["impl"] if second else None,
-                             runner_up_us=round(second["median_us"], 1) if second else None, measured=where,
-                             head_dim_v=v[0] if v else 0))
+    for (arch, dtype, head_dim, mask, *v), by_cell in cells.items():
+        seqlens = sorted({seqlen for seqlen, _ in by_cell})
+        for i, seqlen in enumerate(seqlens):
+            upto = None if i + 1 == len(seqlens) else int(math.sqrt(seqlen * seqlens[i + 1]))
+            by_rows = sorted((rows, *cell) for (s, rows), cell in by_cell.items() if s == seqlen)
+            for min_rows, ranked, where in grid_entries(by_rows):
+                best, second = ranked[0], (ranked[1] if len(ranked) > 1 else None)
+                out.append(Entry(call, arch, dtype, head_dim, mask, best["impl"], upto=upto, min_rows=min_rows,
+                                 us=round(best["median_us"], 1), runner_up=second["impl"] if second else None,
+                                 runner_up_us=round(second["median_us"], 1) if second else None, measured=where,
+                                 head_dim_v=v[0] if v else 0))
     return out
+
+
+def grid_entries(by_rows) -> list[tuple]:
+    """(min_rows, ranking, where) per run of one winner in `by_rows`, the cells of one bucket as
+    (query rows, ranking, where) by rows: the first run serves every call (min_rows None), each
+    later one calls from the geometric mean of the rows on both sides of its boundary. A run
+    stands for its largest grid."""
+    runs = []
+    for rows, ranked, where in by_rows:
+        if runs and runs[-1][2][0]["impl"] == ranked[0]["impl"]:
+            runs[-1][1:] = [rows, ranked, where]
+        else:
+            start = None if not runs else int(math.sqrt(runs[-1][1] * rows))
+            runs.append([start, rows, ranked, where])
+    return [(start, ranked, where) for start, _, ranked, where in runs]
 
 
 def _sweep_cells(cells, name: str, report: dict) -> None:
@@ -108,7 +127,8 @@ def _sweep_cells(cells, name: str, report: dict) -> None:
         if ranked:
             _, _, seqlen, head_dim, *v = case["shape"]
             cells[(arch.rstrip("a"), case["dtype"], head_dim, "causal" if case["causal"] else "none",
-                   v[0] if v else 0)][seqlen, 0] = (ranked, f"{name} {case['label']}")
+                   v[0] if v else 0)][seqlen, case["shape"][0] * case["shape"][1] * seqlen] = (
+                ranked, f"{name} {case['label']}")
 
 
 def _varlen_cells(cells, name: str, report: dict) -> None:
@@ -121,7 +141,7 @@ def _varlen_cells(cells, name: str, report: dict) -> None:
             key = (arch, r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", 0)
             ranked[key, r["batch"]].append({"impl": r["spec"], "median_us": r["attngen_us"]})
     for (key, batch), specs in ranked.items():
-        cells[key][longest, batch] = (sorted(specs, key=lambda t: t["median_us"]), f"{name} {batch}")
+        cells[key][longest, 0] = (sorted(specs, key=lambda t: t["median_us"]), f"{name} {batch}")
 
 
 def merge(existing, new) -> list[Entry]:

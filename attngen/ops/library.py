@@ -24,7 +24,7 @@ def _heads_seq(q, layout: str) -> tuple[int, int, int]:
     return (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
 
 
-_FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k, V head_dim) -> kernel
+_FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k, V head_dim, query rows) -> kernel
 _PREPARED: dict = {}    # runtime call_key of a call made before -> (its kernel, the kernel's prepared call)
 
 
@@ -41,13 +41,14 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
         result = hit[0].run_prepared(hit[1], q, k, v, return_lse)
         if result is not None:
             return result
-    short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if layout == "bhsd" else k.shape[1], v.shape[-1])
+    short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if layout == "bhsd" else k.shape[1], v.shape[-1],
+             q.shape[0] * q.shape[1] * q.shape[2])
     kernel = _FORWARD.get(short)
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
         kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4],
-                                 head_dim_v=short[5] if short[5] != short[2] else 0)
+                                 head_dim_v=short[5] if short[5] != short[2] else 0, rows=short[6])
         if len(_FORWARD) >= 4096:
             _FORWARD.clear()
         _FORWARD[short] = kernel
@@ -60,7 +61,7 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
     return result
 
 
-_VARIANT: dict = {}     # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim) -> kernel
+_VARIANT: dict = {}     # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim, query rows) -> kernel
 
 
 def call_scores(softcap, alibi_slopes) -> str:
@@ -75,13 +76,13 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     mask = call_mask(causal, window)
     scores = call_scores(softcap, alibi_slopes)
     short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, k.shape[2] if layout == "bhsd" else k.shape[1],
-             v.shape[-1])
+             v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2])
     kernel = _VARIANT.get(short)
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
         kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], mask, short[5],
-                                 head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores)
+                                 head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores, rows=short[7])
         if len(_VARIANT) >= 4096:
             _VARIANT.clear()
         _VARIANT[short] = kernel

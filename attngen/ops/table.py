@@ -8,7 +8,10 @@ An entry:
      spec: h100_wgmma_d64_n128c1hs2oet, us: 9.5, runner_up: h100_wgmma_d64_n128c1hs2o,
      runner_up_us: 9.7, measured: "docs/hopper-h200/round3/grid_fp16.json 1x8x512x64"}
 `upto`: the largest seqlen_k (forward, varlen, backward: max_seqlen_k; decode: cache capacity) the entry
-serves; null for no limit. An entry without `us` is unmeasured (chosen from its spec's target).
+serves; null for no limit. `min_rows`: the fewest query rows (batch x heads x seqlen_q) of a call the
+entry serves, where a bucket's winner depends on the grid's size (a persistent spec loses on grids
+with fewer query blocks than SMs): of a bucket's entries, a call takes the one with the largest
+min_rows it reaches. An entry without `us` is unmeasured (chosen from its spec's target).
 Decode entries also key on page_size (0: contiguous caches) and may set `max_group_rows`: the
 most query rows per KV head (heads / kv_heads x seqlen_q) they serve. Entries for a spec with score
 modifiers key on them too: `scores: softcap`, `alibi` or `softcap+alibi` (the spec's `scores`, joined).
@@ -46,6 +49,7 @@ class Entry:
     upto: int | None = None
     page_size: int = 0
     max_group_rows: int | None = None
+    min_rows: int | None = None
     us: float | None = None
     runner_up: str | None = None
     runner_up_us: float | None = None
@@ -109,7 +113,7 @@ def dump_table(entries, header: str) -> str:
     import yaml
     lines = [f"# {line}" if line else "#" for line in header.splitlines()] + ["entries:"]
     order = sorted(entries, key=lambda e: (e.key(), math.inf if e.upto is None else e.upto,
-                                           e.max_group_rows or 0))
+                                           e.max_group_rows or 0, e.min_rows or 0))
     for e in order:
         row = {f.name: getattr(e, f.name) for f in fields(Entry)
                if getattr(e, f.name) not in (None,) and not (f.name in ("page_size", "head_dim_v", "scores")
@@ -159,15 +163,20 @@ def entry_problem(e: Entry, plan) -> str | None:
 
 def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0,
                head_dim_v: int = 0, scores: str = "") -> list:
-    """The entries of one key, by upto (no limit last); head_dim_v 0: V's head dim is head_dim."""
+    """The entries of one key, by upto (no limit last), then max_group_rows and min_rows; head_dim_v 0:
+    V's head dim is head_dim."""
     keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)]
-    return sorted(keyed, key=lambda e: (math.inf if e.upto is None else e.upto, e.max_group_rows or math.inf))
+    return sorted(keyed, key=lambda e: (math.inf if e.upto is None else e.upto, e.max_group_rows or math.inf,
+                                        e.min_rows or 0))
 
 
 def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
-           page_size: int = 0, group_rows: int = 1, head_dim_v: int = 0, scores: str = "") -> Entry:
-    """The entry serving a call: among its key's entries, the first whose upto covers `seqlen`
-    (and whose max_group_rows covers `group_rows`); the last bucket serves longer sequences.
+           page_size: int = 0, group_rows: int = 1, head_dim_v: int = 0, scores: str = "",
+           rows: int | None = None) -> Entry:
+    """The entry serving a call: among its key's entries, the first bucket whose upto covers
+    `seqlen` (and whose max_group_rows covers `group_rows`; the last bucket serves longer
+    sequences), and of that bucket's entries the one with the largest min_rows that `rows` (the
+    call's batch x heads x seqlen_q; None: the entry without min_rows) reaches.
     LookupError with what exists and how to add the key when the key has no entry."""
     keyed = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
     keyed = [e for e in keyed if e.max_group_rows is None or group_rows <= e.max_group_rows] or keyed
@@ -184,10 +193,9 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
             + f". The dispatch table has: {listed}. Add one: write a spec for it (`attngen explain SPEC` checks it; "
               f"`attngen sweep SPEC --shapes 1x16x2048x{head_dim}` finds faster variants), time it on that GPU with "
               f"`attngen bench SPEC --json REPORT.json`, then `attngen dispatch --from REPORT.json --write`.")
-    for e in keyed:
-        if e.upto is None or seqlen <= e.upto:
-            return e
-    return keyed[-1]
+    bucket = next((e for e in keyed if e.upto is None or seqlen <= e.upto), keyed[-1])
+    same = [e for e in keyed if e.upto == bucket.upto and e.max_group_rows == bucket.max_group_rows]
+    return max((e for e in same if (e.min_rows or 0) <= (rows or 0)), key=lambda e: e.min_rows or 0, default=bucket)
 
 
 __all__ = ["CALLS", "CONVENTION", "OUT_DTYPE", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]
