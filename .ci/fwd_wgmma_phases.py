@@ -34,7 +34,7 @@ STAMPS = [
     ("    __syncthreads();  // the only block-wide barrier: every thread sees initialised mbarriers\n", 1,
      "mbarrier init, block barrier"),
     ("        if constexpr (kConsumerRegisters > 0) setmaxnreg_inc<kConsumerRegisters>();\n", 2, "setmaxnreg.inc"),
-    ("            mbarrier_wait(smem_addr + kQBar + q_tile * kBarrierBytes, (nth / kQTiles) & 1);\n", 3,
+    ("            mbarrier_wait(smem_addr + kQBar + q_tile * kBarrierBytes, q_phase);\n", 3,
      "wait for Q (TMA)"),
     ("                    wait_k(0);\n", 4, "wait for K_0"),
     ("                    release_k(0);\n", 5, "S_0 = Q.K_0^T (issue, wait)"),
