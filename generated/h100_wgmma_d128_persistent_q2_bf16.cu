@@ -67,7 +67,7 @@
 //   TMA: Q 32768 B once, K and V 32768 B each per stage, in 2 64-column panel(s) each, issued by thread 256 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows and columns past the tensor read as zeros; k: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows and columns past the tensor read as zeros; v: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows and columns past the tensor read as zeros; o: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, stored; rows and columns past the tensor are not written
 //   descriptors: 128-byte swizzle (mode 1), K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V (LBO 16384 B between panels, SBO 1024 B, k16 step +2048 B)
 //   registers: setmaxnreg producer 24, consumer 240
-//   online softmax: exp2 with the scale folded in; rescale always; overlapped with the previous tile's P.V; consumer warpgroups ping-pong their GEMMs (named barriers 1, 2)
+//   online softmax: exp2 with the scale folded in; rescale always; overlapped with the previous tile's P.V; consumer warpgroups take turns issuing their GEMMs (named barriers 1-2)
 //   epilogue: tma (staged in the Q tile, TMA bulk tensor store)
 //   grid: persistent, one block per SM looping over every query block
 //   shared-memory banks: TMA writes and wgmma reads 128-byte-swizzled tiles (conflict-free by layout)
@@ -569,12 +569,18 @@ static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes =
               "swizzled tiles start on their swizzle's repeat");
 
 // Ping-pong turns: warpgroup w waits for its turn before issuing GEMMs and hands the turn to the
-// other after; each phase of a turn barrier counts both warpgroups' 256 threads.
+// next (w + 1, the last to 0) after; each phase of a turn barrier counts the 256 threads of the
+// warpgroup waiting on it and of the one handing it the turn. With three warpgroups, two softmaxes
+// run under each one's GEMMs.
+__device__ __forceinline__ int next_turn(int warpgroup) {
+    if constexpr (kConsumerWarpgroups == 2) return warpgroup ^ 1;
+    else return warpgroup + 1 == kConsumerWarpgroups ? 0 : warpgroup + 1;
+}
 __device__ __forceinline__ void wait_turn(int warpgroup) {
     if constexpr (kPingPong) asm volatile("bar.sync %0, %1;\n" :: "r"(kTurnBarrier + warpgroup), "n"(kTurnThreads) : "memory");
 }
 __device__ __forceinline__ void pass_turn(int warpgroup) {
-    if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" :: "r"(kTurnBarrier + (warpgroup ^ 1)), "n"(kTurnThreads) : "memory");
+    if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" :: "r"(kTurnBarrier + next_turn(warpgroup)), "n"(kTurnThreads) : "memory");
 }
 
 // The copies. Ring position r sits in stage r % kStages for the (r / kStages)-th time: phase
@@ -826,8 +832,8 @@ __device__ __forceinline__ void tma_store_rows(uint32_t sO, const P& p, const Bl
 // 33 x 4): under a causal mask some blocks take only the longest, others only the shortest. So where
 // later rows see more keys and there are more query blocks than resident blocks, they go in units:
 // unit k of a head is its k-th longest query block and its k-th shortest, whose tiles add up to about
-// the same for every k; a head's units are adjacent (its K/V tiles stay in L2), and the middle query
-// blocks of heads with an odd count come last, one per unit, as the shortest work. Units run in
+// the same for every k; a head's units are adjacent (its K/V tiles stay in L2), and when m_blocks is
+// odd, each head's middle query block comes last, one per unit, as the shortest work. Units run in
 // rounds of 2G positions: a block's two positions of a round are the two halves of one unit.
 struct WorkWalk {
     int m_blocks, positions;
@@ -836,9 +842,9 @@ struct WorkWalk {
 
 template <Mask kMask>
 __device__ __forceinline__ WorkWalk work_walk(int m_blocks, const Params& p) {
-    const int heads = p.heads * p.batch, resident = static_cast<int>(gridDim.x);
-    if (!kLaterRowsSeeMore<kMask> || m_blocks * heads <= resident) return {m_blocks, m_blocks * heads, false};
-    const int units = (m_blocks + 1) / 2 * heads;
+    const int head_batches = p.heads * p.batch, resident = static_cast<int>(gridDim.x);
+    if (!kLaterRowsSeeMore<kMask> || m_blocks * head_batches <= resident) return {m_blocks, m_blocks * head_batches, false};
+    const int units = (m_blocks + 1) / 2 * head_batches;
     return {m_blocks, (units + resident - 1) / resident * 2 * resident, true};
 }
 
@@ -888,8 +894,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
     // the gridDim.x resident blocks (work_walk).
     const WorkWalk walk = kLoop ? work_walk<kMask>((p.seqlen_q + kBlockM - 1) / kBlockM, p) : WorkWalk{1, 1, false};
     const int positions = walk.positions;
-    const int first_item = kLoop ? static_cast<int>(blockIdx.x) : 0;
-    const int item_step = kLoop ? static_cast<int>(gridDim.x) : 1;
+    const int first_pos = kLoop ? static_cast<int>(blockIdx.x) : 0;
+    const int pos_step = kLoop ? static_cast<int>(gridDim.x) : 1;
     auto coords = [&](int pos, BlockCoords& c) {
         if constexpr (kLoop) return work_coords<kMask>(pos, walk, p, c);
         c = block_coords<kMask>(p);
@@ -916,8 +922,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
     __syncthreads();  // the only block-wide barrier: every thread sees initialised mbarriers
 
     // Ring positions run on across a block's items: tile t of an item whose first tile is ring
-    // position r sits in stage (r + t) % kStages, phase (r + t) / kStages. The i-th item of a block
-    // uses Q tile i % kQTiles, phase i / kQTiles of its q_full (and q_empty).
+    // position r sits in stage (r + t) % kStages, phase (r + t) / kStages. A block's i-th position with
+    // work (nth) uses Q tile i % kQTiles, phase i / kQTiles of its q_full (and q_empty).
     // setmaxnreg comes first in both roles: a consumer's .inc waits until the producer's .dec has
     // returned registers to the pool.
     if (kHasProducer && warpgroup == kConsumerWarpgroups) {
@@ -926,7 +932,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
         if (kWarpTileSpan<kMask> ? warp == kIssuer / 32 : tid == kIssuer) {
             if (tid == kIssuer) prefetch_tensor_maps(maps);
             int ring = 0, nth = 0;
-            for (int pos = first_item; pos < positions; pos += item_step) {
+            for (int pos = first_pos; pos < positions; pos += pos_step) {
                 BlockCoords c;
                 if (!coords(pos, c)) continue;
                 int t0, n_tiles;
@@ -944,8 +950,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
     } else {
         if constexpr (kConsumerRegisters > 0) setmaxnreg_inc<kConsumerRegisters>();
         int ring = 0, nth = 0;
-        if (kPingPong && warpgroup == 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
-        for (int pos = first_item; pos < positions; pos += item_step) {
+        if (kPingPong && warpgroup == kConsumerWarpgroups - 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
+        for (int pos = first_pos; pos < positions; pos += pos_step) {
             BlockCoords c;
             if (!coords(pos, c)) continue;
             const int q_tile = nth % kQTiles, q_phase = (nth / kQTiles) & 1;

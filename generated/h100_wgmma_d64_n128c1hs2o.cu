@@ -531,12 +531,18 @@ static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes =
               "swizzled tiles start on their swizzle's repeat");
 
 // Ping-pong turns: warpgroup w waits for its turn before issuing GEMMs and hands the turn to the
-// other after; each phase of a turn barrier counts both warpgroups' 256 threads.
+// next (w + 1, the last to 0) after; each phase of a turn barrier counts the 256 threads of the
+// warpgroup waiting on it and of the one handing it the turn. With three warpgroups, two softmaxes
+// run under each one's GEMMs.
+__device__ __forceinline__ int next_turn(int warpgroup) {
+    if constexpr (kConsumerWarpgroups == 2) return warpgroup ^ 1;
+    else return warpgroup + 1 == kConsumerWarpgroups ? 0 : warpgroup + 1;
+}
 __device__ __forceinline__ void wait_turn(int warpgroup) {
     if constexpr (kPingPong) asm volatile("bar.sync %0, %1;\n" :: "r"(kTurnBarrier + warpgroup), "n"(kTurnThreads) : "memory");
 }
 __device__ __forceinline__ void pass_turn(int warpgroup) {
-    if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" :: "r"(kTurnBarrier + (warpgroup ^ 1)), "n"(kTurnThreads) : "memory");
+    if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" :: "r"(kTurnBarrier + next_turn(warpgroup)), "n"(kTurnThreads) : "memory");
 }
 
 // The copies. Ring position r sits in stage r % kStages for the (r / kStages)-th time: phase
@@ -796,7 +802,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     if (smem_addr % kSwizzleAtomBytes) __trap();  // the swizzle pattern is on absolute addresses
     // One work item: the thread block's query block.
-    const int positions = 1, first_item = 0, item_step = 1;
+    const int positions = 1, first_pos = 0, pos_step = 1;
     auto coords = [&](int, BlockCoords& c) {
         c = block_coords<kMask>(p);
         return true;
@@ -822,8 +828,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
     __syncthreads();  // the only block-wide barrier: every thread sees initialised mbarriers
 
     // Ring positions run on across a block's items: tile t of an item whose first tile is ring
-    // position r sits in stage (r + t) % kStages, phase (r + t) / kStages. The i-th item of a block
-    // uses Q tile i % kQTiles, phase i / kQTiles of its q_full (and q_empty).
+    // position r sits in stage (r + t) % kStages, phase (r + t) / kStages. A block's i-th position with
+    // work (nth) uses Q tile i % kQTiles, phase i / kQTiles of its q_full (and q_empty).
     // setmaxnreg comes first in both roles: a consumer's .inc waits until the producer's .dec has
     // returned registers to the pool.
     if (kHasProducer && warpgroup == kConsumerWarpgroups) {
@@ -832,7 +838,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
         if (kWarpTileSpan<kMask> ? warp == kIssuer / 32 : tid == kIssuer) {
             if (tid == kIssuer) prefetch_tensor_maps(maps);
             int ring = 0, nth = 0;
-            for (int pos = first_item; pos < positions; pos += item_step) {
+            for (int pos = first_pos; pos < positions; pos += pos_step) {
                 BlockCoords c;
                 if (!coords(pos, c)) continue;
                 int t0, n_tiles;
@@ -850,8 +856,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
     } else {
         if constexpr (kConsumerRegisters > 0) setmaxnreg_inc<kConsumerRegisters>();
         int ring = 0, nth = 0;
-        if (kPingPong && warpgroup == 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
-        for (int pos = first_item; pos < positions; pos += item_step) {
+        if (kPingPong && warpgroup == kConsumerWarpgroups - 1) pass_turn(warpgroup);   // warpgroup 0 takes the first turn
+        for (int pos = first_pos; pos < positions; pos += pos_step) {
             BlockCoords c;
             if (!coords(pos, c)) continue;
             const int q_tile = nth % kQTiles, q_phase = (nth / kQTiles) & 1;

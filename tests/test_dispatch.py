@@ -105,30 +105,36 @@ def test_a_later_report_remeasures_a_cell():
     before = d64_none([grid])
     assert [t[:3] for t in before] == [(1024, None, "h100_wgmma_d64_n128c1hs2oet"), (4096, None, "h100_wgmma_d64"),
                                        (None, None, "h100_wgmma_d64")]
-    after = d64_none([grid, walk])
-    assert after[-2] == (4096, None, "h100_wgmma_d64_persistent_q2", walk[0]) and after[-1] == before[-1]
-    # grid's 4x16x2048 cell replaces walk's; walk's 1x8 and 1x16 cells of 2048 keys stay (a split at 65536 rows)
-    assert d64_none([walk, grid])[-3:-1] == [(4096, None, "h100_wgmma_d64_persistent_q2", walk[0]),
-                                             (4096, 65536, "h100_wgmma_d64", grid[0])]
+    assert {t[3] for t in d64_none([grid, walk])} == {walk[0]}    # walk measures every cell grid does, and more
+    # the other way round, grid's cells (1x8x512, 4x16x2048, 2x16x8192) replace walk's; walk's others stay
+    mixed = d64_none([walk, grid])
+    assert [t[3] == grid[0] for t in mixed] == [True, False, False, False, False, False, True, True]
+    assert mixed[-2][:3] == (4096, 46340, "h100_wgmma_d64") and mixed[-1] == before[-1]
 
 
 def test_a_bucket_splits_by_grid_where_its_winner_does():
     """Cells of one seqlen on grids of different size (batch x heads) with different winners: the
     small grids' winner serves every call, the large grids' one calls from the geometric mean of the
-    rows between them; select takes the largest min_rows a call reaches."""
+    rows between them, unless it wins by no more than the split margin; select takes the largest
+    min_rows a call reaches."""
     from attngen.eval.dispatch_table import forward_entries, read_reports
     entries = forward_entries(read_reports([ROOT / "docs/hopper-h200/round4/walk_dispatch.json"]))
     d64 = sorted(((e.upto, e.min_rows, e.spec) for e in entries
                   if e.head_dim == 64 and e.mask == "none" and e.dtype == "fp16"), key=lambda t: (t[0] or 1e9, t[1] or 0))
     small, large = "h100_wgmma_d64_n128c1hs2oet", "h100_wgmma_d64_persistent_q2"
-    # 512 keys: 1x8 (4096 rows) against 16x16 (131072); 1024: 1x8 (8192) against 2x16 and 8x16 (32768, 131072);
-    # 2048: the persistent spec wins from 1x8 up
-    assert d64 == [(724, None, small), (724, 23170, large), (1448, None, small), (1448, 16384, large),
-                   (None, None, large)]
-    for rows, spec in ((8 * 1024, small), (16384, large), (16 * 16 * 1024, large), (None, small)):
+    c3 = "h100_wgmma_d64_persistent_q2_c3"
+    # 512 keys: 1x8 (4096 rows) against 16x16 (131072); 1024: 1x8, 2x16, 8x16 (8192, 32768, 131072);
+    # 2048: 1x8 (16384) against 4x16 (131072); 8192: 2x16 only
+    assert d64 == [(724, None, small), (724, 23170, c3), (1448, None, small), (1448, 16384, large),
+                   (1448, 65536, c3), (4096, None, large), (4096, 46340, c3), (None, None, c3)]
+    for rows, spec in ((8 * 1024, small), (16384, large), (65535, large), (16 * 16 * 1024, c3), (None, small)):
         assert select(entries, "forward", "sm_90", "fp16", 64, "none", 1024, rows=rows).spec == spec
     assert select(entries, "forward", "sm_90", "fp16", 64, "none", 2048, rows=8 * 2048).spec == large
-    assert select(entries, "forward", "sm_90", "fp16", 64, "none", 600, rows=10**6).spec == large
+    assert select(entries, "forward", "sm_90", "fp16", 64, "none", 600, rows=10**6).spec == c3
+    # causal 2048 keys: c3 wins 4x16 by 0.9 % (100.2 against 101.1 us), within the margin: no split
+    causal = [(e.upto, e.min_rows, e.spec) for e in entries
+              if e.head_dim == 64 and e.mask == "causal" and e.dtype == "fp16" and e.upto == 4096]
+    assert causal == [(4096, None, large)]
 
 
 def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeypatch):

@@ -337,6 +337,24 @@ def test_wgmma_persistent_grid_and_q_barriers():
     assert not plain.persistent and plain.grid(4, 16, 2048, sm_count=132) == (16, 16, 4)
 
 
+def test_wgmma_three_way_turns_and_epilogue_barriers():
+    """Ping-pong with three consumer warpgroups: turn barriers 1-3, the staged epilogue's from 4;
+    with two (or none) the epilogue's stay at 3. Four or one consumer warpgroups are refused."""
+    def text(consumers, pingpong):
+        return (spec_text(head_dim=64, block_m=64 * consumers, block_n=128,
+                          warps=f"{{producer: 4, consumer: {4 * consumers}}}", mma="wgmma_m64nNk16",
+                          smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}", target="h100")
+                + ("registers: {producer: 32, consumer: 160}\n" if consumers == 3 else
+                   "registers: {producer: 24, consumer: 240}\n")
+                + f"schedule: {{overlap: true, pingpong: {str(pingpong).lower()}}}\nepilogue: tma\n")
+    for consumers, pingpong, epilogue in ((3, True, 4), (2, True, 3), (3, False, 3)):
+        f = plan_of(text(consumers, pingpong)).fragments
+        assert (f.pingpong, f.turn_barrier, f.epilogue_barrier) == (pingpong, 1, epilogue)
+    assert "named barriers 1-3" in explain(plan_of(text(3, True)))
+    with pytest.raises(SpecError, match="8 or 12"):
+        plan_of(text(1, True))
+
+
 def test_wgmma_varlen_functions():
     """varlen: true adds a varlen function per mask; their Params carry the sequence fields but no
     q/k/v pointers (TMA maps read them); a persistent TMA-store spec's varlen grid is one block per

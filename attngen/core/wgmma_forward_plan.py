@@ -33,7 +33,7 @@ class WgmmaFragments:
     producer_registers: int  # after setmaxnreg (0: no reallocation)
     consumer_registers: int
     overlap: bool           # softmax of tile t runs while P.V of tile t-1 is in flight
-    pingpong: bool          # the two consumer warpgroups take turns issuing GEMMs
+    pingpong: bool          # the consumer warpgroups take turns issuing GEMMs (2 or 3 of them)
     panel_cols: int         # elements in one swizzled panel row (the TMA box width)
     panel_row_bytes: int    # bytes of one such row: 128, 64 or 32, the swizzle's span
     descriptor_mode: int    # the swizzle in bits 62-63 of a wgmma descriptor (1: 128B, 2: 64B, 3: 32B)
@@ -46,7 +46,9 @@ class WgmmaFragments:
     vt: "TransposedV | None"  # e4m3: V comes transposed and is read K-major (None: V MN-major)
     p_log2_offset: int      # P is kept 2^this larger (e4m3: inside its range; 0 otherwise)
     rows_per_warpgroup: int
-    turn_threads: int       # threads counted by a ping-pong turn barrier (both consumer warpgroups)
+    turn_threads: int       # threads counted by a ping-pong turn barrier (the waiting warpgroup and the passing one)
+    turn_barrier: int       # the first named barrier of the ping-pong turns (one per consumer warpgroup)
+    epilogue_barrier: int   # the first named barrier of the staged epilogue (one per consumer warpgroup)
     q_bytes: int            # TMA transaction bytes of the Q tile
     k_tile_bytes: int       # TMA transaction bytes of one K tile
     v_tile_bytes: int       # TMA transaction bytes of one V tile
@@ -78,6 +80,16 @@ def transposed_v(block_n: int, rows: int) -> TransposedV:
     panel = next(p for p in PANEL_SWIZZLES if block_n % p.row_bytes == 0)
     return TransposedV(panel=panel, panels=block_n // panel.row_bytes, panel_bytes=rows * panel.row_bytes,
                        steps_per_panel=panel.row_bytes // 32)
+
+
+TURN_BARRIER = 1   # named barrier 1 + w: consumer warpgroup w's ping-pong turn (0 is __syncthreads)
+
+
+def epilogue_barrier(consumers: int, pingpong: bool) -> int:
+    """The first of the staged epilogue's named barriers (one per consumer warpgroup): after the
+    ping-pong's turn barriers, 1 .. consumers, and at 3 wherever there are no more than two, as
+    every plan before three-way turns had it."""
+    return TURN_BARRIER + max(2, consumers if pingpong else 0)
 
 
 def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_bytes: int, issuer: str,
@@ -191,7 +203,9 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           k_major_lbo_bytes=16, k_step_bytes=32, k_steps_per_panel=panel.row_bytes // 32,
                           v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, vt=v_t,
                           p_log2_offset=p_log2_offset, rows_per_warpgroup=ROWS_PER_WARPGROUP,
-                          turn_threads=2 * WARPGROUP * 32, q_bytes=q_bytes, k_tile_bytes=k_bytes, v_tile_bytes=v_bytes,
+                          turn_threads=2 * WARPGROUP * 32,
+                          turn_barrier=TURN_BARRIER, epilogue_barrier=epilogue_barrier(consumers, spec.schedule.pingpong),
+                          q_bytes=q_bytes, k_tile_bytes=k_bytes, v_tile_bytes=v_bytes,
                           has_producer=has_producer, separate_kv_barriers=separate_kv_barriers,
                           issuer_thread=issuer_thread, epilogue=spec.epilogue,
                           o_stage_offset=offset["o" if own_o else "q"],
@@ -326,7 +340,8 @@ def explain(plan) -> list[str]:
               f"{f.p_log2_offset}) rounded to {f.mma_type} (the row sums take the power out); output x v descale, "
               f"{plan.spec.out_dtype}; rescale always" if f.vt else "online softmax: exp2 with the scale folded in; rescale always")
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
-             + ("; consumer warpgroups ping-pong their GEMMs (named barriers 1, 2)" if f.pingpong else ""),
+             + (f"; consumer warpgroups take turns issuing their GEMMs (named barriers 1-{f.consumer_warpgroups})"
+                if f.pingpong else ""),
              f"epilogue: {f.epilogue}" + ({"registers": " (4-byte stores of the accumulators)",
                                            "shared": " (staged in the {tile}, 16-byte coalesced stores)",
                                            "tma": " (staged in the {tile}, TMA bulk tensor store)"}[f.epilogue]

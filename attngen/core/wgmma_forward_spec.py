@@ -101,9 +101,9 @@ def rule_pingpong(s):
     if s.schedule.persistent and not s.producer_warps:
         return "schedule.persistent", ("a persistent block needs a producer warpgroup to load the next query "
                                        "block during the epilogue: use warps: {producer: 4, consumer: ...}")
-    if s.schedule.pingpong and s.compute_warps != 2 * WARPGROUP:
-        return "schedule.pingpong", (f"ping-pong alternates two consumer warpgroups: use warps.consumer: 8 "
-                                     f"(got {s.compute_warps})")
+    if s.schedule.pingpong and s.compute_warps not in (2 * WARPGROUP, 3 * WARPGROUP):
+        return "schedule.pingpong", (f"ping-pong passes turns between two or three consumer warpgroups: use "
+                                     f"warps.consumer: 8 or 12 (got {s.compute_warps})")
 
 
 def entry_cap(s) -> int:
@@ -161,8 +161,9 @@ class Schedule(Strict):
         "issue S = Q.K^T of tile t before O += P.V of tile t-1 and run the softmax of tile t while P.V "
         "runs; off: each GEMM is waited for before the next step"))
     pingpong: bool = Field(default=False, description=(
-        "two consumer warpgroups take turns issuing their GEMMs (named barriers), so one runs its softmax "
-        "while the other's GEMMs use the tensor cores; needs overlap and 2 consumer warpgroups"))
+        "the consumer warpgroups take turns issuing their GEMMs (named barriers), so the others run their "
+        "softmax while one's GEMMs use the tensor cores; needs overlap and 2 or 3 consumer warpgroups "
+        "(three: two softmaxes under each warpgroup's GEMMs, where the softmax is the longer, as at d64)"))
     separate_kv_barriers: Optional[bool] = Field(default=None, description=(
         "K and V of a stage handed over on separate full/empty mbarriers, so K is refilled as soon as its "
         "S = Q.K^T is done; false: one pair per stage counts both (fewer arrivals per tile); unset: separate "

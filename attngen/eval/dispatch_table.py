@@ -28,7 +28,8 @@ def arch_of(gpu_name: str) -> str:
 def forward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
     """Forward entries from (file name, bench report dict) pairs: per (arch, dtype, head_dim,
     mask) the fastest spec of each measured seqlen, serving up to the geometric mean of its
-    seqlen and the next one measured (the longest serves everything above)."""
+    seqlen and the next one measured (the longest serves everything above); where grids of one
+    seqlen have different winners, split by query rows (grid_entries)."""
     return call_entries(reports, FORWARD)
 
 
@@ -41,7 +42,8 @@ def backward_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
 def varlen_entries(reports: list[tuple[str, dict]]) -> list[Entry]:
     """Varlen entries from `attngen bench --varlen --json` reports: per (arch, dtype, head_dim, mask)
     the fastest spec of each measured batch, keyed by its longest sequence (the call's
-    max_seqlen_k) and bucketed as forward_entries buckets seqlens."""
+    max_seqlen_k; of batches with the same longest sequence, the last report's) and bucketed as
+    forward_entries buckets seqlens."""
     return call_entries(reports, VARLEN)
 
 
@@ -73,7 +75,7 @@ def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
             continue
         if "cases" in report and "ranking" in (report["cases"] or [{}])[0]:
             if report.get("call", FORWARD) == call:
-                _sweep_cells(cells, name, report)
+                _sweep_cells(cells, name, report, call)
             continue
         arch = arch_of(report["gpu"])
         for r in report["results"]:
@@ -85,7 +87,7 @@ def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
             if not ranked:
                 continue
             mask = "causal" if c["causal"] else "none"
-            query_rows = c["batch"] * c["heads"] * c["seqlen"]
+            query_rows = c["batch"] * c["heads"] * c["seqlen"] if call == FORWARD else 0   # only forward calls pass rows
             cells[(arch, c["dtype"], c["head_dim"], mask, c.get("head_dim_v", 0))][c["seqlen"], query_rows] = (
                 ranked, f"{name} {r['label']}")
     out = []
@@ -103,32 +105,40 @@ def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
     return out
 
 
+# A larger grid's winner starts a bucket of its own only where it beats the smaller grids' winner
+# on that grid by more than this: closer cells are run-to-run noise (or another GPU of the arch).
+GRID_SPLIT_MARGIN = 0.03
+
+
 def grid_entries(by_rows) -> list[tuple]:
     """(min_rows, ranking, where) per run of one winner in `by_rows`, the cells of one bucket as
     (query rows, ranking, where) by rows: the first run serves every call (min_rows None), each
-    later one calls from the geometric mean of the rows on both sides of its boundary. A run
-    stands for its largest grid."""
-    runs = []
+    later one serves calls from the geometric mean of the rows on both sides of its boundary. A
+    cell whose winner beats the current run's spec by at most GRID_SPLIT_MARGIN stays in that run.
+    A run stands for its largest grid that its own spec won."""
+    runs, last_rows = [], None
     for rows, ranked, where in by_rows:
-        if runs and runs[-1][2][0]["impl"] == ranked[0]["impl"]:
-            runs[-1][1:] = [rows, ranked, where]
-        else:
-            start = None if not runs else int(math.sqrt(runs[-1][1] * rows))
-            runs.append([start, rows, ranked, where])
-    return [(start, ranked, where) for start, _, ranked, where in runs]
+        held = runs[-1][1][0]["impl"] if runs else None
+        times = {t["impl"]: t["median_us"] for t in ranked}
+        if ranked[0]["impl"] == held:
+            runs[-1][1:] = [ranked, where]
+        elif held is None or held not in times or times[held] > ranked[0]["median_us"] * (1 + GRID_SPLIT_MARGIN):
+            runs.append([None if held is None else int(math.sqrt(last_rows * rows)), ranked, where])
+        last_rows = rows
+    return [tuple(run) for run in runs]
 
 
-def _sweep_cells(cells, name: str, report: dict) -> None:
+def _sweep_cells(cells, name: str, report: dict, call: str) -> None:
     """A sweep report's cases as bench cells: its ranking, fastest first, names as written by
     `attngen sweep --write-best` (a name that is not a committed spec is refused on --write)."""
     arch = report.get("arch") or arch_of(report["gpu"])
     for case in report["cases"]:
         ranked = [{"impl": r["name"], "median_us": r["median_us"]} for r in case["ranking"] if r.get("median_us")]
         if ranked:
-            _, _, seqlen, head_dim, *v = case["shape"]
+            batch, heads, seqlen, head_dim, *v = case["shape"]
+            rows = batch * heads * seqlen if call == FORWARD else 0
             cells[(arch.rstrip("a"), case["dtype"], head_dim, "causal" if case["causal"] else "none",
-                   v[0] if v else 0)][seqlen, case["shape"][0] * case["shape"][1] * seqlen] = (
-                ranked, f"{name} {case['label']}")
+                   v[0] if v else 0)][seqlen, rows] = (ranked, f"{name} {case['label']}")
 
 
 def _varlen_cells(cells, name: str, report: dict) -> None:

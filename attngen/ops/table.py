@@ -195,7 +195,8 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
               f"`attngen bench SPEC --json REPORT.json`, then `attngen dispatch --from REPORT.json --write`.")
     bucket = next((e for e in keyed if e.upto is None or seqlen <= e.upto), keyed[-1])
     same = [e for e in keyed if e.upto == bucket.upto and e.max_group_rows == bucket.max_group_rows]
-    return max((e for e in same if (e.min_rows or 0) <= (rows or 0)), key=lambda e: e.min_rows or 0, default=bucket)
+    return max((e for e in same if (e.min_rows or 0) <= (rows or 0)), key=lambda e: e.min_rows or 0,
+               default=min(same, key=lambda e: e.min_rows or 0))
 
 
 __all__ = ["CALLS", "CONVENTION", "OUT_DTYPE", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]
