@@ -84,7 +84,7 @@
 //     schedule, tile t in stage s = t % stages, phase t / stages (waiters test its parity):
 //       producer: Q (expect_tx 32768 B on q_full), then per tile: wait empty_k[s] (when t >= stages), expect_tx 32768 B on full_k[s], TMA K; the same for V (32768 B) on empty_v[s] and full_v[s]
 //       consumer: wait q_full once; per tile t: wait full_k[s] and full_v[(t-1) % stages], issue S_t = Q.K_t^T and O += P_(t-1).V_(t-1), wait for S_t only, arrive empty_k[s], softmax S_t while P.V runs, wait for P.V, arrive empty_v[(t-1) % stages], rescale O
-//       ping-pong: consumer warpgroup w waits on named barrier 1 + w before issuing its GEMMs and arrives on the other's after, so one warpgroup's softmax runs under the other's GEMMs
+//       ping-pong: consumer warpgroup w waits on named barrier 1 + w before issuing its GEMMs and arrives on warpgroup (w + 1) % 2's after, so the others' softmax runs under one warpgroup's GEMMs
 //       one query block per thread block
 //       epilogue: each thread stores its normalised O pairs to global memory (4-byte stores)
 //     up to 2 tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), one __syncthreads publishes them
@@ -543,7 +543,7 @@ static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes =
 // warpgroup waiting on it and of the one handing it the turn. With three warpgroups, two softmaxes
 // run under each one's GEMMs.
 __device__ __forceinline__ int next_turn(int warpgroup) {
-    if constexpr (kConsumerWarpgroups == 2) return warpgroup ^ 1;
+    if constexpr (kConsumerWarpgroups == 2) return warpgroup ^ 1;   // as two-warpgroup kernels always had it
     else return warpgroup + 1 == kConsumerWarpgroups ? 0 : warpgroup + 1;
 }
 __device__ __forceinline__ void wait_turn(int warpgroup) {
@@ -922,7 +922,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             if constexpr (kOverlap) {
                 // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
                 // K_t is handed back as soon as S_t is done, V_(t-1) when its P.V is.
-                // Ping-pong: both warpgroups take every tile (their turns must pair up), warpgroup 0 first.
+                // Ping-pong: every consumer warpgroup takes every tile (each takes tiles + 1 turns, so the
+                // turns stay in step), warpgroup 0 first.
                 const int tiles = kPingPong ? n_tiles : my_tiles;
                 if (tiles > 0) {
                     wait_k(0);

@@ -536,7 +536,7 @@ static_assert(kSmem_q % kSwizzleAtomBytes == 0 && kSmem_k0 % kSwizzleAtomBytes =
 // warpgroup waiting on it and of the one handing it the turn. With three warpgroups, two softmaxes
 // run under each one's GEMMs.
 __device__ __forceinline__ int next_turn(int warpgroup) {
-    if constexpr (kConsumerWarpgroups == 2) return warpgroup ^ 1;
+    if constexpr (kConsumerWarpgroups == 2) return warpgroup ^ 1;   // as two-warpgroup kernels always had it
     else return warpgroup + 1 == kConsumerWarpgroups ? 0 : warpgroup + 1;
 }
 __device__ __forceinline__ void wait_turn(int warpgroup) {
@@ -915,7 +915,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             if constexpr (kOverlap) {
                 // S_t and P_(t-1).V_(t-1) in flight together; the softmax of S_t runs while P.V does.
                 // K_t is handed back as soon as S_t is done, V_(t-1) when its P.V is.
-                // Ping-pong: both warpgroups take every tile (their turns must pair up), warpgroup 0 first.
+                // Ping-pong: every consumer warpgroup takes every tile (each takes tiles + 1 turns, so the
+                // turns stay in step), warpgroup 0 first.
                 const int tiles = kPingPong ? n_tiles : my_tiles;
                 if (tiles > 0) {
                     wait_k(0);

@@ -126,13 +126,14 @@ def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_byt
     return tuple(out)
 
 
-def epilogue_line(epilogue: str, own_tile: bool = False) -> str:
-    """The schedule's last step: how a consumer warpgroup writes its 64 rows of O."""
+def epilogue_line(epilogue: str, own_tile: bool = False, barrier: int = 3) -> str:
+    """The schedule's last step: how a consumer warpgroup writes its 64 rows of O (`barrier`: the
+    first of the staged epilogue's named barriers)."""
     staging = ("  epilogue: each consumer warpgroup normalises O and writes its 64 rows " +
                ("into its rows of O's own tile (swizzled like Q, 4-byte stores; Q went back before it)"
                 if own_tile else
                 "over its rows of the Q tile (its last S GEMM has completed; swizzled like Q, 4-byte stores)") +
-               ", then syncs its 128 threads on named barrier 3 + w; ")
+               f", then syncs its 128 threads on named barrier {barrier} + w; ")
     return {"registers": "  epilogue: each thread stores its normalised O pairs to global memory (4-byte stores)",
             "shared": staging + "its threads copy the rows out with 16-byte coalesced stores",
             "tma": staging + ("after fence.proxy.async its first thread issues one TMA store per panel "
@@ -245,8 +246,9 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                  if overlap else
                  "  consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, "
                  "arrive empty[s]"),
-                ("  ping-pong: consumer warpgroup w waits on named barrier 1 + w before issuing its GEMMs and "
-                 "arrives on the other's after, so one warpgroup's softmax runs under the other's GEMMs"
+                (f"  ping-pong: consumer warpgroup w waits on named barrier {TURN_BARRIER} + w before issuing its "
+                 f"GEMMs and arrives on warpgroup (w + 1) % {consumers}'s after, so the others' softmax runs under "
+                 "one warpgroup's GEMMs"
                  if spec.schedule.pingpong else
                  "  a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives "
                  "empty_k/empty_v[s] without computing"),
@@ -260,7 +262,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                  + (f"; with {q_tiles} Q tiles, block i's Q goes into tile i % {q_tiles} once block i - {q_tiles} "
                     f"handed it back, so it loads while block i - 1 still runs" if q_tiles > 1 else "")
                  if persistent else "  one query block per thread block"),
-                epilogue_line(spec.epilogue, own_o),
+                epilogue_line(spec.epilogue, own_o, epilogue_barrier(consumers, spec.schedule.pingpong)),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
     variants = spec_variants(spec)

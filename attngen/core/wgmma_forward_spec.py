@@ -97,7 +97,8 @@ def rule_pingpong(s):
         return "schedule.pingpong", "ping-pong is generated on the overlapped schedule: set schedule.overlap: true"
     if s.schedule.pingpong and not s.producer_warps:
         return "schedule.pingpong", ("ping-pong is generated with a producer warpgroup (the homogeneous issuer "
-                                     "would wait for stages inside its turn): use warps: {producer: 4, consumer: 8}")
+                                     "would wait for stages inside its turn): use warps: {producer: 4, consumer: 8} "
+                                     "(or 12)")
     if s.schedule.persistent and not s.producer_warps:
         return "schedule.persistent", ("a persistent block needs a producer warpgroup to load the next query "
                                        "block during the epilogue: use warps: {producer: 4, consumer: ...}")

@@ -114,8 +114,9 @@ def grid_entries(by_rows) -> list[tuple]:
     """(min_rows, ranking, where) per run of one winner in `by_rows`, the cells of one bucket as
     (query rows, ranking, where) by rows: the first run serves every call (min_rows None), each
     later one serves calls from the geometric mean of the rows on both sides of its boundary. A
-    cell whose winner beats the current run's spec by at most GRID_SPLIT_MARGIN stays in that run.
-    A run stands for its largest grid that its own spec won."""
+    cell whose winner beats the current run's spec by at most GRID_SPLIT_MARGIN stays in that run (a
+    cell that did not measure that spec starts a run of its own). A run stands for its largest grid
+    that its own spec won."""
     runs, last_rows = [], None
     for rows, ranked, where in by_rows:
         held = runs[-1][1][0]["impl"] if runs else None
