@@ -452,6 +452,7 @@ constexpr int kQueryStages = 2;  // Q and dO tiles in flight
 constexpr int kQueryStageBytes = 32768;  // from stage 0's Q (dO) tile to stage 1's
 constexpr int kDsPitch = 272;        // bytes per row of the dS^T tile
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kWarpKeyRows = 16;                                // keys per warp: dK and dV rows
 
 // Lane -> (row, 16-byte chunk) inside a 16x16 block for the two ldmatrix.x4 patterns: `a` gives A
 // fragments (and transposed B fragments), `b` gives B fragments (and transposed A fragments).
@@ -789,26 +790,52 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
     }
 }
 
-// dK (times the scale) and dV of the warp's keys, rows past seqlen_k not written.
+// The 16 bytes at shared address `at`.
+__device__ __forceinline__ uint4 load_shared_16(uint32_t at) {
+    uint4 x;
+
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(at) : "memory");
+    return x;
+}
+
+// Rows [row0, row0 + kWarpKeyRows) of the block's dK and dV, packed by this warp into the K and V
+// tiles at sK and sV, to key rows n0 + row of gk and gv: a warp's 16-byte stores cover whole rows,
+// rows past seqlen_k are not written. (A warp's 4-byte stores from its accumulators touched 8 rows
+// each: the d128 Hopper block's epilogue took 10.5k cycles that way, 3.6k so, 4x16x2048, H200.)
+__device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV, int row0, int n0, int lane,
+                                                       elem_t* gk, elem_t* gv, const Params& p) {
+    __syncwarp();   // the warp's packed rows
+#pragma unroll
+    for (int c = lane; c < kWarpKeyRows * kChunksPerRow; c += 32) {
+        const int row = row0 + c / kChunksPerRow, chunk = c % kChunksPerRow, key = n0 + row;
+        if (key >= p.seqlen_k) continue;
+        const uint32_t at = tile_offset(row, chunk);
+        *reinterpret_cast<uint4*>(gk + key * p.dk_row_stride + chunk * 8) = load_shared_16(sK + at);
+        *reinterpret_cast<uint4*>(gv + key * p.dv_row_stride + chunk * 8) = load_shared_16(sV + at);
+    }
+}
+
+// dK (times the scale) and dV of the warp's keys from row0 of the block's keys, packed into the
+// warp's rows of the K and V tiles (which no product reads any more: the caller's barrier) in the
+// tiles' layout, then copied out.
 __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDTiles][4], const float (&dv)[kDTiles][4],
-                                                    int key0, int lane, const Sequence& seq, int kv_head,
-                                                    const Params& p) {
+                                                    uint32_t sK, uint32_t sV, int row0, int n0, int lane,
+                                                    const Sequence& seq, int kv_head, const Params& p) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+            const uint32_t at = tile_offset(row0 + lane / 4 + 8 * h, dt) + 4 * (lane % 4);
+            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sK + at),
+                         "r"(pack2(dk[dt][2 * h] * p.scale, dk[dt][2 * h + 1] * p.scale)) : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sV + at), "r"(pack2(dv[dt][2 * h], dv[dt][2 * h + 1]))
+                         : "memory");
+        }
     elem_t* gk = static_cast<elem_t*>(p.dk) + seq.batch * p.dk_batch_stride + kv_head * p.dk_head_stride
                  + seq.k0 * p.dk_row_stride;
     elem_t* gv = static_cast<elem_t*>(p.dv) + seq.batch * p.dv_batch_stride + kv_head * p.dv_head_stride
                  + seq.k0 * p.dv_row_stride;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int key = key0 + lane / 4 + 8 * h;
-        if (key >= p.seqlen_k) continue;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-            const int col = dt * 8 + 2 * (lane % 4);
-            *reinterpret_cast<elem2_t*>(gk + key * p.dk_row_stride + col) =
-                from_float2(dk[dt][2 * h] * p.scale, dk[dt][2 * h + 1] * p.scale);
-            *reinterpret_cast<elem2_t*>(gv + key * p.dv_row_stride + col) = from_float2(dv[dt][2 * h], dv[dt][2 * h + 1]);
-        }
-    }
+    copy_key_gradients_out(sK, sV, row0, n0, lane, gk, gv, p);
 }
 
 // The first key of the block's keys; deterministic: block ids run from the last key block (dq_turn).
@@ -897,7 +924,9 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
         }
     }
     cp_async_wait_all();   // K and V, when no query block saw the keys
-    store_key_gradients(dk, dv, n0 + 16 * (tid / 32), lane, block_sequence<kVarlen>(p), kv_head, p);
+    __syncthreads();       // every warp's last dQ has read K, and the copies have landed
+    store_key_gradients(dk, dv, smem_addr + kSmem_k0, smem_addr + kSmem_v0, kWarpKeyRows * (tid / 32), n0, lane,
+                        block_sequence<kVarlen>(p), kv_head, p);
 }
 
 template <Mask kMask, bool kDeterministic>
