@@ -1,0 +1,60 @@
+"""The Hopper backward specs against SDPA's cuDNN backward, alternating in one process: the #23
+target "the Hopper class >= 1.0x cuDNN's backward at seqlen >= 2048" measured with the GPU's drift
+shared by both sides.
+
+Usage: python3 .ci/backward_vs_cudnn.py OUT.json [ROUNDS]   (default 5 rounds)
+
+Cells: 4x16x2048 and 1x16x8192, d64 and d128, fp16 (h100_bwd_d{64,128}_wgmma) and bf16 (their
+_bf16 twins), causal and not. Each round times attngen's backward call (preprocess + main + convert,
+given attngen's forward o and LSE) and cuDNN's (torch.autograd.grad of SDPA's output under the
+cuDNN backend) with `attngen bench`'s queued timing (30 calls behind a GPU sleep, the median); a
+cell's figure is the median of its rounds. Standard normal q, k, v and dout.
+"""
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attngen
+from gpu_timing import alternating   # .ci/, beside this script
+
+SHAPES = ((4, 16, 2048), (1, 16, 8192))
+
+
+def main(out_path, rounds="5"):
+    rows = []
+    for d in (64, 128):
+        for dtype, suffix in ((torch.float16, ""), (torch.bfloat16, "_bf16")):
+            kernel = attngen.load(f"specs/h100_bwd_d{d}_wgmma{suffix}.yaml")
+            for b, h, s in SHAPES:
+                for causal in (False, True):
+                    torch.manual_seed(0)
+                    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(4))
+                    o, lse = attngen.attention(q, k, v, causal=causal, return_lse=True)
+                    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+                    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+                    with torch.enable_grad(), sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+                    calls = {"attngen": lambda: kernel(q, k, v, o, lse, do, causal=causal, dq=grads[0], dk=grads[1],
+                                                       dv=grads[2]),
+                             "cudnn": lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)}
+                    med, each = alternating(calls, int(rounds))
+                    row = {"spec": kernel.plan.spec.name, "shape": f"{b}x{h}x{s}x{d}", "causal": causal,
+                           "attngen_us": med["attngen"], "cudnn_us": med["cudnn"],
+                           "x_cudnn": med["cudnn"] / med["attngen"], "rounds": each}
+                    print(f"{row['spec']:26} {row['shape']:14} {'causal' if causal else 'none':6} "
+                          f"{med['attngen']:8.1f} {med['cudnn']:8.1f}  x{row['x_cudnn']:.3f}", flush=True)
+                    rows.append(row)
+                    out = leaves = None
+    with open(out_path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "command": f"python3 .ci/backward_vs_cudnn.py OUT.json {rounds}", "rows": rows}, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])
