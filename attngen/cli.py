@@ -901,7 +901,8 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     wmma and mma.sync specs: tile.block_m, tile.block_n, warps (and producer/consumer
     splits when the base has warp roles), smem.stages, smem.swizzle (the base's or none)
     and smem.q_in_registers. wgmma specs: tile.block_n, consumer warpgroups with or
-    without a producer warpgroup (block_m follows), smem.stages, registers and schedule.
+    without a producer warpgroup (block_m follows), smem.stages, registers, schedule,
+    epilogue, and blocks (one per query block, or persistent with 1 or 2 Q tiles).
     Backward specs: tile.block_m, tile.block_n with the warps that own its keys (16 per warp),
     and for mma.sync query_stages and query_chunk; their backward call is timed (given
     attngen's forward o and lse) beside flash's backward, TFLOP/s counting 2.5x the forward's
@@ -948,7 +949,7 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
                              jobs=jobs or os.cpu_count() or 1)
     space = S.default_space(base)
     click.echo(f"sweep: {space.size} candidates in the space of {base.name}; pruning ...", err=True)
-    survivors = S.prune(base, space)
+    survivors = S.prune(base, space, **S.prune_options(options))
     steps = S.planned_steps(len(survivors[0]), options, measuring=measurer is not None)
     # Off a terminal click prints every new label as a line: there, relabel every 10% only.
     every = 1 if sys.stderr.isatty() else max(1, steps // 10)

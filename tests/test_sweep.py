@@ -2,6 +2,7 @@
 the GPU step behind a stub Measurer (and nvcc stubbed) unless a test is marked `nvcc` or `gpu`."""
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
@@ -189,6 +190,26 @@ def test_report_counts(base, tmp_path, stub_nvcc):
     report = sweep(base, MIXED, tmp_path, StubMeasurer(fail={"m128n64w4s2x3q"}))
     assert report.counts() == {"enumerated": 8, S.FAILED_VERIFY: 1, S.BUDGET: 3, "spec rule: tile.block_m": 2,
                                S.SPILLS: 1, S.TIMED: 1}
+
+
+def test_a_budget_renders_only_its_sample(base, medium, monkeypatch):
+    """prune with a budget renders a seeded sample of the valid points until that many have code of
+    their own (rendering is most of pruning's cost); the rest are counted as over the budget; a
+    budget above the valid points gives prune without one."""
+    prune_mod = importlib.import_module("attngen.eval.sweep.prune")
+    sp, (everyone, refused) = medium
+    rendered = []
+    real = prune_mod.render_candidate
+    monkeypatch.setattr(prune_mod, "render_candidate", lambda c: rendered.append(c.choice) or real(c))
+    kept, pruned = S.prune(base, sp, budget=5, seed=1)
+    assert len(kept) == 5 and len(rendered) - 5 == sum(p.reason == S.DUPLICATE for p in pruned)
+    assert {c.name for c in kept} <= {c.name for c in everyone}
+    assert [c.choice for c in kept] == [c for c in sp.choices() if c in {k.choice for k in kept}]   # space order
+    valid = len(everyone) + sum(p.reason == S.DUPLICATE for p in refused)
+    assert sum(p.reason == S.NOT_SAMPLED for p in pruned) == valid - len(rendered)
+    assert [c.name for c in S.prune(base, sp, budget=5, seed=1)[0]] == [c.name for c in kept]
+    assert [c.name for c in S.prune(base, sp, budget=5, seed=2)[0]] != [c.name for c in kept]
+    assert [c.name for c in S.prune(base, sp, budget=10 ** 6)[0]] == [c.name for c in everyone]
 
 
 def test_budget_samples_deterministically(medium):
@@ -505,18 +526,39 @@ def test_a_kind_declares_its_own_axes():
     schedule are axes, and its rules prune what cannot be generated."""
     base = load_spec(ROOT / "specs" / "h100_wgmma_d128.yaml")
     sp = S.default_space(base)
-    assert sp.names == ("block_n", "warpgroups", "stages", "registers", "schedule", "epilogue")
+    assert sp.names == ("block_n", "warpgroups", "stages", "registers", "schedule", "epilogue", "blocks")
     assert S.choice_of(base, sp).tag == "n128c2ps3r24x240o"
-    survivors, pruned = S.prune(base, sp, [sp.choice(176, (0, 2), 2, None, "overlap", "registers"),
-                                           sp.choice(128, (0, 2), 2, None, "pingpong", "registers"),
-                                           sp.choice(176, (1, 2), 3, (24, 240), "overlap", "tma"),
-                                           sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma")])
+    one = (False, 1)   # a block per query block: no tag, so earlier candidates keep their names
+    survivors, pruned = S.prune(base, sp, [sp.choice(176, (0, 2), 2, None, "overlap", "registers", one),
+                                           sp.choice(128, (0, 2), 2, None, "pingpong", "registers", one),
+                                           sp.choice(176, (1, 2), 3, (24, 240), "overlap", "tma", one),
+                                           sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", one)])
     first, tma = survivors
     assert first.name == "h100_wgmma_d128_n176c2hs2o"
     assert (first.plan.block_m, first.plan.producer_warps, first.plan.fragments.has_producer) == (128, 0, False)
     assert first.spec.registers is None and first.spec.schedule.overlap and not first.spec.schedule.pingpong
     assert tma.name == "h100_wgmma_d128_n128c2ps2r24x240ppet" and tma.spec.epilogue == "tma"
     assert [p.reason for p in pruned] == ["spec rule: schedule.pingpong", S.BUDGET]
+
+
+def test_the_wgmma_space_has_persistent_blocks():
+    """The blocks axis makes persistent candidates (one or two Q tiles) from a base without them, and
+    the kind's rules refuse a persistent block without a producer warpgroup; a persistent base
+    sits at its own point."""
+    base = load_spec(ROOT / "specs" / "h100_wgmma_d128.yaml")
+    sp = S.default_space(base)
+    assert sp.blocks == ((False, 1), (True, 1), (True, 2))
+    kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (True, 2)),
+                                      sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (True, 1)),
+                                      sp.choice(128, (0, 2), 2, None, "overlap", "tma", (True, 1))])
+    assert [c.name for c in kept] == ["h100_wgmma_d128_n128c2ps2r24x240ppetpbq2",
+                                      "h100_wgmma_d128_n128c2ps2r24x240ppetpb"]
+    assert [(c.spec.schedule.persistent, c.spec.schedule.q_tiles) for c in kept] == [(True, 2), (True, 1)]
+    assert [p.reason for p in pruned] == ["spec rule: schedule.persistent"]
+    persistent = load_spec(ROOT / "specs" / "h100_wgmma_d128_persistent_q2.yaml")
+    at = S.choice_of(persistent, S.default_space(persistent))
+    assert at.blocks == (True, 2) and at.tag.endswith("pbq2")
+    assert S.default_space(persistent).shown(at)["blocks"] == "persistent, 2 Q tiles"
 
 
 def test_sweep_cases_of_a_base_whose_v_has_its_own_head_dim():

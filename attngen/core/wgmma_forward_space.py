@@ -11,6 +11,10 @@ SWEEP_REGISTERS = (None, (24, 240), (32, 160))                       # (producer
 SWEEP_SCHEDULES = ("seq", "overlap", "pingpong")
 SWEEP_EPILOGUES = ("registers", "tma")   # shared: measured no faster than tma on any cell (H200)
 EPILOGUE_TAGS = {"registers": "", "shared": "es", "tma": "et"}
+# (schedule.persistent, schedule.q_tiles): a block per query block, or a block per SM walking query
+# blocks with one or two Q tiles. The first names no tag, so that earlier candidates keep their names.
+SWEEP_BLOCKS = ((False, 1), (True, 1), (True, 2))
+BLOCKS_TAGS = {(False, 1): "", (True, 1): "pb", (True, 2): "pbq2"}
 
 
 def _read_warpgroups(s) -> tuple[int, int]:
@@ -36,13 +40,26 @@ def _read_schedule(s) -> str:
 
 
 def _write_schedule(data: dict, v: str) -> None:
-    # The base's other schedule keys (persistent, q_tiles, separate_kv_barriers) stay as they are.
+    # The base's other schedule keys (persistent, q_tiles: the blocks axis; separate_kv_barriers) stay.
     data["schedule"] = {**(data.get("schedule") or {}), "overlap": v != "seq", "pingpong": v == "pingpong"}
+
+
+def _read_blocks(s) -> tuple[bool, int]:
+    return s.schedule.persistent, s.schedule.q_tiles
+
+
+def _write_blocks(data: dict, v: tuple[bool, int]) -> None:
+    data["schedule"] = {**(data.get("schedule") or {}), "persistent": v[0], "q_tiles": v[1]}
+
+
+def _show_blocks(v: tuple[bool, int]) -> str:
+    return f"persistent, {v[1]} Q tile{'s' if v[1] > 1 else ''}" if v[0] else "one per query block"
 
 
 def sweep_space(base: WgmmaForwardSpec) -> SearchSpace:
     """Tiles, roles (producer warpgroup or homogeneous, 1-3 consumer warpgroups), ring depth,
-    register split, schedule and epilogue, around `base`; the spec rules prune what does not fit."""
+    register split, schedule, epilogue and blocks (one per query block, or persistent with one or
+    two Q tiles), around `base`; the spec rules prune what does not fit."""
     regs = (base.registers.producer, base.registers.consumer) if base.registers else None
     return SearchSpace((
         field_axis("block_n", "tile.block_n", with_base(SWEEP_BLOCK_N, base.tile.block_n), lambda s: s.tile.block_n,
@@ -59,4 +76,5 @@ def sweep_space(base: WgmmaForwardSpec) -> SearchSpace:
              lambda v: {"seq": "", "overlap": "o", "pingpong": "pp"}[v]),
         field_axis("epilogue", "epilogue", with_base(SWEEP_EPILOGUES, base.epilogue), lambda s: s.epilogue,
                    lambda v: EPILOGUE_TAGS[v]),
+        Axis("blocks", SWEEP_BLOCKS, _read_blocks, _write_blocks, lambda v: BLOCKS_TAGS[v], _show_blocks),
     ))

@@ -6,9 +6,10 @@ length, causality and the GPU, so the sweep measures instead of guessing. One mo
 1. space      `default_space(base)`: the axes the base's kind sweeps and their values (a
               `SearchSpace`, attngen/core/search_space.py; each kind declares its own), and the cases
               measured (`parse_cases`);
-2. prune      `prune(base, space)`: build every candidate spec through the YAML loader's own
-              validation, drop those that break a spec rule, exceed the shared-memory budget or
-              render to the same code as an earlier one, counting each reason;
+2. prune      `prune(base, space)`: check every candidate spec through the YAML loader's own
+              validation, drop those that break a spec rule or exceed the shared-memory budget,
+              render the rest (with a --budget, only a seeded sample of them) and drop those with
+              the same code as an earlier one, counting each reason;
 3. build      `build_candidate` (one candidate) and `compile_all(...)`: nvcc in a process pool;
               spills and compile errors are dropped;
 4. measure    a `Measurer` (`GpuMeasurer` on a GPU, a stub in tests): verify, then time beside
@@ -28,7 +29,7 @@ from .measure import DEFAULT_REPS, ERROR, FAILED_VERIFY, GpuMeasurer, Measuremen
 from .prune import BUDGET, DUPLICATE, Pruned, prune, prune_reason, sample
 from .report import best_spec_text, format_report, report_dict, winners, write_best
 from .search import (COMPILED, NOT_REACHED, NOT_SAMPLED, TIMED, CandidateResult, Progress, Sweep, SweepOptions,
-                     SweepReport, planned_steps, run_sweep)
+                     SweepReport, planned_steps, prune_options, run_sweep)
 from .space import (DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, DEFAULT_COMPUTE_WARPS, DEFAULT_ROLE_PAIRS, DEFAULT_STAGES,
                     Axis, Choice, SearchSpace, Shape, WarpChoice, choice_of, default_space, forward_space, parse_cases,
                     shape_of, swizzle_token, swizzle_value)
@@ -49,7 +50,7 @@ __all__ = [
     "RecordCache", "make_record",
     # search
     "COMPILED", "NOT_REACHED", "NOT_SAMPLED", "TIMED", "CandidateResult", "Progress", "Sweep", "SweepOptions",
-    "SweepReport", "planned_steps", "run_sweep",
+    "SweepReport", "planned_steps", "prune_options", "run_sweep",
     # report
     "best_spec_text", "format_report", "report_dict", "winners", "write_best",
 ]

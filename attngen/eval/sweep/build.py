@@ -59,21 +59,43 @@ def code_hash(sources: tuple[str, ...], name: str) -> str:
     return hashlib.sha256("\n\f\n".join(code(s) for s in sources).encode()).hexdigest()
 
 
-def build_candidate(base: Spec, space: SearchSpace, choice: Choice) -> Candidate:
-    """The base spec with `choice` (a point of `space`) applied, validated like a spec file, planned
-    and rendered.
+@dataclass(frozen=True)
+class Checked:
+    """A point of a space applied to the base spec, validated and planned, not yet rendered."""
 
-    Raises SpecError (a rule) or BudgetError (shared memory over the target's budget).
-    """
+    choice: Choice
+    spec: Spec
+    plan: Plan
+    text: str      # the spec's YAML, which the generated files' headers quote
+    label: str
+
+
+def check_candidate(base: Spec, space: SearchSpace, choice: Choice) -> Checked:
+    """The base spec with `choice` (a point of `space`) applied, validated like a spec file and
+    planned. Raises SpecError (a rule) or BudgetError (shared memory over the target's budget)."""
     data = spec_dict(base)
     data["name"] = candidate_name(base.name, choice.tag)
     space.apply(data, choice)
     text = spec_yaml(data)
     label = f"<sweep {data['name']}>"
     spec = parse_spec(text, file=label)
-    plan = make_plan(spec, file=label)
-    sources = tuple(part.source for part in render_parts(plan, label, text))
-    return Candidate(choice, spec, plan, sources, spec_hash(spec), code_hash(sources, spec.name))
+    return Checked(choice, spec, make_plan(spec, file=label), text, label)
+
+
+def render_candidate(checked: Checked) -> Candidate:
+    """A checked point rendered: its sources and hashes (most of a candidate's cost before nvcc)."""
+    sources = tuple(part.source for part in render_parts(checked.plan, checked.label, checked.text))
+    return Candidate(checked.choice, checked.spec, checked.plan, sources, spec_hash(checked.spec),
+                     code_hash(sources, checked.spec.name))
+
+
+def build_candidate(base: Spec, space: SearchSpace, choice: Choice) -> Candidate:
+    """The base spec with `choice` (a point of `space`) applied, validated like a spec file, planned
+    and rendered.
+
+    Raises SpecError (a rule) or BudgetError (shared memory over the target's budget).
+    """
+    return render_candidate(check_candidate(base, space, choice))
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,13 @@ from typing import Iterable
 
 from ...errors import BudgetError, SpecError
 from ...spec import Spec
-from .build import Candidate, build_candidate
+from .build import Candidate, check_candidate, render_candidate
 from .space import Choice, SearchSpace
 
 # Reasons a candidate leaves the sweep before compiling (besides "spec rule: <key>" for each rule).
 BUDGET = "smem budget"
 DUPLICATE = "duplicate"
+NOT_SAMPLED = "over --budget"      # grid: valid points left out of the seeded sample
 
 
 @dataclass(frozen=True)
@@ -30,23 +31,36 @@ def prune_reason(exc: SpecError) -> str:
     return f"spec rule: {exc.key or 'other'}"
 
 
-def prune(base: Spec, space: SearchSpace,
-          choices: Iterable[Choice] | None = None) -> tuple[list[Candidate], list[Pruned]]:
-    """Build every choice (default: every point of the space); keep the valid ones whose code no
-    earlier candidate already has."""
-    survivors, pruned, seen = [], [], {}
+def prune(base: Spec, space: SearchSpace, choices: Iterable[Choice] | None = None, *,
+          budget: int | None = None, seed: int = 0) -> tuple[list[Candidate], list[Pruned]]:
+    """Check every choice (default: every point of the space) against the spec rules and the budget;
+    render the valid ones and keep those whose code no earlier candidate already has, in space order.
+
+    With a `budget` below the number of valid points, only a seeded sample is rendered (rendering is
+    most of a candidate's cost: a wgmma space of thousands of points took minutes): the valid points
+    in a seeded order until `budget` have code of their own; the rest are pruned as NOT_SAMPLED."""
+    checked, pruned = [], []
     for choice in space.choices() if choices is None else choices:
         try:
-            cand = build_candidate(base, space, choice)
+            checked.append(check_candidate(base, space, choice))
         except SpecError as exc:
             pruned.append(Pruned(choice, prune_reason(exc), exc.message))
-            continue
+    order = list(range(len(checked)))
+    if budget is not None and len(checked) > budget:
+        random.Random(seed).shuffle(order)
+    kept, seen = {}, {}
+    for n, i in enumerate(order):
+        if budget is not None and len(kept) >= budget:
+            pruned += [Pruned(checked[j].choice, NOT_SAMPLED, f"left out of the seeded sample of {budget}")
+                       for j in order[n:]]
+            break
+        cand = render_candidate(checked[i])
         if cand.code_hash in seen:
-            pruned.append(Pruned(choice, DUPLICATE, f"same code as {seen[cand.code_hash]}"))
+            pruned.append(Pruned(cand.choice, DUPLICATE, f"same code as {seen[cand.code_hash]}"))
             continue
         seen[cand.code_hash] = cand.name
-        survivors.append(cand)
-    return survivors, pruned
+        kept[i] = cand
+    return [kept[i] for i in sorted(kept)], pruned
 
 
 def sample(candidates: list[Candidate], budget: int | None, seed: int) -> list[Candidate]:

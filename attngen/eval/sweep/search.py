@@ -15,11 +15,10 @@ from ..bench import Case
 from .build import Candidate, CompileOutcome, compile_all
 from .cache import RecordCache, make_record
 from .measure import ERROR, FAILED_VERIFY, Measurer
-from .prune import Pruned, prune, sample
+from .prune import NOT_SAMPLED, Pruned, prune, sample
 from .space import Choice, SearchSpace, shape_of
 
 # Survivors the search never evaluated, and outcomes of those it compiled and measured.
-NOT_SAMPLED = "over --budget"      # grid: survivors left out of the sample
 NOT_REACHED = "not reached"        # evolve: survivors the evolution never got to
 COMPILED = "compiled"             # compiled, not measured (--compile-only)
 TIMED = "timed"                   # verified and timed on every case
@@ -247,16 +246,22 @@ def planned_steps(n_candidates: int, options: SweepOptions, measuring: bool) -> 
     return n * (1 + (len(options.cases) if measuring else 0))
 
 
+def prune_options(options: SweepOptions) -> dict:
+    """prune's budget and seed for a sweep: a grid sweep renders only its sample; an evolving one
+    needs every valid point (its children are any point's neighbours)."""
+    return {"budget": None if options.search == "evolve" else options.budget, "seed": options.seed}
+
+
 def run_sweep(base: Spec, space: SearchSpace, options: SweepOptions, *, arch: str,
               measurer: Measurer | None = None, cache: RecordCache | None = None,
               progress: Progress | None = None, survivors: tuple[list[Candidate], list[Pruned]] | None = None
               ) -> SweepReport:
     """The whole sweep. Without a measurer only compiles (what a grid sweep would measure).
 
-    `survivors`: the result of prune(base, space) when the caller already has it.
+    `survivors`: the result of prune(base, space, **prune_options(options)) when the caller has it.
     """
     progress = progress or Progress()
-    candidates, pruned = survivors or prune(base, space)
+    candidates, pruned = survivors or prune(base, space, **prune_options(options))
     progress.pruned = len(pruned)
     report = SweepReport(base, space, options, arch, pruned, [],
                          gpu=getattr(measurer, "gpu", None), torch_version=getattr(measurer, "torch_version", None))
