@@ -10,7 +10,6 @@ given attngen's forward o and LSE) and cuDNN's (torch.autograd.grad of SDPA's ou
 cuDNN backend) with `attngen bench`'s queued timing (30 calls behind a GPU sleep, the median); a
 cell's figure is the median of its rounds. Standard normal q, k, v and dout.
 """
-import json
 import sys
 
 import torch
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attngen
-from gpu_timing import alternating   # .ci/, beside this script
+from gpu_timing import alternating, write_report   # .ci/, beside this script
 
 SHAPES = ((4, 16, 2048), (1, 16, 8192))
 
@@ -48,10 +47,7 @@ def main(out_path, rounds="5"):
                           f"{med['attngen']:8.1f} {med['cudnn']:8.1f}  x{row['x_cudnn']:.3f}", flush=True)
                     rows.append(row)
                     out = leaves = None
-    with open(out_path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "command": f"python3 .ci/backward_vs_cudnn.py OUT.json {rounds}", "rows": rows}, f, indent=1)
-        f.write("\n")
+    write_report(out_path, rows, f"python3 .ci/backward_vs_cudnn.py OUT.json {rounds}")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,12 @@ import array
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
 import attngen
 from bwd_wgmma_phases import read_global   # .ci/, beside this script
-from gpu_timing import queued_med
+from gpu_timing import queued_med, write_report
 
 MAX_BLOCKS = 4096
 SLOTS = 6   # entry, prologue done, walk done, epilogue done, SM id, (unused)
@@ -104,8 +103,7 @@ def main(out_path=None, *specs):
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     if out_path:
-        Path(out_path).write_text(json.dumps({"command": " ".join(["python3", *sys.argv]),
-                                              "device": torch.cuda.get_device_name(), "rows": rows}, indent=1) + "\n")
+        write_report(out_path, rows)
 
 
 if __name__ == "__main__":

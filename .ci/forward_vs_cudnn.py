@@ -9,7 +9,6 @@ queued timing (30 calls behind a GPU sleep, the median), cycling through input s
 reuse (bench.input_sets); a cell's figure is the median of its rounds. The spec each call ran is
 the table's entry for its rows (`attngen dispatch --rows`).
 """
-import json
 import sys
 
 import torch
@@ -19,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import attngen
 from attngen.eval.bench import Case, input_sets, time_calls
 from attngen.ops import library
+from gpu_timing import write_report   # .ci/, beside this script
 
 SHAPES = ((16, 16, 512), (8, 16, 1024), (4, 16, 2048), (2, 16, 1024), (1, 8, 2048), (1, 8, 1024), (1, 8, 512))
 
@@ -57,10 +57,7 @@ def main(out_path, rounds="5"):
                           f"{med['attngen']:8.1f} {med['cudnn']:8.1f}  x{row['x_cudnn']:.3f}", flush=True)
                     rows.append(row)
                     sets = None
-    with open(out_path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "command": f"python3 .ci/forward_vs_cudnn.py OUT.json {rounds}", "rows": rows}, f, indent=1)
-        f.write("\n")
+    write_report(out_path, rows, f"python3 .ci/forward_vs_cudnn.py OUT.json {rounds}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""The GPU timing the backward bench scripts in .ci share: the median of CUDA-event-timed calls
-(`med`: host gaps included), or `attngen bench`'s queued timing (`queued_med`: launches hidden);
-and the comparison of the two backward classes' gradients in one row."""
+"""The GPU timing the bench scripts in .ci share: the median of CUDA-event-timed calls (`med`: host
+gaps included), or `attngen bench`'s queued timing (`queued_med`: launches hidden); the comparison of
+the two backward classes' gradients in one row; and the report a script writes (`write_report`)."""
 import json
 import statistics
+import sys
 
 import torch
 
@@ -52,3 +53,12 @@ def compare_classes(row, grads, rows):
     row["wgmma_speedup"] = row["mma_us"] / row["wgmma_us"]
     print(json.dumps(row), flush=True)
     rows.append(row)
+
+
+def write_report(out_path, rows, command: str | None = None) -> None:
+    """OUT.json of a script: the GPU, torch, the command that made it (default: this process's) and
+    its rows."""
+    with open(out_path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "command": command or " ".join(["python3", *sys.argv]), "rows": rows}, f, indent=1)
+        f.write("\n")
