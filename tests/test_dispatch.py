@@ -149,8 +149,10 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     bench = "docs/hopper-h200/round3/grid_fp16.json"
     short = "docs/hopper-h100/round4_persistent_q2_dispatch.json"   # the d128 cells of 1024 keys (H100)
     walk = "docs/hopper-h200/round4/walk_dispatch.json"   # remeasures 2048-key cells of `bench` (H200)
+    long = "docs/hopper-h200/round4/walk_d128_long.json"   # d128 at 8192 and 16384 keys (H200)
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
-                                    "--from", short, "--from", walk, "--write", "--specs-dir", str(specs)])
+                                    "--from", short, "--from", walk, "--from", long, "--write",
+                                    "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
 

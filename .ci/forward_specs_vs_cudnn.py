@@ -1,0 +1,61 @@
+"""Forward specs against each other and SDPA's cuDNN forward, alternating in one process: for
+choosing a dispatch table's entry where single `attngen bench` runs disagree.
+
+Usage: python3 .ci/forward_specs_vs_cudnn.py OUT.json SHAPES SPEC [SPEC ...]
+       (SHAPES: BxHxSxD,... ; each SPEC is timed in its own dtype on the shapes of its head dim)
+
+Per shape, mask (none, causal) and dtype: every spec of that dtype and head dim and cuDNN, each
+timed with `attngen bench`'s queued timing (30 calls behind a GPU sleep, input sets that defeat L2
+reuse), all alternating over 5 rounds; a figure is the median of its rounds.
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attngen
+from attngen.eval.bench import Case, input_sets, time_calls
+from gpu_timing import write_report   # .ci/, beside this script
+
+ROUNDS = 5
+
+
+def cudnn(causal):
+    def call(q, k, v):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return call
+
+
+def main(out_path, shapes, *spec_paths):
+    kernels = [attngen.load(p) for p in spec_paths]
+    gen, rows = torch.Generator(device="cuda"), []
+    gen.manual_seed(0)
+    for shape in shapes.split(","):
+        b, h, s, d = map(int, shape.split("x"))
+        for dtype in ("fp16", "bf16"):
+            mine = [k for k in kernels if k.plan.spec.dtype == dtype and k.plan.head_dim == d]
+            if not mine:
+                continue
+            for causal in (False, True):
+                sets = input_sets(torch, Case(b, h, s, d, dtype, causal), torch.device("cuda"), gen)
+                calls = {k.plan.spec.name: (lambda q, k_, v, k=k: k(q, k_, v, causal=causal)) for k in mine}
+                calls["sdpa:cudnn"] = cudnn(causal)
+                each = {n: [] for n in calls}
+                for _ in range(ROUNDS):
+                    for n, fn in calls.items():
+                        each[n].append(time_calls(torch, fn, sets, reps=30)[0])
+                med = {n: sorted(t)[len(t) // 2] for n, t in each.items()}
+                row = {"shape": shape, "dtype": dtype, "causal": causal, "us": med, "rounds": each}
+                print(f"{shape:14} {dtype} {'causal' if causal else 'none':6} "
+                      + "  ".join(f"{n.replace('h100_wgmma_', '')} {t:.1f}" for n, t in med.items()), flush=True)
+                rows.append(row)
+                sets = None
+    write_report(out_path, rows)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])
