@@ -8,7 +8,8 @@ Cells: 4x16x2048 and 1x16x8192, d64 and d128, fp16 (h100_bwd_d{64,128}_wgmma) an
 _bf16 twins), causal and not. Each round times attngen's backward call (preprocess + main + convert,
 given attngen's forward o and LSE) and cuDNN's (torch.autograd.grad of SDPA's output under the
 cuDNN backend) with `attngen bench`'s queued timing (30 calls behind a GPU sleep, the median); a
-cell's figure is the median of its rounds. Standard normal q, k, v and dout.
+cell's figure is the median of its rounds. Standard normal q, k, v and dout, one input set per cell
+(the L2 may hold part of it, for both sides alike). Run from the repository root (it loads specs/).
 """
 import sys
 

@@ -8,7 +8,8 @@ Usage: python3 .ci/bwd_wgmma_block_times.py [OUT.json] [SPEC ...]   (default h10
 
 The stamps are text edits of the spec's generated main source, compiled beside the untouched
 kernel; both are timed (`attngen bench`'s queued timing). Shapes: 4x16x2048 and 1x16x8192 at the
-spec's head dim, fp16, causal and not. Prints the median cycles of each part and their sum over a
+spec's head dim and dtype, causal and not. The epilogue's figure includes the wait at its block
+barrier for the other warps' last step. Prints the median cycles of each part and their sum over a
 block's life as a share of the SM's busy time.
 """
 import array
@@ -87,7 +88,8 @@ def main(out_path=None, *specs):
         for b, h, s in ((4, 16, 2048), (1, 16, 8192)):
             for causal in (False, True):
                 torch.manual_seed(0)
-                q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(4))
+                dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[base.plan.spec.dtype]
+                q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(4))
                 o, lse = attngen.attention(q, k, v, return_lse=True, causal=causal)
                 ref = base(q, k, v, o, lse, do, causal=causal)
                 got = probe(q, k, v, o, lse, do, causal=causal)

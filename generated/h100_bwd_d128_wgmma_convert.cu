@@ -63,7 +63,7 @@
 //         issue dQ[:, 64w:] = dS K (wgmma SS, MN-major, N 64), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ
 //         each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while dV and dK run; wait for them
 //         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
-//       dK *= scale; write dK, dV (rows < seqlen_k)
+//       __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)
 //     preprocess, convert: grid (ceil(rows / 8), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
 //
 //   kernel parameters (Params, 640 B by value):

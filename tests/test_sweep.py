@@ -212,6 +212,28 @@ def test_a_budget_renders_only_its_sample(base, medium, monkeypatch):
     assert [c.name for c in S.prune(base, sp, budget=10 ** 6)[0]] == [c.name for c in everyone]
 
 
+def test_a_budget_keeps_the_earliest_of_equal_code(base, medium, monkeypatch):
+    """Of the rendered points with the same code, a budgeted prune keeps the one earliest in space
+    order, as an unbudgeted one does (here every point with the same block_m counts as equal code)."""
+    prune_mod = importlib.import_module("attngen.eval.sweep.prune")
+    sp, _ = medium
+    real, rendered = prune_mod.render_candidate, []
+
+    def coarse(checked):
+        cand = replace(real(checked), code_hash=str(checked.spec.tile.block_m))
+        rendered.append(cand)
+        return cand
+    monkeypatch.setattr(prune_mod, "render_candidate", coarse)
+    order = [c for c in sp.choices()]
+    for seed in range(4):
+        rendered.clear()
+        kept, pruned = S.prune(base, sp, budget=2, seed=seed)
+        assert len(kept) == 2 and sum(p.reason == S.DUPLICATE for p in pruned) == len(rendered) - 2
+        for c in kept:
+            same = [order.index(r.choice) for r in rendered if r.code_hash == c.code_hash]
+            assert order.index(c.choice) == min(same)
+
+
 def test_budget_samples_deterministically(medium):
     _, (survivors, _) = medium
     a = S.sample(survivors, 5, seed=1)

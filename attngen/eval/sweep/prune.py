@@ -48,18 +48,24 @@ def prune(base: Spec, space: SearchSpace, choices: Iterable[Choice] | None = Non
     order = list(range(len(checked)))
     if budget is not None and len(checked) > budget:
         random.Random(seed).shuffle(order)
-    kept, seen = {}, {}
+    kept, first = {}, {}   # index -> candidate; code hash -> the lowest index rendered with that code
+    duplicates = []
     for n, i in enumerate(order):
         if budget is not None and len(kept) >= budget:
             pruned += [Pruned(checked[j].choice, NOT_SAMPLED, f"left out of the seeded sample of {budget}")
                        for j in order[n:]]
             break
         cand = render_candidate(checked[i])
-        if cand.code_hash in seen:
-            pruned.append(Pruned(cand.choice, DUPLICATE, f"same code as {seen[cand.code_hash]}"))
+        j = first.get(cand.code_hash)
+        if j is not None and j < i:      # the point earlier in space order keeps the code, as without a budget
+            duplicates.append(cand)
             continue
-        seen[cand.code_hash] = cand.name
+        if j is not None:
+            duplicates.append(kept.pop(j))
+        first[cand.code_hash] = i
         kept[i] = cand
+    by_code = {c.code_hash: c.name for c in kept.values()}
+    pruned += [Pruned(d.choice, DUPLICATE, f"same code as {by_code[d.code_hash]}") for d in duplicates]
     return [kept[i] for i in sorted(kept)], pruned
 
 

@@ -10,6 +10,7 @@ from ...kinds import kind_of
 from ...spec import spec_dict, spec_yaml
 from ..bench import Case
 from .build import COMPILE_FAILED, Candidate, candidate_name
+from .prune import NOT_SAMPLED
 from .search import SweepReport
 from .space import choice_of, shape_of
 
@@ -83,7 +84,8 @@ def report_dict(report: SweepReport) -> dict:
                                      "note": rec["note"]} for c, rec in r.records.items()]}
                        for r in report.results],
         "pruned": [{"name": candidate_name(report.base.name, p.choice.tag), "fields": report.space.shown(p.choice),
-                    "reason": p.reason, "message": p.message} for p in report.pruned],
+                    "reason": p.reason, "message": p.message}
+                   for p in report.pruned if p.reason != NOT_SAMPLED],   # those only counted, as before
     }
 
 

@@ -221,7 +221,8 @@ def plan(spec: BackwardSpec, file: str | None = None):
                 + "load its LSE x log2 e and delta (registers)",
                 "    dQ accumulator += dS K (red.global.add, its rows, in register order: 128 contiguous bytes per warp "
                 "add); the next LSE and delta to shared (deterministic: __syncthreads, then pass the turn)",
-                "  dK *= scale; write dK, dV (rows < seqlen_k)",
+                "  __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V "
+                "tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)",
                 f"preprocess, convert: grid (ceil(seqlen_q / {p.fragments.row_block}), heads, batch), {ROW_THREADS} "
                 f"threads, head_dim / 8 threads per row" + ("; varlen: (ceil(total_q / "
                                                             f"{p.fragments.row_block}), heads, 1)" if spec.varlen else ""))

@@ -254,7 +254,8 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 "fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each "
                 "warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; "
                 "__syncthreads; thread 0 passes the turn)",
-                "  dK *= scale; write dK, dV (rows < seqlen_k)",
+                "  __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V "
+                "tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)",
                 *(("varlen functions: a block per (key block, KV head, sequence), Params narrowed to the sequence; "
                    "each sequence's accumulator blocks start at block (its first row's block + its index), so no "
                    "query block spans two sequences (the convert kernel finds a row's sequence by bisection)",)
