@@ -879,6 +879,11 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
     }
 }
 
+// 4 bytes (a packed pair of elements) to shared address `at`.
+__device__ __forceinline__ void store_shared_4(uint32_t at, uint32_t x) {
+    asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(at), "r"(x) : "memory");
+}
+
 // The 16 bytes at shared address `at`.
 __device__ __forceinline__ uint4 load_shared_16(uint32_t at) {
     uint4 x;
@@ -917,10 +922,8 @@ __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDTiles][4
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
             const uint32_t at = tile_offset(row0 + lane / 4 + 8 * h, dt) + 4 * (lane % 4);
-            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sK + at),
-                         "r"(pack2(dk[dt][2 * h] * p.scale, dk[dt][2 * h + 1] * p.scale)) : "memory");
-            asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sV + at), "r"(pack2(dv[dt][2 * h], dv[dt][2 * h + 1]))
-                         : "memory");
+            store_shared_4(sK + at, pack2(dk[dt][2 * h] * p.scale, dk[dt][2 * h + 1] * p.scale));
+            store_shared_4(sV + at, pack2(dv[dt][2 * h], dv[dt][2 * h + 1]));
         }
     elem_t* gk = static_cast<elem_t*>(p.dk) + seq.batch * p.dk_batch_stride + kv_head * p.dk_head_stride
                  + seq.k0 * p.dk_row_stride;

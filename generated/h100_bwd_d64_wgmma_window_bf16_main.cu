@@ -914,6 +914,11 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     fence_registers(dv);
 }
 
+// 4 bytes (a packed pair of elements) to shared address `at`.
+__device__ __forceinline__ void store_shared_4(uint32_t at, uint32_t x) {
+    asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(at), "r"(x) : "memory");
+}
+
 // The 16 bytes at shared address `at`.
 __device__ __forceinline__ uint4 load_shared_16(uint32_t at) {
     uint4 x;
@@ -952,8 +957,8 @@ __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDRegs], c
     for (int v = 0; v < kDRegs; v += 2) {
         const int col = acc_col(v, lane);
         const uint32_t at = panel_offset<kBlockN>(row0 + acc_row(v, lane), col / 8) + 2 * (col % 8);
-        asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sK + at), "r"(pack2(dk[v] * p.scale, dk[v + 1] * p.scale)) : "memory");
-        asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(sV + at), "r"(pack2(dv[v], dv[v + 1])) : "memory");
+        store_shared_4(sK + at, pack2(dk[v] * p.scale, dk[v + 1] * p.scale));
+        store_shared_4(sV + at, pack2(dv[v], dv[v + 1]));
     }
     elem_t* gk = static_cast<elem_t*>(p.dk) + seq.batch * p.dk_batch_stride + kv_head * p.dk_head_stride;
     elem_t* gv = static_cast<elem_t*>(p.dv) + seq.batch * p.dv_batch_stride + kv_head * p.dv_head_stride;
