@@ -135,6 +135,13 @@ def test_a_bucket_splits_by_grid_where_its_winner_does():
     causal = [(e.upto, e.min_rows, e.spec) for e in entries
               if e.head_dim == 64 and e.mask == "causal" and e.dtype == "fp16" and e.upto == 4096]
     assert causal == [(4096, None, large)]
+    # remeasured after three-warpgroup turns skip hidden tiles: c3 wins 4x16x2048 causal by 5 %, so
+    # the bucket splits at 46340 rows (1x8 stays with the two-warpgroup spec)
+    entries = forward_entries(read_reports([ROOT / "docs/hopper-h200/round4/walk_dispatch.json",
+                                            ROOT / "docs/hopper-h200/round4/turns_d64_causal.json"]))
+    causal = [(e.upto, e.min_rows, e.spec) for e in entries
+              if e.head_dim == 64 and e.mask == "causal" and e.dtype == "fp16" and e.upto == 4096]
+    assert causal == [(4096, None, large), (4096, 46340, c3)]
 
 
 def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeypatch):
@@ -150,8 +157,9 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     short = "docs/hopper-h100/round4_persistent_q2_dispatch.json"   # the d128 cells of 1024 keys (H100)
     walk = "docs/hopper-h200/round4/walk_dispatch.json"   # remeasures 2048-key cells of `bench` (H200)
     long = "docs/hopper-h200/round4/walk_d128_long.json"   # d128 at 8192 and 16384 keys (H200)
+    turns = "docs/hopper-h200/round4/turns_d64_causal.json"   # d64 causal after the empty turns (H200)
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
-                                    "--from", short, "--from", walk, "--from", long, "--write",
+                                    "--from", short, "--from", walk, "--from", long, "--from", turns, "--write",
                                     "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
