@@ -903,8 +903,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             const int my_tiles = min(n_tiles, kHasLeftBound<kMask> ? max(wg_end, 0) : wg_end);
             // Three or more ping-pong warpgroups pass the turns of tiles hidden from their rows empty, so that
             // the others' GEMMs take the tensor pipe. Two take a turn at every tile: a hidden tile's GEMMs
-            // run in the other's softmax, when the pipe is idle anyway, and skipping them measured 0.5-3 %
-            // slower. (Where every row sees the same keys, my_tiles is n_tiles, which the compiler cannot tell.)
+            // run in the other's softmax, when the pipe is idle anyway (skipping them gained nothing
+            // measurable). (Where every row sees the same keys, my_tiles is n_tiles, which the compiler cannot tell.)
             constexpr bool kTurnsSkipHidden = kOverlap && kPingPong && kConsumerWarpgroups > 2 && kKeyEndByRow<kMask>;
             const int tiles_computed = kOverlap && kPingPong && !kTurnsSkipHidden ? n_tiles : my_tiles;
             auto stage_bar = [&](int base, int t) { return smem_addr + base + ((ring + t) % kStages) * kBarrierBytes; };
