@@ -249,6 +249,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                 (f"  ping-pong: consumer warpgroup w waits on named barrier {TURN_BARRIER} + w before issuing its "
                  f"GEMMs and arrives on warpgroup (w + 1) % {consumers}'s after, so the others' softmax runs under "
                  "one warpgroup's GEMMs"
+                 + ("; a warpgroup whose rows see no key of a tile (causal) hands its stage back and passes that "
+                    "turn without GEMMs" if consumers > 2 else "")
                  if spec.schedule.pingpong else
                  "  a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives "
                  "empty_k/empty_v[s] without computing"),
