@@ -177,9 +177,9 @@ def test_launch_on_a_side_stream(torch, phase4):
 # Persistent walks with more query blocks than SMs: causal calls then take a head's query blocks in
 # units (longest with shortest); 1-8 query blocks per head of 128 rows, 1-6 of 192 (the middle block
 # of an odd count comes last), seqlen_q above seqlen_k (bottom-right: the first query blocks see no
-# key) and below, GQA.
+# key) and below, GQA; and blocks of 64 rows with one consumer warpgroup.
 PERSISTENT_SPECS = [ROOT / "specs" / f"h100_wgmma_{name}.yaml"
-                    for name in ("d128_persistent_q2", "d64_persistent_q2", "d64_persistent_q2_c3")]
+                    for name in ("d128_persistent_q2", "d64_persistent_q2", "d64_persistent_q2_c3", "d64_n128c1ps3opb")]
 PERSISTENT_WALKS = (verify.Shape(2, 48, 16, 1024, 1024), verify.Shape(3, 40, 40, 300, 300, "bshd"),
                     verify.Shape(1, 96, 24, 640, 400), verify.Shape(2, 70, 70, 333, 900, "bshd"),
                     verify.Shape(2, 80, 80, 100, 100), verify.Shape(1, 160, 40, 256, 200, "bshd"),
