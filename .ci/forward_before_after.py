@@ -18,13 +18,11 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attngen
-from attngen.eval.bench import Case, input_sets, time_calls
+from attngen.eval.bench import Case, input_sets
 from attngen.eval.forward_fp8_bench import fp8_call, quantized_sets
-from gpu_timing import write_report   # .ci/, beside this script
+from gpu_timing import alternating_sets, cudnn_forward, write_report   # .ci/, beside this script
 
 ROUNDS = 5
 
@@ -34,13 +32,6 @@ def old_kernel(new, old_dir: Path):
     smem = re.search(r"dynamic: (\d+) B exceed", source)
     plan = dataclasses.replace(new.plan, smem_bytes=int(smem.group(1))) if smem else new.plan
     return type(new).from_sources(plan, (source,), label=f"{new.plan.spec.name}_before")
-
-
-def cudnn(causal):
-    def call(q, k, v):
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return call
 
 
 def main(old_dir, out_path, shapes, *spec_paths):
@@ -72,12 +63,8 @@ def main(old_dir, out_path, shapes, *spec_paths):
                     diffs[name] = (new(q, k, v, causal=causal).float() - old(q, k, v, causal=causal).float()).abs().max().item()
                     calls[f"{name}:before"] = (lambda q, k_, v, f=old: f(q, k_, v, causal=causal)), sets
                     calls[f"{name}:after"] = (lambda q, k_, v, f=new: f(q, k_, v, causal=causal)), sets
-                calls["sdpa:cudnn"] = cudnn(causal), sets
-                each = {n: [] for n in calls}
-                for _ in range(ROUNDS):
-                    for n, (fn, fn_sets) in calls.items():
-                        each[n].append(time_calls(torch, fn, fn_sets, reps=30)[0])
-                med = {n: sorted(t)[len(t) // 2] for n, t in each.items()}
+                calls["sdpa:cudnn"] = cudnn_forward(causal), sets
+                med, each = alternating_sets(calls, ROUNDS)
                 row = {"shape": shape, "dtype": dtype, "causal": causal, "us": med, "max_diff": diffs, "rounds": each}
                 print(f"{shape:14} {dtype} {'causal' if causal else 'none':6} "
                       + "  ".join(f"{n} {t:.1f}" for n, t in med.items())

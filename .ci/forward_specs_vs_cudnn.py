@@ -11,21 +11,13 @@ reuse), all alternating over 5 rounds; a figure is the median of its rounds.
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attngen
-from attngen.eval.bench import Case, input_sets, time_calls
-from gpu_timing import write_report   # .ci/, beside this script
+from attngen.eval.bench import Case, input_sets
+from gpu_timing import alternating_sets, cudnn_forward, write_report   # .ci/, beside this script
 
 ROUNDS = 5
 
-
-def cudnn(causal):
-    def call(q, k, v):
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return call
 
 
 def main(out_path, shapes, *spec_paths):
@@ -40,13 +32,9 @@ def main(out_path, shapes, *spec_paths):
                 continue
             for causal in (False, True):
                 sets = input_sets(torch, Case(b, h, s, d, dtype, causal), torch.device("cuda"), gen)
-                calls = {k.plan.spec.name: (lambda q, k_, v, k=k: k(q, k_, v, causal=causal)) for k in mine}
-                calls["sdpa:cudnn"] = cudnn(causal)
-                each = {n: [] for n in calls}
-                for _ in range(ROUNDS):
-                    for n, fn in calls.items():
-                        each[n].append(time_calls(torch, fn, sets, reps=30)[0])
-                med = {n: sorted(t)[len(t) // 2] for n, t in each.items()}
+                calls = {k.plan.spec.name: ((lambda q, k_, v, k=k: k(q, k_, v, causal=causal)), sets) for k in mine}
+                calls["sdpa:cudnn"] = cudnn_forward(causal), sets
+                med, each = alternating_sets(calls, ROUNDS)
                 row = {"shape": shape, "dtype": dtype, "causal": causal, "us": med, "rounds": each}
                 print(f"{shape:14} {dtype} {'causal' if causal else 'none':6} "
                       + "  ".join(f"{n.replace('h100_wgmma_', '')} {t:.1f}" for n, t in med.items()), flush=True)

@@ -12,13 +12,11 @@ the table's entry for its rows (`attngen dispatch --rows`).
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attngen
-from attngen.eval.bench import Case, input_sets, time_calls
+from attngen.eval.bench import Case, input_sets
 from attngen.ops import library
-from gpu_timing import write_report   # .ci/, beside this script
+from gpu_timing import alternating_sets, cudnn_forward, write_report   # .ci/, beside this script
 
 SHAPES = ((16, 16, 512), (8, 16, 1024), (4, 16, 2048), (2, 16, 1024), (1, 8, 2048), (1, 8, 1024), (1, 8, 512))
 
@@ -41,15 +39,8 @@ def main(out_path, rounds="5"):
 
                     def ours(q, k, v):
                         return attngen.attention(q, k, v, causal=causal)
-
-                    def cudnn(q, k, v):
-                        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                    each = {"attngen": [], "cudnn": []}
-                    for _ in range(int(rounds)):
-                        for name, fn in (("attngen", ours), ("cudnn", cudnn)):
-                            each[name].append(time_calls(torch, fn, sets, reps=30)[0])
-                    med = {n: sorted(t)[len(t) // 2] for n, t in each.items()}
+                    med, each = alternating_sets({"attngen": (ours, sets), "cudnn": (cudnn_forward(causal), sets)},
+                                                 int(rounds))
                     row = {"shape": f"{b}x{h}x{s}x{d}", "dtype": dtype, "causal": causal,
                            "spec": picked(sets[0][0], causal), "attngen_us": med["attngen"],
                            "cudnn_us": med["cudnn"], "x_cudnn": med["cudnn"] / med["attngen"], "rounds": each}

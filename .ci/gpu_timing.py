@@ -1,11 +1,15 @@
 """The GPU timing the bench scripts in .ci share: the median of CUDA-event-timed calls (`med`: host
-gaps included), or `attngen bench`'s queued timing (`queued_med`: launches hidden); the comparison of
-the two backward classes' gradients in one row; and the report a script writes (`write_report`)."""
+gaps included), or `attngen bench`'s queued timing (`queued_med`: launches hidden); forward calls
+alternating over rounds on input sets (`alternating_sets`) and SDPA's cuDNN forward beside them
+(`cudnn_forward`); the comparison of the two backward classes' gradients in one row; and the report
+a script writes (`write_report`)."""
 import json
 import statistics
 import sys
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attngen.eval.bench import time_calls
 
@@ -37,6 +41,25 @@ def alternating(calls: dict, rounds: int = 3) -> tuple[dict, dict]:
         for name, fn in calls.items():
             t[name].append(queued_med(fn))
     return {name: statistics.median(x) for name, x in t.items()}, t
+
+
+def cudnn_forward(causal: bool):
+    """fn(q, k, v): SDPA's forward on its cuDNN backend only."""
+    def call(q, k, v):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return call
+
+
+def alternating_sets(calls: dict, rounds: int) -> tuple[dict, dict]:
+    """`attngen bench`'s queued timing (30 calls, cycling through input sets that defeat L2 reuse) of
+    each of `calls` ({name: (fn, its input sets)}), the calls alternating over `rounds` rounds: ({name:
+    median of its rounds, µs}, {name: its rounds})."""
+    each = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (fn, sets) in calls.items():
+            each[name].append(time_calls(torch, fn, sets, reps=30)[0])
+    return {name: sorted(t)[len(t) // 2] for name, t in each.items()}, each
 
 
 def gradient_difference(grads, reference) -> dict:
