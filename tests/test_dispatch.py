@@ -166,6 +166,20 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
 
 
+def test_fp8_entries_rebuild_from_their_reports(tmp_path, monkeypatch):
+    """The forward_fp8 entries are what their reports give, the later report winning a cell."""
+    import shutil
+    specs = tmp_path / "specs"
+    shutil.copytree(ROOT / "specs", specs)
+    monkeypatch.chdir(ROOT)            # the table cites reports relative to the working directory
+    reports = ("docs/fp8-h200/bench_wgmma_fp8.json", "docs/fp8-h200/bench_wgmma_fp8_d128_sweep.json",
+               "docs/fp8-h200/bench_fp8_persistent.json", "docs/fp8-h200/bench_fp8_d64_persistent.json")
+    run = CliRunner().invoke(main, ["dispatch", *[a for r in reports for a in ("--from", r)], "--write",
+                                    "--specs-dir", str(specs)])
+    assert run.exit_code == 0, run.output
+    assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
+
+
 def test_score_modifiers_are_part_of_the_key():
     """A softcap call finds only softcap entries, a plain call never does, and the refusal names the
     modifiers; `attngen check` refuses an entry whose spec applies other modifiers."""
