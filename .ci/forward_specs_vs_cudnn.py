@@ -19,7 +19,6 @@ from gpu_timing import alternating_sets, cudnn_forward, write_report   # .ci/, b
 ROUNDS = 5
 
 
-
 def main(out_path, shapes, *spec_paths):
     kernels = [attngen.load(p) for p in spec_paths]
     gen, rows = torch.Generator(device="cuda"), []

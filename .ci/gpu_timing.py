@@ -59,7 +59,7 @@ def alternating_sets(calls: dict, rounds: int) -> tuple[dict, dict]:
     for _ in range(rounds):
         for name, (fn, sets) in calls.items():
             each[name].append(time_calls(torch, fn, sets, reps=30)[0])
-    return {name: sorted(t)[len(t) // 2] for name, t in each.items()}, each
+    return {name: statistics.median(t) for name, t in each.items()}, each
 
 
 def gradient_difference(grads, reference) -> dict:
