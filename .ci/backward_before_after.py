@@ -11,26 +11,15 @@ The old kernels get the shared memory their own header states. GPU time of one b
 (30 calls behind a GPU sleep, the median), old and new alternating over 3 rounds (the median of the
 rounds); deterministic mode at 4x16x2048.
 """
-import dataclasses, json, re, sys
+import json, sys
 from pathlib import Path
 
 import torch
 
 import attngen
-from gpu_timing import alternating, gradient_difference   # .ci/, beside this script
+from gpu_timing import alternating, gradient_difference, old_kernel   # .ci/, beside this script
 
 SHAPES = ((4, 16, 2048), (1, 16, 8192))
-
-
-def old_kernel(new, old_dir: Path):
-    sources = [(old_dir / part.file_name).read_text() for part in new.plan.parts]
-    smem = int(re.search(r"dynamic: (\d+) B exceed", sources[0]).group(1))
-    plan = dataclasses.replace(new.plan, smem_bytes=smem)
-    if new.plan.tensor_maps and "tma_q" not in sources[0]:
-        # Kernels from before the Hopper backward read Q and dO by TMA: their Params end before the maps.
-        plan = dataclasses.replace(plan, tensor_maps=(),
-                                   abi=plan.abi.without({m.abi_field for m in new.plan.tensor_maps}))
-    return type(new).from_sources(plan, sources, label=f"{new.plan.spec.name}_before")
 
 
 def main(old_dir, out, names):

@@ -12,8 +12,6 @@ alternating over 5 rounds; a figure is the median of its rounds. max_diff: the l
 O after| of each spec (0 where the change leaves the arithmetic alone; e4m3 specs: timed on the bench's
 quantized inputs beside the fp16 cells, their outputs not compared).
 """
-import dataclasses
-import re
 import sys
 from pathlib import Path
 
@@ -22,16 +20,9 @@ import torch
 import attngen
 from attngen.eval.bench import Case, input_sets
 from attngen.eval.forward_fp8_bench import fp8_call, quantized_sets
-from gpu_timing import alternating_sets, cudnn_forward, write_report   # .ci/, beside this script
+from gpu_timing import alternating_sets, cudnn_forward, old_kernel, write_report   # .ci/, beside this script
 
 ROUNDS = 5
-
-
-def old_kernel(new, old_dir: Path):
-    source = (old_dir / new.plan.parts[0].file_name).read_text()
-    smem = re.search(r"dynamic: (\d+) B exceed", source)
-    plan = dataclasses.replace(new.plan, smem_bytes=int(smem.group(1))) if smem else new.plan
-    return type(new).from_sources(plan, (source,), label=f"{new.plan.spec.name}_before")
 
 
 def main(old_dir, out_path, shapes, *spec_paths):

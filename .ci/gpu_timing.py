@@ -1,11 +1,14 @@
 """The GPU timing the bench scripts in .ci share: the median of CUDA-event-timed calls (`med`: host
 gaps included), or `attngen bench`'s queued timing (`queued_med`: launches hidden); forward calls
 alternating over rounds on input sets (`alternating_sets`) and SDPA's cuDNN forward beside them
-(`cudnn_forward`); the comparison of the two backward classes' gradients in one row; and the report
-a script writes (`write_report`)."""
+(`cudnn_forward`); an earlier checkout's kernel beside today's (`old_kernel`); the comparison of the
+two backward classes' gradients in one row; and the report a script writes (`write_report`)."""
+import dataclasses
 import json
+import re
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +63,20 @@ def alternating_sets(calls: dict, rounds: int) -> tuple[dict, dict]:
         for name, (fn, sets) in calls.items():
             each[name].append(time_calls(torch, fn, sets, reps=30)[0])
     return {name: statistics.median(t) for name, t in each.items()}, each
+
+
+def old_kernel(new, old_dir: Path):
+    """`new`'s spec as an earlier checkout generated it (its sources in old_dir), compiled and launched
+    through today's runtime: the Params ABI must be unchanged, but for the tensor maps the Hopper
+    backward added at its end. The old kernel gets the dynamic shared memory its own header states."""
+    sources = [(Path(old_dir) / part.file_name).read_text() for part in new.plan.parts]
+    smem = re.search(r"dynamic: (\d+) B exceed", sources[0])
+    plan = dataclasses.replace(new.plan, smem_bytes=int(smem.group(1))) if smem else new.plan
+    if new.plan.tensor_maps and "tma_q" not in sources[0]:
+        # Kernels from before the Hopper backward read Q and dO by TMA: their Params end before the maps.
+        plan = dataclasses.replace(plan, tensor_maps=(),
+                                   abi=plan.abi.without({m.abi_field for m in new.plan.tensor_maps}))
+    return type(new).from_sources(plan, sources, label=f"{new.plan.spec.name}_before")
 
 
 def gradient_difference(grads, reference) -> dict:
