@@ -31,7 +31,7 @@
 //
 //   block: 128 keys of one KV head and sequence; the query blocks of 128 rows that see them, for every query head of the KV head
 //   threads: 256 = 8 warps of 16 keys
-//   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (4 chunks per query block), dK and dV 16 tiles each; 144 fp32 accumulators per thread
+//   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (4 chunks per query block), dK and dV 16 tiles each; 160 fp32 accumulators per thread
 //   mma.sync per query block per warp: 128 (S^T) + 128 (dV) + 128 (dP^T) + 128 (dK) + 128 (dQ)
 //   dQ: fp32 atomic adds of 128 x 128 per query block and key block into an accumulator in register order (each warp's add covers 128 contiguous bytes) (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 1 stage(s), the next block's issued while this one's dQ is added (dQ reads only dS^T and K)

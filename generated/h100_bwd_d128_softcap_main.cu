@@ -26,7 +26,7 @@
 //
 //   block: 128 keys of one KV head and sequence; the query blocks of 128 rows that see them, for every query head of the KV head
 //   threads: 256 = 8 warps of 16 keys
-//   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (4 chunks per query block), dK and dV 16 tiles each; 144 fp32 accumulators per thread
+//   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (4 chunks per query block), dK and dV 16 tiles each; 160 fp32 accumulators per thread
 //   mma.sync per query block per warp: 128 (S^T) + 128 (dV) + 128 (dP^T) + 128 (dK) + 128 (dQ)
 //   dQ: fp32 atomic adds of 128 x 128 per query block and key block into an accumulator in register order (each warp's add covers 128 contiguous bytes) (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 1 stage(s), the next block's issued while this one's dQ is added (dQ reads only dS^T and K)
@@ -459,7 +459,9 @@ constexpr int kQueryStages = 1;  // Q and dO tiles in flight
 constexpr int kQueryStageBytes = 0;  // from stage 0's Q (dO) tile to stage 1's
 constexpr int kDsPitch = 272;        // bytes per row of the dS^T tile
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kWarpKeyRows = 16;                                // keys per warp: dK and dV rows
+constexpr int kWarpKeyRows = 16;                                // rows of dK and dV each warp writes out
+constexpr int kWarpKeyTiles = 1;   // 16-key fragments per warp: dK and dV rows,
+constexpr int kWarpKeys = 16 * kWarpKeyTiles;                   // the rows of S^T and dP^T
 
 // Lane -> (row, 16-byte chunk) inside a 16x16 block for the two ldmatrix.x4 patterns: `a` gives A
 // fragments (and transposed B fragments), `b` gives B fragments (and transposed A fragments).
@@ -470,40 +472,52 @@ struct LaneMaps {
         : a(lane % 8 + (lane / 8) % 2 * 8, lane / 16), b(lane % 8 + lane / 16 * 8, lane / 8 % 2) {}
 };
 
-// acc = X[x_row0, x_row0 + 16) . Y[y_row0, y_row0 + kChunk)^T over head_dim, X and Y [row][dim]
-// tiles: 16 rows of the key block against a chunk of queries (S^T = K Q^T, dP^T = V dO^T).
-__device__ __forceinline__ void rows_by_queries(float (&acc)[kChunkTiles][4], uint32_t sX, int x_row0, uint32_t sY,
-                                                int y_row0, const LaneMaps& ln) {
+// acc = X[x_row0, x_row0 + kWarpKeys) . Y[y_row0, y_row0 + kChunk)^T over head_dim, X and Y [row][dim]
+// tiles: the warp's rows of the key block against a chunk of queries (S^T = K Q^T, dP^T = V dO^T),
+// 16 rows per fragment mt. Each B fragment of Y feeds the mma of every fragment.
+__device__ __forceinline__ void rows_by_queries(float (&acc)[kWarpKeyTiles][kChunkTiles][4], uint32_t sX, int x_row0,
+                                                uint32_t sY, int y_row0, const LaneMaps& ln) {
 #pragma unroll
-    for (int nt = 0; nt < kChunkTiles; ++nt)
+    for (int mt = 0; mt < kWarpKeyTiles; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+        for (int nt = 0; nt < kChunkTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kKStepsD; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, sX + step_offset(ln.a, x_row0, 2 * kk));
+        uint32_t a[kWarpKeyTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kWarpKeyTiles; ++mt) ldmatrix_x4(a[mt], sX + step_offset(ln.a, x_row0 + 16 * mt, 2 * kk));
 #pragma unroll
         for (int np = 0; np < kChunkTiles / 2; ++np) {
             uint32_t b[4];
             ldmatrix_x4(b, sY + step_offset(ln.b, y_row0 + np * 16, 2 * kk));
-            mma_m16n8k16(acc[2 * np], a, b[0], b[1]);
-            mma_m16n8k16(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < kWarpKeyTiles; ++mt) {
+                mma_m16n8k16(acc[mt][2 * np], a[mt], b[0], b[1]);
+                mma_m16n8k16(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
         }
     }
 }
 
-// acc += A . Y[y_row0, y_row0 + kChunk) over a chunk of queries: A (16 keys x kChunk queries) as A
-// fragments, Y a [query][dim] tile (dV += P^T dO, dK += dS^T Q).
-__device__ __forceinline__ void add_fragments_by_tile(float (&acc)[kDTiles][4], const uint32_t (&a)[kChunkSteps][4],
-                                                      uint32_t sY, int y_row0, const LaneMaps& ln) {
+// acc += A . Y[y_row0, y_row0 + kChunk) over a chunk of queries: A (the warp's keys x kChunk queries,
+// fragment mt its 16 keys from 16 mt) as A fragments, Y a [query][dim] tile (dV += P^T dO, dK += dS^T
+// Q). Each B fragment of Y feeds the mma of every fragment.
+__device__ __forceinline__ void add_fragments_by_tile(float (&acc)[kWarpKeyTiles][kDTiles][4],
+                                                      const uint32_t (&a)[kWarpKeyTiles][kChunkSteps][4], uint32_t sY,
+                                                      int y_row0, const LaneMaps& ln) {
 #pragma unroll
     for (int kk = 0; kk < kChunkSteps; ++kk)
 #pragma unroll
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
             uint32_t b[4];
             ldmatrix_x4_trans(b, sY + step_offset(ln.a, y_row0 + kk * 16, 2 * dp));
-            mma_m16n8k16(acc[2 * dp], a[kk], b[0], b[1]);
-            mma_m16n8k16(acc[2 * dp + 1], a[kk], b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < kWarpKeyTiles; ++mt) {
+                mma_m16n8k16(acc[mt][2 * dp], a[mt][kk], b[0], b[1]);
+                mma_m16n8k16(acc[mt][2 * dp + 1], a[mt][kk], b[2], b[3]);
+            }
         }
 }
 
@@ -763,10 +777,11 @@ __device__ __forceinline__ void issue_query_tiles(const QueryStep& st, uint32_t 
 // One query block against the block's keys, its Q and dO tiles in stage `stage` and its row
 // statistics in shared memory: dV and dK, and dS^T into shared memory for the dQ step.
 template <Mask kMask>
-__device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)[kDTiles][4], unsigned char* smem,
-                                            uint32_t smem_addr, const QueryStep& st, int stage, int n0, int tid,
-                                            const Sequence& seq, const LaneMaps& ln, const Params& p) {
-    const int lane = tid % 32, key_row0 = 16 * (tid / 32), m0 = st.m0;
+__device__ __forceinline__ void query_block(float (&dk)[kWarpKeyTiles][kDTiles][4], float (&dv)[kWarpKeyTiles][kDTiles][4],
+                                            unsigned char* smem, uint32_t smem_addr, const QueryStep& st, int stage,
+                                            int n0, int tid, const Sequence& seq, const LaneMaps& ln, const Params& p) {
+    const int lane = tid % 32, warp = tid / 32, m0 = st.m0;
+    const int key_row0 = kWarpKeys * warp, c_begin = 0, c_end = kBlockM;   // every query of the block
     const ScoreMods mods(p, BlockCoords{m0, st.head, seq.batch, 0});
     const uint32_t sQ = smem_addr + kSmem_q + stage * kQueryStageBytes, sDO = smem_addr + kSmem_do + stage * kQueryStageBytes,
                    sK = smem_addr + kSmem_k0, sV = smem_addr + kSmem_v0;
@@ -778,22 +793,30 @@ __device__ __forceinline__ void query_block(float (&dk)[kDTiles][4], float (&dv)
     // A chunk of queries at a time: S^T and dP^T of the whole block beside dK and dV would not fit
     // in registers.
 #pragma unroll 1
-    for (int c0 = 0; c0 < kBlockM; c0 += kChunk) {
-        float s[kChunkTiles][4];
-        Slopes slopes;
+    for (int c0 = c_begin; c0 < c_end; c0 += kChunk) {
+        float s[kWarpKeyTiles][kChunkTiles][4];
+        Slopes slopes[kWarpKeyTiles];
         rows_by_queries(s, sK, key_row0, sQ, c0, ln);
-        if (masked) probabilities<kMask, true>(s, slopes, sLse + c0, n0 + key_row0, m0 + c0, lane, mods, p);
-        else probabilities<kMask, false>(s, slopes, sLse + c0, n0 + key_row0, m0 + c0, lane, mods, p);
-        uint32_t a[kChunkSteps][4];
-        a_fragments(a, s);
+        uint32_t a[kWarpKeyTiles][kChunkSteps][4];
+#pragma unroll
+        for (int mt = 0; mt < kWarpKeyTiles; ++mt) {
+            const int key0 = n0 + key_row0 + 16 * mt;
+            if (masked) probabilities<kMask, true>(s[mt], slopes[mt], sLse + c0, key0, m0 + c0, lane, mods, p);
+            else probabilities<kMask, false>(s[mt], slopes[mt], sLse + c0, key0, m0 + c0, lane, mods, p);
+            a_fragments(a[mt], s[mt]);
+        }
         add_fragments_by_tile(dv, a, sDO, c0, ln);
 
-        float ds[kChunkTiles][4];
+        float ds[kWarpKeyTiles][kChunkTiles][4];
         rows_by_queries(ds, sV, key_row0, sDO, c0, ln);
-        score_gradients(ds, s, slopes, sDelta + c0, lane);
-        a_fragments(a, ds);
+#pragma unroll
+        for (int mt = 0; mt < kWarpKeyTiles; ++mt) {
+            score_gradients(ds[mt], s[mt], slopes[mt], sDelta + c0, lane);
+            a_fragments(a[mt], ds[mt]);
+        }
         add_fragments_by_tile(dk, a, sQ, c0, ln);
-        store_ds(smem + kSmem_ds, a, key_row0, c0, lane);
+#pragma unroll
+        for (int mt = 0; mt < kWarpKeyTiles; ++mt) store_ds(smem + kSmem_ds, a[mt], key_row0 + 16 * mt, c0, lane);
     }
 }
 
@@ -831,18 +854,28 @@ __device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV,
 
 // dK (times the scale) and dV of the warp's keys from row0 of the block's keys, packed into the
 // warp's rows of the K and V tiles (which no product reads any more: the caller's barrier) in the
-// tiles' layout, then copied out.
-__device__ __forceinline__ void store_key_gradients(const float (&dk)[kDTiles][4], const float (&dv)[kDTiles][4],
-                                                    uint32_t sK, uint32_t sV, int row0, int n0, int lane,
-                                                    const Sequence& seq, int kv_head, const Params& p) {
+// tiles' layout.
+__device__ __forceinline__ void pack_key_gradients(const float (&dk)[kWarpKeyTiles][kDTiles][4],
+                                                   const float (&dv)[kWarpKeyTiles][kDTiles][4], uint32_t sK,
+                                                   uint32_t sV, int row0, int lane, const Params& p) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int mt = 0; mt < kWarpKeyTiles; ++mt)
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-            const uint32_t at = tile_offset(row0 + lane / 4 + 8 * h, dt) + 4 * (lane % 4);
-            store_shared_4(sK + at, pack2(dk[dt][2 * h] * p.scale, dk[dt][2 * h + 1] * p.scale));
-            store_shared_4(sV + at, pack2(dv[dt][2 * h], dv[dt][2 * h + 1]));
-        }
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int dt = 0; dt < kDTiles; ++dt) {
+                const uint32_t at = tile_offset(row0 + 16 * mt + lane / 4 + 8 * h, dt) + 4 * (lane % 4);
+                store_shared_4(sK + at, pack2(dk[mt][dt][2 * h] * p.scale, dk[mt][dt][2 * h + 1] * p.scale));
+                store_shared_4(sV + at, pack2(dv[mt][dt][2 * h], dv[mt][dt][2 * h + 1]));
+            }
+}
+
+// The block's dK and dV out, rows [row0, row0 + kWarpKeyRows) by this warp: it packs its keys' rows first.
+__device__ __forceinline__ void store_key_gradients(const float (&dk)[kWarpKeyTiles][kDTiles][4],
+                                                    const float (&dv)[kWarpKeyTiles][kDTiles][4], uint32_t sK,
+                                                    uint32_t sV, int row0, int n0, int lane, const Sequence& seq,
+                                                    int kv_head, const Params& p) {
+    pack_key_gradients(dk, dv, sK, sV, row0, lane, p);
     elem_t* gk = static_cast<elem_t*>(p.dk) + seq.batch * p.dk_batch_stride + kv_head * p.dk_head_stride
                  + seq.k0 * p.dk_row_stride;
     elem_t* gv = static_cast<elem_t*>(p.dv) + seq.batch * p.dv_batch_stride + kv_head * p.dv_head_stride
@@ -873,11 +906,13 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
                                        p.v_head_stride) + seq.k0 * p.v_row_stride, p.v_row_stride, n0, p.seqlen_k, tid);
     cp_async_commit();
 
-    float dk[kDTiles][4], dv[kDTiles][4];
+    float dk[kWarpKeyTiles][kDTiles][4], dv[kWarpKeyTiles][kDTiles][4];
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
+    for (int mt = 0; mt < kWarpKeyTiles; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+        for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dk[mt][dt][e] = dv[mt][dt][e] = 0.f;
     // Query rows before the first that sees the block's first key, and rows from the end of those
     // that see its last key, see none of its keys. The walk: the query blocks between, of each query
     // head of the KV head, Q and dO of step i in stage i % kQueryStages.

@@ -28,7 +28,7 @@
 //
 //   block: 128 keys of one KV head and sequence; the query blocks of 128 rows that see them, for every query head of the KV head
 //   threads: 256 = 8 warps of 16 keys
-//   fragments per warp: 16 keys; S^T and dP^T 8 m16n8 tiles each over a chunk of 64 queries (2 chunks per query block), dK and dV 8 tiles each; 96 fp32 accumulators per thread
+//   fragments per warp: 16 keys; S^T and dP^T 8 m16n8 tiles each over a chunk of 64 queries (2 chunks per query block), dK and dV 8 tiles each; 128 fp32 accumulators per thread
 //   mma.sync per query block per warp: 64 (S^T) + 64 (dV) + 64 (dP^T) + 64 (dK) + 64 (dQ)
 //   dQ: fp32 atomic adds of 128 x 64 per query block and key block into an accumulator in register order (each warp's add covers 128 contiguous bytes) (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 2 stage(s), the next block's issued before this one is computed

@@ -26,7 +26,7 @@
 //
 //   block: 64 keys of one KV head and sequence; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 128 = 4 warps of 16 keys
-//   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (2 chunks per query block), dK and dV 8 tiles each; 80 fp32 accumulators per thread
+//   fragments per warp: 16 keys; S^T and dP^T 4 m16n8 tiles each over a chunk of 32 queries (2 chunks per query block), dK and dV 8 tiles each; 96 fp32 accumulators per thread
 //   mma.sync per query block per warp: 32 (S^T) + 32 (dV) + 32 (dP^T) + 32 (dK) + 32 (dQ)
 //   dQ: fp32 atomic adds of 64 x 64 per query block and key block into an accumulator in register order (each warp's add covers 128 contiguous bytes) (not bitwise repeatable: the adds land in any order); the *_deterministic functions add them one key block at a time, the last first (turn counters in dq_turns), so dQ repeats bit for bit
 //   copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q and dO of each query block in 1 stage(s), the next block's issued while this one's dQ is added (dQ reads only dS^T and K)

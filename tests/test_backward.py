@@ -54,9 +54,10 @@ def test_plan_is_a_three_part_bundle():
     assert "causal_from_end" not in names      # no varlen functions
     assert set(pre.reads) <= set(names) and set(conv.reads) <= set(names)
     f = p.fragments
-    # 8 warps x 16 keys, query blocks of 128 in 4 chunks of 32; each warp adds 16 rows x all of dQ
+    # 8 warps x 16 keys, query blocks of 128 in 4 chunks of 32; each warp adds 16 rows x all of dQ; dK and
+    # dV 2 x 64 registers, S^T and dP^T 2 x 16
     assert (f.chunk_tiles, f.chunks, f.d_tiles, f.dq_m_tiles, f.dq_d_pairs, f.ds_pitch, f.accumulators) == (
-        4, 4, 16, 1, 8, 272, 144)
+        4, 4, 16, 1, 8, 272, 160)
     text = explain(p)
     assert "dQ: fp32 atomic adds" in text and "dS^T" in text
 
@@ -69,6 +70,21 @@ def test_dq_warp_grid_and_query_stages():
     assert p.fragments.query_stages == 2
     assert p.fragments.query_stage_bytes == regions["q1"].offset - regions["q"].offset == \
         regions["do1"].offset - regions["do"].offset > 0
+
+
+def test_warp_keys_32_splits_each_query_block_between_two_groups():
+    p = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64_k32.yaml"))
+    f, regions = p.fragments, {r.name: r for r in p.regions}
+    assert (f.warp_key_tiles, f.query_groups, f.chunks, f.chunk_tiles) == (2, 2, 2, 4)   # 64 queries a group
+    # the groups sum dK and dV through every Q and dO stage: from Q to K
+    assert f.group_scratch_bytes == regions["k0"].offset - regions["q"].offset == 4 * 16384
+    assert make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64.yaml")).fragments.group_scratch_bytes == 0
+    text = explain(p)
+    assert "2 groups of 4 warps of 32 keys" in text and "2 chunks of its group's 64 queries" in text
+    assert any("the groups sum dK and dV" in line for line in p.schedule)
+    # a group's share of the query block goes in whole chunks
+    assert refused_key(ROOT / "specs" / "h100_bwd_d64_k32.yaml",
+                       {"tile": {"block_m": 64, "block_n": 128}, "query_chunk": 64}) == "tile.block_m"
 
 
 def test_l4_spec_fits_the_default_budget():
@@ -93,6 +109,7 @@ def test_row_kernels_cover_every_row():
     ({"varlen": True, "masks": ["none", "window"]}, "varlen"),            # the varlen call takes none / causal
     ({"smem": {"stages": 2, "async_copy": True, "opt_in": True}}, "smem.stages"),
     ({"warps": {"producer": 1, "consumer": 4}}, "warps"),
+    ({"warp_keys": 32}, "warp_keys"),                                     # dK and dV of 32 keys at d128: 256 registers
 ])
 def test_rules_refuse_what_is_not_generated(change, key):
     assert refused_key(D128, change) == key
@@ -107,8 +124,9 @@ def refused_key(spec: Path, change: dict) -> str:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("spec", [D128, L4, WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW, *WGMMA_D128_SCORES],
-                         ids=["h100_d128", "l4_d64", "wgmma_d64", "wgmma_d128", "wgmma_d128_window", "wgmma_d128_softcap",
+@pytest.mark.parametrize("spec", [D128, L4, ROOT / "specs" / "h100_bwd_d64_k32.yaml", WGMMA_D64, WGMMA_D128,
+                                  WGMMA_D128_WINDOW, *WGMMA_D128_SCORES],
+                         ids=["h100_d128", "l4_d64", "h100_d64_k32", "wgmma_d64", "wgmma_d128", "wgmma_d128_window", "wgmma_d128_softcap",
                               "wgmma_d128_alibi", "wgmma_d128_softcap_alibi"])
 def test_kernels_compile_without_spills(spec):
     from attngen.compile import compile_source

@@ -2,7 +2,8 @@
 three kernels over one Params (attngen/core/backward_plan.py):
 
 - main: block (key block, KV head, batch) holds its block_n keys' K and V tiles in shared memory
-  and dK, dV in registers: warp w owns keys [16w, 16w + 16). It walks the query blocks that see its
+  and dK, dV in registers: warp w owns keys [16w, 16w + 16) (warp_keys 32: two groups of warps each own
+  every key, 32 per warp, and take the two halves of each query block). It walks the query blocks that see its
   keys (for every query head of its KV head): loads Q and dO, recomputes S^T = K Q^T and
   P^T = exp2(S^T scale log2 e - LSE log2 e), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
   dK += dS^T Q; dS^T goes through shared memory so that each warp adds dS K for its query rows into
@@ -39,6 +40,9 @@ SLOPE_PAIRS_FROM = 128      # head dims whose dK and dV leave no registers for f
 QUERY_CHUNKS = (32, 64)     # queries whose S^T and dP^T a warp holds at once (chunk / 2 fp32 registers each)
 HEAD_DIMS = (32, 64, 128)   # dK and dV of 16 keys take head_dim fp32 registers per thread; the row kernels
                             # give each row head_dim / 8 lanes of one warp (a power of two)
+WARP_KEYS = (16, 32)        # keys whose dK and dV a warp holds (warp_keys)
+MAX_DK_DV_REGISTERS = 128   # fp32 dK + dV registers per thread (warp_keys x head_dim / 16) that leave room for
+                            # S^T, dP^T and their fragments: d64 at 32 keys per warp, d128 at 16
 
 
 class BackwardSpec(ForwardSpec):
@@ -51,6 +55,11 @@ class BackwardSpec(ForwardSpec):
     query_chunk: Literal[QUERY_CHUNKS] = Field(default=32, description=(
         "queries of the query block whose S^T and dP^T each warp holds in registers at once: 64 gives each "
         "ldmatrix of K and V twice the mma work and more independent mma, for 32 more registers per thread"))
+    warp_keys: Literal[WARP_KEYS] = Field(default=16, description=(
+        "keys whose dK and dV each warp holds in registers (block_n = 16 x warps.compute either way). 32: the "
+        "block's warps form two groups of block_n / 32 warps that take the two halves of every query block, "
+        "and each ldmatrix of Q and dO feeds twice the mma (the groups sum dK and dV at the end through shared "
+        "memory); 32 x head_dim / 16 fp32 registers, so head_dim <= 64"))
     row_unit = 16
     row_unit_what = "16-row fragments of dQ"
     key_unit = 16
@@ -93,10 +102,28 @@ def rule_backward_warps(s: BackwardSpec):
         return "smem.async_copy", "the backward kernel copies its tiles with cp.async; set smem.async_copy: true"
 
 
+def query_groups(s: BackwardSpec) -> int:
+    """Groups of warps that split each query block between them: every warp owns warp_keys keys and the
+    block has 16 x warps of them."""
+    return s.warp_keys // 16
+
+
 def rule_backward_query_chunks(s: BackwardSpec):
-    if s.tile.block_m % s.query_chunk:
-        return "tile.block_m", (f"must be a multiple of query_chunk ({s.query_chunk}): the query block goes in "
-                                f"chunks of {s.query_chunk} queries (got {s.tile.block_m})")
+    groups = query_groups(s)
+    if s.tile.block_m % (groups * s.query_chunk):
+        each = f"each of the {groups} warp groups' {s.tile.block_m // groups} queries" if groups > 1 else "the query block"
+        return "tile.block_m", (f"must be a multiple of {groups * s.query_chunk}: {each} goes in chunks of query_chunk "
+                                f"({s.query_chunk}) queries (got {s.tile.block_m})")
+
+
+def rule_backward_warp_keys(s: BackwardSpec):
+    if s.warp_keys * s.head_dim // 16 > MAX_DK_DV_REGISTERS:
+        return "warp_keys", (f"{s.warp_keys} keys per warp hold dK and dV in {s.warp_keys * s.head_dim // 16} fp32 "
+                             f"registers per thread at head_dim {s.head_dim}, beside S^T and dP^T; at most "
+                             f"{MAX_DK_DV_REGISTERS}: use warp_keys 16")
+    if query_groups(s) > 1 and s.compute_warps % query_groups(s):
+        return "warps.compute", (f"must be a multiple of {query_groups(s)}: warp_keys {s.warp_keys} splits the warps "
+                                 f"into {query_groups(s)} groups of block_n / {s.warp_keys} (got {s.compute_warps})")
 
 
 def rule_backward_dq_blocks(s: BackwardSpec):
@@ -126,7 +153,7 @@ rule_backward_one_stage = refuse(
               "leave q_in_registers unset", "rule_backward_one_stage")
 
 BackwardSpec.rules = (rule_backward_homogeneous, rule_head_dim_vector_loads, rule_head_dim_fragments, rule_backward_head_dim,
-                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_query_chunks, rule_backward_dq_blocks, rule_backward_dq_grid, rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
+                      rule_backward_warps, rule_backward_keys_per_warp, rule_backward_warp_keys, rule_backward_query_chunks, rule_backward_dq_blocks, rule_backward_dq_grid, rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
                       rule_backward_one_stage, rule_pad_bytes, rule_pad_16_bytes, rule_threads)
 
 
@@ -136,7 +163,7 @@ class BackwardFragments:
                             # chunks of query_chunk queries
     d_tiles: int            # 8-column accumulator tiles of dK and dV (head_dim / 8)
     k_steps_d: int          # k16 steps over head_dim (S^T, dP^T)
-    chunks: int             # chunks of the query block
+    chunks: int             # chunks of the query block per warp (its group's share)
     k_steps_n: int          # k16 steps over the key block (dQ)
     dq_row_warps: int       # warps over the query block's rows in the dQ step (dq_warp_grid)
     dq_m_tiles: int         # 16-row fragments of dQ each warp adds
@@ -145,6 +172,11 @@ class BackwardFragments:
     query_stage_bytes: int = 0   # from stage 0's Q (dO) tile to stage 1's (set once the regions are laid out)
     ds_pitch: int           # bytes per row of the dS^T tile (block_m elements + 16: conflict-free ldmatrix)
     accumulators: int       # fp32 dK + dV + S^T + dP^T registers per thread
+    warp_key_tiles: int     # 16-key fragments of dK and dV (and of S^T, dP^T) per warp
+    query_groups: int       # warp groups that split each query block (warp_key_tiles): group g takes its g-th
+                            # share of the queries, and the groups sum dK and dV at the end
+    group_scratch_bytes: int = 0   # shared memory the groups sum dK and dV through (Q and dO tiles, which follow
+                                   # each other; set once the regions are laid out)
     row_block: int          # query rows per preprocess / convert block
     slope_pairs: bool       # softcap's chain-rule factors held as fp16 pairs (SLOPE_PAIRS_FROM)
     accum_row_block: int    # the dQ accumulator holds whole query blocks of each head
@@ -155,11 +187,12 @@ class BackwardFragments:
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:
     bm, d = spec.tile.block_m, spec.head_dim
     rows, cols = dq_warp_grid(bm, spec.compute_warps)
-    chunk = spec.query_chunk
-    return BackwardFragments(chunk_tiles=chunk // 8, d_tiles=d // 8, k_steps_d=d // 16, chunks=bm // chunk,
+    chunk, tiles = spec.query_chunk, spec.warp_keys // 16
+    return BackwardFragments(chunk_tiles=chunk // 8, d_tiles=d // 8, k_steps_d=d // 16, chunks=bm // chunk // tiles,
                              k_steps_n=spec.tile.block_n // 16, dq_row_warps=rows, dq_m_tiles=bm // 16 // rows,
                              dq_d_pairs=d // 16 // cols, query_stages=spec.query_stages,
-                             ds_pitch=bm * spec.elem_bytes + 16, accumulators=d + 2 * chunk // 4,
+                             ds_pitch=bm * spec.elem_bytes + 16, accumulators=tiles * (d + chunk),
+                             warp_key_tiles=tiles, query_groups=query_groups(spec),
                              row_block=rows_per_row_block(d), slope_pairs=d >= SLOPE_PAIRS_FROM,
                              accum_row_block=bm, accum_fragment_rows=ACCUM_FRAGMENT_ROWS,
                              accum_fragment_cols=d)
@@ -198,11 +231,18 @@ def plan(spec: BackwardSpec, file: str | None = None):
     offsets = {r.name: r.offset for r in regions}
     stage_bytes = offsets["q1"] - offsets["q"] if "q1" in offsets else 0
     assert not stage_bytes or offsets["do1"] - offsets["do"] == stage_bytes
+    # The groups sum dK and dV through the Q and dO tiles (every stage), from Q's offset to K's.
+    scratch = offsets["k0"] - offsets["q"] if spec.warp_keys > 16 else 0
     abi = plan_abi(p.mask_variants, varlen=spec.varlen, reports_errors=False, scores=p.score_variants,
                    base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
     w = spec.compute_warps
     f = p.fragments
-    roles = (f"{w} warps: all copy; warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T), and in the "
+    kw = spec.warp_keys
+    owns = (f"warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T)" if f.query_groups == 1 else
+            f"warp w owns keys [{kw}(w % {w // f.query_groups}), + {kw}) of the block (dK, dV, S^T, dP^T) for the "
+            f"queries of its group w / {w // f.query_groups}: the {f.query_groups} groups take a {f.query_groups}-th "
+            f"of each query block each")
+    roles = (f"{w} warps: all copy; {owns}, and in the "
              f"dQ step {16 * f.dq_m_tiles} query rows x {16 * f.dq_d_pairs} columns ({f.dq_row_warps} x "
              f"{w // f.dq_row_warps} warps)",)
     schedule = ("main kernel, grid (key blocks, kv_heads, batch" + (" or sequences" if spec.varlen else "") + "):",
@@ -221,18 +261,24 @@ def plan(spec: BackwardSpec, file: str | None = None):
                 + "load its LSE x log2 e and delta (registers)",
                 "    dQ accumulator += dS K (red.global.add, its rows, in register order: 128 contiguous bytes per warp "
                 "add); the next LSE and delta to shared (deterministic: __syncthreads, then pass the turn)",
-                "  __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V "
-                "tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)",
+                *(("  __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V "
+                   "tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)",)
+                  if f.query_groups == 1 else
+                  ("  __syncthreads; the groups sum dK and dV through the Q and dO tiles (group 0 adds the others' "
+                   "fp32 accumulators, lane by lane, dV then dK); group 0 packs dK x scale and dV of its keys into the "
+                   "K and V tiles; __syncthreads; each warp writes 16 rows out in 16-byte stores of whole rows "
+                   "(rows < seqlen_k)",)),
                 f"preprocess, convert: grid (ceil(seqlen_q / {p.fragments.row_block}), heads, batch), {ROW_THREADS} "
                 f"threads, head_dim / 8 threads per row" + ("; varlen: (ceil(total_q / "
                                                             f"{p.fragments.row_block}), heads, 1)" if spec.varlen else ""))
     block_text = (f"block: {spec.tile.block_n} keys of one KV head and sequence; the query blocks of "
                   f"{spec.tile.block_m} rows that see them, for every query head of the KV head",
-                  f"threads: {p.threads} = {w} warps of 16 keys",
+                  f"threads: {p.threads} = {w} warps of 16 keys" if f.query_groups == 1 else
+                  f"threads: {p.threads} = {f.query_groups} groups of {w // f.query_groups} warps of {kw} keys",
                   "masks: " + ", ".join(spec.masks))
     return BackwardPlan.of(p, parts=backward_parts(spec, abi, accum_blocks=True), abi=abi, regions=regions,
                    smem_bytes=smem, smem_dynamic=smem > p.target.smem_per_block,
-                   fragments=replace(p.fragments, query_stage_bytes=stage_bytes), roles=roles, schedule=schedule,
+                   fragments=replace(p.fragments, query_stage_bytes=stage_bytes, group_scratch_bytes=scratch), roles=roles, schedule=schedule,
                    block_text=block_text, copy_engine="cp.async (16-byte chunks), every warp copies",
                    pipeline_text=(f"copies (cp.async, 16-byte chunks, every warp): K and V of the block's keys once; Q "
                                   f"and dO of each query block in {spec.query_stages} stage(s), "
@@ -244,11 +290,14 @@ def plan(spec: BackwardSpec, file: str | None = None):
 def explain(plan) -> list[str]:
     f = plan.fragments
     steps = f.chunk_tiles // 2 * f.chunks   # k16 steps over the query block
-    return [f"fragments per warp: 16 keys; S^T and dP^T {f.chunk_tiles} m16n8 tiles each over a chunk of "
-            f"{8 * f.chunk_tiles} queries ({f.chunks} chunks per query block), dK and dV {f.d_tiles} tiles each; "
+    t = f.warp_key_tiles
+    share = "per query block" if f.query_groups == 1 else f"of its group's {plan.block_m // f.query_groups} queries"
+    return [f"fragments per warp: {16 * t} keys; S^T and dP^T {t * f.chunk_tiles} m16n8 tiles each over a chunk of "
+            f"{8 * f.chunk_tiles} queries ({f.chunks} chunks {share}), dK and dV {t * f.d_tiles} tiles each; "
             f"{f.accumulators} fp32 accumulators per thread",
-            f"mma.sync per query block per warp: {f.chunk_tiles * f.chunks * f.k_steps_d} (S^T) + {f.d_tiles * steps} "
-            f"(dV) + {f.chunk_tiles * f.chunks * f.k_steps_d} (dP^T) + {f.d_tiles * steps} (dK) + "
+            f"mma.sync per query block per warp: {t * f.chunk_tiles * f.chunks * f.k_steps_d} (S^T) + "
+            f"{t * f.d_tiles * steps} (dV) + {t * f.chunk_tiles * f.chunks * f.k_steps_d} (dP^T) + "
+            f"{t * f.d_tiles * steps} (dK) + "
             f"{f.dq_m_tiles * f.d_tiles * f.k_steps_n} (dQ)",
             f"dQ: fp32 atomic adds of {plan.block_m} x {plan.head_dim} per query block and key block into an "
             "accumulator in register order (each warp's add covers 128 contiguous bytes) "
