@@ -623,11 +623,13 @@ def test_wgmma_backward_space(path, survivors, refused):
 def test_mma_backward_space_moves_warps_with_keys():
     base = load_spec(MMA_BWD_D64)
     sp = S.default_space(base)
-    assert sp.names == ("block_m", "block_n", "query_stages", "query_chunk") and sp.size == 16
+    assert sp.names == ("block_m", "block_n", "query_stages", "query_chunk", "warp_keys") and sp.size == 32
     kept, _ = S.prune(base, sp)
     by_tag = {c.choice.tag: c for c in kept}
-    assert by_tag["m64n64s1c32"].spec.compute_warps == 4 and by_tag["m128n128s2c64"].spec.compute_warps == 8
-    assert S.choice_of(base).tag == "m128n128s2c64"
+    assert by_tag["m64n64s1c32k16"].spec.compute_warps == 4 and by_tag["m128n128s2c64k16"].spec.compute_warps == 8
+    # 32 keys per warp: two groups of warps, each group's share of the block in whole chunks
+    assert by_tag["m128n128s2c32k32"].spec.compute_warps == 8 and "m64n128s2c64k32" not in by_tag
+    assert S.choice_of(base).tag == "m128n128s2c64k16"
 
 
 class BackwardStub(StubMeasurer):

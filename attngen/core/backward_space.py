@@ -1,7 +1,8 @@
 """The axes `attngen sweep` explores around a backward spec (both backward kinds): the query block,
 the key block with the warps that own it, and each kind's own fields. A backward block's keys are
 split between its warps, 16 each in both kinds (bwd_wgmma: 64 per warpgroup), so block_n and
-warps.compute move together on one axis."""
+warps.compute move together on one axis (bwd_mma's warp_keys 32 keeps that: two groups of warps
+each own every key)."""
 from __future__ import annotations
 
 from .search_space import Axis, SearchSpace, field_axis, with_base
@@ -26,7 +27,8 @@ def keys_axis(base) -> Axis:
 
 
 def mma_backward_space(base) -> SearchSpace:
-    """bwd_mma: query block, key block (16 keys per warp), query stages and query chunk."""
+    """bwd_mma: query block, key block (16 keys per warp), query stages, query chunk and the keys each
+    warp holds (32: two groups of warps split each query block; refused above d64)."""
     return SearchSpace((
         block_m_axis(base),
         keys_axis(base),
@@ -34,6 +36,8 @@ def mma_backward_space(base) -> SearchSpace:
                    lambda v: f"s{v}"),
         field_axis("query_chunk", "query_chunk", with_base((32, 64), base.query_chunk), lambda s: s.query_chunk,
                    lambda v: f"c{v}"),
+        field_axis("warp_keys", "warp_keys", with_base((16, 32), base.warp_keys), lambda s: s.warp_keys,
+                   lambda v: f"k{v}"),
     ))
 
 
