@@ -446,7 +446,7 @@ __device__ __forceinline__ int step_offset(const LanePos& lp, int row0, int chun
 constexpr int kChunkTiles = 4;  // 8-query accumulator tiles of S^T and dP^T: the
 constexpr int kChunk = 8 * kChunkTiles;                         // query block goes in chunks of kChunk queries
 constexpr int kChunkSteps = kChunkTiles / 2;                    // k16 steps over a chunk
-constexpr int kDTiles = 16;          // 8-column accumulator tiles of dK and dV
+constexpr int kWarpDTiles = 16;      // ... that a warp holds (its columns)
 constexpr int kKStepsD = 8;       // k16 steps over head_dim
 constexpr int kKStepsN = 8;       // k16 steps over the key block
 constexpr int kDqRowWarps = 8;  // warps over the query block's rows in the dQ step
@@ -503,13 +503,13 @@ __device__ __forceinline__ void rows_by_queries(float (&acc)[kWarpKeyTiles][kChu
 // acc += A . Y[y_row0, y_row0 + kChunk) over a chunk of queries: A (the warp's keys x kChunk queries,
 // fragment mt its 16 keys from 16 mt) as A fragments, Y a [query][dim] tile (dV += P^T dO, dK += dS^T
 // Q). Each B fragment of Y feeds the mma of every fragment.
-__device__ __forceinline__ void add_fragments_by_tile(float (&acc)[kWarpKeyTiles][kDTiles][4],
+__device__ __forceinline__ void add_fragments_by_tile(float (&acc)[kWarpKeyTiles][kWarpDTiles][4],
                                                       const uint32_t (&a)[kWarpKeyTiles][kChunkSteps][4], uint32_t sY,
                                                       int y_row0, const LaneMaps& ln) {
 #pragma unroll
     for (int kk = 0; kk < kChunkSteps; ++kk)
 #pragma unroll
-        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        for (int dp = 0; dp < kWarpDTiles / 2; ++dp) {
             uint32_t b[4];
             ldmatrix_x4_trans(b, sY + step_offset(ln.a, y_row0 + kk * 16, 2 * dp));
 #pragma unroll
@@ -776,7 +776,7 @@ __device__ __forceinline__ void issue_query_tiles(const QueryStep& st, uint32_t 
 // One query block against the block's keys, its Q and dO tiles in stage `stage` and its row
 // statistics in shared memory: dV and dK, and dS^T into shared memory for the dQ step.
 template <Mask kMask>
-__device__ __forceinline__ void query_block(float (&dk)[kWarpKeyTiles][kDTiles][4], float (&dv)[kWarpKeyTiles][kDTiles][4],
+__device__ __forceinline__ void query_block(float (&dk)[kWarpKeyTiles][kWarpDTiles][4], float (&dv)[kWarpKeyTiles][kWarpDTiles][4],
                                             unsigned char* smem, uint32_t smem_addr, const QueryStep& st, int stage,
                                             int n0, int tid, const Sequence& seq, const LaneMaps& ln, const Params& p) {
     const int lane = tid % 32, warp = tid / 32, m0 = st.m0;
@@ -851,30 +851,30 @@ __device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV,
     }
 }
 
-// dK (times the scale) and dV of the warp's keys from row0 of the block's keys, packed into the
-// warp's rows of the K and V tiles (which no product reads any more: the caller's barrier) in the
-// tiles' layout.
-__device__ __forceinline__ void pack_key_gradients(const float (&dk)[kWarpKeyTiles][kDTiles][4],
-                                                   const float (&dv)[kWarpKeyTiles][kDTiles][4], uint32_t sK,
-                                                   uint32_t sV, int row0, int lane, const Params& p) {
+// dK (times the scale) and dV of the warp's keys from row0 of the block's keys and its columns from
+// 8 dt0, packed into the warp's part of the K and V tiles (which no product reads any more: the
+// caller's barrier) in the tiles' layout.
+__device__ __forceinline__ void pack_key_gradients(const float (&dk)[kWarpKeyTiles][kWarpDTiles][4],
+                                                   const float (&dv)[kWarpKeyTiles][kWarpDTiles][4], uint32_t sK,
+                                                   uint32_t sV, int row0, int dt0, int lane, const Params& p) {
 #pragma unroll
     for (int mt = 0; mt < kWarpKeyTiles; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-                const uint32_t at = tile_offset(row0 + 16 * mt + lane / 4 + 8 * h, dt) + 4 * (lane % 4);
+            for (int dt = 0; dt < kWarpDTiles; ++dt) {
+                const uint32_t at = tile_offset(row0 + 16 * mt + lane / 4 + 8 * h, dt0 + dt) + 4 * (lane % 4);
                 store_shared_4(sK + at, pack2(dk[mt][dt][2 * h] * p.scale, dk[mt][dt][2 * h + 1] * p.scale));
                 store_shared_4(sV + at, pack2(dv[mt][dt][2 * h], dv[mt][dt][2 * h + 1]));
             }
 }
 
 // The block's dK and dV out, rows [row0, row0 + kWarpKeyRows) by this warp: it packs its keys' rows first.
-__device__ __forceinline__ void store_key_gradients(const float (&dk)[kWarpKeyTiles][kDTiles][4],
-                                                    const float (&dv)[kWarpKeyTiles][kDTiles][4], uint32_t sK,
+__device__ __forceinline__ void store_key_gradients(const float (&dk)[kWarpKeyTiles][kWarpDTiles][4],
+                                                    const float (&dv)[kWarpKeyTiles][kWarpDTiles][4], uint32_t sK,
                                                     uint32_t sV, int row0, int n0, int lane, const Sequence& seq,
                                                     int kv_head, const Params& p) {
-    pack_key_gradients(dk, dv, sK, sV, row0, lane, p);
+    pack_key_gradients(dk, dv, sK, sV, row0, 0, lane, p);
     elem_t* gk = static_cast<elem_t*>(p.dk) + seq.batch * p.dk_batch_stride + kv_head * p.dk_head_stride
                  + seq.k0 * p.dk_row_stride;
     elem_t* gv = static_cast<elem_t*>(p.dv) + seq.batch * p.dv_batch_stride + kv_head * p.dv_head_stride
@@ -905,11 +905,11 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
                                        p.v_head_stride) + seq.k0 * p.v_row_stride, p.v_row_stride, n0, p.seqlen_k, tid);
     cp_async_commit();
 
-    float dk[kWarpKeyTiles][kDTiles][4], dv[kWarpKeyTiles][kDTiles][4];
+    float dk[kWarpKeyTiles][kWarpDTiles][4], dv[kWarpKeyTiles][kWarpDTiles][4];
 #pragma unroll
     for (int mt = 0; mt < kWarpKeyTiles; ++mt)
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt)
+        for (int dt = 0; dt < kWarpDTiles; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dk[mt][dt][e] = dv[mt][dt][e] = 0.f;
     // Query rows before the first that sees the block's first key, and rows from the end of those

@@ -87,6 +87,19 @@ def test_warp_keys_32_splits_each_query_block_between_two_groups():
                        {"tile": {"block_m": 64, "block_n": 128}, "query_chunk": 64}) == "tile.block_m"
 
 
+def test_warp_split_columns_halves_dk_and_dv_and_adds_a_p_tile():
+    p = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d128_k32.yaml"))
+    f, regions = p.fragments, {r.name: r for r in p.regions}
+    assert (f.warp_key_tiles, f.query_groups, f.column_groups, f.warp_d_tiles, f.d_tiles) == (2, 1, 2, 8, 16)
+    # dK and dV 2 x 64 registers, S^T and dP^T 2 x 32
+    assert f.accumulators == 192 and f.group_scratch_bytes == 0
+    # the dQ step still covers every column: 8 warps of 16 rows x 8 column pairs
+    assert 16 * f.dq_m_tiles * f.dq_row_warps == 128 and 16 * f.dq_d_pairs * (8 // f.dq_row_warps) == 128
+    assert regions["pt"].bytes == regions["ds"].bytes and "pt" not in {r.name for r in make_plan(
+        load_spec(ROOT / "specs" / "h100_bwd_d128.yaml")).regions}
+    assert refused_key(ROOT / "specs" / "h100_bwd_d64.yaml", {"warp_split": "columns"}) == "warp_split"
+
+
 def test_l4_spec_fits_the_default_budget():
     p = make_plan(load_spec(L4))
     assert not p.smem_dynamic and p.smem_bytes <= 48 * 1024

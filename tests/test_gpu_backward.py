@@ -93,8 +93,8 @@ def test_planted_bug_is_rejected():
     """dK without its scale: the verifier must fail the case on dk alone."""
     k = kernel(D64)
     sources = list(k.sources)
-    bad = sources[0].replace("pack2(dk[dt][2 * h] * p.scale, dk[dt][2 * h + 1] * p.scale)",
-                             "pack2(dk[dt][2 * h], dk[dt][2 * h + 1])")
+    bad = sources[0].replace("pack2(dk[mt][dt][2 * h] * p.scale, dk[mt][dt][2 * h + 1] * p.scale)",
+                             "pack2(dk[mt][dt][2 * h], dk[mt][dt][2 * h + 1])")
     assert bad != sources[0]
     broken = Kernel.from_sources(k.plan, (bad, *sources[1:]), label="planted", synchronize=True)
     r = check_backward_case(broken, verify.Variant("none"), verify.Shape(2, 4, 2, 113, 300), 0, "planted")

@@ -168,6 +168,7 @@ RULE_CASES = [
     ("rule_backward_warps", BACKWARD, {"smem__async_copy": False}, "smem.async_copy", "set smem.async_copy: true"),
     ("rule_backward_keys_per_warp", BACKWARD, {"tile__block_n": 128}, "tile.block_n", "16 x warps.compute = 64"),
     ("rule_backward_query_chunks", BACKWARD, {"tile__block_m": 80}, "tile.block_m", "chunks of 32 queries"),
+    ("rule_backward_warp_keys", BACKWARD, {"warp_keys": 32}, "warp_keys", "or warp_split: columns"),
     ("rule_backward_dq_blocks", BACKWARD, {"tile": {"block_m": 96, "block_n": 128}, "warps": {"compute": 8}},
      "tile.block_m", "blocks of 64 rows in register order"),
     ("rule_backward_dq_grid", BACKWARD, {"tile": {"block_m": 64, "block_n": 96}, "warps": {"compute": 6}},
@@ -597,7 +598,7 @@ def test_schema_command_lists_every_key():
         # epilogue_tile; decode: decode, max_splits, page_size, combine; e4m3: out_dtype)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
                                          "page_size", "combine", "backward", "query_stages", "query_chunk",
-                                         "out_dtype"} == {
+                                         "warp_keys", "warp_split", "out_dtype"} == {
             "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "scores", "variant",
             "tile", "warps",
             "mma", "smem",

@@ -2,8 +2,9 @@
 three kernels over one Params (attngen/core/backward_plan.py):
 
 - main: block (key block, KV head, batch) holds its block_n keys' K and V tiles in shared memory
-  and dK, dV in registers: warp w owns keys [16w, 16w + 16) (warp_keys 32: two groups of warps each own
-  every key, 32 per warp, and take the two halves of each query block). It walks the query blocks that see its
+  and dK, dV in registers: warp w owns keys [16w, 16w + 16) (warp_keys 32: two warps share each 32
+  keys, and take the two halves of each query block, warp_split queries, or of dK and dV's columns,
+  warp_split columns, P^T and dS^T shared through shared memory). It walks the query blocks that see its
   keys (for every query head of its KV head): loads Q and dO, recomputes S^T = K Q^T and
   P^T = exp2(S^T scale log2 e - LSE log2 e), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
   dK += dS^T Q; dS^T goes through shared memory so that each warp adds dS K for its query rows into
@@ -41,8 +42,9 @@ QUERY_CHUNKS = (32, 64)     # queries whose S^T and dP^T a warp holds at once (c
 HEAD_DIMS = (32, 64, 128)   # dK and dV of 16 keys take head_dim fp32 registers per thread; the row kernels
                             # give each row head_dim / 8 lanes of one warp (a power of two)
 WARP_KEYS = (16, 32)        # keys whose dK and dV a warp holds (warp_keys)
-MAX_DK_DV_REGISTERS = 128   # fp32 dK + dV registers per thread (warp_keys x head_dim / 16) that leave room for
-                            # S^T, dP^T and their fragments: d64 at 32 keys per warp, d128 at 16
+MAX_DK_DV_REGISTERS = 128   # fp32 dK + dV registers per thread (warp_keys x head_dim / 16, halved by warp_split
+                            # columns) that leave room for S^T, dP^T and their fragments: d64 at 32 keys per
+                            # warp, d128 at 16 (or 32 keys and half the columns)
 
 
 class BackwardSpec(ForwardSpec):
@@ -59,7 +61,12 @@ class BackwardSpec(ForwardSpec):
         "keys whose dK and dV each warp holds in registers (block_n = 16 x warps.compute either way). 32: the "
         "block's warps form two groups of block_n / 32 warps that take the two halves of every query block, "
         "and each ldmatrix of Q and dO feeds twice the mma (the groups sum dK and dV at the end through shared "
-        "memory); 32 x head_dim / 16 fp32 registers, so head_dim <= 64"))
+        "memory); 32 x head_dim / 16 fp32 registers, so head_dim <= 64 unless warp_split is columns"))
+    warp_split: Literal["queries", "columns"] = Field(default="queries", description=(
+        "with warp_keys 32, how the two warps that hold the same 32 keys share the work. queries: each takes "
+        "half of every query block and holds every column of dK and dV (summed at the end). columns: each "
+        "holds half the columns of dK and dV (so d128 fits) over every query, and scores half of each pair of "
+        "chunks; the two hand each other P^T and dS^T through shared memory (a P^T tile beside dS^T's)"))
     row_unit = 16
     row_unit_what = "16-row fragments of dQ"
     key_unit = 16
@@ -104,26 +111,36 @@ def rule_backward_warps(s: BackwardSpec):
 
 def query_groups(s: BackwardSpec) -> int:
     """Groups of warps that split each query block between them: every warp owns warp_keys keys and the
-    block has 16 x warps of them."""
-    return s.warp_keys // 16
+    block has 16 x warps of them (warp_split queries)."""
+    return s.warp_keys // 16 if s.warp_split == "queries" else 1
+
+
+def column_groups(s: BackwardSpec) -> int:
+    """Groups of warps that split dK and dV's columns between them (warp_split columns)."""
+    return s.warp_keys // 16 if s.warp_split == "columns" else 1
 
 
 def rule_backward_query_chunks(s: BackwardSpec):
-    groups = query_groups(s)
-    if s.tile.block_m % (groups * s.query_chunk):
-        each = f"each of the {groups} warp groups' {s.tile.block_m // groups} queries" if groups > 1 else "the query block"
-        return "tile.block_m", (f"must be a multiple of {groups * s.query_chunk}: {each} goes in chunks of query_chunk "
-                                f"({s.query_chunk}) queries (got {s.tile.block_m})")
+    groups, pair = query_groups(s), s.warp_keys // 16
+    if s.tile.block_m % (pair * s.query_chunk):
+        each = (f"each of the {groups} warp groups' {s.tile.block_m // groups} queries goes in chunks" if groups > 1 else
+                "the two warps of each 32 keys score the query block in pairs of chunks" if pair > 1 else
+                "the query block goes in chunks")
+        return "tile.block_m", (f"must be a multiple of {pair * s.query_chunk}: {each} of {s.query_chunk} queries "
+                                f"(query_chunk; got {s.tile.block_m})")
 
 
 def rule_backward_warp_keys(s: BackwardSpec):
-    if s.warp_keys * s.head_dim // 16 > MAX_DK_DV_REGISTERS:
-        return "warp_keys", (f"{s.warp_keys} keys per warp hold dK and dV in {s.warp_keys * s.head_dim // 16} fp32 "
-                             f"registers per thread at head_dim {s.head_dim}, beside S^T and dP^T; at most "
-                             f"{MAX_DK_DV_REGISTERS}: use warp_keys 16")
-    if query_groups(s) > 1 and s.compute_warps % query_groups(s):
-        return "warps.compute", (f"must be a multiple of {query_groups(s)}: warp_keys {s.warp_keys} splits the warps "
-                                 f"into {query_groups(s)} groups of block_n / {s.warp_keys} (got {s.compute_warps})")
+    if s.warp_split == "columns" and s.warp_keys == 16:
+        return "warp_split", "columns splits dK and dV between the two warps of 32 keys: set warp_keys: 32"
+    held = s.warp_keys * s.head_dim // 16 // column_groups(s)
+    if held > MAX_DK_DV_REGISTERS:
+        return "warp_keys", (f"{s.warp_keys} keys per warp hold dK and dV in {held} fp32 registers per thread at "
+                             f"head_dim {s.head_dim}, beside S^T and dP^T; at most {MAX_DK_DV_REGISTERS}: use "
+                             f"warp_keys 16, or warp_split: columns")
+    if s.warp_keys > 16 and s.compute_warps % 2:
+        return "warps.compute", (f"must be even: warp_keys {s.warp_keys} gives each {s.warp_keys} keys two warps "
+                                 f"(got {s.compute_warps})")
 
 
 def rule_backward_dq_blocks(s: BackwardSpec):
@@ -177,6 +194,9 @@ class BackwardFragments:
                             # share of the queries, and the groups sum dK and dV at the end
     group_scratch_bytes: int = 0   # shared memory the groups sum dK and dV through (Q and dO tiles, which follow
                                    # each other; set once the regions are laid out)
+    column_groups: int      # warp groups that split dK and dV's columns (warp_split columns): group g holds
+                            # its g-th share of them, and scores the g-th chunk of each pair of chunks
+    warp_d_tiles: int       # 8-column accumulator tiles of dK and dV per warp (d_tiles / column_groups)
     row_block: int          # query rows per preprocess / convert block
     slope_pairs: bool       # softcap's chain-rule factors held as fp16 pairs (SLOPE_PAIRS_FROM)
     accum_row_block: int    # the dQ accumulator holds whole query blocks of each head
@@ -187,12 +207,13 @@ class BackwardFragments:
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:
     bm, d = spec.tile.block_m, spec.head_dim
     rows, cols = dq_warp_grid(bm, spec.compute_warps)
-    chunk, tiles = spec.query_chunk, spec.warp_keys // 16
+    chunk, tiles, halves = spec.query_chunk, spec.warp_keys // 16, column_groups(spec)
     return BackwardFragments(chunk_tiles=chunk // 8, d_tiles=d // 8, k_steps_d=d // 16, chunks=bm // chunk // tiles,
                              k_steps_n=spec.tile.block_n // 16, dq_row_warps=rows, dq_m_tiles=bm // 16 // rows,
                              dq_d_pairs=d // 16 // cols, query_stages=spec.query_stages,
-                             ds_pitch=bm * spec.elem_bytes + 16, accumulators=tiles * (d + chunk),
-                             warp_key_tiles=tiles, query_groups=query_groups(spec),
+                             ds_pitch=bm * spec.elem_bytes + 16, accumulators=tiles * (d // halves + chunk),
+                             warp_key_tiles=tiles, query_groups=query_groups(spec), column_groups=halves,
+                             warp_d_tiles=d // 8 // halves,
                              row_block=rows_per_row_block(d), slope_pairs=d >= SLOPE_PAIRS_FROM,
                              accum_row_block=bm, accum_fragment_rows=ACCUM_FRAGMENT_ROWS,
                              accum_fragment_cols=d)
@@ -210,14 +231,17 @@ def backward_regions(spec: BackwardSpec) -> list[Region]:
     def tile(name, per):
         return Region(name, bm, spec.head_dim, ctype, 2, sw.pitch_bytes, swizzle=sw.describe(), per=per)
     second = [tile("q1", "Q tile of the next query block (stage 1)"), tile("do1", "dO tile of the next query block")]
+    pt = [Region("pt", bn, bm, ctype, 2, f.ds_pitch, swizzle="rows padded by 16 B",
+                 per="P^T of the block's keys x the query block, for dV (each pair of warps scores half)")]
     return [tile("do", "dO tile of the query block"), *(second if spec.query_stages == 2 else []),
             Region("ds", bn, bm, ctype, 2, f.ds_pitch, swizzle="rows padded by 16 B",
-                   per="dS^T of the block's keys x the query block, for dQ"),
+                   per="dS^T of the block's keys x the query block, for dQ" + (" and dK" if f.column_groups > 1 else "")),
+            *(pt if f.column_groups > 1 else []),
             Region("lse", 1, bm, "float", 4, bm * 4, per="the query block's LSE x log2(e) (+inf: a row that adds nothing)"),
             Region("delta", 1, bm, "float", 4, bm * 4, per="the query block's rowsum(dO * O)")]
 
 
-REGION_ORDER = ("q", "do", "q1", "do1", "k0", "v0", "ds", "lse", "delta")
+REGION_ORDER = ("q", "do", "q1", "do1", "k0", "v0", "ds", "pt", "lse", "delta")
 REGION_TEXT = {"q": "Q tile of the query block (stage 0)", "k0": "K tile of the block's keys, loaded once",
                "v0": "V tile of the block's keys, loaded once"}
 
@@ -232,16 +256,19 @@ def plan(spec: BackwardSpec, file: str | None = None):
     stage_bytes = offsets["q1"] - offsets["q"] if "q1" in offsets else 0
     assert not stage_bytes or offsets["do1"] - offsets["do"] == stage_bytes
     # The groups sum dK and dV through the Q and dO tiles (every stage), from Q's offset to K's.
-    scratch = offsets["k0"] - offsets["q"] if spec.warp_keys > 16 else 0
+    scratch = offsets["k0"] - offsets["q"] if p.fragments.query_groups > 1 else 0
     abi = plan_abi(p.mask_variants, varlen=spec.varlen, reports_errors=False, scores=p.score_variants,
                    base=FORWARD_ABI.with_fields(BACKWARD_ABI_FIELDS))
     w = spec.compute_warps
     f = p.fragments
     kw = spec.warp_keys
-    owns = (f"warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T)" if f.query_groups == 1 else
-            f"warp w owns keys [{kw}(w % {w // f.query_groups}), + {kw}) of the block (dK, dV, S^T, dP^T) for the "
-            f"queries of its group w / {w // f.query_groups}: the {f.query_groups} groups take a {f.query_groups}-th "
-            f"of each query block each")
+    half = w // 2
+    owns = (f"warp w owns keys [{kw}(w % {half}), + {kw}) of the block (dK, dV, S^T, dP^T) for the queries of its "
+            f"group w / {half}: the 2 groups take half of each query block each" if f.query_groups > 1 else
+            f"warp w owns keys [{kw}(w % {half}), + {kw}) of the block and columns [{8 * f.warp_d_tiles}(w / {half}), "
+            f"+ {8 * f.warp_d_tiles}) of their dK and dV; it scores (S^T, dP^T) chunk w / {half} of each pair of "
+            f"chunks, its partner w +- {half} the other" if f.column_groups > 1 else
+            "warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T)")
     roles = (f"{w} warps: all copy; {owns}, and in the "
              f"dQ step {16 * f.dq_m_tiles} query rows x {16 * f.dq_d_pairs} columns ({f.dq_row_warps} x "
              f"{w // f.dq_row_warps} warps)",)
@@ -253,28 +280,37 @@ def plan(spec: BackwardSpec, file: str | None = None):
                 "  for each query head of the KV head, each query block that sees a key of the block:",
                 ("    issue the next query block's Q, dO (cp.async, the other stage); wait for this one's; __syncthreads"
                  if spec.query_stages == 2 else "    wait for this query block's Q, dO; __syncthreads"),
-                "    S^T = K Q^T, P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); "
-                "dV += P^T dO",
-                "    dP^T = V dO^T, dS^T = P^T (dP^T - delta) m'; dK += dS^T Q; dS^T to shared",
+                *(("    S^T = K Q^T, P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); "
+                   "dV += P^T dO",
+                   "    dP^T = V dO^T, dS^T = P^T (dP^T - delta) m'; dK += dS^T Q; dS^T to shared")
+                  if f.column_groups == 1 else
+                  ("    per pair of chunks: each warp scores its chunk: S^T = K Q^T, P^T = exp2(m(S^T) scale_log2 - LSE "
+                   "log2 e) to shared (m: the score modifiers; masked: 0), dP^T = V dO^T, dS^T = P^T (dP^T - delta) m' "
+                   "to shared",
+                   "      the pair's barrier (bar.sync, 64 threads); dV += P^T dO and dK += dS^T Q over both chunks, "
+                   "its columns (A fragments from the P^T and dS^T tiles)")),
                 "    (deterministic: thread 0 waits for the block's turn at this query block); __syncthreads",
                 ("    " if spec.query_stages == 2 else "    issue the next query block's Q, dO (cp.async, the same stage); ")
                 + "load its LSE x log2 e and delta (registers)",
                 "    dQ accumulator += dS K (red.global.add, its rows, in register order: 128 contiguous bytes per warp "
                 "add); the next LSE and delta to shared (deterministic: __syncthreads, then pass the turn)",
-                *(("  __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V "
-                   "tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)",)
-                  if f.query_groups == 1 else
-                  ("  __syncthreads; the groups sum dK and dV through the Q and dO tiles (group 0 adds the others' "
-                   "fp32 accumulators, lane by lane, dV then dK); group 0 packs dK x scale and dV of its keys into the "
-                   "K and V tiles; __syncthreads; each warp writes 16 rows out in 16-byte stores of whole rows "
-                   "(rows < seqlen_k)",)),
+                ("  __syncthreads; the groups sum dK and dV through the Q and dO tiles (group 0 adds the others' "
+                 "fp32 accumulators, lane by lane, dV then dK); group 0 packs dK x scale and dV of its keys into the "
+                 "K and V tiles; __syncthreads; each warp writes 16 rows out in 16-byte stores of whole rows "
+                 "(rows < seqlen_k)" if f.query_groups > 1 else
+                 "  __syncthreads; each warp packs dK x scale and dV of its keys and columns into the K and V tiles; "
+                 "__syncthreads; each warp writes 16 rows out in 16-byte stores of whole rows (rows < seqlen_k)"
+                 if f.column_groups > 1 else
+                 "  __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V "
+                 "tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)"),
                 f"preprocess, convert: grid (ceil(seqlen_q / {p.fragments.row_block}), heads, batch), {ROW_THREADS} "
                 f"threads, head_dim / 8 threads per row" + ("; varlen: (ceil(total_q / "
                                                             f"{p.fragments.row_block}), heads, 1)" if spec.varlen else ""))
     block_text = (f"block: {spec.tile.block_n} keys of one KV head and sequence; the query blocks of "
                   f"{spec.tile.block_m} rows that see them, for every query head of the KV head",
-                  f"threads: {p.threads} = {w} warps of 16 keys" if f.query_groups == 1 else
-                  f"threads: {p.threads} = {f.query_groups} groups of {w // f.query_groups} warps of {kw} keys",
+                  f"threads: {p.threads} = {f.query_groups} groups of {half} warps of {kw} keys" if f.query_groups > 1 else
+                  f"threads: {p.threads} = {w} warps of {kw} keys and half the head dim" if f.column_groups > 1 else
+                  f"threads: {p.threads} = {w} warps of 16 keys",
                   "masks: " + ", ".join(spec.masks))
     return BackwardPlan.of(p, parts=backward_parts(spec, abi, accum_blocks=True), abi=abi, regions=regions,
                    smem_bytes=smem, smem_dynamic=smem > p.target.smem_per_block,
@@ -291,9 +327,10 @@ def explain(plan) -> list[str]:
     f = plan.fragments
     steps = f.chunk_tiles // 2 * f.chunks   # k16 steps over the query block
     t = f.warp_key_tiles
-    share = "per query block" if f.query_groups == 1 else f"of its group's {plan.block_m // f.query_groups} queries"
+    share = (f"of its group's {plan.block_m // f.query_groups} queries" if f.query_groups > 1 else
+             "per query block, one of each pair" if f.column_groups > 1 else "per query block")
     return [f"fragments per warp: {16 * t} keys; S^T and dP^T {t * f.chunk_tiles} m16n8 tiles each over a chunk of "
-            f"{8 * f.chunk_tiles} queries ({f.chunks} chunks {share}), dK and dV {t * f.d_tiles} tiles each; "
+            f"{8 * f.chunk_tiles} queries ({f.chunks} chunks {share}), dK and dV {t * f.warp_d_tiles} tiles each; "
             f"{f.accumulators} fp32 accumulators per thread",
             f"mma.sync per query block per warp: {t * f.chunk_tiles * f.chunks * f.k_steps_d} (S^T) + "
             f"{t * f.d_tiles * steps} (dV) + {t * f.chunk_tiles * f.chunks * f.k_steps_d} (dP^T) + "
