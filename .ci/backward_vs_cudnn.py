@@ -2,7 +2,10 @@
 target "the Hopper class >= 1.0x cuDNN's backward at seqlen >= 2048" measured with the GPU's drift
 shared by both sides.
 
-Usage: python3 .ci/backward_vs_cudnn.py OUT.json [ROUNDS]   (default 5 rounds)
+Usage: python3 .ci/backward_vs_cudnn.py OUT.json [ROUNDS] [FAMILY] [BACKEND]
+  ROUNDS: default 5. FAMILY: the specs, a pattern of {d} and {suffix} (default
+  h100_bwd_d{d}_wgmma{suffix}; h100_bwd_d{d}_k32{suffix} for the mma.sync class's target against
+  FA2). BACKEND: the SDPA backend alternated with them, cudnn (default) or flash.
 
 Cells: 4x16x2048 and 1x16x8192, d64 and d128, fp16 (h100_bwd_d{64,128}_wgmma) and bf16 (their
 _bf16 twins), causal and not. Each round times attngen's backward call (preprocess + main + convert,
@@ -23,11 +26,14 @@ from gpu_timing import alternating, write_report   # .ci/, beside this script
 SHAPES = ((4, 16, 2048), (1, 16, 8192))
 
 
-def main(out_path, rounds="5"):
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+
+
+def main(out_path, rounds="5", family="h100_bwd_d{d}_wgmma{suffix}", backend="cudnn"):
     rows = []
     for d in (64, 128):
         for dtype, suffix in ((torch.float16, ""), (torch.bfloat16, "_bf16")):
-            kernel = attngen.load(f"specs/h100_bwd_d{d}_wgmma{suffix}.yaml")
+            kernel = attngen.load("specs/" + family.format(d=d, suffix=suffix) + ".yaml")
             for b, h, s in SHAPES:
                 for causal in (False, True):
                     torch.manual_seed(0)
@@ -35,20 +41,20 @@ def main(out_path, rounds="5"):
                     o, lse = attngen.attention(q, k, v, causal=causal, return_lse=True)
                     grads = tuple(torch.empty_like(t) for t in (q, k, v))
                     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-                    with torch.enable_grad(), sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    with torch.enable_grad(), sdpa_kernel([BACKENDS[backend]]):
                         out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
                     calls = {"attngen": lambda: kernel(q, k, v, o, lse, do, causal=causal, dq=grads[0], dk=grads[1],
                                                        dv=grads[2]),
-                             "cudnn": lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)}
+                             backend: lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)}
                     med, each = alternating(calls, int(rounds))
                     row = {"spec": kernel.plan.spec.name, "shape": f"{b}x{h}x{s}x{d}", "causal": causal,
-                           "attngen_us": med["attngen"], "cudnn_us": med["cudnn"],
-                           "x_cudnn": med["cudnn"] / med["attngen"], "rounds": each}
+                           "attngen_us": med["attngen"], f"{backend}_us": med[backend],
+                           f"x_{backend}": med[backend] / med["attngen"], "rounds": each}
                     print(f"{row['spec']:26} {row['shape']:14} {'causal' if causal else 'none':6} "
-                          f"{med['attngen']:8.1f} {med['cudnn']:8.1f}  x{row['x_cudnn']:.3f}", flush=True)
+                          f"{med['attngen']:8.1f} {med[backend]:8.1f}  x{row[f'x_{backend}']:.3f}", flush=True)
                     rows.append(row)
                     out = leaves = None
-    write_report(out_path, rows, f"python3 .ci/backward_vs_cudnn.py OUT.json {rounds}")
+    write_report(out_path, rows, f"python3 .ci/backward_vs_cudnn.py OUT.json {rounds} {family} {backend}")
 
 
 if __name__ == "__main__":
