@@ -943,14 +943,14 @@ __device__ __forceinline__ uint4 load_shared_16(uint32_t at) {
     return x;
 }
 
-// Rows [row0, row0 + kWarpKeyRows) of the block's dK and dV, packed by this warp into the K and V
-// tiles at sK and sV, to key rows n0 + row of gk and gv: a warp's 16-byte stores cover whole rows,
-// rows past seqlen_k are not written. (A warp's 4-byte stores from its accumulators touched 8 rows
+// Rows [row0, row0 + kWarpKeyRows) of the block's dK and dV, packed into the K and V tiles at sK and
+// sV (by this warp, or before the caller's barrier), to key rows n0 + row of gk and gv: a warp's
+// 16-byte stores cover whole rows, rows past seqlen_k are not written. (A warp's 4-byte stores from its accumulators touched 8 rows
 // each: the d128 Hopper block's epilogue took 10.5k cycles that way, 3.6k so, 4x16x2048, H200.)
 __device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV, int row0, int n0, int lane,
                                                        elem_t* gk, elem_t* gv, const Params& p) {
     static_assert(sizeof(elem_t) == 2 && kWarpKeyRows * (kThreads / 32) == kBlockN,
-                  "16-byte chunks of 8 elements; every warp owns kWarpKeyRows of the block's keys");
+                  "16-byte chunks of 8 elements; every warp writes out kWarpKeyRows of the block's keys");
     __syncwarp();   // the warp's packed rows
 #pragma unroll
     for (int c = lane; c < kWarpKeyRows * kChunksPerRow; c += 32) {

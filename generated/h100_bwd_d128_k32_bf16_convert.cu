@@ -45,7 +45,7 @@
 //     k0        65536   32768   32.00  128x128 __nv_bfloat16    256  xor: chunk ^= row & 7        K tile of the block's keys, loaded once
 //     v0        98304   32768   32.00  128x128 __nv_bfloat16    256  xor: chunk ^= row & 7        V tile of the block's keys, loaded once
 //     ds       131072   34816   34.00  128x128 __nv_bfloat16    272  rows padded by 16 B          dS^T of the block's keys x the query block, for dQ and dK
-//     pt       165888   34816   34.00  128x128 __nv_bfloat16    272  rows padded by 16 B          P^T of the block's keys x the query block, for dV (each pair of warps scores half)
+//     pt       165888   34816   34.00  128x128 __nv_bfloat16    272  rows padded by 16 B          P^T of the block's keys x the query block, for dV (each warp of a pair scores half)
 //     lse      200704     512    0.50  1x128 float         512  none                         the query block's LSE x log2(e) (+inf: a row that adds nothing)
 //     delta    201216     512    0.50  1x128 float         512  none                         the query block's rowsum(dO * O)
 //     total 201728 B (197.00 KiB) of 232448 B (227.00 KiB) budget, 87%

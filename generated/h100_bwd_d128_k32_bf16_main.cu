@@ -45,7 +45,7 @@
 //     k0        65536   32768   32.00  128x128 __nv_bfloat16    256  xor: chunk ^= row & 7        K tile of the block's keys, loaded once
 //     v0        98304   32768   32.00  128x128 __nv_bfloat16    256  xor: chunk ^= row & 7        V tile of the block's keys, loaded once
 //     ds       131072   34816   34.00  128x128 __nv_bfloat16    272  rows padded by 16 B          dS^T of the block's keys x the query block, for dQ and dK
-//     pt       165888   34816   34.00  128x128 __nv_bfloat16    272  rows padded by 16 B          P^T of the block's keys x the query block, for dV (each pair of warps scores half)
+//     pt       165888   34816   34.00  128x128 __nv_bfloat16    272  rows padded by 16 B          P^T of the block's keys x the query block, for dV (each warp of a pair scores half)
 //     lse      200704     512    0.50  1x128 float         512  none                         the query block's LSE x log2(e) (+inf: a row that adds nothing)
 //     delta    201216     512    0.50  1x128 float         512  none                         the query block's rowsum(dO * O)
 //     total 201728 B (197.00 KiB) of 232448 B (227.00 KiB) budget, 87%
@@ -126,7 +126,7 @@ constexpr int kSmem_do = 32768;  // dO tile of the query block: 128x128 __nv_bfl
 constexpr int kSmem_k0 = 65536;  // K tile of the block's keys, loaded once: 128x128 __nv_bfloat16, 32768 B
 constexpr int kSmem_v0 = 98304;  // V tile of the block's keys, loaded once: 128x128 __nv_bfloat16, 32768 B
 constexpr int kSmem_ds = 131072;  // dS^T of the block's keys x the query block, for dQ and dK: 128x128 __nv_bfloat16, 34816 B
-constexpr int kSmem_pt = 165888;  // P^T of the block's keys x the query block, for dV (each pair of warps scores half): 128x128 __nv_bfloat16, 34816 B
+constexpr int kSmem_pt = 165888;  // P^T of the block's keys x the query block, for dV (each warp of a pair scores half): 128x128 __nv_bfloat16, 34816 B
 constexpr int kSmem_lse = 200704;  // the query block's LSE x log2(e) (+inf: a row that adds nothing): 1x128 float, 512 B
 constexpr int kSmem_delta = 201216;  // the query block's rowsum(dO * O): 1x128 float, 512 B
 
@@ -459,8 +459,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarpKeyRows = 16;                                // rows of dK and dV each warp writes out
 constexpr int kWarpKeyTiles = 2;   // 16-key fragments per warp: dK and dV rows,
 constexpr int kWarpKeys = 16 * kWarpKeyTiles;                   // the rows of S^T and dP^T
-constexpr int kKeyGroupWarps = kBlockN / kWarpKeys;             // warps of other keys: warp w and w + kKeyGroupWarps
-static_assert(2 * kKeyGroupWarps == kThreads / 32, "two warps share each kWarpKeys keys");   // share keys
+constexpr int kKeySlices = kBlockN / kWarpKeys;                 // warp w owns slice w % kKeySlices, with w +- kKeySlices
+static_assert(2 * kKeySlices == kThreads / 32, "two warps share each slice of kWarpKeys keys");
 
 // Lane -> (row, 16-byte chunk) inside a 16x16 block for the two ldmatrix.x4 patterns: `a` gives A
 // fragments (and transposed B fragments), `b` gives B fragments (and transposed A fragments).
@@ -525,10 +525,11 @@ __device__ __forceinline__ void add_tile_by_tile(float (&acc)[kWarpKeyTiles][kWa
     }
 }
 
-// The two warps of key group g (g and g + kKeyGroupWarps) meet at barrier 1 + g: each one's P^T and
-// dS^T stores before it are visible to the other after it.
-__device__ __forceinline__ void pair_barrier(int key_group) {
-    asm volatile("bar.sync %0, 64;\n" :: "r"(1 + key_group) : "memory");
+// The two warps of key slice k (warps k and k + kKeySlices) meet at named barrier 1 + k (0 is
+// __syncthreads'): each one's P^T and dS^T stores before it are visible to the other after it.
+static_assert(kKeySlices < 16, "named barriers 1 to 15");
+__device__ __forceinline__ void pair_barrier(int slice) {
+    asm volatile("bar.sync %0, 64;\n" :: "r"(1 + slice) : "memory");
 }
 
 // Accumulators of n-tiles 2kk and 2kk + 1 are exactly the A fragment of k-step kk, rounded to the
@@ -798,7 +799,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kWarpKeyTiles][kWarpDTil
                                             int n0, int tid, const Sequence& seq, const LaneMaps& ln, const Params& p) {
     const int lane = tid % 32, warp = tid / 32, m0 = st.m0;
     // The warp's keys, and its half of their columns (and of each pair of chunks).
-    const int key_row0 = kWarpKeys * (warp % kKeyGroupWarps), half = warp / kKeyGroupWarps;
+    const int key_row0 = kWarpKeys * (warp % kKeySlices), half = warp / kKeySlices;
     const ScoreMods mods(p, BlockCoords{m0, st.head, seq.batch, 0});
     const uint32_t sQ = smem_addr + kSmem_q + stage * kQueryStageBytes, sDO = smem_addr + kSmem_do + stage * kQueryStageBytes,
                    sK = smem_addr + kSmem_k0, sV = smem_addr + kSmem_v0;
@@ -834,7 +835,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kWarpKeyTiles][kWarpDTil
             a_fragments(a, ds[mt]);
             store_ds(smem + kSmem_ds, a, key_row0 + 16 * mt, q0, lane);
         }
-        pair_barrier(warp % kKeyGroupWarps);
+        pair_barrier(warp % kKeySlices);
         add_tile_by_tile(dv, smem_addr + kSmem_pt, key_row0, sDO, c0, half, ln);
         add_tile_by_tile(dk, smem_addr + kSmem_ds, key_row0, sQ, c0, half, ln);
     }
@@ -853,14 +854,14 @@ __device__ __forceinline__ uint4 load_shared_16(uint32_t at) {
     return x;
 }
 
-// Rows [row0, row0 + kWarpKeyRows) of the block's dK and dV, packed by this warp into the K and V
-// tiles at sK and sV, to key rows n0 + row of gk and gv: a warp's 16-byte stores cover whole rows,
-// rows past seqlen_k are not written. (A warp's 4-byte stores from its accumulators touched 8 rows
+// Rows [row0, row0 + kWarpKeyRows) of the block's dK and dV, packed into the K and V tiles at sK and
+// sV (by this warp, or before the caller's barrier), to key rows n0 + row of gk and gv: a warp's
+// 16-byte stores cover whole rows, rows past seqlen_k are not written. (A warp's 4-byte stores from its accumulators touched 8 rows
 // each: the d128 Hopper block's epilogue took 10.5k cycles that way, 3.6k so, 4x16x2048, H200.)
 __device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV, int row0, int n0, int lane,
                                                        elem_t* gk, elem_t* gv, const Params& p) {
     static_assert(sizeof(elem_t) == 2 && kWarpKeyRows * (kThreads / 32) == kBlockN,
-                  "16-byte chunks of 8 elements; every warp owns kWarpKeyRows of the block's keys");
+                  "16-byte chunks of 8 elements; every warp writes out kWarpKeyRows of the block's keys");
     __syncwarp();   // the warp's packed rows
 #pragma unroll
     for (int c = lane; c < kWarpKeyRows * kChunksPerRow; c += 32) {
@@ -992,8 +993,8 @@ __device__ __forceinline__ void key_block(const Params& p, int n0) {
     }
     cp_async_wait_all();   // K and V, when no query block saw the keys
     __syncthreads();       // every warp's last dQ has read K, and the copies have landed
-    pack_key_gradients(dk, dv, smem_addr + kSmem_k0, smem_addr + kSmem_v0, kWarpKeys * (tid / 32 % kKeyGroupWarps),
-                       kWarpDTiles * (tid / 32 / kKeyGroupWarps), lane, p);
+    pack_key_gradients(dk, dv, smem_addr + kSmem_k0, smem_addr + kSmem_v0, kWarpKeys * (tid / 32 % kKeySlices),
+                       kWarpDTiles * (tid / 32 / kKeySlices), lane, p);
     __syncthreads();   // the rows each warp copies out were packed by two warps
     store_key_gradients(dk, dv, smem_addr + kSmem_k0, smem_addr + kSmem_v0, kWarpKeyRows * (tid / 32), n0, lane,
                         block_sequence<kVarlen>(p), kv_head, p);

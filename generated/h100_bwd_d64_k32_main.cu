@@ -456,11 +456,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarpKeyRows = 16;                                // rows of dK and dV each warp writes out
 constexpr int kWarpKeyTiles = 2;   // 16-key fragments per warp: dK and dV rows,
 constexpr int kWarpKeys = 16 * kWarpKeyTiles;                   // the rows of S^T and dP^T
-constexpr int kQueryGroups = 2;   // warp groups that split each query block
-constexpr int kKeyGroupWarps = kBlockN / kWarpKeys;             // warps in a group: each owns other keys
+constexpr int kKeySlices = kBlockN / kWarpKeys;                 // warp w owns slice w % kKeySlices, with w +- kKeySlices
+static_assert(2 * kKeySlices == kThreads / 32, "two warps share each slice of kWarpKeys keys");
+constexpr int kQueryGroups = 2;   // warp groups (w / kKeySlices) that split each query block
 constexpr int kGroupQueries = kBlockM / kQueryGroups;           // a group's share of the query block
 constexpr int kGroupScratchBytes = 65536;   // where the groups sum dK and dV
-static_assert(kKeyGroupWarps * kQueryGroups == kThreads / 32, "the groups' warps are the block's");
 
 // Lane -> (row, 16-byte chunk) inside a 16x16 block for the two ldmatrix.x4 patterns: `a` gives A
 // fragments (and transposed B fragments), `b` gives B fragments (and transposed A fragments).
@@ -781,7 +781,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kWarpKeyTiles][kWarpDTil
                                             int n0, int tid, const Sequence& seq, const LaneMaps& ln, const Params& p) {
     const int lane = tid % 32, warp = tid / 32, m0 = st.m0;
     // The warp's keys, and its group's share of the queries.
-    const int key_row0 = kWarpKeys * (warp % kKeyGroupWarps), c_begin = kGroupQueries * (warp / kKeyGroupWarps);
+    const int key_row0 = kWarpKeys * (warp % kKeySlices), c_begin = kGroupQueries * (warp / kKeySlices);
     const int c_end = c_begin + kGroupQueries;
     const ScoreMods mods(p, BlockCoords{m0, st.head, seq.batch, 0});
     const uint32_t sQ = smem_addr + kSmem_q + stage * kQueryStageBytes, sDO = smem_addr + kSmem_do + stage * kQueryStageBytes,
@@ -834,14 +834,14 @@ __device__ __forceinline__ uint4 load_shared_16(uint32_t at) {
     return x;
 }
 
-// Rows [row0, row0 + kWarpKeyRows) of the block's dK and dV, packed by this warp into the K and V
-// tiles at sK and sV, to key rows n0 + row of gk and gv: a warp's 16-byte stores cover whole rows,
-// rows past seqlen_k are not written. (A warp's 4-byte stores from its accumulators touched 8 rows
+// Rows [row0, row0 + kWarpKeyRows) of the block's dK and dV, packed into the K and V tiles at sK and
+// sV (by this warp, or before the caller's barrier), to key rows n0 + row of gk and gv: a warp's
+// 16-byte stores cover whole rows, rows past seqlen_k are not written. (A warp's 4-byte stores from its accumulators touched 8 rows
 // each: the d128 Hopper block's epilogue took 10.5k cycles that way, 3.6k so, 4x16x2048, H200.)
 __device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV, int row0, int n0, int lane,
                                                        elem_t* gk, elem_t* gv, const Params& p) {
     static_assert(sizeof(elem_t) == 2 && kWarpKeyRows * (kThreads / 32) == kBlockN,
-                  "16-byte chunks of 8 elements; every warp owns kWarpKeyRows of the block's keys");
+                  "16-byte chunks of 8 elements; every warp writes out kWarpKeyRows of the block's keys");
     __syncwarp();   // the warp's packed rows
 #pragma unroll
     for (int c = lane; c < kWarpKeyRows * kChunksPerRow; c += 32) {
@@ -860,19 +860,19 @@ __device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV,
 __device__ __forceinline__ void sum_query_groups(float (&x)[kWarpKeyTiles][kWarpDTiles][4], float* scratch, int warp,
                                                  int lane) {
     constexpr int kPerLane = kWarpKeyTiles * kWarpDTiles * 4;
-    constexpr int kPerRound = kGroupScratchBytes / (4 * 32 * kKeyGroupWarps) < kPerLane
-                                  ? kGroupScratchBytes / (4 * 32 * kKeyGroupWarps) : kPerLane;
+    constexpr int kPerRound = kGroupScratchBytes / (4 * 32 * kKeySlices) < kPerLane
+                                  ? kGroupScratchBytes / (4 * 32 * kKeySlices) : kPerLane;
     static_assert(kQueryGroups == 2 && kPerRound > 0, "two groups; the scratch holds a round of a lane's values");
     float* flat = &x[0][0][0];
-    float* at = scratch + warp % kKeyGroupWarps * kPerRound * 32 + lane;
+    float* at = scratch + warp % kKeySlices * kPerRound * 32 + lane;
 #pragma unroll
     for (int i0 = 0; i0 < kPerLane; i0 += kPerRound) {
-        if (warp >= kKeyGroupWarps) {
+        if (warp >= kKeySlices) {
 #pragma unroll
             for (int i = i0; i < i0 + kPerRound && i < kPerLane; ++i) at[(i - i0) * 32] = flat[i];
         }
         __syncthreads();
-        if (warp < kKeyGroupWarps) {
+        if (warp < kKeySlices) {
 #pragma unroll
             for (int i = i0; i < i0 + kPerRound && i < kPerLane; ++i) flat[i] += at[(i - i0) * 32];
         }
@@ -906,7 +906,7 @@ __device__ __forceinline__ void sum_key_gradients(float (&dk)[kWarpKeyTiles][kWa
     float* scratch = reinterpret_cast<float*>(smem + kSmem_q);
     sum_query_groups(dv, scratch, warp, lane);
     sum_query_groups(dk, scratch, warp, lane);
-    if (warp < kKeyGroupWarps)
+    if (warp < kKeySlices)
         pack_key_gradients(dk, dv, smem_addr + kSmem_k0, smem_addr + kSmem_v0, kWarpKeys * warp, 0, lane, p);
     __syncthreads();
 }

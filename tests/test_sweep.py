@@ -623,13 +623,21 @@ def test_wgmma_backward_space(path, survivors, refused):
 def test_mma_backward_space_moves_warps_with_keys():
     base = load_spec(MMA_BWD_D64)
     sp = S.default_space(base)
-    assert sp.names == ("block_m", "block_n", "query_stages", "query_chunk", "warp_keys") and sp.size == 32
+    assert sp.names == ("block_m", "block_n", "query_stages", "query_chunk", "warp_keys") and sp.size == 48
     kept, _ = S.prune(base, sp)
     by_tag = {c.choice.tag: c for c in kept}
     assert by_tag["m64n64s1c32k16"].spec.compute_warps == 4 and by_tag["m128n128s2c64k16"].spec.compute_warps == 8
-    # 32 keys per warp: two groups of warps, each group's share of the block in whole chunks
-    assert by_tag["m128n128s2c32k32"].spec.compute_warps == 8 and "m64n128s2c64k32" not in by_tag
+    # 32 keys per warp: split by queries (k32) or by columns (k32c), chunks of 32 (64 would hold 256 fp32
+    # accumulators), each warp's share of the block in whole chunks
+    k32, k32c = by_tag["m128n128s2c32k32"].spec, by_tag["m128n128s2c32k32c"].spec
+    assert (k32.warp_keys, k32.warp_split, k32c.warp_split) == (32, "queries", "columns")
+    assert "m128n128s2c64k32" not in by_tag and "m64n128s2c64k32" not in by_tag
     assert S.choice_of(base).tag == "m128n128s2c64k16"
+    # at d128 the space around the 16-key spec reaches the column split, and back
+    d128 = S.default_space(load_spec(ROOT / "specs" / "h100_bwd_d128.yaml"))
+    kept128 = {c.choice.tag for c in S.prune(load_spec(ROOT / "specs" / "h100_bwd_d128.yaml"), d128)[0]}
+    assert "m128n128s1c32k32c" in kept128 and "m128n128s1c32k16" in kept128 and "m128n128s1c32k32" not in kept128
+    assert S.choice_of(load_spec(ROOT / "specs" / "h100_bwd_d128_k32.yaml")).tag == "m128n128s1c32k32c"
 
 
 class BackwardStub(StubMeasurer):

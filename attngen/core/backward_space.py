@@ -1,11 +1,15 @@
 """The axes `attngen sweep` explores around a backward spec (both backward kinds): the query block,
 the key block with the warps that own it, and each kind's own fields. A backward block's keys are
 split between its warps, 16 each in both kinds (bwd_wgmma: 64 per warpgroup), so block_n and
-warps.compute move together on one axis (bwd_mma's warp_keys 32 keeps that: two groups of warps
-each own every key)."""
+warps.compute move together on one axis (bwd_mma's warp_keys 32 keeps that: two warps share each
+32 keys)."""
 from __future__ import annotations
 
 from .search_space import Axis, SearchSpace, field_axis, with_base
+
+# bwd_mma: the keys whose dK and dV a warp holds, with how the two warps that share 32 keys split the
+# work (spec keys warp_keys and warp_split; the rules refuse 32 keys with the query split above d64).
+WARP_TILES = ((16, "queries"), (32, "queries"), (32, "columns"))
 
 BLOCK_M = (64, 128)        # query blocks the walk takes
 BLOCK_N = (64, 128)        # keys per block
@@ -28,7 +32,7 @@ def keys_axis(base) -> Axis:
 
 def mma_backward_space(base) -> SearchSpace:
     """bwd_mma: query block, key block (16 keys per warp), query stages, query chunk and the keys each
-    warp holds (32: two groups of warps split each query block; refused above d64)."""
+    warp holds (32: two warps share them, split by queries, d64 and below, or by columns)."""
     return SearchSpace((
         block_m_axis(base),
         keys_axis(base),
@@ -36,9 +40,24 @@ def mma_backward_space(base) -> SearchSpace:
                    lambda v: f"s{v}"),
         field_axis("query_chunk", "query_chunk", with_base((32, 64), base.query_chunk), lambda s: s.query_chunk,
                    lambda v: f"c{v}"),
-        field_axis("warp_keys", "warp_keys", with_base((16, 32), base.warp_keys), lambda s: s.warp_keys,
-                   lambda v: f"k{v}"),
+        warp_tile_axis(base),
     ))
+
+
+def warp_tile_axis(base) -> Axis:
+    """warp_keys with warp_split: 16 keys per warp, or 32 split by queries (tag k32) or by columns (k32c)."""
+    def read(s):
+        return (s.warp_keys, s.warp_split if s.warp_keys > 16 else "queries")
+
+    def write(data: dict, v) -> None:
+        data["warp_keys"] = v[0]
+        if v[0] > 16:
+            data["warp_split"] = v[1]
+        else:
+            data.pop("warp_split", None)
+    return Axis("warp_keys", tuple(sorted(set(WARP_TILES) | {read(base)})), read, write,
+                lambda v: f"k{v[0]}" + ("c" if v[1] == "columns" else ""),
+                lambda v: str(v[0]) if v[0] == 16 else f"{v[0]} ({v[1]})")
 
 
 def wgmma_backward_space(base) -> SearchSpace:

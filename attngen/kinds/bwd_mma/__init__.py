@@ -45,6 +45,8 @@ WARP_KEYS = (16, 32)        # keys whose dK and dV a warp holds (warp_keys)
 MAX_DK_DV_REGISTERS = 128   # fp32 dK + dV registers per thread (warp_keys x head_dim / 16, halved by warp_split
                             # columns) that leave room for S^T, dP^T and their fragments: d64 at 32 keys per
                             # warp, d128 at 16 (or 32 keys and half the columns)
+MAX_ACCUMULATORS = 192      # fp32 dK + dV + S^T + dP^T registers per thread: 32 keys per warp with 64-query
+                            # chunks (256) spilled in every function, both splits (sm_90)
 
 
 class BackwardSpec(ForwardSpec):
@@ -58,10 +60,10 @@ class BackwardSpec(ForwardSpec):
         "queries of the query block whose S^T and dP^T each warp holds in registers at once: 64 gives each "
         "ldmatrix of K and V twice the mma work and more independent mma, for 32 more registers per thread"))
     warp_keys: Literal[WARP_KEYS] = Field(default=16, description=(
-        "keys whose dK and dV each warp holds in registers (block_n = 16 x warps.compute either way). 32: the "
-        "block's warps form two groups of block_n / 32 warps that take the two halves of every query block, "
-        "and each ldmatrix of Q and dO feeds twice the mma (the groups sum dK and dV at the end through shared "
-        "memory); 32 x head_dim / 16 fp32 registers, so head_dim <= 64 unless warp_split is columns"))
+        "keys whose dK and dV each warp holds in registers (block_n = 16 x warps.compute either way). 32: two "
+        "warps share each 32 keys, split as warp_split says, and each ldmatrix of Q and dO feeds twice the mma; "
+        "dK and dV then take 32 x head_dim / 16 fp32 registers (halved by warp_split columns), so head_dim "
+        "<= 64 unless warp_split is columns; query_chunk 32"))
     warp_split: Literal["queries", "columns"] = Field(default="queries", description=(
         "with warp_keys 32, how the two warps that hold the same 32 keys share the work. queries: each takes "
         "half of every query block and holds every column of dK and dV (summed at the end). columns: each "
@@ -138,6 +140,11 @@ def rule_backward_warp_keys(s: BackwardSpec):
         return "warp_keys", (f"{s.warp_keys} keys per warp hold dK and dV in {held} fp32 registers per thread at "
                              f"head_dim {s.head_dim}, beside S^T and dP^T; at most {MAX_DK_DV_REGISTERS}: use "
                              f"warp_keys 16, or warp_split: columns")
+    accumulators = s.warp_keys * (s.head_dim // column_groups(s) + s.query_chunk) // 16
+    if accumulators > MAX_ACCUMULATORS:
+        return "query_chunk", (f"{s.warp_keys} keys per warp with {s.query_chunk}-query chunks hold {accumulators} fp32 "
+                               f"accumulators per thread (dK, dV, S^T, dP^T); at most {MAX_ACCUMULATORS}: use "
+                               f"query_chunk 32")
     if s.warp_keys > 16 and s.compute_warps % 2:
         return "warps.compute", (f"must be even: warp_keys {s.warp_keys} gives each {s.warp_keys} keys two warps "
                                  f"(got {s.compute_warps})")
@@ -190,8 +197,8 @@ class BackwardFragments:
     ds_pitch: int           # bytes per row of the dS^T tile (block_m elements + 16: conflict-free ldmatrix)
     accumulators: int       # fp32 dK + dV + S^T + dP^T registers per thread
     warp_key_tiles: int     # 16-key fragments of dK and dV (and of S^T, dP^T) per warp
-    query_groups: int       # warp groups that split each query block (warp_key_tiles): group g takes its g-th
-                            # share of the queries, and the groups sum dK and dV at the end
+    query_groups: int       # warp groups that split each query block (warp_split queries: 2): group g takes its
+                            # g-th share of the queries, and the groups sum dK and dV at the end
     group_scratch_bytes: int = 0   # shared memory the groups sum dK and dV through (Q and dO tiles, which follow
                                    # each other; set once the regions are laid out)
     column_groups: int      # warp groups that split dK and dV's columns (warp_split columns): group g holds
@@ -232,7 +239,7 @@ def backward_regions(spec: BackwardSpec) -> list[Region]:
         return Region(name, bm, spec.head_dim, ctype, 2, sw.pitch_bytes, swizzle=sw.describe(), per=per)
     second = [tile("q1", "Q tile of the next query block (stage 1)"), tile("do1", "dO tile of the next query block")]
     pt = [Region("pt", bn, bm, ctype, 2, f.ds_pitch, swizzle="rows padded by 16 B",
-                 per="P^T of the block's keys x the query block, for dV (each pair of warps scores half)")]
+                 per="P^T of the block's keys x the query block, for dV (each warp of a pair scores half)")]
     return [tile("do", "dO tile of the query block"), *(second if spec.query_stages == 2 else []),
             Region("ds", bn, bm, ctype, 2, f.ds_pitch, swizzle="rows padded by 16 B",
                    per="dS^T of the block's keys x the query block, for dQ" + (" and dK" if f.column_groups > 1 else "")),
@@ -325,7 +332,8 @@ def plan(spec: BackwardSpec, file: str | None = None):
 
 def explain(plan) -> list[str]:
     f = plan.fragments
-    steps = f.chunk_tiles // 2 * f.chunks   # k16 steps over the query block
+    steps = f.chunk_tiles // 2 * f.chunks   # k16 steps over the queries a warp scores
+    added = steps * f.column_groups          # ... and over those it adds dV and dK for (the pair's, split by columns)
     t = f.warp_key_tiles
     share = (f"of its group's {plan.block_m // f.query_groups} queries" if f.query_groups > 1 else
              "per query block, one of each pair" if f.column_groups > 1 else "per query block")
@@ -333,8 +341,8 @@ def explain(plan) -> list[str]:
             f"{8 * f.chunk_tiles} queries ({f.chunks} chunks {share}), dK and dV {t * f.warp_d_tiles} tiles each; "
             f"{f.accumulators} fp32 accumulators per thread",
             f"mma.sync per query block per warp: {t * f.chunk_tiles * f.chunks * f.k_steps_d} (S^T) + "
-            f"{t * f.d_tiles * steps} (dV) + {t * f.chunk_tiles * f.chunks * f.k_steps_d} (dP^T) + "
-            f"{t * f.d_tiles * steps} (dK) + "
+            f"{t * f.warp_d_tiles * added} (dV) + {t * f.chunk_tiles * f.chunks * f.k_steps_d} (dP^T) + "
+            f"{t * f.warp_d_tiles * added} (dK) + "
             f"{f.dq_m_tiles * f.d_tiles * f.k_steps_n} (dQ)",
             f"dQ: fp32 atomic adds of {plan.block_m} x {plan.head_dim} per query block and key block into an "
             "accumulator in register order (each warp's add covers 128 contiguous bytes) "
