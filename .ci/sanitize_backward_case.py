@@ -1,7 +1,7 @@
 """Run a backward spec once per mask, in both modes: the program compute-sanitizer watches.
 
 Usage: compute-sanitizer --tool racecheck python3 .ci/sanitize_backward_case.py specs/x.yaml SEQ [--no-deterministic]
-Shape (1, 2, SEQ, head_dim), fp16, given attngen's forward o and LSE; masks none and causal, each
+Shape (1, 2, SEQ, head_dim) in the spec's dtype, given attngen's forward o and LSE; masks none and causal, each
 without and (unless --no-deterministic) with deterministic mode, whose turns spin on global counters
 and are slow under the sanitizer at long sequences.
 """
@@ -16,7 +16,8 @@ if len(sys.argv) < 3:
 spec, seq = sys.argv[1], int(sys.argv[2])
 modes = (False,) if "--no-deterministic" in sys.argv[3:] else (False, True)
 kernel = attngen.load(spec, synchronize=True)
-q, k, v, do = (torch.randn(1, 2, seq, kernel.plan.head_dim, device="cuda", dtype=torch.float16) for _ in range(4))
+dtype = kernel.dtype
+q, k, v, do = (torch.randn(1, 2, seq, kernel.plan.head_dim, device="cuda", dtype=dtype) for _ in range(4))
 for causal in (False, True):
     o, lse = attngen.attention(q, k, v, causal=causal, return_lse=True)
     for deterministic in modes:

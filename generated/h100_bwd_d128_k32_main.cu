@@ -500,6 +500,12 @@ __device__ __forceinline__ void rows_by_queries(float (&acc)[kWarpKeyTiles][kChu
     }
 }
 
+// Shared address of the lane's ldmatrix row for the A fragment at [row0, row0 + 16) x [col0, col0 + 16)
+// of a P^T (dS^T) tile [key][query] (rows kDsPitch bytes).
+__device__ __forceinline__ uint32_t ds_fragment_addr(uint32_t sX, int row0, int col0, const LaneMaps& ln) {
+    return sX + (row0 + ln.a.row) * kDsPitch + (col0 / 8 + ln.a.chunk) * 16;
+}
+
 // acc += X . Y over queries [y0, y0 + 2 kChunk), for the columns of half `half`: X the warp's keys
 // (from x_row0) of the P^T (dS^T) tile [key][query] (rows kDsPitch bytes) that the warp and its partner
 // filled, A fragments loaded per k16 step; Y a [query][dim] tile (dV += P^T dO, dK += dS^T Q). Each B
@@ -511,7 +517,7 @@ __device__ __forceinline__ void add_tile_by_tile(float (&acc)[kWarpKeyTiles][kWa
         uint32_t a[kWarpKeyTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kWarpKeyTiles; ++mt)
-            ldmatrix_x4(a[mt], sX + (x_row0 + 16 * mt + ln.a.row) * kDsPitch + ((y0 + 16 * kk) / 8 + ln.a.chunk) * 16);
+            ldmatrix_x4(a[mt], ds_fragment_addr(sX, x_row0 + 16 * mt, y0 + 16 * kk, ln));
 #pragma unroll
         for (int dp = 0; dp < kWarpDTiles / 2; ++dp) {
             uint32_t b[4];
@@ -817,20 +823,26 @@ __device__ __forceinline__ void query_block(float (&dk)[kWarpKeyTiles][kWarpDTil
         float s[kWarpKeyTiles][kChunkTiles][4];
         Slopes slopes[kWarpKeyTiles];
         rows_by_queries(s, sK, key_row0, sQ, q0, ln);
-        uint32_t pt[kWarpKeyTiles][kChunkSteps][4];
 #pragma unroll
         for (int mt = 0; mt < kWarpKeyTiles; ++mt) {
             const int key0 = n0 + key_row0 + 16 * mt;
             if (masked) probabilities<kMask, true>(s[mt], slopes[mt], sLse + q0, key0, m0 + q0, lane, mods, p);
             else probabilities<kMask, false>(s[mt], slopes[mt], sLse + q0, key0, m0 + q0, lane, mods, p);
-            a_fragments(pt[mt], s[mt]);
-            store_ds(smem + kSmem_pt, pt[mt], key_row0 + 16 * mt, q0, lane);
+            uint32_t pt[kChunkSteps][4];
+            a_fragments(pt, s[mt]);
+            store_ds(smem + kSmem_pt, pt, key_row0 + 16 * mt, q0, lane);
         }
         float ds[kWarpKeyTiles][kChunkTiles][4];
         rows_by_queries(ds, sV, key_row0, sDO, q0, ln);
+        // P^T is read back from its tile rather than held through dP^T (held, bf16 spilled 12-28 B).
+        __syncwarp();
 #pragma unroll
         for (int mt = 0; mt < kWarpKeyTiles; ++mt) {
-            score_gradients_rounded(ds[mt], pt[mt], slopes[mt], sDelta + q0, lane);
+            uint32_t pt[kChunkSteps][4];
+#pragma unroll
+            for (int kk = 0; kk < kChunkSteps; ++kk)
+                ldmatrix_x4(pt[kk], ds_fragment_addr(smem_addr + kSmem_pt, key_row0 + 16 * mt, q0 + 16 * kk, ln));
+            score_gradients_rounded(ds[mt], pt, slopes[mt], sDelta + q0, lane);
             uint32_t a[kChunkSteps][4];
             a_fragments(a, ds[mt]);
             store_ds(smem + kSmem_ds, a, key_row0 + 16 * mt, q0, lane);
