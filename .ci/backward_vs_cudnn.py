@@ -2,10 +2,12 @@
 target "the Hopper class >= 1.0x cuDNN's backward at seqlen >= 2048" measured with the GPU's drift
 shared by both sides.
 
-Usage: python3 .ci/backward_vs_cudnn.py OUT.json [ROUNDS] [FAMILY] [BACKEND]
+Usage: python3 .ci/backward_vs_cudnn.py OUT.json [ROUNDS] [FAMILY] [BACKEND] [DIMS]
   ROUNDS: default 5. FAMILY: the specs, a pattern of {d} and {suffix} (default
   h100_bwd_d{d}_wgmma{suffix}; h100_bwd_d{d}_k32{suffix} for the mma.sync class's target against
-  FA2). BACKEND: the SDPA backend alternated with them, cudnn (default) or flash.
+  FA2); several, comma-separated, alternate with each other and the backend in the same rounds.
+  BACKEND: the SDPA backend alternated with them, cudnn (default) or flash. DIMS: head dims,
+  comma-separated (default 64,128).
 
 Cells: 4x16x2048 and 1x16x8192, d64 and d128, fp16 (h100_bwd_d{64,128}_wgmma) and bf16 (their
 _bf16 twins), causal and not. Each round times attngen's backward call (preprocess + main + convert,
@@ -29,11 +31,11 @@ SHAPES = ((4, 16, 2048), (1, 16, 8192))
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
-def main(out_path, rounds="5", family="h100_bwd_d{d}_wgmma{suffix}", backend="cudnn"):
+def main(out_path, rounds="5", family="h100_bwd_d{d}_wgmma{suffix}", backend="cudnn", dims="64,128"):
     rows = []
-    for d in (64, 128):
+    for d in map(int, dims.split(",")):
         for dtype, suffix in ((torch.float16, ""), (torch.bfloat16, "_bf16")):
-            kernel = attngen.load("specs/" + family.format(d=d, suffix=suffix) + ".yaml")
+            kernels = [attngen.load("specs/" + f.format(d=d, suffix=suffix) + ".yaml") for f in family.split(",")]
             for b, h, s in SHAPES:
                 for causal in (False, True):
                     torch.manual_seed(0)
@@ -43,18 +45,22 @@ def main(out_path, rounds="5", family="h100_bwd_d{d}_wgmma{suffix}", backend="cu
                     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
                     with torch.enable_grad(), sdpa_kernel([BACKENDS[backend]]):
                         out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-                    calls = {"attngen": lambda: kernel(q, k, v, o, lse, do, causal=causal, dq=grads[0], dk=grads[1],
-                                                       dv=grads[2]),
-                             backend: lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)}
+                    calls = {kernel.plan.spec.name: (lambda kernel=kernel: kernel(q, k, v, o, lse, do, causal=causal,
+                                                                                  dq=grads[0], dk=grads[1], dv=grads[2]))
+                             for kernel in kernels}
+                    calls[backend] = lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
                     med, each = alternating(calls, int(rounds))
-                    row = {"spec": kernel.plan.spec.name, "shape": f"{b}x{h}x{s}x{d}", "causal": causal,
-                           "attngen_us": med["attngen"], f"{backend}_us": med[backend],
-                           f"x_{backend}": med[backend] / med["attngen"], "rounds": each}
-                    print(f"{row['spec']:26} {row['shape']:14} {'causal' if causal else 'none':6} "
-                          f"{med['attngen']:8.1f} {med[backend]:8.1f}  x{row[f'x_{backend}']:.3f}", flush=True)
-                    rows.append(row)
+                    for kernel in kernels:
+                        name = kernel.plan.spec.name
+                        row = {"spec": name, "shape": f"{b}x{h}x{s}x{d}", "causal": causal,
+                               "attngen_us": med[name], f"{backend}_us": med[backend],
+                               f"x_{backend}": med[backend] / med[name],
+                               "rounds": {"attngen": each[name], backend: each[backend]}}
+                        print(f"{name:34} {row['shape']:14} {'causal' if causal else 'none':6} "
+                              f"{med[name]:8.1f} {med[backend]:8.1f}  x{row[f'x_{backend}']:.3f}", flush=True)
+                        rows.append(row)
                     out = leaves = None
-    write_report(out_path, rows, f"python3 .ci/backward_vs_cudnn.py OUT.json {rounds} {family} {backend}")
+    write_report(out_path, rows, f"python3 .ci/backward_vs_cudnn.py OUT.json {rounds} {family} {backend} {dims}")
 
 
 if __name__ == "__main__":
