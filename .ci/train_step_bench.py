@@ -2,7 +2,8 @@
 (FlashAttention-2) and cuDNN backends, in one process: the #23 target "forward + backward >= 1.0x
 SDPA's fastest backend".
 
-Usage: python3 .ci/train_step_bench.py OUT.json
+Usage: python3 .ci/train_step_bench.py OUT.json [SHAPES]
+  SHAPES: comma-separated BxHxS (default 4x16x2048,1x16x8192), each at d64 and d128.
 
 One call: o = attention(q, k, v, causal); torch.autograd.grad(o, (q, k, v), do). attngen takes the
 dispatch table's forward and backward specs (the op attngen::attention_train). GPU time: `attngen
@@ -40,13 +41,14 @@ def sdpa(backend):
     return attention
 
 
-def main(out_path):
+def main(out_path, shapes=None):
+    shapes = [tuple(map(int, c.split("x"))) for c in shapes.split(",")] if shapes else SHAPES
     rows = []
     impls = {"attngen": lambda q, k, v, causal: attngen.attention(q, k, v, causal=causal),
              **{f"sdpa:{n}": sdpa(b) for n, b in BACKENDS.items()}}
     for dtype in (torch.float16, torch.bfloat16):
         for d in (64, 128):
-            for b, h, s in SHAPES:
+            for b, h, s in shapes:
                 for causal in (False, True):
                     torch.manual_seed(0)
                     q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(4))
@@ -64,13 +66,14 @@ def main(out_path):
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "command": "python3 .ci/train_step_bench.py OUT.json", "rows": rows}
+              "command": "python3 .ci/train_step_bench.py OUT.json" + (f" {sys.argv[2]}" if len(sys.argv) > 2 else ""),
+              "rows": rows}
     with open(out_path, "w") as f:
         json.dump(report, f, indent=1)
         f.write("\n")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(*sys.argv[1:])
