@@ -693,7 +693,7 @@ def _bench_report():
 
 def test_bench_plot_is_written_atomically(tmp_path, monkeypatch):
     from attngen.eval import bench
-    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png": b"\x89PNG " + fmt.encode())
+    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png", call="": b"\x89PNG " + fmt.encode())
     path = tmp_path / "bench.png"
     bench.plot(_bench_report(), path)
     assert path.read_bytes() == b"\x89PNG png"
@@ -706,7 +706,7 @@ def test_bench_plot_is_written_atomically(tmp_path, monkeypatch):
 def test_bench_plot_into_a_missing_directory(tmp_path, monkeypatch):
     # Before: matplotlib's savefig raised FileNotFoundError, a traceback after the whole bench.
     from attngen.eval import bench
-    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png": b"\x89PNG")
+    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png", call="": b"\x89PNG")
     with pytest.raises(WriteError, match="No such file or directory"):
         bench.plot(_bench_report(), tmp_path / "no" / "bench.png")
 
@@ -724,6 +724,45 @@ def test_bench_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, tm
     monkeypatch.setattr("attngen.runtime.gpu_modules", lambda: pytest.fail("reached the GPU"))
     line = assert_clean(*invoke(["bench", _spec(), "--plot", tmp_path / "bench.png"]), exit_code=3)
     assert "matplotlib" in line and "[plot]" in line
+
+
+def test_bench_plot_of_backward_specs_is_taken_and_checked_before_the_run(monkeypatch, tmp_path):
+    # Before: "--plot applies to forward specs", so the backward grid had no chart.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setattr("attngen.runtime.gpu_modules", lambda: pytest.fail("reached the GPU"))
+    spec = str(Path(__file__).resolve().parent.parent / "specs" / "h100_bwd_d64_wgmma.yaml")
+    line = assert_clean(*invoke(["bench", spec, "--plot", tmp_path / "bwd.png"]), exit_code=3)
+    assert "matplotlib" in line and "[plot]" in line
+
+
+def test_backward_report_is_plotted_as_the_backward_call(tmp_path, monkeypatch):
+    from attngen.eval import backward_bench, bench
+    from attngen.eval.conventions import BenchOptions
+    seen = []
+    monkeypatch.setattr(bench, "pyplot", lambda: None)
+    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png", call="": seen.append(
+        (call, [r.case.flops for r in report.results])) or b"\x89PNG")
+    monkeypatch.setattr("attngen.runtime.gpu_modules", lambda: None)
+    case = backward_bench.BackwardCase(4, 16, 2048, 64, "fp16", False)
+    report = bench.BenchReport("Stub GPU", {"torch": "stub", "cuda": "0", "driver": "0"}, [bench.CaseResult(case, [bench.Timing("h100_bwd_d64_wgmma", 400.0,
+                                                                                     case.flops / 400e6, 1.0)])])
+    monkeypatch.setattr(backward_bench, "run_backward_bench", lambda *a, **k: {**report.as_dict(), "call": "backward",
+                                                                               "notes": []})
+    path = tmp_path / "bwd.png"
+    run = backward_bench.bench_specs([], [], BenchOptions(plot_file=str(path)), lambda label, length: _Bar(), None)
+    assert run.written == (str(path),) and path.read_bytes() == b"\x89PNG"
+    assert seen == [("backward", [case.flops])]   # the backward FLOPs (2.5x the forward's) survive the round trip
+
+
+class _Bar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n):
+        pass
 
 
 def test_atomic_write_keeps_permissions_and_replaces(tmp_path):

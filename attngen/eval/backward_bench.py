@@ -221,9 +221,12 @@ def format_backward(report: dict) -> str:
 
 def bench_specs(paths, plans, opts, progress, on_compile):
     """`attngen bench` on backward specs: the padded shapes (opts.shapes, default DEFAULT_SHAPES at
-    each spec's head dim) beside SDPA's flash and cuDNN backward."""
+    each spec's head dim) beside SDPA's flash and cuDNN backward; --plot draws their TFLOP/s."""
     from ..runtime import gpu_modules
+    from .bench import BenchReport, plot, pyplot
     from .conventions import BenchRun
+    if opts.plot_file:
+        pyplot()   # no matplotlib: say so (exit 3) before the run, not after it
     gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
     backends = tuple(b for b in opts.backends if b in SDPA_BACKWARD)
     with progress("bench backward", total_steps(plans, opts, backends)) as bar:
@@ -232,7 +235,11 @@ def bench_specs(paths, plans, opts, progress, on_compile):
             bar.update(1)
         report = run_backward_bench(paths, shapes=opts.shapes, dtypes=opts.dtypes, causals=opts.causals,
                                     backends=backends, reps=opts.reps, on_step=step, on_compile=on_compile)
-    return BenchRun(format_backward(report), report)
+    written = ()
+    if opts.plot_file:
+        plot(BenchReport.from_dict(report, BackwardCase), opts.plot_file, call="backward")
+        written = (opts.plot_file,)
+    return BenchRun(format_backward(report), report, written)
 
 
 __all__ = ["BackwardCase", "DEFAULT_SHAPES", "SDPA_BACKWARD", "backward_cases", "bench_specs", "check_gradients",

@@ -329,8 +329,9 @@ def plot_format(path: str | Path) -> str:
     return suffix
 
 
-def plot_image(report: BenchReport, fmt: str = "png") -> bytes:
-    """TFLOP/s per shape: each spec beside the SDPA backends, one panel per dtype x causal."""
+def plot_image(report: BenchReport, fmt: str = "png", call: str = "") -> bytes:
+    """TFLOP/s per shape: each spec beside the SDPA backends, one panel per dtype x causal (call:
+    named in each panel's title, e.g. "backward")."""
     plt = pyplot()
     panels = sorted({(r.case.dtype, r.case.causal) for r in report.results})
     fig, axes = plt.subplots(len(panels), 1, figsize=(12, 3.6 * len(panels)), squeeze=False)
@@ -348,7 +349,7 @@ def plot_image(report: BenchReport, fmt: str = "png") -> bytes:
                    hatch="//" if impl.startswith("sdpa:") else None, edgecolor="black", linewidth=0.3)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels)
         ax.set_ylabel("TFLOP/s")
-        ax.set_title(f"{dtype}, {'causal' if causal else 'non-causal'} - {report.gpu}")
+        ax.set_title(f"{call + ', ' if call else ''}{dtype}, {'causal' if causal else 'non-causal'} - {report.gpu}")
         ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
     buf = io.BytesIO()
@@ -359,10 +360,10 @@ def plot_image(report: BenchReport, fmt: str = "png") -> bytes:
     return buf.getvalue()
 
 
-def plot(report: BenchReport, path: str | Path) -> None:
+def plot(report: BenchReport, path: str | Path, call: str = "") -> None:
     """Draw the plot into `path` atomically (its suffix picks the format); a failed write is a
     WriteError and leaves any previous file as it was."""
-    fsutil.atomic_write_bytes(path, plot_image(report, plot_format(path)))
+    fsutil.atomic_write_bytes(path, plot_image(report, plot_format(path), call))
 
 
 def check_options(paths, plans, opts) -> list[str]:

@@ -25,7 +25,7 @@ class BenchOptions:
     varlen: bool = False                # forward specs: the varlen call instead of padded shapes
     lengths: tuple | None = None        # --varlen batch
     heads: tuple = (16, 16)             # --varlen heads
-    plot_file: str | None = None        # forward: TFLOP/s chart
+    plot_file: str | None = None        # forward, backward: TFLOP/s chart
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ EVALS = {"forward": ConventionEval("forward specs", bench.bench_specs, bench.che
          "decode": ConventionEval("decode specs (decode: split_kv)", decode_bench.bench_specs,
                                   decode_bench.check_options, ("cells", "paged"), decode_verify.verify_cases),
          "backward": ConventionEval("backward specs (backward: dq_atomic, wgmma_dq_red)", backward_bench.bench_specs,
-                                    backward_bench.check_options, ("shapes",), backward_verify.verify_cases,
+                                    backward_bench.check_options, ("shapes", "plot_file"), backward_verify.verify_cases,
                                     sweep=SweepEval(backward_bench.BackwardCase, _gradient_inputs,
                                                     backward_bench.check_gradients, backward_bench.backward_call,
                                                     _flash_backward, causal_inputs=True)),
