@@ -2,8 +2,11 @@
 (FlashAttention-2) and cuDNN backends, in one process: the #23 target "forward + backward >= 1.0x
 SDPA's fastest backend".
 
-Usage: python3 .ci/train_step_bench.py OUT.json [SHAPES]
+Usage: python3 .ci/train_step_bench.py OUT.json [SHAPES] [ROUNDS]
   SHAPES: comma-separated BxHxS (default 4x16x2048,1x16x8192), each at d64 and d128.
+  ROUNDS: the three implementations alternate over this many rounds of the queued timing, and each
+  cell's figure is the median of its rounds (default 5), so that drift in the GPU's clocks reaches
+  all alike (one pass each, one after another, moved the ratios by up to 10 % between runs).
 
 One call: o = attention(q, k, v, causal); torch.autograd.grad(o, (q, k, v), do). attngen takes the
 dispatch table's forward and backward specs (the op attngen::attention_train). GPU time: `attngen
@@ -21,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attngen
 from attngen.eval.bench import time_eager
-from gpu_timing import queued_med   # .ci/, beside this script
+from gpu_timing import alternating   # .ci/, beside this script
 
 SHAPES = ((4, 16, 2048), (1, 16, 8192))
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -41,7 +44,7 @@ def sdpa(backend):
     return attention
 
 
-def main(out_path, shapes=None):
+def main(out_path, shapes=None, rounds="5"):
     shapes = [tuple(map(int, c.split("x"))) for c in shapes.split(",")] if shapes else SHAPES
     rows = []
     impls = {"attngen": lambda q, k, v, causal: attngen.attention(q, k, v, causal=causal),
@@ -56,17 +59,17 @@ def main(out_path, shapes=None):
                         t.requires_grad_(True)
                     flops = 3.5 * 4 * b * h * s * s * d / (2 if causal else 1)
                     row = {"shape": f"{b}x{h}x{s}x{d}", "dtype": str(dtype).replace("torch.", ""), "causal": causal}
-                    for name, attention in impls.items():
-                        fn = step(attention, q, k, v, do, causal)
-                        us = queued_med(fn)
-                        row[name] = {"gpu_us": us, "tflops": flops / us / 1e6,
+                    fns = {name: step(attention, q, k, v, do, causal) for name, attention in impls.items()}
+                    med, each = alternating(fns, int(rounds))
+                    for name, fn in fns.items():
+                        row[name] = {"gpu_us": med[name], "tflops": flops / med[name] / 1e6, "rounds": each[name],
                                      "eager_us": time_eager(torch, lambda: fn(), [()], reps=20)}
                     fastest = min(row[n]["gpu_us"] for n in impls if n != "attngen")
                     row["x_fastest_sdpa"] = fastest / row["attngen"]["gpu_us"]
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "command": "python3 .ci/train_step_bench.py OUT.json" + (f" {sys.argv[2]}" if len(sys.argv) > 2 else ""),
+              "command": "python3 .ci/train_step_bench.py OUT.json " + " ".join(sys.argv[2:]),
               "rows": rows}
     with open(out_path, "w") as f:
         json.dump(report, f, indent=1)
@@ -74,6 +77,6 @@ def main(out_path, shapes=None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
+    if len(sys.argv) not in (2, 3, 4):
         sys.exit(__doc__)
     main(*sys.argv[1:])
