@@ -339,15 +339,19 @@ def plot_image(report: BenchReport, fmt: str = "png", call: str = "") -> bytes:
     for ax, (dtype, causal) in zip(axes[:, 0], panels):
         rows = [r for r in report.results if r.case.dtype == dtype and r.case.causal == causal]
         labels = [r.case.shape_text for r in rows]
-        present = [i for i in impls if any((r.get(i) and r.get(i).status == "ok") for r in rows)]
-        width = 0.8 / max(1, len(present))
-        for j, impl in enumerate(present):
-            vals = [(r.get(impl).tflops if r.get(impl) and r.get(impl).status == "ok" else 0.0) for r in rows]
-            # one fixed color per implementation across panels; SDPA backends hatched
-            color = plt.cm.tab20(impls.index(impl) % 20)
-            ax.bar([x + j * width for x in range(len(rows))], vals, width, label=impl, color=color,
-                   hatch="//" if impl.startswith("sdpa:") else None, edgecolor="black", linewidth=0.3)
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels)
+        shown = set()
+        for x, r in enumerate(rows):
+            # each shape's bars centred on its slot: only the implementations that ran it (a spec of
+            # one head dim leaves the other's shapes empty)
+            ran = [i for i in impls if r.get(i) and r.get(i).status == "ok"]
+            width = 0.8 / max(1, len(ran))
+            for j, impl in enumerate(ran):
+                # one fixed color per implementation across panels; SDPA backends hatched
+                ax.bar(x - 0.4 + (j + 0.5) * width, r.get(impl).tflops, width,
+                       label=None if impl in shown else impl, color=plt.cm.tab20(impls.index(impl) % 20),
+                       hatch="//" if impl.startswith("sdpa:") else None, edgecolor="black", linewidth=0.3)
+                shown.add(impl)
+        ax.set_xticks(range(len(rows)), labels, rotation=20, ha="right", fontsize=8)
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"{call + ', ' if call else ''}{dtype}, {'causal' if causal else 'non-causal'} - {report.gpu}")
         ax.legend(fontsize=7, ncol=4)
