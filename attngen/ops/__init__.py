@@ -11,7 +11,8 @@ Eager calls go straight to the kernel (a few microseconds of host time); under t
 they go through the torch ops attngen::attention, ... (library.py), which trace without a graph
 break. attention() on tensors that need gradients goes through attngen::attention_train (with
 variants, attngen::attention_variant_train), attention_varlen() through
-attngen::attention_varlen_train; their backward runs the dispatch table's backward spec. Decode is
+attngen::attention_varlen_train when traced, and eagerly through the same forward and backward as
+a torch.autograd.Function (library.train); their backward runs the dispatch table's backward spec. Decode is
 forward only: a call on tensors that need gradients is refused rather than returning an output
 autograd cannot differentiate.
 """
@@ -58,11 +59,13 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
     if window is not None or softcap is not None or alibi_slopes is not None:
         if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
             # as below, through the differentiable variant op
-            if not compiling():
+            args = (q, k, v, causal, alignment, scale, layout, None if window is None else list(window), softcap,
+                    alibi_slopes, deterministic)
+            if compiling():
+                o, lse = ops.attention_variant_train(*args)
+            else:
                 library.backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
-            o, lse = ops.attention_variant_train(q, k, v, causal, alignment, scale, layout,
-                                                 None if window is None else list(window), softcap, alibi_slopes,
-                                                 deterministic)
+                o, lse = library.train("attention_variant", *args) if q.is_cuda else ops.attention_variant_train(*args)
             return (o, lse) if return_lse else o
         if compiling():
             o, lse = ops.attention_variant(q, k, v, causal, alignment, scale, layout,
@@ -71,11 +74,15 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
         return library.forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap,
                                        alibi_slopes)
     if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        # the differentiable op (its backward is registered), eager or traced by torch.compile;
-        # eager calls first make sure a backward spec serves the call (loaded once per shape key)
-        if not compiling():
+        # traced by torch.compile: the differentiable op (its backward is registered); eager: first
+        # make sure a backward spec serves the call (loaded once per shape key), then the same forward
+        # and backward without the op's dispatch (library.train; tensors off the GPU take the op)
+        if compiling():
+            o, lse = ops.attention_train(q, k, v, causal, alignment, scale, layout, deterministic)
+        else:
             library.backward_kernel(q, k, v, causal, layout)
-        o, lse = ops.attention_train(q, k, v, causal, alignment, scale, layout, deterministic)
+            o, lse = (library.train("attention", q, k, v, causal, alignment, scale, layout, deterministic) if q.is_cuda
+                      else ops.attention_train(q, k, v, causal, alignment, scale, layout, deterministic))
         return (o, lse) if return_lse else o
     if compiling():
         o, lse = ops.attention(q, k, v, causal, alignment, scale, layout)
@@ -109,10 +116,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
     differentiable (the table's varlen backward spec); deterministic as in attention()."""
     compiling, grad, ops, library = _bound or _bind()
     if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if not compiling():
+        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, deterministic)
+        if compiling():
+            o, lse = ops.attention_varlen_train(*args)
+        else:   # as in attention()
             library.varlen_backward_kernel(q, k, causal, max_seqlen_k)
-        o, lse = ops.attention_varlen_train(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                            alignment, scale, deterministic)
+            o, lse = library.train("attention_varlen", *args) if q.is_cuda else ops.attention_varlen_train(*args)
         return (o, lse) if return_lse else o
     if compiling():
         o, lse = ops.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,

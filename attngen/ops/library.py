@@ -6,9 +6,10 @@ through a call without a graph break and CUDA graphs capture it. attngen::attent
 attngen::attention with a backward (register_autograd: it saves q, k, v, o and lse, and
 attngen::attention_backward runs the table's backward spec), attngen::attention_variant_train and
 attngen::attention_varlen_train the same for attngen::attention_variant and attngen::attention_varlen;
-calls on tensors that need gradients take them, the others the plain ops, whose host time an
-autograd registration would raise (measured: docs/performance.md, "Backward"). The decode ops are
-forward only.
+traced calls on tensors that need gradients take them, the others the plain ops, whose host time an
+autograd registration would raise (measured: docs/performance.md, "Backward"). Eager calls on GPU
+tensors that need gradients take train(): the same forward and backward as a torch.autograd.Function,
+without the dispatcher's round trips. The decode ops are forward only.
 
 Importing this module registers the ops (it needs torch)."""
 from __future__ import annotations
@@ -411,9 +412,10 @@ def _attention_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)   # as FlashAttention's: the LSE comes back with requires_grad False
 
 
-def _attention_gradients(ctx, grad_o, grad_lse):
+# Each gradients function takes the backward call: the op (registered) or its CUDA body (eager, _EagerTrain).
+def _attention_gradients(ctx, grad_o, grad_lse, backward_call=None):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.attngen.attention_backward(grad_o, q, k, v, o, lse, *ctx.call)
+    dq, dk, dv = (backward_call or torch.ops.attngen.attention_backward)(grad_o, q, k, v, o, lse, *ctx.call)
     return dq, dk, dv, None, None, None, None, None
 
 
@@ -425,11 +427,11 @@ def _attention_variant_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _attention_variant_gradients(ctx, grad_o, grad_lse):
+def _attention_variant_gradients(ctx, grad_o, grad_lse, backward_call=None):
     q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
     causal, alignment, scale, layout, window, softcap, deterministic = ctx.call
-    dq, dk, dv = torch.ops.attngen.attention_variant_backward(grad_o, q, k, v, o, lse, causal, alignment, scale,
-                                                              layout, window, softcap, alibi_slopes, deterministic)
+    dq, dk, dv = (backward_call or torch.ops.attngen.attention_variant_backward)(
+        grad_o, q, k, v, o, lse, causal, alignment, scale, layout, window, softcap, alibi_slopes, deterministic)
     return dq, dk, dv, None, None, None, None, None, None, None, None   # the ALiBi slopes get none, as FlashAttention's
 
 
@@ -441,10 +443,10 @@ def _attention_varlen_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _attention_varlen_gradients(ctx, grad_o, grad_lse):
+def _attention_varlen_gradients(ctx, grad_o, grad_lse, backward_call=None):
     q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = torch.ops.attngen.attention_varlen_backward(grad_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
-                                                             *ctx.call)
+    dq, dk, dv = (backward_call or torch.ops.attngen.attention_varlen_backward)(
+        grad_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *ctx.call)
     return dq, dk, dv, None, None, None, None, None, None, None, None   # none for the offsets and options
 
 
@@ -455,5 +457,43 @@ torch.library.register_autograd("attngen::attention_variant_train", _attention_v
 torch.library.register_autograd("attngen::attention_varlen_train", _attention_varlen_gradients,
                                 setup_context=_attention_varlen_setup, lib=LIB)
 
+
+
+# The eager training calls: the same forward, saved tensors and backward as the registered ops, as a
+# torch.autograd.Function called directly. Through the op, register_autograd's wrapper refills the
+# schema's defaults on every call (it builds the op's argument list anew for each argument) and the
+# dispatcher redispatches twice: a training step's host time was 1.4-1.6x this path's (552-643 against
+# 350-446 CPU µs, H200 host, .ci/train_step_host.py; docs/performance.md, "Backward"). torch.compile
+# traces the ops (attention() takes them while compiling), and tensors off the GPU take them too.
+_EAGER = {   # call -> (forward, save, gradients, backward)
+    "attention": (attention_train_cuda, _attention_setup, _attention_gradients, attention_backward_cuda),
+    "attention_variant": (attention_variant_train_cuda, _attention_variant_setup, _attention_variant_gradients,
+                          attention_variant_backward_cuda),
+    "attention_varlen": (attention_varlen_train_cuda, _attention_varlen_setup, _attention_varlen_gradients,
+                         attention_varlen_backward_cuda),
+}
+
+
+class _EagerTrain(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, call, *inputs):
+        run, save, _, _ = _EAGER[call]
+        output = run(*inputs)
+        save(ctx, inputs, output)
+        ctx.eager_call = call
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        _, _, gradients, backward_call = _EAGER[ctx.eager_call]
+        return (None, *gradients(ctx, grad_o, grad_lse, backward_call))
+
+
+def train(call: str, *inputs):
+    """The eager training call `call` (attention, attention_variant, attention_varlen) on the inputs of
+    its attngen::<call>_train op: (o, lse), differentiable in q, k and v."""
+    return _EagerTrain.apply(call, *inputs)
+
+
 __all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_variant",
-           "varlen", "varlen_backward", "varlen_backward_kernel"]
+           "train", "varlen", "varlen_backward", "varlen_backward_kernel"]
