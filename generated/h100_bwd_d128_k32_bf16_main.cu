@@ -612,16 +612,16 @@ __device__ __forceinline__ void probabilities(float (&s)[kChunkTiles][4], Slopes
         }
 }
 
-// dS^T = P^T (dP^T - delta) x slope in place of dP^T, P^T from its A fragments (pt, as a_fragments made
-// them): rounded to the element type, as dS^T is after; the fp32 P^T's registers are what the
-// column-split kernels lack at d128.
-__device__ __forceinline__ void score_gradients_rounded(float (&dp)[kChunkTiles][4], const uint32_t (&pt)[kChunkSteps][4],
-                                                        const Slopes& slopes, const float* sDelta, int lane) {
+// dS^T = P^T (dP^T - delta) x slope in place of dP^T; p_pair(nt, h): P^T at accumulators (nt, 2h) and
+// (nt, 2h + 1), as a float2.
+template <class PPair>
+__device__ __forceinline__ void score_gradients(float (&dp)[kChunkTiles][4], PPair p_pair, const Slopes& slopes,
+                                                const float* sDelta, int lane) {
 #pragma unroll
     for (int nt = 0; nt < kChunkTiles; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const float2 pr = to_float2(*reinterpret_cast<const elem2_t*>(&pt[nt / 2][nt % 2 * 2 + h]));
+            const float2 pr = p_pair(nt, h);
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) {
                 float slope = 1.f;
@@ -629,6 +629,12 @@ __device__ __forceinline__ void score_gradients_rounded(float (&dp)[kChunkTiles]
                 dp[nt][e] = (e % 2 ? pr.y : pr.x) * (dp[nt][e] - sDelta[nt * 8 + 2 * (lane % 4) + e % 2]) * slope;
             }
         }
+}
+
+// P^T's pairs from its A fragments (as a_fragments made them): rounded to the element type, as dS^T
+// is after; the fp32 P^T's registers are what the column-split kernels lack at d128.
+__device__ __forceinline__ auto fragment_pairs(const uint32_t (&pt)[kChunkSteps][4]) {
+    return [&pt](int nt, int h) { return to_float2(*reinterpret_cast<const elem2_t*>(&pt[nt / 2][nt % 2 * 2 + h])); };
 }
 
 // The warp's dS^T fragments of a chunk into the dS^T tile [key][query] from query column col0 (rows
@@ -842,7 +848,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kWarpKeyTiles][kWarpDTil
 #pragma unroll
             for (int kk = 0; kk < kChunkSteps; ++kk)
                 ldmatrix_x4(pt[kk], ds_fragment_addr(smem_addr + kSmem_pt, key_row0 + 16 * mt, q0 + 16 * kk, ln));
-            score_gradients_rounded(ds[mt], pt, slopes[mt], sDelta + q0, lane);
+            score_gradients(ds[mt], fragment_pairs(pt), slopes[mt], sDelta + q0, lane);
             uint32_t a[kChunkSteps][4];
             a_fragments(a, ds[mt]);
             store_ds(smem + kSmem_ds, a, key_row0 + 16 * mt, q0, lane);

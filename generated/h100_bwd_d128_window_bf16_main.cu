@@ -585,17 +585,28 @@ __device__ __forceinline__ void probabilities(float (&s)[kChunkTiles][4], Slopes
         }
 }
 
-// dS^T = P^T (dP^T - delta) x slope in place of dP^T.
-__device__ __forceinline__ void score_gradients(float (&dp)[kChunkTiles][4], const float (&pt)[kChunkTiles][4],
-                                                const Slopes& slopes, const float* sDelta, int lane) {
+// dS^T = P^T (dP^T - delta) x slope in place of dP^T; p_pair(nt, h): P^T at accumulators (nt, 2h) and
+// (nt, 2h + 1), as a float2.
+template <class PPair>
+__device__ __forceinline__ void score_gradients(float (&dp)[kChunkTiles][4], PPair p_pair, const Slopes& slopes,
+                                                const float* sDelta, int lane) {
 #pragma unroll
     for (int nt = 0; nt < kChunkTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            float slope = 1.f;
-            if constexpr (ScoreMods::kSlopesVary) slope = slopes.get(nt, e);
-            dp[nt][e] = pt[nt][e] * (dp[nt][e] - sDelta[nt * 8 + 2 * (lane % 4) + e % 2]) * slope;
+        for (int h = 0; h < 2; ++h) {
+            const float2 pr = p_pair(nt, h);
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                float slope = 1.f;
+                if constexpr (ScoreMods::kSlopesVary) slope = slopes.get(nt, e);
+                dp[nt][e] = (e % 2 ? pr.y : pr.x) * (dp[nt][e] - sDelta[nt * 8 + 2 * (lane % 4) + e % 2]) * slope;
+            }
         }
+}
+
+// P^T's pairs from its fp32 accumulators.
+__device__ __forceinline__ auto accumulator_pairs(const float (&pt)[kChunkTiles][4]) {
+    return [&pt](int nt, int h) { return make_float2(pt[nt][2 * h], pt[nt][2 * h + 1]); };
 }
 
 // The warp's dS^T fragments of a chunk into the dS^T tile [key][query] from query column col0 (rows
@@ -801,7 +812,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kWarpKeyTiles][kWarpDTil
         rows_by_queries(ds, sV, key_row0, sDO, c0, ln);
 #pragma unroll
         for (int mt = 0; mt < kWarpKeyTiles; ++mt) {
-            score_gradients(ds[mt], s[mt], slopes[mt], sDelta + c0, lane);
+            score_gradients(ds[mt], accumulator_pairs(s[mt]), slopes[mt], sDelta + c0, lane);
             a_fragments(a[mt], ds[mt]);
         }
         add_fragments_by_tile(dk, a, sQ, c0, ln);
