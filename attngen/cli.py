@@ -726,7 +726,8 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     1x16x8192 at each spec's head dim), in their own dtype: the call kernel(q, k, v, o, lse,
     dout) given attngen's forward o and lse, after checking dq, dk and dv against fp32
     gradients, beside SDPA's flash and cuDNN backward (torch.autograd.grad of its output).
-    TFLOP/s counts 2.5 x the forward's FLOPs. Not with --varlen, window or score modifiers.
+    TFLOP/s counts 2.5 x the forward's FLOPs (--plot draws them). Not with --varlen, window or
+    score modifiers.
 
     \b
     --varlen times ragged prefill: the specs' varlen call on one batch of mixed
