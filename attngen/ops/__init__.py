@@ -65,7 +65,7 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
                 o, lse = ops.attention_variant_train(*args)
             else:
                 library.backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
-                o, lse = library.train("attention_variant", *args) if q.is_cuda else ops.attention_variant_train(*args)
+                o, lse = library.train("attention_variant", *args)
             return (o, lse) if return_lse else o
         if compiling():
             o, lse = ops.attention_variant(q, k, v, causal, alignment, scale, layout,
@@ -76,13 +76,13 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
     if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # traced by torch.compile: the differentiable op (its backward is registered); eager: first
         # make sure a backward spec serves the call (loaded once per shape key), then the same forward
-        # and backward without the op's dispatch (library.train; tensors off the GPU take the op)
+        # and backward without the op's dispatch (library.train)
+        args = (q, k, v, causal, alignment, scale, layout, deterministic)
         if compiling():
-            o, lse = ops.attention_train(q, k, v, causal, alignment, scale, layout, deterministic)
+            o, lse = ops.attention_train(*args)
         else:
             library.backward_kernel(q, k, v, causal, layout)
-            o, lse = (library.train("attention", q, k, v, causal, alignment, scale, layout, deterministic) if q.is_cuda
-                      else ops.attention_train(q, k, v, causal, alignment, scale, layout, deterministic))
+            o, lse = library.train("attention", *args)
         return (o, lse) if return_lse else o
     if compiling():
         o, lse = ops.attention(q, k, v, causal, alignment, scale, layout)
@@ -121,7 +121,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
             o, lse = ops.attention_varlen_train(*args)
         else:   # as in attention()
             library.varlen_backward_kernel(q, k, causal, max_seqlen_k)
-            o, lse = library.train("attention_varlen", *args) if q.is_cuda else ops.attention_varlen_train(*args)
+            o, lse = library.train("attention_varlen", *args)
         return (o, lse) if return_lse else o
     if compiling():
         o, lse = ops.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
