@@ -90,3 +90,34 @@ def test_compiled_training_step_has_no_graph_break(cpu_ops):
     assert "train" in calls and any(c[0] == "backward" for c in calls if isinstance(c, tuple))
     for a, b in zip(eager, (x.grad for x in (q, k, v))):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_eager_function_saves_what_the_op_saves(monkeypatch):
+    """library.train's torch.autograd.Function (the eager path of GPU tensors) on CPU stand-ins of its
+    forward and backward bodies: the same saved tensors and call options reach the backward as the
+    registered op's, the LSE takes no gradient, and the gradients are SDPA's."""
+    from attngen.ops import library
+    seen = []
+
+    def forward(q, k, v, causal, alignment, scale, layout, deterministic=False):
+        return _sdpa(q, k, v, causal, scale, layout)
+
+    def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=False):
+        seen.append((tuple(out.shape), tuple(lse.shape), causal, layout, deterministic))
+        leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        with torch.enable_grad():
+            _sdpa(*leaves, causal, scale, layout)[0].backward(dout.float())
+        return tuple(x.grad.to(q.dtype) for x in leaves)
+
+    _, save, gradients, _ = library._EAGER["attention"]
+    monkeypatch.setitem(library._EAGER, "attention", (forward, save, gradients, backward))
+    q, k, v = (torch.randn(2, 3, 24, 16, requires_grad=True) for _ in range(3))
+    o, lse = library._EagerTrain.apply("attention", q, k, v, True, None, None, "bhsd", True)
+    assert o.grad_fn is not None and not lse.requires_grad
+    dout = torch.randn(o.shape)
+    o.backward(dout)
+    assert seen == [((2, 3, 24, 16), (2, 3, 24), True, "bhsd", True)]
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    _sdpa(*leaves, True, None, "bhsd")[0].backward(dout)
+    for a, b in zip((q, k, v), leaves):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5)
