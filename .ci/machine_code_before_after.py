@@ -1,0 +1,60 @@
+"""Machine code of specs before and after a change: each spec's sources as rendered today and as an
+earlier checkout generated them (OLD_GENERATED_DIR, e.g. `git archive <commit> generated | tar -x`),
+compiled with attngen's nvcc flags for the spec's arch on an sm_90 GPU (sm_90a where the kernel needs
+it), 16 at a time, through attngen's cubin cache (so a timing script run after it compiles nothing).
+Per part: whether the sections that decide what runs (.text.*, .nv.info.*, .nv.shared.*,
+.nv.constant0.*) are byte-identical, and the names of those that differ. Needs nvcc, no GPU.
+
+Usage: python3 .ci/machine_code_before_after.py OLD_GENERATED_DIR OUT.json SPEC [SPEC ...]
+"""
+import json
+import struct
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+
+def sections(cubin: bytes) -> dict:
+    """{name: contents} of a cubin's (ELF64) sections that decide what runs; NOBITS sections by size."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    hdrs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    stro = hdrs[shstrndx][4]
+    out = {}
+    for h in hdrs:
+        name = cubin[stro + h[0]:cubin.index(b"\0", stro + h[0])].decode()
+        if name.startswith((".text.", ".nv.info.", ".nv.shared.", ".nv.constant0.")):
+            out[name] = cubin[h[4]:h[4] + h[5]] if h[1] != 8 else h[5]
+    return out
+
+
+def one(args):
+    """One spec: its parts' machine code, today's against OLD_GENERATED_DIR's."""
+    old_dir, path = args
+    from attngen.render import render_spec_file
+    from attngen.compile import compile_source
+    r = render_spec_file(path)
+    arch = r.plan.compile_arch("sm_90")
+    res = {"spec": r.plan.spec.name, "arch": arch, "parts": []}
+    for part in r.parts:
+        old_path = Path(old_dir) / part.file_name
+        new = compile_source(part.source, arch, on_compile=lambda a: None)
+        row = {"part": part.file_name, "functions": len(new.functions)}
+        if not old_path.exists():
+            row["old"] = "absent"
+        else:
+            old = compile_source(old_path.read_text(), arch, on_compile=lambda a: None)
+            a, b = sections(old.cubin), sections(new.cubin)
+            row["same_code"] = a == b
+            row["differs"] = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        res["parts"].append(row)
+    return res
+
+
+if __name__ == "__main__":
+    old_dir, out = sys.argv[1], sys.argv[2]
+    with ProcessPoolExecutor(16) as ex:
+        rows = list(ex.map(one, [(old_dir, p) for p in sys.argv[3:]]))
+    for r in rows:
+        print(r["spec"], " ".join(f"{p['part']}:{p.get('same_code', p.get('old'))}" for p in r["parts"]), flush=True)
+    Path(out).write_text(json.dumps(rows, indent=1) + "\n")
