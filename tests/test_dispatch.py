@@ -159,9 +159,10 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     long = "docs/hopper-h200/round4/walk_d128_long.json"   # d128 at 8192 and 16384 keys (H200)
     turns = "docs/hopper-h200/round4/turns_d64_causal.json"   # d64 causal after the empty turns (H200)
     small = "docs/hopper-h200/round4/persistent_c1_d64_grid.json"   # d64 with the one-consumer persistent spec
+    chains = "docs/hopper-h200/round4/max_chains_d64_causal.json"   # d64 causal with a row max in four chains
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
                                     "--from", short, "--from", walk, "--from", long, "--from", turns, "--from", small,
-                                    "--write", "--specs-dir", str(specs)])
+                                    "--from", chains, "--write", "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
 

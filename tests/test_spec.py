@@ -238,6 +238,10 @@ RULE_CASES = [
     # before, wmma took on_max_change and always rescaled (explain said so) without a word
     ("rule_always_rescales", WMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
      "not generated for wmma_m16n16k16; set softmax.rescale: always"),
+    ("rule_variants_taken", MMA, {"softmax": {"max_chains": 4}}, "softmax.max_chains",
+     "scans a row's scores in one chain; remove max_chains"),
+    ("rule_max_chains", WGMMA, {"softmax": {"max_chains": 4}, "tile__block_n": 64}, "softmax.max_chains",
+     "block_n 64 gives 16: use block_n 128"),
     ("rule_target_has_sm90a", WGMMA, {"target": "l4"}, "target", "need an sm_90a GPU"),
     ("rule_decode_no_varlen", DECODE, {"varlen": True}, "varlen", "per-sequence cache lengths"),
     ("rule_head_dim_vector_loads", WGMMA, {"head_dim": 36}, "head_dim", "multiple of 8 for 16-byte loads"),

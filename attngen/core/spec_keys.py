@@ -82,6 +82,12 @@ class Softmax(Strict):
         default="always",
         description="rescale the running output every tile, or only when a row's max moved (not every kind "
                     "generates it)")
+    max_chains: Literal[1, 4] = Field(
+        default=1,
+        description="running maxima a thread keeps while it scans its scores of a row: 1 (one chain of "
+                    "pairs) or 4 (a dependent chain a quarter as long, three more registers; the max is "
+                    "exact either way). The wgmma kinds take it, with a row of at least 32 scores per "
+                    "thread (block_n a multiple of 32, from 128)")
 
 
 Rule = Callable[["SpecBase"], Optional[tuple[str, str]]]
@@ -192,6 +198,7 @@ class ForwardSpec(SpecBase):
     # The masks and score modifiers a kind's templates implement.
     masks_taken: ClassVar[tuple[str, ...]] = ("none", "causal")
     takes_scores: ClassVar[bool] = False
+    takes_max_chains: ClassVar[bool] = False   # softmax.max_chains other than 1
 
     # What the kind's fragments need of the tile: rows per compute warp and keys per tile come in
     # multiples of these (see rule_block_m_split / rule_block_n).
@@ -352,6 +359,9 @@ def rule_variants_taken(s: ForwardSpec):
         key = "scores" if s.scores else "variant.score"
         return key, (f"this kind does not apply score modifiers; leave {key} empty, or pick a fragment whose "
                      f"kind takes them")
+    if s.softmax.max_chains != 1 and not s.takes_max_chains:
+        return "softmax.max_chains", ("this kind scans a row's scores in one chain; remove max_chains, or pick a "
+                                      "wgmma fragment (mma: wgmma_...)")
 
 
 def rule_variant_expressions(s: ForwardSpec):

@@ -45,6 +45,7 @@ class WgmmaFragments:
     v_step_bytes: int       # MN-major V: a k16 step = 16 key rows
     vt: "TransposedV | None"  # e4m3: V comes transposed and is read K-major (None: V MN-major)
     p_log2_offset: int      # P is kept 2^this larger (e4m3: inside its range; 0 otherwise)
+    max_chains: int         # running maxima per row in the softmax's scan (spec.softmax.max_chains)
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (the waiting warpgroup and the passing one)
     turn_barrier: int       # the first named barrier of the ping-pong turns (one per consumer warpgroup)
@@ -203,7 +204,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           descriptor_mode=panel.descriptor_mode, swizzle_atom_bytes=8 * panel.row_bytes,
                           k_major_lbo_bytes=16, k_step_bytes=32, k_steps_per_panel=panel.row_bytes // 32,
                           v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, vt=v_t,
-                          p_log2_offset=p_log2_offset, rows_per_warpgroup=ROWS_PER_WARPGROUP,
+                          p_log2_offset=p_log2_offset, max_chains=spec.softmax.max_chains,
+                          rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32,
                           turn_barrier=TURN_BARRIER, epilogue_barrier=epilogue_barrier(consumers, spec.schedule.pingpong),
                           q_bytes=q_bytes, k_tile_bytes=k_bytes, v_tile_bytes=v_bytes,
@@ -343,6 +345,7 @@ def explain(plan) -> list[str]:
              ("online softmax: exp2 with the scale and the q, k descales folded in; P = exp2(s - max + "
               f"{f.p_log2_offset}) rounded to {f.mma_type} (the row sums take the power out); output x v descale, "
               f"{plan.spec.out_dtype}; rescale always" if f.vt else "online softmax: exp2 with the scale folded in; rescale always")
+             + (f"; a row's max scanned in {f.max_chains} chains" if f.max_chains > 1 else "")
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
              + (f"; consumer warpgroups take turns issuing their GEMMs (named barriers 1-{f.consumer_warpgroups})"
                 if f.pingpong else ""),

@@ -87,6 +87,11 @@ rule_q_in_shared = refuse(
 rule_ring = refuse(
     "smem.stages", lambda s: s.smem.stages < 2,
     lambda s: "the K/V ring needs at least 2 stages", "rule_ring")
+rule_max_chains = refuse(
+    "softmax.max_chains", lambda s: s.softmax.max_chains != 1 and (s.tile.block_n % 32 or s.tile.block_n < 128),
+    lambda s: (f"four chains need a row of at least 32 scores per thread, in 8s (block_n / 4); block_n "
+               f"{s.tile.block_n} gives {s.tile.block_n // 4}: use block_n 128, 160, 192, ... or max_chains: 1"),
+    "rule_max_chains")
 rule_always_rescales = refuse(
     "softmax.rescale", lambda s: s.softmax.rescale != "always",
     lambda s: "rescale: on_max_change is not generated for wgmma; use always", "rule_always_rescales")
@@ -197,9 +202,10 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_head_dim_v = True
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
+    takes_max_chains = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
              rule_epilogue_tile, rule_q_tiles,
-             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
+             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
         panel = panel_swizzle(self)
