@@ -15,6 +15,7 @@ EPILOGUE_TAGS = {"registers": "", "shared": "es", "tma": "et"}
 # blocks with one or two Q tiles. The first names no tag, so that earlier candidates keep their names.
 SWEEP_BLOCKS = ((False, 1), (True, 1), (True, 2))
 BLOCKS_TAGS = {(False, 1): "", (True, 1): "pb", (True, 2): "pbq2"}
+SWEEP_MAX_CHAINS = (1, 4)   # softmax.max_chains; 1 names no tag
 
 
 def _read_warpgroups(s) -> tuple[int, int]:
@@ -58,8 +59,8 @@ def _show_blocks(v: tuple[bool, int]) -> str:
 
 def sweep_space(base: WgmmaForwardSpec) -> SearchSpace:
     """Tiles, roles (producer warpgroup or homogeneous, 1-3 consumer warpgroups), ring depth,
-    register split, schedule, epilogue and blocks (one per query block, or persistent with one or
-    two Q tiles), around `base`; the spec rules prune what does not fit."""
+    register split, schedule, epilogue, blocks (one per query block, or persistent with one or
+    two Q tiles) and the row max's chains, around `base`; the spec rules prune what does not fit."""
     regs = (base.registers.producer, base.registers.consumer) if base.registers else None
     return SearchSpace((
         field_axis("block_n", "tile.block_n", with_base(SWEEP_BLOCK_N, base.tile.block_n), lambda s: s.tile.block_n,
@@ -77,4 +78,6 @@ def sweep_space(base: WgmmaForwardSpec) -> SearchSpace:
         field_axis("epilogue", "epilogue", with_base(SWEEP_EPILOGUES, base.epilogue), lambda s: s.epilogue,
                    lambda v: EPILOGUE_TAGS[v]),
         Axis("blocks", SWEEP_BLOCKS, _read_blocks, _write_blocks, lambda v: BLOCKS_TAGS[v], _show_blocks),
+        field_axis("max_chains", "softmax.max_chains", with_base(SWEEP_MAX_CHAINS, base.softmax.max_chains),
+                   lambda s: s.softmax.max_chains, lambda v: f"mc{v}" if v > 1 else ""),
     ))
