@@ -1,9 +1,10 @@
 """Machine code of specs before and after a change: each spec's sources as rendered today and as an
 earlier checkout generated them (OLD_GENERATED_DIR, e.g. `git archive <commit> generated | tar -x`),
-compiled with attngen's nvcc flags for the spec's arch on an sm_90 GPU (sm_90a where the kernel needs
-it), 16 at a time, through attngen's cubin cache (so a timing script run after it compiles nothing).
-Per part: whether the sections that decide what runs (.text.*, .nv.info.*, .nv.shared.*,
-.nv.constant0.*) are byte-identical, and the names of those that differ. Needs nvcc, no GPU.
+compiled with attngen's nvcc flags for an sm_90 GPU (sm_90a where the kernel needs it; every spec,
+L4's included, is compiled for sm_90), 16 at a time, through attngen's cubin cache (so a timing
+script run after it compiles nothing). Per part: whether the sections of each function's code and
+launch (.text.*, .nv.info.*, .nv.shared.*, .nv.constant0.*) are byte-identical, and the names of
+those that differ; a spec that fails to render or compile gets an "error" row. Needs nvcc, no GPU.
 
 Usage: python3 .ci/machine_code_before_after.py OLD_GENERATED_DIR OUT.json SPEC [SPEC ...]
 """
@@ -31,6 +32,13 @@ def sections(cubin: bytes) -> dict:
 def one(args):
     """One spec: its parts' machine code, today's against OLD_GENERATED_DIR's."""
     old_dir, path = args
+    try:
+        return compare_spec(old_dir, path)
+    except Exception as exc:   # a spec this checkout cannot render or compile: say so, go on
+        return {"spec": str(path), "error": f"{type(exc).__name__}: {exc}", "parts": []}
+
+
+def compare_spec(old_dir, path):
     from attngen.render import render_spec_file
     from attngen.compile import compile_source
     r = render_spec_file(path)
@@ -56,5 +64,6 @@ if __name__ == "__main__":
     with ProcessPoolExecutor(16) as ex:
         rows = list(ex.map(one, [(old_dir, p) for p in sys.argv[3:]]))
     for r in rows:
-        print(r["spec"], " ".join(f"{p['part']}:{p.get('same_code', p.get('old'))}" for p in r["parts"]), flush=True)
+        print(r["spec"], r.get("error") or " ".join(f"{p['part']}:{p.get('same_code', p.get('old'))}" for p in r["parts"]),
+              flush=True)
     Path(out).write_text(json.dumps(rows, indent=1) + "\n")

@@ -2,14 +2,15 @@
 sources of an earlier checkout compiled and launched through today's runtime (gpu_timing.old_kernel:
 the Params ABI must be unchanged), beside today's kernels of the same specs, on one mixed-length
 batch (`attngen bench --varlen`'s 16 sequences of 1-4096 tokens, 16 heads), each spec in its own
-dtype, every varlen mask it has, with its variant's arguments (softcap 30, ALiBi slopes, a window
-of 256 keys; an expression spec's parameters from its verify block: the larger value, slopes 0.3).
+dtype, every varlen mask it has, with its variant's arguments: softcap 30, ALiBi slopes 0.01-0.3, a
+window of 256 keys; an expression spec's float and int parameters take the larger value of their
+verify range, and float[heads] ones a tensor of it (other parameter shapes: the row says so).
 
 Usage: python3 .ci/varlen_before_after.py OLD_GENERATED_DIR OUT.json SPEC [SPEC ...]
 
 Each row: before and after µs (`attngen bench`'s queued timing over input sets that defeat L2 reuse,
-the two alternating over 5 rounds, the median of the rounds), after / before, and the largest
-|O before - O after| (0 where the change leaves the arithmetic alone).
+the two alternating over 5 rounds, the median of the rounds), after / before (above 1: slower now),
+and the largest |O before - O after| (0 where the change leaves the arithmetic alone).
 """
 import sys
 from pathlib import Path
@@ -41,7 +42,9 @@ def variant_args(kernel, mask: str) -> dict:
     if variant is not None and getattr(variant, "params", None):
         params = {}
         for name, kind in variant.params.items():
-            values = (variant.verify or {}).get(name, [1])
+            values = (variant.verify or {}).get(name)
+            if not values or str(kind) not in ("float", "int", "float[heads]"):
+                raise ValueError(f"parameter {name} ({kind}) has no value this script makes")
             if "[heads]" in str(kind):
                 params[name] = torch.full((HEADS,), float(max(values)), device="cuda", dtype=torch.float32)
             else:
@@ -63,13 +66,13 @@ def main(old_dir, out_path, *spec_paths):
         sets = [tuple(torch.randn(total, HEADS, d, device="cuda", dtype=dtype) for _ in range(3)) for _ in range(ROTATE)]
         for mask in new.varlen_masks:
             causal = mask == "causal"
-            extra = variant_args(new, mask)
             align = "bottom_right" if causal else None
 
             def call(kernel):
                 return lambda q, k, v: kernel.varlen(q, k, v, cu, cu, max_seqlen_q=longest, causal=causal,
                                                      alignment=align, **extra)
             try:
+                extra = variant_args(new, mask)
                 outs = [call(k)(*sets[0]).float() for k in (old, new)]
             except (TypeError, ValueError) as exc:   # a call this script does not know how to make
                 print(f"{new.plan.spec.name:40} {mask:7} not timed: {exc}", flush=True)
@@ -81,7 +84,7 @@ def main(old_dir, out_path, *spec_paths):
                    "before_us": med["before"], "after_us": med["after"], "after_over_before": med["after"] / med["before"],
                    "max_diff": diff, "rounds": each}
             print(f"{row['spec']:40} {mask:7} before {med['before']:8.1f}  after {med['after']:8.1f}  "
-                  f"x{row['after_over_before']:.3f}  diff {diff:.1e}", flush=True)
+                  f"after/before {row['after_over_before']:.3f}  diff {diff:.1e}", flush=True)
             rows.append(row)
     write_report(out_path, rows)
 

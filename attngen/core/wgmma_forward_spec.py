@@ -89,7 +89,7 @@ rule_ring = refuse(
     lambda s: "the K/V ring needs at least 2 stages", "rule_ring")
 rule_max_chains = refuse(
     "softmax.max_chains", lambda s: s.softmax.max_chains != 1 and (s.tile.block_n % 32 or s.tile.block_n < 128),
-    lambda s: (f"four chains need a row of at least 32 scores per thread, in 8s (block_n / 4); block_n "
+    lambda s: (f"four chains need a row of at least 32 scores per thread, a multiple of 8 (block_n / 4); block_n "
                f"{s.tile.block_n} gives {s.tile.block_n // 4}: use block_n 128, 160, 192, ... or max_chains: 1"),
     "rule_max_chains")
 rule_always_rescales = refuse(
