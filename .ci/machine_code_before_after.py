@@ -9,24 +9,18 @@ those that differ; a spec that fails to render or compile gets an "error" row. N
 Usage: python3 .ci/machine_code_before_after.py OLD_GENERATED_DIR OUT.json SPEC [SPEC ...]
 """
 import json
-import struct
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from attngen.runtime.cubin import sections
 
-def sections(cubin: bytes) -> dict:
-    """{name: contents} of a cubin's (ELF64) sections that decide what runs; NOBITS sections by size."""
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    hdrs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    stro = hdrs[shstrndx][4]
-    out = {}
-    for h in hdrs:
-        name = cubin[stro + h[0]:cubin.index(b"\0", stro + h[0])].decode()
-        if name.startswith((".text.", ".nv.info.", ".nv.shared.", ".nv.constant0.")):
-            out[name] = cubin[h[4]:h[4] + h[5]] if h[1] != 8 else h[5]
-    return out
+COMPARED = (".text.", ".nv.info.", ".nv.shared.", ".nv.constant0.")   # each function's code and launch
+
+
+def code_sections(cubin: bytes) -> dict:
+    """{name: contents} of the cubin's sections that decide what runs."""
+    return {name: data for name, data in sections(cubin).items() if name.startswith(COMPARED)}
 
 
 def one(args):
@@ -52,7 +46,7 @@ def compare_spec(old_dir, path):
             row["old"] = "absent"
         else:
             old = compile_source(old_path.read_text(), arch, on_compile=lambda a: None)
-            a, b = sections(old.cubin), sections(new.cubin)
+            a, b = code_sections(old.cubin), code_sections(new.cubin)
             row["same_code"] = a == b
             row["differs"] = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         res["parts"].append(row)

@@ -14,30 +14,26 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 import attngen
 from attngen.ops import library
 from host_time import host_and_wall   # .ci/, beside this script
+from train_step_bench import sdpa, step   # .ci/, beside this script
 
 CELLS = (((1, 8, 512, 64), False), ((16, 16, 512, 128), True), ((4, 16, 2048, 128), False))
 
 
+def through_the_op(q, k, v, causal):
+    """attngen's forward as torch.compile traces it: the op with its registered backward."""
+    library.backward_kernel(q, k, v, causal, "bhsd")
+    return torch.ops.attngen.attention_train(q, k, v, causal, None, None, "bhsd", False)[0]
+
+
 def paths(q, k, v, do, causal):
-    def eager():
-        return torch.autograd.grad(attngen.attention(q, k, v, causal=causal), (q, k, v), do)
-
-    def op():
-        library.backward_kernel(q, k, v, causal, "bhsd")
-        o, _ = torch.ops.attngen.attention_train(q, k, v, causal, None, None, "bhsd", False)
-        return torch.autograd.grad(o, (q, k, v), do)
-
-    def cudnn():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return torch.autograd.grad(o, (q, k, v), do)
-    return {"attngen eager": eager, "attngen op": op, "sdpa cudnn": cudnn}
+    impls = {"attngen eager": lambda q, k, v, causal: attngen.attention(q, k, v, causal=causal),
+             "attngen op": through_the_op, "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    return {name: step(attention, q, k, v, do, causal) for name, attention in impls.items()}
 
 
 def main(out_path=None):

@@ -15,25 +15,16 @@ import sys
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 from torch.profiler import ProfilerActivity, profile
 
 import attngen
 from gpu_timing import queued_med   # .ci/, beside this script
+from train_step_bench import sdpa, step   # .ci/, beside this script
 
 STEPS = 10
-
-
-def step(name, q, k, v, do, causal):
-    def run():
-        if name == "attngen":
-            o = attngen.attention(q, k, v, causal=causal)
-        else:
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return torch.autograd.grad(o, (q, k, v), do)
-    return run
+IMPLS = {"attngen": lambda q, k, v, causal: attngen.attention(q, k, v, causal=causal),
+         "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
 
 
 def kernels(fn):
@@ -83,8 +74,8 @@ def main(out_path, cells="1x16x8192x128,4x16x2048x128,2x16x4096x128:bf16"):
         for t in (q, k, v):
             t.requires_grad_(True)
         row = {"cell": cell}
-        for name in ("attngen", "cudnn"):
-            fn = step(name, q, k, v, do, causal)
+        for name, attention in IMPLS.items():
+            fn = step(attention, q, k, v, do, causal)
             per, waits, span = kernels(fn)
             row[name] = {"step_us": queued_med(fn), "back_to_back_us": back_to_back(fn), "kernels_us": per,
                          "kernel_sum_us": sum(per.values()), "span_us": span, "waits_per_step": waits}

@@ -10,9 +10,12 @@ KPARAM_INFO = 0x17          # EIATTR_KPARAM_INFO: one record per kernel paramete
 PARAM_CBANK = 0x0A          # EIATTR_PARAM_CBANK: where the parameter buffer sits, and its size
 SVAL = 4                    # .nv.info record format with a 16-bit size and that many bytes
 FIXED = (1, 2, 3)           # formats with a 2-byte value (NVAL, BVAL, HVAL): every record is 4 bytes
+SHT_NOBITS = 8              # a section with a size and no bytes in the file (.nv.shared.*)
 
 
-def _sections(elf: bytes) -> dict[str, bytes]:
+def sections(elf: bytes) -> dict[str, bytes]:
+    """{name: contents} of every section of a 64-bit ELF cubin; a NOBITS section reads as that many
+    zero bytes (what it holds at load)."""
     if elf[:4] != b"\x7fELF" or elf[4] != 2:
         raise ValueError("not a 64-bit ELF cubin")
     shoff = struct.unpack_from("<Q", elf, 0x28)[0]
@@ -24,7 +27,7 @@ def _sections(elf: bytes) -> dict[str, bytes]:
         end = elf.index(b"\0", names_at + offset)
         return elf[names_at + offset:end].decode()
 
-    return {name(h[0]): elf[h[4]:h[4] + h[5]] for h in headers}
+    return {name(h[0]): bytes(h[5]) if h[1] == SHT_NOBITS else elf[h[4]:h[4] + h[5]] for h in headers}
 
 
 def _records(info: bytes):
@@ -46,7 +49,7 @@ def _records(info: bytes):
 def param_layout(cubin: bytes) -> dict[str, tuple[int, int]]:
     """kernel name -> (byte offset of its first parameter, size of its parameter buffer)."""
     out = {}
-    for section, data in _sections(cubin).items():
+    for section, data in sections(cubin).items():
         if not section.startswith(".nv.info."):
             continue
         records = list(_records(data))
