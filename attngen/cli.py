@@ -8,6 +8,7 @@ file could not be written;
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
 import re
@@ -111,6 +112,95 @@ def _folder_option(ctx, param, value):
     return _project_dir(PROJECT_FOLDERS[param.name]) if value is None else value
 
 
+ROOT_HELP = ("the attngen project whose specs/ and generated/ this command uses by default; the same as "
+             "`attngen --root PROJECT COMMAND`")
+
+
+def _subcommand_root(ctx, param, value):
+    """--root after the command's name (`attngen check --root PROJECT`, as the README writes it):
+    recorded where the group's --root goes, before the folder options read it (is_eager)."""
+    if value is not None:
+        top = ctx.find_root()
+        top.obj = {**(top.obj or {}), "root": Path(value)}
+    return value
+
+
+def root_option(command):
+    """The group's --root, also taken after the name of a command whose folders default to the project's."""
+    return click.option("--root", type=click.Path(file_okay=False, exists=True), default=None, is_eager=True,
+                        expose_value=False, callback=_subcommand_root, help=ROOT_HELP)(command)
+
+
+# -- output paths, checked while the options are read -------------------------------------------------
+# A report or a spec written at the end of a GPU run: a path that cannot take it is refused before
+# any GPU check or measurement, with the line (and exit 3) the write itself would give.
+
+def _unwritable_folder(folder: Path) -> str | None:
+    """Why files cannot be created in an existing folder, or None."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        read_only = False
+    return os.strerror(errno.EROFS if read_only else errno.EACCES)
+
+
+def _report_file(ctx, param, value):
+    """A file option written at the end of the run (--json, --plot): its folder exists and is writable."""
+    from .errors import WriteError
+    if value is None:
+        return None
+    path = Path(value)
+    folder = path.parent
+    if path.is_dir():
+        why = os.strerror(errno.EISDIR)
+    elif not folder.exists():
+        why = os.strerror(errno.ENOTDIR if any(p.is_file() for p in folder.parents) else errno.ENOENT)
+    elif not folder.is_dir():
+        why = os.strerror(errno.ENOTDIR)
+    else:
+        why = _unwritable_folder(folder)
+    if why:
+        raise WriteError(f"cannot write {value}: {why}")
+    return value
+
+
+def _output_folder(ctx, param, value):
+    """A folder option written at the end of the run (--write-best): made on the way if missing, so
+    its nearest existing ancestor must be a folder that takes new entries."""
+    from .errors import WriteError
+    if value is None:
+        return None
+    folder = Path(value)
+    existing = next((p for p in (folder, *folder.parents) if p.exists() or p.is_symlink()), Path("."))
+    if not existing.is_dir():
+        what = "a file of that name is in the way" if existing == folder else os.strerror(errno.ENOTDIR)
+        raise WriteError(f"cannot create directory {value}: {what}")
+    why = _unwritable_folder(existing)
+    if why:
+        raise WriteError(f"cannot {'write into' if existing == folder else 'create directory'} {value}: {why}")
+    return value
+
+
+# -- upper bounds of the count options -------------------------------------------------------------
+# Past these a run takes hours or asks the GPU for more than it holds; a slipped digit
+# (--reps 300000) is refused at once instead. Each option's --help shows its range.
+MAX_REPS = 10_000             # timed calls per measurement: 30 is the default, 1000 already settles a median
+MAX_SEED = 2 ** 32 - 1        # 32-bit seeds, well inside what Python's and torch's generators take
+MAX_GENERATIONS = 100         # evolve: each generation compiles and times up to 2 x top-k candidates
+MAX_TOP_K = 64
+MAX_BUDGET = 100_000          # compiles; the largest search space of a committed spec has 12960 points
+MAX_JOBS = 256                # parallel nvcc processes
+MAX_HEAD_DIM = 256            # a spec's head_dim and head_dim_v (core.spec_keys)
+MAX_PAGE_SIZE = 256           # a decode spec's page_size
+MAX_INT32 = 2 ** 31 - 1       # lengths and row counts reach the kernels as int32
+MAX_GROUP_ROWS = 1024 * 256   # query heads per KV head (at most 1024) x new tokens (at most 256), as decode cells
+# bench --shapes and --varlen: the sizes decode cells take (eval.decode_bench.CELL_MAX) for B, H and S;
+# a varlen batch holds at most as many tokens as one sequence may.
+MAX_BATCH, MAX_HEADS, MAX_SEQLEN = 65_535, 1024, 1 << 22
+
+
 def _same_file_key(path: Path) -> Path:
     """What tells two spellings of one spec file apart from two files: its resolved path."""
     try:
@@ -210,6 +300,7 @@ def _read_existing(path: Path) -> str | None:
 
 
 @main.command()
+@root_option
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", default=None, callback=_folder_option, type=click.Path(file_okay=False),
               help="directory for the generated .cu files (default: the project's generated/)")
@@ -265,6 +356,7 @@ def build(specs, out_dir, specs_dir, as_json):
 
 
 @main.command()
+@root_option
 @click.option("--specs-dir", default=None, callback=_folder_option, help=SPECS_DIR_HELP)
 @click.option("--generated", "gen_dir", default=None, callback=_folder_option,
               help="the generated sources to check (default: the project's generated/)")
@@ -364,19 +456,20 @@ def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
 @click.option("--arch", default="sm_90", show_default=True, help="the GPU's arch (H100/H200: sm_90, L4: sm_89)")
 @click.option("--dtype", type=click.Choice(["fp16", "bf16", "e4m3"]), default=None,
               help="the inputs' element type  [default: fp16; e4m3 for --call forward_fp8]")
-@click.option("--head-dim", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--head-dim", type=click.IntRange(1, MAX_HEAD_DIM), default=128, show_default=True)
 @click.option("--causal", is_flag=True)
-@click.option("--seqlen", type=click.IntRange(min=0), default=2048, show_default=True,
+@click.option("--seqlen", type=click.IntRange(0, MAX_INT32), default=2048, show_default=True,
               help="seqlen_k (varlen: max_seqlen_k; decode: the cache's capacity)")
-@click.option("--head-dim-v", type=click.IntRange(min=0), default=0,
+@click.option("--head-dim-v", type=click.IntRange(0, MAX_HEAD_DIM), default=0,
               help="V's head dim where it differs from --head-dim (DeepSeek MLA: --head-dim 192 --head-dim-v 128)")
 @click.option("--window", is_flag=True, help="a sliding-window call (window=(left, right) bounding a side)")
 @click.option("--scores", default="", metavar="MODS",
               help="the call's score modifiers joined by +, as the table keys them: softcap, alibi, softcap+alibi")
-@click.option("--page-size", type=click.IntRange(min=0), default=0, show_default=True, help="decode: 0 contiguous")
-@click.option("--group-rows", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--page-size", type=click.IntRange(0, MAX_PAGE_SIZE), default=0, show_default=True,
+              help="decode: 0 contiguous")
+@click.option("--group-rows", type=click.IntRange(1, MAX_GROUP_ROWS), default=1, show_default=True,
               help="decode: query rows per KV head (heads / kv_heads x new tokens)")
-@click.option("--rows", type=click.IntRange(min=1), default=None,
+@click.option("--rows", type=click.IntRange(1, MAX_INT32), default=None,
               help="the call's query rows, batch x heads x seqlen_q, where a bucket's winner depends on the "
                    "grid's size (entries with min_rows)  [default: the entry for any size]")
 @click.option("--from", "--from-bench", "bench_files", multiple=True, type=click.Path(dir_okay=False, exists=True),
@@ -521,6 +614,7 @@ def _archs(ctx, param, values):
 
 
 @main.command(name="compile")
+@root_option
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--arch", "archs", multiple=True, callback=_archs,
               help="target arch, repeatable (default: the spec target's)")
@@ -611,8 +705,25 @@ def _shapes(ctx, param, value):
             raise click.BadParameter(f"{part.strip()!r} is not BxHxSxD: four positive integers, e.g. 4x16x2048x64 "
                                      "(or BxHxSxDxDv where V's head dim differs, e.g. 4x16x2048x192x128)")
         shape = tuple(int(d) for d in dims)
+        too_large = _shape_too_large(shape)
+        if too_large:
+            raise click.BadParameter(f"{part.strip()!r}: {too_large}")
         shapes.append(shape[:4] if len(shape) == 5 and shape[4] == shape[3] else shape)
     return tuple(shapes)
+
+
+def _shape_too_large(shape: tuple[int, ...]) -> str | None:
+    """Which of B, H and S is over its bound (D has the specs' own), or None."""
+    for what, value, most in (("B", shape[0], MAX_BATCH), ("H", shape[1], MAX_HEADS), ("S", shape[2], MAX_SEQLEN)):
+        if value > most:
+            return f"{what} must be at most {most} (got {value})"
+    return None
+
+
+def _sweep_shapes(ctx, param, value):
+    """--shapes of sweep: checked as bench's are (the sweep parses them against its base spec), kept as written."""
+    _shapes(ctx, param, value)
+    return value
 
 
 def _plot_file(ctx, param, value):
@@ -624,7 +735,7 @@ def _plot_file(ctx, param, value):
         plot_format(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    return value
+    return _report_file(ctx, param, value)
 
 
 def _cells(ctx, param, value):
@@ -647,18 +758,26 @@ def _lengths(ctx, param, value):
         return None
     from .eval.varlen_bench import parse_lengths
     try:
-        return parse_lengths(value)
+        lengths = parse_lengths(value)
     except ValueError as e:
         raise click.BadParameter(str(e))
+    if len(lengths) > MAX_BATCH:
+        raise click.BadParameter(f"{len(lengths)} sequences; a varlen batch holds at most {MAX_BATCH}")
+    if sum(lengths) > MAX_SEQLEN:
+        raise click.BadParameter(f"{sum(lengths)} tokens in all; a varlen batch holds at most {MAX_SEQLEN}")
+    return lengths
 
 
 def _heads(ctx, param, value):
     """--heads of bench --varlen: H or Hq/Hkv."""
     from .eval.varlen_bench import parse_heads
     try:
-        return parse_heads(value)
+        heads = parse_heads(value)
     except ValueError as e:
         raise click.BadParameter(str(e))
+    if heads[0] > MAX_HEADS:
+        raise click.BadParameter(f"{value!r}: at most {MAX_HEADS} query heads (got {heads[0]})")
+    return heads
 
 
 def _backends(ctx, param, value):
@@ -674,18 +793,20 @@ def _backends(ctx, param, value):
 
 
 @main.command()
+@root_option
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--shapes", default=None, metavar="BxHxSxD,...", callback=_shapes,
               help="comma-separated shapes; BxHxSxDxDv where V's head dim Dv differs (default: 1x8x512x64, 4x16x2048x64, 4x16x2048x128, 2x16x8192x64, "
-                   "2x16x8192x128; backward specs: 4x16x2048 and 1x16x8192 at the spec's head dim)")
+                   "2x16x8192x128; backward specs: 4x16x2048 and 1x16x8192 at the spec's head dim). D (and Dv) "
+                   f"must be a given spec's; B at most {MAX_BATCH}, H {MAX_HEADS}, S {MAX_SEQLEN}")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp16", "bf16"]),
               help="repeatable; default both")
 @click.option("--causal", "causal", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
 @click.option("--backends", default="flash,cudnn,efficient,default", show_default=True, callback=_backends,
               help="torch SDPA backends to time beside the specs")
-@click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True,
+@click.option("--reps", type=click.IntRange(1, MAX_REPS), default=30, show_default=True,
               help="timed calls per measurement (median reported)")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False),
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), callback=_report_file,
               help="write the full report here (specs of several call conventions, e.g. forward and decode: one "
                    "report each, FILE-<convention>.json)")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), callback=_plot_file,
@@ -699,9 +820,10 @@ def _backends(ctx, param, value):
                    "beside torch's varlen flash path instead of the padded shapes")
 @click.option("--lengths", default=None, metavar="L1,L2,...", callback=_lengths,
               help="--varlen: sequence lengths of the batch (default: 16 from 1 to 4096: "
-                   "1,17,64,100,256,333,512,700,1000,1024,1500,2048,2500,3000,3500,4096)")
+                   f"1,17,64,100,256,333,512,700,1000,1024,1500,2048,2500,3000,3500,4096); at most {MAX_BATCH} "
+                   f"sequences and {MAX_SEQLEN} tokens in all")
 @click.option("--heads", default="16", show_default=True, metavar="H|Hq/Hkv", callback=_heads,
-              help="--varlen: query heads, or query/key-value heads")
+              help=f"--varlen: query heads, or query/key-value heads (at most {MAX_HEADS} query heads)")
 @click.option("--specs-dir", default=None, callback=_folder_option, help=SPECS_DIR_HELP)
 def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, cells, paged, varlen, lengths, heads,
           specs_dir):
@@ -750,6 +872,8 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
              if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}   # BenchOptions fields
 
     problems = option_problems(groups, opts, given)
+    if "shapes" in given and not varlen:
+        problems += _shapes_no_spec_runs(groups, shapes)
     if problems:   # before any GPU check: a wrong option is the user's to fix, whatever the machine
         raise click.UsageError("; ".join(problems))
 
@@ -772,6 +896,23 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
                 f"{Path(json_file).stem}-{convention}{Path(json_file).suffix}"))
             fsutil.atomic_write_text(out, json.dumps(run.report, indent=2) + "\n")
             click.echo(f"wrote {out}")
+
+
+def _shapes_no_spec_runs(groups: dict, shapes: tuple) -> list[str]:
+    """The --shapes whose head dims (D, and Dv where given) no given spec of a shape-taking convention
+    has: each spec runs only on its own head dims, so such a shape would time nothing of attngen's."""
+    from .eval.conventions import EVALS
+    plans = [p for convention, (_paths, ps) in groups.items() if "shapes" in EVALS[convention].options for p in ps]
+    if not plans:   # no spec takes --shapes: option_problems says so
+        return []
+    dims = {(p.spec.head_dim, p.spec.v_dim) for p in plans}
+    unrun = [s for s in shapes if (s[3], s[4] if len(s) == 5 else s[3]) not in dims]
+    if not unrun:
+        return []
+    theirs = ", ".join(f"{d}" if d == dv else f"{d}x{dv}" for d, dv in sorted(dims))
+    listed = ", ".join("x".join(map(str, s)) for s in unrun)
+    return [f"--shapes {listed}: no given spec has {'that head dim' if len(unrun) == 1 else 'those head dims'} "
+            f"(the specs' D or DxDv: {theirs})"]
 
 
 @main.command()
@@ -804,11 +945,13 @@ def schema():
 
 
 @main.command()
+@root_option
 @click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--quick", is_flag=True, help="a 6-shape suite instead of the full 14 shapes per variant")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=_report_file,
               help="also write the full report (every case, errors, tolerances) to this file")
-@click.option("--seed", default=0, show_default=True, help="base seed of the random inputs")
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+              help="base seed of the random inputs")
 @click.option("--failures-only", is_flag=True, help="list only failing cases in the table")
 @click.option("--specs-dir", default=None, callback=_folder_option, help=SPECS_DIR_HELP)
 def verify(specs, quick, json_path, seed, failures_only, specs_dir):
@@ -872,26 +1015,30 @@ def format_verify(report, failures_only: bool = False) -> str:
 
 @main.command()
 @click.argument("base_spec", type=click.Path(dir_okay=False))
-@click.option("--shapes", default=None, metavar="BxHxSxD,...",
+@click.option("--shapes", default=None, metavar="BxHxSxD,...", callback=_sweep_shapes,
               help="comma-separated shapes to measure; D must be the base's head_dim, the dtype is the base's "
-                   "(not needed with --compile-only)")
+                   f"(not needed with --compile-only); B at most {MAX_BATCH}, H {MAX_HEADS}, S {MAX_SEQLEN}")
 @click.option("--causal", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
-@click.option("--budget", type=click.IntRange(min=1), default=None,
+@click.option("--budget", type=click.IntRange(1, MAX_BUDGET), default=None,
               help="at most N candidates go on to compile (a seeded sample when more survive pruning)")
 @click.option("--search", type=click.Choice(["grid", "evolve"]), default="grid", show_default=True,
               help="grid: every surviving candidate; evolve: keep the top-k and mutate them")
-@click.option("--seed", default=0, show_default=True, help="seed of the sampling, the evolution and the inputs")
-@click.option("--generations", type=click.IntRange(min=0), default=4, show_default=True, help="evolve: generations")
-@click.option("--top-k", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+              help="seed of the sampling, the evolution and the inputs")
+@click.option("--generations", type=click.IntRange(0, MAX_GENERATIONS), default=4, show_default=True,
+              help="evolve: generations")
+@click.option("--top-k", type=click.IntRange(1, MAX_TOP_K), default=4, show_default=True,
               help="evolve: parents kept per generation (the first population is twice this)")
 @click.option("--arch", default=None, help="compile for this arch, e.g. sm_90 (default: the GPU's)")
 @click.option("--compile-only", is_flag=True,
               help="stop after compiling: fill the cubin cache (on a CPU machine, with --arch) for a later GPU run")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="parallel nvcc processes [default: CPU count]")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="write the full report here")
-@click.option("--write-best", "best_dir", type=click.Path(file_okay=False),
+@click.option("--jobs", type=click.IntRange(1, MAX_JOBS), default=None,
+              help="parallel nvcc processes [default: CPU count]")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), callback=_report_file,
+              help="write the full report here")
+@click.option("--write-best", "best_dir", type=click.Path(file_okay=False), callback=_output_folder,
               help="write each case's winning spec to DIR/<name>.yaml, ready for `attngen build`")
-@click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True,
+@click.option("--reps", type=click.IntRange(1, MAX_REPS), default=30, show_default=True,
               help="timed calls per measurement (median reported)")
 def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, arch, compile_only, jobs, json_file,
           best_dir, reps):
