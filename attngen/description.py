@@ -7,6 +7,12 @@ from __future__ import annotations
 import re
 
 
+def _number(digits: str) -> int | None:
+    """A number the description states; None for one longer than any plan value (a 5000-digit number
+    is free text's right, and int() of it would exceed Python's conversion limit)."""
+    return int(digits) if len(digits) <= 12 else None
+
+
 def _facts(plan) -> list[tuple[str, str, object]]:
     """(regex with one or two number groups, what it states, the plan's value) of the checkable facts."""
     spec = plan.spec
@@ -39,10 +45,10 @@ def description_drift(plan) -> list[str]:
     out = []
     for pattern, what, value in _facts(plan):
         for m in re.finditer(pattern, text):
-            said = tuple(int(g) for g in m.groups()) if len(m.groups()) > 1 else int(m.group(1))
+            said = tuple(map(_number, m.groups())) if len(m.groups()) > 1 else _number(m.group(1))
             if said != value:
                 shown = "x".join(map(str, value)) if isinstance(value, tuple) else value
-                out.append(f"the description says {m.group(0)!r}, the plan has {shown} ({what})")
+                out.append(f"the description says {m.group(0)[:80]!r}, the plan has {shown} ({what})")
     if re.search(r"\bQ in registers\b", text) and not plan.q_in_registers:
         out.append("the description says 'Q in registers', the plan keeps Q in shared memory")
     if re.search(r"\bQ in smem\b", text) and plan.q_in_registers:

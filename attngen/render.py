@@ -11,6 +11,7 @@ import jinja2
 
 from . import __version__
 from .core.forward_plan import LN2, LOG2E
+from .core.comment_text import comment_line
 from .core.input_errors import INPUT_ERRORS
 from .explain import explain
 from .lean import drop_unnamed
@@ -112,7 +113,7 @@ def header_lines(plan: Plan, part, spec_path: str, spec_text: str) -> list[str]:
     lines += ["  " + ln if ln else "" for ln in spec_text.rstrip("\n").splitlines()]
     lines += ["", "Plan (attngen explain):"]
     lines += ["  " + ln if ln else "" for ln in explain(plan).splitlines()]
-    return [("// " + ln).rstrip() for ln in lines]
+    return [("// " + comment_line(ln)).rstrip() for ln in lines]    # spec text never leaves its comment
 
 
 def normalise(src: str) -> str:

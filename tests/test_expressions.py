@@ -35,7 +35,8 @@ def test_the_issue_examples_parse_and_type():
     ("bias > 0", False, 1, "index it with [h]"),
     ("q_idx.real > 0", False, 1, "attribute is not in the expression grammar"),
     ("q_idx ** 2 > 0", False, 1, "binop is not in the expression grammar"),
-    ("__import__('os')", True, 1, "unknown function '__import__'"),
+    ("__import__('os')", True, 12, "\"'\" is not in the expression grammar"),   # strings: refused by character
+    ("__import__(os)", True, 1, "unknown function '__import__'"),
     ("q_idx + 1", False, 1, "a mask expression gives a bool (a comparison), this one a int"),
     ("(q_idx < 3) + 1 > 0", False, 2, "a bool where a number is needed"),
     ("q_idx < ", False, None, "not an expression"),     # the column is Python's parser's
@@ -56,7 +57,9 @@ def test_literals_columns_and_depth():
     with pytest.raises(ExpressionError) as info:
         parse("   q_idx < windw", {})
     assert info.value.column == 12            # counted in the text as written, leading spaces too
-    with pytest.raises(ExpressionError, match="nested too deeply"):
+    with pytest.raises(ExpressionError, match="nested more than 48 levels"):
+        parse("1" + "+1" * 1000 + " < q_idx", {})
+    with pytest.raises(ExpressionError, match="at most 4096"):
         parse("1" + "+1" * 5000 + " < q_idx", {})
 
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .comment_text import comment_line
 from .abi import AbiField, float32, float_pointer, int32, int_pointer
 from .expressions import (CUDA_HELPERS, classify_helpers_for, FLOAT, INT, PARAM_TYPES, Expression, derivative, parse, to_cuda,
-                          to_cuda_classifier, to_torch, reads_head, uses_helpers)
+                          param_name_problem, to_cuda_classifier, to_torch, reads_head,
+                          uses_helpers)
 from .variants import ScoreVariant
 
 ARGUMENT = "params"                  # the call's keyword: {param name: value}
@@ -39,7 +41,7 @@ class CudaPieces:
     classifier: str | None     # statements leaving `verdict` (1 full, 0 empty, -1 partial) from e, q_lo..k_hi
     score: str | None          # float expression of e, score, q_idx, kv_idx
     helpers: str               # the C++ helpers they call (floor % and //, the interval classifier)
-    mask_text: str | None
+    mask_text: str | None      # the expressions as written, as comment text (core/comment_text.py)
     score_text: str | None
     later_rows_see_more: bool = False   # the mask gives later query blocks more tiles (launch them first)
     expression_helpers: str = ""        # the helpers of the expressions alone (no classifier)
@@ -169,8 +171,8 @@ class ExpressionVariant:
         own = CUDA_HELPERS if any(uses_helpers(x) for x in (self.mask, self.score) if x is not None) else ""
         helpers = own + (classify_helpers_for(classifier) if classifier is not None else "")
         return CudaPieces(tuple(env), mask, classifier, score, helpers.rstrip("\n"),
-                          self.mask.text if self.mask is not None else None,
-                          self.score.text if self.score is not None else None,
+                          comment_line(self.mask.text) if self.mask is not None else None,
+                          comment_line(self.score.text) if self.score is not None else None,
                           later_rows_see_more(self, block_m, block_n), expression_helpers=own.rstrip("\n"),
                           mask_reads_head=self.mask is not None and reads_head(self.mask), score_slope=slope)
 
@@ -248,6 +250,23 @@ def expression_variant(spec_variant, *, varlen: bool = False) -> ExpressionVaria
     score = parse(spec_variant.score, params, score=True) if spec_variant.score is not None else None
     ranges = tuple((k, tuple(v)) for k, v in spec_variant.verify.items())
     return ExpressionVariant(tuple(params.items()), mask, score, ranges, varlen)
+
+
+# Params whose Params field (variant_<name>) would be one attngen adds itself.
+INTERNAL_NAMES = {f[len(PARAM_PREFIX):]: f for f in (SCALE_FIELD, BATCH_FIELD)}
+
+
+def check_param_names(spec_variant):
+    """(key, message) for the first variant.params name that cannot be a C++ member or Params field."""
+    for name in spec_variant.params:
+        key = f"variant.params.{name}" if isinstance(name, str) and name.isidentifier() else "variant.params"
+        problem = param_name_problem(name)
+        if problem is None and name in INTERNAL_NAMES:
+            problem = (f"param name {name!r} would be the kernel's own Params field {INTERNAL_NAMES[name]}; "
+                       f"rename it (e.g. {name}_value)")
+        if problem:
+            return key, problem
+    return None
 
 
 def check_ranges(spec_variant) -> tuple[str, str] | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,6 +37,56 @@ PARAM_TYPES = {f"{t}{shape}": (t, by) for t in (INT, FLOAT)
 FUNCTIONS = {"tanh": 1, "exp2": 1, "abs": 1, "min": 2, "max": 2, "where": 3}
 ARITHMETIC = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Mod: "%", ast.FloorDiv: "//"}
 COMPARISONS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+
+
+# A param's name becomes a C++ member name in the kernel (VariantEnv, Params as variant_<name>): an
+# ASCII identifier that no compiler or preprocessor reads as anything else.
+PARAM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+PARAM_NAME_CHARS = 48
+CXX_KEYWORDS = frozenset("""
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class
+    co_await co_return co_yield compl concept const const_cast consteval constexpr constinit continue decltype
+    default delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline
+    int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public register
+    reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch template
+    this thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t
+    while xor xor_eq restrict
+""".split())
+# Macros of the C, POSIX and CUDA headers a kernel includes whose names are not all capitals (those
+# are refused by pattern), and the GNU dialect's predefined ones: as a member name, each would expand.
+LOWERCASE_MACROS = frozenset("""
+    alloca assert assert_perror errno offsetof stderr stdin stdout math_errhandling strdupa strndupa toascii
+    isascii issubnormal signbit isnan isinf isfinite isnormal fpclassify isgreater isgreaterequal isless
+    islessequal islessgreater isunordered va_arg va_start va_end va_copy setjmp longjmp unix linux i386
+    major minor makedev be16toh be32toh be64toh htobe16 htobe32 htobe64 htole16 htole32 htole64 le16toh
+    le32toh le64toh
+""".split())
+
+
+def param_name_problem(name) -> str | None:
+    """Why `name` cannot name a param (None: it can): the rule it breaks and what to write instead."""
+    if isinstance(name, str) and re.fullmatch(r"_\w*", name, re.A):
+        return (f"param name {name!r} starts with _, which C++ reserves for the implementation (_X, __x); "
+                f"start it with a letter")
+    if not isinstance(name, str) or not PARAM_NAME.fullmatch(name):
+        return (f"param name {name!r} is not an identifier: ASCII letters, digits and _, starting with a letter "
+                f"(e.g. window_left)")
+    if len(name) > PARAM_NAME_CHARS:
+        return f"param name {name!r} is longer than {PARAM_NAME_CHARS} characters"
+    if "__" in name:
+        return f"param name {name!r} holds __, which C++ reserves for the implementation; use one _"
+    if name in CXX_KEYWORDS:
+        return f"param name {name!r} is a C++ keyword; rename it (e.g. {name}_value)"
+    if name in LOWERCASE_MACROS or name.endswith("_l") and name[:-2] in LOWERCASE_MACROS | {
+            "isalnum", "isalpha", "isblank", "iscntrl", "isdigit", "isgraph", "islower", "isprint", "ispunct",
+            "isspace", "isupper", "isxdigit", "toascii"}:
+        return f"param name {name!r} is a macro of the C or CUDA headers the kernel includes; rename it"
+    if re.match(r"[A-Z][A-Z0-9]*(?:_|$)", name) or re.match(r"cuda[A-Z]|CU[A-Z_]|NV", name):
+        return (f"param name {name!r} looks like a macro (capitals before the first _, or a CUDA prefix), which "
+                f"the kernel's headers may define; use lowercase (e.g. {name.lower()})")
+    if name in INDICES or name in LENGTHS or name == "score" or name in FUNCTIONS:
+        return f"param {name!r} shadows a built-in name; rename it"
+    return None
 
 
 class ExpressionError(ValueError):
@@ -69,19 +120,19 @@ def parse(text: str, params: dict[str, str] | None = None, *, score: bool = Fals
     for name, kind in params.items():
         if kind not in PARAM_TYPES:
             raise ExpressionError(f"param {name!r} has type {kind!r}; use one of {', '.join(sorted(PARAM_TYPES))}", 1)
-        if name in INDICES or name in LENGTHS or name == "score" or name in FUNCTIONS:
-            raise ExpressionError(f"param {name!r} shadows a built-in name; rename it", 1)
+        problem = param_name_problem(name)
+        if problem:
+            raise ExpressionError(problem, 1)
+    check_text(text)
     lead = len(text) - len(text.lstrip())      # columns count from the text as written
     try:
         body = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as exc:
         raise ExpressionError(f"not an expression: {exc.msg}", (exc.offset or 1) + lead) from None
-    except RecursionError:
-        raise ExpressionError("nested too deeply; split it with where() or simplify it", 1) from None
-    try:
-        tree = _Checker(params, score, lead).node(body)
-    except RecursionError:
-        raise ExpressionError("nested too deeply; simplify it", 1) from None
+    except (RecursionError, MemoryError):
+        raise ExpressionError(f"nested too deeply (at most {MAX_DEPTH} levels); simplify it", 1) from None
+    check_size(body)
+    tree = _Checker(params, score, lead).node(body)
     want = FLOAT if score else BOOL
     if score and tree.type == INT:
         tree = Node("call", FLOAT, (tree,), "float")
@@ -89,6 +140,48 @@ def parse(text: str, params: dict[str, str] | None = None, *, score: bool = Fals
         raise ExpressionError(f"a {'score' if score else 'mask'} expression gives a "
                               f"{'number' if score else 'bool (a comparison)'}, this one a {tree.type}", 1)
     return Expression(text, tree, params)
+
+
+# What an expression may be made of, checked before Python's parser sees it: the grammar's
+# characters only. Python's own syntax would also take comments (`#` to the end of the line), line
+# continuations, string literals and non-ASCII identifiers, none of which the grammar has, and a
+# comment would let the text say one thing while the tree says another.
+EXPRESSION_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+                             " \t\n\r+-*/%<>=!()[],.")
+MAX_CHARS = 4096         # an expression's text
+MAX_NODES = 400          # nodes of its Python parse: every later pass (the derivative, the classifier,
+MAX_DEPTH = 48           # explain's samples) is linear in these and recursion stays far below Python's limit
+
+
+def check_text(text: str) -> None:
+    """Refuse text outside the grammar's characters or beyond MAX_CHARS, before any parsing."""
+    if not isinstance(text, str):
+        raise ExpressionError(f"an expression is text, got {type(text).__name__}", 1)
+    if len(text) > MAX_CHARS:
+        raise ExpressionError(f"{len(text)} characters; an expression has at most {MAX_CHARS}", 1)
+    for i, ch in enumerate(text):
+        if ch not in EXPRESSION_CHARS:
+            what = "a comment (#)" if ch == "#" else repr(ch)
+            raise ExpressionError(f"{what} is not in the expression grammar (names, numbers, + - * / % //, "
+                                  f"comparisons, parentheses, brackets and commas)", i + 1)
+
+
+def check_size(body: ast.AST) -> None:
+    """Refuse a parse tree beyond MAX_NODES nodes or MAX_DEPTH levels, walking it without recursion
+    (the recursive passes run only on trees this lets through)."""
+    count, stack = 0, [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ExpressionError(f"more than {MAX_NODES} terms and operators; split the expression or "
+                                  f"simplify it", 1)
+        if depth > MAX_DEPTH:
+            raise ExpressionError(f"nested more than {MAX_DEPTH} levels deep (a chain of n operators nests n "
+                                  f"levels); simplify it, or group a long chain with parentheses", 1)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node)
+                     if not isinstance(child, (ast.expr_context, ast.operator, ast.boolop, ast.cmpop,
+                                               ast.unaryop)))
 
 
 class _Checker:
@@ -102,7 +195,7 @@ class _Checker:
         col = self.col(n)
         if isinstance(n, ast.Constant) and type(n.value) in (int, float, bool):
             v = n.value
-            if isinstance(v, float) and not math.isfinite(v) or type(v) is int and not INT_MIN <= v <= INT_MAX:
+            if isinstance(v, float) and not abs(v) <= FLOAT_MAX or type(v) is int and not INT_MIN <= v <= INT_MAX:
                 raise ExpressionError(f"the literal {ast.unparse(n)} is beyond the kernel's 32-bit numbers", col)
             return Node("num", BOOL if isinstance(v, bool) else INT if isinstance(v, int) else FLOAT, value=v)
         if isinstance(n, ast.Name):

@@ -367,19 +367,22 @@ def rule_variants_taken(s: ForwardSpec):
 def rule_variant_expressions(s: ForwardSpec):
     """The expressions parse and type-check (the column in the message); a mask expression is the
     spec's only mask, and a score expression the only score change."""
-    from .expression_variant import check_ranges
+    from .expression_variant import check_param_names, check_ranges
     from .expressions import ExpressionError, parse
     v = s.variant
     if v is None:
         if "expr" in s.masks:
             return "masks", "the expr mask applies the spec's mask expression: add variant.mask, or remove expr"
         return None
+    named = check_param_names(v)      # names first: they become C++ members and Params fields
+    if named:
+        return named
     for key, text in (("variant.mask", v.mask), ("variant.score", v.score)):
         if text is not None:
             try:
                 parse(text, v.params, score=key == "variant.score")
             except ExpressionError as exc:
-                return key, f"{exc} in {text!r}"
+                return key, f"{exc} in {text[:200]!r}{' ...' if len(text) > 200 else ''}"
     if v.mask is not None and list(s.masks) != ["expr"]:
         return "masks", (f"a spec with a mask expression has one mask function, expr, which applies it (got "
                          f"{list(s.masks)}); write masks: [expr] or leave masks out, and put causality or a window "
