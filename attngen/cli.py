@@ -432,9 +432,9 @@ def check(specs_dir, gen_dir, as_json):
 def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
     """Every dispatch-table entry names a spec in specs_dir of the entry's call convention, dtype,
     head_dim and mask (varlen: a spec with varlen functions; decode: its page size)."""
-    from .ops.table import entry_problem, load_table, table_path
+    from .ops.table import entry_problem, load_table, table_expected, table_path
     path = table_path(specs_dir)
-    if not path.exists():
+    if not table_expected(specs_dir):   # a folder of specs alone; the served one must have its table
         return []
     out = []
     for e in load_table(path):

@@ -6,11 +6,17 @@ bench reports and sweeps of backward specs, varlen entries from `attngen bench -
 are kept as they are."""
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import os
+import re
+import stat
 from collections import defaultdict
 from pathlib import Path
 
-from ..ops.table import CALLS, Entry
+from ..errors import SpecError
+from ..ops.table import CALLS, MAX_INTEGER, Entry, check_entry
 
 FORWARD, BACKWARD, VARLEN, FP8 = "forward", "backward", "varlen", "forward_fp8"   # the Entry.call of the calls
                                                                                   # bench reports measure
@@ -69,27 +75,8 @@ def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
     bucket splits by rows (grid_entries)."""
     cells = defaultdict(dict)
     for name, report in reports:
-        if "lengths" in report and "rows" in report:   # a varlen bench report
-            if call == VARLEN:
-                _varlen_cells(cells, name, report)
-            continue
-        if "cases" in report and "ranking" in (report["cases"] or [{}])[0]:
-            if report.get("call", FORWARD) == call:
-                _sweep_cells(cells, name, report, call)
-            continue
-        arch = arch_of(report["gpu"])
-        for r in report["results"]:
-            c = r["case"]
-            if c.get("call", FORWARD) != call:
-                continue
-            ranked = sorted((t for t in r["timings"] if t["status"] == "ok" and not t["impl"].startswith("sdpa")),
-                            key=lambda t: t["median_us"])
-            if not ranked:
-                continue
-            mask = "causal" if c["causal"] else "none"
-            query_rows = c["batch"] * c["heads"] * c["seqlen"] if call == FORWARD else 0   # only forward calls pass rows
-            cells[(arch, c["dtype"], c["head_dim"], mask, c.get("head_dim_v", 0))][c["seqlen"], query_rows] = (
-                ranked, f"{name} {r['label']}")
+        with malformed(name):
+            _report_cells(cells, name, report, call)
     out = []
     for (arch, dtype, head_dim, mask, *v), by_cell in cells.items():
         seqlens = sorted({seqlen for seqlen, _ in by_cell})
@@ -102,7 +89,39 @@ def call_entries(reports: list[tuple[str, dict]], call: str) -> list[Entry]:
                                  us=round(best["median_us"], 1), runner_up=second["impl"] if second else None,
                                  runner_up_us=round(second["median_us"], 1) if second else None, measured=where,
                                  head_dim_v=v[0] if v else 0))
+    for e in out:
+        check_entry(e, e.measured)
     return out
+
+
+def _report_cells(cells, name: str, report: dict, call: str) -> None:
+    """The cells of `call` that one report measured, into `cells` (see call_entries)."""
+    if not isinstance(report, dict):
+        raise TypeError(f"the report is a JSON {type(report).__name__}, not an object")
+    if "lengths" in report and "rows" in report:   # a varlen bench report
+        if call == VARLEN:
+            _varlen_cells(cells, name, report)
+        return
+    if "cases" in report and "ranking" in (report["cases"] or [{}])[0]:
+        if report.get("call", FORWARD) == call:
+            _sweep_cells(cells, name, report, call)
+        return
+    arch = arch_of(_text(report["gpu"], "gpu"))
+    for r in report["results"]:
+        c = r["case"]
+        if c.get("call", FORWARD) != call:
+            continue
+        ranked = sorted((_timing(t["impl"], t["median_us"]) for t in r["timings"]
+                         if t["status"] == "ok" and not _text(t["impl"], "impl").startswith("sdpa")),
+                        key=lambda t: t["median_us"])
+        if not ranked:
+            continue
+        mask = "causal" if _flag(c["causal"], "causal") else "none"
+        seqlen = _count(c["seqlen"], "seqlen")
+        query_rows = _count(c["batch"], "batch") * _count(c["heads"], "heads") * seqlen if call == FORWARD else 0
+        cells[(arch, _text(c["dtype"], "dtype"), _count(c["head_dim"], "head_dim"), mask,
+               _count(c.get("head_dim_v", 0), "head_dim_v", least=0))][seqlen, query_rows] = (
+            ranked, f"{name} {_text(r['label'], 'label')}")
 
 
 # A larger grid's winner starts a bucket of its own only where it beats the smaller grids' winner
@@ -132,25 +151,27 @@ def grid_entries(by_rows) -> list[tuple]:
 def _sweep_cells(cells, name: str, report: dict, call: str) -> None:
     """A sweep report's cases as bench cells: its ranking, fastest first, names as written by
     `attngen sweep --write-best` (a name that is not a committed spec is refused on --write)."""
-    arch = report.get("arch") or arch_of(report["gpu"])
+    arch = _text(report.get("arch") or arch_of(_text(report["gpu"], "gpu")), "arch")
     for case in report["cases"]:
-        ranked = [{"impl": r["name"], "median_us": r["median_us"]} for r in case["ranking"] if r.get("median_us")]
+        ranked = [_timing(r["name"], r["median_us"]) for r in case["ranking"] if r.get("median_us")]
         if ranked:
-            batch, heads, seqlen, head_dim, *v = case["shape"]
+            batch, heads, seqlen, head_dim, *v = (_count(n, "shape") for n in case["shape"])
             rows = batch * heads * seqlen if call == FORWARD else 0
-            cells[(arch.rstrip("a"), case["dtype"], head_dim, "causal" if case["causal"] else "none",
-                   v[0] if v else 0)][seqlen, rows] = (ranked, f"{name} {case['label']}")
+            cells[(arch.rstrip("a"), _text(case["dtype"], "dtype"), head_dim,
+                   "causal" if _flag(case["causal"], "causal") else "none",
+                   v[0] if v else 0)][seqlen, rows] = (ranked, f"{name} {_text(case['label'], 'label')}")
 
 
 def _varlen_cells(cells, name: str, report: dict) -> None:
     """A varlen bench report's rows as cells: per batch, dtype, head dim and mask, the specs that
     passed, fastest first; the batch's longest sequence stands for its seqlen."""
-    arch, longest = arch_of(report["gpu"]), max(report["lengths"])
+    arch, longest = arch_of(_text(report["gpu"], "gpu")), max(_count(n, "lengths") for n in report["lengths"])
     ranked = defaultdict(list)
     for r in report["rows"]:
         if r.get("status") == "ok":
-            key = (arch, r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", 0)
-            ranked[key, r["batch"]].append({"impl": r["spec"], "median_us": r["attngen_us"]})
+            key = (arch, _text(r["dtype"], "dtype"), _count(r["head_dim"], "head_dim"),
+                   "causal" if _flag(r["causal"], "causal") else "none", 0)
+            ranked[key, _text(r["batch"], "batch")].append(_timing(r["spec"], r["attngen_us"]))
     for (key, batch), specs in ranked.items():
         cells[key][longest, 0] = (sorted(specs, key=lambda t: t["median_us"]), f"{name} {batch}")
 
@@ -161,12 +182,133 @@ def merge(existing, new) -> list[Entry]:
     return [e for e in existing if e.key() not in replaced] + list(new)
 
 
+# Reports run to a few MiB (a sweep of thousands of candidates); a report nests 7 levels.
+MAX_REPORT_BYTES = 64 * 1024 * 1024
+MAX_REPORT_DEPTH = 64
+NOT_A_REPORT = "not an `attngen bench --json` or `attngen sweep --json` report"
+
+
 def read_reports(paths) -> list[tuple[str, dict]]:
-    """(path as the table cites it: relative to the working directory when inside it, report)."""
-    import json
+    """(path as the table cites it: relative to the working directory when inside it, report). A file
+    that is not a regular file, too large, not JSON, nested deeper than MAX_REPORT_DEPTH or holding
+    NaN or Infinity is one SpecError naming it."""
     from ..render import display_path
-    return [(display_path(p), json.loads(Path(p).read_text())) for p in paths]
+    return [(display_path(p), read_report(p)) for p in paths]
+
+
+def read_report(path) -> dict:
+    """One report file's JSON (see read_reports)."""
+    name = str(path)
+    text = _report_text(name)
+    if json_deeper_than(text, MAX_REPORT_DEPTH):
+        raise SpecError(f"{NOT_A_REPORT}: nested more than {MAX_REPORT_DEPTH} levels deep (a report nests under 10)",
+                        file=name)
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_int=_report_int)
+    except ValueError as exc:       # JSONDecodeError, NaN or Infinity, an integer too long to convert
+        raise SpecError(f"{NOT_A_REPORT}: {_one_line(exc)}", file=name) from None
+    except RecursionError:          # not reached past json_deeper_than; kept so depth is never a traceback
+        raise SpecError(f"{NOT_A_REPORT}: nested too deep", file=name) from None
+
+
+def _report_text(name: str) -> str:
+    """A report's text: a regular file of at most MAX_REPORT_BYTES of UTF-8, opened without blocking."""
+    try:
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise SpecError(f"cannot read the report: {exc.strerror or exc}", file=name) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_REPORT_BYTES:
+            raise SpecError(f"{NOT_A_REPORT}: not a regular file of at most {MAX_REPORT_BYTES >> 20} MiB", file=name)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_REPORT_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"cannot read the report: {exc.strerror or exc}", file=name) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_REPORT_BYTES:
+        raise SpecError(f"{NOT_A_REPORT}: over {MAX_REPORT_BYTES >> 20} MiB", file=name)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{NOT_A_REPORT}: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                        file=name) from None
+
+
+# A string (escapes included, unterminated at the end) or one bracket: brackets inside strings do not nest.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.S)
+
+
+def json_deeper_than(text: str, limit: int) -> bool:
+    """Whether JSON text nests arrays and objects more than `limit` deep, told without parsing it
+    (Python's parser recurses once per level)."""
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text):
+        c = token.group()[0]
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
+def _report_int(digits: str) -> int:
+    """A JSON integer, refused before conversion when it is longer than any count or time a report holds."""
+    if len(digits.lstrip("-")) > 18:
+        raise ValueError(f"an integer of {len(digits.lstrip('-'))} digits is no count a report holds")
+    return int(digits)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a time; a report's times are finite numbers")
+
+
+def _one_line(exc) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@contextlib.contextmanager
+def malformed(name: str):
+    """Reading report `name`: what its JSON lacks or holds of the wrong type is one SpecError naming
+    it, never a traceback from deep inside the cell walk."""
+    try:
+        yield
+    except KeyError as exc:
+        raise SpecError(f"{NOT_A_REPORT}: it has no {_one_line(repr(exc.args[0]))} where one is expected",
+                        file=name) from None
+    except (IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise SpecError(f"{NOT_A_REPORT}: {_one_line(exc)}", file=name) from None
+
+
+def _count(value, what: str, least: int = 1) -> int:
+    """A report's count (a seqlen, batch, head dim): an integer of at least `least`, not a bool or text."""
+    if type(value) is not int or not least <= value <= MAX_INTEGER:
+        raise ValueError(f"{what} must be an integer from {least} to {MAX_INTEGER}, not {_one_line(repr(value))[:40]}")
+    return value
+
+
+def _flag(value, what: str) -> bool:
+    if type(value) is not bool:
+        raise ValueError(f"{what} must be true or false, not {_one_line(repr(value))[:40]}")
+    return value
+
+
+def _text(value, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be text, not {_one_line(repr(value))[:40]}")
+    return value
+
+
+def _timing(impl, median_us) -> dict:
+    """A ranking's row: a name and a finite, positive median time."""
+    if type(median_us) not in (int, float) or not math.isfinite(median_us) or median_us <= 0:
+        raise ValueError(f"median_us must be a positive number of microseconds, not {_one_line(repr(median_us))[:40]}")
+    return {"impl": _text(impl, "impl"), "median_us": median_us}
 
 
 __all__ = ["arch_of", "backward_entries", "bench_entries", "call_entries", "entries_summary", "forward_entries",
-           "merge", "read_reports", "varlen_entries"]
+           "json_deeper_than", "merge", "read_report", "read_reports", "varlen_entries"]

@@ -1,7 +1,9 @@
 """The dispatch table: which committed spec serves a call, per GPU arch, call convention, dtype,
 head dim, mask and sequence-length bucket. It lives in specs/dispatch/table.yaml beside the specs
 it names, is written from measurements (`attngen dispatch --from REPORT --write`), and read here with no
-torch and no GPU, so `attngen check` can prove that every entry names a spec that exists.
+torch and no GPU, so `attngen check` can prove that every entry names a spec that exists. Loading
+checks every value's type and range: a table the dispatcher could not serve from is refused in one
+line, not at a call.
 
 An entry:
     {call: forward, arch: sm_90, dtype: fp16, head_dim: 64, mask: causal, upto: 1024,
@@ -18,8 +20,12 @@ modifiers key on them too: `scores: softcap`, `alibi` or `softcap+alibi` (the sp
 """
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, fields
+import os
+import re
+import stat
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from ..errors import SpecError
@@ -61,7 +67,8 @@ class Entry:
     def why(self) -> str:
         if self.us is None:
             return f"{self.spec}: unmeasured (the spec's target GPU class)"
-        runner = f", runner-up {self.runner_up} {self.runner_up_us:.1f} us" if self.runner_up else ""
+        runner_us = f" {self.runner_up_us:.1f} us" if self.runner_up_us is not None else ""
+        runner = f", runner-up {self.runner_up}{runner_us}" if self.runner_up else ""
         return f"{self.spec}: {self.us:.1f} us measured ({self.measured}){runner}"
 
     def key(self) -> tuple:
@@ -74,42 +81,350 @@ def table_path(specs_dir) -> Path:
 
 
 def load_table(path) -> tuple[Entry, ...]:
-    """Every entry of the table at `path`; SpecError naming the file and entry when one is malformed."""
-    import yaml
+    """Every entry of the table at `path`. A table that is missing, not a small regular file, not
+    YAML, nested too deep, or holds a key, value or entry that the dispatcher cannot take (see
+    entry_problem_of) is one SpecError naming the file, the entry, its line and the fix."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise SpecError(f"cannot read the dispatch table: {exc}", file=str(path)) from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"not valid YAML: {exc}", file=str(path)) from None
+    return parse_table(read_table_text(path), str(path))
+
+
+def parse_table(text: str, file: str) -> tuple[Entry, ...]:
+    """The entries of table text (as load_table; `file` names it in errors)."""
+    data, node = _compose(text, file)
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
-        raise SpecError("a dispatch table is a mapping with a list under `entries`", file=str(path), key="entries")
-    names = {f.name for f in fields(Entry)}
+        raise SpecError("a dispatch table is a mapping with a list under `entries`", file=file, key="entries",
+                        line=_line(node, ("entries",)))
+    extra = [k for k in data if k != "entries"]
+    if extra:
+        raise SpecError(f"unknown top-level key {_key_shown(extra[0])}; a dispatch table holds only `entries`",
+                        file=file, line=_line(node, (extra[0],)), hint="remove it")
     out = []
     for i, raw in enumerate(data["entries"]):
-        where = f"entries[{i}]"
+        where, line = f"entries[{i}]", _line(node, ("entries", i))
         if not isinstance(raw, dict):
-            raise SpecError("each entry is a mapping", file=str(path), key=where)
-        unknown = set(raw) - names
+            raise SpecError("each entry is a mapping", file=file, key=where, line=line,
+                            hint="write it as {call: ..., arch: ..., dtype: ..., head_dim: ..., mask: ..., spec: ...}")
+        unknown = set(raw) - FIELDS
         if unknown:
-            raise SpecError(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; keys are {', '.join(sorted(names))} "
-                            "(a value with a comma in a flow mapping needs quotes)",
-                            file=str(path), key=where)
-        try:
-            entry = Entry(**raw)
-        except TypeError as exc:
-            raise SpecError(f"{exc}", file=str(path), key=where) from None
-        if entry.call not in CALLS:
-            raise SpecError(f"call must be one of {', '.join(CALLS)} (got {entry.call!r})", file=str(path),
-                            key=f"{where}.call")
-        out.append(entry)
+            raise SpecError(f"unknown key(s) {', '.join(sorted(map(_key_shown, unknown)))}; keys are "
+                            f"{', '.join(sorted(FIELDS))} (a value with a comma in a flow mapping needs quotes)",
+                            file=file, key=where, line=line)
+        found = entry_problem_of(raw)
+        if found:
+            field, problem, fix = found
+            raise SpecError(problem, file=file, key=f"{where}.{field}" if field else where, hint=fix,
+                            line=_line(node, ("entries", i, field)) if field else line)
+        out.append(Entry(**raw))
+    clash = duplicate_bucket(out)
+    if clash:
+        first, second = clash
+        raise SpecError(f"serves the same calls as entries[{first}] (line {_line(node, ('entries', first))}) but "
+                        f"names spec {out[second].spec}, not {out[first].spec}", file=file, key=f"entries[{second}]",
+                        line=_line(node, ("entries", second)),
+                        hint="keep the one measured faster; a bucket (key, upto, max_group_rows, min_rows) names "
+                             "one spec")
     return tuple(out)
+
+
+# -- reading the table's file ----------------------------------------------------------------
+
+# The committed table is under 100 KiB: 8 MiB leaves it room to grow and refuses a file no one reviews.
+MAX_TABLE_BYTES = 8 * 1024 * 1024
+# A table nests four levels (document, entries, entry, value); deeper is not a table.
+MAX_TABLE_DEPTH = 8
+TOO_LARGE = f"is over {MAX_TABLE_BYTES // (1024 * 1024)} MiB, not a dispatch table"
+
+
+def read_table_text(path: Path) -> str:
+    """The text of the table: only a regular file of at most MAX_TABLE_BYTES of UTF-8, opened without
+    blocking (a FIFO with no writer is refused, not waited on)."""
+    name = str(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(name, flags)
+    except FileNotFoundError:
+        raise SpecError("there is no dispatch table", file=name, hint=MISSING_FIX.format(path=name)) from None
+    except OSError as exc:
+        raise SpecError(f"cannot read the dispatch table: {exc.strerror or exc}", file=name) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError("is not a regular file; the dispatch table is a YAML file", file=name,
+                            hint=MISSING_FIX.format(path=name))
+        if st.st_size > MAX_TABLE_BYTES:
+            raise SpecError(TOO_LARGE, file=name)
+        chunks, total = [], 0
+        while total <= MAX_TABLE_BYTES:   # the file may grow after fstat: never read past the cap
+            chunk = os.read(fd, MAX_TABLE_BYTES + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > MAX_TABLE_BYTES:
+            raise SpecError(TOO_LARGE, file=name)
+    except OSError as exc:
+        raise SpecError(f"cannot read the dispatch table: {exc.strerror or exc}", file=name) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})", file=name,
+                        line=data.count(b"\n", 0, exc.start) + 1, hint="save the file as UTF-8") from None
+
+
+MISSING_FIX = ("restore it (`git checkout -- {path}`), or start one holding the line `entries: []` and fill it "
+               "with `attngen dispatch --from REPORT.json --write`")
+
+
+def table_expected(specs_dir) -> bool:
+    """Whether `attngen check` must find a table in specs_dir: there is a file or link by its name, the folder
+    has a dispatch/ folder, or it is the folder attngen.attention serves (whose calls fail without one). A
+    folder of specs alone (a test's, a project's own) need not have a table."""
+    from ..shipped import shipped
+    specs_dir = Path(specs_dir)
+    path = table_path(specs_dir)
+    return (os.path.lexists(path) or path.parent.is_dir()
+            or specs_dir.resolve() == shipped("specs").resolve())
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, line: int | None, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.line, self.hint = message, line, hint
+
+
+# Made on first use: the dispatcher imports this module, and a process that never reads the table
+# need not import YAML.
+@functools.cache
+def _table_loader():
+    import yaml
+    from ..core.specio import SpecLoader
+
+    class TableLoader(SpecLoader):
+        """SpecLoader's scalars (plain decimal integers and floats, true/false, null; anything else
+        is text, so `.nan`, `0100` and `yes` stay as written and are refused by type) with the
+        table's depth bound, and no anchors, aliases or tags: an entry says everything on its line."""
+
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            line = event.start_mark.line + 1
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None \
+                    or getattr(event, "tag", None) is not None:
+                raise _Refused("YAML anchors, aliases and tags are not allowed in the dispatch table", line,
+                               "write each entry out in full")
+            self._depth += 1
+            try:
+                if self._depth > MAX_TABLE_DEPTH:
+                    raise _Refused(f"nested more than {MAX_TABLE_DEPTH} levels deep; a table nests 4 (document, "
+                                   "entries, an entry, its values)", line)
+                return yaml.composer.Composer.compose_node(self, parent, index)
+            finally:
+                self._depth -= 1
+
+    return TableLoader
+
+
+def _long_integer(node):
+    """The first integer scalar with more digits than any table value, found before Python converts it."""
+    import yaml
+    from ..core.specio import MAX_INT_DIGITS
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = node.value
+    else:
+        return node if node.tag == "tag:yaml.org,2002:int" and len(node.value.lstrip("+-")) > MAX_INT_DIGITS else None
+    return next((found for child in children if (found := _long_integer(child)) is not None), None)
+
+
+def _compose(text: str, file: str):
+    """(data, node tree) of table text; one SpecError for YAML it cannot take."""
+    import yaml
+    from ..core.specio import duplicate_key
+    loader = None
+    try:
+        loader = _table_loader()(text)
+        node = loader.get_single_node()
+        long = _long_integer(node) if node is not None else None
+        if long is not None:
+            raise _Refused(f"integer {long.value[:20]}... has {len(long.value.lstrip('+-'))} digits, more than any "
+                           "table value", long.start_mark.line + 1)
+        data = loader.construct_document(node) if node is not None else None
+    except _Refused as exc:
+        raise SpecError(exc.message, file=file, line=exc.line, hint=exc.hint) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = " ".join(str(exc.problem or exc.context or "not YAML").split())
+        raise SpecError(f"not valid YAML: {problem}", file=file, line=mark.line + 1 if mark else None,
+                        hint="each entry is one flow mapping `- {call: ..., spec: ...}` under `entries:`") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not valid YAML: {' '.join(str(exc).split())}", file=file) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    dup = duplicate_key(node) if node is not None else None
+    if dup:
+        key, line, first = dup
+        raise SpecError(f"key given twice (first on line {first}); YAML would keep only the last", file=file,
+                        line=line, key=re.sub(r"\.([0-9]+)(?=\.|$)", r"[\1]", key), hint="keep one")
+    return data, node
+
+
+def _line(node, path: tuple) -> int | None:
+    from ..core.specio import line_of
+    return line_of(node, path)
+
+
+# -- what an entry holds ---------------------------------------------------------------------
+
+FIELDS = {f.name for f in fields(Entry)}
+REQUIRED = tuple(f.name for f in fields(Entry) if f.default is MISSING)
+NULLABLE = {f.name for f in fields(Entry) if f.default is None}
+# Integer fields and their least value: a bucket serves seqlen_k from 1; 0 means "none" where allowed.
+INTEGERS = {"head_dim": 1, "upto": 1, "page_size": 0, "max_group_rows": 1, "min_rows": 1, "head_dim_v": 0}
+# Far above any call's length or rows (batch x heads x seqlen_q), and exact as a float: a hostile
+# number is refused here, not an overflow in the bucketing's square roots.
+MAX_INTEGER = 2 ** 48
+TIMES = ("us", "runner_up_us")
+NAMES = ("spec", "runner_up")
+# A spec's name is its file's stem in the specs folder: no folder, no `..`, no leading dot or dash.
+SPEC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+WORDS = {"arch": re.compile(r"sm_[0-9]{2,3}"), "dtype": re.compile(r"[a-z][a-z0-9]{0,15}"),
+         "mask": re.compile(r"[a-z][a-z0-9_]{0,31}"),
+         "scores": re.compile(r"(?:[a-z][a-z0-9_]{0,31}(?:\+[a-z][a-z0-9_]{0,31}){0,7})?")}
+WORD_FIX = {"arch": "an arch is written sm_90, sm_89, ...", "dtype": "fp16, bf16 or e4m3",
+            "mask": "none, causal, window or expr", "scores": "softcap, alibi or softcap+alibi; leave it out for none"}
+MAX_MEASURED = 1000
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _key_shown(key) -> str:
+    """A key as a message names it: as written when it is a plain word or number, else quoted and cut short."""
+    return str(key) if re.fullmatch(r"[A-Za-z0-9_]{1,40}", str(key)) else _shown(key)
+
+
+def _yaml_note(value) -> tuple[str, str] | None:
+    """(what YAML 1.1 or 1.2 would read, the fix) for text that some reader takes for a number or a
+    boolean (`0100`, `.nan`, `yes`); None for other values and for quoted plain numbers."""
+    from ..core.specio import suspicious_scalar
+    if not isinstance(value, str) or re.fullmatch(r"[-+]?(?:0|[1-9][0-9]*)(?:\.[0-9]*)?", value):
+        return None
+    return suspicious_scalar(value)
+
+
+def _as_written(value) -> str:
+    """How a refused value reads: its repr, and what YAML 1.1 would make of it where that differs."""
+    note = _yaml_note(value)
+    return _shown(value) + (f", {note[0]}" if note else "")
+
+
+def _integer_problem(name: str, value) -> tuple[str, str] | None:
+    least = INTEGERS[name]
+    if type(value) is not int:
+        note = _yaml_note(value)
+        quoted = isinstance(value, str) and re.fullmatch(r"[-+]?[0-9]+", value)
+        fix = note[1] if note else "write the number without quotes" if quoted else "write a plain decimal integer"
+        return f"must be an integer >= {least} (got {_as_written(value)})", fix
+    if value < least:
+        return f"must be an integer >= {least} (got {value})", \
+            ("leave `upto` out for no limit" if name == "upto" else f"write an integer of at least {least}")
+    if value > MAX_INTEGER:
+        return f"is larger than any call's (got {_shown(value)}, over {MAX_INTEGER})", "write the value measured"
+    return None
+
+
+def _time_problem(name: str, value) -> tuple[str, str] | None:
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        return (f"must be a finite number of microseconds >= 0 (got {_as_written(value)})",
+                f"write the measured median, or leave `{name}` out for an unmeasured entry")
+    return None
+
+
+def _text_problem(name: str, value) -> tuple[str, str] | None:
+    if not isinstance(value, str):
+        return f"must be text (got {_shown(value)})", "quote it"
+    if name in NAMES:
+        if not SPEC_NAME.fullmatch(value) or ".." in value:
+            return (f"must be a spec's bare name, the stem of its file in the specs folder (got {_shown(value)})",
+                    "name a spec of this folder without a path, `..` or extension")
+    elif name == "call":
+        if value not in CALLS:
+            return f"must be one of {', '.join(CALLS)} (got {_shown(value)})", "use one of those calls"
+    elif name in WORDS:
+        if not WORDS[name].fullmatch(value):
+            return f"is not a valid {name} (got {_shown(value)})", WORD_FIX[name]
+    elif len(value) > MAX_MEASURED or not value.isprintable():
+        return (f"must be one line of printable text of at most {MAX_MEASURED} characters (got {_shown(value)})",
+                "name the report and its cell")
+    return None
+
+
+def value_problem(name: str, value) -> tuple[str, str] | None:
+    """(problem, fix) when `value` is not what the table takes for field `name`, else None."""
+    if value is None:
+        return None if name in NULLABLE else ("is required (got null)", f"give the entry its {name}")
+    if name in INTEGERS:
+        return _integer_problem(name, value)
+    if name in TIMES:
+        return _time_problem(name, value)
+    return _text_problem(name, value)
+
+
+def entry_problem_of(raw: dict) -> tuple[str | None, str, str] | None:
+    """(field or None, problem, fix) of the first thing in `raw`, an entry's keys and values, that the
+    dispatcher cannot take: a required key missing, or a value of the wrong type or range (int fields
+    are integers, not booleans or text; times are finite and not negative; specs are bare names)."""
+    missing = [name for name in REQUIRED if name not in raw]
+    if missing:
+        return None, f"missing key(s) {', '.join(missing)}", f"an entry names its {', '.join(REQUIRED)}"
+    for name, value in raw.items():
+        found = value_problem(name, value)
+        if found:
+            return (name, *found)
+    return None
+
+
+def bucket(e: Entry) -> tuple:
+    """The calls an entry serves: its key and where in the key it sits."""
+    return e.key() + (e.upto, e.max_group_rows, e.min_rows)
+
+
+def duplicate_bucket(entries) -> tuple[int, int] | None:
+    """(first, second) indexes of two entries of one bucket naming different specs, else None: select
+    would take whichever sorts first, so the table would not say which spec serves."""
+    seen: dict = {}
+    for i, e in enumerate(entries):
+        first = seen.setdefault(bucket(e), i)
+        if entries[first].spec != e.spec:
+            return first, i
+    return None
+
+
+def check_entry(e: Entry, source: str) -> None:
+    """SpecError naming `source` (where the entry came from: a report and its cell) when the table
+    would refuse `e` on load, so that `attngen dispatch --write` never writes what `check` refuses."""
+    found = entry_problem_of({f.name: getattr(e, f.name) for f in fields(Entry)})
+    if found:
+        field, problem, fix = found
+        raise SpecError(f"{problem}; the dispatch table does not take it, so nothing was written",
+                        file=_printable(source), key=field, hint=fix)
+
+
+def _printable(text: str) -> str:
+    """`text` when it is one short printable line, else its repr cut short: a message stays one line."""
+    return text if isinstance(text, str) and text.isprintable() and len(text) <= 200 else _shown(text)
 
 
 def dump_table(entries, header: str) -> str:
     """The table's YAML: one flow mapping per entry, sorted by key then upto, so a change to one
-    entry is a one-line diff."""
+    entry is a one-line diff. SpecError when load_table would refuse the text (a bad value, two specs
+    for one bucket): what is written always loads."""
     import yaml
     lines = [f"# {line}" if line else "#" for line in header.splitlines()] + ["entries:"]
     order = sorted(entries, key=lambda e: (e.key(), math.inf if e.upto is None else e.upto,
@@ -120,7 +435,9 @@ def dump_table(entries, header: str) -> str:
                                                              and not getattr(e, f.name))}
         text = yaml.safe_dump(row, default_flow_style=True, sort_keys=False, width=10_000).strip()
         lines.append(f"  - {text}")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    parse_table(text, "(the dispatch table to write, not written)")
+    return text
 
 
 def call_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, page_size: int = 0,
@@ -199,4 +516,6 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
                default=min(same, key=lambda e: e.min_rows or 0))
 
 
-__all__ = ["CALLS", "CONVENTION", "OUT_DTYPE", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE", "candidates", "dump_table", "load_table", "select", "table_path"]
+__all__ = ["CALLS", "CONVENTION", "OUT_DTYPE", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE",
+           "candidates", "check_entry", "dump_table", "entry_problem_of", "load_table", "parse_table", "select",
+           "table_expected", "table_path"]
