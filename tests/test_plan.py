@@ -292,12 +292,13 @@ def test_min_blocks_per_sm_reaches_launch_bounds():
 
 
 def test_min_blocks_per_sm_must_fit_the_sm():
-    # 4 warps = 128 threads; the L4 holds 1536 threads per SM, so 13 blocks do not fit; 8 fit with
-    # the 64 accumulator registers the kernel holds (65536 / (8 x 128) = 64 per thread)
-    assert plan_of(spec_text() + "min_blocks_per_sm: 8\n").min_blocks_per_sm == 8
+    # 4 warps = 128 threads; the L4 holds 1536 threads per SM, so 13 blocks do not fit; 3 leave the
+    # 64 accumulator registers the kernel holds and the kind's margin (65536 / (3 x 128) = 168 per
+    # thread), so the hint suggests 3, not the 12 that are resident
+    assert plan_of(spec_text() + "min_blocks_per_sm: 3\n").min_blocks_per_sm == 3
     with pytest.raises(SpecError) as info:
         plan_of(spec_text() + "min_blocks_per_sm: 13\n")
-    assert info.value.key == "min_blocks_per_sm" and "min_blocks_per_sm <= 12" in info.value.hint
+    assert info.value.key == "min_blocks_per_sm" and "min_blocks_per_sm <= 3" in info.value.hint
 
 
 def test_min_blocks_per_sm_must_leave_the_registers_the_kernel_holds():
@@ -305,7 +306,7 @@ def test_min_blocks_per_sm_must_leave_the_registers_the_kernel_holds():
         plan_of(spec_text() + "min_blocks_per_sm: 12\n")
     assert info.value.key == "min_blocks_per_sm"
     assert "cap ptxas at 40 registers per thread, but the kernel holds at least 64" in info.value.message
-    assert "use min_blocks_per_sm <= 8" in info.value.message
+    assert "use min_blocks_per_sm <= 3" in info.value.message
 
 
 def test_wgmma_homogeneous_issuer():
@@ -447,23 +448,25 @@ def test_wgmma_epilogue(epilogue, maps):
     assert ("Q tile" in p.schedule[-2]) == (epilogue != "registers")
 
 
-@pytest.mark.parametrize("head_dim, swizzle, tile_dim, mode, tma", [
-    (96, "{xor_bits: 2, row_shift: 1}", 96, 2, "64B"), (80, "{xor_bits: 1, row_shift: 2}", 80, 3, "32B"),
-    (40, "{xor_bits: 1, row_shift: 2}", 48, 3, "32B"), (40, "{xor_bits: 3}", 64, 1, "128B"),
-    (160, "{xor_bits: 2, row_shift: 1}", 160, 2, "64B")])
-def test_wgmma_panels_of_any_head_dim(head_dim, swizzle, tile_dim, mode, tma):
+# d160 takes 80-key tiles: 128 would need about 184 registers per consumer thread, over the 160 of
+# three consumer warpgroups (it spilled 964 B).
+@pytest.mark.parametrize("head_dim, swizzle, tile_dim, mode, tma, bn", [
+    (96, "{xor_bits: 2, row_shift: 1}", 96, 2, "64B", 128), (80, "{xor_bits: 1, row_shift: 2}", 80, 3, "32B", 128),
+    (40, "{xor_bits: 1, row_shift: 2}", 48, 3, "32B", 128), (40, "{xor_bits: 3}", 64, 1, "128B", 128),
+    (160, "{xor_bits: 2, row_shift: 1}", 160, 2, "64B", 80)])
+def test_wgmma_panels_of_any_head_dim(head_dim, swizzle, tile_dim, mode, tma, bn):
     """Head dims that are not multiples of 64 take 64- or 32-byte swizzled panels (or pad to whole
     panels): the descriptors' mode, stride and V offsets, the TMA boxes and transaction bytes, the
     accumulators and the P.V width all follow the panel, and a padded tile says so in explain."""
-    text = (spec_text(head_dim=head_dim, block_m=192, block_n=128, warps="{producer: 4, consumer: 12}",
+    text = (spec_text(head_dim=head_dim, block_m=192, block_n=bn, warps="{producer: 4, consumer: 12}",
                       mma="wgmma_m64nNk16", smem=f"{{swizzle: {swizzle}, stages: 2, async_copy: true, opt_in: true}}",
                       target="h100") + "registers: {producer: 32, consumer: 160}\n")
     p = plan_of(text)
     f, row = p.fragments, {"128B": 128, "64B": 64, "32B": 32}[tma]
     assert (f.tile_dim, f.panels, f.panel_cols, f.panel_row_bytes) == (tile_dim, tile_dim * 2 // row, row // 2, row)
     assert (f.descriptor_mode, f.swizzle_atom_bytes, f.k_steps_per_panel) == (mode, 8 * row, row // 32)
-    assert (f.v_lbo_bytes, f.v_step_bytes, f.o_regs, f.k_steps_qk) == (128 * row, 16 * row, tile_dim // 2, tile_dim // 16)
-    assert (f.q_bytes, f.k_tile_bytes, f.v_tile_bytes) == (192 * tile_dim * 2, 128 * tile_dim * 2, 128 * tile_dim * 2)
+    assert (f.v_lbo_bytes, f.v_step_bytes, f.o_regs, f.k_steps_qk) == (bn * row, 16 * row, tile_dim // 2, tile_dim // 16)
+    assert (f.q_bytes, f.k_tile_bytes, f.v_tile_bytes) == (192 * tile_dim * 2, bn * tile_dim * 2, bn * tile_dim * 2)
     assert p.region("q").bytes == 192 * tile_dim * 2 and all(r.offset % 1024 == 0 for r in p.regions if r.name != "bars")
     assert {(m.box_cols, m.swizzle) for m in p.tensor_maps} == {(row // 2, tma)}
     assert (p.head_dim, p.chunks_per_row) == (head_dim, head_dim // 8)   # what the runtime checks and stores
@@ -492,7 +495,7 @@ def test_wgmma_head_dim_v():
     text_out = explain(p)
     assert "V and O: head_dim_v 128, Q and K: head_dim 192 (the default scale is 1/sqrt(192))" in text_out
     assert "m64n128k16 (P.V" in text_out and "K 49152 B and V 32768 B per stage" in text_out
-    assert p.spec.register_need()[0] == 64 + 64 + 48
+    assert p.spec.register_need()[0] == 64 + 64 + 40    # S + O + the sequential schedule's margin
     same = plan_of(text.replace("head_dim_v: 128", "head_dim_v: 192").replace("block_n: 128", "block_n: 96"))
     # head_dim_v equal to head_dim is the plain plan
     assert (same.head_dim_v, same.v_dim, same.fragments.tile_dim_v) == (0, 192, 192)

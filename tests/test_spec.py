@@ -224,6 +224,15 @@ RULE_CASES = [
     ("rule_register_cap", DECODE, {"min_blocks_per_sm": 16}, "min_blocks_per_sm",
      "cap ptxas at 32 registers per thread, but the kernel holds at least"),
     ("rule_register_cap", MMA, {"min_blocks_per_sm": 12}, "min_blocks_per_sm", "use min_blocks_per_sm <= "),
+    ("rule_decode_always_rescales", DECODE, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
+     "the decode kernel rescales its output at every tile"),
+    ("rule_backward_no_rescale", BACKWARD, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
+     "keeps no running max to rescale by"),
+    ("rule_backward_no_rescale", BACKWARD_WGMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
+     "keeps no running max to rescale by"),
+    ("rule_backward_one_block", BACKWARD_WGMMA, {"min_blocks_per_sm": 2}, "min_blocks_per_sm",
+     "this backward runs one block per SM"),
+    ("rule_fp8_target", FP8, {"target": "a100"}, "target", "need sm_89 or later; target a100 is sm_80"),
     ("rule_no_warp_roles", merged(SPECIALIZED, mma="scalar", head_dim=64, tile={"block_m": 32, "block_n": 64},
                                 smem={"stages": 1}), {}, "warps.producer",
      "producer/consumer warp roles are not generated for scalar; use warps: {compute: 4}"),
@@ -330,7 +339,8 @@ def test_refusals_name_the_spec_own_fragment_only():
 
 
 def test_wgmma_without_registers_when_accumulators_do_not_fit():
-    err = spec_error(to_yaml(merged(WGMMA, registers=DELETE)))
+    # overlapped: S 64 + O 64 + 64 = 192 registers (sequential, 168 fit the entry cap and compile spill-free)
+    err = spec_error(to_yaml(merged(WGMMA, registers=DELETE, schedule={"overlap": True})))
     assert err.key == "registers" and "gets 168 at entry" in err.message and "set registers:" in err.message
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+PARAMS_MAX = 4096          # bytes: CUDA's limit for a kernel's parameters (the planner refuses more)
+
 
 @dataclass(frozen=True)
 class AbiField:

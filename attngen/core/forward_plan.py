@@ -12,7 +12,7 @@ from .abi import Abi, float32, float_pointer, int32, int64, pointer
 from .kind import Kind
 from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
                      TileCopy, barrier_region, check_budget, layout_regions, ring_stride, xor_misfit)
-from .spec_keys import ForwardSpec, PadSwizzle, XorSwizzle
+from .spec_keys import ForwardSpec, PadSwizzle, XorSwizzle, blocks_that_fit
 from .variants import MASKS, SCORES, MaskVariant, ScoreVariant
 from .input_errors import ERRORS_FIELD
 from .varlen_plan import VARLEN_ABI_FIELDS, is_varlen, mask_of, varlen_key
@@ -352,13 +352,15 @@ def producer_consumer_text(spec: ForwardSpec) -> tuple[tuple[str, ...], tuple[st
 
 
 def launch_min_blocks(spec: ForwardSpec, target: Target, threads: int, file: str | None) -> int | None:
-    """The spec's min_blocks_per_sm, refused when that many blocks cannot be resident on the target."""
+    """The spec's min_blocks_per_sm, refused when that many blocks cannot be resident on the target.
+    The count it suggests also leaves the kernel its registers (a resident count could spill)."""
     n = spec.min_blocks_per_sm
     if n is not None and n * threads > target.max_threads_per_sm:
-        fit = target.max_threads_per_sm // threads
+        fit = blocks_that_fit(spec, threads)
         raise SpecError(f"{n} blocks of {threads} threads exceed the {target.max_threads_per_sm} threads an SM of "
                         f"the {target.name} holds", file=file, key="min_blocks_per_sm",
-                        hint=f"use min_blocks_per_sm <= {fit}, or leave it unset")
+                        hint=(f"use min_blocks_per_sm <= {fit}, or leave it unset" if fit > 1 else
+                              "leave min_blocks_per_sm unset"))
     return n
 
 

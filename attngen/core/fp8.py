@@ -6,11 +6,13 @@ from typing import Literal
 
 from pydantic import Field
 
+from ..targets import TARGETS
 from .abi import Abi, pointer
 from .forward_plan import FORWARD_ABI
 
 P_LOG2_OFFSET = 8       # P = exp2(s - max + 8) <= 256, inside e4m3's 448: its small values keep their bits
 KEY_STEP = 32           # keys (and head-dim columns) per k32 step of an 8-bit mma
+FP8_FROM_ARCH = 89      # e4m3 tensor-core instructions: Ada (sm_89) and later; sm_80 has none
 
 # Params: the forward's, V described as the transposed tensor it is, and the descale factors.
 FP8_ABI = Abi("Params", tuple(
@@ -35,6 +37,18 @@ class E4m3Types:
     @property
     def out_dtype(self) -> str:
         return self.output_dtype
+
+
+def has_fp8(target: str) -> bool:
+    return int(TARGETS[target].arch.removeprefix("sm_")) >= FP8_FROM_ARCH
+
+
+def rule_fp8_target(s):
+    """ptxas refuses e4m3 mma on an older GPU; say so before rendering anything."""
+    if not has_fp8(s.target):
+        runs = ", ".join(t for t in TARGETS if has_fp8(t))
+        return "target", (f"e4m3 tensor-core instructions need sm_{FP8_FROM_ARCH} or later; target {s.target} is "
+                          f"{TARGETS[s.target].arch}: use target {runs}, or dtype fp16/bf16 with an fp16 fragment")
 
 
 def rule_head_dim_k32(s):

@@ -199,6 +199,9 @@ class ForwardSpec(SpecBase):
     masks_taken: ClassVar[tuple[str, ...]] = ("none", "causal")
     takes_scores: ClassVar[bool] = False
     takes_max_chains: ClassVar[bool] = False   # softmax.max_chains other than 1
+    # Registers a thread needs beside those register_need counts (addresses, operand fragments, the
+    # softmax), measured per kind as the lowest ptxas cap that compiles without spills.
+    register_margin: ClassVar[int] = 0
 
     # What the kind's fragments need of the tile: rows per compute warp and keys per tile come in
     # multiples of these (see rule_block_m_split / rule_block_n).
@@ -320,9 +323,28 @@ def rule_xor_bits(s: ForwardSpec):
             return "smem.swizzle.xor_bits", problem
 
 
+def register_estimate(s: ForwardSpec) -> int | None:
+    """Registers per thread the kernel needs to compile without spills: what it holds and the kind's
+    margin; None when the kind does not say."""
+    need = s.register_need()
+    return None if need is None else need[0] + s.register_margin
+
+
+def blocks_that_fit(s: ForwardSpec, threads: int) -> int:
+    """The most blocks per SM (at least 1) that are resident on the target and leave ptxas the
+    registers the kernel needs: the only counts a refusal may suggest."""
+    target = TARGETS[s.target]
+    need = register_estimate(s)
+    resident = max(1, target.max_threads_per_sm // threads)
+    fit = [n for n in range(1, resident + 1) if need is None or register_cap(target.regs_per_sm, threads, n) >= need]
+    return max(fit, default=1)
+
+
 def rule_register_cap(s: ForwardSpec):
-    """min_blocks_per_sm caps the registers ptxas may use; a cap below what the kernel is known to
-    hold makes ptxas fail (wgmma: C7602) or spill its accumulators to local memory."""
+    """min_blocks_per_sm caps the registers ptxas may use; a cap below what the kernel needs makes
+    ptxas fail (wgmma: C7602) or spill to local memory. The need counts what the kernel holds (its
+    accumulators and fragments) and the kind's measured margin beside them, so that a count this
+    rule accepts or suggests compiles without spills."""
     blocks, need = s.min_blocks_per_sm, s.register_need()
     if blocks is None or need is None:
         return None
@@ -330,13 +352,15 @@ def rule_register_cap(s: ForwardSpec):
     target = TARGETS[s.target]
     if blocks * threads > target.max_threads_per_sm:
         return None    # the plan refuses it first: that many blocks are not resident at all
-    regs = target.regs_per_sm
-    cap = register_cap(regs, threads, blocks)
-    if cap < need[0]:
-        fit = max((n for n in range(1, blocks) if register_cap(regs, threads, n) >= need[0]), default=None)
-        fix = f"use min_blocks_per_sm <= {fit}, or leave it unset" if fit else "leave min_blocks_per_sm unset"
+    cap = register_cap(target.regs_per_sm, threads, blocks)
+    total = register_estimate(s)
+    if cap < total:
+        fit = blocks_that_fit(s, threads)
+        fix = f"use min_blocks_per_sm <= {fit}, or leave it unset" if fit > 1 else "leave min_blocks_per_sm unset"
+        beside = f" and about {s.register_margin} more beside them" if s.register_margin else ""
         return "min_blocks_per_sm", (f"{blocks} blocks of {threads} threads per SM cap ptxas at {cap} registers per "
-                                     f"thread, but the kernel holds at least {need[0]} ({need[1]}); {fix}")
+                                     f"thread, but the kernel holds at least {need[0]} ({need[1]}){beside}: it needs "
+                                     f"{total} to compile without spills; {fix}")
 
 
 def rule_head_dim_v(s: ForwardSpec):
@@ -455,6 +479,12 @@ rule_always_rescales = refuse(
     "softmax.rescale", lambda s: s.softmax.rescale != "always",
     lambda s: (f"rescaling only when a row's max changes is not generated for {s.mma}; set "
                "softmax.rescale: always"), "rule_always_rescales")
+# The backward recomputes P from the forward's LSE: it keeps no running max, so the key would be
+# accepted and mean nothing.
+rule_backward_no_rescale = refuse(
+    "softmax.rescale", lambda s: s.softmax.rescale != "always",
+    lambda s: ("the backward recomputes P from the forward's saved LSE and keeps no running max to rescale by; "
+               "remove softmax.rescale (or set it to always)"), "rule_backward_no_rescale")
 
 
 # -- validation errors -> one SpecError ------------------------------------------------------------

@@ -14,7 +14,12 @@ from .wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_p
 
 
 MAX_N = 256                # wgmma N
-ACCUMULATOR_MARGIN = 48    # registers a consumer thread needs beside its S and O accumulators (addresses, softmax)
+# Registers a consumer thread needs beside its S and O accumulators (addresses, softmax), by schedule.
+# Measured as the most accumulators that compile without spills at a consumer cap of 160 (three
+# consumer warpgroups, sm_90a, nvcc 13.0), d64: sequential block_n 176 none, 192 24 B; overlapped
+# (S of the next tile beside P of this one) block_n 128 none, 144 96 B.
+ACCUMULATOR_MARGIN = 40
+OVERLAP_MARGIN = 64
 
 
 class Registers(Strict):
@@ -119,9 +124,18 @@ def entry_cap(s) -> int:
     return TARGETS[s.target].regs_per_sm // threads // 8 * 8
 
 
+def accumulator_margin(s) -> int:
+    return OVERLAP_MARGIN if s.schedule.overlap else ACCUMULATOR_MARGIN
+
+
 def consumer_need(s) -> int:
-    """Registers a consumer thread needs: its S and O accumulators and ACCUMULATOR_MARGIN."""
-    return s.tile.block_n // 2 + tile_dim_v(s) // 2 + ACCUMULATOR_MARGIN
+    """Registers a consumer thread needs: its S and O accumulators and the schedule's margin."""
+    return s.tile.block_n // 2 + tile_dim_v(s) // 2 + accumulator_margin(s)
+
+
+def need_text(s) -> str:
+    return (f"S {s.tile.block_n // 2} + O {tile_dim_v(s) // 2} accumulators + {accumulator_margin(s)} "
+            f"({'overlapped' if s.schedule.overlap else 'sequential'} schedule)")
 
 
 def rule_registers(s):
@@ -130,10 +144,8 @@ def rule_registers(s):
     need = consumer_need(s)
     if r is None:
         if need > entry_cap(s):
-            return "registers", (f"a consumer thread needs about {need} registers (S {s.tile.block_n // 2} + O "
-                                 f"{tile_dim_v(s) // 2} accumulators + {ACCUMULATOR_MARGIN}) but gets {entry_cap(s)} "
-                                 f"at entry: set registers: {{producer: 24, consumer: ...}} to move the producer's "
-                                 f"registers to the consumers")
+            return "registers", (f"a consumer thread needs about {need} registers ({need_text(s)}) but gets "
+                                 f"{entry_cap(s)} at entry; {consumer_fix(s, entry_cap(s))}")
         return None
     if s.producer_warps == 0:
         return "registers", "setmaxnreg moves registers between roles: it needs a producer warpgroup"
@@ -158,6 +170,42 @@ def rule_registers(s):
     if r.producer > cap or r.consumer < cap:
         return "registers", (f"the producer gives registers to the consumers: producer ({r.producer}) at most and "
                              f"consumer ({r.consumer}) at least the entry cap of {cap}")
+    return consumer_short(s, r.consumer)
+
+
+def most_consumer_registers(s) -> int:
+    """The most registers setmaxnreg can give a consumer thread (the producer keeping 24); 0 where it
+    cannot move any (no producer warpgroup, or one consumer warpgroup, which the entry cap serves)."""
+    consumers = s.compute_warps // WARPGROUP
+    if not s.producer_warps or consumers == 1:
+        return 0
+    return min(256, (entry_cap(s) * (consumers + 1) - 24) // consumers // 8 * 8)
+
+
+def consumer_fix(s, consumer: int) -> str:
+    """A value that fits: more consumer registers where setmaxnreg has them, else the widest tile
+    that fits the registers a consumer can get."""
+    need = consumer_need(s)
+    most = most_consumer_registers(s)
+    if most >= need:
+        return (f"set registers: {{producer: 24, consumer: {round_up(need, 8)}}} to move the producer's registers "
+                f"to the consumers (the pool allows up to {most})")
+    fit_n = (max(consumer, most) - tile_dim_v(s) // 2 - accumulator_margin(s)) * 2 // s.key_unit * s.key_unit
+    if fit_n >= s.key_unit:
+        return f"use tile.block_n <= {fit_n}" + (" and registers: {producer: 24, consumer: %d}" % most
+                                                  if most > consumer else "")
+    return "use a smaller head_dim_v or fewer consumer warpgroups (O's accumulators alone leave no room)"
+
+
+def consumer_short(s, consumer: int):
+    """The set split's consumer registers hold what a consumer thread needs, or ptxas spills and
+    serializes the wgmma (C7512): the same need as without registers set."""
+    need = consumer_need(s)
+    if consumer >= need:
+        return None
+    return "registers.consumer", (f"{consumer} registers per consumer thread, but it needs about {need} "
+                                  f"({need_text(s)}), or ptxas spills and serializes the wgmma; "
+                                  f"{consumer_fix(s, consumer)}")
 
 
 class Schedule(Strict):
@@ -212,5 +260,4 @@ class WgmmaForwardSpec(ForwardSpec):
         return panel.row_bytes // 16 if panel else super().swizzled_row_chunks()
 
     def register_need(self):
-        return (consumer_need(self), f"a consumer thread's S {self.tile.block_n // 2} and O {tile_dim_v(self) // 2} "
-                                     f"accumulators + {ACCUMULATOR_MARGIN}")
+        return consumer_need(self), f"a consumer thread's {need_text(self)}"

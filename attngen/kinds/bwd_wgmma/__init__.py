@@ -32,8 +32,9 @@ from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_a
 from ...core.kind import Kind
 from ...core.layout import Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget, layout_regions
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
-from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_varlen_no_expressions,
-                               rule_backward_varlen_plain, rule_head_dim_vector_loads)
+from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_rescale,
+                               rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
+                               rule_head_dim_vector_loads)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
                            swizzled_tile)
 from ...targets import TARGETS
@@ -131,11 +132,18 @@ rule_backward_opt_in = refuse(
     "smem.opt_in", lambda s: not s.smem.opt_in,
     lambda s: "the K, V, Q, dO and dS^T panels take more than 48 KiB: set smem.opt_in: true",
     "rule_backward_opt_in")
+# The main kernel's launch bounds say one block per SM (its threads take up to 255 registers each):
+# a spec's own count would be accepted and never reach the kernel.
+rule_backward_one_block = refuse(
+    "min_blocks_per_sm", lambda s: s.min_blocks_per_sm is not None,
+    lambda s: ("this backward runs one block per SM (its threads hold dK, dV, S^T and dP^T in up to "
+               f"{MAX_REGISTERS} registers each); remove min_blocks_per_sm"), "rule_backward_one_block")
 
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
                            rule_backward_warpgroups, rule_backward_head_dim, rule_backward_varlen_no_expressions,
                            rule_backward_copies, rule_backward_opt_in, rule_backward_varlen_plain,
-                           rule_backward_registers, rule_backward_rows_plain)
+                           rule_backward_registers, rule_backward_rows_plain, rule_backward_one_block,
+                           rule_backward_no_rescale)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -56,6 +56,9 @@ class DecodeSpec(ForwardSpec):
     key_unit_why = "k16 steps of P.V"
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
+    # h200_decode_d64 (64 accumulators and Q fragments, 128 threads): no spill at a cap of 168, 12 B at
+    # 128; h200_decode_d96 (88): 4 B at 168; h200_decode_d128 (112): 32 B at 168 (sm_90, nvcc 13.0).
+    register_margin = 96
 
     def register_need(self):
         if holds_q(self):
@@ -151,10 +154,16 @@ rule_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_regist
                              lambda s: "the decode plan keeps Q fragments in registers wherever they fit beside "
                                        "the accumulators; leave q_in_registers unset", "rule_no_q_registers")
 
+# The split kernel rescales O at every tile; on_max_change would be accepted and mean nothing.
+rule_decode_always_rescales = refuse("softmax.rescale", lambda s: s.softmax.rescale != "always",
+                                     lambda s: "the decode kernel rescales its output at every tile (on_max_change "
+                                               "is not generated for decode: split_kv); set softmax.rescale: always",
+                                     "rule_decode_always_rescales")
+
 
 DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim, rule_rows, rule_keys_per_warp,
                     rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers, rule_page_size,
-                    rule_decode_no_varlen, rule_decode_expressions_alone)
+                    rule_decode_no_varlen, rule_decode_expressions_alone, rule_decode_always_rescales)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,8 @@ from ...core.forward_plan import plan_forward
 from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
 from ...core.layout import CHUNK_BYTES, Region, Swizzle
-from ...core.fp8 import FP8_ABI, KEY_STEP, P_LOG2_OFFSET, E4m3Types, rule_fp8_calls, rule_head_dim_k32
+from ...core.fp8 import (FP8_ABI, KEY_STEP, P_LOG2_OFFSET, E4m3Types, rule_fp8_calls, rule_fp8_target,
+                         rule_head_dim_k32)
 from ...core.spec_keys import (ForwardSpec, PadSwizzle, rule_block_m_split, rule_block_n, rule_threads)
 
 NAME = "fwd_mma_fp8"
@@ -37,6 +38,9 @@ class MmaFp8Spec(E4m3Types, ForwardSpec):
     key_unit_why = "whole k32 steps of the P.V product"
     masks_taken: ClassVar[tuple[str, ...]] = ("none", "causal")
     takes_scores: ClassVar[bool] = False
+    # l4_mma_d64_fp8 (64 accumulators, 256 threads): no spill at a cap of 128 (127 used), 108 B at 80;
+    # l4_mma_d128_fp8 (96): 48 B at 128 (sm_89, nvcc 13.0).
+    register_margin: ClassVar[int] = 64
 
     def register_need(self):
         f = fragments(self, self.tile.block_m // self.compute_warps, None)
@@ -57,7 +61,7 @@ def rule_fp8_pipeline(s: MmaFp8Spec):
                                 "{xor_bits: B} or none")
 
 
-MmaFp8Spec.rules = (rule_head_dim_k32, rule_block_m_split, rule_block_n, rule_fp8_pipeline, rule_fp8_calls,
+MmaFp8Spec.rules = (rule_fp8_target, rule_head_dim_k32, rule_block_m_split, rule_block_n, rule_fp8_pipeline, rule_fp8_calls,
                     rule_threads)
 
 

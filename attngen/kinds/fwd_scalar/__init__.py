@@ -41,6 +41,13 @@ class ScalarSpec(ForwardSpec):
     rules = (rule_head_dim_vector_loads, rule_scalar_head_dim, rule_block_m_split, rule_block_n, rule_stages_need_async,
              rule_no_async_copy, rule_no_q_in_registers, rule_no_xor_swizzle, rule_pad_bytes,
              rule_no_warp_roles, rule_threads, rule_always_rescales)
+    # phase4 (32 registers of S and O, 128 threads): no spill at a cap of 128, 8 B at 96 (sm_89, nvcc 13.0).
+    register_margin = 96
+
+    def register_need(self):
+        rows = self.tile.block_m // self.compute_warps
+        return (rows * (self.tile.block_n // 32 + self.head_dim // 32),
+                "each row's keys and output columns a lane holds")
 
 
 @dataclass(frozen=True, kw_only=True)

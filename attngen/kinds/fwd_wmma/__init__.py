@@ -32,6 +32,17 @@ class WmmaSpec(ForwardSpec):
     rules = (rule_head_dim_vector_loads, rule_head_dim_fragments, rule_block_m_split, rule_block_n,
              rule_stages_need_async, rule_no_q_in_registers, rule_no_xor_swizzle, rule_pad_bytes, rule_pad_16_bytes,
              rule_no_warp_roles, rule_threads, rule_always_rescales)
+    # phase5_wmma (64 row-slice registers, 64 threads): no spill at a cap of 128, 32 B at 112 (sm_89,
+    # nvcc 13.0).
+    register_margin = 64
+
+    def register_need(self):
+        rows = self.tile.block_m // self.compute_warps
+        if rows > 32 or 32 % rows:
+            return None     # the plan refuses the split (fragments)
+        lanes = 32 // rows
+        return (self.tile.block_n // lanes + self.head_dim // lanes,
+                "the row slices of S and O a lane holds in the softmax and the rescale")
 
 
 @dataclass(frozen=True, kw_only=True)
