@@ -1,5 +1,9 @@
-"""nvcc: CUDA source -> cubin, the ptxas resource report, and an on-disk cubin cache that is verified
-on every read."""
+"""nvcc: CUDA source -> cubin, its resource report, and an on-disk cubin cache that is verified on
+every read.
+
+The report comes from the cubin: registers, stack frame, static shared memory and barriers are in
+its sections; only the spill byte counts are ptxas's log alone, and the cache binds those to the
+cubin (see the cache entry below)."""
 from __future__ import annotations
 
 import hashlib
@@ -7,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -16,16 +21,17 @@ from pathlib import Path
 
 from . import fsutil
 from .errors import ToolError, WriteError
+from .runtime.cubin import KernelFacts, kernel_facts
 
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-Xptxas=-v")
 CACHE_ENV = "ATTNGEN_CACHE_DIR"
-CACHE_FORMAT = 2          # part of every cache key: entries of other formats are never looked up
+CACHE_FORMAT = 3          # part of every cache key: entries of other formats are never looked up
 ARCH_RE = re.compile(r"sm_[1-9][0-9]+[af]?")
 
 
 @dataclass(frozen=True)
 class FunctionReport:
-    """What ptxas says about one kernel function."""
+    """The resources of one kernel function, as ptxas reports them."""
 
     name: str
     registers: int
@@ -119,6 +125,52 @@ def parse_ptxas(log: str) -> tuple[FunctionReport, ...]:
     return tuple(reports)
 
 
+def report_from_cubin(cubin: bytes, log: str) -> tuple[FunctionReport, ...]:
+    """One report per kernel of `cubin`, from its sections, with the spill byte counts of `log`
+    (ptxas's output of the same compile; a kernel it does not name has none). ValueError when
+    the cubin is malformed."""
+    spills = {f.name: (f.spill_stores, f.spill_loads) for f in parse_ptxas(log)}
+    return tuple(_report(facts, *spills.get(name, (0, 0))) for name, facts in sorted(kernel_facts(cubin).items()))
+
+
+def _report(facts: KernelFacts, spill_stores: int, spill_loads: int) -> FunctionReport:
+    return FunctionReport(facts.name, facts.registers, spill_stores, spill_loads, facts.stack_bytes,
+                          facts.smem_bytes, facts.barriers)
+
+
+# What a source promises its cubin holds: the kernels it defines (extern "C", so a kernel's name
+# in the cubin is its name in the source) and, for those taking the Params struct by value (every
+# generated kernel), a single parameter of the size the source's static_assert gives (core/abi.py).
+# Anchored at the start of a line, so a comment cannot declare a kernel.
+_KERNEL = re.compile(r'^extern\s+"C"\s+__global__\s+void\b(?:\s+__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\))?'
+                     r'\s+(\w+)\s*\(([^()]*)\)', re.M)
+_PARAMS_SIZE = re.compile(r"^\s*static_assert\(sizeof\(Params\) == (\d+)\b", re.M)
+_TAKES_PARAMS = re.compile(r"^\s*const\s+(?:__grid_constant__\s+)?(?:\w+::)*Params\s+\w+\s*$")
+
+
+def source_kernels(source: str) -> dict[str, int | None]:
+    """kernel name -> the size of its one Params parameter (None: a kernel that takes other
+    parameters, whose layout is not checked) for every extern "C" kernel `source` defines."""
+    sizes = {int(m.group(1)) for m in _PARAMS_SIZE.finditer(source)}
+    size = sizes.pop() if len(sizes) == 1 else None
+    return {m.group(1): size if _TAKES_PARAMS.match(m.group(2)) else None for m in _KERNEL.finditer(source)}
+
+
+def plan_mismatch(cubin_kernels: dict[str, KernelFacts], source: str) -> str | None:
+    """Why a cubin is not the one `source` compiles to (its kernels or their Params layout), or
+    None. A cubin copied from another source's entry, whole manifest and all, fails here."""
+    expected = source_kernels(source)
+    if set(cubin_kernels) != set(expected):
+        return (f"its kernels ({', '.join(sorted(cubin_kernels)) or 'none'}) are not the source's "
+                f"({', '.join(sorted(expected)) or 'none'})")
+    for name, size in sorted(expected.items()):
+        params = cubin_kernels[name].params
+        sizes = [s for _offset, s in params]
+        if size is not None and sizes != [size]:
+            return f"kernel {name} takes {sizes} bytes of parameters, not the source's Params of {size}"
+    return None
+
+
 def cache_dir() -> Path:
     d = os.environ.get(CACHE_ENV)
     if d:
@@ -137,11 +189,18 @@ def cache_key(source: str, arch: str, nvcc: str) -> str:
 # -- the cache entry: <cache_dir>/<key>/{kernel.cubin, ptxas.log, manifest.json, .lock} -----------
 #
 # kernel.cubin and ptxas.log are written first, each atomically, then manifest.json, which records
-# their sizes and sha256. An entry counts only when the manifest is there and both files match it;
-# a damaged entry is reported and rebuilt, never used. The .lock file serialises the compile and
-# store of one key across processes, so concurrent compiles of one source run nvcc once.
+# their sizes and sha256, the report, and entry_sha256: the hash of all of that together, key
+# included. An entry counts only when the manifest is whole and both files match it, the cubin is
+# the one this source compiles to (its kernels and their Params), the report's resources are the
+# cubin's and the log's report is the same; a damaged entry is reported and rebuilt, never used.
+# The .lock file serialises the compile and store of one key across processes, so concurrent
+# compiles of one source run nvcc once. Every file is read as a regular file of bounded size, and
+# an entry that is a link is damaged: a read never blocks, never runs on, and never leaves the cache.
 
 CUBIN, LOG, MANIFEST, LOCK = "kernel.cubin", "ptxas.log", "manifest.json", ".lock"
+READ_LIMIT = {MANIFEST: 1 << 20, CUBIN: 256 << 20, LOG: 16 << 20}
+MANIFEST_DEPTH = 8           # the manifest nests 3 deep (entry, report, function)
+REPORT_FIELDS = tuple(FunctionReport.__dataclass_fields__)
 
 
 class BadCacheEntry(Exception):
@@ -154,18 +213,69 @@ def _sha256(data: bytes) -> str:
 
 def _read_file(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return fsutil.read_regular(path, READ_LIMIT[path.name])
     except FileNotFoundError:
         raise BadCacheEntry(f"{path.name} is missing") from None
+    except fsutil.ReadRefused as exc:
+        raise BadCacheEntry(str(exc)) from None
     except OSError as exc:
         raise BadCacheEntry(f"cannot read {path.name}: {fsutil.reason(exc)}") from None
 
 
-def read_cache_entry(cdir: Path, key: str, arch: str) -> CompileResult | None:
-    """The verified result stored in `cdir`, None when there is no entry; BadCacheEntry when the
-    entry is damaged, incomplete or does not match its manifest."""
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def json_depth(text: str) -> int:
+    """How deep the arrays and objects of JSON `text` nest (strings skipped), without recursing:
+    json.loads of a deeply nested text raises RecursionError."""
+    depth = deepest = 0
+    for m in _JSON_TOKEN.finditer(text):
+        token = m.group()
+        if token == "[" or token == "{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token == "]" or token == "}":
+            depth -= 1
+    return deepest
+
+
+def _entry_sha256(manifest: dict) -> str:
+    """The hash that binds every field of the manifest (the cubin's and log's hashes, the key and
+    the report) into one: a manifest edited in one place no longer matches it."""
+    fields = {k: v for k, v in manifest.items() if k != "entry_sha256"}
+    return _sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _manifest(raw: bytes) -> dict:
+    """The manifest's fields, checked for shape; BadCacheEntry when it is not a valid manifest."""
     try:
-        raw = (cdir / MANIFEST).read_bytes()
+        text = raw.decode("utf-8")
+        if json_depth(text) > MANIFEST_DEPTH:
+            raise ValueError("nested too deep")
+        m = json.loads(text)
+        ints = [m[k] for k in ("format", "cubin_bytes", "log_bytes", "functions")]
+        strs = [m[k] for k in ("key", "arch", "cubin_sha256", "log_sha256", "entry_sha256")]
+        report = tuple(_function_report(f) for f in m["report"])
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        raise BadCacheEntry(f"{MANIFEST} is not a valid manifest") from None
+    if not all(type(v) is int for v in ints) or not all(isinstance(v, str) for v in strs):
+        raise BadCacheEntry(f"{MANIFEST} is not a valid manifest")
+    return {**m, "report": report}
+
+
+def _function_report(d: dict) -> FunctionReport:
+    if set(d) != set(REPORT_FIELDS) or not isinstance(d["name"], str) or \
+            not all(type(d[k]) is int and d[k] >= 0 for k in REPORT_FIELDS if k != "name"):
+        raise ValueError("not a function report")
+    return FunctionReport(**d)
+
+
+def _read_manifest(cdir: Path) -> bytes | None:
+    """The manifest's bytes; None when the entry does not exist or holds nothing yet."""
+    if cdir.is_symlink():
+        raise BadCacheEntry("the entry is a symbolic link, not a directory")
+    try:
+        return fsutil.read_regular(cdir / MANIFEST, READ_LIMIT[MANIFEST])
     except FileNotFoundError:
         try:
             names = {p.name for p in cdir.iterdir()} - {LOCK}
@@ -176,16 +286,41 @@ def read_cache_entry(cdir: Path, key: str, arch: str) -> CompileResult | None:
         return None
     except NotADirectoryError:
         raise BadCacheEntry("the entry is a file, not a directory") from None
+    except fsutil.ReadRefused as exc:
+        raise BadCacheEntry(str(exc)) from None
     except OSError as exc:
         raise BadCacheEntry(f"cannot read {MANIFEST}: {fsutil.reason(exc)}") from None
+
+
+def _check_cubin(cubin: bytes, report: tuple[FunctionReport, ...], source: str) -> None:
+    """The cubin is this source's, and the report's resources are the ones it records."""
+    if cubin[:4] != b"\x7fELF":
+        raise BadCacheEntry(f"{CUBIN} is not an ELF file")
     try:
-        m = json.loads(raw.decode("utf-8"))
-        fields = (m["format"], m["key"], m["arch"], m["cubin_bytes"], m["cubin_sha256"], m["log_bytes"],
-                  m["log_sha256"], m["functions"])
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError):
-        raise BadCacheEntry(f"{MANIFEST} is not a valid manifest") from None
-    if fields[:3] != (CACHE_FORMAT, key, arch):
+        facts = kernel_facts(cubin)
+    except ValueError as exc:
+        raise BadCacheEntry(f"{CUBIN} is not a readable cubin ({exc})") from None
+    why = plan_mismatch(facts, source)
+    if why:
+        raise BadCacheEntry(f"{CUBIN} is not this source's: {why}")
+    spills = {f.name: (f.spill_stores, f.spill_loads) for f in report}
+    if set(spills) != set(facts) or \
+            tuple(sorted(report, key=lambda f: f.name)) != tuple(_report(facts[n], *spills[n]) for n in sorted(facts)):
+        raise BadCacheEntry(f"the report in {MANIFEST} is not the one {CUBIN} records")
+
+
+def read_cache_entry(cdir: Path, key: str, arch: str, source: str) -> CompileResult | None:
+    """The verified result stored in `cdir` for `source`, None when there is no entry;
+    BadCacheEntry when the entry is damaged, incomplete, does not match its manifest, or holds
+    another source's cubin."""
+    raw = _read_manifest(cdir)
+    if raw is None:
+        return None
+    m = _manifest(raw)
+    if (m["format"], m["key"], m["arch"]) != (CACHE_FORMAT, key, arch):
         raise BadCacheEntry(f"{MANIFEST} describes another entry")
+    if m["entry_sha256"] != _entry_sha256({**m, "report": [f.as_dict() for f in m["report"]]}):
+        raise BadCacheEntry(f"{MANIFEST} does not match its own entry hash (edited?)")
     cubin = _read_file(cdir / CUBIN)
     log_bytes = _read_file(cdir / LOG)
     for name, data, size, sha in ((CUBIN, cubin, m["cubin_bytes"], m["cubin_sha256"]),
@@ -193,16 +328,35 @@ def read_cache_entry(cdir: Path, key: str, arch: str) -> CompileResult | None:
         if len(data) != size or _sha256(data) != sha:
             raise BadCacheEntry(f"{name} has {len(data)} bytes and does not match the {size} bytes recorded "
                                 f"in {MANIFEST}")
-    if cubin[:4] != b"\x7fELF":
-        raise BadCacheEntry(f"{CUBIN} is not an ELF file")
+    report = m["report"]
+    if len(report) != m["functions"]:
+        raise BadCacheEntry(f"{MANIFEST} reports {len(report)} kernel function(s) and counts {m['functions']}")
+    _check_cubin(cubin, report, source)
     try:
         log = log_bytes.decode("utf-8")
     except UnicodeDecodeError:
         raise BadCacheEntry(f"{LOG} is not UTF-8 text") from None
-    functions = parse_ptxas(log)
-    if len(functions) != m["functions"]:
-        raise BadCacheEntry(f"{LOG} reports {len(functions)} kernel function(s), {MANIFEST} {m['functions']}")
-    return CompileResult(arch, cubin, functions, log, True)
+    if sorted(parse_ptxas(log), key=lambda f: f.name) != sorted(report, key=lambda f: f.name):
+        raise BadCacheEntry(f"{LOG} does not report what {CUBIN} and {MANIFEST} record")
+    return CompileResult(arch, cubin, report, log, True)
+
+
+def _clear_odd_files(cdir: Path) -> None:
+    """Remove what stands at the entry's file names and is not a regular file within its size
+    limit: a directory cannot be renamed over, and the atomic write reads the old file (to restore
+    it on failure), which must not mean a link's target or gigabytes."""
+    for name in (CUBIN, LOG, MANIFEST):
+        path = cdir / name
+        try:
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path)
+            elif not stat.S_ISREG(st.st_mode) or st.st_size > READ_LIMIT[name]:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise WriteError(f"cannot remove {path}: {fsutil.reason(exc)}") from None
 
 
 def write_cache_entry(cdir: Path, key: str, result: CompileResult) -> None:
@@ -211,8 +365,10 @@ def write_cache_entry(cdir: Path, key: str, result: CompileResult) -> None:
     manifest = {"format": CACHE_FORMAT, "key": key, "arch": result.arch,
                 "cubin_bytes": len(result.cubin), "cubin_sha256": _sha256(result.cubin),
                 "log_bytes": len(log_bytes), "log_sha256": _sha256(log_bytes),
-                "functions": len(result.functions)}
+                "functions": len(result.functions), "report": [f.as_dict() for f in result.functions]}
+    manifest["entry_sha256"] = _entry_sha256(manifest)
     fsutil.ensure_dir(cdir)
+    _clear_odd_files(cdir)
     try:
         (cdir / MANIFEST).unlink()          # the entry is not valid while its files change
     except FileNotFoundError:
@@ -225,19 +381,39 @@ def write_cache_entry(cdir: Path, key: str, result: CompileResult) -> None:
 
 
 def clear_non_directory_entry(cdir: Path, on_warning) -> None:
-    """An entry path that is a file (or a dangling link) is a damaged entry: report it and remove
-    it, so that the entry can be rebuilt as a directory. Only a failed removal is an error."""
+    """An entry path that is a file or a link (dangling, or to a directory elsewhere) is a damaged
+    entry: report it and remove it, so that the entry can be rebuilt as a directory of the cache,
+    not written through the link. Only a failed removal is an error."""
     # lexists first: checked the other way round, another thread creating the directory between
     # the two checks made a fresh entry look like a file.
-    if not os.path.lexists(cdir) or cdir.is_dir():
+    if not os.path.lexists(cdir) or (cdir.is_dir() and not cdir.is_symlink()):
         return
+    kind = "a symbolic link" if cdir.is_symlink() else "a file"
     try:
         os.unlink(cdir)
     except (FileNotFoundError, IsADirectoryError):
         return                               # another thread or process removed it, or made it the entry
     except OSError as exc:
         raise WriteError(f"cannot remove {cdir}: {fsutil.reason(exc)}") from None
-    on_warning(f"damaged cache entry {cdir} (the entry is a file, not a directory); rebuilding it")
+    on_warning(f"damaged cache entry {cdir} (the entry is {kind}, not a directory); rebuilding it")
+
+
+def clear_odd_lock(cdir: Path, on_warning) -> None:
+    """A .lock that is not a regular file (a FIFO, a device, a link out of the cache) is removed
+    before it is opened: the lock is opened for writing, and created through a dangling link."""
+    try:
+        mode = os.lstat(cdir / LOCK).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    try:
+        os.unlink(cdir / LOCK)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise WriteError(f"cannot remove {cdir / LOCK}: {fsutil.reason(exc)}") from None
+    on_warning(f"damaged cache entry {cdir} ({LOCK} is not a regular file); removed it")
 
 
 def _warn(message: str) -> None:
@@ -285,7 +461,11 @@ def run_nvcc(source: str, arch: str, nvcc: str) -> CompileResult:
     except OSError as exc:
         raise ToolError(f"cannot run nvcc for {arch}: {fsutil.reason(exc)}"
                         + (f" ({exc.filename})" if exc.filename else "")) from None
-    return CompileResult(arch, cubin, parse_ptxas(log), log, False)
+    try:
+        functions = report_from_cubin(cubin, log)
+    except ValueError as exc:
+        raise ToolError(f"nvcc wrote a cubin for {arch} that cannot be read: {exc}") from None
+    return CompileResult(arch, cubin, functions, log, False)
 
 
 def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile=None,
@@ -307,7 +487,7 @@ def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile
     key = cache_key(source, arch, nvcc)
     cdir = cache_dir() / key
     try:
-        hit = read_cache_entry(cdir, key, arch)
+        hit = read_cache_entry(cdir, key, arch, source)
         if hit is not None:
             return hit
     except BadCacheEntry:
@@ -315,9 +495,10 @@ def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile
     try:
         clear_non_directory_entry(cdir, on_warning)
         fsutil.ensure_dir(cdir)
+        clear_odd_lock(cdir, on_warning)
         with fsutil.locked(cdir / LOCK):
             try:
-                hit = read_cache_entry(cdir, key, arch)
+                hit = read_cache_entry(cdir, key, arch, source)
                 if hit is not None:
                     return hit               # another process compiled it while this one waited
             except BadCacheEntry as bad:

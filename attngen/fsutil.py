@@ -5,11 +5,17 @@ to disk (fsync), then renamed over the destination with os.replace, which is ato
 on one filesystem. A failure at any step (a full disk, a read-only directory, a missing
 permission) leaves the destination as it was, removes the temporary file, and becomes one
 WriteError line (exit 3) naming the path and the reason.
+
+Files attngen reads back from its own stores (the cubin cache) are read with read_regular: a
+regular file of bounded size, never a FIFO (whose open or read blocks), a device (/dev/zero reads
+forever) or a symbolic link.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -38,6 +44,56 @@ _UMASK = _current_umask()
 def reason(exc: OSError) -> str:
     """The OSError's reason without its repr noise: 'No space left on device'."""
     return exc.strerror or str(exc) or type(exc).__name__
+
+
+class ReadRefused(Exception):
+    """A file read_regular will not read; the message says why."""
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def read_regular(path: str | Path, limit: int) -> bytes:
+    """The bytes of `path`, a regular file of at most `limit` bytes. Anything else is ReadRefused
+    without being opened or read past the limit; FileNotFoundError and other OSErrors pass.
+
+    lstat first, so a FIFO or device is never opened (opening some has effects); the open refuses a
+    link (O_NOFOLLOW) and never waits (O_NONBLOCK), and fstat must find the file lstat saw."""
+    p = Path(path)
+    before = os.lstat(p)
+    if not stat.S_ISREG(before.st_mode):
+        raise ReadRefused(f"{p.name} is {_kind(before.st_mode)}, not a regular file")
+    if before.st_size > limit:
+        raise ReadRefused(f"{p.name} has {before.st_size} bytes, over the {limit} allowed")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(p, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ReadRefused(f"{p.name} is a symbolic link, not a regular file") from None
+        raise
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino) or not stat.S_ISREG(now.st_mode):
+            raise ReadRefused(f"{p.name} changed while it was opened")
+        chunks, left = [], limit + 1            # one byte more than allowed tells a file that grew
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise ReadRefused(f"{p.name} grew past the {limit} bytes allowed while it was read")
+    return data
 
 
 def ensure_dir(path: str | Path) -> Path:

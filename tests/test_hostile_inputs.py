@@ -782,14 +782,12 @@ def test_atomic_write_new_file_gets_the_umask_mode(tmp_path):
 
 # -- the cubin cache --------------------------------------------------------------------------------
 
-FAKE_LOG = """\
-ptxas info    : 0 bytes gmem
-ptxas info    : Compiling entry function 'attngen_t_none' for 'sm_89'
-ptxas info    : Function properties for attngen_t_none
-    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
-ptxas info    : Used 96 registers, used 1 barriers, 29312 bytes smem, 400 bytes cmem[0]
-"""
-FAKE_CUBIN = b"\x7fELF" + bytes(range(256)) * 8
+# A cubin is served only when it carries its source's kernels: the stand-in nvcc builds one for each
+# source (test_hostile_cache.fake_build); FAKE_SOURCE defines attngen_t_none.
+from test_hostile_cache import FAKE_SOURCE, fake_build  # noqa: E402
+
+FAKE_CUBIN, FAKE_LOG = fake_build(FAKE_SOURCE)
+PHASE4_CUBIN, PHASE4_LOG = fake_build((ROOT / "generated" / "phase4.cu").read_text())
 
 
 class FakeNvcc:
@@ -804,7 +802,8 @@ class FakeNvcc:
         with self.lock:
             self.calls += 1
         time.sleep(self.delay)
-        return CompileResult(arch, FAKE_CUBIN, parse_ptxas(FAKE_LOG), FAKE_LOG, False)
+        cubin, log = fake_build(source)
+        return CompileResult(arch, cubin, parse_ptxas(log), log, False)
 
 
 @pytest.fixture
@@ -817,11 +816,11 @@ def fake_nvcc(monkeypatch, tmp_path):
     return fake
 
 
-def _entry(source="kernel source", arch="sm_89") -> Path:
+def _entry(source=FAKE_SOURCE, arch="sm_89") -> Path:
     return compile_mod.cache_dir() / compile_mod.cache_key(source, arch, "nvcc")
 
 
-def _compile(source="kernel source", warnings=None):
+def _compile(source=FAKE_SOURCE, warnings=None):
     return compile_mod.compile_source(source, "sm_89", on_warning=(warnings.append if warnings is not None
                                                                    else lambda m: None))
 
@@ -921,8 +920,8 @@ def test_damaged_entry_through_the_cli(fake_nvcc, tmp_path):
     code, out, err, exc, _ = invoke(["compile", spec, "--out", tmp_path / "out"])
     assert code == 0 and "Traceback" not in err
     assert "attngen: damaged cache entry" in err and "rebuilding it" in err
-    assert "attngen_t_none" in out                                # a real resource table
-    assert (tmp_path / "out" / "phase4.sm_89.cubin").read_bytes() == FAKE_CUBIN
+    assert "attngen_phase4_none" in out                           # a real resource table
+    assert (tmp_path / "out" / "phase4.sm_89.cubin").read_bytes() == PHASE4_CUBIN
 
 
 def test_entry_that_is_a_file_through_the_cli(fake_nvcc, tmp_path):
@@ -963,7 +962,7 @@ def test_cache_write_failure_is_an_error(fake_nvcc, monkeypatch):
     assert sorted(p.name for p in entry.iterdir()) == [".lock"]   # no partial file under a real name
     monkeypatch.setattr(fsutil, "_write_all", write_all)
     code, out, err, exc, _ = invoke(["compile", _spec()])
-    assert code == 0 and fake_nvcc.calls == 2 and "attngen_t_none" in out
+    assert code == 0 and fake_nvcc.calls == 2 and "attngen_phase4_none" in out
 
 
 def test_cache_dir_that_cannot_be_created(fake_nvcc, monkeypatch, tmp_path):
@@ -1007,7 +1006,7 @@ def test_read_only_cache_still_serves_hits(fake_nvcc, monkeypatch, tmp_path):
         _compile("another source")
     assert "Read-only file system" in str(info.value) and "ATTNGEN_CACHE_DIR" in str(info.value)
     code, out, err, exc, _ = invoke(["compile", _spec()])        # a hit through the CLI
-    assert code == 0 and "attngen_t_none" in out, err
+    assert code == 0 and "attngen_phase4_none" in out, err
     other = write_spec(tmp_path, "other", SCALAR)                # a miss through the CLI
     line = assert_clean(*invoke(["compile", other]), exit_code=3)
     assert line.startswith("attngen: cannot ") and "Read-only file system" in line and "ATTNGEN_CACHE_DIR" in line
@@ -1025,7 +1024,7 @@ def test_cache_on_a_filesystem_without_locks(fake_nvcc, monkeypatch, code):
     first, again = _compile(), _compile()
     assert (first.cached, again.cached, fake_nvcc.calls) == (False, True, 1)
     code_, out, err, exc, _ = invoke(["compile", _spec()])
-    assert code_ == 0 and "Traceback" not in err and "attngen_t_none" in out, err
+    assert code_ == 0 and "Traceback" not in err and "attngen_phase4_none" in out, err
 
 
 def test_lock_passes_errors_of_its_block_through(tmp_path):
@@ -1088,8 +1087,7 @@ def test_concurrent_processes_share_one_nvcc_run(tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     nvcc = bindir / "nvcc"
-    nvcc.write_text(FAKE_NVCC_SCRIPT.format(python=sys.executable, cubin=FAKE_CUBIN,
-                                            log=FAKE_LOG.replace("attngen_t_none", "attngen_phase4_none")))
+    nvcc.write_text(FAKE_NVCC_SCRIPT.format(python=sys.executable, cubin=PHASE4_CUBIN, log=PHASE4_LOG))
     nvcc.chmod(0o755)
     calls = tmp_path / "calls"
     env = {**_cli_env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
