@@ -1,6 +1,8 @@
 """The errors a user of attngen sees. Everything else is a bug in attngen."""
 from __future__ import annotations
 
+from .core.comment_text import visible_line
+
 
 class AttngenError(Exception):
     """Base class: the CLI prints these as one message and exits with ``exit_code``."""
@@ -26,7 +28,7 @@ class SpecError(AttngenError):
             where = self.file + (f":{self.line}" if self.line else "") + ": "
         key = f"{self.key}: " if self.key else ""
         hint = f"; {self.hint}" if self.hint else ""
-        return f"{where}{key}{self.message}{hint}"
+        return visible_line(f"{where}{key}{self.message}{hint}")
 
 
 class BudgetError(SpecError):

@@ -167,11 +167,10 @@ def test_comment_text_shows_hidden_characters():
 # -- every string of a spec of every kind, with every payload ----------------------------------------------
 
 def string_paths(data, path=()):
-    """(path, value) of every string in a spec's data; a dict's keys count as (path + (key,), None)."""
+    """(path, value) of every string in a spec's data; every dict key counts too, as (path + (key,), None)."""
     if isinstance(data, dict):
         for k, v in data.items():
-            if path and path[-1] == "params":
-                yield path + (k,), None
+            yield path + (k,), None
             yield from string_paths(v, path + (k,))
     elif isinstance(data, list):
         for i, v in enumerate(data):
@@ -221,7 +220,9 @@ def test_every_spec_string_with_every_payload(kind):
     assert any(p[-1] == "description" for p, _ in strings)
     rendered = 0
     for path, value in strings:
-        for payload in PAYLOADS:
+        # Free text takes every payload at once (one render covers each); a field that refuses the
+        # whole is tried payload by payload.
+        for payload in ["".join(PAYLOADS), *PAYLOADS]:
             start = time.monotonic()
             hostile = with_payload(base, path, value, payload)
             parts = answer(yaml.safe_dump(hostile, sort_keys=False, allow_unicode=True, width=10 ** 6))
@@ -232,7 +233,9 @@ def test_every_spec_string_with_every_payload(kind):
             for p in parts:
                 assert_no_spec_code(p.source, f"{kind} {path} {payload!r}")
             assert code_parts(parts) == base_code, f"{kind}: {path} with {payload!r} changed the code"
-    assert rendered >= len(PAYLOADS)     # the description at least renders with each payload
+            if payload == "".join(PAYLOADS):
+                break
+    assert rendered >= 1     # the description at least renders with every payload
 
 
 @pytest.mark.parametrize("kind", ["fwd_wgmma", "decode_mma", "bwd_mma"])

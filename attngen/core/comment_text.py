@@ -52,9 +52,15 @@ def comment_line(text: str) -> str:
     return out
 
 
+def visible_line(text: str) -> str:
+    """`text` as one line of a message: a key or value a spec supplies cannot break the line or
+    send a terminal its control sequences (line breaks, controls, bidi shown as <U+XXXX>)."""
+    return "".join(shown_char(ch) for ch in text)
+
+
 def comment_lines(text: str) -> list[str]:
     """Multi-line text (a spec file) as comment line bodies: one per line of the text."""
     return [comment_line(line) for line in text.splitlines()]
 
 
-__all__ = ["comment_line", "comment_lines", "escape"]
+__all__ = ["comment_line", "comment_lines", "escape", "visible_line"]
