@@ -405,7 +405,7 @@ def check(specs_dir, gen_dir, as_json):
                 report["orphans"].append({"file": str(f)})
                 if not as_json:
                     click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
-    report["dispatch"] = _check_dispatch(specs_dir, {Path(p).stem: r.plan for p, r in rendered}, as_json)
+    report["dispatch"] = _check_dispatch(specs_dir, {Path(p).stem: r.plan for p, r in rendered}, as_json, refuse)
     from .description import description_drift
     report["descriptions"] = [{"spec": str(path), "problem": d}
                               for path, r in rendered for d in description_drift(r.plan)]
@@ -429,15 +429,25 @@ def check(specs_dir, gen_dir, as_json):
                    f"entries name specs that serve them")
 
 
-def _check_dispatch(specs_dir, plans: dict, as_json: bool) -> list[dict]:
+def _check_dispatch(specs_dir, plans: dict, as_json: bool, refuse) -> list[dict]:
     """Every dispatch-table entry names a spec in specs_dir of the entry's call convention, dtype,
-    head_dim and mask (varlen: a spec with varlen functions; decode: its page size)."""
+    head_dim and mask (varlen: a spec with varlen functions; decode: its page size). A table that
+    cannot be loaded ends the text check with its one line (exit 2); with --json it goes to
+    `refuse`, so the report still prints and holds it among its errors (exit 2 all the same)."""
+    from .errors import SpecError
     from .ops.table import entry_problem, load_table, table_expected, table_path
     path = table_path(specs_dir)
     if not table_expected(specs_dir):   # a folder of specs alone; the served one must have its table
         return []
+    try:
+        entries = load_table(path)
+    except SpecError as exc:
+        if not as_json:
+            raise
+        refuse(path, exc)
+        return []
     out = []
-    for e in load_table(path):
+    for e in entries:
         plan = plans.get(e.spec)
         problem = None
         if plan is None:
@@ -981,8 +991,11 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
     if json_path:
         write_verify_json(report, json_path)
     failed = len(report.failed)
+    counts = report.pycuda_counts()
     click.echo(f"attngen verify: {len(report.cases) - failed} passed, {failed} failed "
-               f"({len(kernels)} spec(s), {len(shapes)} shapes per variant)", err=bool(failed))
+               f"({len(kernels)} spec(s), {len(shapes)} shapes per variant); launched again through PyCUDA: "
+               f"{counts['bitwise']} bit for bit, {counts['bitwise but atomics']} within the error rule (atomics), "
+               f"{counts['differs']} differ, {counts['not run']} not run", err=bool(failed))
     if not report.ok:
         sys.exit(1)
 

@@ -10,6 +10,7 @@ The gradients are written out (not autograd): a row that sees no key has P = 0 a
 where autograd through a softmax of -inf would give NaN."""
 from __future__ import annotations
 
+from .pycuda_launch import pycuda_agreement
 from .varlen_verify import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, varlen_suite
 from .verify import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
                      exact_fp32_matmul, kernel_shapes, make_inputs, score_arguments, score_modifiers, variants)
@@ -133,8 +134,17 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
         check_repeats(torch, result, (dq, dk, dv), run())
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        through_pycuda(result, kernel, lambda *_: run(), (dq, dk, dv), ref, low, deterministic)
     judge_gradients(torch, result, [to_bhsd(g, shape.layout) for g in (dq, dk, dv)], ref[2:], low[2:], plan.spec.dtype)
     return result
+
+
+def through_pycuda(result: CaseResult, kernel, launch, grads, ref, low, deterministic: bool) -> None:
+    """The same call through PyCUDA: dk and dv bit for bit; dq too in deterministic mode, else
+    (accumulated with atomics in the order blocks finish) within the error rule's bound of dq."""
+    tolerance = error_bound((low[2].float() - ref[2]).abs().max().item()) if ref[2].numel() else 0.0
+    pycuda_agreement(result, kernel, launch, ("dq", "dk", "dv"), tuple(grads),
+                     atomic=() if deterministic else ("dq",), tolerance=tolerance)
 
 
 def check_repeats(torch, result: CaseResult, first, second) -> None:
@@ -229,6 +239,7 @@ def check_varlen_backward_case(kernel, variant: Variant, case: VarlenCase, seed:
     if deterministic:
         check_repeats(torch, result, (dq, dk, dv), run()[0])
     torch.cuda.synchronize(dev)
+    through_pycuda(result, kernel, lambda *_: run()[0], (dq, dk, dv), ref, low, deterministic)
     for name, buf, n in zip(("dq", "dk", "dv"), bufs, (tq, tk, tk)):
         if (~torch.isnan(buf[n:])).any().item():
             result.problems.append(f"{name} written past the last sequence's rows")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .pycuda_launch import pycuda_agreement
 from .verify import FULL_SUITE, CaseResult, attention_torch, exact_fp32_matmul, judge_rows, score_arguments, \
     score_modifiers
 
@@ -167,9 +168,13 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
         kc, vc, table = paged_cache(torch, k, v, case.lengths, case.page_size, case.layout, g)
     scores = score_arguments(kernel.plan, b, h, g, dev)
     extra = {"window": case.window} if case.window is not None else {}
-    o, lse = kernel(q, kc, vc, cache_seqlens=lens, block_table=table, causal=case.causal, num_splits=case.num_splits,
-                    return_lse=True, layout=case.layout, out=out, **extra, **scores)
+
+    def launch(o, _lse=None):
+        return kernel(q, kc, vc, cache_seqlens=lens, block_table=table, causal=case.causal,
+                      num_splits=case.num_splits, return_lse=True, layout=case.layout, out=o, **extra, **scores)
+    o, lse = launch(out)
     torch.cuda.synchronize(dev)
+    pycuda_agreement(result, kernel, launch, ("o", "lse"), (o, lse))
     ref, ref_lse, low = reference(torch, view(q), view(k), view(v), case.lengths, case, scale,
                                   score_modifiers(kernel.plan, scores))
     judge_rows(result, torch, view(o), ref, low, lse, ref_lse, kernel.plan.spec.dtype)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .pycuda_launch import pycuda_agreement
 from .verify import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, attention_torch, error_bound,
                      exact_fp32_matmul, judge_lse, poisoned_lse, poisoned_output, variants)
 
@@ -71,9 +72,13 @@ def check_fp8_case(kernel, variant, shape: Shape, seed: int, label: str) -> Case
     guard_rows = -(-plan.block_m // ROW_ALIGN) * ROW_ALIGN
     o, o_guard = poisoned_output(shape, d, guard_rows, kernel.out_dtype, device)
     lse, lse_guard = poisoned_lse(shape, guard_rows, device)
-    kernel(q8, k8, v_t, q_descale=qd, k_descale=kd, v_descale=vd, **variant.call_arguments(), scale=scale,
-           layout=layout, out=o, lse_out=lse)
+
+    def launch(out, lse_out):
+        kernel(q8, k8, v_t, q_descale=qd, k_descale=kd, v_descale=vd, **variant.call_arguments(), scale=scale,
+               layout=layout, out=out, lse_out=lse_out)
+    launch(o, lse)
     torch.cuda.synchronize(device)
+    pycuda_agreement(result, kernel, launch, ("o", "lse"), (o, lse))
 
     qf = dequantized(torch, q8, qd, layout, h // kvh)
     kf = dequantized(torch, k8, kd, layout)

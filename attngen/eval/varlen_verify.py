@@ -107,10 +107,14 @@ def check_varlen_case(kernel, variant: Variant, case: VarlenCase, seed: int, lab
     out, lse = out_buf[:tq], lse_buf[:case.heads * tq].view(case.heads, tq)
 
     scores = score_arguments(kernel.plan, len(case.lens_q), case.heads, g, dev)
-    kernel.varlen(q, k, v, cu_seqlens(torch, case.lens_q, dev), cu_seqlens(torch, case.keys, dev),
-                  **variant.call_arguments(), **scores, scale=d ** -0.5, out=out, lse_out=lse,
-                  max_seqlen_q=max(case.lens_q) if case.give_max else None)
+    cu_q, cu_k = cu_seqlens(torch, case.lens_q, dev), cu_seqlens(torch, case.keys, dev)
+
+    def launch(o, lse_out):
+        kernel.varlen(q, k, v, cu_q, cu_k, **variant.call_arguments(), **scores, scale=d ** -0.5, out=o,
+                      lse_out=lse_out, max_seqlen_q=max(case.lens_q) if case.give_max else None)
+    launch(out, lse)
     torch.cuda.synchronize(dev)
+    pycuda_agreement(result, kernel, launch, ("o", "lse"), (out, lse))
     ref, ref_lse, low = reference(torch, q, k, v, case.lens_q, case.keys, variant, d ** -0.5, kernel.plan, scores)
     if (~torch.isnan(out_buf[tq:])).any().item():
         result.problems.append("o written past the last sequence's rows")

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ..core.variants import MASKS, SCORES, reference_scores
+from .pycuda_launch import PycudaUnavailable, pycuda_agreement
 
 ERR_FACTOR = 2.0        # flash-attention tests/test_flash_attn.py: out error <= 2 x the low-precision error
 ERR_FLOOR = 1e-5        # absolute floor for cases where torch's low-precision result is exact (e.g. seqlen_k 1)
@@ -208,6 +209,7 @@ class CaseResult:
     lse_err: float | None = None        # max |lse - ref_lse|
     lse_excess: float | None = None     # max of |lse - ref_lse| / (LSE_ATOL + LSE_RTOL |ref_lse|); <= 1 passes
     problems: list[str] = field(default_factory=list)
+    pycuda: str | None = None           # the same call launched through PyCUDA: bitwise | differs | None (not run)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -234,6 +236,14 @@ class VerifyReport:
     def ok(self) -> bool:
         return bool(self.cases) and not self.failed
 
+    def pycuda_counts(self) -> dict:
+        """How many cases' PyCUDA launch agreed bit for bit, within the error rule (atomics), differed
+        or did not run (a case that raised first)."""
+        counts = {"bitwise": 0, "bitwise but atomics": 0, "differs": 0, "not run": 0}
+        for c in self.cases:
+            counts[c.pycuda or "not run"] += 1
+        return counts
+
     def as_dict(self) -> dict:
         return {
             "device": self.device, "arch": self.arch, "torch": self.torch_version, "suite": self.suite,
@@ -241,6 +251,7 @@ class VerifyReport:
                                   "|lse-ref_lse| <= lse_atol + lse_rtol * |ref_lse|",
                           "factor": ERR_FACTOR, "floor": ERR_FLOOR, "lse_atol": LSE_ATOL, "lse_rtol": LSE_RTOL},
             "passed": len(self.cases) - len(self.failed), "failed": len(self.failed),
+            "pycuda": self.pycuda_counts(),
             "cases": [c.as_dict() for c in self.cases],
         }
 
@@ -391,9 +402,14 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
     lse, lse_guard = poisoned_lse(shape, guard_rows, device)
 
     scores = score_arguments(plan, shape.batch, shape.heads, gen, device)
-    kernel(q, k, v, **variant.call_arguments(), **scores, scale=scale, layout=shape.layout, out=o, lse_out=lse)
+
+    def launch(out, lse_out):
+        kernel(q, k, v, **variant.call_arguments(), **scores, scale=scale, layout=shape.layout, out=out,
+               lse_out=lse_out)
+    launch(o, lse)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        pycuda_agreement(result, kernel, launch, ("o", "lse"), (o, lse))
 
     qb, kb, vb, ob = (to_bhsd(t, shape.layout) for t in (q, k, v, o))
     result.max_err, result.lowprec_err, ref_lse = reference_errors(
@@ -462,8 +478,8 @@ class _Runner:
             else:
                 try:
                     r = check(case_seed(self.seed, kernel_index, variant, index), label)
-                except (TypeError, ValueError):
-                    raise               # the verifier called the kernel wrongly: a bug here, not a result
+                except (TypeError, ValueError, PycudaUnavailable):
+                    raise               # the verifier called the kernel wrongly, or cannot launch: not a result
                 except Exception as exc:
                     r = CaseResult(label, function, variant, shape, passed=False,
                                    problems=[f"{type(exc).__name__}: {exc}"])

@@ -16,6 +16,7 @@ none of them.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -151,6 +152,7 @@ class Kernel:
         self._streams: dict = {}            # raw stream handle -> c_void_p (the raw launch converts nothing)
         self._raw_stream = torch._C._cuda_getCurrentRawStream
         self._prepared: dict = {}           # call key -> Prepared (see the conventions' fast paths)
+        self._launcher = None               # another launcher of the same Params (verify's PyCUDA one), or None
         self._setup()
 
     def _setup(self) -> None:
@@ -238,6 +240,17 @@ class Kernel:
     def __repr__(self) -> str:
         return (f"<attngen.{type(self).__name__} {self.label} {self.plan.spec.dtype} head_dim={self.plan.head_dim} "
                 f"{self.arch}>")
+
+    @contextlib.contextmanager
+    def launching_through(self, launcher):
+        """Within the block, calls launch through `launcher.launch(kernel, prepared, params)` with
+        the Params bytes this runtime packed (verify's PyCUDA launcher), not through the driver
+        calls below. For one thread's use: the kernel is not shared while it is set."""
+        previous, self._launcher = self._launcher, launcher
+        try:
+            yield self
+        finally:
+            self._launcher = previous
 
     # -- per device --------------------------------------------------------------------------
     def _device(self, index: int):
@@ -485,6 +498,9 @@ class Kernel:
         memmove(state.address, template, len(template))
         prepared.patch.pack_into(state.raw, state.offset, pointers)
         info = prepared.info
+        if self._launcher is not None:
+            self._launcher.launch(self, prepared, state.raw[state.offset:state.offset + len(template)])
+            return
         raw = self._raw_stream(info.index)
         stream = self._streams.get(raw)
         if stream is None:

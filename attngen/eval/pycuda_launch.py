@@ -1,0 +1,145 @@
+"""PyCUDA launches every verified kernel a second time, as a launcher independent of the runtime.
+
+The runtime (attngen.runtime) loads cubins as context-independent libraries through its own ctypes
+binding of the CUDA driver and launches with a kernelParams array on torch's current stream.
+`attngen verify` runs each case through it, then launches the same call again through PyCUDA: the
+same cubin loaded by PyCUDA as a module on the device's primary context (the one torch uses), its
+functions looked up by PyCUDA, dynamic shared memory opted in by PyCUDA, and the Params bytes
+passed as PyCUDA's argument buffer. The two launches write fresh poisoned outputs from the same
+inputs; a deterministic kernel's must agree bit for bit (an atomics-based output, the backward's dq,
+under the error rule). A disagreement is a failed case: a launch path that sets up a kernel wrongly
+(its shared memory, its grid, its block) or a cubin that differs between them cannot pass.
+
+PyCUDA is imported only here, when verify runs: the library calls never need it.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from ..errors import ToolError
+
+NOT_INSTALLED = ("PyCUDA is not installed: `attngen verify` launches every case through PyCUDA as well; install "
+                 "the gpu extra (attngen doctor prints the command)")
+
+
+class PycudaUnavailable(ToolError):
+    """PyCUDA cannot be imported or cannot reach the GPU; the message says why."""
+
+
+def pycuda_driver():
+    """pycuda.driver, initialised; PycudaUnavailable with the reason when it cannot be."""
+    try:
+        import pycuda.driver as drv
+    except ImportError as exc:
+        raise PycudaUnavailable(f"{NOT_INSTALLED} ({exc})") from None
+    try:
+        drv.init()
+    except Exception as exc:   # pycuda.driver.Error and friends: no driver, no device
+        raise PycudaUnavailable(f"PyCUDA cannot initialise the CUDA driver: {exc}") from None
+    return drv
+
+
+class PycudaLauncher:
+    """Launches a Kernel's prepared calls through PyCUDA: one PyCUDA module per cubin of the
+    kernel's bundle, loaded on first use in the primary context of the kernel's GPU."""
+
+    def __init__(self):
+        self.drv = pycuda_driver()
+        self._contexts: dict[int, object] = {}      # device index -> retained primary context
+        self._functions: dict[tuple, object] = {}   # (id of the kernel, device, function name) -> pycuda Function
+        self._modules: list = []                    # kept alive as long as their functions
+        self.launches = 0
+
+    @contextlib.contextmanager
+    def _primary(self, index: int):
+        """The device's primary context current on this thread for the block (torch's own context)."""
+        ctx = self._contexts.get(index)
+        if ctx is None:
+            ctx = self._contexts[index] = self.drv.Device(index).retain_primary_context()
+        ctx.push()
+        try:
+            yield
+        finally:
+            self.drv.Context.pop()
+
+    def _function(self, kernel, index: int, fn):
+        key = (id(kernel), index, fn.name)
+        f = self._functions.get(key)
+        if f is None:
+            for compiled in kernel.compiled:
+                if any(f.name == fn.name for f in compiled.functions):
+                    module = self.drv.module_from_buffer(compiled.cubin)
+                    self._modules.append(module)
+                    break
+            else:
+                raise RuntimeError(f"{kernel.label}: no cubin of the bundle defines {fn.name}")
+            f = module.get_function(fn.name)
+            if fn.smem_dynamic:
+                f.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, fn.smem_dynamic)
+            self._functions[key] = f
+        return f
+
+    def launch(self, kernel, prepared, params: bytes) -> None:
+        """Every launch of a prepared call, in order, with the Params bytes as the argument buffer,
+        on the legacy default stream after the device's work so far (verify waits for it after)."""
+        import numpy as np
+        torch = kernel._torch
+        index = prepared.info.index
+        torch.cuda.synchronize(index)
+        arg = np.frombuffer(bytes(params), dtype=np.dtype((np.void, len(params))))[0]
+        with self._primary(index):
+            for fn, _handle, grid in prepared.launches:
+                f = self._function(kernel, index, fn)
+                f(arg, block=(fn.threads, 1, 1), grid=tuple(int(g) for g in grid), shared=fn.smem_dynamic)
+                self.launches += 1
+            self.drv.Context.synchronize()
+
+
+_LAUNCHER: list = []
+
+
+def launcher() -> PycudaLauncher:
+    """The process's PyCUDA launcher (made on first use)."""
+    if not _LAUNCHER:
+        _LAUNCHER.append(PycudaLauncher())
+    return _LAUNCHER[0]
+
+
+def bits_differ(torch, a, b) -> bool:
+    """Whether two tensors of one dtype and shape differ in any bit (NaN payloads included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return True
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return not torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
+
+
+def pycuda_agreement(result, kernel, launch, names, first, *, atomic=(), tolerance: float | None = None) -> None:
+    """Run `launch(*fresh)` through PyCUDA, where `fresh` are NaN-poisoned tensors shaped like
+    `first` (launch may ignore them and return its own outputs), and compare with `first`, the
+    outputs of the same call through the runtime: bit for bit, or for the outputs named in `atomic`
+    (accumulated with atomics, in an order the hardware picks) within `tolerance` of max abs
+    difference. Appends a problem per disagreement and sets result.pycuda."""
+    torch = kernel._torch
+    fresh = tuple(torch.full_like(t, float("nan")) for t in first)
+    with kernel.launching_through(launcher()):
+        returned = launch(*fresh)
+    second = tuple(returned) if returned is not None else fresh
+    torch.cuda.synchronize(kernel.device)
+    how = "bitwise"
+    for name, a, b in zip(names, first, second):
+        if not bits_differ(torch, a, b):
+            continue
+        if name in atomic and tolerance is not None:
+            diff = (a.float() - b.float()).abs().nan_to_num(float("inf")).max().item() if a.numel() else 0.0
+            if diff <= tolerance:
+                how = "bitwise but atomics" if how == "bitwise" else how
+                continue
+            result.problems.append(f"{name} through PyCUDA differs from the runtime's by {diff:.3g} "
+                                   f"(more than {tolerance:.3g})")
+        else:
+            result.problems.append(f"{name} through PyCUDA differs from the runtime's launch in some bits")
+        how = "differs"
+    result.pycuda = how
+
+
+__all__ = ["PycudaLauncher", "PycudaUnavailable", "bits_differ", "launcher", "pycuda_agreement", "pycuda_driver"]
