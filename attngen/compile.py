@@ -222,23 +222,6 @@ def _read_file(path: Path) -> bytes:
         raise BadCacheEntry(f"cannot read {path.name}: {fsutil.reason(exc)}") from None
 
 
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
-
-
-def json_depth(text: str) -> int:
-    """How deep the arrays and objects of JSON `text` nest (strings skipped), without recursing:
-    json.loads of a deeply nested text raises RecursionError."""
-    depth = deepest = 0
-    for m in _JSON_TOKEN.finditer(text):
-        token = m.group()
-        if token == "[" or token == "{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif token == "]" or token == "}":
-            depth -= 1
-    return deepest
-
-
 def _entry_sha256(manifest: dict) -> str:
     """The hash that binds every field of the manifest (the cubin's and log's hashes, the key and
     the report) into one: a manifest edited in one place no longer matches it."""
@@ -250,7 +233,7 @@ def _manifest(raw: bytes) -> dict:
     """The manifest's fields, checked for shape; BadCacheEntry when it is not a valid manifest."""
     try:
         text = raw.decode("utf-8")
-        if json_depth(text) > MANIFEST_DEPTH:
+        if fsutil.json_deeper_than(text, MANIFEST_DEPTH):
             raise ValueError("nested too deep")
         m = json.loads(text)
         ints = [m[k] for k in ("format", "cubin_bytes", "log_bytes", "functions")]

@@ -6,15 +6,18 @@ on one filesystem. A failure at any step (a full disk, a read-only directory, a 
 permission) leaves the destination as it was, removes the temporary file, and becomes one
 WriteError line (exit 3) naming the path and the reason.
 
-Files attngen reads back from its own stores (the cubin cache) are read with read_regular: a
-regular file of bounded size, never a FIFO (whose open or read blocks), a device (/dev/zero reads
-forever) or a symbolic link.
+Every file attngen reads that someone else may have put there (a spec, the dispatch table, a
+report, an entry of the cubin cache) is read with read_regular: a regular file of bounded size,
+never a FIFO (whose open or read blocks) or a device (/dev/zero reads forever); in attngen's own
+stores, never a symbolic link either. Each caller words the refusal its own way. utf8_text says
+where text is not UTF-8, and json_deeper_than bounds JSON nesting before a recursive parser sees it.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -41,59 +44,147 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-def reason(exc: OSError) -> str:
-    """The OSError's reason without its repr noise: 'No space left on device'."""
+def reason(exc: OSError | ReadRefused) -> str:
+    """The OSError's reason without its repr noise: 'No space left on device'; a ReadRefused's without
+    the file's name: 'the file changed while it was opened'."""
+    if isinstance(exc, ReadRefused):
+        return f"the file {exc.what}"
     return exc.strerror or str(exc) or type(exc).__name__
 
 
 class ReadRefused(Exception):
-    """A file read_regular will not read; the message says why."""
+    """A file read_regular will not read. The message names the file by its last part and says why;
+    `what` is the why alone, so that a caller can word the refusal its own way."""
+
+    def __init__(self, name: str, what: str):
+        super().__init__(f"{name} {what}")
+        self.what = what
 
 
-def _kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+class NotRegular(ReadRefused):
+    """Not a regular file: `mode` is the st_mode seen, `kind` what it is ("a FIFO")."""
+
+    def __init__(self, name: str, mode: int):
+        self.mode, self.kind = mode, kind_of(mode)
+        super().__init__(name, f"is {self.kind}, not a regular file")
+
+
+class TooLarge(ReadRefused):
+    """Over the limit: `size` is the size stat gave, or the bytes read once past the limit when the
+    file `grew` after stat."""
+
+    def __init__(self, name: str, size: int, limit: int, grew: bool = False):
+        self.size, self.limit, self.grew = size, limit, grew
+        super().__init__(name, f"grew past the {limit} bytes allowed while it was read" if grew
+                         else f"has {size} bytes, over the {limit} allowed")
+
+
+class Changed(ReadRefused):
+    """The file opened is not the one stat judged (a rename or a new link in between)."""
+
+    def __init__(self, name: str):
+        super().__init__(name, "changed while it was opened")
+
+
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def kind_of(mode: int) -> str:
+    """What a file that is not regular is, for a message: "a FIFO", "a directory"."""
+    for test, kind in _KINDS:
         if test(mode):
             return kind
     return "not a regular file"
 
 
-def read_regular(path: str | Path, limit: int) -> bytes:
-    """The bytes of `path`, a regular file of at most `limit` bytes. Anything else is ReadRefused
-    without being opened or read past the limit; FileNotFoundError and other OSErrors pass.
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
 
-    lstat first, so a FIFO or device is never opened (opening some has effects); the open refuses a
-    link (O_NOFOLLOW) and never waits (O_NONBLOCK), and fstat must find the file lstat saw."""
+
+def read_regular(path: str | Path, limit: int, *, follow: bool = False) -> bytes:
+    """The bytes of `path`, a regular file of at most `limit` bytes. Anything else is a ReadRefused
+    (NotRegular, TooLarge, Changed) without being opened or read past the limit; FileNotFoundError
+    and other OSErrors pass.
+
+    With follow, a symbolic link is read as the file it names (a spec or table a user points at
+    may be one); without, a link is NotRegular (attngen's own stores never hold one, and one there
+    could lead a read out of them).
+
+    stat first, so a FIFO or device is never opened (opening some has effects, reading /dev/zero
+    never ends); the open never waits (O_NONBLOCK) and fstat must find the file stat judged."""
     p = Path(path)
-    before = os.lstat(p)
-    if not stat.S_ISREG(before.st_mode):
-        raise ReadRefused(f"{p.name} is {_kind(before.st_mode)}, not a regular file")
-    if before.st_size > limit:
-        raise ReadRefused(f"{p.name} has {before.st_size} bytes, over the {limit} allowed")
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    before = os.stat(p) if follow else os.lstat(p)
+    _judge(p.name, before.st_mode, before.st_size, limit)
     try:
-        fd = os.open(p, flags)
+        fd = os.open(p, _OPEN_FLAGS | (0 if follow else getattr(os, "O_NOFOLLOW", 0)))
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ReadRefused(f"{p.name} is a symbolic link, not a regular file") from None
+        if exc.errno == errno.ELOOP and not follow:    # a link put in its place since lstat
+            raise NotRegular(p.name, stat.S_IFLNK) from None
         raise
     try:
         now = os.fstat(fd)
-        if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino) or not stat.S_ISREG(now.st_mode):
-            raise ReadRefused(f"{p.name} changed while it was opened")
-        chunks, left = [], limit + 1            # one byte more than allowed tells a file that grew
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+            raise Changed(p.name)
+        data = _read_up_to(fd, limit + 1)        # one byte more than allowed tells a file that grew
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > limit:
-        raise ReadRefused(f"{p.name} grew past the {limit} bytes allowed while it was read")
+        raise TooLarge(p.name, len(data), limit, grew=True)
     return data
+
+
+def _judge(name: str, mode: int, size: int, limit: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise NotRegular(name, mode)
+    if size > limit:
+        raise TooLarge(name, size, limit)
+
+
+def _read_up_to(fd: int, most: int) -> bytes:
+    chunks = []
+    while most > 0:
+        chunk = os.read(fd, min(most, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        most -= len(chunk)
+    return b"".join(chunks)
+
+
+class NotUtf8(ValueError):
+    """Bytes that are not UTF-8: `byte` is the first bad one, at `offset`, on 1-based `line`."""
+
+    def __init__(self, data: bytes, offset: int):
+        self.byte, self.offset, self.line = data[offset], offset, data.count(b"\n", 0, offset) + 1
+        super().__init__(f"not UTF-8 text (byte 0x{self.byte:02x} at offset {offset})")
+
+
+def utf8_text(data: bytes) -> str:
+    """`data` decoded as UTF-8; NotUtf8 says where it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NotUtf8(data, exc.start) from None
+
+
+# A string (escapes included, unterminated at the end) or one bracket: brackets inside strings do not nest.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.S)
+
+
+def json_deeper_than(text: str, limit: int) -> bool:
+    """Whether JSON text nests arrays and objects more than `limit` deep, told without parsing it:
+    Python's parser recurses once per level, so a deep enough text is a RecursionError (or a crash)."""
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text):
+        c = token.group()[0]
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
 
 
 def ensure_dir(path: str | Path) -> Path:

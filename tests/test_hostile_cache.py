@@ -21,6 +21,7 @@ from attngen import compile as compile_mod
 from attngen import fsutil
 from attngen.compile import CompileResult, parse_ptxas
 from attngen.runtime import cubin as cubin_mod
+from hostile_helpers import use_fake_nvcc
 
 # -- a stand-in cubin -------------------------------------------------------------------------------
 
@@ -107,12 +108,7 @@ class FakeNvcc:
 
 @pytest.fixture
 def fake_nvcc(monkeypatch, tmp_path):
-    fake = FakeNvcc()
-    monkeypatch.setattr(compile_mod, "find_nvcc", lambda: "nvcc")
-    monkeypatch.setattr(compile_mod, "nvcc_version", lambda nvcc: "0.0.fake")
-    monkeypatch.setattr(compile_mod, "run_nvcc", fake)
-    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "cache"))
-    return fake
+    return use_fake_nvcc(monkeypatch, tmp_path, FakeNvcc())
 
 
 def _entry(source=FAKE_SOURCE) -> Path:
@@ -265,10 +261,12 @@ def test_manifest_fields_of_the_wrong_type(fake_nvcc, bad):
     _rebuilt_within(5, fake_nvcc)
 
 
-def test_json_depth_counts_without_recursion():
-    assert compile_mod.json_depth('{"a": [1, {"b": "[[[[{{{"}]}') == 3
-    assert compile_mod.json_depth("[" * 10 ** 6) == 10 ** 6
-    assert compile_mod.json_depth('"\\"[["') == 0
+def test_json_depth_is_told_without_recursion():
+    nested = '{"a": [1, {"b": "[[[[{{{"}]}'              # brackets inside strings do not nest
+    assert fsutil.json_deeper_than(nested, 2) and not fsutil.json_deeper_than(nested, 3)
+    assert fsutil.json_deeper_than("[" * 10 ** 6, 10 ** 6 - 1)
+    assert not fsutil.json_deeper_than('"\\"[["', 0)
+    assert not fsutil.json_deeper_than('"[[[', 0)          # an unterminated string to the end
 
 
 def test_read_regular_refuses_without_blocking(tmp_path):
@@ -286,6 +284,19 @@ def test_read_regular_refuses_without_blocking(tmp_path):
             fsutil.read_regular(tmp_path / "fifo", 100)
     with pytest.raises(FileNotFoundError):
         fsutil.read_regular(tmp_path / "missing", 100)
+
+
+def test_read_regular_follows_a_link_only_when_asked(tmp_path):
+    """Spec files, tables and reports a user names may be links; the cache's entries never are."""
+    f = tmp_path / "f"
+    f.write_bytes(b"12345")
+    (tmp_path / "link").symlink_to(f)
+    assert fsutil.read_regular(tmp_path / "link", 5, follow=True) == b"12345"
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    with pytest.raises(fsutil.NotRegular, match="character device"):
+        fsutil.read_regular(tmp_path / "zero", 100, follow=True)
+    with pytest.raises(fsutil.TooLarge, match="over the 4 allowed"):
+        fsutil.read_regular(tmp_path / "link", 4, follow=True)
 
 
 # -- item 4: the cubin is this source's, and the report is the cubin's -----------------------------

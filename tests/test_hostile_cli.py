@@ -9,21 +9,18 @@ when they are reached.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import time
 from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner
 
 from attngen import cli
 from attngen.cli import main
 from attngen.errors import NoGpuError
+from hostile_helpers import assert_clean, invoke, mini_project
 
 ROOT = Path(__file__).resolve().parents[1]
-SECONDS = 5.0      # every refusal is answered within this
 
 
 def _spec(name: str) -> str:
@@ -31,35 +28,6 @@ def _spec(name: str) -> str:
 
 
 PHASE4, L4_D64, DECODE, BWD = (_spec(n) for n in ("phase4", "l4_mma_d64", "h200_decode_d128", "h100_bwd_d128"))
-
-
-def _runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)     # click < 8.2
-    except TypeError:
-        return CliRunner()                     # click >= 8.2 keeps stderr apart
-
-
-def invoke(args, **kw):
-    """(exit code, stdout, stderr, exception, seconds) of one in-process CLI run."""
-    start = time.monotonic()
-    r = _runner().invoke(main, [str(a) for a in args], **kw)
-    return r.exit_code, r.stdout, r.stderr, r.exception, time.monotonic() - start
-
-
-def error_lines(stderr: str) -> list[str]:
-    """The lines that carry an error: click's usage boilerplate left out."""
-    return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith(("Usage:", "Try '"))]
-
-
-def assert_clean(code, out, err, exc, seconds, *, exit_code=2):
-    assert "Traceback" not in out + err, err
-    assert exc is None or isinstance(exc, SystemExit), repr(exc)
-    assert code == exit_code, (code, out, err)
-    lines = error_lines(err)
-    assert len(lines) == 1, err
-    assert seconds < SECONDS, f"took {seconds:.1f} s"
-    return lines[0]
 
 
 @pytest.fixture
@@ -230,18 +198,8 @@ def test_every_renamed_key_is_unknown_and_its_new_name_known():
 
 # -- --root after the command's name -----------------------------------------------------------------
 
-def _mini_project(tmp_path) -> Path:
-    root = tmp_path / "project"
-    (root / "specs").mkdir(parents=True)
-    (root / "generated").mkdir()
-    shutil.copy(ROOT / "pyproject.toml", root)
-    shutil.copy(ROOT / "specs" / "phase4.yaml", root / "specs")
-    shutil.copy(ROOT / "generated" / "phase4.cu", root / "generated")
-    return root
-
-
 def test_root_is_taken_after_the_command_name(tmp_path, monkeypatch):
-    root = _mini_project(tmp_path)
+    root = mini_project(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

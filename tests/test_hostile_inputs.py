@@ -22,17 +22,15 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from attngen import compile as compile_mod
 from attngen import fsutil
-from attngen.cli import main
 from attngen.compile import CompileResult, parse_ptxas
 from attngen.errors import WriteError
 from attngen.core.specio import MAX_SPEC_BYTES, suspicious_scalar
+from hostile_helpers import assert_clean, error_lines, invoke, mini_project, use_fake_nvcc
 
 ROOT = Path(__file__).resolve().parents[1]
-SECONDS = 5.0      # every hostile input is answered within this
 
 # -- valid bases, one per family ----------------------------------------------------------------
 
@@ -249,45 +247,6 @@ def test_corpus_is_large_enough():
 
 
 # -- running the CLI ----------------------------------------------------------------------------
-
-def _runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)     # click < 8.2
-    except TypeError:
-        return CliRunner()                     # click >= 8.2 keeps stderr apart
-
-
-def invoke(args, **kw):
-    """(exit code, stdout, stderr, exception, seconds) of one in-process CLI run."""
-    start = time.monotonic()
-    r = _runner().invoke(main, [str(a) for a in args], **kw)
-    return r.exit_code, r.stdout, r.stderr, r.exception, time.monotonic() - start
-
-
-def error_lines(stderr: str) -> list[str]:
-    """The lines that carry an error: click's usage boilerplate, progress lines (a progress bar
-    off a terminal prints its label) and the table that follows a budget refusal left out. Any
-    other line counts, indented or not."""
-    lines, table = [], False
-    for ln in stderr.splitlines():
-        if not ln.strip() or ln.startswith(("Usage:", "Try '", "compiling ")) or ln == "verifying":
-            continue
-        if table and ln.startswith("  "):
-            continue
-        table = "exceeds the budget" in ln
-        lines.append(ln)
-    return lines
-
-
-def assert_clean(code, out, err, exc, seconds, *, exit_code=2):
-    assert "Traceback" not in out + err, err
-    assert exc is None or isinstance(exc, SystemExit), repr(exc)
-    assert code == exit_code, (code, out, err)
-    lines = error_lines(err)
-    assert len(lines) == 1, err
-    assert seconds < SECONDS, f"took {seconds:.1f} s"
-    return lines[0]
-
 
 def write_spec(tmp_path: Path, name: str, content) -> Path:
     p = tmp_path / f"{name}.yaml"
@@ -808,12 +767,7 @@ class FakeNvcc:
 
 @pytest.fixture
 def fake_nvcc(monkeypatch, tmp_path):
-    fake = FakeNvcc()
-    monkeypatch.setattr(compile_mod, "find_nvcc", lambda: "nvcc")
-    monkeypatch.setattr(compile_mod, "nvcc_version", lambda nvcc: "0.0.fake")
-    monkeypatch.setattr(compile_mod, "run_nvcc", fake)
-    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "cache"))
-    return fake
+    return use_fake_nvcc(monkeypatch, tmp_path, FakeNvcc())
 
 
 def _entry(source=FAKE_SOURCE, arch="sm_89") -> Path:
@@ -1136,25 +1090,13 @@ def test_a_bundle_is_written_whole_or_not_at_all(tmp_path):
 
 # -- the project from anywhere inside it ------------------------------------------------------------
 
-def _mini_project(tmp_path) -> Path:
-    """A copy of the project's top level with one spec: pyproject.toml, specs/, generated/, tests/."""
-    root = tmp_path / "project"
-    (root / "specs").mkdir(parents=True)
-    (root / "generated").mkdir()
-    (root / "tests").mkdir()
-    shutil.copy(ROOT / "pyproject.toml", root)
-    shutil.copy(ROOT / "specs" / "phase4.yaml", root / "specs")
-    shutil.copy(ROOT / "generated" / "phase4.cu", root / "generated")
-    return root
-
-
 def _run(args, cwd):
     return subprocess.run([sys.executable, "-m", "attngen", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env=_cli_env(), timeout=120)
 
 
 def test_commands_find_the_project_from_inside_it(tmp_path):
-    root = _mini_project(tmp_path)
+    root = mini_project(tmp_path, "tests")
     run = _run(["check"], root / "generated")                       # used to fail: "no spec files"
     assert run.returncode == 0 and "1 generated file(s) in sync" in run.stdout, run.stdout + run.stderr
     run = _run(["build", "../specs/phase4.yaml"], root / "tests")    # used to write tests/generated/

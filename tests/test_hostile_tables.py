@@ -10,48 +10,15 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from attngen.cli import main
 from attngen.errors import SpecError
 from attngen.ops.table import Entry, dump_table, load_table, table_expected, table_path
+from hostile_helpers import SECONDS, assert_clean, error_lines, invoke
 
 ROOT = Path(__file__).resolve().parents[1]
-SECONDS = 5.0      # every hostile input is answered within this
-
-
-# -- running the CLI ----------------------------------------------------------------------------
-
-def _runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)     # click < 8.2
-    except TypeError:
-        return CliRunner()                     # click >= 8.2 keeps stderr apart
-
-
-def invoke(args):
-    """(exit code, stdout, stderr, exception, seconds) of one in-process CLI run."""
-    start = time.monotonic()
-    r = _runner().invoke(main, [str(a) for a in args])
-    return r.exit_code, r.stdout, r.stderr, r.exception, time.monotonic() - start
-
-
-def error_lines(stderr: str) -> list[str]:
-    return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith(("Usage:", "Try '"))]
-
-
-def assert_clean(code, out, err, exc, seconds, *, exit_code=2):
-    assert "Traceback" not in out + err, err
-    assert exc is None or isinstance(exc, SystemExit), repr(exc)
-    assert code == exit_code, (code, out, err)
-    lines = error_lines(err)
-    assert len(lines) == 1, err
-    assert seconds < SECONDS, f"took {seconds:.1f} s"
-    return lines[0]
 
 
 # -- a small project: one spec, its generated file, a table ------------------------------------
@@ -81,8 +48,8 @@ def project(built, tmp_path) -> Path:
     return root
 
 
-def check(root: Path):
-    return invoke(["check", "--specs-dir", root / "specs", "--generated", root / "generated"])
+def check(root: Path, *args):
+    return invoke(["check", "--specs-dir", root / "specs", "--generated", root / "generated", *args])
 
 
 def dispatch(root: Path, *args):
@@ -194,6 +161,26 @@ def test_hostile_table(project, name, command):
         assert fragment in line[len(str(path)):], (fragment, line)
     with pytest.raises(SpecError):
         load_table(path)
+
+
+@pytest.mark.parametrize("name", ["key_twice", "not_utf8", "missing"])
+def test_check_json_reports_a_refused_table(project, name):
+    """Before: `check --json` printed the refusal on stderr and no JSON; now the report holds it
+    among its errors, and the exit code is still 2."""
+    path = table_path(project / "specs")
+    if name == "missing":
+        path.unlink()
+    else:
+        write_table(project, HOSTILE_TABLES[name][0])
+    code, out, err, exc, _ = check(project, "--json")
+    assert code == 2 and "Traceback" not in out + err, (code, out, err)
+    report = json.loads(out)
+    assert report["ok"] is False and report["dispatch"] == [] and report["in_sync"]
+    (error,) = report["errors"]
+    assert error["spec"] == str(path) and error_lines(err) == [error["error"]], (error, err)
+    assert error["error"].startswith(str(path))
+    if name == "key_twice":
+        assert error["line"] == 3 and error["key"] == "entries[0].spec" and "key given twice" in error["message"]
 
 
 def test_same_spec_twice_in_a_bucket_is_no_conflict(project):

@@ -14,7 +14,6 @@ loader below resolves only the unambiguous forms and refuses the rest with the v
 from __future__ import annotations
 
 import math
-import os
 import re
 import stat
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import SpecError
+from ..fsutil import NotRegular, NotUtf8, ReadRefused, TooLarge, read_regular, reason, utf8_text
 
 # The largest spec in specs/ is under 1 KiB; 64 KiB leaves room for long comments and nothing else.
 MAX_SPEC_BYTES = 64 * 1024
@@ -33,17 +33,6 @@ MAX_INT_DIGITS = 18
 
 # -- reading the file ------------------------------------------------------------------------
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
-
-
-def _kind(mode: int) -> str:
-    for test, name in _KINDS:
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _too_large(size: int) -> str:
     return (f"is {size} bytes; a spec file is at most {MAX_SPEC_BYTES} bytes ({MAX_SPEC_BYTES // 1024} KiB), "
             "a spec is a few hundred")
@@ -52,48 +41,33 @@ def _too_large(size: int) -> str:
 def read_spec_text(path: str | Path) -> str:
     """The text of a spec file.
 
-    Only a regular file of at most MAX_SPEC_BYTES of UTF-8 is read. A missing, unreadable,
-    non-regular (FIFO, device, directory), oversized or non-UTF-8 file becomes one SpecError.
-    The file is opened without blocking, so a FIFO with no writer is refused, not waited on.
+    Only a regular file of at most MAX_SPEC_BYTES of UTF-8 is read; a link is followed (a user may
+    point at a spec through one). A missing, unreadable, non-regular (FIFO, device, directory),
+    oversized or non-UTF-8 file becomes one SpecError. A FIFO or device is refused without being
+    opened, so a FIFO with no writer is never waited on.
     """
     name = str(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(name, flags)
+        data = read_regular(name, MAX_SPEC_BYTES, follow=True)
     except FileNotFoundError:
         raise SpecError("no such spec file", file=name) from None
-    except IsADirectoryError:
-        raise SpecError("is a directory, not a spec file", file=name) from None
-    except OSError as exc:
-        raise SpecError(f"cannot read spec: {exc.strerror or exc}", file=name) from None
+    except (ReadRefused, OSError) as exc:
+        raise SpecError(_refusal(exc), file=name) from None
     try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise SpecError("is a directory, not a spec file", file=name)
-        if not stat.S_ISREG(st.st_mode):
-            raise SpecError(f"is {_kind(st.st_mode)}, not a regular file; a spec is a small YAML file", file=name)
-        if st.st_size > MAX_SPEC_BYTES:
-            raise SpecError(_too_large(st.st_size), file=name)
-        chunks, total = [], 0
-        while total <= MAX_SPEC_BYTES:   # the file may grow after fstat: never read past the cap
-            chunk = os.read(fd, MAX_SPEC_BYTES + 1 - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > MAX_SPEC_BYTES:
-            raise SpecError(_too_large(total) + " (it grew while being read)", file=name)
-    except OSError as exc:
-        raise SpecError(f"cannot read spec: {exc.strerror or exc}", file=name) from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise SpecError(f"cannot read spec: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
-                        file=name, line=line, hint="save the file as UTF-8") from None
+        return utf8_text(data)
+    except NotUtf8 as exc:
+        raise SpecError(f"cannot read spec: {exc}", file=name, line=exc.line, hint="save the file as UTF-8") from None
+
+
+def _refusal(exc: Exception) -> str:
+    """What read_regular's refusal or OSError says of a spec file."""
+    if isinstance(exc, NotRegular):
+        if stat.S_ISDIR(exc.mode):
+            return "is a directory, not a spec file"
+        return f"is {exc.kind}, not a regular file; a spec is a small YAML file"
+    if isinstance(exc, TooLarge):
+        return _too_large(exc.size) + (" (it grew while being read)" if exc.grew else "")
+    return f"cannot read spec: {reason(exc)}"
 
 
 # -- the loader ------------------------------------------------------------------------------

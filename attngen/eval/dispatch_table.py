@@ -9,12 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import re
-import stat
 from collections import defaultdict
 from pathlib import Path
 
+from .. import fsutil
 from ..errors import SpecError
 from ..ops.table import CALLS, MAX_INTEGER, Entry, check_entry
 
@@ -200,7 +198,7 @@ def read_report(path) -> dict:
     """One report file's JSON (see read_reports)."""
     name = str(path)
     text = _report_text(name)
-    if json_deeper_than(text, MAX_REPORT_DEPTH):
+    if fsutil.json_deeper_than(text, MAX_REPORT_DEPTH):
         raise SpecError(f"{NOT_A_REPORT}: nested more than {MAX_REPORT_DEPTH} levels deep (a report nests under 10)",
                         file=name)
     try:
@@ -212,47 +210,22 @@ def read_report(path) -> dict:
 
 
 def _report_text(name: str) -> str:
-    """A report's text: a regular file of at most MAX_REPORT_BYTES of UTF-8, opened without blocking."""
+    """A report's text: a regular file of at most MAX_REPORT_BYTES of UTF-8 (a link is followed), a FIFO
+    or device refused without being opened."""
     try:
-        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    except OSError as exc:
-        raise SpecError(f"cannot read the report: {exc.strerror or exc}", file=name) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_REPORT_BYTES:
-            raise SpecError(f"{NOT_A_REPORT}: not a regular file of at most {MAX_REPORT_BYTES >> 20} MiB", file=name)
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(MAX_REPORT_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"cannot read the report: {exc.strerror or exc}", file=name) from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_REPORT_BYTES:
-        raise SpecError(f"{NOT_A_REPORT}: over {MAX_REPORT_BYTES >> 20} MiB", file=name)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{NOT_A_REPORT}: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+        data = fsutil.read_regular(name, MAX_REPORT_BYTES, follow=True)
+    except (fsutil.NotRegular, fsutil.TooLarge) as exc:
+        mib = MAX_REPORT_BYTES >> 20
+        grew = isinstance(exc, fsutil.TooLarge) and exc.grew
+        raise SpecError(f"{NOT_A_REPORT}: " + (f"over {mib} MiB" if grew else f"not a regular file of at most {mib} MiB"),
                         file=name) from None
-
-
-# A string (escapes included, unterminated at the end) or one bracket: brackets inside strings do not nest.
-_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.S)
-
-
-def json_deeper_than(text: str, limit: int) -> bool:
-    """Whether JSON text nests arrays and objects more than `limit` deep, told without parsing it
-    (Python's parser recurses once per level)."""
-    depth = 0
-    for token in _JSON_TOKEN.finditer(text):
-        c = token.group()[0]
-        if c in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif c in "]}":
-            depth -= 1
-    return False
+    except (fsutil.ReadRefused, OSError) as exc:
+        raise SpecError(f"cannot read the report: {fsutil.reason(exc)}", file=name) from None
+    try:
+        return fsutil.utf8_text(data)
+    except fsutil.NotUtf8 as exc:
+        raise SpecError(f"{NOT_A_REPORT}: not UTF-8 (byte 0x{exc.byte:02x} at offset {exc.offset})",
+                        file=name) from None
 
 
 def _report_int(digits: str) -> int:
@@ -311,4 +284,4 @@ def _timing(impl, median_us) -> dict:
 
 
 __all__ = ["arch_of", "backward_entries", "bench_entries", "call_entries", "entries_summary", "forward_entries",
-           "json_deeper_than", "merge", "read_report", "read_reports", "varlen_entries"]
+           "merge", "read_report", "read_reports", "varlen_entries"]

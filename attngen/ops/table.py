@@ -24,10 +24,10 @@ import functools
 import math
 import os
 import re
-import stat
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
+from .. import fsutil
 from ..errors import SpecError
 
 CALLS = ("forward", "varlen", "decode", "backward", "varlen_backward", "forward_fp8")
@@ -136,42 +136,24 @@ TOO_LARGE = f"is over {MAX_TABLE_BYTES // (1024 * 1024)} MiB, not a dispatch tab
 
 
 def read_table_text(path: Path) -> str:
-    """The text of the table: only a regular file of at most MAX_TABLE_BYTES of UTF-8, opened without
-    blocking (a FIFO with no writer is refused, not waited on)."""
+    """The text of the table: only a regular file of at most MAX_TABLE_BYTES of UTF-8; a link is followed
+    (a project may keep its table elsewhere), a FIFO or device refused without being opened."""
     name = str(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        fd = os.open(name, flags)
+        data = fsutil.read_regular(name, MAX_TABLE_BYTES, follow=True)
     except FileNotFoundError:
         raise SpecError("there is no dispatch table", file=name, hint=MISSING_FIX.format(path=name)) from None
-    except OSError as exc:
-        raise SpecError(f"cannot read the dispatch table: {exc.strerror or exc}", file=name) from None
+    except fsutil.NotRegular:
+        raise SpecError("is not a regular file; the dispatch table is a YAML file", file=name,
+                        hint=MISSING_FIX.format(path=name)) from None
+    except fsutil.TooLarge:
+        raise SpecError(TOO_LARGE, file=name) from None
+    except (fsutil.ReadRefused, OSError) as exc:
+        raise SpecError(f"cannot read the dispatch table: {fsutil.reason(exc)}", file=name) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SpecError("is not a regular file; the dispatch table is a YAML file", file=name,
-                            hint=MISSING_FIX.format(path=name))
-        if st.st_size > MAX_TABLE_BYTES:
-            raise SpecError(TOO_LARGE, file=name)
-        chunks, total = [], 0
-        while total <= MAX_TABLE_BYTES:   # the file may grow after fstat: never read past the cap
-            chunk = os.read(fd, MAX_TABLE_BYTES + 1 - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > MAX_TABLE_BYTES:
-            raise SpecError(TOO_LARGE, file=name)
-    except OSError as exc:
-        raise SpecError(f"cannot read the dispatch table: {exc.strerror or exc}", file=name) from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})", file=name,
-                        line=data.count(b"\n", 0, exc.start) + 1, hint="save the file as UTF-8") from None
+        return fsutil.utf8_text(data)
+    except fsutil.NotUtf8 as exc:
+        raise SpecError(str(exc), file=name, line=exc.line, hint="save the file as UTF-8") from None
 
 
 MISSING_FIX = ("restore it (`git checkout -- {path}`), or start one holding the line `entries: []` and fill it "
