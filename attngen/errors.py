@@ -1,7 +1,32 @@
 """The errors a user of attngen sees. Everything else is a bug in attngen."""
 from __future__ import annotations
 
-from .core.comment_text import visible_line
+import unicodedata
+
+# Unicode categories a message or comment shows as escapes: controls, formats (bidi, zero-width), line
+# and paragraph separators, surrogates, private use and unassigned code points.
+ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+
+
+def escape(ch: str) -> str:
+    """How a character a message or comment must not carry is shown: <U+XXXX>."""
+    return f"<U+{ord(ch):04X}>"
+
+
+def shown_char(ch: str) -> str:
+    """`ch` as shown: printable text as it is, anything that could break a line, hide text or drive a
+    terminal as its escape."""
+    if ch == "\t" or " " <= ch <= "~":
+        return ch
+    if ch < "\x80" or unicodedata.category(ch) in ESCAPED_CATEGORIES:
+        return escape(ch)
+    return ch
+
+
+def visible_line(text: str) -> str:
+    """`text` as one line of a message: a key or value a spec supplies cannot break the line or
+    send a terminal its control sequences (line breaks, controls, bidi shown as <U+XXXX>)."""
+    return "".join(shown_char(ch) for ch in text)
 
 
 class AttngenError(Exception):

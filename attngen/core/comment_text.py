@@ -17,45 +17,23 @@ ordinary spec is its text, byte for byte.
 """
 from __future__ import annotations
 
-import unicodedata
+from ..errors import escape, visible_line
 
-# Unicode categories shown as escapes: controls, formats (bidi, zero-width), line and paragraph
-# separators, surrogates, private use and unassigned code points.
-ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
 # Pairs that mean something to a C preprocessor or a comment reader inside a comment, each written
 # with its second character escaped.
 NEUTRALISED_PAIRS = ("/*", "*/", "??")
 
 
-def escape(ch: str) -> str:
-    """How a character a comment must not carry is shown: <U+XXXX>."""
-    return f"<U+{ord(ch):04X}>"
-
-
-def shown_char(ch: str) -> str:
-    if ch == "\t" or " " <= ch <= "~":
-        return ch
-    if ch < "\x80" or unicodedata.category(ch) in ESCAPED_CATEGORIES:
-        return escape(ch)
-    return ch
-
-
 def comment_line(text: str) -> str:
     """`text` as the body of one `//` comment line: one line, nothing a preprocessor reads as an end
     of the comment or a directive, every hidden character visible."""
-    out = "".join(shown_char(ch) for ch in text)
+    out = visible_line(text)
     for pair in NEUTRALISED_PAIRS:
         out = out.replace(pair, pair[0] + escape(pair[1]))
     stripped = out.rstrip()
     if stripped.endswith("\\"):      # a line splice: the next line would join the comment
         out = stripped[:-1] + escape("\\")
     return out
-
-
-def visible_line(text: str) -> str:
-    """`text` as one line of a message: a key or value a spec supplies cannot break the line or
-    send a terminal its control sequences (line breaks, controls, bidi shown as <U+XXXX>)."""
-    return "".join(shown_char(ch) for ch in text)
 
 
 def comment_lines(text: str) -> list[str]:
