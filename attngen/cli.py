@@ -345,6 +345,8 @@ def build(specs, out_dir, specs_dir, as_json):
                           "smem_bytes": r.plan.smem_bytes, "threads": r.plan.threads})
             if not as_json:
                 click.echo(f"wrote     {dest}  ({r.plan.smem_bytes} B smem, {r.plan.threads} threads)")
+    if rendered:
+        _write_manifest(out, {name: source for _, r in rendered for name, source in r.files})
     if as_json:
         click.echo(json.dumps({"ok": not errors, "files": files, "errors": errors}, indent=2))
     elif errors and len(paths) > 1:
@@ -353,6 +355,33 @@ def build(specs, out_dir, specs_dir, as_json):
                    f"{len(files) - written} unchanged")
     if errors:
         sys.exit(2)
+
+
+def _write_manifest(out: Path, built: dict[str, str]) -> None:
+    """Record beside the generated files what they were rendered from (attngen.shipped), so a process
+    can load a shipped spec's source without rendering it; rewritten only when it changes."""
+    from . import fsutil
+    from .shipped import MANIFEST, manifest_text, updated_manifest
+    text = manifest_text(updated_manifest(out, built))
+    if _read_existing(out / MANIFEST) != text:
+        fsutil.atomic_write_text(out / MANIFEST, text)
+
+
+def _manifest_problem(gen: Path, expected: dict, in_sync: list) -> str | None:
+    """Why generated/MANIFEST.json does not describe the files in sync (None when it does, or when
+    the folder is not the shipped one and has none: only the shipped folder's is ever read)."""
+    from .shipped import MANIFEST, manifest_of, read_manifest, shipped
+    m = read_manifest(gen)
+    if m is None:
+        if not (gen / MANIFEST).exists() and gen.resolve() != shipped("generated").resolve():
+            return None
+        return "is missing or not a manifest"
+    want = manifest_of({Path(f["file"]).name: expected[Path(f["file"]).name][1] for f in in_sync})
+    if (m["attngen"], m["inputs"]) != (want["attngen"], want["inputs"]):
+        return "records other templates or code than rendering reads now"
+    if any(m["files"].get(name) != sha for name, sha in want["files"].items()) or set(m["files"]) - set(expected):
+        return "records other files than generated/ holds"
+    return None
 
 
 @main.command()
@@ -405,6 +434,10 @@ def check(specs_dir, gen_dir, as_json):
                 report["orphans"].append({"file": str(f)})
                 if not as_json:
                     click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
+    manifest = _manifest_problem(gen, expected, report["in_sync"]) if not errors else None
+    report["manifest"] = [{"file": str(gen / "MANIFEST.json"), "problem": manifest}] if manifest else []
+    if manifest and not as_json:
+        click.echo(f"manifest: {gen / 'MANIFEST.json'} {manifest}; run `attngen build`")
     report["dispatch"] = _check_dispatch(specs_dir, {Path(p).stem: r.plan for p, r in rendered}, as_json, refuse)
     from .description import description_drift
     report["descriptions"] = [{"spec": str(path), "problem": d}
@@ -412,7 +445,7 @@ def check(specs_dir, gen_dir, as_json):
     for d in report["descriptions"] if not as_json else ():
         click.echo(f"description: {d['spec']}: {d['problem']}; edit the spec's description (it is copied into the "
                    f"generated header)")
-    problems = (len(report["stale"]) + len(report["missing"]) + len(report["orphans"])
+    problems = (len(report["stale"]) + len(report["missing"]) + len(report["orphans"]) + len(report["manifest"])
                 + sum(1 for d in report["dispatch"] if d.get("problem")) + len(report["descriptions"]))
     if as_json:
         click.echo(json.dumps({"ok": not problems and not errors, **report, "errors": errors}, indent=2))

@@ -21,6 +21,8 @@ modifiers key on them too: `scores: softcap`, `alibi` or `softcap+alibi` (the sp
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 import os
 import re
@@ -28,7 +30,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from .. import fsutil
-from ..errors import SpecError
+from ..errors import AttngenError, SpecError
 
 CALLS = ("forward", "varlen", "decode", "backward", "varlen_backward", "forward_fp8")
 # The runtime call convention (its kind's `calls`) a spec must have to serve each call: a varlen
@@ -83,9 +85,23 @@ def table_path(specs_dir) -> Path:
 def load_table(path) -> tuple[Entry, ...]:
     """Every entry of the table at `path`. A table that is missing, not a small regular file, not
     YAML, nested too deep, or holds a key, value or entry that the dispatcher cannot take (see
-    entry_problem_of) is one SpecError naming the file, the entry, its line and the fix."""
+    entry_problem_of) is one SpecError naming the file, the entry, its line and the fix.
+
+    The file is read every time, but text parsed once is not parsed again: its entries are kept for
+    the process and in the user's cache (see "the prepared table" below), keyed by its sha256."""
     path = Path(path)
-    return parse_table(read_table_text(path), str(path))
+    text = read_table_text(path)
+    key = memo_key(text)
+    entries = _PARSED.get(key)
+    if entries is None:
+        entries = read_memo(key)
+        if entries is None:
+            entries = parse_table(text, str(path))
+            write_memo(key, entries)
+        if len(_PARSED) >= PARSED_ENTRIES:
+            _PARSED.clear()
+        _PARSED[key] = entries
+    return entries
 
 
 def parse_table(text: str, file: str) -> tuple[Entry, ...]:
@@ -257,6 +273,96 @@ def _compose(text: str, file: str):
 def _line(node, path: tuple) -> int | None:
     from ..core.specio import line_of
     return line_of(node, path)
+
+
+# -- the prepared table ------------------------------------------------------------------------
+#
+# Parsing the table's YAML strictly takes a few hundred milliseconds, the bulk of a process's first
+# call. Text accepted once is the same entries every time, so the entries are kept, keyed by the
+# sha256 of the text and of the code that judged it (this module and the YAML rules it shares with
+# specs): per process in _PARSED, and across processes as JSON in the user's cache. The cache is
+# writable by anyone who runs as the user, so a memo proves nothing: it is read bounded, and each
+# entry goes through the same checks as the YAML's (entry_problem_of, one spec per bucket). A memo
+# that fails any of them is ignored and written again from the YAML.
+
+MEMO_FORMAT = 1
+MEMO_FOLDER = "tables"               # under the cubin cache's folder (attngen.compile.cache_dir)
+MEMO_DEPTH = 4                       # document, entries, an entry, its values
+PARSED_ENTRIES = 16                  # tables a process keeps (one, unless a test writes others)
+_PARSED: dict = {}                   # memo key -> entries
+# The YAML rules the table shares with specs (SpecLoader, duplicate keys, suspicious scalars), by
+# path: hashing it must not import YAML.
+RULES_SHARED = Path(__file__).resolve().parent.parent / "core" / "specio.py"
+
+
+@functools.cache
+def _rules_digest() -> bytes:
+    """The sha256 of the code that accepts or refuses a table: a memo written under other rules is not read."""
+    h = hashlib.sha256(f"table memo {MEMO_FORMAT}".encode())
+    for source in (__file__, RULES_SHARED):
+        try:
+            h.update(Path(source).read_bytes())
+        except OSError:
+            h.update(os.urandom(16))   # code that cannot be read cannot vouch for a memo: never matches
+    return h.digest()
+
+
+def memo_key(text: str) -> str:
+    """The key of table text: its sha256 together with the rules that judged it."""
+    return hashlib.sha256(_rules_digest() + text.encode()).hexdigest()
+
+
+def memo_path(key: str) -> Path:
+    return cache_dir() / MEMO_FOLDER / f"{key}.json"
+
+
+def cache_dir() -> Path:
+    """The cubin cache's folder, as attngen.compile.cache_dir finds it: importing the compiler would
+    import the runtime and the planner, several times the cost of the parse the memo saves."""
+    d = os.environ.get("ATTNGEN_CACHE_DIR")
+    if d:
+        return Path(d)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "attngen"
+
+
+def read_memo(key: str) -> tuple[Entry, ...] | None:
+    """The entries the memo of `key` holds, each checked as a table's entries are; None when there is
+    no memo or it is not one this module wrote for that key."""
+    try:
+        data = fsutil.read_regular(memo_path(key), MAX_TABLE_BYTES * 2)
+        text = fsutil.utf8_text(data)
+        if fsutil.json_deeper_than(text, MEMO_DEPTH):
+            return None
+        memo = json.loads(text)
+        if not isinstance(memo, dict) or memo.get("format") != MEMO_FORMAT or memo.get("key") != key \
+                or not isinstance(memo.get("entries"), list):
+            return None
+        return _checked_entries(memo["entries"])
+    except (OSError, fsutil.ReadRefused, ValueError, TypeError, RecursionError):
+        return None
+
+
+def _checked_entries(raws: list) -> tuple[Entry, ...] | None:
+    """Entries from their fields, when every one is what the table takes and no bucket names two specs."""
+    out = []
+    for raw in raws:
+        if not isinstance(raw, dict) or not set(raw) <= FIELDS or entry_problem_of(raw) is not None:
+            return None
+        out.append(Entry(**raw))
+    return None if duplicate_bucket(out) else tuple(out)
+
+
+def write_memo(key: str, entries: tuple[Entry, ...]) -> None:
+    """Keep parsed entries for later processes; a cache that cannot be written only costs the next
+    process a parse."""
+    memo = {"format": MEMO_FORMAT, "key": key,
+            "entries": [{f.name: getattr(e, f.name) for f in fields(Entry)} for e in entries]}
+    try:
+        path = memo_path(key)
+        fsutil.ensure_dir(path.parent)
+        fsutil.atomic_write_text(path, json.dumps(memo, separators=(",", ":")))
+    except (OSError, AttngenError):
+        pass
 
 
 # -- what an entry holds ---------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """A compiled spec on the GPU: its bundle's cubins loaded, its functions ready on every device a
 call uses, the checks every call convention shares, and the launch.
 
-The CUDA source always comes from the renderer (the same bytes as generated/<name>.cu for a spec
-file); it is compiled for the GPU torch is using and loaded as a context-independent library
+The CUDA source comes from the renderer, or for a shipped spec from its committed generated/<name>.cu
+when that is provably the same bytes (attngen.shipped); it is compiled for the GPU torch is using and loaded as a context-independent library
 (attngen.runtime.driver says why), so one Kernel runs on any GPU of the same arch, from any thread.
 
 Host work happens at load: the Params layout becomes one precompiled struct per call convention
@@ -24,6 +24,7 @@ import sys
 import threading
 from ctypes import c_void_p, memmove
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..core.variants import call_mask, check_window, score_values
 from ..core.varlen_plan import is_varlen, mask_of
@@ -61,13 +62,18 @@ def to_bhsd(t, layout: str):
 def render_bundle(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
     """(plan, CUDA source of every part, label) for a spec path, Spec or Plan, through attngen.render.
 
-    A path renders exactly its files under generated/. A Spec or Plan has no YAML text of its own,
-    so its header quotes the spec as dumped YAML; the code below the header is the same.
+    A path renders exactly its files under generated/; for a shipped spec those files are read
+    instead, when they are provably current (committed_bundle). A Spec or Plan has no YAML text of
+    its own, so its header quotes the spec as dumped YAML; the code below the header is the same.
     """
-    from ..render import render_parts, render_spec_file
     if isinstance(spec_or_path, (str, os.PathLike)):
+        committed = committed_bundle(spec_or_path)
+        if committed is not None:
+            return committed
+        from ..render import render_spec_file
         r = render_spec_file(spec_or_path)
         return r.plan, tuple(p.source for p in r.parts), r.spec_path
+    from ..render import render_parts
     if isinstance(spec_or_path, Spec):
         plan = make_plan(spec_or_path)
     elif isinstance(spec_or_path, Plan):
@@ -76,6 +82,34 @@ def render_bundle(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
         raise TypeError(f"load() takes a spec path, a Spec or a Plan (got {type(spec_or_path).__name__})")
     label = f"<spec {plan.spec.name}>"
     return plan, tuple(p.source for p in render_parts(plan, label, spec_yaml(spec_dict(plan.spec)))), label
+
+
+def committed_bundle(path) -> tuple[Plan, tuple[str, ...], str] | None:
+    """(plan, committed source of every part, label) of a shipped spec whose generated files are what
+    rendering would give now (attngen.shipped.committed_sources says how that is known), without
+    loading the renderer; None otherwise, and for a spec the planner refuses (rendering reports it
+    with its line)."""
+    from ..errors import SpecError
+    from ..shipped import committed_sources
+    from ..spec import parse_spec, read_spec_text
+    shown = shown_path(path)
+    try:
+        text = read_spec_text(path)
+        plan = make_plan(parse_spec(text, file=shown), file=shown)
+    except SpecError:
+        return None
+    sources = committed_sources(plan, Path(path), text)
+    return None if sources is None else (plan, sources, shown)
+
+
+def shown_path(path) -> str:
+    """The spec path as messages name it, as attngen.render.display_path writes it (relative to the
+    working directory when inside it), without importing the renderer and Jinja2."""
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.as_posix()
 
 
 def render_for(spec_or_path) -> tuple[Plan, str, str]:

@@ -1,0 +1,214 @@
+"""A process's first call with a warm cache: the dispatch table comes from its memo (never a memo
+that fails the table's checks), a shipped spec's source from its committed generated file (never
+a stale one), and `import attngen` loads no renderer."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import attngen.shipped
+from attngen.ops import table
+from attngen.ops.dispatch import SPECS_DIR
+from attngen.render import render_spec_file
+from attngen.runtime.kernel import committed_bundle, render_bundle
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = table.table_path(SPECS_DIR)
+BUNDLE = "l4_bwd_d64"          # a served spec of three parts
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty user cache, and no table kept by this process."""
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(table, "_PARSED", {})
+    return tmp_path / "cache"
+
+
+def strict_entries():
+    return table.parse_table(table.read_table_text(TABLE), str(TABLE))
+
+
+def refuse_parsing(monkeypatch):
+    def parse(*_):
+        raise AssertionError("the table was parsed again")
+    monkeypatch.setattr(table, "parse_table", parse)
+
+
+def memo_file() -> Path:
+    return table.memo_path(table.memo_key(table.read_table_text(TABLE)))
+
+
+def test_the_memo_serves_a_later_process(cache, monkeypatch):
+    entries = table.load_table(TABLE)
+    assert memo_file().is_file()
+    table._PARSED.clear()                 # as a new process
+    refuse_parsing(monkeypatch)
+    assert table.load_table(TABLE) == entries
+
+
+def test_the_memo_holds_the_strict_entries(cache):
+    table.load_table(TABLE)
+    assert table.read_memo(table.memo_key(table.read_table_text(TABLE))) == strict_entries()
+
+
+def test_the_process_keeps_the_table(cache, monkeypatch):
+    entries = table.load_table(TABLE)
+    memo_file().unlink()
+    refuse_parsing(monkeypatch)
+    assert table.load_table(TABLE) is entries
+
+
+def _memo_with(entries_json) -> str:
+    key = table.memo_key(table.read_table_text(TABLE))
+    return json.dumps({"format": table.MEMO_FORMAT, "key": key, "entries": entries_json})
+
+
+def _good_rows() -> list:
+    return json.loads(memo_file().read_text())["entries"]
+
+
+def _hostile_memos() -> dict:
+    """Memos a user-writable cache could hold, each of which must be ignored."""
+    rows = _good_rows()
+    first = rows[0]
+    other_spec = [dict(first, spec="../../etc/passwd")] + rows[1:]
+    bool_dim = [dict(first, head_dim=True)] + rows[1:]
+    nan_time = [dict(first, us=float("nan"))] + rows[1:]
+    unknown = [dict(first, launch="rm -rf /")] + rows[1:]
+    clash = rows + [dict(first, spec=first["runner_up"] or "phase4")]
+    deep = "[" * 1000 + "]" * 1000
+    return {"garbage": "\x00not json", "not utf-8": b"\xff\xfe".decode("latin-1"), "deep": deep,
+            "other key": json.dumps({"format": table.MEMO_FORMAT, "key": "0" * 64, "entries": rows}),
+            "bad spec": _memo_with(other_spec), "bool": _memo_with(bool_dim), "nan": _memo_with(nan_time),
+            "unknown field": _memo_with(unknown), "two specs for a bucket": _memo_with(clash)}
+
+
+def test_a_tampered_memo_is_ignored_and_rewritten(cache):
+    strict = strict_entries()
+    table.load_table(TABLE)
+    for name, text in _hostile_memos().items():
+        memo_file().write_bytes(text.encode("utf-8", "surrogateescape") if name != "not utf-8" else b"\xff\xfe")
+        table._PARSED.clear()
+        assert table.load_table(TABLE) == strict, name
+        assert table.read_memo(table.memo_key(table.read_table_text(TABLE))) == strict, name
+
+
+def test_a_memo_that_is_not_a_regular_file_is_ignored(cache):
+    table.load_table(TABLE)
+    memo = memo_file()
+    memo.unlink()
+    memo.mkdir()
+    table._PARSED.clear()
+    assert table.load_table(TABLE) == strict_entries()
+
+
+def test_an_unwritable_cache_only_costs_a_parse(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(table, "_PARSED", {})
+    assert table.load_table(TABLE) == strict_entries()
+
+
+# -- the committed source of a shipped spec ------------------------------------------------------
+
+def rendered(path) -> tuple[str, ...]:
+    return tuple(p.source for p in render_spec_file(path).parts)
+
+
+def test_a_current_generated_file_is_the_rendered_source():
+    path = SPECS_DIR / f"{BUNDLE}.yaml"
+    plan, sources, label = committed_bundle(path)
+    assert sources == rendered(path) and len(sources) == len(plan.parts) == 3
+    assert render_bundle(path)[1] == sources
+
+
+@pytest.fixture
+def shipped_copy(tmp_path, monkeypatch):
+    """specs/ and generated/ copied, and served as the shipped ones."""
+    for name in ("specs", "generated"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    real = attngen.shipped.shipped
+    monkeypatch.setattr(attngen.shipped, "shipped",
+                        lambda name: tmp_path / name if name in ("specs", "generated") else real(name))
+    return tmp_path
+
+
+def test_a_spec_edited_since_build_is_rendered(shipped_copy):
+    spec = shipped_copy / "specs" / f"{BUNDLE}.yaml"
+    assert committed_bundle(spec) is not None
+    spec.write_text(spec.read_text() + "# edited after the build\n")
+    assert committed_bundle(spec) is None
+    assert render_bundle(spec)[1] == rendered(spec)
+
+
+def test_templates_or_code_changed_since_build_are_rendered(shipped_copy, monkeypatch):
+    spec = shipped_copy / "specs" / f"{BUNDLE}.yaml"
+    monkeypatch.setattr(attngen.shipped, "render_inputs", lambda: "0" * 64)
+    assert committed_bundle(spec) is None
+    assert render_bundle(spec)[1] == rendered(spec)
+
+
+def test_an_edited_template_changes_the_render_inputs(tmp_path, monkeypatch):
+    templates = tmp_path / "templates"
+    shutil.copytree(attngen.shipped.TEMPLATES, templates)
+    monkeypatch.setattr(attngen.shipped, "TEMPLATES", templates)
+    attngen.shipped.render_inputs.cache_clear()
+    try:
+        before = attngen.shipped.render_inputs()
+        lib = templates / "lib" / "prelude.j2"
+        lib.write_text(lib.read_text() + "\n")
+        attngen.shipped.render_inputs.cache_clear()
+        assert attngen.shipped.render_inputs() != before
+    finally:
+        attngen.shipped.render_inputs.cache_clear()
+
+
+def test_a_hand_edited_generated_file_is_rendered(shipped_copy):
+    spec = shipped_copy / "specs" / f"{BUNDLE}.yaml"
+    part = render_spec_file(spec).plan.parts[1].file_name
+    victim = shipped_copy / "generated" / part
+    victim.write_text(victim.read_text().replace("\n", "\n// hand edit\n", 40))   # the header stays as it was
+    assert committed_bundle(spec) is None
+    assert render_bundle(spec)[1] == rendered(spec)
+
+
+def test_a_garbage_manifest_means_rendering(shipped_copy):
+    spec = shipped_copy / "specs" / f"{BUNDLE}.yaml"
+    manifest = shipped_copy / "generated" / attngen.shipped.MANIFEST
+    for text in ("{", "[]", json.dumps({"format": 1, "attngen": "0.1.0", "inputs": 3, "files": {}}), "[" * 5000):
+        manifest.write_text(text)
+        assert committed_bundle(spec) is None
+    manifest.unlink()
+    assert committed_bundle(spec) is None
+
+
+def test_a_spec_outside_the_shipped_folder_is_rendered(tmp_path):
+    spec = tmp_path / f"{BUNDLE}.yaml"
+    shutil.copy(SPECS_DIR / spec.name, spec)
+    assert committed_bundle(spec) is None
+
+
+# -- imports -------------------------------------------------------------------------------------
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
+                         capture_output=True, text=True, cwd=ROOT, check=True)
+    return set(out.stdout.split())
+
+
+def test_import_attngen_loads_no_renderer_or_yaml():
+    loaded = _modules_after("import attngen")
+    assert not {"jinja2", "yaml", "pydantic", "attngen.render"} & loaded
+
+
+def test_the_cached_call_path_loads_no_renderer():
+    loaded = _modules_after("from attngen.ops.dispatch import DISPATCH\nfrom attngen.runtime.kernel import render_bundle\n"
+                            f"DISPATCH.entries\nrender_bundle(str(DISPATCH.specs_dir / '{BUNDLE}.yaml'))")
+    assert "jinja2" not in loaded and "attngen.render" not in loaded
