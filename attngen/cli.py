@@ -192,6 +192,8 @@ MAX_GENERATIONS = 100         # evolve: each generation compiles and times up to
 MAX_TOP_K = 64
 MAX_BUDGET = 100_000          # compiles; the largest search space of a committed spec has 12960 points
 MAX_JOBS = 256                # parallel nvcc processes
+# compile.default_jobs, named here so that --help does not import the compiler
+JOBS_HELP = "nvcc processes at once [default: $ATTNGEN_JOBS, else the CPUs this process may use, at most 32]"
 MAX_HEAD_DIM = 256            # a spec's head_dim and head_dim_v (core.spec_keys)
 MAX_PAGE_SIZE = 256           # a decode spec's page_size
 MAX_INT32 = 2 ** 31 - 1       # lengths and row counts reach the kernels as int32
@@ -733,6 +735,88 @@ def format_compile(report: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@main.command()
+@click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--arch", "archs", multiple=True, callback=_archs,
+              help="the GPU's arch, repeatable: sm_90 (or sm_90a) for H100/H200, sm_89 for L4  [default: this "
+                   "machine's GPU]")
+@click.option("--jobs", type=click.IntRange(1, MAX_JOBS), default=None, help=JOBS_HELP)
+@click.option("--specs-dir", default=None,
+              help="the specs whose dispatch/table.yaml says what to warm [default: the ones attngen.attention "
+                   "serves: specs/ of this checkout, or those installed with attngen]")
+@click.option("--progress/--no-progress", default=None,
+              help="draw the progress bar on stderr  [default: when stderr is a terminal, or $ATTNGEN_PROGRESS=1]")
+@click.option("--json", "as_json", is_flag=True, help="print every compiled part (arch, cached, registers) as JSON")
+def warm(specs, archs, jobs, specs_dir, progress, as_json):
+    """Fill the cubin cache with what a GPU will load, so first calls compile nothing.
+
+    \b
+    With no SPECS: every spec the dispatch table (specs/dispatch/table.yaml) serves on the
+    arch, all that attngen.attention, attention_varlen, attention_with_kvcache and
+    attention_fp8 may load there. With SPECS: those specs.
+      attngen warm                              # for this machine's GPU
+      attngen warm --arch sm_90 --arch sm_89    # for H100/H200 and L4 machines, from any machine
+      attngen warm specs/phase4.yaml --arch sm_89
+
+    \b
+    nvcc is needed, a GPU is not: without one, name the arch. Each spec compiles for the
+    target its kernels are loaded as (sm_90a for wgmma kernels on sm_90), every part of every
+    spec at once, --jobs at a time, with one progress bar and a summary line. The cache is
+    $ATTNGEN_CACHE_DIR (default ~/.cache/attngen); what it holds already is not compiled again.
+    Exits 2 when a spec is bad or cannot run on the arch, 3 when nvcc is missing or fails.
+    """
+    from .compile import bundle_jobs, compile_many, print_summary
+    from .runtime import render_bundle
+    jobs_list = []
+    for arch in archs or (_warm_gpu_arch(),):
+        gpu_arch = arch[:-1] if arch.endswith("a") else arch    # the table and the runtime key on sm_90
+        for path in _spec_files(specs, "") if specs else _served_specs(specs_dir, gpu_arch):
+            plan, sources, label = render_bundle(str(path))
+            try:
+                jobs_list += bundle_jobs(plan, sources, gpu_arch, Path(path).stem)
+            except ValueError as exc:
+                raise click.UsageError(f"{path}: {exc}") from None
+    batch = compile_many(jobs_list, workers=jobs, progress=progress)
+    if as_json:
+        click.echo(json.dumps({"summary": batch.summary(), "parts": [_warmed(j, r) for j, r in
+                                                                     zip(batch.jobs, batch.results)]}, indent=2))
+    print_summary(batch)
+    batch.raise_errors()
+
+
+def _warm_gpu_arch() -> str:
+    """This machine's GPU arch, or a usage error asking for --arch."""
+    from .errors import NoGpuError
+    from .runtime import device_arch, gpu_modules
+    try:
+        return device_arch(gpu_modules()[0])
+    except NoGpuError as exc:
+        raise click.UsageError(f"no GPU to take the arch from ({exc}); name it: --arch sm_90 (H100/H200) or "
+                               f"--arch sm_89 (L4)") from None
+
+
+def _served_specs(specs_dir, gpu_arch: str) -> list[Path]:
+    """The spec files the dispatch table names for `gpu_arch`, each once, in table order."""
+    from .ops.dispatch import SPECS_DIR
+    from .ops.table import load_table, table_path
+    where = Path(specs_dir or SPECS_DIR)
+    entries = load_table(table_path(where))
+    names = list(dict.fromkeys(e.spec for e in entries if e.arch == gpu_arch))
+    if not names:
+        served = ", ".join(sorted({e.arch for e in entries})) or "no arch"
+        raise click.UsageError(f"the dispatch table serves nothing on {gpu_arch} (it serves {served}); name the "
+                               f"specs to warm")
+    return [where / f"{name}.yaml" for name in names]
+
+
+def _warmed(job, result) -> dict:
+    """One part of `attngen warm --json`."""
+    d = {"part": job.label, "arch": job.arch}
+    if isinstance(result, AttngenError):
+        return {**d, "error": str(result).partition("\n")[0]}
+    return {**d, "cached": result.cached, "registers": max((f.registers for f in result.functions), default=None)}
+
+
 _SHAPE_DIM = re.compile(r"[1-9][0-9]{0,8}")
 
 
@@ -905,7 +989,8 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     from .eval.conventions import EVALS, BenchOptions, by_convention, option_problems
     from .render import render_spec_file
     all_paths = _spec_files(specs, specs_dir)
-    groups = by_convention(all_paths, [render_spec_file(p).plan for p in all_paths])
+    rendered = [render_spec_file(p) for p in all_paths]
+    groups = by_convention(all_paths, [r.plan for r in rendered])
     opts = BenchOptions(shapes=shapes, dtypes=dtypes or ("fp16", "bf16"), causals=CAUSAL_CHOICES[causal],
                         backends=backends, reps=reps, cells=cells, paged=paged, varlen=varlen, lengths=lengths,
                         heads=heads, plot_file=plot_file)
@@ -923,6 +1008,10 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     def progress(label, length):
         return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
 
+    if plot_file:   # no matplotlib: say so (exit 3) before compiling for a run that cannot plot
+        from .eval.bench import pyplot
+        pyplot()
+    _precompile_on_gpu([(r.plan, tuple(p.source for p in r.parts), r.spec_path) for r in rendered])
     for convention, (paths, plans) in groups.items():
         try:
             run = EVALS[convention].bench(paths, plans, opts, progress,
@@ -939,6 +1028,19 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
                 f"{Path(json_file).stem}-{convention}{Path(json_file).suffix}"))
             fsutil.atomic_write_text(out, json.dumps(run.report, indent=2) + "\n")
             click.echo(f"wrote {out}")
+
+
+def _precompile_on_gpu(bundles) -> None:
+    """Compile every (plan, sources, label) a GPU run will load, all at once, before its first load
+    (which then finds each cubin cached). Without a GPU, nothing: the run's own check says so (exit 4)."""
+    from .compile import precompile, print_summary
+    from .errors import NoGpuError
+    from .runtime import device_arch, gpu_modules
+    try:
+        torch = gpu_modules()[0]
+    except NoGpuError:
+        return
+    print_summary(precompile(bundles, device_arch(torch, torch.cuda.current_device())))
 
 
 def _shapes_no_spec_runs(groups: dict, shapes: tuple) -> list[str]:
@@ -1079,7 +1181,7 @@ def format_verify(report, failures_only: bool = False) -> str:
 @click.option("--compile-only", is_flag=True,
               help="stop after compiling: fill the cubin cache (on a CPU machine, with --arch) for a later GPU run")
 @click.option("--jobs", type=click.IntRange(1, MAX_JOBS), default=None,
-              help="parallel nvcc processes [default: CPU count]")
+              help=JOBS_HELP)
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), callback=_report_file,
               help="write the full report here")
 @click.option("--write-best", "best_dir", type=click.Path(file_okay=False), callback=_output_folder,
@@ -1109,7 +1211,6 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     ($ATTNGEN_CACHE_DIR, default ~/.cache/attngen): an interrupted sweep resumes. Exits 1 when a case has no verified
     candidate (or, with --compile-only, when none compiles cleanly).
     """
-    import os
     import re
     from . import fsutil
     from .eval import sweep as S
@@ -1139,8 +1240,9 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
             raise click.BadParameter(f"{arch} is not this GPU's arch ({measurer.arch}); a measuring sweep compiles "
                                      "for the GPU it runs on", param_hint="--arch")
         arch = measurer.arch
+    from .compile import default_jobs
     options = S.SweepOptions(cases, search=search, budget=budget, seed=seed, generations=generations, top_k=top_k,
-                             jobs=jobs or os.cpu_count() or 1)
+                             jobs=jobs or default_jobs())
     space = S.default_space(base)
     click.echo(f"sweep: {space.size} candidates in the space of {base.name}; pruning ...", err=True)
     survivors = S.prune(base, space, **S.prune_options(options))

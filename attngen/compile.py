@@ -494,3 +494,193 @@ def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile
     except WriteError as exc:
         raise WriteError(f"{exc}; the cubin cache must be writable: fix it or set {CACHE_ENV} to another "
                          "directory") from None
+
+
+# -- many compiles at once ------------------------------------------------------------------------
+#
+# nvcc is the work: each compile is a child process, and the Python around it (a cache lookup, the
+# report) is small. So a pool of threads, each waiting on its own nvcc, keeps every core busy;
+# unlike a pool of interpreters it starts at once, re-imports nothing, and is safe in a process
+# that already holds a CUDA context (verify, bench and sweep compile after torch has one).
+
+JOBS_ENV = "ATTNGEN_JOBS"            # how many nvcc at once (default: the CPUs this process may use)
+PROGRESS_ENV = "ATTNGEN_PROGRESS"    # "1": draw the progress bar off a terminal too (a CI log); "0": never
+MAX_JOBS = 256
+DEFAULT_JOBS_CAP = 32                # an nvcc of a large kernel holds up to ~1 GB: past this, memory, not cores, limits
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One source to compile for one arch; `label` names it in messages (a spec and its part)."""
+
+    source: str
+    arch: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class CompileBatch:
+    """What compile_many did: per job, in the jobs' order, its CompileResult or the AttngenError
+    that stopped it."""
+
+    jobs: tuple[CompileJob, ...]
+    results: tuple
+    workers: int
+    seconds: float
+
+    @property
+    def cached(self) -> int:
+        return sum(isinstance(r, CompileResult) and r.cached for r in self.results)
+
+    @property
+    def errors(self) -> list[tuple[CompileJob, Exception]]:
+        return [(j, r) for j, r in zip(self.jobs, self.results) if not isinstance(r, CompileResult)]
+
+    def summary(self) -> str:
+        failed = len(self.errors)
+        ran = len(self.jobs) > self.cached      # nvcc ran at all (else "on N processes" would be untrue)
+        return (f"compiled {len(self.jobs)} source{'s' if len(self.jobs) != 1 else ''} ({self.cached} cached"
+                + (f", {failed} failed" if failed else "") + f") in {self.seconds:.1f} s"
+                + (f" on {self.workers} process{'es' if self.workers != 1 else ''}" if ran else ""))
+
+    def raise_errors(self) -> None:
+        """One error for the batch: an unwritable cache as itself (every job fails alike), else the
+        first failure with its label and how many more failed."""
+        errors = self.errors
+        if not errors:
+            return
+        for _job, exc in errors:
+            if isinstance(exc, WriteError):
+                raise exc
+        job, exc = errors[0]
+        more = f" ({len(errors) - 1} more failed: {', '.join(j.label or j.arch for j, _ in errors[1:4])}" \
+               f"{', ...' if len(errors) > 4 else ''})" if len(errors) > 1 else ""
+        first, _, log = str(exc).partition("\n")
+        raise ToolError(f"{job.label or 'a source'}: {first}{more}" + (f"\n{log}" if log else "")) from None
+
+
+def default_jobs() -> int:
+    """nvcc processes at once: $ATTNGEN_JOBS, else the CPUs this process may run on (its affinity,
+    which a container or taskset narrows; os.cpu_count() counts the whole host), capped."""
+    value = os.environ.get(JOBS_ENV, "").strip()
+    if value:
+        if not value.isdigit() or not 1 <= int(value) <= MAX_JOBS:
+            from .errors import AttngenError
+            raise AttngenError(f"{JOBS_ENV} must be a whole number from 1 to {MAX_JOBS} (got {value!r})")
+        return int(value)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, DEFAULT_JOBS_CAP))
+
+
+def show_progress(asked: bool | None = None) -> bool:
+    """Draw the bar when asked, else as $ATTNGEN_PROGRESS says, else when stderr is a terminal
+    (a log file would get one line per redraw)."""
+    if asked is not None:
+        return asked
+    env = os.environ.get(PROGRESS_ENV, "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    return sys.stderr.isatty()
+
+
+def cached_result(source: str, arch: str, nvcc: str) -> CompileResult | None:
+    """The cache's verified entry for `source` on `arch`, or None (a miss, or an entry compile_source
+    must look at again under its lock: damaged, or being written)."""
+    key = cache_key(source, arch, nvcc)
+    try:
+        return read_cache_entry(cache_dir() / key, key, arch, source)
+    except BadCacheEntry:
+        return None
+
+
+def compile_many(jobs, *, workers: int | None = None, progress: bool | None = None,
+                 on_done=None) -> CompileBatch:
+    """Compile every job through the cubin cache, `workers` nvcc at a time (default: default_jobs()).
+
+    Cache hits are read here and never reach the pool; a source given twice compiles once. A job
+    that fails leaves its error in the batch and the others go on (raise_errors() makes it one
+    error). `progress` draws one bar on stderr with counts, rate and time left (see show_progress).
+    `on_done(index, result_or_error)` hears of each job as it ends, from the calling thread.
+    """
+    import time
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from .errors import AttngenError
+    start = time.monotonic()
+    jobs = tuple(jobs)
+    nvcc = find_nvcc()                  # no nvcc is one error for the batch, not one per job
+    workers = min(workers or default_jobs(), MAX_JOBS)
+    results: list = [None] * len(jobs)
+    pending: dict[tuple[str, str], list[int]] = {}   # (source, arch) -> the jobs it answers
+    for i, job in enumerate(jobs):
+        hit = cached_result(job.source, job.arch, nvcc) if ARCH_RE.fullmatch(job.arch) else None
+        if hit is not None:
+            results[i] = hit
+            if on_done:
+                on_done(i, hit)
+        else:
+            pending.setdefault((job.source, job.arch), []).append(i)
+    for arch in {arch for _source, arch in pending if ARCH_RE.fullmatch(arch)}:
+        _source_name_flags(nvcc, arch)  # asked once here, not by every worker at once
+    workers = max(1, min(workers, len(pending)))
+    if pending:
+        from tqdm import tqdm
+        with tqdm(total=len(pending), desc="compiling", unit="src", file=sys.stderr, dynamic_ncols=True,
+                  disable=not show_progress(progress)) as bar:
+            def warn(message):
+                bar.write(f"attngen: {message}", file=sys.stderr)
+
+            def one(job):
+                try:
+                    return compile_source(job.source, job.arch, on_warning=warn)
+                except AttngenError as exc:
+                    return exc
+            pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attngen-nvcc")
+            try:
+                futures = {pool.submit(one, jobs[idx[0]]): idx for idx in pending.values()}
+                for fut in as_completed(futures):
+                    idx = futures[fut]
+                    result = fut.result()
+                    for i in idx:
+                        results[i] = result
+                        if on_done:
+                            on_done(i, result)
+                    bar.set_postfix_str(jobs[idx[0]].label, refresh=False)
+                    bar.update(1)
+            finally:
+                # On an error or Ctrl-C, the queued compiles are dropped, not run to the end first;
+                # the running ones finish (an nvcc cannot be taken back from its thread).
+                pool.shutdown(wait=True, cancel_futures=True)
+    return CompileBatch(jobs, tuple(results), workers, time.monotonic() - start)
+
+
+def bundle_jobs(plan, sources, gpu_arch: str, label: str) -> list[CompileJob]:
+    """The jobs of one spec's bundle for a GPU of `gpu_arch`: each part its own job, so a bundle's
+    parts compile at once; the arch is the one the runtime loads (plan.compile_arch: sm_90a for
+    wgmma). ValueError when the spec cannot run on that arch."""
+    arch = plan.compile_arch(gpu_arch)
+    sources = tuple(sources)
+    return [CompileJob(source, arch, f"{label} ({part.name})" if len(sources) > 1 else label)
+            for part, source in zip(plan.parts, sources)]
+
+
+def precompile(bundles, gpu_arch: str, *, workers: int | None = None, progress: bool | None = None) -> CompileBatch:
+    """Compile every (plan, sources, label) bundle for a GPU of `gpu_arch` in one parallel batch, so
+    that loading them afterwards (Kernel.from_sources) finds every cubin in the cache. A spec that
+    cannot run on the arch is left to its load, which says so; a failed compile is one ToolError."""
+    jobs = []
+    for plan, sources, label in bundles:
+        try:
+            jobs += bundle_jobs(plan, sources, gpu_arch, label)
+        except ValueError:
+            continue
+    batch = compile_many(jobs, workers=workers, progress=progress)
+    batch.raise_errors()
+    return batch
+
+
+def print_summary(batch: CompileBatch) -> None:
+    """The batch's one summary line, on stderr (where the bar was)."""
+    print(batch.summary(), file=sys.stderr, flush=True)

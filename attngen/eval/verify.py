@@ -539,14 +539,22 @@ def context_usable(device) -> bool:
 
 # -- specs ---------------------------------------------------------------------------------------
 
-def load_kernels(spec_paths, *, on_compile=None) -> list:
-    """attngen.load each spec (compiling on a cache miss), synchronizing after every launch so a
-    fault is reported with the case that caused it. `on_compile(spec_path, arch)` on a cache miss."""
-    from ..runtime import load
+def load_kernels(spec_paths, *, on_compile=None, on_batch=None, jobs: int | None = None) -> list:
+    """attngen.load each spec, synchronizing after every launch so a fault is reported with the case
+    that caused it. Every part of every spec is compiled first, in one parallel batch (compile.
+    precompile, `jobs` nvcc at once), so the loads find their cubins cached; `on_batch(batch)`
+    hears of that batch (default: its summary line on stderr), `on_compile(spec_path, arch)` of
+    any compile a load still does."""
+    from ..compile import precompile, print_summary
+    from ..runtime import Kernel, device_arch, gpu_modules, render_bundle
+    torch, _ = gpu_modules()
+    bundles = [render_bundle(str(path)) for path in spec_paths]
+    batch = precompile(bundles, device_arch(torch, torch.cuda.current_device()), workers=jobs)
+    (on_batch or print_summary)(batch)
     kernels = []
-    for path in spec_paths:
+    for path, (plan, sources, label) in zip(spec_paths, bundles):
         hook = None if on_compile is None else (lambda arch, path=path: on_compile(path, arch))
-        kernels.append(load(str(path), on_compile=hook, synchronize=True))
+        kernels.append(Kernel.from_sources(plan, sources, label=label, on_compile=hook, synchronize=True))
     return kernels
 
 

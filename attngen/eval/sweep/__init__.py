@@ -10,7 +10,7 @@ length, causality and the GPU, so the sweep measures instead of guessing. One mo
               validation, drop those that break a spec rule or exceed the shared-memory budget,
               render the rest (with a --budget, only a seeded sample of them) and drop those with
               the same code as an earlier one, counting each reason;
-3. build      `build_candidate` (one candidate) and `compile_all(...)`: nvcc in a process pool;
+3. build      `build_candidate` (one candidate) and `compile_all(...)`: nvcc, many at once;
               spills and compile errors are dropped;
 4. measure    a `Measurer` (`GpuMeasurer` on a GPU, a stub in tests): verify, then time beside
               torch's flash backend, as `attngen bench` does;

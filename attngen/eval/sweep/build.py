@@ -1,11 +1,9 @@
 """Candidates: a base spec with one point of its space applied, validated, planned and rendered
-(`build_candidate`), their hashes, and nvcc over many of them in a process pool (`compile_all`)."""
+(`build_candidate`), their hashes, and nvcc over many of them at once (`compile_all`)."""
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable
 
@@ -106,16 +104,27 @@ class CompileOutcome:
 
 
 def compile_candidate(sources: tuple[str, ...], arch: str) -> CompileOutcome:
-    """nvcc a candidate's sources (cached by compile.compile_source); runs in a pool worker."""
+    """nvcc a candidate's sources one after another (cached by compile.compile_source)."""
     from ...compile import compile_source
-    functions = []
+    results = []
     for source in sources:
         try:
-            functions += compile_source(source, arch).functions
-        except WriteError:
-            raise                   # an unwritable cache fails every candidate alike: one error, exit 3
+            results.append(compile_source(source, arch))
         except ToolError as exc:
-            return CompileOutcome(COMPILE_FAILED, note=str(exc).splitlines()[-1][:200])
+            results.append(exc)
+            break
+    return outcome_of(results)
+
+
+def outcome_of(results) -> CompileOutcome:
+    """A candidate's outcome from its parts' CompileResults (or the ToolError of a failed one)."""
+    functions = []
+    for r in results:
+        if isinstance(r, WriteError):
+            raise r                 # an unwritable cache fails every candidate alike: one error, exit 3
+        if isinstance(r, ToolError):
+            return CompileOutcome(COMPILE_FAILED, note=str(r).splitlines()[-1][:200])
+        functions += r.functions
     regs = max((f.registers for f in functions), default=None)
     spilled = [f for f in functions if f.spills]
     if spilled:
@@ -126,27 +135,26 @@ def compile_candidate(sources: tuple[str, ...], arch: str) -> CompileOutcome:
 
 def compile_all(candidates: list[Candidate], arch: str, jobs: int,
                 on_done: Callable[[Candidate, CompileOutcome], None] | None = None) -> dict[str, CompileOutcome]:
-    """Compile every candidate, `jobs` at a time, in worker processes (nvcc and rendering are CPU-bound).
-
-    Workers are spawned, not forked: the parent may already hold a CUDA context.
-    """
-    from ...compile import find_nvcc
-    find_nvcc()                     # no nvcc is one error for the sweep, not one per candidate
+    """Compile every candidate, `jobs` nvcc at a time (compile.compile_many): every part of every
+    candidate is a job of one batch, and a candidate's outcome is known when its last part is."""
+    from ...compile import CompileJob, compile_many
+    batch, owner = [], []
+    for cand in candidates:
+        target = cand.plan.compile_arch(arch)     # a kind may need the arch-specific target (sm_90a for wgmma)
+        for source in cand.sources:
+            batch.append(CompileJob(source, target, cand.name))
+            owner.append(cand)
+    parts: dict[str, dict[int, object]] = {c.name: {} for c in candidates}
     out: dict[str, CompileOutcome] = {}
 
-    def done(cand, outcome):
-        out[cand.name] = outcome
-        if on_done:
-            on_done(cand, outcome)
+    def part_done(index, result):
+        cand = owner[index]
+        got = parts[cand.name]
+        got[index] = result
+        if len(got) == len(cand.sources):
+            outcome = out[cand.name] = outcome_of([got[i] for i in sorted(got)])
+            if on_done:
+                on_done(cand, outcome)
 
-    if jobs <= 1 or len(candidates) <= 1:
-        for cand in candidates:
-            done(cand, compile_candidate(cand.sources, cand.plan.compile_arch(arch)))
-        return out
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(candidates)), mp_context=ctx) as pool:
-        # a kind may need the arch-specific target (sm_90a for wgmma)
-        futures = {pool.submit(compile_candidate, c.sources, c.plan.compile_arch(arch)): c for c in candidates}
-        for fut in as_completed(futures):
-            done(futures[fut], fut.result())
+    compile_many(batch, workers=jobs, progress=False, on_done=part_done)   # the sweep draws its own bar
     return out
