@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 
 from ..errors import ToolError
+from ..runtime.cubin import param_layout
 
 NOT_INSTALLED = ("PyCUDA is not installed: `attngen verify` launches every case through PyCUDA as well; install "
                  "the gpu extra (attngen doctor prints the command)")
@@ -76,23 +77,36 @@ class PycudaLauncher:
             f = module.get_function(fn.name)
             if fn.smem_dynamic:
                 f.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, fn.smem_dynamic)
-            self._functions[key] = f
-        return f
+            gap, size = param_layout(compiled.cubin)[fn.name]
+            self._functions[key] = f, gap, size
+        return self._functions[key]
 
     def launch(self, kernel, prepared, params: bytes) -> None:
         """Every launch of a prepared call, in order, with the Params bytes as the argument buffer,
         on the legacy default stream after the device's work so far (verify waits for it after)."""
-        import numpy as np
         torch = kernel._torch
         index = prepared.info.index
         torch.cuda.synchronize(index)
-        arg = np.frombuffer(bytes(params), dtype=np.dtype((np.void, len(params))))[0]
         with self._primary(index):
             for fn, _handle, grid in prepared.launches:
-                f = self._function(kernel, index, fn)
-                f(arg, block=(fn.threads, 1, 1), grid=tuple(int(g) for g in grid), shared=fn.smem_dynamic)
+                f, gap, size = self._function(kernel, index, fn)
+                f(argument_buffer(bytes(params), gap, size), block=(fn.threads, 1, 1),
+                  grid=tuple(int(g) for g in grid), shared=fn.smem_dynamic)
                 self.launches += 1
             self.drv.Context.synchronize()
+
+
+def argument_buffer(params: bytes, gap: int, size: int):
+    """The kernel's whole parameter buffer as PyCUDA passes it (CU_LAUNCH_PARAM_BUFFER_POINTER): the
+    caller lays it out, so a Params the compiler placed past a gap (a 64-byte aligned one, holding
+    TMA tensor maps) goes at that offset, as the cubin records; a kernelParams launch (the runtime's)
+    leaves that to the driver."""
+    import numpy as np
+    if gap < 0 or size >= 0 and gap + len(params) != size:
+        raise RuntimeError(f"the cubin's parameter buffer (Params at +{gap}, {size} B) does not hold "
+                           f"{len(params)} B of Params")
+    buffer = bytes(gap) + params
+    return np.frombuffer(buffer, dtype=np.dtype((np.void, len(buffer))))[0]
 
 
 _LAUNCHER: list = []
