@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLE = table_path(ROOT / "specs")
 
 
+@pytest.mark.exhaustive
 def test_committed_table_names_specs_that_serve_it():
     entries = load_table(TABLE)
     assert {e.call for e in entries} == {"forward", "varlen", "decode", "backward", "varlen_backward", "forward_fp8"}

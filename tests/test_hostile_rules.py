@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spec_sample import sampled
+
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
 DELETE = object()
@@ -129,6 +131,7 @@ def test_a_pool_with_room_suggests_more_consumer_registers(tmp_path):
     assert "set registers: {producer: 24, consumer: 192}" in message
 
 
+@pytest.mark.exhaustive
 def test_every_committed_spec_still_plans():
     result = attngen("check")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -172,7 +175,7 @@ def suggestion(text: str) -> dict:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("kind", sorted(SUGGESTIONS))
+@pytest.mark.parametrize("kind", sampled(sorted(SUGGESTIONS), "fwd_mma".__eq__, sorted(SUGGESTIONS)))   # one by default
 def test_a_suggested_value_compiles_without_spills(tmp_path, kind):
     base, changes = SUGGESTIONS[kind]
     refused = attngen("explain", str(hostile(tmp_path, base, f"hx_{kind}", **changes)))

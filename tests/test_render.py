@@ -16,12 +16,15 @@ from attngen.plan import make_plan
 from attngen.spec import load_spec
 from attngen.cli import main
 from attngen.render import render_spec_file
+from spec_sample import SAMPLE, sampled
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_FILES = sorted((ROOT / "specs").glob("*.y*ml"))
 # The first spec that renders one file (a bundle, decode or backward, renders several).
 ONE_PART = next(p for p in SPEC_FILES if "\ndecode:" not in p.read_text() and "\nbackward:" not in p.read_text())
 SPEC_IDS = [p.name for p in SPEC_FILES]
+# one spec of each kind by default, every spec under -m exhaustive
+SPECS = sampled(SPEC_FILES, SAMPLE.__contains__, SPEC_IDS)
 # a spec of a bundle kind (decode: split + combine) renders one file per part
 GENERATED_FILES = sum(len(make_plan(load_spec(p)).parts) for p in SPEC_FILES)
 
@@ -48,7 +51,7 @@ def invoke(*args):
     return result
 
 
-@pytest.mark.parametrize("path", SPEC_FILES, ids=SPEC_IDS)
+@pytest.mark.parametrize("path", SPECS)
 def test_render_twice_identical(path, in_repo):
     rel = path.relative_to(ROOT)
     a = render_spec_file(rel).files
@@ -56,6 +59,7 @@ def test_render_twice_identical(path, in_repo):
     assert a == b
 
 
+@pytest.mark.exhaustive
 def test_render_independent_of_hash_seed(in_repo):
     # Set and dict ordering of strings changes with PYTHONHASHSEED; the output must not.
     code = ("import sys, hashlib; from attngen.render import render_spec_file; "
@@ -70,7 +74,7 @@ def test_render_independent_of_hash_seed(in_repo):
     assert len(digests) == 1
 
 
-@pytest.mark.parametrize("path", SPEC_FILES, ids=SPEC_IDS)
+@pytest.mark.parametrize("path", SPECS)
 def test_header(path, in_repo):
     rel = path.relative_to(ROOT).as_posix()
     r = render_spec_file(rel)
@@ -86,7 +90,7 @@ def test_header(path, in_repo):
         assert f"kernel parameters (Params, {r.plan.abi.size} B by value)" in part.source
 
 
-@pytest.mark.parametrize("path", SPEC_FILES, ids=SPEC_IDS)
+@pytest.mark.parametrize("path", SPECS)
 def test_source_is_normalised(path, in_repo):
     for _, src in render_spec_file(path.relative_to(ROOT)).files:
         assert src.endswith("\n") and not src.endswith("\n\n")
@@ -95,7 +99,7 @@ def test_source_is_normalised(path, in_repo):
         assert "\t" not in src
 
 
-@pytest.mark.parametrize("path", SPEC_FILES, ids=SPEC_IDS)
+@pytest.mark.parametrize("path", SPECS)
 def test_one_entry_point_per_mask(path, in_repo):
     r = render_spec_file(path.relative_to(ROOT))
     for part, (_, src) in zip(r.plan.parts, r.files):
@@ -109,10 +113,12 @@ def test_check_passes_on_repo(in_repo):
     assert f"{GENERATED_FILES} generated file(s) in sync" in result.output
 
 
+@pytest.mark.exhaustive
 def test_check_passes_on_copy(repo_copy):
     assert invoke("check").exit_code == 0
 
 
+@pytest.mark.exhaustive
 def test_check_catches_stale_file(repo_copy):
     victim = sorted((repo_copy / "generated").glob("*.cu"))[0]
     lines = victim.read_text().splitlines(True)
@@ -127,6 +133,7 @@ def test_check_catches_stale_file(repo_copy):
     assert "1 problem(s)" in result.output
 
 
+@pytest.mark.exhaustive
 def test_check_catches_stale_after_spec_change(repo_copy):
     spec = repo_copy / "specs" / ONE_PART.name
     spec.write_text(spec.read_text() + "# a comment changes the header's sha256\n")
@@ -134,6 +141,7 @@ def test_check_catches_stale_after_spec_change(repo_copy):
     assert result.exit_code == 1 and "stale:" in result.output
 
 
+@pytest.mark.exhaustive
 def test_check_catches_missing_file(repo_copy):
     victim = sorted((repo_copy / "generated").glob("*.cu"))[0]
     victim.unlink()
@@ -142,6 +150,7 @@ def test_check_catches_missing_file(repo_copy):
     assert f"missing: generated/{victim.name}" in result.output
 
 
+@pytest.mark.exhaustive
 def test_check_catches_orphan(repo_copy):
     (repo_copy / "generated" / "old_kernel.cu").write_text("// a kernel whose spec was deleted\n")
     result = invoke("check")
@@ -149,6 +158,7 @@ def test_check_catches_orphan(repo_copy):
     assert "orphan: generated/old_kernel.cu" in result.output
 
 
+@pytest.mark.exhaustive
 def test_check_counts_every_problem(repo_copy):
     cus = sorted((repo_copy / "generated").glob("*.cu"))
     cus[0].write_text(cus[0].read_text() + "// edit\n")
@@ -157,6 +167,7 @@ def test_check_counts_every_problem(repo_copy):
     assert result.exit_code == 1 and "2 problem(s)" in result.output
 
 
+@pytest.mark.exhaustive
 def test_build_writes_only_changed_files(repo_copy):
     gen = repo_copy / "generated"
     shutil.rmtree(gen)
@@ -180,6 +191,7 @@ def test_build_writes_only_changed_files(repo_copy):
     assert invoke("check").exit_code == 0
 
 
+@pytest.mark.exhaustive
 def test_build_matches_committed(repo_copy):
     out = repo_copy / "fresh"
     assert invoke("build", "--out", str(out)).exit_code == 0
@@ -194,6 +206,7 @@ def test_build_single_spec(repo_copy):
     assert len(list(out.glob("*.cu"))) == 1
 
 
+@pytest.mark.exhaustive
 def test_explain_every_spec(in_repo):
     for path in SPEC_FILES:
         result = invoke("explain", str(path.relative_to(ROOT)))
@@ -215,6 +228,7 @@ def test_planted_bug_sites_exist():
         assert render_for(spec)[1].count(old) >= 1, f"the text to plant {name} into is gone"
 
 
+@pytest.mark.exhaustive
 def test_check_does_not_depend_on_the_working_directory(tmp_path):
     """Headers name the spec relative to the project root, so `check` run from elsewhere (with
     --specs-dir and --generated pointing into the project) finds every file in sync."""
