@@ -15,7 +15,7 @@ from .core.spec_keys import (SCHEMA_VERSION, ForwardSpec, HomogeneousWarps, PadS
                         SpecBase, SpecializedWarps, Tile, XorSwizzle, validate)
 from .core.specio import line_of, load_yaml, read_spec_text
 from .errors import SpecError
-from .kinds import KINDS, kind_for_data, spec_models
+from .kinds import all_kinds, kind_for_data, spec_models
 
 # Any kind's spec: a SpecBase subclass (isinstance checks use this).
 Spec = SpecBase
@@ -68,7 +68,7 @@ def renamed_key(exc: SpecError) -> SpecError:
 def other_kinds_key(exc: SpecError, kind) -> SpecError:
     """An unknown top-level key that another kind takes: say which (the registry knows), rather than
     "check the spelling"."""
-    takers = [k for k in KINDS if exc.key in k.spec_model.model_fields]
+    takers = [k for k in all_kinds() if exc.key in k.spec_model.model_fields]
     if not takers:
         return exc
     choices = " or ".join(f"{k.select_key}: {k.select_value}" for k in takers)

@@ -26,7 +26,7 @@ ScoreName = Literal[tuple(SCORES)]
 
 class Strict(BaseModel):
     # strict: YAML already gives ints, bools and strings; lax coercion would read `stages: true` as 1
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 class Tile(Strict):
@@ -110,7 +110,7 @@ class SpecBase(Strict):
     target: str = Field(default="l4", description="GPU profile: " + ", ".join(TARGETS))
     dtype: Dtype = Field(default="fp16", description="element type of q, k, v and o")
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True, defer_build=True)
 
     # Cross-field rules, run in order after field validation; the first that fails is reported.
     # rules are the kind's; shared_rules, run after them, hold for every kind of the model (none can leave

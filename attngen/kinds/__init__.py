@@ -2,59 +2,136 @@
 
 A spec picks its kind by a (key, value) pair the kind declares (e.g. mma: mma_m16n8k16). Nothing
 outside attngen/kinds/ knows the names; the rest of attngen asks this registry.
+
+A kind's module is imported when a spec selects it, not when the registry is: importing every kind
+(and building its spec model) cost a process's first call tens of milliseconds for kinds it never
+runs. REGISTERED repeats each kind's selector so a spec can be matched before its module loads; a
+module whose KIND declares another name or selector is refused when it loads.
 """
 from __future__ import annotations
 
+import importlib
+import sys
+
 from ..core.kind import Kind
 from ..errors import SpecError
-from . import bwd_mma, bwd_wgmma, decode_mma, fwd_mma, fwd_mma_fp8, fwd_scalar, fwd_wgmma, fwd_wgmma_fp8, fwd_wmma
 
-KINDS: tuple[Kind, ...] = (fwd_scalar.KIND, fwd_wmma.KIND, fwd_mma.KIND, fwd_mma_fp8.KIND, fwd_wgmma.KIND,
-                          fwd_wgmma_fp8.KIND, decode_mma.KIND, bwd_mma.KIND, bwd_wgmma.KIND)
+# (package under attngen/kinds/, the (spec key, value) that selects it), in the registry's order:
+# messages list choices in it, and the schema's alternatives follow it.
+REGISTERED: tuple[tuple[str, tuple[str, str]], ...] = (
+    ("fwd_scalar", ("mma", "scalar")),
+    ("fwd_wmma", ("mma", "wmma_m16n16k16")),
+    ("fwd_mma", ("mma", "mma_m16n8k16")),
+    ("fwd_mma_fp8", ("mma", "mma_m16n8k32_e4m3")),
+    ("fwd_wgmma", ("mma", "wgmma_m64nNk16")),
+    ("fwd_wgmma_fp8", ("mma", "wgmma_m64nNk32_e4m3")),
+    ("decode_mma", ("decode", "split_kv")),
+    ("bwd_mma", ("backward", "dq_atomic")),
+    ("bwd_wgmma", ("backward", "wgmma_dq_red")),
+)
 
 
-def _check_registry(kinds: tuple[Kind, ...]) -> None:
-    names = [k.name for k in kinds]
-    selectors = [k.selector for k in kinds]
+def _check_registry(registered) -> None:
+    """No two kinds share a name or a selector; `registered`: (name, selector) pairs."""
+    names = [name for name, _ in registered]
+    selectors = [selector for _, selector in registered]
     assert len(set(names)) == len(names), f"two kinds share a name: {names}"
     assert len(set(selectors)) == len(selectors), f"two kinds share a selector: {selectors}"
 
 
-_check_registry(KINDS)
+_check_registry(REGISTERED)
+
+
+def _checked(kind: Kind, name: str, selector: tuple[str, str]) -> Kind:
+    """A loaded kind, refused when its module declares another name or selector than REGISTERED."""
+    assert (kind.name, kind.selector) == (name, selector), \
+        f"attngen.kinds.{name} declares {kind.name} {kind.selector}; REGISTERED says {name} {selector}"
+    return kind
+
+
+def _load(index: int) -> Kind:
+    """The kind REGISTERED[index] names, importing its module (once per process)."""
+    name, selector = REGISTERED[index]
+    return _checked(importlib.import_module(f"{__name__}.{name}").KIND, name, selector)
+
+
+def all_kinds() -> tuple[Kind, ...]:
+    """Every registered kind, each module imported (the schema, the architecture checks, a message
+    naming another kind's key). Kept as KINDS; a test may replace KINDS to register one more."""
+    kinds = globals().get("KINDS")
+    if kinds is None:
+        from . import (bwd_mma, bwd_wgmma, decode_mma, fwd_mma, fwd_mma_fp8, fwd_scalar, fwd_wgmma, fwd_wgmma_fp8,
+                       fwd_wmma)
+        modules = (fwd_scalar, fwd_wmma, fwd_mma, fwd_mma_fp8, fwd_wgmma, fwd_wgmma_fp8, decode_mma, bwd_mma, bwd_wgmma)
+        kinds = tuple(_checked(m.KIND, name, selector) for m, (name, selector) in zip(modules, REGISTERED, strict=True))
+        _check_registry([(k.name, k.selector) for k in kinds])
+        globals()["KINDS"] = kinds
+    return kinds
+
+
+def __getattr__(name: str):
+    # KINDS loads every kind, so it is made on first use rather than at import.
+    if name == "KINDS":
+        return all_kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _selectors() -> tuple[tuple[str, str], ...]:
+    """Every kind's selector in registry order, without importing a kind that is not loaded yet."""
+    kinds = globals().get("KINDS")
+    return tuple(k.selector for k in kinds) if kinds is not None else tuple(s for _, s in REGISTERED)
+
+
+def _kind_at(index: int) -> Kind:
+    kinds = globals().get("KINDS")
+    return kinds[index] if kinds is not None else _load(index)
+
+
+def _loaded_kinds() -> tuple[Kind, ...]:
+    """The kinds whose modules are imported already (every kind once KINDS is made)."""
+    kinds = globals().get("KINDS")
+    if kinds is not None:
+        return kinds
+    modules = (sys.modules.get(f"{__name__}.{name}") for name, _ in REGISTERED)
+    return tuple(m.KIND for m in modules if m is not None and hasattr(m, "KIND"))
 
 
 def selector_keys() -> tuple[str, ...]:
     """The keys that pick a kind, the most specific first: a key fewer kinds share (e.g. decode)
     decides before one many share (mma), so a spec may carry both."""
-    keys = list(dict.fromkeys(k.select_key for k in KINDS))
-    return tuple(sorted(keys, key=lambda key: sum(k.select_key == key for k in KINDS)))
+    selectors = _selectors()
+    keys = list(dict.fromkeys(key for key, _ in selectors))
+    return tuple(sorted(keys, key=lambda key: sum(k == key for k, _ in selectors)))
 
 
 def kind_for_data(data: dict, *, file: str | None = None, line_of=None) -> Kind:
     """The kind a spec's YAML data asks for; a SpecError naming the key when none matches."""
+    selectors = _selectors()
     for key in selector_keys():
         if key not in data:
             continue
         value = data[key]
-        for k in KINDS:
-            if k.selector == (key, value):
-                return k
-        choices = [repr(k.select_value) for k in KINDS if k.select_key == key]
+        for index, selector in enumerate(selectors):
+            if selector == (key, value):
+                return _kind_at(index)
+        choices = [repr(v) for k, v in selectors if k == key]
         listed = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
         raise SpecError(f"must be {listed} (got {value!r}): each picks a kernel kind", file=file,
                         line=line_of((key,)) if line_of else None, key=key)
-    first, *others = dict.fromkeys(k.select_key for k in KINDS)
+    first, *others = dict.fromkeys(key for key, _ in selectors)
     raise SpecError("required key is missing", file=file, line=line_of(()) if line_of else None, key=first,
                     hint=(f"it picks the kernel kind; {' or '.join(others)} picks the others" if others else None))
 
 
 def kind_of(spec) -> Kind:
-    """The kind whose spec model `spec` is."""
-    for k in KINDS:
-        if type(spec) is k.spec_model:
-            return k
+    """The kind whose spec model `spec` is (a spec model can exist before its kind's module loads:
+    some live in core, so every kind is loaded before the answer is no)."""
+    for kinds in (_loaded_kinds, all_kinds):
+        for k in kinds():
+            if type(spec) is k.spec_model:
+                return k
     raise TypeError(f"{type(spec).__name__} is not the spec model of a registered kind")
 
 
 def spec_models() -> tuple[type, ...]:
-    return tuple(k.spec_model for k in KINDS)
+    return tuple(k.spec_model for k in all_kinds())
