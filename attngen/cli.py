@@ -316,8 +316,10 @@ def build(specs, out_dir, specs_dir, as_json):
     (a temporary file renamed into place), and a spec's files (a decode bundle's split and combine)
     all or none, so an interrupted or failed build never leaves half a file or half a bundle. A
     bad spec is reported and the others are still built; two specs with the same name are refused
-    (nothing written for either). Exits 2 when any spec was refused, 3 when a file
-    cannot be written.
+    (nothing written for either), and so is a spec whose description states what its plan
+    contradicts ("64x64 tiles" after block_n: 32), which `attngen check` would reject. Ends with
+    a summary line (files written and unchanged, specs refused) unless one spec was named. Exits 2 when any spec was refused, 3 when a
+    file cannot be written.
     """
     from . import fsutil
     errors, files = [], []
@@ -327,7 +329,7 @@ def build(specs, out_dir, specs_dir, as_json):
         click.echo(_error_line(exc), err=True)
 
     paths = _spec_files(specs, specs_dir)
-    rendered = _render_specs(paths, refuse)
+    rendered = _without_description_drift(_render_specs(paths, refuse), refuse)
     out = Path(out_dir)
     if rendered:
         fsutil.ensure_dir(out)
@@ -349,14 +351,44 @@ def build(specs, out_dir, specs_dir, as_json):
                 click.echo(f"wrote     {dest}  ({r.plan.smem_bytes} B smem, {r.plan.threads} threads)")
     if rendered:
         _write_manifest(out, {name: source for _, r in rendered for name, source in r.files})
+    summary = _build_summary(files, len(paths), len(paths) - len(rendered))
     if as_json:
-        click.echo(json.dumps({"ok": not errors, "files": files, "errors": errors}, indent=2))
-    elif errors and len(paths) > 1:
-        written = sum(f["status"] == "written" for f in files)
-        click.echo(f"attngen build: {len(errors)} error(s) in {len(paths)} spec(s); {written} file(s) written, "
-                   f"{len(files) - written} unchanged")
+        click.echo(json.dumps({"ok": not errors, "files": files, "errors": errors, "summary": summary}, indent=2))
+    elif not specs or len(paths) > 1:
+        click.echo(f"attngen build: {_counted(summary['files'], 'file')}, {summary['written']} written, "
+                   f"{summary['unchanged']} unchanged, {summary['refused']} refused "
+                   f"({_counted(summary['specs'], 'spec')})")
     if errors:
         sys.exit(2)
+
+
+def _without_description_drift(rendered: list, refuse) -> list:
+    """The rendered specs whose descriptions agree with their plans. Each stale phrase of the others
+    goes to `refuse`, and nothing is written for that spec: the description is copied into the
+    generated header, so writing it would commit a file that `attngen check` rejects."""
+    from .description import description_drift
+    from .errors import SpecError
+    kept = []
+    for path, r in rendered:
+        drift = description_drift(r.plan)
+        for problem in drift:
+            refuse(path, SpecError(problem, file=str(path), line=_line_of_key(path, "description"),
+                                   key="description", hint="edit the description to match (it is copied into "
+                                                           "the generated header)"))
+        if not drift:
+            kept.append((path, r))
+    return kept
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _build_summary(files: list[dict], specs: int, refused: int) -> dict:
+    """The counts build ends with: files written or unchanged, and specs seen and refused."""
+    written = sum(f["status"] == "written" for f in files)
+    return {"files": len(files), "written": written, "unchanged": len(files) - written, "refused": refused,
+            "specs": specs}
 
 
 def _write_manifest(out: Path, built: dict[str, str]) -> None:

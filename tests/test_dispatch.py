@@ -54,7 +54,7 @@ def test_select_buckets_and_group_rows():
     assert select(entries, "forward", "sm_90", "fp16", 64, "none", 1025).spec == "long"
     assert select(entries, "decode", "sm_90", "fp16", 128, "none", 8192, group_rows=4).spec == "fused"
     assert select(entries, "decode", "sm_90", "fp16", 128, "none", 8192, group_rows=8).spec == "kernel"
-    with pytest.raises(LookupError, match="no forward kernel for sm_90 fp16 head_dim 80.*attngen bench"):
+    with pytest.raises(LookupError, match="(?s)no forward kernel for sm_90 fp16 head_dim 80.*attngen bench"):
         select(entries, "forward", "sm_90", "fp16", 80, "none", 10)
 
 

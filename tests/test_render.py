@@ -167,25 +167,32 @@ def test_check_counts_every_problem(repo_copy):
     assert result.exit_code == 1 and "2 problem(s)" in result.output
 
 
+def _lines(result, start: str) -> int:
+    """How many of a run's lines start so (the summary line's counts are not file lines)."""
+    return sum(line.startswith(start) for line in result.output.splitlines())
+
+
 @pytest.mark.exhaustive
 def test_build_writes_only_changed_files(repo_copy):
     gen = repo_copy / "generated"
     shutil.rmtree(gen)
     first = invoke("build")
     assert first.exit_code == 0, first.output
-    assert first.output.count("wrote ") == GENERATED_FILES
+    assert _lines(first, "wrote ") == GENERATED_FILES
     stamps = {p.name: p.stat().st_mtime_ns for p in gen.glob("*.cu")}
     assert len(stamps) == GENERATED_FILES
 
     second = invoke("build")
     assert second.exit_code == 0
-    assert second.output.count("unchanged ") == GENERATED_FILES and "wrote" not in second.output
+    assert _lines(second, "unchanged ") == GENERATED_FILES and "wrote" not in second.output
     assert {p.name: p.stat().st_mtime_ns for p in gen.glob("*.cu")} == stamps
 
     spec = repo_copy / "specs" / ONE_PART.name
     spec.write_text(spec.read_text() + "# touched\n")
     third = invoke("build")
-    assert third.output.count("wrote ") == 1 and third.output.count("unchanged ") == GENERATED_FILES - 1
+    assert _lines(third, "wrote ") == 1 and _lines(third, "unchanged ") == GENERATED_FILES - 1
+    assert third.output.splitlines()[-1].endswith(f"1 written, {GENERATED_FILES - 1} unchanged, 0 refused "
+                                                  f"({len(SPEC_FILES)} specs)")
     changed = [n for n, t in stamps.items() if (gen / n).stat().st_mtime_ns != t]
     assert len(changed) == 1
     assert invoke("check").exit_code == 0
@@ -247,7 +254,8 @@ def test_header_names_the_spec_from_the_project_root(tmp_path, monkeypatch):
 
 
 def test_check_reports_a_stale_description(tmp_path):
-    """A spec edited from 2 stages to 1 whose description still says "2-stage" fails check."""
+    """A spec edited from 2 stages to 1 whose description still says "2-stage" fails check, and
+    build refuses it with the same words, writing nothing."""
     import shutil
     from click.testing import CliRunner
     from attngen.cli import main
@@ -257,7 +265,10 @@ def test_check_reports_a_stale_description(tmp_path):
     assert "2-stage" in text and "stages: 2" in text
     (specs / "l4_mma_d64.yaml").write_text(text.replace("stages: 2", "stages: 1"))
     runner = CliRunner()
-    assert runner.invoke(main, ["build", "--specs-dir", str(specs), "--out", str(gen)]).exit_code == 0
+    stale = "the description says '2-stage', the plan has 1 (stages)"
+    run = runner.invoke(main, ["build", "--specs-dir", str(specs), "--out", str(gen)])
+    assert run.exit_code == 2 and stale in run.output and not gen.exists()
+    gen.mkdir()
     run = runner.invoke(main, ["check", "--specs-dir", str(specs), "--generated", str(gen)])
-    assert run.exit_code == 1 and "the description says '2-stage', the plan has 1 (stages)" in run.stdout
+    assert run.exit_code == 1 and stale in run.stdout
     shutil.rmtree(gen)

@@ -575,6 +575,53 @@ def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: s
                                         e.min_rows or 0))
 
 
+NEAREST_SHOWN = 5   # a miss lists this many keys: the whole table is hundreds and buries the fix
+
+
+def _key_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int, head_dim_v: int,
+              scores: str) -> str:
+    """One key of the table as a miss names it (page_size only where decode calls have one)."""
+    return (f"{arch} {dtype} head_dim {head_dim}" + (f" head_dim_v {head_dim_v}" if head_dim_v else "")
+            + f" mask {mask}" + (f" scores {scores}" if scores else "")
+            + (f" page_size {page_size}" if call == "decode" else ""))
+
+
+def nearest_keys(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0,
+                 head_dim_v: int = 0, scores: str = "") -> list[str]:
+    """The keys of the call's entries, nearest the wanted one first: the same arch, then the same
+    dtype, then the closest head dim, then the same V head dim, mask, scores and page size."""
+    def distance(e):
+        return (e.arch != arch, e.dtype != dtype, abs(e.head_dim - head_dim), e.head_dim,
+                e.head_dim_v != head_dim_v, e.mask != mask, e.scores != scores, e.page_size != page_size)
+    nearest: dict[str, tuple] = {}
+    for e in entries:
+        if e.call == call:
+            text = _key_text(call, e.arch, e.dtype, e.head_dim, e.mask, e.page_size, e.head_dim_v, e.scores)
+            nearest[text] = min(nearest.get(text, distance(e)), distance(e))
+    return sorted(nearest, key=lambda text: (nearest[text], text))
+
+
+def miss_message(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0,
+                 head_dim_v: int = 0, scores: str = "") -> str:
+    """Why a call has no kernel, in a few lines: the key, the table's nearest keys and a count of
+    the rest, and how to add the missing one."""
+    keys = nearest_keys(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
+    shown = keys[:NEAREST_SHOWN]
+    lines = [f"attngen has no {call} kernel for "
+             f"{_key_text(call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)}."]
+    if shown:
+        lines.append(f"The dispatch table's nearest {call} entries ({len(shown)} of {len(keys)}):")
+        lines += [f"  {text}" for text in shown]
+        if len(keys) > len(shown):
+            lines.append(f"  and {len(keys) - len(shown)} more in the dispatch table")
+    else:
+        lines.append(f"The dispatch table has no {call} entries.")
+    lines.append(f"Add one: write a spec for it (`attngen explain SPEC` checks it; `attngen sweep SPEC --shapes "
+                 f"1x16x2048x{head_dim}` finds faster variants), time it on that GPU with `attngen bench SPEC --json "
+                 f"REPORT.json`, then `attngen dispatch --from REPORT.json --write`.")
+    return "\n".join(lines)
+
+
 def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
            page_size: int = 0, group_rows: int = 1, head_dim_v: int = 0, scores: str = "",
            rows: int | None = None) -> Entry:
@@ -586,18 +633,7 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
     keyed = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
     keyed = [e for e in keyed if e.max_group_rows is None or group_rows <= e.max_group_rows] or keyed
     if not keyed:
-        have = sorted({(e.arch, e.dtype, e.head_dim) + ((f"v{e.head_dim_v}",) if e.head_dim_v else ()) + (e.mask,)
-                       + ((f"scores {e.scores}",) if e.scores else ())
-                       + ((e.page_size,) if call == "decode" else ()) for e in entries if e.call == call}, key=str)
-        listed = "; ".join(" ".join(str(x) for x in h) for h in have) or "none"
-        raise LookupError(
-            f"attngen has no {call} kernel for {arch} {dtype} head_dim {head_dim}"
-            + (f" head_dim_v {head_dim_v}" if head_dim_v else "") + f" mask {mask}"
-            + (f" scores {scores}" if scores else "")
-            + (f" page_size {page_size}" if call == "decode" else "")
-            + f". The dispatch table has: {listed}. Add one: write a spec for it (`attngen explain SPEC` checks it; "
-              f"`attngen sweep SPEC --shapes 1x16x2048x{head_dim}` finds faster variants), time it on that GPU with "
-              f"`attngen bench SPEC --json REPORT.json`, then `attngen dispatch --from REPORT.json --write`.")
+        raise LookupError(miss_message(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores))
     bucket = next((e for e in keyed if e.upto is None or seqlen <= e.upto), keyed[-1])
     same = [e for e in keyed if e.upto == bucket.upto and e.max_group_rows == bucket.max_group_rows]
     return max((e for e in same if (e.min_rows or 0) <= (rows or 0)), key=lambda e: e.min_rows or 0,
@@ -605,5 +641,6 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
 
 
 __all__ = ["CALLS", "CONVENTION", "OUT_DTYPE", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE",
-           "candidates", "check_entry", "dump_table", "entry_problem_of", "load_table", "parse_table", "select",
+           "candidates", "check_entry", "dump_table", "entry_problem_of", "load_table", "miss_message",
+           "nearest_keys", "parse_table", "select",
            "table_expected", "table_path"]
