@@ -16,7 +16,6 @@ from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of
 from attngen.plan import make_plan
 from attngen.spec import load_spec, parse_spec
-from spec_sample import sampled
 
 ROOT = Path(__file__).resolve().parent.parent
 D128 = ROOT / "specs" / "h100_bwd_d128.yaml"
@@ -139,12 +138,11 @@ def refused_key(spec: Path, change: dict) -> str:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("spec", sampled(
-    [D128, L4, ROOT / "specs" / "h100_bwd_d64_k32.yaml", ROOT / "specs" / "h100_bwd_d128_k32.yaml",
-     WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW, *WGMMA_D128_SCORES],
-    lambda spec: spec in (D128, WGMMA_D128),        # one per kind by default (test_compile's sample)
-    ["h100_d128", "l4_d64", "h100_d64_k32", "h100_d128_k32", "wgmma_d64", "wgmma_d128", "wgmma_d128_window", "wgmma_d128_softcap",
-     "wgmma_d128_alibi", "wgmma_d128_softcap_alibi"]))
+@pytest.mark.exhaustive      # test_compile's sample compiles these kinds' first specs by default
+@pytest.mark.parametrize("spec", [D128, L4, ROOT / "specs" / "h100_bwd_d64_k32.yaml", ROOT / "specs" / "h100_bwd_d128_k32.yaml",
+                                  WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW, *WGMMA_D128_SCORES],
+                         ids=["h100_d128", "l4_d64", "h100_d64_k32", "h100_d128_k32", "wgmma_d64", "wgmma_d128", "wgmma_d128_window", "wgmma_d128_softcap",
+                              "wgmma_d128_alibi", "wgmma_d128_softcap_alibi"])
 def test_kernels_compile_without_spills(spec):
     from attngen.compile import compile_source
     from attngen.render import render_spec_file

@@ -328,7 +328,7 @@ ONE_MASK_SPECS = ("phase4", "phase5_wmma", "h100_mma_d128_m128n32w4s4x3", "h100_
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("mask", ["none", "causal"])
-@pytest.mark.parametrize("name", ONE_MASK_SPECS)
+@pytest.mark.parametrize("name", sampled(ONE_MASK_SPECS, "h100_mma_d128_m128n32w4s4x3".__eq__, ONE_MASK_SPECS))
 def test_a_spec_with_one_mask_compiles(name, mask):
     from attngen.render import render_parts
     spec = load_spec(ROOT / "specs" / f"{name}.yaml")
