@@ -451,6 +451,14 @@ def run_nvcc(source: str, arch: str, nvcc: str) -> CompileResult:
     return CompileResult(arch, cubin, functions, log, False)
 
 
+def prebuilt_result(source: str, arch: str) -> CompileResult | None:
+    """The cubin a wheel ships for `source` on `arch` (attngen/runtime/prebuilt.py), or None. Looked up
+    before the user cache and before nvcc, so a served cell needs neither; a stale or damaged entry
+    is a miss."""
+    from .runtime.prebuilt import lookup
+    return lookup(source, arch)
+
+
 def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile=None,
                    on_warning=_warn) -> CompileResult:
     """Compile CUDA source to a cubin for `arch` (e.g. sm_89). Cached by source, arch, nvcc, flags.
@@ -459,9 +467,14 @@ def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile
     `on_warning(message)` hears of a damaged cache entry that is being rebuilt (default: a line on
     stderr). Writing the cache is part of the job: a cache that cannot be written is a WriteError.
     Concurrent calls for one source, in threads or processes, run nvcc once and share the entry.
+    A cubin the wheel ships for the source (prebuilt_result) is taken first, with no nvcc at all.
     """
     if not ARCH_RE.fullmatch(arch):
         raise ToolError(f"--arch must look like sm_89 or sm_90a (got {arch!r})")
+    if use_cache:
+        shipped = prebuilt_result(source, arch)
+        if shipped is not None:
+            return shipped
     nvcc = find_nvcc()
     if not use_cache:
         if on_compile:
@@ -610,12 +623,14 @@ def compile_many(jobs, *, workers: int | None = None, progress: bool | None = No
     from .errors import AttngenError
     start = time.monotonic()
     jobs = tuple(jobs)
-    nvcc = find_nvcc()                  # no nvcc is one error for the batch, not one per job
     workers = min(workers or default_jobs(), MAX_JOBS)
     results: list = [None] * len(jobs)
     pending: dict[tuple[str, str], list[int]] = {}   # (source, arch) -> the jobs it answers
+    shipped = [prebuilt_result(job.source, job.arch) if ARCH_RE.fullmatch(job.arch) else None for job in jobs]
+    # No nvcc is one error for the batch, not one per job; a batch the wheel's cubins answer needs none.
+    nvcc = find_nvcc() if any(r is None for r in shipped) else None
     for i, job in enumerate(jobs):
-        hit = cached_result(job.source, job.arch, nvcc) if ARCH_RE.fullmatch(job.arch) else None
+        hit = shipped[i] or (cached_result(job.source, job.arch, nvcc) if ARCH_RE.fullmatch(job.arch) else None)
         if hit is not None:
             results[i] = hit
             if on_done:
