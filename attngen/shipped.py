@@ -26,6 +26,16 @@ def shipped(name: str) -> Path:
 
 TEMPLATES = shipped("templates")     # lib/ (shared) and one folder per kind, named as the kind
 
+PREBUILT_ENV = "ATTNGEN_PREBUILT_DIR"     # read this store instead of the package's (tests)
+
+
+def prebuilt_dir() -> Path:
+    """What a built wheel carries beside the code (prebuilt cubins, the dispatch table parsed):
+    $ATTNGEN_PREBUILT_DIR, else attngen/prebuilt (absent in a checkout or an editable install)."""
+    import os
+    override = os.environ.get(PREBUILT_ENV)
+    return Path(override) if override else PACKAGE / "prebuilt"
+
 
 
 # -- generated/MANIFEST.json: what the committed sources were rendered from ---------------------

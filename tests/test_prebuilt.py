@@ -159,7 +159,7 @@ def test_build_store_compiles_in_parallel_and_writes_what_compiled(tmp_path, mon
     written, failed = prebuilt.build_store(tmp_path / "store", jobs=jobs, say=lambda line: None)
     assert (written, fake.calls) == (2, 2)
     assert len(failed) == 1 and failed[0].startswith("bad (sm_8x)")
-    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["sm_89"]
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["sm_89", "tables"]   # and the table, prepared
 
 
 def test_served_jobs_are_what_warm_compiles():
@@ -253,3 +253,40 @@ def test_a_real_prebuilt_cubin_of_phase4_loads_without_nvcc(tmp_path, monkeypatc
         loaded = compile_source(job.source, job.arch)
         assert (loaded.cubin, loaded.functions, loaded.log) == (made.cubin, made.functions, made.log)
         assert loaded.cached
+
+
+# -- the dispatch table, prepared when the wheel is built ------------------------------------------
+
+def _prepared_table(tmp_path, monkeypatch):
+    """A store holding the shipped table's memo; an empty user cache; (table path, its entries)."""
+    from attngen.ops import table
+    from attngen.ops.dispatch import SPECS_DIR
+    monkeypatch.setenv(prebuilt.PREBUILT_ENV, str(tmp_path / "store"))
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(table, "_PARSED", {})
+    path = table.table_path(SPECS_DIR)
+    prebuilt.write_table_memo(tmp_path / "store")
+    return table, path, table.parse_table(path.read_text(), str(path))
+
+
+def test_a_prepared_table_is_read_without_parsing_yaml(tmp_path, monkeypatch):
+    table, path, entries = _prepared_table(tmp_path, monkeypatch)
+    monkeypatch.setattr(table, "parse_table", lambda *a: pytest.fail("parsed the YAML"))
+    monkeypatch.setattr(table, "write_memo", lambda *a, **k: pytest.fail("wrote a user memo"))
+    assert table.load_table(path) == entries
+
+
+@pytest.mark.parametrize("damage", ["garbage", "other spec"])
+def test_a_damaged_prepared_table_is_parsed_instead(tmp_path, monkeypatch, damage):
+    table, path, entries = _prepared_table(tmp_path, monkeypatch)
+    (memo,) = (tmp_path / "store" / table.TABLES).iterdir()
+    if damage == "garbage":
+        memo.write_text("{not json")
+    else:
+        data = json.loads(memo.read_text())
+        data["entries"][0]["spec"] = "../elsewhere/x"
+        memo.write_text(json.dumps(data))
+    parsed = []
+    real = table.parse_table
+    monkeypatch.setattr(table, "parse_table", lambda *a: parsed.append(1) or real(*a))
+    assert table.load_table(path) == entries and parsed == [1]

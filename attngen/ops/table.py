@@ -94,7 +94,7 @@ def load_table(path) -> tuple[Entry, ...]:
     key = memo_key(text)
     entries = _PARSED.get(key)
     if entries is None:
-        entries = read_memo(key)
+        entries = read_memo(key) or read_memo(key, prepared_path(key))
         if entries is None:
             entries = parse_table(text, str(path))
             write_memo(key, entries)
@@ -316,6 +316,23 @@ def memo_path(key: str) -> Path:
     return cache_dir() / MEMO_FOLDER / f"{key}.json"
 
 
+TABLES = "tables"                    # under attngen.shipped.prebuilt_dir(): the shipped table, prepared
+
+
+def prepared_path(key: str) -> Path:
+    """Where a built wheel keeps its table's memo (written by write_prepared when the wheel is built):
+    read, and checked, as a memo of the user's cache is, so a process of a fresh install parses no YAML."""
+    from ..shipped import prebuilt_dir
+    return prebuilt_dir() / TABLES / f"{key}.json"
+
+
+def write_prepared(table_file, folder) -> None:
+    """Parse and check the table at `table_file` and write its memo into `folder` (a wheel's build)."""
+    text = read_table_text(Path(table_file))
+    key = memo_key(text)
+    write_memo(key, parse_table(text, str(table_file)), Path(folder) / f"{key}.json", strict=True)
+
+
 def cache_dir() -> Path:
     """The cubin cache's folder, as attngen.compile.cache_dir finds it: importing the compiler would
     import the runtime and the planner, several times the cost of the parse the memo saves."""
@@ -325,11 +342,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "attngen"
 
 
-def read_memo(key: str) -> tuple[Entry, ...] | None:
-    """The entries the memo of `key` holds, each checked as a table's entries are; None when there is
-    no memo or it is not one this module wrote for that key."""
+def read_memo(key: str, path: Path | None = None) -> tuple[Entry, ...] | None:
+    """The entries the memo of `key` (at `path`, default its place in the user's cache) holds, each
+    checked as a table's entries are; None when there is no memo or it is not one this module wrote
+    for that key."""
     try:
-        data = fsutil.read_regular(memo_path(key), MAX_TABLE_BYTES * 2)
+        data = fsutil.read_regular(path or memo_path(key), MAX_TABLE_BYTES * 2)
         text = fsutil.utf8_text(data)
         if fsutil.json_deeper_than(text, MEMO_DEPTH):
             return None
@@ -352,17 +370,18 @@ def _checked_entries(raws: list) -> tuple[Entry, ...] | None:
     return None if duplicate_bucket(out) else tuple(out)
 
 
-def write_memo(key: str, entries: tuple[Entry, ...]) -> None:
-    """Keep parsed entries for later processes; a cache that cannot be written only costs the next
-    process a parse."""
+def write_memo(key: str, entries: tuple[Entry, ...], path: Path | None = None, *, strict: bool = False) -> None:
+    """Keep parsed entries for later processes (at `path`, default the user's cache); a cache that
+    cannot be written only costs the next process a parse (strict: a wheel's build says so)."""
     memo = {"format": MEMO_FORMAT, "key": key,
             "entries": [{f.name: getattr(e, f.name) for f in fields(Entry)} for e in entries]}
     try:
-        path = memo_path(key)
+        path = path or memo_path(key)
         fsutil.ensure_dir(path.parent)
         fsutil.atomic_write_text(path, json.dumps(memo, separators=(",", ":")))
     except (OSError, AttngenError):
-        pass
+        if strict:
+            raise
 
 
 # -- what an entry holds ---------------------------------------------------------------------

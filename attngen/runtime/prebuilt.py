@@ -23,8 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import fsutil
+from ..shipped import PREBUILT_ENV, prebuilt_dir
 
-PREBUILT_ENV = "ATTNGEN_PREBUILT_DIR"     # read this store instead of the package's (tests)
 STORE_FORMAT = 1
 INDEX = "index.json"
 INDEX_LIMIT = 16 << 20                    # ~120 entries with their ptxas logs take well under 1 MiB
@@ -34,9 +34,8 @@ ARCHS = ("sm_89", "sm_90")                # the GPUs a wheel's store serves: L4,
 
 
 def store_dir() -> Path:
-    """$ATTNGEN_PREBUILT_DIR, else attngen/prebuilt beside this module."""
-    override = os.environ.get(PREBUILT_ENV)
-    return Path(override) if override else Path(__file__).resolve().parents[1] / "prebuilt"
+    """$ATTNGEN_PREBUILT_DIR, else attngen/prebuilt (attngen.shipped.prebuilt_dir)."""
+    return prebuilt_dir()
 
 
 def prebuilt_key(source: str, arch: str) -> str:
@@ -181,7 +180,16 @@ def build_store(folder, archs=ARCHS, *, jobs=None, workers=None, say=None) -> tu
     written = write_store(folder, [(j.label, j.source, r) for j, r in zip(batch.jobs, batch.results)
                                    if isinstance(r, CompileResult)])
     failed = [f"{j.label} ({j.arch}): {str(e).partition(chr(10))[0]}" for j, e in batch.errors]
+    write_table_memo(folder)
     return written, failed
+
+
+def write_table_memo(folder) -> None:
+    """The shipped dispatch table, parsed and checked here, into <folder>/tables: a process of the
+    installed wheel reads it instead of parsing the YAML on its first call (attngen.ops.table)."""
+    from ..ops.dispatch import SPECS_DIR
+    from ..ops.table import TABLES, table_path, write_prepared
+    write_prepared(table_path(SPECS_DIR), Path(folder) / TABLES)
 
 
 __all__ = ["ARCHS", "PREBUILT_ENV", "build_store", "lookup", "prebuilt_key", "served_jobs", "store_dir",
