@@ -800,7 +800,8 @@ def warm(specs, archs, jobs, specs_dir, progress, as_json):
     from .compile import bundle_jobs, compile_many, print_summary
     from .runtime import render_bundle
     jobs_list = []
-    for arch in archs or (_warm_gpu_arch(),):
+    for arch in archs or (_gpu_arch("no GPU to take the arch from; name it: --arch sm_90 (H100/H200) or "
+                                    "--arch sm_89 (L4)"),):
         gpu_arch = arch[:-1] if arch.endswith("a") else arch    # the table and the runtime key on sm_90
         for path in _spec_files(specs, "") if specs else _served_specs(specs_dir, gpu_arch):
             plan, sources, label = render_bundle(str(path))
@@ -814,17 +815,6 @@ def warm(specs, archs, jobs, specs_dir, progress, as_json):
                                                                      zip(batch.jobs, batch.results)]}, indent=2))
     print_summary(batch)
     batch.raise_errors()
-
-
-def _warm_gpu_arch() -> str:
-    """This machine's GPU arch, or a usage error asking for --arch."""
-    from .errors import NoGpuError
-    from .runtime import device_arch, gpu_modules
-    try:
-        return device_arch(gpu_modules()[0])
-    except NoGpuError as exc:
-        raise click.UsageError(f"no GPU to take the arch from ({exc}); name it: --arch sm_90 (H100/H200) or "
-                               f"--arch sm_89 (L4)") from None
 
 
 def _served_specs(specs_dir, gpu_arch: str) -> list[Path]:
@@ -1265,7 +1255,8 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
         raise click.BadParameter(str(exc), param_hint="--shapes/--causal") from None
     measurer = None
     if compile_only:
-        arch = arch or _gpu_arch()
+        arch = arch or _gpu_arch("--compile-only needs --arch (e.g. --arch sm_90) when there is no GPU to take it "
+                                 "from")
     else:
         measurer = S.GpuMeasurer(reps=reps, seed=seed)   # no GPU, torch or CUDA driver: exit 4 before any work
         if arch is not None and arch != measurer.arch:
@@ -1304,15 +1295,14 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
         sys.exit(1)
 
 
-def _gpu_arch() -> str:
-    """The arch of this machine's GPU, or a usage error asking for --arch."""
+def _gpu_arch(missing: str) -> str:
+    """The arch of this machine's GPU, or a usage error: `missing` (what to pass instead), then why."""
     from .errors import NoGpuError
     from .runtime import device_arch, gpu_modules
     try:
         return device_arch(gpu_modules()[0])
     except NoGpuError as exc:
-        raise click.UsageError(f"--compile-only needs --arch (e.g. --arch sm_90) when there is no GPU to take it "
-                               f"from ({exc})") from None
+        raise click.UsageError(f"{missing} ({exc})") from None
 
 
 def _sweep_command(base_spec, shapes, causal, budget, search, seed, generations, top_k, reps) -> str:
