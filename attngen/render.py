@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
-from .core.forward_plan import LN2, LOG2E
+from .core.constants import LN2, LOG2E
 from .core.comment_text import comment_line
 from .core.input_errors import INPUT_ERRORS
 from .explain import explain
@@ -62,7 +62,7 @@ def environment(template_dir: str) -> jinja2.Environment:
     env.filters["asm_regs"] = asm_regs
     env.filters["asm_operands"] = asm_operands
     env.globals["input_errors"] = INPUT_ERRORS
-    env.globals["LOG2E"], env.globals["LN2"] = LOG2E, LN2     # one definition each, in core.forward_plan
+    env.globals["LOG2E"], env.globals["LN2"] = LOG2E, LN2     # one definition each, in core.constants
     return env
 
 

@@ -198,13 +198,13 @@ def test_templates_bind_values(path):
 
 
 def test_log_constants_are_defined_once():
-    """ln 2 and log2 e are Python constants (core.forward_plan) the templates bind, written nowhere else."""
+    """ln 2 and log2 e are Python constants (core.constants) the templates bind, written nowhere else."""
     import math
-    from attngen.core.forward_plan import LN2, LOG2E
+    from attngen.core.constants import LN2, LOG2E
     assert LN2 == math.log(2) and LOG2E == 1 / math.log(2)
     sources = "".join(p.read_text() for p in ALL_TEMPLATES + MODULES)
     for literal in ("0.693147", "1.442695"):
-        assert sources.count(literal) == 1, literal         # core/forward_plan.py
+        assert sources.count(literal) == 1, literal         # core/constants.py
 
 
 # -- one ABI list ---------------------------------------------------------------------------------

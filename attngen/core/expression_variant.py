@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .comment_text import comment_line
 from .abi import AbiField, float32, float_pointer, int32, int_pointer
+from .constants import LOG2E
 from .expressions import (CUDA_HELPERS, classify_helpers_for, FLOAT, INT, PARAM_TYPES, Expression, derivative, parse, to_cuda,
                           param_name_problem, to_cuda_classifier, to_torch, reads_head,
                           uses_helpers)
@@ -82,7 +83,6 @@ class ExpressionVariant:
     def fill(self, values, scale: float, context: dict) -> dict:
         """The Params values of a call's params= dict: scalars by type, tensors checked (dtype,
         shape, device) and passed by address."""
-        from .forward_plan import LOG2E
         if not isinstance(values, dict):
             raise TypeError(f"params must be a dict of the spec's variant params "
                             f"({', '.join(n for n, _ in self.params)}); got {type(values).__name__}")

@@ -9,6 +9,7 @@ from typing import Callable
 from ..errors import SpecError
 from ..targets import TARGETS, Target
 from .abi import Abi, float32, float_pointer, int32, int64, pointer
+from .constants import LN2, LOG2E    # noqa: F401  (still importable from here)
 from .kind import Kind
 from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
                      TileCopy, barrier_region, check_budget, layout_regions, ring_stride, xor_misfit)
@@ -16,9 +17,6 @@ from .spec_keys import ForwardSpec, PadSwizzle, XorSwizzle, blocks_that_fit
 from .variants import MASKS, SCORES, MaskVariant, ScoreVariant
 from .input_errors import ERRORS_FIELD
 from .varlen_plan import VARLEN_ABI_FIELDS, is_varlen, mask_of, varlen_key
-
-LOG2E = 1.4426950408889634    # scores are exponentiated with exp2: scale * log2(e) folds the change of base
-LN2 = 0.6931471805599453      # and LSE goes back to natural log with ln(2)
 
 ELEMENT_TYPES = {"fp16": ("half", "half2", "f16"), "bf16": ("__nv_bfloat16", "__nv_bfloat162", "bf16"),
                  "e4m3": ("__nv_fp8_e4m3", "__nv_fp8x2_e4m3", "e4m3")}

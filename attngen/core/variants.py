@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .abi import AbiField, float32, float_pointer, int32, int64
+from .constants import LOG2E
 
 TOP_LEFT = "top_left"          # torch SDPA is_causal: query i sees keys 0..i
 BOTTOM_RIGHT = "bottom_right"  # FlashAttention >= 2.1: query i sees keys 0..i + Sk - Sq (KV-cache prefill)
@@ -206,7 +207,6 @@ class ScoreVariant:
 def softcap_fill(cap, scale: float, context: dict) -> dict:
     """The kernel computes t = tanh(s * scale / cap) and runs the softmax on t with scale_log2 =
     cap * log2(e): cap * tanh(scale * s / cap) with the scale folded into one multiply."""
-    from .forward_plan import LOG2E
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not (0 < cap < float("inf")):
         raise ValueError(f"softcap must be a positive finite number (got {cap!r})")
     return {"softcap_premul": scale / cap, "scale_log2": cap * LOG2E}

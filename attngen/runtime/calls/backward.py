@@ -8,7 +8,7 @@ from __future__ import annotations
 import numbers
 
 from ...core.backward_plan import accum_rows, deterministic_key, query_blocks, row_grid, varlen_accum_rows
-from ...core.forward_plan import LOG2E
+from ...core.constants import LOG2E
 from ...core.varlen_plan import varlen_key
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, VARLEN_LAYOUT, Kernel, Prepared

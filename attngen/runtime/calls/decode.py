@@ -10,7 +10,7 @@ import numbers
 import threading
 
 from ...core.decode_plan import num_splits, row_blocks, visited_tiles
-from ...core.forward_plan import LOG2E
+from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared

@@ -3,7 +3,7 @@
 through ``kernel.varlen(...)`` (attngen/runtime/calls/varlen.py)."""
 from __future__ import annotations
 
-from ...core.forward_plan import LOG2E
+from ...core.constants import LOG2E
 from ..kernel import LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
 
 TENSORS = ("q", "k", "v", "o")

@@ -7,7 +7,7 @@ q, k and v: e4m3 tensors, V transposed, and FlashAttention-3's descale factors, 
 kv_heads)."""
 from __future__ import annotations
 
-from ...core.forward_plan import LOG2E
+from ...core.constants import LOG2E
 from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
 from .forward import bhsd_strides, mask_fields, shape_maps, tensor_key
 

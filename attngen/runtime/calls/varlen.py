@@ -12,7 +12,7 @@ from __future__ import annotations
 import numbers
 import threading
 
-from ...core.forward_plan import LOG2E
+from ...core.constants import LOG2E
 from ...core.varlen_plan import varlen_key
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Prepared
