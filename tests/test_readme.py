@@ -1,5 +1,6 @@
-"""Facts the README states that the code could move away from: each is computed here and compared
-with the text, so the README cannot drift silently."""
+"""Facts the README and the docs/ pages it points to state that the code could move away from: each
+is computed here and compared with the text, so they cannot drift silently. And the README's shape:
+short, with the card's flow (build, check, verify, diff) on its first screen."""
 from __future__ import annotations
 
 import re
@@ -11,6 +12,7 @@ from attngen.spec import load_spec
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
+DOCS = {path.name: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
 
 
 def plan_of(name: str):
@@ -32,20 +34,41 @@ def test_the_first_example_is_the_library_call():
     assert "attngen.attention(" in README[first:README.index("```", first + 9)]
 
 
-def test_quick_start_comes_first():
+def test_the_cards_flow_comes_first_then_the_quick_start():
     sections = re.findall(r"^## (.+)$", README, flags=re.M)
-    assert sections[0].startswith("Quick start")
+    assert sections[0].startswith("The card's flow") and sections[1].startswith("Quick start"), sections
 
 
-def test_commands_and_options_the_readme_names_exist():
-    """Every `attngen COMMAND` the README names is a command of the CLI."""
+def test_the_readme_is_short_with_the_cards_flow_on_its_first_screen():
+    lines = README.splitlines()
+    assert len(lines) <= 250, f"README.md is {len(lines)} lines: move detail into docs/"
+    first_screen = "\n".join(lines[:40])
+    assert "attngen build" in first_screen
+    flow = README[README.index("attngen build specs/phase4.yaml"):]
+    assert flow.index("attngen check") < flow.index("attngen verify") < flow.index("git diff generated/")
+
+
+def test_the_readme_links_resolve():
+    """Every relative link of the README and of docs/*.md names a file that exists."""
+    for name, text in [("README.md", README)] + [(f"docs/{n}", t) for n, t in DOCS.items()]:
+        base = (ROOT / name).parent
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+            assert (base / target).exists(), f"{name} links to {target}, which does not exist"
+
+
+def test_commands_the_readme_and_docs_name_exist():
+    """Every `attngen COMMAND` the README and docs/ name is a command of the CLI, and every command
+    is named there (docs/cli.md has each one)."""
     from attngen.cli import main
-    named = set(re.findall(r"`attngen ([a-z]+)\b", README))
+    named = set(re.findall(r"`attngen ([a-z]+)\b", README + "".join(DOCS.values())))
     assert named and named <= set(main.commands), named - set(main.commands)
+    assert set(main.commands) <= named, set(main.commands) - named
+    for command in main.commands:
+        assert f"`{command}" in DOCS["cli.md"], f"docs/cli.md does not describe `{command}`"
 
 
 def test_spec_names_follow_the_scheme():
-    """<target>_<kind>_d<head_dim>[_<variant>][_bf16], as the README's "Which spec for my GPU" says;
+    """<target>_<kind>_d<head_dim>[_<variant>][_bf16], as docs/specs.md's "Names" says;
     the target and head dim in the name are the spec's."""
     for path in sorted((ROOT / "specs").glob("*.yaml")):
         spec = load_spec(path)
