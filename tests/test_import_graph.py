@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "attngen"
 
 # Circles left in attngen/. The goal is 0 (#58); lower this as circles are broken, never raise it.
-CIRCLES_NOW = 2
+CIRCLES_NOW = 1
 
 
 def module_name(path: Path) -> str:

@@ -99,7 +99,7 @@ def check_gradients(torch, kernel, q, k, v, o, lse, dout, causal: bool) -> tuple
     dv against fp32 gradients, each error within 2x torch's own in the inputs' dtype."""
     from ..runtime import default_scale
     from .backward_verify import attention_gradients, judge_gradients
-    from .verify import CaseResult as Checked, exact_fp32_matmul
+    from .cases import CaseResult as Checked, exact_fp32_matmul
     grads = kernel(q, k, v, o, lse, dout, causal=causal)
     h = min(CHECK_HEADS, q.shape[1])
     qs, ks, vs, ds = (t[:1, :h] for t in (q, k, v, dout))
@@ -224,7 +224,7 @@ def bench_specs(paths, plans, opts, progress, on_compile):
     each spec's head dim) beside SDPA's flash and cuDNN backward; --plot draws their TFLOP/s."""
     from ..runtime import gpu_modules
     from .bench import BenchReport, plot, pyplot
-    from .conventions import BenchRun
+    from .bench import BenchRun
     if opts.plot_file:
         pyplot()   # no matplotlib: say so (exit 3) before the run, not after it
     gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .pycuda_launch import pycuda_agreement
 from .varlen_verify import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, varlen_suite
-from .verify import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
+from .cases import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
                      exact_fp32_matmul, kernel_shapes, make_inputs, score_arguments, score_modifiers, variants)
 from ..core.variants import MASKS, reference_scores
 from ..core.varlen_plan import varlen_key

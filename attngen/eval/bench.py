@@ -13,20 +13,28 @@ from __future__ import annotations
 
 import io
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import fsutil
 from ..errors import ToolError
+from .timing import SLEEP_CYCLES, time_calls, time_eager    # noqa: F401  (still importable from here)
 
 DEFAULT_SHAPES = ((1, 8, 512, 64), (4, 16, 2048, 64), (4, 16, 2048, 128), (2, 16, 8192, 64), (2, 16, 8192, 128))
 SDPA_BACKENDS = ("flash", "cudnn", "efficient", "default")
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 CHECK_HEADS = 2          # heads of batch 0 compared with the fp32 reference before timing
-SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU sleep: enough for the host to enqueue every timed call
 CAUSAL_CHOICES = {"both": (False, True), "yes": (True,), "no": (False,)}   # --causal -> mask variants timed
 PLOT_FORMATS = ("png", "svg", "pdf")   # --plot file suffixes
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """What a convention's bench gives back: the table to print and the JSON report."""
+
+    text: str
+    report: dict
+    written: tuple = ()                 # files it wrote itself (a plot)
 
 
 @dataclass(frozen=True)
@@ -155,42 +163,6 @@ def input_sets(torch, case: Case, device, generator) -> list[tuple]:
                   for s in (shape, shape, v_shape)) for _ in range(n)]
 
 
-def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, float]:
-    """Median and relative p10-p90 spread (percent) of fn(*set) in microseconds."""
-    for i in range(warmup):
-        fn(*sets[i % len(sets)])
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    torch.cuda._sleep(SLEEP_CYCLES)  # the host queues every call below while the GPU sleeps
-    for i in range(reps):
-        starts[i].record()
-        fn(*sets[i % len(sets)])
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
-    med = statistics.median(times)
-    p10, p90 = times[len(times) // 10], times[(len(times) * 9) // 10]
-    return med, 100.0 * (p90 - p10) / med
-
-
-def time_eager(torch, fn, sets, *, reps: int, rounds: int = 5) -> float:
-    """Microseconds per call of fn(*set) called back to back, host included: the median over
-    `rounds` of (wall clock of `reps` calls and the synchronize after them) / reps."""
-    import time
-    for i in range(5):
-        fn(*sets[i % len(sets)])
-    out = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i in range(reps):
-            fn(*sets[i % len(sets)])
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) / reps * 1e6)
-    return statistics.median(out)
-
-
 def time_timing(torch, t: Timing, case: Case, fn, sets, *, reps: int, eager=None) -> None:
     """Fill t's GPU time and spread (time_calls of fn), TFLOP/s of the case, and eager time
     (time_eager of `eager`, the call as a user makes it; default fn)."""
@@ -227,7 +199,7 @@ def sdpa_callable(torch, backend: str, causal: bool):
 def check_output(torch, kernel, q, k, v, causal: bool) -> tuple[bool, str]:
     """The verifier's rule on the first heads of batch 0 of the bench inputs."""
     from ..runtime import default_scale
-    from .verify import error_bound, reference_errors
+    from .cases import error_bound, reference_errors
     scale = default_scale(q.shape[-1])
     out = kernel(q, k, v, causal=causal, scale=scale)
     h = min(CHECK_HEADS, q.shape[1])
@@ -392,7 +364,6 @@ def bench_specs(paths, plans, opts, progress, on_compile):
     """`attngen bench` on specs of the forward convention: the padded shapes beside SDPA's backends,
     or with opts.varlen the varlen call beside torch's varlen flash path."""
     from ..runtime import gpu_modules
-    from .conventions import BenchRun
     if opts.varlen:
         from . import varlen_bench as VB
         gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn

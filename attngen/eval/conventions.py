@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .bench import BenchRun    # noqa: F401  (still importable from here)
 from . import (backward_bench, backward_verify, bench, decode_bench, decode_verify, forward_fp8_bench,
                forward_fp8_verify)
 
@@ -26,15 +27,6 @@ class BenchOptions:
     lengths: tuple | None = None        # --varlen batch
     heads: tuple = (16, 16)             # --varlen heads
     plot_file: str | None = None        # forward, backward: TFLOP/s chart
-
-
-@dataclass(frozen=True)
-class BenchRun:
-    """What a convention's bench gives back: the table to print and the JSON report."""
-
-    text: str
-    report: dict
-    written: tuple = ()                 # files it wrote itself (a plot)
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,13 @@ def default_cells() -> tuple[DecodeCell, ...]:
 def median_time_us(torch, fn, reps: int, rotate: int) -> float:
     """Median of `reps` CUDA-event timings of fn(i), i cycling over `rotate` input sets; the calls
     are queued behind a GPU sleep (attngen bench's method), so host time between them is hidden."""
-    from .bench import time_calls
+    from .timing import time_calls
     return time_calls(torch, fn, [(i,) for i in range(rotate)], reps=reps)[0]
 
 
 def eager_time_us(torch, fn, reps: int, rotate: int) -> float:
     """fn(i) called back to back as a user calls it, host included (attngen bench's eager column)."""
-    from .bench import time_eager
+    from .timing import time_eager
     return time_eager(torch, fn, [(i,) for i in range(rotate)], reps=reps)
 
 
@@ -188,7 +188,7 @@ def bench_specs(paths, plans, opts, progress, on_compile):
     """`attngen bench` on decode specs: every cell (opts.cells) beside SDPA's flash and cuDNN
     backends; None under --varlen (decode specs have no varlen call)."""
     from ..runtime import gpu_modules
-    from .conventions import BenchRun
+    from .bench import BenchRun
     if opts.varlen:
         return None
     gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn

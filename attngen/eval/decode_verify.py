@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .pycuda_launch import pycuda_agreement
-from .verify import FULL_SUITE, CaseResult, attention_torch, exact_fp32_matmul, judge_rows, score_arguments, \
+from .cases import FULL_SUITE, CaseResult, attention_torch, exact_fp32_matmul, judge_rows, score_arguments, \
     score_modifiers
 
 QUICK_CASES = 5   # the first cases of decode_cases for `attngen verify --quick`

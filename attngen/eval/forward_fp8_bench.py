@@ -51,7 +51,7 @@ def check_candidate(kernel, heads: int, seqlen: int, causal: bool, label: str) -
     """The e4m3 verifier's rule on one case of the call's mask, at most 2 heads and 1024 rows (the
     bench's and the sweep's check before timing): (passed, its problems)."""
     from .forward_fp8_verify import check_fp8_case
-    from .verify import Shape, Variant
+    from .cases import Shape, Variant
     h, s = min(heads, 2), min(seqlen, 1024)
     r = check_fp8_case(kernel, Variant("causal" if causal else "none", "top_left" if causal else None),
                        Shape(1, h, h, s, s), 1, label)
@@ -117,7 +117,7 @@ def run_fp8_bench(paths, *, shapes, causals, backends, reps: int, on_step=None, 
 
 def bench_specs(paths, plans, opts, progress, on_compile):
     from ..runtime import gpu_modules
-    from .conventions import BenchRun
+    from .bench import BenchRun
     gpu_modules()
     shapes = opts.shapes or DEFAULT_SHAPES
     backends = opts.backends or ("flash",)

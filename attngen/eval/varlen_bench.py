@@ -61,9 +61,9 @@ def bench_batch(torch, kernel, batch: VarlenBatch, causal: bool, *, reps: int = 
     """Times (us) of the spec's varlen call and torch's varlen flash on one varlen batch, inputs
     rotated past L2; the spec's output is checked against the fp32 reference first."""
     from ..runtime.calls.varlen import cu_seqlens
-    from .bench import time_calls, time_eager
+    from .timing import time_calls, time_eager
     from .varlen_verify import reference
-    from .verify import Variant, error_bound
+    from .cases import Variant, error_bound
     d, dtype = kernel.plan.head_dim, kernel.dtype
     total = sum(batch.lengths)
     scale = d ** -0.5

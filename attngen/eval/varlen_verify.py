@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..core.varlen_plan import varlen_key
 from ..runtime.calls.varlen import cu_seqlens
 from .pycuda_launch import pycuda_agreement
-from .verify import (FULL_SUITE, ROW_ALIGN, CaseResult, Variant, attention_torch, exact_fp32_matmul, judge_rows,
+from .cases import (FULL_SUITE, ROW_ALIGN, CaseResult, Variant, attention_torch, exact_fp32_matmul, judge_rows,
                      score_arguments, score_modifiers, variants)
 
 QUICK_CASES = 2         # the first cases for `attngen verify --quick`
