@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
 DOCS = {path.name: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
+PERFORMANCE = {f"performance/{path.name}": path.read_text()
+               for path in sorted((ROOT / "docs" / "performance").glob("*.md"))}
 
 
 def plan_of(name: str):
@@ -49,8 +51,8 @@ def test_the_readme_is_short_with_the_cards_flow_on_its_first_screen():
 
 
 def test_the_readme_links_resolve():
-    """Every relative link of the README and of docs/*.md names a file that exists."""
-    for name, text in [("README.md", README)] + [(f"docs/{n}", t) for n, t in DOCS.items()]:
+    """Every relative link of the README, docs/*.md and docs/performance/*.md names a file that exists."""
+    for name, text in [("README.md", README)] + [(f"docs/{n}", t) for n, t in {**DOCS, **PERFORMANCE}.items()]:
         base = (ROOT / name).parent
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
             assert (base / target).exists(), f"{name} links to {target}, which does not exist"
@@ -60,7 +62,7 @@ def test_commands_the_readme_and_docs_name_exist():
     """Every `attngen COMMAND` the README and docs/ name is a command of the CLI, and every command
     is named there (docs/cli.md has each one)."""
     from attngen.cli import main
-    named = set(re.findall(r"`attngen ([a-z]+)\b", README + "".join(DOCS.values())))
+    named = set(re.findall(r"`attngen ([a-z]+)\b", README + "".join(DOCS.values()) + "".join(PERFORMANCE.values())))
     assert named and named <= set(main.commands), named - set(main.commands)
     assert set(main.commands) <= named, set(main.commands) - named
     for command in main.commands:
