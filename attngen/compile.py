@@ -24,7 +24,7 @@ from .errors import ToolError, WriteError
 from .runtime.cubin import KernelFacts, kernel_facts
 
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-Xptxas=-v")
-CACHE_ENV = "ATTNGEN_CACHE_DIR"
+CACHE_ENV = fsutil.CACHE_ENV
 CACHE_FORMAT = 3          # part of every cache key: entries of other formats are never looked up
 ARCH_RE = re.compile(r"sm_[1-9][0-9]+[af]?")
 
@@ -172,10 +172,7 @@ def plan_mismatch(cubin_kernels: dict[str, KernelFacts], source: str) -> str | N
 
 
 def cache_dir() -> Path:
-    d = os.environ.get(CACHE_ENV)
-    if d:
-        return Path(d)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "attngen"
+    return fsutil.cache_dir()
 
 
 def cache_key(source: str, arch: str, nvcc: str) -> str:

@@ -187,6 +187,19 @@ def json_deeper_than(text: str, limit: int) -> bool:
     return False
 
 
+CACHE_ENV = "ATTNGEN_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """The user's attngen cache folder (cubins, table memos): $ATTNGEN_CACHE_DIR, else
+    $XDG_CACHE_HOME/attngen, else ~/.cache/attngen. Here, in a leaf, so that the table's memo finds it
+    without importing the compiler (and through it the runtime and the planner)."""
+    d = os.environ.get(CACHE_ENV)
+    if d:
+        return Path(d)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "attngen"
+
+
 def ensure_dir(path: str | Path) -> Path:
     """Create a directory and its parents; any failure is a WriteError."""
     p = Path(path)

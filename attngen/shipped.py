@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -32,7 +33,6 @@ PREBUILT_ENV = "ATTNGEN_PREBUILT_DIR"     # read this store instead of the packa
 def prebuilt_dir() -> Path:
     """What a built wheel carries beside the code (prebuilt cubins, the dispatch table parsed):
     $ATTNGEN_PREBUILT_DIR, else attngen/prebuilt (absent in a checkout or an editable install)."""
-    import os
     override = os.environ.get(PREBUILT_ENV)
     return Path(override) if override else PACKAGE / "prebuilt"
 

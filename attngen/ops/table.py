@@ -286,7 +286,7 @@ def _line(node, path: tuple) -> int | None:
 # that fails any of them is ignored and written again from the YAML.
 
 MEMO_FORMAT = 1
-MEMO_FOLDER = "tables"               # under the cubin cache's folder (attngen.compile.cache_dir)
+MEMO_FOLDER = "tables"               # under the user cache folder (attngen.fsutil.cache_dir)
 MEMO_DEPTH = 4                       # document, entries, an entry, its values
 PARSED_ENTRIES = 16                  # tables a process keeps (one, unless a test writes others)
 _PARSED: dict = {}                   # memo key -> entries
@@ -313,7 +313,7 @@ def memo_key(text: str) -> str:
 
 
 def memo_path(key: str) -> Path:
-    return cache_dir() / MEMO_FOLDER / f"{key}.json"
+    return fsutil.cache_dir() / MEMO_FOLDER / f"{key}.json"
 
 
 TABLES = "tables"                    # under attngen.shipped.prebuilt_dir(): the shipped table, prepared
@@ -331,15 +331,6 @@ def write_prepared(table_file, folder) -> None:
     text = read_table_text(Path(table_file))
     key = memo_key(text)
     write_memo(key, parse_table(text, str(table_file)), Path(folder) / f"{key}.json", strict=True)
-
-
-def cache_dir() -> Path:
-    """The cubin cache's folder, as attngen.compile.cache_dir finds it: importing the compiler would
-    import the runtime and the planner, several times the cost of the parse the memo saves."""
-    d = os.environ.get("ATTNGEN_CACHE_DIR")
-    if d:
-        return Path(d)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "attngen"
 
 
 def read_memo(key: str, path: Path | None = None) -> tuple[Entry, ...] | None:
