@@ -25,7 +25,7 @@ def shipped(name: str) -> Path:
     return installed if (installed / MARKERS[name]).is_file() else PACKAGE.parent / name
 
 
-TEMPLATES = shipped("templates")     # lib/ (shared) and one folder per kind, named as the kind
+TEMPLATES = shipped("templates")     # lib/ (shared), variants/ (a unit per variant), one folder per kind
 
 PREBUILT_ENV = "ATTNGEN_PREBUILT_DIR"     # read this store instead of the package's (tests)
 

@@ -160,11 +160,11 @@ SHARED_TEMPLATES = sorted((ROOT / "templates" / "lib").rglob("*.j2"))
 
 
 def test_templates_mirror_the_kinds():
-    """templates/ holds lib/ and one folder per kind package of attngen/kinds/, and no template
-    lives inside attngen/."""
+    """templates/ holds lib/, variants/ (one unit per variant) and one folder per kind package of
+    attngen/kinds/, and no template lives inside attngen/."""
     kinds = {p.name for p in (PKG / "kinds").iterdir() if (p / "__init__.py").is_file()}
     folders = {p.name for p in (ROOT / "templates").iterdir() if p.is_dir()}
-    assert folders == kinds | {"lib"}
+    assert folders == kinds | {"lib", "variants"}
     assert {k.template_folder for k in KINDS} == kinds
     assert not list(PKG.rglob("*.j2"))
 

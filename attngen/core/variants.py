@@ -41,6 +41,7 @@ class MaskVariant:
     visibility: Visible             # the reference's mask
     varlen_only: tuple[str, ...] = ()   # abi_fields only varlen functions read
     takes_window: bool = False          # the call gives it window=(left, right)
+    unit: str = ""                      # its pieces of the shared hooks (templates/lib/variant_hooks.j2 says how)
 
     def check_option(self, option: str | None) -> str:
         if option is None:
@@ -137,7 +138,8 @@ WINDOW = MaskVariant(
                               "seqlen_q to window_lo and window_hi; padded calls carry it already", default=0)),
     "query row i sees keys i + offset - left <= j <= i + offset + right (FlashAttention's window_size; -1: "
     "unbounded side); offset 0 (top_left) or Sk - Sq (bottom_right)",
-    window_abi_values, window_visible, varlen_only=("window_from_end",), takes_window=True)
+    window_abi_values, window_visible, varlen_only=("window_from_end",), takes_window=True,
+    unit="variants/window.j2")
 
 # -- expr: the spec's mask expression (variant.mask, core/expression_variant.py) ------------------------
 # Its function is instantiated with Mask::Expr; the expression itself is applied by the score hook
@@ -145,7 +147,7 @@ WINDOW = MaskVariant(
 # variant has no fields and hides nothing on its own.
 
 EXPR = MaskVariant("expr", "Mask::Expr", (), (), "the spec's mask expression (variant.mask)", no_abi_values,
-                   every_key_visible)
+                   every_key_visible, unit="variants/expr.j2")
 
 MASKS: dict[str, MaskVariant] = {m.name: m for m in (NONE, CAUSAL, WINDOW, EXPR)}
 
@@ -202,6 +204,8 @@ class ScoreVariant:
     verify_value: VerifyValue
     select_batches: Optional[Callable[[Any, slice], Any]] = None   # the value for some batches (a varlen sequence's)
     default: Any = None               # the value of a call that gives none (None: the call must give one)
+    unit: str = ""                    # its pieces of the shared hooks (templates/lib/variant_hooks.j2 says how)
+    slope_varies: bool = False        # its derivative by the score depends on the score (the backward's kSlopesVary)
 
 
 def softcap_fill(cap, scale: float, context: dict) -> dict:
@@ -225,7 +229,7 @@ SOFTCAP = ScoreVariant(
     (float32("softcap_premul", "softcap: scale / cap; the score is tanh(s * softcap_premul) and scale_log2 is "
                                "cap * log2(e)"),),
     "logit softcapping (Gemma 2): cap * tanh(scale * s / cap)", softcap_fill, softcap_reference,
-    softcap_verify_value)
+    softcap_verify_value, unit="variants/softcap.j2", slope_varies=True)
 
 
 def alibi_fill(slopes, scale: float, context: dict) -> dict:
@@ -276,7 +280,7 @@ ALIBI = ScoreVariant(
     (float_pointer("alibi_slopes", "alibi: fp32 slopes of (batch, heads) or (heads,), heads contiguous"),
      int64("alibi_batch_stride", "alibi: elements between batches of alibi_slopes (0: one row for all)")),
     "ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score",
-    alibi_fill, alibi_reference, alibi_verify_value, alibi_select_batches)
+    alibi_fill, alibi_reference, alibi_verify_value, alibi_select_batches, unit="variants/alibi.j2")
 
 SCORES: dict[str, ScoreVariant] = {s.name: s for s in (SOFTCAP, ALIBI)}
 
