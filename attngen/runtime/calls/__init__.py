@@ -11,6 +11,7 @@ once here under the name a kind declares (Kind.calls); nothing else in the runti
 """
 from __future__ import annotations
 
+from ..kernel import Kernel, bundle_of
 from .backward import BackwardKernel
 from .decode import DecodeKernel
 from .forward_fp8 import Fp8ForwardKernel
@@ -23,9 +24,22 @@ for _name, _cls in CONVENTIONS.items():
     _cls.convention = _name
 
 
-def convention_class(plan):
+def kernel_class(plan) -> type[Kernel]:
     """The Kernel class of the plan's call convention (its kind's)."""
     return CONVENTIONS[plan.kind.calls]
 
 
-__all__ = ["CONVENTIONS", "BackwardKernel", "DecodeKernel", "ForwardKernel", "Fp8ForwardKernel", "convention_class"]
+def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> Kernel:
+    """Render, compile (cached) and load a spec for the current GPU; returns a callable Kernel of
+    the spec's call convention.
+
+    `spec_or_path`: a spec file path, a Spec or a Plan. Every part of its bundle is compiled and
+    loaded. `on_compile(arch)` is called on a cubin cache miss (default: a line on stderr).
+    `synchronize`: wait for every launch and turn asynchronous CUDA faults into LaunchError
+    (default: env ATTNGEN_SYNC=1).
+    """
+    plan, sources, label = bundle_of(spec_or_path)
+    return kernel_class(plan).from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
+
+
+__all__ = ["CONVENTIONS", "BackwardKernel", "DecodeKernel", "ForwardKernel", "Fp8ForwardKernel", "kernel_class", "load"]
