@@ -259,7 +259,7 @@ def components():
     t("cuLaunchKernel alone (ctypes, raw)", lambda: mma._launch_kernel(handle, grid[0], grid[1], grid[2], fn.threads, 1, 1,
                                                                    fn.smem_dynamic, stream, state.params, None), 5000)
     # the same launch with the Params as one buffer through `extra` instead of kernelParams
-    from attngen.runtime.cubin import param_layout
+    from attngen.cubin import param_layout
     gap = param_layout(mma.compiled[0].cubin)[fn.name][0]
     size = gap + len(prepared.template)
     raw = ctypes.create_string_buffer(bytes(gap) + prepared.template)

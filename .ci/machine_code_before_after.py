@@ -13,7 +13,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from attngen.runtime.cubin import sections
+from attngen.cubin import sections
 
 COMPARED = (".text.", ".nv.info.", ".nv.shared.", ".nv.constant0.")   # each function's code and launch
 

@@ -4,7 +4,7 @@ attngen.attention / attention_varlen / attention_with_kvcache / attention_fp8 ca
 serves the GPU, dtype, head dim and shape (attngen.ops); attngen.load(spec) compiles and loads
 one spec (attngen.runtime). Both need the ``gpu`` extra (torch) and a CUDA GPU.
 """
-__version__ = "0.1.0"
+from .shipped import VERSION as __version__
 
 __all__ = ["__version__", "attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "check_errors",
            "load", "quantize_fp8"]
@@ -13,7 +13,7 @@ __all__ = ["__version__", "attention", "attention_fp8", "attention_varlen", "att
 def check_errors(device=None) -> None:
     """Raise attngen.runtime.InputError if a kernel clamped a bad length, page id or offset since the
     last check (calls never wait for the GPU to check them); see attngen.runtime.check_errors."""
-    from .runtime import check_errors as _check
+    from .runtime import check_errors as _check     # on first use: `import attngen` loads no runtime
     _check(device)
 
 
@@ -22,7 +22,7 @@ def load(spec_or_path, **kwargs):
 
     Needs the ``gpu`` extra (torch); see :func:`attngen.runtime.load`.
     """
-    from .runtime import load as _load
+    from .runtime import load as _load              # on first use: `import attngen` loads no runtime
     return _load(spec_or_path, **kwargs)
 
 

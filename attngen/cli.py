@@ -798,13 +798,13 @@ def warm(specs, archs, jobs, specs_dir, progress, as_json):
     Exits 2 when a spec is bad or cannot run on the arch, 3 when nvcc is missing or fails.
     """
     from .compile import bundle_jobs, compile_many, print_summary
-    from .runtime import render_bundle
+    from .runtime import bundle_of
     jobs_list = []
     for arch in archs or (_gpu_arch("no GPU to take the arch from; name it: --arch sm_90 (H100/H200) or "
                                     "--arch sm_89 (L4)"),):
         gpu_arch = arch[:-1] if arch.endswith("a") else arch    # the table and the runtime key on sm_90
         for path in _spec_files(specs, "") if specs else _served_specs(specs_dir, gpu_arch):
-            plan, sources, label = render_bundle(str(path))
+            plan, sources, label = bundle_of(str(path))
             try:
                 jobs_list += bundle_jobs(plan, sources, gpu_arch, Path(path).stem)
             except ValueError as exc:

@@ -15,13 +15,16 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from . import fsutil
-from .errors import ToolError, WriteError
-from .runtime.cubin import KernelFacts, kernel_facts
+from .errors import AttngenError, ToolError, WriteError
+from .shipped import prebuilt_dir
+from .cubin import KernelFacts, kernel_facts
 
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-Xptxas=-v")
 CACHE_ENV = fsutil.CACHE_ENV
@@ -448,12 +451,89 @@ def run_nvcc(source: str, arch: str, nvcc: str) -> CompileResult:
     return CompileResult(arch, cubin, functions, log, False)
 
 
+# -- the prebuilt store a wheel carries: <store>/<arch>/{index.json, <key>.cubin} ------------------
+#
+# attngen/runtime/prebuilt.py writes it (a wheel build); compile_source reads it here before its
+# user cache and before it needs nvcc. An entry counts only when its source hash and arch are the
+# asked ones, the cubin's bytes hash to the index's sha256, and it passes the user cache's own
+# checks (the source's kernels and Params size, the report the cubin records); anything else is a
+# miss, never an error, and the caller compiles as it would without the store.
+
+STORE_FORMAT = 1
+STORE_INDEX = "index.json"
+STORE_INDEX_LIMIT = 16 << 20              # ~120 entries with their ptxas logs take well under 1 MiB
+STORE_INDEX_DEPTH = 6                     # index, entries, entry, report, function
+STORE_CUBIN_LIMIT = READ_LIMIT[CUBIN]     # as the user cache's
+
+
+def prebuilt_key(source: str, arch: str) -> str:
+    """A store entry's name: the source, the arch, nvcc's flags and the cache format. Unlike the user
+    cache's key it leaves out the nvcc version: the cubin was made by the wheel builder's nvcc,
+    which the user's machine may not have at all."""
+    h = hashlib.sha256()
+    for part in (f"prebuilt, cache format {CACHE_FORMAT}", source, arch, " ".join(NVCC_FLAGS)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
 def prebuilt_result(source: str, arch: str) -> CompileResult | None:
-    """The cubin a wheel ships for `source` on `arch` (attngen/runtime/prebuilt.py), or None. Looked up
-    before the user cache and before nvcc, so a served cell needs neither; a stale or damaged entry
-    is a miss."""
-    from .runtime.prebuilt import lookup
-    return lookup(source, arch)
+    """The cubin a wheel ships for `source` on `arch` (cached=True), or None: no store, no entry, or
+    an entry that fails any check. Never raises for what the store holds."""
+    folder = prebuilt_dir() / arch
+    try:
+        entries = _store_index(folder)
+        if not entries:
+            return None
+        key = prebuilt_key(source, arch)
+        entry = entries.get(key)
+        if entry is None:
+            return None
+        return _store_entry(folder, key, entry, source, arch)
+    except (BadCacheEntry, OSError, fsutil.ReadRefused, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _store_index(folder: Path) -> dict:
+    """The entries of `folder`'s index, read once per process per version of the file ({} when
+    there is none or it is not an index)."""
+    try:
+        st = os.stat(folder / STORE_INDEX)
+    except OSError:
+        return {}
+    return _read_store_index(str(folder), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=8)
+def _read_store_index(folder: str, _mtime_ns: int, _size: int) -> dict:
+    try:
+        text = fsutil.utf8_text(fsutil.read_regular(Path(folder) / STORE_INDEX, STORE_INDEX_LIMIT))
+        if fsutil.json_deeper_than(text, STORE_INDEX_DEPTH):
+            return {}
+        index = json.loads(text)
+    except (OSError, fsutil.ReadRefused, ValueError, RecursionError):
+        return {}
+    if not isinstance(index, dict) or index.get("format") != STORE_FORMAT or not isinstance(index.get("entries"), dict):
+        return {}
+    return index["entries"]
+
+
+def _store_entry(folder: Path, key: str, entry: dict, source: str, arch: str) -> CompileResult | None:
+    """The entry as a CompileResult when it is exactly this source's on this arch and its cubin is
+    the one the index hashed and the source compiles to; None otherwise."""
+    if entry["source_sha256"] != _sha256(source.encode()) or entry["arch"] != arch:
+        return None
+    cubin = fsutil.read_regular(folder / f"{key}.cubin", STORE_CUBIN_LIMIT)
+    if _sha256(cubin) != entry["cubin_sha256"]:
+        return None
+    report = tuple(_function_report(f) for f in entry["report"])
+    log = entry["log"]
+    if not isinstance(log, str):
+        return None
+    _check_cubin(cubin, report, source)          # the user cache's checks: kernels, Params, report
+    if sorted(parse_ptxas(log), key=lambda f: f.name) != sorted(report, key=lambda f: f.name):
+        return None
+    return CompileResult(arch, cubin, report, log, True)
 
 
 def compile_source(source: str, arch: str, *, use_cache: bool = True, on_compile=None,
@@ -575,7 +655,6 @@ def default_jobs() -> int:
     value = os.environ.get(JOBS_ENV, "").strip()
     if value:
         if not value.isdigit() or not 1 <= int(value) <= MAX_JOBS:
-            from .errors import AttngenError
             raise AttngenError(f"{JOBS_ENV} must be a whole number from 1 to {MAX_JOBS} (got {value!r})")
         return int(value)
     try:
@@ -615,9 +694,6 @@ def compile_many(jobs, *, workers: int | None = None, progress: bool | None = No
     error). `progress` draws one bar on stderr with counts, rate and time left (see show_progress).
     `on_done(index, result_or_error)` hears of each job as it ends, from the calling thread.
     """
-    import time
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-    from .errors import AttngenError
     start = time.monotonic()
     jobs = tuple(jobs)
     workers = min(workers or default_jobs(), MAX_JOBS)
@@ -638,7 +714,7 @@ def compile_many(jobs, *, workers: int | None = None, progress: bool | None = No
         _source_name_flags(nvcc, arch)  # asked once here, not by every worker at once
     workers = max(1, min(workers, len(pending)))
     if pending:
-        from tqdm import tqdm
+        from tqdm import tqdm   # only when something compiles: a batch the cache serves loads none
         with tqdm(total=len(pending), desc="compiling", unit="src", file=sys.stderr, dynamic_ncols=True,
                   disable=not show_progress(progress)) as bar:
             def warn(message):

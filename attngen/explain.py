@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, is_dataclass
 
-from .kinds import kind_of
+from .core.expression_variant import later_rows_see_more, sample_classes
 from .plan import Plan
 
 
@@ -26,7 +26,7 @@ def roles_and_barriers(plan: Plan) -> list[str]:
 
 def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     s, t = plan.spec, plan.target
-    kind = kind_of(s)
+    kind = plan.kind
     scores = getattr(plan, "score_variants", ())
     out = [f"{s.name}: {kind.name} ({kind.title}), {s.dtype}, head_dim {plan.head_dim}, "
            f"masks {', '.join(plan.masks)}" + (f", scores {', '.join(v.name for v in scores)}" if scores else ""),
@@ -89,7 +89,6 @@ def expression_dict(expression, block_m: int, block_n: int) -> dict | None:
     of the sample problem explain prints (None without one)."""
     if expression is None:
         return None
-    from .core.expression_variant import later_rows_see_more, sample_classes
     out = {"params": dict(expression.params),
            "mask": expression.mask.text if expression.mask is not None else None,
            "score": expression.score.text if expression.score is not None else None}

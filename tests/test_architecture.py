@@ -501,45 +501,80 @@ def test_runtime_and_ops_never_import_eval():
 
 
 def test_call_conventions_are_registered_once():
-    """Every kind's convention has its Kernel class in runtime/calls, registered in one dict."""
+    """Every kind's convention is in core.calls.CALLS, and the runtime's Kernel class of each is the one
+    in the module the list names."""
+    from attngen.core.calls import CALLS
     from attngen.kinds import KINDS
     from attngen.runtime.calls import CONVENTIONS
-    assert {k.calls for k in KINDS} <= set(CONVENTIONS)
-    for name, cls in CONVENTIONS.items():
-        assert cls.convention == name and cls.__module__ == f"attngen.runtime.calls.{name}"
+    assert {k.calls for k in KINDS} <= {c.name for c in CALLS}
+    assert list(CONVENTIONS) == [c.name for c in CALLS]
+    for call in CALLS:
+        cls = CONVENTIONS[call.name]
+        assert cls.convention == call.name and cls.__module__ == call.kernel
+
+
+def test_a_kind_names_a_listed_convention():
+    with pytest.raises(ValueError, match="no call convention 'sideways'"):
+        Kind("test_sideways", "a kind of an unknown call", ("mma", "sideways"), fwd_mma.MmaSpec, fwd_mma.plan,
+             fwd_mma.explain, calls="sideways")
 
 
 # -- call conventions stay in their rooms -----------------------------------------------------------
 
-CONVENTION_WORDS = {"forward", "decode", "varlen"}
-# Where a convention may be named: its own modules (runtime/calls/<name>.py, eval/<name>_*.py), the
-# two registries, the kinds that declare theirs, and ops (the entry points and the dispatch table
-# are keyed by the call a user makes).
-CONVENTION_ROOMS = ("runtime/calls/", "eval/conventions.py", "eval/decode_", "eval/varlen_", "ops/", "kinds/")
+def call_words() -> set[str]:
+    """Every name core.calls.CALLS gives: the conventions' and the dispatch table's calls'."""
+    from attngen.core.calls import CALLS
+    return {c.name for c in CALLS} | {t.name for c in CALLS for t in c.table}
 
 
-OUTSIDE_CONVENTIONS = [p for p in MODULES if not str(p.relative_to(PKG)).startswith(CONVENTION_ROOMS)]
+def rooms_of(word: str) -> set[str]:
+    """The modules that may compare `word`: the list itself, and the modules of the convention it
+    names or serves (Call.modules)."""
+    from attngen.core.calls import CALLS
+    owners = [c for c in CALLS if word == c.name or word in {t.name for t in c.table}]
+    return {"attngen.core.calls"} | {m for c in owners for m in c.modules}
 
 
-@pytest.mark.parametrize("path", OUTSIDE_CONVENTIONS, ids=[module_name(p) for p in OUTSIDE_CONVENTIONS])
-def test_no_convention_switch_outside_its_room(path):
-    """No `calls == "decode"` in the CLI, bench, verify or the shared runtime: they ask the registries."""
-    hits = compared_words(ast.parse(path.read_text()), CONVENTION_WORDS)
-    assert not hits, f"{module_name(path)} switches on a call convention: {hits}"
+def test_every_module_a_convention_lists_exists():
+    from attngen.core.calls import CALLS
+    names = {module_name(p) for p in MODULES}
+    assert {m for c in CALLS for m in c.modules} <= names
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[module_name(p) for p in MODULES])
+def test_no_convention_compared_outside_its_rooms(path):
+    """No `calls == "decode"` in the CLI, bench, verify, a plan or the shared runtime: they read CALLS."""
+    me = module_name(path)
+    hits = [(line, w) for line, w in compared_words(ast.parse(path.read_text()), call_words()) if me not in rooms_of(w)]
+    assert not hits, f"{me} compares call convention names outside their rooms: {hits}"
 
 
 def test_the_convention_check_can_fail():
-    tree = ast.parse('if kind.calls == "decode": pass\nx = {"forward": 1}\ny = EVALS["varlen"]\n')
-    assert [w for _, w in compared_words(tree, CONVENTION_WORDS)] == ["decode", "forward", "varlen"]
-    assert any("cli" in module_name(p) for p in OUTSIDE_CONVENTIONS)
-    assert any(module_name(p).endswith("eval.bench") for p in OUTSIDE_CONVENTIONS)
+    tree = ast.parse('if kind.calls == "backward": pass\nx = {"forward_fp8": 1}\ny = EVALS["varlen"]\n'
+                     'z = call in ("varlen_backward", "decode")\n')
+    assert [w for _, w in compared_words(tree, call_words())] == ["backward", "forward_fp8", "varlen",
+                                                                  "varlen_backward", "decode"]
+    assert "attngen.cli" not in rooms_of("decode") and "attngen.eval.decode_bench" in rooms_of("decode")
+    assert "attngen.eval.varlen_bench" in rooms_of("varlen") and "attngen.eval.bench" not in rooms_of("backward")
 
 
 def test_eval_conventions_are_registered_once():
-    """Every runtime convention has its eval entry (bench, verify cases) in eval.conventions."""
+    """Every convention has its eval entry (bench, verify cases), from the modules CALLS names."""
+    from attngen.core.calls import CALLS
     from attngen.eval.conventions import EVALS
-    from attngen.runtime.calls import CONVENTIONS
-    assert set(EVALS) == set(CONVENTIONS)
+    assert list(EVALS) == [c.name for c in CALLS]
+    for call in CALLS:
+        entry = EVALS[call.name]
+        assert entry.bench.__module__ == call.bench and entry.options == call.bench_options
+        assert (entry.cases is None) == (call.verify is None)
+        assert entry.cases is None or entry.cases.__module__ == call.verify
+
+
+def test_the_dispatch_table_serves_the_listed_calls():
+    from attngen.core.calls import CALLS
+    from attngen.ops import table
+    assert table.CALLS == tuple(t.name for c in CALLS for t in c.table)
+    assert all(table.CONVENTION[t.name] == c.name for c in CALLS for t in c.table)
 
 
 def test_fragment_numbers_take_keywords_only():

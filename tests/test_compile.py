@@ -285,7 +285,7 @@ def test_explain_arch_adds_registers(compiled, monkeypatch):
 def test_param_offsets_from_the_cubin():
     """A Params struct with 64-byte aligned TMA maps (a __grid_constant__ parameter) starts past a
     gap in the parameter buffer; an 8-byte aligned one at 0. The runtime pads a launch by this."""
-    from attngen.runtime.cubin import param_offsets
+    from attngen.cubin import param_offsets
     for name, gap in (("h100_wgmma_d128", 48), ("l4_mma_d64", 0)):
         r = render_spec_file(ROOT / "specs" / f"{name}.yaml")
         res = compile_source(r.source, r.plan.compile_arch(r.plan.target.arch))
@@ -313,7 +313,7 @@ def test_tensor_map_strides():
 
 def test_cubin_records_parse_whole_sections():
     """Every .nv.info record is 4 bytes, or 4 plus its size: a parse that went out of step raises."""
-    from attngen.runtime.cubin import _records
+    from attngen.cubin import _records
     info = bytes([2, 0x4C, 1, 0]) + bytes([4, 0x17, 12, 0]) + bytes(6) + (48).to_bytes(2, "little") + bytes(4) \
         + bytes([3, 0x1B, 255, 0])
     assert [a for a, _ in _records(info)] == [0x4C, 0x17, 0x1B]

@@ -15,7 +15,8 @@ import attngen.shipped
 from attngen.ops import table
 from attngen.ops.dispatch import SPECS_DIR
 from attngen.render import render_spec_file
-from attngen.runtime.kernel import committed_bundle, render_bundle
+from attngen.render import render_bundle
+from attngen.runtime.kernel import bundle_of, committed_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = table.table_path(SPECS_DIR)
@@ -145,14 +146,14 @@ def test_a_spec_edited_since_build_is_rendered(shipped_copy):
     assert committed_bundle(spec) is not None
     spec.write_text(spec.read_text() + "# edited after the build\n")
     assert committed_bundle(spec) is None
-    assert render_bundle(spec)[1] == rendered(spec)
+    assert bundle_of(spec)[1] == rendered(spec)
 
 
 def test_templates_or_code_changed_since_build_are_rendered(shipped_copy, monkeypatch):
     spec = shipped_copy / "specs" / f"{BUNDLE}.yaml"
     monkeypatch.setattr(attngen.shipped, "render_inputs", lambda: "0" * 64)
     assert committed_bundle(spec) is None
-    assert render_bundle(spec)[1] == rendered(spec)
+    assert bundle_of(spec)[1] == rendered(spec)
 
 
 def test_an_edited_template_changes_the_render_inputs(tmp_path, monkeypatch):
@@ -176,7 +177,7 @@ def test_a_hand_edited_generated_file_is_rendered(shipped_copy):
     victim = shipped_copy / "generated" / part
     victim.write_text(victim.read_text().replace("\n", "\n// hand edit\n", 40))   # the header stays as it was
     assert committed_bundle(spec) is None
-    assert render_bundle(spec)[1] == rendered(spec)
+    assert bundle_of(spec)[1] == rendered(spec)
 
 
 def test_a_garbage_manifest_means_rendering(shipped_copy):
@@ -209,6 +210,6 @@ def test_import_attngen_loads_no_renderer_or_yaml():
 
 
 def test_the_cached_call_path_loads_no_renderer():
-    loaded = _modules_after("from attngen.ops.dispatch import DISPATCH\nfrom attngen.runtime.kernel import render_bundle\n"
-                            f"DISPATCH.entries\nrender_bundle(str(DISPATCH.specs_dir / '{BUNDLE}.yaml'))")
+    loaded = _modules_after("from attngen.ops.dispatch import DISPATCH\nfrom attngen.runtime.kernel import bundle_of\n"
+                            f"DISPATCH.entries\nbundle_of(str(DISPATCH.specs_dir / '{BUNDLE}.yaml'))")
     assert "jinja2" not in loaded and "attngen.render" not in loaded

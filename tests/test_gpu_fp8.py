@@ -60,7 +60,7 @@ PLANTED = [
 @pytest.mark.parametrize("spec, right, wrong", PLANTED, ids=["key_order", "lane_exchange"])
 def test_planted_p_layout_bug_is_caught(spec, right, wrong):
     needs_sm90a(spec)
-    from attngen.runtime.kernel import render_for
+    from attngen.render import render_for
     plan, source, _ = render_for(spec)
     planted = source.replace(right, wrong)
     assert planted != source

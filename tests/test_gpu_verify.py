@@ -292,13 +292,14 @@ PLANTED = {
 
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_verifier_rejects_planted_bug(name):
-    from attngen.runtime import Kernel, render_for
+    from attngen.render import render_for
+    from attngen.runtime import kernel_class
     spec, old, new = PLANTED[name]
     plan, source, _ = render_for(spec)
     assert source.count(old) >= 1, f"the text to plant {name} into is gone from {spec.name}; update the test"
     bugged = source.replace(old, new)
     assert bugged != source
-    kernel = Kernel.from_source(plan, bugged, label=name, synchronize=True)
+    kernel = kernel_class(plan).from_source(plan, bugged, label=name, synchronize=True)
     results = verify.verify_kernel(kernel, verify.QUICK_SUITE)
     rejected = [r for r in results if not r.passed]
     assert rejected, f"the verifier accepted {name}"

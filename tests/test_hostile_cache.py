@@ -20,7 +20,7 @@ import pytest
 from attngen import compile as compile_mod
 from attngen import fsutil
 from attngen.compile import CompileResult, parse_ptxas
-from attngen.runtime import cubin as cubin_mod
+from attngen import cubin as cubin_mod
 from hostile_helpers import use_fake_nvcc
 
 # -- a stand-in cubin -------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ def _record(attr: int, payload: bytes) -> bytes:
 
 
 def fake_cubin(kernels: dict[str, int | None], resources=None) -> bytes:
-    """A 64-bit ELF laid out as nvcc's cubins are, as far as runtime/cubin.py reads them: per kernel
+    """A 64-bit ELF laid out as nvcc's cubins are, as far as attngen/cubin.py reads them: per kernel
     (name -> the byte size of its one parameter, None for none) a .text, a .nv.info with its
     parameter and barriers and a .nv.shared; registers and stack frame in .nv.info."""
     res = {**FAKE_RESOURCES, **(resources or {})}

@@ -28,7 +28,7 @@ from attngen.ops.table import select
 entry = select(DISPATCH.entries, *{call!r}, page_size=0)
 from attngen.runtime.kernel import committed_bundle
 plan, sources, label = committed_bundle(str(DISPATCH.specs_dir / f"{{entry.spec}}.yaml")) or (None, None, None)
-import attngen.compile, attngen.runtime.calls, attngen.runtime.cubin
+import attngen.compile, attngen.runtime.calls, attngen.cubin
 seconds = time.perf_counter() - start
 from attngen.kinds import kind_of
 print(json.dumps({{"seconds": seconds, "modules": sorted(sys.modules), "spec": entry.spec,

@@ -192,7 +192,7 @@ def test_verify_compiles_every_part_of_every_spec_before_the_first_load(sleepy, 
 
     monkeypatch.setattr(runtime, "gpu_modules", lambda: (FakeTorch, None))
     monkeypatch.setattr(runtime, "device_arch", lambda torch, index=None: "sm_90")
-    monkeypatch.setattr(runtime, "Kernel", StubKernel)
+    monkeypatch.setattr(runtime, "kernel_class", lambda plan: StubKernel)
     paths = [SPECS / "h100_bwd_d128.yaml", SPECS / "phase4.yaml"]
     assert verify.load_kernels(paths) == ["h100_bwd_d128", "phase4"]
     parts = sum(n for _name, n, _calls in loads)

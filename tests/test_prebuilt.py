@@ -1,4 +1,4 @@
-"""Prebuilt cubins (attngen/runtime/prebuilt.py and wheel_backend.py): a wheel's store answers
+"""Prebuilt cubins (attngen/runtime/prebuilt.py and wheel_backend.py write them, attngen/compile.py reads them): a wheel's store answers
 compile_source with an empty user cache and no nvcc; a stale or tampered entry is a miss that falls
 through to the usual path; the build hook prebuilds only for a wheel, with nvcc, off CI.
 
@@ -18,6 +18,7 @@ from attngen.runtime import prebuilt
 from attngen.runtime import wheel_backend as build_backend
 from attngen.compile import CompileJob, compile_many, compile_source
 from attngen.errors import ToolError
+from attngen.shipped import PREBUILT_ENV
 from hostile_helpers import use_fake_nvcc
 from test_hostile_cache import FAKE_SOURCE, WIDER_SOURCE, FakeNvcc
 
@@ -48,13 +49,13 @@ def _no_nvcc(monkeypatch, tmp_path):
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     folder = _store(tmp_path / "prebuilt")
-    monkeypatch.setenv(prebuilt.PREBUILT_ENV, str(folder))
+    monkeypatch.setenv(PREBUILT_ENV, str(folder))
     _no_nvcc(monkeypatch, tmp_path)
     return folder
 
 
 def _cubin_of(folder: Path, source: str, arch="sm_89") -> Path:
-    return folder / arch / f"{prebuilt.prebuilt_key(source, arch)}.cubin"
+    return folder / arch / f"{compile_mod.prebuilt_key(source, arch)}.cubin"
 
 
 def test_a_prebuilt_cubin_answers_with_no_cache_and_no_nvcc(store):
@@ -80,15 +81,15 @@ def test_a_batch_with_a_source_the_store_lacks_needs_nvcc(store):
 def test_a_stale_entry_is_never_loaded(store):
     """The source changed since the wheel was built: a miss, so the usual path runs (here: no nvcc)."""
     changed = FAKE_SOURCE.replace("int n;", "int n;  ")
-    assert prebuilt.lookup(changed, "sm_89") is None
+    assert compile_mod.prebuilt_result(changed, "sm_89") is None
     with pytest.raises(ToolError) as exc:
         compile_source(changed, "sm_89")
     assert str(exc.value).startswith("nvcc not found") and "\n" not in str(exc.value)
 
 
 def test_another_arch_is_a_miss(store):
-    assert prebuilt.lookup(FAKE_SOURCE, "sm_90") is None
-    assert prebuilt.lookup(FAKE_SOURCE, "sm_89") is not None
+    assert compile_mod.prebuilt_result(FAKE_SOURCE, "sm_90") is None
+    assert compile_mod.prebuilt_result(FAKE_SOURCE, "sm_89") is not None
 
 
 def test_a_tampered_cubin_is_never_loaded(store):
@@ -96,15 +97,15 @@ def test_a_tampered_cubin_is_never_loaded(store):
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
-    assert prebuilt.lookup(FAKE_SOURCE, "sm_89") is None
+    assert compile_mod.prebuilt_result(FAKE_SOURCE, "sm_89") is None
     with pytest.raises(ToolError, match="nvcc not found"):
         compile_source(FAKE_SOURCE, "sm_89")
 
 
 def _edit_entry(folder: Path, source: str, **fields) -> None:
-    index_path = folder / "sm_89" / prebuilt.INDEX
+    index_path = folder / "sm_89" / compile_mod.STORE_INDEX
     index = json.loads(index_path.read_text())
-    index["entries"][prebuilt.prebuilt_key(source, "sm_89")].update(fields)
+    index["entries"][compile_mod.prebuilt_key(source, "sm_89")].update(fields)
     index_path.write_text(json.dumps(index))
 
 
@@ -114,41 +115,41 @@ def test_another_sources_cubin_with_its_hash_in_the_index_is_never_loaded(store)
     other = _cubin_of(store, SOURCES["wider"]).read_bytes()
     _cubin_of(store, FAKE_SOURCE).write_bytes(other)
     _edit_entry(store, FAKE_SOURCE, cubin_sha256=prebuilt._sha256(other))
-    assert prebuilt.lookup(FAKE_SOURCE, "sm_89") is None
+    assert compile_mod.prebuilt_result(FAKE_SOURCE, "sm_89") is None
 
 
 def test_an_entry_for_another_source_hash_is_never_loaded(store):
     _edit_entry(store, FAKE_SOURCE, source_sha256="0" * 64)
-    assert prebuilt.lookup(FAKE_SOURCE, "sm_89") is None
+    assert compile_mod.prebuilt_result(FAKE_SOURCE, "sm_89") is None
 
 
 def test_an_edited_report_is_never_loaded(store):
-    index = json.loads((store / "sm_89" / prebuilt.INDEX).read_text())
-    report = index["entries"][prebuilt.prebuilt_key(FAKE_SOURCE, "sm_89")]["report"]
+    index = json.loads((store / "sm_89" / compile_mod.STORE_INDEX).read_text())
+    report = index["entries"][compile_mod.prebuilt_key(FAKE_SOURCE, "sm_89")]["report"]
     _edit_entry(store, FAKE_SOURCE, report=[{**report[0], "registers": 32}])
-    assert prebuilt.lookup(FAKE_SOURCE, "sm_89") is None
+    assert compile_mod.prebuilt_result(FAKE_SOURCE, "sm_89") is None
 
 
 @pytest.mark.parametrize("index", ["", "not json", "[]", '{"format": 99, "entries": {}}', "[" * 100000])
 def test_a_broken_index_is_no_store(store, index):
-    (store / "sm_89" / prebuilt.INDEX).write_text(index)
-    assert prebuilt.lookup(FAKE_SOURCE, "sm_89") is None
+    (store / "sm_89" / compile_mod.STORE_INDEX).write_text(index)
+    assert compile_mod.prebuilt_result(FAKE_SOURCE, "sm_89") is None
 
 
 def test_no_store_is_a_miss(tmp_path, monkeypatch):
-    monkeypatch.setenv(prebuilt.PREBUILT_ENV, str(tmp_path / "nowhere"))
-    assert prebuilt.lookup(FAKE_SOURCE, "sm_89") is None
+    monkeypatch.setenv(PREBUILT_ENV, str(tmp_path / "nowhere"))
+    assert compile_mod.prebuilt_result(FAKE_SOURCE, "sm_89") is None
 
 
 def test_the_key_holds_flags_and_cache_format_but_not_the_nvcc_version(monkeypatch):
-    key = prebuilt.prebuilt_key(FAKE_SOURCE, "sm_89")
+    key = compile_mod.prebuilt_key(FAKE_SOURCE, "sm_89")
     monkeypatch.setattr(compile_mod, "nvcc_version", lambda nvcc: "99.9")
-    assert prebuilt.prebuilt_key(FAKE_SOURCE, "sm_89") == key
+    assert compile_mod.prebuilt_key(FAKE_SOURCE, "sm_89") == key
     monkeypatch.setattr(compile_mod, "NVCC_FLAGS", compile_mod.NVCC_FLAGS + ("-G",))
-    assert prebuilt.prebuilt_key(FAKE_SOURCE, "sm_89") != key
+    assert compile_mod.prebuilt_key(FAKE_SOURCE, "sm_89") != key
     monkeypatch.undo()
     monkeypatch.setattr(compile_mod, "CACHE_FORMAT", compile_mod.CACHE_FORMAT + 1)
-    assert prebuilt.prebuilt_key(FAKE_SOURCE, "sm_89") != key
+    assert compile_mod.prebuilt_key(FAKE_SOURCE, "sm_89") != key
 
 
 def test_build_store_compiles_in_parallel_and_writes_what_compiled(tmp_path, monkeypatch):
@@ -233,21 +234,21 @@ def test_the_hook_writes_a_store_the_lookup_reads(tmp_path, monkeypatch):
     lines = []
     assert build_backend.prebuild(tmp_path / "lib", environ={}, which=_has_nvcc, say=lines.append) == 2
     assert lines[-1] == "attngen: the wheel carries 2 prebuilt cubins"
-    monkeypatch.setenv(prebuilt.PREBUILT_ENV, str(tmp_path / "lib" / "attngen" / "prebuilt"))
+    monkeypatch.setenv(PREBUILT_ENV, str(tmp_path / "lib" / "attngen" / "prebuilt"))
     _no_nvcc(monkeypatch, tmp_path)
     assert compile_source(FAKE_SOURCE, "sm_89").cached
 
 
 @pytest.mark.nvcc
 def test_a_real_prebuilt_cubin_of_phase4_loads_without_nvcc(tmp_path, monkeypatch):
-    from attngen.runtime.kernel import render_bundle
+    from attngen.runtime.kernel import bundle_of
     monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "build-cache"))
-    plan, sources, _label = render_bundle(str(ROOT / "specs" / "phase4.yaml"))
+    plan, sources, _label = bundle_of(str(ROOT / "specs" / "phase4.yaml"))
     jobs = compile_mod.bundle_jobs(plan, sources, "sm_89", "phase4")
     written, failed = prebuilt.build_store(tmp_path / "store", jobs=jobs, say=lambda line: None)
     assert (written, failed) == (len(jobs), [])
     built = [compile_source(j.source, j.arch) for j in jobs]       # the build cache's entries
-    monkeypatch.setenv(prebuilt.PREBUILT_ENV, str(tmp_path / "store"))
+    monkeypatch.setenv(PREBUILT_ENV, str(tmp_path / "store"))
     _no_nvcc(monkeypatch, tmp_path)
     for job, made in zip(jobs, built):
         loaded = compile_source(job.source, job.arch)
@@ -261,7 +262,7 @@ def _prepared_table(tmp_path, monkeypatch):
     """A store holding the shipped table's memo; an empty user cache; (table path, its entries)."""
     from attngen.ops import table
     from attngen.ops.dispatch import SPECS_DIR
-    monkeypatch.setenv(prebuilt.PREBUILT_ENV, str(tmp_path / "store"))
+    monkeypatch.setenv(PREBUILT_ENV, str(tmp_path / "store"))
     monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setattr(table, "_PARSED", {})
     path = table.table_path(SPECS_DIR)

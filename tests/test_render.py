@@ -229,7 +229,7 @@ def test_explain_every_spec(in_repo):
 def test_planted_bug_sites_exist():
     """The GPU tests plant bugs by replacing text of the generated source; check on CPU that every
     site is still there, so a template change cannot quietly turn those tests into no-ops."""
-    from attngen.runtime import render_for
+    from attngen.render import render_for
     from test_gpu_verify import PLANTED
     for name, (spec, old, _new) in PLANTED.items():
         assert render_for(spec)[1].count(old) >= 1, f"the text to plant {name} into is gone"

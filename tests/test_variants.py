@@ -128,7 +128,7 @@ def test_scores_are_listed_once_in_their_order():
 
 
 def render(path: str, **changes) -> tuple:
-    from attngen.runtime import render_for
+    from attngen.render import render_for
     plan, source, _ = render_for(parse_spec(spec_text(path, **changes), file="x.yaml"))
     return plan, source
 

@@ -198,7 +198,7 @@ class ForwardPlan:
         """explain's lines on how the kernels apply the spec's expressions (none without them)."""
         if self.expression is None:
             return []
-        return self.expression.explain_lines(self.block_m, self.block_n, backward=self.kind.calls == "backward")
+        return self.expression.explain_lines(self.block_m, self.block_n, backward=self.kind.convention.gradients)
 
     def body(self, key: str) -> str:
         """The C++ function an entry point runs: attention, or attention_varlen for varlen sequences."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .calls import FORWARD, Call, call_named
+
 
 @dataclass(frozen=True, repr=False)
 class Kind:
@@ -16,9 +18,16 @@ class Kind:
     plan: Callable                      # (spec, file) -> its plan
     explain: Callable                   # plan -> lines of its explain section
     space: Optional[Callable] = None    # base spec -> the SearchSpace `attngen sweep` explores (core.search_space)
-    calls: str = "forward"              # its kernels' call convention (attngen/runtime/calls): "forward"
-                                        # (kernel(q, k, v, causal=...)) or "decode"
+    calls: str = FORWARD.name           # its kernels' call convention, by its name in core.calls.CALLS
     templates: Optional[str] = None     # its folder under templates/ (default: its name); shared ones: templates/lib
+
+    def __post_init__(self):
+        call_named(self.calls)          # a convention the list has, or a ValueError naming those it has
+
+    @property
+    def convention(self) -> Call:
+        """Its call convention: what serves it in every layer (core.calls)."""
+        return call_named(self.calls)
 
     @property
     def template_folder(self) -> str:

@@ -1,11 +1,13 @@
-"""What eval does for each call convention, registered once: the verify cases a convention's
-kernels bring (None: the padded forward suite) and the bench `attngen bench` runs on its specs.
-Each convention's own eval modules supply both; verify, bench and the CLI look the convention up
-here by the name its kind declares (plan.kind.calls) and name none of them."""
+"""What eval does for each call convention of core.calls.CALLS: the verify cases a convention's
+kernels bring (None: the padded forward suite) and the bench `attngen bench` runs on its specs,
+from the modules the list names, and what `attngen sweep` measures of it. verify, bench and the
+CLI look the convention up here by the name its kind declares (plan.kind.calls) and name none."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Optional
+
+from ..core.calls import BACKWARD, CALLS, FORWARD, FORWARD_FP8
 
 from .bench import BenchRun    # noqa: F401  (still importable from here)
 from . import (backward_bench, backward_verify, bench, decode_bench, decode_verify, forward_fp8_bench,
@@ -68,22 +70,27 @@ def _gradient_inputs(torch, case, device, generator):
     return sets
 
 
-EVALS = {"forward": ConventionEval("forward specs", bench.bench_specs, bench.check_options,
-                                   ("shapes", "varlen", "lengths", "heads", "plot_file"),
-                                   sweep=SweepEval(bench.Case, bench.input_sets, bench.check_output, bench.kernel_call,
-                                                   _flash_forward)),
-         "decode": ConventionEval("decode specs (decode: split_kv)", decode_bench.bench_specs,
-                                  decode_bench.check_options, ("cells", "paged"), decode_verify.verify_cases),
-         "backward": ConventionEval("backward specs (backward: dq_atomic, wgmma_dq_red)", backward_bench.bench_specs,
-                                    backward_bench.check_options, ("shapes", "plot_file"), backward_verify.verify_cases,
-                                    sweep=SweepEval(backward_bench.BackwardCase, _gradient_inputs,
-                                                    backward_bench.check_gradients, backward_bench.backward_call,
-                                                    _flash_backward, causal_inputs=True)),
-         "forward_fp8": ConventionEval("e4m3 forward specs (dtype: e4m3)", forward_fp8_bench.bench_specs,
-                                       forward_fp8_bench.check_options, ("shapes",), forward_fp8_verify.verify_cases,
-                                       sweep=SweepEval(forward_fp8_bench.Fp8Case, forward_fp8_bench.sweep_inputs,
-                                                       forward_fp8_bench.sweep_check, forward_fp8_bench.sweep_call,
-                                                       forward_fp8_bench.sweep_flash))}
+# What `attngen sweep` measures, per convention that has it (the others' specs are not swept).
+SWEEPS = {FORWARD.name: SweepEval(bench.Case, bench.input_sets, bench.check_output, bench.kernel_call, _flash_forward),
+          BACKWARD.name: SweepEval(backward_bench.BackwardCase, _gradient_inputs, backward_bench.check_gradients,
+                                   backward_bench.backward_call, _flash_backward, causal_inputs=True),
+          FORWARD_FP8.name: SweepEval(forward_fp8_bench.Fp8Case, forward_fp8_bench.sweep_inputs,
+                                      forward_fp8_bench.sweep_check, forward_fp8_bench.sweep_call,
+                                      forward_fp8_bench.sweep_flash)}
+# The eval modules core.calls.CALLS names, by module name.
+MODULES = {m.__name__: m for m in (bench, decode_bench, backward_bench, forward_fp8_bench, decode_verify,
+                                   backward_verify, forward_fp8_verify)}
+
+
+def convention_eval(call) -> ConventionEval:
+    """What eval does for one convention of core.calls.CALLS, from the modules it names."""
+    runner = MODULES[call.bench]
+    cases = MODULES[call.verify].verify_cases if call.verify else None
+    return ConventionEval(call.what, runner.bench_specs, runner.check_options, call.bench_options, cases,
+                          SWEEPS.get(call.name))
+
+
+EVALS = {call.name: convention_eval(call) for call in CALLS}
 
 
 def option_problems(groups: dict, opts: BenchOptions, given: set) -> list[str]:

@@ -13,11 +13,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from .. import fsutil
+from ..core.calls import ATTENTION, ATTENTION_BACKWARD, ATTENTION_FP8, ATTENTION_VARLEN
 from ..errors import SpecError
 from ..ops.table import CALLS, MAX_INTEGER, Entry, check_entry
 
-FORWARD, BACKWARD, VARLEN, FP8 = "forward", "backward", "varlen", "forward_fp8"   # the Entry.call of the calls
-                                                                                  # bench reports measure
+# the Entry.call of the calls bench reports measure
+FORWARD, BACKWARD, VARLEN, FP8 = (t.name for t in (ATTENTION, ATTENTION_BACKWARD, ATTENTION_VARLEN, ATTENTION_FP8))
 
 GPU_ARCH = {"H100": "sm_90", "H200": "sm_90", "H800": "sm_90", "L4": "sm_89", "RTX 4090": "sm_89", "A100": "sm_80"}
 

@@ -113,15 +113,15 @@ def load_kernels(spec_paths, *, on_compile=None, on_batch=None, jobs: int | None
     hears of that batch (default: its summary line on stderr), `on_compile(spec_path, arch)` of
     any compile a load still does."""
     from ..compile import precompile, print_summary
-    from ..runtime import Kernel, device_arch, gpu_modules, render_bundle
+    from ..runtime import bundle_of, device_arch, gpu_modules, kernel_class
     torch, _ = gpu_modules()
-    bundles = [render_bundle(str(path)) for path in spec_paths]
+    bundles = [bundle_of(str(path)) for path in spec_paths]
     batch = precompile(bundles, device_arch(torch, torch.cuda.current_device()), workers=jobs)
     (on_batch or print_summary)(batch)
     kernels = []
     for path, (plan, sources, label) in zip(spec_paths, bundles):
         hook = None if on_compile is None else (lambda arch, path=path: on_compile(path, arch))
-        kernels.append(Kernel.from_sources(plan, sources, label=label, on_compile=hook, synchronize=True))
+        kernels.append(kernel_class(plan).from_sources(plan, sources, label=label, on_compile=hook, synchronize=True))
     return kernels
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from ..core.calls import CALLS, HALF_DTYPES
 from ..shipped import shipped
 
 from .table import load_table, select, table_path
@@ -19,7 +20,7 @@ def specs_dir() -> Path:
 SPECS_DIR = specs_dir()
 RESOLVED_ENTRIES = 4096
 TORCH_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float8_e4m3fn": "e4m3"}
-CALL_DTYPES = {"forward_fp8": ("e4m3",)}     # the element types of a call's inputs (others: fp16, bf16)
+CALL_DTYPES = {t.name: call.dtypes for call in CALLS for t in call.table}     # the element types of a call's inputs
 
 
 class Dispatcher:
@@ -43,9 +44,9 @@ class Dispatcher:
         call's query rows, batch x heads x seqlen_q, where the table splits a bucket by grid size)."""
         from ..runtime import device_info
         name = TORCH_DTYPES.get(str(dtype), dtype)
-        if name not in CALL_DTYPES.get(call, ("fp16", "bf16")):
+        if name not in CALL_DTYPES.get(call, HALF_DTYPES):
             taken = {"fp16": "float16", "bf16": "bfloat16", "e4m3": "float8_e4m3fn"}
-            want = " or ".join(taken[d] for d in CALL_DTYPES.get(call, ("fp16", "bf16")))
+            want = " or ".join(taken[d] for d in CALL_DTYPES.get(call, HALF_DTYPES))
             raise TypeError(f"attngen's {call} kernels take {want} tensors (got {dtype})")
         return select(self.entries, call, device_info(index).arch, name, head_dim, mask, seqlen,
                       page_size=page_size, group_rows=group_rows, head_dim_v=head_dim_v, scores=scores, rows=rows)

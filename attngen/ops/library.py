@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..core.variants import SCORES, call_mask
-from ..runtime.calls.forward import call_key
+from ..runtime.calls.shared import call_key
 from .dispatch import DISPATCH
 
 

@@ -30,19 +30,19 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from .. import fsutil
+from ..core.calls import CALLS as CONVENTIONS, TABLE_CALLS, table_call
 from ..errors import AttngenError, SpecError
 
-CALLS = ("forward", "varlen", "decode", "backward", "varlen_backward", "forward_fp8")
-# The runtime call convention (its kind's `calls`) a spec must have to serve each call: a varlen
-# call is the varlen function of a forward-convention kernel; backward serves the gradients of a
-# forward call (autograd through attngen.attention), varlen_backward those of a varlen call (the
-# varlen functions of a backward-convention kernel).
-CONVENTION = {"forward": "forward", "varlen": "forward", "decode": "decode", "backward": "backward",
-              "varlen_backward": "backward", "forward_fp8": "forward_fp8"}
+# The calls the table serves and what serves each, from the one list of call conventions
+# (core.calls): a call's convention is the one a spec's kind must have to serve it (a varlen call
+# is the varlen function of a forward-convention kernel; backward serves the gradients of a forward
+# call, varlen_backward those of a varlen call: the varlen functions of a backward-convention kernel).
+CALLS = tuple(t.name for t in TABLE_CALLS)
+CONVENTION = {t.name: call.name for call in CONVENTIONS for t in call.table}
 # The output type of each call where the table fixes it: attngen.attention_fp8 returns bf16 (as
 # FlashAttention-3's fp8 forward), so torch.compile knows its output without loading a kernel.
-OUT_DTYPE = {"forward_fp8": "bf16"}
-VARLEN_CALLS = ("varlen", "varlen_backward")   # calls served by a spec's varlen functions
+OUT_DTYPE = {t.name: call.out_dtype for call in CONVENTIONS for t in call.table if call.out_dtype}
+VARLEN_CALLS = tuple(t.name for t in TABLE_CALLS if t.varlen)   # calls served by a spec's varlen functions
 TABLE_FILE = Path("dispatch") / "table.yaml"     # under the specs folder
 
 
@@ -540,8 +540,8 @@ def dump_table(entries, header: str) -> str:
 
 def call_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, page_size: int = 0,
               group_rows: int = 1, head_dim_v: int = 0, scores: str = "") -> str:
-    """A call's dispatch key in words (the decode keys only for decode calls)."""
-    decode = f" page_size {page_size} group_rows {group_rows}" if call == "decode" else ""
+    """A call's dispatch key in words (page size and group rows only for a paged call: decode)."""
+    decode = f" page_size {page_size} group_rows {group_rows}" if table_call(call).paged else ""
     v = f" head_dim_v {head_dim_v}" if head_dim_v else ""
     mods = f" scores {scores}" if scores else ""
     return f"{call} {arch} {dtype} head_dim {head_dim}{v} {mask}{mods} seqlen {seqlen}{decode}"
@@ -590,10 +590,10 @@ NEAREST_SHOWN = 5   # a miss lists this many keys: the whole table is hundreds a
 
 def _key_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int, head_dim_v: int,
               scores: str) -> str:
-    """One key of the table as a miss names it (page_size only where decode calls have one)."""
+    """One key of the table as a miss names it (page_size only where a paged call has one: decode)."""
     return (f"{arch} {dtype} head_dim {head_dim}" + (f" head_dim_v {head_dim_v}" if head_dim_v else "")
             + f" mask {mask}" + (f" scores {scores}" if scores else "")
-            + (f" page_size {page_size}" if call == "decode" else ""))
+            + (f" page_size {page_size}" if table_call(call).paged else ""))
 
 
 def nearest_keys(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0,

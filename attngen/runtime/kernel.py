@@ -26,11 +26,14 @@ from ctypes import c_void_p, memmove
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compile import compile_source
 from ..core.variants import call_mask, check_window, score_values
 from ..core.varlen_plan import is_varlen, mask_of
-from ..errors import ToolError
+from ..cubin import param_layout
+from ..errors import SpecError, ToolError
 from ..plan import Plan, make_plan
-from ..spec import Spec, spec_dict, spec_yaml
+from ..shipped import committed_sources
+from ..spec import parse_spec, read_spec_text
 from . import driver
 from .gpu import device_info, gpu_modules
 
@@ -59,29 +62,18 @@ def to_bhsd(t, layout: str):
     return t if layout in ("bhsd", VARLEN_LAYOUT) else t.permute(0, 2, 1, 3)
 
 
-def render_bundle(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
-    """(plan, CUDA source of every part, label) for a spec path, Spec or Plan, through attngen.render.
-
-    A path renders exactly its files under generated/; for a shipped spec those files are read
-    instead, when they are provably current (committed_bundle). A Spec or Plan has no YAML text of
-    its own, so its header quotes the spec as dumped YAML; the code below the header is the same.
-    """
+def bundle_of(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
+    """(plan, CUDA source of every part, label) for a spec path, Spec or Plan: a shipped spec's
+    committed files when they are provably current (committed_bundle), else rendered
+    (attngen.render.render_bundle), with the same bytes either way."""
     if isinstance(spec_or_path, (str, os.PathLike)):
         committed = committed_bundle(spec_or_path)
         if committed is not None:
             return committed
-        from ..render import render_spec_file
-        r = render_spec_file(spec_or_path)
-        return r.plan, tuple(p.source for p in r.parts), r.spec_path
-    from ..render import render_parts
-    if isinstance(spec_or_path, Spec):
-        plan = make_plan(spec_or_path)
-    elif isinstance(spec_or_path, Plan):
-        plan = spec_or_path
-    else:
-        raise TypeError(f"load() takes a spec path, a Spec or a Plan (got {type(spec_or_path).__name__})")
-    label = f"<spec {plan.spec.name}>"
-    return plan, tuple(p.source for p in render_parts(plan, label, spec_yaml(spec_dict(plan.spec)))), label
+    # The renderer (Jinja2, the templates) loads only when a source must be rendered: a served
+    # spec's first call reads its committed files and never needs it.
+    from ..render import render_bundle
+    return render_bundle(spec_or_path)
 
 
 def committed_bundle(path) -> tuple[Plan, tuple[str, ...], str] | None:
@@ -89,9 +81,6 @@ def committed_bundle(path) -> tuple[Plan, tuple[str, ...], str] | None:
     rendering would give now (attngen.shipped.committed_sources says how that is known), without
     loading the renderer; None otherwise, and for a spec the planner refuses (rendering reports it
     with its line)."""
-    from ..errors import SpecError
-    from ..shipped import committed_sources
-    from ..spec import parse_spec, read_spec_text
     shown = shown_path(path)
     try:
         text = read_spec_text(path)
@@ -110,27 +99,6 @@ def shown_path(path) -> str:
         return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         return p.as_posix()
-
-
-def render_for(spec_or_path) -> tuple[Plan, str, str]:
-    """(plan, CUDA source, label) of a one-part spec (every forward kind), as render_bundle."""
-    plan, sources, label = render_bundle(spec_or_path)
-    if len(sources) != 1:
-        raise ValueError(f"{label} renders {len(sources)} parts; use render_bundle")
-    return plan, sources[0], label
-
-
-def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> "Kernel":
-    """Render, compile (cached) and load a spec for the current GPU; returns a callable Kernel of
-    the spec's call convention.
-
-    `spec_or_path`: a spec file path, a Spec or a Plan. Every part of its bundle is compiled and
-    loaded. `on_compile(arch)` is called on a cubin cache miss (default: a line on stderr).
-    `synchronize`: wait for every launch and turn asynchronous CUDA faults into LaunchError
-    (default: env ATTNGEN_SYNC=1).
-    """
-    plan, sources, label = render_bundle(spec_or_path)
-    return Kernel.from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
 
 
 PREPARED_ENTRIES = 512               # prepared calls a kernel keeps (one per shape, strides and options)
@@ -212,13 +180,11 @@ class Kernel:
     @classmethod
     def from_sources(cls, plan: Plan, sources, *, label: str | None = None, on_compile=None,
                      synchronize: bool | None = None) -> "Kernel":
-        """Compile and load one source per part of the plan's bundle; the class of the plan's call
-        convention when called on Kernel itself."""
-        from ..compile import compile_source
-        from .calls import convention_class
-        from .cubin import param_layout
+        """Compile and load one source per part of the plan's bundle, as this call convention's
+        Kernel (attngen.runtime.calls.kernel_class(plan) is the plan's)."""
         if cls is Kernel:
-            cls = convention_class(plan)
+            raise TypeError("Kernel is the base of the call conventions: load through attngen.runtime.load, or "
+                            "attngen.runtime.kernel_class(plan).from_sources")
         torch, _ = gpu_modules()
         index = torch.cuda.current_device()
         info = device_info(index)
@@ -566,5 +532,5 @@ class Kernel:
                 raise LaunchError(f"{prepared.launches[0][0].name} failed while running: {exc}") from exc
 
 
-__all__ = ["Function", "Kernel", "LaunchError", "Prepared", "default_scale", "load", "render_bundle", "render_for",
+__all__ = ["Function", "Kernel", "LaunchError", "Prepared", "bundle_of", "committed_bundle", "default_scale",
            "to_bhsd"]

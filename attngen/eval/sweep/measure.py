@@ -77,10 +77,10 @@ class GpuMeasurer:
         return self._inputs[key]
 
     def _load(self, plan: Plan, sources: tuple[str, ...]):
-        from ...runtime import Kernel
+        from ...runtime import kernel_class
         if self._kernel[0] != sources:
             self._kernel = (None, None)
-            kernel = Kernel.from_sources(plan, sources, label=plan.spec.name, on_compile=lambda arch: None)
+            kernel = kernel_class(plan).from_sources(plan, sources, label=plan.spec.name, on_compile=lambda arch: None)
             self._kernel = (sources, kernel)
         return self._kernel[1]
 

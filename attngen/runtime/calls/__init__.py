@@ -1,6 +1,7 @@
 """The call conventions: how a kernel of each kind is called on torch tensors. Each convention is
-a Kernel subclass in its own module (its input checks, its Params packing, its launches), registered
-once here under the name a kind declares (Kind.calls); nothing else in the runtime names one.
+a Kernel subclass in the module core.calls.CALLS names for it (its input checks, its Params packing,
+its launches), registered here under that convention's name, the one a kind declares (Kind.calls);
+nothing else in the runtime names one.
 
 - forward: ``kernel(q, k, v, causal=...)``, and ``kernel.varlen(...)`` for varlen sequences
   when the spec sets `varlen: true` (forward.py, varlen.py);
@@ -11,21 +12,36 @@ once here under the name a kind declares (Kind.calls); nothing else in the runti
 """
 from __future__ import annotations
 
+from ...core.calls import CALLS
+from ..kernel import Kernel, bundle_of
 from .backward import BackwardKernel
 from .decode import DecodeKernel
-from .forward_fp8 import Fp8ForwardKernel
 from .forward import ForwardKernel
+from .forward_fp8 import Fp8ForwardKernel
 
-CONVENTIONS = {"forward": ForwardKernel, "decode": DecodeKernel, "backward": BackwardKernel,
-               "forward_fp8": Fp8ForwardKernel}
+KERNELS = {cls.__module__: cls for cls in (ForwardKernel, DecodeKernel, BackwardKernel, Fp8ForwardKernel)}
+CONVENTIONS = {call.name: KERNELS[call.kernel] for call in CALLS}     # in the list's order
 
 for _name, _cls in CONVENTIONS.items():
     _cls.convention = _name
 
 
-def convention_class(plan):
+def kernel_class(plan) -> type[Kernel]:
     """The Kernel class of the plan's call convention (its kind's)."""
     return CONVENTIONS[plan.kind.calls]
 
 
-__all__ = ["CONVENTIONS", "BackwardKernel", "DecodeKernel", "ForwardKernel", "Fp8ForwardKernel", "convention_class"]
+def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> Kernel:
+    """Render, compile (cached) and load a spec for the current GPU; returns a callable Kernel of
+    the spec's call convention.
+
+    `spec_or_path`: a spec file path, a Spec or a Plan. Every part of its bundle is compiled and
+    loaded. `on_compile(arch)` is called on a cubin cache miss (default: a line on stderr).
+    `synchronize`: wait for every launch and turn asynchronous CUDA faults into LaunchError
+    (default: env ATTNGEN_SYNC=1).
+    """
+    plan, sources, label = bundle_of(spec_or_path)
+    return kernel_class(plan).from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
+
+
+__all__ = ["CONVENTIONS", "KERNELS", "BackwardKernel", "DecodeKernel", "ForwardKernel", "Fp8ForwardKernel", "kernel_class", "load"]

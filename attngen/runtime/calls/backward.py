@@ -12,14 +12,13 @@ from ...core.constants import LOG2E
 from ...core.varlen_plan import varlen_key
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, VARLEN_LAYOUT, Kernel, Prepared
-from . import forward
-from .forward import bhsd_strides, call_key, mask_fields, variant_key
-from .varlen import _ORDERS, _offsets_on_host, check_sequences
+from .shared import (ATTENTION_FIELDS, ORDERS, bhsd_strides, call_key, check_sequences, mask_fields, offsets_on_host,
+                     variant_key)
 
 GRADIENTS = ("dout", "dq", "dk", "dv")
 POINTERS = ("q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "dq_accum", "delta", "dq_turns")   # in ABI order
 # The forward call's fields, then the gradients' (in the order __call__ lists their values).
-PER_CALL = (forward.PER_CALL + GRADIENTS + tuple(f"{t}_{d}_stride" for t in GRADIENTS for d in ("batch", "head", "row"))
+PER_CALL = (ATTENTION_FIELDS + GRADIENTS + tuple(f"{t}_{d}_stride" for t in GRADIENTS for d in ("batch", "head", "row"))
             + ("dq_accum", "delta", "scale", "dq_turns"))
 VARLEN_PER_CALL = PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 
@@ -195,7 +194,7 @@ class BackwardKernel(Kernel):
             for name, cu, total, where, given in (
                     ("cu_seqlens_q", cu_seqlens_q, total_q, "q.shape[0]", max_seqlen_q),
                     ("cu_seqlens_k", cu_seqlens_k, total_k, "k.shape[0]", max_seqlen_k)):
-                longest = max(_offsets_on_host(name, cu, total, where))
+                longest = max(offsets_on_host(name, cu, total, where))
                 if given is not None and given < longest:
                     raise ValueError(f"{name.replace('cu_seqlens', 'max_seqlen')} is {given} but a sequence has "
                                      f"{longest} rows; pass at least {longest} (or leave it unset)")
@@ -222,7 +221,7 @@ class BackwardKernel(Kernel):
         # a run of heads x query blocks per sequence, from heads x (its first row's block + its index)
         turns = (torch.zeros(heads * (query_blocks(total_q, plan.block_m) + batch), dtype=torch.int32,
                              device=q.device) if deterministic else None)
-        order = _ORDERS.longest_first(torch, cu_seqlens_k, batch, index) if batch > 1 else None
+        order = ORDERS.longest_first(torch, cu_seqlens_k, batch, index) if batch > 1 else None
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
                     dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum.data_ptr(), delta.data_ptr(),
                     0 if turns is None else turns.data_ptr())

@@ -14,11 +14,11 @@ from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
-from .forward import PER_CALL as FORWARD_PER_CALL, bhsd_strides, mask_fields, variant_key
+from .shared import ATTENTION_FIELDS, bhsd_strides, mask_fields, variant_key
 
 WORKSPACES = 64                 # split-partial buffers kept (device x stream x thread)
 POINTERS = ("q", "k", "v", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", "block_table", "split_counters")
-PER_CALL = FORWARD_PER_CALL + ("errors", "cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split",
+PER_CALL = ATTENTION_FIELDS + ("errors", "cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split",
                                "row_blocks", "split_counters", "block_table", "table_stride", "num_pages")
 
 

@@ -5,60 +5,10 @@ from __future__ import annotations
 
 from ...core.constants import LOG2E
 from ..kernel import LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
+from .shared import ATTENTION_FIELDS, bhsd_strides, call_key, mask_fields, shape_maps, variant_key
+from .varlen import varlen_call
 
-TENSORS = ("q", "k", "v", "o")
 POINTERS = ("q", "k", "v", "o", "lse")      # the fields every call of a prepared shape patches
-STRIDES = tuple(f"{t}_{d}_stride" for t in TENSORS for d in ("batch", "head", "row"))
-PER_CALL = ("q", "k", "v", "o", "lse") + STRIDES + (
-    "lse_batch_stride", "lse_head_stride", "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "scale_log2")
-
-
-def call_key(q, k, v, causal, alignment, scale, return_lse, layout, variants=()) -> tuple:
-    """What decides a forward call's checks, grid and Params: shapes, strides, dtypes, devices and
-    options (not the pointers); calls with one key share a prepared call. `variants`: the call's
-    variant arguments (variant_key). AttributeError or TypeError when an input is not a tensor (the
-    full path then says what is wrong)."""
-    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-            q.get_device(), k.get_device(), v.get_device(), causal, alignment, scale, return_lse, layout, variants)
-
-
-def tensor_key(t) -> tuple:
-    """A tensor argument as part of a call's key: by address and layout (the kernel reads it at
-    launch, so new values at the same address need no new Params)."""
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
-
-
-def variant_key(window, softcap, alibi_slopes, params=None) -> tuple:
-    """The variant arguments of a call as part of its key (tensors by tensor_key); params, an
-    expression spec's dict, by name."""
-    if window is None and softcap is None and alibi_slopes is None and params is None:
-        return ()
-    slopes = None if alibi_slopes is None else tensor_key(alibi_slopes)
-    named = None if params is None else tuple(
-        (n, tensor_key(v) if hasattr(v, "data_ptr") else (type(v), v)) for n, v in sorted(params.items()))
-    return (None if window is None else tuple(window), softcap, slopes, named)
-
-
-def bhsd_strides(stride, layout: str) -> tuple[int, int, int]:
-    """(batch, head, row) element strides of a 4-D tensor given in `layout`."""
-    return (stride[0], stride[1], stride[2]) if layout == "bhsd" else (stride[0], stride[2], stride[1])
-
-
-def shape_maps(plan, q, k, v, out, layout: str, v_transposed: bool = False):
-    """The TMA tensor maps of a call's shape: each tensor as its (B, H, S, D) view; v_transposed: v
-    is V^T, (B, H, D, S) in every layout, mapped as it is."""
-    from ..tma import ShapeMaps
-    views = {"q": q, "k": k, "v": v, "o": out}
-    if layout != "bhsd":
-        views = {name: t if name == "v" and v_transposed else t.permute(0, 2, 1, 3) for name, t in views.items()}
-    return ShapeMaps(plan.tensor_maps, views)
-
-
-def mask_fields(plan) -> tuple:
-    """The Params fields of every mask variant and score modifier the plan's functions use, each
-    with its default."""
-    return tuple(f for m in plan.mask_variants for f in m.abi_fields) + tuple(
-        f for s in plan.score_variants for f in s.abi_fields)
 
 
 class ForwardKernel(Kernel):
@@ -73,7 +23,7 @@ class ForwardKernel(Kernel):
         plan = self.plan
         self._mask_fields = mask_fields(plan)
         self._map_fields = tuple(m.abi_field for m in plan.tensor_maps)
-        self._forward = plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields) + self._map_fields)
+        self._forward = plan.abi.packer(ATTENTION_FIELDS + tuple(f.name for f in self._mask_fields) + self._map_fields)
         self._pointers = plan.abi.patch(POINTERS + self._map_fields)
         self._fp32 = self._torch.float32
         self._varlen_packer = None          # made by the varlen call on first use
@@ -85,7 +35,6 @@ class ForwardKernel(Kernel):
         """Attention over varlen sequences of different lengths (see attngen.runtime.calls.varlen.varlen_call):
         q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1); returns o
         shaped like q, or (o, lse) with lse fp32 (Hq, total_q)."""
-        from .varlen import varlen_call
         return varlen_call(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                            alignment=alignment, scale=scale, return_lse=return_lse, out=out, lse_out=lse_out,
                            validate=validate, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -200,4 +149,4 @@ class ForwardKernel(Kernel):
         return (out, lse_out) if return_lse else out
 
 
-__all__ = ["ForwardKernel", "bhsd_strides", "call_key", "mask_fields", "shape_maps", "variant_key"]
+__all__ = ["ForwardKernel"]

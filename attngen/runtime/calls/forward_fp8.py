@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core.constants import LOG2E
 from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
-from .forward import bhsd_strides, mask_fields, shape_maps, tensor_key
+from .shared import bhsd_strides, mask_fields, shape_maps, tensor_key
 
 E4M3_MAX = 448.0            # the largest finite e4m3 value
 DESCALES = ("q_descale", "k_descale", "v_descale")

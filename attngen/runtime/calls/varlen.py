@@ -10,16 +10,14 @@ sequence's last row returns at once, so short sequences cost no padded work.
 from __future__ import annotations
 
 import numbers
-import threading
 
 from ...core.constants import LOG2E
 from ...core.varlen_plan import varlen_key
 from ..gpu import error_word
-from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Prepared
-from .forward import PER_CALL as FORWARD_PER_CALL, variant_key
+from ..kernel import LOAD_BYTES, MAX_GRID_X, VARLEN_LAYOUT, Prepared
+from .shared import ATTENTION_FIELDS, ORDERS, check_sequences, offsets_on_host, variant_key
 
-INT32_MAX = 2**31 - 1
-PER_CALL = FORWARD_PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
+PER_CALL = ATTENTION_FIELDS + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_order")
 
 
@@ -71,7 +69,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
                 lse_shape, shape_maps = prepared.extra
                 lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
                 batch = cu_seqlens_k.shape[0] - 1
-                order = _ORDERS.longest_first(torch, cu_seqlens_k, batch, prepared.info.index) if batch > 1 else None
+                order = ORDERS.longest_first(torch, cu_seqlens_k, batch, prepared.info.index) if batch > 1 else None
                 op = out.data_ptr()
                 pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0, cu_seqlens_q.data_ptr(),
                             cu_seqlens_k.data_ptr(), order.data_ptr() if order is not None else 0)
@@ -85,8 +83,8 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
                                      or max_seqlen_q < 0):
         raise ValueError(f"max_seqlen_q must be a non-negative integer (got {max_seqlen_q!r})")
     if validate:
-        longest = max(_offsets_on_host("cu_seqlens_q", cu_seqlens_q, total_q, "q.shape[0]"))
-        _offsets_on_host("cu_seqlens_k", cu_seqlens_k, total_k, "k.shape[0]")
+        longest = max(offsets_on_host("cu_seqlens_q", cu_seqlens_q, total_q, "q.shape[0]"))
+        offsets_on_host("cu_seqlens_k", cu_seqlens_k, total_k, "k.shape[0]")
         if max_seqlen_q is not None and max_seqlen_q < longest:
             raise ValueError(f"max_seqlen_q is {max_seqlen_q} but a query sequence has {longest} rows; pass at least "
                              f"{longest} (or leave it unset)")
@@ -113,7 +111,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
         packer = kernel._varlen_packer = plan.abi.packer(PER_CALL + tuple(f.name for f in kernel._mask_fields) +
                                                          kernel._map_fields)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
-    order = _ORDERS.longest_first(kernel._torch, cu_seqlens_k, batch, index) if batch > 1 else None
+    order = ORDERS.longest_first(kernel._torch, cu_seqlens_k, batch, index) if batch > 1 else None
     values = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0,
               0, sq[1], sq[0], 0, sk[1], sk[0], 0, sv[1], sv[0], 0, so[1], so[0],
               0, total_q, batch, heads, kv_heads, max_seqlen_q, 0, scale * LOG2E,
@@ -134,31 +132,6 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     kernel._remember(key, prepared)   # no key when the caller gave out or lse_out, or validates
     kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]) + maps)
     return (out, lse_out) if return_lse else out
-
-
-def check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k) -> tuple[int, int, int, int, int, int]:
-    """The checks every varlen call makes of its tensors and offsets (without reading the offsets
-    back): (device index, total_q, heads, total_k, kv_heads, sequences)."""
-    index = kernel._device_index(q)
-    qs = kernel._check_tensor("q", q, VARLEN_LAYOUT, index)
-    ks = kernel._check_tensor("k", k, VARLEN_LAYOUT, index)
-    vs = kernel._check_tensor("v", v, VARLEN_LAYOUT, index)
-    total_q, heads, _ = qs
-    total_k, kv_heads, _ = ks
-    if ks != vs:
-        raise ValueError(f"k and v must have the same shape (got {tuple(ks)} and {tuple(vs)})")
-    kernel._check_heads(heads, kv_heads, heads=heads)
-    if max(total_q, total_k) > INT32_MAX:
-        raise ValueError(f"varlen tensors of more than {INT32_MAX} rows do not fit int32 offsets")
-    if not kernel.varlen_masks:
-        raise ValueError(f"{kernel.label} has no varlen functions: add `varlen: true` to its spec")
-    batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, index)
-    if _check_offsets("cu_seqlens_k", cu_seqlens_k, index) != batch:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
-                         f"and {cu_seqlens_k.numel()} offsets)")
-    if batch > MAX_GRID_YZ:
-        raise ValueError(f"{batch} sequences exceed {MAX_GRID_YZ} (grid z limit)")
-    return index, total_q, heads, total_k, kv_heads, batch
 
 
 def _patch(kernel):
@@ -182,36 +155,6 @@ def packed_maps(kernel, q, k, v, out):
     return ShapeMaps(kernel.plan.tensor_maps, views)
 
 
-class SequenceOrders:
-    """The longest-first order of a cu_seqlens_k, computed once per table: every layer of a model
-    passes the same cu_seqlens_k, so one argsort serves them all. Keyed by the tensor's address,
-    version counter (bumped by any in-place write), size and the stream it is used on (the order
-    is computed on that stream, so it is ready before the kernel reads it). A stale entry could
-    only give a permutation of the same batch: the order changes the schedule, never the result."""
-
-    ENTRIES = 64
-
-    def __init__(self):
-        self._cache: dict = {}
-        self._lock = threading.Lock()
-
-    def longest_first(self, torch, cu_seqlens_k, batch: int, index: int):
-        stream = torch._C._cuda_getCurrentRawStream(index)
-        key = (cu_seqlens_k.data_ptr(), cu_seqlens_k._version, batch, index, stream)
-        order = self._cache.get(key)
-        if order is None:
-            order = longest_first(torch, cu_seqlens_k)
-            with self._lock:
-                if len(self._cache) >= self.ENTRIES:
-                    self._cache.clear()
-                self._cache[key] = (order, cu_seqlens_k)   # holds the table: its address is not reused meanwhile
-            return order
-        return order[0]
-
-
-_ORDERS = SequenceOrders()
-
-
 def cu_seqlens(torch, lengths, device):
     """The int32 offsets (batch + 1,) of sequences of `lengths` packed back to back: 0, l0, l0 + l1, ..."""
     offsets = [0]
@@ -220,42 +163,4 @@ def cu_seqlens(torch, lengths, device):
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
-def longest_first(torch, cu_seqlens_k):
-    """The sequences by key count, longest first (int32, on the GPU, no host sync): a block's work
-    grows with its sequence's keys, and blocks taken longest first leave short ones for the tail of
-    the grid. Measured on the H200 (16 sequences of 1-4096 tokens, 16 heads, d128, 128x32 tiles):
-    without it 1360 us in ascending and 1277 us in descending order; with it 1302 and 1301 us."""
-    return torch.argsort(cu_seqlens_k[1:] - cu_seqlens_k[:-1], descending=True, stable=True).to(torch.int32)
-
-
-def _check_offsets(name: str, cu, index: int) -> int:
-    """Type, shape and device of a cu_seqlens tensor; returns the number of sequences."""
-    import torch
-    if not isinstance(cu, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of int32 (got {type(cu).__name__})")
-    if cu.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32 (got {cu.dtype}); pass {name}.int()")
-    if cu.dim() != 1 or cu.numel() < 2 or not cu.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous 1-D tensor of batch + 1 >= 2 offsets (got shape "
-                         f"{tuple(cu.shape)})")
-    if cu.get_device() != index:
-        raise ValueError(f"{name} is on {cu.device} but q is on cuda:{index}")
-    return cu.numel() - 1
-
-
-def _offsets_on_host(name: str, cu, total: int, where: str) -> list[int]:
-    """The sequence lengths of a cu_seqlens tensor, read back and checked: offsets from 0 or more,
-    never decreasing, the last within the `total` rows of the varlen tensor."""
-    offsets = cu.tolist()
-    if offsets[0] < 0:
-        raise ValueError(f"{name}[0] is {offsets[0]}; offsets are row numbers, 0 or more")
-    for b in range(len(offsets) - 1):
-        if offsets[b + 1] < offsets[b]:
-            raise ValueError(f"{name} decreases at sequence {b}: {offsets[b]} then {offsets[b + 1]} (offsets must "
-                             f"be cumulative lengths, non-decreasing)")
-    if offsets[-1] > total:
-        raise ValueError(f"{name}[-1] is {offsets[-1]} but the varlen tensor has {total} rows ({where})")
-    return [offsets[b + 1] - offsets[b] for b in range(len(offsets) - 1)]
-
-
-__all__ = ["check_sequences", "cu_seqlens", "longest_first", "varlen_call"]
+__all__ = ["cu_seqlens", "varlen_call"]

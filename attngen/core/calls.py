@@ -1,0 +1,102 @@
+"""The call conventions, listed once: how each kernel is called and what serves it in every layer.
+
+A kind names its convention (`Kind.calls`, checked against this list). Every other layer reads
+the list instead of naming a convention: the runtime finds each convention's Kernel class in the
+module named here (`runtime/calls`: CONVENTIONS), eval its verify cases and bench (`EVALS`), and
+the dispatch table the calls each convention serves (`ops/table.py`: CALLS, CONVENTION,
+VARLEN_CALLS, OUT_DTYPE; `ops/dispatch.py`: CALL_DTYPES). A convention's name may be compared
+only here and in its own modules (`Call.modules`); tests/test_architecture.py checks it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+HALF_DTYPES = ("fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class TableCall:
+    """A call the dispatch table serves (its entries' `call:`), one entry point of attngen.ops."""
+
+    name: str
+    varlen: bool = False            # served by a spec's varlen functions (sequences back to back)
+    paged: bool = False             # its entries also key on page_size and group rows (a KV cache's)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call convention and what serves it in each layer (modules as attngen.<path>)."""
+
+    name: str                       # what a kind declares (Kind.calls)
+    what: str                       # its specs, in messages
+    kernel: str                     # the runtime module of its Kernel class
+    verify: Optional[str]           # the eval module of its verify cases (verify_cases); None: the padded forward suite
+    bench: str                      # the eval module of its `attngen bench` (bench_specs, check_options)
+    bench_options: tuple[str, ...]  # the BenchOptions only its bench reads
+    table: tuple[TableCall, ...]    # the dispatch table's calls it serves
+    more_modules: tuple[str, ...] = ()   # its other modules (the forward's varlen call)
+    dtypes: tuple[str, ...] = HALF_DTYPES  # the element types of its inputs
+    out_dtype: Optional[str] = None      # its output's element type where not the inputs'
+    gradients: bool = False         # its kernels compute gradients (they walk query blocks per key block)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """Its own modules: the only ones besides this list that may compare its names."""
+        return tuple(m for m in (self.kernel, self.verify, self.bench, *self.more_modules) if m)
+
+
+ATTENTION = TableCall("forward")
+ATTENTION_VARLEN = TableCall("varlen", varlen=True)
+ATTENTION_WITH_KVCACHE = TableCall("decode", paged=True)
+ATTENTION_BACKWARD = TableCall("backward")                          # the gradients of attngen.attention
+ATTENTION_VARLEN_BACKWARD = TableCall("varlen_backward", varlen=True)   # those of attngen.attention_varlen
+ATTENTION_FP8 = TableCall("forward_fp8")
+
+FORWARD = Call("forward", "forward specs", "attngen.runtime.calls.forward", None, "attngen.eval.bench",
+               ("shapes", "varlen", "lengths", "heads", "plot_file"), (ATTENTION, ATTENTION_VARLEN),
+               more_modules=("attngen.runtime.calls.varlen", "attngen.eval.varlen_verify", "attngen.eval.varlen_bench"))
+DECODE = Call("decode", "decode specs (decode: split_kv)", "attngen.runtime.calls.decode", "attngen.eval.decode_verify",
+              "attngen.eval.decode_bench", ("cells", "paged"), (ATTENTION_WITH_KVCACHE,))
+BACKWARD = Call("backward", "backward specs (backward: dq_atomic, wgmma_dq_red)", "attngen.runtime.calls.backward",
+                "attngen.eval.backward_verify", "attngen.eval.backward_bench", ("shapes", "plot_file"),
+                (ATTENTION_BACKWARD, ATTENTION_VARLEN_BACKWARD), gradients=True)
+FORWARD_FP8 = Call("forward_fp8", "e4m3 forward specs (dtype: e4m3)", "attngen.runtime.calls.forward_fp8",
+                   "attngen.eval.forward_fp8_verify", "attngen.eval.forward_fp8_bench", ("shapes",), (ATTENTION_FP8,),
+                   dtypes=("e4m3",), out_dtype="bf16")
+
+CALLS: tuple[Call, ...] = (FORWARD, DECODE, BACKWARD, FORWARD_FP8)
+TABLE_CALLS: tuple[TableCall, ...] = tuple(t for call in CALLS for t in call.table)
+
+
+def call_named(name: str) -> Call:
+    """The convention of that name; ValueError naming the others."""
+    for call in CALLS:
+        if call.name == name:
+            return call
+    raise ValueError(f"no call convention {name!r}: one of {', '.join(c.name for c in CALLS)}")
+
+
+def serving(table_call: str) -> Call:
+    """The convention whose kernels serve the dispatch table's call of that name."""
+    for call in CALLS:
+        if any(t.name == table_call for t in call.table):
+            return call
+    raise ValueError(f"no call {table_call!r} in the dispatch table: one of {', '.join(t.name for t in TABLE_CALLS)}")
+
+
+def table_call(name: str) -> TableCall:
+    return next(t for t in serving(name).table if t.name == name)
+
+
+def _check_names() -> None:
+    """Every name, convention or table call, once: a word means one thing wherever it is compared."""
+    names = [c.name for c in CALLS] + [t.name for t in TABLE_CALLS if t.name not in {c.name for c in CALLS}]
+    assert len(set(names)) == len(names), f"a call name is listed twice: {names}"
+
+
+_check_names()
+
+__all__ = ["ATTENTION", "ATTENTION_BACKWARD", "ATTENTION_FP8", "ATTENTION_VARLEN", "ATTENTION_VARLEN_BACKWARD",
+           "ATTENTION_WITH_KVCACHE", "BACKWARD", "CALLS", "DECODE", "FORWARD", "FORWARD_FP8", "TABLE_CALLS", "Call",
+           "TableCall", "call_named", "serving", "table_call"]
