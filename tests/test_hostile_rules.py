@@ -151,7 +151,7 @@ SUGGESTIONS = {
     "fwd_wgmma_registers": ("h100_wgmma_d128_pp.yaml", dict(
         tile__block_m=192, warps__consumer=12, smem__stages=2, registers={"producer": 32, "consumer": 160})),
     "fwd_wgmma_pool": ("h100_wgmma_d128.yaml", dict(registers={"producer": 24, "consumer": 168})),
-    "fwd_wgmma_fp8": ("h100_wgmma_d64_fp8_n128c2ps2pb.yaml", dict(min_blocks_per_sm=5)),
+    "fwd_wgmma_e4m3": ("h100_wgmma_d64_fp8_n128c2ps2pb.yaml", dict(min_blocks_per_sm=5)),
     "decode_mma": ("h200_decode_d64.yaml", dict(min_blocks_per_sm=16)),
     "bwd_mma": ("l4_bwd_d64.yaml", dict(min_blocks_per_sm=12)),
     "bwd_wgmma": ("h100_bwd_d64_wgmma.yaml", dict(min_blocks_per_sm=2)),
