@@ -146,7 +146,7 @@ SUGGESTIONS = {
     "fwd_wmma": ("phase5_wmma.yaml", dict(min_blocks_per_sm=24)),
     "fwd_mma": ("l4_mma_d64.yaml", dict(min_blocks_per_sm=12)),
     "fwd_mma_wide": ("h100_mma_d128_m64n64w4s3x3q.yaml", dict(min_blocks_per_sm=8)),
-    "fwd_mma_fp8": ("l4_mma_d64_fp8.yaml", dict(min_blocks_per_sm=6)),
+    "fwd_mma_e4m3": ("l4_mma_d64_fp8.yaml", dict(min_blocks_per_sm=6)),
     "fwd_wgmma": ("h100_wgmma_d64_n128c1hs2o.yaml", dict(min_blocks_per_sm=16)),
     "fwd_wgmma_registers": ("h100_wgmma_d128_pp.yaml", dict(
         tile__block_m=192, warps__consumer=12, smem__stages=2, registers={"producer": 32, "consumer": 160})),

@@ -43,7 +43,7 @@ BASES = {
     "fwd_wgmma": "h100_wgmma_d128_expr_window.yaml",
     "fwd_wgmma_score": "h100_wgmma_d128_expr_softcap.yaml",
     "fwd_wgmma_e4m3": "h100_wgmma_d128_fp8.yaml",
-    "fwd_mma_fp8": "l4_mma_d64_fp8.yaml",
+    "fwd_mma_e4m3": "l4_mma_d64_fp8.yaml",
     "decode_mma": "h200_decode_d128_expr_prefix_lm.yaml",
     "bwd_mma": "h100_bwd_d128_expr_softcap_alibi.yaml",
     "bwd_wgmma": "h100_bwd_d64_wgmma_expr_window.yaml",

@@ -33,7 +33,7 @@ MMA = {
 }
 FP8 = {
     "schema": 1, "name": "t_fp8", "dtype": "e4m3", "head_dim": 128, "tile": {"block_m": 128, "block_n": 64},
-    "warps": {"compute": 8}, "mma": "mma_m16n8k32_e4m3",
+    "warps": {"compute": 8}, "mma": "mma_m16n8k16",
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True},
 }
 WMMA = {
@@ -433,8 +433,7 @@ def test_unknown_key_inside_union(changes, key):
     ({"name": 5}, "name", "valid string"),
     ({"masks": "causal"}, "masks", "valid list"),
     ({"masks": ["none", "sliding"]}, "masks.1", "'none', 'causal', 'window' or 'expr' (got 'sliding')"),
-    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16', 'mma_m16n8k32_e4m3' or "
-                               "'wgmma_m64nNk16'"),
+    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16' or 'wgmma_m64nNk16'"),
     ({"tile": 32}, "tile", "must be a mapping with keys block_m, block_n (got 32)"),
     ({"warps": 4}, "warps", "must be {compute: N} or {producer: P, consumer: C} (got 4)"),
     ({"smem__swizzle": "xor"}, "smem.swizzle", "must be none, {pad_bytes: N} or {xor_bits: B, row_shift: S} (got 'xor')"),

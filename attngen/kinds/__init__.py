@@ -25,7 +25,6 @@ REGISTERED: tuple[tuple[str, tuple[str, str]], ...] = (
     ("fwd_scalar", ("mma", "scalar")),
     ("fwd_wmma", ("mma", "wmma_m16n16k16")),
     ("fwd_mma", ("mma", "mma_m16n8k16")),
-    ("fwd_mma_fp8", ("mma", "mma_m16n8k32_e4m3")),
     ("fwd_wgmma", ("mma", "wgmma_m64nNk16")),
     ("decode_mma", ("decode", "split_kv")),
     ("bwd_mma", ("backward", "dq_atomic")),
@@ -35,6 +34,7 @@ REGISTERED: tuple[tuple[str, tuple[str, str]], ...] = (
 # Selectors of kinds that became a dtype of another: a spec still naming one is told what to write
 # instead of being offered the list of kinds. (old selector) -> (the kind's selector value, dtype)
 FOLDED: dict[tuple[str, str], tuple[str, str]] = {
+    ("mma", "mma_m16n8k32_e4m3"): ("mma_m16n8k16", "e4m3"),
     ("mma", "wgmma_m64nNk32_e4m3"): ("wgmma_m64nNk16", "e4m3"),
 }
 
@@ -68,8 +68,8 @@ def all_kinds() -> tuple[Kind, ...]:
     naming another kind's key). Kept as KINDS; a test may replace KINDS to register one more."""
     kinds = globals().get("KINDS")
     if kinds is None:
-        from . import bwd_mma, bwd_wgmma, decode_mma, fwd_mma, fwd_mma_fp8, fwd_scalar, fwd_wgmma, fwd_wmma
-        modules = (fwd_scalar, fwd_wmma, fwd_mma, fwd_mma_fp8, fwd_wgmma, decode_mma, bwd_mma, bwd_wgmma)
+        from . import bwd_mma, bwd_wgmma, decode_mma, fwd_mma, fwd_scalar, fwd_wgmma, fwd_wmma
+        modules = (fwd_scalar, fwd_wmma, fwd_mma, fwd_wgmma, decode_mma, bwd_mma, bwd_wgmma)
         kinds = tuple(_checked(m.KIND, name, selector) for m, (name, selector) in zip(modules, REGISTERED, strict=True))
         _check_registry([(k.name, k.selector) for k in kinds])
         globals()["KINDS"] = kinds
