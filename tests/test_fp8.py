@@ -1,4 +1,4 @@
-"""The e4m3 kind without a GPU: its rules, its plan (Params, the V^T tile, bank report), the key
+"""fwd_mma on e4m3 (its dtype form) without a GPU: its rules, its plan (Params, the V^T tile, bank report), the key
 order of its K tile against the fragment layout, and the generated file's contents."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from attngen.errors import SpecError
-from attngen.kinds.fwd_mma_fp8 import KEY_STEP, key_row, vt_swizzle
+from attngen.kinds.fwd_mma.e4m3 import KEY_STEP, key_row, vt_swizzle
 from attngen.plan import make_plan
 from attngen.spec import load_spec, parse_spec
 
@@ -18,7 +18,7 @@ D128 = ROOT / "specs" / "l4_mma_d128_fp8.yaml"
 def fp8_text(head_dim=128, block_n=64, warps="{compute: 8}", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true}",
              extra=""):
     return (f"schema: 1\nname: t\ntarget: l4\ndtype: e4m3\nhead_dim: {head_dim}\ntile: {{block_m: 128, block_n: {block_n}}}\n"
-            f"warps: {warps}\nmma: mma_m16n8k32_e4m3\nsmem: {smem}\n{extra}")
+            f"warps: {warps}\nmma: mma_m16n8k16\nsmem: {smem}\n{extra}")
 
 
 def test_plan_of_the_d128_spec():
@@ -50,9 +50,24 @@ def test_rules_refuse_what_the_kind_does_not_generate(text, key):
     assert err.value.key == key
 
 
-def test_e4m3_needs_its_fragment():
-    with pytest.raises(SpecError):
-        parse_spec(fp8_text().replace("mma_m16n8k32_e4m3", "mma_m16n8k16"))
+def test_e4m3_is_a_dtype_of_the_kind():
+    """mma: mma_m16n8k16 with dtype e4m3 is fwd_mma's e4m3 form: its own plan and call convention."""
+    from attngen.kinds import kind_of
+    spec = parse_spec(fp8_text())
+    kind, plain = kind_of(spec), kind_of(parse_spec(fp8_text().replace("dtype: e4m3", "dtype: fp16")))
+    assert kind.name == plain.name == "fwd_mma" and kind is not plain
+    assert (kind.calls, plain.calls) == ("forward_fp8", "forward")
+    assert make_plan(spec).fragments.k == KEY_STEP
+
+
+@pytest.mark.parametrize("old, now", [("mma_m16n8k32_e4m3", "mma_m16n8k16"), ("wgmma_m64nNk32_e4m3", "wgmma_m64nNk16")])
+def test_a_folded_kind_says_what_to_write(old, now):
+    """A spec naming a kind that became a dtype gets one line: the file, the key's line, what to write."""
+    with pytest.raises(SpecError) as err:
+        parse_spec(fp8_text().replace("mma_m16n8k16", old), file="old.yaml")
+    assert (err.value.file, err.value.line, err.value.key) == ("old.yaml", 8, "mma")
+    assert f"write mma: {now} and dtype: e4m3" in err.value.message
+    assert "\n" not in str(err.value)
 
 
 def test_key_order_matches_the_fragments():
@@ -84,8 +99,9 @@ def test_vt_swizzle_spreads_an_ldmatrix_phase(block_n):
 
 def test_generated_file_carries_only_the_e4m3_path():
     text = (ROOT / "generated" / "l4_mma_d128_fp8.cu").read_text()
-    assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in text
-    assert "m16n8k16" not in text and ".trans" not in text
+    code = "\n".join(line for line in text.splitlines() if not line.startswith("//"))   # the header names mma_m16n8k16
+    assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in code
+    assert "m16n8k16" not in code and ".trans" not in code
     assert "p_shift" in text and "key_row" in text
 
 

@@ -1,4 +1,4 @@
-"""The Hopper e4m3 kind (fwd_wgmma_fp8) without a GPU: its rules, its plan (V^T tiles and maps, k32
+"""fwd_wgmma on e4m3 (its dtype form) without a GPU: its rules, its plan (V^T tiles and maps, k32
 steps, Params), the lane exchange that turns S accumulators into P's A registers (simulated against
 the fragment layouts), and that the fp16 wgmma kernels do not carry its code."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ D64 = ROOT / "specs" / "h100_wgmma_d64_fp8.yaml"
 def text(block_n=128, extra="", head_dim=128, swizzle="{xor_bits: 3}"):
     return (f"schema: 1\nname: t\ntarget: h100\ndtype: e4m3\nhead_dim: {head_dim}\n"
             f"tile: {{block_m: 128, block_n: {block_n}}}\nwarps: {{producer: 4, consumer: 8}}\n"
-            f"mma: wgmma_m64nNk32_e4m3\nsmem: {{swizzle: {swizzle}, stages: 2, async_copy: true, opt_in: true}}\n"
+            f"mma: wgmma_m64nNk16\nsmem: {{swizzle: {swizzle}, stages: 2, async_copy: true, opt_in: true}}\n"
             f"registers: {{producer: 24, consumer: 240}}\nschedule: {{overlap: true}}\n{extra}")
 
 

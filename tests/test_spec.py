@@ -33,7 +33,7 @@ MMA = {
 }
 FP8 = {
     "schema": 1, "name": "t_fp8", "dtype": "e4m3", "head_dim": 128, "tile": {"block_m": 128, "block_n": 64},
-    "warps": {"compute": 8}, "mma": "mma_m16n8k32_e4m3",
+    "warps": {"compute": 8}, "mma": "mma_m16n8k16",
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True},
 }
 WMMA = {
@@ -53,7 +53,7 @@ WGMMA = {
 }
 WGMMA_FP8 = {
     "schema": 1, "name": "t_wgmma_fp8", "target": "h100", "dtype": "e4m3", "head_dim": 128,
-    "tile": {"block_m": 128, "block_n": 128}, "warps": {"producer": 4, "consumer": 8}, "mma": "wgmma_m64nNk32_e4m3",
+    "tile": {"block_m": 128, "block_n": 128}, "warps": {"producer": 4, "consumer": 8}, "mma": "wgmma_m64nNk16",
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True, "opt_in": True},
     "registers": {"producer": 24, "consumer": 240},
 }
@@ -334,7 +334,7 @@ def test_refusals_name_the_spec_own_fragment_only():
         text = to_yaml(merged(base, **changes))
         kind = kind_for_data(yaml.safe_load(text))
         message = spec_error(text).message
-        others = [k.select_value for k in KINDS if k is not kind and k.select_value in message]
+        others = [k.select_value for k in KINDS if k.name != kind.name and k.select_value in message]
         assert not others, f"{rule} for {kind.select_value} names {others}: {message}"
 
 
@@ -433,8 +433,7 @@ def test_unknown_key_inside_union(changes, key):
     ({"name": 5}, "name", "valid string"),
     ({"masks": "causal"}, "masks", "valid list"),
     ({"masks": ["none", "sliding"]}, "masks.1", "'none', 'causal', 'window' or 'expr' (got 'sliding')"),
-    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16', 'mma_m16n8k32_e4m3', 'wgmma_m64nNk16' "
-                               "or 'wgmma_m64nNk32_e4m3'"),
+    ({"mma": "tensor"}, "mma", "'scalar', 'wmma_m16n16k16', 'mma_m16n8k16' or 'wgmma_m64nNk16'"),
     ({"tile": 32}, "tile", "must be a mapping with keys block_m, block_n (got 32)"),
     ({"warps": 4}, "warps", "must be {compute: N} or {producer: P, consumer: C} (got 4)"),
     ({"smem__swizzle": "xor"}, "smem.swizzle", "must be none, {pad_bytes: N} or {xor_bits: B, row_shift: S} (got 'xor')"),
@@ -604,9 +603,9 @@ def test_schema_command_lists_every_key():
     assert result.exit_code == 0
     import json
     schema = json.loads(result.output)
-    # one alternative per kind; each lists every key of a forward spec
+    # one alternative per kind and dtype form; each lists every key of a forward spec
     alternatives = [schema["$defs"][ref["$ref"].split("/")[-1]] for ref in schema.get("anyOf") or schema["oneOf"]]
-    assert len(alternatives) == len(KINDS)
+    assert len(alternatives) == sum(len(k.forms) for k in KINDS)
     for alt in alternatives:
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
         # epilogue_tile; decode: decode, max_splits, page_size, combine; e4m3: out_dtype)

@@ -16,21 +16,28 @@ from attngen.spec import load_spec, parse_spec
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def label(spec) -> str:
+    """A kind's name, with the dtype where the spec takes a dtype form of the kind (fwd_wgmma_e4m3)."""
+    kind = kind_of(spec)
+    return kind.name if kind in KINDS else f"{kind.name}_{spec.dtype}"
+
+
 def base_specs() -> dict:
-    """One committed spec per kind (its first, by file name)."""
+    """One committed spec per kind and dtype form (its first, by file name)."""
     out = {}
     for path in sorted((ROOT / "specs").glob("*.yaml")):
-        out.setdefault(kind_of(load_spec(path)).name, path)
+        spec = load_spec(path)
+        out.setdefault(label(spec), path)
     return out
 
 
 BASES = base_specs()
 XOR_KINDS = ("fwd_mma", "decode_mma")     # the kinds whose tiles take any XOR width (wgmma: TMA's panel swizzles)
-PANEL_KINDS = ("fwd_wgmma", "fwd_wgmma_fp8")   # TMA fills whole panels: a padded head_dim's last panel row is permuted whole
+PANEL_KINDS = ("fwd_wgmma", "fwd_wgmma_e4m3")   # TMA fills whole panels: a padded head_dim's last panel row is permuted whole
 
 
 def test_every_kind_has_a_base_spec():
-    assert set(BASES) == {k.name for k in KINDS}
+    assert set(BASES) == {k.name for k in KINDS} | {f"{k.name}_{dtype}" for k in KINDS for dtype, _ in k.by_dtype}
 
 
 def tile_rows(plan) -> int:

@@ -20,6 +20,9 @@ class Kind:
     space: Optional[Callable] = None    # base spec -> the SearchSpace `attngen sweep` explores (core.search_space)
     calls: str = FORWARD.name           # its kernels' call convention, by its name in core.calls.CALLS
     templates: Optional[str] = None     # its folder under templates/ (default: its name); shared ones: templates/lib
+    by_dtype: tuple[tuple[str, "Kind"], ...] = ()   # (dtype, this kind on it) where an element type brings its own
+                                        # spec model, plan and call convention (e4m3: FlashAttention-3's Is_FP8);
+                                        # each shares this kind's name, selector and templates
 
     def __post_init__(self):
         call_named(self.calls)          # a convention the list has, or a ValueError naming those it has
@@ -32,6 +35,15 @@ class Kind:
     @property
     def template_folder(self) -> str:
         return self.templates or self.name
+
+    def on_dtype(self, dtype) -> "Kind":
+        """This kind as a spec of `dtype` gets it: the form declared for that dtype, else itself."""
+        return dict(self.by_dtype).get(dtype, self) if isinstance(dtype, str) else self
+
+    @property
+    def forms(self) -> tuple["Kind", ...]:
+        """This kind on every dtype it serves: itself, then each by_dtype form."""
+        return (self,) + tuple(form for _, form in self.by_dtype)
 
     def __repr__(self) -> str:
         return f"<kind {self.name}>"

@@ -19,7 +19,7 @@ from .pycuda_launch import pycuda_agreement
 from .cases import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, attention_torch, error_bound,
                      exact_fp32_matmul, judge_lse, poisoned_lse, poisoned_output, variants)
 
-P_SCALE = 256.0      # the kernel keeps P 2^8 larger inside the e4m3 range (attngen/kinds/fwd_mma_fp8)
+P_SCALE = 256.0      # the kernel keeps P 2^8 larger inside the e4m3 range (attngen/kinds/fwd_mma/e4m3.py)
 
 
 def dequantized(torch, t8, descale, layout: str, group: int = 1):

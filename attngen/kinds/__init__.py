@@ -7,6 +7,9 @@ A kind's module is imported when a spec selects it, not when the registry is: im
 (and building its spec model) cost a process's first call tens of milliseconds for kinds it never
 runs. REGISTERED repeats each kind's selector so a spec can be matched before its module loads; a
 module whose KIND declares another name or selector is refused when it loads.
+
+An element type that needs its own spec model, plan and call convention (e4m3) is a form of its kind
+(Kind.by_dtype), not a kind: the selector picks the kind, the spec's dtype the form.
 """
 from __future__ import annotations
 
@@ -22,13 +25,18 @@ REGISTERED: tuple[tuple[str, tuple[str, str]], ...] = (
     ("fwd_scalar", ("mma", "scalar")),
     ("fwd_wmma", ("mma", "wmma_m16n16k16")),
     ("fwd_mma", ("mma", "mma_m16n8k16")),
-    ("fwd_mma_fp8", ("mma", "mma_m16n8k32_e4m3")),
     ("fwd_wgmma", ("mma", "wgmma_m64nNk16")),
-    ("fwd_wgmma_fp8", ("mma", "wgmma_m64nNk32_e4m3")),
     ("decode_mma", ("decode", "split_kv")),
     ("bwd_mma", ("backward", "dq_atomic")),
     ("bwd_wgmma", ("backward", "wgmma_dq_red")),
 )
+
+# Selectors of kinds that became a dtype of another: a spec still naming one is told what to write
+# instead of being offered the list of kinds. (old selector) -> (the kind's selector value, dtype)
+FOLDED: dict[tuple[str, str], tuple[str, str]] = {
+    ("mma", "mma_m16n8k32_e4m3"): ("mma_m16n8k16", "e4m3"),
+    ("mma", "wgmma_m64nNk32_e4m3"): ("wgmma_m64nNk16", "e4m3"),
+}
 
 
 def _check_registry(registered) -> None:
@@ -60,9 +68,8 @@ def all_kinds() -> tuple[Kind, ...]:
     naming another kind's key). Kept as KINDS; a test may replace KINDS to register one more."""
     kinds = globals().get("KINDS")
     if kinds is None:
-        from . import (bwd_mma, bwd_wgmma, decode_mma, fwd_mma, fwd_mma_fp8, fwd_scalar, fwd_wgmma, fwd_wgmma_fp8,
-                       fwd_wmma)
-        modules = (fwd_scalar, fwd_wmma, fwd_mma, fwd_mma_fp8, fwd_wgmma, fwd_wgmma_fp8, decode_mma, bwd_mma, bwd_wgmma)
+        from . import bwd_mma, bwd_wgmma, decode_mma, fwd_mma, fwd_scalar, fwd_wgmma, fwd_wmma
+        modules = (fwd_scalar, fwd_wmma, fwd_mma, fwd_wgmma, decode_mma, bwd_mma, bwd_wgmma)
         kinds = tuple(_checked(m.KIND, name, selector) for m, (name, selector) in zip(modules, REGISTERED, strict=True))
         _check_registry([(k.name, k.selector) for k in kinds])
         globals()["KINDS"] = kinds
@@ -105,7 +112,8 @@ def selector_keys() -> tuple[str, ...]:
 
 
 def kind_for_data(data: dict, *, file: str | None = None, line_of=None) -> Kind:
-    """The kind a spec's YAML data asks for; a SpecError naming the key when none matches."""
+    """The kind a spec's YAML data asks for, in the form of its dtype; a SpecError naming the key when
+    none matches."""
     selectors = _selectors()
     for key in selector_keys():
         if key not in data:
@@ -113,7 +121,9 @@ def kind_for_data(data: dict, *, file: str | None = None, line_of=None) -> Kind:
         value = data[key]
         for index, selector in enumerate(selectors):
             if selector == (key, value):
-                return _kind_at(index)
+                return _kind_at(index).on_dtype(data.get("dtype"))
+        if isinstance(value, str) and (key, value) in FOLDED:
+            raise folded_selector(key, value, file=file, line=line_of((key,)) if line_of else None)
         choices = [repr(v) for k, v in selectors if k == key]
         listed = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
         raise SpecError(f"must be {listed} (got {value!r}): each picks a kernel kind", file=file,
@@ -123,15 +133,24 @@ def kind_for_data(data: dict, *, file: str | None = None, line_of=None) -> Kind:
                     hint=(f"it picks the kernel kind; {' or '.join(others)} picks the others" if others else None))
 
 
+def folded_selector(key: str, value: str, *, file, line) -> SpecError:
+    """A spec naming a kind that is now a dtype of another: what to write instead."""
+    now, dtype = FOLDED[(key, value)]
+    return SpecError(f"{value} is now dtype {dtype} of {now}: write {key}: {now} and dtype: {dtype}", file=file,
+                     line=line, key=key)
+
+
 def kind_of(spec) -> Kind:
-    """The kind whose spec model `spec` is (a spec model can exist before its kind's module loads:
-    some live in core, so every kind is loaded before the answer is no)."""
+    """The kind (in the form of its dtype) whose spec model `spec` is (a spec model can exist before
+    its kind's module loads: some live in core, so every kind is loaded before the answer is no)."""
     for kinds in (_loaded_kinds, all_kinds):
         for k in kinds():
-            if type(spec) is k.spec_model:
-                return k
+            for form in k.forms:
+                if type(spec) is form.spec_model:
+                    return form
     raise TypeError(f"{type(spec).__name__} is not the spec model of a registered kind")
 
 
 def spec_models() -> tuple[type, ...]:
-    return tuple(k.spec_model for k in all_kinds())
+    """Every spec model, of each kind's every dtype form."""
+    return tuple(form.spec_model for k in all_kinds() for form in k.forms)

@@ -1,24 +1,31 @@
 """fwd_mma: the mma.sync m16n8k16 attention forward (FlashAttention-2 style). S, P and O stay in
 registers; ldmatrix(.trans) feeds the fragments from XOR-swizzled tiles; a cp.async ring, or
-producer warps handing tiles to consumer warps over mbarriers."""
+producer warps handing tiles to consumer warps over mbarriers.
+
+`dtype: e4m3` runs the same kernel on 8-bit operands (FlashAttention-3's Is_FP8; e4m3.py): mma.sync
+m16n8k32, K rows in P's key order, a V^T tile and the descales, with its own spec model, plan and call
+convention under this kind's name and templates."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ...core import banks
+from ...core.fp8 import FP8_ABI
 from ...core.forward_plan import plan_forward
 from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
 from ...core.spec_keys import (ForwardSpec, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
-                          rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async,
-                          rule_threads, rule_warp_roles_need_a_ring)
+                               rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async,
+                               rule_threads, rule_warp_roles_need_a_ring)
+from . import e4m3
+from .e4m3 import FRAGMENT, MmaFp8Spec
 
 NAME = "fwd_mma"
 TITLE = "mma.sync m16n8k16 attention forward"
-FRAGMENT = "mma_m16n8k16"
+E4M3_TITLE = "mma.sync m16n8k32 e4m3 attention forward"
 
 
 class MmaSpec(ForwardSpec):
@@ -52,6 +59,10 @@ class MmaFragments:
     o_regs: int
     q_regs: int
     est_regs: int           # fp32 accumulators + Q fragments, before addressing
+    # What the template asks of every plan (e4m3.MmaFp8Fragments sets them otherwise):
+    k: ClassVar[int] = 16                   # the K of an mma.sync step
+    p_log2_offset: ClassVar[int] = 0        # P as it is
+    vt_swizzle: ClassVar[None] = None       # no V^T tile: V is read row-major through ldmatrix.trans
 
 
 def fragments(spec: MmaSpec, rows_per_warp: int, file) -> MmaFragments:
@@ -77,15 +88,32 @@ def plan(spec: MmaSpec, file: str | None = None):
                         fragments=fragments, bank_patterns=bank_patterns)
 
 
-def explain(plan) -> list[str]:
-    f = plan.fragments
-    return [f"fragments per warp: {f.m_tiles} x m16 rows; S = {f.m_tiles}x{f.n_tiles} m16n8 tiles "
+def plan_e4m3(spec: MmaFp8Spec, file: str | None = None):
+    return plan_forward(spec, kind=E4M3, title=E4M3_TITLE, file=file, fragments=e4m3.fragments,
+                        bank_patterns=e4m3.bank_patterns, tiles=e4m3.tile_regions, abi=FP8_ABI)
+
+
+def fragment_line(f) -> str:
+    """explain's line of a plan's fragment numbers (both dtypes)."""
+    return (f"fragments per warp: {f.m_tiles} x m16 rows; S = {f.m_tiles}x{f.n_tiles} m16n8 tiles "
             f"({f.s_regs} fp32 regs), O = {f.m_tiles}x{f.d_tiles} tiles ({f.o_regs} fp32 regs)"
             + (f", Q fragments {f.q_regs} regs" if f.q_regs else ", Q re-read from shared memory")
-            + f"; ~{f.est_regs} accumulator registers per thread",
+            + f"; ~{f.est_regs} accumulator registers per thread")
+
+
+def explain_e4m3(plan) -> list[str]:
+    return [fragment_line(plan.fragments), *e4m3.explain_lines(plan)]
+
+
+def explain(plan) -> list[str]:
+    f = plan.fragments
+    return [fragment_line(f),
             f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             f"online softmax: exp2 with the scale folded in; rescale {plan.rescale.replace('_', ' ')}"]
 
 
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), MmaSpec, plan, explain, space=default_forward_space)
+E4M3 = Kind(NAME, E4M3_TITLE, ("mma", FRAGMENT), MmaFp8Spec, plan_e4m3, explain_e4m3, space=default_forward_space,
+            calls="forward_fp8")
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), MmaSpec, plan, explain, space=default_forward_space,
+            by_dtype=(("e4m3", E4M3),))

@@ -6,22 +6,27 @@ with both operands from shared memory (wgmma SS) and O += P.V with P from regist
 (wgmma RS), fp32 accumulators. K and V of a stage are handed back on separate mbarriers. setmaxnreg
 moves registers from the producer to the consumers.
 
-The spec model, plan, explain and sweep space are shared with the e4m3 kind (core.wgmma_forward_*);
-the kernel is templates/lib/wgmma_forward.cu.j2."""
+`dtype: e4m3` is the same kernel on 8-bit operands (FlashAttention-3's Is_FP8; e4m3.py): its own
+spec model, plan and call convention under this kind's name and templates.
+
+spec.py holds the spec model and rules, plan.py the plan and explain, space.py the sweep axes; the
+kernel is templates/fwd_wgmma/kernel.cu.j2."""
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import Field
 
+from ...core.fp8 import FP8_ABI, P_LOG2_OFFSET
 from ...core.kind import Kind
-from ...core.wgmma_forward_plan import WgmmaFragments, explain, plan_for
-from ...core.wgmma_forward_space import sweep_space
-from ...core.wgmma_forward_spec import WgmmaForwardSpec
+from .e4m3 import WgmmaFp8Spec
+from .plan import WgmmaFragments, explain, plan_for
+from .space import sweep_space
+from .spec import FRAGMENT, WgmmaForwardSpec
 
 NAME = "fwd_wgmma"
 TITLE = "wgmma + TMA attention forward (sm_90a)"
-FRAGMENT = "wgmma_m64nNk16"
+E4M3_TITLE = "wgmma + TMA e4m3 attention forward (sm_90a)"
 
 
 class WgmmaSpec(WgmmaForwardSpec):
@@ -32,6 +37,12 @@ def plan(spec: WgmmaSpec, file: str | None = None):
     return plan_for(spec, file, kind=KIND, title=TITLE)
 
 
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaSpec, plan, explain, space=sweep_space)
+def plan_e4m3(spec: WgmmaFp8Spec, file: str | None = None):
+    return plan_for(spec, file, kind=E4M3, title=E4M3_TITLE, abi_base=FP8_ABI, vt=True, p_log2_offset=P_LOG2_OFFSET)
 
-__all__ = ["KIND", "WgmmaFragments", "WgmmaSpec"]
+
+E4M3 = Kind(NAME, E4M3_TITLE, ("mma", FRAGMENT), WgmmaFp8Spec, plan_e4m3, explain, space=sweep_space,
+            calls="forward_fp8")
+KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaSpec, plan, explain, space=sweep_space, by_dtype=(("e4m3", E4M3),))
+
+__all__ = ["KIND", "WgmmaFragments", "WgmmaFp8Spec", "WgmmaSpec"]

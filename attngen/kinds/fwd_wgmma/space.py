@@ -1,8 +1,8 @@
 """The search space of the wgmma forward kinds for `attngen sweep`: tiles, roles, ring depth, registers, schedule, epilogue."""
 from __future__ import annotations
 
-from .search_space import Axis, SearchSpace, field_axis, with_base
-from .wgmma_forward_spec import ROWS_PER_WARPGROUP, WARPGROUP, WgmmaForwardSpec
+from ...core.search_space import Axis, SearchSpace, field_axis, with_base
+from .spec import ROWS_PER_WARPGROUP, WARPGROUP, WgmmaForwardSpec
 
 SWEEP_BLOCK_N = (64, 96, 128, 176, 192)
 SWEEP_WARPGROUPS = tuple((p, c) for p in (1, 0) for c in (1, 2, 3))   # (producer warpgroups, consumer warpgroups)

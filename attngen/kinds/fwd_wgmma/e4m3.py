@@ -1,6 +1,6 @@
-"""fwd_wgmma_fp8: the e4m3 attention forward of the Hopper class (sm_90a). fwd_wgmma's warpgroups,
-TMA ring and schedules (core.wgmma_forward_*, templates/lib/wgmma_forward.cu.j2), with wgmma
-m64nNk32 on e4m3 operands for Q.K^T and P.V:
+"""dtype e4m3 of fwd_wgmma: the Hopper forward on 8-bit operands (sm_90a). The kind's warpgroups,
+TMA ring and schedules (spec.py, plan.py, templates/fwd_wgmma/kernel.cu.j2), with wgmma m64nNk32 on
+e4m3 operands for Q.K^T and P.V:
 
 - V comes transposed, (batch, kv_heads, head_dim, seqlen_k) with keys contiguous, the layout the
   e4m3 call convention takes (the B operand of an 8-bit wgmma is K-major): TMA copies V^T tiles of
@@ -16,25 +16,17 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ...core.fp8 import FP8_ABI, KEY_STEP, P_LOG2_OFFSET, E4m3Types, rule_fp8_calls, rule_head_dim_k32
-from ...core.kind import Kind
+from ...core.fp8 import KEY_STEP, E4m3Types, rule_fp8_calls, rule_head_dim_k32
 from ...core.spec_keys import rule_threads
 from ...core.wgmma import rule_swizzle_panels, rule_target_has_sm90a
-from ...core.wgmma_forward_plan import explain, plan_for
-from ...core.wgmma_forward_space import sweep_space
-from ...core.wgmma_forward_spec import (MAX_N, WgmmaForwardSpec, rule_always_rescales, rule_async_copies,
-                                        rule_block_m_rows, rule_pingpong, rule_q_in_shared, rule_registers, rule_ring,
-                                        rule_warpgroups)
-
-NAME = "fwd_wgmma_fp8"
-TITLE = "wgmma + TMA e4m3 attention forward (sm_90a)"
-FRAGMENT = "wgmma_m64nNk32_e4m3"
+from .spec import (FRAGMENT, MAX_N, WgmmaForwardSpec, rule_always_rescales, rule_async_copies, rule_block_m_rows,
+                   rule_pingpong, rule_q_in_shared, rule_registers, rule_ring, rule_warpgroups)
 
 
 def rule_block_n_fp8(s):
     if s.tile.block_n % KEY_STEP or s.tile.block_n > MAX_N:
         return "tile.block_n", (f"must be a multiple of {KEY_STEP} (k32 steps of P.V; the V^T tile's rows of keys "
-                                f"are swizzled panels) and at most {MAX_N} (the N of Q.K^T) for {s.mma} (got "
+                                f"are swizzled panels) and at most {MAX_N} (the N of Q.K^T) for e4m3 {s.mma} (got "
                                 f"{s.tile.block_n})")
 
 
@@ -45,7 +37,7 @@ def rule_fp8_epilogue(s):
 
 
 class WgmmaFp8Spec(E4m3Types, WgmmaForwardSpec):
-    mma: Literal[FRAGMENT] = Field(description="wgmma_m64nNk32_e4m3: Hopper wgmma + TMA with e4m3 operands (sm_90a)")
+    mma: Literal[FRAGMENT] = Field(description="wgmma_m64nNk16: Hopper wgmma + TMA (sm_90a); on e4m3 its k32 steps")
     key_unit = KEY_STEP
     key_unit_why = "k32 steps of P.V"
     takes_head_dim_v: ClassVar[bool] = False
@@ -55,11 +47,3 @@ class WgmmaFp8Spec(E4m3Types, WgmmaForwardSpec):
              rule_warpgroups, rule_block_m_rows, rule_block_n_fp8, rule_async_copies, rule_q_in_shared, rule_ring,
              rule_always_rescales, rule_pingpong, rule_registers, rule_threads)
 
-
-def plan(spec: WgmmaFp8Spec, file: str | None = None):
-    return plan_for(spec, file, kind=KIND, title=TITLE, abi_base=FP8_ABI, vt=True, p_log2_offset=P_LOG2_OFFSET)
-
-
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), WgmmaFp8Spec, plan, explain, space=sweep_space, calls="forward_fp8")
-
-__all__ = ["KIND", "WgmmaFp8Spec"]

@@ -1,5 +1,6 @@
-"""fwd_mma_fp8: the e4m3 attention forward of the mma.sync class (Ada, sm_89, and later):
-mma.sync m16n8k32 with e4m3 operands for Q.K^T and P.V, fp32 accumulators, a fp16 or bf16 output.
+"""dtype e4m3 of fwd_mma: the attention forward of the mma.sync class on 8-bit operands (Ada, sm_89,
+and later): mma.sync m16n8k32 with e4m3 operands for Q.K^T and P.V, fp32 accumulators, a fp16 or bf16
+output. Its kernel is fwd_mma's (templates/fwd_mma/kernel.cu.j2, the e4m3 pieces in e4m3.j2).
 
 Two layouts make P.V work without a shuffle or an in-kernel transpose:
 - V comes transposed, (batch, kv_heads, head_dim, seqlen_k) with keys contiguous: the B operand of
@@ -17,21 +18,15 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from ...core import banks
-from ...core.forward_plan import plan_forward
-from ...core.forward_space import default_forward_space
-from ...core.kind import Kind
+from ...core.fp8 import KEY_STEP, P_LOG2_OFFSET, E4m3Types, rule_fp8_calls, rule_fp8_target, rule_head_dim_k32
 from ...core.layout import CHUNK_BYTES, Region, Swizzle
-from ...core.fp8 import (FP8_ABI, KEY_STEP, P_LOG2_OFFSET, E4m3Types, rule_fp8_calls, rule_fp8_target,
-                         rule_head_dim_k32)
-from ...core.spec_keys import (ForwardSpec, PadSwizzle, rule_block_m_split, rule_block_n, rule_threads)
+from ...core.spec_keys import ForwardSpec, PadSwizzle, rule_block_m_split, rule_block_n, rule_threads
 
-NAME = "fwd_mma_fp8"
-TITLE = "mma.sync m16n8k32 e4m3 attention forward"
-FRAGMENT = "mma_m16n8k32_e4m3"
+FRAGMENT = "mma_m16n8k16"   # the kind's selector; on e4m3 its steps are k32
 
 
 class MmaFp8Spec(E4m3Types, ForwardSpec):
-    mma: Literal[FRAGMENT] = Field(description="mma_m16n8k32_e4m3: mma.sync with e4m3 operands, S/P/O in registers")
+    mma: Literal[FRAGMENT] = Field(description="mma_m16n8k16: mma.sync, S/P/O in registers; on e4m3 its k32 steps")
     row_unit = 16
     row_unit_what = "16-row fragments"
     key_unit = KEY_STEP
@@ -72,6 +67,7 @@ class MmaFp8Fragments:
     d_tiles: int            # 8-column accumulator tiles of O
     k_steps_qk: int         # k32 steps of Q.K^T (over head_dim)
     k_steps_pv: int         # k32 steps of P.V (over the tile's keys)
+    k: ClassVar[int] = KEY_STEP  # the K of an mma.sync step
     p_log2_offset: int      # P is kept 2^this larger (fits e4m3: at most 2^8 = 256 < 448)
     vt_swizzle: Swizzle     # address function of the V^T tile (rows: head-dim columns; chunks: 16 keys)
     s_regs: int
@@ -154,18 +150,10 @@ class _KeyOrder:
         return self.swizzle.chunk_offset(key_row(row), chunk)
 
 
-def plan(spec: MmaFp8Spec, file: str | None = None):
-    return plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments,
-                        bank_patterns=bank_patterns, tiles=tile_regions, abi=FP8_ABI)
-
-
-def explain(plan) -> list[str]:
+def explain_lines(plan) -> list[str]:
+    """explain's lines of an e4m3 plan after the fragment numbers fwd_mma's explain gives every plan."""
     f = plan.fragments
-    return [f"fragments per warp: {f.m_tiles} x m16 rows; S = {f.m_tiles}x{f.n_tiles} m16n8 tiles "
-            f"({f.s_regs} fp32 regs), O = {f.m_tiles}x{f.d_tiles} tiles ({f.o_regs} fp32 regs)"
-            + (f", Q fragments {f.q_regs} regs" if f.q_regs else ", Q re-read from shared memory")
-            + f"; ~{f.est_regs} accumulator registers per thread",
-            f"mma.sync m16n8k32 e4m3 per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
+    return [f"mma.sync m16n8k32 e4m3 per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             "K tile rows in P's key order: key 4b + 2c + e of each 16 sits in row 8c + 2b + e, so the m16n8 "
             "accumulators of S are the A fragments of P.V",
@@ -173,7 +161,3 @@ def explain(plan) -> list[str]:
             f"online softmax: exp2 with the scale and the q, k descales folded in; P = exp2(s - max + "
             f"{f.p_log2_offset}) rounded to e4m3; output x v descale, {plan.spec.out_dtype}; rescale "
             f"{plan.rescale.replace('_', ' ')}"]
-
-
-KIND = Kind(NAME, TITLE, ("mma", FRAGMENT), MmaFp8Spec, plan, explain, space=default_forward_space,
-            calls="forward_fp8")

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..targets import TARGETS
-from .abi import Abi
-from .forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, launch_min_blocks,
+from ...core.abi import Abi
+from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, launch_min_blocks,
                                   plan_abi, spec_variants)
-from .layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region,
-                            check_budget, layout_regions, ring_stride)
-from .tensor_maps import TensorMapSpec, map_abi_fields
-from .wgmma import PANEL_SWIZZLES, PanelSwizzle, swizzled_tile
-from .wgmma_forward_spec import (ROWS_PER_WARPGROUP, WARPGROUP, WgmmaForwardSpec, panel_swizzle, tile_dim,
-                                 tile_dim_v)
+from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region, check_budget,
+                            layout_regions, ring_stride)
+from ...core.tensor_maps import TensorMapSpec, map_abi_fields
+from ...core.wgmma import PANEL_SWIZZLES, PanelSwizzle, swizzled_tile
+from ...targets import TARGETS
+from .spec import ROWS_PER_WARPGROUP, WARPGROUP, WgmmaForwardSpec, panel_swizzle, tile_dim, tile_dim_v
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,13 +6,13 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from ..targets import TARGETS
-from .spec_keys import (ForwardSpec, Strict, refuse, round_up, rule_head_dim_vector_loads,
-                               rule_threads)
-from .wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels,  # noqa: F401 (plan and space
-                    rule_target_has_sm90a)                                              # take the first two from here)
+from ...core.spec_keys import ForwardSpec, Strict, refuse, round_up, rule_head_dim_vector_loads, rule_threads
+from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels,  # noqa: F401 (plan and space
+                           rule_target_has_sm90a)                                              # take the first two from here)
+from ...targets import TARGETS
 
 
+FRAGMENT = "wgmma_m64nNk16"   # the `mma` value that picks the kind (k32 steps on e4m3)
 MAX_N = 256                # wgmma N
 # Registers a consumer thread needs beside its S and O accumulators (addresses, softmax), by schedule.
 # Measured as the most accumulators that compile without spills at a consumer cap of 160 (three
