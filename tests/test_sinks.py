@@ -93,3 +93,53 @@ def test_sinks_must_be_one_fp32_logit_per_head():
         kernel(q, q, q, sinks=torch.zeros(4, device="cuda").half())
     with pytest.raises(ValueError, match=r"shape \(4,\)"):
         kernel(q, q, q, sinks=torch.zeros(8, device="cuda"))
+
+
+def gradients(torch, q, k, v, sinks, dout, scale, window, dtype):
+    """(o, dq, dk, dv, dsinks) of the written-out softmax with sinks, computed in `dtype` (GQA by
+    repeating K and V; window (left, right) top-left, the right side closed by causal)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, sinks)]
+    qq, kk, vv, ss = leaves
+    group = qq.shape[1] // kk.shape[1]
+    kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
+    s = torch.einsum("bhqd,bhkd->bhqk", qq, kk) * scale
+    rows = torch.arange(s.shape[2], device=s.device)[:, None]
+    keys = torch.arange(s.shape[3], device=s.device)[None, :]
+    hidden = keys > rows
+    if window is not None:
+        hidden = hidden | (keys < rows - window[0])
+    s = s.masked_fill(hidden, float("-inf"))
+    joined = torch.cat([s, ss.reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)], dim=-1)
+    o = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(joined, dim=-1)[..., :-1], vv)
+    o.backward(dout.to(dtype))
+    return (o.detach(), *(t.grad for t in leaves))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("window", [None, (128, 0)], ids=["causal", "window128"])
+def test_attention_trains_with_sinks(dtype, window):
+    """A gpt-oss layer's call (d64, 8 query heads on 2 KV heads, causal, a 128-key window on
+    alternate layers): attngen.attention's output and its gradients in q, k, v and the sinks, against
+    the fp32 written-out softmax, within the error rule of the same computation in the inputs' dtype."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the dispatch table serves sinks on sm_90 (H100/H200)")
+    import attngen
+    from attngen.eval.cases import error_bound, exact_fp32_matmul
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(2, 8, 300, 64, device="cuda", generator=g).to(dt).requires_grad_()
+    k, v = (torch.randn(2, 2, 300, 64, device="cuda", generator=g).to(dt).requires_grad_() for _ in range(2))
+    sinks = (torch.randn(8, device="cuda", generator=g) * 2).requires_grad_()
+    dout = torch.randn(2, 8, 300, 64, device="cuda", generator=g).to(dt)
+    o = attngen.attention(q, k, v, causal=True, window=window, sinks=sinks)
+    o.backward(dout)
+    got = (o.detach(), q.grad, k.grad, v.grad, sinks.grad)
+    with exact_fp32_matmul(torch):
+        ref = gradients(torch, q, k, v, sinks, dout, 0.125, window, torch.float32)
+    low = gradients(torch, q, k, v, sinks, dout, 0.125, window, dt)
+    for name, a, r, l in zip(("out", "dq", "dk", "dv", "dsinks"), got, ref, low):
+        assert a is not None and a.shape == r.shape, name
+        err, low_err = (a.float() - r).abs().max().item(), (l.float() - r).abs().max().item()
+        assert err <= error_bound(low_err), f"{name}: {err:.3g} > bound {error_bound(low_err):.3g} (torch {low_err:.3g})"
