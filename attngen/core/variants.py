@@ -189,6 +189,9 @@ ScoreFill = Callable[[Any, float, dict], dict]
 ScoreReference = Callable[[Any, Any, Any, int, int], Any]
 # (torch, batch, heads, generator, device) -> the value `attngen verify` calls a kernel with
 VerifyValue = Callable[[Any, int, int, Any, Any], Any]
+# (torch, value, scores (B, H, Sq, Sk) scaled) -> (B or 1, H, Sq, 1) logits of a key with no value that
+# joins every row's softmax denominator (a learned sink)
+ExtraLogit = Callable[[Any, Any, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,9 @@ class ScoreVariant:
     default: Any = None               # the value of a call that gives none (None: the call must give one)
     unit: str = ""                    # its pieces of the shared hooks (templates/lib/variant_hooks.j2 says how)
     slope_varies: bool = False        # its derivative by the score depends on the score (the backward's kSlopesVary)
+    extra_logit: Optional[ExtraLogit] = None   # the reference's logit of a valueless key in every row's softmax
+    kind_flag: str = ""               # a spec model's ClassVar that must be true for its kind to take it ("": every
+                                      # kind that takes score modifiers)
 
 
 def softcap_fill(cap, scale: float, context: dict) -> dict:
@@ -282,7 +288,49 @@ ALIBI = ScoreVariant(
     "ALiBi (FlashAttention's): bias -slope[h] * |i + Sk - Sq - j| added to the scaled score",
     alibi_fill, alibi_reference, alibi_verify_value, alibi_select_batches, unit="variants/alibi.j2")
 
-SCORES: dict[str, ScoreVariant] = {s.name: s for s in (SOFTCAP, ALIBI)}
+
+
+def sink_fill(sinks, scale: float, context: dict) -> dict:
+    """The sinks tensor: fp32 (heads,) on the call's GPU, one learned logit per query head."""
+    import torch
+    heads, index = context["heads"], context["device"]
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor (got {type(sinks).__name__})")
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"sinks must be float32 (got {sinks.dtype}); pass sinks.float()")
+    if sinks.get_device() != index:
+        raise ValueError(f"sinks is on {sinks.device} but q is on cuda:{index}")
+    if tuple(sinks.shape) != (heads,) or (heads > 1 and sinks.stride(0) != 1):
+        raise ValueError(f"sinks must have shape ({heads},), one logit per query head, contiguous (got "
+                         f"{tuple(sinks.shape)}, strides {tuple(sinks.stride())})")
+    if sinks.data_ptr() % 4:
+        raise ValueError("sinks must be 4-byte aligned")
+    return {"sinks": sinks.data_ptr()}
+
+
+def sink_reference(torch, scores, sinks, seqlen_q: int, seqlen_k: int):
+    return scores            # the scores themselves are unchanged; the sink is an extra logit (sink_logit)
+
+
+def sink_logit(torch, sinks, scores):
+    """(1, H, Sq, 1): head h's sink beside every row's scores, in their dtype."""
+    return sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(1, -1, scores.shape[2], 1)
+
+
+def sink_verify_value(torch, batch: int, heads: int, generator, device):
+    """(heads,) fp32 logits around the size of standard normal inputs' scaled scores, some above
+    every score of a row (the sink then takes most of the row's weight)."""
+    return torch.randn(heads, generator=generator, device=device) * 2.0
+
+
+SINK = ScoreVariant(
+    "sink", "sinks",
+    (float_pointer("sinks", "sink: fp32 (heads,) learned logits; head h's joins each row's softmax denominator"),),
+    "learned attention sinks (gpt-oss): a per-head logit in every row's softmax denominator, a key with no value",
+    sink_fill, sink_reference, sink_verify_value, unit="variants/sink.j2", extra_logit=sink_logit,
+    kind_flag="takes_sinks")
+
+SCORES: dict[str, ScoreVariant] = {s.name: s for s in (SOFTCAP, ALIBI, SINK)}
 
 
 def score_values(scores, arguments: dict, scale: float, context: dict) -> dict:
@@ -310,3 +358,10 @@ def reference_scores(torch, scores, modifiers, seqlen_q: int, seqlen_k: int):
     for variant, value in modifiers:
         scores = variant.reference(torch, scores, value, seqlen_q, seqlen_k)
     return scores
+
+
+def extra_logits(torch, modifiers, scores):
+    """(B or 1, H, Sq, n) logits of valueless keys the modifiers add to every row's softmax (learned
+    sinks), beside `scores` (B, H, Sq, Sk); None when they add none."""
+    extra = [variant.extra_logit(torch, value, scores) for variant, value in modifiers if variant.extra_logit]
+    return torch.cat(extra, dim=-1) if extra else None

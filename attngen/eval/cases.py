@@ -10,7 +10,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..core.variants import MASKS, reference_scores
+from ..core.variants import MASKS, extra_logits, reference_scores
 from .pycuda_launch import pycuda_agreement
 
 ERR_FACTOR = 2.0        # flash-attention tests/test_flash_attn.py: out error <= 2 x the low-precision error
@@ -283,6 +283,11 @@ def attention_torch(q, k, v, *, scale: float, mask: str = "none", alignment: str
     visible = MASKS[mask].visible(torch, q.shape[2], k.shape[2], alignment, q.device, window)
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
+    extra = extra_logits(torch, modifiers, scores)
+    if extra is not None:    # valueless keys (sinks) join the softmax: a row of hidden keys still has them
+        joined = torch.cat([scores, extra.expand(*scores.shape[:-1], extra.shape[-1])], dim=-1)
+        lse = torch.logsumexp(joined.float(), dim=-1)
+        return torch.matmul(torch.softmax(joined, dim=-1)[..., :scores.shape[-1]], v), lse
     lse = torch.logsumexp(scores.float(), dim=-1)
     probs = torch.softmax(scores, dim=-1)
     if visible is not None:

@@ -40,7 +40,7 @@ def _refuse_grad(what: str) -> None:
 
 def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
               layout: str = "bhsd", return_lse: bool = False, window=None, softcap: float | None = None,
-              alibi_slopes=None, deterministic: bool = False):
+              alibi_slopes=None, deterministic: bool = False, sinks=None):
     """softmax(scale q k^T) v for q (B, Hq, Sq, D) and k, v (B, Hkv, Sk, D) ("bshd": (B, S, H, D)).
 
     causal: query i sees keys j <= i ("top_left", torch's is_causal) or j <= i + Sk - Sq
@@ -50,17 +50,19 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
     Variants (served by the table's specs that carry them): window=(left, right), FlashAttention's
     window_size (-1: an open side; causal closes the right side at 0; the offset follows
     `alignment`); softcap=cap: cap * tanh(scale * s / cap); alibi_slopes: fp32 (Hq,) or (B, Hq),
-    -slope * |i + Sk - Sq - j| added to the scaled score.
+    -slope * |i + Sk - Sq - j| added to the scaled score; sinks: fp32 (Hq,) learned logits (gpt-oss),
+    head h's joins every row's softmax denominator as a key with no value, and gets its gradient.
 
     deterministic: the backward of this call (on tensors that need gradients) gives the same dq bit
     for bit every time, at the cost of its key blocks taking turns (dk and dv always repeat).
     """
     compiling, grad, ops, library = _bound or _bind()
-    if window is not None or softcap is not None or alibi_slopes is not None:
-        if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
+        if grad() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                       (sinks is not None and sinks.requires_grad)):
             # as below, through the differentiable variant op
             args = (q, k, v, causal, alignment, scale, layout, None if window is None else list(window), softcap,
-                    alibi_slopes, deterministic)
+                    alibi_slopes, deterministic) + (() if sinks is None else (sinks,))
             if compiling():
                 o, lse = ops.attention_variant_train(*args)
             else:
@@ -69,10 +71,10 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
             return (o, lse) if return_lse else o
         if compiling():
             o, lse = ops.attention_variant(q, k, v, causal, alignment, scale, layout,
-                                           None if window is None else list(window), softcap, alibi_slopes)
+                                           None if window is None else list(window), softcap, alibi_slopes, sinks)
             return (o, lse) if return_lse else o
         return library.forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap,
-                                       alibi_slopes)
+                                       alibi_slopes, sinks)
     if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # traced by torch.compile: the differentiable op (its backward is registered); eager: first
         # make sure a backward spec serves the call (loaded once per shape key), then the same forward

@@ -65,17 +65,18 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
 _VARIANT: dict = {}     # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim, query rows) -> kernel
 
 
-def call_scores(softcap, alibi_slopes) -> str:
+def call_scores(softcap, alibi_slopes, sinks=None) -> str:
     """The score modifiers a call asks for, as the dispatch table keys them ("softcap+alibi", ...)."""
-    given = {"softcap": softcap, "alibi_slopes": alibi_slopes}
+    given = {"softcap": softcap, "alibi_slopes": alibi_slopes, "sinks": sinks}
     return "+".join(s.name for s in SCORES.values() if given.get(s.argument) is not None)
 
 
-def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes):
-    """The eager forward call with variants (window, softcap, ALiBi): the table's kernel for the
+def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
+                    sinks=None):
+    """The eager forward call with variants (window, softcap, ALiBi, sinks): the table's kernel for the
     call's mask and score modifiers, then the kernel call (which keeps its own prepared calls)."""
     mask = call_mask(causal, window)
-    scores = call_scores(softcap, alibi_slopes)
+    scores = call_scores(softcap, alibi_slopes, sinks)
     short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, k.shape[2] if layout == "bhsd" else k.shape[1],
              v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2])
     kernel = _VARIANT.get(short)
@@ -88,7 +89,19 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
             _VARIANT.clear()
         _VARIANT[short] = kernel
     return kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse,
-                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes)
+                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
+                  **({} if sinks is None else {"sinks": sinks}))
+
+
+def sink_gradient(dout, out, lse, sinks, layout):
+    """d loss / d sinks: head h's sink takes weight P = exp(sink - LSE) in each row, and its logit's
+    gradient is -P * (dO . O) (a key with no value: its dP is 0, and the softmax's row term is
+    dO . O). Summed over batch and rows, fp32 like the sinks."""
+    rows = (dout.float() * out.float()).sum(-1)            # (B, H, S), or (B, S, H) for bshd
+    if layout == "bshd":
+        rows = rows.transpose(1, 2)
+    weight = torch.exp(sinks.float().reshape(1, -1, 1) - lse)
+    return -(weight * rows).sum(dim=(0, 2))
 
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, return_lse):
@@ -255,10 +268,10 @@ LIB.define("attention_train(Tensor q, Tensor k, Tensor v, bool causal, str? alig
 LIB.define("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
            "str? alignment, float? scale, str layout, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_variant(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout, "
-           "int[]? window, float? softcap, Tensor? alibi_slopes) -> (Tensor, Tensor)")
+           "int[]? window, float? softcap, Tensor? alibi_slopes, Tensor? sinks=None) -> (Tensor, Tensor)")
 LIB.define("attention_variant_train(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, "
-           "str layout, int[]? window, float? softcap, Tensor? alibi_slopes, bool deterministic=False) "
-           "-> (Tensor, Tensor)")
+           "str layout, int[]? window, float? softcap, Tensor? alibi_slopes, bool deterministic=False, "
+           "Tensor? sinks=None) -> (Tensor, Tensor)")
 LIB.define("attention_variant_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
            "bool causal, str? alignment, float? scale, str layout, int[]? window, float? softcap, "
            "Tensor? alibi_slopes, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
@@ -291,13 +304,13 @@ def attention_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, l
     return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=deterministic)
 
 
-def attention_variant_cuda(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes):
-    return forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes)
+def attention_variant_cuda(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes, sinks=None):
+    return forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes, sinks)
 
 
 def attention_variant_train_cuda(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes,
-                                 deterministic=False):
-    return forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes)
+                                 deterministic=False, sinks=None):
+    return forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes, sinks)
 
 
 def attention_variant_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, layout, window, softcap,
@@ -355,12 +368,12 @@ def attention_backward_fake(dout, q, k, v, out, lse, causal, alignment, scale, l
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def attention_variant_fake(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes):
+def attention_variant_fake(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes, sinks=None):
     return attention_fake(q, k, v, causal, alignment, scale, layout)
 
 
 def attention_variant_train_fake(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes,
-                                 deterministic=False):
+                                 deterministic=False, sinks=None):
     return attention_fake(q, k, v, causal, alignment, scale, layout)
 
 
@@ -420,19 +433,22 @@ def _attention_gradients(ctx, grad_o, grad_lse, backward_call=None):
 
 
 def _attention_variant_setup(ctx, inputs, output):
-    q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes, deterministic = inputs
+    q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes, deterministic, *sinks = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
+    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, *sinks)
     ctx.call = (causal, alignment, scale, layout, window, softcap, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
 def _attention_variant_gradients(ctx, grad_o, grad_lse, backward_call=None):
-    q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
+    q, k, v, o, lse, alibi_slopes, *sinks = ctx.saved_tensors
     causal, alignment, scale, layout, window, softcap, deterministic = ctx.call
     dq, dk, dv = (backward_call or torch.ops.attngen.attention_variant_backward)(
         grad_o, q, k, v, o, lse, causal, alignment, scale, layout, window, softcap, alibi_slopes, deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None   # the ALiBi slopes get none, as FlashAttention's
+    # the ALiBi slopes get none, as FlashAttention's; learned sinks get theirs (the backward kernel
+    # needs nothing of them: the LSE it is given holds them)
+    dsinks = [sink_gradient(grad_o, o, lse, s, layout) if s is not None and s.requires_grad else None for s in sinks]
+    return (dq, dk, dv, None, None, None, None, None, None, None, None, *dsinks)
 
 
 def _attention_varlen_setup(ctx, inputs, output):

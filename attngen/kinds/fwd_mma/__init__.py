@@ -36,6 +36,7 @@ class MmaSpec(ForwardSpec):
     key_unit_why = "whole k16 steps of the P.V product"
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
+    takes_sinks = True
     # l4_mma_d64 (80 accumulators, 128 threads): no spill at a cap of 168, 24 B at 128; h100_mma_d128
     # (128): 368 B at 128 (sm_89/sm_90, nvcc 13.0).
     register_margin = 72

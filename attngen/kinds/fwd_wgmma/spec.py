@@ -250,6 +250,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_head_dim_v = True
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
+    takes_sinks = True
     takes_max_chains = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
              rule_epilogue_tile, rule_q_tiles,

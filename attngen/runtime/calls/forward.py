@@ -31,18 +31,18 @@ class ForwardKernel(Kernel):
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None, causal: bool = False,
                alignment: str | None = None, scale: float | None = None, return_lse: bool = False, out=None,
                lse_out=None, validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
-               params: dict | None = None):
+               params: dict | None = None, sinks=None):
         """Attention over varlen sequences of different lengths (see attngen.runtime.calls.varlen.varlen_call):
         q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1); returns o
         shaped like q, or (o, lse) with lse fp32 (Hq, total_q)."""
         return varlen_call(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                            alignment=alignment, scale=scale, return_lse=return_lse, out=out, lse_out=lse_out,
                            validate=validate, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                           params=params)
+                           params=params, sinks=sinks)
 
     def __call__(self, q, k, v, *, causal: bool = False, alignment: str | None = None, scale: float | None = None,
                  return_lse: bool = False, layout: str = "bhsd", out=None, lse_out=None, window=None,
-                 softcap: float | None = None, alibi_slopes=None, params: dict | None = None):
+                 softcap: float | None = None, alibi_slopes=None, params: dict | None = None, sinks=None):
         """Attention softmax(scale * q k^T) v of q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
 
         layout "bshd" takes and returns (B, S, H, D) instead. Any strides work as long as the
@@ -60,10 +60,12 @@ class ForwardKernel(Kernel):
         softcap=cap: scores become cap * tanh(scale * s / cap) (a spec with scores: [softcap]).
         alibi_slopes: fp32 (Hq,) or (B, Hq) on the GPU: -slope * |i + Sk - Sq - j| is added to the
         scaled score (a spec with scores: [alibi]).
+        sinks: fp32 (Hq,) on the GPU, learned logits: head h's joins every row's softmax denominator
+        as a key with no value (gpt-oss; a spec with scores: [sink]); LSE includes it.
         params={name: value}: the values of an expression spec's variant.params (int, float, or an
         int32 / fp32 tensor of one element per head or per batch on the GPU).
         """
-        variants = variant_key(window, softcap, alibi_slopes, params)
+        variants = variant_key(window, softcap, alibi_slopes, params, sinks)
         key = None
         if out is None and lse_out is None:
             # A shape seen before: its checks passed and its Params are laid out; only the
@@ -78,7 +80,7 @@ class ForwardKernel(Kernel):
                 if result is not None:
                     return result
         return self._first_call(q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key,
-                                (window, softcap, alibi_slopes, params))
+                                (window, softcap, alibi_slopes, params, sinks))
 
     def prepared(self, key):
         """The prepared call of `key` (call_key of a call made before), or None."""
@@ -114,11 +116,12 @@ class ForwardKernel(Kernel):
         if ks[:-1] != vs[:-1]:
             raise ValueError(f"k and v must have the same shape but for the head dim (got {tuple(ks)} and {tuple(vs)})")
         self._check_heads(heads, kv_heads, heads=heads, batch=batch)
-        window, softcap, alibi_slopes, params = variants
+        window, softcap, alibi_slopes, params, sinks = variants
         mask = self._check_mask(causal, window)
         scale = self._check_scale(scale)
         mask_values = self._variant_values(mask, causal, alignment, window, seqlen_q, seqlen_k, scale,
-                                           {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params},
+                                           {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params,
+                                            "sinks": sinks},
                                            {"batch": batch, "heads": heads, "device": index})
         out = self._output(out, q, layout, index)
         lse_shape = (batch, heads, seqlen_q)

@@ -32,15 +32,16 @@ def tensor_key(t) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
 
 
-def variant_key(window, softcap, alibi_slopes, params=None) -> tuple:
+def variant_key(window, softcap, alibi_slopes, params=None, sinks=None) -> tuple:
     """The variant arguments of a call as part of its key (tensors by tensor_key); params, an
     expression spec's dict, by name."""
-    if window is None and softcap is None and alibi_slopes is None and params is None:
+    if window is None and softcap is None and alibi_slopes is None and params is None and sinks is None:
         return ()
     slopes = None if alibi_slopes is None else tensor_key(alibi_slopes)
     named = None if params is None else tuple(
         (n, tensor_key(v) if hasattr(v, "data_ptr") else (type(v), v)) for n, v in sorted(params.items()))
-    return (None if window is None else tuple(window), softcap, slopes, named)
+    return (None if window is None else tuple(window), softcap, slopes, named,
+            None if sinks is None else tensor_key(sinks))
 
 
 def bhsd_strides(stride, layout: str) -> tuple[int, int, int]:

@@ -24,7 +24,7 @@ POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_orde
 def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
                 causal: bool = False, alignment: str | None = None, scale: float | None = None,
                 return_lse: bool = False, out=None, lse_out=None, validate: bool = False, window=None,
-                softcap: float | None = None, alibi_slopes=None, params: dict | None = None):
+                softcap: float | None = None, alibi_slopes=None, params: dict | None = None, sinks=None):
     """Attention of each varlen sequence against its own keys.
 
     causal: query row i of a sequence sees its keys j <= i ("top_left", the default, as the padded
@@ -47,7 +47,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     An expression spec's params= likewise: its b is the sequence, [batch] tensors have one element
     per sequence.
     """
-    variants = variant_key(window, softcap, alibi_slopes, params)
+    variants = variant_key(window, softcap, alibi_slopes, params, sinks)
     key = None
     if out is None and lse_out is None and not validate:
         # A shape seen before: its checks passed and its Params are laid out; only the pointers
@@ -119,7 +119,8 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
               total_q, total_k, error_word(index)]
     # Lengths 0: each sequence adds its own offsets (mask_for_sequence; ALiBi reads its lengths).
     mask_values = kernel._variant_values(mask, causal, alignment, window, 0, 0, scale,
-                                         {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params},
+                                         {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params,
+                                          "sinks": sinks},
                                          {"batch": batch, "heads": heads, "device": index})
     values[PER_CALL.index("scale_log2")] = mask_values.pop("scale_log2", scale * LOG2E)
     for f in kernel._mask_fields:

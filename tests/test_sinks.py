@@ -1,0 +1,145 @@
+"""Learned attention sinks (gpt-oss): head h's logit joins every row's softmax denominator as a key
+with no value. The forward kinds that take them add it where a row finishes (templates/variants/
+sink.j2); the fp32 reference appends it as an extra column (core/variants.py extra_logits). The
+GPU tests check kernel and reference against a third, written-out computation."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attngen.errors import SpecError
+from attngen.render import render_spec_file
+from attngen.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SINK_SPECS = ("h100_wgmma_d64_sink", "h100_mma_d64_sink")
+
+
+def spec_text(name: str) -> str:
+    return (ROOT / "specs" / f"{name}.yaml").read_text()
+
+
+@pytest.mark.parametrize("name", SINK_SPECS)
+def test_the_finish_of_each_row_adds_the_sink(name):
+    source = render_spec_file(ROOT / "specs" / f"{name}.yaml").parts[0].source
+    assert "p.sinks[c.head]" in source and "float* sinks;" in source
+
+
+def test_a_spec_without_sinks_has_none_of_it():
+    source = render_spec_file(ROOT / "specs" / "h100_wgmma_d64_window.yaml").parts[0].source
+    assert "sinks" not in source
+
+
+def test_a_kind_without_sinks_refuses_them():
+    text = spec_text("h200_decode_d128_softcap").replace("scores: [softcap]", "scores: [sink]")
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, file="decode.yaml")
+    assert "does not generate sink" in str(e.value) and "scores" in str(e.value)
+
+
+# -- on the GPU --------------------------------------------------------------------------------------
+
+def written_out(torch, q, k, v, sinks, scale, causal):
+    """softmax over [scores, sink] in fp64, the sink's column dropped before P.V: no attngen code."""
+    s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    col = sinks.double().reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)
+    joined = torch.cat([s, col], dim=-1)
+    p = torch.softmax(joined, dim=-1)[..., :-1]
+    return torch.einsum("bhqk,bhkd->bhqd", p, v.double()), torch.logsumexp(joined, dim=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SINK_SPECS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_and_reference_match_the_written_out_softmax(name, causal):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the sink specs are H100/H200 kernels")
+    import attngen
+    from attngen.core.variants import SINK
+    from attngen.eval.cases import attention_torch, exact_fp32_matmul
+    kernel = attngen.load(str(ROOT / "specs" / f"{name}.yaml"), synchronize=True)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (torch.randn(2, 8, 333, 64, device="cuda", generator=g).half() for _ in range(3))
+    sinks = torch.randn(8, device="cuda", generator=g) * 3
+    sinks[0] = 40.0                   # one head whose sink takes every row's weight
+    scale = 64 ** -0.5
+    out, lse = kernel(q, k, v, causal=causal, sinks=sinks, return_lse=True)
+    want, want_lse = written_out(torch, q, k, v, sinks, scale, causal)
+    with exact_fp32_matmul(torch):
+        ref, ref_lse = attention_torch(q.float(), k.float(), v.float(), scale=scale, causal=causal,
+                                       modifiers=((SINK, sinks),))
+    assert (ref.double() - want).abs().max().item() < 1e-5
+    assert (ref_lse.double() - want_lse).abs().max().item() < 1e-4
+    assert (out.double() - want).abs().max().item() < 4e-3
+    assert (lse.double() - want_lse).abs().max().item() < 1e-3
+    assert out[:, 0].abs().max().item() < 1e-6    # the head whose sink dwarfs every score
+
+
+@pytest.mark.gpu
+def test_sinks_must_be_one_fp32_logit_per_head():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the sink specs are H100/H200 kernels")
+    import attngen
+    kernel = attngen.load(str(ROOT / "specs" / "h100_mma_d64_sink.yaml"))
+    q = torch.randn(1, 4, 16, 64, device="cuda").half()
+    with pytest.raises(ValueError, match="pass sinks="):
+        kernel(q, q, q)
+    with pytest.raises(TypeError, match="float32"):
+        kernel(q, q, q, sinks=torch.zeros(4, device="cuda").half())
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        kernel(q, q, q, sinks=torch.zeros(8, device="cuda"))
+
+
+def gradients(torch, q, k, v, sinks, dout, scale, window, dtype):
+    """(o, dq, dk, dv, dsinks) of the written-out softmax with sinks, computed in `dtype` (GQA by
+    repeating K and V; window (left, right) top-left, the right side closed by causal)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, sinks)]
+    qq, kk, vv, ss = leaves
+    group = qq.shape[1] // kk.shape[1]
+    kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
+    s = torch.einsum("bhqd,bhkd->bhqk", qq, kk) * scale
+    rows = torch.arange(s.shape[2], device=s.device)[:, None]
+    keys = torch.arange(s.shape[3], device=s.device)[None, :]
+    hidden = keys > rows
+    if window is not None:
+        hidden = hidden | (keys < rows - window[0])
+    s = s.masked_fill(hidden, float("-inf"))
+    joined = torch.cat([s, ss.reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)], dim=-1)
+    o = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(joined, dim=-1)[..., :-1], vv)
+    o.backward(dout.to(dtype))
+    return (o.detach(), *(t.grad for t in leaves))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("window", [None, (128, 0)], ids=["causal", "window128"])
+def test_attention_trains_with_sinks(dtype, window):
+    """A gpt-oss layer's call (d64, 8 query heads on 2 KV heads, causal, a 128-key window on
+    alternate layers): attngen.attention's output and its gradients in q, k, v and the sinks, against
+    the fp32 written-out softmax, within the error rule of the same computation in the inputs' dtype."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the dispatch table serves sinks on sm_90 (H100/H200)")
+    import attngen
+    from attngen.eval.cases import error_bound, exact_fp32_matmul
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(2, 8, 300, 64, device="cuda", generator=g).to(dt).requires_grad_()
+    k, v = (torch.randn(2, 2, 300, 64, device="cuda", generator=g).to(dt).requires_grad_() for _ in range(2))
+    sinks = (torch.randn(8, device="cuda", generator=g) * 2).requires_grad_()
+    dout = torch.randn(2, 8, 300, 64, device="cuda", generator=g).to(dt)
+    o = attngen.attention(q, k, v, causal=True, window=window, sinks=sinks)
+    o.backward(dout)
+    got = (o.detach(), q.grad, k.grad, v.grad, sinks.grad)
+    with exact_fp32_matmul(torch):
+        ref = gradients(torch, q, k, v, sinks, dout, 0.125, window, torch.float32)
+    low = gradients(torch, q, k, v, sinks, dout, 0.125, window, dt)
+    for name, a, r, l in zip(("out", "dq", "dk", "dv", "dsinks"), got, ref, low):
+        assert a is not None and a.shape == r.shape, name
+        err, low_err = (a.float() - r).abs().max().item(), (l.float() - r).abs().max().item()
+        assert err <= error_bound(low_err), f"{name}: {err:.3g} > bound {error_bound(low_err):.3g} (torch {low_err:.3g})"
