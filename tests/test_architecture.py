@@ -320,16 +320,17 @@ def plan_with_tensor_map():
 def test_one_line_adds_a_field():
     plan = plan_with_tensor_map()
     src = render_parts(plan, "specs/x.yaml", "")[0].source
-    assert plan.abi.offsets[-1] == 256 and plan.abi.size == 384
+    assert FORWARD_ABI.size == 264        # the map goes to the next 64-byte boundary after the forward fields
+    assert plan.abi.offsets[-1] == 320 and plan.abi.size == 448
     assert "alignas(64) unsigned char tma_q[128];" in src
-    assert "static_assert(offsetof(Params, tma_q) == 256," in src and "static_assert(sizeof(Params) == 384," in src
+    assert "static_assert(offsetof(Params, tma_q) == 320," in src and "static_assert(sizeof(Params) == 448," in src
 
 
 def plan_with_small_blob():
-    """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +256,
-    the int lies at +256): Python puts the blob at +264, not +260, and C must too."""
+    """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +264,
+    the int lies at +264): Python puts the blob at +272, not +268, and C must too."""
     plan = make_plan(parse_spec((ROOT / "specs" / "l4_mma_d64.yaml").read_text()))
-    assert FORWARD_ABI.size == 256
+    assert FORWARD_ABI.size == 264
     return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((int32("n", "an int"),
                                                                   blob("small", 16, 8, "an 8-aligned blob"))))
 
@@ -337,9 +338,9 @@ def plan_with_small_blob():
 def test_small_aligned_blob_is_declared_where_python_puts_it():
     plan = plan_with_small_blob()
     src = render_parts(plan, "specs/x.yaml", "")[0].source
-    assert plan.abi.offsets[-2:] == (256, 264) and plan.abi.size == 280
+    assert plan.abi.offsets[-2:] == (264, 272) and plan.abi.size == 288
     assert "alignas(8) unsigned char small[16];" in src
-    assert "static_assert(offsetof(Params, small) == 264," in src and "static_assert(sizeof(Params) == 280," in src
+    assert "static_assert(offsetof(Params, small) == 272," in src and "static_assert(sizeof(Params) == 288," in src
 
 
 @pytest.mark.nvcc
@@ -505,11 +506,11 @@ def test_call_conventions_are_registered_once():
     in the module the list names."""
     from attngen.core.calls import CALLS
     from attngen.kinds import KINDS
-    from attngen.runtime.calls import CONVENTIONS
+    from attngen.runtime.calls import conventions
     assert {k.calls for k in KINDS} <= {c.name for c in CALLS}
-    assert list(CONVENTIONS) == [c.name for c in CALLS]
+    assert list(conventions()) == [c.name for c in CALLS]
     for call in CALLS:
-        cls = CONVENTIONS[call.name]
+        cls = conventions()[call.name]
         assert cls.convention == call.name and cls.__module__ == call.kernel
 
 

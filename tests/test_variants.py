@@ -74,8 +74,8 @@ def test_score_arguments_are_required_and_refused_where_they_do_not_apply():
 
 
 def test_registries_name_each_variant_once():
-    assert list(MASKS) == ["none", "causal", "window", "expr"] and list(SCORES) == ["softcap", "alibi"]
-    assert {s.argument for s in SCORES.values()} == {"softcap", "alibi_slopes"}
+    assert list(MASKS) == ["none", "causal", "window", "expr"] and list(SCORES) == ["softcap", "alibi", "sink"]
+    assert {s.argument for s in SCORES.values()} == {"softcap", "alibi_slopes", "sinks"}
 
 
 # -- specs ------------------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ def test_decode_takes_the_builtins_or_expressions():
 
 
 def test_scores_are_listed_once_in_their_order():
-    with pytest.raises(SpecError, match=r"order \['softcap', 'alibi'\]"):
+    with pytest.raises(SpecError, match=r"order \['softcap', 'alibi', 'sink'\]"):
         parse_spec(spec_text("h100_mma_d128.yaml", scores="[alibi, softcap]"), file="x.yaml")
     with pytest.raises(SpecError, match="twice"):
         parse_spec(spec_text("h100_mma_d128.yaml", scores="[alibi, alibi]"), file="x.yaml")

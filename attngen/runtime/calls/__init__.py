@@ -12,23 +12,38 @@ nothing else in the runtime names one.
 """
 from __future__ import annotations
 
-from ...core.calls import CALLS
+import importlib
+
+from ...core.calls import CALLS, call_named
 from ..kernel import Kernel, bundle_of
-from .backward import BackwardKernel
-from .decode import DecodeKernel
-from .forward import ForwardKernel
-from .forward_fp8 import Fp8ForwardKernel
 
-KERNELS = {cls.__module__: cls for cls in (ForwardKernel, DecodeKernel, BackwardKernel, Fp8ForwardKernel)}
-CONVENTIONS = {call.name: KERNELS[call.kernel] for call in CALLS}     # in the list's order
+_LOADED: dict[str, type[Kernel]] = {}    # convention name -> its Kernel class, imported on first use
 
-for _name, _cls in CONVENTIONS.items():
-    _cls.convention = _name
+
+def convention_class(name: str) -> type[Kernel]:
+    """The Kernel class of convention `name`: the one Kernel subclass its module (core.calls) defines,
+    imported on first use, so a process loads the conventions it calls and no other."""
+    cls = _LOADED.get(name)
+    if cls is None:
+        module = importlib.import_module(call_named(name).kernel)
+        found = [v for v in vars(module).values()
+                 if isinstance(v, type) and issubclass(v, Kernel) and v.__module__ == module.__name__]
+        if len(found) != 1:
+            raise TypeError(f"{module.__name__} must define one Kernel class (defines {len(found)})")
+        cls = found[0]
+        cls.convention = name
+        _LOADED[name] = cls
+    return cls
+
+
+def conventions() -> dict[str, type[Kernel]]:
+    """Every convention's Kernel class, in the list's order (imports them all)."""
+    return {call.name: convention_class(call.name) for call in CALLS}
 
 
 def kernel_class(plan) -> type[Kernel]:
     """The Kernel class of the plan's call convention (its kind's)."""
-    return CONVENTIONS[plan.kind.calls]
+    return convention_class(plan.kind.calls)
 
 
 def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> Kernel:
@@ -44,4 +59,4 @@ def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> K
     return kernel_class(plan).from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
 
 
-__all__ = ["CONVENTIONS", "KERNELS", "BackwardKernel", "DecodeKernel", "ForwardKernel", "Fp8ForwardKernel", "kernel_class", "load"]
+__all__ = ["convention_class", "conventions", "kernel_class", "load"]
