@@ -109,14 +109,32 @@ def attention_fp8(q, k, v_t, *, q_descale=None, k_descale=None, v_descale=None, 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
                      max_seqlen_k: int | None = None, *, causal: bool = False, alignment: str | None = None,
-                     scale: float | None = None, return_lse: bool = False, deterministic: bool = False):
+                     scale: float | None = None, return_lse: bool = False, deterministic: bool = False, window=None,
+                     softcap: float | None = None, alibi_slopes=None, sinks=None):
     """Attention of varlen sequences: q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k
     int32 (batch + 1) offsets on the GPU. max_seqlen_q/k (ints, as FlashAttention takes them) size
     the grid and pick the kernel; without them nothing is read back either (the grid covers every
     row). causal alignment "bottom_right" is FlashAttention's varlen convention. Returns o like q,
     or (o, lse) with lse fp32 (Hq, total_q). On tensors that need gradients the call is
-    differentiable (the table's varlen backward spec); deterministic as in attention()."""
+    differentiable (the table's varlen backward spec); deterministic as in attention().
+
+    Variants as in attention(), per sequence (a window's bottom_right alignment and ALiBi's offset
+    use each sequence's own lengths; (B, Hq) slopes are per sequence): window, softcap, alibi_slopes,
+    sinks. With them the call is forward only for now (the table has no varlen backward with
+    variants): call it under torch.no_grad() / torch.inference_mode().
+    """
     compiling, grad, ops, library = _bound or _bind()
+    if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
+        if grad() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                       (sinks is not None and sinks.requires_grad)):
+            _refuse_grad("attention_varlen with window, softcap, alibi_slopes or sinks")
+        window = None if window is None else list(window)
+        if compiling():
+            o, lse = ops.attention_varlen_variant(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                  causal, alignment, scale, window, softcap, alibi_slopes, sinks)
+            return (o, lse) if return_lse else o
+        return library.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                              scale, return_lse, window, softcap, alibi_slopes, sinks)
     if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, deterministic)
         if compiling():

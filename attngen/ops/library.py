@@ -104,14 +104,21 @@ def sink_gradient(dout, out, lse, sinks, layout):
     return -(weight * rows).sum(dim=(0, 2))
 
 
-def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, return_lse):
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, return_lse,
+           window=None, softcap=None, alibi_slopes=None, sinks=None):
+    """The eager varlen forward: the table's varlen kernel for the call's mask and score modifiers
+    (window, softcap, ALiBi, sinks; each sequence against its own keys), then its varlen call."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-    kernel = DISPATCH.kernel("varlen", index, q.dtype, q.shape[-1], "causal" if causal else "none",
-                             max_seqlen_k if max_seqlen_k is not None else k.shape[0])
+    kernel = DISPATCH.kernel("varlen", index, q.dtype, q.shape[-1], call_mask(causal, window),
+                             max_seqlen_k if max_seqlen_k is not None else k.shape[0],
+                             scores=call_scores(softcap, alibi_slopes, sinks))
+    variants = {name: value for name, value in (("window", None if window is None else tuple(window)),
+                                                ("softcap", softcap), ("alibi_slopes", alibi_slopes),
+                                                ("sinks", sinks)) if value is not None}
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
-                         alignment=alignment, scale=scale, return_lse=return_lse)
+                         alignment=alignment, scale=scale, return_lse=return_lse, **variants)
 
 
 _BACKWARD: dict = {}    # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim) -> kernel
@@ -277,6 +284,9 @@ LIB.define("attention_variant_backward(Tensor dout, Tensor q, Tensor k, Tensor v
            "Tensor? alibi_slopes, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
            "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale) -> (Tensor, Tensor)")
+LIB.define("attention_varlen_variant(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+           "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale, int[]? window, "
+           "float? softcap, Tensor? alibi_slopes, Tensor? sinks) -> (Tensor, Tensor)")
 LIB.define("attention_varlen_train(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
            "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale, "
            "bool deterministic=False) -> (Tensor, Tensor)")
@@ -321,6 +331,12 @@ def attention_variant_backward_cuda(dout, q, k, v, out, lse, causal, alignment, 
 
 def attention_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
     return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, True)
+
+
+def attention_varlen_variant_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                  scale, window, softcap, alibi_slopes, sinks):
+    return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, True,
+                  window, softcap, alibi_slopes, sinks)
 
 
 def attention_varlen_train_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
@@ -386,6 +402,12 @@ def attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
+def attention_varlen_variant_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                  scale, window, softcap, alibi_slopes, sinks):
+    return attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                 scale)
+
+
 def attention_varlen_train_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
                                 scale, deterministic=False):
     return attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
@@ -408,7 +430,8 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
 
 
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
-              "attention_variant_backward", "attention_varlen", "attention_varlen_train", "attention_varlen_backward",
+              "attention_variant_backward", "attention_varlen", "attention_varlen_variant", "attention_varlen_train",
+              "attention_varlen_backward",
               "attention_with_kvcache", "attention_with_kvcache_variant", "attention_fp8"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
