@@ -284,12 +284,16 @@ def _render_specs(paths: list[Path], report_error) -> list[tuple[Path, object]]:
 
 
 def _line_of_key(path: Path, key: str) -> int | None:
-    """The line of a top-level key in a spec file that has already been read once."""
-    from .core.specio import line_of, load_yaml, read_spec_text
+    """The line of a top-level key in a spec file that has already been read once (a dtype cell's: the
+    line in its file)."""
+    from .core.spec_cells import cell_at
+    from .core.specio import line_of, load_yaml
     try:
-        return line_of(load_yaml(read_spec_text(path), str(path))[1], (key,))
+        cell = cell_at(path)
+        line = line_of(load_yaml(cell.text, str(path))[1], (key,))
     except AttngenError:
         return None
+    return cell.lines[line - 1] if line else None
 
 
 def _read_existing(path: Path) -> str | None:

@@ -111,5 +111,20 @@ def json_schema() -> dict:
     """The JSON schema of a spec file: one alternative per kind."""
     models = spec_models()
     schema = TypeAdapter(Union[models] if len(models) > 1 else models[0]).json_schema(by_alias=True)
+    for model in schema.get("$defs", {}).values():
+        with_dtypes(model)
     schema["title"] = "attngen spec"
     return schema
+
+
+def with_dtypes(model: dict) -> None:
+    """A spec file's `dtypes` beside its model's `dtype` (the file, not the model, reads it: one spec per
+    dtype, attngen.core.spec_cells), so an editor validating against the schema takes either, not both."""
+    dtype = model.get("properties", {}).get("dtype")
+    if dtype is None:
+        return
+    item = {k: v for k, v in dtype.items() if k in ("enum", "const", "type")}
+    model["properties"][DTYPES_KEY] = {"type": "array", "items": item, "minItems": 1, "uniqueItems": True,
+                                       "description": "one spec per element type, the first named as `name`, "
+                                                      "each other `<name>_<dtype>`; instead of dtype"}
+    model["not"] = {"required": ["dtype", DTYPES_KEY]}

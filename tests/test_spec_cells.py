@@ -13,7 +13,7 @@ from attngen.core.spec_cells import LAB, cell_at, file_cells, folder_spec_files,
 from attngen.errors import SpecError
 from attngen.ops.table import load_table, table_path
 from attngen.render import render_spec_file
-from attngen.spec import load_spec, parse_spec
+from attngen.spec import json_schema, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
@@ -139,6 +139,19 @@ def test_the_build_command_reports_a_bad_list_in_one_line(tmp_path):
 def test_spec_text_with_dtypes_is_not_one_spec():
     with pytest.raises(SpecError, match="dtypes: lists a spec per dtype"):
         parse_spec(two_dtypes(), "x.yaml")
+
+
+def test_the_schema_takes_dtypes_or_dtype_not_both():
+    mma = json_schema()["$defs"]["MmaSpec"]
+    assert mma["properties"]["dtypes"]["items"]["enum"] == ["fp16", "bf16"]
+    assert mma["not"] == {"required": ["dtype", "dtypes"]}
+
+
+def test_two_cells_of_one_name_are_refused_at_the_files_name_line(tmp_path):
+    write(tmp_path, "t_mma.yaml", two_dtypes())
+    write(tmp_path, "other.yaml", ONE_DTYPE.replace("name: t_mma", "name: t_mma_bf16"))
+    result = CliRunner().invoke(main, ["build", "--specs-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and f"{tmp_path / 'other.yaml'}:3: name: 't_mma_bf16' is also the name of" in result.output
 
 
 # -- paths -----------------------------------------------------------------------------------------
