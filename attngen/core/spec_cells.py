@@ -111,16 +111,16 @@ def marked_lines(lines: list[str], dtypes: list[str], shown: str) -> dict[int, t
 def _cell(text: str, node: yaml.MappingNode, file: Path, dtype: str, first: bool,
           marked: dict[int, tuple[str, str]]) -> SpecCell:
     """One dtype's cell: its `dtype:` line and name written in, the other dtypes' lines left out."""
-    edits = [_dtype_edit(node, dtype)]
+    start, end, key_line, last_line = _dtypes_span(node)
+    edits = [(start, end, f"dtype: {dtype}")]
     name = _value(node, "name")
     if not first and isinstance(name, yaml.ScalarNode):
         edits.append((name.start_mark.index, name.end_mark.index, f"{name.value}_{dtype}"))
-    for start, end, new in sorted(edits, reverse=True):
-        text = text[:start] + new + text[end:]
-    # The `dtypes` entry may span lines (a block list); lines after it keep their number in the file.
-    key_line, last_line = _dtype_edit_lines(node)
+    for edit_start, edit_end, new in sorted(edits, reverse=True):
+        text = text[:edit_start] + new + text[edit_end:]
     out, origin = [], []
     for i, line in enumerate(_lines(text)):
+        # a block list of dtypes became one line: the lines after it keep their number in the file
         file_index = i if i <= key_line else i + last_line - key_line
         if file_index in marked:
             owner, line = marked[file_index]
@@ -141,21 +141,12 @@ def _value(node: yaml.MappingNode, key: str) -> yaml.Node | None:
     return next((v for k, v in node.value if k.value == key), None)
 
 
-def _dtypes_entry(node: yaml.MappingNode) -> tuple[yaml.Node, yaml.Node]:
-    """(the key node, the last node of its value) of the `dtypes` entry: a block list ends at its last item."""
+def _dtypes_span(node: yaml.MappingNode) -> tuple[int, int, int, int]:
+    """(start, end) in the text and (first, last) 0-based line of the `dtypes` entry, key to value: a
+    block list ends at its last item (its own end mark lies at the next key)."""
     key, value = next((k, v) for k, v in node.value if k.value == DTYPES_KEY)
     last = value.value[-1] if isinstance(value, yaml.SequenceNode) and not value.flow_style else value
-    return key, last
-
-
-def _dtype_edit(node: yaml.MappingNode, dtype: str) -> tuple[int, int, str]:
-    key, last = _dtypes_entry(node)
-    return key.start_mark.index, last.end_mark.index, f"dtype: {dtype}"
-
-
-def _dtype_edit_lines(node: yaml.MappingNode) -> tuple[int, int]:
-    key, last = _dtypes_entry(node)
-    return key.start_mark.line, last.end_mark.line
+    return key.start_mark.index, last.end_mark.index, key.start_mark.line, last.end_mark.line
 
 
 def cell_error(exc: SpecError, cell: SpecCell) -> SpecError:
