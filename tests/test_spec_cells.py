@@ -163,6 +163,14 @@ def test_the_build_of_a_file_builds_every_cell(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").glob("*.cu")) == ["t_mma.cu", "t_mma_bf16.cu"]
 
 
+def test_a_file_named_twice_builds_its_cells_once(tmp_path):
+    path = write(tmp_path, "t_mma.yaml", two_dtypes())
+    (tmp_path / "link.yaml").symlink_to(path)
+    result = CliRunner().invoke(main, ["build", str(path), str(tmp_path / "link.yaml"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.cu")) == ["t_mma.cu", "t_mma_bf16.cu"]
+
+
 def test_a_path_finds_a_spec_in_the_lab(tmp_path):
     (tmp_path / LAB).mkdir()
     write(tmp_path / LAB, "t_mma.yaml", two_dtypes())

@@ -212,10 +212,15 @@ def names_spec(folder: str | Path, name: str) -> bool:
 
 
 def spec_paths(files) -> list[Path]:
-    """Every cell of the given spec files, by path (a file that cannot be read stands for itself: its
-    error is reported where it is rendered); a path that is no file is kept as given."""
-    out = []
+    """Every cell of the given spec files, by path, each file once (`p.yaml` and a link to it are one
+    file, whose other cells would otherwise be named twice). A file that cannot be read stands for
+    itself (its error is reported where it is rendered); a path that is no file is kept as given."""
+    out, seen = [], set()
     for f in map(Path, files):
+        if f.is_file():
+            if f.resolve() in seen:
+                continue
+            seen.add(f.resolve())
         try:
             out += [c.path for c in file_cells(f)] if f.is_file() else [f]
         except SpecError:
