@@ -15,7 +15,7 @@ from gpu_timing import med   # .ci/, beside this script
 
 
 rows = []
-specs = {64: "specs/h100_bwd_d64.yaml", 128: "specs/h100_bwd_d128.yaml"}
+specs = {64: "specs/lab/h100_bwd_d64.yaml", 128: "specs/h100_bwd_d128.yaml"}
 fwds = {64: "specs/h100_mma_d64.yaml", 128: "specs/h100_mma_d128.yaml"}
 for d in (64, 128):
     bwd, fwd = attngen.load(specs[d]), attngen.load(fwds[d])

@@ -1,4 +1,4 @@
-"""specs/h100_bwd_d64.yaml with query chunks of 32 and 64 (written to a temporary folder), beside
+"""specs/lab/h100_bwd_d64.yaml with query chunks of 32 and 64 (written to a temporary folder), beside
 SDPA's flash (FA2) backward, in one process.
 
 Usage: python3 .ci/backward_chunk_bench.py OUT.json
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def variants(folder: Path) -> dict:
-    text = (ROOT / "specs" / "h100_bwd_d64.yaml").read_text()
+    text = (ROOT / "specs" / "lab" / "h100_bwd_d64.yaml").read_text()
     out = {}
     for chunk in (32, 64):
         name = f"bwd_d64_chunk{chunk}"
@@ -36,7 +36,7 @@ def variants(folder: Path) -> dict:
 def main(out):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        ks = {"h100_bwd_d64": attngen.load(ROOT / "specs" / "h100_bwd_d64.yaml"), **variants(Path(tmp))}
+        ks = {"h100_bwd_d64": attngen.load(ROOT / "specs" / "lab" / "h100_bwd_d64.yaml"), **variants(Path(tmp))}
         for b, h, s in ((16, 16, 512), (4, 16, 2048), (1, 16, 8192)):
             for causal in (False, True):
                 g = torch.Generator(device="cuda").manual_seed(0)

@@ -49,7 +49,7 @@ rows = []
 for expr_name, builtin_name, builtin_kw, params_of, d in PAIRS:
     expr = attngen.load(f"specs/{expr_name}.yaml")
     builtin = attngen.load(f"specs/{builtin_name}.yaml") if builtin_name else None
-    prefix_forward = attngen.load("specs/h100_mma_d128_expr_prefix_lm.yaml") if "prefix" in expr_name else None
+    prefix_forward = attngen.load("specs/lab/h100_mma_d128_expr_prefix_lm.yaml") if "prefix" in expr_name else None
     for b, h, s in ((4, 16, 2048), (1, 16, 8192)):
         torch.manual_seed(0)
         q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(4))

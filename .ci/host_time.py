@@ -126,7 +126,7 @@ def main():
     print(f"{args.label}: {torch.cuda.get_device_name()}, torch {torch.__version__}, attngen at {attngen.__path__[0]}")
     h = torch.float16
     mma = attngen.load(str(ROOT / "specs/h100_mma_d64.yaml"))
-    wg = attngen.load(str(ROOT / "specs/h100_wgmma_d128.yaml"))
+    wg = attngen.load(str(ROOT / "specs/lab/h100_wgmma_d128.yaml"))
     dec = attngen.load(str(ROOT / "specs/h200_decode_d128.yaml"))
     fused = attngen.load(str(ROOT / "specs/h200_decode_d128_fused.yaml"))
     var = attngen.load(str(ROOT / "specs/h100_mma_d64_m128n64w4s2x3q.yaml"))

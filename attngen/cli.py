@@ -212,13 +212,15 @@ def _same_file_key(path: Path) -> Path:
 
 
 def _spec_files(paths: tuple[str, ...], specs_dir: str) -> list[Path]:
-    """The spec files to work on, each once: `p.yaml ./p.yaml` (or a symlink to p.yaml) is one
-    spec, not two specs of one name."""
+    """The specs to work on, each once, by path: every dtype cell of a file that lists dtypes
+    (attngen.core.spec_cells), and with no paths every spec of the folder and of its lab.
+    `p.yaml ./p.yaml` (or a symlink to p.yaml) is one spec, not two specs of one name."""
+    from .core.spec_cells import folder_spec_files, spec_paths
     if paths:
-        files = [Path(p) for p in paths]
+        files = spec_paths(paths)
     else:
         d = Path(specs_dir)
-        files = sorted(sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")))
+        files = spec_paths(folder_spec_files(d))
         if not files:
             raise click.UsageError(f"no spec files given and none found in {d}/ (run inside an attngen project, "
                                    f"pass --root PROJECT or --specs-dir, or name the specs)")
@@ -282,12 +284,16 @@ def _render_specs(paths: list[Path], report_error) -> list[tuple[Path, object]]:
 
 
 def _line_of_key(path: Path, key: str) -> int | None:
-    """The line of a top-level key in a spec file that has already been read once."""
-    from .core.specio import line_of, load_yaml, read_spec_text
+    """The line of a top-level key in a spec file that has already been read once (a dtype cell's: the
+    line in its file)."""
+    from .core.spec_cells import cell_at
+    from .core.specio import line_of, load_yaml
     try:
-        return line_of(load_yaml(read_spec_text(path), str(path))[1], (key,))
+        cell = cell_at(path)
+        line = line_of(load_yaml(cell.text, str(path))[1], (key,))
     except AttngenError:
         return None
+    return cell.lines[line - 1] if line else None
 
 
 def _read_existing(path: Path) -> str | None:
@@ -472,7 +478,9 @@ def check(specs_dir, gen_dir, as_json):
     report["manifest"] = [{"file": str(gen / "MANIFEST.json"), "problem": manifest}] if manifest else []
     if manifest and not as_json:
         click.echo(f"manifest: {gen / 'MANIFEST.json'} {manifest}; run `attngen build`")
-    report["dispatch"] = _check_dispatch(specs_dir, {Path(p).stem: r.plan for p, r in rendered}, as_json, refuse)
+    from .core.spec_cells import in_lab
+    served = {Path(p).stem: r.plan for p, r in rendered if not in_lab(p)}    # a lab spec ships in no wheel
+    report["dispatch"] = _check_dispatch(specs_dir, served, as_json, refuse)
     from .description import description_drift
     report["descriptions"] = [{"spec": str(path), "problem": d}
                               for path, r in rendered for d in description_drift(r.plan)]
@@ -572,7 +580,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
       attngen dispatch --head-dim 128 --window --seqlen 32768      (window=(4096, 0) and the like)
       attngen dispatch --head-dim 128 --causal --scores softcap --seqlen 8192
       attngen bench --json grid.json ... && attngen dispatch --from grid.json --write
-      attngen bench --json bwd.json specs/h100_bwd_d64.yaml && attngen dispatch --from bwd.json --write
+      attngen bench --json bwd.json specs/h100_bwd_d64_wgmma.yaml && attngen dispatch --from bwd.json --write
       attngen sweep SPEC --shapes ... --json s.json --write-best specs && attngen dispatch --from s.json --write
       attngen dispatch --call forward_fp8 --arch sm_89 --head-dim 128 --causal   (attngen.attention_fp8)
     """
@@ -591,8 +599,9 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
         except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
             raise click.BadParameter(f"not an `attngen bench --json` or `attngen sweep --json` report: {exc}",
                                      param_hint="--from")
+        from .core.spec_cells import names_spec
         where = Path(specs_dir or SPECS_DIR)
-        missing = sorted({n for e in new for n in (e.spec, e.runner_up) if n and not (where / f"{n}.yaml").exists()})
+        missing = sorted({n for e in new for n in (e.spec, e.runner_up) if n and not names_spec(where, n)})
         if missing:
             raise click.UsageError(f"the reports name specs that are not in {where}/: {', '.join(missing)}; commit "
                                    f"them first (`attngen sweep ... --write-best {where}` writes a sweep's winners)")

@@ -19,7 +19,8 @@ from .plan import Plan, make_plan
 from .shipped import TEMPLATES, VERSION
 from .core.specio import line_of, load_yaml
 from .errors import SpecError
-from .spec import Spec, parse_spec, read_spec_text, spec_dict, spec_yaml
+from .core.spec_cells import SpecCell, cell_at, cell_error
+from .spec import Spec, parse_cell, spec_dict, spec_yaml
 
 # Files that mark the root of a project: header paths are relative to it, so they do not depend on
 # the directory a command runs in.
@@ -171,14 +172,16 @@ def header_path(path: str | Path) -> str:
 
 
 def render_spec_file(path: str | Path) -> Rendered:
-    text = read_spec_text(path)
-    shown = display_path(path)
-    spec = parse_spec(text, file=shown)
+    """Render the spec a path names: a spec file (its first cell, when it lists dtypes) or another
+    dtype's cell by its path (attngen.core.spec_cells). The header names the cell by its address."""
+    cell = cell_at(path)
+    shown = display_path(cell.file)
+    spec = parse_cell(cell, shown)
     try:
         plan = make_plan(spec, file=shown)
     except SpecError as exc:
-        raise with_line(exc, text) from None
-    return Rendered(shown, plan, render_parts(plan, header_path(path), text))
+        raise with_line(exc, cell) from None
+    return Rendered(shown, plan, render_parts(plan, header_path(cell.address), cell.text))
 
 
 def render_bundle(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
@@ -206,12 +209,12 @@ def render_for(spec_or_path) -> tuple[Plan, str, str]:
     return plan, sources[0], label
 
 
-def with_line(exc: SpecError, text: str) -> SpecError:
+def with_line(exc: SpecError, cell: SpecCell) -> SpecError:
     """A planner's refusal (it sees the spec, not its text) with the line of its key in the file."""
     if exc.line is not None or not exc.key:
         return exc
-    _, node = load_yaml(text, exc.file or "<spec>")
+    _, node = load_yaml(cell.text, exc.file or "<spec>")
     path = tuple(int(p) if p.isdigit() else p for p in exc.key.split("."))
     exc.line = line_of(node, path)
     exc.args = (exc.format(),)      # the same error (a BudgetError keeps its table), now with its line
-    return exc
+    return cell_error(exc, cell)    # and, for a cell of a file listing dtypes, the file's line

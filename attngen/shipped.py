@@ -120,9 +120,9 @@ def updated_manifest(folder: Path, built: dict[str, str]) -> dict:
 
 
 def committed_sources(plan, spec_path: Path, spec_text: str) -> tuple[str, ...] | None:
-    """The committed source of every part of `plan` (parsed from `spec_text`, the file at
-    `spec_path`) when the spec is a shipped one and each file is provably what rendering gives now;
-    None when anything does not match (the caller renders)."""
+    """The committed source of every part of `plan` (parsed from `spec_text`, the cell whose address
+    is `spec_path`: attngen.core.spec_cells) when the spec is a shipped one and each file is provably
+    what rendering gives now; None when anything does not match (the caller renders)."""
     specs = shipped("specs")
     if Path(spec_path).resolve().parent != specs.resolve():
         return None

@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 
 from .core.spec_keys import (SCHEMA_VERSION, ForwardSpec, HomogeneousWarps, PadSwizzle, SharedMemory, Softmax,
                         SpecBase, SpecializedWarps, Tile, XorSwizzle, validate)
+from .core.spec_cells import DTYPES_KEY, SpecCell, cell_at, cell_error
 from .core.specio import line_of, load_yaml, read_spec_text
 from .errors import SpecError
 from .kinds import all_kinds, kind_for_data, spec_models
@@ -21,13 +22,16 @@ from .kinds import all_kinds, kind_for_data, spec_models
 Spec = SpecBase
 
 __all__ = ["SCHEMA_VERSION", "ForwardSpec", "HomogeneousWarps", "PadSwizzle", "SharedMemory", "Softmax", "Spec",
-           "SpecializedWarps", "Tile", "XorSwizzle", "json_schema", "load_spec", "parse_spec", "read_spec_text",
+           "SpecializedWarps", "Tile", "XorSwizzle", "json_schema", "load_spec", "parse_cell", "parse_spec", "read_spec_text",
            "spec_dict", "spec_yaml"]
 
 
 def parse_spec(text: str, file: str = "<spec>") -> Spec:
     """Parse and validate spec YAML text; raise SpecError naming file, line and key."""
     data, node = load_yaml(text, file)
+    if DTYPES_KEY in data:
+        raise SpecError("lists a spec per dtype; this reads one spec", file=file, line=line_of(node, (DTYPES_KEY,)),
+                        key=DTYPES_KEY, hint="load the file (load_spec), or one of its cells (parse_cell)")
     kind = kind_for_data(data, file=file, line_of=lambda path: line_of(node, path))
     try:
         return validate(kind.spec_model, data, node, file)
@@ -78,8 +82,18 @@ def other_kinds_key(exc: SpecError, kind) -> SpecError:
 
 
 def load_spec(path: str | Path) -> Spec:
-    """Load a spec file; any problem becomes one SpecError."""
-    return parse_spec(read_spec_text(path), file=str(path))
+    """Load the spec a path names (a file's first cell, or another dtype's cell by its path: see
+    attngen.core.spec_cells); any problem becomes one SpecError."""
+    cell = cell_at(path)
+    return parse_cell(cell, str(cell.file))
+
+
+def parse_cell(cell: SpecCell, file: str) -> Spec:
+    """Parse and validate one cell of a spec file; an error names the file's line (`file` names it)."""
+    try:
+        return parse_spec(cell.text, file=file)
+    except SpecError as exc:
+        raise cell_error(exc, cell) from None
 
 
 def spec_dict(spec: Spec) -> dict:
@@ -97,5 +111,20 @@ def json_schema() -> dict:
     """The JSON schema of a spec file: one alternative per kind."""
     models = spec_models()
     schema = TypeAdapter(Union[models] if len(models) > 1 else models[0]).json_schema(by_alias=True)
+    for model in schema.get("$defs", {}).values():
+        with_dtypes(model)
     schema["title"] = "attngen spec"
     return schema
+
+
+def with_dtypes(model: dict) -> None:
+    """A spec file's `dtypes` beside its model's `dtype` (the file, not the model, reads it: one spec per
+    dtype, attngen.core.spec_cells), so an editor validating against the schema takes either, not both."""
+    dtype = model.get("properties", {}).get("dtype")
+    if dtype is None:
+        return
+    item = {k: v for k, v in dtype.items() if k in ("enum", "const", "type")}
+    model["properties"][DTYPES_KEY] = {"type": "array", "items": item, "minItems": 1, "uniqueItems": True,
+                                       "description": "one spec per element type, the first named as `name`, "
+                                                      "each other `<name>_<dtype>`; instead of dtype"}
+    model["not"] = {"required": ["dtype", DTYPES_KEY]}

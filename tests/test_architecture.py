@@ -24,6 +24,7 @@ from attngen.kinds import KINDS, fwd_mma, kind_of
 from attngen.plan import make_plan
 from attngen.render import render_parts
 from attngen.spec import load_spec, parse_spec
+from spec_sample import SPEC_PATHS, spec_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "attngen"
@@ -258,7 +259,7 @@ def test_abi_field_refuses_what_c_cannot_lay_out(make, message):
 
 
 def test_forward_abi_matches_the_generated_struct():
-    plan = make_plan(parse_spec((ROOT / "specs" / "h100_mma_d128_ws.yaml").read_text()))
+    plan = make_plan(parse_spec(spec_text(ROOT / "specs" / "lab" / "h100_mma_d128_ws.yaml")))
     src = render_parts(plan, "specs/x.yaml", "")[0].source
     for f, offset in plan.abi.rows():
         assert f"static_assert(offsetof(Params, {f.name}) == {offset}," in src
@@ -283,7 +284,7 @@ def test_forward_abi_matches_the_generated_struct():
      {"cu_seqlens_k", "causal_from_end", "causal_offset", "lse_batch_stride", "lse_head_stride"}),
 ])
 def test_a_plans_params_carry_what_its_kernels_read(spec, carries, leaves_out):
-    plan = make_plan(parse_spec((ROOT / "specs" / f"{spec}.yaml").read_text()))
+    plan = make_plan(parse_spec(spec_text(ROOT / "specs" / f"{spec}.yaml")))
     names = {f.name for f in plan.abi.fields}
     assert carries <= names and not leaves_out & names
     assert leaves_out <= plan.abi.omitted
@@ -313,7 +314,7 @@ def test_a_view_declares_what_a_kernel_reads_at_the_same_offsets():
 
 def plan_with_tensor_map():
     """Adding a field is one entry: a 128-byte, 64-byte aligned tensor map after the forward fields."""
-    plan = make_plan(parse_spec((ROOT / "specs" / "l4_mma_d64.yaml").read_text()))
+    plan = make_plan(parse_spec(spec_text(ROOT / "specs" / "l4_mma_d64.yaml")))
     return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((blob("tma_q", 128, 64, "TMA descriptor of q"),)))
 
 
@@ -329,7 +330,7 @@ def test_one_line_adds_a_field():
 def plan_with_small_blob():
     """A 16-byte, 8-aligned blob right after an int at an 8-aligned offset (FORWARD_ABI ends at +264,
     the int lies at +264): Python puts the blob at +272, not +268, and C must too."""
-    plan = make_plan(parse_spec((ROOT / "specs" / "l4_mma_d64.yaml").read_text()))
+    plan = make_plan(parse_spec(spec_text(ROOT / "specs" / "l4_mma_d64.yaml")))
     assert FORWARD_ABI.size == 264
     return dataclasses.replace(plan, abi=FORWARD_ABI.with_fields((int32("n", "an int"),
                                                                   blob("small", 16, 8, "an 8-aligned blob"))))
@@ -443,7 +444,7 @@ TWO_PART = Kind("test_two_part", "two-part test kind", ("mma", "mma_m16n8k16_pai
 @pytest.fixture
 def two_part_project(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "KINDS", KINDS + (TWO_PART,))
-    text = (ROOT / "specs" / "l4_mma_d64.yaml").read_text().replace("name: l4_mma_d64", "name: pair")
+    text = spec_text(ROOT / "specs" / "l4_mma_d64.yaml").replace("name: l4_mma_d64", "name: pair")
     text = text.replace("mma: mma_m16n8k16", "mma: mma_m16n8k16_pair")
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs" / "pair.yaml").write_text(text)
@@ -582,6 +583,6 @@ def test_fragment_numbers_take_keywords_only():
     """A kind's typed fragment numbers are built by name: 27 positional ints cannot be reviewed."""
     import dataclasses
     for kind in KINDS:
-        spec = next(load_spec(p) for p in sorted((ROOT / "specs").glob("*.yaml")) if kind_of(load_spec(p)) is kind)
+        spec = next(load_spec(p) for p in SPEC_PATHS if kind_of(load_spec(p)) is kind)
         fragments = kind.plan(spec, None).fragments
         assert all(f.kw_only for f in dataclasses.fields(fragments)), type(fragments).__name__

@@ -16,6 +16,7 @@ from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of
 from attngen.plan import make_plan
 from attngen.spec import load_spec, parse_spec
+from spec_sample import SPEC_PATHS, spec_text
 
 ROOT = Path(__file__).resolve().parent.parent
 D128 = ROOT / "specs" / "h100_bwd_d128.yaml"
@@ -28,7 +29,7 @@ WGMMA_D128_SCORES = [ROOT / "specs" / f"h100_bwd_d128_wgmma_{s}.yaml"    # at 25
 
 
 def test_backward_key_picks_the_kind():
-    data = yaml.safe_load(D128.read_text())
+    data = yaml.safe_load(spec_text(D128))
     assert kind_for_data(data).name == "bwd_mma"
     assert kind_for_data({k: v for k, v in data.items() if k != "backward"} | {"mma": "mma_m16n8k16"}).name == "fwd_mma"
 
@@ -65,7 +66,7 @@ def test_plan_is_a_three_part_bundle():
 def test_dq_warp_grid_and_query_stages():
     from attngen.kinds.bwd_mma import dq_warp_grid
     assert dq_warp_grid(64, 8) == (4, 2) and dq_warp_grid(128, 8) == (8, 1) and dq_warp_grid(64, 4) == (4, 1)
-    p = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64.yaml"))
+    p = make_plan(load_spec(ROOT / "specs" / "lab" / "h100_bwd_d64.yaml"))
     regions = {r.name: r for r in p.regions}
     assert p.fragments.query_stages == 2
     assert p.fragments.query_stage_bytes == regions["q1"].offset - regions["q"].offset == \
@@ -73,23 +74,23 @@ def test_dq_warp_grid_and_query_stages():
 
 
 def test_warp_keys_32_splits_each_query_block_between_two_groups():
-    p = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64_k32.yaml"))
+    p = make_plan(load_spec(ROOT / "specs" / "lab" / "h100_bwd_d64_k32.yaml"))
     f, regions = p.fragments, {r.name: r for r in p.regions}
     assert (f.warp_key_tiles, f.query_groups, f.chunks, f.chunk_tiles) == (2, 2, 2, 4)   # 64 queries a group
     # the groups sum dK and dV through every Q and dO stage: from Q to K
     assert f.group_scratch_bytes == 4 * 16384 and regions["k0"].offset - regions["q"].offset == 4 * 16384
-    assert make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64.yaml")).fragments.group_scratch_bytes == 0
+    assert make_plan(load_spec(ROOT / "specs" / "lab" / "h100_bwd_d64.yaml")).fragments.group_scratch_bytes == 0
     text = explain(p)
     assert "2 groups of 4 warps of 32 keys" in text and "2 chunks of its group's 64 queries" in text
     assert any("the groups sum dK and dV" in line for line in p.schedule)
     # 64-query chunks would hold 256 fp32 accumulators (every function spilled); warps in pairs
-    assert refused_key(ROOT / "specs" / "h100_bwd_d64_k32.yaml", {"query_chunk": 64}) == "query_chunk"
-    assert refused_key(ROOT / "specs" / "h100_bwd_d64_k32.yaml",
+    assert refused_key(ROOT / "specs" / "lab" / "h100_bwd_d64_k32.yaml", {"query_chunk": 64}) == "query_chunk"
+    assert refused_key(ROOT / "specs" / "lab" / "h100_bwd_d64_k32.yaml",
                        {"tile": {"block_m": 64, "block_n": 48}, "warps": {"compute": 3}}) == "warps.compute"
 
 
 def test_warp_split_columns_halves_dk_and_dv_and_adds_a_p_tile():
-    p = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d128_k32.yaml"))
+    p = make_plan(load_spec(ROOT / "specs" / "lab" / "h100_bwd_d128_k32.yaml"))
     f, regions = p.fragments, {r.name: r for r in p.regions}
     assert (f.warp_key_tiles, f.query_groups, f.column_groups, f.warp_d_tiles, f.d_tiles) == (2, 1, 2, 8, 16)
     # dK and dV 2 x 64 registers, S^T and dP^T 2 x 32
@@ -98,7 +99,7 @@ def test_warp_split_columns_halves_dk_and_dv_and_adds_a_p_tile():
     assert 16 * f.dq_m_tiles * f.dq_row_warps == 128 and 16 * f.dq_d_pairs * (8 // f.dq_row_warps) == 128
     assert regions["pt"].bytes == regions["ds"].bytes and "pt" not in {r.name for r in make_plan(
         load_spec(ROOT / "specs" / "h100_bwd_d128.yaml")).regions}
-    assert refused_key(ROOT / "specs" / "h100_bwd_d64.yaml", {"warp_split": "columns"}) == "warp_split"
+    assert refused_key(ROOT / "specs" / "lab" / "h100_bwd_d64.yaml", {"warp_split": "columns"}) == "warp_split"
 
 
 def test_l4_spec_fits_the_default_budget():
@@ -131,7 +132,7 @@ def test_rules_refuse_what_is_not_generated(change, key):
 
 def refused_key(spec: Path, change: dict) -> str:
     """The key of the SpecError that planning `spec` with `change` raises."""
-    data = yaml.safe_load(spec.read_text()) | change
+    data = yaml.safe_load(spec_text(spec)) | change
     with pytest.raises(SpecError) as info:
         make_plan(parse_spec(yaml.safe_dump(data), file="b.yaml"), file="b.yaml")
     return info.value.key
@@ -139,7 +140,7 @@ def refused_key(spec: Path, change: dict) -> str:
 
 @pytest.mark.nvcc
 @pytest.mark.exhaustive      # test_compile's sample compiles these kinds' first specs by default
-@pytest.mark.parametrize("spec", [D128, L4, ROOT / "specs" / "h100_bwd_d64_k32.yaml", ROOT / "specs" / "h100_bwd_d128_k32.yaml",
+@pytest.mark.parametrize("spec", [D128, L4, ROOT / "specs" / "lab" / "h100_bwd_d64_k32.yaml", ROOT / "specs" / "lab" / "h100_bwd_d128_k32.yaml",
                                   WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW, *WGMMA_D128_SCORES],
                          ids=["h100_d128", "l4_d64", "h100_d64_k32", "h100_d128_k32", "wgmma_d64", "wgmma_d128", "wgmma_d128_window", "wgmma_d128_softcap",
                               "wgmma_d128_alibi", "wgmma_d128_softcap_alibi"])
@@ -159,7 +160,7 @@ def test_one_warpgroup_kernels_compile(tmp_path):
     deterministic staging included (its dQ share is the whole stage)."""
     from attngen.compile import compile_source
     from attngen.render import render_spec_file
-    data = yaml.safe_load(WGMMA_D64.read_text()) | {"name": "t_bwd_d64_one_warpgroup", "warps": {"compute": 4}}
+    data = yaml.safe_load(spec_text(WGMMA_D64)) | {"name": "t_bwd_d64_one_warpgroup", "warps": {"compute": 4}}
     data["tile"] = {"block_m": 64, "block_n": 64}
     path = tmp_path / "t_bwd_d64_one_warpgroup.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -171,7 +172,7 @@ def test_one_warpgroup_kernels_compile(tmp_path):
 
 
 def test_varlen_spec_adds_varlen_functions_with_their_deterministic_twins():
-    p = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64_varlen.yaml"))
+    p = make_plan(load_spec(ROOT / "specs" / "lab" / "h100_bwd_d64_varlen.yaml"))
     keys = [k for k, _ in p.parts[0].functions]
     assert keys == ["none", "causal", "none_varlen", "causal_varlen", "none_deterministic", "causal_deterministic",
                     "none_varlen_deterministic", "causal_varlen_deterministic"]
@@ -181,14 +182,14 @@ def test_varlen_spec_adds_varlen_functions_with_their_deterministic_twins():
     assert [p.takes_turns(k) for k in keys] == [False] * 4 + [True] * 4
     names = {f.name for f in p.abi.fields}
     assert {"cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors"} <= names
-    plain = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64.yaml"))
+    plain = make_plan(load_spec(ROOT / "specs" / "lab" / "h100_bwd_d64.yaml"))
     assert not plain.varlen and "cu_seqlens_q" not in {f.name for f in plain.abi.fields}
 
 
 # -- the wgmma kind (backward: wgmma_dq_red) -------------------------------------------
 
 def test_wgmma_backward_picks_its_kind():
-    data = yaml.safe_load(WGMMA_D128.read_text())
+    data = yaml.safe_load(spec_text(WGMMA_D128))
     assert kind_for_data(data).name == "bwd_wgmma"
     assert kind_for_data(data | {"backward": "dq_atomic", "mma": "mma_m16n8k16"}).name == "bwd_mma"
 
@@ -304,11 +305,12 @@ def test_wgmma_rules_refuse_what_is_not_generated(change, key):
 def test_wgmma_query_blocks_of_128_refuse_varlen():
     """Query blocks of 128 (dQ by rows) are generated for padded calls: the varlen functions spill."""
     assert refused_key(WGMMA_D64, {"varlen": True}) == "tile.block_m"
-    data = yaml.safe_load(WGMMA_D64.read_text()) | {"varlen": True, "tile": {"block_m": 64, "block_n": 128}}
+    data = yaml.safe_load(spec_text(WGMMA_D64)) | {"varlen": True, "tile": {"block_m": 64, "block_n": 128}}
     assert make_plan(parse_spec(yaml.safe_dump(data), file="b.yaml"), file="b.yaml").varlen
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "specs").glob("h100_bwd_*_expr_*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in SPEC_PATHS if p.name.startswith("h100_bwd_") and "_expr_" in p.name],
+                         ids=lambda p: p.stem)
 def test_expression_backward_renders_the_derivative_and_the_walk(path):
     """A score expression's backward multiplies dS by the expression's derivative (rendered from
     core/expressions.py derivative); a mask expression's classifies each (query block, key block)

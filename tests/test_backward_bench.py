@@ -37,8 +37,8 @@ def test_variant_specs_are_refused_with_what_checks_them():
     assert "`attngen verify` checks them" in problem and ".ci/window_backward_bench.py" in problem
     assert ".ci/score_backward_bench.py OUT.json` the softcap and ALiBi ones" in problem
     assert check_options(paths[:1], ps[:1], BenchOptions()) == []
-    code, out = bench(SPECS / "h100_bwd_d64_window.yaml")
-    assert code == 2 and "h100_bwd_d64_window takes variant arguments" in out
+    code, out = bench(SPECS / "lab" / "h100_bwd_d64_window.yaml")      # the file: its fp16 and bf16 cells
+    assert code == 2 and "h100_bwd_d64_window, h100_bwd_d64_window_bf16 take variant arguments" in out
 
 
 def test_varlen_is_refused_with_the_script_that_times_it():
@@ -46,7 +46,7 @@ def test_varlen_is_refused_with_the_script_that_times_it():
     (problem,) = check_options(paths, ps, BenchOptions(varlen=True))
     assert "does not time the varlen backward (h100_bwd_d64_varlen)" in problem
     assert "python3 .ci/varlen_backward_bench.py OUT.json" in problem
-    code, out = bench("--varlen", SPECS / "h100_bwd_d64_varlen.yaml")
+    code, out = bench("--varlen", SPECS / "lab" / "h100_bwd_d64_varlen.yaml")
     assert code == 2 and ".ci/varlen_backward_bench.py" in out
 
 
@@ -66,8 +66,8 @@ def test_cases_follow_the_spec_head_dim_dtype_and_masks():
     assert case.flops == 2.5 * 4 * 4 * 16 * 2048 * 2048 * 64 / 2 and case.label == "4x16x2048x64 fp16 causal"
 
 
-@pytest.mark.parametrize("args", [["h100_bwd_d64.yaml"], ["h100_mma_d64.yaml"],
-                                  ["--shapes", "1x4x512x64", "--causal", "yes", "h100_bwd_d64.yaml"]],
+@pytest.mark.parametrize("args", [["lab/h100_bwd_d64.yaml"], ["h100_mma_d64.yaml"],
+                                  ["--shapes", "1x4x512x64", "--causal", "yes", "lab/h100_bwd_d64.yaml"]],
                          ids=["backward", "forward", "backward-shapes"])
 def test_without_gpu_backward_exits_as_forward_does(args, monkeypatch):
     """No GPU: exit 4 with the same one line for a backward spec as for a forward one (--shapes is

@@ -18,12 +18,14 @@ from attngen.errors import ToolError
 from attngen.plan import make_plan
 from attngen.render import render_spec_file
 from attngen.spec import load_spec
-from spec_sample import PLANS, SAMPLE, sampled
+from attngen.core.spec_cells import cell_at
+from spec_sample import PLANS, SAMPLE, SPEC_PATHS, sampled, spec_text
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC_FILES = sorted((ROOT / "specs").glob("*.y*ml"))
-# The first spec that renders one file (a bundle, decode or backward, renders several).
-ONE_PART = next(p for p in SPEC_FILES if "\ndecode:" not in p.read_text() and "\nbackward:" not in p.read_text())
+SPEC_FILES = SPEC_PATHS
+# The first spec that renders one file (a bundle, decode or backward, renders several), alone in its file.
+ONE_PART = next(p for p in SPEC_FILES if "\ndecode:" not in spec_text(p) and "\nbackward:" not in spec_text(p)
+                and cell_at(p).dtype is None)
 ARCHS = ("sm_89", "sm_90")
 
 
@@ -295,7 +297,7 @@ def test_param_offsets_from_the_cubin():
 @pytest.mark.nvcc
 def test_ignored_setmaxnreg_is_reported():
     """Without a register cap at entry ptxas ignores setmaxnreg (C7508); `compile` must notice."""
-    r = render_spec_file(ROOT / "specs" / "h100_wgmma_d128.yaml")
+    r = render_spec_file(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml")
     source = re.sub(r"__launch_bounds__\([^)]*\)", "", r.source)
     assert source != r.source
     res = compile_source(source, "sm_90a")

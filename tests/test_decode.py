@@ -13,6 +13,7 @@ from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of
 from attngen.plan import make_plan
 from attngen.spec import load_spec, parse_spec
+from spec_sample import spec_text
 
 ROOT = Path(__file__).resolve().parent.parent
 D128 = ROOT / "specs" / "h200_decode_d128.yaml"
@@ -55,14 +56,14 @@ def test_q_fragments_are_held_where_they_fit():
     assert "Q read from its tile at every k-step" in explain(read)
     assert read.spec.register_need()[0] == 136
     # 32 rows of d256 hold 272 accumulators: refused, with the fix
-    text = (ROOT / "specs" / "h200_decode_d256.yaml").read_text().replace("block_m: 16", "block_m: 32")
+    text = spec_text(ROOT / "specs" / "h200_decode_d256.yaml").replace("block_m: 16", "block_m: 32")
     with pytest.raises(SpecError) as info:
         make_plan(parse_spec(text, file="x.yaml"), file="x.yaml")
     assert info.value.key == "tile.block_m" and "hold S and O for 32 rows" in info.value.message
 
 
 def test_merge_buffer_must_fit_over_the_ring():
-    text = (ROOT / "specs" / "h200_decode_d64.yaml").read_text().replace("block_n: 128", "block_n: 64")
+    text = spec_text(ROOT / "specs" / "h200_decode_d64.yaml").replace("block_n: 128", "block_n: 64")
     text = text.replace("stages: 3", "stages: 2").replace("block_m: 16", "block_m: 32")
     # 4 warps x 32 rows x 72 floats x 4 B = 36864 B over a 2 stages x (K + V) x 64 x 64 x 2 B = 32768 B ring
     with pytest.raises(SpecError) as info:

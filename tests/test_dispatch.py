@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from attngen.cli import main
 from attngen.errors import SpecError
 from attngen.ops.table import Entry, dump_table, load_table, select, table_path
+from spec_sample import spec_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = table_path(ROOT / "specs")
@@ -194,7 +195,7 @@ def test_score_modifiers_are_part_of_the_key():
     assert select(entries, "forward", "sm_90", "fp16", 128, "causal", 4096, scores="softcap").spec == "capped"
     with pytest.raises(LookupError, match="mask causal scores alibi"):
         select(entries, "forward", "sm_90", "fp16", 128, "causal", 4096, scores="alibi")
-    plan = make_plan(parse_spec((ROOT / "specs" / "h100_wgmma_d128_softcap.yaml").read_text()))
+    plan = make_plan(parse_spec(spec_text(ROOT / "specs" / "h100_wgmma_d128_softcap.yaml")))
     assert entry_problem(Entry("forward", "sm_90", "fp16", 128, "causal", "h100_wgmma_d128_softcap",
                                scores="softcap"), plan) is None
     assert "applies scores [softcap], the entry []" in entry_problem(

@@ -11,9 +11,10 @@ from attngen.core.expression_variant import BATCH_FIELD, PARAM_PREFIX, SCALE_FIE
 from attngen.errors import SpecError
 from attngen.plan import make_plan
 from attngen.spec import parse_spec
+from spec_sample import SPEC_PATHS, spec_text
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPR_SPECS = sorted(p.name for p in (ROOT / "specs").glob("h100_*_expr_*.yaml"))
+EXPR_SPECS = sorted(p.relative_to(ROOT / "specs").as_posix() for p in SPEC_PATHS if "_expr_" in p.name and p.name.startswith("h100_"))
 
 BASE = """\
 schema: 1
@@ -44,7 +45,7 @@ def test_the_expression_specs_exist():
                  "h100_wgmma_d128_expr_softcap_alibi", "h100_mma_d128_expr_document", "h100_wgmma_d128_expr_document",
                  "h100_mma_d128_expr_prefix_lm",
                  "h100_wgmma_d128_expr_prefix_lm"):
-        assert want + ".yaml" in names
+        assert want + ".yaml" in names or f"lab/{want}.yaml" in names
 
 
 def test_a_mask_expression_is_the_only_mask_by_default():
@@ -97,7 +98,7 @@ def test_kinds_without_expressions_refuse_them():
 
 @pytest.mark.parametrize("name", EXPR_SPECS)
 def test_generated_file_carries_the_expressions(name):
-    spec = parse_spec((ROOT / "specs" / name).read_text(), name)
+    spec = parse_spec(spec_text(ROOT / "specs" / name), name)
     main = make_plan(spec).parts[0]              # a backward bundle's main part
     text = (ROOT / "generated" / main.file_name).read_text()
     v = spec.variant
@@ -114,7 +115,7 @@ def test_generated_file_carries_the_expressions(name):
 
 def test_explain_shows_the_classification():
     from attngen.explain import explain
-    text = explain(make_plan(parse_spec((ROOT / "specs" / "h100_wgmma_d128_expr_prefix_lm.yaml").read_text(), "x")))
+    text = explain(make_plan(parse_spec(spec_text(ROOT / "specs" / "h100_wgmma_d128_expr_prefix_lm.yaml"), "x")))
     assert "block classification" in text and "block pairs empty (skipped)" in text
 
 
@@ -139,9 +140,9 @@ def test_params_are_checked_before_any_launch():
 def test_bench_refuses_variant_specs_with_the_way_to_time_them():
     from types import SimpleNamespace
     from attngen.eval.bench import check_options
-    paths = [ROOT / "specs" / n for n in ("h100_wgmma_d128_expr_prefix_lm.yaml", "h100_mma_d128_softcap.yaml",
+    paths = [ROOT / "specs" / n for n in ("h100_wgmma_d128_expr_prefix_lm.yaml", "lab/h100_mma_d128_softcap.yaml",
                                           "h100_mma_d128.yaml")]
-    plans = [make_plan(parse_spec(p.read_text(), p.name)) for p in paths]
+    plans = [make_plan(parse_spec(spec_text(p), p.name)) for p in paths]
     problems = check_options(paths, plans, SimpleNamespace(varlen=False))
     assert len(problems) == 1 and "h100_wgmma_d128_expr_prefix_lm, h100_mma_d128_softcap take" in problems[0]
     assert "variant_bench.py" in problems[0]
@@ -150,8 +151,8 @@ def test_bench_refuses_variant_specs_with_the_way_to_time_them():
 
 def test_explain_json_carries_the_expressions():
     from attngen.explain import plan_dict
-    d = plan_dict(make_plan(parse_spec((ROOT / "specs" / "h100_mma_d128_expr_window.yaml").read_text(), "x")))
+    d = plan_dict(make_plan(parse_spec(spec_text(ROOT / "specs" / "lab" / "h100_mma_d128_expr_window.yaml"), "x")))
     e = d["expressions"]
     assert e["params"] == {"left": "int"} and "kv_idx <= q_idx + causal_offset" in e["mask"] and e["score"] is None
     assert sum(e["sample_4096"].values()) == (4096 // 128) * (4096 // 64) and e["later_rows_see_more"] is True
-    assert plan_dict(make_plan(parse_spec((ROOT / "specs" / "h100_mma_d128.yaml").read_text(), "x")))["expressions"] is None
+    assert plan_dict(make_plan(parse_spec(spec_text(ROOT / "specs" / "h100_mma_d128.yaml"), "x")))["expressions"] is None

@@ -13,11 +13,12 @@ from attngen.eval import verify
 from attngen.eval.backward_verify import check_backward_case, takes_turns, varlen_gradients
 from attngen.eval.varlen_verify import VarlenCase, varlen_suite
 from attngen.runtime import Kernel
+from spec_sample import SPEC_PATHS
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKWARD_SPECS = sorted((ROOT / "specs").glob("*_bwd_*.yaml"))
+BACKWARD_SPECS = [p for p in SPEC_PATHS if "_bwd_" in p.name]
 D64 = ROOT / "specs" / "l4_bwd_d64.yaml"
 
 
@@ -436,14 +437,14 @@ def test_varlen_backward_refuses_bad_inputs():
     import torch
     gen = torch.Generator(device="cuda").manual_seed(23)
     (q, k, v), (cu_q, cu_k), dout = varlen_leaves(torch, gen, "float16", 64)
-    bwd = kernel(ROOT / "specs" / "h100_bwd_d64_varlen.yaml")
+    bwd = kernel(ROOT / "specs" / "lab" / "h100_bwd_d64_varlen.yaml")
     o, lse = attngen.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True)
     with pytest.raises(ValueError, match="lse"):
         bwd.varlen(q, k, v, o, lse.t(), dout, cu_q, cu_k)
     with pytest.raises(ValueError, match="max_seqlen_k is 100"):
         bwd.varlen(q, k, v, o, lse, dout, cu_q, cu_k, max_seqlen_k=100, validate=True)
     with pytest.raises(ValueError, match="varlen: true"):
-        kernel(ROOT / "specs" / "h100_bwd_d64.yaml").varlen(q, k, v, o, lse, dout, cu_q, cu_k)
+        kernel(ROOT / "specs" / "lab" / "h100_bwd_d64.yaml").varlen(q, k, v, o, lse, dout, cu_q, cu_k)
 
 
 def test_bench_times_a_backward_spec(tmp_path):
@@ -457,7 +458,7 @@ def test_bench_times_a_backward_spec(tmp_path):
     from attngen.eval.dispatch_table import bench_entries
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("h100_bwd_d64 targets sm_90")
-    spec, out = ROOT / "specs" / "h100_bwd_d64.yaml", tmp_path / "bwd.json"
+    spec, out = ROOT / "specs" / "lab" / "h100_bwd_d64.yaml", tmp_path / "bwd.json"
     run = subprocess.run([sys.executable, "-m", "attngen", "bench", str(spec), "--shapes", "1x4x512x64", "--reps", "5",
                           "--dtype", "fp16", "--backends", "flash,cudnn", "--json", str(out)],
                          capture_output=True, text=True, cwd=ROOT)
@@ -485,7 +486,7 @@ def test_repeated_backward_calls_take_the_prepared_path():
     gives what the full path gives on the same tensors; a misaligned pointer still takes the full
     path, which refuses it."""
     import torch
-    bwd = attngen.load(ROOT / "specs" / "h100_bwd_d64.yaml", synchronize=True)
+    bwd = attngen.load(ROOT / "specs" / "lab" / "h100_bwd_d64.yaml", synchronize=True)
     gen = torch.Generator(device="cuda").manual_seed(31)
 
     def inputs():
@@ -533,8 +534,8 @@ def test_wgmma_varlen_backward_with_bad_offsets_stays_inside_and_reports():
     assert all(bool(torch.isfinite(g).all()) for g in again)
 
 
-EXPR_SOFTCAP = ROOT / "specs" / "h100_bwd_d128_expr_softcap.yaml"
-EXPR_WINDOW = ROOT / "specs" / "h100_bwd_d128_expr_window.yaml"
+EXPR_SOFTCAP = ROOT / "specs" / "lab" / "h100_bwd_d128_expr_softcap.yaml"
+EXPR_WINDOW = ROOT / "specs" / "lab" / "h100_bwd_d128_expr_window.yaml"
 
 
 @pytest.mark.parametrize("path, old, new, what", [

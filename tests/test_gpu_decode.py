@@ -10,14 +10,15 @@ import pytest
 import attngen
 from attngen.eval import verify
 from attngen.eval.decode_verify import decode_cases, window_cases
+from spec_sample import SPEC_PATHS
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
-DECODE_SPECS = sorted((ROOT / "specs").glob("*decode*.yaml"))
+DECODE_SPECS = [p for p in SPEC_PATHS if "decode" in p.name]
 D128 = ROOT / "specs" / "h200_decode_d128.yaml"
 WINDOW = ROOT / "specs" / "h200_decode_d128_window.yaml"
-EXPR_WINDOW = ROOT / "specs" / "h200_decode_d128_expr_window.yaml"
+EXPR_WINDOW = ROOT / "specs" / "lab" / "h200_decode_d128_expr_window.yaml"
 
 
 @functools.lru_cache(maxsize=None)

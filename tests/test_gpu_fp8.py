@@ -12,11 +12,12 @@ import attngen
 from attngen.eval import verify
 from attngen.eval.forward_fp8_verify import check_fp8_case, verify_cases
 from attngen.runtime.calls.forward_fp8 import quantize_fp8
+from spec_sample import SPEC_PATHS, spec_text
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
-FP8_SPECS = sorted(p for p in (ROOT / "specs").glob("*.yaml") if "\ndtype: e4m3" in p.read_text())
+FP8_SPECS = [p for p in SPEC_PATHS if "\ndtype: e4m3" in spec_text(p)]
 D128 = ROOT / "specs" / "l4_mma_d128_fp8.yaml"
 WGMMA_D128 = ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"     # sm_90a
 

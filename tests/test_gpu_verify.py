@@ -11,20 +11,21 @@ import pytest
 import attngen
 from attngen.eval import verify
 from attngen.eval.varlen_verify import QUICK_CASES as QUICK_VARLEN
+from spec_sample import SPEC_PATHS, spec_text
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = sorted((ROOT / "specs").glob("*.yaml"))
+SPECS = SPEC_PATHS
 PHASE4 = ROOT / "specs" / "phase4.yaml"
 MMA_SPEC = ROOT / "specs" / "h100_mma_d64.yaml"
-WINDOW_SPEC = ROOT / "specs" / "h100_mma_d64_window.yaml"
+WINDOW_SPEC = ROOT / "specs" / "lab" / "h100_mma_d64_window.yaml"
 WGMMA_WINDOW_SPEC = ROOT / "specs" / "h100_wgmma_d64_window.yaml"
 ALIBI_SPEC = ROOT / "specs" / "h100_mma_d128_alibi.yaml"
 SOFTCAP_SPEC = ROOT / "specs" / "h100_wgmma_d128_softcap.yaml"
 EXPR_PREFIX_SPEC = ROOT / "specs" / "h100_wgmma_d128_expr_prefix_lm.yaml"
-EXPR_WINDOW_SPEC = ROOT / "specs" / "h100_mma_d128_expr_window.yaml"
-EXPR_SOFTCAP_SPEC = ROOT / "specs" / "h100_mma_d128_expr_softcap.yaml"
+EXPR_WINDOW_SPEC = ROOT / "specs" / "lab" / "h100_mma_d128_expr_window.yaml"
+EXPR_SOFTCAP_SPEC = ROOT / "specs" / "lab" / "h100_mma_d128_expr_softcap.yaml"
 
 
 def failures(results) -> str:
@@ -310,7 +311,7 @@ def test_verifier_rejects_planted_bug(name):
 
 CLI_SPECS = {   # one spec of each kind and call convention
     "scalar": "phase4.yaml", "wmma": "phase5_wmma.yaml", "mma": "h100_mma_d64.yaml",
-    "wgmma": "h100_wgmma_d64.yaml", "decode": "h200_decode_d128_fused.yaml",
+    "wgmma": "lab/h100_wgmma_d64.yaml", "decode": "h200_decode_d128_fused.yaml",
     "varlen": "h100_mma_d64_m128n64w4s2x3q.yaml", "fp8": "l4_mma_d64_fp8.yaml",
 }
 
@@ -365,7 +366,7 @@ def test_bench_command_line_per_convention(tmp_path):
 def test_mask_params_per_head_and_per_batch(tmp_path):
     """A mask that reads a per-head and a per-batch tensor param (each block loads its element; a
     varlen block its sequence's), padded and varlen, under the quick suite."""
-    text = (ROOT / "specs" / "h100_mma_d128_expr_window.yaml").read_text()
+    text = spec_text(ROOT / "specs" / "lab" / "h100_mma_d128_expr_window.yaml")
     text = text.replace("name: h100_mma_d128_expr_window", "name: t_expr_per_head")
     start = text.index("\nvariant:") + 1
     end = text.index("\ntarget:") + 1

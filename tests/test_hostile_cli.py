@@ -18,6 +18,7 @@ import pytest
 from attngen import cli
 from attngen.cli import main
 from attngen.errors import NoGpuError
+from spec_sample import spec_text
 from hostile_helpers import assert_clean, invoke, mini_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def test_a_report_path_that_cannot_be_written_is_refused_first(tmp_path, args, n
 # -- renamed spec keys ----------------------------------------------------------------------------
 
 def test_a_renamed_key_names_its_new_name(tmp_path):
-    text = (ROOT / "specs" / "h100_wgmma_d128_pp_bf16.yaml").read_text()
+    text = spec_text(ROOT / "specs" / "h100_wgmma_d128_pp_bf16.yaml")
     assert "schedule: {overlap: true, pingpong: true}" in text
     p = tmp_path / "old.yaml"
     p.write_text(text.replace("schedule: {overlap: true, pingpong: true}", "schedule: {overlap: true, split_kv: true}"))

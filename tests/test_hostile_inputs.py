@@ -419,7 +419,7 @@ OPTION_MESSAGES = {
     "bench_cells_forward_only": "--cells applies to decode specs",
     "bench_varlen_spec_without": "l4_mma_d64 has none (give specs with varlen: true)",
     "bench_varlen_decode_only": "--varlen applies to forward specs",
-    "bench_paged_contiguous_spec": "h200_decode_d128_contiguous reads contiguous caches only",
+    "bench_paged_contiguous_spec": "h200_decode_d128_contiguous, h200_decode_d128_contiguous_bf16 read contiguous caches only",
     "sweep_decode_spec": "decode_mma specs declare none",
 }
 

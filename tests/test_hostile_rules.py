@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spec_sample import sampled
+from spec_sample import sampled, spec_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
@@ -25,7 +25,7 @@ REFUSAL = re.compile(r"^(?P<file>\S+\.yaml):(?P<line>\d+): (?P<key>[A-Za-z_][\w.
 def hostile(tmp_path: Path, base: str, name: str, **changes) -> Path:
     """A committed spec with changes (a dotted key reaches into a mapping; DELETE removes a key),
     written to tmp_path as block-style YAML so that every key has its own line."""
-    data = yaml.safe_load((SPECS / base).read_text())
+    data = yaml.safe_load(spec_text(SPECS / base))
     data["name"] = name
     for dotted, value in changes.items():
         *path, last = dotted.split("__")
@@ -68,7 +68,7 @@ def refusal(path: Path, key: str) -> str:
 # (base spec, changes, key, what the message must say: the fix). Measured before (ptxas, nvcc 13.0):
 WRONG_ACCEPTANCES = {
     # 3 consumer warpgroups, ping-pong, registers 32/160 at d128: 336 B spilled, wgmma serialized
-    "c3_pingpong_registers": ("h100_wgmma_d128_pp.yaml", dict(
+    "c3_pingpong_registers": ("lab/h100_wgmma_d128_pp.yaml", dict(
         tile__block_m=192, warps__consumer=12, smem__stages=2, registers={"producer": 32, "consumer": 160}),
         "registers.consumer", "use tile.block_n <= 64"),
     # head_dim_v 256 with registers 24/240: 144 B spilled
@@ -89,7 +89,7 @@ WRONG_ACCEPTANCES = {
     # ptxas: "mma with FP8 floating point type requires .target sm_89 or higher"
     "fp8_on_a100": ("l4_mma_d128_fp8.yaml", dict(target="a100"), "target", "use target l4"),
     # accepted by explain and build; refused only by the runtime's loader
-    "params_over_4096": ("h100_mma_d128_expr_window.yaml",
+    "params_over_4096": ("lab/h100_mma_d128_expr_window.yaml",
                          dict(variant__params={"left": "int", **{f"p{i}": "float" for i in range(1000)}}),
                          "variant.params", "pass fewer params"),
     # keys a backward or decode kind never reads, accepted without a word
@@ -115,18 +115,18 @@ def test_register_rule_holds_with_registers_set_and_unset(tmp_path):
     """The consumer's need is compared whether setmaxnreg moves registers or not: unset, against
     the entry cap; set, against registers.consumer (the rule used to compare only when unset)."""
     three = dict(tile__block_m=192, warps__consumer=12, smem__stages=2)
-    unset = refusal(hostile(tmp_path, "h100_wgmma_d128_pp.yaml", "hx_unset", registers=DELETE, **three),
+    unset = refusal(hostile(tmp_path, "lab/h100_wgmma_d128_pp.yaml", "hx_unset", registers=DELETE, **three),
                     "registers")
     assert "needs about 192" in unset and "gets 128 at entry" in unset
     assert "use tile.block_n <= 64 and registers: {producer: 24, consumer: 160}" in unset
-    short = refusal(hostile(tmp_path, "h100_wgmma_d128_pp.yaml", "hx_set",
+    short = refusal(hostile(tmp_path, "lab/h100_wgmma_d128_pp.yaml", "hx_set",
                             registers={"producer": 32, "consumer": 160}, **three), "registers.consumer")
     assert "needs about 192" in short
 
 
 def test_a_pool_with_room_suggests_more_consumer_registers(tmp_path):
     """Two consumer warpgroups: the pool (3 x 168) has room, so the fix raises registers.consumer."""
-    message = refusal(hostile(tmp_path, "h100_wgmma_d128.yaml", "hx_pool", registers={"producer": 24, "consumer": 168}),
+    message = refusal(hostile(tmp_path, "lab/h100_wgmma_d128.yaml", "hx_pool", registers={"producer": 24, "consumer": 168}),
                       "registers.consumer")
     assert "set registers: {producer: 24, consumer: 192}" in message
 
@@ -145,12 +145,12 @@ SUGGESTIONS = {
     "fwd_scalar": ("phase4.yaml", dict(min_blocks_per_sm=12)),
     "fwd_wmma": ("phase5_wmma.yaml", dict(min_blocks_per_sm=24)),
     "fwd_mma": ("l4_mma_d64.yaml", dict(min_blocks_per_sm=12)),
-    "fwd_mma_wide": ("h100_mma_d128_m64n64w4s3x3q.yaml", dict(min_blocks_per_sm=8)),
+    "fwd_mma_wide": ("lab/h100_mma_d128_m64n64w4s3x3q.yaml", dict(min_blocks_per_sm=8)),
     "fwd_mma_e4m3": ("l4_mma_d64_fp8.yaml", dict(min_blocks_per_sm=6)),
-    "fwd_wgmma": ("h100_wgmma_d64_n128c1hs2o.yaml", dict(min_blocks_per_sm=16)),
-    "fwd_wgmma_registers": ("h100_wgmma_d128_pp.yaml", dict(
+    "fwd_wgmma": ("lab/h100_wgmma_d64_n128c1hs2o.yaml", dict(min_blocks_per_sm=16)),
+    "fwd_wgmma_registers": ("lab/h100_wgmma_d128_pp.yaml", dict(
         tile__block_m=192, warps__consumer=12, smem__stages=2, registers={"producer": 32, "consumer": 160})),
-    "fwd_wgmma_pool": ("h100_wgmma_d128.yaml", dict(registers={"producer": 24, "consumer": 168})),
+    "fwd_wgmma_pool": ("lab/h100_wgmma_d128.yaml", dict(registers={"producer": 24, "consumer": 168})),
     "fwd_wgmma_e4m3": ("h100_wgmma_d64_fp8_n128c2ps2pb.yaml", dict(min_blocks_per_sm=5)),
     "decode_mma": ("h200_decode_d64.yaml", dict(min_blocks_per_sm=16)),
     "bwd_mma": ("l4_bwd_d64.yaml", dict(min_blocks_per_sm=12)),

@@ -30,7 +30,7 @@ from attngen.errors import SpecError
 from attngen.plan import make_plan
 from attngen.render import render_parts
 from attngen.spec import parse_spec
-from spec_sample import sampled
+from spec_sample import sampled, spec_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SECONDS = 10.0
@@ -39,14 +39,14 @@ SECONDS = 10.0
 BASES = {
     "fwd_scalar": "phase4.yaml",
     "fwd_wmma": "phase5_wmma.yaml",
-    "fwd_mma": "h100_mma_d128_expr_window.yaml",
-    "fwd_wgmma": "h100_wgmma_d128_expr_window.yaml",
-    "fwd_wgmma_score": "h100_wgmma_d128_expr_softcap.yaml",
+    "fwd_mma": "lab/h100_mma_d128_expr_window.yaml",
+    "fwd_wgmma": "lab/h100_wgmma_d128_expr_window.yaml",
+    "fwd_wgmma_score": "lab/h100_wgmma_d128_expr_softcap.yaml",
     "fwd_wgmma_e4m3": "h100_wgmma_d128_fp8.yaml",
     "fwd_mma_e4m3": "l4_mma_d64_fp8.yaml",
-    "decode_mma": "h200_decode_d128_expr_prefix_lm.yaml",
-    "bwd_mma": "h100_bwd_d128_expr_softcap_alibi.yaml",
-    "bwd_wgmma": "h100_bwd_d64_wgmma_expr_window.yaml",
+    "decode_mma": "lab/h200_decode_d128_expr_prefix_lm.yaml",
+    "bwd_mma": "lab/h100_bwd_d128_expr_softcap_alibi.yaml",
+    "bwd_wgmma": "lab/h100_bwd_d64_wgmma_expr_window.yaml",
 }
 
 # Every line break Python's str.splitlines() or a C preprocessor knows.
@@ -214,7 +214,7 @@ def answer(text: str):
 
 @pytest.mark.parametrize("kind", sampled(sorted(BASES), {"fwd_scalar", "fwd_mma"}.__contains__, sorted(BASES)))   # two by default
 def test_every_spec_string_with_every_payload(kind):
-    base_text = (ROOT / "specs" / BASES[kind]).read_text()
+    base_text = spec_text(ROOT / "specs" / BASES[kind])
     base = yaml.safe_load(base_text)
     base_code = code_parts(render_text(base_text))
     strings = list(string_paths(base))
@@ -243,7 +243,7 @@ def test_every_spec_string_with_every_payload(kind):
 def test_raw_spec_text_in_the_header(kind):
     """The spec file itself, echoed in the header, carrying the payloads in YAML comments and in a
     quoted description: code unchanged, payload only in comments."""
-    base_text = (ROOT / "specs" / BASES[kind]).read_text()
+    base_text = spec_text(ROOT / "specs" / BASES[kind])
     base_code = code_parts(render_text(base_text))
     for payload in PAYLOADS:
         if any(c in payload for c in "\x00\x07\x1b\x1c\x1d\x1e\v\f\u200b\u2066\u202e"):
@@ -257,7 +257,7 @@ def test_raw_spec_text_in_the_header(kind):
 
 
 def test_the_reported_injection_is_refused():
-    text = (ROOT / "specs" / BASES["fwd_wgmma"]).read_text()
+    text = spec_text(ROOT / "specs" / BASES["fwd_wgmma"])
     hostile = re.sub(r"mask: .*", 'mask: "(kv_idx <= q_idx + causal_offset\\n#define ATTNGEN_HOSTILE 1\\n'
                                   '#define __syncthreads() do {} while (0)\\n// 1)"', text)
     with pytest.raises(SpecError, match=r"variant.mask.*a comment \(#\) is not in the expression grammar"):
@@ -276,7 +276,7 @@ def test_param_names_that_are_not_plain_identifiers_are_refused(name):
 
 @pytest.mark.parametrize("name", ["scale", "batch"])
 def test_param_names_of_internal_fields_are_refused_in_one_line(name, tmp_path):
-    text = (ROOT / "specs" / BASES["fwd_wgmma"]).read_text().replace("{left: int}", f"{{left: int, {name}: int}}")
+    text = spec_text(ROOT / "specs" / BASES["fwd_wgmma"]).replace("{left: int}", f"{{left: int, {name}: int}}")
     path = tmp_path / "s.yaml"
     path.write_text(text)
     res = CliRunner().invoke(main, ["build", "--out", str(tmp_path / "out"), str(path)])
@@ -343,7 +343,7 @@ def test_the_largest_accepted_expressions_render_and_explain_within_seconds(tmp_
     for kind, key, text in (("bwd_mma", "score", score),
                             ("fwd_wgmma", "mask", " and ".join(f"kv_idx <= q_idx + causal_offset + {i}"
                                                               for i in range(MAX_NODES // 7 - 1)))):
-        base = (ROOT / "specs" / BASES[kind]).read_text()
+        base = spec_text(ROOT / "specs" / BASES[kind])
         data = yaml.safe_load(base)
         data["variant"][key] = text
         if key == "score":
@@ -360,7 +360,7 @@ def test_the_largest_accepted_expressions_render_and_explain_within_seconds(tmp_
 
 def test_a_huge_number_in_the_description_is_free_text(tmp_path):
     from attngen.description import description_drift
-    text = (ROOT / "specs" / "phase4.yaml").read_text()
+    text = spec_text(ROOT / "specs" / "phase4.yaml")
     data = yaml.safe_load(text)
     data["description"] = "9" * 5000 + "x64 tiles, " + "7" * 5000 + "-stage"
     plan = make_plan(parse_spec(yaml.safe_dump(data, width=10 ** 6)))

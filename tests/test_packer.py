@@ -10,9 +10,10 @@ import pytest
 from attngen.core.abi import Abi, int32, pointer
 from attngen.plan import make_plan
 from attngen.spec import load_spec
+from spec_sample import SPEC_PATHS
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = sorted((ROOT / "specs").glob("*.yaml"))
+SPECS = SPEC_PATHS
 
 
 def random_value(field, rng):

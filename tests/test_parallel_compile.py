@@ -227,7 +227,7 @@ def test_warm_of_an_arch_the_table_does_not_serve_refuses_in_one_line(sleepy):
 
 
 def test_warm_of_a_spec_that_cannot_run_on_the_arch_refuses_in_one_line(sleepy):
-    line = assert_clean(*invoke(["warm", "--arch", "sm_89", SPECS / "h100_wgmma_d128.yaml"]))
+    line = assert_clean(*invoke(["warm", "--arch", "sm_89", SPECS / "lab" / "h100_wgmma_d128.yaml"]))
     assert "h100_wgmma_d128.yaml" in line and "sm_90a-only" in line
 
 

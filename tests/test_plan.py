@@ -16,6 +16,7 @@ from attngen.explain import explain
 from attngen.plan import make_plan
 from attngen.spec import load_spec, parse_spec
 from attngen.targets import TARGETS
+from spec_sample import SPEC_PATHS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +156,7 @@ def test_bf16_types():
     assert (p.ctype, p.ctype2) == ("__nv_bfloat16", "__nv_bfloat162")
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "specs").glob("*.y*ml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SPEC_PATHS, ids=lambda p: p.name)
 def test_repo_specs_plan_within_budget(path):
     p = make_plan(load_spec(path))
     assert 0 < p.smem_bytes <= p.smem_budget

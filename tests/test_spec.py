@@ -16,9 +16,10 @@ from attngen.kinds import KINDS, kind_for_data
 from attngen.cli import main
 from attngen.errors import SpecError
 from attngen.spec import load_spec, parse_spec
+from spec_sample import SPEC_PATHS, spec_text
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC_FILES = sorted((ROOT / "specs").glob("*.y*ml"))
+SPEC_FILES = SPEC_PATHS
 
 # Valid bases, one per family; every bad case below changes one thing so that exactly one rule fires.
 SCALAR = {
@@ -132,7 +133,7 @@ def assert_where(err: SpecError, line: int, key: str | None, file: str = "bad.ya
 @pytest.mark.parametrize("path", SPEC_FILES, ids=[p.name for p in SPEC_FILES])
 def test_repo_spec_loads(path):
     s = load_spec(path)
-    assert s.name == yaml.safe_load(path.read_text())["name"]
+    assert s.name == path.stem == yaml.safe_load(spec_text(path))["name"]
 
 
 def test_repo_has_specs():
@@ -612,7 +613,8 @@ def test_schema_command_lists_every_key():
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
                                          "page_size", "combine", "backward", "query_stages", "query_chunk",
                                          "warp_keys", "warp_split", "out_dtype"} == {
-            "schema", "name", "description", "target", "dtype", "head_dim", "head_dim_v", "masks", "scores", "variant",
+            "schema", "name", "description", "target", "dtype", "dtypes", "head_dim", "head_dim_v", "masks", "scores",
+            "variant",
             "tile", "warps",
             "mma", "smem",
             "softmax", "min_blocks_per_sm", "varlen"}

@@ -24,7 +24,7 @@ from attngen.spec import load_spec, spec_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 L4_D64 = ROOT / "specs" / "l4_mma_d64.yaml"
-L4_D64_WS = ROOT / "specs" / "l4_mma_d64_ws.yaml"
+L4_D64_WS = ROOT / "specs" / "lab" / "l4_mma_d64_ws.yaml"
 W = S.WarpChoice
 CASES = [Case(1, 2, 256, 64, "fp16", False), Case(1, 2, 256, 64, "fp16", True)]
 
@@ -546,7 +546,7 @@ def test_gpu_tiny_sweep(tmp_path, tiny_space):
 def test_a_kind_declares_its_own_axes():
     """The Hopper kind sweeps its own knobs: block_m moves with the consumer warpgroups, registers and
     schedule are axes, and its rules prune what cannot be generated."""
-    base = load_spec(ROOT / "specs" / "h100_wgmma_d128.yaml")
+    base = load_spec(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml")
     sp = S.default_space(base)
     assert sp.names == ("block_n", "warpgroups", "stages", "registers", "schedule", "epilogue", "blocks",
                         "max_chains")
@@ -567,7 +567,7 @@ def test_a_kind_declares_its_own_axes():
 def test_the_wgmma_space_scans_the_row_max_in_four_chains():
     """softmax.max_chains 4 is a point of its own (tag mc4); the kind's rule prunes it where a thread's
     part of a row is under 32 scores."""
-    base = load_spec(ROOT / "specs" / "h100_wgmma_d128.yaml")
+    base = load_spec(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml")
     sp = S.default_space(base)
     kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (False, 1), 4),
                                       sp.choice(64, (1, 2), 2, (24, 240), "pingpong", "tma", (False, 1), 4)])
@@ -580,7 +580,7 @@ def test_the_wgmma_space_has_persistent_blocks():
     """The blocks axis makes persistent candidates (one or two Q tiles) from a base without them, and
     the kind's rules refuse a persistent block without a producer warpgroup; a persistent base
     sits at its own point."""
-    base = load_spec(ROOT / "specs" / "h100_wgmma_d128.yaml")
+    base = load_spec(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml")
     sp = S.default_space(base)
     assert sp.blocks == ((False, 1), (True, 1), (True, 2))
     kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (True, 2), 1),
@@ -613,7 +613,7 @@ def test_sweep_cases_of_a_base_whose_v_has_its_own_head_dim():
 
 WGMMA_BWD_D64 = ROOT / "specs" / "h100_bwd_d64_wgmma.yaml"
 WGMMA_BWD_D128 = ROOT / "specs" / "h100_bwd_d128_wgmma.yaml"
-MMA_BWD_D64 = ROOT / "specs" / "h100_bwd_d64.yaml"
+MMA_BWD_D64 = ROOT / "specs" / "lab" / "h100_bwd_d64.yaml"
 
 
 @pytest.mark.parametrize("path, survivors, refused", [
@@ -650,7 +650,7 @@ def test_mma_backward_space_moves_warps_with_keys():
     d128 = S.default_space(load_spec(ROOT / "specs" / "h100_bwd_d128.yaml"))
     kept128 = {c.choice.tag for c in S.prune(load_spec(ROOT / "specs" / "h100_bwd_d128.yaml"), d128)[0]}
     assert "m128n128s1c32k32c" in kept128 and "m128n128s1c32k16" in kept128 and "m128n128s1c32k32" not in kept128
-    assert S.choice_of(load_spec(ROOT / "specs" / "h100_bwd_d128_k32.yaml")).tag == "m128n128s1c32k32c"
+    assert S.choice_of(load_spec(ROOT / "specs" / "lab" / "h100_bwd_d128_k32.yaml")).tag == "m128n128s1c32k32c"
 
 
 class BackwardStub(StubMeasurer):

@@ -12,6 +12,7 @@ from attngen.errors import SpecError
 from attngen.kinds import KINDS, kind_of
 from attngen.plan import make_plan
 from attngen.spec import load_spec, parse_spec
+from spec_sample import SPEC_PATHS, spec_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,9 +24,9 @@ def label(spec) -> str:
 
 
 def base_specs() -> dict:
-    """One committed spec per kind and dtype form (its first, by file name)."""
+    """One committed spec per kind and dtype form (its first: specs/ before its lab, by file name)."""
     out = {}
-    for path in sorted((ROOT / "specs").glob("*.yaml")):
+    for path in SPEC_PATHS:
         spec = load_spec(path)
         out.setdefault(label(spec), path)
     return out
@@ -61,7 +62,7 @@ def assert_chunks_stay_in_their_tile(plan):
 @pytest.mark.parametrize("kind", sorted(BASES))
 @pytest.mark.parametrize("xor_bits", [0, 1, 2, 3])
 def test_swizzle_sweep(kind, xor_bits):
-    data = yaml.safe_load(BASES[kind].read_text())
+    data = yaml.safe_load(spec_text(BASES[kind]))
     accepted = refused = 0
     for head_dim in range(16, 257, 8):
         spec = dict(data, head_dim=head_dim, name=f"sweep_{kind}")
@@ -88,7 +89,7 @@ def test_swizzle_sweep(kind, xor_bits):
 @pytest.mark.parametrize("name, head_dim, xor_bits", [("h200_decode_d64", 80, 3), ("l4_mma_d64", 80, 3),
                                                       ("h200_decode_d64", 48, 3), ("l4_mma_d64", 16, 4)])
 def test_reported_overflows_are_refused(name, head_dim, xor_bits):
-    data = yaml.safe_load((ROOT / "specs" / f"{name}.yaml").read_text())
+    data = yaml.safe_load(spec_text(ROOT / "specs" / f"{name}.yaml"))
     data["head_dim"] = head_dim
     data["smem"] = dict(data["smem"], swizzle={"xor_bits": xor_bits})
     with pytest.raises(SpecError, match="can land past the row's end; use ") as info:
@@ -106,7 +107,7 @@ def test_explain_names_a_conflict_free_swizzle(name, swizzle, hint):
     """Where the bank report shows conflicts, the plan names the first XOR swizzle the kind takes
     under which every pattern is conflict-free, and explain prints it."""
     from attngen.explain import explain
-    data = yaml.safe_load((ROOT / "specs" / f"{name}.yaml").read_text())
+    data = yaml.safe_load(spec_text(ROOT / "specs" / f"{name}.yaml"))
     if swizzle:
         data["smem"] = dict(data["smem"], swizzle=swizzle)
     plan = make_plan(parse_spec(yaml.safe_dump(data)))

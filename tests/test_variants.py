@@ -14,6 +14,7 @@ from attngen.core.variants import (ALIBI, MASKS, SCORES, SOFTCAP, UNBOUNDED, WIN
 from attngen.errors import SpecError
 from attngen.plan import make_plan
 from attngen.spec import parse_spec
+from spec_sample import spec_text as committed_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +82,7 @@ def test_registries_name_each_variant_once():
 # -- specs ------------------------------------------------------------------------------------------
 
 def spec_text(path: str, **changes) -> str:
-    lines = (ROOT / "specs" / path).read_text().splitlines()
+    lines = committed_text(ROOT / "specs" / path).splitlines()
     out = []
     for line in lines:
         key = line.split(":", 1)[0]
@@ -133,7 +134,7 @@ def render(path: str, **changes) -> tuple:
     return plan, source
 
 
-@pytest.mark.parametrize("path", ["h100_mma_d128.yaml", "h100_wgmma_d128.yaml"])
+@pytest.mark.parametrize("path", ["h100_mma_d128.yaml", "lab/h100_wgmma_d128.yaml"])
 def test_each_variant_brings_only_its_own_fields_and_code(path):
     plain_plan, plain = render(path)
     names = {f.name for f in plain_plan.abi.fields}
@@ -161,10 +162,10 @@ def test_varlen_alibi_moves_the_slopes_to_the_sequence():
 
 def test_explain_names_the_score_modifiers():
     from attngen.explain import explain, plan_dict
-    plan = make_plan(parse_spec((ROOT / "specs" / "h100_wgmma_d128_alibi.yaml").read_text()))
+    plan = make_plan(parse_spec(committed_text(ROOT / "specs" / "h100_wgmma_d128_alibi.yaml")))
     text = explain(plan)
     assert "masks none, causal, scores alibi" in text.splitlines()[0]
     assert "alibi: ALiBi" in text and "alibi_slopes=" in text
     assert plan_dict(plan)["scores"] == ["alibi"] and plan_dict(plan)["masks"] == ["none", "causal"]
-    plain = explain(make_plan(parse_spec((ROOT / "specs" / "h100_wgmma_d128.yaml").read_text())))
+    plain = explain(make_plan(parse_spec(committed_text(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml"))))
     assert "scores (" not in plain and ", scores " not in plain.splitlines()[0]

@@ -33,7 +33,8 @@ from ..cubin import param_layout
 from ..errors import SpecError, ToolError
 from ..plan import Plan, make_plan
 from ..shipped import committed_sources
-from ..spec import parse_spec, read_spec_text
+from ..core.spec_cells import cell_at
+from ..spec import parse_cell
 from . import driver
 from .gpu import device_info, gpu_modules
 
@@ -81,13 +82,13 @@ def committed_bundle(path) -> tuple[Plan, tuple[str, ...], str] | None:
     rendering would give now (attngen.shipped.committed_sources says how that is known), without
     loading the renderer; None otherwise, and for a spec the planner refuses (rendering reports it
     with its line)."""
-    shown = shown_path(path)
     try:
-        text = read_spec_text(path)
-        plan = make_plan(parse_spec(text, file=shown), file=shown)
+        cell = cell_at(path)
+        shown = shown_path(cell.file)
+        plan = make_plan(parse_cell(cell, shown), file=shown)
     except SpecError:
         return None
-    sources = committed_sources(plan, Path(path), text)
+    sources = committed_sources(plan, cell.address, cell.text)
     return None if sources is None else (plan, sources, shown)
 
 
