@@ -346,8 +346,9 @@ def check_options(paths, plans, opts) -> list[str]:
     if taking:
         return [f"{', '.join(taking)} {'takes' if len(taking) == 1 else 'take'} variant arguments (window=, softcap=, "
                 f"alibi_slopes= or an expression's params=) that `attngen bench` does not pass yet: time "
-                f"{'it' if len(taking) == 1 else 'them'} with `python3 .ci/variant_bench.py OUT.json window,scores,expr` "
-                f"(in the repository), beside FA2 and FlexAttention"]
+                f"{'it' if len(taking) == 1 else 'them'} with "
+                f"`python3 docs/variants-h200/variant_bench.py OUT.json window,scores,expr` (in the repository), "
+                f"beside FA2 and FlexAttention"]
     if opts.varlen:
         plain = [p.spec.name for p in plans if not p.varlen]
         if plain:
