@@ -34,8 +34,8 @@ def test_variant_specs_are_refused_with_what_checks_them():
     paths, ps = plans("h100_bwd_d64", "h100_bwd_d64_window", "h100_bwd_d128_alibi", "h100_bwd_d64_softcap")
     (problem,) = check_options(paths, ps, BenchOptions())
     assert problem.startswith("h100_bwd_d64_window, h100_bwd_d128_alibi, h100_bwd_d64_softcap take variant arguments")
-    assert "`attngen verify` checks them" in problem and ".ci/window_backward_bench.py" in problem
-    assert ".ci/score_backward_bench.py OUT.json` the softcap and ALiBi ones" in problem
+    assert "`attngen verify` checks them" in problem and "docs/backward-h200/window_backward_bench.py" in problem
+    assert "docs/backward-h200/score_backward_bench.py OUT.json` the softcap and ALiBi ones" in problem
     assert check_options(paths[:1], ps[:1], BenchOptions()) == []
     code, out = bench(SPECS / "lab" / "h100_bwd_d64_window.yaml")      # the file: its fp16 and bf16 cells
     assert code == 2 and "h100_bwd_d64_window, h100_bwd_d64_window_bf16 take variant arguments" in out
@@ -45,9 +45,9 @@ def test_varlen_is_refused_with_the_script_that_times_it():
     paths, ps = plans("h100_bwd_d64_varlen")
     (problem,) = check_options(paths, ps, BenchOptions(varlen=True))
     assert "does not time the varlen backward (h100_bwd_d64_varlen)" in problem
-    assert "python3 .ci/varlen_backward_bench.py OUT.json" in problem
+    assert "python3 docs/backward-h200/varlen_backward_bench.py OUT.json" in problem
     code, out = bench("--varlen", SPECS / "lab" / "h100_bwd_d64_varlen.yaml")
-    assert code == 2 and ".ci/varlen_backward_bench.py" in out
+    assert code == 2 and "docs/backward-h200/varlen_backward_bench.py" in out
 
 
 def test_cases_follow_the_spec_head_dim_dtype_and_masks():

@@ -210,7 +210,7 @@ def _row(name, smem, plan, dynamic, arch="sm_89"):
 
 
 def test_compile_table_long_names_and_dynamic_smem():
-    from attngen.cli import format_compile
+    from attngen.cli.compile import format_compile
     long_name = "attngen_l4_mma_d128_optin_m128n32w4s4x3_causal"      # 47 characters
     text = format_compile([_row(long_name, 0, 98304, True), _row("attngen_phase4_none", 29312, 29312, False),
                            _row("attngen_phase4_none", 29312, 29312, False, arch="sm_100f")])
@@ -227,7 +227,7 @@ def test_compile_table_long_names_and_dynamic_smem():
 
 
 def test_compile_table_without_dynamic_smem_has_no_note():
-    from attngen.cli import format_compile
+    from attngen.cli.compile import format_compile
     assert len(format_compile([_row("attngen_phase4_none", 29312, 29312, False)]).splitlines()) == 2
 
 

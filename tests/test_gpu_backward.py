@@ -194,12 +194,12 @@ def test_sum_loss_and_compiled_step():
 
 
 def test_small_gpt_trains_like_sdpa():
-    """.ci/train_compare.py at a reduced size (2 layers, d_model 128, 2 heads of 64, 256 tokens, 100
+    """docs/backward-h200/train_compare.py at a reduced size (2 layers, d_model 128, 2 heads of 64, 256 tokens, 100
     steps at lr 3e-3, bf16): the loss falls (by 2.1 on the CPU with SDPA: 6.40 -> 4.29), and attngen's
     curve stays as close to SDPA's as SDPA's second run (3x its mean |difference|, with a floor of
     0.05 for a run where SDPA repeats itself exactly)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("train_compare", ROOT / ".ci" / "train_compare.py")
+    spec = importlib.util.spec_from_file_location("train_compare", ROOT / "docs" / "backward-h200" / "train_compare.py")
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     report = train.compare(train.options(["unused.json", "--steps", "100", "--layers", "2", "--d-model", "128",

@@ -25,9 +25,15 @@ def spec_path(name: str) -> Path:
     return path
 
 
+def verify_quick(name: str):
+    """`attngen verify --quick SPEC`'s report: the spec loaded, then every case of the quick suite."""
+    kernels = verify.load_kernels([spec_path(name)])
+    return verify.verify_kernels(kernels, verify.suite(True), suite_name="quick")
+
+
 @pytest.mark.parametrize("name", SPECS)
 def test_every_case_agrees_through_pycuda(name):
-    report = verify.verify_specs([spec_path(name)], quick=True)
+    report = verify_quick(name)
     assert report.cases and report.ok, [(c.variant, c.shape.label, c.problems) for c in report.failed]
     counts = report.pycuda_counts()
     assert counts["differs"] == 0 and counts["not run"] == 0, counts
@@ -56,7 +62,7 @@ class WrongGridLauncher(pycuda_launch.PycudaLauncher):
 @pytest.mark.parametrize("broken", [SkippingLauncher, WrongGridLauncher])
 def test_a_launcher_that_gets_the_kernel_wrong_fails_the_case(broken, monkeypatch):
     monkeypatch.setattr(pycuda_launch, "_LAUNCHER", [broken()])
-    report = verify.verify_specs([spec_path("h100_mma_d64")], quick=True)
+    report = verify_quick("h100_mma_d64")
     big = [c for c in report.cases if c.shape.seqlen_q > 128]
     assert big and all(not c.passed and c.pycuda == "differs" for c in big), \
         [(c.shape.label, c.pycuda, c.problems) for c in big]

@@ -15,8 +15,7 @@ from pathlib import Path
 import click
 import pytest
 
-from attngen import cli
-from attngen.cli import main
+from attngen.cli import main, options
 from attngen.errors import NoGpuError
 from spec_sample import spec_text
 from hostile_helpers import assert_clean, invoke, mini_project
@@ -110,7 +109,7 @@ def test_a_count_over_its_bound_is_one_line(command, option, no_gpu_reached):
 
 
 def test_a_count_at_its_bound_is_taken():
-    code, out, err, *_ = invoke(["dispatch", "--head-dim", cli.MAX_HEAD_DIM, "--seqlen", cli.MAX_INT32])
+    code, out, err, *_ = invoke(["dispatch", "--head-dim", options.MAX_HEAD_DIM, "--seqlen", options.MAX_INT32])
     assert "is not in the range" not in err, err
 
 
@@ -120,7 +119,7 @@ def test_sweep_write_best_into_a_read_only_folder(tmp_path, monkeypatch, no_gpu_
     best = tmp_path / "best"
     best.mkdir()
     real = os.access
-    monkeypatch.setattr(cli.os, "access", lambda p, mode, **kw: (  # read, not write: as a read-only mount
+    monkeypatch.setattr(options.os, "access", lambda p, mode, **kw: (  # read, not write: as a read-only mount
         not (Path(p) == best and mode & os.W_OK) and real(p, mode, **kw)))
     line = assert_clean(*invoke(["sweep", L4_D64, "--shapes", "1x2x256x64", "--write-best", best]), exit_code=3)
     assert line == f"attngen: cannot write into {best}: Permission denied", line

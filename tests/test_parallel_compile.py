@@ -164,8 +164,8 @@ def test_the_bar_shows_counts_when_asked_and_nothing_off_a_terminal(sleepy, caps
 
 
 def test_the_cli_help_names_the_default_cap():
-    from attngen import cli
-    assert f"at most {compile_mod.DEFAULT_JOBS_CAP}]" in cli.JOBS_HELP and compile_mod.JOBS_ENV in cli.JOBS_HELP
+    from attngen.cli.options import JOBS_HELP
+    assert f"at most {compile_mod.DEFAULT_JOBS_CAP}]" in JOBS_HELP and compile_mod.JOBS_ENV in JOBS_HELP
 
 
 # -- callers: a bundle's parts are jobs of one batch, compiled before any load ----------------------

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from attngen.cli import format_verify, write_verify_json
+from attngen.cli.verify import format_verify, write_verify_json
 from attngen.eval.decode_verify import DecodeCase
 from attngen.eval.varlen_verify import VarlenCase
 from attngen.eval.verify import CaseResult, CaseShape, Shape, VerifyReport

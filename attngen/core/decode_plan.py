@@ -15,7 +15,7 @@ MAX_SPLITS = 128
 WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this fraction of the best
 # K/V bytes in flight per SM, on average over the GPU, from which one slice per (KV head, batch)
 # already streams at full speed: a split would only add partials to write and a combine to run.
-# Measured on the H200 (.ci/decode_split_grid.py, a 32-layer loop replayed from a CUDA graph, GQA
+# Measured on the H200 (docs/decode-h200/decode_split_grid.py, a 32-layer loop replayed from a CUDA graph, GQA
 # 32/8, 1k-16k keys): d128 at batch 8 (64 blocks x 128 KiB in flight, 62 KiB per SM) is 1-16 %
 # faster unsplit than in 2 slices; d64 at batch 8 (64 KiB per block, 31 KiB per SM) is 2-21 % slower
 # unsplit from 4k keys on. The threshold lies between the two.

@@ -13,7 +13,6 @@ DEFAULT_BLOCK_N = (32, 64, 128)
 DEFAULT_COMPUTE_WARPS = (2, 4, 8)
 DEFAULT_ROLE_PAIRS = ((1, 4), (1, 7), (2, 4), (2, 6))   # (producer, consumer), for bases with roles
 DEFAULT_STAGES = (1, 2, 3, 4)
-FIELDS = ("block_m", "block_n", "warps", "stages", "swizzle", "q_in_registers")
 
 
 @dataclass(frozen=True)

@@ -45,13 +45,14 @@ def check_options(paths, plans, opts) -> list[str]:
         one = len(taking) == 1
         problems.append(f"{', '.join(taking)} {'takes' if one else 'take'} variant arguments (window=, softcap=, "
                         f"alibi_slopes=) that `attngen bench` does not pass to backward specs: `attngen verify` "
-                        f"checks {'it' if one else 'them'}; in the repository, `python3 .ci/window_backward_bench.py "
-                        f"OUT.json` times the window specs of both classes and `python3 .ci/score_backward_bench.py "
-                        f"OUT.json` the softcap and ALiBi ones")
+                        f"checks {'it' if one else 'them'}; in the repository, "
+                        f"`python3 docs/backward-h200/window_backward_bench.py OUT.json` times the window specs of "
+                        f"both classes and `python3 docs/backward-h200/score_backward_bench.py OUT.json` the softcap "
+                        f"and ALiBi ones")
     if opts.varlen:
         problems.append(f"--varlen: `attngen bench` does not time the varlen backward "
                         f"({', '.join(p.spec.name for p in plans)}); time it with "
-                        f"`python3 .ci/varlen_backward_bench.py OUT.json` (in the repository)")
+                        f"`python3 docs/backward-h200/varlen_backward_bench.py OUT.json` (in the repository)")
     return problems
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import fsutil
 from ..errors import ToolError
-from .timing import SLEEP_CYCLES, time_calls, time_eager    # noqa: F401  (still importable from here)
+from .timing import time_calls, time_eager
 
 DEFAULT_SHAPES = ((1, 8, 512, 64), (4, 16, 2048, 64), (4, 16, 2048, 128), (2, 16, 8192, 64), (2, 16, 8192, 128))
 SDPA_BACKENDS = ("flash", "cudnn", "efficient", "default")
@@ -91,10 +91,6 @@ class CaseResult:
             if t.impl == impl:
                 return t
         return None
-
-    def best_attngen(self) -> Timing | None:
-        ours = [t for t in self.timings if not t.impl.startswith("sdpa:") and t.status == "ok"]
-        return min(ours, key=lambda t: t.median_us) if ours else None
 
 
 @dataclass
@@ -350,8 +346,9 @@ def check_options(paths, plans, opts) -> list[str]:
     if taking:
         return [f"{', '.join(taking)} {'takes' if len(taking) == 1 else 'take'} variant arguments (window=, softcap=, "
                 f"alibi_slopes= or an expression's params=) that `attngen bench` does not pass yet: time "
-                f"{'it' if len(taking) == 1 else 'them'} with `python3 .ci/variant_bench.py OUT.json window,scores,expr` "
-                f"(in the repository), beside FA2 and FlexAttention"]
+                f"{'it' if len(taking) == 1 else 'them'} with "
+                f"`python3 docs/variants-h200/variant_bench.py OUT.json window,scores,expr` (in the repository), "
+                f"beside FA2 and FlexAttention"]
     if opts.varlen:
         plain = [p.spec.name for p in plans if not p.varlen]
         if plain:

@@ -10,7 +10,6 @@ import contextlib
 import json
 import math
 from collections import defaultdict
-from pathlib import Path
 
 from .. import fsutil
 from ..core.calls import ATTENTION, ATTENTION_BACKWARD, ATTENTION_FP8, ATTENTION_VARLEN

@@ -22,7 +22,6 @@ from .cases import (CaseResult, CaseShape, ERR_FACTOR, ERR_FLOOR, FULL_SUITE, LO
                     kernel_shapes, make_inputs, poisoned_lse, poisoned_output, reference_errors,
                     score_arguments, score_modifiers, suite, variants, window_variants,
                     pycuda_agreement, MASKS, reference_scores)  # noqa: F401
-from ..core.variants import SCORES  # noqa: F401
 from .pycuda_launch import PycudaUnavailable
 
 
@@ -138,10 +137,3 @@ def verify_kernels(kernels, shapes, *, suite_name: str = "custom", seed: int = 0
     device = kernels[0].device if kernels else None
     name = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else str(device)
     return VerifyReport(name, kernels[0].arch if kernels else "", torch.__version__, suite_name, cases)
-
-
-def verify_specs(spec_paths, *, quick: bool = False, seed: int = 0, on_case=None, on_compile=None) -> VerifyReport:
-    """Load every spec and verify each of its variants over the (quick or full) suite."""
-    kernels = load_kernels(spec_paths, on_compile=on_compile)
-    return verify_kernels(kernels, suite(quick), suite_name="quick" if quick else "full", seed=seed,
-                          on_case=on_case)

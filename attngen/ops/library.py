@@ -502,7 +502,7 @@ torch.library.register_autograd("attngen::attention_varlen_train", _attention_va
 # torch.autograd.Function called directly. Through the op, register_autograd's wrapper refills the
 # schema's defaults on every call (it builds the op's argument list anew for each argument) and the
 # dispatcher redispatches twice: a training step's host time was 1.4-1.6x this path's (552-643 against
-# 350-446 CPU µs, H200 host, .ci/train_step_host.py; docs/performance.md, "Backward"). torch.compile
+# 350-446 CPU µs, H200 host, docs/backward-h200/train_step_host.py; docs/performance.md, "Backward"). torch.compile
 # traces the ops (attention() takes them while compiling), and tensors off the GPU take them too.
 _EAGER = {   # call -> (forward, save, gradients, backward)
     "attention": (attention_train_cuda, _attention_setup, _attention_gradients, attention_backward_cuda),

@@ -194,7 +194,7 @@ def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
 
 def unsplit_in_flight(spec: DecodeSpec) -> int:
     """K/V bytes one block keeps in flight (its ring's stages ahead of the one it computes), where
-    one slice per (KV head, batch) streams as fast as two: measured on the H200 (.ci/decode_split_grid.py,
+    one slice per (KV head, batch) streams as fast as two: measured on the H200 (docs/decode-h200/decode_split_grid.py,
     B8 GQA 32/8 d128, 16k keys) only for the contiguous-only build with a combine kernel (124.2 vs
     124.3 us unsplit vs 2 slices); the paged build (134.6 vs 124.9) and the fused one (131.0 vs
     124.0) stream slower unsplit, so for them the heuristic counts waves only (0)."""

@@ -1,0 +1,220 @@
+"""`attngen bench`: specs timed beside torch SDPA's backends, each call convention by its own runner."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .options import (MAX_BATCH, MAX_HEADS, MAX_REPS, MAX_SEQLEN, SPECS_DIR_HELP, folder_option, report_file,
+                      root_option, shapes_option)
+from .spec_files import spec_files
+
+
+def _plot_file(ctx, param, value):
+    """--plot of bench: a file whose suffix names an image format matplotlib writes."""
+    if value is None:
+        return None
+    from ..eval.bench import plot_format
+    try:
+        plot_format(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return report_file(ctx, param, value)
+
+
+def _cells(ctx, param, value):
+    """--cells of bench: comma-separated decode cells."""
+    if value is None:
+        return None
+    from ..eval.decode_bench import parse_cell
+    try:
+        cells = tuple(parse_cell(c) for c in value.split(",") if c.strip())
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+    if not cells:
+        raise click.BadParameter("name at least one cell BxHq/HkvxSkxSq (e.g. 8x32/8x8192x1)")
+    return cells
+
+
+def _lengths(ctx, param, value):
+    """--lengths of bench --varlen: comma-separated sequence lengths."""
+    if value is None:
+        return None
+    from ..eval.varlen_bench import parse_lengths
+    try:
+        lengths = parse_lengths(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+    if len(lengths) > MAX_BATCH:
+        raise click.BadParameter(f"{len(lengths)} sequences; a varlen batch holds at most {MAX_BATCH}")
+    if sum(lengths) > MAX_SEQLEN:
+        raise click.BadParameter(f"{sum(lengths)} tokens in all; a varlen batch holds at most {MAX_SEQLEN}")
+    return lengths
+
+
+def _heads(ctx, param, value):
+    """--heads of bench --varlen: H or Hq/Hkv."""
+    from ..eval.varlen_bench import parse_heads
+    try:
+        heads = parse_heads(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+    if heads[0] > MAX_HEADS:
+        raise click.BadParameter(f"{value!r}: at most {MAX_HEADS} query heads (got {heads[0]})")
+    return heads
+
+
+def _backends(ctx, param, value):
+    """--backends of bench: comma-separated names of torch SDPA backends."""
+    from ..eval.bench import SDPA_BACKENDS
+    names = tuple(b.strip() for b in value.split(",") if b.strip())
+    if not names:
+        raise click.BadParameter(f"name at least one of {', '.join(SDPA_BACKENDS)}")
+    for b in names:
+        if b not in SDPA_BACKENDS:
+            raise click.BadParameter(f"unknown backend {b!r}; choose from {', '.join(SDPA_BACKENDS)}")
+    return names
+
+
+@click.command()
+@root_option
+@click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--shapes", default=None, metavar="BxHxSxD,...", callback=shapes_option,
+              help="comma-separated shapes; BxHxSxDxDv where V's head dim Dv differs (default: 1x8x512x64, 4x16x2048x64, 4x16x2048x128, 2x16x8192x64, "
+                   "2x16x8192x128; backward specs: 4x16x2048 and 1x16x8192 at the spec's head dim). D (and Dv) "
+                   f"must be a given spec's; B at most {MAX_BATCH}, H {MAX_HEADS}, S {MAX_SEQLEN}")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp16", "bf16"]),
+              help="repeatable; default both")
+@click.option("--causal", "causal", type=click.Choice(["both", "yes", "no"]), default="both", show_default=True)
+@click.option("--backends", default="flash,cudnn,efficient,default", show_default=True, callback=_backends,
+              help="torch SDPA backends to time beside the specs")
+@click.option("--reps", type=click.IntRange(1, MAX_REPS), default=30, show_default=True,
+              help="timed calls per measurement (median reported)")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), callback=report_file,
+              help="write the full report here (specs of several call conventions, e.g. forward and decode: one "
+                   "report each, FILE-<convention>.json)")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), callback=_plot_file,
+              help="draw TFLOP/s per shape to this PNG (or .svg, .pdf); needs matplotlib")
+@click.option("--cells", default=None, metavar="BxHq/HkvxSkxSq,...", callback=_cells,
+              help="decode specs: cells to time (default: B 1, 8, 64 x Hq/Hkv 32/8, 32/32, 64/8 x Sk 2k, 8k, 32k "
+                   "(128k at B 1) x Sq 1, 4)")
+@click.option("--paged", is_flag=True, help="decode specs: read the cache through a shuffled page table")
+@click.option("--varlen", is_flag=True,
+              help="forward specs with varlen: true: time one varlen batch of mixed lengths (kernel.varlen) "
+                   "beside torch's varlen flash path instead of the padded shapes")
+@click.option("--lengths", default=None, metavar="L1,L2,...", callback=_lengths,
+              help="--varlen: sequence lengths of the batch (default: 16 from 1 to 4096: "
+                   f"1,17,64,100,256,333,512,700,1000,1024,1500,2048,2500,3000,3500,4096); at most {MAX_BATCH} "
+                   f"sequences and {MAX_SEQLEN} tokens in all")
+@click.option("--heads", default="16", show_default=True, metavar="H|Hq/Hkv", callback=_heads,
+              help=f"--varlen: query heads, or query/key-value heads (at most {MAX_HEADS} query heads)")
+@click.option("--specs-dir", default=None, callback=folder_option, help=SPECS_DIR_HELP)
+def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, cells, paged, varlen, lengths, heads,
+          specs_dir):
+    """Time SPECS (default: every spec) beside torch SDPA's backends on the GPU.
+
+    \b
+    Each spec runs only on the shapes, dtypes and mask variants it supports, and only after
+    its output on those very inputs passed the verifier's error rule. GPU times are medians of
+    CUDA-event-timed calls queued behind a GPU sleep (the host hidden) over inputs rotated to
+    defeat L2; eager times are back-to-back calls as a user makes them, host included (wall
+    clock / calls), for the specs and SDPA alike. TFLOP/s counts 4*B*H*S*S*D (halved for
+    causal). Ratios are SDPA GPU time / spec GPU time: above 1.0 the spec is faster.
+
+    \b
+    Decode specs (decode: split_kv) are timed on decode cells instead (--cells): one step of
+    Sq new tokens against a full cache of Sk keys, beside SDPA's flash and cuDNN backends (Sq > 1:
+    causal for the spec, SDPA unmasked), with GB/s of K+V read and its percentage of the
+    device-to-device copy bandwidth measured in the same run. `attngen verify` checks them.
+
+    \b
+    Backward specs (backward: dq_atomic or wgmma_dq_red) are timed on --shapes (default 4x16x2048 and
+    1x16x8192 at each spec's head dim), in their own dtype: the call kernel(q, k, v, o, lse,
+    dout) given attngen's forward o and lse, after checking dq, dk and dv against fp32
+    gradients, beside SDPA's flash and cuDNN backward (torch.autograd.grad of its output).
+    TFLOP/s counts 2.5 x the forward's FLOPs (--plot draws them). Not with --varlen, window or
+    score modifiers.
+
+    \b
+    --varlen times ragged prefill: the specs' varlen call on one batch of mixed
+    lengths (--lengths, --heads; causal is bottom-right, the same as top-left when each
+    sequence has as many queries as keys) beside torch's varlen flash path, after checking
+    the output with the verifier's error rule.
+    """
+    from .. import fsutil
+    from ..eval.bench import CAUSAL_CHOICES
+    from ..eval.conventions import EVALS, BenchOptions, by_convention, option_problems
+    from ..render import render_spec_file
+    all_paths = spec_files(specs, specs_dir)
+    rendered = [render_spec_file(p) for p in all_paths]
+    groups = by_convention(all_paths, [r.plan for r in rendered])
+    opts = BenchOptions(shapes=shapes, dtypes=dtypes or ("fp16", "bf16"), causals=CAUSAL_CHOICES[causal],
+                        backends=backends, reps=reps, cells=cells, paged=paged, varlen=varlen, lengths=lengths,
+                        heads=heads, plot_file=plot_file)
+
+    ctx = click.get_current_context()
+    given = {name for name in ("shapes", "cells", "paged", "varlen", "lengths", "heads", "plot_file")
+             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}   # BenchOptions fields
+
+    problems = option_problems(groups, opts, given)
+    if "shapes" in given and not varlen:
+        problems += _shapes_no_spec_runs(groups, shapes)
+    if problems:   # before any GPU check: a wrong option is the user's to fix, whatever the machine
+        raise click.UsageError("; ".join(problems))
+
+    def progress(label, length):
+        return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
+
+    if plot_file:   # no matplotlib: say so (exit 3) before compiling for a run that cannot plot
+        from ..eval.bench import pyplot
+        pyplot()
+    _precompile_on_gpu([(r.plan, tuple(p.source for p in r.parts), r.spec_path) for r in rendered])
+    for convention, (paths, plans) in groups.items():
+        try:
+            run = EVALS[convention].bench(paths, plans, opts, progress,
+                                          lambda a: click.echo(f"compiling for {a} ...", err=True))
+        except ValueError as e:
+            raise click.UsageError(str(e))
+        if run is None:   # nothing of this convention runs under these options (e.g. decode specs with --varlen)
+            continue
+        click.echo(run.text)
+        for f in run.written:
+            click.echo(f"wrote {f}")
+        if json_file:   # one report per convention when the specs span several: FILE-<convention>.json
+            out = json_file if len(groups) == 1 else str(Path(json_file).with_name(
+                f"{Path(json_file).stem}-{convention}{Path(json_file).suffix}"))
+            fsutil.atomic_write_text(out, json.dumps(run.report, indent=2) + "\n")
+            click.echo(f"wrote {out}")
+
+
+def _precompile_on_gpu(bundles) -> None:
+    """Compile every (plan, sources, label) a GPU run will load, all at once, before its first load
+    (which then finds each cubin cached). Without a GPU, nothing: the run's own check says so (exit 4)."""
+    from ..compile import precompile, print_summary
+    from ..errors import NoGpuError
+    from ..runtime import device_arch, gpu_modules
+    try:
+        torch = gpu_modules()[0]
+    except NoGpuError:
+        return
+    print_summary(precompile(bundles, device_arch(torch, torch.cuda.current_device())))
+
+
+def _shapes_no_spec_runs(groups: dict, shapes: tuple) -> list[str]:
+    """The --shapes whose head dims (D, and Dv where given) no given spec of a shape-taking convention
+    has: each spec runs only on its own head dims, so such a shape would time nothing of attngen's."""
+    from ..eval.conventions import EVALS
+    plans = [p for convention, (_paths, ps) in groups.items() if "shapes" in EVALS[convention].options for p in ps]
+    if not plans:   # no spec takes --shapes: option_problems says so
+        return []
+    dims = {(p.spec.head_dim, p.spec.v_dim) for p in plans}
+    unrun = [s for s in shapes if (s[3], s[4] if len(s) == 5 else s[3]) not in dims]
+    if not unrun:
+        return []
+    theirs = ", ".join(f"{d}" if d == dv else f"{d}x{dv}" for d, dv in sorted(dims))
+    listed = ", ".join("x".join(map(str, s)) for s in unrun)
+    return [f"--shapes {listed}: no given spec has {'that head dim' if len(unrun) == 1 else 'those head dims'} "
+            f"(the specs' D or DxDv: {theirs})"]
+

@@ -1,0 +1,108 @@
+"""`attngen dispatch`: which spec a library call picks and why, or the table rewritten from reports."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..ops.table import CALLS as DISPATCH_CALLS
+from .options import MAX_GROUP_ROWS, MAX_HEAD_DIM, MAX_INT32, MAX_PAGE_SIZE
+
+
+@click.command()
+@click.option("--call", type=click.Choice(DISPATCH_CALLS), default=DISPATCH_CALLS[0], show_default=True)
+@click.option("--arch", default="sm_90", show_default=True, help="the GPU's arch (H100/H200: sm_90, L4: sm_89)")
+@click.option("--dtype", type=click.Choice(["fp16", "bf16", "e4m3"]), default=None,
+              help="the inputs' element type  [default: fp16; e4m3 for --call forward_fp8]")
+@click.option("--head-dim", type=click.IntRange(1, MAX_HEAD_DIM), default=128, show_default=True)
+@click.option("--causal", is_flag=True)
+@click.option("--seqlen", type=click.IntRange(0, MAX_INT32), default=2048, show_default=True,
+              help="seqlen_k (varlen: max_seqlen_k; decode: the cache's capacity)")
+@click.option("--head-dim-v", type=click.IntRange(0, MAX_HEAD_DIM), default=0,
+              help="V's head dim where it differs from --head-dim (DeepSeek MLA: --head-dim 192 --head-dim-v 128)")
+@click.option("--window", is_flag=True, help="a sliding-window call (window=(left, right) bounding a side)")
+@click.option("--scores", default="", metavar="MODS",
+              help="the call's score modifiers joined by +, as the table keys them: softcap, alibi, softcap+alibi")
+@click.option("--page-size", type=click.IntRange(0, MAX_PAGE_SIZE), default=0, show_default=True,
+              help="decode: 0 contiguous")
+@click.option("--group-rows", type=click.IntRange(1, MAX_GROUP_ROWS), default=1, show_default=True,
+              help="decode: query rows per KV head (heads / kv_heads x new tokens)")
+@click.option("--rows", type=click.IntRange(1, MAX_INT32), default=None,
+              help="the call's query rows, batch x heads x seqlen_q, where a bucket's winner depends on the "
+                   "grid's size (entries with min_rows)  [default: the entry for any size]")
+@click.option("--from", "--from-bench", "bench_files", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="with --write: `attngen bench --json` or `attngen sweep --json` reports whose winners replace "
+                   "the table's forward entries of their keys (backward entries from a bench of backward specs; "
+                   "repeatable)")
+@click.option("--write", is_flag=True, help="write the table from --from reports")
+@click.option("--json", "as_json", is_flag=True, help="print the choice (or the written entries) as JSON")
+@click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
+                                                  "ones attngen.attention serves: specs/ of this checkout, or "
+                                                  "those installed with attngen]")
+def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, scores, page_size, group_rows, rows,
+             bench_files, write, as_json, specs_dir):
+    """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
+    call, and why; or, with --from REPORT ... --write, rewrite the table from measurements.
+
+    \b
+    The table is specs/dispatch/table.yaml: per GPU arch, call, dtype, head dim and mask, the
+    measured winner per sequence-length bucket with its runner-up. No GPU needed.
+      attngen dispatch --head-dim 64 --causal --seqlen 4096
+      attngen dispatch --head-dim 64 --seqlen 1024 --rows 262144      (batch 16 x 16 heads x 1024)
+      attngen dispatch --call decode --group-rows 4 --page-size 16 --seqlen 8192
+      attngen dispatch --head-dim 128 --window --seqlen 32768      (window=(4096, 0) and the like)
+      attngen dispatch --head-dim 128 --causal --scores softcap --seqlen 8192
+      attngen bench --json grid.json ... && attngen dispatch --from grid.json --write
+      attngen bench --json bwd.json specs/h100_bwd_d64_wgmma.yaml && attngen dispatch --from bwd.json --write
+      attngen sweep SPEC --shapes ... --json s.json --write-best specs && attngen dispatch --from s.json --write
+      attngen dispatch --call forward_fp8 --arch sm_89 --head-dim 128 --causal   (attngen.attention_fp8)
+    """
+    from .. import fsutil
+    from ..ops.dispatch import CALL_DTYPES, SPECS_DIR
+    from ..ops.table import call_text, candidates, dump_table, load_table, select, table_path
+    dtype = dtype or CALL_DTYPES.get(call, ("fp16",))[0]
+    path = table_path(specs_dir or SPECS_DIR)
+    entries = load_table(path)
+    if write or bench_files:
+        if not (write and bench_files):
+            raise click.UsageError("--write and --from go together: the reports to write the table from")
+        from ..eval.dispatch_table import bench_entries, entries_summary, merge, read_reports
+        try:
+            new = bench_entries(read_reports(bench_files))
+        except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
+            raise click.BadParameter(f"not an `attngen bench --json` or `attngen sweep --json` report: {exc}",
+                                     param_hint="--from")
+        where = Path(specs_dir or SPECS_DIR)
+        from ..core.spec_cells import names_spec
+        missing = sorted({n for e in new for n in (e.spec, e.runner_up) if n and not names_spec(where, n)})
+        if missing:
+            raise click.UsageError(f"the reports name specs that are not in {where}/: {', '.join(missing)}; commit "
+                                   f"them first (`attngen sweep ... --write-best {where}` writes a sweep's winners)")
+        header = "".join(line[2:] + "\n" if line.startswith("# ") else "\n"
+                         for line in path.read_text().splitlines() if line.startswith("#"))
+        fsutil.atomic_write_text(path, dump_table(merge(entries, new), header.rstrip("\n")))
+        click.echo(json.dumps([e.__dict__ for e in new], indent=2) if as_json else
+                   f"wrote {path}: {entries_summary(new)} from {len(bench_files)} report(s)")
+        return
+    mask = "window" if window else "causal" if causal else "none"
+    head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
+    try:
+        e = select(entries, call, arch, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows,
+                   head_dim_v=head_dim_v, scores=scores, rows=rows)
+    except LookupError as exc:
+        raise click.UsageError(str(exc)) from None
+    others = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
+    if as_json:
+        click.echo(json.dumps({"spec": e.spec, "entry": e.__dict__, "bucket": [o.__dict__ for o in others]}, indent=2))
+        return
+    click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v, scores)}"
+               f"{f' rows {rows}' if rows else ''} -> {e.spec}")
+    click.echo(f"  why: {e.why}")
+    click.echo(f"  buckets of this key ({path}):")
+    for o in others:
+        limit = f"<= {o.upto}" if o.upto is not None else "longer"
+        group = f", group rows <= {o.max_group_rows}" if o.max_group_rows else ""
+        grid = f", rows >= {o.min_rows}" if o.min_rows else ""
+        click.echo(f"    seqlen {limit:<8}{group}{grid}: {o.why}{'   <- chosen' if o is e else ''}")
+

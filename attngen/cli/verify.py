@@ -1,0 +1,85 @@
+"""`attngen verify`: every case of every spec against an fp32 reference on the GPU, and again
+through PyCUDA; the table and the JSON report."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .options import MAX_SEED, SPECS_DIR_HELP, folder_option, report_file, root_option
+from .spec_files import spec_files
+
+
+@click.command()
+@root_option
+@click.argument("specs", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--quick", is_flag=True, help="a 6-shape suite instead of the full 14 shapes per variant")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=report_file,
+              help="also write the full report (every case, errors, tolerances) to this file")
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+              help="base seed of the random inputs")
+@click.option("--failures-only", is_flag=True, help="list only failing cases in the table")
+@click.option("--specs-dir", default=None, callback=folder_option, help=SPECS_DIR_HELP)
+def verify(specs, quick, json_path, seed, failures_only, specs_dir):
+    """Run SPECS (default: every spec) on this GPU and compare every variant with torch.
+
+    \b
+    For each mask variant and each shape of the suite (seqlens that are not tile multiples,
+    seqlen_q != seqlen_k both ways, GQA/MQA, both layouts, strided qkv): random inputs, an
+    output poisoned with NaN, then
+      pass when max|out - ref| <= 2 x max|torch low-precision - ref| + 1e-5
+    (ref: fp32 attention on the upcast inputs), no NaN or unwritten element, nothing written
+    past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Specs with varlen: true also run
+    varlen cases (mixed lengths in one batch, both causal alignments) and decode specs
+    their decode cases, under the same rule. Exits 1 on any failure, 4 when there is no GPU,
+    torch or CUDA driver.
+    """
+    from ..eval import verify as verification
+    paths = spec_files(specs, specs_dir)
+    kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
+        f"compiling {Path(p).stem} for {arch} ...", err=True))
+    shapes = verification.suite(quick)
+    with click.progressbar(length=verification.case_count(kernels, shapes), label="verifying", file=sys.stderr,
+                           show_pos=True) as bar:
+        report = verification.verify_kernels(kernels, shapes, suite_name="quick" if quick else "full", seed=seed,
+                                             on_case=lambda _case: bar.update(1))
+    click.echo(format_verify(report, failures_only))
+    if json_path:
+        write_verify_json(report, json_path)
+    failed = len(report.failed)
+    counts = report.pycuda_counts()
+    click.echo(f"attngen verify: {len(report.cases) - failed} passed, {failed} failed "
+               f"({len(kernels)} spec(s), {len(shapes)} shapes per variant); launched again through PyCUDA: "
+               f"{counts['bitwise']} bit for bit, {counts['bitwise but atomics']} within the error rule (atomics), "
+               f"{counts['differs']} differ, {counts['not run']} not run", err=bool(failed))
+    if not report.ok:
+        sys.exit(1)
+
+
+def write_verify_json(report, path) -> None:
+    """The full verify report (every case, errors, tolerances) as JSON at `path`, written atomically."""
+    from .. import fsutil
+    fsutil.atomic_write_text(path, json.dumps(report.as_dict(), indent=2) + "\n")
+
+
+def format_verify(report, failures_only: bool = False) -> str:
+    """The verify table, one row per case of any type (each says its shape label and layout); the
+    spec, variant, shape and layout columns widen to their longest entry."""
+    cases = [c for c in report.cases if not (failures_only and c.passed)]
+    sw = max([len("spec")] + [len(c.spec) for c in cases])
+    vw = max([len("variant")] + [len(c.variant) for c in cases])
+    hw = max([len("shape")] + [len(c.shape.label) for c in cases])
+    lw = max([len("layout")] + [len(c.shape.layout) for c in cases])
+    lines = [f"{report.device} ({report.arch}), torch {report.torch_version}, {report.suite} suite",
+             f"{'spec':<{sw}} {'variant':<{vw}} {'shape':<{hw}} {'layout':<{lw}} {'max err':>9} {'bound':>9} "
+             f"{'lse err':>9}  result"]
+
+    def num(x):
+        return f"{x:9.2e}" if x is not None else f"{'-':>9}"
+    for c in cases:
+        lines.append(f"{c.spec:<{sw}} {c.variant:<{vw}} {c.shape.label:<{hw}} {c.shape.layout:<{lw}} {num(c.max_err)} "
+                     f"{num(c.bound)} {num(c.lse_err)}  {'pass' if c.passed else 'FAIL: ' + '; '.join(c.problems)}")
+    return "\n".join(lines)
+

@@ -1,0 +1,104 @@
+"""The GPU timing the measurement scripts under docs/ share: the median of CUDA-event-timed calls (`med`: host
+gaps included), or `attngen bench`'s queued timing (`queued_med`: launches hidden); forward calls
+alternating over rounds on input sets (`alternating_sets`) and SDPA's cuDNN forward beside them
+(`cudnn_forward`); an earlier checkout's kernel beside today's (`old_kernel`); the comparison of the
+two backward classes' gradients in one row; and the report a script writes (`write_report`)."""
+import dataclasses
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attngen.eval.bench import time_calls
+
+
+def med(fn, reps=15):
+    """Median GPU time of fn() in µs over `reps` calls, after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(ts)
+
+
+def queued_med(fn, reps=30):
+    """`attngen bench`'s timing of fn(): CUDA events around each of `reps` calls queued behind a GPU
+    sleep, so the host's launches are hidden; the median, µs."""
+    return time_calls(torch, fn, [()], reps=reps)[0]
+
+
+def alternating(calls: dict, rounds: int = 3) -> tuple[dict, dict]:
+    """Time each of `calls` ({name: fn}) with queued_med, the calls alternating over `rounds` rounds
+    (so that drift in the GPU's clocks reaches all alike): ({name: median of its rounds, µs},
+    {name: its rounds})."""
+    t = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            t[name].append(queued_med(fn))
+    return {name: statistics.median(x) for name, x in t.items()}, t
+
+
+def cudnn_forward(causal: bool):
+    """fn(q, k, v): SDPA's forward on its cuDNN backend only."""
+    def call(q, k, v):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return call
+
+
+def alternating_sets(calls: dict, rounds: int) -> tuple[dict, dict]:
+    """`attngen bench`'s queued timing (30 calls, cycling through input sets that defeat L2 reuse) of
+    each of `calls` ({name: (fn, its input sets)}), the calls alternating over `rounds` rounds: ({name:
+    median of its rounds, µs}, {name: its rounds})."""
+    each = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (fn, sets) in calls.items():
+            each[name].append(time_calls(torch, fn, sets, reps=30)[0])
+    return {name: statistics.median(t) for name, t in each.items()}, each
+
+
+def old_kernel(new, old_dir: Path):
+    """`new`'s spec as an earlier checkout generated it (its sources in old_dir), compiled and launched
+    through today's runtime: the Params ABI must be unchanged, but for the tensor maps the Hopper
+    backward added at its end. The old kernel gets the dynamic shared memory its own header states."""
+    sources = [(Path(old_dir) / part.file_name).read_text() for part in new.plan.parts]
+    smem = re.search(r"dynamic: (\d+) B exceed", sources[0])
+    plan = dataclasses.replace(new.plan, smem_bytes=int(smem.group(1))) if smem else new.plan
+    if new.plan.tensor_maps and "tma_q" not in sources[0]:
+        # Kernels from before the Hopper backward read Q and dO by TMA: their Params end before the maps.
+        plan = dataclasses.replace(plan, tensor_maps=(),
+                                   abi=plan.abi.without({m.abi_field for m in new.plan.tensor_maps}))
+    return type(new).from_sources(plan, sources, label=f"{new.plan.spec.name}_before")
+
+
+def gradient_difference(grads, reference) -> dict:
+    """{"max_diff": the largest |difference| between two (dq, dk, dv), "max_grad": the largest
+    |gradient| of `reference`}."""
+    return {"max_diff": max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, reference)),
+            "max_grad": max(g.float().abs().max().item() for g in reference)}
+
+
+def compare_classes(row, grads, rows):
+    """Finish a row timing both backward classes (mma_us, wgmma_us): their gradients' largest
+    difference beside the largest gradient, and wgmma's speedup; print it and keep it in rows."""
+    row.update(gradient_difference(grads["wgmma"], grads["mma"]))
+    row["wgmma_speedup"] = row["mma_us"] / row["wgmma_us"]
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+
+
+def write_report(out_path, rows, command: str | None = None) -> None:
+    """OUT.json of a script: the GPU, torch, the command that made it (default: this process's) and
+    its rows."""
+    with open(out_path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "command": command or " ".join(["python3", *sys.argv]), "rows": rows}, f, indent=1)
+        f.write("\n")
