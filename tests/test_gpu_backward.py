@@ -12,7 +12,6 @@ import attngen
 from attngen.eval import verify
 from attngen.eval.backward_verify import check_backward_case, takes_turns, varlen_gradients
 from attngen.eval.varlen_verify import VarlenCase, varlen_suite
-from attngen.runtime import Kernel
 from spec_sample import SPEC_PATHS
 
 pytestmark = pytest.mark.gpu
@@ -97,7 +96,7 @@ def test_planted_bug_is_rejected():
     bad = sources[0].replace("pack2(dk[mt][dt][2 * h] * p.scale, dk[mt][dt][2 * h + 1] * p.scale)",
                              "pack2(dk[mt][dt][2 * h], dk[mt][dt][2 * h + 1])")
     assert bad != sources[0]
-    broken = Kernel.from_sources(k.plan, (bad, *sources[1:]), label="planted", synchronize=True)
+    broken = type(k).from_sources(k.plan, (bad, *sources[1:]), label="planted", synchronize=True)
     r = check_backward_case(broken, verify.Variant("none"), verify.Shape(2, 4, 2, 113, 300), 0, "planted")
     assert not r.passed and any(p.startswith("dk") for p in r.problems), r.problems
     assert not any(p.startswith(("dq", "dv")) for p in r.problems), r.problems
@@ -551,7 +550,7 @@ def test_expression_backward_planted_bugs_are_rejected(path, old, new, what):
     k = kernel(path)
     sources = list(k.sources)
     assert sources[0].count(old) >= 1, what
-    broken = Kernel.from_sources(k.plan, (sources[0].replace(old, new), *sources[1:]), label="planted",
+    broken = type(k).from_sources(k.plan, (sources[0].replace(old, new), *sources[1:]), label="planted",
                                  synchronize=True)
     results = verify.verify_kernel(broken, verify.QUICK_SUITE, spec_label="planted")
     assert any(not r.passed for r in results), what

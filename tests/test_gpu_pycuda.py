@@ -20,7 +20,10 @@ SPECS = ["phase4", "h100_mma_d64", "h100_wgmma_d128", "h100_mma_d128_alibi", "h2
 
 
 def spec_path(name: str) -> Path:
+    """A spec by name: in specs/, or in its lab."""
     path = ROOT / "specs" / f"{name}.yaml"
+    if not path.exists():
+        path = ROOT / "specs" / "lab" / f"{name}.yaml"
     assert path.exists(), path
     return path
 
