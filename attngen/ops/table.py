@@ -16,7 +16,7 @@ with fewer query blocks than SMs): of a bucket's entries, a call takes the one w
 min_rows it reaches. An entry without `us` is unmeasured (chosen from its spec's target).
 Decode entries also key on page_size (0: contiguous caches) and may set `max_group_rows`: the
 most query rows per KV head (heads / kv_heads x seqlen_q) they serve. Entries for a spec with score
-modifiers key on them too: `scores: softcap`, `alibi` or `softcap+alibi` (the spec's `scores`, joined).
+modifiers key on them too: `scores: softcap`, `alibi`, `softcap+alibi`, `sink` (the spec's `scores`, joined).
 """
 from __future__ import annotations
 
@@ -393,7 +393,8 @@ WORDS = {"arch": re.compile(r"sm_[0-9]{2,3}"), "dtype": re.compile(r"[a-z][a-z0-
          "mask": re.compile(r"[a-z][a-z0-9_]{0,31}"),
          "scores": re.compile(r"(?:[a-z][a-z0-9_]{0,31}(?:\+[a-z][a-z0-9_]{0,31}){0,7})?")}
 WORD_FIX = {"arch": "an arch is written sm_90, sm_89, ...", "dtype": "fp16, bf16 or e4m3",
-            "mask": "none, causal, window or expr", "scores": "softcap, alibi or softcap+alibi; leave it out for none"}
+            "mask": "none, causal, window or expr", "scores": "the spec's score variants joined by + in their order (softcap, alibi, "
+                                                  "softcap+alibi, sink, ...); leave it out for none"}
 MAX_MEASURED = 1000
 
 
