@@ -60,7 +60,7 @@ def test_kernel_and_reference_match_the_written_out_softmax(name, causal):
         pytest.skip("the sink specs are H100/H200 kernels")
     import attngen
     from attngen.core.variants import SINK
-    from attngen.eval.cases import attention_torch, exact_fp32_matmul
+    from attngen.eval.verify.cases import attention_torch, exact_fp32_matmul
     kernel = attngen.load(str(ROOT / "specs" / f"{name}.yaml"), synchronize=True)
     g = torch.Generator(device="cuda").manual_seed(7)
     q, k, v = (torch.randn(2, 8, 333, 64, device="cuda", generator=g).half() for _ in range(3))
@@ -126,7 +126,7 @@ def test_attention_trains_with_sinks(dtype, window):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the dispatch table serves sinks on sm_90 (H100/H200)")
     import attngen
-    from attngen.eval.cases import error_bound, exact_fp32_matmul
+    from attngen.eval.verify.cases import error_bound, exact_fp32_matmul
     dt = getattr(torch, dtype)
     g = torch.Generator(device="cuda").manual_seed(11)
     q = torch.randn(2, 8, 300, 64, device="cuda", generator=g).to(dt).requires_grad_()
