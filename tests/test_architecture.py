@@ -556,8 +556,8 @@ def test_the_convention_check_can_fail():
                      'z = call in ("varlen_backward", "decode")\n')
     assert [w for _, w in compared_words(tree, call_words())] == ["backward", "forward_fp8", "varlen",
                                                                   "varlen_backward", "decode"]
-    assert "attngen.cli" not in rooms_of("decode") and "attngen.eval.decode_bench" in rooms_of("decode")
-    assert "attngen.eval.varlen_bench" in rooms_of("varlen") and "attngen.eval.bench" not in rooms_of("backward")
+    assert "attngen.cli" not in rooms_of("decode") and "attngen.eval.bench.decode" in rooms_of("decode")
+    assert "attngen.eval.bench.varlen" in rooms_of("varlen") and "attngen.eval.bench.forward" not in rooms_of("backward")
 
 
 def test_eval_conventions_are_registered_once():
@@ -568,8 +568,22 @@ def test_eval_conventions_are_registered_once():
     for call in CALLS:
         entry = EVALS[call.name]
         assert entry.bench.__module__ == call.bench and entry.options == call.bench_options
-        assert (entry.cases is None) == (call.verify is None)
-        assert entry.cases is None or entry.cases.__module__ == call.verify
+        assert entry.cases.__module__ == call.verify
+
+
+def test_eval_has_a_room_per_call():
+    """eval/verify/<call>.py and eval/bench/<call>.py: a convention's verify cases and bench live in
+    modules named after it, beside the shared pieces (runner, cases, report, timing) that name none."""
+    from attngen.core.calls import CALLS
+    for call in CALLS:
+        assert (call.verify, call.bench) == (f"attngen.eval.verify.{call.name}", f"attngen.eval.bench.{call.name}")
+
+
+def test_the_verify_runner_is_handed_its_cases():
+    """The runner runs what it is handed: it imports no call's room, nor the registry that names them."""
+    from attngen.core.calls import CALLS
+    rooms = {m for c in CALLS for m in c.modules} | {"attngen.eval.conventions"}
+    assert not imports_of(PKG / "eval" / "verify" / "runner.py") & rooms
 
 
 def test_the_dispatch_table_serves_the_listed_calls():

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from attngen.cli import main
 from attngen.errors import NoGpuError
-from attngen.eval.backward_bench import BackwardCase, backward_cases, check_options
+from attngen.eval.bench.backward import BackwardCase, backward_cases, check_options
 from attngen.eval.conventions import BenchOptions
 from attngen.plan import make_plan
 from attngen.spec import load_spec

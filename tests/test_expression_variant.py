@@ -139,7 +139,7 @@ def test_params_are_checked_before_any_launch():
 
 def test_bench_refuses_variant_specs_with_the_way_to_time_them():
     from types import SimpleNamespace
-    from attngen.eval.bench import check_options
+    from attngen.eval.bench.forward import check_options
     paths = [ROOT / "specs" / n for n in ("h100_wgmma_d128_expr_prefix_lm.yaml", "h100_mma_d128_softcap.yaml",
                                           "h100_mma_d128.yaml")]
     plans = [make_plan(parse_spec(spec_text(p), p.name)) for p in paths]

@@ -10,8 +10,8 @@ import pytest
 
 import attngen
 from attngen.eval import verify
-from attngen.eval.backward_verify import check_backward_case, takes_turns, varlen_gradients
-from attngen.eval.varlen_verify import VarlenCase, varlen_suite
+from attngen.eval.verify.backward import check_backward_case, takes_turns, varlen_gradients
+from attngen.eval.verify.varlen import VarlenCase, varlen_suite
 from spec_sample import SPEC_PATHS
 
 pytestmark = pytest.mark.gpu

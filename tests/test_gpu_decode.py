@@ -9,7 +9,7 @@ import pytest
 
 import attngen
 from attngen.eval import verify
-from attngen.eval.decode_verify import decode_cases, window_cases
+from attngen.eval.verify.decode import decode_cases, window_cases
 from spec_sample import SPEC_PATHS
 
 pytestmark = pytest.mark.gpu

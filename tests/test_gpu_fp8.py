@@ -10,7 +10,7 @@ import pytest
 
 import attngen
 from attngen.eval import verify
-from attngen.eval.forward_fp8_verify import check_fp8_case, verify_cases
+from attngen.eval.verify.forward_fp8 import check_fp8_case, verify_cases
 from attngen.runtime.calls.forward_fp8 import quantize_fp8
 from spec_sample import SPEC_PATHS, spec_text
 

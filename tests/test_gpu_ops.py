@@ -160,7 +160,7 @@ def test_kvcache_variants_through_the_table(torch):
     reference of the same variant definitions, the op passes opcheck, and a compiled decode step
     with a window runs through the op with no graph break."""
     from attngen.core.variants import SCORES
-    from attngen.eval.decode_verify import DecodeCase, paged_cache, reference
+    from attngen.eval.verify.decode import DecodeCase, paged_cache, reference
     q, k, v = randn(torch, 2, 32, 1, 128), randn(torch, 2, 8, 2000, 128), randn(torch, 2, 8, 2000, 128)
     lengths = (2000, 777)
     lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from attngen.eval import pycuda_launch, verify
+from attngen.eval import verify
+from attngen.eval.verify import pycuda_launch
 
 pytestmark = pytest.mark.gpu
 

@@ -10,7 +10,7 @@ import pytest
 
 import attngen
 from attngen.eval import verify
-from attngen.eval.varlen_verify import varlen_cases
+from attngen.eval.verify.varlen import varlen_cases
 from attngen.runtime import InputError
 from attngen.runtime.calls.varlen import cu_seqlens
 from spec_sample import SPEC_PATHS, spec_text

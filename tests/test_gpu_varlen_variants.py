@@ -41,7 +41,7 @@ CASES = {   # name -> (head dims, attention_varlen keywords but the tensors, the
 def test_varlen_variants_match_the_reference(torch, dtype, case):
     import attngen
     from attngen.core.variants import ALIBI, SINK, SOFTCAP, call_mask
-    from attngen.eval.cases import error_bound, exact_fp32_matmul, attention_torch
+    from attngen.eval.verify.cases import error_bound, exact_fp32_matmul, attention_torch
     dims, kwargs = CASES[case]
     for d in dims:
         q, k, v, cu = sequences(torch, getattr(torch, dtype), d)

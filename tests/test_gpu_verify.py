@@ -10,7 +10,7 @@ import pytest
 
 import attngen
 from attngen.eval import verify
-from attngen.eval.varlen_verify import QUICK_CASES as QUICK_VARLEN
+from attngen.eval.verify.varlen import QUICK_CASES as QUICK_VARLEN
 from spec_sample import SPEC_PATHS, spec_text
 
 pytestmark = pytest.mark.gpu

@@ -651,29 +651,29 @@ def _bench_report():
 
 
 def test_bench_plot_is_written_atomically(tmp_path, monkeypatch):
-    from attngen.eval import bench
-    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png", call="": b"\x89PNG " + fmt.encode())
+    from attngen.eval.bench import chart
+    monkeypatch.setattr(chart, "plot_image", lambda report, fmt="png", call="": b"\x89PNG " + fmt.encode())
     path = tmp_path / "bench.png"
-    bench.plot(_bench_report(), path)
+    chart.plot(_bench_report(), path)
     assert path.read_bytes() == b"\x89PNG png"
     monkeypatch.setattr(fsutil, "_write_all", _enospc_after_half)
     with pytest.raises(WriteError, match="No space left on device"):
-        bench.plot(_bench_report(), path)
+        chart.plot(_bench_report(), path)
     assert path.read_bytes() == b"\x89PNG png" and [p.name for p in tmp_path.iterdir()] == ["bench.png"]
 
 
 def test_bench_plot_into_a_missing_directory(tmp_path, monkeypatch):
     # Before: matplotlib's savefig raised FileNotFoundError, a traceback after the whole bench.
-    from attngen.eval import bench
-    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png", call="": b"\x89PNG")
+    from attngen.eval.bench import chart
+    monkeypatch.setattr(chart, "plot_image", lambda report, fmt="png", call="": b"\x89PNG")
     with pytest.raises(WriteError, match="No such file or directory"):
-        bench.plot(_bench_report(), tmp_path / "no" / "bench.png")
+        chart.plot(_bench_report(), tmp_path / "no" / "bench.png")
 
 
 def test_bench_plot_draws_with_matplotlib(tmp_path):
     pytest.importorskip("matplotlib")
-    from attngen.eval import bench
-    bench.plot(_bench_report(), tmp_path / "bench.png")
+    from attngen.eval.bench import chart
+    chart.plot(_bench_report(), tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -695,11 +695,12 @@ def test_bench_plot_of_backward_specs_is_taken_and_checked_before_the_run(monkey
 
 
 def test_backward_report_is_plotted_as_the_backward_call(tmp_path, monkeypatch):
-    from attngen.eval import backward_bench, bench
+    from attngen.eval import bench
+    from attngen.eval.bench import backward as backward_bench, chart
     from attngen.eval.conventions import BenchOptions
     seen = []
-    monkeypatch.setattr(bench, "pyplot", lambda: None)
-    monkeypatch.setattr(bench, "plot_image", lambda report, fmt="png", call="": seen.append(
+    monkeypatch.setattr(backward_bench, "pyplot", lambda: None)
+    monkeypatch.setattr(chart, "plot_image", lambda report, fmt="png", call="": seen.append(
         (call, [r.case.flops for r in report.results])) or b"\x89PNG")
     monkeypatch.setattr("attngen.runtime.gpu_modules", lambda: None)
     case = backward_bench.BackwardCase(4, 16, 2048, 64, "fp16", False)

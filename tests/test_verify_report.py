@@ -9,8 +9,8 @@ import json
 import pytest
 
 from attngen.cli.verify import format_verify, write_verify_json
-from attngen.eval.decode_verify import DecodeCase
-from attngen.eval.varlen_verify import VarlenCase
+from attngen.eval.verify.decode import DecodeCase
+from attngen.eval.verify.varlen import VarlenCase
 from attngen.eval.verify import CaseResult, CaseShape, Shape, VerifyReport
 
 CASE_SHAPES = (
@@ -64,8 +64,8 @@ def test_json_writer_keeps_every_case(tmp_path):
 def test_bench_tables_format_gpu_and_eager_columns():
     """The decode and varlen bench tables print GPU and eager times for attngen and torch, and a
     missing torch time as '-' (no GPU: rows as the benches build them)."""
-    from attngen.eval.decode_bench import format_decode
-    from attngen.eval.varlen_bench import format_varlen
+    from attngen.eval.bench.decode import format_decode
+    from attngen.eval.bench.varlen import format_varlen
     decode = {"gpu": "Stub", "copy_gbps": 4000.0, "paged": False, "rows": [
         {"cell": "B8 32/8 Sk8192 Sq1", "spec": "d", "attngen_us": 70.0, "attngen_eager_us": 71.0, "splits": 2,
          "gbps": 3800.0, "pct_of_copy": 90.0, "flash_us": 75.0, "flash_eager_us": 76.0, "cudnn_us": None,
@@ -99,7 +99,7 @@ def backward_report() -> dict:
 def test_backward_bench_table():
     """The backward bench's table: GPU and eager time, TFLOP/s and the ratio against each SDPA
     backend per spec, a failed check and an unsupported backend with their notes, then the notes."""
-    from attngen.eval.backward_bench import format_backward
+    from attngen.eval.bench.backward import format_backward
     lines = format_backward(backward_report()).splitlines()
     assert lines[0].startswith("backward: ") and "2.5 x the forward's" in lines[1]
     assert lines[2] == "GPU: NVIDIA H200; torch 2.11, CUDA 13.0, driver 580"

@@ -16,7 +16,7 @@ def _plot_file(ctx, param, value):
     """--plot of bench: a file whose suffix names an image format matplotlib writes."""
     if value is None:
         return None
-    from ..eval.bench import plot_format
+    from ..eval.bench.chart import plot_format
     try:
         plot_format(value)
     except ValueError as exc:
@@ -28,7 +28,7 @@ def _cells(ctx, param, value):
     """--cells of bench: comma-separated decode cells."""
     if value is None:
         return None
-    from ..eval.decode_bench import parse_cell
+    from ..eval.bench.decode import parse_cell
     try:
         cells = tuple(parse_cell(c) for c in value.split(",") if c.strip())
     except ValueError as e:
@@ -42,7 +42,7 @@ def _lengths(ctx, param, value):
     """--lengths of bench --varlen: comma-separated sequence lengths."""
     if value is None:
         return None
-    from ..eval.varlen_bench import parse_lengths
+    from ..eval.bench.varlen import parse_lengths
     try:
         lengths = parse_lengths(value)
     except ValueError as e:
@@ -56,7 +56,7 @@ def _lengths(ctx, param, value):
 
 def _heads(ctx, param, value):
     """--heads of bench --varlen: H or Hq/Hkv."""
-    from ..eval.varlen_bench import parse_heads
+    from ..eval.bench.varlen import parse_heads
     try:
         heads = parse_heads(value)
     except ValueError as e:
@@ -68,7 +68,7 @@ def _heads(ctx, param, value):
 
 def _backends(ctx, param, value):
     """--backends of bench: comma-separated names of torch SDPA backends."""
-    from ..eval.bench import SDPA_BACKENDS
+    from ..eval.bench.shared import SDPA_BACKENDS
     names = tuple(b.strip() for b in value.split(",") if b.strip())
     if not names:
         raise click.BadParameter(f"name at least one of {', '.join(SDPA_BACKENDS)}")
@@ -144,7 +144,7 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     the output with the verifier's error rule.
     """
     from .. import fsutil
-    from ..eval.bench import CAUSAL_CHOICES
+    from ..eval.bench.shared import CAUSAL_CHOICES
     from ..eval.conventions import EVALS, BenchOptions, by_convention, option_problems
     from ..render import render_spec_file
     all_paths = spec_files(specs, specs_dir)
@@ -168,7 +168,7 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
         return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
 
     if plot_file:   # no matplotlib: say so (exit 3) before compiling for a run that cannot plot
-        from ..eval.bench import pyplot
+        from ..eval.bench.chart import pyplot
         pyplot()
     _precompile_on_gpu([(r.plan, tuple(p.source for p in r.parts), r.spec_path) for r in rendered])
     for convention, (paths, plans) in groups.items():

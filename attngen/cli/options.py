@@ -134,7 +134,7 @@ MAX_HEAD_DIM = 256            # a spec's head_dim and head_dim_v (core.spec_keys
 MAX_PAGE_SIZE = 256           # a decode spec's page_size
 MAX_INT32 = 2 ** 31 - 1       # lengths and row counts reach the kernels as int32
 MAX_GROUP_ROWS = 1024 * 256   # query heads per KV head (at most 1024) x new tokens (at most 256), as decode cells
-# bench --shapes and --varlen: the sizes decode cells take (eval.decode_bench.CELL_MAX) for B, H and S;
+# bench --shapes and --varlen: the sizes decode cells take (eval.bench.decode.CELL_MAX) for B, H and S;
 # a varlen batch holds at most as many tokens as one sequence may.
 MAX_BATCH, MAX_HEADS, MAX_SEQLEN = 65_535, 1024, 1 << 22
 

@@ -2,9 +2,10 @@
 
 A kind names its convention (`Kind.calls`, checked against this list). Every other layer reads
 the list instead of naming a convention: the runtime finds each convention's Kernel class in the
-module named here (`runtime/calls`: CONVENTIONS), eval its verify cases and bench (`EVALS`), and
-the dispatch table the calls each convention serves (`ops/table.py`: CALLS, CONVENTION,
-VARLEN_CALLS, OUT_DTYPE; `ops/dispatch.py`: CALL_DTYPES). A convention's name may be compared
+module named here (`runtime/calls`: CONVENTIONS), eval its verify cases and bench in its rooms
+(`eval/verify/<call>.py`, `eval/bench/<call>.py`; gathered in `EVALS`), and the dispatch table the
+calls each convention serves (`ops/table.py`: CALLS, CONVENTION, VARLEN_CALLS, OUT_DTYPE;
+`ops/dispatch.py`: CALL_DTYPES). A convention's name may be compared
 only here and in its own modules (`Call.modules`); tests/test_architecture.py checks it.
 """
 from __future__ import annotations
@@ -31,8 +32,8 @@ class Call:
     name: str                       # what a kind declares (Kind.calls)
     what: str                       # its specs, in messages
     kernel: str                     # the runtime module of its Kernel class
-    verify: Optional[str]           # the eval module of its verify cases (verify_cases); None: the padded forward suite
-    bench: str                      # the eval module of its `attngen bench` (bench_specs, check_options)
+    verify: str                     # its room of eval.verify: the module of its verify cases (verify_cases)
+    bench: str                      # its room of eval.bench: the module of its `attngen bench` (bench_specs, check_options)
     bench_options: tuple[str, ...]  # the BenchOptions only its bench reads
     table: tuple[TableCall, ...]    # the dispatch table's calls it serves
     more_modules: tuple[str, ...] = ()   # its other modules (the forward's varlen call)
@@ -53,16 +54,17 @@ ATTENTION_BACKWARD = TableCall("backward")                          # the gradie
 ATTENTION_VARLEN_BACKWARD = TableCall("varlen_backward", varlen=True)   # those of attngen.attention_varlen
 ATTENTION_FP8 = TableCall("forward_fp8")
 
-FORWARD = Call("forward", "forward specs", "attngen.runtime.calls.forward", None, "attngen.eval.bench",
-               ("shapes", "varlen", "lengths", "heads", "plot_file"), (ATTENTION, ATTENTION_VARLEN),
-               more_modules=("attngen.runtime.calls.varlen", "attngen.eval.varlen_verify", "attngen.eval.varlen_bench"))
-DECODE = Call("decode", "decode specs (decode: split_kv)", "attngen.runtime.calls.decode", "attngen.eval.decode_verify",
-              "attngen.eval.decode_bench", ("cells", "paged"), (ATTENTION_WITH_KVCACHE,))
+FORWARD = Call("forward", "forward specs", "attngen.runtime.calls.forward", "attngen.eval.verify.forward",
+               "attngen.eval.bench.forward", ("shapes", "varlen", "lengths", "heads", "plot_file"),
+               (ATTENTION, ATTENTION_VARLEN),
+               more_modules=("attngen.runtime.calls.varlen", "attngen.eval.verify.varlen", "attngen.eval.bench.varlen"))
+DECODE = Call("decode", "decode specs (decode: split_kv)", "attngen.runtime.calls.decode", "attngen.eval.verify.decode",
+              "attngen.eval.bench.decode", ("cells", "paged"), (ATTENTION_WITH_KVCACHE,))
 BACKWARD = Call("backward", "backward specs (backward: dq_atomic, wgmma_dq_red)", "attngen.runtime.calls.backward",
-                "attngen.eval.backward_verify", "attngen.eval.backward_bench", ("shapes", "plot_file"),
+                "attngen.eval.verify.backward", "attngen.eval.bench.backward", ("shapes", "plot_file"),
                 (ATTENTION_BACKWARD, ATTENTION_VARLEN_BACKWARD), gradients=True)
 FORWARD_FP8 = Call("forward_fp8", "e4m3 forward specs (dtype: e4m3)", "attngen.runtime.calls.forward_fp8",
-                   "attngen.eval.forward_fp8_verify", "attngen.eval.forward_fp8_bench", ("shapes",), (ATTENTION_FP8,),
+                   "attngen.eval.verify.forward_fp8", "attngen.eval.bench.forward_fp8", ("shapes",), (ATTENTION_FP8,),
                    dtypes=("e4m3",), out_dtype="bf16")
 
 CALLS: tuple[Call, ...] = (FORWARD, DECODE, BACKWARD, FORWARD_FP8)

@@ -1,7 +1,7 @@
-"""What eval does for each call convention of core.calls.CALLS: the verify cases a convention's
-kernels bring (None: the padded forward suite) and the bench `attngen bench` runs on its specs,
-from the modules the list names, and what `attngen sweep` measures of it. verify, bench and the
-CLI look the convention up here by the name its kind declares (plan.kind.calls) and name none."""
+"""What eval does for each call convention of core.calls.CALLS, from its rooms (the modules the list
+names): the verify cases its kernels bring (eval/verify/<call>.py), the bench `attngen bench` runs on
+its specs (eval/bench/<call>.py), and what `attngen sweep` measures of it. The CLI and the sweep
+look a convention up here by the name its kind declares (plan.kind.calls) and name none."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,9 +9,9 @@ from typing import Callable, Optional
 
 from ..core.calls import BACKWARD, CALLS, FORWARD, FORWARD_FP8
 
-from .bench import BenchRun    # noqa: F401  (still importable from here)
-from . import (backward_bench, backward_verify, bench, decode_bench, decode_verify, forward_fp8_bench,
-               forward_fp8_verify)
+from . import verify
+from .bench import backward as backward_bench, decode as decode_bench, forward as forward_bench
+from .bench import forward_fp8 as forward_fp8_bench
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,13 @@ class ConventionEval:
     what: str                           # its specs, for messages ("decode specs (decode: split_kv)")
     bench: Callable                     # (paths, plans, BenchOptions, progress, on_compile) -> BenchRun | None
     check: Callable                     # (paths, plans, BenchOptions) -> problems with the options, before any GPU work
+    cases: Callable                     # (kernel, shapes, masks) -> its verify cases
     options: tuple[str, ...] = ()       # the BenchOptions only this convention's bench reads
-    cases: Optional[Callable] = None    # (kernel, shapes, masks) -> verify cases; None: the padded forward suite
     sweep: Optional[SweepEval] = None   # what `attngen sweep` measures; None: its specs are not swept
 
 
 def _flash_forward(torch, sets, causal):
-    return bench.sdpa_callable(torch, "flash", causal), sets
+    return forward_bench.sdpa_callable(torch, "flash", causal), sets
 
 
 def _flash_backward(torch, sets, causal):
@@ -71,23 +71,22 @@ def _gradient_inputs(torch, case, device, generator):
 
 
 # What `attngen sweep` measures, per convention that has it (the others' specs are not swept).
-SWEEPS = {FORWARD.name: SweepEval(bench.Case, bench.input_sets, bench.check_output, bench.kernel_call, _flash_forward),
+SWEEPS = {FORWARD.name: SweepEval(forward_bench.Case, forward_bench.input_sets, forward_bench.check_output,
+                                    forward_bench.kernel_call, _flash_forward),
           BACKWARD.name: SweepEval(backward_bench.BackwardCase, _gradient_inputs, backward_bench.check_gradients,
                                    backward_bench.backward_call, _flash_backward, causal_inputs=True),
           FORWARD_FP8.name: SweepEval(forward_fp8_bench.Fp8Case, forward_fp8_bench.sweep_inputs,
                                       forward_fp8_bench.sweep_check, forward_fp8_bench.sweep_call,
                                       forward_fp8_bench.sweep_flash)}
-# The eval modules core.calls.CALLS names, by module name.
-MODULES = {m.__name__: m for m in (bench, decode_bench, backward_bench, forward_fp8_bench, decode_verify,
-                                   backward_verify, forward_fp8_verify)}
+# The bench rooms core.calls.CALLS names, by module name.
+BENCHES = {m.__name__: m for m in (forward_bench, decode_bench, backward_bench, forward_fp8_bench)}
 
 
 def convention_eval(call) -> ConventionEval:
-    """What eval does for one convention of core.calls.CALLS, from the modules it names."""
-    runner = MODULES[call.bench]
-    cases = MODULES[call.verify].verify_cases if call.verify else None
-    return ConventionEval(call.what, runner.bench_specs, runner.check_options, call.bench_options, cases,
-                          SWEEPS.get(call.name))
+    """What eval does for one convention of core.calls.CALLS, from the rooms it names."""
+    runner = BENCHES[call.bench]
+    return ConventionEval(call.what, runner.bench_specs, runner.check_options, verify.CASES[call.name],
+                          call.bench_options, SWEEPS.get(call.name))
 
 
 EVALS = {call.name: convention_eval(call) for call in CALLS}
@@ -122,11 +121,5 @@ def by_convention(paths, plans) -> dict[str, tuple[list, list]]:
     return {name: group for name, group in groups.items() if group[0]}
 
 
-def kernel_cases(kernel):
-    """The verify-case function a kernel's convention brings, or None (the padded forward suite).
-    A stand-in kernel without a runtime convention class goes by its plan's kind."""
-    return EVALS[getattr(kernel, "convention", None) or convention_of(kernel.plan)].cases
-
-
-__all__ = ["BenchOptions", "BenchRun", "ConventionEval", "EVALS", "SweepEval", "by_convention", "convention_of",
-           "kernel_cases", "option_problems"]
+__all__ = ["BenchOptions", "ConventionEval", "EVALS", "SweepEval", "by_convention", "convention_of",
+           "option_problems"]

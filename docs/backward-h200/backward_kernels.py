@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-from attngen.eval.backward_bench import gradient_inputs
+from attngen.eval.bench.backward import gradient_inputs
 from attngen.eval.bench import Case
 from attngen.runtime import load
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the helpers the scripts share

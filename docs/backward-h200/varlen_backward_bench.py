@@ -18,7 +18,7 @@ import json, sys
 import torch
 
 import attngen
-from attngen.eval.varlen_bench import visible_pairs
+from attngen.eval.bench.varlen import visible_pairs
 from attngen.runtime.calls.varlen import cu_seqlens
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the helpers the scripts share
 from gpu_timing import med

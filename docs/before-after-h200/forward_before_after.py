@@ -19,7 +19,7 @@ import torch
 
 import attngen
 from attngen.eval.bench import Case, input_sets
-from attngen.eval.forward_fp8_bench import fp8_call, quantized_sets
+from attngen.eval.bench.forward_fp8 import fp8_call, quantized_sets
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the helpers the scripts share
 from gpu_timing import alternating_sets, cudnn_forward, old_kernel, write_report
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import attngen
-from attngen.eval.varlen_bench import MIXED_LENGTHS
+from attngen.eval.bench.varlen import MIXED_LENGTHS
 from attngen.runtime.calls.varlen import cu_seqlens
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the helpers the scripts share
 from gpu_timing import alternating_sets, old_kernel, write_report

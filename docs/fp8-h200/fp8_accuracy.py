@@ -22,7 +22,7 @@ import sys
 import torch
 
 import attngen
-from attngen.eval.forward_fp8_verify import peer_attention
+from attngen.eval.verify.forward_fp8 import peer_attention
 from attngen.eval.verify import attention_torch, exact_fp32_matmul
 from attngen.runtime.calls.forward_fp8 import E4M3_MAX, quantize_fp8
 

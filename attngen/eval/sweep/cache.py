@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ... import fsutil
 from ...errors import WriteError
-from ..bench import Case
+from ..bench.report import Case
 from .build import Candidate
 from .measure import Measurement, Measurer
 from .space import shape_of

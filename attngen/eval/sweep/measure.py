@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ...plan import Plan
-from ..bench import time_calls
+from ..bench.timing import time_calls
 from ..conventions import EVALS
+from ..verify import context_usable, suite, verify_kernel
 from .space import Shape
 
 DEFAULT_REPS = 30
@@ -86,7 +87,6 @@ class GpuMeasurer:
 
     def _verify(self, kernel) -> tuple[bool, str]:
         """The quick verification suite on every mask variant, once per candidate's sources."""
-        from ..verify import suite, verify_kernel
         if kernel.sources not in self._verified:
             kernel.synchronize = True            # a fault is reported with the case that caused it
             try:
@@ -99,7 +99,6 @@ class GpuMeasurer:
         return self._verified[kernel.sources]
 
     def _usable(self) -> bool:
-        from ..verify import context_usable
         return context_usable(self.device)
 
     def measure(self, plan: Plan, sources: tuple[str, ...], shape: Shape, causal: bool) -> Measurement:

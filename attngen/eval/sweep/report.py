@@ -8,7 +8,7 @@ from pathlib import Path
 from ... import fsutil
 from ...kinds import kind_of
 from ...spec import spec_dict, spec_yaml
-from ..bench import Case
+from ..bench.report import Case
 from .build import COMPILE_FAILED, Candidate, candidate_name
 from .prune import NOT_SAMPLED
 from .search import SweepReport

@@ -11,7 +11,7 @@ from typing import Callable
 from ...errors import ToolError
 from ...kinds import kind_of
 from ...spec import Spec
-from ..bench import Case
+from ..bench.report import Case
 from .build import Candidate, CompileOutcome, compile_all
 from .cache import RecordCache, make_record
 from .measure import ERROR, FAILED_VERIFY, Measurer

@@ -9,7 +9,8 @@ from ...core.search_space import Axis, Choice, SearchSpace
 from ...errors import SpecError
 from ...kinds import kind_of
 from ...spec import Spec
-from ..bench import CAUSAL_CHOICES, Case, parse_shape
+from ..bench.report import Case, parse_shape
+from ..bench.shared import CAUSAL_CHOICES
 from ..conventions import EVALS
 
 Shape = tuple[int, ...]                    # batch, heads, seqlen, head_dim (and V's head dim where it differs)

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .report import BenchRun
+from .timing import time_calls, time_eager
+from ..verify.cases import Variant, error_bound
+from ..verify.varlen import reference
+
 # 16 sequences from 1 to 4096 tokens (24.6k in all), as a prefill batch of mixed prompts arrives.
 MIXED_LENGTHS = (1, 17, 64, 100, 256, 333, 512, 700, 1000, 1024, 1500, 2048, 2500, 3000, 3500, 4096)
 L2_MARGIN = 2.0
@@ -60,10 +65,7 @@ def flash_varlen(torch, q, k, v, cu, max_len: int, causal: bool, scale: float):
 def bench_batch(torch, kernel, batch: VarlenBatch, causal: bool, *, reps: int = 30) -> dict:
     """Times (us) of the spec's varlen call and torch's varlen flash on one varlen batch, inputs
     rotated past L2; the spec's output is checked against the fp32 reference first."""
-    from ..runtime.calls.varlen import cu_seqlens
-    from .timing import time_calls, time_eager
-    from .varlen_verify import reference
-    from .cases import Variant, error_bound
+    from ...runtime.calls.varlen import cu_seqlens
     d, dtype = kernel.plan.head_dim, kernel.dtype
     total = sum(batch.lengths)
     scale = d ** -0.5
@@ -116,7 +118,7 @@ def bench_batch(torch, kernel, batch: VarlenBatch, causal: bool, *, reps: int = 
 def run_varlen_bench(spec_paths, *, lengths=MIXED_LENGTHS, heads=(16, 16), dtypes=("fp16", "bf16"),
                      causals=(False, True), reps: int = 30, on_step=None, on_compile=None) -> dict:
     """Every varlen spec of a listed dtype on the varlen batch, both masks, beside torch's varlen flash."""
-    from ..runtime import gpu_modules, load
+    from ...runtime import gpu_modules, load
     torch = gpu_modules()[0]
     batch = VarlenBatch(heads[0], heads[1], tuple(lengths))
     rows = []
@@ -156,3 +158,17 @@ def format_varlen(report: dict) -> str:
                      f"{num(r.get('attngen_eager_us'))} {r['tflops']:>8.1f} {num(r.get('flash_us'))} "
                      f"{num(r.get('flash_eager_us'))} {vs}")
     return "\n".join(lines)
+
+
+def bench_specs(paths, plans, opts, progress, on_compile):
+    """`attngen bench --varlen` on forward specs: their varlen call on one batch of mixed lengths
+    (opts.lengths, default MIXED_LENGTHS) beside torch's varlen flash path."""
+    from ...runtime import gpu_modules
+    gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
+    with progress("bench varlen", len(paths) * len(opts.causals)) as bar:
+        def step(r):
+            bar.label = f"{r['spec']} {'causal' if r['causal'] else 'none'}"
+            bar.update(1)
+        report = run_varlen_bench(paths, lengths=opts.lengths or MIXED_LENGTHS, heads=opts.heads, dtypes=opts.dtypes,
+                                  causals=opts.causals, reps=opts.reps, on_step=step, on_compile=on_compile)
+    return BenchRun(format_varlen(report), report)

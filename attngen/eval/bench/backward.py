@@ -1,7 +1,7 @@
 """`attngen bench` on backward specs (backward: dq_atomic, wgmma_dq_red): the spec's backward call beside SDPA's
 flash and cuDNN backward, on the same inputs.
 
-Method: attngen bench's (eval/bench.py): CUDA events around calls queued behind a GPU sleep, the
+Method: attngen bench's (eval/bench/): CUDA events around calls queued behind a GPU sleep, the
 median; input sets rotated so that a call never finds its tensors in L2; beside it the eager time,
 back-to-back calls as a user makes them (each allocating its gradients), host included. An input set
 is q, k, v and dout (standard normal) with the forward's o and lse from attngen.attention (the
@@ -9,7 +9,7 @@ dispatch table's forward spec on this GPU). The spec's call is `kernel(q, k, v, 
 causal=...)` -> (dq, dk, dv): its preprocess, main and convert launches. SDPA's is
 torch.autograd.grad of its output under sdpa_kernel([backend]), its forward run once per input set
 (the graph kept). Before timing, the spec's gradients on the first heads of batch 0 are checked
-against fp32 gradients under the verifier's rule (backward_verify); a spec that fails is not timed
+against fp32 gradients under the verifier's rule (eval/verify/backward.py); a spec that fails is not timed
 on that case. FLOPs = 2.5 x the forward's 4 B H S^2 D (halved for causal): the backward's five
 products against the forward's two.
 """
@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .bench import (CHECK_HEADS, BenchReport, Case, CaseResult, Timing, environment, format_bench, input_sets,
-                    parse_shape, time_timing)
+from .chart import plot, pyplot
+from .report import BenchReport, BenchRun, Case, CaseResult, Timing, format_bench, parse_shape
+from .shared import CHECK_HEADS, environment, input_sets, time_timing
+from ..verify.backward import attention_gradients, judge_gradients
+from ..verify.cases import CaseResult as Checked, exact_fp32_matmul
 
 DEFAULT_SHAPES = ((4, 16, 2048), (1, 16, 8192))   # B, H, S; D is each spec's head dim
 SDPA_BACKWARD = ("flash", "cudnn")                 # the SDPA backends timed beside the specs
@@ -38,7 +41,7 @@ class BackwardCase(Case):
 
 def check_options(paths, plans, opts) -> list[str]:
     """Problems of `attngen bench`'s options with these backward specs (no GPU needed)."""
-    from ..core.variants import MASKS
+    from ...core.variants import MASKS
     problems = []
     taking = [p.spec.name for p in plans if p.score_variants or any(MASKS[m].takes_window for m in p.masks)]
     if taking:
@@ -85,7 +88,7 @@ def gradient_inputs(torch, case: Case, device, generator) -> tuple[list[tuple], 
     """([(q, k, v, o, lse, dout)], problem): bench's input_sets (rotated past L2) with dout standard
     normal, and o and lse from attngen's forward (the dispatch table's spec for this GPU). Where no
     forward spec serves the case, o and lse are None and the problem says why (else None)."""
-    from .. import ops
+    from ... import ops
     sets = [s + (torch.randn(s[0].shape, generator=generator, device=device, dtype=torch.float32).to(s[0].dtype),)
             for s in input_sets(torch, case, device, generator)]
     try:
@@ -98,9 +101,7 @@ def gradient_inputs(torch, case: Case, device, generator) -> tuple[list[tuple], 
 def check_gradients(torch, kernel, q, k, v, o, lse, dout, causal: bool) -> tuple[bool, str]:
     """The backward verifier's rule on the first heads of batch 0 of the bench inputs: dq, dk and
     dv against fp32 gradients, each error within 2x torch's own in the inputs' dtype."""
-    from ..runtime import default_scale
-    from .backward_verify import attention_gradients, judge_gradients
-    from .cases import CaseResult as Checked, exact_fp32_matmul
+    from ...runtime import default_scale
     grads = kernel(q, k, v, o, lse, dout, causal=causal)
     h = min(CHECK_HEADS, q.shape[1])
     qs, ks, vs, ds = (t[:1, :h] for t in (q, k, v, dout))
@@ -149,7 +150,7 @@ def run_backward_bench(spec_paths, *, shapes=(), dtypes=("fp16", "bf16"), causal
                        backends=SDPA_BACKWARD, reps: int = 30, seed: int = 0, on_step=None, on_compile=None) -> dict:
     """Time every backward spec on every case it takes (backward_cases), after checking its
     gradients there, and each SDPA backend's backward on the same inputs: the report as a dict."""
-    from ..runtime import gpu_modules, load
+    from ...runtime import gpu_modules, load
     torch = gpu_modules()[0]
     device = torch.device("cuda", torch.cuda.current_device())
     kernels = [load(p, on_compile=on_compile) for p in spec_paths]
@@ -223,9 +224,7 @@ def format_backward(report: dict) -> str:
 def bench_specs(paths, plans, opts, progress, on_compile):
     """`attngen bench` on backward specs: the padded shapes (opts.shapes, default DEFAULT_SHAPES at
     each spec's head dim) beside SDPA's flash and cuDNN backward; --plot draws their TFLOP/s."""
-    from ..runtime import gpu_modules
-    from .bench import BenchReport, plot, pyplot
-    from .bench import BenchRun
+    from ...runtime import gpu_modules
     if opts.plot_file:
         pyplot()   # no matplotlib: say so (exit 3) before the run, not after it
     gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn

@@ -11,11 +11,11 @@ where autograd through a softmax of -inf would give NaN."""
 from __future__ import annotations
 
 from .pycuda_launch import pycuda_agreement
-from .varlen_verify import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, varlen_suite
+from .varlen import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, varlen_suite
 from .cases import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
                      exact_fp32_matmul, kernel_shapes, make_inputs, score_arguments, score_modifiers, variants)
-from ..core.variants import MASKS, reference_scores
-from ..core.varlen_plan import varlen_key
+from ...core.variants import MASKS, reference_scores
+from ...core.varlen_plan import varlen_key
 
 SCALE_FACTOR = 0.8   # verify's softmax scale, times 1/sqrt(head_dim)
 
@@ -102,7 +102,7 @@ def in_layout(t, layout: str):
 def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label: str,
                         deterministic: bool = False) -> CaseResult:
     import torch
-    from ..runtime import default_scale, to_bhsd
+    from ...runtime import default_scale, to_bhsd
     plan = kernel.plan
     result = CaseResult(label, plan.entry_functions[variant.mask],
                         variant.label + (DETERMINISTIC if deterministic else ""), shape, passed=False)
@@ -213,8 +213,8 @@ def check_varlen_backward_case(kernel, variant: Variant, case: VarlenCase, seed:
     """The varlen call's gradients against each sequence's reference, written into poisoned
     buffers with guard rows past the last sequence (which must stay untouched)."""
     import torch
-    from ..runtime import default_scale
-    from ..runtime.calls.varlen import cu_seqlens
+    from ...runtime import default_scale
+    from ...runtime.calls.varlen import cu_seqlens
     plan = kernel.plan
     result = CaseResult(label, kernel.entry[varlen_key(variant.mask)],
                         variant.label + " varlen" + (DETERMINISTIC if deterministic else ""), case, passed=False)

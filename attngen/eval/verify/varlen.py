@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.varlen_plan import varlen_key
-from ..runtime.calls.varlen import cu_seqlens
+from ...core.varlen_plan import varlen_key
+from ...runtime.calls.varlen import cu_seqlens
 from .pycuda_launch import pycuda_agreement
 from .cases import (FULL_SUITE, ROW_ALIGN, CaseResult, Variant, attention_torch, exact_fp32_matmul, judge_rows,
                      score_arguments, score_modifiers, variants)

@@ -1,7 +1,7 @@
-"""What one verify case is and how it is judged: the suites of shapes, the mask variants, the
-fp32 reference and the low-precision baseline, the error bound, one checked forward case.
-verify.py runs the cases; each call's own verify module builds on this one, so none of them
-imports the runner that looks them up."""
+"""What a verify case is and how it is judged, for every call: the suites of shapes, the mask
+variants, the fp32 reference and the low-precision baseline, the error bound, the row and LSE
+judges, poisoned outputs. Each call's verify module (forward.py, decode.py, ...) builds its cases on
+these; the runner (runner.py) runs whatever cases it is handed."""
 from __future__ import annotations
 
 import contextlib
@@ -10,8 +10,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..core.variants import MASKS, extra_logits, reference_scores
-from .pycuda_launch import pycuda_agreement
+from ...core.variants import MASKS, extra_logits, reference_scores
 
 ERR_FACTOR = 2.0        # flash-attention tests/test_flash_attn.py: out error <= 2 x the low-precision error
 ERR_FLOOR = 1e-5        # absolute floor for cases where torch's low-precision result is exact (e.g. seqlen_k 1)
@@ -376,54 +375,6 @@ def poisoned_lse(shape: Shape, guard: int, device):
     n = shape.batch * shape.heads * shape.seqlen_q
     buf = torch.full((n + guard,), float("nan"), dtype=torch.float32, device=device)
     return buf[:n].view(shape.batch, shape.heads, shape.seqlen_q), buf[n:]
-
-
-# -- one case ------------------------------------------------------------------------------------
-
-def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label: str | None = None) -> CaseResult:
-    """Run one (variant, shape) case of `kernel` and compare it with torch."""
-    import torch
-    from ..runtime import default_scale, to_bhsd
-    plan = kernel.plan
-    function = plan.entry_functions[variant.mask]
-    result = CaseResult(spec_label or kernel.label, function, variant.label, shape, passed=False)
-    device, dtype, d = kernel.device, kernel.dtype, plan.head_dim
-    scale = default_scale(d)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    q, k, v = make_inputs(shape, d, dtype, device, gen, v_dim=plan.v_dim)
-    guard_rows = -(-plan.block_m // ROW_ALIGN) * ROW_ALIGN
-    o, o_guard = poisoned_output(shape, plan.v_dim, guard_rows, dtype, device)
-    lse, lse_guard = poisoned_lse(shape, guard_rows, device)
-
-    scores = score_arguments(plan, shape.batch, shape.heads, gen, device)
-
-    def launch(out, lse_out):
-        kernel(q, k, v, **variant.call_arguments(), **scores, scale=scale, layout=shape.layout, out=out,
-               lse_out=lse_out)
-    launch(o, lse)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        pycuda_agreement(result, kernel, launch, ("o", "lse"), (o, lse))
-
-    qb, kb, vb, ob = (to_bhsd(t, shape.layout) for t in (q, k, v, o))
-    result.max_err, result.lowprec_err, ref_lse = reference_errors(
-        torch, qb, kb, vb, ob, scale=scale, mask=variant.mask, alignment=variant.alignment,
-        window=variant.visible_window, modifiers=score_modifiers(plan, scores))
-    problems = result.problems
-    bad = (~torch.isfinite(ob)).sum().item()
-    if bad:
-        problems.append(f"{bad} of {ob.numel()} output elements are NaN/inf (unwritten or overflowed)")
-    stray = (~torch.isnan(o_guard)).sum().item()
-    if stray:
-        problems.append(f"{stray} elements written past seqlen_q in o")
-    result.bound = error_bound(result.lowprec_err)
-    if not bad and not result.max_err <= result.bound:
-        problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} "
-                        f"({ERR_FACTOR:g} x torch {plan.spec.dtype} error {result.lowprec_err:.3g} + {ERR_FLOOR:g})")
-    judge_lse(result, torch, lse, ref_lse, lse_guard)
-    result.passed = not problems
-    return result
 
 
 def judge_lse(result: CaseResult, torch, lse, ref_lse, lse_guard) -> None:

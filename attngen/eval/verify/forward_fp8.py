@@ -30,7 +30,7 @@ def dequantized(torch, t8, descale, layout: str, group: int = 1):
 
 def peer_attention(torch, q, k, v, *, scale: float, mask: str, alignment, out_dtype):
     """torch's attention with the kernel's rounding of P to e4m3 (fp32 otherwise), rounded to out_dtype."""
-    from ..core.variants import MASKS
+    from ...core.variants import MASKS
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads != kv_heads:
         k = k.repeat_interleave(heads // kv_heads, dim=1)
@@ -50,8 +50,8 @@ def peer_attention(torch, q, k, v, *, scale: float, mask: str, alignment, out_dt
 
 def check_fp8_case(kernel, variant, shape: Shape, seed: int, label: str) -> CaseResult:
     import torch
-    from ..runtime import default_scale
-    from ..runtime.calls.forward_fp8 import quantize_fp8
+    from ...runtime import default_scale
+    from ...runtime.calls.forward_fp8 import quantize_fp8
     plan = kernel.plan
     function = plan.entry_functions[variant.mask]
     result = CaseResult(label, function, variant.label, shape, passed=False)

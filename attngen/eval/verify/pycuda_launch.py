@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 
-from ..errors import ToolError
-from ..cubin import param_layout
+from ...errors import ToolError
+from ...cubin import param_layout
 
 NOT_INSTALLED = ("PyCUDA is not installed: `attngen verify` launches every case through PyCUDA as well; install "
                  "the gpu extra (attngen doctor prints the command)")

@@ -1,5 +1,5 @@
-"""How a bench times a call on the GPU: below every bench module, so the per-call benches and
-the forward bench share it without importing each other."""
+"""How a bench times a call on the GPU: CUDA events around calls queued behind a GPU sleep, and the
+eager time of the same calls back to back; what every call's bench times with."""
 from __future__ import annotations
 
 import statistics

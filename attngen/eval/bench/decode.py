@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..verify.decode import paged_cache
+from .report import BenchRun
+from .timing import time_calls, time_eager
+
 L2_MARGIN = 2.0   # rotate so that the buffers in flight exceed this many L2 sizes
 
 
@@ -36,13 +40,11 @@ def default_cells() -> tuple[DecodeCell, ...]:
 def median_time_us(torch, fn, reps: int, rotate: int) -> float:
     """Median of `reps` CUDA-event timings of fn(i), i cycling over `rotate` input sets; the calls
     are queued behind a GPU sleep (attngen bench's method), so host time between them is hidden."""
-    from .timing import time_calls
     return time_calls(torch, fn, [(i,) for i in range(rotate)], reps=reps)[0]
 
 
 def eager_time_us(torch, fn, reps: int, rotate: int) -> float:
     """fn(i) called back to back as a user calls it, host included (attngen bench's eager column)."""
-    from .timing import time_eager
     return time_eager(torch, fn, [(i,) for i in range(rotate)], reps=reps)
 
 
@@ -71,7 +73,6 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
     causal = cell.seqlen_q > 1
     out = {"cell": cell.label, "kv_bytes": kv_bytes, "rotate": rotate, "paged": paged}
     if paged:
-        from .decode_verify import paged_cache
         lens = torch.full((cell.batch,), cell.seqlen_k, dtype=torch.int32, device="cuda")
         pools = [paged_cache(torch, k, v, None, kernel.plan.page_size, "bhsd", spare=0)
                  for k, v in zip(ks, vs)]
@@ -131,7 +132,7 @@ def run_decode_bench(spec_paths, *, cells=None, dtypes=("fp16", "bf16"), backend
                      reps: int = 30, paged: bool = False, on_step=None, on_compile=None) -> dict:
     """Every decode spec of a listed dtype on every cell, beside the SDPA backends, with the copy
     bandwidth of the same run; paged times the spec's paged path (its page_size)."""
-    from ..runtime import gpu_modules, load
+    from ...runtime import gpu_modules, load
     torch = gpu_modules()[0]
     copy = copy_bandwidth(torch)
     rows = []
@@ -187,8 +188,7 @@ def check_options(paths, plans, opts) -> list[str]:
 def bench_specs(paths, plans, opts, progress, on_compile):
     """`attngen bench` on decode specs: every cell (opts.cells) beside SDPA's flash and cuDNN
     backends; None under --varlen (decode specs have no varlen call)."""
-    from ..runtime import gpu_modules
-    from .bench import BenchRun
+    from ...runtime import gpu_modules
     if opts.varlen:
         return None
     gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .bench import (DEFAULT_SHAPES, SDPA_BACKENDS, BenchReport, Case, CaseResult, Timing, environment, format_bench,
-                    input_sets, sdpa_callable, time_timing)
+from .report import BenchReport, BenchRun, Case, CaseResult, Timing, format_bench
+from .shared import DEFAULT_SHAPES, SDPA_BACKENDS, environment, input_sets, sdpa_callable, time_timing
+from ..verify.cases import Shape, Variant
+from ..verify.forward_fp8 import check_fp8_case
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ def check_options(paths, plans, opts) -> list[str]:
 
 def quantized_sets(torch, sets):
     """(q8, k8, v_t8, q_descale, k_descale, v_descale) for each fp16 (q, k, v) set."""
-    from ..runtime.calls.forward_fp8 import quantize_fp8
+    from ...runtime.calls.forward_fp8 import quantize_fp8
     return [quantize_fp8(q, k, v) for q, k, v in sets]
 
 
@@ -50,8 +52,6 @@ def sweep_inputs(torch, case, device, generator) -> list[tuple]:
 def check_candidate(kernel, heads: int, seqlen: int, causal: bool, label: str) -> tuple[bool, str]:
     """The e4m3 verifier's rule on one case of the call's mask, at most 2 heads and 1024 rows (the
     bench's and the sweep's check before timing): (passed, its problems)."""
-    from .forward_fp8_verify import check_fp8_case
-    from .cases import Shape, Variant
     h, s = min(heads, 2), min(seqlen, 1024)
     r = check_fp8_case(kernel, Variant("causal" if causal else "none", "top_left" if causal else None),
                        Shape(1, h, h, s, s), 1, label)
@@ -74,7 +74,7 @@ def sweep_flash(torch, sets, causal: bool):
 
 def run_fp8_bench(paths, *, shapes, causals, backends, reps: int, on_step=None, on_compile=None) -> BenchReport:
     import torch
-    from ..runtime import load
+    from ...runtime import load
     device = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
@@ -116,8 +116,7 @@ def run_fp8_bench(paths, *, shapes, causals, backends, reps: int, on_step=None, 
 
 
 def bench_specs(paths, plans, opts, progress, on_compile):
-    from ..runtime import gpu_modules
-    from .bench import BenchRun
+    from ...runtime import gpu_modules
     gpu_modules()
     shapes = opts.shapes or DEFAULT_SHAPES
     backends = opts.backends or ("flash",)

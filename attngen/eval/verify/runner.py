@@ -1,0 +1,81 @@
+"""The verify runner: runs the cases it is handed (each call's verify module builds them) and
+reports every one, a failed launch included; loads the kernels it runs. It names no call convention."""
+from __future__ import annotations
+
+from .cases import CaseResult, VerifyReport, case_seed
+from .pycuda_launch import PycudaUnavailable
+
+
+class Runner:
+    """Runs the cases it is handed, in order. A case that raises is a failed case; after a CUDA fault
+    that leaves the context unusable, every remaining case (of every kernel) is reported as not run."""
+
+    def __init__(self, seed: int, on_case):
+        self.seed = seed
+        self.on_case = on_case
+        self.context_lost: str | None = None
+
+    def run(self, kernel, cases, kernel_index: int, spec_label: str | None) -> list[CaseResult]:
+        """`cases`: (variant label, function, shape, index, check(seed, label) -> CaseResult) of
+        `kernel`, as its call's verify module builds them."""
+        label = spec_label or kernel.label
+        results = []
+        for variant, function, shape, index, check in cases:
+            if self.context_lost:
+                r = CaseResult(label, function, variant, shape, passed=False,
+                               problems=[f"not run: the CUDA context was lost {self.context_lost}"])
+            else:
+                try:
+                    r = check(case_seed(self.seed, kernel_index, variant, index), label)
+                except (TypeError, ValueError, PycudaUnavailable):
+                    raise               # the verifier called the kernel wrongly, or cannot launch: not a result
+                except Exception as exc:
+                    r = CaseResult(label, function, variant, shape, passed=False,
+                                   problems=[f"{type(exc).__name__}: {exc}"])
+                    if not context_usable(kernel.device):
+                        self.context_lost = f"after {label} {variant} {shape.label}"
+            results.append(r)
+            if self.on_case:
+                self.on_case(r)
+        return results
+
+
+def context_usable(device) -> bool:
+    """False after a CUDA fault that left the context unusable (nothing more can run on it)."""
+    import torch
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        return torch.ones(1, device=device).add_(1).item() == 2.0
+    except RuntimeError:
+        return False
+
+
+# -- specs ---------------------------------------------------------------------------------------
+
+def load_kernels(spec_paths, *, on_compile=None, on_batch=None, jobs: int | None = None) -> list:
+    """attngen.load each spec, synchronizing after every launch so a fault is reported with the case
+    that caused it. Every part of every spec is compiled first, in one parallel batch (compile.
+    precompile, `jobs` nvcc at once), so the loads find their cubins cached; `on_batch(batch)`
+    hears of that batch (default: its summary line on stderr), `on_compile(spec_path, arch)` of
+    any compile a load still does."""
+    from ...compile import precompile, print_summary
+    from ...runtime import bundle_of, device_arch, gpu_modules, kernel_class
+    torch, _ = gpu_modules()
+    bundles = [bundle_of(str(path)) for path in spec_paths]
+    batch = precompile(bundles, device_arch(torch, torch.cuda.current_device()), workers=jobs)
+    (on_batch or print_summary)(batch)
+    kernels = []
+    for path, (plan, sources, label) in zip(spec_paths, bundles):
+        hook = None if on_compile is None else (lambda arch, path=path: on_compile(path, arch))
+        kernels.append(kernel_class(plan).from_sources(plan, sources, label=label, on_compile=hook, synchronize=True))
+    return kernels
+
+
+def verify_report(kernels, cases: list[CaseResult], suite_name: str) -> VerifyReport:
+    """The report of `cases` run on `kernels`: the device, its arch and torch's version beside them."""
+    import torch
+    device = kernels[0].device if kernels else None
+    name = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else str(device)
+    return VerifyReport(name, kernels[0].arch if kernels else "", torch.__version__, suite_name, cases)
