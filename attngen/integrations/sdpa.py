@@ -17,8 +17,9 @@ debug mask. A call attngen does not serve (dropout, a debug mask, fp32, seqused_
 aten, a shape or head dim without a table entry, inputs a kernel refuses before it launches) runs
 torch's original kernel, captured with torch.library.get_kernel before the override. Forward and
 backward decide apart: the backward of either forward takes the other's out and LSE (both are
-aten's contract). It also puts FLASH_ATTENTION first in SDPA's backend priority (torch may rank
-cuDNN first), restored by `disable()`. `STATS` counts the calls each side ran.
+aten's contract). So that SDPA picks the flash ops, activation also puts FLASH_ATTENTION first in
+its backend priority and turns its cuDNN backend off (torch 2.11 prefers cuDNN on Hopper), both
+restored by `disable()`. `STATS` counts the calls each side ran.
 """
 from __future__ import annotations
 
@@ -80,19 +81,18 @@ def enabled() -> bool:
 
 
 class _Handle:
-    """What activation installed: the override library and SDPA's previous priority order."""
+    """What activation installed: the override library, and how to restore SDPA's backend choice."""
 
-    def __init__(self, library, priority):
-        self.library, self.priority = library, priority
+    def __init__(self, library, undo):
+        self.library, self.undo = library, undo
 
     def remove(self) -> None:
         library, self.library = self.library, None
         if library is not None:
             library._destroy()
-        if self.priority is not None:
-            put, before = self.priority
-            self.priority = None
-            put(before)
+        undo, self.undo = self.undo, []
+        for step in undo:
+            step()
         _MISSES.clear()
 
 
@@ -124,15 +124,22 @@ def _kernel(impl, original):
 
 
 def _flash_first(torch):
-    """Put FLASH_ATTENTION first in SDPA's backend priority; (setter, previous order), or None."""
+    """Make SDPA's choice of backend reach the flash ops: FLASH_ATTENTION first in the priority order,
+    and the cuDNN backend off (torch 2.11 picks cuDNN before flash on Hopper whatever the order).
+    Returns what undoes it, or None."""
+    undo = []
     get = getattr(torch._C, "_get_sdp_priority_order", None)
     put = getattr(torch._C, "_set_sdp_priority_order", None)
-    if get is None or put is None:
-        return None
-    before = [int(b) for b in get()]
-    flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
-    put([flash] + [b for b in before if b != flash])
-    return put, before
+    if get is not None and put is not None:
+        before = [int(b) for b in get()]
+        flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+        put([flash] + [b for b in before if b != flash])
+        undo.append(lambda: put(before))
+    backends = torch.backends.cuda
+    if hasattr(backends, "cudnn_sdp_enabled") and backends.cudnn_sdp_enabled():
+        backends.enable_cudnn_sdp(False)
+        undo.append(lambda: backends.enable_cudnn_sdp(True))
+    return undo
 
 
 # -- the kernels -------------------------------------------------------------------------------------
@@ -173,117 +180,113 @@ def _rng(query):
             torch.empty(0, dtype=query.dtype, device=query.device))
 
 
-def _sdpa_forward(original, keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
-                  scale=None):
-    miss = ("sdpa", query.shape, key.shape, value.shape, query.dtype, query.device, is_causal)
-    reason = _unserved(query, key, value, dropout_p, return_debug_mask, miss)
+def _serve(step: str, reason, miss, run, fallback):
+    """attngen's `run()` unless `reason` already names torch's kernel; a refusal raised before any
+    launch becomes that reason. Torch's original kernel, `fallback()`, for the rest."""
     if reason is None:
         try:
-            # FlashAttention's causal mask is bottom-right aligned (the same as torch's when Sq == Sk)
-            out, lse = _BOUND["library"].forward(query, key, value, is_causal, "bottom_right" if is_causal else None,
-                                                 scale, "bhsd", True)
+            result = run()
         except _BOUND["refusals"] as exc:
             reason = _refused(exc, miss)
         else:
-            STATS["fwd", NAME] += 1
-            return (out, lse, None, None, query.shape[2], key.shape[2]) + _rng(query)
-    STATS["fwd", reason] += 1
-    return original.call_boxed(keyset, query, key, value, dropout_p, is_causal, return_debug_mask, scale=scale)
+            STATS[step, NAME] += 1
+            return result
+    STATS[step, reason] += 1
+    return fallback()
+
+
+def _sdpa_forward(original, keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                  scale=None):
+    miss = ("sdpa", query.shape, key.shape, value.shape, query.dtype, query.device, is_causal)
+
+    def run():
+        # FlashAttention's causal mask is bottom-right aligned (the same as torch's when Sq == Sk)
+        out, lse = _BOUND["library"].forward(query, key, value, is_causal, "bottom_right" if is_causal else None, scale,
+                                             "bhsd", True)
+        return (out, lse, None, None, query.shape[2], key.shape[2]) + _rng(query)
+    return _serve("fwd", _unserved(query, key, value, dropout_p, return_debug_mask, miss), miss, run,
+                  lambda: original.call_boxed(keyset, query, key, value, dropout_p, is_causal, return_debug_mask,
+                                              scale=scale))
 
 
 def _sdpa_backward(original, keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                    dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
     miss = ("sdpa_backward", query.shape, key.shape, value.shape, query.dtype, query.device, is_causal)
-    reason = _unserved(query, key, value, dropout_p, False, miss)
-    if reason is None:
-        try:
-            grads = _BOUND["library"].backward(grad_out, query, key, value, out, logsumexp, is_causal,
-                                               "bottom_right" if is_causal else None, scale, "bhsd",
-                                               deterministic=_BOUND["torch"].are_deterministic_algorithms_enabled())
-        except _BOUND["refusals"] as exc:
-            reason = _refused(exc, miss)
-        else:
-            STATS["bwd", NAME] += 1
-            return grads
-    STATS["bwd", reason] += 1
-    return original.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
-                               dropout_p, is_causal, philox_seed, philox_offset, scale=scale)
+
+    def run():
+        return _BOUND["library"].backward(grad_out, query, key, value, out, logsumexp, is_causal,
+                                          "bottom_right" if is_causal else None, scale, "bhsd",
+                                          deterministic=_BOUND["torch"].are_deterministic_algorithms_enabled())
+    return _serve("bwd", _unserved(query, key, value, dropout_p, False, miss), miss, run,
+                  lambda: original.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                                              max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
+                                              scale=scale))
 
 
-def _window(left, right):
-    """aten's window_size_left/right (None or -1: open) as attngen's window, or None."""
+def _flash_call(op, query, key, value, cum_seq_q, max_k, is_causal, left, right):
+    """(window, varlen, alignment, miss key) of a _flash_attention_* call: aten's window_size_left/right
+    (None or -1: an open side) as attngen's window, or None; FlashAttention's bottom-right alignment."""
     left = -1 if left is None else int(left)
     right = -1 if right is None else int(right)
-    return None if left < 0 and right < 0 else (left, right)
+    window = None if left < 0 and right < 0 else (left, right)
+    varlen = cum_seq_q is not None
+    miss = (op, query.shape, key.shape, value.shape, query.dtype, query.device, is_causal, window,
+            max_k if varlen else None)
+    return window, varlen, "bottom_right" if is_causal or window is not None else None, miss
 
 
 def _flash_forward(original, keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                    return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None, seqused_k=None,
                    alibi_slopes=None):
-    window = _window(window_size_left, window_size_right)
-    varlen = cum_seq_q is not None
-    miss = ("flash", query.shape, key.shape, value.shape, query.dtype, query.device, is_causal, window,
-            max_k if varlen else None)
+    window, varlen, align, miss = _flash_call("flash", query, key, value, cum_seq_q, max_k, is_causal, window_size_left,
+                                              window_size_right)
     reason = _unserved(query, key, value, dropout_p, return_debug_mask, miss)
     if reason is None and (seqused_k is not None or alibi_slopes is not None or varlen != (cum_seq_k is not None)):
         reason = "torch: seqused_k, alibi_slopes or one-sided offsets"
-    if reason is None:
+
+    def run():
         library = _BOUND["library"]
-        align = "bottom_right" if is_causal or window is not None else None
-        try:
-            if varlen:
-                out, lse = library.varlen(query, key, value, cum_seq_q, cum_seq_k, int(max_q), int(max_k), is_causal,
-                                          align, scale, True, window)
-            elif window is not None:
-                out, lse = library.forward_variant(query, key, value, is_causal, align, scale, "bshd", True, window,
-                                                   None, None)
-            else:
-                out, lse = library.forward(query, key, value, is_causal, align, scale, "bshd", True)
-        except _BOUND["refusals"] as exc:
-            reason = _refused(exc, miss)
+        if varlen:
+            out, lse = library.varlen(query, key, value, cum_seq_q, cum_seq_k, int(max_q), int(max_k), is_causal, align,
+                                      scale, True, window)
+        elif window is not None:
+            out, lse = library.forward_variant(query, key, value, is_causal, align, scale, "bshd", True, window, None,
+                                               None)
         else:
-            if align is not None:
-                # a row that sees no key: FlashAttention's LSE is +inf (its backward then gives the row
-                # zero gradients), attngen's -inf
-                lse = lse.masked_fill_(lse == float("-inf"), float("inf"))
-            STATS["fwd", NAME] += 1
-            return (out, lse) + _rng(query)
-    STATS["fwd", reason] += 1
-    return original.call_boxed(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                               return_debug_mask, scale=scale, window_size_left=window_size_left,
-                               window_size_right=window_size_right, seqused_k=seqused_k, alibi_slopes=alibi_slopes)
+            out, lse = library.forward(query, key, value, is_causal, align, scale, "bshd", True)
+        if align is not None:
+            # a row that sees no key: FlashAttention's LSE is +inf (its backward then gives the row zero
+            # gradients), attngen's -inf
+            lse = lse.masked_fill_(lse == float("-inf"), float("inf"))
+        return (out, lse) + _rng(query)
+    return _serve("fwd", reason, miss, run,
+                  lambda: original.call_boxed(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                              is_causal, return_debug_mask, scale=scale,
+                                              window_size_left=window_size_left, window_size_right=window_size_right,
+                                              seqused_k=seqused_k, alibi_slopes=alibi_slopes))
 
 
 def _flash_backward(original, keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                     dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
                     window_size_right=None):
-    window = _window(window_size_left, window_size_right)
-    varlen = cum_seq_q is not None
-    miss = ("flash_backward", query.shape, key.shape, value.shape, query.dtype, query.device, is_causal, window,
-            max_k if varlen else None)
+    window, varlen, align, miss = _flash_call("flash_backward", query, key, value, cum_seq_q, max_k, is_causal,
+                                              window_size_left, window_size_right)
     reason = _unserved(query, key, value, dropout_p, False, miss)
     if reason is None and varlen and window is not None:
         reason = "torch: no varlen backward with a window"
-    if reason is None:
+
+    def run():
         library = _BOUND["library"]
-        align = "bottom_right" if is_causal or window is not None else None
         deterministic = _BOUND["torch"].are_deterministic_algorithms_enabled()
-        try:
-            if varlen:
-                grads = library.varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
-                                                int(max_q), int(max_k), is_causal, align, scale, deterministic)
-            else:
-                grads = library.backward(grad_out, query, key, value, out, logsumexp, is_causal, align, scale, "bshd",
-                                         window, deterministic=deterministic)
-        except _BOUND["refusals"] as exc:
-            reason = _refused(exc, miss)
-        else:
-            STATS["bwd", NAME] += 1
-            return grads
-    STATS["bwd", reason] += 1
-    return original.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
-                               dropout_p, is_causal, rng_state, unused, scale=scale, window_size_left=window_size_left,
-                               window_size_right=window_size_right)
+        if varlen:
+            return library.varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                                           int(max_q), int(max_k), is_causal, align, scale, deterministic)
+        return library.backward(grad_out, query, key, value, out, logsumexp, is_causal, align, scale, "bshd", window,
+                                deterministic=deterministic)
+    return _serve("bwd", reason, miss, run,
+                  lambda: original.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                                              max_q, max_k, dropout_p, is_causal, rng_state, unused, scale=scale,
+                                              window_size_left=window_size_left, window_size_right=window_size_right))
 
 
 __all__ = ["NAME", "STATS", "WHY", "disable", "enable", "enabled", "register"]
