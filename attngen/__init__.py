@@ -3,11 +3,13 @@
 attngen.attention / attention_varlen / attention_with_kvcache / attention_fp8 call the committed kernel that
 serves the GPU, dtype, head dim and shape (attngen.ops); attngen.load(spec) compiles and loads
 one spec (attngen.runtime). Both need the ``gpu`` extra (torch) and a CUDA GPU.
+attngen.enable() / attngen.disable() make plain F.scaled_dot_product_attention run attngen's kernels
+where the dispatch table serves the call (attngen.integrations.sdpa; docs/integrations.md).
 """
 from .shipped import VERSION as __version__
 
 __all__ = ["__version__", "attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "check_errors",
-           "load", "quantize_fp8"]
+           "disable", "enable", "load", "quantize_fp8"]
 
 
 def check_errors(device=None) -> None:
@@ -15,6 +17,20 @@ def check_errors(device=None) -> None:
     last check (calls never wait for the GPU to check them); see attngen.runtime.check_errors."""
     from .runtime import check_errors as _check     # on first use: `import attngen` loads no runtime
     _check(device)
+
+
+def enable() -> None:
+    """Make torch's F.scaled_dot_product_attention run attngen's forward and backward for every call
+    the dispatch table serves, and torch's own flash kernel for the rest (torch 2.11's flash-attention
+    registry, under the name "attngen"; see attngen.integrations.sdpa)."""
+    from .integrations.sdpa import enable as _enable     # on first use: `import attngen` loads no torch
+    _enable()
+
+
+def disable() -> None:
+    """Undo attngen.enable(): torch's own flash kernels again."""
+    from .integrations.sdpa import disable as _disable
+    _disable()
 
 
 def load(spec_or_path, **kwargs):
