@@ -341,7 +341,7 @@ def build(specs, out_dir, specs_dir, as_json):
         fsutil.ensure_dir(out)
     for path, r in rendered:
         changed = []
-        for name, source in r.files:
+        for name, source in _generated_files(path, r):
             dest = out / name
             if _read_existing(dest) == source:
                 files.append({"spec": str(path), "file": str(dest), "status": "unchanged"})
@@ -356,7 +356,7 @@ def build(specs, out_dir, specs_dir, as_json):
             if not as_json:
                 click.echo(f"wrote     {dest}  ({r.plan.smem_bytes} B smem, {r.plan.threads} threads)")
     if rendered:
-        _write_manifest(out, {name: source for _, r in rendered for name, source in r.files})
+        _write_manifest(out, {name: source for path, r in rendered for name, source in _generated_files(path, r)})
     summary = _build_summary(files, len(paths), len(paths) - len(rendered))
     if as_json:
         click.echo(json.dumps({"ok": not errors, "files": files, "errors": errors, "summary": summary}, indent=2))
@@ -384,6 +384,20 @@ def _without_description_drift(rendered: list, refuse) -> list:
         if not drift:
             kept.append((path, r))
     return kept
+
+
+def _generated_files(path: Path, r) -> tuple[tuple[str, str], ...]:
+    """(file name, text) of what a spec puts in generated/: its sources, then, for a served spec (not
+    in the lab) whose variants the registries name, its launch record (attngen.core.launch_plan), so
+    the dispatcher's first call needs no planner."""
+    from .core.launch_plan import has_launch_record, launch_record, record_text
+    from .core.spec_cells import cell_at, in_lab
+    from .shipped import launch_name, served_from
+    if in_lab(path) or not has_launch_record(r.plan):
+        return r.files
+    cell = cell_at(path)
+    record = {**launch_record(r.plan), "served_from": served_from(Path(cell.file), cell.text)}
+    return r.files + ((launch_name(r.plan.spec.name), record_text(record)),)
 
 
 def _counted(n: int, noun: str) -> str:
@@ -450,7 +464,7 @@ def check(specs_dir, gen_dir, as_json):
 
     paths = _spec_files((), specs_dir)
     rendered = _render_specs(paths, refuse)
-    expected = {name: (path, source) for path, r in rendered for name, source in r.files}
+    expected = {name: (path, source) for path, r in rendered for name, source in _generated_files(path, r)}
     report = {"in_sync": [], "stale": [], "missing": [], "orphans": []}
     for name, (path, source) in sorted(expected.items()):
         dest = gen / name
@@ -469,7 +483,8 @@ def check(specs_dir, gen_dir, as_json):
         else:
             report["in_sync"].append({"file": str(dest), "spec": str(path)})
     if not errors:   # with a spec refused, its files are not known: no orphan can be told apart
-        for f in sorted(gen.glob("*.cu")) if gen.is_dir() else []:
+        from .shipped import LAUNCH_SUFFIX
+        for f in sorted([*gen.glob("*.cu"), *gen.glob(f"*{LAUNCH_SUFFIX}")]) if gen.is_dir() else []:
             if f.name not in expected:
                 report["orphans"].append({"file": str(f)})
                 if not as_json:
