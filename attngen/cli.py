@@ -336,12 +336,13 @@ def build(specs, out_dir, specs_dir, as_json):
 
     paths = _spec_files(specs, specs_dir)
     rendered = _without_description_drift(_render_specs(paths, refuse), refuse)
+    table_specs = _table_specs(specs_dir)
     out = Path(out_dir)
     if rendered:
         fsutil.ensure_dir(out)
     for path, r in rendered:
         changed = []
-        for name, source in _generated_files(path, r):
+        for name, source in _generated_files(path, r, table_specs):
             dest = out / name
             if _read_existing(dest) == source:
                 files.append({"spec": str(path), "file": str(dest), "status": "unchanged"})
@@ -356,7 +357,8 @@ def build(specs, out_dir, specs_dir, as_json):
             if not as_json:
                 click.echo(f"wrote     {dest}  ({r.plan.smem_bytes} B smem, {r.plan.threads} threads)")
     if rendered:
-        _write_manifest(out, {name: source for path, r in rendered for name, source in _generated_files(path, r)})
+        _write_manifest(out, {name: source for path, r in rendered
+                              for name, source in _generated_files(path, r, table_specs)})
     summary = _build_summary(files, len(paths), len(paths) - len(rendered))
     if as_json:
         click.echo(json.dumps({"ok": not errors, "files": files, "errors": errors, "summary": summary}, indent=2))
@@ -386,14 +388,27 @@ def _without_description_drift(rendered: list, refuse) -> list:
     return kept
 
 
-def _generated_files(path: Path, r) -> tuple[tuple[str, str], ...]:
-    """(file name, text) of what a spec puts in generated/: its sources, then, for a served spec (not
-    in the lab) whose variants the registries name, its launch record (attngen.core.launch_plan), so
-    the dispatcher's first call needs no planner."""
+def _table_specs(specs_dir) -> frozenset[str]:
+    """The specs the dispatch table of `specs_dir` names (none without a readable table; check reports
+    a bad one)."""
+    from .ops.table import load_table, table_path
+    path = table_path(specs_dir)
+    if not path.is_file():
+        return frozenset()
+    try:
+        return frozenset(e.spec for e in load_table(path))
+    except AttngenError:
+        return frozenset()
+
+
+def _generated_files(path: Path, r, served: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    """(file name, text) of what a spec puts in generated/: its sources, then, for a spec the table
+    serves (`served`) whose variants the registries name, its launch record
+    (attngen.core.launch_plan), so the dispatcher's first call needs no planner."""
     from .core.launch_plan import has_launch_record, launch_record, record_text
     from .core.spec_cells import cell_at, in_lab
     from .shipped import launch_name, served_from
-    if in_lab(path) or not has_launch_record(r.plan):
+    if r.plan.spec.name not in served or in_lab(path) or not has_launch_record(r.plan):
         return r.files
     cell = cell_at(path)
     record = {**launch_record(r.plan), "served_from": served_from(Path(cell.file), cell.text)}
@@ -464,7 +479,9 @@ def check(specs_dir, gen_dir, as_json):
 
     paths = _spec_files((), specs_dir)
     rendered = _render_specs(paths, refuse)
-    expected = {name: (path, source) for path, r in rendered for name, source in _generated_files(path, r)}
+    table_specs = _table_specs(specs_dir)
+    expected = {name: (path, source) for path, r in rendered
+                for name, source in _generated_files(path, r, table_specs)}
     report = {"in_sync": [], "stale": [], "missing": [], "orphans": []}
     for name, (path, source) in sorted(expected.items()):
         dest = gen / name

@@ -129,7 +129,7 @@ class LaunchPlan:
             abi=Abi(abi["name"], tuple(AbiField(**dict(zip(ABI_KEYS, f))) for f in abi["fields"]),
                     frozenset(abi["omitted"])),
             tensor_maps=tuple(TensorMapSpec(**dict(zip(MAP_KEYS, m))) for m in record["tensor_maps"]),
-            **{name: record[name] for name in NUMBERS}, **record.get("decode", {}), **record.get("backward", {}))
+            **{name: record[name] for name in NUMBERS}, **record.get("kv_cache", {}), **record.get("dq_accumulator", {}))
 
 
 NUMBERS = ("head_dim", "head_dim_v", "block_m", "block_n", "threads", "smem_bytes", "smem_dynamic", "arch_suffix",
@@ -165,10 +165,10 @@ def launch_record(plan) -> dict:
         **{name: getattr(plan, name) for name in NUMBERS},
     }
     if hasattr(plan, "max_splits"):
-        record["decode"] = {name: getattr(plan, name) for name in DECODE_NUMBERS}
+        record["kv_cache"] = {name: getattr(plan, name) for name in DECODE_NUMBERS}
     accum = getattr(plan, "accum_row_block", None)
     if accum is not None:
-        record["backward"] = {"accum_row_block": accum}
+        record["dq_accumulator"] = {"accum_row_block": accum}
     return record
 
 
