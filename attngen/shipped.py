@@ -123,26 +123,24 @@ def committed_sources(plan, spec_path: Path, spec_text: str) -> tuple[str, ...] 
     """The committed source of every part of `plan` (parsed from `spec_text`, the cell whose address
     is `spec_path`: attngen.core.spec_cells) when the spec is a shipped one and each file is provably
     what rendering gives now; None when anything does not match (the caller renders)."""
-    if not in_specs(spec_path):
+    found = _current_generated(spec_path)
+    if found is None:
         return None
-    folder = shipped("generated")
-    m = current_manifest(folder)
-    if m is None:
-        return None
+    folder, m = found
     return _committed_parts(plan, folder, m, Path(spec_path).name, hashlib.sha256(spec_text.encode()).hexdigest())
 
 
-def in_specs(spec_path) -> bool:
-    """The path names a spec of the shipped specs folder (the only one whose files are committed)."""
-    return Path(spec_path).resolve().parent == shipped("specs").resolve()
-
-
-def current_manifest(folder: Path) -> dict | None:
-    """The manifest of `folder` when it records this version and the render inputs of now, else None."""
+def _current_generated(spec_path) -> tuple[Path, dict] | None:
+    """(the shipped generated/, its manifest) for a path of the shipped specs folder (the only one
+    whose files are committed) when the manifest records this version and the render inputs of now;
+    None otherwise."""
+    if Path(spec_path).resolve().parent != shipped("specs").resolve():
+        return None
+    folder = shipped("generated")
     m = read_manifest(folder)
     if m is None or m["attngen"] != VERSION or m["inputs"] != render_inputs():
         return None
-    return m
+    return folder, m
 
 
 def _committed_parts(plan, folder: Path, m: dict, address: str, spec_sha: str) -> tuple[str, ...] | None:
@@ -190,12 +188,10 @@ def committed_launch(spec_path):
     and generated files are provably current (see above), read without the spec parser or the
     planner; None otherwise (the caller takes the full path)."""
     path = Path(spec_path)
-    if not in_specs(path):
+    found = _current_generated(path)
+    if found is None:
         return None
-    folder = shipped("generated")
-    m = current_manifest(folder)
-    if m is None:
-        return None
+    folder, m = found
     record = _launch_record(folder, launch_name(path.stem), m)
     if record is None:
         return None

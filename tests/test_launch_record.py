@@ -122,17 +122,6 @@ BUNDLE = "l4_bwd_d64"           # a served spec of three parts
 TWIN = "h100_bwd_d128_wgmma_bf16"     # a dtype cell of h100_bwd_d128_wgmma.yaml
 
 
-@pytest.fixture
-def shipped_copy(tmp_path, monkeypatch):
-    """specs/ and generated/ copied, and served as the shipped ones."""
-    for name in ("specs", "generated"):
-        shutil.copytree(ROOT / name, tmp_path / name)
-    real = attngen.shipped.shipped
-    monkeypatch.setattr(attngen.shipped, "shipped",
-                        lambda name: tmp_path / name if name in ("specs", "generated") else real(name))
-    return tmp_path
-
-
 def full_path_taken(spec: Path) -> None:
     """No record: launch_bundle gives the full plan, with the sources rendering gives."""
     assert committed_launch(spec) is None

@@ -24,10 +24,9 @@ from dataclasses import dataclass, fields
 
 from .abi import float32, float_pointer, pointer
 from .forward_plan import ForwardPlan, Part, forward_functions, function_name, stride_fields
-# The row kernels' and the accumulator's arithmetic lives in core.launch_rules (the runtime's
-# LaunchPlan runs it too); still importable from here.
-from .launch_rules import (DETERMINISTIC, ROW_THREADS, VECTOR, accum_rows, deterministic_key,  # noqa: F401
-                           query_blocks, row_grid, rows_per_row_block, varlen_accum_rows)
+# The row kernels' and the accumulator's arithmetic lives in core.launch_rules: the runtime's
+# LaunchPlan runs it too.
+from .launch_rules import DETERMINISTIC, ROW_THREADS, deterministic_key
 from .varlen_plan import is_varlen, mask_of
 
 ACCUM_FRAGMENT_ROWS = 64    # rows of a register-order block of a whole-block kind's dQ accumulator: an m64

@@ -8,10 +8,9 @@ from dataclasses import dataclass, fields
 
 from .abi import float_pointer, int32, pointer
 from .forward_plan import ForwardPlan
-# The split arithmetic lives in core.launch_rules (the runtime's LaunchPlan runs it too); still
-# importable from here.
-from .launch_rules import (IN_FLIGHT_PER_SM, MAX_SPLITS, MERGING, WAVE_EFFICIENCY,  # noqa: F401
-                           merges_in_kernel, merging_key, num_splits, row_blocks, split_key, visited_tiles)
+# The split arithmetic (the heuristic, split_key, merges_in_kernel) lives in core.launch_rules: the
+# runtime's LaunchPlan runs it too.
+from .launch_rules import MERGING, merges_in_kernel, split_key
 
 DECODE_ABI_FIELDS = (
     pointer("cache_seqlens", "int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all",
