@@ -389,11 +389,13 @@ def _without_description_drift(rendered: list, refuse) -> list:
 
 
 def _table_specs(specs_dir) -> frozenset[str]:
-    """The specs the dispatch table of `specs_dir` names (none without a readable table; check reports
-    a bad one)."""
+    """The specs the dispatch table of the shipped specs folder names, when `specs_dir` is that folder
+    (only its generated/ is ever read for launch records); none for another folder or without a
+    readable table (check reports a bad one)."""
     from .ops.table import load_table, table_path
+    from .shipped import shipped
     path = table_path(specs_dir)
-    if not path.is_file():
+    if Path(specs_dir).resolve() != shipped("specs").resolve() or not path.is_file():
         return frozenset()
     try:
         return frozenset(e.spec for e in load_table(path))
