@@ -188,32 +188,45 @@ def committed_launch(spec_path):
     and generated files are provably current (see above), read without the spec parser or the
     planner; None otherwise (the caller takes the full path)."""
     path = Path(spec_path)
-    found = _current_generated(path)
+    found = _current_generated(path) if path.suffix == ".yaml" else None
     if found is None:
         return None
     folder, m = found
     record = _launch_record(folder, launch_name(path.stem), m)
-    if record is None:
+    source = record.get("served_from") if record is not None else None
+    if not isinstance(source, dict) or not isinstance(source.get("cell_sha256"), str):
         return None
-    specs = shipped("specs")
-    source = record.get("served_from")
+    spec_file = _recorded_spec_file(path, source)
+    if spec_file is None:
+        return None
+    from .core.launch_plan import LaunchPlan
     try:
-        spec_file = specs / source["file"]
-        if "/" in source["file"] or path.name != f"{path.stem}.yaml" or \
-                hashlib.sha256(fsutil.read_regular(spec_file, SOURCE_LIMIT)).hexdigest() != source["file_sha256"]:
-            return None
-        # The path names the recorded file's cell and no other: its own file when the record's is
-        # that file, else none may exist (spec_cells would refuse the two).
-        if (spec_file.name == path.name) != path.exists():
-            return None
-        from .core.launch_plan import LaunchPlan
         plan = LaunchPlan.from_record(record)
-    except (OSError, fsutil.ReadRefused, ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
     if plan.spec.name != path.stem:
         return None
     sources = _committed_parts(plan, folder, m, path.name, source["cell_sha256"])
     return None if sources is None else (plan, sources, spec_file)
+
+
+def _recorded_spec_file(path: Path, source: dict) -> Path | None:
+    """The spec file a record was planned from (`source`: its served_from), when its bytes still hash
+    as recorded and `path` names its cell and no other: the path is that file, or, for another dtype's
+    cell, no file of its own exists (spec_cells would refuse the two); else None."""
+    name = source.get("file")
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        return None
+    spec_file = shipped("specs") / name
+    try:
+        data = fsutil.read_regular(spec_file, SOURCE_LIMIT)
+    except (OSError, fsutil.ReadRefused):
+        return None
+    if hashlib.sha256(data).hexdigest() != source.get("file_sha256"):
+        return None
+    if (name == path.name) != path.exists():
+        return None
+    return spec_file
 
 
 def _launch_record(folder: Path, name: str, m: dict) -> dict | None:

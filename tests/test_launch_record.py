@@ -173,13 +173,17 @@ def test_a_record_listed_but_not_a_record_is_refused(shipped_copy):
     spec = shipped_copy / "specs" / f"{BUNDLE}.yaml"
     gen = shipped_copy / "generated"
     good = json.loads((gen / launch_name(BUNDLE)).read_text())
+    spec_file = {k: good["served_from"][k] for k in ("file", "file_sha256")}
     hostile = {"garbage": b"\x00not json", "not utf-8": b"\xff\xfe", "deep": b"[" * 5000 + b"]" * 5000,
                "a list": b"[]", "other format": json.dumps({**good, "format": 99}).encode(),
                "no abi": json.dumps({k: v for k, v in good.items() if k != "abi"}).encode(),
                "unknown mask": json.dumps({**good, "mask_variants": ["rm -rf /"]}).encode(),
                "spec outside the folder": json.dumps({**good, "served_from": {**good["served_from"],
                                                       "file": "../specs/l4_bwd_d64.yaml"}}).encode(),
-               "another spec's plan": json.dumps({**good, "spec": {**good["spec"], "name": "phase4"}}).encode()}
+               "another spec's plan": json.dumps({**good, "spec": {**good["spec"], "name": "phase4"}}).encode(),
+               "no spec file": json.dumps({k: v for k, v in good.items() if k != "served_from"}).encode(),
+               "no cell hash": json.dumps({**good, "served_from": spec_file}).encode(),
+               "a number for a file": json.dumps({**good, "served_from": {**good["served_from"], "file": 7}}).encode()}
     for why, data in hostile.items():
         relisted(gen, launch_name(BUNDLE), data)
         assert committed_launch(spec) is None, why
