@@ -388,14 +388,19 @@ def _without_description_drift(rendered: list, refuse) -> list:
     return kept
 
 
-def _table_specs(specs_dir) -> frozenset[str]:
-    """The specs the dispatch table of the shipped specs folder names, when `specs_dir` is that folder
-    (only its generated/ is ever read for launch records); none for another folder or without a
-    readable table (check reports a bad one)."""
-    from .ops.table import load_table, table_path
+def _takes_launch_records(specs_dir) -> bool:
+    """Launch records are written and checked for the shipped specs folder alone: only its generated/
+    is ever read for them. Another folder's (a copy's, a project's) are left alone."""
     from .shipped import shipped
+    return Path(specs_dir).resolve() == shipped("specs").resolve()
+
+
+def _table_specs(specs_dir) -> frozenset[str]:
+    """The specs the dispatch table of `specs_dir` names when it takes launch records; none for another
+    folder or without a readable table (check reports a bad one)."""
+    from .ops.table import load_table, table_path
     path = table_path(specs_dir)
-    if Path(specs_dir).resolve() != shipped("specs").resolve() or not path.is_file():
+    if not _takes_launch_records(specs_dir) or not path.is_file():
         return frozenset()
     try:
         return frozenset(e.spec for e in load_table(path))
@@ -438,10 +443,12 @@ def _write_manifest(out: Path, built: dict[str, str]) -> None:
         fsutil.atomic_write_text(out / MANIFEST, text)
 
 
-def _manifest_problem(gen: Path, expected: dict, in_sync: list) -> str | None:
+def _manifest_problem(gen: Path, expected: dict, in_sync: list, records: bool) -> str | None:
     """Why generated/MANIFEST.json does not describe the files in sync (None when it does, or when
-    the folder is not the shipped one and has none: only the shipped folder's is ever read)."""
-    from .shipped import MANIFEST, manifest_of, read_manifest, shipped
+    the folder is not the shipped one and has none: only the shipped folder's is ever read).
+    records: the folder's launch records are checked (else the manifest's entries for them are
+    left alone, as the records are)."""
+    from .shipped import LAUNCH_SUFFIX, MANIFEST, manifest_of, read_manifest, shipped
     m = read_manifest(gen)
     if m is None:
         if not (gen / MANIFEST).exists() and gen.resolve() != shipped("generated").resolve():
@@ -450,7 +457,8 @@ def _manifest_problem(gen: Path, expected: dict, in_sync: list) -> str | None:
     want = manifest_of({Path(f["file"]).name: expected[Path(f["file"]).name][1] for f in in_sync})
     if (m["attngen"], m["inputs"]) != (want["attngen"], want["inputs"]):
         return "records other templates or code than rendering reads now"
-    if any(m["files"].get(name) != sha for name, sha in want["files"].items()) or set(m["files"]) - set(expected):
+    listed = {name for name in m["files"] if records or not name.endswith(LAUNCH_SUFFIX)}
+    if any(m["files"].get(name) != sha for name, sha in want["files"].items()) or listed - set(expected):
         return "records other files than generated/ holds"
     return None
 
@@ -503,12 +511,14 @@ def check(specs_dir, gen_dir, as_json):
             report["in_sync"].append({"file": str(dest), "spec": str(path)})
     if not errors:   # with a spec refused, its files are not known: no orphan can be told apart
         from .shipped import LAUNCH_SUFFIX
-        for f in sorted([*gen.glob("*.cu"), *gen.glob(f"*{LAUNCH_SUFFIX}")]) if gen.is_dir() else []:
+        made = ["*.cu", f"*{LAUNCH_SUFFIX}"] if _takes_launch_records(specs_dir) else ["*.cu"]
+        for f in sorted(f for pattern in made for f in gen.glob(pattern)) if gen.is_dir() else []:
             if f.name not in expected:
                 report["orphans"].append({"file": str(f)})
                 if not as_json:
                     click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
-    manifest = _manifest_problem(gen, expected, report["in_sync"]) if not errors else None
+    manifest = (_manifest_problem(gen, expected, report["in_sync"], _takes_launch_records(specs_dir))
+                if not errors else None)
     report["manifest"] = [{"file": str(gen / "MANIFEST.json"), "problem": manifest}] if manifest else []
     if manifest and not as_json:
         click.echo(f"manifest: {gen / 'MANIFEST.json'} {manifest}; run `attngen build`")
