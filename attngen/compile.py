@@ -89,12 +89,55 @@ def find_nvcc() -> str:
 
 @lru_cache(maxsize=None)
 def nvcc_version(nvcc: str) -> str:
+    """nvcc's release (part of every cache key). Remembered in the cache folder per nvcc binary
+    (known_nvcc_version), so a process whose cubins are all cached starts no nvcc at all."""
+    memo = nvcc_memo_path(nvcc)
+    known = known_nvcc_version(memo) if memo is not None else None
+    if known is not None:
+        return known
+    version = run_nvcc_version(nvcc)
+    if memo is not None and VERSION_TEXT.fullmatch(version):
+        try:
+            fsutil.ensure_dir(memo.parent)
+            fsutil.atomic_write_text(memo, version)
+        except (WriteError, OSError):
+            pass                            # an unwritable cache costs the next process one nvcc --version
+    return version
+
+
+def run_nvcc_version(nvcc: str) -> str:
     try:
         out = subprocess.run([nvcc, "--version"], capture_output=True, timeout=120).stdout.decode("utf-8", "replace")
     except (OSError, subprocess.SubprocessError) as exc:
         raise ToolError(f"cannot run {nvcc} --version: {getattr(exc, 'strerror', None) or exc}") from None
     m = re.search(r"release [\d.]+, V([\d.]+)", out)
     return m.group(1) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+NVCC_MEMO = "nvcc"                    # <cache_dir>/nvcc/<binary's identity>: the release it reported
+VERSION_TEXT = re.compile(r"[0-9][0-9A-Za-z.+-]{0,63}")
+
+
+def nvcc_memo_path(nvcc: str) -> Path | None:
+    """Where nvcc_version remembers the release of the binary `nvcc` is now: named by the hash of its
+    resolved path, inode, size and modification time, so a reinstalled or replaced toolkit (a new
+    binary) is asked again. None when the binary cannot be looked at (nvcc_version then runs it)."""
+    try:
+        real = os.path.realpath(nvcc)
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return None
+    identity = f"{real}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+    return cache_dir() / NVCC_MEMO / hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
+def known_nvcc_version(memo: Path) -> str | None:
+    """The release remembered at `memo`, when it holds one (a version number, nothing else)."""
+    try:
+        text = fsutil.utf8_text(fsutil.read_regular(memo, 64)).strip()
+    except (OSError, fsutil.ReadRefused, ValueError):
+        return None
+    return text if VERSION_TEXT.fullmatch(text) else None
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")

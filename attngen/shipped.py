@@ -124,22 +124,128 @@ def committed_sources(plan, spec_path: Path, spec_text: str) -> tuple[str, ...] 
     """The committed source of every part of `plan` (parsed from `spec_text`, the cell whose address
     is `spec_path`: attngen.core.spec_cells) when the spec is a shipped one and each file is provably
     what rendering gives now; None when anything does not match (the caller renders)."""
-    specs = shipped("specs")
-    if Path(spec_path).resolve().parent != specs.resolve():
+    found = _current_generated(spec_path)
+    if found is None:
+        return None
+    folder, m = found
+    return _committed_parts(plan, folder, m, Path(spec_path).name, hashlib.sha256(spec_text.encode()).hexdigest())
+
+
+def _current_generated(spec_path) -> tuple[Path, dict] | None:
+    """(the shipped generated/, its manifest) for a path of the shipped specs folder (the only one
+    whose files are committed) when the manifest records this version and the render inputs of now;
+    None otherwise."""
+    if Path(spec_path).resolve().parent != shipped("specs").resolve():
         return None
     folder = shipped("generated")
     m = read_manifest(folder)
     if m is None or m["attngen"] != VERSION or m["inputs"] != render_inputs():
         return None
-    spec_sha = hashlib.sha256(spec_text.encode()).hexdigest()
+    return folder, m
+
+
+def _committed_parts(plan, folder: Path, m: dict, address: str, spec_sha: str) -> tuple[str, ...] | None:
+    """The committed file of each part of `plan`, each one the manifest lists with its hash and whose
+    header names the cell at specs/`address` with `spec_sha`; None when one is not."""
     out = []
     for part in plan.parts:
         source = _committed_file(folder, part.file_name, m["files"].get(part.file_name))
         header = HEADER.match(source or "")
-        if header is None or header.groups() != (VERSION, f"specs/{Path(spec_path).name}", spec_sha):
+        if header is None or header.groups() != (VERSION, f"specs/{address}", spec_sha):
             return None
         out.append(source)
     return tuple(out)
+
+
+# -- generated/<name>.launch.json: what the runtime reads of a served spec's plan ----------------
+#
+# `attngen build` writes a launch record (core.launch_plan) beside the generated files of every
+# served spec whose variants the registries name, and lists it in the manifest like a source. It
+# records the spec file it was planned from (its name in the specs folder and its sha256) and the
+# sha256 of the cell's text, which the parts' headers quote. A record is used only when the manifest
+# records the render inputs of now (which include the planner and core.launch_plan), lists the
+# record's bytes, the spec file's bytes hash as recorded, the path names that cell and no other
+# file, and every part's committed file is current; anything else means today's path (parse, plan).
+
+LAUNCH_SUFFIX = ".launch.json"
+LAUNCH_LIMIT = 1 << 20              # a record takes a few KiB
+LAUNCH_DEPTH = 5                    # record, abi, fields, field; parts, part, functions, function
+
+
+def launch_name(spec_name: str) -> str:
+    """The file name of a spec's launch record in generated/."""
+    return spec_name + LAUNCH_SUFFIX
+
+
+def served_from(spec_file: Path, cell_text: str) -> dict:
+    """What a record says it was planned from: the spec file (its name in the specs folder and the
+    sha256 of its bytes) and the sha256 of the cell's text."""
+    return {"file": spec_file.name, "file_sha256": hashlib.sha256(spec_file.read_bytes()).hexdigest(),
+            "cell_sha256": hashlib.sha256(cell_text.encode()).hexdigest()}
+
+
+def committed_launch(spec_path):
+    """(LaunchPlan, committed source of every part, spec file) of a served spec whose launch record
+    and generated files are provably current (see above), read without the spec parser or the
+    planner; None otherwise (the caller takes the full path)."""
+    path = Path(spec_path)
+    found = _current_generated(path) if path.suffix == ".yaml" else None
+    if found is None:
+        return None
+    folder, m = found
+    record = _launch_record(folder, launch_name(path.stem), m)
+    source = record.get("served_from") if record is not None else None
+    if not isinstance(source, dict) or not isinstance(source.get("cell_sha256"), str):
+        return None
+    spec_file = _recorded_spec_file(path, source)
+    if spec_file is None:
+        return None
+    from .core.launch_plan import LaunchPlan
+    try:
+        plan = LaunchPlan.from_record(record)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if plan.spec.name != path.stem:
+        return None
+    sources = _committed_parts(plan, folder, m, path.name, source["cell_sha256"])
+    return None if sources is None else (plan, sources, spec_file)
+
+
+def _recorded_spec_file(path: Path, source: dict) -> Path | None:
+    """The spec file a record was planned from (`source`: its served_from), when its bytes still hash
+    as recorded and `path` names its cell and no other: the path is that file, or, for another dtype's
+    cell, no file of its own exists (spec_cells would refuse the two); else None."""
+    name = source.get("file")
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        return None
+    spec_file = shipped("specs") / name
+    try:
+        data = fsutil.read_regular(spec_file, SOURCE_LIMIT)
+    except (OSError, fsutil.ReadRefused):
+        return None
+    if hashlib.sha256(data).hexdigest() != source.get("file_sha256"):
+        return None
+    if (name == path.name) != path.exists():
+        return None
+    return spec_file
+
+
+def _launch_record(folder: Path, name: str, m: dict) -> dict | None:
+    """The launch record `name` when the manifest lists its bytes (bounded read, JSON only), else None."""
+    sha = m["files"].get(name)
+    if sha is None:
+        return None
+    try:
+        data = fsutil.read_regular(folder / name, LAUNCH_LIMIT)
+        if hashlib.sha256(data).hexdigest() != sha:
+            return None
+        text = fsutil.utf8_text(data)
+        if fsutil.json_deeper_than(text, LAUNCH_DEPTH):
+            return None
+        record = json.loads(text)
+    except (OSError, fsutil.ReadRefused, fsutil.NotUtf8, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _committed_file(folder: Path, name: str, sha: str | None) -> str | None:
@@ -158,5 +264,6 @@ def _committed_file(folder: Path, name: str, sha: str | None) -> str | None:
         return None
 
 
-__all__ = ["MANIFEST", "MARKERS", "PACKAGE", "TEMPLATES", "VERSION", "committed_sources", "manifest_of", "manifest_text",
-           "read_manifest", "render_inputs", "shipped", "updated_manifest"]
+__all__ = ["LAUNCH_SUFFIX", "MANIFEST", "MARKERS", "PACKAGE", "TEMPLATES", "VERSION", "committed_launch",
+           "committed_sources", "launch_name", "manifest_of", "manifest_text", "read_manifest", "render_inputs",
+           "served_from", "shipped", "updated_manifest"]

@@ -1,6 +1,7 @@
 # -- nvcc: tests marked `nvcc` compile generated kernels; without nvcc on PATH they skip with a reason.
 import os as _os
 import shutil as _shutil
+from pathlib import Path as _Path
 
 import pytest as _pytest
 
@@ -58,3 +59,17 @@ def _skip_without_gpu(request):
         reason = _gpu_skip_reason()
         if reason:
             _pytest.skip(reason)
+
+
+# -- shipped_copy: specs/ and generated/ copied to a temporary folder and served as the shipped ones (the
+# committed sources and launch records of tests/test_first_call.py and tests/test_launch_record.py).
+@_pytest.fixture
+def shipped_copy(tmp_path, monkeypatch):
+    import attngen.shipped
+    root = _Path(__file__).resolve().parent.parent
+    for name in ("specs", "generated"):
+        _shutil.copytree(root / name, tmp_path / name)
+    real = attngen.shipped.shipped
+    monkeypatch.setattr(attngen.shipped, "shipped",
+                        lambda name: tmp_path / name if name in ("specs", "generated") else real(name))
+    return tmp_path

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attngen.core.backward_plan import ACCUM_FRAGMENT_ROWS, accum_rows, row_grid, rows_per_row_block
+from attngen.core.backward_plan import ACCUM_FRAGMENT_ROWS
+from attngen.core.launch_rules import accum_rows, row_grid, rows_per_row_block
 from attngen.errors import SpecError
 from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attngen.core.decode_plan import num_splits, row_blocks
+from attngen.core.launch_rules import num_splits, row_blocks
 from attngen.errors import SpecError
 from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of

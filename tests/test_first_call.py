@@ -130,17 +130,6 @@ def test_a_current_generated_file_is_the_rendered_source():
     assert render_bundle(path)[1] == sources
 
 
-@pytest.fixture
-def shipped_copy(tmp_path, monkeypatch):
-    """specs/ and generated/ copied, and served as the shipped ones."""
-    for name in ("specs", "generated"):
-        shutil.copytree(ROOT / name, tmp_path / name)
-    real = attngen.shipped.shipped
-    monkeypatch.setattr(attngen.shipped, "shipped",
-                        lambda name: tmp_path / name if name in ("specs", "generated") else real(name))
-    return tmp_path
-
-
 def test_a_spec_edited_since_build_is_rendered(shipped_copy):
     spec = shipped_copy / "specs" / f"{BUNDLE}.yaml"
     assert committed_bundle(spec) is not None

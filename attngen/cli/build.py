@@ -42,12 +42,13 @@ def build(specs, out_dir, specs_dir, as_json):
 
     paths = spec_files(specs, specs_dir)
     rendered = _without_description_drift(render_specs(paths, refuse), refuse)
+    table_specs = _table_specs(specs_dir)
     out = Path(out_dir)
     if rendered:
         fsutil.ensure_dir(out)
     for path, r in rendered:
         changed = []
-        for name, source in r.files:
+        for name, source in _generated_files(path, r, table_specs):
             dest = out / name
             if read_existing(dest) == source:
                 files.append({"spec": str(path), "file": str(dest), "status": "unchanged"})
@@ -62,7 +63,8 @@ def build(specs, out_dir, specs_dir, as_json):
             if not as_json:
                 click.echo(f"wrote     {dest}  ({r.plan.smem_bytes} B smem, {r.plan.threads} threads)")
     if rendered:
-        _write_manifest(out, {name: source for _, r in rendered for name, source in r.files})
+        _write_manifest(out, {name: source for path, r in rendered
+                              for name, source in _generated_files(path, r, table_specs)})
     summary = _build_summary(files, len(paths), len(paths) - len(rendered))
     if as_json:
         click.echo(json.dumps({"ok": not errors, "files": files, "errors": errors, "summary": summary}, indent=2))
@@ -92,6 +94,41 @@ def _without_description_drift(rendered: list, refuse) -> list:
     return kept
 
 
+def _takes_launch_records(specs_dir) -> bool:
+    """Launch records are written and checked for the shipped specs folder alone: only its generated/
+    is ever read for them. Another folder's (a copy's, a project's) are left alone."""
+    from ..shipped import shipped
+    return Path(specs_dir).resolve() == shipped("specs").resolve()
+
+
+def _table_specs(specs_dir) -> frozenset[str]:
+    """The specs the dispatch table of `specs_dir` names when it takes launch records; none for another
+    folder or without a readable table (check reports a bad one)."""
+    from ..errors import AttngenError
+    from ..ops.table import load_table, table_path
+    path = table_path(specs_dir)
+    if not _takes_launch_records(specs_dir) or not path.is_file():
+        return frozenset()
+    try:
+        return frozenset(e.spec for e in load_table(path))
+    except AttngenError:
+        return frozenset()
+
+
+def _generated_files(path: Path, r, served: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    """(file name, text) of what a spec puts in generated/: its sources, then, for a spec the table
+    serves (`served`) whose variants the registries name, its launch record
+    (attngen.core.launch_plan), so the dispatcher's first call needs no planner."""
+    from ..core.launch_plan import has_launch_record, launch_record, record_text
+    from ..core.spec_cells import cell_at, in_lab
+    from ..shipped import launch_name, served_from
+    if r.plan.spec.name not in served or in_lab(path) or not has_launch_record(r.plan):
+        return r.files
+    cell = cell_at(path)
+    record = {**launch_record(r.plan), "served_from": served_from(Path(cell.file), cell.text)}
+    return r.files + ((launch_name(r.plan.spec.name), record_text(record)),)
+
+
 def _counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -113,10 +150,12 @@ def _write_manifest(out: Path, built: dict[str, str]) -> None:
         fsutil.atomic_write_text(out / MANIFEST, text)
 
 
-def _manifest_problem(gen: Path, expected: dict, in_sync: list) -> str | None:
+def _manifest_problem(gen: Path, expected: dict, in_sync: list, records: bool) -> str | None:
     """Why generated/MANIFEST.json does not describe the files in sync (None when it does, or when
-    the folder is not the shipped one and has none: only the shipped folder's is ever read)."""
-    from ..shipped import MANIFEST, manifest_of, read_manifest, shipped
+    the folder is not the shipped one and has none: only the shipped folder's is ever read).
+    records: the folder's launch records are checked (else the manifest's entries for them are
+    left alone, as the records are)."""
+    from ..shipped import LAUNCH_SUFFIX, MANIFEST, manifest_of, read_manifest, shipped
     m = read_manifest(gen)
     if m is None:
         if not (gen / MANIFEST).exists() and gen.resolve() != shipped("generated").resolve():
@@ -125,7 +164,8 @@ def _manifest_problem(gen: Path, expected: dict, in_sync: list) -> str | None:
     want = manifest_of({Path(f["file"]).name: expected[Path(f["file"]).name][1] for f in in_sync})
     if (m["attngen"], m["inputs"]) != (want["attngen"], want["inputs"]):
         return "records other templates or code than rendering reads now"
-    if any(m["files"].get(name) != sha for name, sha in want["files"].items()) or set(m["files"]) - set(expected):
+    listed = {name for name in m["files"] if records or not name.endswith(LAUNCH_SUFFIX)}
+    if any(m["files"].get(name) != sha for name, sha in want["files"].items()) or listed - set(expected):
         return "records other files than generated/ holds"
     return None
 
@@ -156,7 +196,9 @@ def check(specs_dir, gen_dir, as_json):
 
     paths = spec_files((), specs_dir)
     rendered = render_specs(paths, refuse)
-    expected = {name: (path, source) for path, r in rendered for name, source in r.files}
+    table_specs = _table_specs(specs_dir)
+    expected = {name: (path, source) for path, r in rendered
+                for name, source in _generated_files(path, r, table_specs)}
     report = {"in_sync": [], "stale": [], "missing": [], "orphans": []}
     for name, (path, source) in sorted(expected.items()):
         dest = gen / name
@@ -175,12 +217,15 @@ def check(specs_dir, gen_dir, as_json):
         else:
             report["in_sync"].append({"file": str(dest), "spec": str(path)})
     if not errors:   # with a spec refused, its files are not known: no orphan can be told apart
-        for f in sorted(gen.glob("*.cu")) if gen.is_dir() else []:
+        from ..shipped import LAUNCH_SUFFIX
+        made = ["*.cu", f"*{LAUNCH_SUFFIX}"] if _takes_launch_records(specs_dir) else ["*.cu"]
+        for f in sorted(f for pattern in made for f in gen.glob(pattern)) if gen.is_dir() else []:
             if f.name not in expected:
                 report["orphans"].append({"file": str(f)})
                 if not as_json:
                     click.echo(f"orphan: {f} is produced by no spec in {specs_dir}/; delete it or restore its spec")
-    manifest = _manifest_problem(gen, expected, report["in_sync"]) if not errors else None
+    manifest = (_manifest_problem(gen, expected, report["in_sync"], _takes_launch_records(specs_dir))
+                if not errors else None)
     report["manifest"] = [{"file": str(gen / "MANIFEST.json"), "problem": manifest}] if manifest else []
     if manifest and not as_json:
         click.echo(f"manifest: {gen / 'MANIFEST.json'} {manifest}; run `attngen build`")

@@ -24,13 +24,13 @@ from dataclasses import dataclass, fields
 
 from .abi import float32, float_pointer, pointer
 from .forward_plan import ForwardPlan, Part, forward_functions, function_name, stride_fields
-from .function_keys import KeySuffix
+# The row kernels' and the accumulator's arithmetic lives in core.launch_rules: the runtime's
+# LaunchPlan runs it too.
+from .launch_rules import DETERMINISTIC, ROW_THREADS, deterministic_key
 from .varlen_plan import is_varlen, mask_of
 
-ROW_THREADS = 128           # threads per block of the preprocess and convert kernels
 ACCUM_FRAGMENT_ROWS = 64    # rows of a register-order block of a whole-block kind's dQ accumulator: an m64
                             # wgmma accumulator, or four m16 mma.sync fragments laid out alike
-VECTOR = 8                  # elements each of their threads reads per row (one 16-byte vector)
 
 
 BACKWARD_ABI_FIELDS = (
@@ -65,15 +65,6 @@ CONVERT_READS = ("dq", "dq_batch_stride", "dq_head_stride", "dq_row_stride", "dq
                  "scale")
 
 
-def rows_per_row_block(head_dim: int) -> int:
-    """Query rows one preprocess or convert block covers: ROW_THREADS threads, head_dim / VECTOR per row."""
-    return ROW_THREADS // (head_dim // VECTOR)
-
-
-DETERMINISTIC = KeySuffix("_deterministic")   # function key (and name) suffix of a mask's deterministic main function
-deterministic_key = DETERMINISTIC.key
-
-
 @dataclass(frozen=True)
 class BackwardPlan(ForwardPlan):
     """The plan of a backward bundle: the forward plan's numbers, with function keys that may carry
@@ -85,6 +76,12 @@ class BackwardPlan(ForwardPlan):
 
     def key_mask(self, key: str) -> str:
         return mask_of(DETERMINISTIC.mask(key))
+
+    @property
+    def accum_row_block(self) -> int:
+        """Rows of the dQ accumulator's blocks: 1, or whole query blocks where the kind's main kernel
+        adds them (its fragments say)."""
+        return self.fragments.accum_row_block
 
     def takes_turns(self, key: str) -> bool:
         """The function of `key` adds dQ in turns (deterministic mode)."""
@@ -114,30 +111,3 @@ def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str
                  (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS + sequences, **row),
             Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu",
                  (("convert", function_name(spec, "convert")),), reads=CONVERT_READS + sequences, **row))
-
-
-def query_blocks(seqlen_q: int, block_m: int) -> int:
-    """Query blocks per (batch, head): the dq_turns counters of one head."""
-    return -(-seqlen_q // block_m)
-
-
-def accum_rows(plan, seqlen_q: int) -> int:
-    """Rows of the fp32 dQ accumulator per (batch, head): seqlen_q, rounded up to whole query blocks
-    where the kind's main kernel adds whole blocks (fragments.accum_row_block)."""
-    block = plan.fragments.accum_row_block
-    return -(-seqlen_q // block) * block
-
-
-def varlen_accum_rows(plan, total_q: int, sequences: int) -> int:
-    """Rows of the fp32 dQ accumulator per head in a varlen call: total_q; or, where the kind adds
-    whole query blocks, a run of blocks per sequence starting at block (its first row's block + its
-    index), so that no two sequences share a block: (blocks of total_q + sequences) blocks. The
-    deterministic turn counters are laid out the same way."""
-    block = plan.fragments.accum_row_block
-    return total_q if block == 1 else (-(-total_q // block) + sequences) * block
-
-
-def row_grid(head_dim: int, batch: int, heads: int, rows: int) -> tuple[int, int, int]:
-    """The grid of the preprocess and convert kernels over `rows` rows per (batch, head) (the
-    accumulator's, which cover seqlen_q): (row blocks, heads, batch)."""
-    return (-(-rows // rows_per_row_block(head_dim)), heads, batch)

@@ -4,22 +4,13 @@ uses. The decode call (attngen/runtime/calls/decode.py) and each decode kind rea
 names a kind."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 from .abi import float_pointer, int32, pointer
 from .forward_plan import ForwardPlan
-from .function_keys import KeySuffix
-
-MAX_SPLITS = 128
-WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this fraction of the best
-# K/V bytes in flight per SM, on average over the GPU, from which one slice per (KV head, batch)
-# already streams at full speed: a split would only add partials to write and a combine to run.
-# Measured on the H200 (docs/decode-h200/decode_split_grid.py, a 32-layer loop replayed from a CUDA graph, GQA
-# 32/8, 1k-16k keys): d128 at batch 8 (64 blocks x 128 KiB in flight, 62 KiB per SM) is 1-16 %
-# faster unsplit than in 2 slices; d64 at batch 8 (64 KiB per block, 31 KiB per SM) is 2-21 % slower
-# unsplit from 4k keys on. The threshold lies between the two.
-IN_FLIGHT_PER_SM = 48 << 10
+# The split arithmetic (the heuristic, split_key, merges_in_kernel) lives in core.launch_rules: the
+# runtime's LaunchPlan runs it too.
+from .launch_rules import MERGING, merges_in_kernel, split_key
 
 DECODE_ABI_FIELDS = (
     pointer("cache_seqlens", "int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all",
@@ -72,11 +63,11 @@ class DecodePlan(ForwardPlan):
 
     def split_key(self, mask: str, splits: int) -> str:
         """The split function a call of `splits` slices launches for `mask`."""
-        return merging_key(mask) if splits > 1 and self.merging_functions else mask
+        return split_key(self.combine, mask, splits)
 
     def merges_in_kernel(self, splits: int) -> bool:
         """The split kernel a call launches merges the splits itself (no combine launch)."""
-        return splits > 1 and self.combine != "kernel"
+        return merges_in_kernel(self.combine, splits)
 
     def body(self, key: str) -> str:
         return "attention_merging" if is_merging(key) else super().body(key)
@@ -106,41 +97,5 @@ class DecodePlan(ForwardPlan):
         return self.parts[1] if len(self.parts) > 1 else None
 
 
-MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's merging split function (combine: auto)
-merging_key = MERGING.key
 is_merging = MERGING.has
 merged_mask = MERGING.mask        # the mask of a split function key, merging or plain
-
-
-def row_blocks(plan, heads: int, kv_heads: int, seqlen_q: int) -> int:
-    """Blocks of block_m group rows per KV head."""
-    return -(-(heads // kv_heads) * seqlen_q // plan.block_m)
-
-
-def visited_tiles(n_tiles: int, block_n: int, seqlen_q: int, left: int) -> int:
-    """The most K/V tiles one block of a sequence visits under a window of `left` keys (>= 0) before
-    each new token: its seqlen_q tokens see seqlen_q + left keys ending at the sequence's end, which
-    span at most one tile more than they fill; never more than the cache's n_tiles."""
-    return min(n_tiles, -(-(seqlen_q + left) // block_n) + 1)
-
-
-def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int,
-               in_flight: int = 0) -> int:
-    """The fewest key slices whose wave efficiency (blocks in flight / slots of the last wave) is
-    within WAVE_EFFICIENCY of the best over 1..max_splits. `blocks` = batch x kv_heads x row_blocks;
-    no slice is empty for the longest sequence (n_tiles tiles). One slice when the blocks already
-    fill 0.8 of the slots, or keep IN_FLIGHT_PER_SM bytes of K/V in flight per SM (`in_flight`:
-    bytes one block has in flight, its ring's stages ahead of the one it computes)."""
-    slots = sm_count * blocks_per_sm
-    cap = max(1, min(max_splits, n_tiles))
-    if blocks >= 0.8 * slots or cap == 1 or blocks * in_flight >= IN_FLIGHT_PER_SM * sm_count:
-        return 1
-
-    def efficiency(s: int) -> float:
-        waves = blocks * s / slots
-        return waves / math.ceil(waves)
-
-    # only split counts that change the slice length make distinct schedules
-    counts = [s for s in range(1, cap + 1) if s == 1 or -(-n_tiles // s) != -(-n_tiles // (s - 1))]
-    best = max(efficiency(s) for s in counts)
-    return next(s for s in counts if efficiency(s) >= WAVE_EFFICIENCY * best)

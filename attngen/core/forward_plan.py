@@ -11,6 +11,7 @@ from ..targets import TARGETS, Target
 from .abi import Abi, float32, float_pointer, int32, int64, pointer
 from .constants import LN2, LOG2E    # noqa: F401  (still importable from here)
 from .kind import Kind
+from .launch_rules import compile_arch, forward_grid, query_block_grid
 from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Region, Swizzle,
                      TileCopy, barrier_region, check_budget, layout_regions, ring_stride, xor_misfit)
 from .spec_keys import ForwardSpec, PadSwizzle, XorSwizzle, blocks_that_fit
@@ -230,25 +231,18 @@ class ForwardPlan:
     def compile_arch(self, arch: str) -> str:
         """The nvcc target for a GPU of `arch` (sm_90 -> sm_90a when the kernel needs it); ValueError
         when the kernel's arch-specific instructions do not exist on that GPU."""
-        plain = arch.rstrip("a")
-        if self.arch_suffix and plain != self.target.arch:
-            raise ValueError(f"{self.spec.name} uses {self.target.arch}{self.arch_suffix}-only instructions and cannot "
-                             f"be compiled for {arch}; use --arch {self.target.arch}")
-        return plain + self.arch_suffix
+        return compile_arch(self.spec.name, self.target.arch, self.arch_suffix, arch)
 
     def grid(self, batch: int, heads: int, seqlen_q: int, sm_count: int | None = None) -> tuple[int, int, int]:
         """One block per block_m query rows of each (head, batch); persistent: one block per SM of
         the GPU (`sm_count`, default the target's), never more than there are query blocks."""
-        blocks = self.varlen_grid(batch, heads, seqlen_q)
-        if self.persistent:
-            return (max(1, min(blocks[0] * heads * batch, sm_count or self.target.sm_count)), 1, 1)
-        return blocks
+        return forward_grid(self.block_m, self.persistent, self.target.sm_count, batch, heads, seqlen_q, sm_count)
 
     def varlen_grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
         """One block per block_m query rows (of the longest sequence, in a varlen call), head and
         batch (or sequence): a non-persistent plan's grid, and every plan's varlen grid (a persistent
         plan's varlen functions compute one query block per block too)."""
-        return (-(-max_seqlen_q // self.block_m), heads, batch)
+        return query_block_grid(self.block_m, batch, heads, max_seqlen_q)
 
 
 # -- derivations ---------------------------------------------------------------------------------

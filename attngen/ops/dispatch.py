@@ -67,7 +67,8 @@ class Dispatcher:
 
     def _load(self, spec: str, index: int):
         """The kernel of `spec` for cuda:`index`'s arch, loaded once by one thread (others wait)."""
-        from ..runtime import device_info, load
+        from ..runtime import device_info
+        from ..runtime.calls import load_served
         arch = device_info(index).arch
         kernel = self._kernels.get((spec, arch))
         if kernel is not None:
@@ -79,7 +80,7 @@ class Dispatcher:
             if kernel is None:
                 import torch
                 with torch.cuda.device(index):
-                    kernel = load(str(self.specs_dir / f"{spec}.yaml"))
+                    kernel = load_served(str(self.specs_dir / f"{spec}.yaml"))
                 self._kernels[(spec, arch)] = kernel
         return kernel
 

@@ -25,18 +25,20 @@ import threading
 from ctypes import c_void_p, memmove
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..compile import compile_source
 from ..core.variants import call_mask, check_window, score_values
 from ..core.varlen_plan import is_varlen, mask_of
 from ..cubin import param_layout
 from ..errors import SpecError, ToolError
-from ..plan import Plan, make_plan
-from ..shipped import committed_sources
-from ..core.spec_cells import cell_at
-from ..spec import parse_cell
+from ..shipped import committed_launch, committed_sources
 from . import driver
 from .gpu import device_info, gpu_modules
+
+if TYPE_CHECKING:
+    from ..core.launch_plan import LaunchPlan
+    from ..plan import Plan
 
 LAYOUTS = ("bhsd", "bshd")          # bhsd: (batch, heads, seq, dim) as torch SDPA; bshd: (batch, seq, heads, dim)
 VARLEN_LAYOUT = "thd"               # varlen calls: (total_rows, heads, dim), sequences back to back
@@ -77,11 +79,27 @@ def bundle_of(spec_or_path) -> tuple[Plan, tuple[str, ...], str]:
     return render_bundle(spec_or_path)
 
 
+def launch_bundle(spec_path) -> tuple[Plan | LaunchPlan, tuple[str, ...], str]:
+    """What the dispatcher loads a served spec from: its launch record (a LaunchPlan) and committed
+    sources when they are provably current (attngen.shipped.committed_launch), read without the spec
+    parser, the planner or the renderer; else bundle_of's full plan. A Kernel calls either alike."""
+    launch = committed_launch(spec_path)
+    if launch is None:
+        return bundle_of(spec_path)
+    plan, sources, spec_file = launch
+    return plan, sources, shown_path(spec_file)
+
+
 def committed_bundle(path) -> tuple[Plan, tuple[str, ...], str] | None:
     """(plan, committed source of every part, label) of a shipped spec whose generated files are what
     rendering would give now (attngen.shipped.committed_sources says how that is known), without
     loading the renderer; None otherwise, and for a spec the planner refuses (rendering reports it
     with its line)."""
+    # The spec parser and the planner (pydantic, the YAML loader) load only here: a served spec
+    # with a current launch record never needs them (launch_bundle).
+    from ..core.spec_cells import cell_at
+    from ..plan import make_plan
+    from ..spec import parse_cell
     try:
         cell = cell_at(path)
         shown = shown_path(cell.file)
@@ -534,4 +552,4 @@ class Kernel:
 
 
 __all__ = ["Function", "Kernel", "LaunchError", "Prepared", "bundle_of", "committed_bundle", "default_scale",
-           "to_bhsd"]
+           "launch_bundle", "to_bhsd"]

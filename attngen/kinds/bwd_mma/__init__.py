@@ -23,10 +23,10 @@ from typing import Literal
 from pydantic import Field
 
 from ...core.backward_space import mma_backward_space
-from ...core.backward_plan import (ACCUM_FRAGMENT_ROWS, BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan,
-                                   backward_parts, rows_per_row_block)
+from ...core.backward_plan import ACCUM_FRAGMENT_ROWS, BACKWARD_ABI_FIELDS, BackwardPlan, backward_parts
 from ...core.forward_plan import FORWARD_ABI, plan_abi, plan_forward
 from ...core.kind import Kind
+from ...core.launch_rules import ROW_THREADS, rows_per_row_block
 from ...core.layout import Budget, Region, check_budget, layout_regions
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_rescale,
                                rule_backward_varlen_no_expressions, rule_backward_varlen_plain,

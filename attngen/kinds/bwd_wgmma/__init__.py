@@ -26,10 +26,10 @@ from typing import Literal
 from pydantic import Field
 
 from ...core.backward_space import wgmma_backward_space
-from ...core.backward_plan import (ACCUM_FRAGMENT_ROWS, BACKWARD_ABI_FIELDS, ROW_THREADS, BackwardPlan, backward_parts,
-                                   rows_per_row_block)
+from ...core.backward_plan import ACCUM_FRAGMENT_ROWS, BACKWARD_ABI_FIELDS, BackwardPlan, backward_parts
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants, tensor_fields
 from ...core.kind import Kind
+from ...core.launch_rules import ROW_THREADS, rows_per_row_block
 from ...core.layout import Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget, layout_regions
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_rescale,

@@ -19,9 +19,10 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ...core import banks
-from ...core.decode_plan import DECODE_ABI_FIELDS, IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, DecodePlan, merging_key
+from ...core.decode_plan import DECODE_ABI_FIELDS, DecodePlan
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
+from ...core.launch_rules import IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, merging_key
 from ...core.layout import Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
 from ...errors import SpecError

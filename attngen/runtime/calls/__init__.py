@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 
 from ...core.calls import CALLS, call_named
-from ..kernel import Kernel, bundle_of
+from ..kernel import Kernel, bundle_of, launch_bundle
 
 _LOADED: dict[str, type[Kernel]] = {}    # convention name -> its Kernel class, imported on first use
 
@@ -59,4 +59,13 @@ def load(spec_or_path, *, on_compile=None, synchronize: bool | None = None) -> K
     return kernel_class(plan).from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
 
 
-__all__ = ["convention_class", "conventions", "kernel_class", "load"]
+def load_served(spec_path, *, on_compile=None, synchronize: bool | None = None) -> Kernel:
+    """load() for the dispatcher: a served spec's kernel from its launch record when it is current
+    (attngen.runtime.kernel.launch_bundle), so the first call parses no spec and builds no plan.
+    The kernel's plan is then a LaunchPlan, which holds what calls read and nothing else; load()
+    gives the full plan that verify, bench and explain read."""
+    plan, sources, label = launch_bundle(spec_path)
+    return kernel_class(plan).from_sources(plan, sources, label=label, on_compile=on_compile, synchronize=synchronize)
+
+
+__all__ = ["convention_class", "conventions", "kernel_class", "load", "load_served"]

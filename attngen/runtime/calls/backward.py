@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 
-from ...core.backward_plan import accum_rows, deterministic_key, query_blocks, row_grid, varlen_accum_rows
+from ...core.launch_rules import accum_rows, deterministic_key, query_blocks, row_grid, varlen_accum_rows
 from ...core.constants import LOG2E
 from ...core.varlen_plan import varlen_key
 from ..gpu import error_word

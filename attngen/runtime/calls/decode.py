@@ -9,7 +9,7 @@ import functools
 import numbers
 import threading
 
-from ...core.decode_plan import num_splits, row_blocks, visited_tiles
+from ...core.launch_rules import num_splits, row_blocks, visited_tiles
 from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
 from ..gpu import error_word

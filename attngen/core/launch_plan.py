@@ -1,0 +1,187 @@
+"""What the runtime reads of a plan to load and call its kernels, kept as a launch record: JSON that
+`attngen build` writes beside a served spec's generated files (generated/<name>.launch.json), so the
+dispatcher's first call loads a kernel without parsing the spec or building the plan (the planner,
+pydantic and the YAML loader stay unimported).
+
+A record names its mask variants and score modifiers by their names in core.variants' registries;
+a plan whose variants are not all registry entries (an expression spec's) has no record and loads
+as before. A record is JSON, never code: reading one runs nothing. Where records sit and how one
+is proved current: attngen.shipped (committed_launch).
+
+This module is one of the planner's inputs (core/), so changing what a record holds changes the
+render inputs MANIFEST.json records: every committed record is then stale until rebuilt."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..targets import TARGETS, Target
+from .abi import Abi, AbiField
+from .launch_rules import compile_arch, forward_grid, merges_in_kernel, query_block_grid, split_key
+from .tensor_maps import TensorMapSpec
+from .variants import MASKS, SCORES
+
+RECORD_FORMAT = 1
+ABI_KEYS = ("name", "ctype", "size", "align", "pack", "meaning", "default", "array")
+MAP_KEYS = ("tensor", "box_rows", "box_cols", "swizzle", "store", "transposed")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """The spec's words a call reads: its name and element types."""
+
+    name: str
+    dtype: str
+    out_dtype: str
+
+
+@dataclass(frozen=True)
+class LaunchKind:
+    """The kind's words a call reads: its name and call convention (core.calls)."""
+
+    name: str
+    calls: str
+
+
+@dataclass(frozen=True)
+class LaunchPart:
+    """One generated file of the bundle, as the runtime loads it."""
+
+    name: str
+    file_name: str
+    functions: tuple[tuple[str, str], ...]   # (function key, extern "C" function name)
+    threads: int | None = None               # threads per block of its kernels; None: the plan's
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A plan as the runtime reads it: the same names and answers as the full plan (a Kernel takes
+    either), and nothing the templates alone need."""
+
+    spec: LaunchSpec
+    kind: LaunchKind
+    target: Target
+    masks: tuple[str, ...]
+    mask_variants: tuple
+    score_variants: tuple
+    parts: tuple[LaunchPart, ...]
+    abi: Abi
+    head_dim: int
+    head_dim_v: int
+    block_m: int
+    block_n: int
+    threads: int
+    smem_bytes: int
+    smem_dynamic: bool
+    arch_suffix: str
+    persistent: bool
+    tensor_maps: tuple[TensorMapSpec, ...]
+    max_splits: int = 1             # decode: most key slices per (KV head, batch)
+    page_size: int = 0              # decode: keys per page of a paged cache
+    combine: str = "kernel"         # decode: how the splits merge (core.decode_plan.DecodePlan.combine)
+    unsplit_in_flight: int = 0      # decode: the split heuristic's bytes in flight per block
+    accum_row_block: int = 1        # backward: rows of the dQ accumulator's blocks
+
+    @property
+    def v_dim(self) -> int:
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def functions(self) -> tuple[tuple[str, str], ...]:
+        return tuple(f for part in self.parts for f in part.functions)
+
+    @property
+    def entry_functions(self) -> dict[str, str]:
+        return dict(self.parts[0].functions)
+
+    @property
+    def combine_part(self):
+        return self.parts[1] if len(self.parts) > 1 else None
+
+    def compile_arch(self, arch: str) -> str:
+        return compile_arch(self.spec.name, self.target.arch, self.arch_suffix, arch)
+
+    def grid(self, batch: int, heads: int, seqlen_q: int, sm_count: int | None = None) -> tuple[int, int, int]:
+        return forward_grid(self.block_m, self.persistent, self.target.sm_count, batch, heads, seqlen_q, sm_count)
+
+    def varlen_grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
+        return query_block_grid(self.block_m, batch, heads, max_seqlen_q)
+
+    def split_key(self, mask: str, splits: int) -> str:
+        return split_key(self.combine, mask, splits)
+
+    def merges_in_kernel(self, splits: int) -> bool:
+        return merges_in_kernel(self.combine, splits)
+
+    @classmethod
+    def from_record(cls, record: dict) -> "LaunchPlan":
+        """The plan a record describes; ValueError (or KeyError, TypeError) for one that is not a
+        record of this format."""
+        if record.get("format") != RECORD_FORMAT:
+            raise ValueError(f"not a launch record of format {RECORD_FORMAT}")
+        abi = record["abi"]
+        return cls(
+            spec=LaunchSpec(**record["spec"]), kind=LaunchKind(**record["kind"]), target=TARGETS[record["target"]],
+            masks=tuple(record["masks"]), mask_variants=tuple(MASKS[m] for m in record["mask_variants"]),
+            score_variants=tuple(SCORES[s] for s in record["score_variants"]),
+            parts=tuple(LaunchPart(p["name"], p["file_name"], tuple(tuple(f) for f in p["functions"]), p["threads"])
+                        for p in record["parts"]),
+            abi=Abi(abi["name"], tuple(AbiField(**dict(zip(ABI_KEYS, f))) for f in abi["fields"]),
+                    frozenset(abi["omitted"])),
+            tensor_maps=tuple(TensorMapSpec(**dict(zip(MAP_KEYS, m))) for m in record["tensor_maps"]),
+            **{name: record[name] for name in NUMBERS}, **record.get("kv_cache", {}), **record.get("dq_accumulator", {}))
+
+
+NUMBERS = ("head_dim", "head_dim_v", "block_m", "block_n", "threads", "smem_bytes", "smem_dynamic", "arch_suffix",
+           "persistent")
+DECODE_NUMBERS = ("max_splits", "page_size", "combine", "unsplit_in_flight")
+
+
+def has_launch_record(plan) -> bool:
+    """Every variant of the plan is a registry entry (a record names them); an expression spec's
+    score modifier is built from its expressions and has none."""
+    return (getattr(plan, "expression", None) is None
+            and all(MASKS.get(m.name) is m for m in plan.mask_variants)
+            and all(SCORES.get(s.name) is s for s in plan.score_variants))
+
+
+def launch_record(plan) -> dict:
+    """The record of a plan (has_launch_record(plan) must hold): plain JSON values, in a fixed order."""
+    if not has_launch_record(plan):
+        raise ValueError(f"{plan.spec.name} has variants no registry names; it has no launch record")
+    record = {
+        "format": RECORD_FORMAT,
+        "spec": {"name": plan.spec.name, "dtype": plan.spec.dtype, "out_dtype": plan.spec.out_dtype},
+        "kind": {"name": plan.kind.name, "calls": plan.kind.calls},
+        "target": plan.target.name,
+        "masks": list(plan.masks),
+        "mask_variants": [m.name for m in plan.mask_variants],
+        "score_variants": [s.name for s in plan.score_variants],
+        "parts": [{"name": p.name, "file_name": p.file_name, "functions": [list(f) for f in p.functions],
+                   "threads": p.threads} for p in plan.parts],
+        "abi": {"name": plan.abi.name, "fields": [[getattr(f, k) for k in ABI_KEYS] for f in plan.abi.fields],
+                "omitted": sorted(plan.abi.omitted)},
+        "tensor_maps": [[getattr(m, k) for k in MAP_KEYS] for m in plan.tensor_maps],
+        **{name: getattr(plan, name) for name in NUMBERS},
+    }
+    if hasattr(plan, "max_splits"):
+        record["kv_cache"] = {name: getattr(plan, name) for name in DECODE_NUMBERS}
+    accum = getattr(plan, "accum_row_block", None)
+    if accum is not None:
+        record["dq_accumulator"] = {"accum_row_block": accum}
+    return record
+
+
+def record_text(record: dict) -> str:
+    """A record as committed: JSON with a line per key and per Params field, so that a review's diff
+    names what changed."""
+    def value(key, v):
+        if key == "abi":
+            fields = ",\n  ".join(json.dumps(f) for f in v["fields"])
+            return f'{{"name": {json.dumps(v["name"])}, "omitted": {json.dumps(v["omitted"])}, "fields": [\n  {fields}]}}'
+        return json.dumps(v)
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {value(k, v)}" for k, v in record.items()) + "\n}\n"
+
+
+__all__ = ["LaunchKind", "LaunchPart", "LaunchPlan", "LaunchSpec", "RECORD_FORMAT", "has_launch_record",
+           "launch_record", "record_text"]

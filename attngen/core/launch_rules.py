@@ -1,0 +1,140 @@
+"""The arithmetic a call does on a plan's numbers to launch its kernels: grids, the nvcc target, a
+decode call's split count and split function, a backward call's row kernels and dQ accumulator.
+
+Both a full plan (core.forward_plan and the decode and backward plans built on it) and the runtime's
+LaunchPlan (core.launch_plan) call these, so the two cannot drift; this module imports nothing
+heavier than the function keys, so the dispatcher's first call loads no planner to run them."""
+from __future__ import annotations
+
+import math
+
+from .function_keys import KeySuffix
+
+# -- forward --------------------------------------------------------------------------------------
+
+def query_block_grid(block_m: int, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
+    """One block per block_m query rows (of the longest sequence, in a varlen call), head and batch
+    (or sequence)."""
+    return (-(-max_seqlen_q // block_m), heads, batch)
+
+
+def forward_grid(block_m: int, persistent: bool, target_sm_count: int, batch: int, heads: int, seqlen_q: int,
+                 sm_count: int | None = None) -> tuple[int, int, int]:
+    """query_block_grid; persistent: one block per SM of the GPU (`sm_count`, default the target's),
+    never more than there are query blocks."""
+    blocks = query_block_grid(block_m, batch, heads, seqlen_q)
+    if persistent:
+        return (max(1, min(blocks[0] * heads * batch, sm_count or target_sm_count)), 1, 1)
+    return blocks
+
+
+def compile_arch(spec_name: str, target_arch: str, arch_suffix: str, arch: str) -> str:
+    """The nvcc target for a GPU of `arch` (sm_90 -> sm_90a when the kernel needs it); ValueError
+    when the kernel's arch-specific instructions do not exist on that GPU."""
+    plain = arch.rstrip("a")
+    if arch_suffix and plain != target_arch:
+        raise ValueError(f"{spec_name} uses {target_arch}{arch_suffix}-only instructions and cannot "
+                         f"be compiled for {arch}; use --arch {target_arch}")
+    return plain + arch_suffix
+
+
+# -- decode ---------------------------------------------------------------------------------------
+
+MAX_SPLITS = 128
+WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this fraction of the best
+# K/V bytes in flight per SM, on average over the GPU, from which one slice per (KV head, batch)
+# already streams at full speed: a split would only add partials to write and a combine to run.
+# Measured on the H200 (docs/decode-h200/decode_split_grid.py, a 32-layer loop replayed from a CUDA graph, GQA
+# 32/8, 1k-16k keys): d128 at batch 8 (64 blocks x 128 KiB in flight, 62 KiB per SM) is 1-16 %
+# faster unsplit than in 2 slices; d64 at batch 8 (64 KiB per block, 31 KiB per SM) is 2-21 % slower
+# unsplit from 4k keys on. The threshold lies between the two.
+IN_FLIGHT_PER_SM = 48 << 10
+
+MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's merging split function (combine: auto)
+merging_key = MERGING.key
+
+
+def split_key(combine: str, mask: str, splits: int) -> str:
+    """The split function a decode call of `splits` slices launches for `mask` (`combine`: the
+    plan's; auto has a merging function per mask beside the plain one)."""
+    return merging_key(mask) if splits > 1 and combine == "auto" else mask
+
+
+def merges_in_kernel(combine: str, splits: int) -> bool:
+    """The split kernel a decode call launches merges the splits itself (no combine launch)."""
+    return splits > 1 and combine != "kernel"
+
+
+def row_blocks(plan, heads: int, kv_heads: int, seqlen_q: int) -> int:
+    """Blocks of block_m group rows per KV head."""
+    return -(-(heads // kv_heads) * seqlen_q // plan.block_m)
+
+
+def visited_tiles(n_tiles: int, block_n: int, seqlen_q: int, left: int) -> int:
+    """The most K/V tiles one block of a sequence visits under a window of `left` keys (>= 0) before
+    each new token: its seqlen_q tokens see seqlen_q + left keys ending at the sequence's end, which
+    span at most one tile more than they fill; never more than the cache's n_tiles."""
+    return min(n_tiles, -(-(seqlen_q + left) // block_n) + 1)
+
+
+def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int,
+               in_flight: int = 0) -> int:
+    """The fewest key slices whose wave efficiency (blocks in flight / slots of the last wave) is
+    within WAVE_EFFICIENCY of the best over 1..max_splits. `blocks` = batch x kv_heads x row_blocks;
+    no slice is empty for the longest sequence (n_tiles tiles). One slice when the blocks already
+    fill 0.8 of the slots, or keep IN_FLIGHT_PER_SM bytes of K/V in flight per SM (`in_flight`:
+    bytes one block has in flight, its ring's stages ahead of the one it computes)."""
+    slots = sm_count * blocks_per_sm
+    cap = max(1, min(max_splits, n_tiles))
+    if blocks >= 0.8 * slots or cap == 1 or blocks * in_flight >= IN_FLIGHT_PER_SM * sm_count:
+        return 1
+
+    def efficiency(s: int) -> float:
+        waves = blocks * s / slots
+        return waves / math.ceil(waves)
+
+    # only split counts that change the slice length make distinct schedules
+    counts = [s for s in range(1, cap + 1) if s == 1 or -(-n_tiles // s) != -(-n_tiles // (s - 1))]
+    best = max(efficiency(s) for s in counts)
+    return next(s for s in counts if efficiency(s) >= WAVE_EFFICIENCY * best)
+
+
+# -- backward -------------------------------------------------------------------------------------
+
+ROW_THREADS = 128           # threads per block of the preprocess and convert kernels
+VECTOR = 8                  # elements each of their threads reads per row (one 16-byte vector)
+
+DETERMINISTIC = KeySuffix("_deterministic")   # function key (and name) suffix of a mask's deterministic main function
+deterministic_key = DETERMINISTIC.key
+
+
+def rows_per_row_block(head_dim: int) -> int:
+    """Query rows one preprocess or convert block covers: ROW_THREADS threads, head_dim / VECTOR per row."""
+    return ROW_THREADS // (head_dim // VECTOR)
+
+
+def query_blocks(seqlen_q: int, block_m: int) -> int:
+    """Query blocks per (batch, head): the dq_turns counters of one head."""
+    return -(-seqlen_q // block_m)
+
+
+def accum_rows(plan, seqlen_q: int) -> int:
+    """Rows of the fp32 dQ accumulator per (batch, head): seqlen_q, rounded up to whole query blocks
+    where the kind's main kernel adds whole blocks (the plan's accum_row_block)."""
+    block = plan.accum_row_block
+    return -(-seqlen_q // block) * block
+
+
+def varlen_accum_rows(plan, total_q: int, sequences: int) -> int:
+    """Rows of the fp32 dQ accumulator per head in a varlen call: total_q; or, where the kind adds
+    whole query blocks, a run of blocks per sequence starting at block (its first row's block + its
+    index), so that no two sequences share a block: (blocks of total_q + sequences) blocks. The
+    deterministic turn counters are laid out the same way."""
+    block = plan.accum_row_block
+    return total_q if block == 1 else (-(-total_q // block) + sequences) * block
+
+
+def row_grid(head_dim: int, batch: int, heads: int, rows: int) -> tuple[int, int, int]:
+    """The grid of the preprocess and convert kernels over `rows` rows per (batch, head) (the
+    accumulator's, which cover seqlen_q): (row blocks, heads, batch)."""
+    return (-(-rows // rows_per_row_block(head_dim)), heads, batch)

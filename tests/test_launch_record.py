@@ -1,0 +1,247 @@
+"""Launch records: the dispatcher's first call loads a served spec's kernel from
+generated/<name>.launch.json (a LaunchPlan) instead of parsing the spec and building its plan.
+
+A LaunchPlan must answer every question the runtime asks of a plan as the full plan does; a record
+is used only while it is provably current (the manifest, the spec file, the cell, the sources), and
+anything else falls back to the full plan with the same sources."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import attngen.compile as compile_mod
+import attngen.shipped
+from attngen.core.calls import call_named
+from attngen.core.launch_plan import LaunchPlan, has_launch_record, launch_record
+from attngen.core.launch_rules import accum_rows, varlen_accum_rows
+from attngen.core.spec_cells import cell_at
+from attngen.ops.dispatch import DISPATCH, SPECS_DIR
+from attngen.plan import make_plan
+from attngen.runtime.calls import kernel_class
+from attngen.runtime.calls.shared import mask_fields
+from attngen.runtime.kernel import bundle_of, launch_bundle
+from attngen.shipped import committed_launch, launch_name
+from attngen.spec import parse_cell
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVED = sorted({e.spec for e in DISPATCH.entries})
+ARCHES = ("sm_80", "sm_89", "sm_90", "sm_90a")
+SHAPES = [(1, 1, 1), (2, 8, 4096), (3, 32, 129), (16, 16, 1000), (1, 128, 65536)]
+SM_COUNTS = (None, 1, 132)
+
+
+@functools.cache
+def full_plan(name: str):
+    cell = cell_at(SPECS_DIR / f"{name}.yaml")
+    return make_plan(parse_cell(cell, str(cell.file)))
+
+
+def recorded(plan) -> LaunchPlan:
+    """The plan through its record and back, as the committed file holds it (JSON text)."""
+    return LaunchPlan.from_record(json.loads(json.dumps(launch_record(plan))))
+
+
+def arch_answer(plan, arch: str):
+    try:
+        return plan.compile_arch(arch)
+    except ValueError as exc:
+        return ("refused", str(exc))
+
+
+def runtime_view(plan) -> dict:
+    """Every attribute and method result a Kernel and its call conventions read of a plan."""
+    view = {
+        "spec": (plan.spec.name, plan.spec.dtype, plan.spec.out_dtype),
+        "kind": (plan.kind.name, plan.kind.calls), "convention": kernel_class(plan),
+        "target": plan.target, "masks": plan.masks,
+        "mask_variants": tuple(map(id, plan.mask_variants)), "score_variants": tuple(map(id, plan.score_variants)),
+        "mask_fields": mask_fields(plan),
+        "parts": tuple((p.name, p.file_name, p.functions, p.threads) for p in plan.parts),
+        "functions": plan.functions, "entry_functions": plan.entry_functions,
+        "abi": plan.abi, "abi_size": plan.abi.size,
+        "numbers": (plan.head_dim, plan.v_dim, plan.block_m, plan.block_n, plan.threads, plan.smem_bytes,
+                    plan.smem_dynamic, plan.arch_suffix, plan.persistent),
+        "tensor_maps": plan.tensor_maps, "map_fields": tuple(m.abi_field for m in plan.tensor_maps),
+        "compile_arch": tuple(arch_answer(plan, a) for a in ARCHES),
+        "grid": tuple(plan.grid(b, h, s, n) for b, h, s in SHAPES for n in SM_COUNTS),
+        "varlen_grid": tuple(plan.varlen_grid(b, h, s) for b, h, s in SHAPES),
+    }
+    convention = call_named(plan.kind.calls)
+    if convention.name == "decode":
+        combine = plan.combine_part
+        view["decode"] = (plan.max_splits, plan.page_size, plan.unsplit_in_flight,
+                          tuple(plan.split_key(m, s) for m in plan.masks for s in (1, 2, 7, 128)),
+                          tuple(plan.merges_in_kernel(s) for s in (1, 2, 7)),
+                          None if combine is None else (combine.name, combine.functions, combine.threads))
+    if convention.gradients:
+        view["backward"] = (tuple(accum_rows(plan, n) for n in (1, 63, 64, 65, 4097)),
+                            tuple(varlen_accum_rows(plan, n, b) for n in (1, 100, 4097) for b in (1, 3)))
+    return view
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_a_launch_plan_answers_as_the_full_plan(name):
+    plan = full_plan(name)
+    if not has_launch_record(plan):
+        pytest.skip(f"{name} has expression variants: no record, loaded through its full plan")
+    assert runtime_view(recorded(plan)) == runtime_view(plan)
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_the_dispatcher_loads_the_committed_record(name):
+    """Every served spec with a record loads through it, as what the full plan records now."""
+    plan = full_plan(name)
+    path = SPECS_DIR / f"{name}.yaml"
+    got, sources, label = launch_bundle(path)
+    assert sources == bundle_of(path)[1] and label == bundle_of(path)[2]
+    if has_launch_record(plan):
+        assert isinstance(got, LaunchPlan) and got == recorded(plan)
+    else:
+        assert not isinstance(got, LaunchPlan) and committed_launch(path) is None
+
+
+def test_most_served_specs_have_a_record():
+    assert sum(has_launch_record(full_plan(n)) for n in SERVED) > 0.9 * len(SERVED)
+
+
+def test_a_record_is_plain_json_of_registry_names():
+    plan = full_plan("h100_fwd_d128_wgmma") if "h100_fwd_d128_wgmma" in SERVED else full_plan(SERVED[0])
+    record = launch_record(plan)
+    assert json.loads(json.dumps(record)) == record
+    assert record["mask_variants"] == list(plan.masks)
+
+
+# -- stale and tampered records ------------------------------------------------------------------
+
+BUNDLE = "l4_bwd_d64"           # a served spec of three parts
+TWIN = "h100_bwd_d128_wgmma_bf16"     # a dtype cell of h100_bwd_d128_wgmma.yaml
+
+
+def full_path_taken(spec: Path) -> None:
+    """No record: launch_bundle gives the full plan, with the sources rendering gives."""
+    assert committed_launch(spec) is None
+    plan, sources, _ = launch_bundle(spec)
+    assert not isinstance(plan, LaunchPlan) and sources == bundle_of(spec)[1]
+
+
+def relisted(folder: Path, name: str, data: bytes) -> None:
+    """Write `data` as generated/`name` and list its hash in the manifest, as a build would."""
+    (folder / name).write_bytes(data)
+    manifest = json.loads((folder / attngen.shipped.MANIFEST).read_text())
+    manifest["files"][name] = hashlib.sha256(data).hexdigest()
+    (folder / attngen.shipped.MANIFEST).write_text(attngen.shipped.manifest_text(manifest))
+
+
+def test_a_current_record_is_used(shipped_copy):
+    for name in (BUNDLE, TWIN):
+        assert isinstance(committed_launch(shipped_copy / "specs" / f"{name}.yaml")[0], LaunchPlan)
+
+
+def test_a_hand_edited_record_is_refused(shipped_copy):
+    spec = shipped_copy / "specs" / f"{BUNDLE}.yaml"
+    record = shipped_copy / "generated" / launch_name(BUNDLE)
+    record.write_text(record.read_text().replace('"block_n": ', '"block_n": 1'))
+    full_path_taken(spec)
+
+
+def test_a_spec_edited_since_build_has_no_record(shipped_copy):
+    for name, file in ((BUNDLE, BUNDLE), (TWIN, "h100_bwd_d128_wgmma")):
+        spec_file = shipped_copy / "specs" / f"{file}.yaml"
+        spec_file.write_text(spec_file.read_text() + "# edited after the build\n")
+        full_path_taken(shipped_copy / "specs" / f"{name}.yaml")
+
+
+def test_changed_templates_or_code_mean_no_record(shipped_copy, monkeypatch):
+    monkeypatch.setattr(attngen.shipped, "render_inputs", lambda: "0" * 64)
+    full_path_taken(shipped_copy / "specs" / f"{BUNDLE}.yaml")
+
+
+def test_a_file_that_also_names_the_cell_means_no_record(shipped_copy):
+    twin = shipped_copy / "specs" / f"{TWIN}.yaml"
+    twin.write_text((shipped_copy / "specs" / "h100_bwd_d128_wgmma.yaml").read_text())
+    assert committed_launch(twin) is None
+
+
+def test_a_record_listed_but_not_a_record_is_refused(shipped_copy):
+    """A record the manifest lists (a build's own bytes) that is nonetheless no record of this format
+    is refused without an exception, and the full plan is used."""
+    spec = shipped_copy / "specs" / f"{BUNDLE}.yaml"
+    gen = shipped_copy / "generated"
+    good = json.loads((gen / launch_name(BUNDLE)).read_text())
+    spec_file = {k: good["served_from"][k] for k in ("file", "file_sha256")}
+    hostile = {"garbage": b"\x00not json", "not utf-8": b"\xff\xfe", "deep": b"[" * 5000 + b"]" * 5000,
+               "a list": b"[]", "other format": json.dumps({**good, "format": 99}).encode(),
+               "no abi": json.dumps({k: v for k, v in good.items() if k != "abi"}).encode(),
+               "unknown mask": json.dumps({**good, "mask_variants": ["rm -rf /"]}).encode(),
+               "spec outside the folder": json.dumps({**good, "served_from": {**good["served_from"],
+                                                      "file": "../specs/l4_bwd_d64.yaml"}}).encode(),
+               "another spec's plan": json.dumps({**good, "spec": {**good["spec"], "name": "phase4"}}).encode(),
+               "no spec file": json.dumps({k: v for k, v in good.items() if k != "served_from"}).encode(),
+               "no cell hash": json.dumps({**good, "served_from": spec_file}).encode(),
+               "a number for a file": json.dumps({**good, "served_from": {**good["served_from"], "file": 7}}).encode()}
+    for why, data in hostile.items():
+        relisted(gen, launch_name(BUNDLE), data)
+        assert committed_launch(spec) is None, why
+    full_path_taken(spec)
+
+
+def test_a_record_outside_the_shipped_folder_is_not_read(tmp_path):
+    spec = tmp_path / f"{BUNDLE}.yaml"
+    shutil.copy(SPECS_DIR / spec.name, spec)
+    assert committed_launch(spec) is None
+
+
+# -- nvcc's release, remembered per binary -------------------------------------------------------
+
+@pytest.fixture
+def fake_nvcc(tmp_path, monkeypatch):
+    """An nvcc that counts its runs, and an empty cache."""
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "cache"))
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(f"#!/bin/sh\necho run >> {tmp_path / 'runs'}\n"
+                    "echo 'Cuda compilation tools, release 13.0, V13.0.48'\n")
+    nvcc.chmod(0o755)
+    compile_mod.nvcc_version.cache_clear()
+    yield nvcc
+    compile_mod.nvcc_version.cache_clear()
+
+
+def runs(nvcc: Path) -> int:
+    counter = nvcc.parent.parent / "runs"
+    return len(counter.read_text().splitlines()) if counter.exists() else 0
+
+
+def test_a_later_process_knows_the_release_without_running_nvcc(fake_nvcc):
+    assert compile_mod.nvcc_version(str(fake_nvcc)) == "13.0.48" and runs(fake_nvcc) == 1
+    compile_mod.nvcc_version.cache_clear()      # as a new process
+    assert compile_mod.nvcc_version(str(fake_nvcc)) == "13.0.48" and runs(fake_nvcc) == 1
+
+
+def test_a_replaced_nvcc_is_asked_again(fake_nvcc):
+    compile_mod.nvcc_version(str(fake_nvcc))
+    fake_nvcc.write_text(fake_nvcc.read_text().replace("V13.0.48", "V13.1.2"))
+    compile_mod.nvcc_version.cache_clear()
+    assert compile_mod.nvcc_version(str(fake_nvcc)) == "13.1.2" and runs(fake_nvcc) == 2
+
+
+def test_a_tampered_memo_is_not_believed(fake_nvcc):
+    compile_mod.nvcc_version(str(fake_nvcc))
+    memo = compile_mod.nvcc_memo_path(str(fake_nvcc))
+    for text in ("not a version\n", "", "1" * 500):
+        memo.write_text(text)
+        compile_mod.nvcc_version.cache_clear()
+        assert compile_mod.nvcc_version(str(fake_nvcc)) == "13.0.48"
+    assert memo.read_text() == "13.0.48"
+
+
+def test_an_unwritable_cache_only_costs_a_run(fake_nvcc, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(blocker))
+    assert compile_mod.nvcc_version(str(fake_nvcc)) == "13.0.48"
