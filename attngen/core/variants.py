@@ -238,16 +238,22 @@ SOFTCAP = ScoreVariant(
     softcap_verify_value, unit="variants/softcap.j2", slope_varies=True)
 
 
+def check_fp32_argument(value, argument: str, index: int) -> None:
+    """A call's fp32 tensor argument (ALiBi's slopes, the sinks): a torch.Tensor, float32, on the call's
+    GPU (cuda:`index`); TypeError or ValueError saying which."""
+    import torch
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{argument} must be a torch.Tensor (got {type(value).__name__})")
+    if value.dtype != torch.float32:
+        raise TypeError(f"{argument} must be float32 (got {value.dtype}); pass {argument}.float()")
+    if value.get_device() != index:
+        raise ValueError(f"{argument} is on {value.device} but q is on cuda:{index}")
+
+
 def alibi_fill(slopes, scale: float, context: dict) -> dict:
     """The slopes tensor, fp32 (heads,) or (batch, heads) on the call's GPU."""
-    import torch
     heads, batch, index = context["heads"], context["batch"], context["device"]
-    if not isinstance(slopes, torch.Tensor):
-        raise TypeError(f"alibi_slopes must be a torch.Tensor (got {type(slopes).__name__})")
-    if slopes.dtype != torch.float32:
-        raise TypeError(f"alibi_slopes must be float32 (got {slopes.dtype}); pass alibi_slopes.float()")
-    if slopes.get_device() != index:
-        raise ValueError(f"alibi_slopes is on {slopes.device} but q is on cuda:{index}")
+    check_fp32_argument(slopes, "alibi_slopes", index)
     shapes = ((heads,),) + (((batch, heads),) if batch is not None else ())
     if tuple(slopes.shape) not in shapes or slopes.stride(-1) != 1:
         want = " or ".join(str(s) for s in shapes)
@@ -292,14 +298,8 @@ ALIBI = ScoreVariant(
 
 def sink_fill(sinks, scale: float, context: dict) -> dict:
     """The sinks tensor: fp32 (heads,) on the call's GPU, one learned logit per query head."""
-    import torch
     heads, index = context["heads"], context["device"]
-    if not isinstance(sinks, torch.Tensor):
-        raise TypeError(f"sinks must be a torch.Tensor (got {type(sinks).__name__})")
-    if sinks.dtype != torch.float32:
-        raise TypeError(f"sinks must be float32 (got {sinks.dtype}); pass sinks.float()")
-    if sinks.get_device() != index:
-        raise ValueError(f"sinks is on {sinks.device} but q is on cuda:{index}")
+    check_fp32_argument(sinks, "sinks", index)
     if tuple(sinks.shape) != (heads,) or (heads > 1 and sinks.stride(0) != 1):
         raise ValueError(f"sinks must have shape ({heads},), one logit per query head, contiguous (got "
                          f"{tuple(sinks.shape)}, strides {tuple(sinks.stride())})")
