@@ -59,6 +59,7 @@ def test_a_description_that_agrees_is_built(tmp_path):
     assert code == 0 and out.splitlines()[-1] == f"{SUMMARY}1 file, 1 written, 0 unchanged, 0 refused (1 spec)"
 
 
+@pytest.mark.exhaustive     # renders every spec (13 s on 2 cores); the summary of a small folder is above
 def test_build_of_every_spec_ends_with_its_summary(tmp_path):
     specs = SPEC_PATHS
     shutil.copytree(ROOT / "generated", tmp_path / "gen")
