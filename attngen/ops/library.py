@@ -90,7 +90,7 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
         _VARIANT[short] = kernel
     return kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse,
                   window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
-                  **({} if sinks is None else {"sinks": sinks}))
+                  sinks=sinks)
 
 
 def sink_gradient(dout, out, lse, sinks, layout):
@@ -114,11 +114,10 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     kernel = DISPATCH.kernel("varlen", index, q.dtype, q.shape[-1], call_mask(causal, window),
                              max_seqlen_k if max_seqlen_k is not None else k.shape[0],
                              scores=call_scores(softcap, alibi_slopes, sinks))
-    variants = {name: value for name, value in (("window", None if window is None else tuple(window)),
-                                                ("softcap", softcap), ("alibi_slopes", alibi_slopes),
-                                                ("sinks", sinks)) if value is not None}
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
-                         alignment=alignment, scale=scale, return_lse=return_lse, **variants)
+                         alignment=alignment, scale=scale, return_lse=return_lse,
+                         window=None if window is None else tuple(window), softcap=softcap,
+                         alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 _BACKWARD: dict = {}    # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim) -> kernel
