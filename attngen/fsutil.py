@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import re
 import stat
@@ -168,23 +169,18 @@ def utf8_text(data: bytes) -> str:
         raise NotUtf8(data, exc.start) from None
 
 
-# A string (escapes included, unterminated at the end) or one bracket: brackets inside strings do not nest.
-_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.S)
+# A string (escapes included, unterminated at the end): brackets inside strings do not nest.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.S)
+_NOT_BRACKET = re.compile(r'[^\[\]{}]+')
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def json_deeper_than(text: str, limit: int) -> bool:
     """Whether JSON text nests arrays and objects more than `limit` deep, told without parsing it:
-    Python's parser recurses once per level, so a deep enough text is a RecursionError (or a crash)."""
-    depth = 0
-    for token in _JSON_TOKEN.finditer(text):
-        c = token.group()[0]
-        if c in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif c in "]}":
-            depth -= 1
-    return False
+    Python's parser recurses once per level, so a deep enough text is a RecursionError (or a crash).
+    The strings go first and then all but the brackets, in C; what is left is the nesting alone."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return len(brackets) > limit and max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets))) > limit
 
 
 CACHE_ENV = "ATTNGEN_CACHE_DIR"

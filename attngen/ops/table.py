@@ -353,10 +353,19 @@ def read_memo(key: str, path: Path | None = None) -> tuple[Entry, ...] | None:
 
 def _checked_entries(raws: list) -> tuple[Entry, ...] | None:
     """Entries from their fields, when every one is what the table takes and no bucket names two specs."""
-    out = []
+    out, accepted = [], set()      # (field, type, value) that value_problem accepted: a table repeats most
     for raw in raws:
-        if not isinstance(raw, dict) or not set(raw) <= FIELDS or entry_problem_of(raw) is not None:
+        if not isinstance(raw, dict) or not set(raw) <= FIELDS or not all(name in raw for name in REQUIRED):
             return None
+        for name, value in raw.items():
+            try:
+                seen = (name, type(value), value) in accepted
+            except TypeError:          # unhashable: a list or a mapping, which no field takes
+                return None
+            if not seen:
+                if value_problem(name, value) is not None:
+                    return None
+                accepted.add((name, type(value), value))
         out.append(Entry(**raw))
     return None if duplicate_bucket(out) else tuple(out)
 
