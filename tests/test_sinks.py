@@ -32,11 +32,59 @@ def test_a_spec_without_sinks_has_none_of_it():
 
 
 def test_a_kind_without_sinks_refuses_them():
-    text = "\n".join(line for line in spec_text("h200_decode_d128_softcap").splitlines() if not line.startswith("#["))
+    text = "\n".join(line for line in spec_text("h100_bwd_d64_wgmma_softcap").splitlines() if not line.startswith("#["))
     text = text.replace("dtypes: [fp16, bf16]", "dtype: fp16").replace("scores: [softcap]", "scores: [sink]")
     with pytest.raises(SpecError) as e:
-        parse_spec(text, file="decode.yaml")
+        parse_spec(text, file="backward.yaml")
     assert "does not generate sink" in str(e.value) and "scores" in str(e.value)
+
+
+# -- decode: the sink joins each row once, however many splits its keys take --------------------------
+
+DECODE_SINK = "h200_decode_d64_sink"
+
+
+def decode_spec(tmp_path, combine: str | None = None) -> Path:
+    """h200_decode_d64_sink's fp16 cell, with another combine where given, as a file of its own."""
+    text = "\n".join(line for line in spec_text(DECODE_SINK).splitlines() if not line.startswith("#["))
+    text = text.replace("dtypes: [fp16, bf16]", "dtype: fp16") + "\n"
+    if combine:
+        text = text.replace(f"name: {DECODE_SINK}\n", f"name: {DECODE_SINK}_{combine}\n") + f"combine: {combine}\n"
+    path = tmp_path / f"{DECODE_SINK}_{combine or 'kernel'}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_decode_adds_the_sink_where_an_unsplit_row_ends_and_once_in_the_combine():
+    split, combine = (part.source for part in render_spec_file(ROOT / "specs" / f"{DECODE_SINK}.yaml").parts)
+    # unsplit rows: the sink of the row's own head (a block's rows span the heads of one KV head)
+    assert "p.num_splits == 1 ? p.sinks[c.kv_head * c.group + r / p.seqlen_q]" in split
+    # split rows: the combine adds it to the row's LSE over the splits, once
+    assert combine.count("p.sinks[") == 1 and "float* sinks;" in combine
+    assert "log1pf(expf(-fabsf(total - sink)))" in combine
+
+
+@pytest.mark.parametrize("combine", ["fused", "auto"])
+def test_a_decode_split_kernel_that_merges_adds_the_sink_in_its_merge(tmp_path, combine):
+    parts = render_spec_file(decode_spec(tmp_path, combine)).parts
+    assert len(parts) == 1
+    source = parts[0].source
+    assert source.count("p.sinks[") == 2   # where an unsplit row ends, and in the merge of the splits
+    assert "log1pf(expf(-fabsf(total - sink)))" in source
+
+
+def test_a_decode_spec_without_sinks_has_none_of_it():
+    for part in render_spec_file(ROOT / "specs" / "h200_decode_d64.yaml").parts:
+        assert "sink" not in part.source
+
+
+def test_the_decode_combine_reads_the_sinks_only_where_the_spec_has_them():
+    from attngen.plan import make_plan
+    from attngen.spec import load_spec
+    with_sinks = make_plan(load_spec(ROOT / "specs" / f"{DECODE_SINK}.yaml"))
+    without = make_plan(load_spec(ROOT / "specs" / "h200_decode_d64.yaml"))
+    assert "sinks" in with_sinks.parts[1].reads and "sinks" not in without.parts[1].reads
+    assert with_sinks.parts[1].reads[:len(without.parts[1].reads)] == without.parts[1].reads
 
 
 # -- on the GPU --------------------------------------------------------------------------------------
