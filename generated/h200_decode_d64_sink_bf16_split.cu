@@ -748,15 +748,14 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const float
             const float4 x = *reinterpret_cast<const float4*>(merge + (w * kBlockM + row) * kMergePitch + d);
             acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
         }
+        const int head = c.kv_head * c.group + r / p.seqlen_q, t = r % p.seqlen_q;
         const float m_scaled = sum > 0.f ? m * p.scale_log2 : 0.f;
-        const float sink = p.num_splits == 1 ? p.sinks[c.kv_head * c.group + r / p.seqlen_q] * 1.4426950408889634f
-                                             : -INFINITY;   // several splits: the combine adds it
+        const float sink = p.num_splits == 1 ? p.sinks[head] * 1.4426950408889634f : -INFINITY;   // else the combine's
         const float top = fmaxf(m_scaled, sink);
         const float kept = exp2f(m_scaled - top);           // the row's terms, rescaled from m to top
         const float total = fmaf(sum, kept, exp2f(sink - top));
         const float inv = total > 0.f ? kept / total : 0.f;
         const float lse = total > 0.f ? (top + log2f(total)) * kLn2 : -INFINITY;
-        const int head = c.kv_head * c.group + r / p.seqlen_q, t = r % p.seqlen_q;
         const long long out_row = (static_cast<long long>(c.batch) * p.heads + head) * p.seqlen_q + t;
         if (p.num_splits == 1) {
             elem_t* out = static_cast<elem_t*>(p.o) + c.batch * p.o_batch_stride + head * p.o_head_stride +

@@ -58,7 +58,8 @@ def decode_spec(tmp_path, combine: str | None = None) -> Path:
 def test_decode_adds_the_sink_where_an_unsplit_row_ends_and_once_in_the_combine():
     split, combine = (part.source for part in render_spec_file(ROOT / "specs" / f"{DECODE_SINK}.yaml").parts)
     # unsplit rows: the sink of the row's own head (a block's rows span the heads of one KV head)
-    assert "p.num_splits == 1 ? p.sinks[c.kv_head * c.group + r / p.seqlen_q]" in split
+    assert "const int head = c.kv_head * c.group + r / p.seqlen_q" in split
+    assert "p.num_splits == 1 ? p.sinks[head]" in split
     # split rows: the combine adds it to the row's LSE over the splits, once
     assert combine.count("p.sinks[") == 1 and "float* sinks;" in combine
     assert "log1pf(expf(-fabsf(total - sink)))" in combine
