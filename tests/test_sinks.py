@@ -32,11 +32,60 @@ def test_a_spec_without_sinks_has_none_of_it():
 
 
 def test_a_kind_without_sinks_refuses_them():
-    text = "\n".join(line for line in spec_text("h200_decode_d128_softcap").splitlines() if not line.startswith("#["))
+    text = "\n".join(line for line in spec_text("h100_bwd_d64_wgmma_softcap").splitlines() if not line.startswith("#["))
     text = text.replace("dtypes: [fp16, bf16]", "dtype: fp16").replace("scores: [softcap]", "scores: [sink]")
     with pytest.raises(SpecError) as e:
-        parse_spec(text, file="decode.yaml")
+        parse_spec(text, file="backward.yaml")
     assert "does not generate sink" in str(e.value) and "scores" in str(e.value)
+
+
+# -- decode: the sink joins each row once, however many splits its keys take --------------------------
+
+DECODE_SINK = "h200_decode_d64_sink"
+
+
+def decode_spec(tmp_path, combine: str | None = None) -> Path:
+    """h200_decode_d64_sink's fp16 cell, with another combine where given, as a file of its own."""
+    text = "\n".join(line for line in spec_text(DECODE_SINK).splitlines() if not line.startswith("#["))
+    text = text.replace("dtypes: [fp16, bf16]", "dtype: fp16") + "\n"
+    if combine:
+        text = text.replace(f"name: {DECODE_SINK}\n", f"name: {DECODE_SINK}_{combine}\n") + f"combine: {combine}\n"
+    path = tmp_path / f"{DECODE_SINK}_{combine or 'kernel'}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_decode_adds_the_sink_where_an_unsplit_row_ends_and_once_in_the_combine():
+    split, combine = (part.source for part in render_spec_file(ROOT / "specs" / f"{DECODE_SINK}.yaml").parts)
+    # unsplit rows: the sink of the row's own head (a block's rows span the heads of one KV head)
+    assert "const int head = c.kv_head * c.group + r / p.seqlen_q" in split
+    assert "p.num_splits == 1 ? p.sinks[head]" in split
+    # split rows: the combine adds it to the row's LSE over the splits, once
+    assert combine.count("p.sinks[") == 1 and "float* sinks;" in combine
+    assert "log1pf(expf(-fabsf(total - sink)))" in combine
+
+
+@pytest.mark.parametrize("combine", ["fused", "auto"])
+def test_a_decode_split_kernel_that_merges_adds_the_sink_in_its_merge(tmp_path, combine):
+    parts = render_spec_file(decode_spec(tmp_path, combine)).parts
+    assert len(parts) == 1
+    source = parts[0].source
+    assert source.count("p.sinks[") == 2   # where an unsplit row ends, and in the merge of the splits
+    assert "log1pf(expf(-fabsf(total - sink)))" in source
+
+
+def test_a_decode_spec_without_sinks_has_none_of_it():
+    for part in render_spec_file(ROOT / "specs" / "h200_decode_d64.yaml").parts:
+        assert "sink" not in part.source
+
+
+def test_the_decode_combine_reads_the_sinks_only_where_the_spec_has_them():
+    from attngen.plan import make_plan
+    from attngen.spec import load_spec
+    with_sinks = make_plan(load_spec(ROOT / "specs" / f"{DECODE_SINK}.yaml"))
+    without = make_plan(load_spec(ROOT / "specs" / "h200_decode_d64.yaml"))
+    assert "sinks" in with_sinks.parts[1].reads and "sinks" not in without.parts[1].reads
+    assert with_sinks.parts[1].reads[:len(without.parts[1].reads)] == without.parts[1].reads
 
 
 # -- on the GPU --------------------------------------------------------------------------------------
@@ -144,3 +193,137 @@ def test_attention_trains_with_sinks(dtype, window):
         assert a is not None and a.shape == r.shape, name
         err, low_err = (a.float() - r).abs().max().item(), (l.float() - r).abs().max().item()
         assert err <= error_bound(low_err), f"{name}: {err:.3g} > bound {error_bound(low_err):.3g} (torch {low_err:.3g})"
+
+
+# -- decode on the GPU ---------------------------------------------------------------------------------
+
+def decode_written_out(torch, q, k, v, lengths, sinks, scale, window):
+    """Each sequence's new tokens (the last Sq of its len keys, causal) against its keys, softmax over
+    [scores, sink] in fp64 with the sink's column dropped before P.V; window (left, 0) from each
+    token's own position. No attngen code."""
+    heads, seqlen_q = q.shape[1], q.shape[2]
+    group = heads // k.shape[1]
+    outs, lses = [], []
+    for b, n in enumerate(lengths):
+        kk = k[b:b + 1, :, :n].double().repeat_interleave(group, dim=1)
+        vv = v[b:b + 1, :, :n].double().repeat_interleave(group, dim=1)
+        s = torch.einsum("bhqd,bhkd->bhqk", q[b:b + 1].double(), kk) * scale
+        own = n - seqlen_q + torch.arange(seqlen_q, device=q.device)[:, None]
+        keys = torch.arange(n, device=q.device)[None, :]
+        hidden = keys > own
+        if window is not None:
+            hidden = hidden | (keys < own - window[0])
+        s = s.masked_fill(hidden, float("-inf"))
+        joined = torch.cat([s, sinks.double().reshape(1, -1, 1, 1).expand(1, heads, seqlen_q, 1)], dim=-1)
+        outs.append(torch.einsum("bhqk,bhkd->bhqd", torch.softmax(joined, dim=-1)[..., :-1], vv))
+        lses.append(torch.logsumexp(joined, dim=-1))
+    return torch.cat(outs), torch.cat(lses)
+
+
+def decode_inputs(torch, dtype, heads=16, kv_heads=2, seqlen_q=1, capacity=1500, lengths=(1500, 333, 1)):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    dt = getattr(torch, dtype)
+    q = torch.randn(len(lengths), heads, seqlen_q, 64, device="cuda", generator=g).to(dt)
+    k, v = (torch.randn(len(lengths), kv_heads, capacity, 64, device="cuda", generator=g).to(dt) for _ in range(2))
+    sinks = torch.randn(heads, device="cuda", generator=g) * 2
+    sinks[0] = 40.0                   # one head whose sink takes every row's weight
+    sinks[1] = -40.0                  # and one whose sink takes none
+    return q, k, v, sinks, torch.tensor(lengths, dtype=torch.int32, device="cuda")
+
+
+def decode_sm90(torch):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the decode sink spec is an H100/H200 kernel")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("window", [None, (128, 0)], ids=["causal", "window128"])
+@pytest.mark.parametrize("seqlen_q", [1, 3])
+def test_decode_sinks_join_each_row_once_however_many_splits(dtype, window, seqlen_q):
+    """One split (the row ends in the split kernel), several (the combine merges them) and the
+    heuristic's: the same output and LSE, each against the written-out fp64 softmax with the sink and
+    within the error rule of torch's own computation in the inputs' dtype; contiguous and paged."""
+    torch = pytest.importorskip("torch")
+    decode_sm90(torch)
+    import attngen
+    from attngen.core.variants import SINK
+    from attngen.eval.verify.cases import error_bound
+    from attngen.eval.verify.decode import DecodeCase, paged_cache, reference
+    cell = DECODE_SINK + ("_bf16" if dtype == "bfloat16" else "")
+    kernel = attngen.load(str(ROOT / "specs" / f"{cell}.yaml"), synchronize=True)
+    q, k, v, sinks, lens = decode_inputs(torch, dtype, seqlen_q=seqlen_q)
+    lengths = tuple(lens.tolist())
+    scale = 64 ** -0.5
+    want, want_lse = decode_written_out(torch, q, k, v, lengths, sinks, scale, window)
+    case = DecodeCase(q.shape[0], q.shape[1], k.shape[1], seqlen_q, k.shape[2], lengths, causal=True, window=window)
+    ref, ref_lse, low = reference(torch, q, k, v, lengths, case, scale, ((SINK, sinks),))
+    assert (ref.double() - want).abs().max().item() < 1e-5
+    assert (ref_lse.double() - want_lse).abs().max().item() < 1e-4
+    bound = error_bound((low.float() - ref).abs().max().item())
+    kp, vp, table = paged_cache(torch, k, v, lengths, 16, "bhsd")
+    outs = []
+    for paged in (False, True):
+        kc, vc, tb = (kp, vp, table) if paged else (k, v, None)
+        for splits in (1, 7, None):
+            out, lse = kernel(q, kc, vc, cache_seqlens=lens, block_table=tb, causal=True, window=window,
+                              num_splits=splits, sinks=sinks, return_lse=True)
+            label = f"paged={paged} splits={splits} ({kernel.last_splits})"
+            assert (out.float() - ref).abs().max().item() <= bound, label
+            assert (lse.double() - want_lse).abs().max().item() < 1e-3, label
+            assert out[:, 0].abs().max().item() < 1e-6, label    # the head whose sink dwarfs every score
+            outs.append(out.float())
+    for o in outs[1:]:
+        assert (o - outs[0]).abs().max().item() <= bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("combine", ["fused", "auto"])
+def test_decode_sinks_in_a_split_kernel_that_merges(tmp_path, combine):
+    """The fused and auto combines merge the splits inside the split kernel: the sink joins there,
+    once, as in the combine kernel."""
+    torch = pytest.importorskip("torch")
+    decode_sm90(torch)
+    import attngen
+    kernel = attngen.load(str(decode_spec(tmp_path, combine)), synchronize=True)
+    q, k, v, sinks, lens = decode_inputs(torch, "float16")
+    lengths = tuple(lens.tolist())
+    want, want_lse = decode_written_out(torch, q, k, v, lengths, sinks, 64 ** -0.5, None)
+    for splits in (1, 2, 9):
+        out, lse = kernel(q, k, v, cache_seqlens=lens, causal=True, num_splits=splits, sinks=sinks, return_lse=True)
+        assert (out.double() - want).abs().max().item() < 4e-3, splits
+        assert (lse.double() - want_lse).abs().max().item() < 1e-3, splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("window", [None, (128, 0)], ids=["causal", "window128"])
+def test_gpt_oss_decode_step_with_sinks(dtype, window):
+    """A gpt-oss decode step through attngen.attention_with_kvcache (d64, 64 query heads on 8 KV
+    heads, learned sinks on every layer, a 128-key window on alternate ones; paged by 16 keys and
+    contiguous): the table serves it, within the error rule against the fp32 reference; the op passes
+    opcheck, and a call with sinks that need gradients is refused (decode is forward only)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the dispatch table serves decode sinks on sm_90 (H100/H200)")
+    import attngen
+    from attngen.core.variants import SINK
+    from attngen.eval.verify.cases import error_bound
+    from attngen.eval.verify.decode import DecodeCase, paged_cache, reference
+    lengths = (4100, 129, 2000, 1)
+    q, k, v, sinks, lens = decode_inputs(torch, dtype, heads=64, kv_heads=8, capacity=4100, lengths=lengths)
+    case = DecodeCase(4, 64, 8, 1, 4100, lengths, causal=True, window=window)
+    ref, _, low = reference(torch, q, k, v, lengths, case, 0.125, ((SINK, sinks),))
+    bound = error_bound((low.float() - ref).abs().max().item())
+    kp, vp, table = paged_cache(torch, k, v, lengths, 16, "bhsd")
+    with torch.no_grad():
+        for kc, vc, tb in ((k, v, None), (kp, vp, table)):
+            out = attngen.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=tb, causal=True,
+                                                 window=window, sinks=sinks)
+            err = (out.float() - ref).abs().max().item()
+            assert err <= bound, f"paged={tb is not None}: {err:.3g} > {bound:.3g}"
+    torch.library.opcheck(torch.ops.attngen.attention_with_kvcache_variant.default,
+                          (q, k, v, lens, None, True, None, None, "bhsd", None if window is None else list(window),
+                           None, None, sinks))
+    with pytest.raises(NotImplementedError, match="no backward for decode"):
+        attngen.attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, sinks=sinks.requires_grad_())

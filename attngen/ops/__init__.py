@@ -153,7 +153,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
 
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                            scale: float | None = None, num_splits: int | None = None, layout: str = "bhsd",
-                           return_lse: bool = False, window=None, softcap: float | None = None, alibi_slopes=None):
+                           return_lse: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
+                           sinks=None):
     """Decode: q (B, Hq, Sq, D) new tokens against a KV cache (B, Hkv, capacity, D), or pools of
     pages (num_pages, Hkv, page_size, D) through block_table (int32 (B, max_pages)).
     cache_seqlens (int32 (B,), on the GPU): keys per sequence, new tokens included. causal: token t
@@ -163,18 +164,19 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_tab
     Variants (served by the table's decode specs that carry them), as flash_attn_with_kvcache takes
     them: window=(left, right) from each new token's own position (-1: an open side; causal closes
     the right side at 0; only the window's keys are read), softcap=cap, alibi_slopes fp32 (Hq,) or
-    (B, Hq) with each sequence's length as Sk."""
+    (B, Hq) with each sequence's length as Sk, sinks fp32 (Hq,): learned logits (gpt-oss), head h's
+    joins every row's softmax denominator as a key with no value (forward only: no gradient)."""
     compiling, grad, ops, library = _bound or _bind()
-    if window is not None or softcap is not None or alibi_slopes is not None:
+    if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
         if compiling():
             o, lse = ops.attention_with_kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
                                                         num_splits, layout, None if window is None else list(window),
-                                                        softcap, alibi_slopes)
+                                                        softcap, alibi_slopes, sinks)
             return (o, lse) if return_lse else o
-        if grad() and q.requires_grad:
+        if grad() and (q.requires_grad or (sinks is not None and sinks.requires_grad)):
             _refuse_grad("decode")
         return library.kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
-                                       layout, return_lse, window, softcap, alibi_slopes)
+                                       layout, return_lse, window, softcap, alibi_slopes, sinks)
     if compiling():
         o, lse = ops.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
                                             num_splits, layout)

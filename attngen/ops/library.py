@@ -208,10 +208,10 @@ _DECODE_VARIANT: dict = {}   # (device, dtype, q shape, cache shape, table shape
 
 
 def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse,
-                    window, softcap, alibi_slopes):
-    """The eager decode call with variants (window, softcap, ALiBi): the table's decode kernel for the
-    call's mask and score modifiers, then the kernel call (which keeps its own prepared calls)."""
-    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes)
+                    window, softcap, alibi_slopes, sinks=None):
+    """The eager decode call with variants (window, softcap, ALiBi, sinks): the table's decode kernel for
+    the call's mask and score modifiers, then the kernel call (which keeps its own prepared calls)."""
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
     key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
            mask, scores, layout)
     kernel = _DECODE_VARIANT.get(key)
@@ -222,7 +222,8 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
         _DECODE_VARIANT[key] = kernel
     return kernel(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
                   scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse,
-                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes)
+                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
+                  sinks=sinks)
 
 
 def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = ""):
@@ -298,7 +299,7 @@ LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Ten
            "Tensor? block_table, bool causal, float? scale, int? num_splits, str layout) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache_variant(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
            "Tensor? block_table, bool causal, float? scale, int? num_splits, str layout, int[]? window, "
-           "float? softcap, Tensor? alibi_slopes) -> (Tensor, Tensor)")
+           "float? softcap, Tensor? alibi_slopes, Tensor? sinks=None) -> (Tensor, Tensor)")
 
 
 def attention_cuda(q, k, v, causal, alignment, scale, layout):
@@ -354,9 +355,9 @@ def attention_with_kvcache_cuda(q, k_cache, v_cache, cache_seqlens, block_table,
 
 
 def attention_with_kvcache_variant_cuda(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
-                                        layout, window, softcap, alibi_slopes):
+                                        layout, window, softcap, alibi_slopes, sinks=None):
     return kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, True,
-                           window, softcap, alibi_slopes)
+                           window, softcap, alibi_slopes, sinks)
 
 
 def attention_fp8_cuda(q, k, v_t, q_descale, k_descale, v_descale, causal, alignment, scale, layout):
@@ -423,7 +424,7 @@ def attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table,
 
 
 def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
-                                        layout, window, softcap, alibi_slopes):
+                                        layout, window, softcap, alibi_slopes, sinks=None):
     return attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                        layout)
 

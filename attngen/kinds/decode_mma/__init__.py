@@ -25,6 +25,7 @@ from ...core.kind import Kind
 from ...core.launch_rules import IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, merging_key
 from ...core.layout import Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
+from ...core.variants import SCORES
 from ...errors import SpecError
 
 NAME = "decode_mma"
@@ -57,6 +58,7 @@ class DecodeSpec(ForwardSpec):
     key_unit_why = "k16 steps of P.V"
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
+    takes_sinks = True      # unsplit rows add the sink where they end, split rows where the splits merge
     # h200_decode_d64 (64 accumulators and Q fragments, 128 threads): no spill at a cap of 168, 12 B at
     # 128; h200_decode_d96 (88): 4 B at 168; h200_decode_d128 (112): 32 B at 168 (sm_90, nvcc 13.0).
     register_margin = 96
@@ -225,7 +227,13 @@ def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
         return split
     return split + (Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
                          (("combine", f"attngen_{spec.name}_combine"),), static_smem=0, threads=32 * COMBINE_WARPS,
-                         reads=COMBINE_READS),)
+                         reads=COMBINE_READS + combine_variant_reads(spec)),)
+
+
+def combine_variant_reads(spec: DecodeSpec) -> tuple[str, ...]:
+    """The Params fields of score modifiers whose valueless keys join every row's softmax (learned
+    sinks): the combine adds them to each row's LSE over the splits, once."""
+    return tuple(f.name for name in spec.scores if SCORES[name].extra_logit for f in SCORES[name].abi_fields)
 
 
 def plan(spec: DecodeSpec, file: str | None = None):

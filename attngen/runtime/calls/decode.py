@@ -42,9 +42,11 @@ class DecodeKernel(Kernel):
     window=(left, right): new token t sees keys len - Sq + t - left .. len - Sq + t + right (-1 an
     unbounded side; causal=True bounds the right side at 0); only the tiles from token 0's first
     visible key on are read, and the splits share those. softcap=cap and alibi_slopes (fp32 (Hq,)
-    or (B, Hq)): as the forward call's, with each sequence's own length as Sk. params={name: value}:
-    an expression spec's variant.params; its q_idx is the new token (0 .. Sq - 1), seqlen_k and
-    causal_offset are the sequence's len and len - Sq.
+    or (B, Hq)): as the forward call's, with each sequence's own length as Sk. sinks (fp32 (Hq,),
+    gpt-oss's learned logits): head h's joins every row's softmax denominator as a key with no
+    value, once per row however many splits the keys take (the combine adds it); LSE includes it.
+    params={name: value}: an expression spec's variant.params; its q_idx is the new token (0 .. Sq -
+    1), seqlen_k and causal_offset are the sequence's len and len - Sq.
 
     Paged caches (the spec's page_size): k_cache and v_cache are pools of pages, (num_pages, Hkv,
     page_size, D) ("bshd": (num_pages, page_size, Hkv, D)), and block_table (int32, (B, max_pages))
@@ -67,8 +69,8 @@ class DecodeKernel(Kernel):
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
                  layout: str = "bhsd", out=None, validate: bool = False, window=None, softcap: float | None = None,
-                 alibi_slopes=None, params: dict | None = None):
-        variants = variant_key(window, softcap, alibi_slopes, params)
+                 alibi_slopes=None, params: dict | None = None, sinks=None):
+        variants = variant_key(window, softcap, alibi_slopes, params, sinks)
         key = None
         if out is None and not validate:
             # A shape seen before: its checks passed and its Params are laid out; only the pointers
@@ -88,7 +90,7 @@ class DecodeKernel(Kernel):
                 if not (qp | kp | vp) % LOAD_BYTES:
                     return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse)
         return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
-                                return_lse, layout, out, validate, key, (window, softcap, alibi_slopes, params))
+                                return_lse, layout, out, validate, key, (window, softcap, alibi_slopes, params, sinks))
 
     def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse):
         lse_shape, accum, counters, splits = prepared.extra
@@ -120,7 +122,7 @@ class DecodeKernel(Kernel):
             raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(ks)} and {tuple(vs)})")
         capacity = self._check_table(block_table, cache_seqlens, batch, rows, layout, index) if paged else rows
         self._check_heads(heads, kv_heads, batch=batch)
-        window, softcap, alibi_slopes, params = variants
+        window, softcap, alibi_slopes, params, sinks = variants
         mask = self._check_mask(causal, window)
         if cache_seqlens is not None:
             self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged, index)
@@ -132,7 +134,8 @@ class DecodeKernel(Kernel):
         takes_window = mask == "window"
         mask_values = self._variant_values(mask, causal, BOTTOM_RIGHT if takes_window else None, window, seqlen_q,
                                            seqlen_q, scale,
-                                           {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params},
+                                           {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": params,
+                                            "sinks": sinks},
                                            {"batch": batch, "heads": heads, "device": index})
         torch = self._torch
         out_given = out
