@@ -551,10 +551,14 @@ __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[kSRegs], uint
     wgmma_commit();
 }
 
-// Issue acc += A . Y over the query block: A (64 keys x queries) as A fragments, Y's columns [col0,
-// col0 + kDkvCols) of a query tile read MN-major (dV += P^T dO, dK += dS^T Q). No commit.
-__device__ __forceinline__ void issue_add_by_queries(float (&acc)[kDRegs], const uint32_t (&a)[kKStepsM][4], uint32_t sY,
-                                                     int col0) {
+// The column group of this thread's warpgroup: the warpgroups that share 64 keys hold dK and dV of
+// columns [kDkvCols column_group(), + kDkvCols) each.
+__device__ __forceinline__ int column_group() { return threadIdx.x / kWarpgroupThreads % kColGroups; }
+
+// Issue acc += A . Y over the query block: A (64 keys x queries) as A fragments, the warpgroup's
+// kDkvCols columns of Y, a query tile read MN-major (dV += P^T dO, dK += dS^T Q). No commit.
+__device__ __forceinline__ void issue_add_by_queries(float (&acc)[kDRegs], const uint32_t (&a)[kKStepsM][4], uint32_t sY) {
+    const int col0 = kDkvCols * column_group();
 #pragma unroll
     for (int kc = 0; kc < kKStepsM; ++kc) wgmma_rs_m64n128(acc, a[kc], mn_major_desc<kBlockM>(sY, col0, kc));
 }
@@ -637,11 +641,11 @@ __device__ __forceinline__ void a_fragments(uint32_t (&a)[kKStepsM][4], const fl
 
 // The warp's dS^T fragments into the dS^T tile [key][query] (panelled like the others: conflict-free
 // 4-byte stores); key_row0 is the warp's first row of it. The warpgroups that share the keys
-// hold the same dS^T: column group `group` stores the k16 steps kc with kc % kColGroups == group.
-__device__ __forceinline__ void store_ds(uint32_t sDS, const uint32_t (&a)[kKStepsM][4], int key_row0, int group, int lane) {
+// hold the same dS^T: each stores the k16 steps kc with kc % kColGroups == column_group().
+__device__ __forceinline__ void store_ds(uint32_t sDS, const uint32_t (&a)[kKStepsM][4], int key_row0, int lane) {
 #pragma unroll
     for (int kc = 0; kc < kKStepsM; ++kc)
-        if (kc % kColGroups == group)
+        if (kc % kColGroups == column_group())
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = key_row0 + lane / 4 + 8 * (i % 2);
@@ -859,7 +863,6 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
                                             PublishNext publish_next, IssueNext issue_next) {
     const int lane = tid % 32, warp = tid / 32, warpgroup = warp / 4;
     const int key0 = kKeysPerWarpgroup * (warpgroup / kColGroups);   // the warpgroup's first key in the block
-    const int column_group = warpgroup % kColGroups;   // its dK and dV columns: [kDkvCols column_group, + kDkvCols)
     const uint32_t sQ = per_step(smem_addr + kSmem_q + stage * kQueryStageBytes),
                    sDO = per_step(smem_addr + kSmem_do + stage * kQueryStageBytes), sK = per_step(smem_addr + kSmem_k0),
                    sV = per_step(smem_addr + kSmem_v0), sDS = per_step(smem_addr + kSmem_ds + stage * kDsStageBytes);
@@ -898,12 +901,12 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     }
     uint32_t da[kKStepsM][4];
     a_fragments(da, dp);
-    store_ds(sDS, da, key0 + 16 * (warp % 4), column_group, lane);
+    store_ds(sDS, da, key0 + 16 * (warp % 4), lane);
     float dq[kDqRegs];
     if constexpr (kDeterministic) {   // dV and dK run while the block waits at the barrier
         wgmma_fence();   // the fragments are written before the wgmma that reads them
-        issue_add_by_queries(dv, pa, sDO, kDkvCols * column_group);
-        issue_add_by_queries(dk, da, sQ, kDkvCols * column_group);
+        issue_add_by_queries(dv, pa, sDO);
+        issue_add_by_queries(dk, da, sQ);
         wgmma_commit();
     }
     publish_next();
@@ -917,8 +920,8 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
         // dQ last, after the adds had waited for all three). Deterministic mode stages dQ in this
         // step's Q and dO tiles, which dV and dK read: it waits for all three either way, and holding
         // dQ's accumulators across dV and dK spilled there.
-        issue_add_by_queries(dv, pa, sDO, kDkvCols * column_group);
-        issue_add_by_queries(dk, da, sQ, kDkvCols * column_group);
+        issue_add_by_queries(dv, pa, sDO);
+        issue_add_by_queries(dk, da, sQ);
         wgmma_commit();
         wgmma_wait<1>();   // dQ is done (dS^T and the K tile read); dV and dK may still run
     } else {
@@ -944,13 +947,14 @@ __device__ __forceinline__ uint4 load_shared_16(uint32_t at) {
     return x;
 }
 
-// Rows [row0, row0 + kWarpKeyRows), 16-byte chunks [chunk0, chunk0 + kDkvCols / 8) of the block's dK
-// and dV, packed into the K and V tiles at sK and sV by this warp, to key rows n0 + row of gk and
-// gv: the warps of kColGroups warpgroups share each row, each writing out its own columns; rows
-// past seqlen_k are not written.
-__device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV, int row0, int chunk0, int n0, int lane,
+// Rows [row0, row0 + kWarpKeyRows) of the block's dK and dV, the warpgroup's kDkvCols columns
+// (the kind's column_group()), packed into the K and V tiles at sK and sV by this warp, to key rows
+// n0 + row of gk and gv: the warps of kColGroups warpgroups share each row, each writing out its own
+// columns; rows past seqlen_k are not written.
+__device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV, int row0, int n0, int lane,
                                                        elem_t* gk, elem_t* gv, const Params& p) {
     constexpr int kWarpChunks = kDkvCols / 8;   // a warp's 16-byte chunks of a row
+    const int chunk0 = kWarpChunks * column_group();
     static_assert(sizeof(elem_t) == 2 && kWarpKeyRows * (kThreads / 32) == kBlockN * kColGroups,
                   "16-byte chunks of 8 elements; every warp writes out its columns of kWarpKeyRows of the block's keys");
     __syncwarp();   // the warp's packed rows
@@ -964,17 +968,17 @@ __device__ __forceinline__ void copy_key_gradients_out(uint32_t sK, uint32_t sV,
     }
 }
 
-// dK (times the scale) and dV of the warp's 16 keys from row0 of the block's keys, columns [col0,
-// col0 + kDkvCols), packed into the warp's rows and columns of the K and V tiles (which no wgmma
-// reads any more: the caller's barrier) in the tiles' swizzle (conflict-free 4-byte stores), then
-// copied out.
+// dK (times the scale) and dV of the warp's 16 keys from row0 of the block's keys and its
+// warpgroup's kDkvCols columns, packed into the warp's rows and columns of the K and V tiles (which
+// no wgmma reads any more: the caller's barrier) in the tiles' swizzle (conflict-free 4-byte
+// stores), then copied out.
 template <bool kVarlen>
 __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDRegs], const float (&dv)[kDRegs], uint32_t sK,
-                                                    uint32_t sV, int row0, int col0, int n0, int lane, const Sequence& seq,
+                                                    uint32_t sV, int row0, int n0, int lane, const Sequence& seq,
                                                     int kv_head, const Params& p) {
 #pragma unroll
     for (int v = 0; v < kDRegs; v += 2) {
-        const int col = col0 + acc_col(v, lane);
+        const int col = kDkvCols * column_group() + acc_col(v, lane);
         const uint32_t at = panel_offset<kBlockN>(row0 + acc_row(v, lane), col / 8) + 2 * (col % 8);
         store_shared_4(sK + at, pack2(dk[v] * p.scale, dk[v + 1] * p.scale));
         store_shared_4(sV + at, pack2(dv[v], dv[v + 1]));
@@ -985,7 +989,7 @@ __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDRegs], c
         gk += seq.k0 * p.dk_row_stride;
         gv += seq.k0 * p.dv_row_stride;
     }
-    copy_key_gradients_out(sK, sV, row0, col0 / 8, n0, lane, gk, gv, p);
+    copy_key_gradients_out(sK, sV, row0, n0, lane, gk, gv, p);
 }
 
 // The first key of the block's keys; deterministic: block ids run from the last key block (dq_turn).
@@ -1065,8 +1069,8 @@ __device__ __forceinline__ void key_block(const Params& p, int n0, const Params&
     }
     __syncthreads();   // both warpgroups' last wgmma have read K (dQ reads every key) and V
     store_key_gradients<kVarlen>(dk, dv, smem_addr + kSmem_k0, smem_addr + kSmem_v0,
-                                 kKeysPerWarpgroup * (warp / 4 / kColGroups) + kWarpKeyRows * (warp % 4),
-                                 kDkvCols * (warp / 4 % kColGroups), n0, tid % 32, seq, kv_head, p);
+                                 kKeysPerWarpgroup * (warp / 4 / kColGroups) + kWarpKeyRows * (warp % 4), n0, tid % 32,
+                                 seq, kv_head, p);
 }
 
 template <Mask kMask, bool kDeterministic>

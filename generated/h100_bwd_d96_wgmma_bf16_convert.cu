@@ -196,7 +196,7 @@ __device__ __forceinline__ void convert(const Params& p) {
     const int lane_in_row = threadIdx.x % kLanesPerRow;
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
     const int head = blockIdx.y, batch = blockIdx.z;
-    if (row >= p.seqlen_q || lane_in_row >= kRowVectors) return;
+    if (row >= p.seqlen_q || lane_in_row >= kRowVectors) return;   // an idle lane: no vector of the row
     // Columns c .. c + 7 of row r of its block: registers v (even columns) and v + 1 (odd) of the four
     // threads of one quad, adjacent in the block: two 16-byte loads.
     const int r = row % kFragmentRows, c = lane_in_row * 8;

@@ -255,8 +255,8 @@ def test_wgmma_warpgroups_sharing_64_keys_split_dk_and_dv_by_columns():
     assert p.smem_bytes <= 227 * 1024
     main = r.parts[0].source
     assert "const int key0 = kKeysPerWarpgroup * (warpgroup / kColGroups);" in main
-    assert "issue_add_by_queries(dk, da, sQ, kDkvCols * column_group);" in main
-    assert "if (kc % kColGroups == group)" in main and "wgmma_rs_m64n128(" in main
+    assert "mn_major_desc<kBlockM>(sY, col0, kc)" in main and "const int col0 = kDkvCols * column_group();" in main
+    assert "if (kc % kColGroups == column_group())" in main and "wgmma_rs_m64n128(" in main
     assert "chunk = chunk0 + c % kWarpChunks" in main
     assert "kDkvCols" not in render_spec_file(WGMMA_D128).parts[0].source
     shared = yaml.safe_load(spec_text(WGMMA_D128)) | {"tile": {"block_m": 64, "block_n": 64}}

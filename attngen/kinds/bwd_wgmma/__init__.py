@@ -127,8 +127,8 @@ def rule_backward_head_dim(s):
     if panel and not dq_by_rows(s) and (s.head_dim // warpgroups) % panel.cols:
         return "smem.swizzle", (f"each of the {warpgroups} warpgroups computes {s.head_dim // warpgroups} columns of "
                                 f"dQ, which must be whole {panel.cols}-column panels (wgmma reads MN-major operands "
-                                "by whole panels): use narrower panels (xor_bits: 2, row_shift: 1: 32 columns; "
-                                "xor_bits: 1, row_shift: 2: 16)")
+                                f"by whole panels): use {widest_panels(s.head_dim // warpgroups).describe()} "
+                                f"({widest_panels(s.head_dim // warpgroups).cols}-column panels)")
     groups = column_groups(s)
     if panel and (s.head_dim // groups) % panel.cols:
         return "smem.swizzle", (f"each of the {groups} warpgroups that share the block's keys holds "
