@@ -619,6 +619,7 @@ def test_variant_backward_cells(cell, dtype):
     attention."""
     import torch
     from attngen.core.variants import SCORES
+    from attngen.ops import library   # noqa: F401  (defines the torch ops)
     hopper(torch)
     d, causal, keywords = cell
     gen = torch.Generator(device="cuda").manual_seed(59 + d)
