@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from attngen.core.backward_plan import ACCUM_FRAGMENT_ROWS
-from attngen.core.launch_rules import accum_rows, row_grid, rows_per_row_block
+from attngen.core.launch_rules import accum_rows, lanes_per_row, row_grid, rows_per_row_block
 from attngen.errors import SpecError
 from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of
@@ -25,6 +25,10 @@ L4 = ROOT / "specs" / "l4_bwd_d64.yaml"
 WGMMA_D64 = ROOT / "specs" / "h100_bwd_d64_wgmma.yaml"
 WGMMA_D128 = ROOT / "specs" / "h100_bwd_d128_wgmma.yaml"
 WGMMA_D128_WINDOW = ROOT / "specs" / "h100_bwd_d128_wgmma_window.yaml"   # the mask with the most registers
+WGMMA_D32 = ROOT / "specs" / "h100_bwd_d32_wgmma.yaml"
+WGMMA_D96 = ROOT / "specs" / "h100_bwd_d96_wgmma.yaml"                 # 32-byte panels: 48 dQ columns per warpgroup
+WGMMA_D256 = ROOT / "specs" / "h100_bwd_d256_wgmma.yaml"               # 2 warpgroups share 64 keys
+WGMMA_D256_WINDOW_SOFTCAP = ROOT / "specs" / "h100_bwd_d256_wgmma_window_softcap.yaml"   # Gemma 2's local layers
 WGMMA_D128_SCORES = [ROOT / "specs" / f"h100_bwd_d128_wgmma_{s}.yaml"    # at 255 registers
                      for s in ("softcap", "alibi", "softcap_alibi")]
 
@@ -111,6 +115,22 @@ def test_l4_spec_fits_the_default_budget():
 def test_row_kernels_cover_every_row():
     assert rows_per_row_block(64) == 16 and rows_per_row_block(128) == 8
     assert row_grid(128, 2, 3, 17) == (3, 3, 2)
+    # a row's lanes are a power of two (they sum by XOR shuffles): head_dim 96's 12 vectors take 16 lanes
+    assert [lanes_per_row(d) for d in (32, 40, 64, 80, 96, 128, 192, 256)] == [4, 8, 8, 16, 16, 16, 32, 32]
+    assert rows_per_row_block(96) == 8 and rows_per_row_block(32) == 32 and rows_per_row_block(256) == 4
+
+
+def test_row_kernels_idle_the_lanes_past_a_row():
+    """head_dim 96: 16 lanes per row, the last 4 read and write nothing; the power-of-two head dims
+    render no idle lanes."""
+    from attngen.render import render_spec_file
+    r = render_spec_file(WGMMA_D96)
+    pre, conv = (part.source for part in r.parts[1:])
+    assert r.plan.fragments.row_lanes == 16
+    assert "constexpr int kLanesPerRow = 16;" in pre and "if (row < p.seqlen_q && lane_reads) {" in pre
+    assert "if (row >= p.seqlen_q || lane_in_row >= kRowVectors) return;" in conv
+    plain = render_spec_file(WGMMA_D128)
+    assert all("kRowVectors" not in part.source for part in plain.parts)
 
 
 @pytest.mark.parametrize("change, key", [
@@ -142,9 +162,11 @@ def refused_key(spec: Path, change: dict) -> str:
 @pytest.mark.nvcc
 @pytest.mark.exhaustive      # test_compile's sample compiles these kinds' first specs by default
 @pytest.mark.parametrize("spec", [D128, L4, ROOT / "specs" / "lab" / "h100_bwd_d64_k32.yaml", ROOT / "specs" / "lab" / "h100_bwd_d128_k32.yaml",
-                                  WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW, *WGMMA_D128_SCORES],
+                                  WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW, *WGMMA_D128_SCORES, WGMMA_D32, WGMMA_D96,
+                                  WGMMA_D256, WGMMA_D256_WINDOW_SOFTCAP],
                          ids=["h100_d128", "l4_d64", "h100_d64_k32", "h100_d128_k32", "wgmma_d64", "wgmma_d128", "wgmma_d128_window", "wgmma_d128_softcap",
-                              "wgmma_d128_alibi", "wgmma_d128_softcap_alibi"])
+                              "wgmma_d128_alibi", "wgmma_d128_softcap_alibi", "wgmma_d32", "wgmma_d96", "wgmma_d256",
+                              "wgmma_d256_window_softcap"])
 def test_kernels_compile_without_spills(spec):
     from attngen.compile import compile_source
     from attngen.render import render_spec_file
@@ -195,7 +217,8 @@ def test_wgmma_backward_picks_its_kind():
     assert kind_for_data(data | {"backward": "dq_atomic", "mma": "mma_m16n8k16"}).name == "bwd_mma"
 
 
-@pytest.mark.parametrize("path, block_m, dq_cols, panel_cols", [(WGMMA_D64, 128, 64, 32), (WGMMA_D128, 64, 64, 64)])
+@pytest.mark.parametrize("path, block_m, dq_cols, panel_cols", [(WGMMA_D64, 128, 64, 32), (WGMMA_D128, 64, 64, 64),
+                                                               (WGMMA_D32, 128, 32, 32), (WGMMA_D96, 64, 48, 16)])
 def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
     p = make_plan(load_spec(path))
     main, pre, conv = p.parts
@@ -206,6 +229,7 @@ def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
     assert p.block_m == block_m and f.dq_by_rows == (block_m == 128)
     assert (f.warpgroups, f.s_regs, f.d_regs, f.dq_cols, f.dq_regs) == (2, block_m // 2, d // 2, dq_cols, dq_cols // 2)
     assert (f.k_steps_d, f.k_steps_m, f.k_steps_n, f.panel_cols) == (d // 16, block_m // 16, 8, panel_cols)
+    assert (f.column_groups, f.dkv_cols) == (1, d)
     assert (f.accum_row_block, f.accum_fragment_cols) == (block_m, dq_cols)
     regions = {r.name: r for r in p.regions}
     for name in ("q", "do", "q1", "do1", "k0", "v0", "ds"):
@@ -217,6 +241,27 @@ def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
     assert p.smem_bytes <= 227 * 1024 and p.arch_suffix == "a"
     text = explain(p)
     assert "red.global.add.f32" in text and "register order" in text
+
+
+def test_wgmma_warpgroups_sharing_64_keys_split_dk_and_dv_by_columns():
+    """head_dim 256: blocks of 64 keys, both warpgroups compute their S^T and dP^T, each holds dK and
+    dV of 128 columns (all 256 would take 256 registers) and stores half of dS^T's k16 steps; dQ is
+    split by columns as at d128. Planning is the same at d128 (a rule choice, not a head-dim case)."""
+    from attngen.render import render_spec_file
+    r = render_spec_file(WGMMA_D256)
+    p, f = r.plan, r.plan.fragments
+    assert (p.block_m, p.block_n, f.warpgroups, f.column_groups, f.dkv_cols) == (64, 64, 2, 2, 128)
+    assert (f.d_regs, f.s_regs, f.dq_cols, f.dq_regs, f.k_steps_n) == (64, 32, 128, 64, 4)
+    assert p.smem_bytes <= 227 * 1024
+    main = r.parts[0].source
+    assert "const int key0 = kKeysPerWarpgroup * (warpgroup / kColGroups);" in main
+    assert "mn_major_desc<kBlockM>(sY, col0, kc)" in main and "const int col0 = kDkvCols * column_group();" in main
+    assert "if (kc % kColGroups == column_group())" in main and "wgmma_rs_m64n128(" in main
+    assert "chunk = chunk0 + c % kWarpChunks" in main
+    assert "kDkvCols" not in render_spec_file(WGMMA_D128).parts[0].source
+    shared = yaml.safe_load(spec_text(WGMMA_D128)) | {"tile": {"block_m": 64, "block_n": 64}}
+    g = make_plan(parse_spec(yaml.safe_dump(shared), file="b.yaml"), file="b.yaml").fragments
+    assert (g.column_groups, g.dkv_cols, g.d_regs) == (2, 64, 32)
 
 
 def test_accumulator_rows_round_up_to_query_blocks():
@@ -249,7 +294,8 @@ def convert_reads(r: int, c: int, fragment_cols: int) -> list[int]:
     return [x for pair in zip(even, odd) for x in pair]
 
 
-@pytest.mark.parametrize("d, warpgroups, by_rows", [(64, 2, False), (128, 2, False), (128, 1, False), (64, 2, True)])
+@pytest.mark.parametrize("d, warpgroups, by_rows", [(64, 2, False), (128, 2, False), (128, 1, False), (64, 2, True),
+                                                     (32, 2, True), (96, 2, False), (256, 2, False)])
 def test_convert_reads_what_the_main_kernel_added(d, warpgroups, by_rows):
     """Warpgroup w adds its dQ (add_dq) at w x its share's size in the query block's accumulator:
     columns [w cols, (w + 1) cols) of 64 rows, or (by rows) rows [64 w, 64 w + 64) at every column.
@@ -289,9 +335,14 @@ def test_convert_template_matches_the_model():
 @pytest.mark.parametrize("change, key", [
     ({"tile": {"block_m": 128, "block_n": 128}}, "tile.block_m"),     # d128: dK, dV, S^T, dP^T take 296 registers
     ({"tile": {"block_m": 256, "block_n": 128}}, "tile.block_m"),     # 64 or 64 x warpgroups
-    ({"tile": {"block_m": 64, "block_n": 64}}, "tile.block_n"),          # 2 warpgroups own 128 keys
+    ({"tile": {"block_m": 64, "block_n": 192}}, "tile.block_n"),         # 2 warpgroups own 128 keys or share 64
     ({"warps": {"compute": 12}, "tile": {"block_m": 64, "block_n": 192}}, "warps.compute"),
-    ({"head_dim": 96}, "head_dim"),
+    ({"head_dim": 72}, "head_dim"),                                      # k16 steps
+    ({"head_dim": 96}, "smem.swizzle"),                                  # not whole 64-column panels
+    ({"head_dim": 256}, "tile.block_m"),                                 # 64 keys per warpgroup: 256 + 64 + margin
+    ({"head_dim": 256, "tile": {"block_m": 128, "block_n": 64}}, "tile.block_m"),   # shared keys, 128 queries
+    ({"head_dim": 96, "smem": {"swizzle": {"xor_bits": 2, "row_shift": 1}, "async_copy": True, "opt_in": True}},
+     "smem.swizzle"),                                                    # 48 dQ columns per warpgroup
     ({"head_dim": 64}, "smem.swizzle"),                                  # 32 dQ columns per warpgroup
     ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}, "varlen": True}, "variant"),   # padded only
     ({"varlen": True, "scores": ["softcap"]}, "varlen"),              # varlen: masks none and causal only

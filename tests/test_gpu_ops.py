@@ -113,11 +113,11 @@ def test_varlen_and_kvcache_entry_points(torch):
 
 def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch):
     """attention() and attention_varlen() differentiate (tests/test_gpu_backward.py); decode does
-    not, nor a head dim the table has a forward but no backward spec for (d96, padded and varlen)."""
+    not, nor a head dim the table has a forward but no backward spec for (d80 padded, d96 varlen)."""
     q = randn(torch, 1, 2, 64, 64).requires_grad_()
-    q96 = randn(torch, 1, 2, 64, 96).requires_grad_()
+    q80 = randn(torch, 1, 2, 64, 80).requires_grad_()
     with pytest.raises(NotImplementedError, match="no backward for this call"):
-        attngen.attention(q96, q96, q96)
+        attngen.attention(q80, q80, q80)
     qv = randn(torch, 64, 2, 96).requires_grad_()
     cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
     with pytest.raises(NotImplementedError, match="no varlen backward for this call"):

@@ -616,20 +616,30 @@ WGMMA_BWD_D128 = ROOT / "specs" / "h100_bwd_d128_wgmma.yaml"
 MMA_BWD_D64 = ROOT / "specs" / "lab" / "h100_bwd_d64.yaml"
 
 
+SHARED_KEYS = {"m64n128s2": "spec rule: warps.compute", "m128n128s2": "spec rule: warps.compute"}   # 4 warpgroups
+
+
 @pytest.mark.parametrize("path, survivors, refused", [
-    (WGMMA_BWD_D64, {"m64n64", "m64n128", "m128n128"}, {"m128n64": "spec rule: tile.block_m"}),   # 64 rows / warpgroup
-    (WGMMA_BWD_D128, {"m64n64", "m64n128"}, {"m128n64": "spec rule: tile.block_m",
-                                             "m128n128": "spec rule: tile.block_m"}),           # 296 registers
+    (WGMMA_BWD_D64, {"m64n64", "m64n128", "m128n128", "m64n64s2", "m128n64s2"},
+     {"m128n64": "spec rule: tile.block_m", **SHARED_KEYS}),                                      # 64 rows / warpgroup
+    (WGMMA_BWD_D128, {"m64n64", "m64n128", "m64n64s2", "m128n64s2"},
+     {"m128n64": "spec rule: tile.block_m", "m128n128": "spec rule: tile.block_m", **SHARED_KEYS}),   # 296 registers
+    (ROOT / "specs" / "h100_bwd_d256_wgmma.yaml", {"m64n64s2"},
+     {"m64n64": "spec rule: tile.block_m", "m64n128": "spec rule: tile.block_m",
+      "m128n64": "spec rule: tile.block_m", "m128n128": "spec rule: tile.block_m",
+      "m128n64s2": "spec rule: tile.block_m", **SHARED_KEYS}),                   # dK and dV split by columns only
 ])
 def test_wgmma_backward_space(path, survivors, refused):
     base = load_spec(path)
     sp = S.default_space(base)
-    assert sp.names == ("block_m", "block_n") and sp.block_m == (64, 128) and sp.block_n == (64, 128)
+    assert sp.names == ("block_m", "block_n", "key_sharing") and sp.block_m == (64, 128) and sp.block_n == (64, 128)
+    assert sp.key_sharing == (1, 2)
     kept, pruned = S.prune(base, sp)
     assert {c.choice.tag for c in kept} == survivors
     assert {p.choice.tag: p.reason for p in pruned} == refused
-    one = next(c for c in kept if c.choice.tag == "m64n64")
-    assert one.spec.compute_warps == 4 and len(one.sources) == 3      # main, preprocess, convert
+    for tag, warps in (("m64n64", 4), ("m64n64s2", 8)):
+        one = next((c for c in kept if c.choice.tag == tag), None)
+        assert one is None or (one.spec.compute_warps == warps and len(one.sources) == 3)   # main, preprocess, convert
     assert S.choice_of(base) in {c.choice for c in kept}
 
 

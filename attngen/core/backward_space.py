@@ -2,7 +2,7 @@
 the key block with the warps that own it, and each kind's own fields. A backward block's keys are
 split between its warps, 16 each in both kinds (bwd_wgmma: 64 per warpgroup), so block_n and
 warps.compute move together on one axis (bwd_mma's warp_keys 32 keeps that: two warps share each
-32 keys)."""
+32 keys; bwd_wgmma's key_sharing axis then lets two warpgroups share each 64 keys)."""
 from __future__ import annotations
 
 from .search_space import Axis, SearchSpace, field_axis, with_base
@@ -60,6 +60,27 @@ def warp_tile_axis(base) -> Axis:
                 lambda v: str(v[0]) if v[0] == 16 else f"{v[0]} ({v[1]})")
 
 
+# bwd_wgmma: warpgroups per 64 keys of the block (2: two warpgroups share a block of 64 keys, each holding
+# half of dK's and dV's columns, as head_dim 256 needs)
+KEY_SHARING = (1, 2)
+WARPS_PER_WARPGROUP = 4
+
+
+def key_sharing_axis(base) -> Axis:
+    """Warpgroups per 64 keys: 1, or 2 sharing a block of 64 keys (tag s2; warps.compute doubled after
+    the key block's axis wrote it)."""
+    def read(s) -> int:
+        warpgroups = s.compute_warps // WARPS_PER_WARPGROUP
+        return warpgroups if s.tile.block_n == KEYS_PER_WARP * WARPS_PER_WARPGROUP and warpgroups > 1 else 1
+
+    def write(data: dict, share: int) -> None:
+        data["warps"] = {"compute": data["warps"]["compute"] * share}
+    return Axis("key_sharing", with_base(KEY_SHARING, read(base)), read, write,
+                lambda v: "" if v == 1 else f"s{v}",
+                lambda v: "1" if v == 1 else f"{v} (dK, dV split by columns)")
+
+
 def wgmma_backward_space(base) -> SearchSpace:
-    """bwd_wgmma: query block (64, or 64 per warpgroup: dQ by rows) and key block (64 per warpgroup)."""
-    return SearchSpace((block_m_axis(base), keys_axis(base)))
+    """bwd_wgmma: query block (64, or 64 per warpgroup: dQ by rows), key block (64 per warpgroup) and
+    the warpgroups that share 64 keys."""
+    return SearchSpace((block_m_axis(base), keys_axis(base), key_sharing_axis(base)))

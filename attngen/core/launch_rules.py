@@ -108,9 +108,16 @@ DETERMINISTIC = KeySuffix("_deterministic")   # function key (and name) suffix o
 deterministic_key = DETERMINISTIC.key
 
 
+def lanes_per_row(head_dim: int) -> int:
+    """Threads of a preprocess or convert block per query row: head_dim / VECTOR, rounded up to a power
+    of two (a row's threads are adjacent lanes that sum by XOR shuffles); those past head_dim / VECTOR
+    (head_dim 96: 12 of 16) idle."""
+    return 1 << (head_dim // VECTOR - 1).bit_length()
+
+
 def rows_per_row_block(head_dim: int) -> int:
-    """Query rows one preprocess or convert block covers: ROW_THREADS threads, head_dim / VECTOR per row."""
-    return ROW_THREADS // (head_dim // VECTOR)
+    """Query rows one preprocess or convert block covers: ROW_THREADS threads, lanes_per_row each."""
+    return ROW_THREADS // lanes_per_row(head_dim)
 
 
 def query_blocks(seqlen_q: int, block_m: int) -> int:

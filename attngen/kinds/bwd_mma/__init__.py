@@ -26,7 +26,7 @@ from ...core.backward_space import mma_backward_space
 from ...core.backward_plan import ACCUM_FRAGMENT_ROWS, BACKWARD_ABI_FIELDS, BackwardPlan, backward_parts
 from ...core.forward_plan import FORWARD_ABI, plan_abi, plan_forward
 from ...core.kind import Kind
-from ...core.launch_rules import ROW_THREADS, rows_per_row_block
+from ...core.launch_rules import ROW_THREADS, lanes_per_row, rows_per_row_block
 from ...core.layout import Budget, Region, check_budget, layout_regions
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_rescale,
                                rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
@@ -207,6 +207,7 @@ class BackwardFragments:
                             # its g-th share of them, and scores the g-th chunk of each pair of chunks
     warp_d_tiles: int       # 8-column accumulator tiles of dK and dV per warp (d_tiles / column_groups)
     row_block: int          # query rows per preprocess / convert block
+    row_lanes: int          # ... threads per row (head_dim / 8 rounded up to a power of two)
     slope_pairs: bool       # softcap's chain-rule factors held as fp16 pairs (SLOPE_PAIRS_FROM)
     accum_row_block: int    # the dQ accumulator holds whole query blocks of each head
     accum_fragment_rows: int  # ... each a run of blocks of this many rows in register order
@@ -223,7 +224,7 @@ def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments
                              ds_pitch=bm * spec.elem_bytes + 16, accumulators=tiles * (d // halves + chunk),
                              warp_key_tiles=tiles, query_groups=query_groups(spec), column_groups=halves,
                              warp_d_tiles=d // 8 // halves,
-                             row_block=rows_per_row_block(d), slope_pairs=d >= SLOPE_PAIRS_FROM,
+                             row_block=rows_per_row_block(d), row_lanes=lanes_per_row(d), slope_pairs=d >= SLOPE_PAIRS_FROM,
                              accum_row_block=bm, accum_fragment_rows=ACCUM_FRAGMENT_ROWS,
                              accum_fragment_cols=d)
 

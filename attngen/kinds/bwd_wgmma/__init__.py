@@ -1,14 +1,16 @@
 """bwd_wgmma: the attention backward on Hopper's warpgroup MMA (sm_90a). A bundle of three kernels over
 one Params (attngen/core/backward_plan.py), as bwd_mma's:
 
-- main: block (key block, KV head, batch), one warpgroup per 64 keys of the block. K and V of the
-  block's keys sit in swizzled panels (cp.async); each warpgroup keeps dK and dV of its keys in wgmma
-  accumulators. It walks the query blocks of 64 or 128 rows that see its keys (for every query head of its
+- main: block (key block, KV head, batch), one warpgroup per 64 keys of the block, or (a block of 64
+  keys, head_dim 256) warpgroups that share its 64 keys and split dK's and dV's columns. K and V of
+  the block's keys sit in swizzled panels (cp.async); each warpgroup keeps dK and dV of its keys (of
+  its columns) in wgmma accumulators. It walks the query blocks of 64 or 128 rows that see its keys (for every query head of its
   KV head), their Q and dO double-buffered (TMA from thread 0, an mbarrier per stage):
   S^T = K Q^T and dP^T = V dO^T (wgmma SS),
   P^T = exp2(m(S^T) scale log2 e - LSE log2 e) and dS^T = P^T (dP^T - delta) m' in registers (m the
   score modifiers, softcap and ALiBi; m' softcap's chain-rule factor),
-  dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments (wgmma RS, Q and dO MN-major).
+  dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments (wgmma RS, Q and dO MN-major; the
+  warpgroups that share keys compute S^T and dP^T alike, each its dK and dV columns).
   dS^T goes to shared memory; warpgroup w computes its share of dQ = dS K over all the block's keys
   (both operands MN-major): with query blocks of 64 rows, columns [w d / W, (w + 1) d / W); with
   query blocks of 64 W rows, rows [64 w, 64 w + 64) at every column (each warpgroup then reads only
@@ -29,14 +31,14 @@ from ...core.backward_space import wgmma_backward_space
 from ...core.backward_plan import ACCUM_FRAGMENT_ROWS, BACKWARD_ABI_FIELDS, BackwardPlan, backward_parts
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants, tensor_fields
 from ...core.kind import Kind
-from ...core.launch_rules import ROW_THREADS, rows_per_row_block
+from ...core.launch_rules import ROW_THREADS, lanes_per_row, rows_per_row_block
 from ...core.layout import Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget, layout_regions
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_rescale,
                                rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
                                rule_head_dim_vector_loads)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
-                           swizzled_tile)
+                           swizzled_tile, widest_panels)
 from ...targets import TARGETS
 
 NAME = "bwd_wgmma"
@@ -45,7 +47,7 @@ SELECTOR = ("backward", "wgmma_dq_red")
 KEYS_PER_WARPGROUP = 64     # the M of S^T, dP^T, dK and dV
 MAX_WARPGROUPS = 2          # dK and dV of 64 keys take head_dim fp32 registers per thread: two warpgroups
                             # of 128 threads get at most 255 each
-HEAD_DIMS = (64, 128)
+MAX_HEAD_DIM = 256          # the N of dK's and dV's wgmma (one warpgroup holds every column)
 QUERY_STAGES = 2            # Q and dO of the step computing and of the next, loading
 REGISTER_MARGIN = 40        # registers a thread needs beside its accumulators and fragments (addresses, stats)
 MAX_REGISTERS = 255         # a thread's most; 256 threads of one block use the whole register file
@@ -75,8 +77,16 @@ class WgmmaBackwardSpec(ForwardSpec):
 
 def register_need(s) -> int:
     """dK, dV, S^T and dP^T in flight at once (P^T and dS^T fragments replace S^T and dP^T)."""
-    d, bm = s.head_dim, s.tile.block_m
-    return d + 2 * (bm // 2) + REGISTER_MARGIN
+    bm = s.tile.block_m
+    return s.head_dim // column_groups(s) + 2 * (bm // 2) + REGISTER_MARGIN
+
+
+def column_groups(s) -> int:
+    """Warpgroups that share each 64 keys of the block, splitting dK's and dV's columns: all of them in a
+    block of 64 keys (head_dim 256: dK and dV of 64 keys x 256 columns would take a thread 256
+    registers), else 1 (a warpgroup per 64 keys)."""
+    warpgroups = max(s.compute_warps // WARPGROUP, 1)
+    return warpgroups if s.tile.block_n == KEYS_PER_WARPGROUP else 1
 
 
 def dq_by_rows(s) -> bool:
@@ -91,9 +101,11 @@ def rule_backward_warpgroups(s):
     if s.compute_warps % WARPGROUP or not 1 <= s.compute_warps // WARPGROUP <= MAX_WARPGROUPS:
         return "warps.compute", (f"one warpgroup (4 warps) per 64 keys, at most {MAX_WARPGROUPS}: use 4 or 8 "
                                  f"(got {s.compute_warps})")
-    if s.tile.block_n != KEYS_PER_WARPGROUP * (s.compute_warps // WARPGROUP):
-        return "tile.block_n", (f"must be 64 x warpgroups = {KEYS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)}: "
-                                f"each warpgroup owns 64 keys of the block (got {s.tile.block_n})")
+    if s.tile.block_n not in (KEYS_PER_WARPGROUP * (s.compute_warps // WARPGROUP), KEYS_PER_WARPGROUP):
+        return "tile.block_n", (f"must be 64 x warpgroups = {KEYS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)} "
+                                f"(each warpgroup owns 64 keys of the block) or {KEYS_PER_WARPGROUP} (the warpgroups "
+                                f"share its keys, each holding its share of dK's and dV's columns) "
+                                f"(got {s.tile.block_n})")
     by_rows = ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)
     if s.tile.block_m not in (ROWS_PER_WARPGROUP, by_rows):
         return "tile.block_m", (f"must be {ROWS_PER_WARPGROUP} (dQ of a query block split by columns, one m64 "
@@ -102,17 +114,26 @@ def rule_backward_warpgroups(s):
 
 
 def rule_backward_head_dim(s):
-    if s.head_dim not in HEAD_DIMS:
-        return "head_dim", (f"this backward is generated for head_dim {', '.join(map(str, HEAD_DIMS))} "
-                            f"(got {s.head_dim})")
+    if s.head_dim % 16 or s.head_dim > MAX_HEAD_DIM:
+        return "head_dim", (f"must be a multiple of 16 (the k16 steps of S^T and dP^T) and at most {MAX_HEAD_DIM} "
+                            f"(the N of dK's and dV's wgmma) (got {s.head_dim})")
     if s.head_dim_v not in (None, s.head_dim):
         return "head_dim_v", f"the backward kernels take V of q's head dim; remove head_dim_v (got {s.head_dim_v})"
     panel = panel_swizzle(s)
     warpgroups = max(s.compute_warps // WARPGROUP, 1)
+    if panel and s.head_dim % panel.cols:
+        return "smem.swizzle", (f"head_dim {s.head_dim} must be whole {panel.cols}-column panels: use "
+                                f"{widest_panels(s.head_dim).describe()}")
     if panel and not dq_by_rows(s) and (s.head_dim // warpgroups) % panel.cols:
         return "smem.swizzle", (f"each of the {warpgroups} warpgroups computes {s.head_dim // warpgroups} columns of "
                                 f"dQ, which must be whole {panel.cols}-column panels (wgmma reads MN-major operands "
-                                "by whole panels): use {xor_bits: 2, row_shift: 1} (32-column panels)")
+                                f"by whole panels): use {widest_panels(s.head_dim // warpgroups).describe()} "
+                                f"({widest_panels(s.head_dim // warpgroups).cols}-column panels)")
+    groups = column_groups(s)
+    if panel and (s.head_dim // groups) % panel.cols:
+        return "smem.swizzle", (f"each of the {groups} warpgroups that share the block's keys holds "
+                                f"{s.head_dim // groups} columns of dK and dV, which must be whole {panel.cols}-column "
+                                "panels (their wgmma reads Q and dO MN-major by whole panels)")
 
 
 rule_backward_copies = refuse(
@@ -148,9 +169,12 @@ WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, ru
 
 @dataclass(frozen=True, kw_only=True)
 class WgmmaBackwardFragments:
-    warpgroups: int         # consumer warpgroups, 64 keys each
+    warpgroups: int         # consumer warpgroups, 64 keys each (column_groups of them share each 64 keys)
+    column_groups: int      # warpgroups sharing each 64 keys: warpgroup w holds dK and dV of its keys' columns
+                            # [dkv_cols (w % column_groups), + dkv_cols)
+    dkv_cols: int           # dK and dV columns per warpgroup (head_dim / column_groups; whole panels)
     s_regs: int             # S^T (and dP^T) accumulators per thread: 64 keys x block_m queries
-    d_regs: int             # dK (and dV) accumulators per thread: 64 keys x head_dim
+    d_regs: int             # dK (and dV) accumulators per thread: 64 keys x dkv_cols
     dq_by_rows: bool        # each warpgroup computes dQ of its 64 query rows (else: of its columns)
     dq_cols: int            # dQ columns per warpgroup (whole panels)
     dq_regs: int            # dQ accumulators per thread: 64 rows x dq_cols
@@ -163,6 +187,7 @@ class WgmmaBackwardFragments:
     panel_row_shift: int    # rows sharing one XOR pattern: 2^shift
     descriptor_mode: int    # the swizzle in bits 62-63 of a wgmma descriptor
     row_block: int          # query rows per preprocess / convert block
+    row_lanes: int          # ... threads per row (head_dim / 8 rounded up to a power of two)
     accum_row_block: int    # the accumulator holds whole query blocks of each head
     accum_fragment_rows: int  # ... each a run of blocks of this many rows (a warpgroup's m64) in register order
     accum_fragment_cols: int  # ... dq_cols per warpgroup
@@ -174,11 +199,14 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
     w = spec.compute_warps // WARPGROUP
     by_rows = dq_by_rows(spec)
     dq_cols = d if by_rows else d // w
+    groups = column_groups(spec)
     return WgmmaBackwardFragments(
-        warpgroups=w, s_regs=bm // 2, d_regs=d // 2, dq_by_rows=by_rows, dq_cols=dq_cols, dq_regs=dq_cols // 2,
+        warpgroups=w, column_groups=groups, dkv_cols=d // groups, s_regs=bm // 2, d_regs=d // groups // 2,
+        dq_by_rows=by_rows, dq_cols=dq_cols, dq_regs=dq_cols // 2,
         k_steps_d=d // 16, k_steps_m=bm // 16, k_steps_n=bn // 16, query_stage_bytes=query_stage_bytes,
         panel_cols=panel.cols, panel_row_bytes=panel.row_bytes, panel_row_shift=panel.row_shift,
-        descriptor_mode=panel.descriptor_mode, row_block=rows_per_row_block(d), accum_row_block=bm,
+        descriptor_mode=panel.descriptor_mode, row_block=rows_per_row_block(d), row_lanes=lanes_per_row(d),
+        accum_row_block=bm,
         accum_fragment_rows=ACCUM_FRAGMENT_ROWS, accum_fragment_cols=dq_cols)
 
 
@@ -234,8 +262,13 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 f"dQ's columns [{f.dq_cols}w, {f.dq_cols}w + {f.dq_cols})")
     dq_issue = (f"dQ[64w:64w + 64, :] = dS K (wgmma SS, MN-major, N {f.dq_cols}; dS of the warpgroup's queries only)"
                 if f.dq_by_rows else f"dQ[:, {f.dq_cols}w:] = dS K (wgmma SS, MN-major, N {f.dq_cols})")
-    roles = (f"{w} warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, "
-             f"S^T, dP^T in wgmma accumulators) and {dq_share}",)
+    owns = ("warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, S^T, dP^T in wgmma accumulators)"
+            if f.column_groups == 1 else
+            f"the warpgroups share the block's 64 keys: each computes their S^T and dP^T (wgmma accumulators), "
+            f"warpgroup w holds dK and dV of columns [{f.dkv_cols}w, {f.dkv_cols}w + {f.dkv_cols}) and stores its "
+            f"share of dS^T's k16 steps")
+    roles = (f"{w} warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); {owns} and "
+             f"{dq_share}",)
     schedule = ("main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:",
                 "  thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init); load K, V of the block's keys "
                 "(cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q "
@@ -254,7 +287,8 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 "__syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the "
                 "next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is "
                 "complete)",
-                f"    issue {dq_issue}, then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ",
+                f"    issue {dq_issue}, then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N "
+                f"{'head_dim' if f.column_groups == 1 else f.dkv_cols}); wait for dQ",
                 "    each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while "
                 "dV and dK run; wait for them",
                 "    (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; "
@@ -263,7 +297,9 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 "warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; "
                 "__syncthreads; thread 0 passes the turn)",
                 "  __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V "
-                "tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)",
+                "tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)" if f.column_groups == 1
+                else "  __syncthreads; each warp packs dK x scale and dV of its 16 keys and its columns into the K and "
+                "V tiles, then writes them out in 16-byte stores (rows < seqlen_k)",
                 *(("varlen functions: a block per (key block, KV head, sequence), Params narrowed to the sequence; "
                    "each sequence's accumulator blocks start at block (its first row's block + its index), so no "
                    "query block spans two sequences (the convert kernel finds a row's sequence by bisection)",)
@@ -272,7 +308,8 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 f"head_dim / 8 threads per row (rows: seqlen_q rounded up to {bm} for the preprocess's zeros)")
     block_text = (f"block: {bn} keys of one KV head; the query blocks of {bm} rows that see them, for every query "
                   "head of the KV head",
-                  f"threads: {threads} = {w} warpgroup(s) of 64 keys",
+                  f"threads: {threads} = {w} warpgroup(s) of 64 keys" if f.column_groups == 1 else
+                  f"threads: {threads} = {w} warpgroups sharing 64 keys, {f.dkv_cols} columns of dK and dV each",
                   "masks: " + ", ".join(spec.masks))
     forward = ForwardPlan(
         spec=spec, kind=KIND, title=TITLE, target=target, **variants, parts=(), abi=abi,
@@ -299,7 +336,7 @@ def explain(plan) -> list[str]:
     return [f"accumulators per thread: dK, dV {f.d_regs} each, S^T, dP^T {f.s_regs} each, dQ {f.dq_regs}; "
             f"P^T and dS^T as {f.k_steps_m} A fragments each",
             f"wgmma per query block per warpgroup: {f.k_steps_d} x m64n{plan.block_m}k16 (S^T, SS) + {f.k_steps_d} "
-            f"(dP^T, SS) + {f.k_steps_m} x m64n{plan.head_dim}k16 (dV, RS) + {f.k_steps_m} (dK, RS) + {f.k_steps_n} x "
+            f"(dP^T, SS) + {f.k_steps_m} x m64n{f.dkv_cols}k16 (dV, RS) + {f.k_steps_m} (dK, RS) + {f.k_steps_n} x "
             f"m64n{f.dq_cols}k16 (dQ, SS, MN-major)",
             f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}); K-major K, V, Q, dO for "
             f"S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels {f.panel_cols} columns wide",
