@@ -26,8 +26,8 @@ import json
 import math
 import os
 import re
-from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import fsutil
 from ..core.calls import CALLS as CONVENTIONS, TABLE_CALLS, table_call
@@ -46,8 +46,8 @@ VARLEN_CALLS = tuple(t.name for t in TABLE_CALLS if t.varlen)   # calls served b
 TABLE_FILE = Path("dispatch") / "table.yaml"     # under the specs folder
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     call: str
     arch: str
     dtype: str
@@ -374,7 +374,7 @@ def write_memo(key: str, entries: tuple[Entry, ...], path: Path | None = None, *
     """Keep parsed entries for later processes (at `path`, default the user's cache); a cache that
     cannot be written only costs the next process a parse (strict: a wheel's build says so)."""
     memo = {"format": MEMO_FORMAT, "key": key,
-            "entries": [{f.name: getattr(e, f.name) for f in fields(Entry)} for e in entries]}
+            "entries": [e._asdict() for e in entries]}
     try:
         path = path or memo_path(key)
         fsutil.ensure_dir(path.parent)
@@ -386,9 +386,9 @@ def write_memo(key: str, entries: tuple[Entry, ...], path: Path | None = None, *
 
 # -- what an entry holds ---------------------------------------------------------------------
 
-FIELDS = {f.name for f in fields(Entry)}
-REQUIRED = tuple(f.name for f in fields(Entry) if f.default is MISSING)
-NULLABLE = {f.name for f in fields(Entry) if f.default is None}
+FIELDS = set(Entry._fields)
+REQUIRED = tuple(name for name in Entry._fields if name not in Entry._field_defaults)
+NULLABLE = {name for name, default in Entry._field_defaults.items() if default is None}
 # Integer fields and their least value: a bucket serves seqlen_k from 1; 0 means "none" where allowed.
 INTEGERS = {"head_dim": 1, "upto": 1, "page_size": 0, "max_group_rows": 1, "min_rows": 1, "head_dim_v": 0}
 # Far above any call's length or rows (batch x heads x seqlen_q), and exact as a float: a hostile
@@ -517,7 +517,7 @@ def duplicate_bucket(entries) -> tuple[int, int] | None:
 def check_entry(e: Entry, source: str) -> None:
     """SpecError naming `source` (where the entry came from: a report and its cell) when the table
     would refuse `e` on load, so that `attngen dispatch --write` never writes what `check` refuses."""
-    found = entry_problem_of({f.name: getattr(e, f.name) for f in fields(Entry)})
+    found = entry_problem_of(e._asdict())
     if found:
         field, problem, fix = found
         raise SpecError(f"{problem}; the dispatch table does not take it, so nothing was written",
@@ -538,9 +538,8 @@ def dump_table(entries, header: str) -> str:
     order = sorted(entries, key=lambda e: (e.key(), math.inf if e.upto is None else e.upto,
                                            e.max_group_rows or 0, e.min_rows or 0))
     for e in order:
-        row = {f.name: getattr(e, f.name) for f in fields(Entry)
-               if getattr(e, f.name) not in (None,) and not (f.name in ("page_size", "head_dim_v", "scores")
-                                                             and not getattr(e, f.name))}
+        row = {name: value for name, value in e._asdict().items()
+               if value not in (None,) and not (name in ("page_size", "head_dim_v", "scores") and not value)}
         text = yaml.safe_dump(row, default_flow_style=True, sort_keys=False, width=10_000).strip()
         lines.append(f"  - {text}")
     text = "\n".join(lines) + "\n"
