@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -757,7 +756,10 @@ def compile_many(jobs, *, workers: int | None = None, progress: bool | None = No
         _source_name_flags(nvcc, arch)  # asked once here, not by every worker at once
     workers = max(1, min(workers, len(pending)))
     if pending:
-        from tqdm import tqdm   # only when something compiles: a batch the cache serves loads none
+        # Only when something compiles: a batch the cache serves, and a process that never batches (a
+        # first call), imports neither.
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+        from tqdm import tqdm
         with tqdm(total=len(pending), desc="compiling", unit="src", file=sys.stderr, dynamic_ncols=True,
                   disable=not show_progress(progress)) as bar:
             def warn(message):
