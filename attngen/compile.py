@@ -16,10 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from . import fsutil
 from .errors import AttngenError, ToolError, WriteError
@@ -32,10 +31,10 @@ CACHE_FORMAT = 3          # part of every cache key: entries of other formats ar
 ARCH_RE = re.compile(r"sm_[1-9][0-9]+[af]?")
 
 
-@dataclass(frozen=True)
-class FunctionReport:
+class FunctionReport(NamedTuple):
     """The resources of one kernel function, as ptxas reports them."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     registers: int
     spill_stores: int
@@ -49,11 +48,11 @@ class FunctionReport:
         return self.spill_stores > 0 or self.spill_loads > 0
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return self._asdict()
 
 
-@dataclass(frozen=True)
-class CompileResult:
+class CompileResult(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     arch: str
     cubin: bytes
     functions: tuple[FunctionReport, ...]
@@ -243,7 +242,7 @@ def cache_key(source: str, arch: str, nvcc: str) -> str:
 CUBIN, LOG, MANIFEST, LOCK = "kernel.cubin", "ptxas.log", "manifest.json", ".lock"
 READ_LIMIT = {MANIFEST: 1 << 20, CUBIN: 256 << 20, LOG: 16 << 20}
 MANIFEST_DEPTH = 8           # the manifest nests 3 deep (entry, report, function)
-REPORT_FIELDS = tuple(FunctionReport.__dataclass_fields__)
+REPORT_FIELDS = FunctionReport._fields
 
 
 class BadCacheEntry(Exception):
@@ -642,20 +641,20 @@ MAX_JOBS = 256
 DEFAULT_JOBS_CAP = 32                # an nvcc of a large kernel holds up to ~1 GB: past this, memory, not cores, limits
 
 
-@dataclass(frozen=True)
-class CompileJob:
+class CompileJob(NamedTuple):
     """One source to compile for one arch; `label` names it in messages (a spec and its part)."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     source: str
     arch: str
     label: str = ""
 
 
-@dataclass(frozen=True)
-class CompileBatch:
+class CompileBatch(NamedTuple):
     """What compile_many did: per job, in the jobs' order, its CompileResult or the AttngenError
     that stopped it."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     jobs: tuple[CompileJob, ...]
     results: tuple
     workers: int
@@ -757,7 +756,10 @@ def compile_many(jobs, *, workers: int | None = None, progress: bool | None = No
         _source_name_flags(nvcc, arch)  # asked once here, not by every worker at once
     workers = max(1, min(workers, len(pending)))
     if pending:
-        from tqdm import tqdm   # only when something compiles: a batch the cache serves loads none
+        # Only when something compiles: a batch the cache serves, and a process that never batches (a
+        # first call), imports neither.
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+        from tqdm import tqdm
         with tqdm(total=len(pending), desc="compiling", unit="src", file=sys.stderr, dynamic_ncols=True,
                   disable=not show_progress(progress)) as bar:
             def warn(message):

@@ -9,7 +9,7 @@ past its end, a record out of step), never another exception: a cache entry's cu
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 KPARAM_INFO = 0x17          # EIATTR_KPARAM_INFO: one record per kernel parameter
 PARAM_CBANK = 0x0A          # EIATTR_PARAM_CBANK: where the parameter buffer sits, and its size
@@ -28,8 +28,8 @@ RESERVED_SMEM_SECTION = ".nv.shared.reserved.0"
 RESERVED_SMEM_BYTES = 1024
 
 
-@dataclass(frozen=True)
-class Section:
+class Section(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     type: int
     flags: int
@@ -118,11 +118,11 @@ def param_offsets(cubin: bytes) -> dict[str, int]:
     return {name: offset for name, (offset, _size) in param_layout(cubin).items()}
 
 
-@dataclass(frozen=True)
-class KernelFacts:
+class KernelFacts(NamedTuple):
     """What the cubin itself records about one kernel: the resources of ptxas's report (all but the
     spill byte counts, which only ptxas's log gives) and its parameters as (offset, size)."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     registers: int
     stack_bytes: int

@@ -1,11 +1,11 @@
 """GPU profiles: facts only (vendor tables and measurements), no computation."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     gpu: str
     arch: str                 # nvcc -arch value

@@ -65,39 +65,57 @@ def test_the_process_keeps_the_table(cache, monkeypatch):
     assert table.load_table(TABLE) is entries
 
 
-def _memo_with(entries_json) -> str:
+def _memo_with(entries_json, fields=None) -> str:
     key = table.memo_key(table.read_table_text(TABLE))
-    return json.dumps({"format": table.MEMO_FORMAT, "key": key, "entries": entries_json})
+    return json.dumps({"format": table.MEMO_FORMAT, "key": key, "fields": fields or list(table.ENTRY_FIELDS),
+                       "entries": entries_json})
 
 
 def _good_rows() -> list:
     return json.loads(memo_file().read_text())["entries"]
 
 
+def _with(row: list, **values) -> list:
+    """A memo row with some fields' values changed."""
+    return [values.get(name, value) for name, value in zip(table.ENTRY_FIELDS, row)]
+
+
 def _hostile_memos() -> dict:
     """Memos a user-writable cache could hold, each of which must be ignored."""
     rows = _good_rows()
-    first = rows[0]
-    other_spec = [dict(first, spec="../../etc/passwd")] + rows[1:]
-    bool_dim = [dict(first, head_dim=True)] + rows[1:]
-    nan_time = [dict(first, us=float("nan"))] + rows[1:]
-    unknown = [dict(first, launch="rm -rf /")] + rows[1:]
-    clash = rows + [dict(first, spec=first["runner_up"] or "phase4")]
+    first = dict(zip(table.ENTRY_FIELDS, rows[0]))
+    other_spec = [_with(rows[0], spec="../../etc/passwd")] + rows[1:]
+    bool_dim = [_with(rows[0], head_dim=True)] + rows[1:]
+    # equal to earlier rows' values (0 == False, 64 == 64.0), and checked as what they are, not as those
+    last = dict(zip(table.ENTRY_FIELDS, rows[-1]))
+    false_pages = rows[:-1] + [_with(rows[-1], page_size=False if last["page_size"] == 0 else float(last["page_size"]))]
+    float_dim = rows[:-1] + [_with(rows[-1], head_dim=float(last["head_dim"]))]
+    nan_time = [_with(rows[0], us=float("nan"))] + rows[1:]
+    unknown = [rows[0] + ["rm -rf /"]] + rows[1:]
+    as_mapping = [first] + rows[1:]
+    nested = [_with(rows[0], upto=[1])] + rows[1:]
+    clash = rows + [_with(rows[0], spec=first["runner_up"] or "phase4")]
     deep = "[" * 1000 + "]" * 1000
     return {"garbage": "\x00not json", "not utf-8": b"\xff\xfe".decode("latin-1"), "deep": deep,
-            "other key": json.dumps({"format": table.MEMO_FORMAT, "key": "0" * 64, "entries": rows}),
-            "bad spec": _memo_with(other_spec), "bool": _memo_with(bool_dim), "nan": _memo_with(nan_time),
-            "unknown field": _memo_with(unknown), "two specs for a bucket": _memo_with(clash)}
+            "other key": json.dumps({"format": table.MEMO_FORMAT, "key": "0" * 64, "fields": list(table.ENTRY_FIELDS),
+                                     "entries": rows}),
+            "other fields": _memo_with([row[::-1] for row in rows], list(table.ENTRY_FIELDS)[::-1]),
+            "bad spec": _memo_with(other_spec), "bool": _memo_with(bool_dim),
+            "false for 0": _memo_with(false_pages), "a float dim": _memo_with(float_dim), "nan": _memo_with(nan_time),
+            "unknown field": _memo_with(unknown), "an entry as a mapping": _memo_with(as_mapping),
+            "a list value": _memo_with(nested), "two specs for a bucket": _memo_with(clash)}
 
 
 def test_a_tampered_memo_is_ignored_and_rewritten(cache):
     strict = strict_entries()
     table.load_table(TABLE)
+    key = table.memo_key(table.read_table_text(TABLE))
     for name, text in _hostile_memos().items():
         memo_file().write_bytes(text.encode("utf-8", "surrogateescape") if name != "not utf-8" else b"\xff\xfe")
+        assert table.read_memo(key) is None, name   # refused itself, not only equal (False == 0, 64.0 == 64)
         table._PARSED.clear()
         assert table.load_table(TABLE) == strict, name
-        assert table.read_memo(table.memo_key(table.read_table_text(TABLE))) == strict, name
+        assert table.read_memo(key) == strict, name
 
 
 def test_a_memo_that_is_not_a_regular_file_is_ignored(cache):

@@ -285,7 +285,7 @@ def test_a_damaged_prepared_table_is_parsed_instead(tmp_path, monkeypatch, damag
         memo.write_text("{not json")
     else:
         data = json.loads(memo.read_text())
-        data["entries"][0]["spec"] = "../elsewhere/x"
+        data["entries"][0][table.ENTRY_FIELDS.index("spec")] = "../elsewhere/x"
         memo.write_text(json.dumps(data))
     parsed = []
     real = table.parse_table

@@ -82,7 +82,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
         header = "".join(line[2:] + "\n" if line.startswith("# ") else "\n"
                          for line in path.read_text().splitlines() if line.startswith("#"))
         fsutil.atomic_write_text(path, dump_table(merge(entries, new), header.rstrip("\n")))
-        click.echo(json.dumps([e.__dict__ for e in new], indent=2) if as_json else
+        click.echo(json.dumps([e._asdict() for e in new], indent=2) if as_json else
                    f"wrote {path}: {entries_summary(new)} from {len(bench_files)} report(s)")
         return
     mask = "window" if window else "causal" if causal else "none"
@@ -94,7 +94,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
         raise click.UsageError(str(exc)) from None
     others = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
     if as_json:
-        click.echo(json.dumps({"spec": e.spec, "entry": e.__dict__, "bucket": [o.__dict__ for o in others]}, indent=2))
+        click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others]}, indent=2))
         return
     click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v, scores)}"
                f"{f' rows {rows}' if rows else ''} -> {e.spec}")

@@ -8,23 +8,27 @@ map) is one more entry in a list.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+
+from .frozen import Frozen
 
 PARAMS_MAX = 4096          # bytes: CUDA's limit for a kernel's parameters (the planner refuses more)
 
 
-@dataclass(frozen=True)
-class AbiField:
-    name: str
-    ctype: str              # C declaration type ("const void*", "long long", ...)
-    size: int               # bytes
-    align: int              # bytes
-    pack: str               # struct format of one value ("Q", "q", "i", "f", "128s")
-    meaning: str
-    default: object = None  # value packed when the caller gives none (None: the caller must give one)
-    array: int = 0          # > 0: declared as ctype name[array] (an opaque byte blob)
+class AbiField(Frozen):
+    """One field of a Params struct."""
 
-    def __post_init__(self):
+    # Frozen, not a frozen dataclass: a first call defines this class (core.frozen says why).
+    __slots__ = ("name", "ctype", "size", "align", "pack", "meaning", "default", "array")
+
+    def __init__(self, name: str,
+                 ctype: str,              # C declaration type ("const void*", "long long", ...)
+                 size: int,               # bytes
+                 align: int,              # bytes
+                 pack: str,               # struct format of one value ("Q", "q", "i", "f", "128s")
+                 meaning: str,
+                 default: object = None,  # value packed when the caller gives none (None: the caller must give one)
+                 array: int = 0):         # > 0: declared as ctype name[array] (an opaque byte blob)
+        super().__init__(name, ctype, size, align, pack, meaning, default, array)
         if self.align < 1 or self.align & (self.align - 1):
             raise ValueError(f"ABI field {self.name}: alignment {self.align} is not a power of two")
         if self.array and self.size % self.array:
@@ -79,8 +83,7 @@ def _round_up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
 
 
-@dataclass(frozen=True)
-class Abi:
+class Abi(Frozen):
     """A by-value parameter struct: fields in order, each at its natural alignment.
 
     A plan's Params holds only the fields its kernels read; `omitted` names the fields of the list
@@ -88,11 +91,11 @@ class Abi:
     every field of the list and skip those this plan does not carry, while a misspelt name is
     still refused."""
 
-    name: str
-    fields: tuple[AbiField, ...]
-    omitted: frozenset = frozenset()
+    # Frozen, not a frozen dataclass: a first call defines this class (core.frozen says why).
+    __slots__ = ("name", "fields", "omitted")
 
-    def __post_init__(self):
+    def __init__(self, name: str, fields: tuple[AbiField, ...], omitted: frozenset = frozenset()):
+        super().__init__(name, fields, omitted)
         names = [f.name for f in self.fields]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

@@ -10,25 +10,24 @@ only here and in its own modules (`Call.modules`); tests/test_architecture.py ch
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 HALF_DTYPES = ("fp16", "bf16")
 
 
-@dataclass(frozen=True)
-class TableCall:
+class TableCall(NamedTuple):
     """A call the dispatch table serves (its entries' `call:`), one entry point of attngen.ops."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     varlen: bool = False            # served by a spec's varlen functions (sequences back to back)
     paged: bool = False             # its entries also key on page_size and group rows (a KV cache's)
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """One call convention and what serves it in each layer (modules as attngen.<path>)."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str                       # what a kind declares (Kind.calls)
     what: str                       # its specs, in messages
     kernel: str                     # the runtime module of its Kernel class

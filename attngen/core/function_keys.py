@@ -3,11 +3,11 @@ suffix for another function of that mask (its varlen function, a decode split fu
 that merges the splits). The suffix is also the end of the function's name."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class KeySuffix:
+class KeySuffix(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     suffix: str
 
     def key(self, mask: str) -> str:

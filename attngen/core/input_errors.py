@@ -5,13 +5,13 @@ a bad length or offset before launching; the kernel keeps every access inside th
 the flag in a per-device word, and the next check_errors() raises with these messages."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .abi import pointer
 
 
-@dataclass(frozen=True)
-class InputErrorFlag:
+class InputErrorFlag(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     bit: int
     cpp: str            # the kernel's constant
     message: str        # what the caller passed, and what the kernel did instead

@@ -13,7 +13,7 @@ render inputs MANIFEST.json records: every committed record is then stale until 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..targets import TARGETS, Target
 from .abi import Abi, AbiField
@@ -26,38 +26,38 @@ ABI_KEYS = ("name", "ctype", "size", "align", "pack", "meaning", "default", "arr
 MAP_KEYS = ("tensor", "box_rows", "box_cols", "swizzle", "store", "transposed")
 
 
-@dataclass(frozen=True)
-class LaunchSpec:
+class LaunchSpec(NamedTuple):
     """The spec's words a call reads: its name and element types."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     dtype: str
     out_dtype: str
 
 
-@dataclass(frozen=True)
-class LaunchKind:
+class LaunchKind(NamedTuple):
     """The kind's words a call reads: its name and call convention (core.calls)."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     calls: str
 
 
-@dataclass(frozen=True)
-class LaunchPart:
+class LaunchPart(NamedTuple):
     """One generated file of the bundle, as the runtime loads it."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     file_name: str
     functions: tuple[tuple[str, str], ...]   # (function key, extern "C" function name)
     threads: int | None = None               # threads per block of its kernels; None: the plan's
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
+class LaunchPlan(NamedTuple):
     """A plan as the runtime reads it: the same names and answers as the full plan (a Kernel takes
     either), and nothing the templates alone need."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     spec: LaunchSpec
     kind: LaunchKind
     target: Target

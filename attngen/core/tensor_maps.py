@@ -4,7 +4,7 @@ bytes each, 64-byte aligned; the kernel takes Params as a __grid_constant__ para
 have a parameter-space address TMA can read."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .abi import AbiField, blob
 
@@ -12,8 +12,8 @@ MAP_BYTES = 128           # one CUtensorMap
 MAP_ALIGN = 64            # its required alignment
 
 
-@dataclass(frozen=True)
-class TensorMapSpec:
+class TensorMapSpec(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     tensor: str           # q, k, v, o or dout: the (batch, heads, seq, head_dim) tensor it describes
     box_rows: int         # sequence rows one copy moves
     box_cols: int         # head_dim columns one copy moves: one swizzled panel row

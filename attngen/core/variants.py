@@ -12,8 +12,7 @@ its torch reference.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from .abi import AbiField, float32, float_pointer, int32, int64
 from .constants import LOG2E
@@ -30,8 +29,8 @@ AbiValues = Callable[[str, int, int, Optional[tuple]], dict]
 Visible = Callable[[Any, int, int, str, Any, Optional[tuple]], Optional[Any]]
 
 
-@dataclass(frozen=True)
-class MaskVariant:
+class MaskVariant(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str                       # the spec's word for it (masks: [...])
     cpp: str                        # the C++ enumerator the kernel function is instantiated with
     options: tuple[str, ...]        # runtime options; the first is the default
@@ -194,10 +193,10 @@ VerifyValue = Callable[[Any, int, int, Any, Any], Any]
 ExtraLogit = Callable[[Any, Any, Any], Any]
 
 
-@dataclass(frozen=True)
-class ScoreVariant:
+class ScoreVariant(NamedTuple):
     """A change to every score before the mask and the softmax, applied in the order of SCORES."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str                         # the spec's word for it (scores: [...])
     argument: str                     # the call's keyword that carries its value
     abi_fields: tuple[AbiField, ...]

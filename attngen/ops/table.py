@@ -26,8 +26,8 @@ import json
 import math
 import os
 import re
-from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import fsutil
 from ..core.calls import CALLS as CONVENTIONS, TABLE_CALLS, table_call
@@ -46,8 +46,8 @@ VARLEN_CALLS = tuple(t.name for t in TABLE_CALLS if t.varlen)   # calls served b
 TABLE_FILE = Path("dispatch") / "table.yaml"     # under the specs folder
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     call: str
     arch: str
     dtype: str
@@ -284,10 +284,15 @@ def _line(node, path: tuple) -> int | None:
 # writable by anyone who runs as the user, so a memo proves nothing: it is read bounded, and each
 # entry goes through the same checks as the YAML's (entry_problem_of, one spec per bucket). A memo
 # that fails any of them is ignored and written again from the YAML.
+#
+# A memo holds each entry as a row, its values in the order of ENTRY_FIELDS (which it names), so
+# reading it takes few Python steps per entry: the rows' types and lengths are checked at once,
+# each field's values once per distinct value (a table repeats most), and the rows become entries
+# as they are.
 
-MEMO_FORMAT = 1
+MEMO_FORMAT = 2
 MEMO_FOLDER = "tables"               # under the user cache folder (attngen.fsutil.cache_dir)
-MEMO_DEPTH = 4                       # document, entries, an entry, its values
+MEMO_DEPTH = 3                       # document, entries, an entry (its values are plain)
 PARSED_ENTRIES = 16                  # tables a process keeps (one, unless a test writes others)
 _PARSED: dict = {}                   # memo key -> entries
 # The YAML rules the table shares with specs (SpecLoader, duplicate keys, suspicious scalars), by
@@ -344,37 +349,42 @@ def read_memo(key: str, path: Path | None = None) -> tuple[Entry, ...] | None:
             return None
         memo = json.loads(text)
         if not isinstance(memo, dict) or memo.get("format") != MEMO_FORMAT or memo.get("key") != key \
-                or not isinstance(memo.get("entries"), list):
+                or memo.get("fields") != list(ENTRY_FIELDS) or not isinstance(memo.get("entries"), list):
             return None
         return _checked_entries(memo["entries"])
     except (OSError, fsutil.ReadRefused, ValueError, TypeError, RecursionError):
         return None
 
 
-def _checked_entries(raws: list) -> tuple[Entry, ...] | None:
-    """Entries from their fields, when every one is what the table takes and no bucket names two specs."""
-    out, accepted = [], set()      # (field, type, value) that value_problem accepted: a table repeats most
-    for raw in raws:
-        if not isinstance(raw, dict) or not set(raw) <= FIELDS or not all(name in raw for name in REQUIRED):
+NUMBER_TYPES = frozenset((int, float, bool))   # the JSON values of different types that can be equal
+
+
+def _checked_entries(rows: list) -> tuple[Entry, ...] | None:
+    """Entries from their rows (values in ENTRY_FIELDS order), when every value is what the table takes
+    for its field and no bucket names two specs."""
+    if not rows:
+        return ()
+    if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(ENTRY_FIELDS)}:
+        return None
+    for name, column in zip(ENTRY_FIELDS, zip(*rows)):
+        try:
+            if len(NUMBER_TYPES.intersection(map(type, column))) > 1:
+                # 1, 1.0 and True are equal, so one set would check one of them: each is checked as itself
+                distinct = [value for _type, value in set(zip(map(type, column), column))]
+            else:
+                distinct = set(column)
+        except TypeError:              # unhashable: a list or a mapping, which no field takes
             return None
-        for name, value in raw.items():
-            try:
-                seen = (name, type(value), value) in accepted
-            except TypeError:          # unhashable: a list or a mapping, which no field takes
-                return None
-            if not seen:
-                if value_problem(name, value) is not None:
-                    return None
-                accepted.add((name, type(value), value))
-        out.append(Entry(**raw))
-    return None if duplicate_bucket(out) else tuple(out)
+        if any(value_problem(name, value) is not None for value in distinct):
+            return None
+    out = tuple(map(Entry._make, rows))
+    return None if duplicate_bucket(out) else out
 
 
 def write_memo(key: str, entries: tuple[Entry, ...], path: Path | None = None, *, strict: bool = False) -> None:
     """Keep parsed entries for later processes (at `path`, default the user's cache); a cache that
     cannot be written only costs the next process a parse (strict: a wheel's build says so)."""
-    memo = {"format": MEMO_FORMAT, "key": key,
-            "entries": [{f.name: getattr(e, f.name) for f in fields(Entry)} for e in entries]}
+    memo = {"format": MEMO_FORMAT, "key": key, "fields": list(ENTRY_FIELDS), "entries": [list(e) for e in entries]}
     try:
         path = path or memo_path(key)
         fsutil.ensure_dir(path.parent)
@@ -386,9 +396,10 @@ def write_memo(key: str, entries: tuple[Entry, ...], path: Path | None = None, *
 
 # -- what an entry holds ---------------------------------------------------------------------
 
-FIELDS = {f.name for f in fields(Entry)}
-REQUIRED = tuple(f.name for f in fields(Entry) if f.default is MISSING)
-NULLABLE = {f.name for f in fields(Entry) if f.default is None}
+ENTRY_FIELDS = Entry._fields
+FIELDS = set(ENTRY_FIELDS)
+REQUIRED = tuple(name for name in ENTRY_FIELDS if name not in Entry._field_defaults)
+NULLABLE = {name for name, default in Entry._field_defaults.items() if default is None}
 # Integer fields and their least value: a bucket serves seqlen_k from 1; 0 means "none" where allowed.
 INTEGERS = {"head_dim": 1, "upto": 1, "page_size": 0, "max_group_rows": 1, "min_rows": 1, "head_dim_v": 0}
 # Far above any call's length or rows (batch x heads x seqlen_q), and exact as a float: a hostile
@@ -517,7 +528,7 @@ def duplicate_bucket(entries) -> tuple[int, int] | None:
 def check_entry(e: Entry, source: str) -> None:
     """SpecError naming `source` (where the entry came from: a report and its cell) when the table
     would refuse `e` on load, so that `attngen dispatch --write` never writes what `check` refuses."""
-    found = entry_problem_of({f.name: getattr(e, f.name) for f in fields(Entry)})
+    found = entry_problem_of(e._asdict())
     if found:
         field, problem, fix = found
         raise SpecError(f"{problem}; the dispatch table does not take it, so nothing was written",
@@ -538,9 +549,8 @@ def dump_table(entries, header: str) -> str:
     order = sorted(entries, key=lambda e: (e.key(), math.inf if e.upto is None else e.upto,
                                            e.max_group_rows or 0, e.min_rows or 0))
     for e in order:
-        row = {f.name: getattr(e, f.name) for f in fields(Entry)
-               if getattr(e, f.name) not in (None,) and not (f.name in ("page_size", "head_dim_v", "scores")
-                                                             and not getattr(e, f.name))}
+        row = {name: value for name, value in e._asdict().items()
+               if value not in (None,) and not (name in ("page_size", "head_dim_v", "scores") and not value)}
         text = yaml.safe_dump(row, default_flow_style=True, sort_keys=False, width=10_000).strip()
         lines.append(f"  - {text}")
     text = "\n".join(lines) + "\n"

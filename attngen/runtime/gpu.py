@@ -6,8 +6,8 @@ Nothing here imports torch at module import time: the CPU-only install has none.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
+from ..core.frozen import Frozen
 from ..errors import NoGpuError
 from . import driver
 
@@ -34,16 +34,20 @@ def device_arch(torch, index: int | None = None) -> str:
     return f"sm_{major}{minor}"
 
 
-@dataclass(frozen=True)
-class DeviceInfo:
+class DeviceInfo(Frozen):
     """One GPU as a launch needs it, read once."""
 
-    index: int                  # torch's ordinal (cuda:N)
-    handle: int                 # CUdevice
-    context: int                # its primary context (torch's)
-    arch: str                   # e.g. sm_90
-    sm_count: int
-    smem_optin: int             # bytes of shared memory a block may opt into
+    # Frozen, not a frozen dataclass: a first call defines this class (core.frozen says why); not a
+    # NamedTuple, whose `index` would be tuple.index.
+    __slots__ = ("index", "handle", "context", "arch", "sm_count", "smem_optin")
+
+    def __init__(self, index: int,     # torch's ordinal (cuda:N)
+                 handle: int,          # CUdevice
+                 context: int,         # its primary context (torch's)
+                 arch: str,            # e.g. sm_90
+                 sm_count: int,
+                 smem_optin: int):     # bytes of shared memory a block may opt into
+        super().__init__(index, handle, context, arch, sm_count, smem_optin)
 
 
 _devices: dict[int, DeviceInfo] = {}

@@ -23,9 +23,8 @@ import os
 import sys
 import threading
 from ctypes import c_void_p, memmove
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..compile import compile_source
 from ..core.variants import call_mask, check_window, score_values
@@ -123,12 +122,12 @@ def shown_path(path) -> str:
 PREPARED_ENTRIES = 512               # prepared calls a kernel keeps (one per shape, strides and options)
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     """Everything about a call that one shape (and its strides, dtypes, device and options)
     decides, worked out by the first such call: later calls of that shape check their pointers,
     patch them into the template and launch."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     info: object                # DeviceInfo of the GPU
     launches: tuple             # (Function, CUfunction on this device, grid) in launch order; all read one Params
     template: bytes             # the Params, pointers included (each call patches its own)
@@ -136,10 +135,10 @@ class Prepared:
     extra: tuple = ()           # the convention's own per-shape numbers (lse and workspace shapes)
 
 
-@dataclass(frozen=True)
-class Function:
+class Function(NamedTuple):
     """One kernel function of a loaded bundle."""
 
+    # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     handle: int                 # CUkernel: launches in the current context, on any device
     threads: int                # per block (its part's)
