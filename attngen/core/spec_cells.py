@@ -142,7 +142,7 @@ class _Family:
             self.dtypes = listed_dtypes(data[DTYPES_KEY], self._line(DTYPES_KEY), shown)
         self.entries = self._entries(data)          # member -> (key node, entry mapping node, entry data)
         base = data.get(BASE_KEY, True)
-        if base not in (True, False):
+        if not isinstance(base, bool):
             raise _refusal(shown, self._line(BASE_KEY), BASE_KEY)(
                 "is true or false", "base_cell: false makes the file's own spec no cell, only its cells")
         if base is False and not self.entries:
