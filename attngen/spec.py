@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 
 from .core.spec_keys import (SCHEMA_VERSION, ForwardSpec, HomogeneousWarps, PadSwizzle, SharedMemory, Softmax,
                         SpecBase, SpecializedWarps, Tile, XorSwizzle, validate)
-from .core.spec_cells import DTYPES_KEY, SpecCell, cell_at, cell_error
+from .core.spec_cells import BASE_KEY, CELLS_KEY, DTYPES_KEY, SpecCell, cell_at, cell_error
 from .core.specio import line_of, load_yaml, read_spec_text
 from .errors import SpecError
 from .kinds import all_kinds, kind_for_data, spec_models
@@ -29,9 +29,11 @@ __all__ = ["SCHEMA_VERSION", "ForwardSpec", "HomogeneousWarps", "PadSwizzle", "S
 def parse_spec(text: str, file: str = "<spec>") -> Spec:
     """Parse and validate spec YAML text; raise SpecError naming file, line and key."""
     data, node = load_yaml(text, file)
-    if DTYPES_KEY in data:
-        raise SpecError("lists a spec per dtype; this reads one spec", file=file, line=line_of(node, (DTYPES_KEY,)),
-                        key=DTYPES_KEY, hint="load the file (load_spec), or one of its cells (parse_cell)")
+    family = next((k for k in (DTYPES_KEY, CELLS_KEY, BASE_KEY) if k in data), None)
+    if family is not None:
+        what = "dtype" if family == DTYPES_KEY else "member"
+        raise SpecError(f"lists a spec per {what}; this reads one spec", file=file, line=line_of(node, (family,)),
+                        key=family, hint="load the file (load_spec), or one of its cells (parse_cell)")
     kind = kind_for_data(data, file=file, line_of=lambda path: line_of(node, path))
     try:
         return validate(kind.spec_model, data, node, file)
@@ -128,3 +130,9 @@ def with_dtypes(model: dict) -> None:
                                        "description": "one spec per element type, the first named as `name`, "
                                                       "each other `<name>_<dtype>`; instead of dtype"}
     model["not"] = {"required": ["dtype", DTYPES_KEY]}
+    model["properties"][CELLS_KEY] = {
+        "type": "object", "additionalProperties": {"type": "object"},
+        "description": "a family's members: each a cell named `<name>_<member>` (and per dtype), its keys "
+                       "replacing the file's (null leaves one out)"}
+    model["properties"][BASE_KEY] = {"type": "boolean", "default": True,
+                                     "description": "false: the file's own spec is no cell, only its cells are"}

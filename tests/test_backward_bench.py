@@ -37,7 +37,7 @@ def test_variant_specs_are_refused_with_what_checks_them():
     assert "`attngen verify` checks them" in problem and "docs/backward-h200/window_backward_bench.py" in problem
     assert "docs/backward-h200/score_backward_bench.py OUT.json` the softcap and ALiBi ones" in problem
     assert check_options(paths[:1], ps[:1], BenchOptions()) == []
-    code, out = bench(SPECS / "lab" / "h100_bwd_d64_window.yaml")      # the file: its fp16 and bf16 cells
+    code, out = bench(SPECS / "lab" / "h100_bwd_d64_window.yaml", SPECS / "lab" / "h100_bwd_d64_window_bf16.yaml")
     assert code == 2 and "h100_bwd_d64_window, h100_bwd_d64_window_bf16 take variant arguments" in out
 
 
@@ -66,8 +66,8 @@ def test_cases_follow_the_spec_head_dim_dtype_and_masks():
     assert case.flops == 2.5 * 4 * 4 * 16 * 2048 * 2048 * 64 / 2 and case.label == "4x16x2048x64 fp16 causal"
 
 
-@pytest.mark.parametrize("args", [["lab/h100_bwd_d64.yaml"], ["h100_mma_d64.yaml"],
-                                  ["--shapes", "1x4x512x64", "--causal", "yes", "lab/h100_bwd_d64.yaml"]],
+@pytest.mark.parametrize("args", [["lab/h100_bwd_d64_bf16.yaml"], ["h100_mma_d64_bf16.yaml"],
+                                  ["--shapes", "1x4x512x64", "--causal", "yes", "lab/h100_bwd_d64_bf16.yaml"]],
                          ids=["backward", "forward", "backward-shapes"])
 def test_without_gpu_backward_exits_as_forward_does(args, monkeypatch):
     """No GPU: exit 4 with the same one line for a backward spec as for a forward one (--shapes is

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC_FILES = SPEC_PATHS
 # The first spec that renders one file (a bundle, decode or backward, renders several), alone in its file.
 ONE_PART = next(p for p in SPEC_FILES if "\ndecode:" not in spec_text(p) and "\nbackward:" not in spec_text(p)
-                and cell_at(p).dtype is None)
+                and cell_at(p).alone)
 ARCHS = ("sm_89", "sm_90")
 
 

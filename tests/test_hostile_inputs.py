@@ -409,7 +409,8 @@ HOSTILE_OPTIONS = {
     "bench_cells_forward_only": ["bench", "--cells", "1x32/8x1024x1", _spec("specs/l4_mma_d64.yaml")],
     "bench_varlen_spec_without": ["bench", "--varlen", _spec("specs/l4_mma_d64.yaml")],
     "bench_varlen_decode_only": ["bench", "--varlen", _spec("specs/h200_decode_d128.yaml")],
-    "bench_paged_contiguous_spec": ["bench", "--paged", _spec("specs/h200_decode_d128_contiguous.yaml")],
+    "bench_paged_contiguous_spec": ["bench", "--paged", _spec("specs/h200_decode_d128_contiguous.yaml"),
+                                    _spec("specs/h200_decode_d128_contiguous_bf16.yaml")],
     "sweep_decode_spec": ["sweep", _spec("specs/h200_decode_d128.yaml"), "--shapes", "1x8x512x128"],
 }
 
@@ -689,7 +690,7 @@ def test_bench_plot_of_backward_specs_is_taken_and_checked_before_the_run(monkey
     # Before: "--plot applies to forward specs", so the backward grid had no chart.
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setattr("attngen.runtime.gpu_modules", lambda: pytest.fail("reached the GPU"))
-    spec = str(Path(__file__).resolve().parent.parent / "specs" / "h100_bwd_d64_wgmma.yaml")
+    spec = str(Path(__file__).resolve().parent.parent / "specs" / "h100_bwd_d64_wgmma_bf16.yaml")
     line = assert_clean(*invoke(["bench", spec, "--plot", tmp_path / "bwd.png"]), exit_code=3)
     assert "matplotlib" in line and "[plot]" in line
 

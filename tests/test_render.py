@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC_FILES = SPEC_PATHS
 # The first spec that renders one file (a bundle, decode or backward, renders several), alone in its file.
 ONE_PART = next(p for p in SPEC_FILES if "\ndecode:" not in spec_text(p) and "\nbackward:" not in spec_text(p)
-                and cell_at(p).dtype is None)
+                and cell_at(p).alone)
 SPEC_IDS = [p.relative_to(ROOT / "specs").as_posix() for p in SPEC_FILES]
 # one spec of each kind by default, every spec under -m exhaustive
 SPECS = sampled(SPEC_FILES, SAMPLE.__contains__, SPEC_IDS)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from attngen.errors import SpecError
+from attngen.core.spec_cells import cell_at
 from attngen.render import render_spec_file
 from attngen.spec import parse_spec
 
@@ -17,7 +18,8 @@ SINK_SPECS = ("h100_wgmma_d64_sink", "h100_mma_d64_sink")
 
 
 def spec_text(name: str) -> str:
-    return (ROOT / "specs" / f"{name}.yaml").read_text()
+    """The text of a spec's (first) cell, as a file of its own would hold it (attngen.core.spec_cells)."""
+    return cell_at(ROOT / "specs" / f"{name}.yaml").text
 
 
 @pytest.mark.parametrize("name", SINK_SPECS)

@@ -613,7 +613,7 @@ def test_schema_command_lists_every_key():
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
                                          "page_size", "combine", "backward", "query_stages", "query_chunk",
                                          "warp_keys", "warp_split", "out_dtype"} == {
-            "schema", "name", "description", "target", "dtype", "dtypes", "head_dim", "head_dim_v", "masks", "scores",
+            "schema", "name", "description", "target", "dtype", "dtypes", "cells", "base_cell", "head_dim", "head_dim_v", "masks", "scores",
             "variant",
             "tile", "warps",
             "mma", "smem",

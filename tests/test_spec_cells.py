@@ -182,8 +182,11 @@ def test_a_path_finds_a_spec_in_the_lab(tmp_path):
 def test_a_twin_file_beside_its_cell_is_refused(tmp_path):
     write(tmp_path, "t_mma.yaml", two_dtypes())
     write(tmp_path, "t_mma_bf16.yaml", ONE_DTYPE.replace("fp16", "bf16").replace("t_mma", "t_mma_bf16"))
-    with pytest.raises(SpecError, match="names both .*t_mma_bf16.yaml and the bf16 cell of .*t_mma.yaml"):
+    with pytest.raises(SpecError) as info:
         cell_at(tmp_path / "t_mma_bf16.yaml")
+    assert str(info.value) == (f"{tmp_path / 't_mma.yaml'}:7: dtypes: the bf16 cell is t_mma_bf16.yaml, and so is the "
+                               f"file {tmp_path / 't_mma_bf16.yaml'}; delete {tmp_path / 't_mma_bf16.yaml'}, "
+                               f"or take bf16 out of dtypes")
 
 
 def test_a_missing_spec_is_refused_as_before(tmp_path):
@@ -222,3 +225,200 @@ def test_no_twin_files_left():
     files = {p.stem: p for p in folder_spec_files(SPECS)}
     twins = [n for n in files if n.endswith("_bf16") and n[:-len("_bf16")] in files]
     assert not twins
+
+
+# -- families: cells members beside dtypes ----------------------------------------------------------
+
+FAMILY = """\
+#[base fp16] # the plain fp16 cell's comment
+#[base bf16] # the plain bf16 cell's comment
+#[window] # a window cell's comment, either dtype
+#[alibi bf16] # the bf16 alibi cell's comment
+#[window,alibi] # both members' comment
+schema: 1
+name: t_mma
+description: 64x64 tiles, 4 warps
+dtypes: [fp16, bf16]
+head_dim: 64
+masks: [none, causal]
+tile: {block_m: 64, block_n: 64}
+warps: {compute: 4}
+mma: mma_m16n8k16
+smem: {stages: 1}
+cells:                  # a cell each: the keys it changes
+  window:
+    description: 64x64 tiles, 4 warps, sliding window
+    masks: [window]
+  alibi:
+    description: 64x32 tiles, 4 warps, alibi
+    masks: [none, causal]
+    scores: [alibi]
+    tile: {block_m: 64, block_n: 32}
+    smem: ~
+  sink: {dtypes: [bf16], scores: [sink]}
+"""
+
+
+def alone(name: str, dtype: str, comment: str = "", description: str = "64x64 tiles, 4 warps",
+          masks: str = "[none, causal]", extra_after_masks: str = "", tile: str = "{block_m: 64, block_n: 64}",
+          smem: str = "smem: {stages: 1}\n", extra_at_end: str = "") -> str:
+    """The text a cell of FAMILY would hold as a file of its own."""
+    return (f"{comment}schema: 1\nname: {name}\ndescription: {description}\ndtype: {dtype}\nhead_dim: 64\n"
+            f"masks: {masks}\n{extra_after_masks}tile: {tile}\nwarps: {{compute: 4}}\nmma: mma_m16n8k16\n"
+            f"{smem}{extra_at_end}")
+
+
+def test_a_family_stands_for_a_cell_per_member_and_dtype_named_by_one_rule(tmp_path):
+    path = write(tmp_path, "t_mma.yaml", FAMILY)
+    cells = file_cells(path)
+    assert [c.path.name for c in cells] == ["t_mma.yaml", "t_mma_bf16.yaml", "t_mma_window.yaml",
+                                            "t_mma_window_bf16.yaml", "t_mma_alibi.yaml", "t_mma_alibi_bf16.yaml",
+                                            "t_mma_sink.yaml"]
+    texts = {c.path.stem: c.text for c in cells}
+    assert texts["t_mma"] == alone("t_mma", "fp16", "# the plain fp16 cell's comment\n")
+    assert texts["t_mma_bf16"] == alone("t_mma_bf16", "bf16", "# the plain bf16 cell's comment\n")
+    assert texts["t_mma_window_bf16"] == alone(
+        "t_mma_window_bf16", "bf16", "# a window cell's comment, either dtype\n# both members' comment\n",
+        description="64x64 tiles, 4 warps, sliding window", masks="[window]")
+    # a key the file lacks goes after the member's key before it; ~ leaves one out
+    assert texts["t_mma_alibi_bf16"] == alone(
+        "t_mma_alibi_bf16", "bf16", "# the bf16 alibi cell's comment\n# both members' comment\n",
+        description="64x32 tiles, 4 warps, alibi", extra_after_masks="scores: [alibi]\n",
+        tile="{block_m: 64, block_n: 32}", smem="")
+    # a member's own dtypes; a new first key goes at the end of the file's spec
+    assert texts["t_mma_sink"] == alone("t_mma_sink", "bf16", extra_at_end="scores: [sink]\n")
+    for cell in cells:
+        assert load_spec(cell.path).name == cell.path.stem
+
+
+def test_a_path_names_a_member_cell_and_the_build_writes_every_cell(tmp_path):
+    path = write(tmp_path, "t_mma.yaml", FAMILY)
+    cell = cell_at(tmp_path / "t_mma_window_bf16.yaml")
+    assert (cell.file, cell.member, cell.dtype) == (path, "window", "bf16")
+    assert load_spec(tmp_path / "t_mma_alibi.yaml").scores == ["alibi"]
+    result = CliRunner().invoke(main, ["build", str(tmp_path / "t_mma_alibi_bf16.yaml"), "--out", str(tmp_path / "one")])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in (tmp_path / "one").glob("*.cu")] == ["t_mma_alibi_bf16.cu"]
+    result = CliRunner().invoke(main, ["build", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert len(list((tmp_path / "out").glob("*.cu"))) == 7
+
+
+def test_a_member_cell_renders_what_its_own_file_renders(tmp_path):
+    folded, apart = tmp_path / "one" / "specs", tmp_path / "two" / "specs"
+    folded.mkdir(parents=True)
+    apart.mkdir(parents=True)
+    for cell in file_cells(write(folded, "t_mma.yaml", FAMILY)):
+        own = write(apart, cell.path.name, cell.text)
+        assert render_spec_file(cell.path).files == render_spec_file(own).files
+
+
+def test_a_family_without_its_own_cell(tmp_path):
+    """base_cell: false: the members alone (a lab file beside the family's served file)."""
+    (tmp_path / LAB).mkdir()
+    write(tmp_path, "t_mma.yaml", ONE_DTYPE)
+    write(tmp_path / LAB, "t_mma.yaml", ONE_DTYPE.replace("schema: 1\n", "schema: 1\nbase_cell: false\n")
+          + "cells:\n  window: {masks: [window]}\n")
+    assert cell_at(tmp_path / "t_mma.yaml").file == tmp_path / "t_mma.yaml"
+    cell = cell_at(tmp_path / "t_mma_window.yaml")
+    assert cell.file == tmp_path / LAB / "t_mma.yaml" and "base_cell" not in cell.text
+    assert load_spec(tmp_path / "t_mma_window.yaml").masks == ["window"]
+    assert [c.path.name for c in file_cells(tmp_path / LAB / "t_mma.yaml")] == ["t_mma_window.yaml"]
+
+
+def test_a_file_of_its_own_beside_a_member_cell_is_refused(tmp_path):
+    family = write(tmp_path, "t_mma.yaml", FAMILY)
+    own = write(tmp_path, "t_mma_window.yaml", ONE_DTYPE.replace("t_mma", "t_mma_window"))
+    with pytest.raises(SpecError) as info:
+        cell_at(own)
+    line = FAMILY.splitlines().index("  window:") + 1
+    assert str(info.value) == (f"{family}:{line}: cells.window: the fp16 cell of member window is t_mma_window.yaml, "
+                               f"and so is the file {own}; delete {own}, or remove member window from cells")
+
+
+def family(cells: str, extra: str = "", dtypes: str = "dtypes: [fp16, bf16]") -> str:
+    return ONE_DTYPE.replace("dtype: fp16", dtypes) + extra + cells
+
+
+@pytest.mark.parametrize("text, line, message", [
+    (family("cells: [window]\n"), 10,
+     "cells: is a mapping of members, each the keys its cell changes; write it as cells: {window: {masks: "
+     "[window]}}, one member a line"),
+    (family("cells:\n  window: [window]\n"), 11,
+     "cells.window: is a mapping of the keys its cell changes; write it as window: {masks: [window]}"),
+    (family("cells:\n  Window: {masks: [window]}\n"), 11,
+     "cells.Window: is no member name (lower case letters, digits and _, not base); name the member by the "
+     "suffix its cells' names take, e.g. window"),
+    (family("cells:\n  base: {masks: [window]}\n"), 11,
+     "cells.base: is no member name (lower case letters, digits and _, not base); name the member by the "
+     "suffix its cells' names take, e.g. window"),
+    (family("cells:\n  window: {name: t_window}\n"), 11,
+     "cells.window.name: is the file's alone; a member's cells are named <name>_<member>; remove the key "
+     "from the member"),
+    (family("cells:\n  window: {dtype: bf16}\n"), 11,
+     "cells.window.dtype: is given where the file lists dtypes; give the member its own dtypes: [...]"),
+    (family("cells:\n  window: {dtypes: [bf16]}\n", dtypes="dtype: fp16"), 11,
+     "cells.window.dtypes: is given where the file has one dtype; list the file's dtypes in dtypes: [...]"),
+    (family("cells:\n  window: {dtypes: [bf16, bf16]}\n"), 11,
+     "cells.window.dtypes: lists bf16 twice; list bf16 once"),
+    (family("cells:\n  window:\n    tile:\n      block_m: 32\n      block_n: 64\n"), 12,
+     "cells.window.tile: is written on more than one line; write the value on one line, in flow style: "
+     "{block_m: 64, block_n: 128}"),
+    (family("cells:\n  window: {smem: {stages: 2}}\n", extra="smem:\n  stages: 1\n"), 13,
+     "cells.window.smem: replaces a value the file writes on more than one line (line 10); write the file's "
+     "value on one line, in flow style"),
+    (family("cells:\n  window: {scores: ~}\n"), 11,
+     "cells.window.scores: leaves out a key the file does not have; remove it from the member"),
+    (family("cells:\n  window: {masks: [window]}\n", extra="base_cell: 0\n"), 10,
+     "base_cell: is true or false; base_cell: false makes the file's own spec no cell, only its cells"),
+    (family("", extra="base_cell: false\n"), 10,
+     "base_cell: is false, and cells lists no member: the file would stand for no spec; list the members "
+     "under cells, or remove base_cell"),
+    ("#[windo] # a typo\n" + family("cells:\n  window: {masks: [window]}\n"), 1,
+     "cells: marks a line for 'windo', which dtypes, cells or base does not name (base, bf16, fp16, window); "
+     "mark it with a listed dtype or member, or add it to the list"),
+], ids=["cells-not-a-mapping", "member-not-a-mapping", "bad-member-name", "member-named-base", "member-name",
+        "member-dtype", "member-dtypes-one-dtype", "member-dtypes-twice", "multi-line-value",
+        "multi-line-file-value", "leaves-out-a-missing-key", "base-cell-not-bool", "no-cell", "unknown-tag"])
+def test_bad_family_syntax_is_refused_at_its_line_with_the_fix(tmp_path, text, line, message):
+    path = write(tmp_path, "t_mma.yaml", text)
+    err = refusal(path)
+    assert str(err) == f"{path}:{line}: {message}"
+
+
+def test_an_error_in_a_members_key_names_the_members_line(tmp_path):
+    path = write(tmp_path, "t_mma.yaml", family("cells:\n  window:\n    masks: [window]\n    smem: {stages: 0}\n"))
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "t_mma_window_bf16.yaml")
+    assert (info.value.file, info.value.line, info.value.key) == (str(path), 13, "cells.window.smem.stages")
+
+
+def test_the_build_command_reports_bad_family_syntax_in_one_line(tmp_path):
+    path = write(tmp_path, "t_mma.yaml", family("cells:\n  window: {name: t_window}\n"))
+    result = CliRunner().invoke(main, ["build", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.strip().splitlines()[-1].startswith(f"{path}:11: cells.window.name: is the file's alone")
+
+
+def test_the_path_of_a_family_file_without_its_own_cell_is_refused(tmp_path):
+    path = write(tmp_path, "t_mma.yaml", family("cells:\n  window: {masks: [window]}\n", extra="base_cell: false\n"))
+    with pytest.raises(SpecError, match="names a family file whose own spec is no cell"):
+        cell_at(path)
+
+
+def test_spec_text_with_cells_is_not_one_spec():
+    with pytest.raises(SpecError, match="cells: lists a spec per member"):
+        parse_spec(ONE_DTYPE + "cells:\n  window: {masks: [window]}\n", "x.yaml")
+
+
+def test_the_schema_takes_cells_and_base_cell():
+    props = json_schema()["$defs"]["MmaSpec"]["properties"]
+    assert props["cells"]["type"] == "object" and props["base_cell"]["type"] == "boolean"
+
+
+def test_the_folded_families_keep_every_served_cell_in_specs():
+    """The family files of specs/ hold variant sets as members; each served name is a cell of one."""
+    served = {e.spec for e in load_table(table_path(SPECS))}
+    members = {c.path.stem for f in folder_spec_files(SPECS) for c in file_cells(f) if c.member}
+    assert {"h100_bwd_d64_wgmma_window", "h100_bwd_d64_wgmma_alibi_bf16", "h200_decode_d128_fused"} <= members
+    assert members & served

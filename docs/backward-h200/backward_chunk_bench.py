@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attngen
+from attngen.core.spec_cells import cell_at
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the helpers the scripts share
 from gpu_timing import med
 
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def variants(folder: Path) -> dict:
-    text = (ROOT / "specs" / "lab" / "h100_bwd_d64.yaml").read_text()
+    text = cell_at(ROOT / "specs" / "lab" / "h100_bwd_d64.yaml").text     # its fp16 cell, as a file of its own
     out = {}
     for chunk in (32, 64):
         name = f"bwd_d64_chunk{chunk}"
