@@ -149,10 +149,11 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     from ..render import render_spec_file
     all_paths = spec_files(specs, specs_dir)
     rendered = [render_spec_file(p) for p in all_paths]
-    groups = by_convention(all_paths, [r.plan for r in rendered])
     opts = BenchOptions(shapes=shapes, dtypes=dtypes or ("fp16", "bf16"), causals=CAUSAL_CHOICES[causal],
                         backends=backends, reps=reps, cells=cells, paged=paged, varlen=varlen, lengths=lengths,
                         heads=heads, plot_file=plot_file)
+    all_paths, rendered = _unnamed_cells_benched(specs, all_paths, rendered, opts)
+    groups = by_convention(all_paths, [r.plan for r in rendered])
 
     ctx = click.get_current_context()
     given = {name for name in ("shapes", "cells", "paged", "varlen", "lengths", "heads", "plot_file")
@@ -187,6 +188,32 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
                 f"{Path(json_file).stem}-{convention}{Path(json_file).suffix}"))
             fsutil.atomic_write_text(out, json.dumps(run.report, indent=2) + "\n")
             click.echo(f"wrote {out}")
+
+
+def _unnamed_cells_benched(named, paths, rendered, opts):
+    """The cells to time: a file of a family (or no path: every spec) stands for cells that `bench`
+    cannot time under these options (a window or softcap cell, whose calls take variant arguments;
+    one without a varlen call under --varlen); those it leaves out, saying which on stderr. A cell
+    named by its own path is kept, so its problem is reported; so is every cell when none is left."""
+    from ..eval.conventions import by_convention, option_problems
+    asked = {_resolved(Path(n)) for n in named}
+    keep, left = [], []
+    for path, r in zip(paths, rendered):
+        alone = by_convention([path], [r.plan])
+        problems = [] if _resolved(path) in asked else option_problems(alone, opts, set())
+        (left if problems else keep).append((path, r, problems))
+    if not left or not keep:
+        return paths, rendered
+    click.echo(f"bench: leaving out {len(left)} cell(s) it cannot time here: "
+               f"{', '.join(r.plan.spec.name for _, r, _ in left)} ({left[0][2][0]})", err=True)
+    return [p for p, _, _ in keep], [r for _, r, _ in keep]
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return Path.cwd() / path
 
 
 def _precompile_on_gpu(bundles) -> None:
