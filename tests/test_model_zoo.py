@@ -33,12 +33,12 @@ def test_a_window_is_shorter_than_the_sequences_it_masks(layer):
     assert layer.causal and layer.window_size == (layer.window - 1, 0)
     assert layer.seqlen > layer.window
     assert max(layer.varlen_lengths) > layer.window
-    assert "decode" not in layer.cells or max(layer.decode_lengths) > layer.window
+    assert "paged_decode" not in layer.cells or max(layer.decode_lengths) > layer.window
 
 
 def test_decode_and_the_sequence_lengths():
     for layer in zoo.LAYERS:
-        assert "decode" not in layer.cells or layer.causal, layer.name   # decode is a causal model's step
+        assert "paged_decode" not in layer.cells or layer.causal, layer.name   # decode is a causal model's step
         lengths = layer.varlen_lengths
         assert len(lengths) == 3 and len(set(lengths)) == 3 and min(lengths) >= 1
         assert len(layer.decode_lengths) >= 3 and min(layer.decode_lengths) >= 1

@@ -2,8 +2,8 @@
 downloaded), each run through attngen's entry points as the cells a model needs:
 
 - `train`: a training step, forward and backward through `attngen.attention`;
-- `varlen`: a varlen prefill, three packed sequences of different lengths through `attention_varlen`;
-- `decode`: a paged decode step, one new token for each of four sequences through
+- `varlen_prefill`: a varlen prefill, three packed sequences of different lengths through `attention_varlen`;
+- `paged_decode`: a paged decode step, one new token for each of four sequences through
   `attention_with_kvcache` with a block table over pages of 16 keys.
 
 Each served cell is judged against a written-out fp32 reference (GQA, scale, softcap, ALiBi, the
@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-CELLS = ("train", "varlen", "decode")
+CELLS = ("train", "varlen_prefill", "paged_decode")
 PAGE_SIZE = 16
 ARCH = "sm_90"              # the arch EXPECTED_REFUSALS describes (H100, H200)
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -121,22 +121,22 @@ LAYERS: tuple[Layer, ...] = (
     Layer("gptoss_20b_global", "gpt-oss 20B", 64, 16, 2, (64, 8), sinks=True, note="full-attention layers"),
     Layer("phi3_mini", "Phi-3 mini", 96, 32, 32, (32, 32)),
     Layer("deepseek_v3_mla", "DeepSeek-V3", 192, 16, 16, (128, 128), head_dim_v=128, scale=_deepseek_scale(),
-          cells=("train", "varlen"),
+          cells=("train", "varlen_prefill"),
           note="MLA prefill and training (q/k 192 = 128 + 64 rotary, v 128); its decode attends in the "
                "absorbed form (q/k 576, v 512, one KV head), not this layer"),
     Layer("qwen3", "Qwen3-235B-A22B", 128, 32, 2, (64, 4)),
     Layer("falcon_7b", "Falcon 7B", 64, 71, 1, (71, 1), note="MQA with an odd head count"),
     Layer("mpt_7b", "MPT 7B", 128, 32, 32, (32, 32), alibi=True),
     Layer("sd15_d40", "Stable Diffusion 1.5 UNet", 40, 8, 8, (8, 8), causal=False, dtype="fp16", batch=1,
-          seqlen=4096, cells=("train", "varlen"), note="self-attention at 64x64 latents (320 channels)"),
+          seqlen=4096, cells=("train", "varlen_prefill"), note="self-attention at 64x64 latents (320 channels)"),
     Layer("sd15_d80", "Stable Diffusion 1.5 UNet", 80, 8, 8, (8, 8), causal=False, dtype="fp16",
-          cells=("train", "varlen"), note="self-attention at 32x32 latents (640 channels)"),
+          cells=("train", "varlen_prefill"), note="self-attention at 32x32 latents (640 channels)"),
     Layer("sd15_d160", "Stable Diffusion 1.5 UNet", 160, 8, 8, (8, 8), causal=False, dtype="fp16", seqlen=256,
-          cells=("train", "varlen"), note="self-attention at 16x16 latents (1280 channels)"),
+          cells=("train", "varlen_prefill"), note="self-attention at 16x16 latents (1280 channels)"),
     Layer("sdxl_d64", "Stable Diffusion XL UNet", 64, 10, 10, (10, 10), causal=False, dtype="fp16", batch=1,
-          seqlen=4096, cells=("train", "varlen"), note="self-attention at 64x64 latents (640 channels)"),
+          seqlen=4096, cells=("train", "varlen_prefill"), note="self-attention at 64x64 latents (640 channels)"),
     Layer("vit_b16", "ViT-B/16", 64, 12, 12, (12, 12), causal=False, batch=4, seqlen=197,
-          cells=("train", "varlen"), note="224x224 images: 196 patches and the class token"),
+          cells=("train", "varlen_prefill"), note="224x224 images: 196 patches and the class token"),
 )
 
 LAYER = {layer.name: layer for layer in LAYERS}
@@ -144,21 +144,21 @@ LAYER = {layer.name: layer for layer in LAYERS}
 # The cells attngen refuses on sm_90 (H100, H200), with why: a cell served from now on fails
 # tests/test_gpu_model_zoo.py until it leaves this list, and so does a cell refused that is not in it.
 EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
-    ("gemma2_9b_local", "varlen"): "no varlen spec with window and softcap at d256",
-    ("gemma2_9b_local", "decode"): "no decode spec with window and softcap at d256",
-    ("gemma2_9b_global", "varlen"): "no varlen spec with softcap at d256",
-    ("gemma2_9b_global", "decode"): "no decode spec with softcap at d256",
+    ("gemma2_9b_local", "varlen_prefill"): "no varlen spec with window and softcap at d256",
+    ("gemma2_9b_local", "paged_decode"): "no decode spec with window and softcap at d256",
+    ("gemma2_9b_global", "varlen_prefill"): "no varlen spec with softcap at d256",
+    ("gemma2_9b_global", "paged_decode"): "no decode spec with softcap at d256",
     ("gemma3_12b_local", "train"): "no forward spec with a window (without softcap) at d256",
-    ("gemma3_12b_local", "varlen"): "no varlen spec with a window at d256",
-    ("gemma3_12b_local", "decode"): "no decode spec with a window at d256",
+    ("gemma3_12b_local", "varlen_prefill"): "no varlen spec with a window at d256",
+    ("gemma3_12b_local", "paged_decode"): "no decode spec with a window at d256",
     ("deepseek_v3_mla", "train"): "no backward at d192 with V's head dim 128 (only where they are equal)",
-    ("deepseek_v3_mla", "varlen"): "no varlen spec at d192 (V d128)",
+    ("deepseek_v3_mla", "varlen_prefill"): "no varlen spec at d192 (V d128)",
     ("sd15_d40", "train"): "no backward spec at d40",
-    ("sd15_d40", "varlen"): "no varlen spec at d40",
+    ("sd15_d40", "varlen_prefill"): "no varlen spec at d40",
     ("sd15_d80", "train"): "no backward spec at d80",
-    ("sd15_d80", "varlen"): "no varlen spec at d80",
+    ("sd15_d80", "varlen_prefill"): "no varlen spec at d80",
     ("sd15_d160", "train"): "no backward spec at d160",
-    ("sd15_d160", "varlen"): "no varlen spec at d160",
+    ("sd15_d160", "varlen_prefill"): "no varlen spec at d160",
 }
 
 
@@ -216,11 +216,11 @@ def table_cell(layer: Layer, cell: str, arch: str = ARCH, entries=None) -> Table
             forward = select(entries, "forward", arch, dtype, d, mask, layer.seqlen, scores=_scores(layer),
                              rows=layer.batch * layer.heads * layer.seqlen)
             return TableCell(specs=(forward.spec, backward.spec))
-        if cell == "varlen":
+        if cell == "varlen_prefill":
             # attention_varlen keys on q's head dim alone
             entry = select(entries, "varlen", arch, dtype, d, mask, max(layer.varlen_lengths), scores=_scores(layer))
             return TableCell(specs=(entry.spec,))
-        if cell == "decode":
+        if cell == "paged_decode":
             pages = -(-max(layer.decode_lengths) // PAGE_SIZE)
             entry = select(entries, "decode", arch, dtype, d, mask, pages * PAGE_SIZE, page_size=PAGE_SIZE,
                            group_rows=layer.heads // layer.kv_heads, scores=_scores(layer))
@@ -347,9 +347,9 @@ def prepare(torch, layer: Layer, cell: str, seed: int = 0) -> Prepared:
     variants = _variant_tensors(torch, layer, gen)
     if cell == "train":
         return _prepare_train(torch, layer, dt, gen, variants)
-    if cell == "varlen":
+    if cell == "varlen_prefill":
         return _prepare_varlen(torch, layer, dt, gen, variants)
-    if cell == "decode":
+    if cell == "paged_decode":
         return _prepare_decode(torch, layer, dt, gen, variants)
     raise ValueError(f"unknown cell {cell!r}; the cells are {', '.join(CELLS)}")
 
@@ -409,7 +409,7 @@ def _prepare_varlen(torch, layer, dt, gen, variants) -> Prepared:
                 at += n
         return (torch.cat(outs, dim=0),)
 
-    return Prepared(layer, "varlen", t, ("out",), run, reference, {"lengths": lengths})
+    return Prepared(layer, "varlen_prefill", t, ("out",), run, reference, {"lengths": lengths})
 
 
 def _prepare_decode(torch, layer, dt, gen, variants) -> Prepared:
@@ -440,7 +440,7 @@ def _prepare_decode(torch, layer, dt, gen, variants) -> Prepared:
                 outs.append(reference_attention(torch, q, k, v, layer, t.get("alibi_slopes"), t.get("sinks")))
         return (torch.cat(outs, dim=0),)
 
-    return Prepared(layer, "decode", t, ("out",), run, reference, {"lengths": lengths, "capacity": capacity})
+    return Prepared(layer, "paged_decode", t, ("out",), run, reference, {"lengths": lengths, "capacity": capacity})
 
 
 # -- judging a cell ----------------------------------------------------------------------------------
