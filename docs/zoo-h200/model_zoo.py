@@ -125,6 +125,7 @@ def train_peers(torch, layer, t, flex: bool) -> dict:
 
 def flex_step(torch, layer, t, base, sinks, dout):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    torch._dynamo.reset()      # each layer compiles afresh: past dynamo's recompile limit a call runs flex eagerly
     compiled = torch.compile(flex_attention, dynamic=False)
     slopes, cap = t.get("alibi_slopes"), layer.softcap
     left = None if layer.window is None else layer.window - 1
