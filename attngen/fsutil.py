@@ -180,7 +180,7 @@ def json_deeper_than(text: str, limit: int) -> bool:
     Python's parser recurses once per level, so a deep enough text is a RecursionError (or a crash).
     The strings go first and then all but the brackets, in C; what is left is the nesting alone."""
     brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
-    return len(brackets) > limit and max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets))) > limit
+    return len(brackets) > limit and max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > limit
 
 
 CACHE_ENV = "ATTNGEN_CACHE_DIR"

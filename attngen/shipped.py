@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 from . import fsutil
@@ -92,30 +93,40 @@ def _inputs_digest(files) -> str:
 
 INPUTS_MEMO = "render-inputs"        # <cache_dir>/render-inputs/<the input files' identity>: their digest
 DIGEST_TEXT = re.compile(r"[0-9a-f]{64}")
+RACY_NS = 2_000_000_000              # a file changed this recently may change again within its mtime's tick
 
 
-def _inputs_identity(files) -> str | None:
-    """The hash of every input file's name, path, inode, size and modification time: the key under which
-    their digest is remembered (an edited, replaced or added file is a new key, so it is read again,
-    as make and the nvcc memo judge files); None when a file cannot be looked at."""
+def _inputs_identity(files) -> tuple[str, bool] | None:
+    """(the hash of every input file's name, path, device, inode, size, mtime and ctime; whether one
+    changed in the last RACY_NS): the key under which their digest is remembered. Any write or
+    utime moves a file's ctime, which nothing sets back, so an edited, replaced or added file is a
+    new key and is read again; None when a file cannot be looked at."""
     h = hashlib.sha256(f"attngen render inputs identity {MANIFEST_FORMAT} {VERSION}".encode())
+    newest = 0
     try:
         for name, path in files:
             st = os.stat(path)
-            h.update(f"\0{name}\0{path}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+            newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
+            h.update(f"\0{name}\0{path}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0"
+                     f"{st.st_ctime_ns}".encode())
     except OSError:
         return None
-    return h.hexdigest()[:32]
+    return h.hexdigest()[:32], time.time_ns() - newest < RACY_NS
 
 
 @functools.cache
 def render_inputs() -> str:
     """The sha256 of the templates and of the code that renders them (names and bytes); computed once
     per process, and remembered across processes in the user cache under the files' identity
-    (_inputs_identity), so a first call reads a few stat results instead of every file."""
+    (_inputs_identity), so a first call reads a few stat results instead of every file. A digest is
+    not remembered while a file is fresh from an edit (as git treats a racily clean index entry): a
+    second edit within the same clock tick could leave every stat field but ctime as it was."""
     files = _input_files()
     identity = _inputs_identity(files)
-    memo = fsutil.cache_dir() / INPUTS_MEMO / identity if identity else None
+    try:
+        memo = fsutil.cache_dir() / INPUTS_MEMO / identity[0] if identity else None
+    except (OSError, RuntimeError):      # no home folder to find the cache in: read the files
+        memo = None
     if memo is not None:
         try:
             text = fsutil.utf8_text(fsutil.read_regular(memo, 128)).strip()
@@ -124,7 +135,7 @@ def render_inputs() -> str:
         except (OSError, fsutil.ReadRefused, ValueError):
             pass
     digest = _inputs_digest(files)
-    if memo is not None:
+    if memo is not None and not identity[1]:
         try:
             fsutil.ensure_dir(memo.parent)
             fsutil.atomic_write_text(memo, digest)

@@ -4,6 +4,7 @@ a stale one), and `import attngen` loads no renderer."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import attngen.shipped
+from attngen import fsutil
 from attngen.ops import table
 from attngen.ops.dispatch import SPECS_DIR
 from attngen.render import render_spec_file
@@ -174,6 +176,43 @@ def test_an_edited_template_changes_the_render_inputs(tmp_path, monkeypatch):
         lib.write_text(lib.read_text() + "\n")
         attngen.shipped.render_inputs.cache_clear()
         assert attngen.shipped.render_inputs() != before
+    finally:
+        attngen.shipped.render_inputs.cache_clear()
+
+
+def test_a_same_size_edit_with_its_mtime_put_back_is_read_again(tmp_path, monkeypatch):
+    # the memo of the render inputs' digest is keyed by each file's stat: an in-place edit that keeps
+    # the size and puts the mtime back (cp -p, touch -r, a write in one clock tick) still moves ctime
+    templates = tmp_path / "templates"
+    shutil.copytree(attngen.shipped.TEMPLATES, templates)
+    monkeypatch.setattr(attngen.shipped, "TEMPLATES", templates)
+    monkeypatch.setattr(attngen.shipped, "RACY_NS", 0)          # remember even a fresh file's digest
+    lib = templates / "lib" / "prelude.j2"
+    attngen.shipped.render_inputs.cache_clear()
+    try:
+        before = attngen.shipped.render_inputs()
+        assert any((fsutil.cache_dir() / attngen.shipped.INPUTS_MEMO).iterdir())      # remembered
+        st = lib.stat()
+        text = lib.read_text()
+        lib.write_text(text.replace("#", "/", 1) if "#" in text else "x" + text[1:])
+        os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert lib.stat().st_size == st.st_size and lib.stat().st_mtime_ns == st.st_mtime_ns
+        attngen.shipped.render_inputs.cache_clear()
+        assert attngen.shipped.render_inputs() != before
+    finally:
+        attngen.shipped.render_inputs.cache_clear()
+
+
+def test_a_digest_is_not_remembered_while_an_input_is_fresh_from_an_edit(tmp_path, monkeypatch):
+    templates = tmp_path / "templates"
+    shutil.copytree(attngen.shipped.TEMPLATES, templates)       # every copy's ctime is now
+    monkeypatch.setattr(attngen.shipped, "TEMPLATES", templates)
+    memos = fsutil.cache_dir() / attngen.shipped.INPUTS_MEMO
+    had = set(memos.iterdir()) if memos.is_dir() else set()
+    attngen.shipped.render_inputs.cache_clear()
+    try:
+        attngen.shipped.render_inputs()
+        assert (set(memos.iterdir()) if memos.is_dir() else set()) == had
     finally:
         attngen.shipped.render_inputs.cache_clear()
 

@@ -377,9 +377,26 @@ def family(cells: str, extra: str = "", dtypes: str = "dtypes: [fp16, bf16]") ->
     ("#[windo] # a typo\n" + family("cells:\n  window: {masks: [window]}\n"), 1,
      "cells: marks a line for 'windo', which dtypes, cells or base does not name (base, bf16, fp16, window); "
      "mark it with a listed dtype or member, or add it to the list"),
+    (family("cells:\n  window:\n    masks:\n      - window\n"), 12,
+     "cells.window.masks: is written on more than one line; write the value on one line, in flow style: "
+     "{block_m: 64, block_n: 128}"),
+    (family('cells:\n  "window\\n": {masks: [window]}\n'), 11,
+     "cells.window<U+000A>: is no member name (lower case letters, digits and _, not base); name the member by "
+     "the suffix its cells' names take, e.g. window"),
+    (family("cells:\n  bf16: {masks: [window]}\n"), 11,
+     "cells.bf16: the fp16 cell of member bf16 is named t_mma_bf16, and so is the bf16 cell; rename the member: "
+     "cells are named <name>[_<member>][_<dtype>], each once"),
+    (family("cells:\n  w: {masks: [window]}\n  w_bf16: {masks: [window]}\n"), 12,
+     "cells.w_bf16: the fp16 cell of member w_bf16 is named t_mma_w_bf16, and so is the bf16 cell of member w; "
+     "rename the member: cells are named <name>[_<member>][_<dtype>], each once"),
+    ("#[] # no tag\n" + family("cells:\n  window: {masks: [window]}\n"), 1,
+     "cells: marks a line for an empty tag, which dtypes, cells or base does not name (base, bf16, fp16, "
+     "window); mark it with a listed dtype or member, or add it to the list"),
 ], ids=["cells-not-a-mapping", "member-not-a-mapping", "bad-member-name", "member-named-base", "member-name",
         "member-dtype", "member-dtypes-one-dtype", "member-dtypes-twice", "multi-line-value",
-        "multi-line-file-value", "leaves-out-a-missing-key", "base-cell-not-bool", "no-cell", "unknown-tag"])
+        "multi-line-file-value", "leaves-out-a-missing-key", "base-cell-not-bool", "no-cell", "unknown-tag",
+        "block-list-value", "member-name-ending-in-a-newline", "member-named-like-a-dtype",
+        "member-named-like-another-members-dtype-cell", "empty-tag"])
 def test_bad_family_syntax_is_refused_at_its_line_with_the_fix(tmp_path, text, line, message):
     path = write(tmp_path, "t_mma.yaml", text)
     err = refusal(path)
@@ -422,3 +439,13 @@ def test_the_folded_families_keep_every_served_cell_in_specs():
     members = {c.path.stem for f in folder_spec_files(SPECS) for c in file_cells(f) if c.member}
     assert {"h100_bwd_d64_wgmma_window", "h100_bwd_d64_wgmma_alibi_bf16", "h200_decode_d128_fused"} <= members
     assert members & served
+
+
+def test_two_families_whose_members_share_a_path_are_refused_with_a_rename(tmp_path):
+    write(tmp_path, "t_mma.yaml", family("cells:\n  w_x: {masks: [window]}\n"))
+    write(tmp_path, "t_mma_w.yaml", family("cells:\n  x: {masks: [window]}\n").replace("name: t_mma", "name: t_mma_w"))
+    with pytest.raises(SpecError) as info:
+        cell_at(tmp_path / "t_mma_w_x.yaml")
+    message = str(info.value)
+    assert "the fp16 cell of member" in message and "rename a member in one of the two files" in message
+    assert "delete" not in message

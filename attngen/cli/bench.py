@@ -195,8 +195,13 @@ def _unnamed_cells_benched(named, paths, rendered, opts):
     cannot time under these options (a window or softcap cell, whose calls take variant arguments;
     one without a varlen call under --varlen); those it leaves out, saying which on stderr. A cell
     named by its own path is kept, so its problem is reported; so is every cell when none is left."""
+    from ..core.spec_cells import spec_paths
     from ..eval.conventions import by_convention, option_problems
-    asked = {_resolved(Path(n)) for n in named}
+    asked = set()                       # the cells named one by one (a family file names several)
+    for n in named:
+        cells = spec_paths((n,))
+        if len(cells) == 1:
+            asked.add(_resolved(cells[0]))
     keep, left = [], []
     for path, r in zip(paths, rendered):
         alone = by_convention([path], [r.plan])

@@ -12,7 +12,9 @@ class Frozen:
     """A record whose fields are its __slots__, in order, set once by the subclass's __init__ through
     Frozen.__init__: as a frozen dataclass, its fields cannot be assigned or deleted afterwards
     (AttributeError), two records are equal when they are of one class with equal fields, the hash
-    is the fields', and the repr names them. It is not a tuple: it neither iterates nor equals one."""
+    is the fields', and the repr names them. It is not a tuple: it neither iterates nor equals one.
+    A record class derives from Frozen directly: its __slots__ are all of its fields (a subclass of
+    a record would leave its parent's slots out of equality, hash and repr)."""
 
     __slots__ = ()
 

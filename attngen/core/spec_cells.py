@@ -8,7 +8,7 @@ only in a few keys live in one file instead of one file each.
   `window: {masks: [window]}`. A member's keys replace the file's (a null value, `~`, leaves the
   key out); a key the file does not have goes on a line of its own after the key written before it
   in the member's entry (the entry's first key at the end of the file). A member may list its own
-  `dtypes` (some of the file's, or others); it may not set `name`, `dtype` beside `dtypes`, `cells`
+  `dtypes` (some of the file's, or others); it may not set `name`, `schema`, `dtype` beside `dtypes`, `cells`
   or `base_cell`.
 - `base_cell: false`: the file's own spec is no cell, only its members are (a lab file holding the
   unserved members of a family whose served file sits in specs/).
@@ -55,7 +55,7 @@ BASE_KEY = "base_cell"
 BASE_TAG = "base"           # the marker tag of the file's own spec
 FAMILY_KEYS = (DTYPES_KEY, CELLS_KEY, BASE_KEY)
 MARKER = re.compile(r"#\[([^\]\n]*)\](?: |$)")
-MEMBER = re.compile(r"^[a-z0-9][a-z0-9_]{0,39}$")
+MEMBER = re.compile(r"[a-z0-9][a-z0-9_]{0,39}")      # matched whole (fullmatch)
 SPEC_SUFFIXES = (".yaml", ".yml")
 _NOT_IN_MEMBERS = ("name", "schema", CELLS_KEY, BASE_KEY)
 
@@ -104,7 +104,21 @@ def cells_of_text(text: str, file: Path, shown: str) -> tuple[SpecCell, ...]:
     if not any(k in data for k in FAMILY_KEYS):
         return (SpecCell(file, file, None, text, tuple(range(1, text.count("\n") + 2)), alone=True),)
     family = _Family(text, node, data, file, shown)
-    return tuple(family.cell(m, d) for m in family.members for d in family.dtypes_of(m))
+    cells = tuple(family.cell(m, d) for m in family.members for d in family.dtypes_of(m))
+    _refuse_a_shared_name(cells, shown)
+    return cells
+
+
+def _refuse_a_shared_name(cells: tuple[SpecCell, ...], shown: str) -> None:
+    """Two cells of one file named alike (a member named like a dtype, or `w` beside `w_bf16`) would
+    be one path for two specs: the later one is refused at its member's line."""
+    seen: dict[Path, SpecCell] = {}
+    for c in cells:
+        first = seen.setdefault(c.path, c)
+        if first is not c:
+            raise SpecError(f"{c.shown} is named {c.path.stem}, and so is {first.shown}", file=shown, line=c.line,
+                            key=f"{CELLS_KEY}.{c.member}" if c.member else DTYPES_KEY,
+                            hint="rename the member: cells are named <name>[_<member>][_<dtype>], each once")
 
 
 def _refusal(shown: str, line: int | None, key: str):
@@ -172,7 +186,7 @@ class _Family:
         for key, entry in cells.value:
             member, line = key.value, key.start_mark.line + 1
             where = _refusal(self.shown, line, f"{CELLS_KEY}.{member}")
-            if not isinstance(member, str) or not MEMBER.match(member) or member == BASE_TAG:
+            if not isinstance(member, str) or not MEMBER.fullmatch(member) or member == BASE_TAG:
                 raise where("is no member name (lower case letters, digits and _, not base)",
                             "name the member by the suffix its cells' names take, e.g. window")
             if not isinstance(entry, yaml.MappingNode):
@@ -190,7 +204,7 @@ class _Family:
                         raise at("is given where the file has one dtype", "list the file's dtypes in dtypes: [...]")
                     listed_dtypes(values[DTYPES_KEY], k.start_mark.line + 1, self.shown, f"{CELLS_KEY}.{member}.{DTYPES_KEY}")
                     continue
-                if v.start_mark.line != _last_line(v):
+                if k.start_mark.line != _last_line(v):      # a block value starts on the next line
                     raise at("is written on more than one line",
                              "write the value on one line, in flow style: {block_m: 64, block_n: 128}")
                 if k.value not in self.top and _is_null(v):
@@ -232,7 +246,8 @@ class _Family:
             unknown = sorted(t for g in groups for t in g if t not in known)
             if unknown or not groups:
                 lists = "dtypes" if key == DTYPES_KEY else "dtypes, cells or base"
-                raise SpecError(f"marks a line for {unknown[0] if unknown else ''!r}, which {lists} does not name "
+                what = "an empty tag" if not groups or unknown[0] == "" else repr(unknown[0])
+                raise SpecError(f"marks a line for {what}, which {lists} does not name "
                                 f"({', '.join(sorted(known))})", file=self.shown, line=i + 1, key=key,
                                 hint="mark it with a listed dtype or member, or add it to the list")
             out[i] = (groups, line[m.end():])
@@ -365,7 +380,13 @@ def cell_at(path: str | Path) -> SpecCell:
 
 def _twice(path: Path, found: list[SpecCell]) -> SpecError:
     """Two cells answering to one path: the family's cell is refused at its line, with the fix."""
-    own = next((c for c in found if c.path == c.file), found[0])
+    own = next((c for c in found if c.path == c.file), None)
+    if own is None:                     # two families' members: neither is a file of its own
+        first, other = found[0], found[1]
+        return SpecError(f"{other.shown} is {path.name}, and so is {first.shown} of {first.file}",
+                         file=str(other.file), line=other.line,
+                         key=f"{CELLS_KEY}.{other.member}" if other.member else DTYPES_KEY,
+                         hint="rename a member in one of the two files: a path names one cell")
     other = next(c for c in found if c is not own)
     key = f"{CELLS_KEY}.{other.member}" if other.member else DTYPES_KEY
     take = f"remove member {other.member} from cells" if other.member else f"take {other.dtype} out of dtypes"

@@ -496,7 +496,7 @@ def refusal_of(exc: BaseException) -> str | None:
 def judge(torch, names, got, ref, low) -> tuple[Output, ...]:
     from .verify.cases import error_bound
     out = []
-    for name, a, r, lo in zip(names, got, ref, low):
+    for name, a, r, lo in zip(names, got, ref, low, strict=True):
         if a is None or tuple(a.shape) != tuple(r.shape):
             out.append(Output(name, math.nan, math.nan, 0.0))
             continue
