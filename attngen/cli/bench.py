@@ -9,7 +9,7 @@ import click
 
 from .options import (MAX_BATCH, MAX_HEADS, MAX_REPS, MAX_SEQLEN, SPECS_DIR_HELP, folder_option, report_file,
                       root_option, shapes_option)
-from .spec_files import spec_files
+from .spec_files import same_file_key, spec_files
 
 
 def _plot_file(ctx, param, value):
@@ -201,24 +201,17 @@ def _unnamed_cells_benched(named, paths, rendered, opts):
     for n in named:
         cells = spec_paths((n,))
         if len(cells) == 1:
-            asked.add(_resolved(cells[0]))
+            asked.add(same_file_key(cells[0]))
     keep, left = [], []
     for path, r in zip(paths, rendered):
         alone = by_convention([path], [r.plan])
-        problems = [] if _resolved(path) in asked else option_problems(alone, opts, set())
+        problems = [] if same_file_key(path) in asked else option_problems(alone, opts, set())
         (left if problems else keep).append((path, r, problems))
     if not left or not keep:
         return paths, rendered
     click.echo(f"bench: leaving out {len(left)} cell(s) it cannot time here: "
                f"{', '.join(r.plan.spec.name for _, r, _ in left)} ({left[0][2][0]})", err=True)
     return [p for p, _, _ in keep], [r for _, r, _ in keep]
-
-
-def _resolved(path: Path) -> Path:
-    try:
-        return path.resolve()
-    except (OSError, RuntimeError):
-        return Path.cwd() / path
 
 
 def _precompile_on_gpu(bundles) -> None:

@@ -9,7 +9,7 @@ import click
 from ..errors import AttngenError
 
 
-def _same_file_key(path: Path) -> Path:
+def same_file_key(path: Path) -> Path:
     """What tells two spellings of one spec file apart from two files: its resolved path."""
     try:
         return path.resolve()
@@ -33,7 +33,7 @@ def spec_files(paths: tuple[str, ...], specs_dir: str) -> list[Path]:
     seen: set[Path] = set()
     unique = []
     for f in files:
-        key = _same_file_key(f)
+        key = same_file_key(f)
         if key not in seen:
             seen.add(key)
             unique.append(f)
