@@ -621,6 +621,30 @@ def test_head_dim_v_loss_backward_through_attention(d, dv, dtype, causal):
     within_rule(f"d{d} v{dv} {dtype}", [t.grad for t in leaves], ref, low)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [32, 96, 256])
+def test_varlen_head_dim_loss_backward(d, dtype, causal):
+    """loss.backward() through attngen.attention_varlen at head dims 32, 96 and 256 (the table's
+    h100_bwd_d{32,96,256}_wgmma_varlen cells; d32's forward h100_wgmma_d32_varlen): GQA, Sq != Sk per
+    sequence, empty sequences, bottom-right causal; each sequence within the rule of its reference."""
+    import torch
+    from attngen.eval.verify import Variant
+    hopper(torch)
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    (q, k, v), (cu_q, cu_k), dout = varlen_leaves(torch, gen, dtype, d)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attngen.attention_varlen(*leaves, cu_q, cu_k, max(VARLEN_LENGTHS[0]), max(VARLEN_LENGTHS[1]), causal=causal,
+                                 alignment="bottom_right" if causal else None)
+    o.backward(dout)
+    case = VarlenCase(4, 2, *VARLEN_LENGTHS)
+    variant = Variant("causal", "bottom_right") if causal else Variant("none")
+    ref, low = varlen_gradients(torch, q, k, v, dout, case, variant, d ** -0.5)
+    assert (o.float() - ref[0]).abs().max().item() < 2e-2
+    within_rule(f"varlen d{d} {dtype}", [t.grad for t in leaves], [r.float() for r in ref[2:]],
+                [b.float() for b in low[2:]])
+
+
 VARIANT_CELLS = [   # (head dim, causal, attention() keywords): window with softcap at d64, d128 and d256 (a
     # left window that bounds the rows, 600 of them, and Gemma 2's own 4096), d256's softcap and window
     *((d, True, {"window": w, "softcap": 50.0}) for d in (64, 128, 256) for w in ((128, 0), (4096, 0))),
