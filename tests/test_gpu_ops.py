@@ -111,9 +111,13 @@ def test_varlen_and_kvcache_entry_points(torch):
         check(torch, od[b:b + 1], qd[b:b + 1], kd[b:b + 1, :, :n], vd[b:b + 1, :, :n])
 
 
-def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch):
+def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch, monkeypatch):
     """attention() and attention_varlen() differentiate (tests/test_gpu_backward.py); decode does
-    not, nor a head dim the table has a forward but no backward spec for (d80 padded, d96 varlen)."""
+    not, nor a head dim the table has a forward but no backward spec for (the table without its d80
+    backward and d96 varlen backward entries)."""
+    from table_patch import without_backward
+    without_backward(monkeypatch, 80)
+    without_backward(monkeypatch, 96, calls=("varlen_backward",))
     q = randn(torch, 1, 2, 64, 64).requires_grad_()
     q80 = randn(torch, 1, 2, 64, 80).requires_grad_()
     with pytest.raises(NotImplementedError, match="no backward for this call"):
