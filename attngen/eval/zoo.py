@@ -144,13 +144,6 @@ LAYER = {layer.name: layer for layer in LAYERS}
 # The cells attngen refuses on sm_90 (H100, H200), with why: a cell served from now on fails
 # tests/test_gpu_model_zoo.py until it leaves this list, and so does a cell refused that is not in it.
 EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
-    ("gemma2_9b_local", "varlen_prefill"): "no varlen spec with window and softcap at d256",
-    ("gemma2_9b_local", "paged_decode"): "no decode spec with window and softcap at d256",
-    ("gemma2_9b_global", "varlen_prefill"): "no varlen spec with softcap at d256",
-    ("gemma2_9b_global", "paged_decode"): "no decode spec with softcap at d256",
-    ("gemma3_12b_local", "train"): "no forward spec with a window (without softcap) at d256",
-    ("gemma3_12b_local", "varlen_prefill"): "no varlen spec with a window at d256",
-    ("gemma3_12b_local", "paged_decode"): "no decode spec with a window at d256",
     ("deepseek_v3_mla", "varlen_prefill"): "no varlen spec at d192 (V d128)",
     ("sd15_d40", "varlen_prefill"): "no varlen spec at d40",
     ("sd15_d80", "varlen_prefill"): "no varlen spec at d80",
