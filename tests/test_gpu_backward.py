@@ -711,3 +711,22 @@ def test_gemma2_layer_trains_through_attention(layer, dtype):
     o.backward(dout)
     ref, low = variant_reference_gradients(torch, q, k, v, dout, True, keywords, None)
     within_rule(f"gemma2 {layer}", [t.grad for t in leaves], ref, low)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gemma3_local_layer_trains_through_attention(dtype):
+    """A Gemma 3 12B local layer (d256, 16/8 heads, scale 1/16, a causal window and no softcap) trains
+    through attngen.attention: the table's forward window spec at d256, then its backward; output and
+    gradients within the rule."""
+    import torch
+    hopper(torch)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    dt = getattr(torch, dtype)
+    q, k, v, dout = (torch.randn(s, generator=gen, device="cuda").to(dt) for s in
+                     ((1, 16, 520, 256), (1, 8, 520, 256), (1, 8, 520, 256), (1, 16, 520, 256)))
+    keywords = {"window": (128, 0)}
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attngen.attention(*leaves, causal=True, scale=1 / 16, **keywords)
+    o.backward(dout)
+    ref, low = variant_reference_gradients(torch, q, k, v, dout, True, keywords, None)
+    within_rule("gemma3 local", [t.grad for t in leaves], ref, low)
