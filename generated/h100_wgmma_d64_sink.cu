@@ -363,9 +363,10 @@ __device__ __forceinline__ float finish_row(float row_max, float row_sum, const 
     const float sum = group_sum<kGroup>(row_sum);
     const float m = row_max == -INFINITY ? 0.f : row_max * p.scale_log2;
     const float sink = p.sinks[c.head] * 1.4426950408889634f;
-    const float top = fmaxf(m, sink);
-    const float kept = exp2f(m - top);              // the row's terms, rescaled from m to top
-    const float total = fmaf(sum, kept, exp2f(sink - top));
+    const bool seen = sum > 0.f;                    // the row saw a key
+    const float top = seen ? fmaxf(m, sink) : sink;
+    const float kept = seen ? exp2f(m - top) : 0.f; // the row's terms, rescaled from m to top
+    const float total = seen ? fmaf(sum, kept, exp2f(sink - top)) : 1.f;
     if (p.lse != nullptr && lse_lane && row < p.seqlen_q)
         p.lse[c.batch * p.lse_batch_stride + c.head * p.lse_head_stride + row] = (top + log2f(total)) * kLn2;
     return kept / total;

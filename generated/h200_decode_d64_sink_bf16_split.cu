@@ -749,11 +749,12 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const float
             acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
         }
         const int head = c.kv_head * c.group + r / p.seqlen_q, t = r % p.seqlen_q;
-        const float m_scaled = sum > 0.f ? m * p.scale_log2 : 0.f;
+        const bool seen = sum > 0.f;                        // the row saw a key
+        const float m_scaled = seen ? m * p.scale_log2 : 0.f;
         const float sink = p.num_splits == 1 ? p.sinks[head] * 1.4426950408889634f : -INFINITY;   // else the combine's
-        const float top = fmaxf(m_scaled, sink);
-        const float kept = exp2f(m_scaled - top);           // the row's terms, rescaled from m to top
-        const float total = fmaf(sum, kept, exp2f(sink - top));
+        const float top = seen ? fmaxf(m_scaled, sink) : sink;
+        const float kept = seen ? exp2f(m_scaled - top) : 0.f;   // the row's terms, rescaled from m to top
+        const float total = seen ? fmaf(sum, kept, exp2f(sink - top)) : (sink > -INFINITY ? 1.f : 0.f);
         const float inv = total > 0.f ? kept / total : 0.f;
         const float lse = total > 0.f ? (top + log2f(total)) * kLn2 : -INFINITY;
         const long long out_row = (static_cast<long long>(c.batch) * p.heads + head) * p.seqlen_q + t;

@@ -28,6 +28,9 @@ WGMMA_D128_WINDOW = ROOT / "specs" / "h100_bwd_d128_wgmma_window.yaml"   # the m
 WGMMA_D32 = ROOT / "specs" / "h100_bwd_d32_wgmma.yaml"
 WGMMA_D96 = ROOT / "specs" / "h100_bwd_d96_wgmma.yaml"                 # 32-byte panels: 48 dQ columns per warpgroup
 WGMMA_D256 = ROOT / "specs" / "h100_bwd_d256_wgmma.yaml"               # 2 warpgroups share 64 keys
+WGMMA_D40 = ROOT / "specs" / "h100_bwd_d40_wgmma.yaml"                 # tiles padded to 48 columns
+WGMMA_D192_V128 = ROOT / "specs" / "h100_bwd_d192_v128_wgmma.yaml"     # V of its own head dim (DeepSeek MLA)
+WGMMA_D128_V64 = ROOT / "specs" / "h100_bwd_d128_v64_wgmma.yaml"
 WGMMA_D256_WINDOW_SOFTCAP = ROOT / "specs" / "h100_bwd_d256_wgmma_window_softcap.yaml"   # Gemma 2's local layers
 WGMMA_D128_SCORES = [ROOT / "specs" / f"h100_bwd_d128_wgmma_{s}.yaml"    # at 255 registers
                      for s in ("softcap", "alibi", "softcap_alibi")]
@@ -163,10 +166,10 @@ def refused_key(spec: Path, change: dict) -> str:
 @pytest.mark.exhaustive      # test_compile's sample compiles these kinds' first specs by default
 @pytest.mark.parametrize("spec", [D128, L4, ROOT / "specs" / "lab" / "h100_bwd_d64_k32.yaml", ROOT / "specs" / "lab" / "h100_bwd_d128_k32.yaml",
                                   WGMMA_D64, WGMMA_D128, WGMMA_D128_WINDOW, *WGMMA_D128_SCORES, WGMMA_D32, WGMMA_D96,
-                                  WGMMA_D256, WGMMA_D256_WINDOW_SOFTCAP],
+                                  WGMMA_D256, WGMMA_D256_WINDOW_SOFTCAP, WGMMA_D40, WGMMA_D192_V128, WGMMA_D128_V64],
                          ids=["h100_d128", "l4_d64", "h100_d64_k32", "h100_d128_k32", "wgmma_d64", "wgmma_d128", "wgmma_d128_window", "wgmma_d128_softcap",
                               "wgmma_d128_alibi", "wgmma_d128_softcap_alibi", "wgmma_d32", "wgmma_d96", "wgmma_d256",
-                              "wgmma_d256_window_softcap"])
+                              "wgmma_d256_window_softcap", "wgmma_d40", "wgmma_d192_v128", "wgmma_d128_v64"])
 def test_kernels_compile_without_spills(spec):
     from attngen.compile import compile_source
     from attngen.render import render_spec_file
@@ -264,6 +267,64 @@ def test_wgmma_warpgroups_sharing_64_keys_split_dk_and_dv_by_columns():
     assert (g.column_groups, g.dkv_cols, g.d_regs) == (2, 64, 32)
 
 
+def test_wgmma_head_dim_40_pads_the_tiles_to_48_columns():
+    """head_dim 40: Q, K, V and dO tiles of 48 columns (3 k16 steps, 32-byte panels), zeros past column
+    40 (cp.async's for K and V; TMA's for Q and dO); dQ of all 48 columns per warpgroup (query blocks
+    of 128), of which the first 40 are added: the accumulator is head_dim wide, as the runtime makes it."""
+    from attngen.render import render_spec_file
+    r = render_spec_file(WGMMA_D40)
+    p, f = r.plan, r.plan.fragments
+    assert (p.head_dim, f.tile_dim, f.k_steps_d, f.dkv_cols, f.dq_cols, f.dq_by_rows) == (40, 48, 3, 48, 48, True)
+    assert (f.accum_fragment_cols, f.panel_cols, f.row_lanes) == (40, 16, 8)
+    assert {r.name: r.cols * r.rows // p.block_m for r in p.regions}["q"] == 48
+    main = r.parts[0].source
+    assert "constexpr int kTileDim = 48;" in main and "constexpr int kChunksPerRow = 5;" in main
+    assert "copy_panels_async<kBlockN, kChunksPerRow, kTileDim / 8>(smem_addr + kSmem_k0" in main
+    assert "const bool valid = row0 + row < rows_valid && chunk < kRowChunks;" in main
+    assert "kTileDim" not in render_spec_file(WGMMA_D64).parts[0].source
+    # dQ split by columns would leave a warpgroup 24 columns; the padded tile must be whole panels
+    assert refused_key(WGMMA_D40, {"tile": {"block_m": 64, "block_n": 128}}) == "head_dim"
+    assert refused_key(WGMMA_D40, {"smem": {"swizzle": {"xor_bits": 2, "row_shift": 1}, "async_copy": True,
+                                            "opt_in": True}}) == "head_dim"
+    one = yaml.safe_load(spec_text(WGMMA_D40)) | {"warps": {"compute": 4}, "tile": {"block_m": 64, "block_n": 64}}
+    assert make_plan(parse_spec(yaml.safe_dump(one), file="b.yaml"), file="b.yaml").fragments.dq_cols == 48
+
+
+@pytest.mark.parametrize("path, dkv, dkv_v, groups", [(WGMMA_D192_V128, 96, 64, 2), (WGMMA_D128_V64, 128, 64, 1)])
+def test_wgmma_head_dim_v_gives_v_its_own_columns(path, dkv, dkv_v, groups):
+    """head_dim_v: V, dO and dV have their own columns (S^T over head_dim, dP^T over head_dim_v, dK of
+    head_dim columns, dV of head_dim_v); deterministic dQ waits in a region of its own, the step's Q and
+    dO tiles holding less than the warpgroups' dQ; the preprocess reads O and dO by their columns."""
+    from attngen.render import render_spec_file
+    r = render_spec_file(path)
+    p, f = r.plan, r.plan.fragments
+    dv = p.spec.head_dim_v
+    assert p.head_dim_v == dv and p.v_dim == dv and f.head_dim_v == dv and f.tile_dim == 0
+    assert (f.column_groups, f.dkv_cols, f.dkv_cols_v, f.d_regs, f.d_regs_v) == (groups, dkv, dkv_v, dkv // 2, dkv_v // 2)
+    assert (f.k_steps_d, f.k_steps_dv, f.dq_staging) == (p.head_dim // 16, dv // 16, True)
+    regions = {r.name: r for r in p.regions}
+    assert regions["do"].bytes * p.head_dim == regions["q"].bytes * dv and regions["v0"].bytes * p.head_dim == \
+        regions["k0"].bytes * dv
+    assert regions["dqs"].bytes == f.warpgroups * 64 * f.dq_cols * 4 and p.smem_bytes <= 227 * 1024
+    main, pre, _ = (part.source for part in r.parts)
+    assert "issue_keys_by_queries<kKStepsDV>(dp, sV, key0, sDO);" in main and f"wgmma_rs_m64n{dkv_v}(" in main
+    assert "mbarrier_arrive_expect_tx(bar, kQueryTileBytes + kDoTileBytes);" in main
+    assert "add_dq<kMask, kDeterministic>(dq, per_step(smem_addr + kSmem_dqs)" in main
+    assert "copy_panels_async<kBlockN, kChunksPerRowV, kChunksPerRowV>(smem_addr + kSmem_v0" in main
+    assert f"constexpr int kVectorsV = {dv} / 8;" in pre and "lane_in_row < kVectorsV" in pre
+    assert "kHeadDimV" not in render_spec_file(WGMMA_D128).parts[0].source
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"head_dim_v": 256}, "head_dim_v"),                                 # wider than head_dim
+    ({"head_dim_v": 72}, "head_dim_v"),                                  # k16 steps of dP^T
+    ({"head_dim_v": 128, "varlen": True}, "head_dim_v"),                 # padded calls only
+    ({"head_dim_v": 160}, "smem.swizzle"),                               # 80 dV columns per warpgroup
+])
+def test_wgmma_head_dim_v_rules(change, key):
+    assert refused_key(WGMMA_D192_V128, change) == key
+
+
 def test_accumulator_rows_round_up_to_query_blocks():
     p = make_plan(load_spec(WGMMA_D128))
     assert accum_rows(p, 1) == 64 and accum_rows(p, 64) == 64 and accum_rows(p, 65) == 128
@@ -295,7 +356,8 @@ def convert_reads(r: int, c: int, fragment_cols: int) -> list[int]:
 
 
 @pytest.mark.parametrize("d, warpgroups, by_rows", [(64, 2, False), (128, 2, False), (128, 1, False), (64, 2, True),
-                                                     (32, 2, True), (96, 2, False), (256, 2, False)])
+                                                     (32, 2, True), (96, 2, False), (256, 2, False), (40, 2, True),
+                                                     (80, 2, True), (160, 2, False), (192, 2, False)])
 def test_convert_reads_what_the_main_kernel_added(d, warpgroups, by_rows):
     """Warpgroup w adds its dQ (add_dq) at w x its share's size in the query block's accumulator:
     columns [w cols, (w + 1) cols) of 64 rows, or (by rows) rows [64 w, 64 w + 64) at every column.
@@ -323,13 +385,20 @@ def test_convert_template_matches_the_model():
     assert "const int r = {{ at }} % kFragmentRows, c = lane_in_row * 8;" in text
     assert "kFragmentRows = {{ plan.fragments.accum_fragment_rows }};" in text and ACCUM_FRAGMENT_ROWS == 64
     assert "+ {{ at }} - r)" in text and "+ c / kFragmentCols * kFragmentRows * kFragmentCols;" in text
-    main = (ROOT / "templates" / "bwd_wgmma" / "main.cu.j2").read_text()
+    from attngen.render import render_spec_file
+    main = render_spec_file(WGMMA_D128).parts[0].source
     assert "float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + wg_tid;" in main
     assert "red_add(dst + v * kWarpgroupThreads, dq[v]);" in main
     # deterministic mode: the same order staged in the stage's tiles, warpgroup w's share from w x its size
     assert "const uint32_t staging = stage_base + warpgroup * kBytes;" in main
     assert '"r"(staging + 4 * (v * kWarpgroupThreads + wg_tid)), "f"(dq[v])' in main
     assert "bulk_reduce_add(st.dq_accum + warpgroup * (kBytes / 4), staging, kBytes);" in main
+    # head_dim 40 (tiles of 48 columns): a warpgroup adds the registers of its first 40 columns only, so
+    # the accumulator's blocks are 64 x 40 (test_convert_reads_what_the_main_kernel_added, fragment_cols 40)
+    padded = render_spec_file(WGMMA_D40).parts[0].source
+    assert "float* dst = st.dq_accum + warpgroup * (kDqRows * kDqAccumCols) + wg_tid;" in padded
+    assert "for (int v = 0; v < kDqAccumRegs; ++v) red_add(dst + v * kWarpgroupThreads, dq[v]);" in padded
+    assert "constexpr int kBytes = kDqRows * kDqAccumCols * 4;" in padded
 
 
 @pytest.mark.parametrize("change, key", [

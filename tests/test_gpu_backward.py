@@ -102,9 +102,12 @@ def test_planted_bug_is_rejected():
     assert not any(p.startswith(("dq", "dv")) for p in r.problems), r.problems
 
 
-def test_a_call_with_no_backward_spec_is_refused_before_its_forward():
-    """head_dim 80 has forward specs in the table but no backward one: the eager call says so at once."""
+def test_a_call_with_no_backward_spec_is_refused_before_its_forward(monkeypatch):
+    """With the table's d80 backward entries left out, head_dim 80 has forward specs but no backward
+    one: the eager call says so at once."""
     import torch
+    from table_patch import without_backward
+    without_backward(monkeypatch, 80)
     q = torch.randn(1, 2, 64, 80, device="cuda", dtype=torch.float16, requires_grad=True)
     with pytest.raises(NotImplementedError, match="no backward for this call"):
         attngen.attention(q, q, q)
@@ -578,11 +581,11 @@ def within_rule(what, got, ref, low):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("d", [32, 96, 256])
+@pytest.mark.parametrize("d", [32, 40, 80, 96, 160, 192, 256])
 def test_head_dim_loss_backward_through_attention(d, dtype, causal):
-    """loss.backward() through attngen.attention at head dims 32, 96 and 256 (the table's
-    h100_bwd_d{32,96,256}_wgmma cells): GQA, 333 rows (tails of every query and key block), gradients
-    within the rule of SDPA's fp32 autograd."""
+    """loss.backward() through attngen.attention at head dims 32, 40, 80, 96, 160, 192 and 256 (the
+    table's h100_bwd_d{32,40,80,96,160,192,256}_wgmma cells; d40's tiles padded to 48 columns): GQA,
+    333 rows (tails of every query and key block), gradients within the rule of SDPA's fp32 autograd."""
     import torch
     hopper(torch)
     gen = torch.Generator(device="cuda").manual_seed(d)
@@ -594,6 +597,52 @@ def test_head_dim_loss_backward_through_attention(d, dtype, causal):
     o.backward(dout)
     ref, low = sdpa_gradients(torch, q, k, v, dout, causal)
     within_rule(f"d{d} {dtype}", [t.grad for t in leaves], ref, low)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d, dv", [(192, 128), (128, 64)], ids=["d192_v128", "d128_v64"])
+def test_head_dim_v_loss_backward_through_attention(d, dv, dtype, causal):
+    """V of its own head dim (DeepSeek MLA's prefill and training: q and k 192, v 128; and 128 / 64):
+    loss.backward() through attngen.attention, the table's head_dim_v entries (forward and backward),
+    GQA, 333 rows, dv shaped like v; gradients within the rule of SDPA's fp32 autograd."""
+    import torch
+    hopper(torch)
+    gen = torch.Generator(device="cuda").manual_seed(d + dv)
+    dt = getattr(torch, dtype)
+    q, k, v, dout = (torch.randn(s, generator=gen, device="cuda").to(dt) for s in
+                     ((2, 8, 333, d), (2, 2, 333, d), (2, 2, 333, dv), (2, 8, 333, dv)))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attngen.attention(*leaves, causal=causal)
+    assert o.shape == (2, 8, 333, dv)
+    o.backward(dout)
+    assert leaves[2].grad.shape == v.shape
+    ref, low = sdpa_gradients(torch, q, k, v, dout, causal)
+    within_rule(f"d{d} v{dv} {dtype}", [t.grad for t in leaves], ref, low)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [32, 96, 256])
+def test_varlen_head_dim_loss_backward(d, dtype, causal):
+    """loss.backward() through attngen.attention_varlen at head dims 32, 96 and 256 (the table's
+    h100_bwd_d{32,96,256}_wgmma_varlen cells; d32's forward h100_wgmma_d32_varlen): GQA, Sq != Sk per
+    sequence, empty sequences, bottom-right causal; each sequence within the rule of its reference."""
+    import torch
+    from attngen.eval.verify import Variant
+    hopper(torch)
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    (q, k, v), (cu_q, cu_k), dout = varlen_leaves(torch, gen, dtype, d)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attngen.attention_varlen(*leaves, cu_q, cu_k, max(VARLEN_LENGTHS[0]), max(VARLEN_LENGTHS[1]), causal=causal,
+                                 alignment="bottom_right" if causal else None)
+    o.backward(dout)
+    case = VarlenCase(4, 2, *VARLEN_LENGTHS)
+    variant = Variant("causal", "bottom_right") if causal else Variant("none")
+    ref, low = varlen_gradients(torch, q, k, v, dout, case, variant, d ** -0.5)
+    assert (o.float() - ref[0]).abs().max().item() < 2e-2
+    within_rule(f"varlen d{d} {dtype}", [t.grad for t in leaves], [r.float() for r in ref[2:]],
+                [b.float() for b in low[2:]])
 
 
 VARIANT_CELLS = [   # (head dim, causal, attention() keywords): window with softcap at d64, d128 and d256 (a
@@ -662,3 +711,22 @@ def test_gemma2_layer_trains_through_attention(layer, dtype):
     o.backward(dout)
     ref, low = variant_reference_gradients(torch, q, k, v, dout, True, keywords, None)
     within_rule(f"gemma2 {layer}", [t.grad for t in leaves], ref, low)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gemma3_local_layer_trains_through_attention(dtype):
+    """A Gemma 3 12B local layer (d256, 16/8 heads, scale 1/16, a causal window and no softcap) trains
+    through attngen.attention: the table's forward window spec at d256, then its backward; output and
+    gradients within the rule."""
+    import torch
+    hopper(torch)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    dt = getattr(torch, dtype)
+    q, k, v, dout = (torch.randn(s, generator=gen, device="cuda").to(dt) for s in
+                     ((1, 16, 520, 256), (1, 8, 520, 256), (1, 8, 520, 256), (1, 16, 520, 256)))
+    keywords = {"window": (128, 0)}
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attngen.attention(*leaves, causal=True, scale=1 / 16, **keywords)
+    o.backward(dout)
+    ref, low = variant_reference_gradients(torch, q, k, v, dout, True, keywords, None)
+    within_rule("gemma3 local", [t.grad for t in leaves], ref, low)

@@ -111,9 +111,13 @@ def test_varlen_and_kvcache_entry_points(torch):
         check(torch, od[b:b + 1], qd[b:b + 1], kd[b:b + 1, :, :n], vd[b:b + 1, :, :n])
 
 
-def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch):
+def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch, monkeypatch):
     """attention() and attention_varlen() differentiate (tests/test_gpu_backward.py); decode does
-    not, nor a head dim the table has a forward but no backward spec for (d80 padded, d96 varlen)."""
+    not, nor a head dim the table has a forward but no backward spec for (the table without its d80
+    backward and d96 varlen backward entries)."""
+    from table_patch import without_backward
+    without_backward(monkeypatch, 80)
+    without_backward(monkeypatch, 96, calls=("varlen_backward",))
     q = randn(torch, 1, 2, 64, 64).requires_grad_()
     q80 = randn(torch, 1, 2, 64, 80).requires_grad_()
     with pytest.raises(NotImplementedError, match="no backward for this call"):
@@ -152,6 +156,35 @@ def test_attention_variants_through_the_table(torch):
     ref_check(attngen.attention(q, k, v, causal=True, window=(-1, -1)), mask="causal")
     torch.library.opcheck(torch.ops.attngen.attention_variant.default,
                           (q, k, v, True, None, None, "bhsd", [64, 0], None, None))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_kvcache_variants_at_d256(torch, dtype):
+    """Gemma's decode steps at d256 (16 query heads on 8 KV heads, scale 1/16): softcap (Gemma 2's
+    global layers), a window (Gemma 3's local layers) and both (Gemma 2's local layers), contiguous and
+    paged by 16 keys, through the table's d256 decode variant specs, each within the error rule."""
+    from attngen.core.variants import SCORES
+    from attngen.eval.verify.decode import DecodeCase, paged_cache, reference
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(6)
+    q = torch.randn(3, 16, 1, 256, device="cuda", generator=g).to(dt)
+    k, v = (torch.randn(3, 8, 1100, 256, device="cuda", generator=g).to(dt) for _ in range(2))
+    lengths = (1100, 333, 1)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    kp, vp, table = paged_cache(torch, k, v, lengths, 16, "bhsd")
+    softcap = ((SCORES["softcap"], 50.0),)
+    calls = (({"softcap": 50.0}, DecodeCase(3, 16, 8, 1, 1100, lengths, causal=True), softcap),
+             ({"window": (300, 0)}, DecodeCase(3, 16, 8, 1, 1100, lengths, causal=True, window=(300, 0)), ()),
+             ({"window": (300, 0), "softcap": 50.0},
+              DecodeCase(3, 16, 8, 1, 1100, lengths, causal=True, window=(300, 0)), softcap))
+    for keywords, case, modifiers in calls:
+        ref, _, low = reference(torch, q, k, v, lengths, case, 1 / 16, modifiers)
+        bound = error_bound((low.float() - ref).abs().max().item())
+        for kc, vc, tb in ((k, v, None), (kp, vp, table)):
+            out = attngen.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=tb, causal=True,
+                                                 scale=1 / 16, **keywords)
+            err = (out.float() - ref).abs().max().item()
+            assert err <= bound, f"{keywords} paged={tb is not None}: {err:.3g} > {bound:.3g}"
 
 
 def test_kvcache_variants_through_the_table(torch):

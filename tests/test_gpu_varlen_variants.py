@@ -28,9 +28,10 @@ def sequences(torch, dtype, d, heads=8, kv_heads=2):
 
 
 CASES = {   # name -> (head dims, attention_varlen keywords but the tensors, the reference's mask and modifiers)
-    "window": ((64, 128), {"causal": True, "window": (32, 0)}),
-    "window_two_sided": ((64, 128), {"window": (40, 17)}),
-    "softcap": ((64, 128), {"causal": True, "softcap": 30.0}),
+    "window": ((64, 128, 256), {"causal": True, "window": (32, 0)}),
+    "window_two_sided": ((64, 128, 256), {"window": (40, 17)}),
+    "softcap": ((64, 128, 256), {"causal": True, "softcap": 30.0}),
+    "softcap_non_causal": ((256,), {"softcap": 30.0}),
     "alibi": ((64, 128), {"alibi_slopes": "slopes"}),
     "sinks": ((64,), {"causal": True, "sinks": "sinks"}),
 }

@@ -1,8 +1,9 @@
 """A sliding window with a logit softcap (Gemma 2's local layers: cap * tanh(scale s / cap) under a
-window of 4096 keys), through attngen.attention at d64, d128 and d256 and attention_varlen at d64 and
-d128, in fp16 and bf16: the dispatch table serves each call, and its output and LSE pass the error
-rule against the fp32 reference of the same variant definitions. At d256 the softcap spec serves
-Gemma 2's global (causal) layers too."""
+window of 4096 keys), through attngen.attention at d64, d128 and d256 and attention_varlen at d64,
+d128 and d256, in fp16 and bf16: the dispatch table serves each call, and its output and LSE pass the
+error rule against the fp32 reference of the same variant definitions. At d256 the softcap spec serves
+Gemma 2's global (causal) layers too, and a window without softcap (Gemma 3's local layers) has a
+spec of its own."""
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,7 @@ def check(torch, out, lse, q, k, v, *, causal, window, softcap, label):
     mask = call_mask(causal, window)
     args = dict(scale=q.shape[-1] ** -0.5, mask=mask, alignment="top_left" if mask != "none" else None,
                 window=None if window is None else (window[0], 0 if causal else window[1]),
-                modifiers=((SOFTCAP, softcap),))
+                modifiers=((SOFTCAP, softcap),) if softcap is not None else ())
     with exact_fp32_matmul(torch):
         ref, ref_lse = attention_torch(q.float(), k.float(), v.float(), **args)
     low, _ = attention_torch(q, k, v, **args)
@@ -76,6 +77,25 @@ def test_d256_softcap_without_a_window(torch, dtype, causal):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("call", ["causal_window", "two_sided"])
+def test_d256_window_without_softcap(torch, dtype, call):
+    """Gemma 3 12B's local layers (d256, 16 query heads on 8 KV heads, scale 1/16, a window and no
+    softcap): the window spec at d256, in both layouts."""
+    import attngen
+    causal, window = CALLS[call]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    dt = getattr(torch, dtype)
+    q = torch.randn(1, 16, 517, 256, device="cuda", generator=g).to(dt)
+    k, v = (torch.randn(1, 8, 517, 256, device="cuda", generator=g).to(dt) for _ in range(2))
+    out, lse = attngen.attention(q, k, v, causal=causal, window=window, return_lse=True)
+    check(torch, out, lse, q, k, v, causal=causal, window=window, softcap=None, label=call)
+    t = lambda x: x.transpose(1, 2).contiguous()   # noqa: E731
+    out_s, lse_s = attngen.attention(t(q), t(k), t(v), causal=causal, window=window, layout="bshd", return_lse=True)
+    check(torch, out_s.transpose(1, 2), lse_s, q, k, v, causal=causal, window=window, softcap=None,
+          label=f"{call} bshd")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gemma2_local_and_global_layers(torch, dtype):
     """Gemma 2 9B's attention shape (d256, 16 query heads on 8 KV heads, scale 1/16, softcap 50): a
     local layer (causal, 4096-key window) over 4500 tokens, so the window bounds it, and a global one."""
@@ -91,7 +111,7 @@ def test_gemma2_local_and_global_layers(torch, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_varlen_with_window_and_softcap(torch, dtype, head_dim):
     import attngen
     from attngen.runtime.calls.varlen import cu_seqlens

@@ -15,6 +15,7 @@ from attngen.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SINK_SPECS = ("h100_wgmma_d64_sink", "h100_mma_d64_sink")
+DECODE_SINK = "h200_decode_d64_sink"
 
 
 def spec_text(name: str) -> str:
@@ -26,6 +27,19 @@ def spec_text(name: str) -> str:
 def test_the_finish_of_each_row_adds_the_sink(name):
     source = render_spec_file(ROOT / "specs" / f"{name}.yaml").parts[0].source
     assert "p.sinks[c.head]" in source and "float* sinks;" in source
+
+
+@pytest.mark.parametrize("name", SINK_SPECS + (DECODE_SINK,))
+def test_a_row_that_saw_no_key_takes_the_sinks_term_alone(name):
+    """A row with no visible key (sum 0) has the sink's term alone as its total, exp2(sink - sink) = 1,
+    so its LSE is the sink however negative (against the 0 of an unseen row's max, exp2f of a sink
+    below -126 in log2 units flushes to 0 and the LSE would be -inf), and its output is zeros."""
+    source = render_spec_file(ROOT / "specs" / f"{name}.yaml").parts[0].source
+    assert "const bool seen = sum > 0.f;" in source
+    assert "? fmaxf(m, sink) : sink;" in source or "? fmaxf(m_scaled, sink) : sink;" in source
+    assert "? exp2f(m - top) : 0.f;" in source or "? exp2f(m_scaled - top) : 0.f;" in source
+    assert ("const float total = seen ? fmaf(sum, kept, exp2f(sink - top)) : 1.f;" in source or
+            "const float total = seen ? fmaf(sum, kept, exp2f(sink - top)) : (sink > -INFINITY ? 1.f : 0.f);" in source)
 
 
 def test_a_spec_without_sinks_has_none_of_it():
@@ -42,8 +56,6 @@ def test_a_kind_without_sinks_refuses_them():
 
 
 # -- decode: the sink joins each row once, however many splits its keys take --------------------------
-
-DECODE_SINK = "h200_decode_d64_sink"
 
 
 def decode_spec(tmp_path, combine: str | None = None) -> Path:
@@ -129,6 +141,38 @@ def test_kernel_and_reference_match_the_written_out_softmax(name, causal):
     assert (out.double() - want).abs().max().item() < 4e-3
     assert (lse.double() - want_lse).abs().max().item() < 1e-3
     assert out[:, 0].abs().max().item() < 1e-6    # the head whose sink dwarfs every score
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SINK_SPECS)
+def test_a_row_that_sees_no_key_has_the_sink_as_its_lse(name):
+    """Bottom-right causal with more queries than keys: the first Sq - Sk rows see no key. Their
+    output is zeros and their LSE the head's sink, also for sinks far below fp32 exp's range (-100 and
+    -200: exp2f of them in log2 units is 0); the other rows match the written-out softmax."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the sink specs are H100/H200 kernels")
+    import attngen
+    kernel = attngen.load(str(ROOT / "specs" / f"{name}.yaml"), synchronize=True)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    sq, sk = 200, 64
+    q = torch.randn(2, 4, sq, 64, device="cuda", generator=g).half()
+    k, v = (torch.randn(2, 4, sk, 64, device="cuda", generator=g).half() for _ in range(2))
+    sinks = torch.tensor([-200.0, -100.0, 0.5, 40.0], device="cuda")
+    scale = 64 ** -0.5
+    out, lse = kernel(q, k, v, causal=True, alignment="bottom_right", sinks=sinks, return_lse=True)
+    s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
+    own = torch.arange(sq, device="cuda")[:, None] + sk - sq
+    s = s.masked_fill(torch.arange(sk, device="cuda")[None, :] > own, float("-inf"))
+    joined = torch.cat([s, sinks.double().reshape(1, -1, 1, 1).expand(2, -1, sq, 1)], dim=-1)
+    want = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(joined, dim=-1)[..., :-1], v.double())
+    want_lse = torch.logsumexp(joined, dim=-1)
+    blind = sq - sk
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert out[:, :, :blind].abs().max().item() == 0
+    assert (lse[:, :, :blind].double() - sinks.double().reshape(1, -1, 1)).abs().max().item() < 1e-3
+    assert (out.double() - want).abs().max().item() < 4e-3
+    assert (lse.double() - want_lse).abs().max().item() < 1e-3
 
 
 @pytest.mark.gpu
@@ -277,6 +321,31 @@ def test_decode_sinks_join_each_row_once_however_many_splits(dtype, window, seql
             outs.append(out.float())
     for o in outs[1:]:
         assert (o - outs[0]).abs().max().item() <= bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_decode_a_sequence_with_no_key_has_the_sink_as_its_lse(dtype):
+    """A sequence whose cache holds no key (cache_seqlens 0): its rows see nothing, so each gives zeros
+    and its head's sink as LSE, for sinks far below fp32 exp's range too (-100, -200), unsplit (the
+    row ends in the split kernel) and split (the combine adds the sink)."""
+    torch = pytest.importorskip("torch")
+    decode_sm90(torch)
+    import attngen
+    cell = DECODE_SINK + ("_bf16" if dtype == "bfloat16" else "")
+    kernel = attngen.load(str(ROOT / "specs" / f"{cell}.yaml"), synchronize=True)
+    q, k, v, sinks, _ = decode_inputs(torch, dtype, heads=8, kv_heads=2, capacity=600, lengths=(600, 0, 77))
+    sinks[2], sinks[3] = -100.0, -200.0
+    lengths = (600, 0, 77)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    want, want_lse = decode_written_out(torch, q, k, v, lengths, sinks, 64 ** -0.5, None)
+    for splits in (1, 4):
+        out, lse = kernel(q, k, v, cache_seqlens=lens, causal=True, num_splits=splits, sinks=sinks, return_lse=True)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all(), splits
+        assert out[1].abs().max().item() == 0, splits
+        assert (lse[1, :, 0].double() - sinks.double()).abs().max().item() < 1e-3, splits
+        assert (out.double() - want).abs().max().item() < (4e-3 if dtype == "float16" else 3e-2), splits
+        assert (lse.double() - want_lse).abs().max().item() < 1e-3, splits
 
 
 @pytest.mark.gpu

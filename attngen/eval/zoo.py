@@ -144,20 +144,9 @@ LAYER = {layer.name: layer for layer in LAYERS}
 # The cells attngen refuses on sm_90 (H100, H200), with why: a cell served from now on fails
 # tests/test_gpu_model_zoo.py until it leaves this list, and so does a cell refused that is not in it.
 EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
-    ("gemma2_9b_local", "varlen_prefill"): "no varlen spec with window and softcap at d256",
-    ("gemma2_9b_local", "paged_decode"): "no decode spec with window and softcap at d256",
-    ("gemma2_9b_global", "varlen_prefill"): "no varlen spec with softcap at d256",
-    ("gemma2_9b_global", "paged_decode"): "no decode spec with softcap at d256",
-    ("gemma3_12b_local", "train"): "no forward spec with a window (without softcap) at d256",
-    ("gemma3_12b_local", "varlen_prefill"): "no varlen spec with a window at d256",
-    ("gemma3_12b_local", "paged_decode"): "no decode spec with a window at d256",
-    ("deepseek_v3_mla", "train"): "no backward at d192 with V's head dim 128 (only where they are equal)",
     ("deepseek_v3_mla", "varlen_prefill"): "no varlen spec at d192 (V d128)",
-    ("sd15_d40", "train"): "no backward spec at d40",
     ("sd15_d40", "varlen_prefill"): "no varlen spec at d40",
-    ("sd15_d80", "train"): "no backward spec at d80",
     ("sd15_d80", "varlen_prefill"): "no varlen spec at d80",
-    ("sd15_d160", "train"): "no backward spec at d160",
     ("sd15_d160", "varlen_prefill"): "no varlen spec at d160",
 }
 
@@ -203,18 +192,16 @@ def table_cell(layer: Layer, cell: str, arch: str = ARCH, entries=None) -> Table
     if entries is None:
         entries = committed_entries()
     dtype, d, mask = layer.dtype, layer.head_dim, _mask(layer)
+    dv = layer.head_dim_v if layer.head_dim_v != d else 0      # V's head dim keys an entry where it differs
     try:
         if cell == "train":
-            if layer.head_dim_v and layer.head_dim_v != d:
-                return TableCell(refusal=f"attngen has no backward where V's head dim ({layer.head_dim_v}) "
-                                         f"differs from q's ({d}) yet")
             try:
-                backward = select(entries, "backward", arch, dtype, d, mask, layer.seqlen,
+                backward = select(entries, "backward", arch, dtype, d, mask, layer.seqlen, head_dim_v=dv,
                                   scores=_scores(layer, sinks=False))
             except LookupError as exc:
                 return TableCell(refusal=f"attngen has no backward for this call yet: {exc}")
-            forward = select(entries, "forward", arch, dtype, d, mask, layer.seqlen, scores=_scores(layer),
-                             rows=layer.batch * layer.heads * layer.seqlen)
+            forward = select(entries, "forward", arch, dtype, d, mask, layer.seqlen, head_dim_v=dv,
+                             scores=_scores(layer), rows=layer.batch * layer.heads * layer.seqlen)
             return TableCell(specs=(forward.spec, backward.spec))
         if cell == "varlen_prefill":
             # attention_varlen keys on q's head dim alone

@@ -137,11 +137,9 @@ def backward_kernel(q, k, v, causal, layout, window=None, softcap=None, alibi_sl
     short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, seqlen_k, v.shape[-1])
     kernel = _BACKWARD.get(short)
     if kernel is None:
-        if short[6] != short[2]:
-            raise NotImplementedError(f"attngen has no backward where V's head dim ({short[6]}) differs from q's "
-                                      f"({short[2]}) yet")
-        try:
-            kernel = DISPATCH.kernel("backward", short[0], q.dtype, short[2], mask, seqlen_k, scores=scores)
+        try:   # V's head dim keys the entries as the forward's do (0: q's)
+            kernel = DISPATCH.kernel("backward", short[0], q.dtype, short[2], mask, seqlen_k,
+                                     head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores)
         except LookupError as exc:
             raise NotImplementedError(f"attngen has no backward for this call yet: {exc}") from None
         if len(_BACKWARD) >= 4096:

@@ -112,9 +112,10 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
     scale = SCALE_FACTOR * default_scale(d)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    q, k, v = make_inputs(shape, d, dtype, device, gen)
+    q, k, v = make_inputs(shape, d, dtype, device, gen, v_dim=plan.v_dim)
     qb, kb, vb = (to_bhsd(t, shape.layout) for t in (q, k, v))
-    dout_b = torch.randn(qb.shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    dout_b = torch.randn(vb.shape[:1] + qb.shape[1:3] + vb.shape[3:], generator=gen, device=device,
+                         dtype=torch.float32).to(dtype)   # like o: q's shape with V's head dim
     scores = score_arguments(plan, shape.batch, shape.heads, gen, device)
     call = dict(scale=scale, mask=variant.mask, alignment=variant.alignment, window=variant.visible_window,
                 modifiers=score_modifiers(plan, scores))

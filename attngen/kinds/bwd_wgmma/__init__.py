@@ -23,7 +23,7 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -34,7 +34,7 @@ from ...core.kind import Kind
 from ...core.launch_rules import ROW_THREADS, lanes_per_row, rows_per_row_block
 from ...core.layout import Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget, layout_regions
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
-from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, rule_backward_no_rescale,
+from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, round_up, rule_backward_no_rescale,
                                rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
                                rule_head_dim_vector_loads)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
@@ -65,6 +65,7 @@ class WgmmaBackwardSpec(ForwardSpec):
     key_unit_why = "64 keys per warpgroup"
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
+    takes_head_dim_v: ClassVar[bool] = True   # V, O, dO and dV of their own head dim (DeepSeek MLA: 192 / 128)
 
     def swizzled_row_chunks(self) -> int:
         panel = panel_swizzle(self)
@@ -77,8 +78,20 @@ class WgmmaBackwardSpec(ForwardSpec):
 
 def register_need(s) -> int:
     """dK, dV, S^T and dP^T in flight at once (P^T and dS^T fragments replace S^T and dP^T)."""
-    bm = s.tile.block_m
-    return s.head_dim // column_groups(s) + 2 * (bm // 2) + REGISTER_MARGIN
+    bm, groups = s.tile.block_m, column_groups(s)
+    return (tile_dim(s) // groups + tile_dim_v(s) // groups) // 2 + 2 * (bm // 2) + REGISTER_MARGIN
+
+
+def tile_dim(s) -> int:
+    """Columns of the Q and K tiles (and of dQ's and dK's wgmma): head_dim rounded up to the k16 steps
+    of S^T. The columns past head_dim hold zeros (TMA's fill for Q, cp.async's for K) and are never
+    stored (head_dim 40: 48)."""
+    return round_up(s.head_dim, 16)
+
+
+def tile_dim_v(s) -> int:
+    """Columns of the V and dO tiles (and of dV's wgmma): V's head dim rounded up as tile_dim."""
+    return round_up(s.v_dim, 16)
 
 
 def column_groups(s) -> int:
@@ -114,23 +127,44 @@ def rule_backward_warpgroups(s):
 
 
 def rule_backward_head_dim(s):
-    if s.head_dim % 16 or s.head_dim > MAX_HEAD_DIM:
-        return "head_dim", (f"must be a multiple of 16 (the k16 steps of S^T and dP^T) and at most {MAX_HEAD_DIM} "
-                            f"(the N of dK's and dV's wgmma) (got {s.head_dim})")
-    if s.head_dim_v not in (None, s.head_dim):
-        return "head_dim_v", f"the backward kernels take V of q's head dim; remove head_dim_v (got {s.head_dim_v})"
+    if s.head_dim > MAX_HEAD_DIM:
+        return "head_dim", f"must be at most {MAX_HEAD_DIM} (the N of dK's and dV's wgmma) (got {s.head_dim})"
     panel = panel_swizzle(s)
     warpgroups = max(s.compute_warps // WARPGROUP, 1)
-    if panel and s.head_dim % panel.cols:
+    if s.head_dim % 16:
+        padded = tile_dim(s)
+        if panel and padded % panel.cols:
+            return "head_dim", (f"head_dim {s.head_dim} is padded to {padded} columns (the k16 steps of S^T), which "
+                                f"must be whole {panel.cols}-column panels: use {widest_panels(padded).describe()}")
+        if column_groups(s) > 1 or not (dq_by_rows(s) or warpgroups == 1):
+            return "head_dim", (f"head_dim {s.head_dim} is padded to {padded} columns: each warpgroup's dQ must cover "
+                                f"every column (query blocks of {ROWS_PER_WARPGROUP * warpgroups} rows, or one "
+                                f"warpgroup) and hold dK and dV of all of them (blocks of "
+                                f"{KEYS_PER_WARPGROUP * warpgroups} keys)")
+        if s.head_dim_v not in (None, s.head_dim):
+            return "head_dim_v", f"a padded head_dim ({s.head_dim}) takes V of its own head dim; remove head_dim_v"
+    if s.head_dim_v not in (None, s.head_dim):
+        if s.head_dim_v % 16 or s.head_dim_v > s.head_dim:
+            return "head_dim_v", (f"must be a multiple of 16 (the k16 steps of dP^T) and at most head_dim "
+                                  f"{s.head_dim} (the preprocess kernel's row lanes cover head_dim) "
+                                  f"(got {s.head_dim_v})")
+        if s.varlen:
+            return "head_dim_v", "a V head dim of its own is generated for padded calls: remove varlen"
+        groups = column_groups(s)
+        if panel and (s.head_dim_v // groups) % panel.cols:
+            return "smem.swizzle", (f"each of the {groups} warpgroup(s) holding dV holds {s.head_dim_v // groups} of its "
+                                    f"columns, which must be whole {panel.cols}-column panels: use "
+                                    f"{widest_panels(s.head_dim_v // groups).describe()}")
+    if panel and s.head_dim % 16 == 0 and s.head_dim % panel.cols:
         return "smem.swizzle", (f"head_dim {s.head_dim} must be whole {panel.cols}-column panels: use "
                                 f"{widest_panels(s.head_dim).describe()}")
-    if panel and not dq_by_rows(s) and (s.head_dim // warpgroups) % panel.cols:
+    if panel and not dq_by_rows(s) and (tile_dim(s) // warpgroups) % panel.cols:
         return "smem.swizzle", (f"each of the {warpgroups} warpgroups computes {s.head_dim // warpgroups} columns of "
                                 f"dQ, which must be whole {panel.cols}-column panels (wgmma reads MN-major operands "
                                 f"by whole panels): use {widest_panels(s.head_dim // warpgroups).describe()} "
                                 f"({widest_panels(s.head_dim // warpgroups).cols}-column panels)")
     groups = column_groups(s)
-    if panel and (s.head_dim // groups) % panel.cols:
+    if panel and (tile_dim(s) // groups) % panel.cols:
         return "smem.swizzle", (f"each of the {groups} warpgroups that share the block's keys holds "
                                 f"{s.head_dim // groups} columns of dK and dV, which must be whole {panel.cols}-column "
                                 "panels (their wgmma reads Q and dO MN-major by whole panels)")
@@ -190,24 +224,50 @@ class WgmmaBackwardFragments:
     row_lanes: int          # ... threads per row (head_dim / 8 rounded up to a power of two)
     accum_row_block: int    # the accumulator holds whole query blocks of each head
     accum_fragment_rows: int  # ... each a run of blocks of this many rows (a warpgroup's m64) in register order
-    accum_fragment_cols: int  # ... dq_cols per warpgroup
+    accum_fragment_cols: int  # ... dq_cols per warpgroup (head_dim where the tiles are padded past it)
+    tile_dim: int = 0       # columns of the Q and K tiles where head_dim is padded to the k16 steps (0: head_dim)
+    head_dim_v: int = 0     # V's head dim where it differs (0: head_dim): V, dO and dV have these columns
+    dkv_cols_v: int = 0     # ... dV's columns per warpgroup (head_dim_v / column_groups)
+    d_regs_v: int = 0       # ... dV accumulators per thread: 64 keys x dkv_cols_v
+    k_steps_dv: int = 0     # ... k16 steps over head_dim_v (dP^T)
+    dq_staging: bool = False  # deterministic dQ waits in a region of its own (the stage's Q and dO tiles are smaller)
 
 
 def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardFragments:
     d, bm, bn = spec.head_dim, spec.tile.block_m, spec.tile.block_n
+    td, dv = tile_dim(spec), spec.v_dim
     panel = panel_swizzle(spec)
     w = spec.compute_warps // WARPGROUP
     by_rows = dq_by_rows(spec)
-    dq_cols = d if by_rows else d // w
+    dq_cols = td if by_rows else td // w
     groups = column_groups(spec)
+    own_v = dv != d
     return WgmmaBackwardFragments(
-        warpgroups=w, column_groups=groups, dkv_cols=d // groups, s_regs=bm // 2, d_regs=d // groups // 2,
+        warpgroups=w, column_groups=groups, dkv_cols=td // groups, s_regs=bm // 2, d_regs=td // groups // 2,
         dq_by_rows=by_rows, dq_cols=dq_cols, dq_regs=dq_cols // 2,
-        k_steps_d=d // 16, k_steps_m=bm // 16, k_steps_n=bn // 16, query_stage_bytes=query_stage_bytes,
+        k_steps_d=td // 16, k_steps_m=bm // 16, k_steps_n=bn // 16, query_stage_bytes=query_stage_bytes,
         panel_cols=panel.cols, panel_row_bytes=panel.row_bytes, panel_row_shift=panel.row_shift,
         descriptor_mode=panel.descriptor_mode, row_block=rows_per_row_block(d), row_lanes=lanes_per_row(d),
         accum_row_block=bm,
-        accum_fragment_rows=ACCUM_FRAGMENT_ROWS, accum_fragment_cols=dq_cols)
+        accum_fragment_rows=ACCUM_FRAGMENT_ROWS, accum_fragment_cols=dq_cols if td == d else d,
+        tile_dim=td if td != d else 0, head_dim_v=dv if own_v else 0,
+        dkv_cols_v=dv // groups if own_v else 0, d_regs_v=dv // groups // 2 if own_v else 0,
+        k_steps_dv=dv // 16 if own_v else 0, dq_staging=dq_staging(spec))
+
+
+def dq_share_bytes(s) -> int:
+    """Deterministic mode's dQ of one warpgroup and step, fp32: 64 rows x its columns (the ones stored)."""
+    w = s.compute_warps // WARPGROUP
+    cols = s.head_dim if dq_by_rows(s) or w == 1 else tile_dim(s) // w
+    return ROWS_PER_WARPGROUP * cols * 4
+
+
+def dq_staging(s) -> bool:
+    """Deterministic mode stages every warpgroup's dQ in a region of its own where a step's Q and dO
+    tiles hold less (V's head dim below Q's); else in them."""
+    w = s.compute_warps // WARPGROUP
+    stage = s.tile.block_m * (tile_dim(s) + tile_dim_v(s)) * s.elem_bytes
+    return w * dq_share_bytes(s) > stage
 
 
 def tensor_maps(spec: WgmmaBackwardSpec) -> tuple[TensorMapSpec, ...]:
@@ -222,18 +282,24 @@ def regions(spec: WgmmaBackwardSpec) -> list[Region]:
     mbarriers."""
     ctype = ELEMENT_TYPES[spec.dtype][0]
     panel = panel_swizzle(spec)
-    d, bm, bn = spec.head_dim, spec.tile.block_m, spec.tile.block_n
-    stages = [swizzled_tile(f"{name}{s or ''}", bm, d, panel, ctype, f"{what} tile of a query block (stage {s})")
-              for s in range(QUERY_STAGES) for name, what in (("q", "Q"), ("do", "dO"))]
+    d, dv, bm, bn = tile_dim(spec), tile_dim_v(spec), spec.tile.block_m, spec.tile.block_n
+    stages = [swizzled_tile(f"{name}{s or ''}", bm, cols, panel, ctype, f"{what} tile of a query block (stage {s})")
+              for s in range(QUERY_STAGES) for name, what, cols in (("q", "Q", d), ("do", "dO", dv))]
+    staging = ([Region("dqs", ROWS_PER_WARPGROUP * (spec.compute_warps // WARPGROUP), dq_share_bytes(spec) // 4 //
+                       ROWS_PER_WARPGROUP, "float", 4, dq_share_bytes(spec) // ROWS_PER_WARPGROUP,
+                       per="deterministic mode: each warpgroup's dQ of the step, in register order, for one bulk "
+                           "reduce-add (a step's Q and dO tiles hold less)")]
+               if dq_staging(spec) else [])
     return [*stages,
             swizzled_tile("k0", bn, d, panel, ctype, "K tile of the block's keys, loaded once"),
-            swizzled_tile("v0", bn, d, panel, ctype, "V tile of the block's keys, loaded once"),
+            swizzled_tile("v0", bn, dv, panel, ctype, "V tile of the block's keys, loaded once"),
             *(swizzled_tile(f"ds{s or ''}", bn, bm, panel, ctype, f"dS^T of the block's keys x the query block, for "
                             f"dQ (stage {s}: a warpgroup may write the next step's while the other's dQ still reads "
                             f"this one)") for s in range(QUERY_STAGES)),
             Region("stats", 2, 2 * bm, "float", 4, 2 * bm * 4, per="per stage: the query block's LSE x log2(e) "
                    "(+inf: a row that adds nothing), then its rowsum(dO * O)"),
-            barrier_region("bars", QUERY_STAGES, "per stage: its Q and dO tiles have landed (TMA transactions)")]
+            barrier_region("bars", QUERY_STAGES, "per stage: its Q and dO tiles have landed (TMA transactions)"),
+            *staging]
 
 
 def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
@@ -258,6 +324,10 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                          "bytes), then the TMA transactions", "all threads (before their first wgmma of the step)")
                  for s in range(QUERY_STAGES))
     threads = 32 * spec.compute_warps
+    padded = (f"; head_dim {d} padded to {f.tile_dim} columns in the Q and K tiles (TMA and cp.async fill zeros; "
+              "dQ, dK and dV of the columns past head_dim are not stored)" if f.tile_dim else "")
+    own_v = (f"; V, dO and dV of head_dim_v {f.head_dim_v} (dP^T over its k16 steps, dV of {f.dkv_cols_v} columns per "
+             "warpgroup)" if f.head_dim_v else "")
     dq_share = ("dQ's rows [64w, 64w + 64) of the query block" if f.dq_by_rows else
                 f"dQ's columns [{f.dq_cols}w, {f.dq_cols}w + {f.dq_cols})")
     dq_issue = (f"dQ[64w:64w + 64, :] = dS K (wgmma SS, MN-major, N {f.dq_cols}; dS of the warpgroup's queries only)"
@@ -268,7 +338,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
             f"warpgroup w holds dK and dV of columns [{f.dkv_cols}w, {f.dkv_cols}w + {f.dkv_cols}) and stores its "
             f"share of dS^T's k16 steps")
     roles = (f"{w} warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); {owns} and "
-             f"{dq_share}",)
+             f"{dq_share}{padded}{own_v}",)
     schedule = ("main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:",
                 "  thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init); load K, V of the block's keys "
                 "(cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q "
@@ -313,6 +383,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                   "masks: " + ", ".join(spec.masks))
     forward = ForwardPlan(
         spec=spec, kind=KIND, title=TITLE, target=target, **variants, parts=(), abi=abi,
+        head_dim_v=spec.v_dim if spec.v_dim != d else 0,
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
         compute_warps=spec.compute_warps, producer_warps=0, threads=threads, compute_threads=threads,
         producer_threads=0, rows_per_warp=16, chunks_per_row=d * 2 // 16,

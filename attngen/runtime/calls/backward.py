@@ -27,7 +27,8 @@ class BackwardKernel(Kernel):
     """A backward spec, callable on torch tensors.
 
     ``kernel(q, k, v, out, lse, dout, causal=False, alignment=None, scale=None, layout="bhsd")``
-    returns (dq, dk, dv), each shaped (and strided) like q, k and v. A spec's variants add
+    returns (dq, dk, dv), each shaped (and strided) like q, k and v (a spec with head_dim_v: v, out,
+    dout and dv have that head dim, q and k head_dim). A spec's variants add
     window=(left, right), softcap= and alibi_slopes=, as in the forward call. deterministic=True
     makes dq repeat bit for bit from call to call (the key blocks add it in turn; slower).
     A spec with `varlen: true` adds ``kernel.varlen(q, k, v, out, lse, dout, cu_seqlens_q,
@@ -81,13 +82,15 @@ class BackwardKernel(Kernel):
         bhsd = layout == "bhsd"
         batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
         kv_heads, seqlen_k = (ks[1], ks[2]) if bhsd else (ks[2], ks[1])
-        if ks[0] != batch or tuple(ks) != tuple(vs):
+        if ks[0] != batch or tuple(ks[:-1]) != tuple(vs[:-1]):
             raise ValueError(f"k and v must have one shape with q's batch size (got q {tuple(qs)}, k {tuple(ks)}, "
                              f"v {tuple(vs)})")
         self._check_heads(heads, kv_heads, heads=heads, batch=batch)
+        like_out = tuple(qs[:-1]) + (self.plan.v_dim,)   # q's shape, with V's head dim
         for name, t in (("out", out), ("dout", dout)):
-            if tuple(self._check_tensor(name, t, layout, index)) != tuple(qs):
-                raise ValueError(f"{name} must have q's shape {tuple(qs)} (got {tuple(t.shape)})")
+            if tuple(self._check_tensor(name, t, layout, index, v_dim=True)) != like_out:
+                what = "q's shape" if self.plan.v_dim == self.plan.head_dim else "q's shape with head_dim_v columns"
+                raise ValueError(f"{name} must have {what} {like_out} (got {tuple(t.shape)})")
         self._check_lse(lse, (batch, heads, seqlen_q), index, "lse", "; the forward gives it with return_lse=True")
         mask = self._check_mask(causal, window)
         scale = self._check_scale(scale)
@@ -251,10 +254,10 @@ class BackwardKernel(Kernel):
         return dq, dk, dv
 
     def _gradient(self, name: str, given, like, layout: str, index: int):
-        """A new tensor like `like` (its strides too), or the caller's, checked against it."""
+        """A new tensor like `like` (its strides too), or the caller's, checked against it (dv: V's head dim)."""
         if given is None:
             return self._torch.empty_like(like)
-        if tuple(self._check_tensor(name, given, layout, index)) != tuple(like.shape):
+        if tuple(self._check_tensor(name, given, layout, index, v_dim=name == "dv")) != tuple(like.shape):
             raise ValueError(f"{name} must have the shape {tuple(like.shape)} (got {tuple(given.shape)})")
         return given
 
