@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -43,14 +44,17 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs):
     """
     from ..eval import verify as verification
     paths = spec_files(specs, specs_dir)
+    start = time.perf_counter()
     kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
         f"compiling {Path(p).stem} for {arch} ...", err=True))
+    jobs = min(verification.default_jobs() if jobs is None else jobs, len(kernels))
+    click.echo(f"loaded {len(kernels)} spec(s) in {time.perf_counter() - start:.1f} s; verifying "
+               + (f"in {jobs} worker processes" if jobs > 1 else "in this process"), err=True)
     shapes = verification.suite(quick)
     with click.progressbar(length=verification.case_count(kernels, shapes), label="verifying", file=sys.stderr,
                            show_pos=True) as bar:
         suite_name = "quick" if quick else "full"
-        jobs = verification.default_jobs() if jobs is None else jobs
-        if jobs > 1 and len(kernels) > 1:
+        if jobs > 1:
             report = verification.verify_parallel(paths, kernels, shapes, jobs=jobs, suite_name=suite_name,
                                                   seed=seed, on_case=lambda _case: bar.update(1))
         else:

@@ -427,12 +427,28 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
                                        layout)
 
 
+def _register_fake(name: str, fake) -> None:
+    """torch.library.register_fake(f"attngen::{name}", fake, lib=LIB), less its caller lookup.
+
+    The public call names its caller's module and line through inspect (reading this file and
+    scanning sys.modules): about half a millisecond an op, most of what binding the ops costs a
+    process's first call. The fake goes into the same registry entry, the handle to LIB as the public
+    call leaves it; a torch whose registry differs gets the public call."""
+    qualname = f"attngen::{name}"
+    try:
+        entry = torch._library.simple_registry.singleton.find(qualname)
+        handle = entry.fake_impl.register(fake, f"{__file__}:{name}_fake", lib=LIB)
+        LIB._registration_handles.append(handle)
+    except (AttributeError, TypeError):
+        torch.library.register_fake(qualname, fake, lib=LIB)
+
+
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
               "attention_variant_backward", "attention_varlen", "attention_varlen_variant", "attention_varlen_train",
               "attention_varlen_backward",
               "attention_with_kvcache", "attention_with_kvcache_variant", "attention_fp8"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
-    torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
+    _register_fake(_name, globals()[f"{_name}_fake"])
 
 
 # attention_train (attention_variant_train) is attention (attention_variant) with a backward, and

@@ -40,6 +40,7 @@ def _worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
         from .rooms import kernel_cases
         from .runner import Runner, load_kernel
         torch.cuda.set_device(device_index)
+        torch.set_num_threads(1)    # its work is on the GPU; the workers' CPU-side pools would crowd the cores
         while True:
             index = tasks.get()
             if index is None:

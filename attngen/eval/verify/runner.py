@@ -2,6 +2,8 @@
 reports every one, a failed launch included; loads the kernels it runs. It names no call convention."""
 from __future__ import annotations
 
+import time
+
 from .cases import CaseResult, VerifyReport, case_seed
 from .pycuda_launch import PycudaUnavailable
 
@@ -21,6 +23,7 @@ class Runner:
         label = spec_label or kernel.label
         results = []
         for variant, function, shape, index, check in cases:
+            start = time.perf_counter()
             if self.context_lost:
                 r = CaseResult(label, function, variant, shape, passed=False,
                                problems=[f"not run: the CUDA context was lost {self.context_lost}"])
@@ -34,6 +37,7 @@ class Runner:
                                    problems=[f"{type(exc).__name__}: {exc}"])
                     if not context_usable(kernel.device):
                         self.context_lost = f"after {label} {variant} {shape.label}"
+            r.seconds = round(time.perf_counter() - start, 4)
             results.append(r)
             if self.on_case:
                 self.on_case(r)
