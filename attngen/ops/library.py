@@ -111,9 +111,10 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-    kernel = DISPATCH.kernel("varlen", index, q.dtype, q.shape[-1], call_mask(causal, window),
+    d, dv = q.shape[-1], v.shape[-1]        # V's head dim keys the entries where it differs (0: q's)
+    kernel = DISPATCH.kernel("varlen", index, q.dtype, d, call_mask(causal, window),
                              max_seqlen_k if max_seqlen_k is not None else k.shape[0],
-                             scores=call_scores(softcap, alibi_slopes, sinks))
+                             head_dim_v=dv if dv != d else 0, scores=call_scores(softcap, alibi_slopes, sinks))
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                          alignment=alignment, scale=scale, return_lse=return_lse,
                          window=None if window is None else tuple(window), softcap=softcap,
@@ -161,15 +162,17 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
                   deterministic=deterministic)
 
 
-def varlen_backward_kernel(q, k, causal, max_seqlen_k):
-    """The table's backward kernel for a varlen call's gradients; NotImplementedError (before the
-    forward runs, from attention_varlen()) where the table has none."""
+def varlen_backward_kernel(q, k, causal, max_seqlen_k, v=None):
+    """The table's backward kernel for a varlen call's gradients (keyed by V's head dim too, where v
+    is given and it differs); NotImplementedError (before the forward runs, from attention_varlen())
+    where the table has none."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+    dv = 0 if v is None or v.shape[-1] == q.shape[-1] else v.shape[-1]
     try:
         return DISPATCH.kernel("varlen_backward", index, q.dtype, q.shape[-1], "causal" if causal else "none",
-                               max_seqlen_k if max_seqlen_k is not None else k.shape[0])
+                               max_seqlen_k if max_seqlen_k is not None else k.shape[0], head_dim_v=dv)
     except LookupError as exc:
         raise NotImplementedError(f"attngen has no varlen backward for this call yet: {exc}") from None
 
@@ -178,7 +181,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                     alignment, scale, deterministic=False):
     """The gradients (dq, dk, dv) of attention_varlen at dout through the table's varlen backward
     spec (dout copied when the kernel cannot read it in place, as in backward())."""
-    kernel = varlen_backward_kernel(q, k, causal, max_seqlen_k)
+    kernel = varlen_backward_kernel(q, k, causal, max_seqlen_k, v)
     if not _vector_ready(dout):
         dout = dout.contiguous()
     return kernel.varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
@@ -397,7 +400,9 @@ def attention_variant_backward_fake(dout, q, k, v, out, lse, causal, alignment, 
 
 
 def attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    # as the kernel makes it: like q, or q's shape with V's head dim (contiguous) where they differ
+    out = torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def attention_varlen_variant_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
