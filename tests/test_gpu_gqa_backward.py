@@ -51,7 +51,7 @@ def reference(torch, q32, k32, v32, do32, causal, dtype):
     import torch.nn.functional as F
     grads = []
     for dt in (torch.float32, dtype):
-        leaves = [t.to(dt).requires_grad_() for t in (q32, k32, v32)]
+        leaves = [t.detach().to(dt).requires_grad_() for t in (q32, k32, v32)]
         with verify.exact_fp32_matmul(torch):
             out = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=True)
             out.backward(do32.to(dt))

@@ -100,7 +100,6 @@ def main(out_path=None):
               f"best {best[1]} | " + "  ".join(f"{key}: {t:.0f} us" for key, t in times.items())
               + (f" | heuristic/cudnn {times['cudnn'] / times['heuristic']:.2f}x, unsplit/cudnn "
                  f"{times['cudnn'] / times[1]:.2f}x" if cudnn else "") + f" ({note})", flush=True)
-        del q, k, v, o, lse, dout, unsplit
         torch.cuda.empty_cache()
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
     if out_path:
