@@ -248,7 +248,7 @@ def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
 
 
 def test_wgmma_group_split_functions():
-    """group_split (the d64 and d128 specs, not their members): a group-split main function per mask
+    """group_split (the d64 and d128 families but their varlen member): a group-split main function per mask
     (not deterministic, never varlen) and the convert part's kv_convert, which reads dk's and dv's
     fields; a spec without it has neither. The split count fills GROUP_SPLIT_WAVES blocks per SM."""
     from attngen.core.launch_rules import GROUP_SPLIT_WAVES, group_splits, kv_accum_floats
@@ -261,8 +261,10 @@ def test_wgmma_group_split_functions():
     assert p.mask_cpp["causal_group_split"] == p.mask_cpp["causal"]
     assert [k for k, _ in conv.functions] == ["convert", "kv_convert"]
     assert {"dk", "dv", "dk_row_stride", "dv_row_stride", "kv_heads", "seqlen_k", "batch"} <= set(conv.reads)
-    for member in (WGMMA_D128_WINDOW, WGMMA_D96, ROOT / "specs" / "h100_bwd_d64_wgmma_varlen.yaml"):
-        q = make_plan(load_spec(member))
+    window = make_plan(load_spec(WGMMA_D128_WINDOW))
+    assert [k for k, _ in window.parts[0].functions if k.endswith("_group_split")] == ["window_group_split"]
+    for other in (WGMMA_D96, ROOT / "specs" / "h100_bwd_d64_wgmma_varlen.yaml"):
+        q = make_plan(load_spec(other))
         assert not q.group_split and [k for k, _ in q.parts[2].functions] == ["convert"]
         assert "dk" not in q.parts[2].reads
     with pytest.raises(SpecError, match="group_split"):

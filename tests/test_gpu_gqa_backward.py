@@ -2,7 +2,8 @@
 blocks, dK and dV added into fp32 sums, then kv_convert): dq, dk and dv against SDPA's fp32 autograd
 under FlashAttention's gradient rule (2x the error of torch in the inputs' dtype, plus the rounding
 floor), at groups 2, 4, 8 and MQA (8/1, 32/1), causal and not, d64 and d128, odd sequence lengths
-(Sq != Sk both ways), fp16 and bf16, every split count of a group; the routing (which calls split,
+(Sq != Sk both ways), fp16 and bf16, every split count of a group; the window, softcap and ALiBi
+members through verify's backward case; the routing (which calls split,
 which keep the unsplit path) and deterministic mode. The splits add dK and dV in any order, so those
 are compared under the rule, not bit for bit (as dQ always is). Skipped where there is no sm_90 GPU."""
 from __future__ import annotations
@@ -124,6 +125,28 @@ def test_group_split_layouts_and_repeat_calls(layout):
         check(torch, got, ref, low, dt, layout)
     for a, b in zip(first, second):
         assert (a.float() - b.float()).abs().max().item() <= 2e-2 * b.float().abs().max().item()
+
+
+MEMBERS = [ROOT / "specs" / f"h100_bwd_d{d}_wgmma_{m}.yaml" for d in (64, 128)
+           for m in ("window", "softcap", "alibi", "softcap_alibi", "window_softcap")]
+
+
+@pytest.mark.parametrize("spec", MEMBERS, ids=[p.stem for p in MEMBERS])
+def test_group_split_members(spec):
+    """The window and score-modifier members (fp16) on a GQA and an MQA shape: verify's backward case
+    (its reference applies the window, softcap and ALiBi; outputs poisoned; the PyCUDA launch within
+    the rule) for every variant of the spec's masks, through the group-split functions."""
+    from attngen.eval.verify.backward import check_backward_case
+    needs_sm90()
+    k = kernel(spec)
+    failed = []
+    for variant in verify.variants(k.plan.masks, k.plan.block_n):
+        for i, shape in enumerate((verify.Shape(2, 8, 2, 257, 300), verify.Shape(1, 16, 1, 190, 131, "bshd"))):
+            r = check_backward_case(k, variant, shape, 40 + i, k.name)
+            assert k.last_group_splits == shape.heads // shape.kv_heads
+            if not r.passed:
+                failed.append(f"{variant.label} {shape}: {'; '.join(r.problems)}")
+    assert not failed, "\n".join(failed)
 
 
 def test_routing():
