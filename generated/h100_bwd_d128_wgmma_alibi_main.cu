@@ -985,11 +985,12 @@ __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDRegs], c
 // head) has `splits` blocks, each holding dK and dV of its share of the group. Each adds its share
 // into fp32 sums from its registers (red.global.add, no thread waits), and the convert part's
 // kv_convert turns the sums into dk (x scale) and dv. Why sums by reduce-add rather than a partial
-// per split and a sum kernel: a partial per split writes and reads back splits x 2 x B x Hkv x Sk x D
-// fp32, the sums are added in the L2 and read once (the adds are those of 4 steps' dQ per block);
-// the cost is dK's and dV's bit-for-bit repeatability (the splits add in any order): deterministic
-// calls keep the unsplit functions. The sums (batch, kv_heads, seqlen_k, head_dim), dK's then dV's,
-// follow the dQ accumulator in its buffer (zeroed by the call).
+// per split and a sum kernel: partials are written and read back, splits x 2 x B x Hkv x Sk x D fp32
+// each way; the sums, 2 x B x Hkv x Sk x D fp32, are zeroed, take `splits` reduce-adds per element
+// in the L2 (no thread waits for them) and are read once. A block's adds are those of 2 (d64) to 4
+// (d128) of its steps' dQ. The cost is dK's and dV's bit-for-bit repeatability (3 or more splits add
+// in any order): deterministic calls keep the unsplit functions. The sums (batch, kv_heads, seqlen_k,
+// head_dim), dK's then dV's, follow the dQ accumulator in its buffer (zeroed by the call).
 __device__ __forceinline__ void add_key_gradients(const float (&dk)[kDRegs], const float (&dv)[kDRegs], int row0,
                                                   int n0, int lane, int batch, int kv_head, const Params& p) {
     const long long sums = static_cast<long long>(gridDim.z) * p.kv_heads * p.seqlen_k * kHeadDim;
