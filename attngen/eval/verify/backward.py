@@ -15,6 +15,7 @@ from .varlen import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, va
 from .cases import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
                      exact_fp32_matmul, kernel_shapes, make_inputs, score_arguments, score_modifiers, variants)
 from ...core.variants import MASKS, reference_scores
+from ...core.launch_rules import group_split_key
 from ...core.varlen_plan import varlen_key
 
 SCALE_FACTOR = 0.8   # verify's softmax scale, times 1/sqrt(head_dim)
@@ -131,6 +132,8 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
                       layout=shape.layout, dq=poisoned[0], dk=poisoned[1], dv=poisoned[2],
                       **({"deterministic": True} if deterministic else {}))
     dq, dk, dv = run()
+    if (getattr(kernel, "last_group_splits", 1) or 1) > 1:   # a GQA call through the group-split function
+        result.function = plan.entry_functions[group_split_key(variant.mask)]
     if deterministic:
         check_repeats(torch, result, (dq, dk, dv), run())
     if device.type == "cuda":
