@@ -106,6 +106,34 @@ VECTOR = 8                  # elements each of their threads reads per row (one 
 
 DETERMINISTIC = KeySuffix("_deterministic")   # function key (and name) suffix of a mask's deterministic main function
 deterministic_key = DETERMINISTIC.key
+GROUP_SPLIT = KeySuffix("_group_split")   # ... of a mask's GQA main function: a KV head's query heads split over blocks
+group_split_key = GROUP_SPLIT.key
+KV_CONVERT = "kv_convert"   # the convert part's function (key) that turns the group-split dK and dV sums into dk, dv
+
+# GQA/MQA backward (a plan with group-split functions): blocks per wave the split count aims for.
+# A block of the unsplit grid walks every query head of its KV head; group_splits() divides that
+# walk over more blocks until the grid has GROUP_SPLIT_WAVES blocks per SM (causal walks differ in
+# length, so a few waves keep the tail short). Not measured yet: docs/measurements/gqa_backward.py
+# times every split count beside the heuristic's.
+GROUP_SPLIT_WAVES = 8
+
+
+def group_splits(group: int, key_blocks: int, kv_heads: int, batch: int, sm_count: int) -> int:
+    """How many blocks share each (key block, KV head, batch)'s query heads: the smallest divisor
+    of the group (query heads per KV head) that gives GROUP_SPLIT_WAVES blocks per SM, or the whole
+    group (one query head per block). 1 (the unsplit grid, no dK/dV sums) for MHA or a grid that
+    already has that many blocks."""
+    blocks = key_blocks * kv_heads * batch
+    for s in range(1, group + 1):
+        if group % s == 0 and blocks * s >= GROUP_SPLIT_WAVES * sm_count:
+            return s
+    return group
+
+
+def kv_accum_floats(batch: int, kv_heads: int, seqlen_k: int, head_dim: int) -> int:
+    """fp32 elements of the group-split call's dK and dV sums: (batch, kv_heads, seqlen_k, head_dim)
+    each, dK's then dV's, after the dQ accumulator in the same buffer."""
+    return 2 * batch * kv_heads * seqlen_k * head_dim
 
 
 def lanes_per_row(head_dim: int) -> int:
