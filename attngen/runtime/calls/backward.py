@@ -165,7 +165,8 @@ class BackwardKernel(Kernel):
         group-split function for the mask and the call is GQA/MQA and not deterministic; else 1."""
         available = group > 1 and not deterministic and group_split_key(mask) in self.entry
         if given is None:
-            return group_splits(group, key_blocks, kv_heads, batch, sm_count) if available else 1
+            return group_splits(group, key_blocks, kv_heads, batch, sm_count, uneven=mask != "none") \
+                if available else 1
         if isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < 1 or group % given:
             raise ValueError(f"group_splits must be a positive divisor of heads / kv_heads = {group} (got {given!r})")
         if given > 1 and not available:
