@@ -14,6 +14,9 @@ What each rank checks, for causal and full attention (bf16):
 - that attngen ran the blocks (attngen.integrations.sdpa.STATS) and torch's kernel ran none;
 - the step time (forward + backward, CUDA events, medians) with CP against one GPU alone.
 
+Causal runs with torch's load balancer (each rank holds a front and a back chunk of the sequence);
+torch refuses it for a full mask, whose work is even without it, so that case runs without.
+
 The references are sharded by the same context (they ride along as buffers), so each rank compares
 its own shard, whatever order the load balancer gives the rows.
 
@@ -33,6 +36,11 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:        # torch's switch for its causal load balancer (2.11: in the _context_parallel package)
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+except ImportError:
+    from torch.distributed.tensor.experimental._attention import _cp_options
 
 import attngen
 from attngen.eval.verify.cases import error_bound
@@ -85,18 +93,23 @@ def run_case(mesh, shape, dtype, causal: bool, iters: int) -> dict:
     riders = [t.clone() for t in ref + torch_low]
     buffers = [cq, ck, cv, cdo, *riders]
     before = dict(sdpa.STATS)
+    # torch's load balancer (each rank a front and a back chunk, so causal work is even) serves causal
+    # attention only; a full mask's work is even without it, and torch refuses it there.
+    balanced = _cp_options.enable_load_balance
+    _cp_options.enable_load_balance = causal
     with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * len(buffers),
                           no_restore_buffers=set(buffers)):
         cp = grads_of(cq, ck, cv, cdo, causal)
         ran = {key: n - before.get(key, 0) for key, n in sdpa.STATS.items() if n != before.get(key, 0)}
         cp_ms = timed(lambda: grads_of(cq, ck, cv, cdo, causal), iters)
+    _cp_options.enable_load_balance = balanced
     ref_s, low_s = riders[:4], riders[4:]
     names = ("out", "dq", "dk", "dv")
     errors = {n: max_over_ranks((c.float() - r).abs().max().item()) for n, c, r in zip(names, cp, ref_s)}
     bounds = {n: error_bound(max_over_ranks((t.float() - r).abs().max().item()))
               for n, t, r in zip(names, low_s, ref_s)}
     return {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "causal": causal,
-            "ranks": dist.get_world_size(), "errors": errors, "bounds": bounds,
+            "ranks": dist.get_world_size(), "load_balanced": causal, "errors": errors, "bounds": bounds,
             "passed": all(errors[n] <= bounds[n] for n in names),
             "calls": {" ".join(key): n for key, n in ran.items()},
             "attngen_ran_every_block": bool(ran) and all(who == "attngen" for _, who in ran),
