@@ -21,7 +21,7 @@ class TableCall(NamedTuple):
     # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     varlen: bool = False            # served by a spec's varlen functions (sequences back to back)
-    paged: bool = False             # its entries also key on page_size and group rows (a KV cache's)
+    paged: bool = False             # its entries also key on paged (a KV cache's pages) and group rows
 
 
 class Call(NamedTuple):

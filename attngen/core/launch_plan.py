@@ -77,7 +77,7 @@ class LaunchPlan(NamedTuple):
     persistent: bool
     tensor_maps: tuple[TensorMapSpec, ...]
     max_splits: int = 1             # decode: most key slices per (KV head, batch)
-    page_size: int = 0              # decode: keys per page of a paged cache
+    paged: bool = False             # decode: reads paged caches (any page size, a kernel parameter)
     combine: str = "kernel"         # decode: how the splits merge (core.decode_plan.DecodePlan.combine)
     unsplit_in_flight: int = 0      # decode: the split heuristic's bytes in flight per block
     accum_row_block: int = 1        # backward: rows of the dQ accumulator's blocks
@@ -134,7 +134,7 @@ class LaunchPlan(NamedTuple):
 
 NUMBERS = ("head_dim", "head_dim_v", "block_m", "block_n", "threads", "smem_bytes", "smem_dynamic", "arch_suffix",
            "persistent")
-DECODE_NUMBERS = ("max_splits", "page_size", "combine", "unsplit_in_flight")
+DECODE_NUMBERS = ("max_splits", "paged", "combine", "unsplit_in_flight")
 
 
 def has_launch_record(plan) -> bool:

@@ -156,7 +156,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_tab
                            return_lse: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
                            sinks=None):
     """Decode: q (B, Hq, Sq, D) new tokens against a KV cache (B, Hkv, capacity, D), or pools of
-    pages (num_pages, Hkv, page_size, D) through block_table (int32 (B, max_pages)).
+    pages (num_pages, Hkv, page_size, D) through block_table (int32 (B, max_pages)); page_size is any
+    power of two from 1 to 512, read by one kernel per cell (a kernel parameter, checked here).
     cache_seqlens (int32 (B,), on the GPU): keys per sequence, new tokens included. causal: token t
     sees keys up to len - Sq + t. Never waits for the GPU, so a step can be captured in a CUDA graph
     and replayed after the lengths change. Returns o like q, or (o, lse).

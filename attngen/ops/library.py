@@ -226,7 +226,8 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
 
 def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = ""):
     """The table's decode kernel for this call: keyed by its mask and score modifiers, the cache's
-    capacity, its page size and the query rows per KV head."""
+    capacity, whether it is paged (a paged kernel reads any page size; it checks the one given) and the
+    query rows per KV head."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
@@ -237,7 +238,7 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "")
     paged = block_table is not None
     capacity = block_table.shape[1] * rows if paged else rows
     group_rows = max(1, heads // max(kv_heads, 1)) * seqlen_q
-    return DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], mask, capacity, page_size=rows if paged else 0,
+    return DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], mask, capacity, paged=paged,
                            group_rows=group_rows, scores=scores)
 
 
