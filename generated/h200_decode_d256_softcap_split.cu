@@ -499,6 +499,7 @@ __device__ __forceinline__ void copy_kv_rows(uint32_t slot, const elem_t* k, con
 // ahead of the copy, so that the table's latency hides under a tile's computation, and the threads that
 // copy a row's chunks read one 16-byte entry and add it to their chunk's address.
 constexpr int kRowsPerThread = (kBlockN + kThreads - 1) / kThreads;   // keys of a tile each thread works out
+constexpr long long kElemBytes = sizeof(elem_t);
 
 // `base` moved by `bytes` (a row's offset from `rows`).
 __device__ __forceinline__ const elem_t* bytes_on(const elem_t* base, long long bytes) {
@@ -533,8 +534,8 @@ __device__ __forceinline__ void store_rows(unsigned char* smem, const Params& p,
         if (kBlockN % kThreads == 0 || r < kBlockN) {
             const int page = min(max(t.id[j], 0), p.num_pages - 1), row = key & (p.page_size - 1);
             if (page != t.id[j] && key < c.seqlen) report_input_error(p, kBadPage);
-            rows[r] = make_longlong2((page * p.k_batch_stride + row * p.k_row_stride) * sizeof(elem_t),
-                                     (page * p.v_batch_stride + row * p.v_row_stride) * sizeof(elem_t));
+            rows[r] = make_longlong2((page * p.k_batch_stride + row * p.k_row_stride) * kElemBytes,
+                                     (page * p.v_batch_stride + row * p.v_row_stride) * kElemBytes);
         }
     }
 }
@@ -897,7 +898,9 @@ __device__ __forceinline__ void attention(const Params& p) {
     if (paged) {
         TileEntries entries[kStages];
 #pragma unroll
-        for (int s = 0; s < kStages; ++s) entries[s] = tile_entries(p, c, first + s, tid);
+        for (int s = 0; s < kStages; ++s) {
+            if (s < count) entries[s] = tile_entries(p, c, first + s, tid);
+        }
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
             if (s < count) store_rows(smem, p, c, first + s, s, entries[s], tid);

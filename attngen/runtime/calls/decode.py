@@ -126,7 +126,7 @@ class DecodeKernel(Kernel):
         batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
         pool, kv_heads, rows = (ks[0], ks[1], ks[2]) if bhsd else (ks[0], ks[2], ks[1])
         paged = block_table is not None
-        if ks != vs or (not paged and pool != batch):
+        if ks != vs or (not paged and pool != batch) or (paged and pool < 1):
             what = "(num_pages, kv_heads, page_size, head_dim) page pools" if paged else \
                 f"(batch {batch}, kv_heads, capacity, head_dim)"
             raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(ks)} and {tuple(vs)})")
