@@ -153,3 +153,13 @@ def test_every_paged_cell_serves_any_page_size():
         assert result.exit_code == 0 and "-> h200_decode_d128" in result.output, result.output
     result = runner.invoke(main, ["dispatch", "--call", "decode", "--head-dim", "128", "--page-size", "12"])
     assert result.exit_code != 0 and "power of two" in result.output
+
+
+def test_contiguous_cells_carry_no_page_code():
+    """A contiguous-only cell (paged: false) renders no table, no page fields and no `rows` region; a
+    paged one reads the page size and its shift from Params, never as a constant."""
+    contiguous = (ROOT / "generated" / "h200_decode_d128_contiguous_split.cu").read_text()
+    paged = (ROOT / "generated" / "h200_decode_d128_split.cu").read_text()
+    for word in ("block_table", "page_shift", "kSmem_rows", "gather_kv", "num_pages"):
+        assert word not in contiguous and word in paged
+    assert "p.page_shift" in paged and "p.page_size" in paged and "kPageSize" not in paged
