@@ -16,6 +16,7 @@ def without_backward(monkeypatch, head_dim: int, calls=("backward", "varlen_back
     kept = tuple(e for e in DISPATCH.entries if not (e.call in calls and e.head_dim == head_dim))
     monkeypatch.setattr(DISPATCH, "_entries", kept)
     monkeypatch.setattr(DISPATCH, "_resolved", {})
+    monkeypatch.setattr(DISPATCH, "_padded", {})
     monkeypatch.setattr(library, "_BACKWARD", {})
     sdpa = sys.modules.get("attngen.integrations.sdpa")
     if sdpa is not None:

@@ -225,7 +225,8 @@ def test_wgmma_backward_picks_its_kind():
 def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
     p = make_plan(load_spec(path))
     main, pre, conv = p.parts
-    assert [k for k, _ in main.functions] == ["none", "causal", "none_deterministic", "causal_deterministic"]
+    split = ["none_group_split", "causal_group_split"] if path in (WGMMA_D64, WGMMA_D128) else []
+    assert [k for k, _ in main.functions] == ["none", "causal", "none_deterministic", "causal_deterministic", *split]
     assert (pre.template, conv.template) == ("lib/backward_preprocess.cu.j2", "lib/backward_convert.cu.j2")
     f = p.fragments
     d = p.head_dim
@@ -244,6 +245,41 @@ def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
     assert p.smem_bytes <= 227 * 1024 and p.arch_suffix == "a"
     text = explain(p)
     assert "red.global.add.f32" in text and "register order" in text
+
+
+def test_wgmma_group_split_functions():
+    """group_split (the d64 and d128 families but their varlen member): a group-split main function per mask
+    (not deterministic, never varlen) and the convert part's kv_convert, which reads dk's and dv's
+    fields; a spec without it has neither. The split count fills GROUP_SPLIT_WAVES blocks per SM."""
+    from attngen.core.launch_rules import GROUP_SPLIT_WAVES, group_splits, kv_accum_floats
+    p = make_plan(load_spec(WGMMA_D128))
+    main, _, conv = p.parts
+    keys = [k for k, _ in main.functions if k.endswith("_group_split")]
+    assert keys == ["none_group_split", "causal_group_split"] and p.group_split and p.fragments.group_split
+    assert [p.key_mask(k) for k in keys] == ["none", "causal"] and not any(p.takes_turns(k) for k in keys)
+    assert [p.body(k) for k in keys] == ["attention_backward_group_split"] * 2
+    assert p.mask_cpp["causal_group_split"] == p.mask_cpp["causal"]
+    assert [k for k, _ in conv.functions] == ["convert", "kv_convert"]
+    assert {"dk", "dv", "dk_row_stride", "dv_row_stride", "kv_heads", "seqlen_k", "batch"} <= set(conv.reads)
+    window = make_plan(load_spec(WGMMA_D128_WINDOW))
+    assert [k for k, _ in window.parts[0].functions if k.endswith("_group_split")] == ["window_group_split"]
+    for other in (WGMMA_D96, ROOT / "specs" / "h100_bwd_d64_wgmma_varlen.yaml"):
+        q = make_plan(load_spec(other))
+        assert not q.group_split and [k for k, _ in q.parts[2].functions] == ["convert"]
+        assert "dk" not in q.parts[2].reads
+    with pytest.raises(SpecError, match="group_split"):
+        parse_spec(spec_text(WGMMA_D128_V64) + "group_split: true\n")
+    # 132 SMs, the shapes of docs/measurements/gqa_backward.py (block_n 128) and their best measured
+    # split on the H200: 4x32/8x4096 causal (1024 blocks) unsplit; 2x32/4x2048 causal 4-8, full 1;
+    # 2x64/4x2048 causal 8; 2x64/1x2048 causal 32, full 16 (32: 1.6 % behind); 2x71/1 causal 71
+    assert GROUP_SPLIT_WAVES * 132 == 1056
+    assert group_splits(4, 32, 8, 4, 132) == 1
+    assert group_splits(8, 16, 4, 2, 132) == 8 and group_splits(8, 16, 4, 2, 132, uneven=False) == 1
+    assert group_splits(16, 16, 4, 2, 132) == 8
+    assert group_splits(64, 16, 1, 2, 132) == 32 and group_splits(64, 16, 1, 2, 132, uneven=False) == 32
+    assert group_splits(71, 16, 1, 2, 132) == 71
+    assert group_splits(1, 2, 8, 1, 132) == 1 and group_splits(8, 64, 8, 4, 132) == 1
+    assert kv_accum_floats(2, 4, 100, 128) == 2 * 2 * 4 * 100 * 128
 
 
 def test_wgmma_warpgroups_sharing_64_keys_split_dk_and_dv_by_columns():

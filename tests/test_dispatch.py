@@ -299,3 +299,30 @@ def test_write_from_a_backward_bench_report(tmp_path):
     kept = [e for e in load_table(TABLE) if (e.call, e.arch, e.dtype, e.head_dim, e.mask) not in replaced
             or e.scores]
     assert sorted(map(repr, written)) == sorted(map(repr, kept + mine))
+
+
+def test_an_unserved_head_dim_pads_to_the_smallest_served_above(monkeypatch):
+    """A call of a head dim the table serves no kernel of runs at the smallest head dim above it that the
+    table serves for that call, arch and dtype (attngen.ops.library pads q, k and v); a served head dim,
+    a V of its own head dim, or one above every served head dim pads to nothing (0)."""
+    import types
+    import attngen.runtime as runtime
+    from attngen.ops.dispatch import Dispatcher
+    monkeypatch.setattr(runtime, "device_info", lambda index: types.SimpleNamespace(arch="sm_90"))
+    dispatcher = Dispatcher()
+    served = {(e.call, e.dtype, e.head_dim) for e in dispatcher.entries if e.arch == "sm_90" and not e.head_dim_v}
+
+    def expected(call, dtype, d):
+        above = sorted(h for c, t, h in served if c == call and t == dtype and h > d)
+        return 0 if (call, dtype, d) in served or not above else above[0]
+    for call in ("forward", "backward", "varlen", "varlen_backward", "decode"):
+        for dtype in ("fp16", "bf16"):
+            for d in (8, 24, 59, 64, 72, 111, 128, 200, 224, 256, 288):
+                assert dispatcher.padded_head_dim(call, 0, dtype, d, d) == expected(call, dtype, d), (call, dtype, d)
+    assert dispatcher.padded_head_dim("forward", 0, "fp16", 59, 59) == 64
+    assert dispatcher.padded_head_dim("forward", 0, "bf16", 111, 111) == 128
+    assert dispatcher.padded_head_dim("backward", 0, "fp16", 224, 224) == 256
+    assert dispatcher.padded_head_dim("decode", 0, "fp16", 111, 111) == 128
+    assert dispatcher.padded_head_dim("forward", 0, "fp16", 64, 64) == 0
+    assert dispatcher.padded_head_dim("forward", 0, "fp16", 300, 300) == 0
+    assert dispatcher.padded_head_dim("forward", 0, "fp16", 59, 48) == 0       # V of its own head dim: no padding

@@ -113,16 +113,17 @@ def test_varlen_and_kvcache_entry_points(torch):
 
 def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch, monkeypatch):
     """attention() and attention_varlen() differentiate (tests/test_gpu_backward.py); decode does
-    not, nor a head dim the table has a forward but no backward spec for (the table without its d80
-    backward and d96 varlen backward entries)."""
+    not, nor a head dim the table has a forward but no backward spec for, at it or above it (a head
+    dim below a served one pads to it: tests/test_gpu_head_dim_padding.py). The table without its
+    d256 backward and varlen backward entries."""
     from table_patch import without_backward
-    without_backward(monkeypatch, 80)
-    without_backward(monkeypatch, 96, calls=("varlen_backward",))
+    without_backward(monkeypatch, 256)
+    without_backward(monkeypatch, 256, calls=("varlen_backward",))
     q = randn(torch, 1, 2, 64, 64).requires_grad_()
-    q80 = randn(torch, 1, 2, 64, 80).requires_grad_()
+    q256 = randn(torch, 1, 2, 64, 256).requires_grad_()
     with pytest.raises(NotImplementedError, match="no backward for this call"):
-        attngen.attention(q80, q80, q80)
-    qv = randn(torch, 64, 2, 96).requires_grad_()
+        attngen.attention(q256, q256, q256)
+    qv = randn(torch, 64, 2, 256).requires_grad_()
     cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
     with pytest.raises(NotImplementedError, match="no varlen backward for this call"):
         attngen.attention_varlen(qv, qv, qv, cu, cu, 64, 64)

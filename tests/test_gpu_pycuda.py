@@ -21,12 +21,12 @@ SPECS = ["phase4", "h100_mma_d64", "h100_wgmma_d128", "h100_mma_d128_alibi", "h2
 
 
 def spec_path(name: str) -> Path:
-    """A spec by name: in specs/, or in its lab."""
-    path = ROOT / "specs" / f"{name}.yaml"
-    if not path.exists():
-        path = ROOT / "specs" / "lab" / f"{name}.yaml"
-    assert path.exists(), path
-    return path
+    """A spec by name, as spec_paths names the cells of specs/ and of its lab (a cell of a family
+    file has a path of its own name beside the file)."""
+    from attngen.core.spec_cells import folder_spec_files, spec_paths
+    paths = [p for p in spec_paths(folder_spec_files(ROOT / "specs")) if p.stem == name]
+    assert len(paths) == 1, (name, paths)
+    return paths[0]
 
 
 def verify_quick(name: str):

@@ -137,3 +137,85 @@ def test_unvalidated_offsets_stay_inside_the_tensors(torch, spec):
     assert torch.isfinite(buf[:10]).all()
     with pytest.raises(InputError, match="cu_seqlens offsets"):   # recorded, and cleared for later tests
         attngen.check_errors()
+
+
+# -- head dims 40, 80, 160 and 192, and V of its own head dim (192 / 128, 128 / 64) ----------------------
+
+HEAD_DIMS = [(40, 40), (80, 80), (160, 160), (192, 192), (192, 128), (128, 64)]   # (q and k, v)
+# odd lengths: a single row, tails of every query and key block, one past two 128-row blocks
+LENGTHS = {"self": ((333, 1, 129, 77, 700), None),
+           "cross": ((333, 1, 129, 77, 5), (400, 64, 129, 1, 700))}   # queries fewer and more than keys
+
+
+def hopper_table(torch):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the table serves these varlen cells on sm_90 (H100, H200)")
+
+
+def dims_id(dims) -> str:
+    d, dv = dims
+    return f"d{d}" + (f"_v{dv}" if dv != d else "")
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "causal_bottom_right"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dims", HEAD_DIMS, ids=[dims_id(x) for x in HEAD_DIMS])
+def test_varlen_head_dims_match_the_reference(torch, dims, dtype, mask):
+    """attngen.attention_varlen at the head dims the Hopper kind's varlen members serve (the table's
+    h100_wgmma_d{40,80,160,192}_varlen, d192_v128_varlen and d128_v64_varlen; d40's tiles padded to 48
+    columns): GQA 8/2, five sequences of odd lengths (one of a single row), causal top-left over
+    self-attention and bottom-right over queries fewer and more than keys; every sequence within the
+    error rule of its fp32 reference, the LSE beside it, o of V's head dim, and a second call (the
+    prepared path) giving the same bits."""
+    from attngen.eval.verify import Variant
+    from attngen.eval.verify.cases import error_bound
+    from attngen.eval.verify.varlen import reference
+    hopper_table(torch)
+    d, dv = dims
+    lens_q, lens_k = LENGTHS["cross" if mask == "causal_bottom_right" else "self"]
+    lens_k = lens_k or lens_q
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(d + dv)
+    q = torch.randn(sum(lens_q), 8, d, device="cuda", generator=g).to(dt)
+    k = torch.randn(sum(lens_k), 2, d, device="cuda", generator=g).to(dt)
+    v = torch.randn(sum(lens_k), 2, dv, device="cuda", generator=g).to(dt)
+    cu_q, cu_k = offsets(torch, lens_q), offsets(torch, lens_k)
+    causal = mask != "none"
+    alignment = "bottom_right" if mask == "causal_bottom_right" else None
+    call = dict(causal=causal, alignment=alignment, return_lse=True)
+    o, lse = attngen.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), **call)
+    assert o.shape == (sum(lens_q), 8, dv) and lse.shape == (8, sum(lens_q))
+    variant = Variant("causal", alignment or "top_left") if causal else Variant("none")
+    ref, ref_lse, low = reference(torch, q, k, v, lens_q, lens_k, variant, d ** -0.5)
+    at = 0
+    for n in lens_q:
+        rows = slice(at, at + n)
+        err = (o[rows].float() - ref[rows]).abs().max().item()
+        bound = error_bound((low[rows] - ref[rows]).abs().max().item())
+        assert err <= bound, f"d{d} v{dv} {dtype} {mask}, sequence of {n}: {err:.3g} > {bound:.3g}"
+        at += n
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(seen, torch.isfinite(lse))
+    assert (lse[seen] - ref_lse[seen]).abs().max().item() < 1e-2
+    again, lse_again = attngen.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), **call)
+    assert torch.equal(again, o) and torch.equal(lse_again, lse)
+
+
+def test_varlen_head_dim_v_traces_and_is_refused_with_gradients(torch):
+    """V of its own head dim through torch.compile(fullgraph=True): the fake op gives o V's head dim,
+    and the compiled call the eager bits; with gradients the call is refused before anything runs
+    (no varlen backward with a V head dim of its own)."""
+    hopper_table(torch)
+    lens = (100, 1, 257)
+    q, k = (torch.randn(sum(lens), 4, 192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(sum(lens), 4, 128, device="cuda", dtype=torch.bfloat16)
+    cu = offsets(torch, lens)
+
+    def call(q, k, v, cu):
+        return attngen.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+
+    eager = call(q, k, v, cu)
+    assert eager.shape == (sum(lens), 4, 128)
+    assert torch.equal(torch.compile(call, fullgraph=True)(q, k, v, cu), eager)
+    with pytest.raises(NotImplementedError, match="no varlen backward"):
+        call(q.clone().requires_grad_(), k, v, cu)

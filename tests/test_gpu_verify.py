@@ -333,7 +333,8 @@ def test_verify_command_line(what, tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     data = json.loads(out.read_text())
-    cells = {spec.stem, spec.stem + "_bf16"}     # a file that lists dtypes verifies each of its cells
+    from attngen.core.spec_cells import spec_paths
+    cells = {p.stem for p in spec_paths([spec])}    # a family file verifies each of its cells
     rows = [line for line in run.stdout.splitlines() if line.split(" ", 1)[0] in cells]
     assert data["failed"] == 0 and data["passed"] == len(data["cases"]) == len(rows) > 0
     if what == "varlen":
@@ -381,3 +382,28 @@ def test_mask_params_per_head_and_per_batch(tmp_path):
     results = verify.verify_kernel(kernel, verify.QUICK_SUITE, spec_label="t_expr_per_head")
     assert any(r.variant.endswith(" varlen") for r in results)
     assert all(r.passed for r in results), failures(results)
+
+
+def test_parallel_verify_reports_what_a_serial_run_reports():
+    """verify_parallel (worker processes, each taking whole specs) gives the serial report: the same
+    cases in the same order, each with the same errors, verdict and PyCUDA agreement."""
+    import torch
+    names = ["h100_mma_d64.yaml", "h200_decode_d128_fused.yaml", "l4_bwd_d64.yaml", "phase4.yaml"]
+    if torch.cuda.get_device_capability() == (9, 0):
+        names.append("h100_bwd_d64_wgmma.yaml")     # atomics: PyCUDA agreement under the error rule
+    paths = [ROOT / "specs" / n for n in names]     # cells of family files are named by such paths
+    kernels = verify.load_kernels(paths, on_batch=lambda batch: None)
+    shapes = verify.QUICK_SUITE
+    serial = verify.verify_kernels(kernels, shapes, suite_name="quick", seed=3)
+    heard = []
+    parallel = verify.verify_parallel(paths, kernels, shapes, jobs=2, suite_name="quick", seed=3, on_case=heard.append)
+
+    def row(c):
+        # An atomics-accumulated output (the backward's dq) differs in its last bits from run to run:
+        # its errors and its PyCUDA verdict (bit for bit or within the rule) are not compared.
+        atomics = c.pycuda == "bitwise but atomics" or c.function.endswith("_dq") or "bwd" in c.spec
+        return (c.spec, c.function, c.variant, c.shape.label, c.shape.layout, c.passed,
+                c.problems == [], None if atomics else (c.max_err, c.lowprec_err, c.lse_err, c.pycuda))
+    assert len(heard) == len(parallel.cases) == len(serial.cases) > 0
+    assert [row(c) for c in parallel.cases] == [row(c) for c in serial.cases]
+    assert any(c.pycuda == "bitwise" for c in parallel.cases)

@@ -232,6 +232,8 @@ RULE_CASES = [
      "keeps no running max to rescale by"),
     ("rule_backward_one_block", BACKWARD_WGMMA, {"min_blocks_per_sm": 2}, "min_blocks_per_sm",
      "this backward runs one block per SM"),
+    ("rule_backward_group_split", BACKWARD_WGMMA, {"group_split": True, "head_dim_v": 64}, "group_split",
+     "group_split is generated for one head dim of whole k16 steps"),
     ("rule_fp8_target", FP8, {"target": "a100"}, "target", "need sm_89 or later; target a100 is sm_80"),
     ("rule_no_warp_roles", merged(SPECIALIZED, mma="scalar", head_dim=64, tile={"block_m": 32, "block_n": 64},
                                 smem={"stages": 1}), {}, "warps.producer",
@@ -632,10 +634,10 @@ def test_schema_command_lists_every_key():
     assert len(alternatives) == sum(len(k.forms) for k in KINDS)
     for alt in alternatives:
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
-        # epilogue_tile; decode: decode, max_splits, paged, combine; e4m3: out_dtype)
+        # epilogue_tile; decode: decode, max_splits, paged, combine; e4m3: out_dtype; bwd_wgmma: group_split)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
                                          "paged", "combine", "backward", "query_stages", "query_chunk",
-                                         "warp_keys", "warp_split", "out_dtype"} == {
+                                         "warp_keys", "warp_split", "out_dtype", "group_split"} == {
             "schema", "name", "description", "target", "dtype", "dtypes", "cells", "base_cell", "head_dim", "head_dim_v", "masks", "scores",
             "variant",
             "tile", "warps",

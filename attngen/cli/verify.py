@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -22,7 +23,10 @@ from .spec_files import spec_files
               help="base seed of the random inputs")
 @click.option("--failures-only", is_flag=True, help="list only failing cases in the table")
 @click.option("--specs-dir", default=None, callback=folder_option, help=SPECS_DIR_HELP)
-def verify(specs, quick, json_path, seed, failures_only, specs_dir):
+@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None,
+              help="worker processes sharing the GPU, each running whole specs (default: half the cores, "
+                   "at most 8); the report is the same for any number")
+def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs):
     """Run SPECS (default: every spec) on this GPU and compare every variant with torch.
 
     \b
@@ -33,18 +37,29 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir):
     (ref: fp32 attention on the upcast inputs), no NaN or unwritten element, nothing written
     past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Specs with varlen: true also run
     varlen cases (mixed lengths in one batch, both causal alignments) and decode specs
-    their decode cases, under the same rule. Exits 1 on any failure, 4 when there is no GPU,
-    torch or CUDA driver.
+    their decode cases, under the same rule. Every case is launched a second time through
+    PyCUDA and must agree bit for bit (atomics-based outputs: under the same rule). Sources are
+    compiled first, in parallel; cases run in --jobs worker processes. Exits 1 on any failure,
+    4 when there is no GPU, torch or CUDA driver.
     """
     from ..eval import verify as verification
     paths = spec_files(specs, specs_dir)
+    start = time.perf_counter()
     kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
         f"compiling {Path(p).stem} for {arch} ...", err=True))
+    jobs = min(verification.default_jobs() if jobs is None else jobs, len(kernels))
+    click.echo(f"loaded {len(kernels)} spec(s) in {time.perf_counter() - start:.1f} s; verifying "
+               + (f"in {jobs} worker processes" if jobs > 1 else "in this process"), err=True)
     shapes = verification.suite(quick)
     with click.progressbar(length=verification.case_count(kernels, shapes), label="verifying", file=sys.stderr,
                            show_pos=True) as bar:
-        report = verification.verify_kernels(kernels, shapes, suite_name="quick" if quick else "full", seed=seed,
-                                             on_case=lambda _case: bar.update(1))
+        suite_name = "quick" if quick else "full"
+        if jobs > 1:
+            report = verification.verify_parallel(paths, kernels, shapes, jobs=jobs, suite_name=suite_name,
+                                                  seed=seed, on_case=lambda _case: bar.update(1))
+        else:
+            report = verification.verify_kernels(kernels, shapes, suite_name=suite_name, seed=seed,
+                                                 on_case=lambda _case: bar.update(1))
     click.echo(format_verify(report, failures_only))
     if json_path:
         write_verify_json(report, json_path)

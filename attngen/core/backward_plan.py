@@ -14,6 +14,12 @@ query block add its dQ one after another, in one order, so the fp32 sums, and dQ
 A function of its own, so that the default one's code is not touched by the waits. The caller
 zeroes the counters (one memset, only in this mode).
 
+Group split (a spec's `group_split`, GQA/MQA calls that are not deterministic): the main part's
+group-split function of the mask (group_split_key) runs `splits` blocks per (key block, KV head,
+batch), each over its share of the KV head's query heads, adding dK and dV into fp32 sums that
+follow the dQ accumulator in its buffer (zeroed by the caller); the convert part's kv_convert then
+writes dk and dv. The split count is the call's (core.launch_rules.group_splits).
+
 Varlen (a spec's `varlen: true`): the main part's varlen functions take a block per (key block,
 KV head, sequence) and narrow Params to the sequence; the row kernels need no sequences at all:
 they run over the total_q rows as one batch (delta and dq_accum are laid out as lse).
@@ -26,7 +32,7 @@ from .abi import float32, float_pointer, pointer
 from .forward_plan import ForwardPlan, Part, forward_functions, function_name, stride_fields
 # The row kernels' and the accumulator's arithmetic lives in core.launch_rules: the runtime's
 # LaunchPlan runs it too.
-from .launch_rules import DETERMINISTIC, ROW_THREADS, deterministic_key
+from .launch_rules import DETERMINISTIC, GROUP_SPLIT, KV_CONVERT, ROW_THREADS, deterministic_key, group_split_key
 from .varlen_plan import is_varlen, mask_of
 
 ACCUM_FRAGMENT_ROWS = 64    # rows of a register-order block of a whole-block kind's dQ accumulator: an m64
@@ -63,6 +69,10 @@ PREPROCESS_READS = ("o", "o_batch_stride", "o_head_stride", "o_row_stride", "dou
 VARLEN_ACCUM_READS = ("cu_seqlens_q", "batch", "total_q")
 CONVERT_READS = ("dq", "dq_batch_stride", "dq_head_stride", "dq_row_stride", "dq_accum", "heads", "seqlen_q",
                  "scale")
+# What the convert part of a plan with group-split functions also reads (its kv_convert function: dK and
+# dV from their fp32 sums, which follow the dQ accumulator in dq_accum's buffer).
+KV_CONVERT_READS = ("dk", "dv", "dk_batch_stride", "dk_head_stride", "dk_row_stride", "dv_batch_stride",
+                    "dv_head_stride", "dv_row_stride", "batch", "kv_heads", "seqlen_k")
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,7 @@ class BackwardPlan(ForwardPlan):
         return cls(**{f.name: getattr(plan, f.name) for f in fields(ForwardPlan)} | changes)
 
     def key_mask(self, key: str) -> str:
-        return mask_of(DETERMINISTIC.mask(key))
+        return mask_of(DETERMINISTIC.mask(GROUP_SPLIT.mask(key)))
 
     @property
     def accum_row_block(self) -> int:
@@ -88,26 +98,41 @@ class BackwardPlan(ForwardPlan):
         return DETERMINISTIC.has(key)
 
     def body(self, key: str) -> str:
-        """The C++ function an entry point runs: attention_backward, or its varlen form."""
+        """The C++ function an entry point runs: attention_backward, its varlen form or its group-split
+        form (GQA: a KV head's query heads split over blocks)."""
+        if GROUP_SPLIT.has(key):
+            return "attention_backward_group_split"
         return "attention_backward_varlen" if is_varlen(DETERMINISTIC.mask(key)) else "attention_backward"
 
+    @property
+    def group_split(self) -> bool:
+        """The bundle has group-split main functions (and the convert part their kv_convert)."""
+        return any(GROUP_SPLIT.has(key) for key, _ in self.functions)
 
-def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str, ...] = ()) -> tuple[Part, ...]:
+
+def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str, ...] = (),
+                   group_split: bool = False) -> tuple[Part, ...]:
     """A backward bundle's parts: main, from the kind's main.cu.j2 (the forward's functions: one per
     mask, and with `varlen` one per mask for varlen sequences; then a deterministic one of each; they
     read every Params field but the row kernels' own and the kind's `main_unread`), then the shared
     row kernels, which run the same for varlen calls. accum_blocks: the kind adds whole query blocks
     to the accumulator; in a varlen spec its row kernels then also read the sequences
-    (VARLEN_ACCUM_READS)."""
+    (VARLEN_ACCUM_READS). group_split: a group-split function per padded mask after those (GQA/MQA
+    calls; not deterministic), and the convert part's kv_convert."""
     keys = [key for key, _ in forward_functions(spec)]
     keys += [deterministic_key(key) for key in keys]
+    if group_split:
+        keys += [group_split_key(mask) for mask in spec.masks]
     unread = set(MAIN_UNREAD) | set(main_unread)
     main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
                 reads=tuple(f.name for f in abi.fields if f.name not in unread))
     row = dict(static_smem=0, threads=ROW_THREADS)
     sequences = VARLEN_ACCUM_READS if accum_blocks and spec.varlen else ()
+    converts = (("convert", function_name(spec, "convert")),)
+    if group_split:
+        converts += ((KV_CONVERT, function_name(spec, KV_CONVERT)),)
     return (main,
             Part("preprocess", "lib/backward_preprocess.cu.j2", f"{spec.name}_preprocess.cu",
                  (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS + sequences, **row),
-            Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu",
-                 (("convert", function_name(spec, "convert")),), reads=CONVERT_READS + sequences, **row))
+            Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu", converts,
+                 reads=CONVERT_READS + sequences + (KV_CONVERT_READS if group_split else ()), **row))

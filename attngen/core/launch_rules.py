@@ -106,6 +106,38 @@ VECTOR = 8                  # elements each of their threads reads per row (one 
 
 DETERMINISTIC = KeySuffix("_deterministic")   # function key (and name) suffix of a mask's deterministic main function
 deterministic_key = DETERMINISTIC.key
+GROUP_SPLIT = KeySuffix("_group_split")   # ... of a mask's GQA main function: a KV head's query heads split over blocks
+group_split_key = GROUP_SPLIT.key
+KV_CONVERT = "kv_convert"   # the convert part's function (key) that turns the group-split dK and dV sums into dk, dv
+
+# GQA/MQA backward (a plan with group-split functions): blocks per SM the split count aims for.
+# A block of the unsplit grid walks every query head of its KV head; group_splits() divides that
+# walk over more blocks. Measured on the H200 (132 SMs, bf16, docs/measurements/gqa_backward.py,
+# every split count of 7 shapes): the best split put 512-1024 blocks on the grid where the mask made
+# the walks unequal (causal), and none where the unsplit grid was already a balanced wave (a full
+# mask, 128 blocks: splitting cost 3-9 %); a grid of 1024 blocks was best unsplit.
+GROUP_SPLIT_WAVES = 8
+
+
+def group_splits(group: int, key_blocks: int, kv_heads: int, batch: int, sm_count: int, *,
+                 uneven: bool = True) -> int:
+    """How many blocks share each (key block, KV head, batch)'s query heads: the divisor of the group
+    (query heads per KV head) whose grid comes nearest GROUP_SPLIT_WAVES blocks per SM (by ratio; the
+    smaller on a tie). `uneven`: the mask makes blocks' walks differ (causal, a window); without it
+    a grid of at least one block per two SMs is left whole, its blocks' equal walks already
+    balanced. 1 (the unsplit grid, no dK/dV sums) for MHA."""
+    blocks = key_blocks * kv_heads * batch
+    if group == 1 or (not uneven and 2 * blocks >= sm_count):
+        return 1
+    target = GROUP_SPLIT_WAVES * sm_count
+    return min((s for s in range(1, group + 1) if group % s == 0),
+               key=lambda s: abs(math.log(blocks * s / target)))
+
+
+def kv_accum_floats(batch: int, kv_heads: int, seqlen_k: int, head_dim: int) -> int:
+    """fp32 elements of the group-split call's dK and dV sums: (batch, kv_heads, seqlen_k, head_dim)
+    each, dK's then dV's, after the dQ accumulator in the same buffer."""
+    return 2 * batch * kv_heads * seqlen_k * head_dim
 
 
 def lanes_per_row(head_dim: int) -> int:

@@ -143,12 +143,7 @@ LAYER = {layer.name: layer for layer in LAYERS}
 
 # The cells attngen refuses on sm_90 (H100, H200), with why: a cell served from now on fails
 # tests/test_gpu_model_zoo.py until it leaves this list, and so does a cell refused that is not in it.
-EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
-    ("deepseek_v3_mla", "varlen_prefill"): "no varlen spec at d192 (V d128)",
-    ("sd15_d40", "varlen_prefill"): "no varlen spec at d40",
-    ("sd15_d80", "varlen_prefill"): "no varlen spec at d80",
-    ("sd15_d160", "varlen_prefill"): "no varlen spec at d160",
-}
+EXPECTED_REFUSALS: dict[tuple[str, str], str] = {}
 
 
 def zoo_cells() -> list[tuple[Layer, str]]:
@@ -187,7 +182,8 @@ def table_cell(layer: Layer, cell: str, arch: str = ARCH, entries=None) -> Table
     """The table's entries for the cell's calls, keyed as attngen.attention & co. key them
     (ops/library.py): a training step needs its backward entry (the table keys the backward without
     sinks: the LSE holds them) and its forward entry; a varlen prefill its varlen entry; a decode
-    step its decode entry for the cache's capacity, page size and query rows per KV head."""
+    step its decode entry for the cache's capacity, page size and query rows per KV head. V's head dim
+    keys every entry where it differs from q's."""
     from ..ops.table import select
     if entries is None:
         entries = committed_entries()
@@ -204,8 +200,8 @@ def table_cell(layer: Layer, cell: str, arch: str = ARCH, entries=None) -> Table
                              scores=_scores(layer), rows=layer.batch * layer.heads * layer.seqlen)
             return TableCell(specs=(forward.spec, backward.spec))
         if cell == "varlen_prefill":
-            # attention_varlen keys on q's head dim alone
-            entry = select(entries, "varlen", arch, dtype, d, mask, max(layer.varlen_lengths), scores=_scores(layer))
+            entry = select(entries, "varlen", arch, dtype, d, mask, max(layer.varlen_lengths), head_dim_v=dv,
+                           scores=_scores(layer))
             return TableCell(specs=(entry.spec,))
         if cell == "paged_decode":
             pages = -(-max(layer.decode_lengths) // PAGE_SIZE)

@@ -103,7 +103,8 @@ def _install() -> _Handle:
 
     from ..errors import ToolError
     from ..ops import library
-    _BOUND.update(torch=torch, library=library, half=(torch.float16, torch.bfloat16),
+    from ..ops.dispatch import DISPATCH
+    _BOUND.update(torch=torch, library=library, dispatch=DISPATCH, half=(torch.float16, torch.bfloat16),
                   refusals=(LookupError, NotImplementedError, TypeError, ValueError, ToolError))
     impls = dict(zip(OPS, (_sdpa_forward, _sdpa_backward, _flash_forward, _flash_backward)))
     originals = {name: get_kernel(getattr(torch.ops.aten, name).default, "CUDA") for name in OPS}
@@ -144,13 +145,18 @@ def _flash_first(torch):
 
 # -- the kernels -------------------------------------------------------------------------------------
 
-def _unserved(query, key, value, dropout_p, debug_mask, miss_key):
+def _unserved(query, key, value, dropout_p, debug_mask, miss_key, call: str):
     if dropout_p:
         return "torch: dropout"
     if debug_mask:
         return "torch: debug mask"
     if query.dtype not in _BOUND["half"] or key.dtype != query.dtype or value.dtype != query.dtype:
         return "torch: dtype"
+    index = query.get_device()
+    if index >= 0 and _BOUND["dispatch"].padded_head_dim(call, index, query.dtype, query.shape[-1], value.shape[-1]):
+        # attngen would pad q, k and v to a head dim it serves (a copy of each); torch's kernel takes
+        # this head dim as it is
+        return "torch: head dim"
     return _MISSES.get(miss_key)
 
 
@@ -204,7 +210,7 @@ def _sdpa_forward(original, keyset, query, key, value, dropout_p=0.0, is_causal=
         out, lse = _BOUND["library"].forward(query, key, value, is_causal, "bottom_right" if is_causal else None, scale,
                                              "bhsd", True)
         return (out, lse, None, None, query.shape[2], key.shape[2]) + _rng(query)
-    return _serve("fwd", _unserved(query, key, value, dropout_p, return_debug_mask, miss), miss, run,
+    return _serve("fwd", _unserved(query, key, value, dropout_p, return_debug_mask, miss, "forward"), miss, run,
                   lambda: original.call_boxed(keyset, query, key, value, dropout_p, is_causal, return_debug_mask,
                                               scale=scale))
 
@@ -217,7 +223,7 @@ def _sdpa_backward(original, keyset, grad_out, query, key, value, out, logsumexp
         return _BOUND["library"].backward(grad_out, query, key, value, out, logsumexp, is_causal,
                                           "bottom_right" if is_causal else None, scale, "bhsd",
                                           deterministic=_BOUND["torch"].are_deterministic_algorithms_enabled())
-    return _serve("bwd", _unserved(query, key, value, dropout_p, False, miss), miss, run,
+    return _serve("bwd", _unserved(query, key, value, dropout_p, False, miss, "backward"), miss, run,
                   lambda: original.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                               max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
                                               scale=scale))
@@ -240,7 +246,7 @@ def _flash_forward(original, keyset, query, key, value, cum_seq_q, cum_seq_k, ma
                    alibi_slopes=None):
     window, varlen, align, miss = _flash_call("flash", query, key, value, cum_seq_q, max_k, is_causal, window_size_left,
                                               window_size_right)
-    reason = _unserved(query, key, value, dropout_p, return_debug_mask, miss)
+    reason = _unserved(query, key, value, dropout_p, return_debug_mask, miss, "varlen" if varlen else "forward")
     if reason is None and (seqused_k is not None or alibi_slopes is not None or varlen != (cum_seq_k is not None)):
         reason = "torch: seqused_k, alibi_slopes or one-sided offsets"
 
@@ -271,7 +277,7 @@ def _flash_backward(original, keyset, grad_out, query, key, value, out, logsumex
                     window_size_right=None):
     window, varlen, align, miss = _flash_call("flash_backward", query, key, value, cum_seq_q, max_k, is_causal,
                                               window_size_left, window_size_right)
-    reason = _unserved(query, key, value, dropout_p, False, miss)
+    reason = _unserved(query, key, value, dropout_p, False, miss, "varlen_backward" if varlen else "backward")
     if reason is None and varlen and window is not None:
         reason = "torch: no varlen backward with a window"
 

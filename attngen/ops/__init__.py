@@ -14,7 +14,8 @@ variants, attngen::attention_variant_train), attention_varlen() through
 attngen::attention_varlen_train when traced, and eagerly through the same forward and backward as
 a torch.autograd.Function (library.train); their backward runs the dispatch table's backward spec. Decode is
 forward only: a call on tensors that need gradients is refused rather than returning an output
-autograd cannot differentiate.
+autograd cannot differentiate. A head dim the table serves no kernel of runs at the smallest served
+head dim above it, q, k and v zero-padded (library._pad; docs/dispatch.md).
 """
 from __future__ import annotations
 
@@ -112,10 +113,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
                      scale: float | None = None, return_lse: bool = False, deterministic: bool = False, window=None,
                      softcap: float | None = None, alibi_slopes=None, sinks=None):
     """Attention of varlen sequences: q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k
-    int32 (batch + 1) offsets on the GPU. max_seqlen_q/k (ints, as FlashAttention takes them) size
+    int32 (batch + 1) offsets on the GPU; v may have a head dim of its own (DeepSeek MLA: 192 / 128),
+    which keys the table too. max_seqlen_q/k (ints, as FlashAttention takes them) size
     the grid and pick the kernel; without them nothing is read back either (the grid covers every
-    row). causal alignment "bottom_right" is FlashAttention's varlen convention. Returns o like q,
-    or (o, lse) with lse fp32 (Hq, total_q). On tensors that need gradients the call is
+    row). causal alignment "bottom_right" is FlashAttention's varlen convention. Returns o like q
+    (with V's head dim), or (o, lse) with lse fp32 (Hq, total_q). On tensors that need gradients the call is
     differentiable (the table's varlen backward spec); deterministic as in attention().
 
     Variants as in attention(), per sequence (a window's bottom_right alignment and ALiBi's offset
@@ -140,7 +142,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
         if compiling():
             o, lse = ops.attention_varlen_train(*args)
         else:   # as in attention()
-            library.varlen_backward_kernel(q, k, causal, max_seqlen_k)
+            library.varlen_backward_kernel(q, k, causal, max_seqlen_k, v)
             o, lse = library.train("attention_varlen", *args)
         return (o, lse) if return_lse else o
     if compiling():

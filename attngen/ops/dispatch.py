@@ -31,6 +31,7 @@ class Dispatcher:
         self._resolved: dict = {}           # call key -> Kernel
         self._lock = threading.Lock()
         self._loading: dict = {}            # spec name -> lock, so one thread compiles and the others wait
+        self._padded: dict = {}             # (call, device, dtype, head dim, V's) -> padded head dim (0: none)
 
     @property
     def entries(self):
@@ -64,6 +65,23 @@ class Dispatcher:
                 self._resolved.clear()
             self._resolved[key] = kernel
         return kernel
+
+    def padded_head_dim(self, call: str, index: int, dtype, head_dim: int, head_dim_v: int) -> int:
+        """The head dim a call of `head_dim` runs at when the table serves `call` at no kernel of that
+        head dim on cuda:`index`'s arch and dtype: the smallest it serves above it (q, k and v are
+        zero-padded to it, which changes no score and no output column below head_dim; 0 where the
+        head dim is served, V's differs, or nothing above it is served). Once per key."""
+        key = (call, index, dtype, head_dim, head_dim_v)
+        to = self._padded.get(key)
+        if to is None:
+            from ..runtime import device_info
+            arch, name = device_info(index).arch, TORCH_DTYPES.get(str(dtype), dtype)
+            served = {e.head_dim for e in self.entries
+                      if e.call == call and e.arch == arch and e.dtype == name and not e.head_dim_v}
+            above = [d for d in served if d > head_dim]
+            to = min(above) if head_dim == head_dim_v and head_dim not in served and above else 0
+            self._padded[key] = to
+        return to
 
     def _load(self, spec: str, index: int):
         """The kernel of `spec` for cuda:`index`'s arch, loaded once by one thread (others wait)."""

@@ -14,6 +14,8 @@ without the dispatcher's round trips. The decode ops are forward only.
 Importing this module registers the ops (it needs torch)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..core.variants import SCORES, call_mask
@@ -23,6 +25,31 @@ from .dispatch import DISPATCH
 
 def _heads_seq(q, layout: str) -> tuple[int, int, int]:
     return (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1])
+
+
+# -- head dims the table does not serve --------------------------------------------------------------
+# A call of a head dim with no kernel (59, 111, 224, ...) runs at the smallest head dim above it that
+# the table serves (DISPATCH.padded_head_dim): q, k and v zero-padded in their last dim, which adds 0
+# to every score and gives zero output columns past the call's, then the output cut back (a copy, with
+# the strides the unpadded call would give) and the scale taken from the call's own head dim. The
+# padding is a copy of q, k and v (of the whole cache, for decode) per call.
+
+def _pad(t, to: int):
+    """t zero-padded in its last (head) dim to `to` columns."""
+    return torch.nn.functional.pad(t, (0, to - t.shape[-1]))
+
+
+def _cut(result, d: int, return_lse: bool):
+    """A padded call's output, its first d columns (lse as it is)."""
+    if return_lse:
+        o, lse = result
+        return o[..., :d].contiguous(), lse
+    return result[..., :d].contiguous()
+
+
+def _scale(scale, d: int) -> float:
+    """The call's scale: given, or 1 / sqrt of its own head dim (not the padded one)."""
+    return scale if scale is not None else 1.0 / math.sqrt(d)
 
 
 _FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k, V head_dim, query rows) -> kernel
@@ -48,6 +75,10 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+        to = DISPATCH.padded_head_dim("forward", short[0], q.dtype, short[2], short[5])
+        if to:
+            return _cut(forward(_pad(q, to), _pad(k, to), _pad(v, to), causal, alignment, _scale(scale, short[2]),
+                                layout, return_lse), short[2], return_lse)
         kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4],
                                  head_dim_v=short[5] if short[5] != short[2] else 0, rows=short[6])
         if len(_FORWARD) >= 4096:
@@ -83,6 +114,11 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+        to = DISPATCH.padded_head_dim("forward", short[0], q.dtype, short[2], short[6])
+        if to:
+            return _cut(forward_variant(_pad(q, to), _pad(k, to), _pad(v, to), causal, alignment,
+                                        _scale(scale, short[2]), layout, return_lse, window, softcap, alibi_slopes,
+                                        sinks), short[2], return_lse)
         kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], mask, short[5],
                                  head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores, rows=short[7])
         if len(_VARIANT) >= 4096:
@@ -111,9 +147,15 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-    kernel = DISPATCH.kernel("varlen", index, q.dtype, q.shape[-1], call_mask(causal, window),
+    d, dv = q.shape[-1], v.shape[-1]        # V's head dim keys the entries where it differs (0: q's)
+    to = DISPATCH.padded_head_dim("varlen", index, q.dtype, d, dv)
+    if to:
+        return _cut(varlen(_pad(q, to), _pad(k, to), _pad(v, to), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                           max_seqlen_k, causal, alignment, _scale(scale, d), return_lse, window, softcap,
+                           alibi_slopes, sinks), d, return_lse)
+    kernel = DISPATCH.kernel("varlen", index, q.dtype, d, call_mask(causal, window),
                              max_seqlen_k if max_seqlen_k is not None else k.shape[0],
-                             scores=call_scores(softcap, alibi_slopes, sinks))
+                             head_dim_v=dv if dv != d else 0, scores=call_scores(softcap, alibi_slopes, sinks))
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                          alignment=alignment, scale=scale, return_lse=return_lse,
                          window=None if window is None else tuple(window), softcap=softcap,
@@ -134,7 +176,9 @@ def backward_kernel(q, k, v, causal, layout, window=None, softcap=None, alibi_sl
     forward whose backward would then fail."""
     seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes)
-    short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, seqlen_k, v.shape[-1])
+    d, dv = q.shape[-1], v.shape[-1]
+    to = DISPATCH.padded_head_dim("backward", q.get_device(), q.dtype, d, dv) if q.get_device() >= 0 else 0
+    short = (q.get_device(), q.dtype, to or d, mask, scores, seqlen_k, to or dv)
     kernel = _BACKWARD.get(short)
     if kernel is None:
         try:   # V's head dim keys the entries as the forward's do (0: q's)
@@ -153,6 +197,12 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
     """The gradients (dq, dk, dv) of attention(q, k, v) at dout through the table's backward spec
     (with the forward call's variants). dout comes from autograd in any strides (a sum's is
     expanded, stride 0): copied when the kernel cannot read it in place."""
+    d = q.shape[-1]
+    to = DISPATCH.padded_head_dim("backward", q.get_device(), q.dtype, d, v.shape[-1]) if q.get_device() >= 0 else 0
+    if to:
+        grads = backward(_pad(dout, to), _pad(q, to), _pad(k, to), _pad(v, to), _pad(out, to), lse, causal, alignment,
+                         _scale(scale, d), layout, window, softcap, alibi_slopes, deterministic)
+        return tuple(g[..., :d].contiguous() for g in grads)
     kernel = backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
     if not _vector_ready(dout):
         dout = dout.contiguous()
@@ -161,15 +211,18 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
                   deterministic=deterministic)
 
 
-def varlen_backward_kernel(q, k, causal, max_seqlen_k):
-    """The table's backward kernel for a varlen call's gradients; NotImplementedError (before the
-    forward runs, from attention_varlen()) where the table has none."""
+def varlen_backward_kernel(q, k, causal, max_seqlen_k, v=None):
+    """The table's backward kernel for a varlen call's gradients (keyed by V's head dim too, where v
+    is given and it differs); NotImplementedError (before the forward runs, from attention_varlen())
+    where the table has none."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+    dv = 0 if v is None or v.shape[-1] == q.shape[-1] else v.shape[-1]
+    d = DISPATCH.padded_head_dim("varlen_backward", index, q.dtype, q.shape[-1], dv or q.shape[-1]) or q.shape[-1]
     try:
-        return DISPATCH.kernel("varlen_backward", index, q.dtype, q.shape[-1], "causal" if causal else "none",
-                               max_seqlen_k if max_seqlen_k is not None else k.shape[0])
+        return DISPATCH.kernel("varlen_backward", index, q.dtype, d, "causal" if causal else "none",
+                               max_seqlen_k if max_seqlen_k is not None else k.shape[0], head_dim_v=dv)
     except LookupError as exc:
         raise NotImplementedError(f"attngen has no varlen backward for this call yet: {exc}") from None
 
@@ -178,7 +231,15 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                     alignment, scale, deterministic=False):
     """The gradients (dq, dk, dv) of attention_varlen at dout through the table's varlen backward
     spec (dout copied when the kernel cannot read it in place, as in backward())."""
-    kernel = varlen_backward_kernel(q, k, causal, max_seqlen_k)
+    d = q.shape[-1]
+    to = DISPATCH.padded_head_dim("varlen_backward", q.get_device(), q.dtype, d, v.shape[-1]) \
+        if q.get_device() >= 0 else 0
+    if to:
+        grads = varlen_backward(_pad(dout, to), _pad(q, to), _pad(k, to), _pad(v, to), _pad(out, to), lse,
+                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                _scale(scale, d), deterministic)
+        return tuple(g[..., :d].contiguous() for g in grads)
+    kernel = varlen_backward_kernel(q, k, causal, max_seqlen_k, v)
     if not _vector_ready(dout):
         dout = dout.contiguous()
     return kernel.varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
@@ -194,6 +255,10 @@ def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_
            causal, layout)
     kernel = _DECODE.get(key)
     if kernel is None:
+        to = _decode_padding(q, v_cache)
+        if to:
+            return _cut(kvcache(_pad(q, to), _pad(k_cache, to), _pad(v_cache, to), cache_seqlens, block_table, causal,
+                                _scale(scale, q.shape[-1]), num_splits, layout, return_lse), q.shape[-1], return_lse)
         kernel = _decode_kernel(q, k_cache, block_table, "causal" if causal else "none", layout)
         if len(_DECODE) >= 4096:
             _DECODE.clear()
@@ -214,6 +279,11 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
            mask, scores, layout)
     kernel = _DECODE_VARIANT.get(key)
     if kernel is None:
+        to = _decode_padding(q, v_cache)
+        if to:
+            return _cut(kvcache_variant(_pad(q, to), _pad(k_cache, to), _pad(v_cache, to), cache_seqlens, block_table,
+                                        causal, _scale(scale, q.shape[-1]), num_splits, layout, return_lse, window,
+                                        softcap, alibi_slopes, sinks), q.shape[-1], return_lse)
         kernel = _decode_kernel(q, k_cache, block_table, mask, layout, scores)
         if len(_DECODE_VARIANT) >= 4096:
             _DECODE_VARIANT.clear()
@@ -222,6 +292,14 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
                   scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse,
                   window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
                   sinks=sinks)
+
+
+def _decode_padding(q, v_cache) -> int:
+    """The head dim a decode call pads to (0: none; see _pad)."""
+    index = q.get_device()
+    if index < 0:
+        raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+    return DISPATCH.padded_head_dim("decode", index, q.dtype, q.shape[-1], v_cache.shape[-1])
 
 
 def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = ""):
@@ -398,7 +476,9 @@ def attention_variant_backward_fake(dout, q, k, v, out, lse, causal, alignment, 
 
 
 def attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    # as the kernel makes it: like q, or q's shape with V's head dim (contiguous) where they differ
+    out = torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def attention_varlen_variant_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
@@ -428,12 +508,28 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
                                        layout)
 
 
+def _register_fake(name: str, fake) -> None:
+    """torch.library.register_fake(f"attngen::{name}", fake, lib=LIB), less its caller lookup.
+
+    The public call names its caller's module and line through inspect (reading this file and
+    scanning sys.modules): about half a millisecond an op, most of what binding the ops costs a
+    process's first call. The fake goes into the same registry entry, the handle to LIB as the public
+    call leaves it; a torch whose registry differs gets the public call."""
+    qualname = f"attngen::{name}"
+    try:
+        entry = torch._library.simple_registry.singleton.find(qualname)
+        handle = entry.fake_impl.register(fake, f"{__file__}:{name}_fake", lib=LIB)
+        LIB._registration_handles.append(handle)
+    except (AttributeError, TypeError):
+        torch.library.register_fake(qualname, fake, lib=LIB)
+
+
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
               "attention_variant_backward", "attention_varlen", "attention_varlen_variant", "attention_varlen_train",
               "attention_varlen_backward",
               "attention_with_kvcache", "attention_with_kvcache_variant", "attention_fp8"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
-    torch.library.register_fake(f"attngen::{_name}", globals()[f"{_name}_fake"], lib=LIB)
+    _register_fake(_name, globals()[f"{_name}_fake"])
 
 
 # attention_train (attention_variant_train) is attention (attention_variant) with a backward, and

@@ -66,21 +66,21 @@ def bench_batch(torch, kernel, batch: VarlenBatch, causal: bool, *, reps: int = 
     """Times (us) of the spec's varlen call and torch's varlen flash on one varlen batch, inputs
     rotated past L2; the spec's output is checked against the fp32 reference first."""
     from ...runtime.calls.varlen import cu_seqlens
-    d, dtype = kernel.plan.head_dim, kernel.dtype
+    d, dv, dtype = kernel.plan.head_dim, kernel.plan.v_dim, kernel.dtype     # dv: V's and O's head dim
     total = sum(batch.lengths)
     scale = d ** -0.5
-    nbytes = 2 * total * d * 2 * (batch.heads + batch.kv_heads)   # q, o and k, v
+    nbytes = 2 * total * (d + dv) * (batch.heads + batch.kv_heads)   # q, o and k, v
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rotate = max(1, min(8, int(L2_MARGIN * l2 // nbytes) + 1))
     cu = cu_seqlens(torch, batch.lengths, "cuda")
     sets = [(torch.randn(total, batch.heads, d, device="cuda", dtype=dtype),
              torch.randn(total, batch.kv_heads, d, device="cuda", dtype=dtype),
-             torch.randn(total, batch.kv_heads, d, device="cuda", dtype=dtype)) for _ in range(rotate)]
-    outs = [torch.empty_like(s[0]) for s in sets]
+             torch.randn(total, batch.kv_heads, dv, device="cuda", dtype=dtype)) for _ in range(rotate)]
+    outs = [s[0].new_empty(total, batch.heads, dv) for s in sets]
     longest = max(batch.lengths)
     align = "bottom_right" if causal else None
     row = {"batch": batch.label, "causal": causal, "rotate": rotate, "tokens": total,
-           "flops": 4 * batch.heads * d * visible_pairs(batch.lengths, causal)}
+           "flops": 2 * batch.heads * (d + dv) * visible_pairs(batch.lengths, causal)}
 
     q, k, v = sets[0]
     kernel.varlen(q, k, v, cu, cu, causal=causal, alignment=align, scale=scale, out=outs[0])

@@ -11,14 +11,13 @@ NaN (with guard rows after seqlen_q that must stay NaN), one launch, then
   against torch.logsumexp of the scaled fp32 scores.
 
 A room per call convention: each builds its own cases (forward.py with varlen.py, decode.py,
-backward.py, forward_fp8.py) on the shared judges of cases.py; this package looks a kernel's
+backward.py, forward_fp8.py) on the shared judges of cases.py; rooms.py looks a kernel's
 convention up in core.calls.CALLS and hands its cases to the runner (runner.py), which names none.
 Returns data; the CLI prints. Nothing imports torch before a function runs.
 """
 from __future__ import annotations
 
-from ...core.calls import CALLS
-from . import backward, decode, forward, forward_fp8
+from .rooms import CASES, convention_of, kernel_cases
 from .runner import Runner, context_usable, load_kernels, verify_report
 
 # Re-exported: tests, docs and `attngen sweep` import the cases, judges and suites from
@@ -29,23 +28,8 @@ from .cases import (CaseResult, CaseShape, ERR_FACTOR, ERR_FLOOR, FULL_SUITE, LO
                     poisoned_lse, poisoned_output, reference_errors, score_arguments, score_modifiers, suite,
                     variants, window_variants)
 from .forward import check_case
+from .parallel import default_jobs, verify_parallel
 from .pycuda_launch import PycudaUnavailable
-
-# Each convention's verify cases (kernel, shapes, masks) -> cases, from the module CALLS names for it.
-_ROOMS = {room.__name__: room for room in (forward, decode, backward, forward_fp8)}
-CASES = {call.name: _ROOMS[call.verify].verify_cases for call in CALLS}
-
-
-def convention_of(kernel) -> str:
-    """The convention a kernel is called by; a stand-in kernel without a runtime convention class
-    goes by its plan's kind."""
-    return getattr(kernel, "convention", None) or kernel.plan.kind.calls
-
-
-def kernel_cases(kernel, shapes, masks) -> list[tuple]:
-    """(variant label, function, shape, index, check(seed, label) -> CaseResult) of every case of
-    `kernel`, as its convention's verify module builds them."""
-    return CASES[convention_of(kernel)](kernel, shapes, masks)
 
 
 def verify_kernel(kernel, shapes=None, *, masks=None, seed: int = 0, spec_label: str | None = None,
@@ -75,7 +59,7 @@ def verify_kernels(kernels, shapes, *, suite_name: str = "custom", seed: int = 0
 
 __all__ = ["CASES", "ERR_FACTOR", "ERR_FLOOR", "FULL_SUITE", "LONG_KEYS", "LSE_ATOL", "LSE_RTOL", "QUICK_SUITE",
            "ROW_ALIGN", "CaseResult", "CaseShape", "PycudaUnavailable", "Runner", "Shape", "Variant", "VerifyReport",
-           "attention_torch", "case_count", "case_seed", "check_case", "context_usable", "convention_of",
+           "attention_torch", "case_count", "case_seed", "check_case", "context_usable", "convention_of", "default_jobs",
            "error_bound", "exact_fp32_matmul", "judge_lse", "judge_rows", "kernel_cases", "kernel_shapes",
            "load_kernels", "make_inputs", "poisoned_lse", "poisoned_output", "reference_errors", "score_arguments",
-           "score_modifiers", "suite", "variants", "verify_kernel", "verify_kernels", "window_variants"]
+           "score_modifiers", "suite", "variants", "verify_kernel", "verify_kernels", "verify_parallel", "window_variants"]

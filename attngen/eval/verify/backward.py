@@ -15,6 +15,7 @@ from .varlen import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, va
 from .cases import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
                      exact_fp32_matmul, kernel_shapes, make_inputs, score_arguments, score_modifiers, variants)
 from ...core.variants import MASKS, reference_scores
+from ...core.launch_rules import group_split_key
 from ...core.varlen_plan import varlen_key
 
 SCALE_FACTOR = 0.8   # verify's softmax scale, times 1/sqrt(head_dim)
@@ -131,6 +132,8 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
                       layout=shape.layout, dq=poisoned[0], dk=poisoned[1], dv=poisoned[2],
                       **({"deterministic": True} if deterministic else {}))
     dq, dk, dv = run()
+    if (getattr(kernel, "last_group_splits", 1) or 1) > 1:   # a GQA call through the group-split function
+        result.function = plan.entry_functions[group_split_key(variant.mask)]
     if deterministic:
         check_repeats(torch, result, (dq, dk, dv), run())
     if device.type == "cuda":
@@ -142,10 +145,15 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
 
 def through_pycuda(result: CaseResult, kernel, launch, grads, ref, low, deterministic: bool) -> None:
     """The same call through PyCUDA: dk and dv bit for bit; dq too in deterministic mode, else
-    (accumulated with atomics in the order blocks finish) within the error rule's bound of dq."""
-    tolerance = error_bound((low[2].float() - ref[2]).abs().max().item()) if ref[2].numel() else 0.0
-    pycuda_agreement(result, kernel, launch, ("dq", "dk", "dv"), tuple(grads),
-                     atomic=() if deterministic else ("dq",), tolerance=tolerance)
+    (accumulated with atomics in the order blocks finish) within the error rule's bound of dq. A
+    group-split call (GQA, the kernel's last_group_splits > 1) adds dk and dv with atomics too: each
+    within its own bound."""
+    names = ("dq", "dk", "dv")
+    bounds = {name: error_bound((lo.float() - r).abs().max().item()) if r.numel() else 0.0
+              for name, lo, r in zip(names, low[2:5], ref[2:5])}
+    atomic = (() if deterministic else ("dq",)) + (("dk", "dv") if (getattr(kernel, "last_group_splits", 1) or 1) > 1
+                                                   else ())
+    pycuda_agreement(result, kernel, launch, names, tuple(grads), atomic=atomic, tolerance=bounds)
 
 
 def check_repeats(torch, result: CaseResult, first, second) -> None:

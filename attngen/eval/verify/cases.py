@@ -199,6 +199,7 @@ class CaseResult:
     lse_excess: float | None = None     # max of |lse - ref_lse| / (LSE_ATOL + LSE_RTOL |ref_lse|); <= 1 passes
     problems: list[str] = field(default_factory=list)
     pycuda: str | None = None           # the same call launched through PyCUDA: bitwise | differs | None (not run)
+    seconds: float | None = None        # wall time of the case (inputs, both launches, reference, judges)
 
     def as_dict(self) -> dict:
         d = asdict(self)

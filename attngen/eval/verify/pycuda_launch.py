@@ -127,12 +127,12 @@ def bits_differ(torch, a, b) -> bool:
     return not torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
 
 
-def pycuda_agreement(result, kernel, launch, names, first, *, atomic=(), tolerance: float | None = None) -> None:
+def pycuda_agreement(result, kernel, launch, names, first, *, atomic=(), tolerance: float | dict | None = None) -> None:
     """Run `launch(*fresh)` through PyCUDA, where `fresh` are NaN-poisoned tensors shaped like
     `first` (launch may ignore them and return its own outputs), and compare with `first`, the
     outputs of the same call through the runtime: bit for bit, or for the outputs named in `atomic`
     (accumulated with atomics, in an order the hardware picks) within `tolerance` of max abs
-    difference. Appends a problem per disagreement and sets result.pycuda."""
+    difference (a number, or a bound per name). Appends a problem per disagreement and sets result.pycuda."""
     torch = kernel._torch
     fresh = tuple(torch.full_like(t, float("nan")) for t in first)
     with kernel.launching_through(launcher()):
@@ -143,13 +143,14 @@ def pycuda_agreement(result, kernel, launch, names, first, *, atomic=(), toleran
     for name, a, b in zip(names, first, second):
         if not bits_differ(torch, a, b):
             continue
-        if name in atomic and tolerance is not None:
+        bound = tolerance.get(name) if isinstance(tolerance, dict) else tolerance
+        if name in atomic and bound is not None:
             diff = (a.float() - b.float()).abs().nan_to_num(float("inf")).max().item() if a.numel() else 0.0
-            if diff <= tolerance:
+            if diff <= bound:
                 how = "bitwise but atomics" if how == "bitwise" else how
                 continue
             result.problems.append(f"{name} through PyCUDA differs from the runtime's by {diff:.3g} "
-                                   f"(more than {tolerance:.3g})")
+                                   f"(more than {bound:.3g})")
         else:
             result.problems.append(f"{name} through PyCUDA differs from the runtime's launch in some bits")
         how = "differs"

@@ -2,6 +2,8 @@
 reports every one, a failed launch included; loads the kernels it runs. It names no call convention."""
 from __future__ import annotations
 
+import time
+
 from .cases import CaseResult, VerifyReport, case_seed
 from .pycuda_launch import PycudaUnavailable
 
@@ -21,6 +23,7 @@ class Runner:
         label = spec_label or kernel.label
         results = []
         for variant, function, shape, index, check in cases:
+            start = time.perf_counter()
             if self.context_lost:
                 r = CaseResult(label, function, variant, shape, passed=False,
                                problems=[f"not run: the CUDA context was lost {self.context_lost}"])
@@ -34,6 +37,7 @@ class Runner:
                                    problems=[f"{type(exc).__name__}: {exc}"])
                     if not context_usable(kernel.device):
                         self.context_lost = f"after {label} {variant} {shape.label}"
+            r.seconds = round(time.perf_counter() - start, 4)
             results.append(r)
             if self.on_case:
                 self.on_case(r)
@@ -61,16 +65,21 @@ def load_kernels(spec_paths, *, on_compile=None, on_batch=None, jobs: int | None
     hears of that batch (default: its summary line on stderr), `on_compile(spec_path, arch)` of
     any compile a load still does."""
     from ...compile import precompile, print_summary
-    from ...runtime import bundle_of, device_arch, gpu_modules, kernel_class
+    from ...runtime import bundle_of, device_arch, gpu_modules
     torch, _ = gpu_modules()
     bundles = [bundle_of(str(path)) for path in spec_paths]
     batch = precompile(bundles, device_arch(torch, torch.cuda.current_device()), workers=jobs)
     (on_batch or print_summary)(batch)
-    kernels = []
-    for path, (plan, sources, label) in zip(spec_paths, bundles):
-        hook = None if on_compile is None else (lambda arch, path=path: on_compile(path, arch))
-        kernels.append(kernel_class(plan).from_sources(plan, sources, label=label, on_compile=hook, synchronize=True))
-    return kernels
+    return [load_kernel(path, bundle, on_compile=on_compile) for path, bundle in zip(spec_paths, bundles)]
+
+
+def load_kernel(spec_path, bundle=None, *, on_compile=None):
+    """One spec's kernel as verify runs it (a synchronize after every launch); `bundle`: its
+    (plan, sources, label) when already read."""
+    from ...runtime import bundle_of, kernel_class
+    plan, sources, label = bundle_of(str(spec_path)) if bundle is None else bundle
+    hook = None if on_compile is None else (lambda arch: on_compile(spec_path, arch))
+    return kernel_class(plan).from_sources(plan, sources, label=label, on_compile=hook, synchronize=True)
 
 
 def verify_report(kernels, cases: list[CaseResult], suite_name: str) -> VerifyReport:

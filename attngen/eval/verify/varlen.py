@@ -79,18 +79,20 @@ def reference(torch, q, k, v, lens_q, lens_k, variant: Variant, scale: float, pl
 
 
 def varlen_case_inputs(torch, kernel, case: VarlenCase, seed: int):
-    """The case's random q, k, v (total, heads, head_dim) in the kernel's dtype (as slices of one qkv
-    tensor when case.qkv), after the generator and the draw they came from, for the case's other inputs."""
+    """The case's random q, k, v (total, heads, head_dim; v head_dim_v where the spec has it) in the
+    kernel's dtype (as slices of one qkv tensor when case.qkv: v its first head_dim_v columns there),
+    after the generator and the draw they came from, for the case's other inputs."""
     g = torch.Generator(device=kernel.device).manual_seed(seed)
-    d, tq, tk = kernel.plan.head_dim, sum(case.lens_q), sum(case.keys)
+    d, dv, tq, tk = kernel.plan.head_dim, kernel.plan.v_dim, sum(case.lens_q), sum(case.keys)
 
     def randn(*size):
         return torch.randn(size, generator=g, device=kernel.device, dtype=torch.float32).to(kernel.dtype)
 
     if case.qkv:
-        q, k, v = randn(tq, 3, case.heads, d).unbind(1)
+        q, k, v = randn(tq, 3, case.heads, max(d, dv)).unbind(1)
+        q, k, v = q[..., :d], k[..., :d], v[..., :dv]
     else:
-        q, k, v = randn(tq, case.heads, d), randn(tk, case.kv_heads, d), randn(tk, case.kv_heads, d)
+        q, k, v = randn(tq, case.heads, d), randn(tk, case.kv_heads, d), randn(tk, case.kv_heads, dv)
     return g, randn, q, k, v
 
 
@@ -103,7 +105,7 @@ def check_varlen_case(kernel, variant: Variant, case: VarlenCase, seed: int, lab
     tq = sum(case.lens_q)
     g, _, q, k, v = varlen_case_inputs(torch, kernel, case, seed)
     guard = -(-kernel.plan.block_m // ROW_ALIGN) * ROW_ALIGN
-    out_buf = torch.full((tq + guard, case.heads, d), float("nan"), dtype=dtype, device=dev)
+    out_buf = torch.full((tq + guard, case.heads, kernel.plan.v_dim), float("nan"), dtype=dtype, device=dev)
     lse_buf = torch.full((case.heads * tq + guard,), float("nan"), dtype=torch.float32, device=dev)
     out, lse = out_buf[:tq], lse_buf[:case.heads * tq].view(case.heads, tq)
 

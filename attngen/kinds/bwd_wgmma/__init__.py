@@ -19,6 +19,11 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
   accumulator keeps each 64-row block in that order, and the convert kernel reads it so.
 - preprocess: delta = rowsum(dO * O), zeros in the accumulator (whole query blocks);
 - convert: dQ = scale * accumulator.
+
+A spec with `group_split: true` adds, per mask, a group-split main function for GQA/MQA calls: the
+grid (key blocks, kv_heads x splits, batch) spreads each KV head's query heads over `splits` blocks,
+each adding its dK and dV into fp32 sums after the dQ accumulator (red.global.add), and the convert
+part's kv_convert writes dk and dv from them (the template's add_key_gradients says why sums).
 """
 from __future__ import annotations
 
@@ -66,6 +71,11 @@ class WgmmaBackwardSpec(ForwardSpec):
     masks_taken = ("none", "causal", "window", "expr")
     takes_scores = True
     takes_head_dim_v: ClassVar[bool] = True   # V, O, dO and dV of their own head dim (DeepSeek MLA: 192 / 128)
+    group_split: bool = Field(default=False, description=(
+        "also emit a group-split main function per mask for GQA/MQA calls (kv_heads < heads): the blocks of "
+        "a KV head's query heads are spread over the grid (key blocks, kv_heads x splits, batch), each adding "
+        "its dK and dV into fp32 sums that a kv_convert kernel turns into dk and dv; the call picks the split "
+        "count from the shape (1: the unsplit functions)"))
 
     def swizzled_row_chunks(self) -> int:
         panel = panel_swizzle(self)
@@ -194,11 +204,16 @@ rule_backward_one_block = refuse(
     lambda s: ("this backward runs one block per SM (its threads hold dK, dV, S^T and dP^T in up to "
                f"{MAX_REGISTERS} registers each); remove min_blocks_per_sm"), "rule_backward_one_block")
 
+rule_backward_group_split = refuse(
+    "group_split", lambda s: s.group_split and (s.head_dim % 16 or s.v_dim != s.head_dim),
+    lambda s: "group_split is generated for one head dim of whole k16 steps (no padding, no head_dim_v): remove it",
+    "rule_backward_group_split")
+
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
                            rule_backward_warpgroups, rule_backward_head_dim, rule_backward_varlen_no_expressions,
                            rule_backward_copies, rule_backward_opt_in, rule_backward_varlen_plain,
                            rule_backward_registers, rule_backward_rows_plain, rule_backward_one_block,
-                           rule_backward_no_rescale)
+                           rule_backward_no_rescale, rule_backward_group_split)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,6 +246,7 @@ class WgmmaBackwardFragments:
     d_regs_v: int = 0       # ... dV accumulators per thread: 64 keys x dkv_cols_v
     k_steps_dv: int = 0     # ... k16 steps over head_dim_v (dP^T)
     dq_staging: bool = False  # deterministic dQ waits in a region of its own (the stage's Q and dO tiles are smaller)
+    group_split: bool = False  # group-split functions (GQA): dK and dV added into fp32 sums, kv_convert in the convert part
 
 
 def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardFragments:
@@ -252,7 +268,7 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
         accum_fragment_rows=ACCUM_FRAGMENT_ROWS, accum_fragment_cols=dq_cols if td == d else d,
         tile_dim=td if td != d else 0, head_dim_v=dv if own_v else 0,
         dkv_cols_v=dv // groups if own_v else 0, d_regs_v=dv // groups // 2 if own_v else 0,
-        k_steps_dv=dv // 16 if own_v else 0, dq_staging=dq_staging(spec))
+        k_steps_dv=dv // 16 if own_v else 0, dq_staging=dq_staging(spec), group_split=spec.group_split)
 
 
 def dq_share_bytes(s) -> int:
@@ -374,6 +390,11 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                    "each sequence's accumulator blocks start at block (its first row's block + its index), so no "
                    "query block spans two sequences (the convert kernel finds a row's sequence by bisection)",)
                   if spec.varlen else ()),
+                *(("group-split functions (GQA/MQA calls, not deterministic): grid (key blocks, kv_heads x splits, "
+                   "batch); block y walks the query heads [y % splits x group / splits, + group / splits) of KV head "
+                   "y / splits and adds its dK and dV into fp32 sums (red.global.add; the sums, (batch, kv_heads, "
+                   "seqlen_k, head_dim) each, follow the dQ accumulator, zeroed by the call); kv_convert: dk = scale x "
+                   "sum, dv = sum, grid (ceil(seqlen_k / rows), kv_heads, batch)",) if spec.group_split else ()),
                 f"preprocess, convert: grid (ceil(rows / {f.row_block}), heads, batch), {ROW_THREADS} threads, "
                 f"head_dim / 8 threads per row (rows: seqlen_q rounded up to {bm} for the preprocess's zeros)")
     block_text = (f"block: {bn} keys of one KV head; the query blocks of {bm} rows that see them, for every query "
@@ -393,7 +414,8 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
         kv_copy=TileCopy(bn, d * 2 // 16, threads), barriers=bars, kv_stage_stride=0, min_blocks_per_sm=1,
         fragments=f, arch_suffix="a", tensor_maps=maps, params_qualifier="__grid_constant__ ")
     main_unread = tensor_fields("q") + tensor_fields("dout")   # the main kernel reads Q and dO through the maps
-    return BackwardPlan.of(forward, parts=backward_parts(spec, abi, accum_blocks=True, main_unread=main_unread),
+    return BackwardPlan.of(forward, parts=backward_parts(spec, abi, accum_blocks=True, main_unread=main_unread,
+                                                         group_split=spec.group_split),
                            roles=roles, schedule=schedule, block_text=block_text,
                            copy_engine=f"K, V: cp.async (16-byte chunks, every thread); Q, dO: TMA "
                                        f"(cp.async.bulk.tensor, one thread); {panel.row_bytes}-byte-swizzled panels",

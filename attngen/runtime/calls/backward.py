@@ -2,12 +2,22 @@
 the gradients of attention softmax(scale q k^T) v at q, k and v given dout, the gradient of its
 output. `out` and `lse` are the forward's (attngen's, or any FlashAttention-style forward: the output
 and the natural-log LSE of the scaled scores, fp32 (B, H, Sq)). Three launches on one Params
-(attngen/core/backward_plan.py): preprocess, main, convert."""
+(attngen/core/backward_plan.py): preprocess, main, convert.
+
+GQA/MQA (kv_heads < heads) on a spec with group-split functions (`group_split: true`): the main
+kernel's grid is (key blocks, kv_heads x splits, batch), each block walking group / splits of its KV
+head's query heads and adding its dK and dV into fp32 sums that follow the dQ accumulator in its
+buffer (zeroed here); a fourth launch, kv_convert, writes dk and dv from them. The split count comes
+from the shape (core.launch_rules.group_splits) or the call's group_splits=; 1 is the unsplit path.
+The splits add dK and dV in any order, so those are repeatable only up to fp32 rounding (as dQ is);
+deterministic=True keeps the unsplit path, whose dK and dV repeat bit for bit."""
 from __future__ import annotations
 
+import math
 import numbers
 
-from ...core.launch_rules import accum_rows, deterministic_key, query_blocks, row_grid, varlen_accum_rows
+from ...core.launch_rules import (KV_CONVERT, accum_rows, deterministic_key, group_split_key, group_splits,
+                                  kv_accum_floats, query_blocks, row_grid, varlen_accum_rows)
 from ...core.constants import LOG2E
 from ...core.varlen_plan import varlen_key
 from ..gpu import error_word
@@ -45,11 +55,12 @@ class BackwardKernel(Kernel):
         self._pointers = plan.abi.patch(POINTERS + self._map_fields)
         self._fp32 = self._torch.float32
         self._functions = {part.name: dict(part.functions) for part in plan.parts}
+        self.last_group_splits = None   # the split count of the last padded call (1: unsplit)
 
     def __call__(self, q, k, v, out, lse, dout, *, causal: bool = False, alignment: str | None = None,
                  scale: float | None = None, layout: str = "bhsd", dq=None, dk=None, dv=None, window=None,
                  softcap: float | None = None, alibi_slopes=None, params: dict | None = None,
-                 deterministic: bool = False):
+                 deterministic: bool = False, group_splits: int | None = None):
         """The gradients (dq, dk, dv) of attention at q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
 
         out: the forward's output, shaped like q; lse: its natural-log LSE, contiguous fp32 (B, Hq, Sq)
@@ -61,6 +72,9 @@ class BackwardKernel(Kernel):
         always are), so repeated calls give the same bits; it costs the waits of that order
         (docs/performance.md, "Backward").
         dq, dk, dv: tensors shaped like q, k and v to write the gradients into (default: new ones).
+        group_splits: GQA/MQA on a spec with group-split functions, how many blocks share each key
+        block's query heads (a divisor of heads / kv_heads; default: chosen from the shape, see the
+        module's text; 1: the unsplit path). The split count of the last call is `last_group_splits`.
         """
         key = None
         if dq is None and dk is None and dv is None:
@@ -70,7 +84,7 @@ class BackwardKernel(Kernel):
                 key = (call_key(q, k, v, causal, alignment, scale, deterministic, layout,
                                 variant_key(window, softcap, alibi_slopes, params)),
                        out.shape, out.stride(), out.dtype, out.get_device(), dout.shape, dout.stride(), dout.dtype,
-                       dout.get_device(), lse.shape, lse.stride(), lse.dtype, lse.get_device())
+                       dout.get_device(), lse.shape, lse.stride(), lse.dtype, lse.get_device(), group_splits)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None
@@ -104,12 +118,16 @@ class BackwardKernel(Kernel):
             for g in (dq, dk, dv):
                 g.zero_()
             return dq, dk, dv
-        rows = accum_rows(self.plan, seqlen_q)
-        scratch = ((batch, heads, rows, self.plan.head_dim), (batch, heads, seqlen_q),
-                   (batch, heads, query_blocks(seqlen_q, self.plan.block_m)) if deterministic else None)
-        dq_accum, delta, turns = self._scratch(q, scratch)
         info = self._device(index)
         plan = self.plan
+        key_blocks = -(-seqlen_k // plan.block_n)
+        splits = self._group_splits(group_splits, mask, deterministic, heads // kv_heads, key_blocks, kv_heads, batch,
+                                    info.sm_count)
+        rows = accum_rows(self.plan, seqlen_q)
+        scratch = ((batch, heads, rows, self.plan.head_dim), (batch, heads, seqlen_q),
+                   (batch, heads, query_blocks(seqlen_q, self.plan.block_m)) if deterministic else None,
+                   kv_accum_floats(batch, kv_heads, seqlen_k, plan.head_dim) if splits > 1 else 0)
+        dq_accum, delta, turns = self._scratch(q, scratch)
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
                     dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum.data_ptr(), delta.data_ptr(),
                     0 if turns is None else turns.data_ptr())
@@ -125,14 +143,37 @@ class BackwardKernel(Kernel):
         maps = shape_maps.values(pointers) if shape_maps else ()
         row += maps
         rows = row_grid(plan.head_dim, batch, heads, rows)
-        main = (-(-seqlen_k // plan.block_n), kv_heads, batch)
-        launches = self._launches(info, (self._functions["preprocess"]["preprocess"], rows),
-                                  (self.entry[deterministic_key(mask) if deterministic else mask], main),
-                                  (self._functions["convert"]["convert"], rows))
-        prepared = Prepared(info, launches, self._packer.pack(row), self._pointers, (scratch, shape_maps))
+        if splits > 1:   # the group-split functions, then dk and dv from their sums
+            named = ((self._functions["preprocess"]["preprocess"], rows),
+                     (self.entry[group_split_key(mask)], (key_blocks, kv_heads * splits, batch)),
+                     (self._functions["convert"]["convert"], rows),
+                     (self._functions["convert"][KV_CONVERT], row_grid(plan.head_dim, batch, kv_heads, seqlen_k)))
+        else:
+            named = ((self._functions["preprocess"]["preprocess"], rows),
+                     (self.entry[deterministic_key(mask) if deterministic else mask], (key_blocks, kv_heads, batch)),
+                     (self._functions["convert"]["convert"], rows))
+        prepared = Prepared(info, self._launches(info, *named), self._packer.pack(row), self._pointers,
+                            (scratch, shape_maps, splits))
         self._remember(key, prepared)
+        self.last_group_splits = splits
         self._run(prepared, pointers + maps)
         return dq, dk, dv
+
+    def _group_splits(self, given, mask: str, deterministic: bool, group: int, key_blocks: int, kv_heads: int,
+                      batch: int, sm_count: int) -> int:
+        """The call's split count: the caller's (checked), or group_splits' choice where the spec has a
+        group-split function for the mask and the call is GQA/MQA and not deterministic; else 1."""
+        available = group > 1 and not deterministic and group_split_key(mask) in self.entry
+        if given is None:
+            return group_splits(group, key_blocks, kv_heads, batch, sm_count, uneven=mask != "none") \
+                if available else 1
+        if isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < 1 or group % given:
+            raise ValueError(f"group_splits must be a positive divisor of heads / kv_heads = {group} (got {given!r})")
+        if given > 1 and not available:
+            why = ("deterministic calls take the unsplit path" if deterministic else
+                   f"{self.plan.spec.name} has no group-split function for mask {mask}")
+            raise ValueError(f"group_splits={given}: {why}; use 1 or leave it unset")
+        return int(given)
 
     def _shape_maps(self, views):
         """The TMA tensor maps of a call's shape (views: q and dout as (B, H, S, D)), or None for a
@@ -146,8 +187,14 @@ class BackwardKernel(Kernel):
         """The fp32 dQ accumulator and delta (zeroed and written by the preprocess kernel), and in
         deterministic mode the turn counters (zeroed here)."""
         torch = self._torch
-        accum, delta, turns = shapes
-        return (torch.empty(accum, dtype=self._fp32, device=q.device), torch.empty(delta, dtype=self._fp32, device=q.device),
+        accum, delta, turns, kv_sums = shapes
+        if kv_sums:   # a group-split call: dK's and dV's fp32 sums follow the dQ accumulator, zeroed
+            n = math.prod(accum)
+            dq_accum = torch.empty(n + kv_sums, dtype=self._fp32, device=q.device)
+            dq_accum[n:].zero_()
+        else:
+            dq_accum = torch.empty(accum, dtype=self._fp32, device=q.device)
+        return (dq_accum, torch.empty(delta, dtype=self._fp32, device=q.device),
                 None if turns is None else torch.zeros(turns, dtype=torch.int32, device=q.device))
 
     def _run_prepared(self, prepared, q, k, v, out, lse, dout):
@@ -158,7 +205,7 @@ class BackwardKernel(Kernel):
             return None
         torch = self._torch
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        scratch, shape_maps = prepared.extra
+        scratch, shape_maps, self.last_group_splits = prepared.extra
         dq_accum, delta, turns = self._scratch(q, scratch)
         pointers = (qp, kp, vp, op, lse.data_ptr(), dp, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                     dq_accum.data_ptr(), delta.data_ptr(), 0 if turns is None else turns.data_ptr())
@@ -250,6 +297,7 @@ class BackwardKernel(Kernel):
                                          row_grid(plan.head_dim, 1, heads, accum)),
                                   (self.entry[deterministic_key(function) if deterministic else function], main),
                                   (self._functions["convert"]["convert"], row_grid(plan.head_dim, 1, heads, total_q)))
+        self.last_group_splits = 1   # varlen calls never split
         self._run(Prepared(info, launches, self._varlen_packer.pack(row), self._pointers), pointers + maps)
         return dq, dk, dv
 

@@ -74,11 +74,11 @@ def check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k) -> tuple[int, i
     index = kernel._device_index(q)
     qs = kernel._check_tensor("q", q, VARLEN_LAYOUT, index)
     ks = kernel._check_tensor("k", k, VARLEN_LAYOUT, index)
-    vs = kernel._check_tensor("v", v, VARLEN_LAYOUT, index)
+    vs = kernel._check_tensor("v", v, VARLEN_LAYOUT, index, v_dim=True)   # V's head dim: the spec's head_dim_v
     total_q, heads, _ = qs
     total_k, kv_heads, _ = ks
-    if ks != vs:
-        raise ValueError(f"k and v must have the same shape (got {tuple(ks)} and {tuple(vs)})")
+    if ks[:-1] != vs[:-1]:
+        raise ValueError(f"k and v must have the same shape but for the head dim (got {tuple(ks)} and {tuple(vs)})")
     kernel._check_heads(heads, kv_heads, heads=heads)
     if max(total_q, total_k) > INT32_MAX:
         raise ValueError(f"varlen tensors of more than {INT32_MAX} rows do not fit int32 offsets")

@@ -2,7 +2,8 @@
 ``kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=...)`` on torch tensors.
 
 q is (total_q, Hq, D), k and v are (total_k, Hkv, D): the rows of every sequence back to back, as
-a ragged prefill batch arrives. cu_seqlens_q/k (int32, (batch + 1,), on the GPU) hold where each
+a ragged prefill batch arrives (a spec with head_dim_v: v is (total_k, Hkv, Dv), o (total_q, Hq,
+Dv)). cu_seqlens_q/k (int32, (batch + 1,), on the GPU) hold where each
 sequence starts, then the end of the last: sequence b is rows cu[b]..cu[b+1]. One launch covers
 the batch; the grid is (ceil(max_seqlen_q / block_m), heads, batch) and a block past its
 sequence's last row returns at once, so short sequences cost no padded work.
@@ -30,8 +31,8 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     causal: query row i of a sequence sees its keys j <= i ("top_left", the default, as the padded
     call) or j <= i + len_k - len_q ("bottom_right", FlashAttention's varlen convention); the two
     agree when each sequence has as many queries as keys. A row that sees no key gives zeros and
-    LSE -inf. Returns o (total_q, Hq, D), or (o, lse) with lse fp32 (Hq, total_q); `out` and
-    `lse_out` (contiguous) receive them instead of new tensors.
+    LSE -inf. Returns o (total_q, Hq, D; V's head dim where the spec has head_dim_v), or (o, lse)
+    with lse fp32 (Hq, total_q); `out` and `lse_out` (contiguous) receive them instead of new tensors.
 
     Nothing waits for the GPU by default: the kernel clamps every offset to the tensors, so a
     malformed table gives wrong rows but never an access outside them. max_seqlen_q (the longest
@@ -65,7 +66,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
             qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
             if not (qp | kp | vp) % LOAD_BYTES:
                 torch = kernel._torch
-                out = torch.empty_like(q)
+                out = kernel._new_output(q)       # like q, with V's head dim where it differs
                 lse_shape, shape_maps = prepared.extra
                 lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
                 batch = cu_seqlens_k.shape[0] - 1

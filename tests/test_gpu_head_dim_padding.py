@@ -1,0 +1,160 @@
+"""Head dims the dispatch table serves no kernel of (59, 72, 111, 224: FlashAttention's tests use 59,
+111 and 224) run at the smallest served head dim above them, q, k and v zero-padded: forward (both
+layouts, GQA, causal, LSE), backward, a variant (window, softcap), varlen forward and backward, and
+decode (contiguous and paged), each against the fp32 reference under the error rule; the output has
+the call's head dim and the strides the unpadded call would give it."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def torch():
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the committed dispatch table's head dims are those of sm_90 (H100/H200)")
+    return torch
+
+
+def reference(torch, q, k, v, *, causal, window=None, softcap=None):
+    """(fp32 out, lowprec out, fp32 lse) of attention_torch for (B, H, S, D) tensors."""
+    from attngen.core.variants import SOFTCAP, call_mask
+    from attngen.eval.verify.cases import attention_torch, exact_fp32_matmul
+    mask = call_mask(causal, window)
+    args = dict(scale=q.shape[-1] ** -0.5, mask=mask, alignment="top_left" if mask != "none" else None,
+                window=None if window is None else (window[0], 0 if causal else window[1]),
+                modifiers=((SOFTCAP, softcap),) if softcap is not None else ())
+    with exact_fp32_matmul(torch):
+        ref, ref_lse = attention_torch(q.float(), k.float(), v.float(), **args)
+    low, _ = attention_torch(q, k, v, **args)
+    return ref, low, ref_lse
+
+
+def within_rule(got, ref, low, label):
+    from attngen.eval.verify.cases import error_bound
+    err, low_err = (got.float() - ref.float()).abs().max().item(), (low.float() - ref.float()).abs().max().item()
+    assert err <= error_bound(low_err), f"{label}: {err:.3g} > {error_bound(low_err):.3g} (torch {low_err:.3g})"
+
+
+def inputs(torch, dtype, head_dim, *, batch=2, heads=8, kv_heads=2, sq=301, sk=301, seed=0, grad=False):
+    g = torch.Generator(device="cuda").manual_seed(seed + head_dim)
+    dt = getattr(torch, dtype)
+    q = torch.randn(batch, heads, sq, head_dim, device="cuda", generator=g).to(dt)
+    k, v = (torch.randn(batch, kv_heads, sk, head_dim, device="cuda", generator=g).to(dt) for _ in range(2))
+    return tuple(t.requires_grad_(grad) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [59, 72, 111, 224])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_at_an_unserved_head_dim(torch, dtype, head_dim, causal):
+    import attngen
+    q, k, v = inputs(torch, dtype, head_dim)
+    out, lse = attngen.attention(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == q.shape and out.is_contiguous()
+    ref, low, ref_lse = reference(torch, q, k, v, causal=causal)
+    within_rule(out, ref, low, f"d{head_dim}")
+    assert (lse - ref_lse).abs().max().item() < 1e-2
+    t = lambda x: x.transpose(1, 2).contiguous()   # noqa: E731
+    out_s = attngen.attention(t(q), t(k), t(v), causal=causal, layout="bshd")
+    assert out_s.shape == t(q).shape and out_s.is_contiguous()
+    within_rule(out_s.transpose(1, 2), ref, low, f"d{head_dim} bshd")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [59, 111, 224])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_at_an_unserved_head_dim(torch, dtype, head_dim, causal):
+    import attngen
+    q, k, v = inputs(torch, dtype, head_dim, sq=257, sk=257, grad=True)
+    dout = torch.randn_like(q)
+    out = attngen.attention(q, k, v, causal=causal)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref, low, _ = reference(torch, q, k, v, causal=causal)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    from attngen.eval.verify.cases import attention_torch, exact_fp32_matmul
+    with exact_fp32_matmul(torch):
+        ref32, _ = attention_torch(q32, k32, v32, scale=head_dim ** -0.5, mask="causal" if causal else "none",
+                                   alignment="top_left" if causal else None)
+        ref_grads = torch.autograd.grad(ref32, (q32, k32, v32), dout.float())
+    low_grads = torch.autograd.grad(low, (q, k, v), dout)
+    within_rule(out, ref, low, f"d{head_dim} out")
+    for name, got, r, lo in zip("qkv", grads, ref_grads, low_grads):
+        assert got.shape == r.shape
+        within_rule(got, r, lo, f"d{head_dim} d{name}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_variants_at_an_unserved_head_dim(torch, dtype):
+    """A window at d59 (served at 64) and softcap at d224 (served at 256, Gemma 2's cap)."""
+    import attngen
+    q, k, v = inputs(torch, dtype, 59)
+    out = attngen.attention(q, k, v, causal=True, window=(70, 0))
+    ref, low, _ = reference(torch, q, k, v, causal=True, window=(70, 0))
+    within_rule(out, ref, low, "d59 window")
+    q, k, v = inputs(torch, dtype, 224)
+    out = attngen.attention(q, k, v, causal=True, softcap=50.0)
+    ref, low, _ = reference(torch, q, k, v, causal=True, softcap=50.0)
+    within_rule(out, ref, low, "d224 softcap")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [59, 111])
+def test_varlen_at_an_unserved_head_dim(torch, dtype, head_dim):
+    """attention_varlen forward and backward: each sequence against its own keys."""
+    import attngen
+    dt = getattr(torch, dtype)
+    lens = [1, 77, 300, 5]
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+    total = sum(lens)
+    q = torch.randn(total, 4, head_dim, device="cuda", generator=g).to(dt).requires_grad_()
+    k, v = (torch.randn(total, 2, head_dim, device="cuda", generator=g).to(dt).requires_grad_() for _ in range(2))
+    cu = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), device="cuda", dtype=torch.int32)
+    out = attngen.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    assert out.shape == q.shape
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for i, n in enumerate(lens):
+        s = slice(int(cu[i]), int(cu[i + 1]))
+        qs, ks, vs = (t[s].detach().transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        ref, low, _ = reference(torch, qs, ks, vs, causal=True)
+        within_rule(out[s].detach().transpose(0, 1).unsqueeze(0), ref, low, f"d{head_dim} sequence {i}")
+    assert all(gr.shape == t.shape and torch.isfinite(gr).all() for gr, t in zip(grads, (q, k, v)))
+    # the gradients against the padded call made by hand: zero columns past head_dim change nothing
+    to = 64 if head_dim <= 64 else 128
+    pad = lambda t: torch.nn.functional.pad(t.detach(), (0, to - head_dim)).requires_grad_()   # noqa: E731
+    qp, kp, vp = pad(q), pad(k), pad(v)
+    outp = attngen.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens), causal=True, scale=head_dim ** -0.5)
+    gp = torch.autograd.grad(outp, (qp, kp, vp), torch.nn.functional.pad(dout, (0, to - head_dim)))
+    assert torch.equal(outp[..., :head_dim], out.detach())
+    for got, padded in zip(grads, gp):
+        assert (got.float() - padded[..., :head_dim].float()).abs().max().item() < 5e-2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_at_an_unserved_head_dim(torch, dtype, paged):
+    import attngen
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    d, batch, heads, kv_heads, capacity = 111, 3, 8, 2, 512
+    lens = torch.tensor([1, 200, 512], device="cuda", dtype=torch.int32)
+    q = torch.randn(batch, heads, 1, d, device="cuda", generator=g).to(dt)
+    k, v = (torch.randn(batch, kv_heads, capacity, d, device="cuda", generator=g).to(dt) for _ in range(2))
+    if paged:
+        page = 16
+        pages = capacity // page
+        order = torch.randperm(batch * pages, device="cuda", generator=g)
+        table = order.view(batch, pages).to(torch.int32)
+        pool = lambda t: torch.empty(batch * pages, kv_heads, page, d, device="cuda", dtype=dt).index_copy_(   # noqa: E731
+            0, order, t.view(batch, kv_heads, pages, page, d).transpose(1, 2).reshape(batch * pages, kv_heads, page, d))
+        out = attngen.attention_with_kvcache(q, pool(k), pool(v), cache_seqlens=lens, block_table=table)
+    else:
+        out = attngen.attention_with_kvcache(q, k, v, cache_seqlens=lens)
+    assert out.shape == q.shape
+    for b in range(batch):
+        n = int(lens[b])
+        ref, low, _ = reference(torch, q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal=False)
+        within_rule(out[b:b + 1], ref, low, f"sequence {b}")
