@@ -143,3 +143,32 @@ def test_bad_page_ids_are_clamped_and_recorded(torch, pg):
     assert torch.isfinite(out).all()
     with pytest.raises(Exception, match="page"):
         attngen.check_errors()
+
+
+@pytest.mark.parametrize("pg", (16, 256))
+def test_pages_past_4_gib_of_the_pool(torch, pg):
+    """Pools of 4.5 GiB each (k and v), NaN but for the pages the table names, all from the pool's upper
+    half: every row's byte offset passes 2**31 and most pass 2**32, so a 32-bit offset would read a NaN
+    page or another sequence's. Bit for bit what the same kernel gives on the contiguous cache."""
+    kernel = load_once(spec_path(128, "fp16"))
+    batch, kv_heads, d, capacity = 2, 8, 128, 1024
+    g = torch.Generator(device="cuda").manual_seed(pg)
+    q = torch.randn((batch, 32, 1, d), generator=g, device="cuda").half()
+    k, v = (torch.randn((batch, kv_heads, capacity, d), generator=g, device="cuda").half() for _ in range(2))
+    num_pages = (9 << 29) // (pg * kv_heads * d * 2)          # 4.5 GiB of pages
+    per_seq = capacity // pg
+    ids = num_pages // 2 + torch.randperm(num_pages - num_pages // 2, generator=g, device="cuda")[:batch * per_seq]
+    table = ids.int().view(batch, per_seq)
+    kp = torch.full((num_pages, kv_heads, pg, d), float("nan"), dtype=torch.float16, device="cuda")
+    vp = torch.full_like(kp, float("nan"))
+    for src, pool in ((k, kp), (v, vp)):
+        pool[ids] = src.view(batch, kv_heads, per_seq, pg, d).transpose(1, 2).reshape(batch * per_seq, kv_heads, pg, d)
+    lens = torch.tensor([capacity - 3, 517], dtype=torch.int32, device="cuda")
+    for splits in (1, 3):
+        a = kernel(q, k, v, cache_seqlens=lens, num_splits=splits)
+        b = kernel(q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=splits)
+        attngen.check_errors()
+        assert torch.isfinite(b).all()
+        assert torch.equal(a, b), f"page {pg} splits {splits}: pages past 4 GiB differ from the contiguous cache"
+    del kp, vp
+    torch.cuda.empty_cache()
