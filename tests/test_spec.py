@@ -206,6 +206,7 @@ RULE_CASES = [
     ("rule_block_n", SCALAR, {"tile__block_n": 48}, "tile.block_n", "multiple of 32 for scalar"),
     ("rule_block_n", MMA, {"tile__block_n": 40}, "tile.block_n", "multiple of 16 for mma_m16n8k16"),
     ("rule_stages_need_async", MMA, {"smem__async_copy": False}, "smem.stages", "set smem.async_copy: true or stages: 1"),
+    ("rule_paged_varlen", MMA, {"paged": True}, "paged", "it needs varlen: true"),
     ("rule_no_async_copy", SCALAR, {"smem__async_copy": True}, "smem.async_copy",
      "asynchronous copies are not generated for scalar; set smem.async_copy: false"),
     ("rule_no_q_in_registers", WMMA, {"smem__q_in_registers": True}, "smem.q_in_registers",

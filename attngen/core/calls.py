@@ -47,7 +47,7 @@ class Call(NamedTuple):
 
 
 ATTENTION = TableCall("forward")
-ATTENTION_VARLEN = TableCall("varlen", varlen=True)
+ATTENTION_VARLEN = TableCall("varlen", varlen=True, paged=True)      # paged: block_table= (paged K/V)
 ATTENTION_WITH_KVCACHE = TableCall("decode", paged=True)
 ATTENTION_BACKWARD = TableCall("backward")                          # the gradients of attngen.attention
 ATTENTION_VARLEN_BACKWARD = TableCall("varlen_backward", varlen=True)   # those of attngen.attention_varlen

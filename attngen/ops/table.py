@@ -14,8 +14,8 @@ serves; null for no limit. `min_rows`: the fewest query rows (batch x heads x se
 entry serves, where a bucket's winner depends on the grid's size (a persistent spec loses on grids
 with fewer query blocks than SMs): of a bucket's entries, a call takes the one with the largest
 min_rows it reaches. An entry without `us` is unmeasured (chosen from its spec's target).
-Decode entries also key on `paged` (true: a paged cache through a block table, of any page size the
-spec's kernel reads; left out: contiguous caches) and may set `max_group_rows`: the
+Decode and varlen entries also key on `paged` (true: a paged cache through a block table, of any page
+size the spec's kernel reads; left out: contiguous caches or packed varlen K/V) and may set `max_group_rows`: the
 most query rows per KV head (heads / kv_heads x seqlen_q) they serve. Entries for a spec with score
 modifiers key on them too: `scores: softcap`, `alibi`, `softcap+alibi`, `sink` (the spec's `scores`, joined).
 """
@@ -567,7 +567,8 @@ def call_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen
               group_rows: int = 1, head_dim_v: int = 0, scores: str = "") -> str:
     """A call's dispatch key in words (page size, 0 for a contiguous cache, and group rows only for a call
     with a KV cache: decode)."""
-    decode = f" page_size {page_size} group_rows {group_rows}" if table_call(call).paged else ""
+    t = table_call(call)
+    decode = (f" page_size {page_size}" + ("" if t.varlen else f" group_rows {group_rows}")) if t.paged else ""
     v = f" head_dim_v {head_dim_v}" if head_dim_v else ""
     mods = f" scores {scores}" if scores else ""
     return f"{call} {arch} {dtype} head_dim {head_dim}{v} {mask}{mods} seqlen {seqlen}{decode}"
