@@ -25,7 +25,8 @@ from .options import MAX_GROUP_ROWS, MAX_HEAD_DIM, MAX_INT32, MAX_PAGE_SIZE
 @click.option("--scores", default="", metavar="MODS",
               help="the call's score modifiers joined by +, as the table keys them: softcap, alibi, softcap+alibi")
 @click.option("--page-size", type=click.IntRange(0, MAX_PAGE_SIZE), default=0, show_default=True,
-              help="decode: keys per page of a paged cache, a power of two (any one a paged spec reads); 0 contiguous")
+              help="decode and varlen: keys per page of a paged cache, a power of two (any one a paged spec reads); "
+                   "0 contiguous")
 @click.option("--group-rows", type=click.IntRange(1, MAX_GROUP_ROWS), default=1, show_default=True,
               help="decode: query rows per KV head (heads / kv_heads x new tokens)")
 @click.option("--rows", type=click.IntRange(1, MAX_INT32), default=None,

@@ -183,7 +183,8 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     A sequence's keys are clamped to max_pages x page_size and a page id to the pool (recorded as input
     errors, attngen.check_errors()). Causal "bottom_right" aligns each sequence's queries with the end of
     its keys (prefill chunks and single decode tokens in one call). validate=True reads the offsets,
-    lengths and the pages they use back and refuses bad ones."""
+    lengths and the pages they use back and refuses bad ones. causal without an alignment is
+    "bottom_right" here (FlashAttention's paged varlen call has no other); "top_left" may be asked for."""
     torch = kernel._torch
     if not getattr(kernel.plan, "paged", False):
         raise ValueError(f"{kernel.label} reads packed K/V only: block_table needs a spec with paged: true")
@@ -240,6 +241,8 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
                          f"and {cu_seqlens_k.numel()} offsets)")
     mask = kernel._check_mask(causal, None)
+    if causal and alignment is None:
+        alignment = "bottom_right"      # FlashAttention's varlen convention: the queries are a sequence's last keys
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral)
                                      or max_seqlen_q < 0):
         raise ValueError(f"max_seqlen_q must be a non-negative integer (got {max_seqlen_q!r})")
