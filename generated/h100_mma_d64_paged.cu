@@ -33,6 +33,7 @@
 //   fragments per warp: 1 x m16 rows; S = 1x16 m16n8 tiles (64 fp32 regs), O = 1x8 tiles (32 fp32 regs), Q fragments 16 regs; ~112 accumulator registers per thread
 //   mma.sync per tile per warp: 64 (Q.K^T) + 64 (P.V)
 //   online softmax: exp2 with the scale folded in; rescale always
+//   paged varlen: with a block table, K/V rows come from page pools of any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params), a cp.async per 16-byte chunk at a 64-bit offset
 //   K/V pipeline: 3 stage(s), cp.async 16 B; Q kept in registers
 //   masks: none: every key is visible; causal: query row i sees keys j <= i + causal_offset; causal_offset = 0 (top_left) or Sk - Sq (bottom_right)
 //

@@ -125,7 +125,10 @@ def explain(plan) -> list[str]:
     return [fragment_line(f),
             f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
-            f"online softmax: exp2 with the scale folded in; rescale {plan.rescale.replace('_', ' ')}"]
+            f"online softmax: exp2 with the scale folded in; rescale {plan.rescale.replace('_', ' ')}"] + (
+        ["paged varlen: with a block table, K/V rows come from page pools of any page size from 1 to 512 keys "
+         "(a power of two, page_size and page_shift in Params), a cp.async per 16-byte chunk at a 64-bit offset"]
+        if plan.paged else [])
 
 
 E4M3 = Kind(NAME, E4M3_TITLE, ("mma", FRAGMENT), MmaFp8Spec, plan_e4m3, explain_e4m3, space=default_forward_space,
