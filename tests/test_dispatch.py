@@ -78,8 +78,16 @@ def test_head_dim_v_is_part_of_the_key():
 def test_dispatch_command_explains_and_refuses():
     run = CliRunner().invoke(main, ["dispatch", "--head-dim", "64", "--causal", "--seqlen", "4096"])
     assert run.exit_code == 0 and "-> h100_wgmma_d64" in run.output and "why:" in run.output
-    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "48"])
+    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "200", "--arch", "sm_89"])   # nothing served above
     assert run.exit_code == 2 and "has no forward kernel" in run.output
+    # a head dim below a served one runs padded to it: the line says so, --json gives the padded head dim
+    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "59", "--arch", "sm_90", "--causal"])
+    assert run.exit_code == 0 and "head_dim 59 causal" in run.output, run.output
+    assert "-> h100_wgmma_d64" in run.output and "(q, k and v zero-padded to head_dim 64)" in run.output
+    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "224", "--arch", "sm_90", "--call", "backward", "--json"])
+    assert run.exit_code == 0 and json.loads(run.output)["padded_head_dim"] == 256
+    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "64", "--arch", "sm_90", "--json"])
+    assert json.loads(run.output)["padded_head_dim"] is None
     run = CliRunner().invoke(main, ["dispatch", "--write"])
     assert run.exit_code == 2 and "--from" in run.output
 

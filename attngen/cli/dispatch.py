@@ -61,7 +61,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     """
     from .. import fsutil
     from ..ops.dispatch import CALL_DTYPES, SPECS_DIR
-    from ..ops.table import call_text, candidates, dump_table, load_table, select, table_path
+    from ..ops.table import call_text, candidates, dump_table, load_table, padded_head_dim, select, table_path
     dtype = dtype or CALL_DTYPES.get(call, ("fp16",))[0]
     path = table_path(specs_dir or SPECS_DIR)
     entries = load_table(path)
@@ -92,17 +92,24 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
         raise click.BadParameter(f"a page size is a power of two from 1 to {MAX_PAGE_SIZE} (got {page_size})",
                                  param_hint="--page-size")
     paged = page_size > 0
+    asked = head_dim
+    padded = padded_head_dim(entries, call, arch, dtype, head_dim, head_dim_v)
+    if padded:      # the call runs at a served head dim, q, k and v zero-padded (docs/dispatch.md)
+        head_dim = padded
     try:
         e = select(entries, call, arch, dtype, head_dim, mask, seqlen, paged=paged, group_rows=group_rows,
                    head_dim_v=head_dim_v, scores=scores, rows=rows)
     except LookupError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(str(exc) + (f"\n(head_dim {asked} is served padded to {padded})" if padded else "")) \
+            from None
     others = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     if as_json:
-        click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others]}, indent=2))
+        click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others],
+                               "padded_head_dim": padded or None}, indent=2))
         return
-    click.echo(f"{call_text(call, arch, dtype, head_dim, mask, seqlen, page_size, group_rows, head_dim_v, scores)}"
-               f"{f' rows {rows}' if rows else ''} -> {e.spec}")
+    click.echo(f"{call_text(call, arch, dtype, asked, mask, seqlen, page_size, group_rows, head_dim_v, scores)}"
+               f"{f' rows {rows}' if rows else ''} -> {e.spec}"
+               + (f" (q, k and v zero-padded to head_dim {padded})" if padded else ""))
     click.echo(f"  why: {e.why}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..core.calls import CALLS, HALF_DTYPES
 from ..shipped import shipped
 
-from .table import load_table, select, table_path
+from .table import load_table, padded_head_dim, select, table_path
 
 def specs_dir() -> Path:
     """The specs the library serves: attngen/specs in an installed wheel, else the repository's
@@ -75,11 +75,8 @@ class Dispatcher:
         to = self._padded.get(key)
         if to is None:
             from ..runtime import device_info
-            arch, name = device_info(index).arch, TORCH_DTYPES.get(str(dtype), dtype)
-            served = {e.head_dim for e in self.entries
-                      if e.call == call and e.arch == arch and e.dtype == name and not e.head_dim_v}
-            above = [d for d in served if d > head_dim]
-            to = min(above) if head_dim == head_dim_v and head_dim not in served and above else 0
+            to = padded_head_dim(self.entries, call, device_info(index).arch, TORCH_DTYPES.get(str(dtype), dtype),
+                                 head_dim, head_dim_v)
             self._padded[key] = to
         return to
 

@@ -658,6 +658,18 @@ def miss_message(entries, call: str, arch: str, dtype: str, head_dim: int, mask:
     return "\n".join(lines)
 
 
+def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int = 0) -> int:
+    """The head dim a call of `head_dim` runs at when the table serves `call` at no kernel of it on
+    `arch` in `dtype`: the smallest it serves above it (q, k and v zero-padded to it: attngen.ops.library),
+    or 0 where the head dim is served, V has a head dim of its own (head_dim_v: 0 or head_dim for
+    none), or nothing above it is served."""
+    if head_dim_v and head_dim_v != head_dim:
+        return 0
+    served = {e.head_dim for e in entries if e.call == call and e.arch == arch and e.dtype == dtype and not e.head_dim_v}
+    above = [d for d in served if d > head_dim]
+    return min(above) if head_dim not in served and above else 0
+
+
 def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
            paged: bool = False, group_rows: int = 1, head_dim_v: int = 0, scores: str = "",
            rows: int | None = None) -> Entry:
@@ -678,5 +690,5 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
 
 __all__ = ["CALLS", "CONVENTION", "OUT_DTYPE", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE",
            "candidates", "check_entry", "dump_table", "entry_problem_of", "load_table", "miss_message",
-           "nearest_keys", "parse_table", "select",
+           "nearest_keys", "padded_head_dim", "parse_table", "select",
            "table_expected", "table_path"]
