@@ -47,6 +47,7 @@ def old_kernel(new, split_file: Path, label: str):
     combine, n = re.subn(r"reserved_(\d+)\[(\d+)\];(  // \+\d+\n\};)",
                          lambda m: f"reserved_{m[1]}[{int(m[2]) - shrink}];{m[3]}", combine, count=1)
     assert n == 1, "the combine's Params end in no reserved bytes"
+    combine = combine.replace(f"sizeof(Params) == {new.plan.abi.size}", f"sizeof(Params) == {plan.abi.size}")
     return type(new).from_sources(plan, [split, combine], label=label)
 
 
