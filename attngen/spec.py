@@ -53,6 +53,9 @@ RENAMED_KEYS = {
     # 291ba05: "split" names decode's split-KV alone; the Hopper kind's flag became separate_kv_barriers.
     "schedule.split_kv": ("schedule.separate_kv_barriers",
                           "K and V of a stage on separate mbarriers; split-KV decoding is `decode: split_kv`"),
+    # A decode spec's page_size (16 or 256) became `paged: true`: one kernel reads pages of any size from
+    # 1 to 512 keys, given at run time; `page_size: ~` is `paged: false`.
+    "page_size": ("paged", "true: paged caches of any page size, chosen per call; false: contiguous caches only"),
 }
 
 

@@ -35,9 +35,9 @@ def test_plan_is_a_two_part_bundle():
     assert combine.functions == (("combine", "attngen_h200_decode_d128_combine"),)
     assert (combine.static_smem, combine.threads) == (0, 128) and split.static_smem is None
     names = [f.name for f in p.abi.fields]
-    assert names[-10:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks",
-                           "block_table", "table_stride", "split_counters", "num_pages"]
-    assert f"paged KV: pages of 16 keys" in explain(p)
+    assert names[-12:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks",
+                           "block_table", "table_stride", "split_counters", "num_pages", "page_size", "page_shift"]
+    assert "paged KV: any page size from 1 to 512 keys" in explain(p)
     f = p.fragments
     # each of 4 warps scores 32 of a 128-key tile for all 16 group rows
     assert (f.m_tiles, f.keys_per_warp, f.n_tiles, f.d_tiles, f.accumulators) == (1, 32, 4, 16, 80)
@@ -126,3 +126,40 @@ def test_fused_combine_is_one_part():
     assert [part.name for part in p.parts] == ["split"] and p.fused_combine
     assert "split_counters" in [f.name for f in p.abi.fields]
     assert any("fused combine" in line for line in p.schedule)
+
+
+def test_page_shift_takes_powers_of_two_up_to_512():
+    from attngen.core.launch_rules import MAX_PAGE_SIZE, page_shift
+    assert MAX_PAGE_SIZE == 512
+    assert [page_shift(1 << s) for s in range(10)] == list(range(10))
+    for bad in (0, -16, 3, 12, 48, 1000, 1024, 16.0, True, "16"):
+        assert page_shift(bad) is None
+
+
+def test_every_paged_cell_serves_any_page_size():
+    """The table keys decode calls on paged (not a page size): every paged entry names a spec with
+    paged: true, and `attngen dispatch` takes any power of two and refuses the rest."""
+    from click.testing import CliRunner
+    from attngen.cli import main
+    from attngen.ops.table import load_table, select, table_path
+    entries = load_table(table_path(ROOT / "specs"))
+    paged = [e for e in entries if e.call == "decode" and e.paged]
+    assert paged and all(make_plan(load_spec(ROOT / "specs" / f"{e.spec}.yaml")).paged for e in paged)
+    for head_dim in (64, 96, 128, 256):
+        assert select(entries, "decode", "sm_90", "fp16", head_dim, "causal", 8192, paged=True).paged
+    runner = CliRunner()
+    for pg in (1, 4, 64, 512):
+        result = runner.invoke(main, ["dispatch", "--call", "decode", "--head-dim", "128", "--page-size", str(pg)])
+        assert result.exit_code == 0 and "-> h200_decode_d128" in result.output, result.output
+    result = runner.invoke(main, ["dispatch", "--call", "decode", "--head-dim", "128", "--page-size", "12"])
+    assert result.exit_code != 0 and "power of two" in result.output
+
+
+def test_contiguous_cells_carry_no_page_code():
+    """A contiguous-only cell (paged: false) renders no table, no page fields and no `rows` region; a
+    paged one reads the page size and its shift from Params, never as a constant."""
+    contiguous = (ROOT / "generated" / "h200_decode_d128_contiguous_split.cu").read_text()
+    paged = (ROOT / "generated" / "h200_decode_d128_split.cu").read_text()
+    for word in ("block_table", "page_shift", "kSmem_rows", "gather_kv", "num_pages"):
+        assert word not in contiguous and word in paged
+    assert "p.page_shift" in paged and "p.page_size" in paged and "kPageSize" not in paged

@@ -90,7 +90,7 @@ def _hostile_memos() -> dict:
     bool_dim = [_with(rows[0], head_dim=True)] + rows[1:]
     # equal to earlier rows' values (0 == False, 64 == 64.0), and checked as what they are, not as those
     last = dict(zip(table.ENTRY_FIELDS, rows[-1]))
-    false_pages = rows[:-1] + [_with(rows[-1], page_size=False if last["page_size"] == 0 else float(last["page_size"]))]
+    false_pages = rows[:-1] + [_with(rows[-1], paged=0 if last["paged"] is False else 1.0)]
     float_dim = rows[:-1] + [_with(rows[-1], head_dim=float(last["head_dim"]))]
     nan_time = [_with(rows[0], us=float("nan"))] + rows[1:]
     unknown = [rows[0] + ["rm -rf /"]] + rows[1:]

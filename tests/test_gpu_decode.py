@@ -37,8 +37,8 @@ def test_decode_spec_passes_every_case(spec):
     kernel = load_once(spec)
     results = verify.verify_kernel(kernel, verify.FULL_SUITE, spec_label=kernel.name)
     plan = kernel.plan
-    windows = window_cases(plan.block_n, plan.page_size) if "window" in plan.masks else ()
-    cases = decode_cases(plan.block_n, plan.page_size)
+    windows = window_cases(plan.block_n, plan.paged) if "window" in plan.masks else ()
+    cases = decode_cases(plan.block_n, plan.paged)
     if "expr" in plan.masks:   # each case once through the expression (causal cases fold into plain ones)
         cases = {(c.batch, c.heads, c.kv_heads, c.seqlen_q, c.capacity, c.lengths, c.layout, c.num_splits,
                   c.page_size) for c in cases}
@@ -81,7 +81,7 @@ def test_bad_lengths_are_refused(torch, lens, error, fragment):
 
 
 def test_bad_tables_are_refused(torch):
-    kernel = load_once(D128)   # page_size 16
+    kernel = load_once(D128)   # paged: pools of 16-key pages here
     q = torch.randn(2, 32, 1, 128, device="cuda", dtype=torch.float16)
     kp, vp = (torch.randn(10, 8, 16, 128, device="cuda", dtype=torch.float16) for _ in range(2))
     lens = torch.tensor([20, 33], dtype=torch.int32, device="cuda")
@@ -100,8 +100,11 @@ def test_bad_tables_are_refused(torch):
         kernel(q, kp, vp, cache_seqlens=lens, block_table=table.long())
     with pytest.raises(ValueError, match="needs cache_seqlens"):
         kernel(q, kp, vp, block_table=table)
-    with pytest.raises(ValueError, match="pages of 16 keys"):
-        kernel(q, kp[:, :, :8], vp[:, :, :8], cache_seqlens=lens, block_table=table)
+    short = torch.tensor([16, 24], dtype=torch.int32, device="cuda")
+    kernel(q, kp[:, :, :8], vp[:, :, :8], cache_seqlens=short, block_table=table)   # pages of 8 keys: fine too
+    attngen.check_errors()
+    with pytest.raises(ValueError, match="page_size must be a power of two from 1 to 512"):
+        kernel(q, kp[:, :, :12], vp[:, :, :12], cache_seqlens=lens, block_table=table)
 
 
 def test_paged_matches_contiguous(torch):
@@ -133,7 +136,7 @@ def test_bad_num_splits_and_shapes_are_refused(torch):
 
 
 @pytest.mark.parametrize("expression", [False, True], ids=["builtin", "expression"])
-@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("paged", [0, 1, 16, 256], ids=["contiguous", "paged1", "paged16", "paged256"])
 def test_window_reads_only_its_tiles(torch, paged, expression):
     """A window over a long cache (the built-in, and the same window as a mask expression, whose
     block classification bounds the tiles): K and V are NaN in every tile before the one holding
@@ -152,10 +155,11 @@ def test_window_reads_only_its_tiles(torch, paged, expression):
         k[b, :, :tile * n] = float("nan")
         v[b, :, :tile * n] = float("nan")
     if paged:
-        page = kernel.plan.page_size
-        kp = k.view(2, 8, 256, page, 128).permute(0, 2, 1, 3, 4).reshape(512, 8, page, 128)
-        vp = v.view(2, 8, 256, page, 128).permute(0, 2, 1, 3, 4).reshape(512, 8, page, 128)
-        table = torch.arange(512, dtype=torch.int32, device="cuda").view(2, 256)
+        page = paged
+        pages = 4096 // page
+        kp = k.view(2, 8, pages, page, 128).permute(0, 2, 1, 3, 4).reshape(2 * pages, 8, page, 128)
+        vp = v.view(2, 8, pages, page, 128).permute(0, 2, 1, 3, 4).reshape(2 * pages, 8, page, 128)
+        table = torch.arange(2 * pages, dtype=torch.int32, device="cuda").view(2, pages)
         for b, tile in enumerate(first_tile):
             table[b, :tile * n // page] = -1
         out = kernel(q, kp.contiguous(), vp.contiguous(), cache_seqlens=lens, block_table=table,

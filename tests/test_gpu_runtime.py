@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MMA = ROOT / "specs" / "h100_mma_d64_m128n64w4s2x3q.yaml"        # forward + varlen, fp16 d64
 WGMMA = ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml"                   # TMA tensor maps, sm_90 only
 DECODE = ROOT / "specs" / "h200_decode_d128_fused.yaml"           # fused combine: split counters per stream
-DECODE_PAGED = ROOT / "specs" / "h200_decode_d128.yaml"           # page_size 16
+DECODE_PAGED = ROOT / "specs" / "h200_decode_d128.yaml"           # paged: true (any page size)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ start = time.perf_counter()
 import attngen
 from attngen.ops.dispatch import DISPATCH
 from attngen.ops.table import select
-entry = select(DISPATCH.entries, *{call!r}, page_size=0)
+entry = select(DISPATCH.entries, *{call!r}, paged=False)
 from attngen.runtime.kernel import launch_bundle
 plan, sources, label = launch_bundle(str(DISPATCH.specs_dir / f"{{entry.spec}}.yaml"))
 from attngen.runtime.calls import kernel_class

@@ -103,7 +103,7 @@ def test_a_miss_names_the_nearest_entries_first():
 
 
 def test_a_miss_with_no_entries_of_its_call_says_so():
-    message = miss_message(_table(), "decode", "sm_90", "fp16", 128, "none", page_size=16)
+    message = miss_message(_table(), "decode", "sm_90", "fp16", 128, "none", paged=True)
     assert "has no decode entries" in message and "more" not in message
 
 

@@ -196,7 +196,6 @@ RULE_CASES = [
     ("rule_ring", DECODE, {"smem__stages": 1}, "smem.stages", "streams K/V through a cp.async ring"),
     ("rule_no_q_registers", DECODE, {"smem__q_in_registers": True}, "smem.q_in_registers",
      "keeps Q fragments in registers wherever they fit"),
-    ("rule_page_size", DECODE, {"page_size": 48}, "page_size", "divides or is a multiple of block_n"),
     ("rule_head_dim_vector_loads", SCALAR, {"head_dim": 68}, "head_dim", "multiple of 8 for 16-byte loads (got 68); try 72"),
     ("rule_head_dim_fragments", MMA, {"head_dim": 72}, "head_dim", "multiple of 16 for mma_m16n8k16 fragments (got 72); try 80"),
     ("rule_head_dim_fragments", WMMA, {"head_dim": 40}, "head_dim", "multiple of 16 for wmma_m16n16k16"),
@@ -207,6 +206,7 @@ RULE_CASES = [
     ("rule_block_n", SCALAR, {"tile__block_n": 48}, "tile.block_n", "multiple of 32 for scalar"),
     ("rule_block_n", MMA, {"tile__block_n": 40}, "tile.block_n", "multiple of 16 for mma_m16n8k16"),
     ("rule_stages_need_async", MMA, {"smem__async_copy": False}, "smem.stages", "set smem.async_copy: true or stages: 1"),
+    ("rule_paged_varlen", MMA, {"paged": True}, "paged", "it needs varlen: true"),
     ("rule_no_async_copy", SCALAR, {"smem__async_copy": True}, "smem.async_copy",
      "asynchronous copies are not generated for scalar; set smem.async_copy: false"),
     ("rule_no_q_in_registers", WMMA, {"smem__q_in_registers": True}, "smem.q_in_registers",
@@ -311,6 +311,30 @@ RULE_CASES = [
     ("rule_block_n_fp8", WGMMA_FP8, {"tile__block_n": 80}, "tile.block_n", "multiple of 32 (k32 steps of P.V"),
     ("rule_fp8_epilogue", WGMMA_FP8, {"epilogue": "tma"}, "epilogue", "write O from the registers"),
 ]
+
+
+def test_a_page_size_is_now_paged():
+    """A decode spec written for one page size is told the key now: one kernel reads every page size."""
+    for value in (16, 256, None):
+        text = to_yaml(merged(DECODE, page_size=value))
+        err = spec_error(text)
+        assert_where(err, line_of(text, "page_size"), "page_size")
+        assert "is now paged" in err.message and "any page size" in err.message
+
+
+def test_paged_plans_carry_the_page_fields():
+    """A paged plan's Params has the table, pool and page size (and its shift) and a `rows` region of
+    one 16-byte entry per key of each ring stage; a contiguous-only plan's has none of them."""
+    from attngen.core.decode_plan import PAGE_FIELDS
+    from attngen.plan import make_plan
+    paged = make_plan(parse_spec(to_yaml(merged(DECODE, paged=True))))
+    contiguous = make_plan(parse_spec(to_yaml(DECODE)))
+    names = {f.name for f in paged.abi.fields}
+    assert set(PAGE_FIELDS) <= names and not set(PAGE_FIELDS) & {f.name for f in contiguous.abi.fields}
+    rows = next(r for r in paged.regions if r.name == "rows")
+    assert rows.bytes == paged.stages * paged.block_n * 16 and rows.offset % 16 == 0
+    assert "rows" not in {r.name for r in contiguous.regions}
+    assert paged.paged and not contiguous.paged
 
 
 @pytest.mark.parametrize("rule, base, changes, key, fragment", RULE_CASES,
@@ -611,9 +635,9 @@ def test_schema_command_lists_every_key():
     assert len(alternatives) == sum(len(k.forms) for k in KINDS)
     for alt in alternatives:
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
-        # epilogue_tile; decode: decode, max_splits, page_size, combine; e4m3: out_dtype; bwd_wgmma: group_split)
+        # epilogue_tile; decode: decode, max_splits, paged, combine; e4m3: out_dtype; bwd_wgmma: group_split)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
-                                         "page_size", "combine", "backward", "query_stages", "query_chunk",
+                                         "paged", "combine", "backward", "query_stages", "query_chunk",
                                          "warp_keys", "warp_split", "out_dtype", "group_split"} == {
             "schema", "name", "description", "target", "dtype", "dtypes", "cells", "base_cell", "head_dim", "head_dim_v", "masks", "scores",
             "variant",

@@ -25,7 +25,8 @@ from .options import MAX_GROUP_ROWS, MAX_HEAD_DIM, MAX_INT32, MAX_PAGE_SIZE
 @click.option("--scores", default="", metavar="MODS",
               help="the call's score modifiers joined by +, as the table keys them: softcap, alibi, softcap+alibi")
 @click.option("--page-size", type=click.IntRange(0, MAX_PAGE_SIZE), default=0, show_default=True,
-              help="decode: 0 contiguous")
+              help="decode and varlen: keys per page of a paged cache, a power of two (any one a paged spec reads); "
+                   "0 contiguous")
 @click.option("--group-rows", type=click.IntRange(1, MAX_GROUP_ROWS), default=1, show_default=True,
               help="decode: query rows per KV head (heads / kv_heads x new tokens)")
 @click.option("--rows", type=click.IntRange(1, MAX_INT32), default=None,
@@ -87,17 +88,21 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
         return
     mask = "window" if window else "causal" if causal else "none"
     head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
+    if page_size & (page_size - 1):
+        raise click.BadParameter(f"a page size is a power of two from 1 to {MAX_PAGE_SIZE} (got {page_size})",
+                                 param_hint="--page-size")
+    paged = page_size > 0
     asked = head_dim
     padded = padded_head_dim(entries, call, arch, dtype, head_dim, head_dim_v)
     if padded:      # the call runs at a served head dim, q, k and v zero-padded (docs/dispatch.md)
         head_dim = padded
     try:
-        e = select(entries, call, arch, dtype, head_dim, mask, seqlen, page_size=page_size, group_rows=group_rows,
+        e = select(entries, call, arch, dtype, head_dim, mask, seqlen, paged=paged, group_rows=group_rows,
                    head_dim_v=head_dim_v, scores=scores, rows=rows)
     except LookupError as exc:
         raise click.UsageError(str(exc) + (f"\n(head_dim {asked} is served padded to {padded})" if padded else "")) \
             from None
-    others = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
+    others = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others],
                                "padded_head_dim": padded or None}, indent=2))

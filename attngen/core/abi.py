@@ -62,8 +62,8 @@ def int_pointer(name: str, meaning: str, *, optional: bool = False) -> AbiField:
     return AbiField(name, "const int*", 8, 8, "Q", meaning, 0 if optional else None)
 
 
-def int64(name: str, meaning: str) -> AbiField:
-    return AbiField(name, "long long", 8, 8, "q", meaning)
+def int64(name: str, meaning: str, default: int | None = None) -> AbiField:
+    return AbiField(name, "long long", 8, 8, "q", meaning, default)
 
 
 def int32(name: str, meaning: str, default: int | None = None) -> AbiField:

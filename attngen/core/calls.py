@@ -21,7 +21,7 @@ class TableCall(NamedTuple):
     # A NamedTuple, not a frozen dataclass: a first call defines this class (core.frozen says why).
     name: str
     varlen: bool = False            # served by a spec's varlen functions (sequences back to back)
-    paged: bool = False             # its entries also key on page_size and group rows (a KV cache's)
+    paged: bool = False             # its entries also key on paged (a KV cache's pages) and group rows
 
 
 class Call(NamedTuple):
@@ -47,7 +47,7 @@ class Call(NamedTuple):
 
 
 ATTENTION = TableCall("forward")
-ATTENTION_VARLEN = TableCall("varlen", varlen=True)
+ATTENTION_VARLEN = TableCall("varlen", varlen=True, paged=True)      # paged: block_table= (paged K/V)
 ATTENTION_WITH_KVCACHE = TableCall("decode", paged=True)
 ATTENTION_BACKWARD = TableCall("backward")                          # the gradients of attngen.attention
 ATTENTION_VARLEN_BACKWARD = TableCall("varlen_backward", varlen=True)   # those of attngen.attention_varlen

@@ -30,7 +30,13 @@ DECODE_ABI_FIELDS = (
             "combine the last one merges the group's splits and resets it to 0", const=False, optional=True),
     int32("num_pages", "pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with "
           "batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past", default=0),
+    int32("page_size", "keys per page of the k and v pools: a power of two, 1 to MAX_PAGE_SIZE (0: contiguous)",
+          default=0),
+    int32("page_shift", "log2(page_size): key j lies in table entry j >> page_shift, row j & (page_size - 1)",
+          default=0),
 )
+# The fields only a paged cache needs: a contiguous-only plan's Params leaves them out.
+PAGE_FIELDS = ("block_table", "table_stride", "num_pages", "page_size", "page_shift")
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,8 @@ class DecodePlan(ForwardPlan):
     kernel (parts[0]) plus what a decode call decides by (a kind fills these, the runtime reads them)."""
 
     max_splits: int = 1             # most key slices per (KV head, batch) the heuristic or a call may use
-    page_size: int = 0              # keys per page of a paged cache; 0: contiguous caches only
+    paged: bool = False             # the kernel also reads paged caches, of any page size (page_size, page_shift
+                                    # in Params); false: contiguous caches only
     combine: str = "kernel"         # kernel: a combine part; fused: every split function merges its group's
                                     # splits; auto: merging functions (merging_key) beside the plain ones
     unsplit_in_flight: int = 0      # K/V bytes in flight per block the split heuristic weighs (IN_FLIGHT_PER_SM);

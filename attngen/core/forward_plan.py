@@ -17,7 +17,7 @@ from .layout import (CHUNK_BYTES, MBARRIER_BYTES, Barrier, Budget, Occupancy, Re
 from .spec_keys import ForwardSpec, PadSwizzle, XorSwizzle, blocks_that_fit
 from .variants import MASKS, SCORES, MaskVariant, ScoreVariant
 from .input_errors import ERRORS_FIELD
-from .varlen_plan import VARLEN_ABI_FIELDS, is_varlen, mask_of, varlen_key
+from .varlen_plan import PAGED_VARLEN_ABI_FIELDS, VARLEN_ABI_FIELDS, is_varlen, mask_of, varlen_key
 
 ELEMENT_TYPES = {"fp16": ("half", "half2", "f16"), "bf16": ("__nv_bfloat16", "__nv_bfloat162", "bf16"),
                  "e4m3": ("__nv_fp8_e4m3", "__nv_fp8x2_e4m3", "e4m3")}
@@ -147,6 +147,8 @@ class ForwardPlan:
     pipeline_text: str = ""         # explain's copies line where the K/V ring's does not describe the kernel
     swizzle_hint: str = ""          # an XOR swizzle the kind takes under which the bank report is conflict-free
                                     # (only where the spec's own has conflicts)
+    paged: bool = False             # varlen functions also read K/V page pools through a block table (page_size,
+                                    # page_shift in Params); false: packed K/V only
 
     @property
     def v_dim(self) -> int:
@@ -377,6 +379,9 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
     chunks_per_row = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
     functions = forward_functions(spec)
     variants = spec_variants(spec)
+    paged = bool(getattr(spec, "paged", False))
+    if paged:
+        abi = abi.with_fields(PAGED_VARLEN_ABI_FIELDS)
     plan = ForwardPlan(
         spec=spec, kind=kind, title=title, target=target, **variants,
         parts=(Part("fwd", template, f"{spec.name}.cu", functions),),
@@ -397,7 +402,7 @@ def plan_forward(spec: ForwardSpec, *, kind: Kind, title: str, file: str | None,
         kv_stage_stride=ring_stride(regions, "k", "v"),
         min_blocks_per_sm=launch_min_blocks(spec, target, threads, file),
         fragments=fragments(spec, rows_per_warp, file),
-        roles=producer_consumer_text(spec)[0], schedule=producer_consumer_text(spec)[1],
+        roles=producer_consumer_text(spec)[0], schedule=producer_consumer_text(spec)[1], paged=paged,
     )
     # The bank analysis reads the finished plan's address function, so it is attached last.
     report = tuple(bank_patterns(plan))

@@ -77,7 +77,8 @@ class LaunchPlan(NamedTuple):
     persistent: bool
     tensor_maps: tuple[TensorMapSpec, ...]
     max_splits: int = 1             # decode: most key slices per (KV head, batch)
-    page_size: int = 0              # decode: keys per page of a paged cache
+    paged: bool = False             # decode: reads paged caches (any page size, a kernel parameter); forward: its
+                                    # varlen functions also read page pools through a block table
     combine: str = "kernel"         # decode: how the splits merge (core.decode_plan.DecodePlan.combine)
     unsplit_in_flight: int = 0      # decode: the split heuristic's bytes in flight per block
     accum_row_block: int = 1        # backward: rows of the dQ accumulator's blocks
@@ -129,12 +130,13 @@ class LaunchPlan(NamedTuple):
             abi=Abi(abi["name"], tuple(AbiField(**dict(zip(ABI_KEYS, f))) for f in abi["fields"]),
                     frozenset(abi["omitted"])),
             tensor_maps=tuple(TensorMapSpec(**dict(zip(MAP_KEYS, m))) for m in record["tensor_maps"]),
-            **{name: record[name] for name in NUMBERS}, **record.get("kv_cache", {}), **record.get("dq_accumulator", {}))
+            **{name: record[name] for name in NUMBERS}, **record.get("kv_cache", {}), **record.get("pages", {}),
+            **record.get("dq_accumulator", {}))
 
 
 NUMBERS = ("head_dim", "head_dim_v", "block_m", "block_n", "threads", "smem_bytes", "smem_dynamic", "arch_suffix",
            "persistent")
-DECODE_NUMBERS = ("max_splits", "page_size", "combine", "unsplit_in_flight")
+DECODE_NUMBERS = ("max_splits", "paged", "combine", "unsplit_in_flight")
 
 
 def has_launch_record(plan) -> bool:
@@ -166,6 +168,8 @@ def launch_record(plan) -> dict:
     }
     if hasattr(plan, "max_splits"):
         record["kv_cache"] = {name: getattr(plan, name) for name in DECODE_NUMBERS}
+    elif getattr(plan, "paged", False):
+        record["pages"] = {"paged": True}     # a forward plan whose varlen functions read page pools
     accum = getattr(plan, "accum_row_block", None)
     if accum is not None:
         record["dq_accumulator"] = {"accum_row_block": accum}

@@ -6,7 +6,7 @@ the mask's per-sequence fields) and then runs the kind's attention() unchanged. 
 no kind."""
 from __future__ import annotations
 
-from .abi import int32, int_pointer
+from .abi import int32, int64, int_pointer
 from .function_keys import KeySuffix
 from .input_errors import ERRORS_FIELD
 
@@ -27,3 +27,26 @@ VARLEN_ABI_FIELDS = (
 varlen_key = VARLEN.key      # the function key of a mask's varlen kernel function
 is_varlen = VARLEN.has
 mask_of = VARLEN.mask        # the mask a function key runs: the key itself, or a varlen key without its suffix
+
+
+# A paged spec's varlen functions (`paged: true`) also read K and V from page pools through a block
+# table, as FlashAttention's flash_attn_varlen_func(block_table=, seqused_k=): key j of sequence b lies
+# in page block_table[b][j >> page_shift], row j & (page_size - 1) of it. Appended after every other
+# field, so that a spec without pages keeps its Params.
+PAGED_VARLEN_ABI_FIELDS = (
+    int_pointer("block_table", "int32 (batch, table_cols) with row stride table_stride: page ids of each "
+                "sequence's keys, in order; null: k and v are packed (total_k, kv_heads, head_dim)", optional=True),
+    int_pointer("seqused_k", "int32 (batch,): keys of each sequence (paged calls); null: from cu_seqlens_k",
+                optional=True),
+    int64("k_page_stride", "paged: elements between pages of the k pool", default=0),
+    int64("v_page_stride", "paged: elements between pages of the v pool", default=0),
+    int32("table_stride", "elements between rows of block_table", default=0),
+    int32("table_cols", "pages per row of block_table: a sequence holds at most table_cols x page_size keys",
+          default=0),
+    int32("num_pages", "pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past",
+          default=0),
+    int32("page_size", "keys per page: a power of two, 1 to 512", default=0),
+    int32("page_shift", "log2(page_size)", default=0),
+)
+PAGED_VARLEN_FIELDS = tuple(f.name for f in PAGED_VARLEN_ABI_FIELDS)
+MAX_PAGE_SIZE = 512       # the largest page a paged varlen call takes (FlashAttention's tests go to 512)

@@ -205,7 +205,7 @@ def table_cell(layer: Layer, cell: str, arch: str = ARCH, entries=None) -> Table
             return TableCell(specs=(entry.spec,))
         if cell == "paged_decode":
             pages = -(-max(layer.decode_lengths) // PAGE_SIZE)
-            entry = select(entries, "decode", arch, dtype, d, mask, pages * PAGE_SIZE, page_size=PAGE_SIZE,
+            entry = select(entries, "decode", arch, dtype, d, mask, pages * PAGE_SIZE, paged=True,
                            group_rows=layer.heads // layer.kv_heads, scores=_scores(layer))
             return TableCell(specs=(entry.spec,))
     except LookupError as exc:

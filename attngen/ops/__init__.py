@@ -108,10 +108,10 @@ def attention_fp8(q, k, v_t, *, q_descale=None, k_descale=None, v_descale=None, 
                                return_lse)
 
 
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | None = None,
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q: int | None = None,
                      max_seqlen_k: int | None = None, *, causal: bool = False, alignment: str | None = None,
                      scale: float | None = None, return_lse: bool = False, deterministic: bool = False, window=None,
-                     softcap: float | None = None, alibi_slopes=None, sinks=None):
+                     softcap: float | None = None, alibi_slopes=None, sinks=None, block_table=None, seqused_k=None):
     """Attention of varlen sequences: q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k
     int32 (batch + 1) offsets on the GPU; v may have a head dim of its own (DeepSeek MLA: 192 / 128),
     which keys the table too. max_seqlen_q/k (ints, as FlashAttention takes them) size
@@ -124,8 +124,28 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int | No
     use each sequence's own lengths; (B, Hq) slopes are per sequence): window, softcap, alibi_slopes,
     sinks. With them the call is forward only for now (the table has no varlen backward with
     variants): call it under torch.no_grad() / torch.inference_mode().
+
+    Paged K/V (FlashAttention's block_table= and seqused_k=, forward only): k and v are page pools
+    (num_pages, page_size, Hkv, D), page_size a power of two from 1 to 512 (a decode pool (num_pages, Hkv,
+    page_size, D) serves as pool.transpose(1, 2)); block_table int32 (batch, max_pages); seqused_k int32
+    (batch,) the keys of each sequence (then cu_seqlens_k may be None). Masks none and causal ("bottom_right":
+    each sequence's queries are the last of its keys, so prefill chunks and single decode tokens share a
+    call); docs/varlen.md, "Paged K/V".
     """
     compiling, grad, ops, library = _bound or _bind()
+    if block_table is not None:
+        if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
+            raise ValueError("attention_varlen with block_table takes masks none and causal without window, softcap, "
+                             "alibi_slopes or sinks so far")
+        if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            _refuse_grad("attention_varlen with block_table (paged K/V, a serving call)")
+        return library.paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q,
+                                    max_seqlen_k, causal, alignment, scale, return_lse)
+    if seqused_k is not None:
+        raise ValueError("seqused_k is read with block_table (paged K/V) only so far; packed K/V take each "
+                         "sequence's keys from cu_seqlens_k")
+    if cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_k is needed without block_table (packed K/V): int32 (batch + 1) offsets")
     if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
         if grad() and (q.requires_grad or k.requires_grad or v.requires_grad or
                        (sinks is not None and sinks.requires_grad)):
@@ -158,7 +178,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_tab
                            return_lse: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
                            sinks=None):
     """Decode: q (B, Hq, Sq, D) new tokens against a KV cache (B, Hkv, capacity, D), or pools of
-    pages (num_pages, Hkv, page_size, D) through block_table (int32 (B, max_pages)).
+    pages (num_pages, Hkv, page_size, D) through block_table (int32 (B, max_pages)); page_size is any
+    power of two from 1 to 512, read by one kernel per cell (a kernel parameter, checked here).
     cache_seqlens (int32 (B,), on the GPU): keys per sequence, new tokens included. causal: token t
     sees keys up to len - Sq + t. Never waits for the GPU, so a step can be captured in a CUDA graph
     and replayed after the lengths change. Returns o like q, or (o, lse).

@@ -162,6 +162,27 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
                          alibi_slopes=alibi_slopes, sinks=sinks)
 
 
+def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k, causal,
+                 alignment, scale, return_lse):
+    """The eager paged varlen forward: the table's paged varlen kernel (an entry with paged: true) for the
+    call's mask, then its varlen call through block_table. k is a page pool (num_pages, page_size, Hkv, D);
+    the bucket's seqlen is max_seqlen_k, else a sequence's capacity (max_pages x page_size)."""
+    index = q.get_device()
+    if index < 0:
+        raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+    if k.dim() != 4:
+        raise ValueError(f"with block_table, k and v are page pools (num_pages, page_size, kv_heads, head_dim) "
+                         f"(got k of shape {tuple(k.shape)})")
+    d, dv = q.shape[-1], v.shape[-1]
+    capacity = block_table.shape[-1] * k.shape[1] if getattr(block_table, "dim", lambda: 0)() == 2 else k.shape[1]
+    kernel = DISPATCH.kernel("varlen", index, q.dtype, d, call_mask(causal, None),
+                             max_seqlen_k if max_seqlen_k is not None else capacity, paged=True,
+                             head_dim_v=dv if dv != d else 0)
+    return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
+                         alignment=alignment, scale=scale, return_lse=return_lse, block_table=block_table,
+                         seqused_k=seqused_k)
+
+
 _BACKWARD: dict = {}    # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim) -> kernel
 
 
@@ -304,7 +325,8 @@ def _decode_padding(q, v_cache) -> int:
 
 def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = ""):
     """The table's decode kernel for this call: keyed by its mask and score modifiers, the cache's
-    capacity, its page size and the query rows per KV head."""
+    capacity, whether it is paged (a paged kernel reads any page size; it checks the one given) and the
+    query rows per KV head."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
@@ -315,7 +337,7 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "")
     paged = block_table is not None
     capacity = block_table.shape[1] * rows if paged else rows
     group_rows = max(1, heads // max(kv_heads, 1)) * seqlen_q
-    return DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], mask, capacity, page_size=rows if paged else 0,
+    return DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], mask, capacity, paged=paged,
                            group_rows=group_rows, scores=scores)
 
 

@@ -14,7 +14,8 @@ serves; null for no limit. `min_rows`: the fewest query rows (batch x heads x se
 entry serves, where a bucket's winner depends on the grid's size (a persistent spec loses on grids
 with fewer query blocks than SMs): of a bucket's entries, a call takes the one with the largest
 min_rows it reaches. An entry without `us` is unmeasured (chosen from its spec's target).
-Decode entries also key on page_size (0: contiguous caches) and may set `max_group_rows`: the
+Decode and varlen entries also key on `paged` (true: a paged cache through a block table, of any page
+size the spec's kernel reads; left out: contiguous caches or packed varlen K/V) and may set `max_group_rows`: the
 most query rows per KV head (heads / kv_heads x seqlen_q) they serve. Entries for a spec with score
 modifiers key on them too: `scores: softcap`, `alibi`, `softcap+alibi`, `sink` (the spec's `scores`, joined).
 """
@@ -55,7 +56,7 @@ class Entry(NamedTuple):
     mask: str
     spec: str
     upto: int | None = None
-    page_size: int = 0
+    paged: bool = False                 # decode: a paged cache (any page size), not a contiguous one
     max_group_rows: int | None = None
     min_rows: int | None = None
     us: float | None = None
@@ -74,7 +75,7 @@ class Entry(NamedTuple):
         return f"{self.spec}: {self.us:.1f} us measured ({self.measured}){runner}"
 
     def key(self) -> tuple:
-        return (self.call, self.arch, self.dtype, self.head_dim, self.mask, self.page_size, self.head_dim_v,
+        return (self.call, self.arch, self.dtype, self.head_dim, self.mask, self.paged, self.head_dim_v,
                 self.scores)
 
 
@@ -401,7 +402,8 @@ FIELDS = set(ENTRY_FIELDS)
 REQUIRED = tuple(name for name in ENTRY_FIELDS if name not in Entry._field_defaults)
 NULLABLE = {name for name, default in Entry._field_defaults.items() if default is None}
 # Integer fields and their least value: a bucket serves seqlen_k from 1; 0 means "none" where allowed.
-INTEGERS = {"head_dim": 1, "upto": 1, "page_size": 0, "max_group_rows": 1, "min_rows": 1, "head_dim_v": 0}
+INTEGERS = {"head_dim": 1, "upto": 1, "max_group_rows": 1, "min_rows": 1, "head_dim_v": 0}
+BOOLEANS = ("paged",)
 # Far above any call's length or rows (batch x heads x seqlen_q), and exact as a float: a hostile
 # number is refused here, not an overflow in the bucketing's square roots.
 MAX_INTEGER = 2 ** 48
@@ -490,6 +492,9 @@ def value_problem(name: str, value) -> tuple[str, str] | None:
         return None if name in NULLABLE else ("is required (got null)", f"give the entry its {name}")
     if name in INTEGERS:
         return _integer_problem(name, value)
+    if name in BOOLEANS:
+        return None if type(value) is bool else (f"must be true or false (got {_as_written(value)})",
+                                                 "write true, or leave the key out for false")
     if name in TIMES:
         return _time_problem(name, value)
     return _text_problem(name, value)
@@ -550,7 +555,7 @@ def dump_table(entries, header: str) -> str:
                                            e.max_group_rows or 0, e.min_rows or 0))
     for e in order:
         row = {name: value for name, value in e._asdict().items()
-               if value not in (None,) and not (name in ("page_size", "head_dim_v", "scores") and not value)}
+               if value not in (None,) and not (name in ("paged", "head_dim_v", "scores") and not value)}
         text = yaml.safe_dump(row, default_flow_style=True, sort_keys=False, width=10_000).strip()
         lines.append(f"  - {text}")
     text = "\n".join(lines) + "\n"
@@ -560,8 +565,10 @@ def dump_table(entries, header: str) -> str:
 
 def call_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, page_size: int = 0,
               group_rows: int = 1, head_dim_v: int = 0, scores: str = "") -> str:
-    """A call's dispatch key in words (page size and group rows only for a paged call: decode)."""
-    decode = f" page_size {page_size} group_rows {group_rows}" if table_call(call).paged else ""
+    """A call's dispatch key in words (page size, 0 for a contiguous cache, and group rows only for a call
+    with a KV cache: decode)."""
+    t = table_call(call)
+    decode = (f" page_size {page_size}" + ("" if t.varlen else f" group_rows {group_rows}")) if t.paged else ""
     v = f" head_dim_v {head_dim_v}" if head_dim_v else ""
     mods = f" scores {scores}" if scores else ""
     return f"{call} {arch} {dtype} head_dim {head_dim}{v} {mask}{mods} seqlen {seqlen}{decode}"
@@ -574,8 +581,8 @@ def scores_key(plan) -> str:
 
 def entry_problem(e: Entry, plan) -> str | None:
     """Why the spec whose plan is `plan` cannot serve entry `e`: another call convention, dtype or
-    head_dim, no function for the entry's mask (varlen: its varlen function), or pages of
-    another size; None when it serves it."""
+    head_dim, no function for the entry's mask (varlen: its varlen function), or contiguous caches
+    only for a paged entry; None when it serves it."""
     from ..core.varlen_plan import varlen_key
     if plan.kind.calls != CONVENTION[e.call]:
         return f"{e.spec} is a {plan.kind.calls} spec, not one for {e.call} calls"
@@ -590,17 +597,16 @@ def entry_problem(e: Entry, plan) -> str | None:
     varlen = e.call in VARLEN_CALLS
     if (varlen_key(e.mask) if varlen else e.mask) not in plan.entry_functions:
         return f"{e.spec} has no {e.mask} {'varlen ' if varlen else ''}function"
-    pages = getattr(plan, "page_size", 0)
-    if e.page_size and pages != e.page_size:
-        return f"{e.spec} reads pages of {pages}, the entry {e.page_size}"
+    if e.paged and not getattr(plan, "paged", False):
+        return f"{e.spec} reads contiguous caches only (paged: false), the entry is paged"
     return None
 
 
-def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0,
+def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, paged: bool = False,
                head_dim_v: int = 0, scores: str = "") -> list:
     """The entries of one key, by upto (no limit last), then max_group_rows and min_rows; head_dim_v 0:
     V's head dim is head_dim."""
-    keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)]
+    keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)]
     return sorted(keyed, key=lambda e: (math.inf if e.upto is None else e.upto, e.max_group_rows or math.inf,
                                         e.min_rows or 0))
 
@@ -608,37 +614,37 @@ def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: s
 NEAREST_SHOWN = 5   # a miss lists this many keys: the whole table is hundreds and buries the fix
 
 
-def _key_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int, head_dim_v: int,
+def _key_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, paged: bool, head_dim_v: int,
               scores: str) -> str:
-    """One key of the table as a miss names it (page_size only where a paged call has one: decode)."""
+    """One key of the table as a miss names it (paged or contiguous only where a call has a KV cache: decode)."""
     return (f"{arch} {dtype} head_dim {head_dim}" + (f" head_dim_v {head_dim_v}" if head_dim_v else "")
             + f" mask {mask}" + (f" scores {scores}" if scores else "")
-            + (f" page_size {page_size}" if table_call(call).paged else ""))
+            + ((" paged" if paged else " contiguous") if table_call(call).paged else ""))
 
 
-def nearest_keys(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0,
+def nearest_keys(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, paged: bool = False,
                  head_dim_v: int = 0, scores: str = "") -> list[str]:
     """The keys of the call's entries, nearest the wanted one first: the same arch, then the same
-    dtype, then the closest head dim, then the same V head dim, mask, scores and page size."""
+    dtype, then the closest head dim, then the same V head dim, mask, scores and cache (paged or not)."""
     def distance(e):
         return (e.arch != arch, e.dtype != dtype, abs(e.head_dim - head_dim), e.head_dim,
-                e.head_dim_v != head_dim_v, e.mask != mask, e.scores != scores, e.page_size != page_size)
+                e.head_dim_v != head_dim_v, e.mask != mask, e.scores != scores, e.paged != paged)
     nearest: dict[str, tuple] = {}
     for e in entries:
         if e.call == call:
-            text = _key_text(call, e.arch, e.dtype, e.head_dim, e.mask, e.page_size, e.head_dim_v, e.scores)
+            text = _key_text(call, e.arch, e.dtype, e.head_dim, e.mask, e.paged, e.head_dim_v, e.scores)
             nearest[text] = min(nearest.get(text, distance(e)), distance(e))
     return sorted(nearest, key=lambda text: (nearest[text], text))
 
 
-def miss_message(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, page_size: int = 0,
+def miss_message(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, paged: bool = False,
                  head_dim_v: int = 0, scores: str = "") -> str:
     """Why a call has no kernel, in a few lines: the key, the table's nearest keys and a count of
     the rest, and how to add the missing one."""
-    keys = nearest_keys(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
+    keys = nearest_keys(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     shown = keys[:NEAREST_SHOWN]
     lines = [f"attngen has no {call} kernel for "
-             f"{_key_text(call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)}."]
+             f"{_key_text(call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)}."]
     if shown:
         lines.append(f"The dispatch table's nearest {call} entries ({len(shown)} of {len(keys)}):")
         lines += [f"  {text}" for text in shown]
@@ -665,17 +671,17 @@ def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, he
 
 
 def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
-           page_size: int = 0, group_rows: int = 1, head_dim_v: int = 0, scores: str = "",
+           paged: bool = False, group_rows: int = 1, head_dim_v: int = 0, scores: str = "",
            rows: int | None = None) -> Entry:
     """The entry serving a call: among its key's entries, the first bucket whose upto covers
     `seqlen` (and whose max_group_rows covers `group_rows`; the last bucket serves longer
     sequences), and of that bucket's entries the one with the largest min_rows that `rows` (the
     call's batch x heads x seqlen_q; None: the entry without min_rows) reaches.
     LookupError with what exists and how to add the key when the key has no entry."""
-    keyed = candidates(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores)
+    keyed = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     keyed = [e for e in keyed if e.max_group_rows is None or group_rows <= e.max_group_rows] or keyed
     if not keyed:
-        raise LookupError(miss_message(entries, call, arch, dtype, head_dim, mask, page_size, head_dim_v, scores))
+        raise LookupError(miss_message(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores))
     bucket = next((e for e in keyed if e.upto is None or seqlen <= e.upto), keyed[-1])
     same = [e for e in keyed if e.upto == bucket.upto and e.max_group_rows == bucket.max_group_rows]
     return max((e for e in same if (e.min_rows or 0) <= (rows or 0)), key=lambda e: e.min_rows or 0,

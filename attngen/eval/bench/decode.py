@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..verify.decode import paged_cache
+
+PAGE_SIZE = 16   # keys per page of `attngen bench --paged` (vLLM's default block size)
 from .report import BenchRun
 from .timing import time_calls, time_eager
 
@@ -59,7 +61,7 @@ def copy_bandwidth(torch, nbytes: int = 1 << 30, reps: int = 20) -> float:
 def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), reps: int = 30,
                paged: bool = False) -> dict:
     """Times (us) of the kernel and each SDPA backend on one cell, fresh caches rotated past L2.
-    paged: the kernel reads the same keys from pages of the spec's page_size in a shuffled pool
+    paged: the kernel reads the same keys from pages of PAGE_SIZE keys in a shuffled pool
     (through a block table); the SDPA backends read contiguous caches."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
@@ -74,7 +76,7 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
     out = {"cell": cell.label, "kv_bytes": kv_bytes, "rotate": rotate, "paged": paged}
     if paged:
         lens = torch.full((cell.batch,), cell.seqlen_k, dtype=torch.int32, device="cuda")
-        pools = [paged_cache(torch, k, v, None, kernel.plan.page_size, "bhsd", spare=0)
+        pools = [paged_cache(torch, k, v, None, PAGE_SIZE, "bhsd", spare=0)
                  for k, v in zip(ks, vs)]
         ks = vs = None
         torch.cuda.empty_cache()
@@ -131,7 +133,7 @@ def parse_cell(text: str) -> DecodeCell:
 def run_decode_bench(spec_paths, *, cells=None, dtypes=("fp16", "bf16"), backends=("flash", "cudnn"),
                      reps: int = 30, paged: bool = False, on_step=None, on_compile=None) -> dict:
     """Every decode spec of a listed dtype on every cell, beside the SDPA backends, with the copy
-    bandwidth of the same run; paged times the spec's paged path (its page_size)."""
+    bandwidth of the same run; paged times the spec's paged path (pages of PAGE_SIZE keys)."""
     from ...runtime import gpu_modules, load
     torch = gpu_modules()[0]
     copy = copy_bandwidth(torch)
@@ -140,8 +142,8 @@ def run_decode_bench(spec_paths, *, cells=None, dtypes=("fp16", "bf16"), backend
         kernel = load(path, on_compile=on_compile)
         if kernel.plan.spec.dtype not in dtypes:
             continue
-        if paged and not kernel.plan.page_size:
-            raise ValueError(f"{path}: --paged needs a spec with page_size")
+        if paged and not kernel.plan.paged:
+            raise ValueError(f"{path}: --paged needs a spec with paged: true")
         for cell in cells or default_cells():
             r = bench_cell(torch, kernel, cell, backends=backends, reps=reps, paged=paged)
             r.update(spec=kernel.name, dtype=kernel.plan.spec.dtype, head_dim=kernel.plan.head_dim)
@@ -177,11 +179,11 @@ def format_decode(report: dict, backends) -> str:
 def check_options(paths, plans, opts) -> list[str]:
     """Problems of `attngen bench`'s options with these decode specs (no GPU needed)."""
     if opts.paged:
-        contiguous = [p.spec.name for p in plans if not p.page_size]
+        contiguous = [p.spec.name for p in plans if not p.paged]
         if contiguous:
             return [f"--paged reads the cache through a page table; {', '.join(contiguous)} "
                     f"{'reads' if len(contiguous) == 1 else 'read'} contiguous caches only (give decode specs with "
-                    f"page_size)"]
+                    f"paged: true)"]
     return []
 
 

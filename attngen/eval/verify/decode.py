@@ -10,6 +10,9 @@ from .cases import FULL_SUITE, CaseResult, attention_torch, exact_fp32_matmul, j
     score_modifiers
 
 QUICK_CASES = 5   # the first cases of decode_cases for `attngen verify --quick`
+# The page sizes a paged spec is verified with (its kernel takes any power of two from 1 to 512): a key
+# per page (every row of a tile from its own page), pages inside a tile, and pages holding whole tiles.
+PAGE_SIZES = (1, 16, 256)
 
 
 @dataclass(frozen=True)
@@ -63,23 +66,28 @@ class DecodeCase:
                 + (" expr" if self.expression else ""))
 
 
-def decode_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
+def paged_cases(block_n: int, pg: int) -> tuple[DecodeCase, ...]:
+    """Cases through shuffled page tables of pages of `pg` keys: lengths of 1, a tile - 1, exactly a
+    page, a page +- 1, the capacity, and very different lengths in one batch."""
+    n = block_n
+    pcap = max(12 * pg, 4 * n + 37)
+    return (
+        DecodeCase(4, 32, 8, 1, pcap, (1, max(pg - 1, n - 1), pg, pg + 1), page_size=pg),
+        DecodeCase(3, 32, 8, 4, pcap, (pcap, 5, min(7 * pg + 3, pcap - 1)), causal=True, page_size=pg),
+        DecodeCase(2, 16, 2, 1, pcap, (pcap, 2 * pg), layout="bshd", num_splits=5, page_size=pg),
+        DecodeCase(2, 32, 32, 1, pcap, (3 * pg + 1, 1), num_splits=1, page_size=pg),
+    )
+
+
+def decode_cases(block_n: int, paged: bool = False) -> tuple[DecodeCase, ...]:
     """Lengths of 1, a tile +- 1, the capacity, and very different lengths in one batch; GQA groups
     1, 4 and 8 with 1 and 4 new tokens (up to 32 group rows: two row blocks of 16); both layouts;
-    one split, the heuristic's and many. With a page size, the same through shuffled page tables:
-    lengths of 1, exactly a page, a page +- 1, and very different lengths in one batch."""
+    one split, the heuristic's and many. Paged: the paged cases of each of PAGE_SIZES (the first of
+    each page size first)."""
     n = block_n
     cap = 4 * n + 37
-    paged = ()
-    if page_size:
-        pg = page_size
-        pcap = 12 * pg
-        paged = (
-            DecodeCase(4, 32, 8, 1, pcap, (1, pg, pg - 1, pg + 1), page_size=pg),
-            DecodeCase(3, 32, 8, 4, pcap, (pcap, 5, 7 * pg + 3), causal=True, page_size=pg),
-            DecodeCase(2, 16, 2, 1, pcap, (pcap, 2 * pg), layout="bshd", num_splits=5, page_size=pg),
-            DecodeCase(2, 32, 32, 1, pcap, (3 * pg + 1, 1), num_splits=1, page_size=pg),
-        )
+    paged_sets = [paged_cases(n, pg) for pg in PAGE_SIZES] if paged else []
+    paged = tuple(c for i in range(4) for cases in paged_sets for c in cases[i:i + 1])
     plain = (
         DecodeCase(1, 8, 8, 1, 1000, None),
         DecodeCase(2, 32, 8, 1, cap, (1, cap)),
@@ -94,7 +102,7 @@ def decode_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
     return plain[:3] + paged + plain[3:]   # --quick takes the first few: both kinds of cache
 
 
-def window_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
+def window_cases(block_n: int, paged: bool = False) -> tuple[DecodeCase, ...]:
     """Windows (left, right) counted from each new token: of 0 and 1 key, a tile +- 1 (from one
     token, and from four with causal), one-sided ones, and one wider than any sequence; over
     sequences shorter than the window, a tile +- 1 long and many tiles long; the heuristic's splits,
@@ -111,12 +119,12 @@ def window_cases(block_n: int, page_size: int = 0) -> tuple[DecodeCase, ...]:
         DecodeCase(1, 32, 32, 2, cap, (cap,), causal=True, window=(2 * n - 1, 0), num_splits=3),
         DecodeCase(2, 32, 8, 1, cap, (cap, 4), window=(5000, 5000)),
     ]
-    if page_size:
-        pg = page_size
-        pcap = 12 * pg
+    for pg in PAGE_SIZES if paged else ():
+        pcap = max(12 * pg, 4 * n + 37)
         cases += [
-            DecodeCase(3, 32, 8, 4, pcap, (pcap, 5, 7 * pg + 3), causal=True, window=(pg + 1, 0), page_size=pg),
-            DecodeCase(2, 16, 2, 1, pcap, (pcap, 2 * pg), layout="bshd", window=(3 * pg - 1, -1), num_splits=5,
+            DecodeCase(3, 32, 8, 4, pcap, (pcap, 5, min(7 * pg + 3, pcap - 1)), causal=True, window=(pg + n + 1, 0),
+                       page_size=pg),
+            DecodeCase(2, 16, 2, 1, pcap, (pcap, 2 * pg), layout="bshd", window=(3 * pg + n - 1, -1), num_splits=5,
                        page_size=pg),
         ]
     return tuple(cases)
@@ -217,10 +225,10 @@ def paged_cache(torch, k, v, lengths, page_size: int, layout: str, generator=Non
 def verify_cases(kernel, shapes, masks) -> list[tuple]:
     """The decode cases of `attngen verify` for the masks asked (the forward shapes only choose
     quick, fewer than the full suite, or full)."""
-    cases = decode_cases(kernel.plan.block_n, kernel.plan.page_size)
+    cases = decode_cases(kernel.plan.block_n, kernel.plan.paged)
     if "expr" in masks:   # the expression is the only mask: every case through it (no causal= argument)
         cases = tuple(dict.fromkeys(replace(c, causal=False, expression=True) for c in cases))
-    windows = window_cases(kernel.plan.block_n, kernel.plan.page_size) if "window" in masks else ()
+    windows = window_cases(kernel.plan.block_n, kernel.plan.paged) if "window" in masks else ()
     if len(tuple(shapes)) < len(FULL_SUITE):
         cases, windows = cases[:QUICK_CASES], windows[:QUICK_CASES]
     out = []

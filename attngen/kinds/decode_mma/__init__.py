@@ -14,15 +14,15 @@ over the SM count (`num_splits`), overridable per spec (`max_splits`) and per ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field
 
 from ...core import banks
-from ...core.decode_plan import DECODE_ABI_FIELDS, DecodePlan
+from ...core.decode_plan import DECODE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
-from ...core.launch_rules import IN_FLIGHT_PER_SM, MAX_SPLITS, WAVE_EFFICIENCY, merging_key
+from ...core.launch_rules import IN_FLIGHT_PER_SM, MAX_PAGE_SIZE, MAX_SPLITS, WAVE_EFFICIENCY, merging_key
 from ...core.layout import Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
 from ...core.variants import SCORES
@@ -44,9 +44,9 @@ class DecodeSpec(ForwardSpec):
     decode: Literal["split_kv"] = Field(description=(
         "split_kv: split the cache's keys over blocks and merge the slices by LSE (picks the decode kind)"))
     mma: Literal["mma_m16n8k16"] = Field(default="mma_m16n8k16", description="the fragment of both GEMMs")
-    page_size: Optional[int] = Field(default=None, ge=16, le=256, description=(
-        "keys per page of a paged KV cache (16 to 256, a multiple of 16): the kernel also takes a block table "
-        "of page ids; unset: contiguous caches only"))
+    paged: bool = Field(default=False, description=(
+        "the kernel also reads paged KV caches through a block table of page ids, of any page size a call "
+        f"brings (a power of two from 1 to {MAX_PAGE_SIZE}, a kernel parameter); false: contiguous caches only"))
     combine: Literal["kernel", "fused", "auto"] = Field(default="kernel", description=(
         "how the splits are merged: kernel = a second kernel, a warp per output row; fused = the last split "
         "block of each (sequence, KV head) to finish merges them (an atomic arrival count), no second launch; "
@@ -133,15 +133,6 @@ def rule_swizzle(s):
         return "smem.swizzle", "ldmatrix reads need conflict-free rows: set swizzle: {xor_bits: 3}"
 
 
-def rule_page_size(s):
-    n, bn = s.page_size, s.tile.block_n
-    if n is None:
-        return None
-    if n % 16 or not (n % bn == 0 or bn % n == 0):
-        return "page_size", (f"a K/V tile of {bn} keys must cover whole pages or lie inside one: use a multiple of 16 "
-                             f"that divides or is a multiple of block_n (e.g. 16, 32, 64, 128, 256; got {n})")
-
-
 rule_ring = refuse("smem.stages", lambda s: s.smem.stages < 2 or not s.smem.async_copy,
                    lambda s: "the decode kernel streams K/V through a cp.async ring: set stages >= 2 and "
                              "async_copy: true", "rule_ring")
@@ -165,7 +156,7 @@ rule_decode_always_rescales = refuse("softmax.rescale", lambda s: s.softmax.resc
 
 
 DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim, rule_rows, rule_keys_per_warp,
-                    rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers, rule_page_size,
+                    rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers,
                     rule_decode_no_varlen, rule_decode_expressions_alone, rule_decode_always_rescales)
 
 
@@ -201,7 +192,7 @@ def unsplit_in_flight(spec: DecodeSpec) -> int:
     B8 GQA 32/8 d128, 16k keys) only for the contiguous-only build with a combine kernel (124.2 vs
     124.3 us unsplit vs 2 slices); the paged build (134.6 vs 124.9) and the fused one (131.0 vs
     124.0) stream slower unsplit, so for them the heuristic counts waves only (0)."""
-    if spec.page_size or spec.combine == "fused":
+    if spec.paged or spec.combine == "fused":
         return 0
     return (spec.smem.stages - 1) * 2 * spec.tile.block_n * spec.head_dim * spec.elem_bytes
 
@@ -214,7 +205,14 @@ def bank_patterns(plan) -> list[banks.Pattern]:
 
 def stats_region(spec: DecodeSpec) -> list[Region]:
     rows = spec.compute_warps * spec.tile.block_m
-    return [Region("stats", rows, 2, "float", 4, 8, per="each warp's row max and row sum, for the merge")]
+    stats = [Region("stats", rows, 2, "float", 4, 8, per="each warp's row max and row sum, for the merge")]
+    if not spec.paged:
+        return stats
+    # Where each key of a tile lies in the k and v pools, per ring stage: one thread works out a row's
+    # page and row in it once, a tile ahead, and every thread copying that row reads it from here.
+    return stats + [Region("rows", spec.smem.stages * spec.tile.block_n, 2, "long long", 8, 16, align=16,
+                           per="each ring stage's keys: their rows' byte offsets in the k and v pools "
+                               "(page x page stride + row in page x row stride)")]
 
 
 def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
@@ -276,11 +274,13 @@ def plan(spec: DecodeSpec, file: str | None = None):
     x = p.expression_cuda
     if x is not None and x.mask is not None and not x.mask_reads_head:
         unread += ("tiles_per_split",)   # the blocks share the span their classification finds
+    if not spec.paged:
+        unread += PAGE_FIELDS   # contiguous caches only: no table, pool or page size
     abi = plan_abi(p.mask_variants, varlen=False, reports_errors=True, unread=unread, scores=p.score_variants,
                    base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS))
     return DecodePlan.of(p, parts=function_names(spec), abi=abi,
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
-                         q_in_registers=holds_q(spec), max_splits=spec.max_splits, page_size=spec.page_size or 0,
+                         q_in_registers=holds_q(spec), max_splits=spec.max_splits, paged=spec.paged,
                          combine=spec.combine, unsplit_in_flight=unsplit_in_flight(spec),
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
@@ -300,11 +300,11 @@ def explain(plan) -> list[str]:
             f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)"
             + (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
                f"({plan.unsplit_in_flight // 1024} KiB per block)" if plan.unsplit_in_flight else ""),
-            (f"paged KV: pages of {plan.page_size} keys through block_table (a tile "
-             + ("lies in one page)" if plan.page_size >= plan.block_n else
-                f"spans {plan.block_n // plan.page_size} pages)")
-             + "; contiguous caches when the call passes no table"
-             if plan.page_size else "KV cache: contiguous only (no page_size)")]
+            (f"paged KV: any page size from 1 to {MAX_PAGE_SIZE} keys (a power of two, page_size and page_shift "
+             "in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in "
+             "it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; "
+             "contiguous caches when the call passes no table"
+             if plan.paged else "KV cache: contiguous only (paged: false)")]
 
 
 KIND = Kind(NAME, TITLE, SELECTOR, DecodeSpec, plan, explain, calls="decode")

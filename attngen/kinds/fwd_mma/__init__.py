@@ -17,7 +17,7 @@ from ...core.fp8 import FP8_ABI
 from ...core.forward_plan import plan_forward
 from ...core.forward_space import default_forward_space
 from ...core.kind import Kind
-from ...core.spec_keys import (ForwardSpec, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
+from ...core.spec_keys import (ForwardSpec, refuse, rule_block_m_split, rule_block_n, rule_head_dim_fragments,
                                rule_head_dim_vector_loads, rule_pad_16_bytes, rule_pad_bytes, rule_stages_need_async,
                                rule_threads, rule_warp_roles_need_a_ring)
 from . import e4m3
@@ -28,8 +28,22 @@ TITLE = "mma.sync m16n8k16 attention forward"
 E4M3_TITLE = "mma.sync m16n8k32 e4m3 attention forward"
 
 
+# What a paged spec's varlen functions need: the homogeneous cp.async ring gathers K/V rows through the
+# block table (templates/fwd_mma/pipeline.j2); masks none and causal, no score modifiers or expressions.
+rule_paged_varlen = refuse(
+    "paged", lambda s: s.paged and (not s.varlen or s.producer_warps or not s.smem.async_copy or s.smem.stages < 2
+                                    or s.scores or s.variant is not None or set(s.masks) - {"none", "causal"}),
+    lambda s: "paged: true reads K/V pages in the varlen functions of a homogeneous cp.async ring: it needs "
+              "varlen: true, smem.async_copy: true, stages >= 2, no producer warps, masks none/causal and no "
+              "scores or variant", "rule_paged_varlen")
+
+
 class MmaSpec(ForwardSpec):
     mma: Literal[FRAGMENT] = Field(description="mma_m16n8k16: mma.sync, S/P/O in registers")
+    paged: bool = Field(default=False, description=(
+        "the varlen functions also read K/V from page pools through a block table (FlashAttention's "
+        "flash_attn_varlen_func(block_table=, seqused_k=)), of any power-of-two page size from 1 to 512 "
+        "given per call; false: packed K/V only"))
     row_unit = 16
     row_unit_what = "16-row fragments"
     key_unit = 16
@@ -42,7 +56,7 @@ class MmaSpec(ForwardSpec):
     register_margin = 72
     rules = (rule_head_dim_vector_loads, rule_head_dim_fragments, rule_block_m_split, rule_block_n,
              rule_stages_need_async, rule_pad_bytes, rule_pad_16_bytes, rule_warp_roles_need_a_ring,
-             rule_threads)
+             rule_threads, rule_paged_varlen)
 
     def register_need(self):
         f = fragments(self, self.tile.block_m // self.compute_warps, None)
@@ -111,7 +125,10 @@ def explain(plan) -> list[str]:
     return [fragment_line(f),
             f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
-            f"online softmax: exp2 with the scale folded in; rescale {plan.rescale.replace('_', ' ')}"]
+            f"online softmax: exp2 with the scale folded in; rescale {plan.rescale.replace('_', ' ')}"] + (
+        ["paged varlen: with a block table, K/V rows come from page pools of any page size from 1 to 512 keys "
+         "(a power of two, page_size and page_shift in Params), a cp.async per 16-byte chunk at a 64-bit offset"]
+        if plan.paged else [])
 
 
 E4M3 = Kind(NAME, E4M3_TITLE, ("mma", FRAGMENT), MmaFp8Spec, plan_e4m3, explain_e4m3, space=default_forward_space,

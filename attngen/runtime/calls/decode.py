@@ -9,7 +9,7 @@ import functools
 import numbers
 import threading
 
-from ...core.launch_rules import num_splits, row_blocks, visited_tiles
+from ...core.launch_rules import MAX_PAGE_SIZE, num_splits, page_shift, row_blocks, visited_tiles
 from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
 from ..gpu import error_word
@@ -18,8 +18,12 @@ from .shared import ATTENTION_FIELDS, bhsd_strides, mask_fields, variant_key
 
 WORKSPACES = 64                 # split-partial buffers kept (device x stream x thread)
 POINTERS = ("q", "k", "v", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", "block_table", "split_counters")
+# A contiguous-only spec's Params has no block table (core.decode_plan.PAGE_FIELDS): its calls patch the others.
+CONTIGUOUS_POINTERS = tuple(name for name in POINTERS if name != "block_table")
 PER_CALL = ATTENTION_FIELDS + ("errors", "cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split",
-                               "row_blocks", "split_counters", "block_table", "table_stride", "num_pages")
+                               "row_blocks", "split_counters", "block_table", "table_stride", "num_pages",
+                               "page_size", "page_shift")
+MAX_KEYS = 2 ** 31 - 1          # keys are 32-bit in the kernel: a paged cache's capacity (pages x page size)
 
 
 class DecodeKernel(Kernel):
@@ -48,22 +52,24 @@ class DecodeKernel(Kernel):
     params={name: value}: an expression spec's variant.params; its q_idx is the new token (0 .. Sq -
     1), seqlen_k and causal_offset are the sequence's len and len - Sq.
 
-    Paged caches (the spec's page_size): k_cache and v_cache are pools of pages, (num_pages, Hkv,
-    page_size, D) ("bshd": (num_pages, page_size, Hkv, D)), and block_table (int32, (B, max_pages))
-    lists each sequence's pages in order; cache_seqlens is required. Entries past a sequence's
-    pages may hold anything.
+    Paged caches (specs with paged: true): k_cache and v_cache are pools of pages, (num_pages, Hkv,
+    page_size, D) ("bshd": (num_pages, page_size, Hkv, D)), of any page size that is a power of two
+    from 1 to 512 (the kernel takes it as a parameter), and block_table (int32, (B, max_pages)) lists
+    each sequence's pages in order; cache_seqlens is required. Entries past a sequence's pages may
+    hold anything.
     """
 
     def _setup(self) -> None:
         self._mask_fields = mask_fields(self.plan)
         self._decode = self.plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields))
-        self._pointers = self.plan.abi.patch(POINTERS)
+        self._paged = self.plan.paged
+        self._pointers = self.plan.abi.patch(POINTERS if self._paged else CONTIGUOUS_POINTERS)
         self._workspaces = {}        # (device, stream, thread) -> fp32 split partials
         self._captured = []          # workspaces of calls captured in CUDA graphs (the graphs read them)
         self._counter_buffers = {}   # (device, stream) -> zeroed int32 split counters (fused combine)
         self._counter_lock = threading.Lock()
         plan = self.plan
-        self._max_splits, self._page = plan.max_splits, plan.page_size
+        self._max_splits = plan.max_splits
         self.last_splits = None
 
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
@@ -101,10 +107,14 @@ class DecodeKernel(Kernel):
         if accum:
             o_accum = self._workspace(index, accum + accum // q.shape[-1])
             lse_accum = o_accum + 4 * accum
-        self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0,
-                             cache_seqlens.data_ptr() if cache_seqlens is not None else 0, o_accum, lse_accum,
-                             block_table.data_ptr() if block_table is not None else 0,
-                             self._counters(counters, index) if counters else 0))
+        lens = cache_seqlens.data_ptr() if cache_seqlens is not None else 0
+        counted = self._counters(counters, index) if counters else 0
+        if self._paged:
+            self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0, lens, o_accum,
+                                 lse_accum, block_table.data_ptr() if block_table is not None else 0, counted))
+        else:   # a contiguous-only spec: never a table (the first call refused one)
+            self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0, lens, o_accum,
+                                 lse_accum, counted))
         self.last_splits = splits
         return (out, lse) if return_lse else out
 
@@ -116,18 +126,19 @@ class DecodeKernel(Kernel):
         batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
         pool, kv_heads, rows = (ks[0], ks[1], ks[2]) if bhsd else (ks[0], ks[2], ks[1])
         paged = block_table is not None
-        if ks != vs or (not paged and pool != batch):
+        if ks != vs or (not paged and pool != batch) or (paged and pool < 1):
             what = "(num_pages, kv_heads, page_size, head_dim) page pools" if paged else \
                 f"(batch {batch}, kv_heads, capacity, head_dim)"
             raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(ks)} and {tuple(vs)})")
         capacity = self._check_table(block_table, cache_seqlens, batch, rows, layout, index) if paged else rows
+        page, shift = (rows, page_shift(rows)) if paged else (0, 0)
         self._check_heads(heads, kv_heads, batch=batch)
         window, softcap, alibi_slopes, params, sinks = variants
         mask = self._check_mask(causal, window)
         if cache_seqlens is not None:
             self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged, index)
         if paged and validate:
-            self._check_pages(block_table, cache_seqlens, pool)
+            self._check_pages(block_table, cache_seqlens, pool, page)
         scale = self._check_scale(scale)
         # A window counts from each new token's own position (bottom-right, offset 0 here; the kernel
         # adds each sequence's len - Sq).
@@ -180,7 +191,7 @@ class DecodeKernel(Kernel):
                   heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, capacity,
                   mask_values.pop("scale_log2", scale * LOG2E), error_word(index), lens_ptr, o_accum, lse_accum,
                   splits, tiles_per_split, blocks_per_row, counters_ptr, table_ptr,
-                  block_table.stride(0) if paged else 0, pool if paged else 0]
+                  block_table.stride(0) if paged else 0, pool if paged else 0, page, shift]
         values += [mask_values.get(f.name, f.default) for f in self._mask_fields]
         launches = [(self.entry[self.plan.split_key(mask, splits)], (splits, kv_heads * blocks_per_row, batch))]
         if splits > 1 and not merges:
@@ -191,7 +202,8 @@ class DecodeKernel(Kernel):
                             ((batch, heads, seqlen_q), accum, counters, splits))
         if out_given is None:
             self._remember(key, prepared)
-        self._run(prepared, tuple(values[:5]) + (lens_ptr, o_accum, lse_accum, table_ptr, counters_ptr))
+        self._run(prepared, tuple(values[:5]) + ((lens_ptr, o_accum, lse_accum, table_ptr, counters_ptr) if self._paged
+                                                 else (lens_ptr, o_accum, lse_accum, counters_ptr)))
         self.last_splits = splits
         return (out, lse) if return_lse else out
 
@@ -231,13 +243,13 @@ class DecodeKernel(Kernel):
     def _check_table(self, table, lens, batch: int, page_rows: int, layout: str, index: int) -> int:
         """Shape checks of a paged call; returns the capacity of a sequence (pages per row x page size)."""
         torch = self._torch
-        page = self._page
-        if not page:
-            raise ValueError(f"{self.label} reads contiguous caches only: add page_size: N to its spec for a "
-                             "paged cache (block_table)")
-        if page_rows != page:
-            raise ValueError(f"{self.label} is generated for pages of {page} keys; the pools hold pages of "
-                             f"{page_rows} (k_cache.shape[{2 if layout == 'bhsd' else 1}])")
+        if not self._paged:
+            raise ValueError(f"{self.label} reads contiguous caches only: a spec with paged: true reads a paged "
+                             "cache (block_table)")
+        page = page_rows
+        if page_shift(page) is None:
+            raise ValueError(f"page_size must be a power of two from 1 to {MAX_PAGE_SIZE} (the pools hold pages of "
+                             f"{page} keys: k_cache.shape[{2 if layout == 'bhsd' else 1}])")
         if lens is None:
             raise ValueError("a paged cache needs cache_seqlens (int32, one length per sequence)")
         if not isinstance(table, torch.Tensor):
@@ -249,13 +261,15 @@ class DecodeKernel(Kernel):
                              f"{tuple(table.shape)}, strides {tuple(table.stride())})")
         if table.get_device() != index:
             raise ValueError(f"block_table is on {table.device} but q is on cuda:{index}")
+        if table.shape[1] * page > MAX_KEYS:
+            raise ValueError(f"block_table's {table.shape[1]} pages of {page} keys exceed {MAX_KEYS} keys per "
+                             "sequence")
         return table.shape[1] * page
 
-    def _check_pages(self, table, lens, pool: int) -> None:
+    def _check_pages(self, table, lens, pool: int, page: int) -> None:
         """Every page a sequence uses (its first ceil(len / page_size) entries) is a page of the pool;
         entries past a sequence's pages are never read and may hold anything (e.g. -1)."""
         import torch
-        page = self._page
         used = torch.arange(table.shape[1], device=table.device)[None, :] < ((lens + page - 1) // page)[:, None]
         ids = table[used]
         if ids.numel():

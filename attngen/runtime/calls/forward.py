@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...core.constants import LOG2E
 from ..kernel import LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
 from .shared import ATTENTION_FIELDS, bhsd_strides, call_key, mask_fields, shape_maps, variant_key
-from .varlen import varlen_call
+from .varlen import paged_varlen_call, varlen_call
 
 POINTERS = ("q", "k", "v", "o", "lse")      # the fields every call of a prepared shape patches
 
@@ -31,10 +31,22 @@ class ForwardKernel(Kernel):
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None, causal: bool = False,
                alignment: str | None = None, scale: float | None = None, return_lse: bool = False, out=None,
                lse_out=None, validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
-               params: dict | None = None, sinks=None):
+               params: dict | None = None, sinks=None, block_table=None, seqused_k=None):
         """Attention over varlen sequences of different lengths (see attngen.runtime.calls.varlen.varlen_call):
         q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1); returns o
-        shaped like q, or (o, lse) with lse fp32 (Hq, total_q)."""
+        shaped like q, or (o, lse) with lse fp32 (Hq, total_q). With block_table (a spec with paged: true),
+        k and v are page pools (num_pages, page_size, Hkv, D) and seqused_k (or cu_seqlens_k) gives each
+        sequence's keys (attngen.runtime.calls.varlen.paged_varlen_call)."""
+        if block_table is not None:
+            if window is not None or softcap is not None or alibi_slopes is not None or params or sinks is not None:
+                raise ValueError("a paged varlen call takes masks none and causal without score modifiers so far")
+            return paged_varlen_call(self, q, k, v, cu_seqlens_q, block_table, seqused_k=seqused_k,
+                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
+                                     alignment=alignment, scale=scale, return_lse=return_lse, out=out,
+                                     lse_out=lse_out, validate=validate)
+        if seqused_k is not None:
+            raise ValueError("seqused_k is read with block_table (paged K/V) only so far; packed K/V take each "
+                             "sequence's keys from cu_seqlens_k")
         return varlen_call(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                            alignment=alignment, scale=scale, return_lse=return_lse, out=out, lse_out=lse_out,
                            validate=validate, window=window, softcap=softcap, alibi_slopes=alibi_slopes,

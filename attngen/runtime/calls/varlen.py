@@ -13,10 +13,12 @@ from __future__ import annotations
 import numbers
 
 from ...core.constants import LOG2E
-from ...core.varlen_plan import varlen_key
+from ...core.launch_rules import page_shift
+from ...core.varlen_plan import MAX_PAGE_SIZE, PAGED_VARLEN_FIELDS, varlen_key
 from ..gpu import error_word
-from ..kernel import LOAD_BYTES, MAX_GRID_X, VARLEN_LAYOUT, Prepared
-from .shared import ATTENTION_FIELDS, ORDERS, check_sequences, offsets_on_host, variant_key
+from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Prepared
+from .shared import (ATTENTION_FIELDS, INT32_MAX, ORDERS, check_offsets, check_sequences, offsets_on_host,
+                     variant_key)
 
 PER_CALL = ATTENTION_FIELDS + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_order")
@@ -165,4 +167,152 @@ def cu_seqlens(torch, lengths, device):
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
-__all__ = ["cu_seqlens", "varlen_call"]
+def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=None, cu_seqlens_k=None,
+                      max_seqlen_q: int | None = None, causal: bool = False, alignment: str | None = None,
+                      scale: float | None = None, return_lse: bool = False, out=None, lse_out=None,
+                      validate: bool = False):
+    """Varlen attention whose keys lie in page pools (a spec with `paged: true`), as FlashAttention's
+    flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ..., block_table=, seqused_k=).
+
+    q (total_q, Hq, D) packed by cu_seqlens_q (int32, batch + 1). k and v are page pools in
+    FlashAttention's layout, (num_pages, page_size, Hkv, D), any strides with the last dim contiguous
+    (a decode pool (num_pages, Hkv, page_size, D) serves as pool.transpose(1, 2)); page_size a power of
+    two from 1 to 512. block_table int32 (batch, max_pages), rows contiguous: key j of sequence b lies in
+    page block_table[b, j // page_size], row j % page_size. seqused_k int32 (batch,) gives each
+    sequence's keys; without it they are cu_seqlens_k[b + 1] - cu_seqlens_k[b] (one of the two is needed).
+    A sequence's keys are clamped to max_pages x page_size and a page id to the pool (recorded as input
+    errors, attngen.check_errors()). Causal "bottom_right" aligns each sequence's queries with the end of
+    its keys (prefill chunks and single decode tokens in one call). validate=True reads the offsets,
+    lengths and the pages they use back and refuses bad ones. causal without an alignment is
+    "bottom_right" here (FlashAttention's paged varlen call has no other); "top_left" may be asked for."""
+    torch = kernel._torch
+    if not getattr(kernel.plan, "paged", False):
+        raise ValueError(f"{kernel.label} reads packed K/V only: block_table needs a spec with paged: true")
+    index = kernel._device_index(q)
+    total_q, heads, _ = kernel._check_tensor("q", q, VARLEN_LAYOUT, index)
+    kernel._check_tensor("k", k, "bshd", index)
+    kernel._check_tensor("v", v, "bshd", index, v_dim=True)
+    num_pages, page, kv_heads, _ = k.shape
+    if tuple(v.shape[:-1]) != tuple(k.shape[:-1]):
+        raise ValueError(f"k and v must be page pools of one shape, (num_pages, page_size, kv_heads, head_dim) (got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)})")
+    if num_pages < 1:
+        raise ValueError("the page pools hold no page (k.shape[0] is 0); a paged call needs num_pages >= 1")
+    shift = page_shift(page)
+    if shift is None or page > MAX_PAGE_SIZE:
+        raise ValueError(f"page_size must be a power of two from 1 to {MAX_PAGE_SIZE} (the pools hold pages of "
+                         f"{page} keys: k.shape[1])")
+    if num_pages > INT32_MAX:
+        raise ValueError(f"{num_pages} pages exceed int32 page ids")
+    kernel._check_heads(heads, kv_heads, heads=heads)
+    if not kernel.varlen_masks:
+        raise ValueError(f"{kernel.label} has no varlen functions: add `varlen: true` to its spec")
+    if total_q > INT32_MAX:
+        raise ValueError(f"varlen tensors of more than {INT32_MAX} rows do not fit int32 offsets")
+    batch = check_offsets(torch, "cu_seqlens_q", cu_seqlens_q, index)
+    if batch > MAX_GRID_YZ:
+        raise ValueError(f"{batch} sequences exceed {MAX_GRID_YZ} (grid z limit)")
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor of int32 (got {type(block_table).__name__})")
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must be int32 (got {block_table.dtype}); pass block_table.int()")
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1 or \
+            (block_table.shape[1] > 1 and block_table.stride(1) != 1):
+        raise ValueError(f"block_table must be ({batch}, max_pages) int32, max_pages >= 1, with contiguous rows "
+                         f"(got shape {tuple(block_table.shape)}, strides {tuple(block_table.stride())})")
+    if block_table.get_device() != index:
+        raise ValueError(f"block_table is on {block_table.device} but q is on cuda:{index}")
+    if block_table.shape[1] * page > INT32_MAX or block_table.stride(0) > INT32_MAX:
+        raise ValueError(f"block_table's {block_table.shape[1]} pages of {page} keys exceed {INT32_MAX} keys per "
+                         "sequence")
+    if seqused_k is not None:
+        if not isinstance(seqused_k, torch.Tensor):
+            raise TypeError(f"seqused_k must be a torch.Tensor of int32 (got {type(seqused_k).__name__})")
+        if seqused_k.dtype != torch.int32:
+            raise TypeError(f"seqused_k must be int32 (got {seqused_k.dtype}); pass seqused_k.int()")
+        if seqused_k.dim() != 1 or seqused_k.shape[0] != batch or not seqused_k.is_contiguous():
+            raise ValueError(f"seqused_k must be a contiguous ({batch},) tensor, one key count per sequence (got "
+                             f"shape {tuple(seqused_k.shape)})")
+        if seqused_k.get_device() != index:
+            raise ValueError(f"seqused_k is on {seqused_k.device} but q is on cuda:{index}")
+    elif cu_seqlens_k is None:
+        raise ValueError("a paged varlen call needs seqused_k (int32, the keys of each sequence) or cu_seqlens_k")
+    if cu_seqlens_k is not None and check_offsets(torch, "cu_seqlens_k", cu_seqlens_k, index) != batch:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
+                         f"and {cu_seqlens_k.numel()} offsets)")
+    mask = kernel._check_mask(causal, None)
+    if causal and alignment is None:
+        alignment = "bottom_right"      # FlashAttention's varlen convention: the queries are a sequence's last keys
+    if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral)
+                                     or max_seqlen_q < 0):
+        raise ValueError(f"max_seqlen_q must be a non-negative integer (got {max_seqlen_q!r})")
+    if validate:
+        longest = max(offsets_on_host("cu_seqlens_q", cu_seqlens_q, total_q, "q.shape[0]"))
+        if seqused_k is not None:
+            lens = seqused_k.tolist()
+        else:
+            lens = offsets_on_host("cu_seqlens_k", cu_seqlens_k, INT32_MAX, "int32")
+        capacity = block_table.shape[1] * page
+        for b, n in enumerate(lens):
+            if not 0 <= n <= capacity:
+                raise ValueError(f"sequence {b} has {n} keys; a row of block_table holds 0 to {capacity} "
+                                 f"({block_table.shape[1]} pages of {page})")
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < \
+            ((torch.tensor(lens, device=block_table.device) + page - 1) // page)[:, None]
+        ids = block_table[used]
+        if ids.numel():
+            lo, hi = (int(x) for x in torch.aminmax(ids))
+            if lo < 0 or hi >= num_pages:
+                raise ValueError(f"block_table holds page id {lo if lo < 0 else hi} for a key of some sequence; "
+                                 f"the pools have pages 0..{num_pages - 1}")
+        if max_seqlen_q is not None and max_seqlen_q < longest:
+            raise ValueError(f"max_seqlen_q is {max_seqlen_q} but a query sequence has {longest} rows; pass at least "
+                             f"{longest} (or leave it unset)")
+        max_seqlen_q = longest if max_seqlen_q is None else int(max_seqlen_q)
+    elif max_seqlen_q is None:
+        max_seqlen_q = total_q
+    else:
+        max_seqlen_q = min(int(max_seqlen_q), total_q)
+    scale = kernel._check_scale(scale)
+    out = kernel._output(out, q, VARLEN_LAYOUT, index)
+    lse_out, return_lse = kernel._lse_output(lse_out, return_lse, (heads, total_q), index)
+    if not max_seqlen_q:
+        return (out, lse_out) if return_lse else out
+    info = kernel._device(index)
+    plan = kernel.plan
+    grid = plan.varlen_grid(batch, heads, max_seqlen_q)
+    if grid[0] > MAX_GRID_X:
+        raise ValueError(f"max_seqlen_q {max_seqlen_q} needs more than {MAX_GRID_X} blocks")
+    packer = getattr(kernel, "_paged_varlen_packer", None)
+    if packer is None:
+        packer = kernel._paged_varlen_packer = plan.abi.packer(
+            PER_CALL + tuple(f.name for f in kernel._mask_fields) + PAGED_VARLEN_FIELDS)
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
+    if batch > 1:     # longest first, by key count
+        if seqused_k is not None:
+            order = torch.argsort(seqused_k, descending=True, stable=True).to(torch.int32)
+        else:
+            order = ORDERS.longest_first(torch, cu_seqlens_k, batch, index)
+    else:
+        order = None
+    # k and v: batch stride 0 (the pools' page 0), head stride sk[2], row stride sk[1]; pages by k_page_stride
+    values = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0,
+              0, sq[1], sq[0], 0, sk[2], sk[1], 0, sv[2], sv[1], 0, so[1], so[0],
+              0, total_q, batch, heads, kv_heads, max_seqlen_q, 0, scale * LOG2E,
+              cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr() if cu_seqlens_k is not None else 0,
+              order.data_ptr() if order is not None else 0, total_q, 0, error_word(index)]
+    mask_values = kernel._variant_values(mask, causal, alignment, None, 0, 0, scale,
+                                         {"softcap": None, "alibi_slopes": None, "params": None, "sinks": None},
+                                         {"batch": batch, "heads": heads, "device": index})
+    values[PER_CALL.index("scale_log2")] = mask_values.pop("scale_log2", scale * LOG2E)
+    for f in kernel._mask_fields:
+        values.append(mask_values.get(f.name, f.default))
+    values += [block_table.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0, sk[0], sv[0],
+               block_table.stride(0), block_table.shape[1], num_pages, page, shift]
+    prepared = Prepared(info, kernel._launches(info, (kernel.entry[varlen_key(mask)], grid)), packer.pack(values),
+                        _patch(kernel), ((heads, total_q), None))
+    kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]))
+    return (out, lse_out) if return_lse else out
+
+
+__all__ = ["cu_seqlens", "paged_varlen_call", "varlen_call"]

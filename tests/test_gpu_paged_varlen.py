@@ -1,0 +1,203 @@
+"""GPU tests of paged varlen prefill (FlashAttention's flash_attn_varlen_func(block_table=, seqused_k=)):
+the paged cells (h100_mma_d{64,128}_paged[_bf16]) read K/V from pools of shuffled pages of 1 to 256 keys
+(spare pages and the tails of last pages NaN), mixed batches of prefill chunks and single-token rows,
+GQA, causal (bottom-right) and not, against the fp32 reference sequence by sequence under
+FlashAttention's error rule, into NaN-filled outputs; bit for bit against the same kernel on the same
+keys packed back to back; through attngen.attention_varlen, which routes block_table calls to the paged
+entries and refuses bad pages, tables and gradients clearly."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+import attngen
+from attngen.eval.verify.cases import error_bound, reference_errors
+from attngen.runtime import InputError
+from attngen.runtime.calls.varlen import cu_seqlens
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE_SIZES = (1, 16, 64, 256)
+CELLS = [(64, "fp16"), (64, "bf16"), (128, "fp16"), (128, "bf16")]
+# (queries, keys) per sequence: single decode tokens, prefill chunks at the end of their keys, a whole
+# prompt (as many queries as keys), lengths around 64/128-key tiles and pages
+MIXED = ((1, 1000), (37, 37), (1, 1), (200, 700), (1, 63), (129, 429), (1, 257), (64, 64))
+
+
+@functools.lru_cache(maxsize=None)
+def load_once(head_dim: int, dtype: str):
+    name = f"h100_mma_d{head_dim}_paged" + ("_bf16" if dtype == "bf16" else "")
+    return attngen.load(ROOT / "specs" / f"{name}.yaml", synchronize=True)
+
+
+@pytest.fixture
+def torch():
+    import torch
+    return torch
+
+
+def torch_dtype(torch, dtype: str):
+    return torch.float16 if dtype == "fp16" else torch.bfloat16
+
+
+def packed(torch, seqs, heads, kv_heads, d, dtype, seed):
+    """q (total_q, H, D), k and v (total_k, Hkv, D) and their offsets."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tq, tk = sum(s[0] for s in seqs), sum(s[1] for s in seqs)
+    q = torch.randn(tq, heads, d, generator=g, device="cuda").to(dtype)
+    k = torch.randn(tk, kv_heads, d, generator=g, device="cuda").to(dtype)
+    v = torch.randn(tk, kv_heads, d, generator=g, device="cuda").to(dtype)
+    return q, k, v, cu_seqlens(torch, [s[0] for s in seqs], "cuda"), cu_seqlens(torch, [s[1] for s in seqs], "cuda"), g
+
+
+def page_pools(torch, k, v, lens_k, pg, g, spare=3, extra_cols=1):
+    """k and v (packed) as pools (num_pages, pg, Hkv, D) of shuffled pages: spare pages and the tail of
+    each sequence's last page NaN, table entries past a sequence's pages -1."""
+    need = [-(-n // pg) for n in lens_k]
+    pages = sum(need) + spare
+    order = torch.randperm(pages, generator=g, device="cuda")
+    shape = (pages, pg) + tuple(k.shape[1:])
+    kp = torch.full(shape, float("nan"), dtype=k.dtype, device="cuda")
+    vp = torch.full(shape, float("nan"), dtype=v.dtype, device="cuda")
+    table = torch.full((len(lens_k), max(need) + extra_cols), -1, dtype=torch.int32, device="cuda")
+    at = start = 0
+    for b, (n, keys) in enumerate(zip(need, lens_k)):
+        ids = order[at:at + n]
+        at += n
+        table[b, :n] = ids.int()
+        for src, pool in ((k, kp), (v, vp)):
+            rows = torch.full((n * pg,) + tuple(src.shape[1:]), float("nan"), dtype=src.dtype, device="cuda")
+            rows[:keys] = src[start:start + keys]
+            pool[ids] = rows.reshape((n, pg) + tuple(src.shape[1:]))
+        start += keys
+    return kp, vp, table
+
+
+def check_sequences(torch, q, k, v, out, seqs, causal, scale, label):
+    """Each sequence against the fp32 reference (bottom-right causal) under the error rule."""
+    problems = []
+    assert torch.isfinite(out).all(), f"{label}: non-finite output (a row not written, or a NaN page read)"
+    q0 = k0 = 0
+    for b, (sq, sk) in enumerate(seqs):
+        qb = q[q0:q0 + sq].transpose(0, 1).unsqueeze(0)
+        kb = k[k0:k0 + sk].transpose(0, 1).unsqueeze(0)
+        vb = v[k0:k0 + sk].transpose(0, 1).unsqueeze(0)
+        ob = out[q0:q0 + sq].transpose(0, 1).unsqueeze(0)
+        err, low, _ = reference_errors(torch, qb, kb, vb, ob, scale=scale, mask="causal" if causal else "none",
+                                       alignment="bottom_right" if causal else None)
+        if not err <= error_bound(low):
+            problems.append(f"{label} sequence {b} ({sq} queries, {sk} keys): max err {err:.3g} > "
+                            f"bound {error_bound(low):.3g} (torch low precision {low:.3g})")
+        q0, k0 = q0 + sq, k0 + sk
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("pg", PAGE_SIZES)
+@pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])
+def test_paged_varlen_against_reference(torch, head_dim, dtype, pg, causal):
+    """Mixed prefill chunks and single tokens, GQA 8/2, shuffled pages, NaN spare pages and page tails,
+    a NaN-filled output: every row written, each sequence within the error rule; bit for bit the same
+    kernel's output on the keys packed back to back."""
+    kernel = load_once(head_dim, dtype)
+    assert kernel.plan.paged
+    dt = torch_dtype(torch, dtype)
+    q, k, v, cu_q, cu_k, g = packed(torch, MIXED, 8, 2, head_dim, dt, seed=pg + head_dim)
+    lens_k = [s[1] for s in MIXED]
+    kp, vp, table = page_pools(torch, k, v, lens_k, pg, g)
+    used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    scale = head_dim ** -0.5
+    out = torch.full_like(q, float("nan"))
+    kernel.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=causal, out=out,
+                  max_seqlen_q=max(s[0] for s in MIXED))
+    torch.cuda.synchronize()
+    attngen.check_errors()
+    check_sequences(torch, q, k, v, out, MIXED, causal, scale, f"d{head_dim} {dtype} page {pg}")
+    contiguous = kernel.varlen(q, k, v, cu_q, cu_k, causal=causal, alignment="bottom_right" if causal else None)
+    assert torch.equal(out, contiguous)
+    # without seqused_k the keys come from cu_seqlens_k, as FlashAttention takes them
+    again = kernel.varlen(q, kp, vp, cu_q, cu_k, block_table=table, causal=causal)
+    assert torch.equal(again, out)
+
+
+@pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])
+def test_attention_varlen_routes_paged_calls(torch, head_dim, dtype):
+    """attngen.attention_varlen(block_table=, seqused_k=, cu_seqlens_k=None) takes the paged entry (causal
+    bottom-right by default, as FlashAttention's), returns the LSE, and agrees with the packed call of the
+    dispatch table (another spec) within the error rule's bound."""
+    dt = torch_dtype(torch, dtype)
+    seqs = ((1, 300), (17, 17), (1, 5), (96, 1100))
+    q, k, v, cu_q, cu_k, g = packed(torch, seqs, 16, 4, head_dim, dt, seed=7)
+    kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], 16, g)
+    used = torch.tensor([s[1] for s in seqs], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        o, lse = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 1100, causal=True, block_table=table,
+                                          seqused_k=used, return_lse=True)
+        ref = attngen.attention_varlen(q, k, v, cu_q, cu_k, 96, 1100, causal=True, alignment="bottom_right")
+    assert lse.shape == (16, q.shape[0]) and torch.isfinite(lse).all()
+    check_sequences(torch, q, k, v, o, seqs, True, head_dim ** -0.5, f"d{head_dim} {dtype} attention_varlen")
+    check_sequences(torch, q, k, v, ref, seqs, True, head_dim ** -0.5, f"d{head_dim} {dtype} packed")
+    assert (o.float() - ref.float()).abs().max().item() < 5e-2
+    # the decode kind's pools (num_pages, Hkv, page_size, D) serve the same call through a transposed view
+    kp_decode, vp_decode = kp.transpose(1, 2).contiguous(), vp.transpose(1, 2).contiguous()
+    o2 = attngen.attention_varlen(q, kp_decode.transpose(1, 2), vp_decode.transpose(1, 2), cu_q, None, 96, 1100,
+                                  causal=True, block_table=table, seqused_k=used)
+    assert torch.equal(o2, o)
+
+
+def test_paged_varlen_refuses_bad_inputs(torch):
+    kernel = load_once(64, "fp16")
+    q, k, v, cu_q, cu_k, g = packed(torch, ((3, 40), (1, 9)), 4, 2, 64, torch.float16, seed=1)
+    kp, vp, table = page_pools(torch, k, v, [40, 9], 16, g)
+    used = torch.tensor([40, 9], dtype=torch.int32, device="cuda")
+
+    def call(**kw):
+        args = dict(k=kp, v=vp, block_table=table, seqused_k=used)
+        args.update(kw)
+        return kernel.varlen(q, args.pop("k"), args.pop("v"), cu_q, args.pop("cu_seqlens_k", None), **args)
+
+    odd = torch.zeros((4, 24, 2, 64), dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="power of two from 1 to 512"):
+        call(k=odd, v=odd)
+    big = torch.zeros((1, 1024, 2, 64), dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="power of two from 1 to 512"):
+        call(k=big, v=big)
+    empty = torch.zeros((0, 16, 2, 64), dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="num_pages >= 1"):
+        call(k=empty, v=empty)
+    with pytest.raises(TypeError, match="block_table must be int32"):
+        call(block_table=table.long())
+    with pytest.raises(ValueError, match="block_table is on cpu"):
+        call(block_table=table.cpu())
+    with pytest.raises(ValueError, match=r"block_table must be \(2, max_pages\)"):
+        call(block_table=table[:1])
+    with pytest.raises(TypeError, match="seqused_k must be int32"):
+        call(seqused_k=used.long())
+    with pytest.raises(ValueError, match=r"seqused_k must be a contiguous \(2,\)"):
+        call(seqused_k=used[:1])
+    with pytest.raises(ValueError, match="seqused_k .* or cu_seqlens_k"):
+        call(seqused_k=None)
+    with pytest.raises(ValueError, match="k and v must be page pools of one shape"):
+        call(v=vp[:, :8])
+    with pytest.raises(ValueError, match="holds page id"):
+        call(block_table=torch.where(table >= 0, table + 100, table), validate=True)
+    with pytest.raises(ValueError, match="sequence 0 has 49 keys"):
+        call(seqused_k=torch.tensor([49, 9], dtype=torch.int32, device="cuda"), validate=True, block_table=table[:, :3])
+    # without validation a bad page id is clamped to the pool and recorded
+    call(block_table=torch.where(table >= 0, table + 100, table))
+    torch.cuda.synchronize()
+    with pytest.raises(InputError, match="block_table entry"):
+        attngen.check_errors()
+    unpaged = attngen.load(ROOT / "specs" / "h100_mma_d64_m128n64w4s2x3q.yaml", synchronize=True)
+    with pytest.raises(ValueError, match="paged: true"):
+        unpaged.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used)
+    with pytest.raises(ValueError, match="seqused_k is read with block_table"):
+        kernel.varlen(q, k, v, cu_q, cu_k, seqused_k=used)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, kp, vp))
+    with pytest.raises(NotImplementedError, match="block_table"):
+        attngen.attention_varlen(qg, kg, vg, cu_q, None, block_table=table, seqused_k=used, causal=True)
+    with pytest.raises(ValueError, match="without window, softcap"):
+        attngen.attention_varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, softcap=30.0)
