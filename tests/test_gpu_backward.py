@@ -103,12 +103,12 @@ def test_planted_bug_is_rejected():
 
 
 def test_a_call_with_no_backward_spec_is_refused_before_its_forward(monkeypatch):
-    """With the table's d80 backward entries left out, head_dim 80 has forward specs but no backward
-    one: the eager call says so at once."""
+    """With the table's d256 backward entries left out, head_dim 256 has forward specs but no backward
+    one, and no larger head dim to run padded at: the eager call says so at once."""
     import torch
     from table_patch import without_backward
-    without_backward(monkeypatch, 80)
-    q = torch.randn(1, 2, 64, 80, device="cuda", dtype=torch.float16, requires_grad=True)
+    without_backward(monkeypatch, 256)
+    q = torch.randn(1, 2, 64, 256, device="cuda", dtype=torch.float16, requires_grad=True)
     with pytest.raises(NotImplementedError, match="no backward for this call"):
         attngen.attention(q, q, q)
     with torch.no_grad():
@@ -469,18 +469,24 @@ def test_bench_times_a_backward_spec(tmp_path):
     assert report["call"] == "backward" and report["gpu"] == torch.cuda.get_device_name()
     assert [(r["case"]["seqlen"], r["case"]["causal"], r["case"]["call"]) for r in report["results"]] == [
         (512, False, "backward"), (512, True, "backward")]
+    # The file is a family: its base cell and the members that run these inputs (no score variant)
+    # are timed, each beside SDPA's backends.
     for r in report["results"]:
         timings = {t["impl"]: t for t in r["timings"]}
-        assert set(timings) == {"h100_bwd_d64", "sdpa:flash", "sdpa:cudnn"}
-        ours = timings["h100_bwd_d64"]
-        assert ours["status"] == "ok", ours
-        assert ours["median_us"] > 0 and ours["eager_us"] > 0 and ours["tflops"] > 0
-        assert "max err" in ours["note"]
+        ours_names = {name for name in timings if not name.startswith("sdpa:")}
+        assert {"h100_bwd_d64", "sdpa:flash", "sdpa:cudnn"} <= set(timings)
+        assert all(name.startswith("h100_bwd_d64") for name in ours_names), ours_names
+        for name in ours_names:
+            ours = timings[name]
+            assert ours["status"] == "ok", ours
+            assert ours["median_us"] > 0 and ours["eager_us"] > 0 and ours["tflops"] > 0
+            assert "max err" in ours["note"]
         assert all(t["status"] in ("ok", "unsupported") for t in timings.values())
         assert "h100_bwd_d64" in run.stdout and r["label"] in run.stdout
     entries = bench_entries([("bwd.json", report)])
-    assert {(e.call, e.mask, e.spec) for e in entries} == {("backward", "none", "h100_bwd_d64"),
-                                                            ("backward", "causal", "h100_bwd_d64")}
+    assert {("backward", "none", "h100_bwd_d64"), ("backward", "causal", "h100_bwd_d64")} <= \
+        {(e.call, e.mask, e.spec) for e in entries}
+    assert all(e.call == "backward" and e.spec.startswith("h100_bwd_d64") for e in entries)
 
 
 def test_repeated_backward_calls_take_the_prepared_path():
