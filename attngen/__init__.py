@@ -1,7 +1,8 @@
 """attngen: FlashAttention-style CUDA kernels generated from YAML specs.
 
 attngen.attention / attention_varlen / attention_with_kvcache / attention_fp8 call the committed kernel that
-serves the GPU, dtype, head dim and shape (attngen.ops); attngen.load(spec) compiles and loads
+serves the GPU, dtype, head dim and shape (attngen.ops); attngen.merge_attention / merge_attention_list merge
+partial results (attention over key subsets) by their LSE; attngen.load(spec) compiles and loads
 one spec (attngen.runtime). Both need the ``gpu`` extra (torch) and a CUDA GPU.
 attngen.enable() / attngen.disable() make plain F.scaled_dot_product_attention run attngen's kernels
 where the dispatch table serves the call (attngen.integrations.sdpa; docs/integrations.md).
@@ -9,7 +10,7 @@ where the dispatch table serves the call (attngen.integrations.sdpa; docs/integr
 from .shipped import VERSION as __version__
 
 __all__ = ["__version__", "attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "check_errors",
-           "disable", "enable", "load", "quantize_fp8"]
+           "disable", "enable", "load", "merge_attention", "merge_attention_list", "quantize_fp8"]
 
 
 def check_errors(device=None) -> None:
@@ -44,7 +45,8 @@ def load(spec_or_path, **kwargs):
 
 def __getattr__(name):
     # The entry points import torch: only when asked for, so the CPU-only install imports attngen.
-    if name in ("attention", "attention_fp8", "attention_varlen", "attention_with_kvcache"):
+    if name in ("attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "merge_attention",
+                "merge_attention_list"):
         from . import ops
         ops._bind()   # registers the torch ops and binds them before anything traces a call
         globals()[name] = getattr(ops, name)

@@ -16,7 +16,7 @@ def _number(digits: str) -> int | None:
 def _facts(plan) -> list[tuple[str, str, object]]:
     """(regex with one or two number groups, what it states, the plan's value) of the checkable facts."""
     spec = plan.spec
-    sw = spec.smem.swizzle
+    sw = getattr(getattr(spec, "smem", None), "swizzle", None)     # a kind without tiles has no smem key
     xor = getattr(sw, "xor_bits", 0)
     facts = [
         (r"\b(\d+)x(\d+) tiles\b", "tiles", (plan.block_m, plan.block_n)),

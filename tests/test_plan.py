@@ -159,7 +159,7 @@ def test_bf16_types():
 @pytest.mark.parametrize("path", SPEC_PATHS, ids=lambda p: p.name)
 def test_repo_specs_plan_within_budget(path):
     p = make_plan(load_spec(path))
-    assert 0 < p.smem_bytes <= p.smem_budget
+    assert 0 < p.smem_bytes <= p.smem_budget or (p.smem_bytes == 0 and not p.regions)   # a merge uses none
     assert p.smem_dynamic == (p.smem_bytes > p.target.smem_per_block)
     # regions are 128-aligned and do not overlap
     end = 0

@@ -77,6 +77,6 @@ def test_spec_names_follow_the_scheme():
         spec = load_spec(path)
         if spec.name in ("phase4", "phase5_wmma"):
             continue
-        m = re.fullmatch(r"(l4|h100|h200)_(mma|wgmma|decode|bwd)_d(\d+)(_[a-z0-9]+)*?(_bf16)?", spec.name)
+        m = re.fullmatch(r"(l4|h100|h200)_(mma|wgmma|decode|bwd|merge)_d(\d+)(_[a-z0-9]+)*?(_bf16)?", spec.name)
         assert m, spec.name
         assert (m.group(1), int(m.group(3)), bool(m.group(5))) == (spec.target, spec.head_dim, spec.dtype == "bf16")

@@ -633,7 +633,13 @@ def test_schema_command_lists_every_key():
     # one alternative per kind and dtype form; each lists every key of a forward spec
     alternatives = [schema["$defs"][ref["$ref"].split("/")[-1]] for ref in schema.get("anyOf") or schema["oneOf"]]
     assert len(alternatives) == sum(len(k.forms) for k in KINDS)
-    for alt in alternatives:
+    # the merge kind has no tiles: its own few keys
+    merges = [alt for alt in alternatives if "merge" in alt["properties"]]
+    assert len(merges) == 1
+    assert set(merges[0]["properties"]) == {"schema", "name", "description", "target", "dtype", "dtypes", "cells",
+                                            "base_cell", "merge", "head_dim", "warps", "max_parts"}
+    assert set(merges[0]["required"]) == {"schema", "name", "merge", "head_dim"}
+    for alt in (alt for alt in alternatives if "merge" not in alt["properties"]):
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
         # epilogue_tile; decode: decode, max_splits, paged, combine; e4m3: out_dtype; bwd_wgmma: group_split)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",

@@ -74,6 +74,21 @@ def float32(name: str, meaning: str) -> AbiField:
     return AbiField(name, "float", 4, 4, "f", meaning)
 
 
+def array(name: str, ctype: str, elem_size: int, count: int, meaning: str) -> AbiField:
+    """`count` values of a C type (pointers, long long), declared ctype name[count] and packed as their
+    bytes (array_bytes): a list a kernel indexes, of a length the plan fixes."""
+    return AbiField(name, ctype, elem_size * count, elem_size, f"{elem_size * count}s", meaning, array=count)
+
+
+def array_bytes(field: AbiField, fmt: str, values) -> bytes:
+    """The bytes of an array field holding `values` (struct format `fmt` of one), zeros past them."""
+    values = tuple(values)
+    count = field.array
+    if len(values) > count:
+        raise ValueError(f"ABI field {field.name} holds {count} values (got {len(values)})")
+    return struct.pack(f"<{count}{fmt}", *values, *([0] * (count - len(values))))
+
+
 def blob(name: str, size: int, align: int, meaning: str) -> AbiField:
     """Opaque bytes, e.g. a CUtensorMap (128 B, 64-byte aligned)."""
     return AbiField(name, "unsigned char", size, align, f"{size}s", meaning, array=size)

@@ -52,6 +52,7 @@ ATTENTION_WITH_KVCACHE = TableCall("decode", paged=True)
 ATTENTION_BACKWARD = TableCall("backward")                          # the gradients of attngen.attention
 ATTENTION_VARLEN_BACKWARD = TableCall("varlen_backward", varlen=True)   # those of attngen.attention_varlen
 ATTENTION_FP8 = TableCall("forward_fp8")
+MERGE_ATTENTION = TableCall("merge")                                # attngen.merge_attention(_list)
 
 FORWARD = Call("forward", "forward specs", "attngen.runtime.calls.forward", "attngen.eval.verify.forward",
                "attngen.eval.bench.forward", ("shapes", "varlen", "lengths", "heads", "plot_file"),
@@ -66,7 +67,11 @@ FORWARD_FP8 = Call("forward_fp8", "e4m3 forward specs (dtype: e4m3)", "attngen.r
                    "attngen.eval.verify.forward_fp8", "attngen.eval.bench.forward_fp8", ("shapes",), (ATTENTION_FP8,),
                    dtypes=("e4m3",), out_dtype="bf16")
 
-CALLS: tuple[Call, ...] = (FORWARD, DECODE, BACKWARD, FORWARD_FP8)
+# A merge of partial results: its parts and output may also be fp32 (the table keys it by fp16 / bf16).
+MERGE = Call("merge", "merge specs (merge: by_lse)", "attngen.runtime.calls.merge", "attngen.eval.verify.merge",
+             "attngen.eval.bench.merge", (), (MERGE_ATTENTION,))
+
+CALLS: tuple[Call, ...] = (FORWARD, DECODE, BACKWARD, FORWARD_FP8, MERGE)
 TABLE_CALLS: tuple[TableCall, ...] = tuple(t for call in CALLS for t in call.table)
 
 
@@ -99,5 +104,6 @@ def _check_names() -> None:
 _check_names()
 
 __all__ = ["ATTENTION", "ATTENTION_BACKWARD", "ATTENTION_FP8", "ATTENTION_VARLEN", "ATTENTION_VARLEN_BACKWARD",
-           "ATTENTION_WITH_KVCACHE", "BACKWARD", "CALLS", "DECODE", "FORWARD", "FORWARD_FP8", "TABLE_CALLS", "Call",
+           "ATTENTION_WITH_KVCACHE", "BACKWARD", "CALLS", "DECODE", "FORWARD", "FORWARD_FP8", "MERGE", "MERGE_ATTENTION",
+           "TABLE_CALLS", "Call",
            "TableCall", "call_named", "serving", "table_call"]

@@ -11,7 +11,7 @@ from ..core.calls import BACKWARD, CALLS, FORWARD, FORWARD_FP8
 
 from . import verify
 from .bench import backward as backward_bench, decode as decode_bench, forward as forward_bench
-from .bench import forward_fp8 as forward_fp8_bench
+from .bench import forward_fp8 as forward_fp8_bench, merge as merge_bench
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ SWEEPS = {FORWARD.name: SweepEval(forward_bench.Case, forward_bench.input_sets, 
                                       forward_fp8_bench.sweep_check, forward_fp8_bench.sweep_call,
                                       forward_fp8_bench.sweep_flash)}
 # The bench rooms core.calls.CALLS names, by module name.
-BENCHES = {m.__name__: m for m in (forward_bench, decode_bench, backward_bench, forward_fp8_bench)}
+BENCHES = {m.__name__: m for m in (forward_bench, decode_bench, backward_bench, forward_fp8_bench, merge_bench)}
 
 
 def convention_eval(call) -> ConventionEval:

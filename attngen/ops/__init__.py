@@ -6,6 +6,7 @@ kernel for the GPU, dtype, head dim, mask and sequence length at hand.
     o = attngen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     o = attngen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)
     o = attngen.attention_fp8(q8, k8, v_t8, q_descale=qd, k_descale=kd, v_descale=vd)   # e4m3, bf16 out
+    o, lse = attngen.merge_attention(o_a, lse_a, o_b, lse_b)        # two parts' results over split keys
 
 Eager calls go straight to the kernel (a few microseconds of host time); under torch.compile
 they go through the torch ops attngen::attention, ... (library.py), which trace without a graph
@@ -19,7 +20,8 @@ head dim above it, q, k and v zero-padded (library._pad; docs/dispatch.md).
 """
 from __future__ import annotations
 
-__all__ = ["attention", "attention_fp8", "attention_varlen", "attention_with_kvcache"]
+__all__ = ["attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "merge_attention",
+           "merge_attention_list"]
 
 _bound = None   # (is_compiling, is_grad_enabled, torch.ops.attngen, library), bound on the first call
 
@@ -208,3 +210,31 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_tab
         _refuse_grad("decode")
     return library.kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout,
                            return_lse)
+
+
+def merge_attention_list(outs, lses, *, layout: str = "bhsd", out_dtype=None):
+    """Merge partial attention results: part i is attention of the same queries over a subset of the
+    keys, its output outs[i] ((B, H, S, D), "bshd": (B, S, H, D)) and its natural-log LSE lses[i], fp32
+    (B, H, S) in either layout, as attention(..., return_lse=True) returns them. Returns (out, lse): out
+    = sum_i exp(lse_i - lse) outs[i], lse = logsumexp_i lse_i, so parts over disjoint key sets merge
+    into attention over their union. A part with LSE -inf saw no key: it weighs 0 and its output is not
+    read; a row where every part is -inf is 0 with LSE -inf.
+
+    The parts share one shape, dtype (float16, bfloat16 or float32: a ring's running partial) and GPU,
+    each with its own strides (last dim contiguous, 16-byte rows). out_dtype: the output's (the parts'
+    by default; float32, or float16 / bfloat16 for float32 parts); a new contiguous tensor. Any number
+    of parts: one launch takes up to the spec's max_parts (8), more are merged in rounds through fp32.
+    Forward only (no gradient)."""
+    compiling, grad, ops, library = _bound or _bind()
+    if compiling():
+        return ops.merge_attention(list(outs), list(lses), layout, out_dtype)
+    if grad() and any(getattr(t, "requires_grad", False) for t in (*outs, *lses)):
+        raise NotImplementedError("attngen has no backward for merge_attention: call it under torch.no_grad() / "
+                                  "torch.inference_mode(), or on tensors that do not require grad")
+    return library.merge(outs, lses, layout, out_dtype)
+
+
+def merge_attention(out_a, lse_a, out_b, lse_b, *, layout: str = "bhsd", out_dtype=None):
+    """Merge two partial attention results (a ring step's into the running one, say): (out, lse) of
+    merge_attention_list([out_a, out_b], [lse_a, lse_b]); see it for the shapes, dtypes and -inf rows."""
+    return merge_attention_list([out_a, out_b], [lse_a, lse_b], layout=layout, out_dtype=out_dtype)

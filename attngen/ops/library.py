@@ -1,6 +1,6 @@
 """attngen's torch ops: attngen::attention, attngen::attention_variant (window, softcap, ALiBi),
 attngen::attention_varlen, attngen::attention_with_kvcache, attngen::attention_with_kvcache_variant and
-attngen::attention_fp8 (e4m3 inputs), each a torch.library op over the dispatcher, with a fake
+attngen::attention_fp8 (e4m3 inputs) and attngen::merge_attention (partial results by their LSE), each a torch.library op over the dispatcher, with a fake
 (meta) implementation that gives the real output shapes and strides, so torch.compile traces
 through a call without a graph break and CUDA graphs capture it. attngen::attention_train is
 attngen::attention with a backward (register_autograd: it saves q, k, v, o and lse, and
@@ -361,6 +361,43 @@ def forward_fp8(q, k, v_t, q_descale, k_descale, v_descale, causal, alignment, s
                   alignment=alignment, scale=scale, layout=layout, return_lse=return_lse)
 
 
+_MERGE: dict = {}       # (device, parts' dtype, out_dtype, head_dim) -> kernel
+_HALF = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _merge_table_dtype(parts_dtype, out_dtype) -> str:
+    """The dtype a merge's table entry is keyed by: the half type among its parts and output (every merge
+    spec also merges fp32 into fp32, so an all-fp32 merge takes the fp16 entry's)."""
+    if parts_dtype in _HALF:
+        if out_dtype not in (None, parts_dtype, torch.float32):
+            raise TypeError(f"a merge of {parts_dtype} parts writes {parts_dtype} or torch.float32 (got out_dtype "
+                            f"{out_dtype})")
+        return _HALF[parts_dtype]
+    if parts_dtype == torch.float32:
+        if out_dtype not in (None, torch.float32) and out_dtype not in _HALF:
+            raise TypeError(f"a merge writes float16, bfloat16 or float32 (got out_dtype {out_dtype})")
+        return _HALF.get(out_dtype, "fp16")
+    raise TypeError(f"attngen merges float16, bfloat16 or float32 parts (got {parts_dtype})")
+
+
+def merge(outs, lses, layout, out_dtype):
+    """The eager merge of partial attention results: the table's merge kernel for the device, dtype and
+    head dim (remembered per key), then the kernel call, which checks every part."""
+    if not isinstance(outs, (list, tuple)) or not outs or not isinstance(outs[0], torch.Tensor):
+        raise TypeError("outs must be a non-empty list of torch.Tensor parts (each (B, H, S, D) or (B, S, H, D))")
+    first = outs[0]
+    key = (first.get_device(), first.dtype, out_dtype, first.shape[-1])
+    kernel = _MERGE.get(key)
+    if kernel is None:
+        if key[0] < 0:
+            raise ValueError(f"outs[0] is on {first.device}; attngen needs CUDA tensors (e.g. .cuda())")
+        kernel = DISPATCH.kernel("merge", key[0], _merge_table_dtype(first.dtype, out_dtype), key[3], "none", 0)
+        if len(_MERGE) >= 4096:
+            _MERGE.clear()
+        _MERGE[key] = kernel
+    return kernel(outs, lses, layout=layout, out_dtype=out_dtype)
+
+
 # -- the ops ---------------------------------------------------------------------------------------
 # Defined with torch.library.Library (schema, CUDA kernel, fake) rather than custom_op: a call of
 # the op then costs the dispatcher alone, not custom_op's Python wrapper on top of it.
@@ -395,6 +432,7 @@ LIB.define("attention_fp8(Tensor q, Tensor k, Tensor v_t, Tensor? q_descale, Ten
            "bool causal, str? alignment, float? scale, str layout) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
            "Tensor? block_table, bool causal, float? scale, int? num_splits, str layout) -> (Tensor, Tensor)")
+LIB.define("merge_attention(Tensor[] outs, Tensor[] lses, str layout, ScalarType? out_dtype) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache_variant(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
            "Tensor? block_table, bool causal, float? scale, int? num_splits, str layout, int[]? window, "
            "float? softcap, Tensor? alibi_slopes, Tensor? sinks=None) -> (Tensor, Tensor)")
@@ -529,6 +567,17 @@ def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, bloc
                                        layout)
 
 
+def merge_attention_cuda(outs, lses, layout, out_dtype):
+    return merge(outs, lses, layout, out_dtype)
+
+
+def merge_attention_fake(outs, lses, layout, out_dtype):
+    # as the kernel makes them: a new contiguous output of the parts' shape, and a (B, H, S) fp32 LSE
+    first = outs[0]
+    return (first.new_empty(first.shape, dtype=out_dtype or first.dtype),
+            first.new_empty(_heads_seq(first, layout), dtype=torch.float32))
+
+
 def _register_fake(name: str, fake) -> None:
     """torch.library.register_fake(f"attngen::{name}", fake, lib=LIB), less its caller lookup.
 
@@ -548,7 +597,7 @@ def _register_fake(name: str, fake) -> None:
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
               "attention_variant_backward", "attention_varlen", "attention_varlen_variant", "attention_varlen_train",
               "attention_varlen_backward",
-              "attention_with_kvcache", "attention_with_kvcache_variant", "attention_fp8"):
+              "attention_with_kvcache", "attention_with_kvcache_variant", "attention_fp8", "merge_attention"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     _register_fake(_name, globals()[f"{_name}_fake"])
 

@@ -11,7 +11,7 @@ NaN (with guard rows after seqlen_q that must stay NaN), one launch, then
   against torch.logsumexp of the scaled fp32 scores.
 
 A room per call convention: each builds its own cases (forward.py with varlen.py, decode.py,
-backward.py, forward_fp8.py) on the shared judges of cases.py; rooms.py looks a kernel's
+backward.py, forward_fp8.py, merge.py) on the shared judges of cases.py; rooms.py looks a kernel's
 convention up in core.calls.CALLS and hands its cases to the runner (runner.py), which names none.
 Returns data; the CLI prints. Nothing imports torch before a function runs.
 """

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from ...core.calls import CALLS
-from . import backward, decode, forward, forward_fp8
+from . import backward, decode, forward, forward_fp8, merge
 
 # Each convention's verify cases (kernel, shapes, masks) -> cases, from the module CALLS names for it.
-_ROOMS = {room.__name__: room for room in (forward, decode, backward, forward_fp8)}
+_ROOMS = {room.__name__: room for room in (forward, decode, backward, forward_fp8, merge)}
 CASES = {call.name: _ROOMS[call.verify].verify_cases for call in CALLS}
 
 

@@ -8,7 +8,9 @@ nothing else in the runtime names one.
 - decode: ``kernel(q, k_cache, v_cache, cache_seqlens=..., block_table=...)`` (decode.py);
 - backward: ``kernel(q, k, v, out, lse, dout, causal=...)`` -> (dq, dk, dv) (backward.py);
 - forward_fp8: ``kernel(q8, k8, v_t8, q_descale=..., k_descale=..., v_descale=..., causal=...)`` on
-  e4m3 tensors with V transposed (forward_fp8.py, which also has quantize_fp8).
+  e4m3 tensors with V transposed (forward_fp8.py, which also has quantize_fp8);
+- merge: ``kernel(outs, lses, layout=..., out_dtype=...)`` -> (out, lse): partial results merged by
+  their LSE (merge.py).
 """
 from __future__ import annotations
 
