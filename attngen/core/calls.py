@@ -22,6 +22,8 @@ class TableCall(NamedTuple):
     name: str
     varlen: bool = False            # served by a spec's varlen functions (sequences back to back)
     paged: bool = False             # its entries also key on paged (a KV cache's pages) and group rows
+    kv_dtype: str = ""              # the element type of the KV cache its specs read where not the queries'
+                                    # (their plans' kv_dtype)
 
 
 class Call(NamedTuple):
@@ -49,6 +51,9 @@ class Call(NamedTuple):
 ATTENTION = TableCall("forward")
 ATTENTION_VARLEN = TableCall("varlen", varlen=True, paged=True)      # paged: block_table= (paged K/V)
 ATTENTION_WITH_KVCACHE = TableCall("decode", paged=True)
+# attention_with_kvcache on an e4m3 cache (torch.float8_e4m3fn) with fp16/bf16 queries: its own call name,
+# so only such calls reach its entries (their dtype is the queries').
+ATTENTION_WITH_KVCACHE_E4M3 = TableCall("decode_kv_e4m3", paged=True, kv_dtype="e4m3")
 ATTENTION_BACKWARD = TableCall("backward")                          # the gradients of attngen.attention
 ATTENTION_VARLEN_BACKWARD = TableCall("varlen_backward", varlen=True)   # those of attngen.attention_varlen
 ATTENTION_FP8 = TableCall("forward_fp8")
@@ -59,7 +64,7 @@ FORWARD = Call("forward", "forward specs", "attngen.runtime.calls.forward", "att
                (ATTENTION, ATTENTION_VARLEN),
                more_modules=("attngen.runtime.calls.varlen", "attngen.eval.verify.varlen", "attngen.eval.bench.varlen"))
 DECODE = Call("decode", "decode specs (decode: split_kv)", "attngen.runtime.calls.decode", "attngen.eval.verify.decode",
-              "attngen.eval.bench.decode", ("cells", "paged"), (ATTENTION_WITH_KVCACHE,))
+              "attngen.eval.bench.decode", ("cells", "paged"), (ATTENTION_WITH_KVCACHE, ATTENTION_WITH_KVCACHE_E4M3))
 BACKWARD = Call("backward", "backward specs (backward: dq_atomic, wgmma_dq_red)", "attngen.runtime.calls.backward",
                 "attngen.eval.verify.backward", "attngen.eval.bench.backward", ("shapes", "plot_file"),
                 (ATTENTION_BACKWARD, ATTENTION_VARLEN_BACKWARD), gradients=True)

@@ -178,7 +178,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q: int
 def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                            scale: float | None = None, num_splits: int | None = None, layout: str = "bhsd",
                            return_lse: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
-                           sinks=None):
+                           sinks=None, k_scale=None, v_scale=None):
     """Decode: q (B, Hq, Sq, D) new tokens against a KV cache (B, Hkv, capacity, D), or pools of
     pages (num_pages, Hkv, page_size, D) through block_table (int32 (B, max_pages)); page_size is any
     power of two from 1 to 512, read by one kernel per cell (a kernel parameter, checked here).
@@ -190,8 +190,24 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_tab
     them: window=(left, right) from each new token's own position (-1: an open side; causal closes
     the right side at 0; only the window's keys are read), softcap=cap, alibi_slopes fp32 (Hq,) or
     (B, Hq) with each sequence's length as Sk, sinks fp32 (Hq,): learned logits (gpt-oss), head h's
-    joins every row's softmax denominator as a key with no value (forward only: no gradient)."""
+    joins every row's softmax denominator as a key with no value (forward only: no gradient).
+
+    e4m3 KV cache: k_cache and v_cache torch.float8_e4m3fn (q fp16 or bf16; the output is q's dtype), with
+    k_scale and v_scale as vLLM passes them (dequantised value = e4m3 x scale): a number, a one-element
+    fp32 tensor, or fp32 (Hkv,) per KV head; None is 1. Served by the table's decode_kv_e4m3 entries
+    (head dims 64, 128, 256; masks none and causal; eager calls, not yet under torch.compile)."""
     compiling, grad, ops, library = _bound or _bind()
+    if _is_e4m3(k_cache) or _is_e4m3(v_cache) or k_scale is not None or v_scale is not None:
+        if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
+            raise ValueError("an e4m3 KV cache is served without window, softcap, alibi_slopes or sinks (decode_kv_e4m3 "
+                             "specs apply none); pass a fp16/bf16 cache for them")
+        if compiling():
+            raise NotImplementedError("attention_with_kvcache on an e4m3 KV cache has no torch op yet: call it "
+                                      "outside torch.compile (e.g. under torch.compiler.disable)")
+        if grad() and q.requires_grad:
+            _refuse_grad("decode")
+        return library.kvcache_e4m3(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout,
+                                    return_lse, k_scale, v_scale)
     if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
         if compiling():
             o, lse = ops.attention_with_kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
@@ -210,6 +226,11 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, block_tab
         _refuse_grad("decode")
     return library.kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout,
                            return_lse)
+
+
+def _is_e4m3(t) -> bool:
+    """t is a tensor of torch.float8_e4m3fn (read by name: this module imports no torch)."""
+    return str(getattr(t, "dtype", "")) == "torch.float8_e4m3fn"
 
 
 def merge_attention_list(outs, lses, *, layout: str = "bhsd", out_dtype=None):

@@ -315,6 +315,27 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
                   sinks=sinks)
 
 
+_DECODE_E4M3: dict = {}     # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
+
+
+def kvcache_e4m3(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse,
+                 k_scale, v_scale):
+    """The eager decode call on an e4m3 KV cache: the table's decode_kv_e4m3 kernel (its entries key on the
+    queries' dtype, paged or not), then the kernel call, which checks the cache's dtype and the scales."""
+    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
+           causal, layout)
+    kernel = _DECODE_E4M3.get(key)
+    if kernel is None:
+        kernel = _decode_kernel(q, k_cache, block_table, "causal" if causal else "none", layout,
+                                call="decode_kv_e4m3")
+        if len(_DECODE_E4M3) >= 4096:
+            _DECODE_E4M3.clear()
+        _DECODE_E4M3[key] = kernel
+    return kernel(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                  scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse, k_scale=k_scale,
+                  v_scale=v_scale)
+
+
 def _decode_padding(q, v_cache) -> int:
     """The head dim a decode call pads to (0: none; see _pad)."""
     index = q.get_device()
@@ -323,7 +344,7 @@ def _decode_padding(q, v_cache) -> int:
     return DISPATCH.padded_head_dim("decode", index, q.dtype, q.shape[-1], v_cache.shape[-1])
 
 
-def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = ""):
+def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "", call: str = "decode"):
     """The table's decode kernel for this call: keyed by its mask and score modifiers, the cache's
     capacity, whether it is paged (a paged kernel reads any page size; it checks the one given) and the
     query rows per KV head."""
@@ -337,7 +358,7 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "")
     paged = block_table is not None
     capacity = block_table.shape[1] * rows if paged else rows
     group_rows = max(1, heads // max(kv_heads, 1)) * seqlen_q
-    return DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], mask, capacity, paged=paged,
+    return DISPATCH.kernel(call, index, q.dtype, q.shape[-1], mask, capacity, paged=paged,
                            group_rows=group_rows, scores=scores)
 
 
@@ -702,5 +723,6 @@ def train(call: str, *inputs):
     return _EagerTrain.apply(call, *inputs)
 
 
-__all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_variant",
+__all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_e4m3",
+           "kvcache_variant",
            "train", "varlen", "varlen_backward", "varlen_backward_kernel"]
