@@ -179,7 +179,8 @@ def test_scales_refused_with_the_reason(scales, error, words):
 
 
 def test_attention_with_kvcache_takes_the_scales():
-    import inspect
-    import attngen
-    params = inspect.signature(attngen.attention_with_kvcache).parameters
-    assert "k_scale" in params and "v_scale" in params
+    """The entry point's keywords (read from its source: the package needs torch to import it)."""
+    import ast
+    tree = ast.parse((ROOT / "attngen" / "ops" / "__init__.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attention_with_kvcache")
+    assert {"k_scale", "v_scale"} <= {a.arg for a in fn.args.kwonlyargs}
