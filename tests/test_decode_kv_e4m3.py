@@ -121,6 +121,12 @@ class _Dtype:
 
 class _FakeTorch:
     float32, float16 = _Dtype("float32"), _Dtype("float16")
+    capturing = False
+
+    class cuda:   # noqa: N801 - torch.cuda as the scales read it
+        @staticmethod
+        def is_current_stream_capturing():
+            return _FakeTorch.capturing
 
     class Tensor:
         def __init__(self, shape, dtype, device=0, stride=None, ptr=4096):
@@ -159,6 +165,22 @@ def test_scales_per_tensor_per_head_numbers_and_none():
     assert kv_scale_values(T, (None, None), 8, 0, {}) == (0, 0, 0)
     seen = {}
     assert kv_scale_values(T, (0.5, None), 8, 0, seen) == (8192, 0, 0) and (0, 0.5) in seen
+    for value in range(1, 200):          # per-layer numbers: each kept, none freed (a graph may hold it)
+        kv_scale_values(T, (float(value), None), 8, 0, seen)
+    assert len(seen) == 200 and seen[(0, 0.5)] is not None
+
+
+def test_a_new_number_scale_under_graph_capture_is_refused(monkeypatch):
+    """Under capture a number's tensor would be allocated but not filled until the graph replays: a
+    number seen before is fine, a new one is refused with what to do instead."""
+    monkeypatch.setattr(T, "capturing", True)
+    seen = {}
+    with pytest.raises(ValueError, match="fp32 tensors"):
+        kv_scale_values(T, (0.25, None), 8, 0, seen)
+    monkeypatch.setattr(T, "capturing", False)
+    kv_scale_values(T, (0.25, None), 8, 0, seen)
+    monkeypatch.setattr(T, "capturing", True)
+    assert kv_scale_values(T, (0.25, None), 8, 0, seen)[0] == 8192
 
 
 @pytest.mark.parametrize("scales, error, words", [

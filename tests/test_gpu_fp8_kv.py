@@ -80,10 +80,11 @@ def pages_of(torch, k8, v8, page, seed):
     g = torch.Generator(device="cpu").manual_seed(seed)
     order = torch.randperm(B * per, generator=g).to(k8.device)
     def pool(x):
-        out = torch.empty((B * per, Hkv, page, D), dtype=x.dtype, device=x.device)
-        chunks = x.view(B, Hkv, per, page, D).permute(0, 2, 1, 3, 4).reshape(B * per, Hkv, page, D)
-        out[order] = chunks
-        return out
+        # built on uint8 views: an index write of float8 is not in every torch (verify does the same)
+        bytes_ = x.view(torch.uint8)
+        out = torch.empty((B * per, Hkv, page, D), dtype=torch.uint8, device=x.device)
+        out[order] = bytes_.view(B, Hkv, per, page, D).permute(0, 2, 1, 3, 4).reshape(B * per, Hkv, page, D)
+        return out.view(x.dtype)
     table = order.view(B, per).int()
     return pool(k8), pool(v8), table
 

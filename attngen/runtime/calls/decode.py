@@ -278,8 +278,10 @@ class DecodeKernel(Kernel):
         e4m3 = self._torch.float8_e4m3fn
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             if isinstance(t, self._tensor_type) and t.dtype is not e4m3:
-                raise TypeError(f"{name} is {t.dtype} but {self.label} reads an e4m3 KV cache (torch.float8_e4m3fn); "
-                                f"a {t.dtype} cache is served by the spec without kv_dtype")
+                hint = (f"; a cache of e4m3 bytes stored as uint8 is read as {name}.view(torch.float8_e4m3fn)"
+                        if t.dtype is self._torch.uint8 else f"; a {t.dtype} cache is served by the spec without kv_dtype")
+                raise TypeError(f"{name} is {t.dtype} but {self.label} reads an e4m3 KV cache (torch.float8_e4m3fn)"
+                                + hint)
         if q.dtype is e4m3:
             raise TypeError(f"q is torch.float8_e4m3fn but {self.label} takes {self.dtype} queries (only the KV cache "
                             "is e4m3)")
@@ -414,8 +416,12 @@ def kv_scale_values(torch, kv_scales, kv_heads: int, index: int, numbers_seen: d
         key = (index, float(value))
         held = numbers_seen.get(key)
         if held is None:
-            if len(numbers_seen) >= WORKSPACES:
-                numbers_seen.clear()
+            # A number's tensor is made once and kept for the process (4 bytes a value; a model has a
+            # few per layer): a captured graph may hold its pointer, so it is never freed. Under
+            # capture a new one would be allocated but not filled until the graph replays.
+            if torch.cuda.is_current_stream_capturing():
+                raise ValueError(f"{name}={value} is a number first seen under CUDA graph capture: pass the scales "
+                                 "as fp32 tensors, or make one uncaptured call with these numbers first")
             held = torch.full((1,), float(value), dtype=torch.float32, device=f"cuda:{index}")
             numbers_seen[key] = held
         strides.add(0)
