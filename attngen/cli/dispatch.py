@@ -93,7 +93,10 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
                                  param_hint="--page-size")
     paged = page_size > 0
     asked = head_dim
-    padded = padded_head_dim(entries, call, arch, dtype, head_dim, head_dim_v)
+    # as the entry points ask: a head dim whose kernels lack this mask or these score modifiers runs
+    # padded at one that has them (the packed varlen call keys paged false, as a decode call its cache)
+    padded = padded_head_dim(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores,
+                             paged if call in ("decode", "varlen") else None)
     if padded:      # the call runs at a served head dim, q, k and v zero-padded (docs/dispatch.md)
         head_dim = padded
     try:
