@@ -9,7 +9,7 @@ import functools
 import numbers
 import threading
 
-from ...core.decode_plan import APPEND_FIELDS
+from ...core.append_abi import APPEND_FIELDS
 from ...core.launch_rules import MAX_PAGE_SIZE, num_splits, page_shift, row_blocks, visited_tiles
 from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
