@@ -129,8 +129,10 @@ def test_fused_combine_is_one_part():
 
 
 def test_page_shift_takes_powers_of_two_up_to_512():
+    from attngen.cli.options import MAX_PAGE_SIZE as CLI_MAX_PAGE_SIZE
     from attngen.core.launch_rules import MAX_PAGE_SIZE, page_shift
-    assert MAX_PAGE_SIZE == 512
+    from attngen.core.varlen_plan import MAX_PAGE_SIZE as VARLEN_MAX_PAGE_SIZE
+    assert MAX_PAGE_SIZE == CLI_MAX_PAGE_SIZE == VARLEN_MAX_PAGE_SIZE == 512   # the CLI keeps its own (no core import)
     assert [page_shift(1 << s) for s in range(10)] == list(range(10))
     for bad in (0, -16, 3, 12, 48, 1000, 1024, 16.0, True, "16"):
         assert page_shift(bad) is None

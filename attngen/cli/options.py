@@ -131,7 +131,7 @@ MAX_JOBS = 256                # parallel nvcc processes
 # compile.default_jobs, named here so that --help does not import the compiler
 JOBS_HELP = "nvcc processes at once [default: $ATTNGEN_JOBS, else the CPUs this process may use, at most 32]"
 MAX_HEAD_DIM = 256            # a spec's head_dim and head_dim_v (core.spec_keys)
-MAX_PAGE_SIZE = 512           # a paged decode call's page size (core.decode_plan.MAX_PAGE_SIZE)
+MAX_PAGE_SIZE = 512           # a paged call's page size (core.launch_rules.MAX_PAGE_SIZE; tests/test_decode.py)
 MAX_INT32 = 2 ** 31 - 1       # lengths and row counts reach the kernels as int32
 MAX_GROUP_ROWS = 1024 * 256   # query heads per KV head (at most 1024) x new tokens (at most 256), as decode cells
 # bench --shapes and --varlen: the sizes decode cells take (eval.bench.decode.CELL_MAX) for B, H and S;

@@ -179,14 +179,14 @@ def row_grid(head_dim: int, batch: int, heads: int, rows: int) -> tuple[int, int
     return (-(-rows // rows_per_row_block(head_dim)), heads, batch)
 
 
-# The largest page a paged decode kernel reads (a power of two). Keys are 32-bit and a tile's rows are
+# The largest page the paged kernels read (decode, and the varlen prefill through block_table; a power of two). Keys are 32-bit and a tile's rows are
 # gathered one by one, so nothing in the kernel bounds it; this is the range the tests cover (FlashAttention's
 # tests use pages of 1, 4, 128, 256 and 512 keys, vLLM 1 to 128 (16 by default), SGLang 1).
 MAX_PAGE_SIZE = 512
 
 
 def page_shift(page_size: int) -> int | None:
-    """log2 of a page size the paged decode kernels read (a power of two from 1 to MAX_PAGE_SIZE), else
+    """log2 of a page size the paged kernels read (a power of two from 1 to MAX_PAGE_SIZE), else
     None. A power of two divides by a shift and a mask, given at run time (page_shift, page_size - 1)."""
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE \
             or page_size & (page_size - 1):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .abi import int32, int64, int_pointer
 from .function_keys import KeySuffix
+from .launch_rules import MAX_PAGE_SIZE
 from .input_errors import ERRORS_FIELD
 
 VARLEN = KeySuffix("_varlen")   # function key (and name) suffix of a mask's varlen function
@@ -49,4 +50,3 @@ PAGED_VARLEN_ABI_FIELDS = (
     int32("page_shift", "log2(page_size)", default=0),
 )
 PAGED_VARLEN_FIELDS = tuple(f.name for f in PAGED_VARLEN_ABI_FIELDS)
-MAX_PAGE_SIZE = 512       # the largest page a paged varlen call takes (FlashAttention's tests go to 512)
