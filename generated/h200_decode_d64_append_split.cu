@@ -479,6 +479,7 @@ struct DecodeBlock {
     int cached;                         // of those, the keys already in the cache (the new tokens follow them)
     int cache_row;                      // the cache row (batch of k and v) of the sequence: cache_batch_idx[batch]
     int key_base;                       // the row's first attended key (cache_leftpad); key j of the block is row key_base + j
+    bool writes;                        // the sequence's length, leftpad and cache row are valid: its new rows may be stored
 };
 
 // As FlashAttention appends: cache_seqlens[b] keys are in cache row cache_batch_idx[b] (the first
@@ -490,15 +491,19 @@ __device__ __forceinline__ DecodeBlock decode_block(const Params& p) {
     const int b = blockIdx.z;
     const int len = static_cast<const int*>(p.cache_seqlens)[b];
     const int pad = p.cache_leftpad != nullptr ? static_cast<const int*>(p.cache_leftpad)[b] : 0;
-    const int row = p.cache_batch_idx != nullptr ? static_cast<const int*>(p.cache_batch_idx)[b] : b;
+    // cache_batch_idx names rows of a contiguous cache only (a paged cache's rows are its pages: row b)
+    const bool mapped = p.cache_batch_idx != nullptr;
+    const int row = mapped ? static_cast<const int*>(p.cache_batch_idx)[b] : b;
     const int cached = min(max(len, 0), p.seqlen_k), base = min(max(pad, 0), cached);
-    if ((len < 0 || len > p.seqlen_k - p.seqlen_new || pad < 0 || pad > len || row < 0 || row >= p.cache_rows) &&
-        blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-        report_input_error(p, kBadSeqlen);
-    }
+    // A bad index still reads inside the cache (clamped), but stores nothing: a clamped row or position
+    // is another sequence's, which other blocks of this launch may be reading.
+    const bool valid = len >= 0 && len <= p.seqlen_k - p.seqlen_new && pad >= 0 && pad <= len &&
+                       (!mapped || (row >= 0 && row < p.cache_rows));
+    if (!valid && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) report_input_error(p, kBadSeqlen);
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y) / p.row_blocks,
             static_cast<int>(blockIdx.y) % p.row_blocks * kBlockM, b, group, group * p.seqlen_q,
-            min(cached + p.seqlen_new, p.seqlen_k) - base, cached - base, min(max(row, 0), p.cache_rows - 1), base};
+            min(cached + p.seqlen_new, p.seqlen_k) - base, cached - base, mapped ? min(max(row, 0), p.cache_rows - 1) : b,
+            base, valid};
 }
 
 // Keys [token_key_begin, token_key_end) are visible to new token t. Masks are bottom-right: the
@@ -724,13 +729,16 @@ __device__ __forceinline__ void put_new_rows(unsigned char* smem, const Params& 
         const uint4 vx = *reinterpret_cast<const uint4*>(v_src + chunk * 8);
         *reinterpret_cast<uint4*>(slot + kSmem_k0 + tile_offset(key - key0, chunk)) = kx;
         *reinterpret_cast<uint4*>(slot + kSmem_v0 + tile_offset(key - key0, chunk)) = vx;
-        if (c.row0 != 0) continue;
+        if (c.row0 != 0 || !c.writes) continue;     // one row block stores each new row; a bad sequence none
         const elem_t* k_dst;
         const elem_t* v_dst;
         if (p.block_table != nullptr) {
             const int* table = static_cast<const int*>(p.block_table) + static_cast<long long>(c.batch) * p.table_stride;
             const int id = table[pos >> p.page_shift], page = min(max(id, 0), p.num_pages - 1);
-            if (page != id) report_input_error(p, kBadPage);
+            if (page != id) {   // a page the call did not give: the clamped one is another sequence's
+                report_input_error(p, kBadPage);
+                continue;
+            }
             const int row = pos & (p.page_size - 1);
             k_dst = head_ptr(p.k, page, c.kv_head, p.k_batch_stride, p.k_head_stride) + row * p.k_row_stride;
             v_dst = head_ptr(p.v, page, c.kv_head, p.v_batch_stride, p.v_head_stride) + row * p.v_row_stride;

@@ -145,6 +145,60 @@ def test_a_bad_length_is_clamped_and_recorded(torch):
         attngen.check_errors()
 
 
+def _paged(torch, kc, vc, page, gen_seed=7):
+    """(k pool, v pool, table) holding the contiguous bshd caches kc, vc in shuffled pages of `page` keys,
+    two spare pages of noise; and a function gathering a pool back into a contiguous cache."""
+    b, cap = kc.shape[0], kc.shape[1]
+    per = cap // page
+    g = torch.Generator(device="cuda").manual_seed(gen_seed)
+    order = torch.randperm(b * per + 2, generator=g, device="cuda")
+    table = order[:b * per].view(b, per).int().contiguous()
+
+    def pool_of(c):
+        pool = torch.randn((b * per + 2, page) + tuple(c.shape[2:]), generator=g, device="cuda").to(c.dtype)
+        pool[table.view(-1).long()] = c.reshape(b * per, page, *c.shape[2:])
+        return pool
+
+    def gather(pool):
+        return pool[table.view(-1).long()].reshape(kc.shape)
+    return pool_of(kc), pool_of(vc), table, gather
+
+
+def test_a_paged_append_writes_what_the_contiguous_one_writes_and_records_nothing(torch):
+    """Through a block table the new rows land in the sequences' own pages: the pool gathered back equals
+    the contiguous call's cache bit for bit, the outputs agree, and check_errors() stays silent."""
+    q, kc, vc, kn, vn, cos, sin = _inputs(torch, cap=64, rd=128)
+    lens = torch.tensor([5, 20], dtype=torch.int32, device="cuda")
+    kp, vp, table, gather = _paged(torch, kc, vc, 16)
+    kernel = load_once(APPEND_SPECS[0])
+    call = dict(cache_seqlens=lens, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin, causal=True, layout="bshd")
+    attngen.check_errors()
+    out_c = kernel(q, kc, vc, **call)
+    out_p = kernel(q, kp, vp, block_table=table, **call)
+    torch.cuda.synchronize()
+    attngen.check_errors()              # raises if any length, row or page was flagged
+    assert torch.equal(gather(kp), kc) and torch.equal(gather(vp), vc)
+    assert (out_p.float() - out_c.float()).abs().max().item() < 1e-2
+
+
+def test_a_new_row_on_a_page_the_table_does_not_give_is_not_stored(torch):
+    """A new token whose table entry is -1 (an engine that did not allocate the next page) is recorded
+    and stores nothing: clamped, its page would be another sequence's."""
+    q, kc, vc, kn, vn, cos, sin = _inputs(torch, cap=64, rd=128)
+    lens = torch.tensor([5, 16], dtype=torch.int32, device="cuda")   # sequence 1's new token opens page 1
+    kp, vp, table, _ = _paged(torch, kc, vc, 16)
+    table[1, 1:] = -1
+    kp0, vp0 = kp.clone(), vp.clone()
+    load_once(APPEND_SPECS[0])(q, kp, vp, block_table=table, cache_seqlens=lens, k=kn, v=vn, rotary_cos=cos,
+                               rotary_sin=sin, causal=True, layout="bshd")
+    torch.cuda.synchronize()
+    changed = (kp != kp0).flatten(1).any(1).nonzero().flatten().tolist()
+    assert changed == [int(table[0, 0])], changed       # sequence 0's page only
+    assert torch.equal(vp[table[1, 0].long()], vp0[table[1, 0].long()])
+    with pytest.raises(Exception, match="page"):
+        attngen.check_errors()
+
+
 def test_padded_head_dims_are_refused_for_append(torch):
     q = torch.randn(1, 1, 8, 80, device="cuda", dtype=torch.float16)
     kc = torch.randn(1, 64, 8, 80, device="cuda", dtype=torch.float16)

@@ -137,7 +137,7 @@ def window_cases(block_n: int, paged: bool = False) -> tuple[DecodeCase, ...]:
         DecodeCase(2, 32, 8, 1, cap, (cap, 4), window=(5000, 5000)),
     ]
     for pg in PAGE_SIZES if paged else ():
-        pcap = max(12 * pg, 4 * n + 37)
+        pcap = -(-max(12 * pg, 4 * n + 37) // pg) * pg    # whole pages: the table's capacity, rotary's rows
         cases += [
             DecodeCase(3, 32, 8, 4, pcap, (pcap, 5, min(7 * pg + 3, pcap - 1)), causal=True, window=(pg + n + 1, 0),
                        page_size=pg),
@@ -172,7 +172,7 @@ def append_cases(block_n: int, paged: bool = False, window: bool = False) -> tup
                   DecodeCase(2, 16, 2, 1, cap, (2 * n, 5), window=(3, -1), seqlen_new=1, rotary_dim=32,
                              interleaved=False, layout="bshd")]
     for pg in PAGE_SIZES if paged else ():
-        pcap = max(12 * pg, 4 * n + 37)
+        pcap = -(-max(12 * pg, 4 * n + 37) // pg) * pg    # whole pages: the table's capacity, rotary's rows
         cases += [
             DecodeCase(3, 32, 8, 2, pcap, (pg - 1, 5, 3 * n), causal=True, page_size=pg, seqlen_new=2, rotary_dim=-1),
             DecodeCase(2, 16, 2, 1, pcap, (pcap - 1, 2 * pg), layout="bshd", page_size=pg, seqlen_new=1, rotary_dim=64,

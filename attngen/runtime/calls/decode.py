@@ -159,7 +159,10 @@ class DecodeKernel(Kernel):
         if cache_seqlens is not None:
             self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged, index)
         if paged and validate:
-            self._check_pages(block_table, cache_seqlens, pool, page)
+            # an append call writes its new tokens at keys len .. len + Snew - 1: their pages too
+            k_new = append[0] if self._append else None
+            new_rows = 0 if k_new is None or k_new.dim() != 4 else k_new.shape[2 if layout == "bhsd" else 1]
+            self._check_pages(block_table, cache_seqlens + new_rows if new_rows else cache_seqlens, pool, page)
         scale = self._check_scale(scale)
         appended = self._check_append(append, q, cache_seqlens, batch, kv_heads, seqlen_q, capacity, pool, paged,
                                       layout, index, validate)
