@@ -351,7 +351,10 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
         q, k, v = randn(b, h, sq, d), randn(b, kvh, cap, d), randn(b, kvh, cap, d)
         out = torch.full((b, h, sq, d), float("nan"), dtype=dtype, device=dev)
         view = lambda t: t   # noqa: E731
-    lens = None if case.lengths is None else torch.tensor(case.lengths, dtype=torch.int32, device=dev)
+    lengths = case.lengths
+    if lengths is None and kernel.plan.append:
+        lengths = [cap] * b   # an appending kernel reads every sequence's length; none given means all keys
+    lens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device=dev)
     scale = d ** -0.5
     kc, vc, table = k, v, None
     if case.page_size:
