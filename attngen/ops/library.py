@@ -317,15 +317,50 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
                   sinks=sinks)
 
 
-def _decode_padding(q, v_cache, mask: str, scores: str, paged: bool) -> int:
-    """The head dim a decode call pads to (0: none; see _pad): its mask, score modifiers and cache kind."""
+_DECODE_APPEND: dict = {}   # (device, dtype, q shape, cache shape, table shape, mask, scores, layout) -> kernel
+
+
+def kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                   block_table, rotary_interleaved, causal, scale, num_splits, layout, return_lse, window=None,
+                   softcap=None, alibi_slopes=None, sinks=None):
+    """The eager decode call that appends new tokens (k, v; rotary; cache_batch_idx, cache_leftpad): the
+    table's decode_append kernel for the call's mask and score modifiers (an append spec: it writes the
+    cache in the same launch), then the kernel call, which checks every argument."""
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
+    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
+           mask, scores, layout)
+    kernel = _DECODE_APPEND.get(key)
+    if kernel is None:
+        if _decode_padding(q, v_cache, None, call="decode_append"):
+            # A padded call would write the new tokens into a padded copy of the cache, not the caller's.
+            raise ValueError(f"attention_with_kvcache appends new tokens at the head dims the dispatch table serves "
+                             f"append kernels for, not at head_dim {q.shape[-1]} (the cache cannot be padded in "
+                             "place): `attngen dispatch --call decode_append` lists them")
+        kernel = _decode_kernel(q, k_cache, block_table, mask, layout, scores, call="decode_append")
+        if len(_DECODE_APPEND) >= 4096:
+            _DECODE_APPEND.clear()
+        _DECODE_APPEND[key] = kernel
+    extra = {} if window is None else {"window": tuple(window)}
+    for name, value in (("softcap", softcap), ("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if value is not None:
+            extra[name] = value
+    return kernel(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                  scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse, k=k, v=v,
+                  rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
+                  cache_leftpad=cache_leftpad, rotary_interleaved=rotary_interleaved, **extra)
+
+
+def _decode_padding(q, v_cache, mask: str | None, scores: str = "", paged: bool | None = None,
+                    call: str = "decode") -> int:
+    """The head dim a decode call pads to (0: none; see _pad): its mask, score modifiers and cache kind
+    (mask None: any entry of the call serves the head dim)."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-    return DISPATCH.padded_head_dim("decode", index, q.dtype, q.shape[-1], v_cache.shape[-1], mask, scores, paged)
+    return DISPATCH.padded_head_dim(call, index, q.dtype, q.shape[-1], v_cache.shape[-1], mask, scores, paged)
 
 
-def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = ""):
+def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "", call: str = "decode"):
     """The table's decode kernel for this call: keyed by its mask and score modifiers, the cache's
     capacity, whether it is paged (a paged kernel reads any page size; it checks the one given) and the
     query rows per KV head."""
@@ -339,7 +374,7 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "")
     paged = block_table is not None
     capacity = block_table.shape[1] * rows if paged else rows
     group_rows = max(1, heads // max(kv_heads, 1)) * seqlen_q
-    return DISPATCH.kernel("decode", index, q.dtype, q.shape[-1], mask, capacity, paged=paged,
+    return DISPATCH.kernel(call, index, q.dtype, q.shape[-1], mask, capacity, paged=paged,
                            group_rows=group_rows, scores=scores)
 
 
@@ -704,5 +739,6 @@ def train(call: str, *inputs):
     return _EagerTrain.apply(call, *inputs)
 
 
-__all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_variant",
+__all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_append",
+           "kvcache_variant",
            "train", "varlen", "varlen_backward", "varlen_backward_kernel"]

@@ -599,6 +599,10 @@ def entry_problem(e: Entry, plan) -> str | None:
         return f"{e.spec} has no {e.mask} {'varlen ' if varlen else ''}function"
     if e.paged and not getattr(plan, "paged", False):
         return f"{e.spec} reads contiguous caches only (paged: false), the entry is paged"
+    if bool(getattr(plan, "append", False)) != table_call(e.call).appends:
+        return (f"{e.spec} appends new tokens (append: true): it serves {e.call} calls only through an entry of a "
+                f"call that appends" if getattr(plan, "append", False) else
+                f"{e.spec} does not append new tokens; {e.call} calls need a spec with append: true")
     return None
 
 
