@@ -484,8 +484,8 @@ def test_bench_times_a_backward_spec(tmp_path):
         assert all(t["status"] in ("ok", "unsupported") for t in timings.values())
         assert "h100_bwd_d64" in run.stdout and r["label"] in run.stdout
     entries = bench_entries([("bwd.json", report)])
-    assert {("backward", "none", "h100_bwd_d64"), ("backward", "causal", "h100_bwd_d64")} <= \
-        {(e.call, e.mask, e.spec) for e in entries}
+    # Each mask's entry names the member that won it (the base cell or a sibling of its family).
+    assert {("backward", "none"), ("backward", "causal")} <= {(e.call, e.mask) for e in entries}
     assert all(e.call == "backward" and e.spec.startswith("h100_bwd_d64") for e in entries)
 
 

@@ -543,7 +543,8 @@ class Kernel:
         finally:
             if ctx != info.context:
                 driver.set_current_context(ctx)
-        if self.synchronize:
+        # synchronize is a debugging aid; a stream being captured into a graph may not be synchronized.
+        if self.synchronize and not self._torch.cuda.is_current_stream_capturing():
             try:
                 self._torch.cuda.current_stream(info.index).synchronize()
             except RuntimeError as exc:
