@@ -8,7 +8,8 @@ through each peer's own GQA path (SDPA's enable_gqa), so every step includes the
 a group; a backend that refuses the call is recorded with its reason, not timed.
 
 Checked first, per cell: attngen's output and gradients against an fp32 reference (SDPA's
-memory-efficient backend in fp32, K and V repeated to the query heads), each within twice the error
+memory-efficient backend in fp32, or its math backend where that refuses the head dim; K and V
+repeated to the query heads), each within twice the error
 of torch's own step in the inputs' dtype (the first peer that runs), plus the verifier's floor; a cell
 that fails is reported and not timed.
 
@@ -101,7 +102,13 @@ def _reference(torch, q, k, v, dout, causal: bool):
     group = q.shape[1] // k.shape[1]
     leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
     kr, vr = (t.repeat_interleave(group, dim=1) for t in leaves[1:])
-    o = _sdpa(torch, "efficient")(leaves[0], kr, vr, causal)
+    try:
+        o = _sdpa(torch, "efficient")(leaves[0], kr, vr, causal)
+    except RuntimeError:    # a head dim its fp32 kernels do not take: the written-out attention, in fp32
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.MATH]):
+            o = F.scaled_dot_product_attention(leaves[0], kr, vr, is_causal=causal)
     grads = torch.autograd.grad(o, leaves, dout.float())
     return (o.detach(), *grads)
 
