@@ -402,13 +402,13 @@ class Kernel:
             lse.fill_(float("-inf"))
         return (out, lse) if return_lse else out
 
-    def _device_index(self, q) -> int:
-        """The GPU a call runs on: q's."""
+    def _device_index(self, q, name: str = "q") -> int:
+        """The GPU a call runs on: q's (the tensor called `name` in messages)."""
         if not isinstance(q, self._tensor_type):
-            raise TypeError(f"q must be a torch.Tensor (got {type(q).__name__})")
+            raise TypeError(f"{name} must be a torch.Tensor (got {type(q).__name__})")
         index = q.get_device()
         if index < 0:
-            raise ValueError(f"q is on {q.device}; the kernel needs CUDA tensors (e.g. q.cuda())")
+            raise ValueError(f"{name} is on {q.device}; the kernel needs CUDA tensors (e.g. {name}.cuda())")
         return index
 
     def _check_mask(self, causal: bool, window=None) -> str:

@@ -14,7 +14,7 @@ from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
-from .shared import ATTENTION_FIELDS, bhsd_strides, mask_fields, variant_key
+from .shared import ATTENTION_FIELDS, bhsd_strides, check_page_ids, mask_fields, variant_key
 
 WORKSPACES = 64                 # split-partial buffers kept (device x stream x thread)
 POINTERS = ("q", "k", "v", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", "block_table", "split_counters")
@@ -138,7 +138,7 @@ class DecodeKernel(Kernel):
         if cache_seqlens is not None:
             self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged, index)
         if paged and validate:
-            self._check_pages(block_table, cache_seqlens, pool, page)
+            check_page_ids(self._torch, block_table, cache_seqlens, pool, page)
         scale = self._check_scale(scale)
         # A window counts from each new token's own position (bottom-right, offset 0 here; the kernel
         # adds each sequence's len - Sq).
@@ -265,18 +265,6 @@ class DecodeKernel(Kernel):
             raise ValueError(f"block_table's {table.shape[1]} pages of {page} keys exceed {MAX_KEYS} keys per "
                              "sequence")
         return table.shape[1] * page
-
-    def _check_pages(self, table, lens, pool: int, page: int) -> None:
-        """Every page a sequence uses (its first ceil(len / page_size) entries) is a page of the pool;
-        entries past a sequence's pages are never read and may hold anything (e.g. -1)."""
-        import torch
-        used = torch.arange(table.shape[1], device=table.device)[None, :] < ((lens + page - 1) // page)[:, None]
-        ids = table[used]
-        if ids.numel():
-            lo, hi = (int(x) for x in torch.aminmax(ids))
-            if lo < 0 or hi >= pool:
-                raise ValueError(f"block_table holds page id {lo if lo < 0 else hi} for a key of some sequence; "
-                                 f"the pools have pages 0..{pool - 1}")
 
     def _check_seqlens(self, lens, batch: int, capacity: int, validate: bool, layout: str, paged: bool,
                        index: int) -> None:

@@ -43,7 +43,7 @@ class MergeKernel(Kernel):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
         first = outs[0]
-        index = self._part_index(first)
+        index = self._device_index(first, "outs[0]")
         parts_dtype = self._check_parts(outs, layout, index)
         shape = tuple(first.shape)
         batch, heads, seqlen = (shape[0], shape[1], shape[2]) if layout == "bhsd" else (shape[0], shape[2], shape[1])
@@ -71,14 +71,6 @@ class MergeKernel(Kernel):
             raise ValueError(f"outs and lses must hold one entry per part (got {len(outs)} outputs and {len(lses)} "
                              "LSEs)")
         return list(outs), list(lses)
-
-    def _part_index(self, t) -> int:
-        if not isinstance(t, self._tensor_type):
-            raise TypeError(f"outs[0] must be a torch.Tensor (got {type(t).__name__})")
-        index = t.get_device()
-        if index < 0:
-            raise ValueError(f"outs[0] is on {t.device}; the kernel needs CUDA tensors (e.g. .cuda())")
-        return index
 
     def _check_rows(self, name: str, t, index: int, dim: int) -> None:
         """A 4-D output tensor's device, last dimension and 16-byte rows."""

@@ -4,6 +4,7 @@ checks and longest-first order of varlen sequences (cu_seqlens) that the forward
 backward's varlen calls both take. No convention is named here; each imports what it needs."""
 from __future__ import annotations
 
+import numbers
 import threading
 
 from ..kernel import MAX_GRID_YZ, VARLEN_LAYOUT
@@ -160,6 +161,38 @@ def offsets_on_host(name: str, cu, total: int, where: str) -> list[int]:
     return [offsets[b + 1] - offsets[b] for b in range(len(offsets) - 1)]
 
 
-__all__ = ["ATTENTION_FIELDS", "INT32_MAX", "ORDERS", "SequenceOrders", "bhsd_strides", "call_key", "check_offsets",
-           "check_sequences", "longest_first", "mask_fields", "offsets_on_host", "shape_maps", "tensor_key",
+def check_page_ids(torch, table, lens, num_pages: int, page: int) -> None:
+    """Every page a sequence uses (its first ceil(len / page) entries of `table`; lens a tensor of key
+    counts on the table's device) is a page of the pool; entries past a sequence's pages are never read
+    and may hold anything (e.g. -1). One read back; a paged call's validate=True."""
+    used = torch.arange(table.shape[1], device=table.device)[None, :] < ((lens + page - 1) // page)[:, None]
+    ids = table[used]
+    if ids.numel():
+        lo, hi = (int(x) for x in torch.aminmax(ids))
+        if lo < 0 or hi >= num_pages:
+            raise ValueError(f"block_table holds page id {lo if lo < 0 else hi} for a key of some sequence; "
+                             f"the pools have pages 0..{num_pages - 1}")
+
+
+def check_max_seqlen_q(max_seqlen_q) -> None:
+    """A varlen call's max_seqlen_q: None or a non-negative integer."""
+    if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral)
+                                     or max_seqlen_q < 0):
+        raise ValueError(f"max_seqlen_q must be a non-negative integer (got {max_seqlen_q!r})")
+
+
+def query_rows(max_seqlen_q, total_q: int, longest: int | None = None) -> int:
+    """The query rows a varlen grid covers per sequence: max_seqlen_q, checked against the longest query
+    sequence where it was read back (validate=True; unset: the longest), else at most total_q (unset: total_q,
+    which covers any sequence; blocks past a sequence's end return at once)."""
+    if longest is not None:
+        if max_seqlen_q is not None and max_seqlen_q < longest:
+            raise ValueError(f"max_seqlen_q is {max_seqlen_q} but a query sequence has {longest} rows; pass at least "
+                             f"{longest} (or leave it unset)")
+        return longest if max_seqlen_q is None else int(max_seqlen_q)
+    return total_q if max_seqlen_q is None else min(int(max_seqlen_q), total_q)
+
+
+__all__ = ["ATTENTION_FIELDS", "INT32_MAX", "ORDERS", "SequenceOrders", "bhsd_strides", "call_key", "check_max_seqlen_q",
+           "check_offsets", "check_page_ids", "check_sequences", "longest_first", "mask_fields", "offsets_on_host", "query_rows", "shape_maps", "tensor_key",
            "variant_key"]

@@ -10,15 +10,14 @@ sequence's last row returns at once, so short sequences cost no padded work.
 """
 from __future__ import annotations
 
-import numbers
 
 from ...core.constants import LOG2E
 from ...core.launch_rules import page_shift
 from ...core.varlen_plan import MAX_PAGE_SIZE, PAGED_VARLEN_FIELDS, varlen_key
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Prepared
-from .shared import (ATTENTION_FIELDS, INT32_MAX, ORDERS, check_offsets, check_sequences, offsets_on_host,
-                     variant_key)
+from .shared import (ATTENTION_FIELDS, INT32_MAX, ORDERS, check_max_seqlen_q, check_offsets, check_page_ids,
+                     check_sequences, offsets_on_host, query_rows, variant_key)
 
 PER_CALL = ATTENTION_FIELDS + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_order")
@@ -82,20 +81,12 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
                 return (out, lse) if return_lse else out
     index, total_q, heads, total_k, kv_heads, batch = check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k)
     mask = kernel._check_mask(causal, window)
-    if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral)
-                                     or max_seqlen_q < 0):
-        raise ValueError(f"max_seqlen_q must be a non-negative integer (got {max_seqlen_q!r})")
+    check_max_seqlen_q(max_seqlen_q)
+    longest = None
     if validate:
         longest = max(offsets_on_host("cu_seqlens_q", cu_seqlens_q, total_q, "q.shape[0]"))
         offsets_on_host("cu_seqlens_k", cu_seqlens_k, total_k, "k.shape[0]")
-        if max_seqlen_q is not None and max_seqlen_q < longest:
-            raise ValueError(f"max_seqlen_q is {max_seqlen_q} but a query sequence has {longest} rows; pass at least "
-                             f"{longest} (or leave it unset)")
-        max_seqlen_q = longest if max_seqlen_q is None else int(max_seqlen_q)
-    elif max_seqlen_q is None:
-        max_seqlen_q = total_q          # covers any sequence; blocks past a sequence's end return at once
-    else:
-        max_seqlen_q = min(int(max_seqlen_q), total_q)
+    max_seqlen_q = query_rows(max_seqlen_q, total_q, longest)
     scale = kernel._check_scale(scale)
 
     out = kernel._output(out, q, VARLEN_LAYOUT, index)
@@ -243,9 +234,8 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     mask = kernel._check_mask(causal, None)
     if causal and alignment is None:
         alignment = "bottom_right"      # FlashAttention's varlen convention: the queries are a sequence's last keys
-    if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, numbers.Integral)
-                                     or max_seqlen_q < 0):
-        raise ValueError(f"max_seqlen_q must be a non-negative integer (got {max_seqlen_q!r})")
+    check_max_seqlen_q(max_seqlen_q)
+    longest = None
     if validate:
         longest = max(offsets_on_host("cu_seqlens_q", cu_seqlens_q, total_q, "q.shape[0]"))
         if seqused_k is not None:
@@ -257,22 +247,8 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
             if not 0 <= n <= capacity:
                 raise ValueError(f"sequence {b} has {n} keys; a row of block_table holds 0 to {capacity} "
                                  f"({block_table.shape[1]} pages of {page})")
-        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < \
-            ((torch.tensor(lens, device=block_table.device) + page - 1) // page)[:, None]
-        ids = block_table[used]
-        if ids.numel():
-            lo, hi = (int(x) for x in torch.aminmax(ids))
-            if lo < 0 or hi >= num_pages:
-                raise ValueError(f"block_table holds page id {lo if lo < 0 else hi} for a key of some sequence; "
-                                 f"the pools have pages 0..{num_pages - 1}")
-        if max_seqlen_q is not None and max_seqlen_q < longest:
-            raise ValueError(f"max_seqlen_q is {max_seqlen_q} but a query sequence has {longest} rows; pass at least "
-                             f"{longest} (or leave it unset)")
-        max_seqlen_q = longest if max_seqlen_q is None else int(max_seqlen_q)
-    elif max_seqlen_q is None:
-        max_seqlen_q = total_q
-    else:
-        max_seqlen_q = min(int(max_seqlen_q), total_q)
+        check_page_ids(torch, block_table, torch.tensor(lens, device=block_table.device), num_pages, page)
+    max_seqlen_q = query_rows(max_seqlen_q, total_q, longest)
     scale = kernel._check_scale(scale)
     out = kernel._output(out, q, VARLEN_LAYOUT, index)
     lse_out, return_lse = kernel._lse_output(lse_out, return_lse, (heads, total_q), index)
