@@ -152,12 +152,16 @@ __device__ __forceinline__ void merge_row(const Params& p, int row, int lane) {
         }
     }
     const float lse = lane < p.num_parts ? __ldg(lse_src + lse_at) : -INFINITY;
+    // A NaN LSE (a part's row that went wrong) makes the row NaN, as torch's logsumexp does: the max
+    // below drops NaN, so without this a NaN beside -inf parts would pass for a row with no key.
+    const bool nan_row = __any_sync(0xffffffffu, lse != lse);
     const float mx = group_max<32>(lse);
     // A part with LSE -inf (no key) weighs 0; a row with no key in any part sums to 0 and has LSE -inf.
     float w = mx == -INFINITY ? 0.f : exp2f((lse - mx) * kLog2e);
     const float sum = group_sum<32>(w);
-    const float total = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+    float total = mx == -INFINITY ? -INFINITY : mx + logf(sum);
     w = mx == -INFINITY ? 0.f : w / sum;   // exp(lse_i - total)
+    if (nan_row) total = w = __int_as_float(0x7fffffff);     // NaN weights read every part: out is NaN
 
     float weight[kMaxParts];
 #pragma unroll

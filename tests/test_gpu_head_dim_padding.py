@@ -2,7 +2,9 @@
 111 and 224) run at the smallest served head dim above them, q, k and v zero-padded: forward (both
 layouts, GQA, causal, LSE), backward, a variant (window, softcap), varlen forward and backward, and
 decode (contiguous and paged), each against the fp32 reference under the error rule; the output has
-the call's head dim and the strides the unpadded call would give it."""
+the call's head dim and the strides the unpadded call would give it. So do served head dims whose
+kernels lack the call's variant (a window backward at d96, softcap at d32, a windowed decode at d32):
+they run at the smallest head dim that has it."""
 from __future__ import annotations
 
 import pytest
@@ -98,6 +100,56 @@ def test_variants_at_an_unserved_head_dim(torch, dtype):
     out = attngen.attention(q, k, v, causal=True, softcap=50.0)
     ref, low, _ = reference(torch, q, k, v, causal=True, softcap=50.0)
     within_rule(out, ref, low, "d224 softcap")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim,window,softcap", [(96, (70, 0), None), (32, None, 30.0), (80, (40, 0), 20.0),
+                                                     (160, None, 50.0)])
+def test_training_with_a_variant_its_head_dim_lacks(torch, dtype, head_dim, window, softcap):
+    """A head dim whose backward (or forward) kernels have no such variant trains padded at the smallest
+    head dim that has it (ops.table.padded_head_dim with the call's mask and score modifiers): out and
+    every gradient against the fp32 reference of the same variant, under the error rule."""
+    import attngen
+    from attngen.core.variants import SOFTCAP, call_mask
+    from attngen.eval.verify.cases import attention_torch, exact_fp32_matmul
+    q, k, v = inputs(torch, dtype, head_dim, sq=257, sk=257, grad=True)
+    dout = torch.randn_like(q)
+    out = attngen.attention(q, k, v, causal=True, window=window, softcap=softcap)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    mask = call_mask(True, window)
+    args = dict(scale=head_dim ** -0.5, mask=mask, alignment="top_left",
+                window=None if window is None else (window[0], 0),
+                modifiers=((SOFTCAP, softcap),) if softcap is not None else ())
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    with exact_fp32_matmul(torch):
+        ref, _ = attention_torch(q32, k32, v32, **args)
+        ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
+    low, _ = attention_torch(q, k, v, **args)
+    low_grads = torch.autograd.grad(low, (q, k, v), dout)
+    label = f"d{head_dim} window={window} softcap={softcap}"
+    within_rule(out, ref, low, f"{label} out")
+    for name, got, r, lo in zip("qkv", grads, ref_grads, low_grads):
+        assert got.shape == r.shape
+        within_rule(got, r, lo, f"{label} d{name}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_decode_with_a_window_its_head_dim_lacks(torch, dtype):
+    """A windowed decode step at d32 (decode serves d32 without a window) runs padded where a window is."""
+    import attngen
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    d, batch, heads, kv_heads, capacity = 32, 3, 8, 2, 512
+    lens = torch.tensor([1, 200, 512], device="cuda", dtype=torch.int32)
+    q = torch.randn(batch, heads, 1, d, device="cuda", generator=g).to(dt)
+    k, v = (torch.randn(batch, kv_heads, capacity, d, device="cuda", generator=g).to(dt) for _ in range(2))
+    out = attngen.attention_with_kvcache(q, k, v, cache_seqlens=lens, window=(64, 0))
+    assert out.shape == q.shape
+    for b in range(batch):
+        n = int(lens[b])
+        lo = max(0, n - 1 - 64)   # the new token is key n - 1; it sees the 64 keys before it and itself
+        ref, low, _ = reference(torch, q[b:b + 1], k[b:b + 1, :, lo:n], v[b:b + 1, :, lo:n], causal=False)
+        within_rule(out[b:b + 1], ref, low, f"sequence {b}")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

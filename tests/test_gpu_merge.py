@@ -114,6 +114,38 @@ def test_minus_inf_parts_weigh_nothing_and_empty_rows_are_zero(torch):
     assert torch.isneginf(lse[0, 1, 3:]).all() and torch.equal(lse[0, 0], lse_a[0, 0])
 
 
+def test_a_nan_lse_makes_its_row_nan(torch):
+    """A NaN LSE (a part's row that went wrong) is not a part with no key: the row's output and LSE are
+    NaN, as torch's logsumexp gives, beside -inf parts and beside finite ones; other rows are untouched."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    a, b = (torch.randn((1, 2, 6, 64), generator=g, device="cuda").half() for _ in range(2))
+    lse_a, lse_b = (torch.randn((1, 2, 6), generator=g, device="cuda") for _ in range(2))
+    clean_out, clean_lse = attngen.merge_attention(a, lse_a, b, lse_b)
+    lse_a[0, 0, 1] = float("nan")                   # beside a finite part
+    lse_a[0, 1, 2] = float("nan")
+    lse_b[0, 1, 2] = float("-inf")                  # beside a part with no key
+    out, lse = attngen.merge_attention(a, lse_a, b, lse_b)
+    for h, t in ((0, 1), (1, 2)):
+        assert torch.isnan(out[0, h, t]).all() and torch.isnan(lse[0, h, t])
+    keep = torch.ones((1, 2, 6), dtype=torch.bool, device="cuda")
+    keep[0, 0, 1] = keep[0, 1, 2] = False
+    assert torch.equal(out[keep], clean_out[keep]) and torch.equal(lse[keep], clean_lse[keep])
+
+
+def test_output_may_be_one_of_the_parts(torch):
+    """out= and lse_out= naming the first part (a ring's running partial) give the bits a fresh output
+    gets: every read of a row comes before its write."""
+    arch = "h200" if torch.cuda.get_device_capability() >= (9, 0) else "l4"
+    kernel = load_once(next(p for p in MERGE_SPECS if p.stem == f"{arch}_merge_d64"))
+    g = torch.Generator(device="cuda").manual_seed(3)
+    parts = [torch.randn((2, 3, 70, 64), generator=g, device="cuda").half() for _ in range(3)]
+    lses = [torch.randn((2, 3, 70), generator=g, device="cuda") for _ in range(3)]
+    fresh, fresh_lse = kernel([p.clone() for p in parts], [x.clone() for x in lses])
+    out, lse = kernel(parts, lses, out=parts[0], lse_out=lses[0])
+    assert out.data_ptr() == parts[0].data_ptr() and lse.data_ptr() == lses[0].data_ptr()
+    assert torch.equal(out, fresh) and torch.equal(lse, fresh_lse)
+
+
 def test_many_parts_merge_in_rounds(torch):
     q, k, v, outs, lses = parts_over_split_keys(torch, torch.bfloat16, "bshd", 11, d=64)
     out, lse = attngen.merge_attention_list(outs, lses, layout="bshd")
@@ -137,8 +169,8 @@ def test_merge_refuses_bad_arguments_in_one_line(torch):
         attngen.merge_attention(a, lse, a, lse.cpu())
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         attngen.merge_attention(a.cpu(), lse, a, lse)
-    with pytest.raises(LookupError, match="no merge kernel for .* head_dim 80"):
-        attngen.merge_attention(a[..., :80], lse, a[..., :80], lse)
+    with pytest.raises(LookupError, match="no merge kernel for .* head_dim 72"):
+        attngen.merge_attention(a[..., :72], lse, a[..., :72], lse)
     with pytest.raises(TypeError, match="writes torch.float16 or torch.float32"):
         attngen.merge_attention(a, lse, a, lse, out_dtype=torch.bfloat16)
 

@@ -233,6 +233,8 @@ RULE_CASES = [
      "an e4m3 KV cache is generated for head_dim 64, 128, 256"),
     ("rule_kv_e4m3_plain_scores", DECODE, {"kv_dtype": "e4m3", "scores": ["softcap"]}, "kv_dtype",
      "without score modifiers or expressions"),
+    ("rule_kv_e4m3_no_append", DECODE, {"kv_dtype": "e4m3", "append": True}, "kv_dtype",
+     "an e4m3 KV cache is generated without append"),
     ("rule_backward_no_rescale", BACKWARD, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
      "keeps no running max to rescale by"),
     ("rule_backward_no_rescale", BACKWARD_WGMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
@@ -268,6 +270,8 @@ RULE_CASES = [
     ("rule_variants_taken", SCALAR, {"scores": ["softcap"]}, "scores", "does not apply score modifiers"),
     ("rule_decode_expressions_alone", DECODE, {"scores": ["softcap"], "variant": {"mask": "kv_idx <= q_idx"}},
      "scores", "either built-in score modifiers or the spec's expressions"),
+    ("rule_append_masks", DECODE, {"append": True, "masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}},
+     "masks", "an expression mask may skip those tiles"),
     ("rule_variant_expressions", MMA, {"variant": {"mask": "kv_idx <= q_idx and nope"}}, "variant.mask",
      "column 21: unknown name 'nope'"),
     ("rule_variant_expressions", MMA, {"masks": ["none", "expr"], "variant": {"mask": "kv_idx <= q_idx"}}, "masks",
@@ -647,11 +651,11 @@ def test_schema_command_lists_every_key():
     assert set(merges[0]["required"]) == {"schema", "name", "merge", "head_dim"}
     for alt in (alt for alt in alternatives if "merge" not in alt["properties"]):
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
-        # epilogue_tile; decode: decode, max_splits, paged, combine, kv_dtype; e4m3: out_dtype; bwd_wgmma:
+        # epilogue_tile; decode: decode, max_splits, paged, combine, kv_dtype, append; e4m3: out_dtype; bwd_wgmma:
         # group_split)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
-                                         "paged", "combine", "kv_dtype", "backward", "query_stages", "query_chunk",
-                                         "warp_keys", "warp_split", "out_dtype", "group_split"} == {
+                                         "paged", "combine", "kv_dtype", "append", "backward", "query_stages",
+                                         "query_chunk", "warp_keys", "warp_split", "out_dtype", "group_split"} == {
             "schema", "name", "description", "target", "dtype", "dtypes", "cells", "base_cell", "head_dim", "head_dim_v", "masks", "scores",
             "variant",
             "tile", "warps",

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .options import (MAX_BATCH, MAX_HEADS, MAX_REPS, MAX_SEQLEN, SPECS_DIR_HELP, folder_option, report_file,
-                      root_option, shapes_option)
+                      root_option, shape_too_large, shapes_option)
 from .spec_files import same_file_key, spec_files
 
 
@@ -22,6 +22,24 @@ def _plot_file(ctx, param, value):
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     return report_file(ctx, param, value)
+
+
+def _train_cells(ctx, param, value):
+    """--train-cells of bench: comma-separated BxHq/HkvxSxD."""
+    if value is None:
+        return None
+    from ..eval.bench.train import parse_train_cell
+    try:
+        cells = tuple(parse_train_cell(c) for c in value.split(",") if c.strip())
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    if not cells:
+        raise click.BadParameter("name at least one cell BxHq/HkvxSxD (e.g. 4x32/8x2048x128)")
+    for c in cells:
+        too_large = shape_too_large((c.batch, c.heads, c.seqlen, c.head_dim))
+        if too_large:
+            raise click.BadParameter(f"{c.label}: {too_large}")
+    return cells
 
 
 def _cells(ctx, param, value):
@@ -110,9 +128,17 @@ def _backends(ctx, param, value):
                    f"sequences and {MAX_SEQLEN} tokens in all")
 @click.option("--heads", default="16", show_default=True, metavar="H|Hq/Hkv", callback=_heads,
               help=f"--varlen: query heads, or query/key-value heads (at most {MAX_HEADS} query heads)")
+@click.option("--train", is_flag=True,
+              help="time training steps (forward + backward through attngen.attention, the dispatch table's "
+                   "specs) beside SDPA's cuDNN and flash backends over a grid of cells, instead of SPECS")
+@click.option("--train-cells", default=None, metavar="BxHq/HkvxSxD,...", callback=_train_cells,
+              help="--train: the cells (default: d64, d128, d256 x 512 to 16k keys, 16k tokens x GQA 1, 4, 8 at "
+                   "16 query heads)")
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="--train: rounds the implementations alternate over (each cell's figure is their median)")
 @click.option("--specs-dir", default=None, callback=folder_option, help=SPECS_DIR_HELP)
 def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, cells, paged, varlen, lengths, heads,
-          specs_dir):
+          train, train_cells, rounds, specs_dir):
     """Time SPECS (default: every spec) beside torch SDPA's backends on the GPU.
 
     \b
@@ -142,7 +168,17 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     lengths (--lengths, --heads; causal is bottom-right, the same as top-left when each
     sequence has as many queries as keys) beside torch's varlen flash path, after checking
     the output with the verifier's error rule.
+
+    \b
+    --train times what a model's training step runs: forward + backward through
+    attngen.attention (the dispatch table's specs; no SPECS) beside SDPA's cuDNN and flash
+    backends, GQA through each one's own path, over a grid (--train-cells; default d64, d128,
+    d256 x 512-16k keys x GQA 1, 4, 8, bf16 unless --dtype), each cell checked against fp32
+    first, the implementations alternating over --rounds rounds.
     """
+    if train or train_cells:
+        _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_file)
+        return
     from .. import fsutil
     from ..eval.bench.shared import CAUSAL_CHOICES
     from ..eval.conventions import EVALS, BenchOptions, by_convention, option_problems
@@ -188,6 +224,33 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
                 f"{Path(json_file).stem}-{convention}{Path(json_file).suffix}"))
             fsutil.atomic_write_text(out, json.dumps(run.report, indent=2) + "\n")
             click.echo(f"wrote {out}")
+
+
+def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_file):
+    """`bench --train`: the training-step grid (eval/bench/train.py), its table and --json report."""
+    from .. import fsutil
+    from ..eval.bench.shared import CAUSAL_CHOICES
+    from ..eval.bench.train import format_train, grid_cells, run_train_bench
+    if not train:
+        raise click.UsageError("--train-cells goes with --train")
+    if specs:
+        raise click.UsageError("--train times attngen.attention through the dispatch table: name no SPECS "
+                               "(bench SPEC times one spec's own call)")
+    from ..runtime import gpu_modules
+    gpu_modules()   # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
+    cells = train_cells or grid_cells()
+    causals = CAUSAL_CHOICES[causal]
+    dtypes = dtypes or ("bf16",)
+    with click.progressbar(length=len(cells) * len(causals) * len(dtypes), label="bench train", file=sys.stderr,
+                           show_pos=True) as bar:
+        def step(row):
+            bar.label = f"{row['cell']} {'causal' if row['causal'] else 'full'}"
+            bar.update(1)
+        report = run_train_bench(cells, dtypes=dtypes, causals=causals, reps=reps, rounds=rounds, on_step=step)
+    click.echo(format_train(report))
+    if json_file:
+        fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_file}")
 
 
 def _unnamed_cells_benched(named, paths, rendered, opts):

@@ -60,6 +60,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
       attngen dispatch --call forward_fp8 --arch sm_89 --head-dim 128 --causal   (attngen.attention_fp8)
     """
     from .. import fsutil
+    from ..core.calls import table_call
     from ..ops.dispatch import CALL_DTYPES, SPECS_DIR
     from ..ops.table import call_text, candidates, dump_table, load_table, padded_head_dim, select, table_path
     dtype = dtype or CALL_DTYPES.get(call, ("fp16",))[0]
@@ -93,7 +94,10 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
                                  param_hint="--page-size")
     paged = page_size > 0
     asked = head_dim
-    padded = padded_head_dim(entries, call, arch, dtype, head_dim, head_dim_v)
+    # as the entry points ask: a head dim whose kernels lack this mask or these score modifiers runs
+    # padded at one that has them (the packed varlen call keys paged false, as a decode call its cache)
+    padded = padded_head_dim(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores,
+                             paged if table_call(call).paged else None)
     if padded:      # the call runs at a served head dim, q, k and v zero-padded (docs/dispatch.md)
         head_dim = padded
     try:

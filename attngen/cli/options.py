@@ -163,14 +163,14 @@ def shapes_option(ctx, param, value):
             raise click.BadParameter(f"{part.strip()!r} is not BxHxSxD: four positive integers, e.g. 4x16x2048x64 "
                                      "(or BxHxSxDxDv where V's head dim differs, e.g. 4x16x2048x192x128)")
         shape = tuple(int(d) for d in dims)
-        too_large = _shape_too_large(shape)
+        too_large = shape_too_large(shape)
         if too_large:
             raise click.BadParameter(f"{part.strip()!r}: {too_large}")
         shapes.append(shape[:4] if len(shape) == 5 and shape[4] == shape[3] else shape)
     return tuple(shapes)
 
 
-def _shape_too_large(shape: tuple[int, ...]) -> str | None:
+def shape_too_large(shape: tuple[int, ...]) -> str | None:
     """Which of B, H and S is over its bound (D has the specs' own), or None."""
     for what, value, most in (("B", shape[0], MAX_BATCH), ("H", shape[1], MAX_HEADS), ("S", shape[2], MAX_SEQLEN)):
         if value > most:

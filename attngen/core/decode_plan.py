@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from .abi import float_pointer, int32, pointer
+from .append_abi import APPEND_ABI_FIELDS, APPEND_FIELDS
 from .forward_plan import ForwardPlan
 # The split arithmetic (the heuristic, split_key, merges_in_kernel) lives in core.launch_rules: the
 # runtime's LaunchPlan runs it too.
@@ -37,6 +38,8 @@ DECODE_ABI_FIELDS = (
 )
 # The fields only a paged cache needs: a contiguous-only plan's Params leaves them out.
 PAGE_FIELDS = ("block_table", "table_stride", "num_pages", "page_size", "page_shift")
+# One list: the append fields come last, so every other field keeps its offset in any plan.
+DECODE_ABI_FIELDS = DECODE_ABI_FIELDS + APPEND_ABI_FIELDS
 # The fields only an e4m3 KV cache needs, after DECODE_ABI_FIELDS in its plan's Params; a plan of fp16/bf16
 # caches never has them (not even as omitted fields), so its Params and launch record stay as they were.
 KV_SCALE_ABI_FIELDS = (
@@ -61,6 +64,8 @@ class DecodePlan(ForwardPlan):
                                     # in Params); false: contiguous caches only
     combine: str = "kernel"         # kernel: a combine part; fused: every split function merges its group's
                                     # splits; auto: merging functions (merging_key) beside the plain ones
+    append: bool = False            # the kernel writes a call's new tokens (k_new, v_new, rotated) into the cache
+                                    # and attends them; false: no append fields in Params, no append code
     unsplit_in_flight: int = 0      # K/V bytes in flight per block the split heuristic weighs (IN_FLIGHT_PER_SM);
                                     # 0: the build does not stream at full speed unsplit, waves decide alone
     kv_dtype: str = ""              # "e4m3": the K/V cache holds e4m3 (queries and output in the spec's dtype);

@@ -18,7 +18,9 @@ class InputErrorFlag(NamedTuple):
 
 
 INPUT_ERRORS = (
-    InputErrorFlag(1, "kBadSeqlen", "a cache_seqlens entry was outside [0, capacity]; the kernel clamped it"),
+    InputErrorFlag(1, "kBadSeqlen", "a cache_seqlens entry was outside [0, capacity] (with appended tokens: its new "
+                                    "tokens did not fit, or a cache_leftpad or cache_batch_idx entry was out of range); "
+                                    "the kernel clamped it"),
     InputErrorFlag(2, "kBadPage", "a block_table entry of a sequence's pages was outside [0, num_pages); the "
                                   "kernel read the nearest page of the pool instead"),
     InputErrorFlag(4, "kBadOffsets", "cu_seqlens offsets were negative, decreasing or past the varlen tensors; the "

@@ -26,6 +26,9 @@ from __future__ import annotations
 import collections
 import warnings
 
+from ..core.calls import table_call
+from ..core.variants import call_mask
+
 NAME = "attngen"
 OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
        "_flash_attention_forward", "_flash_attention_backward")
@@ -145,7 +148,7 @@ def _flash_first(torch):
 
 # -- the kernels -------------------------------------------------------------------------------------
 
-def _unserved(query, key, value, dropout_p, debug_mask, miss_key, call: str):
+def _unserved(query, key, value, dropout_p, debug_mask, miss_key, call: str, mask: str):
     if dropout_p:
         return "torch: dropout"
     if debug_mask:
@@ -153,9 +156,10 @@ def _unserved(query, key, value, dropout_p, debug_mask, miss_key, call: str):
     if query.dtype not in _BOUND["half"] or key.dtype != query.dtype or value.dtype != query.dtype:
         return "torch: dtype"
     index = query.get_device()
-    if index >= 0 and _BOUND["dispatch"].padded_head_dim(call, index, query.dtype, query.shape[-1], value.shape[-1]):
-        # attngen would pad q, k and v to a head dim it serves (a copy of each); torch's kernel takes
-        # this head dim as it is
+    if index >= 0 and _BOUND["dispatch"].padded_head_dim(call, index, query.dtype, query.shape[-1], value.shape[-1],
+                                                         mask, "", False if table_call(call).paged else None):
+        # attngen would pad q, k and v to a head dim that serves the call's mask (a copy of each);
+        # torch's kernel takes this head dim as it is
         return "torch: head dim"
     return _MISSES.get(miss_key)
 
@@ -210,7 +214,8 @@ def _sdpa_forward(original, keyset, query, key, value, dropout_p=0.0, is_causal=
         out, lse = _BOUND["library"].forward(query, key, value, is_causal, "bottom_right" if is_causal else None, scale,
                                              "bhsd", True)
         return (out, lse, None, None, query.shape[2], key.shape[2]) + _rng(query)
-    return _serve("fwd", _unserved(query, key, value, dropout_p, return_debug_mask, miss, "forward"), miss, run,
+    return _serve("fwd", _unserved(query, key, value, dropout_p, return_debug_mask, miss, "forward",
+                                   "causal" if is_causal else "none"), miss, run,
                   lambda: original.call_boxed(keyset, query, key, value, dropout_p, is_causal, return_debug_mask,
                                               scale=scale))
 
@@ -223,7 +228,8 @@ def _sdpa_backward(original, keyset, grad_out, query, key, value, out, logsumexp
         return _BOUND["library"].backward(grad_out, query, key, value, out, logsumexp, is_causal,
                                           "bottom_right" if is_causal else None, scale, "bhsd",
                                           deterministic=_BOUND["torch"].are_deterministic_algorithms_enabled())
-    return _serve("bwd", _unserved(query, key, value, dropout_p, False, miss, "backward"), miss, run,
+    return _serve("bwd", _unserved(query, key, value, dropout_p, False, miss, "backward",
+                                   "causal" if is_causal else "none"), miss, run,
                   lambda: original.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                               max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
                                               scale=scale))
@@ -246,7 +252,8 @@ def _flash_forward(original, keyset, query, key, value, cum_seq_q, cum_seq_k, ma
                    alibi_slopes=None):
     window, varlen, align, miss = _flash_call("flash", query, key, value, cum_seq_q, max_k, is_causal, window_size_left,
                                               window_size_right)
-    reason = _unserved(query, key, value, dropout_p, return_debug_mask, miss, "varlen" if varlen else "forward")
+    reason = _unserved(query, key, value, dropout_p, return_debug_mask, miss, "varlen" if varlen else "forward",
+                       call_mask(is_causal, window))
     if reason is None and (seqused_k is not None or alibi_slopes is not None or varlen != (cum_seq_k is not None)):
         reason = "torch: seqused_k, alibi_slopes or one-sided offsets"
 
@@ -277,7 +284,8 @@ def _flash_backward(original, keyset, grad_out, query, key, value, out, logsumex
                     window_size_right=None):
     window, varlen, align, miss = _flash_call("flash_backward", query, key, value, cum_seq_q, max_k, is_causal,
                                               window_size_left, window_size_right)
-    reason = _unserved(query, key, value, dropout_p, False, miss, "varlen_backward" if varlen else "backward")
+    reason = _unserved(query, key, value, dropout_p, False, miss, "varlen_backward" if varlen else "backward",
+                       call_mask(is_causal, window))
     if reason is None and varlen and window is not None:
         reason = "torch: no varlen backward with a window"
 

@@ -66,17 +66,19 @@ class Dispatcher:
             self._resolved[key] = kernel
         return kernel
 
-    def padded_head_dim(self, call: str, index: int, dtype, head_dim: int, head_dim_v: int) -> int:
-        """The head dim a call of `head_dim` runs at when the table serves `call` at no kernel of that
-        head dim on cuda:`index`'s arch and dtype: the smallest it serves above it (q, k and v are
-        zero-padded to it, which changes no score and no output column below head_dim; 0 where the
-        head dim is served, V's differs, or nothing above it is served). Once per key."""
-        key = (call, index, dtype, head_dim, head_dim_v)
+    def padded_head_dim(self, call: str, index: int, dtype, head_dim: int, head_dim_v: int, mask: str | None = None,
+                        scores: str = "", paged: bool | None = None) -> int:
+        """The head dim a call of `head_dim` runs at when the table serves it (its mask and score
+        modifiers, where given) at no kernel of that head dim on cuda:`index`'s arch and dtype: the
+        smallest head dim above it that does (q, k and v are zero-padded to it, which changes no score
+        and no output column below head_dim; 0 where the head dim serves it, V's differs, or nothing
+        above it does; ops.table.padded_head_dim). Once per key."""
+        key = (call, index, dtype, head_dim, head_dim_v, mask, scores, paged)
         to = self._padded.get(key)
         if to is None:
             from ..runtime import device_info
             to = padded_head_dim(self.entries, call, device_info(index).arch, TORCH_DTYPES.get(str(dtype), dtype),
-                                 head_dim, head_dim_v)
+                                 head_dim, head_dim_v, mask, scores, paged)
             self._padded[key] = to
         return to
 

@@ -75,7 +75,7 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        to = DISPATCH.padded_head_dim("forward", short[0], q.dtype, short[2], short[5])
+        to = DISPATCH.padded_head_dim("forward", short[0], q.dtype, short[2], short[5], "causal" if causal else "none")
         if to:
             return _cut(forward(_pad(q, to), _pad(k, to), _pad(v, to), causal, alignment, _scale(scale, short[2]),
                                 layout, return_lse), short[2], return_lse)
@@ -114,7 +114,7 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        to = DISPATCH.padded_head_dim("forward", short[0], q.dtype, short[2], short[6])
+        to = DISPATCH.padded_head_dim("forward", short[0], q.dtype, short[2], short[6], mask, scores)
         if to:
             return _cut(forward_variant(_pad(q, to), _pad(k, to), _pad(v, to), causal, alignment,
                                         _scale(scale, short[2]), layout, return_lse, window, softcap, alibi_slopes,
@@ -148,14 +148,14 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
     d, dv = q.shape[-1], v.shape[-1]        # V's head dim keys the entries where it differs (0: q's)
-    to = DISPATCH.padded_head_dim("varlen", index, q.dtype, d, dv)
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
+    to = DISPATCH.padded_head_dim("varlen", index, q.dtype, d, dv, mask, scores, paged=False)
     if to:
         return _cut(varlen(_pad(q, to), _pad(k, to), _pad(v, to), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                            max_seqlen_k, causal, alignment, _scale(scale, d), return_lse, window, softcap,
                            alibi_slopes, sinks), d, return_lse)
-    kernel = DISPATCH.kernel("varlen", index, q.dtype, d, call_mask(causal, window),
-                             max_seqlen_k if max_seqlen_k is not None else k.shape[0],
-                             head_dim_v=dv if dv != d else 0, scores=call_scores(softcap, alibi_slopes, sinks))
+    kernel = DISPATCH.kernel("varlen", index, q.dtype, d, mask, max_seqlen_k if max_seqlen_k is not None else k.shape[0],
+                             head_dim_v=dv if dv != d else 0, scores=scores)
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                          alignment=alignment, scale=scale, return_lse=return_lse,
                          window=None if window is None else tuple(window), softcap=softcap,
@@ -198,7 +198,7 @@ def backward_kernel(q, k, v, causal, layout, window=None, softcap=None, alibi_sl
     seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes)
     d, dv = q.shape[-1], v.shape[-1]
-    to = DISPATCH.padded_head_dim("backward", q.get_device(), q.dtype, d, dv) if q.get_device() >= 0 else 0
+    to = DISPATCH.padded_head_dim("backward", q.get_device(), q.dtype, d, dv, mask, scores) if q.get_device() >= 0 else 0
     short = (q.get_device(), q.dtype, to or d, mask, scores, seqlen_k, to or dv)
     kernel = _BACKWARD.get(short)
     if kernel is None:
@@ -219,7 +219,8 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
     (with the forward call's variants). dout comes from autograd in any strides (a sum's is
     expanded, stride 0): copied when the kernel cannot read it in place."""
     d = q.shape[-1]
-    to = DISPATCH.padded_head_dim("backward", q.get_device(), q.dtype, d, v.shape[-1]) if q.get_device() >= 0 else 0
+    to = DISPATCH.padded_head_dim("backward", q.get_device(), q.dtype, d, v.shape[-1], call_mask(causal, window),
+                                  call_scores(softcap, alibi_slopes)) if q.get_device() >= 0 else 0
     if to:
         grads = backward(_pad(dout, to), _pad(q, to), _pad(k, to), _pad(v, to), _pad(out, to), lse, causal, alignment,
                          _scale(scale, d), layout, window, softcap, alibi_slopes, deterministic)
@@ -240,9 +241,10 @@ def varlen_backward_kernel(q, k, causal, max_seqlen_k, v=None):
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
     dv = 0 if v is None or v.shape[-1] == q.shape[-1] else v.shape[-1]
-    d = DISPATCH.padded_head_dim("varlen_backward", index, q.dtype, q.shape[-1], dv or q.shape[-1]) or q.shape[-1]
+    mask = "causal" if causal else "none"
+    d = DISPATCH.padded_head_dim("varlen_backward", index, q.dtype, q.shape[-1], dv or q.shape[-1], mask) or q.shape[-1]
     try:
-        return DISPATCH.kernel("varlen_backward", index, q.dtype, d, "causal" if causal else "none",
+        return DISPATCH.kernel("varlen_backward", index, q.dtype, d, mask,
                                max_seqlen_k if max_seqlen_k is not None else k.shape[0], head_dim_v=dv)
     except LookupError as exc:
         raise NotImplementedError(f"attngen has no varlen backward for this call yet: {exc}") from None
@@ -253,8 +255,8 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     """The gradients (dq, dk, dv) of attention_varlen at dout through the table's varlen backward
     spec (dout copied when the kernel cannot read it in place, as in backward())."""
     d = q.shape[-1]
-    to = DISPATCH.padded_head_dim("varlen_backward", q.get_device(), q.dtype, d, v.shape[-1]) \
-        if q.get_device() >= 0 else 0
+    to = DISPATCH.padded_head_dim("varlen_backward", q.get_device(), q.dtype, d, v.shape[-1],
+                                  "causal" if causal else "none") if q.get_device() >= 0 else 0
     if to:
         grads = varlen_backward(_pad(dout, to), _pad(q, to), _pad(k, to), _pad(v, to), _pad(out, to), lse,
                                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
@@ -276,7 +278,7 @@ def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_
            causal, layout)
     kernel = _DECODE.get(key)
     if kernel is None:
-        to = _decode_padding(q, v_cache)
+        to = _decode_padding(q, v_cache, "causal" if causal else "none", "", block_table is not None)
         if to:
             return _cut(kvcache(_pad(q, to), _pad(k_cache, to), _pad(v_cache, to), cache_seqlens, block_table, causal,
                                 _scale(scale, q.shape[-1]), num_splits, layout, return_lse), q.shape[-1], return_lse)
@@ -300,7 +302,7 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
            mask, scores, layout)
     kernel = _DECODE_VARIANT.get(key)
     if kernel is None:
-        to = _decode_padding(q, v_cache)
+        to = _decode_padding(q, v_cache, mask, scores, block_table is not None)
         if to:
             return _cut(kvcache_variant(_pad(q, to), _pad(k_cache, to), _pad(v_cache, to), cache_seqlens, block_table,
                                         causal, _scale(scale, q.shape[-1]), num_splits, layout, return_lse, window,
@@ -336,12 +338,47 @@ def kvcache_e4m3(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
                   v_scale=v_scale)
 
 
-def _decode_padding(q, v_cache) -> int:
-    """The head dim a decode call pads to (0: none; see _pad)."""
+_DECODE_APPEND: dict = {}   # (device, dtype, q shape, cache shape, table shape, mask, scores, layout) -> kernel
+
+
+def kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                   block_table, rotary_interleaved, causal, scale, num_splits, layout, return_lse, window=None,
+                   softcap=None, alibi_slopes=None, sinks=None):
+    """The eager decode call that appends new tokens (k, v; rotary; cache_batch_idx, cache_leftpad): the
+    table's decode_append kernel for the call's mask and score modifiers (an append spec: it writes the
+    cache in the same launch), then the kernel call, which checks every argument."""
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
+    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
+           mask, scores, layout)
+    kernel = _DECODE_APPEND.get(key)
+    if kernel is None:
+        if _decode_padding(q, v_cache, None, call="decode_append"):
+            # A padded call would write the new tokens into a padded copy of the cache, not the caller's.
+            raise ValueError(f"attention_with_kvcache appends new tokens at the head dims the dispatch table serves "
+                             f"append kernels for, not at head_dim {q.shape[-1]} (the cache cannot be padded in "
+                             "place): `attngen dispatch --call decode_append` lists them")
+        kernel = _decode_kernel(q, k_cache, block_table, mask, layout, scores, call="decode_append")
+        if len(_DECODE_APPEND) >= 4096:
+            _DECODE_APPEND.clear()
+        _DECODE_APPEND[key] = kernel
+    extra = {} if window is None else {"window": tuple(window)}
+    for name, value in (("softcap", softcap), ("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if value is not None:
+            extra[name] = value
+    return kernel(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                  scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse, k=k, v=v,
+                  rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
+                  cache_leftpad=cache_leftpad, rotary_interleaved=rotary_interleaved, **extra)
+
+
+def _decode_padding(q, v_cache, mask: str | None, scores: str = "", paged: bool | None = None,
+                    call: str = "decode") -> int:
+    """The head dim a decode call pads to (0: none; see _pad): its mask, score modifiers and cache kind
+    (mask None: any entry of the call serves the head dim)."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-    return DISPATCH.padded_head_dim("decode", index, q.dtype, q.shape[-1], v_cache.shape[-1])
+    return DISPATCH.padded_head_dim(call, index, q.dtype, q.shape[-1], v_cache.shape[-1], mask, scores, paged)
 
 
 def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "", call: str = "decode"):
@@ -723,6 +760,7 @@ def train(call: str, *inputs):
     return _EagerTrain.apply(call, *inputs)
 
 
-__all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_e4m3",
+__all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_append",
+           "kvcache_e4m3",
            "kvcache_variant",
            "train", "varlen", "varlen_backward", "varlen_backward_kernel"]

@@ -603,6 +603,10 @@ def entry_problem(e: Entry, plan) -> str | None:
                 f"{kv_dtype or 'the queries dtype'}")
     if e.paged and not getattr(plan, "paged", False):
         return f"{e.spec} reads contiguous caches only (paged: false), the entry is paged"
+    if bool(getattr(plan, "append", False)) != table_call(e.call).appends:
+        return (f"{e.spec} appends new tokens (append: true): it serves {e.call} calls only through an entry of a "
+                f"call that appends" if getattr(plan, "append", False) else
+                f"{e.spec} does not append new tokens; {e.call} calls need a spec with append: true")
     return None
 
 
@@ -662,14 +666,20 @@ def miss_message(entries, call: str, arch: str, dtype: str, head_dim: int, mask:
     return "\n".join(lines)
 
 
-def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int = 0) -> int:
-    """The head dim a call of `head_dim` runs at when the table serves `call` at no kernel of it on
-    `arch` in `dtype`: the smallest it serves above it (q, k and v zero-padded to it: attngen.ops.library),
-    or 0 where the head dim is served, V has a head dim of its own (head_dim_v: 0 or head_dim for
-    none), or nothing above it is served."""
+def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int = 0,
+                    mask: str | None = None, scores: str = "", paged: bool | None = None) -> int:
+    """The head dim a call of `head_dim` runs at when the table serves it at no kernel of that head dim
+    on `arch` in `dtype`: the smallest head dim above it that serves it (q, k and v zero-padded to it:
+    attngen.ops.library), or 0 where the head dim serves it, V has a head dim of its own (head_dim_v:
+    0 or head_dim for none), or nothing above it does. With `mask` (and `scores`, `paged` where not
+    None) "serves it" means an entry of that mask and those score modifiers: a window or softcap call
+    at a head dim whose kernels have no such variant runs padded at one that has it; without, any
+    entry of the call."""
     if head_dim_v and head_dim_v != head_dim:
         return 0
-    served = {e.head_dim for e in entries if e.call == call and e.arch == arch and e.dtype == dtype and not e.head_dim_v}
+    served = {e.head_dim for e in entries if e.call == call and e.arch == arch and e.dtype == dtype and not e.head_dim_v
+              and (mask is None or (e.mask == mask and e.scores == scores))
+              and (paged is None or e.paged == paged)}
     above = [d for d in served if d > head_dim]
     return min(above) if head_dim not in served and above else 0
 

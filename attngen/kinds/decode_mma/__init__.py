@@ -19,7 +19,7 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ...core import banks
-from ...core.decode_plan import DECODE_ABI_FIELDS, KV_SCALE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
+from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, KV_SCALE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.launch_rules import IN_FLIGHT_PER_SM, MAX_PAGE_SIZE, MAX_SPLITS, WAVE_EFFICIENCY, merging_key
@@ -52,6 +52,11 @@ class DecodeSpec(ForwardSpec):
         "block of each (sequence, KV head) to finish merges them (an atomic arrival count), no second launch; "
         "auto = two split functions, a plain one for unsplit calls and a merging one for split calls (one "
         "launch either way, and the unsplit call keeps the plain kernel's code)"))
+    append: bool = Field(default=False, description=(
+        "the kernel also takes a call's new tokens (FlashAttention's k=, v=, rotary_cos=, rotary_sin=, "
+        "cache_batch_idx=, cache_leftpad=): the blocks whose keys hold them rotate them, write them into the cache "
+        "and attend them from shared memory, in the same launch; q is rotated as it is loaded. false: no append "
+        "fields in Params and no append code (the dispatch table routes calls with k and v to append cells only)"))
     max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
     kv_dtype: Optional[Literal["e4m3"]] = Field(default=None, description=(
@@ -148,6 +153,12 @@ rule_decode_expressions_alone = refuse("scores", lambda s: s.variant is not None
                                                  f"expressions, not both: write {s.scores} into variant.score "
                                                  f"(e.g. cap * tanh(score / cap)) and leave scores empty",
                                        "rule_decode_expressions_alone")
+# An expression mask could hide the tiles of the new tokens from every block, and those tiles' blocks
+# are the ones that write them into the cache.
+rule_append_masks = refuse("masks", lambda s: s.append and "expr" in s.masks,
+                           lambda s: "an append cell writes the new tokens from the blocks that attend their tiles, "
+                                     "and an expression mask may skip those tiles: use masks none, causal or window",
+                           "rule_append_masks")
 rule_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_registers,
                              lambda s: "the decode plan keeps Q fragments in registers wherever they fit beside "
                                        "the accumulators; leave q_in_registers unset", "rule_no_q_registers")
@@ -171,6 +182,10 @@ def rule_kv_e4m3_head_dim(s):
 
 # k_scale joins the softmax scale inside the kernel, so a score modifier (which reads the scaled score)
 # would see the wrong one; none is generated with an e4m3 cache yet.
+rule_kv_e4m3_no_append = refuse("kv_dtype", lambda s: bool(s.kv_dtype) and s.append,
+                                lambda s: "an e4m3 KV cache is generated without append (the new tokens would need "
+                                          "quantising to the cache's scales); drop append or kv_dtype",
+                                "rule_kv_e4m3_no_append")
 rule_kv_e4m3_plain_scores = refuse("kv_dtype", lambda s: bool(s.kv_dtype) and (bool(s.scores) or s.variant is not None),
                                    lambda s: "an e4m3 KV cache is generated without score modifiers or expressions "
                                              "(k_scale joins the softmax scale in the kernel); drop scores/variant "
@@ -180,7 +195,8 @@ rule_kv_e4m3_plain_scores = refuse("kv_dtype", lambda s: bool(s.kv_dtype) and (b
 DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim, rule_rows, rule_keys_per_warp,
                     rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers,
                     rule_decode_no_varlen, rule_decode_expressions_alone, rule_decode_always_rescales,
-                    rule_kv_e4m3_head_dim, rule_kv_e4m3_plain_scores)
+                    rule_kv_e4m3_head_dim, rule_kv_e4m3_plain_scores, rule_append_masks,
+                    rule_kv_e4m3_no_append)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -326,12 +342,14 @@ def plan(spec: DecodeSpec, file: str | None = None):
         unread += ("tiles_per_split",)   # the blocks share the span their classification finds
     if not spec.paged:
         unread += PAGE_FIELDS   # contiguous caches only: no table, pool or page size
+    if not spec.append:
+        unread += APPEND_FIELDS   # no new tokens: the struct and code of the kernels before append existed
     abi = plan_abi(p.mask_variants, varlen=False, reports_errors=True, unread=unread, scores=p.score_variants,
                    base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS + (KV_SCALE_ABI_FIELDS if spec.kv_dtype else ())))
     return DecodePlan.of(p, parts=function_names(spec), abi=abi,
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
                          q_in_registers=holds_q(spec), max_splits=spec.max_splits, paged=spec.paged,
-                         combine=spec.combine, unsplit_in_flight=unsplit_in_flight(spec),
+                         combine=spec.combine, append=spec.append, unsplit_in_flight=unsplit_in_flight(spec),
                          kv_dtype=spec.kv_dtype or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
@@ -359,7 +377,13 @@ def explain(plan) -> list[str]:
             [f"KV cache e4m3: K/V tiles of bytes (rows of {plan.kv_pitch_bytes} B), widened to {plan.spec.dtype} in "
              "registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of "
              "byte pairs, two 8-column O tiles per chunk); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 "
-             "the output"] if plan.kv_dtype else [])
+             "the output"] if plan.kv_dtype else []) + (
+            ["append: a call's new tokens (k_new, v_new; seqlen_new <= seqlen_q) go into keys cache_seqlens .. "
+             "cache_seqlens + seqlen_new - 1 of their sequence; the split block whose tiles hold them rotates them "
+             "(rotary_cos / rotary_sin), puts them into its K/V tile in place of the cache's rows and, in the first "
+             "row block, writes them into the cache; q is rotated as it is loaded (at each token's position with "
+             "a causal or window mask, else all at cache_seqlens); cache_batch_idx maps batch rows to cache rows, "
+             "cache_leftpad hides a contiguous row's first keys"] if plan.append else [])
 
 
 KIND = Kind(NAME, TITLE, SELECTOR, DecodeSpec, plan, explain, calls="decode")

@@ -10,6 +10,7 @@ import math
 import numbers
 import threading
 
+from ...core.append_abi import APPEND_FIELDS
 from ...core.launch_rules import MAX_PAGE_SIZE, num_splits, page_shift, row_blocks, visited_tiles
 from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
@@ -23,7 +24,7 @@ POINTERS = ("q", "k", "v", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", 
 CONTIGUOUS_POINTERS = tuple(name for name in POINTERS if name != "block_table")
 PER_CALL = ATTENTION_FIELDS + ("errors", "cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split",
                                "row_blocks", "split_counters", "block_table", "table_stride", "num_pages",
-                               "page_size", "page_shift")
+                               "page_size", "page_shift") + APPEND_FIELDS
 MAX_KEYS = 2 ** 31 - 1          # keys are 32-bit in the kernel: a paged cache's capacity (pages x page size)
 # An e4m3 cache's spec (kv_dtype: e4m3) adds its scales (core.decode_plan.KV_SCALE_FIELDS) after these.
 KV_SCALE_POINTERS = ("k_scale", "v_scale")
@@ -66,6 +67,16 @@ class DecodeKernel(Kernel):
     e4m3 x scale) are each a positive Python number, a one-element fp32 tensor on q's GPU (one scale
     per tensor), or an fp32 (Hkv,) tensor (one per KV head); None is 1. Tensors are read by the
     kernel at each launch, so new values need no new call (and a CUDA graph replays them).
+    Appending (specs with append: true), as flash_attn_with_kvcache does: k and v (B, Snew, Hkv, D)
+    in "bshd", (B, Hkv, Snew, D) in "bhsd", 1 <= Snew <= Sq, are the new tokens; cache_seqlens
+    (required) then counts the keys before them, and they are written into the cache at keys
+    cache_seqlens[b] .. cache_seqlens[b] + Snew - 1 (through block_table when paged) and attended with
+    the rest, in the same launch. rotary_cos / rotary_sin ((seqlen_ro, rotary_dim / 2), q's dtype,
+    seqlen_ro >= the capacity) rotate k at its positions and q at cache_seqlens + t (causal or window)
+    or cache_seqlens (no mask); rotary_interleaved pairs dims (2i, 2i + 1), else (i, i + rotary_dim / 2).
+    cache_batch_idx (int32 (B,)) names each sequence's row of a contiguous cache (which may have more
+    rows than B); cache_leftpad (int32 (B,), contiguous caches) hides a row's first keys. Neither waits
+    for the GPU: an index the host cannot see is clamped in the kernel (validate=True reads them back).
     """
 
     def _setup(self) -> None:
@@ -74,6 +85,7 @@ class DecodeKernel(Kernel):
         scales = ("k_scale", "v_scale", "kv_scale_stride") if self._kv8 else ()
         self._decode = self.plan.abi.packer(PER_CALL + scales + tuple(f.name for f in self._mask_fields))
         self._paged = self.plan.paged
+        self._append = self.plan.append
         self._pointers = self.plan.abi.patch((POINTERS if self._paged else CONTIGUOUS_POINTERS)
                                              + (KV_SCALE_POINTERS if self._kv8 else ()))
         self._scale_tensors = {}     # (device, value) -> one-element fp32 tensor of a scale given as a number
@@ -88,9 +100,17 @@ class DecodeKernel(Kernel):
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
                  layout: str = "bhsd", out=None, validate: bool = False, window=None, softcap: float | None = None,
-                 alibi_slopes=None, params: dict | None = None, sinks=None, k_scale=None, v_scale=None):
+                 alibi_slopes=None, params: dict | None = None, sinks=None, k_scale=None, v_scale=None, k=None, v=None,
+                 rotary_cos=None, rotary_sin=None, cache_batch_idx=None, cache_leftpad=None,
+                 rotary_interleaved: bool = True):
         variants = variant_key(window, softcap, alibi_slopes, params, sinks)
         key = None
+        append = (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, rotary_interleaved)
+        if any(t is not None for t in append[:6]) or self._append:
+            # Appending calls take every check each time (their tensors are not part of the prepared key).
+            return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                    return_lse, layout, out, validate, None,
+                                    (window, softcap, alibi_slopes, params, sinks), (k_scale, v_scale), append)
         if self._kv8:
             return self._e4m3_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                    return_lse, layout, out, validate, variants, (window, softcap, alibi_slopes, params,
@@ -171,7 +191,7 @@ class DecodeKernel(Kernel):
         return (out, lse) if return_lse else out
 
     def _first_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
-                    layout, out, validate, key, variants, kv_scales=(None, None)):
+                    layout, out, validate, key, variants, kv_scales=(None, None), append=(None,) * 6 + (True,)):
         """Every check, the split count and the Params of a call; remembered under `key`."""
         if self._kv8:
             index, qs, ks, vs = self._e4m3_inputs(layout, q, k_cache, v_cache)
@@ -184,7 +204,8 @@ class DecodeKernel(Kernel):
         batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
         pool, kv_heads, rows = (ks[0], ks[1], ks[2]) if bhsd else (ks[0], ks[2], ks[1])
         paged = block_table is not None
-        if ks != vs or (not paged and pool != batch) or (paged and pool < 1):
+        rows_free = append[4] is not None and not paged   # cache_batch_idx: the cache's rows need not be the batch
+        if ks != vs or (not paged and pool != batch and not rows_free) or (paged and pool < 1):
             what = "(num_pages, kv_heads, page_size, head_dim) page pools" if paged else \
                 f"(batch {batch}, kv_heads, capacity, head_dim)"
             raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(ks)} and {tuple(vs)})")
@@ -197,8 +218,14 @@ class DecodeKernel(Kernel):
         if cache_seqlens is not None:
             self._check_seqlens(cache_seqlens, batch, capacity, validate, layout, paged, index)
         if paged and validate:
-            check_page_ids(self._torch, block_table, cache_seqlens, pool, page)
+            # an append call writes its new tokens at keys len .. len + Snew - 1: their pages too
+            k_new = append[0] if self._append else None
+            new_rows = 0 if k_new is None or k_new.dim() != 4 else k_new.shape[2 if layout == "bhsd" else 1]
+            check_page_ids(self._torch, block_table, cache_seqlens + new_rows if new_rows else cache_seqlens, pool,
+                           page)
         scale = self._check_scale(scale)
+        appended = self._check_append(append, q, cache_seqlens, batch, kv_heads, seqlen_q, capacity, pool, paged,
+                                      layout, index, validate)
         # A window counts from each new token's own position (bottom-right, offset 0 here; the kernel
         # adds each sequence's len - Sq).
         takes_window = mask == "window"
@@ -250,7 +277,7 @@ class DecodeKernel(Kernel):
                   heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, capacity,
                   mask_values.pop("scale_log2", scale * LOG2E), error_word(index), lens_ptr, o_accum, lse_accum,
                   splits, tiles_per_split, blocks_per_row, counters_ptr, table_ptr,
-                  block_table.stride(0) if paged else 0, pool if paged else 0, page, shift]
+                  block_table.stride(0) if paged else 0, pool if paged else 0, page, shift, *appended]
         values += list(scale_values)
         values += [mask_values.get(f.name, f.default) for f in self._mask_fields]
         launches = [(self.entry[self.plan.split_key(mask, splits)], (splits, kv_heads * blocks_per_row, batch))]
@@ -294,6 +321,102 @@ class DecodeKernel(Kernel):
         (1), a positive finite number, a one-element fp32 tensor, or an fp32 (kv_heads,) tensor; both
         tensors must share one layout (per tensor or per KV head)."""
         return kv_scale_values(self._torch, kv_scales, kv_heads, index, self._scale_tensors)
+    def _check_append(self, append, q, lens, batch: int, kv_heads: int, seqlen_q: int, capacity: int, pool: int,
+                      paged: bool, layout: str, index: int, validate: bool) -> list:
+        """The values of the append fields (APPEND_FIELDS order) of a call, every argument checked: the new
+        tokens k and v, rotary_cos / rotary_sin, cache_batch_idx and cache_leftpad (FlashAttention's rules)."""
+        k, v, cos, sin, batch_idx, leftpad, interleaved = append
+        given = [name for name, t in zip(("k", "v", "rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad"),
+                                         append) if t is not None]
+        if not self._append:
+            if given:
+                raise ValueError(f"{self.label} does not append new tokens ({', '.join(given)} given): a decode spec "
+                                 "with append: true takes k, v, rotary_cos, rotary_sin, cache_batch_idx and "
+                                 "cache_leftpad")
+            return [0] * len(APPEND_FIELDS)   # the Params has none of them; their places in the values stay
+        torch = self._torch
+        if (k is None) != (v is None):
+            raise ValueError("k and v (the new tokens) come together: pass both or neither")
+        if (cos is None) != (sin is None):
+            raise ValueError("rotary_cos and rotary_sin come together: pass both or neither")
+        if cos is not None and k is None:
+            raise ValueError("rotary_cos and rotary_sin rotate the new tokens: they need k and v")
+        if lens is None:
+            raise ValueError("an append call needs cache_seqlens (int32 (batch,)): the keys of each sequence before "
+                             "its new tokens (and without k: all of them)")
+        if paged and (batch_idx is not None or leftpad is not None):
+            raise ValueError("cache_batch_idx and cache_leftpad are taken with contiguous caches only (as "
+                             "FlashAttention); a paged cache's block_table already names each sequence's pages")
+        bhsd = layout == "bhsd"
+        new = 0
+        strides = [0] * 6
+        if k is not None:
+            ks = self._check_tensor("k", k, layout, index)
+            vs = self._check_tensor("v", v, layout, index, v_dim=True)
+            b, h, new = (ks[0], ks[1], ks[2]) if bhsd else (ks[0], ks[2], ks[1])
+            dims = "(batch, kv_heads, seqlen_new, head_dim)" if bhsd else "(batch, seqlen_new, kv_heads, head_dim)"
+            if ks != vs or b != batch or h != kv_heads or not 1 <= new <= seqlen_q:
+                raise ValueError(f"k and v (the new tokens) must both be {dims} with batch {batch}, kv_heads "
+                                 f"{kv_heads} and 1 <= seqlen_new <= seqlen_q ({seqlen_q}) (got {tuple(ks)} and "
+                                 f"{tuple(vs)})")
+            if new > capacity:
+                raise ValueError(f"the cache holds {capacity} keys per sequence, fewer than the {new} new tokens")
+            strides = [*bhsd_strides(k.stride(), layout)[:3], *bhsd_strides(v.stride(), layout)[:3]]
+        rotary = 0
+        if cos is not None:
+            for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+                if t.dtype != q.dtype:
+                    raise TypeError(f"{name} must have q's dtype {q.dtype} (got {t.dtype})")
+                if t.dim() != 2 or not t.is_contiguous() or t.shape[1] < 1:
+                    raise ValueError(f"{name} must be a contiguous (seqlen_ro, rotary_dim / 2) tensor (got shape "
+                                     f"{tuple(t.shape)})")
+                if t.get_device() != index:
+                    raise ValueError(f"{name} is on {t.device} but q is on cuda:{index}")
+            if tuple(cos.shape) != tuple(sin.shape):
+                raise ValueError(f"rotary_cos and rotary_sin must have one shape (got {tuple(cos.shape)} and "
+                                 f"{tuple(sin.shape)})")
+            rotary = 2 * cos.shape[1]
+            if rotary > self.plan.head_dim:
+                raise ValueError(f"rotary_dim ({rotary}: 2 x rotary_cos.shape[1]) must be at most head_dim "
+                                 f"({self.plan.head_dim})")
+            if cos.shape[0] < capacity:
+                raise ValueError(f"rotary_cos and rotary_sin hold {cos.shape[0]} positions, fewer than the cache's "
+                                 f"{capacity} keys per sequence (every key a new token may land on)")
+        for name, t in (("cache_batch_idx", batch_idx), ("cache_leftpad", leftpad)):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor of int32 (got {type(t).__name__})")
+            if t.dtype != torch.int32:
+                raise TypeError(f"{name} must be int32 (got {t.dtype}); pass {name}.int()")
+            if tuple(t.shape) != (batch,) or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous ({batch},) tensor (got shape {tuple(t.shape)})")
+            if t.get_device() != index:
+                raise ValueError(f"{name} is on {t.device} but q is on cuda:{index}")
+        if validate:
+            self._check_room(lens, batch_idx, leftpad, new, capacity, pool)
+        ptr = lambda t: 0 if t is None else t.data_ptr()   # noqa: E731
+        return [ptr(k), ptr(v), *strides, ptr(batch_idx), ptr(leftpad), ptr(cos), ptr(sin),
+                0 if paged else pool, new, rotary, 1 if interleaved else 0]
+
+    def _check_room(self, lens, batch_idx, leftpad, new: int, capacity: int, pool: int) -> None:
+        """validate=True of an append call: each sequence's keys and new tokens fit its cache row, its
+        leftpad lies inside its keys, and its cache row exists (one read back)."""
+        torch = self._torch
+        end = lens + new
+        lo, hi = int(torch.min(lens)), int(torch.max(end))
+        if lo < 0 or hi > capacity:
+            bad = lo if lo < 0 else hi - new
+            raise ValueError(f"cache_seqlens holds {bad}: with the {new} new tokens a sequence needs room in "
+                             f"[0, {capacity}] (the cache's keys per sequence)")
+        if leftpad is not None and bool(((leftpad < 0) | (leftpad > lens)).any()):
+            raise ValueError("cache_leftpad holds an entry outside [0, cache_seqlens] of its sequence")
+        if batch_idx is not None:
+            lo, hi = (int(x) for x in torch.aminmax(batch_idx))
+            if lo < 0 or hi >= pool:
+                raise ValueError(f"cache_batch_idx holds {lo if lo < 0 else hi}; the cache has rows 0..{pool - 1}")
 
     def _workspace(self, index: int, floats: int) -> int:
         """Address of `floats` fp32 elements of split partials, one buffer per device, stream and

@@ -1,0 +1,48 @@
+"""`attngen bench --train` without a GPU: its cells parsed (and refused with the reason), the default
+grid, and the command-line refusals that come before any GPU check."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from attngen.cli import main
+from attngen.eval.bench.train import GRID_TOKENS, TrainCell, grid_cells, parse_train_cell
+
+
+def test_a_train_cell_is_b_hq_hkv_s_d():
+    assert parse_train_cell("4x32/8x2048x128") == TrainCell(4, 32, 8, 2048, 128)
+    assert parse_train_cell(" 2x16x512x64 ") == TrainCell(2, 16, 16, 512, 64)
+    assert parse_train_cell("4x32/8x2048x128").label == "4x32/8x2048x128"
+    assert parse_train_cell("2x16x512x64").label == "2x16x512x64"
+    cell = parse_train_cell("1x8x1024x64")
+    assert cell.flops(False) == 3.5 * 4 * 8 * 1024 ** 2 * 64 and cell.flops(True) == cell.flops(False) / 2
+
+
+@pytest.mark.parametrize("text, words", [("4x32x2048", "BxHq/HkvxSxD"), ("4x32/8x2048x", "BxHq/HkvxSxD"),
+                                         ("4xax2048x64", "BxHq/HkvxSxD"), ("0x8x128x64", "at least 1"),
+                                         ("1x32/5x128x64", "multiple of the KV heads")])
+def test_a_bad_train_cell_says_what_is_wrong(text, words):
+    with pytest.raises(ValueError, match=words):
+        parse_train_cell(text)
+
+
+def test_the_default_grid_spans_head_dims_lengths_and_groups():
+    cells = grid_cells()
+    assert len(cells) == 3 * 4 * 3
+    assert {c.head_dim for c in cells} == {64, 128, 256}
+    assert {c.seqlen for c in cells} == {512, 2048, 8192, 16384}
+    assert {c.heads // c.kv_heads for c in cells} == {1, 4, 8}
+    assert all(c.batch * c.seqlen == GRID_TOKENS for c in cells)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--train", "specs/phase4.yaml"], "name no SPECS"),
+    (["--train-cells", "1x4x128x64"], "--train-cells goes with --train"),
+    (["--train", "--train-cells", "1x32/5x128x64"], "multiple of the KV heads"),
+    (["--train", "--train-cells", ""], "at least one cell"),
+    (["--train", "--rounds", "0"], "0"),
+])
+def test_bench_train_refuses_bad_options_before_the_gpu(args, words):
+    run = CliRunner().invoke(main, ["bench", *args])
+    assert run.exit_code == 2, run.output
+    assert words in run.output and "Traceback" not in run.output
