@@ -83,7 +83,7 @@ def runtime_view(plan) -> dict:
     convention = call_named(plan.kind.calls)
     if convention.name == "decode":
         combine = plan.combine_part
-        view["decode"] = (plan.max_splits, plan.paged, plan.unsplit_in_flight, plan.append,
+        view["decode"] = (plan.max_splits, plan.paged, plan.unsplit_in_flight, plan.kv_dtype, plan.append,
                           tuple(plan.split_key(m, s) for m in plan.masks for s in (1, 2, 7, 128)),
                           tuple(plan.merges_in_kernel(s) for s in (1, 2, 7)),
                           None if combine is None else (combine.name, combine.functions, combine.threads))

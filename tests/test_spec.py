@@ -227,6 +227,14 @@ RULE_CASES = [
     ("rule_register_cap", MMA, {"min_blocks_per_sm": 12}, "min_blocks_per_sm", "use min_blocks_per_sm <= "),
     ("rule_decode_always_rescales", DECODE, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
      "the decode kernel rescales its output at every tile"),
+    ("rule_kv_e4m3_head_dim", DECODE, {"kv_dtype": "e4m3", "head_dim": 96,
+                                       "smem": {"swizzle": {"xor_bits": 2, "row_shift": 1}, "stages": 4,
+                                                "async_copy": True, "opt_in": True}}, "head_dim",
+     "an e4m3 KV cache is generated for head_dim 64, 128, 256"),
+    ("rule_kv_e4m3_plain_scores", DECODE, {"kv_dtype": "e4m3", "scores": ["softcap"]}, "kv_dtype",
+     "without score modifiers or expressions"),
+    ("rule_kv_e4m3_no_append", DECODE, {"kv_dtype": "e4m3", "append": True}, "kv_dtype",
+     "an e4m3 KV cache is generated without append"),
     ("rule_backward_no_rescale", BACKWARD, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
      "keeps no running max to rescale by"),
     ("rule_backward_no_rescale", BACKWARD_WGMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
@@ -643,10 +651,11 @@ def test_schema_command_lists_every_key():
     assert set(merges[0]["required"]) == {"schema", "name", "merge", "head_dim"}
     for alt in (alt for alt in alternatives if "merge" not in alt["properties"]):
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
-        # epilogue_tile; decode: decode, max_splits, paged, combine, append; e4m3: out_dtype; bwd_wgmma: group_split)
+        # epilogue_tile; decode: decode, max_splits, paged, combine, kv_dtype, append; e4m3: out_dtype; bwd_wgmma:
+        # group_split)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
-                                         "paged", "combine", "append", "backward", "query_stages", "query_chunk",
-                                         "warp_keys", "warp_split", "out_dtype", "group_split"} == {
+                                         "paged", "combine", "kv_dtype", "append", "backward", "query_stages",
+                                         "query_chunk", "warp_keys", "warp_split", "out_dtype", "group_split"} == {
             "schema", "name", "description", "target", "dtype", "dtypes", "cells", "base_cell", "head_dim", "head_dim_v", "masks", "scores",
             "variant",
             "tile", "warps",

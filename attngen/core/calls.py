@@ -22,6 +22,8 @@ class TableCall(NamedTuple):
     name: str
     varlen: bool = False            # served by a spec's varlen functions (sequences back to back)
     paged: bool = False             # its entries also key on paged (a KV cache's pages) and group rows
+    kv_dtype: str = ""              # the element type of the KV cache its specs read where not the queries'
+                                    # (their plans' kv_dtype)
     appends: bool = False           # its calls write new tokens into the KV cache: served by append specs only
 
 
@@ -50,6 +52,9 @@ class Call(NamedTuple):
 ATTENTION = TableCall("forward")
 ATTENTION_VARLEN = TableCall("varlen", varlen=True, paged=True)      # paged: block_table= (paged K/V)
 ATTENTION_WITH_KVCACHE = TableCall("decode", paged=True)
+# attention_with_kvcache on an e4m3 cache (torch.float8_e4m3fn) with fp16/bf16 queries: its own call name,
+# so only such calls reach its entries (their dtype is the queries').
+ATTENTION_WITH_KVCACHE_E4M3 = TableCall("decode_kv_e4m3", paged=True, kv_dtype="e4m3")
 # attngen.attention_with_kvcache with k and v (or cache_batch_idx, cache_leftpad): the decode specs with
 # append: true, and only those, so a call without them keeps the plain kernels.
 ATTENTION_WITH_KVCACHE_APPEND = TableCall("decode_append", paged=True, appends=True)
@@ -63,7 +68,8 @@ FORWARD = Call("forward", "forward specs", "attngen.runtime.calls.forward", "att
                (ATTENTION, ATTENTION_VARLEN),
                more_modules=("attngen.runtime.calls.varlen", "attngen.eval.verify.varlen", "attngen.eval.bench.varlen"))
 DECODE = Call("decode", "decode specs (decode: split_kv)", "attngen.runtime.calls.decode", "attngen.eval.verify.decode",
-              "attngen.eval.bench.decode", ("cells", "paged"), (ATTENTION_WITH_KVCACHE, ATTENTION_WITH_KVCACHE_APPEND))
+              "attngen.eval.bench.decode", ("cells", "paged"),
+              (ATTENTION_WITH_KVCACHE, ATTENTION_WITH_KVCACHE_APPEND, ATTENTION_WITH_KVCACHE_E4M3))
 BACKWARD = Call("backward", "backward specs (backward: dq_atomic, wgmma_dq_red)", "attngen.runtime.calls.backward",
                 "attngen.eval.verify.backward", "attngen.eval.bench.backward", ("shapes", "plot_file"),
                 (ATTENTION_BACKWARD, ATTENTION_VARLEN_BACKWARD), gradients=True)
@@ -108,6 +114,6 @@ def _check_names() -> None:
 _check_names()
 
 __all__ = ["ATTENTION", "ATTENTION_BACKWARD", "ATTENTION_FP8", "ATTENTION_VARLEN", "ATTENTION_VARLEN_BACKWARD",
-           "ATTENTION_WITH_KVCACHE", "ATTENTION_WITH_KVCACHE_APPEND", "BACKWARD", "CALLS", "DECODE", "FORWARD", "FORWARD_FP8", "MERGE", "MERGE_ATTENTION",
-           "TABLE_CALLS", "Call",
-           "TableCall", "call_named", "serving", "table_call"]
+           "ATTENTION_WITH_KVCACHE", "ATTENTION_WITH_KVCACHE_APPEND", "ATTENTION_WITH_KVCACHE_E4M3", "BACKWARD", "CALLS",
+           "DECODE", "FORWARD", "FORWARD_FP8", "MERGE", "MERGE_ATTENTION", "TABLE_CALLS", "Call", "TableCall",
+           "call_named", "serving", "table_call"]

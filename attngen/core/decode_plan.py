@@ -40,6 +40,18 @@ DECODE_ABI_FIELDS = (
 PAGE_FIELDS = ("block_table", "table_stride", "num_pages", "page_size", "page_shift")
 # One list: the append fields come last, so every other field keeps its offset in any plan.
 DECODE_ABI_FIELDS = DECODE_ABI_FIELDS + APPEND_ABI_FIELDS
+# The fields only an e4m3 KV cache needs, after DECODE_ABI_FIELDS in its plan's Params; a plan of fp16/bf16
+# caches never has them (not even as omitted fields), so its Params and launch record stay as they were.
+KV_SCALE_ABI_FIELDS = (
+    pointer("k_scale", "fp32 scale(s) of an e4m3 k cache (dequantised k = e4m3 x scale): one per tensor "
+            "(kv_scale_stride 0) or one per KV head (1); null: 1", optional=True),
+    pointer("v_scale", "fp32 scale(s) of an e4m3 v cache, laid out as k_scale's; null: 1", optional=True),
+    int32("kv_scale_stride", "elements between KV heads' entries of k_scale and v_scale: 0 one scale per tensor, "
+          "1 one per KV head", default=0),
+)
+KV_SCALE_FIELDS = tuple(f.name for f in KV_SCALE_ABI_FIELDS)
+KV_FOLD = 256.0     # e4m3 bits moved into a 16-bit element read e4m3 x 2^-8 (templates/decode_mma/split.cu.j2,
+                    # kv_pair): the kernel folds 2^8 into the softmax scale and the output factor
 
 
 @dataclass(frozen=True)
@@ -56,12 +68,21 @@ class DecodePlan(ForwardPlan):
                                     # and attends them; false: no append fields in Params, no append code
     unsplit_in_flight: int = 0      # K/V bytes in flight per block the split heuristic weighs (IN_FLIGHT_PER_SM);
                                     # 0: the build does not stream at full speed unsplit, waves decide alone
+    kv_dtype: str = ""              # "e4m3": the K/V cache holds e4m3 (queries and output in the spec's dtype);
+                                    # "": the cache is in the spec's dtype
+    kv_pitch_bytes: int = 0         # e4m3 cache: bytes per row of a K/V tile (head_dim, padded to an odd number
+                                    # of 16-byte chunks so that 8 consecutive rows fall on 8 bank groups)
 
     @classmethod
     def of(cls, plan: ForwardPlan, **decode) -> "DecodePlan":
         """A decode plan from the forward plan of its split kernel and the decode fields (and any
         forward field to replace)."""
         return cls(**{f.name: getattr(plan, f.name) for f in fields(ForwardPlan)} | decode)
+
+    @property
+    def kv_fold(self) -> float:
+        """The power of two an e4m3 cache's scales take back from the tiles' widened values."""
+        return KV_FOLD
 
     @property
     def fused_combine(self) -> bool:

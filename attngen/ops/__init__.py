@@ -179,7 +179,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                            rotary_interleaved: bool = True, causal: bool = False, scale: float | None = None,
                            num_splits: int | None = None, layout: str = "bhsd", return_lse: bool = False, window=None,
-                           softcap: float | None = None, alibi_slopes=None, sinks=None):
+                           softcap: float | None = None, alibi_slopes=None, sinks=None, k_scale=None, v_scale=None):
     """Decode: q (B, Hq, Sq, D) new tokens against a KV cache (B, Hkv, capacity, D), or pools of
     pages (num_pages, Hkv, page_size, D) through block_table (int32 (B, max_pages)); page_size is any
     power of two from 1 to 512, read by one kernel per cell (a kernel parameter, checked here).
@@ -203,8 +203,28 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     (GPT-NeoX). cache_batch_idx (int32 (B,)): the cache row of each sequence; cache_leftpad (int32 (B,)):
     keys before it are not attended (both contiguous caches only). The cache tensors are written in
     place; no host sync, so the step can be captured in a CUDA graph. Eager only so far (under
-    torch.compile a NotImplementedError)."""
+    torch.compile a NotImplementedError).
+
+    e4m3 KV cache: k_cache and v_cache torch.float8_e4m3fn (q fp16 or bf16; the output is q's dtype), with
+    k_scale and v_scale as vLLM passes them (dequantised value = e4m3 x scale): a number, a one-element
+    fp32 tensor, or fp32 (Hkv,) per KV head; None is 1. Served by the table's decode_kv_e4m3 entries
+    (head dims 64, 128, 256; masks none and causal; eager calls, not yet under torch.compile; no append)."""
     compiling, grad, ops, library = _bound or _bind()
+    if _is_e4m3(k_cache) or _is_e4m3(v_cache) or k_scale is not None or v_scale is not None:
+        if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
+            raise ValueError("an e4m3 KV cache is served without window, softcap, alibi_slopes or sinks (decode_kv_e4m3 "
+                             "specs apply none); pass a fp16/bf16 cache for them")
+        if k is not None or v is not None or rotary_cos is not None or cache_batch_idx is not None or \
+                cache_leftpad is not None:
+            raise ValueError("an e4m3 KV cache takes no new tokens (k, v, rotary_cos / rotary_sin, cache_batch_idx, "
+                             "cache_leftpad): quantise and write them into the cache, then call without them")
+        if compiling():
+            raise NotImplementedError("attention_with_kvcache on an e4m3 KV cache has no torch op yet: call it "
+                                      "outside torch.compile (e.g. under torch.compiler.disable)")
+        if grad() and q.requires_grad:
+            _refuse_grad("decode")
+        return library.kvcache_e4m3(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout,
+                                    return_lse, k_scale, v_scale)
     if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None or \
             cache_batch_idx is not None or cache_leftpad is not None:
         if compiling():
@@ -234,6 +254,11 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
         _refuse_grad("decode")
     return library.kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout,
                            return_lse)
+
+
+def _is_e4m3(t) -> bool:
+    """t is a tensor of torch.float8_e4m3fn (read by name: this module imports no torch)."""
+    return str(getattr(t, "dtype", "")) == "torch.float8_e4m3fn"
 
 
 def merge_attention_list(outs, lses, *, layout: str = "bhsd", out_dtype=None):

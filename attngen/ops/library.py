@@ -317,6 +317,27 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
                   sinks=sinks)
 
 
+_DECODE_E4M3: dict = {}     # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
+
+
+def kvcache_e4m3(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse,
+                 k_scale, v_scale):
+    """The eager decode call on an e4m3 KV cache: the table's decode_kv_e4m3 kernel (its entries key on the
+    queries' dtype, paged or not), then the kernel call, which checks the cache's dtype and the scales."""
+    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
+           causal, layout)
+    kernel = _DECODE_E4M3.get(key)
+    if kernel is None:
+        kernel = _decode_kernel(q, k_cache, block_table, "causal" if causal else "none", layout,
+                                call="decode_kv_e4m3")
+        if len(_DECODE_E4M3) >= 4096:
+            _DECODE_E4M3.clear()
+        _DECODE_E4M3[key] = kernel
+    return kernel(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                  scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse, k_scale=k_scale,
+                  v_scale=v_scale)
+
+
 _DECODE_APPEND: dict = {}   # (device, dtype, q shape, cache shape, table shape, mask, scores, layout) -> kernel
 
 
@@ -740,5 +761,6 @@ def train(call: str, *inputs):
 
 
 __all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_append",
+           "kvcache_e4m3",
            "kvcache_variant",
            "train", "varlen", "varlen_backward", "varlen_backward_kernel"]

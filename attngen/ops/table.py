@@ -597,6 +597,10 @@ def entry_problem(e: Entry, plan) -> str | None:
     varlen = e.call in VARLEN_CALLS
     if (varlen_key(e.mask) if varlen else e.mask) not in plan.entry_functions:
         return f"{e.spec} has no {e.mask} {'varlen ' if varlen else ''}function"
+    kv_dtype = table_call(e.call).kv_dtype
+    if getattr(plan, "kv_dtype", "") != kv_dtype:
+        return (f"{e.spec} reads a {plan.kv_dtype or plan.spec.dtype} KV cache, {e.call} calls bring "
+                f"{kv_dtype or 'the queries dtype'}")
     if e.paged and not getattr(plan, "paged", False):
         return f"{e.spec} reads contiguous caches only (paged: false), the entry is paged"
     if bool(getattr(plan, "append", False)) != table_call(e.call).appends:

@@ -3,7 +3,10 @@ torch's own low-precision attention + a floor, against an fp32 reference), per s
 with its own length, on poisoned outputs. Append specs (append: true) also run append cases: new
 tokens rotated (both rotary modes), written into contiguous and paged caches (cache_batch_idx,
 cache_leftpad) and attended, checked against a torch reference that rotates, appends and attends in
-fp32, and the cache contents after the call against the expected ones."""
+fp32, and the cache contents after the call against the expected ones. A spec of an e4m3 KV cache
+(kv_dtype: e4m3) gets its random caches quantised (scale = amax / 448, per tensor, or per KV head on
+odd seeds); its reference is fp32 attention over the dequantised cache, and torch's attention in the
+queries' dtype over that same cache sets the bound."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -327,7 +330,8 @@ def reference(torch, q, k, v, lengths, case: DecodeCase, scale: float, modifiers
         args = dict(scale=scale, mask=mask, alignment=align, window=case.visible_window, modifiers=mods)
         with exact_fp32_matmul(torch):
             ref, lse = attention_torch(qb.float(), kb.float(), vb.float(), **args)
-        low, _ = attention_torch(qb, kb, vb, **args)
+        # torch's attention in q's dtype (an e4m3 cache's dequantised fp32 values rounded to it; else k, v as given)
+        low, _ = attention_torch(qb, kb.to(qb.dtype), vb.to(qb.dtype), **args)
         outs.append(ref), lses.append(lse), lows.append(low.float())
     return torch.cat(outs), torch.cat(lses), torch.cat(lows)
 
@@ -357,14 +361,25 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
     lens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device=dev)
     scale = d ** -0.5
     kc, vc, table = k, v, None
+    kv_scales = {}
+    if kernel.plan.kv_dtype == "e4m3":
+        per_head = seed % 2 == 1
+        (kc, k, ks), (vc, v, vs) = (e4m3_cache(torch, t, case.layout, per_head, dtype) for t in (k, v))
+        kv_scales = {"k_scale": ks, "v_scale": vs}
     if case.page_size:
-        kc, vc, table = paged_cache(torch, k, v, case.lengths, case.page_size, case.layout, g)
+        if kv_scales:   # the pools are built on the bytes (index writes of float8 are not in every torch)
+            byte_pools = paged_cache(torch, kc.view(torch.uint8), vc.view(torch.uint8), case.lengths, case.page_size,
+                                     case.layout, g)
+            kc, vc, table = byte_pools[0].view(kc.dtype), byte_pools[1].view(vc.dtype), byte_pools[2]
+        else:
+            kc, vc, table = paged_cache(torch, k, v, case.lengths, case.page_size, case.layout, g)
     scores = score_arguments(kernel.plan, b, h, g, dev)
     extra = {"window": case.window} if case.window is not None else {}
 
     def launch(o, _lse=None):
         return kernel(q, kc, vc, cache_seqlens=lens, block_table=table, causal=case.causal,
-                      num_splits=case.num_splits, return_lse=True, layout=case.layout, out=o, **extra, **scores)
+                      num_splits=case.num_splits, return_lse=True, layout=case.layout, out=o, **extra, **scores,
+                      **kv_scales)
     o, lse = launch(out)
     torch.cuda.synchronize(dev)
     pycuda_agreement(result, kernel, launch, ("o", "lse"), (o, lse))
@@ -372,6 +387,26 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
                                   score_modifiers(kernel.plan, scores))
     judge_rows(result, torch, view(o), ref, low, lse, ref_lse, kernel.plan.spec.dtype)
     return result
+
+
+def e4m3_cache(torch, x, layout: str, per_head: bool, dtype):
+    """(e4m3 cache, its dequantised values in fp32, fp32 scale) of a random cache x (bhsd or bshd), as
+    vLLM stores one: scale = amax / 448 over the tensor or, per_head, over each KV head ((Hkv,) scales).
+    The fp32 reference reads the dequantised values as they are, torch's low-precision attention rounded
+    to the queries' dtype (reference)."""
+    head_dim = 1 if layout == "bhsd" else 2
+    xf = x.float()
+    if per_head:
+        dims = tuple(d for d in range(4) if d != head_dim)
+        scale = (xf.abs().amax(dim=dims).clamp(min=1e-6) / 448.0).contiguous()
+        shape = [1, 1, 1, 1]
+        shape[head_dim] = -1
+        shaped = scale.view(shape)
+    else:
+        scale = (xf.abs().amax().clamp(min=1e-6) / 448.0).reshape(1)
+        shaped = scale
+    x8 = (xf / shaped).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return x8, x8.float() * shaped, scale
 
 
 def paged_cache(torch, k, v, lengths, page_size: int, layout: str, generator=None, spare: int = 3):

@@ -14,16 +14,16 @@ over the SM count (`num_splits`), overridable per spec (`max_splits`) and per ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import Field
 
 from ...core import banks
-from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
+from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, KV_SCALE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.launch_rules import IN_FLIGHT_PER_SM, MAX_PAGE_SIZE, MAX_SPLITS, WAVE_EFFICIENCY, merging_key
-from ...core.layout import Region
+from ...core.layout import CHUNK_BYTES, Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
 from ...core.variants import SCORES
 from ...errors import SpecError
@@ -59,6 +59,10 @@ class DecodeSpec(ForwardSpec):
         "fields in Params and no append code (the dispatch table routes calls with k and v to append cells only)"))
     max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
+    kv_dtype: Optional[Literal["e4m3"]] = Field(default=None, description=(
+        "e4m3: the K and V caches hold e4m3 (torch.float8_e4m3fn) with fp32 scales k_scale, v_scale (one per "
+        "tensor or per KV head); queries and output stay in dtype. The kernel reads half the bytes and widens "
+        "the tiles to dtype in registers; unset: the caches are in dtype"))
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
     masks_taken = ("none", "causal", "window", "expr")
@@ -166,10 +170,33 @@ rule_decode_always_rescales = refuse("softmax.rescale", lambda s: s.softmax.resc
                                      "rule_decode_always_rescales")
 
 
+KV_E4M3_HEAD_DIMS = (64, 128, 256)   # e4m3 tiles are read 32 columns (two 16-byte chunks) at a time, rows padded
+                                     # to an odd chunk count: 96 would need 3-chunk reads
+
+
+def rule_kv_e4m3_head_dim(s):
+    if s.kv_dtype and s.head_dim not in KV_E4M3_HEAD_DIMS:
+        return "head_dim", (f"an e4m3 KV cache is generated for head_dim {', '.join(map(str, KV_E4M3_HEAD_DIMS))} "
+                            f"(got {s.head_dim}); leave kv_dtype unset for this head dim")
+
+
+# k_scale joins the softmax scale inside the kernel, so a score modifier (which reads the scaled score)
+# would see the wrong one; none is generated with an e4m3 cache yet.
+rule_kv_e4m3_no_append = refuse("kv_dtype", lambda s: bool(s.kv_dtype) and s.append,
+                                lambda s: "an e4m3 KV cache is generated without append (the new tokens would need "
+                                          "quantising to the cache's scales); drop append or kv_dtype",
+                                "rule_kv_e4m3_no_append")
+rule_kv_e4m3_plain_scores = refuse("kv_dtype", lambda s: bool(s.kv_dtype) and (bool(s.scores) or s.variant is not None),
+                                   lambda s: "an e4m3 KV cache is generated without score modifiers or expressions "
+                                             "(k_scale joins the softmax scale in the kernel); drop scores/variant "
+                                             "or kv_dtype", "rule_kv_e4m3_plain_scores")
+
+
 DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim, rule_rows, rule_keys_per_warp,
                     rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers,
                     rule_decode_no_varlen, rule_decode_expressions_alone, rule_decode_always_rescales,
-                    rule_append_masks)
+                    rule_kv_e4m3_head_dim, rule_kv_e4m3_plain_scores, rule_append_masks,
+                    rule_kv_e4m3_no_append)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,13 +233,39 @@ def unsplit_in_flight(spec: DecodeSpec) -> int:
     124.0) stream slower unsplit, so for them the heuristic counts waves only (0)."""
     if spec.paged or spec.combine == "fused":
         return 0
-    return (spec.smem.stages - 1) * 2 * spec.tile.block_n * spec.head_dim * spec.elem_bytes
+    kv_bytes = 1 if spec.kv_dtype else spec.elem_bytes   # an e4m3 cache's tiles hold half the bytes
+    return (spec.smem.stages - 1) * 2 * spec.tile.block_n * spec.head_dim * kv_bytes
 
 
 def bank_patterns(plan) -> list[banks.Pattern]:
     """Every thread copies K/V; Q, K and V are read with the mma.sync lane maps (load_q_fragment,
-    score_step and accumulate_pv in split.cu.j2)."""
+    score_step and accumulate_pv in split.cu.j2). An e4m3 cache's tiles are read by other maps (8-byte
+    K loads, byte-pair ldmatrix.trans of V) over rows padded to an odd chunk count, conflict-free by
+    construction (kv_pitch): no fp16 pattern describes them."""
+    if plan.spec.kv_dtype:
+        return []
     return banks.mma_sync_patterns(plan, plan.threads)
+
+
+def kv_pitch(spec: DecodeSpec) -> int:
+    """Bytes per row of an e4m3 K/V tile: head_dim, plus a 16-byte chunk when that makes the chunk count
+    odd. Rows r..r+7 then start on 8 different 16-byte bank groups, so the V ldmatrix (8 rows, one chunk)
+    and the K loads (8 rows, two chunks: each bank group twice, the least for 256 bytes) do not conflict."""
+    chunks = spec.head_dim // CHUNK_BYTES
+    return (chunks + (chunks % 2 == 0)) * CHUNK_BYTES
+
+
+def kv_e4m3_tiles(spec: DecodeSpec, sw) -> list[Region]:
+    """The Q tile in dtype (swizzled as the spec says), then each stage's K and V tile of e4m3 bytes."""
+    from ...core.forward_plan import ELEMENT_TYPES
+    d, bn, bm, pitch = spec.head_dim, spec.tile.block_n, spec.tile.block_m, kv_pitch(spec)
+    regions = [Region("q", bm, d, ELEMENT_TYPES[spec.dtype][0], spec.elem_bytes, sw.pitch_bytes,
+                      swizzle=sw.describe(), per="Q tile, loaded once")]
+    pad = f"rows padded to {pitch} B"
+    for s in range(spec.smem.stages):
+        regions.append(Region(f"k{s}", bn, d, "e4m3", 1, pitch, swizzle=pad, per=f"e4m3 K tile, stage {s}"))
+        regions.append(Region(f"v{s}", bn, d, "e4m3", 1, pitch, swizzle=pad, per=f"e4m3 V tile, stage {s}"))
+    return regions
 
 
 def stats_region(spec: DecodeSpec) -> list[Region]:
@@ -247,8 +300,9 @@ def combine_variant_reads(spec: DecodeSpec) -> tuple[str, ...]:
 
 
 def plan(spec: DecodeSpec, file: str | None = None):
+    extra = {"tiles": kv_e4m3_tiles} if spec.kv_dtype else {}
     p = plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments, extra_regions=stats_region,
-                     bank_patterns=bank_patterns)
+                     bank_patterns=bank_patterns, **extra)
     ring = p.stages * p.kv_stage_stride
     if p.fragments.merge_bytes > ring:
         raise SpecError(f"the warps' merge buffer ({p.fragments.merge_bytes} B) does not fit over the K/V ring "
@@ -291,11 +345,12 @@ def plan(spec: DecodeSpec, file: str | None = None):
     if not spec.append:
         unread += APPEND_FIELDS   # no new tokens: the struct and code of the kernels before append existed
     abi = plan_abi(p.mask_variants, varlen=False, reports_errors=True, unread=unread, scores=p.score_variants,
-                   base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS))
+                   base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS + (KV_SCALE_ABI_FIELDS if spec.kv_dtype else ())))
     return DecodePlan.of(p, parts=function_names(spec), abi=abi,
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
                          q_in_registers=holds_q(spec), max_splits=spec.max_splits, paged=spec.paged,
                          combine=spec.combine, append=spec.append, unsplit_in_flight=unsplit_in_flight(spec),
+                         kv_dtype=spec.kv_dtype or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
 
@@ -319,6 +374,10 @@ def explain(plan) -> list[str]:
              "it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; "
              "contiguous caches when the call passes no table"
              if plan.paged else "KV cache: contiguous only (paged: false)")] + (
+            [f"KV cache e4m3: K/V tiles of bytes (rows of {plan.kv_pitch_bytes} B), widened to {plan.spec.dtype} in "
+             "registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of "
+             "byte pairs, two 8-column O tiles per chunk); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 "
+             "the output"] if plan.kv_dtype else []) + (
             ["append: a call's new tokens (k_new, v_new; seqlen_new <= seqlen_q) go into keys cache_seqlens .. "
              "cache_seqlens + seqlen_new - 1 of their sequence; the split block whose tiles hold them rotates them "
              "(rotary_cos / rotary_sin), puts them into its K/V tile in place of the cache's rows and, in the first "

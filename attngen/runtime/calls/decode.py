@@ -6,6 +6,7 @@ stream. The fp32 workspace of the partial outputs comes from torch's allocator."
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import threading
 
@@ -25,6 +26,8 @@ PER_CALL = ATTENTION_FIELDS + ("errors", "cache_seqlens", "o_accum", "lse_accum"
                                "row_blocks", "split_counters", "block_table", "table_stride", "num_pages",
                                "page_size", "page_shift") + APPEND_FIELDS
 MAX_KEYS = 2 ** 31 - 1          # keys are 32-bit in the kernel: a paged cache's capacity (pages x page size)
+# An e4m3 cache's spec (kv_dtype: e4m3) adds its scales (core.decode_plan.KV_SCALE_FIELDS) after these.
+KV_SCALE_POINTERS = ("k_scale", "v_scale")
 
 
 class DecodeKernel(Kernel):
@@ -59,6 +62,11 @@ class DecodeKernel(Kernel):
     each sequence's pages in order; cache_seqlens is required. Entries past a sequence's pages may
     hold anything.
 
+    e4m3 caches (specs with kv_dtype: e4m3): k_cache and v_cache are torch.float8_e4m3fn, q (and the
+    output) the spec's fp16 or bf16. k_scale and v_scale (vLLM's convention: dequantised value =
+    e4m3 x scale) are each a positive Python number, a one-element fp32 tensor on q's GPU (one scale
+    per tensor), or an fp32 (Hkv,) tensor (one per KV head); None is 1. Tensors are read by the
+    kernel at each launch, so new values need no new call (and a CUDA graph replays them).
     Appending (specs with append: true), as flash_attn_with_kvcache does: k and v (B, Snew, Hkv, D)
     in "bshd", (B, Hkv, Snew, D) in "bhsd", 1 <= Snew <= Sq, are the new tokens; cache_seqlens
     (required) then counts the keys before them, and they are written into the cache at keys
@@ -73,10 +81,14 @@ class DecodeKernel(Kernel):
 
     def _setup(self) -> None:
         self._mask_fields = mask_fields(self.plan)
-        self._decode = self.plan.abi.packer(PER_CALL + tuple(f.name for f in self._mask_fields))
+        self._kv8 = self.plan.kv_dtype == "e4m3"
+        scales = ("k_scale", "v_scale", "kv_scale_stride") if self._kv8 else ()
+        self._decode = self.plan.abi.packer(PER_CALL + scales + tuple(f.name for f in self._mask_fields))
         self._paged = self.plan.paged
         self._append = self.plan.append
-        self._pointers = self.plan.abi.patch(POINTERS if self._paged else CONTIGUOUS_POINTERS)
+        self._pointers = self.plan.abi.patch((POINTERS if self._paged else CONTIGUOUS_POINTERS)
+                                             + (KV_SCALE_POINTERS if self._kv8 else ()))
+        self._scale_tensors = {}     # (device, value) -> one-element fp32 tensor of a scale given as a number
         self._workspaces = {}        # (device, stream, thread) -> fp32 split partials
         self._captured = []          # workspaces of calls captured in CUDA graphs (the graphs read them)
         self._counter_buffers = {}   # (device, stream) -> zeroed int32 split counters (fused combine)
@@ -88,8 +100,9 @@ class DecodeKernel(Kernel):
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
                  scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
                  layout: str = "bhsd", out=None, validate: bool = False, window=None, softcap: float | None = None,
-                 alibi_slopes=None, params: dict | None = None, sinks=None, k=None, v=None, rotary_cos=None,
-                 rotary_sin=None, cache_batch_idx=None, cache_leftpad=None, rotary_interleaved: bool = True):
+                 alibi_slopes=None, params: dict | None = None, sinks=None, k_scale=None, v_scale=None, k=None, v=None,
+                 rotary_cos=None, rotary_sin=None, cache_batch_idx=None, cache_leftpad=None,
+                 rotary_interleaved: bool = True):
         variants = variant_key(window, softcap, alibi_slopes, params, sinks)
         key = None
         append = (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, rotary_interleaved)
@@ -97,7 +110,15 @@ class DecodeKernel(Kernel):
             # Appending calls take every check each time (their tensors are not part of the prepared key).
             return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                     return_lse, layout, out, validate, None,
-                                    (window, softcap, alibi_slopes, params, sinks), append)
+                                    (window, softcap, alibi_slopes, params, sinks), (k_scale, v_scale), append)
+        if self._kv8:
+            return self._e4m3_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                   return_lse, layout, out, validate, variants, (window, softcap, alibi_slopes, params,
+                                                                                sinks), (k_scale, v_scale))
+        if k_scale is not None or v_scale is not None:
+            return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                    return_lse, layout, out, validate, key, (window, softcap, alibi_slopes, params,
+                                                                             sinks), (k_scale, v_scale))
         if out is None and not validate:
             # A shape seen before: its checks passed and its Params are laid out; only the pointers
             # are new (and must be 16-byte aligned).
@@ -118,7 +139,38 @@ class DecodeKernel(Kernel):
         return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                 return_lse, layout, out, validate, key, (window, softcap, alibi_slopes, params, sinks))
 
-    def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse):
+    def _e4m3_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse, layout,
+                   out, validate, variants, variant_values, kv_scales):
+        """A call of an e4m3-cache spec: as __call__, its prepared-call key also holding what each scale is
+        (a tensor's shape, dtype and device; a number's value), whose pointers are new on every call."""
+        key = None
+        if out is None and not validate:
+            try:
+                lens, table = cache_seqlens, block_table
+                scale_key = tuple((s.shape, s.dtype, s.stride(), s.get_device()) if isinstance(s, self._tensor_type)
+                                  else ("number", s) for s in kv_scales)
+                key = (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype,
+                       k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
+                       None if lens is None else (lens.shape, lens.dtype, lens.stride(), lens.get_device()),
+                       None if table is None else (table.shape, table.dtype, table.stride(), table.get_device()),
+                       causal, scale, num_splits, return_lse, layout, variants, scale_key)
+                hash(key)
+                prepared = self._prepared.get(key)
+            except (AttributeError, TypeError):
+                key = prepared = None
+            if prepared is not None:
+                qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
+                held = self._scale_tensors
+                if not (qp | kp | vp) % LOAD_BYTES and all(s is None or isinstance(s, self._tensor_type)
+                                                           or (prepared.info.index, float(s)) in held for s in kv_scales):
+                    scales = tuple(s.data_ptr() if isinstance(s, self._tensor_type) else
+                                   0 if s is None else held[(prepared.info.index, float(s))].data_ptr()
+                                   for s in kv_scales)
+                    return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse, scales)
+        return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
+                                layout, out, validate, key, variant_values, kv_scales)
+
+    def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse, scales=()):
         lse_shape, accum, counters, splits = prepared.extra
         index = prepared.info.index
         out = self._torch.empty_like(q)
@@ -131,17 +183,23 @@ class DecodeKernel(Kernel):
         counted = self._counters(counters, index) if counters else 0
         if self._paged:
             self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0, lens, o_accum,
-                                 lse_accum, block_table.data_ptr() if block_table is not None else 0, counted))
+                                 lse_accum, block_table.data_ptr() if block_table is not None else 0, counted) + scales)
         else:   # a contiguous-only spec: never a table (the first call refused one)
             self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0, lens, o_accum,
-                                 lse_accum, counted))
+                                 lse_accum, counted) + scales)
         self.last_splits = splits
         return (out, lse) if return_lse else out
 
     def _first_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
-                    layout, out, validate, key, variants, append=(None,) * 6 + (True,)):
+                    layout, out, validate, key, variants, kv_scales=(None, None), append=(None,) * 6 + (True,)):
         """Every check, the split count and the Params of a call; remembered under `key`."""
-        index, qs, ks, vs = self._padded_inputs(layout, ("q", "k_cache", "v_cache"), q, k_cache, v_cache)
+        if self._kv8:
+            index, qs, ks, vs = self._e4m3_inputs(layout, q, k_cache, v_cache)
+        else:
+            if kv_scales != (None, None):
+                raise ValueError(f"k_scale and v_scale scale an e4m3 KV cache; {self.label} reads {self.plan.spec.dtype} "
+                                 "caches (an e4m3 cache is served by a spec with kv_dtype: e4m3)")
+            index, qs, ks, vs = self._padded_inputs(layout, ("q", "k_cache", "v_cache"), q, k_cache, v_cache)
         bhsd = layout == "bhsd"
         batch, heads, seqlen_q = (qs[0], qs[1], qs[2]) if bhsd else (qs[0], qs[2], qs[1])
         pool, kv_heads, rows = (ks[0], ks[1], ks[2]) if bhsd else (ks[0], ks[2], ks[1])
@@ -152,6 +210,7 @@ class DecodeKernel(Kernel):
                 f"(batch {batch}, kv_heads, capacity, head_dim)"
             raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(ks)} and {tuple(vs)})")
         capacity = self._check_table(block_table, cache_seqlens, batch, rows, layout, index) if paged else rows
+        scale_values = self._kv_scales(kv_scales, kv_heads, index) if self._kv8 else ()
         page, shift = (rows, page_shift(rows)) if paged else (0, 0)
         self._check_heads(heads, kv_heads, batch=batch)
         window, softcap, alibi_slopes, params, sinks = variants
@@ -219,6 +278,7 @@ class DecodeKernel(Kernel):
                   mask_values.pop("scale_log2", scale * LOG2E), error_word(index), lens_ptr, o_accum, lse_accum,
                   splits, tiles_per_split, blocks_per_row, counters_ptr, table_ptr,
                   block_table.stride(0) if paged else 0, pool if paged else 0, page, shift, *appended]
+        values += list(scale_values)
         values += [mask_values.get(f.name, f.default) for f in self._mask_fields]
         launches = [(self.entry[self.plan.split_key(mask, splits)], (splits, kv_heads * blocks_per_row, batch))]
         if splits > 1 and not merges:
@@ -230,10 +290,37 @@ class DecodeKernel(Kernel):
         if out_given is None:
             self._remember(key, prepared)
         self._run(prepared, tuple(values[:5]) + ((lens_ptr, o_accum, lse_accum, table_ptr, counters_ptr) if self._paged
-                                                 else (lens_ptr, o_accum, lse_accum, counters_ptr)))
+                                                 else (lens_ptr, o_accum, lse_accum, counters_ptr))
+                  + tuple(scale_values[:2]))
         self.last_splits = splits
         return (out, lse) if return_lse else out
 
+    def _e4m3_inputs(self, layout: str, q, k_cache, v_cache):
+        """(device index, q's, k_cache's and v_cache's shapes) of a call of an e4m3-cache spec: q in the
+        spec's dtype, the caches torch.float8_e4m3fn, each checked as _padded_inputs checks them."""
+        from ..kernel import LAYOUTS
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
+        index = self._device_index(q)
+        e4m3 = self._torch.float8_e4m3fn
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if isinstance(t, self._tensor_type) and t.dtype is not e4m3:
+                hint = (f"; a cache of e4m3 bytes stored as uint8 is read as {name}.view(torch.float8_e4m3fn)"
+                        if t.dtype is self._torch.uint8 else f"; a {t.dtype} cache is served by the spec without kv_dtype")
+                raise TypeError(f"{name} is {t.dtype} but {self.label} reads an e4m3 KV cache (torch.float8_e4m3fn)"
+                                + hint)
+        if q.dtype is e4m3:
+            raise TypeError(f"q is torch.float8_e4m3fn but {self.label} takes {self.dtype} queries (only the KV cache "
+                            "is e4m3)")
+        return (index, self._check_tensor("q", q, layout, index),
+                self._check_tensor("k_cache", k_cache, layout, index, dtype=e4m3),
+                self._check_tensor("v_cache", v_cache, layout, index, v_dim=True, dtype=e4m3))
+
+    def _kv_scales(self, kv_scales, kv_heads: int, index: int) -> tuple:
+        """(k_scale pointer, v_scale pointer, kv_scale_stride) of an e4m3 call's scales, each checked: None
+        (1), a positive finite number, a one-element fp32 tensor, or an fp32 (kv_heads,) tensor; both
+        tensors must share one layout (per tensor or per KV head)."""
+        return kv_scale_values(self._torch, kv_scales, kv_heads, index, self._scale_tensors)
     def _check_append(self, append, q, lens, batch: int, kv_heads: int, seqlen_q: int, capacity: int, pool: int,
                       paged: bool, layout: str, index: int, validate: bool) -> list:
         """The values of the append fields (APPEND_FIELDS order) of a call, every argument checked: the new
@@ -409,6 +496,50 @@ class DecodeKernel(Kernel):
                 where = ("block_table.shape[1] x page_size" if paged else
                          f"k_cache.shape[{2 if layout == 'bhsd' else 1}]")
                 raise ValueError(f"cache_seqlens holds {bad}, outside [0, {capacity}] (the cache's capacity, {where})")
+
+
+def kv_scale_values(torch, kv_scales, kv_heads: int, index: int, numbers_seen: dict) -> tuple:
+    """(k_scale pointer, v_scale pointer, kv_scale_stride) of an e4m3 call (DecodeKernel._kv_scales). A number
+    becomes a one-element fp32 tensor on the GPU, made once per (device, value) and kept in `numbers_seen`."""
+    pointers, strides = [], set()
+    for name, value in zip(("k_scale", "v_scale"), kv_scales):
+        if value is None:
+            pointers.append(0)
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.dtype != torch.float32:
+                raise TypeError(f"{name} must be float32 (got {value.dtype}); pass {name}.float()")
+            if value.get_device() != index:
+                raise ValueError(f"{name} is on {value.device} but q is on cuda:{index}")
+            if value.numel() == 1:
+                strides.add(0)
+            elif tuple(value.shape) == (kv_heads,) and value.stride(0) == 1:
+                strides.add(1)
+            else:
+                raise ValueError(f"{name} must hold one scale (shape (), (1,)) or one per KV head (contiguous "
+                                 f"({kv_heads},)); got shape {tuple(value.shape)}")
+            pointers.append(value.data_ptr())
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number or an fp32 tensor (got {type(value).__name__})")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be positive and finite (got {value})")
+        key = (index, float(value))
+        held = numbers_seen.get(key)
+        if held is None:
+            # A number's tensor is made once and kept for the process (4 bytes a value; a model has a
+            # few per layer): a captured graph may hold its pointer, so it is never freed. Under
+            # capture a new one would be allocated but not filled until the graph replays.
+            if torch.cuda.is_current_stream_capturing():
+                raise ValueError(f"{name}={value} is a number first seen under CUDA graph capture: pass the scales "
+                                 "as fp32 tensors, or make one uncaptured call with these numbers first")
+            held = torch.full((1,), float(value), dtype=torch.float32, device=f"cuda:{index}")
+            numbers_seen[key] = held
+        strides.add(0)
+        pointers.append(held.data_ptr())
+    if len(strides) > 1:
+        raise ValueError("k_scale and v_scale must both be per tensor or both per KV head (got one of each)")
+    return (*pointers, strides.pop() if strides else 0)
 
 
 def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:

@@ -1,0 +1,208 @@
+"""Decode on an e4m3 KV cache (kv_dtype: e4m3), without a GPU: the spec key and its rules, the plan
+(byte tiles, the scale fields of Params), the rendered kernel, the dispatch table's decode_kv_e4m3 entries
+and the checks of the scales."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attngen.core.decode_plan import KV_SCALE_FIELDS
+from attngen.plan import make_plan
+from attngen.spec import load_spec, parse_spec
+from attngen.errors import SpecError
+from attngen.runtime.calls.decode import kv_scale_values
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+GEN = ROOT / "generated"
+
+E4M3_CELLS = ("h200_decode_d64_kv_e4m3", "h200_decode_d128_kv_e4m3", "h200_decode_d256_kv_e4m3",
+              "h200_decode_d64_kv_e4m3_contiguous", "h200_decode_d128_kv_e4m3_contiguous")
+
+
+def plan_of(name: str):
+    return make_plan(load_spec(SPECS / f"{name}.yaml"))
+
+
+@pytest.mark.parametrize("name", E4M3_CELLS)
+def test_e4m3_cells_are_family_members_with_byte_tiles(name):
+    for cell in (name, name + "_bf16"):
+        plan = plan_of(cell)
+        assert plan.kv_dtype == "e4m3" and plan.spec.dtype in ("fp16", "bf16")
+        k0 = plan.region("k0")
+        # 1-byte elements, rows padded to an odd number of 16-byte chunks
+        assert k0.elem_bytes == 1 and k0.pitch_bytes // 16 % 2 == 1 and k0.pitch_bytes >= plan.head_dim
+        assert plan.region("q").elem_bytes == 2
+        names = [f.name for f in plan.abi.fields]
+        assert all(n in names for n in KV_SCALE_FIELDS)
+
+
+def test_caches_in_dtype_keep_their_params():
+    """A cell without kv_dtype has no scale field, not even as an omitted one (its launch record and
+    Params are as before the key existed)."""
+    for name in ("h200_decode_d128", "h200_decode_d128_contiguous", "h200_decode_d64_bf16", "h200_decode_d256"):
+        plan = plan_of(name)
+        assert plan.kv_dtype == "" and plan.kv_pitch_bytes == 0
+        assert not set(KV_SCALE_FIELDS) & ({f.name for f in plan.abi.fields} | set(plan.abi.omitted))
+
+
+def test_e4m3_ring_holds_half_the_bytes():
+    fp16, e4m3 = plan_of("h200_decode_d128_contiguous"), plan_of("h200_decode_d128_kv_e4m3_contiguous")
+    assert e4m3.unsplit_in_flight * 2 == fp16.unsplit_in_flight
+    assert e4m3.kv_stage_stride < fp16.kv_stage_stride
+
+
+def _text(**changes) -> str:
+    base = {"schema": 1, "name": "t_kv8", "target": "h200", "dtype": "fp16", "head_dim": 128, "decode": "split_kv",
+            "masks": ["none", "causal"], "tile": {"block_m": 16, "block_n": 128}, "warps": {"compute": 4},
+            "smem": {"swizzle": {"xor_bits": 3}, "stages": 3, "async_copy": True, "opt_in": True},
+            "kv_dtype": "e4m3"}
+    base.update(changes)
+    import yaml
+    return yaml.safe_dump(base)
+
+
+def test_rules_refuse_what_is_not_generated():
+    make_plan(parse_spec(_text(), "t.yaml"))
+    with pytest.raises(SpecError) as e:
+        parse_spec(_text(head_dim=96, smem={"swizzle": {"xor_bits": 2, "row_shift": 1}, "stages": 4,
+                                           "async_copy": True, "opt_in": True}), "t.yaml")
+    assert "head_dim" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        parse_spec(_text(scores=["softcap"]), "t.yaml")
+    assert "kv_dtype" in str(e.value)
+    with pytest.raises(SpecError):
+        parse_spec(_text(kv_dtype="e5m2"), "t.yaml")
+
+
+def test_render_widens_bytes_in_registers():
+    e4m3 = (GEN / "h200_decode_d128_kv_e4m3_split.cu").read_text()
+    bf16 = (GEN / "h200_decode_d128_kv_e4m3_bf16_split.cu").read_text()
+    fp16 = (GEN / "h200_decode_d128_split.cu").read_text()
+    for word in ("kv_pair", "kv_offset", "p.k_scale", "p.v_scale", "kKvFold", "ld_shared_u2"):
+        assert word in e4m3 and word not in fp16
+    assert "fma.rn.bf16x2" in bf16 and "fma.rn.bf16x2" not in e4m3
+    assert "scale_log2 * kKvFold" in e4m3 and "p.kv_scale_stride" in e4m3
+
+
+def test_dispatch_routes_only_e4m3_caches_to_e4m3_specs():
+    from attngen.ops.table import entry_problem, load_table, select, table_path
+    entries = load_table(table_path(SPECS))
+    for dtype, suffix in (("fp16", ""), ("bf16", "_bf16")):
+        for head_dim in (64, 128):
+            got = select(entries, "decode_kv_e4m3", "sm_90", dtype, head_dim, "causal", 32768)
+            assert got.spec == f"h200_decode_d{head_dim}_kv_e4m3_contiguous{suffix}"
+            got = select(entries, "decode_kv_e4m3", "sm_90", dtype, head_dim, "none", 8192, paged=True)
+            assert got.spec == f"h200_decode_d{head_dim}_kv_e4m3{suffix}"
+            plain = select(entries, "decode", "sm_90", dtype, head_dim, "causal", 8192, paged=True)
+            assert "kv_e4m3" not in plain.spec
+        assert select(entries, "decode_kv_e4m3", "sm_90", dtype, 256, "causal", 8192).spec == \
+            f"h200_decode_d256_kv_e4m3{suffix}"
+    # an fp16-cache spec cannot serve an e4m3 entry, nor the reverse
+    e4m3_entry = select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "causal", 8192, paged=True)
+    plain_entry = select(entries, "decode", "sm_90", "fp16", 128, "causal", 8192, paged=True)
+    assert entry_problem(e4m3_entry._replace(spec="h200_decode_d128"), plan_of("h200_decode_d128"))
+    assert entry_problem(plain_entry._replace(spec="h200_decode_d128_kv_e4m3"), plan_of("h200_decode_d128_kv_e4m3"))
+    assert not [e for e in entries if e.call == "decode" and "kv_e4m3" in e.spec]
+    with pytest.raises(LookupError):
+        select(entries, "decode_kv_e4m3", "sm_90", "fp16", 96, "causal", 8192)
+
+
+# -- the scales' checks, on stand-in tensors -------------------------------------------------------
+
+class _Dtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"torch.{self.name}"
+
+
+class _FakeTorch:
+    float32, float16 = _Dtype("float32"), _Dtype("float16")
+    capturing = False
+
+    class cuda:   # noqa: N801 - torch.cuda as the scales read it
+        @staticmethod
+        def is_current_stream_capturing():
+            return _FakeTorch.capturing
+
+    class Tensor:
+        def __init__(self, shape, dtype, device=0, stride=None, ptr=4096):
+            self.shape, self.dtype, self._device, self._ptr = tuple(shape), dtype, device, ptr
+            self._stride = stride or (1,) * len(self.shape)
+            self.device = f"cuda:{device}"
+
+        def numel(self):
+            n = 1
+            for s in self.shape:
+                n *= s
+            return n
+
+        def get_device(self):
+            return self._device
+
+        def stride(self, d=None):
+            return self._stride if d is None else self._stride[d]
+
+        def data_ptr(self):
+            return self._ptr
+
+    @classmethod
+    def full(cls, shape, value, dtype, device):
+        return cls.Tensor(shape, dtype, ptr=8192)
+
+
+T = _FakeTorch
+
+
+def test_scales_per_tensor_per_head_numbers_and_none():
+    one = T.Tensor((), T.float32, ptr=100)
+    heads = T.Tensor((8,), T.float32, ptr=200)
+    assert kv_scale_values(T, (one, T.Tensor((1,), T.float32, ptr=300)), 8, 0, {}) == (100, 300, 0)
+    assert kv_scale_values(T, (heads, T.Tensor((8,), T.float32, ptr=400)), 8, 0, {}) == (200, 400, 1)
+    assert kv_scale_values(T, (None, None), 8, 0, {}) == (0, 0, 0)
+    seen = {}
+    assert kv_scale_values(T, (0.5, None), 8, 0, seen) == (8192, 0, 0) and (0, 0.5) in seen
+    for value in range(1, 200):          # per-layer numbers: each kept, none freed (a graph may hold it)
+        kv_scale_values(T, (float(value), None), 8, 0, seen)
+    assert len(seen) == 200 and seen[(0, 0.5)] is not None
+
+
+def test_a_new_number_scale_under_graph_capture_is_refused(monkeypatch):
+    """Under capture a number's tensor would be allocated but not filled until the graph replays: a
+    number seen before is fine, a new one is refused with what to do instead."""
+    monkeypatch.setattr(T, "capturing", True)
+    seen = {}
+    with pytest.raises(ValueError, match="fp32 tensors"):
+        kv_scale_values(T, (0.25, None), 8, 0, seen)
+    monkeypatch.setattr(T, "capturing", False)
+    kv_scale_values(T, (0.25, None), 8, 0, seen)
+    monkeypatch.setattr(T, "capturing", True)
+    assert kv_scale_values(T, (0.25, None), 8, 0, seen)[0] == 8192
+
+
+@pytest.mark.parametrize("scales, error, words", [
+    ((T.Tensor((8,), T.float16), None), TypeError, "float32"),
+    ((T.Tensor((4,), T.float32), None), ValueError, "per KV head"),
+    ((T.Tensor((8,), T.float32, stride=(2,)), None), ValueError, "per KV head"),
+    ((T.Tensor((1,), T.float32, device=1), None), ValueError, "cuda:0"),
+    ((T.Tensor((1,), T.float32), T.Tensor((8,), T.float32)), ValueError, "per tensor or both per KV head"),
+    ((-1.0, None), ValueError, "positive"),
+    ((float("nan"), None), ValueError, "positive"),
+    (("1.0", None), TypeError, "number"),
+    ((True, None), TypeError, "number"),
+])
+def test_scales_refused_with_the_reason(scales, error, words):
+    with pytest.raises(error) as e:
+        kv_scale_values(T, scales, 8, 0, {})
+    assert words in str(e.value)
+
+
+def test_attention_with_kvcache_takes_the_scales():
+    """The entry point's keywords (read from its source: the package needs torch to import it)."""
+    import ast
+    tree = ast.parse((ROOT / "attngen" / "ops" / "__init__.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attention_with_kvcache")
+    assert {"k_scale", "v_scale"} <= {a.arg for a in fn.args.kwonlyargs}
