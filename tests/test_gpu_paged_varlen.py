@@ -82,6 +82,9 @@ def check_sequences(torch, q, k, v, out, seqs, causal, scale, label):
     assert torch.isfinite(out).all(), f"{label}: non-finite output (a row not written, or a NaN page read)"
     q0 = k0 = 0
     for b, (sq, sk) in enumerate(seqs):
+        if sq == 0:     # a sequence with no query row: nothing to check
+            k0 += sk
+            continue
         qb = q[q0:q0 + sq].transpose(0, 1).unsqueeze(0)
         kb = k[k0:k0 + sk].transpose(0, 1).unsqueeze(0)
         vb = v[k0:k0 + sk].transpose(0, 1).unsqueeze(0)
@@ -146,6 +149,85 @@ def test_attention_varlen_routes_paged_calls(torch, head_dim, dtype):
     o2 = attngen.attention_varlen(q, kp_decode.transpose(1, 2), vp_decode.transpose(1, 2), cu_q, None, 96, 1100,
                                   causal=True, block_table=table, seqused_k=used)
     assert torch.equal(o2, o)
+
+
+DECODE_STEP_CELLS = CELLS + [(256, "bf16")]
+
+
+@pytest.mark.parametrize("head_dim,dtype", DECODE_STEP_CELLS, ids=[f"d{d}-{t}" for d, t in DECODE_STEP_CELLS])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_a_decode_step_takes_the_decode_kernel(torch, monkeypatch, head_dim, dtype, causal):
+    """A paged varlen call with one query per sequence (max_seqlen_q 1, total_q == batch) runs the paged
+    decode kernel (GQA rows packed, keys read once per KV head): within the rule of fp32, its LSE in the
+    varlen layout (Hq, total_q) and close to the varlen kernel's; NaN spare pages and page tails."""
+    from attngen.ops import library
+    calls = []
+    real = library.kvcache
+    monkeypatch.setattr(library, "kvcache", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    dt = torch_dtype(torch, dtype)
+    seqs = tuple((1, n) for n in (1, 700, 33, 4096, 129, 16, 2000, 5))
+    q, k, v, cu_q, cu_k, g = packed(torch, seqs, 32, 8, head_dim, dt, seed=head_dim + causal)
+    kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], 16, g)
+    used = torch.tensor([s[1] for s in seqs], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        o, lse = attngen.attention_varlen(q, kp, vp, cu_q, None, 1, 4096, causal=causal, block_table=table,
+                                          seqused_k=used, return_lse=True)
+    torch.cuda.synchronize()
+    attngen.check_errors()
+    assert calls == [(len(seqs), 1, 32, head_dim)], calls
+    assert o.shape == q.shape and lse.shape == (32, len(seqs)) and lse.is_contiguous()
+    check_sequences(torch, q, k, v, o, seqs, causal, head_dim ** -0.5, f"d{head_dim} {dtype} decode step")
+    if head_dim != 256:   # the varlen kernels serve d64 and d128 paged: the two kernels agree
+        ov, lsev = load_once(head_dim, dtype).varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used,
+                                                     causal=causal, return_lse=True, max_seqlen_q=1)
+        assert (o.float() - ov.float()).abs().max().item() < 2e-2
+        assert (lse - lsev).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_a_mixed_step_sends_its_decode_rows_to_the_decode_kernel(torch, monkeypatch, head_dim, dtype, causal):
+    """Prefill chunks beside single decode tokens (and sequences of no query) in one paged varlen call: the
+    decode kernel takes the single-query sequences, the varlen kernel the rest, split on the GPU; every
+    row within the rule of fp32, output and LSE close to the varlen kernel's alone, and the same again
+    when the step is replayed from a CUDA graph after the lengths change."""
+    from attngen.ops import library
+    calls = []
+    real = library.kvcache
+    monkeypatch.setattr(library, "kvcache", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    dt = torch_dtype(torch, dtype)
+    seqs = ((1, 300), (17, 17), (0, 40), (1, 5), (96, 1100), (1, 1), (1, 2049), (3, 64), (0, 9))
+    q, k, v, cu_q, cu_k, g = packed(torch, seqs, 16, 4, head_dim, dt, seed=11 + causal)
+    kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], 16, g)
+    used = torch.tensor([s[1] for s in seqs], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        o, lse = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 2049, causal=causal, block_table=table,
+                                          seqused_k=used, return_lse=True)
+    torch.cuda.synchronize()
+    attngen.check_errors()
+    assert calls == [(len(seqs), 1, 16, head_dim)], calls
+    assert o.shape == q.shape and lse.shape == (16, q.shape[0]) and lse.is_contiguous()
+    check_sequences(torch, q, k, v, o, seqs, causal, head_dim ** -0.5, f"d{head_dim} {dtype} mixed")
+    ov, lsev = load_once(head_dim, dtype).varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used,
+                                                 causal=causal, return_lse=True, max_seqlen_q=96)
+    assert (o.float() - ov.float()).abs().max().item() < 2e-2
+    assert (lse - lsev).abs().max().item() < 1e-3
+    # rows of the prefill sequences are the varlen kernel's own, bit for bit
+    prefill = torch.cat([torch.arange(int(cu_q[b]), int(cu_q[b + 1])) for b, s in enumerate(seqs) if s[0] > 1])
+    assert torch.equal(o[prefill.cuda()], ov[prefill.cuda()])
+    # captured once, replayed after new lengths: no value is read back on the host
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        o_graph = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 2049, causal=causal, block_table=table,
+                                           seqused_k=used)
+    shorter = [max(s[0], min(s[1], s[1] // 2 + 1)) for s in seqs]
+    used.copy_(torch.tensor(shorter, dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    k_short = torch.cat([k[int(cu_k[b]):int(cu_k[b]) + n] for b, n in enumerate(shorter)])
+    v_short = torch.cat([v[int(cu_k[b]):int(cu_k[b]) + n] for b, n in enumerate(shorter)])
+    check_sequences(torch, q, k_short, v_short, o_graph, [(s[0], n) for s, n in zip(seqs, shorter)], causal,
+                    head_dim ** -0.5, f"d{head_dim} {dtype} mixed, graph replay")
 
 
 def test_paged_varlen_refuses_bad_inputs(torch):
