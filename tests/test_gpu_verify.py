@@ -384,6 +384,35 @@ def test_mask_params_per_head_and_per_batch(tmp_path):
     assert all(r.passed for r in results), failures(results)
 
 
+def test_streaming_verify_reports_what_a_serial_run_reports(tmp_path, monkeypatch):
+    """verify_streaming (the compile on a thread beside the workers, each spec handed out once built)
+    gives the serial report, from an empty cubin cache, and hears of every spec and source."""
+    import torch
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "cache"))
+    names = ["h100_mma_d64.yaml", "h200_decode_d128_fused.yaml", "l4_bwd_d64.yaml", "phase4.yaml"]
+    if torch.cuda.get_device_capability() == (9, 0):
+        names.append("h100_bwd_d64_wgmma.yaml")
+    paths = [ROOT / "specs" / n for n in names]
+    shapes = verify.QUICK_SUITE
+    loaded, compiled, heard = [], [], []
+    streamed = verify.verify_streaming(paths, shapes, jobs=3, suite_name="quick", seed=3, on_case=heard.append,
+                                       on_loaded=lambda k, n: loaded.append((k.name, n)),
+                                       on_compiled=lambda done, total, hit: compiled.append((done, total, hit)))
+    kernels = verify.load_kernels(paths, on_batch=lambda batch: None)
+    serial = verify.verify_kernels(kernels, shapes, suite_name="quick", seed=3)
+
+    def row(c):
+        atomics = c.pycuda == "bitwise but atomics" or c.function.endswith("_dq") or "bwd" in c.spec
+        return (c.spec, c.function, c.variant, c.shape.label, c.shape.layout, c.passed,
+                c.problems == [], None if atomics else (c.max_err, c.lowprec_err, c.lse_err, c.pycuda))
+    assert [row(c) for c in streamed.cases] == [row(c) for c in serial.cases]
+    assert len(heard) == len(serial.cases) == sum(n for _, n in loaded) > 0
+    assert sorted(name for name, _ in loaded) == sorted(k.name for k in kernels)
+    assert compiled and compiled[-1][0] == compiled[-1][1]
+    assert not any(hit for _, _, hit in compiled)      # the empty cache: every source was built here
+    assert all(c.passed for c in streamed.cases)
+
+
 def test_parallel_verify_reports_what_a_serial_run_reports():
     """verify_parallel (worker processes, each taking whole specs) gives the serial report: the same
     cases in the same order, each with the same errors, verdict and PyCUDA agreement."""

@@ -38,26 +38,26 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs):
     past seqlen_q, and |lse - ref| <= 1e-3 + 1e-3 |ref|. Specs with varlen: true also run
     varlen cases (mixed lengths in one batch, both causal alignments) and decode specs
     their decode cases, under the same rule. Every case is launched a second time through
-    PyCUDA and must agree bit for bit (atomics-based outputs: under the same rule). Sources are
-    compiled first, in parallel; cases run in --jobs worker processes. Exits 1 on any failure,
-    4 when there is no GPU, torch or CUDA driver.
+    PyCUDA and must agree bit for bit (atomics-based outputs: under the same rule). Sources
+    compile in parallel while the cases run in --jobs worker processes, each spec as soon as its
+    sources are built (--jobs 1: compiled first, run in this process). Exits 1 on any failure, 4
+    when there is no GPU, torch or CUDA driver.
     """
     from ..eval import verify as verification
     paths = spec_files(specs, specs_dir)
     start = time.perf_counter()
-    kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
-        f"compiling {Path(p).stem} for {arch} ...", err=True))
-    jobs = min(verification.default_jobs() if jobs is None else jobs, len(kernels))
-    click.echo(f"loaded {len(kernels)} spec(s) in {time.perf_counter() - start:.1f} s; verifying "
-               + (f"in {jobs} worker processes" if jobs > 1 else "in this process"), err=True)
     shapes = verification.suite(quick)
-    with click.progressbar(length=verification.case_count(kernels, shapes), label="verifying", file=sys.stderr,
-                           show_pos=True) as bar:
-        suite_name = "quick" if quick else "full"
-        if jobs > 1:
-            report = verification.verify_parallel(paths, kernels, shapes, jobs=jobs, suite_name=suite_name,
-                                                  seed=seed, on_case=lambda _case: bar.update(1))
-        else:
+    suite_name = "quick" if quick else "full"
+    jobs = min(verification.default_jobs() if jobs is None else jobs, len(paths))
+    if jobs > 1:
+        report = _verify_streaming(verification, paths, shapes, jobs, suite_name, seed, start)
+    else:
+        kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
+            f"compiling {Path(p).stem} for {arch} ...", err=True))
+        click.echo(f"loaded {len(kernels)} spec(s) in {time.perf_counter() - start:.1f} s; verifying in this "
+                   "process", err=True)
+        with click.progressbar(length=verification.case_count(kernels, shapes), label="verifying", file=sys.stderr,
+                               show_pos=True) as bar:
             report = verification.verify_kernels(kernels, shapes, suite_name=suite_name, seed=seed,
                                                  on_case=lambda _case: bar.update(1))
     click.echo(format_verify(report, failures_only))
@@ -66,11 +66,52 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs):
     failed = len(report.failed)
     counts = report.pycuda_counts()
     click.echo(f"attngen verify: {len(report.cases) - failed} passed, {failed} failed "
-               f"({len(kernels)} spec(s), {len(shapes)} shapes per variant); launched again through PyCUDA: "
+               f"({len(paths)} spec(s), {len(shapes)} shapes per variant, {time.perf_counter() - start:.0f} s); "
+               "launched again through PyCUDA: "
                f"{counts['bitwise']} bit for bit, {counts['bitwise but atomics']} within the error rule (atomics), "
                f"{counts['differs']} differ, {counts['not run']} not run", err=bool(failed))
     if not report.ok:
         sys.exit(1)
+
+
+def _verify_streaming(verification, paths, shapes, jobs: int, suite_name: str, seed: int, start: float):
+    """Every spec in `jobs` worker processes, each spec handed out as soon as its sources are compiled
+    (the compile runs beside the verifying): one bar of the cases, whose total grows as specs load,
+    with the compile's count beside it."""
+    from tqdm import tqdm
+    from ..compile import show_progress
+    shown = show_progress(None)
+    with tqdm(total=0, desc="verifying", unit="case", file=sys.stderr, dynamic_ncols=True, disable=not shown) as bar:
+        compiled = [0, 0]
+        cached = [0]
+        loaded = [0]
+
+        def status():
+            text = f"{loaded[0]}/{len(paths)} specs loaded"
+            if compiled[1] and compiled[0] < compiled[1]:
+                text += f", compiling {compiled[0]}/{compiled[1]} sources"
+            bar.set_postfix_str(text, refresh=True)
+
+        def on_compiled(done: int, total: int, hit: bool):
+            compiled[:] = [done, total]
+            cached[0] += hit
+            if done == total or done % 8 == 0:
+                status()
+
+        def on_loaded(_kernel, cases: int):
+            loaded[0] += 1
+            bar.total += cases
+            status()
+
+        report = verification.verify_streaming(paths, shapes, jobs=jobs, suite_name=suite_name, seed=seed,
+                                               on_case=lambda _case: bar.update(1), on_loaded=on_loaded,
+                                               on_compiled=on_compiled)
+    if compiled[1]:
+        click.echo(f"{compiled[1]} sources: {compiled[1] - cached[0]} compiled beside the verifying, {cached[0]} from "
+                   "the cache", err=True)
+    click.echo(f"verified {len(paths)} spec(s) in {jobs} worker processes in {time.perf_counter() - start:.1f} s",
+               err=True)
+    return report
 
 
 def write_verify_json(report, path) -> None:

@@ -28,7 +28,7 @@ from .cases import (CaseResult, CaseShape, ERR_FACTOR, ERR_FLOOR, FULL_SUITE, LO
                     poisoned_lse, poisoned_output, reference_errors, score_arguments, score_modifiers, suite,
                     variants, window_variants)
 from .forward import check_case
-from .parallel import default_jobs, verify_parallel
+from .parallel import default_jobs, verify_parallel, verify_streaming
 from .pycuda_launch import PycudaUnavailable
 
 
@@ -62,4 +62,5 @@ __all__ = ["CASES", "ERR_FACTOR", "ERR_FLOOR", "FULL_SUITE", "LONG_KEYS", "LSE_A
            "attention_torch", "case_count", "case_seed", "check_case", "context_usable", "convention_of", "default_jobs",
            "error_bound", "exact_fp32_matmul", "judge_lse", "judge_rows", "kernel_cases", "kernel_shapes",
            "load_kernels", "make_inputs", "poisoned_lse", "poisoned_output", "reference_errors", "score_arguments",
-           "score_modifiers", "suite", "variants", "verify_kernel", "verify_kernels", "verify_parallel", "window_variants"]
+           "score_modifiers", "suite", "variants", "verify_kernel", "verify_kernels", "verify_parallel", "verify_streaming",
+           "window_variants"]

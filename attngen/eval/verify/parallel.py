@@ -66,32 +66,152 @@ def verify_parallel(spec_paths, kernels, shapes, *, jobs: int, suite_name: str, 
     """The report of verify_kernels(kernels, shapes) computed by `jobs` worker processes, each loading
     the specs (spec_paths[i] is kernels[i]'s) it takes. `on_case(result)` hears each case as it
     arrives (in completion order); the report lists them in serial order."""
-    import multiprocessing
     from .rooms import kernel_cases
-    from .runner import verify_report
     shapes = tuple(shapes)
     expected = [kernel_cases(k, shapes, k.masks) for k in kernels]
-    received: list[list[CaseResult]] = [[] for _ in kernels]
+    # Longest first, so the last specs taken are short ones and the workers finish together.
+    order = sorted(range(len(kernels)), key=lambda i: -len(expected[i]))
+    pending = [(i, kernels[i], expected[i]) for i in order]
+
+    def ready(_wait):
+        handed = pending.copy()
+        pending.clear()
+        return handed
+    device_index = (kernels[0].device.index or 0) if kernels else 0
+    return _serve(spec_paths, shapes, seed, jobs, device_index, ready, lambda: True, suite_name, on_case)
+
+
+def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: int = 0, on_case=None,
+                     on_loaded=None, on_compiled=None, compile_jobs: int | None = None) -> VerifyReport:
+    """verify_parallel with the compile overlapped: every part of every spec compiles in one batch (as
+    load_kernels compiles them) on a thread of this process, and a spec goes to the workers as soon as
+    its parts are built, instead of after the last of them. The report is the same (serial order, the
+    serial seeds). `on_loaded(kernel, cases)` hears of each spec as it is handed out, `on_compiled(done,
+    total, cached)` of each source built or found in the cache; a failed compile raises its ToolError once the batch ends (the
+    workers stopped), as load_kernels does."""
+    import queue
+    import threading
+    from ...compile import bundle_jobs, compile_many
+    from ...runtime import bundle_of, device_arch, gpu_modules
+    from .rooms import kernel_cases
+    from .runner import load_kernel
+    torch, _ = gpu_modules()
+    shapes = tuple(shapes)
+    device_index = torch.cuda.current_device()
+    arch = device_arch(torch, device_index)
+    bundles = [bundle_of(str(path)) for path in spec_paths]
+    compile_jobs_list, owner = [], []
+    for index, (plan, sources, label) in enumerate(bundles):
+        try:
+            parts = bundle_jobs(plan, sources, arch, label)
+        except ValueError:
+            parts = []      # a spec that cannot run on this GPU: its load says why
+        compile_jobs_list += parts
+        owner += [index] * len(parts)
+    parts_left = [0] * len(bundles)
+    for index in owner:
+        parts_left[index] += 1
+    built: queue.Queue = queue.Queue()     # spec indices whose parts are all compiled; None: the batch ended
+    for index, left in enumerate(parts_left):
+        if not left:
+            built.put(index)
+    batch_end: list = []
+    done_sources = [0]
+
+    def on_done(job_index, result):
+        index = owner[job_index]
+        parts_left[index] -= 1
+        done_sources[0] += 1
+        if on_compiled:
+            on_compiled(done_sources[0], len(compile_jobs_list), bool(getattr(result, "cached", False)))
+        if not parts_left[index]:
+            built.put(index)
+
+    def compile_all():
+        try:
+            batch_end.append(compile_many(compile_jobs_list, workers=compile_jobs, progress=False, on_done=on_done))
+        except BaseException as exc:  # noqa: BLE001 - raised in the calling thread
+            batch_end.append(exc)
+        finally:
+            built.put(None)
+
+    compiler = threading.Thread(target=compile_all, name="attngen-verify-compile", daemon=True)
+    compiler.start()
+    kernels: list = [None] * len(bundles)
+    compiled_all = [False]
+
+    def ready(wait: float):
+        """The specs built since the last call, loaded: [(index, kernel, cases)]."""
+        handed = []
+        try:
+            index = built.get(timeout=wait) if wait else built.get_nowait()
+            while True:
+                if index is None:
+                    compiled_all[0] = True
+                    end = batch_end[0] if batch_end else None
+                    if isinstance(end, BaseException):
+                        raise end
+                    if end is not None:
+                        end.raise_errors()
+                else:
+                    kernel = kernels[index] = load_kernel(spec_paths[index], bundles[index])
+                    cases = kernel_cases(kernel, shapes, kernel.masks)
+                    if on_loaded:
+                        on_loaded(kernel, len(cases))
+                    handed.append((index, kernel, cases))
+                index = built.get_nowait()
+        except queue.Empty:
+            pass
+        return handed
+
+    # On an error the compile thread is left to end its running nvcc processes (its queued ones dropped).
+    return _serve(spec_paths, shapes, seed, jobs, device_index, ready, lambda: compiled_all[0], suite_name, on_case,
+                  count=len(bundles))
+
+
+def _serve(spec_paths, shapes, seed: int, jobs: int, device_index: int, ready, all_handed, suite_name: str,
+           on_case, count: int | None = None) -> VerifyReport:
+    """Run the specs `ready(wait)` hands out ([(index, kernel, cases)], waiting up to `wait` seconds for
+    one; `all_handed()` true once it will hand out no more) in `jobs` worker processes; the report in
+    index order. `count`: how many specs there are (default: those handed out at once)."""
+    import multiprocessing
+    from .runner import verify_report
+    first = ready(0)
+    count = len(first) if count is None else count
+    kernels: list = [None] * count
+    expected: list = [None] * count
+    received: list[list[CaseResult]] = [[] for _ in range(count)]
     ctx = multiprocessing.get_context("spawn")     # CUDA cannot cross a fork
     tasks, results = ctx.Queue(), ctx.Queue()
-    # Longest first, so the last specs taken are short ones and the workers finish together.
-    for index in sorted(range(len(kernels)), key=lambda i: -len(expected[i])):
-        tasks.put(index)
-    jobs = max(1, min(jobs, len(kernels)))
-    for _ in range(jobs):
-        tasks.put(None)
-    device_index = (kernels[0].device.index or 0) if kernels else 0
+    jobs = max(1, min(jobs, count))
     workers = [ctx.Process(target=_worker, args=(list(map(str, spec_paths)), shapes, seed, device_index, tasks,
                                                  results, w), daemon=True) for w in range(jobs)]
     for w in workers:
         w.start()
+    handed = 0
+    closed = False
+
+    def hand_out(items):
+        nonlocal handed, closed
+        for index, kernel, cases in items:
+            kernels[index], expected[index] = kernel, cases
+            tasks.put(index)
+            handed += 1
+        if not closed and all_handed():
+            for _ in range(jobs):
+                tasks.put(None)
+            closed = True
+
     running: dict[int, int] = {}        # worker -> the spec index it runs
     finished: set[int] = set()
     error = None
     try:
-        while len(finished) < len(kernels) and error is None:
+        hand_out(first)
+        while len(finished) < count and error is None:
+            if not closed:
+                hand_out(ready(0))
             try:
-                message = results.get(timeout=0.5)
+                message = results.get(timeout=0.05 if not closed else 0.5)
             except queue_module.Empty:
                 if not any(w.is_alive() for w in workers):
                     break           # every worker has stopped; what is missing is reported not run
@@ -115,6 +235,8 @@ def verify_parallel(spec_paths, kernels, shapes, *, jobs: int, suite_name: str, 
                 finished.add(message[2])
             else:
                 error = message[3]
+    except BaseException as exc:  # noqa: BLE001 - a failed compile or load: the workers stop, then it is raised
+        error = exc
     finally:
         for proc in workers:
             if proc.is_alive() and error is not None:
@@ -125,11 +247,15 @@ def verify_parallel(spec_paths, kernels, shapes, *, jobs: int, suite_name: str, 
                 proc.kill()
     if error is not None:
         raise error
-    for index in range(len(kernels)):
+    while not all_handed():     # every worker stopped early: the specs not handed out yet are reported too
+        for index, kernel, cases in ready(0.5):
+            kernels[index], expected[index] = kernel, cases
+    for index in range(count):
         if len(received[index]) < len(expected[index]):
             _not_run(received[index], expected[index], kernels[index].name,
                      "no verify worker was left to run it (each lost its CUDA context or exited)", on_case)
-    return verify_report(kernels, [case for cases in received for case in cases], suite_name)
+    return verify_report([k for k in kernels if k is not None],
+                         [case for cases in received for case in cases], suite_name)
 
 
 def _not_run(got: list[CaseResult], cases: list[tuple], label: str, why: str, on_case) -> None:
