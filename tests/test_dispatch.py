@@ -23,6 +23,10 @@ def test_committed_table_names_specs_that_serve_it():
     from attngen.core.calls import TABLE_CALLS
     assert {e.call for e in entries} == {t.name for t in TABLE_CALLS}    # every call the conventions list serves
     assert {e.arch for e in entries} >= {"sm_90", "sm_89"}
+    # Each entry serves its spec on the spec's target arch (tests/test_compile.py compiles specs for it).
+    from spec_sample import PLANS
+    targets = {path.stem: plan.target.arch for path, plan in PLANS.items()}
+    assert not [(e.spec, e.arch) for e in entries if targets[e.spec] != e.arch]
     result = CliRunner().invoke(main, ["check", "--json"], catch_exceptions=False)
     data = json.loads(result.output)
     assert data["dispatch"] and not [d for d in data["dispatch"] if "problem" in d]
