@@ -177,6 +177,16 @@ def test_a_decode_step_takes_the_decode_kernel(torch, monkeypatch, head_dim, dty
     assert calls == [(len(seqs), 1, 32, head_dim)], calls
     assert o.shape == q.shape and lse.shape == (32, len(seqs)) and lse.is_contiguous()
     check_sequences(torch, q, k, v, o, seqs, causal, head_dim ** -0.5, f"d{head_dim} {dtype} decode step")
+    # a sequence with no query between others, q holding a spare row at the end: rows follow cu_seqlens_q
+    gap = seqs[:3] + ((0, 64),) + seqs[3:]
+    qg, kg, vg, cu_g, _, gg = packed(torch, gap, 32, 8, head_dim, dt, seed=5)
+    qg = torch.cat([qg, qg[:1]])
+    kpg, vpg, table_g = page_pools(torch, kg, vg, [s[1] for s in gap], 16, gg)
+    used_g = torch.tensor([s[1] for s in gap], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        og = attngen.attention_varlen(qg, kpg, vpg, cu_g, None, 1, 4096, causal=causal, block_table=table_g,
+                                      seqused_k=used_g)
+    check_sequences(torch, qg[:-1], kg, vg, og[:-1], gap, causal, head_dim ** -0.5, f"d{head_dim} {dtype} gap")
     if head_dim != 256:   # the varlen kernels serve d64 and d128 paged: the two kernels agree
         ov, lsev = load_once(head_dim, dtype).varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used,
                                                      causal=causal, return_lse=True, max_seqlen_q=1)

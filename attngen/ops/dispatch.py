@@ -9,7 +9,7 @@ from pathlib import Path
 from ..core.calls import CALLS, HALF_DTYPES
 from ..shipped import shipped
 
-from .table import load_table, padded_head_dim, select, table_path
+from .table import candidates, load_table, padded_head_dim, select, table_path
 
 def specs_dir() -> Path:
     """The specs the library serves: attngen/specs in an installed wheel, else the repository's
@@ -32,6 +32,7 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._loading: dict = {}            # spec name -> lock, so one thread compiles and the others wait
         self._padded: dict = {}             # (call, device, dtype, head dim, V's) -> padded head dim (0: none)
+        self._served: dict = {}             # a call's key -> whether an entry serves it at its own head dim
 
     @property
     def entries(self):
@@ -81,6 +82,20 @@ class Dispatcher:
                                  head_dim, head_dim_v, mask, scores, paged)
             self._padded[key] = to
         return to
+
+    def serves(self, call: str, index: int, dtype, head_dim: int, mask: str, *, paged: bool = False,
+               head_dim_v: int = 0, scores: str = "") -> bool:
+        """Whether the table has an entry for this call's key on cuda:`index`'s arch at this head dim
+        itself (no padding), so that kernel() finds one; a dtype the call does not take is False. Once
+        per key."""
+        key = (call, index, dtype, head_dim, mask, paged, head_dim_v, scores)
+        hit = self._served.get(key)
+        if hit is None:
+            from ..runtime import device_info
+            name = TORCH_DTYPES.get(str(dtype), dtype)
+            hit = self._served[key] = name in CALL_DTYPES.get(call, HALF_DTYPES) and bool(candidates(
+                self.entries, call, device_info(index).arch, name, head_dim, mask, paged, head_dim_v, scores))
+        return hit
 
     def _load(self, spec: str, index: int):
         """The kernel of `spec` for cuda:`index`'s arch, loaded once by one thread (others wait)."""

@@ -174,53 +174,42 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
         raise ValueError(f"with block_table, k and v are page pools (num_pages, page_size, kv_heads, head_dim) "
                          f"(got k of shape {tuple(k.shape)})")
     d, dv = q.shape[-1], v.shape[-1]
-    if _a_decode_step(q, block_table, seqused_k, max_seqlen_q, causal, alignment, d, dv):
-        # One query per sequence (total_q == batch and none above max_seqlen_q 1): the paged decode kernel
-        # packs each KV head's query heads into one block and reads its keys once, where the varlen
-        # kernel gives every query head a block of its own. Its pool layout is this call's ("bshd"), and
-        # a single query under bottom-right causal sees every key, so no mask.
-        try:
-            out = kvcache(q.unsqueeze(1), k, v, seqused_k, block_table, False, scale, None, "bshd", return_lse)
-        except LookupError:
-            pass    # no paged decode cell for this dtype and head dim: the varlen kernel serves it
-        else:
-            if not return_lse:
-                return out.squeeze(1)
-            o, lse = out
-            return o.squeeze(1), lse.view(lse.shape[0], lse.shape[1]).t().contiguous()
+    split = _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal, alignment, d, dv)
+    if split and max_seqlen_q == 1:
+        # Every sequence has at most one query (a decode step): the decode kernel alone.
+        return _mixed_step(None, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal,
+                           alignment, scale, return_lse)
     capacity = block_table.shape[-1] * k.shape[1] if getattr(block_table, "dim", lambda: 0)() == 2 else k.shape[1]
     kernel = DISPATCH.kernel("varlen", index, q.dtype, d, call_mask(causal, None),
                              max_seqlen_k if max_seqlen_k is not None else capacity, paged=True,
                              head_dim_v=dv if dv != d else 0)
-    if _a_mixed_step(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal, alignment, d, dv):
-        try:
-            return _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q,
-                               causal, alignment, scale, return_lse)
-        except LookupError:
-            pass    # no paged decode cell for this dtype and head dim: the varlen kernel serves every row
+    if split and block_table.shape[0] >= 2:     # one sequence of several queries: nothing to split
+        return _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal,
+                           alignment, scale, return_lse)
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                          alignment=alignment, scale=scale, return_lse=return_lse, block_table=block_table,
                          seqused_k=seqused_k)
 
 
-def _a_mixed_step(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal, alignment, d: int,
-                  dv: int) -> bool:
-    """Whether a paged varlen call may hold single-query sequences (decode rows) beside longer ones, with
-    well-formed offsets and lengths (int32 on q's GPU; anything else takes the varlen call, which names
-    the problem): causal bottom-right or none, V of q's head dim, two or more sequences."""
+def _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal, alignment, d: int,
+                        dv: int) -> bool:
+    """Whether a paged varlen call sends its single-query sequences (decode rows) to the paged decode
+    kernel: causal bottom-right or none, V of q's head dim, offsets and lengths well formed (int32 on q's
+    GPU; anything else takes the varlen call, which names the problem), and a paged decode cell in the
+    table at this dtype and head dim itself (a padded one would copy the whole page pools per call)."""
     index = q.get_device()
 
     def int32_vector(t, n: int) -> bool:
         return (isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1 and t.shape[0] == n
                 and t.get_device() == index)
 
-    if not (isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and q.dim() == 3):
+    if not (isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and q.dim() == 3 and q.shape[0] >= 1):
         return False
     batch = block_table.shape[0]
     lengths = seqused_k if seqused_k is not None else cu_seqlens_k
-    return (batch >= 2 and (max_seqlen_q is None or max_seqlen_q > 1) and dv == d
-            and (not causal or alignment in (None, "bottom_right")) and int32_vector(cu_seqlens_q, batch + 1)
-            and int32_vector(lengths, batch if seqused_k is not None else batch + 1))
+    return (dv == d and (not causal or alignment in (None, "bottom_right")) and int32_vector(cu_seqlens_q, batch + 1)
+            and int32_vector(lengths, batch if seqused_k is not None else batch + 1)
+            and DISPATCH.serves("decode", index, q.dtype, d, "none", paged=True))
 
 
 def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal, alignment,
@@ -228,39 +217,36 @@ def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, sequse
     """A serving step of prefill chunks and single decode tokens, as two launches that split the work by
     sequence on the GPU (nothing read back, so a CUDA graph captures it): the paged decode kernel takes
     each sequence's first query over its keys where the sequence has one query (the others get 0 keys,
-    so it reads nothing for them), and the varlen kernel the rest (the single-query sequences get 0
-    keys). The decode rows are then copied into the output at their rows. Where a decode row shares a
-    block of 64 or 128 query rows of one query head in the varlen kernel, the decode kernel packs a KV
-    head's query heads into one block and reads its keys once."""
+    so it reads nothing for them), and the varlen kernel (`kernel`; None: a step with no sequence of
+    more than one query) the rest, the single-query sequences given 0 keys. The decode rows are then
+    copied into the output at their rows. Where a decode row takes a block of 64 or 128 query rows of
+    one query head in the varlen kernel, the decode kernel packs a KV head's query heads into one block
+    and reads its keys once. Offsets past q's rows are clamped (the varlen kernel clamps them too)."""
     total_q, batch = q.shape[0], block_table.shape[0]
     used = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     first = cu_seqlens_q[:-1]
     single = (cu_seqlens_q[1:] - first) == 1
     none = torch.zeros((), dtype=torch.int32, device=q.device)
-    # Decode first: it raises LookupError (before any launch) where the table has no such cell.
-    decoded = kvcache(q.index_select(0, torch.where(single, first, none)).unsqueeze(1), k, v,
+    row = first.clamp(0, total_q - 1)
+    decoded = kvcache(q.index_select(0, torch.where(single, row, none)).unsqueeze(1), k, v,
                       torch.where(single, used, none), block_table, False, scale, None, "bshd", return_lse)
     out = q.new_empty((total_q + 1,) + tuple(q.shape[1:]))     # row total_q: where the other sequences' rows go
-    result = kernel.varlen(q, k, v, cu_seqlens_q, None, max_seqlen_q=max_seqlen_q, causal=causal,
-                           alignment=alignment, scale=scale, return_lse=return_lse, block_table=block_table,
-                           seqused_k=torch.where(single, none, used), out=out[:total_q])
-    rows = torch.where(single, first, total_q).long()
-    o_dec = decoded[0] if return_lse else decoded
-    out.index_copy_(0, rows, o_dec.squeeze(1))
+    lse = None
+    if kernel is not None:
+        result = kernel.varlen(q, k, v, cu_seqlens_q, None, max_seqlen_q=max_seqlen_q, causal=causal,
+                               alignment=alignment, scale=scale, return_lse=return_lse, block_table=block_table,
+                               seqused_k=torch.where(single, none, used), out=out[:total_q])
+        lse = result[1] if return_lse else None
+    rows = torch.where(single, row, total_q).long()
+    out.index_copy_(0, rows, (decoded[0] if return_lse else decoded).squeeze(1))
     if not return_lse:
         return out[:total_q]
-    lse = torch.cat((result[1], result[1].new_empty((result[1].shape[0], 1))), 1)
-    lse.index_copy_(1, rows, decoded[1].view(batch, -1).t())
-    return out[:total_q], lse[:, :total_q].contiguous()
-
-
-def _a_decode_step(q, block_table, seqused_k, max_seqlen_q, causal, alignment, d: int, dv: int) -> bool:
-    """Whether a paged varlen call is a decode step: one query per sequence, known from the host alone
-    (max_seqlen_q 1 and as many query rows as table rows; cu_seqlens_q is then 0, 1, ..., batch), each
-    sequence's keys in seqused_k, causal bottom-right or none, and V of q's head dim."""
-    return (max_seqlen_q == 1 and seqused_k is not None and getattr(q, "dim", lambda: 0)() == 3
-            and getattr(block_table, "dim", lambda: 0)() == 2 and q.shape[0] == block_table.shape[0]
-            and dv == d and (not causal or alignment in (None, "bottom_right")))
+    heads = q.shape[1]
+    lse_all = q.new_empty((heads, total_q + 1), dtype=torch.float32)
+    if lse is not None:
+        lse_all[:, :total_q] = lse
+    lse_all.index_copy_(1, rows, decoded[1].view(batch, heads).t())
+    return out[:total_q], lse_all[:, :total_q].contiguous()
 
 
 _BACKWARD: dict = {}    # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim) -> kernel

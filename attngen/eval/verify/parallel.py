@@ -117,14 +117,20 @@ def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: in
             built.put(index)
     batch_end: list = []
     done_sources = [0]
+    failed: set[int] = set()        # specs with a part that did not compile: never handed out
+    stop = threading.Event()        # set when the verifying fails: the compile drops its queued sources
 
     def on_done(job_index, result):
+        if stop.is_set():
+            raise _CompileStopped()     # compile_many cancels what it has queued and returns through here
         index = owner[job_index]
         parts_left[index] -= 1
         done_sources[0] += 1
         if on_compiled:
             on_compiled(done_sources[0], len(compile_jobs_list), bool(getattr(result, "cached", False)))
-        if not parts_left[index]:
+        if isinstance(result, BaseException):
+            failed.add(index)           # the batch's ToolError names it once the batch ends
+        elif not parts_left[index] and index not in failed:
             built.put(index)
 
     def compile_all():
@@ -164,9 +170,16 @@ def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: in
             pass
         return handed
 
-    # On an error the compile thread is left to end its running nvcc processes (its queued ones dropped).
-    return _serve(spec_paths, shapes, seed, jobs, device_index, ready, lambda: compiled_all[0], suite_name, on_case,
-                  count=len(bundles))
+    try:
+        return _serve(spec_paths, shapes, seed, jobs, device_index, ready, lambda: compiled_all[0], suite_name,
+                      on_case, count=len(bundles))
+    except BaseException:
+        stop.set()      # the running nvcc processes end; the queued sources are dropped
+        raise
+
+
+class _CompileStopped(Exception):
+    """Raised into the compile batch of verify_streaming once the verifying has failed."""
 
 
 def _serve(spec_paths, shapes, seed: int, jobs: int, device_index: int, ready, all_handed, suite_name: str,
@@ -238,6 +251,9 @@ def _serve(spec_paths, shapes, seed: int, jobs: int, device_index: int, ready, a
     except BaseException as exc:  # noqa: BLE001 - a failed compile or load: the workers stop, then it is raised
         error = exc
     finally:
+        if not closed:      # the last spec may finish before the end of the compile is heard: stop the workers
+            for _ in range(jobs):
+                tasks.put(None)
         for proc in workers:
             if proc.is_alive() and error is not None:
                 proc.terminate()

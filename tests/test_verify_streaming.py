@@ -1,0 +1,109 @@
+"""verify_streaming's scheduling without a GPU: the compile batch, the loads, the worker processes and
+the report are stood in for (the workers are spawned processes running `steady_worker` or
+`broken_worker` below), so what is tested is the hand-out: specs go out as their sources are built,
+the report keeps the serial order, a failed compile raises once the batch ends without loading its
+spec, and a failure of the verifying stops the compile. tests/test_gpu_verify.py runs the real thing."""
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+
+import attngen.compile as compile_module
+import attngen.runtime as runtime
+import attngen.eval.verify.rooms as rooms
+import attngen.eval.verify.runner as runner
+from attngen.eval.verify import parallel
+
+SPECS = [str(i) for i in range(7)]      # spec i has i % 3 sources; spec 5 cannot run on the GPU
+
+
+def steady_worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
+    while True:
+        index = tasks.get()
+        if index is None:
+            return
+        results.put(("start", worker_id, index))
+        for case in range(3):
+            results.put(("case", index, (index, case)))
+        results.put(("done", worker_id, index))
+
+
+def broken_worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
+    index = tasks.get()
+    results.put(("raise", worker_id, index, RuntimeError("the verifier broke")))
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """The GPU-side pieces replaced; returns what the run did (loads, compile callbacks, a stop)."""
+    seen = types.SimpleNamespace(loaded=[], compiled=[], stopped=[], fail_job=None, delay=0.01)
+    gpu = types.SimpleNamespace(cuda=types.SimpleNamespace(current_device=lambda: 0))
+    monkeypatch.setattr(runtime, "gpu_modules", lambda: (gpu, None))
+    monkeypatch.setattr(runtime, "device_arch", lambda torch, index: "sm_90")
+    monkeypatch.setattr(runtime, "bundle_of", lambda path: ("plan", ["source"] * (int(path) % 3), path))
+
+    def bundle_jobs(plan, sources, arch, label):
+        if label == "5":
+            raise ValueError("cannot run on sm_90")
+        return [(label, part) for part in range(len(sources))]
+
+    def compile_many(jobs, workers=None, progress=None, on_done=None):
+        for i, _job in enumerate(jobs):
+            time.sleep(seen.delay)
+            result = RuntimeError("nvcc failed") if i == seen.fail_job else types.SimpleNamespace(cached=i % 2 == 0)
+            try:
+                on_done(i, result)
+            except Exception as exc:
+                seen.stopped.append(type(exc).__name__)
+                raise
+
+        class Batch:
+            def raise_errors(self):
+                if seen.fail_job is not None:
+                    raise compile_module.ToolError("nvcc failed on one source")
+        return Batch()
+
+    class Kernel:
+        def __init__(self, path):
+            self.name, self.masks = f"k{path}", ()
+            seen.loaded.append(path)
+
+    monkeypatch.setattr(compile_module, "bundle_jobs", bundle_jobs)
+    monkeypatch.setattr(compile_module, "compile_many", compile_many)
+    monkeypatch.setattr(runner, "load_kernel", lambda path, bundle=None: Kernel(path))
+    monkeypatch.setattr(rooms, "kernel_cases", lambda kernel, shapes, masks: [0, 1, 2])
+    monkeypatch.setattr(runner, "verify_report", lambda kernels, cases, suite: (len(kernels), cases))
+    monkeypatch.setattr(parallel, "_worker", steady_worker)
+    return seen
+
+
+def test_specs_go_out_as_they_are_built_and_the_report_keeps_the_serial_order(stand_ins):
+    heard = []
+    kernels, cases = parallel.verify_streaming(
+        SPECS, (), jobs=3, suite_name="quick", on_case=heard.append,
+        on_compiled=lambda done, total, hit: stand_ins.compiled.append((done, total, hit)))
+    assert kernels == len(SPECS) and cases == [(i, c) for i in range(len(SPECS)) for c in range(3)]
+    assert sorted(heard) == cases
+    # specs with no source to build (0, 3, 6; 5 cannot run here) first, then in the order they are built
+    assert stand_ins.loaded == ["0", "3", "5", "6", "1", "2", "4"]
+    assert [c[:2] for c in stand_ins.compiled] == [(i, 4) for i in range(1, 5)]   # spec 1: 1, 2: 2, 4: 1
+
+
+def test_a_failed_compile_raises_once_the_batch_ends_and_its_spec_is_not_loaded(stand_ins):
+    stand_ins.fail_job = 2      # the second source of spec 2
+    with pytest.raises(compile_module.ToolError, match="nvcc failed"):
+        parallel.verify_streaming(SPECS, (), jobs=2, suite_name="quick")
+    assert "2" not in stand_ins.loaded and "4" in stand_ins.loaded
+
+
+def test_a_failure_of_the_verifying_stops_the_compile(stand_ins, monkeypatch):
+    monkeypatch.setattr(parallel, "_worker", broken_worker)
+    stand_ins.delay = 0.5
+    with pytest.raises(RuntimeError, match="the verifier broke"):
+        parallel.verify_streaming(SPECS, (), jobs=2, suite_name="quick")
+    deadline = time.time() + 10
+    while not stand_ins.stopped and time.time() < deadline:
+        time.sleep(0.05)
+    assert stand_ins.stopped == ["_CompileStopped"]
