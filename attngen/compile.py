@@ -799,16 +799,23 @@ def bundle_jobs(plan, sources, gpu_arch: str, label: str) -> list[CompileJob]:
             for part, source in zip(plan.parts, sources)]
 
 
+def jobs_per_bundle(bundles, gpu_arch: str) -> list[list[CompileJob]]:
+    """Each (plan, sources, label) bundle's jobs for a GPU of `gpu_arch` (bundle_jobs); none for a spec
+    that cannot run on that arch, which its load then says."""
+    per_bundle = []
+    for plan, sources, label in bundles:
+        try:
+            per_bundle.append(bundle_jobs(plan, sources, gpu_arch, label))
+        except ValueError:
+            per_bundle.append([])
+    return per_bundle
+
+
 def precompile(bundles, gpu_arch: str, *, workers: int | None = None, progress: bool | None = None) -> CompileBatch:
     """Compile every (plan, sources, label) bundle for a GPU of `gpu_arch` in one parallel batch, so
     that loading them afterwards (Kernel.from_sources) finds every cubin in the cache. A spec that
     cannot run on the arch is left to its load, which says so; a failed compile is one ToolError."""
-    jobs = []
-    for plan, sources, label in bundles:
-        try:
-            jobs += bundle_jobs(plan, sources, gpu_arch, label)
-        except ValueError:
-            continue
+    jobs = [job for jobs_of_one in jobs_per_bundle(bundles, gpu_arch) for job in jobs_of_one]
     batch = compile_many(jobs, workers=workers, progress=progress)
     batch.raise_errors()
     return batch

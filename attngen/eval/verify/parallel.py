@@ -91,7 +91,7 @@ def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: in
     workers stopped), as load_kernels does."""
     import queue
     import threading
-    from ...compile import bundle_jobs, compile_many
+    from ...compile import compile_many, jobs_per_bundle
     from ...runtime import bundle_of, device_arch, gpu_modules
     from .rooms import kernel_cases
     from .runner import load_kernel
@@ -101,11 +101,7 @@ def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: in
     arch = device_arch(torch, device_index)
     bundles = [bundle_of(str(path)) for path in spec_paths]
     compile_jobs_list, owner = [], []
-    for index, (plan, sources, label) in enumerate(bundles):
-        try:
-            parts = bundle_jobs(plan, sources, arch, label)
-        except ValueError:
-            parts = []      # a spec that cannot run on this GPU: its load says why
+    for index, parts in enumerate(jobs_per_bundle(bundles, arch)):
         compile_jobs_list += parts
         owner += [index] * len(parts)
     parts_left = [0] * len(bundles)
@@ -143,7 +139,6 @@ def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: in
 
     compiler = threading.Thread(target=compile_all, name="attngen-verify-compile", daemon=True)
     compiler.start()
-    kernels: list = [None] * len(bundles)
     compiled_all = [False]
 
     def ready(wait: float):
@@ -160,7 +155,7 @@ def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: in
                     if end is not None:
                         end.raise_errors()
                 else:
-                    kernel = kernels[index] = load_kernel(spec_paths[index], bundles[index])
+                    kernel = load_kernel(spec_paths[index], bundles[index])
                     cases = kernel_cases(kernel, shapes, kernel.masks)
                     if on_loaded:
                         on_loaded(kernel, len(cases))
