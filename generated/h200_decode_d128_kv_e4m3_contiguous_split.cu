@@ -34,7 +34,7 @@
 //   merge: 34816 B of fp32 O over the K/V ring (row pitch 136 floats)
 //   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits), or none once the blocks keep 48 KiB of K/V per SM in flight (64 KiB per block)
 //   KV cache: contiguous only (paged: false)
-//   KV cache e4m3: K/V tiles of bytes (rows of 144 B), widened to fp16 in registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of byte pairs, two 8-column O tiles per chunk); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 the output
+//   KV cache e4m3: K/V tiles of bytes (rows of 144 B), widened to fp16 in registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of byte pairs, two 8-column O tiles per chunk; cvt.rn.f16x2.e4m3x2 per byte pair); k_scale joins the softmax scale, v_scale the output
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers
 //   masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new token t of seqlen_q sees the keys up to position len - seqlen_q + t
 //
@@ -338,7 +338,7 @@ constexpr bool kFusedCombine = false;   // the last split block of a group merge
 using kv_t = uint8_t;
 constexpr int kKvChunksPerRow = kHeadDim / 16;
 constexpr int kKvPitchBytes = 144;
-constexpr float kKvFold = 256.0f;   // kv_pair reads e4m3 x 2^-8: the scales take the 2^8 back
+constexpr float kKvFold = 1.0f;   // what kv_bytes's widened values lack (bf16: 2^8)
 static_assert(kHeadDim % 32 == 0 && kThreads % kKvChunksPerRow == 0, "e4m3 tiles are read 32 columns at a time");
 
 __device__ __forceinline__ int kv_offset(int row, int chunk) { return row * kKvPitchBytes + (chunk << 4); }
@@ -347,17 +347,15 @@ __device__ __forceinline__ const kv_t* kv_head_ptr(const void* base, int b, int 
     return static_cast<const kv_t*>(base) + b * bs + h * hs;
 }
 
-// Two e4m3 values, the high bytes of x's 16-bit halves, as an elem2_t of e4m3 x 2^-8 (exact). The sign
-// stays in place and exponent and mantissa move right into the 16-bit format's, a subnormal e4m3 becoming a
-// subnormal there: no conversion instruction, and the low bytes of x may hold anything.
-__device__ __forceinline__ uint32_t kv_pair(uint32_t x) {
-    return (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);   // fp16: 5 exponent bits, bias 15 = 7 + 8
-}
-
-// Bytes i and j of w (0..3) as kv_pair's input: byte i in the low half's high byte, byte j in the high half's.
+// Bytes i and j of w (0..3) as an fp16x2 of their exact e4m3 values, byte i in the low half: one
+// cvt.rn.f16x2.e4m3x2 (F2FP) per pair, after a byte permute where the pair is not a 16-bit half of w.
+// Every e4m3 value is an fp16 value (subnormals included), and an e4m3 NaN byte stays NaN.
 template <int kI, int kJ>
 __device__ __forceinline__ uint32_t kv_bytes(uint32_t w) {
-    return kv_pair(__byte_perm(w, 0u, (kJ << 12) | (kI << 4)));
+    const unsigned short pair = static_cast<unsigned short>(__byte_perm(w, 0u, (kJ << 4) | kI));
+    uint32_t r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(pair));
+    return r;
 }
 
 __device__ __forceinline__ uint2 ld_shared_u2(uint32_t addr) {
@@ -714,7 +712,7 @@ __device__ __forceinline__ void attention(const Params& p) {
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const DecodeBlock c = decode_block(p);
     // The e4m3 cache's scales (one per tensor, or per KV head): k's joins the softmax scale, v's the
-    // output; each with the 2^8 that kv_pair's widened values lack.
+    // output; each times kKvFold, what kv_bytes's widened values lack (bf16: 2^8; fp16: 1).
     const int scale_at = c.kv_head * p.kv_scale_stride;
     const float scale_log2 = p.scale_log2 * kKvFold * (p.k_scale != nullptr ? static_cast<const float*>(p.k_scale)[scale_at] : 1.f);
     const float v_factor = kKvFold * (p.v_scale != nullptr ? static_cast<const float*>(p.v_scale)[scale_at] : 1.f);

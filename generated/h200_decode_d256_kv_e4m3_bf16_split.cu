@@ -33,7 +33,7 @@
 //   merge: 67584 B of fp32 O over the K/V ring (row pitch 264 floats)
 //   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits)
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
-//   KV cache e4m3: K/V tiles of bytes (rows of 272 B), widened to bf16 in registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of byte pairs, two 8-column O tiles per chunk); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 the output
+//   KV cache e4m3: K/V tiles of bytes (rows of 272 B), widened to bf16 in registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of byte pairs, two 8-column O tiles per chunk; bit moves and one fma per byte pair); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 the output
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q in shared memory
 //   masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new token t of seqlen_q sees the keys up to position len - seqlen_q + t
 //
@@ -355,7 +355,7 @@ constexpr bool kFusedCombine = false;   // the last split block of a group merge
 using kv_t = uint8_t;
 constexpr int kKvChunksPerRow = kHeadDim / 16;
 constexpr int kKvPitchBytes = 272;
-constexpr float kKvFold = 256.0f;   // kv_pair reads e4m3 x 2^-8: the scales take the 2^8 back
+constexpr float kKvFold = 256.0f;   // what kv_bytes's widened values lack (bf16: 2^8)
 static_assert(kHeadDim % 32 == 0 && kThreads % kKvChunksPerRow == 0, "e4m3 tiles are read 32 columns at a time");
 
 __device__ __forceinline__ int kv_offset(int row, int chunk) { return row * kKvPitchBytes + (chunk << 4); }
@@ -364,11 +364,10 @@ __device__ __forceinline__ const kv_t* kv_head_ptr(const void* base, int b, int 
     return static_cast<const kv_t*>(base) + b * bs + h * hs;
 }
 
-// Two e4m3 values, the high bytes of x's 16-bit halves, as an elem2_t of e4m3 x 2^-8 (exact). The sign
-// stays in place and exponent and mantissa move right into the 16-bit format's, a subnormal e4m3 becoming a
-// subnormal there: no conversion instruction, and the low bytes of x may hold anything.
+// Two e4m3 values, the high bytes of x's 16-bit halves, as a bf16x2 of e4m3 x 2^-8 (exact): the sign stays
+// in place and exponent and mantissa move right into bf16's, which holds the bits as e4m3 x 2^-120, and
+// x 2^112 (exact) gives e4m3 x 2^-8. No conversion instruction; the low bytes of x may hold anything.
 __device__ __forceinline__ uint32_t kv_pair(uint32_t x) {
-    // bf16 (8 exponent bits, bias 127) holds the bits as e4m3 x 2^-120; x 2^112 (exact) gives e4m3 x 2^-8.
     const uint32_t bits = (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
     uint32_t r;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(bits), "r"(0x77807780u), "r"(0x80008000u));
@@ -812,7 +811,7 @@ __device__ __forceinline__ void attention(const Params& p) {
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const DecodeBlock c = decode_block(p);
     // The e4m3 cache's scales (one per tensor, or per KV head): k's joins the softmax scale, v's the
-    // output; each with the 2^8 that kv_pair's widened values lack.
+    // output; each times kKvFold, what kv_bytes's widened values lack (bf16: 2^8; fp16: 1).
     const int scale_at = c.kv_head * p.kv_scale_stride;
     const float scale_log2 = p.scale_log2 * kKvFold * (p.k_scale != nullptr ? static_cast<const float*>(p.k_scale)[scale_at] : 1.f);
     const float v_factor = kKvFold * (p.v_scale != nullptr ? static_cast<const float*>(p.v_scale)[scale_at] : 1.f);

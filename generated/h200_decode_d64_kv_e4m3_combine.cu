@@ -34,7 +34,7 @@
 //   merge: 18432 B of fp32 O over the K/V ring (row pitch 72 floats)
 //   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits)
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
-//   KV cache e4m3: K/V tiles of bytes (rows of 80 B), widened to fp16 in registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of byte pairs, two 8-column O tiles per chunk); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 the output
+//   KV cache e4m3: K/V tiles of bytes (rows of 80 B), widened to fp16 in registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of byte pairs, two 8-column O tiles per chunk; cvt.rn.f16x2.e4m3x2 per byte pair); k_scale joins the softmax scale, v_scale the output
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers
 //   masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new token t of seqlen_q sees the keys up to position len - seqlen_q + t
 //

@@ -80,9 +80,11 @@ def test_render_widens_bytes_in_registers():
     e4m3 = (GEN / "h200_decode_d128_kv_e4m3_split.cu").read_text()
     bf16 = (GEN / "h200_decode_d128_kv_e4m3_bf16_split.cu").read_text()
     fp16 = (GEN / "h200_decode_d128_split.cu").read_text()
-    for word in ("kv_pair", "kv_offset", "p.k_scale", "p.v_scale", "kKvFold", "ld_shared_u2"):
+    for word in ("kv_bytes", "kv_offset", "p.k_scale", "p.v_scale", "kKvFold", "ld_shared_u2"):
         assert word in e4m3 and word not in fp16
-    assert "fma.rn.bf16x2" in bf16 and "fma.rn.bf16x2" not in e4m3
+    # fp16 widens by the conversion instruction (exact values, kKvFold 1), bf16 by bit moves and one fma
+    assert "cvt.rn.f16x2.e4m3x2" in e4m3 and "kv_pair" not in e4m3 and "kKvFold = 1.0f" in e4m3
+    assert "fma.rn.bf16x2" in bf16 and "fma.rn.bf16x2" not in e4m3 and "kKvFold = 256.0f" in bf16
     assert "scale_log2 * kKvFold" in e4m3 and "p.kv_scale_stride" in e4m3
 
 

@@ -50,7 +50,7 @@ KV_SCALE_ABI_FIELDS = (
           "1 one per KV head", default=0),
 )
 KV_SCALE_FIELDS = tuple(f.name for f in KV_SCALE_ABI_FIELDS)
-KV_FOLD = 256.0     # e4m3 bits moved into a 16-bit element read e4m3 x 2^-8 (templates/decode_mma/split.cu.j2,
+KV_FOLD = 256.0     # e4m3 bits moved into a bf16 element read e4m3 x 2^-8 (templates/decode_mma/split.cu.j2,
                     # kv_pair): the kernel folds 2^8 into the softmax scale and the output factor
 
 
@@ -81,8 +81,10 @@ class DecodePlan(ForwardPlan):
 
     @property
     def kv_fold(self) -> float:
-        """The power of two an e4m3 cache's scales take back from the tiles' widened values."""
-        return KV_FOLD
+        """The power of two an e4m3 cache's scales take back from the tiles' widened values: 1 for fp16,
+        whose tiles widen through cvt.rn.f16x2.e4m3x2 (exact values), KV_FOLD for bf16, whose bit moves
+        read e4m3 x 2^-8 (templates/decode_mma/split.cu.j2, kv_bytes)."""
+        return 1.0 if self.spec.dtype == "fp16" else KV_FOLD
 
     @property
     def fused_combine(self) -> bool:

@@ -376,8 +376,11 @@ def explain(plan) -> list[str]:
              if plan.paged else "KV cache: contiguous only (paged: false)")] + (
             [f"KV cache e4m3: K/V tiles of bytes (rows of {plan.kv_pitch_bytes} B), widened to {plan.spec.dtype} in "
              "registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of "
-             "byte pairs, two 8-column O tiles per chunk); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 "
-             "the output"] if plan.kv_dtype else []) + (
+             "byte pairs, two 8-column O tiles per chunk; "
+             + ("cvt.rn.f16x2.e4m3x2 per byte pair); k_scale joins the softmax scale, v_scale the output"
+                if plan.spec.dtype == "fp16" else
+                "bit moves and one fma per byte pair); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 the output")
+             ] if plan.kv_dtype else []) + (
             ["append: a call's new tokens (k_new, v_new; seqlen_new <= seqlen_q) go into keys cache_seqlens .. "
              "cache_seqlens + seqlen_new - 1 of their sequence; the split block whose tiles hold them rotates them "
              "(rotary_cos / rotary_sin), puts them into its K/V tile in place of the cache's rows and, in the first "
