@@ -13,7 +13,8 @@ from __future__ import annotations
 from .pycuda_launch import pycuda_agreement
 from .varlen import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, varlen_suite
 from .cases import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
-                     exact_fp32_matmul, kernel_shapes, make_inputs, score_arguments, score_modifiers, variants)
+                     exact_fp32_matmul, kernel_shapes, make_inputs, max_abs, read_back, score_arguments,
+                     score_modifiers, variants)
 from ...core.variants import MASKS, reference_scores
 from ...core.launch_rules import group_split_key
 from ...core.varlen_plan import varlen_key
@@ -136,8 +137,7 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
         result.function = plan.entry_functions[group_split_key(variant.mask)]
     if deterministic:
         check_repeats(torch, result, (dq, dk, dv), run())
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if device.type == "cuda":    # (verify's kernels synchronize after each call)
         through_pycuda(result, kernel, lambda *_: run(), (dq, dk, dv), ref, low, deterministic)
     judge_gradients(torch, result, [to_bhsd(g, shape.layout) for g in (dq, dk, dv)], ref[2:], low[2:], plan.spec.dtype)
     return result
@@ -149,8 +149,7 @@ def through_pycuda(result: CaseResult, kernel, launch, grads, ref, low, determin
     group-split call (GQA, the kernel's last_group_splits > 1) adds dk and dv with atomics too: each
     within its own bound."""
     names = ("dq", "dk", "dv")
-    bounds = {name: error_bound((lo.float() - r).abs().max().item()) if r.numel() else 0.0
-              for name, lo, r in zip(names, low[2:5], ref[2:5])}
+    bounds = {name: error_bound(max_abs(lo.float() - r)) for name, lo, r in zip(names, low[2:5], ref[2:5])}
     atomic = (() if deterministic else ("dq",)) + (("dk", "dv") if (getattr(kernel, "last_group_splits", 1) or 1) > 1
                                                    else ())
     pycuda_agreement(result, kernel, launch, names, tuple(grads), atomic=atomic, tolerance=bounds)
@@ -158,34 +157,52 @@ def through_pycuda(result: CaseResult, kernel, launch, grads, ref, low, determin
 
 def check_repeats(torch, result: CaseResult, first, second) -> None:
     """Deterministic mode: a second call's gradients must have the first's bits."""
-    for name, a, b in zip(("dq", "dk", "dv"), first, second):
-        if not torch.equal(a.view(torch.int16), b.view(torch.int16)):
+    names = ("dq", "dk", "dv")
+    values = read_back(torch, {name: (a.view(torch.int16) != b.view(torch.int16)).any() if a.numel() else False
+                               for name, a, b in zip(names, first, second)})
+    for name in names:
+        if values[name]:
             result.problems.append(f"{name}: a second deterministic call gave other bits")
 
 
-def rounding_floor(torch, ref, dtype) -> float:
+def rounding_floor_value(torch, ref, dtype):
     """FlashAttention's floor for gradients: twice the largest rounding error of ref + 0.3 - 0.3 in
-    the gradients' dtype, about an ulp at the reference's magnitude. A kernel that rounds its
-    output once can be that far off where torch's own error happens to be small (a few rows)."""
+    the gradients' dtype, about an ulp at the reference's magnitude (a 0-d tensor, not yet read). A
+    kernel that rounds its output once can be that far off where torch's own error happens to be
+    small (a few rows)."""
     r = ref.to(dtype)
-    return 2 * (r + 0.3 - 0.3 - r).abs().max().item() if r.numel() else 0.0
+    return 2 * max_abs(r + 0.3 - 0.3 - r)
 
 
-def judge_gradients(torch, result: CaseResult, got_all, ref_all, low_all, dtype: str) -> None:
+def rounding_floor(torch, ref, dtype) -> float:
+    """rounding_floor_value read."""
+    return read_back(torch, {"floor": rounding_floor_value(torch, ref, dtype)})["floor"]
+
+
+def judge_gradients(torch, result: CaseResult, got_all, ref_all, low_all, dtype: str,
+                    extra: dict | None = None) -> dict:
     """FlashAttention's rule for gradients on each of dq, dk, dv: max|g - ref| <= 2 x torch's
     low-precision error + the rounding floor (NaN or inf: unwritten or overflowed); sets the
-    result's worst error and passed."""
+    result's worst error and passed. Reads the device once, `extra` (0-d tensors) with it; returns
+    `extra` read."""
     problems = result.problems
-    worst = 0.0
-    for name, got, want, base in zip(("dq", "dk", "dv"), got_all, ref_all, low_all):
-        floor = rounding_floor(torch, want, got.dtype)
+    names = ("dq", "dk", "dv")
+    pending = {}
+    for name, got, want, base in zip(names, got_all, ref_all, low_all):
+        pending[f"{name} floor"] = rounding_floor_value(torch, want, got.dtype)
         got = got.float()
-        bad = int((~torch.isfinite(got)).sum())
+        pending[f"{name} bad"] = (~torch.isfinite(got)).sum()
+        pending[f"{name} err"] = max_abs(got - want)
+        pending[f"{name} low"] = max_abs(base.float() - want)
+    extra = {f"extra {key}": value for key, value in (extra or {}).items()}
+    flat = read_back(torch, {**pending, **extra})
+    worst = 0.0
+    for name, got in zip(names, got_all):
+        bad = int(flat[f"{name} bad"])
         if bad:
             problems.append(f"{bad} of {got.numel()} {name} elements are NaN/inf (unwritten or overflowed)")
             continue
-        err = (got - want).abs().max().item() if got.numel() else 0.0
-        low_err = (base.float() - want).abs().max().item() if got.numel() else 0.0
+        floor, err, low_err = flat[f"{name} floor"], flat[f"{name} err"], flat[f"{name} low"]
         bound = error_bound(low_err) + floor
         if not err <= bound:
             problems.append(f"{name}: max error {err:.3g} exceeds {bound:.3g} ({ERR_FACTOR:g} x torch "
@@ -194,6 +211,7 @@ def judge_gradients(torch, result: CaseResult, got_all, ref_all, low_all, dtype:
             worst = err / bound
             result.max_err, result.lowprec_err, result.bound = err, low_err, bound
     result.passed = not problems
+    return {key[len("extra "):]: flat[key] for key in extra}
 
 
 def varlen_gradients(torch, q, k, v, dout, case: VarlenCase, variant: Variant, scale: float):
@@ -247,12 +265,15 @@ def check_varlen_backward_case(kernel, variant: Variant, case: VarlenCase, seed:
     (dq, dk, dv), bufs = run()
     if deterministic:
         check_repeats(torch, result, (dq, dk, dv), run()[0])
-    torch.cuda.synchronize(dev)
     through_pycuda(result, kernel, lambda *_: run()[0], (dq, dk, dv), ref, low, deterministic)
-    for name, buf, n in zip(("dq", "dk", "dv"), bufs, (tq, tk, tk)):
-        if (~torch.isnan(buf[n:])).any().item():
+    names = ("dq", "dk", "dv")
+    past = judge_gradients(torch, result, (dq, dk, dv), ref[2:], low[2:], plan.spec.dtype,
+                           extra={name: (~torch.isnan(buf[n:])).any()
+                                  for name, buf, n in zip(names, bufs, (tq, tk, tk))})
+    for name in names:
+        if past[name]:
             result.problems.append(f"{name} written past the last sequence's rows")
-    judge_gradients(torch, result, (dq, dk, dv), ref[2:], low[2:], plan.spec.dtype)
+    result.passed = not result.problems
     return result
 
 

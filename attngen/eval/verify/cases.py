@@ -297,16 +297,41 @@ def attention_torch(q, k, v, *, scale: float, mask: str = "none", alignment: str
     return torch.matmul(probs, v), lse
 
 
-def reference_errors(torch, q, k, v, out, *, scale: float, mask: str, alignment: str | None, window=None,
-                     modifiers: tuple = ()):
-    """(max|out - ref|, max|lowprec - ref|, ref_lse) for (B, H, S, D) tensors: ref is fp32 attention
-    on the upcast inputs, lowprec torch's attention in the inputs' dtype. verify and bench share it."""
+def read_back(torch, values: dict) -> dict:
+    """`values` with its 0-d device tensors (counts, maxima, flags) replaced by Python numbers, read in
+    one copy: a case synchronizes once for its judges instead of once per `.item()`, which matters
+    when several verify processes share the GPU and take turns at every synchronization."""
+    names = [name for name, value in values.items() if torch.is_tensor(value)]
+    if not names:
+        return dict(values)
+    got = torch.stack([values[name].detach().reshape(()).double() for name in names]).tolist()
+    return {**values, **dict(zip(names, got))}
+
+
+def max_abs(t):
+    """max |t| as a 0-d tensor (not yet read), or 0.0 for an empty tensor."""
+    return t.abs().max() if t.numel() else 0.0
+
+
+def reference_error_values(torch, q, k, v, out, *, scale: float, mask: str, alignment: str | None, window=None,
+                           modifiers: tuple = ()):
+    """reference_errors with the two maxima left on the device (0-d tensors, for read_back)."""
     with exact_fp32_matmul(torch):
         ref, ref_lse = attention_torch(q.float(), k.float(), v.float(), scale=scale, mask=mask, alignment=alignment,
                                        window=window, modifiers=modifiers)
     lowprec, _ = attention_torch(q, k, v, scale=scale, mask=mask, alignment=alignment, window=window,
                                  modifiers=modifiers)
-    return (out.float() - ref).abs().max().item(), (lowprec.float() - ref).abs().max().item(), ref_lse
+    return max_abs(out.float() - ref), max_abs(lowprec.float() - ref), ref_lse
+
+
+def reference_errors(torch, q, k, v, out, *, scale: float, mask: str, alignment: str | None, window=None,
+                     modifiers: tuple = ()):
+    """(max|out - ref|, max|lowprec - ref|, ref_lse) for (B, H, S, D) tensors: ref is fp32 attention
+    on the upcast inputs, lowprec torch's attention in the inputs' dtype. verify and bench share it."""
+    err, low, ref_lse = reference_error_values(torch, q, k, v, out, scale=scale, mask=mask, alignment=alignment,
+                                               window=window, modifiers=modifiers)
+    values = read_back(torch, {"err": err, "low": low})
+    return values["err"], values["low"], ref_lse
 
 
 def judge_rows(result: CaseResult, torch, out, ref, low, lse, ref_lse, dtype_name: str) -> None:
@@ -316,22 +341,24 @@ def judge_rows(result: CaseResult, torch, out, ref, low, lse, ref_lse, dtype_nam
     appends to its problems and sets passed."""
     problems = result.problems
     out = out.float()
-    bad = int((~torch.isfinite(out)).sum())
+    no_key = torch.isneginf(ref_lse)
+    diff = (lse - ref_lse).abs()[~no_key]
+    values = read_back(torch, {
+        "bad": (~torch.isfinite(out)).sum(), "err": max_abs(out - ref), "low": max_abs(low - ref),
+        "lse_rows": (no_key != torch.isneginf(lse)).any() | torch.isnan(lse).any(),
+        "lse_err": diff.max() if diff.numel() else 0.0,
+        "lse_excess": (diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[~no_key])).max() if diff.numel() else 0.0})
+    bad = int(values["bad"])
     if bad:
         problems.append(f"{bad} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)")
-    result.max_err = (out - ref).abs().max().item() if out.numel() else 0.0
-    result.lowprec_err = (low - ref).abs().max().item() if out.numel() else 0.0
+    result.max_err, result.lowprec_err = values["err"], values["low"]
     result.bound = error_bound(result.lowprec_err)
     if not bad and not result.max_err <= result.bound:
         problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} ({ERR_FACTOR:g} x torch "
                         f"{dtype_name} error {result.lowprec_err:.3g} + floor)")
-    no_key = torch.isneginf(ref_lse)
-    if not torch.equal(no_key, torch.isneginf(lse)) or torch.isnan(lse).any():
+    if values["lse_rows"]:
         problems.append("LSE is NaN, or -inf on other rows than the reference's (rows that see no key)")
-    diff = (lse - ref_lse).abs()[~no_key]
-    result.lse_err = diff.max().item() if diff.numel() else 0.0
-    excess = diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[~no_key])
-    result.lse_excess = excess.max().item() if excess.numel() else 0.0
+    result.lse_err, result.lse_excess = values["lse_err"], values["lse_excess"]
     if not result.lse_excess <= 1.0:
         problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
     result.passed = not problems
@@ -378,24 +405,38 @@ def poisoned_lse(shape: Shape, guard: int, device):
     return buf[:n].view(shape.batch, shape.heads, shape.seqlen_q), buf[n:]
 
 
-def judge_lse(result: CaseResult, torch, lse, ref_lse, lse_guard) -> None:
-    """The LSE rule of a padded case: -inf exactly where the reference sees no key (every other row
-    finite), nothing written into the guard after it, |lse - ref_lse| <= LSE_ATOL + LSE_RTOL |ref_lse|.
-    Fills result's lse errors and appends to its problems."""
-    problems = result.problems
+def lse_values(torch, lse, ref_lse, lse_guard) -> dict:
+    """What judge_lse reads of a padded case's LSE, as 0-d device tensors (read_back reads them with
+    the case's other values)."""
     no_key = torch.isneginf(ref_lse)
-    lse_bad = (torch.isnan(lse) | torch.isinf(lse) & ~no_key | no_key & ~torch.isneginf(lse)).sum().item()
-    if lse_bad:
-        problems.append(f"{lse_bad} of {lse.numel()} lse elements are NaN, inf, or not -inf where no key is visible")
-    if (~torch.isnan(lse_guard)).any().item():
-        problems.append("lse written past its (batch, heads, seqlen_q) end")
     finite = ~no_key
     lse_diff = (lse - ref_lse).abs()[finite]
-    result.lse_err = lse_diff.max().item() if lse_diff.numel() else 0.0
-    excess = lse_diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[finite])
-    result.lse_excess = excess.max().item() if excess.numel() else 0.0
+    return {
+        "lse_bad": (torch.isnan(lse) | torch.isinf(lse) & ~no_key | no_key & ~torch.isneginf(lse)).sum(),
+        "lse_guard": (~torch.isnan(lse_guard)).any(),
+        "lse_err": lse_diff.max() if lse_diff.numel() else 0.0,
+        "lse_excess": (lse_diff / (LSE_ATOL + LSE_RTOL * ref_lse.abs()[finite])).max() if lse_diff.numel() else 0.0,
+    }
+
+
+def judge_lse_values(result: CaseResult, values: dict, numel: int) -> None:
+    """The LSE rule of a padded case on lse_values read back: -inf exactly where the reference sees no
+    key (every other row finite), nothing written into the guard after it, |lse - ref_lse| <= LSE_ATOL
+    + LSE_RTOL |ref_lse|. Fills result's lse errors and appends to its problems."""
+    problems = result.problems
+    lse_bad = int(values["lse_bad"])
+    if lse_bad:
+        problems.append(f"{lse_bad} of {numel} lse elements are NaN, inf, or not -inf where no key is visible")
+    if values["lse_guard"]:
+        problems.append("lse written past its (batch, heads, seqlen_q) end")
+    result.lse_err, result.lse_excess = values["lse_err"], values["lse_excess"]
     if not result.lse_excess <= 1.0 and not lse_bad:
         problems.append(f"lse error {result.lse_err:.3g} exceeds {LSE_ATOL:g} + {LSE_RTOL:g} x |lse|")
+
+
+def judge_lse(result: CaseResult, torch, lse, ref_lse, lse_guard) -> None:
+    """judge_lse_values on `lse` (one read of the device)."""
+    judge_lse_values(result, read_back(torch, lse_values(torch, lse, ref_lse, lse_guard)), lse.numel())
 
 
 def case_seed(seed: int, kernel_index: int, variant: str, shape_index: int) -> int:

@@ -269,7 +269,6 @@ def check_append_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
                       rotary_cos=cos, rotary_sin=sin, cache_batch_idx=idx, cache_leftpad=pad,
                       rotary_interleaved=case.interleaved, **extra, **scores)
     o, lse = launch(out)
-    torch.cuda.synchronize(dev)
     pycuda_agreement(result, kernel, launch, ("o", "lse"), (o, lse))   # a second append writes the same rows
     # The cache after the call (paged: each sequence's pages read back in order).
     if case.page_size:
@@ -381,7 +380,6 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
                       num_splits=case.num_splits, return_lse=True, layout=case.layout, out=o, **extra, **scores,
                       **kv_scales)
     o, lse = launch(out)
-    torch.cuda.synchronize(dev)
     pycuda_agreement(result, kernel, launch, ("o", "lse"), (o, lse))
     ref, ref_lse, low = reference(torch, view(q), view(k), view(v), case.lengths, case, scale,
                                   score_modifiers(kernel.plan, scores))

@@ -4,9 +4,9 @@ where it has varlen functions. A padded case: fresh inputs in the shape's layout
 poisoned with NaN with guard rows after seqlen_q, one launch, then the judges of cases.py."""
 from __future__ import annotations
 
-from .cases import (ERR_FACTOR, ERR_FLOOR, ROW_ALIGN, CaseResult, Shape, Variant, error_bound, judge_lse,
-                    kernel_shapes, make_inputs, poisoned_lse, poisoned_output, reference_errors, score_arguments,
-                    score_modifiers, variants)
+from .cases import (ERR_FACTOR, ERR_FLOOR, ROW_ALIGN, CaseResult, Shape, Variant, error_bound, judge_lse_values,
+                    kernel_shapes, lse_values, make_inputs, poisoned_lse, poisoned_output, read_back,
+                    reference_error_values, score_arguments, score_modifiers, variants)
 from .pycuda_launch import pycuda_agreement
 from .varlen import varlen_cases
 
@@ -47,26 +47,28 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
     def launch(out, lse_out):
         kernel(q, k, v, **variant.call_arguments(), **scores, scale=scale, layout=shape.layout, out=out,
                lse_out=lse_out)
-    launch(o, lse)
+    launch(o, lse)     # (verify's kernels synchronize after each call: a fault is reported with its launch)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
         pycuda_agreement(result, kernel, launch, ("o", "lse"), (o, lse))
 
     qb, kb, vb, ob = (to_bhsd(t, shape.layout) for t in (q, k, v, o))
-    result.max_err, result.lowprec_err, ref_lse = reference_errors(
+    err, low, ref_lse = reference_error_values(
         torch, qb, kb, vb, ob, scale=scale, mask=variant.mask, alignment=variant.alignment,
         window=variant.visible_window, modifiers=score_modifiers(plan, scores))
+    values = read_back(torch, {"err": err, "low": low, "bad": (~torch.isfinite(ob)).sum(),
+                               "stray": (~torch.isnan(o_guard)).sum(), **lse_values(torch, lse, ref_lse, lse_guard)})
+    result.max_err, result.lowprec_err = values["err"], values["low"]
     problems = result.problems
-    bad = (~torch.isfinite(ob)).sum().item()
+    bad = int(values["bad"])
     if bad:
         problems.append(f"{bad} of {ob.numel()} output elements are NaN/inf (unwritten or overflowed)")
-    stray = (~torch.isnan(o_guard)).sum().item()
+    stray = int(values["stray"])
     if stray:
         problems.append(f"{stray} elements written past seqlen_q in o")
     result.bound = error_bound(result.lowprec_err)
     if not bad and not result.max_err <= result.bound:
         problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} "
                         f"({ERR_FACTOR:g} x torch {plan.spec.dtype} error {result.lowprec_err:.3g} + {ERR_FLOOR:g})")
-    judge_lse(result, torch, lse, ref_lse, lse_guard)
+    judge_lse_values(result, values, lse.numel())
     result.passed = not problems
     return result

@@ -18,6 +18,7 @@ import contextlib
 
 from ...errors import ToolError
 from ...cubin import param_layout
+from .cases import read_back
 
 NOT_INSTALLED = ("PyCUDA is not installed: `attngen verify` launches every case through PyCUDA as well; install "
                  "the gpu extra (attngen doctor prints the command)")
@@ -83,17 +84,22 @@ class PycudaLauncher:
 
     def launch(self, kernel, prepared, params: bytes) -> None:
         """Every launch of a prepared call, in order, with the Params bytes as the argument buffer,
-        on the legacy default stream after the device's work so far (verify waits for it after)."""
+        on the legacy default stream. That is torch's default stream too, so the launches follow the
+        device's work so far and torch's next work follows them without a wait here; on any other
+        current stream, the device is synchronized before and after."""
         torch = kernel._torch
         index = prepared.info.index
-        torch.cuda.synchronize(index)
+        own_stream = torch.cuda.current_stream(index).cuda_stream != 0
+        if own_stream:
+            torch.cuda.synchronize(index)
         with self._primary(index):
             for fn, _handle, grid in prepared.launches:
                 f, gap, size = self._function(kernel, index, fn)
                 f(argument_buffer(bytes(params), gap, size), block=(fn.threads, 1, 1),
                   grid=tuple(int(g) for g in grid), shared=fn.smem_dynamic)
                 self.launches += 1
-            self.drv.Context.synchronize()
+            if own_stream:
+                self.drv.Context.synchronize()
 
 
 def argument_buffer(params: bytes, gap: int, size: int):
@@ -119,12 +125,15 @@ def launcher() -> PycudaLauncher:
     return _LAUNCHER[0]
 
 
-def bits_differ(torch, a, b) -> bool:
-    """Whether two tensors of one dtype and shape differ in any bit (NaN payloads included)."""
+def bits_differ(torch, a, b):
+    """Whether two tensors of one dtype and shape differ in any bit (NaN payloads included): True, or
+    a 0-d bool tensor not yet read (read_back reads it with the case's other values)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return True
+    if not a.numel():
+        return False
     as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return not torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
+    return (a.contiguous().view(as_int) != b.contiguous().view(as_int)).any()
 
 
 def pycuda_agreement(result, kernel, launch, names, first, *, atomic=(), tolerance: float | dict | None = None) -> None:
@@ -132,20 +141,27 @@ def pycuda_agreement(result, kernel, launch, names, first, *, atomic=(), toleran
     `first` (launch may ignore them and return its own outputs), and compare with `first`, the
     outputs of the same call through the runtime: bit for bit, or for the outputs named in `atomic`
     (accumulated with atomics, in an order the hardware picks) within `tolerance` of max abs
-    difference (a number, or a bound per name). Appends a problem per disagreement and sets result.pycuda."""
+    difference (a number or 0-d tensor, or one per name). Appends a problem per disagreement and sets
+    result.pycuda. Reads the device once."""
     torch = kernel._torch
     fresh = tuple(torch.full_like(t, float("nan")) for t in first)
     with kernel.launching_through(launcher()):
         returned = launch(*fresh)
     second = tuple(returned) if returned is not None else fresh
-    torch.cuda.synchronize(kernel.device)
-    how = "bitwise"
+    pending = {}
     for name, a, b in zip(names, first, second):
-        if not bits_differ(torch, a, b):
-            continue
         bound = tolerance.get(name) if isinstance(tolerance, dict) else tolerance
-        if name in atomic and bound is not None:
-            diff = (a.float() - b.float()).abs().nan_to_num(float("inf")).max().item() if a.numel() else 0.0
+        pending[name] = bits_differ(torch, a, b)
+        if name in atomic and bound is not None and pending[name] is not True:
+            pending[name + " diff"] = (a.float() - b.float()).abs().nan_to_num(float("inf")).max() if a.numel() else 0.0
+            pending[name + " bound"] = bound
+    values = read_back(torch, pending)
+    how = "bitwise"
+    for name in names:
+        if not values[name]:
+            continue
+        if name + " diff" in values:
+            diff, bound = values[name + " diff"], values[name + " bound"]
             if diff <= bound:
                 how = "bitwise but atomics" if how == "bitwise" else how
                 continue
