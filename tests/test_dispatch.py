@@ -341,6 +341,36 @@ def test_an_unserved_head_dim_pads_to_the_smallest_served_above(monkeypatch):
     assert dispatcher.padded_head_dim("forward", 0, "fp16", 59, 48) == 0       # V of its own head dim: no padding
 
 
+def test_a_v_head_dim_of_its_own_pads_to_the_cheapest_served_pair(monkeypatch):
+    """A call whose V head dim differs from q's runs at a served pair at or above both (q and k padded
+    to the first, v to the second), the one with the fewest columns; its own pair served: None; a
+    call of one head dim pads as padded_head_dim does."""
+    import types
+    import attngen.runtime as runtime
+    from attngen.ops.dispatch import Dispatcher
+    from attngen.ops.table import Entry, padded_dims
+    monkeypatch.setattr(runtime, "device_info", lambda index: types.SimpleNamespace(arch="sm_90"))
+    dispatcher = Dispatcher()
+    assert dispatcher.padded_dims("forward", 0, "fp16", 128, 64) is None           # h100_wgmma_d128_v64
+    assert dispatcher.padded_dims("forward", 0, "fp16", 192, 128) is None
+    assert dispatcher.padded_dims("forward", 0, "fp16", 96, 64) == (96, 96)         # V padded alone
+    assert dispatcher.padded_dims("forward", 0, "bf16", 256, 128) == (256, 256)
+    assert dispatcher.padded_dims("backward", 0, "fp16", 64, 128) == (128, 128)     # q and k padded
+    assert dispatcher.padded_dims("varlen_backward", 0, "fp16", 192, 128) == (256, 256)
+    assert dispatcher.padded_dims("varlen_backward", 0, "fp16", 128, 64) == (128, 128)
+    assert dispatcher.padded_dims("forward", 0, "fp16", 59, 59) == (64, 64)
+    assert dispatcher.padded_dims("forward", 0, "fp16", 300, 128) is None           # nothing above
+    for d in (8, 59, 64, 111, 224, 288):      # one head dim: padded_head_dim's answer, as a pair
+        got = dispatcher.padded_dims("backward", 0, "fp16", d, d)
+        assert (got[0] if got else 0) == dispatcher.padded_head_dim("backward", 0, "fp16", d, d)
+    # a pair entry is taken where it costs fewer columns than one head dim for all three
+    entries = [Entry(call="forward", arch="sm_90", dtype="fp16", head_dim=128, mask="none", spec="a", head_dim_v=64),
+               Entry(call="forward", arch="sm_90", dtype="fp16", head_dim=128, mask="none", spec="b")]
+    assert padded_dims(entries, "forward", "sm_90", "fp16", 100, 48) == (128, 64)
+    assert padded_dims(entries, "forward", "sm_90", "fp16", 100, 100) == (128, 128)
+    assert padded_dims(entries, "forward", "sm_90", "fp16", 100, 80) == (128, 128)
+
+
 def test_a_variant_missing_at_its_head_dim_pads_to_one_that_has_it(monkeypatch):
     """With the call's mask and score modifiers, a head dim whose kernels lack them runs at the smallest
     head dim above that has them: a window backward at d96 at 128, a softcap backward at d32 at 64, a

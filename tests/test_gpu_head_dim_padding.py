@@ -210,3 +210,92 @@ def test_decode_at_an_unserved_head_dim(torch, dtype, paged):
         n = int(lens[b])
         ref, low, _ = reference(torch, q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal=False)
         within_rule(out[b:b + 1], ref, low, f"sequence {b}")
+
+
+def _varlen_pairs(torch, dtype, d, dv, lens, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    total = sum(lens)
+    q, k = (torch.randn(total, h, d, device="cuda", generator=g).to(dt).requires_grad_() for h in (4, 2))
+    v = torch.randn(total, 2, dv, device="cuda", generator=g).to(dt).requires_grad_()
+    cu = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), device="cuda", dtype=torch.int32)
+    return q, k, v, cu
+
+
+def within_gradient_rule(got, ref, low, label):
+    """The backward's rule (attngen verify's): within twice torch's low-precision error plus the
+    rounding floor of the reference in the gradient's dtype."""
+    from attngen.eval.verify.backward import rounding_floor
+    from attngen.eval.verify.cases import error_bound
+    err, low_err = (got.float() - ref.float()).abs().max().item(), (low.float() - ref.float()).abs().max().item()
+    bound = error_bound(low_err) + rounding_floor(__import__("torch"), ref.float(), got.dtype)
+    assert err <= bound, f"{label}: {err:.3g} > {bound:.3g} (torch {low_err:.3g})"
+
+
+def _gradients_against_fp32(torch, q, k, v, dout, causal, label):
+    """(out, grads) of attngen.attention against the fp32 reference and torch's own low precision."""
+    import attngen
+    from attngen.eval.verify.cases import attention_torch, exact_fp32_matmul
+    out = attngen.attention(q, k, v, causal=causal)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    args = dict(scale=q.shape[-1] ** -0.5, mask="causal" if causal else "none",
+                alignment="top_left" if causal else None)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    with exact_fp32_matmul(torch):
+        ref, _ = attention_torch(q32, k32, v32, **args)
+        ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
+    low, _ = attention_torch(q, k, v, **args)
+    low_grads = torch.autograd.grad(low, (q, k, v), dout)
+    assert out.shape == q.shape[:-1] + (v.shape[-1],)
+    within_rule(out, ref, low, f"{label} out")
+    for name, got, r, lo in zip("qkv", grads, ref_grads, low_grads):
+        assert got.shape == r.shape
+        within_gradient_rule(got, r, lo, f"{label} d{name}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d,dv", [(96, 64), (256, 128), (64, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_training_with_a_v_head_dim_of_its_own(torch, dtype, d, dv, causal):
+    """A V head dim the table has no pair for runs padded to a served pair (ops.table.padded_dims: 96/64
+    at 96/96, 256/128 at 256/256, 64/128 at 128/128): out (V's head dim) and every gradient against
+    the fp32 reference under the error rule."""
+    g = torch.Generator(device="cuda").manual_seed(d + dv)
+    dt = getattr(torch, dtype)
+    q, k = (torch.randn(2, h, 193, d, device="cuda", generator=g).to(dt).requires_grad_() for h in (8, 2))
+    v = torch.randn(2, 2, 193, dv, device="cuda", generator=g).to(dt).requires_grad_()
+    dout = torch.randn(2, 8, 193, dv, device="cuda", generator=g).to(dt)
+    _gradients_against_fp32(torch, q, k, v, dout, causal, f"{d}/{dv}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d,dv", [(96, 64), (128, 64), (192, 128), (256, 128)])
+def test_varlen_training_with_a_v_head_dim_of_its_own(torch, dtype, d, dv):
+    """attention_varlen at a (head_dim, head_dim_v) pair its varlen backward has no kernel of (every
+    pair but d == dv): forward and gradients, sequence by sequence, against the padded call's own
+    figures and the fp32 reference."""
+    import attngen
+    from attngen.eval.verify.cases import attention_torch, exact_fp32_matmul
+    lens = [1, 77, 300, 5]
+    q, k, v, cu = _varlen_pairs(torch, dtype, d, dv, lens, d * 3 + dv)
+    out = attngen.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    assert out.shape == q.shape[:-1] + (dv,)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for i in range(len(lens)):
+        s = slice(int(cu[i]), int(cu[i + 1]))
+        qs, ks, vs, ds = (t[s].detach().transpose(0, 1).unsqueeze(0) for t in (q, k, v, dout))
+        ks, vs = ks.repeat_interleave(2, dim=1), vs.repeat_interleave(2, dim=1)
+        args = dict(scale=d ** -0.5, mask="causal", alignment="bottom_right")
+        q32, k32, v32 = (t.float().requires_grad_() for t in (qs, ks, vs))
+        with exact_fp32_matmul(torch):
+            ref, _ = attention_torch(q32, k32, v32, **args)
+            rq, rk, rv = torch.autograd.grad(ref, (q32, k32, v32), ds.float())
+        ql, kl, vl = (t.clone().requires_grad_() for t in (qs, ks, vs))
+        low, _ = attention_torch(ql, kl, vl, **args)
+        lq, lk, lv = torch.autograd.grad(low, (ql, kl, vl), ds)
+        fold = lambda t: t.view(1, 2, 2, *t.shape[2:]).sum(2)   # noqa: E731  (GQA: the group's sum)
+        within_rule(out[s].detach().transpose(0, 1).unsqueeze(0), ref, low, f"{d}/{dv} sequence {i} out")
+        for name, got, r, lo in (("dq", grads[0], rq, lq), ("dk", grads[1], fold(rk), fold(lk.float())),
+                                 ("dv", grads[2], fold(rv), fold(lv.float()))):
+            within_gradient_rule(got[s].transpose(0, 1).unsqueeze(0), r, lo, f"{d}/{dv} sequence {i} {name}")

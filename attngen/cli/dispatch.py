@@ -10,6 +10,16 @@ from ..ops.table import CALLS as DISPATCH_CALLS
 from .options import MAX_GROUP_ROWS, MAX_HEAD_DIM, MAX_INT32, MAX_PAGE_SIZE
 
 
+def padding_text(head_dim: int, head_dim_v: int, pair: tuple[int, int]) -> str:
+    """What a padded call pads, e.g. "q, k and v zero-padded to head_dim 64", "v zero-padded to head_dim 96"."""
+    qk, v = pair[0] != head_dim, pair[1] != head_dim_v
+    if qk and v and pair[0] == pair[1]:
+        return f"q, k and v zero-padded to head_dim {pair[0]}"
+    if qk and v:
+        return f"q and k zero-padded to head_dim {pair[0]}, v to {pair[1]}"
+    return f"q and k zero-padded to head_dim {pair[0]}" if qk else f"v zero-padded to head_dim {pair[1]}"
+
+
 @click.command()
 @click.option("--call", type=click.Choice(DISPATCH_CALLS), default=DISPATCH_CALLS[0], show_default=True)
 @click.option("--arch", default="sm_90", show_default=True, help="the GPU's arch (H100/H200: sm_90, L4: sm_89)")
@@ -62,7 +72,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     from .. import fsutil
     from ..core.calls import table_call
     from ..ops.dispatch import CALL_DTYPES, SPECS_DIR
-    from ..ops.table import call_text, candidates, dump_table, load_table, padded_head_dim, select, table_path
+    from ..ops.table import call_text, candidates, dump_table, load_table, padded_dims, select, table_path
     dtype = dtype or CALL_DTYPES.get(call, ("fp16",))[0]
     path = table_path(specs_dir or SPECS_DIR)
     entries = load_table(path)
@@ -96,24 +106,28 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     asked = head_dim
     # as the entry points ask: a head dim whose kernels lack this mask or these score modifiers runs
     # padded at one that has them (the packed varlen call keys paged false, as a decode call its cache)
-    padded = padded_head_dim(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores,
-                             paged if table_call(call).paged else None)
-    if padded:      # the call runs at a served head dim, q, k and v zero-padded (docs/dispatch.md)
-        head_dim = padded
+    pair = padded_dims(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores,
+                       paged if table_call(call).paged else None)
+    asked_v = head_dim_v
+    if pair:        # the call runs at served head dims, q, k and v zero-padded (docs/dispatch.md)
+        head_dim, head_dim_v = pair[0], (pair[1] if pair[1] != pair[0] else 0)
+    padded = pair[0] if pair else 0
+    padding = f" ({padding_text(asked, asked_v or asked, pair)})" if pair else ""
     try:
         e = select(entries, call, arch, dtype, head_dim, mask, seqlen, paged=paged, group_rows=group_rows,
                    head_dim_v=head_dim_v, scores=scores, rows=rows)
     except LookupError as exc:
-        raise click.UsageError(str(exc) + (f"\n(head_dim {asked} is served padded to {padded})" if padded else "")) \
+        raise click.UsageError(str(exc) + (f"\n(head_dim {asked} is served padded{padding})" if pair else "")) \
             from None
     others = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others],
-                               "padded_head_dim": padded or None}, indent=2))
+                               "padded_head_dim": padded or None,
+                               "padded_head_dim_v": (pair[1] if pair and asked_v and asked_v != asked else None)},
+                              indent=2))
         return
-    click.echo(f"{call_text(call, arch, dtype, asked, mask, seqlen, page_size, group_rows, head_dim_v, scores)}"
-               f"{f' rows {rows}' if rows else ''} -> {e.spec}"
-               + (f" (q, k and v zero-padded to head_dim {padded})" if padded else ""))
+    click.echo(f"{call_text(call, arch, dtype, asked, mask, seqlen, page_size, group_rows, asked_v, scores)}"
+               f"{f' rows {rows}' if rows else ''} -> {e.spec}" + padding)
     click.echo(f"  why: {e.why}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:

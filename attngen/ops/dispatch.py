@@ -9,7 +9,7 @@ from pathlib import Path
 from ..core.calls import CALLS, HALF_DTYPES
 from ..shipped import shipped
 
-from .table import candidates, load_table, padded_head_dim, select, table_path
+from .table import candidates, load_table, padded_dims, padded_head_dim, select, table_path
 
 def specs_dir() -> Path:
     """The specs the library serves: attngen/specs in an installed wheel, else the repository's
@@ -31,7 +31,7 @@ class Dispatcher:
         self._resolved: dict = {}           # call key -> Kernel
         self._lock = threading.Lock()
         self._loading: dict = {}            # spec name -> lock, so one thread compiles and the others wait
-        self._padded: dict = {}             # (call, device, dtype, head dim, V's) -> padded head dim (0: none)
+        self._padded: dict = {}             # a call's key -> its padded head dim (0: none), or ("dims", ...) its pair
         self._served: dict = {}             # a call's key -> whether an entry serves it at its own head dim
 
     @property
@@ -82,6 +82,19 @@ class Dispatcher:
                                  head_dim, head_dim_v, mask, scores, paged)
             self._padded[key] = to
         return to
+
+    def padded_dims(self, call: str, index: int, dtype, head_dim: int, head_dim_v: int, mask: str | None = None,
+                    scores: str = "", paged: bool | None = None) -> tuple[int, int] | None:
+        """(q and k's head dim, V's) a call of head dims (head_dim, head_dim_v) runs at where the table
+        serves neither its own pair nor, for one head dim, that head dim on cuda:`index`'s arch and dtype
+        (ops.table.padded_dims); None where it runs as it is. Once per key."""
+        key = ("dims", call, index, dtype, head_dim, head_dim_v, mask, scores, paged)
+        if key not in self._padded:
+            from ..runtime import device_info
+            self._padded[key] = padded_dims(self.entries, call, device_info(index).arch,
+                                            TORCH_DTYPES.get(str(dtype), dtype), head_dim, head_dim_v, mask, scores,
+                                            paged)
+        return self._padded[key]
 
     def serves(self, call: str, index: int, dtype, head_dim: int, mask: str, *, paged: bool = False,
                head_dim_v: int = 0, scores: str = "") -> bool:

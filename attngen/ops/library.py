@@ -29,18 +29,26 @@ def _heads_seq(q, layout: str) -> tuple[int, int, int]:
 
 # -- head dims the table does not serve --------------------------------------------------------------
 # A call of a head dim with no kernel (59, 111, 224, ...) runs at the smallest head dim above it that
-# the table serves (DISPATCH.padded_head_dim): q, k and v zero-padded in their last dim, which adds 0
+# the table serves (DISPATCH.padded_dims): q, k and v zero-padded in their last dim, which adds 0
 # to every score and gives zero output columns past the call's, then the output cut back (a copy, with
-# the strides the unpadded call would give) and the scale taken from the call's own head dim. The
-# padding is a copy of q, k and v (of the whole cache, for decode) per call.
+# the strides the unpadded call would give) and the scale taken from the call's own head dim. A V of
+# a head dim of its own pads on its own (96/64 runs at 128/64, 256/128 at 256/256). The padding is a
+# copy of q, k and v (of the whole cache, for decode) per call.
 
 def _pad(t, to: int):
-    """t zero-padded in its last (head) dim to `to` columns."""
-    return torch.nn.functional.pad(t, (0, to - t.shape[-1]))
+    """t zero-padded in its last (head) dim to `to` columns (t itself where it has them: a pair of head
+    dims may pad V alone)."""
+    return t if t.shape[-1] == to else torch.nn.functional.pad(t, (0, to - t.shape[-1]))
+
+
+def _cut_gradients(grads, d: int, dv: int):
+    """A padded backward's (dq, dk, dv): dq and dk cut to q's head dim d, dv to V's."""
+    dq, dk, dv_ = grads
+    return dq[..., :d].contiguous(), dk[..., :d].contiguous(), dv_[..., :dv].contiguous()
 
 
 def _cut(result, d: int, return_lse: bool):
-    """A padded call's output, its first d columns (lse as it is)."""
+    """A padded call's output, its first d columns (V's head dim; lse as it is)."""
     if return_lse:
         o, lse = result
         return o[..., :d].contiguous(), lse
@@ -75,10 +83,10 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        to = DISPATCH.padded_head_dim("forward", short[0], q.dtype, short[2], short[5], "causal" if causal else "none")
-        if to:
-            return _cut(forward(_pad(q, to), _pad(k, to), _pad(v, to), causal, alignment, _scale(scale, short[2]),
-                                layout, return_lse), short[2], return_lse)
+        pad = DISPATCH.padded_dims("forward", short[0], q.dtype, short[2], short[5], "causal" if causal else "none")
+        if pad:
+            return _cut(forward(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), causal, alignment,
+                                _scale(scale, short[2]), layout, return_lse), short[5], return_lse)
         kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4],
                                  head_dim_v=short[5] if short[5] != short[2] else 0, rows=short[6])
         if len(_FORWARD) >= 4096:
@@ -114,11 +122,11 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        to = DISPATCH.padded_head_dim("forward", short[0], q.dtype, short[2], short[6], mask, scores)
-        if to:
-            return _cut(forward_variant(_pad(q, to), _pad(k, to), _pad(v, to), causal, alignment,
+        pad = DISPATCH.padded_dims("forward", short[0], q.dtype, short[2], short[6], mask, scores)
+        if pad:
+            return _cut(forward_variant(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), causal, alignment,
                                         _scale(scale, short[2]), layout, return_lse, window, softcap, alibi_slopes,
-                                        sinks), short[2], return_lse)
+                                        sinks), short[6], return_lse)
         kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], mask, short[5],
                                  head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores, rows=short[7])
         if len(_VARIANT) >= 4096:
@@ -149,11 +157,11 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
     d, dv = q.shape[-1], v.shape[-1]        # V's head dim keys the entries where it differs (0: q's)
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
-    to = DISPATCH.padded_head_dim("varlen", index, q.dtype, d, dv, mask, scores, paged=False)
-    if to:
-        return _cut(varlen(_pad(q, to), _pad(k, to), _pad(v, to), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                           max_seqlen_k, causal, alignment, _scale(scale, d), return_lse, window, softcap,
-                           alibi_slopes, sinks), d, return_lse)
+    pad = DISPATCH.padded_dims("varlen", index, q.dtype, d, dv, mask, scores, paged=False)
+    if pad:
+        return _cut(varlen(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), cu_seqlens_q, cu_seqlens_k,
+                           max_seqlen_q, max_seqlen_k, causal, alignment, _scale(scale, d), return_lse, window,
+                           softcap, alibi_slopes, sinks), dv, return_lse)
     kernel = DISPATCH.kernel("varlen", index, q.dtype, d, mask, max_seqlen_k if max_seqlen_k is not None else k.shape[0],
                              head_dim_v=dv if dv != d else 0, scores=scores)
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
@@ -264,8 +272,8 @@ def backward_kernel(q, k, v, causal, layout, window=None, softcap=None, alibi_sl
     seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes)
     d, dv = q.shape[-1], v.shape[-1]
-    to = DISPATCH.padded_head_dim("backward", q.get_device(), q.dtype, d, dv, mask, scores) if q.get_device() >= 0 else 0
-    short = (q.get_device(), q.dtype, to or d, mask, scores, seqlen_k, to or dv)
+    pad = DISPATCH.padded_dims("backward", q.get_device(), q.dtype, d, dv, mask, scores) if q.get_device() >= 0 else None
+    short = (q.get_device(), q.dtype, pad[0] if pad else d, mask, scores, seqlen_k, pad[1] if pad else dv)
     kernel = _BACKWARD.get(short)
     if kernel is None:
         try:   # V's head dim keys the entries as the forward's do (0: q's)
@@ -285,12 +293,12 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
     (with the forward call's variants). dout comes from autograd in any strides (a sum's is
     expanded, stride 0): copied when the kernel cannot read it in place."""
     d = q.shape[-1]
-    to = DISPATCH.padded_head_dim("backward", q.get_device(), q.dtype, d, v.shape[-1], call_mask(causal, window),
-                                  call_scores(softcap, alibi_slopes)) if q.get_device() >= 0 else 0
-    if to:
-        grads = backward(_pad(dout, to), _pad(q, to), _pad(k, to), _pad(v, to), _pad(out, to), lse, causal, alignment,
-                         _scale(scale, d), layout, window, softcap, alibi_slopes, deterministic)
-        return tuple(g[..., :d].contiguous() for g in grads)
+    pad = DISPATCH.padded_dims("backward", q.get_device(), q.dtype, d, v.shape[-1], call_mask(causal, window),
+                               call_scores(softcap, alibi_slopes)) if q.get_device() >= 0 else None
+    if pad:
+        grads = backward(_pad(dout, pad[1]), _pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), _pad(out, pad[1]), lse,
+                         causal, alignment, _scale(scale, d), layout, window, softcap, alibi_slopes, deterministic)
+        return _cut_gradients(grads, d, v.shape[-1])
     kernel = backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
     if not _vector_ready(dout):
         dout = dout.contiguous()
@@ -306,9 +314,10 @@ def varlen_backward_kernel(q, k, causal, max_seqlen_k, v=None):
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-    dv = 0 if v is None or v.shape[-1] == q.shape[-1] else v.shape[-1]
+    d, dv = q.shape[-1], q.shape[-1] if v is None else v.shape[-1]
     mask = "causal" if causal else "none"
-    d = DISPATCH.padded_head_dim("varlen_backward", index, q.dtype, q.shape[-1], dv or q.shape[-1], mask) or q.shape[-1]
+    d, dv = DISPATCH.padded_dims("varlen_backward", index, q.dtype, d, dv, mask) or (d, dv)
+    dv = 0 if dv == d else dv
     try:
         return DISPATCH.kernel("varlen_backward", index, q.dtype, d, mask,
                                max_seqlen_k if max_seqlen_k is not None else k.shape[0], head_dim_v=dv)
@@ -321,13 +330,13 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     """The gradients (dq, dk, dv) of attention_varlen at dout through the table's varlen backward
     spec (dout copied when the kernel cannot read it in place, as in backward())."""
     d = q.shape[-1]
-    to = DISPATCH.padded_head_dim("varlen_backward", q.get_device(), q.dtype, d, v.shape[-1],
-                                  "causal" if causal else "none") if q.get_device() >= 0 else 0
-    if to:
-        grads = varlen_backward(_pad(dout, to), _pad(q, to), _pad(k, to), _pad(v, to), _pad(out, to), lse,
-                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
-                                _scale(scale, d), deterministic)
-        return tuple(g[..., :d].contiguous() for g in grads)
+    pad = DISPATCH.padded_dims("varlen_backward", q.get_device(), q.dtype, d, v.shape[-1],
+                               "causal" if causal else "none") if q.get_device() >= 0 else None
+    if pad:
+        grads = varlen_backward(_pad(dout, pad[1]), _pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]),
+                                _pad(out, pad[1]), lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                alignment, _scale(scale, d), deterministic)
+        return _cut_gradients(grads, d, v.shape[-1])
     kernel = varlen_backward_kernel(q, k, causal, max_seqlen_k, v)
     if not _vector_ready(dout):
         dout = dout.contiguous()

@@ -666,22 +666,40 @@ def miss_message(entries, call: str, arch: str, dtype: str, head_dim: int, mask:
     return "\n".join(lines)
 
 
-def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int = 0,
-                    mask: str | None = None, scores: str = "", paged: bool | None = None) -> int:
-    """The head dim a call of `head_dim` runs at when the table serves it at no kernel of that head dim
-    on `arch` in `dtype`: the smallest head dim above it that serves it (q, k and v zero-padded to it:
-    attngen.ops.library), or 0 where the head dim serves it, V has a head dim of its own (head_dim_v:
-    0 or head_dim for none), or nothing above it does. With `mask` (and `scores`, `paged` where not
-    None) "serves it" means an entry of that mask and those score modifiers: a window or softcap call
-    at a head dim whose kernels have no such variant runs padded at one that has it; without, any
-    entry of the call."""
-    if head_dim_v and head_dim_v != head_dim:
-        return 0
-    served = {e.head_dim for e in entries if e.call == call and e.arch == arch and e.dtype == dtype and not e.head_dim_v
+def padded_dims(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int = 0,
+                mask: str | None = None, scores: str = "", paged: bool | None = None) -> tuple[int, int] | None:
+    """(q and k's head dim, V's head dim) a call runs at where the table serves no kernel of its own on
+    `arch` in `dtype`: q and k zero-padded to the first, v to the second (attngen.ops.library), which
+    changes no score and gives zero output columns past V's. None where the call's own head dims are
+    served or nothing above them is. A call whose V has q's head dim (head_dim_v 0 or head_dim) takes
+    the smallest single head dim above it; one whose V differs takes the served pair at or above both
+    that costs the fewest columns: an entry with a V head dim of its own (96/64 at 128/64) or one head
+    dim for all three (256/128 at 256). With `mask` (and `scores`, `paged` where not None) "served"
+    means an entry of that mask and those score modifiers: a window or softcap call at a head dim whose
+    kernels have no such variant runs padded at one that has it; without, any entry of the call."""
+    v = head_dim_v or head_dim
+    served = {(e.head_dim, e.head_dim_v or e.head_dim) for e in entries
+              if e.call == call and e.arch == arch and e.dtype == dtype
               and (mask is None or (e.mask == mask and e.scores == scores))
               and (paged is None or e.paged == paged)}
-    above = [d for d in served if d > head_dim]
-    return min(above) if head_dim not in served and above else 0
+    if (head_dim, v) in served:
+        return None
+    if v == head_dim:    # q's head dim for V too: one head dim for all three, as before pairs were padded
+        above = [(d, dv) for d, dv in served if d == dv and d > head_dim]
+    else:
+        above = [(d, dv) for d, dv in served if d >= head_dim and dv >= v]
+    return min(above, key=lambda pair: (pair[0] + pair[1], pair)) if above else None
+
+
+def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int = 0,
+                    mask: str | None = None, scores: str = "", paged: bool | None = None) -> int:
+    """padded_dims's one head dim for a call whose V has q's head dim: the smallest served head dim above
+    it (q, k and v zero-padded to it), or 0 where it is served itself, V's head dim differs (see
+    padded_dims) or nothing above it is served."""
+    if head_dim_v and head_dim_v != head_dim:
+        return 0
+    pair = padded_dims(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores, paged)
+    return pair[0] if pair else 0
 
 
 def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
@@ -704,5 +722,5 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
 
 __all__ = ["CALLS", "CONVENTION", "OUT_DTYPE", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE",
            "candidates", "check_entry", "dump_table", "entry_problem_of", "load_table", "miss_message",
-           "nearest_keys", "padded_head_dim", "parse_table", "select",
+           "nearest_keys", "padded_dims", "padded_head_dim", "parse_table", "select",
            "table_expected", "table_path"]
