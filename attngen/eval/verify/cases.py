@@ -356,7 +356,7 @@ def judge_rows(result: CaseResult, torch, out, ref, low, lse, ref_lse, dtype_nam
     if not bad and not result.max_err <= result.bound:
         problems.append(f"max error {result.max_err:.3g} exceeds {result.bound:.3g} ({ERR_FACTOR:g} x torch "
                         f"{dtype_name} error {result.lowprec_err:.3g} + floor)")
-    if values["lse_rows"]:
+    if values["lse_rows"] or lse.shape != ref_lse.shape:
         problems.append("LSE is NaN, or -inf on other rows than the reference's (rows that see no key)")
     result.lse_err, result.lse_excess = values["lse_err"], values["lse_excess"]
     if not result.lse_excess <= 1.0:
