@@ -10,7 +10,7 @@ The gradients are written out (not autograd): a row that sees no key has P = 0 a
 where autograd through a softmax of -inf would give NaN."""
 from __future__ import annotations
 
-from .pycuda_launch import pycuda_agreement
+from .pycuda_launch import bits_differ, pycuda_agreement
 from .varlen import QUICK_CASES, SEED_OFFSET, VarlenCase, varlen_case_inputs, varlen_suite
 from .cases import (ERR_FACTOR, ERR_FLOOR, FULL_SUITE, ROW_ALIGN, CaseResult, Shape, Variant, error_bound,
                      exact_fp32_matmul, kernel_shapes, make_inputs, max_abs, read_back, score_arguments,
@@ -158,8 +158,7 @@ def through_pycuda(result: CaseResult, kernel, launch, grads, ref, low, determin
 def check_repeats(torch, result: CaseResult, first, second) -> None:
     """Deterministic mode: a second call's gradients must have the first's bits."""
     names = ("dq", "dk", "dv")
-    values = read_back(torch, {name: (a.view(torch.int16) != b.view(torch.int16)).any() if a.numel() else False
-                               for name, a, b in zip(names, first, second)})
+    values = read_back(torch, {name: bits_differ(torch, a, b) for name, a, b in zip(names, first, second)})
     for name in names:
         if values[name]:
             result.problems.append(f"{name}: a second deterministic call gave other bits")
