@@ -450,13 +450,22 @@ def test_convert_template_matches_the_model():
      "smem.swizzle"),                                                    # 48 dQ columns per warpgroup
     ({"head_dim": 64}, "smem.swizzle"),                                  # 32 dQ columns per warpgroup
     ({"masks": ["expr"], "variant": {"mask": "kv_idx <= q_idx"}, "varlen": True}, "variant"),   # padded only
-    ({"varlen": True, "scores": ["softcap"]}, "varlen"),              # varlen: masks none and causal only
     ({"target": "l4", "smem": {"swizzle": {"xor_bits": 3}, "async_copy": True, "opt_in": True}}, "target"),
     ({"smem": {"swizzle": {"xor_bits": 3}, "async_copy": True}}, "smem.opt_in"),
     ({"warps": {"producer": 4, "consumer": 8}}, "warps"),
 ])
 def test_wgmma_rules_refuse_what_is_not_generated(change, key):
     assert refused_key(WGMMA_D128, change) == key
+
+
+def test_wgmma_varlen_takes_the_variants():
+    """The wgmma backward's varlen functions take a window and score modifiers (each sequence narrows the
+    mask's and the modifiers' fields, as the forward's do); the mma.sync backward's still refuse them."""
+    for change in ({"varlen": True, "scores": ["softcap"]}, {"varlen": True, "masks": ["none", "causal", "window"]},
+                   {"varlen": True, "scores": ["alibi"]}):
+        data = yaml.safe_load(spec_text(WGMMA_D128)) | change
+        plan = make_plan(parse_spec(yaml.safe_dump(data), file="b.yaml"), file="b.yaml")
+        assert plan.varlen
 
 
 def test_wgmma_query_blocks_of_128_refuse_varlen():

@@ -1,6 +1,7 @@
 """attention_varlen with the variants (window, softcap, ALiBi, learned sinks): each sequence against
 its own keys, checked sequence by sequence against the fp32 reference under the error rule, in both
-dtypes and at the head dims the table serves them; with gradients the call is refused clearly."""
+dtypes and at the head dims the table serves them; with gradients, the gradients too, and a variant
+the varlen backward lacks is refused clearly."""
 from __future__ import annotations
 
 import pytest
@@ -74,11 +75,86 @@ def test_varlen_variants_match_the_reference(torch, dtype, case):
             at += n
 
 
-def test_varlen_variants_refuse_gradients(torch):
+TRAIN = {   # name -> (head dims (96: padded to 128), attention_varlen keywords but the tensors)
+    "window": ((64, 96, 128, 256), {"causal": True, "window": (32, 0)}),
+    "window_two_sided": ((64, 256), {"window": (40, 17)}),
+    "softcap": ((64, 128, 256), {"causal": True, "softcap": 30.0}),
+    "window_softcap": ((96, 256), {"causal": True, "window": (48, 0), "softcap": 50.0}),
+    "alibi": ((64, 128), {"causal": True, "alibi_slopes": "slopes"}),
+    "sinks": ((64,), {"causal": True, "sinks": "sinks"}),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", list(TRAIN))
+def test_varlen_variants_train(torch, dtype, case):
+    """attention_varlen with a variant on tensors that need gradients: out, dq, dk, dv (and learned
+    sinks' gradient) sequence by sequence against autograd through the fp32 reference, under the
+    backward's rule (twice torch's low-precision error plus the reference's rounding floor)."""
     import attngen
-    q, k, v, cu = sequences(torch, torch.float16, 64)
-    with pytest.raises(NotImplementedError, match="no backward for attention_varlen with window"):
-        attngen.attention_varlen(q.requires_grad_(), k, v, cu, cu, max(LENS), max(LENS), causal=True, window=(8, 0))
+    from attngen.core.variants import ALIBI, SINK, SOFTCAP, call_mask
+    from attngen.eval.verify.backward import rounding_floor
+    from attngen.eval.verify.cases import attention_torch, error_bound, exact_fp32_matmul
+    dims, kwargs = TRAIN[case]
+    dt = getattr(torch, dtype)
+    for d in dims:
+        q, k, v, cu = sequences(torch, dt, d)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        heads = q.shape[1]
+        call = dict(kwargs)
+        if call.get("alibi_slopes") == "slopes":
+            call["alibi_slopes"] = torch.rand(heads, device="cuda") * 0.3
+        if call.get("sinks") == "sinks":
+            call["sinks"] = (torch.randn(heads, device="cuda") * 2).requires_grad_()
+        o = attngen.attention_varlen(q, k, v, cu, cu, max(LENS), max(LENS), **call)
+        dout = torch.randn_like(o)
+        leaves = (q, k, v) + ((call["sinks"],) if "sinks" in call else ())
+        grads = torch.autograd.grad(o, leaves, dout)
+        window = call.get("window")
+        mask = call_mask(call.get("causal", False), window)
+        sink_ref = sink_low = 0.0
+        at = 0
+        for n in LENS:
+            def t(x):
+                return x.detach()[at:at + n].transpose(0, 1)[None]    # (1, H, n, d)
+            refs, lows = [], []
+            for precise in (True, False):
+                xs = [(t(x).float() if precise else t(x)).requires_grad_() for x in (q, k, v)]
+                sinks = call.get("sinks")
+                sinks = None if sinks is None else sinks.detach().float().requires_grad_()
+                modifiers = tuple((variant, sinks if variant is SINK else call[variant.argument])
+                                  for variant in (SOFTCAP, ALIBI, SINK) if call.get(variant.argument) is not None)
+                args = dict(scale=d ** -0.5, mask=mask, alignment="top_left" if mask != "none" else None,
+                            window=window, modifiers=modifiers)
+                with exact_fp32_matmul(torch):
+                    out, _ = attention_torch(*xs, **args)
+                    got = torch.autograd.grad(out, xs + ([sinks] if sinks is not None else []), t(dout).to(out.dtype))
+                (refs if precise else lows).append((out, got))
+            (ref, ref_grads), (low, low_grads) = refs[0], lows[0]
+            label = f"{case} d{d} sequence of {n}"
+            err, low_err = (t(o).float() - ref).abs().max().item(), (low.float() - ref).abs().max().item()
+            assert err <= error_bound(low_err), f"{label} out: {err:.3g} > {error_bound(low_err):.3g}"
+            for name, got, r, lo in zip(("dq", "dk", "dv"), grads[:3], ref_grads[:3], low_grads[:3]):
+                g = t(got).float()
+                err, low_err = (g - r).abs().max().item(), (lo.float() - r).abs().max().item()
+                bound = error_bound(low_err) + rounding_floor(torch, r, dt)
+                assert err <= bound, f"{label} {name}: {err:.3g} > {bound:.3g} (torch {low_err:.3g})"
+            if "sinks" in call:
+                sink_ref, sink_low = sink_ref + ref_grads[3], sink_low + low_grads[3]
+            at += n
+        if "sinks" in call:
+            err = (grads[3].float() - sink_ref).abs().max().item()
+            low_err = (sink_low.float() - sink_ref).abs().max().item()
+            assert err <= error_bound(low_err) + 1e-3, f"{case} d{d} dsinks: {err:.3g} (torch {low_err:.3g})"
+
+
+def test_varlen_variants_without_a_backward_are_refused(torch):
+    """ALiBi at d256 has no varlen backward (and nothing above it): refused before the forward runs."""
+    import attngen
+    q, k, v, cu = sequences(torch, torch.float16, 256)
+    with pytest.raises(NotImplementedError, match="no varlen backward"):
+        attngen.attention_varlen(q.requires_grad_(), k, v, cu, cu, max(LENS), max(LENS), causal=True,
+                                 alibi_slopes=torch.rand(q.shape[1], device="cuda") * 0.3)
 
 
 def test_varlen_variants_compile_without_a_graph_break(torch):

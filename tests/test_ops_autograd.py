@@ -121,3 +121,63 @@ def test_eager_function_saves_what_the_op_saves(monkeypatch):
     _sdpa(*leaves, True, None, "bhsd")[0].backward(dout)
     for a, b in zip((q, k, v), leaves):
         assert torch.allclose(a.grad, b.grad, atol=1e-5)
+
+
+def _varlen_sinks(q, k, v, cu, causal, scale, sinks):
+    """Per-sequence attention of varlen (total, H, D) tensors with learned sinks (a valueless logit per
+    head in every row's softmax), bottom-right causal: (o, lse (H, total)) in fp32."""
+    outs, lses = [], []
+    for b in range(len(cu) - 1):
+        s0, s1 = int(cu[b]), int(cu[b + 1])
+        qs, ks, vs = (t[s0:s1].float().transpose(0, 1) for t in (q, k, v))
+        s = qs @ ks.transpose(-1, -2) * (scale or q.shape[-1] ** -0.5)
+        if causal:
+            n = s1 - s0
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        joined = torch.cat([s, sinks.float().view(-1, 1, 1).expand(-1, s.shape[1], 1)], dim=-1)
+        p = torch.softmax(joined, -1)[..., :-1]
+        outs.append((p @ vs).transpose(0, 1))
+        lses.append(torch.logsumexp(joined, -1))
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def test_varlen_training_with_variants_and_sinks(monkeypatch):
+    """attention_varlen with variants on tensors that need gradients takes the varlen variant op's
+    eager Function: the backward gets the call's window, softcap and slopes, and learned sinks get
+    their gradient (library.varlen_sink_gradient) equal to autograd's through the written-out softmax."""
+    import attngen
+    from attngen.ops import library
+    seen = []
+
+    def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, alignment, scale, window, softcap, alibi_slopes,
+                deterministic=False, sinks=None):
+        o, lse = _varlen_sinks(q, k, v, cu_q, causal, scale, sinks)
+        return o.to(q.dtype), lse
+
+    def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, alignment, scale, window, softcap,
+                 alibi_slopes, deterministic=False):
+        seen.append((tuple(out.shape), tuple(lse.shape), causal, alignment, window, softcap, deterministic))
+        leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        with torch.enable_grad():
+            # the kernel's gradients given the LSE that holds the sinks: P = exp(s - lse) without them
+            o, _ = _varlen_sinks(*leaves, cu_q, causal, scale, SINKS.detach())
+            o.backward(dout.float())
+        return tuple(x.grad.to(q.dtype) for x in leaves)
+
+    SINKS = torch.tensor([0.5, -1.0], requires_grad=True)
+    _, save, gradients, _ = library._EAGER["attention_varlen_variant"]
+    monkeypatch.setitem(library._EAGER, "attention_varlen_variant", (forward, save, gradients, backward))
+    monkeypatch.setattr(library, "varlen_backward_kernel", lambda *args: None)
+    # on CPU tensors the entry point takes the op; here its eager Function is what is under test
+    monkeypatch.setattr(library, "train", lambda call, *inputs: library._EagerTrain.apply(call, *inputs))
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    q, k, v = (torch.randn(8, 2, 8, requires_grad=True) for _ in range(3))
+    o = attngen.attention_varlen(q, k, v, cu, cu, 5, 5, causal=True, window=(4, 0), softcap=30.0, sinks=SINKS)
+    dout = torch.randn(o.shape)
+    o.backward(dout)
+    assert seen == [((8, 2, 8), (2, 8), True, None, [4, 0], 30.0, False)]
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, SINKS)]
+    ref, _ = _varlen_sinks(*leaves[:3], cu, True, None, leaves[3])
+    ref.backward(dout)
+    for a, b in zip((q, k, v, SINKS), leaves):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5), (a.grad, b.grad)

@@ -479,8 +479,8 @@ rule_backward_varlen_no_expressions = refuse(
               "true, or put the expressions in a spec without it", "rule_backward_varlen_no_expressions")
 rule_backward_varlen_plain = refuse(
     "varlen", lambda s: s.varlen and (s.scores or "window" in s.masks),
-    lambda s: "the backward's varlen call takes masks none and causal, without score modifiers, so far (as the "
-              "forward's varlen op); drop varlen: true, or put the window and scores in a spec without it",
+    lambda s: f"the varlen functions of backward: {s.backward} take masks none and causal, without score "
+              "modifiers, so far; drop varlen: true, or put the window and scores in a spec without it",
     "rule_backward_varlen_plain")
 rule_always_rescales = refuse(
     "softmax.rescale", lambda s: s.softmax.rescale != "always",

@@ -124,8 +124,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q: int
 
     Variants as in attention(), per sequence (a window's bottom_right alignment and ALiBi's offset
     use each sequence's own lengths; (B, Hq) slopes are per sequence): window, softcap, alibi_slopes,
-    sinks. With them the call is forward only for now (the table has no varlen backward with
-    variants): call it under torch.no_grad() / torch.inference_mode().
+    sinks; differentiable where the table has a varlen backward for the call's mask and score
+    modifiers (`attngen dispatch --call varlen_backward --window`, ...; learned sinks take the varlen
+    backward of their mask and get their own gradient).
 
     Paged K/V (FlashAttention's block_table= and seqused_k=, forward only): k and v are page pools
     (num_pages, page_size, Hkv, D), page_size a power of two from 1 to 512 (a decode pool (num_pages, Hkv,
@@ -151,10 +152,19 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q: int
     if cu_seqlens_k is None:
         raise ValueError("cu_seqlens_k is needed without block_table (packed K/V): int32 (batch + 1) offsets")
     if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
+        window = None if window is None else list(window)
         if grad() and (q.requires_grad or k.requires_grad or v.requires_grad or
                        (sinks is not None and sinks.requires_grad)):
-            _refuse_grad("attention_varlen with window, softcap, alibi_slopes or sinks")
-        window = None if window is None else list(window)
+            # as attention()'s variants: the differentiable varlen variant op (compiling), or first the
+            # table's varlen backward for the call's mask and scores, then the eager training call
+            args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, window,
+                    softcap, alibi_slopes, deterministic) + (() if sinks is None else (sinks,))
+            if compiling():
+                o, lse = ops.attention_varlen_variant_train(*args)
+            else:
+                library.varlen_backward_kernel(q, k, causal, max_seqlen_k, v, window, softcap, alibi_slopes)
+                o, lse = library.train("attention_varlen_variant", *args)
+            return (o, lse) if return_lse else o
         if compiling():
             o, lse = ops.attention_varlen_variant(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                   causal, alignment, scale, window, softcap, alibi_slopes, sinks)

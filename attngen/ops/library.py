@@ -148,6 +148,13 @@ def sink_gradient(dout, out, lse, sinks, layout):
     return -(weight * rows).sum(dim=(0, 2))
 
 
+def varlen_sink_gradient(dout, out, lse, sinks):
+    """sink_gradient for varlen tensors: dout and out (total_q, H, Dv), lse (H, total_q)."""
+    rows = (dout.float() * out.float()).sum(-1).t()         # (H, total_q)
+    weight = torch.exp(sinks.float().reshape(-1, 1) - lse)
+    return -(weight * rows).sum(dim=1)
+
+
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, return_lse,
            window=None, softcap=None, alibi_slopes=None, sinks=None):
     """The eager varlen forward: the table's varlen kernel for the call's mask and score modifiers
@@ -307,42 +314,45 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
                   deterministic=deterministic)
 
 
-def varlen_backward_kernel(q, k, causal, max_seqlen_k, v=None):
-    """The table's backward kernel for a varlen call's gradients (keyed by V's head dim too, where v
-    is given and it differs); NotImplementedError (before the forward runs, from attention_varlen())
-    where the table has none."""
+def varlen_backward_kernel(q, k, causal, max_seqlen_k, v=None, window=None, softcap=None, alibi_slopes=None):
+    """The table's backward kernel for a varlen call's gradients (its mask and score modifiers; keyed
+    by V's head dim too, where v is given and it differs); NotImplementedError (before the forward runs,
+    from attention_varlen()) where the table has none."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
     d, dv = q.shape[-1], q.shape[-1] if v is None else v.shape[-1]
-    mask = "causal" if causal else "none"
-    d, dv = DISPATCH.padded_dims("varlen_backward", index, q.dtype, d, dv, mask) or (d, dv)
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes)
+    d, dv = DISPATCH.padded_dims("varlen_backward", index, q.dtype, d, dv, mask, scores) or (d, dv)
     dv = 0 if dv == d else dv
     try:
         return DISPATCH.kernel("varlen_backward", index, q.dtype, d, mask,
-                               max_seqlen_k if max_seqlen_k is not None else k.shape[0], head_dim_v=dv)
+                               max_seqlen_k if max_seqlen_k is not None else k.shape[0], head_dim_v=dv, scores=scores)
     except LookupError as exc:
         raise NotImplementedError(f"attngen has no varlen backward for this call yet: {exc}") from None
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                    alignment, scale, deterministic=False):
+                    alignment, scale, deterministic=False, window=None, softcap=None, alibi_slopes=None):
     """The gradients (dq, dk, dv) of attention_varlen at dout through the table's varlen backward
-    spec (dout copied when the kernel cannot read it in place, as in backward())."""
+    spec for the call's mask and score modifiers (dout copied when the kernel cannot read it in place,
+    as in backward())."""
     d = q.shape[-1]
-    pad = DISPATCH.padded_dims("varlen_backward", q.get_device(), q.dtype, d, v.shape[-1],
-                               "causal" if causal else "none") if q.get_device() >= 0 else None
+    pad = DISPATCH.padded_dims("varlen_backward", q.get_device(), q.dtype, d, v.shape[-1], call_mask(causal, window),
+                               call_scores(softcap, alibi_slopes)) if q.get_device() >= 0 else None
     if pad:
         grads = varlen_backward(_pad(dout, pad[1]), _pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]),
                                 _pad(out, pad[1]), lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                alignment, _scale(scale, d), deterministic)
+                                alignment, _scale(scale, d), deterministic, window, softcap, alibi_slopes)
         return _cut_gradients(grads, d, v.shape[-1])
-    kernel = varlen_backward_kernel(q, k, causal, max_seqlen_k, v)
+    kernel = varlen_backward_kernel(q, k, causal, max_seqlen_k, v, window, softcap, alibi_slopes)
     if not _vector_ready(dout):
         dout = dout.contiguous()
+    variants = {} if window is None and softcap is None and alibi_slopes is None else {
+        "window": None if window is None else tuple(window), "softcap": softcap, "alibi_slopes": alibi_slopes}
     return kernel.varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, causal=causal, alignment=alignment, scale=scale,
-                         deterministic=deterministic)
+                         deterministic=deterministic, **variants)
 
 
 _DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
@@ -561,6 +571,13 @@ LIB.define("attention_varlen_train(Tensor q, Tensor k, Tensor v, Tensor cu_seqle
 LIB.define("attention_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
            "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q, int? max_seqlen_k, bool causal, "
            "str? alignment, float? scale, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
+LIB.define("attention_varlen_variant_train(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+           "int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, float? scale, int[]? window, "
+           "float? softcap, Tensor? alibi_slopes, bool deterministic=False, Tensor? sinks=None) -> (Tensor, Tensor)")
+LIB.define("attention_varlen_variant_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+           "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q, int? max_seqlen_k, bool causal, "
+           "str? alignment, float? scale, int[]? window, float? softcap, Tensor? alibi_slopes, "
+           "bool deterministic=False) -> (Tensor, Tensor, Tensor)")
 LIB.define("attention_fp8(Tensor q, Tensor k, Tensor v_t, Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, "
            "bool causal, str? alignment, float? scale, str layout) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
@@ -617,6 +634,20 @@ def attention_varlen_backward_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seq
                                    causal, alignment, scale, deterministic=False):
     return varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                            alignment, scale, deterministic)
+
+
+def attention_varlen_variant_train_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                        alignment, scale, window, softcap, alibi_slopes, deterministic=False,
+                                        sinks=None):
+    return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, True,
+                  window, softcap, alibi_slopes, sinks)
+
+
+def attention_varlen_variant_backward_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, causal, alignment, scale, window, softcap, alibi_slopes,
+                                           deterministic=False):
+    return varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                           alignment, scale, deterministic, window, softcap, alibi_slopes)
 
 
 def attention_with_kvcache_cuda(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
@@ -690,6 +721,19 @@ def attention_varlen_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seq
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+def attention_varlen_variant_train_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                        alignment, scale, window, softcap, alibi_slopes, deterministic=False,
+                                        sinks=None):
+    return attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                 scale)
+
+
+def attention_varlen_variant_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, causal, alignment, scale, window, softcap, alibi_slopes,
+                                           deterministic=False):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
     return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
@@ -729,7 +773,7 @@ def _register_fake(name: str, fake) -> None:
 
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
               "attention_variant_backward", "attention_varlen", "attention_varlen_variant", "attention_varlen_train",
-              "attention_varlen_backward",
+              "attention_varlen_backward", "attention_varlen_variant_train", "attention_varlen_variant_backward",
               "attention_with_kvcache", "attention_with_kvcache_variant", "attention_fp8", "merge_attention"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     _register_fake(_name, globals()[f"{_name}_fake"])
@@ -787,12 +831,35 @@ def _attention_varlen_gradients(ctx, grad_o, grad_lse, backward_call=None):
     return dq, dk, dv, None, None, None, None, None, None, None, None   # none for the offsets and options
 
 
+def _attention_varlen_variant_setup(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, window, softcap,
+     alibi_slopes, deterministic, *sinks) = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *sinks)
+    ctx.call = (max_seqlen_q, max_seqlen_k, causal, alignment, scale, window, softcap)
+    ctx.deterministic = deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+def _attention_varlen_variant_gradients(ctx, grad_o, grad_lse, backward_call=None):
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *sinks = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, causal, alignment, scale, window, softcap = ctx.call
+    dq, dk, dv = (backward_call or torch.ops.attngen.attention_varlen_variant_backward)(
+        grad_o, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale,
+        window, softcap, alibi_slopes, ctx.deterministic)
+    dsinks = [varlen_sink_gradient(grad_o, o, lse, s) if s is not None and s.requires_grad else None for s in sinks]
+    # none for the offsets, lengths and options (11 of them), the sinks their own
+    return (dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, *dsinks)
+
+
 torch.library.register_autograd("attngen::attention_train", _attention_gradients, setup_context=_attention_setup,
                                 lib=LIB)
 torch.library.register_autograd("attngen::attention_variant_train", _attention_variant_gradients,
                                 setup_context=_attention_variant_setup, lib=LIB)
 torch.library.register_autograd("attngen::attention_varlen_train", _attention_varlen_gradients,
                                 setup_context=_attention_varlen_setup, lib=LIB)
+torch.library.register_autograd("attngen::attention_varlen_variant_train", _attention_varlen_variant_gradients,
+                                setup_context=_attention_varlen_variant_setup, lib=LIB)
 
 
 
@@ -808,6 +875,8 @@ _EAGER = {   # call -> (forward, save, gradients, backward)
                           attention_variant_backward_cuda),
     "attention_varlen": (attention_varlen_train_cuda, _attention_varlen_setup, _attention_varlen_gradients,
                          attention_varlen_backward_cuda),
+    "attention_varlen_variant": (attention_varlen_variant_train_cuda, _attention_varlen_variant_setup,
+                                 _attention_varlen_variant_gradients, attention_varlen_variant_backward_cuda),
 }
 
 
@@ -827,7 +896,7 @@ class _EagerTrain(torch.autograd.Function):
 
 
 def train(call: str, *inputs):
-    """The eager training call `call` (attention, attention_variant, attention_varlen) on the inputs of
+    """The eager training call `call` (attention, attention_variant, attention_varlen, attention_varlen_variant) on the inputs of
     its attngen::<call>_train op: (o, lse), differentiable in q, k and v. Tensors off the GPU take the
     op itself (the CPU stand-ins of the ops' tests implement it)."""
     if not inputs[0].is_cuda:

@@ -213,13 +213,16 @@ def judge_gradients(torch, result: CaseResult, got_all, ref_all, low_all, dtype:
     return {key[len("extra "):]: flat[key] for key in extra}
 
 
-def varlen_gradients(torch, q, k, v, dout, case: VarlenCase, variant: Variant, scale: float):
+def varlen_gradients(torch, q, k, v, dout, case: VarlenCase, variant: Variant, scale: float, plan=None,
+                     scores: dict | None = None):
     """(reference, low-precision) of attention_gradients for varlen tensors, sequence by sequence:
-    each a tuple (out, lse (heads, total_q), dq, dk, dv) in varlen (total, heads, d) form."""
+    each a tuple (out, lse (heads, total_q), dq, dk, dv) in varlen (total, heads, d) form; `scores`
+    are the call's score-modifier arguments of `plan` (ALiBi slopes per sequence)."""
     refs, lows = [], []
     q0 = k0 = 0
-    call = dict(scale=scale, mask=variant.mask, alignment=variant.alignment, window=variant.visible_window)
-    for lq, lk in zip(case.lens_q, case.keys):
+    for b, (lq, lk) in enumerate(zip(case.lens_q, case.keys)):
+        call = dict(scale=scale, mask=variant.mask, alignment=variant.alignment, window=variant.visible_window,
+                    modifiers=score_modifiers(plan, scores, slice(b, b + 1)) if plan is not None else ())
         qs, ks, vs, ds = (t.transpose(0, 1)[None] for t in (q[q0:q0 + lq], k[k0:k0 + lk], v[k0:k0 + lk],
                                                             dout[q0:q0 + lq]))
         with exact_fp32_matmul(torch):
@@ -246,10 +249,11 @@ def check_varlen_backward_case(kernel, variant: Variant, case: VarlenCase, seed:
                         variant.label + " varlen" + (DETERMINISTIC if deterministic else ""), case, passed=False)
     d, dtype, dev = plan.head_dim, kernel.dtype, kernel.device
     tq, tk = sum(case.lens_q), sum(case.keys)
-    _, randn, q, k, v = varlen_case_inputs(torch, kernel, case, seed)
+    gen, randn, q, k, v = varlen_case_inputs(torch, kernel, case, seed)
     dout = randn(tq, case.heads, d)
     scale = SCALE_FACTOR * default_scale(d)
-    ref, low = varlen_gradients(torch, q, k, v, dout, case, variant, scale)
+    scores = score_arguments(plan, len(case.lens_q), case.heads, gen, dev)
+    ref, low = varlen_gradients(torch, q, k, v, dout, case, variant, scale, plan, scores)
     out, lse = ref[0].to(dtype), ref[1].contiguous()
     guard = -(-max(plan.block_m, plan.block_n) // ROW_ALIGN) * ROW_ALIGN
     cu_q, cu_k = cu_seqlens(torch, case.lens_q, dev), cu_seqlens(torch, case.keys, dev)
@@ -257,9 +261,9 @@ def check_varlen_backward_case(kernel, variant: Variant, case: VarlenCase, seed:
     def run():
         bufs = [torch.full((n + guard,) + tuple(t.shape[1:]), float("nan"), dtype=dtype, device=dev)
                 for n, t in ((tq, q), (tk, k), (tk, v))]
-        grads = kernel.varlen(q, k, v, out, lse, dout, cu_q, cu_k, **variant.call_arguments(), scale=scale,
-                              dq=bufs[0][:tq], dk=bufs[1][:tk], dv=bufs[2][:tk], deterministic=deterministic,
-                              max_seqlen_k=max(case.keys) if case.give_max else None)
+        grads = kernel.varlen(q, k, v, out, lse, dout, cu_q, cu_k, **variant.call_arguments(), **scores,
+                              scale=scale, dq=bufs[0][:tq], dk=bufs[1][:tk], dv=bufs[2][:tk],
+                              deterministic=deterministic, max_seqlen_k=max(case.keys) if case.give_max else None)
         return grads, bufs
     (dq, dk, dv), bufs = run()
     if deterministic:

@@ -40,7 +40,7 @@ from ...core.launch_rules import ROW_THREADS, lanes_per_row, rows_per_row_block
 from ...core.layout import Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget, layout_regions
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, round_up, rule_backward_no_rescale,
-                               rule_backward_varlen_no_expressions, rule_backward_varlen_plain,
+                               rule_backward_varlen_no_expressions,
                                rule_head_dim_vector_loads)
 from ...core.wgmma import (ROWS_PER_WARPGROUP, WARPGROUP, panel_swizzle, rule_swizzle_panels, rule_target_has_sm90a,
                            swizzled_tile, widest_panels)
@@ -211,7 +211,7 @@ rule_backward_group_split = refuse(
 
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
                            rule_backward_warpgroups, rule_backward_head_dim, rule_backward_varlen_no_expressions,
-                           rule_backward_copies, rule_backward_opt_in, rule_backward_varlen_plain,
+                           rule_backward_copies, rule_backward_opt_in,
                            rule_backward_registers, rule_backward_rows_plain, rule_backward_one_block,
                            rule_backward_no_rescale, rule_backward_group_split)
 

@@ -215,12 +215,14 @@ class BackwardKernel(Kernel):
     def varlen(self, q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
                max_seqlen_k: int | None = None, causal: bool = False, alignment: str | None = None,
                scale: float | None = None, dq=None, dk=None, dv=None, deterministic: bool = False,
-               validate: bool = False):
+               validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None):
         """The gradients (dq, dk, dv) of the forward's varlen call: q (total_q, Hq, D), k and v
         (total_k, Hkv, D), every sequence's rows back to back at cu_seqlens_q/k (int32 (batch + 1,),
         on the GPU), out and dout shaped like q, lse fp32 (Hq, total_q) as the forward's varlen call
         returns it. causal, alignment and scale as that call had them (bottom_right: FlashAttention's
-        varlen convention, per sequence). GQA/MQA: dk and dv sum over each group.
+        varlen convention, per sequence), and so window, softcap and alibi_slopes (the spec's
+        variants; a window's alignment and ALiBi's offset per sequence, (B, Hq) slopes per sequence,
+        as in the forward's varlen call). GQA/MQA: dk and dv sum over each group.
 
         Nothing waits for the GPU by default: the kernels clamp every offset to the tensors.
         max_seqlen_k (the longest key sequence) sizes the grid; without it the grid covers total_k
@@ -248,11 +250,12 @@ class BackwardKernel(Kernel):
                 if given is not None and given < longest:
                     raise ValueError(f"{name.replace('cu_seqlens', 'max_seqlen')} is {given} but a sequence has "
                                      f"{longest} rows; pass at least {longest} (or leave it unset)")
-        mask = self._check_mask(causal, None)
+        mask = self._check_mask(causal, window)
         scale = self._check_scale(scale)
-        # Lengths 0: each sequence adds its own offsets (mask_for_sequence).
-        values = self._variant_values(mask, causal, alignment, None, 0, 0, scale, {}, {"batch": batch, "heads": heads,
-                                                                                        "device": index})
+        # Lengths 0: each sequence adds its own offsets (mask_for_sequence; ALiBi reads its lengths).
+        values = self._variant_values(mask, causal, alignment, window, 0, 0, scale,
+                                      {"softcap": softcap, "alibi_slopes": alibi_slopes},
+                                      {"batch": batch, "heads": heads, "device": index})
         dq, dk, dv = (self._gradient(name, g, t, VARLEN_LAYOUT, index) for name, g, t in (("dq", dq, q), ("dk", dk, k),
                                                                                             ("dv", dv, v)))
         if not (total_q and total_k):
