@@ -33,8 +33,10 @@ CASES = {   # name -> (head dims, attention_varlen keywords but the tensors, the
     "window_two_sided": ((64, 128, 256), {"window": (40, 17)}),
     "softcap": ((64, 128, 256), {"causal": True, "softcap": 30.0}),
     "softcap_non_causal": ((256,), {"softcap": 30.0}),
-    "alibi": ((64, 128), {"alibi_slopes": "slopes"}),
-    "sinks": ((64,), {"causal": True, "sinks": "sinks"}),
+    "alibi": ((64, 128, 256), {"alibi_slopes": "slopes"}),
+    "alibi_window": ((256,), {"causal": True, "window": (40, 0), "alibi_slopes": "slopes"}),
+    "sinks": ((64, 128, 256), {"causal": True, "sinks": "sinks"}),
+    "sinks_window": ((128, 256), {"causal": True, "window": (40, 0), "sinks": "sinks"}),
 }
 
 
@@ -80,8 +82,9 @@ TRAIN = {   # name -> (head dims (96: padded to 128), attention_varlen keywords 
     "window_two_sided": ((64, 256), {"window": (40, 17)}),
     "softcap": ((64, 128, 256), {"causal": True, "softcap": 30.0}),
     "window_softcap": ((96, 256), {"causal": True, "window": (48, 0), "softcap": 50.0}),
-    "alibi": ((64, 128), {"causal": True, "alibi_slopes": "slopes"}),
-    "sinks": ((64,), {"causal": True, "sinks": "sinks"}),
+    "alibi": ((64, 128, 256), {"causal": True, "alibi_slopes": "slopes"}),
+    "alibi_window": ((256,), {"causal": True, "window": (48, 0), "alibi_slopes": "slopes"}),
+    "sinks": ((64, 128, 256), {"causal": True, "sinks": "sinks"}),
 }
 
 
@@ -149,11 +152,12 @@ def test_varlen_variants_train(torch, dtype, case):
 
 
 def test_varlen_variants_without_a_backward_are_refused(torch):
-    """ALiBi at d256 has no varlen backward (and nothing above it): refused before the forward runs."""
+    """Non-causal ALiBi at d256 has no varlen backward (its deterministic function would spill; nothing is
+    above d256): refused before the forward runs."""
     import attngen
     q, k, v, cu = sequences(torch, torch.float16, 256)
     with pytest.raises(NotImplementedError, match="no varlen backward"):
-        attngen.attention_varlen(q.requires_grad_(), k, v, cu, cu, max(LENS), max(LENS), causal=True,
+        attngen.attention_varlen(q.requires_grad_(), k, v, cu, cu, max(LENS), max(LENS), causal=False,
                                  alibi_slopes=torch.rand(q.shape[1], device="cuda") * 0.3)
 
 

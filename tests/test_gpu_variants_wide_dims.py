@@ -1,0 +1,116 @@
+"""Variants above d64 and d128 through the entry points: learned sinks at d128 and d256 and ALiBi at
+d256 (each with or without a window), in a training step through attngen.attention (out, dq, dk, dv
+and the sinks' gradient against autograd through the fp32 reference, under the backward's rule) and
+in a decode step through attngen.attention_with_kvcache (contiguous and paged caches), fp16 and bf16.
+Head dims 160 and 192 take the d256 kernels padded (attngen dispatch says so)."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def torch():
+    import torch
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the committed dispatch table measures sm_90 (H100/H200) for every call")
+    return torch
+
+
+TRAIN = {   # name -> (head dims, attention() keywords but the tensors)
+    "sinks": ((128, 256), {"causal": True, "sinks": "sinks"}),
+    "sinks_window": ((128, 192), {"causal": True, "window": (100, 0), "sinks": "sinks"}),
+    "alibi": ((160, 256), {"alibi_slopes": "slopes"}),
+    "alibi_causal": ((256,), {"causal": True, "alibi_slopes": "slopes"}),
+    "alibi_window": ((256,), {"causal": True, "window": (100, 0), "alibi_slopes": "slopes"}),
+}
+
+
+def _fill(torch, call, heads, grad):
+    call = dict(call)
+    if call.get("alibi_slopes") == "slopes":
+        call["alibi_slopes"] = torch.rand(heads, device="cuda") * 0.3
+    if call.get("sinks") == "sinks":
+        call["sinks"] = (torch.randn(heads, device="cuda") * 2).requires_grad_(grad)
+    return call
+
+
+def _modifiers(call, sinks):
+    from attngen.core.variants import ALIBI, SINK, SOFTCAP
+    return tuple((variant, sinks if variant is SINK else call[variant.argument])
+                 for variant in (SOFTCAP, ALIBI, SINK) if call.get(variant.argument) is not None)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", list(TRAIN))
+def test_training_step_with_wide_variants(torch, dtype, case):
+    import attngen
+    from attngen.core.variants import call_mask
+    from attngen.eval.verify.backward import rounding_floor
+    from attngen.eval.verify.cases import attention_torch, error_bound, exact_fp32_matmul
+    dims, kwargs = TRAIN[case]
+    dt = getattr(torch, dtype)
+    for d in dims:
+        g = torch.Generator(device="cuda").manual_seed(d)
+        q = torch.randn(2, 4, 333, d, device="cuda", generator=g).to(dt).requires_grad_()
+        k, v = (torch.randn(2, 2, 333, d, device="cuda", generator=g).to(dt).requires_grad_() for _ in range(2))
+        call = _fill(torch, kwargs, 4, True)
+        o = attngen.attention(q, k, v, **call)
+        dout = torch.randn_like(o)
+        leaves = (q, k, v) + ((call["sinks"],) if "sinks" in call else ())
+        grads = torch.autograd.grad(o, leaves, dout)
+        window = call.get("window")
+        mask = call_mask(call.get("causal", False), window)
+        results = []
+        for precise in (True, False):
+            xs = [(x.detach().float() if precise else x.detach()).requires_grad_() for x in (q, k, v)]
+            sinks = call["sinks"].detach().float().requires_grad_() if "sinks" in call else None
+            with exact_fp32_matmul(torch):
+                out, _ = attention_torch(*xs, scale=d ** -0.5, mask=mask, window=window,
+                                         alignment="top_left" if mask != "none" else None,
+                                         modifiers=_modifiers(call, sinks))
+                got = torch.autograd.grad(out, xs + ([sinks] if sinks is not None else []), dout.to(out.dtype))
+            results.append((out, got))
+        (ref, ref_grads), (low, low_grads) = results
+        label = f"{case} d{d} {dtype}"
+        err, low_err = (o.float() - ref).abs().max().item(), (low.float() - ref).abs().max().item()
+        assert err <= error_bound(low_err), f"{label} out: {err:.3g} > {error_bound(low_err):.3g}"
+        for name, got, r, lo in zip(("dq", "dk", "dv", "dsinks"), grads, ref_grads, low_grads):
+            err, low_err = (got.float() - r).abs().max().item(), (lo.float() - r).abs().max().item()
+            bound = error_bound(low_err) + rounding_floor(torch, r, dt) + (1e-3 if name == "dsinks" else 0)
+            assert err <= bound, f"{label} {name}: {err:.3g} > {bound:.3g} (torch {low_err:.3g})"
+
+
+DECODE = {   # name -> (head dims, attention_with_kvcache() keywords but the tensors)
+    "sinks": ((128, 256), {"sinks": "sinks"}),
+    "sinks_window": ((128, 256), {"window": (300, 0), "sinks": "sinks"}),
+    "alibi": ((256,), {"alibi_slopes": "slopes"}),
+    "alibi_window": ((192,), {"window": (300, 0), "alibi_slopes": "slopes"}),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", list(DECODE))
+def test_decode_step_with_wide_variants(torch, dtype, case):
+    import attngen
+    from attngen.eval.verify.cases import error_bound
+    from attngen.eval.verify.decode import DecodeCase, paged_cache, reference
+    dims, kwargs = DECODE[case]
+    dt = getattr(torch, dtype)
+    lengths = (1100, 333, 1)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    for d in dims:
+        g = torch.Generator(device="cuda").manual_seed(d)
+        q = torch.randn(3, 16, 1, d, device="cuda", generator=g).to(dt)
+        k, v = (torch.randn(3, 8, 1100, d, device="cuda", generator=g).to(dt) for _ in range(2))
+        call = _fill(torch, kwargs, 16, False)
+        window = call.get("window")
+        case_ = DecodeCase(3, 16, 8, 1, 1100, lengths, causal=True, window=window)
+        ref, _, low = reference(torch, q, k, v, lengths, case_, d ** -0.5, _modifiers(call, call.get("sinks")))
+        bound = error_bound((low.float() - ref).abs().max().item())
+        kp, vp, table = paged_cache(torch, k, v, lengths, 16, "bhsd")
+        for kc, vc, tb in ((k, v, None), (kp, vp, table)):
+            out = attngen.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=tb, causal=True, **call)
+            err = (out.float() - ref).abs().max().item()
+            assert err <= bound, f"{case} d{d} {dtype} paged={tb is not None}: {err:.3g} > {bound:.3g}"
