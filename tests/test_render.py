@@ -57,31 +57,19 @@ def invoke(*args):
 
 
 @pytest.mark.parametrize("path", SPECS)
-def test_render_twice_identical(path, in_repo):
+def test_rendered_spec(path, in_repo):
+    """Each spec's render: the same files when rendered again, the provenance header in every part, a
+    normalised text and one entry point per mask function. One test renders twice rather than four
+    tests rendering once or twice each: every spec's render is CI's second largest cost after nvcc."""
     rel = path.relative_to(ROOT)
-    a = render_spec_file(rel).files
-    b = render_spec_file(rel).files
-    assert a == b
+    r = render_spec_file(rel)
+    assert render_spec_file(rel).files == r.files, "a second render wrote other bytes"
+    check_header(path, r)
+    check_normalised(r)
+    check_one_entry_point_per_mask(r)
 
 
-@pytest.mark.exhaustive
-def test_render_independent_of_hash_seed(in_repo):
-    # Set and dict ordering of strings changes with PYTHONHASHSEED; the output must not.
-    code = ("import sys, hashlib; from attngen.render import render_spec_file; "
-            "print(hashlib.sha256(''.join(s for p in sys.argv[1:] for _, s in render_spec_file(p).files).encode()).hexdigest())")
-    rels = [str(p.relative_to(ROOT)) for p in SPEC_FILES]
-    digests = set()
-    for seed in ("0", "1", "12345"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", code, *rels], capture_output=True, text=True, env=env, cwd=ROOT)
-        assert out.returncode == 0, out.stderr
-        digests.add(out.stdout.strip())
-    assert len(digests) == 1
-
-
-@pytest.mark.parametrize("path", SPECS)
-def test_header(path, in_repo):
-    r = render_spec_file(path.relative_to(ROOT))
+def check_header(path, r):
     # the header names the spec by its address: specs/<name>.yaml, for a lab spec or a dtype cell too
     rel = cell_at(path).address.relative_to(ROOT).as_posix()
     assert rel == f"specs/{r.plan.spec.name}.yaml"
@@ -97,21 +85,33 @@ def test_header(path, in_repo):
         assert f"kernel parameters (Params, {r.plan.abi.size} B by value)" in part.source
 
 
-@pytest.mark.parametrize("path", SPECS)
-def test_source_is_normalised(path, in_repo):
-    for _, src in render_spec_file(path.relative_to(ROOT)).files:
-        assert src.endswith("\n") and not src.endswith("\n\n")
-        assert "\n\n\n" not in src
-        assert all(line == line.rstrip() for line in src.splitlines())
-        assert "\t" not in src
+def check_normalised(r):
+    for name, src in r.files:
+        assert src.endswith("\n") and not src.endswith("\n\n"), name
+        assert "\n\n\n" not in src, name
+        assert all(line == line.rstrip() for line in src.splitlines()), name
+        assert "\t" not in src, name
 
 
-@pytest.mark.parametrize("path", SPECS)
-def test_one_entry_point_per_mask(path, in_repo):
-    r = render_spec_file(path.relative_to(ROOT))
+def check_one_entry_point_per_mask(r):
     for part, (_, src) in zip(r.plan.parts, r.files):
         for _, fn in part.functions:
             assert src.count(f"\n{fn}(") == 1, fn
+
+
+@pytest.mark.exhaustive
+def test_render_independent_of_hash_seed(in_repo):
+    # Set and dict ordering of strings changes with PYTHONHASHSEED; the output must not.
+    code = ("import sys, hashlib; from attngen.render import render_spec_file; "
+            "print(hashlib.sha256(''.join(s for p in sys.argv[1:] for _, s in render_spec_file(p).files).encode()).hexdigest())")
+    rels = [str(p.relative_to(ROOT)) for p in SPEC_FILES]
+    digests = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code, *rels], capture_output=True, text=True, env=env, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
 
 
 def test_check_passes_on_repo(in_repo):
