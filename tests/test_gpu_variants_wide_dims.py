@@ -1,8 +1,10 @@
-"""Variants above d64 and d128 through the entry points: learned sinks at d128 and d256 and ALiBi at
-d256 (each with or without a window), in a training step through attngen.attention (out, dq, dk, dv
-and the sinks' gradient against autograd through the fp32 reference, under the backward's rule) and
-in a decode step through attngen.attention_with_kvcache (contiguous and paged caches), fp16 and bf16.
-Head dims 160 and 192 take the d256 kernels padded (attngen dispatch says so)."""
+"""Variants beyond d64 and d128 and in combination, through the entry points: learned sinks at d128
+and d256 and ALiBi at d256, each with or without a window; ALiBi under a window at d64 and d128;
+softcap with ALiBi at d64-d256, with or without a window (FlashAttention's tests combine all
+three). In a training step through attngen.attention (out, dq, dk, dv and the sinks' gradient
+against autograd through the fp32 reference, under the backward's rule) and in a decode step
+through attngen.attention_with_kvcache (contiguous and paged caches), fp16 and bf16. Head dims 96,
+160 and 192 take the next served kernels padded (attngen dispatch says so)."""
 from __future__ import annotations
 
 import pytest
@@ -23,7 +25,11 @@ TRAIN = {   # name -> (head dims, attention() keywords but the tensors)
     "sinks_window": ((128, 192), {"causal": True, "window": (100, 0), "sinks": "sinks"}),
     "alibi": ((160, 256), {"alibi_slopes": "slopes"}),
     "alibi_causal": ((256,), {"causal": True, "alibi_slopes": "slopes"}),
-    "alibi_window": ((256,), {"causal": True, "window": (100, 0), "alibi_slopes": "slopes"}),
+    "alibi_window": ((64, 128, 256), {"causal": True, "window": (100, 0), "alibi_slopes": "slopes"}),
+    "alibi_two_sided_window": ((96, 256), {"window": (60, 20), "alibi_slopes": "slopes"}),
+    "softcap_alibi": ((256,), {"softcap": 30.0, "alibi_slopes": "slopes"}),
+    "softcap_alibi_window": ((64, 128, 256), {"causal": True, "window": (100, 0), "softcap": 30.0,
+                                              "alibi_slopes": "slopes"}),
 }
 
 
@@ -86,7 +92,7 @@ DECODE = {   # name -> (head dims, attention_with_kvcache() keywords but the ten
     "sinks": ((128, 256), {"sinks": "sinks"}),
     "sinks_window": ((128, 256), {"window": (300, 0), "sinks": "sinks"}),
     "alibi": ((256,), {"alibi_slopes": "slopes"}),
-    "alibi_window": ((192,), {"window": (300, 0), "alibi_slopes": "slopes"}),
+    "alibi_window": ((128, 192), {"window": (300, 0), "alibi_slopes": "slopes"}),
 }
 
 

@@ -34,9 +34,12 @@ CASES = {   # name -> (head dims, attention_varlen keywords but the tensors, the
     "softcap": ((64, 128, 256), {"causal": True, "softcap": 30.0}),
     "softcap_non_causal": ((256,), {"softcap": 30.0}),
     "alibi": ((64, 128, 256), {"alibi_slopes": "slopes"}),
-    "alibi_window": ((256,), {"causal": True, "window": (40, 0), "alibi_slopes": "slopes"}),
+    "alibi_window": ((64, 128, 256), {"causal": True, "window": (40, 0), "alibi_slopes": "slopes"}),
     "sinks": ((64, 128, 256), {"causal": True, "sinks": "sinks"}),
     "sinks_window": ((128, 256), {"causal": True, "window": (40, 0), "sinks": "sinks"}),
+    "softcap_alibi": ((64, 128, 256), {"softcap": 30.0, "alibi_slopes": "slopes"}),
+    "softcap_alibi_window": ((64, 128, 256), {"causal": True, "window": (40, 0), "softcap": 30.0,
+                                              "alibi_slopes": "slopes"}),
 }
 
 
@@ -83,7 +86,10 @@ TRAIN = {   # name -> (head dims (96: padded to 128), attention_varlen keywords 
     "softcap": ((64, 128, 256), {"causal": True, "softcap": 30.0}),
     "window_softcap": ((96, 256), {"causal": True, "window": (48, 0), "softcap": 50.0}),
     "alibi": ((64, 128, 256), {"causal": True, "alibi_slopes": "slopes"}),
-    "alibi_window": ((256,), {"causal": True, "window": (48, 0), "alibi_slopes": "slopes"}),
+    "alibi_window": ((64, 128, 256), {"causal": True, "window": (48, 0), "alibi_slopes": "slopes"}),
+    "softcap_alibi": ((64, 128, 256), {"causal": True, "softcap": 30.0, "alibi_slopes": "slopes"}),
+    "softcap_alibi_window": ((64, 128, 256), {"causal": True, "window": (48, 0), "softcap": 30.0,
+                                              "alibi_slopes": "slopes"}),
     "sinks": ((64, 128, 256), {"causal": True, "sinks": "sinks"}),
 }
 
