@@ -164,8 +164,8 @@ def test_explain_names_the_score_modifiers():
     from attngen.explain import explain, plan_dict
     plan = make_plan(parse_spec(committed_text(ROOT / "specs" / "h100_wgmma_d128_alibi.yaml")))
     text = explain(plan)
-    assert "masks none, causal, scores alibi" in text.splitlines()[0]
+    assert "masks none, causal, window, scores alibi" in text.splitlines()[0]
     assert "alibi: ALiBi" in text and "alibi_slopes=" in text
-    assert plan_dict(plan)["scores"] == ["alibi"] and plan_dict(plan)["masks"] == ["none", "causal"]
+    assert plan_dict(plan)["scores"] == ["alibi"] and plan_dict(plan)["masks"] == ["none", "causal", "window"]
     plain = explain(make_plan(parse_spec(committed_text(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml"))))
     assert "scores (" not in plain and ", scores " not in plain.splitlines()[0]
