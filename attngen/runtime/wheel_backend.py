@@ -28,6 +28,7 @@ from pathlib import Path
 from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F401,F403  (every other hook is setuptools')
 from setuptools.command.build_py import build_py as _build_py
+from setuptools.command.sdist import sdist as _sdist
 
 PREBUILD_ENV = "ATTNGEN_PREBUILD"     # "0": never prebuild; "1": prebuild on CI too
 # What rendering a spec and compiling it import; a build environment without them cannot prebuild.
@@ -104,9 +105,49 @@ def _source_prebuilt():
     return importlib.import_module("attngen.runtime.prebuilt")
 
 
+# The folders a wheel ships inside the package (attngen/<folder>) and the files of each, from the
+# repository's top level, where a checkout and an editable install use them in place.
+SHIPPED = {
+    "templates": ("*/*.j2",),                                  # lib/, variants/ and one folder per kind
+    "specs": ("*.yaml", "dispatch/*.yaml"),
+    "generated": ("*.cu", "*.launch.json", "MANIFEST.json"),   # the manifest lets a first call read a source,
+}                                                              # not render it; a launch record, not plan it
+
+
+def shipped_files(root: Path) -> list[Path]:
+    """The shipped files under `root`, relative to it, sorted."""
+    return sorted(path.relative_to(root) for folder, patterns in SHIPPED.items()
+                  for pattern in patterns for path in (root / folder).glob(pattern) if path.is_file())
+
+
+def ship(root: Path, build_lib) -> int:
+    """Copy the shipped files from `root` into <build_lib>/attngen/, in place of an earlier build's (a
+    kept build/ folder would otherwise carry a deleted spec into the wheel); how many."""
+    for folder in SHIPPED:
+        shutil.rmtree(Path(build_lib) / "attngen" / folder, ignore_errors=True)
+    files = shipped_files(root)
+    for rel in files:
+        target = Path(build_lib) / "attngen" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, target)
+    return len(files)
+
+
 class build_py(_build_py):
-    """setuptools' build_py, then the prebuilt cubins (see prebuild)."""
+    """setuptools' build_py, then the shipped folders (a wheel's; an editable install uses them in
+    place) and the prebuilt cubins (see prebuild)."""
 
     def run(self):
         super().run()
-        prebuild(self.build_lib, editable=bool(getattr(self, "editable_mode", False)))
+        editable = bool(getattr(self, "editable_mode", False))
+        if not editable:
+            ship(Path(__file__).resolve().parents[2], self.build_lib)
+        prebuild(self.build_lib, editable=editable)
+
+
+class sdist(_sdist):
+    """setuptools' sdist, with the shipped folders, so that a wheel built from the archive has them."""
+
+    def add_defaults(self):
+        super().add_defaults()
+        self.filelist.extend(str(rel) for rel in shipped_files(Path(__file__).resolve().parents[2]))
