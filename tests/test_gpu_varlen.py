@@ -201,10 +201,11 @@ def test_varlen_head_dims_match_the_reference(torch, dims, dtype, mask):
     assert torch.equal(again, o) and torch.equal(lse_again, lse)
 
 
-def test_varlen_head_dim_v_traces_and_is_refused_with_gradients(torch):
+def test_varlen_head_dim_v_traces_and_trains_padded(torch):
     """V of its own head dim through torch.compile(fullgraph=True): the fake op gives o V's head dim,
-    and the compiled call the eager bits; with gradients the call is refused before anything runs
-    (no varlen backward with a V head dim of its own)."""
+    and the compiled call the eager bits; with gradients the call trains through the varlen backward at
+    256/256 (no varlen backward has V of its own head dim; ops.table.padded_dims), each gradient shaped
+    as its input (tests/test_gpu_head_dim_padding.py checks their values)."""
     hopper_table(torch)
     lens = (100, 1, 257)
     q, k = (torch.randn(sum(lens), 4, 192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -217,5 +218,8 @@ def test_varlen_head_dim_v_traces_and_is_refused_with_gradients(torch):
     eager = call(q, k, v, cu)
     assert eager.shape == (sum(lens), 4, 128)
     assert torch.equal(torch.compile(call, fullgraph=True)(q, k, v, cu), eager)
-    with pytest.raises(NotImplementedError, match="no varlen backward"):
-        call(q.clone().requires_grad_(), k, v, cu)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = call(*leaves, cu)
+    assert o.grad_fn is not None and o.shape == eager.shape
+    grads = torch.autograd.grad(o, leaves, torch.randn_like(o))
+    assert [g.shape for g in grads] == [t.shape for t in leaves] and all(g.isfinite().all() for g in grads)
