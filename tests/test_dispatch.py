@@ -399,3 +399,41 @@ def test_a_variant_missing_at_its_head_dim_pads_to_one_that_has_it(monkeypatch):
     assert dispatcher.padded_head_dim("backward", 0, "bf16", 128, 128, "window", "") == 0      # served there
     assert dispatcher.padded_head_dim("forward", 0, "bf16", 128, 128, "causal", "sink") == 0   # nothing above has it
     assert dispatcher.padded_head_dim("backward", 0, "bf16", 96, 96) == 0    # without a mask: any entry serves it
+
+
+def test_every_key_a_shipped_spec_serves_has_an_entry():
+    """No shipped spec serves a key the table lacks (a cell no call could reach): `attngen dispatch
+    --serve SPEC --write` adds such keys, unmeasured, when a family gains a member."""
+    from attngen.core.spec_cells import in_lab
+    from attngen.eval.dispatch_table import serving_entries
+    from spec_sample import PLANS
+    missing = serving_entries([plan for path, plan in PLANS.items() if not in_lab(path)], load_table(TABLE))
+    assert not missing, [f"{e.spec}: {e.call} {e.dtype} {e.head_dim} {e.mask} {e.scores}" for e in missing]
+
+
+def test_serve_adds_the_keys_of_a_new_member(tmp_path):
+    """A member whose entries are missing (as when a family file gains one): --serve lists its keys
+    without writing, --write adds exactly them, unmeasured; a second run adds nothing."""
+    import shutil
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    table = tmp_path / "specs" / "dispatch" / "table.yaml"
+    full = load_table(table)
+    member = {"h100_wgmma_d256_sink", "h100_wgmma_d256_sink_bf16"}
+    kept = [e for e in full if e.spec not in member]
+    assert len(full) - len(kept) == 6       # forward, masks none / causal / window, fp16 and bf16
+    table.write_text(dump_table(kept, "a copy"))
+    runner = CliRunner()
+    args = ["dispatch", "--specs-dir", str(tmp_path / "specs"), "--serve", str(ROOT / "specs" / "h100_wgmma_d256.yaml")]
+    listed = runner.invoke(main, args)
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.count("-> h100_wgmma_d256_sink") == 6 and "--write adds them" in listed.output
+    assert len(load_table(table)) == len(kept)
+    written = runner.invoke(main, args + ["--write", "--json"])
+    assert written.exit_code == 0, written.output
+    added = json.loads(written.output)
+    assert {a["spec"] for a in added} == member and all(a["us"] is None for a in added)
+    assert sorted(e.key() for e in load_table(table)) == sorted(e.key() for e in full)
+    again = runner.invoke(main, args)
+    assert again.exit_code == 0 and "no entries" in again.output
+    both = runner.invoke(main, args + ["--from", str(table), "--write"])
+    assert both.exit_code != 0 and "one at a time" in both.output

@@ -46,13 +46,16 @@ def padding_text(head_dim: int, head_dim_v: int, pair: tuple[int, int]) -> str:
               help="with --write: `attngen bench --json` or `attngen sweep --json` reports whose winners replace "
                    "the table's forward entries of their keys (backward entries from a bench of backward specs; "
                    "repeatable)")
-@click.option("--write", is_flag=True, help="write the table from --from reports")
+@click.option("--serve", "serve_specs", multiple=True, metavar="SPEC",
+              help="add unmeasured entries for every key SPEC (a spec file: each cell of it; or one cell by its "
+              "path) serves that the table lacks; prints them, and writes them with --write (repeatable)")
+@click.option("--write", is_flag=True, help="write the table from --from reports (or --serve's entries)")
 @click.option("--json", "as_json", is_flag=True, help="print the choice (or the written entries) as JSON")
 @click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
                                                   "ones attngen.attention serves: specs/ of this checkout, or "
                                                   "those installed with attngen]")
 def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, scores, page_size, group_rows, rows,
-             bench_files, write, as_json, specs_dir):
+             bench_files, serve_specs, write, as_json, specs_dir):
     """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
     call, and why; or, with --from REPORT ... --write, rewrite the table from measurements.
 
@@ -68,6 +71,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
       attngen bench --json bwd.json specs/h100_bwd_d64_wgmma.yaml && attngen dispatch --from bwd.json --write
       attngen sweep SPEC --shapes ... --json s.json --write-best specs && attngen dispatch --from s.json --write
       attngen dispatch --call forward_fp8 --arch sm_89 --head-dim 128 --causal   (attngen.attention_fp8)
+      attngen dispatch --serve specs/h100_wgmma_d256.yaml --write    (a new member: its keys, unmeasured)
     """
     from .. import fsutil
     from ..core.calls import table_call
@@ -76,6 +80,11 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     dtype = dtype or CALL_DTYPES.get(call, ("fp16",))[0]
     path = table_path(specs_dir or SPECS_DIR)
     entries = load_table(path)
+    if serve_specs:
+        if bench_files:
+            raise click.UsageError("--serve adds unmeasured entries and --from measured ones: one at a time")
+        _serve(serve_specs, entries, path, write, as_json)
+        return
     if write or bench_files:
         if not (write and bench_files):
             raise click.UsageError("--write and --from go together: the reports to write the table from")
@@ -136,3 +145,30 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
         grid = f", rows >= {o.min_rows}" if o.min_rows else ""
         click.echo(f"    seqlen {limit:<8}{group}{grid}: {o.why}{'   <- chosen' if o is e else ''}")
 
+
+
+def _serve(spec_files, entries, path, write: bool, as_json: bool) -> None:
+    """dispatch --serve: the entries the specs' cells serve that the table lacks (eval.dispatch_table.
+    serving_entries), printed, and written into the table with --write."""
+    from .. import fsutil
+    from ..eval.dispatch_table import entries_summary, merge, serving_entries
+    from ..ops.table import dump_table
+    from ..plan import make_plan
+    from ..spec import load_spec
+    from .spec_files import spec_files as cells_of
+    plans = [make_plan(load_spec(cell), file=str(cell)) for cell in cells_of(tuple(spec_files), "")]
+    new = serving_entries(plans, entries)
+    if write and new:
+        header = "".join(line[2:] + "\n" if line.startswith("# ") else "\n"
+                         for line in path.read_text().splitlines() if line.startswith("#"))
+        fsutil.atomic_write_text(path, dump_table(merge(entries, new), header.rstrip("\n")))
+    if as_json:
+        click.echo(json.dumps([e._asdict() for e in new], indent=2))
+        return
+    for e in new:
+        click.echo(f"  {e.call} {e.arch} {e.dtype} head_dim {e.head_dim}"
+                   + (f" head_dim_v {e.head_dim_v}" if e.head_dim_v else "") + f" mask {e.mask}"
+                   + (f" scores {e.scores}" if e.scores else "") + (" paged" if e.paged else "") + f" -> {e.spec}")
+    what = f"{entries_summary(new)}" if new else "no entries: the table has every key these specs serve"
+    click.echo(f"wrote {path}: {what} (unmeasured)" if write and new else
+               f"{what}{' (unmeasured; --write adds them)' if new else ''}")

@@ -174,6 +174,38 @@ def _varlen_cells(cells, name: str, report: dict) -> None:
         cells[key][longest, 0] = (sorted(specs, key=lambda t: t["median_us"]), f"{name} {batch}")
 
 
+BUILT_IN_MASKS = ("none", "causal", "window")   # a call's causal= and window= name one; an expression spec's
+                                                # mask is its own, reached through attngen.load, not the table
+
+
+def serving_entries(plans, entries) -> list[Entry]:
+    """Unmeasured entries for the keys the plans' specs serve that `entries` lacks: per plan its arch,
+    dtype, head dims and score modifiers, each call of its convention, each of its masks, contiguous
+    and paged caches where the call has one; a key goes to the first plan that serves it (what serves
+    is ops.table.entry_problem's, as `attngen check` proves it). How a new member of a family file
+    reaches the table before anything is measured; a bench report's entries replace these later."""
+    from ..core.calls import table_call
+    from ..ops.table import CONVENTION, entry_problem, scores_key
+    have = {e.key() for e in entries}
+    new = []
+    for plan in plans:
+        if "expr" in scores_key(plan).split("+"):
+            continue                                    # an expression variant: no call argument selects it
+        for call in CALLS:
+            if CONVENTION[call] != plan.kind.calls:
+                continue
+            for mask in BUILT_IN_MASKS:                 # entry_problem keeps the ones it has a function for
+                for paged in ((False, True) if table_call(call).paged else (False,)):
+                    e = Entry(call=call, arch=plan.target.arch, dtype=plan.spec.dtype, head_dim=plan.head_dim,
+                              mask=mask, spec=plan.spec.name, paged=paged, head_dim_v=plan.head_dim_v,
+                              scores=scores_key(plan))
+                    if e.key() not in have and entry_problem(e, plan) is None:
+                        check_entry(e, "the entry to add")
+                        new.append(e)
+                        have.add(e.key())
+    return new
+
+
 def merge(existing, new) -> list[Entry]:
     """`existing` with every key that `new` covers replaced by `new`'s entries of that key."""
     replaced = {e.key() for e in new}
