@@ -73,10 +73,9 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
       attngen dispatch --call forward_fp8 --arch sm_89 --head-dim 128 --causal   (attngen.attention_fp8)
       attngen dispatch --serve specs/h100_wgmma_d256.yaml --write    (a new member: its keys, unmeasured)
     """
-    from .. import fsutil
     from ..core.calls import table_call
     from ..ops.dispatch import CALL_DTYPES, SPECS_DIR
-    from ..ops.table import call_text, candidates, dump_table, load_table, padded_dims, select, table_path
+    from ..ops.table import call_text, candidates, load_table, padded_dims, select, table_path
     dtype = dtype or CALL_DTYPES.get(call, ("fp16",))[0]
     path = table_path(specs_dir or SPECS_DIR)
     entries = load_table(path)
@@ -100,9 +99,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
         if missing:
             raise click.UsageError(f"the reports name specs that are not in {where}/: {', '.join(missing)}; commit "
                                    f"them first (`attngen sweep ... --write-best {where}` writes a sweep's winners)")
-        header = "".join(line[2:] + "\n" if line.startswith("# ") else "\n"
-                         for line in path.read_text().splitlines() if line.startswith("#"))
-        fsutil.atomic_write_text(path, dump_table(merge(entries, new), header.rstrip("\n")))
+        _write_table(path, merge(entries, new))
         click.echo(json.dumps([e._asdict() for e in new], indent=2) if as_json else
                    f"wrote {path}: {entries_summary(new)} from {len(bench_files)} report(s)")
         return
@@ -147,21 +144,26 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
 
 
 
+def _write_table(path, entries) -> None:
+    """The table at `path` rewritten with `entries`, under its own header comment."""
+    from .. import fsutil
+    from ..ops.table import dump_table
+    header = "".join(line[2:] + "\n" if line.startswith("# ") else "\n"
+                     for line in path.read_text().splitlines() if line.startswith("#"))
+    fsutil.atomic_write_text(path, dump_table(entries, header.rstrip("\n")))
+
+
 def _serve(spec_files, entries, path, write: bool, as_json: bool) -> None:
     """dispatch --serve: the entries the specs' cells serve that the table lacks (eval.dispatch_table.
     serving_entries), printed, and written into the table with --write."""
-    from .. import fsutil
     from ..eval.dispatch_table import entries_summary, merge, serving_entries
-    from ..ops.table import dump_table
     from ..plan import make_plan
     from ..spec import load_spec
     from .spec_files import spec_files as cells_of
     plans = [make_plan(load_spec(cell), file=str(cell)) for cell in cells_of(tuple(spec_files), "")]
     new = serving_entries(plans, entries)
     if write and new:
-        header = "".join(line[2:] + "\n" if line.startswith("# ") else "\n"
-                         for line in path.read_text().splitlines() if line.startswith("#"))
-        fsutil.atomic_write_text(path, dump_table(merge(entries, new), header.rstrip("\n")))
+        _write_table(path, merge(entries, new))
     if as_json:
         click.echo(json.dumps([e._asdict() for e in new], indent=2))
         return
