@@ -49,13 +49,15 @@ def padding_text(head_dim: int, head_dim_v: int, pair: tuple[int, int]) -> str:
 @click.option("--serve", "serve_specs", multiple=True, metavar="SPEC",
               help="add unmeasured entries for every key SPEC (a spec file: each cell of it; or one cell by its "
               "path) serves that the table lacks; prints them, and writes them with --write (repeatable)")
+@click.option("--coverage", is_flag=True, help="what the table serves on --arch in --dtype: per call, score modifiers "
+              "and mask, each of FlashAttention's test head dims served, padded or refused")
 @click.option("--write", is_flag=True, help="write the table from --from reports (or --serve's entries)")
 @click.option("--json", "as_json", is_flag=True, help="print the choice (or the written entries) as JSON")
 @click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
                                                   "ones attngen.attention serves: specs/ of this checkout, or "
                                                   "those installed with attngen]")
 def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, scores, page_size, group_rows, rows,
-             bench_files, serve_specs, write, as_json, specs_dir):
+             bench_files, serve_specs, coverage, write, as_json, specs_dir):
     """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
     call, and why; or, with --from REPORT ... --write, rewrite the table from measurements.
 
@@ -72,6 +74,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
       attngen sweep SPEC --shapes ... --json s.json --write-best specs && attngen dispatch --from s.json --write
       attngen dispatch --call forward_fp8 --arch sm_89 --head-dim 128 --causal   (attngen.attention_fp8)
       attngen dispatch --serve specs/h100_wgmma_d256.yaml --write    (a new member: its keys, unmeasured)
+      attngen dispatch --coverage --dtype bf16     (every head dim and variant: served, padded or refused)
     """
     from ..core.calls import table_call
     from ..ops.dispatch import CALL_DTYPES, SPECS_DIR
@@ -79,6 +82,9 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     dtype = dtype or CALL_DTYPES.get(call, ("fp16",))[0]
     path = table_path(specs_dir or SPECS_DIR)
     entries = load_table(path)
+    if coverage:
+        _coverage(entries, arch, dtype, path, as_json)
+        return
     if serve_specs:
         if bench_files:
             raise click.UsageError("--serve adds unmeasured entries and --from measured ones: one at a time")
@@ -174,3 +180,23 @@ def _serve(spec_files, entries, path, write: bool, as_json: bool) -> None:
     what = f"{entries_summary(new)}" if new else "no entries: the table has every key these specs serve"
     click.echo(f"wrote {path}: {what} (unmeasured)" if write and new else
                f"{what}{' (unmeasured; --write adds them)' if new else ''}")
+
+
+COVERAGE_MARK = {"served": "Y", "padded": "p", "refused": "."}
+
+
+def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
+    """dispatch --coverage: eval.dispatch_table.coverage as a table (or JSON)."""
+    from ..eval.dispatch_table import COVERAGE_HEAD_DIMS, coverage
+    rows = coverage(entries, arch, dtype)
+    if as_json:
+        click.echo(json.dumps({"arch": arch, "dtype": dtype, "rows": rows}, indent=2))
+        return
+    click.echo(f"{path}: {arch} {dtype}, V of q's head dim (Y: a kernel of that head dim; p: padded to the next "
+               f"served one; .: refused)")
+    click.echo(f"{'call':<21}{'scores':<15}{'mask':<8}" + "".join(f"{d:>5}" for d in COVERAGE_HEAD_DIMS))
+    for r in rows:
+        call = r["call"] + (" paged" if r["paged"] else "")
+        click.echo(f"{call:<21}{r['scores'] or '-':<15}{r['mask']:<8}"
+                   + "".join(f"{COVERAGE_MARK[r['head_dims'][d]]:>5}" for d in COVERAGE_HEAD_DIMS))
+    click.echo("Learned sinks train through the backward of their mask (no backward entry of their own).")

@@ -12,7 +12,8 @@ import math
 from collections import defaultdict
 
 from .. import fsutil
-from ..core.calls import ATTENTION, ATTENTION_BACKWARD, ATTENTION_FP8, ATTENTION_VARLEN
+from ..core.calls import (ATTENTION, ATTENTION_BACKWARD, ATTENTION_FP8, ATTENTION_VARLEN, ATTENTION_VARLEN_BACKWARD,
+                          ATTENTION_WITH_KVCACHE)
 from ..errors import SpecError
 from ..ops.table import CALLS, MAX_INTEGER, Entry, check_entry
 
@@ -204,6 +205,38 @@ def serving_entries(plans, entries) -> list[Entry]:
                         new.append(e)
                         have.add(e.key())
     return new
+
+
+COVERAGE_HEAD_DIMS = (32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)   # FlashAttention's tests'
+
+
+def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> list[dict]:
+    """What the table serves on `arch` in `dtype`, per call (decode: contiguous and paged caches), score
+    modifiers and mask that it has entries of: for each head dim "served" (a kernel of that head dim),
+    "padded" (runs at the next served head dim, q, k and v zero-padded, as the entry points do) or
+    "refused". V of q's head dim."""
+    from ..core.calls import table_call
+    from ..ops.table import candidates, padded_dims
+    rows = []
+    # the calls ops.library runs padded at an unserved head dim; not a paged varlen call (it would copy the
+    # pools), an appending decode (it writes the caller's cache), an e4m3 cache, fp8 or merge
+    padding = {ATTENTION.name, ATTENTION_BACKWARD.name, ATTENTION_VARLEN_BACKWARD.name, ATTENTION_WITH_KVCACHE.name}
+    keys = sorted({(e.call, e.paged, e.scores, e.mask) for e in entries
+                   if e.arch == arch and e.dtype == dtype and not e.head_dim_v},
+                  key=lambda k: (CALLS.index(k[0]), k[1], k[2], ("none", "causal", "window").index(k[3])
+                                 if k[3] in ("none", "causal", "window") else 3, k[3]))
+    for call, paged, scores, mask in keys:
+        cells = {}
+        for d in head_dims:
+            if candidates(entries, call, arch, dtype, d, mask, paged, 0, scores):
+                cells[d] = "served"
+            elif (call in padding or (call == ATTENTION_VARLEN.name and not paged)) and padded_dims(
+                    entries, call, arch, dtype, d, 0, mask, scores, paged if table_call(call).paged else None):
+                cells[d] = "padded"
+            else:
+                cells[d] = "refused"
+        rows.append({"call": call, "paged": paged, "scores": scores, "mask": mask, "head_dims": cells})
+    return rows
 
 
 def merge(existing, new) -> list[Entry]:
