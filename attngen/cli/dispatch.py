@@ -163,6 +163,7 @@ def _serve(spec_files, entries, path, write: bool, as_json: bool) -> None:
     """dispatch --serve: the entries the specs' cells serve that the table lacks (eval.dispatch_table.
     serving_entries), printed, and written into the table with --write."""
     from ..eval.dispatch_table import entries_summary, merge, serving_entries
+    from ..ops.table import key_text
     from ..plan import make_plan
     from ..spec import load_spec
     from .spec_files import spec_files as cells_of
@@ -173,10 +174,9 @@ def _serve(spec_files, entries, path, write: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([e._asdict() for e in new], indent=2))
         return
-    for e in new:
-        click.echo(f"  {e.call} {e.arch} {e.dtype} head_dim {e.head_dim}"
-                   + (f" head_dim_v {e.head_dim_v}" if e.head_dim_v else "") + f" mask {e.mask}"
-                   + (f" scores {e.scores}" if e.scores else "") + (" paged" if e.paged else "") + f" -> {e.spec}")
+    for e in new:           # each key as a miss names it
+        click.echo(f"  {e.call} {key_text(e.call, e.arch, e.dtype, e.head_dim, e.mask, e.paged, e.head_dim_v, e.scores)}"
+                   f" -> {e.spec}")
     what = f"{entries_summary(new)}" if new else "no entries: the table has every key these specs serve"
     click.echo(f"wrote {path}: {what} (unmeasured)" if write and new else
                f"{what}{' (unmeasured; --write adds them)' if new else ''}")

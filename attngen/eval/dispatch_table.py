@@ -223,8 +223,8 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
     padding = {ATTENTION.name, ATTENTION_BACKWARD.name, ATTENTION_VARLEN_BACKWARD.name, ATTENTION_WITH_KVCACHE.name}
     keys = sorted({(e.call, e.paged, e.scores, e.mask) for e in entries
                    if e.arch == arch and e.dtype == dtype and not e.head_dim_v},
-                  key=lambda k: (CALLS.index(k[0]), k[1], k[2], ("none", "causal", "window").index(k[3])
-                                 if k[3] in ("none", "causal", "window") else 3, k[3]))
+                  key=lambda k: (CALLS.index(k[0]), k[1], k[2], BUILT_IN_MASKS.index(k[3])
+                                 if k[3] in BUILT_IN_MASKS else len(BUILT_IN_MASKS), k[3]))
     for call, paged, scores, mask in keys:
         cells = {}
         for d in head_dims:

@@ -622,7 +622,7 @@ def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: s
 NEAREST_SHOWN = 5   # a miss lists this many keys: the whole table is hundreds and buries the fix
 
 
-def _key_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, paged: bool, head_dim_v: int,
+def key_text(call: str, arch: str, dtype: str, head_dim: int, mask: str, paged: bool, head_dim_v: int,
               scores: str) -> str:
     """One key of the table as a miss names it (paged or contiguous only where a call has a KV cache: decode)."""
     return (f"{arch} {dtype} head_dim {head_dim}" + (f" head_dim_v {head_dim_v}" if head_dim_v else "")
@@ -640,7 +640,7 @@ def nearest_keys(entries, call: str, arch: str, dtype: str, head_dim: int, mask:
     nearest: dict[str, tuple] = {}
     for e in entries:
         if e.call == call:
-            text = _key_text(call, e.arch, e.dtype, e.head_dim, e.mask, e.paged, e.head_dim_v, e.scores)
+            text = key_text(call, e.arch, e.dtype, e.head_dim, e.mask, e.paged, e.head_dim_v, e.scores)
             nearest[text] = min(nearest.get(text, distance(e)), distance(e))
     return sorted(nearest, key=lambda text: (nearest[text], text))
 
@@ -652,7 +652,7 @@ def miss_message(entries, call: str, arch: str, dtype: str, head_dim: int, mask:
     keys = nearest_keys(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     shown = keys[:NEAREST_SHOWN]
     lines = [f"attngen has no {call} kernel for "
-             f"{_key_text(call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)}."]
+             f"{key_text(call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)}."]
     if shown:
         lines.append(f"The dispatch table's nearest {call} entries ({len(shown)} of {len(keys)}):")
         lines += [f"  {text}" for text in shown]
@@ -722,5 +722,5 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
 
 __all__ = ["CALLS", "CONVENTION", "OUT_DTYPE", "Entry", "call_text", "scores_key", "entry_problem", "TABLE_FILE",
            "candidates", "check_entry", "dump_table", "entry_problem_of", "load_table", "miss_message",
-           "nearest_keys", "padded_dims", "padded_head_dim", "parse_table", "select",
+           "key_text", "nearest_keys", "padded_dims", "padded_head_dim", "parse_table", "select",
            "table_expected", "table_path"]
