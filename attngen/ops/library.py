@@ -314,6 +314,29 @@ def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=N
                   deterministic=deterministic)
 
 
+def varlen_backward_mask(q, k, v, causal, window, softcap, alibi_slopes):
+    """(causal, window) for a varlen backward call: as given, or, for a call without a window (mask none
+    or causal) whose score modifiers the table's varlen backward serves at no kernel of that mask but at
+    a window kernel (at d256, non-causal ALiBi has only the window function: mask none's deterministic
+    function spills), a window wider than every sequence, which hides no key the mask would show
+    (causal: (wide, 0)). The forward's LSE is the same either way."""
+    scores = call_scores(softcap, alibi_slopes)
+    mask = call_mask(causal, window)
+    index = q.get_device()
+    if not scores or mask == "window" or index < 0:
+        return causal, window
+    d, dv = q.shape[-1], v.shape[-1]
+
+    def served(m):
+        return (DISPATCH.serves("varlen_backward", index, q.dtype, d, m, head_dim_v=0 if dv == d else dv,
+                                scores=scores)
+                or DISPATCH.padded_dims("varlen_backward", index, q.dtype, d, dv, m, scores) is not None)
+    if served(mask) or not served("window"):
+        return causal, window
+    wide = q.shape[0] + k.shape[0]        # more than any sequence's queries or keys, whatever the alignment
+    return causal, (wide, 0 if causal else wide)
+
+
 def varlen_backward_kernel(q, k, causal, max_seqlen_k, v=None, window=None, softcap=None, alibi_slopes=None):
     """The table's backward kernel for a varlen call's gradients (its mask and score modifiers; keyed
     by V's head dim too, where v is given and it differs); NotImplementedError (before the forward runs,
@@ -321,6 +344,7 @@ def varlen_backward_kernel(q, k, causal, max_seqlen_k, v=None, window=None, soft
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+    causal, window = varlen_backward_mask(q, k, q if v is None else v, causal, window, softcap, alibi_slopes)
     d, dv = q.shape[-1], q.shape[-1] if v is None else v.shape[-1]
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes)
     d, dv = DISPATCH.padded_dims("varlen_backward", index, q.dtype, d, dv, mask, scores) or (d, dv)
@@ -336,8 +360,9 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                     alignment, scale, deterministic=False, window=None, softcap=None, alibi_slopes=None):
     """The gradients (dq, dk, dv) of attention_varlen at dout through the table's varlen backward
     spec for the call's mask and score modifiers (dout copied when the kernel cannot read it in place,
-    as in backward())."""
+    as in backward()); a mask the table serves only as a window runs as one (varlen_backward_mask)."""
     d = q.shape[-1]
+    causal, window = varlen_backward_mask(q, k, v, causal, window, softcap, alibi_slopes)
     pad = DISPATCH.padded_dims("varlen_backward", q.get_device(), q.dtype, d, v.shape[-1], call_mask(causal, window),
                                call_scores(softcap, alibi_slopes)) if q.get_device() >= 0 else None
     if pad:
