@@ -449,7 +449,7 @@ def test_coverage_says_served_padded_or_refused_per_head_dim():
     plain = rows[("forward", False, "", "causal")]
     assert plain["256"] == "served" and plain["224"] == "padded" and plain["59"] == "padded"
     assert rows[("varlen", True, "", "causal")]["160"] == "refused"
-    assert rows[("decode_append", False, "", "causal")]["96"] == "refused"
+    assert rows[("decode_append", False, "", "causal")]["160"] == "refused"
     assert rows[("decode", True, "softcap", "window")]["128"] == "padded"
     text = CliRunner().invoke(main, ["dispatch", "--coverage", "--dtype", "bf16"]).output
     assert "Y: a kernel of that head dim" in text and "\nforward " in text

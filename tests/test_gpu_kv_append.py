@@ -19,7 +19,8 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 APPEND_SPECS = [SPECS / f"{name}.yaml" for name in ("h200_decode_d128_append", "h200_decode_d128_append_bf16",
-                                                      "h200_decode_d64_append", "h200_decode_d64_append_bf16")]
+                                                      "h200_decode_d64_append", "h200_decode_d64_append_bf16",
+                                                      "h200_decode_d96_append", "h200_decode_d96_append_bf16")]
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,5 +1,5 @@
 """GPU tests of paged varlen prefill (FlashAttention's flash_attn_varlen_func(block_table=, seqused_k=)):
-the paged cells (h100_mma_d{64,128}_paged[_bf16]) read K/V from pools of shuffled pages of 1 to 256 keys
+the paged cells (h100_mma_d{64,96,128,256}_paged[_bf16]) read K/V from pools of shuffled pages of 1 to 256 keys
 (spare pages and the tails of last pages NaN), mixed batches of prefill chunks and single-token rows,
 GQA, causal (bottom-right) and not, against the fp32 reference sequence by sequence under
 FlashAttention's error rule, into NaN-filled outputs; bit for bit against the same kernel on the same
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE_SIZES = (1, 16, 64, 256)
-CELLS = [(64, "fp16"), (64, "bf16"), (128, "fp16"), (128, "bf16")]
+CELLS = [(64, "fp16"), (64, "bf16"), (96, "bf16"), (128, "fp16"), (128, "bf16"), (256, "bf16")]
 # (queries, keys) per sequence: single decode tokens, prefill chunks at the end of their keys, a whole
 # prompt (as many queries as keys), lengths around 64/128-key tiles and pages
 MIXED = ((1, 1000), (37, 37), (1, 1), (200, 700), (1, 63), (129, 429), (1, 257), (64, 64))
@@ -151,7 +151,7 @@ def test_attention_varlen_routes_paged_calls(torch, head_dim, dtype):
     assert torch.equal(o2, o)
 
 
-DECODE_STEP_CELLS = CELLS + [(256, "bf16")]
+DECODE_STEP_CELLS = CELLS
 
 
 @pytest.mark.parametrize("head_dim,dtype", DECODE_STEP_CELLS, ids=[f"d{d}-{t}" for d, t in DECODE_STEP_CELLS])
@@ -187,11 +187,11 @@ def test_a_decode_step_takes_the_decode_kernel(torch, monkeypatch, head_dim, dty
         og = attngen.attention_varlen(qg, kpg, vpg, cu_g, None, 1, 4096, causal=causal, block_table=table_g,
                                       seqused_k=used_g)
     check_sequences(torch, qg[:-1], kg, vg, og[:-1], gap, causal, head_dim ** -0.5, f"d{head_dim} {dtype} gap")
-    if head_dim != 256:   # the varlen kernels serve d64 and d128 paged: the two kernels agree
-        ov, lsev = load_once(head_dim, dtype).varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used,
-                                                     causal=causal, return_lse=True, max_seqlen_q=1)
-        assert (o.float() - ov.float()).abs().max().item() < 2e-2
-        assert (lse - lsev).abs().max().item() < 1e-3
+    # the varlen kernel serves each of these head dims paged too: the two kernels agree
+    ov, lsev = load_once(head_dim, dtype).varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used,
+                                                 causal=causal, return_lse=True, max_seqlen_q=1)
+    assert (o.float() - ov.float()).abs().max().item() < 2e-2
+    assert (lse - lsev).abs().max().item() < 1e-3
 
 
 @pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])

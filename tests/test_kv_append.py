@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 GENERATED = ROOT / "generated"
 APPEND_SPECS = ("h200_decode_d128_append", "h200_decode_d128_append_bf16", "h200_decode_d64_append",
-                "h200_decode_d64_append_bf16")
+                "h200_decode_d64_append_bf16", "h200_decode_d96_append", "h200_decode_d96_append_bf16")
 I32 = Dtype(name="int32", size=4)
 
 
@@ -96,7 +96,7 @@ def test_only_calls_with_new_tokens_route_to_append_cells():
     append = [e for e in entries if e.call == "decode_append"]
     assert append and all(e.spec in APPEND_SPECS for e in append)
     assert not any(e.spec in APPEND_SPECS for e in entries if e.call != "decode_append")
-    for head_dim in (64, 128):
+    for head_dim in (64, 96, 128):
         for mask in ("none", "causal", "window"):
             for paged in (False, True):
                 for dtype, suffix in (("fp16", ""), ("bf16", "_bf16")):
