@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import math
+import operator
 import os
 import re
 from pathlib import Path
@@ -293,7 +294,6 @@ def _line(node, path: tuple) -> int | None:
 
 MEMO_FORMAT = 2
 MEMO_FOLDER = "tables"               # under the user cache folder (attngen.fsutil.cache_dir)
-MEMO_DEPTH = 3                       # document, entries, an entry (its values are plain)
 PARSED_ENTRIES = 16                  # tables a process keeps (one, unless a test writes others)
 _PARSED: dict = {}                   # memo key -> entries
 # The YAML rules the table shares with specs (SpecLoader, duplicate keys, suspicious scalars), by
@@ -345,10 +345,9 @@ def read_memo(key: str, path: Path | None = None) -> tuple[Entry, ...] | None:
     for that key."""
     try:
         data = fsutil.read_regular(path or memo_path(key), MAX_TABLE_BYTES * 2)
-        text = fsutil.utf8_text(data)
-        if fsutil.json_deeper_than(text, MEMO_DEPTH):
-            return None
-        memo = json.loads(text)
+        # No depth check before parsing (1.5 ms of a first call): CPython's decoder raises RecursionError
+        # on deep text, caught below, and _checked_entries takes only flat rows of scalars.
+        memo = json.loads(fsutil.utf8_text(data))
         if not isinstance(memo, dict) or memo.get("format") != MEMO_FORMAT or memo.get("key") != key \
                 or memo.get("fields") != list(ENTRY_FIELDS) or not isinstance(memo.get("entries"), list):
             return None
@@ -519,9 +518,19 @@ def bucket(e: Entry) -> tuple:
     return e.key() + (e.upto, e.max_group_rows, e.min_rows)
 
 
+# bucket(e)'s values, as one itemgetter over the entry's fields (equal exactly when the buckets are)
+_BUCKET_FIELDS = operator.itemgetter(*(Entry._fields.index(name) for name in (
+    "call", "arch", "dtype", "head_dim", "mask", "paged", "head_dim_v", "scores", "upto", "max_group_rows", "min_rows")))
+_SPEC_FIELD = operator.itemgetter(Entry._fields.index("spec"))
+
+
 def duplicate_bucket(entries) -> tuple[int, int] | None:
     """(first, second) indexes of two entries of one bucket naming different specs, else None: select
     would take whichever sorts first, so the table would not say which spec serves."""
+    # the common answer first, in C (a first call checks 800 entries): as many buckets as (bucket, spec) pairs
+    buckets = list(map(_BUCKET_FIELDS, entries))
+    if len(set(buckets)) == len(set(zip(buckets, map(_SPEC_FIELD, entries)))):
+        return None
     seen: dict = {}
     for i, e in enumerate(entries):
         first = seen.setdefault(bucket(e), i)
