@@ -451,5 +451,8 @@ def test_coverage_says_served_padded_or_refused_per_head_dim():
     assert rows[("varlen", True, "", "causal")]["160"] == "refused"
     assert rows[("decode_append", False, "", "causal")]["160"] == "refused"
     assert rows[("decode", True, "softcap", "window")]["128"] == "padded"
+    # non-causal ALiBi's varlen backward at d256 runs its window function (ops.library.varlen_backward_mask)
+    assert rows[("varlen_backward", False, "alibi", "none")]["256"] == "window"
+    assert rows[("varlen_backward", False, "alibi", "causal")]["256"] == "served"
     text = CliRunner().invoke(main, ["dispatch", "--coverage", "--dtype", "bf16"]).output
     assert "Y: a kernel of that head dim" in text and "\nforward " in text

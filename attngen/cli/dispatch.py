@@ -182,7 +182,7 @@ def _serve(spec_files, entries, path, write: bool, as_json: bool) -> None:
                f"{what}{' (unmeasured; --write adds them)' if new else ''}")
 
 
-COVERAGE_MARK = {"served": "Y", "padded": "p", "refused": "."}
+COVERAGE_MARK = {"served": "Y", "padded": "p", "window": "w", "refused": "."}
 
 
 def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
@@ -193,7 +193,7 @@ def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
         click.echo(json.dumps({"arch": arch, "dtype": dtype, "rows": rows}, indent=2))
         return
     click.echo(f"{path}: {arch} {dtype}, V of q's head dim (Y: a kernel of that head dim; p: padded to the next "
-               f"served one; .: refused)")
+               f"served one; w: the window function, with a window wider than every sequence; .: refused)")
     click.echo(f"{'call':<21}{'scores':<15}{'mask':<8}" + "".join(f"{d:>5}" for d in COVERAGE_HEAD_DIMS))
     for r in rows:
         call = r["call"] + (" paged" if r["paged"] else "")

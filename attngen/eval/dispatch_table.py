@@ -213,10 +213,11 @@ COVERAGE_HEAD_DIMS = (32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)   # 
 def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> list[dict]:
     """What the table serves on `arch` in `dtype`, per call (decode: contiguous and paged caches), score
     modifiers and mask that it has entries of: for each head dim "served" (a kernel of that head dim),
-    "padded" (runs at the next served head dim, q, k and v zero-padded, as the entry points do) or
-    "refused". V of q's head dim."""
+    "padded" (runs at the next served head dim, q, k and v zero-padded, as the entry points do), "window"
+    (runs the window function, served or padded, with a window wider than every sequence:
+    ops.table.window_stands_in) or "refused". V of q's head dim."""
     from ..core.calls import table_call
-    from ..ops.table import candidates, padded_dims
+    from ..ops.table import candidates, padded_dims, window_stands_in
     rows = []
     # the calls ops.library runs padded at an unserved head dim; not a paged varlen call (it would copy the
     # pools), an appending decode (it writes the caller's cache), an e4m3 cache, fp8 or merge
@@ -225,16 +226,21 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
                    if e.arch == arch and e.dtype == dtype and not e.head_dim_v},
                   key=lambda k: (CALLS.index(k[0]), k[1], k[2], BUILT_IN_MASKS.index(k[3])
                                  if k[3] in BUILT_IN_MASKS else len(BUILT_IN_MASKS), k[3]))
+    def reach(call, paged, scores, mask, d):
+        if candidates(entries, call, arch, dtype, d, mask, paged, 0, scores):
+            return "served"
+        if (call in padding or (call == ATTENTION_VARLEN.name and not paged)) and padded_dims(
+                entries, call, arch, dtype, d, 0, mask, scores, paged if table_call(call).paged else None):
+            return "padded"
+        return "refused"
+
     for call, paged, scores, mask in keys:
         cells = {}
         for d in head_dims:
-            if candidates(entries, call, arch, dtype, d, mask, paged, 0, scores):
-                cells[d] = "served"
-            elif (call in padding or (call == ATTENTION_VARLEN.name and not paged)) and padded_dims(
-                    entries, call, arch, dtype, d, 0, mask, scores, paged if table_call(call).paged else None):
-                cells[d] = "padded"
-            else:
-                cells[d] = "refused"
+            cells[d] = reach(call, paged, scores, mask, d)
+            if cells[d] == "refused" and window_stands_in(call, mask, scores) \
+                    and reach(call, paged, scores, "window", d) != "refused":
+                cells[d] = "window"
         rows.append({"call": call, "paged": paged, "scores": scores, "mask": mask, "head_dims": cells})
     return rows
 

@@ -21,6 +21,7 @@ import torch
 from ..core.variants import SCORES, call_mask
 from ..runtime.calls.shared import call_key
 from .dispatch import DISPATCH
+from .table import window_stands_in
 
 
 def _heads_seq(q, layout: str) -> tuple[int, int, int]:
@@ -323,7 +324,7 @@ def varlen_backward_mask(q, k, v, causal, window, softcap, alibi_slopes):
     scores = call_scores(softcap, alibi_slopes)
     mask = call_mask(causal, window)
     index = q.get_device()
-    if not scores or mask == "window" or index < 0:
+    if not window_stands_in("varlen_backward", mask, scores) or index < 0:
         return causal, window
     d, dv = q.shape[-1], v.shape[-1]
 

@@ -675,6 +675,18 @@ def miss_message(entries, call: str, arch: str, dtype: str, head_dim: int, mask:
     return "\n".join(lines)
 
 
+# A varlen backward call without a window (mask none or causal) whose score modifiers the table's
+# varlen backward serves only under a window runs that window function with a window wider than every
+# sequence, which hides no key the mask shows (ops.library.varlen_backward_mask; at d160-d256, non-causal
+# ALiBi's own deterministic function spills). dispatch --coverage reports such a cell as the window's.
+WINDOW_STANDS_IN = ("varlen_backward",)
+
+
+def window_stands_in(call: str, mask: str, scores: str) -> bool:
+    """Whether a `call` of `mask` and `scores` may run its window function when its own mask has none."""
+    return call in WINDOW_STANDS_IN and bool(scores) and mask in ("none", "causal")
+
+
 def padded_dims(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int = 0,
                 mask: str | None = None, scores: str = "", paged: bool | None = None) -> tuple[int, int] | None:
     """(q and k's head dim, V's head dim) a call runs at where the table serves no kernel of its own on
