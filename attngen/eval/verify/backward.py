@@ -137,7 +137,7 @@ def check_backward_case(kernel, variant: Variant, shape: Shape, seed: int, label
         result.function = plan.entry_functions[group_split_key(variant.mask)]
     if deterministic:
         check_repeats(torch, result, (dq, dk, dv), run())
-    if device.type == "cuda":
+    if device.type == "cuda":    # (verify's kernels synchronize after each call)
         through_pycuda(result, kernel, lambda *_: run(), (dq, dk, dv), ref, low, deterministic)
     judge_gradients(torch, result, [to_bhsd(g, shape.layout) for g in (dq, dk, dv)], ref[2:], low[2:], plan.spec.dtype)
     return result

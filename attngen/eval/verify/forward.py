@@ -47,7 +47,7 @@ def check_case(kernel, variant: Variant, shape: Shape, seed: int, *, spec_label:
     def launch(out, lse_out):
         kernel(q, k, v, **variant.call_arguments(), **scores, scale=scale, layout=shape.layout, out=out,
                lse_out=lse_out)
-    launch(o, lse)
+    launch(o, lse)     # (verify's kernels synchronize after each call: a fault is reported with its launch)
     if device.type == "cuda":
         pycuda_agreement(result, kernel, launch, ("o", "lse"), (o, lse))
 

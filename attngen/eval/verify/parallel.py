@@ -163,9 +163,7 @@ def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: in
                 index = built.get_nowait()
         except queue.Empty:
             pass
-        # Longest first among those built together (a warm cache builds them all at once), as
-        # verify_parallel orders them: a long spec taken last would run alone at the end.
-        return sorted(handed, key=lambda item: -len(item[2]))
+        return handed
 
     try:
         return _serve(spec_paths, shapes, seed, jobs, device_index, ready, lambda: compiled_all[0], suite_name,

@@ -59,7 +59,8 @@ def context_usable(device) -> bool:
 # -- specs ---------------------------------------------------------------------------------------
 
 def load_kernels(spec_paths, *, on_compile=None, on_batch=None, jobs: int | None = None) -> list:
-    """attngen.load each spec as verify runs it (load_kernel). Every part of every spec is compiled first, in one parallel batch (compile.
+    """attngen.load each spec, synchronizing after every launch so a fault is reported with the case
+    that caused it. Every part of every spec is compiled first, in one parallel batch (compile.
     precompile, `jobs` nvcc at once), so the loads find their cubins cached; `on_batch(batch)`
     hears of that batch (default: its summary line on stderr), `on_compile(spec_path, arch)` of
     any compile a load still does."""
@@ -73,14 +74,12 @@ def load_kernels(spec_paths, *, on_compile=None, on_batch=None, jobs: int | None
 
 
 def load_kernel(spec_path, bundle=None, *, on_compile=None):
-    """One spec's kernel as verify runs it; `bundle`: its (plan, sources, label) when already read.
-    No synchronize after each launch: every case reads its judges back before it ends (cases.read_back),
-    so a fault still fails the case that caused it (as a CUDA error there, where a synchronizing launch
-    named its kernel), and the worker processes sharing the GPU do not wait for it once per launch."""
+    """One spec's kernel as verify runs it (a synchronize after every launch); `bundle`: its
+    (plan, sources, label) when already read."""
     from ...runtime import bundle_of, kernel_class
     plan, sources, label = bundle_of(str(spec_path)) if bundle is None else bundle
     hook = None if on_compile is None else (lambda arch: on_compile(spec_path, arch))
-    return kernel_class(plan).from_sources(plan, sources, label=label, on_compile=hook, synchronize=False)
+    return kernel_class(plan).from_sources(plan, sources, label=label, on_compile=hook, synchronize=True)
 
 
 def verify_report(kernels, cases: list[CaseResult], suite_name: str) -> VerifyReport:
