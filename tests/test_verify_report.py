@@ -109,3 +109,14 @@ def test_backward_bench_table():
     assert row["h100_bwd_d64_varlen"][:2] == ["wrong", "dk:"] and row["sdpa:cudnn"][0] == "unsupported"
     assert "  h100_bwd_d64             flash 0.80, cudnn -" in lines
     assert lines[-2:] == ["not timed:", "  h100_bwd_d64: bf16 not timed (the spec is fp16)"]
+
+
+def test_time_by_call_sums_each_convention_largest_first():
+    """Where a run's time went: each case's call convention and wall time (Runner sets both), summed per
+    call, the largest first; a case that did not run (no call) is left out; the JSON keeps each case's call."""
+    report = report_of_every_type()
+    for case, (call, seconds) in zip(report.cases, [("forward", 0.5), ("forward", 0.25), ("backward", 2.0),
+                                                    ("backward", 1.0), ("decode", 0.1), (None, None)]):
+        case.call, case.seconds = call, seconds
+    assert report.time_by_call() == {"backward": (2, 3.0), "forward": (2, 0.75), "decode": (1, 0.1)}
+    assert report.as_dict()["cases"][2]["call"] == "backward"

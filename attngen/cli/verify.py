@@ -63,6 +63,10 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs):
     click.echo(format_verify(report, failures_only))
     if json_path:
         write_verify_json(report, json_path)
+    by_call = report.time_by_call()
+    if by_call:
+        click.echo("case time by call" + (f" (summed over the {jobs} workers)" if jobs > 1 else "") + ": " + ", ".join(
+            f"{call} {n} cases {seconds:.0f} s" for call, (n, seconds) in by_call.items()), err=True)
     failed = len(report.failed)
     counts = report.pycuda_counts()
     click.echo(f"attngen verify: {len(report.cases) - failed} passed, {failed} failed "

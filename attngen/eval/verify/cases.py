@@ -200,6 +200,7 @@ class CaseResult:
     problems: list[str] = field(default_factory=list)
     pycuda: str | None = None           # the same call launched through PyCUDA: bitwise | differs | None (not run)
     seconds: float | None = None        # wall time of the case (inputs, both launches, reference, judges)
+    call: str | None = None             # the kernel's call convention (forward, backward, decode, ...)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -225,6 +226,16 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return bool(self.cases) and not self.failed
+
+    def time_by_call(self) -> dict[str, tuple[int, float]]:
+        """call convention -> (cases, their wall seconds summed): where a run's time went (with worker
+        processes, summed over them); cases that did not run are not counted."""
+        out: dict[str, tuple[int, float]] = {}
+        for c in self.cases:
+            if c.call is not None and c.seconds is not None:
+                n, t = out.get(c.call, (0, 0.0))
+                out[c.call] = (n + 1, t + c.seconds)
+        return dict(sorted(out.items(), key=lambda item: -item[1][1]))
 
     def pycuda_counts(self) -> dict:
         """How many cases' PyCUDA launch agreed bit for bit, within the error rule (atomics), differed

@@ -6,6 +6,7 @@ import time
 
 from .cases import CaseResult, VerifyReport, case_seed
 from .pycuda_launch import PycudaUnavailable
+from .rooms import convention_of
 
 
 class Runner:
@@ -21,6 +22,7 @@ class Runner:
         """`cases`: (variant label, function, shape, index, check(seed, label) -> CaseResult) of
         `kernel`, as its call's verify module builds them."""
         label = spec_label or kernel.label
+        call = convention_of(kernel)
         results = []
         for variant, function, shape, index, check in cases:
             start = time.perf_counter()
@@ -38,6 +40,7 @@ class Runner:
                     if not context_usable(kernel.device):
                         self.context_lost = f"after {label} {variant} {shape.label}"
             r.seconds = round(time.perf_counter() - start, 4)
+            r.call = call
             results.append(r)
             if self.on_case:
                 self.on_case(r)
