@@ -107,3 +107,19 @@ def test_a_failure_of_the_verifying_stops_the_compile(stand_ins, monkeypatch):
     while not stand_ins.stopped and time.time() < deadline:
         time.sleep(0.05)
     assert stand_ins.stopped == ["_CompileStopped"]
+
+
+def test_a_profiled_worker_writes_its_profile_even_when_it_stops_early(tmp_path):
+    """verify --profile: a worker runs under cProfile and leaves worker-<n>.prof however it ends; here it
+    stops at once (without a GPU it reports why to the parent; with one there is no spec to take)."""
+    import multiprocessing
+    import pstats
+    ctx = multiprocessing.get_context("spawn")      # as _serve starts them (and torch's settings stay there)
+    tasks, results = ctx.Queue(), ctx.Queue()
+    tasks.put(None)
+    worker = ctx.Process(target=parallel._worker, args=(SPECS, (), 0, 0, tasks, results, 3),
+                         kwargs={"profile_dir": str(tmp_path)})
+    worker.start()
+    worker.join(timeout=120)
+    assert worker.exitcode == 0
+    assert pstats.Stats(str(tmp_path / "worker-3.prof")).total_calls > 0

@@ -26,7 +26,10 @@ from .spec_files import spec_files
 @click.option("--jobs", "-j", type=click.IntRange(1, 64), default=None,
               help="worker processes sharing the GPU, each running whole specs (default: half the cores, "
                    "at most 8); the report is the same for any number")
-def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs):
+@click.option("--profile", "profile_dir", default=None, type=click.Path(file_okay=False),
+              help="write a cProfile of each worker process to this folder (worker-N.prof; with --jobs 1, "
+                   "serial.prof): where a run's host time goes, read with `python3 -m pstats FILE`")
+def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs, profile_dir):
     """Run SPECS (default: every spec) on this GPU and compare every variant with torch.
 
     \b
@@ -49,20 +52,34 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs):
     shapes = verification.suite(quick)
     suite_name = "quick" if quick else "full"
     jobs = min(verification.default_jobs() if jobs is None else jobs, len(paths))
+    if profile_dir is not None:
+        from .. import fsutil
+        profile_dir = str(fsutil.ensure_dir(Path(profile_dir).resolve()))
     if jobs > 1:
-        report = _verify_streaming(verification, paths, shapes, jobs, suite_name, seed, start)
+        report = _verify_streaming(verification, paths, shapes, jobs, suite_name, seed, start, profile_dir)
     else:
         kernels = verification.load_kernels(paths, on_compile=lambda p, arch: click.echo(
             f"compiling {Path(p).stem} for {arch} ...", err=True))
         click.echo(f"loaded {len(kernels)} spec(s) in {time.perf_counter() - start:.1f} s; verifying in this "
                    "process", err=True)
+        profile = None
+        if profile_dir is not None:
+            import cProfile
+            profile = cProfile.Profile()
+            profile.enable()
         with click.progressbar(length=verification.case_count(kernels, shapes), label="verifying", file=sys.stderr,
                                show_pos=True) as bar:
             report = verification.verify_kernels(kernels, shapes, suite_name=suite_name, seed=seed,
                                                  on_case=lambda _case: bar.update(1))
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(str(Path(profile_dir) / "serial.prof"))
     click.echo(format_verify(report, failures_only))
     if json_path:
         write_verify_json(report, json_path)
+    if profile_dir is not None:
+        click.echo(f"host profiles in {profile_dir} (python3 -m pstats {profile_dir}/"
+                   f"{'worker-0' if jobs > 1 else 'serial'}.prof)", err=True)
     by_call = report.time_by_call()
     if by_call:
         click.echo("case time by call" + (f" (summed over the {jobs} workers)" if jobs > 1 else "") + ": " + ", ".join(
@@ -78,7 +95,8 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs):
         sys.exit(1)
 
 
-def _verify_streaming(verification, paths, shapes, jobs: int, suite_name: str, seed: int, start: float):
+def _verify_streaming(verification, paths, shapes, jobs: int, suite_name: str, seed: int, start: float,
+                      profile_dir: str | None = None):
     """Every spec in `jobs` worker processes, each spec handed out as soon as its sources are compiled
     (the compile runs beside the verifying): one bar of the cases, whose total grows as specs load,
     with the compile's count beside it."""
@@ -109,7 +127,7 @@ def _verify_streaming(verification, paths, shapes, jobs: int, suite_name: str, s
 
         report = verification.verify_streaming(paths, shapes, jobs=jobs, suite_name=suite_name, seed=seed,
                                                on_case=lambda _case: bar.update(1), on_loaded=on_loaded,
-                                               on_compiled=on_compiled)
+                                               on_compiled=on_compiled, profile_dir=profile_dir)
     if compiled[1]:
         click.echo(f"{compiled[1]} sources: {compiled[1] - cached[0]} compiled beside the verifying, {cached[0]} from "
                    "the cache", err=True)

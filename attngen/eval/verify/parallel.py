@@ -30,10 +30,21 @@ def default_jobs() -> int:
     return max(1, min(WORKERS_MAX, cores // 2))
 
 
-def _worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
+def _worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id, profile_dir=None):
     """A worker process: runs each spec index it takes from `tasks` until None, sending
     ("start", worker, index), ("case", index, CaseResult) per case and ("done", worker, index);
-    ("raise", worker, index, exception) for an error that is no case result (the verifier's own)."""
+    ("raise", worker, index, exception) for an error that is no case result (the verifier's own).
+    With `profile_dir`, it runs under cProfile and writes profile_dir/worker-<n>.prof as it ends."""
+    if profile_dir is not None:
+        import cProfile
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            _worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id)
+        finally:
+            profile.disable()
+            profile.dump_stats(os.path.join(profile_dir, f"worker-{worker_id}.prof"))
+        return
     index = None
     try:
         import torch
@@ -62,7 +73,7 @@ def _worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
 
 
 def verify_parallel(spec_paths, kernels, shapes, *, jobs: int, suite_name: str, seed: int = 0,
-                    on_case=None) -> VerifyReport:
+                    on_case=None, profile_dir=None) -> VerifyReport:
     """The report of verify_kernels(kernels, shapes) computed by `jobs` worker processes, each loading
     the specs (spec_paths[i] is kernels[i]'s) it takes. `on_case(result)` hears each case as it
     arrives (in completion order); the report lists them in serial order."""
@@ -78,11 +89,13 @@ def verify_parallel(spec_paths, kernels, shapes, *, jobs: int, suite_name: str, 
         pending.clear()
         return handed
     device_index = (kernels[0].device.index or 0) if kernels else 0
-    return _serve(spec_paths, shapes, seed, jobs, device_index, ready, lambda: True, suite_name, on_case)
+    return _serve(spec_paths, shapes, seed, jobs, device_index, ready, lambda: True, suite_name, on_case,
+                  profile_dir=profile_dir)
 
 
 def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: int = 0, on_case=None,
-                     on_loaded=None, on_compiled=None, compile_jobs: int | None = None) -> VerifyReport:
+                     on_loaded=None, on_compiled=None, compile_jobs: int | None = None,
+                     profile_dir=None) -> VerifyReport:
     """verify_parallel with the compile overlapped: every part of every spec compiles in one batch (as
     load_kernels compiles them) on a thread of this process, and a spec goes to the workers as soon as
     its parts are built, instead of after the last of them. The report is the same (serial order, the
@@ -167,7 +180,7 @@ def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: in
 
     try:
         return _serve(spec_paths, shapes, seed, jobs, device_index, ready, lambda: compiled_all[0], suite_name,
-                      on_case, count=len(bundles))
+                      on_case, count=len(bundles), profile_dir=profile_dir)
     except BaseException:
         stop.set()      # the running nvcc processes end; the queued sources are dropped
         raise
@@ -178,7 +191,7 @@ class _CompileStopped(Exception):
 
 
 def _serve(spec_paths, shapes, seed: int, jobs: int, device_index: int, ready, all_handed, suite_name: str,
-           on_case, count: int | None = None) -> VerifyReport:
+           on_case, count: int | None = None, profile_dir=None) -> VerifyReport:
     """Run the specs `ready(wait)` hands out ([(index, kernel, cases)], waiting up to `wait` seconds for
     one; `all_handed()` true once it will hand out no more) in `jobs` worker processes; the report in
     index order. `count`: how many specs there are (default: those handed out at once)."""
@@ -193,7 +206,8 @@ def _serve(spec_paths, shapes, seed: int, jobs: int, device_index: int, ready, a
     tasks, results = ctx.Queue(), ctx.Queue()
     jobs = max(1, min(jobs, count))
     workers = [ctx.Process(target=_worker, args=(list(map(str, spec_paths)), shapes, seed, device_index, tasks,
-                                                 results, w), daemon=True) for w in range(jobs)]
+                                                 results, w), kwargs={"profile_dir": profile_dir} if profile_dir else {},
+                           daemon=True) for w in range(jobs)]
     for w in workers:
         w.start()
     handed = 0
