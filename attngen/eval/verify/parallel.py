@@ -76,7 +76,8 @@ def verify_parallel(spec_paths, kernels, shapes, *, jobs: int, suite_name: str, 
                     on_case=None, profile_dir=None) -> VerifyReport:
     """The report of verify_kernels(kernels, shapes) computed by `jobs` worker processes, each loading
     the specs (spec_paths[i] is kernels[i]'s) it takes. `on_case(result)` hears each case as it
-    arrives (in completion order); the report lists them in serial order."""
+    arrives (in completion order); the report lists them in serial order. `profile_dir`: each worker
+    runs under cProfile and writes its profile there (_worker)."""
     from .rooms import kernel_cases
     shapes = tuple(shapes)
     expected = [kernel_cases(k, shapes, k.masks) for k in kernels]
@@ -101,7 +102,7 @@ def verify_streaming(spec_paths, shapes, *, jobs: int, suite_name: str, seed: in
     its parts are built, instead of after the last of them. The report is the same (serial order, the
     serial seeds). `on_loaded(kernel, cases)` hears of each spec as it is handed out, `on_compiled(done,
     total, cached)` of each source built or found in the cache; a failed compile raises its ToolError once the batch ends (the
-    workers stopped), as load_kernels does."""
+    workers stopped), as load_kernels does. `profile_dir`: as verify_parallel's."""
     import queue
     import threading
     from ...compile import compile_many, jobs_per_bundle
