@@ -120,3 +120,20 @@ def test_time_by_call_sums_each_convention_largest_first():
         case.call, case.seconds = call, seconds
     assert report.time_by_call() == {"backward": (2, 3.0), "forward": (2, 0.75), "decode": (1, 0.1)}
     assert report.as_dict()["cases"][2]["call"] == "backward"
+
+
+def test_the_runner_records_each_run_case_s_call_and_none_for_cases_not_run():
+    """Runner: a case that ran carries its kernel's convention and time; one not run (the context lost
+    before it) carries no call, so time_by_call leaves it out."""
+    import types
+    from attngen.eval.verify.runner import Runner
+    kernel = types.SimpleNamespace(convention="backward", label="stub", device=types.SimpleNamespace(type="cpu"))
+    shape = CASE_SHAPES[0]
+    cases = [("none", "fn", shape, 0, lambda seed, label: CaseResult(label, "fn", "none", shape, passed=True))]
+    ran = Runner(0, None).run(kernel, cases, 0, None)
+    assert ran[0].call == "backward" and ran[0].seconds is not None
+    lost = Runner(0, None)
+    lost.context_lost = "after a fault"
+    skipped = lost.run(kernel, cases, 0, None)
+    assert skipped[0].call is None and not skipped[0].passed
+    assert VerifyReport("Stub GPU", "sm_90", "stub", "full", ran + skipped).time_by_call()["backward"][0] == 1

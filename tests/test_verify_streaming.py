@@ -110,8 +110,9 @@ def test_a_failure_of_the_verifying_stops_the_compile(stand_ins, monkeypatch):
 
 
 def test_a_profiled_worker_writes_its_profile_even_when_it_stops_early(tmp_path):
-    """verify --profile: a worker runs under cProfile and leaves worker-<n>.prof however it ends; here it
-    stops at once (without a GPU it reports why to the parent; with one there is no spec to take)."""
+    """verify --profile: a worker runs under cProfile and leaves worker-<n>.prof when it returns (one the
+    parent terminates after an error leaves none); here it stops at once (without a GPU it reports why to
+    the parent; with one there is no spec to take)."""
     import multiprocessing
     import pstats
     ctx = multiprocessing.get_context("spawn")      # as _serve starts them (and torch's settings stay there)

@@ -34,7 +34,8 @@ def _worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id, p
     """A worker process: runs each spec index it takes from `tasks` until None, sending
     ("start", worker, index), ("case", index, CaseResult) per case and ("done", worker, index);
     ("raise", worker, index, exception) for an error that is no case result (the verifier's own).
-    With `profile_dir`, it runs under cProfile and writes profile_dir/worker-<n>.prof as it ends."""
+    With `profile_dir`, it runs under cProfile and writes profile_dir/worker-<n>.prof as it returns (a
+    worker _serve terminates after an error writes none)."""
     if profile_dir is not None:
         import cProfile
         profile = cProfile.Profile()

@@ -26,7 +26,8 @@ class Runner:
         results = []
         for variant, function, shape, index, check in cases:
             start = time.perf_counter()
-            if self.context_lost:
+            ran = not self.context_lost
+            if not ran:
                 r = CaseResult(label, function, variant, shape, passed=False,
                                problems=[f"not run: the CUDA context was lost {self.context_lost}"])
             else:
@@ -40,7 +41,8 @@ class Runner:
                     if not context_usable(kernel.device):
                         self.context_lost = f"after {label} {variant} {shape.label}"
             r.seconds = round(time.perf_counter() - start, 4)
-            r.call = call
+            if ran:
+                r.call = call           # (a case that did not run has none: time_by_call leaves it out)
             results.append(r)
             if self.on_case:
                 self.on_case(r)
