@@ -62,18 +62,12 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs, profil
             f"compiling {Path(p).stem} for {arch} ...", err=True))
         click.echo(f"loaded {len(kernels)} spec(s) in {time.perf_counter() - start:.1f} s; verifying in this "
                    "process", err=True)
-        profile = None
-        if profile_dir is not None:
-            import cProfile
-            profile = cProfile.Profile()
-            profile.enable()
-        with click.progressbar(length=verification.case_count(kernels, shapes), label="verifying", file=sys.stderr,
-                               show_pos=True) as bar:
+        from ..eval.verify.parallel import profiled
+        with profiled(None if profile_dir is None else str(Path(profile_dir) / "serial.prof")), \
+                click.progressbar(length=verification.case_count(kernels, shapes), label="verifying",
+                                  file=sys.stderr, show_pos=True) as bar:
             report = verification.verify_kernels(kernels, shapes, suite_name=suite_name, seed=seed,
                                                  on_case=lambda _case: bar.update(1))
-        if profile is not None:
-            profile.disable()
-            profile.dump_stats(str(Path(profile_dir) / "serial.prof"))
     click.echo(format_verify(report, failures_only))
     if json_path:
         write_verify_json(report, json_path)

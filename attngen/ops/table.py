@@ -76,8 +76,15 @@ class Entry(NamedTuple):
         return f"{self.spec}: {self.us:.1f} us measured ({self.measured}){runner}"
 
     def key(self) -> tuple:
-        return (self.call, self.arch, self.dtype, self.head_dim, self.mask, self.paged, self.head_dim_v,
-                self.scores)
+        return _KEY_FIELDS(self)
+
+
+# An entry's key (what a call looks up) and its bucket (the key and where in it the entry sits), by field
+# name once: itemgetters over the entry's fields, which a first call's checks of 800 entries map in C.
+KEY_FIELDS = ("call", "arch", "dtype", "head_dim", "mask", "paged", "head_dim_v", "scores")
+_KEY_FIELDS = operator.itemgetter(*map(Entry._fields.index, KEY_FIELDS))
+_BUCKET_FIELDS = operator.itemgetter(*map(Entry._fields.index, KEY_FIELDS + ("upto", "max_group_rows", "min_rows")))
+_SPEC_FIELD = operator.itemgetter(Entry._fields.index("spec"))
 
 
 def table_path(specs_dir) -> Path:
@@ -515,13 +522,7 @@ def entry_problem_of(raw: dict) -> tuple[str | None, str, str] | None:
 
 def bucket(e: Entry) -> tuple:
     """The calls an entry serves: its key and where in the key it sits."""
-    return e.key() + (e.upto, e.max_group_rows, e.min_rows)
-
-
-# bucket(e)'s values, as one itemgetter over the entry's fields (equal exactly when the buckets are)
-_BUCKET_FIELDS = operator.itemgetter(*(Entry._fields.index(name) for name in (
-    "call", "arch", "dtype", "head_dim", "mask", "paged", "head_dim_v", "scores", "upto", "max_group_rows", "min_rows")))
-_SPEC_FIELD = operator.itemgetter(Entry._fields.index("spec"))
+    return _BUCKET_FIELDS(e)
 
 
 def duplicate_bucket(entries) -> tuple[int, int] | None:

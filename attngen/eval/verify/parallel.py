@@ -12,6 +12,7 @@ dies leaves the cases it had not reported marked as not run.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue as queue_module
 
@@ -36,16 +37,29 @@ def _worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id, p
     ("raise", worker, index, exception) for an error that is no case result (the verifier's own).
     With `profile_dir`, it runs under cProfile and writes profile_dir/worker-<n>.prof as it returns (a
     worker _serve terminates after an error writes none)."""
-    if profile_dir is not None:
-        import cProfile
-        profile = cProfile.Profile()
-        profile.enable()
-        try:
-            _worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id)
-        finally:
-            profile.disable()
-            profile.dump_stats(os.path.join(profile_dir, f"worker-{worker_id}.prof"))
+    with profiled(None if profile_dir is None else os.path.join(profile_dir, f"worker-{worker_id}.prof")):
+        _work(spec_paths, shapes, seed, device_index, tasks, results, worker_id)
+
+
+@contextlib.contextmanager
+def profiled(path: str | None):
+    """The block run under cProfile, its profile written to `path` as it ends (None: not profiled);
+    verify --profile's workers and its serial run."""
+    if path is None:
+        yield
         return
+    import cProfile
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
+
+
+def _work(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
+    """_worker's loop (see there)."""
     index = None
     try:
         import torch
