@@ -441,14 +441,14 @@ def test_serve_adds_the_keys_of_a_new_member(tmp_path):
 
 def test_coverage_says_served_padded_or_refused_per_head_dim():
     """--coverage: a kernel of the head dim (d256), padded to the next served one (d224, as the entry
-    points run it), refused where the entry point does not pad (a paged varlen call would copy the
-    pools; an appending decode writes the caller's cache)."""
+    points run it; a paged varlen call with its pools copied), refused where the entry point does not
+    pad (an appending decode writes the caller's cache)."""
     run = CliRunner().invoke(main, ["dispatch", "--coverage", "--dtype", "bf16", "--json"])
     assert run.exit_code == 0, run.output
     rows = {(r["call"], r["paged"], r["scores"], r["mask"]): r["head_dims"] for r in json.loads(run.output)["rows"]}
     plain = rows[("forward", False, "", "causal")]
     assert plain["256"] == "served" and plain["224"] == "padded" and plain["59"] == "padded"
-    assert rows[("varlen", True, "", "causal")]["160"] == "refused"
+    assert rows[("varlen", True, "", "causal")]["160"] == "padded"
     assert rows[("decode_append", False, "", "causal")]["160"] == "refused"
     assert rows[("decode", True, "softcap", "window")]["128"] == "padded"
     # non-causal ALiBi's varlen backward at d256 runs its window function (ops.library.varlen_backward_mask)

@@ -151,6 +151,35 @@ def test_attention_varlen_routes_paged_calls(torch, head_dim, dtype):
     assert torch.equal(o2, o)
 
 
+# Head dims with no paged varlen cell: q and the pools zero-padded to the next that has one (32, 40 and
+# 59 to 64, 80 to 96, 111 to 128, 160-224 to 256), as FlashAttention's varlen tests call them
+PADDED_CELLS = [(32, "bf16"), (59, "bf16"), (80, "fp16"), (111, "bf16"), (160, "bf16"), (224, "fp16")]
+
+
+@pytest.mark.parametrize("head_dim,dtype", PADDED_CELLS, ids=[f"d{d}-{t}" for d, t in PADDED_CELLS])
+def test_attention_varlen_pads_other_head_dims(torch, head_dim, dtype):
+    """A paged call at a head dim the table has no paged varlen kernel of runs padded: out of q's head
+    dim, within the error rule sequence by sequence, agreeing with the packed call; the pools unchanged."""
+    from attngen.ops.dispatch import DISPATCH
+    dt = torch_dtype(torch, dtype)
+    assert not DISPATCH.serves("varlen", 0, dt, head_dim, "causal", paged=True)
+    assert DISPATCH.padded_dims("varlen", 0, dt, head_dim, head_dim, "causal", "", paged=True)
+    seqs = ((1, 300), (17, 17), (1, 5), (96, 1100))
+    q, k, v, cu_q, cu_k, g = packed(torch, seqs, 8, 2, head_dim, dt, seed=11)
+    kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], 16, g)
+    before = (kp.clone(), vp.clone())
+    used = torch.tensor([s[1] for s in seqs], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        o, lse = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 1100, causal=True, block_table=table,
+                                          seqused_k=used, return_lse=True)
+        ref = attngen.attention_varlen(q, k, v, cu_q, cu_k, 96, 1100, causal=True, alignment="bottom_right")
+    assert o.shape == q.shape and o.is_contiguous() and lse.shape == (8, q.shape[0])
+    check_sequences(torch, q, k, v, o, seqs, True, head_dim ** -0.5, f"d{head_dim} {dtype} padded paged")
+    assert (o.float() - ref.float()).abs().max().item() < 5e-2
+    for pool, kept in zip((kp, vp), before):        # padded copies: the caller's pools are untouched
+        assert torch.equal(pool.isnan(), kept.isnan()) and torch.equal(pool.nan_to_num(), kept.nan_to_num())
+
+
 DECODE_STEP_CELLS = CELLS
 
 

@@ -219,9 +219,10 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
     from ..core.calls import table_call
     from ..ops.table import candidates, padded_dims, window_stands_in
     rows = []
-    # the calls ops.library runs padded at an unserved head dim; not a paged varlen call (it would copy the
-    # pools), an appending decode (it writes the caller's cache), an e4m3 cache, fp8 or merge
-    padding = {ATTENTION.name, ATTENTION_BACKWARD.name, ATTENTION_VARLEN_BACKWARD.name, ATTENTION_WITH_KVCACHE.name}
+    # the calls ops.library runs padded at an unserved head dim (a paged call's pools, as a decode call's
+    # cache, copied); not an appending decode (it writes the caller's cache), an e4m3 cache, fp8 or merge
+    padding = {ATTENTION.name, ATTENTION_BACKWARD.name, ATTENTION_VARLEN.name, ATTENTION_VARLEN_BACKWARD.name,
+               ATTENTION_WITH_KVCACHE.name}
     keys = sorted({(e.call, e.paged, e.scores, e.mask) for e in entries
                    if e.arch == arch and e.dtype == dtype and not e.head_dim_v},
                   key=lambda k: (CALLS.index(k[0]), k[1], k[2], BUILT_IN_MASKS.index(k[3])
@@ -229,7 +230,7 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
     def reach(call, paged, scores, mask, d):
         if candidates(entries, call, arch, dtype, d, mask, paged, 0, scores):
             return "served"
-        if (call in padding or (call == ATTENTION_VARLEN.name and not paged)) and padded_dims(
+        if call in padding and padded_dims(
                 entries, call, arch, dtype, d, 0, mask, scores, paged if table_call(call).paged else None):
             return "padded"
         return "refused"

@@ -190,6 +190,13 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
         raise ValueError(f"with block_table, k and v are page pools (num_pages, page_size, kv_heads, head_dim) "
                          f"(got k of shape {tuple(k.shape)})")
     d, dv = q.shape[-1], v.shape[-1]
+    pad = DISPATCH.padded_dims("varlen", index, q.dtype, d, dv, call_mask(causal, None), "", paged=True)
+    if pad:
+        # No paged varlen kernel of this head dim: q and the page pools zero-padded to the next that has
+        # one, as a padded paged decode pads its cache (the pools are copied, every call: docs/varlen.md)
+        return _cut(paged_varlen(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), cu_seqlens_q, cu_seqlens_k,
+                                 block_table, seqused_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                 _scale(scale, d), return_lse), dv, return_lse)
     split = _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal, alignment, d, dv)
     if split and max_seqlen_q == 1:
         # Every sequence has at most one query (a decode step): the decode kernel alone.
