@@ -200,10 +200,54 @@ def test_a_new_row_on_a_page_the_table_does_not_give_is_not_stored(torch):
         attngen.check_errors()
 
 
-def test_padded_head_dims_are_refused_for_append(torch):
-    q = torch.randn(1, 1, 8, 80, device="cuda", dtype=torch.float16)
-    kc = torch.randn(1, 64, 8, 80, device="cuda", dtype=torch.float16)
-    kn = torch.randn(1, 1, 8, 80, device="cuda", dtype=torch.float16)
+@pytest.mark.parametrize("head_dim,rd,interleaved", [(80, 80, True), (59, 32, False), (111, 64, True)],
+                         ids=["d80-full-rotary", "d59-half", "d111-part"])
+def test_padded_head_dims_append_in_place(torch, head_dim, rd, interleaved):
+    """A head dim with no append kernel (80, 59, 111) runs padded at the next that has one: the caller's
+    cache tensors get the rotated new tokens (their own head dim, nothing else changed) and the output
+    is the attention over them, as at a served head dim."""
+    q, kc, vc, kn, vn, cos, sin = _inputs(torch, d=head_dim, rd=rd)
+    lens = torch.tensor([5, 300], dtype=torch.int32, device="cuda")
+    ref, k_after, v_after = _expected(torch, q, kc, vc, kn, vn, cos, sin, lens, True, interleaved)
+    with torch.no_grad():
+        o = attngen.attention_with_kvcache(q, kc, vc, kn, vn, cos, sin, cache_seqlens=lens, causal=True,
+                                           rotary_interleaved=interleaved, layout="bshd")
+    torch.cuda.synchronize()
+    assert o.shape == q.shape and kc.shape[-1] == head_dim
+    assert torch.equal(vc, v_after)
+    assert (kc.float() - k_after.float()).abs().max().item() < 2e-3 * 8
+    assert (o.float() - ref).abs().max().item() < 2e-2
+
+
+def test_padded_append_takes_a_paged_cache(torch):
+    """The same at d80 with a paged cache: the pools the block table names get the new tokens."""
+    q, kc, vc, kn, vn, cos, sin = _inputs(torch, d=80, rd=80, cap=512)
+    lens = torch.tensor([5, 300], dtype=torch.int32, device="cuda")
+    ref, k_after, v_after = _expected(torch, q, kc, vc, kn, vn, cos, sin, lens, True)
+    pg = 16
+    pages = kc.shape[1] // pg
+    perm = torch.randperm(2 * pages, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    table = perm.view(2, pages).to(torch.int32).contiguous()
+    kp = torch.empty(2 * pages, pg, kc.shape[2], 80, device="cuda", dtype=kc.dtype)
+    vp = torch.empty_like(kp)
+    kp[table.long().flatten()] = kc.reshape(2 * pages, pg, kc.shape[2], 80)
+    vp[table.long().flatten()] = vc.reshape(2 * pages, pg, vc.shape[2], 80)
+    with torch.no_grad():
+        o = attngen.attention_with_kvcache(q, kp, vp, kn, vn, cos, sin, cache_seqlens=lens, block_table=table,
+                                           causal=True, layout="bshd")
+    torch.cuda.synchronize()
+    assert torch.equal(vp[table.long().flatten()].reshape(vc.shape), v_after)
+    assert (kp[table.long().flatten()].reshape(kc.shape).float() - k_after.float()).abs().max().item() < 2e-3 * 8
+    assert (o.float() - ref).abs().max().item() < 2e-2
+
+
+def test_head_dims_without_an_append_kernel_above_are_refused(torch):
+    """d160 has no append kernel at or above it (d256's would spill): refused by name, the cache untouched."""
+    q = torch.randn(1, 1, 8, 160, device="cuda", dtype=torch.float16)
+    kc = torch.randn(1, 64, 8, 160, device="cuda", dtype=torch.float16)
+    kn = torch.randn(1, 1, 8, 160, device="cuda", dtype=torch.float16)
     lens = torch.tensor([3], dtype=torch.int32, device="cuda")
+    before = kc.clone()
     with pytest.raises((ValueError, LookupError)):
         attngen.attention_with_kvcache(q, kc, kc.clone(), kn, kn.clone(), cache_seqlens=lens, layout="bshd")
+    assert torch.equal(kc, before)

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 from .. import fsutil
 from ..core.calls import (ATTENTION, ATTENTION_BACKWARD, ATTENTION_FP8, ATTENTION_VARLEN, ATTENTION_VARLEN_BACKWARD,
-                          ATTENTION_WITH_KVCACHE)
+                          ATTENTION_WITH_KVCACHE, ATTENTION_WITH_KVCACHE_APPEND)
 from ..errors import SpecError
 from ..ops.table import CALLS, MAX_INTEGER, Entry, check_entry
 
@@ -219,10 +219,10 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
     from ..core.calls import table_call
     from ..ops.table import candidates, padded_dims, window_stands_in
     rows = []
-    # the calls ops.library runs padded at an unserved head dim (a paged call's pools, as a decode call's
-    # cache, copied); not an appending decode (it writes the caller's cache), an e4m3 cache, fp8 or merge
+    # the calls ops.library runs padded at an unserved head dim (a paged call's pools and a decode call's
+    # cache copied; an appending call's copied back); not an e4m3 cache, fp8 or merge
     padding = {ATTENTION.name, ATTENTION_BACKWARD.name, ATTENTION_VARLEN.name, ATTENTION_VARLEN_BACKWARD.name,
-               ATTENTION_WITH_KVCACHE.name}
+               ATTENTION_WITH_KVCACHE.name, ATTENTION_WITH_KVCACHE_APPEND.name}
     keys = sorted({(e.call, e.paged, e.scores, e.mask) for e in entries
                    if e.arch == arch and e.dtype == dtype and not e.head_dim_v},
                   key=lambda k: (CALLS.index(k[0]), k[1], k[2], BUILT_IN_MASKS.index(k[3])

@@ -470,11 +470,11 @@ def kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
            mask, scores, layout)
     kernel = _DECODE_APPEND.get(key)
     if kernel is None:
-        if _decode_padding(q, v_cache, None, call="decode_append"):
-            # A padded call would write the new tokens into a padded copy of the cache, not the caller's.
-            raise ValueError(f"attention_with_kvcache appends new tokens at the head dims the dispatch table serves "
-                             f"append kernels for, not at head_dim {q.shape[-1]} (the cache cannot be padded in "
-                             "place): `attngen dispatch --call decode_append` lists them")
+        to = _decode_padding(q, v_cache, mask, scores, block_table is not None, call="decode_append")
+        if to:
+            return _append_padded(to, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                  cache_batch_idx, cache_leftpad, block_table, rotary_interleaved, causal, scale,
+                                  num_splits, layout, return_lse, window, softcap, alibi_slopes, sinks)
         kernel = _decode_kernel(q, k_cache, block_table, mask, layout, scores, call="decode_append")
         if len(_DECODE_APPEND) >= 4096:
             _DECODE_APPEND.clear()
@@ -487,6 +487,27 @@ def kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
                   scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse, k=k, v=v,
                   rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
                   cache_leftpad=cache_leftpad, rotary_interleaved=rotary_interleaved, **extra)
+
+
+def _append_padded(to, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                   cache_leftpad, block_table, rotary_interleaved, causal, scale, num_splits, layout, return_lse,
+                   window, softcap, alibi_slopes, sinks):
+    """kvcache_append at a head dim with no append kernel: q, the new tokens and the caches (or pools)
+    zero-padded to head dim `to`, the append run on the padded copies, whose first columns are then
+    copied back into the caller's caches (every row: those the call did not write are equal), and the
+    output cut back. Three passes over the caches per call; an append kernel of the head dim needs none."""
+    d = q.shape[-1]
+    if rotary_cos is not None and 2 * rotary_cos.shape[-1] > d:
+        raise ValueError(f"rotary_dim ({2 * rotary_cos.shape[-1]}: 2 x rotary_cos.shape[1]) must be at most head_dim "
+                         f"({d})")
+    padded_k, padded_v = _pad(k_cache, to), _pad(v_cache, to)
+    result = kvcache_append(_pad(q, to), padded_k, padded_v, None if k is None else _pad(k, to),
+                            None if v is None else _pad(v, to), rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, block_table, rotary_interleaved, causal, _scale(scale, d), num_splits,
+                            layout, return_lse, window, softcap, alibi_slopes, sinks)
+    k_cache.copy_(padded_k[..., :d])
+    v_cache.copy_(padded_v[..., :d])
+    return _cut(result, d, return_lse)
 
 
 def _decode_padding(q, v_cache, mask: str | None, scores: str = "", paged: bool | None = None,
