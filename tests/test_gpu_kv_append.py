@@ -241,6 +241,23 @@ def test_padded_append_takes_a_paged_cache(torch):
     assert (o.float() - ref).abs().max().item() < 2e-2
 
 
+def test_padded_append_returns_the_lse_and_refuses_mismatched_head_dims(torch):
+    """return_lse through the padded path gives the LSE of the call (as the kernel at d96 computes it for
+    the zero-padded q, the same scores); new tokens of another head dim than q's are refused before any
+    copy, the caches untouched."""
+    q, kc, vc, kn, vn, cos, sin = _inputs(torch, d=80, rd=80)
+    lens = torch.tensor([5, 300], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        o, lse = attngen.attention_with_kvcache(q, kc.clone(), vc.clone(), kn, vn, cos, sin, cache_seqlens=lens,
+                                                causal=True, layout="bshd", return_lse=True)
+    assert o.shape == q.shape and lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and torch.isfinite(lse).all()
+    before = kc.clone()
+    with pytest.raises(ValueError, match="head dim"):
+        attngen.attention_with_kvcache(q, kc, vc, kn[..., :64].contiguous(), vn[..., :64].contiguous(),
+                                       cache_seqlens=lens, causal=True, layout="bshd")
+    assert torch.equal(kc, before)
+
+
 def test_head_dims_without_an_append_kernel_above_are_refused(torch):
     """d160 has no append kernel at or above it (d256's would spill): refused by name, the cache untouched."""
     q = torch.randn(1, 1, 8, 160, device="cuda", dtype=torch.float16)

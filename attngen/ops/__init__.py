@@ -206,7 +206,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     joins every row's softmax denominator as a key with no value (forward only: no gradient).
 
     Appending new tokens, as flash_attn_with_kvcache (served by the table's decode_append entries, one
-    launch): k and v, the new tokens, (B, Hkv, Snew, D) (layout "bshd": (B, Snew, Hkv, D), as
+    launch; a head dim without one runs padded, the caches copied and written back: docs/decode.md): k and v, the new tokens, (B, Hkv, Snew, D) (layout "bshd": (B, Snew, Hkv, D), as
     FlashAttention), 1 <= Snew <= Sq, go into the cache at keys cache_seqlens[b] .. cache_seqlens[b] +
     Snew - 1 (pages through block_table) and are attended with the cache; cache_seqlens then counts the
     keys before them. rotary_cos / rotary_sin ((seqlen_ro >= capacity, rotary_dim / 2), q's dtype)

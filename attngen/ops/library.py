@@ -48,6 +48,15 @@ def _cut_gradients(grads, d: int, dv: int):
     return dq[..., :d].contiguous(), dk[..., :d].contiguous(), dv_[..., :dv].contiguous()
 
 
+def _check_head_dims(d: int, **tensors) -> None:
+    """ValueError naming the first tensor whose last dim is not q's head dim `d` (None: not given):
+    a padded call checks what the kernel call at the padded head dim could no longer see."""
+    for name, t in tensors.items():
+        if t is not None and t.shape[-1] != d:
+            raise ValueError(f"{name} has head dim {t.shape[-1]}, q {d}: they must match (got {name} of shape "
+                             f"{tuple(t.shape)})")
+
+
 def _cut(result, d: int, return_lse: bool):
     """A padded call's output, its first d columns (V's head dim; lse as it is)."""
     if return_lse:
@@ -192,6 +201,7 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
     d, dv = q.shape[-1], v.shape[-1]
     pad = DISPATCH.padded_dims("varlen", index, q.dtype, d, dv, call_mask(causal, None), "", paged=True)
     if pad:
+        _check_head_dims(d, k=k)     # padding would hide a mismatch the kernel call refuses
         # No paged varlen kernel of this head dim: q and the page pools zero-padded to the next that has
         # one, as a padded paged decode pads its cache (the pools are copied, every call: docs/varlen.md)
         return _cut(paged_varlen(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), cu_seqlens_q, cu_seqlens_k,
@@ -495,8 +505,11 @@ def _append_padded(to, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_
     """kvcache_append at a head dim with no append kernel: q, the new tokens and the caches (or pools)
     zero-padded to head dim `to`, the append run on the padded copies, whose first columns are then
     copied back into the caller's caches (every row: those the call did not write are equal), and the
-    output cut back. Three passes over the caches per call; an append kernel of the head dim needs none."""
+    output cut back. Three passes over the caches per call; an append kernel of the head dim needs none.
+    The write-back is a copy of every row (or page of the pools), in stream order: a row another stream
+    writes during the call is overwritten with its value from before."""
     d = q.shape[-1]
+    _check_head_dims(d, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
     if rotary_cos is not None and 2 * rotary_cos.shape[-1] > d:
         raise ValueError(f"rotary_dim ({2 * rotary_cos.shape[-1]}: 2 x rotary_cos.shape[1]) must be at most head_dim "
                          f"({d})")
