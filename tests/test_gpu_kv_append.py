@@ -241,6 +241,34 @@ def test_padded_append_takes_a_paged_cache(torch):
     assert (o.float() - ref).abs().max().item() < 2e-2
 
 
+@pytest.mark.parametrize("options", ["batch_idx", "leftpad", "window"])
+def test_padded_append_equals_the_served_kernel_on_padded_inputs(torch, options):
+    """The padded path at d80 is the d96 append kernel on zero-padded inputs, bit for bit: its output is the
+    first 80 columns of that call's, its caches the first 80 columns of that call's caches, with
+    cache_batch_idx (cache rows in another order, more rows than the batch), cache_leftpad or a window."""
+    q, kc, vc, kn, vn, cos, sin = _inputs(torch, b=2, d=80, rd=80)
+    lens = torch.tensor([7, 301], dtype=torch.int32, device="cuda")
+    extra = {}
+    if options == "batch_idx":
+        kc, vc = (torch.cat([t, t.flip(0)]) for t in (kc, vc))       # 4 cache rows for 2 sequences
+        extra["cache_batch_idx"] = torch.tensor([3, 0], dtype=torch.int32, device="cuda")
+    elif options == "leftpad":
+        extra["cache_leftpad"] = torch.tensor([2, 100], dtype=torch.int32, device="cuda")
+    else:
+        extra["window"] = (64, 0)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 16))     # noqa: E731
+    kc96, vc96 = pad(kc), pad(vc)
+    with torch.no_grad():
+        o, lse = attngen.attention_with_kvcache(q, kc, vc, kn, vn, cos, sin, cache_seqlens=lens, causal=True,
+                                                layout="bshd", return_lse=True, **extra)
+        o96, lse96 = attngen.attention_with_kvcache(pad(q), kc96, vc96, pad(kn), pad(vn), cos, sin, cache_seqlens=lens,
+                                                    causal=True, layout="bshd", return_lse=True,
+                                                    scale=80 ** -0.5, **extra)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o96[..., :80]) and torch.equal(lse, lse96)
+    assert torch.equal(kc, kc96[..., :80]) and torch.equal(vc, vc96[..., :80])
+
+
 def test_padded_append_returns_the_lse_and_refuses_mismatched_head_dims(torch):
     """return_lse through the padded path gives the LSE of the call (as the kernel at d96 computes it for
     the zero-padded q, the same scores); new tokens of another head dim than q's are refused before any
