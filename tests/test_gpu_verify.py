@@ -436,3 +436,41 @@ def test_parallel_verify_reports_what_a_serial_run_reports():
     assert len(heard) == len(parallel.cases) == len(serial.cases) > 0
     assert [row(c) for c in parallel.cases] == [row(c) for c in serial.cases]
     assert any(c.pycuda == "bitwise" for c in parallel.cases)
+
+
+def test_parallel_verify_under_mps_reports_what_a_serial_run_reports():
+    """Workers sharing the GPU through verify's private MPS daemon (this process, which already has a
+    context, stays outside it) give the serial report; the daemon's folder is gone afterwards."""
+    import glob
+    import shutil
+    import tempfile
+    from attngen.eval.verify.mps import CONTROL, shared_gpu
+    if shutil.which(CONTROL) is None:
+        pytest.skip(f"no {CONTROL} on this machine")
+    paths = [ROOT / "specs" / n for n in ("h100_mma_d64.yaml", "h200_decode_d128_fused.yaml")]
+    kernels = verify.load_kernels(paths, on_batch=lambda batch: None)
+    serial = verify.verify_kernels(kernels, verify.QUICK_SUITE, suite_name="quick", seed=5)
+    with shared_gpu(True) as how:
+        shared = verify.verify_parallel(paths, kernels, verify.QUICK_SUITE, jobs=2, suite_name="quick", seed=5)
+    assert how.startswith("MPS"), how
+
+    def row(c):
+        return (c.spec, c.function, c.variant, c.shape.label, c.passed, c.max_err, c.lowprec_err, c.lse_err, c.pycuda)
+    assert [row(c) for c in shared.cases] == [row(c) for c in serial.cases] and shared.ok
+    assert not glob.glob(f"{tempfile.gettempdir()}/attngen-mps-*")
+
+
+def test_verify_command_line_shares_the_gpu_through_mps(tmp_path):
+    """`attngen verify -j 2` on two specs says how its workers shared the GPU: through MPS where the
+    machine has nvidia-cuda-mps-control, time-sliced with --no-mps."""
+    import shutil
+    import subprocess
+    import sys
+    from attngen.eval.verify.mps import CONTROL
+    specs = [str(ROOT / "specs" / n) for n in ("phase4.yaml", "h100_mma_d64.yaml")]
+    for flag, words in (("--mps", "through MPS" if shutil.which(CONTROL) else "time-sliced (no"),
+                        ("--no-mps", "time-sliced (--no-mps)")):
+        run = subprocess.run([sys.executable, "-m", "attngen", "verify", "--quick", "-j", "2", flag, *specs],
+                             capture_output=True, text=True, cwd=ROOT)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert f"2 worker processes sharing the GPU {words}" in run.stderr, run.stderr[-2000:]

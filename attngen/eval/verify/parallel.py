@@ -4,7 +4,8 @@ the progress and the report.
 
 Why processes: a case is host-bound (fresh inputs, two launches, the fp32 reference, a few host
 synchronizations), so one process leaves the GPU mostly idle; threads would share one interpreter
-lock. Each spec runs whole in one worker, with the seeds its index gives it in a serial run, so the
+lock. Processes take turns on the GPU (one context at a time) unless they share it through MPS: the
+CLI starts a private daemon for them (mps.py). Each spec runs whole in one worker, with the seeds its index gives it in a serial run, so the
 report is the one a serial run makes, case for case and in the same order. A CUDA fault loses only its
 own worker's context: that worker's remaining cases of its spec are reported as not run (as a serial
 run reports them) and the worker stops; the other workers take the remaining specs. A worker that
@@ -18,7 +19,9 @@ import queue as queue_module
 
 from .cases import CaseResult, VerifyReport
 
-WORKERS_MAX = 8     # past this the GPU, not the host, sets the pace on an H100/H200 (and each adds a context)
+# Past 8 the GPU, not the host, sets the pace on an H100/H200 when the workers take turns on it; under
+# MPS 12 workers verified every spec in 70.8 s against 75.8 s for 8 (H200): --jobs 12 for who wants that.
+WORKERS_MAX = 8
 
 
 def default_jobs() -> int:
