@@ -1,6 +1,7 @@
 """The errors a user of attngen sees. Everything else is a bug in attngen."""
 from __future__ import annotations
 
+import re
 import unicodedata
 
 # Unicode categories a message or comment shows as escapes: controls, formats (bidi, zero-width), line
@@ -11,6 +12,9 @@ ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
 def escape(ch: str) -> str:
     """How a character a message or comment must not carry is shown: <U+XXXX>."""
     return f"<U+{ord(ch):04X}>"
+
+
+_PRINTABLE_ASCII = re.compile(r"[\t -~]*")     # what shown_char leaves as it is, ASCII only
 
 
 def shown_char(ch: str) -> str:
@@ -26,6 +30,8 @@ def shown_char(ch: str) -> str:
 def visible_line(text: str) -> str:
     """`text` as one line of a message: a key or value a spec supplies cannot break the line or
     send a terminal its control sequences (line breaks, controls, bidi shown as <U+XXXX>)."""
+    if _PRINTABLE_ASCII.fullmatch(text):
+        return text                       # (nearly every line: each character shows as itself)
     return "".join(shown_char(ch) for ch in text)
 
 

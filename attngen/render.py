@@ -99,7 +99,9 @@ def template_path(kind, template: str) -> str:
     return f"templates/{template}" if template.startswith("lib/") else f"templates/{kind.template_folder}/{template}"
 
 
-def header_lines(plan: Plan, part, spec_path: str, spec_text: str) -> list[str]:
+def header_lines(plan: Plan, part, spec_path: str, spec_text: str, described: str | None = None) -> list[str]:
+    """A part's provenance header, comment lines; `described`: explain(plan), where the caller has it
+    (every part of a bundle shows the same)."""
     sha = hashlib.sha256(spec_text.encode()).hexdigest()
     kind = plan.kind
     names = ", ".join(p.name for p in plan.parts)
@@ -113,7 +115,7 @@ def header_lines(plan: Plan, part, spec_path: str, spec_text: str) -> list[str]:
     ]
     lines += ["  " + ln if ln else "" for ln in spec_text.rstrip("\n").splitlines()]
     lines += ["", "Plan (attngen explain):"]
-    lines += ["  " + ln if ln else "" for ln in explain(plan).splitlines()]
+    lines += ["  " + ln if ln else "" for ln in (explain(plan) if described is None else described).splitlines()]
     return [("// " + comment_line(ln)).rstrip() for ln in lines]    # spec text never leaves its comment
 
 
@@ -135,10 +137,11 @@ def normalise(src: str) -> str:
 
 def render_parts(plan: Plan, spec_path: str, spec_text: str) -> tuple[RenderedPart, ...]:
     env = environment(str(TEMPLATES / plan.kind.template_folder))
+    described = explain(plan)
     out = []
     for part in plan.parts:
         src = env.get_template(part.template).render(plan=plan, part=part,
-                                                     header=header_lines(plan, part, spec_path, spec_text))
+                                                     header=header_lines(plan, part, spec_path, spec_text, described))
         out.append(RenderedPart(part.name, part.file_name, normalise(drop_unnamed(src))))
     return tuple(out)
 

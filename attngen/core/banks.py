@@ -10,7 +10,7 @@ that fall into one bank. 16-byte accesses (uint4, cp.async 16, one ldmatrix 8x8 
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -27,12 +27,10 @@ class Pattern:
 
 
 def phase_degree(addresses: Iterable[int], width: int) -> int:
-    words_in_bank: dict[int, set[int]] = defaultdict(set)
-    for a in addresses:
-        for w in range(width // WORD):
-            word = a // WORD + w
-            words_in_bank[word % BANKS].add(word)
-    return max((len(v) for v in words_in_bank.values()), default=1)
+    """The wavefronts one phase needs: the most distinct 4-byte words that fall into one bank."""
+    per = width // WORD
+    words = {a // WORD + w for a in addresses for w in range(per)}
+    return max(Counter(word % BANKS for word in words).values(), default=1)
 
 
 def worst(phases: list[list[int]], width: int) -> int:
