@@ -99,9 +99,9 @@ def template_path(kind, template: str) -> str:
     return f"templates/{template}" if template.startswith("lib/") else f"templates/{kind.template_folder}/{template}"
 
 
-def header_lines(plan: Plan, part, spec_path: str, spec_text: str, described: str | None = None) -> list[str]:
-    """A part's provenance header, comment lines; `described`: explain(plan), where the caller has it
-    (every part of a bundle shows the same)."""
+def header_lines(plan: Plan, part, spec_path: str, spec_text: str, described: str) -> list[str]:
+    """A part's provenance header, comment lines; `described`: explain(plan), made once for every part
+    of a bundle (each shows the same)."""
     sha = hashlib.sha256(spec_text.encode()).hexdigest()
     kind = plan.kind
     names = ", ".join(p.name for p in plan.parts)
@@ -115,7 +115,7 @@ def header_lines(plan: Plan, part, spec_path: str, spec_text: str, described: st
     ]
     lines += ["  " + ln if ln else "" for ln in spec_text.rstrip("\n").splitlines()]
     lines += ["", "Plan (attngen explain):"]
-    lines += ["  " + ln if ln else "" for ln in (explain(plan) if described is None else described).splitlines()]
+    lines += ["  " + ln if ln else "" for ln in described.splitlines()]
     return [("// " + comment_line(ln)).rstrip() for ln in lines]    # spec text never leaves its comment
 
 

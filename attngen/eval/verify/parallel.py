@@ -5,8 +5,9 @@ the progress and the report.
 Why processes: a case is host-bound (fresh inputs, two launches, the fp32 reference, a few host
 synchronizations), so one process leaves the GPU mostly idle; threads would share one interpreter
 lock. Processes take turns on the GPU (one context at a time) unless they share it through MPS: the
-CLI starts a private daemon for them (mps.py). Each spec runs whole in one worker, with the seeds its index gives it in a serial run, so the
-report is the one a serial run makes, case for case and in the same order. A CUDA fault loses only its
+CLI starts a private daemon for them (mps.py). Each spec runs whole in one worker, with the seeds its
+index gives it in a serial run, so the report is the one a serial run makes, case for case and in the
+same order. A CUDA fault loses only its
 own worker's context: that worker's remaining cases of its spec are reported as not run (as a serial
 run reports them) and the worker stops; the other workers take the remaining specs. A worker that
 dies leaves the cases it had not reported marked as not run.
