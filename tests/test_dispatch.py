@@ -451,7 +451,8 @@ def test_coverage_says_served_padded_or_refused_per_head_dim():
     assert rows[("varlen", True, "", "causal")]["160"] == "padded"
     assert rows[("decode_append", False, "", "causal")]["160"] == "refused"
     assert rows[("decode_append", True, "", "causal")]["80"] == "padded"
-    assert rows[("decode", True, "softcap", "window")]["128"] == "padded"
+    assert rows[("decode", True, "softcap", "window")]["96"] == "padded"
+    assert rows[("decode", True, "softcap+alibi", "window")]["128"] == "served"
     # non-causal ALiBi's varlen backward at d256 runs its window function (ops.library.varlen_backward_mask)
     assert rows[("varlen_backward", False, "alibi", "none")]["256"] == "window"
     assert rows[("varlen_backward", False, "alibi", "causal")]["256"] == "served"

@@ -1,7 +1,7 @@
 """Variants beyond d64 and d128 and in combination, through the entry points: learned sinks at d128
 and d256 and ALiBi at d256, each with or without a window; ALiBi under a window at d64 and d128;
 softcap with ALiBi at d64-d256, with or without a window (FlashAttention's tests combine all
-three). In a training step through attngen.attention (out, dq, dk, dv and the sinks' gradient
+three), in training and in decode. In a training step through attngen.attention (out, dq, dk, dv and the sinks' gradient
 against autograd through the fp32 reference, under the backward's rule) and in a decode step
 through attngen.attention_with_kvcache (contiguous and paged caches), fp16 and bf16. Head dims 96,
 160 and 192 take the next served kernels padded (attngen dispatch says so)."""
@@ -93,6 +93,9 @@ DECODE = {   # name -> (head dims, attention_with_kvcache() keywords but the ten
     "sinks_window": ((128, 256), {"window": (300, 0), "sinks": "sinks"}),
     "alibi": ((256,), {"alibi_slopes": "slopes"}),
     "alibi_window": ((128, 192), {"window": (300, 0), "alibi_slopes": "slopes"}),
+    "softcap_window": ((96, 128), {"window": (300, 0), "softcap": 30.0}),
+    "softcap_alibi": ((64, 128, 256), {"softcap": 30.0, "alibi_slopes": "slopes"}),
+    "softcap_alibi_window": ((128, 160), {"window": (300, 0), "softcap": 30.0, "alibi_slopes": "slopes"}),
 }
 
 
