@@ -398,3 +398,136 @@ def test_gpt_oss_decode_step_with_sinks(dtype, window):
                            None, None, sinks))
     with pytest.raises(NotImplementedError, match="no backward for decode"):
         attngen.attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, sinks=sinks.requires_grad_())
+
+
+# -- sinks beside modifiers no sink kernel has: the kernel without them, the sinks joined after ----------
+
+def test_sinks_with_modifiers_no_sink_kernel_has_are_joined_after_the_kernel():
+    """The committed table has sink kernels for the masks gpt-oss uses and none with softcap or ALiBi:
+    those calls run the kernel of their other modifiers and join the sinks after it
+    (ops.library.join_sinks); a call a sink kernel serves (its own head dim or padded) takes it."""
+    from attngen.ops.table import load_table, sinks_apart, table_path
+    entries = load_table(table_path(ROOT / "specs"))
+    for call in ("forward", "varlen", "decode"):
+        for scores in ("softcap+sink", "alibi+sink", "softcap+alibi+sink"):
+            for d in (64, 80, 128, 256):
+                assert sinks_apart(entries, call, "sm_90", "bf16", d, 0, "causal", scores), (call, scores, d)
+        assert not sinks_apart(entries, call, "sm_90", "bf16", 64, 0, "causal", "sink")   # its own kernel
+        assert not sinks_apart(entries, call, "sm_90", "bf16", 80, 0, "causal", "sink")   # padded to d128's
+        assert not sinks_apart(entries, call, "sm_90", "bf16", 64, 0, "causal", "softcap")  # no sinks
+    # decode with softcap and a window under sinks: a window kernel of softcap exists at d128 and d256
+    assert sinks_apart(entries, "decode", "sm_90", "fp16", 128, 0, "window", "softcap+sink", paged=True)
+    # nothing serves the modifiers without the sinks either: not apart (the lookup refuses it by name)
+    assert not sinks_apart(entries, "forward", "sm_89", "fp16", 64, 0, "causal", "softcap+sink")
+
+
+@pytest.mark.parametrize("rows", ["bhsd", "bshd", "packed"])
+def test_joining_sinks_after_gives_the_softmax_with_the_sink_column(rows):
+    """join_sinks on attention computed without sinks equals the softmax with each head's sink as one
+    more column (written out here), output and LSE, including a row that sees no key (output 0, LSE the
+    sink) and a head whose sink is -inf (nothing changes)."""
+    torch = pytest.importorskip("torch")
+    from attngen.ops.library import join_sinks
+    g = torch.Generator().manual_seed(5)
+    b, h, s, n, d = 2, 3, 5, 7, 4
+    q, k, v = torch.randn(b, h, s, d, generator=g), torch.randn(b, h, n, d, generator=g), torch.randn(b, h, n, d, generator=g)
+    sinks = torch.randn(h, generator=g) * 2
+    sinks[2] = float("-inf")
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k).double()
+    scores[0, 1, 3] = float("-inf")                              # a row that sees no key
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(scores, dim=-1).nan_to_num(0.0), v.double())
+    joined = torch.cat([scores, sinks.double().reshape(1, -1, 1, 1).expand(b, h, s, 1)], dim=-1)
+    want_out = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(joined, dim=-1)[..., :-1], v.double())
+    want_lse = torch.logsumexp(joined, dim=-1)
+    if rows == "bhsd":
+        got_out, got_lse = join_sinks(out.clone(), lse, sinks, rows)
+    elif rows == "bshd":
+        got_out, got_lse = join_sinks(out.transpose(1, 2).contiguous(), lse, sinks, rows)
+        got_out = got_out.transpose(1, 2)
+    else:   # one sequence per batch entry laid end to end: out (T, H, D), lse (H, T)
+        flat_out = out.transpose(1, 2).reshape(b * s, h, d)
+        flat_lse = lse.transpose(0, 1).reshape(h, b * s)
+        got_out, got_lse = join_sinks(flat_out.clone(), flat_lse, sinks, rows)
+        got_out = got_out.reshape(b, s, h, d).transpose(1, 2)
+        got_lse = got_lse.reshape(h, b, s).transpose(0, 1)
+    assert torch.allclose(got_out, want_out, atol=1e-12) and torch.allclose(got_lse, want_lse, atol=1e-12)
+    assert got_lse[0, 1, 3] == sinks[1] and not got_out[0, 1, 3].any()
+
+
+def test_an_outputs_error_moves_the_sinks_gradient_taken_from_it_by_sink_output_error():
+    """verify's second yardstick for the sinks' gradient (eval.verify.backward.sink_output_error): the
+    gradient taken from an output minus the one taken from the exact output; nothing for the exact one."""
+    torch = pytest.importorskip("torch")
+    from attngen.eval.verify.backward import sink_output_error
+    from attngen.ops.library import sink_gradient
+    g = torch.Generator().manual_seed(2)
+    out, dout = torch.randn(2, 3, 9, 8, generator=g), torch.randn(2, 3, 9, 8, generator=g)
+    lse, sinks = torch.randn(2, 3, 9, generator=g), torch.randn(3, generator=g)
+    rounded = out.to(torch.bfloat16)
+    moved = sink_output_error(torch, dout, rounded, out, lse, sinks)
+    want = sink_gradient(dout, rounded.float(), lse, sinks, "bhsd") - sink_gradient(dout, out, lse, sinks, "bhsd")
+    assert moved.shape == (3,) and torch.allclose(moved, want, rtol=1e-3, atol=1e-5) and moved.abs().max() > 0
+    assert not sink_output_error(torch, dout, out, out, lse, sinks).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", ["bhsd", "bshd", "packed"])
+def test_joining_sinks_through_the_merge_kernel_matches_the_torch_ops(rows):
+    """join_sinks with merge=True (decode's) runs the table's merge kernel (a part of zeros whose LSE is the
+    sink); the same join in torch ops (the forward's and varlen's) agrees within a rounding of the
+    output, and the LSEs within fp32's."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the dispatch table's merge kernels serve sm_90 (H100/H200) here")
+    from attngen.ops import library
+    g = torch.Generator(device="cuda").manual_seed(9)
+    b, h, s, d = 2, 8, 77, 128
+    out = torch.randn(b, h, s, d, device="cuda", generator=g).to(torch.bfloat16)
+    lse = torch.randn(b, h, s, device="cuda", generator=g) * 3
+    lse[0, 2, 5] = float("-inf")                                   # a row that saw no key
+    sinks = torch.randn(h, device="cuda", generator=g) * 2
+    if rows == "bshd":
+        out = out.transpose(1, 2).contiguous()
+    elif rows == "packed":
+        out, lse = out.transpose(1, 2).reshape(b * s, h, d).contiguous(), lse.transpose(0, 1).reshape(h, b * s).contiguous()
+    assert library.DISPATCH.serves("merge", 0, out.dtype, d, "none")
+    merged, merged_lse = library.join_sinks(out.clone(), lse, sinks, rows, merge=True)
+    factor = torch.exp(lse - torch.logaddexp(lse, sinks.reshape(-1, 1))).nan_to_num(0.0)
+    factor = factor.transpose(1, 2) if rows == "bshd" else factor.t() if rows == "packed" else factor
+    want = (out.float() * factor.unsqueeze(-1))
+    assert (merged.float() - want).abs().max().item() <= 2 ** -7 * want.abs().max().item()
+    assert torch.allclose(merged_lse, torch.logaddexp(lse, sinks.reshape(-1, 1)), atol=1e-5)
+
+
+def test_sinks_joined_after_the_kernel_refuse_a_gradient_of_their_own(monkeypatch):
+    """ops.library.refuse_joined_sinks_gradient: NotImplementedError, by name, only where the call's sinks
+    need a gradient and the table joins them after the kernel of the other modifiers (sinks_apart); sinks
+    that need none, a sink kernel, or tensors off the GPU pass."""
+    torch = pytest.importorskip("torch")
+    from attngen.ops import library
+    asked = []
+
+    def apart(call, index, dtype, d, dv, mask, scores):
+        asked.append((call, index, d, dv, mask, scores))
+        return scores != "sink"
+
+    monkeypatch.setattr(library.DISPATCH, "sinks_apart", apart)
+
+    class OnGpu:          # q and v as the check reads them: device, dtype, head dim
+        def __init__(self, d):
+            self.dtype, self.shape = torch.bfloat16, (1, 4, 16, d)
+
+        def get_device(self):
+            return 0
+
+    trained, frozen = torch.zeros(4, requires_grad=True), torch.zeros(4)
+    with pytest.raises(NotImplementedError, match="learned sinks and softcap.*sinks.detach"):
+        library.refuse_joined_sinks_gradient("forward", OnGpu(64), OnGpu(64), True, None, 30.0, None, trained)
+    assert asked == [("forward", 0, 64, 64, "causal", "softcap+sink")]
+    library.refuse_joined_sinks_gradient("varlen", OnGpu(64), OnGpu(64), True, None, None, None, trained)  # a kernel
+    library.refuse_joined_sinks_gradient("forward", OnGpu(64), OnGpu(64), True, None, 30.0, None, frozen)
+    library.refuse_joined_sinks_gradient("forward", OnGpu(64), OnGpu(64), True, None, 30.0, None, None)
+    cpu = torch.zeros(1, 4, 16, 64)
+    library.refuse_joined_sinks_gradient("forward", cpu, cpu, True, None, 30.0, None, trained)
+    assert len(asked) == 2

@@ -78,7 +78,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     """
     from ..core.calls import table_call
     from ..ops.dispatch import CALL_DTYPES, SPECS_DIR
-    from ..ops.table import call_text, candidates, load_table, padded_dims, select, table_path
+    from ..ops.table import call_text, candidates, load_table, padded_dims, select, sinks_apart, table_path
     dtype = dtype or CALL_DTYPES.get(call, ("fp16",))[0]
     path = table_path(specs_dir or SPECS_DIR)
     entries = load_table(path)
@@ -115,7 +115,13 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
         raise click.BadParameter(f"a page size is a power of two from 1 to {MAX_PAGE_SIZE} (got {page_size})",
                                  param_hint="--page-size")
     paged = page_size > 0
-    asked = head_dim
+    asked, asked_scores = head_dim, scores
+    joined = ""
+    if sinks_apart(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores,
+                   paged if table_call(call).paged else None):
+        # as the entry points run it: the kernel of the other modifiers, the sinks joined after it
+        scores = "+".join(n for n in scores.split("+") if n != "sink")
+        joined = " (learned sinks joined after it: no kernel of these modifiers takes them)"
     # as the entry points ask: a head dim whose kernels lack this mask or these score modifiers runs
     # padded at one that has them (the packed varlen call keys paged false, as a decode call its cache)
     pair = padded_dims(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores,
@@ -134,12 +140,13 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     others = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others],
+                               "sinks_joined_after": bool(joined),
                                "padded_head_dim": padded or None,
                                "padded_head_dim_v": (pair[1] if pair and asked_v and asked_v != asked else None)},
                               indent=2))
         return
-    click.echo(f"{call_text(call, arch, dtype, asked, mask, seqlen, page_size, group_rows, asked_v, scores)}"
-               f"{f' rows {rows}' if rows else ''} -> {e.spec}" + padding)
+    click.echo(f"{call_text(call, arch, dtype, asked, mask, seqlen, page_size, group_rows, asked_v, asked_scores)}"
+               f"{f' rows {rows}' if rows else ''} -> {e.spec}" + padding + joined)
     click.echo(f"  why: {e.why}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:
@@ -182,7 +189,7 @@ def _serve(spec_files, entries, path, write: bool, as_json: bool) -> None:
                f"{what}{' (unmeasured; --write adds them)' if new else ''}")
 
 
-COVERAGE_MARK = {"served": "Y", "padded": "p", "window": "w", "refused": "."}
+COVERAGE_MARK = {"served": "Y", "padded": "p", "window": "w", "sinks after": "s", "refused": "."}
 
 
 def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
@@ -193,10 +200,11 @@ def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
         click.echo(json.dumps({"arch": arch, "dtype": dtype, "rows": rows}, indent=2))
         return
     click.echo(f"{path}: {arch} {dtype}, V of q's head dim (Y: a kernel of that head dim; p: padded to the next "
-               f"served one; w: the window function, with a window wider than every sequence; .: refused)")
-    click.echo(f"{'call':<21}{'scores':<15}{'mask':<8}" + "".join(f"{d:>5}" for d in COVERAGE_HEAD_DIMS))
+               f"served one; w: the window function, with a window wider than every sequence; s: the kernel "
+               f"without the sinks, the sinks joined after it; .: refused)")
+    click.echo(f"{'call':<21}{'scores':<20}{'mask':<8}" + "".join(f"{d:>5}" for d in COVERAGE_HEAD_DIMS))
     for r in rows:
         call = r["call"] + (" paged" if r["paged"] else "")
-        click.echo(f"{call:<21}{r['scores'] or '-':<15}{r['mask']:<8}"
+        click.echo(f"{call:<21}{r['scores'] or '-':<20}{r['mask']:<8}"
                    + "".join(f"{COVERAGE_MARK[r['head_dims'][d]]:>5}" for d in COVERAGE_HEAD_DIMS))
     click.echo("Learned sinks train through the backward of their mask (no backward entry of their own).")

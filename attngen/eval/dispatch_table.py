@@ -215,7 +215,9 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
     modifiers and mask that it has entries of: for each head dim "served" (a kernel of that head dim),
     "padded" (runs at the next served head dim, q, k and v zero-padded, as the entry points do), "window"
     (runs the window function, served or padded, with a window wider than every sequence:
-    ops.table.window_stands_in) or "refused". V of q's head dim."""
+    ops.table.window_stands_in), "sinks after" (learned sinks beside modifiers no sink kernel has: the
+    kernel of the others, the sinks joined after it; ops.table.sinks_apart) or "refused". V of q's head
+    dim."""
     from ..core.calls import table_call
     from ..ops.table import candidates, padded_dims, window_stands_in
     rows = []
@@ -235,6 +237,7 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
             return "padded"
         return "refused"
 
+    with_sinks = {(call, paged, mask) for call, paged, scores, mask in keys if scores == "sink"}
     for call, paged, scores, mask in keys:
         cells = {}
         for d in head_dims:
@@ -243,6 +246,12 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
                     and reach(call, paged, scores, "window", d) != "refused":
                 cells[d] = "window"
         rows.append({"call": call, "paged": paged, "scores": scores, "mask": mask, "head_dims": cells})
+        if scores and "sink" not in scores.split("+") and (call, paged, mask) in with_sinks \
+                and (call, paged, f"{scores}+sink", mask) not in keys:
+            # learned sinks beside modifiers no sink kernel has: their kernel, the sinks joined after it
+            # (ops.table.sinks_apart, ops.library.join_sinks)
+            rows.append({"call": call, "paged": paged, "scores": f"{scores}+sink", "mask": mask,
+                         "head_dims": {d: "refused" if c == "refused" else "sinks after" for d, c in cells.items()}})
     return rows
 
 

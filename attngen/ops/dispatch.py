@@ -9,7 +9,7 @@ from pathlib import Path
 from ..core.calls import CALLS, HALF_DTYPES
 from ..shipped import shipped
 
-from .table import candidates, load_table, padded_dims, padded_head_dim, select, table_path
+from .table import candidates, load_table, padded_dims, padded_head_dim, select, sinks_apart, table_path
 
 def specs_dir() -> Path:
     """The specs the library serves: attngen/specs in an installed wheel, else the repository's
@@ -31,7 +31,8 @@ class Dispatcher:
         self._resolved: dict = {}           # call key -> Kernel
         self._lock = threading.Lock()
         self._loading: dict = {}            # spec name -> lock, so one thread compiles and the others wait
-        self._padded: dict = {}             # a call's key -> its padded head dim (0: none), or ("dims", ...) its pair
+        self._padded: dict = {}             # a call's key -> its padded head dim (0: none), ("dims", ...) its pair,
+                                            # ("sinks", ...) whether its sinks are joined after the kernel
         self._served: dict = {}             # a call's key -> whether an entry serves it at its own head dim
 
     @property
@@ -88,12 +89,22 @@ class Dispatcher:
         """(q and k's head dim, V's) a call of head dims (head_dim, head_dim_v) runs at where the table
         serves neither its own pair nor, for one head dim, that head dim on cuda:`index`'s arch and dtype
         (ops.table.padded_dims); None where it runs as it is. Once per key."""
-        key = ("dims", call, index, dtype, head_dim, head_dim_v, mask, scores, paged)
+        return self._by_head_dims(padded_dims, "dims", call, index, dtype, head_dim, head_dim_v, mask, scores, paged)
+
+    def sinks_apart(self, call: str, index: int, dtype, head_dim: int, head_dim_v: int, mask: str, scores: str,
+                    paged: bool | None = None) -> bool:
+        """Whether a call with learned sinks runs its kernel without them and joins them after (no
+        kernel of its score modifiers has them; ops.table.sinks_apart). Once per key."""
+        return self._by_head_dims(sinks_apart, "sinks", call, index, dtype, head_dim, head_dim_v, mask, scores, paged)
+
+    def _by_head_dims(self, rule, what: str, call: str, index: int, dtype, head_dim: int, head_dim_v: int, mask,
+                      scores: str, paged):
+        """rule(entries, call, arch, dtype, head dims, mask, scores, paged) for cuda:`index`'s arch, once per key."""
+        key = (what, call, index, dtype, head_dim, head_dim_v, mask, scores, paged)
         if key not in self._padded:
             from ..runtime import device_info
-            self._padded[key] = padded_dims(self.entries, call, device_info(index).arch,
-                                            TORCH_DTYPES.get(str(dtype), dtype), head_dim, head_dim_v, mask, scores,
-                                            paged)
+            self._padded[key] = rule(self.entries, call, device_info(index).arch, TORCH_DTYPES.get(str(dtype), dtype),
+                                     head_dim, head_dim_v, mask, scores, paged)
         return self._padded[key]
 
     def serves(self, call: str, index: int, dtype, head_dim: int, mask: str, *, paged: bool = False,

@@ -70,6 +70,51 @@ def _scale(scale, d: int) -> float:
     return scale if scale is not None else 1.0 / math.sqrt(d)
 
 
+_SINKS_APART = object()   # a cached "kernel" that says: run without the sinks, then join_sinks
+
+
+def join_sinks(out, lse, sinks, rows: str, merge: bool = False):
+    """Learned sinks joined to attention computed without them: a sink is a key with no value, so it
+    adds exp(sink) to its row's softmax denominator and nothing to the numerator. The output with it
+    is the output without it times exp(lse - lse'), lse' = log(exp(lse) + exp(sink)) (a row that saw no
+    key keeps 0 and gets lse' = sink). `rows`: how out's rows line up with lse's, "bhsd" (out (B, H,
+    S, D), lse (B, H, S)), "bshd" (out (B, S, H, D)) or "packed" (varlen's out (T, H, D), lse (H,
+    T)). out is this call's own: scaled in place, in fp32, rounded once. Returns (out, lse').
+
+    merge: as a merge with a part of zeros whose LSE is the sink, one launch of the table's merge kernel
+    (where it has one for the dtype and head dim): decode's few rows take it (on the H200, B8 32/8
+    d128 softcap: 5.7 us over the call without sinks, the torch ops below 15.6), while a prefill's
+    output runs faster through the torch ops (8x16x1024x64: 49 us over the call, the merge kernel 71)."""
+    parts, lses = (out.unsqueeze(0), lse.unsqueeze(0)) if rows == "packed" else (out, lse)
+    index, d = out.get_device(), out.shape[-1]
+    if merge and index >= 0 and DISPATCH.serves("merge", index, out.dtype, d, "none"):
+        key = (index, out.dtype, d)
+        zero = _ZERO_ROW.get(key)
+        if zero is None:
+            zero = _ZERO_ROW[key] = torch.zeros((1, 1, 1, d), dtype=out.dtype, device=out.device)
+        sink_lse = sinks.float().reshape(1, -1, 1).expand(lses.shape).contiguous()
+        _, joined = _merge_kernel(out, None)([parts, zero.expand(parts.shape)], [lses, sink_lse],
+                                             layout="bhsd" if rows == "bhsd" else "bshd", out=parts)
+        return out, joined[0] if rows == "packed" else joined
+    joined = torch.logaddexp(lse, sinks.float().reshape(-1, 1))
+    factor = torch.exp(lse - joined).nan_to_num_(0.0)   # nan: a row with no key and a sink of -inf
+    if rows == "bshd":
+        factor = factor.transpose(1, 2)
+    elif rows == "packed":
+        factor = factor.t()
+    out.mul_(factor.unsqueeze(-1))
+    return out, joined
+
+
+_ZERO_ROW: dict = {}    # (device, dtype, head dim) -> a row of zeros, join_sinks' part for the sinks
+
+
+def _joined(result, sinks, rows: str, return_lse: bool, merge: bool = False):
+    """A call run with return_lse and without its sinks, the sinks joined (join_sinks); o or (o, lse)."""
+    out, lse = join_sinks(*result, sinks, rows, merge)
+    return (out, lse) if return_lse else out
+
+
 _FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k, V head_dim, query rows) -> kernel
 _PREPARED: dict = {}    # runtime call_key of a call made before -> (its kernel, the kernel's prepared call)
 
@@ -123,7 +168,8 @@ def call_scores(softcap, alibi_slopes, sinks=None) -> str:
 def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
                     sinks=None):
     """The eager forward call with variants (window, softcap, ALiBi, sinks): the table's kernel for the
-    call's mask and score modifiers, then the kernel call (which keeps its own prepared calls)."""
+    call's mask and score modifiers, then the kernel call (which keeps its own prepared calls). Sinks
+    that no kernel of the other modifiers takes are joined after them (join_sinks)."""
     mask = call_mask(causal, window)
     scores = call_scores(softcap, alibi_slopes, sinks)
     short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, k.shape[2] if layout == "bhsd" else k.shape[1],
@@ -132,16 +178,23 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        pad = DISPATCH.padded_dims("forward", short[0], q.dtype, short[2], short[6], mask, scores)
-        if pad:
-            return _cut(forward_variant(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), causal, alignment,
-                                        _scale(scale, short[2]), layout, return_lse, window, softcap, alibi_slopes,
-                                        sinks), short[6], return_lse)
-        kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], mask, short[5],
-                                 head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores, rows=short[7])
+        if sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
+            kernel = _SINKS_APART
+        else:
+            pad = DISPATCH.padded_dims("forward", short[0], q.dtype, short[2], short[6], mask, scores)
+            if pad:
+                return _cut(forward_variant(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), causal, alignment,
+                                            _scale(scale, short[2]), layout, return_lse, window, softcap,
+                                            alibi_slopes, sinks), short[6], return_lse)
+            kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], mask, short[5],
+                                     head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores,
+                                     rows=short[7])
         if len(_VARIANT) >= 4096:
             _VARIANT.clear()
         _VARIANT[short] = kernel
+    if kernel is _SINKS_APART:
+        return _joined(forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes),
+                       sinks, layout, return_lse)
     return kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse,
                   window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
                   sinks=sinks)
@@ -168,12 +221,16 @@ def varlen_sink_gradient(dout, out, lse, sinks):
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, return_lse,
            window=None, softcap=None, alibi_slopes=None, sinks=None):
     """The eager varlen forward: the table's varlen kernel for the call's mask and score modifiers
-    (window, softcap, ALiBi, sinks; each sequence against its own keys), then its varlen call."""
+    (window, softcap, ALiBi, sinks; each sequence against its own keys), then its varlen call. Sinks
+    that no kernel of the other modifiers takes are joined after them (join_sinks)."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
     d, dv = q.shape[-1], v.shape[-1]        # V's head dim keys the entries where it differs (0: q's)
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
+    if sinks is not None and DISPATCH.sinks_apart("varlen", index, q.dtype, d, dv, mask, scores, paged=False):
+        return _joined(varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale,
+                              True, window, softcap, alibi_slopes), sinks, "packed", return_lse)
     pad = DISPATCH.padded_dims("varlen", index, q.dtype, d, dv, mask, scores, paged=False)
     if pad:
         return _cut(varlen(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), cu_seqlens_q, cu_seqlens_k,
@@ -424,11 +481,19 @@ _DECODE_VARIANT: dict = {}   # (device, dtype, q shape, cache shape, table shape
 def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse,
                     window, softcap, alibi_slopes, sinks=None):
     """The eager decode call with variants (window, softcap, ALiBi, sinks): the table's decode kernel for
-    the call's mask and score modifiers, then the kernel call (which keeps its own prepared calls)."""
+    the call's mask and score modifiers, then the kernel call (which keeps its own prepared calls). Sinks
+    that no kernel of the other modifiers takes are joined after them (join_sinks)."""
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
     key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
            mask, scores, layout)
     kernel = _DECODE_VARIANT.get(key)
+    if kernel is None and sinks is not None and DISPATCH.sinks_apart(
+            "decode", q.get_device(), q.dtype, q.shape[-1], 0, mask, scores, block_table is not None):
+        kernel = _DECODE_VARIANT[key] = _SINKS_APART
+    if kernel is _SINKS_APART:
+        return _joined(kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                       layout, True, window, softcap, alibi_slopes), sinks, layout, return_lse,
+                       merge=True)
     if kernel is None:
         to = _decode_padding(q, v_cache, mask, scores, block_table is not None)
         if to:
@@ -595,7 +660,12 @@ def merge(outs, lses, layout, out_dtype):
     head dim (remembered per key), then the kernel call, which checks every part."""
     if not isinstance(outs, (list, tuple)) or not outs or not isinstance(outs[0], torch.Tensor):
         raise TypeError("outs must be a non-empty list of torch.Tensor parts (each (B, H, S, D) or (B, S, H, D))")
-    first = outs[0]
+    return _merge_kernel(outs[0], out_dtype)(outs, lses, layout=layout, out_dtype=out_dtype)
+
+
+def _merge_kernel(first, out_dtype):
+    """The table's merge kernel for parts like `first` (device, dtype, head dim) and out_dtype, remembered
+    per key."""
     key = (first.get_device(), first.dtype, out_dtype, first.shape[-1])
     kernel = _MERGE.get(key)
     if kernel is None:
@@ -605,7 +675,7 @@ def merge(outs, lses, layout, out_dtype):
         if len(_MERGE) >= 4096:
             _MERGE.clear()
         _MERGE[key] = kernel
-    return kernel(outs, lses, layout=layout, out_dtype=out_dtype)
+    return kernel
 
 
 # -- the ops ---------------------------------------------------------------------------------------
@@ -864,8 +934,27 @@ def _attention_gradients(ctx, grad_o, grad_lse, backward_call=None):
     return dq, dk, dv, None, None, None, None, None
 
 
+def refuse_joined_sinks_gradient(call: str, q, v, causal, window, softcap, alibi_slopes, sinks) -> None:
+    """NotImplementedError for learned sinks that need a gradient where the call joins them after the
+    kernel of its other modifiers (join_sinks): their gradient is taken from that output, rounded twice
+    (the kernel's rounding, then the join's), and in the variant sweep on the H200 it missed
+    FlashAttention's error rule in 2-4 of 72 calls a run (at most 1.63x the bound), where the sink
+    kernels' missed none. q, k and v get their gradients with sinks that do not need one."""
+    if sinks is None or not sinks.requires_grad or q.get_device() < 0:   # off the GPU: no table (the ops' tests)
+        return
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
+    if DISPATCH.sinks_apart(call, q.get_device(), q.dtype, q.shape[-1], v.shape[-1], mask, scores):
+        others = "+".join(name for name in scores.split("+") if name != "sink")
+        raise NotImplementedError(
+            f"attngen has no kernel with learned sinks{f' and {others}' if others else ''} for this call: it joins "
+            "the sinks after the kernel without them, and their gradient from that output is not yet within "
+            "FlashAttention's error rule. Pass sinks that need no gradient (sinks.detach(); q, k and v still get "
+            "theirs)" + (f", or train the sinks without {others}" if others else ""))
+
+
 def _attention_variant_setup(ctx, inputs, output):
     q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes, deterministic, *sinks = inputs
+    refuse_joined_sinks_gradient("forward", q, v, causal, window, softcap, alibi_slopes, sinks[0] if sinks else None)
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, *sinks)
     ctx.call = (causal, alignment, scale, layout, window, softcap, deterministic)
@@ -901,6 +990,7 @@ def _attention_varlen_gradients(ctx, grad_o, grad_lse, backward_call=None):
 def _attention_varlen_variant_setup(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, window, softcap,
      alibi_slopes, deterministic, *sinks) = inputs
+    refuse_joined_sinks_gradient("varlen", q, v, causal, window, softcap, alibi_slopes, sinks[0] if sinks else None)
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *sinks)
     ctx.call = (max_seqlen_q, max_seqlen_k, causal, alignment, scale, window, softcap)

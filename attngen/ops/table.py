@@ -700,10 +700,7 @@ def padded_dims(entries, call: str, arch: str, dtype: str, head_dim: int, head_d
     means an entry of that mask and those score modifiers: a window or softcap call at a head dim whose
     kernels have no such variant runs padded at one that has it; without, any entry of the call."""
     v = head_dim_v or head_dim
-    served = {(e.head_dim, e.head_dim_v or e.head_dim) for e in entries
-              if e.call == call and e.arch == arch and e.dtype == dtype
-              and (mask is None or (e.mask == mask and e.scores == scores))
-              and (paged is None or e.paged == paged)}
+    served = _served_dims(entries, call, arch, dtype, mask, scores, paged)
     if (head_dim, v) in served:
         return None
     if v == head_dim:    # q's head dim for V too: one head dim for all three, as before pairs were padded
@@ -711,6 +708,35 @@ def padded_dims(entries, call: str, arch: str, dtype: str, head_dim: int, head_d
     else:
         above = [(d, dv) for d, dv in served if d >= head_dim and dv >= v]
     return min(above, key=lambda pair: (pair[0] + pair[1], pair)) if above else None
+
+
+def _served_dims(entries, call: str, arch: str, dtype: str, mask: str | None, scores: str,
+                 paged: bool | None) -> set[tuple[int, int]]:
+    """The (head dim, V's head dim) pairs the table serves a call of `mask` and `scores` at (any mask
+    and modifiers where mask is None; paged or not where paged is None)."""
+    return {(e.head_dim, e.head_dim_v or e.head_dim) for e in entries
+            if e.call == call and e.arch == arch and e.dtype == dtype
+            and (mask is None or (e.mask == mask and e.scores == scores))
+            and (paged is None or e.paged == paged)}
+
+
+def sinks_apart(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int, mask: str, scores: str,
+                paged: bool | None = None) -> bool:
+    """Whether a call with learned sinks runs without them and takes them after (ops.library.join_sinks):
+    the table serves its score modifiers with the sinks at no head dim at or above the call's (its own
+    or padded), and without them it does. A sink is a key with no value, so it changes only the rows'
+    denominators: a kernel of the other modifiers and one rescale of its output give the same result."""
+    names = scores.split("+")
+    if "sink" not in names:
+        return False
+    without = "+".join(n for n in names if n != "sink")
+
+    def served(modifiers: str) -> bool:
+        pairs = _served_dims(entries, call, arch, dtype, mask, modifiers, paged)
+        return ((head_dim, head_dim_v or head_dim) in pairs
+                or padded_dims(entries, call, arch, dtype, head_dim, head_dim_v, mask, modifiers, paged) is not None)
+
+    return not served(scores) and served(without)
 
 
 def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int = 0,

@@ -178,6 +178,19 @@ def rounding_floor(torch, ref, dtype) -> float:
     return read_back(torch, {"floor": rounding_floor_value(torch, ref, dtype)})["floor"]
 
 
+def sink_output_error(torch, dout, out, out_ref, lse_ref, sinks):
+    """What an output's error moves the learned sinks' gradient by when the gradient is taken from the
+    output, per head (fp32 (H,), signed; sum it over a varlen call's sequences). A backward takes d
+    sink from the saved output, -sum_i exp(sink - lse_i) dO_i . O_i (the row term FlashAttention-style
+    backwards take for dS), so an output within the rule moves it this much; torch's low-precision
+    attention sums P . dP instead, and that error can be far smaller by chance. With torch's own
+    low-precision output as `out`, this is torch's error by the saved-output route: the rule's
+    yardstick for d sink is the larger of the two. dout, out and out_ref (B, H, S, Dv), lse_ref (B,
+    H, S): the fp32 reference with the sinks."""
+    rows = (dout.float() * (out.float() - out_ref.float())).sum(-1)
+    return -(torch.exp(sinks.float().reshape(1, -1, 1) - lse_ref.float()) * rows).sum(dim=(0, 2))
+
+
 def judge_gradients(torch, result: CaseResult, got_all, ref_all, low_all, dtype: str,
                     extra: dict | None = None) -> dict:
     """FlashAttention's rule for gradients on each of dq, dk, dv: max|g - ref| <= 2 x torch's
