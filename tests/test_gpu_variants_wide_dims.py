@@ -71,7 +71,7 @@ def test_training_step_with_wide_variants(torch, dtype, case):
         k, v = (torch.randn(2, 2, 333, d, device="cuda", generator=g).to(dt).requires_grad_() for _ in range(2))
         call = _fill(torch, kwargs, 4, True, g)
         o = attngen.attention(q, k, v, **call)
-        dout = torch.randn_like(o)
+        dout = torch.randn(o.shape, device="cuda", generator=g).to(o.dtype)
         leaves = (q, k, v) + ((call["sinks"],) if "sinks" in call and call["sinks"].requires_grad else ())
         grads = torch.autograd.grad(o, leaves, dout)
         window = call.get("window")

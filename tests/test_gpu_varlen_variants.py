@@ -57,10 +57,11 @@ def test_varlen_variants_match_the_reference(torch, dtype, case):
         q, k, v, cu = sequences(torch, getattr(torch, dtype), d)
         heads = q.shape[1]
         kwargs = dict(kwargs)
+        g = torch.Generator(device="cuda").manual_seed(7 + d)
         if kwargs.get("alibi_slopes") == "slopes":
-            kwargs["alibi_slopes"] = torch.rand(heads, device="cuda") * 0.3
+            kwargs["alibi_slopes"] = torch.rand(heads, device="cuda", generator=g) * 0.3
         if kwargs.get("sinks") == "sinks":
-            kwargs["sinks"] = torch.randn(heads, device="cuda") * 2
+            kwargs["sinks"] = torch.randn(heads, device="cuda", generator=g) * 2
         o, lse = attngen.attention_varlen(q, k, v, cu, cu, max(LENS), max(LENS), return_lse=True, **kwargs)
         window = kwargs.get("window")
         mask = call_mask(kwargs.get("causal", False), window)
@@ -125,12 +126,14 @@ def test_varlen_variants_train(torch, dtype, case):
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         heads = q.shape[1]
         call = dict(kwargs)
+        g = torch.Generator(device="cuda").manual_seed(7 + d)
         if call.get("alibi_slopes") == "slopes":
-            call["alibi_slopes"] = torch.rand(heads, device="cuda") * 0.3
+            call["alibi_slopes"] = torch.rand(heads, device="cuda", generator=g) * 0.3
         if call.get("sinks") in ("sinks", "frozen"):
-            call["sinks"] = (torch.randn(heads, device="cuda") * 2).requires_grad_(call["sinks"] == "sinks")
+            sinks = torch.randn(heads, device="cuda", generator=g) * 2
+            call["sinks"] = sinks.requires_grad_(call["sinks"] == "sinks")
         o = attngen.attention_varlen(q, k, v, cu, cu, max(LENS), max(LENS), **call)
-        dout = torch.randn_like(o)
+        dout = torch.randn(o.shape, device="cuda", generator=g).to(o.dtype)
         trains_sinks = "sinks" in call and call["sinks"].requires_grad
         leaves = (q, k, v) + ((call["sinks"],) if trains_sinks else ())
         grads = torch.autograd.grad(o, leaves, dout)

@@ -453,6 +453,11 @@ def test_joining_sinks_after_gives_the_softmax_with_the_sink_column(rows):
         got_lse = got_lse.reshape(h, b, s).transpose(0, 1)
     assert torch.allclose(got_out, want_out, atol=1e-12) and torch.allclose(got_lse, want_lse, atol=1e-12)
     assert got_lse[0, 1, 3] == sinks[1] and not got_out[0, 1, 3].any()
+    # the sinks pass the checks a sink kernel makes: one fp32 logit per query head
+    with pytest.raises(ValueError, match=r"sinks must have shape \(3,\)"):
+        join_sinks(out.clone(), lse, sinks[:1], "bhsd")
+    with pytest.raises(TypeError, match="float32"):
+        join_sinks(out.clone(), lse, sinks.half(), "bhsd")
 
 
 def test_an_outputs_error_moves_the_sinks_gradient_taken_from_it_by_sink_output_error():
@@ -508,8 +513,8 @@ def test_sinks_joined_after_the_kernel_refuse_a_gradient_of_their_own(monkeypatc
     from attngen.ops import library
     asked = []
 
-    def apart(call, index, dtype, d, dv, mask, scores):
-        asked.append((call, index, d, dv, mask, scores))
+    def apart(call, index, dtype, d, dv, mask, scores, paged=None):
+        asked.append((call, index, d, dv, mask, scores, paged))
         return scores != "sink"
 
     monkeypatch.setattr(library.DISPATCH, "sinks_apart", apart)
@@ -524,8 +529,10 @@ def test_sinks_joined_after_the_kernel_refuse_a_gradient_of_their_own(monkeypatc
     trained, frozen = torch.zeros(4, requires_grad=True), torch.zeros(4)
     with pytest.raises(NotImplementedError, match="learned sinks and softcap.*sinks.detach"):
         library.refuse_joined_sinks_gradient("forward", OnGpu(64), OnGpu(64), True, None, 30.0, None, trained)
-    assert asked == [("forward", 0, 64, 64, "causal", "softcap+sink")]
-    library.refuse_joined_sinks_gradient("varlen", OnGpu(64), OnGpu(64), True, None, None, None, trained)  # a kernel
+    assert asked == [("forward", 0, 64, 64, "causal", "softcap+sink", None)]
+    library.refuse_joined_sinks_gradient("varlen", OnGpu(64), OnGpu(64), True, None, None, None, trained,
+                                         paged=False)   # a sink kernel
+    assert asked[-1][-1] is False
     library.refuse_joined_sinks_gradient("forward", OnGpu(64), OnGpu(64), True, None, 30.0, None, frozen)
     library.refuse_joined_sinks_gradient("forward", OnGpu(64), OnGpu(64), True, None, 30.0, None, None)
     cpu = torch.zeros(1, 4, 16, 64)

@@ -117,8 +117,9 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     paged = page_size > 0
     asked, asked_scores = head_dim, scores
     joined = ""
-    if sinks_apart(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores,
-                   paged if table_call(call).paged else None):
+    from ..eval.dispatch_table import JOINS_SINKS
+    if call in JOINS_SINKS and sinks_apart(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores,
+                                           paged if table_call(call).paged else None):
         # as the entry points run it: the kernel of the other modifiers, the sinks joined after it
         scores = "+".join(n for n in scores.split("+") if n != "sink")
         joined = " (learned sinks joined after it: no kernel of these modifiers takes them)"

@@ -19,6 +19,7 @@ from ..ops.table import CALLS, MAX_INTEGER, Entry, check_entry
 
 # the Entry.call of the calls bench reports measure
 FORWARD, BACKWARD, VARLEN, FP8 = (t.name for t in (ATTENTION, ATTENTION_BACKWARD, ATTENTION_VARLEN, ATTENTION_FP8))
+JOINS_SINKS = (FORWARD, VARLEN, ATTENTION_WITH_KVCACHE.name)   # the calls ops.library joins sinks after
 
 GPU_ARCH = {"H100": "sm_90", "H200": "sm_90", "H800": "sm_90", "L4": "sm_89", "RTX 4090": "sm_89", "A100": "sm_80"}
 
@@ -237,7 +238,6 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
             return "padded"
         return "refused"
 
-    with_sinks = {(call, paged, mask) for call, paged, scores, mask in keys if scores == "sink"}
     for call, paged, scores, mask in keys:
         cells = {}
         for d in head_dims:
@@ -246,11 +246,12 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
                     and reach(call, paged, scores, "window", d) != "refused":
                 cells[d] = "window"
         rows.append({"call": call, "paged": paged, "scores": scores, "mask": mask, "head_dims": cells})
-        if scores and "sink" not in scores.split("+") and (call, paged, mask) in with_sinks \
-                and (call, paged, f"{scores}+sink", mask) not in keys:
-            # learned sinks beside modifiers no sink kernel has: their kernel, the sinks joined after it
-            # (ops.table.sinks_apart, ops.library.join_sinks)
-            rows.append({"call": call, "paged": paged, "scores": f"{scores}+sink", "mask": mask,
+        with_sinks = f"{scores}+sink" if scores else "sink"
+        if call in JOINS_SINKS and not (call == VARLEN and paged) and "sink" not in scores.split("+") \
+                and (call, paged, with_sinks, mask) not in keys:
+            # learned sinks where no kernel has them with these modifiers: the kernel of the others, the sinks
+            # joined after it (ops.table.sinks_apart, ops.library.join_sinks; paged varlen takes no sinks)
+            rows.append({"call": call, "paged": paged, "scores": with_sinks, "mask": mask,
                          "head_dims": {d: "refused" if c == "refused" else "sinks after" for d, c in cells.items()}})
     return rows
 

@@ -87,7 +87,11 @@ def join_sinks(out, lse, sinks, rows: str, merge: bool = False):
     output runs faster through the torch ops (8x16x1024x64: 49 us over the call, the merge kernel 71)."""
     parts, lses = (out.unsqueeze(0), lse.unsqueeze(0)) if rows == "packed" else (out, lse)
     index, d = out.get_device(), out.shape[-1]
-    if merge and index >= 0 and DISPATCH.serves("merge", index, out.dtype, d, "none"):
+    # the checks a sink kernel makes: fp32, one logit per query head, on the call's GPU
+    SCORES["sink"].fill(sinks, 1.0, {"heads": lses.shape[1], "device": index})
+    # (while a CUDA graph is captured, the zero row could not be made: its memset would not have run)
+    if merge and index >= 0 and not torch.cuda.is_current_stream_capturing() \
+            and DISPATCH.serves("merge", index, out.dtype, d, "none"):
         key = (index, out.dtype, d)
         zero = _ZERO_ROW.get(key)
         if zero is None:
@@ -487,9 +491,13 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
     key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
            mask, scores, layout)
     kernel = _DECODE_VARIANT.get(key)
-    if kernel is None and sinks is not None and DISPATCH.sinks_apart(
-            "decode", q.get_device(), q.dtype, q.shape[-1], 0, mask, scores, block_table is not None):
-        kernel = _DECODE_VARIANT[key] = _SINKS_APART
+    if kernel is None and sinks is not None:
+        if key[0] < 0:
+            raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+        if DISPATCH.sinks_apart("decode", key[0], q.dtype, q.shape[-1], 0, mask, scores, block_table is not None):
+            if len(_DECODE_VARIANT) >= 4096:
+                _DECODE_VARIANT.clear()
+            kernel = _DECODE_VARIANT[key] = _SINKS_APART
     if kernel is _SINKS_APART:
         return _joined(kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                        layout, True, window, softcap, alibi_slopes), sinks, layout, return_lse,
@@ -934,16 +942,18 @@ def _attention_gradients(ctx, grad_o, grad_lse, backward_call=None):
     return dq, dk, dv, None, None, None, None, None
 
 
-def refuse_joined_sinks_gradient(call: str, q, v, causal, window, softcap, alibi_slopes, sinks) -> None:
+def refuse_joined_sinks_gradient(call: str, q, v, causal, window, softcap, alibi_slopes, sinks,
+                                 paged: bool | None = None) -> None:
     """NotImplementedError for learned sinks that need a gradient where the call joins them after the
     kernel of its other modifiers (join_sinks): their gradient is taken from that output, rounded twice
     (the kernel's rounding, then the join's), and in the variant sweep on the H200 it missed
     FlashAttention's error rule in 2-4 of 72 calls a run (at most 1.63x the bound), where the sink
-    kernels' missed none. q, k and v get their gradients with sinks that do not need one."""
+    kernels' missed none. q, k and v get their gradients with sinks that do not need one. `paged`: as the
+    forward call asks the table (varlen: False, packed K/V)."""
     if sinks is None or not sinks.requires_grad or q.get_device() < 0:   # off the GPU: no table (the ops' tests)
         return
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
-    if DISPATCH.sinks_apart(call, q.get_device(), q.dtype, q.shape[-1], v.shape[-1], mask, scores):
+    if DISPATCH.sinks_apart(call, q.get_device(), q.dtype, q.shape[-1], v.shape[-1], mask, scores, paged):
         others = "+".join(name for name in scores.split("+") if name != "sink")
         raise NotImplementedError(
             f"attngen has no kernel with learned sinks{f' and {others}' if others else ''} for this call: it joins "
@@ -990,7 +1000,8 @@ def _attention_varlen_gradients(ctx, grad_o, grad_lse, backward_call=None):
 def _attention_varlen_variant_setup(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, window, softcap,
      alibi_slopes, deterministic, *sinks) = inputs
-    refuse_joined_sinks_gradient("varlen", q, v, causal, window, softcap, alibi_slopes, sinks[0] if sinks else None)
+    refuse_joined_sinks_gradient("varlen", q, v, causal, window, softcap, alibi_slopes, sinks[0] if sinks else None,
+                                 paged=False)
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *sinks)
     ctx.call = (max_seqlen_q, max_seqlen_k, causal, alignment, scale, window, softcap)
