@@ -945,9 +945,9 @@ def _attention_gradients(ctx, grad_o, grad_lse, backward_call=None):
 def refuse_joined_sinks_gradient(call: str, q, v, causal, window, softcap, alibi_slopes, sinks,
                                  paged: bool | None = None) -> None:
     """NotImplementedError for learned sinks that need a gradient where the call joins them after the
-    kernel of its other modifiers (join_sinks): their gradient is taken from that output, rounded twice
-    (the kernel's rounding, then the join's), and in the variant sweep on the H200 it missed
-    FlashAttention's error rule in 2-4 of 72 calls a run (at most 1.63x the bound), where the sink
+    kernel of its other modifiers (join_sinks): their gradient is taken from that output (rounded twice:
+    the kernel's rounding, then the join's, the likely cause), and in the variant sweep on the H200 it
+    missed FlashAttention's error rule in 2-4 of 72 calls a run (at most 1.63x the bound), where the sink
     kernels' missed none. q, k and v get their gradients with sinks that do not need one. `paged`: as the
     forward call asks the table (varlen: False, packed K/V)."""
     if sinks is None or not sinks.requires_grad or q.get_device() < 0:   # off the GPU: no table (the ops' tests)
