@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 import attngen
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the shared helpers
 from host_time import host_and_wall
+from train_step_bench import sdpa, step   # beside this script
 
 aten = torch.ops.aten
 
@@ -55,20 +56,9 @@ class Nothing(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
 
 
-def step(attention, q, k, v, do, causal):
-    def run():
-        o = attention(q, k, v, causal)
-        return torch.autograd.grad(o, (q, k, v), do)
-    return run
-
-
-def sdpa(backend):
-    def attention(q, k, v, causal):
-        if backend is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return attention
+def sdpa_own_choice(q, k, v, causal):
+    """SDPA with no backend forced: the backend it picks itself."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def main():
@@ -76,7 +66,7 @@ def main():
         q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
         do = torch.randn(*shape, device="cuda", dtype=torch.float16)
         impls = {"attngen eager": lambda q, k, v, c: attngen.attention(q, k, v, causal=c),
-                 "sdpa default": sdpa(None), "sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION),
+                 "sdpa default": sdpa_own_choice, "sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION),
                  "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                  "flash via python Function": FlashPy.apply, "empty python Function": Nothing.apply}
         fns = {n: step(f, q, k, v, do, causal) for n, f in impls.items()}
