@@ -228,6 +228,21 @@ def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
     assert "red.global.add.f32" in text and "register order" in text
 
 
+def test_varlen_only_emits_the_varlen_functions_alone():
+    """varlen: only (a cell the table serves for varlen calls alone): the main part's functions are the
+    varlen ones and their deterministic twins, no padded function; varlen: true keeps both. A
+    group-split function serves padded calls, so varlen: only refuses group_split by name."""
+    only = make_plan(load_spec(ROOT / "specs" / "h100_bwd_d64_wgmma_varlen.yaml"))
+    assert only.spec.varlen == "only" and not only.spec.padded
+    assert [k for k, _ in only.parts[0].functions] == ["none_varlen", "causal_varlen", "none_varlen_deterministic",
+                                                        "causal_varlen_deterministic"]
+    both = make_plan(parse_spec(spec_text(ROOT / "specs" / "h100_bwd_d64_wgmma_varlen.yaml").replace(
+        "varlen: only", "varlen: true")))
+    assert [k for k, _ in both.parts[0].functions][:4] == ["none", "causal", "none_varlen", "causal_varlen"]
+    with pytest.raises(SpecError, match="group-split functions serve padded GQA/MQA calls"):
+        parse_spec(spec_text(ROOT / "specs" / "h100_bwd_d64_wgmma_varlen.yaml") + "group_split: true\n")
+
+
 def test_wgmma_group_split_functions():
     """group_split (the d64 and d128 families but their varlen member): a group-split main function per mask
     (not deterministic, never varlen) and the convert part's kv_convert, which reads dk's and dv's

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 # the forward specs with varlen functions (the backward ones: tests/test_gpu_backward.py's full suite)
-VARLEN_SPECS = [p for p in SPEC_PATHS if "\nvarlen: true" in spec_text(p) and "\nbackward:" not in spec_text(p)]
+VARLEN_SPECS = [p for p in SPEC_PATHS if ("\nvarlen: true" in spec_text(p) or "\nvarlen: only" in spec_text(p))
+                and "\nbackward:" not in spec_text(p)]
 D64 = ROOT / "specs" / "h100_mma_d64_m128n64w4s2x3q.yaml"
 D64_WGMMA = ROOT / "specs" / "h100_wgmma_d64_varlen.yaml"       # TMA at each sequence's rows (sm_90a)
 D128_WGMMA = ROOT / "specs" / "h100_wgmma_d128_varlen.yaml"     # ping-pong, a TMA-store spec stored without it

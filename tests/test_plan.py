@@ -373,6 +373,9 @@ def test_wgmma_varlen_functions():
     assert p.grid(4, 16, 2048, sm_count=132) == (132, 1, 1) and p.varlen_grid(4, 16, 2048) == (16, 16, 4)
     line = next(x.strip() for x in explain(p).splitlines() if x.strip().startswith("varlen: the maps"))
     assert "no persistent loop" in line and "not a TMA store" in line
+    only = plan_of(text.replace("varlen: true", "varlen: only"))
+    assert only.varlen and [k for k, _ in only.functions] == ["none_varlen", "causal_varlen"]
+    assert "cu_seqlens_q" in {f.name for f in only.abi.fields}
     plain = plan_of(text.replace("varlen: true", "varlen: false"))
     assert not plain.varlen and "varlen: the maps" not in explain(plain)
     assert "cu_seqlens_q" not in {f.name for f in plain.abi.fields}
@@ -537,3 +540,18 @@ def test_wgmma_layout_and_numbers():
     assert [(f.name, f.size, f.align) for f in p.abi.fields[-3:]] == [("tma_q", 128, 64), ("tma_k", 128, 64),
                                                                       ("tma_v", 128, 64)]
     assert p.abi.offsets[-3:] == (128, 256, 384) and p.abi.size == 512 and p.params_qualifier == "__grid_constant__ "
+
+
+def test_a_padded_call_of_a_varlen_only_spec_says_so():
+    """A kernel whose spec sets varlen: only takes varlen calls; a padded call is refused with what to do
+    (the check runs before anything touches a GPU, so a stand-in kernel suffices here)."""
+    from types import SimpleNamespace
+    from attngen.runtime.kernel import Kernel
+    p = make_plan(load_spec(ROOT / "specs" / "h100_mma_d64_softcap.yaml"))
+    k = SimpleNamespace(label="h100_mma_d64_softcap", masks=p.masks, entry=dict(p.entry_functions))
+    assert Kernel._check_mask(k, True, None, varlen=True) == "causal"
+    with pytest.raises(ValueError, match=r"has varlen functions only \(its spec sets varlen: only\): call "
+                                         r"kernel.varlen\(...\), or set varlen: true"):
+        Kernel._check_mask(k, True, None)
+    with pytest.raises(ValueError, match="has no window variant"):
+        Kernel._check_mask(k, True, (8, 0), varlen=True)

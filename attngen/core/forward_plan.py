@@ -265,9 +265,9 @@ def function_name(spec: ForwardSpec, key: str) -> str:
 
 
 def forward_functions(spec: ForwardSpec) -> tuple[tuple[str, str], ...]:
-    """(key, name) of every kernel function: one per mask, then with `varlen` one per mask for
-    varlen sequences."""
-    keys = list(spec.masks) + ([varlen_key(m) for m in spec.masks] if spec.varlen else [])
+    """(key, name) of every kernel function: one per mask (but for `varlen: only`), then with `varlen`
+    one per mask for varlen sequences."""
+    keys = (list(spec.masks) if spec.padded else []) + ([varlen_key(m) for m in spec.masks] if spec.varlen else [])
     return tuple((key, function_name(spec, key)) for key in keys)
 
 

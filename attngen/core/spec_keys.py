@@ -182,10 +182,16 @@ class ForwardSpec(SpecBase):
     tile: Tile
     warps: Union[HomogeneousWarps, SpecializedWarps]
     mma: str = Field(description="the fragment; it picks the kernel kind")
-    varlen: bool = Field(
+    varlen: Union[bool, Literal["only"]] = Field(
         default=False,
-        description="also emit a varlen function per mask: q/k/v of shape (total, heads, "
-                    "head_dim) with cu_seqlens_q/k, called as kernel.varlen(...)")
+        description="true: also emit a varlen function per mask: q/k/v of shape (total, heads, head_dim) with "
+                    "cu_seqlens_q/k, called as kernel.varlen(...); only: the varlen functions alone, for a "
+                    "cell that serves varlen calls only (no padded function is compiled)")
+
+    @property
+    def padded(self) -> bool:
+        """The spec emits padded functions (kernel(q, k, v)): every spec but a `varlen: only` one."""
+        return self.varlen != "only"
     smem: SharedMemory = SharedMemory()
     softmax: Softmax = Softmax()
     min_blocks_per_sm: Optional[int] = Field(

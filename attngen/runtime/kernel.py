@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..compile import compile_source
 from ..core.variants import call_mask, check_window, score_values
-from ..core.varlen_plan import is_varlen, mask_of
+from ..core.varlen_plan import is_varlen, mask_of, varlen_key
 from ..cubin import param_layout
 from ..errors import SpecError, ToolError
 from ..shipped import committed_launch, committed_sources
@@ -411,14 +411,18 @@ class Kernel:
             raise ValueError(f"{name} is on {q.device}; the kernel needs CUDA tensors (e.g. {name}.cuda())")
         return index
 
-    def _check_mask(self, causal: bool, window=None) -> str:
+    def _check_mask(self, causal: bool, window=None, varlen: bool = False) -> str:
         """The mask variant a call asks for, refused when the spec does not emit it: window when the
-        call's window bounds a side (causal bounds its right side at 0), else causal or none."""
+        call's window bounds a side (causal bounds its right side at 0), else causal or none. A varlen
+        call asks for the mask's varlen function, a padded call for its own."""
         mask = call_mask(causal, window, self.masks)
-        if mask not in self.entry:
-            raise ValueError(f"{self.label} has no {'non-causal' if mask == 'none' else mask} variant (its spec lists "
-                             f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
-        return mask
+        if (varlen_key(mask) if varlen else mask) in self.entry:
+            return mask
+        if not varlen and varlen_key(mask) in self.entry:
+            raise ValueError(f"{self.label} has varlen functions only (its spec sets varlen: only): call "
+                             f"kernel.varlen(...), or set varlen: true in the spec for padded calls too")
+        raise ValueError(f"{self.label} has no {'non-causal' if mask == 'none' else mask} variant (its spec lists "
+                         f"masks {list(self.masks)}); add {mask!r} to the spec's masks")
 
     @property
     def varlen_masks(self) -> tuple[str, ...]:

@@ -71,13 +71,14 @@ def takes_turns(shape: Shape, block_n: int) -> bool:
 
 
 def verify_cases(kernel, shapes, masks) -> list[tuple]:
-    """Every (mask, alignment) of the kernel over the forward suite's shapes (both layouts, strided
-    qkv, GQA/MQA, tails, Sq != Sk), and in deterministic mode where key blocks take turns; a spec
-    with varlen functions adds the varlen suite (empty sequences, GQA/MQA, strided qkv, lengths
-    around a block), each case also in deterministic mode."""
+    """Every (mask, alignment) of the kernel's padded functions over the forward suite's shapes (both
+    layouts, strided qkv, GQA/MQA, tails, Sq != Sk), and in deterministic mode where key blocks take
+    turns; a spec with varlen functions adds the varlen suite (empty sequences, GQA/MQA, strided qkv,
+    lengths around a block), each case also in deterministic mode."""
     out = []
     block_n = kernel.plan.block_n
-    for variant in variants(masks, block_n):
+    padded = [m for m in masks if m in kernel.entry]      # none in a `varlen: only` spec
+    for variant in variants(padded, block_n):
         for i, shape in enumerate(kernel_shapes(kernel.plan, shapes)):   # long keys for a mask expression
             for deterministic in (False, True) if takes_turns(shape, block_n) else (False,):
                 out.append((variant.label + (DETERMINISTIC if deterministic else ""), kernel.entry[variant.mask],

@@ -13,9 +13,11 @@ from .varlen import varlen_cases
 
 def verify_cases(kernel, shapes, masks) -> list[tuple]:
     """(variant label, function, shape, index, check(seed, label) -> CaseResult) of every case of
-    `kernel`: each mask variant over `shapes`, then the varlen cases where it has varlen functions."""
+    `kernel`: each mask variant over `shapes` (where it has padded functions: not `varlen: only`), then
+    the varlen cases where it has varlen functions."""
     out = []
-    for variant in variants(masks, kernel.plan.block_n):
+    padded = [m for m in masks if m in kernel.plan.entry_functions]
+    for variant in variants(padded, kernel.plan.block_n):
         function = kernel.plan.entry_functions[variant.mask]
         for i, shape in enumerate(kernel_shapes(kernel.plan, shapes)):
             out.append((variant.label, function, shape, i,

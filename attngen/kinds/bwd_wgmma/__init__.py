@@ -205,8 +205,10 @@ rule_backward_one_block = refuse(
                f"{MAX_REGISTERS} registers each); remove min_blocks_per_sm"), "rule_backward_one_block")
 
 rule_backward_group_split = refuse(
-    "group_split", lambda s: s.group_split and (s.head_dim % 16 or s.v_dim != s.head_dim),
-    lambda s: "group_split is generated for one head dim of whole k16 steps (no padding, no head_dim_v): remove it",
+    "group_split", lambda s: s.group_split and (s.head_dim % 16 or s.v_dim != s.head_dim or not s.padded),
+    lambda s: ("group-split functions serve padded GQA/MQA calls, which a varlen: only spec has none of: remove "
+               "group_split" if not s.padded else
+               "group_split is generated for one head dim of whole k16 steps (no padding, no head_dim_v): remove it"),
     "rule_backward_group_split")
 
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,

@@ -250,7 +250,7 @@ class BackwardKernel(Kernel):
                 if given is not None and given < longest:
                     raise ValueError(f"{name.replace('cu_seqlens', 'max_seqlen')} is {given} but a sequence has "
                                      f"{longest} rows; pass at least {longest} (or leave it unset)")
-        mask = self._check_mask(causal, window)
+        mask = self._check_mask(causal, window, varlen=True)
         scale = self._check_scale(scale)
         # Lengths 0: each sequence adds its own offsets (mask_for_sequence; ALiBi reads its lengths).
         values = self._variant_values(mask, causal, alignment, window, 0, 0, scale,

@@ -80,7 +80,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
                 kernel._run(prepared, pointers)
                 return (out, lse) if return_lse else out
     index, total_q, heads, total_k, kv_heads, batch = check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k)
-    mask = kernel._check_mask(causal, window)
+    mask = kernel._check_mask(causal, window, varlen=True)
     check_max_seqlen_q(max_seqlen_q)
     longest = None
     if validate:
@@ -231,7 +231,7 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     if cu_seqlens_k is not None and check_offsets(torch, "cu_seqlens_k", cu_seqlens_k, index) != batch:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
                          f"and {cu_seqlens_k.numel()} offsets)")
-    mask = kernel._check_mask(causal, None)
+    mask = kernel._check_mask(causal, None, varlen=True)
     if causal and alignment is None:
         alignment = "bottom_right"      # FlashAttention's varlen convention: the queries are a sequence's last keys
     check_max_seqlen_q(max_seqlen_q)
