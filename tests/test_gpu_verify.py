@@ -10,6 +10,7 @@ import pytest
 
 import attngen
 from attngen.eval import verify
+from attngen.eval.verify.merge import merge_cases
 from attngen.eval.verify.varlen import QUICK_CASES as QUICK_VARLEN
 from spec_sample import SPEC_PATHS, spec_text
 
@@ -66,6 +67,8 @@ def test_spec_passes_quick_suite(spec):
         windows = {r.variant for r in results if r.variant.startswith("window(")}
         assert results and {r.variant for r in results} - windows == {names[m] for m in kernel.masks if m in names}
         assert bool(windows) == ("window" in kernel.masks)
+    elif kernel.convention == "merge":  # a merge kernel brings its own cases (parts, layouts, NaN rows)
+        assert results and {r.variant for r in results} <= {c.variant for c in merge_cases()}
     else:
         # a backward spec repeats cases in deterministic mode (where key blocks take turns; every
         # varlen case): the same variants again
@@ -75,15 +78,17 @@ def test_spec_passes_quick_suite(spec):
         assert {r.variant[:-len(" deterministic")] for r in twice} <= {r.variant for r in results_once}
         padded = [r for r in results_once if not r.variant.endswith(" varlen")]
         variants = verify.variants(kernel.masks, kernel.plan.block_n)
-        assert len(padded) == len(variants) * len(verify.kernel_shapes(kernel.plan, verify.QUICK_SUITE))
+        # a varlen: only spec has no padded function to run
+        padded_variants = variants if kernel.plan.spec.padded else ()
+        assert len(padded) == len(padded_variants) * len(verify.kernel_shapes(kernel.plan, verify.QUICK_SUITE))
         # causal runs in both alignments, a window over its windows; a varlen spec adds its varlen
         # cases in each
         expected = {v.label for v in variants}
-        assert {r.variant for r in padded} == expected
+        assert {r.variant for r in padded} == {v.label for v in padded_variants}
         if "causal" in kernel.masks:
             assert {"causal:top_left", "causal:bottom_right"} <= expected
-        if "window" in kernel.masks:
-            assert len(expected) == 7
+        if "window" in kernel.masks:     # seven windows, beside the spec's other masks' variants
+            assert sum(label.startswith("window(") for label in expected) == 7
         assert len(results_once) - len(padded) == (len(variants) * QUICK_VARLEN if kernel.varlen_masks else 0)
     assert all(r.passed for r in results), failures(results)
 
