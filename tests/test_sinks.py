@@ -23,6 +23,21 @@ def spec_text(name: str) -> str:
     return cell_at(ROOT / "specs" / f"{name}.yaml").text
 
 
+def padded_call(torch, kernel, q, k, v, **kw):
+    """(out, lse) of a (B, H, S, D) call: the kernel's padded function, or for a `varlen: only` spec
+    (h100_mma_d64_sink serves varlen calls only) its varlen function over one sequence per batch
+    row, its (total, H, D) output and (H, total) LSE laid back as (B, H, S, D) and (B, H, S)."""
+    if kernel.plan.spec.padded:
+        return kernel(q, k, v, return_lse=True, **kw)
+    from attngen.runtime.calls.varlen import cu_seqlens
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    packed = [t.transpose(1, 2).reshape(-1, t.shape[1], d).contiguous() for t in (q, k, v)]
+    out, lse = kernel.varlen(*packed, cu_seqlens(torch, [sq] * b, "cuda"), cu_seqlens(torch, [sk] * b, "cuda"),
+                             max_seqlen_q=sq, return_lse=True, **kw)
+    return out.reshape(b, sq, h, d).transpose(1, 2), lse.reshape(h, b, sq).transpose(0, 1)
+
+
 @pytest.mark.parametrize("name", SINK_SPECS)
 def test_the_finish_of_each_row_adds_the_sink(name):
     source = render_spec_file(ROOT / "specs" / f"{name}.yaml").parts[0].source
@@ -131,7 +146,7 @@ def test_kernel_and_reference_match_the_written_out_softmax(name, causal):
     sinks = torch.randn(8, device="cuda", generator=g) * 3
     sinks[0] = 40.0                   # one head whose sink takes every row's weight
     scale = 64 ** -0.5
-    out, lse = kernel(q, k, v, causal=causal, sinks=sinks, return_lse=True)
+    out, lse = padded_call(torch, kernel, q, k, v, causal=causal, sinks=sinks)
     want, want_lse = written_out(torch, q, k, v, sinks, scale, causal)
     with exact_fp32_matmul(torch):
         ref, ref_lse = attention_torch(q.float(), k.float(), v.float(), scale=scale, causal=causal,
@@ -160,7 +175,7 @@ def test_a_row_that_sees_no_key_has_the_sink_as_its_lse(name):
     k, v = (torch.randn(2, 4, sk, 64, device="cuda", generator=g).half() for _ in range(2))
     sinks = torch.tensor([-200.0, -100.0, 0.5, 40.0], device="cuda")
     scale = 64 ** -0.5
-    out, lse = kernel(q, k, v, causal=True, alignment="bottom_right", sinks=sinks, return_lse=True)
+    out, lse = padded_call(torch, kernel, q, k, v, causal=True, alignment="bottom_right", sinks=sinks)
     s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
     own = torch.arange(sq, device="cuda")[:, None] + sk - sq
     s = s.masked_fill(torch.arange(sk, device="cuda")[None, :] > own, float("-inf"))
@@ -181,7 +196,7 @@ def test_sinks_must_be_one_fp32_logit_per_head():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the sink specs are H100/H200 kernels")
     import attngen
-    kernel = attngen.load(str(ROOT / "specs" / "h100_mma_d64_sink.yaml"))
+    kernel = attngen.load(str(ROOT / "specs" / "h100_wgmma_d64_sink.yaml"))
     q = torch.randn(1, 4, 16, 64, device="cuda").half()
     with pytest.raises(ValueError, match="pass sinks="):
         kernel(q, q, q)
