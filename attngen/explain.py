@@ -32,8 +32,9 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
            f"masks {', '.join(plan.masks)}" + (f", scores {', '.join(v.name for v in scores)}" if scores else ""),
            f"target {t.name} ({t.gpu}, {t.arch}); functions: {', '.join(fn for _, fn in plan.functions)}",
            ""]
-    forward = [f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; grid (ceil(seqlen_q / "
-               f"{plan.block_m}), heads, batch)"
+    padded = getattr(s, "padded", True)     # false: varlen: only, no padded function
+    forward = [f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; "
+               + (f"grid (ceil(seqlen_q / {plan.block_m}), heads, batch)" if padded else "varlen calls only")
                + ("; varlen sequences (*_varlen): grid (ceil(max_seqlen_q / "
                   f"{plan.block_m}), heads, sequences), sequences longest first, a block past its sequence's rows returns at once"
                   if plan.varlen else ""),

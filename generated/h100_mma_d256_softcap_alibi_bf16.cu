@@ -28,7 +28,7 @@
 //   h100_mma_d256_softcap_alibi_bf16: fwd_mma (mma.sync m16n8k16 attention forward), bf16, head_dim 256, masks none, causal, window, scores softcap, alibi
 //   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_mma_d256_softcap_alibi_bf16_none_varlen, attngen_h100_mma_d256_softcap_alibi_bf16_causal_varlen, attngen_h100_mma_d256_softcap_alibi_bf16_window_varlen
 //
-//   block: 128 query rows x 64-key K/V tiles; grid (ceil(seqlen_q / 128), heads, batch); varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 128), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
+//   block: 128 query rows x 64-key K/V tiles; varlen calls only; varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 128), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
 //   threads: 256 = 8 compute warp(s); each compute warp owns 16 query rows
 //   fragments per warp: 1 x m16 rows; S = 1x8 m16n8 tiles (32 fp32 regs), O = 1x32 tiles (128 fp32 regs), Q re-read from shared memory; ~160 accumulator registers per thread
 //   mma.sync per tile per warp: 128 (Q.K^T) + 128 (P.V)

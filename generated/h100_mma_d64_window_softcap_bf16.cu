@@ -27,7 +27,7 @@
 //   h100_mma_d64_window_softcap_bf16: fwd_mma (mma.sync m16n8k16 attention forward), bf16, head_dim 64, masks window, scores softcap
 //   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_mma_d64_window_softcap_bf16_window_varlen
 //
-//   block: 128 query rows x 128-key K/V tiles; grid (ceil(seqlen_q / 128), heads, batch); varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 128), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
+//   block: 128 query rows x 128-key K/V tiles; varlen calls only; varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 128), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
 //   threads: 256 = 8 compute warp(s); each compute warp owns 16 query rows
 //   fragments per warp: 1 x m16 rows; S = 1x16 m16n8 tiles (64 fp32 regs), O = 1x8 tiles (32 fp32 regs), Q fragments 16 regs; ~112 accumulator registers per thread
 //   mma.sync per tile per warp: 64 (Q.K^T) + 64 (P.V)

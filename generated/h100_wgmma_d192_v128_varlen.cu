@@ -28,7 +28,7 @@
 //   h100_wgmma_d192_v128_varlen: fwd_wgmma (wgmma + TMA attention forward (sm_90a)), fp16, head_dim 192, masks none, causal
 //   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_wgmma_d192_v128_varlen_none_varlen, attngen_h100_wgmma_d192_v128_varlen_causal_varlen
 //
-//   block: 128 query rows x 128-key K/V tiles; grid (ceil(seqlen_q / 128), heads, batch); varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 128), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
+//   block: 128 query rows x 128-key K/V tiles; varlen calls only; varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 128), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
 //   threads: 384 = 8 compute warp(s) + 4 producer warp(s); each compute warp owns 16 query rows
 //   warpgroups: 2 consumer(s) x 64 rows + 1 producer; S 64 + O 64 fp32 accumulator registers per consumer thread
 //   wgmma per tile per consumer warpgroup: 12 x m64n128k16 (Q.K^T, SS) + 8 x m64n128k16 (P.V, RS, V MN-major)

@@ -26,7 +26,7 @@
 //   h100_wgmma_d32_varlen_bf16: fwd_wgmma (wgmma + TMA attention forward (sm_90a)), bf16, head_dim 32, masks none, causal
 //   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_wgmma_d32_varlen_bf16_none_varlen, attngen_h100_wgmma_d32_varlen_bf16_causal_varlen
 //
-//   block: 192 query rows x 128-key K/V tiles; grid (ceil(seqlen_q / 192), heads, batch); varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 192), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
+//   block: 192 query rows x 128-key K/V tiles; varlen calls only; varlen sequences (*_varlen): grid (ceil(max_seqlen_q / 192), heads, sequences), sequences longest first, a block past its sequence's rows returns at once
 //   threads: 512 = 12 compute warp(s) + 4 producer warp(s); each compute warp owns 16 query rows
 //   warpgroups: 3 consumer(s) x 64 rows + 1 producer; S 64 + O 16 fp32 accumulator registers per consumer thread
 //   wgmma per tile per consumer warpgroup: 2 x m64n128k16 (Q.K^T, SS) + 8 x m64n32k16 (P.V, RS, V MN-major)
