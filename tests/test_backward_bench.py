@@ -85,8 +85,15 @@ def test_a_family_file_benches_the_cells_it_can_time_and_names_the_rest():
     # members out, saying which, and goes on to check the rest (a head dim no cell has: the only error,
     # before any GPU is looked for)
     code, out = bench(SPECS / "h100_mma_d64.yaml", "--shapes", "1x2x128x80")
-    assert "bench: leaving out 12 cell(s) it cannot time here: h100_mma_d64_alibi," in out
+    # 12 variant members, and the paged ones, which serve varlen calls only
+    assert "bench: leaving out 14 cell(s) it cannot time here: h100_mma_d64_alibi," in out
+    assert "h100_mma_d64_paged," in out
     assert code == 2 and "Error: " in out and "head dim" in out.rsplit("Error: ", 1)[1]
     # a member named by its own path is the user's choice: refused, with what times it
     code, out = bench(SPECS / "h100_mma_d64_window.yaml")
     assert code == 2 and "leaving out" not in out and "h100_mma_d64_window takes variant arguments" in out
+    # a cell that serves varlen calls only: refused, with the option that times it
+    code, out = bench(SPECS / "h100_mma_d64_paged.yaml")
+    assert code == 2 and "h100_mma_d64_paged serves varlen calls only" in out and "--varlen" in out
+    code, out = bench(SPECS / "h100_bwd_d64_wgmma_varlen.yaml")
+    assert code == 2 and "h100_bwd_d64_wgmma_varlen: varlen calls only" in out and "varlen_backward_bench.py" in out

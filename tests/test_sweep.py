@@ -527,6 +527,13 @@ def test_cli_bad_base_spec_exit_2(tmp_path):
     assert result.exit_code == 2 and "tile.block_m" in out
 
 
+def test_cli_a_varlen_only_base_exits_2():
+    """Sweep times padded calls: a base that serves varlen calls only (varlen: only) is refused before
+    anything compiles, with what to sweep instead."""
+    result, out = run_cli(ROOT / "specs" / "h100_mma_d96.yaml", "--compile-only", "--arch", "sm_90")
+    assert result.exit_code == 2 and "serves varlen calls only (varlen: only)" in out, out
+
+
 @pytest.mark.gpu
 def test_gpu_tiny_sweep(tmp_path, tiny_space):
     report, best = tmp_path / "sweep.json", tmp_path / "best"

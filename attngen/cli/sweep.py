@@ -76,6 +76,9 @@ def sweep(base_spec, shapes, causal, budget, search, seed, generations, top_k, a
     if kind.space is None:
         raise click.UsageError(f"{base_spec}: sweep searches the variants a kind declares, and {kind.name} specs "
                                f"declare none; write variants as specs and time them with `attngen bench`")
+    if not getattr(base, "padded", True):
+        raise click.UsageError(f"{base_spec}: sweep times padded calls, and this spec serves varlen calls only "
+                               f"(varlen: only); sweep a copy with varlen: true, or its family's padded base")
     if arch is not None and not re.fullmatch(r"sm_\d+a?", arch):
         raise click.BadParameter(f"must look like sm_89 or sm_90a (got {arch!r})", param_hint="--arch")
     if not shapes and not compile_only:

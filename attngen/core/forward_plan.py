@@ -253,7 +253,7 @@ def spec_variants(spec: ForwardSpec) -> dict:
     """The plan fields of a spec's variants: its masks, its score modifiers (the built-in ones, then an
     expression variant's) and the expression variant itself."""
     from .expression_variant import expression_variant
-    expression = expression_variant(spec.variant, varlen=spec.varlen)
+    expression = expression_variant(spec.variant, varlen=bool(spec.varlen))
     scores = tuple(SCORES[s] for s in spec.scores) + ((expression.as_score_variant(),) if expression else ())
     return {"masks": tuple(spec.masks), "mask_variants": tuple(MASKS[m] for m in spec.masks),
             "score_variants": scores, "expression": expression,

@@ -44,7 +44,7 @@ def cases_for(shapes, dtypes, causals) -> list[Case]:
 def supports(plan, case: Case) -> bool:
     """The spec (of the forward convention: eval.conventions hands this bench only those) runs the case."""
     return (plan.spec.dtype == case.dtype and plan.head_dim == case.head_dim and plan.v_dim == case.v_dim
-            and ("causal" if case.causal else "none") in plan.masks)
+            and ("causal" if case.causal else "none") in plan.entry_functions)
 
 
 def run_bench(spec_paths, *, shapes=DEFAULT_SHAPES, dtypes=("fp16", "bf16"), causals=(False, True),
@@ -114,6 +114,11 @@ def check_options(paths, plans, opts) -> list[str]:
         if plain:
             return [f"--varlen times the varlen call; {', '.join(plain)} {'has' if len(plain) == 1 else 'have'} "
                     f"none (give specs with varlen: true)"]
+    else:
+        only = [p.spec.name for p in plans if not p.spec.padded]
+        if only:
+            return [f"{', '.join(only)} {'serves' if len(only) == 1 else 'serve'} varlen calls only (varlen: only: no "
+                    f"padded function): time {'it' if len(only) == 1 else 'them'} with --varlen"]
     return []
 
 
