@@ -32,11 +32,13 @@ def invoke(args, **kw):
 
 def error_lines(stderr: str) -> list[str]:
     """The lines that carry an error: click's usage boilerplate, progress lines (a progress bar
-    off a terminal prints its label; verify's line of what it loaded) and the table that follows a budget refusal left out. Any
-    other line counts, indented or not."""
+    off a terminal prints its label; verify's line of what it loaded), bench's note of the cells of a
+    family file it leaves out, and the table that follows a budget refusal left out. Any other line
+    counts, indented or not."""
     lines, table = [], False
     for ln in stderr.splitlines():
-        if not ln.strip() or ln.startswith(("Usage:", "Try '", "compiling ", "loaded ")) or ln == "verifying":
+        if not ln.strip() or ln.startswith(("Usage:", "Try '", "compiling ", "loaded ", "bench: leaving out ")) \
+                or ln == "verifying":
             continue
         if table and ln.startswith("  "):
             continue
