@@ -140,13 +140,15 @@ def test_decode_step_with_wide_variants(torch, dtype, case):
 
 
 def test_joined_sinks_refuse_their_gradient(torch):
-    """Learned sinks beside softcap or ALiBi are joined after the kernel of those (no kernel has both);
-    their own gradient is refused by name (ops.library.refuse_joined_sinks_gradient), q, k and v train."""
+    """Learned sinks beside ALiBi are joined after the ALiBi kernel (no kernel has both; softcap has
+    its softcap_sink members); their own gradient is refused by name
+    (ops.library.refuse_joined_sinks_gradient), q, k and v train."""
     import attngen
     q = torch.randn(1, 4, 64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     sinks = torch.randn(4, device="cuda", requires_grad=True)
-    with pytest.raises(NotImplementedError, match="learned sinks and softcap"):
-        attngen.attention(q, k, v, causal=True, softcap=30.0, sinks=sinks)
-    o = attngen.attention(q, k, v, causal=True, softcap=30.0, sinks=sinks.detach())
+    slopes = torch.rand(4, device="cuda") * 0.3
+    with pytest.raises(NotImplementedError, match="learned sinks and alibi"):
+        attngen.attention(q, k, v, causal=True, alibi_slopes=slopes, sinks=sinks)
+    o = attngen.attention(q, k, v, causal=True, alibi_slopes=slopes, sinks=sinks.detach())
     assert all(g is not None for g in torch.autograd.grad(o.sum(), (q, k, v)))

@@ -206,14 +206,17 @@ def test_sinks_must_be_one_fp32_logit_per_head():
         kernel(q, q, q, sinks=torch.zeros(8, device="cuda"))
 
 
-def gradients(torch, q, k, v, sinks, dout, scale, window, dtype):
+def gradients(torch, q, k, v, sinks, dout, scale, window, dtype, softcap=None):
     """(o, dq, dk, dv, dsinks) of the written-out softmax with sinks, computed in `dtype` (GQA by
-    repeating K and V; window (left, right) top-left, the right side closed by causal)."""
+    repeating K and V; window (left, right) top-left, the right side closed by causal; softcap: the
+    scaled scores capped, cap * tanh(s / cap), before the mask)."""
     leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v, sinks)]
     qq, kk, vv, ss = leaves
     group = qq.shape[1] // kk.shape[1]
     kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
     s = torch.einsum("bhqd,bhkd->bhqk", qq, kk) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
     rows = torch.arange(s.shape[2], device=s.device)[:, None]
     keys = torch.arange(s.shape[3], device=s.device)[None, :]
     hidden = keys > rows
@@ -250,6 +253,36 @@ def test_attention_trains_with_sinks(dtype, window):
     with exact_fp32_matmul(torch):
         ref = gradients(torch, q, k, v, sinks, dout, 0.125, window, torch.float32)
     low = gradients(torch, q, k, v, sinks, dout, 0.125, window, dt)
+    for name, a, r, l in zip(("out", "dq", "dk", "dv", "dsinks"), got, ref, low):
+        assert a is not None and a.shape == r.shape, name
+        err, low_err = (a.float() - r).abs().max().item(), (l.float() - r).abs().max().item()
+        assert err <= error_bound(low_err), f"{name}: {err:.3g} > bound {error_bound(low_err):.3g} (torch {low_err:.3g})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("window", [None, (128, 0)], ids=["causal", "window128"])
+def test_attention_trains_sinks_beside_a_softcap(head_dim, window):
+    """Softcap with learned sinks (a softcap_sink member at d64, d128 and d256; d96 padded to d128's):
+    the sinks sit in the kernel, so they train, and the output and the gradients in q, k, v and the
+    sinks match the fp32 written-out softmax within the error rule, as without the cap."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the dispatch table serves sinks on sm_90 (H100/H200)")
+    import attngen
+    from attngen.eval.verify.cases import error_bound, exact_fp32_matmul
+    dt, scale, cap = torch.bfloat16, head_dim ** -0.5, 30.0
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+    q = (torch.randn(2, 8, 300, head_dim, device="cuda", generator=g) * 2).to(dt).requires_grad_()
+    k, v = (torch.randn(2, 2, 300, head_dim, device="cuda", generator=g).to(dt).requires_grad_() for _ in range(2))
+    sinks = (torch.randn(8, device="cuda", generator=g) * 2).requires_grad_()
+    dout = torch.randn(2, 8, 300, head_dim, device="cuda", generator=g).to(dt)
+    o = attngen.attention(q, k, v, causal=True, window=window, softcap=cap, sinks=sinks)
+    o.backward(dout)
+    got = (o.detach(), q.grad, k.grad, v.grad, sinks.grad)
+    with exact_fp32_matmul(torch):
+        ref = gradients(torch, q, k, v, sinks, dout, scale, window, torch.float32, softcap=cap)
+    low = gradients(torch, q, k, v, sinks, dout, scale, window, dt, softcap=cap)
     for name, a, r, l in zip(("out", "dq", "dk", "dv", "dsinks"), got, ref, low):
         assert a is not None and a.shape == r.shape, name
         err, low_err = (a.float() - r).abs().max().item(), (l.float() - r).abs().max().item()
@@ -418,15 +451,17 @@ def test_gpt_oss_decode_step_with_sinks(dtype, window):
 # -- sinks beside modifiers no sink kernel has: the kernel without them, the sinks joined after ----------
 
 def test_sinks_with_modifiers_no_sink_kernel_has_are_joined_after_the_kernel():
-    """The committed table has sink kernels for the masks gpt-oss uses and none with softcap or ALiBi:
-    those calls run the kernel of their other modifiers and join the sinks after it
-    (ops.library.join_sinks); a call a sink kernel serves (its own head dim or padded) takes it."""
+    """The committed table has sink kernels for the masks gpt-oss uses, and with softcap in the forward
+    and varlen calls (the softcap_sink members), none with ALiBi: those calls run the kernel of their
+    other modifiers and join the sinks after it (ops.library.join_sinks); a call a sink kernel serves
+    (its own head dim or padded) takes it."""
     from attngen.ops.table import load_table, sinks_apart, table_path
     entries = load_table(table_path(ROOT / "specs"))
     for call in ("forward", "varlen", "decode"):
         for scores in ("softcap+sink", "alibi+sink", "softcap+alibi+sink"):
             for d in (64, 80, 128, 256):
-                assert sinks_apart(entries, call, "sm_90", "bf16", d, 0, "causal", scores), (call, scores, d)
+                apart = scores != "softcap+sink" or call == "decode"
+                assert sinks_apart(entries, call, "sm_90", "bf16", d, 0, "causal", scores) == apart, (call, scores, d)
         assert not sinks_apart(entries, call, "sm_90", "bf16", 64, 0, "causal", "sink")   # its own kernel
         assert not sinks_apart(entries, call, "sm_90", "bf16", 80, 0, "causal", "sink")   # padded to d128's
         assert not sinks_apart(entries, call, "sm_90", "bf16", 64, 0, "causal", "softcap")  # no sinks
