@@ -1,6 +1,7 @@
 """What joining learned sinks after the kernel costs (ops.library.join_sinks): softcap or ALiBi alone against
-the same call with sinks (joined after), beside the sink kernel and the plain call; GPU us (host_time.gpu_time:
-calls queued behind a GPU sleep, CUDA events, median of 7 rounds), bf16, causal.
+the same call with sinks (ALiBi's joined after its kernel; softcap's in a softcap_sink kernel, and joined
+after the softcap kernel by hand, as the table did before those), beside the sink kernel and the plain call;
+GPU us (host_time.gpu_time: calls queued behind a GPU sleep, CUDA events, median of 7 rounds), bf16, causal.
 
 Usage (GPU machine, repository root): python3 docs/variants-h200/sinks_join_cost.py"""
 import json
@@ -10,6 +11,7 @@ import torch
 import attngen
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the shared helpers
 from host_time import gpu_time
+from attngen.ops.library import join_sinks
 
 
 def run():
@@ -18,6 +20,8 @@ def run():
         sinks = torch.randn(h, device="cuda")
         slopes = torch.rand(h, device="cuda") * 0.1
         rows = {}
+        rows["softcap, sinks joined after"] = round(gpu_time(lambda: join_sinks(
+            *attngen.attention(q, k, v, causal=True, softcap=30.0, return_lse=True), sinks, "bhsd")), 1)
         for name, kw in (("softcap", {"softcap": 30.0}), ("softcap+sinks", {"softcap": 30.0, "sinks": sinks}),
                          ("sinks (kernel)", {"sinks": sinks}), ("plain", {}),
                          ("alibi", {"alibi_slopes": slopes}), ("alibi+sinks", {"alibi_slopes": slopes, "sinks": sinks})):
