@@ -477,9 +477,9 @@ struct DecodeBlock {
     int group, rows;                    // query heads per KV head; group rows of the KV head
     int seqlen;                         // keys of this sequence in the cache
     int cached;                         // of those, the keys already in the cache (the new tokens follow them)
-    int cache_row;                      // the cache row (batch of k and v) of the sequence: cache_batch_idx[batch]
     int key_base;                       // the row's first attended key (cache_leftpad); key j of the block is row key_base + j
-    bool writes;                        // the sequence's length, leftpad and cache row are valid: its new rows may be stored
+    int cache_row;                      // the cache row (batch of k and v) of the sequence (cache_batch_idx[batch]), or
+                                        // -1 - that row where the sequence's length, leftpad or row is bad: nothing is stored
 };
 
 // As FlashAttention appends: cache_seqlens[b] keys are in cache row cache_batch_idx[b] (the first
@@ -502,8 +502,8 @@ __device__ __forceinline__ DecodeBlock decode_block(const Params& p) {
     if (!valid && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) report_input_error(p, kBadSeqlen);
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y) / p.row_blocks,
             static_cast<int>(blockIdx.y) % p.row_blocks * kBlockM, b, group, group * p.seqlen_q,
-            min(cached + p.seqlen_new, p.seqlen_k) - base, cached - base, mapped ? min(max(row, 0), p.cache_rows - 1) : b,
-            base, valid};
+            min(cached + p.seqlen_new, p.seqlen_k) - base, cached - base, base,
+            (valid ? 0 : -1) ^ (mapped ? min(max(row, 0), p.cache_rows - 1) : b)};
 }
 
 // Keys [token_key_begin, token_key_end) are visible to new token t. Masks are bottom-right: the
@@ -700,8 +700,9 @@ __device__ __forceinline__ void load_kv(unsigned char* smem, uint32_t smem_addr,
     }
     // The new tokens' rows are left zero here (put_new_rows fills them): the cache's rows there are being
     // written in this launch.
-    copy_kv_rows<kBlockN>(slot, head_ptr(p.k, c.cache_row, c.kv_head, p.k_batch_stride, p.k_head_stride) + c.key_base * p.k_row_stride,
-                          head_ptr(p.v, c.cache_row, c.kv_head, p.v_batch_stride, p.v_head_stride) + c.key_base * p.v_row_stride,
+    const int row = c.cache_row < 0 ? -1 - c.cache_row : c.cache_row;
+    copy_kv_rows<kBlockN>(slot, head_ptr(p.k, row, c.kv_head, p.k_batch_stride, p.k_head_stride) + c.key_base * p.k_row_stride,
+                          head_ptr(p.v, row, c.kv_head, p.v_batch_stride, p.v_head_stride) + c.key_base * p.v_row_stride,
                           p, key0, c.cached, tid);
 }
 
@@ -729,7 +730,7 @@ __device__ __forceinline__ void put_new_rows(unsigned char* smem, const Params& 
         const uint4 vx = *reinterpret_cast<const uint4*>(v_src + chunk * 8);
         *reinterpret_cast<uint4*>(slot + kSmem_k0 + tile_offset(key - key0, chunk)) = kx;
         *reinterpret_cast<uint4*>(slot + kSmem_v0 + tile_offset(key - key0, chunk)) = vx;
-        if (c.row0 != 0 || !c.writes) continue;     // one row block stores each new row; a bad sequence none
+        if (c.row0 != 0 || c.cache_row < 0) continue;     // one row block stores each new row; a bad sequence none
         const elem_t* k_dst;
         const elem_t* v_dst;
         if (p.block_table != nullptr) {

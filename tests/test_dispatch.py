@@ -442,14 +442,15 @@ def test_serve_adds_the_keys_of_a_new_member(tmp_path):
 def test_coverage_says_served_padded_or_refused_per_head_dim():
     """--coverage: a kernel of the head dim (d256), padded to the next served one (d224, as the entry
     points run it; a paged varlen call with its pools copied, an appending decode with its caches copied
-    and written back), refused where nothing at or above the head dim serves the call (append above d128)."""
+    and written back), refused where nothing at or above the head dim serves the call."""
     run = CliRunner().invoke(main, ["dispatch", "--coverage", "--dtype", "bf16", "--json"])
     assert run.exit_code == 0, run.output
     rows = {(r["call"], r["paged"], r["scores"], r["mask"]): r["head_dims"] for r in json.loads(run.output)["rows"]}
     plain = rows[("forward", False, "", "causal")]
     assert plain["256"] == "served" and plain["224"] == "padded" and plain["59"] == "padded"
     assert rows[("varlen", True, "", "causal")]["160"] == "padded"
-    assert rows[("decode_append", False, "", "causal")]["160"] == "refused"
+    assert rows[("decode_append", False, "", "causal")]["160"] == "padded"     # d256's append kernel
+    assert rows[("decode_kv_e4m3", False, "", "causal")]["96"] == "refused"    # an e4m3 cache is not padded
     assert rows[("decode_append", True, "", "causal")]["80"] == "padded"
     assert rows[("decode", True, "softcap", "window")]["96"] == "padded"
     assert rows[("decode", True, "softcap+alibi", "window")]["128"] == "served"

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 GENERATED = ROOT / "generated"
 APPEND_SPECS = ("h200_decode_d128_append", "h200_decode_d128_append_bf16", "h200_decode_d64_append",
-                "h200_decode_d64_append_bf16", "h200_decode_d96_append", "h200_decode_d96_append_bf16")
+                "h200_decode_d64_append_bf16", "h200_decode_d96_append", "h200_decode_d96_append_bf16",
+                "h200_decode_d256_append", "h200_decode_d256_append_bf16")
 I32 = Dtype(name="int32", size=4)
 
 
@@ -82,7 +83,7 @@ def test_append_cells_write_the_cache_from_the_first_row_block_only():
     """One row block stores each new row; a sequence with a bad length, leftpad or cache row stores none,
     nor does a new row whose page id the table does not give (a clamped page is another sequence's)."""
     text = (GENERATED / "h200_decode_d128_append_split.cu").read_text()
-    assert "if (c.row0 != 0 || !c.writes) continue;" in text
+    assert "if (c.row0 != 0 || c.cache_row < 0) continue;" in text
     assert "report_input_error(p, kBadPage);\n                continue;" in text
     assert "k_dst = head_ptr(p.k, page, c.kv_head" in text      # paged: through the table
     assert "+ c.key_base * p.k_row_stride" in text             # leftpad shifts the contiguous row
