@@ -85,8 +85,8 @@ def test_a_family_file_benches_the_cells_it_can_time_and_names_the_rest():
     # members out, saying which, and goes on to check the rest (a head dim no cell has: the only error,
     # before any GPU is looked for)
     code, out = bench(SPECS / "h100_mma_d64.yaml", "--shapes", "1x2x128x80")
-    # 12 variant members, and the paged ones, which serve varlen calls only
-    assert "bench: leaving out 14 cell(s) it cannot time here: h100_mma_d64_alibi," in out
+    # 14 variant members, and the paged ones, which serve varlen calls only
+    assert "bench: leaving out 16 cell(s) it cannot time here: h100_mma_d64_alibi," in out
     assert "h100_mma_d64_paged," in out
     assert code == 2 and "Error: " in out and "head dim" in out.rsplit("Error: ", 1)[1]
     # a member named by its own path is the user's choice: refused, with what times it
