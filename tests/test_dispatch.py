@@ -455,8 +455,8 @@ def test_coverage_says_served_padded_or_refused_per_head_dim():
     assert rows[("decode", True, "softcap", "window")]["96"] == "padded"
     assert rows[("decode", True, "softcap+alibi", "window")]["128"] == "served"
     # learned sinks beside modifiers no sink kernel has: that kernel, the sinks joined after it
-    assert rows[("forward", False, "alibi+sink", "causal")]["96"] == "sinks after"
-    assert rows[("forward", False, "softcap+sink", "causal")]["96"] == "padded"   # the softcap_sink members
+    assert rows[("decode", False, "alibi+sink", "causal")]["96"] == "sinks after"
+    assert rows[("forward", False, "softcap+alibi+sink", "causal")]["96"] == "padded"   # the *_sink members
     assert rows[("decode", True, "softcap+alibi+sink", "window")]["256"] == "sinks after"
     assert ("forward", False, "sink", "causal") in rows and rows[("forward", False, "sink", "causal")]["64"] == "served"
     # non-causal ALiBi's varlen backward at d256 runs its window function (ops.library.varlen_backward_mask)

@@ -31,12 +31,14 @@ TRAIN = {   # name -> (head dims, attention() keywords but the tensors)
     "softcap_alibi": ((256,), {"softcap": 30.0, "alibi_slopes": "slopes"}),
     "softcap_alibi_window": ((64, 128, 256), {"causal": True, "window": (100, 0), "softcap": 30.0,
                                               "alibi_slopes": "slopes"}),
-    # sinks beside modifiers no sink kernel has: the kernel of the others, the sinks joined after it;
-    # they train frozen (their own gradient is refused there: test_joined_sinks_refuse_their_gradient)
-    "softcap_sinks": ((64, 128), {"causal": True, "softcap": 30.0, "sinks": "frozen"}),
+    # sinks beside softcap, ALiBi or both: the *_sink members, the sinks trained; frozen sinks as well
+    # (sinks that need no gradient, beside gradients in q, k and v)
+    "softcap_sinks": ((64, 128), {"causal": True, "softcap": 30.0, "sinks": "sinks"}),
     "alibi_sinks_window": ((64, 256), {"causal": True, "window": (100, 0), "alibi_slopes": "slopes",
-                                       "sinks": "frozen"}),
-    "softcap_alibi_sinks": ((96,), {"softcap": 30.0, "alibi_slopes": "slopes", "sinks": "frozen"}),
+                                       "sinks": "sinks"}),
+    "softcap_alibi_sinks": ((96,), {"softcap": 30.0, "alibi_slopes": "slopes", "sinks": "sinks"}),
+    "softcap_alibi_sinks_frozen": ((160,), {"causal": True, "softcap": 30.0, "alibi_slopes": "slopes",
+                                            "sinks": "frozen"}),
 }
 
 
@@ -139,13 +141,16 @@ def test_decode_step_with_wide_variants(torch, dtype, case):
             assert err <= bound, f"{case} d{d} {dtype} paged={tb is not None}: {err:.3g} > {bound:.3g}"
 
 
-def test_joined_sinks_refuse_their_gradient(torch):
-    """Learned sinks beside ALiBi are joined after the ALiBi kernel (no kernel has both; softcap has
-    its softcap_sink members); their own gradient is refused by name
+def test_joined_sinks_refuse_their_gradient(torch, monkeypatch):
+    """Learned sinks beside modifiers whose kernels lack them are joined after the kernel of those (the
+    committed table has *_sink members for every forward combination, so a table without them is
+    stood in for: DISPATCH.sinks_apart says so); their own gradient is refused by name
     (ops.library.refuse_joined_sinks_gradient), q, k and v train."""
     import attngen
-    q = torch.randn(1, 4, 64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    from attngen.ops import library
+    monkeypatch.setattr(library.DISPATCH, "sinks_apart", lambda *args, **kw: True)
+    q = torch.randn(1, 4, 61, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(1, 2, 61, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     sinks = torch.randn(4, device="cuda", requires_grad=True)
     slopes = torch.rand(4, device="cuda") * 0.3
     with pytest.raises(NotImplementedError, match="learned sinks and alibi"):

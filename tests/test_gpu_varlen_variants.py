@@ -99,9 +99,11 @@ TRAIN = {   # name -> (head dims (96: padded to 128), attention_varlen keywords 
     "alibi_non_causal": ((160, 256), {"alibi_slopes": "slopes"}),
     "softcap_alibi_non_causal": ((256,), {"softcap": 30.0, "alibi_slopes": "slopes"}),
     "sinks": ((64, 128, 256), {"causal": True, "sinks": "sinks"}),
-    # sinks joined after the kernel of softcap or ALiBi train frozen (their own gradient is refused there)
-    "alibi_sinks": ((64, 128), {"causal": True, "alibi_slopes": "slopes", "sinks": "frozen"}),
-    "window_softcap_sinks": ((96,), {"causal": True, "window": (48, 0), "softcap": 30.0, "sinks": "frozen"}),
+    # sinks beside softcap or ALiBi: the *_sink members' varlen functions, the sinks trained; frozen too
+    "alibi_sinks": ((64, 128), {"causal": True, "alibi_slopes": "slopes", "sinks": "sinks"}),
+    "window_softcap_sinks": ((96,), {"causal": True, "window": (48, 0), "softcap": 30.0, "sinks": "sinks"}),
+    "softcap_alibi_sinks_frozen": ((256,), {"causal": True, "softcap": 30.0, "alibi_slopes": "slopes",
+                                            "sinks": "frozen"}),
 }
 
 

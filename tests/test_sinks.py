@@ -451,16 +451,16 @@ def test_gpt_oss_decode_step_with_sinks(dtype, window):
 # -- sinks beside modifiers no sink kernel has: the kernel without them, the sinks joined after ----------
 
 def test_sinks_with_modifiers_no_sink_kernel_has_are_joined_after_the_kernel():
-    """The committed table has sink kernels for the masks gpt-oss uses, and with softcap in the forward
-    and varlen calls (the softcap_sink members), none with ALiBi: those calls run the kernel of their
-    other modifiers and join the sinks after it (ops.library.join_sinks); a call a sink kernel serves
-    (its own head dim or padded) takes it."""
+    """The committed table has sink kernels for the masks gpt-oss uses, and beside softcap, ALiBi and both
+    in the forward and varlen calls (the *_sink members), none beside them in decode: those calls run
+    the kernel of their other modifiers and join the sinks after it (ops.library.join_sinks); a call a
+    sink kernel serves (its own head dim or padded) takes it."""
     from attngen.ops.table import load_table, sinks_apart, table_path
     entries = load_table(table_path(ROOT / "specs"))
     for call in ("forward", "varlen", "decode"):
         for scores in ("softcap+sink", "alibi+sink", "softcap+alibi+sink"):
             for d in (64, 80, 128, 256):
-                apart = scores != "softcap+sink" or call == "decode"
+                apart = call == "decode"
                 assert sinks_apart(entries, call, "sm_90", "bf16", d, 0, "causal", scores) == apart, (call, scores, d)
         assert not sinks_apart(entries, call, "sm_90", "bf16", 64, 0, "causal", "sink")   # its own kernel
         assert not sinks_apart(entries, call, "sm_90", "bf16", 80, 0, "causal", "sink")   # padded to d128's

@@ -30,12 +30,11 @@ COMBOS = {
     "window_alibi": {"window": (48, 17), "alibi": True},
     "window_softcap_alibi": {"window": (48, 17), "softcap": 30.0, "alibi": True},
     "sinks": {"sinks": True}, "window_sinks": {"window": (48, 17), "sinks": True},
-    # sinks beside softcap: the softcap_sink members hold them (trained) in the forward and varlen calls;
-    # beside ALiBi: joined after the kernel of those, trained frozen (their own gradient is refused
-    # there: ops.library.refuse_joined_sinks_gradient)
+    # sinks beside softcap, ALiBi or both: the *_sink members hold them (trained) in the forward and varlen
+    # calls; decode joins them after the kernel of the others (ops.library.join_sinks)
     "softcap_sinks": {"softcap": 30.0, "sinks": True}, "window_softcap_sinks": {"window": (48, 17), "softcap": 30.0, "sinks": True},
-    "alibi_sinks": {"alibi": True, "sinks": "frozen"},
-    "window_softcap_alibi_sinks": {"window": (48, 17), "softcap": 30.0, "alibi": True, "sinks": "frozen"},
+    "alibi_sinks": {"alibi": True, "sinks": True},
+    "window_softcap_alibi_sinks": {"window": (48, 17), "softcap": 30.0, "alibi": True, "sinks": True},
 }
 DT = torch.bfloat16
 results = []
