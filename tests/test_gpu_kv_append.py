@@ -21,7 +21,10 @@ SPECS = ROOT / "specs"
 APPEND_SPECS = [SPECS / f"{name}.yaml" for name in ("h200_decode_d128_append", "h200_decode_d128_append_bf16",
                                                       "h200_decode_d64_append", "h200_decode_d64_append_bf16",
                                                       "h200_decode_d96_append", "h200_decode_d96_append_bf16",
-                                                      "h200_decode_d256_append", "h200_decode_d256_append_bf16")]
+                                                      "h200_decode_d256_append", "h200_decode_d256_append_bf16",
+                                                      "h200_decode_d64_append_alibi", "h200_decode_d64_append_alibi_bf16", "h200_decode_d96_append_alibi",
+                                                      "h200_decode_d96_append_alibi_bf16",
+                                                      "h200_decode_d128_append_alibi", "h200_decode_d128_append_alibi_bf16")]
 
 
 @functools.lru_cache(maxsize=None)
