@@ -15,4 +15,6 @@ from .flash_attn_interface import (  # noqa: F401
     flash_attn_with_kvcache,
 )
 
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache"]
 __version__ = "2.8.4+attngen-shim"

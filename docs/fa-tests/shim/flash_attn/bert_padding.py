@@ -1,0 +1,30 @@
+"""unpad_input / pad_input as FlashAttention 2.8's flash_attn.bert_padding documents them, in plain
+torch (this stand-in's own code). Both keep gradients: unpad gathers rows, pad scatters them."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def unpad_input(hidden_states, attention_mask, unused_mask=None):
+    """hidden_states (batch, seqlen, ...), attention_mask (batch, seqlen) bool/int (1: a token),
+    unused_mask (batch, seqlen) (1: allocated but unused; selected too).
+
+    Returns (hidden_states (total_nnz, ...) of the selected tokens in order, indices (total_nnz,) of
+    those tokens in the flattened (batch * seqlen) input, cu_seqlens int32 (batch + 1,), the longest
+    sequence's length (int), seqused int32 (batch,): the tokens attention_mask alone selects)."""
+    selected = attention_mask if unused_mask is None else attention_mask + unused_mask
+    seqlens = selected.sum(dim=-1, dtype=torch.int32)
+    used = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(selected.flatten()).flatten()
+    cu_seqlens = F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    flat = hidden_states.reshape(hidden_states.shape[0] * hidden_states.shape[1], *hidden_states.shape[2:])
+    return flat[indices], indices, cu_seqlens, int(seqlens.max().item()), used
+
+
+def pad_input(hidden_states, indices, batch, seqlen):
+    """hidden_states (total_nnz, ...), indices (total_nnz,) into the flattened (batch * seqlen)
+    output: returns (batch, seqlen, ...) with those rows set and every other row zero."""
+    out = hidden_states.new_zeros((batch * seqlen, *hidden_states.shape[1:]))
+    out = out.index_copy(0, indices, hidden_states)
+    return out.reshape(batch, seqlen, *hidden_states.shape[1:])
