@@ -126,6 +126,42 @@ def test_paged_varlen_against_reference(torch, head_dim, dtype, pg, causal):
     assert torch.equal(again, out)
 
 
+@pytest.mark.parametrize("window", [(100, 0), (48, 17)], ids=["causal-100", "two-sided"])
+@pytest.mark.parametrize("pg", (1, 16, 256))
+@pytest.mark.parametrize("head_dim,dtype", CELLS + [(80, "fp16")], ids=[f"d{d}-{t}" for d, t in CELLS + [(80, "fp16")]])
+def test_paged_varlen_window_against_reference(torch, head_dim, dtype, pg, window):
+    """A sliding window in the paged call (FlashAttention's flash_attn_varlen_func(window_size=,
+    block_table=)): through attngen.attention_varlen (d80 padded to d96's cell), each sequence's window
+    from its own key count (bottom-right), within the error rule of the fp32 reference sequence by
+    sequence, NaN spare pages and tails, and bit for bit the same cell's packed varlen call."""
+    dt = torch_dtype(torch, dtype)
+    q, k, v, cu_q, cu_k, g = packed(torch, MIXED, 8, 2, head_dim, dt, seed=3 * pg + head_dim)
+    lens_k = [s[1] for s in MIXED]
+    kp, vp, table = page_pools(torch, k, v, lens_k, pg, g)
+    used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    causal = window[1] == 0
+    longest = max(s[0] for s in MIXED), max(lens_k)
+    out = attngen.attention_varlen(q, kp, vp, cu_q, None, *longest, block_table=table, seqused_k=used,
+                                   causal=causal, window=window)
+    torch.cuda.synchronize()
+    attngen.check_errors()
+    assert torch.isfinite(out).all(), "a row not written, or a NaN page read"
+    problems, q0, k0 = [], 0, 0
+    for b, (sq, sk) in enumerate(MIXED):
+        qb, kb, vb, ob = (t[a:a + n].transpose(0, 1).unsqueeze(0)
+                          for t, a, n in ((q, q0, sq), (k, k0, sk), (v, k0, sk), (out, q0, sq)))
+        err, low, _ = reference_errors(torch, qb, kb, vb, ob, scale=head_dim ** -0.5, mask="window",
+                                       alignment="bottom_right", window=window)
+        if not err <= error_bound(low):
+            problems.append(f"sequence {b} ({sq} queries, {sk} keys): {err:.3g} > bound {error_bound(low):.3g}")
+        q0, k0 = q0 + sq, k0 + sk
+    assert not problems, "\n".join(problems)
+    if head_dim != 80:      # the paged cell's own packed path (d80 runs padded)
+        packed_out = load_once(head_dim, dtype).varlen(q, k, v, cu_q, cu_k, causal=causal, window=window,
+                                                       alignment="bottom_right")
+        assert torch.equal(out, packed_out)
+
+
 @pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])
 def test_attention_varlen_routes_paged_calls(torch, head_dim, dtype):
     """attngen.attention_varlen(block_table=, seqused_k=, cu_seqlens_k=None) takes the paged entry (causal
@@ -320,5 +356,5 @@ def test_paged_varlen_refuses_bad_inputs(torch):
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, kp, vp))
     with pytest.raises(NotImplementedError, match="block_table"):
         attngen.attention_varlen(qg, kg, vg, cu_q, None, block_table=table, seqused_k=used, causal=True)
-    with pytest.raises(ValueError, match="without window, softcap"):
+    with pytest.raises(ValueError, match="window without softcap"):
         attngen.attention_varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, softcap=30.0)

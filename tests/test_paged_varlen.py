@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from attngen.core.launch_plan import LaunchPlan, launch_record
+from attngen.core.spec_cells import cell_at
 from attngen.core.varlen_plan import PAGED_VARLEN_FIELDS
 from attngen.errors import SpecError
 from attngen.ops.table import call_text, entry_problem, load_table, select, table_path
@@ -31,12 +32,14 @@ def test_paged_cells_add_their_fields_last(name):
     assert p.paged and p.varlen
     names = [f.name for f in p.abi.fields]
     assert tuple(names[-len(PAGED_VARLEN_FIELDS):]) == PAGED_VARLEN_FIELDS
-    # a varlen spec of the same masks without pages: the same Params up to the page fields
-    twin = name.replace("d64_paged", "d64_m128n64w4s2x3q").replace("d128_paged", "d128_m128n32w4s4x3")
-    plain = plan_of(twin)
+    # the same cell without pages: the same Params up to the page fields
+    text = cell_at(SPECS / f"{name}.yaml").text
+    assert "paged: true" in text
+    plain = make_plan(parse_spec(text.replace("paged: true", "paged: false")))
     assert plain.varlen and not plain.paged
     assert list(plain.abi.rows()) == list(p.abi.rows())[:len(plain.abi.fields)]
     assert not set(PAGED_VARLEN_FIELDS) & {f.name for f in plain.abi.fields}
+    assert {"window_lo", "window_hi"} <= set(names)     # masks none, causal and window
 
 
 def test_unpaged_cells_carry_no_page_code():
@@ -59,7 +62,8 @@ def test_paged_needs_a_homogeneous_varlen_ring():
     base = (SPECS / "h100_mma_d64_m128n64w4s2x3q.yaml").read_text().replace(
         "varlen: true", "varlen: true\npaged: true").replace("dtypes: [fp16, bf16]", "dtype: fp16")
     assert parse_spec(base).paged
-    for old, new in (("varlen: true\n", ""), ("- none\n- causal", "- window"), ("stages: 2", "stages: 1")):
+    for old, new in (("varlen: true\n", ""), ("varlen: true\n", "varlen: true\nscores: [softcap]\n"),
+                     ("stages: 2", "stages: 1")):
         with pytest.raises(SpecError, match="paged: true reads K/V pages"):
             parse_spec(base.replace(old, new, 1))
 
@@ -88,8 +92,9 @@ def test_table_keys_varlen_on_paged():
     e = select(entries, "varlen", "sm_90", "fp16", 64, "causal", 4096, paged=True)
     twin = "h100_mma_d64_m128n64w4s2x3q"
     assert "reads contiguous caches only" in entry_problem(e._replace(spec=twin), plan_of(twin))
+    assert select(entries, "varlen", "sm_90", "fp16", 64, "window", 4096, paged=True).spec == "h100_mma_d64_paged"
     with pytest.raises(LookupError, match="paged"):
-        select(entries, "varlen", "sm_90", "fp16", 64, "window", 4096, paged=True)
+        select(entries, "varlen", "sm_90", "fp16", 64, "causal", 4096, paged=True, scores="softcap")
     assert call_text("varlen", "sm_90", "fp16", 64, "causal", 4096, 16) == \
         "varlen sm_90 fp16 head_dim 64 causal seqlen 4096 page_size 16"
 

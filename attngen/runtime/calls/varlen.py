@@ -161,7 +161,7 @@ def cu_seqlens(torch, lengths, device):
 def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=None, cu_seqlens_k=None,
                       max_seqlen_q: int | None = None, causal: bool = False, alignment: str | None = None,
                       scale: float | None = None, return_lse: bool = False, out=None, lse_out=None,
-                      validate: bool = False):
+                      validate: bool = False, window=None):
     """Varlen attention whose keys lie in page pools (a spec with `paged: true`), as FlashAttention's
     flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ..., block_table=, seqused_k=).
 
@@ -174,8 +174,10 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     A sequence's keys are clamped to max_pages x page_size and a page id to the pool (recorded as input
     errors, attngen.check_errors()). Causal "bottom_right" aligns each sequence's queries with the end of
     its keys (prefill chunks and single decode tokens in one call). validate=True reads the offsets,
-    lengths and the pages they use back and refuses bad ones. causal without an alignment is
-    "bottom_right" here (FlashAttention's paged varlen call has no other); "top_left" may be asked for."""
+    lengths and the pages they use back and refuses bad ones. causal or a window without an alignment is
+    "bottom_right" here (FlashAttention's paged varlen call has no other); "top_left" may be asked for.
+    window=(left, right) as in the packed varlen call, from each sequence's own key count (a spec whose
+    masks include window)."""
     torch = kernel._torch
     if not getattr(kernel.plan, "paged", False):
         raise ValueError(f"{kernel.label} reads packed K/V only: block_table needs a spec with paged: true")
@@ -231,8 +233,8 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     if cu_seqlens_k is not None and check_offsets(torch, "cu_seqlens_k", cu_seqlens_k, index) != batch:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
                          f"and {cu_seqlens_k.numel()} offsets)")
-    mask = kernel._check_mask(causal, None, varlen=True)
-    if causal and alignment is None:
+    mask = kernel._check_mask(causal, window, varlen=True)
+    if (causal or window is not None) and alignment is None:
         alignment = "bottom_right"      # FlashAttention's varlen convention: the queries are a sequence's last keys
     check_max_seqlen_q(max_seqlen_q)
     longest = None
@@ -277,7 +279,7 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
               0, total_q, batch, heads, kv_heads, max_seqlen_q, 0, scale * LOG2E,
               cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr() if cu_seqlens_k is not None else 0,
               order.data_ptr() if order is not None else 0, total_q, 0, error_word(index)]
-    mask_values = kernel._variant_values(mask, causal, alignment, None, 0, 0, scale,
+    mask_values = kernel._variant_values(mask, causal, alignment, window, 0, 0, scale,
                                          {"softcap": None, "alibi_slopes": None, "params": None, "sinks": None},
                                          {"batch": batch, "heads": heads, "device": index})
     values[PER_CALL.index("scale_log2")] = mask_values.pop("scale_log2", scale * LOG2E)
