@@ -289,3 +289,17 @@ def test_padded_append_returns_the_lse_and_refuses_mismatched_head_dims(torch):
         attngen.attention_with_kvcache(q, kc, vc, kn[..., :64].contiguous(), vn[..., :64].contiguous(),
                                        cache_seqlens=lens, causal=True, layout="bshd")
     assert torch.equal(kc, before)
+
+
+def test_append_with_alibi_above_d128_is_refused(torch):
+    """Appending with ALiBi has cells at d64-d128 only (d256's append functions have no registers left
+    for ALiBi's): at d256 the call is refused by name before any copy, the cache untouched."""
+    q = torch.randn(1, 1, 8, 256, device="cuda", dtype=torch.float16)
+    kc = torch.randn(1, 64, 8, 256, device="cuda", dtype=torch.float16)
+    kn = torch.randn(1, 1, 8, 256, device="cuda", dtype=torch.float16)
+    lens = torch.tensor([3], dtype=torch.int32, device="cuda")
+    before = kc.clone()
+    with pytest.raises(LookupError, match="decode_append"):
+        attngen.attention_with_kvcache(q, kc, kc.clone(), kn, kn.clone(), cache_seqlens=lens, layout="bshd",
+                                       alibi_slopes=torch.rand(8, device="cuda"))
+    assert torch.equal(kc, before)

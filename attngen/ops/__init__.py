@@ -134,7 +134,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q: int
     (batch,) the keys of each sequence (then cu_seqlens_k may be None). Masks none, causal and window
     ("bottom_right": each sequence's queries are the last of its keys, so prefill chunks and single decode
     tokens share a call); docs/varlen.md, "Paged K/V". A step of one query per sequence (max_seqlen_q 1 and total_q ==
-    batch: a decode step) runs the paged decode kernel, which reads each KV head's keys once for all its
+    batch: a decode step) without a window runs the paged decode kernel, which reads each KV head's keys once for all its
     query heads.
     """
     compiling, grad, ops, library = _bound or _bind()

@@ -253,7 +253,7 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
     """The eager paged varlen forward: the table's paged varlen kernel (an entry with paged: true) for the
     call's mask (window: the window function), then its varlen call through block_table. k is a page pool
     (num_pages, page_size, Hkv, D); the bucket's seqlen is max_seqlen_k, else a sequence's capacity
-    (max_pages x page_size). A call with a window keeps its decode rows in the varlen kernel."""
+    (max_pages x page_size). A call whose window bounds a side keeps its decode rows in the varlen kernel."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
@@ -270,8 +270,8 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
         return _cut(paged_varlen(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), cu_seqlens_q, cu_seqlens_k,
                                  block_table, seqused_k, max_seqlen_q, max_seqlen_k, causal, alignment,
                                  _scale(scale, d), return_lse, window), dv, return_lse)
-    split = window is None and _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal,
-                                                   alignment, d, dv)
+    split = mask != "window" and _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal,
+                                                     alignment, d, dv)
     if split and max_seqlen_q == 1:
         # Every sequence has at most one query (a decode step): the decode kernel alone.
         return _mixed_step(None, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal,

@@ -234,7 +234,7 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same sequences (got {cu_seqlens_q.numel()} "
                          f"and {cu_seqlens_k.numel()} offsets)")
     mask = kernel._check_mask(causal, window, varlen=True)
-    if (causal or window is not None) and alignment is None:
+    if mask != "none" and alignment is None:
         alignment = "bottom_right"      # FlashAttention's varlen convention: the queries are a sequence's last keys
     check_max_seqlen_q(max_seqlen_q)
     longest = None

@@ -3,7 +3,6 @@ torch (this stand-in's own code). Both keep gradients: unpad gathers rows, pad s
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def unpad_input(hidden_states, attention_mask, unused_mask=None):
@@ -13,13 +12,15 @@ def unpad_input(hidden_states, attention_mask, unused_mask=None):
     Returns (hidden_states (total_nnz, ...) of the selected tokens in order, indices (total_nnz,) of
     those tokens in the flattened (batch * seqlen) input, cu_seqlens int32 (batch + 1,), the longest
     sequence's length (int), seqused int32 (batch,): the tokens attention_mask alone selects)."""
-    selected = attention_mask if unused_mask is None else attention_mask + unused_mask
-    seqlens = selected.sum(dim=-1, dtype=torch.int32)
-    used = attention_mask.sum(dim=-1, dtype=torch.int32)
-    indices = torch.nonzero(selected.flatten()).flatten()
-    cu_seqlens = F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
-    flat = hidden_states.reshape(hidden_states.shape[0] * hidden_states.shape[1], *hidden_states.shape[2:])
-    return flat[indices], indices, cu_seqlens, int(seqlens.max().item()), used
+    keep = attention_mask.bool() if unused_mask is None else attention_mask.bool() | unused_mask.bool()
+    batch, seqlen = keep.shape
+    lengths = keep.to(torch.int32).sum(1).to(torch.int32)
+    offsets = torch.zeros(batch + 1, dtype=torch.int32, device=keep.device)
+    offsets[1:] = lengths.cumsum(0).to(torch.int32)
+    positions = torch.arange(batch * seqlen, device=keep.device)[keep.reshape(-1)]
+    rows = hidden_states.reshape((batch * seqlen,) + tuple(hidden_states.shape[2:])).index_select(0, positions)
+    used = attention_mask.bool().to(torch.int32).sum(1).to(torch.int32)
+    return rows, positions, offsets, int(lengths.max().item()) if batch else 0, used
 
 
 def pad_input(hidden_states, indices, batch, seqlen):
