@@ -75,6 +75,16 @@ def rule_q_tiles(s):
                                     "schedule.persistent: true each block has one: use q_tiles: 1")
 
 
+def rule_persistent_needs_padded_calls(s):
+    # A varlen block computes one query block (kernel.cu.j2: kLoop = kPersistent && !kVarlen), so without
+    # padded functions the key would change nothing but the description.
+    if s.schedule.persistent and s.varlen == "only":
+        return "schedule.persistent", ("a persistent block loops over the query blocks of padded calls, and a "
+                                       "`varlen: only` cell has none (its varlen blocks take one query block "
+                                       "each): remove schedule.persistent (with q_tiles and epilogue_tile), or "
+                                       "set varlen: true")
+
+
 def rule_epilogue_tile(s):
     if s.epilogue_tile == "own" and s.epilogue == "registers":
         return "epilogue_tile", "the registers epilogue stages nothing: use epilogue: shared or tma, or epilogue_tile: q"
@@ -253,7 +263,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_sinks = True
     takes_max_chains = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile, rule_q_tiles,
+             rule_epilogue_tile, rule_q_tiles, rule_persistent_needs_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
