@@ -373,7 +373,9 @@ def test_wgmma_varlen_functions():
     assert p.grid(4, 16, 2048, sm_count=132) == (132, 1, 1) and p.varlen_grid(4, 16, 2048) == (16, 16, 4)
     line = next(x.strip() for x in explain(p).splitlines() if x.strip().startswith("varlen: the maps"))
     assert "no persistent loop" in line and "not a TMA store" in line
-    only = plan_of(text.replace("varlen: true", "varlen: only"))
+    with pytest.raises(SpecError, match="schedule.persistent"):     # it would change no varlen function
+        plan_of(text.replace("varlen: true", "varlen: only"))
+    only = plan_of(text.replace("varlen: true", "varlen: only").replace("schedule: {persistent: true}\n", ""))
     assert only.varlen and [k for k, _ in only.functions] == ["none_varlen", "causal_varlen"]
     assert "cu_seqlens_q" in {f.name for f in only.abi.fields}
     plain = plan_of(text.replace("varlen: true", "varlen: false"))
