@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import attngen
+from attngen.core.variants import ALIBI, SINK, SOFTCAP
 from attngen.eval.verify.cases import error_bound, reference_errors
 from attngen.runtime import InputError
 from attngen.runtime.calls.varlen import cu_seqlens
@@ -160,6 +161,68 @@ def test_paged_varlen_window_against_reference(torch, head_dim, dtype, pg, windo
         packed_out = load_once(head_dim, dtype).varlen(q, k, v, cu_q, cu_k, causal=causal, window=window,
                                                        alignment="bottom_right")
         assert torch.equal(out, packed_out)
+
+
+# The models that serve score modifiers from paged caches: gpt-oss (d64, learned sinks, causal and a 128-key
+# window), Gemma 2 (d256, softcap 50, window 4096 on local layers; here a window the sequences cross), MPT
+# (d128, ALiBi), and every modifier at once; d96 pads to d128's cells. The packed call it is compared with
+# runs the same cell (at d256, where the softcap members read packed K/V only, the paged cell's packed path).
+SCORE_CASES = [
+    (64, "bf16", {"sinks": True}, (128, 0)), (64, "fp16", {"sinks": True}, None),
+    (256, "bf16", {"softcap": 50.0}, (300, 0)), (256, "bf16", {"softcap": 50.0}, None),
+    (128, "fp16", {"alibi": True}, None), (128, "bf16", {"softcap": 30.0, "alibi": True, "sinks": True}, (48, 17)),
+    (96, "bf16", {"softcap": 30.0, "sinks": True}, None),
+]
+
+
+@pytest.mark.parametrize("pg", (1, 16, 256))
+@pytest.mark.parametrize("head_dim,dtype,mods,window", SCORE_CASES,
+                         ids=[f"d{d}-{t}-{'+'.join(m)}-{'w' if w else 'causal'}" for d, t, m, w in SCORE_CASES])
+def test_paged_varlen_scores_against_reference(torch, head_dim, dtype, mods, window, pg):
+    """Softcap, ALiBi and learned sinks in the paged call (the scores members of h100_mma_d64 and d128 read
+    pages too; d256's softcap has h100_mma_d256_paged_softcap): through attngen.attention_varlen, each
+    sequence's ALiBi offset and window from its own
+    key count (bottom-right), within the error rule of the fp32 reference with the same modifiers sequence
+    by sequence, NaN spare pages and tails, and bit for bit the packed varlen call (the same cell)."""
+    dt = torch_dtype(torch, dtype)
+    q, k, v, cu_q, cu_k, g = packed(torch, MIXED, 8, 2, head_dim, dt, seed=5 * pg + head_dim)
+    lens_k = [s[1] for s in MIXED]
+    kp, vp, table = page_pools(torch, k, v, lens_k, pg, g)
+    used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    kw = {}
+    if "softcap" in mods:
+        kw["softcap"] = mods["softcap"]
+    if "alibi" in mods:
+        kw["alibi_slopes"] = torch.rand(8, generator=g, device="cuda") * 0.3
+    if "sinks" in mods:
+        kw["sinks"] = torch.randn(8, generator=g, device="cuda") * 2
+    causal = window is None or window[1] == 0
+    longest = max(s[0] for s in MIXED), max(lens_k)
+    out = attngen.attention_varlen(q, kp, vp, cu_q, None, *longest, block_table=table, seqused_k=used,
+                                   causal=causal, window=window, **kw)
+    torch.cuda.synchronize()
+    attngen.check_errors()
+    assert torch.isfinite(out).all(), "a row not written, or a NaN page read"
+    modifiers = tuple((m, kw[m.argument]) for m in (SOFTCAP, ALIBI, SINK) if m.argument in kw)
+    problems, q0, k0 = [], 0, 0
+    for b, (sq, sk) in enumerate(MIXED):
+        qb, kb, vb, ob = (t[a:a + n].transpose(0, 1).unsqueeze(0)
+                          for t, a, n in ((q, q0, sq), (k, k0, sk), (v, k0, sk), (out, q0, sq)))
+        err, low, _ = reference_errors(torch, qb, kb, vb, ob, scale=head_dim ** -0.5,
+                                       mask="window" if window else "causal", alignment="bottom_right",
+                                       window=window, modifiers=modifiers)
+        if not err <= error_bound(low):
+            problems.append(f"sequence {b} ({sq} queries, {sk} keys): {err:.3g} > bound {error_bound(low):.3g}")
+        q0, k0 = q0 + sq, k0 + sk
+    assert not problems, "\n".join(problems)
+    if head_dim != 256:
+        packed_out = attngen.attention_varlen(q, k, v, cu_q, cu_k, *longest, causal=causal, window=window,
+                                              alignment="bottom_right", **kw)
+    else:   # the paged cell's own packed path
+        cell = attngen.load(ROOT / "specs" / f"h100_mma_d256_paged_softcap{'_bf16' if dtype == 'bf16' else ''}.yaml",
+                            synchronize=True)
+        packed_out = cell.varlen(q, k, v, cu_q, cu_k, causal=causal, window=window, alignment="bottom_right", **kw)
+    assert torch.equal(out, packed_out)
 
 
 @pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])
@@ -356,5 +419,8 @@ def test_paged_varlen_refuses_bad_inputs(torch):
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, kp, vp))
     with pytest.raises(NotImplementedError, match="block_table"):
         attngen.attention_varlen(qg, kg, vg, cu_q, None, block_table=table, seqused_k=used, causal=True)
-    with pytest.raises(ValueError, match="window without softcap"):
-        attngen.attention_varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, softcap=30.0)
+    with pytest.raises(ValueError, match="softcap= needs a spec whose `scores` list has 'softcap'"):
+        kernel.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, softcap=30.0)
+    sinks = torch.randn(4, device="cuda").requires_grad_()
+    with pytest.raises(NotImplementedError, match="block_table"):
+        attngen.attention_varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=True, sinks=sinks)

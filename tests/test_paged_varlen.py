@@ -45,12 +45,12 @@ def test_paged_cells_add_their_fields_last(name):
 def test_unpaged_cells_carry_no_page_code():
     """Cells without paged: true render no table reads, no page fields and no gather; paged ones read
     the page size and its shift from Params (any power of two per call), with 64-bit offsets."""
-    for name in ("h100_mma_d64", "h100_mma_d128", "h100_mma_d64_alibi", "h100_mma_d128_m128n32w4s4x3",
-                 "h100_wgmma_d128_varlen"):
+    for name in ("h100_mma_d64", "h100_mma_d128", "h100_mma_d64_window", "h100_mma_d128_m128n32w4s4x3",
+                 "h100_wgmma_d128_varlen", "h100_wgmma_d64_softcap_sink", "h100_mma_d256_softcap_alibi_sink"):
         text = (ROOT / "generated" / f"{name}.cu").read_text()
         for word in ("block_table", "page_shift", "copy_kv_pages", "seqused_k", "paged_sequence_rows"):
             assert word not in text, (name, word)
-    for name in PAGED:
+    for name in PAGED + ("h100_mma_d64_alibi", "h100_mma_d128_softcap_alibi_sink_bf16", "h100_mma_d256_paged_softcap"):
         text = (ROOT / "generated" / f"{name}.cu").read_text()
         for word in ("p.block_table[key >> p.page_shift]", "key & (p.page_size - 1)", "copy_kv_pages<kBlockN, kThreads>",
                      "paged_sequence_rows(s)", "long long k_at", "kBadPage"):
@@ -62,8 +62,10 @@ def test_paged_needs_a_homogeneous_varlen_ring():
     base = (SPECS / "h100_mma_d64_m128n64w4s2x3q.yaml").read_text().replace(
         "varlen: true", "varlen: true\npaged: true").replace("dtypes: [fp16, bf16]", "dtype: fp16")
     assert parse_spec(base).paged
-    for old, new in (("varlen: true\n", ""), ("varlen: true\n", "varlen: true\nscores: [softcap]\n"),
-                     ("stages: 2", "stages: 1")):
+    # score modifiers read a sequence's lengths and head only: taken (an expression variant is not)
+    assert parse_spec(base.replace("varlen: true\n", "varlen: true\nscores: [softcap, alibi, sink]\n", 1)).scores
+    expression = "varlen: true\nvariant:\n  score: score * 0.5\n"
+    for old, new in (("varlen: true\n", ""), ("varlen: true\n", expression), ("stages: 2", "stages: 1")):
         with pytest.raises(SpecError, match="paged: true reads K/V pages"):
             parse_spec(base.replace(old, new, 1))
 
@@ -74,7 +76,7 @@ def test_launch_record_keeps_paged(name):
     record = launch_record(p)
     assert record["pages"] == {"paged": True}
     assert LaunchPlan.from_record(record).paged
-    unpaged = launch_record(plan_of("h100_mma_d64_alibi"))
+    unpaged = launch_record(plan_of("h100_mma_d64_window"))
     assert "pages" not in unpaged and not LaunchPlan.from_record(unpaged).paged
 
 
@@ -93,8 +95,20 @@ def test_table_keys_varlen_on_paged():
     twin = "h100_mma_d64_m128n64w4s2x3q"
     assert "reads contiguous caches only" in entry_problem(e._replace(spec=twin), plan_of(twin))
     assert select(entries, "varlen", "sm_90", "fp16", 64, "window", 4096, paged=True).spec == "h100_mma_d64_paged"
-    with pytest.raises(LookupError, match="paged"):
-        select(entries, "varlen", "sm_90", "fp16", 64, "causal", 4096, paged=True, scores="softcap")
+    # score modifiers: at d64 and d128 the scores members, which read pages too (gpt-oss's sinks, ALiBi, ...);
+    # at d256 softcap alone (Gemma 2), in a paged member of its own
+    for d, scores, member in [(d, s, m) for d in (64, 128) for s, m in (
+            ("sink", "sink"), ("softcap", "softcap"), ("softcap", "window_softcap"), ("alibi", "alibi"),
+            ("softcap+alibi+sink", "softcap_alibi_sink"))] + [(256, "softcap", "paged_softcap")] * 2:
+        mask = "window" if member == "window_softcap" else "causal"
+        e = select(entries, "varlen", "sm_90", "bf16", d, mask, 4096, paged=True, scores=scores)
+        assert e.spec == f"h100_mma_d{d}_{member}_bf16" and plan_of(e.spec).paged, (d, scores, e.spec)
+        assert entry_problem(e, plan_of(e.spec)) is None
+    assert select(entries, "varlen", "sm_90", "fp16", 256, "window", 4096, paged=True,
+                  scores="softcap").spec == "h100_mma_d256_paged_softcap"
+    for d, scores in ((96, "softcap"), (256, "sink"), (256, "alibi")):   # d96: padded to d128; d256: none
+        with pytest.raises(LookupError, match="paged"):
+            select(entries, "varlen", "sm_90", "fp16", d, "causal", 4096, paged=True, scores=scores)
     assert call_text("varlen", "sm_90", "fp16", 64, "causal", 4096, 16) == \
         "varlen sm_90 fp16 head_dim 64 causal seqlen 4096 page_size 16"
 

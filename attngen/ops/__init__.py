@@ -133,19 +133,19 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q: int
     page_size, D) serves as pool.transpose(1, 2)); block_table int32 (batch, max_pages); seqused_k int32
     (batch,) the keys of each sequence (then cu_seqlens_k may be None). Masks none, causal and window
     ("bottom_right": each sequence's queries are the last of its keys, so prefill chunks and single decode
-    tokens share a call); docs/varlen.md, "Paged K/V". A step of one query per sequence (max_seqlen_q 1 and total_q ==
-    batch: a decode step) without a window runs the paged decode kernel, which reads each KV head's keys once for all its
-    query heads.
+    tokens share a call), with softcap, alibi_slopes and sinks (gpt-oss and Gemma 2 serving); docs/varlen.md,
+    "Paged K/V". A step of one query per sequence (max_seqlen_q 1 and total_q == batch: a decode step) without
+    a window or score modifiers runs the paged decode kernel, which reads each KV head's keys once for all
+    its query heads.
     """
     compiling, grad, ops, library = _bound or _bind()
     if block_table is not None:
-        if softcap is not None or alibi_slopes is not None or sinks is not None:
-            raise ValueError("attention_varlen with block_table takes masks none, causal and window without softcap, "
-                             "alibi_slopes or sinks so far")
-        if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if grad() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                       (sinks is not None and sinks.requires_grad)):
             _refuse_grad("attention_varlen with block_table (paged K/V, a serving call)")
         return library.paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q,
-                                    max_seqlen_k, causal, alignment, scale, return_lse, window)
+                                    max_seqlen_k, causal, alignment, scale, return_lse, window, softcap,
+                                    alibi_slopes, sinks)
     if seqused_k is not None:
         raise ValueError("seqused_k is read with block_table (paged K/V) only so far; packed K/V take each "
                          "sequence's keys from cu_seqlens_k")

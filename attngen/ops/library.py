@@ -249,11 +249,12 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
 
 
 def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k, causal,
-                 alignment, scale, return_lse, window=None):
+                 alignment, scale, return_lse, window=None, softcap=None, alibi_slopes=None, sinks=None):
     """The eager paged varlen forward: the table's paged varlen kernel (an entry with paged: true) for the
-    call's mask (window: the window function), then its varlen call through block_table. k is a page pool
-    (num_pages, page_size, Hkv, D); the bucket's seqlen is max_seqlen_k, else a sequence's capacity
-    (max_pages x page_size). A call whose window bounds a side keeps its decode rows in the varlen kernel."""
+    call's mask (window: the window function) and score modifiers (softcap, ALiBi, sinks), then its varlen
+    call through block_table. k is a page pool (num_pages, page_size, Hkv, D); the bucket's seqlen is
+    max_seqlen_k, else a sequence's capacity (max_pages x page_size). A call whose window bounds a side,
+    or with score modifiers, keeps its decode rows in the varlen kernel."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
@@ -261,30 +262,32 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
         raise ValueError(f"with block_table, k and v are page pools (num_pages, page_size, kv_heads, head_dim) "
                          f"(got k of shape {tuple(k.shape)})")
     d, dv = q.shape[-1], v.shape[-1]
-    mask = call_mask(causal, window)
-    pad = DISPATCH.padded_dims("varlen", index, q.dtype, d, dv, mask, "", paged=True)
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
+    pad = DISPATCH.padded_dims("varlen", index, q.dtype, d, dv, mask, scores, paged=True)
     if pad:
         _check_head_dims(d, k=k)     # padding would hide a mismatch the kernel call refuses
         # No paged varlen kernel of this head dim: q and the page pools zero-padded to the next that has
         # one, as a padded paged decode pads its cache (the pools are copied, every call: docs/varlen.md)
         return _cut(paged_varlen(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), cu_seqlens_q, cu_seqlens_k,
                                  block_table, seqused_k, max_seqlen_q, max_seqlen_k, causal, alignment,
-                                 _scale(scale, d), return_lse, window), dv, return_lse)
-    split = mask != "window" and _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal,
-                                                     alignment, d, dv)
+                                 _scale(scale, d), return_lse, window, softcap, alibi_slopes, sinks), dv, return_lse)
+    # decode rows go to the paged decode kernel only without a window or score modifiers (its mask none)
+    split = mask != "window" and not scores and _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table,
+                                                                    seqused_k, causal, alignment, d, dv)
     if split and max_seqlen_q == 1:
         # Every sequence has at most one query (a decode step): the decode kernel alone.
         return _mixed_step(None, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal,
                            alignment, scale, return_lse)
     capacity = block_table.shape[-1] * k.shape[1] if getattr(block_table, "dim", lambda: 0)() == 2 else k.shape[1]
     kernel = DISPATCH.kernel("varlen", index, q.dtype, d, mask, max_seqlen_k if max_seqlen_k is not None else capacity,
-                             paged=True, head_dim_v=dv if dv != d else 0)
+                             paged=True, head_dim_v=dv if dv != d else 0, scores=scores)
     if split and block_table.shape[0] >= 2:     # one sequence of several queries: nothing to split
         return _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal,
                            alignment, scale, return_lse)
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                          alignment=alignment, scale=scale, return_lse=return_lse, block_table=block_table,
-                         seqused_k=seqused_k, window=None if window is None else tuple(window))
+                         seqused_k=seqused_k, window=None if window is None else tuple(window), softcap=softcap,
+                         alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 def _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal, alignment, d: int,

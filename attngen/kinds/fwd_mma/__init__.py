@@ -30,14 +30,15 @@ E4M3_TITLE = "mma.sync m16n8k32 e4m3 attention forward"
 
 # What a paged spec's varlen functions need: the homogeneous cp.async ring gathers K/V rows through the
 # block table (templates/fwd_mma/pipeline.j2); masks none, causal and window (each sequence's window
-# counts from its own key count, as the packed varlen call's), no score modifiers or expressions.
+# counts from its own key count, as the packed varlen call's). Score modifiers read only a sequence's
+# lengths and the head, which the paged sequence sets as the packed one does; an expression variant
+# may read K/V-indexed tensors, so none.
 rule_paged_varlen = refuse(
     "paged", lambda s: s.paged and (not s.varlen or s.producer_warps or not s.smem.async_copy or s.smem.stages < 2
-                                    or s.scores or s.variant is not None
-                                    or set(s.masks) - {"none", "causal", "window"}),
+                                    or s.variant is not None or set(s.masks) - {"none", "causal", "window"}),
     lambda s: "paged: true reads K/V pages in the varlen functions of a homogeneous cp.async ring: it needs "
               "varlen: true, smem.async_copy: true, stages >= 2, no producer warps, masks none/causal/window and "
-              "no scores or variant", "rule_paged_varlen")
+              "no expression variant (score modifiers softcap, alibi and sink are taken)", "rule_paged_varlen")
 
 
 class MmaSpec(ForwardSpec):

@@ -38,13 +38,14 @@ class ForwardKernel(Kernel):
         k and v are page pools (num_pages, page_size, Hkv, D) and seqused_k (or cu_seqlens_k) gives each
         sequence's keys (attngen.runtime.calls.varlen.paged_varlen_call)."""
         if block_table is not None:
-            if softcap is not None or alibi_slopes is not None or params or sinks is not None:
-                raise ValueError("a paged varlen call takes masks none, causal and window without score modifiers "
-                                 "so far")
+            if params:
+                raise ValueError("a paged varlen call takes no expression params: paged specs have no expression "
+                                 "variant")
             return paged_varlen_call(self, q, k, v, cu_seqlens_q, block_table, seqused_k=seqused_k,
                                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                                      alignment=alignment, scale=scale, return_lse=return_lse, out=out,
-                                     lse_out=lse_out, validate=validate, window=window)
+                                     lse_out=lse_out, validate=validate, window=window, softcap=softcap,
+                                     alibi_slopes=alibi_slopes, sinks=sinks)
         if seqused_k is not None:
             raise ValueError("seqused_k is read with block_table (paged K/V) only so far; packed K/V take each "
                              "sequence's keys from cu_seqlens_k")

@@ -161,7 +161,8 @@ def cu_seqlens(torch, lengths, device):
 def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=None, cu_seqlens_k=None,
                       max_seqlen_q: int | None = None, causal: bool = False, alignment: str | None = None,
                       scale: float | None = None, return_lse: bool = False, out=None, lse_out=None,
-                      validate: bool = False, window=None):
+                      validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
+                      sinks=None):
     """Varlen attention whose keys lie in page pools (a spec with `paged: true`), as FlashAttention's
     flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ..., block_table=, seqused_k=).
 
@@ -177,7 +178,8 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     lengths and the pages they use back and refuses bad ones. causal or a window without an alignment is
     "bottom_right" here (FlashAttention's paged varlen call has no other); "top_left" may be asked for.
     window=(left, right) as in the packed varlen call, from each sequence's own key count (a spec whose
-    masks include window)."""
+    masks include window); softcap, alibi_slopes and sinks as there, for a spec whose scores take them
+    (ALiBi's offset from each sequence's own key count)."""
     torch = kernel._torch
     if not getattr(kernel.plan, "paged", False):
         raise ValueError(f"{kernel.label} reads packed K/V only: block_table needs a spec with paged: true")
@@ -280,7 +282,8 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
               cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr() if cu_seqlens_k is not None else 0,
               order.data_ptr() if order is not None else 0, total_q, 0, error_word(index)]
     mask_values = kernel._variant_values(mask, causal, alignment, window, 0, 0, scale,
-                                         {"softcap": None, "alibi_slopes": None, "params": None, "sinks": None},
+                                         {"softcap": softcap, "alibi_slopes": alibi_slopes, "params": None,
+                                          "sinks": sinks},
                                          {"batch": batch, "heads": heads, "device": index})
     values[PER_CALL.index("scale_log2")] = mask_values.pop("scale_log2", scale * LOG2E)
     for f in kernel._mask_fields:
