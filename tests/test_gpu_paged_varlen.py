@@ -368,6 +368,59 @@ def test_a_mixed_step_sends_its_decode_rows_to_the_decode_kernel(torch, monkeypa
                     head_dim ** -0.5, f"d{head_dim} {dtype} mixed, graph replay")
 
 
+# (head dim, dtype, modifiers, whether a paged decode kernel runs them at that head dim): gpt-oss's sinks,
+# softcap with ALiBi, softcap with sinks (the decode call joins those sinks after its softcap kernel), and
+# d64 softcap, which no paged decode kernel runs (its decode rows stay in the varlen kernel)
+MIXED_SCORES = [(64, "bf16", ("sinks",), True), (128, "fp16", ("softcap", "alibi"), True),
+                (128, "bf16", ("softcap", "sinks"), True), (64, "fp16", ("softcap",), False)]
+
+
+@pytest.mark.parametrize("head_dim,dtype,mods,splits", MIXED_SCORES,
+                         ids=[f"d{d}-{t}-{'+'.join(m)}" for d, t, m, _ in MIXED_SCORES])
+def test_a_mixed_step_with_score_modifiers(torch, monkeypatch, head_dim, dtype, mods, splits):
+    """A serving step with score modifiers: the decode rows go to the paged decode call with the same
+    modifiers where it runs them at the head dim (once, for every single-query sequence), else stay in the
+    varlen kernel; every row within the rule of the fp32 reference with the modifiers, and the prefill rows
+    bit for bit the varlen kernel's alone."""
+    from attngen.ops import library
+    calls = []
+    real = library.kvcache_variant
+    monkeypatch.setattr(library, "kvcache_variant", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    dt = torch_dtype(torch, dtype)
+    seqs = ((1, 300), (17, 17), (0, 40), (1, 5), (96, 1100), (1, 1), (1, 2049), (3, 64))
+    q, k, v, cu_q, cu_k, g = packed(torch, seqs, 16, 4, head_dim, dt, seed=21 + head_dim)
+    kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], 16, g)
+    used = torch.tensor([s[1] for s in seqs], dtype=torch.int32, device="cuda")
+    kw = {"softcap": 30.0} if "softcap" in mods else {}
+    if "alibi" in mods:
+        kw["alibi_slopes"] = torch.rand(16, generator=g, device="cuda") * 0.3
+    if "sinks" in mods:
+        kw["sinks"] = torch.randn(16, generator=g, device="cuda") * 2
+    with torch.no_grad():
+        o = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 2049, causal=True, block_table=table, seqused_k=used,
+                                     **kw)
+    torch.cuda.synchronize()
+    attngen.check_errors()
+    assert calls == ([(len(seqs), 1, 16, head_dim)] if splits else []), calls
+    modifiers = tuple((m, kw[m.argument]) for m in (SOFTCAP, ALIBI, SINK) if m.argument in kw)
+    problems, q0, k0 = [], 0, 0
+    for b, (sq, sk) in enumerate(seqs):
+        if sq:
+            qb, kb, vb, ob = (t[a:a + n].transpose(0, 1).unsqueeze(0)
+                              for t, a, n in ((q, q0, sq), (k, k0, sk), (v, k0, sk), (o, q0, sq)))
+            err, low, _ = reference_errors(torch, qb, kb, vb, ob, scale=head_dim ** -0.5, mask="causal",
+                                           alignment="bottom_right", modifiers=modifiers)
+            if not err <= error_bound(low):
+                problems.append(f"sequence {b} ({sq} queries, {sk} keys): {err:.3g} > bound {error_bound(low):.3g}")
+        q0, k0 = q0 + sq, k0 + sk
+    assert not problems, "\n".join(problems)
+    alone = attngen.attention_varlen(q, k, v, cu_q, cu_k, 96, 2049, causal=True, alignment="bottom_right", **kw)
+    prefill = torch.cat([torch.arange(int(cu_q[b]), int(cu_q[b + 1])) for b, s in enumerate(seqs) if s[0] > 1])
+    assert torch.equal(o[prefill.cuda()], alone[prefill.cuda()])
+    if not splits:
+        assert torch.equal(o, alone)
+
+
 def test_paged_varlen_refuses_bad_inputs(torch):
     kernel = load_once(64, "fp16")
     q, k, v, cu_q, cu_k, g = packed(torch, ((3, 40), (1, 9)), 4, 2, 64, torch.float16, seed=1)

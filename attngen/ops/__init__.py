@@ -135,8 +135,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q: int
     ("bottom_right": each sequence's queries are the last of its keys, so prefill chunks and single decode
     tokens share a call), with softcap, alibi_slopes and sinks (gpt-oss and Gemma 2 serving); docs/varlen.md,
     "Paged K/V". A step of one query per sequence (max_seqlen_q 1 and total_q == batch: a decode step) without
-    a window or score modifiers runs the paged decode kernel, which reads each KV head's keys once for all
-    its query heads.
+    a window runs the paged decode kernel, which reads each KV head's keys once for all its query heads
+    (with score modifiers, where a paged decode kernel runs them at the head dim).
     """
     compiling, grad, ops, library = _bound or _bind()
     if block_table is not None:

@@ -253,8 +253,9 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
     """The eager paged varlen forward: the table's paged varlen kernel (an entry with paged: true) for the
     call's mask (window: the window function) and score modifiers (softcap, ALiBi, sinks), then its varlen
     call through block_table. k is a page pool (num_pages, page_size, Hkv, D); the bucket's seqlen is
-    max_seqlen_k, else a sequence's capacity (max_pages x page_size). A call whose window bounds a side,
-    or with score modifiers, keeps its decode rows in the varlen kernel."""
+    max_seqlen_k, else a sequence's capacity (max_pages x page_size). A call whose window bounds a side
+    keeps its decode rows in the varlen kernel (so does one whose score modifiers no paged decode kernel
+    runs at its head dim)."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
@@ -271,19 +272,19 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
         return _cut(paged_varlen(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), cu_seqlens_q, cu_seqlens_k,
                                  block_table, seqused_k, max_seqlen_q, max_seqlen_k, causal, alignment,
                                  _scale(scale, d), return_lse, window, softcap, alibi_slopes, sinks), dv, return_lse)
-    # decode rows go to the paged decode kernel only without a window or score modifiers (its mask none)
-    split = mask != "window" and not scores and _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table,
-                                                                    seqused_k, causal, alignment, d, dv)
+    split = mask != "window" and _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal,
+                                                     alignment, d, dv, scores)
+    variants = (softcap, alibi_slopes, sinks) if scores else None
     if split and max_seqlen_q == 1:
         # Every sequence has at most one query (a decode step): the decode kernel alone.
         return _mixed_step(None, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal,
-                           alignment, scale, return_lse)
+                           alignment, scale, return_lse, variants)
     capacity = block_table.shape[-1] * k.shape[1] if getattr(block_table, "dim", lambda: 0)() == 2 else k.shape[1]
     kernel = DISPATCH.kernel("varlen", index, q.dtype, d, mask, max_seqlen_k if max_seqlen_k is not None else capacity,
                              paged=True, head_dim_v=dv if dv != d else 0, scores=scores)
     if split and block_table.shape[0] >= 2:     # one sequence of several queries: nothing to split
         return _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal,
-                           alignment, scale, return_lse)
+                           alignment, scale, return_lse, variants)
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                          alignment=alignment, scale=scale, return_lse=return_lse, block_table=block_table,
                          seqused_k=seqused_k, window=None if window is None else tuple(window), softcap=softcap,
@@ -291,11 +292,13 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
 
 
 def _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal, alignment, d: int,
-                        dv: int) -> bool:
+                        dv: int, scores: str = "") -> bool:
     """Whether a paged varlen call sends its single-query sequences (decode rows) to the paged decode
     kernel: causal bottom-right or none, V of q's head dim, offsets and lengths well formed (int32 on q's
-    GPU; anything else takes the varlen call, which names the problem), and a paged decode cell in the
-    table at this dtype and head dim itself (a padded one would copy the whole page pools per call)."""
+    GPU; anything else takes the varlen call, which names the problem), and a paged decode cell of the
+    call's score modifiers in the table at this dtype and head dim itself (a padded one would copy the
+    whole page pools per call; sinks may be joined after a decode kernel of the others, as the decode
+    call joins them)."""
     index = q.get_device()
 
     def int32_vector(t, n: int) -> bool:
@@ -308,11 +311,24 @@ def _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, c
     lengths = seqused_k if seqused_k is not None else cu_seqlens_k
     return (dv == d and (not causal or alignment in (None, "bottom_right")) and int32_vector(cu_seqlens_q, batch + 1)
             and int32_vector(lengths, batch if seqused_k is not None else batch + 1)
-            and DISPATCH.serves("decode", index, q.dtype, d, "none", paged=True))
+            and _paged_decode_serves(index, q.dtype, d, scores))
+
+
+def _paged_decode_serves(index: int, dtype, d: int, scores: str) -> bool:
+    """Whether the paged decode call runs mask none with these score modifiers at head dim d itself: a
+    kernel of them, or, for learned sinks no decode kernel of the others holds, one of the others with the
+    sinks joined after it (kvcache_variant)."""
+    if DISPATCH.serves("decode", index, dtype, d, "none", paged=True, scores=scores):
+        return True
+    names = scores.split("+")
+    if "sink" not in names or not DISPATCH.sinks_apart("decode", index, dtype, d, 0, "none", scores, True):
+        return False
+    return DISPATCH.serves("decode", index, dtype, d, "none", paged=True,
+                           scores="+".join(n for n in names if n != "sink"))
 
 
 def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal, alignment,
-                scale, return_lse):
+                scale, return_lse, variants=None):
     """A serving step of prefill chunks and single decode tokens, as two launches that split the work by
     sequence on the GPU (nothing read back, so a CUDA graph captures it): the paged decode kernel takes
     each sequence's first query over its keys where the sequence has one query (the others get 0 keys,
@@ -320,21 +336,29 @@ def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, sequse
     more than one query) the rest, the single-query sequences given 0 keys. The decode rows are then
     copied into the output at their rows. Where a decode row takes a block of 64 or 128 query rows of
     one query head in the varlen kernel, the decode kernel packs a KV head's query heads into one block
-    and reads its keys once. Offsets past q's rows are clamped (the varlen kernel clamps them too)."""
+    and reads its keys once. Offsets past q's rows are clamped (the varlen kernel clamps them too).
+    `variants`: (softcap, alibi_slopes, sinks) of a call with score modifiers, which both kernels apply (a
+    single query at the end of its keys sees ALiBi's offset and softcap as the varlen kernel's row)."""
     total_q, batch = q.shape[0], block_table.shape[0]
     used = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     first = cu_seqlens_q[:-1]
     single = (cu_seqlens_q[1:] - first) == 1
     none = torch.zeros((), dtype=torch.int32, device=q.device)
     row = first.clamp(0, total_q - 1)
-    decoded = kvcache(q.index_select(0, torch.where(single, row, none)).unsqueeze(1), k, v,
-                      torch.where(single, used, none), block_table, False, scale, None, "bshd", return_lse)
+    rows_q, lengths = q.index_select(0, torch.where(single, row, none)).unsqueeze(1), torch.where(single, used, none)
+    softcap, alibi_slopes, sinks = variants or (None, None, None)
+    if variants is None:
+        decoded = kvcache(rows_q, k, v, lengths, block_table, False, scale, None, "bshd", return_lse)
+    else:
+        decoded = kvcache_variant(rows_q, k, v, lengths, block_table, False, scale, None, "bshd", return_lse, None,
+                                  softcap, alibi_slopes, sinks)
     out = q.new_empty((total_q + 1,) + tuple(q.shape[1:]))     # row total_q: where the other sequences' rows go
     lse = None
     if kernel is not None:
         result = kernel.varlen(q, k, v, cu_seqlens_q, None, max_seqlen_q=max_seqlen_q, causal=causal,
                                alignment=alignment, scale=scale, return_lse=return_lse, block_table=block_table,
-                               seqused_k=torch.where(single, none, used), out=out[:total_q])
+                               seqused_k=torch.where(single, none, used), out=out[:total_q], softcap=softcap,
+                               alibi_slopes=alibi_slopes, sinks=sinks)
         lse = result[1] if return_lse else None
     rows = torch.where(single, row, total_q).long()
     out.index_copy_(0, rows, (decoded[0] if return_lse else decoded).squeeze(1))
