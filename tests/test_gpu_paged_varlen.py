@@ -222,7 +222,11 @@ def test_paged_varlen_scores_against_reference(torch, head_dim, dtype, mods, win
         cell = attngen.load(ROOT / "specs" / f"h100_mma_d256_paged_softcap{'_bf16' if dtype == 'bf16' else ''}.yaml",
                             synchronize=True)
         packed_out = cell.varlen(q, k, v, cu_q, cu_k, causal=causal, window=window, alignment="bottom_right", **kw)
-    assert torch.equal(out, packed_out)
+    # the varlen kernel's rows (without a window, single-query sequences may take the paged decode call)
+    rows = [r for b, (sq, _) in enumerate(MIXED) if sq > 1 or window
+            for r in range(int(cu_q[b]), int(cu_q[b + 1]))]
+    rows = torch.tensor(rows, device="cuda")
+    assert torch.equal(out[rows], packed_out[rows])
 
 
 @pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])
@@ -401,7 +405,8 @@ def test_a_mixed_step_with_score_modifiers(torch, monkeypatch, head_dim, dtype, 
                                      **kw)
     torch.cuda.synchronize()
     attngen.check_errors()
-    assert calls == ([(len(seqs), 1, 16, head_dim)] if splits else []), calls
+    # once for the decode rows (a call that joins sinks calls itself again without them)
+    assert (calls[:1] == [(len(seqs), 1, 16, head_dim)]) if splits else not calls, calls
     modifiers = tuple((m, kw[m.argument]) for m in (SOFTCAP, ALIBI, SINK) if m.argument in kw)
     problems, q0, k0 = [], 0, 0
     for b, (sq, sk) in enumerate(seqs):
