@@ -77,21 +77,22 @@ def page_pools(torch, k, v, lens_k, pg, g, spare=3, extra_cols=1):
     return kp, vp, table
 
 
-def check_sequences(torch, q, k, v, out, seqs, causal, scale, label):
-    """Each sequence against the fp32 reference (bottom-right causal) under the error rule."""
+def check_sequences(torch, q, k, v, out, seqs, causal, scale, label, window=None, modifiers=()):
+    """Each sequence against the fp32 reference (bottom-right causal or window, the score modifiers) under
+    the error rule."""
     problems = []
     assert torch.isfinite(out).all(), f"{label}: non-finite output (a row not written, or a NaN page read)"
+    mask = "window" if window is not None else "causal" if causal else "none"
     q0 = k0 = 0
     for b, (sq, sk) in enumerate(seqs):
         if sq == 0:     # a sequence with no query row: nothing to check
             k0 += sk
             continue
-        qb = q[q0:q0 + sq].transpose(0, 1).unsqueeze(0)
-        kb = k[k0:k0 + sk].transpose(0, 1).unsqueeze(0)
-        vb = v[k0:k0 + sk].transpose(0, 1).unsqueeze(0)
-        ob = out[q0:q0 + sq].transpose(0, 1).unsqueeze(0)
-        err, low, _ = reference_errors(torch, qb, kb, vb, ob, scale=scale, mask="causal" if causal else "none",
-                                       alignment="bottom_right" if causal else None)
+        qb, kb, vb, ob = (t[a:a + n].transpose(0, 1).unsqueeze(0)
+                          for t, a, n in ((q, q0, sq), (k, k0, sk), (v, k0, sk), (out, q0, sq)))
+        err, low, _ = reference_errors(torch, qb, kb, vb, ob, scale=scale, mask=mask,
+                                       alignment=None if mask == "none" else "bottom_right", window=window,
+                                       modifiers=modifiers)
         if not err <= error_bound(low):
             problems.append(f"{label} sequence {b} ({sq} queries, {sk} keys): max err {err:.3g} > "
                             f"bound {error_bound(low):.3g} (torch low precision {low:.3g})")
@@ -146,17 +147,8 @@ def test_paged_varlen_window_against_reference(torch, head_dim, dtype, pg, windo
                                    causal=causal, window=window)
     torch.cuda.synchronize()
     attngen.check_errors()
-    assert torch.isfinite(out).all(), "a row not written, or a NaN page read"
-    problems, q0, k0 = [], 0, 0
-    for b, (sq, sk) in enumerate(MIXED):
-        qb, kb, vb, ob = (t[a:a + n].transpose(0, 1).unsqueeze(0)
-                          for t, a, n in ((q, q0, sq), (k, k0, sk), (v, k0, sk), (out, q0, sq)))
-        err, low, _ = reference_errors(torch, qb, kb, vb, ob, scale=head_dim ** -0.5, mask="window",
-                                       alignment="bottom_right", window=window)
-        if not err <= error_bound(low):
-            problems.append(f"sequence {b} ({sq} queries, {sk} keys): {err:.3g} > bound {error_bound(low):.3g}")
-        q0, k0 = q0 + sq, k0 + sk
-    assert not problems, "\n".join(problems)
+    check_sequences(torch, q, k, v, out, MIXED, causal, head_dim ** -0.5, f"d{head_dim} {dtype} page {pg}",
+                    window=window)
     if head_dim != 80:      # the paged cell's own packed path (d80 runs padded)
         packed_out = load_once(head_dim, dtype).varlen(q, k, v, cu_q, cu_k, causal=causal, window=window,
                                                        alignment="bottom_right")
@@ -173,6 +165,11 @@ SCORE_CASES = [
     (128, "fp16", {"alibi": True}, None), (128, "bf16", {"softcap": 30.0, "alibi": True, "sinks": True}, (48, 17)),
     (96, "bf16", {"softcap": 30.0, "sinks": True}, None),
 ]
+
+
+def modifiers_of(kw):
+    """The reference's score modifiers of a call's keyword arguments (softcap=, alibi_slopes=, sinks=)."""
+    return tuple((m, kw[m.argument]) for m in (SOFTCAP, ALIBI, SINK) if m.argument in kw)
 
 
 @pytest.mark.parametrize("pg", (1, 16, 256))
@@ -202,19 +199,8 @@ def test_paged_varlen_scores_against_reference(torch, head_dim, dtype, mods, win
                                    causal=causal, window=window, **kw)
     torch.cuda.synchronize()
     attngen.check_errors()
-    assert torch.isfinite(out).all(), "a row not written, or a NaN page read"
-    modifiers = tuple((m, kw[m.argument]) for m in (SOFTCAP, ALIBI, SINK) if m.argument in kw)
-    problems, q0, k0 = [], 0, 0
-    for b, (sq, sk) in enumerate(MIXED):
-        qb, kb, vb, ob = (t[a:a + n].transpose(0, 1).unsqueeze(0)
-                          for t, a, n in ((q, q0, sq), (k, k0, sk), (v, k0, sk), (out, q0, sq)))
-        err, low, _ = reference_errors(torch, qb, kb, vb, ob, scale=head_dim ** -0.5,
-                                       mask="window" if window else "causal", alignment="bottom_right",
-                                       window=window, modifiers=modifiers)
-        if not err <= error_bound(low):
-            problems.append(f"sequence {b} ({sq} queries, {sk} keys): {err:.3g} > bound {error_bound(low):.3g}")
-        q0, k0 = q0 + sq, k0 + sk
-    assert not problems, "\n".join(problems)
+    check_sequences(torch, q, k, v, out, MIXED, causal, head_dim ** -0.5, f"d{head_dim} {dtype} page {pg}",
+                    window=window, modifiers=modifiers_of(kw))
     if head_dim != 256:
         packed_out = attngen.attention_varlen(q, k, v, cu_q, cu_k, *longest, causal=causal, window=window,
                                               alignment="bottom_right", **kw)
@@ -407,23 +393,39 @@ def test_a_mixed_step_with_score_modifiers(torch, monkeypatch, head_dim, dtype, 
     attngen.check_errors()
     # once for the decode rows (a call that joins sinks calls itself again without them)
     assert (calls[:1] == [(len(seqs), 1, 16, head_dim)]) if splits else not calls, calls
-    modifiers = tuple((m, kw[m.argument]) for m in (SOFTCAP, ALIBI, SINK) if m.argument in kw)
-    problems, q0, k0 = [], 0, 0
-    for b, (sq, sk) in enumerate(seqs):
-        if sq:
-            qb, kb, vb, ob = (t[a:a + n].transpose(0, 1).unsqueeze(0)
-                              for t, a, n in ((q, q0, sq), (k, k0, sk), (v, k0, sk), (o, q0, sq)))
-            err, low, _ = reference_errors(torch, qb, kb, vb, ob, scale=head_dim ** -0.5, mask="causal",
-                                           alignment="bottom_right", modifiers=modifiers)
-            if not err <= error_bound(low):
-                problems.append(f"sequence {b} ({sq} queries, {sk} keys): {err:.3g} > bound {error_bound(low):.3g}")
-        q0, k0 = q0 + sq, k0 + sk
-    assert not problems, "\n".join(problems)
+    check_sequences(torch, q, k, v, o, seqs, True, head_dim ** -0.5, f"d{head_dim} {dtype} mixed",
+                    modifiers=modifiers_of(kw))
     alone = attngen.attention_varlen(q, k, v, cu_q, cu_k, 96, 2049, causal=True, alignment="bottom_right", **kw)
     prefill = torch.cat([torch.arange(int(cu_q[b]), int(cu_q[b + 1])) for b, s in enumerate(seqs) if s[0] > 1])
     assert torch.equal(o[prefill.cuda()], alone[prefill.cuda()])
     if not splits:
         assert torch.equal(o, alone)
+
+
+def test_a_paged_serving_step_compiles_without_a_graph_break(torch):
+    """torch.compile(fullgraph=True) of a mixed serving step with learned sinks (the op
+    attngen::attention_varlen_paged): the eager call's output and LSE bit for bit, and the same from a
+    CUDA graph of the compiled step (mode="reduce-overhead")."""
+    torch._dynamo.reset()
+    dt = torch.bfloat16
+    seqs = ((1, 300), (17, 17), (1, 5), (96, 1100), (1, 2049))
+    q, k, v, cu_q, cu_k, g = packed(torch, seqs, 16, 2, 64, dt, seed=5)
+    kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], 16, g)
+    used = torch.tensor([s[1] for s in seqs], dtype=torch.int32, device="cuda")
+    sinks = torch.randn(16, generator=g, device="cuda")
+
+    def step(q, kp, vp):
+        return attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 2049, causal=True, block_table=table,
+                                        seqused_k=used, sinks=sinks, return_lse=True)
+    with torch.no_grad():
+        o, lse = step(q, kp, vp)
+        oc, lsec = torch.compile(step, fullgraph=True)(q, kp, vp)
+        assert torch.equal(o, oc) and torch.equal(lse, lsec)
+        graphed = torch.compile(step, fullgraph=True, mode="reduce-overhead")
+        for _ in range(3):
+            og, lseg = graphed(q, kp, vp)
+        assert torch.equal(o, og) and torch.equal(lse, lseg)
+    torch._dynamo.reset()
 
 
 def test_paged_varlen_refuses_bad_inputs(torch):

@@ -181,3 +181,38 @@ def test_varlen_training_with_variants_and_sinks(monkeypatch):
     ref.backward(dout)
     for a, b in zip((q, k, v, SINKS), leaves):
         assert torch.allclose(a.grad, b.grad, atol=1e-5), (a.grad, b.grad)
+
+
+def test_compile_traces_the_paged_varlen_call_as_one_op():
+    """attention_varlen(block_table=) under torch.compile(fullgraph=True) is one op,
+    attngen::attention_varlen_paged, whose fake gives the packed call's output shapes; a CPU stand-in
+    of the op receives every argument as given (window as a list, the score modifiers' tensors)."""
+    import attngen
+    seen = []
+
+    def paged_cpu(q, k, v, cu_q, cu_k, table, used, max_q, max_k, causal, alignment, scale, window, softcap, alibi,
+                  sinks):
+        seen.append((cu_k is None, tuple(table.shape), tuple(used.tolist()), max_q, max_k, causal, alignment, window,
+                     softcap, sinks is not None))
+        return torch.full_like(q, 2.0), torch.zeros((q.shape[1], q.shape[0]))
+
+    lib = torch.library.Library("attngen", "IMPL")
+    lib.impl("attention_varlen_paged", paged_cpu, "CPU")
+    try:
+        q = torch.randn(5, 4, 16)
+        pool = torch.randn(6, 8, 2, 16)
+        cu_q = torch.tensor([0, 1, 5], dtype=torch.int32)
+        table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+        used = torch.tensor([9, 4], dtype=torch.int32)
+        sinks = torch.randn(4)
+
+        def step(q, k, v):
+            return attngen.attention_varlen(q, k, v, cu_q, None, 4, 16, causal=True, block_table=table,
+                                            seqused_k=used, window=(8, 0), softcap=30.0, sinks=sinks,
+                                            return_lse=True)
+        o, lse = torch.compile(step, fullgraph=True, backend="aot_eager")(q, pool, pool)
+        assert torch.equal(o, torch.full_like(q, 2.0)) and lse.shape == (4, 5)
+        assert seen and seen[-1] == (True, (2, 2), (9, 4), 4, 16, True, None, [8, 0], 30.0, True)
+    finally:
+        lib._destroy()
+

@@ -143,6 +143,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q: int
         if grad() and (q.requires_grad or k.requires_grad or v.requires_grad or
                        (sinks is not None and sinks.requires_grad)):
             _refuse_grad("attention_varlen with block_table (paged K/V, a serving call)")
+        if compiling():     # one op for torch.compile: the decode-row split and its launches inside it
+            o, lse = ops.attention_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k,
+                                                max_seqlen_q, max_seqlen_k, causal, alignment, scale,
+                                                None if window is None else list(window), softcap, alibi_slopes,
+                                                sinks)
+            return (o, lse) if return_lse else o
         return library.paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q,
                                     max_seqlen_k, causal, alignment, scale, return_lse, window, softcap,
                                     alibi_slopes, sinks)

@@ -1,5 +1,6 @@
 """attngen's torch ops: attngen::attention, attngen::attention_variant (window, softcap, ALiBi),
-attngen::attention_varlen, attngen::attention_with_kvcache, attngen::attention_with_kvcache_variant and
+attngen::attention_varlen, attngen::attention_varlen_paged (its block_table form, a serving step's
+decode-row split inside it), attngen::attention_with_kvcache, attngen::attention_with_kvcache_variant and
 attngen::attention_fp8 (e4m3 inputs) and attngen::merge_attention (partial results by their LSE), each a torch.library op over the dispatcher, with a fake
 (meta) implementation that gives the real output shapes and strides, so torch.compile traces
 through a call without a graph break and CUDA graphs capture it. attngen::attention_train is
@@ -752,6 +753,9 @@ LIB.define("attention_varlen_variant_backward(Tensor dout, Tensor q, Tensor k, T
            "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q, int? max_seqlen_k, bool causal, "
            "str? alignment, float? scale, int[]? window, float? softcap, Tensor? alibi_slopes, "
            "bool deterministic=False) -> (Tensor, Tensor, Tensor)")
+LIB.define("attention_varlen_paged(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor? cu_seqlens_k, "
+           "Tensor block_table, Tensor? seqused_k, int? max_seqlen_q, int? max_seqlen_k, bool causal, str? alignment, "
+           "float? scale, int[]? window, float? softcap, Tensor? alibi_slopes, Tensor? sinks) -> (Tensor, Tensor)")
 LIB.define("attention_fp8(Tensor q, Tensor k, Tensor v_t, Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, "
            "bool causal, str? alignment, float? scale, str layout) -> (Tensor, Tensor)")
 LIB.define("attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
@@ -797,6 +801,12 @@ def attention_varlen_variant_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   scale, window, softcap, alibi_slopes, sinks):
     return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale, True,
                   window, softcap, alibi_slopes, sinks)
+
+
+def attention_varlen_paged_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k,
+                                causal, alignment, scale, window, softcap, alibi_slopes, sinks):
+    return paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k, causal,
+                        alignment, scale, True, window, softcap, alibi_slopes, sinks)
 
 
 def attention_varlen_train_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
@@ -884,6 +894,13 @@ def attention_varlen_variant_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
                                  scale)
 
 
+def attention_varlen_paged_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k,
+                                causal, alignment, scale, window, softcap, alibi_slopes, sinks):
+    # k and v are page pools: the output's head dim is V's, as in the packed call
+    return attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
+                                 scale)
+
+
 def attention_varlen_train_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
                                 scale, deterministic=False):
     return attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment,
@@ -948,7 +965,8 @@ def _register_fake(name: str, fake) -> None:
 for _name in ("attention", "attention_train", "attention_backward", "attention_variant", "attention_variant_train",
               "attention_variant_backward", "attention_varlen", "attention_varlen_variant", "attention_varlen_train",
               "attention_varlen_backward", "attention_varlen_variant_train", "attention_varlen_variant_backward",
-              "attention_with_kvcache", "attention_with_kvcache_variant", "attention_fp8", "merge_attention"):
+              "attention_varlen_paged", "attention_with_kvcache", "attention_with_kvcache_variant", "attention_fp8",
+              "merge_attention"):
     LIB.impl(_name, globals()[f"{_name}_cuda"], "CUDA")
     _register_fake(_name, globals()[f"{_name}_fake"])
 
