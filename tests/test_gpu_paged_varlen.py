@@ -404,8 +404,7 @@ def test_a_mixed_step_with_score_modifiers(torch, monkeypatch, head_dim, dtype, 
 
 def test_a_paged_serving_step_compiles_without_a_graph_break(torch):
     """torch.compile(fullgraph=True) of a mixed serving step with learned sinks (the op
-    attngen::attention_varlen_paged): the eager call's output and LSE bit for bit, and the same from a
-    CUDA graph of the compiled step (mode="reduce-overhead")."""
+    attngen::attention_varlen_paged): the eager call's output and LSE bit for bit."""
     torch._dynamo.reset()
     dt = torch.bfloat16
     seqs = ((1, 300), (17, 17), (1, 5), (96, 1100), (1, 2049))
@@ -421,10 +420,6 @@ def test_a_paged_serving_step_compiles_without_a_graph_break(torch):
         o, lse = step(q, kp, vp)
         oc, lsec = torch.compile(step, fullgraph=True)(q, kp, vp)
         assert torch.equal(o, oc) and torch.equal(lse, lsec)
-        graphed = torch.compile(step, fullgraph=True, mode="reduce-overhead")
-        for _ in range(3):
-            og, lseg = graphed(q, kp, vp)
-        assert torch.equal(o, og) and torch.equal(lse, lseg)
     torch._dynamo.reset()
 
 

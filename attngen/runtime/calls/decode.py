@@ -90,7 +90,6 @@ class DecodeKernel(Kernel):
                                              + (KV_SCALE_POINTERS if self._kv8 else ()))
         self._scale_tensors = {}     # (device, value) -> one-element fp32 tensor of a scale given as a number
         self._workspaces = {}        # (device, stream, thread) -> fp32 split partials
-        self._captured = []          # workspaces of calls captured in CUDA graphs (the graphs read them)
         self._counter_buffers = {}   # (device, stream) -> zeroed int32 split counters (fused combine)
         self._counter_lock = threading.Lock()
         plan = self.plan
@@ -176,17 +175,19 @@ class DecodeKernel(Kernel):
         out = self._torch.empty_like(q)
         lse = q.new_empty(lse_shape, dtype=self._torch.float32) if return_lse else None
         o_accum = lse_accum = 0
+        held = held_counters = None     # temporaries of a captured call, alive until its launches are queued
         if accum:
-            o_accum = self._workspace(index, accum + accum // q.shape[-1])
+            o_accum, held = self._workspace(index, accum + accum // q.shape[-1])
             lse_accum = o_accum + 4 * accum
         lens = cache_seqlens.data_ptr() if cache_seqlens is not None else 0
-        counted = self._counters(counters, index) if counters else 0
+        counted, held_counters = self._counters(counters, index) if counters else (0, None)
         if self._paged:
             self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0, lens, o_accum,
                                  lse_accum, block_table.data_ptr() if block_table is not None else 0, counted) + scales)
         else:   # a contiguous-only spec: never a table (the first call refused one)
             self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0, lens, o_accum,
                                  lse_accum, counted) + scales)
+        del held, held_counters
         self.last_splits = splits
         return (out, lse) if return_lse else out
 
@@ -262,14 +263,15 @@ class DecodeKernel(Kernel):
 
         accum = splits * batch * heads * seqlen_q * self.plan.head_dim if splits > 1 else 0
         o_accum = lse_accum = 0
+        held = held_counters = None     # temporaries of a captured call, alive until its launches are queued
         if accum:   # (splits, B, H, Sq, D) partial outputs, then (splits, B, H, Sq) partial LSEs, fp32
-            o_accum = self._workspace(index, accum + accum // self.plan.head_dim)
+            o_accum, held = self._workspace(index, accum + accum // self.plan.head_dim)
             lse_accum = o_accum + 4 * accum
         merges = self.plan.merges_in_kernel(splits)   # the split kernel merges the splits: no combine launch
         counters = batch * kv_heads * blocks_per_row if merges else 0
         lens_ptr = cache_seqlens.data_ptr() if cache_seqlens is not None else 0
         table_ptr = block_table.data_ptr() if paged else 0
-        counters_ptr = self._counters(counters, index) if counters else 0
+        counters_ptr, held_counters = self._counters(counters, index) if counters else (0, None)
         values = [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                   lse.data_ptr() if lse is not None else 0,
                   *bhsd_strides(q.stride(), layout), *bhsd_strides(k_cache.stride(), layout),
@@ -292,6 +294,7 @@ class DecodeKernel(Kernel):
         self._run(prepared, tuple(values[:5]) + ((lens_ptr, o_accum, lse_accum, table_ptr, counters_ptr) if self._paged
                                                  else (lens_ptr, o_accum, lse_accum, counters_ptr))
                   + tuple(scale_values[:2]))
+        del held, held_counters
         self.last_splits = splits
         return (out, lse) if return_lse else out
 
@@ -321,6 +324,7 @@ class DecodeKernel(Kernel):
         (1), a positive finite number, a one-element fp32 tensor, or an fp32 (kv_heads,) tensor; both
         tensors must share one layout (per tensor or per KV head)."""
         return kv_scale_values(self._torch, kv_scales, kv_heads, index, self._scale_tensors)
+
     def _check_append(self, append, q, lens, batch: int, kv_heads: int, seqlen_q: int, capacity: int, pool: int,
                       paged: bool, layout: str, index: int, validate: bool) -> list:
         """The values of the append fields (APPEND_FIELDS order) of a call, every argument checked: the new
@@ -418,16 +422,18 @@ class DecodeKernel(Kernel):
             if lo < 0 or hi >= pool:
                 raise ValueError(f"cache_batch_idx holds {lo if lo < 0 else hi}; the cache has rows 0..{pool - 1}")
 
-    def _workspace(self, index: int, floats: int) -> int:
-        """Address of `floats` fp32 elements of split partials, one buffer per device, stream and
+    def _workspace(self, index: int, floats: int) -> tuple:
+        """(address, holder) of `floats` fp32 elements of split partials, one buffer per device, stream and
         thread: calls on one stream run in order, and two threads sharing a stream (torch's
         default) must not overwrite each other's partials between their split and combine
-        launches. Inside CUDA graph capture each call gets its own (the graph keeps it)."""
+        launches. Inside CUDA graph capture each call takes a temporary of the graph's pool, freed when
+        the call returns, as any op's intermediate: the graph replays the split and the combine in
+        stream order, and torch.compile's CUDA graphs (mode="reduce-overhead") refuse a live
+        allocation of their pool that is not an output."""
         torch = self._torch
         if torch._C._cuda_isCurrentStreamCapturing():
             buf = torch.empty(floats, dtype=torch.float32, device=f"cuda:{index}")
-            self._captured.append(buf)
-            return buf.data_ptr()
+            return buf.data_ptr(), buf      # the caller holds buf until its launches are queued
         key = (index, torch._C._cuda_getCurrentRawStream(index), threading.get_ident())
         buf = self._workspaces.get(key)
         if buf is None or buf.numel() < floats:
@@ -435,12 +441,16 @@ class DecodeKernel(Kernel):
                 self._workspaces.clear()
             buf = torch.empty(max(floats, 1 << 16), dtype=torch.float32, device=f"cuda:{index}")
             self._workspaces[key] = buf
-        return buf.data_ptr()
+        return buf.data_ptr(), None
 
-    def _counters(self, n: int, index: int) -> int:
+    def _counters(self, n: int, index: int) -> tuple:
         """Address of n zeroed int32 split counters for a fused combine, one buffer per device and
         stream (the last block of each group resets its counter, so a buffer stays zero between
-        calls; two streams at once must not share one, and calls on one stream run in order)."""
+        calls; two streams at once must not share one, and calls on one stream run in order). Inside CUDA
+        graph capture, a zeroed temporary as _workspace's (its zeroing is captured too): (address, holder)."""
+        if self._torch._C._cuda_isCurrentStreamCapturing():
+            buf = self._torch.zeros(n, dtype=self._torch.int32, device=f"cuda:{index}")
+            return buf.data_ptr(), buf
         key = (index, self._torch._C._cuda_getCurrentRawStream(index))
         buf = self._counter_buffers.get(key)
         if buf is None or buf.numel() < n:
@@ -449,7 +459,7 @@ class DecodeKernel(Kernel):
                 if buf is None or buf.numel() < n:
                     buf = self._torch.zeros(max(n, 1024), dtype=self._torch.int32, device=f"cuda:{index}")
                     self._counter_buffers[key] = buf
-        return buf.data_ptr()
+        return buf.data_ptr(), None
 
     def _check_table(self, table, lens, batch: int, page_rows: int, layout: str, index: int) -> int:
         """Shape checks of a paged call; returns the capacity of a sequence (pages per row x page size)."""
