@@ -104,11 +104,10 @@ def test_table_keys_varlen_on_paged():
         e = select(entries, "varlen", "sm_90", "bf16", d, mask, 4096, paged=True, scores=scores)
         assert e.spec == f"h100_mma_d{d}_{member}_bf16" and plan_of(e.spec).paged, (d, scores, e.spec)
         assert entry_problem(e, plan_of(e.spec)) is None
-    assert select(entries, "varlen", "sm_90", "fp16", 256, "window", 4096, paged=True,
-                  scores="softcap").spec == "h100_mma_d256_paged_softcap"
-    for d, scores in ((96, "softcap"), (256, "sink"), (256, "alibi")):   # d96: padded to d128; d256: none
+    for d, mask, scores in ((96, "causal", "softcap"), (256, "causal", "sink"), (256, "causal", "alibi"),
+                            (256, "window", "softcap")):   # d96: padded to d128; d256: no kernel
         with pytest.raises(LookupError, match="paged"):
-            select(entries, "varlen", "sm_90", "fp16", d, "causal", 4096, paged=True, scores=scores)
+            select(entries, "varlen", "sm_90", "fp16", d, mask, 4096, paged=True, scores=scores)
     assert call_text("varlen", "sm_90", "fp16", 64, "causal", 4096, 16) == \
         "varlen sm_90 fp16 head_dim 64 causal seqlen 4096 page_size 16"
 
