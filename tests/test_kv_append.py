@@ -187,8 +187,8 @@ def decode_kernel(name="h200_decode_d128_append", dtype=HALF, monkeypatch=None):
     k._device = lambda index: types.SimpleNamespace(index=index, sm_count=132)
     k._launches = lambda info, *named: named
     k._run = lambda prepared, pointers: k.launched.append((prepared, pointers))
-    k._workspace = lambda index, floats: 1 << 40
-    k._counters = lambda n, index: 1 << 41
+    k._workspace = lambda index, floats: (1 << 40, None)   # (address, holder)
+    k._counters = lambda n, index: (1 << 41, None)
     if monkeypatch is not None:
         monkeypatch.setattr(decode, "error_word", lambda index: 1 << 42)
     k._setup()
