@@ -215,4 +215,3 @@ def test_compile_traces_the_paged_varlen_call_as_one_op():
         assert seen and seen[-1] == (True, (2, 2), (9, 4), 4, 16, True, None, [8, 0], 30.0, True)
     finally:
         lib._destroy()
-

@@ -97,10 +97,11 @@ def test_table_keys_varlen_on_paged():
     assert select(entries, "varlen", "sm_90", "fp16", 64, "window", 4096, paged=True).spec == "h100_mma_d64_paged"
     # score modifiers: at d64 and d128 the scores members, which read pages too (gpt-oss's sinks, ALiBi, ...);
     # at d256 softcap alone (Gemma 2), in a paged member of its own
-    for d, scores, member in [(d, s, m) for d in (64, 128) for s, m in (
-            ("sink", "sink"), ("softcap", "softcap"), ("softcap", "window_softcap"), ("alibi", "alibi"),
-            ("softcap+alibi+sink", "softcap_alibi_sink"))] + [(256, "softcap", "paged_softcap")] * 2:
-        mask = "window" if member == "window_softcap" else "causal"
+    for d, scores, member, mask in [(d, s, m, "window" if m == "window_softcap" else "causal") for d in (64, 128)
+                                    for s, m in (("sink", "sink"), ("softcap", "softcap"),
+                                                 ("softcap", "window_softcap"), ("alibi", "alibi"),
+                                                 ("softcap+alibi+sink", "softcap_alibi_sink"))] + \
+            [(256, "softcap", "paged_softcap", "none"), (256, "softcap", "paged_softcap", "causal")]:
         e = select(entries, "varlen", "sm_90", "bf16", d, mask, 4096, paged=True, scores=scores)
         assert e.spec == f"h100_mma_d{d}_{member}_bf16" and plan_of(e.spec).paged, (d, scores, e.spec)
         assert entry_problem(e, plan_of(e.spec)) is None
