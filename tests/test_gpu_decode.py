@@ -9,7 +9,7 @@ import pytest
 
 import attngen
 from attngen.eval import verify
-from attngen.eval.verify.decode import append_cases, decode_cases, window_cases
+from attngen.eval.verify.decode import append_cases, decode_cases, latent_cases, window_cases
 from spec_sample import SPEC_PATHS
 
 pytestmark = pytest.mark.gpu
@@ -45,7 +45,8 @@ def test_decode_spec_passes_every_case(spec):
     else:                       # a spec of the window mask alone (a window + softcap member) runs its windows
         cases = [c for c in cases if c.mask in plan.masks]
     appends = append_cases(plan.block_n, plan.paged, "window" in plan.masks) if plan.append else ()
-    assert len(results) == len(cases) + len(windows) + len(appends)
+    latent = latent_cases(plan.block_n, plan.paged) if plan.v_in_k else ()
+    assert len(results) == len(cases) + len(windows) + len(appends) + len(latent)
     assert all(r.passed for r in results), "\n".join(
         f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
 

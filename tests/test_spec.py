@@ -64,6 +64,12 @@ DECODE = {
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 3, "async_copy": True, "opt_in": True},
 }
 
+MLA = {
+    "schema": 1, "name": "t_mla", "target": "h200", "head_dim": 576, "head_dim_v": 512, "decode": "latent_split_kv",
+    "tile": {"block_m": 16, "block_n": 64}, "warps": {"compute": 4},
+    "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True, "opt_in": True},
+}
+
 BACKWARD_WGMMA = {
     "schema": 1, "name": "t_backward_wgmma", "target": "h100", "head_dim": 128, "backward": "wgmma_dq_red",
     "tile": {"block_m": 64, "block_n": 128}, "warps": {"compute": 8},
@@ -322,6 +328,17 @@ RULE_CASES = [
     ("rule_fp8_calls", FP8, {"head_dim_v": 64}, "head_dim_v", "share Q's head dim"),
     ("rule_block_n_fp8", WGMMA_FP8, {"tile__block_n": 80}, "tile.block_n", "multiple of 32 (k32 steps of P.V"),
     ("rule_fp8_epilogue", WGMMA_FP8, {"epilogue": "tma"}, "epilogue", "write O from the registers"),
+    ("rule_mla_homogeneous", MLA, {"warps": {"producer": 1, "consumer": 4}}, "warps", "use warps: {compute: N}"),
+    ("rule_mla_rows", MLA, {"tile__block_m": 32}, "tile.block_m", "use block_m: 16"),
+    ("rule_mla_keys_per_warp", MLA, {"tile__block_n": 48}, "tile.block_n", "multiple of 64"),
+    ("rule_mla_v_columns", MLA, {"head_dim_v": 504}, "head_dim_v", "multiple of 64"),
+    ("rule_mla_v_columns", MLA, {"head_dim": 448, "head_dim_v": 512}, "head_dim_v", "at most head_dim (448"),
+    ("rule_mla_copy_steps", MLA, {"head_dim": 560}, "head_dim", "multiple of 64 (got 560)"),
+    ("rule_mla_swizzle", MLA, {"smem__swizzle": {"xor_bits": 2}}, "smem.swizzle", "xor_bits: 3"),
+    ("rule_mla_ring", MLA, {"smem__stages": 1}, "smem.stages", "cp.async ring"),
+    ("rule_mla_no_varlen", MLA, {"varlen": True}, "varlen", "per-sequence cache lengths"),
+    ("rule_mla_no_q_registers", MLA, {"smem__q_in_registers": True}, "smem.q_in_registers", "leave q_in_registers"),
+    ("rule_mla_always_rescales", MLA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale", "at every tile"),
 ]
 
 

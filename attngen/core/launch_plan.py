@@ -83,6 +83,7 @@ class LaunchPlan(NamedTuple):
     unsplit_in_flight: int = 0      # decode: the split heuristic's bytes in flight per block
     kv_dtype: str = ""              # decode: the caches' element type where it is not the queries' ("e4m3")
     append: bool = False            # decode: the kernel writes a call's new tokens into the cache (append cells)
+    v_in_k: bool = False            # decode: V is the first v_dim columns of each K row (one latent cache)
     accum_row_block: int = 1        # backward: rows of the dQ accumulator's blocks
 
     @property
@@ -170,6 +171,8 @@ def launch_record(plan) -> dict:
     }
     if hasattr(plan, "max_splits"):
         record["kv_cache"] = {name: getattr(plan, name) for name in DECODE_NUMBERS}
+        if plan.v_in_k:     # recorded where it holds only: every other decode record stays as it was
+            record["kv_cache"]["v_in_k"] = True
     elif getattr(plan, "paged", False):
         record["pages"] = {"paged": True}     # a forward plan whose varlen functions read page pools
     accum = getattr(plan, "accum_row_block", None)

@@ -27,6 +27,7 @@ REGISTERED: tuple[tuple[str, tuple[str, str]], ...] = (
     ("fwd_mma", ("mma", "mma_m16n8k16")),
     ("fwd_wgmma", ("mma", "wgmma_m64nNk16")),
     ("decode_mma", ("decode", "split_kv")),
+    ("decode_mla", ("decode", "latent_split_kv")),
     ("bwd_mma", ("backward", "dq_atomic")),
     ("bwd_wgmma", ("backward", "wgmma_dq_red")),
     ("merge_lse", ("merge", "by_lse")),
@@ -69,8 +70,8 @@ def all_kinds() -> tuple[Kind, ...]:
     naming another kind's key). Kept as KINDS; a test may replace KINDS to register one more."""
     kinds = globals().get("KINDS")
     if kinds is None:
-        from . import bwd_mma, bwd_wgmma, decode_mma, fwd_mma, fwd_scalar, fwd_wgmma, fwd_wmma, merge_lse
-        modules = (fwd_scalar, fwd_wmma, fwd_mma, fwd_wgmma, decode_mma, bwd_mma, bwd_wgmma, merge_lse)
+        from . import bwd_mma, bwd_wgmma, decode_mla, decode_mma, fwd_mma, fwd_scalar, fwd_wgmma, fwd_wmma, merge_lse
+        modules = (fwd_scalar, fwd_wmma, fwd_mma, fwd_wgmma, decode_mma, decode_mla, bwd_mma, bwd_wgmma, merge_lse)
         kinds = tuple(_checked(m.KIND, name, selector) for m, (name, selector) in zip(modules, REGISTERED, strict=True))
         _check_registry([(k.name, k.selector) for k in kinds])
         globals()["KINDS"] = kinds

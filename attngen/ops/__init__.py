@@ -223,6 +223,13 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
     place; no host sync, so the step can be captured in a CUDA graph. Eager only so far (under
     torch.compile a NotImplementedError).
 
+    One latent cache (multi-head latent attention, DeepSeek V2/V3 with the up-projections absorbed): q of
+    576 columns (512 latent + 64 rotary), k_cache (B, 1, capacity, 576) or pages (num_pages, 1, page_size, 576)
+    ("bshd": (B, capacity, 1, 576), FlashMLA's layout), and v_cache = k_cache[..., :512], the same tensor:
+    each key's value is its own row's first 512 columns, read once. The output has 512 columns. Served by
+    the table's head_dim 576 / head_dim_v 512 decode entries (masks none and causal; pass scale=, e.g.
+    1 / sqrt(192) for DeepSeek, since the default is 1 / sqrt(576)).
+
     e4m3 KV cache: k_cache and v_cache torch.float8_e4m3fn (q fp16 or bf16; the output is q's dtype), with
     k_scale and v_scale as vLLM passes them (dequantised value = e4m3 x scale): a number, a one-element
     fp32 tensor, or fp32 (Hkv,) per KV head; None is 1. Served by the table's decode_kv_e4m3 entries

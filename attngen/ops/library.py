@@ -493,15 +493,16 @@ _DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, cau
 
 
 def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse):
-    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
-           causal, layout)
+    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
+           None if block_table is None else block_table.shape, causal, layout)
     kernel = _DECODE.get(key)
     if kernel is None:
         to = _decode_padding(q, v_cache, "causal" if causal else "none", "", block_table is not None)
         if to:
             return _cut(kvcache(_pad(q, to), _pad(k_cache, to), _pad(v_cache, to), cache_seqlens, block_table, causal,
                                 _scale(scale, q.shape[-1]), num_splits, layout, return_lse), q.shape[-1], return_lse)
-        kernel = _decode_kernel(q, k_cache, block_table, "causal" if causal else "none", layout)
+        kernel = _decode_kernel(q, k_cache, block_table, "causal" if causal else "none", layout,
+                                head_dim_v=_head_dim_v(q, v_cache))
         if len(_DECODE) >= 4096:
             _DECODE.clear()
         _DECODE[key] = kernel
@@ -518,13 +519,14 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
     the call's mask and score modifiers, then the kernel call (which keeps its own prepared calls). Sinks
     that no kernel of the other modifiers takes are joined after them (join_sinks)."""
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
-    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, None if block_table is None else block_table.shape,
-           mask, scores, layout)
+    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
+           None if block_table is None else block_table.shape, mask, scores, layout)
     kernel = _DECODE_VARIANT.get(key)
     if kernel is None and sinks is not None:
         if key[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        if DISPATCH.sinks_apart("decode", key[0], q.dtype, q.shape[-1], 0, mask, scores, block_table is not None):
+        if DISPATCH.sinks_apart("decode", key[0], q.dtype, q.shape[-1], _head_dim_v(q, v_cache), mask, scores,
+                                block_table is not None):
             if len(_DECODE_VARIANT) >= 4096:
                 _DECODE_VARIANT.clear()
             kernel = _DECODE_VARIANT[key] = _SINKS_APART
@@ -538,7 +540,7 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
             return _cut(kvcache_variant(_pad(q, to), _pad(k_cache, to), _pad(v_cache, to), cache_seqlens, block_table,
                                         causal, _scale(scale, q.shape[-1]), num_splits, layout, return_lse, window,
                                         softcap, alibi_slopes, sinks), q.shape[-1], return_lse)
-        kernel = _decode_kernel(q, k_cache, block_table, mask, layout, scores)
+        kernel = _decode_kernel(q, k_cache, block_table, mask, layout, scores, head_dim_v=_head_dim_v(q, v_cache))
         if len(_DECODE_VARIANT) >= 4096:
             _DECODE_VARIANT.clear()
         _DECODE_VARIANT[key] = kernel
@@ -636,10 +638,16 @@ def _decode_padding(q, v_cache, mask: str | None, scores: str = "", paged: bool 
     return DISPATCH.padded_head_dim(call, index, q.dtype, q.shape[-1], v_cache.shape[-1], mask, scores, paged)
 
 
-def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "", call: str = "decode"):
-    """The table's decode kernel for this call: keyed by its mask and score modifiers, the cache's
-    capacity, whether it is paged (a paged kernel reads any page size; it checks the one given) and the
-    query rows per KV head."""
+def _head_dim_v(q, v_cache) -> int:
+    """The table key's head_dim_v of a call: V's head dim where it differs from q's, else 0."""
+    return 0 if v_cache.shape[-1] == q.shape[-1] else v_cache.shape[-1]
+
+
+def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "", call: str = "decode",
+                   head_dim_v: int = 0):
+    """The table's decode kernel for this call: keyed by its mask and score modifiers, V's head dim where it
+    differs from q's, the cache's capacity, whether it is paged (a paged kernel reads any page size; it
+    checks the one given) and the query rows per KV head."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
@@ -651,7 +659,7 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "",
     capacity = block_table.shape[1] * rows if paged else rows
     group_rows = max(1, heads // max(kv_heads, 1)) * seqlen_q
     return DISPATCH.kernel(call, index, q.dtype, q.shape[-1], mask, capacity, paged=paged,
-                           group_rows=group_rows, scores=scores)
+                           group_rows=group_rows, scores=scores, head_dim_v=head_dim_v)
 
 
 _FP8: dict = {}         # (device, head_dim, causal, seqlen_k) -> kernel
@@ -926,7 +934,8 @@ def attention_varlen_variant_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q
 
 
 def attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
-    return torch.empty_like(q), q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
+    out = torch.empty_like(q) if v_cache.shape[-1] == q.shape[-1] else q.new_empty(q.shape[:-1] + v_cache.shape[-1:])
+    return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
 def attention_with_kvcache_variant_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,

@@ -39,6 +39,36 @@ def default_cells() -> tuple[DecodeCell, ...]:
     return tuple(out)
 
 
+def latent_cells() -> tuple[DecodeCell, ...]:
+    """A latent-cache (MLA) spec's grid: one KV head for 16 query heads (DeepSeek V2/V3 over 8 GPUs) and
+    128 (one GPU), B in {1, 8, 32, 64, 128}, Sk in {4k, 8k, 32k}."""
+    return tuple(DecodeCell(b, h, 1, sk) for h in (16, 128) for b in (1, 8, 32, 64, 128) for sk in (4096, 8192, 32768)
+                 if b * sk <= 64 * 32768)
+
+
+def cells_for(plan, cells=None) -> tuple[DecodeCell, ...]:
+    """The cells a spec is timed on: the given ones, else its grid."""
+    return tuple(cells) if cells else latent_cells() if plan.v_in_k else default_cells()
+
+
+def latent_backends(backends) -> tuple[str, ...]:
+    """The peers of a latent-cache spec: torch's eager matmul attention (its SDPA backends take no 576-column
+    queries against 512-column values)."""
+    return ("matmul",)
+
+
+def matmul_attention(torch, q, k, v, scale: float):
+    """Eager torch decode as a model writes it without a fused kernel: each KV head's query heads folded into
+    the rows of one batched matmul (no copy of K or V per query head), scores in the inputs' dtype (fp32
+    accumulation), an fp32 softmax, P.V. q (B, H, Sq, D), k and v (B, Hkv, Sk, D / Dv)."""
+    b, h, sq, _ = q.shape
+    kv_heads = k.shape[1]
+    rows = q.reshape(b, kv_heads, h // kv_heads * sq, q.shape[-1])
+    s = torch.matmul(rows, k.transpose(-1, -2)).float() * scale
+    o = torch.matmul(torch.softmax(s, dim=-1).to(q.dtype), v)
+    return o.reshape(b, h, sq, v.shape[-1])
+
+
 def median_time_us(torch, fn, reps: int, rotate: int) -> float:
     """Median of `reps` CUDA-event timings of fn(i), i cycling over `rotate` input sets; the calls
     are queued behind a GPU sleep (attngen bench's method), so host time between them is hidden."""
@@ -65,19 +95,22 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
     (through a block table); the SDPA backends read contiguous caches."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
-    d, dtype = kernel.plan.head_dim, kernel.dtype
-    kv_bytes = 2 * cell.batch * cell.kv_heads * cell.seqlen_k * d * 2
+    d, dv, dtype, v_in_k = kernel.plan.head_dim, kernel.plan.v_dim, kernel.dtype, kernel.plan.v_in_k
+    # one latent cache is read once (V is its rows' first dv columns); else K and V
+    kv_bytes = (1 if v_in_k else 2) * cell.batch * cell.kv_heads * cell.seqlen_k * d * 2
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rotate = max(1, min(16, int(L2_MARGIN * l2 // kv_bytes) + 1))
     qs = [torch.randn(cell.batch, cell.heads, cell.seqlen_q, d, device="cuda", dtype=dtype) for _ in range(rotate)]
     ks = [torch.randn(cell.batch, cell.kv_heads, cell.seqlen_k, d, device="cuda", dtype=dtype) for _ in range(rotate)]
-    vs = [torch.randn_like(k) for k in ks]
+    vs = [k[..., :dv] if v_in_k else torch.randn_like(k) for k in ks]
     causal = cell.seqlen_q > 1
     out = {"cell": cell.label, "kv_bytes": kv_bytes, "rotate": rotate, "paged": paged}
     if paged:
         lens = torch.full((cell.batch,), cell.seqlen_k, dtype=torch.int32, device="cuda")
         pools = [paged_cache(torch, k, v, None, PAGE_SIZE, "bhsd", spare=0)
                  for k, v in zip(ks, vs)]
+        if v_in_k:
+            pools = [(kp, kp[..., :dv], table) for kp, _, table in pools]
         ks = vs = None
         torch.cuda.empty_cache()
         def paged_call(i):
@@ -97,7 +130,9 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
         # SDPA's causal is top-left; for Sq new tokens at the end of Sk keys the decode mask is
         # bottom-right, which SDPA expresses as an explicit mask only, so causal cells time SDPA
         # without a mask (it does slightly more work: Sq x Sq scores it should hide).
-        def call(i, backend=names[name]):
+        def call(i, backend=names.get(name)):
+            if backend is None:   # "matmul": eager matmul attention (a single KV head broadcasts)
+                return matmul_attention(torch, qs[i], ks[i], vs[i], d ** -0.5)
             with sdpa_kernel([backend]):
                 return F.scaled_dot_product_attention(qs[i], ks[i], vs[i], enable_gqa=cell.heads != cell.kv_heads)
         try:
@@ -144,12 +179,14 @@ def run_decode_bench(spec_paths, *, cells=None, dtypes=("fp16", "bf16"), backend
             continue
         if paged and not kernel.plan.paged:
             raise ValueError(f"{path}: --paged needs a spec with paged: true")
-        for cell in cells or default_cells():
-            r = bench_cell(torch, kernel, cell, backends=backends, reps=reps, paged=paged)
+        peers = latent_backends(backends) if kernel.plan.v_in_k else backends
+        for cell in cells_for(kernel.plan, cells):
+            r = bench_cell(torch, kernel, cell, backends=peers, reps=reps, paged=paged)
+            r["backends"] = peers
             r.update(spec=kernel.name, dtype=kernel.plan.spec.dtype, head_dim=kernel.plan.head_dim)
             r["gbps"] = r["kv_bytes"] / (r["attngen_us"] * 1e-6) / 1e9
             r["pct_of_copy"] = 100.0 * r["gbps"] * 1e9 / copy
-            others = [r[f"{b}_us"] for b in backends if r.get(f"{b}_us")]
+            others = [r[f"{b}_us"] for b in peers if r.get(f"{b}_us")]
             r["vs_fastest"] = min(others) / r["attngen_us"] if others else None
             rows.append(r)
             torch.cuda.empty_cache()
@@ -170,6 +207,8 @@ def format_decode(report: dict, backends) -> str:
         return f"{x:.1f}" if x else "-"
     for r in report["rows"]:
         theirs = " ".join(f"{num(r.get(b + '_us')) + '/' + num(r.get(b + '_eager_us')):>16}" for b in backends)
+        theirs += "".join(f" {b} {num(r.get(b + '_us'))}/{num(r.get(b + '_eager_us'))}"
+                          for b in r.get("backends", ()) if b not in backends)
         vs = f"{r['vs_fastest']:>10.2f}" if r.get("vs_fastest") else f"{'-':>10}"
         lines.append(f"{r['cell']:<26} {r['spec']:<26} {r['attngen_us']:>9.1f} {num(r.get('attngen_eager_us')):>9} "
                      f"{r['splits'] or 1:>6} {r['gbps']:>6.0f} {r['pct_of_copy']:>5.0f}% {theirs} {vs}")
@@ -195,7 +234,7 @@ def bench_specs(paths, plans, opts, progress, on_compile):
         return None
     gpu_modules()  # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
     theirs = tuple(b for b in opts.backends if b in ("flash", "cudnn"))
-    with progress("bench decode", len(paths) * len(opts.cells or default_cells())) as bar:
+    with progress("bench decode", sum(len(cells_for(plan, opts.cells)) for plan in plans)) as bar:
         def step(r):
             bar.label = f"{r['spec']} {r['cell']}"
             bar.update(1)

@@ -122,6 +122,26 @@ def decode_cases(block_n: int, paged: bool = False) -> tuple[DecodeCase, ...]:
     return plain[:3] + paged + plain[3:]   # --quick takes the first few: both kinds of cache
 
 
+def latent_cases(block_n: int, paged: bool = False) -> tuple[DecodeCase, ...]:
+    """The shapes a latent-cache (MLA) model decodes with: one KV head for 16 query heads (DeepSeek over 8
+    GPUs) or 128 (one GPU), 1 or 2 new tokens (speculative), long and uneven lengths, splits; paged with
+    pages of 1, 64 (FlashMLA's) and 256."""
+    n = block_n
+    cap = 40 * n + 29
+    cases = [
+        DecodeCase(2, 16, 1, 1, cap, (cap, 3 * n + 1), layout="bshd"),
+        DecodeCase(3, 128, 1, 1, 6 * n + 5, (6 * n + 5, 1, 2 * n), layout="bshd"),
+        DecodeCase(2, 16, 1, 2, cap, (n + 1, cap), causal=True, layout="bshd", num_splits=7),
+        DecodeCase(1, 16, 1, 1, cap, None, num_splits=40),
+    ]
+    for pg in (1, 64, 256) if paged else ():
+        pcap = -(-max(8 * pg, 12 * n + 3) // pg) * pg
+        cases.append(DecodeCase(3, 16, 1, 1, pcap, (pcap, 2 * pg + 1, n - 1), layout="bshd", page_size=pg))
+    cases.append(DecodeCase(2, 32, 1, 2, 8 * n + 7, (8 * n + 7, n), causal=True, layout="bshd",
+                            page_size=16 if paged else None))
+    return tuple(cases)
+
+
 def window_cases(block_n: int, paged: bool = False) -> tuple[DecodeCase, ...]:
     """Windows (left, right) counted from each new token: of 0 and 1 key, a tile +- 1 (from one
     token, and from four with causal), one-sided ones, and one wider than any sequence; over
@@ -340,20 +360,23 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
     import torch
     result = CaseResult(label or kernel.label, kernel.entry[case.mask], case.variant, case, passed=False)
     g = torch.Generator(device=kernel.device).manual_seed(seed)
-    d, dtype, dev = kernel.plan.head_dim, kernel.dtype, kernel.device
+    d, dv, dtype, dev = kernel.plan.head_dim, kernel.plan.v_dim, kernel.dtype, kernel.device
+    v_in_k = kernel.plan.v_in_k     # one latent cache: V is the first dv columns of each K row
 
     def randn(*size):
         return torch.randn(size, generator=g, device=dev, dtype=torch.float32).to(dtype)
 
     b, h, kvh, sq, cap = case.batch, case.heads, case.kv_heads, case.seqlen_q, case.capacity
     if case.layout == "bshd":
-        q, k, v = randn(b, sq, h, d), randn(b, cap, kvh, d), randn(b, cap, kvh, d)
-        out = torch.full((b, sq, h, d), float("nan"), dtype=dtype, device=dev)
+        q, k, v = randn(b, sq, h, d), randn(b, cap, kvh, d), randn(b, cap, kvh, dv)
+        out = torch.full((b, sq, h, dv), float("nan"), dtype=dtype, device=dev)
         view = lambda t: t.permute(0, 2, 1, 3)   # noqa: E731
     else:
-        q, k, v = randn(b, h, sq, d), randn(b, kvh, cap, d), randn(b, kvh, cap, d)
-        out = torch.full((b, h, sq, d), float("nan"), dtype=dtype, device=dev)
+        q, k, v = randn(b, h, sq, d), randn(b, kvh, cap, d), randn(b, kvh, cap, dv)
+        out = torch.full((b, h, sq, dv), float("nan"), dtype=dtype, device=dev)
         view = lambda t: t   # noqa: E731
+    if v_in_k:
+        v = k[..., :dv]
     lengths = case.lengths
     if lengths is None and kernel.plan.append:
         lengths = [cap] * b   # an appending kernel reads every sequence's length; none given means all keys
@@ -372,6 +395,8 @@ def check_decode_case(kernel, case: DecodeCase, seed: int = 0, label: str | None
             kc, vc, table = byte_pools[0].view(kc.dtype), byte_pools[1].view(vc.dtype), byte_pools[2]
         else:
             kc, vc, table = paged_cache(torch, k, v, case.lengths, case.page_size, case.layout, g)
+            if v_in_k:
+                vc = kc[..., :dv]
     scores = score_arguments(kernel.plan, b, h, g, dev)
     extra = {"window": case.window} if case.window is not None else {}
 
@@ -414,16 +439,16 @@ def paged_cache(torch, k, v, lengths, page_size: int, layout: str, generator=Non
     bhsd = layout == "bhsd"
     seq_dim = 2 if bhsd else 1
     b, cap, pg = k.shape[0], k.shape[seq_dim], page_size
-    heads, d = k.shape[1 if bhsd else 2], k.shape[3]
+    heads = k.shape[1 if bhsd else 2]
     need = [-(-(cap if lengths is None else length) // pg) for length in (lengths or [None] * b)]
     pool_pages = sum(need) + spare
     order = torch.randperm(pool_pages, generator=generator, device=k.device)
-    shape = [pool_pages, heads, pg, d] if bhsd else [pool_pages, pg, heads, d]
 
-    def noise():
+    def noise(d):   # a pool of pages of d columns (V's may differ from K's)
+        shape = [pool_pages, heads, pg, d] if bhsd else [pool_pages, pg, heads, d]
         return torch.randn(shape, generator=generator, device=k.device, dtype=torch.float32).to(k.dtype)
 
-    kp, vp = noise(), noise()
+    kp, vp = noise(k.shape[3]), noise(v.shape[3])
     table = torch.full((b, -(-cap // pg)), -1, dtype=torch.int32, device=k.device)
     at = 0
     for s, n in enumerate(need):
@@ -436,6 +461,7 @@ def paged_cache(torch, k, v, lengths, page_size: int, layout: str, generator=Non
                 pad = list(rows.shape)
                 pad[seq_dim - 1] = n * pg - cap
                 rows = torch.cat([rows, torch.zeros(pad, dtype=rows.dtype, device=rows.device)], dim=seq_dim - 1)
+            d = src.shape[3]
             pool[ids] = (rows.reshape(heads, n, pg, d).transpose(0, 1) if bhsd else rows.reshape(n, pg, heads, d))
     return kp, vp, table
 
@@ -448,6 +474,8 @@ def verify_cases(kernel, shapes, masks) -> list[tuple]:
         cases = tuple(dict.fromkeys(replace(c, causal=False, expression=True) for c in cases))
     windows = window_cases(kernel.plan.block_n, kernel.plan.paged) if "window" in masks else ()
     appends = append_cases(kernel.plan.block_n, kernel.plan.paged, "window" in masks) if kernel.plan.append else ()
+    if kernel.plan.v_in_k:   # a latent cache's own shapes first (--quick takes them)
+        cases = latent_cases(kernel.plan.block_n, kernel.plan.paged) + cases
     if len(tuple(shapes)) < len(FULL_SUITE):
         cases, windows, appends = cases[:QUICK_CASES], windows[:QUICK_CASES], appends[:QUICK_CASES]
     out = []

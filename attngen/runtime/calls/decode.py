@@ -94,6 +94,7 @@ class DecodeKernel(Kernel):
         self._counter_lock = threading.Lock()
         plan = self.plan
         self._max_splits = plan.max_splits
+        self._v_in_k = plan.v_in_k
         self.last_splits = None
 
     def __call__(self, q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal: bool = False,
@@ -172,12 +173,14 @@ class DecodeKernel(Kernel):
     def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse, scales=()):
         lse_shape, accum, counters, splits = prepared.extra
         index = prepared.info.index
-        out = self._torch.empty_like(q)
+        if self._v_in_k and vp != kp:
+            self._check_v_in_k(kp, vp)
+        out = self._new_output(q)
         lse = q.new_empty(lse_shape, dtype=self._torch.float32) if return_lse else None
         o_accum = lse_accum = 0
         held = held_counters = None     # temporaries of a captured call, alive until its launches are queued
         if accum:
-            o_accum, held = self._workspace(index, accum + accum // q.shape[-1])
+            o_accum, held = self._workspace(index, accum + accum // self.plan.v_dim)
             lse_accum = o_accum + 4 * accum
         lens = cache_seqlens.data_ptr() if cache_seqlens is not None else 0
         counted, held_counters = self._counters(counters, index) if counters else (0, None)
@@ -206,10 +209,12 @@ class DecodeKernel(Kernel):
         pool, kv_heads, rows = (ks[0], ks[1], ks[2]) if bhsd else (ks[0], ks[2], ks[1])
         paged = block_table is not None
         rows_free = append[4] is not None and not paged   # cache_batch_idx: the cache's rows need not be the batch
-        if ks != vs or (not paged and pool != batch and not rows_free) or (paged and pool < 1):
+        if ks[:3] != vs[:3] or (not paged and pool != batch and not rows_free) or (paged and pool < 1):
             what = "(num_pages, kv_heads, page_size, head_dim) page pools" if paged else \
                 f"(batch {batch}, kv_heads, capacity, head_dim)"
             raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(ks)} and {tuple(vs)})")
+        if self._v_in_k:
+            self._check_v_in_k(k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(), v_cache.stride())
         capacity = self._check_table(block_table, cache_seqlens, batch, rows, layout, index) if paged else rows
         scale_values = self._kv_scales(kv_scales, kv_heads, index) if self._kv8 else ()
         page, shift = (rows, page_shift(rows)) if paged else (0, 0)
@@ -261,11 +266,11 @@ class DecodeKernel(Kernel):
         tiles_per_split = -(-n_tiles // splits)
         splits = -(-n_tiles // tiles_per_split)   # no split left without a tile of the cache
 
-        accum = splits * batch * heads * seqlen_q * self.plan.head_dim if splits > 1 else 0
+        accum = splits * batch * heads * seqlen_q * self.plan.v_dim if splits > 1 else 0
         o_accum = lse_accum = 0
         held = held_counters = None     # temporaries of a captured call, alive until its launches are queued
-        if accum:   # (splits, B, H, Sq, D) partial outputs, then (splits, B, H, Sq) partial LSEs, fp32
-            o_accum, held = self._workspace(index, accum + accum // self.plan.head_dim)
+        if accum:   # (splits, B, H, Sq, Dv) partial outputs, then (splits, B, H, Sq) partial LSEs, fp32
+            o_accum, held = self._workspace(index, accum + accum // self.plan.v_dim)
             lse_accum = o_accum + 4 * accum
         merges = self.plan.merges_in_kernel(splits)   # the split kernel merges the splits: no combine launch
         counters = batch * kv_heads * blocks_per_row if merges else 0
@@ -297,6 +302,14 @@ class DecodeKernel(Kernel):
         del held, held_counters
         self.last_splits = splits
         return (out, lse) if return_lse else out
+
+    def _check_v_in_k(self, k_ptr: int, v_ptr: int, k_strides=None, v_strides=None) -> None:
+        """A spec whose V is the first v_dim columns of each K row (plan.v_in_k, one latent cache) reads V
+        from K's tiles: the call's v_cache must be that view of k_cache, or the kernel would ignore it."""
+        if v_ptr != k_ptr or (k_strides is not None and tuple(k_strides[:3]) != tuple(v_strides[:3])):
+            d, dv = self.plan.head_dim, self.plan.v_dim
+            raise ValueError(f"{self.label} reads V from the cache's rows (one latent cache of {d} columns, V its "
+                             f"first {dv}): pass v_cache=k_cache[..., :{dv}] (the same tensor), not a cache of its own")
 
     def _e4m3_inputs(self, layout: str, q, k_cache, v_cache):
         """(device index, q's, k_cache's and v_cache's shapes) of a call of an e4m3-cache spec: q in the

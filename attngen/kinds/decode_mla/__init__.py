@@ -1,0 +1,268 @@
+"""decode_mla: decode attention over one shared latent cache, as multi-head latent attention (DeepSeek
+V2/V3 with the up-projections absorbed) decodes. Queries have head_dim columns (576: 512 latent + 64
+rotary); each key is one cache row of head_dim columns, and its value is the same row's first
+head_dim_v (512) columns. So the call's v_cache is k_cache[..., :head_dim_v] and a K/V tile is read
+once. A bundle of two kernels:
+
+- split: block (split s, KV head x row block, batch) takes block_m group rows (query heads per KV
+  head x new tokens) against its slice of the sequence's keys, in block_n-key tiles through a
+  cp.async ring. O (block_m x head_dim_v fp32) would not fit one warp's registers, so the warps
+  split each tile twice: for S, warp w scores keys [w x keys_per_warp, ...) against every row; the
+  tile's row maxima meet in shared memory and P goes to a shared tile; for O, warp w accumulates
+  columns [w x cols_per_warp, ...) over all the tile's keys. With one split the block writes O
+  itself; otherwise a partial O and LSE in fp32.
+- combine: one warp per output row merges the splits by their LSE (templates/lib/split_combine.j2).
+
+The call is the decode convention's (attngen.attention_with_kvcache, paged or contiguous, lengths per
+sequence, causal bottom-right for several new tokens)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
+from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, Part, plan_abi, plan_forward
+from ...core.kind import Kind
+from ...core.launch_rules import MAX_PAGE_SIZE, MAX_SPLITS, WAVE_EFFICIENCY
+from ...core.layout import CHUNK_BYTES, Region
+from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse
+
+NAME = "decode_mla"
+TITLE = "split-KV decode over one shared latent cache (V = K's first head_dim_v columns, MLA) + LSE combine"
+SELECTOR = ("decode", "latent_split_kv")
+COMBINE_WARPS = 4           # output rows per combine block (one warp each)
+# The Params fields the combine kernel reads: it launches with the split kernel's Params bytes.
+COMBINE_READS = ("o", "lse", "o_batch_stride", "o_head_stride", "o_row_stride", "batch", "heads", "seqlen_q",
+                 "o_accum", "lse_accum", "num_splits")
+MAX_HEAD_DIM = 1024
+ROWS = 16                   # group rows per block: one m16 fragment, held by every warp for S
+LOAD_CHUNKS = 8             # 16-byte chunks of a row one copy step covers per thread group (128 bytes)
+# Registers each thread needs beside its O accumulators and S chains (addresses, the Q and K fragments
+# of a k-step, the softmax), from ptxas: h200_mla_d576 holds 64 + 24 and used 212 (sm_90, nvcc 13.0).
+REGISTER_MARGIN = 124
+
+
+class DecodeMlaSpec(ForwardSpec):
+    decode: Literal["latent_split_kv"] = Field(description=(
+        "latent_split_kv: split the cache's keys over blocks, V read from each key's own row (its first "
+        "head_dim_v columns), and merge the slices by LSE (picks the latent-cache decode kind)"))
+    mma: Literal["mma_m16n8k16"] = Field(default="mma_m16n8k16", description="the fragment of both GEMMs")
+    head_dim: int = Field(ge=64, le=MAX_HEAD_DIM, description=(
+        "columns of the queries and of each cache row (DeepSeek V2/V3: 576, 512 latent + 64 rotary)"))
+    head_dim_v: Optional[int] = Field(default=None, ge=16, le=MAX_HEAD_DIM, description=(
+        "V's and the output's columns: the first head_dim_v columns of each cache row (DeepSeek: 512); unset: "
+        "head_dim"))
+    paged: bool = Field(default=False, description=(
+        "the kernel also reads paged caches through a block table of page ids, of any page size a call brings "
+        f"(a power of two from 1 to {MAX_PAGE_SIZE}, a kernel parameter); false: contiguous caches only"))
+    max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
+        "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
+    masks_taken = ("none", "causal")
+    takes_head_dim_v = True
+    key_unit = 16
+    key_unit_why = "k16 steps of P.V"
+    register_margin = REGISTER_MARGIN
+
+    def register_need(self):
+        return o_registers(self) + 8 * score_chains(self.head_dim // 16) * keys_per_warp(self) // 8, \
+            "fp32 O accumulators of the warp's columns and S accumulator chains"
+
+
+def keys_per_warp(s) -> int:
+    return s.tile.block_n // s.compute_warps
+
+
+def cols_per_warp(s) -> int:
+    return s.v_dim // s.compute_warps
+
+
+def o_registers(s) -> int:
+    """fp32 O registers per thread: 16 rows x the warp's columns over 32 lanes."""
+    return ROWS * cols_per_warp(s) // 32
+
+
+def score_chains(k_steps: int) -> int:
+    """Accumulator sets a warp's S is summed in, over interleaved k-steps: consecutive mma.sync of a
+    long Q.K^T (36 k-steps at 576) then do not wait on each other's results."""
+    return next(c for c in (3, 2, 1) if k_steps % c == 0)
+
+
+def rule_mla_homogeneous(s):
+    if not isinstance(s.warps, HomogeneousWarps):
+        return "warps", "the latent decode kernel's warps all load and compute: use warps: {compute: N}"
+
+
+def rule_mla_rows(s):
+    if s.tile.block_m != ROWS:
+        return "tile.block_m", (f"a block takes one 16-row fragment of group rows (query heads per KV head x new "
+                                f"tokens), every warp holding it for S: use block_m: {ROWS} (got {s.tile.block_m})")
+
+
+def rule_mla_keys_per_warp(s):
+    unit = 16 * s.compute_warps
+    if s.tile.block_n % unit:
+        return "tile.block_n", (f"each of the {s.compute_warps} warps scores an equal share of a tile's keys in "
+                                f"16-key steps, so block_n must be a multiple of {unit} (got {s.tile.block_n})")
+
+
+def rule_mla_v_columns(s):
+    unit = 16 * s.compute_warps
+    if s.v_dim % unit:
+        return "head_dim_v", (f"each of the {s.compute_warps} warps accumulates an equal share of O's columns in "
+                              f"16-column steps, so head_dim_v must be a multiple of {unit} (got {s.v_dim})")
+    if s.v_dim > s.head_dim:
+        return "head_dim_v", (f"V is the first head_dim_v columns of each cache row, so head_dim_v must be at most "
+                              f"head_dim ({s.head_dim}; got {s.v_dim})")
+
+
+def rule_mla_copy_steps(s):
+    chunks = s.head_dim * s.elem_bytes // CHUNK_BYTES
+    if chunks % LOAD_CHUNKS:
+        return "head_dim", (f"a tile row is copied {LOAD_CHUNKS * CHUNK_BYTES} bytes per thread group at a time, so "
+                            f"head_dim must be a multiple of {LOAD_CHUNKS * CHUNK_BYTES // s.elem_bytes} (got "
+                            f"{s.head_dim})")
+    # (block_n, a multiple of 16 x warps by rule_mla_keys_per_warp, is one of the 4 x warps rows a copy step covers)
+
+
+def rule_mla_swizzle(s):
+    sw = s.smem.swizzle
+    if not isinstance(sw, XorSwizzle) or sw.xor_bits != 3 or sw.row_shift:
+        return "smem.swizzle", "ldmatrix reads of 8 rows need them on 8 bank groups: set swizzle: {xor_bits: 3}"
+
+
+rule_mla_ring = refuse("smem.stages", lambda s: s.smem.stages < 2 or not s.smem.async_copy,
+                   lambda s: "the kernel streams the cache through a cp.async ring: set stages >= 2 and "
+                             "async_copy: true", "rule_mla_ring")
+rule_mla_no_varlen = refuse("varlen", lambda s: s.varlen,
+                        lambda s: "a decode call takes per-sequence cache lengths (cache_seqlens), not varlen "
+                                  "sequences; set varlen: false", "rule_mla_no_varlen")
+rule_mla_no_q_registers = refuse("smem.q_in_registers", lambda s: s.smem.q_in_registers,
+                             lambda s: "Q is read from its tile at every k-step (its fragments would not fit beside "
+                                       "O); leave q_in_registers unset", "rule_mla_no_q_registers")
+rule_mla_always_rescales = refuse("softmax.rescale", lambda s: s.softmax.rescale != "always",
+                              lambda s: "the kernel rescales its output at every tile; set softmax.rescale: always",
+                              "rule_mla_always_rescales")
+
+DecodeMlaSpec.rules = (rule_mla_homogeneous, rule_mla_rows, rule_mla_keys_per_warp, rule_mla_v_columns, rule_mla_copy_steps, rule_mla_swizzle,
+                       rule_mla_ring, rule_mla_no_varlen, rule_mla_no_q_registers, rule_mla_always_rescales)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlaFragments:
+    keys_per_warp: int      # keys of each tile one warp scores
+    s_tiles: int            # 8-key S tiles per warp
+    score_chains: int       # accumulator sets of S over interleaved k-steps
+    cols_per_warp: int      # O columns one warp accumulates
+    o_tiles: int            # 8-column O tiles per warp
+    k_steps_qk: int         # k16 steps of Q.K^T (head_dim / 16)
+    k_steps_pv: int         # k16 steps of P.V (block_n / 16)
+    copy_rows: int          # tile rows one copy step covers (threads / 8)
+    copy_passes: int        # copy steps per tile (block_n / copy_rows): rows whose source a thread works out
+    copy_chunks: int        # 16-byte chunks a thread copies per row (chunks per row / 8)
+    p_pitch: int            # bytes per row of the P tile
+    combine_warps: int      # output rows per combine block
+
+
+def fragments(spec: DecodeMlaSpec, rows_per_warp: int, file) -> MlaFragments:
+    kpw, threads = keys_per_warp(spec), 32 * spec.compute_warps
+    chunks = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
+    return MlaFragments(keys_per_warp=kpw, s_tiles=kpw // 8, score_chains=score_chains(spec.head_dim // 16),
+                        cols_per_warp=cols_per_warp(spec), o_tiles=cols_per_warp(spec) // 8,
+                        k_steps_qk=spec.head_dim // 16, k_steps_pv=spec.tile.block_n // 16,
+                        copy_rows=threads // LOAD_CHUNKS, copy_passes=spec.tile.block_n // (threads // LOAD_CHUNKS),
+                        copy_chunks=chunks // LOAD_CHUNKS, p_pitch=spec.tile.block_n * spec.elem_bytes,
+                        combine_warps=COMBINE_WARPS)
+
+
+def tiles(spec: DecodeMlaSpec, sw) -> list[Region]:
+    """The Q tile, then each ring stage's cache tile: K, whose first head_dim_v columns are V."""
+    ctype, eb = ELEMENT_TYPES[spec.dtype][0], spec.elem_bytes
+    d, bn, bm, desc = spec.head_dim, spec.tile.block_n, spec.tile.block_m, sw.describe()
+    regions = [Region("q", bm, d, ctype, eb, sw.pitch_bytes, swizzle=desc, per="Q tile, loaded once")]
+    for s in range(spec.smem.stages):
+        regions.append(Region(f"kv{s}", bn, d, ctype, eb, sw.pitch_bytes, swizzle=desc,
+                              per=f"cache tile (K; V its first {spec.v_dim} columns), stage {s}"))
+    return regions
+
+
+def shared_regions(spec: DecodeMlaSpec) -> list[Region]:
+    """The P tile the warps hand from S to P.V, and each warp's row maxima and row sums."""
+    ctype, eb, bn, warps = ELEMENT_TYPES[spec.dtype][0], spec.elem_bytes, spec.tile.block_n, spec.compute_warps
+    return [Region("p", ROWS, bn, ctype, eb, bn * eb, swizzle="xor 3 (16-byte chunks)",
+                   per="P of the tile (every warp's keys), read by every warp for P.V"),
+            Region("row_max", warps, ROWS, "float", 4, ROWS * 4, per="each warp's row maxima of the tile's scores"),
+            Region("row_sum", warps, ROWS, "float", 4, ROWS * 4, per="each warp's row sums over its keys, at the end")]
+
+
+def function_names(spec: DecodeMlaSpec) -> tuple[Part, ...]:
+    split = Part("split", "split.cu.j2", f"{spec.name}_split.cu",
+                 tuple((mask, f"attngen_{spec.name}_split_{mask}") for mask in spec.masks))
+    combine = Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu", (("combine", f"attngen_{spec.name}_combine"),),
+                   static_smem=0, threads=32 * COMBINE_WARPS, reads=COMBINE_READS)
+    return split, combine
+
+
+def plan(spec: DecodeMlaSpec, file: str | None = None):
+    p = plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments, extra_regions=shared_regions,
+                     tiles=tiles)
+    f = p.fragments
+    stride = p.region("kv1").offset - p.region("kv0").offset if spec.smem.stages > 1 else 0
+    roles = (f"{spec.compute_warps} warps, all copying each cache tile (cp.async); for S warp w scores keys "
+             f"[{f.keys_per_warp}w, {f.keys_per_warp}(w+1)) of the tile against all {ROWS} group rows; for O it "
+             f"accumulates columns [{f.cols_per_warp}w, {f.cols_per_warp}(w+1)) over every key of the tile",)
+    schedule = ("split kernel, grid (num_splits, kv_heads x row_blocks, batch):",
+                "  rows: group row r = g x seqlen_q + t is query head kv_head x group + g, new token t",
+                "  keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence "
+                "(cache_seqlens[b] keys); an empty slice writes LSE -inf and a zero partial",
+                f"  ring of {spec.smem.stages} stages: the copy of tile i + {spec.smem.stages} is issued once tile i "
+                "is done, its page ids read a tile ahead",
+                "  per tile: S (warp's keys), row maxima through `row_max`, P into `p`, O += P V (warp's columns); "
+                "three __syncthreads",
+                "  end: the warps' row sums through `row_sum`; one split: O and LSE written, else fp32 partial O "
+                "and LSE per split",
+                f"combine kernel, grid ceil(batch x heads x seqlen_q / {COMBINE_WARPS}): a warp per row weighs each "
+                "split by exp(lse_s - lse) and writes O and LSE")
+    block_text = (f"block: one key slice (split) of one KV head and sequence, for {ROWS} group rows (query heads per "
+                  f"KV head x new tokens) in {spec.tile.block_n}-key cache tiles; grid (num_splits, kv_heads x "
+                  "row_blocks, batch)",
+                  f"threads: {p.threads} = {spec.compute_warps} warps; each scores {f.keys_per_warp} keys of a tile "
+                  f"and accumulates {f.cols_per_warp} of O's {spec.v_dim} columns",
+                  "masks: none (every key of the sequence), causal (bottom-right: new token t of seqlen_q sees the "
+                  "keys up to len - seqlen_q + t)")
+    # V is read from K's tile and its pointer is checked to be K's by the call, never read here; the LSE rows
+    # are contiguous; no append, no combine counters.
+    # The causal offset is each sequence's own (its length), so the masks' fields are not read either.
+    unread = ("v", "v_batch_stride", "v_head_stride", "v_row_stride", "lse_batch_stride", "lse_head_stride",
+              "split_counters") + APPEND_FIELDS + tuple(f.name for m in p.mask_variants for f in m.abi_fields)
+    if not spec.paged:
+        unread += PAGE_FIELDS
+    abi = plan_abi(p.mask_variants, varlen=False, reports_errors=True, unread=unread,
+                   base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS))
+    return DecodePlan.of(p, parts=function_names(spec), abi=abi, head_dim_v=spec.head_dim_v or 0,
+                         kv_stage_stride=stride, block_text=block_text, rows_per_warp=ROWS, roles=roles,
+                         schedule=schedule, max_splits=spec.max_splits, paged=spec.paged, combine="kernel",
+                         v_in_k=True, copy_engine="cp.async ring (16-byte chunks), every warp copies",
+                         pipeline_text=(f"copies: thread i copies chunks i % 8 + 8j of rows i / 8 + {f.copy_rows}k "
+                                        f"of each cache tile ({f.copy_passes} rows, {f.copy_chunks} chunks each): a "
+                                        "warp covers 4 rows x 128 contiguous bytes per step, and each thread "
+                                        "works out its rows' sources (page ids) once per tile, a tile ahead"))
+
+
+def explain(plan) -> list[str]:
+    f = plan.fragments
+    return [f"fragments per warp: S {f.s_tiles} m16n8 tiles over {f.keys_per_warp} keys, summed in "
+            f"{f.score_chains} accumulator chains over the {f.k_steps_qk} k-steps; O {f.o_tiles} m16n8 tiles "
+            f"({f.cols_per_warp} columns); Q read from its tile at every k-step",
+            f"mma.sync per tile per warp: {f.s_tiles * f.k_steps_qk} (Q.K^T) + {f.o_tiles * f.k_steps_pv} (P.V)",
+            f"V: the first {plan.v_dim} columns of each cache row, read from the K tile (the call's v_cache must be "
+            f"k_cache[..., :{plan.v_dim}])",
+            f"splits: at most {plan.max_splits}; the runtime picks the fewest whose wave efficiency is within "
+            f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)",
+            (f"paged cache: any page size from 1 to {MAX_PAGE_SIZE} keys (a power of two, page_size and page_shift "
+             "in Params) through block_table; contiguous caches when the call passes no table"
+             if plan.paged else "cache: contiguous only (paged: false)")]
+
+
+KIND = Kind(NAME, TITLE, SELECTOR, DecodeMlaSpec, plan, explain, calls="decode")

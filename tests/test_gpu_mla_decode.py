@@ -1,0 +1,134 @@
+"""GPU tests of MLA decode through attngen.attention_with_kvcache: queries of 576 against one latent
+cache of 576 per key whose first 512 columns are V (v_cache = k_cache[..., :512]), as DeepSeek V2/V3
+decode with the up-projections absorbed. Contiguous and paged caches (pages of 1, 16, 64), 16 and 128
+heads, speculative new tokens with causal, LSE, a CUDA graph replay with new lengths, and the refusal
+of a V that is not the cache's own columns. Reference: fp32 attention; bound: FlashAttention's rule
+(2 x torch's own bf16 error + a floor)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import attngen
+
+pytestmark = pytest.mark.gpu
+
+D, DV = 576, 512
+
+
+@pytest.fixture
+def torch():
+    import torch
+    return torch
+
+
+def reference(torch, q, cache, lens, causal, scale, dtype):
+    """Per sequence: softmax(q k^T scale) v over its keys, k = its cache rows, v = their first DV columns;
+    q (B, Sq, H, D) bshd. Returns (out (B, Sq, H, DV) fp32, lse (B, H, Sq))."""
+    outs, lses = [], []
+    b, sq, h, _ = q.shape
+    for i in range(b):
+        n = int(lens[i])
+        k = cache[i, :n, 0].to(dtype)
+        x = q[i].to(dtype).reshape(sq * h, D)
+        s = (x @ k.t()).float() * scale
+        if causal:
+            tok = torch.arange(sq, device=q.device).repeat_interleave(h)
+            s = s.masked_fill(torch.arange(n, device=q.device)[None] > (n - sq + tok)[:, None], float("-inf"))
+        p = torch.softmax(s, -1)
+        outs.append((p.to(dtype) @ k[:, :DV]).float().reshape(sq, h, DV))
+        lses.append(torch.logsumexp(s, -1).reshape(sq, h).t())
+    return torch.stack(outs), torch.stack(lses)
+
+
+def pages(torch, cache, page, gen):
+    """The contiguous cache (B, cap, 1, D) as a shuffled pool of pages (num_pages, page, 1, D) and its table."""
+    b, cap = cache.shape[:2]
+    cols = -(-cap // page)
+    ids = torch.randperm(b * cols + 3, generator=gen, device=cache.device)[:b * cols].int()
+    pool = torch.randn((b * cols + 3, page, 1, D), generator=gen, device=cache.device).to(cache.dtype)
+    padded = torch.cat([cache, cache.new_zeros(b, cols * page - cap, 1, D)], 1) if cols * page > cap else cache
+    table = ids.view(b, cols).contiguous()
+    for i in range(b):
+        pool[table[i].long()] = padded[i].view(cols, page, 1, D)
+    return pool, table
+
+
+CASES = [   # (batch, heads, new tokens, capacity, page size or 0, causal, dtype)
+    (2, 16, 1, 5000, 0, False, "bfloat16"),
+    (3, 128, 1, 1500, 0, False, "bfloat16"),
+    (2, 16, 2, 3001, 0, True, "bfloat16"),
+    (4, 16, 1, 4096, 64, False, "bfloat16"),
+    (2, 16, 1, 777, 1, False, "bfloat16"),
+    (2, 32, 2, 2000, 16, True, "bfloat16"),
+    (2, 16, 1, 2500, 64, False, "float16"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"B{c[0]}H{c[1]}q{c[2]}cap{c[3]}pg{c[4]}{'c' if c[5] else ''}{c[6]}"
+                                             for c in CASES])
+def test_mla_decode_matches_fp32(torch, case):
+    b, h, sq, cap, page, causal, dtype_name = case
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator(device="cuda").manual_seed(sum(case[:5]))
+    q = torch.randn((b, sq, h, D), generator=gen, device="cuda").to(dtype)
+    cache = torch.randn((b, cap, 1, D), generator=gen, device="cuda").to(dtype)
+    lens = torch.randint(max(sq, cap // 3), cap + 1, (b,), generator=gen, device="cuda").int()
+    lens[0] = cap
+    scale = 1 / math.sqrt(192)     # DeepSeek's: the unabsorbed head dim (128 + 64)
+    if page:
+        pool, table = pages(torch, cache, page, gen)
+        kc, kwargs = pool, {"block_table": table}
+    else:
+        kc, kwargs = cache, {}
+    out, lse = attngen.attention_with_kvcache(q, kc, kc[..., :DV], cache_seqlens=lens, causal=causal, scale=scale,
+                                              layout="bshd", return_lse=True, **kwargs)
+    torch.cuda.synchronize()
+    assert out.shape == (b, sq, h, DV) and out.dtype == dtype
+    ref, ref_lse = reference(torch, q, cache, lens, causal, scale, torch.float32)
+    low, _ = reference(torch, q, cache, lens, causal, scale, dtype)
+    err = (out.float() - ref).abs().max().item()
+    bound = 2 * (low - ref).abs().max().item() + 1e-5
+    assert torch.isfinite(out).all() and err <= bound, f"max error {err:.3g} over the bound {bound:.3g}"
+    assert (lse - ref_lse).abs().max().item() < 1e-3
+    # the second call of the shape takes the prepared path: the same answer, and V's columns
+    again = attngen.attention_with_kvcache(q, kc, kc[..., :DV], cache_seqlens=lens, causal=causal, scale=scale,
+                                           layout="bshd", **kwargs)
+    assert torch.equal(again, out)
+
+
+def test_mla_decode_refuses_a_v_of_its_own(torch):
+    """The kernel reads V from the cache's rows: a separate v_cache would be ignored, so it is refused."""
+    q = torch.randn(1, 1, 16, D, device="cuda", dtype=torch.bfloat16)
+    cache = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, 300, 1, DV, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"k_cache\[\.\.\., :512\]"):
+        attngen.attention_with_kvcache(q, cache, v, layout="bshd")
+    # and on the prepared path (a shape seen before)
+    attngen.attention_with_kvcache(q, cache, cache[..., :DV], layout="bshd")
+    with pytest.raises(ValueError, match=r"k_cache\[\.\.\., :512\]"):
+        attngen.attention_with_kvcache(q, cache, v, layout="bshd")
+
+
+def test_mla_decode_graph_replays_new_lengths(torch):
+    """A captured paged step replays with new lengths and gives what an eager call gives."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    b, h, cap = 4, 16, 4096
+    q = torch.randn((b, 1, h, D), generator=gen, device="cuda").bfloat16()
+    cache = torch.randn((b, cap, 1, D), generator=gen, device="cuda").bfloat16()
+    pool, table = pages(torch, cache, 64, gen)
+    lens = torch.full((b,), cap, dtype=torch.int32, device="cuda")
+
+    def step():
+        return attngen.attention_with_kvcache(q, pool, pool[..., :DV], cache_seqlens=lens, block_table=table,
+                                              layout="bshd")
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    lens.copy_(torch.tensor([1, 100, 2049, 4000], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, step())
