@@ -157,9 +157,10 @@ __device__ __forceinline__ float group_sum(float x) {
 }
 
 constexpr int kSplitsPerLane = 4;  // LSEs a lane holds (max_splits / 32)
+constexpr int kSliceColumns = kHeadDim / 4;   // columns one warp merges, from col0
 
-// row = (batch * heads + head) * seqlen_q + t, of `rows` in all.
-__device__ __forceinline__ void combine_row(const Params& p, int row, int rows, int lane) {
+// row = (batch * heads + head) * seqlen_q + t, of `rows` in all; columns [col0, col0 + kSliceColumns).
+__device__ __forceinline__ void combine_row(const Params& p, int row, int rows, int lane, int col0) {
     constexpr float kLog2e = 1.4426950408889634f;
     // Split s's LSE sits in lane s % 32, slot s / 32.
     float lse[kSplitsPerLane], mx = -INFINITY;
@@ -179,8 +180,8 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
     for (int j = 0; j < kSplitsPerLane; ++j) lse[j] = total == -INFINITY ? 0.f : exp2f((lse[j] - total) * kLog2e);
 
     const int t = row % p.seqlen_q, head = row / p.seqlen_q % p.heads, b = row / p.seqlen_q / p.heads;
-    elem_t* out = static_cast<elem_t*>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + t * p.o_row_stride;
-    constexpr int kPairsPerLane = (kHeadDim + 63) / 64;   // column pairs 2 * lane + 64j of the row
+    elem_t* out = static_cast<elem_t*>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + t * p.o_row_stride + col0;
+    constexpr int kPairsPerLane = (kSliceColumns + 63) / 64;   // column pairs 2 * lane + 64j of the row
     float2 acc[kPairsPerLane];
 #pragma unroll
     for (int j = 0; j < kPairsPerLane; ++j) acc[j] = make_float2(0.f, 0.f);
@@ -191,11 +192,11 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
         float2 x[kBatch][kPairsPerLane];
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
-            const float* src = p.o_accum + (static_cast<long long>(s0 + i) * rows + row) * kHeadDim;
+            const float* src = p.o_accum + (static_cast<long long>(s0 + i) * rows + row) * kHeadDim + col0;
 #pragma unroll
             for (int j = 0; j < kPairsPerLane; ++j) {
                 const int d = 2 * lane + 64 * j;
-                x[i][j] = s0 + i < p.num_splits && d < kHeadDim ? __ldcg(reinterpret_cast<const float2*>(src + d))
+                x[i][j] = s0 + i < p.num_splits && d < kSliceColumns ? __ldcg(reinterpret_cast<const float2*>(src + d))
                                                                 : make_float2(0.f, 0.f);
             }
         }
@@ -216,14 +217,14 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
     }
 #pragma unroll
     for (int j = 0; j < kPairsPerLane; ++j)
-        if (2 * lane + 64 * j < kHeadDim) *reinterpret_cast<elem2_t*>(out + 2 * lane + 64 * j) = from_float2(acc[j].x, acc[j].y);
-    if (p.lse != nullptr && lane == 0) p.lse[row] = total;
+        if (2 * lane + 64 * j < kSliceColumns) *reinterpret_cast<elem2_t*>(out + 2 * lane + 64 * j) = from_float2(acc[j].x, acc[j].y);
+    if (p.lse != nullptr && lane == 0 && col0 == 0) p.lse[row] = total;
 }
 
 __device__ __forceinline__ void combine(const Params& p) {
     const int rows = p.batch * p.heads * p.seqlen_q;
     const int row = blockIdx.x * kCombineWarps + threadIdx.x / 32;   // ((batch * heads + head) * seqlen_q + t)
-    if (row < rows) combine_row(p, row, rows, threadIdx.x % 32);
+    if (row < rows) combine_row(p, row, rows, threadIdx.x % 32, blockIdx.y * kSliceColumns);   // grid y: column slices
 }
 
 }  // namespace attngen_h200_decode_d576_mla

@@ -72,6 +72,7 @@ class DecodePlan(ForwardPlan):
                                     # "": the cache is in the spec's dtype
     kv_pitch_bytes: int = 0         # e4m3 cache: bytes per row of a K/V tile (head_dim, padded to an odd number
                                     # of 16-byte chunks so that 8 consecutive rows fall on 8 bank groups)
+    combine_slices: int = 1         # warps sharing each output row's columns in the combine kernel (its grid y)
     v_in_k: bool = False            # V is the first v_dim columns of each K row (one latent cache, as MLA's): the
                                     # kernel reads V from K's tiles, and a call's v_cache must be k_cache[..., :v_dim]
 

@@ -84,6 +84,7 @@ class LaunchPlan(NamedTuple):
     kv_dtype: str = ""              # decode: the caches' element type where it is not the queries' ("e4m3")
     append: bool = False            # decode: the kernel writes a call's new tokens into the cache (append cells)
     v_in_k: bool = False            # decode: V is the first v_dim columns of each K row (one latent cache)
+    combine_slices: int = 1         # decode: warps sharing an output row's columns in the combine (its grid y)
     accum_row_block: int = 1        # backward: rows of the dQ accumulator's blocks
 
     @property
@@ -173,6 +174,8 @@ def launch_record(plan) -> dict:
         record["kv_cache"] = {name: getattr(plan, name) for name in DECODE_NUMBERS}
         if plan.v_in_k:     # recorded where it holds only: every other decode record stays as it was
             record["kv_cache"]["v_in_k"] = True
+        if plan.combine_slices > 1:
+            record["kv_cache"]["combine_slices"] = plan.combine_slices
     elif getattr(plan, "paged", False):
         record["pages"] = {"paged": True}     # a forward plan whose varlen functions read page pools
     accum = getattr(plan, "accum_row_block", None)

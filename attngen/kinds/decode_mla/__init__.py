@@ -32,7 +32,9 @@ from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse
 NAME = "decode_mla"
 TITLE = "split-KV decode over one shared latent cache (V = K's first head_dim_v columns, MLA) + LSE combine"
 SELECTOR = ("decode", "latent_split_kv")
-COMBINE_WARPS = 4           # output rows per combine block (one warp each)
+COMBINE_WARPS = 4           # output rows per combine block (one warp each per column slice)
+COMBINE_SLICE_COLUMNS = 128     # columns one combine warp merges: a row of 512 takes 4 warps (grid y), so a call
+                                # of few rows (batch 1, 16 heads) and many splits is not merged by 16 warps alone
 # The Params fields the combine kernel reads: it launches with the split kernel's Params bytes.
 COMBINE_READS = ("o", "lse", "o_batch_stride", "o_head_stride", "o_row_stride", "batch", "heads", "seqlen_q",
                  "o_accum", "lse_accum", "num_splits")
@@ -196,6 +198,11 @@ def shared_regions(spec: DecodeMlaSpec) -> list[Region]:
             Region("row_sum", warps, ROWS, "float", 4, ROWS * 4, per="each warp's row sums over its keys, at the end")]
 
 
+def combine_slices(spec: DecodeMlaSpec) -> int:
+    """Warps that share an output row's columns in the combine kernel."""
+    return max(1, spec.v_dim // COMBINE_SLICE_COLUMNS) if spec.v_dim % COMBINE_SLICE_COLUMNS == 0 else 1
+
+
 def function_names(spec: DecodeMlaSpec) -> tuple[Part, ...]:
     split = Part("split", "split.cu.j2", f"{spec.name}_split.cu",
                  tuple((mask, f"attngen_{spec.name}_split_{mask}") for mask in spec.masks))
@@ -222,8 +229,9 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
                 "three __syncthreads",
                 "  end: the warps' row sums through `row_sum`; one split: O and LSE written, else fp32 partial O "
                 "and LSE per split",
-                f"combine kernel, grid ceil(batch x heads x seqlen_q / {COMBINE_WARPS}): a warp per row weighs each "
-                "split by exp(lse_s - lse) and writes O and LSE")
+                f"combine kernel, grid (ceil(batch x heads x seqlen_q / {COMBINE_WARPS}), {combine_slices(spec)}): a "
+                f"warp per row and slice of {spec.v_dim // combine_slices(spec)} columns weighs each split by "
+                "exp(lse_s - lse) and writes O (and the first slice LSE)")
     block_text = (f"block: one key slice (split) of one KV head and sequence, for {ROWS} group rows (query heads per "
                   f"KV head x new tokens) in {spec.tile.block_n}-key cache tiles; grid (num_splits, kv_heads x "
                   "row_blocks, batch)",
@@ -243,7 +251,7 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
     return DecodePlan.of(p, parts=function_names(spec), abi=abi, head_dim_v=spec.head_dim_v or 0,
                          kv_stage_stride=stride, block_text=block_text, rows_per_warp=ROWS, roles=roles,
                          schedule=schedule, max_splits=spec.max_splits, paged=spec.paged, combine="kernel",
-                         v_in_k=True, copy_engine="cp.async ring (16-byte chunks), every warp copies",
+                         v_in_k=True, combine_slices=combine_slices(spec), copy_engine="cp.async ring (16-byte chunks), every warp copies",
                          pipeline_text=(f"copies: thread i copies chunks i % 8 + 8j of rows i / 8 + {f.copy_rows}k "
                                         f"of each cache tile ({f.copy_passes} rows, {f.copy_chunks} chunks each): a "
                                         "warp covers 4 rows x 128 contiguous bytes per step, and each thread "

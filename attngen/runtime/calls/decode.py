@@ -291,7 +291,7 @@ class DecodeKernel(Kernel):
         if splits > 1 and not merges:
             combine = self.functions[self.plan.combine_part.functions[0][1]]
             per_block = combine.threads // 32   # one output row per warp
-            launches.append((combine.name, (-(-batch * heads * seqlen_q // per_block), 1, 1)))
+            launches.append((combine.name, (-(-batch * heads * seqlen_q // per_block), self.plan.combine_slices, 1)))
         prepared = Prepared(info, self._launches(info, *launches), self._decode.pack(values), self._pointers,
                             ((batch, heads, seqlen_q), accum, counters, splits))
         if out_given is None:
