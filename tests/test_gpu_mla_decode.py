@@ -132,3 +132,20 @@ def test_mla_decode_graph_replays_new_lengths(torch):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, step())
+
+
+def test_mla_decode_under_torch_compile(torch):
+    """Under torch.compile (fullgraph) the call is one op whose V is the cache's own columns: the compiled step
+    gives the eager one's output bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    b, h, cap = 2, 16, 2048
+    q = torch.randn((b, 1, h, D), generator=gen, device="cuda").bfloat16()
+    cache = torch.randn((b, cap, 1, D), generator=gen, device="cuda").bfloat16()
+    pool, table = pages(torch, cache, 64, gen)
+    lens = torch.tensor([2000, 77], dtype=torch.int32, device="cuda")
+
+    def step(q, pool, lens, table):
+        return attngen.attention_with_kvcache(q, pool, pool[..., :DV], cache_seqlens=lens, block_table=table,
+                                              layout="bshd", scale=1 / math.sqrt(192))
+    compiled = torch.compile(step, fullgraph=True)
+    assert torch.equal(compiled(q, pool, lens, table), step(q, pool, lens, table))

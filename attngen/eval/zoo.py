@@ -49,6 +49,8 @@ class Layer:
     alibi: bool = False             # ALiBi slopes as MPT makes them (alibi_bias_max 8)
     sinks: bool = False             # learned sinks: one fp32 logit per query head
     scale: float | None = None      # None: 1 / sqrt(head_dim)
+    latent: bool = False            # one latent cache: V is each K row's first head_dim_v columns (MLA's absorbed
+                                    # decode); the call passes v_cache = k_cache[..., :head_dim_v]
     dtype: str = "bf16"
     batch: int = 2
     seqlen: int = 1024
@@ -123,7 +125,11 @@ LAYERS: tuple[Layer, ...] = (
     Layer("deepseek_v3_mla", "DeepSeek-V3", 192, 16, 16, (128, 128), head_dim_v=128, scale=_deepseek_scale(),
           cells=("train", "varlen_prefill"),
           note="MLA prefill and training (q/k 192 = 128 + 64 rotary, v 128); its decode attends in the "
-               "absorbed form (q/k 576, v 512, one KV head), not this layer"),
+               "absorbed form (q/k 576, v 512, one KV head), the next layer"),
+    Layer("deepseek_v3_mla_decode", "DeepSeek-V3", 576, 128, 1, (128, 1), head_dim_v=512, scale=_deepseek_scale(),
+          latent=True, cells=("paged_decode",),
+          note="MLA decode, up-projections absorbed: q 576 (512 latent + 64 rotary) against one latent cache "
+               "of 576 whose first 512 columns are V; all 128 heads on one GPU (data-parallel attention)"),
     Layer("qwen3", "Qwen3-235B-A22B", 128, 32, 2, (64, 4)),
     Layer("falcon_7b", "Falcon 7B", 64, 71, 1, (71, 1), note="MQA with an odd head count"),
     Layer("mpt_7b", "MPT 7B", 128, 32, 32, (32, 32), alibi=True),
@@ -206,7 +212,7 @@ def table_cell(layer: Layer, cell: str, arch: str = ARCH, entries=None) -> Table
         if cell == "paged_decode":
             pages = -(-max(layer.decode_lengths) // PAGE_SIZE)
             entry = select(entries, "decode", arch, dtype, d, mask, pages * PAGE_SIZE, paged=True,
-                           group_rows=layer.heads // layer.kv_heads, scores=_scores(layer))
+                           group_rows=layer.heads // layer.kv_heads, head_dim_v=dv, scores=_scores(layer))
             return TableCell(specs=(entry.spec,))
     except LookupError as exc:
         return TableCell(refusal=str(exc))
@@ -403,7 +409,11 @@ def _prepare_decode(torch, layer, dt, gen, variants) -> Prepared:
     capacity = -(-max(lengths) // PAGE_SIZE) * PAGE_SIZE
     hq, hk, d, dv = layer.heads, layer.kv_heads, layer.head_dim, layer.v_dim
     k_full, v_full = _randn(torch, gen, (b, hk, capacity, d), dt), _randn(torch, gen, (b, hk, capacity, dv), dt)
+    if layer.latent:    # one cache: each key's value is its own row's first dv columns
+        v_full = k_full[..., :dv]
     k_pool, v_pool, table = paged_cache(torch, k_full, v_full, list(lengths), PAGE_SIZE, "bhsd", generator=gen)
+    if layer.latent:
+        v_pool = k_pool[..., :dv]
     t = {"q": _randn(torch, gen, (b, hq, 1, d), dt), "k_cache": k_full, "v_cache": v_full, "k_pool": k_pool,
          "v_pool": v_pool, "block_table": table,
          "cache_seqlens": torch.tensor(lengths, dtype=torch.int32, device="cuda"), **variants}
