@@ -57,6 +57,8 @@ def pages(torch, cache, page, gen):
 
 CASES = [   # (batch, heads, new tokens, capacity, page size or 0, causal, dtype)
     (2, 16, 1, 5000, 0, False, "bfloat16"),
+    (64, 16, 1, 1024, 0, False, "bfloat16"),     # enough blocks that the heuristic takes one split
+    (2, 16, 1, 1000, 0, False, "float16"),
     (3, 128, 1, 1500, 0, False, "bfloat16"),
     (2, 16, 2, 3001, 0, True, "bfloat16"),
     (4, 16, 1, 4096, 64, False, "bfloat16"),
@@ -82,8 +84,10 @@ def test_mla_decode_matches_fp32(torch, case):
         kc, kwargs = pool, {"block_table": table}
     else:
         kc, kwargs = cache, {}
-    out, lse = attngen.attention_with_kvcache(q, kc, kc[..., :DV], cache_seqlens=lens, causal=causal, scale=scale,
+    def call():
+        return attngen.attention_with_kvcache(q, kc, kc[..., :DV], cache_seqlens=lens, causal=causal, scale=scale,
                                               layout="bshd", return_lse=True, **kwargs)
+    out, lse = call()
     torch.cuda.synchronize()
     assert out.shape == (b, sq, h, DV) and out.dtype == dtype
     ref, ref_lse = reference(torch, q, cache, lens, causal, scale, torch.float32)
@@ -92,23 +96,29 @@ def test_mla_decode_matches_fp32(torch, case):
     bound = 2 * (low - ref).abs().max().item() + 1e-5
     assert torch.isfinite(out).all() and err <= bound, f"max error {err:.3g} over the bound {bound:.3g}"
     assert (lse - ref_lse).abs().max().item() < 1e-3
-    # the second call of the shape takes the prepared path: the same answer, and V's columns
-    again = attngen.attention_with_kvcache(q, kc, kc[..., :DV], cache_seqlens=lens, causal=causal, scale=scale,
-                                           layout="bshd", **kwargs)
-    assert torch.equal(again, out)
+    # the second call of the shape takes the prepared path (its own output and workspace): the same answer
+    again, again_lse = call()
+    assert torch.equal(again, out) and torch.equal(again_lse, lse)
 
 
 def test_mla_decode_refuses_a_v_of_its_own(torch):
-    """The kernel reads V from the cache's rows: a separate v_cache would be ignored, so it is refused."""
+    """The kernel reads V from the cache's rows: a separate v_cache would be ignored, so it is refused, on the
+    first call of a shape and on a prepared one."""
     q = torch.randn(1, 1, 16, D, device="cuda", dtype=torch.bfloat16)
     cache = torch.randn(1, 300, 1, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(1, 300, 1, DV, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"k_cache\[\.\.\., :512\]"):
         attngen.attention_with_kvcache(q, cache, v, layout="bshd")
-    # and on the prepared path (a shape seen before)
+    # and on the prepared path: another cache's view has the same shape and strides (the call's key) as the
+    # cache's own, so only its pointer tells them apart
+    other = torch.randn_like(cache)
     attngen.attention_with_kvcache(q, cache, cache[..., :DV], layout="bshd")
     with pytest.raises(ValueError, match=r"k_cache\[\.\.\., :512\]"):
-        attngen.attention_with_kvcache(q, cache, v, layout="bshd")
+        attngen.attention_with_kvcache(q, cache, other[..., :DV], layout="bshd")
+    # a view whose one-element dimensions have other strides is the same data: taken
+    flat = torch.randn(1, 300, D, device="cuda", dtype=torch.bfloat16)
+    out = attngen.attention_with_kvcache(q, flat.unsqueeze(2), flat[..., :DV].unsqueeze(2), layout="bshd")
+    assert out.shape == (1, 1, 16, DV)
 
 
 def test_mla_decode_graph_replays_new_lengths(torch):
@@ -131,6 +141,9 @@ def test_mla_decode_graph_replays_new_lengths(torch):
     lens.copy_(torch.tensor([1, 100, 2049, 4000], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
+    ref, _ = reference(torch, q, cache, lens, False, D ** -0.5, torch.float32)
+    low, _ = reference(torch, q, cache, lens, False, D ** -0.5, torch.bfloat16)
+    assert (out.float() - ref).abs().max().item() <= 2 * (low - ref).abs().max().item() + 1e-5
     assert torch.equal(out, step())
 
 
@@ -149,3 +162,17 @@ def test_mla_decode_under_torch_compile(torch):
                                               layout="bshd", scale=1 / math.sqrt(192))
     compiled = torch.compile(step, fullgraph=True)
     assert torch.equal(compiled(q, pool, lens, table), step(q, pool, lens, table))
+
+
+def test_mla_decode_records_a_bad_page(torch):
+    """A page id outside the pool is clamped (nothing read past it) and recorded for check_errors()."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn((2, 1, 16, D), generator=gen, device="cuda").bfloat16()
+    cache = torch.randn((2, 256, 1, D), generator=gen, device="cuda").bfloat16()
+    pool, table = pages(torch, cache, 64, gen)
+    lens = torch.tensor([256, 200], dtype=torch.int32, device="cuda")
+    attngen.check_errors()
+    table[1, 0] = pool.shape[0] + 5
+    attngen.attention_with_kvcache(q, pool, pool[..., :DV], cache_seqlens=lens, block_table=table, layout="bshd")
+    with pytest.raises(Exception, match="block_table"):
+        attngen.check_errors()

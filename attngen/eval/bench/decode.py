@@ -51,10 +51,9 @@ def cells_for(plan, cells=None) -> tuple[DecodeCell, ...]:
     return tuple(cells) if cells else latent_cells() if plan.v_in_k else default_cells()
 
 
-def latent_backends(backends) -> tuple[str, ...]:
-    """The peers of a latent-cache spec: torch's eager matmul attention (its SDPA backends take no 576-column
-    queries against 512-column values)."""
-    return ("matmul",)
+# The peers of a latent-cache spec: torch's eager matmul attention (its SDPA backends take no 576-column
+# queries against 512-column values).
+LATENT_PEERS = ("matmul",)
 
 
 def matmul_attention(torch, q, k, v, scale: float):
@@ -179,7 +178,7 @@ def run_decode_bench(spec_paths, *, cells=None, dtypes=("fp16", "bf16"), backend
             continue
         if paged and not kernel.plan.paged:
             raise ValueError(f"{path}: --paged needs a spec with paged: true")
-        peers = latent_backends(backends) if kernel.plan.v_in_k else backends
+        peers = LATENT_PEERS if kernel.plan.v_in_k else backends
         for cell in cells_for(kernel.plan, cells):
             r = bench_cell(torch, kernel, cell, backends=peers, reps=reps, paged=paged)
             r["backends"] = peers

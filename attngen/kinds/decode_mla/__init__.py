@@ -41,6 +41,7 @@ COMBINE_READS = ("o", "lse", "o_batch_stride", "o_head_stride", "o_row_stride", 
 MAX_HEAD_DIM = 1024
 ROWS = 16                   # group rows per block: one m16 fragment, held by every warp for S
 LOAD_CHUNKS = 8             # 16-byte chunks of a row one copy step covers per thread group (128 bytes)
+P_ROW_BYTES = 128           # the P tile's rows XOR their chunk with row & 7: whole groups of 8 chunks
 # Registers each thread needs beside its O accumulators and S chains (addresses, the Q and K fragments
 # of a k-step, the softmax), from ptxas: h200_mla_d576 holds 64 + 24 and used 212 (sm_90, nvcc 13.0).
 REGISTER_MARGIN = 124
@@ -104,6 +105,10 @@ def rule_mla_rows(s):
 
 def rule_mla_keys_per_warp(s):
     unit = 16 * s.compute_warps
+    p_keys = P_ROW_BYTES // s.elem_bytes
+    if s.tile.block_n % p_keys:
+        return "tile.block_n", (f"the P tile's rows are swizzled over 8 chunks of 16 bytes, so block_n must be a "
+                                f"multiple of {p_keys} (got {s.tile.block_n})")
     if s.tile.block_n % unit:
         return "tile.block_n", (f"each of the {s.compute_warps} warps scores an equal share of a tile's keys in "
                                 f"16-key steps, so block_n must be a multiple of {unit} (got {s.tile.block_n})")
@@ -226,7 +231,7 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
                 f"  ring of {spec.smem.stages} stages: the copy of tile i + {spec.smem.stages} is issued once tile i "
                 "is done, its page ids read a tile ahead",
                 "  per tile: S (warp's keys), row maxima through `row_max`, P into `p`, O += P V (warp's columns); "
-                "three __syncthreads",
+                "four __syncthreads",
                 "  end: the warps' row sums through `row_sum`; one split: O and LSE written, else fp32 partial O "
                 "and LSE per split",
                 f"combine kernel, grid (ceil(batch x heads x seqlen_q / {COMBINE_WARPS}), {combine_slices(spec)}): a "

@@ -214,7 +214,7 @@ class DecodeKernel(Kernel):
                 f"(batch {batch}, kv_heads, capacity, head_dim)"
             raise ValueError(f"k_cache and v_cache must both be {what} (got {tuple(ks)} and {tuple(vs)})")
         if self._v_in_k:
-            self._check_v_in_k(k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(), v_cache.stride())
+            self._check_v_in_k(k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(), v_cache.stride(), ks)
         capacity = self._check_table(block_table, cache_seqlens, batch, rows, layout, index) if paged else rows
         scale_values = self._kv_scales(kv_scales, kv_heads, index) if self._kv8 else ()
         page, shift = (rows, page_shift(rows)) if paged else (0, 0)
@@ -303,10 +303,12 @@ class DecodeKernel(Kernel):
         self.last_splits = splits
         return (out, lse) if return_lse else out
 
-    def _check_v_in_k(self, k_ptr: int, v_ptr: int, k_strides=None, v_strides=None) -> None:
+    def _check_v_in_k(self, k_ptr: int, v_ptr: int, k_strides=None, v_strides=None, shape=()) -> None:
         """A spec whose V is the first v_dim columns of each K row (plan.v_in_k, one latent cache) reads V
-        from K's tiles: the call's v_cache must be that view of k_cache, or the kernel would ignore it."""
-        if v_ptr != k_ptr or (k_strides is not None and tuple(k_strides[:3]) != tuple(v_strides[:3])):
+        from K's tiles: the call's v_cache must be that view of k_cache, or the kernel would ignore it. The
+        strides of dimensions of one element say nothing (no second element is reached through them)."""
+        if v_ptr != k_ptr or (k_strides is not None and any(
+                n > 1 and a != b for n, a, b in zip(shape, k_strides[:3], v_strides[:3]))):
             d, dv = self.plan.head_dim, self.plan.v_dim
             raise ValueError(f"{self.label} reads V from the cache's rows (one latent cache of {d} columns, V its "
                              f"first {dv}): pass v_cache=k_cache[..., :{dv}] (the same tensor), not a cache of its own")
