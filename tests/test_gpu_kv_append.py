@@ -24,7 +24,8 @@ APPEND_SPECS = [SPECS / f"{name}.yaml" for name in ("h200_decode_d128_append", "
                                                       "h200_decode_d256_append", "h200_decode_d256_append_bf16",
                                                       "h200_decode_d64_append_alibi", "h200_decode_d64_append_alibi_bf16", "h200_decode_d96_append_alibi",
                                                       "h200_decode_d96_append_alibi_bf16",
-                                                      "h200_decode_d128_append_alibi", "h200_decode_d128_append_alibi_bf16")]
+                                                      "h200_decode_d128_append_alibi", "h200_decode_d128_append_alibi_bf16",
+                                                      "h200_decode_d256_append_alibi", "h200_decode_d256_append_alibi_bf16")]
 
 
 @functools.lru_cache(maxsize=None)
@@ -291,15 +292,20 @@ def test_padded_append_returns_the_lse_and_refuses_mismatched_head_dims(torch):
     assert torch.equal(kc, before)
 
 
-def test_append_with_alibi_above_d128_is_refused(torch):
-    """Appending with ALiBi has cells at d64-d128 only (d256's append functions have no registers left
-    for ALiBi's): at d256 the call is refused by name before any copy, the cache untouched."""
+def test_append_with_alibi_above_d128_is_refused_with_a_window(torch):
+    """Appending with ALiBi at d256 has a cell for contiguous caches and masks none and causal only (its window
+    and paged functions spilled): with a window the call is refused by name before any copy, the cache untouched;
+    without one it is served."""
     q = torch.randn(1, 1, 8, 256, device="cuda", dtype=torch.float16)
     kc = torch.randn(1, 64, 8, 256, device="cuda", dtype=torch.float16)
     kn = torch.randn(1, 1, 8, 256, device="cuda", dtype=torch.float16)
     lens = torch.tensor([3], dtype=torch.int32, device="cuda")
+    slopes = torch.rand(8, device="cuda")
     before = kc.clone()
     with pytest.raises(LookupError, match="decode_append"):
         attngen.attention_with_kvcache(q, kc, kc.clone(), kn, kn.clone(), cache_seqlens=lens, layout="bshd",
-                                       alibi_slopes=torch.rand(8, device="cuda"))
+                                       alibi_slopes=slopes, window=(10, 0))
     assert torch.equal(kc, before)
+    attngen.attention_with_kvcache(q, kc, kc.clone(), kn, kn.clone(), cache_seqlens=lens, layout="bshd",
+                                   alibi_slopes=slopes, causal=True)
+    assert torch.equal(kc[:, 3], kn[:, 0])

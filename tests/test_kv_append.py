@@ -23,7 +23,8 @@ APPEND_SPECS = ("h200_decode_d128_append", "h200_decode_d128_append_bf16", "h200
                 "h200_decode_d256_append", "h200_decode_d256_append_bf16",
                 "h200_decode_d64_append_alibi", "h200_decode_d64_append_alibi_bf16", "h200_decode_d96_append_alibi",
                 "h200_decode_d96_append_alibi_bf16",
-                "h200_decode_d128_append_alibi", "h200_decode_d128_append_alibi_bf16")
+                "h200_decode_d128_append_alibi", "h200_decode_d128_append_alibi_bf16",
+                "h200_decode_d256_append_alibi", "h200_decode_d256_append_alibi_bf16")
 I32 = Dtype(name="int32", size=4)
 
 
