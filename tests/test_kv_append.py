@@ -37,10 +37,12 @@ def plan_of(name: str):
 @pytest.mark.parametrize("name", APPEND_SPECS)
 def test_append_cells_carry_the_append_fields(name):
     plan = plan_of(name)
-    assert plan.append and plan.paged
     names = {f.name for f in plan.abi.fields}
-    assert set(APPEND_FIELDS) <= names
-    assert set(plan.masks) == {"none", "causal", "window"}
+    assert plan.append and set(APPEND_FIELDS) <= names
+    if name.startswith("h200_decode_d256_append_alibi"):   # contiguous, none and causal: the others spilled
+        assert not plan.paged and set(plan.masks) == {"none", "causal"}
+    else:
+        assert plan.paged and set(plan.masks) == {"none", "causal", "window"}
 
 
 def test_cells_without_append_have_no_append_fields_and_append_fields_come_last():
