@@ -1,0 +1,66 @@
+"""The latent-cache decode kind (decode_mla) without a GPU: its plan's numbers, its Params (no V pointer: V is
+read from K's tiles), its launch record (v_in_k and the combine's column slices survive the round trip), the
+table's entries keyed on V's head dim, and the generated code's shape."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from attngen.core.launch_plan import LaunchPlan
+from attngen.ops.table import load_table, select, table_path
+from attngen.plan import make_plan
+from attngen.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "specs" / "h200_decode_d576_mla.yaml"
+
+
+def plan():
+    return make_plan(load_spec(SPEC))
+
+
+def test_the_plan_splits_s_by_keys_and_o_by_columns():
+    p = plan()
+    f = p.fragments
+    assert (p.head_dim, p.v_dim, p.block_m, p.block_n, p.threads) == (576, 512, 16, 64, 128)
+    assert (f.keys_per_warp, f.s_tiles, f.score_chains, f.cols_per_warp, f.o_tiles) == (16, 2, 3, 128, 16)
+    assert (f.copy_rows, f.copy_passes, f.copy_chunks) == (16, 4, 9)
+    assert p.v_in_k and p.combine_slices == 4 and p.paged and p.combine == "kernel"
+    # Q, two cache stages, P, row maxima and sums: one block per SM
+    assert [r.name for r in p.regions] == ["q", "kv0", "kv1", "p", "row_max", "row_sum"]
+    assert p.smem_bytes == 168448 and p.kv_stage_stride == 73728
+
+
+def test_params_carry_no_v_and_no_mask_offset():
+    names = {f.name for f in plan().abi.fields}
+    assert {"q", "k", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", "block_table", "page_shift"} <= names
+    assert not names & {"v", "v_batch_stride", "v_head_stride", "v_row_stride", "causal_offset", "split_counters",
+                        "k_new"}
+
+
+def test_the_launch_record_keeps_v_in_k_and_the_combine_slices():
+    record = json.loads((ROOT / "generated" / "h200_decode_d576_mla.launch.json").read_text())
+    assert record["kv_cache"]["v_in_k"] is True and record["kv_cache"]["combine_slices"] == 4
+    launch = LaunchPlan.from_record(record)
+    assert launch.v_in_k and launch.combine_slices == 4 and launch.v_dim == 512
+    # every other decode record stays as it was: neither key where it does not hold
+    other = json.loads((ROOT / "generated" / "h200_decode_d128.launch.json").read_text())
+    assert "v_in_k" not in other["kv_cache"] and "combine_slices" not in other["kv_cache"]
+    assert not LaunchPlan.from_record(other).v_in_k
+
+
+def test_the_table_keys_the_latent_cells_on_v_head_dim():
+    entries = load_table(table_path(ROOT / "specs"))
+    for dtype, name in (("fp16", "h200_decode_d576_mla"), ("bf16", "h200_decode_d576_mla_bf16")):
+        for mask in ("none", "causal"):
+            for paged in (False, True):
+                e = select(entries, "decode", "sm_90", dtype, 576, mask, 8192, paged=paged, group_rows=16,
+                           head_dim_v=512)
+                assert e.spec == name
+
+
+def test_the_split_kernel_reads_v_from_the_cache_tile():
+    source = (ROOT / "generated" / "h200_decode_d576_mla_split.cu").read_text()
+    assert "ldmatrix_x4_trans(b, sKV + tile_offset(" in source      # P.V's B fragments from the K tile
+    assert "p.v" not in source.replace("p.visible", "")
+    assert "report_input_error(p, kBadPage)" in source and "report_input_error(p, kBadSeqlen)" in source
