@@ -242,7 +242,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, caus
                            max_seqlen_q, max_seqlen_k, causal, alignment, _scale(scale, d), return_lse, window,
                            softcap, alibi_slopes, sinks), dv, return_lse)
     kernel = DISPATCH.kernel("varlen", index, q.dtype, d, mask, max_seqlen_k if max_seqlen_k is not None else k.shape[0],
-                             head_dim_v=dv if dv != d else 0, scores=scores)
+                             head_dim_v=_head_dim_v(q, v), scores=scores)
     return kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                          alignment=alignment, scale=scale, return_lse=return_lse,
                          window=None if window is None else tuple(window), softcap=softcap,
@@ -282,7 +282,7 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
                            alignment, scale, return_lse, variants)
     capacity = block_table.shape[-1] * k.shape[1] if getattr(block_table, "dim", lambda: 0)() == 2 else k.shape[1]
     kernel = DISPATCH.kernel("varlen", index, q.dtype, d, mask, max_seqlen_k if max_seqlen_k is not None else capacity,
-                             paged=True, head_dim_v=dv if dv != d else 0, scores=scores)
+                             paged=True, head_dim_v=_head_dim_v(q, v), scores=scores)
     if split and block_table.shape[0] >= 2:     # one sequence of several queries: nothing to split
         return _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal,
                            alignment, scale, return_lse, variants)
@@ -638,9 +638,9 @@ def _decode_padding(q, v_cache, mask: str | None, scores: str = "", paged: bool 
     return DISPATCH.padded_head_dim(call, index, q.dtype, q.shape[-1], v_cache.shape[-1], mask, scores, paged)
 
 
-def _head_dim_v(q, v_cache) -> int:
+def _head_dim_v(q, v) -> int:
     """The table key's head_dim_v of a call: V's head dim where it differs from q's, else 0."""
-    return 0 if v_cache.shape[-1] == q.shape[-1] else v_cache.shape[-1]
+    return 0 if v.shape[-1] == q.shape[-1] else v.shape[-1]
 
 
 def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "", call: str = "decode",
@@ -862,9 +862,13 @@ def attention_fp8_fake(q, k, v_t, q_descale, k_descale, v_descale, causal, align
     return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
+def _fake_output(q, v):
+    """The output as the kernel makes it: like q, or q's shape with V's head dim (contiguous) where they differ."""
+    return torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(q.shape[:-1] + (v.shape[-1],))
+
+
 def attention_fake(q, k, v, causal, alignment, scale, layout):
-    # as the kernel makes it: like q, or q's shape with V's head dim (contiguous) where they differ
-    out = torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    out = _fake_output(q, v)
     return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
@@ -891,8 +895,7 @@ def attention_variant_backward_fake(dout, q, k, v, out, lse, causal, alignment, 
 
 
 def attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, alignment, scale):
-    # as the kernel makes it: like q, or q's shape with V's head dim (contiguous) where they differ
-    out = torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    out = _fake_output(q, v)
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -934,7 +937,7 @@ def attention_varlen_variant_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q
 
 
 def attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout):
-    out = torch.empty_like(q) if v_cache.shape[-1] == q.shape[-1] else q.new_empty(q.shape[:-1] + v_cache.shape[-1:])
+    out = _fake_output(q, v_cache)
     return out, q.new_empty(_heads_seq(q, layout), dtype=torch.float32)
 
 
