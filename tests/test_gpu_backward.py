@@ -519,6 +519,41 @@ def test_repeated_backward_calls_take_the_prepared_path():
         bwd(shifted, *args[1:], causal=True, deterministic=True)
 
 
+@pytest.mark.parametrize("d", [64, 224])
+def test_training_steps_take_the_prepared_step(d):
+    """attngen.attention's eager training call, step after step on one shape (GQA 8/2, causal): from the
+    second step its forward and backward run their prepared calls (d64; d224 is padded to d256, whose
+    kernels see padded copies, so it takes the full calls every step). Every step's gradients are within the rule
+    of SDPA's fp32 autograd: the prepared steps', a dout in other strides (a slice of a wider tensor)
+    and an expanded one (a sum's gradient), which take the full backward. Deterministic steps repeat
+    the first one's gradients bit for bit."""
+    import torch
+    from attngen.ops import library
+    gen = torch.Generator(device="cuda").manual_seed(32)
+    q, k, v = (torch.randn(s, generator=gen, device="cuda").half().requires_grad_() for s in
+               ((2, 8, 300, d), (2, 2, 300, d), (2, 2, 300, d)))
+    wide = torch.randn(2, 8, 300, 2 * d, generator=gen, device="cuda").half()
+
+    def step(dout, deterministic=False):
+        o = attngen.attention(q, k, v, causal=True, deterministic=deterministic)
+        return torch.autograd.grad(o, (q, k, v), dout)
+
+    def within_rule(got, dout):
+        ref, low = sdpa_gradients(torch, q, k, v, dout.contiguous(), True)
+        for name, g, want, base in zip(("dq", "dk", "dv"), got, ref, low):
+            err = (g.float() - want).abs().max().item()
+            bound = verify.error_bound((base - want).abs().max().item())
+            assert err <= bound, f"{name}: {err:.3g} > {bound:.3g}"
+    for dout in (wide[..., :d].contiguous(),) * 3 + (wide[..., :d], torch.ones(1, device="cuda").half().expand(q.shape)):
+        within_rule(step(dout), dout)
+    prepared = library._TRAIN[library.call_key(q, k, v, True, None, None, False, "bhsd")]
+    assert (prepared.backward_prepared is not None) == (prepared.forward_prepared is not None) == (d == 64)
+    dout = wide[..., :d].contiguous()
+    first = step(dout, deterministic=True)
+    for _ in range(2):
+        assert all(torch.equal(a, b) for a, b in zip(step(dout, deterministic=True), first))
+
+
 def test_wgmma_varlen_backward_with_bad_offsets_stays_inside_and_reports():
     """The Hopper class's varlen backward (whole-block accumulator per sequence, the convert kernel's
     bisection) given decreasing cu_seqlens: it reads and writes inside its tensors, its gradients are

@@ -92,37 +92,6 @@ def test_compiled_training_step_has_no_graph_break(cpu_ops):
         assert torch.allclose(a, b, atol=1e-5)
 
 
-def test_eager_function_saves_what_the_op_saves(monkeypatch):
-    """library.train's torch.autograd.Function (the eager path of GPU tensors) on CPU stand-ins of its
-    forward and backward bodies: the same saved tensors and call options reach the backward as the
-    registered op's, the LSE takes no gradient, and the gradients are SDPA's."""
-    from attngen.ops import library
-    seen = []
-
-    def forward(q, k, v, causal, alignment, scale, layout, deterministic=False):
-        return _sdpa(q, k, v, causal, scale, layout)
-
-    def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=False):
-        seen.append((tuple(out.shape), tuple(lse.shape), causal, layout, deterministic))
-        leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
-        with torch.enable_grad():
-            _sdpa(*leaves, causal, scale, layout)[0].backward(dout.float())
-        return tuple(x.grad.to(q.dtype) for x in leaves)
-
-    _, save, gradients, _ = library._EAGER["attention"]
-    monkeypatch.setitem(library._EAGER, "attention", (forward, save, gradients, backward))
-    q, k, v = (torch.randn(2, 3, 24, 16, requires_grad=True) for _ in range(3))
-    o, lse = library._EagerTrain.apply("attention", q, k, v, True, None, None, "bhsd", True)
-    assert o.grad_fn is not None and not lse.requires_grad
-    dout = torch.randn(o.shape)
-    o.backward(dout)
-    assert seen == [((2, 3, 24, 16), (2, 3, 24), True, "bhsd", True)]
-    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    _sdpa(*leaves, True, None, "bhsd")[0].backward(dout)
-    for a, b in zip((q, k, v), leaves):
-        assert torch.allclose(a.grad, b.grad, atol=1e-5)
-
-
 def _varlen_sinks(q, k, v, cu, causal, scale, sinks):
     """Per-sequence attention of varlen (total, H, D) tensors with learned sinks (a valueless logit per
     head in every row's softmax), bottom-right causal: (o, lse (H, total)) in fp32."""
@@ -215,3 +184,67 @@ def test_compile_traces_the_paged_varlen_call_as_one_op():
         assert seen and seen[-1] == (True, (2, 2), (9, 4), 4, 16, True, None, [8, 0], 30.0, True)
     finally:
         lib._destroy()
+
+
+def test_prepared_step_binds_forward_and_backward(monkeypatch):
+    """attention()'s eager training call (library._PreparedTrain through a _PreparedStep, the path of GPU
+    tensors) on CPU stand-ins of its kernels: it saves what attngen::attention_train saves and hands the
+    call's options to the backward; the first step takes the full forward and backward and keeps their
+    prepared calls, the next ones run those; a dout in other strides (a sum's gradient, expanded) takes
+    the full backward; the LSE takes no gradient; every step's gradients are SDPA's."""
+    from attngen.ops import library
+    from attngen.runtime.calls.shared import call_key
+    ran = []
+    options = (True, None, None, "bhsd", False)
+
+    def reference_gradients(dout, q, k, v, causal):
+        leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        with torch.enable_grad():
+            _sdpa(*leaves, causal, None, "bhsd")[0].backward(dout.float())
+        return tuple(x.grad.to(q.dtype) for x in leaves)
+
+    class ForwardKernel:
+        def run_prepared(self, prepared, q, k, v, return_lse):
+            ran.append(("prepared forward", prepared))
+            return _sdpa(q, k, v, True, None, "bhsd")
+
+    class BackwardKernel:
+        def prepared_call(self, q, k, v, out, lse, dout, **given):
+            assert given == dict(zip(("causal", "alignment", "scale", "layout", "deterministic"), options))
+            assert tuple(out.shape) == tuple(q.shape) and tuple(lse.shape) == tuple(q.shape[:-1])
+            return "backward Params"
+
+        def run_prepared(self, prepared, q, k, v, out, lse, dout):
+            ran.append(("prepared backward", prepared))
+            return reference_gradients(dout, q, k, v, True)
+
+    def full_forward(q, k, v, causal, alignment, scale, layout, return_lse):
+        ran.append("full forward")
+        library._PREPARED[call_key(q, k, v, causal, alignment, scale, True, layout)] = (ForwardKernel(),
+                                                                                          "forward Params")
+        return _sdpa(q, k, v, causal, scale, layout)
+
+    def full_backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=False):
+        assert (causal, alignment, scale, layout, deterministic) == options
+        ran.append("full backward")
+        return reference_gradients(dout, q, k, v, causal)
+
+    monkeypatch.setattr(library, "forward", full_forward)
+    monkeypatch.setattr(library, "backward", full_backward)
+    monkeypatch.setattr(library, "_PREPARED", {})
+    step = library._PreparedStep(BackwardKernel(), options, True)
+    q, k, v = (torch.randn(2, 3, 24, 16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 3, 24, 16)
+    for n, loss in enumerate(("dout", "dout", "sum", "dout")):
+        o, lse = library._apply_prepared_train(step, q, k, v)
+        assert o.grad_fn is not None and not lse.requires_grad
+        grads = torch.autograd.grad(o, (q, k, v), dout) if loss == "dout" else torch.autograd.grad(o.sum(), (q, k, v))
+        want = reference_gradients(dout if loss == "dout" else torch.ones_like(o), q, k, v, True)
+        for got, expected in zip(grads, want):
+            assert torch.allclose(got, expected, atol=1e-5), n
+    assert ran == ["full forward", "full backward",
+                   ("prepared forward", "forward Params"), ("prepared backward", "backward Params"),
+                   ("prepared forward", "forward Params"), "full backward",
+                   ("prepared forward", "forward Params"), ("prepared backward", "backward Params")]
+    with pytest.raises(RuntimeError):   # as FlashAttention's: a loss on the LSE alone has no gradient
+        library._apply_prepared_train(step, q, k, v)[1].sum().backward()

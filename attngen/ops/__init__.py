@@ -79,15 +79,13 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
         return library.forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap,
                                        alibi_slopes, sinks)
     if grad() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        # traced by torch.compile: the differentiable op (its backward is registered); eager: first
-        # make sure a backward spec serves the call (loaded once per shape key), then the same forward
-        # and backward without the op's dispatch (library.train)
-        args = (q, k, v, causal, alignment, scale, layout, deterministic)
+        # traced by torch.compile: the differentiable op (its backward is registered); eager: the
+        # same forward and backward without the op's dispatch, prepared once per shape
+        # (library.train_attention: a new shape first makes sure a backward spec serves it)
         if compiling():
-            o, lse = ops.attention_train(*args)
+            o, lse = ops.attention_train(q, k, v, causal, alignment, scale, layout, deterministic)
         else:
-            library.backward_kernel(q, k, v, causal, layout)
-            o, lse = library.train("attention", *args)
+            o, lse = library.train_attention(q, k, v, causal, alignment, scale, layout, deterministic)
         return (o, lse) if return_lse else o
     if compiling():
         o, lse = ops.attention(q, k, v, causal, alignment, scale, layout)

@@ -1096,8 +1096,8 @@ torch.library.register_autograd("attngen::attention_varlen_variant_train", _atte
 # dispatcher redispatches twice: a training step's host time was 1.4-1.6x this path's (552-643 against
 # 350-446 CPU µs, H200 host, docs/backward-h200/train_step_host.py; docs/performance.md, "Backward"). torch.compile
 # traces the ops (attention() takes them while compiling), and tensors off the GPU take them too.
+# attention() itself takes _PreparedTrain, this path prepared once per shape.
 _EAGER = {   # call -> (forward, save, gradients, backward)
-    "attention": (attention_train_cuda, _attention_setup, _attention_gradients, attention_backward_cuda),
     "attention_variant": (attention_variant_train_cuda, _attention_variant_setup, _attention_variant_gradients,
                           attention_variant_backward_cuda),
     "attention_varlen": (attention_varlen_train_cuda, _attention_varlen_setup, _attention_varlen_gradients,
@@ -1123,15 +1123,117 @@ class _EagerTrain(torch.autograd.Function):
 
 
 def train(call: str, *inputs):
-    """The eager training call `call` (attention, attention_variant, attention_varlen, attention_varlen_variant) on the inputs of
-    its attngen::<call>_train op: (o, lse), differentiable in q, k and v. Tensors off the GPU take the
-    op itself (the CPU stand-ins of the ops' tests implement it)."""
+    """The eager training call `call` (attention_variant, attention_varlen, attention_varlen_variant;
+    attention off the GPU, whose GPU calls take train_attention) on the inputs of its
+    attngen::<call>_train op: (o, lse), differentiable in q, k and v. Tensors off the GPU take the op
+    itself (the CPU stand-ins of the ops' tests implement it)."""
     if not inputs[0].is_cuda:
         return getattr(torch.ops.attngen, f"{call}_train")(*inputs)
     return _EagerTrain.apply(call, *inputs)
 
 
+# attention()'s eager training call, prepared once per shape in both directions: a step makes one key (the
+# forward's) and one dict get, and its backward, on autograd's device thread, no table lookup, key or
+# argument check. Python's host time counts twice there: on the H200 host a backward body that took 42 us
+# on the calling thread took 71 us on autograd's thread (out of the calling thread's caches), and a step
+# 230 us against SDPA's 138 (out/host_train.py; docs/performance/backward.md, "Host time").
+_TRAIN: dict = {}    # call_key with `deterministic` in return_lse's place -> _PreparedStep
+
+
+class _PreparedStep:
+    """One shape's training call: the backward's kernel (the table's, looked up once) and, from the first
+    call on, the forward's and the backward's prepared calls, with the dout strides the backward's was
+    laid out for. What a prepared call cannot take (a pointer off 16 bytes, a dout in other strides: a
+    sum's gradient is expanded) takes the full call, as the first step did. Head dims padded to a served
+    one (the kernels see padded copies) always take the full calls."""
+
+    __slots__ = ("forward", "forward_prepared", "backward", "backward_prepared", "dout_stride", "options", "prepares")
+
+    def __init__(self, backward_kernel, options, prepares: bool):
+        self.forward = self.forward_prepared = self.backward_prepared = self.dout_stride = None
+        self.backward = backward_kernel
+        self.options = options     # causal, alignment, scale, layout, deterministic
+        self.prepares = prepares   # the kernels take the call's own tensors (no padding)
+
+    def outputs(self, q, k, v):
+        """(o, lse): the prepared forward, or the full one (remembering its prepared call)."""
+        if self.forward_prepared is not None:
+            result = self.forward.run_prepared(self.forward_prepared, q, k, v, True)
+            if result is not None:
+                return result
+        causal, alignment, scale, layout, _ = self.options
+        result = forward(q, k, v, causal, alignment, scale, layout, True)
+        if self.prepares and self.forward_prepared is None:
+            hit = _PREPARED.get(call_key(q, k, v, causal, alignment, scale, True, layout))
+            if hit is not None:
+                self.forward, self.forward_prepared = hit
+        return result
+
+    def gradients(self, dout, q, k, v, o, lse):
+        """(dq, dk, dv): the prepared backward, or the full one (remembering its prepared call when it
+        read dout in place)."""
+        if dout.stride() == self.dout_stride:
+            result = self.backward.run_prepared(self.backward_prepared, q, k, v, o, lse, dout)
+            if result is not None:
+                return result
+        causal, alignment, scale, layout, deterministic = self.options
+        result = backward(dout, q, k, v, o, lse, causal, alignment, scale, layout, deterministic=deterministic)
+        if self.prepares and self.dout_stride is None and _vector_ready(dout):
+            prepared = self.backward.prepared_call(q, k, v, o, lse, dout, causal=causal, alignment=alignment,
+                                                   scale=scale, layout=layout, deterministic=deterministic)
+            if prepared is not None:
+                self.backward_prepared, self.dout_stride = prepared, dout.stride()
+        return result
+
+
+class _PreparedTrain(torch.autograd.Function):
+    """attention()'s eager training call: what attngen::attention_train saves and runs (its setup and
+    gradients above), through one _PreparedStep."""
+
+    @staticmethod
+    def forward(ctx, step, q, k, v):
+        o, lse = step.outputs(q, k, v)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.step = step
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        return (None, *ctx.step.gradients(grad_o, *ctx.saved_tensors))
+
+
+# torch.autograd.Function.apply is a Python wrapper whose work (binding defaults, unwrapping dead
+# functorch wrappers) only functorch's transforms need; outside them its C++ base takes the call
+# directly (about 7 us of a step less on the H200 host). Inside them the wrapper says what is unsupported.
+_apply_prepared_train = super(torch.autograd.Function, _PreparedTrain).apply
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def train_attention(q, k, v, causal, alignment, scale, layout, deterministic):
+    """attention()'s eager call on tensors that need gradients: (o, lse), differentiable in q, k and v.
+    A new shape first makes sure a backward spec serves it (NotImplementedError before the forward
+    runs); tensors off the GPU take the op (train)."""
+    try:
+        key = call_key(q, k, v, causal, alignment, scale, deterministic, layout)
+        step = _TRAIN.get(key)
+    except (AttributeError, TypeError):
+        key = step = None
+    if step is None:
+        kernel = backward_kernel(q, k, v, causal, layout)
+        if key is None or not q.is_cuda:
+            return train("attention", q, k, v, causal, alignment, scale, layout, deterministic)
+        step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic),
+                             (kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]))
+        if len(_TRAIN) >= 4096:
+            _TRAIN.clear()
+        _TRAIN[key] = step
+    if _functorch_active():
+        return _PreparedTrain.apply(step, q, k, v)
+    return _apply_prepared_train(step, q, k, v)
+
+
 __all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_append",
            "kvcache_e4m3",
            "kvcache_variant",
-           "train", "varlen", "varlen_backward", "varlen_backward_kernel"]
+           "train", "train_attention", "varlen", "varlen_backward", "varlen_backward_kernel"]

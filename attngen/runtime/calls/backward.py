@@ -33,6 +33,15 @@ PER_CALL = (ATTENTION_FIELDS + GRADIENTS + tuple(f"{t}_{d}_stride" for t in GRAD
 VARLEN_PER_CALL = PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 
 
+def scratch_layout(accum: int, sums: int, delta: int, turns) -> tuple:
+    """A padded call's fp32 scratch in one buffer, [dQ accumulator | dK's and dV's sums (group-split
+    calls; the kernels find them right after the accumulator) | delta], as (floats, where the sums
+    start, where they end and delta starts, the turn counters' shape or None). One allocation, not
+    two: a training step's backward runs on autograd's device thread, where each costs host time.
+    Every part starts 16-byte aligned (the accumulator's and the sums' sizes are multiples of the head dim)."""
+    return accum + sums + delta, accum, accum + sums, turns
+
+
 class BackwardKernel(Kernel):
     """A backward spec, callable on torch tensors.
 
@@ -81,15 +90,13 @@ class BackwardKernel(Kernel):
             # A call seen before (every training step of a model): its checks passed and its Params
             # are laid out; only the pointers are new.
             try:
-                key = (call_key(q, k, v, causal, alignment, scale, deterministic, layout,
-                                variant_key(window, softcap, alibi_slopes, params)),
-                       out.shape, out.stride(), out.dtype, out.get_device(), dout.shape, dout.stride(), dout.dtype,
-                       dout.get_device(), lse.shape, lse.stride(), lse.dtype, lse.get_device(), group_splits)
+                key = self._call_key(q, k, v, out, lse, dout, causal, alignment, scale, layout, deterministic,
+                                     variant_key(window, softcap, alibi_slopes, params), group_splits)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None
             if prepared is not None:
-                result = self._run_prepared(prepared, q, k, v, out, lse, dout)
+                result = self.run_prepared(prepared, q, k, v, out, lse, dout)
                 if result is not None:
                     return result
         index, qs, ks, vs = self._padded_inputs(layout, ("q", "k", "v"), q, k, v)
@@ -124,12 +131,13 @@ class BackwardKernel(Kernel):
         splits = self._group_splits(group_splits, mask, deterministic, heads // kv_heads, key_blocks, kv_heads, batch,
                                     info.sm_count)
         rows = accum_rows(self.plan, seqlen_q)
-        scratch = ((batch, heads, rows, self.plan.head_dim), (batch, heads, seqlen_q),
-                   (batch, heads, query_blocks(seqlen_q, self.plan.block_m)) if deterministic else None,
-                   kv_accum_floats(batch, kv_heads, seqlen_k, plan.head_dim) if splits > 1 else 0)
-        dq_accum, delta, turns = self._scratch(q, scratch)
+        scratch = scratch_layout(batch * heads * rows * plan.head_dim,
+                                 kv_accum_floats(batch, kv_heads, seqlen_k, plan.head_dim) if splits > 1 else 0,
+                                 batch * heads * seqlen_q,
+                                 (batch, heads, query_blocks(seqlen_q, plan.block_m)) if deterministic else None)
+        _buffer, dq_accum, delta, turns = self._scratch(q, scratch)
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
-                    dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum.data_ptr(), delta.data_ptr(),
+                    dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum, delta,
                     0 if turns is None else turns.data_ptr())
         row = [*pointers[:5], *bhsd_strides(q.stride(), layout), *bhsd_strides(k.stride(), layout),
                *bhsd_strides(v.stride(), layout), *bhsd_strides(out.stride(), layout), heads * seqlen_q, seqlen_q,
@@ -183,21 +191,36 @@ class BackwardKernel(Kernel):
         from ..tma import ShapeMaps
         return ShapeMaps(self.plan.tensor_maps, views, POINTERS)
 
-    def _scratch(self, q, shapes):
-        """The fp32 dQ accumulator and delta (zeroed and written by the preprocess kernel), and in
-        deterministic mode the turn counters (zeroed here)."""
+    def _call_key(self, q, k, v, out, lse, dout, causal, alignment, scale, layout, deterministic, variants,
+                  group_splits) -> tuple:
+        """What decides a call's checks, grid and Params (not its pointers): the forward's call_key
+        with out's, dout's and lse's layouts; AttributeError or TypeError for an input that is not a tensor."""
+        return (call_key(q, k, v, causal, alignment, scale, deterministic, layout, variants),
+                out.shape, out.stride(), out.dtype, out.get_device(), dout.shape, dout.stride(), dout.dtype,
+                dout.get_device(), lse.shape, lse.stride(), lse.dtype, lse.get_device(), group_splits)
+
+    def prepared_call(self, q, k, v, out, lse, dout, *, causal: bool = False, alignment: str | None = None,
+                      scale: float | None = None, layout: str = "bhsd", deterministic: bool = False):
+        """The prepared call of a call made before with these arguments (no variants, the default
+        split count, new gradients), for run_prepared; None if there is none."""
+        return self._prepared.get(self._call_key(q, k, v, out, lse, dout, causal, alignment, scale, layout,
+                                                 deterministic, (), None))
+
+    def _scratch(self, q, layout):
+        """The call's fp32 scratch as one allocation (scratch_layout): (the buffer, the dQ
+        accumulator's address, delta's address, the turn counters or None). The group-split sums are
+        zeroed here, the turn counters are new zeros; the preprocess kernel zeroes the accumulator and
+        writes delta."""
+        floats, sums_from, sums_to, turns = layout
         torch = self._torch
-        accum, delta, turns, kv_sums = shapes
-        if kv_sums:   # a group-split call: dK's and dV's fp32 sums follow the dQ accumulator, zeroed
-            n = math.prod(accum)
-            dq_accum = torch.empty(n + kv_sums, dtype=self._fp32, device=q.device)
-            dq_accum[n:].zero_()
-        else:
-            dq_accum = torch.empty(accum, dtype=self._fp32, device=q.device)
-        return (dq_accum, torch.empty(delta, dtype=self._fp32, device=q.device),
+        buffer = torch.empty(floats, dtype=self._fp32, device=q.device)
+        if sums_to > sums_from:
+            buffer[sums_from:sums_to].zero_()
+        base = buffer.data_ptr()
+        return (buffer, base, base + 4 * sums_to,
                 None if turns is None else torch.zeros(turns, dtype=torch.int32, device=q.device))
 
-    def _run_prepared(self, prepared, q, k, v, out, lse, dout):
+    def run_prepared(self, prepared, q, k, v, out, lse, dout):
         """A prepared call on new tensors of its shapes: new gradients and scratch, the pointers
         patched in; None when a 16-byte row pointer is not aligned (the full path says why)."""
         qp, kp, vp, op, dp = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr()
@@ -206,9 +229,9 @@ class BackwardKernel(Kernel):
         torch = self._torch
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         scratch, shape_maps, self.last_group_splits = prepared.extra
-        dq_accum, delta, turns = self._scratch(q, scratch)
-        pointers = (qp, kp, vp, op, lse.data_ptr(), dp, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                    dq_accum.data_ptr(), delta.data_ptr(), 0 if turns is None else turns.data_ptr())
+        _buffer, dq_accum, delta, turns = self._scratch(q, scratch)
+        pointers = (qp, kp, vp, op, lse.data_ptr(), dp, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum, delta,
+                    0 if turns is None else turns.data_ptr())
         self._run(prepared, pointers + (shape_maps.values(pointers) if shape_maps else ()))
         return dq, dk, dv
 
