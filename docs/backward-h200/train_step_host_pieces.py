@@ -28,6 +28,9 @@ from attngen.ops import library
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the shared helpers
 from host_time import host_and_wall  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_step_bench import step  # noqa: E402
+from train_step_host_floor import Nothing  # noqa: E402  (a Python node that launches nothing)
 
 ACC = {}
 
@@ -41,27 +44,8 @@ def timed(name, fn):
     return wrapper
 
 
-class Nothing(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal):
-        ctx.save_for_backward(q, k, v)
-        return torch.empty_like(q)
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
-
-
-TRAIN_CLS = getattr(library, "_PreparedTrain", library._EagerTrain)
+TRAIN_CLS = getattr(library, "_PreparedTrain", library._EagerTrain)   # attention()'s Function, after and before e871b65
 SUPER_NOTHING = super(torch.autograd.Function, Nothing).apply
-
-
-def step(attention, q, k, v, do, causal):
-    def run():
-        o = attention(q, k, v, causal)
-        return torch.autograd.grad(o, (q, k, v), do)
-    return run
 
 
 def attngen_eager(q, k, v, c):
