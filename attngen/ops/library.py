@@ -1136,7 +1136,8 @@ def train(call: str, *inputs):
 # forward's) and one dict get, and its backward, on autograd's device thread, no table lookup, key or
 # argument check. Python's host time counts twice there: on the H200 host a backward body that took 42 us
 # on the calling thread took 71 us on autograd's thread (out of the calling thread's caches), and a step
-# 230 us against SDPA's 138 (out/host_train.py; docs/performance/backward.md, "Host time").
+# 230 us against SDPA's 138 (docs/backward-h200/train_step_host_pieces.py; docs/performance/backward.md,
+# "The eager training call prepared once per shape").
 _TRAIN: dict = {}    # call_key with `deterministic` in return_lse's place -> _PreparedStep
 
 

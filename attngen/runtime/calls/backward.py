@@ -13,7 +13,6 @@ The splits add dK and dV in any order, so those are repeatable only up to fp32 r
 deterministic=True keeps the unsplit path, whose dK and dV repeat bit for bit."""
 from __future__ import annotations
 
-import math
 import numbers
 
 from ...core.launch_rules import (KV_CONVERT, accum_rows, deterministic_key, group_split_key, group_splits,
