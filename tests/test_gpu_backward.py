@@ -554,6 +554,34 @@ def test_training_steps_take_the_prepared_step(d):
         assert all(torch.equal(a, b) for a, b in zip(step(dout, deterministic=True), first))
 
 
+def test_a_training_step_under_saved_tensor_hooks():
+    """q, k and v as views of one fused QKV tensor (rows 3 x H x D apart): the first steps prepare both
+    directions for those strides; a step under torch.autograd.graph.save_on_cpu() gets contiguous
+    copies back in its backward, which the prepared call was not made for, and takes the full backward.
+    Every step's gradients (of the fused tensor) are within the rule of SDPA's fp32 autograd."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(33)
+    fused = torch.randn(2, 300, 3, 8, 64, generator=gen, device="cuda").half().requires_grad_()
+    dout = torch.randn(2, 8, 300, 64, generator=gen, device="cuda").half()
+
+    def step():
+        q, k, v = fused.permute(2, 0, 3, 1, 4).unbind(0)     # (B, H, S, D) views, row stride 3 x 8 x 64
+        o = attngen.attention(q, k, v, causal=True)
+        return torch.autograd.grad(o, fused, dout)[0].permute(2, 0, 3, 1, 4).unbind(0)
+    q, k, v = (t.detach().contiguous() for t in fused.permute(2, 0, 3, 1, 4).unbind(0))
+    ref, low = sdpa_gradients(torch, q, k, v, dout, True)
+    for hooks in (False, False, False, True, False):
+        if hooks:
+            with torch.autograd.graph.save_on_cpu():
+                got = step()
+        else:
+            got = step()
+        for name, g, want, base in zip(("dq", "dk", "dv"), got, ref, low):
+            err = (g.float() - want).abs().max().item()
+            bound = verify.error_bound((base - want).abs().max().item())
+            assert err <= bound, f"{name} (saved-tensor hooks: {hooks}): {err:.3g} > {bound:.3g}"
+
+
 def test_wgmma_varlen_backward_with_bad_offsets_stays_inside_and_reports():
     """The Hopper class's varlen backward (whole-block accumulator per sequence, the convert kernel's
     bisection) given decreasing cu_seqlens: it reads and writes inside its tensors, its gradients are

@@ -190,8 +190,9 @@ def test_prepared_step_binds_forward_and_backward(monkeypatch):
     """attention()'s eager training call (library._PreparedTrain through a _PreparedStep, the path of GPU
     tensors) on CPU stand-ins of its kernels: it saves what attngen::attention_train saves and hands the
     call's options to the backward; the first step takes the full forward and backward and keeps their
-    prepared calls, the next ones run those; a dout in other strides (a sum's gradient, expanded) takes
-    the full backward; the LSE takes no gradient; every step's gradients are SDPA's."""
+    prepared calls, the next ones run those; a dout in other strides (a sum's gradient, expanded) and a
+    step under saved-tensor hooks take the full backward; the LSE takes no gradient; every step's
+    gradients are SDPA's."""
     from attngen.ops import library
     from attngen.runtime.calls.shared import call_key
     ran = []
@@ -246,5 +247,13 @@ def test_prepared_step_binds_forward_and_backward(monkeypatch):
                    ("prepared forward", "forward Params"), ("prepared backward", "backward Params"),
                    ("prepared forward", "forward Params"), "full backward",
                    ("prepared forward", "forward Params"), ("prepared backward", "backward Params")]
+    # saved-tensor hooks (offloading, checkpointing) may hand the backward other tensors than the forward
+    # saved, in layouts the prepared call was not made for: the full backward checks them
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        o, _ = library._apply_prepared_train(step, q, k, v)
+    ran.clear()
+    for got, expected in zip(torch.autograd.grad(o, (q, k, v), dout), reference_gradients(dout, q, k, v, True)):
+        assert torch.allclose(got, expected, atol=1e-5)
+    assert ran == ["full backward"]
     with pytest.raises(RuntimeError):   # as FlashAttention's: a loss on the LSE alone has no gradient
         library._apply_prepared_train(step, q, k, v)[1].sum().backward()

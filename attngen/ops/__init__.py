@@ -13,7 +13,8 @@ they go through the torch ops attngen::attention, ... (library.py), which trace 
 break. attention() on tensors that need gradients goes through attngen::attention_train (with
 variants, attngen::attention_variant_train), attention_varlen() through
 attngen::attention_varlen_train when traced, and eagerly through the same forward and backward as
-a torch.autograd.Function (library.train); their backward runs the dispatch table's backward spec. Decode is
+a torch.autograd.Function (library.train; attention() without variants: library.train_attention,
+both directions prepared once per shape); their backward runs the dispatch table's backward spec. Decode is
 forward only: a call on tensors that need gradients is refused rather than returning an output
 autograd cannot differentiate. A head dim the table serves no kernel of runs at the smallest served
 head dim above it, q, k and v zero-padded (library._pad; docs/dispatch.md).

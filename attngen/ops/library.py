@@ -9,8 +9,9 @@ attngen::attention_backward runs the table's backward spec), attngen::attention_
 attngen::attention_varlen_train the same for attngen::attention_variant and attngen::attention_varlen;
 traced calls on tensors that need gradients take them, the others the plain ops, whose host time an
 autograd registration would raise (measured: docs/performance.md, "Backward"). Eager calls on GPU
-tensors that need gradients take train(): the same forward and backward as a torch.autograd.Function,
-without the dispatcher's round trips. The decode ops are forward only.
+tensors that need gradients take train() (attention() without variants: train_attention, prepared once
+per shape): the same forward and backward as a torch.autograd.Function, without the dispatcher's round
+trips. The decode ops are forward only.
 
 Importing this module registers the ops (it needs torch)."""
 from __future__ import annotations
@@ -1096,7 +1097,7 @@ torch.library.register_autograd("attngen::attention_varlen_variant_train", _atte
 # dispatcher redispatches twice: a training step's host time was 1.4-1.6x this path's (552-643 against
 # 350-446 CPU µs, H200 host, docs/backward-h200/train_step_host.py; docs/performance.md, "Backward"). torch.compile
 # traces the ops (attention() takes them while compiling), and tensors off the GPU take them too.
-# attention() itself takes _PreparedTrain, this path prepared once per shape.
+# attention() without variants takes _PreparedTrain instead: this path, prepared once per shape.
 _EAGER = {   # call -> (forward, save, gradients, backward)
     "attention_variant": (attention_variant_train_cuda, _attention_variant_setup, _attention_variant_gradients,
                           attention_variant_backward_cuda),
@@ -1148,18 +1149,19 @@ class _PreparedStep:
     sum's gradient is expanded) takes the full call, as the first step did. Head dims padded to a served
     one (the kernels see padded copies) always take the full calls."""
 
-    __slots__ = ("forward", "forward_prepared", "backward", "backward_prepared", "dout_stride", "options", "prepares")
+    __slots__ = ("forward_kernel", "forward_prepared", "gradient_kernel", "gradient_prepared", "dout_stride",
+                 "options", "prepares")
 
-    def __init__(self, backward_kernel, options, prepares: bool):
-        self.forward = self.forward_prepared = self.backward_prepared = self.dout_stride = None
-        self.backward = backward_kernel
+    def __init__(self, gradient_kernel, options, prepares: bool):
+        self.forward_kernel = self.forward_prepared = self.gradient_prepared = self.dout_stride = None
+        self.gradient_kernel = gradient_kernel
         self.options = options     # causal, alignment, scale, layout, deterministic
         self.prepares = prepares   # the kernels take the call's own tensors (no padding)
 
     def outputs(self, q, k, v):
         """(o, lse): the prepared forward, or the full one (remembering its prepared call)."""
         if self.forward_prepared is not None:
-            result = self.forward.run_prepared(self.forward_prepared, q, k, v, True)
+            result = self.forward_kernel.run_prepared(self.forward_prepared, q, k, v, True)
             if result is not None:
                 return result
         causal, alignment, scale, layout, _ = self.options
@@ -1167,41 +1169,48 @@ class _PreparedStep:
         if self.prepares and self.forward_prepared is None:
             hit = _PREPARED.get(call_key(q, k, v, causal, alignment, scale, True, layout))
             if hit is not None:
-                self.forward, self.forward_prepared = hit
+                self.forward_kernel, self.forward_prepared = hit
         return result
 
-    def gradients(self, dout, q, k, v, o, lse):
+    def gradients(self, dout, q, k, v, o, lse, hooked: bool = False):
         """(dq, dk, dv): the prepared backward, or the full one (remembering its prepared call when it
-        read dout in place)."""
-        if dout.stride() == self.dout_stride:
-            result = self.backward.run_prepared(self.backward_prepared, q, k, v, o, lse, dout)
+        read dout in place). `hooked`: saved-tensor hooks were active when the forward saved q, k, v, o
+        and lse, so these may be other tensors than those (torch.autograd.graph.save_on_cpu gives
+        contiguous copies; checkpointing recomputes them), in layouts the prepared call was not made
+        for: the full call checks them."""
+        if dout.stride() == self.dout_stride and not hooked:
+            result = self.gradient_kernel.run_prepared(self.gradient_prepared, q, k, v, o, lse, dout)
             if result is not None:
                 return result
         causal, alignment, scale, layout, deterministic = self.options
         result = backward(dout, q, k, v, o, lse, causal, alignment, scale, layout, deterministic=deterministic)
-        if self.prepares and self.dout_stride is None and _vector_ready(dout):
-            prepared = self.backward.prepared_call(q, k, v, o, lse, dout, causal=causal, alignment=alignment,
-                                                   scale=scale, layout=layout, deterministic=deterministic)
+        if self.prepares and self.dout_stride is None and not hooked and _vector_ready(dout):
+            prepared = self.gradient_kernel.prepared_call(q, k, v, o, lse, dout, causal=causal, alignment=alignment,
+                                                          scale=scale, layout=layout, deterministic=deterministic)
             if prepared is not None:
-                self.backward_prepared, self.dout_stride = prepared, dout.stride()
+                self.gradient_prepared, self.dout_stride = prepared, dout.stride()
         return result
 
 
+# The saved-tensor hooks in force (torch.autograd.graph.saved_tensors_hooks: offloading, checkpointing), or
+# None; torch's own code asks the same (aot_autograd). Without it every backward takes the full call.
+_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", lambda tracing: True)
+
+
 class _PreparedTrain(torch.autograd.Function):
-    """attention()'s eager training call: what attngen::attention_train saves and runs (its setup and
-    gradients above), through one _PreparedStep."""
+    """attention()'s eager training call: what attngen::attention_train saves (_attention_setup) and
+    runs, through one _PreparedStep."""
 
     @staticmethod
     def forward(ctx, step, q, k, v):
-        o, lse = step.outputs(q, k, v)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.step = step
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+        output = step.outputs(q, k, v)
+        _attention_setup(ctx, (q, k, v, *step.options), output)
+        ctx.step, ctx.hooked = step, _saved_tensor_hooks(False) is not None
+        return output
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
-        return (None, *ctx.step.gradients(grad_o, *ctx.saved_tensors))
+        return (None, *ctx.step.gradients(grad_o, *ctx.saved_tensors, ctx.hooked))
 
 
 # torch.autograd.Function.apply is a Python wrapper whose work (binding defaults, unwrapping dead
@@ -1214,7 +1223,8 @@ _functorch_active = torch._C._are_functorch_transforms_active
 def train_attention(q, k, v, causal, alignment, scale, layout, deterministic):
     """attention()'s eager call on tensors that need gradients: (o, lse), differentiable in q, k and v.
     A new shape first makes sure a backward spec serves it (NotImplementedError before the forward
-    runs); tensors off the GPU take the op (train)."""
+    runs); tensors off the GPU take the op (train). Arguments no key can hold (a list for scale) get
+    a step of their own, whose full calls say what is wrong."""
     try:
         key = call_key(q, k, v, causal, alignment, scale, deterministic, layout)
         step = _TRAIN.get(key)
@@ -1222,13 +1232,14 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic):
         key = step = None
     if step is None:
         kernel = backward_kernel(q, k, v, causal, layout)
-        if key is None or not q.is_cuda:
+        if not q.is_cuda:
             return train("attention", q, k, v, causal, alignment, scale, layout, deterministic)
-        step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic),
-                             (kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]))
-        if len(_TRAIN) >= 4096:
-            _TRAIN.clear()
-        _TRAIN[key] = step
+        step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic), key is not None and (
+            kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]))
+        if key is not None:
+            if len(_TRAIN) >= 4096:
+                _TRAIN.clear()
+            _TRAIN[key] = step
     if _functorch_active():
         return _PreparedTrain.apply(step, q, k, v)
     return _apply_prepared_train(step, q, k, v)

@@ -35,7 +35,8 @@ VARLEN_PER_CALL = PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "tota
 def scratch_layout(accum: int, sums: int, delta: int, turns) -> tuple:
     """A padded call's fp32 scratch in one buffer, [dQ accumulator | dK's and dV's sums (group-split
     calls; the kernels find them right after the accumulator) | delta], as (floats, where the sums
-    start, where they end and delta starts, the turn counters' shape or None). One allocation, not
+    start, where they end and delta starts), then the int32 turn counters' shape (deterministic calls,
+    their own zeroed tensor) or None. One allocation, not
     two: a training step's backward runs on autograd's device thread, where each costs host time.
     Every part starts 16-byte aligned (the accumulator's and the sums' sizes are multiples of the head dim)."""
     return accum + sums + delta, accum, accum + sums, turns
@@ -205,12 +206,12 @@ class BackwardKernel(Kernel):
         return self._prepared.get(self._call_key(q, k, v, out, lse, dout, causal, alignment, scale, layout,
                                                  deterministic, (), None))
 
-    def _scratch(self, q, layout):
-        """The call's fp32 scratch as one allocation (scratch_layout): (the buffer, the dQ
-        accumulator's address, delta's address, the turn counters or None). The group-split sums are
-        zeroed here, the turn counters are new zeros; the preprocess kernel zeroes the accumulator and
-        writes delta."""
-        floats, sums_from, sums_to, turns = layout
+    def _scratch(self, q, scratch):
+        """The call's fp32 scratch as one allocation (scratch: scratch_layout's tuple): (the buffer,
+        the dQ accumulator's address, delta's address, the turn counters or None). The group-split sums
+        are zeroed here, the turn counters are new zeros; the preprocess kernel zeroes the accumulator
+        and writes delta."""
+        floats, sums_from, sums_to, turns = scratch
         torch = self._torch
         buffer = torch.empty(floats, dtype=self._fp32, device=q.device)
         if sums_to > sums_from:
