@@ -1192,9 +1192,17 @@ class _PreparedStep:
         return result
 
 
-# The saved-tensor hooks in force (torch.autograd.graph.saved_tensors_hooks: offloading, checkpointing), or
-# None; torch's own code asks the same (aot_autograd). Without it every backward takes the full call.
-_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", lambda tracing: True)
+_top_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def _saved_tensor_hooks_active() -> bool:
+    """Whether saved-tensor hooks are in force (torch.autograd.graph.saved_tensors_hooks: offloading,
+    checkpointing): torch's own private query (torch 2.8 on; aot_autograd asks it too). Where it is
+    missing or takes other arguments, assume they are: every backward then takes the full call."""
+    try:
+        return _top_saved_tensor_hooks(False) is not None
+    except TypeError:
+        return True
 
 
 class _PreparedTrain(torch.autograd.Function):
@@ -1205,7 +1213,7 @@ class _PreparedTrain(torch.autograd.Function):
     def forward(ctx, step, q, k, v):
         output = step.outputs(q, k, v)
         _attention_setup(ctx, (q, k, v, *step.options), output)
-        ctx.step, ctx.hooked = step, _saved_tensor_hooks(False) is not None
+        ctx.step, ctx.hooked = step, _saved_tensor_hooks_active()
         return output
 
     @staticmethod
