@@ -159,6 +159,11 @@ class _FakeTorch:
 T = _FakeTorch
 
 
+def made_here(make, index):
+    """gpu.persistent's stand-in: the fake torch makes its tensors where it is called."""
+    return make()
+
+
 def test_scales_per_tensor_per_head_numbers_and_none():
     one = T.Tensor((), T.float32, ptr=100)
     heads = T.Tensor((8,), T.float32, ptr=200)
@@ -166,9 +171,9 @@ def test_scales_per_tensor_per_head_numbers_and_none():
     assert kv_scale_values(T, (heads, T.Tensor((8,), T.float32, ptr=400)), 8, 0, {}) == (200, 400, 1)
     assert kv_scale_values(T, (None, None), 8, 0, {}) == (0, 0, 0)
     seen = {}
-    assert kv_scale_values(T, (0.5, None), 8, 0, seen) == (8192, 0, 0) and (0, 0.5) in seen
+    assert kv_scale_values(T, (0.5, None), 8, 0, seen, made_here) == (8192, 0, 0) and (0, 0.5) in seen
     for value in range(1, 200):          # per-layer numbers: each kept, none freed (a graph may hold it)
-        kv_scale_values(T, (float(value), None), 8, 0, seen)
+        kv_scale_values(T, (float(value), None), 8, 0, seen, made_here)
     assert len(seen) == 200 and seen[(0, 0.5)] is not None
 
 
@@ -178,11 +183,11 @@ def test_a_new_number_scale_under_graph_capture_is_refused(monkeypatch):
     monkeypatch.setattr(T, "capturing", True)
     seen = {}
     with pytest.raises(ValueError, match="fp32 tensors"):
-        kv_scale_values(T, (0.25, None), 8, 0, seen)
+        kv_scale_values(T, (0.25, None), 8, 0, seen, made_here)
     monkeypatch.setattr(T, "capturing", False)
-    kv_scale_values(T, (0.25, None), 8, 0, seen)
+    kv_scale_values(T, (0.25, None), 8, 0, seen, made_here)
     monkeypatch.setattr(T, "capturing", True)
-    assert kv_scale_values(T, (0.25, None), 8, 0, seen)[0] == 8192
+    assert kv_scale_values(T, (0.25, None), 8, 0, seen, made_here)[0] == 8192
 
 
 @pytest.mark.parametrize("scales, error, words", [

@@ -288,3 +288,15 @@ def test_compiled_block_runs_through_the_ops(torch, mode):
             out = compiled(x)
         torch.cuda.synchronize()
     assert (out.float() - eager.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("case", ["decode", "paged_mixed_sinks", "varlen"])
+def test_reduce_overhead_as_a_process_first_call(case):
+    """torch.compile(mode="reduce-overhead") as the first GPU work of a fresh process (tests/reduce_overhead_step.py):
+    the buffers attngen keeps between calls are made during the CUDA graph's warm-up, yet outside its pool
+    (which must hold nothing but outputs after a call), and the replays equal the eager call bit for bit."""
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "reduce_overhead_step.py"), case], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]

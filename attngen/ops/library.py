@@ -22,6 +22,7 @@ import torch
 
 from ..core.variants import SCORES, call_mask
 from ..runtime.calls.shared import call_key
+from ..runtime.gpu import persistent
 from .dispatch import DISPATCH
 from .table import window_stands_in
 
@@ -91,13 +92,15 @@ def join_sinks(out, lse, sinks, rows: str, merge: bool = False):
     index, d = out.get_device(), out.shape[-1]
     # the checks a sink kernel makes: fp32, one logit per query head, on the call's GPU
     SCORES["sink"].fill(sinks, 1.0, {"heads": lses.shape[1], "device": index})
-    # (while a CUDA graph is captured, the zero row could not be made: its memset would not have run)
-    if merge and index >= 0 and not torch.cuda.is_current_stream_capturing() \
+    key = (index, out.dtype, d)
+    zero = _ZERO_ROW.get(key)
+    # (a zero row first needed while a CUDA graph is captured could not be made: its memset would not run
+    # until the graph replays; one made before, as by torch.compile's warm-up run, serves the capture)
+    if merge and index >= 0 and (zero is not None or not torch.cuda.is_current_stream_capturing()) \
             and DISPATCH.serves("merge", index, out.dtype, d, "none"):
-        key = (index, out.dtype, d)
-        zero = _ZERO_ROW.get(key)
-        if zero is None:
-            zero = _ZERO_ROW[key] = torch.zeros((1, 1, 1, d), dtype=out.dtype, device=out.device)
+        if zero is None:   # kept for the process: made outside the calling thread's memory pool
+            zero = _ZERO_ROW[key] = persistent(lambda: torch.zeros((1, 1, 1, d), dtype=out.dtype, device=out.device),
+                                               index)
         sink_lse = sinks.float().reshape(1, -1, 1).expand(lses.shape).contiguous()
         _, joined = _merge_kernel(out, None)([parts, zero.expand(parts.shape)], [lses, sink_lse],
                                              layout="bhsd" if rows == "bhsd" else "bshd", out=parts)

@@ -71,6 +71,46 @@ def device_info(index: int) -> DeviceInfo:
     return info
 
 
+# -- buffers kept between calls -----------------------------------------------------------------
+
+_maker = None                   # the thread that makes them (a one-worker executor), made on first use
+_maker_lock = threading.Lock()
+_side_streams: dict = {}        # device index -> the stream they are made on
+
+
+def persistent(make, index: int):
+    """A tensor attngen keeps between calls (the input-error word, split workspaces and counters, the
+    sinks' zero row, scale values), made by make() on cuda:`index` outside any memory pool the calling
+    thread allocates to, and ready on every stream when handed back.
+
+    torch.compile's CUDA graphs (mode="reduce-overhead") run a function's warm-up with every allocation
+    of the calling thread routed to the graph's pool, and refuse a tensor of that pool that outlives the
+    function without being one of its outputs; a buffer first made during such a warm-up would be one.
+    So make() runs on a thread of its own, on a side stream of the device, synchronized before the
+    tensor is returned (made and zeroed before any stream reads it; a caller that frees it on another
+    stream first records that stream, Tensor.record_stream). While the caller's stream is being captured
+    make() runs on the calling thread, as any allocation there (nothing may synchronize then)."""
+    import torch
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return make()
+    global _maker
+    if _maker is None:
+        with _maker_lock:
+            if _maker is None:
+                from concurrent.futures import ThreadPoolExecutor
+                _maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attngen-buffers")
+
+    def run():
+        stream = _side_streams.get(index)
+        if stream is None:
+            stream = _side_streams[index] = torch.cuda.Stream(device=index)
+        with torch.cuda.stream(stream):
+            made = make()
+        stream.synchronize()
+        return made
+    return _maker.submit(run).result()
+
+
 # -- input errors the kernels recorded -----------------------------------------------------------
 
 class InputError(ValueError):
@@ -90,7 +130,8 @@ def error_word(index: int) -> int:
             word = _flags.get(index)
             if word is None:
                 import torch
-                word = _flags[index] = torch.zeros(1, dtype=torch.int32, device=f"cuda:{index}")
+                word = _flags[index] = persistent(lambda: torch.zeros(1, dtype=torch.int32, device=f"cuda:{index}"),
+                                                  index)
     return word.data_ptr()
 
 

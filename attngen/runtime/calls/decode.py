@@ -14,7 +14,7 @@ from ...core.append_abi import APPEND_FIELDS
 from ...core.launch_rules import MAX_PAGE_SIZE, num_splits, page_shift, row_blocks, visited_tiles
 from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
-from ..gpu import error_word
+from ..gpu import error_word, persistent
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
 from .shared import ATTENTION_FIELDS, bhsd_strides, check_page_ids, mask_fields, variant_key
 
@@ -444,7 +444,7 @@ class DecodeKernel(Kernel):
         launches. Inside CUDA graph capture each call takes a temporary of the graph's pool, freed when
         the call returns, as any op's intermediate: the graph replays the split and the combine in
         stream order, and torch.compile's CUDA graphs (mode="reduce-overhead") refuse a live
-        allocation of their pool that is not an output."""
+        allocation of their pool that is not an output (the kept buffers are made outside it: _kept)."""
         torch = self._torch
         if torch._C._cuda_isCurrentStreamCapturing():
             buf = torch.empty(floats, dtype=torch.float32, device=f"cuda:{index}")
@@ -454,9 +454,18 @@ class DecodeKernel(Kernel):
         if buf is None or buf.numel() < floats:
             if len(self._workspaces) >= WORKSPACES:
                 self._workspaces.clear()
-            buf = torch.empty(max(floats, 1 << 16), dtype=torch.float32, device=f"cuda:{index}")
+            buf = self._kept(torch.empty, max(floats, 1 << 16), torch.float32, index)
             self._workspaces[key] = buf
         return buf.data_ptr(), None
+
+    def _kept(self, make, n: int, dtype, index: int):
+        """A buffer of n elements kept between calls on the current stream (gpu.persistent: outside the
+        calling thread's memory pool), recorded on that stream, so that once replaced or dropped its
+        memory waits for the calls queued there."""
+        torch = self._torch
+        buf = persistent(lambda: make(n, dtype=dtype, device=f"cuda:{index}"), index)
+        buf.record_stream(torch.cuda.current_stream(index))
+        return buf
 
     def _counters(self, n: int, index: int) -> tuple:
         """Address of n zeroed int32 split counters for a fused combine, one buffer per device and
@@ -472,7 +481,7 @@ class DecodeKernel(Kernel):
             with self._counter_lock:
                 buf = self._counter_buffers.get(key)
                 if buf is None or buf.numel() < n:
-                    buf = self._torch.zeros(max(n, 1024), dtype=self._torch.int32, device=f"cuda:{index}")
+                    buf = self._kept(self._torch.zeros, max(n, 1024), self._torch.int32, index)
                     self._counter_buffers[key] = buf
         return buf.data_ptr(), None
 
@@ -523,9 +532,10 @@ class DecodeKernel(Kernel):
                 raise ValueError(f"cache_seqlens holds {bad}, outside [0, {capacity}] (the cache's capacity, {where})")
 
 
-def kv_scale_values(torch, kv_scales, kv_heads: int, index: int, numbers_seen: dict) -> tuple:
+def kv_scale_values(torch, kv_scales, kv_heads: int, index: int, numbers_seen: dict, keep=persistent) -> tuple:
     """(k_scale pointer, v_scale pointer, kv_scale_stride) of an e4m3 call (DecodeKernel._kv_scales). A number
-    becomes a one-element fp32 tensor on the GPU, made once per (device, value) and kept in `numbers_seen`."""
+    becomes a one-element fp32 tensor on the GPU, made once per (device, value) by keep(make, index)
+    (gpu.persistent) and kept in `numbers_seen`."""
     pointers, strides = [], set()
     for name, value in zip(("k_scale", "v_scale"), kv_scales):
         if value is None:
@@ -558,7 +568,7 @@ def kv_scale_values(torch, kv_scales, kv_heads: int, index: int, numbers_seen: d
             if torch.cuda.is_current_stream_capturing():
                 raise ValueError(f"{name}={value} is a number first seen under CUDA graph capture: pass the scales "
                                  "as fp32 tensors, or make one uncaptured call with these numbers first")
-            held = torch.full((1,), float(value), dtype=torch.float32, device=f"cuda:{index}")
+            held = keep(lambda: torch.full((1,), float(value), dtype=torch.float32, device=f"cuda:{index}"), index)
             numbers_seen[key] = held
         strides.add(0)
         pointers.append(held.data_ptr())

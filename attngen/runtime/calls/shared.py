@@ -95,10 +95,10 @@ def check_sequences(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k) -> tuple[int, i
 
 
 class SequenceOrders:
-    """The longest-first order of a cu_seqlens_k, computed once per table: every layer of a model
-    passes the same cu_seqlens_k, so one argsort serves them all. Keyed by the tensor's address,
-    version counter (bumped by any in-place write), size and the stream it is used on (the order
-    is computed on that stream, so it is ready before the kernel reads it). A stale entry could
+    """The longest-first order of a cu_seqlens_k, computed once per table on the default stream: every
+    layer of a model passes the same cu_seqlens_k, so one argsort serves them all. Keyed by the
+    tensor's address, version counter (bumped by any in-place write), size and the stream (the order is
+    computed on the stream that reads it, so it is ready before the kernel does). A stale entry could
     only give a permutation of the same batch: the order changes the schedule, never the result."""
 
     ENTRIES = 64
@@ -109,6 +109,12 @@ class SequenceOrders:
 
     def longest_first(self, torch, cu_seqlens_k, batch: int, index: int):
         stream = torch._C._cuda_getCurrentRawStream(index)
+        if stream or torch._C._cuda_isCurrentStreamCapturing():
+            # Kept only for calls on the device's default stream: a CUDA graph's capture (its order
+            # would only be computed when the graph replays) and torch.compile's CUDA-graph warm-up (its
+            # allocations go to the graph's pool, which must hold nothing past the call) run on
+            # streams of their own, and so may a caller's; those compute the order per call.
+            return longest_first(torch, cu_seqlens_k)
         key = (cu_seqlens_k.data_ptr(), cu_seqlens_k._version, batch, index, stream)
         order = self._cache.get(key)
         if order is None:
