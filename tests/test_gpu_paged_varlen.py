@@ -156,12 +156,14 @@ def test_paged_varlen_window_against_reference(torch, head_dim, dtype, pg, windo
 
 
 # The models that serve score modifiers from paged caches: gpt-oss (d64, learned sinks, causal and a 128-key
-# window), Gemma 2's global layers (d256, softcap 50, causal), MPT (d128, ALiBi), every modifier at once
+# window), Gemma 2's global layers (d256, softcap 50, causal) and local ones (a window the sequences cross,
+# standing in for its 4096 keys), MPT (d128, ALiBi), every modifier at once
 # under a window the sequences cross; d96 pads to d128's cells. The packed call it is compared with
 # runs the same cell (at d256, where the softcap members read packed K/V only, the paged cell's packed path).
 SCORE_CASES = [
     (64, "bf16", {"sinks": True}, (128, 0)), (64, "fp16", {"sinks": True}, None),
     (256, "bf16", {"softcap": 50.0}, None), (256, "fp16", {"softcap": 50.0}, None),
+    (256, "bf16", {"softcap": 50.0}, (48, 0)), (256, "fp16", {"softcap": 50.0}, (48, 0)),
     (128, "fp16", {"alibi": True}, None), (128, "bf16", {"softcap": 30.0, "alibi": True, "sinks": True}, (48, 17)),
     (96, "bf16", {"softcap": 30.0, "sinks": True}, None),
 ]
@@ -177,7 +179,7 @@ def modifiers_of(kw):
                          ids=[f"d{d}-{t}-{'+'.join(m)}-{'w' if w else 'causal'}" for d, t, m, w in SCORE_CASES])
 def test_paged_varlen_scores_against_reference(torch, head_dim, dtype, mods, window, pg):
     """Softcap, ALiBi and learned sinks in the paged call (the scores members of h100_mma_d64 and d128 read
-    pages too; d256's softcap has h100_mma_d256_paged_softcap): through attngen.attention_varlen, each
+    pages too; d256's softcap has h100_mma_d256_paged_softcap, with a window h100_mma_d256_paged_window_softcap): through attngen.attention_varlen, each
     sequence's ALiBi offset and window from its own
     key count (bottom-right), within the error rule of the fp32 reference with the same modifiers sequence
     by sequence, NaN spare pages and tails, and bit for bit the packed varlen call (the same cell)."""
@@ -205,7 +207,8 @@ def test_paged_varlen_scores_against_reference(torch, head_dim, dtype, mods, win
         packed_out = attngen.attention_varlen(q, k, v, cu_q, cu_k, *longest, causal=causal, window=window,
                                               alignment="bottom_right", **kw)
     else:   # the paged cell's own packed path
-        cell = attngen.load(ROOT / "specs" / f"h100_mma_d256_paged_softcap{'_bf16' if dtype == 'bf16' else ''}.yaml",
+        member = "paged_window_softcap" if window else "paged_softcap"
+        cell = attngen.load(ROOT / "specs" / f"h100_mma_d256_{member}{'_bf16' if dtype == 'bf16' else ''}.yaml",
                             synchronize=True)
         packed_out = cell.varlen(q, k, v, cu_q, cu_k, causal=causal, window=window, alignment="bottom_right", **kw)
     # the varlen kernel's rows (without a window, single-query sequences may take the paged decode call)

@@ -96,17 +96,19 @@ def test_table_keys_varlen_on_paged():
     assert "reads contiguous caches only" in entry_problem(e._replace(spec=twin), plan_of(twin))
     assert select(entries, "varlen", "sm_90", "fp16", 64, "window", 4096, paged=True).spec == "h100_mma_d64_paged"
     # score modifiers: at d64 and d128 the scores members, which read pages too (gpt-oss's sinks, ALiBi, ...);
-    # at d256 softcap alone (Gemma 2), in a paged member of its own
+    # at d256 softcap (Gemma 2's global layers) and softcap with a window (its local layers, 32-key tiles),
+    # in paged members of their own
     for d, scores, member, mask in [(d, s, m, "window" if m == "window_softcap" else "causal") for d in (64, 128)
                                     for s, m in (("sink", "sink"), ("softcap", "softcap"),
                                                  ("softcap", "window_softcap"), ("alibi", "alibi"),
                                                  ("softcap+alibi+sink", "softcap_alibi_sink"))] + \
-            [(256, "softcap", "paged_softcap", "none"), (256, "softcap", "paged_softcap", "causal")]:
+            [(256, "softcap", "paged_softcap", "none"), (256, "softcap", "paged_softcap", "causal"),
+             (256, "softcap", "paged_window_softcap", "window")]:
         e = select(entries, "varlen", "sm_90", "bf16", d, mask, 4096, paged=True, scores=scores)
         assert e.spec == f"h100_mma_d{d}_{member}_bf16" and plan_of(e.spec).paged, (d, scores, e.spec)
         assert entry_problem(e, plan_of(e.spec)) is None
-    for d, mask, scores in ((96, "causal", "softcap"), (256, "causal", "sink"), (256, "causal", "alibi"),
-                            (256, "window", "softcap")):   # d96: padded to d128; d256: no kernel
+    for d, mask, scores in ((96, "causal", "softcap"), (256, "causal", "sink"),
+                            (256, "causal", "alibi")):   # d96: padded to d128; d256: no kernel
         with pytest.raises(LookupError, match="paged"):
             select(entries, "varlen", "sm_90", "fp16", d, mask, 4096, paged=True, scores=scores)
     assert call_text("varlen", "sm_90", "fp16", 64, "causal", 4096, 16) == \
