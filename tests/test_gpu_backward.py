@@ -547,7 +547,7 @@ def test_training_steps_take_the_prepared_step(d):
     for dout in (wide[..., :d].contiguous(),) * 3 + (wide[..., :d], torch.ones(1, device="cuda").half().expand(q.shape)):
         within_rule(step(dout), dout)
     prepared = library._TRAIN[library.call_key(q, k, v, True, None, None, False, "bhsd")]
-    assert (prepared.backward_prepared is not None) == (prepared.forward_prepared is not None) == (d == 64)
+    assert (prepared.gradient_prepared is not None) == (prepared.forward_prepared is not None) == (d == 64)
     dout = wide[..., :d].contiguous()
     first = step(dout, deterministic=True)
     for _ in range(2):
