@@ -216,6 +216,14 @@ def format_decode(report: dict, backends) -> str:
 
 def check_options(paths, plans, opts) -> list[str]:
     """Problems of `attngen bench`'s options with these decode specs (no GPU needed)."""
+    # Every call of a spec with score modifiers takes their arguments (softcap=, alibi_slopes=, sinks=), and
+    # one of an e4m3 cache takes e4m3 caches with their scales: the bench's cells carry neither.
+    taking = [p.spec.name for p in plans if p.score_variants or p.kv_dtype]
+    if taking:
+        return [f"{', '.join(taking)} {'takes' if len(taking) == 1 else 'take'} arguments the bench's decode cells do "
+                f"not carry (score modifiers' softcap=, alibi_slopes=, sinks=; e4m3 caches and their scales): time "
+                f"{'it' if len(taking) == 1 else 'them'} with `python3 docs/variants-h200/variant_bench.py OUT.json "
+                f"decode` or `python3 docs/measurements/fp8_kv_decode.py --json OUT.json` (in the repository)"]
     if opts.paged:
         contiguous = [p.spec.name for p in plans if not p.paged]
         if contiguous:
