@@ -288,6 +288,36 @@ def test_variant_loss_backward(name, causal, keywords, alibi, dtype, d):
         assert err <= bound, f"{name} {what}: {err:.3g} > {bound:.3g}"
 
 
+@pytest.mark.parametrize("name, causal, keywords, alibi", VARIANT_CALLS, ids=[c[0] for c in VARIANT_CALLS])
+def test_variant_training_steps_take_the_prepared_step(name, causal, keywords, alibi):
+    """Repeated training steps with a window, softcap or ALiBi (attention()'s eager call, a _PreparedStep
+    with the call's variants): the first step prepares the forward and the backward, the later ones run
+    those, a sum's loss (dout expanded) takes the full backward, new slopes make a step of their own;
+    every step's gradients are within the rule of the fp32 reference with the same variants."""
+    import torch
+    from attngen.ops import library
+    from attngen.runtime.calls.shared import call_key, variant_key
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    q, k, v, dout = (torch.randn(s, generator=gen, device="cuda").half() for s in
+                     ((2, 4, 333, 64), (2, 2, 333, 64), (2, 2, 333, 64), (2, 4, 333, 64)))
+    slopes = [torch.rand(4, generator=gen, device="cuda") * 0.3 for _ in range(2)] if alibi else [None, None]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    for n, (loss, s) in enumerate((("dout", slopes[0]), ("dout", slopes[0]), ("sum", slopes[0]), ("dout", slopes[0]),
+                                   ("dout", slopes[1]))):
+        o = attngen.attention(*leaves, causal=causal, alibi_slopes=s, **keywords)
+        g = dout if loss == "dout" else torch.ones_like(dout)
+        got = torch.autograd.grad(o, leaves, g)
+        ref, low = variant_reference_gradients(torch, q, k, v, g, causal, keywords, s)
+        for what, x, want, base in zip(("dq", "dk", "dv"), got, ref, low):
+            err = (x.float() - want).abs().max().item()
+            bound = verify.error_bound((base - want).abs().max().item())
+            assert err <= bound, f"{name} step {n} ({loss}) {what}: {err:.3g} > {bound:.3g}"
+    window = keywords.get("window")
+    key = call_key(*leaves, causal, None, None, False, "bhsd", variant_key(window, keywords.get("softcap"), slopes[0]))
+    step = library._TRAIN[key]
+    assert step.forward_prepared is not None and step.gradient_prepared is not None
+
+
 def test_variant_compiled_step_and_opcheck():
     """A torch.compile(fullgraph=True) training step with a window gives the eager gradients; opcheck
     of attention_variant_train (softcap) and attention_variant_backward (ALiBi)."""

@@ -225,8 +225,10 @@ def test_prepared_step_binds_forward_and_backward(monkeypatch):
                                                                                           "forward Params")
         return _sdpa(q, k, v, causal, scale, layout)
 
-    def full_backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=False):
+    def full_backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None,
+                      alibi_slopes=None, deterministic=False):
         assert (causal, alignment, scale, layout, deterministic) == options
+        assert (window, softcap, alibi_slopes) == (None, None, None)
         ran.append("full backward")
         return reference_gradients(dout, q, k, v, causal)
 
@@ -257,3 +259,101 @@ def test_prepared_step_binds_forward_and_backward(monkeypatch):
     assert ran == ["full backward"]
     with pytest.raises(RuntimeError):   # as FlashAttention's: a loss on the LSE alone has no gradient
         library._apply_prepared_train(step, q, k, v)[1].sum().backward()
+
+
+def test_prepared_variant_step_binds_its_variants(monkeypatch):
+    """A training call with a window, softcap and ALiBi slopes through its _PreparedStep, on CPU stand-ins:
+    the first step takes the full variant forward (forward_variant) and backward with the call's variant
+    arguments and keeps both prepared calls (the backward's asked for with those arguments), the next
+    steps run them; the step's key holds the slopes' address, so other slopes make another step."""
+    from attngen.ops import library
+    from attngen.runtime.calls.shared import call_key, variant_key
+    ran = []
+    options = (True, None, None, "bhsd", False)
+    slopes = torch.rand(3)
+    variants = ((64, 0), 30.0, slopes)
+
+    def reference_gradients(dout, q, k, v):
+        leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        with torch.enable_grad():
+            _sdpa(*leaves, True, None, "bhsd")[0].backward(dout.float())
+        return tuple(x.grad.to(q.dtype) for x in leaves)
+
+    class ForwardKernel:
+        def prepared(self, key):
+            assert key == call_key(q, k, v, True, None, None, True, "bhsd", variant_key(*variants))
+            return "forward Params"
+
+        def run_prepared(self, prepared, q, k, v, return_lse):
+            ran.append(("prepared forward", prepared))
+            return _sdpa(q, k, v, True, None, "bhsd")
+
+    class BackwardKernel:
+        def prepared_call(self, q, k, v, out, lse, dout, **given):
+            assert given == dict(zip(("causal", "alignment", "scale", "layout", "deterministic"), options),
+                                 window=(64, 0), softcap=30.0, alibi_slopes=slopes)
+            return "backward Params"
+
+        def run_prepared(self, prepared, q, k, v, out, lse, dout):
+            ran.append(("prepared backward", prepared))
+            return reference_gradients(dout, q, k, v)
+
+    def full_forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
+                             sinks=None):
+        assert (window, softcap, alibi_slopes, sinks) == (*variants, None)
+        ran.append("full forward")
+        library._VARIANT[library._variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes,
+                                                     None)] = ForwardKernel()
+        return _sdpa(q, k, v, causal, scale, layout)
+
+    def full_backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None,
+                      alibi_slopes=None, deterministic=False):
+        assert (window, softcap, alibi_slopes) == variants
+        ran.append("full backward")
+        return reference_gradients(dout, q, k, v)
+
+    monkeypatch.setattr(library, "forward_variant", full_forward_variant)
+    monkeypatch.setattr(library, "backward", full_backward)
+    monkeypatch.setattr(library, "_VARIANT", {})
+    step = library._PreparedStep(BackwardKernel(), options, True, variants)
+    q, k, v = (torch.randn(2, 3, 24, 16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 3, 24, 16)
+    for _ in range(3):
+        o, _ = library._apply_prepared_train(step, q, k, v)
+        for got, expected in zip(torch.autograd.grad(o, (q, k, v), dout), reference_gradients(dout, q, k, v)):
+            assert torch.allclose(got, expected, atol=1e-5)
+    assert ran == ["full forward", "full backward"] + [("prepared forward", "forward Params"),
+                                                       ("prepared backward", "backward Params")] * 2
+    keys = {call_key(q, k, v, True, None, None, False, "bhsd", variant_key((64, 0), 30.0, s)) for s in
+            (slopes, slopes.clone())}
+    assert len(keys) == 2
+
+
+def test_variant_call_off_the_gpu_takes_the_variant_op(monkeypatch):
+    """attention() with a window and softcap on tensors off the GPU (no prepared step: no kernels there) takes
+    attngen::attention_variant_train, whose registered backward hands attention_variant_backward the call's
+    window (a list, as the op's schema has it), softcap and slopes."""
+    import attngen
+    from attngen.ops import library
+    seen = []
+
+    def train_cpu(q, k, v, causal, alignment, scale, layout, window, softcap, alibi_slopes, deterministic=False,
+                  sinks=None):
+        seen.append(("train", window, softcap, deterministic))
+        return _sdpa(q, k, v, causal, scale, layout)
+
+    def backward_cpu(dout, q, k, v, out, lse, causal, alignment, scale, layout, window, softcap, alibi_slopes,
+                     deterministic=False):
+        seen.append(("backward", window, softcap))
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    lib = torch.library.Library("attngen", "IMPL")
+    lib.impl("attention_variant_train", train_cpu, "CPU")
+    lib.impl("attention_variant_backward", backward_cpu, "CPU")
+    monkeypatch.setattr(library, "backward_kernel", lambda *args: None)
+    try:
+        q = torch.randn(1, 2, 8, 16, requires_grad=True)
+        attngen.attention(q, q, q, causal=True, window=(4, 0), softcap=30.0).sum().backward()
+    finally:
+        lib._destroy()
+    assert seen == [("train", [4, 0], 30.0, False), ("backward", [4, 0], 30.0)]

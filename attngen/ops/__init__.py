@@ -69,6 +69,9 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
                     alibi_slopes, deterministic) + (() if sinks is None else (sinks,))
             if compiling():
                 o, lse = ops.attention_variant_train(*args)
+            elif sinks is None:   # prepared once per shape, as below
+                o, lse = library.train_attention(q, k, v, causal, alignment, scale, layout, deterministic, window,
+                                                 softcap, alibi_slopes)
             else:
                 library.backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
                 o, lse = library.train("attention_variant", *args)

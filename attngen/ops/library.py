@@ -21,7 +21,7 @@ import math
 import torch
 
 from ..core.variants import SCORES, call_mask
-from ..runtime.calls.shared import call_key
+from ..runtime.calls.shared import call_key, variant_key
 from ..runtime.gpu import persistent
 from .dispatch import DISPATCH
 from .table import window_stands_in
@@ -174,15 +174,19 @@ def call_scores(softcap, alibi_slopes, sinks=None) -> str:
     return "+".join(s.name for s in SCORES.values() if given.get(s.argument) is not None)
 
 
+def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks) -> tuple:
+    """forward_variant's key of the table's kernel for a call (_VARIANT)."""
+    return (q.get_device(), q.dtype, q.shape[-1], call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks),
+            k.shape[2] if layout == "bhsd" else k.shape[1], v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2])
+
+
 def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
                     sinks=None):
     """The eager forward call with variants (window, softcap, ALiBi, sinks): the table's kernel for the
     call's mask and score modifiers, then the kernel call (which keeps its own prepared calls). Sinks
     that no kernel of the other modifiers takes are joined after them (join_sinks)."""
-    mask = call_mask(causal, window)
-    scores = call_scores(softcap, alibi_slopes, sinks)
-    short = (q.get_device(), q.dtype, q.shape[-1], mask, scores, k.shape[2] if layout == "bhsd" else k.shape[1],
-             v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2])
+    short = _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks)
+    mask, scores = short[3], short[4]
     kernel = _VARIANT.get(short)
     if kernel is None:
         if short[0] < 0:
@@ -1150,16 +1154,19 @@ class _PreparedStep:
     call on, the forward's and the backward's prepared calls, with the dout strides the backward's was
     laid out for. What a prepared call cannot take (a pointer off 16 bytes, a dout in other strides: a
     sum's gradient is expanded) takes the full call, as the first step did. Head dims padded to a served
-    one (the kernels see padded copies) always take the full calls."""
+    one (the kernels see padded copies) always take the full calls. `variants`: a call's window (a
+    tuple), softcap and ALiBi slopes, or None; their prepared calls hold the slopes' address, which the
+    step's key holds too (and the step holds the slopes, so no other tensor takes that address)."""
 
     __slots__ = ("forward_kernel", "forward_prepared", "gradient_kernel", "gradient_prepared", "dout_stride",
-                 "options", "prepares")
+                 "options", "prepares", "variants")
 
-    def __init__(self, gradient_kernel, options, prepares: bool):
+    def __init__(self, gradient_kernel, options, prepares: bool, variants=None):
         self.forward_kernel = self.forward_prepared = self.gradient_prepared = self.dout_stride = None
         self.gradient_kernel = gradient_kernel
         self.options = options     # causal, alignment, scale, layout, deterministic
         self.prepares = prepares   # the kernels take the call's own tensors (no padding)
+        self.variants = variants
 
     def outputs(self, q, k, v):
         """(o, lse): the prepared forward, or the full one (remembering its prepared call)."""
@@ -1168,12 +1175,28 @@ class _PreparedStep:
             if result is not None:
                 return result
         causal, alignment, scale, layout, _ = self.options
-        result = forward(q, k, v, causal, alignment, scale, layout, True)
-        if self.prepares and self.forward_prepared is None:
-            hit = _PREPARED.get(call_key(q, k, v, causal, alignment, scale, True, layout))
-            if hit is not None:
-                self.forward_kernel, self.forward_prepared = hit
+        if self.variants is None:
+            result = forward(q, k, v, causal, alignment, scale, layout, True)
+            hit = _PREPARED.get(call_key(q, k, v, causal, alignment, scale, True, layout)) if self.prepares else None
+        else:
+            window, softcap, alibi_slopes = self.variants
+            result = forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes)
+            hit = self._variant_forward(q, k, v) if self.prepares else None
+        if hit is not None and self.forward_prepared is None:
+            self.forward_kernel, self.forward_prepared = hit
         return result
+
+    def _variant_forward(self, q, k, v):
+        """(kernel, prepared call) of the variant forward just made, or None (sinks joined apart, a padded
+        call: no kernel of the call's own tensors)."""
+        causal, alignment, scale, layout, _ = self.options
+        window, softcap, alibi_slopes = self.variants
+        kernel = _VARIANT.get(_variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, None))
+        if kernel is None or kernel is _SINKS_APART:
+            return None
+        prepared = kernel.prepared(call_key(q, k, v, causal, alignment, scale, True, layout,
+                                            variant_key(window, softcap, alibi_slopes)))
+        return None if prepared is None else (kernel, prepared)
 
     def gradients(self, dout, q, k, v, o, lse, hooked: bool = False):
         """(dq, dk, dv): the prepared backward, or the full one (remembering its prepared call when it
@@ -1186,10 +1209,15 @@ class _PreparedStep:
             if result is not None:
                 return result
         causal, alignment, scale, layout, deterministic = self.options
-        result = backward(dout, q, k, v, o, lse, causal, alignment, scale, layout, deterministic=deterministic)
+        window, softcap, alibi_slopes = self.variants or (None, None, None)
+        result = backward(dout, q, k, v, o, lse, causal, alignment, scale, layout, window, softcap, alibi_slopes,
+                          deterministic=deterministic)
         if self.prepares and self.dout_stride is None and not hooked and _vector_ready(dout):
+            variants = {} if self.variants is None else {"window": window, "softcap": softcap,
+                                                         "alibi_slopes": alibi_slopes}
             prepared = self.gradient_kernel.prepared_call(q, k, v, o, lse, dout, causal=causal, alignment=alignment,
-                                                          scale=scale, layout=layout, deterministic=deterministic)
+                                                          scale=scale, layout=layout, deterministic=deterministic,
+                                                          **variants)
             if prepared is not None:
                 self.gradient_prepared, self.dout_stride = prepared, dout.stride()
         return result
@@ -1231,22 +1259,30 @@ _apply_prepared_train = super(torch.autograd.Function, _PreparedTrain).apply
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
-def train_attention(q, k, v, causal, alignment, scale, layout, deterministic):
-    """attention()'s eager call on tensors that need gradients: (o, lse), differentiable in q, k and v.
+def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, window=None, softcap=None,
+                    alibi_slopes=None):
+    """attention()'s eager call on tensors that need gradients: (o, lse), differentiable in q, k and v;
+    with a window, softcap or ALiBi slopes (no sinks: library.train takes those) the variant call.
     A new shape first makes sure a backward spec serves it (NotImplementedError before the forward
     runs); tensors off the GPU take the op (train). Arguments no key can hold (a list for scale) get
     a step of their own, whose full calls say what is wrong."""
+    plain = window is None and softcap is None and alibi_slopes is None
     try:
-        key = call_key(q, k, v, causal, alignment, scale, deterministic, layout)
+        variants = () if plain else variant_key(window, softcap, alibi_slopes)
+        key = call_key(q, k, v, causal, alignment, scale, deterministic, layout, variants)
         step = _TRAIN.get(key)
     except (AttributeError, TypeError):
         key = step = None
     if step is None:
-        kernel = backward_kernel(q, k, v, causal, layout)
+        kernel = backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
         if not q.is_cuda:
-            return train("attention", q, k, v, causal, alignment, scale, layout, deterministic)
+            if plain:
+                return train("attention", q, k, v, causal, alignment, scale, layout, deterministic)
+            return train("attention_variant", q, k, v, causal, alignment, scale, layout,
+                         None if window is None else list(window), softcap, alibi_slopes, deterministic)
         step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic), key is not None and (
-            kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]))
+            kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]),
+            None if plain else (None if window is None else tuple(window), softcap, alibi_slopes))
         if key is not None:
             if len(_TRAIN) >= 4096:
                 _TRAIN.clear()

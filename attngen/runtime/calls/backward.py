@@ -200,11 +200,13 @@ class BackwardKernel(Kernel):
                 dout.get_device(), lse.shape, lse.stride(), lse.dtype, lse.get_device(), group_splits)
 
     def prepared_call(self, q, k, v, out, lse, dout, *, causal: bool = False, alignment: str | None = None,
-                      scale: float | None = None, layout: str = "bhsd", deterministic: bool = False):
-        """The prepared call of a call made before with these arguments (no variants, the default
-        split count, new gradients), for run_prepared; None if there is none."""
+                      scale: float | None = None, layout: str = "bhsd", deterministic: bool = False, window=None,
+                      softcap: float | None = None, alibi_slopes=None):
+        """The prepared call of a call made before with these arguments (the spec's variants, no
+        expression params, the default split count, new gradients), for run_prepared; None if there
+        is none."""
         return self._prepared.get(self._call_key(q, k, v, out, lse, dout, causal, alignment, scale, layout,
-                                                 deterministic, (), None))
+                                                 deterministic, variant_key(window, softcap, alibi_slopes), None))
 
     def _scratch(self, q, scratch):
         """The call's fp32 scratch as one allocation (scratch: scratch_layout's tuple): (the buffer,
