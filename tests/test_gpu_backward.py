@@ -305,7 +305,7 @@ def test_variant_training_steps_take_the_prepared_step(name, causal, keywords, a
     for n, (loss, s) in enumerate((("dout", slopes[0]), ("dout", slopes[0]), ("sum", slopes[0]), ("dout", slopes[0]),
                                    ("dout", slopes[1]))):
         o = attngen.attention(*leaves, causal=causal, alibi_slopes=s, **keywords)
-        g = dout if loss == "dout" else torch.ones_like(dout)
+        g = dout if loss == "dout" else torch.ones((), device="cuda", dtype=dout.dtype).expand(dout.shape)  # a sum's
         got = torch.autograd.grad(o, leaves, g)
         ref, low = variant_reference_gradients(torch, q, k, v, g, causal, keywords, s)
         for what, x, want, base in zip(("dq", "dk", "dv"), got, ref, low):

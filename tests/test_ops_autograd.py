@@ -265,13 +265,15 @@ def test_prepared_variant_step_binds_its_variants(monkeypatch):
     """A training call with a window, softcap and ALiBi slopes through its _PreparedStep, on CPU stand-ins:
     the first step takes the full variant forward (forward_variant) and backward with the call's variant
     arguments and keeps both prepared calls (the backward's asked for with those arguments), the next
-    steps run them; the step's key holds the slopes' address, so other slopes make another step."""
+    steps run them; the slopes come with each call and are saved with the tensors, so a backward after
+    they changed in place is refused; the key holds the slopes' address, so other slopes make another
+    step; a window of floats is not keyed (its full calls check it)."""
     from attngen.ops import library
     from attngen.runtime.calls.shared import call_key, variant_key
     ran = []
     options = (True, None, None, "bhsd", False)
     slopes = torch.rand(3)
-    variants = ((64, 0), 30.0, slopes)
+    variants = ((64, 0), 30.0)
 
     def reference_gradients(dout, q, k, v):
         leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
@@ -281,7 +283,7 @@ def test_prepared_variant_step_binds_its_variants(monkeypatch):
 
     class ForwardKernel:
         def prepared(self, key):
-            assert key == call_key(q, k, v, True, None, None, True, "bhsd", variant_key(*variants))
+            assert key == call_key(q, k, v, True, None, None, True, "bhsd", variant_key(*variants, slopes))
             return "forward Params"
 
         def run_prepared(self, prepared, q, k, v, return_lse):
@@ -300,7 +302,7 @@ def test_prepared_variant_step_binds_its_variants(monkeypatch):
 
     def full_forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
                              sinks=None):
-        assert (window, softcap, alibi_slopes, sinks) == (*variants, None)
+        assert (window, softcap, alibi_slopes, sinks) == (*variants, slopes, None)
         ran.append("full forward")
         library._VARIANT[library._variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes,
                                                      None)] = ForwardKernel()
@@ -308,7 +310,7 @@ def test_prepared_variant_step_binds_its_variants(monkeypatch):
 
     def full_backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None,
                       alibi_slopes=None, deterministic=False):
-        assert (window, softcap, alibi_slopes) == variants
+        assert (window, softcap) == variants and torch.equal(alibi_slopes, slopes)
         ran.append("full backward")
         return reference_gradients(dout, q, k, v)
 
@@ -319,14 +321,20 @@ def test_prepared_variant_step_binds_its_variants(monkeypatch):
     q, k, v = (torch.randn(2, 3, 24, 16, requires_grad=True) for _ in range(3))
     dout = torch.randn(2, 3, 24, 16)
     for _ in range(3):
-        o, _ = library._apply_prepared_train(step, q, k, v)
+        o, _ = library._apply_prepared_variant_train(step, q, k, v, slopes)
         for got, expected in zip(torch.autograd.grad(o, (q, k, v), dout), reference_gradients(dout, q, k, v)):
             assert torch.allclose(got, expected, atol=1e-5)
     assert ran == ["full forward", "full backward"] + [("prepared forward", "forward Params"),
                                                        ("prepared backward", "backward Params")] * 2
+    o, _ = library._apply_prepared_variant_train(step, q, k, v, slopes)
+    slopes.add_(1.0)     # the forward used the old slopes: autograd refuses the backward
+    with pytest.raises(RuntimeError, match="inplace"):
+        torch.autograd.grad(o, (q, k, v), dout)
     keys = {call_key(q, k, v, True, None, None, False, "bhsd", variant_key((64, 0), 30.0, s)) for s in
             (slopes, slopes.clone())}
     assert len(keys) == 2
+    assert library._keyable_variants((64, 0), 30.0) and library._keyable_variants(None, 50)
+    assert not library._keyable_variants((64.0, 0), None) and not library._keyable_variants(None, True)
 
 
 def test_variant_call_off_the_gpu_takes_the_variant_op(monkeypatch):

@@ -1155,8 +1155,8 @@ class _PreparedStep:
     laid out for. What a prepared call cannot take (a pointer off 16 bytes, a dout in other strides: a
     sum's gradient is expanded) takes the full call, as the first step did. Head dims padded to a served
     one (the kernels see padded copies) always take the full calls. `variants`: a call's window (a
-    tuple), softcap and ALiBi slopes, or None; their prepared calls hold the slopes' address, which the
-    step's key holds too (and the step holds the slopes, so no other tensor takes that address)."""
+    tuple) and softcap, or None for a call without variants; its ALiBi slopes come with each call (the
+    step's key holds their address, which the prepared calls read them at; the step keeps no tensor)."""
 
     __slots__ = ("forward_kernel", "forward_prepared", "gradient_kernel", "gradient_prepared", "dout_stride",
                  "options", "prepares", "variants")
@@ -1168,7 +1168,7 @@ class _PreparedStep:
         self.prepares = prepares   # the kernels take the call's own tensors (no padding)
         self.variants = variants
 
-    def outputs(self, q, k, v):
+    def outputs(self, q, k, v, alibi_slopes=None):
         """(o, lse): the prepared forward, or the full one (remembering its prepared call)."""
         if self.forward_prepared is not None:
             result = self.forward_kernel.run_prepared(self.forward_prepared, q, k, v, True)
@@ -1179,18 +1179,18 @@ class _PreparedStep:
             result = forward(q, k, v, causal, alignment, scale, layout, True)
             hit = _PREPARED.get(call_key(q, k, v, causal, alignment, scale, True, layout)) if self.prepares else None
         else:
-            window, softcap, alibi_slopes = self.variants
+            window, softcap = self.variants
             result = forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes)
-            hit = self._variant_forward(q, k, v) if self.prepares else None
+            hit = self._variant_forward(q, k, v, alibi_slopes) if self.prepares else None
         if hit is not None and self.forward_prepared is None:
             self.forward_kernel, self.forward_prepared = hit
         return result
 
-    def _variant_forward(self, q, k, v):
+    def _variant_forward(self, q, k, v, alibi_slopes):
         """(kernel, prepared call) of the variant forward just made, or None (sinks joined apart, a padded
         call: no kernel of the call's own tensors)."""
         causal, alignment, scale, layout, _ = self.options
-        window, softcap, alibi_slopes = self.variants
+        window, softcap = self.variants
         kernel = _VARIANT.get(_variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, None))
         if kernel is None or kernel is _SINKS_APART:
             return None
@@ -1198,7 +1198,7 @@ class _PreparedStep:
                                             variant_key(window, softcap, alibi_slopes)))
         return None if prepared is None else (kernel, prepared)
 
-    def gradients(self, dout, q, k, v, o, lse, hooked: bool = False):
+    def gradients(self, dout, q, k, v, o, lse, hooked: bool = False, alibi_slopes=None):
         """(dq, dk, dv): the prepared backward, or the full one (remembering its prepared call when it
         read dout in place). `hooked`: saved-tensor hooks were active when the forward saved q, k, v, o
         and lse, so these may be other tensors than those (torch.autograd.graph.save_on_cpu gives
@@ -1209,7 +1209,7 @@ class _PreparedStep:
             if result is not None:
                 return result
         causal, alignment, scale, layout, deterministic = self.options
-        window, softcap, alibi_slopes = self.variants or (None, None, None)
+        window, softcap = self.variants or (None, None)
         result = backward(dout, q, k, v, o, lse, causal, alignment, scale, layout, window, softcap, alibi_slopes,
                           deterministic=deterministic)
         if self.prepares and self.dout_stride is None and not hooked and _vector_ready(dout):
@@ -1252,10 +1252,29 @@ class _PreparedTrain(torch.autograd.Function):
         return (None, *ctx.step.gradients(grad_o, *ctx.saved_tensors, ctx.hooked))
 
 
+class _PreparedVariantTrain(torch.autograd.Function):
+    """_PreparedTrain for a call with a window, softcap or ALiBi slopes: the slopes are saved with the
+    tensors (autograd then refuses a backward after they changed in place, as for the op)."""
+
+    @staticmethod
+    def forward(ctx, step, q, k, v, alibi_slopes):
+        o, lse = output = step.outputs(q, k, v, alibi_slopes)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
+        ctx.mark_non_differentiable(lse)
+        ctx.step, ctx.hooked = step, _saved_tensor_hooks_active()
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
+        return (None, *ctx.step.gradients(grad_o, q, k, v, o, lse, ctx.hooked, alibi_slopes), None)
+
+
 # torch.autograd.Function.apply is a Python wrapper whose work (binding defaults, unwrapping dead
 # functorch wrappers) only functorch's transforms need; outside them its C++ base takes the call
 # directly (about 7 us of a step less on the H200 host). Inside them the wrapper says what is unsupported.
 _apply_prepared_train = super(torch.autograd.Function, _PreparedTrain).apply
+_apply_prepared_variant_train = super(torch.autograd.Function, _PreparedVariantTrain).apply
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
@@ -1270,6 +1289,8 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
     try:
         variants = () if plain else variant_key(window, softcap, alibi_slopes)
         key = call_key(q, k, v, causal, alignment, scale, deterministic, layout, variants)
+        if not (plain or _keyable_variants(window, softcap)):
+            key = None     # keys would equate it with a checked call: full calls, which check it
         step = _TRAIN.get(key)
     except (AttributeError, TypeError):
         key = step = None
@@ -1282,14 +1303,27 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
                          None if window is None else list(window), softcap, alibi_slopes, deterministic)
         step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic), key is not None and (
             kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]),
-            None if plain else (None if window is None else tuple(window), softcap, alibi_slopes))
+            None if plain else (None if window is None else tuple(window), softcap))
         if key is not None:
             if len(_TRAIN) >= 4096:
                 _TRAIN.clear()
             _TRAIN[key] = step
+    if plain:
+        if _functorch_active():
+            return _PreparedTrain.apply(step, q, k, v)
+        return _apply_prepared_train(step, q, k, v)
     if _functorch_active():
-        return _PreparedTrain.apply(step, q, k, v)
-    return _apply_prepared_train(step, q, k, v)
+        return _PreparedVariantTrain.apply(step, q, k, v, alibi_slopes)
+    return _apply_prepared_variant_train(step, q, k, v, alibi_slopes)
+
+
+def _keyable_variants(window, softcap) -> bool:
+    """Whether a call's window and softcap are of the types the full call accepts and a key tells apart:
+    a window of two Python ints, a softcap a float or an int but no bool. Others (2.0 for 2, numpy ints,
+    True for 1) compare equal to accepted ones in a key, so they take the full calls, which say what is
+    wrong with them or run them."""
+    return ((window is None or (len(window) == 2 and all(type(side) is int for side in window)))
+            and (softcap is None or type(softcap) in (int, float)))
 
 
 __all__ = ["LIB", "backward", "backward_kernel", "call_scores", "forward", "forward_variant", "kvcache", "kvcache_append",
