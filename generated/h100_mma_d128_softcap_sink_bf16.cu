@@ -530,18 +530,20 @@ __device__ __forceinline__ void report_input_error(const Params& p, int flag) {
 // call). Rows [row0, row0 + kRows) of K and V into the tiles at dK and dV, each 16-byte chunk its own
 // cp.async at a 64-bit offset (rows from seqlen_k on become zeros). A page id outside the pool is clamped
 // to it (and recorded), so a bad table never reads outside the pools. k and v point at the kv head's
-// row 0 of page 0. A thread's chunks go in groups of up to kIdGroup (4; 1 for rows of 32 chunks): the group's table entries are all
-// loaded before the first is used, so a group pays one memory latency for them rather than one per
-// chunk (a group, not the whole tile, bounds the registers they take). Page and row in page are
-// non-negative, so their products with the 64-bit strides are unsigned (no sign-extension terms).
+// row 0 of page 0. At head dim 128 (rows of 16 chunks) a thread's chunks go in groups of up to kIdGroup
+// (4): the group's table entries are all loaded before the first is used, so a group pays one memory
+// latency for them rather than one per chunk (a group, not the whole tile, bounds the registers they
+// take), and page and row in page, never negative, multiply the 64-bit strides unsigned (no
+// sign-extension terms). Other head dims read each chunk's entry where it is used (kIdGroup 1).
 template <int kRows, int kCopyThreads>
 __device__ __forceinline__ void copy_kv_pages(uint32_t dK, uint32_t dV, const elem_t* k, const elem_t* v,
                                               const Params& p, int row0, int tid) {
     constexpr int kChunks = kRows * kChunksPerRow;
     constexpr int kSteps = (kChunks + kCopyThreads - 1) / kCopyThreads;
-    // Rows of 32 chunks (d256) leave no registers for a group (its kernels sit at the register limit):
-    // one entry at a time there, each loaded where it is used.
-    constexpr int kIdGroup = kChunksPerRow > 16 ? 1 : kSteps < 4 ? kSteps : 4;
+    // Measured on the H200 (docs/varlen.md, "Grouped page-table loads"): d128's paged calls 5 % faster,
+    // its packed calls unchanged; d64's sinks cell 11 % slower paged and 17 % slower packed; d256's
+    // kernels sit at the register limit. So groups at d128 only.
+    constexpr int kIdGroup = kChunksPerRow != 16 ? 1 : kSteps < 4 ? kSteps : 4;
 #pragma unroll
     for (int g = 0; g < kSteps; g += kIdGroup) {
         int ids[kIdGroup];
