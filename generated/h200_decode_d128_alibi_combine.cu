@@ -171,6 +171,12 @@ __device__ __forceinline__ float group_sum(float x) {
     return x;
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 constexpr int kSplitsPerLane = 4;  // LSEs a lane holds (max_splits / 32)
 
 // row = (batch * heads + head) * seqlen_q + t, of `rows` in all.
@@ -236,6 +242,7 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
 }
 
 __device__ __forceinline__ void combine(const Params& p) {
+    await_predecessor();   // the split kernel's partials: launched before it ends, this waits for them
     const int rows = p.batch * p.heads * p.seqlen_q;
     const int row = blockIdx.x * kCombineWarps + threadIdx.x / 32;   // ((batch * heads + head) * seqlen_q + t)
     if (row < rows) combine_row(p, row, rows, threadIdx.x % 32);

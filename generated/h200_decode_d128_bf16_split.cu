@@ -272,6 +272,17 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * kTilePitchBytes + (chunk << 4);
 }
 
+// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
+// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
+// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
+// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Base pointer of (batch, head) inside a (batch, heads, rows, dim) strided tensor.
 __device__ __forceinline__ const elem_t* head_ptr(const void* base, int b, int h, long long bs, long long hs) {
     return static_cast<const elem_t*>(base) + b * bs + h * hs;
@@ -808,6 +819,7 @@ __device__ __forceinline__ void attention(const Params& p) {
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    allow_dependents();   // the combine's launch starts now; it waits for this grid's end itself
     const DecodeBlock c = decode_block(p);
     const int n_tiles = (c.seqlen + kBlockN - 1) / kBlockN;
     // Tiles before the one holding token 0's first visible key are never visited (a window's left

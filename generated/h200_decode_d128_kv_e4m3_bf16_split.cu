@@ -279,6 +279,17 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * kTilePitchBytes + (chunk << 4);
 }
 
+// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
+// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
+// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
+// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // One online-softmax step for one query row. This thread holds kCols of the row's scores, read
 // and written through score(c); kGroup adjacent lanes hold the whole row. The scores become exp2
 // numerators P in place. Returns alpha = exp2((m_old - m_new) * scale), by which the caller
@@ -809,6 +820,7 @@ __device__ __forceinline__ void attention(const Params& p) {
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    allow_dependents();   // the combine's launch starts now; it waits for this grid's end itself
     const DecodeBlock c = decode_block(p);
     // The e4m3 cache's scales (one per tensor, or per KV head): k's joins the softmax scale, v's the
     // output; each times kKvFold, what kv_bytes's widened values lack (bf16: 2^8; fp16: 1).

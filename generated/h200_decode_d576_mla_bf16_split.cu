@@ -247,6 +247,17 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * kTilePitchBytes + (chunk << 4);
 }
 
+// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
+// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
+// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
+// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // cp.async of one 16-byte chunk; src_bytes = 0 writes zeros without reading global memory.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
@@ -446,6 +457,7 @@ __device__ __forceinline__ void split(const Params& p) {
     float* row_max = reinterpret_cast<float*>(smem + kSmem_row_max);
     float* row_sum = reinterpret_cast<float*>(smem + kSmem_row_sum);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    allow_dependents();   // the combine's launch starts now; it waits for this grid's end itself
     const MlaBlock c = mla_block(p);
     const int n_tiles = (c.seqlen + kBlockN - 1) / kBlockN;
     const int t_begin = c.split * p.tiles_per_split, t_end = min(n_tiles, t_begin + p.tiles_per_split);

@@ -212,7 +212,7 @@ def function_names(spec: DecodeMlaSpec) -> tuple[Part, ...]:
     split = Part("split", "split.cu.j2", f"{spec.name}_split.cu",
                  tuple((mask, f"attngen_{spec.name}_split_{mask}") for mask in spec.masks))
     combine = Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu", (("combine", f"attngen_{spec.name}_combine"),),
-                   static_smem=0, threads=32 * COMBINE_WARPS, reads=COMBINE_READS)
+                   static_smem=0, threads=32 * COMBINE_WARPS, awaits_predecessor=True, reads=COMBINE_READS)
     return split, combine
 
 

@@ -290,7 +290,7 @@ def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
         return split
     return split + (Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
                          (("combine", f"attngen_{spec.name}_combine"),), static_smem=0, threads=32 * COMBINE_WARPS,
-                         reads=COMBINE_READS + combine_variant_reads(spec)),)
+                         reads=COMBINE_READS + combine_variant_reads(spec), awaits_predecessor=True),)
 
 
 def combine_variant_reads(spec: DecodeSpec) -> tuple[str, ...]:
