@@ -856,7 +856,6 @@ __device__ __forceinline__ void attention(const Params& p) {
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    allow_dependents();   // the combine's launch starts now; it waits for this grid's end itself
     const DecodeBlock c = decode_block(p);
     const int n_tiles = (c.seqlen + kBlockN - 1) / kBlockN;
     // Tiles before the one holding token 0's first visible key are never visited (a window's left
@@ -964,6 +963,8 @@ __device__ __forceinline__ void attention(const Params& p) {
         if (ahead) store_rows(smem, p, c, first + i + kStages, i % kStages, next, tid);
     }
     cp_async_wait_all();
+    allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end): not
+                          // earlier, where its waiting blocks would sit beside the splits' whole walk
     merge_and_store(smem, o, row_max, row_sum, p, c, tid);
     if constexpr (kMerge) {
         if (p.num_splits > 1) combine_if_last(smem, p, c, tid);

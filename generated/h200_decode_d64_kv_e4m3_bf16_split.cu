@@ -820,7 +820,6 @@ __device__ __forceinline__ void attention(const Params& p) {
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    allow_dependents();   // the combine's launch starts now; it waits for this grid's end itself
     const DecodeBlock c = decode_block(p);
     // The e4m3 cache's scales (one per tensor, or per KV head): k's joins the softmax scale, v's the
     // output; each times kKvFold, what kv_bytes's widened values lack (bf16: 2^8; fp16: 1).
@@ -933,6 +932,8 @@ __device__ __forceinline__ void attention(const Params& p) {
         if (ahead) store_rows(smem, p, c, first + i + kStages, i % kStages, next, tid);
     }
     cp_async_wait_all();
+    allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end): not
+                          // earlier, where its waiting blocks would sit beside the splits' whole walk
     merge_and_store(smem, o, row_max, row_sum, p, c, tid, scale_log2, v_factor);
     if constexpr (kMerge) {
         if (p.num_splits > 1) combine_if_last(smem, p, c, tid);
