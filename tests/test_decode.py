@@ -117,6 +117,24 @@ def test_only_the_contiguous_kernel_combine_build_counts_bytes_in_flight():
         assert make_plan(load_spec(ROOT / f"specs/{name}.yaml")).unsplit_in_flight == 0
 
 
+@pytest.mark.parametrize("blocks, n_tiles, expect", [
+    (8, 16, 8),            # B=1 at 2k keys: 16 slices of one tile would be the best wave; slices of two
+    (8, 256, 16),          # long caches: the wave decides as before
+    (8, 3, 1),             # fewer than two slices' worth: unsplit
+])
+def test_num_splits_keeps_slices_of_at_least_min_slice_tiles(blocks, n_tiles, expect):
+    assert num_splits(blocks, n_tiles, 132, 1, 128, min_slice_tiles=2) == expect
+
+
+def test_only_plans_with_a_combine_kernel_take_slices_of_two_tiles():
+    from attngen.runtime.calls.decode import num_splits_for
+    kernel_combine = make_plan(load_spec(ROOT / "specs/h200_decode_d128.yaml"))
+    merging = make_plan(load_spec(ROOT / "specs/h200_decode_d128_contiguous.yaml"))
+    assert (kernel_combine.combine, merging.combine) == ("kernel", "auto")
+    assert num_splits_for(kernel_combine, 8, 16, 132) == 8
+    assert num_splits_for(merging, 8, 16, 132) == 16
+
+
 def test_num_splits_respects_max_splits():
     assert num_splits(1, 1000, 132, 1, 4) == 4
     assert num_splits(1, 1000, 132, 1, 1) == 1
