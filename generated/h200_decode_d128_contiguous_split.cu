@@ -255,6 +255,17 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * kTilePitchBytes + (chunk << 4);
 }
 
+// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
+// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
+// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
+// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Base pointer of (batch, head) inside a (batch, heads, rows, dim) strided tensor.
 __device__ __forceinline__ const elem_t* head_ptr(const void* base, int b, int h, long long bs, long long hs) {
     return static_cast<const elem_t*>(base) + b * bs + h * hs;
@@ -779,6 +790,8 @@ __device__ __forceinline__ void attention(const Params& p) {
         accumulate_pv(o, s, slot + kSmem_v0, key_w0, lane);
     }
     cp_async_wait_all();
+    allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end): not
+                          // earlier, where its waiting blocks would sit beside the splits' whole walk
     merge_and_store(smem, o, row_max, row_sum, p, c, tid);
     if constexpr (kMerge) {
         if (p.num_splits > 1) combine_if_last(smem, p, c, tid);

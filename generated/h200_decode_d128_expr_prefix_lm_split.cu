@@ -33,7 +33,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x4 m16n8 tiles over 32 keys, O 1x16 tiles, Q 32 registers; 80 fp32 accumulators per thread
 //   mma.sync per tile per warp: 32 (Q.K^T) + 32 (P.V)
 //   merge: 34816 B of fp32 O over the K/V ring (row pitch 136 floats)
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits)
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits), each of at least 2 K/V tiles (the combine kernel merges them)
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers
 //   masks: expr: the spec's mask expression, with q_idx the new token t
@@ -277,6 +277,17 @@ constexpr bool kHasLeftBound = kMask == Mask::Expr;
 __device__ __forceinline__ int tile_offset(int row, int chunk) {
     if constexpr (kXorSwizzle) chunk ^= (row >> kSwizzleRowShift) & kSwizzleMask;
     return row * kTilePitchBytes + (chunk << 4);
+}
+
+// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
+// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
+// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
+// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // The query block, head and batch a thread block computes. When the mask gives later rows more
@@ -1092,6 +1103,8 @@ __device__ __forceinline__ void attention(const Params& p) {
         if (ahead) store_rows(smem, p, c, first + i + kStages, i % kStages, next, tid);
     }
     cp_async_wait_all();
+    allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end): not
+                          // earlier, where its waiting blocks would sit beside the splits' whole walk
     merge_and_store(smem, o, row_max, row_sum, p, c, tid);
     if constexpr (kMerge) {
         if (p.num_splits > 1) combine_if_last(smem, p, c, tid);

@@ -32,7 +32,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x2 m16n8 tiles over 16 keys, O 1x32 tiles, Q read from its tile at every k-step (held, its 64 registers would leave too few beside 136 accumulators); 136 fp32 accumulators per thread
 //   mma.sync per tile per warp: 32 (Q.K^T) + 32 (P.V)
 //   merge: 67584 B of fp32 O over the K/V ring (row pitch 264 floats)
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits)
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits), each of at least 2 K/V tiles (the combine kernel merges them)
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q in shared memory
 //   masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new token t of seqlen_q sees the keys up to position len - seqlen_q + t; window (left, right): keys len - seqlen_q + t - left .. len - seqlen_q + t + right, and the splits share the tiles from token 0's first visible key on (none before it is read)
@@ -174,6 +174,12 @@ __device__ __forceinline__ float group_sum(float x) {
     return x;
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 constexpr int kSplitsPerLane = 4;  // LSEs a lane holds (max_splits / 32)
 
 // row = (batch * heads + head) * seqlen_q + t, of `rows` in all.
@@ -243,6 +249,7 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
 }
 
 __device__ __forceinline__ void combine(const Params& p) {
+    await_predecessor();   // the split kernel's partials: launched before it ends, this waits for them
     const int rows = p.batch * p.heads * p.seqlen_q;
     const int row = blockIdx.x * kCombineWarps + threadIdx.x / 32;   // ((batch * heads + head) * seqlen_q + t)
     if (row < rows) combine_row(p, row, rows, threadIdx.x % 32);

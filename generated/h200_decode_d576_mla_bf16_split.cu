@@ -31,7 +31,7 @@
 //   fragments per warp: S 2 m16n8 tiles over 16 keys, summed in 3 accumulator chains over the 36 k-steps; O 16 m16n8 tiles (128 columns); Q read from its tile at every k-step
 //   mma.sync per tile per warp: 72 (Q.K^T) + 64 (P.V)
 //   V: the first 512 columns of each cache row, read from the K tile (the call's v_cache must be k_cache[..., :512])
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits)
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits), each of at least 2 K/V tiles (the combine kernel merges them)
 //   paged cache: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; contiguous caches when the call passes no table
 //   copies: thread i copies chunks i % 8 + 8j of rows i / 8 + 16k of each cache tile (4 rows, 9 chunks each): a warp covers 4 rows x 128 contiguous bytes per step, and each thread works out its rows' sources (page ids) once per tile, a tile ahead
 //   masks: none (every key of the sequence), causal (bottom-right: new token t of seqlen_q sees the keys up to len - seqlen_q + t)
@@ -247,6 +247,17 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * kTilePitchBytes + (chunk << 4);
 }
 
+// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
+// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
+// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
+// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // cp.async of one 16-byte chunk; src_bytes = 0 writes zeros without reading global memory.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
@@ -446,6 +457,7 @@ __device__ __forceinline__ void split(const Params& p) {
     float* row_max = reinterpret_cast<float*>(smem + kSmem_row_max);
     float* row_sum = reinterpret_cast<float*>(smem + kSmem_row_sum);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    allow_dependents();   // the combine's launch starts now; it waits for this grid's end itself
     const MlaBlock c = mla_block(p);
     const int n_tiles = (c.seqlen + kBlockN - 1) / kBlockN;
     const int t_begin = c.split * p.tiles_per_split, t_end = min(n_tiles, t_begin + p.tiles_per_split);

@@ -31,7 +31,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x4 m16n8 tiles over 32 keys, O 1x8 tiles, Q 16 registers; 48 fp32 accumulators per thread
 //   mma.sync per tile per warp: 16 (Q.K^T) + 16 (P.V)
 //   merge: 18432 B of fp32 O over the K/V ring (row pitch 72 floats)
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits)
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits), each of at least 2 K/V tiles (the combine kernel merges them)
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
 //   KV cache e4m3: K/V tiles of bytes (rows of 80 B), widened to bf16 in registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of byte pairs, two 8-column O tiles per chunk; bit moves and one fma per byte pair); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 the output
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers
@@ -277,6 +277,17 @@ constexpr bool kHasLeftBound = false;
 __device__ __forceinline__ int tile_offset(int row, int chunk) {
     if constexpr (kXorSwizzle) chunk ^= (row >> kSwizzleRowShift) & kSwizzleMask;
     return row * kTilePitchBytes + (chunk << 4);
+}
+
+// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
+// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
+// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
+// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // One online-softmax step for one query row. This thread holds kCols of the row's scores, read
@@ -921,6 +932,8 @@ __device__ __forceinline__ void attention(const Params& p) {
         if (ahead) store_rows(smem, p, c, first + i + kStages, i % kStages, next, tid);
     }
     cp_async_wait_all();
+    allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end): not
+                          // earlier, where its waiting blocks would sit beside the splits' whole walk
     merge_and_store(smem, o, row_max, row_sum, p, c, tid, scale_log2, v_factor);
     if constexpr (kMerge) {
         if (p.num_splits > 1) combine_if_last(smem, p, c, tid);

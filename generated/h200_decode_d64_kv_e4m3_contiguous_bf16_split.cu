@@ -262,6 +262,17 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * kTilePitchBytes + (chunk << 4);
 }
 
+// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
+// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
+// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
+// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // One online-softmax step for one query row. This thread holds kCols of the row's scores, read
 // and written through score(c); kGroup adjacent lanes hold the whole row. The scores become exp2
 // numerators P in place. Returns alpha = exp2((m_old - m_new) * scale), by which the caller
@@ -806,6 +817,8 @@ __device__ __forceinline__ void attention(const Params& p) {
         accumulate_pv(o, s, slot + kSmem_v0, key_w0, lane);
     }
     cp_async_wait_all();
+    allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end): not
+                          // earlier, where its waiting blocks would sit beside the splits' whole walk
     merge_and_store(smem, o, row_max, row_sum, p, c, tid, scale_log2, v_factor);
     if constexpr (kMerge) {
         if (p.num_splits > 1) combine_if_last(smem, p, c, tid);

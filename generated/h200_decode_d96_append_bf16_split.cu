@@ -34,7 +34,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x4 m16n8 tiles over 32 keys, O 1x12 tiles, Q 24 registers; 64 fp32 accumulators per thread
 //   mma.sync per tile per warp: 24 (Q.K^T) + 24 (P.V)
 //   merge: 26624 B of fp32 O over the K/V ring (row pitch 104 floats)
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits)
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits), each of at least 2 K/V tiles (the combine kernel merges them)
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
 //   append: a call's new tokens (k_new, v_new; seqlen_new <= seqlen_q) go into keys cache_seqlens .. cache_seqlens + seqlen_new - 1 of their sequence; the split block whose tiles hold them rotates them (rotary_cos / rotary_sin), puts them into its K/V tile in place of the cache's rows and, in the first row block, writes them into the cache; q is rotated as it is loaded (at each token's position with a causal or window mask, else all at cache_seqlens); cache_batch_idx maps batch rows to cache rows, cache_leftpad hides a contiguous row's first keys
 //   K/V pipeline: 4 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers
@@ -350,6 +350,17 @@ constexpr bool kHasLeftBound = kMask == Mask::Window;
 __device__ __forceinline__ int tile_offset(int row, int chunk) {
     if constexpr (kXorSwizzle) chunk ^= (row >> kSwizzleRowShift) & kSwizzleMask;
     return row * kTilePitchBytes + (chunk << 4);
+}
+
+// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
+// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
+// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
+// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// sm_90) both are no-ops.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // Base pointer of (batch, head) inside a (batch, heads, rows, dim) strided tensor.
@@ -1117,6 +1128,8 @@ __device__ __forceinline__ void attention(const Params& p) {
         if (ahead) store_rows(smem, p, c, first + i + kStages, i % kStages, next, tid);
     }
     cp_async_wait_all();
+    allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end): not
+                          // earlier, where its waiting blocks would sit beside the splits' whole walk
     merge_and_store(smem, o, row_max, row_sum, p, c, tid);
     if constexpr (kMerge) {
         if (p.num_splits > 1) combine_if_last(smem, p, c, tid);

@@ -34,6 +34,8 @@ def test_plan_is_a_two_part_bundle():
                                                  "attngen_h200_decode_d128_split_causal"]
     assert combine.functions == (("combine", "attngen_h200_decode_d128_combine"),)
     assert (combine.static_smem, combine.threads) == (0, 128) and split.static_smem is None
+    # the combine waits for the split kernel itself (griddepcontrol.wait), so it is launched before that ends
+    assert combine.awaits_predecessor and not split.awaits_predecessor
     names = [f.name for f in p.abi.fields]
     assert names[-12:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks",
                            "block_table", "table_stride", "split_counters", "num_pages", "page_size", "page_shift"]
@@ -44,6 +46,16 @@ def test_plan_is_a_two_part_bundle():
     assert f.merge_bytes == 4 * 16 * 136 * 4 <= p.stages * p.kv_stage_stride
     text = explain(p)
     assert "merge:" in text and "splits: at most 128" in text
+
+
+def test_programmatic_launches_from_sm_90():
+    from attngen.runtime.driver import LaunchAttribute, LaunchConfig, programmatic_launches
+    import ctypes
+    assert [programmatic_launches(a) for a in ("sm_80", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120")] == [
+        False, False, True, True, True, True]
+    # the driver's CUlaunchConfig and CUlaunchAttribute layouts (cuda.h): stream at 32, 72-byte attributes
+    assert (ctypes.sizeof(LaunchConfig), LaunchConfig.stream.offset, LaunchConfig.num_attrs.offset) == (56, 32, 48)
+    assert (ctypes.sizeof(LaunchAttribute), LaunchAttribute.value.offset) == (72, 8)
 
 
 def test_q_fragments_are_held_where_they_fit():
@@ -103,6 +115,24 @@ def test_only_the_contiguous_kernel_combine_build_counts_bytes_in_flight():
     assert contiguous.unsplit_in_flight == 2 * 2 * 128 * 128 * 2     # 2 stages ahead, K and V tiles
     for name in ("h200_decode_d128", "h200_decode_d128_fused"):        # paged, fused: waves only
         assert make_plan(load_spec(ROOT / f"specs/{name}.yaml")).unsplit_in_flight == 0
+
+
+@pytest.mark.parametrize("blocks, n_tiles, expect", [
+    (8, 16, 8),            # B=1 at 2k keys: 16 slices of one tile would be the best wave; slices of two
+    (8, 256, 16),          # long caches: the wave decides as before
+    (8, 3, 1),             # fewer than two slices' worth: unsplit
+])
+def test_num_splits_keeps_slices_of_at_least_min_slice_tiles(blocks, n_tiles, expect):
+    assert num_splits(blocks, n_tiles, 132, 1, 128, min_slice_tiles=2) == expect
+
+
+def test_only_plans_with_a_combine_kernel_take_slices_of_two_tiles():
+    from attngen.runtime.calls.decode import num_splits_for
+    kernel_combine = make_plan(load_spec(ROOT / "specs/h200_decode_d128.yaml"))
+    merging = make_plan(load_spec(ROOT / "specs/h200_decode_d128_contiguous.yaml"))
+    assert (kernel_combine.combine, merging.combine) == ("kernel", "auto")
+    assert num_splits_for(kernel_combine, 8, 16, 132) == 8
+    assert num_splits_for(merging, 8, 16, 132) == 16
 
 
 def test_num_splits_respects_max_splits():

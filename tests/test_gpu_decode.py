@@ -11,6 +11,7 @@ import attngen
 from attngen.eval import verify
 from attngen.eval.verify.decode import append_cases, decode_cases, latent_cases, window_cases
 from spec_sample import SPEC_PATHS
+from test_gpu_runtime import assert_close_to_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -60,6 +61,30 @@ def test_splits_agree(torch):
     outs = [kernel(q, k, v, cache_seqlens=lens, num_splits=n) for n in (1, None, 40)]
     for o in outs[1:]:
         assert (o.float() - outs[0].float()).abs().max().item() < 2e-3
+
+
+def test_combine_launched_as_a_programmatic_dependent(torch):
+    """On sm_90 and up the combine kernel is launched while the split kernel still runs (programmatic
+    dependent launch) and waits for the partials itself. Calls queued back to back with no sync between
+    them, each on new queries, give bit for bit what the same calls give with the combine launched
+    after the split kernel ends, and the first is within the error rule of the fp32 reference."""
+    kernel = attngen.load(D128)     # no synchronize after each call: the calls overlap as a model's do
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    qs = [torch.randn(1, 32, 1, 128, generator=gen, device="cuda").half() for _ in range(8)]
+    k, v = (torch.randn(1, 8, 16384, 128, generator=gen, device="cuda").half() for _ in range(2))
+    kernel(qs[0], k, v)
+    assert kernel.last_splits > 1
+    (key, prepared), = kernel._prepared.items()
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    assert [fn.programmatic for fn, _, _ in prepared.launches] == [False, hopper]
+    early = [kernel(q, k, v) for q in qs]
+    kernel._prepared[key] = prepared._replace(launches=tuple(
+        (fn._replace(programmatic=False), handle, grid) for fn, handle, grid in prepared.launches))
+    after = [kernel(q, k, v) for q in qs]
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(early, after)):
+        assert torch.equal(a, b), f"call {i}: the programmatic launch differs by {(a - b).abs().max().item()}"
+    assert_close_to_reference(torch, early[0], qs[0], k, v)
 
 
 @pytest.mark.parametrize("lens, error, fragment", [

@@ -70,7 +70,7 @@ def runtime_view(plan) -> dict:
         "target": plan.target, "masks": plan.masks,
         "mask_variants": tuple(map(id, plan.mask_variants)), "score_variants": tuple(map(id, plan.score_variants)),
         "mask_fields": mask_fields(plan),
-        "parts": tuple((p.name, p.file_name, p.functions, p.threads) for p in plan.parts),
+        "parts": tuple((p.name, p.file_name, p.functions, p.threads, p.awaits_predecessor) for p in plan.parts),
         "functions": plan.functions, "entry_functions": plan.entry_functions,
         "abi": plan.abi, "abi_size": plan.abi.size,
         "numbers": (plan.head_dim, plan.v_dim, plan.block_m, plan.block_n, plan.threads, plan.smem_bytes,

@@ -91,6 +91,9 @@ class Part:
     threads: int | None = None                 # threads per block of its kernels; None: the plan's
     reads: tuple[str, ...] = ()                # the Params fields its kernels read when not all of them: its
                                                # struct declares those and reserves the other bytes (Abi.view)
+    awaits_predecessor: bool = False           # its kernels wait for the kernel ahead of them on the stream
+                                               # themselves (griddepcontrol.wait), so they are launched before
+                                               # it ends (programmatic dependent launch, sm_90 and up)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class LaunchPart(NamedTuple):
     file_name: str
     functions: tuple[tuple[str, str], ...]   # (function key, extern "C" function name)
     threads: int | None = None               # threads per block of its kernels; None: the plan's
+    awaits_predecessor: bool = False         # launched as a programmatic dependent (core.forward_plan.Part)
 
 
 class LaunchPlan(NamedTuple):
@@ -129,8 +130,8 @@ class LaunchPlan(NamedTuple):
             spec=LaunchSpec(**record["spec"]), kind=LaunchKind(**record["kind"]), target=TARGETS[record["target"]],
             masks=tuple(record["masks"]), mask_variants=tuple(MASKS[m] for m in record["mask_variants"]),
             score_variants=tuple(SCORES[s] for s in record["score_variants"]),
-            parts=tuple(LaunchPart(p["name"], p["file_name"], tuple(tuple(f) for f in p["functions"]), p["threads"])
-                        for p in record["parts"]),
+            parts=tuple(LaunchPart(p["name"], p["file_name"], tuple(tuple(f) for f in p["functions"]), p["threads"],
+                                   p.get("awaits_predecessor", False)) for p in record["parts"]),
             abi=Abi(abi["name"], tuple(AbiField(**dict(zip(ABI_KEYS, f))) for f in abi["fields"]),
                     frozenset(abi["omitted"])),
             tensor_maps=tuple(TensorMapSpec(**dict(zip(MAP_KEYS, m))) for m in record["tensor_maps"]),
@@ -164,7 +165,8 @@ def launch_record(plan) -> dict:
         "mask_variants": [m.name for m in plan.mask_variants],
         "score_variants": [s.name for s in plan.score_variants],
         "parts": [{"name": p.name, "file_name": p.file_name, "functions": [list(f) for f in p.functions],
-                   "threads": p.threads} for p in plan.parts],
+                   "threads": p.threads, **({"awaits_predecessor": True} if p.awaits_predecessor else {})}
+                  for p in plan.parts],
         "abi": {"name": plan.abi.name, "fields": [[getattr(f, k) for k in ABI_KEYS] for f in plan.abi.fields],
                 "omitted": sorted(plan.abi.omitted)},
         "tensor_maps": [[getattr(m, k) for k in MAP_KEYS] for m in plan.tensor_maps],

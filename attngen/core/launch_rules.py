@@ -49,6 +49,12 @@ WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this 
 # faster unsplit than in 2 slices; d64 at batch 8 (64 KiB per block, 31 KiB per SM) is 2-21 % slower
 # unsplit from 4k keys on. The threshold lies between the two.
 IN_FLIGHT_PER_SM = 48 << 10
+# The fewest K/V tiles a key slice takes where a combine kernel merges the slices (combine: kernel),
+# launched as a programmatic dependent of the split kernel on sm_90 and up. Measured on the H200
+# (docs/performance/decode.md, "The combine as a programmatic dependent"): at 2k keys (16 tiles of
+# 128), B1 bf16 d128, 8 slices of 2 tiles took 11.6-11.9 us against 11.9-13.3 for 16 slices of 1, at
+# both 64/8 and 32/8 heads; d64 took the same either way.
+COMBINE_KERNEL_MIN_SLICE_TILES = 2
 
 MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's merging split function (combine: auto)
 merging_key = MERGING.key
@@ -78,14 +84,15 @@ def visited_tiles(n_tiles: int, block_n: int, seqlen_q: int, left: int) -> int:
 
 
 def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int,
-               in_flight: int = 0) -> int:
+               in_flight: int = 0, min_slice_tiles: int = 1) -> int:
     """The fewest key slices whose wave efficiency (blocks in flight / slots of the last wave) is
     within WAVE_EFFICIENCY of the best over 1..max_splits. `blocks` = batch x kv_heads x row_blocks;
-    no slice is empty for the longest sequence (n_tiles tiles). One slice when the blocks already
-    fill 0.8 of the slots, or keep IN_FLIGHT_PER_SM bytes of K/V in flight per SM (`in_flight`:
-    bytes one block has in flight, its ring's stages ahead of the one it computes)."""
+    no slice is empty for the longest sequence (n_tiles tiles), nor shorter than `min_slice_tiles`.
+    One slice when the blocks already fill 0.8 of the slots, or keep IN_FLIGHT_PER_SM bytes of K/V in
+    flight per SM (`in_flight`: bytes one block has in flight, its ring's stages ahead of the one it
+    computes)."""
     slots = sm_count * blocks_per_sm
-    cap = max(1, min(max_splits, n_tiles))
+    cap = max(1, min(max_splits, n_tiles // min_slice_tiles))
     if blocks >= 0.8 * slots or cap == 1 or blocks * in_flight >= IN_FLIGHT_PER_SM * sm_count:
         return 1
 

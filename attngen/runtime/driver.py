@@ -67,6 +67,7 @@ _SIGNATURES = {
     "cuKernelGetAttribute": (_c.c_int, [_c.POINTER(_c.c_int), _c.c_int, _vp, _c.c_int]),
     "cuKernelGetFunction": (_c.c_int, [_c.POINTER(_vp), _vp]),
     "cuLaunchKernel": (_c.c_int, [_vp, _u, _u, _u, _u, _u, _u, _u, _vp, _vp, _vp]),
+    "cuLaunchKernelEx": (_c.c_int, [_vp, _vp, _vp, _vp]),
     "cuStreamSynchronize": (_c.c_int, [_vp]),
 }
 
@@ -189,14 +190,35 @@ def set_kernel_attribute(kernel: int, attribute: int, value: int, dev: int) -> N
     check("cuKernelSetAttribute", lib().cuKernelSetAttribute(attribute, value, kernel, dev))
 
 
+# -- the launch -------------------------------------------------------------------------------------
+
+PARAMS_MAX = 4096          # bytes: CUDA's limit for a kernel's parameters
+LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CUlaunchAttributeID
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: the attribute's id, padded to 8 bytes, then its value (a 64-byte union whose
+    first member here is an int: programmaticStreamSerializationAllowed)."""
+    _fields_ = [("id", _c.c_int), ("pad", _c.c_char * 4), ("value", _c.c_int), ("rest", _c.c_char * 60)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig: grid, block, dynamic shared memory, stream and the launch's attributes."""
+    _fields_ = [("grid_x", _u), ("grid_y", _u), ("grid_z", _u), ("block_x", _u), ("block_y", _u), ("block_z", _u),
+                ("smem", _u), ("stream", _vp), ("attrs", _c.POINTER(LaunchAttribute)), ("num_attrs", _u)]
+
+
 def stream_synchronize(stream: int) -> None:
     """Wait on the host for the work queued on `stream` (a CUstream handle) so far."""
     check("cuStreamSynchronize", lib().cuStreamSynchronize(stream))
 
 
-# -- the launch -------------------------------------------------------------------------------------
-
-PARAMS_MAX = 4096          # bytes: CUDA's limit for a kernel's parameters
+def programmatic_launches(arch: str) -> bool:
+    """Whether a GPU of `arch` (e.g. sm_90) takes programmatic dependent launches (compute capability 9.0
+    and later): a kernel launched so may start before the kernel ahead of it on the stream ends, and
+    waits for it with griddepcontrol.wait, which hides its launch behind the other's last blocks."""
+    digits = arch.removeprefix("sm_").rstrip("af")
+    return digits.isdigit() and int(digits) >= 90
 
 
 class ThreadState:
@@ -206,7 +228,7 @@ class ThreadState:
     packed; the driver copies the parameters during cuLaunchKernel, so the buffer is free again
     when the call returns."""
 
-    __slots__ = ("raw", "offset", "address", "params", "ctx", "ctx_ref")
+    __slots__ = ("raw", "offset", "address", "params", "ctx", "ctx_ref", "config", "config_ref", "launch_ex")
 
     def __init__(self):
         self.raw = ctypes.create_string_buffer(PARAMS_MAX + 64)
@@ -216,6 +238,21 @@ class ThreadState:
         self.params = (ctypes.c_void_p * 1)(self.address)
         self.ctx = ctypes.c_void_p()
         self.ctx_ref = ctypes.byref(self.ctx)
+        # a programmatic dependent launch's configuration: one attribute, filled per launch
+        attribute = LaunchAttribute(LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, b"", 1)
+        self.config = LaunchConfig(block_y=1, block_z=1, attrs=ctypes.pointer(attribute), num_attrs=1)
+        self.config_ref = ctypes.byref(self.config)
+        self.launch_ex = None
+
+    def launch_programmatic(self, function, grid, threads: int, smem: int, stream) -> int:
+        """cuLaunchKernelEx of `function` (a CUfunction as c_void_p) with this thread's Params, as a
+        programmatic dependent of the kernel ahead of it on `stream`; the driver's result code."""
+        if self.launch_ex is None:
+            self.launch_ex = lib().cuLaunchKernelEx
+        config = self.config
+        config.grid_x, config.grid_y, config.grid_z = grid
+        config.block_x, config.smem, config.stream = threads, smem, stream
+        return self.launch_ex(self.config_ref, function, self.params, None)
 
 
 _threads = threading.local()
@@ -229,6 +266,7 @@ def thread_state() -> ThreadState:
         return _threads.state
 
 
-__all__ = ["DriverError", "PARAMS_MAX", "ThreadState", "check", "current_context", "device", "device_attribute",
-           "error_text", "kernel_attribute", "lib", "library_kernel", "load_library", "primary_context",
-           "set_current_context", "set_kernel_attribute", "stream_synchronize", "thread_state"]
+__all__ = ["DriverError", "LaunchAttribute", "LaunchConfig", "PARAMS_MAX", "ThreadState", "check", "current_context",
+           "device", "device_attribute", "error_text", "kernel_attribute", "lib", "library_kernel", "load_library",
+           "primary_context", "programmatic_launches", "set_current_context", "set_kernel_attribute",
+           "stream_synchronize", "thread_state"]

@@ -143,6 +143,8 @@ class Function(NamedTuple):
     handle: int                 # CUkernel: launches in the current context, on any device
     threads: int                # per block (its part's)
     smem_dynamic: int           # bytes of dynamic shared memory it is launched with (0: static)
+    programmatic: bool = False  # launched as a programmatic dependent of the kernel ahead of it (its
+                                # part awaits_predecessor, on a GPU of sm_90 or later)
 
 
 class Kernel:
@@ -240,7 +242,8 @@ class Kernel:
                     raise ToolError(f"{label}: the cubin's parameter layout of {name} (offset {gap}, buffer {size} B) "
                                     f"does not match Params ({plan.abi.size} B)")
                 functions[name] = Function(name, handle, part.threads or plan.threads,
-                                           plan.smem_bytes if plan.smem_dynamic and part is plan.parts[0] else 0)
+                                           plan.smem_bytes if plan.smem_dynamic and part is plan.parts[0] else 0,
+                                           part.awaits_predecessor)
             compiled.append(result)
             libraries.append(library)
         if synchronize is None:
@@ -502,7 +505,14 @@ class Kernel:
     def _launches(self, info, *named) -> tuple:
         """(Function, its CUfunction on the device of `info`, grid) for each (function name, grid)."""
         handles = self._handles[info.index]
-        return tuple((self.functions[name], c_void_p(handles[name]), grid) for name, grid in named)
+        early = driver.programmatic_launches(info.arch)
+        launches = []
+        for name, grid in named:
+            fn = self.functions[name]
+            if fn.programmatic and not early:
+                fn = fn._replace(programmatic=False)   # before sm_90: launched after the kernel ahead ends
+            launches.append((fn, c_void_p(handles[name]), grid))
+        return tuple(launches)
 
     def _remember(self, key, prepared: Prepared) -> None:
         """Keep a prepared call for later calls of the same key (at most PREPARED_ENTRIES)."""
@@ -538,8 +548,11 @@ class Kernel:
             driver.set_current_context(info.context)
         try:
             for fn, handle, grid in prepared.launches:
-                rc = self._launch_kernel(handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic,
-                                         stream, state.params, None)
+                if fn.programmatic:   # it may start while the kernel ahead still runs, and waits for it itself
+                    rc = state.launch_programmatic(handle, grid, fn.threads, fn.smem_dynamic, stream)
+                else:
+                    rc = self._launch_kernel(handle, grid[0], grid[1], grid[2], fn.threads, 1, 1, fn.smem_dynamic,
+                                             stream, state.params, None)
                 if rc:
                     name, text = driver.error_text(rc)
                     raise LaunchError(f"launch of {fn.name} (grid={grid}, block=({fn.threads}, 1, 1), dynamic smem="

@@ -22,7 +22,8 @@ from ...core import banks
 from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, KV_SCALE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
-from ...core.launch_rules import IN_FLIGHT_PER_SM, MAX_PAGE_SIZE, MAX_SPLITS, WAVE_EFFICIENCY, merging_key
+from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, IN_FLIGHT_PER_SM, MAX_PAGE_SIZE, MAX_SPLITS,
+                                  WAVE_EFFICIENCY, merging_key)
 from ...core.layout import CHUNK_BYTES, Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
 from ...core.variants import SCORES
@@ -290,7 +291,7 @@ def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
         return split
     return split + (Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
                          (("combine", f"attngen_{spec.name}_combine"),), static_smem=0, threads=32 * COMBINE_WARPS,
-                         reads=COMBINE_READS + combine_variant_reads(spec)),)
+                         reads=COMBINE_READS + combine_variant_reads(spec), awaits_predecessor=True),)
 
 
 def combine_variant_reads(spec: DecodeSpec) -> tuple[str, ...]:
@@ -367,6 +368,8 @@ def explain(plan) -> list[str]:
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
             f"splits: at most {plan.max_splits}; the runtime picks the fewest whose wave efficiency is within "
             f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)"
+            + (f", each of at least {COMBINE_KERNEL_MIN_SLICE_TILES} K/V tiles (the combine kernel merges them)"
+               if plan.combine == "kernel" else "")
             + (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
                f"({plan.unsplit_in_flight // 1024} KiB per block)" if plan.unsplit_in_flight else ""),
             (f"paged KV: any page size from 1 to {MAX_PAGE_SIZE} keys (a power of two, page_size and page_shift "
