@@ -457,7 +457,6 @@ __device__ __forceinline__ void split(const Params& p) {
     float* row_max = reinterpret_cast<float*>(smem + kSmem_row_max);
     float* row_sum = reinterpret_cast<float*>(smem + kSmem_row_sum);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    allow_dependents();   // the combine's launch starts now; it waits for this grid's end itself
     const MlaBlock c = mla_block(p);
     const int n_tiles = (c.seqlen + kBlockN - 1) / kBlockN;
     const int t_begin = c.split * p.tiles_per_split, t_end = min(n_tiles, t_begin + p.tiles_per_split);
@@ -552,6 +551,9 @@ __device__ __forceinline__ void split(const Params& p) {
         cp_async_commit();
     }
     cp_async_wait<0>();
+    allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end): not at the
+                          // block's start, where its waiting blocks sat beside the slices' whole walk (B1 at
+                          // 32k keys, 128 slices: 5 % slower on the H200)
 
     // the rows' sums over every warp's keys
 #pragma unroll
