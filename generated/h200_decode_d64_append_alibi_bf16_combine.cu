@@ -33,7 +33,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x4 m16n8 tiles over 32 keys, O 1x8 tiles, Q 16 registers; 48 fp32 accumulators per thread
 //   mma.sync per tile per warp: 16 (Q.K^T) + 16 (P.V)
 //   merge: 18432 B of fp32 O over the K/V ring (row pitch 72 floats)
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits), each of at least 2 K/V tiles (the combine kernel merges them)
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them)
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
 //   append: a call's new tokens (k_new, v_new; seqlen_new <= seqlen_q) go into keys cache_seqlens .. cache_seqlens + seqlen_new - 1 of their sequence; the split block whose tiles hold them rotates them (rotary_cos / rotary_sin), puts them into its K/V tile in place of the cache's rows and, in the first row block, writes them into the cache; q is rotated as it is loaded (at each token's position with a causal or window mask, else all at cache_seqlens); cache_batch_idx maps batch rows to cache rows, cache_leftpad hides a contiguous row's first keys
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers

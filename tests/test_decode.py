@@ -118,11 +118,14 @@ def test_only_the_contiguous_kernel_combine_build_counts_bytes_in_flight():
 
 
 @pytest.mark.parametrize("blocks, n_tiles, expect", [
-    (8, 16, 8),            # B=1 at 2k keys: 16 slices of one tile would be the best wave; slices of two
+    (8, 16, 8),            # B=1 at 2k keys: 16 slices of one tile would be the best wave; 8 of two
+    (8, 12, 6),            # 6 slices of two tiles rather than 12 of one
+    (8, 8, 8),             # 8 tiles: two-tile slices would leave 4; 8 slices of one tile
+    (8, 3, 3),             # short caches keep one-tile slices
     (8, 256, 16),          # long caches: the wave decides as before
-    (8, 3, 1),             # fewer than two slices' worth: unsplit
+    (8, 20, 10),           # the wave rule already cuts two-tile slices: unchanged
 ])
-def test_num_splits_keeps_slices_of_at_least_min_slice_tiles(blocks, n_tiles, expect):
+def test_one_tile_slices_become_min_slice_tiles_where_eight_remain(blocks, n_tiles, expect):
     assert num_splits(blocks, n_tiles, 132, 1, 128, min_slice_tiles=2) == expect
 
 

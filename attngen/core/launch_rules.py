@@ -49,12 +49,15 @@ WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this 
 # faster unsplit than in 2 slices; d64 at batch 8 (64 KiB per block, 31 KiB per SM) is 2-21 % slower
 # unsplit from 4k keys on. The threshold lies between the two.
 IN_FLIGHT_PER_SM = 48 << 10
-# The fewest K/V tiles a key slice takes where a combine kernel merges the slices (combine: kernel),
-# launched as a programmatic dependent of the split kernel on sm_90 and up. Measured on the H200
-# (docs/performance/decode.md, "The combine as a programmatic dependent"): at 2k keys (16 tiles of
-# 128), B1 bf16 d128, 8 slices of 2 tiles took 11.6-11.9 us against 11.9-13.3 for 16 slices of 1, at
-# both 64/8 and 32/8 heads; d64 took the same either way.
+# Where a combine kernel merges the key slices (combine: kernel; on sm_90 and up it is launched as a
+# programmatic dependent of the split kernel) and the wave rule would cut slices of one K/V tile, a
+# slice takes at least COMBINE_KERNEL_MIN_SLICE_TILES tiles where SHORT_CACHE_SLICES such slices remain,
+# else at most SHORT_CACHE_SLICES slices of one tile are cut. Measured on the H200, B1 bf16, GQA 32/8
+# and 64/8 (docs/performance/decode.md, "The combine launched as a programmatic dependent"): at 2k keys
+# (16 tiles of 128) 8 slices of two tiles beat 16 of one (d128 11.6-11.9 against 11.9-13.3 us); at 1k
+# keys (8 tiles) 8 slices of one tile beat 4 of two (d128 9.5 against 10.7, d64 8.3 against 9.0).
 COMBINE_KERNEL_MIN_SLICE_TILES = 2
+SHORT_CACHE_SLICES = 8
 
 MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's merging split function (combine: auto)
 merging_key = MERGING.key
@@ -87,13 +90,24 @@ def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max
                in_flight: int = 0, min_slice_tiles: int = 1) -> int:
     """The fewest key slices whose wave efficiency (blocks in flight / slots of the last wave) is
     within WAVE_EFFICIENCY of the best over 1..max_splits. `blocks` = batch x kv_heads x row_blocks;
-    no slice is empty for the longest sequence (n_tiles tiles), nor shorter than `min_slice_tiles`.
-    One slice when the blocks already fill 0.8 of the slots, or keep IN_FLIGHT_PER_SM bytes of K/V in
-    flight per SM (`in_flight`: bytes one block has in flight, its ring's stages ahead of the one it
-    computes)."""
+    no slice is empty for the longest sequence (n_tiles tiles). One slice when the blocks already
+    fill 0.8 of the slots, or keep IN_FLIGHT_PER_SM bytes of K/V in flight per SM (`in_flight`:
+    bytes one block has in flight, its ring's stages ahead of the one it computes). Where that
+    cuts slices of one tile and `min_slice_tiles` > 1, the slices take at least `min_slice_tiles`
+    tiles if SHORT_CACHE_SLICES of them remain, else at most SHORT_CACHE_SLICES of one tile."""
     slots = sm_count * blocks_per_sm
-    cap = max(1, min(max_splits, n_tiles // min_slice_tiles))
-    if blocks >= 0.8 * slots or cap == 1 or blocks * in_flight >= IN_FLIGHT_PER_SM * sm_count:
+    if blocks >= 0.8 * slots or blocks * in_flight >= IN_FLIGHT_PER_SM * sm_count:
+        return 1
+    splits = _wave_splits(blocks, n_tiles, slots, min(max_splits, n_tiles))
+    if min_slice_tiles > 1 and splits > 1 and -(-n_tiles // splits) == 1:
+        splits = _wave_splits(blocks, n_tiles, slots,
+                              min(max_splits, n_tiles, max(SHORT_CACHE_SLICES, n_tiles // min_slice_tiles)))
+    return splits
+
+
+def _wave_splits(blocks: int, n_tiles: int, slots: int, cap: int) -> int:
+    """num_splits' wave rule over 1..cap slices."""
+    if cap <= 1:
         return 1
 
     def efficiency(s: int) -> float:
