@@ -357,9 +357,10 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
 }
 
 // Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
-// combine) begin as soon as every split block has started; that kernel, launched as a programmatic
-// dependent, waits in await_predecessor until the kernel ahead of it has ended and its writes are
-// visible, so its launch is hidden behind the splits' last blocks. Launched the usual way (or before
+// combine) begin once every split block has called allow_dependents (after its main loop) or exited; that
+// kernel, launched as a programmatic dependent, waits in await_predecessor until the kernel ahead of it
+// has ended and all its writes are visible, wherever allow_dependents stood, so its launch is hidden
+// behind the splits' last work. Launched the usual way (or before
 // sm_90) both are no-ops.
 __device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
