@@ -10,6 +10,7 @@ import click
 from .options import (MAX_BATCH, MAX_HEADS, MAX_REPS, MAX_SEQLEN, SPECS_DIR_HELP, folder_option, report_file,
                       root_option, shape_too_large, shapes_option)
 from .spec_files import same_file_key, spec_files
+from ..core.launch_rules import MAX_PAGE_SIZE
 
 
 def _plot_file(ctx, param, value):
@@ -70,6 +71,17 @@ def _lengths(ctx, param, value):
     if sum(lengths) > MAX_SEQLEN:
         raise click.BadParameter(f"{sum(lengths)} tokens in all; a varlen batch holds at most {MAX_SEQLEN}")
     return lengths
+
+
+def _context(ctx, param, value):
+    """--context of bench --serving: LO:HI keys a sequence."""
+    if value is None:
+        return None
+    from ..eval.bench.serving import parse_context
+    try:
+        return parse_context(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _heads(ctx, param, value):
@@ -136,9 +148,25 @@ def _backends(ctx, param, value):
                    "16 query heads)")
 @click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
               help="--train: rounds the implementations alternate over (each cell's figure is their median)")
+@click.option("--serving", is_flag=True,
+              help="time one serving step (a paged varlen call of prefill chunks and decode tokens through "
+                   "attngen.attention_varlen) beside SDPA per sequence, GPU, eager and in a CUDA graph, instead of "
+                   "SPECS")
+@click.option("--sequences", type=click.IntRange(1, 4096), default=None,
+              help="--serving: sequences in the step  [default: 64]")
+@click.option("--prefill", type=click.IntRange(0, 4096), default=None,
+              help="--serving: sequences prefilling a chunk; the rest decode one token  [default: 8]")
+@click.option("--chunk", type=click.IntRange(1, MAX_SEQLEN), default=None,
+              help="--serving: new tokens of a prefilling sequence  [default: 512]")
+@click.option("--context", default=None, metavar="LO:HI", callback=_context,
+              help="--serving: each sequence's keys after the step, drawn from LO to HI  [default: 512:8192]")
+@click.option("--page-size", type=click.IntRange(1, MAX_PAGE_SIZE), default=None,
+              help="--serving: keys per page of the pool, a power of two  [default: 16]")
+@click.option("--head-dim", type=click.IntRange(1, 1024), default=None,
+              help="--serving: head dim  [default: 128]")
 @click.option("--specs-dir", default=None, callback=folder_option, help=SPECS_DIR_HELP)
 def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, cells, paged, varlen, lengths, heads,
-          train, train_cells, rounds, specs_dir):
+          train, train_cells, rounds, serving, sequences, prefill, chunk, context, page_size, head_dim, specs_dir):
     """Time SPECS (default: every spec) beside torch SDPA's backends on the GPU.
 
     \b
@@ -175,7 +203,21 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     backends, GQA through each one's own path, over a grid (--train-cells; default d64, d128,
     d256 x 512-16k keys x GQA 1, 4, 8, bf16 unless --dtype), each cell checked against fp32
     first, the implementations alternating over --rounds rounds.
+
+    \b
+    --serving times one serving step as an inference engine runs it: --sequences sequences
+    (default 64) whose keys sit in a pool of --page-size pages, --prefill of them (default 8)
+    prefilling a --chunk of new tokens and the rest decoding one, all in one paged call of
+    attngen.attention_varlen (block_table=, seqused_k=), beside SDPA run per sequence on
+    contiguous copies of each sequence's keys (the copies made beforehand, untimed). The output
+    is checked against fp32 first; times are GPU, eager and the step replayed from a CUDA graph.
+    --heads (default 32/8 here), --head-dim, --context and one --dtype (default bf16) shape it.
     """
+    serving_options = {"sequences": sequences, "prefill": prefill, "chunk": chunk, "context": context,
+                       "page_size": page_size, "head_dim": head_dim}
+    if serving or any(v is not None for v in serving_options.values()):
+        _serving_bench(specs, serving, serving_options, heads, dtypes, reps, json_file)
+        return
     if train or train_cells:
         _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_file)
         return
@@ -248,6 +290,38 @@ def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_f
             bar.update(1)
         report = run_train_bench(cells, dtypes=dtypes, causals=causals, reps=reps, rounds=rounds, on_step=step)
     click.echo(format_train(report))
+    if json_file:
+        fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_file}")
+
+
+def _serving_bench(specs, serving, options, heads, dtypes, reps, json_file):
+    """`bench --serving`: one serving step (eval/bench/serving.py), its table and --json report."""
+    from .. import fsutil
+    from ..eval.bench.serving import ServingStep, format_serving, run_serving_bench, step_problems
+    given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
+    if not serving:
+        raise click.UsageError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --serving")
+    if specs:
+        raise click.UsageError("--serving times attngen.attention_varlen through the dispatch table: name no SPECS")
+    if len(set(dtypes)) > 1:
+        raise click.UsageError("--serving times one dtype: give --dtype once")
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("heads") is not click.core.ParameterSource.COMMANDLINE:
+        heads = (32, 8)
+    step = ServingStep(**{k: v for k, v in options.items() if v is not None}, heads=heads[0], kv_heads=heads[1],
+                       dtype=dtypes[0] if dtypes else "bf16")
+    problems = step_problems(step, MAX_PAGE_SIZE, MAX_SEQLEN)
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    from ..runtime import gpu_modules
+    gpu_modules()   # no GPU, torch or CUDA driver: say so (exit 4) before anything runs
+    click.echo(f"bench serving: {step.label} ...", err=True)
+    try:
+        report = run_serving_bench(step, reps)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(format_serving(report))
     if json_file:
         fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
         click.echo(f"wrote {json_file}")
