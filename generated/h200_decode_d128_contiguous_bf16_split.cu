@@ -30,7 +30,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x4 m16n8 tiles over 32 keys, O 1x16 tiles, Q 32 registers; 80 fp32 accumulators per thread
 //   mma.sync per tile per warp: 32 (Q.K^T) + 32 (P.V)
 //   merge: 34816 B of fp32 O over the K/V ring (row pitch 136 floats)
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits), or none once the blocks keep 48 KiB of K/V per SM in flight (128 KiB per block)
+//   splits: at most 128; the runtime picks the count of least slice cost, waves x (4 + tiles per slice) + 0.25 per partial past 8 (num_splits: the split kernel merges), or none once the blocks keep 48 KiB of K/V per SM in flight (128 KiB per block)
 //   KV cache: contiguous only (paged: false)
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers
 //   masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new token t of seqlen_q sees the keys up to position len - seqlen_q + t

@@ -33,7 +33,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x2 m16n8 tiles over 16 keys, O 1x32 tiles, Q read from its tile at every k-step (held, its 64 registers would leave too few beside 136 accumulators); 136 fp32 accumulators per thread
 //   mma.sync per tile per warp: 32 (Q.K^T) + 32 (P.V)
 //   merge: 67584 B of fp32 O over the K/V ring (row pitch 264 floats)
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them), or none once the blocks keep 48 KiB of K/V per SM in flight (128 KiB per block)
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them), unless the cache has at most 24 tiles and one-tile slices fill at most 50% of the SMs, or none once the blocks keep 48 KiB of K/V per SM in flight (128 KiB per block)
 //   KV cache: contiguous only (paged: false)
 //   append: a call's new tokens (k_new, v_new; seqlen_new <= seqlen_q) go into keys cache_seqlens .. cache_seqlens + seqlen_new - 1 of their sequence; the split block whose tiles hold them rotates them (rotary_cos / rotary_sin), puts them into its K/V tile in place of the cache's rows and, in the first row block, writes them into the cache; q is rotated as it is loaded (at each token's position with a causal or window mask, else all at cache_seqlens); cache_batch_idx maps batch rows to cache rows, cache_leftpad hides a contiguous row's first keys
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q in shared memory

@@ -32,7 +32,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x2 m16n8 tiles over 16 keys, O 1x32 tiles, Q read from its tile at every k-step (held, its 64 registers would leave too few beside 136 accumulators); 136 fp32 accumulators per thread
 //   mma.sync per tile per warp: 32 (Q.K^T) + 32 (P.V)
 //   merge: 67584 B of fp32 O over the K/V ring (row pitch 264 floats)
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them)
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them), unless the cache has at most 24 tiles and one-tile slices fill at most 50% of the SMs
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q in shared memory
 //   masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new token t of seqlen_q sees the keys up to position len - seqlen_q + t; window (left, right): keys len - seqlen_q + t - left .. len - seqlen_q + t + right, and the splits share the tiles from token 0's first visible key on (none before it is read)

@@ -31,7 +31,7 @@
 //   fragments per warp: S 2 m16n8 tiles over 16 keys, summed in 3 accumulator chains over the 36 k-steps; O 16 m16n8 tiles (128 columns); Q read from its tile at every k-step
 //   mma.sync per tile per warp: 72 (Q.K^T) + 64 (P.V)
 //   V: the first 512 columns of each cache row, read from the K tile (the call's v_cache must be k_cache[..., :512])
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them)
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them), unless the cache has at most 24 tiles and one-tile slices fill at most 50% of the SMs
 //   paged cache: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; contiguous caches when the call passes no table
 //   copies: thread i copies chunks i % 8 + 8j of rows i / 8 + 16k of each cache tile (4 rows, 9 chunks each): a warp covers 4 rows x 128 contiguous bytes per step, and each thread works out its rows' sources (page ids) once per tile, a tile ahead
 //   masks: none (every key of the sequence), causal (bottom-right: new token t of seqlen_q sees the keys up to len - seqlen_q + t)

@@ -129,13 +129,41 @@ def test_one_tile_slices_become_min_slice_tiles_where_eight_remain(blocks, n_til
     assert num_splits(blocks, n_tiles, 132, 1, 128, min_slice_tiles=2) == expect
 
 
-def test_only_plans_with_a_combine_kernel_take_slices_of_two_tiles():
+def test_merging_plans_split_by_slice_cost_and_kernel_plans_by_waves():
     from attngen.runtime.calls.decode import num_splits_for
     kernel_combine = make_plan(load_spec(ROOT / "specs/h200_decode_d128.yaml"))
     merging = make_plan(load_spec(ROOT / "specs/h200_decode_d128_contiguous.yaml"))
     assert (kernel_combine.combine, merging.combine) == ("kernel", "auto")
-    assert num_splits_for(kernel_combine, 8, 16, 132) == 8
-    assert num_splits_for(merging, 8, 16, 132) == 16
+    assert num_splits_for(kernel_combine, 8, 33, 132) == 11     # wave rule: 33 one-tile slices -> 3 tiles
+    assert num_splits_for(merging, 8, 33, 132) == 11
+    assert num_splits_for(kernel_combine, 1, 128, 132) == 64    # one KV head: the combine kernel merges
+    assert num_splits_for(merging, 1, 128, 132) == 22           # one block would read 128 partials
+
+
+@pytest.mark.parametrize("blocks, n_tiles, expect", [
+    # each the fastest or within 7 % of the fastest count timed on the H200 (bf16, d64 and d128)
+    (8, 8, 8),             # B1 8 KV heads, 1k keys: one-tile slices (9.9 us; 4 slices 11.1)
+    (8, 24, 8),            # 3k keys: 8 slices of 3 tiles (12.9 us; the wave rule's 12 of 2: 13.7)
+    (8, 33, 11),           # 4224 keys: 11 of 3 (14.5 us; the wave rule's 33 in two waves: 22.4)
+    (16, 33, 7),           # B2: 7 of 5 (17.3 us; 33: 30.5)
+    (1, 64, 16),           # one KV head, 8k keys: 16 (15.8 us; the wave rule's 64: 22.6)
+    (1, 128, 22),          # 16k keys: 22 (19.4 us; 128: 36.5)
+    (8, 256, 16),          # 32k keys: one wave of 128 blocks, as the wave rule
+    (512, 64, 1),          # more blocks than 0.8 x the slots: no split
+])
+def test_slice_cost_split_counts(blocks, n_tiles, expect):
+    assert num_splits(blocks, n_tiles, 132, 1, 128, merges_in_split=True) == expect
+
+
+@pytest.mark.parametrize("blocks, n_tiles, expect", [
+    (1, 12, 12),           # MLA B1 16/1, 768 keys: 12 one-tile slices fill 12 of 132 SMs (11.1 us; 6: 12.0)
+    (1, 16, 16),           # one KV head at 2k keys (d128 10.0 us; 8: 10.5)
+    (1, 24, 24),           # MLA B1 16/1, 1536 keys (11.9 us; 12: 12.7)
+    (1, 32, 16),           # from 32 tiles, two-tile slices: d128 B1 8/1 at 4k keys (11.2 us; 32: 11.7)
+    (8, 16, 8),            # 8 KV heads: 16 one-tile slices would fill 128 SMs; 8 of two
+])
+def test_one_tile_slices_that_fill_little_of_the_gpu_stay_one_tile(blocks, n_tiles, expect):
+    assert num_splits(blocks, n_tiles, 132, 1, 128, min_slice_tiles=2) == expect
 
 
 def test_num_splits_respects_max_splits():

@@ -50,14 +50,33 @@ WAVE_EFFICIENCY = 0.95      # the heuristic takes the fewest splits within this 
 # unsplit from 4k keys on. The threshold lies between the two.
 IN_FLIGHT_PER_SM = 48 << 10
 # Where a combine kernel merges the key slices (combine: kernel; on sm_90 and up it is launched as a
-# programmatic dependent of the split kernel) and the wave rule would cut slices of one K/V tile, a
-# slice takes at least COMBINE_KERNEL_MIN_SLICE_TILES tiles where SHORT_CACHE_SLICES such slices remain,
-# else at most SHORT_CACHE_SLICES slices of one tile are cut. Measured on the H200, B1 bf16, GQA 32/8
-# and 64/8 (docs/performance/decode.md, "The combine launched as a programmatic dependent"): at 2k keys
-# (16 tiles of 128) 8 slices of two tiles beat 16 of one (d128 11.6-11.9 against 11.9-13.3 us); at 1k
-# keys (8 tiles) 8 slices of one tile beat 4 of two (d128 9.5 against 10.7, d64 8.3 against 9.0).
+# programmatic dependent of the split kernel) and the wave rule would cut slices of one K/V tile, a slice
+# takes at least COMBINE_KERNEL_MIN_SLICE_TILES tiles where SHORT_CACHE_SLICES such slices remain, else at
+# most SHORT_CACHE_SLICES slices of one tile are cut; except that a cache of at most ONE_TILE_CACHE_TILES
+# tiles whose one-tile slices fill at most ONE_TILE_GRID_SHARE of the slots keeps them. Measured on the
+# H200, bf16 (docs/performance/decode.md, "The combine launched as a programmatic dependent" and "Split
+# counts, measured by cell"): B1 with 8 KV heads at 2k keys (16 tiles of 128), 8 slices of two tiles beat
+# 16 of one (d128 11.6-11.9 against 11.9-13.3 us); at 1k keys (8 tiles) 8 slices of one tile beat 4 of two
+# (d128 9.5 against 10.7, d64 8.3 against 9.0). With one KV head, or MLA's 16 heads in one block, one-tile
+# slices filling few SMs were faster up to 24 tiles (MLA B1 16/1 at 768 keys: 11.1 us in 12 slices, 12.0
+# in 6; at 1536 keys 11.9 in 24, 12.7 in 12) and slower from 32 (d128 B1 8/1 at 4k keys: 11.7 in 32, 11.2
+# in 16).
 COMBINE_KERNEL_MIN_SLICE_TILES = 2
 SHORT_CACHE_SLICES = 8
+ONE_TILE_CACHE_TILES = 24
+ONE_TILE_GRID_SHARE = 0.5
+# Where the split kernel merges (combine: auto or fused: the last block of a row group to finish reads the
+# group's partials), the split count minimises a slice cost in K/V-tile times instead of the wave rule:
+#   waves x (SLICE_FIXED_TILES + tiles per slice) + MERGE_TILES_PER_PARTIAL x (splits - FREE_PARTIALS)
+# (waves = ceil(blocks x splits / slots); the last term only where positive). The wave rule cut these
+# calls into one-tile slices in several waves (B1 32/8 at 4224 keys: 33 slices, 22.4 us against 14.5 in 11)
+# and one KV head into 64-128 slices whose partials one block reads alone (B1 8/1 at 16k keys: 36.5 us in
+# 128, 19.4 in 22). Fitted to 76 cells of d64 and d128 bf16 on the H200, B1-16, one and eight KV heads,
+# 1k-128k keys, every cell timed at several forced counts: the pick is within 7 % of the best count measured
+# in each, and no cell slower than the wave rule's count.
+SLICE_FIXED_TILES = 4.0
+MERGE_TILES_PER_PARTIAL = 0.25
+FREE_PARTIALS = 8
 
 MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's merging split function (combine: auto)
 merging_key = MERGING.key
@@ -87,22 +106,41 @@ def visited_tiles(n_tiles: int, block_n: int, seqlen_q: int, left: int) -> int:
 
 
 def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int,
-               in_flight: int = 0, min_slice_tiles: int = 1) -> int:
-    """The fewest key slices whose wave efficiency (blocks in flight / slots of the last wave) is
-    within WAVE_EFFICIENCY of the best over 1..max_splits. `blocks` = batch x kv_heads x row_blocks;
-    no slice is empty for the longest sequence (n_tiles tiles). One slice when the blocks already
-    fill 0.8 of the slots, or keep IN_FLIGHT_PER_SM bytes of K/V in flight per SM (`in_flight`:
-    bytes one block has in flight, its ring's stages ahead of the one it computes). Where that
-    cuts slices of one tile and `min_slice_tiles` > 1, the slices take at least `min_slice_tiles`
-    tiles if SHORT_CACHE_SLICES of them remain, else at most SHORT_CACHE_SLICES of one tile."""
+               in_flight: int = 0, min_slice_tiles: int = 1, merges_in_split: bool = False) -> int:
+    """How many key slices a decode call cuts. `blocks` = batch x kv_heads x row_blocks; no slice is
+    empty for the longest sequence (n_tiles tiles). One slice when the blocks already fill 0.8 of the
+    slots, or keep IN_FLIGHT_PER_SM bytes of K/V in flight per SM (`in_flight`: bytes one block has in
+    flight, its ring's stages ahead of the one it computes). `merges_in_split` (the split kernel merges
+    the slices): the count of least slice_cost. Otherwise the wave rule: the fewest slices whose wave
+    efficiency (blocks in flight / slots of the last wave) is within WAVE_EFFICIENCY of the best; where
+    that cuts one-tile slices and `min_slice_tiles` > 1, the slices take at least `min_slice_tiles` tiles
+    if SHORT_CACHE_SLICES of them remain, else at most SHORT_CACHE_SLICES of one tile, unless the cache has
+    at most ONE_TILE_CACHE_TILES tiles and its one-tile slices fill at most ONE_TILE_GRID_SHARE of the slots."""
     slots = sm_count * blocks_per_sm
     if blocks >= 0.8 * slots or blocks * in_flight >= IN_FLIGHT_PER_SM * sm_count:
         return 1
-    splits = _wave_splits(blocks, n_tiles, slots, min(max_splits, n_tiles))
-    if min_slice_tiles > 1 and splits > 1 and -(-n_tiles // splits) == 1:
+    cap = min(max_splits, n_tiles)
+    if merges_in_split:
+        return min(_slice_counts(n_tiles, cap), key=lambda s: (slice_cost(blocks, n_tiles, slots, s), s))
+    splits = _wave_splits(blocks, n_tiles, slots, cap)
+    short_and_sparse = n_tiles <= ONE_TILE_CACHE_TILES and blocks * splits <= ONE_TILE_GRID_SHARE * slots
+    if min_slice_tiles > 1 and splits > 1 and -(-n_tiles // splits) == 1 and not short_and_sparse:
         splits = _wave_splits(blocks, n_tiles, slots,
-                              min(max_splits, n_tiles, max(SHORT_CACHE_SLICES, n_tiles // min_slice_tiles)))
+                              min(cap, max(SHORT_CACHE_SLICES, n_tiles // min_slice_tiles)))
     return splits
+
+
+def slice_cost(blocks: int, n_tiles: int, slots: int, splits: int) -> float:
+    """The time of a call cut into `splits` slices, in K/V-tile times, where the split kernel merges
+    (see SLICE_FIXED_TILES)."""
+    waves = -(-blocks * splits // slots)
+    merge = MERGE_TILES_PER_PARTIAL * max(0, splits - FREE_PARTIALS)
+    return waves * (SLICE_FIXED_TILES + -(-n_tiles // splits)) + merge
+
+
+def _slice_counts(n_tiles: int, cap: int) -> list[int]:
+    """The split counts of 1..cap that give distinct schedules: each the fewest slices of its length."""
+    return [s for s in range(1, cap + 1) if s == 1 or -(-n_tiles // s) != -(-n_tiles // (s - 1))]
 
 
 def _wave_splits(blocks: int, n_tiles: int, slots: int, cap: int) -> int:
@@ -114,10 +152,25 @@ def _wave_splits(blocks: int, n_tiles: int, slots: int, cap: int) -> int:
         waves = blocks * s / slots
         return waves / math.ceil(waves)
 
-    # only split counts that change the slice length make distinct schedules
-    counts = [s for s in range(1, cap + 1) if s == 1 or -(-n_tiles // s) != -(-n_tiles // (s - 1))]
+    counts = _slice_counts(n_tiles, cap)
     best = max(efficiency(s) for s in counts)
     return next(s for s in counts if efficiency(s) >= WAVE_EFFICIENCY * best)
+
+
+def split_rule_text(combine: str, in_flight: int = 0) -> str:
+    """How a plan's runtime picks its split count, for `attngen explain` and the generated headers."""
+    if combine == "kernel":
+        text = (f"the fewest whose wave efficiency is within {WAVE_EFFICIENCY:.0%} of the best (num_splits); where "
+                f"those are slices of one K/V tile, slices of {COMBINE_KERNEL_MIN_SLICE_TILES} tiles if "
+                f"{SHORT_CACHE_SLICES} of them remain (the combine kernel merges them), unless the cache has at most "
+                f"{ONE_TILE_CACHE_TILES} tiles and one-tile slices fill at most {ONE_TILE_GRID_SHARE:.0%} of the SMs")
+    else:
+        text = (f"the count of least slice cost, waves x ({SLICE_FIXED_TILES:g} + tiles per slice) + "
+                f"{MERGE_TILES_PER_PARTIAL:g} per partial past {FREE_PARTIALS} (num_splits: the split kernel merges)")
+    if in_flight:
+        text += (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
+                 f"({in_flight // 1024} KiB per block)")
+    return text
 
 
 # -- backward -------------------------------------------------------------------------------------

@@ -25,8 +25,7 @@ from pydantic import Field
 from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
-from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, MAX_PAGE_SIZE, MAX_SPLITS, SHORT_CACHE_SLICES,
-                                  WAVE_EFFICIENCY)
+from ...core.launch_rules import MAX_PAGE_SIZE, MAX_SPLITS, split_rule_text
 from ...core.layout import CHUNK_BYTES, Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse
 
@@ -272,9 +271,7 @@ def explain(plan) -> list[str]:
             f"mma.sync per tile per warp: {f.s_tiles * f.k_steps_qk} (Q.K^T) + {f.o_tiles * f.k_steps_pv} (P.V)",
             f"V: the first {plan.v_dim} columns of each cache row, read from the K tile (the call's v_cache must be "
             f"k_cache[..., :{plan.v_dim}])",
-            f"splits: at most {plan.max_splits}; the runtime picks the fewest whose wave efficiency is within "
-            f"{WAVE_EFFICIENCY:.0%} of the best (num_splits); where those are slices of one K/V tile, slices of "
-            f"{COMBINE_KERNEL_MIN_SLICE_TILES} tiles if {SHORT_CACHE_SLICES} of them remain (the combine kernel merges them)",
+            f"splits: at most {plan.max_splits}; the runtime picks " + split_rule_text(plan.combine),
             (f"paged cache: any page size from 1 to {MAX_PAGE_SIZE} keys (a power of two, page_size and page_shift "
              "in Params) through block_table; contiguous caches when the call passes no table"
              if plan.paged else "cache: contiguous only (paged: false)")]

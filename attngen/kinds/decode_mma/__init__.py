@@ -22,8 +22,7 @@ from ...core import banks
 from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, KV_SCALE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
-from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, IN_FLIGHT_PER_SM, MAX_PAGE_SIZE, MAX_SPLITS,
-                                  SHORT_CACHE_SLICES, WAVE_EFFICIENCY, merging_key)
+from ...core.launch_rules import MAX_PAGE_SIZE, MAX_SPLITS, merging_key, split_rule_text
 from ...core.layout import CHUNK_BYTES, Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
 from ...core.variants import SCORES
@@ -366,13 +365,8 @@ def explain(plan) -> list[str]:
             f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
-            f"splits: at most {plan.max_splits}; the runtime picks the fewest whose wave efficiency is within "
-            f"{WAVE_EFFICIENCY:.0%} of the best (num_splits)"
-            + (f"; where those are slices of one K/V tile, slices of {COMBINE_KERNEL_MIN_SLICE_TILES} tiles if "
-               f"{SHORT_CACHE_SLICES} of them remain (the combine kernel merges them)"
-               if plan.combine == "kernel" else "")
-            + (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
-               f"({plan.unsplit_in_flight // 1024} KiB per block)" if plan.unsplit_in_flight else ""),
+            f"splits: at most {plan.max_splits}; the runtime picks "
+            + split_rule_text(plan.combine, plan.unsplit_in_flight),
             (f"paged KV: any page size from 1 to {MAX_PAGE_SIZE} keys (a power of two, page_size and page_shift "
              "in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in "
              "it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; "

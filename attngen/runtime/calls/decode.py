@@ -579,17 +579,19 @@ def kv_scale_values(torch, kv_scales, kv_heads: int, index: int, numbers_seen: d
 
 
 def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:
-    min_slice_tiles = COMBINE_KERNEL_MIN_SLICE_TILES if plan.combine == "kernel" else 1
-    return _splits(blocks, n_tiles, sm_count, plan.max_splits, plan.unsplit_in_flight, min_slice_tiles)
+    kernel_combine = plan.combine == "kernel"
+    return _splits(blocks, n_tiles, sm_count, plan.max_splits, plan.unsplit_in_flight,
+                   COMBINE_KERNEL_MIN_SLICE_TILES if kernel_combine else 1, not kernel_combine)
 
 
 @functools.lru_cache(maxsize=4096)
-def _splits(blocks: int, n_tiles: int, sm_count: int, max_splits: int, in_flight: int, min_slice_tiles: int) -> int:
+def _splits(blocks: int, n_tiles: int, sm_count: int, max_splits: int, in_flight: int, min_slice_tiles: int,
+            merges_in_split: bool) -> int:
     """The heuristic's split count on a GPU of `sm_count` SMs: one wave of one block per SM, even
     where two fit (d64): measured on the H200, 11-16 splits beat the 32 that two blocks per SM would
     take for 8 KV heads at batch 1 (14.3-14.7 vs 16.0 us at 8k keys), since every split adds a
     partial output to write and merge."""
-    return num_splits(blocks, n_tiles, sm_count, 1, max_splits, in_flight, min_slice_tiles)
+    return num_splits(blocks, n_tiles, sm_count, 1, max_splits, in_flight, min_slice_tiles, merges_in_split)
 
 
 __all__ = ["DecodeKernel", "num_splits_for"]
