@@ -32,7 +32,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x4 m16n8 tiles over 32 keys, O 1x8 tiles, Q 16 registers; 48 fp32 accumulators per thread
 //   mma.sync per tile per warp: 16 (Q.K^T) + 16 (P.V)
 //   merge: 18432 B of fp32 O over the K/V ring (row pitch 72 floats)
-//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them), unless the cache has at most 24 tiles and one-tile slices fill at most 50% of the SMs
+//   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them), unless the cache has at most 24 tiles and one-tile slices fill at most 50% of the SMs; 2 blocks per SM counted where the grid has 32 blocks or more and the cache 64 tiles or more
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
 //   KV cache e4m3: K/V tiles of bytes (rows of 80 B), widened to fp16 in registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of byte pairs, two 8-column O tiles per chunk; cvt.rn.f16x2.e4m3x2 per byte pair); k_scale joins the softmax scale, v_scale the output
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers

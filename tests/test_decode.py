@@ -226,3 +226,16 @@ def test_contiguous_cells_carry_no_page_code():
     for word in ("block_table", "page_shift", "kSmem_rows", "gather_kv", "num_pages"):
         assert word not in contiguous and word in paged
     assert "p.page_shift" in paged and "p.page_size" in paged and "kPageSize" not in paged
+
+
+def test_e4m3_cells_count_two_blocks_per_sm_on_large_grids_and_caches():
+    from attngen.core.launch_rules import split_blocks_per_sm
+    from attngen.runtime.calls.decode import num_splits_for
+    e4m3 = make_plan(load_spec(ROOT / "specs/h200_decode_d128_kv_e4m3_contiguous.yaml"))
+    fp16 = make_plan(load_spec(ROOT / "specs/h200_decode_d128_contiguous.yaml"))
+    assert (e4m3.co_resident_blocks, fp16.co_resident_blocks) == (2, 1)
+    assert split_blocks_per_sm(2, 64, 256) == 2      # B8 x 8 KV heads, 32k keys
+    assert split_blocks_per_sm(2, 16, 256) == 1      # a small grid
+    assert split_blocks_per_sm(2, 64, 32) == 1       # a short cache
+    assert num_splits_for(e4m3, 64, 256, 132) == 4   # H200: 146 us against 168 in 2 slices
+    assert num_splits_for(fp16, 64, 256, 132) == 1   # one block per SM streams a 16-bit cache unsplit

@@ -68,6 +68,8 @@ class DecodePlan(ForwardPlan):
                                     # and attends them; false: no append fields in Params, no append code
     unsplit_in_flight: int = 0      # K/V bytes in flight per block the split heuristic weighs (IN_FLIGHT_PER_SM);
                                     # 0: the build does not stream at full speed unsplit, waves decide alone
+    co_resident_blocks: int = 1     # blocks per SM the split rule counts where a call's grid and cache are large
+                                    # (launch_rules.split_blocks_per_sm): 2 for an e4m3 cell two of whose blocks fit
     kv_dtype: str = ""              # "e4m3": the K/V cache holds e4m3 (queries and output in the spec's dtype);
                                     # "": the cache is in the spec's dtype
     kv_pitch_bytes: int = 0         # e4m3 cache: bytes per row of a K/V tile (head_dim, padded to an odd number

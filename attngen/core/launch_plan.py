@@ -82,6 +82,7 @@ class LaunchPlan(NamedTuple):
                                     # varlen functions also read page pools through a block table
     combine: str = "kernel"         # decode: how the splits merge (core.decode_plan.DecodePlan.combine)
     unsplit_in_flight: int = 0      # decode: the split heuristic's bytes in flight per block
+    co_resident_blocks: int = 1     # decode: blocks per SM the split rule counts on large grids and caches
     kv_dtype: str = ""              # decode: the caches' element type where it is not the queries' ("e4m3")
     append: bool = False            # decode: the kernel writes a call's new tokens into the cache (append cells)
     v_in_k: bool = False            # decode: V is the first v_dim columns of each K row (one latent cache)
@@ -141,7 +142,7 @@ class LaunchPlan(NamedTuple):
 
 NUMBERS = ("head_dim", "head_dim_v", "block_m", "block_n", "threads", "smem_bytes", "smem_dynamic", "arch_suffix",
            "persistent")
-DECODE_NUMBERS = ("max_splits", "paged", "combine", "unsplit_in_flight", "kv_dtype", "append")
+DECODE_NUMBERS = ("max_splits", "paged", "combine", "unsplit_in_flight", "co_resident_blocks", "kv_dtype", "append")
 
 
 def has_launch_record(plan) -> bool:

@@ -78,6 +78,15 @@ SLICE_FIXED_TILES = 4.0
 MERGE_TILES_PER_PARTIAL = 0.25
 FREE_PARTIALS = 8
 
+# A cell whose blocks do not stream at full speed one per SM (co_resident_blocks 2: the e4m3 cells) counts
+# that many per SM where the grid has CO_RESIDENT_MIN_BLOCKS blocks (batch x KV heads x row blocks) or more
+# and the cache CO_RESIDENT_MIN_TILES tiles or more. Measured on the H200 (docs/decode.md, "e4m3 KV
+# cache"; the e4m3 contiguous cell, fp16 queries): every such cell got faster (B8 32/8 at 32k keys 168 -> 146
+# us, 128k 638 -> 540), while smaller grids (8/1 heads at B8-16) and shorter caches (B16 32/8 at 512-4k keys,
+# 13.1-45.2 -> 16.5-46.0 us) got slower.
+CO_RESIDENT_MIN_BLOCKS = 32
+CO_RESIDENT_MIN_TILES = 64
+
 MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's merging split function (combine: auto)
 merging_key = MERGING.key
 
@@ -130,6 +139,14 @@ def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max
     return splits
 
 
+def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int) -> int:
+    """The blocks per SM num_splits counts for a call of `blocks` blocks over `n_tiles` tiles (see
+    CO_RESIDENT_MIN_BLOCKS)."""
+    if blocks >= CO_RESIDENT_MIN_BLOCKS and n_tiles >= CO_RESIDENT_MIN_TILES:
+        return co_resident_blocks
+    return 1
+
+
 def slice_cost(blocks: int, n_tiles: int, slots: int, splits: int) -> float:
     """The time of a call cut into `splits` slices, in K/V-tile times, where the split kernel merges
     (see SLICE_FIXED_TILES)."""
@@ -157,7 +174,7 @@ def _wave_splits(blocks: int, n_tiles: int, slots: int, cap: int) -> int:
     return next(s for s in counts if efficiency(s) >= WAVE_EFFICIENCY * best)
 
 
-def split_rule_text(combine: str, in_flight: int = 0) -> str:
+def split_rule_text(combine: str, in_flight: int = 0, co_resident_blocks: int = 1) -> str:
     """How a plan's runtime picks its split count, for `attngen explain` and the generated headers."""
     if combine == "kernel":
         text = (f"the fewest whose wave efficiency is within {WAVE_EFFICIENCY:.0%} of the best (num_splits); where "
@@ -170,6 +187,9 @@ def split_rule_text(combine: str, in_flight: int = 0) -> str:
     if in_flight:
         text += (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
                  f"({in_flight // 1024} KiB per block)")
+    if co_resident_blocks > 1:
+        text += (f"; {co_resident_blocks} blocks per SM counted where the grid has {CO_RESIDENT_MIN_BLOCKS} blocks "
+                 f"or more and the cache {CO_RESIDENT_MIN_TILES} tiles or more")
     return text
 
 

@@ -23,7 +23,7 @@ from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, KV_SCALE_ABI_F
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.launch_rules import MAX_PAGE_SIZE, MAX_SPLITS, merging_key, split_rule_text
-from ...core.layout import CHUNK_BYTES, Region
+from ...core.layout import CHUNK_BYTES, Occupancy, Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
 from ...core.variants import SCORES
 from ...errors import SpecError
@@ -237,6 +237,14 @@ def unsplit_in_flight(spec: DecodeSpec) -> int:
     return (spec.smem.stages - 1) * 2 * spec.tile.block_n * spec.head_dim * kv_bytes
 
 
+def co_resident_blocks(spec: DecodeSpec, occupancy: Occupancy) -> int:
+    """Blocks per SM the split rule may count on large grids and long caches: 2 for an e4m3 cell where
+    two blocks fit, whose widening keeps one block per SM from streaming at full speed (H200, B8 32/8
+    at 32k keys: 146 us in 4 slices, two blocks per SM, against 168 in 2); 1 for 16-bit caches, which one
+    block per SM streams (counting two made d64 slower: num_splits_for)."""
+    return min(2, occupancy.by_smem()) if spec.kv_dtype else 1
+
+
 def bank_patterns(plan) -> list[banks.Pattern]:
     """Every thread copies K/V; Q, K and V are read with the mma.sync lane maps (load_q_fragment,
     score_step and accumulate_pv in split.cu.j2). An e4m3 cache's tiles are read by other maps (8-byte
@@ -350,6 +358,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
                          q_in_registers=holds_q(spec), max_splits=spec.max_splits, paged=spec.paged,
                          combine=spec.combine, append=spec.append, unsplit_in_flight=unsplit_in_flight(spec),
+                         co_resident_blocks=co_resident_blocks(spec, p.occupancy),
                          kv_dtype=spec.kv_dtype or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
@@ -366,7 +375,7 @@ def explain(plan) -> list[str]:
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
             f"splits: at most {plan.max_splits}; the runtime picks "
-            + split_rule_text(plan.combine, plan.unsplit_in_flight),
+            + split_rule_text(plan.combine, plan.unsplit_in_flight, plan.co_resident_blocks),
             (f"paged KV: any page size from 1 to {MAX_PAGE_SIZE} keys (a power of two, page_size and page_shift "
              "in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in "
              "it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; "
