@@ -234,6 +234,8 @@ def test_e4m3_cells_count_two_blocks_per_sm_on_large_grids_and_caches():
     e4m3 = make_plan(load_spec(ROOT / "specs/h200_decode_d128_kv_e4m3_contiguous.yaml"))
     fp16 = make_plan(load_spec(ROOT / "specs/h200_decode_d128_contiguous.yaml"))
     assert (e4m3.co_resident_blocks, fp16.co_resident_blocks) == (2, 1)
+    paged = make_plan(load_spec(ROOT / "specs/h200_decode_d128_kv_e4m3.yaml"))
+    assert (paged.spec.smem.stages, paged.co_resident_blocks) == (2, 2)   # 80.5 KiB: two fit (3 stages: one)
     assert split_blocks_per_sm(2, 64, 256) == 2      # B8 x 8 KV heads, 32k keys
     assert split_blocks_per_sm(2, 16, 256) == 1      # a small grid
     assert split_blocks_per_sm(2, 64, 32) == 1       # a short cache
