@@ -32,7 +32,7 @@
 //   fragments per warp: 1 x m16 group rows; S 1x4 m16n8 tiles over 32 keys, O 1x8 tiles, Q 16 registers; 48 fp32 accumulators per thread
 //   mma.sync per tile per warp: 16 (Q.K^T) + 16 (P.V)
 //   merge: 18432 B of fp32 O over the K/V ring (row pitch 72 floats)
-//   splits: at most 128; the runtime picks the count of least slice cost, waves x (4 + tiles per slice) + 0.25 per partial past 8 (num_splits: the split kernel merges), or none once the blocks keep 48 KiB of K/V per SM in flight (32 KiB per block); 2 blocks per SM counted where the grid has 32 blocks or more and the cache 64 tiles or more
+//   splits: at most 128; the runtime picks the count of least slice cost, waves x (4 + tiles per slice) + 0.25 per partial past 8 (num_splits: the split kernel merges), or none once the blocks keep 48 KiB of K/V per SM in flight (32 KiB per block); 2 blocks per SM counted (and no in-flight rule) where the grid has 32 blocks or more and the cache 64 tiles or more
 //   KV cache: contiguous only (paged: false)
 //   KV cache e4m3: K/V tiles of bytes (rows of 80 B), widened to fp16 in registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of byte pairs, two 8-column O tiles per chunk; cvt.rn.f16x2.e4m3x2 per byte pair); k_scale joins the softmax scale, v_scale the output
 //   K/V pipeline: 3 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers

@@ -241,3 +241,12 @@ def test_e4m3_cells_count_two_blocks_per_sm_on_large_grids_and_caches():
     assert split_blocks_per_sm(2, 64, 32) == 1       # a short cache
     assert num_splits_for(e4m3, 64, 256, 132) == 4   # H200: 146 us against 168 in 2 slices
     assert num_splits_for(fp16, 64, 256, 132) == 1   # one block per SM streams a 16-bit cache unsplit
+    # B16 x 8 KV heads: the in-flight rule (one block per SM) would leave it unsplit; two per SM: 2 slices
+    assert num_splits_for(e4m3, 128, 256, 132) == 2
+    assert [split_blocks_per_sm(2, b, t) for b, t in ((31, 64), (32, 64), (32, 63))] == [1, 2, 1]
+
+
+def test_no_split_where_a_call_has_one_tile_or_one_split_allowed():
+    for merges in (False, True):
+        assert num_splits(8, 1, 132, 1, 128, merges_in_split=merges) == 1
+        assert num_splits(8, 64, 132, 1, 1, merges_in_split=merges) == 1

@@ -71,19 +71,23 @@ ONE_TILE_GRID_SHARE = 0.5
 # (waves = ceil(blocks x splits / slots); the last term only where positive). The wave rule cut these
 # calls into one-tile slices in several waves (B1 32/8 at 4224 keys: 33 slices, 22.4 us against 14.5 in 11)
 # and one KV head into 64-128 slices whose partials one block reads alone (B1 8/1 at 16k keys: 36.5 us in
-# 128, 19.4 in 22). Fitted to 76 cells of d64 and d128 bf16 on the H200, B1-16, one and eight KV heads,
-# 1k-128k keys, every cell timed at several forced counts: the pick is within 7 % of the best count measured
-# in each, and no cell slower than the wave rule's count.
+# 128, 19.4 in 22). Fitted on the H200 to 76 cells of d64 and d128 bf16, B1-16, one and eight KV heads,
+# 1k-128k keys, each timed at two or more counts (docs/decode-h200/split_rule/forced_counts.json and
+# slice_cost_prototype.json): the pick is within 7 % of the fastest count measured in each. Checked after
+# against the wave rule on every cell of a grid where the two differ (old_against_new.json): 179 cells, 160
+# faster, 13 within 1 %, 6 slower by 1.1-4.6 % (the e4m3 contiguous cell at 4k keys the most).
 SLICE_FIXED_TILES = 4.0
 MERGE_TILES_PER_PARTIAL = 0.25
 FREE_PARTIALS = 8
 
-# A cell whose blocks do not stream at full speed one per SM (co_resident_blocks 2: the e4m3 cells) counts
-# that many per SM where the grid has CO_RESIDENT_MIN_BLOCKS blocks (batch x KV heads x row blocks) or more
-# and the cache CO_RESIDENT_MIN_TILES tiles or more. Measured on the H200 (docs/decode.md, "e4m3 KV
-# cache"; the e4m3 contiguous cell, fp16 queries): every such cell got faster (B8 32/8 at 32k keys 168 -> 146
-# us, 128k 638 -> 540), while smaller grids (8/1 heads at B8-16) and shorter caches (B16 32/8 at 512-4k keys,
-# 13.1-45.2 -> 16.5-46.0 us) got slower.
+# A cell whose blocks do not stream at full speed one per SM (co_resident_blocks 2: an e4m3 cell two of whose
+# blocks fit an SM) counts that many per SM where the grid has CO_RESIDENT_MIN_BLOCKS blocks (batch x KV heads
+# x row blocks) or more and the cache CO_RESIDENT_MIN_TILES tiles or more, and then leaves the in-flight rule
+# (measured one block per SM) out. Measured on the H200 (docs/decode.md, "e4m3 KV cache"; the d128
+# contiguous cell, fp16 queries): every cell of that kind got faster (B8 32/8 at 32k keys 168 -> 146 us, 128k
+# 638 -> 540), shorter caches got slower (B16 32/8 at 512-4k keys, 13.1-45.2 -> 16.5-46.0 us), and smaller
+# grids were mixed (8/1 heads: B8 slower up to 32k keys, faster at 128k; B16 slower at 4k-8k, faster from
+# 32k; B2 32/8 slower up to 8k, faster from 16k): the thresholds keep to the cells that only gained.
 CO_RESIDENT_MIN_BLOCKS = 32
 CO_RESIDENT_MIN_TILES = 64
 
@@ -129,6 +133,8 @@ def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max
     if blocks >= 0.8 * slots or blocks * in_flight >= IN_FLIGHT_PER_SM * sm_count:
         return 1
     cap = min(max_splits, n_tiles)
+    if cap <= 1:
+        return 1
     if merges_in_split:
         return min(_slice_counts(n_tiles, cap), key=lambda s: (slice_cost(blocks, n_tiles, slots, s), s))
     splits = _wave_splits(blocks, n_tiles, slots, cap)
@@ -188,8 +194,8 @@ def split_rule_text(combine: str, in_flight: int = 0, co_resident_blocks: int = 
         text += (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
                  f"({in_flight // 1024} KiB per block)")
     if co_resident_blocks > 1:
-        text += (f"; {co_resident_blocks} blocks per SM counted where the grid has {CO_RESIDENT_MIN_BLOCKS} blocks "
-                 f"or more and the cache {CO_RESIDENT_MIN_TILES} tiles or more")
+        text += (f"; {co_resident_blocks} blocks per SM counted (and no in-flight rule) where the grid has "
+                 f"{CO_RESIDENT_MIN_BLOCKS} blocks or more and the cache {CO_RESIDENT_MIN_TILES} tiles or more")
     return text
 
 

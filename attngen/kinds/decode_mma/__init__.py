@@ -242,7 +242,7 @@ def co_resident_blocks(spec: DecodeSpec, occupancy: Occupancy) -> int:
     two blocks fit, whose widening keeps one block per SM from streaming at full speed (H200, B8 32/8
     at 32k keys: 146 us in 4 slices, two blocks per SM, against 168 in 2); 1 for 16-bit caches, which one
     block per SM streams (counting two made d64 slower: num_splits_for)."""
-    return min(2, occupancy.by_smem()) if spec.kv_dtype else 1
+    return max(1, min(2, occupancy.by_smem())) if spec.kv_dtype else 1
 
 
 def bank_patterns(plan) -> list[banks.Pattern]:

@@ -581,7 +581,7 @@ def kv_scale_values(torch, kv_scales, kv_heads: int, index: int, numbers_seen: d
 def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:
     kernel_combine = plan.combine == "kernel"
     per_sm = split_blocks_per_sm(plan.co_resident_blocks, blocks, n_tiles)
-    # the in-flight rule was measured for one block per SM of a 16-bit cache
+    # the in-flight rule was measured with one block per SM: where two are counted it does not apply
     in_flight = plan.unsplit_in_flight if per_sm == 1 else 0
     return _splits(blocks, n_tiles, sm_count, per_sm, plan.max_splits, in_flight,
                    COMBINE_KERNEL_MIN_SLICE_TILES if kernel_combine else 1, not kernel_combine)
