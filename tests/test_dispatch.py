@@ -64,6 +64,33 @@ def test_select_buckets_and_group_rows():
         select(entries, "forward", "sm_90", "fp16", 80, "none", 10)
 
 
+def test_contiguous_decode_routes_by_group_and_grid():
+    """The committed table's contiguous d128 decode: the cell whose last block merges its slices (one launch)
+    serves caches up to 16k keys, KV heads of at most 4 query rows, calls of fewer than 32 query rows and grids
+    of 1024 and more; the combine-kernel cell (two launches, about 4 us more host time per call) serves the
+    rest, where it is faster on the GPU and eager alike (H200: docs/decode-h200/routing/)."""
+    entries = load_table(table_path(Path("specs")))
+    for dtype, suffix in (("bf16", "_bf16"), ("fp16", "")):
+        merging, kernel = f"h200_decode_d128_contiguous{suffix}", f"h200_decode_d128{suffix}"
+        for mask in ("none", "causal"):
+            def pick(seqlen, group_rows, rows):
+                return select(entries, "decode", "sm_90", dtype, 128, mask, seqlen, group_rows=group_rows,
+                              rows=rows).spec
+            assert pick(16384, 8, 64) == merging and pick(4096, 32, 32) == merging      # up to 16k keys
+            assert pick(32768, 4, 32) == merging and pick(131072, 4, 4096) == merging   # 32/8 heads, one token
+            assert pick(32768, 8, 16) == merging                                         # B2 8/1
+            assert pick(32768, 8, 32) == kernel and pick(32768, 32, 1023) == kernel      # B4 8/1, B1 32/1, ...
+            assert pick(32768, 16, 1024) == merging                                      # B8 32/8, 4 new tokens
+            assert pick(32768, 8, None) == merging                                       # no grid size given
+    # other head dims, e4m3 caches and paged calls keep their entries
+    assert select(entries, "decode", "sm_90", "bf16", 64, "none", 32768, group_rows=8,
+                  rows=64).spec == "h200_decode_d64_contiguous_bf16"
+    assert select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "none", 32768, group_rows=8,
+                  rows=64).spec == "h200_decode_d128_kv_e4m3_contiguous"
+    assert select(entries, "decode", "sm_90", "bf16", 128, "none", 8192, paged=True, group_rows=8,
+                  rows=8).spec == "h200_decode_d128_bf16"
+
+
 def test_head_dim_v_is_part_of_the_key():
     """A call whose V has its own head dim (MLA: 192 / 128) finds only entries of that head_dim_v;
     a plain call never gets them; the refusal names head_dim_v. Bench shapes take it as a 5th number."""

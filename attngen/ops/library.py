@@ -655,11 +655,12 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "",
                    head_dim_v: int = 0):
     """The table's decode kernel for this call: keyed by its mask and score modifiers, V's head dim where it
     differs from q's, the cache's capacity, whether it is paged (a paged kernel reads any page size; it
-    checks the one given) and the query rows per KV head."""
+    checks the one given), the query rows per KV head and the call's query rows (batch x heads x new tokens:
+    where a bucket's winner depends on the grid's size)."""
     index = q.get_device()
     if index < 0:
         raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-    _, heads, seqlen_q = _heads_seq(q, layout)
+    batch, heads, seqlen_q = _heads_seq(q, layout)
     bhsd = layout == "bhsd"
     kv_heads = k_cache.shape[1] if bhsd else k_cache.shape[2]
     rows = k_cache.shape[2] if bhsd else k_cache.shape[1]
@@ -667,7 +668,8 @@ def _decode_kernel(q, k_cache, block_table, mask: str, layout, scores: str = "",
     capacity = block_table.shape[1] * rows if paged else rows
     group_rows = max(1, heads // max(kv_heads, 1)) * seqlen_q
     return DISPATCH.kernel(call, index, q.dtype, q.shape[-1], mask, capacity, paged=paged,
-                           group_rows=group_rows, scores=scores, head_dim_v=head_dim_v)
+                           group_rows=group_rows, scores=scores, head_dim_v=head_dim_v,
+                           rows=batch * heads * seqlen_q)
 
 
 _FP8: dict = {}         # (device, head_dim, causal, seqlen_k) -> kernel

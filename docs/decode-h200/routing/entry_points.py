@@ -1,0 +1,50 @@
+"""Contiguous decode through attngen.attention_with_kvcache in one tree (PYTHONPATH selects it): GPU us (queued)
+and eager us (back to back, host included) per cell, the spec the table picked, and the error against an fp32
+reference beside torch SDPA's own error in the same dtype. Usage: python3 docs/decode-h200/routing/entry_points.py OUT.json"""
+import json, sys
+import torch
+import torch.nn.functional as F
+import attngen
+from attngen.eval.bench.decode import median_time_us, eager_time_us
+from attngen.ops import library
+bf, hf = torch.bfloat16, torch.float16
+CELLS = [(bf, 128, 1, 32, 1, 1, 32768), (bf, 128, 1, 64, 8, 1, 32768), (hf, 128, 1, 64, 8, 1, 32768),
+         (bf, 128, 2, 16, 2, 1, 32768), (bf, 128, 4, 8, 1, 1, 32768), (bf, 128, 1, 32, 4, 1, 32768),
+         (bf, 128, 8, 8, 1, 1, 32768), (bf, 128, 1, 64, 8, 1, 131072), (bf, 128, 1, 32, 1, 1, 131072),
+         (bf, 128, 1, 8, 1, 1, 32768), (bf, 128, 2, 8, 1, 1, 32768), (bf, 128, 1, 16, 1, 1, 32768),
+         (bf, 128, 1, 32, 8, 1, 32768), (bf, 128, 8, 32, 8, 4, 32768), (bf, 128, 1, 8, 1, 1, 4096),
+         (bf, 128, 1, 64, 8, 1, 16384), (bf, 128, 1, 32, 8, 4, 8192), (bf, 64, 1, 32, 4, 1, 32768),
+         ("e4m3", 128, 1, 8, 1, 1, 32768)]
+def reference(q, k, v, sq, causal, dtype=torch.float32):
+    h, hkv = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(h // hkv, 1).to(dtype); v = v.repeat_interleave(h // hkv, 1).to(dtype)
+    s = (q.to(dtype) @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    if causal:
+        sk = k.shape[2]
+        keep = torch.arange(sk, device=q.device)[None, :] <= (sk - sq + torch.arange(sq, device=q.device))[:, None]
+        s = s.masked_fill(~keep, float("-inf"))
+    return (s.softmax(-1).to(dtype) @ v).float()
+rows = []
+for dt, d, b, h, hkv, sq, sk in CELLS:
+    e4 = dt == "e4m3"; qdt = hf if e4 else dt
+    rot = max(2, min(16, int(3 * 60e6 // ((2 if e4 else 4) * b * hkv * sk * d)) + 1))
+    qs = [torch.randn(b, h, sq, d, device="cuda", dtype=qdt) for _ in range(rot)]
+    ks = [torch.randn(b, hkv, sk, d, device="cuda", dtype=qdt) for _ in range(rot)]
+    vs = [torch.randn_like(k) for k in ks]
+    kw = {"causal": sq > 1}
+    if e4:
+        ks = [k.to(torch.float8_e4m3fn) for k in ks]; vs = [v.to(torch.float8_e4m3fn) for v in vs]
+        kw.update(k_scale=torch.tensor([0.7], device="cuda"), v_scale=torch.tensor([1.3], device="cuda"))
+    fn = lambda i: attngen.attention_with_kvcache(qs[i], ks[i], vs[i], **kw)
+    out = fn(0)
+    kref = ks[0].float() * 0.7 if e4 else ks[0]; vref = vs[0].float() * 1.3 if e4 else vs[0]
+    ref = reference(qs[0], kref, vref, sq, sq > 1)
+    low = reference(qs[0], kref.to(qdt), vref.to(qdt), sq, sq > 1, dtype=qdt)
+    kern = (library._DECODE_E4M3 if e4 else library._DECODE)
+    name = next(getattr(k, "label", str(k)) for kk, k in kern.items() if kk[2] == qs[0].shape and kk[3] == ks[0].shape)
+    r = {"cell": f"{'e4m3' if e4 else str(dt)[6:]} d{d} B{b} {h}/{hkv} Sq{sq} Sk{sk}", "spec": name,
+         "gpu_us": round(median_time_us(torch, fn, 20, rot), 2), "eager_us": round(eager_time_us(torch, fn, 20, rot), 2),
+         "err": float((out.float() - ref).abs().max()), "err_lowp": float((low - ref).abs().max())}
+    rows.append(r); print(json.dumps(r), flush=True)
+    del qs, ks, vs; torch.cuda.empty_cache()
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
