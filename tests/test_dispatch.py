@@ -491,3 +491,26 @@ def test_coverage_says_served_padded_or_refused_per_head_dim():
     assert rows[("varlen_backward", False, "alibi", "causal")]["256"] == "served"
     text = CliRunner().invoke(main, ["dispatch", "--coverage", "--dtype", "bf16"]).output
     assert "Y: a kernel of that head dim" in text and "\nforward " in text
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_decode_calls_pass_their_rows_to_the_table(monkeypatch, layout):
+    """The decode call keys the table on its query rows per KV head and its query rows (batch x heads x new
+    tokens), in either layout: without rows every call would silently keep the entry for any grid size."""
+    pytest.importorskip("torch", reason="attngen.ops.library imports torch (the gpu extra)")
+    from attngen.ops import library
+
+    class Shaped:   # stands in for a CUDA tensor: a shape and a device index
+        def __init__(self, *shape):
+            self.shape, self.dtype = shape, "bf16"
+
+        def get_device(self):
+            return 0
+
+    seen = {}
+    monkeypatch.setattr(library.DISPATCH, "kernel", lambda *a, **kw: seen.update(kw, seqlen=a[5]) or "kernel")
+    b, h, hkv, sq, sk, d = 3, 32, 4, 2, 40000, 128
+    q = Shaped(b, h, sq, d) if layout == "bhsd" else Shaped(b, sq, h, d)
+    k_cache = Shaped(b, hkv, sk, d) if layout == "bhsd" else Shaped(b, sk, hkv, d)
+    assert library._decode_kernel(q, k_cache, None, "causal", layout) == "kernel"
+    assert (seen["rows"], seen["group_rows"], seen["seqlen"], seen["paged"]) == (b * h * sq, h // hkv * sq, sk, False)
