@@ -129,15 +129,37 @@ def test_one_tile_slices_become_min_slice_tiles_where_eight_remain(blocks, n_til
     assert num_splits(blocks, n_tiles, 132, 1, 128, min_slice_tiles=2) == expect
 
 
-def test_merging_plans_split_by_slice_cost_and_kernel_plans_by_waves():
+def test_merging_plans_split_by_slice_cost_and_kernel_plans_by_waves_below_128_tiles():
     from attngen.runtime.calls.decode import num_splits_for
     kernel_combine = make_plan(load_spec(ROOT / "specs/h200_decode_d128.yaml"))
     merging = make_plan(load_spec(ROOT / "specs/h200_decode_d128_contiguous.yaml"))
     assert (kernel_combine.combine, merging.combine) == ("kernel", "auto")
     assert num_splits_for(kernel_combine, 8, 33, 132) == 11     # wave rule: 33 one-tile slices -> 3 tiles
     assert num_splits_for(merging, 8, 33, 132) == 11
-    assert num_splits_for(kernel_combine, 1, 128, 132) == 64    # one KV head: the combine kernel merges
+    assert num_splits_for(kernel_combine, 1, 32, 132) == 16     # 4k keys: 16 slices of 2 tiles (11.3 us; 11: 12.2)
     assert num_splits_for(merging, 1, 128, 132) == 22           # one block would read 128 partials
+    # from the family's slice_cost_from_tiles (128) its combine-kernel cells take the slice cost too (H200, d128
+    # bf16 B1 8/1); d96 and MLA, slower so, keep the wave rule, and so do the e4m3 cells
+    assert kernel_combine.slice_cost_min_tiles == 128 and merging.slice_cost_min_tiles == 0
+    assert num_splits_for(kernel_combine, 1, 128, 132) == 22    # 16k keys: 15.9 us; the wave rule's 64: 16.5
+    assert num_splits_for(kernel_combine, 1, 256, 132) == 32    # 32k keys: 18.9 us; the wave rule's 128: 24.5
+    d96 = make_plan(load_spec(ROOT / "specs/h200_decode_d96_bf16.yaml"))
+    e4m3 = make_plan(load_spec(ROOT / "specs/h200_decode_d128_kv_e4m3.yaml"))
+    assert d96.slice_cost_min_tiles == 0 and e4m3.slice_cost_min_tiles == 0
+    assert num_splits_for(d96, 1, 128, 132) == 64               # 16k keys: 16.3 us; the slice cost's 22: 19.7
+
+
+def test_e4m3_combine_kernel_cells_count_two_blocks_per_sm_from_16_blocks_or_8_and_256_tiles():
+    from attngen.core.launch_rules import split_blocks_per_sm
+    from attngen.runtime.calls.decode import num_splits_for
+    paged = make_plan(load_spec(ROOT / "specs/h200_decode_d128_kv_e4m3.yaml"))
+    assert (paged.combine, paged.co_resident_blocks) == ("kernel", 2)
+    assert [split_blocks_per_sm(2, b, t, True) for b, t in ((16, 128), (16, 64), (15, 255), (8, 256), (8, 255),
+                                                            (4, 1024))] == [2, 1, 1, 2, 1, 1]
+    assert num_splits_for(paged, 16, 256, 132) == 16    # B2 32/8 at 32k keys: 45.0 us; one per SM counted, 8: 52.1
+    assert num_splits_for(paged, 8, 1024, 132) == 31    # B1 32/8 at 128k keys: 78.5 us in 32; 16: 94.3
+    assert num_splits_for(paged, 8, 128, 132) == 16     # at 16k keys one per SM: 21.3 us; 22 slices 22.8
+    assert num_splits_for(paged, 1, 1024, 132) == 128   # one KV head keeps the wave rule: 31.7 us; 64: 34.6
 
 
 @pytest.mark.parametrize("blocks, n_tiles, expect", [
@@ -152,7 +174,7 @@ def test_merging_plans_split_by_slice_cost_and_kernel_plans_by_waves():
     (512, 64, 1),          # more blocks than 0.8 x the slots: no split
 ])
 def test_slice_cost_split_counts(blocks, n_tiles, expect):
-    assert num_splits(blocks, n_tiles, 132, 1, 128, merges_in_split=True) == expect
+    assert num_splits(blocks, n_tiles, 132, 1, 128, least_slice_cost=True) == expect
 
 
 @pytest.mark.parametrize("blocks, n_tiles, expect", [
@@ -248,5 +270,5 @@ def test_e4m3_cells_count_two_blocks_per_sm_on_large_grids_and_caches():
 
 def test_no_split_where_a_call_has_one_tile_or_one_split_allowed():
     for merges in (False, True):
-        assert num_splits(8, 1, 132, 1, 128, merges_in_split=merges) == 1
-        assert num_splits(8, 64, 132, 1, 1, merges_in_split=merges) == 1
+        assert num_splits(8, 1, 132, 1, 128, least_slice_cost=merges) == 1
+        assert num_splits(8, 64, 132, 1, 1, least_slice_cost=merges) == 1

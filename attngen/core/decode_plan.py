@@ -68,6 +68,8 @@ class DecodePlan(ForwardPlan):
                                     # and attends them; false: no append fields in Params, no append code
     unsplit_in_flight: int = 0      # K/V bytes in flight per block the split heuristic weighs (IN_FLIGHT_PER_SM);
                                     # 0: the build does not stream at full speed unsplit, waves decide alone
+    slice_cost_min_tiles: int = 0   # combine: kernel: the split rule takes the slice cost from this many tiles
+                                    # (launch_rules.num_splits); 0: the wave rule at every length
     co_resident_blocks: int = 1     # blocks per SM the split rule counts where a call's grid and cache are large
                                     # (launch_rules.split_blocks_per_sm): 2 for an e4m3 cell two of whose blocks fit
     kv_dtype: str = ""              # "e4m3": the K/V cache holds e4m3 (queries and output in the spec's dtype);

@@ -90,6 +90,22 @@ FREE_PARTIALS = 8
 # 32k; B2 32/8 slower up to 8k, faster from 16k): the thresholds keep to the cells that only gained.
 CO_RESIDENT_MIN_BLOCKS = 32
 CO_RESIDENT_MIN_TILES = 64
+# A combine-kernel (paged-capable) cell's spec may set slice_cost_from_tiles: from that many tiles its calls take
+# the slice-cost count; the wave rule cut few KV heads into 64-128 two-tile slices whose partials the combine
+# kernel reads one split after another. Measured on the H200, every count forced, the old pick against the new in
+# alternating rounds (docs/decode-h200/split_rule/combine_kernel_slice_cost.json and combine_kernel_rule_check.json):
+# from 128 tiles the slice cost was faster in 60 of 68 d64, d128 and d256 bf16 cells (d128 B1 8/1 at 32k keys
+# 24.5 -> 18.9 us in 32 slices against 128; B2 32/1 at 16k 20.1 -> 18.0) and slower in 8 by 0.8-4.6 % (d256
+# B1 32/1 at 32k, 43 slices against 64); below 128 tiles it was mixed and below 64 slower (2k-4k keys: 8-11
+# slices lost to 16 by up to 11 %); for d96 bf16 (a 4-stage ring) 5-21 % slower at 16k-32k keys, for MLA 2-21 % slower, and for the e4m3
+# cells slower at one or two KV heads (B1 8/1 at 128k 31.7 -> 34.6), so those leave it at 0.
+# The e4m3 combine-kernel cells (two blocks per SM) keep the wave rule but count both blocks on the grids and
+# caches of COMBINE_KERNEL_CO_RESIDENT (blocks, tiles; either pair): that won on every grid of 16 blocks from 128
+# tiles (d128 B2 32/8 at 32k keys 52.1 -> 45.0 us in 16 slices, at 128k 175.2 -> 140.6; d256 B2 32/8 at 32k
+# 113.6 -> 96.2; d64 B8 32/1 at 128k 107.7 -> 80.7) and of 8 from 256 tiles (d128 B1 32/8 at 128k 94.3 -> 78.5
+# in 32); it lost at 8 blocks and 128 tiles (d128 B1 32/8 at 16k 21.3 -> 22.8) and at 64 tiles of d256 (4k
+# keys: 1.6-5.6 %), and at 64 tiles of d64 and d128 gained 0-5 %, left out with d256's loss.
+COMBINE_KERNEL_CO_RESIDENT = ((16, 128), (8, 256))
 
 MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's merging split function (combine: auto)
 merging_key = MERGING.key
@@ -119,23 +135,24 @@ def visited_tiles(n_tiles: int, block_n: int, seqlen_q: int, left: int) -> int:
 
 
 def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int,
-               in_flight: int = 0, min_slice_tiles: int = 1, merges_in_split: bool = False) -> int:
+               in_flight: int = 0, min_slice_tiles: int = 1, least_slice_cost: bool = False) -> int:
     """How many key slices a decode call cuts. `blocks` = batch x kv_heads x row_blocks; no slice is
     empty for the longest sequence (n_tiles tiles). One slice when the blocks already fill 0.8 of the
     slots, or keep IN_FLIGHT_PER_SM bytes of K/V in flight per SM (`in_flight`: bytes one block has in
-    flight, its ring's stages ahead of the one it computes). `merges_in_split` (the split kernel merges
-    the slices): the count of least slice_cost. Otherwise the wave rule: the fewest slices whose wave
-    efficiency (blocks in flight / slots of the last wave) is within WAVE_EFFICIENCY of the best; where
-    that cuts one-tile slices and `min_slice_tiles` > 1, the slices take at least `min_slice_tiles` tiles
-    if SHORT_CACHE_SLICES of them remain, else at most SHORT_CACHE_SLICES of one tile, unless the cache has
-    at most ONE_TILE_CACHE_TILES tiles and its one-tile slices fill at most ONE_TILE_GRID_SHARE of the slots."""
+    flight, its ring's stages ahead of the one it computes). `least_slice_cost` (the split kernel merges
+    the slices, or a combine-kernel call of a long cache): the count of least slice_cost. Otherwise the
+    wave rule: the fewest slices whose wave efficiency (blocks in flight / slots of the last wave) is
+    within WAVE_EFFICIENCY of the best; where that cuts one-tile slices and `min_slice_tiles` > 1, the
+    slices take at least `min_slice_tiles` tiles if SHORT_CACHE_SLICES of them remain, else at most
+    SHORT_CACHE_SLICES of one tile, unless the cache has at most ONE_TILE_CACHE_TILES tiles and its one-tile
+    slices fill at most ONE_TILE_GRID_SHARE of the slots."""
     slots = sm_count * blocks_per_sm
     if blocks >= 0.8 * slots or blocks * in_flight >= IN_FLIGHT_PER_SM * sm_count:
         return 1
     cap = min(max_splits, n_tiles)
     if cap <= 1:
         return 1
-    if merges_in_split:
+    if least_slice_cost:
         return min(_slice_counts(n_tiles, cap), key=lambda s: (slice_cost(blocks, n_tiles, slots, s), s))
     splits = _wave_splits(blocks, n_tiles, slots, cap)
     short_and_sparse = n_tiles <= ONE_TILE_CACHE_TILES and blocks * splits <= ONE_TILE_GRID_SHARE * slots
@@ -145,10 +162,11 @@ def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max
     return splits
 
 
-def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int) -> int:
+def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int, kernel_combine: bool = False) -> int:
     """The blocks per SM num_splits counts for a call of `blocks` blocks over `n_tiles` tiles (see
-    CO_RESIDENT_MIN_BLOCKS)."""
-    if blocks >= CO_RESIDENT_MIN_BLOCKS and n_tiles >= CO_RESIDENT_MIN_TILES:
+    CO_RESIDENT_MIN_BLOCKS; `kernel_combine`: a combine-kernel cell's, COMBINE_KERNEL_CO_RESIDENT)."""
+    pairs = COMBINE_KERNEL_CO_RESIDENT if kernel_combine else ((CO_RESIDENT_MIN_BLOCKS, CO_RESIDENT_MIN_TILES),)
+    if any(blocks >= least_blocks and n_tiles >= least_tiles for least_blocks, least_tiles in pairs):
         return co_resident_blocks
     return 1
 
@@ -180,22 +198,26 @@ def _wave_splits(blocks: int, n_tiles: int, slots: int, cap: int) -> int:
     return next(s for s in counts if efficiency(s) >= WAVE_EFFICIENCY * best)
 
 
-def split_rule_text(combine: str, in_flight: int = 0, co_resident_blocks: int = 1) -> str:
+def split_rule_text(combine: str, in_flight: int = 0, co_resident_blocks: int = 1, slice_cost_min_tiles: int = 0) -> str:
     """How a plan's runtime picks its split count, for `attngen explain` and the generated headers."""
+    slice_cost_text = (f"the count of least slice cost, waves x ({SLICE_FIXED_TILES:g} + tiles per slice) + "
+                       f"{MERGE_TILES_PER_PARTIAL:g} per partial past {FREE_PARTIALS}")
     if combine == "kernel":
         text = (f"the fewest whose wave efficiency is within {WAVE_EFFICIENCY:.0%} of the best (num_splits); where "
                 f"those are slices of one K/V tile, slices of {COMBINE_KERNEL_MIN_SLICE_TILES} tiles if "
                 f"{SHORT_CACHE_SLICES} of them remain (the combine kernel merges them), unless the cache has at most "
                 f"{ONE_TILE_CACHE_TILES} tiles and one-tile slices fill at most {ONE_TILE_GRID_SHARE:.0%} of the SMs")
+        if slice_cost_min_tiles:
+            text = f"{slice_cost_text} where the cache has {slice_cost_min_tiles} tiles or more; below, {text}"
     else:
-        text = (f"the count of least slice cost, waves x ({SLICE_FIXED_TILES:g} + tiles per slice) + "
-                f"{MERGE_TILES_PER_PARTIAL:g} per partial past {FREE_PARTIALS} (num_splits: the split kernel merges)")
+        text = f"{slice_cost_text} (num_splits: the split kernel merges)"
     if in_flight:
         text += (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
                  f"({in_flight // 1024} KiB per block)")
     if co_resident_blocks > 1:
-        text += (f"; {co_resident_blocks} blocks per SM counted (and no in-flight rule) where the grid has "
-                 f"{CO_RESIDENT_MIN_BLOCKS} blocks or more and the cache {CO_RESIDENT_MIN_TILES} tiles or more")
+        pairs = COMBINE_KERNEL_CO_RESIDENT if combine == "kernel" else ((CO_RESIDENT_MIN_BLOCKS, CO_RESIDENT_MIN_TILES),)
+        where = " or ".join(f"{b} blocks or more and the cache {t} tiles or more" for b, t in pairs)
+        text += f"; {co_resident_blocks} blocks per SM counted (and no in-flight rule) where the grid has {where}"
     return text
 
 

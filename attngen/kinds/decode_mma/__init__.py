@@ -59,6 +59,10 @@ class DecodeSpec(ForwardSpec):
         "fields in Params and no append code (the dispatch table routes calls with k and v to append cells only)"))
     max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
+    slice_cost_from_tiles: int = Field(default=0, ge=0, description=(
+        "combine: kernel: the split count is the slice cost's (as the merging cells', which always take it) "
+        "where a call's cache has this many K/V tiles or more; below, and with 0, the wave rule. Measured per "
+        "family: the slice cost's fewer, longer slices are faster for some builds and slower for others"))
     kv_dtype: Optional[Literal["e4m3"]] = Field(default=None, description=(
         "e4m3: the K and V caches hold e4m3 (torch.float8_e4m3fn) with fp32 scales k_scale, v_scale (one per "
         "tensor or per KV head); queries and output stay in dtype. The kernel reads half the bytes and widens "
@@ -358,6 +362,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
                          q_in_registers=holds_q(spec), max_splits=spec.max_splits, paged=spec.paged,
                          combine=spec.combine, append=spec.append, unsplit_in_flight=unsplit_in_flight(spec),
+                         slice_cost_min_tiles=spec.slice_cost_from_tiles if spec.combine == "kernel" else 0,
                          co_resident_blocks=co_resident_blocks(spec, p.occupancy),
                          kv_dtype=spec.kv_dtype or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
@@ -375,7 +380,7 @@ def explain(plan) -> list[str]:
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
             f"splits: at most {plan.max_splits}; the runtime picks "
-            + split_rule_text(plan.combine, plan.unsplit_in_flight, plan.co_resident_blocks),
+            + split_rule_text(plan.combine, plan.unsplit_in_flight, plan.co_resident_blocks, plan.slice_cost_min_tiles),
             (f"paged KV: any page size from 1 to {MAX_PAGE_SIZE} keys (a power of two, page_size and page_shift "
              "in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in "
              "it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; "

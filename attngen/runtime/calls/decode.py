@@ -11,8 +11,8 @@ import numbers
 import threading
 
 from ...core.append_abi import APPEND_FIELDS
-from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, MAX_PAGE_SIZE, num_splits, page_shift, row_blocks,
-                                  split_blocks_per_sm, visited_tiles)
+from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, MAX_PAGE_SIZE, num_splits,
+                                  page_shift, row_blocks, split_blocks_per_sm, visited_tiles)
 from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
 from ..gpu import error_word, persistent
@@ -580,22 +580,23 @@ def kv_scale_values(torch, kv_scales, kv_heads: int, index: int, numbers_seen: d
 
 def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:
     kernel_combine = plan.combine == "kernel"
-    per_sm = split_blocks_per_sm(plan.co_resident_blocks, blocks, n_tiles)
+    per_sm = split_blocks_per_sm(plan.co_resident_blocks, blocks, n_tiles, kernel_combine)
     # the in-flight rule was measured with one block per SM: where two are counted it does not apply
     in_flight = plan.unsplit_in_flight if per_sm == 1 else 0
+    slice_cost = not kernel_combine or 0 < plan.slice_cost_min_tiles <= n_tiles
     return _splits(blocks, n_tiles, sm_count, per_sm, plan.max_splits, in_flight,
-                   COMBINE_KERNEL_MIN_SLICE_TILES if kernel_combine else 1, not kernel_combine)
+                   COMBINE_KERNEL_MIN_SLICE_TILES if kernel_combine else 1, slice_cost)
 
 
 @functools.lru_cache(maxsize=4096)
 def _splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max_splits: int, in_flight: int,
-            min_slice_tiles: int, merges_in_split: bool) -> int:
+            min_slice_tiles: int, least_slice_cost: bool) -> int:
     """The heuristic's split count on a GPU of `sm_count` SMs, counting `blocks_per_sm` blocks per SM:
     one for 16-bit caches even where two fit (d64): measured on the H200, 11-16 splits beat the 32 that
     two blocks per SM would take for 8 KV heads at batch 1 (14.3-14.7 vs 16.0 us at 8k keys), since every
     split adds a partial output to write and merge."""
     return num_splits(blocks, n_tiles, sm_count, blocks_per_sm, max_splits, in_flight, min_slice_tiles,
-                      merges_in_split)
+                      least_slice_cost)
 
 
 __all__ = ["DecodeKernel", "num_splits_for"]
