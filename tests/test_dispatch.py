@@ -66,29 +66,49 @@ def test_select_buckets_and_group_rows():
 
 def test_contiguous_decode_routes_by_group_and_grid():
     """The committed table's contiguous d128 decode: the cell whose last block merges its slices (one launch)
-    serves caches up to 16k keys, KV heads of at most 4 query rows, calls of fewer than 32 query rows and grids
-    of 1024 and more; the combine-kernel cell (two launches, about 4 us more host time per call) serves the
-    rest, where it is faster on the GPU and eager alike (H200: docs/decode-h200/routing/)."""
+    serves KV heads of at most 4 query rows and grids of 1024 rows and more; its twin that merges a warp's rows
+    two at a time (contiguous_pairs) serves KV heads of more rows up to 16k keys and calls of fewer than 32 query
+    rows; the combine-kernel cell (two launches, about 4 us more host time per call) serves the rest, where it is
+    faster on the GPU and eager alike (H200: docs/decode-h200/routing/)."""
     entries = load_table(table_path(Path("specs")))
     for dtype, suffix in (("bf16", "_bf16"), ("fp16", "")):
         merging, kernel = f"h200_decode_d128_contiguous{suffix}", f"h200_decode_d128{suffix}"
+        pairs = f"h200_decode_d128_contiguous_pairs{suffix}"
         for mask in ("none", "causal"):
             def pick(seqlen, group_rows, rows):
                 return select(entries, "decode", "sm_90", dtype, 128, mask, seqlen, group_rows=group_rows,
                               rows=rows).spec
-            assert pick(16384, 8, 64) == merging and pick(4096, 32, 32) == merging      # up to 16k keys
+            assert pick(16384, 8, 64) == pairs and pick(4096, 32, 32) == pairs          # up to 16k keys, 8+ rows
+            assert pick(4096, 4, 32) == merging and pick(16384, 1, 8) == merging        # 4 rows or fewer a KV head
             assert pick(32768, 4, 32) == merging and pick(131072, 4, 4096) == merging   # 32/8 heads, one token
-            assert pick(32768, 8, 16) == merging                                         # B2 8/1
+            assert pick(32768, 8, 16) == pairs                                           # B2 8/1
             assert pick(32768, 8, 32) == kernel and pick(32768, 32, 1023) == kernel      # B4 8/1, B1 32/1, ...
             assert pick(32768, 16, 1024) == merging                                      # B8 32/8, 4 new tokens
-            assert pick(32768, 8, None) == merging                                       # no grid size given
-    # other head dims, e4m3 caches and paged calls keep their entries
+            assert pick(32768, 8, None) == pairs                                         # no grid size given
+    # d64: by group rows at every length; e4m3 caches and paged calls keep their entries
     assert select(entries, "decode", "sm_90", "bf16", 64, "none", 32768, group_rows=8,
+                  rows=64).spec == "h200_decode_d64_contiguous_pairs_bf16"
+    assert select(entries, "decode", "sm_90", "bf16", 64, "none", 32768, group_rows=4,
                   rows=64).spec == "h200_decode_d64_contiguous_bf16"
     assert select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "none", 32768, group_rows=8,
                   rows=64).spec == "h200_decode_d128_kv_e4m3_contiguous"
     assert select(entries, "decode", "sm_90", "bf16", 128, "none", 8192, paged=True, group_rows=8,
                   rows=8).spec == "h200_decode_d128_bf16"
+
+
+def test_merge_rows_pairs_only_in_the_cells_that_ask():
+    """merge_rows 2 renders combine_rows and the pair loop; the other merging cells keep the one-row loop
+    (their code unchanged), and a combine-kernel cell refuses the key."""
+    generated = Path("generated")
+    pairs = (generated / "h200_decode_d128_contiguous_pairs_split.cu").read_text()
+    plain = (generated / "h200_decode_d128_contiguous_split.cu").read_text()
+    assert "combine_rows(p, pair, 2" in pairs and "combine_rows" not in plain
+    from attngen.errors import SpecError
+    from attngen.plan import make_plan
+    from attngen.spec import load_spec
+    spec = load_spec("specs/h200_decode_d128_bf16.yaml").model_copy(update={"merge_rows": 2})
+    with pytest.raises(SpecError, match="merge_rows 2 needs a split kernel that merges"):
+        make_plan(spec, "x.yaml")
 
 
 def test_head_dim_v_is_part_of_the_key():

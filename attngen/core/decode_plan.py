@@ -68,6 +68,7 @@ class DecodePlan(ForwardPlan):
                                     # and attends them; false: no append fields in Params, no append code
     unsplit_in_flight: int = 0      # K/V bytes in flight per block the split heuristic weighs (IN_FLIGHT_PER_SM);
                                     # 0: the build does not stream at full speed unsplit, waves decide alone
+    merge_rows: int = 1             # combine: auto or fused: group rows a warp of the merging block merges at once
     slice_cost_min_tiles: int = 0   # combine: kernel: the split rule takes the slice cost from this many tiles
                                     # (launch_rules.num_splits); 0: the wave rule at every length
     co_resident_blocks: int = 1     # blocks per SM the split rule counts where a call's grid and cache are large

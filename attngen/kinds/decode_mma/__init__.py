@@ -59,6 +59,10 @@ class DecodeSpec(ForwardSpec):
         "fields in Params and no append code (the dispatch table routes calls with k and v to append cells only)"))
     max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
+    merge_rows: Literal[1, 2] = Field(default=1, description=(
+        "combine: auto or fused: the group rows each warp of the merging block merges at once. 1: one row after "
+        "another; 2: two rows together (both rows' loads of a round in flight), faster where a KV head has 8 or "
+        "more query rows and slower by 1-3 % where each warp has one (32/8 heads, one new token)"))
     slice_cost_from_tiles: int = Field(default=0, ge=0, description=(
         "combine: kernel: the split count is the slice cost's (as the merging cells', which always take it) "
         "where a call's cache has this many K/V tiles or more; below, and with 0, the wave rule. Measured per "
@@ -315,6 +319,10 @@ def plan(spec: DecodeSpec, file: str | None = None):
     extra = {"tiles": kv_e4m3_tiles} if spec.kv_dtype else {}
     p = plan_forward(spec, kind=KIND, title=TITLE, file=file, fragments=fragments, extra_regions=stats_region,
                      bank_patterns=bank_patterns, **extra)
+    if spec.merge_rows != 1 and spec.combine == "kernel":
+        raise SpecError(f"merge_rows {spec.merge_rows} needs a split kernel that merges (combine: auto or fused); "
+                        "with combine: kernel the combine kernel merges, a warp per row", file=file, key="merge_rows",
+                        hint="set combine: auto, or leave merge_rows out")
     ring = p.stages * p.kv_stage_stride
     if p.fragments.merge_bytes > ring:
         raise SpecError(f"the warps' merge buffer ({p.fragments.merge_bytes} B) does not fit over the K/V ring "
@@ -363,6 +371,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
                          q_in_registers=holds_q(spec), max_splits=spec.max_splits, paged=spec.paged,
                          combine=spec.combine, append=spec.append, unsplit_in_flight=unsplit_in_flight(spec),
                          slice_cost_min_tiles=spec.slice_cost_from_tiles if spec.combine == "kernel" else 0,
+                         merge_rows=spec.merge_rows,
                          co_resident_blocks=co_resident_blocks(spec, p.occupancy),
                          kv_dtype=spec.kv_dtype or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
