@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attngen.core.launch_rules import num_splits, row_blocks
+from attngen.core.launch_rules import num_splits, row_blocks, split_rule_text
 from attngen.errors import SpecError
 from attngen.explain import explain
 from attngen.kinds import kind_for_data, kind_of
@@ -147,6 +147,10 @@ def test_merging_plans_split_by_slice_cost_and_kernel_plans_by_waves_below_128_t
     e4m3 = make_plan(load_spec(ROOT / "specs/h200_decode_d128_kv_e4m3.yaml"))
     assert d96.slice_cost_min_tiles == 0 and e4m3.slice_cost_min_tiles == 0
     assert num_splits_for(d96, 1, 128, 132) == 64               # 16k keys: 16.3 us; the slice cost's 22: 19.7
+    # the boundary: 127 tiles keep the wave rule, and the rule's text says where the slice cost starts
+    assert num_splits_for(kernel_combine, 1, 127, 132) == num_splits(1, 127, 132, 1, 128, min_slice_tiles=2) != 22
+    assert "where the cache has 128 tiles or more; below, the fewest" in split_rule_text("kernel", 0, 1, 128)
+    assert "slice cost" not in split_rule_text("kernel", 0, 1, 0)
 
 
 def test_e4m3_combine_kernel_cells_count_two_blocks_per_sm_from_16_blocks_or_8_and_256_tiles():
@@ -157,7 +161,7 @@ def test_e4m3_combine_kernel_cells_count_two_blocks_per_sm_from_16_blocks_or_8_a
     assert [split_blocks_per_sm(2, b, t, True) for b, t in ((16, 128), (16, 64), (15, 255), (8, 256), (8, 255),
                                                             (4, 1024))] == [2, 1, 1, 2, 1, 1]
     assert num_splits_for(paged, 16, 256, 132) == 16    # B2 32/8 at 32k keys: 45.0 us; one per SM counted, 8: 52.1
-    assert num_splits_for(paged, 8, 1024, 132) == 31    # B1 32/8 at 128k keys: 78.5 us in 32; 16: 94.3
+    assert num_splits_for(paged, 8, 1024, 132) == 31    # B1 32/8 at 128k keys: 79.9 us in 31; 16: 94.6
     assert num_splits_for(paged, 8, 128, 132) == 16     # at 16k keys one per SM: 21.3 us; 22 slices 22.8
     assert num_splits_for(paged, 1, 1024, 132) == 128   # one KV head keeps the wave rule: 31.7 us; 64: 34.6
 

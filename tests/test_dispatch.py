@@ -70,7 +70,7 @@ def test_contiguous_decode_routes_by_group_and_grid():
     two at a time (contiguous_pairs) serves KV heads of more rows up to 16k keys and calls of fewer than 32 query
     rows; the combine-kernel cell (two launches, about 4 us more host time per call) serves the rest, where it is
     faster on the GPU and eager alike (H200: docs/decode-h200/routing/)."""
-    entries = load_table(table_path(Path("specs")))
+    entries = load_table(TABLE)
     for dtype, suffix in (("bf16", "_bf16"), ("fp16", "")):
         merging, kernel = f"h200_decode_d128_contiguous{suffix}", f"h200_decode_d128{suffix}"
         pairs = f"h200_decode_d128_contiguous_pairs{suffix}"
@@ -99,14 +99,14 @@ def test_contiguous_decode_routes_by_group_and_grid():
 def test_merge_rows_pairs_only_in_the_cells_that_ask():
     """merge_rows 2 renders combine_rows and the pair loop; the other merging cells keep the one-row loop
     (their code unchanged), and a combine-kernel cell refuses the key."""
-    generated = Path("generated")
+    generated = ROOT / "generated"
     pairs = (generated / "h200_decode_d128_contiguous_pairs_split.cu").read_text()
     plain = (generated / "h200_decode_d128_contiguous_split.cu").read_text()
     assert "combine_rows(p, pair, 2" in pairs and "combine_rows" not in plain
     from attngen.errors import SpecError
     from attngen.plan import make_plan
     from attngen.spec import load_spec
-    spec = load_spec("specs/h200_decode_d128_bf16.yaml").model_copy(update={"merge_rows": 2})
+    spec = load_spec(ROOT / "specs/h200_decode_d128_bf16.yaml").model_copy(update={"merge_rows": 2})
     with pytest.raises(SpecError, match="merge_rows 2 needs a split kernel that merges"):
         make_plan(spec, "x.yaml")
 

@@ -90,7 +90,7 @@ FREE_PARTIALS = 8
 # 32k; B2 32/8 slower up to 8k, faster from 16k): the thresholds keep to the cells that only gained.
 CO_RESIDENT_MIN_BLOCKS = 32
 CO_RESIDENT_MIN_TILES = 64
-# A combine-kernel (paged-capable) cell's spec may set slice_cost_from_tiles: from that many tiles its calls take
+# A combine-kernel cell's spec may set slice_cost_from_tiles: from that many tiles its calls take
 # the slice-cost count; the wave rule cut few KV heads into 64-128 two-tile slices whose partials the combine
 # kernel reads one split after another. Measured on the H200, every count forced, the old pick against the new in
 # alternating rounds (docs/decode-h200/split_rule/combine_kernel_slice_cost.json and combine_kernel_rule_check.json):
@@ -102,8 +102,8 @@ CO_RESIDENT_MIN_TILES = 64
 # The e4m3 combine-kernel cells (two blocks per SM) keep the wave rule but count both blocks on the grids and
 # caches of COMBINE_KERNEL_CO_RESIDENT (blocks, tiles; either pair): that won on every grid of 16 blocks from 128
 # tiles (d128 B2 32/8 at 32k keys 52.1 -> 45.0 us in 16 slices, at 128k 175.2 -> 140.6; d256 B2 32/8 at 32k
-# 113.6 -> 96.2; d64 B8 32/1 at 128k 107.7 -> 80.7) and of 8 from 256 tiles (d128 B1 32/8 at 128k 94.3 -> 78.5
-# in 32); it lost at 8 blocks and 128 tiles (d128 B1 32/8 at 16k 21.3 -> 22.8) and at 64 tiles of d256 (4k
+# 113.6 -> 96.2; d64 B8 32/1 at 128k 107.7 -> 80.7) and of 8 from 256 tiles (d128 B1 32/8 at 128k 94.6 -> 79.9
+# in 31); it lost at 8 blocks and 128 tiles (d128 B1 32/8 at 16k 21.3 -> 22.8) and at 64 tiles of d256 (4k
 # keys: 1.6-5.6 %), and at 64 tiles of d64 and d128 gained 0-5 %, left out with d256's loss.
 COMBINE_KERNEL_CO_RESIDENT = ((16, 128), (8, 256))
 
@@ -162,11 +162,17 @@ def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max
     return splits
 
 
+def co_resident_thresholds(kernel_combine: bool) -> tuple[tuple[int, int], ...]:
+    """The (blocks, tiles) pairs from either of which a cell of co-resident blocks counts them all:
+    COMBINE_KERNEL_CO_RESIDENT for a combine-kernel cell, else CO_RESIDENT_MIN_BLOCKS and _TILES."""
+    return COMBINE_KERNEL_CO_RESIDENT if kernel_combine else ((CO_RESIDENT_MIN_BLOCKS, CO_RESIDENT_MIN_TILES),)
+
+
 def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int, kernel_combine: bool = False) -> int:
-    """The blocks per SM num_splits counts for a call of `blocks` blocks over `n_tiles` tiles (see
-    CO_RESIDENT_MIN_BLOCKS; `kernel_combine`: a combine-kernel cell's, COMBINE_KERNEL_CO_RESIDENT)."""
-    pairs = COMBINE_KERNEL_CO_RESIDENT if kernel_combine else ((CO_RESIDENT_MIN_BLOCKS, CO_RESIDENT_MIN_TILES),)
-    if any(blocks >= least_blocks and n_tiles >= least_tiles for least_blocks, least_tiles in pairs):
+    """The blocks per SM num_splits counts for a call of `blocks` blocks over `n_tiles` tiles
+    (co_resident_thresholds)."""
+    if any(blocks >= least_blocks and n_tiles >= least_tiles
+           for least_blocks, least_tiles in co_resident_thresholds(kernel_combine)):
         return co_resident_blocks
     return 1
 
@@ -215,8 +221,8 @@ def split_rule_text(combine: str, in_flight: int = 0, co_resident_blocks: int = 
         text += (f", or none once the blocks keep {IN_FLIGHT_PER_SM // 1024} KiB of K/V per SM in flight "
                  f"({in_flight // 1024} KiB per block)")
     if co_resident_blocks > 1:
-        pairs = COMBINE_KERNEL_CO_RESIDENT if combine == "kernel" else ((CO_RESIDENT_MIN_BLOCKS, CO_RESIDENT_MIN_TILES),)
-        where = " or ".join(f"{b} blocks or more and the cache {t} tiles or more" for b, t in pairs)
+        where = " or ".join(f"{b} blocks or more and the cache {t} tiles or more"
+                            for b, t in co_resident_thresholds(combine == "kernel"))
         text += f"; {co_resident_blocks} blocks per SM counted (and no in-flight rule) where the grid has {where}"
     return text
 

@@ -61,8 +61,8 @@ class DecodeSpec(ForwardSpec):
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
     merge_rows: Literal[1, 2] = Field(default=1, description=(
         "combine: auto or fused: the group rows each warp of the merging block merges at once. 1: one row after "
-        "another; 2: two rows together (both rows' loads of a round in flight), faster where a KV head has 8 or "
-        "more query rows and slower by 1-3 % where each warp has one (32/8 heads, one new token)"))
+        "another; 2: two rows together (both rows' loads of a round in flight), measured faster where a KV head has "
+        "8 or more query rows and 0.2-2.5 % slower where each warp has one (32/8 heads, one new token)"))
     slice_cost_from_tiles: int = Field(default=0, ge=0, description=(
         "combine: kernel: the split count is the slice cost's (as the merging cells', which always take it) "
         "where a call's cache has this many K/V tiles or more; below, and with 0, the wave rule. Measured per "
@@ -341,8 +341,9 @@ def plan(spec: DecodeSpec, file: str | None = None):
                 (("fused combine" if spec.combine == "fused" else
                   "combine auto: unsplit calls run the plain function; split calls the merging one, where")
                  + ": each split block adds one to its group's counter after its partials are "
-                 "visible (__threadfence); the block that sees num_splits - 1 merges the group's rows (a warp per "
-                 "row, partials read past L1) and resets the counter"
+                 "visible (__threadfence); the block that sees num_splits - 1 merges the group's rows ("
+                 + ("a warp's rows two at a time (merge_rows 2)" if spec.merge_rows == 2 else "a warp per row")
+                 + ", partials read past L1) and resets the counter"
                  if spec.combine != "kernel" else
                  f"combine kernel, grid ceil(batch x heads x seqlen_q / {COMBINE_WARPS}): a warp per row "
                  "weighs each split by exp(lse_s - lse) and writes O and LSE"))
