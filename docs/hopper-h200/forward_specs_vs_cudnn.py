@@ -6,8 +6,10 @@ Usage: python3 docs/hopper-h200/forward_specs_vs_cudnn.py OUT.json SHAPES SPEC [
 
 Per shape, mask (none, causal) and dtype: every spec of that dtype and head dim and cuDNN, each
 timed with `attngen bench`'s queued timing (30 calls behind a GPU sleep, input sets that defeat L2
-reuse), all alternating over 5 rounds; a figure is the median of its rounds.
+reuse), all alternating over 5 rounds (ATTNGEN_ROUNDS=N in the environment: N); a figure is the median
+of its rounds.
 """
+import os
 from pathlib import Path
 import sys
 
@@ -18,7 +20,7 @@ from attngen.eval.bench import Case, input_sets
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the helpers the scripts share
 from gpu_timing import alternating_sets, cudnn_forward, write_report
 
-ROUNDS = 5
+ROUNDS = int(os.environ.get("ATTNGEN_ROUNDS", "5"))   # rounds of the alternation
 
 
 def main(out_path, shapes, *spec_paths):
