@@ -4,7 +4,8 @@ Per cell: GPU us (calls queued behind a GPU sleep, inputs rotated past L2), eage
 included), the spec the table picked, and the error against fp32 beside SDPA's own in the same dtype.
 With --variants: Gemma's calls instead (bf16; softcap 50 causal, softcap 50 with a causal 4095-key window, causal
 windows of 1023 and 4095 keys).
-Usage (GPU machine, repository root): python3 docs/hopper-h200/d256/entry_ab.py OUT.json [--variants]"""
+With --d N [--dv M]: another head dim (and V head dim) instead of 256.
+Usage (GPU machine, repository root): python3 docs/hopper-h200/d256/entry_ab.py OUT.json [--variants] [--d N [--dv M]]"""
 import json
 import sys
 import torch
@@ -14,7 +15,8 @@ import attngen
 from attngen.eval.bench.decode import eager_time_us, median_time_us
 from attngen.ops import library
 
-D = 256
+D = int(sys.argv[sys.argv.index("--d") + 1]) if "--d" in sys.argv else 256
+DV = int(sys.argv[sys.argv.index("--dv") + 1]) if "--dv" in sys.argv else D
 CELLS = ((1, 8, 8, 512), (8, 16, 16, 512), (2, 16, 16, 1024), (16, 16, 16, 1024), (4, 16, 16, 2048),
          (2, 16, 16, 4096), (2, 16, 4, 4096), (1, 16, 16, 8192), (1, 16, 16, 16384))
 
@@ -57,11 +59,11 @@ for dt, (tag, kw), causal in ((dt, var, causal) for dt in DTYPES for var in VARI
         rot = max(2, min(8, int(3 * 60e6 // (2 * 3 * b * h * s * D)) + 1))
         qs = [torch.randn(b, h, s, D, device="cuda", dtype=dt) for _ in range(rot)]
         ks = [torch.randn(b, hkv, s, D, device="cuda", dtype=dt) for _ in range(rot)]
-        vs = [torch.randn_like(k) for k in ks]
+        vs = [torch.randn(b, hkv, s, DV, device="cuda", dtype=dt) for _ in range(rot)]
         ours = lambda i: attngen.attention(qs[i], ks[i], vs[i], causal=causal, **kw)
         theirs = lambda i: cudnn(qs[i], ks[i], vs[i], causal)   # no variant: the peer's time, not its result
         out = ours(0)
-        r = {"cell": f"{str(dt)[6:]} {b}x{h}/{hkv}x{s}x{D} {'causal' if causal else 'none'}{tag}", "spec": picked()}
+        r = {"cell": f"{str(dt)[6:]} {b}x{h}/{hkv}x{s}x{D}{'' if DV == D else f'x{DV}'} {'causal' if causal else 'none'}{tag}", "spec": picked()}
         if b * h * s * s <= 2 ** 28:
             g = h // hkv
             kf, vf = ks[0].float().repeat_interleave(g, 1), vs[0].float().repeat_interleave(g, 1)
