@@ -27,7 +27,9 @@ def cudnn(q, k, v, causal):
 
 
 def picked():
-    """The spec of the forward kernel the last call loaded (the newest entry of the forward cache)."""
+    """The spec of the newest kernel in the forward cache: right for a call that added one, wrong for a call that
+    reused a kernel cached for another shape (GQA rows share their key with the MHA row), and "?" for variant calls
+    (cached elsewhere). `attngen dispatch` gives the table's pick."""
     return next(reversed(library._FORWARD.values())).plan.spec.name if library._FORWARD else "?"
 
 
