@@ -828,43 +828,82 @@ __device__ __forceinline__ void tma_store_rows(uint32_t sO, const P& p, const Bl
 // Persistent kernels: block b walks positions b, b + G, b + 2G, ... (G = gridDim.x resident blocks); a
 // position names a query block, head and batch, or nothing. Plainly, positions enumerate query blocks
 // fastest, as the blocks of a grid run (the longest first when later rows see more keys). But then a
-// block meets the same query block index in every head whenever G is a multiple of m_blocks (132 =
-// 33 x 4): under a causal mask some blocks take only the longest, others only the shortest. So where
-// later rows see more keys and there are more query blocks than resident blocks, they go in units:
-// unit k of a head is its k-th longest query block and its k-th shortest, whose tiles add up to about
-// the same for every k; a head's units are adjacent (its K/V tiles stay in L2), and when m_blocks is
-// odd, each head's middle query block comes last, one per unit, as the shortest work. Units run in
-// rounds of 2G positions: a block's two positions of a round are the two halves of one unit.
+// block meets the same few query block indices in every head whenever G is close to a multiple of
+// m_blocks (132 = 2 x 64 + 4): where the blocks' costs differ, some blocks take only the longest,
+// others only the shortest. So where there are more query blocks than resident blocks and the first
+// `ramp` query blocks of a head see more keys the later they are (every block of a causal mask; the
+// blocks whose rows all start at key 0 under a causal window), the walk goes in units: a ramp unit is
+// a head's k-th longest ramp block and its k-th shortest, whose tiles add up to about the same for
+// every k; each block after the ramp (a window's full width, about a ramp unit's tiles) is a unit of
+// its own. A head's units are adjacent (its K/V tiles stay in L2), and when the ramp is odd, each
+// head's middle ramp block comes last, one per unit, as the shortest work. Units run in rounds of 2G
+// positions: a block's two positions of a round are the two halves of one unit (a lone block's second
+// half is empty).
 struct WorkWalk {
-    int m_blocks, positions;
+    int m_blocks, ramp, positions;
     bool paired;
 };
+
+// The ramp of a mask with a left bound: the leading query blocks whose first row sees key 0 (key_begin
+// grows with the row). Binary search: at most log2(m_blocks) + 1 probes, once per block.
+template <Mask kMask>
+__device__ __forceinline__ int ramp_blocks(int m_blocks, const Params& p) {
+    int lo = 0, hi = m_blocks;   // the first block whose first row's key_begin is past key 0
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (key_begin<kMask>(mid * kBlockM, p) > 0) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
 
 template <Mask kMask>
 __device__ __forceinline__ WorkWalk work_walk(int m_blocks, const Params& p) {
     const int head_batches = p.heads * p.batch, resident = static_cast<int>(gridDim.x);
-    if (!kLaterRowsSeeMore<kMask> || m_blocks * head_batches <= resident) return {m_blocks, m_blocks * head_batches, false};
-    const int units = (m_blocks + 1) / 2 * head_batches;
-    return {m_blocks, (units + resident - 1) / resident * 2 * resident, true};
+    const WorkWalk plain{m_blocks, m_blocks, m_blocks * head_batches, false};
+    if (m_blocks * head_batches <= resident) return plain;
+    int ramp = m_blocks;
+    if constexpr (kHasLeftBound<kMask>) {
+        // Pair only where a ramp unit costs about what the widest block does: a window without a
+        // right bound sees all keys to the end in every ramp block, so its units would cost double.
+        ramp = ramp_blocks<kMask>(m_blocks, p);
+        if (ramp < 2) return plain;
+        const int widest = max(kv_tile_count<kMask>((ramp - 1) * kBlockM, p),
+                               ramp < m_blocks ? kv_tile_count<kMask>(ramp * kBlockM, p) : 0);
+        const int unit = kv_tile_count<kMask>(0, p) + kv_tile_count<kMask>((ramp - 1) * kBlockM, p);
+        if (4 * unit > 5 * widest) return plain;
+    } else if constexpr (!kLaterRowsSeeMore<kMask>) {
+        return plain;
+    }
+    const int units = (kHasLeftBound<kMask> ? ramp / 2 + ramp % 2 + (m_blocks - ramp) : (m_blocks + 1) / 2) * head_batches;
+    return {m_blocks, ramp, (units + resident - 1) / resident * 2 * resident, true};
 }
 
 // The work at position `pos` of the walk: false where there is none (past the last unit, or the
-// second half of a middle query block's unit).
+// second half of a lone block's unit).
 template <Mask kMask>
 __device__ __forceinline__ bool work_coords(int pos, const WorkWalk& w, const Params& p, BlockCoords& c) {
     int m_block, head_batch;
-    if (kLaterRowsSeeMore<kMask> && w.paired) {
+    if ((kLaterRowsSeeMore<kMask> || kHasLeftBound<kMask>) && w.paired) {
         const int resident = static_cast<int>(gridDim.x), in_round = pos % (2 * resident);
         const int unit = pos / (2 * resident) * resident + in_round % resident, second = in_round / resident;
-        const int pairs = w.m_blocks / 2, paired_units = pairs * p.heads * p.batch;
-        if (unit < paired_units) {
-            const int k = unit % pairs;
-            head_batch = unit / pairs;
-            m_block = second ? k : w.m_blocks - 1 - k;
-        } else {   // a middle query block
-            head_batch = unit - paired_units;
+        // Without a left bound the ramp is every block (these forms keep a causal kernel's code as
+        // it was before windows had units).
+        const int ramp = kHasLeftBound<kMask> ? w.ramp : w.m_blocks, pairs = ramp / 2;
+        const int per_head = kHasLeftBound<kMask> ? pairs + (w.m_blocks - ramp) : pairs, head_units = per_head * p.heads * p.batch;
+        if (unit < head_units) {
+            const int k = unit % per_head;
+            head_batch = unit / per_head;
+            if (kHasLeftBound<kMask> && k >= pairs) {   // past the ramp: a unit of its own
+                if (second) return false;
+                m_block = ramp + (k - pairs);
+            } else {
+                m_block = second ? k : ramp - 1 - k;
+            }
+        } else {   // a middle ramp block
+            head_batch = unit - head_units;
             m_block = pairs;
-            if (second || w.m_blocks % 2 == 0 || head_batch >= p.heads * p.batch) return false;
+            if (second || ramp % 2 == 0 || head_batch >= p.heads * p.batch) return false;
         }
     } else {
         const int m = pos % w.m_blocks;
@@ -892,7 +931,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
     if (smem_addr % kSwizzleAtomBytes) __trap();  // the swizzle pattern is on absolute addresses
     // Work items: one per thread block, or (persistent) every query block of every head, walked by
     // the gridDim.x resident blocks (work_walk).
-    const WorkWalk walk = kLoop ? work_walk<kMask>((p.seqlen_q + kBlockM - 1) / kBlockM, p) : WorkWalk{1, 1, false};
+    const WorkWalk walk = kLoop ? work_walk<kMask>((p.seqlen_q + kBlockM - 1) / kBlockM, p) : WorkWalk{1, 1, 1, false};
     const int positions = walk.positions;
     const int first_pos = kLoop ? static_cast<int>(blockIdx.x) : 0;
     const int pos_step = kLoop ? static_cast<int>(gridDim.x) : 1;
