@@ -98,7 +98,7 @@
 //       producer: Q (expect_tx 24576 B on q_full), then per tile: wait empty_k[s] (when t >= stages), expect_tx 16384 B on full_k[s], TMA K; the same for V (16384 B) on empty_v[s] and full_v[s]
 //       consumer: wait q_full once; per tile t: wait full_k[s] and full_v[(t-1) % stages], issue S_t = Q.K_t^T and O += P_(t-1).V_(t-1), wait for S_t only, arrive empty_k[s], softmax S_t while P.V runs, wait for P.V, arrive empty_v[(t-1) % stages], rescale O
 //       ping-pong: consumer warpgroup w waits on named barrier 1 + w before issuing its GEMMs and arrives on warpgroup (w + 1) % 3's after, so the others' softmax runs under one warpgroup's GEMMs; a warpgroup whose rows see no key of a tile (causal) hands its stage back and passes that turn without GEMMs
-//       persistent: one block per SM takes query blocks i, i + grid, ... (causal, with more query blocks than SMs: in units of a head's k-th longest and k-th shortest block, so blocks get equal work); ring positions and the q_full/q_empty phases run on across them, and the producer waits q_empty before it loads the next Q (the consumers arrive once the epilogue has read their staged rows of O out of the Q tile); with 2 Q tiles, block i's Q goes into tile i % 2 once block i - 2 handed it back, so it loads while block i - 1 still runs
+//       persistent: one block per SM takes query blocks i, i + grid, ... (with more query blocks than SMs, in units of about equal work: causal, a head's k-th longest and k-th shortest block; a window, the same pairs over the blocks whose first row sees key 0, each block after them alone); ring positions and the q_full/q_empty phases run on across them, and the producer waits q_empty before it loads the next Q (the consumers arrive once the epilogue has read their staged rows of O out of the Q tile); with 2 Q tiles, block i's Q goes into tile i % 2 once block i - 2 handed it back, so it loads while block i - 1 still runs
 //       epilogue: each consumer warpgroup normalises O and writes its 64 rows over its rows of the Q tile (its last S GEMM has completed; swizzled like Q, 4-byte stores), then syncs its 128 threads on named barrier 4 + w; after fence.proxy.async its first thread issues one TMA store per panel (rows past the sequence are dropped) and waits for the reads before the block exits
 //     up to 2 tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), one __syncthreads publishes them
 //
@@ -829,19 +829,25 @@ __device__ __forceinline__ void tma_store_rows(uint32_t sO, const P& p, const Bl
 // m_blocks (132 = 2 x 64 + 4): where the blocks' costs differ, some blocks take only the longest,
 // others only the shortest. So where there are more query blocks than resident blocks and the first
 // `ramp` query blocks of a head see more keys the later they are (every block of a causal mask; the
-// blocks whose rows all start at key 0 under a causal window), the walk goes in units: a ramp unit is
+// blocks whose first row sees key 0 under a causal window), the walk goes in units: a ramp unit is
 // a head's k-th longest ramp block and its k-th shortest, whose tiles add up to about the same for
 // every k; each block after the ramp (a window's full width, about a ramp unit's tiles) is a unit of
 // its own. A head's units are adjacent (its K/V tiles stay in L2), and when the ramp is odd, each
 // head's middle ramp block comes last, one per unit, as the shortest work. Units run in rounds of 2G
 // positions: a block's two positions of a round are the two halves of one unit (a lone block's second
 // half is empty).
+// Masks whose query blocks the walk splits into a ramp and the blocks past it: a left bound that key_begin
+// gives row by row (a window). An expression mask's bounds come per warp (kWarpTileSpan), so it walks as
+// the causal mask does where later rows see more.
+template <Mask kMask>
+constexpr bool kRampWalk = kHasLeftBound<kMask> && !kWarpTileSpan<kMask>;
+
 struct WorkWalk {
     int m_blocks, ramp, positions;
     bool paired;
 };
 
-// The ramp of a mask with a left bound: the leading query blocks whose first row sees key 0 (key_begin
+// The ramp of a kRampWalk mask: the leading query blocks whose first row sees key 0 (key_begin
 // grows with the row). Binary search: at most log2(m_blocks) + 1 probes, once per block.
 template <Mask kMask>
 __device__ __forceinline__ int ramp_blocks(int m_blocks, const Params& p) {
@@ -860,7 +866,7 @@ __device__ __forceinline__ WorkWalk work_walk(int m_blocks, const Params& p) {
     const WorkWalk plain{m_blocks, m_blocks, m_blocks * head_batches, false};
     if (m_blocks * head_batches <= resident) return plain;
     int ramp = m_blocks;
-    if constexpr (kHasLeftBound<kMask>) {
+    if constexpr (kRampWalk<kMask>) {
         // Pair only where a ramp unit costs about what the widest block does: a window without a
         // right bound sees all keys to the end in every ramp block, so its units would cost double.
         ramp = ramp_blocks<kMask>(m_blocks, p);
@@ -872,7 +878,7 @@ __device__ __forceinline__ WorkWalk work_walk(int m_blocks, const Params& p) {
     } else if constexpr (!kLaterRowsSeeMore<kMask>) {
         return plain;
     }
-    const int units = (kHasLeftBound<kMask> ? ramp / 2 + ramp % 2 + (m_blocks - ramp) : (m_blocks + 1) / 2) * head_batches;
+    const int units = (kRampWalk<kMask> ? ramp / 2 + ramp % 2 + (m_blocks - ramp) : (m_blocks + 1) / 2) * head_batches;
     return {m_blocks, ramp, (units + resident - 1) / resident * 2 * resident, true};
 }
 
@@ -881,17 +887,17 @@ __device__ __forceinline__ WorkWalk work_walk(int m_blocks, const Params& p) {
 template <Mask kMask>
 __device__ __forceinline__ bool work_coords(int pos, const WorkWalk& w, const Params& p, BlockCoords& c) {
     int m_block, head_batch;
-    if ((kLaterRowsSeeMore<kMask> || kHasLeftBound<kMask>) && w.paired) {
+    if ((kLaterRowsSeeMore<kMask> || kRampWalk<kMask>) && w.paired) {
         const int resident = static_cast<int>(gridDim.x), in_round = pos % (2 * resident);
         const int unit = pos / (2 * resident) * resident + in_round % resident, second = in_round / resident;
-        // Without a left bound the ramp is every block (these forms keep a causal kernel's code as
+        // Without kRampWalk the ramp is every block (these forms keep a causal kernel's code as
         // it was before windows had units).
-        const int ramp = kHasLeftBound<kMask> ? w.ramp : w.m_blocks, pairs = ramp / 2;
-        const int per_head = kHasLeftBound<kMask> ? pairs + (w.m_blocks - ramp) : pairs, head_units = per_head * p.heads * p.batch;
+        const int ramp = kRampWalk<kMask> ? w.ramp : w.m_blocks, pairs = ramp / 2;
+        const int per_head = kRampWalk<kMask> ? pairs + (w.m_blocks - ramp) : pairs, head_units = per_head * p.heads * p.batch;
         if (unit < head_units) {
             const int k = unit % per_head;
             head_batch = unit / per_head;
-            if (kHasLeftBound<kMask> && k >= pairs) {   // past the ramp: a unit of its own
+            if (kRampWalk<kMask> && k >= pairs) {   // past the ramp: a unit of its own
                 if (second) return false;
                 m_block = ramp + (k - pairs);
             } else {

@@ -255,8 +255,9 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                  if spec.schedule.pingpong else
                  "  a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives "
                  "empty_k/empty_v[s] without computing"),
-                ("  persistent: one block per SM takes query blocks i, i + grid, ... (causal, with more query blocks "
-                 "than SMs: in units of a head's k-th longest and k-th shortest block, so blocks get equal work); "
+                ("  persistent: one block per SM takes query blocks i, i + grid, ... (with more query blocks than "
+                 "SMs, in units of about equal work: causal, a head's k-th longest and k-th shortest block; a "
+                 "window, the same pairs over the blocks whose first row sees key 0, each block after them alone); "
                  "ring positions and the "
                  "q_full/q_empty phases run on across them, and the producer waits q_empty before it loads the next "
                  + ("Q (the consumers arrive once the epilogue has read their staged rows of O out of the Q tile)"
