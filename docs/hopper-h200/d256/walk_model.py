@@ -1,10 +1,10 @@
 """A model of the persistent forward's walk (templates/fwd_wgmma/kernel.cu.j2, work_walk and work_coords) at d256
-(128-row query blocks, 80-key tiles, 132 resident blocks): it checks that the walk visits every query block of
-every head exactly once over many shapes and windows (the plain walk and the window units), then prints, for
+(128-row query blocks, 80-key tiles, 132 resident blocks unless named): it checks that the walk visits every query
+block of every head exactly once over many shapes, windows, key offsets (bottom-right windows with seqlen_q !=
+seqlen_k shift both bounds) and resident counts (the plain walk and the window units), then prints, for
 Gemma's causal windows, the busiest resident block's tiles over the mean (1.0: every block finishes together),
 plain walk against window units. No GPU.
 Usage: python3 docs/hopper-h200/d256/walk_model.py"""
-import itertools, math, sys
 BM, BN, G = 128, 80, 132
 
 def key_begin(row, lo): return max(row + lo, 0)
@@ -15,10 +15,9 @@ def cost(m, lo, hi, sk, left=True):
     first = key_begin(m * BM, lo) // BN if left else 0
     return max(end - first, 0)
 
-def walk(M, HB, lo, hi, sk, mode, causal=False):
+def walk(M, HB, lo, hi, sk, mode, causal=False, G=G):
     left = not causal
     c = lambda m: cost(m, lo, hi, sk, left)
-    items = []
     if M * HB <= G: mode = "plain"
     ramp = M
     if mode == "new" and left:
@@ -59,8 +58,8 @@ def walk(M, HB, lo, hi, sk, mode, causal=False):
         per_block[pos % G].append((hb, m))
     return per_block
 
-def check(M, HB, lo, hi, sk, mode, causal=False):
-    pb = walk(M, HB, lo, hi, sk, mode, causal)
+def check(M, HB, lo, hi, sk, mode, causal=False, G=G):
+    pb = walk(M, HB, lo, hi, sk, mode, causal, G)
     got = sorted(x for b in pb for x in b)
     assert got == sorted((hb, m) for hb in range(HB) for m in range(M)), (M, HB, lo, hi, mode)
     loads = [sum(cost(m, lo, hi, sk, not causal) for _, m in b) for b in pb]
@@ -71,10 +70,12 @@ if __name__ == "__main__":
     n = 0
     for M in list(range(1, 40)) + [64, 127, 128]:
         for HB in (1, 2, 3, 7, 16, 32):
-            for (l, r) in ((1023, 0), (4095, 0), (127, 0), (0, 0), (255, 255), (4095, 10**9), (100, 50), (10**9, 0)):
-                sk = M * BM
-                for mode in ("plain", "new"):
-                    check(M, HB, -l, r, sk, mode); n += 1
+            for (l, r) in ((1023, 0), (4095, 0), (127, 0), (0, 0), (255, 255), (4095, 10**9), (100, 50), (10**9, 0), (-50, 300)):
+                for shift in (0, 300, -200):      # bottom-right alignment: seqlen_k - seqlen_q added to both bounds
+                    sk = max(M * BM + shift, 1)
+                    for g in ((G, 1, 7, 66) if shift == 0 else (G,)):
+                        for mode in ("plain", "new"):
+                            check(M, HB, -l + shift, r + shift, sk, mode, G=g); n += 1
     print("coverage ok", n)
     for B, H, S in ((2, 16, 4096), (1, 16, 8192), (1, 16, 16384), (4, 16, 2048), (1, 8, 32768), (2, 32, 8192)):
         for W in (1023, 4095):
