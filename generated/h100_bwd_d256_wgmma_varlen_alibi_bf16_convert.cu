@@ -28,8 +28,8 @@
 //
 //   block: 64 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroups sharing 64 keys, 128 columns of dK and dV each
-//   accumulators per thread: dK, dV 64 each, S^T, dP^T 32 each, dQ 64; P^T and dS^T as 4 A fragments each
-//   wgmma per query block per warpgroup: 16 x m64n64k16 (S^T, SS) + 16 (dP^T, SS) + 4 x m64n128k16 (dV, RS) + 4 (dK, RS) + 4 x m64n128k16 (dQ, SS, MN-major)
+//   accumulators per thread: dK, dV 64 each, S^T, dP^T 16 each, dQ 64; P^T and dS^T as 2 A fragments each
+//   wgmma per query block per warpgroup: 16 x m64n32k16 (S^T, SS) + 16 (dP^T, SS) + 4 x m64n128k16 (dV, SS from the P^T and dS^T tiles) + 4 (dK, SS from the P^T and dS^T tiles) + 4 x m64n128k16 (dQ, SS, MN-major)
 //   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
 //   dQ: each warpgroup adds 64 x 128 fp32 per query block, 64 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros
@@ -47,24 +47,26 @@
 //     v0       163840   32768   32.00  256x64 __nv_bfloat16    128  128B: chunk ^= row % 8       V tile of the block's keys, loaded once; 4 panel(s) of 64 rows x 64
 //     ds       196608    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
 //     ds1      204800    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
-//     stats    212992    1024    1.00  2x128 float         512  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
-//     bars     214016      16    0.02  2x1 uint64            8  none                         per stage: its Q and dO tiles have landed (TMA transactions)
-//     total 214032 B (209.02 KiB) of 232448 B (227.00 KiB) budget, 92%
-//     dynamic: 214032 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
+//     p        212992    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       P^T of the block's keys x the query block, for dV (stage 0: each column group stores its queries' share); 1 panel(s) of 64 rows x 64
+//     p1       221184    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       P^T of the block's keys x the query block, for dV (stage 1: each column group stores its queries' share); 1 panel(s) of 64 rows x 64
+//     stats    229376    1024    1.00  2x128 float         512  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
+//     bars     230400      16    0.02  2x1 uint64            8  none                         per stage: its Q and dO tiles have landed (TMA transactions)
+//     total 230416 B (225.02 KiB) of 232448 B (227.00 KiB) budget, 99%
+//     dynamic: 230416 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
 //   warp roles and mbarriers (region bars):
-//     2 warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); the warpgroups share the block's 64 keys: each computes their S^T and dP^T (wgmma accumulators), warpgroup w holds dK and dV of columns [128w, 128w + 128) and stores its share of dS^T's k16 steps and dQ's columns [128w, 128w + 128)
-//     qfull0  smem +214016    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
-//     qfull1  smem +214024    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
+//     2 warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); the warpgroups share the block's 64 keys: warpgroup w computes S^T and dP^T of queries [32w, 32w + 32) of the query block (wgmma accumulators) and stores its P^T and dS^T, and holds dK and dV of columns [128w, 128w + 128) and dQ's columns [128w, 128w + 128)
+//     qfull0  smem +230400    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
+//     qfull1  smem +230408    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
 //     main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:
 //       thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init); load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier); the first 2 block_m threads store its LSE and delta; wait for K, V (cp.async, fence.proxy.async); __syncthreads
 //       for each query head of the KV head, each query block of 64 rows that sees a key of the block (a cursor of query head and first row, moved on one block per step):
 //         each of the first 2 block_m threads loads its LSE or delta of the next step (a register); every thread waits for this step's Q, dO (the stage's mbarrier); a varlen sequence's last query block: its rows past the sequence become zeros (stores, fence.proxy.async, __syncthreads)
-//         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
-//         dS^T to the step's own dS^T tile (swizzled; a tile per stage, since the other warpgroup may still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; __syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is complete)
-//         issue dQ[:, 128w:] = dS K (wgmma SS, MN-major, N 128), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N 128); wait for dQ
+//         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 32); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
+//         dS^T and P^T to the step's own tiles (swizzled; a tile per stage, since the other warpgroup may still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; __syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is complete)
+//         issue dQ[:, 128w:] = dS K (wgmma SS, MN-major, N 128), then dV += P^T dO, dK += dS^T Q behind it (wgmma SS from the P^T and dS^T tiles, N 128); wait for dQ
 //         each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while dV and dK run; wait for them
-//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
+//         (deterministic instead: all three issued after the __syncthreads, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
 //       __syncthreads; each warp packs dK x scale and dV of its 16 keys and its columns into the K and V tiles, then writes them out in 16-byte stores (rows < seqlen_k)
 //     varlen functions: a block per (key block, KV head, sequence), Params narrowed to the sequence; each sequence's accumulator blocks start at block (its first row's block + its index), so no query block spans two sequences (the convert kernel finds a row's sequence by bisection)
 //     preprocess, convert: grid (ceil(rows / 4), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)

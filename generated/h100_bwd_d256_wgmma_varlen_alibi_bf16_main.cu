@@ -28,8 +28,8 @@
 //
 //   block: 64 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroups sharing 64 keys, 128 columns of dK and dV each
-//   accumulators per thread: dK, dV 64 each, S^T, dP^T 32 each, dQ 64; P^T and dS^T as 4 A fragments each
-//   wgmma per query block per warpgroup: 16 x m64n64k16 (S^T, SS) + 16 (dP^T, SS) + 4 x m64n128k16 (dV, RS) + 4 (dK, RS) + 4 x m64n128k16 (dQ, SS, MN-major)
+//   accumulators per thread: dK, dV 64 each, S^T, dP^T 16 each, dQ 64; P^T and dS^T as 2 A fragments each
+//   wgmma per query block per warpgroup: 16 x m64n32k16 (S^T, SS) + 16 (dP^T, SS) + 4 x m64n128k16 (dV, SS from the P^T and dS^T tiles) + 4 (dK, SS from the P^T and dS^T tiles) + 4 x m64n128k16 (dQ, SS, MN-major)
 //   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
 //   dQ: each warpgroup adds 64 x 128 fp32 per query block, 64 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros
@@ -47,24 +47,26 @@
 //     v0       163840   32768   32.00  256x64 __nv_bfloat16    128  128B: chunk ^= row % 8       V tile of the block's keys, loaded once; 4 panel(s) of 64 rows x 64
 //     ds       196608    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
 //     ds1      204800    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
-//     stats    212992    1024    1.00  2x128 float         512  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
-//     bars     214016      16    0.02  2x1 uint64            8  none                         per stage: its Q and dO tiles have landed (TMA transactions)
-//     total 214032 B (209.02 KiB) of 232448 B (227.00 KiB) budget, 92%
-//     dynamic: 214032 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
+//     p        212992    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       P^T of the block's keys x the query block, for dV (stage 0: each column group stores its queries' share); 1 panel(s) of 64 rows x 64
+//     p1       221184    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       P^T of the block's keys x the query block, for dV (stage 1: each column group stores its queries' share); 1 panel(s) of 64 rows x 64
+//     stats    229376    1024    1.00  2x128 float         512  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
+//     bars     230400      16    0.02  2x1 uint64            8  none                         per stage: its Q and dO tiles have landed (TMA transactions)
+//     total 230416 B (225.02 KiB) of 232448 B (227.00 KiB) budget, 99%
+//     dynamic: 230416 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
 //   warp roles and mbarriers (region bars):
-//     2 warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); the warpgroups share the block's 64 keys: each computes their S^T and dP^T (wgmma accumulators), warpgroup w holds dK and dV of columns [128w, 128w + 128) and stores its share of dS^T's k16 steps and dQ's columns [128w, 128w + 128)
-//     qfull0  smem +214016    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
-//     qfull1  smem +214024    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
+//     2 warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); the warpgroups share the block's 64 keys: warpgroup w computes S^T and dP^T of queries [32w, 32w + 32) of the query block (wgmma accumulators) and stores its P^T and dS^T, and holds dK and dV of columns [128w, 128w + 128) and dQ's columns [128w, 128w + 128)
+//     qfull0  smem +230400    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
+//     qfull1  smem +230408    1 arrivals per phase from thread 0 (arrive.expect_tx with the Q and dO bytes), then the TMA transactions; all threads (before their first wgmma of the step) wait
 //     main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:
 //       thread 0 initialises the 2 stages' mbarriers (fence.mbarrier_init); load K, V of the block's keys (cp.async into swizzled panels, rows past seqlen_k zero); thread 0 issues the first query block's Q and dO (TMA, one box per panel, on its stage's mbarrier); the first 2 block_m threads store its LSE and delta; wait for K, V (cp.async, fence.proxy.async); __syncthreads
 //       for each query head of the KV head, each query block of 64 rows that sees a key of the block (a cursor of query head and first row, moved on one block per step):
 //         each of the first 2 block_m threads loads its LSE or delta of the next step (a register); every thread waits for this step's Q, dO (the stage's mbarrier); a varlen sequence's last query block: its rows past the sequence become zeros (stores, fence.proxy.async, __syncthreads)
-//         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
-//         dS^T to the step's own dS^T tile (swizzled; a tile per stage, since the other warpgroup may still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; __syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is complete)
-//         issue dQ[:, 128w:] = dS K (wgmma SS, MN-major, N 128), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N 128); wait for dQ
+//         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 32); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
+//         dS^T and P^T to the step's own tiles (swizzled; a tile per stage, since the other warpgroup may still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; __syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is complete)
+//         issue dQ[:, 128w:] = dS K (wgmma SS, MN-major, N 128), then dV += P^T dO, dK += dS^T Q behind it (wgmma SS from the P^T and dS^T tiles, N 128); wait for dQ
 //         each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while dV and dK run; wait for them
-//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
+//         (deterministic instead: all three issued after the __syncthreads, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
 //       __syncthreads; each warp packs dK x scale and dV of its 16 keys and its columns into the K and V tiles, then writes them out in 16-byte stores (rows < seqlen_k)
 //     varlen functions: a block per (key block, KV head, sequence), Params narrowed to the sequence; each sequence's accumulator blocks start at block (its first row's block + its index), so no query block spans two sequences (the convert kernel finds a row's sequence by bisection)
 //     preprocess, convert: grid (ceil(rows / 4), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
@@ -158,8 +160,10 @@ constexpr int kSmem_k0 = 131072;  // K tile of the block's keys, loaded once; 4 
 constexpr int kSmem_v0 = 163840;  // V tile of the block's keys, loaded once; 4 panel(s) of 64 rows x 64: 256x64 __nv_bfloat16, 32768 B
 constexpr int kSmem_ds = 196608;  // dS^T of the block's keys x the query block, for dQ (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
 constexpr int kSmem_ds1 = 204800;  // dS^T of the block's keys x the query block, for dQ (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
-constexpr int kSmem_stats = 212992;  // per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O): 2x128 float, 1024 B
-constexpr int kSmem_bars = 214016;  // per stage: its Q and dO tiles have landed (TMA transactions): 2x1 uint64, 16 B
+constexpr int kSmem_p = 212992;  // P^T of the block's keys x the query block, for dV (stage 0: each column group stores its queries' share); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
+constexpr int kSmem_p1 = 221184;  // P^T of the block's keys x the query block, for dV (stage 1: each column group stores its queries' share); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
+constexpr int kSmem_stats = 229376;  // per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O): 2x128 float, 1024 B
+constexpr int kSmem_bars = 230400;  // per stage: its Q and dO tiles have landed (TMA transactions): 2x1 uint64, 16 B
 
 // Kernel arguments, passed by value: the bytes of the plan's Params (attngen/core/abi.py), of which
 // this kernel reads the fields declared here; the others are reserved bytes. Strides are in
@@ -466,21 +470,20 @@ __device__ __forceinline__ void fence_registers(float (&r)[kN]) {
     for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
 }
 
-__device__ __forceinline__ void wgmma_ss_m64n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+__device__ __forceinline__ void wgmma_ss_m64n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-__device__ __forceinline__ void wgmma_rs_m64n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+__device__ __forceinline__ void wgmma_ss_m64n128_kmn(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 __device__ __forceinline__ void wgmma_ss_m64n128_mn(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -495,9 +498,11 @@ constexpr int kWarpgroups = 2;       // consumer warpgroups: 64 keys each
 constexpr int kWarpgroupThreads = 128;
 constexpr int kKeysPerWarpgroup = 64;                          // the M of S^T, dP^T, dK and dV
 constexpr int kWarpKeyRows = 16;                               // a warp's rows of them
-constexpr int kSRegs = 32;                // S^T (and dP^T) accumulators per thread: 64 keys x kBlockM queries
+constexpr int kSRegs = 16;                // S^T (and dP^T) accumulators per thread: 64 keys x kSQueries queries
 constexpr int kColGroups = 2;              // warpgroups sharing each 64 keys: warpgroup w holds
 constexpr int kDkvCols = 128;              // dK and dV of columns [kDkvCols (w % kColGroups), + kDkvCols)
+constexpr int kSQueries = 32;              // and S^T, dP^T of queries [kSQueries (w % kColGroups), + kSQueries)
+constexpr int kKStepsS = kSQueries / 16;                          // ... their k16 steps of P^T and dS^T (stored for dV, dK, dQ)
 constexpr int kDRegs = 64;                // dK (and dV) accumulators per thread: 64 keys x kDkvCols
 constexpr bool kDqByRows = false;          // warpgroup w computes dQ of query rows [64 w, 64 w + 64), else of its columns
 constexpr int kDqRows = 64;                                         // dQ rows per warpgroup: one m64 wgmma
@@ -528,6 +533,10 @@ static_assert(kPanels * kPanelCols == kHeadDim && kQueryTileBytes == kPanels * k
 static_assert(kBlockM == (kDqByRows ? kWarpgroups : 1) * kDqRows && kBlockN * kColGroups == kWarpgroups * kKeysPerWarpgroup
               && kDkvCols * kColGroups == kHeadDim && kDkvCols % kPanelCols == 0,
               "m64 wgmma tiles; each column group's dK and dV columns are whole panels");
+static_assert(kSQueries * kColGroups == kBlockM && kSQueries % 16 == 0 && kSmem_p1 - kSmem_p == kDsStageBytes
+              && kSmem_p % kSwizzleAtomBytes == 0 && kDsStageBytes % kSwizzleAtomBytes == 0,
+              "each column group's queries are whole k16 steps (and whole swizzle atoms of the Q and dO tiles: "
+              "rows of 8); the P^T tiles are laid out as the dS^T tiles");
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kRows rows, stored as TMA's swizzle
 // writes it: panels of kPanelCols columns, each kRows rows of kPanelRowBytes, chunks XORed by row.
@@ -578,25 +587,28 @@ __device__ __forceinline__ uint64_t mn_major_desc(uint32_t tile, int col0, int k
                                   kSwizzleAtomBytes, kDescriptorMode), kk * 16 * kPanelRowBytes);
 }
 
+// The column group of this thread's warpgroup: the warpgroups that share 64 keys hold dK and dV of
+// columns [kDkvCols column_group(), + kDkvCols) each, and make S^T and dP^T of queries
+// [kSQueries column_group(), + kSQueries) of the block.
+__device__ __forceinline__ int column_group() { return threadIdx.x / kWarpgroupThreads % kColGroups; }
+
 // Issue acc = X[key0, key0 + 64) . Y^T over head_dim, X a key tile (K or V), Y a query tile (Q or dO):
-// S^T or dP^T of the warpgroup's keys (one commit group).
+// S^T or dP^T of the warpgroup's keys and queries (one commit group).
 __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[kSRegs], uint32_t sX, int key0, uint32_t sY) {
 #pragma unroll
     for (int kk = 0; kk < kKStepsD; ++kk)
-        wgmma_ss_m64n64(acc, k_major_desc<kBlockN>(sX, key0, kk), k_major_desc<kBlockM>(sY, 0, kk), kk > 0);
+        wgmma_ss_m64n32(acc, k_major_desc<kBlockN>(sX, key0, kk), k_major_desc<kBlockM>(sY, kSQueries * column_group(), kk), kk > 0);
     wgmma_commit();
 }
 
-// The column group of this thread's warpgroup: the warpgroups that share 64 keys hold dK and dV of
-// columns [kDkvCols column_group(), + kDkvCols) each.
-__device__ __forceinline__ int column_group() { return threadIdx.x / kWarpgroupThreads % kColGroups; }
-
-// Issue acc += A . Y over the query block: A (64 keys x queries) as A fragments, the warpgroup's
-// kDkvCols columns of Y, a query tile read MN-major (dV += P^T dO, dK += dS^T Q). No commit.
-__device__ __forceinline__ void issue_add_by_queries(float (&acc)[kDRegs], const uint32_t (&a)[kKStepsM][4], uint32_t sY) {
+// Issue acc += A . Y over the query block: A (64 keys x queries) a P^T or dS^T tile read K-major (both
+// column groups' queries: each stored its own), the warpgroup's kDkvCols columns of Y, a query tile
+// read MN-major (dV += P^T dO, dK += dS^T Q). No commit.
+__device__ __forceinline__ void issue_add_by_queries(float (&acc)[kDRegs], uint32_t sA, uint32_t sY) {
     const int col0 = kDkvCols * column_group();
 #pragma unroll
-    for (int kc = 0; kc < kKStepsM; ++kc) wgmma_rs_m64n128(acc, a[kc], mn_major_desc<kBlockM>(sY, col0, kc));
+    for (int kc = 0; kc < kKStepsM; ++kc)
+        wgmma_ss_m64n128_kmn(acc, k_major_desc<kBlockN>(sA, 0, kc), mn_major_desc<kBlockM>(sY, col0, kc), 1);
 }
 
 // Issue dQ's rows [row0, row0 + kDqRows) x columns [col0, col0 + kDqCols) = dS K over the block's
@@ -613,6 +625,9 @@ __device__ __forceinline__ void issue_dq(float (&acc)[kDqRegs], uint32_t sDS, ui
 // 64 (a key), column 8 (v >> 2) + 2 (lane % 4) + (v & 1) (a query, or a head_dim column).
 __device__ __forceinline__ int acc_row(int v, int lane) { return lane / 4 + 8 * ((v >> 1) & 1); }
 __device__ __forceinline__ int acc_col(int v, int lane) { return 8 * (v >> 2) + 2 * (lane % 4) + (v & 1); }
+// The query of S^T's (dP^T's) accumulator v in the query block: the warpgroup's queries start at
+// kSQueries column_group().
+__device__ __forceinline__ int query_col(int v, int lane) { return kSQueries * column_group() + acc_col(v, lane); }
 
 // exp2's argument for P^T's accumulator v: m(S^T) scale_log2 - LSE log2 e, m the score modifiers, and
 // -inf where the mask hides the key from the query (only looked at when the block straddles a bound:
@@ -620,7 +635,7 @@ __device__ __forceinline__ int acc_col(int v, int lane) { return 8 * (v >> 2) + 
 template <Mask kMask, bool kMasked>
 __device__ __forceinline__ float log2_probability(float s, int v, float& slope, const float* sLse, int key0, int q0,
                                                   int lane, const ScoreMods& mods, const Params& p) {
-    const int col = acc_col(v, lane), key = key0 + acc_row(v, lane);
+    const int col = query_col(v, lane), key = key0 + acc_row(v, lane);
     const float m = mods.apply_with_slope(s, mods.row_base(q0 + col, key), 0, slope);
     float x = fmaf(m, p.scale_log2, -sLse[col]);
     if constexpr (kMasked) {
@@ -648,7 +663,7 @@ __device__ __forceinline__ void probabilities(float (&s)[kSRegs], const float* s
 __device__ __forceinline__ void score_gradients(float (&dp)[kSRegs], const float (&pt)[kSRegs], const float* sDelta,
                                                 int lane) {
 #pragma unroll
-    for (int v = 0; v < kSRegs; ++v) dp[v] = pt[v] * (dp[v] - sDelta[acc_col(v, lane)]);
+    for (int v = 0; v < kSRegs; ++v) dp[v] = pt[v] * (dp[v] - sDelta[query_col(v, lane)]);
 }
 
 // P^T in place of S^T and dS^T = P^T (dP^T - delta) x factor in place of dP^T, in one pass once dP^T
@@ -662,30 +677,29 @@ __device__ __forceinline__ void probabilities_and_gradients(float (&s)[kSRegs], 
     for (int v = 0; v < kSRegs; ++v) {
         float slope;
         s[v] = exp2f(log2_probability<kMask, kMasked>(s[v], v, slope, sLse, key0, q0, lane, mods, p));
-        dp[v] = s[v] * (dp[v] - sDelta[acc_col(v, lane)]) * slope;
+        dp[v] = s[v] * (dp[v] - sDelta[query_col(v, lane)]) * slope;
     }
 }
 
-// The accumulators of query columns 16 kc .. 16 kc + 15 are the A fragment of k-step kc (the register
+// The accumulators of query columns 16 kc .. 16 kc + 15 of the warpgroup's are the A fragment of k-step kc (the register
 // order of an mma.sync A fragment), rounded to the element type.
-__device__ __forceinline__ void a_fragments(uint32_t (&a)[kKStepsM][4], const float (&x)[kSRegs]) {
+__device__ __forceinline__ void a_fragments(uint32_t (&a)[kKStepsS][4], const float (&x)[kSRegs]) {
 #pragma unroll
-    for (int kc = 0; kc < kKStepsM; ++kc)
+    for (int kc = 0; kc < kKStepsS; ++kc)
 #pragma unroll
         for (int i = 0; i < 4; ++i) a[kc][i] = pack2(x[8 * kc + 2 * i], x[8 * kc + 2 * i + 1]);
 }
 
-// The warp's dS^T fragments into the dS^T tile [key][query] (panelled like the others: conflict-free
-// 4-byte stores); key_row0 is the warp's first row of it. The warpgroups that share the keys
-// hold the same dS^T: each stores the k16 steps kc with kc % kColGroups == column_group().
-__device__ __forceinline__ void store_ds(uint32_t sDS, const uint32_t (&a)[kKStepsM][4], int key_row0, int lane) {
+// The warp's P^T or dS^T fragments into the step's tile [key][query] (panelled like the others:
+// conflict-free 4-byte stores), at the warpgroup's queries; key_row0 is the warp's first row of it.
+__device__ __forceinline__ void store_ds(uint32_t sDS, const uint32_t (&a)[kKStepsS][4], int key_row0, int lane) {
+    const int kc0 = kKStepsS * column_group();   // the warpgroup's first k16 step of the tile's queries
 #pragma unroll
-    for (int kc = 0; kc < kKStepsM; ++kc)
-        if (kc % kColGroups == column_group())
+    for (int kc = 0; kc < kKStepsS; ++kc)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = key_row0 + lane / 4 + 8 * (i % 2);
-            const uint32_t at = sDS + panel_offset<kBlockN>(row, 2 * kc + i / 2) + 4 * (lane % 4);
+            const uint32_t at = sDS + panel_offset<kBlockN>(row, 2 * (kc0 + kc) + i / 2) + 4 * (lane % 4);
             asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(at), "r"(a[kc][i]) : "memory");
         }
 }
@@ -986,6 +1000,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     const uint32_t sQ = per_step(smem_addr + kSmem_q + stage * kQueryStageBytes),
                    sDO = per_step(smem_addr + kSmem_do + stage * kQueryStageBytes), sK = per_step(smem_addr + kSmem_k0),
                    sV = per_step(smem_addr + kSmem_v0), sDS = per_step(smem_addr + kSmem_ds + stage * kDsStageBytes);
+    const uint32_t sP = per_step(smem_addr + kSmem_p + stage * kDsStageBytes);   // the step's P^T tile, for dV
     const float* sLse = reinterpret_cast<const float*>(smem + kSmem_stats) + stage * 2 * kBlockM;
     const float* sDelta = sLse + kBlockM;
 
@@ -1001,7 +1016,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     const ScoreMods mods(p, BlockCoords{st.m0, st.head, seq.batch, 0});
     bool masked = tile_needs_mask<kMask>(n0, st.m0, st.m0 + kBlockM - 1, p);
     if constexpr (ScoreMods::kMasksKeys) masked = masked || mods.masks_tile(n0);
-    uint32_t pa[kKStepsM][4];
+    uint32_t pa[kKStepsS][4];
     if constexpr (ScoreMods::kSlopesVary) {
         wgmma_wait<0>();   // S^T and dP^T
         fence_registers(s);
@@ -1019,34 +1034,24 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
         fence_registers(dp);
         score_gradients(dp, s, sDelta, lane);
     }
-    uint32_t da[kKStepsM][4];
+    uint32_t da[kKStepsS][4];
     a_fragments(da, dp);
     store_ds(sDS, da, key0 + 16 * (warp % 4), lane);
     float dq[kDqRegs];
-    if constexpr (kDeterministic) {   // dV and dK run while the block waits at the barrier
-        wgmma_fence();   // the fragments are written before the wgmma that reads them
-        issue_add_by_queries(dv, pa, sDO);
-        issue_add_by_queries(dk, da, sQ);
-        wgmma_commit();
-    }
+    store_ds(sP, pa, key0 + 16 * (warp % 4), lane);   // dV reads every column group's P^T: after the barrier
     publish_next();
-    fence_proxy_async_shared();   // the dS^T stores, before the other warpgroup's wgmma reads them
-    __syncthreads();              // dS^T of every warpgroup is in the tile
+    fence_proxy_async_shared();   // the dS^T and P^T stores, before the other warpgroup's wgmma reads them
+    __syncthreads();              // dS^T and P^T of every warpgroup is in the tile
     issue_next();
     wgmma_fence();
     issue_dq(dq, sDS, sK, kDqByRows ? kDqRows * warpgroup : 0, kDqByRows ? 0 : kDqCols * warpgroup);
-    if constexpr (!kDeterministic) {
-        // dV and dK queue behind dQ, so that dQ's adds leave while they run (8-10 % at d128 against
-        // dQ last, after the adds had waited for all three). Deterministic mode stages dQ in this
-        // step's Q and dO tiles, which dV and dK read: it waits for all three either way, and holding
-        // dQ's accumulators across dV and dK spilled there.
-        issue_add_by_queries(dv, pa, sDO);
-        issue_add_by_queries(dk, da, sQ);
-        wgmma_commit();
-        wgmma_wait<1>();   // dQ is done (dS^T and the K tile read); dV and dK may still run
-    } else {
-        wgmma_wait<0>();   // dV, dK and dQ
-    }
+    // dV and dK queue behind dQ, so that dQ's adds leave while they run; deterministic mode waits for
+    // all three (it stages dQ in this step's Q and dO tiles, which dV and dK read).
+    issue_add_by_queries(dv, sP, sDO);
+    issue_add_by_queries(dk, sDS, sQ);
+    wgmma_commit();
+    if constexpr (!kDeterministic) wgmma_wait<1>();   // dQ is done; dV and dK may still run
+    else wgmma_wait<0>();
     fence_registers(dq);
     add_dq<kMask, kDeterministic>(dq, sQ, st, n0, tid, seq, p);
     wgmma_wait<0>();   // dV and dK: the fragments and this stage's tiles are read
@@ -1123,7 +1128,7 @@ __device__ __forceinline__ int key_block_start() {
 // this one. maps: the kernel's own Params (a varlen block's p is its narrowed copy).
 template <Mask kMask, bool kDeterministic, bool kVarlen>
 __device__ __forceinline__ void key_block(const Params& p, int n0, const Params& maps) {
-    extern __shared__ __align__(1024) unsigned char smem[];  // 214032 B: dynamic, opt-in
+    extern __shared__ __align__(1024) unsigned char smem[];  // 230416 B: dynamic, opt-in
 
     const int tid = threadIdx.x, warp = tid / 32;
     const int kv_head = blockIdx.y;

@@ -279,21 +279,26 @@ def test_wgmma_group_split_functions():
 
 
 def test_wgmma_warpgroups_sharing_64_keys_split_dk_and_dv_by_columns():
-    """head_dim 256: blocks of 64 keys, both warpgroups compute their S^T and dP^T, each holds dK and
-    dV of 128 columns (all 256 would take 256 registers) and stores half of dS^T's k16 steps; dQ is
-    split by columns as at d128. Planning is the same at d128 (a rule choice, not a head-dim case)."""
+    """head_dim 256: blocks of 64 keys; warpgroup w computes S^T and dP^T of the block's queries
+    [32w, 32w + 32) only (no product computed twice) and stores its P^T and dS^T into the step's tiles;
+    each holds dK and dV of 128 columns (all 256 would take 256 registers), made from both tiles (wgmma
+    SS, A K-major); dQ is split by columns as at d128. Planning is the same at d128 (a rule choice, not
+    a head-dim case)."""
     from attngen.render import render_spec_file
     r = render_spec_file(WGMMA_D256)
     p, f = r.plan, r.plan.fragments
     assert (p.block_m, p.block_n, f.warpgroups, f.column_groups, f.dkv_cols) == (64, 64, 2, 2, 128)
-    assert (f.d_regs, f.s_regs, f.dq_cols, f.dq_regs, f.k_steps_n) == (64, 32, 128, 64, 4)
-    assert p.smem_bytes <= 227 * 1024
+    assert (f.d_regs, f.s_cols, f.s_regs, f.dq_cols, f.dq_regs, f.k_steps_n) == (64, 32, 16, 128, 64, 4)
+    assert p.smem_bytes <= 227 * 1024 and {"p", "p1", "ds", "ds1"} <= {g.name for g in p.regions}
     main = r.parts[0].source
     assert "const int key0 = kKeysPerWarpgroup * (warpgroup / kColGroups);" in main
     assert "mn_major_desc<kBlockM>(sY, col0, kc)" in main and "const int col0 = kDkvCols * column_group();" in main
-    assert "if (kc % kColGroups == column_group())" in main and "wgmma_rs_m64n128(" in main
+    assert "k_major_desc<kBlockM>(sY, kSQueries * column_group(), kk)" in main and "wgmma_ss_m64n32(" in main
+    assert "wgmma_ss_m64n128_kmn(acc, k_major_desc<kBlockN>(sA, 0, kc)" in main and "wgmma_rs_m64n" not in main
+    assert "store_ds(sP, pa, " in main and "kSQueries * column_group() + acc_col(v, lane)" in main
     assert "chunk = chunk0 + c % kWarpChunks" in main
-    assert "kDkvCols" not in render_spec_file(WGMMA_D128).parts[0].source
+    d128 = render_spec_file(WGMMA_D128).parts[0].source
+    assert "kDkvCols" not in d128 and "kSmem_p" not in d128 and "wgmma_rs_m64n128(" in d128
     shared = yaml.safe_load(spec_text(WGMMA_D128)) | {"tile": {"block_m": 64, "block_n": 64}}
     g = make_plan(parse_spec(yaml.safe_dump(shared), file="b.yaml"), file="b.yaml").fragments
     assert (g.column_groups, g.dkv_cols, g.d_regs) == (2, 64, 32)
@@ -339,7 +344,8 @@ def test_wgmma_head_dim_v_gives_v_its_own_columns(path, dkv, dkv_v, groups):
         regions["k0"].bytes * dv
     assert regions["dqs"].bytes == f.warpgroups * 64 * f.dq_cols * 4 and p.smem_bytes <= 227 * 1024
     main, pre, _ = (part.source for part in r.parts)
-    assert "issue_keys_by_queries<kKStepsDV>(dp, sV, key0, sDO);" in main and f"wgmma_rs_m64n{dkv_v}(" in main
+    dv_wgmma = f"wgmma_ss_m64n{dkv_v}_kmn(" if groups > 1 else f"wgmma_rs_m64n{dkv_v}("   # shared keys: P^T's tile
+    assert "issue_keys_by_queries<kKStepsDV>(dp, sV, key0, sDO);" in main and dv_wgmma in main
     assert "mbarrier_arrive_expect_tx(bar, kQueryTileBytes + kDoTileBytes);" in main
     assert "add_dq<kMask, kDeterministic>(dq, per_step(smem_addr + kSmem_dqs)" in main
     assert "copy_panels_async<kBlockN, kChunksPerRowV, kChunksPerRowV>(smem_addr + kSmem_v0" in main
@@ -441,7 +447,8 @@ def test_convert_template_matches_the_model():
     ({"head_dim": 72}, "head_dim"),                                      # k16 steps
     ({"head_dim": 96}, "smem.swizzle"),                                  # not whole 64-column panels
     ({"head_dim": 256}, "tile.block_m"),                                 # 64 keys per warpgroup: 256 + 64 + margin
-    ({"head_dim": 256, "tile": {"block_m": 128, "block_n": 64}}, "tile.block_m"),   # shared keys, 128 queries
+    ({"head_dim": 256, "tile": {"block_m": 128, "block_n": 64}}, "smem"),   # shared keys, 128 queries: 2 stages of
+                                                                         # Q and dO tiles past the budget
     ({"head_dim": 96, "smem": {"swizzle": {"xor_bits": 2, "row_shift": 1}, "async_copy": True, "opt_in": True}},
      "smem.swizzle"),                                                    # 48 dQ columns per warpgroup
     ({"head_dim": 64}, "smem.swizzle"),                                  # 32 dQ columns per warpgroup

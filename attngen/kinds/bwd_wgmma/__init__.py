@@ -9,8 +9,13 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
   S^T = K Q^T and dP^T = V dO^T (wgmma SS),
   P^T = exp2(m(S^T) scale log2 e - LSE log2 e) and dS^T = P^T (dP^T - delta) m' in registers (m the
   score modifiers, softcap and ALiBi; m' softcap's chain-rule factor),
-  dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments (wgmma RS, Q and dO MN-major; the
-  warpgroups that share keys compute S^T and dP^T alike, each its dK and dV columns).
+  dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments (wgmma RS, Q and dO MN-major).
+  Warpgroups that share keys split the work by queries and columns: each makes S^T and dP^T of its
+  share of the query block's columns (wgmma N block_m / W), stores its P^T and dS^T into the step's
+  tiles, and after the block barrier computes dV and dK of its columns from both tiles (wgmma SS: A
+  K-major from the tiles, Q and dO MN-major). No product is computed twice: the earlier form, every
+  such warpgroup making the whole S^T and dP^T to keep P^T and dS^T in registers, did 7 of the 5
+  products' tensor work a step at head_dim 256.
   dS^T goes to shared memory; warpgroup w computes its share of dQ = dS K over all the block's keys
   (both operands MN-major): with query blocks of 64 rows, columns [w d / W, (w + 1) d / W); with
   query blocks of 64 W rows, rows [64 w, 64 w + 64) at every column (each warpgroup then reads only
@@ -88,8 +93,14 @@ class WgmmaBackwardSpec(ForwardSpec):
 
 def register_need(s) -> int:
     """dK, dV, S^T and dP^T in flight at once (P^T and dS^T fragments replace S^T and dP^T)."""
-    bm, groups = s.tile.block_m, column_groups(s)
-    return (tile_dim(s) // groups + tile_dim_v(s) // groups) // 2 + 2 * (bm // 2) + REGISTER_MARGIN
+    groups = column_groups(s)
+    return (tile_dim(s) // groups + tile_dim_v(s) // groups) // 2 + 2 * (s_cols(s) // 2) + REGISTER_MARGIN
+
+
+def s_cols(s) -> int:
+    """Queries of S^T and dP^T a warpgroup computes: the query block, or where warpgroups share the block's
+    keys, its share of the block's queries (each stores its P^T and dS^T for the others' dV and dK)."""
+    return s.tile.block_m // column_groups(s)
 
 
 def tile_dim(s) -> int:
@@ -224,7 +235,8 @@ class WgmmaBackwardFragments:
     column_groups: int      # warpgroups sharing each 64 keys: warpgroup w holds dK and dV of its keys' columns
                             # [dkv_cols (w % column_groups), + dkv_cols)
     dkv_cols: int           # dK and dV columns per warpgroup (head_dim / column_groups; whole panels)
-    s_regs: int             # S^T (and dP^T) accumulators per thread: 64 keys x block_m queries
+    s_cols: int             # queries of S^T and dP^T per warpgroup (block_m / column_groups)
+    s_regs: int             # S^T (and dP^T) accumulators per thread: 64 keys x s_cols queries
     d_regs: int             # dK (and dV) accumulators per thread: 64 keys x dkv_cols
     dq_by_rows: bool        # each warpgroup computes dQ of its 64 query rows (else: of its columns)
     dq_cols: int            # dQ columns per warpgroup (whole panels)
@@ -261,7 +273,8 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
     groups = column_groups(spec)
     own_v = dv != d
     return WgmmaBackwardFragments(
-        warpgroups=w, column_groups=groups, dkv_cols=td // groups, s_regs=bm // 2, d_regs=td // groups // 2,
+        warpgroups=w, column_groups=groups, dkv_cols=td // groups, s_cols=s_cols(spec), s_regs=s_cols(spec) // 2,
+        d_regs=td // groups // 2,
         dq_by_rows=by_rows, dq_cols=dq_cols, dq_regs=dq_cols // 2,
         k_steps_d=td // 16, k_steps_m=bm // 16, k_steps_n=bn // 16, query_stage_bytes=query_stage_bytes,
         panel_cols=panel.cols, panel_row_bytes=panel.row_bytes, panel_row_shift=panel.row_shift,
@@ -296,8 +309,8 @@ def tensor_maps(spec: WgmmaBackwardSpec) -> tuple[TensorMapSpec, ...]:
 
 def regions(spec: WgmmaBackwardSpec) -> list[Region]:
     """Q and dO of QUERY_STAGES query blocks (TMA writes them), K and V of the block's keys (cp.async),
-    dS^T of QUERY_STAGES steps (all swizzled panels), two steps' row statistics and the stages'
-    mbarriers."""
+    dS^T of QUERY_STAGES steps (and P^T, where warpgroups share the keys; all swizzled panels), two
+    steps' row statistics and the stages' mbarriers."""
     ctype = ELEMENT_TYPES[spec.dtype][0]
     panel = panel_swizzle(spec)
     d, dv, bm, bn = tile_dim(spec), tile_dim_v(spec), spec.tile.block_m, spec.tile.block_n
@@ -314,6 +327,9 @@ def regions(spec: WgmmaBackwardSpec) -> list[Region]:
             *(swizzled_tile(f"ds{s or ''}", bn, bm, panel, ctype, f"dS^T of the block's keys x the query block, for "
                             f"dQ (stage {s}: a warpgroup may write the next step's while the other's dQ still reads "
                             f"this one)") for s in range(QUERY_STAGES)),
+            *(swizzled_tile(f"p{s or ''}", bn, bm, panel, ctype, f"P^T of the block's keys x the query block, for "
+                            f"dV (stage {s}: each column group stores its queries' share)")
+              for s in range(QUERY_STAGES) if column_groups(spec) > 1),
             Region("stats", 2, 2 * bm, "float", 4, 2 * bm * 4, per="per stage: the query block's LSE x log2(e) "
                    "(+inf: a row that adds nothing), then its rowsum(dO * O)"),
             barrier_region("bars", QUERY_STAGES, "per stage: its Q and dO tiles have landed (TMA transactions)"),
@@ -352,9 +368,11 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 if f.dq_by_rows else f"dQ[:, {f.dq_cols}w:] = dS K (wgmma SS, MN-major, N {f.dq_cols})")
     owns = ("warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, S^T, dP^T in wgmma accumulators)"
             if f.column_groups == 1 else
-            f"the warpgroups share the block's 64 keys: each computes their S^T and dP^T (wgmma accumulators), "
-            f"warpgroup w holds dK and dV of columns [{f.dkv_cols}w, {f.dkv_cols}w + {f.dkv_cols}) and stores its "
-            f"share of dS^T's k16 steps")
+            f"the warpgroups share the block's 64 keys: warpgroup w computes S^T and dP^T of queries "
+            f"[{f.s_cols}w, {f.s_cols}w + {f.s_cols}) of the query block (wgmma accumulators) and stores its P^T and "
+            f"dS^T, and holds dK and dV of columns [{f.dkv_cols}w, {f.dkv_cols}w + {f.dkv_cols})")
+    step_tiles = ("dS^T to the step's own dS^T tile" if f.column_groups == 1 else
+                  "dS^T and P^T to the step's own tiles")
     roles = (f"{w} warpgroup(s): all copy K and V (cp.async), thread 0 issues the Q and dO copies (TMA); {owns} and "
              f"{dq_share}{padded}{own_v}",)
     schedule = ("main kernel, grid (key blocks, kv_heads, batch), 1 block per SM:",
@@ -367,19 +385,22 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 "    each of the first 2 block_m threads loads its LSE or delta of the next step (a register); every "
                 "thread waits for this step's Q, dO (the stage's mbarrier); a varlen sequence's last query block: its "
                 "rows past the sequence become zeros (stores, fence.proxy.async, __syncthreads)",
-                f"    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N {bm}); wait S^T: P^T = exp2(m(S^T) scale_log2 - "
+                f"    issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N {f.s_cols}); wait S^T: P^T = exp2(m(S^T) scale_log2 - "
                 "LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' "
                 "(softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)",
-                "    dS^T to the step's own dS^T tile (swizzled; a tile per stage, since the other warpgroup may "
+                f"    {step_tiles} (swizzled; a tile per stage, since the other warpgroup may "
                 "still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; "
                 "__syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the "
                 "next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is "
                 "complete)",
-                f"    issue {dq_issue}, then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N "
-                f"{'head_dim' if f.column_groups == 1 else f.dkv_cols}); wait for dQ",
+                f"    issue {dq_issue}, then dV += P^T dO, dK += dS^T Q behind it "
+                + ("(wgmma RS, N head_dim)" if f.column_groups == 1 else
+                   f"(wgmma SS from the P^T and dS^T tiles, N {f.dkv_cols})") + "; wait for dQ",
                 "    each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while "
                 "dV and dK run; wait for them",
-                "    (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; "
+                "    (deterministic instead: " + ("dV and dK issued before the __syncthreads, dQ after it"
+                                                   if f.column_groups == 1 else "all three issued after the __syncthreads")
+                + ", wait for all three; "
                 "__syncthreads; dQ staged in register order in this step's Q and dO tiles; "
                 "fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each "
                 "warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; "
@@ -428,11 +449,12 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
 
 def explain(plan) -> list[str]:
     f = plan.fragments
+    dkv = "RS" if f.column_groups == 1 else "SS from the P^T and dS^T tiles"
     return [f"accumulators per thread: dK, dV {f.d_regs} each, S^T, dP^T {f.s_regs} each, dQ {f.dq_regs}; "
-            f"P^T and dS^T as {f.k_steps_m} A fragments each",
-            f"wgmma per query block per warpgroup: {f.k_steps_d} x m64n{plan.block_m}k16 (S^T, SS) + {f.k_steps_d} "
-            f"(dP^T, SS) + {f.k_steps_m} x m64n{f.dkv_cols}k16 (dV, RS) + {f.k_steps_m} (dK, RS) + {f.k_steps_n} x "
-            f"m64n{f.dq_cols}k16 (dQ, SS, MN-major)",
+            f"P^T and dS^T as {f.s_cols // 16} A fragments each",
+            f"wgmma per query block per warpgroup: {f.k_steps_d} x m64n{f.s_cols}k16 (S^T, SS) + {f.k_steps_d} "
+            f"(dP^T, SS) + {f.k_steps_m} x m64n{f.dkv_cols}k16 (dV, {dkv}) + {f.k_steps_m} (dK, {dkv}) + "
+            f"{f.k_steps_n} x m64n{f.dq_cols}k16 (dQ, SS, MN-major)",
             f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}); K-major K, V, Q, dO for "
             f"S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels {f.panel_cols} columns wide",
             f"dQ: each warpgroup adds {64 if f.dq_by_rows else plan.block_m} x {f.dq_cols} fp32 per query block, "
