@@ -1,7 +1,8 @@
 """GPU tests of the Hopper backward's group-split path (GQA/MQA: a KV head's query heads spread over
 blocks, dK and dV added into fp32 sums, then kv_convert): dq, dk and dv against SDPA's fp32 autograd
 under FlashAttention's gradient rule (2x the error of torch in the inputs' dtype, plus the rounding
-floor), at groups 2, 4, 8 and MQA (8/1, 32/1), causal and not, d64 and d128, odd sequence lengths
+floor), at groups 2, 4, 8 and MQA (8/1, 32/1), causal and not, d64, d128 and d256 (warpgroups sharing
+the keys, each holding half the columns), odd sequence lengths
 (Sq != Sk both ways), fp16 and bf16, every split count of a group; the window, softcap and ALiBi
 members through verify's backward case; the routing (which calls split,
 which keep the unsplit path) and deterministic mode. The splits add dK and dV in any order, so those
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = {(d, dtype): ROOT / "specs" / f"h100_bwd_d{d}_wgmma{'' if dtype == 'float16' else '_bf16'}.yaml"
-         for d in (64, 128) for dtype in ("float16", "bfloat16")}
+         for d in (64, 128, 256) for dtype in ("float16", "bfloat16")}
 # (batch, heads, kv_heads, seqlen_q, seqlen_k): groups 2, 4, 8 and MQA 8/1, 32/1; lengths that are no
 # multiple of any tile, Sq < Sk and Sq > Sk
 SHAPES = [(2, 4, 2, 257, 257), (1, 8, 2, 300, 191), (1, 16, 2, 211, 333), (2, 8, 1, 129, 200), (1, 32, 1, 157, 203)]
@@ -77,7 +78,7 @@ def check(torch, got, ref, low, dtype, what):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_group_split_gradients(shape, causal, d, dtype):
     """Every split count of the group (1: the unsplit path) passes the rule; the default call splits
@@ -127,7 +128,7 @@ def test_group_split_layouts_and_repeat_calls(layout):
         assert (a.float() - b.float()).abs().max().item() <= 2e-2 * b.float().abs().max().item()
 
 
-MEMBERS = [ROOT / "specs" / f"h100_bwd_d{d}_wgmma_{m}.yaml" for d in (64, 128)
+MEMBERS = [ROOT / "specs" / f"h100_bwd_d{d}_wgmma_{m}.yaml" for d in (64, 128, 256)
            for m in ("window", "softcap", "alibi", "softcap_alibi", "window_softcap")]
 
 
