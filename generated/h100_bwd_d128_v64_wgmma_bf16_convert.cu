@@ -30,7 +30,7 @@
 //   block: 128 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroup(s) of 64 keys
 //   accumulators per thread: dK, dV 64 each, S^T, dP^T 32 each, dQ 32; P^T and dS^T as 4 A fragments each
-//   wgmma per query block per warpgroup: 8 x m64n64k16 (S^T, SS) + 8 (dP^T, SS) + 4 x m64n128k16 (dV, RS) + 4 (dK, RS) + 8 x m64n64k16 (dQ, SS, MN-major)
+//   wgmma per query block per warpgroup: 8 x m64n64k16 (S^T, SS) + 8 (dP^T, SS) + 4 x m64n64k16 (dV, RS) + 4 x m64n128k16 (dK, RS) + 8 x m64n64k16 (dQ, SS, MN-major)
 //   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
 //   dQ: each warpgroup adds 64 x 64 fp32 per query block, 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros

@@ -31,9 +31,9 @@
 //
 //   block: 64 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroups sharing 64 keys, 128 columns of dK and dV each
-//   accumulators per thread: dK, dV 64 each, S^T, dP^T 16 each, dQ 64; P^T and dS^T as 2 A fragments each
-//   wgmma per query block per warpgroup: 16 x m64n32k16 (S^T, SS) + 16 (dP^T, SS) + 4 x m64n128k16 (dV, SS from the P^T and dS^T tiles) + 4 (dK, SS from the P^T and dS^T tiles) + 4 x m64n128k16 (dQ, SS, MN-major)
-//   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
+//   accumulators per thread: dK, dV 64 each, S^T, dP^T 16 each, dQ 64; P^T and dS^T stored to their tiles (2 k16 steps each)
+//   wgmma per query block per warpgroup: 16 x m64n32k16 (S^T, SS) + 16 (dP^T, SS) + 4 x m64n128k16 (dV, SS from the P^T tile) + 4 (dK, SS from the dS^T tile) + 4 x m64n128k16 (dQ, SS, MN-major)
+//   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; K-major P^T and dS^T tiles with MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
 //   dQ: each warpgroup adds 64 x 128 fp32 per query block, 64 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros
 //   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued at this one's block barrier (after its dS^T is written)
@@ -47,8 +47,8 @@
 //     do1       98304   32768   32.00  256x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dO tile of a query block (stage 1); 4 panel(s) of 64 rows x 64
 //     k0       131072   32768   32.00  256x64 __nv_bfloat16    128  128B: chunk ^= row % 8       K tile of the block's keys, loaded once; 4 panel(s) of 64 rows x 64
 //     v0       163840   32768   32.00  256x64 __nv_bfloat16    128  128B: chunk ^= row % 8       V tile of the block's keys, loaded once; 4 panel(s) of 64 rows x 64
-//     ds       196608    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
-//     ds1      204800    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
+//     ds       196608    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ and dK (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
+//     ds1      204800    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ and dK (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
 //     p        212992    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       P^T of the block's keys x the query block, for dV (stage 0: each column group stores its queries' share); 1 panel(s) of 64 rows x 64
 //     p1       221184    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       P^T of the block's keys x the query block, for dV (stage 1: each column group stores its queries' share); 1 panel(s) of 64 rows x 64
 //     stats    229376    1024    1.00  2x128 float         512  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)

@@ -28,9 +28,9 @@
 //
 //   block: 64 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroups sharing 64 keys, 128 columns of dK and dV each
-//   accumulators per thread: dK, dV 64 each, S^T, dP^T 16 each, dQ 64; P^T and dS^T as 2 A fragments each
-//   wgmma per query block per warpgroup: 16 x m64n32k16 (S^T, SS) + 16 (dP^T, SS) + 4 x m64n128k16 (dV, SS from the P^T and dS^T tiles) + 4 (dK, SS from the P^T and dS^T tiles) + 4 x m64n128k16 (dQ, SS, MN-major)
-//   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
+//   accumulators per thread: dK, dV 64 each, S^T, dP^T 16 each, dQ 64; P^T and dS^T stored to their tiles (2 k16 steps each)
+//   wgmma per query block per warpgroup: 16 x m64n32k16 (S^T, SS) + 16 (dP^T, SS) + 4 x m64n128k16 (dV, SS from the P^T tile) + 4 (dK, SS from the dS^T tile) + 4 x m64n128k16 (dQ, SS, MN-major)
+//   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; K-major P^T and dS^T tiles with MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
 //   dQ: each warpgroup adds 64 x 128 fp32 per query block, 64 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros
 //   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued at this one's block barrier (after its dS^T is written)
@@ -45,8 +45,8 @@
 //     do1       98304   32768   32.00  256x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dO tile of a query block (stage 1); 4 panel(s) of 64 rows x 64
 //     k0       131072   32768   32.00  256x64 __nv_bfloat16    128  128B: chunk ^= row % 8       K tile of the block's keys, loaded once; 4 panel(s) of 64 rows x 64
 //     v0       163840   32768   32.00  256x64 __nv_bfloat16    128  128B: chunk ^= row % 8       V tile of the block's keys, loaded once; 4 panel(s) of 64 rows x 64
-//     ds       196608    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
-//     ds1      204800    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
+//     ds       196608    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ and dK (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
+//     ds1      204800    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ and dK (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64
 //     p        212992    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       P^T of the block's keys x the query block, for dV (stage 0: each column group stores its queries' share); 1 panel(s) of 64 rows x 64
 //     p1       221184    8192    8.00  64x64 __nv_bfloat16    128  128B: chunk ^= row % 8       P^T of the block's keys x the query block, for dV (stage 1: each column group stores its queries' share); 1 panel(s) of 64 rows x 64
 //     stats    229376    1024    1.00  2x128 float         512  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
@@ -148,8 +148,8 @@ constexpr int kSmem_q = 0;  // Q tile of a query block (stage 0); 4 panel(s) of 
 constexpr int kSmem_do = 32768;  // dO tile of a query block (stage 0); 4 panel(s) of 64 rows x 64: 256x64 __nv_bfloat16, 32768 B
 constexpr int kSmem_k0 = 131072;  // K tile of the block's keys, loaded once; 4 panel(s) of 64 rows x 64: 256x64 __nv_bfloat16, 32768 B
 constexpr int kSmem_v0 = 163840;  // V tile of the block's keys, loaded once; 4 panel(s) of 64 rows x 64: 256x64 __nv_bfloat16, 32768 B
-constexpr int kSmem_ds = 196608;  // dS^T of the block's keys x the query block, for dQ (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
-constexpr int kSmem_ds1 = 204800;  // dS^T of the block's keys x the query block, for dQ (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
+constexpr int kSmem_ds = 196608;  // dS^T of the block's keys x the query block, for dQ and dK (stage 0: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
+constexpr int kSmem_ds1 = 204800;  // dS^T of the block's keys x the query block, for dQ and dK (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
 constexpr int kSmem_p = 212992;  // P^T of the block's keys x the query block, for dV (stage 0: each column group stores its queries' share); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
 constexpr int kSmem_p1 = 221184;  // P^T of the block's keys x the query block, for dV (stage 1: each column group stores its queries' share); 1 panel(s) of 64 rows x 64: 64x64 __nv_bfloat16, 8192 B
 constexpr int kSmem_stats = 229376;  // per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O): 2x128 float, 1024 B
@@ -666,14 +666,14 @@ __device__ __forceinline__ void a_fragments(uint32_t (&a)[kKStepsS][4], const fl
 
 // The warp's P^T or dS^T fragments into the step's tile [key][query] (panelled like the others:
 // conflict-free 4-byte stores), at the warpgroup's queries; key_row0 is the warp's first row of it.
-__device__ __forceinline__ void store_ds(uint32_t sDS, const uint32_t (&a)[kKStepsS][4], int key_row0, int lane) {
+__device__ __forceinline__ void store_tile(uint32_t sTile, const uint32_t (&a)[kKStepsS][4], int key_row0, int lane) {
     const int kc0 = kKStepsS * column_group();   // the warpgroup's first k16 step of the tile's queries
 #pragma unroll
     for (int kc = 0; kc < kKStepsS; ++kc)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = key_row0 + lane / 4 + 8 * (i % 2);
-            const uint32_t at = sDS + panel_offset<kBlockN>(row, 2 * (kc0 + kc) + i / 2) + 4 * (lane % 4);
+            const uint32_t at = sTile + panel_offset<kBlockN>(row, 2 * (kc0 + kc) + i / 2) + 4 * (lane % 4);
             asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(at), "r"(a[kc][i]) : "memory");
         }
 }
@@ -879,7 +879,7 @@ __device__ __forceinline__ void zero_rows_past_end(uint32_t smem_addr, int stage
 // before it: the buffer's last readers finished before the previous step's barrier) and where its Q
 // and dO copies start (issue_next, after it: every wgmma of the previous step, the stage's last
 // readers, has completed). No barrier at the top of a step: a warpgroup goes on to the next step's
-// S^T and dP^T while the other still adds this step's dQ, which is why dS^T has a tile per stage.
+// S^T and dP^T while the other still adds this step's dQ, which is why dS^T (and P^T) has a tile per stage.
 template <Mask kMask, bool kDeterministic, bool kVarlen, class PublishNext, class IssueNext>
 __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDRegs], unsigned char* smem,
                                             uint32_t smem_addr, const QueryStep& st, int stage, int n0, int tid,
@@ -926,9 +926,9 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     }
     uint32_t da[kKStepsS][4];
     a_fragments(da, dp);
-    store_ds(sDS, da, key0 + 16 * (warp % 4), lane);
+    store_tile(sDS, da, key0 + 16 * (warp % 4), lane);
     float dq[kDqRegs];
-    store_ds(sP, pa, key0 + 16 * (warp % 4), lane);   // dV reads every column group's P^T: after the barrier
+    store_tile(sP, pa, key0 + 16 * (warp % 4), lane);   // dV reads every column group's P^T: after the barrier
     publish_next();
     fence_proxy_async_shared();   // the dS^T and P^T stores, before the other warpgroup's wgmma reads them
     __syncthreads();              // dS^T and P^T of every warpgroup is in the tile
@@ -936,7 +936,8 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     wgmma_fence();
     issue_dq(dq, sDS, sK, kDqByRows ? kDqRows * warpgroup : 0, kDqByRows ? 0 : kDqCols * warpgroup);
     // dV and dK queue behind dQ, so that dQ's adds leave while they run; deterministic mode waits for
-    // all three (it stages dQ in this step's Q and dO tiles, which dV and dK read).
+    // all three before it stages dQ (in this step's Q and dO tiles, which dV and dK read, unless the
+    // spec stages it in a region of its own).
     issue_add_by_queries(dv, sP, sDO);
     issue_add_by_queries(dk, sDS, sQ);
     wgmma_commit();
@@ -944,7 +945,7 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     else wgmma_wait<0>();
     fence_registers(dq);
     add_dq<kMask, kDeterministic>(dq, sQ, st, n0, tid, seq, p);
-    wgmma_wait<0>();   // dV and dK: the fragments and this stage's tiles are read
+    wgmma_wait<0>();   // dV and dK: this stage's tiles are read
     fence_registers(dk);
     fence_registers(dv);
 }

@@ -295,7 +295,8 @@ def test_wgmma_warpgroups_sharing_64_keys_split_dk_and_dv_by_columns():
     assert "mn_major_desc<kBlockM>(sY, col0, kc)" in main and "const int col0 = kDkvCols * column_group();" in main
     assert "k_major_desc<kBlockM>(sY, kSQueries * column_group(), kk)" in main and "wgmma_ss_m64n32(" in main
     assert "wgmma_ss_m64n128_kmn(acc, k_major_desc<kBlockN>(sA, 0, kc)" in main and "wgmma_rs_m64n" not in main
-    assert "store_ds(sP, pa, " in main and "kSQueries * column_group() + acc_col(v, lane)" in main
+    assert "store_tile(sP, pa, " in main and "store_tile(sDS, da, " in main
+    assert "kSQueries * column_group() + acc_col(v, lane)" in main
     assert "chunk = chunk0 + c % kWarpChunks" in main
     d128 = render_spec_file(WGMMA_D128).parts[0].source
     assert "kDkvCols" not in d128 and "kSmem_p" not in d128 and "wgmma_rs_m64n128(" in d128

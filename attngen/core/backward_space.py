@@ -77,7 +77,7 @@ def key_sharing_axis(base) -> Axis:
         data["warps"] = {"compute": data["warps"]["compute"] * share}
     return Axis("key_sharing", with_base(KEY_SHARING, read(base)), read, write,
                 lambda v: "" if v == 1 else f"s{v}",
-                lambda v: "1" if v == 1 else f"{v} (dK, dV split by columns)")
+                lambda v: "1" if v == 1 else f"{v} (dK, dV split by columns; S^T, dP^T by queries)")
 
 
 def wgmma_backward_space(base) -> SearchSpace:

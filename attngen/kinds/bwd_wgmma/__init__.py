@@ -325,8 +325,8 @@ def regions(spec: WgmmaBackwardSpec) -> list[Region]:
             swizzled_tile("k0", bn, d, panel, ctype, "K tile of the block's keys, loaded once"),
             swizzled_tile("v0", bn, dv, panel, ctype, "V tile of the block's keys, loaded once"),
             *(swizzled_tile(f"ds{s or ''}", bn, bm, panel, ctype, f"dS^T of the block's keys x the query block, for "
-                            f"dQ (stage {s}: a warpgroup may write the next step's while the other's dQ still reads "
-                            f"this one)") for s in range(QUERY_STAGES)),
+                            f"{'dQ' if column_groups(spec) == 1 else 'dQ and dK'} (stage {s}: a warpgroup may write "
+                            f"the next step's while the other's dQ still reads this one)") for s in range(QUERY_STAGES)),
             *(swizzled_tile(f"p{s or ''}", bn, bm, panel, ctype, f"P^T of the block's keys x the query block, for "
                             f"dV (stage {s}: each column group stores its queries' share)")
               for s in range(QUERY_STAGES) if column_groups(spec) > 1),
@@ -449,14 +449,19 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
 
 def explain(plan) -> list[str]:
     f = plan.fragments
-    dkv = "RS" if f.column_groups == 1 else "SS from the P^T and dS^T tiles"
+    shared = f.column_groups > 1   # warpgroups share the keys: P^T and dS^T pass through their tiles
+    dv_cols = f.dkv_cols_v or f.dkv_cols
     return [f"accumulators per thread: dK, dV {f.d_regs} each, S^T, dP^T {f.s_regs} each, dQ {f.dq_regs}; "
-            f"P^T and dS^T as {f.s_cols // 16} A fragments each",
+            + (f"P^T and dS^T stored to their tiles ({f.s_cols // 16} k16 steps each)" if shared else
+               f"P^T and dS^T as {f.s_cols // 16} A fragments each"),
             f"wgmma per query block per warpgroup: {f.k_steps_d} x m64n{f.s_cols}k16 (S^T, SS) + {f.k_steps_d} "
-            f"(dP^T, SS) + {f.k_steps_m} x m64n{f.dkv_cols}k16 (dV, {dkv}) + {f.k_steps_m} (dK, {dkv}) + "
+            f"(dP^T, SS) + {f.k_steps_m} x m64n{dv_cols}k16 (dV, {'SS from the P^T tile' if shared else 'RS'}) + "
+            f"{f.k_steps_m}{'' if dv_cols == f.dkv_cols else f' x m64n{f.dkv_cols}k16'} "
+            f"(dK, {'SS from the dS^T tile' if shared else 'RS'}) + "
             f"{f.k_steps_n} x m64n{f.dq_cols}k16 (dQ, SS, MN-major)",
             f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}); K-major K, V, Q, dO for "
-            f"S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels {f.panel_cols} columns wide",
+            f"S^T and dP^T; {'K-major P^T and dS^T tiles with ' if shared else ''}MN-major Q, dO (dK, dV), "
+            f"dS^T and K (dQ), panels {f.panel_cols} columns wide",
             f"dQ: each warpgroup adds {64 if f.dq_by_rows else plan.block_m} x {f.dq_cols} fp32 per query block, "
             f"{f.dq_regs} red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps "
             "each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add "
