@@ -8,7 +8,12 @@ gradients from the unsplit ones (fp32 sums in another order: a few ulps).
 cuDNN: SDPA with enable_gqa=True on the cuDNN backend; where that backend refuses GQA, K and V are
 repeated beforehand (the repeat and the group sum of dK, dV left out of its time: the row says so).
 
-Usage (repository root, GPU machine): python3 docs/measurements/gqa_backward.py [OUT.json]
+Each row also times the forward alone (attngen.attention against SDPA's cuDNN forward), so that a
+training step's gap can be put on its forward or its backward.
+
+Usage (repository root, GPU machine): python3 docs/measurements/gqa_backward.py [OUT.json [SHAPES]]
+SHAPES: comma-separated BxHq/HkvxSxD, a trailing c for causal (e.g. 32x16/4x512x128c,8x16/2x2048x128c);
+default: the shapes below.
 """
 import json
 import statistics
@@ -28,6 +33,17 @@ SHAPES = [(4, 32, 8, 4096, 128, True), (2, 32, 4, 2048, 128, False), (2, 32, 4, 
           (2, 64, 4, 2048, 128, True), (2, 64, 1, 2048, 64, True), (2, 64, 1, 2048, 64, False),
           (2, 71, 1, 2048, 64, True)]
 DTYPE = torch.bfloat16
+
+
+def parse_shapes(text):
+    """'32x16/4x512x128c,...' -> [(batch, heads, kv_heads, seqlen, head_dim, causal), ...]"""
+    shapes = []
+    for cell in filter(None, (c.strip() for c in text.split(","))):
+        causal = cell.endswith("c")
+        b, heads, s, d = cell.rstrip("c").split("x")
+        h, _, hk = heads.partition("/")
+        shapes.append((int(b), int(h), int(hk or h), int(s), int(d), causal))
+    return shapes
 
 
 def med(fn, reps=15):
@@ -64,9 +80,9 @@ def cudnn_backward(q, k, v, dout, causal):
     return None, f"cuDNN refused: {last}"
 
 
-def main(out_path=None):
+def main(out_path=None, shapes=SHAPES):
     rows = []
-    for b, h, hk, s, d, causal in SHAPES:
+    for b, h, hk, s, d, causal in shapes:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, dout = (torch.randn(b, h, s, d, generator=gen, device="cuda", dtype=DTYPE) for _ in range(2))
         k, v = (torch.randn(b, hk, s, d, generator=gen, device="cuda", dtype=DTYPE) for _ in range(2))
@@ -86,6 +102,13 @@ def main(out_path=None):
                 row.setdefault("max_diff_vs_unsplit", {})[splits] = [
                     (a.float() - u.float()).abs().max().item() for a, u in zip(got, unsplit)]
         times["heuristic"] = med(lambda: bwd(q, k, v, o, lse, dout, causal=causal))
+        row["forward_us"] = {"attngen": round(med(lambda: attngen.attention(q, k, v, causal=causal)), 1)}
+        try:
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                row["forward_us"]["cudnn"] = round(med(lambda: F.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal, enable_gqa=True)), 1)
+        except RuntimeError as exc:
+            row["forward_us"]["cudnn_refused"] = str(exc).splitlines()[0]
         cudnn, note = cudnn_backward(q, k, v, dout, causal)
         row["cudnn_note"] = note
         if cudnn is not None:
@@ -99,7 +122,8 @@ def main(out_path=None):
         print(f"{row['shape']:>18} {'causal' if causal else 'full':6} splits: heuristic {row['heuristic_splits']} "
               f"best {best[1]} | " + "  ".join(f"{key}: {t:.0f} us" for key, t in times.items())
               + (f" | heuristic/cudnn {times['cudnn'] / times['heuristic']:.2f}x, unsplit/cudnn "
-                 f"{times['cudnn'] / times[1]:.2f}x" if cudnn else "") + f" ({note})", flush=True)
+                 f"{times['cudnn'] / times[1]:.2f}x" if cudnn else "") + f" ({note}) | forward "
+              + ", ".join(f"{key}: {t}" for key, t in row["forward_us"].items()), flush=True)
         torch.cuda.empty_cache()
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
     if out_path:
@@ -108,4 +132,4 @@ def main(out_path=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    main(sys.argv[1] if len(sys.argv) > 1 else None, parse_shapes(sys.argv[2]) if len(sys.argv) > 2 else SHAPES)
