@@ -999,6 +999,13 @@ __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDRegs], c
 // (d128) of its steps' dQ. The cost is dK's and dV's bit-for-bit repeatability (3 or more splits add
 // in any order): deterministic calls keep the unsplit functions. The sums (batch, kv_heads, seqlen_k,
 // head_dim), dK's then dV's, follow the dQ accumulator in its buffer (zeroed by the call).
+// Accumulators 2i and 2i + 1 are one row's adjacent columns, so each pair goes as one 8-byte
+// reduce-add: a warp's instruction fills whole 32-byte sectors (8 rows x 4 lanes), where one float
+// per lane filled half of each.
+__device__ __forceinline__ void red_add_pair(float* dst, float x, float y) {
+    asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n" :: "l"(dst), "f"(x), "f"(y) : "memory");
+}
+
 __device__ __forceinline__ void add_key_gradients(const float (&dk)[kDRegs], const float (&dv)[kDRegs], int row0,
                                                   int n0, int lane, int batch, int kv_head, const Params& p) {
     const long long sums = static_cast<long long>(gridDim.z) * p.kv_heads * p.seqlen_k * kHeadDim;
@@ -1006,11 +1013,11 @@ __device__ __forceinline__ void add_key_gradients(const float (&dk)[kDRegs], con
                 + (static_cast<long long>(batch) * p.kv_heads + kv_head) * p.seqlen_k * kHeadDim;
     float* gv = gk + sums;
 #pragma unroll
-    for (int v = 0; v < kDRegs; ++v) {
+    for (int v = 0; v < kDRegs; v += 2) {
         const int key = n0 + row0 + acc_row(v, lane), col = kDkvCols * column_group() + acc_col(v, lane);
         if (key < p.seqlen_k) {
-            red_add(gk + static_cast<long long>(key) * kHeadDim + col, dk[v]);
-            red_add(gv + static_cast<long long>(key) * kHeadDim + col, dv[v]);
+            red_add_pair(gk + static_cast<long long>(key) * kHeadDim + col, dk[v], dk[v + 1]);
+            red_add_pair(gv + static_cast<long long>(key) * kHeadDim + col, dv[v], dv[v + 1]);
         }
     }
 }

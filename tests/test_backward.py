@@ -246,8 +246,10 @@ def test_varlen_only_emits_the_varlen_functions_alone():
 def test_wgmma_group_split_functions():
     """group_split (the d64 and d128 families but their varlen member): a group-split main function per mask
     (not deterministic, never varlen) and the convert part's kv_convert, which reads dk's and dv's
-    fields; a spec without it has neither. The split count fills GROUP_SPLIT_WAVES blocks per SM."""
-    from attngen.core.launch_rules import GROUP_SPLIT_WAVES, group_splits, kv_accum_floats
+    fields; a spec without it has neither. The split count aims for GROUP_SPLIT_KEY_ROWS_PER_SM key rows
+    per SM, where the balance it buys outweighs the sums' traffic."""
+    from attngen.core.launch_rules import (GROUP_SPLIT_KEY_ROWS_PER_SM, GROUP_SPLIT_WHOLE_WAVES, group_split_pays,
+                                           group_splits, kv_accum_floats)
     p = make_plan(load_spec(WGMMA_D128))
     main, _, conv = p.parts
     keys = [k for k, _ in main.functions if k.endswith("_group_split")]
@@ -265,16 +267,29 @@ def test_wgmma_group_split_functions():
         assert "dk" not in q.parts[2].reads
     with pytest.raises(SpecError, match="group_split"):
         parse_spec(spec_text(WGMMA_D128_V64) + "group_split: true\n")
-    # 132 SMs, the shapes of docs/measurements/gqa_backward.py (block_n 128) and their best measured
-    # split on the H200: 4x32/8x4096 causal (1024 blocks) unsplit; 2x32/4x2048 causal 4-8, full 1;
-    # 2x64/4x2048 causal 8; 2x64/1x2048 causal 32, full 16 (32: 1.6 % behind); 2x71/1 causal 71
-    assert GROUP_SPLIT_WAVES * 132 == 1056
-    assert group_splits(4, 32, 8, 4, 132) == 1
-    assert group_splits(8, 16, 4, 2, 132) == 8 and group_splits(8, 16, 4, 2, 132, uneven=False) == 1
-    assert group_splits(16, 16, 4, 2, 132) == 8
-    assert group_splits(64, 16, 1, 2, 132) == 32 and group_splits(64, 16, 1, 2, 132, uneven=False) == 32
-    assert group_splits(71, 16, 1, 2, 132) == 71
-    assert group_splits(1, 2, 8, 1, 132) == 1 and group_splits(8, 64, 8, 4, 132) == 1
+    # 132 SMs, the shapes of docs/measurements/gqa_backward.py and their best measured split on the
+    # H200 (docs/backward-h200/group_split_rule/gqa_v2.json; "~": within 1.5 % of the best)
+    tiles = {64: (128, 128), 128: (64, 128), 256: (64, 64)}   # the group-split specs' block_m, block_n
+
+    def pick(batch, heads, kv_heads, seqlen, head_dim, causal=True):
+        block_m, block_n = tiles[head_dim]
+        return group_splits(heads // kv_heads, kv_heads, batch, seqlen, seqlen, 132, block_m=block_m,
+                            block_n=block_n, head_dim=head_dim, uneven=causal)
+    assert GROUP_SPLIT_KEY_ROWS_PER_SM * 132 // 128 == 1056 and GROUP_SPLIT_WHOLE_WAVES * 132 == 792
+    assert pick(4, 32, 8, 4096, 128) == 1                     # 1024 blocks unsplit: best 2 ~ 1
+    assert pick(2, 32, 4, 2048, 128) == 8 and pick(2, 32, 4, 2048, 128, False) == 1   # best 4 ~ 8; 1
+    assert pick(2, 64, 4, 2048, 128) == 8                     # best 16 ~ 8
+    assert pick(8, 16, 4, 2048, 128) == 2 and pick(8, 16, 2, 2048, 128) == 4   # best 2; 8 ~ 4
+    assert pick(32, 16, 2, 512, 128) == 4                     # best 4
+    assert pick(32, 16, 4, 512, 128) == 1                     # best 1: a split of 2 was 18 % slower
+    assert pick(2, 64, 1, 2048, 64) == 32 and pick(2, 64, 1, 2048, 64, False) == 32   # best 32; 8 (32: 2 %)
+    assert pick(2, 71, 1, 2048, 64) == 71
+    assert pick(32, 16, 2, 512, 256) == 4 and pick(8, 16, 2, 2048, 256) == 4   # best 4, 4
+    assert pick(1, 16, 2, 16384, 256) == 4                    # best 4 ~ 2
+    assert pick(8, 16, 4, 2048, 256) == 1 and pick(2, 16, 4, 8192, 256) == 1   # 1024 blocks: 2 was 2 % slower
+    assert pick(2, 16, 16, 2048, 128) == 1 and pick(4, 64, 8, 8192, 128) == 1   # MHA; a grid of 2048 blocks
+    # the guard alone: the cut of a 32-step walk in two (8 steps) against 4 x 64 MiB over 132 SMs
+    assert not group_split_pays(2, 32, 64 << 20, 132) and group_split_pays(4, 64, 64 << 20, 132)
     assert kv_accum_floats(2, 4, 100, 128) == 2 * 2 * 4 * 100 * 128
 
 

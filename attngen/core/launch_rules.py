@@ -238,28 +238,59 @@ GROUP_SPLIT = KeySuffix("_group_split")   # ... of a mask's GQA main function: a
 group_split_key = GROUP_SPLIT.key
 KV_CONVERT = "kv_convert"   # the convert part's function (key) that turns the group-split dK and dV sums into dk, dv
 
-# GQA/MQA backward (a plan with group-split functions): blocks per SM the split count aims for.
-# A block of the unsplit grid walks every query head of its KV head; group_splits() divides that
-# walk over more blocks. Measured on the H200 (132 SMs, bf16, docs/measurements/gqa_backward.py,
-# every split count of 7 shapes): the best split put 512-1024 blocks on the grid where the mask made
-# the walks unequal (causal), and none where the unsplit grid was already a balanced wave (a full
-# mask, 128 blocks: splitting cost 3-9 %); a grid of 1024 blocks was best unsplit.
-GROUP_SPLIT_WAVES = 8
+# GQA/MQA backward (a plan with group-split functions). A block of the unsplit grid walks every query
+# head of its KV head; group_splits() divides that walk over `splits` blocks, whose dK and dV go into
+# fp32 sums (zeroed, `splits` reduce-adds per element, read back by kv_convert).
+#
+# Key rows per SM the split grid aims for: 1024, i.e. 8 blocks of 128 keys (d64, d128) or 16 of 64
+# (d256) per SM. Measured on the H200 (132 SMs, bf16, docs/measurements/gqa_backward.py, every split
+# count of 16 shapes, docs/backward-h200/group_split_rule/): the best causal split put 1024 blocks of
+# 128 keys or 2048 of 64 keys on the grid; a full mask's equal walks were best unsplit once the grid
+# held a block per two SMs.
+GROUP_SPLIT_KEY_ROWS_PER_SM = 1024
+# What a split buys and what it costs, in steps (one query block of one head: about 2^20 multiply-adds
+# a product at every head dim). It buys balance: with uneven walks (causal) the grid ends about half the
+# longest block's walk after its mean, and splitting divides the longest walk (group x query blocks
+# steps) by `splits`. It costs the sums' traffic: zeroing, `splits` reduce-adds, the convert's read,
+# (splits + 2) x 8 B per key row x head_dim x KV head, spread over the SMs. The measured cells put a
+# step's time at about 200 KiB of that traffic per SM: at 32x16/4x512x128 causal the split
+# (gain 8 steps, cost 9.9) was 18 % slower than the unsplit grid, at 32x16/2x512x256 causal
+# (gain 24, cost 15) 16 % faster.
+GROUP_SPLIT_SUM_BYTES_PER_STEP = 200 * 1024
+# Blocks per SM from which an uneven (causal) unsplit grid is left whole: its many walks of every
+# length already even out. Measured: at 1024 blocks (7.8 per SM) the unsplit grid was level with a
+# split of 2 at d128 (4x32/8x4096) and 1.7-2.2 % ahead of it at d256 (8x16/4x2048, 2x16/4x8192,
+# 1x16/4x16384); at 512 blocks (3.9 per SM) a split was ahead wherever the sums paid (above).
+GROUP_SPLIT_WHOLE_WAVES = 6
 
 
-def group_splits(group: int, key_blocks: int, kv_heads: int, batch: int, sm_count: int, *,
-                 uneven: bool = True) -> int:
+def group_splits(group: int, kv_heads: int, batch: int, seqlen_q: int, seqlen_k: int, sm_count: int, *,
+                 block_m: int, block_n: int, head_dim: int, uneven: bool = True) -> int:
     """How many blocks share each (key block, KV head, batch)'s query heads: the divisor of the group
-    (query heads per KV head) whose grid comes nearest GROUP_SPLIT_WAVES blocks per SM (by ratio; the
-    smaller on a tie). `uneven`: the mask makes blocks' walks differ (causal, a window); without it
-    a grid of at least one block per two SMs is left whole, its blocks' equal walks already
-    balanced. 1 (the unsplit grid, no dK/dV sums) for MHA."""
-    blocks = key_blocks * kv_heads * batch
-    if group == 1 or (not uneven and 2 * blocks >= sm_count):
+    (query heads per KV head) whose grid comes nearest GROUP_SPLIT_KEY_ROWS_PER_SM key rows per SM (by
+    ratio; the smaller on a tie), kept only where the balance it buys outweighs the sums' traffic
+    (group_split_pays). `uneven`: the mask makes blocks' walks differ (causal, a window); such a grid of
+    GROUP_SPLIT_WHOLE_WAVES blocks per SM, or without it a grid of one block per two SMs, is left whole,
+    its walks already balanced. 1 (the unsplit grid, no dK/dV sums) for MHA."""
+    blocks = -(-seqlen_k // block_n) * kv_heads * batch
+    if group == 1 or blocks >= (GROUP_SPLIT_WHOLE_WAVES * sm_count if uneven else sm_count / 2):
         return 1
-    target = GROUP_SPLIT_WAVES * sm_count
-    return min((s for s in range(1, group + 1) if group % s == 0),
-               key=lambda s: abs(math.log(blocks * s / target)))
+    target = GROUP_SPLIT_KEY_ROWS_PER_SM * sm_count / block_n
+    splits = min((s for s in range(1, group + 1) if group % s == 0),
+                 key=lambda s: abs(math.log(blocks * s / target)))
+    if uneven and not group_split_pays(splits, group * -(-seqlen_q // block_m),
+                                       kv_accum_floats(batch, kv_heads, seqlen_k, head_dim) * 4, sm_count):
+        return 1
+    return splits
+
+
+def group_split_pays(splits: int, longest_walk: int, sum_bytes: int, sm_count: int) -> bool:
+    """Whether splitting uneven walks `splits` ways gains more steps than the sums cost: the grid's end
+    moves by half the longest walk's cut, longest_walk / 2 x (1 - 1 / splits); the sums' traffic,
+    (splits + 2) x sum_bytes over the SMs, costs a step per GROUP_SPLIT_SUM_BYTES_PER_STEP."""
+    gain = longest_walk / 2 * (1 - 1 / splits)
+    cost = (splits + 2) * sum_bytes / sm_count / GROUP_SPLIT_SUM_BYTES_PER_STEP
+    return gain > cost
 
 
 def kv_accum_floats(batch: int, kv_heads: int, seqlen_k: int, head_dim: int) -> int:

@@ -128,8 +128,8 @@ class BackwardKernel(Kernel):
         info = self._device(index)
         plan = self.plan
         key_blocks = -(-seqlen_k // plan.block_n)
-        splits = self._group_splits(group_splits, mask, deterministic, heads // kv_heads, key_blocks, kv_heads, batch,
-                                    info.sm_count)
+        splits = self._group_splits(group_splits, mask, deterministic, heads // kv_heads, kv_heads, batch, seqlen_q,
+                                    seqlen_k, info.sm_count)
         rows = accum_rows(self.plan, seqlen_q)
         scratch = scratch_layout(batch * heads * rows * plan.head_dim,
                                  kv_accum_floats(batch, kv_heads, seqlen_k, plan.head_dim) if splits > 1 else 0,
@@ -167,13 +167,15 @@ class BackwardKernel(Kernel):
         self._run(prepared, pointers + maps)
         return dq, dk, dv
 
-    def _group_splits(self, given, mask: str, deterministic: bool, group: int, key_blocks: int, kv_heads: int,
-                      batch: int, sm_count: int) -> int:
+    def _group_splits(self, given, mask: str, deterministic: bool, group: int, kv_heads: int, batch: int,
+                      seqlen_q: int, seqlen_k: int, sm_count: int) -> int:
         """The call's split count: the caller's (checked), or group_splits' choice where the spec has a
         group-split function for the mask and the call is GQA/MQA and not deterministic; else 1."""
         available = group > 1 and not deterministic and group_split_key(mask) in self.entry
         if given is None:
-            return group_splits(group, key_blocks, kv_heads, batch, sm_count, uneven=mask != "none") \
+            plan = self.plan
+            return group_splits(group, kv_heads, batch, seqlen_q, seqlen_k, sm_count, block_m=plan.block_m,
+                                block_n=plan.block_n, head_dim=plan.head_dim, uneven=mask != "none") \
                 if available else 1
         if isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < 1 or group % given:
             raise ValueError(f"group_splits must be a positive divisor of heads / kv_heads = {group} (got {given!r})")
