@@ -248,8 +248,8 @@ def test_wgmma_group_split_functions():
     (not deterministic, never varlen) and the convert part's kv_convert, which reads dk's and dv's
     fields; a spec without it has neither. The split count aims for GROUP_SPLIT_KEY_ROWS_PER_SM key rows
     per SM, where the balance it buys outweighs the sums' traffic."""
-    from attngen.core.launch_rules import (GROUP_SPLIT_KEY_ROWS_PER_SM, GROUP_SPLIT_WHOLE_WAVES, group_split_pays,
-                                           group_splits, kv_accum_floats)
+    from attngen.core.launch_rules import (GROUP_SPLIT_KEY_ROWS_PER_SM, GROUP_SPLIT_MIN_WAVES, GROUP_SPLIT_WHOLE_WAVES,
+                                           group_split_pays, group_splits, kv_accum_floats)
     p = make_plan(load_spec(WGMMA_D128))
     main, _, conv = p.parts
     keys = [k for k, _ in main.functions if k.endswith("_group_split")]
@@ -276,6 +276,7 @@ def test_wgmma_group_split_functions():
         return group_splits(heads // kv_heads, kv_heads, batch, seqlen, seqlen, 132, block_m=block_m,
                             block_n=block_n, head_dim=head_dim, uneven=causal)
     assert GROUP_SPLIT_KEY_ROWS_PER_SM * 132 // 128 == 1056 and GROUP_SPLIT_WHOLE_WAVES * 132 == 792
+    assert GROUP_SPLIT_MIN_WAVES * 132 == 528
     assert pick(4, 32, 8, 4096, 128) == 1                     # 1024 blocks unsplit: best 2 ~ 1
     assert pick(2, 32, 4, 2048, 128) == 8 and pick(2, 32, 4, 2048, 128, False) == 1   # best 4 ~ 8; 1
     assert pick(2, 64, 4, 2048, 128) == 8                     # best 16 ~ 8
@@ -284,6 +285,9 @@ def test_wgmma_group_split_functions():
     assert pick(32, 16, 4, 512, 128) == 1                     # best 1: a split of 2 was 18 % slower
     assert pick(2, 64, 1, 2048, 64) == 32 and pick(2, 64, 1, 2048, 64, False) == 32   # best 32; 8 (32: 2 %)
     assert pick(2, 71, 1, 2048, 64) == 71
+    assert pick(2, 16, 8, 1024, 128) == 1 and pick(2, 16, 8, 1024, 256) == 1   # best 1: 128 blocks to 256, 256 to 512
+    assert pick(2, 8, 2, 190, 128) == 4 and pick(1, 16, 1, 190, 128) == 16   # a few blocks: within one wave
+    assert pick(2, 32, 2, 1024, 128) == 16 and pick(2, 16, 2, 1024, 64) == 8   # 32 blocks: split past one wave
     assert pick(32, 16, 2, 512, 256) == 4 and pick(8, 16, 2, 2048, 256) == 4   # best 4, 4
     assert pick(1, 16, 2, 16384, 256) == 4                    # best 4 ~ 2
     assert pick(8, 16, 4, 2048, 256) == 1 and pick(2, 16, 4, 8192, 256) == 1   # 1024 blocks: 2 was 2 % slower

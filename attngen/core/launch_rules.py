@@ -262,6 +262,13 @@ GROUP_SPLIT_SUM_BYTES_PER_STEP = 200 * 1024
 # split of 2 at d128 (4x32/8x4096) and 1.7-2.2 % ahead of it at d256 (8x16/4x2048, 2x16/4x8192,
 # 1x16/4x16384); at 512 blocks (3.9 per SM) a split was ahead wherever the sums paid (above).
 GROUP_SPLIT_WHOLE_WAVES = 6
+# Blocks per SM a split must reach where the unsplit grid already has a block on most SMs (3/4 or
+# more) and the split takes it past one wave: the split adds the sums and a tail of its own.
+# Measured (Gemma 3's global layers, 2x16/8x1024 causal, group 2): d128, 128 blocks split in 2 to 256,
+# 148 µs unsplit against 173; d256, 256 blocks to 512 (3.9 per SM), 252 against 277. The splits of
+# such grids that paid reached 7.8 per SM (2x32/4x2048x128 causal: 128 blocks to 1024). A grid
+# of few blocks (a short sequence, or Qwen3's 2x32/2x1024: 32 blocks) still splits.
+GROUP_SPLIT_MIN_WAVES = 4
 
 
 def group_splits(group: int, kv_heads: int, batch: int, seqlen_q: int, seqlen_k: int, sm_count: int, *,
@@ -269,15 +276,18 @@ def group_splits(group: int, kv_heads: int, batch: int, seqlen_q: int, seqlen_k:
     """How many blocks share each (key block, KV head, batch)'s query heads: the divisor of the group
     (query heads per KV head) whose grid comes nearest GROUP_SPLIT_KEY_ROWS_PER_SM key rows per SM (by
     ratio; the smaller on a tie), kept only where the balance it buys outweighs the sums' traffic
-    (group_split_pays). `uneven`: the mask makes blocks' walks differ (causal, a window); such a grid of
-    GROUP_SPLIT_WHOLE_WAVES blocks per SM, or without it a grid of one block per two SMs, is left whole,
-    its walks already balanced. 1 (the unsplit grid, no dK/dV sums) for MHA."""
+    (group_split_pays) and, where the unsplit grid has a block on 3/4 of the SMs, only if it reaches
+    GROUP_SPLIT_MIN_WAVES blocks per SM or stays within one wave. `uneven`: the mask makes blocks' walks differ (causal, a
+    window); such a grid of GROUP_SPLIT_WHOLE_WAVES blocks per SM, or without it a grid of one block per
+    two SMs, is left whole, its walks already balanced. 1 (the unsplit grid, no dK/dV sums) for MHA."""
     blocks = -(-seqlen_k // block_n) * kv_heads * batch
     if group == 1 or blocks >= (GROUP_SPLIT_WHOLE_WAVES * sm_count if uneven else sm_count / 2):
         return 1
     target = GROUP_SPLIT_KEY_ROWS_PER_SM * sm_count / block_n
     splits = min((s for s in range(1, group + 1) if group % s == 0),
                  key=lambda s: abs(math.log(blocks * s / target)))
+    if 4 * blocks >= 3 * sm_count and sm_count < blocks * splits < GROUP_SPLIT_MIN_WAVES * sm_count:
+        return 1
     if uneven and not group_split_pays(splits, group * -(-seqlen_q // block_m),
                                        kv_accum_floats(batch, kv_heads, seqlen_k, head_dim) * 4, sm_count):
         return 1
