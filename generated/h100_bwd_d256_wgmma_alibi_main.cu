@@ -1017,13 +1017,14 @@ __device__ __forceinline__ void store_key_gradients(const float (&dk)[kDRegs], c
 // kv_convert turns the sums into dk (x scale) and dv. Why sums by reduce-add rather than a partial
 // per split and a sum kernel: partials are written and read back, splits x 2 x B x Hkv x Sk x D fp32
 // each way; the sums, 2 x B x Hkv x Sk x D fp32, are zeroed, take `splits` reduce-adds per element
-// in the L2 (no thread waits for them) and are read once. A block's adds are those of 2 (d64) to 4
-// (d128) of its steps' dQ. The cost is dK's and dV's bit-for-bit repeatability (3 or more splits add
+// in the L2 (no thread waits for them) and are read once. A block's adds are as many bytes as 2 to 4
+// of its steps' dQ adds, in half as many instructions (pairs, below). The cost is dK's and dV's bit-for-bit repeatability (3 or more splits add
 // in any order): deterministic calls keep the unsplit functions. The sums (batch, kv_heads, seqlen_k,
 // head_dim), dK's then dV's, follow the dQ accumulator in its buffer (zeroed by the call).
 // Accumulators 2i and 2i + 1 are one row's adjacent columns, so each pair goes as one 8-byte
 // reduce-add: a warp's instruction fills whole 32-byte sectors (8 rows x 4 lanes), where one float
 // per lane filled half of each.
+static_assert(kDRegs % 2 == 0, "add_key_gradients adds accumulators in pairs");
 __device__ __forceinline__ void red_add_pair(float* dst, float x, float y) {
     asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n" :: "l"(dst), "f"(x), "f"(y) : "memory");
 }

@@ -248,45 +248,54 @@ KV_CONVERT = "kv_convert"   # the convert part's function (key) that turns the g
 # 128 keys or 2048 of 64 keys on the grid; a full mask's equal walks were best unsplit once the grid
 # held a block per two SMs.
 GROUP_SPLIT_KEY_ROWS_PER_SM = 1024
-# What a split buys and what it costs, in steps (one query block of one head: about 2^20 multiply-adds
-# a product at every head dim). It buys balance: with uneven walks (causal) the grid ends about half the
-# longest block's walk after its mean, and splitting divides the longest walk (group x query blocks
-# steps) by `splits`. It costs the sums' traffic: zeroing, `splits` reduce-adds, the convert's read,
-# (splits + 2) x 8 B per key row x head_dim x KV head, spread over the SMs. The measured cells put a
-# step's time at about 200 KiB of that traffic per SM: at 32x16/4x512x128 causal the split
-# (gain 8 steps, cost 9.9) was 18 % slower than the unsplit grid, at 32x16/2x512x256 causal
-# (gain 24, cost 15) 16 % faster.
+# What a split buys and what it costs, in steps. A step is one query block of one head against the
+# block's keys: 2^20 multiply-adds a product in the cells measured (block_m x block_n x head_dim =
+# 64 x 128 x 128, 128 x 128 x 64 or 64 x 64 x 256). The d64 members with 64-row query blocks count
+# twice the steps, each half the size, so their gain is overstated (unmeasured).
+# - The gain is balance. With uneven walks (causal), the grid ends about half the longest block's
+#   walk after its mean, and splitting divides the longest walk (group x query blocks steps) by
+#   `splits`.
+# - The cost is the sums' traffic: zeroing, `splits` reduce-adds, the convert's read. That is
+#   (splits + 2) x 8 B per key row x head_dim x KV head, spread over the SMs.
+# The measured cells put a step's time at about 200 KiB of that traffic per SM. At 32x16/4x512x128
+# causal the split (gain 8 steps, cost 9.9) was 18 % slower than the unsplit grid; at 32x16/2x512x256
+# causal (gain 24, cost 15) it was 16 % faster.
 GROUP_SPLIT_SUM_BYTES_PER_STEP = 200 * 1024
 # Blocks per SM from which an uneven (causal) unsplit grid is left whole: its many walks of every
 # length already even out. Measured: at 1024 blocks (7.8 per SM) the unsplit grid was level with a
 # split of 2 at d128 (4x32/8x4096) and 1.7-2.2 % ahead of it at d256 (8x16/4x2048, 2x16/4x8192,
 # 1x16/4x16384); at 512 blocks (3.9 per SM) a split was ahead wherever the sums paid (above).
 GROUP_SPLIT_WHOLE_WAVES = 6
-# Blocks per SM a split must reach where the unsplit grid already has a block on most SMs (3/4 or
-# more) and the split takes it past one wave: the split adds the sums and a tail of its own.
-# Measured (Gemma 3's global layers, 2x16/8x1024 causal, group 2): d128, 128 blocks split in 2 to 256,
-# 148 µs unsplit against 173; d256, 256 blocks to 512 (3.9 per SM), 252 against 277. The splits of
-# such grids that paid reached 7.8 per SM (2x32/4x2048x128 causal: 128 blocks to 1024). A grid
-# of few blocks (a short sequence, or Qwen3's 2x32/2x1024: 32 blocks) still splits.
+# Blocks per SM a split must reach where the unsplit grid already has a block on GROUP_SPLIT_MOST_SMS
+# of the SMs and the split takes it past one wave: such a split adds the sums and a tail of its own,
+# which group_split_pays does not see. Measured (docs/backward-h200/group_split_rule/gqa_gemma.json,
+# gqa_zoo_shapes.json): Gemma 3's global layers (2x16/8x1024 causal, group 2) at d128, 128 blocks split
+# in 2 to 256, 148 µs unsplit against 173; at d256, 256 blocks to 512 (3.9 per SM), 252 against 277;
+# Llama 3 8B's (2x32/8x1024x128 causal, 128 blocks) 221 unsplit, 274 split in 2, 232 in 4 (512 blocks).
+# Where such a grid gained, the rule's target split reached 7.8 per SM (2x32/4x2048x128 causal: 128
+# blocks to 1024, 542 µs against 698 unsplit; 4, at 3.9 per SM, was level at 540 but is not the
+# target's pick). A grid of few blocks (a short sequence, or Qwen3's 2x32/2x1024: 32 blocks) still splits.
 GROUP_SPLIT_MIN_WAVES = 4
+GROUP_SPLIT_MOST_SMS = 0.75
 
 
 def group_splits(group: int, kv_heads: int, batch: int, seqlen_q: int, seqlen_k: int, sm_count: int, *,
                  block_m: int, block_n: int, head_dim: int, uneven: bool = True) -> int:
     """How many blocks share each (key block, KV head, batch)'s query heads: the divisor of the group
     (query heads per KV head) whose grid comes nearest GROUP_SPLIT_KEY_ROWS_PER_SM key rows per SM (by
-    ratio; the smaller on a tie), kept only where the balance it buys outweighs the sums' traffic
-    (group_split_pays) and, where the unsplit grid has a block on 3/4 of the SMs, only if it reaches
-    GROUP_SPLIT_MIN_WAVES blocks per SM or stays within one wave. `uneven`: the mask makes blocks' walks differ (causal, a
-    window); such a grid of GROUP_SPLIT_WHOLE_WAVES blocks per SM, or without it a grid of one block per
-    two SMs, is left whole, its walks already balanced. 1 (the unsplit grid, no dK/dV sums) for MHA."""
+    ratio; the smaller on a tie), with two checks. Where the unsplit grid has a block on
+    GROUP_SPLIT_MOST_SMS of the SMs, the split must reach GROUP_SPLIT_MIN_WAVES blocks per SM or stay
+    within one wave. With `uneven` walks (the mask makes them differ: causal, a window), the balance it
+    buys must outweigh the sums' traffic (group_split_pays). An uneven grid of GROUP_SPLIT_WHOLE_WAVES
+    blocks per SM, or an even one of a block per two SMs, is left whole, its walks already balanced.
+    1 (the unsplit grid, no dK/dV sums) for MHA and for a grid of no blocks."""
     blocks = -(-seqlen_k // block_n) * kv_heads * batch
-    if group == 1 or blocks >= (GROUP_SPLIT_WHOLE_WAVES * sm_count if uneven else sm_count / 2):
+    if group == 1 or blocks == 0 or blocks >= (GROUP_SPLIT_WHOLE_WAVES * sm_count if uneven else sm_count / 2):
         return 1
     target = GROUP_SPLIT_KEY_ROWS_PER_SM * sm_count / block_n
     splits = min((s for s in range(1, group + 1) if group % s == 0),
                  key=lambda s: abs(math.log(blocks * s / target)))
-    if 4 * blocks >= 3 * sm_count and sm_count < blocks * splits < GROUP_SPLIT_MIN_WAVES * sm_count:
+    if blocks >= GROUP_SPLIT_MOST_SMS * sm_count and sm_count < blocks * splits < GROUP_SPLIT_MIN_WAVES * sm_count:
         return 1
     if uneven and not group_split_pays(splits, group * -(-seqlen_q // block_m),
                                        kv_accum_floats(batch, kv_heads, seqlen_k, head_dim) * 4, sm_count):
