@@ -46,3 +46,13 @@ def test_bench_train_refuses_bad_options_before_the_gpu(args, words):
     run = CliRunner().invoke(main, ["bench", *args])
     assert run.exit_code == 2, run.output
     assert words in run.output and "Traceback" not in run.output
+
+
+def test_the_gpu_sleep_covers_the_host_time_of_the_queued_calls():
+    """time_calls queues its calls behind a GPU sleep; a call whose host time times the count would
+    outlast the least sleep gets a longer one (twice that host time), up to about 2 s."""
+    from attngen.eval.bench.timing import SLEEP_CYCLES, SLEEP_CYCLES_MOST, sleep_cycles
+    assert sleep_cycles(20e-6, 30) == SLEEP_CYCLES                    # a forward call: the least sleep covers it
+    assert sleep_cycles(600e-6, 30) == int(600e-6 * 30 * 2 * 2e9)     # a training step: 36 ms of sleep
+    assert sleep_cycles(600e-6, 30) > 2 * 600e-6 * 30 * 1.98e9        # still twice the host time at 1.98 GHz
+    assert sleep_cycles(0.5, 1000) == SLEEP_CYCLES_MOST

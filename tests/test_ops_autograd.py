@@ -215,7 +215,8 @@ def test_prepared_step_binds_forward_and_backward(monkeypatch):
             assert tuple(out.shape) == tuple(q.shape) and tuple(lse.shape) == tuple(q.shape[:-1])
             return "backward Params"
 
-        def run_prepared(self, prepared, q, k, v, out, lse, dout):
+        def run_prepared(self, prepared, q, k, v, out, lse, dout, return_delta=False):
+            assert not return_delta
             ran.append(("prepared backward", prepared))
             return reference_gradients(dout, q, k, v, True)
 
@@ -226,8 +227,8 @@ def test_prepared_step_binds_forward_and_backward(monkeypatch):
         return _sdpa(q, k, v, causal, scale, layout)
 
     def full_backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None,
-                      alibi_slopes=None, deterministic=False):
-        assert (causal, alignment, scale, layout, deterministic) == options
+                      alibi_slopes=None, deterministic=False, return_delta=False):
+        assert (causal, alignment, scale, layout, deterministic) == options and not return_delta
         assert (window, softcap, alibi_slopes) == (None, None, None)
         ran.append("full backward")
         return reference_gradients(dout, q, k, v, causal)
@@ -296,7 +297,8 @@ def test_prepared_variant_step_binds_its_variants(monkeypatch):
                                  window=(64, 0), softcap=30.0, alibi_slopes=slopes)
             return "backward Params"
 
-        def run_prepared(self, prepared, q, k, v, out, lse, dout):
+        def run_prepared(self, prepared, q, k, v, out, lse, dout, return_delta=False):
+            assert not return_delta
             ran.append(("prepared backward", prepared))
             return reference_gradients(dout, q, k, v)
 
@@ -309,8 +311,8 @@ def test_prepared_variant_step_binds_its_variants(monkeypatch):
         return _sdpa(q, k, v, causal, scale, layout)
 
     def full_backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None,
-                      alibi_slopes=None, deterministic=False):
-        assert (window, softcap) == variants and torch.equal(alibi_slopes, slopes)
+                      alibi_slopes=None, deterministic=False, return_delta=False):
+        assert (window, softcap) == variants and torch.equal(alibi_slopes, slopes) and not return_delta
         ran.append("full backward")
         return reference_gradients(dout, q, k, v)
 
@@ -321,12 +323,12 @@ def test_prepared_variant_step_binds_its_variants(monkeypatch):
     q, k, v = (torch.randn(2, 3, 24, 16, requires_grad=True) for _ in range(3))
     dout = torch.randn(2, 3, 24, 16)
     for _ in range(3):
-        o, _ = library._apply_prepared_variant_train(step, q, k, v, slopes)
+        o, _ = library._apply_prepared_variant_train(step, q, k, v, slopes, None)
         for got, expected in zip(torch.autograd.grad(o, (q, k, v), dout), reference_gradients(dout, q, k, v)):
             assert torch.allclose(got, expected, atol=1e-5)
     assert ran == ["full forward", "full backward"] + [("prepared forward", "forward Params"),
                                                        ("prepared backward", "backward Params")] * 2
-    o, _ = library._apply_prepared_variant_train(step, q, k, v, slopes)
+    o, _ = library._apply_prepared_variant_train(step, q, k, v, slopes, None)
     slopes.add_(1.0)     # the forward used the old slopes: autograd refuses the backward
     with pytest.raises(RuntimeError, match="inplace"):
         torch.autograd.grad(o, (q, k, v), dout)
@@ -335,6 +337,89 @@ def test_prepared_variant_step_binds_its_variants(monkeypatch):
     assert len(keys) == 2
     assert library._keyable_variants((64, 0), 30.0) and library._keyable_variants(None, 50)
     assert not library._keyable_variants((64.0, 0), None) and not library._keyable_variants(None, True)
+
+
+def _sdpa_sinks(q, k, v, sinks):
+    """Causal softmax over [scores, sink] with the sink's column dropped before P.V: (o, lse)."""
+    s = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    joined = torch.cat([s, sinks.float().reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)], dim=-1)
+    o = torch.softmax(joined, -1)[..., :-1] @ v.float()
+    return o.to(q.dtype), torch.logsumexp(joined, -1)
+
+
+def test_prepared_step_trains_learned_sinks_from_the_backwards_delta(monkeypatch):
+    """A training call with learned sinks through its _PreparedStep, on CPU stand-ins: the sinks come
+    with each call (the forward's prepared call is keyed by their address), the backward kernel needs
+    nothing of them and, asked for it only when the sinks need a gradient, hands back its delta
+    (rowsum(dO * O)), from which the sinks' gradient is the written-out softmax's; sinks that need none
+    get none and the backward is not asked for delta."""
+    from attngen.ops import library
+    from attngen.runtime.calls.shared import call_key, variant_key
+    ran = []
+    options = (True, None, None, "bhsd", False)
+    sinks = torch.randn(3) * 2
+
+    def reference(q, k, v, s, dout):
+        leaves = [x.detach().float().requires_grad_() for x in (q, k, v, s)]
+        with torch.enable_grad():
+            _sdpa_sinks(*leaves)[0].backward(dout.float())
+        return tuple(x.grad for x in leaves)
+
+    class ForwardKernel:
+        def prepared(self, key):
+            assert key == call_key(q, k, v, True, None, None, True, "bhsd", variant_key(None, None, None, sinks=s))
+            return "forward Params"
+
+        def run_prepared(self, prepared, q, k, v, return_lse):
+            ran.append("prepared forward")
+            return _sdpa_sinks(q, k, v, s)     # the kernel reads the sinks at the address its Params hold
+
+    def gradients(q, k, v, out, lse, dout, return_delta):
+        grads = reference(q, k, v, s, dout)[:3]
+        return grads + ((dout.float() * out.float()).sum(-1),) if return_delta else grads
+
+    class BackwardKernel:
+        def prepared_call(self, q, k, v, out, lse, dout, **given):
+            assert given == dict(zip(("causal", "alignment", "scale", "layout", "deterministic"), options),
+                                 window=None, softcap=None, alibi_slopes=None)
+            return "backward Params"
+
+        def run_prepared(self, prepared, q, k, v, out, lse, dout, return_delta=False):
+            ran.append(("prepared backward", return_delta))
+            return gradients(q, k, v, out, lse, dout, return_delta)
+
+    def full_forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
+                             sinks=None):
+        assert sinks is s and (window, softcap, alibi_slopes) == (None, None, None)
+        ran.append("full forward")
+        library._VARIANT[library._variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes,
+                                                     sinks)] = ForwardKernel()
+        return _sdpa_sinks(q, k, v, sinks)
+
+    def full_backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None,
+                      alibi_slopes=None, deterministic=False, return_delta=False):
+        ran.append(("full backward", return_delta))
+        return gradients(q, k, v, out, lse, dout, return_delta)
+
+    monkeypatch.setattr(library, "forward_variant", full_forward_variant)
+    monkeypatch.setattr(library, "backward", full_backward)
+    monkeypatch.setattr(library, "_VARIANT", {})
+    step = library._PreparedStep(BackwardKernel(), options, True, (None, None))
+    q, k, v = (torch.randn(2, 3, 24, 16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 3, 24, 16)
+    for s in (sinks.clone().requires_grad_(),) * 3:
+        o, lse = library._apply_prepared_variant_train(step, q, k, v, None, s)
+        assert torch.allclose(lse, _sdpa_sinks(q, k, v, s)[1], atol=1e-5) and not lse.requires_grad
+        got = torch.autograd.grad(o, (q, k, v, s), dout)
+        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, reference(q, k, v, s, dout)):
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4), name
+    assert ran == ["full forward", ("full backward", True)] + ["prepared forward", ("prepared backward", True)] * 2
+    ran.clear()
+    s = s.detach()      # the same address: the same prepared calls; no gradient of its own, no delta
+    o, _ = library._apply_prepared_variant_train(step, q, k, v, None, s)
+    torch.autograd.grad(o, (q, k, v), dout)
+    assert ran == ["prepared forward", ("prepared backward", False)]
 
 
 def test_variant_call_off_the_gpu_takes_the_variant_op(monkeypatch):

@@ -13,8 +13,8 @@ they go through the torch ops attngen::attention, ... (library.py), which trace 
 break. attention() on tensors that need gradients goes through attngen::attention_train (with
 variants, attngen::attention_variant_train), attention_varlen() through
 attngen::attention_varlen_train when traced, and eagerly through the same forward and backward as
-a torch.autograd.Function (library.train; attention() without variants: library.train_attention,
-both directions prepared once per shape); their backward runs the dispatch table's backward spec. Decode is
+a torch.autograd.Function (library.train; attention(): library.train_attention, both directions
+prepared once per shape); their backward runs the dispatch table's backward spec. Decode is
 forward only: a call on tensors that need gradients is refused rather than returning an output
 autograd cannot differentiate. A head dim the table serves no kernel of runs at the smallest served
 head dim above it, q, k and v zero-padded (library._pad; docs/dispatch.md).
@@ -65,16 +65,13 @@ def attention(q, k, v, *, causal: bool = False, alignment: str | None = None, sc
         if grad() and (q.requires_grad or k.requires_grad or v.requires_grad or
                        (sinks is not None and sinks.requires_grad)):
             # as below, through the differentiable variant op
-            args = (q, k, v, causal, alignment, scale, layout, None if window is None else list(window), softcap,
-                    alibi_slopes, deterministic) + (() if sinks is None else (sinks,))
             if compiling():
-                o, lse = ops.attention_variant_train(*args)
-            elif sinks is None:   # prepared once per shape, as below
+                o, lse = ops.attention_variant_train(q, k, v, causal, alignment, scale, layout,
+                                                     None if window is None else list(window), softcap, alibi_slopes,
+                                                     deterministic, *(() if sinks is None else (sinks,)))
+            else:   # prepared once per shape, as below
                 o, lse = library.train_attention(q, k, v, causal, alignment, scale, layout, deterministic, window,
-                                                 softcap, alibi_slopes)
-            else:
-                library.backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
-                o, lse = library.train("attention_variant", *args)
+                                                 softcap, alibi_slopes, sinks)
             return (o, lse) if return_lse else o
         if compiling():
             o, lse = ops.attention_variant(q, k, v, causal, alignment, scale, layout,

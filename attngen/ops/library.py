@@ -9,8 +9,8 @@ attngen::attention_backward runs the table's backward spec), attngen::attention_
 attngen::attention_varlen_train the same for attngen::attention_variant and attngen::attention_varlen;
 traced calls on tensors that need gradients take them, the others the plain ops, whose host time an
 autograd registration would raise (measured: docs/performance.md, "Backward"). Eager calls on GPU
-tensors that need gradients take train() (attention() without variants: train_attention, prepared once
-per shape): the same forward and backward as a torch.autograd.Function, without the dispatcher's round
+tensors that need gradients take train() (attention(): train_attention, prepared once per shape, but
+for sinks joined after the kernel): the same forward and backward as a torch.autograd.Function, without the dispatcher's round
 trips. The decode ops are forward only.
 
 Importing this module registers the ops (it needs torch)."""
@@ -224,6 +224,14 @@ def sink_gradient(dout, out, lse, sinks, layout):
     return -(weight * rows).sum(dim=(0, 2))
 
 
+def sink_gradient_from_delta(delta, lse, sinks):
+    """sink_gradient from the backward's delta (rowsum(dO * O) of every row, fp32 (B, H, S) like lse,
+    the preprocess kernel's): the same sum, without a pass of its own over dO and O. The LSE holds the
+    sink, so sink - LSE <= 0 and the weights are at most 1."""
+    weight = torch.sub(sinks.reshape(1, -1, 1), lse).exp_()
+    return weight.mul_(delta).sum(dim=(0, 2)).neg_()
+
+
 def varlen_sink_gradient(dout, out, lse, sinks):
     """sink_gradient for varlen tensors: dout and out (total_q, H, Dv), lse (H, total_q)."""
     rows = (dout.float() * out.float()).sum(-1).t()         # (H, total_q)
@@ -412,23 +420,25 @@ def backward_kernel(q, k, v, causal, layout, window=None, softcap=None, alibi_sl
 
 
 def backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, window=None, softcap=None, alibi_slopes=None,
-             deterministic=False):
+             deterministic=False, return_delta=False):
     """The gradients (dq, dk, dv) of attention(q, k, v) at dout through the table's backward spec
     (with the forward call's variants). dout comes from autograd in any strides (a sum's is
-    expanded, stride 0): copied when the kernel cannot read it in place."""
+    expanded, stride 0): copied when the kernel cannot read it in place. return_delta: (dq, dk, dv,
+    delta), delta = rowsum(dO * O) per query row, fp32 like lse (sink_gradient_from_delta)."""
     d = q.shape[-1]
     pad = DISPATCH.padded_dims("backward", q.get_device(), q.dtype, d, v.shape[-1], call_mask(causal, window),
                                call_scores(softcap, alibi_slopes)) if q.get_device() >= 0 else None
     if pad:
         grads = backward(_pad(dout, pad[1]), _pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), _pad(out, pad[1]), lse,
-                         causal, alignment, _scale(scale, d), layout, window, softcap, alibi_slopes, deterministic)
-        return _cut_gradients(grads, d, v.shape[-1])
+                         causal, alignment, _scale(scale, d), layout, window, softcap, alibi_slopes, deterministic,
+                         return_delta)   # the padded columns are zeros in O and dO: the same delta
+        return _cut_gradients(grads[:3], d, v.shape[-1]) + tuple(grads[3:])
     kernel = backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
     if not _vector_ready(dout):
         dout = dout.contiguous()
     return kernel(q, k, v, out, lse, dout, causal=causal, alignment=alignment, scale=scale, layout=layout,
                   window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
-                  deterministic=deterministic)
+                  deterministic=deterministic, return_delta=return_delta)
 
 
 def varlen_backward_mask(q, k, v, causal, window, softcap, alibi_slopes):
@@ -1106,7 +1116,8 @@ torch.library.register_autograd("attngen::attention_varlen_variant_train", _atte
 # dispatcher redispatches twice: a training step's host time was 1.4-1.6x this path's (552-643 against
 # 350-446 CPU µs, H200 host, docs/backward-h200/train_step_host.py; docs/performance.md, "Backward"). torch.compile
 # traces the ops (attention() takes them while compiling), and tensors off the GPU take them too.
-# attention() without variants takes _PreparedTrain instead: this path, prepared once per shape.
+# attention() takes _PreparedTrain and _PreparedVariantTrain instead, prepared once per shape; its calls
+# whose sinks are joined after the kernel (join_sinks) take this path.
 _EAGER = {   # call -> (forward, save, gradients, backward)
     "attention_variant": (attention_variant_train_cuda, _attention_variant_setup, _attention_variant_gradients,
                           attention_variant_backward_cuda),
@@ -1157,8 +1168,9 @@ class _PreparedStep:
     laid out for. What a prepared call cannot take (a pointer off 16 bytes, a dout in other strides: a
     sum's gradient is expanded) takes the full call, as the first step did. Head dims padded to a served
     one (the kernels see padded copies) always take the full calls. `variants`: a call's window (a
-    tuple) and softcap, or None for a call without variants; its ALiBi slopes come with each call (the
-    step's key holds their address, which the prepared calls read them at; the step keeps no tensor)."""
+    tuple) and softcap, or None for a call without variants; its ALiBi slopes and learned sinks come
+    with each call (the step's key holds their addresses, which the prepared calls read them at; the
+    step keeps no tensor)."""
 
     __slots__ = ("forward_kernel", "forward_prepared", "gradient_kernel", "gradient_prepared", "dout_stride",
                  "options", "prepares", "variants")
@@ -1170,7 +1182,7 @@ class _PreparedStep:
         self.prepares = prepares   # the kernels take the call's own tensors (no padding)
         self.variants = variants
 
-    def outputs(self, q, k, v, alibi_slopes=None):
+    def outputs(self, q, k, v, alibi_slopes=None, sinks=None):
         """(o, lse): the prepared forward, or the full one (remembering its prepared call)."""
         if self.forward_prepared is not None:
             result = self.forward_kernel.run_prepared(self.forward_prepared, q, k, v, True)
@@ -1182,38 +1194,39 @@ class _PreparedStep:
             hit = _PREPARED.get(call_key(q, k, v, causal, alignment, scale, True, layout)) if self.prepares else None
         else:
             window, softcap = self.variants
-            result = forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes)
-            hit = self._variant_forward(q, k, v, alibi_slopes) if self.prepares else None
+            result = forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes,
+                                     sinks)
+            hit = self._variant_forward(q, k, v, alibi_slopes, sinks) if self.prepares else None
         if hit is not None and self.forward_prepared is None:
             self.forward_kernel, self.forward_prepared = hit
         return result
 
-    def _variant_forward(self, q, k, v, alibi_slopes):
+    def _variant_forward(self, q, k, v, alibi_slopes, sinks):
         """(kernel, prepared call) of the variant forward just made, or None (sinks joined apart, a padded
         call: no kernel of the call's own tensors)."""
         causal, alignment, scale, layout, _ = self.options
         window, softcap = self.variants
-        kernel = _VARIANT.get(_variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, None))
+        kernel = _VARIANT.get(_variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks))
         if kernel is None or kernel is _SINKS_APART:
             return None
         prepared = kernel.prepared(call_key(q, k, v, causal, alignment, scale, True, layout,
-                                            variant_key(window, softcap, alibi_slopes)))
+                                            variant_key(window, softcap, alibi_slopes, sinks=sinks)))
         return None if prepared is None else (kernel, prepared)
 
-    def gradients(self, dout, q, k, v, o, lse, hooked: bool = False, alibi_slopes=None):
+    def gradients(self, dout, q, k, v, o, lse, hooked: bool = False, alibi_slopes=None, return_delta=False):
         """(dq, dk, dv): the prepared backward, or the full one (remembering its prepared call when it
         read dout in place). `hooked`: saved-tensor hooks were active when the forward saved q, k, v, o
         and lse, so these may be other tensors than those (torch.autograd.graph.save_on_cpu gives
         contiguous copies; checkpointing recomputes them), in layouts the prepared call was not made
-        for: the full call checks them."""
+        for: the full call checks them. return_delta: (dq, dk, dv, delta) (the backward's)."""
         if dout.stride() == self.dout_stride and not hooked:
-            result = self.gradient_kernel.run_prepared(self.gradient_prepared, q, k, v, o, lse, dout)
+            result = self.gradient_kernel.run_prepared(self.gradient_prepared, q, k, v, o, lse, dout, return_delta)
             if result is not None:
                 return result
         causal, alignment, scale, layout, deterministic = self.options
         window, softcap = self.variants or (None, None)
         result = backward(dout, q, k, v, o, lse, causal, alignment, scale, layout, window, softcap, alibi_slopes,
-                          deterministic=deterministic)
+                          deterministic=deterministic, return_delta=return_delta)
         if self.prepares and self.dout_stride is None and not hooked and _vector_ready(dout):
             variants = {} if self.variants is None else {"window": window, "softcap": softcap,
                                                          "alibi_slopes": alibi_slopes}
@@ -1247,6 +1260,8 @@ class _PreparedTrain(torch.autograd.Function):
         output = step.outputs(q, k, v)
         _attention_setup(ctx, (q, k, v, *step.options), output)
         ctx.step, ctx.hooked = step, _saved_tensor_hooks_active()
+        # the LSE takes no gradient: autograd would otherwise make a tensor of zeros for it each step
+        ctx.set_materialize_grads(False)
         return output
 
     @staticmethod
@@ -1255,21 +1270,26 @@ class _PreparedTrain(torch.autograd.Function):
 
 
 class _PreparedVariantTrain(torch.autograd.Function):
-    """_PreparedTrain for a call with a window, softcap or ALiBi slopes: the slopes are saved with the
-    tensors (autograd then refuses a backward after they changed in place, as for the op)."""
+    """_PreparedTrain for a call with a window, softcap, ALiBi slopes or learned sinks: the slopes and
+    sinks are saved with the tensors (autograd then refuses a backward after they changed in place, as
+    for the op). The sinks' gradient comes from the backward's delta (sink_gradient_from_delta)."""
 
     @staticmethod
-    def forward(ctx, step, q, k, v, alibi_slopes):
-        o, lse = output = step.outputs(q, k, v, alibi_slopes)
-        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
+    def forward(ctx, step, q, k, v, alibi_slopes, sinks):
+        o, lse = output = step.outputs(q, k, v, alibi_slopes, sinks)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, sinks)
         ctx.mark_non_differentiable(lse)
         ctx.step, ctx.hooked = step, _saved_tensor_hooks_active()
+        ctx.set_materialize_grads(False)   # as _PreparedTrain's
         return output
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
-        q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
-        return (None, *ctx.step.gradients(grad_o, q, k, v, o, lse, ctx.hooked, alibi_slopes), None)
+        q, k, v, o, lse, alibi_slopes, sinks = ctx.saved_tensors
+        if sinks is None or not ctx.needs_input_grad[5]:
+            return (None, *ctx.step.gradients(grad_o, q, k, v, o, lse, ctx.hooked, alibi_slopes), None, None)
+        dq, dk, dv, delta = ctx.step.gradients(grad_o, q, k, v, o, lse, ctx.hooked, alibi_slopes, True)
+        return None, dq, dk, dv, None, sink_gradient_from_delta(delta, lse, sinks)
 
 
 # torch.autograd.Function.apply is a Python wrapper whose work (binding defaults, unwrapping dead
@@ -1280,16 +1300,20 @@ _apply_prepared_variant_train = super(torch.autograd.Function, _PreparedVariantT
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
+_JOINED = object()   # a _TRAIN entry that says: the sinks are joined after the kernel (join_sinks), take train()
+
+
 def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, window=None, softcap=None,
-                    alibi_slopes=None):
-    """attention()'s eager call on tensors that need gradients: (o, lse), differentiable in q, k and v;
-    with a window, softcap or ALiBi slopes (no sinks: library.train takes those) the variant call.
+                    alibi_slopes=None, sinks=None):
+    """attention()'s eager call on tensors that need gradients: (o, lse), differentiable in q, k and v
+    (and learned sinks that need one); with a window, softcap, ALiBi slopes or sinks the variant call.
     A new shape first makes sure a backward spec serves it (NotImplementedError before the forward
-    runs); tensors off the GPU take the op (train). Arguments no key can hold (a list for scale) get
-    a step of their own, whose full calls say what is wrong."""
-    plain = window is None and softcap is None and alibi_slopes is None
+    runs); tensors off the GPU take the op (train), and so do sinks that no kernel of the call's other
+    modifiers takes (joined after it: train refuses their gradient). Arguments no key can hold (a list
+    for scale) get a step of their own, whose full calls say what is wrong."""
+    plain = window is None and softcap is None and alibi_slopes is None and sinks is None
     try:
-        variants = () if plain else variant_key(window, softcap, alibi_slopes)
+        variants = () if plain else variant_key(window, softcap, alibi_slopes, sinks=sinks)
         key = call_key(q, k, v, causal, alignment, scale, deterministic, layout, variants)
         if not (plain or _keyable_variants(window, softcap)):
             key = None     # keys would equate it with a checked call: full calls, which check it
@@ -1298,11 +1322,13 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
         key = step = None
     if step is None:
         kernel = backward_kernel(q, k, v, causal, layout, window, softcap, alibi_slopes)
-        if not q.is_cuda:
+        if not q.is_cuda or (sinks is not None and _sinks_joined(q, v, causal, window, softcap, alibi_slopes)):
             if plain:
                 return train("attention", q, k, v, causal, alignment, scale, layout, deterministic)
-            return train("attention_variant", q, k, v, causal, alignment, scale, layout,
-                         None if window is None else list(window), softcap, alibi_slopes, deterministic)
+            if q.is_cuda and key is not None:
+                _TRAIN[key] = _JOINED
+            return _train_variant_op(q, k, v, causal, alignment, scale, layout, deterministic, window, softcap,
+                                     alibi_slopes, sinks)
         step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic), key is not None and (
             kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]),
             None if plain else (None if window is None else tuple(window), softcap))
@@ -1310,13 +1336,30 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
             if len(_TRAIN) >= 4096:
                 _TRAIN.clear()
             _TRAIN[key] = step
+    elif step is _JOINED:
+        return _train_variant_op(q, k, v, causal, alignment, scale, layout, deterministic, window, softcap,
+                                 alibi_slopes, sinks)
     if plain:
         if _functorch_active():
             return _PreparedTrain.apply(step, q, k, v)
         return _apply_prepared_train(step, q, k, v)
     if _functorch_active():
-        return _PreparedVariantTrain.apply(step, q, k, v, alibi_slopes)
-    return _apply_prepared_variant_train(step, q, k, v, alibi_slopes)
+        return _PreparedVariantTrain.apply(step, q, k, v, alibi_slopes, sinks)
+    return _apply_prepared_variant_train(step, q, k, v, alibi_slopes, sinks)
+
+
+def _sinks_joined(q, v, causal, window, softcap, alibi_slopes) -> bool:
+    """Whether the table joins learned sinks after the kernel of the call's other modifiers (no kernel
+    has them all): the forward's choice (forward_variant)."""
+    mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, True)
+    return DISPATCH.sinks_apart("forward", q.get_device(), q.dtype, q.shape[-1], v.shape[-1], mask, scores)
+
+
+def _train_variant_op(q, k, v, causal, alignment, scale, layout, deterministic, window, softcap, alibi_slopes, sinks):
+    """train() of the variant op's inputs (its forward and backward calls, not prepared)."""
+    return train("attention_variant", q, k, v, causal, alignment, scale, layout,
+                 None if window is None else list(window), softcap, alibi_slopes, deterministic,
+                 *(() if sinks is None else (sinks,)))
 
 
 def _keyable_variants(window, softcap) -> bool:

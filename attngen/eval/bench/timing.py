@@ -4,17 +4,35 @@ from __future__ import annotations
 
 import statistics
 
-SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU sleep: enough for the host to enqueue every timed call
+SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU sleep, the least: enough for the host to enqueue most timed calls
+SLEEP_CYCLES_PER_SECOND = 2e9       # the H200's boost clock, about; a lower clock only sleeps longer
+SLEEP_MARGIN = 2.0                  # the sleep covers twice the host time the queued calls are expected to take
+SLEEP_CYCLES_MOST = 4_000_000_000   # ~2 s
+
+
+def sleep_cycles(host_seconds: float, reps: int) -> int:
+    """The GPU sleep that time_calls queues its calls behind: long enough for the host to queue `reps`
+    calls of `host_seconds` each (with SLEEP_MARGIN), so each call's events time the GPU alone. A
+    sleep that ends first lets the host's time between calls into the events: a training step with
+    300 us of Python per call, 30 calls, timed its host and not its kernels behind 10 ms."""
+    wanted = host_seconds * reps * SLEEP_MARGIN * SLEEP_CYCLES_PER_SECOND
+    return int(min(max(SLEEP_CYCLES, wanted), SLEEP_CYCLES_MOST))
 
 
 def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, float]:
-    """Median and relative p10-p90 spread (percent) of fn(*set) in microseconds."""
+    """Median and relative p10-p90 spread (percent) of fn(*set) in microseconds: GPU time, the calls
+    queued behind a GPU sleep that covers their host time (sleep_cycles, from one call's)."""
+    import time
     for i in range(warmup):
         fn(*sets[i % len(sets)])
     torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn(*sets[0])                     # one call's host time, the GPU idle (nothing to wait behind)
+    host = time.perf_counter() - started
+    torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    torch.cuda._sleep(SLEEP_CYCLES)  # the host queues every call below while the GPU sleeps
+    torch.cuda._sleep(sleep_cycles(host, reps))  # the host queues every call below while the GPU sleeps
     for i in range(reps):
         starts[i].record()
         fn(*sets[i % len(sets)])

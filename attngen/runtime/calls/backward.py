@@ -69,7 +69,7 @@ class BackwardKernel(Kernel):
     def __call__(self, q, k, v, out, lse, dout, *, causal: bool = False, alignment: str | None = None,
                  scale: float | None = None, layout: str = "bhsd", dq=None, dk=None, dv=None, window=None,
                  softcap: float | None = None, alibi_slopes=None, params: dict | None = None,
-                 deterministic: bool = False, group_splits: int | None = None):
+                 deterministic: bool = False, group_splits: int | None = None, return_delta: bool = False):
         """The gradients (dq, dk, dv) of attention at q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D).
 
         out: the forward's output, shaped like q; lse: its natural-log LSE, contiguous fp32 (B, Hq, Sq)
@@ -84,6 +84,8 @@ class BackwardKernel(Kernel):
         group_splits: GQA/MQA on a spec with group-split functions, how many blocks share each key
         block's query heads (a divisor of heads / kv_heads; default: chosen from the shape, see the
         module's text; 1: the unsplit path). The split count of the last call is `last_group_splits`.
+        return_delta: also return delta, rowsum(dO * O) of every query row, fp32 like lse (B, Hq, Sq):
+        the preprocess kernel's, which a learned sink's gradient reads; (dq, dk, dv, delta).
         """
         key = None
         if dq is None and dk is None and dv is None:
@@ -96,7 +98,7 @@ class BackwardKernel(Kernel):
             except (AttributeError, TypeError):
                 key = prepared = None
             if prepared is not None:
-                result = self.run_prepared(prepared, q, k, v, out, lse, dout)
+                result = self.run_prepared(prepared, q, k, v, out, lse, dout, return_delta)
                 if result is not None:
                     return result
         index, qs, ks, vs = self._padded_inputs(layout, ("q", "k", "v"), q, k, v)
@@ -124,6 +126,8 @@ class BackwardKernel(Kernel):
             # No query sees a key: every gradient is zero (FlashAttention's answer for empty inputs).
             for g in (dq, dk, dv):
                 g.zero_()
+            if return_delta:   # O is zeros where no query sees a key
+                return dq, dk, dv, self._torch.zeros_like(lse)
             return dq, dk, dv
         info = self._device(index)
         plan = self.plan
@@ -135,7 +139,7 @@ class BackwardKernel(Kernel):
                                  kv_accum_floats(batch, kv_heads, seqlen_k, plan.head_dim) if splits > 1 else 0,
                                  batch * heads * seqlen_q,
                                  (batch, heads, query_blocks(seqlen_q, plan.block_m)) if deterministic else None)
-        _buffer, dq_accum, delta, turns = self._scratch(q, scratch)
+        buffer, dq_accum, delta, turns = self._scratch(q, scratch)
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
                     dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum, delta,
                     0 if turns is None else turns.data_ptr())
@@ -165,6 +169,8 @@ class BackwardKernel(Kernel):
         self._remember(key, prepared)
         self.last_group_splits = splits
         self._run(prepared, pointers + maps)
+        if return_delta:
+            return dq, dk, dv, buffer[scratch[2]:].view(lse.shape)
         return dq, dk, dv
 
     def _group_splits(self, given, mask: str, deterministic: bool, group: int, kv_heads: int, batch: int,
@@ -224,19 +230,23 @@ class BackwardKernel(Kernel):
         return (buffer, base, base + 4 * sums_to,
                 None if turns is None else torch.zeros(turns, dtype=torch.int32, device=q.device))
 
-    def run_prepared(self, prepared, q, k, v, out, lse, dout):
+    def run_prepared(self, prepared, q, k, v, out, lse, dout, return_delta: bool = False):
         """A prepared call on new tensors of its shapes: new gradients and scratch, the pointers
-        patched in; None when a 16-byte row pointer is not aligned (the full path says why)."""
+        patched in; None when a 16-byte row pointer is not aligned (the full path says why).
+        return_delta: (dq, dk, dv, delta), as the full call's (delta: the scratch's last part, which
+        the preprocess kernel writes at (b * Hq + h) * Sq + s)."""
         qp, kp, vp, op, dp = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr()
         if (qp | kp | vp | op | dp) % LOAD_BYTES:
             return None
         torch = self._torch
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         scratch, shape_maps, self.last_group_splits = prepared.extra
-        _buffer, dq_accum, delta, turns = self._scratch(q, scratch)
+        buffer, dq_accum, delta, turns = self._scratch(q, scratch)
         pointers = (qp, kp, vp, op, lse.data_ptr(), dp, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum, delta,
                     0 if turns is None else turns.data_ptr())
         self._run(prepared, pointers + (shape_maps.values(pointers) if shape_maps else ()))
+        if return_delta:
+            return dq, dk, dv, buffer[scratch[2]:].view(lse.shape)
         return dq, dk, dv
 
     def varlen(self, q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
