@@ -56,3 +56,46 @@ def test_the_gpu_sleep_covers_the_host_time_of_the_queued_calls():
     assert sleep_cycles(600e-6, 30) == int(600e-6 * 30 * 2 * 2e9)     # a training step: 36 ms of sleep
     assert sleep_cycles(600e-6, 30) > 2 * 600e-6 * 30 * 1.98e9        # still twice the host time at 1.98 GHz
     assert sleep_cycles(0.5, 1000) == SLEEP_CYCLES_MOST
+
+
+def test_a_gpt_shape_is_layers_dmodel_heads_tokens_batch():
+    from attngen.eval.bench.gpt_step import DEFAULT_GPT, GptShape, parse_gpt_shape
+    assert parse_gpt_shape(" 4x512x8x1024x8 ") == DEFAULT_GPT == GptShape(4, 512, 8, 1024, 8)
+    assert DEFAULT_GPT.label == "4 layers, d_model 512, 8 heads of 64, 1024 tokens, batch 8"
+    for text, words in (("4x512x8x1024", "LAYERSxD_MODELxHEADSxTOKENSxBATCH"), ("4x512x8x1024xb", "e.g. 4x512"),
+                        ("0x512x8x1024x8", "at least 1"), ("4x500x8x1024x8", "multiple of the heads")):
+        with pytest.raises(ValueError, match=words):
+            parse_gpt_shape(text)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpt-model", "4x512x8x1024x8"], "--gpt-model goes with --gpt-step"),
+    (["--gpt-step", "--gpt-model", "4x500x8x64x2"], "multiple of the heads"),
+    (["--gpt-step", "--gpt-model", "1x512x8x1024x100000"], "--gpt-model"),
+    (["--gpt-step", "--dtype", "bf16", "--dtype", "fp16"], "one dtype"),
+    (["--gpt-step", "specs/h100_bwd_d64_wgmma.yaml"], "name no SPECS"),
+])
+def test_bench_gpt_step_refuses_bad_options_before_the_gpu(args, words):
+    result = CliRunner().invoke(main, ["bench", *args])
+    assert result.exit_code == 2 and words in result.output, result.output
+
+
+def _gpt_report(status="ok"):
+    return {"gpu": "NVIDIA H200", "torch": "2.11", "model": {"layers": 4, "d_model": 512, "heads": 8, "seqlen": 1024,
+                                                             "batch": 8},
+            "dtype": "bf16", "steps": 20, "rounds": 5, "status": status,
+            "first_step": {"sdpa": {"loss": 6.427386, "qkv_grad_norm": 0.5}, "attngen": {"loss": 6.427377,
+                                                                                         "qkv_grad_norm": 0.5}},
+            "ms_per_step": {"sdpa eager": 9.585, "attngen eager": 9.882, "sdpa compiled": 8.281},
+            "sdpa_over_attngen": {"eager": 9.585 / 9.882}, "failed": {"attngen compiled": "BackendCompilerFailed"}}
+
+
+def test_the_gpt_step_table_gives_each_mode_the_ratio_and_what_did_not_run():
+    from attngen.eval.bench.gpt_step import format_gpt_step
+    text = format_gpt_step(_gpt_report())
+    assert "4 layers, d_model 512, 8 heads of 64" in text and "loss attngen 6.427377, SDPA 6.427386" in text
+    eager = next(line for line in text.splitlines() if line.startswith("eager"))
+    assert eager.split() == ["eager", "9.882", "9.585", "0.970"]
+    assert "attngen compiled: not run (BackendCompilerFailed)" in text
+    wrong = format_gpt_step(_gpt_report("wrong: first-step loss differs from SDPA's by 0.1 (> 0.001)"))
+    assert wrong.splitlines()[-1].startswith("wrong: first-step loss") and "eager" not in wrong.split("\n", 2)[-1]

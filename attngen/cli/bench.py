@@ -43,6 +43,21 @@ def _train_cells(ctx, param, value):
     return cells
 
 
+def _gpt_model(ctx, param, value):
+    """--gpt-model of bench --gpt-step: LAYERSxD_MODELxHEADSxTOKENSxBATCH."""
+    if value is None:
+        return None
+    from ..eval.bench.gpt_step import parse_gpt_shape
+    try:
+        shape = parse_gpt_shape(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    too_large = shape_too_large((shape.batch, shape.heads, shape.seqlen, shape.d_model // shape.heads))
+    if too_large:
+        raise click.BadParameter(f"{value.strip()}: {too_large}")
+    return shape
+
+
 def _cells(ctx, param, value):
     """--cells of bench: comma-separated decode cells."""
     if value is None:
@@ -147,7 +162,12 @@ def _backends(ctx, param, value):
               help="--train: the cells (default: d64, d128, d256 x 512 to 16k keys, 16k tokens x GQA 1, 4, 8 at "
                    "16 query heads)")
 @click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
-              help="--train: rounds the implementations alternate over (each cell's figure is their median)")
+              help="--train, --gpt-step: rounds the implementations alternate over (each figure is their median)")
+@click.option("--gpt-step", is_flag=True,
+              help="time a small GPT's whole training step (forward, loss, backward, AdamW) with attngen.attention "
+                   "and with SDPA, eager and under torch.compile; with --train, after the grid")
+@click.option("--gpt-model", default=None, metavar="LxDxHxSxB", callback=_gpt_model,
+              help="--gpt-step: layers x d_model x heads x tokens x batch  [default: 4x512x8x1024x8]")
 @click.option("--serving", is_flag=True,
               help="time one serving step (a paged varlen call of prefill chunks and decode tokens through "
                    "attngen.attention_varlen) beside SDPA per sequence, GPU, eager and in a CUDA graph, instead of "
@@ -166,7 +186,8 @@ def _backends(ctx, param, value):
               help="--serving: head dim  [default: 128]")
 @click.option("--specs-dir", default=None, callback=folder_option, help=SPECS_DIR_HELP)
 def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, cells, paged, varlen, lengths, heads,
-          train, train_cells, rounds, serving, sequences, prefill, chunk, context, page_size, head_dim, specs_dir):
+          train, train_cells, rounds, gpt_step, gpt_model, serving, sequences, prefill, chunk, context, page_size,
+          head_dim, specs_dir):
     """Time SPECS (default: every spec) beside torch SDPA's backends on the GPU.
 
     \b
@@ -205,6 +226,14 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     first, the implementations alternating over --rounds rounds.
 
     \b
+    --gpt-step times a small GPT's training step as a training loop feels it (host and GPU,
+    --reps steps back to back): forward under autocast (one --dtype, default bf16), loss,
+    backward and AdamW, with attngen.attention and with SDPA's own choice of backend, eager and
+    torch.compile'd, from one initialization, the four alternating over --rounds rounds; the
+    first step's loss and qkv gradient are checked against SDPA's first. --gpt-model shapes it
+    (default 4 layers, d_model 512, 8 heads of 64, 1024 tokens, batch 8).
+
+    \b
     --serving times one serving step as an inference engine runs it: --sequences sequences
     (default 64) whose keys sit in a pool of --page-size pages, --prefill of them (default 8)
     prefilling a --chunk of new tokens and the rest decoding one, all in one paged call of
@@ -218,8 +247,11 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     if serving or any(v is not None for v in serving_options.values()):
         _serving_bench(specs, serving, serving_options, heads, dtypes, reps, json_file)
         return
-    if train or train_cells:
-        _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_file)
+    if gpt_model is not None and not gpt_step:
+        raise click.UsageError("--gpt-model goes with --gpt-step")
+    if train or train_cells or gpt_step:
+        _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_file,
+                     gpt_model if gpt_step else None, gpt_step)
         return
     from .. import fsutil
     from ..eval.bench.shared import CAUSAL_CHOICES
@@ -268,31 +300,51 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
             click.echo(f"wrote {out}")
 
 
-def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_file):
-    """`bench --train`: the training-step grid (eval/bench/train.py), its table and --json report."""
+def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_file, gpt_model, gpt_step):
+    """`bench --train` and `--gpt-step`: the training-step grid (eval/bench/train.py) and the small GPT's
+    step (eval/bench/gpt_step.py), their tables and one --json report (the grid's, the GPT step's under
+    "gpt_step"; the GPT step's alone without --train). Exit 1 when the GPT step's check fails."""
     from .. import fsutil
     from ..eval.bench.shared import CAUSAL_CHOICES
     from ..eval.bench.train import format_train, grid_cells, run_train_bench
-    if not train:
+    if train_cells and not train:
         raise click.UsageError("--train-cells goes with --train")
     if specs:
-        raise click.UsageError("--train times attngen.attention through the dispatch table: name no SPECS "
+        what = "--train" if train else "--gpt-step"
+        raise click.UsageError(f"{what} times attngen.attention through the dispatch table: name no SPECS "
                                "(bench SPEC times one spec's own call)")
+    if gpt_step and not train and len(dtypes) > 1:
+        raise click.UsageError("--gpt-step times one dtype: give --dtype once")
     from ..runtime import gpu_modules
     gpu_modules()   # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
-    cells = train_cells or grid_cells()
-    causals = CAUSAL_CHOICES[causal]
-    dtypes = dtypes or ("bf16",)
-    with click.progressbar(length=len(cells) * len(causals) * len(dtypes), label="bench train", file=sys.stderr,
-                           show_pos=True) as bar:
-        def step(row):
-            bar.label = f"{row['cell']} {'causal' if row['causal'] else 'full'}"
-            bar.update(1)
-        report = run_train_bench(cells, dtypes=dtypes, causals=causals, reps=reps, rounds=rounds, on_step=step)
-    click.echo(format_train(report))
+    report = None
+    if train:
+        cells = train_cells or grid_cells()
+        causals = CAUSAL_CHOICES[causal]
+        dtypes = dtypes or ("bf16",)
+        with click.progressbar(length=len(cells) * len(causals) * len(dtypes), label="bench train",
+                               file=sys.stderr, show_pos=True) as bar:
+            def step(row):
+                bar.label = f"{row['cell']} {'causal' if row['causal'] else 'full'}"
+                bar.update(1)
+            report = run_train_bench(cells, dtypes=dtypes, causals=causals, reps=reps, rounds=rounds,
+                                     on_step=step)
+        click.echo(format_train(report))
+    gpt = None
+    if gpt_step:
+        from ..eval.bench.gpt_step import DEFAULT_GPT, format_gpt_step, run_gpt_step
+        gpt = run_gpt_step(gpt_model or DEFAULT_GPT, dtype=(dtypes or ("bf16",))[0], steps=reps, rounds=rounds,
+                           on_variant=lambda name: click.echo(f"bench gpt-step: {name} ...", err=True))
+        click.echo(format_gpt_step(gpt))
+        if report is None:
+            report = gpt
+        else:
+            report["gpt_step"] = gpt
     if json_file:
         fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
         click.echo(f"wrote {json_file}")
+    if gpt is not None and gpt["status"] != "ok":
+        sys.exit(1)
 
 
 def _serving_bench(specs, serving, options, heads, dtypes, reps, json_file):

@@ -1,4 +1,5 @@
-"""The small GPT's training step (#61: "the small GPT step >= 1.0x SDPA, eager and under torch.compile"):
+"""The small GPT's training step (#61: "the small GPT step >= 1.0x SDPA, eager and under torch.compile";
+`attngen bench --gpt-step` times the same step, with a first-step check):
 the model of docs/backward-h200/train_compare.py (default 4 layers, d_model 512, 8 heads of 64, 1024
 tokens, batch 8, bf16 autocast, AdamW) with attngen.attention and with SDPA (its own choice of backend),
 eager and torch.compile'd, from one initialization, in one process.
@@ -19,22 +20,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from attngen.eval.bench.gpt_model import training_step as make_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_compare import GPT, batches  # noqa: E402
-
-
-def make_step(model, opt, dtype, vocab):
-    def step(x):
-        with torch.autocast("cuda", dtype=dtype):
-            logits = model(x[:, :-1])
-        loss = F.cross_entropy(logits.float().view(-1, vocab), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
-    return step
 
 
 def main():

@@ -15,44 +15,9 @@ import json
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-import attngen
-
-
-class Block(nn.Module):
-    def __init__(self, d, heads, use_attngen):
-        super().__init__()
-        self.heads, self.use_attngen = heads, use_attngen
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)   # (B, S, H, Dh)
-        if self.use_attngen:
-            a = attngen.attention(q, k, v, causal=True, layout="bshd")
-        else:
-            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True).transpose(1, 2)
-        x = x + self.proj(a.reshape(b, s, d))
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab, d, heads, layers, seq, use_attngen):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads, use_attngen) for _ in range(layers))
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln(x))
+from attngen.eval.bench.gpt_model import GPT   # the model `attngen bench --gpt-step` trains
 
 
 def batches(steps, batch, seq, vocab, device):

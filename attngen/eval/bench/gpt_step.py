@@ -1,0 +1,169 @@
+"""`attngen bench --gpt-step`: a small GPT's whole training step (eval/bench/gpt_model.py: embeddings, pre-norm
+blocks, causal self-attention, MLP, AdamW; bf16 autocast by default) with attngen.attention and with torch's
+SDPA (its own choice of backend), eager and under torch.compile, from one initialization, in one process.
+
+A step is what a training loop runs: forward, cross-entropy, zero_grad, backward, the optimizer's step. Its
+time is the host clock over `steps` steps back to back and the synchronize after them, / steps (host and GPU
+together, as the loop feels them); the four variants take turns over `rounds` rounds (drift in the GPU's
+clocks reaches all alike), each figure the median of its rounds.
+
+Checked first, from the shared initialization: the first step's loss and the first block's qkv weight
+gradient with attngen against SDPA's (eager). Attention changes the loss little at initialization, but
+its backward feeds every qkv gradient, so a wrong attention shows there."""
+from __future__ import annotations
+
+import statistics
+from typing import NamedTuple
+
+VOCAB = 512
+LOSS_RTOL = 1e-3          # first-step loss, attngen against SDPA (bf16 autocast: they agreed to 2e-6)
+GRAD_RTOL = 5e-2          # first block's qkv weight gradient norm, the same
+VARIANTS = (("sdpa", False), ("attngen", False), ("sdpa", True), ("attngen", True))   # (attention, compiled)
+
+
+class GptShape(NamedTuple):
+    layers: int
+    d_model: int
+    heads: int
+    seqlen: int
+    batch: int
+
+    @property
+    def label(self) -> str:
+        return (f"{self.layers} layers, d_model {self.d_model}, {self.heads} heads of {self.d_model // self.heads}, "
+                f"{self.seqlen} tokens, batch {self.batch}")
+
+
+DEFAULT_GPT = GptShape(4, 512, 8, 1024, 8)
+
+
+def parse_gpt_shape(text: str) -> GptShape:
+    """'4x512x8x1024x8' (layers x d_model x heads x tokens x batch) -> GptShape; ValueError saying what is
+    wrong."""
+    what = (f"{text.strip()!r} is not LAYERSxD_MODELxHEADSxTOKENSxBATCH (e.g. 4x512x8x1024x8: 4 layers, "
+            "d_model 512, 8 heads, 1024 tokens, batch 8)")
+    parts = text.strip().lower().split("x")
+    if len(parts) != 5:
+        raise ValueError(what)
+    try:
+        shape = GptShape(*(int(p) for p in parts))
+    except ValueError:
+        raise ValueError(what) from None
+    if min(shape) < 1:
+        raise ValueError(f"{text.strip()!r}: every size must be at least 1")
+    if shape.d_model % shape.heads:
+        raise ValueError(f"{text.strip()!r}: d_model ({shape.d_model}) must be a multiple of the heads "
+                         f"({shape.heads}); the head dim is d_model / heads")
+    return shape
+
+
+def _relative(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def first_step_check(torch, gpt_model, shape: GptShape, init: dict, batch, dtype) -> dict:
+    """The first step's loss and first-block qkv weight gradient norm with each attention, eager, from
+    `init`; 'status' ok or wrong (naming what differs)."""
+    seen = {}
+    for name in ("sdpa", "attngen"):
+        model = gpt_model.GPT(VOCAB, shape.d_model, shape.heads, shape.layers, shape.seqlen, name == "attngen").cuda()
+        model.load_state_dict(init)
+        with torch.autocast("cuda", dtype=dtype):
+            logits = model(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, VOCAB), batch[:, 1:].reshape(-1))
+        loss.backward()
+        seen[name] = {"loss": loss.item(), "qkv_grad_norm": model.blocks[0].qkv.weight.grad.norm().item()}
+        del model
+    loss_rel = _relative(seen["attngen"]["loss"], seen["sdpa"]["loss"])
+    grad_rel = _relative(seen["attngen"]["qkv_grad_norm"], seen["sdpa"]["qkv_grad_norm"])
+    wrong = ([f"first-step loss differs from SDPA's by {loss_rel:.2g} (> {LOSS_RTOL:g})"] if loss_rel > LOSS_RTOL
+             else []) + ([f"first block's qkv gradient norm differs by {grad_rel:.2g} (> {GRAD_RTOL:g})"]
+                         if grad_rel > GRAD_RTOL else [])
+    return {"first_step": seen, "loss_rel_diff": loss_rel, "qkv_grad_rel_diff": grad_rel,
+            "status": "wrong: " + "; ".join(wrong) if wrong else "ok"}
+
+
+def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: int = 20, rounds: int = 5,
+                 on_variant=None) -> dict:
+    """The four variants' ms per step (VARIANTS), after the first-step check; on_variant(name) as each
+    is built (the compiled ones compile then)."""
+    import time
+    from ...runtime import gpu_modules
+    torch = gpu_modules()[0]
+    from . import gpt_model
+    dt = torch.float16 if dtype == "fp16" else torch.bfloat16
+    torch.manual_seed(0)
+    init = {k: v.clone() for k, v in gpt_model.GPT(VOCAB, shape.d_model, shape.heads, shape.layers, shape.seqlen,
+                                                   False).state_dict().items()}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    data = [torch.randint(0, VOCAB, (shape.batch, shape.seqlen + 1), generator=gen, device="cuda")
+            for _ in range(steps)]
+    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "call": "gpt_step",
+              "model": shape._asdict(), "vocab": VOCAB, "dtype": dtype, "steps": steps, "rounds": rounds}
+    report.update(first_step_check(torch, gpt_model, shape, init, data[0], dt))
+    if report["status"] != "ok":
+        return report
+    runs, failed = {}, {}
+    for attention, compiled in VARIANTS:
+        name = f"{attention} {'compiled' if compiled else 'eager'}"
+        if on_variant:
+            on_variant(name)
+        model = gpt_model.GPT(VOCAB, shape.d_model, shape.heads, shape.layers, shape.seqlen,
+                              attention == "attngen").cuda()
+        model.load_state_dict(init)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        step = gpt_model.training_step(torch.compile(model) if compiled else model, optimizer, dt, VOCAB)
+        try:
+            for x in data[:3]:   # warm-up; the compiled variants compile here
+                step(x)
+            torch.cuda.synchronize()
+        except Exception as exc:   # a torch.compile that fails on this machine is reported, not fatal
+            failed[name] = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            continue
+        runs[name] = step
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, step in runs.items():
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            for x in data:
+                step(x)
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - started) / steps * 1e3)
+    report["ms_per_step"] = {name: statistics.median(t) for name, t in times.items()}
+    report["rounds_ms"] = times
+    report["failed"] = failed
+    ratios = {}
+    for mode in ("eager", "compiled"):
+        ours, theirs = report["ms_per_step"].get(f"attngen {mode}"), report["ms_per_step"].get(f"sdpa {mode}")
+        if ours and theirs:
+            ratios[mode] = theirs / ours
+    report["sdpa_over_attngen"] = ratios
+    return report
+
+
+def format_gpt_step(report: dict) -> str:
+    shape = GptShape(**report["model"])
+    lines = [f"GPU: {report['gpu']}; torch {report['torch']}; a GPT of {shape.label}, {report['dtype']} autocast, "
+             f"AdamW; ms per training step (host and GPU, {report['steps']} steps back to back), median of "
+             f"{report['rounds']} alternating rounds"]
+    first = report["first_step"]
+    lines.append(f"first step, eager: loss attngen {first['attngen']['loss']:.6f}, SDPA {first['sdpa']['loss']:.6f}; "
+                 f"first block's qkv gradient norm attngen {first['attngen']['qkv_grad_norm']:.6g}, SDPA "
+                 f"{first['sdpa']['qkv_grad_norm']:.6g}")
+    if report["status"] != "ok":
+        lines.append(report["status"])
+        return "\n".join(lines)
+    ms = report["ms_per_step"]
+    lines.append(f"{'mode':<10} {'attngen ms':>10} {'SDPA ms':>9} {'SDPA / attngen':>15}")
+    for mode in ("eager", "compiled"):
+        ours, theirs = ms.get(f"attngen {mode}"), ms.get(f"sdpa {mode}")
+        ratio = report["sdpa_over_attngen"].get(mode)
+        lines.append(f"{mode:<10} {ours if ours else float('nan'):>10.3f} {theirs if theirs else float('nan'):>9.3f} "
+                     f"{ratio if ratio else float('nan'):>15.3f}")
+    for name, why in report.get("failed", {}).items():
+        lines.append(f"{name}: not run ({why})")
+    return "\n".join(lines)
+
+
+__all__ = ["DEFAULT_GPT", "GptShape", "format_gpt_step", "parse_gpt_shape", "run_gpt_step"]
