@@ -5,15 +5,16 @@ one code version per process; run it once per tree (PYTHONPATH picks the attngen
 
 Per cell: zoo_queued_us (attngen bench's time_calls with the zoo's 30 calls: GPU time once its sleep covers
 the host), host_cpu_us (50 steps back to back, host clock to the last call's return, median of 5),
-eager_wall_us (the same with the synchronize after them), gpu_us (30 steps queued behind a ~50 ms GPU sleep,
-CUDA events, median of 5). "zoo" is the zoo's step (attngen/eval/zoo.py: the fp32 sinks cloned each step),
-"sinks parameter" the same step with the sinks at one address, as a model's parameter.
+eager_wall_us (the same with the synchronize after them), gpu_us (30 steps queued behind a GPU sleep,
+CUDA events, median of 5); the clocks are docs/measurements/host_time.py's (the recorded run had the same
+clocks with 10 warm-up steps, not 20, and a 50 ms sleep, not 100). "zoo" is the zoo's step (attngen/eval/zoo.py:
+the fp32 sinks cloned each step), "sinks parameter" the same step with the sinks at one address, as a model's
+parameter.
 """
 import json
 import os
-import statistics
 import sys
-import time
+from pathlib import Path
 
 import torch
 
@@ -21,43 +22,15 @@ import attngen
 from attngen.eval import zoo
 from attngen.eval.bench.timing import time_calls
 
-
-def host_and_wall(call, n=50, repeats=5):
-    for _ in range(10):
-        call()
-    torch.cuda.synchronize()
-    cpu, wall = [], []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        cpu.append((t1 - t0) / n * 1e6)
-        wall.append((t2 - t0) / n * 1e6)
-    return statistics.median(cpu), statistics.median(wall)
-
-
-def gpu_time(call, n=30, repeats=5):
-    out = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(1e8))   # ~50 ms: the host queues every call first
-        start.record()
-        for _ in range(n):
-            call()
-        end.record()
-        torch.cuda.synchronize()
-        out.append(start.elapsed_time(end) / n * 1e3)
-    return statistics.median(out)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   # the helpers the scripts share
+from host_time import gpu_time, host_and_wall  # noqa: E402
 
 
 def measure(call):
-    cpu, wall = host_and_wall(call)
+    cpu, wall = host_and_wall(call, n=50, repeats=5)
     return {"zoo_queued_us": round(time_calls(torch, lambda: call(), [()], reps=30)[0], 1),
-            "host_cpu_us": round(cpu, 1), "eager_wall_us": round(wall, 1), "gpu_us": round(gpu_time(call), 1)}
+            "host_cpu_us": round(cpu, 1), "eager_wall_us": round(wall, 1),
+            "gpu_us": round(gpu_time(call, n=30, repeats=5), 1)}
 
 
 def sinks_as_parameter(prepared, layer):
