@@ -63,7 +63,8 @@ def test_a_gpt_shape_is_layers_dmodel_heads_tokens_batch():
     assert parse_gpt_shape(" 4x512x8x1024x8 ") == DEFAULT_GPT == GptShape(4, 512, 8, 1024, 8)
     assert DEFAULT_GPT.label == "4 layers, d_model 512, 8 heads of 64, 1024 tokens, batch 8"
     for text, words in (("4x512x8x1024", "LAYERSxD_MODELxHEADSxTOKENSxBATCH"), ("4x512x8x1024xb", "e.g. 4x512"),
-                        ("0x512x8x1024x8", "at least 1"), ("4x500x8x1024x8", "multiple of the heads")):
+                        ("0x512x8x1024x8", "at least 1"), ("4x500x8x1024x8", "multiple of the heads"),
+                        ("4x96x8x1024x8", "multiple of 8")):
         with pytest.raises(ValueError, match=words):
             parse_gpt_shape(text)
 
@@ -97,5 +98,13 @@ def test_the_gpt_step_table_gives_each_mode_the_ratio_and_what_did_not_run():
     eager = next(line for line in text.splitlines() if line.startswith("eager"))
     assert eager.split() == ["eager", "9.882", "9.585", "0.970"]
     assert "attngen compiled: not run (BackendCompilerFailed)" in text
-    wrong = format_gpt_step(_gpt_report("wrong: first-step loss differs from SDPA's by 0.1 (> 0.001)"))
-    assert wrong.splitlines()[-1].startswith("wrong: first-step loss") and "eager" not in wrong.split("\n", 2)[-1]
+    wrong = _gpt_report("wrong: first-step loss differs from SDPA's by 0.1 (> 0.001)")
+    for key in ("ms_per_step", "sdpa_over_attngen", "failed"):   # the check failed: nothing was timed
+        del wrong[key]
+    text = format_gpt_step(wrong)
+    assert text.splitlines()[-1].startswith("wrong: first-step loss") and "eager" not in text.split("\n", 2)[-1]
+    failed = _gpt_report("failed: attngen eager: CUDA out of memory")
+    assert format_gpt_step(failed).splitlines()[-1] == "failed: attngen eager: CUDA out of memory"
+    refused = {key: value for key, value in _gpt_report("not served: attngen: no backward at d12").items()
+               if key in ("gpu", "torch", "model", "dtype", "steps", "rounds", "status")}
+    assert format_gpt_step(refused).splitlines()[1:] == ["not served: attngen: no backward at d12"]

@@ -128,6 +128,36 @@ def test_group_split_layouts_and_repeat_calls(layout):
         assert (a.float() - b.float()).abs().max().item() <= 2e-2 * b.float().abs().max().item()
 
 
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("splits, deterministic", [(1, False), (4, False), (1, True)],
+                         ids=["unsplit", "split4", "deterministic"])
+def test_return_delta_is_each_rows_do_dot_o(layout, splits, deterministic):
+    """return_delta=True hands back the preprocess kernel's delta, rowsum(dO * O) per query row as fp32
+    (B, Hq, Sq) like lse, in either layout and wherever the scratch puts it (after the group split's sums,
+    beside the deterministic turns), on the full call and on the prepared call that repeats it; the
+    gradients are the call's without it."""
+    import torch
+    needs_sm90()
+    dt = torch.bfloat16
+    k = kernel(SPECS[128, "bfloat16"])
+    shape = (2, 8, 2, 190, 190)
+    q32, k32, v32, do32 = inputs(torch, shape, 128, dt, seed=13)
+    out32, lse, _ref, _low = reference(torch, q32, k32, v32, do32, True, dt)
+    args = [t.to(dt) for t in (q32, k32, v32, out32)]
+    do = do32.to(dt)
+    want = (do.float() * args[3].float()).sum(-1)                         # (B, Hq, Sq)
+    if layout == "bshd":
+        args, do = [t.transpose(1, 2).contiguous() for t in args], do.transpose(1, 2).contiguous()
+    results = [k(*args, lse, do, causal=True, layout=layout, group_splits=splits, deterministic=deterministic,
+                 return_delta=True) for _ in range(2)]     # the full call (a key no other test makes), then prepared
+    plain = k(*args, lse, do, causal=True, layout=layout, group_splits=splits, deterministic=deterministic)
+    for call, (*grads, delta) in enumerate(results):
+        assert delta.shape == lse.shape and delta.dtype == torch.float32 and delta.is_contiguous(), call
+        assert (delta - want).abs().max().item() <= 1e-3 * want.abs().max().item(), call
+        for a, b in zip(grads, plain):
+            assert (a.float() - b.float()).abs().max().item() <= 2e-2 * b.float().abs().max().item(), call
+
+
 MEMBERS = [ROOT / "specs" / f"h100_bwd_d{d}_wgmma_{m}.yaml" for d in (64, 128, 256)
            for m in ("window", "softcap", "alibi", "softcap_alibi", "window_softcap")]
 

@@ -422,6 +422,37 @@ def test_prepared_step_trains_learned_sinks_from_the_backwards_delta(monkeypatch
     assert ran == ["prepared forward", ("prepared backward", False)]
 
 
+def test_a_prepared_step_that_gets_no_output_gradient_gives_none():
+    """Prepared steps leave the LSE's gradient unmade (set_materialize_grads(False)); where an op after the
+    output gives it no gradient either, the step's backward gives none for q, k, v (and the sinks) rather
+    than reading a gradient that is not there."""
+    from attngen.ops import library
+
+    class NoGradient(torch.autograd.Function):     # passes o on, gives nothing back to it
+        @staticmethod
+        def forward(ctx, o):
+            return o.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return None
+
+    class Unused:                                   # a step whose backward must not be reached
+        options = (True, None, None, "bhsd", False)  # causal, alignment, scale, layout, deterministic
+
+        def outputs(self, q, k, v, alibi_slopes=None, sinks=None):
+            return _sdpa(q, k, v, True, None, "bhsd")
+
+        def gradients(self, *args, **kw):
+            raise AssertionError("the backward ran without a gradient")
+    q, k, v = (torch.randn(1, 2, 8, 16, requires_grad=True) for _ in range(3))
+    sinks = torch.randn(2, requires_grad=True)
+    for o, _ in (library._apply_prepared_train(Unused(), q, k, v),
+                 library._apply_prepared_variant_train(Unused(), q, k, v, None, sinks)):
+        grads = torch.autograd.grad(NoGradient.apply(o).sum(), (q, k, v), allow_unused=True)
+        assert grads == (None, None, None)
+
+
 def test_variant_call_off_the_gpu_takes_the_variant_op(monkeypatch):
     """attention() with a window and softcap on tensors off the GPU (no prepared step: no kernels there) takes
     attngen::attention_variant_train, whose registered backward hands attention_variant_backward the call's

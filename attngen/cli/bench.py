@@ -313,7 +313,7 @@ def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_f
         what = "--train" if train else "--gpt-step"
         raise click.UsageError(f"{what} times attngen.attention through the dispatch table: name no SPECS "
                                "(bench SPEC times one spec's own call)")
-    if gpt_step and not train and len(dtypes) > 1:
+    if gpt_step and len(dtypes) > 1:
         raise click.UsageError("--gpt-step times one dtype: give --dtype once")
     from ..runtime import gpu_modules
     gpu_modules()   # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn

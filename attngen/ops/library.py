@@ -1266,6 +1266,8 @@ class _PreparedTrain(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
+        if grad_o is None:   # no gradient reached o (an op after it gave none): none for q, k and v
+            return None, None, None, None
         return (None, *ctx.step.gradients(grad_o, *ctx.saved_tensors, ctx.hooked))
 
 
@@ -1285,6 +1287,8 @@ class _PreparedVariantTrain(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
+        if grad_o is None:   # as _PreparedTrain's
+            return (None,) * 6
         q, k, v, o, lse, alibi_slopes, sinks = ctx.saved_tensors
         if sinks is None or not ctx.needs_input_grad[5]:
             return (None, *ctx.step.gradients(grad_o, q, k, v, o, lse, ctx.hooked, alibi_slopes), None, None)
@@ -1325,17 +1329,14 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
         if not q.is_cuda or (sinks is not None and _sinks_joined(q, v, causal, window, softcap, alibi_slopes)):
             if plain:
                 return train("attention", q, k, v, causal, alignment, scale, layout, deterministic)
-            if q.is_cuda and key is not None:
-                _TRAIN[key] = _JOINED
+            if q.is_cuda:
+                _remember_step(key, _JOINED)
             return _train_variant_op(q, k, v, causal, alignment, scale, layout, deterministic, window, softcap,
                                      alibi_slopes, sinks)
         step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic), key is not None and (
             kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]),
             None if plain else (None if window is None else tuple(window), softcap))
-        if key is not None:
-            if len(_TRAIN) >= 4096:
-                _TRAIN.clear()
-            _TRAIN[key] = step
+        _remember_step(key, step)
     elif step is _JOINED:
         return _train_variant_op(q, k, v, causal, alignment, scale, layout, deterministic, window, softcap,
                                  alibi_slopes, sinks)
@@ -1346,6 +1347,15 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
     if _functorch_active():
         return _PreparedVariantTrain.apply(step, q, k, v, alibi_slopes, sinks)
     return _apply_prepared_variant_train(step, q, k, v, alibi_slopes, sinks)
+
+
+def _remember_step(key, step) -> None:
+    """_TRAIN[key] = step (a key of None is not kept), the cache emptied first when it holds 4096."""
+    if key is None:
+        return
+    if len(_TRAIN) >= 4096:
+        _TRAIN.clear()
+    _TRAIN[key] = step
 
 
 def _sinks_joined(q, v, causal, window, softcap, alibi_slopes) -> bool:

@@ -23,11 +23,12 @@ def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, f
     """Median and relative p10-p90 spread (percent) of fn(*set) in microseconds: GPU time, the calls
     queued behind a GPU sleep that covers their host time (sleep_cycles, from one call's)."""
     import time
-    for i in range(warmup):
+    warmup = max(1, warmup)
+    for i in range(warmup - 1):
         fn(*sets[i % len(sets)])
     torch.cuda.synchronize()
     started = time.perf_counter()
-    fn(*sets[0])                     # one call's host time, the GPU idle (nothing to wait behind)
+    fn(*sets[(warmup - 1) % len(sets)])   # the last warm-up call's host time, the GPU idle (nothing to wait behind)
     host = time.perf_counter() - started
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
