@@ -88,6 +88,7 @@ def _gpt_report(status="ok"):
             "first_step": {"sdpa": {"loss": 6.427386, "qkv_grad_norm": 0.5}, "attngen": {"loss": 6.427377,
                                                                                          "qkv_grad_norm": 0.5}},
             "ms_per_step": {"sdpa eager": 9.585, "attngen eager": 9.882, "sdpa compiled": 8.281},
+            "gpu_ms_per_step": {"sdpa eager": 4.06, "attngen eager": 3.99, "sdpa compiled": 4.18},
             "sdpa_over_attngen": {"eager": 9.585 / 9.882}, "failed": {"attngen compiled": "BackendCompilerFailed"}}
 
 
@@ -96,10 +97,12 @@ def test_the_gpt_step_table_gives_each_mode_the_ratio_and_what_did_not_run():
     text = format_gpt_step(_gpt_report())
     assert "4 layers, d_model 512, 8 heads of 64" in text and "loss attngen 6.427377, SDPA 6.427386" in text
     eager = next(line for line in text.splitlines() if line.startswith("eager"))
-    assert eager.split() == ["eager", "9.882", "9.585", "0.970"]
+    assert eager.split() == ["eager", "9.882", "9.585", "0.970", "3.990", "4.060"]
+    compiled = next(line for line in text.splitlines() if line.startswith("compiled"))
+    assert compiled.split() == ["compiled", "nan", "8.281", "nan", "nan", "4.180"]
     assert "attngen compiled: not run (BackendCompilerFailed)" in text
     wrong = _gpt_report("wrong: first-step loss differs from SDPA's by 0.1 (> 0.001)")
-    for key in ("ms_per_step", "sdpa_over_attngen", "failed"):   # the check failed: nothing was timed
+    for key in ("ms_per_step", "gpu_ms_per_step", "sdpa_over_attngen", "failed"):   # the check failed: no timing
         del wrong[key]
     text = format_gpt_step(wrong)
     assert text.splitlines()[-1].startswith("wrong: first-step loss") and "eager" not in text.split("\n", 2)[-1]
@@ -108,3 +111,27 @@ def test_the_gpt_step_table_gives_each_mode_the_ratio_and_what_did_not_run():
     refused = {key: value for key, value in _gpt_report("not served: attngen: no backward at d12").items()
                if key in ("gpu", "torch", "model", "dtype", "steps", "rounds", "status")}
     assert format_gpt_step(refused).splitlines()[1:] == ["not served: attngen: no backward at d12"]
+
+
+def test_a_steps_gpu_time_is_not_taken_where_the_host_waited_on_the_gpu():
+    """step_gpu_ms queues one step behind a GPU sleep; a host that took longer to queue it than the sleep
+    lasts waited on the GPU (a full launch queue, a synchronization), so that step has no GPU time."""
+    import time
+    from types import SimpleNamespace
+    from attngen.eval.bench.gpt_step import step_gpu_ms
+    slept = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 3.5
+    fake = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=lambda: None, _sleep=slept.append))
+    assert step_gpu_ms(fake, lambda x: None, None, 1e-4) == 3.5
+    assert step_gpu_ms(fake, lambda x: time.sleep(0.03), None, 1e-4) is None     # 30 ms against a 10 ms sleep
+    assert step_gpu_ms(fake, lambda x: time.sleep(0.03), None, 0.02) == 3.5      # a sleep of 40 ms covers it
+    assert slept[0] == 20_000_000 and slept[2] == int(0.02 * 2 * 2e9)

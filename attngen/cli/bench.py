@@ -227,7 +227,8 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
 
     \b
     --gpt-step times a small GPT's training step as a training loop feels it (host and GPU,
-    --reps steps back to back): forward under autocast (one --dtype, default bf16), loss,
+    --reps steps back to back) and its GPU time (each step queued alone behind a GPU sleep):
+    forward under autocast (one --dtype, default bf16), loss,
     backward and AdamW, with attngen.attention and with SDPA's own choice of backend, eager and
     torch.compile'd, from one initialization, the four alternating over --rounds rounds; the
     first step's loss and qkv gradient are checked against SDPA's first. --gpt-model shapes it

@@ -4,8 +4,12 @@ SDPA (its own choice of backend), eager and under torch.compile, from one initia
 
 A step is what a training loop runs: forward, cross-entropy, zero_grad, backward, the optimizer's step. Its
 time is the host clock over `steps` steps back to back and the synchronize after them, / steps (host and GPU
-together, as the loop feels them); the four variants take turns over `rounds` rounds (drift in the GPU's
-clocks reaches all alike), each figure the median of its rounds.
+together, as the loop feels them); beside it, its GPU time (step_gpu_ms: each step alone queued behind a GPU
+sleep that covers its host time, CUDA events around it, the median over the steps), which says whether the
+step waits on the host or on the GPU. Steps queued together would not do: a step's hundreds of launches fill
+the driver's launch queue, and the host then waits on the GPU; where even one step's do (or a step
+synchronizes), its GPU time is reported as not measured. The four variants take turns over `rounds` rounds (drift in the GPU's clocks reaches all
+alike), each figure the median of its rounds.
 
 Checked first, from the shared initialization: the first step's loss and the first block's qkv weight
 gradient with attngen against SDPA's (eager): the gradient's difference from SDPA's, relative to its norm.
@@ -91,6 +95,27 @@ def first_step_check(torch, gpt_model, shape: GptShape, init: dict, batch, dtype
             "status": "wrong: " + "; ".join(wrong) if wrong else "ok"}
 
 
+def step_gpu_ms(torch, step, x, host_seconds: float):
+    """One training step's GPU time in ms: queued alone behind a GPU sleep of twice `host_seconds` (at least
+    timing.SLEEP_CYCLES), CUDA events around it; None where the host finished queuing only after the sleep
+    would have ended (it waited on the GPU: a full launch queue, or a synchronization in the step)."""
+    import time
+    from .timing import SLEEP_CYCLES_PER_SECOND, sleep_cycles
+    cycles = sleep_cycles(host_seconds, 1)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(cycles)
+    started = time.perf_counter()
+    start.record()
+    step(x)
+    end.record()
+    queued = time.perf_counter() - started
+    torch.cuda.synchronize()
+    if queued >= cycles / SLEEP_CYCLES_PER_SECOND:   # a GPU clock below that rate only sleeps longer
+        return None
+    return start.elapsed_time(end)
+
+
 def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: int = 20, rounds: int = 5,
                  on_variant=None) -> dict:
     """The four variants' ms per step (VARIANTS), after the first-step check; on_variant(name) as each
@@ -132,6 +157,7 @@ def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: i
             continue
         runs[name] = step
     times = {name: [] for name in runs}
+    gpu = {name: [] for name in runs}
     for _ in range(rounds):
         for name, step in runs.items():
             torch.cuda.synchronize()
@@ -140,7 +166,10 @@ def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: i
                 step(x)
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - started) / steps * 1e3)
+            host = times[name][-1] / 1e3
+            gpu[name] += [step_gpu_ms(torch, step, x, host) for x in data]
     report["ms_per_step"] = {name: statistics.median(t) for name, t in times.items()}
+    report["gpu_ms_per_step"] = {name: None if None in t else statistics.median(t) for name, t in gpu.items()}
     report["rounds_ms"] = times
     report["failed"] = failed
     ratios = {}
@@ -167,13 +196,17 @@ def format_gpt_step(report: dict) -> str:
     if "ms_per_step" not in report:   # the check failed: nothing was timed
         lines.append(report["status"])
         return "\n".join(lines)
-    ms = report["ms_per_step"]
-    lines.append(f"{'mode':<10} {'attngen ms':>10} {'SDPA ms':>9} {'SDPA / attngen':>15}")
+    ms, gpu = report["ms_per_step"], report.get("gpu_ms_per_step", {})
+    nan = float("nan")
+    lines.append(f"{'mode':<10} {'attngen ms':>10} {'SDPA ms':>9} {'SDPA / attngen':>15} {'attngen GPU ms':>15} "
+                 f"{'SDPA GPU ms':>12}")
     for mode in ("eager", "compiled"):
         ours, theirs = ms.get(f"attngen {mode}"), ms.get(f"sdpa {mode}")
         ratio = report["sdpa_over_attngen"].get(mode)
-        lines.append(f"{mode:<10} {ours if ours else float('nan'):>10.3f} {theirs if theirs else float('nan'):>9.3f} "
-                     f"{ratio if ratio else float('nan'):>15.3f}")
+        lines.append(f"{mode:<10} {ours or nan:>10.3f} {theirs or nan:>9.3f} {ratio or nan:>15.3f} "
+                     f"{gpu.get(f'attngen {mode}') or nan:>15.3f} {gpu.get(f'sdpa {mode}') or nan:>12.3f}")
+    lines.append("(ms: host and GPU, steps back to back; GPU ms: each step alone behind a GPU sleep, nan where the "
+                 "host waited on the GPU; SDPA / attngen of the first)")
     for name, why in report.get("failed", {}).items():
         lines.append(f"{name}: not run ({why})")
     if report["status"] != "ok":
@@ -181,4 +214,4 @@ def format_gpt_step(report: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_GPT", "GptShape", "format_gpt_step", "parse_gpt_shape", "run_gpt_step"]
+__all__ = ["DEFAULT_GPT", "GptShape", "format_gpt_step", "parse_gpt_shape", "run_gpt_step", "step_gpu_ms"]
