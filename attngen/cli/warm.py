@@ -22,8 +22,11 @@ from .spec_files import spec_files
                    "serves: specs/ of this checkout, or those installed with attngen]")
 @click.option("--progress/--no-progress", default=None,
               help="draw the progress bar on stderr  [default: when stderr is a terminal, or $ATTNGEN_PROGRESS=1]")
+@click.option("--native/--no-native", default=True,
+              help="also build the native training step (a C++ autograd node for eager training calls, "
+                   "attngen/runtime/native), where torch and a C++ compiler are installed  [default: on]")
 @click.option("--json", "as_json", is_flag=True, help="print every compiled part (arch, cached, registers) as JSON")
-def warm(specs, archs, jobs, specs_dir, progress, as_json):
+def warm(specs, archs, jobs, specs_dir, progress, native, as_json):
     """Fill the cubin cache with what a GPU will load, so first calls compile nothing.
 
     \b
@@ -40,6 +43,12 @@ def warm(specs, archs, jobs, specs_dir, progress, as_json):
     spec at once, --jobs at a time, with one progress bar and a summary line. The cache is
     $ATTNGEN_CACHE_DIR (default ~/.cache/attngen); what it holds already is not compiled again.
     Exits 2 when a spec is bad or cannot run on the arch, 3 when nvcc is missing or fails.
+
+    \b
+    Where torch is installed it also builds the native training step (about 15-40 s once per
+    torch install; a training process that finds none builds it in the background and takes
+    the Python autograd node meanwhile). A failed build is reported and does not change the
+    exit status: training then keeps the Python node.
     """
     from ..compile import bundle_jobs, compile_many, print_summary
     from ..runtime import bundle_of
@@ -54,11 +63,30 @@ def warm(specs, archs, jobs, specs_dir, progress, as_json):
             except ValueError as exc:
                 raise click.UsageError(f"{path}: {exc}") from None
     batch = compile_many(jobs_list, workers=jobs, progress=progress)
+    failed = any(isinstance(r, AttngenError) for r in batch.results)
+    built = (_native_step() if native else "skipped (--no-native)") if not failed else "skipped (a compile failed)"
     if as_json:
-        click.echo(json.dumps({"summary": batch.summary(), "parts": [_warmed(j, r) for j, r in
-                                                                     zip(batch.jobs, batch.results)]}, indent=2))
+        click.echo(json.dumps({"summary": batch.summary(), "native_step": built,
+                               "parts": [_warmed(j, r) for j, r in zip(batch.jobs, batch.results)]}, indent=2))
     print_summary(batch)
+    if not failed:
+        click.echo(f"native training step: {built}", err=True)
     batch.raise_errors()
+
+
+def _native_step() -> str:
+    """Build the native training step (attngen/runtime/native); what became of it, in a few words."""
+    try:
+        import torch
+    except ImportError:
+        return "skipped (torch is not installed)"
+    from ..runtime import native
+    if not native.enabled():
+        return f"skipped ({native.ENV}=0)"
+    try:
+        return str(native.build(torch))
+    except AttngenError as exc:
+        return f"not built: {exc}"
 
 
 def _served_specs(specs_dir, table_arch: str) -> list[Path]:

@@ -22,7 +22,9 @@ import torch
 
 from ..core.variants import SCORES, call_mask
 from ..runtime.calls.shared import call_key, variant_key
+from ..runtime import native as _native
 from ..runtime.gpu import persistent
+from ..runtime.kernel import LOAD_BYTES
 from .dispatch import DISPATCH
 from .table import window_stands_in
 
@@ -799,10 +801,27 @@ def attention_cuda(q, k, v, causal, alignment, scale, layout):
 
 
 def attention_train_cuda(q, k, v, causal, alignment, scale, layout, deterministic=False):
-    return forward(q, k, v, causal, alignment, scale, layout, True)
+    """The training forward of torch.compile's graphs (and of the op's eager calls): the shape's training
+    step, as attention()'s eager calls take it (native once made, else prepared), or the full forward."""
+    step = _plain_step(q, k, v, causal, alignment, scale, layout, deterministic)
+    if step is None:
+        return forward(q, k, v, causal, alignment, scale, layout, True)
+    if step.native is not None:
+        return _native_forward(q, k, v, step.native)
+    return step.outputs(q, k, v)
 
 
 def attention_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=False):
+    """The backward of torch.compile's graphs: the shape's training step where out and lse are its
+    forward's (the prepared calls were laid out for their strides), else the full backward."""
+    step = _plain_step(q, k, v, causal, alignment, scale, layout, deterministic, make=False)
+    if step is not None and step.takes(out, lse):
+        # the native step only where it replays without falling back to this op (its dout strides, every
+        # pointer on 16 bytes): the native node's own fallback for a dout it cannot take comes here
+        if step.native is not None and dout.stride() == step.dout_stride and not (
+                q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | dout.data_ptr()) % LOAD_BYTES:
+            return _native_backward(dout, q, k, v, out, lse, step.native)
+        return step.gradients(dout, q, k, v, out, lse)
     return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=deterministic)
 
 
@@ -1170,13 +1189,17 @@ class _PreparedStep:
     one (the kernels see padded copies) always take the full calls. `variants`: a call's window (a
     tuple) and softcap, or None for a call without variants; its ALiBi slopes and learned sinks come
     with each call (the step's key holds their addresses, which the prepared calls read them at; the
-    step keeps no tensor)."""
+    step keeps no tensor). `native`: the C++ step of a call without variants (attngen/runtime/native:
+    the same prepared calls replayed from a C++ autograd node) once its library is loaded, else None;
+    `native_pending`: whether one may still be made."""
 
     __slots__ = ("forward_kernel", "forward_prepared", "gradient_kernel", "gradient_prepared", "dout_stride",
-                 "options", "prepares", "variants")
+                 "options", "prepares", "variants", "native", "native_pending", "output_strides")
 
     def __init__(self, gradient_kernel, options, prepares: bool, variants=None):
         self.forward_kernel = self.forward_prepared = self.gradient_prepared = self.dout_stride = None
+        self.native = self.output_strides = None
+        self.native_pending = prepares and variants is None
         self.gradient_kernel = gradient_kernel
         self.options = options     # causal, alignment, scale, layout, deterministic
         self.prepares = prepares   # the kernels take the call's own tensors (no padding)
@@ -1199,7 +1222,13 @@ class _PreparedStep:
             hit = self._variant_forward(q, k, v, alibi_slopes, sinks) if self.prepares else None
         if hit is not None and self.forward_prepared is None:
             self.forward_kernel, self.forward_prepared = hit
+            self.output_strides = (result[0].stride(), result[1].stride())
         return result
+
+    def takes(self, out, lse) -> bool:
+        """Whether a backward of this step may replay its prepared call on `out` and `lse` (those of
+        the prepared forward's strides; a compiled graph's backward gets them from its forward)."""
+        return self.output_strides is not None and (out.stride(), lse.stride()) == self.output_strides
 
     def _variant_forward(self, q, k, v, alibi_slopes, sinks):
         """(kernel, prepared call) of the variant forward just made, or None (sinks joined apart, a padded
@@ -1222,6 +1251,8 @@ class _PreparedStep:
         if dout.stride() == self.dout_stride and not hooked:
             result = self.gradient_kernel.run_prepared(self.gradient_prepared, q, k, v, o, lse, dout, return_delta)
             if result is not None:
+                if self.native_pending:
+                    self._make_native(q, k, v, o, lse, dout)
                 return result
         causal, alignment, scale, layout, deterministic = self.options
         window, softcap = self.variants or (None, None)
@@ -1236,6 +1267,23 @@ class _PreparedStep:
             if prepared is not None:
                 self.gradient_prepared, self.dout_stride = prepared, dout.stride()
         return result
+
+
+    def _make_native(self, q, k, v, o, lse, dout) -> None:
+        """The native step from the two prepared calls (made on these tensors), once its library is
+        loaded (native.ready: built before, or being built in the background); none, for good, where
+        a kernel takes no native replay or the library cannot be had."""
+        if self.forward_prepared is None or not q.is_cuda or _native.unavailable():
+            self.native_pending = False
+            return
+        if not _native.ready(torch):
+            self.native_pending = not _native.unavailable()
+            return
+        forward = self.forward_kernel.native_forward(self.forward_prepared, q, k, v, o)
+        backward = self.gradient_kernel.native_backward(self.gradient_prepared, q, k, v, o, lse, dout)
+        step = None if forward is None or backward is None else _native.make_step(
+            torch, self.forward_prepared, forward, self.gradient_prepared, backward, self.options)
+        self.native, self.native_pending = step, False
 
 
 _top_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
@@ -1304,6 +1352,44 @@ _apply_prepared_variant_train = super(torch.autograd.Function, _PreparedVariantT
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
+def _native_train(q, k, v, step):
+    """attngen_native::train: the step's forward, its backward a C++ autograd node."""
+    return torch.ops.attngen_native.train.default(q, k, v, step)
+
+
+def _native_forward(q, k, v, step):
+    """attngen_native::forward: the step's forward alone (no autograd node: a compiled graph's)."""
+    return torch.ops.attngen_native.forward.default(q, k, v, step)
+
+
+def _native_backward(dout, q, k, v, out, lse, step):
+    """attngen_native::backward: the step's backward alone."""
+    return torch.ops.attngen_native.backward.default(dout, q, k, v, out, lse, step)
+
+
+def _plain_step(q, k, v, causal, alignment, scale, layout, deterministic, make: bool = True):
+    """The _PreparedStep of a training call without variants (made and remembered when `make`), or None
+    where it has none: an argument no key can hold, tensors off the GPU, no backward spec (the full
+    calls then say so)."""
+    try:
+        key = call_key(q, k, v, causal, alignment, scale, deterministic, layout)
+        step = _TRAIN.get(key)
+    except (AttributeError, TypeError):
+        return None
+    if step is not None or not make:
+        return step if step is not _JOINED else None
+    if not q.is_cuda:
+        return None
+    try:
+        kernel = backward_kernel(q, k, v, causal, layout)
+    except NotImplementedError:
+        return None
+    step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic),
+                         (kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]))
+    _remember_step(key, step)
+    return step
+
+
 _JOINED = object()   # a _TRAIN entry that says: the sinks are joined after the kernel (join_sinks), take train()
 
 
@@ -1343,6 +1429,8 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
     if plain:
         if _functorch_active():
             return _PreparedTrain.apply(step, q, k, v)
+        if step.native is not None and not _saved_tensor_hooks_active():   # saved-tensor hooks: the Python node checks
+            return _native_train(q, k, v, step.native)        # what they give back
         return _apply_prepared_train(step, q, k, v)
     if _functorch_active():
         return _PreparedVariantTrain.apply(step, q, k, v, alibi_slopes, sinks)

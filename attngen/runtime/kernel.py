@@ -522,6 +522,29 @@ class Kernel:
             self._prepared.clear()
         self._prepared[key] = prepared
 
+    def native_program(self, prepared: Prepared, pointer_names: tuple, maps: tuple = (), map_pointers: tuple = ()):
+        """`prepared` as the native step's Program takes it (attngen/runtime/native/train_step.cpp):
+        (Params template, the byte offset of each of `pointer_names`' fields in the Params (-1: this
+        plan omits it), the tensor-map fields' offsets, the pointer each map maps, the maps (encoded
+        for this shape at any aligned pointers: only their address changes), 7 ints per launch, the
+        launches' names); None where this kernel launches through another launcher or synchronizes."""
+        if self._launcher is not None or self.synchronize:
+            return None
+        torch = self._torch
+        rows = {f.name: (offset, f.size) for f, offset in self.plan.abi.rows()}
+        fields = [rows.get(n) for n in pointer_names]
+        if any(f is not None and f[1] != 8 for f in fields):
+            return None
+        launches, names = [], []
+        for fn, handle, grid in prepared.launches:
+            launches += [handle.value, *grid, fn.threads, fn.smem_dynamic, int(fn.programmatic)]
+            names.append(fn.name)
+        return (torch.frombuffer(bytearray(prepared.template), dtype=torch.uint8),
+                [-1 if f is None else f[0] for f in fields],
+                [rows[m.abi_field][0] for m in self.plan.tensor_maps][:len(maps)], list(map_pointers),
+                torch.frombuffer(bytearray(b"".join(maps)), dtype=torch.uint8) if maps else
+                torch.empty(0, dtype=torch.uint8), launches, names)
+
     def _run(self, prepared: Prepared, pointers) -> None:
         """Launch a prepared call with this call's `pointers` (in its patch's order) on torch's
         current stream of its device, with that device's primary context current."""

@@ -98,6 +98,11 @@ class ShapeMaps:
         self._order = tuple(pointer_names.index(s.tensor) for s in specs)
         self._cache: dict = {}
 
+    @property
+    def order(self) -> tuple[int, ...]:
+        """Each map's tensor as its index in pointer_names."""
+        return self._order
+
     def values(self, pointers: tuple) -> tuple:
         """The maps, in the specs' order, for a call's pointers (named by pointer_names: by default
         q, k, v, o)."""

@@ -249,6 +249,19 @@ class BackwardKernel(Kernel):
             return dq, dk, dv, buffer[scratch[2]:].view(lse.shape)
         return dq, dk, dv
 
+    def native_backward(self, prepared, q, k, v, out, lse, dout):
+        """set_backward's arguments of the native step (attngen/runtime/native) for a prepared call made
+        on these tensors (dout in the layout it was prepared for); None where the kernel takes no
+        native replay. The scratch is (floats, where the group-split sums start, where they end)."""
+        (floats, sums_from, sums_to, turns), shape_maps, _ = prepared.extra
+        at = q.data_ptr()    # the gradients' and scratch's pointers: any aligned one, no map names them
+        pointers = (at, k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr()) + (at,) * 6
+        maps = shape_maps.values(pointers) if shape_maps else ()
+        program = self.native_program(prepared, POINTERS, maps, shape_maps.order if shape_maps else ())
+        if program is None:
+            return None
+        return (*program, [floats, sums_from, sums_to], list(turns or ()), list(dout.stride()))
+
     def varlen(self, q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
                max_seqlen_k: int | None = None, causal: bool = False, alignment: str | None = None,
                scale: float | None = None, dq=None, dk=None, dv=None, deterministic: bool = False,

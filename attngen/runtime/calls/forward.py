@@ -115,6 +115,17 @@ class ForwardKernel(Kernel):
         self._run(prepared, pointers)
         return (out, lse) if return_lse else out
 
+    def native_forward(self, prepared, q, k, v, out):
+        """set_forward's arguments of the native step (attngen/runtime/native) for a prepared call with
+        return_lse, made on these tensors; None where the kernel takes no native replay."""
+        shape_maps = prepared.extra[1] if self._map_fields else None
+        maps = shape_maps.values((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())) if shape_maps else ()
+        program = self.native_program(prepared, POINTERS, maps, shape_maps.order if shape_maps else ())
+        if program is None:
+            return None
+        return (*program, self.plan.v_dim == self.plan.head_dim, [*q.shape[:-1], self.plan.v_dim],
+                list(prepared.extra[0]))
+
     def _shape_maps(self, q, k, v, out, layout: str):
         """The TMA tensor maps of this call's shape (core of a prepared call), or None."""
         return shape_maps(self.plan, q, k, v, out, layout) if self._map_fields else None

@@ -1,0 +1,374 @@
+// attngen's native training step: the prepared forward and backward of one call shape of
+// attngen.attention(), run as a C++ autograd node.
+//
+// Why C++: a Python autograd node costs a training step 46-68 us of host time more than a C++ one
+// (docs/performance/backward.md, "The floor of a Python backward node"): the engine runs a CUDA
+// node's backward on its device thread, where a Python node must take the GIL. The Python runtime
+// (attngen/runtime/kernel.py) stays the source of truth: it makes every first call, checks the
+// inputs and lays out each launch's Params; this file only replays what it prepared (the same
+// template bytes, pointer fields and launches) on new tensors of the same shapes, as
+// Kernel._run does. Anything it was not prepared for (a misaligned pointer, another dout layout)
+// goes back to attngen's own ops (attngen::attention, attngen::attention_backward) through the
+// dispatcher.
+//
+// Built by attngen/runtime/native/__init__.py against the installed torch; loaded with
+// torch.ops.load_library. No Python.h: the ops and the Step class are registered with torch's
+// dispatcher and custom classes.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace attngen_native {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// -- the CUDA driver, found in the libcuda.so.1 the process already has loaded ----------------------
+
+struct Driver {
+  CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                     void**, void**) = nullptr;
+  CUresult (*launch_ex)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
+  CUresult (*get_context)(CUcontext*) = nullptr;
+  CUresult (*set_context)(CUcontext) = nullptr;
+  CUresult (*replace_address)(CUtensorMap*, void*) = nullptr;
+  CUresult (*error_name)(CUresult, const char**) = nullptr;
+};
+
+template <typename F>
+void bind(void* lib, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  TORCH_CHECK(fn != nullptr, "attngen native step: the CUDA driver has no ", name);
+}
+
+const Driver& driver() {
+  static Driver d;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    TORCH_CHECK(lib != nullptr, "attngen native step: cannot load libcuda.so.1");
+    bind(lib, "cuLaunchKernel", d.launch);
+    bind(lib, "cuLaunchKernelEx", d.launch_ex);
+    bind(lib, "cuCtxGetCurrent", d.get_context);
+    bind(lib, "cuCtxSetCurrent", d.set_context);
+    bind(lib, "cuTensorMapReplaceAddress", d.replace_address);
+    bind(lib, "cuGetErrorName", d.error_name);
+  });
+  return d;
+}
+
+std::string error_name(CUresult rc) {
+  const char* name = nullptr;
+  if (driver().error_name(rc, &name) != CUDA_SUCCESS || name == nullptr) return "CUresult " + std::to_string(rc);
+  return name;
+}
+
+// -- one prepared call: Params template, pointer fields, tensor maps, launches ----------------------
+
+constexpr size_t kParamsMax = 4096;   // CUDA's limit for a kernel's parameters (driver.PARAMS_MAX)
+constexpr int64_t kLoadBytes = 16;    // every pointer the kernels read in 16-byte vectors (kernel.LOAD_BYTES)
+
+struct Launch {
+  std::string name;
+  CUfunction function;
+  unsigned grid[3];
+  unsigned threads;
+  unsigned smem;
+  bool programmatic;   // a programmatic dependent of the launch ahead of it (sm_90 on)
+};
+
+struct MapSlot {
+  int64_t offset;      // of the 128-byte CUtensorMap in the Params
+  int64_t pointer;     // index of the pointer it maps
+  CUtensorMap map;     // encoded by the Python runtime for this shape; only its address changes
+};
+
+struct Program {
+  std::vector<uint8_t> params;
+  std::vector<int64_t> pointer_offsets;   // byte offset of each pointer field; -1: this Params omits it
+  std::vector<MapSlot> maps;
+  std::vector<Launch> launches;
+
+  // Params, pointers patched in and maps re-addressed, launched on torch's current stream of `device`
+  // with `context` (that device's primary context) current, as Kernel._run does.
+  void run(const int64_t* pointers, int64_t device, CUcontext context) const {
+    alignas(64) thread_local uint8_t buffer[kParamsMax];
+    const Driver& d = driver();
+    std::memcpy(buffer, params.data(), params.size());
+    for (size_t i = 0; i < pointer_offsets.size(); ++i) {
+      if (pointer_offsets[i] >= 0) std::memcpy(buffer + pointer_offsets[i], &pointers[i], sizeof(int64_t));
+    }
+    for (const MapSlot& slot : maps) {
+      alignas(64) CUtensorMap map = slot.map;
+      CUresult rc = d.replace_address(&map, reinterpret_cast<void*>(pointers[slot.pointer]));
+      TORCH_CHECK(rc == CUDA_SUCCESS, "attngen: cuTensorMapReplaceAddress failed: ", error_name(rc));
+      std::memcpy(buffer + slot.offset, &map, sizeof(CUtensorMap));
+    }
+    CUstream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+    CUcontext current = nullptr;
+    CUresult rc = d.get_context(&current);
+    TORCH_CHECK(rc == CUDA_SUCCESS, "attngen: cuCtxGetCurrent failed: ", error_name(rc));
+    // A thread with no context current (autograd's device thread may have none) or another GPU's:
+    // launch in this GPU's primary context, then give the thread back the one it had.
+    if (current != context) d.set_context(context);
+    void* args[1] = {buffer};
+    CUresult failed = CUDA_SUCCESS;
+    const Launch* at = nullptr;
+    for (const Launch& l : launches) {
+      if (l.programmatic) {
+        CUlaunchAttribute attribute;
+        std::memset(&attribute, 0, sizeof(attribute));
+        attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        CUlaunchConfig config;
+        std::memset(&config, 0, sizeof(config));
+        config.gridDimX = l.grid[0];
+        config.gridDimY = l.grid[1];
+        config.gridDimZ = l.grid[2];
+        config.blockDimX = l.threads;
+        config.blockDimY = config.blockDimZ = 1;
+        config.sharedMemBytes = l.smem;
+        config.hStream = stream;
+        config.attrs = &attribute;
+        config.numAttrs = 1;
+        rc = d.launch_ex(&config, l.function, args, nullptr);
+      } else {
+        rc = d.launch(l.function, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem, stream, args, nullptr);
+      }
+      if (rc != CUDA_SUCCESS) {
+        failed = rc;
+        at = &l;
+        break;
+      }
+    }
+    if (current != context) d.set_context(current);
+    TORCH_CHECK(failed == CUDA_SUCCESS, "launch of ", at->name, " (grid=(", at->grid[0], ", ", at->grid[1], ", ",
+                at->grid[2], "), block=(", at->threads, ", 1, 1), dynamic smem=", at->smem, " B) failed: ",
+                error_name(failed));
+  }
+};
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kByte && t.is_contiguous(),
+              "attngen native step: bytes come as a contiguous uint8 CPU tensor");
+  const uint8_t* p = t.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + t.numel());
+}
+
+// launches: 7 ints each (CUfunction, grid x, y, z, threads, dynamic smem bytes, programmatic)
+Program program(const Tensor& params, const std::vector<int64_t>& pointer_offsets,
+                const std::vector<int64_t>& map_offsets, const std::vector<int64_t>& map_pointers,
+                const Tensor& maps, const std::vector<int64_t>& launches, const std::vector<std::string>& names) {
+  Program p;
+  p.params = bytes_of(params);
+  TORCH_CHECK(p.params.size() <= kParamsMax, "attngen native step: Params of ", p.params.size(), " bytes");
+  p.pointer_offsets = pointer_offsets;
+  for (int64_t offset : pointer_offsets) {
+    TORCH_CHECK(offset < 0 || offset + 8 <= static_cast<int64_t>(p.params.size()), "pointer field past the Params");
+  }
+  std::vector<uint8_t> map_bytes = bytes_of(maps);
+  TORCH_CHECK(map_offsets.size() == map_pointers.size() && map_bytes.size() == map_offsets.size() * sizeof(CUtensorMap),
+              "attngen native step: one 128-byte map per map field");
+  for (size_t i = 0; i < map_offsets.size(); ++i) {
+    TORCH_CHECK(map_offsets[i] % 64 == 0 && map_offsets[i] + 128 <= static_cast<int64_t>(p.params.size()) &&
+                    map_pointers[i] >= 0 && map_pointers[i] < static_cast<int64_t>(pointer_offsets.size()),
+                "attngen native step: map field ", i, " out of place");
+    MapSlot slot;
+    slot.offset = map_offsets[i];
+    slot.pointer = map_pointers[i];
+    std::memcpy(&slot.map, map_bytes.data() + i * sizeof(CUtensorMap), sizeof(CUtensorMap));
+    p.maps.push_back(slot);
+  }
+  TORCH_CHECK(launches.size() == names.size() * 7, "attngen native step: 7 numbers per launch");
+  for (size_t i = 0; i < names.size(); ++i) {
+    const int64_t* l = launches.data() + i * 7;
+    p.launches.push_back(Launch{names[i], reinterpret_cast<CUfunction>(l[0]),
+                                {static_cast<unsigned>(l[1]), static_cast<unsigned>(l[2]), static_cast<unsigned>(l[3])},
+                                static_cast<unsigned>(l[4]), static_cast<unsigned>(l[5]), l[6] != 0});
+  }
+  return p;
+}
+
+bool aligned(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % kLoadBytes == 0; }
+
+// -- the training step of one call shape ------------------------------------------------------------
+
+struct Step : torch::CustomClassHolder {
+  int64_t device;
+  CUcontext context;
+  // the call's options, for attngen's own ops where this step was not prepared for the tensors
+  bool causal;
+  std::optional<std::string> alignment;
+  std::optional<double> scale;
+  std::string layout;
+  bool deterministic;
+  Program forward_program, backward_program;
+  std::vector<int64_t> lse_sizes;
+  bool output_like_q = true;            // o as empty_like(q); else new contiguous with o_sizes
+  std::vector<int64_t> o_sizes;
+  int64_t scratch_floats = 0, sums_from = 0, sums_to = 0;
+  std::vector<int64_t> turns;           // the deterministic call's int32 turn counters, or none
+  std::vector<int64_t> dout_strides;    // the layout the backward was prepared for
+  bool ready = false;
+
+  Step(int64_t device, int64_t context, bool causal, std::optional<std::string> alignment,
+       std::optional<double> scale, std::string layout, bool deterministic)
+      : device(device), context(reinterpret_cast<CUcontext>(context)), causal(causal), alignment(std::move(alignment)),
+        scale(scale), layout(std::move(layout)), deterministic(deterministic) {}
+
+  void set_forward(const Tensor& params, std::vector<int64_t> pointer_offsets, std::vector<int64_t> map_offsets,
+                   std::vector<int64_t> map_pointers, const Tensor& maps, std::vector<int64_t> launches,
+                   std::vector<std::string> names, bool like_q, std::vector<int64_t> o_sizes_,
+                   std::vector<int64_t> lse_sizes_) {
+    TORCH_CHECK(pointer_offsets.size() == 5, "attngen native step: the forward patches q, k, v, o, lse");
+    forward_program = program(params, pointer_offsets, map_offsets, map_pointers, maps, launches, names);
+    output_like_q = like_q;
+    o_sizes = std::move(o_sizes_);
+    lse_sizes = std::move(lse_sizes_);
+  }
+
+  void set_backward(const Tensor& params, std::vector<int64_t> pointer_offsets, std::vector<int64_t> map_offsets,
+                    std::vector<int64_t> map_pointers, const Tensor& maps, std::vector<int64_t> launches,
+                    std::vector<std::string> names, std::vector<int64_t> scratch, std::vector<int64_t> turns_,
+                    std::vector<int64_t> dout_strides_) {
+    TORCH_CHECK(pointer_offsets.size() == 12, "attngen native step: the backward patches 12 pointers");
+    TORCH_CHECK(scratch.size() == 3 && 0 <= scratch[1] && scratch[1] <= scratch[2] && scratch[2] <= scratch[0],
+                "attngen native step: scratch is (floats, sums from, sums to)");
+    backward_program = program(params, pointer_offsets, map_offsets, map_pointers, maps, launches, names);
+    scratch_floats = scratch[0];
+    sums_from = scratch[1];
+    sums_to = scratch[2];
+    turns = std::move(turns_);
+    dout_strides = std::move(dout_strides_);
+    ready = true;
+  }
+
+  // (o, lse); attngen::attention where a pointer is not 16-byte aligned
+  std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v) const {
+    if (!(aligned(q) && aligned(k) && aligned(v))) {
+      static auto op = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("attngen::attention", "")
+                           .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
+                                                             std::optional<c10::string_view>, std::optional<double>,
+                                                             c10::string_view)>();
+      return op.call(q, k, v, causal, alignment, scale, layout);
+    }
+    Tensor o = output_like_q ? at::empty_like(q) : at::empty(o_sizes, q.options());
+    Tensor lse = at::empty(lse_sizes, q.options().dtype(at::kFloat));
+    const int64_t pointers[5] = {ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse)};
+    forward_program.run(pointers, device, context);
+    return {o, lse};
+  }
+
+  // (dq, dk, dv); attngen::attention_backward for tensors of another layout or misaligned
+  std::tuple<Tensor, Tensor, Tensor> backward(Tensor dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& o, const Tensor& lse) const {
+    if (dout.strides() != c10::IntArrayRef(dout_strides)) dout = dout.contiguous();
+    if (dout.strides() != c10::IntArrayRef(dout_strides) ||
+        !(aligned(q) && aligned(k) && aligned(v) && aligned(o) && aligned(dout))) {
+      static auto op = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("attngen::attention_backward", "")
+                           .typed<std::tuple<Tensor, Tensor, Tensor>(
+                               const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, bool, std::optional<c10::string_view>, std::optional<double>,
+                               c10::string_view, bool)>();
+      return op.call(dout, q, k, v, o, lse, causal, alignment, scale, layout, deterministic);
+    }
+    Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+    // [dQ accumulator | group-split sums of dK and dV | delta] (backward.scratch_layout); the
+    // preprocess kernel zeroes the accumulator and writes delta, the sums are zeroed here
+    Tensor buffer = at::empty({scratch_floats}, q.options().dtype(at::kFloat));
+    if (sums_to > sums_from) buffer.narrow(0, sums_from, sums_to - sums_from).zero_();
+    Tensor turn_counts = turns.empty() ? Tensor() : at::zeros(turns, q.options().dtype(at::kInt));
+    const int64_t base = ptr(buffer);
+    const int64_t pointers[12] = {ptr(q),  ptr(k),  ptr(v), ptr(o), ptr(lse), ptr(dout), ptr(dq), ptr(dk),
+                                  ptr(dv), base, base + 4 * sums_to, turns.empty() ? 0 : ptr(turn_counts)};
+    backward_program.run(pointers, device, context);
+    return {dq, dk, dv};
+  }
+
+  static int64_t ptr(const Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); }
+};
+
+// -- the autograd node ------------------------------------------------------------------------------
+
+struct Train : public torch::autograd::Function<Train> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const c10::intrusive_ptr<Step>& step) {
+    auto [o, lse] = step->forward(q, k, v);
+    ctx->save_for_backward({q, k, v, o, lse});
+    ctx->saved_data["step"] = step;
+    ctx->mark_non_differentiable({lse});
+    // the LSE takes no gradient: no tensor of zeros for it each step (as _PreparedTrain)
+    ctx->set_materialize_grads(false);
+    return {o, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};   // no gradient reached o
+    auto saved = ctx->get_saved_variables();
+    auto step = ctx->saved_data["step"].toCustomClass<Step>();
+    auto [dq, dk, dv] = step->backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4]);
+    return {dq, dk, dv, Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor> train(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const c10::intrusive_ptr<Step>& step) {
+  TORCH_CHECK(step->ready, "attngen native step: used before its backward was set");
+  auto out = Train::apply(q, k, v, step);
+  return {out[0], out[1]};
+}
+
+// torch.compile's graphs call attngen::attention_train and attngen::attention_backward, whose CUDA
+// implementations (Python) hand a prepared shape to these: the step's forward and backward alone.
+std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const c10::intrusive_ptr<Step>& step) {
+  return step->forward(q, k, v);
+}
+
+std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& o, const Tensor& lse, const c10::intrusive_ptr<Step>& step) {
+  return step->backward(dout, q, k, v, o, lse);
+}
+
+}  // namespace attngen_native
+
+TORCH_LIBRARY(attngen_native, m) {
+  m.class_<attngen_native::Step>("Step")
+      .def(torch::init<int64_t, int64_t, bool, std::optional<std::string>, std::optional<double>, std::string,
+                       bool>())
+      .def("set_forward", &attngen_native::Step::set_forward)
+      .def("set_backward", &attngen_native::Step::set_backward);
+  m.def("train(Tensor q, Tensor k, Tensor v, __torch__.torch.classes.attngen_native.Step step) -> (Tensor, Tensor)");
+  m.def("forward(Tensor q, Tensor k, Tensor v, __torch__.torch.classes.attngen_native.Step step) -> (Tensor, Tensor)");
+  m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
+        "__torch__.torch.classes.attngen_native.Step step) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(attngen_native, Autograd, m) { m.impl("train", &attngen_native::train); }
+
+TORCH_LIBRARY_IMPL(attngen_native, CUDA, m) {
+  m.impl("forward", &attngen_native::forward);
+  m.impl("backward", &attngen_native::backward);
+}

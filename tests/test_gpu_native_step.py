@@ -1,0 +1,155 @@
+"""attngen.attention's eager training step through the native step (attngen/runtime/native: the prepared
+forward and backward replayed from a C++ autograd node): built against the installed torch, taken from
+a shape's third step on, its gradients the Python node's (bit for bit where deterministic) and within
+the rule of SDPA's fp32 autograd, including what it was not prepared for (a dout in other strides, an
+expanded one, saved-tensor hooks), which goes back to attngen's own ops."""
+from __future__ import annotations
+
+import pytest
+
+import attngen
+from attngen.eval import verify
+from test_gpu_backward import sdpa_gradients
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def native():
+    import torch
+    from attngen.runtime import native
+    native.build(torch)
+    assert native.ready(torch), native._state
+    return native
+
+
+def _within_rule(torch, q, k, v, dout, causal, got, layout, what):
+    t = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
+    ref, low = sdpa_gradients(torch, t(q), t(k), t(v), t(dout).contiguous(), causal)
+    for name, g, want, base in zip(("dq", "dk", "dv"), got, ref, low):
+        err = (t(g).float() - want).abs().max().item()
+        bound = verify.error_bound((base - want).abs().max().item())
+        assert err <= bound, f"{what}: {name} {err:.3g} > {bound:.3g}"
+
+
+CASES = [  # q shape, KV heads, causal, layout, dtype, deterministic
+    ((1, 8, 512, 64), 8, False, "bhsd", "float16", False),
+    ((2, 16, 300, 128), 4, True, "bhsd", "bfloat16", False),
+    ((2, 333, 8, 64), 2, True, "bshd", "float16", False),
+    ((2, 8, 256, 128), 8, True, "bhsd", "bfloat16", True),
+    ((1, 4, 200, 256), 4, False, "bhsd", "bfloat16", False),
+]
+
+
+@pytest.mark.parametrize("shape, kv_heads, causal, layout, dtype, deterministic", CASES,
+                         ids=["x".join(map(str, c[0])) + f"-{c[3]}-{c[4]}" + ("-det" if c[5] else "") for c in CASES])
+def test_native_steps_match_the_python_node(native, shape, kv_heads, causal, layout, dtype, deterministic):
+    import torch
+    from attngen.ops import library
+    gen = torch.Generator(device="cuda").manual_seed(71)
+    dt = getattr(torch, dtype)
+    kv_shape = (shape[0], kv_heads, *shape[2:]) if layout == "bhsd" else (*shape[:2], kv_heads, shape[3])
+    q, k, v = (torch.randn(s, generator=gen, device="cuda").to(dt).requires_grad_() for s in (shape, kv_shape, kv_shape))
+    dout = torch.randn(shape, generator=gen, device="cuda").to(dt)
+
+    def step(d=dout):
+        o = attngen.attention(q, k, v, causal=causal, layout=layout, deterministic=deterministic)
+        return o, torch.autograd.grad(o, (q, k, v), d)
+
+    for _ in range(2):    # the first call, then the prepared one, which makes the native step
+        _, python = step()
+    entry = library._TRAIN[library.call_key(q, k, v, causal, None, None, deterministic, layout)]
+    assert isinstance(entry.native, torch.ScriptObject), entry.native
+    o, got = step()
+    assert "attngen_native" in o.grad_fn.name(), o.grad_fn.name()    # torch::autograd::CppNode<attngen_native::Train>
+    _within_rule(torch, q, k, v, dout, causal, got, layout, "native step")
+    if deterministic:
+        assert all(torch.equal(a, b) for a, b in zip(got, python)), "native and Python steps differ"
+        assert all(torch.equal(a, b) for a, b in zip(step()[1], got)), "two native steps differ"
+    # what it was not prepared for: a sliced dout (other strides), an expanded one (a sum's gradient)
+    wide = torch.randn(*shape[:-1], 2 * shape[-1], generator=gen, device="cuda").to(dt)
+    for d in (wide[..., :shape[-1]], torch.ones(1, device="cuda", dtype=dt).expand(shape)):
+        _within_rule(torch, q, k, v, d, causal, step(d)[1], layout, f"dout strides {d.stride()}")
+    with torch.autograd.graph.save_on_cpu():   # saved-tensor hooks: the Python node
+        o, got = step()
+    assert "attngen_native" not in o.grad_fn.name()
+    _within_rule(torch, q, k, v, dout, causal, got, layout, "under save_on_cpu")
+
+
+def test_native_step_in_a_cuda_graph(native):
+    """A native step captured in a CUDA graph (after three steps on a side stream) and replayed on new
+    inputs: deterministic, so the replay's gradients are an eager native step's on those inputs, bit for bit."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(72)
+    q, k, v, dout = (torch.randn(2, 8, 256, 64, generator=gen, device="cuda").half() for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    def step():
+        o = attngen.attention(*leaves, causal=True, deterministic=True)
+        return torch.autograd.grad(o, leaves, dout)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for t, new in zip(leaves, (torch.randn_like(q) for _ in range(3))):
+        with torch.no_grad():
+            t.copy_(new)
+    graph.replay()
+    eager = step()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(captured, eager))
+
+
+def test_the_native_library_is_built_once_per_torch(native, tmp_path, monkeypatch):
+    """The library's place names the source and torch's build; a build into an empty cache compiles it
+    and a second build finds it there."""
+    import torch
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path))
+    path = native.library_path(torch)
+    assert path.parent == tmp_path / "native" and not path.exists()
+    assert native.build(torch) == path and path.is_file()
+    mtime = path.stat().st_mtime_ns
+    assert native.build(torch) == path and path.stat().st_mtime_ns == mtime
+
+
+def test_compiled_steps_take_the_shapes_native_step(native):
+    """torch.compile(fullgraph=True) of a training step: its graphs' ops (attngen::attention_train and
+    attngen::attention_backward) take the shape's training step, natively from the third step on, and
+    give an eager native step's gradients bit for bit (deterministic)."""
+    import torch
+    from attngen.ops import library
+    gen = torch.Generator(device="cuda").manual_seed(73)
+    q, k, v, dout = (torch.randn(2, 8, 256, 64, generator=gen, device="cuda").half() for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    def attend(q, k, v):
+        return attngen.attention(q, k, v, causal=True, deterministic=True)
+    compiled = torch.compile(attend, fullgraph=True)
+    for _ in range(3):
+        got = torch.autograd.grad(compiled(*leaves), leaves, dout)
+    entry = library._TRAIN[library.call_key(*leaves, True, None, None, True, "bhsd")]
+    assert isinstance(entry.native, torch.ScriptObject), entry.native
+    eager = torch.autograd.grad(attend(*leaves), leaves, dout)
+    assert all(torch.equal(a, b) for a, b in zip(got, eager))
+    _within_rule(torch, *leaves, dout, True, got, "bhsd", "compiled")
+
+
+def test_a_misaligned_call_after_the_native_step_is_refused_as_before(native):
+    """Views 8 bytes off 16-byte alignment, of a shape whose native step exists: the native step hands
+    them to attngen's own forward op, which refuses them with the message the Python node gives (and
+    does not come back to the native step)."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(74)
+    shape, n = (1, 4, 128, 64), 4 * 128 * 64
+    q, k, v = (torch.randn(shape, generator=gen, device="cuda").half().requires_grad_() for _ in range(3))
+    for _ in range(3):
+        torch.autograd.grad(attngen.attention(q, k, v), (q, k, v), torch.ones_like(q))
+    flat = torch.randn(n + 4, generator=gen, device="cuda").half()
+    shifted = flat[4:].view(shape).requires_grad_()
+    with pytest.raises((ValueError, RuntimeError), match="16-byte"):
+        attngen.attention(shifted, k, v)
