@@ -16,6 +16,10 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def native():
+    from conftest import _gpu_skip_reason     # a module fixture is made before the autouse skip runs
+    reason = _gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
     import torch
     from attngen.runtime import native
     native.build(torch)
