@@ -66,7 +66,7 @@ def findings() -> list[Finding]:
                            "building pycuda (the gpu extra)", note=True))
     cxx = next((shutil.which(c) for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
     out.append(Finding("C++ compiler", cxx is not None, cxx or "not found: install g++ (build-essential)",
-                       "nvcc's host compiler; building pycuda"))
+                       "nvcc's host compiler; building pycuda and the native training step"))
     py_include = Path(sysconfig.get_paths()["include"])
     has_py = (py_include / "Python.h").is_file()
     out.append(Finding("Python headers (Python.h)", has_py, str(py_include) if has_py else
@@ -82,7 +82,28 @@ def findings() -> list[Finding]:
     except ImportError:
         has_torch, torch_text = False, "not installed: pip install -e '.[gpu]' (after the checks above pass)"
     out.append(Finding("torch", has_torch, torch_text, "running kernels, verify, bench"))
+    if has_torch:
+        out.append(native_step_finding(torch))
     return out
+
+
+def native_step_finding(torch) -> Finding:
+    """Whether the native training step (attngen/runtime/native, a C++ autograd node) is built for this
+    torch; not built is a note: training calls take the Python node until it is."""
+    from .runtime import native
+    need = "eager training calls' host time (a C++ autograd node instead of a Python one)"
+    if not native.enabled():
+        return Finding("native training step", False, f"turned off ({native.ENV}=0)", need, note=True)
+    path = native.library_path(torch)
+    if path.is_file():
+        return Finding("native training step", True, f"built: {path}", need)
+    note = native.failure_note(path)
+    if note.is_file():
+        first = (note.read_text(errors="replace").strip().splitlines() or ["(no message)"])[0].rstrip(":")
+        return Finding("native training step", False, f"its build failed ({first}; the whole message: {note}); "
+                       "`attngen warm` tries again", need, note=True)
+    return Finding("native training step", False, "not built for this torch: `attngen warm` builds it (or a training "
+                   "process, in the background, taking the Python autograd node meanwhile)", need, note=True)
 
 
 def install_hint() -> str:
@@ -94,4 +115,4 @@ def install_hint() -> str:
     return f'{env}{Path(sys.executable).name} -m pip install -e ".[gpu]"'
 
 
-__all__ = ["Finding", "cuda_toolkit", "findings", "install_hint"]
+__all__ = ["Finding", "cuda_toolkit", "findings", "install_hint", "native_step_finding"]

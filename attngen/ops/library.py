@@ -17,6 +17,7 @@ Importing this module registers the ops (it needs torch)."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -1279,11 +1280,15 @@ class _PreparedStep:
         if not _native.ready(torch):
             self.native_pending = not _native.unavailable()
             return
-        forward = self.forward_kernel.native_forward(self.forward_prepared, q, k, v, o)
-        backward = self.gradient_kernel.native_backward(self.gradient_prepared, q, k, v, o, lse, dout)
-        step = None if forward is None or backward is None else _native.make_step(
-            torch, self.forward_prepared, forward, self.gradient_prepared, backward, self.options)
-        self.native, self.native_pending = step, False
+        self.native_pending = False
+        try:
+            forward = self.forward_kernel.native_forward(self.forward_prepared, q, k, v, o)
+            backward = self.gradient_kernel.native_backward(self.gradient_prepared, q, k, v, o, lse, dout)
+            self.native = None if forward is None or backward is None else _native.make_step(
+                torch, self.forward_prepared, forward, self.gradient_prepared, backward, self.options)
+        except Exception as exc:    # the shape keeps the Python node; the step itself never fails for this
+            warnings.warn(f"attngen: no native training step for this shape ({type(exc).__name__}: {exc}); "
+                          f"it keeps the Python autograd node", RuntimeWarning, stacklevel=2)
 
 
 _top_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)

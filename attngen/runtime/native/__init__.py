@@ -7,11 +7,16 @@ take the GIL; that costs a training step 46-68 us of host time more than a C++ n
 launch; the C++ step replays it (Params bytes, pointer fields, tensor maps, launches) on new tensors.
 
 The library is built with the C++ compiler ($CXX, else g++) against the installed torch's headers
-and the CUDA toolkit's cuda.h (next to nvcc), into $ATTNGEN_CACHE_DIR/native/, keyed by the
-source and torch's build. `attngen warm` builds it; so does the first eager training call of a
-process that finds none, in a background thread (about 15-40 s of one core), while the training
-steps take the Python node; a later step loads it. ATTNGEN_NATIVE=0 turns it off (the Python node
-then serves every step); a build that fails says why once and leaves the Python node in place.
+and the CUDA toolkit's cuda.h (next to nvcc), into $ATTNGEN_CACHE_DIR/native/, keyed by the source,
+the compiler's command line and torch's build. `attngen warm` builds it. The first eager training call
+of a process that finds none starts its build as a process of its own
+(`python -m attngen.runtime.native`, about 15-40 s of one core), which finishes even if the training
+process ends first; the steps take the Python node meanwhile and load the library once it is there.
+Processes building at once take turns on a lock file: one compiles, the others find its library. A
+build that fails leaves a note beside the library's place with the compiler's message, printed once
+per process, and no process builds again until `attngen warm` is asked to (it retries). A library
+that will not load is moved aside and built again by the next process. ATTNGEN_NATIVE=0 turns it
+all off: every step then takes the Python node.
 
 Imports torch only inside its functions: `attngen warm` runs where torch may be missing.
 """
@@ -19,10 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ...errors import ToolError
@@ -31,13 +38,23 @@ from ...fsutil import cache_dir
 SOURCE = Path(__file__).with_name("train_step.cpp")
 ENV = "ATTNGEN_NATIVE"          # "0": never build or load it
 NAMESPACE = "attngen_native"
+POLL_SECONDS = 0.5              # how often a training step looks for a library being built elsewhere
+FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-w")
 
 _lock = threading.Lock()
-_state = {"loaded": False, "failed": None, "building": None}
+_state = {"loaded": False, "failed": None, "building": None, "next_look": 0.0}
 
 
 def enabled() -> bool:
     return os.environ.get(ENV, "").strip() != "0"
+
+
+def _compiler() -> list[str]:
+    """$CXX (split as a shell would: "ccache g++"), else g++ or c++ on PATH; ToolError if none."""
+    cxx = shlex.split(os.environ.get("CXX", "")) or [c for c in (shutil.which("g++") or shutil.which("c++"),) if c]
+    if not cxx:
+        raise ToolError("the native training step needs a C++ compiler (g++, or set CXX)")
+    return cxx
 
 
 def _torch_build(torch) -> str:
@@ -46,11 +63,17 @@ def _torch_build(torch) -> str:
 
 
 def library_path(torch=None) -> Path:
-    """Where the library of this source and this torch lives in the cache."""
+    """Where the library of this source, these flags and this torch lives in the cache (no compiler is
+    run to find it: a first training step only reads the source)."""
     if torch is None:
         import torch
-    digest = hashlib.sha256(SOURCE.read_bytes() + _torch_build(torch).encode()).hexdigest()[:16]
-    return cache_dir() / "native" / f"train_step-{digest}.so"
+    key = SOURCE.read_bytes() + "|".join((*FLAGS, os.environ.get("CXX", ""), _torch_build(torch))).encode()
+    return cache_dir() / "native" / f"train_step-{hashlib.sha256(key).hexdigest()[:16]}.so"
+
+
+def failure_note(path: Path) -> Path:
+    """Where a failed build of `path` leaves the compiler's message."""
+    return path.with_suffix(".failed")
 
 
 def _cuda_include() -> Path:
@@ -70,55 +93,71 @@ def _cuda_include() -> Path:
 
 def build_command(torch, output: Path) -> list[str]:
     """The compiler's command line for the library at `output`."""
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not cxx:
-        raise ToolError("the native training step needs a C++ compiler (g++, or set CXX)")
+    cxx = _compiler()
     root = Path(torch.__file__).resolve().parent
     include, lib = root / "include", root / "lib"
-    return [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-w",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+    return [*cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{_cuda_include()}",
             str(SOURCE), "-o", str(output), f"-L{lib}", "-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch",
             f"-Wl,-rpath,{lib}", "-ldl"]
 
 
-def build(torch=None) -> Path:
-    """Compile the library into the cache (nothing when it is there); its path. ToolError says why
-    it could not be built (no compiler, no cuda.h, the compiler's own message)."""
+def build(torch=None, retry: bool = True) -> Path:
+    """Compile the library into the cache (nothing when it is there); its path. One process at a time
+    per library (a lock file beside it; the others wait and find it built). A failure is ToolError with
+    the compiler's message, also left in failure_note(path); with retry=False a failure noted before
+    is raised again without compiling."""
     if torch is None:
         import torch
-    path = library_path(torch)
-    if path.is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
-    cmd = build_command(torch, partial)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        path = library_path(torch)
+        if path.is_file():
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        import fcntl
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)      # released when the file closes, also if this process dies
+            if path.is_file():
+                return path
+            note = failure_note(path)
+            if note.is_file() and not retry:
+                raise ToolError(note.read_text(errors="replace").strip())
+            return _compile(torch, path, note)
     except OSError as exc:
-        raise ToolError(f"cannot run {cmd[0]} for the native training step: {exc}") from None
-    if done.returncode != 0:
+        raise ToolError(f"the native training step cannot be built in {cache_dir() / 'native'}: {exc}") from None
+
+
+def _compile(torch, path: Path, note: Path) -> Path:
+    partial = path.with_name(f"{path.stem}.{os.getpid()}.tmp.so")
+    try:
+        cmd = build_command(torch, partial)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as exc:
+            raise ToolError(f"cannot run {cmd[0]} for the native training step: {exc}") from None
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+            raise ToolError(f"the native training step did not compile ({cmd[0]} exited {done.returncode}):\n{tail}")
+    except ToolError as exc:
         partial.unlink(missing_ok=True)
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        raise ToolError(f"the native training step did not compile ({cmd[0]} exited {done.returncode}):\n{tail}")
-    os.replace(partial, path)     # whole or not at all, for processes building at once
+        note.write_text(f"{exc}\n")
+        raise
+    os.replace(partial, path)     # whole or not at all
+    note.unlink(missing_ok=True)
     return path
 
 
-def _build_in_background(torch) -> None:
-    def run():
-        try:
-            build(torch)
-        except ToolError as exc:
-            _state["failed"] = str(exc)
-            print(f"attngen: {exc}\nattngen: training steps keep the Python autograd node "
-                  f"({ENV}=0 stops this attempt)", file=sys.stderr)
-        except Exception as exc:   # never let a background build take the process down
-            _state["failed"] = f"{type(exc).__name__}: {exc}"
+def _start_build() -> None:
+    """The build as a process of its own (it outlives this one; its messages go to the failure note)."""
+    _state["building"] = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          start_new_session=True)
 
-    thread = threading.Thread(target=run, name="attngen-native-build", daemon=True)
-    _state["building"] = thread
-    thread.start()
+
+def _give_up(message: str) -> None:
+    _state["failed"] = message
+    print(f"attngen: {message}\nattngen: eager training calls keep the Python autograd node ({ENV}=0 silences "
+          f"this; `attngen warm` tries the build again)", file=sys.stderr)
 
 
 def unavailable() -> bool:
@@ -128,31 +167,38 @@ def unavailable() -> bool:
 
 def ready(torch) -> bool:
     """Whether the native step's ops are loaded: loads the library when it is built; starts its build
-    in the background the first time it is not (ATTNGEN_NATIVE=0: never)."""
+    the first time it is not (ATTNGEN_NATIVE=0: never). While it is being built, looks again at most
+    every POLL_SECONDS."""
     if _state["loaded"]:
         return True
-    if _state["failed"] is not None or not enabled():
+    if unavailable() or time.monotonic() < _state["next_look"]:
         return False
     with _lock:
         if _state["loaded"]:
             return True
-        building = _state["building"]
-        if building is not None and building.is_alive():
-            return False
+        _state["next_look"] = time.monotonic() + POLL_SECONDS
         try:
             path = library_path(torch)
-        except OSError:
-            _state["failed"] = "no source"
-            return False
-        if not path.is_file():
-            if building is None:
-                _build_in_background(torch)
+            if not path.is_file():
+                note = failure_note(path)
+                if note.is_file():
+                    _give_up(note.read_text(errors="replace").strip())
+                elif _state["building"] is None:
+                    _start_build()
+                elif _state["building"].poll() is not None and not path.is_file() and not note.is_file():
+                    _give_up("the native training step's build process ended without a library")
+                return False
+        except (OSError, ToolError) as exc:
+            _give_up(f"the native training step cannot be built: {exc}")
             return False
         try:
             torch.ops.load_library(str(path))
         except (OSError, RuntimeError) as exc:
-            _state["failed"] = f"cannot load {path}: {exc}"
-            print(f"attngen: {_state['failed']}; training steps keep the Python autograd node", file=sys.stderr)
+            try:       # the next process builds it again (another compiler, libstdc++ or torch wrote it)
+                os.replace(path, path.with_suffix(".bad"))
+            except OSError:
+                pass
+            _give_up(f"cannot load {path}: {exc}")
             return False
         _state["loaded"] = True
         return True
@@ -174,4 +220,15 @@ def make_step(torch, forward_prepared, forward_args, backward_prepared, backward
     return step
 
 
-__all__ = ["ENV", "NAMESPACE", "SOURCE", "build", "build_command", "enabled", "library_path", "make_step", "ready", "unavailable"]
+def main() -> int:
+    """`python -m attngen.runtime.native`: build the library (a training process starts this)."""
+    try:
+        import torch
+        build(torch, retry=False)
+    except ToolError:
+        return 1       # the failure note holds the message
+    return 0
+
+
+__all__ = ["ENV", "NAMESPACE", "SOURCE", "build", "build_command", "enabled", "failure_note", "library_path",
+           "main", "make_step", "ready", "unavailable"]

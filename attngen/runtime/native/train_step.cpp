@@ -52,6 +52,7 @@ struct Driver {
   CUresult (*set_context)(CUcontext) = nullptr;
   CUresult (*replace_address)(CUtensorMap*, void*) = nullptr;
   CUresult (*error_name)(CUresult, const char**) = nullptr;
+  CUresult (*error_string)(CUresult, const char**) = nullptr;
 };
 
 template <typename F>
@@ -73,14 +74,18 @@ const Driver& driver() {
     bind(lib, "cuCtxSetCurrent", d.set_context);
     bind(lib, "cuTensorMapReplaceAddress", d.replace_address);
     bind(lib, "cuGetErrorName", d.error_name);
+    bind(lib, "cuGetErrorString", d.error_string);
   });
   return d;
 }
 
+// the driver's name and text of an error, as driver.error_text gives them to the Python runtime
 std::string error_name(CUresult rc) {
   const char* name = nullptr;
+  const char* text = nullptr;
   if (driver().error_name(rc, &name) != CUDA_SUCCESS || name == nullptr) return "CUresult " + std::to_string(rc);
-  return name;
+  if (driver().error_string(rc, &text) != CUDA_SUCCESS || text == nullptr) return name;
+  return std::string(name) + ": " + text;
 }
 
 // -- one prepared call: Params template, pointer fields, tensor maps, launches ----------------------
@@ -130,7 +135,10 @@ struct Program {
     TORCH_CHECK(rc == CUDA_SUCCESS, "attngen: cuCtxGetCurrent failed: ", error_name(rc));
     // A thread with no context current (autograd's device thread may have none) or another GPU's:
     // launch in this GPU's primary context, then give the thread back the one it had.
-    if (current != context) d.set_context(context);
+    if (current != context) {
+      rc = d.set_context(context);
+      TORCH_CHECK(rc == CUDA_SUCCESS, "attngen: cuCtxSetCurrent failed: ", error_name(rc));
+    }
     void* args[1] = {buffer};
     CUresult failed = CUDA_SUCCESS;
     const Launch* at = nullptr;
@@ -161,7 +169,7 @@ struct Program {
         break;
       }
     }
-    if (current != context) d.set_context(current);
+    if (current != context) d.set_context(current);   // back to the thread's own, as Kernel._run does
     TORCH_CHECK(failed == CUDA_SUCCESS, "launch of ", at->name, " (grid=(", at->grid[0], ", ", at->grid[1], ", ",
                 at->grid[2], "), block=(", at->threads, ", 1, 1), dynamic smem=", at->smem, " B) failed: ",
                 error_name(failed));
