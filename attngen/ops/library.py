@@ -1269,7 +1269,6 @@ class _PreparedStep:
                 self.gradient_prepared, self.dout_stride = prepared, dout.stride()
         return result
 
-
     def _make_native(self, q, k, v, o, lse, dout) -> None:
         """The native step from the two prepared calls (made on these tensors), once its library is
         loaded (native.ready: built before, or being built in the background); none, for good, where
