@@ -13,15 +13,28 @@ from .spec_files import same_file_key, spec_files
 from ..core.launch_rules import MAX_PAGE_SIZE
 
 
+def _parsed(parse, text):
+    """parse(text), its ValueError an option's BadParameter (the parser's message is the option's)."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _cell_list(parse, value: str, example: str) -> tuple:
+    """A comma-separated option of cells, each parse()d; at least one."""
+    cells = _parsed(lambda text: tuple(parse(c) for c in text.split(",") if c.strip()), value)
+    if not cells:
+        raise click.BadParameter(f"name at least one cell {example}")
+    return cells
+
+
 def _plot_file(ctx, param, value):
     """--plot of bench: a file whose suffix names an image format matplotlib writes."""
     if value is None:
         return None
     from ..eval.bench.chart import plot_format
-    try:
-        plot_format(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    _parsed(plot_format, value)
     return report_file(ctx, param, value)
 
 
@@ -30,12 +43,7 @@ def _train_cells(ctx, param, value):
     if value is None:
         return None
     from ..eval.bench.train import parse_train_cell
-    try:
-        cells = tuple(parse_train_cell(c) for c in value.split(",") if c.strip())
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-    if not cells:
-        raise click.BadParameter("name at least one cell BxHq/HkvxSxD (e.g. 4x32/8x2048x128)")
+    cells = _cell_list(parse_train_cell, value, "BxHq/HkvxSxD (e.g. 4x32/8x2048x128)")
     for c in cells:
         too_large = shape_too_large((c.batch, c.heads, c.seqlen, c.head_dim))
         if too_large:
@@ -48,10 +56,7 @@ def _gpt_model(ctx, param, value):
     if value is None:
         return None
     from ..eval.bench.gpt_step import parse_gpt_shape
-    try:
-        shape = parse_gpt_shape(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
+    shape = _parsed(parse_gpt_shape, value)
     too_large = shape_too_large((shape.batch, shape.heads, shape.seqlen, shape.d_model // shape.heads))
     if too_large:
         raise click.BadParameter(f"{value.strip()}: {too_large}")
@@ -63,13 +68,7 @@ def _cells(ctx, param, value):
     if value is None:
         return None
     from ..eval.bench.decode import parse_cell
-    try:
-        cells = tuple(parse_cell(c) for c in value.split(",") if c.strip())
-    except ValueError as e:
-        raise click.BadParameter(str(e))
-    if not cells:
-        raise click.BadParameter("name at least one cell BxHq/HkvxSkxSq (e.g. 8x32/8x8192x1)")
-    return cells
+    return _cell_list(parse_cell, value, "BxHq/HkvxSkxSq (e.g. 8x32/8x8192x1)")
 
 
 def _lengths(ctx, param, value):
@@ -77,10 +76,7 @@ def _lengths(ctx, param, value):
     if value is None:
         return None
     from ..eval.bench.varlen import parse_lengths
-    try:
-        lengths = parse_lengths(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e))
+    lengths = _parsed(parse_lengths, value)
     if len(lengths) > MAX_BATCH:
         raise click.BadParameter(f"{len(lengths)} sequences; a varlen batch holds at most {MAX_BATCH}")
     if sum(lengths) > MAX_SEQLEN:
@@ -93,19 +89,13 @@ def _context(ctx, param, value):
     if value is None:
         return None
     from ..eval.bench.serving import parse_context
-    try:
-        return parse_context(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
+    return _parsed(parse_context, value)
 
 
 def _heads(ctx, param, value):
     """--heads of bench --varlen: H or Hq/Hkv."""
     from ..eval.bench.varlen import parse_heads
-    try:
-        heads = parse_heads(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e))
+    heads = _parsed(parse_heads, value)
     if heads[0] > MAX_HEADS:
         raise click.BadParameter(f"{value!r}: at most {MAX_HEADS} query heads (got {heads[0]})")
     return heads
