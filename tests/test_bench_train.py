@@ -58,6 +58,33 @@ def test_the_gpu_sleep_covers_the_host_time_of_the_queued_calls():
     assert sleep_cycles(0.5, 1000) == SLEEP_CYCLES_MOST
 
 
+def test_time_calls_queues_again_where_the_host_outlasted_the_sleep_and_says_when_it_still_does(monkeypatch):
+    """time_calls compares the host's time to queue its calls with the GPU's sleep ahead of them: covered,
+    it times once; not covered, it queues again behind a sleep sized from that queuing time (twice it);
+    still not covered (a full launch queue keeps the host waiting on the GPU), it warns."""
+    import types
+    import warnings
+    from attngen.eval.bench import timing
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None))
+    for script, tries, warns in (
+            ([([10.0] * 30, 5.0, 10.0)], 1, False),                               # covered
+            ([([99.0] * 30, 50.0, 10.0), ([10.0] * 30, 50.0, 200.0)], 2, False),  # covered the second time
+            ([([99.0] * 30, 50.0, 10.0), ([99.0] * 30, 400.0, 200.0)], 2, True)):  # never covered
+        cycles = []
+
+        def queue(torch, fn, sets, reps, c, script=script):
+            cycles.append(c)
+            return script.pop(0)
+        monkeypatch.setattr(timing, "queue_behind_sleep", queue)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            med, _ = timing.time_calls(torch, lambda: None, [()], reps=30)
+        assert len(cycles) == tries and med == (99.0 if warns else 10.0)
+        if tries == 2:
+            assert cycles[1] == timing.sleep_cycles(50.0e-3 / 30, 30)
+        assert bool([w for w in caught if "launch queue" in str(w.message)]) == warns
+
+
 def test_a_gpt_shape_is_layers_dmodel_heads_tokens_batch():
     from attngen.eval.bench.gpt_step import DEFAULT_GPT, GptShape, parse_gpt_shape
     assert parse_gpt_shape(" 4x512x8x1024x8 ") == DEFAULT_GPT == GptShape(4, 512, 8, 1024, 8)

@@ -3,6 +3,8 @@ eager time of the same calls back to back; what every call's bench times with.""
 from __future__ import annotations
 
 import statistics
+import time
+import warnings
 
 SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU sleep, the least: enough for the host to enqueue most timed calls
 SLEEP_CYCLES_PER_SECOND = 2e9       # the H200's boost clock, about; a lower clock only sleeps longer
@@ -21,8 +23,12 @@ def sleep_cycles(host_seconds: float, reps: int) -> int:
 
 def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, float]:
     """Median and relative p10-p90 spread (percent) of fn(*set) in microseconds: GPU time, the calls
-    queued behind a GPU sleep that covers their host time (sleep_cycles, from one call's)."""
-    import time
+    queued behind a GPU sleep that covers their host time (sleep_cycles, from one call's).
+
+    Where the host was still queuing when the GPU woke (its Python slower than the warm-up call said,
+    or the driver's launch queue full: the host then waits on the sleeping GPU), the later calls' events
+    time the host's pace: the calls are queued once more behind a sleep sized from that queuing time,
+    and a RuntimeWarning says so where that did not cover it either."""
     warmup = max(1, warmup)
     for i in range(warmup - 1):
         fn(*sets[i % len(sets)])
@@ -31,24 +37,45 @@ def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, f
     fn(*sets[(warmup - 1) % len(sets)])   # the last warm-up call's host time, the GPU idle (nothing to wait behind)
     host = time.perf_counter() - started
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    torch.cuda._sleep(sleep_cycles(host, reps))  # the host queues every call below while the GPU sleeps
-    for i in range(reps):
-        starts[i].record()
-        fn(*sets[i % len(sets)])
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+    cycles = sleep_cycles(host, reps)
+    times, queued_ms, slept_ms = queue_behind_sleep(torch, fn, sets, reps, cycles)
+    if queued_ms > slept_ms and cycles < SLEEP_CYCLES_MOST:
+        cycles = sleep_cycles(queued_ms / 1e3 / reps, reps)
+        times, queued_ms, slept_ms = queue_behind_sleep(torch, fn, sets, reps, cycles)
+    if queued_ms > slept_ms:
+        warnings.warn(f"attngen bench: queuing {reps} calls took the host {queued_ms:.1f} ms, longer than the GPU's "
+                      f"{slept_ms:.1f} ms sleep ahead of them (a slow host, or the driver's launch queue full), so "
+                      f"their GPU times include the host's pace; fewer reps or fewer launches a call time the GPU alone",
+                      RuntimeWarning, stacklevel=2)
+    times = sorted(times)
     med = statistics.median(times)
     p10, p90 = times[len(times) // 10], times[(len(times) * 9) // 10]
     return med, 100.0 * (p90 - p10) / med
 
 
+def queue_behind_sleep(torch, fn, sets, reps: int, cycles: int) -> tuple[list[float], float, float]:
+    """`reps` calls of fn queued behind a GPU sleep of `cycles`, each between CUDA events: (each call's GPU
+    microseconds, the host's milliseconds to queue them all, the sleep's milliseconds on the GPU). The
+    events time the GPU alone where the first figure of milliseconds is below the second."""
+    before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    before.record()
+    torch.cuda._sleep(cycles)  # the host queues every call below while the GPU sleeps
+    after.record()
+    queuing = time.perf_counter()
+    for i in range(reps):
+        starts[i].record()
+        fn(*sets[i % len(sets)])
+        ends[i].record()
+    queued_ms = (time.perf_counter() - queuing) * 1e3
+    torch.cuda.synchronize()
+    return ([s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)], queued_ms, before.elapsed_time(after))
+
+
 def time_eager(torch, fn, sets, *, reps: int, rounds: int = 5) -> float:
     """Microseconds per call of fn(*set) called back to back, host included: the median over
     `rounds` of (wall clock of `reps` calls and the synchronize after them) / reps."""
-    import time
     for i in range(5):
         fn(*sets[i % len(sets)])
     out = []
