@@ -157,3 +157,56 @@ def test_a_misaligned_call_after_the_native_step_is_refused_as_before(native):
     shifted = flat[4:].view(shape).requires_grad_()
     with pytest.raises((ValueError, RuntimeError), match="16-byte"):
         attngen.attention(shifted, k, v)
+
+
+VARIANT_CASES = [  # q shape, KV heads, dtype, keywords (window, softcap, ALiBi slopes or sinks: "slopes" / "sinks")
+    ((2, 8, 300, 64), 2, "bfloat16", {"causal": True, "window": (63, 0), "softcap": 30.0}),
+    ((2, 8, 256, 128), 8, "float16", {"causal": True, "alibi_slopes": "slopes"}),
+    ((2, 16, 300, 64), 2, "bfloat16", {"causal": True, "window": (127, 0), "sinks": "sinks"}),
+    ((1, 8, 256, 64), 8, "bfloat16", {"causal": False, "sinks": "sinks"}),
+]
+
+
+@pytest.mark.parametrize("shape, kv_heads, dtype, keywords", VARIANT_CASES,
+                         ids=["x".join(map(str, c[0])) + "-" + "-".join(c[3]) for c in VARIANT_CASES])
+def test_variant_native_steps_match_the_python_node(native, shape, kv_heads, dtype, keywords):
+    """Training steps with a window and softcap, ALiBi slopes or learned sinks (gpt-oss's layers among
+    them): from the third step the native node (the slopes and sinks at the addresses its Params read),
+    deterministic, so its gradients (the sinks' too, from the backward's delta) are the Python node's
+    bit for bit; the sinks' gradient also agrees with rowsum(dO * O) computed apart."""
+    import torch
+    from attngen.ops import library
+    from attngen.runtime.calls.shared import variant_key
+    gen = torch.Generator(device="cuda").manual_seed(75)
+    dt = getattr(torch, dtype)
+    q, k, v = (torch.randn(s, generator=gen, device="cuda").to(dt).requires_grad_()
+               for s in (shape, (shape[0], kv_heads, *shape[2:]), (shape[0], kv_heads, *shape[2:])))
+    dout = torch.randn(shape, generator=gen, device="cuda").to(dt)
+    kw = dict(keywords)
+    if kw.get("alibi_slopes") == "slopes":
+        kw["alibi_slopes"] = torch.rand(shape[1], generator=gen, device="cuda") * 0.5
+    if kw.get("sinks") == "sinks":
+        kw["sinks"] = torch.randn(shape[1], generator=gen, device="cuda").requires_grad_()
+    leaves = [q, k, v] + ([kw["sinks"]] if "sinks" in kw else [])
+
+    def step():
+        o, lse = attngen.attention(q, k, v, deterministic=True, return_lse=True, **kw)
+        return o, lse, torch.autograd.grad(o, leaves, dout)
+    for _ in range(2):
+        step()
+    key = library.call_key(q, k, v, kw["causal"], None, None, True, "bhsd",
+                           variant_key(kw.get("window"), kw.get("softcap"), kw.get("alibi_slopes"), sinks=kw.get("sinks")))
+    entry = library._TRAIN[key]
+    assert isinstance(entry.native, torch.ScriptObject), entry.native
+    o, lse, got = step()
+    assert "attngen_native" in o.grad_fn.name(), o.grad_fn.name()
+    made, entry.native = entry.native, None
+    try:
+        _, _, python = step()
+    finally:
+        entry.native = made
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, python):
+        assert torch.equal(a, b), f"{name}: native and Python nodes differ by {(a.float() - b.float()).abs().max()}"
+    if "sinks" in kw:
+        apart = library.sink_gradient(dout, o.detach(), lse, kw["sinks"], "bhsd")
+        assert torch.allclose(got[3], apart, rtol=1e-3, atol=1e-4), (got[3] - apart).abs().max()

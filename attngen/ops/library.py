@@ -808,7 +808,7 @@ def attention_train_cuda(q, k, v, causal, alignment, scale, layout, deterministi
     if step is None:
         return forward(q, k, v, causal, alignment, scale, layout, True)
     if step.native is not None:
-        return _native_forward(q, k, v, step.native)
+        return _native_forward(q, k, v, step.native_address)
     return step.outputs(q, k, v)
 
 
@@ -821,7 +821,7 @@ def attention_backward_cuda(dout, q, k, v, out, lse, causal, alignment, scale, l
         # pointer on 16 bytes): the native node's own fallback for a dout it cannot take comes here
         if step.native is not None and dout.stride() == step.dout_stride and not (
                 q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | dout.data_ptr()) % LOAD_BYTES:
-            return _native_backward(dout, q, k, v, out, lse, step.native)
+            return _native_backward(dout, q, k, v, out, lse, step.native_address)
         return step.gradients(dout, q, k, v, out, lse)
     return backward(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=deterministic)
 
@@ -1190,17 +1190,19 @@ class _PreparedStep:
     one (the kernels see padded copies) always take the full calls. `variants`: a call's window (a
     tuple) and softcap, or None for a call without variants; its ALiBi slopes and learned sinks come
     with each call (the step's key holds their addresses, which the prepared calls read them at; the
-    step keeps no tensor). `native`: the C++ step of a call without variants (attngen/runtime/native:
-    the same prepared calls replayed from a C++ autograd node) once its library is loaded, else None;
+    step keeps no tensor). `native`: the C++ step (attngen/runtime/native: the same prepared calls
+    replayed from a C++ autograd node, the sinks' gradient from delta there too) once its library is
+    loaded, else None (the ops take it by `native_address`, an int: cheaper to pass than the object);
     `native_pending`: whether one may still be made."""
 
     __slots__ = ("forward_kernel", "forward_prepared", "gradient_kernel", "gradient_prepared", "dout_stride",
-                 "options", "prepares", "variants", "native", "native_pending", "output_strides")
+                 "options", "prepares", "variants", "native", "native_address", "native_pending",
+                 "output_strides")
 
     def __init__(self, gradient_kernel, options, prepares: bool, variants=None):
         self.forward_kernel = self.forward_prepared = self.gradient_prepared = self.dout_stride = None
-        self.native = self.output_strides = None
-        self.native_pending = prepares and variants is None
+        self.native = self.native_address = self.output_strides = None
+        self.native_pending = prepares
         self.gradient_kernel = gradient_kernel
         self.options = options     # causal, alignment, scale, layout, deterministic
         self.prepares = prepares   # the kernels take the call's own tensors (no padding)
@@ -1283,8 +1285,10 @@ class _PreparedStep:
         try:
             forward = self.forward_kernel.native_forward(self.forward_prepared, q, k, v, o)
             backward = self.gradient_kernel.native_backward(self.gradient_prepared, q, k, v, o, lse, dout)
-            self.native = None if forward is None or backward is None else _native.make_step(
-                torch, self.forward_prepared, forward, self.gradient_prepared, backward, self.options)
+            step = None if forward is None or backward is None else _native.make_step(
+                torch, self.forward_prepared, forward, self.gradient_prepared, backward, self.options, self.variants)
+            if step is not None:
+                self.native_address, self.native = step.address(), step
         except Exception as exc:    # the shape keeps the Python node; the step itself never fails for this
             warnings.warn(f"attngen: no native training step for this shape ({type(exc).__name__}: {exc}); "
                           f"it keeps the Python autograd node", RuntimeWarning, stacklevel=2)
@@ -1356,19 +1360,22 @@ _apply_prepared_variant_train = super(torch.autograd.Function, _PreparedVariantT
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
-def _native_train(q, k, v, step):
-    """attngen_native::train: the step's forward, its backward a C++ autograd node."""
-    return torch.ops.attngen_native.train.default(q, k, v, step)
+# The native ops take a step by its address (_PreparedStep.native_address); the caller holds the
+# _PreparedStep, and with it the step, for the call, and the autograd node keeps a reference of its own.
+def _native_train(q, k, v, alibi_slopes, sinks, address):
+    """attngen_native::train: the step's forward, its backward a C++ autograd node (the sinks' gradient
+    from the backward's delta where they need one)."""
+    return torch.ops.attngen_native.train.default(q, k, v, alibi_slopes, sinks, address)
 
 
-def _native_forward(q, k, v, step):
+def _native_forward(q, k, v, address):
     """attngen_native::forward: the step's forward alone (no autograd node: a compiled graph's)."""
-    return torch.ops.attngen_native.forward.default(q, k, v, step)
+    return torch.ops.attngen_native.forward.default(q, k, v, address)
 
 
-def _native_backward(dout, q, k, v, out, lse, step):
+def _native_backward(dout, q, k, v, out, lse, address):
     """attngen_native::backward: the step's backward alone."""
-    return torch.ops.attngen_native.backward.default(dout, q, k, v, out, lse, step)
+    return torch.ops.attngen_native.backward.default(dout, q, k, v, out, lse, address)
 
 
 def _plain_step(q, k, v, causal, alignment, scale, layout, deterministic, make: bool = True):
@@ -1434,10 +1441,12 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
         if _functorch_active():
             return _PreparedTrain.apply(step, q, k, v)
         if step.native is not None and not _saved_tensor_hooks_active():   # saved-tensor hooks: the Python node checks
-            return _native_train(q, k, v, step.native)        # what they give back
+            return _native_train(q, k, v, None, None, step.native_address)   # what they give back
         return _apply_prepared_train(step, q, k, v)
     if _functorch_active():
         return _PreparedVariantTrain.apply(step, q, k, v, alibi_slopes, sinks)
+    if step.native is not None and not _saved_tensor_hooks_active():   # as the plain call's
+        return _native_train(q, k, v, alibi_slopes, sinks, step.native_address)
     return _apply_prepared_variant_train(step, q, k, v, alibi_slopes, sinks)
 
 

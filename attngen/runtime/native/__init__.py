@@ -204,17 +204,21 @@ def ready(torch) -> bool:
         return True
 
 
-def make_step(torch, forward_prepared, forward_args, backward_prepared, backward_args, options):
+def make_step(torch, forward_prepared, forward_args, backward_prepared, backward_args, options, variants=None):
     """The C++ Step of one call shape (ready() must have said yes): its forward and backward from the
     conventions' native_forward / native_backward, `options` the call's (causal, alignment, scale,
-    layout, deterministic), which the Step hands to attngen's own ops for tensors it was not prepared
-    for. None where the two calls are on different GPUs."""
+    layout, deterministic) and `variants` its (window, softcap) or None, which the Step hands to
+    attngen's own ops for tensors it was not prepared for. None where the two calls are on different GPUs."""
     info = forward_prepared.info
     if backward_prepared.info.index != info.index:
         return None
     causal, alignment, scale, layout, deterministic = options
     step = torch.classes.attngen_native.Step(info.index, info.context, bool(causal), alignment,
                                              None if scale is None else float(scale), layout, bool(deterministic))
+    if variants is not None:
+        window, softcap = variants
+        step.set_variants(None if window is None else [int(w) for w in window],
+                          None if softcap is None else float(softcap))
     step.set_forward(*forward_args)
     step.set_backward(*backward_args)
     return step

@@ -15,6 +15,7 @@
 // torch.ops.load_library. No Python.h: the ops and the Step class are registered with torch's
 // dispatcher and custom classes.
 
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -221,7 +222,10 @@ bool aligned(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr())
 
 // -- the training step of one call shape ------------------------------------------------------------
 
+constexpr uint64_t kStepMagic = 0x6174746e67656e53ull;   // "attngenS": a handle that is a Step's address
+
 struct Step : torch::CustomClassHolder {
+  uint64_t magic = kStepMagic;
   int64_t device;
   CUcontext context;
   // the call's options, for attngen's own ops where this step was not prepared for the tensors
@@ -230,6 +234,11 @@ struct Step : torch::CustomClassHolder {
   std::optional<double> scale;
   std::string layout;
   bool deterministic;
+  // a variant call's window and softcap (set_variants); its ALiBi slopes and sinks come with each call,
+  // at the addresses the prepared Params read them at (the Python step's key holds them)
+  bool variants = false;
+  std::optional<std::vector<int64_t>> window;
+  std::optional<double> softcap;
   Program forward_program, backward_program;
   std::vector<int64_t> lse_sizes;
   bool output_like_q = true;            // o as empty_like(q); else new contiguous with o_sizes
@@ -243,6 +252,12 @@ struct Step : torch::CustomClassHolder {
        std::optional<double> scale, std::string layout, bool deterministic)
       : device(device), context(reinterpret_cast<CUcontext>(context)), causal(causal), alignment(std::move(alignment)),
         scale(scale), layout(std::move(layout)), deterministic(deterministic) {}
+
+  void set_variants(std::optional<std::vector<int64_t>> window_, std::optional<double> softcap_) {
+    variants = true;
+    window = std::move(window_);
+    softcap = softcap_;
+  }
 
   void set_forward(const Tensor& params, std::vector<int64_t> pointer_offsets, std::vector<int64_t> map_offsets,
                    std::vector<int64_t> map_pointers, const Tensor& maps, std::vector<int64_t> launches,
@@ -271,9 +286,20 @@ struct Step : torch::CustomClassHolder {
     ready = true;
   }
 
-  // (o, lse); attngen::attention where a pointer is not 16-byte aligned
-  std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v) const {
+  // (o, lse); attngen's own forward op where a pointer is not 16-byte aligned
+  std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const std::optional<Tensor>& alibi_slopes = std::nullopt,
+                                     const std::optional<Tensor>& sinks = std::nullopt) const {
     if (!(aligned(q) && aligned(k) && aligned(v))) {
+      if (variants) {
+        static auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("attngen::attention_variant", "")
+                             .typed<std::tuple<Tensor, Tensor>(
+                                 const Tensor&, const Tensor&, const Tensor&, bool, std::optional<c10::string_view>,
+                                 std::optional<double>, c10::string_view, at::OptionalIntArrayRef,
+                                 std::optional<double>, const std::optional<Tensor>&, const std::optional<Tensor>&)>();
+        return op.call(q, k, v, causal, alignment, scale, layout, window_ref(), softcap, alibi_slopes, sinks);
+      }
       static auto op = c10::Dispatcher::singleton()
                            .findSchemaOrThrow("attngen::attention", "")
                            .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
@@ -288,19 +314,20 @@ struct Step : torch::CustomClassHolder {
     return {o, lse};
   }
 
-  // (dq, dk, dv); attngen::attention_backward for tensors of another layout or misaligned
-  std::tuple<Tensor, Tensor, Tensor> backward(Tensor dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                              const Tensor& o, const Tensor& lse) const {
+  // (dq, dk, dv, delta): delta = rowsum(dO * O) per query row, fp32 like lse (the preprocess kernel's,
+  // a view of the scratch; computed here where attngen's own backward op serves the call), undefined
+  // unless asked for. attngen's own backward op for tensors of another layout or misaligned.
+  std::tuple<Tensor, Tensor, Tensor, Tensor> backward(Tensor dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                      const Tensor& o, const Tensor& lse,
+                                                      const std::optional<Tensor>& alibi_slopes = std::nullopt,
+                                                      bool return_delta = false) const {
     if (dout.strides() != c10::IntArrayRef(dout_strides)) dout = dout.contiguous();
     if (dout.strides() != c10::IntArrayRef(dout_strides) ||
         !(aligned(q) && aligned(k) && aligned(v) && aligned(o) && aligned(dout))) {
-      static auto op = c10::Dispatcher::singleton()
-                           .findSchemaOrThrow("attngen::attention_backward", "")
-                           .typed<std::tuple<Tensor, Tensor, Tensor>(
-                               const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&, bool, std::optional<c10::string_view>, std::optional<double>,
-                               c10::string_view, bool)>();
-      return op.call(dout, q, k, v, o, lse, causal, alignment, scale, layout, deterministic);
+      auto [dq, dk, dv] = backward_op(dout, q, k, v, o, lse, alibi_slopes);
+      if (!return_delta) return {dq, dk, dv, Tensor()};
+      Tensor rows = (dout.to(at::kFloat) * o.to(at::kFloat)).sum(-1);   // (B, H, S), or (B, S, H) for bshd
+      return {dq, dk, dv, layout == "bshd" ? rows.transpose(1, 2) : rows};
     }
     Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     // [dQ accumulator | group-split sums of dK and dV | delta] (backward.scratch_layout); the
@@ -312,20 +339,63 @@ struct Step : torch::CustomClassHolder {
     const int64_t pointers[12] = {ptr(q),  ptr(k),  ptr(v), ptr(o), ptr(lse), ptr(dout), ptr(dq), ptr(dk),
                                   ptr(dv), base, base + 4 * sums_to, turns.empty() ? 0 : ptr(turn_counts)};
     backward_program.run(pointers, device, context);
-    return {dq, dk, dv};
+    if (!return_delta) return {dq, dk, dv, Tensor()};
+    return {dq, dk, dv, buffer.narrow(0, sums_to, lse.numel()).view(lse_sizes)};
+  }
+
+  std::tuple<Tensor, Tensor, Tensor> backward_op(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                 const Tensor& v, const Tensor& o, const Tensor& lse,
+                                                 const std::optional<Tensor>& alibi_slopes) const {
+    if (variants) {
+      static auto op = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("attngen::attention_variant_backward", "")
+                           .typed<std::tuple<Tensor, Tensor, Tensor>(
+                               const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, bool, std::optional<c10::string_view>, std::optional<double>,
+                               c10::string_view, at::OptionalIntArrayRef, std::optional<double>,
+                               const std::optional<Tensor>&, bool)>();
+      return op.call(dout, q, k, v, o, lse, causal, alignment, scale, layout, window_ref(), softcap, alibi_slopes,
+                     deterministic);
+    }
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("attngen::attention_backward", "")
+                         .typed<std::tuple<Tensor, Tensor, Tensor>(
+                             const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&, bool, std::optional<c10::string_view>, std::optional<double>,
+                             c10::string_view, bool)>();
+    return op.call(dout, q, k, v, o, lse, causal, alignment, scale, layout, deterministic);
+  }
+
+  // The ops take a Step by its address, an int: a custom-class argument costs the dispatcher's boxed
+  // call from Python about 7 us more than an int (measured on the development CPU, torch 2.13).
+  int64_t address() const { return reinterpret_cast<int64_t>(this); }
+
+  at::OptionalIntArrayRef window_ref() const {
+    return window ? at::OptionalIntArrayRef(*window) : at::OptionalIntArrayRef();
   }
 
   static int64_t ptr(const Tensor& t) { return reinterpret_cast<int64_t>(t.data_ptr()); }
 };
 
+// d loss / d sinks from the backward's delta: head h's sink takes weight exp(sink - LSE) in each row and
+// its gradient is -weight * delta, summed over batch and rows (library.sink_gradient_from_delta)
+Tensor sink_gradient(const Tensor& delta, const Tensor& lse, const Tensor& sinks) {
+  Tensor weight = (sinks.reshape({1, -1, 1}) - lse).exp_();
+  static const int64_t batch_and_rows[] = {0, 2};   // an IntArrayRef: a braced list is ambiguous with DimnameList
+  return weight.mul_(delta).sum(at::IntArrayRef(batch_and_rows)).neg_();
+}
+
 // -- the autograd node ------------------------------------------------------------------------------
 
 struct Train : public torch::autograd::Function<Train> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const std::optional<Tensor>& alibi_slopes, const std::optional<Tensor>& sinks,
                                const c10::intrusive_ptr<Step>& step) {
-    auto [o, lse] = step->forward(q, k, v);
-    ctx->save_for_backward({q, k, v, o, lse});
+    auto [o, lse] = step->forward(q, k, v, alibi_slopes, sinks);
+    // the slopes and sinks are saved too: a backward after they changed in place is refused, as the ops'
+    ctx->save_for_backward({q, k, v, o, lse, alibi_slopes.value_or(Tensor()), sinks.value_or(Tensor())});
     ctx->saved_data["step"] = step;
+    ctx->saved_data["sinks_grad"] = sinks.has_value() && sinks->defined() && sinks->requires_grad();
     ctx->mark_non_differentiable({lse});
     // the LSE takes no gradient: no tensor of zeros for it each step (as _PreparedTrain)
     ctx->set_materialize_grads(false);
@@ -333,31 +403,47 @@ struct Train : public torch::autograd::Function<Train> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};   // no gradient reached o
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
     auto saved = ctx->get_saved_variables();
     auto step = ctx->saved_data["step"].toCustomClass<Step>();
-    auto [dq, dk, dv] = step->backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4]);
-    return {dq, dk, dv, Tensor()};
+    bool sinks_grad = ctx->saved_data["sinks_grad"].toBool();
+    std::optional<Tensor> alibi_slopes;
+    if (saved[5].defined()) alibi_slopes = saved[5];
+    auto [dq, dk, dv, delta] =
+        step->backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], alibi_slopes, sinks_grad);
+    Tensor dsinks = sinks_grad ? sink_gradient(delta, saved[4], saved[6]) : Tensor();
+    return {dq, dk, dv, Tensor(), dsinks, Tensor()};
   }
 };
 
+// The Step at `address` (Step::address of one the caller keeps alive for the call): checked, as far as a
+// word can, to be one
+const Step* step_at(int64_t address) {
+  const Step* step = reinterpret_cast<const Step*>(address);
+  TORCH_CHECK(step != nullptr && step->magic == kStepMagic && step->ready,
+              "attngen native step: ", address, " is not a ready Step's address");
+  return step;
+}
+
 std::tuple<Tensor, Tensor> train(const Tensor& q, const Tensor& k, const Tensor& v,
-                                 const c10::intrusive_ptr<Step>& step) {
-  TORCH_CHECK(step->ready, "attngen native step: used before its backward was set");
-  auto out = Train::apply(q, k, v, step);
+                                 const std::optional<Tensor>& alibi_slopes, const std::optional<Tensor>& sinks,
+                                 int64_t address) {
+  // the node keeps its own reference: the step outlives the caller's for the backward
+  auto step = c10::intrusive_ptr<Step>::unsafe_reclaim_from_nonowning(const_cast<Step*>(step_at(address)));
+  auto out = Train::apply(q, k, v, alibi_slopes, sinks, step);
   return {out[0], out[1]};
 }
 
 // torch.compile's graphs call attngen::attention_train and attngen::attention_backward, whose CUDA
 // implementations (Python) hand a prepared shape to these: the step's forward and backward alone.
-std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const c10::intrusive_ptr<Step>& step) {
-  return step->forward(q, k, v);
+std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t address) {
+  return step_at(address)->forward(q, k, v);
 }
 
 std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                            const Tensor& o, const Tensor& lse, const c10::intrusive_ptr<Step>& step) {
-  return step->backward(dout, q, k, v, o, lse);
+                                            const Tensor& o, const Tensor& lse, int64_t address) {
+  auto [dq, dk, dv, delta] = step_at(address)->backward(dout, q, k, v, o, lse);
+  return {dq, dk, dv};
 }
 
 }  // namespace attngen_native
@@ -366,12 +452,13 @@ TORCH_LIBRARY(attngen_native, m) {
   m.class_<attngen_native::Step>("Step")
       .def(torch::init<int64_t, int64_t, bool, std::optional<std::string>, std::optional<double>, std::string,
                        bool>())
+      .def("address", &attngen_native::Step::address)
+      .def("set_variants", &attngen_native::Step::set_variants)
       .def("set_forward", &attngen_native::Step::set_forward)
       .def("set_backward", &attngen_native::Step::set_backward);
-  m.def("train(Tensor q, Tensor k, Tensor v, __torch__.torch.classes.attngen_native.Step step) -> (Tensor, Tensor)");
-  m.def("forward(Tensor q, Tensor k, Tensor v, __torch__.torch.classes.attngen_native.Step step) -> (Tensor, Tensor)");
-  m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
-        "__torch__.torch.classes.attngen_native.Step step) -> (Tensor, Tensor, Tensor)");
+  m.def("train(Tensor q, Tensor k, Tensor v, Tensor? alibi_slopes, Tensor? sinks, int step) -> (Tensor, Tensor)");
+  m.def("forward(Tensor q, Tensor k, Tensor v, int step) -> (Tensor, Tensor)");
+  m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int step) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attngen_native, Autograd, m) { m.impl("train", &attngen_native::train); }
