@@ -225,7 +225,10 @@ def test_wgmma_plan_numbers(path, block_m, dq_cols, panel_cols):
     assert f.dq_regs * 4 * 128 <= f.query_stage_bytes // 2
     assert p.smem_bytes <= 227 * 1024 and p.arch_suffix == "a"
     text = explain(p)
-    assert "red.global.add.f32" in text and "register order" in text
+    if d == 64:
+        assert "red.global.add.v2.f32 per thread" in text and "register-pair order" in text
+    else:
+        assert "red.global.add.f32 per thread" in text and "register order" in text
 
 
 def test_varlen_only_emits_the_varlen_functions_alone():
@@ -394,9 +397,10 @@ def test_accumulator_rows_round_up_to_query_blocks():
     assert accum_rows(p, 1) == 128 and accum_rows(p, 128) == 128 and accum_rows(p, 129) == 256
 
 
-def staged_index(v: int, tid: int) -> int:
-    """Where the main kernel adds register v of warpgroup thread tid, from its share's start (add_dq)."""
-    return v * 128 + tid
+def staged_index(v: int, tid: int, pairs: bool = True) -> int:
+    """Where the main kernel adds register v of warpgroup thread tid, from its share's start (add_dq):
+    register-pair order (bwd_wgmma: pair v / 2 of each thread, 8 bytes), or register order (bwd_mma)."""
+    return (v // 2 * 128 + tid) * 2 + (v & 1) if pairs else v * 128 + tid
 
 
 def accumulator_position(v: int, tid: int) -> tuple[int, int]:
@@ -405,12 +409,15 @@ def accumulator_position(v: int, tid: int) -> tuple[int, int]:
     return 16 * warp + lane // 4 + 8 * ((v >> 1) & 1), 8 * (v >> 2) + 2 * (lane % 4) + (v & 1)
 
 
-def convert_reads(r: int, c: int, fragment_cols: int) -> list[int]:
-    """The offsets the convert kernel reads for columns c..c+7 of row r of a block (its two float4
-    loads: even columns, then odd), as in lib/backward_convert.cu.j2, in column order."""
+def convert_reads(r: int, c: int, fragment_cols: int, pairs: bool = True) -> list[int]:
+    """The offsets the convert kernel reads for columns c..c+7 of row r of a block, as in
+    lib/backward_convert.cu.j2, in column order: register-pair order's two float4 loads of 32
+    contiguous bytes, or register order's two (even columns, then odd)."""
     v = 4 * (c % fragment_cols // 8) + 2 * (r % 16 // 8)
     t = r // 16 * 32 + r % 8 * 4
     base = c // fragment_cols * 64 * fragment_cols
+    if pairs:
+        return [base + v * 128 + 2 * t + i for i in range(8)]
     even = [base + v * 128 + t + i for i in range(4)]
     odd = [base + (v + 1) * 128 + t + i for i in range(4)]
     return [x for pair in zip(even, odd) for x in pair]
@@ -419,7 +426,8 @@ def convert_reads(r: int, c: int, fragment_cols: int) -> list[int]:
 @pytest.mark.parametrize("d, warpgroups, by_rows", [(64, 2, False), (128, 2, False), (128, 1, False), (64, 2, True),
                                                      (32, 2, True), (96, 2, False), (256, 2, False), (40, 2, True),
                                                      (80, 2, True), (160, 2, False), (192, 2, False)])
-def test_convert_reads_what_the_main_kernel_added(d, warpgroups, by_rows):
+@pytest.mark.parametrize("pairs", [True, False], ids=["register-pair order", "register order"])
+def test_convert_reads_what_the_main_kernel_added(d, warpgroups, by_rows, pairs):
     """Warpgroup w adds its dQ (add_dq) at w x its share's size in the query block's accumulator:
     columns [w cols, (w + 1) cols) of 64 rows, or (by rows) rows [64 w, 64 w + 64) at every column.
     The convert reads each 64-row block from (row - row % 64) x d."""
@@ -431,11 +439,11 @@ def test_convert_reads_what_the_main_kernel_added(d, warpgroups, by_rows):
             for v in range(cols // 2):
                 row, col = accumulator_position(v, tid)
                 at = (64 * w + row, col) if by_rows else (row, w * cols + col)
-                where[at] = w * 64 * cols + staged_index(v, tid)
+                where[at] = w * 64 * cols + staged_index(v, tid, pairs)
     assert len(where) == rows * d and sorted(where.values()) == list(range(rows * d))   # a bijection
     for r in range(rows):
         for c in range(0, d, 8):
-            reads = [r // 64 * 64 * d + x for x in convert_reads(r % 64, c, cols)]
+            reads = [r // 64 * 64 * d + x for x in convert_reads(r % 64, c, cols, pairs)]
             assert reads == [where[(r, c + j)] for j in range(8)], (r, c)
 
 
@@ -446,20 +454,42 @@ def test_convert_template_matches_the_model():
     assert "const int r = {{ at }} % kFragmentRows, c = lane_in_row * 8;" in text
     assert "kFragmentRows = {{ plan.fragments.accum_fragment_rows }};" in text and ACCUM_FRAGMENT_ROWS == 64
     assert "+ {{ at }} - r)" in text and "+ c / kFragmentCols * kFragmentRows * kFragmentCols;" in text
+    assert "const float4* pairs = reinterpret_cast<const float4*>(block + v * 128 + 2 * t);" in text
     from attngen.render import render_spec_file
+
+    def convert_of(path):
+        return next(part.source for part in render_spec_file(path).parts if part.source.count("void convert("))
+    # head_dim 64 (dq_pair_adds): register-pair order; staged_index: pair v / 2 of thread t at
+    # (v / 2 x 128 + t) x 2, i.e. v x 128 + 2 t for even v
+    assert "block + v * 128 + 2 * t" in convert_of(WGMMA_D64) and "block + (v + 1) * 128 + t" not in convert_of(WGMMA_D64)
+    pairs = render_spec_file(WGMMA_D64).parts[0].source
+    assert "float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + 2 * wg_tid;" in pairs
+    assert "for (int v = 0; v < kDqRegs; v += 2) red_add_pair(dst + v * kWarpgroupThreads, dq[v], dq[v + 1]);" in pairs
+    assert '"r"(staging + 4 * (v * kWarpgroupThreads + 2 * wg_tid)), "f"(dq[v]), "f"(dq[v + 1])' in pairs
+    assert "red_add(" not in pairs
+    # the other head dims: register order, one float per add
+    assert "block + (v + 1) * 128 + t" in convert_of(WGMMA_D128) and "2 * t" not in convert_of(WGMMA_D128)
     main = render_spec_file(WGMMA_D128).parts[0].source
     assert "float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + wg_tid;" in main
-    assert "red_add(dst + v * kWarpgroupThreads, dq[v]);" in main
+    assert "red_add(dst + v * kWarpgroupThreads, dq[v]);" in main and "red_add_pair(dst" not in main
     # deterministic mode: the same order staged in the stage's tiles, warpgroup w's share from w x its size
-    assert "const uint32_t staging = stage_base + warpgroup * kBytes;" in main
+    for source in (pairs, main):
+        assert "const uint32_t staging = stage_base + warpgroup * kBytes;" in source
+        assert "bulk_reduce_add(st.dq_accum + warpgroup * (kBytes / 4), staging, kBytes);" in source
     assert '"r"(staging + 4 * (v * kWarpgroupThreads + wg_tid)), "f"(dq[v])' in main
-    assert "bulk_reduce_add(st.dq_accum + warpgroup * (kBytes / 4), staging, kBytes);" in main
     # head_dim 40 (tiles of 48 columns): a warpgroup adds the registers of its first 40 columns only, so
     # the accumulator's blocks are 64 x 40 (test_convert_reads_what_the_main_kernel_added, fragment_cols 40)
     padded = render_spec_file(WGMMA_D40).parts[0].source
     assert "float* dst = st.dq_accum + warpgroup * (kDqRows * kDqAccumCols) + wg_tid;" in padded
     assert "for (int v = 0; v < kDqAccumRegs; ++v) red_add(dst + v * kWarpgroupThreads, dq[v]);" in padded
     assert "constexpr int kBytes = kDqRows * kDqAccumCols * 4;" in padded
+
+
+def test_dq_pair_adds_at_head_dim_64_only():
+    """dq_pair_adds: measured at 64, 128 and 256; only 64 gained in every cell."""
+    from attngen.kinds.bwd_wgmma import dq_pair_adds
+    assert [dq_pair_adds(load_spec(p)) for p in (WGMMA_D32, WGMMA_D64, WGMMA_D96, WGMMA_D128)] == \
+        [False, True, False, False]
 
 
 @pytest.mark.parametrize("change, key", [

@@ -21,7 +21,9 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
   query blocks of 64 W rows, rows [64 w, 64 w + 64) at every column (each warpgroup then reads only
   its queries' dS^T). dQ is issued first and dV, dK behind it; each thread adds its dQ registers into
   the fp32 accumulator with red.global.add.f32 while dV and dK run, in register order: the
-  accumulator keeps each 64-row block in that order, and the convert kernel reads it so.
+  accumulator keeps each 64-row block in that order, and the convert kernel reads it so. At head_dim
+  64 (dq_pair_adds) each pair of adjacent columns goes as one red.global.add.v2.f32 instead, in
+  register-pair order.
 - preprocess: delta = rowsum(dO * O), zeros in the accumulator (whole query blocks);
 - convert: dQ = scale * accumulator.
 
@@ -127,6 +129,27 @@ def dq_by_rows(s) -> bool:
     """Query blocks of 64 rows per warpgroup: each warpgroup computes dQ of its 64 rows (all columns),
     reading only its queries' dS^T; query blocks of 64: each computes a share of the columns."""
     return s.tile.block_m > ROWS_PER_WARPGROUP
+
+
+def dq_pair_adds(s) -> bool:
+    """Whether each thread adds its dQ registers a pair of adjacent columns at a time (one
+    red.global.add.v2.f32, the accumulator in register-pair order) rather than one float each: half the
+    reduce instructions of a step. At head_dim 64 only, as measured on the H200 against one float per add
+    (docs/performance/backward.md, "dQ added in pairs"): there causal cells gained 1-7 % and full masks
+    0-3 %, deterministic mode unmoved; at head_dim 128 causal cells gained 2-7 % but full masks at 8192
+    keys lost 1.2-3.4 %, and at 256 nothing moved beyond 1.1 %. Other head dims were not measured and
+    keep one float per add."""
+    return s.head_dim == 64
+
+
+def dq_order(s) -> str:
+    """The dQ accumulator's order, as the explanations name it."""
+    return "register-pair order" if dq_pair_adds(s) else "register order"
+
+
+def dq_red(s) -> str:
+    """The reduce-add instruction a thread adds its dQ registers with."""
+    return "red.global.add.v2.f32" if dq_pair_adds(s) else "red.global.add.f32"
 
 
 def rule_backward_warpgroups(s):
@@ -252,8 +275,9 @@ class WgmmaBackwardFragments:
     row_block: int          # query rows per preprocess / convert block
     row_lanes: int          # ... threads per row (head_dim / 8 rounded up to a power of two)
     accum_row_block: int    # the accumulator holds whole query blocks of each head
-    accum_fragment_rows: int  # ... each a run of blocks of this many rows (a warpgroup's m64) in register order
+    accum_fragment_rows: int  # ... each a run of blocks of this many rows (a warpgroup's m64) in register(-pair) order
     accum_fragment_cols: int  # ... dq_cols per warpgroup (head_dim where the tiles are padded past it)
+    accum_pairs: bool        # ... in register-pair order, a pair of adjacent columns per 8-byte add (dq_pair_adds)
     tile_dim: int = 0       # columns of the Q and K tiles where head_dim is padded to the k16 steps (0: head_dim)
     head_dim_v: int = 0     # V's head dim where it differs (0: head_dim): V, dO and dV have these columns
     dkv_cols_v: int = 0     # ... dV's columns per warpgroup (head_dim_v / column_groups)
@@ -281,6 +305,7 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
         descriptor_mode=panel.descriptor_mode, row_block=rows_per_row_block(d), row_lanes=lanes_per_row(d),
         accum_row_block=bm,
         accum_fragment_rows=ACCUM_FRAGMENT_ROWS, accum_fragment_cols=dq_cols if td == d else d,
+        accum_pairs=dq_pair_adds(spec),
         tile_dim=td if td != d else 0, head_dim_v=dv if own_v else 0,
         dkv_cols_v=dv // groups if own_v else 0, d_regs_v=dv // groups // 2 if own_v else 0,
         k_steps_dv=dv // 16 if own_v else 0, dq_staging=dq_staging(spec), group_split=spec.group_split)
@@ -318,7 +343,7 @@ def regions(spec: WgmmaBackwardSpec) -> list[Region]:
               for s in range(QUERY_STAGES) for name, what, cols in (("q", "Q", d), ("do", "dO", dv))]
     staging = ([Region("dqs", ROWS_PER_WARPGROUP * (spec.compute_warps // WARPGROUP), dq_share_bytes(spec) // 4 //
                        ROWS_PER_WARPGROUP, "float", 4, dq_share_bytes(spec) // ROWS_PER_WARPGROUP,
-                       per="deterministic mode: each warpgroup's dQ of the step, in register order, for one bulk "
+                       per=f"deterministic mode: each warpgroup's dQ of the step, in {dq_order(spec)}, for one bulk "
                            "reduce-add (a step's Q and dO tiles hold less)")]
                if dq_staging(spec) else [])
     return [*stages,
@@ -396,12 +421,12 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                 f"    issue {dq_issue}, then dV += P^T dO, dK += dS^T Q behind it "
                 + ("(wgmma RS, N head_dim)" if f.column_groups == 1 else
                    f"(wgmma SS from the P^T and dS^T tiles, N {f.dkv_cols})") + "; wait for dQ",
-                "    each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while "
+                f"    each thread adds its dQ registers into the accumulator ({dq_red(spec)}, {dq_order(spec)}) while "
                 "dV and dK run; wait for them",
                 "    (deterministic instead: " + ("dV and dK issued before the __syncthreads, dQ after it"
                                                    if f.column_groups == 1 else "all three issued after the __syncthreads")
                 + ", wait for all three; "
-                "__syncthreads; dQ staged in register order in this step's Q and dO tiles; "
+                f"__syncthreads; dQ staged in {dq_order(spec)} in this step's Q and dO tiles; "
                 "fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each "
                 "warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; "
                 "__syncthreads; thread 0 passes the turn)",
@@ -463,8 +488,11 @@ def explain(plan) -> list[str]:
             f"S^T and dP^T; {'K-major P^T and dS^T tiles with ' if shared else ''}MN-major Q, dO (dK, dV), "
             f"dS^T and K (dQ), panels {f.panel_cols} columns wide",
             f"dQ: each warpgroup adds {64 if f.dq_by_rows else plan.block_m} x {f.dq_cols} fp32 per query block, "
-            f"{f.dq_regs} red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps "
-            "each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add "
+            + (f"{f.dq_regs // 2} red.global.add.v2.f32 per thread, a pair of adjacent columns each (a warp's covers 256 "
+               "contiguous bytes)" if f.accum_pairs else
+               f"{f.dq_regs} red.global.add.f32 per thread (a warp's covers 128 contiguous bytes)")
+            + f"; the accumulator keeps each 64-row block in {dq_order(plan.spec)} (the convert kernel reads it so). "
+            "Not bitwise repeatable: key blocks add "
             "in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in "
             "dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one "
             "cp.reduce.async.bulk",
