@@ -124,9 +124,14 @@ def test_the_gpt_step_table_gives_each_mode_the_ratio_and_what_did_not_run():
     text = format_gpt_step(_gpt_report())
     assert "4 layers, d_model 512, 8 heads of 64" in text and "loss attngen 6.427377, SDPA 6.427386" in text
     eager = next(line for line in text.splitlines() if line.startswith("eager"))
-    assert eager.split() == ["eager", "9.882", "9.585", "0.970", "3.990", "4.060"]
+    assert eager.split() == ["eager", "9.882", "9.585", "0.970", "nan", "3.990", "4.060"]
     compiled = next(line for line in text.splitlines() if line.startswith("compiled"))
-    assert compiled.split() == ["compiled", "nan", "8.281", "nan", "nan", "4.180"]
+    assert compiled.split() == ["compiled", "nan", "8.281", "nan", "nan", "nan", "4.180"]
+    with_pairs = _gpt_report() | {"paired": {"eager": {"median": 0.99, "min": 0.8, "max": 1.107, "attngen_faster": 3,
+                                                       "rounds": 7}}}
+    text = format_gpt_step(with_pairs)
+    eager = next(line for line in text.splitlines() if line.startswith("eager "))
+    assert eager.split()[4:6] == ["0.990", "(0.80-1.11)"] and "eager: attngen faster in 3 of 7 rounds" in text
     assert "attngen compiled: not run (BackendCompilerFailed)" in text
     wrong = _gpt_report("wrong: first-step loss differs from SDPA's by 0.1 (> 0.001)")
     for key in ("ms_per_step", "gpu_ms_per_step", "sdpa_over_attngen", "failed"):   # the check failed: no timing
@@ -138,6 +143,23 @@ def test_the_gpt_step_table_gives_each_mode_the_ratio_and_what_did_not_run():
     refused = {key: value for key, value in _gpt_report("not served: attngen: no backward at d12").items()
                if key in ("gpu", "torch", "model", "dtype", "steps", "rounds", "status")}
     assert format_gpt_step(refused).splitlines()[1:] == ["not served: attngen: no backward at d12"]
+
+
+def test_the_gpt_step_pairs_each_rounds_two_attentions():
+    """round_order: mode by mode, the two attentions back to back, SDPA first in even rounds; paired_ratios:
+    each round's SDPA / attngen, the median and range over the rounds (a mode missing a side is left out)."""
+    from attngen.eval.bench.gpt_step import paired_ratios, round_order
+    names = ["sdpa eager", "attngen eager", "sdpa compiled", "attngen compiled"]
+    assert round_order(names, 0) == names
+    assert round_order(names, 1) == ["attngen eager", "sdpa eager", "attngen compiled", "sdpa compiled"]
+    assert round_order(["sdpa eager", "attngen eager", "sdpa compiled"], 1) == \
+        ["attngen eager", "sdpa eager", "sdpa compiled"]
+    rounds = {"sdpa eager": [11.31, 10.72, 10.15, 8.54, 8.48], "attngen eager": [11.39, 10.81, 9.17, 10.62, 9.63],
+              "sdpa compiled": [8.0]}
+    got = paired_ratios(rounds)
+    assert list(got) == ["eager"] and got["eager"]["rounds"] == 5 and got["eager"]["attngen_faster"] == 1
+    assert got["eager"]["median"] == pytest.approx(10.72 / 10.81)
+    assert (got["eager"]["min"], got["eager"]["max"]) == (pytest.approx(8.54 / 10.62), pytest.approx(10.15 / 9.17))
 
 
 def test_a_steps_gpu_time_is_not_taken_where_the_host_waited_on_the_gpu():

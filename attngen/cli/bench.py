@@ -220,9 +220,10 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     --reps steps back to back) and its GPU time (each step queued alone behind a GPU sleep):
     forward under autocast (one --dtype, default bf16), loss,
     backward and AdamW, with attngen.attention and with SDPA's own choice of backend, eager and
-    torch.compile'd, from one initialization, the four alternating over --rounds rounds; the
-    first step's loss and qkv gradient are checked against SDPA's first. --gpt-model shapes it
-    (default 4 layers, d_model 512, 8 heads of 64, 1024 tokens, batch 8).
+    torch.compile'd, from one initialization, the four alternating over --rounds rounds (the two
+    of a mode back to back, each first in turn; "paired" is the median and range of each round's
+    SDPA / attngen); the first step's loss and qkv gradient are checked against SDPA's first.
+    --gpt-model shapes it (default 4 layers, d_model 512, 8 heads of 64, 1024 tokens, batch 8).
 
     \b
     --serving times one serving step as an inference engine runs it: --sequences sequences

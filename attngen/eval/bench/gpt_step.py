@@ -9,7 +9,10 @@ sleep that covers its host time, CUDA events around it, the median over the step
 step waits on the host or on the GPU. Steps queued together would not do: a step's hundreds of launches fill
 the driver's launch queue, and the host then waits on the GPU; where even one step's do (or a step
 synchronizes), its GPU time is reported as not measured. The four variants take turns over `rounds` rounds (drift in the GPU's clocks reaches all
-alike), each figure the median of its rounds.
+alike), each figure the median of its rounds. Within a mode the two attentions run back to back, in turns
+(SDPA first in even rounds, attngen first in odd ones), and the report pairs them: each round's SDPA / attngen
+of one mode, their median and range (`paired`). The host drifts between rounds (a whole step ranged from 7.5
+to 11.4 ms over one run's rounds on an H200 machine); a pair shares its round's host, two medians do not.
 
 Checked first, from the shared initialization: the first step's loss and the first block's qkv weight
 gradient with attngen against SDPA's (eager): the gradient's difference from SDPA's, relative to its norm.
@@ -24,6 +27,31 @@ VOCAB = 512
 LOSS_RTOL = 1e-3          # first-step loss, attngen against SDPA (bf16 autocast: they agreed to 2e-6)
 GRAD_RTOL = 5e-2          # |first block's qkv weight gradient - SDPA's| / |SDPA's|
 VARIANTS = (("sdpa", False), ("attngen", False), ("sdpa", True), ("attngen", True))   # (attention, compiled)
+MODES = ("eager", "compiled")
+
+
+def round_order(names, round_index: int) -> list:
+    """The variants' order in round `round_index`: mode by mode, SDPA then attngen in even rounds and the
+    other way in odd ones, so that neither attention always runs first after the other mode."""
+    order = []
+    for mode in MODES:
+        pair = [n for n in (f"sdpa {mode}", f"attngen {mode}") if n in names]
+        order += pair if round_index % 2 == 0 else pair[::-1]
+    return order
+
+
+def paired_ratios(rounds_ms: dict) -> dict:
+    """{mode: {"median", "min", "max", "attngen_faster", "rounds"}} of each round's SDPA ms / attngen ms of one
+    mode (the two ran back to back in that round); modes missing either side are left out."""
+    out = {}
+    for mode in MODES:
+        ours, theirs = rounds_ms.get(f"attngen {mode}"), rounds_ms.get(f"sdpa {mode}")
+        if not ours or not theirs:
+            continue
+        ratios = [t / o for o, t in zip(ours, theirs)]
+        out[mode] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                     "attngen_faster": sum(r > 1.0 for r in ratios), "rounds": len(ratios)}
+    return out
 
 
 class GptShape(NamedTuple):
@@ -158,8 +186,9 @@ def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: i
         runs[name] = step
     times = {name: [] for name in runs}
     gpu = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, step in runs.items():
+    for round_index in range(rounds):
+        for name in round_order(runs, round_index):
+            step = runs[name]
             torch.cuda.synchronize()
             started = time.perf_counter()
             for x in data:
@@ -172,8 +201,9 @@ def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: i
     report["gpu_ms_per_step"] = {name: None if None in t else statistics.median(t) for name, t in gpu.items()}
     report["rounds_ms"] = times
     report["failed"] = failed
+    report["paired"] = paired_ratios(times)
     ratios = {}
-    for mode in ("eager", "compiled"):
+    for mode in MODES:
         ours, theirs = report["ms_per_step"].get(f"attngen {mode}"), report["ms_per_step"].get(f"sdpa {mode}")
         if ours and theirs:
             ratios[mode] = theirs / ours
@@ -198,15 +228,21 @@ def format_gpt_step(report: dict) -> str:
         return "\n".join(lines)
     ms, gpu = report["ms_per_step"], report.get("gpu_ms_per_step", {})
     nan = float("nan")
-    lines.append(f"{'mode':<10} {'attngen ms':>10} {'SDPA ms':>9} {'SDPA / attngen':>15} {'attngen GPU ms':>15} "
-                 f"{'SDPA GPU ms':>12}")
-    for mode in ("eager", "compiled"):
+    paired = report.get("paired", {})
+    lines.append(f"{'mode':<10} {'attngen ms':>10} {'SDPA ms':>9} {'SDPA / attngen':>15} {'paired (range)':>20} "
+                 f"{'attngen GPU ms':>15} {'SDPA GPU ms':>12}")
+    for mode in MODES:
         ours, theirs = ms.get(f"attngen {mode}"), ms.get(f"sdpa {mode}")
         ratio = report["sdpa_over_attngen"].get(mode)
-        lines.append(f"{mode:<10} {ours or nan:>10.3f} {theirs or nan:>9.3f} {ratio or nan:>15.3f} "
+        pair = paired.get(mode)
+        pair_text = f"{pair['median']:.3f} ({pair['min']:.2f}-{pair['max']:.2f})" if pair else "nan"
+        lines.append(f"{mode:<10} {ours or nan:>10.3f} {theirs or nan:>9.3f} {ratio or nan:>15.3f} {pair_text:>20} "
                      f"{gpu.get(f'attngen {mode}') or nan:>15.3f} {gpu.get(f'sdpa {mode}') or nan:>12.3f}")
     lines.append("(ms: host and GPU, steps back to back; GPU ms: each step alone behind a GPU sleep, nan where the "
-                 "host waited on the GPU; SDPA / attngen of the first)")
+                 "host waited on the GPU; SDPA / attngen of the first; paired: the median of each round's "
+                 "SDPA / attngen, the two run back to back, and the range over the rounds)")
+    for mode, pair in paired.items():
+        lines.append(f"{mode}: attngen faster in {pair['attngen_faster']} of {pair['rounds']} rounds")
     for name, why in report.get("failed", {}).items():
         lines.append(f"{name}: not run ({why})")
     if report["status"] != "ok":
@@ -214,4 +250,5 @@ def format_gpt_step(report: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_GPT", "GptShape", "format_gpt_step", "parse_gpt_shape", "run_gpt_step", "step_gpu_ms"]
+__all__ = ["DEFAULT_GPT", "GptShape", "format_gpt_step", "paired_ratios", "parse_gpt_shape", "round_order", "run_gpt_step",
+           "step_gpu_ms"]
