@@ -216,19 +216,22 @@ def test_small_gpt_trains_like_sdpa():
 
 def test_bench_gpt_step_times_a_small_gpt_checked_against_sdpa(tmp_path):
     """`attngen bench --gpt-step` at a small size (1 layer, d_model 128, 2 heads of 64, 128 tokens, batch 2;
-    2 steps a round, 1 round): the first-step check passes, all four variants run (the compiled ones
-    compile), and the report has each one's ms per step and both ratios."""
+    2 steps a round, 2 rounds, so each attention runs first once): the first-step check passes, all four
+    variants run (the compiled ones compile), and the report has each one's ms per step, both ratios and
+    both modes' paired ratios over the 2 rounds."""
     import json
     from click.testing import CliRunner
     from attngen.cli import main
     out = tmp_path / "gpt.json"
     result = CliRunner().invoke(main, ["bench", "--gpt-step", "--gpt-model", "1x128x2x128x2", "--reps", "2",
-                                       "--rounds", "1", "--json", str(out)])
+                                       "--rounds", "2", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["status"] == "ok" and report["loss_rel_diff"] <= 1e-3 and not report["failed"], report
     assert set(report["ms_per_step"]) == {"sdpa eager", "attngen eager", "sdpa compiled", "attngen compiled"}
     assert set(report["sdpa_over_attngen"]) == {"eager", "compiled"}
+    assert {mode: pair["rounds"] for mode, pair in report["paired"].items()} == {"eager": 2, "compiled": 2}
+    assert all(len(rounds) == 2 for rounds in report["rounds_ms"].values())
 
 
 def test_opcheck_of_the_training_ops():
