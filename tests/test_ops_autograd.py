@@ -481,3 +481,39 @@ def test_variant_call_off_the_gpu_takes_the_variant_op(monkeypatch):
     finally:
         lib._destroy()
     assert seen == [("train", [4, 0], 30.0, False), ("backward", [4, 0], 30.0)]
+
+
+def test_a_shapes_native_step_is_made_once_and_never_replaced(monkeypatch):
+    """_PreparedStep._make_native from two threads at once (two training threads' first backward of a
+    shape): one makes the step, the other finds it made. The ops take a step by its address, so a
+    second step replacing the first would free the one the first thread's calls read."""
+    import threading
+    import time
+    from types import SimpleNamespace
+    from attngen.ops import library
+    made, entered, release = [], threading.Event(), threading.Event()
+
+    def native_forward(*args):
+        entered.set()
+        release.wait(5)
+        return "forward launches"
+
+    fake_native = SimpleNamespace(unavailable=lambda: False, ready=lambda torch: True,
+                                  make_step=lambda *args: made.append(SimpleNamespace(address=lambda: 1234)) or made[-1])
+    monkeypatch.setattr(library, "_native", fake_native)
+    step = library._PreparedStep(SimpleNamespace(native_backward=lambda *args: "backward launches"),
+                                 (False, None, None, "bhsd", False), prepares=True)
+    step.forward_kernel, step.forward_prepared = SimpleNamespace(native_forward=native_forward), "prepared"
+    q = SimpleNamespace(is_cuda=True)
+    first = threading.Thread(target=step._make_native, args=(q, q, q, q, q, q))
+    first.start()
+    assert entered.wait(5)
+    second = threading.Thread(target=step._make_native, args=(q, q, q, q, q, q))
+    second.start()
+    time.sleep(0.1)          # the second thread waits for the first's decision
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert len(made) == 1 and step.native is made[0] and step.native_address == 1234 and not step.native_pending
+    step._make_native(q, q, q, q, q, q)   # later calls find it made
+    assert len(made) == 1

@@ -17,6 +17,7 @@ Importing this module registers the ops (it needs torch)."""
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 
 import torch
@@ -1274,7 +1275,15 @@ class _PreparedStep:
     def _make_native(self, q, k, v, o, lse, dout) -> None:
         """The native step from the two prepared calls (made on these tensors), once its library is
         loaded (native.ready: built before, or being built in the background); none, for good, where
-        a kernel takes no native replay or the library cannot be had."""
+        a kernel takes no native replay or the library cannot be had. One thread at a time decides
+        (_native_making): the ops take a step by its address, so a step, once made, is never replaced
+        (replacing it would free the one another thread's call may be reading)."""
+        with _native_making:
+            if not self.native_pending or self.native is not None:
+                return
+            self._make_native_once(q, k, v, o, lse, dout)
+
+    def _make_native_once(self, q, k, v, o, lse, dout) -> None:
         if self.forward_prepared is None or not q.is_cuda or _native.unavailable():
             self.native_pending = False
             return
@@ -1292,6 +1301,9 @@ class _PreparedStep:
         except Exception as exc:    # the shape keeps the Python node; the step itself never fails for this
             warnings.warn(f"attngen: no native training step for this shape ({type(exc).__name__}: {exc}); "
                           f"it keeps the Python autograd node", RuntimeWarning, stacklevel=2)
+
+
+_native_making = threading.Lock()   # _PreparedStep._make_native: one thread at a time
 
 
 _top_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
