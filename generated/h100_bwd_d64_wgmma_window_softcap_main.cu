@@ -475,6 +475,7 @@ constexpr bool kDqByRows = false;          // warpgroup w computes dQ of query r
 constexpr int kDqRows = 64;                                         // dQ rows per warpgroup: one m64 wgmma
 constexpr int kDqCols = 32;              // dQ columns per warpgroup (whole panels)
 constexpr int kDqRegs = 16;              // dQ accumulators per thread: kDqRows queries x kDqCols
+static_assert(kDqRegs % 2 == 0, "add_dq adds dQ's registers in pairs");
 constexpr int kKStepsD = 4;           // k16 steps over head_dim (S^T, dP^T)
 constexpr int kKStepsM = 4;           // k16 steps over the query block (dK, dV)
 constexpr int kKStepsN = 8;           // k16 steps over the key block (dQ)
@@ -733,7 +734,7 @@ __device__ __forceinline__ int accum_rows_per_head(const Params& p) {
 }
 
 // The accumulator rows of query block [m0, m0 + kBlockM) of query head `head` in the block's sequence
-// (kBlockM x head_dim, register order): a varlen sequence's rows start its run of blocks, laid out as
+// (kBlockM x head_dim, register-pair order): a varlen sequence's rows start its run of blocks, laid out as
 // its run of turn counters (block_sequence: turns = heads x (its first row's block + its index); 0 in
 // a padded call). The convert kernel's varlen_accum_row finds the same rows from a query row.
 __device__ __forceinline__ float* accum_block(int head, int m0, const Sequence& seq, const Params& p) {

@@ -455,6 +455,10 @@ def test_convert_template_matches_the_model():
     assert "kFragmentRows = {{ plan.fragments.accum_fragment_rows }};" in text and ACCUM_FRAGMENT_ROWS == 64
     assert "+ {{ at }} - r)" in text and "+ c / kFragmentCols * kFragmentRows * kFragmentCols;" in text
     assert "const float4* pairs = reinterpret_cast<const float4*>(block + v * 128 + 2 * t);" in text
+    # ... the 8 floats in column order: c, c + 1 from a.x, a.y; ...; c + 6, c + 7 from b.z, b.w (convert_reads)
+    assert ("x[0] = from_float2(a.x * p.scale, a.y * p.scale);\n    x[1] = from_float2(a.z * p.scale, a.w * p.scale);\n"
+            "    x[2] = from_float2(b.x * p.scale, b.y * p.scale);\n    x[3] = from_float2(b.z * p.scale, b.w * p.scale);"
+            in text.split("const float4* pairs")[1])
     from attngen.render import render_spec_file
 
     def convert_of(path):
