@@ -1407,8 +1407,7 @@ def _plain_step(q, k, v, causal, alignment, scale, layout, deterministic, make: 
         kernel = backward_kernel(q, k, v, causal, layout)
     except NotImplementedError:
         return None
-    step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic),
-                         (kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]))
+    step = _new_step(kernel, q, v, (causal, alignment, scale, layout, deterministic))
     _remember_step(key, step)
     return step
 
@@ -1442,9 +1441,8 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
                 _remember_step(key, _JOINED)
             return _train_variant_op(q, k, v, causal, alignment, scale, layout, deterministic, window, softcap,
                                      alibi_slopes, sinks)
-        step = _PreparedStep(kernel, (causal, alignment, scale, layout, deterministic), key is not None and (
-            kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1]),
-            None if plain else (None if window is None else tuple(window), softcap))
+        step = _new_step(kernel, q, v, (causal, alignment, scale, layout, deterministic), key is not None,
+                         None if plain else (None if window is None else tuple(window), softcap))
         _remember_step(key, step)
     elif step is _JOINED:
         return _train_variant_op(q, k, v, causal, alignment, scale, layout, deterministic, window, softcap,
@@ -1460,6 +1458,13 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
     if step.native is not None and not _saved_tensor_hooks_active():   # as the plain call's
         return _native_train(q, k, v, alibi_slopes, sinks, step.native_address)
     return _apply_prepared_variant_train(step, q, k, v, alibi_slopes, sinks)
+
+
+def _new_step(kernel, q, v, options, keyed: bool = True, variants=None) -> _PreparedStep:
+    """A shape's new _PreparedStep: it prepares its calls where it is kept under a key and the kernels
+    take the call's own tensors (the spec's head dims are the call's: no padded copies)."""
+    own_dims = (kernel.plan.head_dim, kernel.plan.v_dim) == (q.shape[-1], v.shape[-1])
+    return _PreparedStep(kernel, options, keyed and own_dims, variants)
 
 
 def _remember_step(key, step) -> None:
