@@ -25,14 +25,14 @@
 //
 // Plan (attngen explain):
 //   h100_bwd_d128_v64_wgmma_bf16: bwd_wgmma (wgmma attention backward (sm_90a; dQ by red.global.add from registers)), bf16, head_dim 128, masks none, causal
-//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d128_v64_wgmma_bf16_none, attngen_h100_bwd_d128_v64_wgmma_bf16_causal, attngen_h100_bwd_d128_v64_wgmma_bf16_none_deterministic, attngen_h100_bwd_d128_v64_wgmma_bf16_causal_deterministic, attngen_h100_bwd_d128_v64_wgmma_bf16_preprocess, attngen_h100_bwd_d128_v64_wgmma_bf16_convert
+//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d128_v64_wgmma_bf16_none, attngen_h100_bwd_d128_v64_wgmma_bf16_causal, attngen_h100_bwd_d128_v64_wgmma_bf16_none_deterministic, attngen_h100_bwd_d128_v64_wgmma_bf16_causal_deterministic, attngen_h100_bwd_d128_v64_wgmma_bf16_preprocess, attngen_h100_bwd_d128_v64_wgmma_bf16_convert, attngen_h100_bwd_d128_v64_wgmma_bf16_convert_pairs
 //
 //   block: 128 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroup(s) of 64 keys
 //   accumulators per thread: dK, dV 64 each, S^T, dP^T 32 each, dQ 32; P^T and dS^T as 4 A fragments each
 //   wgmma per query block per warpgroup: 8 x m64n64k16 (S^T, SS) + 8 (dP^T, SS) + 4 x m64n64k16 (dV, RS) + 4 x m64n128k16 (dK, RS) + 8 x m64n64k16 (dQ, SS, MN-major)
 //   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
-//   dQ: each warpgroup adds 64 x 64 fp32 per query block, 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
+//   dQ: each warpgroup adds 64 x 64 fp32 per query block, 16 red.global.add.v2.f32 per thread, a pair of adjacent columns each (a warp's covers 256 contiguous bytes) or 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register-pair order (causal; the other masks register order) (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros
 //   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued at this one's block barrier (after its dS^T is written)
 //   masks: none, causal
@@ -49,7 +49,7 @@
 //     ds1      114688   16384   16.00  128x64 __nv_bfloat16    128  128B: chunk ^= row % 8       dS^T of the block's keys x the query block, for dQ (stage 1: a warpgroup may write the next step's while the other's dQ still reads this one); 1 panel(s) of 128 rows x 64
 //     stats    131072    1024    1.00  2x128 float         512  none                         per stage: the query block's LSE x log2(e) (+inf: a row that adds nothing), then its rowsum(dO * O)
 //     bars     132096      16    0.02  2x1 uint64            8  none                         per stage: its Q and dO tiles have landed (TMA transactions)
-//     dqs      132224   32768   32.00  128x64 float        256  none                         deterministic mode: each warpgroup's dQ of the step, in register order, for one bulk reduce-add (a step's Q and dO tiles hold less)
+//     dqs      132224   32768   32.00  128x64 float        256  none                         deterministic mode: each warpgroup's dQ of the step, in register-pair order (causal; the other masks register order), for one bulk reduce-add (a step's Q and dO tiles hold less)
 //     total 164992 B (161.12 KiB) of 232448 B (227.00 KiB) budget, 71%
 //     dynamic: 164992 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
@@ -64,10 +64,10 @@
 //         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
 //         dS^T to the step's own dS^T tile (swizzled; a tile per stage, since the other warpgroup may still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; __syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is complete)
 //         issue dQ[:, 64w:] = dS K (wgmma SS, MN-major, N 64), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ
-//         each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while dV and dK run; wait for them
-//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
+//         each thread adds its dQ registers into the accumulator (red.global.add.v2.f32 or .f32 by mask, register-pair order (causal; the other masks register order)) while dV and dK run; wait for them
+//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register-pair order (causal; the other masks register order) in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
 //       __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)
-//     preprocess, convert: grid (ceil(rows / 8), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
+//     preprocess, convert / convert_pairs: grid (ceil(rows / 8), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
 //
 //   kernel parameters (Params, 640 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous

@@ -27,14 +27,14 @@
 //
 // Plan (attngen explain):
 //   h100_bwd_d128_wgmma_expr_softcap_alibi: bwd_wgmma (wgmma attention backward (sm_90a; dQ by red.global.add from registers)), fp16, head_dim 128, masks none, causal, scores expr
-//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_none, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_causal, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_none_deterministic, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_causal_deterministic, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_preprocess, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_convert
+//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_none, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_causal, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_none_deterministic, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_causal_deterministic, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_preprocess, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_convert, attngen_h100_bwd_d128_wgmma_expr_softcap_alibi_convert_pairs
 //
 //   block: 128 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroup(s) of 64 keys
 //   accumulators per thread: dK, dV 64 each, S^T, dP^T 32 each, dQ 32; P^T and dS^T as 4 A fragments each
 //   wgmma per query block per warpgroup: 8 x m64n64k16 (S^T, SS) + 8 (dP^T, SS) + 4 x m64n128k16 (dV, RS) + 4 (dK, RS) + 8 x m64n64k16 (dQ, SS, MN-major)
 //   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
-//   dQ: each warpgroup adds 64 x 64 fp32 per query block, 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
+//   dQ: each warpgroup adds 64 x 64 fp32 per query block, 16 red.global.add.v2.f32 per thread, a pair of adjacent columns each (a warp's covers 256 contiguous bytes) or 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register-pair order (causal; the other masks register order) (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros
 //   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued at this one's block barrier (after its dS^T is written)
 //   masks: none, causal
@@ -67,10 +67,10 @@
 //         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
 //         dS^T to the step's own dS^T tile (swizzled; a tile per stage, since the other warpgroup may still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; __syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is complete)
 //         issue dQ[:, 64w:] = dS K (wgmma SS, MN-major, N 64), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ
-//         each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while dV and dK run; wait for them
-//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
+//         each thread adds its dQ registers into the accumulator (red.global.add.v2.f32 or .f32 by mask, register-pair order (causal; the other masks register order)) while dV and dK run; wait for them
+//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register-pair order (causal; the other masks register order) in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
 //       __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)
-//     preprocess, convert: grid (ceil(rows / 8), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
+//     preprocess, convert / convert_pairs: grid (ceil(rows / 8), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
 //
 //   kernel parameters (Params, 640 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
@@ -526,6 +526,7 @@ constexpr bool kDqByRows = false;          // warpgroup w computes dQ of query r
 constexpr int kDqRows = 64;                                         // dQ rows per warpgroup: one m64 wgmma
 constexpr int kDqCols = 64;              // dQ columns per warpgroup (whole panels)
 constexpr int kDqRegs = 32;              // dQ accumulators per thread: kDqRows queries x kDqCols
+static_assert(kDqRegs % 2 == 0, "add_dq adds dQ's registers in pairs");
 constexpr int kKStepsD = 8;           // k16 steps over head_dim (S^T, dP^T)
 constexpr int kKStepsM = 4;           // k16 steps over the query block (dK, dV)
 constexpr int kKStepsN = 8;           // k16 steps over the key block (dQ)
@@ -705,6 +706,12 @@ __device__ __forceinline__ void store_ds(uint32_t sDS, const uint32_t (&a)[kKSte
         }
 }
 
+// Add (x, y) into the two fp32 at dst (8-byte aligned) in global memory; the L2 performs the adds and
+// no thread waits for them. (From registers: staging dQ in shared memory for one bulk reduce-add was
+// 8-9 % slower, its 2 x 32 KB per step of shared-memory traffic beside the wgmma operands'.)
+__device__ __forceinline__ void red_add_pair(float* dst, float x, float y) {
+    asm volatile("red.global.add.v2.f32 [%0], { %1, %2 };\n" :: "l"(dst), "f"(x), "f"(y) : "memory");
+}
 // Add x into the fp32 at dst in global memory; the L2 performs the add and no thread waits for it.
 // (From registers: staging dQ in shared memory for one bulk reduce-add was 8-9 % slower, its 2 x 32 KB
 // per step of shared-memory traffic beside the wgmma operands'.)
@@ -772,7 +779,7 @@ struct QueryStep {
     int head;
     const float* lse;
     const float* delta;
-    float* dq_accum;   // the query block's accumulator rows (kBlockM x head_dim, register order)
+    float* dq_accum;   // the query block's accumulator rows (kBlockM x head_dim, register(-pair, kDqPairs) order)
     int m0;
 };
 
@@ -784,7 +791,7 @@ __device__ __forceinline__ int accum_rows_per_head(const Params& p) {
 }
 
 // The accumulator rows of query block [m0, m0 + kBlockM) of query head `head` in the block's sequence
-// (kBlockM x head_dim, register order): a varlen sequence's rows start its run of blocks, laid out as
+// (kBlockM x head_dim, register(-pair, kDqPairs) order): a varlen sequence's rows start its run of blocks, laid out as
 // its run of turn counters (block_sequence: turns = heads x (its first row's block + its index); 0 in
 // a padded call). The convert kernel's varlen_accum_row finds the same rows from a query row.
 __device__ __forceinline__ float* accum_block(int head, int m0, const Sequence& seq, const Params& p) {
@@ -835,6 +842,11 @@ __device__ __forceinline__ float row_stat(const QueryStep& st, int tid, const Pa
     return l == -INFINITY ? INFINITY : l * kLog2e;
 }
 
+// The masks whose functions add dQ a pair of adjacent columns at a time, in register-pair order
+// (dq_pair_masks; the convert part's convert_pairs reads their accumulator): the others one float each.
+template <Mask kMask>
+constexpr bool kDqPairs = kMask == Mask::Causal;
+
 // The warpgroup's dQ share of a step (its wgmma complete) added into the query block's accumulator
 // from registers: register v of warpgroup thread t at v * 128 + t of the warpgroup's kDqRows x kDqCols
 // (the convert kernel reads that order). Deterministic: in the key block's turn at the query block,
@@ -853,9 +865,16 @@ __device__ __forceinline__ void add_dq(const float (&dq)[kDqRegs], uint32_t stag
                       "every warpgroup's dQ fits in the stage's Q and dO tiles, one after the other");
         const uint32_t staging = stage_base + warpgroup * kBytes;
         __syncthreads();   // every wgmma reading this step's Q and dO is complete
+        if constexpr (kDqPairs<kMask>) {
 #pragma unroll
-        for (int v = 0; v < kDqRegs; ++v)
-            asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(staging + 4 * (v * kWarpgroupThreads + wg_tid)), "f"(dq[v]) : "memory");
+            for (int v = 0; v < kDqRegs; v += 2)   // the accumulator's register-pair order (add_dq's other branch)
+                asm volatile("st.shared.v2.f32 [%0], { %1, %2 };\n"
+                             :: "r"(staging + 4 * (v * kWarpgroupThreads + 2 * wg_tid)), "f"(dq[v]), "f"(dq[v + 1]) : "memory");
+        } else {
+#pragma unroll
+            for (int v = 0; v < kDqRegs; ++v)
+                asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(staging + 4 * (v * kWarpgroupThreads + wg_tid)), "f"(dq[v]) : "memory");
+        }
         fence_proxy_async_shared();   // the staged dQ, before the bulk copy reads it
         if (tid == 0) wait_for_turn(dq_turn_counter(p, seq, st.head, st.m0), dq_turn<kMask>(n0 / kBlockN, st.m0, p));
         __syncthreads();
@@ -868,9 +887,15 @@ __device__ __forceinline__ void add_dq(const float (&dq)[kDqRegs], uint32_t stag
         __syncthreads();
         if (tid == 0) atomicAdd(dq_turn_counter(p, seq, st.head, st.m0), 1);
     } else {
-        float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + wg_tid;
+        if constexpr (kDqPairs<kMask>) {   // register v and v + 1 (v even): one 8-byte add at (v / 2 x 128 + t) x 2
+            float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + 2 * wg_tid;
 #pragma unroll
-        for (int v = 0; v < kDqRegs; ++v) red_add(dst + v * kWarpgroupThreads, dq[v]);
+            for (int v = 0; v < kDqRegs; v += 2) red_add_pair(dst + v * kWarpgroupThreads, dq[v], dq[v + 1]);
+        } else {
+            float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + wg_tid;
+#pragma unroll
+            for (int v = 0; v < kDqRegs; ++v) red_add(dst + v * kWarpgroupThreads, dq[v]);
+        }
     }
 }
 
@@ -1088,8 +1113,14 @@ __device__ __forceinline__ void key_block(const Params& p, int n0, const Params&
     float* stats = reinterpret_cast<float*>(smem + kSmem_stats);
     // The walk's cursor: step i's query head and first row, moved on by one block each step (no
     // division by the walk's length in the loop: two of them cost about 5 % of a d128 step).
-    int head = kv_head * group, m0 = m_first;
     const int m_stop = m_first + blocks * kBlockM;
+    // With no mask, every key block of a head walks the same query blocks, and in step: their dQ adds would
+    // meet in the L2 at one accumulator block at a time. Each starts at its own query block instead
+    // (key block index mod the walk's blocks) and wraps round. Deterministic walks keep the order their
+    // turns count on; a mask's walks start where its first row is, which spreads them already.
+    constexpr bool kStaggered = kMask == Mask::None && !kDeterministic;
+    const int m_start = kStaggered && blocks > 0 ? m_first + n0 / kBlockN % blocks * kBlockM : m_first;
+    int head = kv_head * group, m0 = m_start;
     if (steps > 0) {
         const QueryStep first = query_step<kVarlen>(head, m0, seq, p);
         if (tid == 0) load_query_tiles(maps, first, seq, smem_addr, 0);
@@ -1101,8 +1132,17 @@ __device__ __forceinline__ void key_block(const Params& p, int n0, const Params&
     for (int i = 0; i < steps; ++i) {
         const QueryStep st = query_step<kVarlen>(head, m0, seq, p);
         const bool more = i + 1 < steps;
-        const bool head_ends = m0 + kBlockM >= m_stop;
-        const int next_head = head_ends ? head + 1 : head, next_m0 = head_ends ? m_first : m0 + kBlockM;
+        bool head_ends;
+        int next_m0;
+        if constexpr (kStaggered) {   // round from m_start, past the last block to the first, back to m_start
+            const int wrapped = m0 + kBlockM >= m_stop ? m_first : m0 + kBlockM;
+            head_ends = wrapped == m_start;
+            next_m0 = head_ends ? m_start : wrapped;
+        } else {
+            head_ends = m0 + kBlockM >= m_stop;
+            next_m0 = head_ends ? m_first : m0 + kBlockM;
+        }
+        const int next_head = head_ends ? head + 1 : head;
         // The next step's statistic of this thread: loaded now, stored before this step's barrier.
         const float stat = more ? row_stat(query_step<kVarlen>(next_head, next_m0, seq, p), tid, p) : 0.f;
         query_block<kMask, kDeterministic, kVarlen>(

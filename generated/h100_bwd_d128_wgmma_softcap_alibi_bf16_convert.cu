@@ -24,14 +24,14 @@
 //
 // Plan (attngen explain):
 //   h100_bwd_d128_wgmma_softcap_alibi_bf16: bwd_wgmma (wgmma attention backward (sm_90a; dQ by red.global.add from registers)), bf16, head_dim 128, masks none, causal, window, scores softcap, alibi
-//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_none, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_causal, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_window, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_none_deterministic, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_causal_deterministic, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_window_deterministic, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_none_group_split, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_causal_group_split, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_window_group_split, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_preprocess, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_convert, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_kv_convert
+//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_none, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_causal, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_window, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_none_deterministic, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_causal_deterministic, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_window_deterministic, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_none_group_split, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_causal_group_split, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_window_group_split, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_preprocess, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_convert, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_convert_pairs, attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_kv_convert
 //
 //   block: 128 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroup(s) of 64 keys
 //   accumulators per thread: dK, dV 64 each, S^T, dP^T 32 each, dQ 32; P^T and dS^T as 4 A fragments each
 //   wgmma per query block per warpgroup: 8 x m64n64k16 (S^T, SS) + 8 (dP^T, SS) + 4 x m64n128k16 (dV, RS) + 4 (dK, RS) + 8 x m64n64k16 (dQ, SS, MN-major)
 //   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
-//   dQ: each warpgroup adds 64 x 64 fp32 per query block, 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
+//   dQ: each warpgroup adds 64 x 64 fp32 per query block, 16 red.global.add.v2.f32 per thread, a pair of adjacent columns each (a warp's covers 256 contiguous bytes) or 32 red.global.add.f32 per thread (a warp's covers 128 contiguous bytes); the accumulator keeps each 64-row block in register-pair order (causal, window; the other masks register order) (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 64 x 64, 128B swizzle, rows and columns past the tensor read as zeros
 //   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued at this one's block barrier (after its dS^T is written)
 //   masks: none, causal, window
@@ -63,11 +63,11 @@
 //         issue S^T = K Q^T and dP^T = V dO^T (wgmma SS, N 64); wait S^T: P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); wait dP^T: dS^T = P^T (dP^T - delta) x m' (softcap's m' = 1 - tanh^2 is not held across the wait: P^T and dS^T are made in one pass after it)
 //         dS^T to the step's own dS^T tile (swizzled; a tile per stage, since the other warpgroup may still read the last step's); the next step's LSE and delta to its stage's buffer; fence.proxy.async; __syncthreads, the step's one block barrier (no barrier at the top of a step); thread 0 issues the next query block's Q, dO into the other stage (TMA: every wgmma of the last step, which read it, is complete)
 //         issue dQ[:, 64w:] = dS K (wgmma SS, MN-major, N 64), then dV += P^T dO, dK += dS^T Q behind it (wgmma RS, N head_dim); wait for dQ
-//         each thread adds its dQ registers into the accumulator (red.global.add.f32, register order) while dV and dK run; wait for them
-//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
+//         each thread adds its dQ registers into the accumulator (red.global.add.v2.f32 or .f32 by mask, register-pair order (causal, window; the other masks register order)) while dV and dK run; wait for them
+//         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register-pair order (causal, window; the other masks register order) in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
 //       __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)
 //     group-split functions (GQA/MQA calls, not deterministic): grid (key blocks, kv_heads x splits, batch); block y walks the query heads [y % splits x group / splits, + group / splits) of KV head y / splits and adds its dK and dV into fp32 sums (red.global.add; the sums, (batch, kv_heads, seqlen_k, head_dim) each, follow the dQ accumulator, zeroed by the call); kv_convert: dk = scale x sum, dv = sum, grid (ceil(seqlen_k / rows), kv_heads, batch)
-//     preprocess, convert: grid (ceil(rows / 8), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
+//     preprocess, convert / convert_pairs: grid (ceil(rows / 8), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
 //
 //   kernel parameters (Params, 640 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
@@ -144,7 +144,8 @@ constexpr int kRowsPerBlock = kThreads / kLanesPerRow;  // 8
 constexpr int kAccumRowBlock = 64;   // each head's accumulator rows: seqlen_q rounded up to this
 // Each block of kFragmentRows accumulator rows is laid out as the warpgroups that added it hold
 // it: warpgroup w's columns [w kFragmentCols, (w + 1) kFragmentCols) as an m64 wgmma accumulator,
-// register v of warpgroup thread t at v * 128 + t. That register of a thread of warp wi, lane l is
+// register v of warpgroup thread t at v * 128 + t (register order: convert), or at (v / 2 * 128 + t) * 2
+// + (v & 1) (register-pair order: convert_pairs). That register of a thread of warp wi, lane l is
 // row 16 wi + l / 4 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2 (l % 4) + (v & 1). (A query block of
 // kAccumRowBlock rows holds kAccumRowBlock / kFragmentRows of them.)
 constexpr int kFragmentRows = 64;
@@ -211,6 +212,18 @@ template <> __device__ __forceinline__ __nv_bfloat162 float2_to<__nv_bfloat162>(
 
 __device__ __forceinline__ elem2_t from_float2(float a, float b) { return float2_to<elem2_t>(a, b); }
 
+// 8 fp32 at src (16-byte aligned) times x, to 8 elements at dst.
+__device__ __forceinline__ void store_scaled_8(elem_t* dst, const float* src, float x) {
+    const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+    uint4 out;
+    elem2_t* y = reinterpret_cast<elem2_t*>(&out);
+    y[0] = from_float2(a.x * x, a.y * x);
+    y[1] = from_float2(a.z * x, a.w * x);
+    y[2] = from_float2(b.x * x, b.y * x);
+    y[3] = from_float2(b.z * x, b.w * x);
+    *reinterpret_cast<uint4*>(dst) = out;
+}
+
 // Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
 // varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
 // no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
@@ -223,6 +236,8 @@ __device__ __forceinline__ void convert(const Params& p) {
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
     const int head = blockIdx.y, batch = blockIdx.z;
     if (row >= p.seqlen_q) return;
+    elem_t* const dq_row = static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
+                           + row * p.dq_row_stride + lane_in_row * 8;   // this lane's 8 elements of dQ
     // Columns c .. c + 7 of row r of its block: registers v (even columns) and v + 1 (odd) of the four
     // threads of one quad, adjacent in the block: two 16-byte loads.
     const int r = row % kFragmentRows, c = lane_in_row * 8;
@@ -237,20 +252,23 @@ __device__ __forceinline__ void convert(const Params& p) {
     x[1] = from_float2(even.y * p.scale, odd.y * p.scale);
     x[2] = from_float2(even.z * p.scale, odd.z * p.scale);
     x[3] = from_float2(even.w * p.scale, odd.w * p.scale);
-    *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
-                              + row * p.dq_row_stride + lane_in_row * 8) = out;
+    *reinterpret_cast<uint4*>(dq_row) = out;
 }
 
-// 8 fp32 at src (16-byte aligned) times x, to 8 elements at dst.
-__device__ __forceinline__ void store_scaled_8(elem_t* dst, const float* src, float x) {
-    const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-    uint4 out;
-    elem2_t* y = reinterpret_cast<elem2_t*>(&out);
-    y[0] = from_float2(a.x * x, a.y * x);
-    y[1] = from_float2(a.z * x, a.w * x);
-    y[2] = from_float2(b.x * x, b.y * x);
-    y[3] = from_float2(b.z * x, b.w * x);
-    *reinterpret_cast<uint4*>(dst) = out;
+__device__ __forceinline__ void convert_pairs(const Params& p) {
+    const int lane_in_row = threadIdx.x % kLanesPerRow;
+    const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    if (row >= p.seqlen_q) return;
+    elem_t* const dq_row = static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
+                           + row * p.dq_row_stride + lane_in_row * 8;   // this lane's 8 elements of dQ
+    // Columns c .. c + 7 of row r of its block: register pair v / 2 of the four threads of one quad,
+    // 32 contiguous bytes in column order: two 16-byte loads.
+    const int r = row % kFragmentRows, c = lane_in_row * 8;
+    const int v = 4 * (c % kFragmentCols / 8) + 2 * (r % 16 / 8), t = r / 16 * 32 + r % 8 * 4;
+    const float* block = p.dq_accum + ((static_cast<long long>(batch) * p.heads + head) * accum_rows_per_head(p) + row - r)
+                         * kHeadDim + c / kFragmentCols * kFragmentRows * kFragmentCols;
+    store_scaled_8(dq_row, block + v * 128 + 2 * t, p.scale);   // pair v / 2 of thread t
 }
 
 // A group-split call's dK = scale * its fp32 sum and dV = its sum, in the element type with dk's and
@@ -276,6 +294,10 @@ __device__ __forceinline__ void kv_convert(const Params& p) {
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16::kThreads)
 attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_convert(const attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16::Params p) {
     attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16::convert(p);
+}
+extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16::kThreads)
+attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_convert_pairs(const attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16::Params p) {
+    attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16::convert_pairs(p);
 }
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16::kThreads)
 attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16_kv_convert(const attngen_h100_bwd_d128_wgmma_softcap_alibi_bf16::Params p) {

@@ -213,6 +213,18 @@ template <> __device__ __forceinline__ __nv_bfloat162 float2_to<__nv_bfloat162>(
 
 __device__ __forceinline__ elem2_t from_float2(float a, float b) { return float2_to<elem2_t>(a, b); }
 
+// 8 fp32 at src (16-byte aligned) times x, to 8 elements at dst.
+__device__ __forceinline__ void store_scaled_8(elem_t* dst, const float* src, float x) {
+    const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+    uint4 out;
+    elem2_t* y = reinterpret_cast<elem2_t*>(&out);
+    y[0] = from_float2(a.x * x, a.y * x);
+    y[1] = from_float2(a.z * x, a.w * x);
+    y[2] = from_float2(b.x * x, b.y * x);
+    y[3] = from_float2(b.z * x, b.w * x);
+    *reinterpret_cast<uint4*>(dst) = out;
+}
+
 // Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
 // varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
 // no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
@@ -225,6 +237,8 @@ __device__ __forceinline__ void convert(const Params& p) {
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
     const int head = blockIdx.y, batch = blockIdx.z;
     if (row >= p.seqlen_q) return;
+    elem_t* const dq_row = static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
+                           + row * p.dq_row_stride + lane_in_row * 8;   // this lane's 8 elements of dQ
     // Columns c .. c + 7 of row r of its block: registers v (even columns) and v + 1 (odd) of the four
     // threads of one quad, adjacent in the block: two 16-byte loads.
     const int r = row % kFragmentRows, c = lane_in_row * 8;
@@ -239,20 +253,7 @@ __device__ __forceinline__ void convert(const Params& p) {
     x[1] = from_float2(even.y * p.scale, odd.y * p.scale);
     x[2] = from_float2(even.z * p.scale, odd.z * p.scale);
     x[3] = from_float2(even.w * p.scale, odd.w * p.scale);
-    *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
-                              + row * p.dq_row_stride + lane_in_row * 8) = out;
-}
-
-// 8 fp32 at src (16-byte aligned) times x, to 8 elements at dst.
-__device__ __forceinline__ void store_scaled_8(elem_t* dst, const float* src, float x) {
-    const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-    uint4 out;
-    elem2_t* y = reinterpret_cast<elem2_t*>(&out);
-    y[0] = from_float2(a.x * x, a.y * x);
-    y[1] = from_float2(a.z * x, a.w * x);
-    y[2] = from_float2(b.x * x, b.y * x);
-    y[3] = from_float2(b.z * x, b.w * x);
-    *reinterpret_cast<uint4*>(dst) = out;
+    *reinterpret_cast<uint4*>(dq_row) = out;
 }
 
 // A group-split call's dK = scale * its fp32 sum and dV = its sum, in the element type with dk's and

@@ -1087,8 +1087,14 @@ __device__ __forceinline__ void key_block(const Params& p, int n0, const Params&
     float* stats = reinterpret_cast<float*>(smem + kSmem_stats);
     // The walk's cursor: step i's query head and first row, moved on by one block each step (no
     // division by the walk's length in the loop: two of them cost about 5 % of a d128 step).
-    int head = head0, m0 = m_first;
     const int m_stop = m_first + blocks * kBlockM;
+    // With no mask, every key block of a head walks the same query blocks, and in step: their dQ adds would
+    // meet in the L2 at one accumulator block at a time. Each starts at its own query block instead
+    // (key block index mod the walk's blocks) and wraps round. Deterministic walks keep the order their
+    // turns count on; a mask's walks start where its first row is, which spreads them already.
+    constexpr bool kStaggered = kMask == Mask::None && !kDeterministic;
+    const int m_start = kStaggered && blocks > 0 ? m_first + n0 / kBlockN % blocks * kBlockM : m_first;
+    int head = head0, m0 = m_start;
     if (steps > 0) {
         const QueryStep first = query_step<kVarlen>(head, m0, seq, p);
         if (tid == 0) load_query_tiles(maps, first, seq, smem_addr, 0);
@@ -1100,8 +1106,17 @@ __device__ __forceinline__ void key_block(const Params& p, int n0, const Params&
     for (int i = 0; i < steps; ++i) {
         const QueryStep st = query_step<kVarlen>(head, m0, seq, p);
         const bool more = i + 1 < steps;
-        const bool head_ends = m0 + kBlockM >= m_stop;
-        const int next_head = head_ends ? head + 1 : head, next_m0 = head_ends ? m_first : m0 + kBlockM;
+        bool head_ends;
+        int next_m0;
+        if constexpr (kStaggered) {   // round from m_start, past the last block to the first, back to m_start
+            const int wrapped = m0 + kBlockM >= m_stop ? m_first : m0 + kBlockM;
+            head_ends = wrapped == m_start;
+            next_m0 = head_ends ? m_start : wrapped;
+        } else {
+            head_ends = m0 + kBlockM >= m_stop;
+            next_m0 = head_ends ? m_first : m0 + kBlockM;
+        }
+        const int next_head = head_ends ? head + 1 : head;
         // The next step's statistic of this thread: loaded now, stored before this step's barrier.
         const float stat = more ? row_stat(query_step<kVarlen>(next_head, next_m0, seq, p), tid, p) : 0.f;
         query_block<kMask, kDeterministic, kVarlen>(

@@ -231,12 +231,13 @@ __device__ __forceinline__ void convert(const Params& p) {
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
     const int head = blockIdx.y, batch = blockIdx.z;
     if (row >= p.seqlen_q) return;
+    elem_t* const dq_row = static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
+                           + row * p.dq_row_stride + lane_in_row * 8;   // this lane's 8 elements of dQ
     // Columns c .. c + 7 of row r of its block: registers v (even columns) and v + 1 (odd) of the four
     // threads of one quad, adjacent in the block: two 16-byte loads.
     const long long accum_row = p.cu_seqlens_q != nullptr ? varlen_accum_row(p, row) : row;
     if (accum_row < 0) {   // outside every sequence: dQ 0
-        *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
-                                  + row * p.dq_row_stride + lane_in_row * 8) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(dq_row) = make_uint4(0, 0, 0, 0);
         return;
     }
     const int r = accum_row % kFragmentRows, c = lane_in_row * 8;
@@ -251,8 +252,7 @@ __device__ __forceinline__ void convert(const Params& p) {
     x[1] = from_float2(even.y * p.scale, odd.y * p.scale);
     x[2] = from_float2(even.z * p.scale, odd.z * p.scale);
     x[3] = from_float2(even.w * p.scale, odd.w * p.scale);
-    *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
-                              + row * p.dq_row_stride + lane_in_row * 8) = out;
+    *reinterpret_cast<uint4*>(dq_row) = out;
 }
 
 }  // namespace attngen_h100_bwd_d32_wgmma_varlen_bf16

@@ -177,6 +177,8 @@ __device__ __forceinline__ void convert(const Params& p) {
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
     const int head = blockIdx.y, batch = blockIdx.z;
     if (row >= p.seqlen_q) return;
+    elem_t* const dq_row = static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
+                           + row * p.dq_row_stride + lane_in_row * 8;   // this lane's 8 elements of dQ
     // Columns c .. c + 7 of row r of its block: registers v (even columns) and v + 1 (odd) of the four
     // threads of one quad, adjacent in the block: two 16-byte loads.
     const int r = row % kFragmentRows, c = lane_in_row * 8;
@@ -191,8 +193,7 @@ __device__ __forceinline__ void convert(const Params& p) {
     x[1] = from_float2(even.y * p.scale, odd.y * p.scale);
     x[2] = from_float2(even.z * p.scale, odd.z * p.scale);
     x[3] = from_float2(even.w * p.scale, odd.w * p.scale);
-    *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
-                              + row * p.dq_row_stride + lane_in_row * 8) = out;
+    *reinterpret_cast<uint4*>(dq_row) = out;
 }
 
 }  // namespace attngen_h100_bwd_d64

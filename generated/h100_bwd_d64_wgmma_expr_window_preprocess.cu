@@ -29,7 +29,7 @@
 //
 // Plan (attngen explain):
 //   h100_bwd_d64_wgmma_expr_window: bwd_wgmma (wgmma attention backward (sm_90a; dQ by red.global.add from registers)), fp16, head_dim 64, masks expr, scores expr
-//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_wgmma_expr_window_expr, attngen_h100_bwd_d64_wgmma_expr_window_expr_deterministic, attngen_h100_bwd_d64_wgmma_expr_window_preprocess, attngen_h100_bwd_d64_wgmma_expr_window_convert
+//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_wgmma_expr_window_expr, attngen_h100_bwd_d64_wgmma_expr_window_expr_deterministic, attngen_h100_bwd_d64_wgmma_expr_window_preprocess, attngen_h100_bwd_d64_wgmma_expr_window_convert_pairs
 //
 //   block: 128 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroup(s) of 64 keys
@@ -73,7 +73,7 @@
 //         each thread adds its dQ registers into the accumulator (red.global.add.v2.f32, register-pair order) while dV and dK run; wait for them
 //         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register-pair order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
 //       __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)
-//     preprocess, convert: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
+//     preprocess, convert_pairs: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
 //
 //   kernel parameters (Params, 640 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous

@@ -24,7 +24,7 @@
 //
 // Plan (attngen explain):
 //   h100_bwd_d64_wgmma_softcap_alibi_bf16: bwd_wgmma (wgmma attention backward (sm_90a; dQ by red.global.add from registers)), bf16, head_dim 64, masks none, causal, window, scores softcap, alibi
-//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_none, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_causal, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_window, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_none_deterministic, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_causal_deterministic, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_window_deterministic, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_none_group_split, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_causal_group_split, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_window_group_split, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_preprocess, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_convert, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_kv_convert
+//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_none, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_causal, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_window, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_none_deterministic, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_causal_deterministic, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_window_deterministic, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_none_group_split, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_causal_group_split, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_window_group_split, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_preprocess, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_convert_pairs, attngen_h100_bwd_d64_wgmma_softcap_alibi_bf16_kv_convert
 //
 //   block: 128 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroup(s) of 64 keys
@@ -67,7 +67,7 @@
 //         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register-pair order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
 //       __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)
 //     group-split functions (GQA/MQA calls, not deterministic): grid (key blocks, kv_heads x splits, batch); block y walks the query heads [y % splits x group / splits, + group / splits) of KV head y / splits and adds its dK and dV into fp32 sums (red.global.add; the sums, (batch, kv_heads, seqlen_k, head_dim) each, follow the dQ accumulator, zeroed by the call); kv_convert: dk = scale x sum, dv = sum, grid (ceil(seqlen_k / rows), kv_heads, batch)
-//     preprocess, convert: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
+//     preprocess, convert_pairs: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
 //
 //   kernel parameters (Params, 640 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous

@@ -22,7 +22,7 @@
 //
 // Plan (attngen explain):
 //   h100_bwd_d64_wgmma_varlen_alibi: bwd_wgmma (wgmma attention backward (sm_90a; dQ by red.global.add from registers)), fp16, head_dim 64, masks none, causal, window, scores alibi
-//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_wgmma_varlen_alibi_none_varlen, attngen_h100_bwd_d64_wgmma_varlen_alibi_causal_varlen, attngen_h100_bwd_d64_wgmma_varlen_alibi_window_varlen, attngen_h100_bwd_d64_wgmma_varlen_alibi_none_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_alibi_causal_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_alibi_window_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_alibi_preprocess, attngen_h100_bwd_d64_wgmma_varlen_alibi_convert
+//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_wgmma_varlen_alibi_none_varlen, attngen_h100_bwd_d64_wgmma_varlen_alibi_causal_varlen, attngen_h100_bwd_d64_wgmma_varlen_alibi_window_varlen, attngen_h100_bwd_d64_wgmma_varlen_alibi_none_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_alibi_causal_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_alibi_window_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_alibi_preprocess, attngen_h100_bwd_d64_wgmma_varlen_alibi_convert_pairs
 //
 //   block: 128 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroup(s) of 64 keys
@@ -65,7 +65,7 @@
 //         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register-pair order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
 //       __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)
 //     varlen functions: a block per (key block, KV head, sequence), Params narrowed to the sequence; each sequence's accumulator blocks start at block (its first row's block + its index), so no query block spans two sequences (the convert kernel finds a row's sequence by bisection)
-//     preprocess, convert: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
+//     preprocess, convert_pairs: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
 //
 //   kernel parameters (Params, 704 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous

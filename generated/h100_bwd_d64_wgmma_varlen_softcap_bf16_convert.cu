@@ -22,7 +22,7 @@
 //
 // Plan (attngen explain):
 //   h100_bwd_d64_wgmma_varlen_softcap_bf16: bwd_wgmma (wgmma attention backward (sm_90a; dQ by red.global.add from registers)), bf16, head_dim 64, masks none, causal, window, scores softcap
-//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_none_varlen, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_causal_varlen, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_window_varlen, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_none_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_causal_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_window_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_preprocess, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_convert
+//   target h100 (NVIDIA H100 SXM, sm_90); functions: attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_none_varlen, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_causal_varlen, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_window_varlen, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_none_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_causal_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_window_varlen_deterministic, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_preprocess, attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_convert_pairs
 //
 //   block: 128 keys of one KV head; the query blocks of 64 rows that see them, for every query head of the KV head
 //   threads: 256 = 2 warpgroup(s) of 64 keys
@@ -65,7 +65,7 @@
 //         (deterministic instead: dV and dK issued before the __syncthreads, dQ after it, wait for all three; __syncthreads; dQ staged in register-pair order in this step's Q and dO tiles; fence.proxy.async; thread 0 waits for the block's turn at this query block; __syncthreads; each warpgroup's first thread issues one bulk reduce-add of its share, waits for it, __threadfence; __syncthreads; thread 0 passes the turn)
 //       __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)
 //     varlen functions: a block per (key block, KV head, sequence), Params narrowed to the sequence; each sequence's accumulator blocks start at block (its first row's block + its index), so no query block spans two sequences (the convert kernel finds a row's sequence by bisection)
-//     preprocess, convert: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
+//     preprocess, convert_pairs: grid (ceil(rows / 16), heads, batch), 128 threads, head_dim / 8 threads per row (rows: seqlen_q rounded up to 64 for the preprocess's zeros)
 //
 //   kernel parameters (Params, 704 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
@@ -204,6 +204,18 @@ template <> __device__ __forceinline__ __nv_bfloat162 float2_to<__nv_bfloat162>(
 
 __device__ __forceinline__ elem2_t from_float2(float a, float b) { return float2_to<elem2_t>(a, b); }
 
+// 8 fp32 at src (16-byte aligned) times x, to 8 elements at dst.
+__device__ __forceinline__ void store_scaled_8(elem_t* dst, const float* src, float x) {
+    const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+    uint4 out;
+    elem2_t* y = reinterpret_cast<elem2_t*>(&out);
+    y[0] = from_float2(a.x * x, a.y * x);
+    y[1] = from_float2(a.z * x, a.w * x);
+    y[2] = from_float2(b.x * x, b.y * x);
+    y[3] = from_float2(b.z * x, b.w * x);
+    *reinterpret_cast<uint4*>(dst) = out;
+}
+
 // Rows of each head's dQ accumulator, in whole blocks of kAccumRowBlock: seqlen_q rounded up; in a
 // varlen call, a run of blocks per sequence from block (its first row's block + its index), so that
 // no two sequences share a block (attngen/core/backward_plan.py varlen_accum_rows).
@@ -230,38 +242,30 @@ __device__ __forceinline__ long long varlen_accum_row(const Params& p, int row) 
     return static_cast<long long>(q0 / kAccumRowBlock + lo) * kAccumRowBlock + (row - q0);
 }
 
-__device__ __forceinline__ void convert(const Params& p) {
+__device__ __forceinline__ void convert_pairs(const Params& p) {
     const int lane_in_row = threadIdx.x % kLanesPerRow;
     const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanesPerRow;
     const int head = blockIdx.y, batch = blockIdx.z;
     if (row >= p.seqlen_q) return;
+    elem_t* const dq_row = static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
+                           + row * p.dq_row_stride + lane_in_row * 8;   // this lane's 8 elements of dQ
     // Columns c .. c + 7 of row r of its block: register pair v / 2 of the four threads of one quad,
     // 32 contiguous bytes in column order: two 16-byte loads.
     const long long accum_row = p.cu_seqlens_q != nullptr ? varlen_accum_row(p, row) : row;
     if (accum_row < 0) {   // outside every sequence: dQ 0
-        *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
-                                  + row * p.dq_row_stride + lane_in_row * 8) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(dq_row) = make_uint4(0, 0, 0, 0);
         return;
     }
     const int r = accum_row % kFragmentRows, c = lane_in_row * 8;
     const int v = 4 * (c % kFragmentCols / 8) + 2 * (r % 16 / 8), t = r / 16 * 32 + r % 8 * 4;
     const float* block = p.dq_accum + ((static_cast<long long>(batch) * p.heads + head) * accum_rows_per_head(p) + accum_row - r)
                          * kHeadDim + c / kFragmentCols * kFragmentRows * kFragmentCols;
-    const float4* pairs = reinterpret_cast<const float4*>(block + v * 128 + 2 * t);   // pair v / 2 of thread t
-    const float4 a = pairs[0], b = pairs[1];
-    uint4 out;
-    elem2_t* x = reinterpret_cast<elem2_t*>(&out);
-    x[0] = from_float2(a.x * p.scale, a.y * p.scale);
-    x[1] = from_float2(a.z * p.scale, a.w * p.scale);
-    x[2] = from_float2(b.x * p.scale, b.y * p.scale);
-    x[3] = from_float2(b.z * p.scale, b.w * p.scale);
-    *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
-                              + row * p.dq_row_stride + lane_in_row * 8) = out;
+    store_scaled_8(dq_row, block + v * 128 + 2 * t, p.scale);   // pair v / 2 of thread t
 }
 
 }  // namespace attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16::kThreads)
-attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_convert(const attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16::Params p) {
-    attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16::convert(p);
+attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16_convert_pairs(const attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16::Params p) {
+    attngen_h100_bwd_d64_wgmma_varlen_softcap_bf16::convert_pairs(p);
 }

@@ -260,13 +260,15 @@ def test_wgmma_group_split_functions():
     assert [p.key_mask(k) for k in keys] == ["none", "causal"] and not any(p.takes_turns(k) for k in keys)
     assert [p.body(k) for k in keys] == ["attention_backward_group_split"] * 2
     assert p.mask_cpp["causal_group_split"] == p.mask_cpp["causal"]
-    assert [k for k, _ in conv.functions] == ["convert", "kv_convert"]
+    assert [k for k, _ in conv.functions] == ["convert", "convert_pairs", "kv_convert"]   # full: register order
+    assert [p.dq_convert(k) for k in ("none", "causal", "none_group_split", "causal_deterministic")] == \
+        ["convert", "convert_pairs", "convert", "convert_pairs"]
     assert {"dk", "dv", "dk_row_stride", "dv_row_stride", "kv_heads", "seqlen_k", "batch"} <= set(conv.reads)
     window = make_plan(load_spec(WGMMA_D128_WINDOW))
     assert [k for k, _ in window.parts[0].functions if k.endswith("_group_split")] == ["window_group_split"]
-    for other in (WGMMA_D96, ROOT / "specs" / "h100_bwd_d64_wgmma_varlen.yaml"):
+    for other, converts in ((WGMMA_D96, ["convert"]), (ROOT / "specs" / "h100_bwd_d64_wgmma_varlen.yaml", ["convert_pairs"])):
         q = make_plan(load_spec(other))
-        assert not q.group_split and [k for k, _ in q.parts[2].functions] == ["convert"]
+        assert not q.group_split and [k for k, _ in q.parts[2].functions] == converts
         assert "dk" not in q.parts[2].reads
     with pytest.raises(SpecError, match="group_split"):
         parse_spec(spec_text(WGMMA_D128_V64) + "group_split: true\n")
@@ -454,15 +456,17 @@ def test_convert_template_matches_the_model():
     assert "const int r = {{ at }} % kFragmentRows, c = lane_in_row * 8;" in text
     assert "kFragmentRows = {{ plan.fragments.accum_fragment_rows }};" in text and ACCUM_FRAGMENT_ROWS == 64
     assert "+ {{ at }} - r)" in text and "+ c / kFragmentCols * kFragmentRows * kFragmentCols;" in text
-    assert "const float4* pairs = reinterpret_cast<const float4*>(block + v * 128 + 2 * t);" in text
+    assert "store_scaled_8(dq_row, block + v * 128 + 2 * t, p.scale);" in text
     # ... the 8 floats in column order: c, c + 1 from a.x, a.y; ...; c + 6, c + 7 from b.z, b.w (convert_reads)
-    assert ("x[0] = from_float2(a.x * p.scale, a.y * p.scale);\n    x[1] = from_float2(a.z * p.scale, a.w * p.scale);\n"
-            "    x[2] = from_float2(b.x * p.scale, b.y * p.scale);\n    x[3] = from_float2(b.z * p.scale, b.w * p.scale);"
-            in text.split("const float4* pairs")[1])
+    assert ("const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];"
+            in text)
+    assert ("y[0] = from_float2(a.x * x, a.y * x);\n    y[1] = from_float2(a.z * x, a.w * x);\n"
+            "    y[2] = from_float2(b.x * x, b.y * x);\n    y[3] = from_float2(b.z * x, b.w * x);"
+            in text.split("void store_scaled_8(")[1])
     from attngen.render import render_spec_file
 
     def convert_of(path):
-        return next(part.source for part in render_spec_file(path).parts if part.source.count("void convert("))
+        return next(part.source for part in render_spec_file(path).parts if part.name == "convert")
     # head_dim 64 (dq_pair_adds): register-pair order; staged_index: pair v / 2 of thread t at
     # (v / 2 x 128 + t) x 2, i.e. v x 128 + 2 t for even v
     assert "block + v * 128 + 2 * t" in convert_of(WGMMA_D64) and "block + (v + 1) * 128 + t" not in convert_of(WGMMA_D64)
@@ -471,11 +475,18 @@ def test_convert_template_matches_the_model():
     assert "for (int v = 0; v < kDqRegs; v += 2) red_add_pair(dst + v * kWarpgroupThreads, dq[v], dq[v + 1]);" in pairs
     assert '"r"(staging + 4 * (v * kWarpgroupThreads + 2 * wg_tid)), "f"(dq[v]), "f"(dq[v + 1])' in pairs
     assert "red_add(" not in pairs
+    # head_dim 128: register-pair order but for the full mask (convert, convert_pairs; kDqPairs in the main part)
+    assert "void convert(" in convert_of(WGMMA_D128) and "void convert_pairs(" in convert_of(WGMMA_D128)
+    assert "block + (v + 1) * 128 + t" in convert_of(WGMMA_D128) and "2 * t" in convert_of(WGMMA_D128)
+    mixed = render_spec_file(WGMMA_D128).parts[0].source
+    assert "constexpr bool kDqPairs = kMask == Mask::Causal;" in mixed
+    assert "if constexpr (kDqPairs<kMask>) {" in mixed and "red_add(dst + v * kWarpgroupThreads, dq[v]);" in mixed
     # the other head dims: register order, one float per add
-    assert "block + (v + 1) * 128 + t" in convert_of(WGMMA_D128) and "2 * t" not in convert_of(WGMMA_D128)
-    main = render_spec_file(WGMMA_D128).parts[0].source
+    assert "block + (v + 1) * 128 + t" in convert_of(WGMMA_D96) and "2 * t" not in convert_of(WGMMA_D96)
+    main = render_spec_file(WGMMA_D96).parts[0].source
     assert "float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + wg_tid;" in main
     assert "red_add(dst + v * kWarpgroupThreads, dq[v]);" in main and "red_add_pair(dst" not in main
+    assert "kDqPairs" not in main
     # deterministic mode: the same order staged in the stage's tiles, warpgroup w's share from w x its size
     for source in (pairs, main):
         assert "const uint32_t staging = stage_base + warpgroup * kBytes;" in source
@@ -489,11 +500,11 @@ def test_convert_template_matches_the_model():
     assert "constexpr int kBytes = kDqRows * kDqAccumCols * 4;" in padded
 
 
-def test_dq_pair_adds_at_head_dim_64_only():
-    """dq_pair_adds: measured at 64, 128 and 256; only 64 gained in every cell."""
-    from attngen.kinds.bwd_wgmma import dq_pair_adds
-    assert [dq_pair_adds(load_spec(p)) for p in (WGMMA_D32, WGMMA_D64, WGMMA_D96, WGMMA_D128)] == \
-        [False, True, False, False]
+def test_dq_pair_masks_by_head_dim():
+    """dq_pair_masks: measured at 64, 128 and 256; 64 gained with every mask, 128 with all but none."""
+    from attngen.kinds.bwd_wgmma import dq_pair_masks
+    assert [dq_pair_masks(load_spec(p)) for p in (WGMMA_D32, WGMMA_D64, WGMMA_D96, WGMMA_D128, WGMMA_D128_WINDOW)] == \
+        [(), ("none", "causal"), (), ("causal",), ("window",)]
 
 
 @pytest.mark.parametrize("change, key", [

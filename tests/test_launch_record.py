@@ -89,7 +89,8 @@ def runtime_view(plan) -> dict:
                           None if combine is None else (combine.name, combine.functions, combine.threads))
     if convention.gradients:
         view["backward"] = (tuple(accum_rows(plan, n) for n in (1, 63, 64, 65, 4097)),
-                            tuple(varlen_accum_rows(plan, n, b) for n in (1, 100, 4097) for b in (1, 3)))
+                            tuple(varlen_accum_rows(plan, n, b) for n in (1, 100, 4097) for b in (1, 3)),
+                            tuple(plan.dq_convert(key) for key in plan.entry_functions))
     return view
 
 

@@ -32,8 +32,9 @@ from .abi import float32, float_pointer, pointer
 from .forward_plan import ForwardPlan, Part, forward_functions, function_name, stride_fields
 # The row kernels' and the accumulator's arithmetic lives in core.launch_rules: the runtime's
 # LaunchPlan runs it too.
-from .launch_rules import DETERMINISTIC, GROUP_SPLIT, KV_CONVERT, ROW_THREADS, deterministic_key, group_split_key
-from .varlen_plan import is_varlen, mask_of
+from .launch_rules import (DETERMINISTIC, DQ_CONVERT, DQ_CONVERT_PAIRS, GROUP_SPLIT, KV_CONVERT, ROW_THREADS, deterministic_key,
+                           dq_convert, group_split_key)
+from .varlen_plan import backward_mask_of, is_varlen, mask_of
 
 ACCUM_FRAGMENT_ROWS = 64    # rows of a register-order block of a whole-block kind's dQ accumulator: an m64
                             # wgmma accumulator, or four m16 mma.sync fragments laid out alike
@@ -85,13 +86,22 @@ class BackwardPlan(ForwardPlan):
         return cls(**{f.name: getattr(plan, f.name) for f in fields(ForwardPlan)} | changes)
 
     def key_mask(self, key: str) -> str:
-        return mask_of(DETERMINISTIC.mask(GROUP_SPLIT.mask(key)))
+        return backward_mask_of(key)
 
     @property
     def accum_row_block(self) -> int:
         """Rows of the dQ accumulator's blocks: 1, or whole query blocks where the kind's main kernel
         adds them (its fragments say)."""
         return self.fragments.accum_row_block
+
+    @property
+    def dq_pair_masks(self) -> tuple[str, ...]:
+        """The masks whose main functions add dQ in register-pair order (the fragments say)."""
+        return self.fragments.pair_masks
+
+    def dq_convert(self, key: str) -> str:
+        """The convert function that reads the dQ accumulator the main function of `key` added."""
+        return dq_convert(self.key_mask(key), self.dq_pair_masks)
 
     def takes_turns(self, key: str) -> bool:
         """The function of `key` adds dQ in turns (deterministic mode)."""
@@ -111,14 +121,16 @@ class BackwardPlan(ForwardPlan):
 
 
 def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str, ...] = (),
-                   group_split: bool = False) -> tuple[Part, ...]:
+                   group_split: bool = False, pair_masks: tuple[str, ...] = ()) -> tuple[Part, ...]:
     """A backward bundle's parts: main, from the kind's main.cu.j2 (the forward's functions: one per
     mask, and with `varlen` one per mask for varlen sequences; then a deterministic one of each; they
     read every Params field but the row kernels' own and the kind's `main_unread`), then the shared
     row kernels, which run the same for varlen calls. accum_blocks: the kind adds whole query blocks
     to the accumulator; in a varlen spec its row kernels then also read the sequences
     (VARLEN_ACCUM_READS). group_split: a group-split function per padded mask after those (GQA/MQA
-    calls; not deterministic), and the convert part's kv_convert."""
+    calls; not deterministic), and the convert part's kv_convert. pair_masks: the masks whose main
+    functions add dQ in register-pair order: the convert part has convert_pairs for them, and convert
+    for the others."""
     keys = [key for key, _ in forward_functions(spec)]
     keys += [deterministic_key(key) for key in keys]
     if group_split:
@@ -128,7 +140,8 @@ def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str
                 reads=tuple(f.name for f in abi.fields if f.name not in unread))
     row = dict(static_smem=0, threads=ROW_THREADS)
     sequences = VARLEN_ACCUM_READS if accum_blocks and spec.varlen else ()
-    converts = (("convert", function_name(spec, "convert")),)
+    orders = [DQ_CONVERT_PAIRS if mask in pair_masks else DQ_CONVERT for mask in spec.masks]
+    converts = tuple((key, function_name(spec, key)) for key in (DQ_CONVERT, DQ_CONVERT_PAIRS) if key in orders)
     if group_split:
         converts += ((KV_CONVERT, function_name(spec, KV_CONVERT)),)
     return (main,

@@ -17,9 +17,10 @@ from typing import NamedTuple
 
 from ..targets import TARGETS, Target
 from .abi import Abi, AbiField
-from .launch_rules import compile_arch, forward_grid, merges_in_kernel, query_block_grid, split_key
+from .launch_rules import compile_arch, dq_convert, forward_grid, merges_in_kernel, query_block_grid, split_key
 from .tensor_maps import TensorMapSpec
 from .variants import MASKS, SCORES
+from .varlen_plan import backward_mask_of
 
 RECORD_FORMAT = 1
 ABI_KEYS = ("name", "ctype", "size", "align", "pack", "meaning", "default", "array")
@@ -89,6 +90,7 @@ class LaunchPlan(NamedTuple):
     v_in_k: bool = False            # decode: V is the first v_dim columns of each K row (one latent cache)
     combine_slices: int = 1         # decode: warps sharing an output row's columns in the combine (its grid y)
     accum_row_block: int = 1        # backward: rows of the dQ accumulator's blocks
+    dq_pair_masks: tuple[str, ...] = ()   # backward: the masks whose functions add dQ in register-pair order
 
     @property
     def v_dim(self) -> int:
@@ -121,6 +123,9 @@ class LaunchPlan(NamedTuple):
     def merges_in_kernel(self, splits: int) -> bool:
         return merges_in_kernel(self.combine, splits)
 
+    def dq_convert(self, key: str) -> str:
+        return dq_convert(backward_mask_of(key), self.dq_pair_masks)
+
     @classmethod
     def from_record(cls, record: dict) -> "LaunchPlan":
         """The plan a record describes; ValueError (or KeyError, TypeError) for one that is not a
@@ -138,7 +143,12 @@ class LaunchPlan(NamedTuple):
                     frozenset(abi["omitted"])),
             tensor_maps=tuple(TensorMapSpec(**dict(zip(MAP_KEYS, m))) for m in record["tensor_maps"]),
             **{name: record[name] for name in NUMBERS}, **record.get("kv_cache", {}), **record.get("pages", {}),
-            **record.get("dq_accumulator", {}))
+            **_dq_accumulator(record.get("dq_accumulator", {})))
+
+
+def _dq_accumulator(entry: dict) -> dict:
+    """A record's dq_accumulator entry as LaunchPlan fields (the pair masks a tuple)."""
+    return {**entry, **({"dq_pair_masks": tuple(entry["dq_pair_masks"])} if "dq_pair_masks" in entry else {})}
 
 
 NUMBERS = ("head_dim", "head_dim_v", "block_m", "block_n", "threads", "smem_bytes", "smem_dynamic", "arch_suffix",
@@ -186,6 +196,8 @@ def launch_record(plan) -> dict:
     accum = getattr(plan, "accum_row_block", None)
     if accum is not None:
         record["dq_accumulator"] = {"accum_row_block": accum}
+        if plan.dq_pair_masks:   # recorded where some mask pairs: every other backward record stays as it was
+            record["dq_accumulator"]["dq_pair_masks"] = list(plan.dq_pair_masks)
     return record
 
 

@@ -237,6 +237,14 @@ deterministic_key = DETERMINISTIC.key
 GROUP_SPLIT = KeySuffix("_group_split")   # ... of a mask's GQA main function: a KV head's query heads split over blocks
 group_split_key = GROUP_SPLIT.key
 KV_CONVERT = "kv_convert"   # the convert part's function (key) that turns the group-split dK and dV sums into dk, dv
+DQ_CONVERT, DQ_CONVERT_PAIRS = "convert", "convert_pairs"   # the convert part's dQ functions (dq_convert)
+
+
+def dq_convert(mask: str, pair_masks: tuple[str, ...]) -> str:
+    """The convert function that reads the dQ accumulator of a main function running `mask`:
+    convert_pairs where that mask's functions add dQ in register-pair order (pair_masks), else
+    convert (register order, or a row's columns in order)."""
+    return DQ_CONVERT_PAIRS if mask in pair_masks else DQ_CONVERT
 
 # GQA/MQA backward (a plan with group-split functions). A block of the unsplit grid walks every query
 # head of its KV head; group_splits() divides that walk over `splits` blocks, whose dK and dV go into

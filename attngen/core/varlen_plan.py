@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .abi import int32, int64, int_pointer
 from .function_keys import KeySuffix
-from .launch_rules import MAX_PAGE_SIZE
+from .launch_rules import DETERMINISTIC, GROUP_SPLIT, MAX_PAGE_SIZE
 from .input_errors import ERRORS_FIELD
 
 VARLEN = KeySuffix("_varlen")   # function key (and name) suffix of a mask's varlen function
@@ -28,6 +28,12 @@ VARLEN_ABI_FIELDS = (
 varlen_key = VARLEN.key      # the function key of a mask's varlen kernel function
 is_varlen = VARLEN.has
 mask_of = VARLEN.mask        # the mask a function key runs: the key itself, or a varlen key without its suffix
+
+
+def backward_mask_of(key: str) -> str:
+    """The mask a backward main function key runs: without its group-split, deterministic and varlen
+    suffixes."""
+    return mask_of(DETERMINISTIC.mask(GROUP_SPLIT.mask(key)))
 
 
 # A paged spec's varlen functions (`paged: true`) also read K and V from page pools through a block

@@ -76,7 +76,26 @@ def old_kernel(new, old_dir: Path):
         # Kernels from before the Hopper backward read Q and dO by TMA: their Params end before the maps.
         plan = dataclasses.replace(plan, tensor_maps=(),
                                    abi=plan.abi.without({m.abi_field for m in new.plan.tensor_maps}))
+    plan = _old_dq_order(plan, sources)
     return type(new).from_sources(plan, sources, label=f"{new.plan.spec.name}_before")
+
+
+def _old_dq_order(plan, sources):
+    """The plan with the dQ order of old sources whose convert part has one dQ function, `convert`
+    (kernels from before dQ order was chosen per mask): every mask pairs with it, in the order it
+    reads (register-pair order where it reads pair v / 2 of thread t at v x 128 + 2 t)."""
+    index = next((i for i, part in enumerate(plan.parts) if part.name == "convert"), None)
+    if index is None or not hasattr(plan.fragments, "pair_masks"):
+        return plan
+    part, source = plan.parts[index], sources[index]
+    if all(f"\n{fn}(" in source for _, fn in part.functions):
+        return plan
+    pairs = "block + v * 128 + 2 * t" in source
+    functions = ((("convert_pairs" if pairs else "convert"), f"attngen_{plan.spec.name}_convert"),)
+    functions += tuple((key, fn) for key, fn in part.functions if key == "kv_convert")
+    parts = plan.parts[:index] + (dataclasses.replace(part, functions=functions),) + plan.parts[index + 1:]
+    return dataclasses.replace(plan, parts=parts, fragments=dataclasses.replace(
+        plan.fragments, pair_masks=tuple(plan.spec.masks) if pairs else ()))
 
 
 def gradient_difference(grads, reference) -> dict:

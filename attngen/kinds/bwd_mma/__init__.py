@@ -212,7 +212,7 @@ class BackwardFragments:
     accum_row_block: int    # the dQ accumulator holds whole query blocks of each head
     accum_fragment_rows: int  # ... each a run of blocks of this many rows in register order
     accum_fragment_cols: int  # ... all head_dim columns in one run
-    accum_pairs: bool = False  # register order, one float per add: sm_80/89 have no 8-byte f32 reduce-add
+    pair_masks: tuple[str, ...] = ()  # none in register-pair order: sm_80/89 have no 8-byte f32 reduce-add
 
 
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:

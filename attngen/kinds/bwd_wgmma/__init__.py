@@ -22,8 +22,8 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
   its queries' dS^T). dQ is issued first and dV, dK behind it; each thread adds its dQ registers into
   the fp32 accumulator with red.global.add.f32 while dV and dK run, in register order: the
   accumulator keeps each 64-row block in that order, and the convert kernel reads it so. At head_dim
-  64 (dq_pair_adds) each pair of adjacent columns goes as one red.global.add.v2.f32 instead, in
-  register-pair order.
+  64, and at 128 but for the full mask (dq_pair_masks), each pair of adjacent columns goes as one
+  red.global.add.v2.f32 instead, in register-pair order, which the convert part's convert_pairs reads.
 - preprocess: delta = rowsum(dO * O), zeros in the accumulator (whole query blocks);
 - convert: dQ = scale * accumulator.
 
@@ -43,7 +43,7 @@ from ...core.backward_space import wgmma_backward_space
 from ...core.backward_plan import ACCUM_FRAGMENT_ROWS, BACKWARD_ABI_FIELDS, BackwardPlan, backward_parts
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, plan_abi, spec_variants, tensor_fields
 from ...core.kind import Kind
-from ...core.launch_rules import ROW_THREADS, lanes_per_row, rows_per_row_block
+from ...core.launch_rules import ROW_THREADS, dq_convert, lanes_per_row, rows_per_row_block
 from ...core.layout import Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget, layout_regions
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
 from ...core.spec_keys import (ForwardSpec, HomogeneousWarps, refuse, round_up, rule_backward_no_rescale,
@@ -131,25 +131,38 @@ def dq_by_rows(s) -> bool:
     return s.tile.block_m > ROWS_PER_WARPGROUP
 
 
-def dq_pair_adds(s) -> bool:
-    """Whether each thread adds its dQ registers a pair of adjacent columns at a time (one
+def dq_pair_masks(s) -> tuple[str, ...]:
+    """The masks whose functions add each thread's dQ registers a pair of adjacent columns at a time (one
     red.global.add.v2.f32, the accumulator in register-pair order) rather than one float each: half the
-    reduce instructions of a step. At head_dim 64 only, as measured on the H200 against one float per add
-    (docs/performance/backward.md, "dQ added in pairs"): there causal cells gained 1-7 % and full masks
-    0-3 %, deterministic mode unmoved; at head_dim 128 causal cells gained 2-7 % but full masks at 8192
-    keys lost 1.2-3.4 %, and at 256 nothing moved beyond 1.1 %. Other head dims were not measured and
-    keep one float per add."""
-    return s.head_dim == 64
+    reduce instructions of a step. As measured on the H200 against one float per add
+    (docs/performance/backward.md, "dQ added in pairs"):
+    - head_dim 64: every mask (causal cells gained 1-7 %, full masks 0-3 %, deterministic mode unmoved);
+    - head_dim 128: every mask but none (causal cells gained 2-7 %; full masks at 8192 keys lost 1.2-3.4 %,
+      where every key block of a head adds into the same query block at once);
+    - 256 moved within 1.1 %, and the other head dims were not measured: one float per add."""
+    if s.head_dim == 64:
+        return tuple(s.masks)
+    if s.head_dim == 128:
+        return tuple(m for m in s.masks if m != "none")
+    return ()
 
 
 def dq_order(s) -> str:
     """The dQ accumulator's order, as the explanations name it."""
-    return "register-pair order" if dq_pair_adds(s) else "register order"
+    pairs = dq_pair_masks(s)
+    if not pairs:
+        return "register order"
+    if set(pairs) == set(s.masks):
+        return "register-pair order"
+    return f"register-pair order ({', '.join(pairs)}; the other masks register order)"
 
 
 def dq_red(s) -> str:
     """The reduce-add instruction a thread adds its dQ registers with."""
-    return "red.global.add.v2.f32" if dq_pair_adds(s) else "red.global.add.f32"
+    pairs = dq_pair_masks(s)
+    if not pairs:
+        return "red.global.add.f32"
+    return "red.global.add.v2.f32" if set(pairs) == set(s.masks) else "red.global.add.v2.f32 or .f32 by mask"
 
 
 def rule_backward_warpgroups(s):
@@ -277,7 +290,8 @@ class WgmmaBackwardFragments:
     accum_row_block: int    # the accumulator holds whole query blocks of each head
     accum_fragment_rows: int  # ... each a run of blocks of this many rows (a warpgroup's m64) in register(-pair) order
     accum_fragment_cols: int  # ... dq_cols per warpgroup (head_dim where the tiles are padded past it)
-    accum_pairs: bool        # ... in register-pair order, a pair of adjacent columns per 8-byte add (dq_pair_adds)
+    pair_masks: tuple[str, ...] = ()  # ... the masks whose functions add in register-pair order, a pair of
+                                      # adjacent columns per 8-byte add (dq_pair_masks); the others register order
     tile_dim: int = 0       # columns of the Q and K tiles where head_dim is padded to the k16 steps (0: head_dim)
     head_dim_v: int = 0     # V's head dim where it differs (0: head_dim): V, dO and dV have these columns
     dkv_cols_v: int = 0     # ... dV's columns per warpgroup (head_dim_v / column_groups)
@@ -305,7 +319,7 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
         descriptor_mode=panel.descriptor_mode, row_block=rows_per_row_block(d), row_lanes=lanes_per_row(d),
         accum_row_block=bm,
         accum_fragment_rows=ACCUM_FRAGMENT_ROWS, accum_fragment_cols=dq_cols if td == d else d,
-        accum_pairs=dq_pair_adds(spec),
+        pair_masks=dq_pair_masks(spec),
         tile_dim=td if td != d else 0, head_dim_v=dv if own_v else 0,
         dkv_cols_v=dv // groups if own_v else 0, d_regs_v=dv // groups // 2 if own_v else 0,
         k_steps_dv=dv // 16 if own_v else 0, dq_staging=dq_staging(spec), group_split=spec.group_split)
@@ -443,7 +457,8 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
                    "y / splits and adds its dK and dV into fp32 sums (red.global.add; the sums, (batch, kv_heads, "
                    "seqlen_k, head_dim) each, follow the dQ accumulator, zeroed by the call); kv_convert: dk = scale x "
                    "sum, dv = sum, grid (ceil(seqlen_k / rows), kv_heads, batch)",) if spec.group_split else ()),
-                f"preprocess, convert: grid (ceil(rows / {f.row_block}), heads, batch), {ROW_THREADS} threads, "
+                f"preprocess, {' / '.join(dict.fromkeys(dq_convert(mask, f.pair_masks) for mask in spec.masks))}: grid (ceil(rows / "
+                f"{f.row_block}), heads, batch), {ROW_THREADS} threads, "
                 f"head_dim / 8 threads per row (rows: seqlen_q rounded up to {bm} for the preprocess's zeros)")
     block_text = (f"block: {bn} keys of one KV head; the query blocks of {bm} rows that see them, for every query "
                   "head of the KV head",
@@ -463,7 +478,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
         fragments=f, arch_suffix="a", tensor_maps=maps, params_qualifier="__grid_constant__ ")
     main_unread = tensor_fields("q") + tensor_fields("dout")   # the main kernel reads Q and dO through the maps
     return BackwardPlan.of(forward, parts=backward_parts(spec, abi, accum_blocks=True, main_unread=main_unread,
-                                                         group_split=spec.group_split),
+                                                         group_split=spec.group_split, pair_masks=f.pair_masks),
                            roles=roles, schedule=schedule, block_text=block_text,
                            copy_engine=f"K, V: cp.async (16-byte chunks, every thread); Q, dO: TMA "
                                        f"(cp.async.bulk.tensor, one thread); {panel.row_bytes}-byte-swizzled panels",
@@ -488,9 +503,10 @@ def explain(plan) -> list[str]:
             f"S^T and dP^T; {'K-major P^T and dS^T tiles with ' if shared else ''}MN-major Q, dO (dK, dV), "
             f"dS^T and K (dQ), panels {f.panel_cols} columns wide",
             f"dQ: each warpgroup adds {64 if f.dq_by_rows else plan.block_m} x {f.dq_cols} fp32 per query block, "
-            + (f"{f.dq_regs // 2} red.global.add.v2.f32 per thread, a pair of adjacent columns each (a warp's covers 256 "
-               "contiguous bytes)" if f.accum_pairs else
-               f"{f.dq_regs} red.global.add.f32 per thread (a warp's covers 128 contiguous bytes)")
+            + " or ".join(([f"{f.dq_regs // 2} red.global.add.v2.f32 per thread, a pair of adjacent columns each (a "
+                            "warp's covers 256 contiguous bytes)"] if f.pair_masks else [])
+                          + ([f"{f.dq_regs} red.global.add.f32 per thread (a warp's covers 128 contiguous bytes)"]
+                             if set(f.pair_masks) != set(plan.spec.masks) else []))
             + f"; the accumulator keeps each 64-row block in {dq_order(plan.spec)} (the convert kernel reads it so). "
             "Not bitwise repeatable: key blocks add "
             "in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in "

@@ -158,12 +158,12 @@ class BackwardKernel(Kernel):
         if splits > 1:   # the group-split functions, then dk and dv from their sums
             named = ((self._functions["preprocess"]["preprocess"], rows),
                      (self.entry[group_split_key(mask)], (key_blocks, kv_heads * splits, batch)),
-                     (self._functions["convert"]["convert"], rows),
+                     (self._functions["convert"][plan.dq_convert(mask)], rows),
                      (self._functions["convert"][KV_CONVERT], row_grid(plan.head_dim, batch, kv_heads, seqlen_k)))
         else:
             named = ((self._functions["preprocess"]["preprocess"], rows),
                      (self.entry[deterministic_key(mask) if deterministic else mask], (key_blocks, kv_heads, batch)),
-                     (self._functions["convert"]["convert"], rows))
+                     (self._functions["convert"][plan.dq_convert(mask)], rows))
         prepared = Prepared(info, self._launches(info, *named), self._packer.pack(row), self._pointers,
                             (scratch, shape_maps, splits))
         self._remember(key, prepared)
@@ -349,7 +349,8 @@ class BackwardKernel(Kernel):
         launches = self._launches(info, (self._functions["preprocess"]["preprocess"],
                                          row_grid(plan.head_dim, 1, heads, accum)),
                                   (self.entry[deterministic_key(function) if deterministic else function], main),
-                                  (self._functions["convert"]["convert"], row_grid(plan.head_dim, 1, heads, total_q)))
+                                  (self._functions["convert"][plan.dq_convert(mask)],
+                                   row_grid(plan.head_dim, 1, heads, total_q)))
         self.last_group_splits = 1   # varlen calls never split
         self._run(Prepared(info, launches, self._varlen_packer.pack(row), self._pointers), pointers + maps)
         return dq, dk, dv
