@@ -210,3 +210,62 @@ def test_variant_native_steps_match_the_python_node(native, shape, kv_heads, dty
     if "sinks" in kw:
         apart = library.sink_gradient(dout, o.detach(), lse, kw["sinks"], "bhsd")
         assert torch.allclose(got[3], apart, rtol=1e-3, atol=1e-4), (got[3] - apart).abs().max()
+
+
+def test_variant_native_steps_fall_back_for_a_dout_they_were_not_prepared_for(native):
+    """A variant step (window and sinks, gpt-oss's local layer) handed a sliced dout (other strides) and an
+    expanded one goes back to attngen::attention_variant_backward from the C++ node: deterministic, so
+    its gradients are the Python node's for the same dout bit for bit."""
+    import torch
+    from attngen.ops import library
+    from attngen.runtime.calls.shared import variant_key
+    gen = torch.Generator(device="cuda").manual_seed(77)
+    shape, kv = (2, 16, 300, 64), (2, 2, 300, 64)
+    q, k, v = (torch.randn(s, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_() for s in (shape, kv, kv))
+    sinks = torch.randn(16, generator=gen, device="cuda").requires_grad_()
+    kw = {"causal": True, "window": (127, 0), "sinks": sinks, "deterministic": True}
+
+    def step(d):
+        o = attngen.attention(q, k, v, **kw)
+        return o, torch.autograd.grad(o, (q, k, v, sinks), d)
+    dout = torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16)
+    for _ in range(2):
+        step(dout)
+    entry = library._TRAIN[library.call_key(q, k, v, True, None, None, True, "bhsd",
+                                            variant_key((127, 0), None, None, sinks=sinks))]
+    assert isinstance(entry.native, torch.ScriptObject), entry.native
+    wide = torch.randn(*shape[:-1], 128, generator=gen, device="cuda").to(torch.bfloat16)
+    for d in (wide[..., :64], torch.ones(1, device="cuda", dtype=torch.bfloat16).expand(shape)):
+        o, got = step(d)
+        assert "attngen_native" in o.grad_fn.name(), o.grad_fn.name()
+        made, entry.native = entry.native, None
+        try:
+            _, python = step(d)
+        finally:
+            entry.native = made
+        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, python):
+            assert torch.equal(a, b), f"dout strides {d.stride()}: {name} differs by {(a.float() - b.float()).abs().max()}"
+
+
+def test_a_native_node_outlives_its_shapes_step(native):
+    """The autograd node keeps its own reference to the step: with the shape's cache emptied (and the
+    Python object collected) between the forward and the backward, the backward still runs, and, being
+    deterministic, gives the gradients of a step whose cache was left alone, bit for bit."""
+    import gc
+    import torch
+    from attngen.ops import library
+    gen = torch.Generator(device="cuda").manual_seed(79)
+    q, k, v = (torch.randn(2, 8, 256, 64, generator=gen, device="cuda").half().requires_grad_() for _ in range(3))
+    dout = torch.randn(2, 8, 256, 64, generator=gen, device="cuda").half()
+
+    def forward():
+        return attngen.attention(q, k, v, causal=True, deterministic=True)
+    for _ in range(3):
+        torch.autograd.grad(forward(), (q, k, v), dout)
+    want = torch.autograd.grad(forward(), (q, k, v), dout)
+    o = forward()
+    assert "attngen_native" in o.grad_fn.name(), o.grad_fn.name()
+    library._TRAIN.clear()
+    gc.collect()
+    got = torch.autograd.grad(o, (q, k, v), dout)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

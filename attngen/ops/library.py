@@ -1309,6 +1309,16 @@ _native_making = threading.Lock()   # _PreparedStep._make_native: one thread at 
 _top_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 
 
+_tracing_state = torch._C._get_tracing_state
+
+
+def _native_allowed() -> bool:
+    """Whether a call may take its shape's native step: not under saved-tensor hooks (the Python node
+    checks what they give back), and not while torch.jit.trace records the call (the trace would keep
+    the step's address as a constant, past the step's life)."""
+    return not _saved_tensor_hooks_active() and _tracing_state() is None
+
+
 def _saved_tensor_hooks_active() -> bool:
     """Whether saved-tensor hooks are in force (torch.autograd.graph.saved_tensors_hooks: offloading,
     checkpointing): torch's own private query (torch 2.8 on; aot_autograd asks it too). Where it is
@@ -1450,12 +1460,12 @@ def train_attention(q, k, v, causal, alignment, scale, layout, deterministic, wi
     if plain:
         if _functorch_active():
             return _PreparedTrain.apply(step, q, k, v)
-        if step.native is not None and not _saved_tensor_hooks_active():   # saved-tensor hooks: the Python node checks
-            return _native_train(q, k, v, None, None, step.native_address)   # what they give back
+        if step.native is not None and _native_allowed():
+            return _native_train(q, k, v, None, None, step.native_address)
         return _apply_prepared_train(step, q, k, v)
     if _functorch_active():
         return _PreparedVariantTrain.apply(step, q, k, v, alibi_slopes, sinks)
-    if step.native is not None and not _saved_tensor_hooks_active():   # as the plain call's
+    if step.native is not None and _native_allowed():
         return _native_train(q, k, v, alibi_slopes, sinks, step.native_address)
     return _apply_prepared_variant_train(step, q, k, v, alibi_slopes, sinks)
 

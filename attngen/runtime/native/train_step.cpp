@@ -252,6 +252,8 @@ struct Step : torch::CustomClassHolder {
        std::optional<double> scale, std::string layout, bool deterministic)
       : device(device), context(reinterpret_cast<CUcontext>(context)), causal(causal), alignment(std::move(alignment)),
         scale(scale), layout(std::move(layout)), deterministic(deterministic) {}
+  // A freed Step's address fails step_at's check (while its memory holds no other Step).
+  ~Step() { magic = 0; }
 
   void set_variants(std::optional<std::vector<int64_t>> window_, std::optional<double> softcap_) {
     variants = true;
@@ -437,12 +439,16 @@ std::tuple<Tensor, Tensor> train(const Tensor& q, const Tensor& k, const Tensor&
 // torch.compile's graphs call attngen::attention_train and attngen::attention_backward, whose CUDA
 // implementations (Python) hand a prepared shape to these: the step's forward and backward alone.
 std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t address) {
-  return step_at(address)->forward(q, k, v);
+  const Step* step = step_at(address);
+  TORCH_CHECK(!step->variants, "attngen native step: a variant call's step takes attngen_native::train");
+  return step->forward(q, k, v);
 }
 
 std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& o, const Tensor& lse, int64_t address) {
-  auto [dq, dk, dv, delta] = step_at(address)->backward(dout, q, k, v, o, lse);
+  const Step* step = step_at(address);
+  TORCH_CHECK(!step->variants, "attngen native step: a variant call's step takes attngen_native::train");
+  auto [dq, dk, dv, delta] = step->backward(dout, q, k, v, o, lse);
   return {dq, dk, dv};
 }
 
