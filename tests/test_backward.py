@@ -467,7 +467,7 @@ def test_convert_template_matches_the_model():
 
     def convert_of(path):
         return next(part.source for part in render_spec_file(path).parts if part.name == "convert")
-    # head_dim 64 (dq_pair_adds): register-pair order; staged_index: pair v / 2 of thread t at
+    # head_dim 64 (dq_pair_masks: every mask): register-pair order; staged_index: pair v / 2 of thread t at
     # (v / 2 x 128 + t) x 2, i.e. v x 128 + 2 t for even v
     assert "block + v * 128 + 2 * t" in convert_of(WGMMA_D64) and "block + (v + 1) * 128 + t" not in convert_of(WGMMA_D64)
     pairs = render_spec_file(WGMMA_D64).parts[0].source

@@ -31,8 +31,8 @@ def main(old_dir, out, names):
         d = new.plan.head_dim
         dtype = torch.bfloat16 if "bf16" in name else torch.float16
         extra = {"alibi_slopes": torch.rand(16, device="cuda")} if "alibi" in name else {}
-        if "window" in name:   # a sliding window's mask: 1024 keys back, and (causal) none ahead
-            extra = {"window": (1024, 1024)}
+        if "window" in name:   # a sliding window's mask: 1024 keys back and 1024 ahead (causal closes the right side)
+            extra = {**extra, "window": (1024, 1024)}
         cells = [(s, {"causal": c}) for s in SHAPES for c in (False, True)]
         cells.append((SHAPES[0], {"causal": False, "deterministic": True}))
         for (b, h, s), kw in cells:
