@@ -64,6 +64,53 @@ def test_select_buckets_and_group_rows():
         select(entries, "forward", "sm_90", "fp16", 80, "none", 10)
 
 
+def test_window_entries_route_by_width():
+    """A window entry with max_window serves windows of at most that many keys a row sees (left + 1 + right,
+    a causal call's right 0); wider windows, unbounded sides and calls that give no width take the key's
+    other entries. gpt-oss's 127-key window (sinks, d64) goes to the two-warpgroup cell, a 4095-key window to
+    the three-warpgroup one (docs/performance/variants.md)."""
+    from attngen.core.variants import window_keys
+    assert window_keys(True, (127, 0)) == 128 and window_keys(True, (127, 5)) == 128   # causal closes the right
+    assert window_keys(False, (64, 63)) == 128 and window_keys(False, (127, -1)) is None
+    assert window_keys(True, (-1, 0)) is None and window_keys(True, None) is None
+    entries = (Entry("forward", "sm_90", "bf16", 64, "window", "narrow", max_window=128),
+               Entry("forward", "sm_90", "bf16", 64, "window", "wide"))
+    def pick(window):
+        return select(entries, "forward", "sm_90", "bf16", 64, "window", 16384, window=window).spec
+    assert pick(128) == "narrow" and pick(1) == "narrow"
+    assert pick(129) == "wide" and pick(None) == "wide"
+    table = load_table(TABLE)
+    for dtype, suffix in (("bf16", "_bf16"), ("fp16", "")):
+        def served(window, seqlen=16384):
+            return select(table, "forward", "sm_90", dtype, 64, "window", seqlen, scores="sink", window=window).spec
+        assert served(window_keys(True, (127, 0))) == f"h100_wgmma_d64_persistent_q2_sink{suffix}"
+        assert served(window_keys(True, (127, 0)), 512) == f"h100_wgmma_d64_persistent_q2_sink{suffix}"
+        assert served(window_keys(True, (4095, 0))) == f"h100_wgmma_d64_persistent_q2_c3_sink{suffix}"
+        assert served(None) == f"h100_wgmma_d64_persistent_q2_c3_sink{suffix}"
+
+
+def test_a_variant_calls_kernel_key_holds_its_window_width():
+    """forward_variant resolves a kernel once per key: two windows of other widths are two keys (the table
+    may serve them apart), a causal call with no window has none."""
+    torch = pytest.importorskip("torch")
+    from attngen.ops.library import _variant_kernel_key
+    q = torch.empty(1, 8, 64, 64, dtype=torch.bfloat16)
+    def key(causal, window):
+        return _variant_kernel_key(q, q, q, causal, "bhsd", window, None, None, None)
+    assert key(True, (127, 0))[3] == "window" and key(True, (127, 0))[-1] == 128
+    assert key(True, (127, 0)) != key(True, (4095, 0))
+    assert key(True, None)[-1] is None and key(True, (-1, 0))[3] == "causal"
+
+
+def test_max_window_is_refused_off_a_window_entry(tmp_path):
+    path = tmp_path / "table.yaml"
+    path.write_text("entries:\n  - {call: forward, arch: sm_90, dtype: fp16, head_dim: 64, mask: causal, "
+                    "spec: h100_wgmma_d64, max_window: 128}\n")
+    with pytest.raises(SpecError) as info:
+        load_table(path)
+    assert info.value.key == "entries[0].max_window" and "window call" in info.value.message
+
+
 def test_contiguous_decode_routes_by_group_and_grid():
     """The committed table's contiguous d128 decode: the cell whose last block merges its slices (one launch)
     serves KV heads of at most 4 query rows and grids of 1024 rows and more; its twin that merges a warp's rows

@@ -32,6 +32,9 @@ def padding_text(head_dim: int, head_dim_v: int, pair: tuple[int, int]) -> str:
 @click.option("--head-dim-v", type=click.IntRange(0, MAX_HEAD_DIM), default=0,
               help="V's head dim where it differs from --head-dim (DeepSeek MLA: --head-dim 192 --head-dim-v 128)")
 @click.option("--window", is_flag=True, help="a sliding-window call (window=(left, right) bounding a side)")
+@click.option("--window-keys", type=click.IntRange(1, MAX_INT32), default=None, metavar="N",
+              help="with --window: the keys a row's window spans, left + 1 + right (a causal call's right is 0), "
+                   "where the table picks by width (entries with max_window)  [default: an unbounded side]")
 @click.option("--scores", default="", metavar="MODS",
               help="the call's score modifiers joined by +, as the table keys them: softcap, alibi, softcap+alibi")
 @click.option("--page-size", type=click.IntRange(0, MAX_PAGE_SIZE), default=0, show_default=True,
@@ -56,8 +59,8 @@ def padding_text(head_dim: int, head_dim_v: int, pair: tuple[int, int]) -> str:
 @click.option("--specs-dir", default=None, help="the specs whose dispatch/table.yaml to read [default: the "
                                                   "ones attngen.attention serves: specs/ of this checkout, or "
                                                   "those installed with attngen]")
-def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, scores, page_size, group_rows, rows,
-             bench_files, serve_specs, coverage, write, as_json, specs_dir):
+def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, window_keys, scores, page_size, group_rows,
+             rows, bench_files, serve_specs, coverage, write, as_json, specs_dir):
     """Show which spec attngen.attention (or attention_varlen, attention_with_kvcache) picks for a
     call, and why; or, with --from REPORT ... --write, rewrite the table from measurements.
 
@@ -68,6 +71,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
       attngen dispatch --head-dim 64 --seqlen 1024 --rows 262144      (batch 16 x 16 heads x 1024)
       attngen dispatch --call decode --group-rows 4 --page-size 16 --seqlen 8192
       attngen dispatch --head-dim 128 --window --seqlen 32768      (window=(4096, 0) and the like)
+      attngen dispatch --head-dim 64 --window --window-keys 128 --causal --scores sink --dtype bf16   (gpt-oss)
       attngen dispatch --head-dim 128 --causal --scores softcap --seqlen 8192
       attngen bench --json grid.json ... && attngen dispatch --from grid.json --write
       attngen bench --json bwd.json specs/h100_bwd_d64_wgmma.yaml && attngen dispatch --from bwd.json --write
@@ -109,6 +113,8 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
         click.echo(json.dumps([e._asdict() for e in new], indent=2) if as_json else
                    f"wrote {path}: {entries_summary(new)} from {len(bench_files)} report(s)")
         return
+    if window_keys is not None and not window:
+        raise click.BadParameter("the width of a window call: give --window with it", param_hint="--window-keys")
     mask = "window" if window else "causal" if causal else "none"
     head_dim_v = 0 if head_dim_v == head_dim else head_dim_v
     if page_size & (page_size - 1):
@@ -134,7 +140,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
     padding = f" ({padding_text(asked, asked_v or asked, pair)})" if pair else ""
     try:
         e = select(entries, call, arch, dtype, head_dim, mask, seqlen, paged=paged, group_rows=group_rows,
-                   head_dim_v=head_dim_v, scores=scores, rows=rows)
+                   head_dim_v=head_dim_v, scores=scores, rows=rows, window=window_keys)
     except LookupError as exc:
         raise click.UsageError(str(exc) + (f"\n(head_dim {asked} is served padded{padding})" if pair else "")) \
             from None
@@ -147,14 +153,16 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, sc
                               indent=2))
         return
     click.echo(f"{call_text(call, arch, dtype, asked, mask, seqlen, page_size, group_rows, asked_v, asked_scores)}"
-               f"{f' rows {rows}' if rows else ''} -> {e.spec}" + padding + joined)
+               f"{f' window {window_keys} keys' if window_keys else ''}{f' rows {rows}' if rows else ''} -> {e.spec}"
+               + padding + joined)
     click.echo(f"  why: {e.why}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:
         limit = f"<= {o.upto}" if o.upto is not None else "longer"
         group = f", group rows <= {o.max_group_rows}" if o.max_group_rows else ""
+        width = f", window <= {o.max_window} keys" if o.max_window else ""
         grid = f", rows >= {o.min_rows}" if o.min_rows else ""
-        click.echo(f"    seqlen {limit:<8}{group}{grid}: {o.why}{'   <- chosen' if o is e else ''}")
+        click.echo(f"    seqlen {limit:<8}{group}{width}{grid}: {o.why}{'   <- chosen' if o is e else ''}")
 
 
 

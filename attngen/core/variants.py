@@ -180,6 +180,17 @@ def call_mask(causal: bool, window, masks=()) -> str:
     return "causal" if causal else "none"
 
 
+def window_keys(causal: bool, window) -> int | None:
+    """The keys a query row of a window call may see at most: left + 1 + right (causal closes the right
+    side at 0); None where a side is unbounded or the call has no window. The dispatch table's window
+    entries may be bounded by it (max_window)."""
+    if window is None:
+        return None
+    left, right = check_window(window)
+    right = 0 if causal else right
+    return None if left < 0 or right < 0 else left + 1 + right
+
+
 # -- score modifiers -----------------------------------------------------------------------------------
 
 # (value, scale, context) -> {Params field: value}. context: batch, heads, device index of the call.

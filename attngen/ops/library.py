@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from ..core.variants import SCORES, call_mask
+from ..core.variants import SCORES, call_mask, window_keys
 from ..runtime.calls.shared import call_key, variant_key
 from ..runtime import native as _native
 from ..runtime.gpu import persistent
@@ -180,8 +180,10 @@ def call_scores(softcap, alibi_slopes, sinks=None) -> str:
 
 def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks) -> tuple:
     """forward_variant's key of the table's kernel for a call (_VARIANT)."""
-    return (q.get_device(), q.dtype, q.shape[-1], call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks),
-            k.shape[2] if layout == "bhsd" else k.shape[1], v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2])
+    mask = call_mask(causal, window)
+    return (q.get_device(), q.dtype, q.shape[-1], mask, call_scores(softcap, alibi_slopes, sinks),
+            k.shape[2] if layout == "bhsd" else k.shape[1], v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2],
+            window_keys(causal, window) if mask == "window" else None)
 
 
 def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
@@ -205,7 +207,7 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
                                             alibi_slopes, sinks), short[6], return_lse)
             kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], mask, short[5],
                                      head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores,
-                                     rows=short[7])
+                                     rows=short[7], window=short[8])
         if len(_VARIANT) >= 4096:
             _VARIANT.clear()
         _VARIANT[short] = kernel

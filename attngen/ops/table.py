@@ -17,7 +17,9 @@ grids of many query rows per KV head): of a bucket's entries, a call takes the o
 min_rows it reaches. An entry without `us` is unmeasured (chosen from its spec's target).
 Decode and varlen entries also key on `paged` (true: a paged cache through a block table, of any page
 size the spec's kernel reads; left out: contiguous caches or packed varlen K/V) and may set `max_group_rows`: the
-most query rows per KV head (heads / kv_heads x seqlen_q) they serve. Entries for a spec with score
+most query rows per KV head (heads / kv_heads x seqlen_q) they serve. A window entry may set `max_window`: the
+widest window it serves, in keys a query row may see (left + 1 + right, a causal call's right 0), where a
+narrow window's winner differs from a wide one's. Entries for a spec with score
 modifiers key on them too: `scores: softcap`, `alibi`, `softcap+alibi`, `sink` (the spec's `scores`, joined).
 """
 from __future__ import annotations
@@ -67,6 +69,8 @@ class Entry(NamedTuple):
     measured: str | None = None
     head_dim_v: int = 0                 # V's and O's head dim where it differs from head_dim (0: the same)
     scores: str = ""                    # the spec's score modifiers joined by "+" ("": none)
+    max_window: int | None = None       # window entries: the widest window served, in keys a query row may see
+                                        # (left + 1 + right; a causal call's right is 0); null: every window
 
     @property
     def why(self) -> str:
@@ -84,7 +88,8 @@ class Entry(NamedTuple):
 # name once: itemgetters over the entry's fields, which a first call's checks of 800 entries map in C.
 KEY_FIELDS = ("call", "arch", "dtype", "head_dim", "mask", "paged", "head_dim_v", "scores")
 _KEY_FIELDS = operator.itemgetter(*map(Entry._fields.index, KEY_FIELDS))
-_BUCKET_FIELDS = operator.itemgetter(*map(Entry._fields.index, KEY_FIELDS + ("upto", "max_group_rows", "min_rows")))
+_BUCKET_FIELDS = operator.itemgetter(*map(Entry._fields.index, KEY_FIELDS + ("upto", "max_group_rows", "max_window",
+                                                                            "min_rows")))
 _SPEC_FIELD = operator.itemgetter(Entry._fields.index("spec"))
 
 
@@ -147,7 +152,7 @@ def parse_table(text: str, file: str) -> tuple[Entry, ...]:
         raise SpecError(f"serves the same calls as entries[{first}] (line {_line(node, ('entries', first))}) but "
                         f"names spec {out[second].spec}, not {out[first].spec}", file=file, key=f"entries[{second}]",
                         line=_line(node, ("entries", second)),
-                        hint="keep the one measured faster; a bucket (key, upto, max_group_rows, min_rows) names "
+                        hint="keep the one measured faster; a bucket (key, upto, max_group_rows, max_window, min_rows) names "
                              "one spec")
     return tuple(out)
 
@@ -409,7 +414,7 @@ FIELDS = set(ENTRY_FIELDS)
 REQUIRED = tuple(name for name in ENTRY_FIELDS if name not in Entry._field_defaults)
 NULLABLE = {name for name, default in Entry._field_defaults.items() if default is None}
 # Integer fields and their least value: a bucket serves seqlen_k from 1; 0 means "none" where allowed.
-INTEGERS = {"head_dim": 1, "upto": 1, "max_group_rows": 1, "min_rows": 1, "head_dim_v": 0}
+INTEGERS = {"head_dim": 1, "upto": 1, "max_group_rows": 1, "min_rows": 1, "head_dim_v": 0, "max_window": 1}
 BOOLEANS = ("paged",)
 # Far above any call's length or rows (batch x heads x seqlen_q), and exact as a float: a hostile
 # number is refused here, not an overflow in the bucketing's square roots.
@@ -518,6 +523,9 @@ def entry_problem_of(raw: dict) -> tuple[str | None, str, str] | None:
         found = value_problem(name, value)
         if found:
             return (name, *found)
+    if raw.get("max_window") is not None and raw["mask"] != "window":
+        return ("max_window", f"max_window bounds a window call's width; this entry's mask is {raw['mask']}",
+                "leave max_window out, or make the entry's mask window")
     return None
 
 
@@ -563,7 +571,7 @@ def dump_table(entries, header: str) -> str:
     import yaml
     lines = [f"# {line}" if line else "#" for line in header.splitlines()] + ["entries:"]
     order = sorted(entries, key=lambda e: (e.key(), math.inf if e.upto is None else e.upto,
-                                           e.max_group_rows or 0, e.min_rows or 0))
+                                           e.max_group_rows or 0, e.max_window or 0, e.min_rows or 0))
     for e in order:
         row = {name: value for name, value in e._asdict().items()
                if value not in (None,) and not (name in ("paged", "head_dim_v", "scores") and not value)}
@@ -623,11 +631,11 @@ def entry_problem(e: Entry, plan) -> str | None:
 
 def candidates(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, paged: bool = False,
                head_dim_v: int = 0, scores: str = "") -> list:
-    """The entries of one key, by upto (no limit last), then max_group_rows and min_rows; head_dim_v 0:
-    V's head dim is head_dim."""
+    """The entries of one key, by upto (no limit last), then max_group_rows, max_window (no limit last)
+    and min_rows; head_dim_v 0: V's head dim is head_dim."""
     keyed = [e for e in entries if e.key() == (call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)]
     return sorted(keyed, key=lambda e: (math.inf if e.upto is None else e.upto, e.max_group_rows or math.inf,
-                                        e.min_rows or 0))
+                                        e.max_window or math.inf, e.min_rows or 0))
 
 
 NEAREST_SHOWN = 5   # a miss lists this many keys: the whole table is hundreds and buries the fix
@@ -753,18 +761,21 @@ def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, he
 
 def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
            paged: bool = False, group_rows: int = 1, head_dim_v: int = 0, scores: str = "",
-           rows: int | None = None) -> Entry:
+           rows: int | None = None, window: int | None = None) -> Entry:
     """The entry serving a call: among its key's entries, the first bucket whose upto covers
-    `seqlen` (and whose max_group_rows covers `group_rows`; the last bucket serves longer
+    `seqlen` (and whose max_group_rows covers `group_rows` and max_window the call's `window`, the
+    keys a row's window spans, None for an unbounded side; the last bucket serves longer
     sequences), and of that bucket's entries the one with the largest min_rows that `rows` (the
     call's batch x heads x seqlen_q; None: the entry without min_rows) reaches.
     LookupError with what exists and how to add the key when the key has no entry."""
     keyed = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     keyed = [e for e in keyed if e.max_group_rows is None or group_rows <= e.max_group_rows] or keyed
+    keyed = [e for e in keyed if e.max_window is None or (window is not None and window <= e.max_window)] or keyed
     if not keyed:
         raise LookupError(miss_message(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores))
     bucket = next((e for e in keyed if e.upto is None or seqlen <= e.upto), keyed[-1])
-    same = [e for e in keyed if e.upto == bucket.upto and e.max_group_rows == bucket.max_group_rows]
+    same = [e for e in keyed if (e.upto, e.max_group_rows, e.max_window)
+            == (bucket.upto, bucket.max_group_rows, bucket.max_window)]
     return max((e for e in same if (e.min_rows or 0) <= (rows or 0)), key=lambda e: e.min_rows or 0,
                default=min(same, key=lambda e: e.min_rows or 0))
 
