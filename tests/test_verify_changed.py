@@ -39,6 +39,9 @@ def test_only_the_specs_whose_sources_changed(tmp_path):
     edited = project / "specs" / "phase4.yaml"
     edited.write_text(edited.read_text().replace("description: ", "description: edited ", 1))
     assert changed_since(specs, project, "HEAD") == [edited]
+    listed = CliRunner().invoke(main, ["--root", str(project), "verify", "--changed-since", "HEAD", "--list"])
+    assert listed.exit_code == 0 and [Path(p).resolve() for p in listed.stdout.split()] == [edited.resolve()], \
+        listed.output
 
 
 def test_a_revision_git_does_not_know_is_named(tmp_path):

@@ -33,11 +33,14 @@ from .spec_files import spec_files
               help="only the specs (of SPECS, or every spec) whose rendered sources differ from those committed "
                    "at git revision REV (HEAD: what the working tree's change touches; main: a branch's): a "
                    "template edit checked on the kernels it changed")
+@click.option("--list", "list_only", is_flag=True,
+              help="print the spec files the run would take, one a line, and run nothing (no GPU needed): with "
+                   "--changed-since, what a change touches")
 @click.option("--mps/--no-mps", default=True, show_default=True,
               help="the worker processes share the GPU through a private CUDA MPS daemon this run starts and "
                    "stops (their kernels run side by side instead of taking turns; 127 s -> 79 s over every "
                    "spec on an H200); --no-mps: time-sliced. Without nvidia-cuda-mps-control, time-sliced")
-def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs, profile_dir, since, mps):
+def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs, profile_dir, since, list_only, mps):
     """Run SPECS (default: every spec) on this GPU and compare every variant with torch.
 
     \b
@@ -62,9 +65,13 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs, profil
         every = len(paths)
         paths = changed_since(paths, Path(specs_dir).parent, since)
         click.echo(f"{len(paths)} of {every} spec(s) render sources other than {since}'s", err=True)
-        if not paths:
-            click.echo(f"attngen verify: nothing to run: no spec's sources changed since {since}")
-            return
+    if list_only:
+        for path in paths:
+            click.echo(str(path))
+        return
+    if not paths:       # only where --changed-since kept none
+        click.echo(f"attngen verify: nothing to run: no spec's sources changed since {since}")
+        return
     start = time.perf_counter()
     shapes = verification.suite(quick)
     suite_name = "quick" if quick else "full"
