@@ -29,11 +29,18 @@ from .spec_files import spec_files
 @click.option("--profile", "profile_dir", default=None, type=click.Path(file_okay=False),
               help="write a cProfile of each worker process to this folder (worker-N.prof; with --jobs 1, "
                    "serial.prof): where a run's host time goes, read with `python3 -m pstats FILE`")
+@click.option("--changed-since", "since", default=None, metavar="REV",
+              help="only the specs (of SPECS, or every spec) whose rendered sources differ from those committed "
+                   "at git revision REV (HEAD: what the working tree's change touches; main: a branch's): a "
+                   "template edit checked on the kernels it changed")
+@click.option("--list", "list_only", is_flag=True,
+              help="print the spec files the run would take, one a line, and run nothing (no GPU needed): with "
+                   "--changed-since, what a change touches")
 @click.option("--mps/--no-mps", default=True, show_default=True,
               help="the worker processes share the GPU through a private CUDA MPS daemon this run starts and "
                    "stops (their kernels run side by side instead of taking turns; 127 s -> 79 s over every "
                    "spec on an H200); --no-mps: time-sliced. Without nvidia-cuda-mps-control, time-sliced")
-def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs, profile_dir, mps):
+def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs, profile_dir, since, list_only, mps):
     """Run SPECS (default: every spec) on this GPU and compare every variant with torch.
 
     \b
@@ -47,11 +54,24 @@ def verify(specs, quick, json_path, seed, failures_only, specs_dir, jobs, profil
     their decode cases, under the same rule. Every case is launched a second time through
     PyCUDA and must agree bit for bit (atomics-based outputs: under the same rule). Sources
     compile in parallel while the cases run in --jobs worker processes, each spec as soon as its
-    sources are built (--jobs 1: compiled first, run in this process). Exits 1 on any failure, 4
-    when there is no GPU, torch or CUDA driver.
+    sources are built (--jobs 1: compiled first, run in this process). --changed-since main runs
+    only the specs whose sources a branch changed. Exits 1 on any failure, 4 when there is no GPU,
+    torch or CUDA driver.
     """
     from ..eval import verify as verification
     paths = spec_files(specs, specs_dir)
+    if since is not None:
+        from .changed import changed_since
+        every = len(paths)
+        paths = changed_since(paths, Path(specs_dir).parent, since)
+        click.echo(f"{len(paths)} of {every} spec(s) render sources other than {since}'s", err=True)
+    if list_only:
+        for path in paths:
+            click.echo(str(path))
+        return
+    if not paths:       # only where --changed-since kept none
+        click.echo(f"attngen verify: nothing to run: no spec's sources changed since {since}")
+        return
     start = time.perf_counter()
     shapes = verification.suite(quick)
     suite_name = "quick" if quick else "full"
