@@ -102,6 +102,18 @@ def test_a_variant_calls_kernel_key_holds_its_window_width():
     assert key(True, None)[-1] is None and key(True, (-1, 0))[3] == "causal"
 
 
+def test_a_report_rewriting_a_key_keeps_its_window_width_bucket():
+    """`attngen dispatch --from REPORT --write` replaces a key's entries with the report's winners; the key's
+    max_window entry stays unless the new entries bring one of their own."""
+    from attngen.eval.dispatch_table import merge
+    narrow = Entry("forward", "sm_90", "bf16", 64, "window", "narrow", scores="sink", max_window=128)
+    old = Entry("forward", "sm_90", "bf16", 64, "window", "old", scores="sink")
+    new = Entry("forward", "sm_90", "bf16", 64, "window", "new", scores="sink")
+    assert merge([narrow, old], [new]) == [narrow, new]
+    narrower = narrow._replace(spec="narrower", max_window=64)
+    assert merge([narrow, old], [new, narrower]) == [new, narrower]
+
+
 def test_max_window_is_refused_off_a_window_entry(tmp_path):
     path = tmp_path / "table.yaml"
     path.write_text("entries:\n  - {call: forward, arch: sm_90, dtype: fp16, head_dim: 64, mask: causal, "

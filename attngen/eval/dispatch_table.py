@@ -257,9 +257,13 @@ def coverage(entries, arch: str, dtype: str, head_dims=COVERAGE_HEAD_DIMS) -> li
 
 
 def merge(existing, new) -> list[Entry]:
-    """`existing` with every key that `new` covers replaced by `new`'s entries of that key."""
+    """`existing` with every key that `new` covers replaced by `new`'s entries of that key, but for the
+    key's window-width buckets (max_window) where `new` brings none: reports time no window's width, so
+    a report's winners do not drop the entry chosen for narrow windows."""
     replaced = {e.key() for e in new}
-    return [e for e in existing if e.key() not in replaced] + list(new)
+    widths = {e.key() for e in new if e.max_window is not None}
+    return [e for e in existing if e.key() not in replaced or (e.max_window is not None and e.key() not in widths)] \
+        + list(new)
 
 
 # Reports run to a few MiB (a sweep of thousands of candidates); a report nests 7 levels.
