@@ -27,6 +27,21 @@ class Finding:
         return "ok" if self.ok else "note" if self.note else "MISSING"
 
 
+def native_compiler_finding() -> Finding:
+    """The compiler the native training step is built with, by its own rule ($CXX, else g++ or c++): without
+    it eager training calls keep the Python autograd node (slower on the host, the same gradients)."""
+    from .runtime.native import ENV, compiler_command
+    needed = "the native training step (eager training's C++ autograd node)"
+    if os.environ.get(ENV, "").strip() == "0":
+        return Finding("C++ compiler (native training step)", True, f"not needed: {ENV}=0 turns the step off", needed)
+    cmd = compiler_command()
+    found = bool(cmd) and shutil.which(cmd[0]) is not None
+    detail = (" ".join(cmd) if found else
+              f"$CXX is {os.environ['CXX']!r}, and {cmd[0]} is not on PATH" if cmd else
+              "not found (g++ or c++, or $CXX): eager training calls take the Python node; install g++")
+    return Finding("C++ compiler (native training step)", found, detail, needed, note=not found)
+
+
 @functools.lru_cache(maxsize=None)
 def cuda_toolkit(nvcc: str) -> Path | None:
     """The toolkit the nvcc on PATH belongs to, as nvcc itself says (its TOP): a wrapper script on
@@ -66,7 +81,8 @@ def findings() -> list[Finding]:
                            "building pycuda (the gpu extra)", note=True))
     cxx = next((shutil.which(c) for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
     out.append(Finding("C++ compiler", cxx is not None, cxx or "not found: install g++ (build-essential)",
-                       "nvcc's host compiler; building pycuda and the native training step"))
+                       "nvcc's host compiler; building pycuda"))
+    out.append(native_compiler_finding())
     py_include = Path(sysconfig.get_paths()["include"])
     has_py = (py_include / "Python.h").is_file()
     out.append(Finding("Python headers (Python.h)", has_py, str(py_include) if has_py else

@@ -42,3 +42,24 @@ def test_doctor_reports_as_json():
     data = json.loads(run.stdout)
     assert run.exit_code in (0, 1) and {"nvcc on PATH", "torch"} <= {f["what"] for f in data["findings"]}
     assert 'pip install -e ".[gpu]"' in data["install"]
+
+
+def test_the_native_steps_compiler_is_the_one_its_build_takes(monkeypatch, tmp_path):
+    """doctor reports the native training step's compiler by the build's own rule: $CXX first (split as a
+    shell would), else g++ or c++ on PATH; one it cannot find is a note (training falls back to the Python
+    node), not a missing part."""
+    from attngen.doctor import native_compiler_finding
+    from attngen.runtime.native import compiler_command
+    monkeypatch.setenv("CXX", "ccache g++-99")
+    assert compiler_command() == ["ccache", "g++-99"]
+    fake = tmp_path / "ccache"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    found = native_compiler_finding()
+    assert found.ok and found.detail == "ccache g++-99"
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    found = native_compiler_finding()
+    assert not found.ok and found.note and "no-such-compiler-here" in found.detail
+    monkeypatch.setenv("ATTNGEN_NATIVE", "0")
+    assert native_compiler_finding().ok

@@ -34,7 +34,7 @@ from .forward_plan import ForwardPlan, Part, forward_functions, function_name, s
 # LaunchPlan runs it too.
 from .launch_rules import (DETERMINISTIC, DQ_CONVERT, DQ_CONVERT_PAIRS, GROUP_SPLIT, KV_CONVERT, ROW_THREADS, deterministic_key,
                            dq_convert, group_split_key)
-from .varlen_plan import backward_mask_of, is_varlen, mask_of
+from .varlen_plan import backward_mask_of, is_varlen
 
 ACCUM_FRAGMENT_ROWS = 64    # rows of a register-order block of a whole-block kind's dQ accumulator: an m64
                             # wgmma accumulator, or four m16 mma.sync fragments laid out alike
@@ -140,7 +140,7 @@ def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str
                 reads=tuple(f.name for f in abi.fields if f.name not in unread))
     row = dict(static_smem=0, threads=ROW_THREADS)
     sequences = VARLEN_ACCUM_READS if accum_blocks and spec.varlen else ()
-    orders = [DQ_CONVERT_PAIRS if mask in pair_masks else DQ_CONVERT for mask in spec.masks]
+    orders = [dq_convert(mask, pair_masks) for mask in spec.masks]
     converts = tuple((key, function_name(spec, key)) for key in (DQ_CONVERT, DQ_CONVERT_PAIRS) if key in orders)
     if group_split:
         converts += ((KV_CONVERT, function_name(spec, KV_CONVERT)),)

@@ -49,9 +49,15 @@ def enabled() -> bool:
     return os.environ.get(ENV, "").strip() != "0"
 
 
+def compiler_command() -> list[str]:
+    """The command that builds the library: $CXX (split as a shell would: "ccache g++"), else g++ or c++
+    on PATH; [] where there is neither. `attngen doctor` reports the same."""
+    return shlex.split(os.environ.get("CXX", "")) or [c for c in (shutil.which("g++") or shutil.which("c++"),) if c]
+
+
 def _compiler() -> list[str]:
-    """$CXX (split as a shell would: "ccache g++"), else g++ or c++ on PATH; ToolError if none."""
-    cxx = shlex.split(os.environ.get("CXX", "")) or [c for c in (shutil.which("g++") or shutil.which("c++"),) if c]
+    """compiler_command(); ToolError if there is none."""
+    cxx = compiler_command()
     if not cxx:
         raise ToolError("the native training step needs a C++ compiler (g++, or set CXX)")
     return cxx
