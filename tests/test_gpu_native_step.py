@@ -269,3 +269,27 @@ def test_a_native_node_outlives_its_shapes_step(native):
     gc.collect()
     got = torch.autograd.grad(o, (q, k, v), dout)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_ops_refuse_an_address_that_is_no_step_with_runtime_error(native):
+    """In a child process, so that a library whose C++ errors end the process fails this test, not pytest."""
+    import subprocess
+    import sys
+    import torch
+    child = f"""
+import torch
+torch.ops.load_library({str(native.library_path(torch))!r})
+q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
+calls = (lambda: torch.ops.attngen_native.train.default(q, q, q, None, None, 0),
+         lambda: torch.ops.attngen_native.forward.default(q, q, q, 0),
+         lambda: torch.ops.attngen_native.backward.default(q, q, q, q, q, q, 0))
+for call in calls:
+    try:
+        call()
+        raise SystemExit("no error")
+    except RuntimeError as exc:
+        assert "is not a ready Step's address" in str(exc), exc
+print("refused", len(calls))
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "refused 3" in done.stdout, (done.returncode, done.stderr[-2000:])

@@ -40,6 +40,32 @@ def test_the_build_command_names_torch_and_cuda_headers(monkeypatch, tmp_path):
     assert {"-lc10", "-lc10_cuda", "-ltorch_cpu"} <= set(cmd) and "-Wl,-rpath,/opt/torch/torch/lib" in cmd
 
 
+def test_the_library_links_the_libstdcxx_this_process_runs(monkeypatch, tmp_path):
+    (tmp_path / "cuda.h").write_text("")
+    monkeypatch.setattr(native, "_cuda_include", lambda: tmp_path)
+    monkeypatch.setenv("CXX", "g++")
+    monkeypatch.setattr(native, "loaded_libstdcxx", lambda: "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33")
+    cmd = native.build_command(_torch(), tmp_path / "out.so")
+    assert cmd.index("/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33") < cmd.index("-o")
+    keyed = native.library_path(_torch())
+    monkeypatch.setattr(native, "loaded_libstdcxx", lambda: None)
+    assert "-o" in native.build_command(_torch(), tmp_path / "out.so") and native.library_path(_torch()) != keyed
+
+
+def test_a_library_whose_error_ends_its_process_fails_the_self_test(monkeypatch, tmp_path):
+    from attngen.errors import ToolError
+    child = tmp_path / "python"
+    for body, ok in (("kill -SEGV $$\n", False), ("exit 3\n", False), ("exit 0\n", True)):
+        child.write_text("#!/bin/sh\n" + body)
+        child.chmod(0o755)
+        monkeypatch.setattr(native.sys, "executable", str(child))
+        if ok:
+            native.self_test(tmp_path / "lib.so", "g++")
+        else:
+            with pytest.raises(ToolError, match="self-test .*(signal 11|exit 3).*g\\+\\+ built it"):
+                native.self_test(tmp_path / "lib.so", "g++")
+
+
 def test_no_compiler_is_a_tool_error_that_says_so(monkeypatch, tmp_path):
     from attngen.errors import ToolError
     monkeypatch.setenv("PATH", "")
@@ -89,6 +115,7 @@ def fresh_state(monkeypatch, tmp_path):
     monkeypatch.delenv(native.ENV, raising=False)
     monkeypatch.setattr(native, "_state", {"loaded": False, "failed": None, "building": None, "next_look": 0.0})
     monkeypatch.setattr(native, "_cuda_include", lambda: tmp_path)
+    monkeypatch.setattr(native, "self_test", lambda path, compiler="": None)   # a stand-in library loads nowhere
 
 
 def test_a_build_compiles_once_and_a_failed_one_leaves_its_message(fresh_state, tmp_path, monkeypatch, capsys):

@@ -7,7 +7,8 @@ Usage: python3 docs/hopper-h200/forward_specs_vs_cudnn.py OUT.json SHAPES SPEC [
 Per shape, mask (none, causal) and dtype: every spec of that dtype and head dim and cuDNN, each
 timed with `attngen bench`'s queued timing (30 calls behind a GPU sleep, input sets that defeat L2
 reuse), all alternating over 5 rounds (ATTNGEN_ROUNDS=N in the environment: N); a figure is the median
-of its rounds.
+of its rounds. A spec is timed on the masks it serves; ATTNGEN_ENTRY=1 adds attngen.attention (the
+dispatch table's pick) to each alternation.
 """
 import os
 from pathlib import Path
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))   
 from gpu_timing import alternating_sets, cudnn_forward, write_report
 
 ROUNDS = int(os.environ.get("ATTNGEN_ROUNDS", "5"))   # rounds of the alternation
+ENTRY = os.environ.get("ATTNGEN_ENTRY") == "1"         # also time attngen.attention (the table's pick)
 
 
 def main(out_path, shapes, *spec_paths):
@@ -35,7 +37,11 @@ def main(out_path, shapes, *spec_paths):
                 continue
             for causal in (False, True):
                 sets = input_sets(torch, Case(b, h, s, d, dtype, causal), torch.device("cuda"), gen)
-                calls = {k.plan.spec.name: ((lambda q, k_, v, k=k: k(q, k_, v, causal=causal)), sets) for k in mine}
+                mask = "causal" if causal else "none"
+                calls = {k.plan.spec.name: ((lambda q, k_, v, k=k: k(q, k_, v, causal=causal)), sets)
+                         for k in mine if mask in k.plan.spec.masks}
+                if ENTRY:
+                    calls["attngen.attention"] = (lambda q, k_, v: attngen.attention(q, k_, v, causal=causal)), sets
                 calls["sdpa:cudnn"] = cudnn_forward(causal), sets
                 med, each = alternating_sets(calls, ROUNDS)
                 row = {"shape": shape, "dtype": dtype, "causal": causal, "us": med, "rounds": each}

@@ -7,8 +7,10 @@ take the GIL; that costs a training step 46-68 us of host time more than a C++ n
 launch; the C++ step replays it (Params bytes, pointer fields, tensor maps, launches) on new tensors.
 
 The library is built with the C++ compiler ($CXX, else g++) against the installed torch's headers
-and the CUDA toolkit's cuda.h (next to nvcc), into $ATTNGEN_CACHE_DIR/native/, keyed by the source,
-the compiler's command line and torch's build. `attngen warm` builds it. The first eager training call
+and the CUDA toolkit's cuda.h (next to nvcc), linking the libstdc++ torch's process has loaded, into
+$ATTNGEN_CACHE_DIR/native/, keyed by the source, the compiler's command line and torch's build. A child
+process loads each build and fails one of its checks (self_test): unless that raises RuntimeError, the
+build counts as failed. `attngen warm` builds it. The first eager training call
 of a process that finds none starts its build as a process of its own
 (`python -m attngen.runtime.native`, about 15-40 s of one core), which finishes even if the training
 process ends first; the steps take the Python node meanwhile and load the library once it is there.
@@ -63,6 +65,22 @@ def _compiler() -> list[str]:
     return cxx
 
 
+def loaded_libstdcxx() -> str | None:
+    """The libstdc++ this process has loaded (torch's C++ runtime), or None (not Linux, none mapped). The
+    library links this one by its path: a compiler whose own libstdc++ is only a static archive (found on a
+    GPU machine: g++ under /opt/gcc) would otherwise put a second C++ runtime into the library, whose first
+    iostream use (any error message with a number in it) ends the process."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                name = line.rsplit(None, 1)[-1]
+                if "/libstdc++.so" in name:
+                    return name
+    except OSError:
+        pass
+    return None
+
+
 def _torch_build(torch) -> str:
     """What a built library is tied to: torch's release, its commit and its C++ ABI."""
     return f"{torch.__version__}|{getattr(torch.version, 'git_version', '')}|{int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
@@ -73,7 +91,8 @@ def library_path(torch=None) -> Path:
     run to find it: a first training step only reads the source)."""
     if torch is None:
         import torch
-    key = SOURCE.read_bytes() + "|".join((*FLAGS, os.environ.get("CXX", ""), _torch_build(torch))).encode()
+    key = SOURCE.read_bytes() + "|".join((*FLAGS, os.environ.get("CXX", ""), _torch_build(torch),
+                                          loaded_libstdcxx() or "")).encode()
     return cache_dir() / "native" / f"train_step-{hashlib.sha256(key).hexdigest()[:16]}.so"
 
 
@@ -104,8 +123,8 @@ def build_command(torch, output: Path) -> list[str]:
     include, lib = root / "include", root / "lib"
     return [*cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{_cuda_include()}",
-            str(SOURCE), "-o", str(output), f"-L{lib}", "-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch",
-            f"-Wl,-rpath,{lib}", "-ldl"]
+            str(SOURCE), *filter(None, [loaded_libstdcxx()]), "-o", str(output), f"-L{lib}", "-lc10", "-lc10_cuda",
+            "-ltorch_cpu", "-ltorch", f"-Wl,-rpath,{lib}", "-ldl"]
 
 
 def build(torch=None, retry: bool = True) -> Path:
@@ -144,6 +163,7 @@ def _compile(torch, path: Path, note: Path) -> Path:
         if done.returncode != 0:
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
             raise ToolError(f"the native training step did not compile ({cmd[0]} exited {done.returncode}):\n{tail}")
+        self_test(partial, cmd[0])
     except ToolError as exc:
         partial.unlink(missing_ok=True)
         note.write_text(f"{exc}\n")
@@ -151,6 +171,34 @@ def _compile(torch, path: Path, note: Path) -> Path:
     os.replace(partial, path)     # whole or not at all
     note.unlink(missing_ok=True)
     return path
+
+
+SELF_TEST = """
+import sys, torch
+torch.ops.load_library(sys.argv[1])
+try:
+    torch.ops.attngen_native.check_message(7)
+except RuntimeError as exc:
+    sys.exit(0 if "self-test 7" in str(exc) else 3)
+sys.exit(4)
+"""
+
+
+def self_test(path: Path, compiler: str = "the compiler") -> None:
+    """Load the library at `path` in a child process and fail one of its checks, whose message formats a
+    number: the error must come back as RuntimeError. ToolError where it does not (a C++ runtime of its own
+    in the library ends the process there instead: the training process keeps the Python node)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", SELF_TEST, str(path)], capture_output=True, text=True,
+                              timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolError(f"the native training step's self-test did not run: {exc}") from None
+    if done.returncode != 0:
+        how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        raise ToolError(f"the native training step's library failed its self-test ({how}): a C++ error inside it "
+                        f"would end the process, not raise RuntimeError. {compiler} built it; another compiler (CXX) "
+                        f"may do" + (f"\n{tail}" if tail else ""))
 
 
 def _start_build() -> None:

@@ -452,6 +452,13 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dout, const Tensor& q,
   return {dq, dk, dv};
 }
 
+// The build's self-test (runtime/native self_test): a failed check whose message formats a number must reach
+// Python as RuntimeError. A library carrying a C++ runtime of its own would end the process here instead.
+int64_t check_message(int64_t value) {
+  TORCH_CHECK(value == 0, "attngen native step: self-test ", value);
+  return value;
+}
+
 }  // namespace attngen_native
 
 TORCH_LIBRARY(attngen_native, m) {
@@ -465,6 +472,7 @@ TORCH_LIBRARY(attngen_native, m) {
   m.def("train(Tensor q, Tensor k, Tensor v, Tensor? alibi_slopes, Tensor? sinks, int step) -> (Tensor, Tensor)");
   m.def("forward(Tensor q, Tensor k, Tensor v, int step) -> (Tensor, Tensor)");
   m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int step) -> (Tensor, Tensor, Tensor)");
+  m.def("check_message(int value) -> int", &attngen_native::check_message);
 }
 
 TORCH_LIBRARY_IMPL(attngen_native, Autograd, m) { m.impl("train", &attngen_native::train); }
