@@ -213,6 +213,7 @@ class BackwardFragments:
     accum_fragment_rows: int  # ... each a run of blocks of this many rows in register order
     accum_fragment_cols: int  # ... all head_dim columns in one run
     pair_masks: tuple[str, ...] = ()  # none in register-pair order: sm_80/89 have no 8-byte f32 reduce-add
+    dq_transposed: bool = False  # dQ is never added as dQ^T here (the convert part's transposed runs are bwd_wgmma's)
 
 
 def fragments(spec: BackwardSpec, rows_per_warp: int, file) -> BackwardFragments:

@@ -128,7 +128,15 @@ def column_groups(s) -> int:
 def dq_by_rows(s) -> bool:
     """Query blocks of 64 rows per warpgroup: each warpgroup computes dQ of its 64 rows (all columns),
     reading only its queries' dS^T; query blocks of 64: each computes a share of the columns."""
-    return s.tile.block_m > ROWS_PER_WARPGROUP
+    return s.tile.block_m == ROWS_PER_WARPGROUP * max(s.compute_warps // WARPGROUP, 1) > ROWS_PER_WARPGROUP
+
+
+def dq_transposed(s) -> bool:
+    """Query blocks of another multiple of 16 rows (80 at head_dim 128: FlashAttention-3's tile for that
+    case), which no m64 wgmma covers as dQ's M: each warpgroup computes dQ^T = K^T dS^T instead, its 64
+    head-dim columns as M and the query block as N, reading every key's dS^T (a tile in 32-byte panels:
+    80 queries are no whole 64-column panel). Its adds are pairs of adjacent queries of one column."""
+    return s.tile.block_m not in (ROWS_PER_WARPGROUP, ROWS_PER_WARPGROUP * max(s.compute_warps // WARPGROUP, 1))
 
 
 def dq_pair_masks(s) -> tuple[str, ...]:
@@ -140,7 +148,7 @@ def dq_pair_masks(s) -> tuple[str, ...]:
     - head_dim 128: every mask but none (causal cells gained 2-7 %; full masks at 8192 keys lost 1.2-3.4 %,
       and with the full mask's walks staggered, one run, 1.1 % behind the staggered walk's one float per add);
     - 256 moved within 1.1 %, and the other head dims were not measured: one float per add."""
-    if s.head_dim == 64:
+    if s.head_dim == 64 or dq_transposed(s):   # dQ^T: the convert reads 8 x 8 tiles, whole only in pair order
         return tuple(s.masks)
     if s.head_dim == 128:
         return tuple(m for m in s.masks if m != "none")
@@ -177,9 +185,10 @@ def rule_backward_warpgroups(s):
                                 f"share its keys, each holding its share of dK's and dV's columns) "
                                 f"(got {s.tile.block_n})")
     by_rows = ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)
-    if s.tile.block_m not in (ROWS_PER_WARPGROUP, by_rows):
+    if s.tile.block_m % 16 or not 16 <= s.tile.block_m <= by_rows:
         return "tile.block_m", (f"must be {ROWS_PER_WARPGROUP} (dQ of a query block split by columns, one m64 "
-                                f"wgmma per warpgroup) or {by_rows} (64 rows per warpgroup, dQ split by rows) "
+                                f"wgmma per warpgroup), {by_rows} (64 rows per warpgroup, dQ split by rows) or "
+                                f"another multiple of 16 up to {by_rows} (dQ^T by head-dim columns) "
                                 f"(got {s.tile.block_m})")
 
 
@@ -227,6 +236,14 @@ def rule_backward_head_dim(s):
                                 "panels (their wgmma reads Q and dO MN-major by whole panels)")
 
 
+rule_backward_dq_transposed = refuse(
+    "tile.block_m", lambda s: dq_transposed(s) and (
+        s.head_dim != ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP) or s.v_dim != s.head_dim
+        or column_groups(s) > 1 or s.varlen),
+    lambda s: (f"query blocks of {s.tile.block_m} rows take dQ^T (each warpgroup's 64 head-dim columns as the M of "
+               f"its wgmma): generated for head_dim 64 x warpgroups ({ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)}"
+               f"), a warpgroup per 64 keys, no head_dim_v and no varlen; use block_m: {ROWS_PER_WARPGROUP}"),
+    "rule_backward_dq_transposed")
 rule_backward_copies = refuse(
     "smem", lambda s: not s.smem.async_copy or s.smem.stages != 1 or s.smem.q_in_registers,
     lambda s: "this backward copies K and V with cp.async and double-buffers Q and dO itself (TMA): set "
@@ -259,7 +276,8 @@ rule_backward_group_split = refuse(
     "rule_backward_group_split")
 
 WgmmaBackwardSpec.rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels,
-                           rule_backward_warpgroups, rule_backward_head_dim, rule_backward_varlen_no_expressions,
+                           rule_backward_warpgroups, rule_backward_dq_transposed, rule_backward_head_dim,
+                           rule_backward_varlen_no_expressions,
                            rule_backward_copies, rule_backward_opt_in,
                            rule_backward_registers, rule_backward_rows_plain, rule_backward_one_block,
                            rule_backward_no_rescale, rule_backward_group_split)
@@ -275,8 +293,8 @@ class WgmmaBackwardFragments:
     s_regs: int             # S^T (and dP^T) accumulators per thread: 64 keys x s_cols queries
     d_regs: int             # dK (and dV) accumulators per thread: 64 keys x dkv_cols
     dq_by_rows: bool        # each warpgroup computes dQ of its 64 query rows (else: of its columns)
-    dq_cols: int            # dQ columns per warpgroup (whole panels)
-    dq_regs: int            # dQ accumulators per thread: 64 rows x dq_cols
+    dq_cols: int            # dQ columns per warpgroup (whole panels); dQ^T: the query block (its N)
+    dq_regs: int            # dQ accumulators per thread: 64 rows x dq_cols (dQ^T: 64 head-dim columns x queries)
     k_steps_d: int          # k16 steps over head_dim (S^T, dP^T)
     k_steps_m: int          # k16 steps over the query block (dK, dV)
     k_steps_n: int          # k16 steps over the key block (dQ)
@@ -299,6 +317,11 @@ class WgmmaBackwardFragments:
     k_steps_dv: int = 0     # ... k16 steps over head_dim_v (dP^T)
     dq_staging: bool = False  # deterministic dQ waits in a region of its own (the stage's Q and dO tiles are smaller)
     group_split: bool = False  # group-split functions (GQA): dK and dV added into fp32 sums, kv_convert in the convert part
+    dq_transposed: bool = False  # dQ^T = K^T dS^T: warpgroup w's head-dim columns [64w, 64w + 64) as M, the query block as N
+    ds_panel_cols: int = 0  # ... the dS^T tile's panels (its query columns): elements of one panel row
+    ds_panel_row_bytes: int = 0   # ... its bytes
+    ds_panel_row_shift: int = 0   # ... rows sharing one XOR pattern: 2^shift
+    ds_descriptor_mode: int = 0   # ... the swizzle in a wgmma descriptor
 
 
 def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardFragments:
@@ -307,9 +330,11 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
     panel = panel_swizzle(spec)
     w = spec.compute_warps // WARPGROUP
     by_rows = dq_by_rows(spec)
-    dq_cols = td if by_rows else td // w
+    transposed = dq_transposed(spec)
+    dq_cols = td if by_rows else bm if transposed else td // w
     groups = column_groups(spec)
     own_v = dv != d
+    ds_panel = widest_panels(bm) if transposed else panel
     return WgmmaBackwardFragments(
         warpgroups=w, column_groups=groups, dkv_cols=td // groups, s_cols=s_cols(spec), s_regs=s_cols(spec) // 2,
         d_regs=td // groups // 2,
@@ -318,16 +343,23 @@ def fragments(spec: WgmmaBackwardSpec, query_stage_bytes: int) -> WgmmaBackwardF
         panel_cols=panel.cols, panel_row_bytes=panel.row_bytes, panel_row_shift=panel.row_shift,
         descriptor_mode=panel.descriptor_mode, row_block=rows_per_row_block(d), row_lanes=lanes_per_row(d),
         accum_row_block=bm,
-        accum_fragment_rows=ACCUM_FRAGMENT_ROWS, accum_fragment_cols=dq_cols if td == d else d,
+        accum_fragment_rows=bm if transposed else ACCUM_FRAGMENT_ROWS,
+        accum_fragment_cols=ROWS_PER_WARPGROUP if transposed else dq_cols if td == d else d,
         pair_masks=dq_pair_masks(spec),
         tile_dim=td if td != d else 0, head_dim_v=dv if own_v else 0,
         dkv_cols_v=dv // groups if own_v else 0, d_regs_v=dv // groups // 2 if own_v else 0,
-        k_steps_dv=dv // 16 if own_v else 0, dq_staging=dq_staging(spec), group_split=spec.group_split)
+        k_steps_dv=dv // 16 if own_v else 0, dq_staging=dq_staging(spec), group_split=spec.group_split,
+        dq_transposed=transposed, ds_panel_cols=ds_panel.cols if transposed else 0,
+        ds_panel_row_bytes=ds_panel.row_bytes if transposed else 0,
+        ds_panel_row_shift=ds_panel.row_shift if transposed else 0,
+        ds_descriptor_mode=ds_panel.descriptor_mode if transposed else 0)
 
 
 def dq_share_bytes(s) -> int:
     """Deterministic mode's dQ of one warpgroup and step, fp32: 64 rows x its columns (the ones stored)."""
     w = s.compute_warps // WARPGROUP
+    if dq_transposed(s):   # 64 head-dim columns x the query block
+        return ROWS_PER_WARPGROUP * s.tile.block_m * 4
     cols = s.head_dim if dq_by_rows(s) or w == 1 else tile_dim(s) // w
     return ROWS_PER_WARPGROUP * cols * 4
 
@@ -363,7 +395,8 @@ def regions(spec: WgmmaBackwardSpec) -> list[Region]:
     return [*stages,
             swizzled_tile("k0", bn, d, panel, ctype, "K tile of the block's keys, loaded once"),
             swizzled_tile("v0", bn, dv, panel, ctype, "V tile of the block's keys, loaded once"),
-            *(swizzled_tile(f"ds{s or ''}", bn, bm, panel, ctype, f"dS^T of the block's keys x the query block, for "
+            *(swizzled_tile(f"ds{s or ''}", bn, bm, widest_panels(bm) if dq_transposed(spec) else panel, ctype,
+                            f"dS^T of the block's keys x the query block, for "
                             f"{'dQ' if column_groups(spec) == 1 else 'dQ and dK'} (stage {s}: a warpgroup may write "
                             f"the next step's while the other's dQ still reads this one)") for s in range(QUERY_STAGES)),
             *(swizzled_tile(f"p{s or ''}", bn, bm, panel, ctype, f"P^T of the block's keys x the query block, for "
@@ -402,9 +435,13 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
     own_v = (f"; V, dO and dV of head_dim_v {f.head_dim_v} (dP^T over its k16 steps, dV of {f.dkv_cols_v} columns per "
              "warpgroup)" if f.head_dim_v else "")
     dq_share = ("dQ's rows [64w, 64w + 64) of the query block" if f.dq_by_rows else
+                "dQ^T's rows [64w, 64w + 64) (dQ's head-dim columns)" if f.dq_transposed else
                 f"dQ's columns [{f.dq_cols}w, {f.dq_cols}w + {f.dq_cols})")
     dq_issue = (f"dQ[64w:64w + 64, :] = dS K (wgmma SS, MN-major, N {f.dq_cols}; dS of the warpgroup's queries only)"
-                if f.dq_by_rows else f"dQ[:, {f.dq_cols}w:] = dS K (wgmma SS, MN-major, N {f.dq_cols})")
+                if f.dq_by_rows else
+                f"dQ^T[64w:64w + 64, :] = K^T dS^T (wgmma SS, MN-major, N {f.dq_cols}: K's columns of the warpgroup, "
+                f"the dS^T tile in {f.ds_panel_row_bytes}-byte panels)" if f.dq_transposed else
+                f"dQ[:, {f.dq_cols}w:] = dS K (wgmma SS, MN-major, N {f.dq_cols})")
     owns = ("warpgroup w owns keys [64w, 64w + 64) of the block (dK, dV, S^T, dP^T in wgmma accumulators)"
             if f.column_groups == 1 else
             f"the warpgroups share the block's 64 keys: warpgroup w computes S^T and dP^T of queries "
@@ -502,7 +539,8 @@ def explain(plan) -> list[str]:
             f"descriptors: {f.panel_row_bytes}-byte swizzle (mode {f.descriptor_mode}); K-major K, V, Q, dO for "
             f"S^T and dP^T; {'K-major P^T and dS^T tiles with ' if shared else ''}MN-major Q, dO (dK, dV), "
             f"dS^T and K (dQ), panels {f.panel_cols} columns wide",
-            f"dQ: each warpgroup adds {64 if f.dq_by_rows else plan.block_m} x {f.dq_cols} fp32 per query block, "
+            f"dQ: each warpgroup adds {64 if f.dq_by_rows or f.dq_transposed else plan.block_m} x {f.dq_cols} fp32 "
+            f"per query block{' (dQ^T: head-dim columns x queries; a pair is two adjacent queries)' if f.dq_transposed else ''}, "
             + " or ".join(([f"{f.dq_regs // 2} red.global.add.v2.f32 per thread, a pair of adjacent columns each (a "
                             "warp's covers 256 contiguous bytes)"] if f.pair_masks else [])
                           + ([f"{f.dq_regs} red.global.add.f32 per thread (a warp's covers 128 contiguous bytes)"]
