@@ -42,6 +42,9 @@ CASES = [  # q shape, KV heads, causal, layout, dtype, deterministic
     ((2, 333, 8, 64), 2, True, "bshd", "float16", False),
     ((2, 8, 256, 128), 8, True, "bhsd", "bfloat16", True),
     ((1, 4, 200, 256), 4, False, "bhsd", "bfloat16", False),
+    ((1, 8, 1000, 128), 8, False, "bhsd", "bfloat16", False),    # query blocks of 80 rows (dQ^T)
+    ((2, 900, 16, 128), 4, False, "bshd", "float16", False),     # ... GQA
+    ((1, 8, 1024, 128), 8, False, "bhsd", "float16", True),      # ... deterministic
 ]
 
 

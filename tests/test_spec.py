@@ -187,6 +187,8 @@ RULE_CASES = [
     ("rule_backward_one_stage", BACKWARD, {"smem__stages": 2}, "smem.stages", "set smem.stages: 1"),
     ("rule_backward_warpgroups", BACKWARD_WGMMA, {"tile__block_m": 192}, "tile.block_m", "one m64 wgmma per warpgroup"),
     ("rule_backward_registers", BACKWARD_WGMMA, {"tile__block_m": 128}, "tile.block_m", "296 registers with the margin"),
+    ("rule_backward_dq_transposed", BACKWARD_WGMMA, {"tile__block_m": 80, "varlen": True}, "tile.block_m",
+     "query blocks of 80 rows take dQ^T"),
     ("rule_backward_rows_plain", BACKWARD_WGMMA, {"head_dim": 64, "smem": {"swizzle": {"xor_bits": 2, "row_shift": 1},
      "async_copy": True, "opt_in": True}, "tile__block_m": 128, "varlen": True}, "tile.block_m",
      "varlen is generated for query blocks of 64 rows"),
