@@ -28,7 +28,7 @@
 //   accumulators per thread: dK, dV 64 each, S^T, dP^T 40 each, dQ 40; P^T and dS^T as 5 A fragments each
 //   wgmma per query block per warpgroup: 8 x m64n80k16 (S^T, SS) + 8 (dP^T, SS) + 5 x m64n128k16 (dV, RS) + 5 (dK, RS) + 8 x m64n80k16 (dQ, SS, MN-major)
 //   descriptors: 128-byte swizzle (mode 1); K-major K, V, Q, dO for S^T and dP^T; MN-major Q, dO (dK, dV), dS^T and K (dQ), panels 64 columns wide
-//   dQ: each warpgroup adds 64 x 80 fp32 per query block (dQ^T: head-dim columns x queries; a pair is two adjacent queries), 20 red.global.add.v2.f32 per thread, a pair of adjacent columns each (a warp's covers 256 contiguous bytes); the accumulator keeps each 64-row block in register-pair order (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
+//   dQ: each warpgroup adds 64 x 80 fp32 per query block (dQ^T: head-dim columns x queries; a pair is two adjacent queries), 20 red.global.add.v2.f32 per thread, a pair of adjacent queries each (a warp's covers 256 contiguous bytes); the accumulator keeps each 80-row block in register-pair order by head-dim column (dQ^T) (the convert kernel reads it so). Not bitwise repeatable: key blocks add in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one cp.reduce.async.bulk
 //   tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 80, 128B swizzle, rows and columns past the tensor read as zeros; dout: 4-D (head_dim, seq, heads, batch), box 64 x 80, 128B swizzle, rows and columns past the tensor read as zeros
 //   copies: K and V of the block's keys once (cp.async, every thread); Q and dO of each query block in 2 stages by TMA (thread 0), the next block's issued at this one's block barrier (after its dS^T is written)
 //   masks: none
@@ -804,7 +804,7 @@ __device__ __forceinline__ void add_dq(const float (&dq)[kDqRegs], uint32_t stag
         __syncthreads();
         if (tid == 0) atomicAdd(dq_turn_counter(p, seq, st.head, st.m0), 1);
     } else {
-        // Registers v and v + 1 (v even) are one row's adjacent columns: pair v / 2 of warpgroup thread t
+        // Registers v and v + 1 (v even) are one row's adjacent queries (dQ^T: a row is a head-dim column): pair v / 2 of warpgroup thread t
         // goes to (v / 2 x 128 + t) x 2, one 8-byte add, so a warp's add covers 256 contiguous bytes in
         // half the instructions of one float each.
         float* dst = st.dq_accum + warpgroup * (kDqRows * kDqCols) + 2 * wg_tid;

@@ -568,3 +568,46 @@ def test_expression_backward_renders_the_derivative_and_the_walk(path):
         assert "masked = masked || mods.masks_tile(n0);" in main and "mods.hides(" in main
     else:
         assert "expr_rows_seeing" not in main
+
+
+@pytest.mark.parametrize("rows, warpgroups", [(80, 2), (48, 2), (80, 1)])
+def test_transposed_convert_reads_what_the_main_kernel_added(rows, warpgroups):
+    """dQ^T (query blocks of `rows`, no m64 wgmma's M): warpgroup w's register v of thread t is dQ at query
+    = the accumulator's column, head-dim column 64 w + its row, added in register-pair order at
+    w x 64 rows + (v / 2 x 128 + t) x 2 + (v & 1). The convert (lib/backward_convert.cu.j2, dq_transposed)
+    reads columns 8 h .. 8 h + 7 x queries 8 n .. 8 n + 7 as 64 contiguous floats, [column % 8][query % 8],
+    at (2 n + h % 2) x 256 + (h / 2) x 64 of the warpgroup's share (h: the 8-column run within it)."""
+    d = 64 * warpgroups
+    where = {}
+    for w in range(warpgroups):
+        for tid in range(128):
+            for v in range(rows // 2):
+                m, n = accumulator_position(v, tid)
+                where[(n, 64 * w + m)] = w * 64 * rows + staged_index(v, tid, True)
+    assert len(where) == rows * d and sorted(where.values()) == list(range(rows * d))   # a bijection
+    for n in range(0, rows, 8):
+        for h in range(d // 8):
+            w, hw = h // 8, h % 8
+            base = w * 64 * rows + (2 * (n // 8) + hw % 2) * 256 + hw // 2 * 64
+            for col_in_run in range(8):
+                for j in range(8):
+                    assert where[(n + j, 8 * h + col_in_run)] == base + col_in_run * 8 + j
+
+
+def test_transposed_cell_renders_dq_transposed():
+    """h100_bwd_d128_wgmma_m80: dQ^T by wgmma (K^T MN-major, the dS^T tile in 32-byte panels), pairs for its
+    mask, the convert's runs; the plan says why 80 rows and the launch record's convert is convert_pairs."""
+    from attngen.core.launch_plan import LaunchPlan
+    from attngen.render import render_spec_file
+    rendered = render_spec_file(ROOT / "specs" / "h100_bwd_d128_wgmma_m80_bf16.yaml")
+    f = rendered.plan.fragments
+    assert f.dq_transposed and (f.dq_cols, f.dq_regs, f.s_cols, f.accum_fragment_rows) == (80, 40, 80, 80)
+    assert (f.ds_panel_row_bytes, f.ds_descriptor_mode, f.pair_masks) == (32, 3, ("none",))
+    main = next(p.source for p in rendered.parts if p.name == "main")
+    assert "wgmma_ss_m64n80_mn(acc, mn_major_desc<kBlockN>(sK, col0, kk)," in main
+    assert "ds_offset(row, 2 * kc + i / 2)" in main and "issue_dq(dq, sDS, sK, kDqRows * warpgroup);" in main
+    convert = next(p.source for p in rendered.parts if p.name == "convert")
+    assert "(2 * n + hw % 2) * 256 + hw / 2 * 64 + col_in_run * 8" in convert and "__syncthreads();" in convert
+    import json
+    record = LaunchPlan.from_record(json.loads((ROOT / "generated" / "h100_bwd_d128_wgmma_m80_bf16.launch.json").read_text()))
+    assert record.dq_convert("none") == "convert_pairs" == rendered.plan.dq_convert("none")

@@ -24,6 +24,10 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
   accumulator keeps each 64-row block in that order, and the convert kernel reads it so. At head_dim
   64, and at 128 but for the full mask (dq_pair_masks), each pair of adjacent columns goes as one
   red.global.add.v2.f32 instead, in register-pair order, which the convert part's convert_pairs reads.
+  Query blocks of another multiple of 16 rows (80 at head_dim 128, full masks: FlashAttention-3's tile
+  there) are no m64 wgmma's M: warpgroup w computes dQ^T = K^T dS^T instead, its 64 head-dim columns as M
+  and the query block as N, the dS^T tile in 32-byte panels (dq_transposed); its pairs are two adjacent
+  queries of one column, and convert_pairs reads the accumulator's 8 x 8 runs through shared memory.
 - preprocess: delta = rowsum(dO * O), zeros in the accumulator (whole query blocks);
 - convert: dQ = scale * accumulator.
 
@@ -541,11 +545,13 @@ def explain(plan) -> list[str]:
             f"dS^T and K (dQ), panels {f.panel_cols} columns wide",
             f"dQ: each warpgroup adds {64 if f.dq_by_rows or f.dq_transposed else plan.block_m} x {f.dq_cols} fp32 "
             f"per query block{' (dQ^T: head-dim columns x queries; a pair is two adjacent queries)' if f.dq_transposed else ''}, "
-            + " or ".join(([f"{f.dq_regs // 2} red.global.add.v2.f32 per thread, a pair of adjacent columns each (a "
-                            "warp's covers 256 contiguous bytes)"] if f.pair_masks else [])
+            + " or ".join(([f"{f.dq_regs // 2} red.global.add.v2.f32 per thread, a pair of adjacent "
+                            f"{'queries' if f.dq_transposed else 'columns'} each (a warp's covers 256 contiguous bytes)"]
+                           if f.pair_masks else [])
                           + ([f"{f.dq_regs} red.global.add.f32 per thread (a warp's covers 128 contiguous bytes)"]
                              if set(f.pair_masks) != set(plan.spec.masks) else []))
-            + f"; the accumulator keeps each 64-row block in {dq_order(plan.spec)} (the convert kernel reads it so). "
+            + f"; the accumulator keeps each {f.accum_fragment_rows}-row block in {dq_order(plan.spec)}"
+            + (" by head-dim column (dQ^T)" if f.dq_transposed else "") + " (the convert kernel reads it so). "
             "Not bitwise repeatable: key blocks add "
             "in any order; the *_deterministic functions add one key block at a time, the last first (turn counters in "
             "dq_turns), each warpgroup's share staged in the step's Q and dO tiles and added with one "
