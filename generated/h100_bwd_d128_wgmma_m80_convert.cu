@@ -225,6 +225,7 @@ static_assert(kRowsPerBlock % 8 == 0 && kAccumRowBlock % kRowsPerBlock == 0 && k
               && kFragmentCols == 64, "a convert block takes whole 8 x 8 runs of one query block, a thread each run's column");
 __device__ __forceinline__ void convert_pairs(const Params& p) {
     __shared__ __align__(16) float rows[kRowsPerBlock][kHeadDim + 4];   // + 4: a run's stores, column by column, conflict-free
+    static_assert(sizeof(rows) == 4224, "the plan's static shared memory of the convert part");
     const int head = blockIdx.y, batch = blockIdx.z, row0 = blockIdx.x * kRowsPerBlock;
     {
         const int run = threadIdx.x / 8, col_in_run = threadIdx.x % 8;         // run: 8 queries x 8 columns

@@ -243,10 +243,11 @@ def rule_backward_head_dim(s):
 rule_backward_dq_transposed = refuse(
     "tile.block_m", lambda s: dq_transposed(s) and (
         s.head_dim != ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP) or s.v_dim != s.head_dim
-        or column_groups(s) > 1 or s.varlen),
+        or column_groups(s) > 1 or s.varlen or set(s.masks) != {"none"}),
     lambda s: (f"query blocks of {s.tile.block_m} rows take dQ^T (each warpgroup's 64 head-dim columns as the M of "
                f"its wgmma): generated for head_dim 64 x warpgroups ({ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)}"
-               f"), a warpgroup per 64 keys, no head_dim_v and no varlen; use block_m: {ROWS_PER_WARPGROUP}"),
+               f"), a warpgroup per 64 keys, mask none alone (the others spill), no head_dim_v and no varlen; "
+               f"use block_m: {ROWS_PER_WARPGROUP}"),
     "rule_backward_dq_transposed")
 rule_backward_copies = refuse(
     "smem", lambda s: not s.smem.async_copy or s.smem.stages != 1 or s.smem.q_in_registers,
@@ -374,6 +375,12 @@ def dq_staging(s) -> bool:
     w = s.compute_warps // WARPGROUP
     stage = s.tile.block_m * (tile_dim(s) + tile_dim_v(s)) * s.elem_bytes
     return w * dq_share_bytes(s) > stage
+
+
+def transposed_convert_smem(s) -> int:
+    """The convert's shared memory for a dQ^T accumulator: a block's rows x (head_dim + 4) fp32, where its 8 x 8
+    runs turn round (+ 4: a run's column-by-column stores conflict-free); 0 otherwise."""
+    return rows_per_row_block(s.head_dim) * (s.head_dim + 4) * 4 if dq_transposed(s) else 0
 
 
 def tensor_maps(spec: WgmmaBackwardSpec) -> tuple[TensorMapSpec, ...]:
@@ -519,7 +526,8 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
         fragments=f, arch_suffix="a", tensor_maps=maps, params_qualifier="__grid_constant__ ")
     main_unread = tensor_fields("q") + tensor_fields("dout")   # the main kernel reads Q and dO through the maps
     return BackwardPlan.of(forward, parts=backward_parts(spec, abi, accum_blocks=True, main_unread=main_unread,
-                                                         group_split=spec.group_split, pair_masks=f.pair_masks),
+                                                         group_split=spec.group_split, pair_masks=f.pair_masks,
+                                                         convert_smem=transposed_convert_smem(spec)),
                            roles=roles, schedule=schedule, block_text=block_text,
                            copy_engine=f"K, V: cp.async (16-byte chunks, every thread); Q, dO: TMA "
                                        f"(cp.async.bulk.tensor, one thread); {panel.row_bytes}-byte-swizzled panels",
