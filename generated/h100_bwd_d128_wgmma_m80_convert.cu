@@ -218,32 +218,43 @@ __device__ __forceinline__ int accum_rows_per_head(const Params& p) {
 // w added columns [64 w, 64 w + 64) as the M of an m64 x kAccumRowBlock accumulator, in register-pair
 // order, a pair being two adjacent queries of one column. So columns 8 h .. 8 h + 7 of the warpgroup x
 // queries 8 n .. 8 n + 7 of the block are 64 contiguous floats, [column % 8][query % 8], at
-// (2 n + h % 2) x 256 + (h / 2) x 64. A block of kRowsPerBlock rows (whole 8-query runs of one query
-// block) reads its runs, one column's 8 queries per thread (32 bytes), into shared memory, then each
-// thread writes 8 columns of a row.
+// (2 n + h % 2) x 256 + (h / 2) x 64. Eight adjacent threads take one such run: each loads its column's 8
+// queries (32 bytes), the eight turn the 8 x 8 run round by shuffles (three exchanges of 4 values), and
+// each writes 8 columns of its query's row.
 static_assert(kRowsPerBlock % 8 == 0 && kAccumRowBlock % kRowsPerBlock == 0 && kLanesPerRow * 8 == kHeadDim
-              && kFragmentCols == 64, "a convert block takes whole 8 x 8 runs of one query block, a thread each run's column");
+              && kFragmentCols == 64, "a convert block takes whole 8 x 8 runs of one query block, eight threads a run");
 __device__ __forceinline__ void convert_pairs(const Params& p) {
-    __shared__ __align__(16) float rows[kRowsPerBlock][kHeadDim + 4];   // + 4: a run's stores, column by column, conflict-free
-    static_assert(sizeof(rows) == 4224, "the plan's static shared memory of the convert part");
     const int head = blockIdx.y, batch = blockIdx.z, row0 = blockIdx.x * kRowsPerBlock;
-    {
-        const int run = threadIdx.x / 8, col_in_run = threadIdx.x % 8;         // run: 8 queries x 8 columns
-        const int n_local = run / (kHeadDim / 8), h = run % (kHeadDim / 8);   // its queries' 8-run, its columns' 8-run
-        const int n = row0 % kAccumRowBlock / 8 + n_local, w = h / 8, hw = h % 8;
-        const float* src = p.dq_accum + ((static_cast<long long>(batch) * p.heads + head) * accum_rows_per_head(p)
-                                         + row0 - row0 % kAccumRowBlock) * kHeadDim
-                           + w * kFragmentCols * kAccumRowBlock + (2 * n + hw % 2) * 256 + hw / 2 * 64 + col_in_run * 8;
-        const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-        const float q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const int run = threadIdx.x / 8, c = threadIdx.x % 8;                  // run: 8 queries x 8 columns
+    const int n_local = run / (kHeadDim / 8), h = run % (kHeadDim / 8);   // its queries' 8-run, its columns' 8-run
+    const int n = row0 % kAccumRowBlock / 8 + n_local, w = h / 8, hw = h % 8;
+    const float* src = p.dq_accum + ((static_cast<long long>(batch) * p.heads + head) * accum_rows_per_head(p)
+                                     + row0 - row0 % kAccumRowBlock) * kHeadDim
+                       + w * kFragmentCols * kAccumRowBlock + (2 * n + hw % 2) * 256 + hw / 2 * 64 + c * 8;
+    const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+    float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};   // column 8 h + c, queries 8 n + 0 .. 7
+    // Turn the run round: after the exchange over bit s, thread c holds, at index j, what thread c ^ s held at
+    // j ^ s where bits s of c and j differ; after s = 4, 2, 1, index j of thread c is column 8 h + j of query 8 n + c.
 #pragma unroll
-        for (int j = 0; j < 8; ++j) rows[8 * n_local + j][8 * h + col_in_run] = q[j];
+    for (int s = 4; s >= 1; s /= 2) {
+        const bool upper = c & s;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (j & s) continue;
+            const float mine = upper ? x[j] : x[j | s];   // the value the partner takes
+            const float got = __shfl_xor_sync(0xffffffffu, mine, s);
+            if (upper) x[j] = got;
+            else x[j | s] = got;
+        }
     }
-    __syncthreads();
-    const int lane_in_row = threadIdx.x % kLanesPerRow, r = threadIdx.x / kLanesPerRow, row = row0 + r;
+    const int row = row0 + 8 * n_local + c;
     if (row >= p.seqlen_q) return;
-    store_scaled_8(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
-                   + row * p.dq_row_stride + lane_in_row * 8, &rows[r][lane_in_row * 8], p.scale);
+    uint4 out;
+    elem2_t* y = reinterpret_cast<elem2_t*>(&out);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) y[k] = from_float2(x[2 * k] * p.scale, x[2 * k + 1] * p.scale);
+    *reinterpret_cast<uint4*>(static_cast<elem_t*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride
+                              + row * p.dq_row_stride + 8 * h) = out;
 }
 
 // A group-split call's dK = scale * its fp32 sum and dV = its sum, in the element type with dk's and

@@ -781,7 +781,9 @@ __device__ __forceinline__ float row_stat(const QueryStep& st, int tid, const Pa
 template <Mask kMask, bool kDeterministic>
 __device__ __forceinline__ void add_dq(const float (&dq)[kDqRegs], uint32_t stage_base, const QueryStep& st, int n0,
                                        int tid, const Sequence& seq, const Params& p) {
-    const int warpgroup = tid / kWarpgroupThreads, wg_tid = tid % kWarpgroupThreads;
+    int t = tid;
+    asm volatile("" : "+r"(t));   // made again in each step: the share's offset, held across the walk, spilled
+    const int warpgroup = t / kWarpgroupThreads, wg_tid = t % kWarpgroupThreads;
     if constexpr (kDeterministic) {
         constexpr int kBytes = kDqRows * kDqCols * 4;
         static_assert(kWarpgroups * kBytes <= kQueryStageBytes && kSmem_do == kSmem_q + kQueryStageBytes / 2,
@@ -903,6 +905,11 @@ __device__ __forceinline__ void query_block(float (&dk)[kDRegs], float (&dv)[kDR
     fence_proxy_async_shared();   // the dS^T stores, before the other warpgroup's wgmma reads them
     __syncthreads();              // dS^T of every warpgroup is in the tile
     issue_next();
+    if constexpr (kDeterministic) {   // dV and dK complete before dQ^T's accumulators are taken: held beside
+        wgmma_wait<0>();              // P^T's and dS^T's fragments, they spilled
+        fence_registers(dk);
+        fence_registers(dv);
+    }
     wgmma_fence();
     issue_dq(dq, sDS, sK, kDqRows * warpgroup);
     if constexpr (!kDeterministic) {

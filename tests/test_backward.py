@@ -607,7 +607,28 @@ def test_transposed_cell_renders_dq_transposed():
     assert "wgmma_ss_m64n80_mn(acc, mn_major_desc<kBlockN>(sK, col0, kk)," in main
     assert "ds_offset(row, 2 * kc + i / 2)" in main and "issue_dq(dq, sDS, sK, kDqRows * warpgroup);" in main
     convert = next(p.source for p in rendered.parts if p.name == "convert")
-    assert "(2 * n + hw % 2) * 256 + hw / 2 * 64 + col_in_run * 8" in convert and "__syncthreads();" in convert
+    assert "(2 * n + hw % 2) * 256 + hw / 2 * 64 + c * 8" in convert and "__shfl_xor_sync(0xffffffffu, mine, s)" in convert
+    assert "__shared__ __align__" not in convert
     import json
     record = LaunchPlan.from_record(json.loads((ROOT / "generated" / "h100_bwd_d128_wgmma_m80_bf16.launch.json").read_text()))
     assert record.dq_convert("none") == "convert_pairs" == rendered.plan.dq_convert("none")
+
+
+def test_transposed_convert_turns_each_run_round():
+    """The convert's exchange (lib/backward_convert.cu.j2, dq_transposed), thread by thread: eight threads, thread
+    c holding column c of a run at indices 0..7 (its queries); after the exchanges over bits 4, 2 and 1 thread c
+    holds query c's row, column j at index j."""
+    text = (ROOT / "templates" / "lib" / "backward_convert.cu.j2").read_text()
+    assert ("const float mine = upper ? x[j] : x[j | s];" in text and "if (upper) x[j] = got;" in text
+            and "else x[j | s] = got;" in text and "for (int s = 4; s >= 1; s /= 2) {" in text)
+    x = [[("column", c, "query", j) for j in range(8)] for c in range(8)]
+    for s in (4, 2, 1):
+        for j in (j for j in range(8) if not j & s):
+            mine = [x[c][j] if c & s else x[c][j | s] for c in range(8)]
+            for c in range(8):
+                got = mine[c ^ s]              # __shfl_xor_sync(..., mine, s)
+                if c & s:
+                    x[c][j] = got
+                else:
+                    x[c][j | s] = got
+    assert x == [[("column", j, "query", c) for j in range(8)] for c in range(8)]

@@ -121,8 +121,7 @@ class BackwardPlan(ForwardPlan):
 
 
 def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str, ...] = (),
-                   group_split: bool = False, pair_masks: tuple[str, ...] = (),
-                   convert_smem: int = 0) -> tuple[Part, ...]:
+                   group_split: bool = False, pair_masks: tuple[str, ...] = ()) -> tuple[Part, ...]:
     """A backward bundle's parts: main, from the kind's main.cu.j2 (the forward's functions: one per
     mask, and with `varlen` one per mask for varlen sequences; then a deterministic one of each; they
     read every Params field but the row kernels' own and the kind's `main_unread`), then the shared
@@ -131,8 +130,7 @@ def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str
     (VARLEN_ACCUM_READS). group_split: a group-split function per padded mask after those (GQA/MQA
     calls; not deterministic), and the convert part's kv_convert. pair_masks: the masks whose main
     functions add dQ in register-pair order: the convert part has convert_pairs for them, and convert
-    for the others. convert_smem: the convert part's static shared memory (a transposed accumulator's
-    runs turn round there)."""
+    for the others."""
     keys = [key for key, _ in forward_functions(spec)]
     keys += [deterministic_key(key) for key in keys]
     if group_split:
@@ -150,5 +148,4 @@ def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str
             Part("preprocess", "lib/backward_preprocess.cu.j2", f"{spec.name}_preprocess.cu",
                  (("preprocess", function_name(spec, "preprocess")),), reads=PREPROCESS_READS + sequences, **row),
             Part("convert", "lib/backward_convert.cu.j2", f"{spec.name}_convert.cu", converts,
-                 reads=CONVERT_READS + sequences + (KV_CONVERT_READS if group_split else ()),
-                 **{**row, "static_smem": convert_smem}))
+                 reads=CONVERT_READS + sequences + (KV_CONVERT_READS if group_split else ()), **row))

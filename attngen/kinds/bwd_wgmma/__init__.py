@@ -27,7 +27,7 @@ one Params (attngen/core/backward_plan.py), as bwd_mma's:
   Query blocks of another multiple of 16 rows (80 at head_dim 128, full masks: FlashAttention-3's tile
   there) are no m64 wgmma's M: warpgroup w computes dQ^T = K^T dS^T instead, its 64 head-dim columns as M
   and the query block as N, the dS^T tile in 32-byte panels (dq_transposed); its pairs are two adjacent
-  queries of one column, and convert_pairs reads the accumulator's 8 x 8 runs through shared memory.
+  queries of one column, and convert_pairs turns the accumulator's 8 x 8 runs round by warp shuffles.
 - preprocess: delta = rowsum(dO * O), zeros in the accumulator (whole query blocks);
 - convert: dQ = scale * accumulator.
 
@@ -377,12 +377,6 @@ def dq_staging(s) -> bool:
     return w * dq_share_bytes(s) > stage
 
 
-def transposed_convert_smem(s) -> int:
-    """The convert's shared memory for a dQ^T accumulator: a block's rows x (head_dim + 4) fp32, where its 8 x 8
-    runs turn round (+ 4: a run's column-by-column stores conflict-free); 0 otherwise."""
-    return rows_per_row_block(s.head_dim) * (s.head_dim + 4) * 4 if dq_transposed(s) else 0
-
-
 def tensor_maps(spec: WgmmaBackwardSpec) -> tuple[TensorMapSpec, ...]:
     """Q and dO reach their tiles by TMA: one box per swizzled panel of a query block's rows."""
     panel = panel_swizzle(spec)
@@ -526,8 +520,7 @@ def plan(spec: WgmmaBackwardSpec, file: str | None = None) -> BackwardPlan:
         fragments=f, arch_suffix="a", tensor_maps=maps, params_qualifier="__grid_constant__ ")
     main_unread = tensor_fields("q") + tensor_fields("dout")   # the main kernel reads Q and dO through the maps
     return BackwardPlan.of(forward, parts=backward_parts(spec, abi, accum_blocks=True, main_unread=main_unread,
-                                                         group_split=spec.group_split, pair_masks=f.pair_masks,
-                                                         convert_smem=transposed_convert_smem(spec)),
+                                                         group_split=spec.group_split, pair_masks=f.pair_masks),
                            roles=roles, schedule=schedule, block_text=block_text,
                            copy_engine=f"K, V: cp.async (16-byte chunks, every thread); Q, dO: TMA "
                                        f"(cp.async.bulk.tensor, one thread); {panel.row_bytes}-byte-swizzled panels",
