@@ -19,6 +19,7 @@ from ..errors import ToolError
 DATA_TYPES = {"float16": 6, "bfloat16": 9, "float8_e4m3fn": 0}   # 8-bit types as UINT8: TMA moves bytes
 SWIZZLES = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 INTERLEAVE_NONE = 0
+CUDA_ERROR_INVALID_CONTEXT = 201   # the encoder found no context current on this thread (an autograd thread)
 L2_PROMOTION_128B = 2
 OOB_FILL_ZEROS = 0
 
@@ -66,8 +67,11 @@ def encode(view, spec: TensorMapSpec) -> bytes:
                      str(view.dtype).replace("torch.", ""), view.element_size(), spec)
 
 
-def encode_at(pointer: int, shape: tuple, stride: tuple, dtype_name: str, esize: int, spec: TensorMapSpec) -> bytes:
-    """The 128-byte tensor map of (B, H, S, D) elements of `dtype_name` at `pointer` with `stride`."""
+def encode_at(pointer: int, shape: tuple, stride: tuple, dtype_name: str, esize: int, spec: TensorMapSpec,
+              context: int | None = None) -> bytes:
+    """The 128-byte tensor map of (B, H, S, D) elements of `dtype_name` at `pointer` with `stride`.
+    context: the tensor's GPU's primary context, made current for the encoder where it refuses a thread
+    that has none (torch's autograd threads may have none; launches do the same)."""
     b, h, s, d = shape
     dtype = DATA_TYPES[dtype_name]
     buf = ctypes.create_string_buffer(MAP_BYTES + MAP_ALIGN)
@@ -76,8 +80,18 @@ def encode_at(pointer: int, shape: tuple, stride: tuple, dtype_name: str, esize:
     strides = (ctypes.c_uint64 * 3)(*map_strides(shape, stride, esize))
     box = (ctypes.c_uint32 * 4)(spec.box_cols, spec.box_rows, 1, 1)
     elem = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
-    rc = driver()(addr, dtype, 4, pointer, dims, strides, box, elem, INTERLEAVE_NONE,
-                  SWIZZLES[spec.swizzle], L2_PROMOTION_128B, OOB_FILL_ZEROS)
+    def encoded() -> int:
+        return driver()(addr, dtype, 4, pointer, dims, strides, box, elem, INTERLEAVE_NONE,
+                        SWIZZLES[spec.swizzle], L2_PROMOTION_128B, OOB_FILL_ZEROS)
+    rc = encoded()
+    if rc == CUDA_ERROR_INVALID_CONTEXT and context is not None:
+        from . import driver as cuda
+        had = cuda.current_context()
+        cuda.set_current_context(context)
+        try:
+            rc = encoded()
+        finally:
+            cuda.set_current_context(had)
     if rc != 0:
         raise ValueError(f"cuTensorMapEncodeTiled refused {spec.tensor} (shape {shape}, strides "
                          f"{stride}, box {spec.box_cols}x{spec.box_rows}): CUresult {rc}")
@@ -97,6 +111,14 @@ class ShapeMaps:
                            for s in specs)
         self._order = tuple(pointer_names.index(s.tensor) for s in specs)
         self._cache: dict = {}
+        self._device = getattr(getattr(next(iter(views.values()), None), "device", None), "index", None)
+
+    def _context(self) -> int | None:
+        """The primary context of the GPU the views are on (None: not a CUDA tensor)."""
+        if self._device is None:
+            return None
+        from .gpu import device_info
+        return device_info(self._device).context
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -113,6 +135,6 @@ class ShapeMaps:
             if hit is None:
                 if len(self._cache) >= self.ENTRIES * len(self._maps):
                     self._cache.clear()
-                hit = self._cache[key] = encode_at(pointers[at], shape, stride, dtype, esize, spec)
+                hit = self._cache[key] = encode_at(pointers[at], shape, stride, dtype, esize, spec, self._context())
             out.append(hit)
         return tuple(out)

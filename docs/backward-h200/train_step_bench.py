@@ -7,6 +7,7 @@ Usage: python3 docs/backward-h200/train_step_bench.py OUT.json [SHAPES] [ROUNDS]
   ROUNDS: the three implementations alternate over this many rounds of the queued timing, and each
   cell's figure is the median of its rounds (default 5), so that drift in the GPU's clocks reaches
   all alike (one pass each, one after another, moved the ratios by up to 10 % between runs).
+  ATTNGEN_HEAD_DIMS=128 (comma-separated) and ATTNGEN_CAUSAL=0 or 1 narrow the cells.
 
 One call: o = attention(q, k, v, causal); torch.autograd.grad(o, (q, k, v), do). attngen takes the
 dispatch table's forward and backward specs (the op attngen::attention_train). GPU time: `attngen
@@ -17,6 +18,7 @@ work hidden; the median); eager: back-to-back calls, host included (attngen.eval
 """
 from pathlib import Path
 import json
+import os
 import sys
 
 import torch
@@ -30,6 +32,8 @@ from gpu_timing import alternating
 
 SHAPES = ((4, 16, 2048), (1, 16, 8192))
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+HEAD_DIMS = tuple(int(d) for d in os.environ.get("ATTNGEN_HEAD_DIMS", "64,128").split(","))   # e.g. "128"
+CAUSAL = {"": (False, True), "0": (False,), "1": (True,)}[os.environ.get("ATTNGEN_CAUSAL", "")]   # "0": full masks only
 
 
 def step(attention, q, k, v, do, causal):
@@ -52,9 +56,9 @@ def main(out_path, shapes=None, rounds="5"):
     impls = {"attngen": lambda q, k, v, causal: attngen.attention(q, k, v, causal=causal),
              **{f"sdpa:{n}": sdpa(b) for n, b in BACKENDS.items()}}
     for dtype in (torch.float16, torch.bfloat16):
-        for d in (64, 128):
+        for d in HEAD_DIMS:
             for b, h, s in shapes:
-                for causal in (False, True):
+                for causal in CAUSAL:
                     torch.manual_seed(0)
                     q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(4))
                     for t in (q, k, v):
