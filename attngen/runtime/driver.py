@@ -19,6 +19,7 @@ driver's own name and text of the error.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -158,6 +159,17 @@ def set_current_context(ctx: int | None) -> None:
     check("cuCtxSetCurrent", lib().cuCtxSetCurrent(ctx))
 
 
+@contextlib.contextmanager
+def context_current(ctx: int):
+    """`ctx` current on this thread for the block; the thread's own context (or none) given back after."""
+    had = current_context()
+    set_current_context(ctx)
+    try:
+        yield
+    finally:
+        set_current_context(had)
+
+
 # -- libraries and kernels ------------------------------------------------------------------------
 
 def load_library(cubin: bytes) -> int:
@@ -266,7 +278,8 @@ def thread_state() -> ThreadState:
         return _threads.state
 
 
-__all__ = ["DriverError", "LaunchAttribute", "LaunchConfig", "PARAMS_MAX", "ThreadState", "check", "current_context",
+__all__ = ["DriverError", "LaunchAttribute", "LaunchConfig", "PARAMS_MAX", "ThreadState", "check", "context_current",
+           "current_context",
            "device", "device_attribute", "error_text", "kernel_attribute", "lib", "library_kernel", "load_library",
            "primary_context", "programmatic_launches", "set_current_context", "set_kernel_attribute",
            "stream_synchronize", "thread_state"]

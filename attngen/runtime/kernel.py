@@ -292,13 +292,9 @@ class Kernel:
                     self._configure(fn, info)
                 # The library's kernels resolved to this device's functions once: a launch of a
                 # CUfunction skips the per-launch lookup a CUkernel needs.
-                ctx = driver.current_context()
-                driver.set_current_context(info.context)
-                try:
+                with driver.context_current(info.context):
                     self._handles[index] = {name: driver.kernel_function(fn.handle)
                                             for name, fn in self.functions.items()}
-                finally:
-                    driver.set_current_context(ctx)
                 self._ready[index] = info
         return info
 

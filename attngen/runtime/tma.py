@@ -86,12 +86,8 @@ def encode_at(pointer: int, shape: tuple, stride: tuple, dtype_name: str, esize:
     rc = encoded()
     if rc == CUDA_ERROR_INVALID_CONTEXT and context is not None:
         from . import driver as cuda
-        had = cuda.current_context()
-        cuda.set_current_context(context)
-        try:
+        with cuda.context_current(context):
             rc = encoded()
-        finally:
-            cuda.set_current_context(had)
     if rc != 0:
         raise ValueError(f"cuTensorMapEncodeTiled refused {spec.tensor} (shape {shape}, strides "
                          f"{stride}, box {spec.box_cols}x{spec.box_rows}): CUresult {rc}")

@@ -65,16 +65,23 @@ def _compiler() -> list[str]:
     return cxx
 
 
+_libstdcxx: list[str] = []     # loaded_libstdcxx's answer, once found
+
+
 def loaded_libstdcxx() -> str | None:
     """The libstdc++ this process has loaded (torch's C++ runtime), or None (not Linux, none mapped). The
     library links this one by its path: a compiler whose own libstdc++ is only a static archive (found on a
     GPU machine: g++ under /opt/gcc) would otherwise put a second C++ runtime into the library, whose first
-    iostream use (any error message with a number in it) ends the process."""
+    iostream use (any error message with a number in it) ends the process. Read once per process: a
+    training process's library_path looks for the library at every poll while it is built."""
+    if _libstdcxx:
+        return _libstdcxx[0]
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 name = line.rsplit(None, 1)[-1]
                 if "/libstdc++.so" in name:
+                    _libstdcxx.append(name)
                     return name
     except OSError:
         pass
