@@ -537,6 +537,11 @@ def test_wgmma_layout_and_numbers():
         ("full_k0", 1), ("full_k1", 1), ("full_v0", 1), ("full_v1", 1), ("empty_k0", 8), ("empty_k1", 8),
         ("empty_v0", 8), ("empty_v1", 8), ("q_full", 1)]
     assert [b.offset for b in o.barriers] == list(range(163840, 163840 + 72, 8))
+    # the softmax's own block (a ptxas scheduling matter): only the source changes, and only where asked
+    from attngen.render import render_for
+    plain, own = render_for(o)[1], render_for(plan_of(text + "schedule: {overlap: true, softmax_block: true}\n"))[1]
+    assert not o.fragments.softmax_block and "_own_block" not in plain and "nctaid" not in plain
+    assert own.count("softmax_rows_own_block(") == 2 and "%%nctaid.x" in own   # its definition and the loop's call
     assert p.compile_arch("sm_90") == "sm_90a" and [m.tensor for m in p.tensor_maps] == ["q", "k", "v"]
     # the maps travel by value: three 128-byte, 64-byte aligned Params fields, Params a __grid_constant__
     assert [(f.name, f.size, f.align) for f in p.abi.fields[-3:]] == [("tma_q", 128, 64), ("tma_k", 128, 64),

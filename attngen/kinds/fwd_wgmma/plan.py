@@ -32,6 +32,7 @@ class WgmmaFragments:
     producer_registers: int  # after setmaxnreg (0: no reallocation)
     consumer_registers: int
     overlap: bool           # softmax of tile t runs while P.V of tile t-1 is in flight
+    softmax_block: bool     # ... in a basic block of its own, so that ptxas keeps it ahead of P.V's wait
     pingpong: bool          # the consumer warpgroups take turns issuing GEMMs (2 or 3 of them)
     panel_cols: int         # elements in one swizzled panel row (the TMA box width)
     panel_row_bytes: int    # bytes of one such row: 128, 64 or 32, the swizzle's span
@@ -199,6 +200,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           s_regs=bn // 2, o_regs=tdv // 2, k_steps_qk=td // k,
                           k_steps_pv=bn // k, k=k, mma_type=mma_type, producer_registers=regs.producer if regs else 0,
                           consumer_registers=regs.consumer if regs else 0, overlap=spec.schedule.overlap,
+                          softmax_block=spec.schedule.softmax_block,
                           pingpong=spec.schedule.pingpong, panel_cols=cols, panel_row_bytes=panel.row_bytes,
                           descriptor_mode=panel.descriptor_mode, swizzle_atom_bytes=8 * panel.row_bytes,
                           k_major_lbo_bytes=16, k_step_bytes=32, k_steps_per_panel=panel.row_bytes // 32,
@@ -347,6 +349,7 @@ def explain(plan) -> list[str]:
               f"{plan.spec.out_dtype}; rescale always" if f.vt else "online softmax: exp2 with the scale folded in; rescale always")
              + (f"; a row's max scanned in {f.max_chains} chains" if f.max_chains > 1 else "")
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
+             + (" (the softmax in a basic block of its own, ahead of that P.V's wait)" if f.softmax_block else "")
              + (f"; consumer warpgroups take turns issuing their GEMMs (named barriers 1-{f.consumer_warpgroups})"
                 if f.pingpong else ""),
              f"epilogue: {f.epilogue}" + ({"registers": " (4-byte stores of the accumulators)",

@@ -113,6 +113,9 @@ rule_always_rescales = refuse(
 
 
 def rule_pingpong(s):
+    if s.schedule.softmax_block and not s.schedule.overlap:
+        return "schedule.softmax_block", ("the softmax's own block keeps it ahead of the wait for the previous tile's "
+                                          "P.V, which only the overlapped schedule has: set schedule.overlap: true")
     if s.schedule.pingpong and not s.schedule.overlap:
         return "schedule.pingpong", "ping-pong is generated on the overlapped schedule: set schedule.overlap: true"
     if s.schedule.pingpong and not s.producer_warps:
@@ -224,6 +227,11 @@ class Schedule(Strict):
     overlap: bool = Field(default=False, description=(
         "issue S = Q.K^T of tile t before O += P.V of tile t-1 and run the softmax of tile t while P.V "
         "runs; off: each GEMM is waited for before the next step"))
+    softmax_block: bool = Field(default=False, description=(
+        "give the softmax of tile t a basic block of its own, ahead of the wait for P.V of tile t-1 (a branch "
+        "on the grid's width, which is never 0 and which ptxas cannot fold): in one block with that wait, ptxas "
+        "schedules the wait (WARPGROUP.DEPBAR) at the block's top, and the softmax runs after P.V is done; "
+        "needs overlap"))
     pingpong: bool = Field(default=False, description=(
         "the consumer warpgroups take turns issuing their GEMMs (named barriers), so the others run their "
         "softmax while one's GEMMs use the tensor cores; needs overlap and 2 or 3 consumer warpgroups "
