@@ -583,6 +583,19 @@ def test_the_wgmma_space_scans_the_row_max_in_four_chains():
     assert [p.reason for p in pruned] == ["spec rule: softmax.max_chains"]
 
 
+def test_a_base_with_the_softmax_in_its_own_block_keeps_its_sequential_points():
+    """schedule.softmax_block needs the overlapped schedule: from a base that sets it, the sequential
+    candidates drop it (rather than being refused), the overlapped ones keep it."""
+    base = load_spec(ROOT / "specs" / "h100_wgmma_d64_n128c1ps3opb.yaml")
+    assert base.schedule.softmax_block and base.schedule.overlap
+    sp = S.default_space(base)
+    blocks = (True, 1)
+    kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 1), 3, None, "seq", "registers", blocks, 1),
+                                      sp.choice(128, (1, 1), 3, None, "overlap", "registers", blocks, 1)])
+    assert not pruned and [c.spec.schedule.softmax_block for c in kept] == [False, True]
+    assert [c.spec.schedule.overlap for c in kept] == [False, True]
+
+
 def test_the_wgmma_space_has_persistent_blocks():
     """The blocks axis makes persistent candidates (one or two Q tiles) from a base without them, and
     the kind's rules refuse a persistent block without a producer warpgroup; a persistent base

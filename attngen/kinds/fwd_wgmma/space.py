@@ -41,8 +41,11 @@ def _read_schedule(s) -> str:
 
 
 def _write_schedule(data: dict, v: str) -> None:
-    # The base's other schedule keys (persistent, q_tiles: the blocks axis; separate_kv_barriers) stay.
+    # The base's other schedule keys (persistent, q_tiles: the blocks axis; separate_kv_barriers) stay;
+    # softmax_block only where the candidate overlaps (the rule refuses it on the sequential schedule).
     data["schedule"] = {**(data.get("schedule") or {}), "overlap": v != "seq", "pingpong": v == "pingpong"}
+    if v == "seq":
+        data["schedule"].pop("softmax_block", None)
 
 
 def _read_blocks(s) -> tuple[bool, int]:
