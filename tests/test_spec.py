@@ -314,7 +314,7 @@ RULE_CASES = [
     ("rule_persistent_needs_padded_calls", WGMMA, {"schedule": {"persistent": True}, "varlen": "only"},
      "schedule.persistent", "a `varlen: only` cell has none"),
     ("rule_pingpong", WGMMA, {"schedule": {"pingpong": True}}, "schedule.pingpong", "set schedule.overlap: true"),
-    ("rule_pingpong", WGMMA, {"schedule": {"softmax_block": True}}, "schedule.softmax_block", "set schedule.overlap: true"),
+    ("rule_softmax_block", WGMMA, {"schedule": {"softmax_block": True}}, "schedule.softmax_block", "set schedule.overlap: true"),
     ("rule_pingpong", merged(WGMMA, warps={"producer": 4, "consumer": 4}, tile={"block_m": 64, "block_n": 128},
                              registers={"producer": 24, "consumer": 232}),
      {"schedule": {"overlap": True, "pingpong": True}}, "schedule.pingpong", "use warps.consumer: 8"),

@@ -112,10 +112,14 @@ rule_always_rescales = refuse(
     lambda s: "rescale: on_max_change is not generated for wgmma; use always", "rule_always_rescales")
 
 
+rule_softmax_block = refuse(
+    "schedule.softmax_block", lambda s: s.schedule.softmax_block and not s.schedule.overlap,
+    lambda s: ("the softmax's own block keeps it ahead of the wait for the previous tile's P.V, which only the "
+               "overlapped schedule has: set schedule.overlap: true"),
+    "rule_softmax_block")
+
+
 def rule_pingpong(s):
-    if s.schedule.softmax_block and not s.schedule.overlap:
-        return "schedule.softmax_block", ("the softmax's own block keeps it ahead of the wait for the previous tile's "
-                                          "P.V, which only the overlapped schedule has: set schedule.overlap: true")
     if s.schedule.pingpong and not s.schedule.overlap:
         return "schedule.pingpong", "ping-pong is generated on the overlapped schedule: set schedule.overlap: true"
     if s.schedule.pingpong and not s.producer_warps:
@@ -229,9 +233,9 @@ class Schedule(Strict):
         "runs; off: each GEMM is waited for before the next step"))
     softmax_block: bool = Field(default=False, description=(
         "give the softmax of tile t a basic block of its own, ahead of the wait for P.V of tile t-1 (a branch "
-        "on the grid's width, which is never 0 and which ptxas cannot fold): in one block with that wait, ptxas "
-        "schedules the wait (WARPGROUP.DEPBAR) at the block's top, and the softmax runs after P.V is done; "
-        "needs overlap"))
+        "on the grid's width, which is never 0 and which ptxas cannot fold): otherwise ptxas schedules that wait "
+        "(WARPGROUP.DEPBAR) at the top of the softmax's last block, and most of the softmax runs after P.V is "
+        "done; needs overlap. It paid with one consumer warpgroup and cost with two or three (H200)"))
     pingpong: bool = Field(default=False, description=(
         "the consumer warpgroups take turns issuing their GEMMs (named barriers), so the others run their "
         "softmax while one's GEMMs use the tensor cores; needs overlap and 2 or 3 consumer warpgroups "
@@ -272,7 +276,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_max_chains = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
              rule_epilogue_tile, rule_q_tiles, rule_persistent_needs_padded_calls,
-             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_pingpong, rule_registers, rule_threads)
+             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
         panel = panel_swizzle(self)
