@@ -406,16 +406,18 @@ def _vector_ready(t) -> bool:
 def backward_kernel(q, k, v, causal, layout, window=None, softcap=None, alibi_slopes=None):
     """The table's backward kernel for a call's gradients (its mask and score modifiers);
     NotImplementedError (before the forward runs, from attention()) where the table has none: a
-    forward whose backward would then fail."""
-    seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
+    forward whose backward would then fail. The table's backward buckets key on seqlen_q: a block of
+    keys walks every query block, so their count and the last one's empty rows decide between query tiles
+    (docs/performance/backward.md, "80-row query blocks when seqlen_q and seqlen_k differ")."""
+    seqlen_q = q.shape[2] if layout == "bhsd" else q.shape[1]
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes)
     d, dv = q.shape[-1], v.shape[-1]
     pad = DISPATCH.padded_dims("backward", q.get_device(), q.dtype, d, dv, mask, scores) if q.get_device() >= 0 else None
-    short = (q.get_device(), q.dtype, pad[0] if pad else d, mask, scores, seqlen_k, pad[1] if pad else dv)
+    short = (q.get_device(), q.dtype, pad[0] if pad else d, mask, scores, seqlen_q, pad[1] if pad else dv)
     kernel = _BACKWARD.get(short)
     if kernel is None:
         try:   # V's head dim keys the entries as the forward's do (0: q's)
-            kernel = DISPATCH.kernel("backward", short[0], q.dtype, short[2], mask, seqlen_k,
+            kernel = DISPATCH.kernel("backward", short[0], q.dtype, short[2], mask, seqlen_q,
                                      head_dim_v=short[6] if short[6] != short[2] else 0, scores=scores)
         except LookupError as exc:
             raise NotImplementedError(f"attngen has no backward for this call yet: {exc}") from None
