@@ -21,6 +21,8 @@ for pair in pairs.split(","):
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
         q8, k8, vt, qd, kd, vd = quantize_fp8(q, k, v)
         for causal in (False, True):
+            if causal and "causal" not in new.plan.spec.masks:   # a full-mask cell
+                continue
             outs = {}
             def call(kern, name):
                 o = torch.empty(q.shape, device="cuda", dtype=kern.out_dtype)
