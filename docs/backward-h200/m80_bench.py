@@ -22,17 +22,19 @@ CELLS = (((16, 16, 16, 512), {}), ((8, 16, 16, 1024), {}), ((4, 16, 16, 2048), {
          ((1, 16, 16, 8192), {}), ((4, 32, 8, 2048), {}), ((4, 16, 16, 2048), {"deterministic": True}))
 
 
-def main(out, rounds=3):
+def compare(cells, rounds):
+    """Rows of the two cells alternating on `cells`: ((batch, heads, kv_heads, seqlen_q, seqlen_k), keywords)."""
     rows = []
     for suffix, dtype in (("_bf16", torch.bfloat16), ("", torch.float16)):
         base = attngen.load(f"specs/h100_bwd_d128_wgmma{suffix}.yaml")
         m80 = attngen.load(f"specs/h100_bwd_d128_wgmma_m80{suffix}.yaml")
-        for (b, h, hk, s), kw in CELLS:
+        for (b, h, hk, sq, sk), kw in cells:
             torch.manual_seed(0)
-            q, do = (torch.randn(b, h, s, 128, device="cuda", dtype=dtype) for _ in range(2))
-            k, v = (torch.randn(b, hk, s, 128, device="cuda", dtype=dtype) for _ in range(2))
+            q, do = (torch.randn(b, h, sq, 128, device="cuda", dtype=dtype) for _ in range(2))
+            k, v = (torch.randn(b, hk, sk, 128, device="cuda", dtype=dtype) for _ in range(2))
             o, lse = attngen.attention(q, k, v, return_lse=True)
-            row = {"dtype": str(dtype).split(".")[-1], "shape": f"{b}x{h}/{hk}x{s}x128", **kw,
+            lengths = f"{sq}" if sq == sk else f"{sq}x{sk}"
+            row = {"dtype": str(dtype).split(".")[-1], "shape": f"{b}x{h}/{hk}x{lengths}x128", **kw,
                    **gradient_difference(m80(q, k, v, o, lse, do, **kw), base(q, k, v, o, lse, do, **kw))}
             us, row["rounds"] = alternating({"m64": lambda: base(q, k, v, o, lse, do, **kw),
                                              "m80": lambda: m80(q, k, v, o, lse, do, **kw)}, rounds)
@@ -41,9 +43,16 @@ def main(out, rounds=3):
             print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()
                               if k_ != "rounds"}), flush=True)
             rows.append(row)
+    return rows
+
+
+def write(out, rows):
     Path(out).write_text(json.dumps({"command": " ".join(["python3", *sys.argv]), "device": torch.cuda.get_device_name(),
                                      "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
 
+
+def main(out, rounds=3):
+    write(out, compare((((b, h, hk, s, s), kw) for (b, h, hk, s), kw in CELLS), rounds))
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
