@@ -184,3 +184,38 @@ def test_a_steps_gpu_time_is_not_taken_where_the_host_waited_on_the_gpu():
     assert step_gpu_ms(fake, lambda x: time.sleep(0.03), None, 1e-4) is None     # 30 ms against a 10 ms sleep
     assert step_gpu_ms(fake, lambda x: time.sleep(0.03), None, 0.02) == 3.5      # a sleep of 40 ms covers it
     assert slept[0] == 20_000_000 and slept[2] == int(0.02 * 2 * 2e9)
+
+
+def test_a_stopped_train_run_keeps_the_rows_it_measured(monkeypatch, tmp_path):
+    """bench --train --json rewrites the report after each timing (marked partial, with the timings left), so a
+    run stopped by a time limit leaves what it measured; the finished run's report has no mark."""
+    import json
+    import types
+    from attngen.eval.bench import train
+    import attngen.runtime as runtime
+    torch = types.SimpleNamespace(float16="fp16", bfloat16="bf16", __version__="stand-in",
+                                  cuda=types.SimpleNamespace(get_device_name=lambda i: "stand-in GPU",
+                                                             empty_cache=lambda: None))
+    monkeypatch.setattr(runtime, "gpu_modules", lambda: (torch,))
+    seen = []
+
+    def cell_row(torch_, attngen, cell, dtype, causal, *, reps, rounds):
+        if len(seen) == 2:
+            raise KeyboardInterrupt   # the run stops before its third timing
+        seen.append((cell.label, causal))
+        return {"cell": cell.label, "causal": causal, "us": {"attngen": 1.0}}
+    monkeypatch.setattr(train, "bench_cell", cell_row)
+    out = tmp_path / "grid.json"
+    run = CliRunner().invoke(main, ["bench", "--train", "--train-cells", "1x4x128x64,1x4x256x64", "--json", str(out)])
+    assert run.exit_code != 0
+    partial = json.loads(out.read_text())
+    assert [(r["cell"], r["causal"]) for r in partial["rows"]] == seen == [("1x4x128x64", False), ("1x4x128x64", True)]
+    assert partial["partial"] == {"timings_left": 2}
+    seen.clear()
+    monkeypatch.setattr(train, "bench_cell", lambda *a, **k: {"cell": a[2].label, "causal": a[4], "status": "ok",
+                                                               "us": {"attngen": 1.0}})
+    monkeypatch.setattr(train, "format_train", lambda report: "table")
+    run = CliRunner().invoke(main, ["bench", "--train", "--train-cells", "1x4x128x64", "--json", str(out)])
+    assert run.exit_code == 0, run.output
+    done = json.loads(out.read_text())
+    assert "partial" not in done and len(done["rows"]) == 2

@@ -129,7 +129,8 @@ def _backends(ctx, param, value):
               help="timed calls per measurement (median reported)")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), callback=report_file,
               help="write the full report here (specs of several call conventions, e.g. forward and decode: one "
-                   "report each, FILE-<convention>.json)")
+                   "report each, FILE-<convention>.json; --train rewrites it after each timing, marked \"partial\" "
+                   "until the grid is done, so a stopped run keeps what it measured)")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), callback=_plot_file,
               help="draw TFLOP/s per shape to this PNG (or .svg, .pdf); needs matplotlib")
 @click.option("--cells", default=None, metavar="BxHq/HkvxSkxSq,...", callback=_cells,
@@ -319,8 +320,10 @@ def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_f
             def step(row):
                 bar.label = f"{row['cell']} {'causal' if row['causal'] else 'full'}"
                 bar.update(1)
+            def partial(so_far):   # rewritten after each timing: a run stopped part-way keeps its rows
+                fsutil.atomic_write_text(json_file, json.dumps(so_far, indent=2) + "\n")
             report = run_train_bench(cells, dtypes=dtypes, causals=causals, reps=reps, rounds=rounds,
-                                     on_step=step)
+                                     on_step=step, on_partial=partial if json_file else None)
         click.echo(format_train(report))
     gpt = None
     if gpt_step:

@@ -174,11 +174,16 @@ def bench_cell(torch, attngen, cell: TrainCell, dtype, causal: bool, *, reps: in
 
 
 def run_train_bench(cells, *, dtypes=("bf16",), causals=(False, True), reps: int = 30, rounds: int = 3,
-                    on_step=None) -> dict:
+                    on_step=None, on_partial=None) -> dict:
+    """The grid's report. on_step(row) after each timing; on_partial(report) too, with the rows so far and
+    "partial": the timings left (so a run stopped part-way still leaves what it measured)."""
     import attngen
     from ...runtime import gpu_modules
     torch = gpu_modules()[0]
     rows = []
+    total = len(dtypes) * len(cells) * len(causals)
+    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "call": "train_step",
+              "rounds": rounds, "reps": reps, "rows": rows}
     for dtype_name in dtypes:
         dtype = torch.float16 if dtype_name == "fp16" else torch.bfloat16
         for cell in cells:
@@ -188,8 +193,9 @@ def run_train_bench(cells, *, dtypes=("bf16",), causals=(False, True), reps: int
                 torch.cuda.empty_cache()
                 if on_step:
                     on_step(row)
-    return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "call": "train_step",
-            "rounds": rounds, "reps": reps, "rows": rows}
+                if on_partial and len(rows) < total:
+                    on_partial({**report, "partial": {"timings_left": total - len(rows)}})
+    return report
 
 
 def format_train(report: dict) -> str:
