@@ -211,6 +211,8 @@ def test_a_stopped_train_run_keeps_the_rows_it_measured(monkeypatch, tmp_path):
     partial = json.loads(out.read_text())
     assert [(r["cell"], r["causal"]) for r in partial["rows"]] == seen == [("1x4x128x64", False), ("1x4x128x64", True)]
     assert partial["partial"] == {"timings_left": 2}
+    assert partial["command"] == ("attngen bench --train --train-cells 1x4x128x64,1x4x256x64 --causal both --rounds 3 "
+                                  "--reps 30")
     seen.clear()
     monkeypatch.setattr(train, "bench_cell", lambda *a, **k: {"cell": a[2].label, "causal": a[4], "status": "ok",
                                                                "us": {"attngen": 1.0}})
@@ -219,3 +221,4 @@ def test_a_stopped_train_run_keeps_the_rows_it_measured(monkeypatch, tmp_path):
     assert run.exit_code == 0, run.output
     done = json.loads(out.read_text())
     assert "partial" not in done and len(done["rows"]) == 2
+    assert done["command"].startswith("attngen bench --train --train-cells 1x4x128x64 ")

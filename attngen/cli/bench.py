@@ -293,6 +293,17 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
             click.echo(f"wrote {out}")
 
 
+def _train_command(train, train_cells, dtypes, causal, reps, rounds, gpt_model, gpt_step) -> str:
+    """The command line that makes a --train / --gpt-step report again (the report's "command")."""
+    words = ["attngen bench"] + (["--train"] if train else []) + (["--gpt-step"] if gpt_step else [])
+    if train_cells:
+        words.append("--train-cells " + ",".join(c.label for c in train_cells))
+    if gpt_model:
+        words.append("--gpt-model " + "x".join(map(str, gpt_model)))
+    words += [f"--dtype {d}" for d in dtypes or ()]
+    return " ".join(words + [f"--causal {causal}", f"--rounds {rounds}", f"--reps {reps}"])
+
+
 def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_file, gpt_model, gpt_step):
     """`bench --train` and `--gpt-step`: the training-step grid (eval/bench/train.py) and the small GPT's
     step (eval/bench/gpt_step.py), their tables and one --json report (the grid's, the GPT step's under
@@ -310,6 +321,7 @@ def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_f
         raise click.UsageError("--gpt-step times one dtype: give --dtype once")
     from ..runtime import gpu_modules
     gpu_modules()   # no GPU, torch or CUDA driver: say so (exit 4) before any progress is drawn
+    command = _train_command(train, train_cells, dtypes, causal, reps, rounds, gpt_model, gpt_step)
     report = None
     if train:
         cells = train_cells or grid_cells()
@@ -321,7 +333,7 @@ def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_f
                 bar.label = f"{row['cell']} {'causal' if row['causal'] else 'full'}"
                 bar.update(1)
             def partial(so_far):   # rewritten after each timing: a run stopped part-way keeps its rows
-                fsutil.atomic_write_text(json_file, json.dumps(so_far, indent=2) + "\n")
+                fsutil.atomic_write_text(json_file, json.dumps({"command": command, **so_far}, indent=2) + "\n")
             report = run_train_bench(cells, dtypes=dtypes, causals=causals, reps=reps, rounds=rounds,
                                      on_step=step, on_partial=partial if json_file else None)
         click.echo(format_train(report))
@@ -336,7 +348,7 @@ def _train_bench(specs, train, train_cells, dtypes, causal, reps, rounds, json_f
         else:
             report["gpt_step"] = gpt
     if json_file:
-        fsutil.atomic_write_text(json_file, json.dumps(report, indent=2) + "\n")
+        fsutil.atomic_write_text(json_file, json.dumps({"command": command, **report}, indent=2) + "\n")
         click.echo(f"wrote {json_file}")
     if gpt is not None and gpt["status"] != "ok":
         sys.exit(1)

@@ -28,7 +28,7 @@ def padding_text(head_dim: int, head_dim_v: int, pair: tuple[int, int]) -> str:
 @click.option("--head-dim", type=click.IntRange(1, MAX_HEAD_DIM), default=128, show_default=True)
 @click.option("--causal", is_flag=True)
 @click.option("--seqlen", type=click.IntRange(0, MAX_INT32), default=2048, show_default=True,
-              help="seqlen_k (varlen: max_seqlen_k; backward: seqlen_q; decode: the cache's capacity)")
+              help="seqlen_k (varlen, varlen_backward: max_seqlen_k; backward: seqlen_q; decode: the cache's capacity)")
 @click.option("--head-dim-v", type=click.IntRange(0, MAX_HEAD_DIM), default=0,
               help="V's head dim where it differs from --head-dim (DeepSeek MLA: --head-dim 192 --head-dim-v 128)")
 @click.option("--window", is_flag=True, help="a sliding-window call (window=(left, right) bounding a side)")

@@ -395,7 +395,7 @@ def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, sequse
     return out[:total_q], lse_all[:, :total_q].contiguous()
 
 
-_BACKWARD: dict = {}    # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim) -> kernel
+_BACKWARD: dict = {}    # (device, dtype, head_dim, mask, scores, seqlen_q, V head_dim) -> kernel
 
 
 def _vector_ready(t) -> bool:

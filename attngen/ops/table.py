@@ -9,11 +9,11 @@ An entry:
     {call: forward, arch: sm_90, dtype: fp16, head_dim: 64, mask: causal, upto: 1024,
      spec: h100_wgmma_d64_n128c1hs2oet, us: 9.5, runner_up: h100_wgmma_d64_n128c1hs2o,
      runner_up_us: 9.7, measured: "docs/hopper-h200/round3/grid_fp16.json 1x8x512x64"}
-`upto`: the largest seqlen_k (forward; varlen: max_seqlen_k; backward: seqlen_q, whose query blocks a block of
-keys walks; decode: cache capacity) the entry serves; null for no limit. `min_rows`: the fewest query rows (batch x heads x seqlen_q) of a call the
-entry serves, where a bucket's winner depends on the grid's size (a persistent spec loses on grids
-with fewer query blocks than SMs; a decode cell whose last block merges the slices wins back large
-grids of many query rows per KV head): of a bucket's entries, a call takes the one with the largest
+`upto`: the largest seqlen_k (forward; varlen and varlen_backward: max_seqlen_k; backward: seqlen_q, whose
+query blocks a block of keys walks; decode: cache capacity) the entry serves; null for no limit. `min_rows`: the
+fewest query rows (batch x heads x seqlen_q) of a call the entry serves, where a bucket's winner depends on the
+grid's size (a persistent spec loses on grids with fewer query blocks than SMs; a decode cell whose last block
+merges the slices wins back large grids of many query rows per KV head): of a bucket's entries, a call takes the one with the largest
 min_rows it reaches. An entry without `us` is unmeasured (chosen from its spec's target).
 Decode and varlen entries also key on `paged` (true: a paged cache through a block table, of any page
 size the spec's kernel reads; left out: contiguous caches or packed varlen K/V) and may set `max_group_rows`: the

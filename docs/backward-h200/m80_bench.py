@@ -24,7 +24,7 @@ CELLS = (((16, 16, 16, 512), {}), ((8, 16, 16, 1024), {}), ((4, 16, 16, 2048), {
 
 def compare(cells, rounds):
     """Rows of the two cells alternating on `cells`: ((batch, heads, kv_heads, seqlen_q, seqlen_k), keywords)."""
-    rows = []
+    rows, cells = [], list(cells)   # walked once per dtype
     for suffix, dtype in (("_bf16", torch.bfloat16), ("", torch.float16)):
         base = attngen.load(f"specs/h100_bwd_d128_wgmma{suffix}.yaml")
         m80 = attngen.load(f"specs/h100_bwd_d128_wgmma_m80{suffix}.yaml")
