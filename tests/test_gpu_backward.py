@@ -182,6 +182,8 @@ def test_the_backward_takes_its_query_tile_by_seqlen_q(sq, sk, tile):
     k, v = (torch.randn(1, 4, sk, 128, generator=gen, device="cuda").half() for _ in range(2))
     name = library.backward_kernel(q, k, v, False, "bhsd").plan.spec.name
     assert name.endswith("_m80") == (tile == "m80"), name
+    rows_first = [t.transpose(1, 2) for t in (q, k, v)]   # the same call in bshd: seqlen_q is dim 1
+    assert library.backward_kernel(*rows_first, False, "bshd").plan.spec.name == name
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     attngen.attention(*leaves).backward(dout)
     ref, low = sdpa_gradients(torch, q, k, v, dout, False)

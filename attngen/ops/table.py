@@ -13,8 +13,8 @@ An entry:
 query blocks a block of keys walks; decode: cache capacity) the entry serves; null for no limit. `min_rows`: the
 fewest query rows (batch x heads x seqlen_q) of a call the entry serves, where a bucket's winner depends on the
 grid's size (a persistent spec loses on grids with fewer query blocks than SMs; a decode cell whose last block
-merges the slices wins back large grids of many query rows per KV head): of a bucket's entries, a call takes the one with the largest
-min_rows it reaches. An entry without `us` is unmeasured (chosen from its spec's target).
+merges the slices wins back large grids of many query rows per KV head): of a bucket's entries, a call takes the
+one with the largest min_rows it reaches. An entry without `us` is unmeasured (chosen from its spec's target).
 Decode and varlen entries also key on `paged` (true: a paged cache through a block table, of any page
 size the spec's kernel reads; left out: contiguous caches or packed varlen K/V) and may set `max_group_rows`: the
 most query rows per KV head (heads / kv_heads x seqlen_q) they serve. A window entry may set `max_window`: the

@@ -54,6 +54,7 @@ def write(out, rows):
 def main(out, rounds=3):
     write(out, compare((((b, h, hk, s, s), kw) for (b, h, hk, s), kw in CELLS), rounds))
 
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
