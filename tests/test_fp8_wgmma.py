@@ -92,7 +92,7 @@ def test_lane_exchange_gives_the_a_registers():
 
 
 def test_template_lines_match_the_simulation():
-    source = (ROOT / "generated" / "h100_wgmma_d128_fp8.cu").read_text()
+    source = (ROOT / "generated" / "h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2.cu").read_text()   # k_rows: in_order
     for line in ("(t < 2 ? 2 * t : 2 * t - 3)", "(t < 2 ? 2 * t + 1 : 2 * t - 4)", "t % 2 ? 0x7654u : 0x3210u",
                  "t % 2 ? 0x3210u : 0x7654u", "t < 2 ? 0x5410u : 0x1054u", "t < 2 ? 0x7632u : 0x3276u",
                  "pack4_e4m3(a[0], a[1], a[2], a[3])", "pack4_e4m3(b[0], b[1], b[2], b[3])",
@@ -130,7 +130,7 @@ def test_even_odd_k_rows_give_each_lane_its_a_registers_and_the_mask_its_keys(bl
 
 def test_even_odd_k_rows_in_the_spec_the_map_and_the_kernel():
     from attngen.render import render_for
-    spec = ROOT / "specs" / "lab" / "h100_wgmma_d128_fp8_keo.yaml"
+    spec = ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"
     plan, source, _ = render_for(spec)
     assert plan.fragments.k_even_odd
     k_map = next(m for m in plan.tensor_maps if m.tensor == "k")
@@ -142,7 +142,7 @@ def test_even_odd_k_rows_in_the_spec_the_map_and_the_kernel():
                  "odd * (kBlockN / 2) * kPanelRowBytes", "at.k_row + t * kBlockN + odd"):
         assert line in source, line
     assert "__shfl_sync(0xffffffffu, __byte_perm(pair_a" not in source
-    plain = make_plan(load_spec(D128))
+    plain = make_plan(load_spec(ROOT / "specs" / "h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2.yaml"))
     assert not plain.fragments.k_even_odd and next(m for m in plain.tensor_maps if m.tensor == "k").row_stride == 1
 
 

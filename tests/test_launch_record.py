@@ -261,7 +261,7 @@ def test_a_map_that_takes_every_second_row_keeps_it_through_the_record():
     """A tensor map's row_stride (e4m3 k_rows: even_odd) survives the record; at 1 the record leaves it out, so the
     records of every other plan read as before."""
     from attngen.spec import load_spec
-    plan = make_plan(load_spec(ROOT / "specs" / "lab" / "h100_wgmma_d128_fp8_keo.yaml"))
+    plan = make_plan(load_spec(ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"))
     back = recorded(plan)
     assert back.tensor_maps == plan.tensor_maps
     assert [m.row_stride for m in back.tensor_maps] == [1, 2, 1]
