@@ -107,6 +107,29 @@ def test_bad_inputs_are_refused_on_the_host():
         kernel(q8, k70, vt70)
 
 
+@pytest.mark.parametrize("head_dim, seqlen", [(64, 300), (64, 5000), (128, 300), (128, 5000)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_each_table_cell_serves_its_kernel_s_output(head_dim, seqlen, causal):
+    """attngen.attention_fp8 through the table's entry (its launch record: k_rows even_odd cells take K
+    in two strided copies) gives the chosen spec's own output bit for bit, within the rule of fp32."""
+    import torch
+    from attngen.ops.table import load_table, select, table_path
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90 entries")
+    g = torch.Generator(device="cuda").manual_seed(head_dim + seqlen)
+    q, k, v = (torch.randn(1, seqlen, 4, head_dim, generator=g, device="cuda") for _ in range(3))
+    q8, k8, vt, qd, kd, vd = attngen.quantize_fp8(q, k, v, layout="bshd")
+    entry = select(load_table(table_path(ROOT / "specs")), "forward_fp8", "sm_90", "e4m3", head_dim,
+                   "causal" if causal else "none", seqlen)
+    want = load_once(ROOT / "specs" / f"{entry.spec}.yaml")(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd,
+                                                          causal=causal, layout="bshd")
+    got = attngen.attention_fp8(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal, layout="bshd")
+    assert torch.equal(got, want), entry.spec
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                           is_causal=causal).transpose(1, 2)
+    assert (got.float() - ref).abs().max().item() < 0.1, entry.spec   # e4m3 inputs: a loose sanity bound
+
+
 def test_library_call_is_the_kernel_call_and_compiles():
     """attngen.attention_fp8 serves the call from the dispatch table's e4m3 spec, bit for bit the
     kernel's output, eager and under torch.compile(fullgraph=True); opcheck passes on its op."""
