@@ -298,7 +298,8 @@ def test_fp8_entries_rebuild_from_their_reports(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)            # the table cites reports relative to the working directory
     reports = ("docs/fp8-h200/bench_wgmma_fp8.json", "docs/fp8-h200/bench_wgmma_fp8_d128_sweep.json",
                "docs/fp8-h200/bench_fp8_persistent.json", "docs/fp8-h200/bench_fp8_d64_persistent.json",
-               "docs/fp8-h200/tile_trials/bench_fp8_pingpong_chains.json")   # d128 full masks up to 4096 keys
+               "docs/fp8-h200/tile_trials/bench_fp8_pingpong_chains.json",   # d128 full masks up to 4096 keys
+               "docs/fp8-h200/k_rows/bench_fp8_keo_d64.json", "docs/fp8-h200/k_rows/bench_fp8_keo_d128.json")   # k_rows
     run = CliRunner().invoke(main, ["dispatch", *[a for r in reports for a in ("--from", r)], "--write",
                                     "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output

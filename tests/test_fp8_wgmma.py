@@ -92,12 +92,58 @@ def test_lane_exchange_gives_the_a_registers():
 
 
 def test_template_lines_match_the_simulation():
-    source = (ROOT / "generated" / "h100_wgmma_d128_fp8.cu").read_text()
+    source = (ROOT / "generated" / "h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2.cu").read_text()   # k_rows: in_order
     for line in ("(t < 2 ? 2 * t : 2 * t - 3)", "(t < 2 ? 2 * t + 1 : 2 * t - 4)", "t % 2 ? 0x7654u : 0x3210u",
                  "t % 2 ? 0x3210u : 0x7654u", "t < 2 ? 0x5410u : 0x1054u", "t < 2 ? 0x7632u : 0x3276u",
                  "pack4_e4m3(a[0], a[1], a[2], a[3])", "pack4_e4m3(b[0], b[1], b[2], b[3])",
                  "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3", "p_shift"):
         assert line in source, line
+
+
+@pytest.mark.parametrize("block_n", [64, 128, 192, 256])
+def test_even_odd_k_rows_give_each_lane_its_a_registers_and_the_mask_its_keys(block_n):
+    """k_rows: even_odd. Two copies that take every second key put the tile's even keys in K rows 0 .. N/2 - 1 and
+    its odd keys after them; S column c then is key 2c or 2(c - N/2) + 1. Simulated for every lane and register:
+    p_fragments' four values of each A register are keys 4t .. 4t + 3 of their 16 (row g, then row g + 8), and
+    key_of_column gives every accumulator's key (the template's lines are checked below)."""
+    n = block_n
+    row_of_smem = [2 * r for r in range(n // 2)] + [2 * r + 1 for r in range(n // 2)]   # the key each K row holds
+    s_regs = n // 2
+
+    def acc(t, v):                     # accumulator v of lane t: (row half, key) through the K rows' order
+        return ((v >> 1) & 1, row_of_smem[8 * (v >> 2) + 2 * t + (v & 1)])
+
+    def key_of_column(j, e):           # the template's function
+        return 16 * j + 2 * e if j < s_regs // 8 else 16 * (j - s_regs // 8) + 2 * e + 1
+
+    for t in range(4):
+        for v in range(s_regs):
+            assert acc(t, v)[1] == 4 * t + key_of_column(v >> 2, v & 1)
+        for kc in range(n // 32):
+            for half in range(2):
+                even = 4 * (2 * kc + half)
+                odd = even + s_regs // 2
+                regs = ([even + 0, odd + 0, even + 1, odd + 1], [even + 2, odd + 2, even + 3, odd + 3])
+                for row, vs in enumerate(regs):
+                    assert [acc(t, v) for v in vs] == [(row, 32 * kc + 16 * half + 4 * t + i) for i in range(4)]
+
+
+def test_even_odd_k_rows_in_the_spec_the_map_and_the_kernel():
+    from attngen.render import render_for
+    spec = ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"
+    plan, source, _ = render_for(spec)
+    assert plan.fragments.k_even_odd
+    k_map = next(m for m in plan.tensor_maps if m.tensor == "k")
+    assert (k_map.box_rows, k_map.row_stride) == (192, 2) and "one row in 2: 96 rows a copy" in k_map.describe()
+    for line in ("return j < kSRegs / 8 ? 16 * j + 2 * e : 16 * (j - kSRegs / 8) + 2 * e + 1;",
+                 "const int key0 = n0 + 4 * (lane % 4);", "const int key = key0 + key_of_column(j, e);",
+                 "const float* odd = even + kSRegs / 2;", "pack4_e4m3(even[0], odd[0], even[1], odd[1])",
+                 "pack4_e4m3(even[2], odd[2], even[3], odd[3])",
+                 "odd * (kBlockN / 2) * kPanelRowBytes", "at.k_row + t * kBlockN + odd"):
+        assert line in source, line
+    assert "__shfl_sync(0xffffffffu, __byte_perm(pair_a" not in source
+    plain = make_plan(load_spec(ROOT / "specs" / "h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2.yaml"))
+    assert not plain.fragments.k_even_odd and next(m for m in plain.tensor_maps if m.tensor == "k").row_stride == 1
 
 
 def test_fp16_wgmma_kernels_carry_none_of_it():

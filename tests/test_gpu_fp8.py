@@ -19,7 +19,8 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 FP8_SPECS = [p for p in SPEC_PATHS if "\ndtype: e4m3" in spec_text(p)]
 D128 = ROOT / "specs" / "l4_mma_d128_fp8.yaml"
-WGMMA_D128 = ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"     # sm_90a
+WGMMA_D128 = ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"     # sm_90a; k_rows: even_odd
+WGMMA_D128_IN_ORDER = ROOT / "specs" / "h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2.yaml"
 
 
 def needs_sm90a(spec: Path) -> None:
@@ -54,11 +55,14 @@ PLANTED = [
     (D128, "kKeyOrder ? key_row(r) : r", "r"),
     # wgmma: P moves from the S accumulators to the A registers of P.V by two shuffles per 16 keys;
     # row g's halves of lanes 2 and 3 put in the wrong order must fail it.
-    (WGMMA_D128, "row_g = t < 2 ? 0x5410u : 0x1054u", "row_g = 0x5410u"),
+    (WGMMA_D128_IN_ORDER, "row_g = t < 2 ? 0x5410u : 0x1054u", "row_g = 0x5410u"),
+    # wgmma, k_rows: even_odd: a lane's A register packs its even and odd keys alternately; packed
+    # evens first must fail it.
+    (WGMMA_D128, "pack4_e4m3(even[0], odd[0], even[1], odd[1])", "pack4_e4m3(even[0], even[1], odd[0], odd[1])"),
 ]
 
 
-@pytest.mark.parametrize("spec, right, wrong", PLANTED, ids=["key_order", "lane_exchange"])
+@pytest.mark.parametrize("spec, right, wrong", PLANTED, ids=["key_order", "lane_exchange", "even_odd_pack"])
 def test_planted_p_layout_bug_is_caught(spec, right, wrong):
     needs_sm90a(spec)
     from attngen.render import render_for
@@ -103,6 +107,29 @@ def test_bad_inputs_are_refused_on_the_host():
         kernel(q8, k70, vt70)
 
 
+@pytest.mark.parametrize("head_dim, seqlen", [(64, 300), (64, 5000), (128, 300), (128, 5000)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_each_table_cell_serves_its_kernel_s_output(head_dim, seqlen, causal):
+    """attngen.attention_fp8 through the table's entry (its launch record: k_rows even_odd cells take K
+    in two strided copies) gives the chosen spec's own output bit for bit, within the rule of fp32."""
+    import torch
+    from attngen.ops.table import load_table, select, table_path
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90 entries")
+    g = torch.Generator(device="cuda").manual_seed(head_dim + seqlen)
+    q, k, v = (torch.randn(1, seqlen, 4, head_dim, generator=g, device="cuda") for _ in range(3))
+    q8, k8, vt, qd, kd, vd = attngen.quantize_fp8(q, k, v, layout="bshd")
+    entry = select(load_table(table_path(ROOT / "specs")), "forward_fp8", "sm_90", "e4m3", head_dim,
+                   "causal" if causal else "none", seqlen)
+    want = load_once(ROOT / "specs" / f"{entry.spec}.yaml")(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd,
+                                                          causal=causal, layout="bshd")
+    got = attngen.attention_fp8(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal, layout="bshd")
+    assert torch.equal(got, want), entry.spec
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                           is_causal=causal).transpose(1, 2)
+    assert (got.float() - ref).abs().max().item() < 0.1, entry.spec   # e4m3 inputs: a loose sanity bound
+
+
 def test_library_call_is_the_kernel_call_and_compiles():
     """attngen.attention_fp8 serves the call from the dispatch table's e4m3 spec, bit for bit the
     kernel's output, eager and under torch.compile(fullgraph=True); opcheck passes on its op."""
@@ -130,3 +157,14 @@ def test_library_call_is_the_kernel_call_and_compiles():
     torch.library.opcheck(torch.ops.attngen.attention_fp8.default,
                           (q8, k8, vt, qd, kd, vd, True, None, None, "bshd"),
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_the_bench_times_a_spec_only_on_the_masks_it_has():
+    """A causal-only e4m3 spec benched on both masks: its full-mask row is "unsupported", its causal row timed."""
+    spec = ROOT / "specs" / "h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2keo.yaml"
+    needs_sm90a(spec)
+    from attngen.eval.bench.forward_fp8 import run_fp8_bench
+    report = run_fp8_bench([spec], shapes=[(1, 2, 384, 128)], causals=(False, True), backends=(), reps=3)
+    (full,), (causal,) = (row.timings for row in report.results)
+    assert (full.status, causal.status) == ("unsupported", "ok"), (full.note, causal.note)
+    assert "no none function" in full.note

@@ -255,3 +255,15 @@ def test_an_unwritable_cache_only_costs_a_run(fake_nvcc, tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(blocker))
     assert compile_mod.nvcc_version(str(fake_nvcc)) == "13.0.48"
+
+
+def test_a_map_that_takes_every_second_row_keeps_it_through_the_record():
+    """A tensor map's row_stride (e4m3 k_rows: even_odd) survives the record; at 1 the record leaves it out, so the
+    records of every other plan read as before."""
+    from attngen.spec import load_spec
+    plan = make_plan(load_spec(ROOT / "specs" / "h100_wgmma_d128_fp8.yaml"))
+    back = recorded(plan)
+    assert back.tensor_maps == plan.tensor_maps
+    assert [m.row_stride for m in back.tensor_maps] == [1, 2, 1]
+    rows = launch_record(plan)["tensor_maps"]
+    assert [len(r) for r in rows] == [6, 7, 6]

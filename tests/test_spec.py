@@ -675,11 +675,12 @@ def test_schema_command_lists_every_key():
     for alt in (alt for alt in alternatives if "merge" not in alt["properties"]):
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
         # epilogue_tile; decode: decode, max_splits, slice_cost_from_tiles, merge_rows, paged, combine, kv_dtype,
-        # append; e4m3: out_dtype; bwd_wgmma: group_split)
+        # append; e4m3: out_dtype, and wgmma's e4m3 form k_rows; bwd_wgmma: group_split)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
                                          "slice_cost_from_tiles", "merge_rows", "paged", "combine", "kv_dtype", "append",
                                          "backward", "query_stages",
-                                         "query_chunk", "warp_keys", "warp_split", "out_dtype", "group_split"} == {
+                                         "query_chunk", "warp_keys", "warp_split", "out_dtype", "group_split",
+                                         "k_rows"} == {
             "schema", "name", "description", "target", "dtype", "dtypes", "cells", "base_cell", "head_dim", "head_dim_v", "masks", "scores",
             "variant",
             "tile", "warps",

@@ -24,7 +24,17 @@ from .varlen_plan import backward_mask_of
 
 RECORD_FORMAT = 1
 ABI_KEYS = ("name", "ctype", "size", "align", "pack", "meaning", "default", "array")
-MAP_KEYS = ("tensor", "box_rows", "box_cols", "swizzle", "store", "transposed")
+MAP_KEYS = ("tensor", "box_rows", "box_cols", "swizzle", "store", "transposed", "row_stride")
+MAP_DEFAULTS = {"row_stride": 1}   # written only where a map sets it, so older records read the same
+
+
+def map_record(m: TensorMapSpec) -> list:
+    """A tensor map as the record lists it: MAP_KEYS' values, the trailing ones left out where they hold
+    their defaults (MAP_DEFAULTS)."""
+    values = [getattr(m, k) for k in MAP_KEYS]
+    while len(values) > 1 and MAP_DEFAULTS.get(MAP_KEYS[len(values) - 1], object()) == values[-1]:
+        values.pop()
+    return values
 
 
 class LaunchSpec(NamedTuple):
@@ -182,7 +192,7 @@ def launch_record(plan) -> dict:
                   for p in plan.parts],
         "abi": {"name": plan.abi.name, "fields": [[getattr(f, k) for k in ABI_KEYS] for f in plan.abi.fields],
                 "omitted": sorted(plan.abi.omitted)},
-        "tensor_maps": [[getattr(m, k) for k in MAP_KEYS] for m in plan.tensor_maps],
+        "tensor_maps": [map_record(m) for m in plan.tensor_maps],
         **{name: getattr(plan, name) for name in NUMBERS},
     }
     if hasattr(plan, "max_splits"):

@@ -20,6 +20,8 @@ class TensorMapSpec(NamedTuple):
     swizzle: str          # 128B, 64B or 32B (CUtensorMapSwizzle); the box row spans its bytes
     store: bool = False   # written by the kernel (TMA store): rows past the sequence are dropped
     transposed: bool = False  # V^T (batch, heads, head_dim, seq): rows are head-dim columns, columns keys
+    row_stride: int = 1   # a copy takes every row_stride-th row of its box_rows (TMA's traversal stride): box_rows /
+                          # row_stride rows land in shared memory
 
     @property
     def abi_field(self) -> str:
@@ -28,7 +30,9 @@ class TensorMapSpec(NamedTuple):
 
     def describe(self) -> str:
         dims = "(seq, head_dim, heads, batch)" if self.transposed else "(head_dim, seq, heads, batch)"
-        return (f"{self.tensor}{'^T' if self.transposed else ''}: 4-D {dims}, box {self.box_cols} x {self.box_rows}, "
+        every = (f" (one row in {self.row_stride}: {self.box_rows // self.row_stride} rows a copy)"
+                 if self.row_stride > 1 else "")
+        return (f"{self.tensor}{'^T' if self.transposed else ''}: 4-D {dims}, box {self.box_cols} x {self.box_rows}{every}, "
                 f"{self.swizzle} swizzle, " + ("stored; rows and columns past the tensor are not written" if self.store
                                                else "rows and columns past the tensor read as zeros"))
 

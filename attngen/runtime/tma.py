@@ -79,7 +79,7 @@ def encode_at(pointer: int, shape: tuple, stride: tuple, dtype_name: str, esize:
     dims = (ctypes.c_uint64 * 4)(d, s, h, b)
     strides = (ctypes.c_uint64 * 3)(*map_strides(shape, stride, esize))
     box = (ctypes.c_uint32 * 4)(spec.box_cols, spec.box_rows, 1, 1)
-    elem = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+    elem = (ctypes.c_uint32 * 4)(1, spec.row_stride, 1, 1)   # box_rows traversed, every row_stride-th loaded
     def encoded() -> int:
         return driver()(addr, dtype, 4, pointer, dims, strides, box, elem, INTERLEAVE_NONE,
                         SWIZZLES[spec.swizzle], L2_PROMOTION_128B, OOB_FILL_ZEROS)

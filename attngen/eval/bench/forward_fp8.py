@@ -89,8 +89,11 @@ def run_fp8_bench(paths, *, shapes, causals, backends, reps: int, on_step=None, 
             sets = quantized_sets(torch, fp16)
             for kernel in kernels:
                 t = Timing(kernel.plan.spec.name)
+                mask = "causal" if causal else "none"
                 if kernel.plan.head_dim != d:
                     t.status, t.note = "unsupported", f"generated for head_dim {kernel.plan.head_dim}"
+                elif mask not in kernel.plan.entry_functions:
+                    t.status, t.note = "unsupported", f"no {mask} function (masks: {', '.join(kernel.plan.masks)})"
                 else:
                     passed, problems = check_candidate(kernel, h, s, causal, "bench")
                     if not passed:

@@ -38,7 +38,8 @@ def plan(spec: WgmmaSpec, file: str | None = None):
 
 
 def plan_e4m3(spec: WgmmaFp8Spec, file: str | None = None):
-    return plan_for(spec, file, kind=E4M3, title=E4M3_TITLE, abi_base=FP8_ABI, vt=True, p_log2_offset=P_LOG2_OFFSET)
+    return plan_for(spec, file, kind=E4M3, title=E4M3_TITLE, abi_base=FP8_ABI, vt=True, p_log2_offset=P_LOG2_OFFSET,
+                    k_even_odd=spec.k_rows == "even_odd")
 
 
 E4M3 = Kind(NAME, E4M3_TITLE, ("mma", FRAGMENT), WgmmaFp8Spec, plan_e4m3, explain, space=sweep_space,

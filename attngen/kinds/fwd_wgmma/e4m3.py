@@ -38,6 +38,11 @@ def rule_fp8_epilogue(s):
 
 class WgmmaFp8Spec(E4m3Types, WgmmaForwardSpec):
     mma: Literal[FRAGMENT] = Field(description="wgmma_m64nNk16: Hopper wgmma + TMA (sm_90a); on e4m3 its k32 steps")
+    k_rows: Literal["in_order", "even_odd"] = Field(default="in_order", description=(
+        "the order of a K tile's keys in shared memory: in_order; or even_odd = the tile's even keys, then its odd "
+        "ones (two TMA copies that take every second key), so that a lane's S accumulators hold the four "
+        "consecutive keys of its P register and P reaches P.V with no lane exchange (no shuffles or byte "
+        "selects); the mask reads each accumulator's key in that order"))
     key_unit = KEY_STEP
     key_unit_why = "k32 steps of P.V"
     takes_head_dim_v: ClassVar[bool] = False

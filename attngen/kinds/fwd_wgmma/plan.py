@@ -44,6 +44,7 @@ class WgmmaFragments:
     v_lbo_bytes: int        # MN-major V: bytes between its panels (block_n rows)
     v_step_bytes: int       # MN-major V: a k16 step = 16 key rows
     vt: "TransposedV | None"  # e4m3: V comes transposed and is read K-major (None: V MN-major)
+    k_even_odd: bool        # e4m3 k_rows even_odd: a K stage holds the tile's even keys, then its odd ones
     p_log2_offset: int      # P is kept 2^this larger (e4m3: inside its range; 0 otherwise)
     max_chains: int         # running maxima per row in the softmax's scan (spec.softmax.max_chains)
     rows_per_warpgroup: int
@@ -143,7 +144,7 @@ def epilogue_line(epilogue: str, own_tile: bool = False, barrier: int = 3) -> st
 
 
 def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_base: Abi = FORWARD_ABI,
-             vt: bool = False, p_log2_offset: int = 0) -> ForwardPlan:
+             vt: bool = False, p_log2_offset: int = 0, k_even_odd: bool = False) -> ForwardPlan:
     """The plan of a wgmma forward spec of `kind`; vt: V comes transposed (e4m3: the B operand of an
     8-bit wgmma is K-major), P is kept 2^p_log2_offset larger."""
     target = TARGETS[spec.target]
@@ -190,7 +191,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     issuer = (f"the producer thread ({issuer_thread})" if has_producer else
               f"the issuer (consumer thread {issuer_thread})")
     regs = spec.registers
-    maps = tuple(TensorMapSpec(t, rows, cols, panel.tma_name) for t, rows in (("q", bm), ("k", bn)))
+    maps = (TensorMapSpec("q", bm, cols, panel.tma_name),
+            TensorMapSpec("k", bn, cols, panel.tma_name, row_stride=2 if k_even_odd else 1))
     maps += ((TensorMapSpec("v", tdv, v_t.keys // eb, v_t.panel.tma_name, transposed=True),) if v_t else
              (TensorMapSpec("v", bn, cols, panel.tma_name),))
     if spec.epilogue == "tma":   # each consumer warpgroup stores its own 64 rows
@@ -205,6 +207,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           descriptor_mode=panel.descriptor_mode, swizzle_atom_bytes=8 * panel.row_bytes,
                           k_major_lbo_bytes=16, k_step_bytes=32, k_steps_per_panel=panel.row_bytes // 32,
                           v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, vt=v_t,
+                          k_even_odd=k_even_odd,
                           p_log2_offset=p_log2_offset, max_chains=spec.softmax.max_chains,
                           rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32,
