@@ -127,7 +127,9 @@ def test_each_table_cell_serves_its_kernel_s_output(head_dim, seqlen, causal):
     assert torch.equal(got, want), entry.spec
     ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                            is_causal=causal).transpose(1, 2)
-    assert (got.float() - ref).abs().max().item() < 0.1, entry.spec   # e4m3 inputs: a loose sanity bound
+    # e4m3 inputs round each value by up to 6 %: a sanity bound on the mean error (keys out of order give
+    # errors of the outputs' own size); the spec's kernel itself passes attngen verify's rule.
+    assert (got.float() - ref).abs().mean().item() < 0.03, entry.spec
 
 
 def test_library_call_is_the_kernel_call_and_compiles():
@@ -161,7 +163,7 @@ def test_library_call_is_the_kernel_call_and_compiles():
 
 def test_the_bench_times_a_spec_only_on_the_masks_it_has():
     """A causal-only e4m3 spec benched on both masks: its full-mask row is "unsupported", its causal row timed."""
-    spec = ROOT / "specs" / "h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2keo.yaml"
+    spec = ROOT / "specs" / "lab" / "h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2keo.yaml"
     needs_sm90a(spec)
     from attngen.eval.bench.forward_fp8 import run_fp8_bench
     report = run_fp8_bench([spec], shapes=[(1, 2, 384, 128)], causals=(False, True), backends=(), reps=3)
