@@ -111,7 +111,8 @@ def test_bad_inputs_are_refused_on_the_host():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_each_table_cell_serves_its_kernel_s_output(head_dim, seqlen, causal):
     """attngen.attention_fp8 through the table's entry (its launch record: k_rows even_odd cells take K
-    in two strided copies) gives the chosen spec's own output bit for bit, within the rule of fp32."""
+    in two strided copies) gives the chosen spec's own output bit for bit, and that output is within 10 % of
+    fp32 attention on the dequantized inputs (mean error against mean magnitude)."""
     import torch
     from attngen.ops.table import load_table, select, table_path
     if torch.cuda.get_device_capability() != (9, 0):
@@ -125,11 +126,13 @@ def test_each_table_cell_serves_its_kernel_s_output(head_dim, seqlen, causal):
                                                           causal=causal, layout="bshd")
     got = attngen.attention_fp8(q8, k8, vt, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal, layout="bshd")
     assert torch.equal(got, want), entry.spec
-    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                           is_causal=causal).transpose(1, 2)
-    # e4m3 inputs round each value by up to 6 %: a sanity bound on the mean error (keys out of order give
-    # errors of the outputs' own size); the spec's kernel itself passes attngen verify's rule.
-    assert (got.float() - ref).abs().mean().item() < 0.03, entry.spec
+    # fp32 attention on the dequantized inputs: what is left is P's rounding to e4m3, a few percent of
+    # each output; keys out of order give errors of the outputs' own size.
+    q_deq, k_deq = (t8.float().transpose(1, 2) * d[:, :, None, None] for t8, d in ((q8, qd), (k8, kd)))
+    v_deq = vt[..., :seqlen].float().transpose(-1, -2) * vd[:, :, None, None]
+    ref = torch.nn.functional.scaled_dot_product_attention(q_deq, k_deq, v_deq, is_causal=causal).transpose(1, 2)
+    err = (got.float() - ref).abs().mean().item()
+    assert err < 0.1 * ref.abs().mean().item(), (entry.spec, err, ref.abs().mean().item())
 
 
 def test_library_call_is_the_kernel_call_and_compiles():

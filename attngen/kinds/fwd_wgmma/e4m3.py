@@ -5,9 +5,11 @@ e4m3 operands for Q.K^T and P.V:
 - V comes transposed, (batch, kv_heads, head_dim, seqlen_k) with keys contiguous, the layout the
   e4m3 call convention takes (the B operand of an 8-bit wgmma is K-major): TMA copies V^T tiles of
   head_dim rows and wgmma reads them as it reads K;
-- P leaves the S accumulators for the A registers of P.V through two shuffles per 16 keys: an
-  accumulator holds keys 2t, 2t + 1 and 8 + 2t, 9 + 2t of each 16, an A register four consecutive
-  keys 4t .. 4t + 3, which lanes 2(t % 2) and 2(t % 2) + 1 of the quad hold;
+- k_rows in_order: P leaves the S accumulators for the A registers of P.V through two shuffles per
+  16 keys: an accumulator holds keys 2t, 2t + 1 and 8 + 2t, 9 + 2t of each 16, an A register four
+  consecutive keys 4t .. 4t + 3, which lanes 2(t % 2) and 2(t % 2) + 1 of the quad hold. k_rows
+  even_odd: two TMA copies that take every second key put a tile's even keys before its odd ones, so
+  a lane's accumulators already hold its A registers' four keys and P packs with no exchange;
 - P = exp2(s - max + 8) is rounded to e4m3 (the row sums take the 2^8 out); the q and k descales
   fold into the scale, v's into the output, which leaves as fp16 or bf16 from the registers."""
 from __future__ import annotations
