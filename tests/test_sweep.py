@@ -758,3 +758,18 @@ def test_e4m3_sweep_keeps_the_kinds_rules_and_times_its_call(tmp_path, stub_nvcc
     from attngen.eval.dispatch_table import call_entries
     (entry,) = call_entries([("s.json", {**data, "gpu": "NVIDIA H200"})], "forward_fp8")
     assert (entry.call, entry.dtype, entry.head_dim, entry.mask) == ("forward_fp8", "e4m3", 128, "none")
+
+
+def test_an_e4m3_base_sweeps_k_rows_and_an_fp16_base_does_not():
+    """K's row order is an axis of e4m3 bases alone: in_order names no tag, even_odd "keo", and each
+    candidate's spec and plan carry its order."""
+    from attngen.core.search_space import SearchSpace
+    base = load_spec(WGMMA_FP8_D128)
+    axes = {a.name: a for a in S.default_space(base).axes}
+    assert S.default_space(base).names[-1] == "k_rows" and axes["k_rows"].values == ("in_order", "even_odd")
+    kept, pruned = S.prune(base, SearchSpace((replace(axes["block_n"], values=(192,)), axes["k_rows"])))
+    assert not pruned
+    assert [(c.name, c.spec.k_rows, c.plan.fragments.k_even_odd) for c in kept] == [
+        ("h100_wgmma_d128_fp8_n192", "in_order", False), ("h100_wgmma_d128_fp8_n192keo", "even_odd", True)]
+    fp16 = load_spec(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml")
+    assert "k_rows" not in S.default_space(fp16).names

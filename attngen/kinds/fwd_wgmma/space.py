@@ -16,6 +16,7 @@ EPILOGUE_TAGS = {"registers": "", "shared": "es", "tma": "et"}
 SWEEP_BLOCKS = ((False, 1), (True, 1), (True, 2))
 BLOCKS_TAGS = {(False, 1): "", (True, 1): "pb", (True, 2): "pbq2"}
 SWEEP_MAX_CHAINS = (1, 4)   # softmax.max_chains; 1 names no tag
+SWEEP_K_ROWS = ("in_order", "even_odd")   # e4m3 only; in_order names no tag, even_odd "keo"
 
 
 def _read_warpgroups(s) -> tuple[int, int]:
@@ -63,8 +64,13 @@ def _show_blocks(v: tuple[bool, int]) -> str:
 def sweep_space(base: WgmmaForwardSpec) -> SearchSpace:
     """Tiles, roles (producer warpgroup or homogeneous, 1-3 consumer warpgroups), ring depth,
     register split, schedule, epilogue, blocks (one per query block, or persistent with one or
-    two Q tiles) and the row max's chains, around `base`; the spec rules prune what does not fit."""
+    two Q tiles), the row max's chains and, for e4m3, K's row order, around `base`; the spec rules
+    prune what does not fit."""
     regs = (base.registers.producer, base.registers.consumer) if base.registers else None
+    # k_rows is a key of the e4m3 spec alone: even_odd paid on some cells and cost on others
+    # (docs/performance/hopper.md, "e4m3: K's even keys first"), so its sweep tries both.
+    k_rows = (field_axis("k_rows", "k_rows", SWEEP_K_ROWS, lambda s: s.k_rows,
+                         lambda v: "keo" if v == "even_odd" else ""),) if hasattr(base, "k_rows") else ()
     return SearchSpace((
         field_axis("block_n", "tile.block_n", with_base(SWEEP_BLOCK_N, base.tile.block_n), lambda s: s.tile.block_n,
                    lambda v: f"n{v}"),
@@ -83,4 +89,4 @@ def sweep_space(base: WgmmaForwardSpec) -> SearchSpace:
         Axis("blocks", SWEEP_BLOCKS, _read_blocks, _write_blocks, lambda v: BLOCKS_TAGS[v], _show_blocks),
         field_axis("max_chains", "softmax.max_chains", with_base(SWEEP_MAX_CHAINS, base.softmax.max_chains),
                    lambda s: s.softmax.max_chains, lambda v: f"mc{v}" if v > 1 else ""),
-    ))
+    ) + k_rows)
