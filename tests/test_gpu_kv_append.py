@@ -292,20 +292,27 @@ def test_padded_append_returns_the_lse_and_refuses_mismatched_head_dims(torch):
     assert torch.equal(kc, before)
 
 
-def test_append_with_alibi_above_d128_is_refused_with_a_window(torch):
-    """Appending with ALiBi at d256 has a cell for contiguous caches and masks none and causal only (its window
-    and paged functions spilled): with a window the call is refused by name before any copy, the cache untouched;
-    without one it is served."""
-    q = torch.randn(1, 1, 8, 256, device="cuda", dtype=torch.float16)
-    kc = torch.randn(1, 64, 8, 256, device="cuda", dtype=torch.float16)
-    kn = torch.randn(1, 1, 8, 256, device="cuda", dtype=torch.float16)
-    lens = torch.tensor([3], dtype=torch.int32, device="cuda")
-    slopes = torch.rand(8, device="cuda")
-    before = kc.clone()
-    with pytest.raises(LookupError, match="decode_append"):
-        attngen.attention_with_kvcache(q, kc, kc.clone(), kn, kn.clone(), cache_seqlens=lens, layout="bshd",
-                                       alibi_slopes=slopes, window=(10, 0))
-    assert torch.equal(kc, before)
-    attngen.attention_with_kvcache(q, kc, kc.clone(), kn, kn.clone(), cache_seqlens=lens, layout="bshd",
-                                   alibi_slopes=slopes, causal=True)
-    assert torch.equal(kc[:, 3], kn[:, 0])
+def test_append_with_alibi_and_a_window_from_pages_at_d256(torch):
+    """Appending with ALiBi at d256 from a paged cache with a window (its cell makes the rows' slopes at
+    every tile; held, they spilled): the call writes the new tokens into their pages, and its output is
+    the plain decode call's (no append, the ALiBi window cell) on the cache as it leaves, the new tokens
+    counted; the pages no sequence appends to are untouched."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    b, h, kvh, d, page, pages = 2, 8, 2, 256, 16, 24
+    r = lambda *s: torch.randn(s, generator=g, device="cuda").half()   # noqa: E731
+    q, kn, vn = r(b, 1, h, d), r(b, 1, kvh, d), r(b, 1, kvh, d)
+    k_pool, v_pool = r(pages, page, kvh, d), r(pages, page, kvh, d)
+    table = torch.randperm(pages, generator=g, device="cuda").to(torch.int32)[:b * 10].view(b, 10)
+    lens = torch.tensor([37, 150], dtype=torch.int32, device="cuda")
+    slopes = torch.rand(h, generator=g, device="cuda")
+    k_after, v_after = k_pool.clone(), v_pool.clone()
+    for i, n in enumerate(lens.tolist()):
+        k_after[table[i, n // page], n % page] = kn[i, 0]
+        v_after[table[i, n // page], n % page] = vn[i, 0]
+    call = dict(block_table=table, alibi_slopes=slopes, window=(40, 0), layout="bshd")
+    with torch.no_grad():
+        o = attngen.attention_with_kvcache(q, k_pool, v_pool, kn, vn, cache_seqlens=lens, **call)
+        plain = attngen.attention_with_kvcache(q, k_after, v_after, cache_seqlens=lens + 1, **call)
+    torch.cuda.synchronize()
+    assert torch.equal(k_pool, k_after) and torch.equal(v_pool, v_after)
+    assert torch.isfinite(o).all() and (o.float() - plain.float()).abs().max().item() < 2e-3

@@ -93,6 +93,29 @@ def test_repeated_calls_take_the_prepared_path_and_still_check_pointers(torch):
         attngen.attention(odd, k, v, causal=True)
 
 
+def test_calls_into_a_caller_s_out_take_the_prepared_path(torch):
+    """A call with out= is prepared under out's layout (its strides are in the Params), so a repeated call
+    into another out of that layout is a prepared launch writing there; an out of another layout is
+    checked and prepared anew; a misaligned out takes the full path, which refuses it."""
+    kernel = attngen.load(ROOT / "specs" / "h100_wgmma_d128.yaml")
+    q, k, v = (randn(torch, 1, 4, 700, 128) for _ in range(3))
+    outs = [torch.full_like(q, float("nan")) for _ in range(2)]
+    kernel(q, k, v, causal=True, out=outs[0])
+    before = len(kernel._prepared)
+    q2 = randn(torch, 1, 4, 700, 128)
+    assert kernel(q2, k, v, causal=True, out=outs[1]) is outs[1]
+    assert len(kernel._prepared) == before          # the same prepared call
+    check(torch, outs[0], q, k, v, causal=True)
+    check(torch, outs[1], q2, k, v, causal=True)
+    bshd = torch.full((1, 700, 4, 128), float("nan"), device="cuda", dtype=q.dtype).transpose(1, 2)   # other strides
+    kernel(q, k, v, causal=True, out=bshd)
+    assert len(kernel._prepared) == before + 1
+    check(torch, bshd, q, k, v, causal=True)
+    base = torch.empty(q.numel() + 4, device="cuda", dtype=q.dtype)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        kernel(q, k, v, causal=True, out=base[4:].view(q.shape))
+
+
 def test_varlen_and_kvcache_entry_points(torch):
     from attngen.runtime.calls.varlen import cu_seqlens
     lens = [100, 1, 513]

@@ -39,10 +39,21 @@ def test_append_cells_carry_the_append_fields(name):
     plan = plan_of(name)
     names = {f.name for f in plan.abi.fields}
     assert plan.append and set(APPEND_FIELDS) <= names
-    if name.startswith("h200_decode_d256_append_alibi"):   # contiguous, none and causal: the others spilled
-        assert not plan.paged and set(plan.masks) == {"none", "causal"}
-    else:
-        assert plan.paged and set(plan.masks) == {"none", "causal", "window"}
+    assert plan.paged and set(plan.masks) == {"none", "causal", "window"}
+
+
+@pytest.mark.parametrize("name", APPEND_SPECS)
+def test_only_d256_append_cells_with_score_modifiers_make_them_per_tile(name):
+    """row_mods_per_tile: where Q is not held (d256) and the kernel appends, the rows' score modifiers are
+    made at every tile (held, ALiBi's spilled with pages or a window); elsewhere they are held, as before."""
+    plan = plan_of(name)
+    assert plan.row_mods_per_tile == (name.startswith("h200_decode_d256_append_alibi"))
+    source = (GENERATED / f"{name}_split.cu").read_text()
+    loop = source[source.index("for (int i = 0; i < count; ++i)"):]
+    if plan.row_mods_per_tile:
+        assert "row_mods(c, p, lane)" in loop and "row_mods(c, p, lane)" not in source[:source.index(loop)]
+    elif plan.score_variants:
+        assert "row_mods(c, p, lane)" not in loop
 
 
 def test_cells_without_append_have_no_append_fields_and_append_fields_come_last():

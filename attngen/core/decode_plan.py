@@ -80,6 +80,8 @@ class DecodePlan(ForwardPlan):
     combine_slices: int = 1         # warps sharing each output row's columns in the combine kernel (its grid y)
     v_in_k: bool = False            # V is the first v_dim columns of each K row (one latent cache, as MLA's): the
                                     # kernel reads V from K's tiles, and a call's v_cache must be k_cache[..., :v_dim]
+    row_mods_per_tile: bool = False  # the score modifiers' per-row values (RowMods) are made again at every tile
+                                    # instead of held across the key loop (registers: kinds' row_mods_per_tile)
 
     @classmethod
     def of(cls, plan: ForwardPlan, **decode) -> "DecodePlan":

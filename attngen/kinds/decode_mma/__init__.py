@@ -136,6 +136,15 @@ def holds_q(s) -> bool:
     return accumulators(s) + q_registers(s) <= MAX_ACCUMULATORS
 
 
+def row_mods_per_tile(s, score_variants) -> bool:
+    """Whether the split kernel makes its rows' score modifiers (a slope, a cap, a row's new token) again at
+    every tile rather than holding them across the key loop: where Q's fragments are not held (d256) and the
+    kernel appends, the append's per-block fields stay live through the loop and held modifiers spilled
+    (d256 ALiBi at 255 registers: 8-12 B with pages or a window, sm_90). Made per tile they cost a couple of
+    L1-resident loads and integer steps per tile of a loop bound by memory."""
+    return bool(score_variants) and s.append and not holds_q(s)
+
+
 def rule_accumulators(s):
     n = accumulators(s)
     if n > MAX_ACCUMULATORS:
@@ -372,7 +381,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
                          q_in_registers=holds_q(spec), max_splits=spec.max_splits, paged=spec.paged,
                          combine=spec.combine, append=spec.append, unsplit_in_flight=unsplit_in_flight(spec),
                          slice_cost_min_tiles=spec.slice_cost_from_tiles if spec.combine == "kernel" else 0,
-                         merge_rows=spec.merge_rows,
+                         merge_rows=spec.merge_rows, row_mods_per_tile=row_mods_per_tile(spec, p.score_variants),
                          co_resident_blocks=co_resident_blocks(spec, p.occupancy),
                          kv_dtype=spec.kv_dtype or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
@@ -408,7 +417,10 @@ def explain(plan) -> list[str]:
              "(rotary_cos / rotary_sin), puts them into its K/V tile in place of the cache's rows and, in the first "
              "row block, writes them into the cache; q is rotated as it is loaded (at each token's position with "
              "a causal or window mask, else all at cache_seqlens); cache_batch_idx maps batch rows to cache rows, "
-             "cache_leftpad hides a contiguous row's first keys"] if plan.append else [])
+             "cache_leftpad hides a contiguous row's first keys"] if plan.append else []) + (
+            ["score modifiers: each row's (its head's, its new token's) made again at every tile, not held across "
+             "the key loop (row_mods_per_tile: Q not held, and the append's fields live through the loop)"]
+            if plan.row_mods_per_tile else [])
 
 
 KIND = Kind(NAME, TITLE, SELECTOR, DecodeSpec, plan, explain, calls="decode")

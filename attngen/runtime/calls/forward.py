@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...core.constants import LOG2E
 from ..kernel import LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
-from .shared import ATTENTION_FIELDS, bhsd_strides, call_key, mask_fields, shape_maps, variant_key
+from .shared import ATTENTION_FIELDS, bhsd_strides, call_key, mask_fields, out_key, shape_maps, variant_key
 from .varlen import paged_varlen_call, varlen_call
 
 POINTERS = ("q", "k", "v", "o", "lse")      # the fields every call of a prepared shape patches
@@ -81,16 +81,19 @@ class ForwardKernel(Kernel):
         """
         variants = variant_key(window, softcap, alibi_slopes, params, sinks)
         key = None
-        if out is None and lse_out is None:
+        if lse_out is None:
             # A shape seen before: its checks passed and its Params are laid out; only the
-            # pointers are new (and must be 16-byte aligned).
+            # pointers are new (and must be 16-byte aligned). A caller's out joins the key by its
+            # layout (its strides are in the Params), not its address.
             try:
                 key = call_key(q, k, v, causal, alignment, scale, return_lse, layout, variants)
+                if out is not None:
+                    key += (out_key(out),)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None
             if prepared is not None:
-                result = self.run_prepared(prepared, q, k, v, return_lse)
+                result = self.run_prepared(prepared, q, k, v, return_lse, out)
                 if result is not None:
                     return result
         return self._first_call(q, k, v, causal, alignment, scale, return_lse, layout, out, lse_out, key,
@@ -100,15 +103,17 @@ class ForwardKernel(Kernel):
         """The prepared call of `key` (call_key of a call made before), or None."""
         return self._prepared.get(key)
 
-    def run_prepared(self, prepared, q, k, v, return_lse: bool):
-        """Launch a prepared call on new tensors of its shape: a new output (and lse), the pointers
-        patched in; None when a pointer is not 16-byte aligned (the caller takes the full path)."""
+    def run_prepared(self, prepared, q, k, v, return_lse: bool, out=None):
+        """Launch a prepared call on new tensors of its shape: a new output (or `out`, of the layout the
+        call was prepared with) and lse, the pointers patched in; None when a pointer is not 16-byte
+        aligned (the caller takes the full path)."""
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-        if (qp | kp | vp) % LOAD_BYTES:
+        if (qp | kp | vp | (0 if out is None else out.data_ptr())) % LOAD_BYTES:
             return None
-        out = self._new_output(q)
-        lse = q.new_empty(prepared.extra[0], dtype=self._fp32) if return_lse else None
+        if out is None:
+            out = self._new_output(q)
         op = out.data_ptr()
+        lse = q.new_empty(prepared.extra[0], dtype=self._fp32) if return_lse else None
         pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0)
         if self._map_fields:
             pointers += prepared.extra[1].values((qp, kp, vp, op))
@@ -172,7 +177,7 @@ class ForwardKernel(Kernel):
         values.extend(maps)
         prepared = Prepared(info, self._launches(info, (self.entry[mask], grid)), self._forward.pack(values),
                             self._pointers, (lse_shape, shape_maps))
-        self._remember(key, prepared)   # no key when the caller gave out or lse_out
+        self._remember(key, prepared)   # no key when the caller gave lse_out
         self._run(prepared, tuple(values[:5]) + maps)
         return (out, lse_out) if return_lse else out
 

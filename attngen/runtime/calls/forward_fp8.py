@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core.constants import LOG2E
 from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
-from .shared import bhsd_strides, mask_fields, shape_maps, tensor_key
+from .shared import bhsd_strides, mask_fields, out_key, shape_maps, tensor_key
 
 E4M3_MAX = 448.0            # the largest finite e4m3 value
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -51,29 +51,33 @@ class Fp8ForwardKernel(Kernel):
         (kernel.__call__ of a forward spec)."""
         descales = (q_descale, k_descale, v_descale)
         key = None
-        if out is None and lse_out is None:
+        if lse_out is None:
             try:
                 key = (q.shape, k.shape, v_t.shape, q.stride(), k.stride(), v_t.stride(), q.dtype, k.dtype,
                        v_t.dtype, q.get_device(), k.get_device(), v_t.get_device(), causal, alignment, scale,
                        return_lse, layout, tuple(descale_key(d) for d in descales))
+                if out is not None:   # by its layout, as the fp16 call's
+                    key += (out_key(out),)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None
             if prepared is not None:
-                result = self._run_fp8(prepared, q, k, v_t, descales, return_lse)
+                result = self._run_fp8(prepared, q, k, v_t, descales, return_lse, out)
                 if result is not None:
                     return result
         return self._first_fp8_call(q, k, v_t, descales, causal, alignment, scale, return_lse, layout, out,
                                     lse_out, key)
 
-    def _run_fp8(self, prepared, q, k, v_t, descales, return_lse: bool):
-        """A prepared call on new tensors of its shape; None when a pointer is not 16-byte aligned."""
+    def _run_fp8(self, prepared, q, k, v_t, descales, return_lse: bool, out=None):
+        """A prepared call on new tensors of its shape (into `out` when given, of the prepared layout);
+        None when a pointer is not 16-byte aligned."""
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v_t.data_ptr()
-        if (qp | kp | vp) % LOAD_BYTES:
+        if (qp | kp | vp | (0 if out is None else out.data_ptr())) % LOAD_BYTES:
             return None
-        out = q.new_empty(q.shape, dtype=self.out_dtype)
-        lse = q.new_empty(prepared.extra[0], dtype=self._fp32) if return_lse else None
+        if out is None:
+            out = q.new_empty(q.shape, dtype=self.out_dtype)
         op = out.data_ptr()
+        lse = q.new_empty(prepared.extra[0], dtype=self._fp32) if return_lse else None
         pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0,
                     *(0 if d is None else d.data_ptr() for d in descales))
         if self._map_fields:

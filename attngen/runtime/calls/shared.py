@@ -33,6 +33,12 @@ def tensor_key(t) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
 
 
+def out_key(out) -> tuple:
+    """A caller's output tensor as part of a call's key: its layout (the Params hold its strides), not
+    its address (each call patches it). AttributeError when it is not a tensor."""
+    return (out.shape, out.stride(), out.dtype, out.get_device())
+
+
 def variant_key(window, softcap, alibi_slopes, params=None, sinks=None) -> tuple:
     """The variant arguments of a call as part of its key (tensors by tensor_key); params, an
     expression spec's dict, by name."""

@@ -17,7 +17,7 @@ from ...core.varlen_plan import MAX_PAGE_SIZE, PAGED_VARLEN_FIELDS, varlen_key
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Prepared
 from .shared import (ATTENTION_FIELDS, INT32_MAX, ORDERS, check_max_seqlen_q, check_offsets, check_page_ids,
-                     check_sequences, offsets_on_host, query_rows, variant_key)
+                     check_sequences, offsets_on_host, out_key, query_rows, variant_key)
 
 PER_CALL = ATTENTION_FIELDS + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_order")
@@ -51,23 +51,24 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     """
     variants = variant_key(window, softcap, alibi_slopes, params, sinks)
     key = None
-    if out is None and lse_out is None and not validate:
+    if lse_out is None and not validate:
         # A shape seen before: its checks passed and its Params are laid out; only the pointers
-        # are new (and must be 16-byte aligned).
+        # are new (and must be 16-byte aligned). A caller's out joins the key by its layout.
         try:
             key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
                    q.get_device(), k.get_device(), v.get_device(), cu_seqlens_q.shape, cu_seqlens_k.shape,
                    cu_seqlens_q.dtype, cu_seqlens_k.dtype, cu_seqlens_q.stride(), cu_seqlens_k.stride(),
                    cu_seqlens_q.get_device(), cu_seqlens_k.get_device(), max_seqlen_q, causal, alignment, scale,
-                   return_lse, variants)
+                   return_lse, variants) + ((out_key(out),) if out is not None else ())
             prepared = kernel._prepared.get(key)
         except (AttributeError, TypeError):
             key = prepared = None
         if prepared is not None:
             qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-            if not (qp | kp | vp) % LOAD_BYTES:
+            if not (qp | kp | vp | (0 if out is None else out.data_ptr())) % LOAD_BYTES:
                 torch = kernel._torch
-                out = kernel._new_output(q)       # like q, with V's head dim where it differs
+                if out is None:
+                    out = kernel._new_output(q)       # like q, with V's head dim where it differs
                 lse_shape, shape_maps = prepared.extra
                 lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
                 batch = cu_seqlens_k.shape[0] - 1
@@ -124,7 +125,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     values.extend(maps)
     prepared = Prepared(info, kernel._launches(info, (kernel.entry[varlen_key(mask)], grid)), packer.pack(values),
                         _patch(kernel), ((heads, total_q), shape_maps))
-    kernel._remember(key, prepared)   # no key when the caller gave out or lse_out, or validates
+    kernel._remember(key, prepared)   # no key when the caller gave lse_out, or validates
     kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]) + maps)
     return (out, lse_out) if return_lse else out
 
