@@ -109,6 +109,29 @@ def test_public_call_appends_in_place_like_flash_attention(torch, interleaved):
     assert (o.float() - ref).abs().max().item() < 2e-2
 
 
+def test_a_repeated_append_call_writes_and_attends_its_own_tensors(torch):
+    """The second append call of a layout is a prepared launch: on new tensors (queries, caches, new tokens,
+    rotary tables, lengths) it gives their result, not the first call's."""
+    kernel = load_once(APPEND_SPECS[0])
+    calls = []
+    for seed in (0, 1):
+        q, kc, vc, kn, vn, cos, sin = _inputs(torch)
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q, kn = q + torch.randn(q.shape, generator=g, device="cuda").half(), kn.flip(0)
+        lens = torch.tensor([5 + 40 * seed, 300 - 7 * seed], dtype=torch.int32, device="cuda")
+        calls.append((q, kc, vc, kn, vn, cos, sin, lens))
+    before = len(kernel._prepared)
+    for q, kc, vc, kn, vn, cos, sin, lens in calls:
+        ref, k_after, v_after = _expected(torch, q, kc.clone(), vc.clone(), kn, vn, cos, sin, lens, True)
+        with torch.no_grad():
+            o = kernel(q, kc, vc, cache_seqlens=lens, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin, causal=True,
+                       layout="bshd")
+        torch.cuda.synchronize()
+        assert torch.equal(vc, v_after) and (kc.float() - k_after.float()).abs().max().item() < 2e-3 * 8
+        assert (o.float() - ref).abs().max().item() < 2e-2
+    assert len(kernel._prepared) <= before + 1      # one prepared call for both
+
+
 def test_a_captured_step_replays_after_the_lengths_change(torch):
     """No host sync and no allocation that depends on values: one append step captured in a CUDA graph
     replays with new lengths, writing the new tokens where those lengths put them."""

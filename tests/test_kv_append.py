@@ -254,6 +254,39 @@ def test_an_append_call_packs_the_new_tokens_into_one_launch(layout, monkeypatch
     assert p["cache_batch_idx"] == 0 and p["cache_leftpad"] == 0
 
 
+@pytest.mark.parametrize("name", ("h200_decode_d128_append", "h200_decode_d256_append"))
+def test_a_repeated_append_call_is_a_prepared_launch_with_its_own_addresses(name, monkeypatch):
+    """The second append call of a layout takes the prepared path (no checks, no Params laid out): the
+    first call's Params with this call's addresses patched in, the new tokens' and rotary tables' too; a
+    call whose new tokens have another layout is prepared anew."""
+    k = decode_kernel(name, monkeypatch=monkeypatch)
+    d = k.plan.head_dim
+    shape = lambda *s: s[:-1] + (d,)   # noqa: E731
+
+    def args(new=2):
+        a = call_args(new=new)
+        for n in ("q", "k_cache", "v_cache", "k", "v"):
+            a[n] = Tensor(shape(*a[n].shape), HALF)
+        return a
+
+    first, second = args(), args()
+    first["cache_batch_idx"], second["cache_batch_idx"] = Tensor((B,), I32), Tensor((B,), I32)
+    run(k, **first)
+    run(k, **second)
+    (p1, _), (p2, pointers) = k.launched
+    assert p2 is p1 and len(k._prepared) == 1
+    params = bytearray(p2.template)
+    p2.patch.pack_into(params, 0, pointers)
+    got = {f.name: v for f, v in zip(k.plan.abi.fields, struct.unpack(k.plan.abi.struct_format(), bytes(params)))}
+    for field, arg in (("q", "q"), ("k", "k_cache"), ("v", "v_cache"), ("cache_seqlens", "cache_seqlens"),
+                       ("k_new", "k"), ("v_new", "v"), ("rotary_cos", "rotary_cos"), ("rotary_sin", "rotary_sin"),
+                       ("cache_batch_idx", "cache_batch_idx")):
+        assert got[field] == second[arg].data_ptr() != first[arg].data_ptr(), field
+    assert got["cache_leftpad"] == 0 and got["seqlen_new"] == 2
+    run(k, **args(new=1), cache_batch_idx=Tensor((B,), I32))     # one new token: another layout
+    assert k.launched[-1][0] is not p1 and params_of(k, k.launched[-1][0])["seqlen_new"] == 1
+
+
 def test_cache_batch_idx_lets_the_cache_have_more_rows(monkeypatch):
     k = decode_kernel(monkeypatch=monkeypatch)
     args = call_args()

@@ -167,6 +167,9 @@ class Dtype(types.SimpleNamespace):
     def __repr__(self):
         return self.name
 
+    def __hash__(self):     # a call's prepared key holds dtypes, as torch's are hashable
+        return hash(self.name)
+
 
 HALF, BF16, F32 = Dtype(name="float16", size=2), Dtype(name="bfloat16", size=2), Dtype(name="float32", size=4)
 

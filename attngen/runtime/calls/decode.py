@@ -17,7 +17,7 @@ from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
 from ..gpu import error_word, persistent
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
-from .shared import ATTENTION_FIELDS, bhsd_strides, check_page_ids, mask_fields, variant_key
+from .shared import ATTENTION_FIELDS, bhsd_strides, check_page_ids, layout_key, mask_fields, variant_key
 
 WORKSPACES = 64                 # split-partial buffers kept (device x stream x thread)
 POINTERS = ("q", "k", "v", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", "block_table", "split_counters")
@@ -29,6 +29,9 @@ PER_CALL = ATTENTION_FIELDS + ("errors", "cache_seqlens", "o_accum", "lse_accum"
 MAX_KEYS = 2 ** 31 - 1          # keys are 32-bit in the kernel: a paged cache's capacity (pages x page size)
 # An e4m3 cache's spec (kv_dtype: e4m3) adds its scales (core.decode_plan.KV_SCALE_FIELDS) after these.
 KV_SCALE_POINTERS = ("k_scale", "v_scale")
+# An append spec's calls also patch the new tokens' and their arguments' addresses (in ABI order).
+APPEND_POINTERS = ("k_new", "v_new", "cache_batch_idx", "cache_leftpad", "rotary_cos", "rotary_sin")
+APPEND_POINTER_VALUES = (0, 1, 8, 9, 10, 11)    # their places among _check_append's values (APPEND_FIELDS order)
 
 
 class DecodeKernel(Kernel):
@@ -88,7 +91,8 @@ class DecodeKernel(Kernel):
         self._paged = self.plan.paged
         self._append = self.plan.append
         self._pointers = self.plan.abi.patch((POINTERS if self._paged else CONTIGUOUS_POINTERS)
-                                             + (KV_SCALE_POINTERS if self._kv8 else ()))
+                                             + (KV_SCALE_POINTERS if self._kv8 else ())
+                                             + (APPEND_POINTERS if self._append else ()))
         self._scale_tensors = {}     # (device, value) -> one-element fp32 tensor of a scale given as a number
         self._workspaces = {}        # (device, stream, thread) -> fp32 split partials
         self._counter_buffers = {}   # (device, stream) -> zeroed int32 split counters (fused combine)
@@ -108,10 +112,9 @@ class DecodeKernel(Kernel):
         key = None
         append = (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, rotary_interleaved)
         if any(t is not None for t in append[:6]) or self._append:
-            # Appending calls take every check each time (their tensors are not part of the prepared key).
-            return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
-                                    return_lse, layout, out, validate, None,
-                                    (window, softcap, alibi_slopes, params, sinks), (k_scale, v_scale), append)
+            return self._append_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                     return_lse, layout, out, validate, variants,
+                                     (window, softcap, alibi_slopes, params, sinks), (k_scale, v_scale), append)
         if self._kv8:
             return self._e4m3_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                    return_lse, layout, out, validate, variants, (window, softcap, alibi_slopes, params,
@@ -139,6 +142,32 @@ class DecodeKernel(Kernel):
                     return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse)
         return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                 return_lse, layout, out, validate, key, (window, softcap, alibi_slopes, params, sinks))
+
+    def _append_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
+                     layout, out, validate, variants, variant_values, kv_scales, append):
+        """A call that may append new tokens (k, v, rotary_cos, ...): as __call__, its prepared-call key also
+        holding the layout of each append argument (its address is patched on every call)."""
+        key = None
+        if out is None and not validate and self._append and kv_scales == (None, None):
+            try:
+                lens, table = cache_seqlens, block_table
+                key = (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype,
+                       k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
+                       None if lens is None else layout_key(lens), None if table is None else layout_key(table),
+                       causal, scale, num_splits, return_lse, layout, variants,
+                       tuple(None if t is None else layout_key(t) for t in append[:6]), bool(append[6]))
+                prepared = self._prepared.get(key)
+            except (AttributeError, TypeError):
+                key = prepared = None
+            if prepared is not None:
+                qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
+                new = tuple(0 if t is None else t.data_ptr() for t in append[:6])
+                if not (qp | kp | vp | new[0] | new[1]) % LOAD_BYTES:
+                    # (the new tokens' k, v, then cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin)
+                    return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse,
+                                               (new[0], new[1], new[4], new[5], new[2], new[3]))
+        return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
+                                layout, out, validate, key, variant_values, kv_scales, append)
 
     def _e4m3_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse, layout,
                    out, validate, variants, variant_values, kv_scales):
@@ -171,7 +200,9 @@ class DecodeKernel(Kernel):
         return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
                                 layout, out, validate, key, variant_values, kv_scales)
 
-    def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse, scales=()):
+    def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse, tail=()):
+        """A prepared call's launch on these tensors; `tail`: the addresses its patch takes after the cache's (an e4m3
+        cache's scales, or an append's new tokens and arguments)."""
         lse_shape, accum, counters, splits = prepared.extra
         index = prepared.info.index
         if self._v_in_k and vp != kp:
@@ -187,10 +218,10 @@ class DecodeKernel(Kernel):
         counted, held_counters = self._counters(counters, index) if counters else (0, None)
         if self._paged:
             self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0, lens, o_accum,
-                                 lse_accum, block_table.data_ptr() if block_table is not None else 0, counted) + scales)
+                                 lse_accum, block_table.data_ptr() if block_table is not None else 0, counted) + tail)
         else:   # a contiguous-only spec: never a table (the first call refused one)
             self._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0, lens, o_accum,
-                                 lse_accum, counted) + scales)
+                                 lse_accum, counted) + tail)
         del held, held_counters
         self.last_splits = splits
         return (out, lse) if return_lse else out
@@ -299,7 +330,7 @@ class DecodeKernel(Kernel):
             self._remember(key, prepared)
         self._run(prepared, tuple(values[:5]) + ((lens_ptr, o_accum, lse_accum, table_ptr, counters_ptr) if self._paged
                                                  else (lens_ptr, o_accum, lse_accum, counters_ptr))
-                  + tuple(scale_values[:2]))
+                  + tuple(scale_values[:2]) + (tuple(appended[i] for i in APPEND_POINTER_VALUES) if self._append else ()))
         del held, held_counters
         self.last_splits = splits
         return (out, lse) if return_lse else out

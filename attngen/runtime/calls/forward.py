@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...core.constants import LOG2E
 from ..kernel import LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
-from .shared import ATTENTION_FIELDS, bhsd_strides, call_key, mask_fields, out_key, shape_maps, variant_key
+from .shared import ATTENTION_FIELDS, bhsd_strides, call_key, mask_fields, layout_key, shape_maps, variant_key
 from .varlen import paged_varlen_call, varlen_call
 
 POINTERS = ("q", "k", "v", "o", "lse")      # the fields every call of a prepared shape patches
@@ -88,7 +88,7 @@ class ForwardKernel(Kernel):
             try:
                 key = call_key(q, k, v, causal, alignment, scale, return_lse, layout, variants)
                 if out is not None:
-                    key += (out_key(out),)
+                    key += (layout_key(out),)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core.constants import LOG2E
 from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
-from .shared import bhsd_strides, mask_fields, out_key, shape_maps, tensor_key
+from .shared import bhsd_strides, mask_fields, layout_key, shape_maps, tensor_key
 
 E4M3_MAX = 448.0            # the largest finite e4m3 value
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -57,7 +57,7 @@ class Fp8ForwardKernel(Kernel):
                        v_t.dtype, q.get_device(), k.get_device(), v_t.get_device(), causal, alignment, scale,
                        return_lse, layout, tuple(descale_key(d) for d in descales))
                 if out is not None:   # by its layout, as the fp16 call's
-                    key += (out_key(out),)
+                    key += (layout_key(out),)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None

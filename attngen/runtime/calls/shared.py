@@ -33,10 +33,11 @@ def tensor_key(t) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
 
 
-def out_key(out) -> tuple:
-    """A caller's output tensor as part of a call's key: its layout (the Params hold its strides), not
-    its address (each call patches it). AttributeError when it is not a tensor."""
-    return (out.shape, out.stride(), out.dtype, out.get_device())
+def layout_key(t) -> tuple:
+    """A tensor argument whose address each call patches (a caller's out, an append's new tokens) as part
+    of a call's key: its layout (shape, strides, dtype, device), not its address. AttributeError when it
+    is not a tensor."""
+    return (t.shape, t.stride(), t.dtype, t.get_device())
 
 
 def variant_key(window, softcap, alibi_slopes, params=None, sinks=None) -> tuple:

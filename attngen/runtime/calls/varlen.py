@@ -17,7 +17,7 @@ from ...core.varlen_plan import MAX_PAGE_SIZE, PAGED_VARLEN_FIELDS, varlen_key
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Prepared
 from .shared import (ATTENTION_FIELDS, INT32_MAX, ORDERS, check_max_seqlen_q, check_offsets, check_page_ids,
-                     check_sequences, offsets_on_host, out_key, query_rows, variant_key)
+                     check_sequences, offsets_on_host, layout_key, query_rows, variant_key)
 
 PER_CALL = ATTENTION_FIELDS + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_order")
@@ -59,7 +59,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
                    q.get_device(), k.get_device(), v.get_device(), cu_seqlens_q.shape, cu_seqlens_k.shape,
                    cu_seqlens_q.dtype, cu_seqlens_k.dtype, cu_seqlens_q.stride(), cu_seqlens_k.stride(),
                    cu_seqlens_q.get_device(), cu_seqlens_k.get_device(), max_seqlen_q, causal, alignment, scale,
-                   return_lse, variants) + ((out_key(out),) if out is not None else ())
+                   return_lse, variants) + ((layout_key(out),) if out is not None else ())
             prepared = kernel._prepared.get(key)
         except (AttributeError, TypeError):
             key = prepared = None
