@@ -66,9 +66,9 @@ def test_random_inputs_against_the_reference(case, seed):
     assert result.passed, "; ".join(result.problems)
 
 
-def _inputs(torch, b=2, h=32, kvh=8, sq=1, cap=512, new=1, d=128, rd=128, dtype=None):
+def _inputs(torch, b=2, h=32, kvh=8, sq=1, cap=512, new=1, d=128, rd=128, dtype=None, seed=0):
     dtype = dtype or torch.float16
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s: torch.randn(s, generator=g, device="cuda").to(dtype)   # noqa: E731
     angle = torch.rand((cap, rd // 2), generator=g, device="cuda") * 6.283185307179586
     return (r(b, sq, h, d), r(b, cap, kvh, d), r(b, cap, kvh, d), r(b, new, kvh, d), r(b, new, kvh, d),
@@ -109,19 +109,19 @@ def test_public_call_appends_in_place_like_flash_attention(torch, interleaved):
     assert (o.float() - ref).abs().max().item() < 2e-2
 
 
-def test_a_repeated_append_call_writes_and_attends_its_own_tensors(torch):
-    """The second append call of a layout is a prepared launch: on new tensors (queries, caches, new tokens,
-    rotary tables, lengths) it gives their result, not the first call's."""
+def test_a_repeated_append_call_writes_and_attends_its_own_tensors(torch, monkeypatch):
+    """The second append call of a layout is a prepared launch (it takes no full path): on new tensors of other
+    values (queries, caches, new tokens, rotary tables, lengths) it gives their result, not the first call's."""
     kernel = load_once(APPEND_SPECS[0])
+    full_paths = []
+    first_call = kernel._first_call
+    monkeypatch.setattr(kernel, "_first_call", lambda *a, **kw: full_paths.append(1) or first_call(*a, **kw))
     calls = []
-    for seed in (0, 1):
-        q, kc, vc, kn, vn, cos, sin = _inputs(torch)
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        q, kn = q + torch.randn(q.shape, generator=g, device="cuda").half(), kn.flip(0)
+    for seed in (1, 2):
+        q, kc, vc, kn, vn, cos, sin = _inputs(torch, seed=seed)
         lens = torch.tensor([5 + 40 * seed, 300 - 7 * seed], dtype=torch.int32, device="cuda")
         calls.append((q, kc, vc, kn, vn, cos, sin, lens))
-    before = len(kernel._prepared)
-    for q, kc, vc, kn, vn, cos, sin, lens in calls:
+    for i, (q, kc, vc, kn, vn, cos, sin, lens) in enumerate(calls):
         ref, k_after, v_after = _expected(torch, q, kc.clone(), vc.clone(), kn, vn, cos, sin, lens, True)
         with torch.no_grad():
             o = kernel(q, kc, vc, cache_seqlens=lens, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin, causal=True,
@@ -129,7 +129,9 @@ def test_a_repeated_append_call_writes_and_attends_its_own_tensors(torch):
         torch.cuda.synchronize()
         assert torch.equal(vc, v_after) and (kc.float() - k_after.float()).abs().max().item() < 2e-3 * 8
         assert (o.float() - ref).abs().max().item() < 2e-2
-    assert len(kernel._prepared) <= before + 1      # one prepared call for both
+        if i == 0:
+            taken = len(full_paths)      # 1, or 0 where an earlier test prepared this layout
+    assert len(full_paths) == taken      # the second call: prepared
 
 
 def test_a_captured_step_replays_after_the_lengths_change(torch):

@@ -270,21 +270,35 @@ def test_a_repeated_append_call_is_a_prepared_launch_with_its_own_addresses(name
         return a
 
     first, second = args(), args()
-    first["cache_batch_idx"], second["cache_batch_idx"] = Tensor((B,), I32), Tensor((B,), I32)
+    for a in (first, second):
+        a["cache_batch_idx"], a["cache_leftpad"] = Tensor((B,), I32), Tensor((B,), I32)
     run(k, **first)
     run(k, **second)
-    (p1, _), (p2, pointers) = k.launched
+    (p1, pointers1), (p2, pointers2) = k.launched
     assert p2 is p1 and len(k._prepared) == 1
-    params = bytearray(p2.template)
-    p2.patch.pack_into(params, 0, pointers)
-    got = {f.name: v for f, v in zip(k.plan.abi.fields, struct.unpack(k.plan.abi.struct_format(), bytes(params)))}
-    for field, arg in (("q", "q"), ("k", "k_cache"), ("v", "v_cache"), ("cache_seqlens", "cache_seqlens"),
-                       ("k_new", "k"), ("v_new", "v"), ("rotary_cos", "rotary_cos"), ("rotary_sin", "rotary_sin"),
-                       ("cache_batch_idx", "cache_batch_idx")):
-        assert got[field] == second[arg].data_ptr() != first[arg].data_ptr(), field
-    assert got["cache_leftpad"] == 0 and got["seqlen_new"] == 2
+
+    def launched_params(prepared, pointers):   # the Params a launch gets: the template with its pointers patched
+        params = bytearray(prepared.template)
+        prepared.patch.pack_into(params, 0, pointers)
+        return {f.name: v for f, v in zip(k.plan.abi.fields, struct.unpack(k.plan.abi.struct_format(), bytes(params)))}
+
+    for call, pointers in ((first, pointers1), (second, pointers2)):
+        got = launched_params(p1, pointers)
+        for field, arg in (("q", "q"), ("k", "k_cache"), ("v", "v_cache"), ("cache_seqlens", "cache_seqlens"),
+                           ("k_new", "k"), ("v_new", "v"), ("rotary_cos", "rotary_cos"), ("rotary_sin", "rotary_sin"),
+                           ("cache_batch_idx", "cache_batch_idx"), ("cache_leftpad", "cache_leftpad")):
+            assert got[field] == call[arg].data_ptr(), field
+        assert got["seqlen_new"] == 2 and got["rotary_interleaved"] == 1
+    assert first["k"].data_ptr() != second["k"].data_ptr()
     run(k, **args(new=1), cache_batch_idx=Tensor((B,), I32))     # one new token: another layout
     assert k.launched[-1][0] is not p1 and params_of(k, k.launched[-1][0])["seqlen_new"] == 1
+    other = {**args(), "cache_batch_idx": Tensor((B,), I32), "cache_leftpad": Tensor((B,), I32)}
+    run(k, **other, rotary_interleaved=False)                      # only the rotary pairing differs: prepared anew
+    assert params_of(k, k.launched[-1][0])["rotary_interleaved"] == 0 and len(k._prepared) == 3
+    odd = args()
+    odd["k"] = Tensor(odd["k"].shape, HALF, ptr=odd["k"].data_ptr() + 8)   # new tokens off 16-byte alignment
+    with pytest.raises(ValueError, match="aligned"):                # the full path checks and refuses them
+        run(k, **odd)
 
 
 def test_cache_batch_idx_lets_the_cache_have_more_rows(monkeypatch):

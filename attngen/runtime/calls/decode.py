@@ -31,7 +31,7 @@ MAX_KEYS = 2 ** 31 - 1          # keys are 32-bit in the kernel: a paged cache's
 KV_SCALE_POINTERS = ("k_scale", "v_scale")
 # An append spec's calls also patch the new tokens' and their arguments' addresses (in ABI order).
 APPEND_POINTERS = ("k_new", "v_new", "cache_batch_idx", "cache_leftpad", "rotary_cos", "rotary_sin")
-APPEND_POINTER_VALUES = (0, 1, 8, 9, 10, 11)    # their places among _check_append's values (APPEND_FIELDS order)
+APPEND_POINTER_VALUES = tuple(APPEND_FIELDS.index(n) for n in APPEND_POINTERS)   # among _check_append's values
 
 
 class DecodeKernel(Kernel):

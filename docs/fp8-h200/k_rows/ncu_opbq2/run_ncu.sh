@@ -1,5 +1,5 @@
 # Why k_rows even_odd loses on the persistent d128 cell: ncu of the in_order and even_odd copies at 4x16x2048x128 full.
-# run on the GPU machine with OUT set: bash docs/fp8-h200/k_rows/ncu_opbq2/run_ncu.sh
+# Usage: OUT=DIR bash docs/fp8-h200/k_rows/ncu_opbq2/run_ncu.sh
 set -u
 export ATTNGEN_CACHE_DIR=/tmp/agc_ncu
 for pair in in_order:specs/h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2.yaml keo:docs/fp8-h200/k_rows/specs/t_opbq2_keo.yaml \
