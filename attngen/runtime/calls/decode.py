@@ -34,6 +34,14 @@ APPEND_POINTERS = ("k_new", "v_new", "cache_batch_idx", "cache_leftpad", "rotary
 APPEND_POINTER_VALUES = tuple(APPEND_FIELDS.index(n) for n in APPEND_POINTERS)   # among _check_append's values
 
 
+def cache_call_key(q, k_cache, v_cache, lens, table, causal, scale, num_splits, return_lse, layout, variants) -> tuple:
+    """What decides a decode call's checks, split count and Params but its addresses: the layouts of q, the caches,
+    the lengths and the table, and the options. The e4m3 and appending calls add their own arguments' to it.
+    AttributeError or TypeError when an argument is not a tensor (the full path then says what is wrong)."""
+    return (layout_key(q), layout_key(k_cache), layout_key(v_cache), None if lens is None else layout_key(lens),
+            None if table is None else layout_key(table), causal, scale, num_splits, return_lse, layout, variants)
+
+
 class DecodeKernel(Kernel):
     """A decode spec, callable on torch tensors.
 
@@ -127,12 +135,8 @@ class DecodeKernel(Kernel):
             # A shape seen before: its checks passed and its Params are laid out; only the pointers
             # are new (and must be 16-byte aligned).
             try:
-                lens, table = cache_seqlens, block_table
-                key = (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype,
-                       k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
-                       None if lens is None else (lens.shape, lens.dtype, lens.stride(), lens.get_device()),
-                       None if table is None else (table.shape, table.dtype, table.stride(), table.get_device()),
-                       causal, scale, num_splits, return_lse, layout, variants)
+                key = cache_call_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                     return_lse, layout, variants)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None
@@ -150,12 +154,9 @@ class DecodeKernel(Kernel):
         key = None
         if out is None and not validate and self._append and kv_scales == (None, None):
             try:
-                lens, table = cache_seqlens, block_table
-                key = (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype,
-                       k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
-                       None if lens is None else layout_key(lens), None if table is None else layout_key(table),
-                       causal, scale, num_splits, return_lse, layout, variants,
-                       tuple(None if t is None else layout_key(t) for t in append[:6]), bool(append[6]))
+                key = cache_call_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                     return_lse, layout, variants) + (
+                    tuple(None if t is None else layout_key(t) for t in append[:6]), bool(append[6]))
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
                 key = prepared = None
@@ -176,14 +177,9 @@ class DecodeKernel(Kernel):
         key = None
         if out is None and not validate:
             try:
-                lens, table = cache_seqlens, block_table
-                scale_key = tuple((s.shape, s.dtype, s.stride(), s.get_device()) if isinstance(s, self._tensor_type)
-                                  else ("number", s) for s in kv_scales)
-                key = (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype,
-                       k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
-                       None if lens is None else (lens.shape, lens.dtype, lens.stride(), lens.get_device()),
-                       None if table is None else (table.shape, table.dtype, table.stride(), table.get_device()),
-                       causal, scale, num_splits, return_lse, layout, variants, scale_key)
+                scale_key = tuple(layout_key(s) if isinstance(s, self._tensor_type) else ("number", s) for s in kv_scales)
+                key = cache_call_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+                                     return_lse, layout, variants) + (scale_key,)
                 hash(key)
                 prepared = self._prepared.get(key)
             except (AttributeError, TypeError):
