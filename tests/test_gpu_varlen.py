@@ -224,3 +224,27 @@ def test_varlen_head_dim_v_traces_and_trains_padded(torch):
     assert o.grad_fn is not None and o.shape == eager.shape
     grads = torch.autograd.grad(o, leaves, torch.randn_like(o))
     assert [g.shape for g in grads] == [t.shape for t in leaves] and all(g.isfinite().all() for g in grads)
+
+@pytest.mark.parametrize("spec", BY_KIND)
+def test_varlen_calls_into_a_caller_s_out_take_the_prepared_path(torch, spec, monkeypatch):
+    """A varlen call with out= is prepared under out's layout: a second call of the layout into another out is a
+    prepared launch (no full path) writing there the same as a call that allocates its own."""
+    needs_sm90a(spec)
+    kernel = load_once(spec)
+    d = kernel.plan.head_dim
+    lq = (3, 130, 64)
+    cu = offsets(torch, lq)
+    full_paths = []
+    import attngen.runtime.calls.varlen as varlen_module
+    first = varlen_module.check_sequences
+    monkeypatch.setattr(varlen_module, "check_sequences", lambda *a, **kw: full_paths.append(1) or first(*a, **kw))
+    sets = [tuple(torch.randn(sum(lq), 4, d, device="cuda", dtype=torch.float16) for _ in range(3)) for _ in range(2)]
+    outs = [torch.full((sum(lq), 4, d), float("nan"), device="cuda", dtype=torch.float16) for _ in range(2)]
+    for i, ((q, k, v), out) in enumerate(zip(sets, outs)):
+        assert kernel.varlen(q, k, v, cu, cu, causal=True, out=out) is out
+        if i == 0:
+            taken = len(full_paths)
+    assert len(full_paths) == taken
+    monkeypatch.undo()
+    for (q, k, v), out in zip(sets, outs):
+        assert torch.equal(out, kernel.varlen(q, k, v, cu, cu, causal=True))

@@ -4,7 +4,7 @@ modifiers held: row_mods_per_tile off, which renders that kernel's source byte f
 alternating in one process. GPU us per call: calls queued behind a GPU sleep (docs/measurements/host_time.py's
 gpu_time), so the appending call's host path is hidden; outputs compared bit for bit.
 
-Usage: python3 docs/decode-h200/append_alibi_before.py OUT.json [ROUNDS]   (not yet run)"""
+Usage: python3 docs/decode-h200/append_alibi_before.py OUT.json [ROUNDS]"""
 import dataclasses
 import json
 import statistics
