@@ -128,6 +128,45 @@ def test_paged_varlen_against_reference(torch, head_dim, dtype, pg, causal):
     assert torch.equal(again, out)
 
 
+@pytest.mark.parametrize("head_dim,dtype", [(128, "fp16"), (64, "bf16")], ids=["d128-fp16", "d64-bf16"])
+def test_repeated_paged_varlen_calls_take_the_prepared_path(torch, head_dim, dtype, monkeypatch):
+    """A paged varlen call of a layout seen before is a prepared launch (no full path) with its own
+    tensors: two calls on new q, pools, tables and lengths of one layout each give what the full path
+    (validate=True) gives on theirs, and differ from each other; lengths and table entries rewritten in
+    place are read at the next launch."""
+    import attngen.runtime.calls.varlen as varlen_module
+    kernel = load_once(head_dim, dtype)
+    dt = torch_dtype(torch, dtype)
+    lens_k = [s[1] for s in MIXED]
+    longest = max(s[0] for s in MIXED)
+    full = []
+    first = varlen_module.check_offsets
+    monkeypatch.setattr(varlen_module, "check_offsets", lambda *a, **kw: full.append(1) or first(*a, **kw))
+    calls = []
+    for i, seed in enumerate((11, 12)):
+        q, k, v, cu_q, _, g = packed(torch, MIXED, 8, 2, head_dim, dt, seed=seed)
+        kp, vp, table = page_pools(torch, k, v, lens_k, 16, g)
+        used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+        out = kernel.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=True, max_seqlen_q=longest)
+        if i == 0:
+            taken = len(full)
+        calls.append((q, kp, vp, cu_q, table, used, out))
+    assert len(full) == taken, "the second call of the layout took the full path"
+    monkeypatch.undo()
+    for q, kp, vp, cu_q, table, used, out in calls:
+        want = kernel.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=True,
+                             max_seqlen_q=longest, validate=True)
+        assert torch.isfinite(out).all() and torch.equal(out, want)
+    assert not torch.equal(calls[0][-1], calls[1][-1])
+    q, kp, vp, cu_q, table, used, _ = calls[0]
+    used.sub_(1).clamp_(min=0)              # each sequence one key shorter, in place
+    table[[4, 7]] = table[[7, 4]].clone()   # two sequences of 4 pages swap them, in place (no NaN row read)
+    got = kernel.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=True, max_seqlen_q=longest)
+    want = kernel.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=True, max_seqlen_q=longest,
+                         validate=True)
+    assert torch.equal(got, want) and not torch.equal(got, calls[0][-1])
+
+
 @pytest.mark.parametrize("window", [(100, 0), (48, 17)], ids=["causal-100", "two-sided"])
 @pytest.mark.parametrize("pg", (1, 16, 256))
 @pytest.mark.parametrize("head_dim,dtype", CELLS + [(80, "fp16")], ids=[f"d{d}-{t}" for d, t in CELLS + [(80, "fp16")]])

@@ -127,3 +127,122 @@ def test_dispatch_cli_shows_the_paged_varlen_pick():
     assert result.exit_code != 0 and "power of two" in result.output
     result = runner.invoke(main, ["dispatch", "--call", "varlen", "--head-dim", "64", "--dtype", "bf16"])
     assert result.exit_code == 0 and "_paged" not in result.output.splitlines()[0]
+
+
+# -- the call's prepared path, on stand-in tensors ----------------------------------------------------
+
+def paged_kernel(name="h100_mma_d128_paged", monkeypatch=None):
+    """A ForwardKernel of the spec's plan whose launches are recorded instead of run."""
+    import types
+
+    from attngen.runtime.calls import forward, varlen
+    from test_merge import HALF, FakeTensor
+    from test_kv_append import I32, fake_torch
+    plan = plan_of(name)
+    k = object.__new__(forward.ForwardKernel)
+    k.plan, k.label, k.entry, k.dtype = plan, plan.spec.name, plan.entry_functions, HALF
+    torch = fake_torch()
+    torch.argsort = lambda t, **kw: types.SimpleNamespace(to=lambda dtype: FakeTensor(t.shape[:1], I32))
+    k._torch, k._tensor_type = torch, FakeTensor
+    k._prepared = {}
+    k.launched = []
+    k._device = lambda index: types.SimpleNamespace(index=index, sm_count=132)
+    k._launches = lambda info, *named: named
+    k._run = lambda prepared, pointers: k.launched.append((prepared, pointers))
+    if monkeypatch is not None:
+        monkeypatch.setattr(varlen, "error_word", lambda index: 1 << 42)
+    k._setup()
+    return k
+
+
+def test_a_repeated_paged_varlen_call_is_a_prepared_launch_with_its_own_addresses(monkeypatch):
+    """The second paged varlen call of a layout takes the prepared path (no checks, no Params laid out):
+    the first call's Params with this call's q, k, v, out, offsets, order, block table and seqused_k
+    patched in; another layout (a wider table), or validate=True, takes the full path."""
+    import struct
+
+    from attngen.runtime.calls import varlen
+    from test_merge import HALF
+    from test_kv_append import I32
+    from test_kv_append import Tensor as HostTensor
+
+    class Tensor(HostTensor):
+        _version = 0
+
+        def numel(self):
+            n = 1
+            for s in self.shape:
+                n *= s
+            return n
+
+    k = paged_kernel(monkeypatch=monkeypatch)
+    k._tensor_type = HostTensor
+    full = []
+    first_check = varlen.check_offsets
+    monkeypatch.setattr(varlen, "check_offsets", lambda *a, **kw: full.append(1) or first_check(*a, **kw))
+    batch, heads, kv_heads, d, pages, page = 4, 16, 4, 128, 64, 16
+
+    def args(cols=8):
+        return dict(q=Tensor((40, heads, d), HALF), k=Tensor((pages, page, kv_heads, d), HALF),
+                    v=Tensor((pages, page, kv_heads, d), HALF), cu_seqlens_q=Tensor((batch + 1,), I32),
+                    block_table=Tensor((batch, cols), I32), seqused_k=Tensor((batch,), I32))
+
+    def launched_params(prepared, pointers):   # the Params a launch gets: the template with its pointers patched
+        params = bytearray(prepared.template)
+        prepared.patch.pack_into(params, 0, pointers)
+        return {f.name: v for f, v in zip(k.plan.abi.fields, struct.unpack(k.plan.abi.struct_format(), bytes(params)))}
+
+    calls = [args(), args()]
+    for a in calls:
+        k.varlen(a["q"], a["k"], a["v"], a["cu_seqlens_q"], None, block_table=a["block_table"],
+                 seqused_k=a["seqused_k"], max_seqlen_q=16, causal=True)
+    (p1, pointers1), (p2, pointers2) = k.launched
+    assert p2 is p1 and len(full) == 1 and len(k._prepared) == 1
+    for a, pointers in zip(calls, (pointers1, pointers2)):
+        got = launched_params(p1, pointers)
+        for field in ("q", "k", "v", "cu_seqlens_q", "block_table", "seqused_k"):
+            assert got[field] == a[field].data_ptr(), field
+        assert got["seq_order"] not in (0, a["seqused_k"].data_ptr()) and got["cu_seqlens_k"] == 0
+        assert (got["num_pages"], got["page_size"], got["page_shift"], got["table_cols"]) == (pages, page, 4, 8)
+        assert got["o"] not in (0, a["q"].data_ptr())
+    assert pointers1 != pointers2
+    a = args(cols=12)                       # another table width: prepared anew
+    k.varlen(a["q"], a["k"], a["v"], a["cu_seqlens_q"], None, block_table=a["block_table"], seqused_k=a["seqused_k"],
+             max_seqlen_q=16, causal=True)
+    assert len(full) == 2 and launched_params(*k.launched[-1])["table_cols"] == 12
+    a = args()
+    a["q"] = Tensor(a["q"].shape, HALF, ptr=a["q"].data_ptr() + 8)     # q off 16-byte alignment: the full path
+    with pytest.raises(ValueError, match="align"):
+        k.varlen(a["q"], a["k"], a["v"], a["cu_seqlens_q"], None, block_table=a["block_table"],
+                 seqused_k=a["seqused_k"], max_seqlen_q=16, causal=True)
+
+
+def test_a_paged_call_takes_its_blocks_order_from_order_by(monkeypatch):
+    """order_by=(seqused_k, cu_seqlens_k) names the key counts the blocks are ordered by (a serving step's
+    caller's, shared by its layers); without it the call's own; one of another batch is refused."""
+    from attngen.runtime.calls import shared
+    from test_merge import HALF
+    from test_kv_append import I32
+    from test_kv_append import Tensor as HostTensor
+
+    class Tensor(HostTensor):
+        _version = 0
+
+        def numel(self):
+            return self.shape[0]
+
+    k = paged_kernel(monkeypatch=monkeypatch)
+    k._tensor_type = HostTensor
+    sorted_ = []
+    monkeypatch.setattr(shared, "longest_first_by_count", lambda torch, t: sorted_.append(t) or Tensor(t.shape, I32))
+    args = dict(q=Tensor((40, 16, 128), HALF), k=Tensor((64, 16, 4, 128), HALF), v=Tensor((64, 16, 4, 128), HALF),
+                cu_seqlens_q=Tensor((5,), I32))
+    own, callers = Tensor((4,), I32), Tensor((4,), I32)
+    for order_by, want in ((None, own), ((callers, None), callers)):
+        for _ in range(2):     # the second call is prepared: it orders by the same tensor
+            k.varlen(args["q"], args["k"], args["v"], args["cu_seqlens_q"], None, block_table=Tensor((4, 8), I32),
+                     seqused_k=own, max_seqlen_q=16, causal=True, order_by=order_by)
+        assert sorted_[-1] is want      # (the second call's order comes from the first's, cached by address)
+    with pytest.raises(ValueError, match="order_by"):
+        k.varlen(args["q"], args["k"], args["v"], args["cu_seqlens_q"], None, block_table=Tensor((4, 8), I32),
+                 seqused_k=own, max_seqlen_q=16, causal=False, order_by=(Tensor((3,), I32), None))

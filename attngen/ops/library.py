@@ -362,13 +362,15 @@ def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, sequse
     and reads its keys once. Offsets past q's rows are clamped (the varlen kernel clamps them too).
     `variants`: (softcap, alibi_slopes, sinks) of a call with score modifiers, which both kernels apply (a
     single query at the end of its keys sees ALiBi's offset and softcap as the varlen kernel's row)."""
+    # Each torch op here costs the host several microseconds on every layer of a step: scalars stand in for
+    # zero tensors, and the varlen kernel's blocks take the caller's lengths' longest-first order (computed
+    # once per step for all layers: SequenceOrders), not one of the lengths made here per call.
     total_q, batch = q.shape[0], block_table.shape[0]
     used = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     first = cu_seqlens_q[:-1]
     single = (cu_seqlens_q[1:] - first) == 1
-    none = torch.zeros((), dtype=torch.int32, device=q.device)
     row = first.clamp(0, total_q - 1)
-    rows_q, lengths = q.index_select(0, torch.where(single, row, none)).unsqueeze(1), torch.where(single, used, none)
+    rows_q, lengths = q.index_select(0, torch.where(single, row, 0)).unsqueeze(1), torch.where(single, used, 0)
     softcap, alibi_slopes, sinks = variants or (None, None, None)
     if variants is None:
         decoded = kvcache(rows_q, k, v, lengths, block_table, False, scale, None, "bshd", return_lse)
@@ -380,8 +382,8 @@ def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, sequse
     if kernel is not None:
         result = kernel.varlen(q, k, v, cu_seqlens_q, None, max_seqlen_q=max_seqlen_q, causal=causal,
                                alignment=alignment, scale=scale, return_lse=return_lse, block_table=block_table,
-                               seqused_k=torch.where(single, none, used), out=out[:total_q], softcap=softcap,
-                               alibi_slopes=alibi_slopes, sinks=sinks)
+                               seqused_k=torch.where(single, 0, used), out=out[:total_q], softcap=softcap,
+                               alibi_slopes=alibi_slopes, sinks=sinks, order_by=(seqused_k, cu_seqlens_k))
         lse = result[1] if return_lse else None
     rows = torch.where(single, row, total_q).long()
     out.index_copy_(0, rows, (decoded[0] if return_lse else decoded).squeeze(1))

@@ -31,7 +31,7 @@ class ForwardKernel(Kernel):
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None, causal: bool = False,
                alignment: str | None = None, scale: float | None = None, return_lse: bool = False, out=None,
                lse_out=None, validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
-               params: dict | None = None, sinks=None, block_table=None, seqused_k=None):
+               params: dict | None = None, sinks=None, block_table=None, seqused_k=None, order_by=None):
         """Attention over varlen sequences of different lengths (see attngen.runtime.calls.varlen.varlen_call):
         q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1); returns o
         shaped like q, or (o, lse) with lse fp32 (Hq, total_q). With block_table (a spec with paged: true),
@@ -45,7 +45,9 @@ class ForwardKernel(Kernel):
                                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                                      alignment=alignment, scale=scale, return_lse=return_lse, out=out,
                                      lse_out=lse_out, validate=validate, window=window, softcap=softcap,
-                                     alibi_slopes=alibi_slopes, sinks=sinks)
+                                     alibi_slopes=alibi_slopes, sinks=sinks, order_by=order_by)
+        if order_by is not None:
+            raise ValueError("order_by is read with block_table (paged K/V) only")
         if seqused_k is not None:
             raise ValueError("seqused_k is read with block_table (paged K/V) only so far; packed K/V take each "
                              "sequence's keys from cu_seqlens_k")

@@ -114,18 +114,21 @@ class SequenceOrders:
         self._cache: dict = {}
         self._lock = threading.Lock()
 
-    def longest_first(self, torch, cu_seqlens_k, batch: int, index: int):
+    def longest_first(self, torch, cu_seqlens_k, batch: int, index: int, counts: bool = False):
+        """The order of the sequences of cu_seqlens_k (offsets, batch + 1), or with `counts` of a
+        seqused_k (each sequence's key count, batch), longest first."""
+        order_of = longest_first_by_count if counts else longest_first
         stream = torch._C._cuda_getCurrentRawStream(index)
         if stream or torch._C._cuda_isCurrentStreamCapturing():
             # Kept only for calls on the device's default stream: a CUDA graph's capture (its order
             # would only be computed when the graph replays) and torch.compile's CUDA-graph warm-up (its
             # allocations go to the graph's pool, which must hold nothing past the call) run on
             # streams of their own, and so may a caller's; those compute the order per call.
-            return longest_first(torch, cu_seqlens_k)
-        key = (cu_seqlens_k.data_ptr(), cu_seqlens_k._version, batch, index, stream)
+            return order_of(torch, cu_seqlens_k)
+        key = (cu_seqlens_k.data_ptr(), cu_seqlens_k._version, batch, index, stream, counts)
         order = self._cache.get(key)
         if order is None:
-            order = longest_first(torch, cu_seqlens_k)
+            order = order_of(torch, cu_seqlens_k)
             with self._lock:
                 if len(self._cache) >= self.ENTRIES:
                     self._cache.clear()
@@ -143,6 +146,11 @@ def longest_first(torch, cu_seqlens_k):
     the grid. Measured on the H200 (16 sequences of 1-4096 tokens, 16 heads, d128, 128x32 tiles):
     without it 1360 us in ascending and 1277 us in descending order; with it 1302 and 1301 us."""
     return torch.argsort(cu_seqlens_k[1:] - cu_seqlens_k[:-1], descending=True, stable=True).to(torch.int32)
+
+
+def longest_first_by_count(torch, seqused_k):
+    """longest_first of key counts given per sequence (a paged call's seqused_k)."""
+    return torch.argsort(seqused_k, descending=True, stable=True).to(torch.int32)
 
 
 def check_offsets(torch, name: str, cu, index: int) -> int:
@@ -207,5 +215,5 @@ def query_rows(max_seqlen_q, total_q: int, longest: int | None = None) -> int:
 
 
 __all__ = ["ATTENTION_FIELDS", "INT32_MAX", "ORDERS", "SequenceOrders", "bhsd_strides", "call_key", "check_max_seqlen_q",
-           "check_offsets", "check_page_ids", "check_sequences", "longest_first", "mask_fields", "offsets_on_host", "query_rows", "shape_maps", "tensor_key",
+           "check_offsets", "check_page_ids", "check_sequences", "longest_first", "longest_first_by_count", "mask_fields", "offsets_on_host", "query_rows", "shape_maps", "tensor_key",
            "variant_key"]

@@ -21,6 +21,7 @@ from .shared import (ATTENTION_FIELDS, INT32_MAX, ORDERS, check_max_seqlen_q, ch
 
 PER_CALL = ATTENTION_FIELDS + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_order")
+PAGED_POINTERS = POINTERS + ("block_table", "seqused_k")   # in ABI order: the page fields follow the varlen ones
 
 
 def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
@@ -163,7 +164,7 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
                       max_seqlen_q: int | None = None, causal: bool = False, alignment: str | None = None,
                       scale: float | None = None, return_lse: bool = False, out=None, lse_out=None,
                       validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
-                      sinks=None):
+                      sinks=None, order_by=None):
     """Varlen attention whose keys lie in page pools (a spec with `paged: true`), as FlashAttention's
     flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ..., block_table=, seqused_k=).
 
@@ -180,8 +181,38 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     "bottom_right" here (FlashAttention's paged varlen call has no other); "top_left" may be asked for.
     window=(left, right) as in the packed varlen call, from each sequence's own key count (a spec whose
     masks include window); softcap, alibi_slopes and sinks as there, for a spec whose scores take them
-    (ALiBi's offset from each sequence's own key count)."""
+    (ALiBi's offset from each sequence's own key count). order_by=(seqused_k, cu_seqlens_k): the key counts
+    whose longest-first order the blocks take (default this call's; a serving step passes the caller's, which
+    every layer shares, so one order serves them all); the order changes the schedule, never the result."""
     torch = kernel._torch
+    order_seqused, order_cu = (seqused_k, cu_seqlens_k) if order_by is None else order_by
+    key = None
+    if lse_out is None and not validate:
+        # A layout seen before: its checks passed and its Params are laid out; only the pointers are new
+        # (q, k, v and a caller's out must be 16-byte aligned). The table's and the lengths' values are
+        # read by the kernel, never here, so they are not part of the key.
+        try:
+            key = ("paged", layout_key(q), layout_key(k), layout_key(v), layout_key(cu_seqlens_q),
+                   layout_key(block_table), None if seqused_k is None else layout_key(seqused_k),
+                   None if cu_seqlens_k is None else layout_key(cu_seqlens_k), max_seqlen_q, causal, alignment,
+                   scale, return_lse, variant_key(window, softcap, alibi_slopes, None, sinks),
+                   None if out is None else layout_key(out))
+            prepared = kernel._prepared.get(key)
+        except (AttributeError, TypeError):
+            key = prepared = None
+        if prepared is not None:
+            qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+            if not (qp | kp | vp | (0 if out is None else out.data_ptr())) % LOAD_BYTES:
+                if out is None:
+                    out = kernel._new_output(q)
+                lse_shape, batch = prepared.extra
+                lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
+                order = sequence_order(torch, order_seqused, order_cu, batch, prepared.info.index)
+                kernel._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0,
+                                       cu_seqlens_q.data_ptr(), 0 if cu_seqlens_k is None else cu_seqlens_k.data_ptr(),
+                                       0 if order is None else order.data_ptr(), block_table.data_ptr(),
+                                       0 if seqused_k is None else seqused_k.data_ptr()))
+                return (out, lse) if return_lse else out
     if not getattr(kernel.plan, "paged", False):
         raise ValueError(f"{kernel.label} reads packed K/V only: block_table needs a spec with paged: true")
     index = kernel._device_index(q)
@@ -269,13 +300,10 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
         packer = kernel._paged_varlen_packer = plan.abi.packer(
             PER_CALL + tuple(f.name for f in kernel._mask_fields) + PAGED_VARLEN_FIELDS)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
-    if batch > 1:     # longest first, by key count
-        if seqused_k is not None:
-            order = torch.argsort(seqused_k, descending=True, stable=True).to(torch.int32)
-        else:
-            order = ORDERS.longest_first(torch, cu_seqlens_k, batch, index)
-    else:
-        order = None
+    if order_by is not None and not (order_seqused.shape == (batch,) if order_seqused is not None else
+                                     order_cu is not None and order_cu.shape == (batch + 1,)):
+        raise ValueError(f"order_by must give the key counts of the call's {batch} sequences")
+    order = sequence_order(torch, order_seqused, order_cu, batch, index)
     # k and v: batch stride 0 (the pools' page 0), head stride sk[2], row stride sk[1]; pages by k_page_stride
     values = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0,
               0, sq[1], sq[0], 0, sk[2], sk[1], 0, sv[2], sv[1], 0, so[1], so[0],
@@ -291,10 +319,24 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
         values.append(mask_values.get(f.name, f.default))
     values += [block_table.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0, sk[0], sv[0],
                block_table.stride(0), block_table.shape[1], num_pages, page, shift]
+    patch = getattr(kernel, "_paged_varlen_patch", None)
+    if patch is None:
+        patch = kernel._paged_varlen_patch = plan.abi.patch(PAGED_POINTERS)
     prepared = Prepared(info, kernel._launches(info, (kernel.entry[varlen_key(mask)], grid)), packer.pack(values),
-                        _patch(kernel), ((heads, total_q), None))
-    kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]))
+                        patch, ((heads, total_q), batch))
+    kernel._remember(key, prepared)   # no key when the caller gave lse_out, or validates
+    kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]) + (values[-9], values[-8]))
     return (out, lse_out) if return_lse else out
+
+
+def sequence_order(torch, seqused_k, cu_seqlens_k, batch: int, index: int):
+    """A paged call's sequences longest first by key count (seqused_k's where given, else cu_seqlens_k's);
+    None for one sequence."""
+    if batch < 2:
+        return None
+    if seqused_k is not None:
+        return ORDERS.longest_first(torch, seqused_k, batch, index, counts=True)
+    return ORDERS.longest_first(torch, cu_seqlens_k, batch, index)
 
 
 __all__ = ["cu_seqlens", "paged_varlen_call", "varlen_call"]
