@@ -246,3 +246,152 @@ def test_a_paged_call_takes_its_blocks_order_from_order_by(monkeypatch):
     with pytest.raises(ValueError, match="order_by"):
         k.varlen(args["q"], args["k"], args["v"], args["cu_seqlens_q"], None, block_table=Tensor((4, 8), I32),
                  seqused_k=own, max_seqlen_q=16, causal=False, order_by=(Tensor((3,), I32), None))
+
+
+def _paged_call_kit(monkeypatch):
+    """A recording paged kernel, a counter of full-path calls, and makers of a call's arguments."""
+    from attngen.runtime.calls import varlen
+    from test_merge import F32, HALF
+    from test_kv_append import I32
+    from test_kv_append import Tensor as HostTensor
+
+    class Tensor(HostTensor):
+        _version = 0
+
+        def numel(self):
+            n = 1
+            for s in self.shape:
+                n *= s
+            return n
+
+    k = paged_kernel(monkeypatch=monkeypatch)
+    k._tensor_type = HostTensor
+    k._torch.empty = lambda shape, dtype=None, device=None: Tensor(shape, dtype or HALF)
+    k._torch.device = lambda *a: None
+    from attngen.runtime.calls import shared
+    monkeypatch.setattr(shared, "longest_first", lambda torch, cu: Tensor((cu.shape[0] - 1,), I32))
+    full = []       # one entry per call that took the full path (it works out the page shift once)
+    first_shift = varlen.page_shift
+    monkeypatch.setattr(varlen, "page_shift", lambda *a, **kw: full.append(1) or first_shift(*a, **kw))
+
+    def args(pages=64, batch=4):
+        return dict(q=Tensor((400, 16, 128), HALF), k=Tensor((pages, 16, 4, 128), HALF),
+                    v=Tensor((pages, 16, 4, 128), HALF), cu_seqlens_q=Tensor((batch + 1,), I32),
+                    block_table=Tensor((batch, 8), I32), seqused_k=Tensor((batch,), I32))
+
+    def call(a, **kw):
+        kw = {"max_seqlen_q": 16, "causal": True, **kw}
+        return k.varlen(a["q"], a["k"], a["v"], a["cu_seqlens_q"], kw.pop("cu_seqlens_k", None),
+                        block_table=a["block_table"], seqused_k=kw.pop("seqused_k", a["seqused_k"]), **kw)
+    return k, full, args, call, Tensor, (HALF, F32, I32)
+
+
+@pytest.mark.parametrize("change", ["lengths from cu_seqlens_k", "a caller's out", "another pool", "max_seqlen_q",
+                                    "return_lse", "a window"])
+def test_a_paged_call_that_differs_in_its_key_is_prepared_anew(change, monkeypatch):
+    """Each part of the key matters: a call that differs from a prepared one in it takes the full path (and
+    is then prepared itself), with its own values in the Params."""
+    k, full, args, call, Tensor, (HALF, F32, I32) = _paged_call_kit(monkeypatch)
+    call(args())
+    call(args())
+    assert len(full) == 1
+    a, kw = args(), {}
+    if change == "lengths from cu_seqlens_k":
+        kw = {"seqused_k": None, "cu_seqlens_k": Tensor((5,), I32)}
+    elif change == "a caller's out":
+        kw = {"out": Tensor((400, 16, 128), HALF)}
+    elif change == "another pool":
+        a = args(pages=96)
+    elif change == "max_seqlen_q":
+        kw = {"max_seqlen_q": 300}
+    elif change == "return_lse":
+        kw = {"return_lse": True}
+    else:
+        kw = {"window": (64, 0)}      # causal as before: only the variant key differs
+    for _ in range(2):
+        result = call(a, **kw)
+    assert len(full) == 2 and len(k._prepared) == 2, "not prepared anew, or not prepared"
+    (prepared, pointers) = k.launched[-1]
+    params = bytearray(prepared.template)
+    prepared.patch.pack_into(params, 0, pointers)
+    import struct
+    got = {f.name: v for f, v in zip(k.plan.abi.fields, struct.unpack(k.plan.abi.struct_format(), bytes(params)))}
+    if change == "lengths from cu_seqlens_k":
+        assert got["seqused_k"] == 0 and got["cu_seqlens_k"] == kw["cu_seqlens_k"].data_ptr()
+    elif change == "a caller's out":
+        assert got["o"] == kw["out"].data_ptr() and result is kw["out"]
+    elif change == "another pool":
+        assert got["num_pages"] == 96
+    elif change == "max_seqlen_q":
+        assert launched_grid(prepared)[0] > launched_grid(k.launched[0][0])[0]
+    elif change == "return_lse":
+        assert got["lse"] == result[1].data_ptr() != 0
+    else:
+        assert (got["window_lo"], got["window_hi"]) == (-64, 0)   # lo as an offset from the row
+
+
+def launched_grid(prepared):
+    (_name, grid), = prepared.launches
+    return grid
+
+
+@pytest.mark.parametrize("which", ["seqused_k", "cu_seqlens_k"])
+def test_lengths_of_a_bad_layout_are_refused_after_a_prepared_call(which, monkeypatch):
+    """The lengths tensors' layouts are part of the key: after a call with good ones, int64 lengths of the same
+    shape are refused by the full path's checks, not launched from the prepared one."""
+    k, full, args, call, Tensor, (HALF, F32, I32) = _paged_call_kit(monkeypatch)
+    from test_merge import Dtype
+    a = args()
+    shape = (4,) if which == "seqused_k" else (5,)
+    call(a, cu_seqlens_k=Tensor((5,), I32))
+    call(a, cu_seqlens_k=Tensor((5,), I32))
+    launched = len(k.launched)
+    with pytest.raises(TypeError, match=which):
+        call(a, **{"cu_seqlens_k": Tensor((5,), I32), which: Tensor(shape, Dtype(name="int64", size=8))})
+    assert len(k.launched) == launched
+
+
+@pytest.mark.parametrize("what", ["lse_out", "misaligned k", "misaligned v", "misaligned out"])
+def test_paged_calls_that_must_be_checked_take_the_full_path(what, monkeypatch):
+    """A call that gives lse_out takes the full path every time; a misaligned k, v or out is not launched
+    from the prepared path but refused by the full one."""
+    k, full, args, call, Tensor, (HALF, F32, I32) = _paged_call_kit(monkeypatch)
+    out = Tensor((400, 16, 128), HALF)
+    call(args(), out=out) if what == "misaligned out" else call(args())
+    a = args()
+    if what == "lse_out":
+        for _ in range(2):
+            call(a, lse_out=Tensor((16, 400), F32), return_lse=True)
+        assert len(full) == 3
+        return
+    launched = len(k.launched)
+    if what == "misaligned out":
+        with pytest.raises(ValueError, match="align"):
+            call(a, out=Tensor(out.shape, HALF, ptr=out.data_ptr() + 8))
+    else:
+        name = what.split()[1]
+        a[name] = Tensor(a[name].shape, HALF, ptr=a[name].data_ptr() + 8)
+        with pytest.raises(ValueError, match="align"):
+            call(a)
+    assert len(k.launched) == launched     # refused by the full path's checks, not launched prepared
+
+
+@pytest.mark.parametrize("bad", ["3 counts", "none", "offsets of 4", "another GPU", "int64"])
+def test_a_bad_order_by_is_refused_on_the_prepared_path_too(bad, monkeypatch):
+    """order_by is not part of the key: a prepared call checks it as the full path does (a wrong length
+    would make the kernel read past it, or leave rows unwritten)."""
+    k, full, args, call, Tensor, (HALF, F32, I32) = _paged_call_kit(monkeypatch)
+    from test_merge import Dtype
+    a = args()
+    good = (Tensor((4,), I32), None)
+    call(a, order_by=good)
+    call(a, order_by=good)
+    assert len(full) == 1
+    order_by = {"3 counts": (Tensor((3,), I32), None), "none": (None, None), "offsets of 4": (None, Tensor((4,), I32)),
+                "another GPU": (Tensor((4,), I32, device=1), None),
+                "int64": (Tensor((4,), Dtype(name="int64", size=8)), None)}[bad]
+    with pytest.raises(ValueError, match="order_by"):
+        call(a, order_by=order_by)
+    k._prepared.clear()
+    with pytest.raises(ValueError, match="order_by"):
+        call(a, order_by=order_by)

@@ -185,7 +185,8 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     whose longest-first order the blocks take (default this call's; a serving step passes the caller's, which
     every layer shares, so one order serves them all); the order changes the schedule, never the result."""
     torch = kernel._torch
-    order_seqused, order_cu = (seqused_k, cu_seqlens_k) if order_by is None else order_by
+    order_seqused, order_cu = (seqused_k, cu_seqlens_k) if order_by is None else \
+        order_by if isinstance(order_by, tuple) and len(order_by) == 2 else (None, None)   # refused below
     key = None
     if lse_out is None and not validate:
         # A layout seen before: its checks passed and its Params are laid out; only the pointers are new
@@ -206,6 +207,8 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
                 if out is None:
                     out = kernel._new_output(q)
                 lse_shape, batch = prepared.extra
+                if order_by is not None:     # not in the key: checked on every call that gives it
+                    check_order_by(torch, order_by, batch, prepared.info.index)
                 lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
                 order = sequence_order(torch, order_seqused, order_cu, batch, prepared.info.index)
                 kernel._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0,
@@ -295,14 +298,16 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     grid = plan.varlen_grid(batch, heads, max_seqlen_q)
     if grid[0] > MAX_GRID_X:
         raise ValueError(f"max_seqlen_q {max_seqlen_q} needs more than {MAX_GRID_X} blocks")
+    if kernel._map_fields:   # the paged call lays out no tensor maps (and its prepared path patches none)
+        raise ValueError(f"{kernel.label}: a paged varlen call reads K/V through its block table, not through "
+                         "tensor maps; this kernel has tensor-map fields")
     packer = getattr(kernel, "_paged_varlen_packer", None)
     if packer is None:
         packer = kernel._paged_varlen_packer = plan.abi.packer(
             PER_CALL + tuple(f.name for f in kernel._mask_fields) + PAGED_VARLEN_FIELDS)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
-    if order_by is not None and not (order_seqused.shape == (batch,) if order_seqused is not None else
-                                     order_cu is not None and order_cu.shape == (batch + 1,)):
-        raise ValueError(f"order_by must give the key counts of the call's {batch} sequences")
+    if order_by is not None:
+        check_order_by(torch, order_by, batch, index)
     order = sequence_order(torch, order_seqused, order_cu, batch, index)
     # k and v: batch stride 0 (the pools' page 0), head stride sk[2], row stride sk[1]; pages by k_page_stride
     values = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_out.data_ptr() if return_lse else 0,
@@ -329,6 +334,16 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     return (out, lse_out) if return_lse else out
 
 
+def check_order_by(torch, order_by, batch: int, index: int) -> None:
+    """order_by=(seqused_k, cu_seqlens_k) of a paged call: an int32 (batch,) seqused_k, or else an int32
+    (batch + 1,) cu_seqlens_k, on the call's GPU (the kernel reads the order's batch entries)."""
+    seqused, cu = order_by if isinstance(order_by, tuple) and len(order_by) == 2 else (None, None)
+    t, n = (seqused, batch) if seqused is not None else (cu, batch + 1)
+    if not (isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.shape == (n,) and t.get_device() == index):
+        raise ValueError(f"order_by must be (seqused_k, cu_seqlens_k) giving the key counts of the call's {batch} "
+                         f"sequences: an int32 ({batch},) seqused_k or ({batch + 1},) cu_seqlens_k on cuda:{index}")
+
+
 def sequence_order(torch, seqused_k, cu_seqlens_k, batch: int, index: int):
     """A paged call's sequences longest first by key count (seqused_k's where given, else cu_seqlens_k's);
     None for one sequence."""
@@ -339,4 +354,4 @@ def sequence_order(torch, seqused_k, cu_seqlens_k, batch: int, index: int):
     return ORDERS.longest_first(torch, cu_seqlens_k, batch, index)
 
 
-__all__ = ["cu_seqlens", "paged_varlen_call", "varlen_call"]
+__all__ = ["check_order_by", "cu_seqlens", "paged_varlen_call", "varlen_call"]
