@@ -41,7 +41,7 @@
 //     q             0   18432   18.00  16x576 __nv_bfloat16   1152  xor: chunk ^= row & 7        Q tile, loaded once
 //     kv0       18432   73728   72.00  64x576 __nv_bfloat16   1152  xor: chunk ^= row & 7        cache tile (K; V its first 512 columns), stage 0
 //     kv1       92160   73728   72.00  64x576 __nv_bfloat16   1152  xor: chunk ^= row & 7        cache tile (K; V its first 512 columns), stage 1
-//     p        165888    2048    2.00  16x64 __nv_bfloat16    128  xor 3 (16-byte chunks)       P of the tile (every warp's keys), read by every warp for P.V
+//     p        165888    2048    2.00  16x64 __nv_bfloat16    128  xor 3 (16-byte chunks)       P of the tile (every warp's keys), read by its row group's warps for P.V
 //     row_max  167936     256    0.25  4x16 float           64  none                         each warp's row maxima of the tile's scores
 //     row_sum  168192     256    0.25  4x16 float           64  none                         each warp's row sums over its keys, at the end
 //     total 168448 B (164.50 KiB) of 232448 B (227.00 KiB) budget, 72%

@@ -41,7 +41,7 @@
 //     q             0   18432   18.00  16x576 __nv_bfloat16   1152  xor: chunk ^= row & 7        Q tile, loaded once
 //     kv0       18432   73728   72.00  64x576 __nv_bfloat16   1152  xor: chunk ^= row & 7        cache tile (K; V its first 512 columns), stage 0
 //     kv1       92160   73728   72.00  64x576 __nv_bfloat16   1152  xor: chunk ^= row & 7        cache tile (K; V its first 512 columns), stage 1
-//     p        165888    2048    2.00  16x64 __nv_bfloat16    128  xor 3 (16-byte chunks)       P of the tile (every warp's keys), read by every warp for P.V
+//     p        165888    2048    2.00  16x64 __nv_bfloat16    128  xor 3 (16-byte chunks)       P of the tile (every warp's keys), read by its row group's warps for P.V
 //     row_max  167936     256    0.25  4x16 float           64  none                         each warp's row maxima of the tile's scores
 //     row_sum  168192     256    0.25  4x16 float           64  none                         each warp's row sums over its keys, at the end
 //     total 168448 B (164.50 KiB) of 232448 B (227.00 KiB) budget, 72%
@@ -107,7 +107,7 @@ constexpr int kMinBlocksPerSm = 1;
 // Shared-memory regions: byte offsets inside the block's buffer.
 constexpr int kSmem_q = 0;  // Q tile, loaded once: 16x576 __nv_bfloat16, 18432 B
 constexpr int kSmem_kv0 = 18432;  // cache tile (K; V its first 512 columns), stage 0: 64x576 __nv_bfloat16, 73728 B
-constexpr int kSmem_p = 165888;  // P of the tile (every warp's keys), read by every warp for P.V: 16x64 __nv_bfloat16, 2048 B
+constexpr int kSmem_p = 165888;  // P of the tile (every warp's keys), read by its row group's warps for P.V: 16x64 __nv_bfloat16, 2048 B
 constexpr int kSmem_row_max = 167936;  // each warp's row maxima of the tile's scores: 4x16 float, 256 B
 constexpr int kSmem_row_sum = 168192;  // each warp's row sums over its keys, at the end: 4x16 float, 256 B
 
@@ -293,6 +293,8 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 }
 
 constexpr int kHeadDimV = 512;           // V's and O's columns: the first of each cache row
+constexpr int kRowGroups = 1;          // 16-row fragments of group rows per block
+constexpr int kKeyWarps = 4;            // warps of one row group
 constexpr int kKeysPerWarp = 16;   // keys of a tile one warp scores
 constexpr int kSTiles = 2;              // 8-key S tiles per warp
 constexpr int kScoreChains = 3;    // S accumulator sets over interleaved k-steps
@@ -304,7 +306,8 @@ constexpr int kCopyRows = 16;          // tile rows one copy step covers (8 thre
 constexpr int kCopyPasses = 4;      // copy steps per tile: rows whose source each thread resolves
 constexpr int kCopyChunks = 9;      // 16-byte chunks a thread copies per row
 constexpr int kPPitch = 128;              // bytes per row of the P tile
-static_assert(kBlockM == 16, "one m16 fragment of group rows per block");
+static_assert(kBlockM == 16 * kRowGroups && kComputeWarps == kRowGroups * kKeyWarps,
+              "one m16 fragment of group rows per row group, each with kKeyWarps warps");
 static_assert(kSTiles % 2 == 0 && kOTiles % 2 == 0, "ldmatrix.x4 feeds two 8-wide tiles at a time");
 static_assert(kKStepsQK % kScoreChains == 0, "the chains split the k-steps evenly");
 static_assert(kCopyPasses * kCopyRows == kBlockN && kCopyChunks * 8 == kChunksPerRow, "the copies cover a tile");
@@ -396,9 +399,10 @@ __device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, const MlaBl
 
 // S of this warp's keys (kSTiles 8-key tiles) against the 16 rows, in kScoreChains accumulator sets
 // over interleaved k-steps so that consecutive mma.sync do not wait on each other.
-__device__ __forceinline__ void score_tile(float (&s)[kSTiles][4], uint32_t sQ, uint32_t sKV, int warp, int lane) {
-    const int a_row = lane % 16, a_chunk = lane / 16;
-    const int b_key = warp * kKeysPerWarp + lane % 8 + 8 * (lane / 16), b_chunk = (lane / 8) % 2;
+__device__ __forceinline__ void score_tile(float (&s)[kSTiles][4], uint32_t sQ, uint32_t sKV, int group, int kw,
+                                           int lane) {
+    const int a_row = 16 * group + lane % 16, a_chunk = lane / 16;
+    const int b_key = kw * kKeysPerWarp + lane % 8 + 8 * (lane / 16), b_chunk = (lane / 8) % 2;
     float chain[kScoreChains][kSTiles][4];
 #pragma unroll
     for (int c = 0; c < kScoreChains; ++c)
@@ -431,9 +435,11 @@ __device__ __forceinline__ void score_tile(float (&s)[kSTiles][4], uint32_t sQ, 
         }
 }
 
-// O (this warp's kColsPerWarp columns) += P (every key of the tile, from the P tile) V (the tile's rows).
-__device__ __forceinline__ void accumulate_pv(float (&o)[kOTiles][4], uint32_t sP, uint32_t sKV, int warp, int lane) {
-    const int a_row = lane % 16, a_chunk = lane / 16;
+// O (this warp's kColsPerWarp columns of its group's rows) += P (every key of the tile, from the P tile)
+// V (the tile's rows).
+__device__ __forceinline__ void accumulate_pv(float (&o)[kOTiles][4], uint32_t sP, uint32_t sKV, int group, int kw,
+                                              int lane) {
+    const int a_row = 16 * group + lane % 16, a_chunk = lane / 16;
     const int v_key = lane % 8 + 8 * ((lane / 8) % 2), v_chunk = lane / 16;
 #pragma unroll
     for (int kk = 0; kk < kKStepsPV; ++kk) {
@@ -442,7 +448,7 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[kOTiles][4], uint32_t s
 #pragma unroll
         for (int j = 0; j < kOTiles; j += 2) {
             uint32_t b[4];
-            ldmatrix_x4_trans(b, sKV + tile_offset(kk * 16 + v_key, warp * kColsPerWarp / 8 + j + v_chunk));
+            ldmatrix_x4_trans(b, sKV + tile_offset(kk * 16 + v_key, kw * kColsPerWarp / 8 + j + v_chunk));
             mma_m16n8k16(o[j], a, b[0], b[1]);
             mma_m16n8k16(o[j + 1], a, b[2], b[3]);
         }
@@ -458,6 +464,9 @@ __device__ __forceinline__ void split(const Params& p) {
     float* row_max = reinterpret_cast<float*>(smem + kSmem_row_max);
     float* row_sum = reinterpret_cast<float*>(smem + kSmem_row_sum);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    // this warp's row group and its place in it (one group: the warp itself, as the compiler sees)
+    const int group = kRowGroups == 1 ? 0 : warp / kKeyWarps, kw = kRowGroups == 1 ? warp : warp % kKeyWarps;
+    const int rows0 = 16 * group;                                // the group's first row in the block
     const MlaBlock c = mla_block(p);
     const int n_tiles = (c.seqlen + kBlockN - 1) / kBlockN;
     const int t_begin = c.split * p.tiles_per_split, t_end = min(n_tiles, t_begin + p.tiles_per_split);
@@ -474,7 +483,7 @@ __device__ __forceinline__ void split(const Params& p) {
     int limit[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int t = (c.row0 + lane / 4 + 8 * h) % p.seqlen_q;
+        const int t = (c.row0 + rows0 + lane / 4 + 8 * h) % p.seqlen_q;
         limit[h] = visible_keys<kMask>(t, c.seqlen, c.seqlen - p.seqlen_q);
     }
     float o[kOTiles][4];
@@ -492,9 +501,9 @@ __device__ __forceinline__ void split(const Params& p) {
         __syncthreads();                         // the tile (and Q) landed for every warp
 
         float s[kSTiles][4];
-        score_tile(s, sQ, sKV, warp, lane);
+        score_tile(s, sQ, sKV, group, kw, lane);
         // scale, mask and this warp's row maxima (log2 units)
-        const int key0 = t * kBlockN + warp * kKeysPerWarp;
+        const int key0 = t * kBlockN + kw * kKeysPerWarp;
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int n = 0; n < kSTiles; ++n)
@@ -507,16 +516,17 @@ __device__ __forceinline__ void split(const Params& p) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             mx[h] = group_max<4>(mx[h]);
-            if (lane % 4 == 0) row_max[warp * kBlockM + lane / 4 + 8 * h] = mx[h];
+            if (lane % 4 == 0) row_max[warp * 16 + lane / 4 + 8 * h] = mx[h];
         }
         __syncthreads();                         // every warp's maxima
         float alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = lane / 4 + 8 * h;
-            float tile_max = row_max[r];
+            const float* group_max_of = row_max + group * kKeyWarps * 16;   // the group's warps' maxima
+            float tile_max = group_max_of[r];
 #pragma unroll
-            for (int w = 1; w < kComputeWarps; ++w) tile_max = fmaxf(tile_max, row_max[w * kBlockM + r]);
+            for (int w = 1; w < kKeyWarps; ++w) tile_max = fmaxf(tile_max, group_max_of[w * 16 + r]);
             const float m_new = fmaxf(m[h], tile_max);
             const float ref = m_new == -INFINITY ? 0.f : m_new;   // a row that saw no key yet
             alpha[h] = exp2f(m[h] - ref);
@@ -536,7 +546,7 @@ __device__ __forceinline__ void split(const Params& p) {
         for (int n = 0; n < kSTiles; ++n)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int r = lane / 4 + 8 * h, col = warp * kKeysPerWarp + n * 8 + 2 * (lane % 4);
+                const int r = rows0 + lane / 4 + 8 * h, col = kw * kKeysPerWarp + n * 8 + 2 * (lane % 4);
                 *reinterpret_cast<uint32_t*>(smem + kSmem_p + p_offset(r, col / 8) + (col % 8) * 2) =
                     pack2(s[n][2 * h], s[n][2 * h + 1]);
             }
@@ -546,7 +556,7 @@ __device__ __forceinline__ void split(const Params& p) {
             o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
             o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
         }
-        accumulate_pv(o, sP, sKV, warp, lane);
+        accumulate_pv(o, sP, sKV, group, kw, lane);
         __syncthreads();                         // every warp done with this stage and the P tile
         if (refill) copy_tile(sKV, next, tid);
         cp_async_commit();
@@ -560,29 +570,29 @@ __device__ __forceinline__ void split(const Params& p) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         l[h] = group_sum<4>(l[h]);
-        if (lane % 4 == 0) row_sum[warp * kBlockM + lane / 4 + 8 * h] = l[h];
+        if (lane % 4 == 0) row_sum[warp * 16 + lane / 4 + 8 * h] = l[h];
     }
     __syncthreads();
     const int rows_total = p.batch * p.heads * p.seqlen_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int r = c.row0 + lane / 4 + 8 * h;
+        const int r = c.row0 + rows0 + lane / 4 + 8 * h;
         if (r >= c.rows) continue;
         float total = 0.f;
 #pragma unroll
-        for (int w = 0; w < kComputeWarps; ++w) total += row_sum[w * kBlockM + lane / 4 + 8 * h];
+        for (int w = 0; w < kKeyWarps; ++w) total += row_sum[(group * kKeyWarps + w) * 16 + lane / 4 + 8 * h];
         const float inv = total > 0.f ? 1.f / total : 0.f;     // a row with no key: O = 0, LSE -inf
         const float lse = total > 0.f ? (m[h] + log2f(total)) * kLn2 : -INFINITY;
         const int head = c.kv_head * c.group + r / p.seqlen_q, tok = r % p.seqlen_q;
         const int row = (c.batch * p.heads + head) * p.seqlen_q + tok;   // the output's LSE row
-        const int col0 = warp * kColsPerWarp + 2 * (lane % 4);
+        const int col0 = kw * kColsPerWarp + 2 * (lane % 4);
         if (p.num_splits == 1) {
             elem_t* out = static_cast<elem_t*>(p.o) + c.batch * p.o_batch_stride + head * p.o_head_stride
                           + tok * p.o_row_stride + col0;
 #pragma unroll
             for (int j = 0; j < kOTiles; ++j)
                 *reinterpret_cast<elem2_t*>(out + j * 8) = from_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-            if (p.lse != nullptr && warp == 0 && lane % 4 == 0) p.lse[row] = lse;
+            if (p.lse != nullptr && kw == 0 && lane % 4 == 0) p.lse[row] = lse;
         } else {
             // an empty slice writes a zero partial of LSE -inf: the combine weighs it 0
             const long long at = static_cast<long long>(c.split) * rows_total + row;
@@ -590,7 +600,7 @@ __device__ __forceinline__ void split(const Params& p) {
 #pragma unroll
             for (int j = 0; j < kOTiles; ++j)
                 *reinterpret_cast<float2*>(out + j * 8) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-            if (warp == 0 && lane % 4 == 0) p.lse_accum[at] = lse;
+            if (kw == 0 && lane % 4 == 0) p.lse_accum[at] = lse;
         }
     }
 }

@@ -39,7 +39,7 @@ COMBINE_SLICE_COLUMNS = 128     # columns one combine warp merges: a row of 512 
 COMBINE_READS = ("o", "lse", "o_batch_stride", "o_head_stride", "o_row_stride", "batch", "heads", "seqlen_q",
                  "o_accum", "lse_accum", "num_splits")
 MAX_HEAD_DIM = 1024
-ROWS = 16                   # group rows per block: one m16 fragment, held by every warp for S
+ROWS = 16                   # group rows of one m16 fragment: a warp's rows (a block takes block_m / ROWS groups)
 LOAD_CHUNKS = 8             # 16-byte chunks of a row one copy step covers per thread group (128 bytes)
 P_ROW_BYTES = 128           # the P tile's rows XOR their chunk with row & 7: whole groups of 8 chunks
 # Registers each thread needs beside its O accumulators and S chains (addresses, the Q and K fragments
@@ -73,12 +73,24 @@ class DecodeMlaSpec(ForwardSpec):
             "fp32 O accumulators of the warp's columns and S accumulator chains"
 
 
+def row_groups(s) -> int:
+    """16-row fragments of group rows per block; each has warps / row_groups warps of its own, which share
+    the block's cache tiles (a block of 32 rows reads each tile once for both). (At least 1: the rules
+    refuse other block_m, and every rule is asked.)"""
+    return max(1, s.tile.block_m // ROWS)
+
+
+def key_warps(s) -> int:
+    """Warps of one row group: they split a tile's keys for S and O's columns for P.V."""
+    return max(1, s.compute_warps // row_groups(s))
+
+
 def keys_per_warp(s) -> int:
-    return s.tile.block_n // s.compute_warps
+    return s.tile.block_n // key_warps(s)
 
 
 def cols_per_warp(s) -> int:
-    return s.v_dim // s.compute_warps
+    return s.v_dim // key_warps(s)
 
 
 def o_registers(s) -> int:
@@ -98,27 +110,34 @@ def rule_mla_homogeneous(s):
 
 
 def rule_mla_rows(s):
-    if s.tile.block_m != ROWS:
-        return "tile.block_m", (f"a block takes one 16-row fragment of group rows (query heads per KV head x new "
-                                f"tokens), every warp holding it for S: use block_m: {ROWS} (got {s.tile.block_m})")
+    if s.tile.block_m not in (ROWS, 2 * ROWS):
+        return "tile.block_m", (f"a block takes one or two 16-row fragments of group rows (query heads per KV head x "
+                                f"new tokens), each held by its own warps for S: use block_m: {ROWS} or {2 * ROWS} "
+                                f"(got {s.tile.block_m})")
+    if s.compute_warps % row_groups(s):
+        return "warps.compute", (f"the {row_groups(s)} row groups of {s.tile.block_m} rows each take an equal share "
+                                 f"of the warps: use a multiple of {row_groups(s)} (got {s.compute_warps})")
 
 
 def rule_mla_keys_per_warp(s):
-    unit = 16 * s.compute_warps
+    unit = 16 * key_warps(s)
     p_keys = P_ROW_BYTES // s.elem_bytes
     if s.tile.block_n % p_keys:
         return "tile.block_n", (f"the P tile's rows are swizzled over 8 chunks of 16 bytes, so block_n must be a "
                                 f"multiple of {p_keys} (got {s.tile.block_n})")
     if s.tile.block_n % unit:
-        return "tile.block_n", (f"each of the {s.compute_warps} warps scores an equal share of a tile's keys in "
-                                f"16-key steps, so block_n must be a multiple of {unit} (got {s.tile.block_n})")
+        return "tile.block_n", (f"each of a row group's {key_warps(s)} warps scores an equal share of a tile's keys "
+                                f"in 16-key steps, so block_n must be a multiple of {unit} (got {s.tile.block_n})")
+    if s.tile.block_n % (4 * s.compute_warps):
+        return "tile.block_n", (f"a copy step of the {s.compute_warps} warps covers {4 * s.compute_warps} rows of a "
+                                f"tile, so block_n must be a multiple of it (got {s.tile.block_n})")
 
 
 def rule_mla_v_columns(s):
-    unit = 16 * s.compute_warps
+    unit = 16 * key_warps(s)
     if s.v_dim % unit:
-        return "head_dim_v", (f"each of the {s.compute_warps} warps accumulates an equal share of O's columns in "
-                              f"16-column steps, so head_dim_v must be a multiple of {unit} (got {s.v_dim})")
+        return "head_dim_v", (f"each of a row group's {key_warps(s)} warps accumulates an equal share of O's columns "
+                              f"in 16-column steps, so head_dim_v must be a multiple of {unit} (got {s.v_dim})")
     if s.v_dim > s.head_dim:
         return "head_dim_v", (f"V is the first head_dim_v columns of each cache row, so head_dim_v must be at most "
                               f"head_dim ({s.head_dim}; got {s.v_dim})")
@@ -130,7 +149,7 @@ def rule_mla_copy_steps(s):
         return "head_dim", (f"a tile row is copied {LOAD_CHUNKS * CHUNK_BYTES} bytes per thread group at a time, so "
                             f"head_dim must be a multiple of {LOAD_CHUNKS * CHUNK_BYTES // s.elem_bytes} (got "
                             f"{s.head_dim})")
-    # (block_n, a multiple of 16 x warps by rule_mla_keys_per_warp, is one of the 4 x warps rows a copy step covers)
+    # (block_n is a multiple of the 4 x warps rows a copy step covers: rule_mla_keys_per_warp)
 
 
 def rule_mla_swizzle(s):
@@ -158,6 +177,8 @@ DecodeMlaSpec.rules = (rule_mla_homogeneous, rule_mla_rows, rule_mla_keys_per_wa
 
 @dataclass(frozen=True, kw_only=True)
 class MlaFragments:
+    row_groups: int         # 16-row fragments of group rows per block, each with its own warps
+    key_warps: int          # warps of one row group
     keys_per_warp: int      # keys of each tile one warp scores
     s_tiles: int            # 8-key S tiles per warp
     score_chains: int       # accumulator sets of S over interleaved k-steps
@@ -175,7 +196,7 @@ class MlaFragments:
 def fragments(spec: DecodeMlaSpec, rows_per_warp: int, file) -> MlaFragments:
     kpw, threads = keys_per_warp(spec), 32 * spec.compute_warps
     chunks = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
-    return MlaFragments(keys_per_warp=kpw, s_tiles=kpw // 8, score_chains=score_chains(spec.head_dim // 16),
+    return MlaFragments(row_groups=row_groups(spec), key_warps=key_warps(spec), keys_per_warp=kpw, s_tiles=kpw // 8, score_chains=score_chains(spec.head_dim // 16),
                         cols_per_warp=cols_per_warp(spec), o_tiles=cols_per_warp(spec) // 8,
                         k_steps_qk=spec.head_dim // 16, k_steps_pv=spec.tile.block_n // 16,
                         copy_rows=threads // LOAD_CHUNKS, copy_passes=spec.tile.block_n // (threads // LOAD_CHUNKS),
@@ -197,8 +218,8 @@ def tiles(spec: DecodeMlaSpec, sw) -> list[Region]:
 def shared_regions(spec: DecodeMlaSpec) -> list[Region]:
     """The P tile the warps hand from S to P.V, and each warp's row maxima and row sums."""
     ctype, eb, bn, warps = ELEMENT_TYPES[spec.dtype][0], spec.elem_bytes, spec.tile.block_n, spec.compute_warps
-    return [Region("p", ROWS, bn, ctype, eb, bn * eb, swizzle="xor 3 (16-byte chunks)",
-                   per="P of the tile (every warp's keys), read by every warp for P.V"),
+    return [Region("p", spec.tile.block_m, bn, ctype, eb, bn * eb, swizzle="xor 3 (16-byte chunks)",
+                   per="P of the tile (every warp's keys), read by its row group's warps for P.V"),
             Region("row_max", warps, ROWS, "float", 4, ROWS * 4, per="each warp's row maxima of the tile's scores"),
             Region("row_sum", warps, ROWS, "float", 4, ROWS * 4, per="each warp's row sums over its keys, at the end")]
 
@@ -221,9 +242,17 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
                      tiles=tiles)
     f = p.fragments
     stride = p.region("kv1").offset - p.region("kv0").offset if spec.smem.stages > 1 else 0
-    roles = (f"{spec.compute_warps} warps, all copying each cache tile (cp.async); for S warp w scores keys "
-             f"[{f.keys_per_warp}w, {f.keys_per_warp}(w+1)) of the tile against all {ROWS} group rows; for O it "
-             f"accumulates columns [{f.cols_per_warp}w, {f.cols_per_warp}(w+1)) over every key of the tile",)
+    if f.row_groups == 1:
+        roles = (f"{spec.compute_warps} warps, all copying each cache tile (cp.async); for S warp w scores keys "
+                 f"[{f.keys_per_warp}w, {f.keys_per_warp}(w+1)) of the tile against all {ROWS} group rows; for O it "
+                 f"accumulates columns [{f.cols_per_warp}w, {f.cols_per_warp}(w+1)) over every key of the tile",)
+    else:
+        kw = f.key_warps
+        roles = (f"{spec.compute_warps} warps, all copying each cache tile (cp.async), in {f.row_groups} row groups of "
+                 f"{kw} warps: warp w takes group rows [{ROWS}(w / {kw}), {ROWS}(w / {kw} + 1)); for S it scores keys "
+                 f"[{f.keys_per_warp}(w % {kw}), {f.keys_per_warp}(w % {kw} + 1)) of the tile against those rows; for "
+                 f"O it accumulates columns [{f.cols_per_warp}(w % {kw}), {f.cols_per_warp}(w % {kw} + 1)) over every "
+                 "key of the tile",)
     schedule = ("split kernel, grid (num_splits, kv_heads x row_blocks, batch):",
                 "  rows: group row r = g x seqlen_q + t is query head kv_head x group + g, new token t",
                 "  keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence "
@@ -237,8 +266,8 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
                 f"combine kernel, grid (ceil(batch x heads x seqlen_q / {COMBINE_WARPS}), {combine_slices(spec)}): a "
                 f"warp per row and slice of {spec.v_dim // combine_slices(spec)} columns weighs each split by "
                 "exp(lse_s - lse) and writes O (and the first slice LSE)")
-    block_text = (f"block: one key slice (split) of one KV head and sequence, for {ROWS} group rows (query heads per "
-                  f"KV head x new tokens) in {spec.tile.block_n}-key cache tiles; grid (num_splits, kv_heads x "
+    block_text = (f"block: one key slice (split) of one KV head and sequence, for {spec.tile.block_m} group rows "
+                  f"(query heads per KV head x new tokens) in {spec.tile.block_n}-key cache tiles; grid (num_splits, kv_heads x "
                   "row_blocks, batch)",
                   f"threads: {p.threads} = {spec.compute_warps} warps; each scores {f.keys_per_warp} keys of a tile "
                   f"and accumulates {f.cols_per_warp} of O's {spec.v_dim} columns",
