@@ -176,3 +176,34 @@ def test_mla_decode_records_a_bad_page(torch):
     attngen.attention_with_kvcache(q, pool, pool[..., :DV], cache_seqlens=lens, block_table=table, layout="bshd")
     with pytest.raises(Exception, match="block_table"):
         attngen.check_errors()
+
+
+@pytest.mark.parametrize("heads,sq,page,causal", [(128, 1, 0, False), (128, 2, 16, True), (32, 1, 64, False),
+                                                  (16, 1, 0, False), (48, 1, 0, False)],
+                         ids=["H128", "H128q2pg16c", "H32pg64", "H16", "H48"])
+@pytest.mark.parametrize("splits", [1, 5])
+def test_two_row_groups_give_the_one_group_cell_s_bits(torch, heads, sq, page, causal, splits):
+    """The lab cell of 32-row blocks (two 16-row groups of 4 warps sharing each cache tile) computes each row
+    as the 16-row cell does (the same keys per warp, the same chains and merge): at one split count the
+    outputs and LSE are bit for bit the same, with 16 heads (its second group empty), 48 (a partial
+    block), 128, pages and several causal new tokens."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    one = attngen.load(root / "specs" / "h200_decode_d576_mla_bf16.yaml")
+    two = attngen.load(root / "specs" / "lab" / "h200_decode_d576_mla_m32_bf16.yaml")
+    assert (one.plan.block_m, two.plan.block_m) == (16, 32)
+    gen = torch.Generator(device="cuda").manual_seed(heads + sq + page + splits)
+    b, cap = 3, 1500
+    q = torch.randn((b, sq, heads, D), generator=gen, device="cuda").bfloat16()
+    cache = torch.randn((b, cap, 1, D), generator=gen, device="cuda").bfloat16()
+    lens = torch.randint(cap // 3, cap + 1, (b,), generator=gen, device="cuda").int()
+    kc, kwargs = cache, {}
+    if page:
+        pool, table = pages(torch, cache, page, gen)
+        kc, kwargs = pool, {"block_table": table}
+    outs = [k(q, kc, kc[..., :DV], cache_seqlens=lens, causal=causal, scale=1 / math.sqrt(192), layout="bshd",
+              return_lse=True, num_splits=splits, **kwargs) for k in (one, two)]
+    torch.cuda.synchronize()
+    (o1, l1), (o2, l2) = outs
+    assert torch.isfinite(o2).all()
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
