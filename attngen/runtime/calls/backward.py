@@ -30,7 +30,7 @@ POINTERS = ("q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "dq_accum", "de
 PER_CALL = (ATTENTION_FIELDS + GRADIENTS + tuple(f"{t}_{d}_stride" for t in GRADIENTS for d in ("batch", "head", "row"))
             + ("dq_accum", "delta", "scale", "dq_turns"))
 VARLEN_PER_CALL = PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
-VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k", "seq_order")   # a varlen call's own, after POINTERS in ABI order
+VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k", "seq_order")   # a varlen call's own (ABI: between lse and dout)
 
 
 def scratch_layout(accum: int, sums: int, delta: int, turns) -> tuple:
