@@ -511,6 +511,42 @@ def test_varlen_backward_ignores_rows_past_the_sequences(spec):
         assert torch.equal(clean, dirty)
 
 
+@pytest.mark.parametrize("spec", ["h100_bwd_d64_wgmma_varlen", "h100_bwd_d64_varlen"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_repeated_varlen_backward_calls_take_the_prepared_path(spec, deterministic, monkeypatch):
+    """A varlen backward call of a layout seen before is a prepared launch (no full path) with its own tensors:
+    calls on new q, k, v, out, lse, dout and offsets of one layout each give what the full path (validate=True)
+    gives on theirs, and differ from each other."""
+    import torch
+    import attngen.runtime.calls.backward as backward_module
+    if "wgmma" in spec and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the wgmma backward targets sm_90a")
+    bwd = kernel(ROOT / "specs" / f"{spec}.yaml")
+    full = []
+    first = backward_module.check_sequences
+    monkeypatch.setattr(backward_module, "check_sequences", lambda *a, **kw: full.append(1) or first(*a, **kw))
+    calls = []
+    for i, seed in enumerate((31, 32, 33)):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        (q, k, v), (cu_q, cu_k), dout = varlen_leaves(torch, gen, "float16", 64)
+        o, lse = attngen.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True)
+        grads = bwd.varlen(q, k, v, o, lse, dout, cu_q, cu_k, causal=True, deterministic=deterministic)
+        if i == 0:
+            taken = len(full)
+        calls.append(((q, k, v, o, lse, dout, cu_q, cu_k), grads))
+    assert len(full) == taken, "a repeated call of the layout took the full path"
+    monkeypatch.undo()
+    for args, grads in calls:
+        want = bwd.varlen(*args, causal=True, deterministic=True, validate=True)
+        for got, ref in zip(grads, want):
+            assert torch.isfinite(got).all()
+            if deterministic:
+                assert torch.equal(got, ref)
+            else:   # dq's fp32 sums land in any order: within a few ulps of the deterministic order's
+                assert torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-3)
+    assert not torch.equal(calls[0][1][0], calls[1][1][0])
+
+
 def test_varlen_backward_refuses_bad_inputs():
     """The varlen backward call's checks: lse of the wrong shape, a too-small max_seqlen_k under
     validate=True, a padded-only spec."""

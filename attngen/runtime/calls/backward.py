@@ -21,8 +21,8 @@ from ...core.constants import LOG2E
 from ...core.varlen_plan import varlen_key
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, VARLEN_LAYOUT, Kernel, Prepared
-from .shared import (ATTENTION_FIELDS, ORDERS, bhsd_strides, call_key, check_sequences, mask_fields, offsets_on_host,
-                     variant_key)
+from .shared import (ATTENTION_FIELDS, ORDERS, bhsd_strides, call_key, check_sequences, layout_key, mask_fields,
+                     offsets_on_host, variant_key)
 
 GRADIENTS = ("dout", "dq", "dk", "dv")
 POINTERS = ("q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "dq_accum", "delta", "dq_turns")   # in ABI order
@@ -30,6 +30,7 @@ POINTERS = ("q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "dq_accum", "de
 PER_CALL = (ATTENTION_FIELDS + GRADIENTS + tuple(f"{t}_{d}_stride" for t in GRADIENTS for d in ("batch", "head", "row"))
             + ("dq_accum", "delta", "scale", "dq_turns"))
 VARLEN_PER_CALL = PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
+VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k", "seq_order")   # a varlen call's own (ABI: between lse and dout)
 
 
 def scratch_layout(accum: int, sums: int, delta: int, turns) -> tuple:
@@ -62,6 +63,13 @@ class BackwardKernel(Kernel):
         self._varlen_packer = (plan.abi.packer(VARLEN_PER_CALL + tuple(f.name for f in self._mask_fields)
                                                + self._map_fields) if self.varlen_masks else None)
         self._pointers = plan.abi.patch(POINTERS + self._map_fields)
+        if self.varlen_masks:
+            # The varlen fields sit between lse and dout in the ABI: the patch takes every pointer in ABI
+            # order, and a call passes (POINTERS, VARLEN_POINTERS, maps) reordered by _varlen_order.
+            names = POINTERS + VARLEN_POINTERS + self._map_fields
+            at = {f.name: i for i, (f, _) in enumerate(plan.abi.rows())}
+            self._varlen_order = tuple(sorted(range(len(names)), key=lambda i: at.get(names[i], -1)))
+            self._varlen_pointers = plan.abi.patch(tuple(names[i] for i in self._varlen_order))
         self._fp32 = self._torch.float32
         self._functions = {part.name: dict(part.functions) for part in plan.parts}
         self.last_group_splits = None   # the split count of the last padded call (1: unsplit)
@@ -284,6 +292,22 @@ class BackwardKernel(Kernel):
         them; max_seqlen_q/k, when given, must cover the longest sequences). deterministic: as the
         padded call's.
         """
+        key = None
+        if dq is None and dk is None and dv is None and not validate:
+            # A layout seen before (every training step of a varlen model): its checks passed and its Params
+            # are laid out; only the pointers are new. The offsets' values are read by the kernels, never here.
+            try:
+                key = ("varlen", layout_key(q), layout_key(k), layout_key(v), layout_key(out), layout_key(lse),
+                       layout_key(dout), layout_key(cu_seqlens_q), layout_key(cu_seqlens_k), max_seqlen_q,
+                       max_seqlen_k, causal, alignment, scale, deterministic,
+                       variant_key(window, softcap, alibi_slopes))
+                prepared = self._prepared.get(key)
+            except (AttributeError, TypeError):
+                key = prepared = None
+            if prepared is not None:
+                result = self._run_varlen_prepared(prepared, q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k)
+                if result is not None:
+                    return result
         index, total_q, heads, total_k, kv_heads, batch = check_sequences(self, q, k, v, cu_seqlens_q, cu_seqlens_k)
         for name, t in (("out", out), ("dout", dout)):
             if tuple(self._check_tensor(name, t, VARLEN_LAYOUT, index)) != (total_q, heads, q.shape[2]):
@@ -319,12 +343,10 @@ class BackwardKernel(Kernel):
             raise ValueError(f"max_seqlen_k {keys} needs more than {MAX_GRID_X} blocks")
         torch = self._torch
         accum = varlen_accum_rows(plan, total_q, batch)   # total_q, or whole blocks per sequence
-        dq_accum = torch.empty((heads, accum, plan.head_dim), dtype=self._fp32, device=q.device)
-        delta = torch.empty((heads, total_q), dtype=self._fp32, device=q.device)
         # a run of heads x query blocks per sequence, from heads x (its first row's block + its index)
-        turns = (torch.zeros(heads * (query_blocks(total_q, plan.block_m) + batch), dtype=torch.int32,
-                             device=q.device) if deterministic else None)
-        order = ORDERS.longest_first(torch, cu_seqlens_k, batch, index) if batch > 1 else None
+        scratch = ((heads, accum, plan.head_dim), (heads, total_q),
+                   heads * (query_blocks(total_q, plan.block_m) + batch) if deterministic else 0, batch)
+        dq_accum, delta, turns, order = self._varlen_scratch(q, cu_seqlens_k, scratch, index)
         pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
                     dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_accum.data_ptr(), delta.data_ptr(),
                     0 if turns is None else turns.data_ptr())
@@ -352,7 +374,44 @@ class BackwardKernel(Kernel):
                                   (self._functions["convert"][plan.dq_convert(mask)],
                                    row_grid(plan.head_dim, 1, heads, total_q)))
         self.last_group_splits = 1   # varlen calls never split
-        self._run(Prepared(info, launches, self._varlen_packer.pack(row), self._pointers), pointers + maps)
+        prepared = Prepared(info, launches, self._varlen_packer.pack(row), self._varlen_pointers, (scratch, shape_maps))
+        self._remember(key, prepared)
+        self._run_varlen(prepared, pointers + (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+                                               0 if order is None else order.data_ptr()) + maps)
+        return dq, dk, dv
+
+    def _run_varlen(self, prepared, values) -> None:
+        """Launch a varlen call with its pointers given as POINTERS, VARLEN_POINTERS, then the maps."""
+        order = self._varlen_order
+        self._run(prepared, tuple(values[i] for i in order))
+
+    def _varlen_scratch(self, q, cu_seqlens_k, scratch, index: int):
+        """A varlen call's fp32 dQ accumulator and delta, its turn counters (new zeros, deterministic calls)
+        or None, and its sequences' longest-first order or None; scratch: (accumulator shape, delta's shape,
+        turn counters or 0, batch)."""
+        accum_shape, delta_shape, turns, batch = scratch
+        torch = self._torch
+        return (torch.empty(accum_shape, dtype=self._fp32, device=q.device),
+                torch.empty(delta_shape, dtype=self._fp32, device=q.device),
+                torch.zeros(turns, dtype=torch.int32, device=q.device) if turns else None,
+                ORDERS.longest_first(torch, cu_seqlens_k, batch, index) if batch > 1 else None)
+
+    def _run_varlen_prepared(self, prepared, q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k):
+        """A prepared varlen call on new tensors of its layouts: new gradients and scratch, the pointers
+        patched in; None when a 16-byte row pointer is not aligned (the full path says why)."""
+        qp, kp, vp, op, dp = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr()
+        if (qp | kp | vp | op | dp) % LOAD_BYTES:
+            return None
+        torch = self._torch
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        scratch, shape_maps = prepared.extra
+        dq_accum, delta, turns, order = self._varlen_scratch(q, cu_seqlens_k, scratch, prepared.info.index)
+        pointers = (qp, kp, vp, op, lse.data_ptr(), dp, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                    dq_accum.data_ptr(), delta.data_ptr(), 0 if turns is None else turns.data_ptr())
+        maps = shape_maps.values(pointers) if shape_maps else ()
+        self.last_group_splits = 1
+        self._run_varlen(prepared, pointers + (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+                                               0 if order is None else order.data_ptr()) + maps)
         return dq, dk, dv
 
     def _gradient(self, name: str, given, like, layout: str, index: int):
