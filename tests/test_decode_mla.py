@@ -69,7 +69,7 @@ def test_the_split_kernel_reads_v_from_the_cache_tile():
 def test_a_block_of_two_row_groups_shares_each_tile():
     """block_m 32 over 8 warps: two 16-row groups of 4 warps each, sharing the cache tiles; each warp keeps
     a 16-row warp's share (the same registers' worth of O and S), and the P tile holds both groups' rows."""
-    p = make_plan(load_spec(ROOT / "specs" / "lab" / "h200_decode_d576_mla_m32.yaml"))
+    p = make_plan(load_spec(ROOT / "specs" / "h200_decode_d576_mla_m32.yaml"))
     f = p.fragments
     assert (p.block_m, p.block_n, p.threads) == (32, 64, 256)
     assert (f.row_groups, f.key_warps, f.keys_per_warp, f.cols_per_warp, f.o_tiles) == (2, 4, 16, 128, 16)
@@ -85,11 +85,11 @@ def test_row_groups_need_their_share_of_warps():
     import pytest
     from attngen.errors import SpecError
     from attngen.spec import parse_spec
-    text = (ROOT / "specs" / "lab" / "h200_decode_d576_mla_m32.yaml").read_text()
+    text = (ROOT / "specs" / "h200_decode_d576_mla.yaml").read_text().split("\ncells:")[0] + "\n"
     for tile, warps, key in (("{block_m: 32, block_n: 64}", "{compute: 6}", "warps"),
                              ("{block_m: 48, block_n: 64}", "{compute: 8}", "block_m"),
                              ("{block_m: 32, block_n: 96}", "{compute: 8}", "block_n")):
-        bad = text.replace("tile: {block_m: 32, block_n: 64}", f"tile: {tile}").replace(
-            "warps: {compute: 8}", f"warps: {warps}").replace("dtypes: [fp16, bf16]", "dtype: fp16")
+        bad = text.replace("tile: {block_m: 16, block_n: 64}", f"tile: {tile}").replace(
+            "warps: {compute: 4}", f"warps: {warps}").replace("dtypes: [fp16, bf16]", "dtype: fp16")
         with pytest.raises(SpecError, match=key):
             make_plan(parse_spec(bad))

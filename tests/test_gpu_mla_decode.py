@@ -190,7 +190,7 @@ def test_two_row_groups_give_the_one_group_cell_s_bits(torch, heads, sq, page, c
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     one = attngen.load(root / "specs" / "h200_decode_d576_mla_bf16.yaml")
-    two = attngen.load(root / "specs" / "lab" / "h200_decode_d576_mla_m32_bf16.yaml")
+    two = attngen.load(root / "specs" / "h200_decode_d576_mla_m32_bf16.yaml")
     assert (one.plan.block_m, two.plan.block_m) == (16, 32)
     gen = torch.Generator(device="cuda").manual_seed(heads + sq + page + splits)
     b, cap = 3, 1500

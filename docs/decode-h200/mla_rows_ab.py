@@ -1,8 +1,9 @@
-"""MLA decode: the 16-row cell (h200_decode_d576_mla_bf16, one block of 4 warps per SM) against the lab cell of
-32-row blocks (specs/lab/h200_decode_d576_mla_m32_bf16.yaml: two 16-row groups of 4 warps sharing each cache
-tile), each at its own split count, alternating in one process; GPU us per call queued behind a GPU sleep
+"""MLA decode: the 16-row cell (h200_decode_d576_mla_bf16, one block of 4 warps per SM) against the cell of
+32-row blocks (h200_decode_d576_mla_m32_bf16: two 16-row groups of 4 warps sharing each cache tile), each at
+its own split count, alternating in one process; GPU us per call queued behind a GPU sleep
 (docs/measurements/host_time.py's gpu_time), caches rotated past L2 (a fresh cache per call of a set of 4);
-bytes = the cache read once (B x keys x 576 x 2). (tests/test_gpu_mla_decode.py checks the two cells' bits.)
+bytes = the cache read once (B x keys x 576 x 2); several new tokens causal. (tests/test_gpu_mla_decode.py
+checks the two cells' bits.)
 
 Usage: python3 docs/decode-h200/mla_rows_ab.py OUT.json [ROUNDS]"""
 import json
@@ -20,12 +21,13 @@ import attngen  # noqa: E402
 
 out_path, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
 cells = {"rows16": attngen.load(ROOT / "specs" / "h200_decode_d576_mla_bf16.yaml"),
-         "rows32": attngen.load(ROOT / "specs" / "lab" / "h200_decode_d576_mla_m32_bf16.yaml")}
+         "rows32": attngen.load(ROOT / "specs" / "h200_decode_d576_mla_m32_bf16.yaml")}
 g = torch.Generator(device="cuda").manual_seed(0)
 rows = []
-for b, h, keys in ((8, 128, 4096), (8, 128, 8192), (32, 128, 4096), (64, 128, 2048), (1, 128, 32768),
-                   (32, 16, 8192), (128, 16, 4096)):
-    q = torch.randn((b, 1, h, 576), generator=g, device="cuda").bfloat16()
+for b, h, keys, sq in ((8, 128, 4096, 1), (8, 128, 8192, 1), (32, 128, 4096, 1), (64, 128, 2048, 1), (1, 128, 32768, 1),
+                       (8, 128, 4096, 2), (8, 64, 8192, 1), (32, 64, 4096, 1), (8, 32, 8192, 1), (32, 32, 4096, 1),
+                       (32, 16, 4096, 2), (32, 16, 8192, 1), (128, 16, 4096, 1)):
+    q = torch.randn((b, sq, h, 576), generator=g, device="cuda").bfloat16()
     caches = [torch.randn((b, keys, 1, 576), generator=g, device="cuda").bfloat16() for _ in range(4)]
     lens = torch.full((b,), keys, dtype=torch.int32, device="cuda")
     at = {"i": 0}
@@ -34,7 +36,8 @@ for b, h, keys in ((8, 128, 4096), (8, 128, 8192), (32, 128, 4096), (64, 128, 20
         def run():
             c = caches[at["i"] % 4]
             at["i"] += 1
-            return kernel(q, c, c[..., :512], cache_seqlens=lens, layout="bshd", scale=1 / math.sqrt(192))
+            return kernel(q, c, c[..., :512], cache_seqlens=lens, layout="bshd", scale=1 / math.sqrt(192),
+                          causal=sq > 1)
         return run
 
     calls = {n: runner(k) for n, k in cells.items()}
@@ -45,7 +48,7 @@ for b, h, keys in ((8, 128, 4096), (8, 128, 8192), (32, 128, 4096), (64, 128, 20
     splits = {n: k.last_splits for n, k in cells.items()}
     gb = b * keys * 576 * 2 / 1e9
     us = {n: round(statistics.median(v), 2) for n, v in times.items()}
-    row = {"cell": f"B{b} {h}/1 {keys} keys, one new token", "gpu_us": us,
+    row = {"cell": f"B{b} {h}/1 {keys} keys, {'one new token' if sq == 1 else f'{sq} new tokens'}", "gpu_us": us,
            "TB_s": {n: round(gb / (t * 1e-6) / 1e3, 3) for n, t in us.items()},
            "rows16/rows32": round(us["rows16"] / us["rows32"], 4), "splits": splits}
     print(json.dumps(row), flush=True)
