@@ -32,6 +32,10 @@ KV_SCALE_POINTERS = ("k_scale", "v_scale")
 # An append spec's calls also patch the new tokens' and their arguments' addresses (in ABI order).
 APPEND_POINTERS = ("k_new", "v_new", "cache_batch_idx", "cache_leftpad", "rotary_cos", "rotary_sin")
 APPEND_POINTER_VALUES = tuple(APPEND_FIELDS.index(n) for n in APPEND_POINTERS)   # among _check_append's values
+# A call's append arguments in the order __call__ gathers them (its 7th, rotary_interleaved, is no address), and
+# where each of APPEND_POINTERS sits among them: a prepared call patches their addresses in ABI order.
+APPEND_ARGUMENTS = ("k_new", "v_new", "rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad")
+APPEND_POINTER_ARGUMENTS = tuple(APPEND_ARGUMENTS.index(n) for n in APPEND_POINTERS)
 
 
 def cache_call_key(q, k_cache, v_cache, lens, table, causal, scale, num_splits, return_lse, layout, variants) -> tuple:
@@ -118,7 +122,7 @@ class DecodeKernel(Kernel):
                  rotary_interleaved: bool = True):
         variants = variant_key(window, softcap, alibi_slopes, params, sinks)
         key = None
-        append = (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, rotary_interleaved)
+        append = (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, rotary_interleaved)   # APPEND_ARGUMENTS
         if any(t is not None for t in append[:6]) or self._append:
             return self._append_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                      return_lse, layout, out, validate, variants,
@@ -164,9 +168,8 @@ class DecodeKernel(Kernel):
                 qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
                 new = tuple(0 if t is None else t.data_ptr() for t in append[:6])
                 if not (qp | kp | vp | new[0] | new[1]) % LOAD_BYTES:
-                    # (the new tokens' k, v, then cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin)
                     return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse,
-                                               (new[0], new[1], new[4], new[5], new[2], new[3]))
+                                               tuple(new[i] for i in APPEND_POINTER_ARGUMENTS))
         return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
                                 layout, out, validate, key, variant_values, kv_scales, append)
 

@@ -56,11 +56,9 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
         # A shape seen before: its checks passed and its Params are laid out; only the pointers
         # are new (and must be 16-byte aligned). A caller's out joins the key by its layout.
         try:
-            key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-                   q.get_device(), k.get_device(), v.get_device(), cu_seqlens_q.shape, cu_seqlens_k.shape,
-                   cu_seqlens_q.dtype, cu_seqlens_k.dtype, cu_seqlens_q.stride(), cu_seqlens_k.stride(),
-                   cu_seqlens_q.get_device(), cu_seqlens_k.get_device(), max_seqlen_q, causal, alignment, scale,
-                   return_lse, variants) + ((layout_key(out),) if out is not None else ())
+            key = (layout_key(q), layout_key(k), layout_key(v), layout_key(cu_seqlens_q), layout_key(cu_seqlens_k),
+                   max_seqlen_q, causal, alignment, scale, return_lse, variants) + (
+                (layout_key(out),) if out is not None else ())
             prepared = kernel._prepared.get(key)
         except (AttributeError, TypeError):
             key = prepared = None
