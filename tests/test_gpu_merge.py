@@ -146,6 +146,32 @@ def test_output_may_be_one_of_the_parts(torch):
     assert torch.equal(out, fresh) and torch.equal(lse, fresh_lse)
 
 
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_repeated_merges_take_the_prepared_path(torch, layout, monkeypatch):
+    """Merges of parts laid out as before (new tensors and values each call, strided parts among them) check
+    nothing again and give what a call on the full path gives on the same tensors, bit for bit."""
+    from attngen.runtime.calls.merge import MergeKernel
+    arch = "h200" if torch.cuda.get_device_capability() >= (9, 0) else "l4"
+    kernel = attngen.load(next(p for p in MERGE_SPECS if p.stem == f"{arch}_merge_d128"))
+    full = []
+    checks = MergeKernel._check_parts
+    monkeypatch.setattr(MergeKernel, "_check_parts", lambda self, *a: full.append(1) or checks(self, *a))
+    calls = []
+    for seed in range(3):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        shape = (2, 3, 70, 128) if layout == "bhsd" else (2, 70, 3, 128)
+        wide = torch.randn(shape[:3] + (256,), generator=g, device="cuda").half()
+        parts = [torch.randn(shape, generator=g, device="cuda").half(), wide[..., 128:]]   # the second strided
+        lses = [torch.randn((2, 3, 70), generator=g, device="cuda") for _ in range(2)]
+        calls.append((parts, lses, kernel(parts, lses, layout=layout)))
+    assert len(full) == 1, "a repeated merge took the full path"
+    for parts, lses, (out, lse) in calls:
+        kernel._prepared.clear()
+        want, want_lse = kernel(parts, lses, layout=layout)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert not torch.equal(calls[0][2][0], calls[1][2][0])
+
+
 def test_many_parts_merge_in_rounds(torch):
     q, k, v, outs, lses = parts_over_split_keys(torch, torch.bfloat16, "bshd", 11, d=64)
     out, lse = attngen.merge_attention_list(outs, lses, layout="bshd")

@@ -186,7 +186,7 @@ def merge_kernel(spec=D128, dtype=HALF):
     k = object.__new__(MergeKernel)
     k.plan, k.label, k.entry, k.dtype = plan, plan.spec.name, plan.entry_functions, dtype
     k._torch, k._tensor_type = fake_torch(), FakeTensor
-    k.launched = []
+    k.launched, k._prepared = [], {}
     k._device = lambda index: types.SimpleNamespace(index=index)
     k._launches = lambda info, *named: named
     k._run = lambda prepared, pointers: k.launched.append((prepared, pointers))
@@ -227,6 +227,89 @@ def test_bshd_parts_pass_their_head_and_row_strides():
     b, s, h, _ = outs[0].stride()
     assert struct.unpack("<24q", values["part_o_strides"])[:3] == (b, h, s)
     assert (values["heads"], values["seqlen"]) == (3, 5)
+
+
+def patched(k, prepared, pointers) -> dict:
+    """The Params a launch ran with: its template with the call's pointers patched in, by field name."""
+    raw = bytearray(prepared.template)
+    prepared.patch.pack_into(raw, 0, pointers)
+    return dict(zip([f.name for f in k.plan.abi.fields], struct.unpack(k.plan.abi.struct_format(), bytes(raw))))
+
+
+def test_a_repeated_merge_is_a_prepared_launch_with_its_own_addresses():
+    """Parts laid out as an earlier call's (new tensors, the same shapes and strides) take that call's Params:
+    one launch with this call's output, LSE and parts' addresses patched in, and no check run again."""
+    k = merge_kernel()
+    calls = [parts(3, shape=(2, 5, 3, 128), layout="bshd") for _ in range(3)]
+    results = [k(outs, lses, layout="bshd") for outs, lses in calls]
+    assert len(k._prepared) == 1 and len(k.launched) == 3
+    first = k.launched[0][0]
+    for (outs, lses), (out, lse), (prepared, pointers) in zip(calls, results, k.launched):
+        values = patched(k, prepared, pointers)
+        assert prepared.template == first.template
+        assert (values["o"], values["lse"]) == (out.data_ptr(), lse.data_ptr())
+        assert struct.unpack("<8Q", values["part_o"])[:4] == (*(t.data_ptr() for t in outs), 0)
+        assert struct.unpack("<8Q", values["part_lse"])[:4] == (*(t.data_ptr() for t in lses), 0)
+        assert (values["batch"], values["heads"], values["seqlen"], values["num_parts"]) == (2, 3, 5, 3)
+        assert out.shape == (2, 5, 3, 128) and out.dtype is HALF and lse.shape == (2, 3, 5) and lse.dtype is F32
+    assert k.launched[1][1] != k.launched[2][1]
+    assert k.last_rounds == 1
+
+
+@pytest.mark.parametrize("change", ["layout", "out_dtype", "a part's strides", "an LSE's strides", "parts",
+                                    "shape", "dtype", "device"])
+def test_a_merge_laid_out_otherwise_is_prepared_anew(change):
+    """Each part of the key (the layout argument, out_dtype, every part's and LSE's shape, strides, dtype and
+    device, how many parts) makes a call of its own Params."""
+    k = merge_kernel()
+    k(*parts(2))
+    outs, lses = parts(2)
+    kwargs = {}
+    if change == "layout":
+        outs, lses = parts(2, shape=(2, 5, 3, 128), layout="bshd")
+        kwargs = {"layout": "bshd"}
+    elif change == "out_dtype":
+        kwargs = {"out_dtype": F32}
+    elif change == "a part's strides":
+        outs[1] = FakeTensor(outs[1].shape, HALF, strides=(3 * 8 * 128, 8 * 128, 128, 1))
+    elif change == "an LSE's strides":
+        lses[0] = FakeTensor(lses[0].shape, F32, strides=(3 * 8, 8, 1))
+    elif change == "parts":
+        outs, lses = parts(3)
+    elif change == "shape":
+        outs, lses = parts(2, shape=(2, 3, 6, 128))
+    elif change == "dtype":
+        outs, lses = parts(2, dtype=F32)
+    else:
+        outs, lses = [FakeTensor(t.shape, HALF, device=1) for t in outs], [FakeTensor(t.shape, F32, device=1) for t in lses]
+    out, lse = k(outs, lses, **kwargs)
+    assert len(k._prepared) == 2
+    values = patched(k, *k.launched[-1])
+    assert struct.unpack("<24q", values["part_o_strides"])[3:6] == (
+        (outs[1].stride()[:3]) if kwargs.get("layout") != "bshd" else (outs[1].stride(0), outs[1].stride(2), outs[1].stride(1)))
+    assert struct.unpack("<16q", values["part_lse_strides"])[:2] == lses[0].stride()[:2]
+    assert values["o"] == out.data_ptr() and out.dtype is (F32 if change in ("out_dtype", "dtype") else HALF)
+
+
+def test_a_merge_into_a_caller_s_out_or_in_rounds_is_not_prepared():
+    """A caller's out or lse_out, and more parts than one launch takes, take the full path on every call."""
+    k = merge_kernel()
+    outs, lses = parts(2)
+    for _ in range(2):
+        k(outs, lses, out=FakeTensor(outs[0].shape, HALF))
+        k(outs, lses, lse_out=FakeTensor(lses[0].shape, F32))
+        k(*parts(k._max_parts + 1))
+    assert not k._prepared
+
+
+def test_a_misaligned_part_after_a_prepared_call_is_refused():
+    k = merge_kernel()
+    k(*parts(2))
+    outs, lses = parts(2)
+    outs[1] = FakeTensor(outs[1].shape, HALF, ptr=outs[1].data_ptr() + 8)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        k(outs, lses)
+    assert len(k.launched) == 1
 
 
 def test_more_parts_than_a_launch_takes_merge_in_rounds():

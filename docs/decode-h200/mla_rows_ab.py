@@ -5,7 +5,9 @@ its own split count, alternating in one process; GPU us per call queued behind a
 bytes = the cache read once (B x keys x 576 x 2); several new tokens causal. (tests/test_gpu_mla_decode.py
 checks the two cells' bits.)
 
-Usage: python3 docs/decode-h200/mla_rows_ab.py OUT.json [ROUNDS]"""
+PAGE > 0: paged caches (pages of PAGE, each sequence's pages shuffled in a pool; bytes still B x keys x 576 x 2).
+
+Usage: python3 docs/decode-h200/mla_rows_ab.py OUT.json [ROUNDS] [PAGE]"""
 import json
 import math
 import statistics
@@ -20,6 +22,7 @@ import host_time  # noqa: E402
 import attngen  # noqa: E402
 
 out_path, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
+page = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 cells = {"rows16": attngen.load(ROOT / "specs" / "h200_decode_d576_mla_bf16.yaml"),
          "rows32": attngen.load(ROOT / "specs" / "h200_decode_d576_mla_m32_bf16.yaml")}
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -28,8 +31,14 @@ for b, h, keys, sq in ((8, 128, 4096, 1), (8, 128, 8192, 1), (32, 128, 4096, 1),
                        (8, 128, 4096, 2), (8, 64, 8192, 1), (32, 64, 4096, 1), (8, 32, 8192, 1), (32, 32, 4096, 1),
                        (32, 16, 4096, 2), (32, 16, 8192, 1), (128, 16, 4096, 1)):
     q = torch.randn((b, sq, h, 576), generator=g, device="cuda").bfloat16()
-    caches = [torch.randn((b, keys, 1, 576), generator=g, device="cuda").bfloat16() for _ in range(4)]
     lens = torch.full((b,), keys, dtype=torch.int32, device="cuda")
+    table = None
+    if page:    # one pool per cache of the set; every pool's pages in one shuffled table (keys a multiple of page)
+        cols = keys // page
+        caches = [torch.randn((b * cols, page, 1, 576), generator=g, device="cuda").bfloat16() for _ in range(4)]
+        table = torch.randperm(b * cols, generator=g, device="cuda").int().view(b, cols)
+    else:
+        caches = [torch.randn((b, keys, 1, 576), generator=g, device="cuda").bfloat16() for _ in range(4)]
     at = {"i": 0}
 
     def runner(kernel):
@@ -37,7 +46,7 @@ for b, h, keys, sq in ((8, 128, 4096, 1), (8, 128, 8192, 1), (32, 128, 4096, 1),
             c = caches[at["i"] % 4]
             at["i"] += 1
             return kernel(q, c, c[..., :512], cache_seqlens=lens, layout="bshd", scale=1 / math.sqrt(192),
-                          causal=sq > 1)
+                          causal=sq > 1, block_table=table)
         return run
 
     calls = {n: runner(k) for n, k in cells.items()}
@@ -55,5 +64,6 @@ for b, h, keys, sq in ((8, 128, 4096, 1), (8, 128, 8192, 1), (32, 128, 4096, 1),
     rows.append(row)
     del caches
     torch.cuda.empty_cache()
-json.dump({"command": f"python3 docs/decode-h200/mla_rows_ab.py OUT.json {rounds}", "device": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "rows": rows}, open(out_path, "w"), indent=1)
+command = f"python3 docs/decode-h200/mla_rows_ab.py OUT.json {rounds}" + (f" {page}" if page else "")
+json.dump({"command": command, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
+          open(out_path, "w"), indent=1)

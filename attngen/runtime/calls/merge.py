@@ -5,12 +5,14 @@ output outs[i], (B, H, S, D) ("bhsd") or (B, S, H, D) ("bshd"), and its natural-
 sum_i exp(lse_i - lse) outs[i] and lse = logsumexp_i lse_i; a part with LSE -inf weighs 0 and is not
 read, a row where every part is -inf is 0 with LSE -inf. One launch merges up to the spec's max_parts
 parts; more are merged in rounds through fp32 partials. Launches on torch's current stream, never
-waits."""
+waits. A call whose parts are laid out as an earlier call's (a ring's every step, a cascade's every layer)
+takes that call's Params and patches the addresses."""
 from __future__ import annotations
 
 from ...core.abi import array_bytes
 from ...core.merge_plan import form_key, max_parts_of
-from ..kernel import LAYOUTS, MAX_GRID_X, Kernel, Prepared
+from ..kernel import LAYOUTS, LOAD_BYTES, MAX_GRID_X, Kernel, Prepared
+from .shared import layout_key
 
 POINTERS = ("o", "lse", "part_o", "part_lse")
 PER_CALL = POINTERS + ("o_batch_stride", "o_head_stride", "o_row_stride", "part_o_strides", "part_lse_strides",
@@ -34,10 +36,25 @@ class MergeKernel(Kernel):
         self._arrays = {name: fields[name] for name in ("part_o", "part_lse", "part_o_strides", "part_lse_strides")}
         self._packer = self.plan.abi.packer(PER_CALL)
         self._patch = self.plan.abi.patch(("o",))
+        self._pointer_patch = self.plan.abi.patch(POINTERS)     # a prepared call's: the parts' addresses too
         self._rows_per_block = self.plan.block_m
         self.last_rounds = None      # launches the last call took (more than one: merged in rounds)
 
     def __call__(self, outs, lses, *, layout: str = "bhsd", out_dtype=None, out=None, lse_out=None):
+        key = None
+        if out is None and lse_out is None and type(outs) in (list, tuple) and type(lses) in (list, tuple):
+            # Parts laid out as before: their checks passed and the Params are laid out; only the addresses are
+            # new. The key holds every part's layout (shape, strides, dtype, device), so a key found is a call
+            # the full path took in one launch.
+            try:
+                key = (layout, out_dtype, tuple(map(layout_key, outs)), tuple(map(layout_key, lses)))
+                prepared = self._prepared.get(key)
+            except (AttributeError, TypeError):
+                key = prepared = None
+            if prepared is not None:
+                result = self._run_prepared_merge(prepared, outs, lses)
+                if result is not None:
+                    return result
         torch = self._torch
         outs, lses = self._check_lists(outs, lses)
         if layout not in LAYOUTS:
@@ -57,8 +74,28 @@ class MergeKernel(Kernel):
             raise ValueError(f"batch x heads x seqlen ({batch * heads * seqlen}) exceeds {MAX_ROWS} rows")
         self.last_rounds = 0
         if batch * heads * seqlen:
-            self._merge(outs, lses, out, lse_out, layout, index, (batch, heads, seqlen))
+            prepared = self._merge(outs, lses, out, lse_out, layout, index, (batch, heads, seqlen))
+            if key is not None and self.last_rounds == 1:
+                self._remember(key, prepared._replace(patch=self._pointer_patch,
+                                                      extra=(shape, out_dtype, (batch, heads, seqlen))))
         return out, lse_out
+
+    def _run_prepared_merge(self, prepared: Prepared, outs, lses):
+        """A call of a prepared layout: new outputs, the parts' addresses patched in; None when a part is not
+        16-byte aligned (the full path says so)."""
+        parts = [t.data_ptr() for t in outs]
+        if any(p % LOAD_BYTES for p in parts):
+            return None
+        torch = self._torch
+        shape, dtype, lse_shape = prepared.extra
+        device = outs[0].device
+        out = torch.empty(shape, dtype=dtype, device=device)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
+        arrays = self._arrays
+        self._run(prepared, (out.data_ptr(), lse.data_ptr(), array_bytes(arrays["part_o"], "Q", parts),
+                             array_bytes(arrays["part_lse"], "Q", (t.data_ptr() for t in lses))))
+        self.last_rounds = 1
+        return out, lse
 
     # -- checks ------------------------------------------------------------------------------------
     def _check_lists(self, outs, lses):
@@ -142,8 +179,9 @@ class MergeKernel(Kernel):
         return lse
 
     # -- launches ----------------------------------------------------------------------------------
-    def _merge(self, outs, lses, out, lse, layout: str, index: int, dims: tuple) -> None:
-        """One launch for up to max_parts parts; more merge per group into fp32 partials first."""
+    def _merge(self, outs, lses, out, lse, layout: str, index: int, dims: tuple) -> Prepared:
+        """One launch for up to max_parts parts; more merge per group into fp32 partials first. Returns the
+        last launch's Prepared."""
         torch = self._torch
         cap = self._max_parts
         if len(outs) > cap:
@@ -157,9 +195,9 @@ class MergeKernel(Kernel):
             outs, lses = partials, partial_lses
             if len(outs) > cap:
                 return self._merge(outs, lses, out, lse, layout, index, dims)
-        self._launch(outs, lses, out, lse, layout, index, dims)
+        return self._launch(outs, lses, out, lse, layout, index, dims)
 
-    def _launch(self, outs, lses, out, lse, layout: str, index: int, dims: tuple) -> None:
+    def _launch(self, outs, lses, out, lse, layout: str, index: int, dims: tuple) -> Prepared:
         torch = self._torch
         batch, heads, seqlen = dims
         key = form_key(outs[0].dtype == torch.float32, out.dtype == torch.float32)
@@ -183,6 +221,7 @@ class MergeKernel(Kernel):
                             self._packer.pack(values), self._patch)
         self._run(prepared, (out.data_ptr(),))
         self.last_rounds += 1
+        return prepared
 
 
 __all__ = ["MergeKernel"]
