@@ -30,7 +30,8 @@ def padding_text(head_dim: int, head_dim_v: int, pair: tuple[int, int]) -> str:
 @click.option("--seqlen", type=click.IntRange(0, MAX_INT32), default=2048, show_default=True,
               help="seqlen_k (varlen, varlen_backward: max_seqlen_k; backward: seqlen_q; decode: the cache's capacity)")
 @click.option("--head-dim-v", type=click.IntRange(0, MAX_HEAD_DIM), default=0,
-              help="V's head dim where it differs from --head-dim (DeepSeek MLA: --head-dim 192 --head-dim-v 128)")
+              help="V's head dim where it differs from --head-dim (DeepSeek MLA: --head-dim 192 --head-dim-v 128; its "
+                   "decode: --head-dim 576 --head-dim-v 512)")
 @click.option("--window", is_flag=True, help="a sliding-window call (window=(left, right) bounding a side)")
 @click.option("--window-keys", type=click.IntRange(1, MAX_INT32), default=None, metavar="N",
               help="with --window: the keys a row's window spans, left + 1 + right (a causal call's right is 0), "
@@ -70,6 +71,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
       attngen dispatch --head-dim 64 --causal --seqlen 4096
       attngen dispatch --head-dim 64 --seqlen 1024 --rows 262144      (batch 16 x 16 heads x 1024)
       attngen dispatch --call decode --group-rows 4 --page-size 16 --seqlen 8192
+      attngen dispatch --call decode --head-dim 576 --head-dim-v 512 --group-rows 128 --dtype bf16   (MLA decode)
       attngen dispatch --head-dim 128 --window --seqlen 32768      (window=(4096, 0) and the like)
       attngen dispatch --head-dim 64 --window --window-keys 128 --causal --scores sink --dtype bf16   (gpt-oss)
       attngen dispatch --head-dim 128 --causal --scores softcap --seqlen 8192

@@ -130,7 +130,7 @@ MAX_BUDGET = 100_000          # compiles; the largest search space of a committe
 MAX_JOBS = 256                # parallel nvcc processes
 # compile.default_jobs, named here so that --help does not import the compiler
 JOBS_HELP = "nvcc processes at once [default: $ATTNGEN_JOBS, else the CPUs this process may use, at most 32]"
-MAX_HEAD_DIM = 256            # a spec's head_dim and head_dim_v (core.spec_keys)
+MAX_HEAD_DIM = 1024           # a spec's head_dim and head_dim_v: 256 (core.spec_keys), MLA decode's up to 1024
 MAX_PAGE_SIZE = 512           # a paged call's page size (core.launch_rules.MAX_PAGE_SIZE; tests/test_decode.py)
 MAX_INT32 = 2 ** 31 - 1       # lengths and row counts reach the kernels as int32
 MAX_GROUP_ROWS = 1024 * 256   # query heads per KV head (at most 1024) x new tokens (at most 256), as decode cells
