@@ -119,9 +119,11 @@ def test_a_merge_spec_serves_no_other_call():
 # -- the merge call on stand-in tensors -----------------------------------------------------------
 
 class FakeTensor:
-    """What the merge call reads of a tensor: shape, strides, dtype, device, pointer."""
+    """What the calls read of a tensor: shape, strides, dtype, device, pointer, element count, and the version
+    counter the sequence orders are kept by (never bumped: these stand-ins are not written)."""
 
     _next = 1 << 20
+    _version = 0
 
     def __init__(self, shape, dtype, strides=None, device=0, ptr=None):
         self.shape = tuple(shape)
@@ -150,6 +152,12 @@ class FakeTensor:
 
     def element_size(self):
         return self.dtype.size
+
+    def numel(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
 
     def is_contiguous(self):
         return self._strides == contiguous(self.shape)

@@ -164,19 +164,10 @@ def test_a_repeated_paged_varlen_call_is_a_prepared_launch_with_its_own_addresse
     from attngen.runtime.calls import varlen
     from test_merge import HALF
     from test_kv_append import I32
-    from test_kv_append import Tensor as HostTensor
-
-    class Tensor(HostTensor):
-        _version = 0
-
-        def numel(self):
-            n = 1
-            for s in self.shape:
-                n *= s
-            return n
+    from test_kv_append import Tensor
 
     k = paged_kernel(monkeypatch=monkeypatch)
-    k._tensor_type = HostTensor
+    k._tensor_type = Tensor
     full = []
     first_check = varlen.check_offsets
     monkeypatch.setattr(varlen, "check_offsets", lambda *a, **kw: full.append(1) or first_check(*a, **kw))
@@ -223,16 +214,10 @@ def test_a_paged_call_takes_its_blocks_order_from_order_by(monkeypatch):
     from attngen.runtime.calls import shared
     from test_merge import HALF
     from test_kv_append import I32
-    from test_kv_append import Tensor as HostTensor
-
-    class Tensor(HostTensor):
-        _version = 0
-
-        def numel(self):
-            return self.shape[0]
+    from test_kv_append import Tensor
 
     k = paged_kernel(monkeypatch=monkeypatch)
-    k._tensor_type = HostTensor
+    k._tensor_type = Tensor
     sorted_ = []
     monkeypatch.setattr(shared, "longest_first_by_count", lambda torch, t: sorted_.append(t) or Tensor(t.shape, I32))
     args = dict(q=Tensor((40, 16, 128), HALF), k=Tensor((64, 16, 4, 128), HALF), v=Tensor((64, 16, 4, 128), HALF),
@@ -253,19 +238,10 @@ def _paged_call_kit(monkeypatch):
     from attngen.runtime.calls import varlen
     from test_merge import F32, HALF
     from test_kv_append import I32
-    from test_kv_append import Tensor as HostTensor
-
-    class Tensor(HostTensor):
-        _version = 0
-
-        def numel(self):
-            n = 1
-            for s in self.shape:
-                n *= s
-            return n
+    from test_kv_append import Tensor
 
     k = paged_kernel(monkeypatch=monkeypatch)
-    k._tensor_type = HostTensor
+    k._tensor_type = Tensor
     k._torch.empty = lambda shape, dtype=None, device=None: Tensor(shape, dtype or HALF)
     k._torch.device = lambda *a: None
     from attngen.runtime.calls import shared

@@ -19,14 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Tensor(FakeTensor):
-    _version = 0
-
-    def numel(self):
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
     def new_empty(self, shape, dtype=None):
         return Tensor(shape, dtype or self.dtype)
 
