@@ -13,7 +13,7 @@ import pytest
 from attngen.core.decode_plan import APPEND_FIELDS
 from attngen.plan import make_plan
 from attngen.spec import load_spec
-from test_merge import BF16, F32, HALF, Dtype, FakeTensor, contiguous
+from test_merge import BF16, F32, HALF, Dtype, FakeTensor, contiguous, recording_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
@@ -191,16 +191,9 @@ def decode_kernel(name="h200_decode_d128_append", dtype=HALF, monkeypatch=None):
     """A DecodeKernel of the spec's plan whose launches are recorded instead of run."""
     from attngen.runtime.calls import decode
     plan = plan_of(name)
-    k = object.__new__(decode.DecodeKernel)
-    k.plan, k.label, k.entry, k.dtype = plan, plan.spec.name, plan.entry_functions, dtype
-    k._torch, k._tensor_type = fake_torch(), FakeTensor
-    k._prepared = {}
-    k.launched = []
+    k = recording_kernel(decode.DecodeKernel, plan, dtype, fake_torch())
     k.functions = {name: types.SimpleNamespace(name=name, threads=128) for part in plan.parts
                    for _, name in part.functions}
-    k._device = lambda index: types.SimpleNamespace(index=index, sm_count=132)
-    k._launches = lambda info, *named: named
-    k._run = lambda prepared, pointers: k.launched.append((prepared, pointers))
     k._workspace = lambda index, floats: (1 << 40, None)   # (address, holder)
     k._counters = lambda n, index: (1 << 41, None)
     if monkeypatch is not None:

@@ -187,17 +187,23 @@ def fake_torch():
                                  empty=lambda shape, dtype, device: FakeTensor(shape, dtype, device=device))
 
 
+def recording_kernel(cls, plan, dtype, torch, tensor_type=FakeTensor):
+    """A `cls` kernel of `plan` (not loaded: no GPU) whose launches are recorded in k.launched as (Prepared,
+    pointers) instead of run; the caller sets what its convention reads besides, then calls k._setup()."""
+    k = object.__new__(cls)
+    k.plan, k.label, k.entry, k.dtype = plan, plan.spec.name, plan.entry_functions, dtype
+    k._torch, k._tensor_type = torch, tensor_type
+    k.launched, k._prepared = [], {}
+    k._device = lambda index: types.SimpleNamespace(index=index, sm_count=132)
+    k._launches = lambda info, *named: named
+    k._run = lambda prepared, pointers: k.launched.append((prepared, pointers))
+    return k
+
+
 def merge_kernel(spec=D128, dtype=HALF):
     """A MergeKernel of the spec's plan whose launches are recorded instead of run."""
     from attngen.runtime.calls.merge import MergeKernel
-    plan = make_plan(load_spec(spec))
-    k = object.__new__(MergeKernel)
-    k.plan, k.label, k.entry, k.dtype = plan, plan.spec.name, plan.entry_functions, dtype
-    k._torch, k._tensor_type = fake_torch(), FakeTensor
-    k.launched, k._prepared = [], {}
-    k._device = lambda index: types.SimpleNamespace(index=index)
-    k._launches = lambda info, *named: named
-    k._run = lambda prepared, pointers: k.launched.append((prepared, pointers))
+    k = recording_kernel(MergeKernel, make_plan(load_spec(spec)), dtype, fake_torch())
     k._setup()
     return k
 

@@ -136,19 +136,11 @@ def paged_kernel(name="h100_mma_d128_paged", monkeypatch=None):
     import types
 
     from attngen.runtime.calls import forward, varlen
-    from test_merge import HALF, FakeTensor
+    from test_merge import HALF, FakeTensor, recording_kernel
     from test_kv_append import I32, fake_torch
-    plan = plan_of(name)
-    k = object.__new__(forward.ForwardKernel)
-    k.plan, k.label, k.entry, k.dtype = plan, plan.spec.name, plan.entry_functions, HALF
     torch = fake_torch()
     torch.argsort = lambda t, **kw: types.SimpleNamespace(to=lambda dtype: FakeTensor(t.shape[:1], I32))
-    k._torch, k._tensor_type = torch, FakeTensor
-    k._prepared = {}
-    k.launched = []
-    k._device = lambda index: types.SimpleNamespace(index=index, sm_count=132)
-    k._launches = lambda info, *named: named
-    k._run = lambda prepared, pointers: k.launched.append((prepared, pointers))
+    k = recording_kernel(forward.ForwardKernel, plan_of(name), HALF, torch)
     if monkeypatch is not None:
         monkeypatch.setattr(varlen, "error_word", lambda index: 1 << 42)
     k._setup()

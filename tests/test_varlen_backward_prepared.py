@@ -5,14 +5,13 @@ On the GPU: tests/test_gpu_backward.py (test_repeated_varlen_backward_calls_take
 from __future__ import annotations
 
 import struct
-import types
 from pathlib import Path
 
 import pytest
 
 from attngen.plan import make_plan
 from attngen.spec import load_spec
-from test_merge import F32, HALF, FakeTensor
+from test_merge import F32, HALF, FakeTensor, recording_kernel
 from test_kv_append import I32, fake_torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,19 +43,12 @@ def backward_kernel(name, monkeypatch):
     """A BackwardKernel of the spec's plan whose launches are recorded instead of run."""
     from attngen.runtime.calls import backward, shared
     plan = make_plan(load_spec(ROOT / "specs" / f"{name}.yaml"))
-    k = object.__new__(backward.BackwardKernel)
-    k.plan, k.label, k.entry, k.dtype = plan, plan.spec.name, plan.entry_functions, HALF
     torch = fake_torch()
     torch.empty = lambda shape, dtype=None, device=None: Tensor(shape, dtype or HALF)
     torch.zeros = lambda shape, dtype=None, device=None: Tensor((shape,) if isinstance(shape, int) else shape,
                                                               dtype or HALF)
     torch.empty_like = lambda t: Tensor(t.shape, t.dtype, strides=t.stride())
-    k._torch, k._tensor_type = torch, FakeTensor
-    k._prepared = {}
-    k.launched = []
-    k._device = lambda index: types.SimpleNamespace(index=index, sm_count=132)
-    k._launches = lambda info, *named: named
-    k._run = lambda prepared, pointers: k.launched.append((prepared, pointers))
+    k = recording_kernel(backward.BackwardKernel, plan, HALF, torch)
     monkeypatch.setattr(backward, "error_word", lambda index: 1 << 42)
     monkeypatch.setattr(shared, "longest_first", lambda torch, cu: Tensor((cu.shape[0] - 1,), I32))
     k._setup()
