@@ -24,7 +24,7 @@
 //
 // Plan (attngen explain):
 //   h200_decode_d576_mla: decode_mla (split-KV decode over one shared latent cache (V = K's first head_dim_v columns, MLA) + LSE combine), fp16, head_dim 576, masks none, causal
-//   target h200 (NVIDIA H200, sm_90); functions: attngen_h200_decode_d576_mla_split_none, attngen_h200_decode_d576_mla_split_causal, attngen_h200_decode_d576_mla_combine
+//   target h200 (NVIDIA H200, sm_90); functions: attngen_h200_decode_d576_mla_split_none, attngen_h200_decode_d576_mla_split_causal, attngen_h200_decode_d576_mla_combine, attngen_h200_decode_d576_mla_combine_wide
 //
 //   block: one key slice (split) of one KV head and sequence, for 16 group rows (query heads per KV head x new tokens) in 64-key cache tiles; grid (num_splits, kv_heads x row_blocks, batch)
 //   threads: 128 = 4 warps; each scores 16 keys of a tile and accumulates 128 of O's 512 columns
@@ -163,9 +163,9 @@ __device__ __forceinline__ void await_predecessor() {
 }
 
 constexpr int kSplitsPerLane = 4;  // LSEs a lane holds (max_splits / 32)
-constexpr int kSliceColumns = kHeadDim / 4;   // columns one warp merges, from col0
 
 // row = (batch * heads + head) * seqlen_q + t, of `rows` in all; columns [col0, col0 + kSliceColumns).
+template <int kSliceColumns, int kBatch>
 __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, int lane, int col0) {
     constexpr float kLog2e = 1.4426950408889634f;
     // Split s's LSE sits in lane s % 32, slot s / 32.
@@ -193,8 +193,11 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
     for (int j = 0; j < kPairsPerLane; ++j) acc[j] = make_float2(0.f, 0.f);
     // kBatch splits at a time: their loads are issued together, so the row pays one L2 latency per
     // batch of splits rather than one per split.
-    constexpr int kBatch = 8;
-    for (int s0 = 0; s0 < p.num_splits; s0 += kBatch) {
+    // Unrolled over every round a call may have (max_splits): s0 and each split's slot s / 32 are
+    // constants, so a split's weight is one shuffle from the lane that holds it.
+#pragma unroll
+    for (int s0 = 0; s0 < 32 * kSplitsPerLane; s0 += kBatch) {
+        if (s0 >= p.num_splits) break;
         float2 x[kBatch][kPairsPerLane];
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
@@ -209,10 +212,7 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
             const int s = s0 + i;
-            float w = 0.f;
-#pragma unroll
-            for (int j = 0; j < kSplitsPerLane; ++j)   // the weight of split s, from the lane that holds it
-                if (s / 32 == j) w = __shfl_sync(0xffffffffu, lse[j], s % 32);
+            float w = __shfl_sync(0xffffffffu, lse[s / 32], s % 32);   // split s's weight, from its lane
             if (s >= p.num_splits) w = 0.f;
 #pragma unroll
             for (int j = 0; j < kPairsPerLane; ++j) {
@@ -227,16 +227,21 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
     if (p.lse != nullptr && lane == 0 && col0 == 0) p.lse[row] = total;
 }
 
+template <int kSliceColumns, int kBatch>
 __device__ __forceinline__ void combine(const Params& p) {
     await_predecessor();   // the split kernel's partials: launched before it ends, this waits for them
     const int rows = p.batch * p.heads * p.seqlen_q;
     const int row = blockIdx.x * kCombineWarps + threadIdx.x / 32;   // ((batch * heads + head) * seqlen_q + t)
-    if (row < rows) combine_row(p, row, rows, threadIdx.x % 32, blockIdx.y * kSliceColumns);   // grid y: column slices
+    if (row < rows) combine_row<kSliceColumns, kBatch>(p, row, rows, threadIdx.x % 32, blockIdx.y * kSliceColumns);   // grid y: column slices
 }
 
 }  // namespace attngen_h200_decode_d576_mla
 
 extern "C" __global__ void __launch_bounds__(32 * attngen_h200_decode_d576_mla::kCombineWarps)
 attngen_h200_decode_d576_mla_combine(const attngen_h200_decode_d576_mla::Params p) {
-    attngen_h200_decode_d576_mla::combine(p);
+    attngen_h200_decode_d576_mla::combine<128, 8>(p);
+}
+extern "C" __global__ void __launch_bounds__(32 * attngen_h200_decode_d576_mla::kCombineWarps)
+attngen_h200_decode_d576_mla_combine_wide(const attngen_h200_decode_d576_mla::Params p) {
+    attngen_h200_decode_d576_mla::combine<64, 32>(p);
 }

@@ -24,7 +24,7 @@
 //
 // Plan (attngen explain):
 //   h200_decode_d576_mla: decode_mla (split-KV decode over one shared latent cache (V = K's first head_dim_v columns, MLA) + LSE combine), fp16, head_dim 576, masks none, causal
-//   target h200 (NVIDIA H200, sm_90); functions: attngen_h200_decode_d576_mla_split_none, attngen_h200_decode_d576_mla_split_causal, attngen_h200_decode_d576_mla_combine
+//   target h200 (NVIDIA H200, sm_90); functions: attngen_h200_decode_d576_mla_split_none, attngen_h200_decode_d576_mla_split_causal, attngen_h200_decode_d576_mla_combine, attngen_h200_decode_d576_mla_combine_wide
 //
 //   block: one key slice (split) of one KV head and sequence, for 16 group rows (query heads per KV head x new tokens) in 64-key cache tiles; grid (num_splits, kv_heads x row_blocks, batch)
 //   threads: 128 = 4 warps; each scores 16 keys of a tile and accumulates 128 of O's 512 columns

@@ -49,6 +49,39 @@ def test_the_launch_record_keeps_v_in_k_and_the_combine_slices():
     assert not LaunchPlan.from_record(other).v_in_k
 
 
+def test_the_record_keeps_the_wide_combine_and_calls_of_many_splits_launch_it():
+    """The combine part has a lean and a wide function; the call takes the wide one (half the columns per warp,
+    so twice the grid's y) from WIDE_COMBINE_MIN_SPLITS splits, and a decode cell without one never does."""
+    import types
+    from attngen.core.launch_rules import WIDE_COMBINE_MIN_SPLITS
+    from attngen.runtime.calls.decode import DecodeKernel
+    record = json.loads((ROOT / "generated" / "h200_decode_d576_mla.launch.json").read_text())
+    assert record["kv_cache"]["combine_wide_slices"] == 8
+    assert [f[0] for f in record["parts"][1]["functions"]] == ["combine", "combine_wide"]
+
+    def launch(name, splits, rows):
+        k = object.__new__(DecodeKernel)
+        k.plan = LaunchPlan.from_record(json.loads((ROOT / "generated" / f"{name}.launch.json").read_text()))
+        k.functions = {fn: types.SimpleNamespace(name=fn, threads=part["threads"])
+                       for part in json.loads((ROOT / "generated" / f"{name}.launch.json").read_text())["parts"]
+                       for _, fn in part["functions"]}
+        return k._combine_launch(splits, rows)
+    mla = "attngen_h200_decode_d576_mla"
+    assert launch("h200_decode_d576_mla", WIDE_COMBINE_MIN_SPLITS - 1, 16) == (f"{mla}_combine", (4, 4, 1))
+    assert launch("h200_decode_d576_mla", WIDE_COMBINE_MIN_SPLITS, 16) == (f"{mla}_combine_wide", (4, 8, 1))
+    assert launch("h200_decode_d576_mla", 128, 17) == (f"{mla}_combine_wide", (5, 8, 1))
+    assert launch("h200_decode_d128", 128, 32) == ("attngen_h200_decode_d128_combine", (8, 1, 1))
+
+
+def test_the_wide_combine_takes_each_weight_with_one_shuffle():
+    source = (ROOT / "generated" / "h200_decode_d576_mla_combine.cu").read_text()
+    assert "combine<128, 8>(p);" in source and "combine<64, 32>(p);" in source
+    assert "__shfl_sync(0xffffffffu, lse[s / 32], s % 32)" in source
+    # the decode_mma cells' combine (a warp per row) keeps its loop over every slot
+    other = (ROOT / "generated" / "h200_decode_d128_combine.cu").read_text()
+    assert "combine(p);" in other and "if (s / 32 == j) w = __shfl_sync" in other
+
+
 def test_the_table_keys_the_latent_cells_on_v_head_dim():
     entries = load_table(table_path(ROOT / "specs"))
     for dtype, name in (("fp16", "h200_decode_d576_mla"), ("bf16", "h200_decode_d576_mla_bf16")):

@@ -78,6 +78,8 @@ class DecodePlan(ForwardPlan):
     kv_pitch_bytes: int = 0         # e4m3 cache: bytes per row of a K/V tile (head_dim, padded to an odd number
                                     # of 16-byte chunks so that 8 consecutive rows fall on 8 bank groups)
     combine_slices: int = 1         # warps sharing each output row's columns in the combine kernel (its grid y)
+    combine_wide_slices: int = 0    # the same for the combine part's wide function (launch_rules.WIDE_COMBINE),
+                                    # which calls of many splits launch; 0: the part has none
     v_in_k: bool = False            # V is the first v_dim columns of each K row (one latent cache, as MLA's): the
                                     # kernel reads V from K's tiles, and a call's v_cache must be k_cache[..., :v_dim]
     row_mods_per_tile: bool = False  # the score modifiers' per-row values (RowMods) are made again at every tile

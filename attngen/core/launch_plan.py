@@ -99,6 +99,7 @@ class LaunchPlan(NamedTuple):
     append: bool = False            # decode: the kernel writes a call's new tokens into the cache (append cells)
     v_in_k: bool = False            # decode: V is the first v_dim columns of each K row (one latent cache)
     combine_slices: int = 1         # decode: warps sharing an output row's columns in the combine (its grid y)
+    combine_wide_slices: int = 0    # decode: the same for the wide combine function (0: none)
     accum_row_block: int = 1        # backward: rows of the dQ accumulator's blocks
     dq_pair_masks: tuple[str, ...] = ()   # backward: the masks whose functions add dQ in register-pair order
 
@@ -201,6 +202,8 @@ def launch_record(plan) -> dict:
             record["kv_cache"]["v_in_k"] = True
         if plan.combine_slices > 1:
             record["kv_cache"]["combine_slices"] = plan.combine_slices
+        if plan.combine_wide_slices:
+            record["kv_cache"]["combine_wide_slices"] = plan.combine_wide_slices
     elif getattr(plan, "paged", False):
         record["pages"] = {"paged": True}     # a forward plan whose varlen functions read page pools
     accum = getattr(plan, "accum_row_block", None)

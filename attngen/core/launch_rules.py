@@ -107,6 +107,16 @@ CO_RESIDENT_MIN_TILES = 64
 # keys: 1.6-5.6 %), and at 64 tiles of d64 and d128 gained 0-5 %, left out with d256's loss.
 COMBINE_KERNEL_CO_RESIDENT = ((16, 128), (8, 256))
 
+# A combine part may hold a second, wide function (decode_mla's): narrower column slices per warp and more
+# splits loaded at a time, for calls whose few rows each merge many splits. Calls of WIDE_COMBINE_MIN_SPLITS
+# splits or more launch it. Measured on the H200 (MLA, bf16; the combine kernel's device time from torch.profiler,
+# the two functions alternating in one process; docs/decode-h200/mla_combine/after_{1,2}.json): from 31 splits the
+# wide function merged faster in every cell (B1 16 heads at 32k keys, 128 splits: 9.1 -> 4.9 us; B1 64 heads, 64
+# splits: 12.7 -> 7.4; B1 128 heads, 31 splits: 9.1 -> 6.5; B4 16 heads, 32 splits: 4.6 -> 3.7); at 16 splits
+# and fewer it was slower (B8 16 heads, 16 splits: 3.7 -> 4.1; 4 splits: 3.8 -> 6.4).
+WIDE_COMBINE = "combine_wide"
+WIDE_COMBINE_MIN_SPLITS = 31
+
 MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's merging split function (combine: auto)
 merging_key = MERGING.key
 

@@ -25,7 +25,7 @@ from pydantic import Field
 from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
-from ...core.launch_rules import MAX_PAGE_SIZE, MAX_SPLITS, split_rule_text
+from ...core.launch_rules import MAX_PAGE_SIZE, MAX_SPLITS, WIDE_COMBINE, WIDE_COMBINE_MIN_SPLITS, split_rule_text
 from ...core.layout import CHUNK_BYTES, Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse
 
@@ -35,6 +35,13 @@ SELECTOR = ("decode", "latent_split_kv")
 COMBINE_WARPS = 4           # output rows per combine block (one warp each per column slice)
 COMBINE_SLICE_COLUMNS = 128     # columns one combine warp merges: a row of 512 takes 4 warps (grid y), so a call
                                 # of few rows (batch 1, 16 heads) and many splits is not merged by 16 warps alone
+COMBINE_BATCH = 8               # splits a combine warp loads at a time (a round: one L2 latency)
+# The wide combine (function combine_wide), for calls of many splits (launch_rules.WIDE_COMBINE_MIN_SPLITS): their
+# few rows give the combine few warps, and each warp's rounds are its time. Half the columns per warp (twice the
+# warps) and rounds of 32 splits. On calls of few splits and many rows the wide shape's registers (94 against
+# 60) and twice the warps cost more than its rounds save (B8 128 heads, 4 splits: 5.6 -> 10.9 us on the H200).
+WIDE_COMBINE_SLICE_COLUMNS = 64
+WIDE_COMBINE_BATCH = 32
 # The Params fields the combine kernel reads: it launches with the split kernel's Params bytes.
 COMBINE_READS = ("o", "lse", "o_batch_stride", "o_head_stride", "o_row_stride", "batch", "heads", "seqlen_q",
                  "o_accum", "lse_accum", "num_splits")
@@ -191,6 +198,7 @@ class MlaFragments:
     copy_chunks: int        # 16-byte chunks a thread copies per row (chunks per row / 8)
     p_pitch: int            # bytes per row of the P tile
     combine_warps: int      # output rows per combine block
+    combine_shapes: tuple   # (function key, columns per warp, splits per round) of each combine function
 
 
 def fragments(spec: DecodeMlaSpec, rows_per_warp: int, file) -> MlaFragments:
@@ -201,7 +209,7 @@ def fragments(spec: DecodeMlaSpec, rows_per_warp: int, file) -> MlaFragments:
                         k_steps_qk=spec.head_dim // 16, k_steps_pv=spec.tile.block_n // 16,
                         copy_rows=threads // LOAD_CHUNKS, copy_passes=spec.tile.block_n // (threads // LOAD_CHUNKS),
                         copy_chunks=chunks // LOAD_CHUNKS, p_pitch=spec.tile.block_n * spec.elem_bytes,
-                        combine_warps=COMBINE_WARPS)
+                        combine_warps=COMBINE_WARPS, combine_shapes=combine_shapes(spec))
 
 
 def tiles(spec: DecodeMlaSpec, sw) -> list[Region]:
@@ -224,15 +232,23 @@ def shared_regions(spec: DecodeMlaSpec) -> list[Region]:
             Region("row_sum", warps, ROWS, "float", 4, ROWS * 4, per="each warp's row sums over its keys, at the end")]
 
 
-def combine_slices(spec: DecodeMlaSpec) -> int:
-    """Warps that share an output row's columns in the combine kernel."""
-    return max(1, spec.v_dim // COMBINE_SLICE_COLUMNS) if spec.v_dim % COMBINE_SLICE_COLUMNS == 0 else 1
+def combine_slices(spec: DecodeMlaSpec, columns: int = COMBINE_SLICE_COLUMNS) -> int:
+    """Warps that share an output row's columns in the combine kernel (grid y), `columns` each where they
+    divide the row."""
+    return max(1, spec.v_dim // columns) if spec.v_dim % columns == 0 else 1
+
+
+def combine_shapes(spec: DecodeMlaSpec) -> tuple[tuple[str, int, int], ...]:
+    """(function key, columns per warp, splits per round) of the combine part's two functions."""
+    return (("combine", spec.v_dim // combine_slices(spec), COMBINE_BATCH),
+            (WIDE_COMBINE, spec.v_dim // combine_slices(spec, WIDE_COMBINE_SLICE_COLUMNS), WIDE_COMBINE_BATCH))
 
 
 def function_names(spec: DecodeMlaSpec) -> tuple[Part, ...]:
     split = Part("split", "split.cu.j2", f"{spec.name}_split.cu",
                  tuple((mask, f"attngen_{spec.name}_split_{mask}") for mask in spec.masks))
-    combine = Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu", (("combine", f"attngen_{spec.name}_combine"),),
+    combine = Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
+                   (("combine", f"attngen_{spec.name}_combine"), (WIDE_COMBINE, f"attngen_{spec.name}_{WIDE_COMBINE}")),
                    static_smem=0, threads=32 * COMBINE_WARPS, awaits_predecessor=True, reads=COMBINE_READS)
     return split, combine
 
@@ -265,7 +281,11 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
                 "and LSE per split",
                 f"combine kernel, grid (ceil(batch x heads x seqlen_q / {COMBINE_WARPS}), {combine_slices(spec)}): a "
                 f"warp per row and slice of {spec.v_dim // combine_slices(spec)} columns weighs each split by "
-                "exp(lse_s - lse) and writes O (and the first slice LSE)")
+                f"exp(lse_s - lse), loading {COMBINE_BATCH} splits at a time, and writes O (and the first slice LSE); "
+                f"from {WIDE_COMBINE_MIN_SPLITS} splits {WIDE_COMBINE}, grid y "
+                f"{combine_slices(spec, WIDE_COMBINE_SLICE_COLUMNS)}: slices of "
+                f"{spec.v_dim // combine_slices(spec, WIDE_COMBINE_SLICE_COLUMNS)} columns, {WIDE_COMBINE_BATCH} "
+                "splits at a time")
     block_text = (f"block: one key slice (split) of one KV head and sequence, for {spec.tile.block_m} group rows "
                   f"(query heads per KV head x new tokens) in {spec.tile.block_n}-key cache tiles; grid (num_splits, kv_heads x "
                   "row_blocks, batch)",
@@ -285,7 +305,8 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
     return DecodePlan.of(p, parts=function_names(spec), abi=abi, head_dim_v=spec.head_dim_v or 0,
                          kv_stage_stride=stride, block_text=block_text, rows_per_warp=ROWS, roles=roles,
                          schedule=schedule, max_splits=spec.max_splits, paged=spec.paged, combine="kernel",
-                         v_in_k=True, combine_slices=combine_slices(spec), copy_engine="cp.async ring (16-byte chunks), every warp copies",
+                         v_in_k=True, combine_slices=combine_slices(spec),
+                         combine_wide_slices=combine_slices(spec, WIDE_COMBINE_SLICE_COLUMNS), copy_engine="cp.async ring (16-byte chunks), every warp copies",
                          pipeline_text=(f"copies: thread i copies chunks i % 8 + 8j of rows i / 8 + {f.copy_rows}k "
                                         f"of each cache tile ({f.copy_passes} rows, {f.copy_chunks} chunks each): a "
                                         "warp covers 4 rows x 128 contiguous bytes per step, and each thread "

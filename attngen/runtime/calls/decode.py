@@ -11,7 +11,7 @@ import numbers
 import threading
 
 from ...core.append_abi import APPEND_FIELDS
-from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, MAX_PAGE_SIZE, num_splits,
+from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, MAX_PAGE_SIZE, WIDE_COMBINE, WIDE_COMBINE_MIN_SPLITS, num_splits,
                                   page_shift, row_blocks, split_blocks_per_sm, visited_tiles)
 from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
@@ -320,9 +320,7 @@ class DecodeKernel(Kernel):
         values += [mask_values.get(f.name, f.default) for f in self._mask_fields]
         launches = [(self.entry[self.plan.split_key(mask, splits)], (splits, kv_heads * blocks_per_row, batch))]
         if splits > 1 and not merges:
-            combine = self.functions[self.plan.combine_part.functions[0][1]]
-            per_block = combine.threads // 32   # one output row per warp
-            launches.append((combine.name, (-(-batch * heads * seqlen_q // per_block), self.plan.combine_slices, 1)))
+            launches.append(self._combine_launch(splits, batch * heads * seqlen_q))
         prepared = Prepared(info, self._launches(info, *launches), self._decode.pack(values), self._pointers,
                             ((batch, heads, seqlen_q), accum, counters, splits))
         if out_given is None:
@@ -333,6 +331,15 @@ class DecodeKernel(Kernel):
         del held, held_counters
         self.last_splits = splits
         return (out, lse) if return_lse else out
+
+    def _combine_launch(self, splits: int, rows: int) -> tuple[str, tuple[int, int, int]]:
+        """The combine function and grid that merge `splits` slices of `rows` output rows: the part's wide
+        function from WIDE_COMBINE_MIN_SPLITS splits where it has one, else its first."""
+        wide = self.plan.combine_wide_slices and splits >= WIDE_COMBINE_MIN_SPLITS
+        functions = dict(self.plan.combine_part.functions)
+        combine = self.functions[functions[WIDE_COMBINE] if wide else self.plan.combine_part.functions[0][1]]
+        per_block = combine.threads // 32   # one output row per warp
+        return combine.name, (-(-rows // per_block), self.plan.combine_wide_slices if wide else self.plan.combine_slices, 1)
 
     def _check_v_in_k(self, k_ptr: int, v_ptr: int, k_strides=None, v_strides=None, shape=()) -> None:
         """A spec whose V is the first v_dim columns of each K row (plan.v_in_k, one latent cache) reads V
