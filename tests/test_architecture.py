@@ -307,6 +307,17 @@ def test_packing_skips_the_fields_a_plan_omits_and_refuses_unknown_ones():
         abi.without({"b"})
 
 
+def test_a_patch_takes_its_names_in_the_callers_order():
+    """A call may give its pointers in any order (the varlen backward: its sequences' pointers after dout's);
+    the patch writes each at its own offset, adjacent ones in one struct, omitted ones dropped."""
+    abi = Abi("P", (int32("a", "a"), int32("b", "b"), int64("c", "c"), int32("d", "d"))).without({"b"})
+    buf = bytearray(abi.packer(("a", "c", "d")).pack((1, 3, 4)))
+    abi.patch(("d", "b", "a", "c")).pack_into(buf, 0, (40, 20, 10, 30))
+    assert bytes(buf) == struct.pack("<i4xqi4x", 10, 30, 40)
+    in_order = abi.patch(("a", "c", "d"))
+    assert in_order._take is None and len(in_order._runs) == 1    # no reordering, one struct
+
+
 def test_a_view_declares_what_a_kernel_reads_at_the_same_offsets():
     abi = Abi("P", (int32("a", "a"), int64("b", "b"), int32("c", "c"), float32("d", "d")))
     rows = abi.view({"b", "d"})

@@ -1,6 +1,6 @@
 """The varlen backward call's prepared path without a GPU (stand-in tensors, launches recorded): a repeated call
-of a layout patches its own addresses into the first call's Params, the varlen pointers (offsets, order) among
-them in ABI order; another layout, given gradients, validate=True or a misaligned pointer take the full path.
+of a layout patches its own addresses into the first call's Params, the varlen pointers (offsets, order) after
+the others (the patch writes each at its ABI place); another layout, given gradients, validate=True or a misaligned pointer take the full path.
 On the GPU: tests/test_gpu_backward.py (test_repeated_varlen_backward_calls_take_the_prepared_path)."""
 from __future__ import annotations
 

@@ -100,7 +100,9 @@ def test_a_failed_compile_raises_once_the_batch_ends_and_its_spec_is_not_loaded(
 
 def test_a_failure_of_the_verifying_stops_the_compile(stand_ins, monkeypatch):
     monkeypatch.setattr(parallel, "_worker", broken_worker)
-    stand_ins.delay = 0.5
+    # Each stand-in compile takes long enough (4 jobs, 10 s in all) that the spawned worker reports its failure
+    # before the batch ends, even on a loaded 2-core machine (at 0.5 s a job the batch could end first).
+    stand_ins.delay = 2.5
     with pytest.raises(RuntimeError, match="the verifier broke"):
         parallel.verify_streaming(SPECS, (), jobs=2, suite_name="quick")
     deadline = time.time() + 10

@@ -202,7 +202,8 @@ class Abi(Frozen):
         return "".join(parts)
 
     def patch(self, names: tuple[str, ...]) -> "Patch":
-        """A Patch that rewrites `names` (in ABI order) in Params bytes laid out before."""
+        """A Patch that rewrites `names` (any order: its values come in that order) in Params bytes laid
+        out before."""
         return Patch(self, tuple(names))
 
     def packer(self, per_call: tuple[str, ...], fixed: dict | None = None) -> "Packer":
@@ -256,21 +257,21 @@ class Packer:
 
 class Patch:
     """Rewrites a few fields of Params bytes laid out before (a prepared call's template): the
-    fields that change on every call of one shape, its pointers. Adjacent fields (in ABI order)
-    are written by one struct each, so q, k, v, o and lse take one pack_into."""
+    fields that change on every call of one shape, its pointers. The names come in the caller's
+    order; adjacent fields (in ABI order) are written by one struct each, so q, k, v, o and lse
+    take one pack_into."""
 
     def __init__(self, abi: Abi, names: tuple[str, ...]):
         rows = {f.name: (i, f, offset) for i, (f, offset) in enumerate(abi.rows())}
         unknown = set(names) - set(rows) - abi.omitted
         if unknown:
             raise ValueError(f"ABI {abi.name} has no field(s) {', '.join(sorted(unknown))}")
-        # The values of fields this Params omits are dropped before writing (index of each kept one).
-        keep = tuple(i for i, n in enumerate(names) if n not in abi.omitted)
-        self._keep = None if len(keep) == len(names) else keep
-        names = tuple(n for n in names if n not in abi.omitted)
-        order = sorted(names, key=lambda n: rows[n][0])
-        if list(order) != list(names):
-            raise ValueError(f"patch fields must come in ABI order: {', '.join(order)}")
+        # The values to write, as indices into the caller's: the fields this Params omits dropped, the
+        # rest in ABI order (None: the caller's values as they are).
+        kept = [i for i, n in enumerate(names) if n not in abi.omitted]
+        take = tuple(sorted(kept, key=lambda i: rows[names[i]][0]))
+        self._take = None if take == tuple(range(len(names))) else take
+        names = tuple(names[i] for i in take)
         runs, start = [], 0
         for at in range(1, len(names) + 1):
             if at == len(names) or rows[names[at]][0] != rows[names[at - 1]][0] + 1:
@@ -290,8 +291,8 @@ class Patch:
     def pack_into(self, buffer, offset: int, values) -> None:
         """Write `values` (in the order of the names given, omitted fields included) into Params
         bytes that start at `offset`."""
-        if self._keep is not None:
-            values = [values[i] for i in self._keep]
+        if self._take is not None:
+            values = [values[i] for i in self._take]
         if self._single is not None:
             self._single[1].pack_into(buffer, offset + self._single[0], *values)
             return

@@ -63,13 +63,8 @@ class BackwardKernel(Kernel):
         self._varlen_packer = (plan.abi.packer(VARLEN_PER_CALL + tuple(f.name for f in self._mask_fields)
                                                + self._map_fields) if self.varlen_masks else None)
         self._pointers = plan.abi.patch(POINTERS + self._map_fields)
-        if self.varlen_masks:
-            # The varlen fields sit between lse and dout in the ABI: the patch takes every pointer in ABI
-            # order, and a call passes (POINTERS, VARLEN_POINTERS, maps) reordered by _varlen_order.
-            names = POINTERS + VARLEN_POINTERS + self._map_fields
-            at = {f.name: i for i, (f, _) in enumerate(plan.abi.rows())}
-            self._varlen_order = tuple(sorted(range(len(names)), key=lambda i: at.get(names[i], -1)))
-            self._varlen_pointers = plan.abi.patch(tuple(names[i] for i in self._varlen_order))
+        if self.varlen_masks:   # a varlen call passes POINTERS, VARLEN_POINTERS, then the maps
+            self._varlen_pointers = plan.abi.patch(POINTERS + VARLEN_POINTERS + self._map_fields)
         self._fp32 = self._torch.float32
         self._functions = {part.name: dict(part.functions) for part in plan.parts}
         self.last_group_splits = None   # the split count of the last padded call (1: unsplit)
@@ -376,14 +371,9 @@ class BackwardKernel(Kernel):
         self.last_group_splits = 1   # varlen calls never split
         prepared = Prepared(info, launches, self._varlen_packer.pack(row), self._varlen_pointers, (scratch, shape_maps))
         self._remember(key, prepared)
-        self._run_varlen(prepared, pointers + (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+        self._run(prepared, pointers + (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
                                                0 if order is None else order.data_ptr()) + maps)
         return dq, dk, dv
-
-    def _run_varlen(self, prepared, values) -> None:
-        """Launch a varlen call with its pointers given as POINTERS, VARLEN_POINTERS, then the maps."""
-        order = self._varlen_order
-        self._run(prepared, tuple(values[i] for i in order))
 
     def _varlen_scratch(self, q, cu_seqlens_k, scratch, index: int):
         """A varlen call's fp32 dQ accumulator and delta, its turn counters (new zeros, deterministic calls)
@@ -410,7 +400,7 @@ class BackwardKernel(Kernel):
                     dq_accum.data_ptr(), delta.data_ptr(), 0 if turns is None else turns.data_ptr())
         maps = shape_maps.values(pointers) if shape_maps else ()
         self.last_group_splits = 1
-        self._run_varlen(prepared, pointers + (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+        self._run(prepared, pointers + (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
                                                0 if order is None else order.data_ptr()) + maps)
         return dq, dk, dv
 

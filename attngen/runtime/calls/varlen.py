@@ -10,6 +10,7 @@ sequence's last row returns at once, so short sequences cost no padded work.
 """
 from __future__ import annotations
 
+from operator import itemgetter
 
 from ...core.constants import LOG2E
 from ...core.launch_rules import page_shift
@@ -21,7 +22,12 @@ from .shared import (ATTENTION_FIELDS, INT32_MAX, ORDERS, check_max_seqlen_q, ch
 
 PER_CALL = ATTENTION_FIELDS + ("cu_seqlens_q", "cu_seqlens_k", "seq_order", "total_q", "total_k", "errors")
 POINTERS = ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_order")
-PAGED_POINTERS = POINTERS + ("block_table", "seqused_k")   # in ABI order: the page fields follow the varlen ones
+PAGED_POINTERS = POINTERS + ("block_table", "seqused_k")
+# Each call's pointer values, picked from the values it packs by name: PER_CALL's first, then a paged call's
+# page fields, which follow the mask fields (counted from the end of PAGED_VARLEN_FIELDS).
+POINTER_VALUES = itemgetter(*(PER_CALL.index(n) for n in POINTERS))
+PAGED_POINTER_VALUES = itemgetter(*(PER_CALL.index(n) for n in POINTERS),
+                                  *(PAGED_VARLEN_FIELDS.index(n) - len(PAGED_VARLEN_FIELDS) for n in PAGED_POINTERS[len(POINTERS):]))
 
 
 def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None,
@@ -125,7 +131,7 @@ def varlen_call(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: in
     prepared = Prepared(info, kernel._launches(info, (kernel.entry[varlen_key(mask)], grid)), packer.pack(values),
                         _patch(kernel), ((heads, total_q), shape_maps))
     kernel._remember(key, prepared)   # no key when the caller gave lse_out, or validates
-    kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]) + maps)
+    kernel._run(prepared, POINTER_VALUES(values) + maps)
     return (out, lse_out) if return_lse else out
 
 
@@ -328,7 +334,7 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     prepared = Prepared(info, kernel._launches(info, (kernel.entry[varlen_key(mask)], grid)), packer.pack(values),
                         patch, ((heads, total_q), batch))
     kernel._remember(key, prepared)   # no key when the caller gave lse_out, or validates
-    kernel._run(prepared, tuple(values[:5]) + tuple(values[25:28]) + (values[-9], values[-8]))
+    kernel._run(prepared, PAGED_POINTER_VALUES(values))
     return (out, lse_out) if return_lse else out
 
 
