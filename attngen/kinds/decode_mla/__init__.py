@@ -239,7 +239,10 @@ def combine_slices(spec: DecodeMlaSpec, columns: int = COMBINE_SLICE_COLUMNS) ->
 
 
 def combine_shapes(spec: DecodeMlaSpec) -> tuple[tuple[str, int, int], ...]:
-    """(function key, columns per warp, splits per round) of the combine part's two functions."""
+    """(function key, columns per warp, splits per round) of the combine part's two functions. A round's
+    splits divide 32 (the template unrolls every round up to 32 x ceil(max_splits / 32) splits and reads each
+    split's weight from lane slot s / 32 of those)."""
+    assert 32 % COMBINE_BATCH == 0 and 32 % WIDE_COMBINE_BATCH == 0, "a round's splits must divide 32"
     return (("combine", spec.v_dim // combine_slices(spec), COMBINE_BATCH),
             (WIDE_COMBINE, spec.v_dim // combine_slices(spec, WIDE_COMBINE_SLICE_COLUMNS), WIDE_COMBINE_BATCH))
 

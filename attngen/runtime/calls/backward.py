@@ -372,7 +372,7 @@ class BackwardKernel(Kernel):
         prepared = Prepared(info, launches, self._varlen_packer.pack(row), self._varlen_pointers, (scratch, shape_maps))
         self._remember(key, prepared)
         self._run(prepared, pointers + (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
-                                               0 if order is None else order.data_ptr()) + maps)
+                                        0 if order is None else order.data_ptr()) + maps)
         return dq, dk, dv
 
     def _varlen_scratch(self, q, cu_seqlens_k, scratch, index: int):
@@ -401,7 +401,7 @@ class BackwardKernel(Kernel):
         maps = shape_maps.values(pointers) if shape_maps else ()
         self.last_group_splits = 1
         self._run(prepared, pointers + (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
-                                               0 if order is None else order.data_ptr()) + maps)
+                                        0 if order is None else order.data_ptr()) + maps)
         return dq, dk, dv
 
     def _gradient(self, name: str, given, like, layout: str, index: int):
