@@ -73,6 +73,22 @@ def test_the_record_keeps_the_wide_combine_and_calls_of_many_splits_launch_it():
     assert launch("h200_decode_d128", 128, 32) == ("attngen_h200_decode_d128_combine", (8, 1, 1))
 
 
+def test_the_verify_cases_reach_both_combine_functions():
+    """`attngen verify` merges some latent case with each combine function: split counts on both sides of
+    WIDE_COMBINE_MIN_SPLITS once the runtime has evened the slices (the count of tiles per slice rounded up)."""
+    from attngen.core.launch_rules import WIDE_COMBINE_MIN_SPLITS
+    from attngen.eval.verify.decode import latent_cases
+    from attngen.runtime.calls.decode import num_splits_for
+    p = plan()
+    splits = set()
+    for c in latent_cases(p.block_n, p.paged):
+        n_tiles = -(-c.capacity // p.block_n)
+        blocks = c.batch * c.kv_heads * -(-(c.heads // c.kv_heads) * c.seqlen_q // p.block_m)
+        s = min(c.num_splits, n_tiles) if c.num_splits else num_splits_for(p, blocks, n_tiles, 132)
+        splits.add(-(-n_tiles // -(-n_tiles // s)))
+    assert any(1 < s < WIDE_COMBINE_MIN_SPLITS for s in splits) and max(splits) >= WIDE_COMBINE_MIN_SPLITS
+
+
 def test_the_wide_combine_takes_each_weight_with_one_shuffle():
     source = (ROOT / "generated" / "h200_decode_d576_mla_combine.cu").read_text()
     assert "combine<128, 8>(p);" in source and "combine<64, 32>(p);" in source

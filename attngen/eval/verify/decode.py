@@ -124,15 +124,16 @@ def decode_cases(block_n: int, paged: bool = False) -> tuple[DecodeCase, ...]:
 
 def latent_cases(block_n: int, paged: bool = False) -> tuple[DecodeCase, ...]:
     """The shapes a latent-cache (MLA) model decodes with: one KV head for 16 query heads (DeepSeek over 8
-    GPUs) or 128 (one GPU), 1 or 2 new tokens (speculative), long and uneven lengths, splits; paged with
-    pages of 1, 64 (FlashMLA's) and 256."""
+    GPUs) or 128 (one GPU), 1 or 2 new tokens (speculative), long and uneven lengths, splits (the heuristic's,
+    7, and a tile each); paged with pages of 1, 64 (FlashMLA's) and 256."""
     n = block_n
     cap = 40 * n + 29
     cases = [
         DecodeCase(2, 16, 1, 1, cap, (cap, 3 * n + 1), layout="bshd"),
         DecodeCase(3, 128, 1, 1, 6 * n + 5, (6 * n + 5, 1, 2 * n), layout="bshd"),
         DecodeCase(2, 16, 1, 2, cap, (n + 1, cap), causal=True, layout="bshd", num_splits=7),
-        DecodeCase(1, 16, 1, 1, cap, None, num_splits=40),
+        # a tile per split (41): past WIDE_COMBINE_MIN_SPLITS, so the combine part's wide function merges them
+        DecodeCase(1, 16, 1, 1, cap, None, num_splits=41),
     ]
     for pg in (1, 64, 256) if paged else ():
         pcap = -(-max(8 * pg, 12 * n + 3) // pg) * pg
