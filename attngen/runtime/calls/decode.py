@@ -336,8 +336,8 @@ class DecodeKernel(Kernel):
         """The combine function and grid that merge `splits` slices of `rows` output rows: the part's wide
         function from WIDE_COMBINE_MIN_SPLITS splits where it has one, else its first."""
         wide = self.plan.combine_wide_slices and splits >= WIDE_COMBINE_MIN_SPLITS
-        functions = dict(self.plan.combine_part.functions)
-        combine = self.functions[functions[WIDE_COMBINE] if wide else self.plan.combine_part.functions[0][1]]
+        functions = self.plan.combine_part.functions
+        combine = self.functions[dict(functions)[WIDE_COMBINE] if wide else functions[0][1]]
         per_block = combine.threads // 32   # one output row per warp
         return combine.name, (-(-rows // per_block), self.plan.combine_wide_slices if wide else self.plan.combine_slices, 1)
 
