@@ -262,15 +262,22 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * kTilePitchBytes + (chunk << 4);
 }
 
-// Programmatic dependent launch (sm_90 and up). A split kernel lets the launch of the kernel after it (the
-// combine) begin once every split block has called allow_dependents (after its main loop) or exited; that
-// kernel, launched as a programmatic dependent, waits in await_predecessor until the kernel ahead of it
-// has ended and all its writes are visible, wherever allow_dependents stood, so its launch is hidden
-// behind the splits' last work. Launched the usual way (or before
-// sm_90) both are no-ops.
+// Programmatic dependent launch (sm_90 and up). A kernel launched as a programmatic dependent (a split
+// kernel behind whatever kernel is ahead of it on the stream, a combine behind its split kernel) may be
+// placed on the SMs before the kernel ahead has ended; it waits in await_predecessor, before it reads
+// anything, until that kernel has ended and all its writes are visible, so its launch is hidden behind
+// that kernel's last work. A split kernel lets that launch begin once every split block has called
+// allow_dependents (after its main loop) or exited. Launched the usual way (or before sm_90) both are
+// no-ops.
 __device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
@@ -720,6 +727,7 @@ template <Mask kMask, bool kMerge = kFusedCombine>
 __device__ __forceinline__ void attention(const Params& p) {
     extern __shared__ __align__(128) unsigned char smem[];  // 115200 B: dynamic, opt-in
 
+    await_predecessor();   // launched before the kernel ahead ends: nothing it may write is read before this
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const DecodeBlock c = decode_block(p);

@@ -2,6 +2,7 @@
 adds, and the split heuristic."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,9 @@ def test_plan_is_a_two_part_bundle():
                                                  "attngen_h200_decode_d128_split_causal"]
     assert combine.functions == (("combine", "attngen_h200_decode_d128_combine"),)
     assert (combine.static_smem, combine.threads) == (0, 128) and split.static_smem is None
-    # the combine waits for the split kernel itself (griddepcontrol.wait), so it is launched before that ends
-    assert combine.awaits_predecessor and not split.awaits_predecessor
+    # each waits for the kernel ahead of it itself (griddepcontrol.wait), so it is launched before that ends:
+    # the combine behind its split kernel, the split kernel behind whatever the stream ran before
+    assert combine.awaits_predecessor and split.awaits_predecessor
     names = [f.name for f in p.abi.fields]
     assert names[-12:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks",
                            "block_table", "table_stride", "split_counters", "num_pages", "page_size", "page_shift"]
@@ -46,6 +48,21 @@ def test_plan_is_a_two_part_bundle():
     assert f.merge_bytes == 4 * 16 * 136 * 4 <= p.stages * p.kv_stage_stride
     text = explain(p)
     assert "merge:" in text and "splits: at most 128" in text
+
+
+def test_every_split_kernel_awaits_the_kernel_ahead_before_it_reads_anything():
+    """A split kernel is launched as a programmatic dependent of whatever kernel is ahead of it on the stream (a
+    rotary kernel that wrote q, a copy into the cache), so it may run before that kernel's writes are visible:
+    the first statement of its body waits for them. Checked in every generated split source."""
+    sources = sorted((ROOT / "generated").glob("*_split.cu"))
+    assert len(sources) > 50
+    for path in sources:
+        text = path.read_text()
+        body = re.search(r"__device__ __forceinline__ void (attention|split)\(const Params& p\) \{\n(.*?)\n}\n", text, re.S)
+        assert body, path.name
+        statements = [line.strip() for line in body.group(2).splitlines()
+                      if line.strip() and not line.strip().startswith(("//", "extern __shared__"))]
+        assert statements[0].startswith("await_predecessor();"), f"{path.name}: {statements[0]}"
 
 
 def test_programmatic_launches_from_sm_90():

@@ -63,27 +63,41 @@ def test_splits_agree(torch):
         assert (o.float() - outs[0].float()).abs().max().item() < 2e-3
 
 
-def test_combine_launched_as_a_programmatic_dependent(torch):
-    """On sm_90 and up the combine kernel is launched while the split kernel still runs (programmatic
-    dependent launch) and waits for the partials itself. Calls queued back to back with no sync between
-    them, each on new queries, give bit for bit what the same calls give with the combine launched
-    after the split kernel ends, and the first is within the error rule of the fp32 reference."""
+def test_split_and_combine_launched_as_programmatic_dependents(torch):
+    """On sm_90 and up the split kernel is launched while the kernel ahead of it still runs, and the combine
+    while the split kernel does (programmatic dependent launch); each waits for the writes of the kernel ahead
+    itself. Calls queued back to back with no sync between them, each behind torch kernels that write its
+    queries and a row of the cache it reads, give bit for bit what the same sequence gives with both launched
+    the usual way, and the first is within the error rule of the fp32 reference."""
     kernel = attngen.load(D128)     # no synchronize after each call: the calls overlap as a model's do
     gen = torch.Generator(device="cuda").manual_seed(11)
     qs = [torch.randn(1, 32, 1, 128, generator=gen, device="cuda").half() for _ in range(8)]
     k, v = (torch.randn(1, 8, 16384, 128, generator=gen, device="cuda").half() for _ in range(2))
+    new_rows = torch.randn(8, 8, 128, generator=gen, device="cuda").half()
+    k0 = k.clone()
     kernel(qs[0], k, v)
     assert kernel.last_splits > 1
     (key, prepared), = kernel._prepared.items()
     hopper = torch.cuda.get_device_capability() >= (9, 0)
-    assert [fn.programmatic for fn, _, _ in prepared.launches] == [False, hopper]
-    early = [kernel(q, k, v) for q in qs]
+    assert [fn.programmatic for fn, _, _ in prepared.launches] == [hopper, hopper]
+
+    def calls():
+        k.copy_(k0)
+        outs = []
+        for i, q in enumerate(qs):
+            k[0, :, 1000 + i].copy_(new_rows[i])       # written by the kernel just ahead of the call
+            outs.append(kernel(q * 1.0, k, v))          # and so are its queries
+        return outs
+    early = calls()
+    torch.cuda.synchronize()
     kernel._prepared[key] = prepared._replace(launches=tuple(
         (fn._replace(programmatic=False), handle, grid) for fn, handle, grid in prepared.launches))
-    after = [kernel(q, k, v) for q in qs]
+    after = calls()
     torch.cuda.synchronize()
     for i, (a, b) in enumerate(zip(early, after)):
         assert torch.equal(a, b), f"call {i}: the programmatic launch differs by {(a - b).abs().max().item()}"
+    k.copy_(k0)
+    k[0, :, 1000].copy_(new_rows[0])
     assert_close_to_reference(torch, early[0], qs[0], k, v)
 
 

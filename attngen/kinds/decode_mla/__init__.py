@@ -249,7 +249,7 @@ def combine_shapes(spec: DecodeMlaSpec) -> tuple[tuple[str, int, int], ...]:
 
 def function_names(spec: DecodeMlaSpec) -> tuple[Part, ...]:
     split = Part("split", "split.cu.j2", f"{spec.name}_split.cu",
-                 tuple((mask, f"attngen_{spec.name}_split_{mask}") for mask in spec.masks))
+                 tuple((mask, f"attngen_{spec.name}_split_{mask}") for mask in spec.masks), awaits_predecessor=True)
     combine = Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
                    (("combine", f"attngen_{spec.name}_combine"), (WIDE_COMBINE, f"attngen_{spec.name}_{WIDE_COMBINE}")),
                    static_smem=0, threads=32 * COMBINE_WARPS, awaits_predecessor=True, reads=COMBINE_READS)

@@ -310,7 +310,7 @@ def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
     the combine part unless the split kernel merges the splits itself."""
     keys = list(spec.masks) + ([merging_key(m) for m in spec.masks] if spec.combine == "auto" else [])
     split = (Part("split", "split.cu.j2", f"{spec.name}_split.cu",
-                  tuple((key, f"attngen_{spec.name}_split_{key}") for key in keys)),)
+                  tuple((key, f"attngen_{spec.name}_split_{key}") for key in keys), awaits_predecessor=True),)
     if spec.combine != "kernel":
         return split
     return split + (Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
