@@ -1095,14 +1095,22 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>());
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d128_expr_prefix_lm
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_expr_prefix_lm::kThreads, attngen_h100_bwd_d128_expr_prefix_lm::kMinBlocksPerSm)
 attngen_h100_bwd_d128_expr_prefix_lm_expr(const attngen_h100_bwd_d128_expr_prefix_lm::Params p) {
+    attngen_h100_bwd_d128_expr_prefix_lm::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_expr_prefix_lm::attention_backward<attngen_h100_bwd_d128_expr_prefix_lm::Mask::Expr, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_expr_prefix_lm::kThreads, attngen_h100_bwd_d128_expr_prefix_lm::kMinBlocksPerSm)
 attngen_h100_bwd_d128_expr_prefix_lm_expr_deterministic(const attngen_h100_bwd_d128_expr_prefix_lm::Params p) {
+    attngen_h100_bwd_d128_expr_prefix_lm::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_expr_prefix_lm::attention_backward<attngen_h100_bwd_d128_expr_prefix_lm::Mask::Expr, true>(p);
 }

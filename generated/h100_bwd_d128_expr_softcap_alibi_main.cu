@@ -1055,24 +1055,34 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>());
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d128_expr_softcap_alibi
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_expr_softcap_alibi::kThreads, attngen_h100_bwd_d128_expr_softcap_alibi::kMinBlocksPerSm)
 attngen_h100_bwd_d128_expr_softcap_alibi_none(const attngen_h100_bwd_d128_expr_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_expr_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_expr_softcap_alibi::attention_backward<attngen_h100_bwd_d128_expr_softcap_alibi::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_expr_softcap_alibi::kThreads, attngen_h100_bwd_d128_expr_softcap_alibi::kMinBlocksPerSm)
 attngen_h100_bwd_d128_expr_softcap_alibi_causal(const attngen_h100_bwd_d128_expr_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_expr_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_expr_softcap_alibi::attention_backward<attngen_h100_bwd_d128_expr_softcap_alibi::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_expr_softcap_alibi::kThreads, attngen_h100_bwd_d128_expr_softcap_alibi::kMinBlocksPerSm)
 attngen_h100_bwd_d128_expr_softcap_alibi_none_deterministic(const attngen_h100_bwd_d128_expr_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_expr_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_expr_softcap_alibi::attention_backward<attngen_h100_bwd_d128_expr_softcap_alibi::Mask::None, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_expr_softcap_alibi::kThreads, attngen_h100_bwd_d128_expr_softcap_alibi::kMinBlocksPerSm)
 attngen_h100_bwd_d128_expr_softcap_alibi_causal_deterministic(const attngen_h100_bwd_d128_expr_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_expr_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_expr_softcap_alibi::attention_backward<attngen_h100_bwd_d128_expr_softcap_alibi::Mask::Causal, true>(p);
 }

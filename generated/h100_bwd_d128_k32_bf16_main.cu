@@ -1023,24 +1023,34 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>());
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d128_k32_bf16
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_k32_bf16::kThreads, attngen_h100_bwd_d128_k32_bf16::kMinBlocksPerSm)
 attngen_h100_bwd_d128_k32_bf16_none(const attngen_h100_bwd_d128_k32_bf16::Params p) {
+    attngen_h100_bwd_d128_k32_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_k32_bf16::attention_backward<attngen_h100_bwd_d128_k32_bf16::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_k32_bf16::kThreads, attngen_h100_bwd_d128_k32_bf16::kMinBlocksPerSm)
 attngen_h100_bwd_d128_k32_bf16_causal(const attngen_h100_bwd_d128_k32_bf16::Params p) {
+    attngen_h100_bwd_d128_k32_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_k32_bf16::attention_backward<attngen_h100_bwd_d128_k32_bf16::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_k32_bf16::kThreads, attngen_h100_bwd_d128_k32_bf16::kMinBlocksPerSm)
 attngen_h100_bwd_d128_k32_bf16_none_deterministic(const attngen_h100_bwd_d128_k32_bf16::Params p) {
+    attngen_h100_bwd_d128_k32_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_k32_bf16::attention_backward<attngen_h100_bwd_d128_k32_bf16::Mask::None, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_k32_bf16::kThreads, attngen_h100_bwd_d128_k32_bf16::kMinBlocksPerSm)
 attngen_h100_bwd_d128_k32_bf16_causal_deterministic(const attngen_h100_bwd_d128_k32_bf16::Params p) {
+    attngen_h100_bwd_d128_k32_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_k32_bf16::attention_backward<attngen_h100_bwd_d128_k32_bf16::Mask::Causal, true>(p);
 }

@@ -287,17 +287,26 @@ __device__ __forceinline__ void kv_convert(const Params& p) {
                    + row * p.dv_row_stride + lane_in_row * 8, sk + sums, 1.f);
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d128_wgmma_alibi_bf16
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_alibi_bf16::kThreads)
 attngen_h100_bwd_d128_wgmma_alibi_bf16_convert(const attngen_h100_bwd_d128_wgmma_alibi_bf16::Params p) {
+    attngen_h100_bwd_d128_wgmma_alibi_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_wgmma_alibi_bf16::convert(p);
 }
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_alibi_bf16::kThreads)
 attngen_h100_bwd_d128_wgmma_alibi_bf16_convert_pairs(const attngen_h100_bwd_d128_wgmma_alibi_bf16::Params p) {
+    attngen_h100_bwd_d128_wgmma_alibi_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_wgmma_alibi_bf16::convert_pairs(p);
 }
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_alibi_bf16::kThreads)
 attngen_h100_bwd_d128_wgmma_alibi_bf16_kv_convert(const attngen_h100_bwd_d128_wgmma_alibi_bf16::Params p) {
+    attngen_h100_bwd_d128_wgmma_alibi_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_wgmma_alibi_bf16::kv_convert(p);
 }

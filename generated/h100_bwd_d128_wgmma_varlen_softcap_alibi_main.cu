@@ -1273,34 +1273,46 @@ __device__ __forceinline__ void attention_backward_varlen(const Params& p) {
     if (enter_key_sequence<kMask>(s, n0)) key_block<kMask, kDeterministic, true>(s, n0, p);
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi_none_varlen(const __grid_constant__ attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::attention_backward_varlen<attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi_causal_varlen(const __grid_constant__ attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::attention_backward_varlen<attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi_window_varlen(const __grid_constant__ attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::attention_backward_varlen<attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Mask::Window, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi_none_varlen_deterministic(const __grid_constant__ attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::attention_backward_varlen<attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Mask::None, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi_causal_varlen_deterministic(const __grid_constant__ attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::attention_backward_varlen<attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Mask::Causal, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi_window_varlen_deterministic(const __grid_constant__ attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Params p) {
+    attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::attention_backward_varlen<attngen_h100_bwd_d128_wgmma_varlen_softcap_alibi::Mask::Window, true>(p);
 }

@@ -982,14 +982,22 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>());
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d128_window_bf16
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_window_bf16::kThreads, attngen_h100_bwd_d128_window_bf16::kMinBlocksPerSm)
 attngen_h100_bwd_d128_window_bf16_window(const attngen_h100_bwd_d128_window_bf16::Params p) {
+    attngen_h100_bwd_d128_window_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_window_bf16::attention_backward<attngen_h100_bwd_d128_window_bf16::Mask::Window, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d128_window_bf16::kThreads, attngen_h100_bwd_d128_window_bf16::kMinBlocksPerSm)
 attngen_h100_bwd_d128_window_bf16_window_deterministic(const attngen_h100_bwd_d128_window_bf16::Params p) {
+    attngen_h100_bwd_d128_window_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d128_window_bf16::attention_backward<attngen_h100_bwd_d128_window_bf16::Mask::Window, true>(p);
 }

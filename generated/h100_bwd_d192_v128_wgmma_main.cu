@@ -1133,24 +1133,34 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>(), p);
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d192_v128_wgmma
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d192_v128_wgmma::kThreads, 1)
 attngen_h100_bwd_d192_v128_wgmma_none(const __grid_constant__ attngen_h100_bwd_d192_v128_wgmma::Params p) {
+    attngen_h100_bwd_d192_v128_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d192_v128_wgmma::attention_backward<attngen_h100_bwd_d192_v128_wgmma::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d192_v128_wgmma::kThreads, 1)
 attngen_h100_bwd_d192_v128_wgmma_causal(const __grid_constant__ attngen_h100_bwd_d192_v128_wgmma::Params p) {
+    attngen_h100_bwd_d192_v128_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d192_v128_wgmma::attention_backward<attngen_h100_bwd_d192_v128_wgmma::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d192_v128_wgmma::kThreads, 1)
 attngen_h100_bwd_d192_v128_wgmma_none_deterministic(const __grid_constant__ attngen_h100_bwd_d192_v128_wgmma::Params p) {
+    attngen_h100_bwd_d192_v128_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d192_v128_wgmma::attention_backward<attngen_h100_bwd_d192_v128_wgmma::Mask::None, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d192_v128_wgmma::kThreads, 1)
 attngen_h100_bwd_d192_v128_wgmma_causal_deterministic(const __grid_constant__ attngen_h100_bwd_d192_v128_wgmma::Params p) {
+    attngen_h100_bwd_d192_v128_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d192_v128_wgmma::attention_backward<attngen_h100_bwd_d192_v128_wgmma::Mask::Causal, true>(p);
 }

@@ -1173,49 +1173,64 @@ __device__ __forceinline__ void attention_backward_group_split(const Params& p) 
     key_block<kMask, false, false, true>(p, key_block_start<false>(), p);
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d256_wgmma_softcap_alibi
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d256_wgmma_softcap_alibi_none(const __grid_constant__ attngen_h100_bwd_d256_wgmma_softcap_alibi::Params p) {
+    attngen_h100_bwd_d256_wgmma_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_softcap_alibi::attention_backward<attngen_h100_bwd_d256_wgmma_softcap_alibi::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d256_wgmma_softcap_alibi_causal(const __grid_constant__ attngen_h100_bwd_d256_wgmma_softcap_alibi::Params p) {
+    attngen_h100_bwd_d256_wgmma_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_softcap_alibi::attention_backward<attngen_h100_bwd_d256_wgmma_softcap_alibi::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d256_wgmma_softcap_alibi_window(const __grid_constant__ attngen_h100_bwd_d256_wgmma_softcap_alibi::Params p) {
+    attngen_h100_bwd_d256_wgmma_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_softcap_alibi::attention_backward<attngen_h100_bwd_d256_wgmma_softcap_alibi::Mask::Window, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d256_wgmma_softcap_alibi_none_deterministic(const __grid_constant__ attngen_h100_bwd_d256_wgmma_softcap_alibi::Params p) {
+    attngen_h100_bwd_d256_wgmma_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_softcap_alibi::attention_backward<attngen_h100_bwd_d256_wgmma_softcap_alibi::Mask::None, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d256_wgmma_softcap_alibi_causal_deterministic(const __grid_constant__ attngen_h100_bwd_d256_wgmma_softcap_alibi::Params p) {
+    attngen_h100_bwd_d256_wgmma_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_softcap_alibi::attention_backward<attngen_h100_bwd_d256_wgmma_softcap_alibi::Mask::Causal, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d256_wgmma_softcap_alibi_window_deterministic(const __grid_constant__ attngen_h100_bwd_d256_wgmma_softcap_alibi::Params p) {
+    attngen_h100_bwd_d256_wgmma_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_softcap_alibi::attention_backward<attngen_h100_bwd_d256_wgmma_softcap_alibi::Mask::Window, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d256_wgmma_softcap_alibi_none_group_split(const __grid_constant__ attngen_h100_bwd_d256_wgmma_softcap_alibi::Params p) {
+    attngen_h100_bwd_d256_wgmma_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_softcap_alibi::attention_backward_group_split<attngen_h100_bwd_d256_wgmma_softcap_alibi::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d256_wgmma_softcap_alibi_causal_group_split(const __grid_constant__ attngen_h100_bwd_d256_wgmma_softcap_alibi::Params p) {
+    attngen_h100_bwd_d256_wgmma_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_softcap_alibi::attention_backward_group_split<attngen_h100_bwd_d256_wgmma_softcap_alibi::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_softcap_alibi::kThreads, 1)
 attngen_h100_bwd_d256_wgmma_softcap_alibi_window_group_split(const __grid_constant__ attngen_h100_bwd_d256_wgmma_softcap_alibi::Params p) {
+    attngen_h100_bwd_d256_wgmma_softcap_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_softcap_alibi::attention_backward_group_split<attngen_h100_bwd_d256_wgmma_softcap_alibi::Mask::Window, false>(p);
 }

@@ -255,9 +255,16 @@ __device__ __forceinline__ void convert(const Params& p) {
     *reinterpret_cast<uint4*>(dq_row) = out;
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d256_wgmma_varlen_window_bf16
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d256_wgmma_varlen_window_bf16::kThreads)
 attngen_h100_bwd_d256_wgmma_varlen_window_bf16_convert(const attngen_h100_bwd_d256_wgmma_varlen_window_bf16::Params p) {
+    attngen_h100_bwd_d256_wgmma_varlen_window_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d256_wgmma_varlen_window_bf16::convert(p);
 }

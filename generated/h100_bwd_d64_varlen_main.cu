@@ -1096,44 +1096,58 @@ __device__ __forceinline__ void attention_backward_varlen(const Params& p) {
     if (enter_key_sequence<kMask>(s, n0)) key_block<kMask, kDeterministic, true>(s, n0);
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d64_varlen
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_varlen::kThreads, attngen_h100_bwd_d64_varlen::kMinBlocksPerSm)
 attngen_h100_bwd_d64_varlen_none(const attngen_h100_bwd_d64_varlen::Params p) {
+    attngen_h100_bwd_d64_varlen::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_varlen::attention_backward<attngen_h100_bwd_d64_varlen::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_varlen::kThreads, attngen_h100_bwd_d64_varlen::kMinBlocksPerSm)
 attngen_h100_bwd_d64_varlen_causal(const attngen_h100_bwd_d64_varlen::Params p) {
+    attngen_h100_bwd_d64_varlen::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_varlen::attention_backward<attngen_h100_bwd_d64_varlen::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_varlen::kThreads, attngen_h100_bwd_d64_varlen::kMinBlocksPerSm)
 attngen_h100_bwd_d64_varlen_none_varlen(const attngen_h100_bwd_d64_varlen::Params p) {
+    attngen_h100_bwd_d64_varlen::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_varlen::attention_backward_varlen<attngen_h100_bwd_d64_varlen::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_varlen::kThreads, attngen_h100_bwd_d64_varlen::kMinBlocksPerSm)
 attngen_h100_bwd_d64_varlen_causal_varlen(const attngen_h100_bwd_d64_varlen::Params p) {
+    attngen_h100_bwd_d64_varlen::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_varlen::attention_backward_varlen<attngen_h100_bwd_d64_varlen::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_varlen::kThreads, attngen_h100_bwd_d64_varlen::kMinBlocksPerSm)
 attngen_h100_bwd_d64_varlen_none_deterministic(const attngen_h100_bwd_d64_varlen::Params p) {
+    attngen_h100_bwd_d64_varlen::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_varlen::attention_backward<attngen_h100_bwd_d64_varlen::Mask::None, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_varlen::kThreads, attngen_h100_bwd_d64_varlen::kMinBlocksPerSm)
 attngen_h100_bwd_d64_varlen_causal_deterministic(const attngen_h100_bwd_d64_varlen::Params p) {
+    attngen_h100_bwd_d64_varlen::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_varlen::attention_backward<attngen_h100_bwd_d64_varlen::Mask::Causal, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_varlen::kThreads, attngen_h100_bwd_d64_varlen::kMinBlocksPerSm)
 attngen_h100_bwd_d64_varlen_none_varlen_deterministic(const attngen_h100_bwd_d64_varlen::Params p) {
+    attngen_h100_bwd_d64_varlen::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_varlen::attention_backward_varlen<attngen_h100_bwd_d64_varlen::Mask::None, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_varlen::kThreads, attngen_h100_bwd_d64_varlen::kMinBlocksPerSm)
 attngen_h100_bwd_d64_varlen_causal_varlen_deterministic(const attngen_h100_bwd_d64_varlen::Params p) {
+    attngen_h100_bwd_d64_varlen::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_varlen::attention_backward_varlen<attngen_h100_bwd_d64_varlen::Mask::Causal, true>(p);
 }

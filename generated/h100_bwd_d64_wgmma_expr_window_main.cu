@@ -1198,14 +1198,22 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>(), p);
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d64_wgmma_expr_window
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma_expr_window::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_expr_window_expr(const __grid_constant__ attngen_h100_bwd_d64_wgmma_expr_window::Params p) {
+    attngen_h100_bwd_d64_wgmma_expr_window::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma_expr_window::attention_backward<attngen_h100_bwd_d64_wgmma_expr_window::Mask::Expr, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma_expr_window::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_expr_window_expr_deterministic(const __grid_constant__ attngen_h100_bwd_d64_wgmma_expr_window::Params p) {
+    attngen_h100_bwd_d64_wgmma_expr_window::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma_expr_window::attention_backward<attngen_h100_bwd_d64_wgmma_expr_window::Mask::Expr, true>(p);
 }

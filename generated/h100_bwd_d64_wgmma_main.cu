@@ -1120,34 +1120,46 @@ __device__ __forceinline__ void attention_backward_group_split(const Params& p) 
     key_block<kMask, false, false, true>(p, key_block_start<false>(), p);
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d64_wgmma
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_none(const __grid_constant__ attngen_h100_bwd_d64_wgmma::Params p) {
+    attngen_h100_bwd_d64_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma::attention_backward<attngen_h100_bwd_d64_wgmma::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_causal(const __grid_constant__ attngen_h100_bwd_d64_wgmma::Params p) {
+    attngen_h100_bwd_d64_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma::attention_backward<attngen_h100_bwd_d64_wgmma::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_none_deterministic(const __grid_constant__ attngen_h100_bwd_d64_wgmma::Params p) {
+    attngen_h100_bwd_d64_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma::attention_backward<attngen_h100_bwd_d64_wgmma::Mask::None, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_causal_deterministic(const __grid_constant__ attngen_h100_bwd_d64_wgmma::Params p) {
+    attngen_h100_bwd_d64_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma::attention_backward<attngen_h100_bwd_d64_wgmma::Mask::Causal, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_none_group_split(const __grid_constant__ attngen_h100_bwd_d64_wgmma::Params p) {
+    attngen_h100_bwd_d64_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma::attention_backward_group_split<attngen_h100_bwd_d64_wgmma::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_causal_group_split(const __grid_constant__ attngen_h100_bwd_d64_wgmma::Params p) {
+    attngen_h100_bwd_d64_wgmma::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma::attention_backward_group_split<attngen_h100_bwd_d64_wgmma::Mask::Causal, false>(p);
 }

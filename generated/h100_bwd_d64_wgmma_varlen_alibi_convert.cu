@@ -264,9 +264,16 @@ __device__ __forceinline__ void convert_pairs(const Params& p) {
     store_scaled_8(dq_row, block + v * 128 + 2 * t, p.scale);   // pair v / 2 of thread t
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d64_wgmma_varlen_alibi
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma_varlen_alibi::kThreads)
 attngen_h100_bwd_d64_wgmma_varlen_alibi_convert_pairs(const attngen_h100_bwd_d64_wgmma_varlen_alibi::Params p) {
+    attngen_h100_bwd_d64_wgmma_varlen_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma_varlen_alibi::convert_pairs(p);
 }

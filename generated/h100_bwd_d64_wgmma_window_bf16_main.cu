@@ -1123,19 +1123,28 @@ __device__ __forceinline__ void attention_backward_group_split(const Params& p) 
     key_block<kMask, false, false, true>(p, key_block_start<false>(), p);
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_h100_bwd_d64_wgmma_window_bf16
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma_window_bf16::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_window_bf16_window(const __grid_constant__ attngen_h100_bwd_d64_wgmma_window_bf16::Params p) {
+    attngen_h100_bwd_d64_wgmma_window_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma_window_bf16::attention_backward<attngen_h100_bwd_d64_wgmma_window_bf16::Mask::Window, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma_window_bf16::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_window_bf16_window_deterministic(const __grid_constant__ attngen_h100_bwd_d64_wgmma_window_bf16::Params p) {
+    attngen_h100_bwd_d64_wgmma_window_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma_window_bf16::attention_backward<attngen_h100_bwd_d64_wgmma_window_bf16::Mask::Window, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h100_bwd_d64_wgmma_window_bf16::kThreads, 1)
 attngen_h100_bwd_d64_wgmma_window_bf16_window_group_split(const __grid_constant__ attngen_h100_bwd_d64_wgmma_window_bf16::Params p) {
+    attngen_h100_bwd_d64_wgmma_window_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h100_bwd_d64_wgmma_window_bf16::attention_backward_group_split<attngen_h100_bwd_d64_wgmma_window_bf16::Mask::Window, false>(p);
 }

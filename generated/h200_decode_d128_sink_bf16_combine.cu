@@ -174,13 +174,13 @@ __device__ __forceinline__ float group_sum(float x) {
     return x;
 }
 
-// Programmatic dependent launch (sm_90 and up). A kernel launched as a programmatic dependent (a split
-// kernel behind whatever kernel is ahead of it on the stream, a combine behind its split kernel) may be
-// placed on the SMs before the kernel ahead has ended; it waits in await_predecessor, before it reads
-// anything, until that kernel has ended and all its writes are visible, so its launch is hidden behind
-// that kernel's last work. A split kernel lets that launch begin once every split block has called
-// allow_dependents (after its main loop) or exited. Launched the usual way (or before sm_90) both are
-// no-ops.
+// Programmatic dependent launch (sm_90 and up). A kernel whose part awaits its predecessor is launched as a
+// programmatic dependent of the kernel ahead of it on the stream: its blocks may be placed on the SMs before
+// that kernel has ended, and the first statement of its entry point, await_predecessor, waits until that
+// kernel has ended and all its writes are visible, so nothing it writes is read early and the launch is
+// hidden behind its last work. A kernel lets the launch of the one after it begin once each of its blocks has
+// called allow_dependents (its last loads issued) or exited. Launched the usual way (or before sm_90) both
+// are no-ops.
 __device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -262,7 +262,6 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
 }
 
 __device__ __forceinline__ void combine(const Params& p) {
-    await_predecessor();   // the split kernel's partials: launched before it ends, this waits for them
     allow_dependents();    // the kernel after this one (the next call's split kernel) may be placed now
     const int rows = p.batch * p.heads * p.seqlen_q;
     const int row = blockIdx.x * kCombineWarps + threadIdx.x / 32;   // ((batch * heads + head) * seqlen_q + t)
@@ -273,5 +272,6 @@ __device__ __forceinline__ void combine(const Params& p) {
 
 extern "C" __global__ void __launch_bounds__(32 * attngen_h200_decode_d128_sink_bf16::kCombineWarps)
 attngen_h200_decode_d128_sink_bf16_combine(const attngen_h200_decode_d128_sink_bf16::Params p) {
+    attngen_h200_decode_d128_sink_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h200_decode_d128_sink_bf16::combine(p);
 }

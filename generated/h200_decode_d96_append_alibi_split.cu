@@ -360,13 +360,13 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * kTilePitchBytes + (chunk << 4);
 }
 
-// Programmatic dependent launch (sm_90 and up). A kernel launched as a programmatic dependent (a split
-// kernel behind whatever kernel is ahead of it on the stream, a combine behind its split kernel) may be
-// placed on the SMs before the kernel ahead has ended; it waits in await_predecessor, before it reads
-// anything, until that kernel has ended and all its writes are visible, so its launch is hidden behind
-// that kernel's last work. A split kernel lets that launch begin once every split block has called
-// allow_dependents (after its main loop) or exited. Launched the usual way (or before sm_90) both are
-// no-ops.
+// Programmatic dependent launch (sm_90 and up). A kernel whose part awaits its predecessor is launched as a
+// programmatic dependent of the kernel ahead of it on the stream: its blocks may be placed on the SMs before
+// that kernel has ended, and the first statement of its entry point, await_predecessor, waits until that
+// kernel has ended and all its writes are visible, so nothing it writes is read early and the launch is
+// hidden behind its last work. A kernel lets the launch of the one after it begin once each of its blocks has
+// called allow_dependents (its last loads issued) or exited. Launched the usual way (or before sm_90) both
+// are no-ops.
 __device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -1100,7 +1100,6 @@ template <Mask kMask, bool kMerge = kFusedCombine>
 __device__ __forceinline__ void attention(const Params& p) {
     extern __shared__ __align__(128) unsigned char smem[];  // 105984 B: dynamic, opt-in
 
-    await_predecessor();   // launched before the kernel ahead ends: nothing it may write is read before this
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const DecodeBlock c = decode_block(p);
@@ -1228,15 +1227,18 @@ __device__ __forceinline__ void attention(const Params& p) {
 
 extern "C" __global__ void __launch_bounds__(attngen_h200_decode_d96_append_alibi::kThreads, attngen_h200_decode_d96_append_alibi::kMinBlocksPerSm)
 attngen_h200_decode_d96_append_alibi_split_none(const attngen_h200_decode_d96_append_alibi::Params p) {
+    attngen_h200_decode_d96_append_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h200_decode_d96_append_alibi::attention<attngen_h200_decode_d96_append_alibi::Mask::None>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h200_decode_d96_append_alibi::kThreads, attngen_h200_decode_d96_append_alibi::kMinBlocksPerSm)
 attngen_h200_decode_d96_append_alibi_split_causal(const attngen_h200_decode_d96_append_alibi::Params p) {
+    attngen_h200_decode_d96_append_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h200_decode_d96_append_alibi::attention<attngen_h200_decode_d96_append_alibi::Mask::Causal>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_h200_decode_d96_append_alibi::kThreads, attngen_h200_decode_d96_append_alibi::kMinBlocksPerSm)
 attngen_h200_decode_d96_append_alibi_split_window(const attngen_h200_decode_d96_append_alibi::Params p) {
+    attngen_h200_decode_d96_append_alibi::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h200_decode_d96_append_alibi::attention<attngen_h200_decode_d96_append_alibi::Mask::Window>(p);
 }

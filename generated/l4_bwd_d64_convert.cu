@@ -188,9 +188,16 @@ __device__ __forceinline__ void convert(const Params& p) {
     *reinterpret_cast<uint4*>(dq_row) = out;
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_l4_bwd_d64
 
 extern "C" __global__ void __launch_bounds__(attngen_l4_bwd_d64::kThreads)
 attngen_l4_bwd_d64_convert(const attngen_l4_bwd_d64::Params p) {
+    attngen_l4_bwd_d64::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_l4_bwd_d64::convert(p);
 }

@@ -978,24 +978,34 @@ __device__ __forceinline__ void attention_backward(const Params& p) {
     key_block<kMask, kDeterministic, false>(p, key_block_start<kDeterministic>());
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_l4_bwd_d64
 
 extern "C" __global__ void __launch_bounds__(attngen_l4_bwd_d64::kThreads, attngen_l4_bwd_d64::kMinBlocksPerSm)
 attngen_l4_bwd_d64_none(const attngen_l4_bwd_d64::Params p) {
+    attngen_l4_bwd_d64::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_l4_bwd_d64::attention_backward<attngen_l4_bwd_d64::Mask::None, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_l4_bwd_d64::kThreads, attngen_l4_bwd_d64::kMinBlocksPerSm)
 attngen_l4_bwd_d64_causal(const attngen_l4_bwd_d64::Params p) {
+    attngen_l4_bwd_d64::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_l4_bwd_d64::attention_backward<attngen_l4_bwd_d64::Mask::Causal, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_l4_bwd_d64::kThreads, attngen_l4_bwd_d64::kMinBlocksPerSm)
 attngen_l4_bwd_d64_none_deterministic(const attngen_l4_bwd_d64::Params p) {
+    attngen_l4_bwd_d64::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_l4_bwd_d64::attention_backward<attngen_l4_bwd_d64::Mask::None, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(attngen_l4_bwd_d64::kThreads, attngen_l4_bwd_d64::kMinBlocksPerSm)
 attngen_l4_bwd_d64_causal_deterministic(const attngen_l4_bwd_d64::Params p) {
+    attngen_l4_bwd_d64::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_l4_bwd_d64::attention_backward<attngen_l4_bwd_d64::Mask::Causal, true>(p);
 }

@@ -216,9 +216,16 @@ __device__ __forceinline__ void preprocess(const Params& p) {
     if (row < p.seqlen_q && lane_in_row == 0) p.delta[row_index] = sum;
 }
 
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace attngen_l4_bwd_d64
 
 extern "C" __global__ void __launch_bounds__(attngen_l4_bwd_d64::kThreads)
 attngen_l4_bwd_d64_preprocess(const attngen_l4_bwd_d64::Params p) {
+    attngen_l4_bwd_d64::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_l4_bwd_d64::preprocess(p);
 }

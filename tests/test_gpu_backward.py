@@ -92,6 +92,32 @@ def test_gradients_match_torch_autograd(causal):
         assert err <= bound, f"{name}: {err:.3g} > {bound:.3g}"
 
 
+def test_backward_launched_as_programmatic_dependents():
+    """On sm_90 and up each of the backward's kernels (preprocess, main, convert) is launched while the kernel
+    ahead of it still runs and waits for that kernel's writes itself. Deterministic calls queued back to back
+    with no sync, each behind a torch kernel that writes its dout, give bit for bit the gradients of the same
+    sequence with the usual launches."""
+    import torch
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launches need sm_90 or later")
+    spec = ROOT / "specs" / "h100_bwd_d64_wgmma.yaml"
+    early_kernel, usual = attngen.load(spec), attngen.load(spec)
+    assert all(fn.programmatic for fn in early_kernel.functions.values())
+    for name, fn in list(usual.functions.items()):
+        usual.functions[name] = fn._replace(programmatic=False)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v, dout = (torch.randn(2, 4, 700, 64, generator=gen, device="cuda").half() for _ in range(4))
+    o, lse = attngen.attention(q, k, v, causal=True, return_lse=True)
+
+    def calls(bwd):
+        return [bwd(q, k, v, o, lse, dout * (1.0 + i / 8), causal=True, deterministic=True) for i in range(5)]
+    early, after = calls(early_kernel), calls(usual)
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(early, after)):
+        for name, x, y in zip(("dq", "dk", "dv"), a, b):
+            assert torch.equal(x, y), f"call {i} {name}: the programmatic launches differ by {(x - y).abs().max().item()}"
+
+
 def test_planted_bug_is_rejected():
     """dK without its scale: the verifier must fail the case on dk alone."""
     k = kernel(D64)

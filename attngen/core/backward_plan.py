@@ -137,8 +137,8 @@ def backward_parts(spec, abi, accum_blocks: bool = False, main_unread: tuple[str
         keys += [group_split_key(mask) for mask in spec.masks]
     unread = set(MAIN_UNREAD) | set(main_unread)
     main = Part("main", "main.cu.j2", f"{spec.name}_main.cu", tuple((k, function_name(spec, k)) for k in keys),
-                reads=tuple(f.name for f in abi.fields if f.name not in unread))
-    row = dict(static_smem=0, threads=ROW_THREADS)
+                reads=tuple(f.name for f in abi.fields if f.name not in unread), awaits_predecessor=True)
+    row = dict(static_smem=0, threads=ROW_THREADS, awaits_predecessor=True)
     sequences = VARLEN_ACCUM_READS if accum_blocks and spec.varlen else ()
     orders = [dq_convert(mask, pair_masks) for mask in spec.masks]
     converts = tuple((key, function_name(spec, key)) for key in (DQ_CONVERT, DQ_CONVERT_PAIRS) if key in orders)
