@@ -7,13 +7,11 @@ bits (checked per cell).
 
 Usage: python3 docs/hopper-h200/fwd_pdl/forward_pdl_ab.py OUT.json [ROUNDS]   (default 3 rounds)
 
-forward_pdl_ab.json was measured on a tree whose wgmma forward part awaited its predecessor (its producer called
-allow_dependents once its last load was issued). It gained nothing (the median cell 0.02 us; the short cells within
-0.15 us either way), so the forward is launched the usual way; on such a tree both kernels run the usual launch
-and the "awaits_predecessor" column says so.
-
-Cells: the short grid of docs/hopper-h200/forward_vs_cudnn.py (16x16x512 ... 1x8x512, d64 and d128, bf16,
-causal and not) and four long cells."""
+forward_pdl_ab.json was measured on a tree whose wgmma forward part awaited its predecessor (forward_awaits.patch
+beside this script). Each call is timed between its own CUDA events, and a kernel cannot start before an event
+recorded ahead of it, so this timing cannot show what the launch hides: it found the two launches equal (the median
+cell 0.02 us apart). forward_pdl_b2b.py times the calls back to back and finds the difference. On a tree without
+the patch both kernels run the usual launch, and the "awaits_predecessor" column says so."""
 from pathlib import Path
 import sys
 
