@@ -1096,6 +1096,11 @@ __device__ __forceinline__ void attention_backward_varlen(const Params& p) {
     if (enter_key_sequence<kMask>(s, n0)) key_block<kMask, kDeterministic, true>(s, n0);
 }
 
+// Programmatic dependent launch (sm_90 and up). A kernel whose part awaits its predecessor is launched as a
+// programmatic dependent of the kernel ahead of it on the stream: its blocks may be placed on the SMs before
+// that kernel has ended. The first statement of each of its entry points, await_predecessor, waits until that
+// kernel has ended and all its writes are visible, so nothing it writes is read early and the launch is hidden
+// behind its last work. Launched the usual way (or before sm_90) it is a no-op.
 __device__ __forceinline__ void await_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -258,6 +258,11 @@ __device__ __forceinline__ void convert_pairs(const Params& p) {
     store_scaled_8(dq_row, block + v * 128 + 2 * t, p.scale);   // pair v / 2 of thread t
 }
 
+// Programmatic dependent launch (sm_90 and up). A kernel whose part awaits its predecessor is launched as a
+// programmatic dependent of the kernel ahead of it on the stream: its blocks may be placed on the SMs before
+// that kernel has ended. The first statement of each of its entry points, await_predecessor, waits until that
+// kernel has ended and all its writes are visible, so nothing it writes is read early and the launch is hidden
+// behind its last work. Launched the usual way (or before sm_90) it is a no-op.
 __device__ __forceinline__ void await_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -262,6 +262,11 @@ __device__ __forceinline__ void kv_convert(const Params& p) {
                    + row * p.dv_row_stride + lane_in_row * 8, sk + sums, 1.f);
 }
 
+// Programmatic dependent launch (sm_90 and up). A kernel whose part awaits its predecessor is launched as a
+// programmatic dependent of the kernel ahead of it on the stream: its blocks may be placed on the SMs before
+// that kernel has ended. The first statement of each of its entry points, await_predecessor, waits until that
+// kernel has ended and all its writes are visible, so nothing it writes is read early and the launch is hidden
+// behind its last work. Launched the usual way (or before sm_90) it is a no-op.
 __device__ __forceinline__ void await_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -196,20 +196,20 @@ __device__ __forceinline__ float group_sum(float x) {
 
 // Programmatic dependent launch (sm_90 and up). A kernel whose part awaits its predecessor is launched as a
 // programmatic dependent of the kernel ahead of it on the stream: its blocks may be placed on the SMs before
-// that kernel has ended, and the first statement of its entry point, await_predecessor, waits until that
-// kernel has ended and all its writes are visible, so nothing it writes is read early and the launch is
-// hidden behind its last work. A kernel lets the launch of the one after it begin once each of its blocks has
-// called allow_dependents (its last loads issued) or exited. Launched the usual way (or before sm_90) both
-// are no-ops.
-__device__ __forceinline__ void allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
+// that kernel has ended. The first statement of each of its entry points, await_predecessor, waits until that
+// kernel has ended and all its writes are visible, so nothing it writes is read early and the launch is hidden
+// behind its last work. Launched the usual way (or before sm_90) it is a no-op.
 __device__ __forceinline__ void await_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the launch of the kernel after this one begin once every block has called it (or exited: the implicit
+// trigger); a no-op where that kernel is not a programmatic dependent, or before sm_90.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
