@@ -10,12 +10,16 @@ those columns cannot show what such a launch hides (the split kernel's, since 53
 Usage: python3 docs/decode-h200/decode_grid_entry.py OUT.json [--max-gb 24] [--batches 1,2,...]"""
 import argparse
 import json
+import sys
+from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import attngen
 from attngen.eval.bench.decode import copy_bandwidth, eager_time_us, median_time_us
 from attngen.ops import library
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))
+from gpu_timing import back_to_back_us  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
@@ -28,22 +32,6 @@ d, dt = 128, torch.bfloat16
 copy = copy_bandwidth(torch)
 rows = [{"copy_GBps": round(copy / 1e9, 1)}]
 print(json.dumps(rows[0]), flush=True)
-
-
-def back_to_back_us(fn, rotate: int, n: int = 40, runs: int = 5) -> float:
-    """GPU us per call of fn(i) called n times back to back between two CUDA events (i cycling over `rotate`
-    input sets), the calls queued behind a GPU sleep so that the host's pace does not show; median of `runs`."""
-    per_call = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(3e7))   # about 15 ms: longer than the host takes to queue the n calls
-        start.record()
-        for j in range(n):
-            fn(j % rotate)
-        end.record()
-        torch.cuda.synchronize()
-        per_call.append(start.elapsed_time(end) * 1e3 / n)
-    return sorted(per_call)[runs // 2]
 
 
 def sdpa(backend, q, k, v, gqa):
@@ -74,7 +62,7 @@ for heads in args.heads.split(","):
             r = {"cell": f"B{b} {h}/{hkv} Sk{sk}", "KV_MB": round(kv_bytes / 1e6, 1), "spec": kern.plan.spec.name,
                  "gpu_us": round(median_time_us(torch, fn, 20, rot), 2), "splits": kern.last_splits,
                  "eager_us": round(eager_time_us(torch, fn, 20, rot), 2),
-                 "b2b_us": round(back_to_back_us(fn, rot), 2),
+                 "b2b_us": round(back_to_back_us(fn, [(i,) for i in range(rot)], n=40, runs=5), 2),
                  "err": None if ref is None else float((out - ref).abs().max())}
             r["GBps"] = round(kv_bytes / r["gpu_us"] / 1e3, 1)
             r["pct_copy"] = round(100 * kv_bytes / (r["gpu_us"] * 1e-6) / copy, 1)
@@ -83,7 +71,7 @@ for heads in args.heads.split(","):
                     g = lambda i, backend=backend: sdpa(backend, qs[i], ks[i], vs[i], h != hkv)
                     o = g(0).float()
                     r[f"{name}_us"] = round(median_time_us(torch, g, 20, rot), 2)
-                    r[f"{name}_b2b_us"] = round(back_to_back_us(g, rot), 2)
+                    r[f"{name}_b2b_us"] = round(back_to_back_us(g, [(i,) for i in range(rot)], n=40, runs=5), 2)
                     r[f"{name}_eager_us"] = round(eager_time_us(torch, g, 20, rot), 2)
                     r[f"{name}_err"] = None if ref is None else float((o - ref).abs().max())
                 except RuntimeError as exc:      # a backend that refuses the shape

@@ -1,7 +1,8 @@
 """The GPU timing the measurement scripts under docs/ share: the median of CUDA-event-timed calls (`med`: host
 gaps included), or `attngen bench`'s queued timing (`queued_med`: launches hidden); forward calls
 alternating over rounds on input sets (`alternating_sets`) and SDPA's cuDNN forward beside them
-(`cudnn_forward`); an earlier checkout's kernel beside today's (`old_kernel`); the comparison of the
+(`cudnn_forward`); calls timed back to back (`back_to_back_us`); a forward cell as the table serves it
+(`forward_pick`); an earlier checkout's kernel beside today's (`old_kernel`); the comparison of the
 two backward classes' gradients in one row; and the report a script writes (`write_report`)."""
 import dataclasses
 import json
@@ -44,6 +45,40 @@ def alternating(calls: dict, rounds: int = 3) -> tuple[dict, dict]:
         for name, fn in calls.items():
             t[name].append(queued_med(fn))
     return {name: statistics.median(x) for name, x in t.items()}, t
+
+
+def back_to_back_us(fn, sets, side=None, n: int = 30, runs: int = 3) -> float:
+    """GPU us per call of fn(*set), n calls (the sets cycling) between two CUDA events, queued behind a GPU sleep so
+    that the host's pace does not show: as a model's calls run, so a kernel launched as a programmatic dependent of
+    the one ahead can start early (with an event between every two calls, as queued_med times, it cannot). side: a
+    small tensor scaled in place ahead of each call (a model's attention follows other kernels). Median of `runs`."""
+    per_call = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(3e7))   # about 15 ms: longer than the host takes to queue the n calls
+        start.record()
+        for j in range(n):
+            if side is not None:
+                side.mul_(1.0)
+            fn(*sets[j % len(sets)])
+        end.record()
+        torch.cuda.synchronize()
+        per_call.append(start.elapsed_time(end) * 1e3 / n)
+    return sorted(per_call)[runs // 2]
+
+
+def forward_pick(b: int, h: int, s: int, d: int, causal: bool, gen):
+    """A bf16 forward cell (B, H, S, D; self-attention) as attngen.attention serves it: (input sets that defeat L2
+    reuse, drawn from `gen`; the dispatch table's entry it cached: .plan, .sources, .label)."""
+    import attngen
+    from attngen.eval.bench import Case, input_sets
+    from attngen.ops import library
+    sets = input_sets(torch, Case(b, h, s, d, "bf16", causal), torch.device("cuda"), gen)
+    q, k, v = sets[0]
+    attngen.attention(q, k, v, causal=causal)
+    chosen = library._FORWARD.get((q.get_device(), q.dtype, d, causal, s, d, b * h * s))
+    assert chosen is not None, "attngen.attention cached no kernel under the key this script reads"
+    return sets, chosen
 
 
 def cudnn_forward(causal: bool):

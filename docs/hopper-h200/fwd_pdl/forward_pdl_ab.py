@@ -17,12 +17,10 @@ import sys
 
 import torch
 
-import attngen
-from attngen.eval.bench import Case, input_sets
 from attngen.ops import library
 from attngen.runtime.calls import kernel_class
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "measurements"))
-from gpu_timing import alternating_sets, cudnn_forward, write_report  # noqa: E402
+from gpu_timing import alternating_sets, cudnn_forward, forward_pick, write_report  # noqa: E402
 
 SHAPES = ((16, 16, 512), (8, 16, 1024), (4, 16, 2048), (2, 16, 1024), (1, 8, 2048), (1, 8, 1024), (1, 8, 512),
           (2, 16, 8192), (1, 16, 16384))
@@ -34,11 +32,8 @@ def main(out_path, rounds="3"):
     for d in (64, 128):
         for b, h, s in SHAPES:
             for causal in (False, True):
-                sets = input_sets(torch, Case(b, h, s, d, "bf16", causal), torch.device("cuda"), gen)
+                sets, chosen = forward_pick(b, h, s, d, causal, gen)
                 q, k, v = sets[0]
-                attngen.attention(q, k, v, causal=causal)
-                chosen = library._FORWARD.get((q.get_device(), q.dtype, d, causal, s, d, b * h * s))
-                assert chosen is not None, "attngen.attention cached no kernel under the key this script reads"
                 pdl, plain = (kernel_class(chosen.plan).from_sources(chosen.plan, chosen.sources, label=chosen.label)
                               for _ in range(2))   # two kernels of the table's pick, as the table loaded it
                 awaits = all(fn.programmatic for fn in pdl.functions.values())

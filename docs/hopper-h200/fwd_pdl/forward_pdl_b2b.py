@@ -22,32 +22,13 @@ import torch
 
 import attngen
 from attngen.compile import CompileJob, compile_many
-from attngen.eval.bench import Case, input_sets
 from attngen.ops import library
 from attngen.runtime.calls import kernel_class
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "measurements"))
-from gpu_timing import cudnn_forward, write_report  # noqa: E402
+from gpu_timing import back_to_back_us, cudnn_forward, forward_pick, write_report  # noqa: E402
 
 SHAPES = ((16, 16, 512), (8, 16, 1024), (4, 16, 2048), (2, 16, 1024), (1, 8, 2048), (1, 8, 1024), (1, 8, 512))
 LONG = ((2, 16, 8192), (1, 16, 16384))   # with a fourth argument "long": these instead
-
-
-def back_to_back_us(fn, sets, side=None, n: int = 30, runs: int = 3) -> float:
-    """GPU us per call of fn(*set), n calls (the sets cycling) between two CUDA events behind a GPU sleep;
-    side: a small tensor scaled in place ahead of each call. Median of `runs`."""
-    per_call = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(3e7))   # about 15 ms: longer than the host takes to queue the n calls
-        start.record()
-        for j in range(n):
-            if side is not None:
-                side.mul_(1.0)
-            fn(*sets[j % len(sets)])
-        end.record()
-        torch.cuda.synchronize()
-        per_call.append(start.elapsed_time(end) * 1e3 / n)
-    return sorted(per_call)[runs // 2]
 
 
 def main(sources_dir, out_path, rounds="3", cells="short"):
@@ -61,11 +42,8 @@ def main(sources_dir, out_path, rounds="3", cells="short"):
     for d in (64, 128):
         for b, h, s in (LONG if cells == "long" else SHAPES):
             for causal in (False, True):
-                sets = input_sets(torch, Case(b, h, s, d, "bf16", causal), torch.device("cuda"), gen)
+                sets, chosen = forward_pick(b, h, s, d, causal, gen)
                 q, k, v = sets[0]
-                attngen.attention(q, k, v, causal=causal)
-                chosen = library._FORWARD.get((q.get_device(), q.dtype, d, causal, s, d, b * h * s))
-                assert chosen is not None, "attngen.attention cached no kernel under the key this script reads"
                 plan = chosen.plan
                 awaiting = [(Path(sources_dir) / part.file_name).read_text() for part in plan.parts]
                 assert all("await_predecessor();" in src for src in awaiting), "SOURCES' forward does not await"

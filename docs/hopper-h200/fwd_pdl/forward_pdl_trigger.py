@@ -11,20 +11,15 @@ ahead of each call, "op"), the three alternating over the rounds, the median kep
 Usage: python3 docs/hopper-h200/fwd_pdl/forward_pdl_trigger.py SOURCES OUT.json [ROUNDS]   (default 9 rounds)
 SOURCES: as forward_pdl_b2b.py makes it."""
 from pathlib import Path
-import json
 import statistics
 import sys
 
 import torch
 
-import attngen
-from attngen.eval.bench import Case, input_sets
 from attngen.ops import library
 from attngen.runtime.calls import kernel_class
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "measurements"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_timing import write_report  # noqa: E402
-from forward_pdl_b2b import back_to_back_us  # noqa: E402
+from gpu_timing import back_to_back_us, forward_pick, write_report  # noqa: E402
 
 CELLS = ((2, 16, 8192, True), (2, 16, 8192, False), (1, 8, 1024, False), (16, 16, 512, True))
 
@@ -35,10 +30,8 @@ def main(sources_dir, out_path, rounds="9"):
     side = torch.randn(4096, device="cuda")
     for b, h, s, causal in CELLS:
         d = 128
-        sets = input_sets(torch, Case(b, h, s, d, "bf16", causal), torch.device("cuda"), gen)
+        sets, chosen = forward_pick(b, h, s, d, causal, gen)
         q, k, v = sets[0]
-        attngen.attention(q, k, v, causal=causal)
-        chosen = library._FORWARD[(q.get_device(), q.dtype, d, causal, s, d, b * h * s)]
         plan = chosen.plan
         trigger = [(Path(sources_dir) / part.file_name).read_text() for part in plan.parts]
         implicit = ["\n".join(line for line in src.splitlines() if line.strip().split("//")[0].strip()
