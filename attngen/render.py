@@ -99,6 +99,12 @@ def template_path(kind, template: str) -> str:
     return f"templates/{template}" if template.startswith("lib/") else f"templates/{kind.template_folder}/{template}"
 
 
+# The header's line for a part that awaits its predecessor: how it is launched, and what makes that safe.
+AWAITS_PREDECESSOR = ("Launched as a programmatic dependent of the kernel ahead of it on the stream (sm_90 and up; the "
+                      "usual launch before): the first statement of each entry point, await_predecessor, waits for "
+                      "that kernel's writes.")
+
+
 def header_lines(plan: Plan, part, spec_path: str, spec_text: str, described: str) -> list[str]:
     """A part's provenance header, comment lines; `described`: explain(plan), made once for every part
     of a bundle (each shows the same)."""
@@ -110,6 +116,10 @@ def header_lines(plan: Plan, part, spec_path: str, spec_text: str, described: st
         f"DO NOT EDIT: change the spec or the templates, then run `attngen build {spec_path}`.",
         f"Kind {kind.name}: {kind.title}. Part {part.name} of {len(plan.parts)} ({names}); "
         f"templates {template_path(kind, part.template)} and templates/lib/.",
+    ]
+    if part.awaits_predecessor:
+        lines.append(AWAITS_PREDECESSOR)
+    lines += [
         "",
         "Spec:",
     ]

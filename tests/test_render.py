@@ -15,7 +15,7 @@ from attngen import __version__
 from attngen.plan import make_plan
 from attngen.spec import load_spec
 from attngen.cli import main
-from attngen.render import render_spec_file
+from attngen.render import AWAITS_PREDECESSOR, render_spec_file
 from attngen.core.spec_cells import cell_at
 from spec_sample import SAMPLE, SPEC_PATHS, sampled, spec_text
 
@@ -83,6 +83,9 @@ def check_header(path, r):
         assert "// Plan (attngen explain):" in part.source
         assert f"total {r.plan.smem_bytes} B" in part.source and f"of {r.plan.smem_budget} B" in part.source
         assert f"kernel parameters (Params, {r.plan.abi.size} B by value)" in part.source
+    # a part launched before the kernel ahead of it has ended says so, and only such a part
+    for planned, part in zip(r.plan.parts, r.parts):
+        assert (f"// {AWAITS_PREDECESSOR}" in part.source) == planned.awaits_predecessor, planned.name
 
 
 def check_normalised(r):
