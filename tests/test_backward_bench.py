@@ -99,3 +99,21 @@ def test_a_family_file_benches_the_cells_it_can_time_and_names_the_rest():
     assert code == 2 and "h100_mma_d64_paged serves varlen calls only" in out and "--varlen" in out
     code, out = bench(SPECS / "h100_bwd_d64_wgmma_varlen.yaml")
     assert code == 2 and "h100_bwd_d64_wgmma_varlen: varlen calls only" in out and "varlen_backward_bench.py" in out
+
+
+def test_a_decode_family_file_benches_the_cells_it_can_time_and_names_the_rest():
+    """specs/h200_decode_d128.yaml stands for its plain cells and members whose calls take what the bench's
+    cells do not carry: score modifiers' arguments, e4m3 caches, an append's new tokens. bench leaves those out
+    (the append cells too: timing one without its new tokens stopped the run), saying which; a member named by
+    its own path is refused with the script that times it."""
+    members = yaml.safe_load((SPECS / "h200_decode_d128.yaml").read_text())["cells"]
+    taking = [m for m, c in members.items() if c.get("append") or c.get("kv_dtype") or "variant" in c
+              or m.startswith(("alibi", "softcap", "sink"))]
+    code, out = bench(SPECS / "h200_decode_d128.yaml", "--cells", "1x8/2x512x1")
+    left = out.split("bench: leaving out ", 1)[1].split(" cell(s)", 1)[0]
+    assert int(left) == 2 * len(taking) and "h200_decode_d128_append," in out and "h200_decode_d128_append_alibi," in out
+    assert code == 4, out          # no GPU here: the cells it can time were kept for the run
+    for member, words in (("append", "the new tokens it appends (k=, v=)"), ("kv_e4m3", "e4m3 caches"),
+                          ("alibi", "its score modifiers' arguments")):
+        code, out = bench(SPECS / f"h200_decode_d128_{member}.yaml")
+        assert code == 2 and "leaving out" not in out and f"h200_decode_d128_{member} takes {words}" in out, out

@@ -85,6 +85,33 @@ def test_time_calls_queues_again_where_the_host_outlasted_the_sleep_and_says_whe
         assert bool([w for w in caught if "launch queue" in str(w.message)]) == warns
 
 
+def test_back_to_back_timing_queues_again_where_the_host_outlasted_the_sleep_and_keeps_the_median(monkeypatch):
+    """time_back_to_back: each run's calls queue behind a sleep; a run whose queuing outlasted it runs again
+    behind a longer one (twice that queuing time), a warning where that still did not cover it; the median
+    of the runs' per-call times is kept."""
+    import types
+    import warnings
+    from attngen.eval.bench import timing
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None))
+    script = [(5.0, 1.0, 10.0), (99.0, 50.0, 10.0), (7.0, 50.0, 200.0), (6.0, 1.0, 10.0)]
+    cycles = []
+
+    def run(torch, fn, sets, reps, c):
+        cycles.append(c)
+        return script.pop(0)
+    monkeypatch.setattr(timing, "run_behind_sleep", run)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        us = timing.time_back_to_back(torch, lambda: None, [()], reps=30)
+    assert us == 6.0 and not script and not caught
+    assert cycles[2] == cycles[3] == timing.sleep_cycles(50.0e-3 / 30, 30) > cycles[0] == cycles[1]
+    script[:] = [(99.0, 50.0, 10.0), (99.0, 400.0, 200.0)] * 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert timing.time_back_to_back(torch, lambda: None, [()], reps=30) == 99.0
+    assert len([w for w in caught if "host's pace" in str(w.message)]) == 3
+
+
 def test_a_gpt_shape_is_layers_dmodel_heads_tokens_batch():
     from attngen.eval.bench.gpt_step import DEFAULT_GPT, GptShape, parse_gpt_shape
     assert parse_gpt_shape(" 4x512x8x1024x8 ") == DEFAULT_GPT == GptShape(4, 512, 8, 1024, 8)

@@ -622,7 +622,7 @@ def test_bench_times_a_backward_spec(tmp_path):
         for name in ours_names:
             ours = timings[name]
             assert ours["status"] == "ok", ours
-            assert ours["median_us"] > 0 and ours["eager_us"] > 0 and ours["tflops"] > 0
+            assert ours["median_us"] > 0 and ours["back_to_back_us"] > 0 and ours["eager_us"] > 0 and ours["tflops"] > 0
             assert "max err" in ours["note"]
         assert all(t["status"] in ("ok", "unsupported") for t in timings.values())
         assert "h100_bwd_d64" in run.stdout and r["label"] in run.stdout

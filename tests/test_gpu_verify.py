@@ -364,6 +364,10 @@ def test_bench_command_line_per_convention(tmp_path):
     cells = json.loads((tmp_path / "bench-decode.json").read_text())
     assert [t["impl"] for r in padded["results"] for t in r["timings"]] == [forward.stem, "sdpa:flash"]
     assert [(r["spec"], r["cell"]) for r in cells["rows"]] == [(decode.stem, "B1 8/2 Sk512 Sq1")]
+    # each timed three ways: per call, back to back (GPU alone), eager
+    assert all(t[key] > 0 for r in padded["results"] for t in r["timings"]
+               for key in ("median_us", "back_to_back_us", "eager_us"))
+    assert all(cells["rows"][0][f"{who}_{key}"] > 0 for who in ("attngen", "flash") for key in ("us", "b2b_us", "eager_us"))
     run = subprocess.run(common + ["--varlen", "--lengths", "7,300", "--heads", "4", "--causal", "yes"],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -62,16 +62,18 @@ def test_json_writer_keeps_every_case(tmp_path):
 
 
 def test_bench_tables_format_gpu_and_eager_columns():
-    """The decode and varlen bench tables print GPU and eager times for attngen and torch, and a
-    missing torch time as '-' (no GPU: rows as the benches build them)."""
+    """The decode and varlen bench tables print GPU and eager times for attngen and torch (decode's also the
+    GPU time back to back), and a missing torch time as '-' (no GPU: rows as the benches build them)."""
     from attngen.eval.bench.decode import format_decode
     from attngen.eval.bench.varlen import format_varlen
     decode = {"gpu": "Stub", "copy_gbps": 4000.0, "paged": False, "rows": [
-        {"cell": "B8 32/8 Sk8192 Sq1", "spec": "d", "attngen_us": 70.0, "attngen_eager_us": 71.0, "splits": 2,
-         "gbps": 3800.0, "pct_of_copy": 90.0, "flash_us": 75.0, "flash_eager_us": 76.0, "cudnn_us": None,
-         "vs_fastest": 1.07}]}
+        {"cell": "B8 32/8 Sk8192 Sq1", "spec": "d", "attngen_us": 70.0, "attngen_b2b_us": 68.0,
+         "attngen_eager_us": 71.0, "splits": 2, "gbps": 3800.0, "pct_of_copy": 90.0, "flash_us": 75.0,
+         "flash_b2b_us": 74.0, "flash_eager_us": 76.0, "cudnn_us": None, "vs_fastest": 1.07}]}
     text = format_decode(decode, ("flash", "cudnn"))
-    assert "75.0/76.0" in text and "-/-" in text and " 71.0 " in text
+    assert "75.0/74.0/76.0" in text and "-/-/-" in text
+    assert text.splitlines()[-1].split()[5:8] == ["70.0", "68.0", "71.0"]
+    assert text.splitlines()[1].split()[2:6] == ["us", "b2b", "us", "eager"]
     varlen = {"gpu": "Stub", "torch": "t", "lengths": [1, 2], "heads": [16, 16], "rows": [
         {"spec": "v", "head_dim": 64, "causal": False, "status": "ok", "attngen_us": 650.0, "attngen_eager_us": 652.0,
          "tflops": 336.0, "flash_us": 790.0, "flash_eager_us": None, "vs_flash": 1.21}]}
@@ -84,7 +86,8 @@ def backward_report() -> dict:
     def timing(impl, us=None, status="ok", note=""):
         return {"impl": impl, "median_us": us, "tflops": None if us is None else 100.0,
                 "spread_pct": None if us is None else 1.0, "status": status, "note": note,
-                "eager_us": None if us is None else us + 20.0}
+                "eager_us": None if us is None else us + 20.0,
+                "back_to_back_us": None if us is None else us - 10.0}
     case = {"batch": 4, "heads": 16, "seqlen": 2048, "head_dim": 64, "dtype": "fp16", "causal": True,
             "head_dim_v": 0, "call": "backward"}
     return {"gpu": "NVIDIA H200", "environment": {"torch": "2.11", "cuda": "13.0", "driver": "580"}, "call": "backward",
@@ -103,9 +106,9 @@ def test_backward_bench_table():
     lines = format_backward(backward_report()).splitlines()
     assert lines[0].startswith("backward: ") and "2.5 x the forward's" in lines[1]
     assert lines[2] == "GPU: NVIDIA H200; torch 2.11, CUDA 13.0, driver 580"
-    assert lines[3].split()[-2:] == ["/flash", "/cudnn"]
-    row = {ln.split()[3]: ln.split()[4:] for ln in lines[4:8]}
-    assert row["h100_bwd_d64"][:5] == ["1000.0", "1020.0", "100.0", "1.0%", "0.80"]
+    assert lines[3].startswith("(time: GPU per call") and lines[4].split()[-2:] == ["/flash", "/cudnn"]
+    row = {ln.split()[3]: ln.split()[4:] for ln in lines[5:9]}
+    assert row["h100_bwd_d64"][:6] == ["1000.0", "990.0", "1020.0", "100.0", "1.0%", "0.80"]
     assert row["h100_bwd_d64_varlen"][:2] == ["wrong", "dk:"] and row["sdpa:cudnn"][0] == "unsupported"
     assert "  h100_bwd_d64             flash 0.80, cudnn -" in lines
     assert lines[-2:] == ["not timed:", "  h100_bwd_d64: bf16 not timed (the spec is fp16)"]

@@ -185,9 +185,12 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     Each spec runs only on the shapes, dtypes and mask variants it supports, and only after
     its output on those very inputs passed the verifier's error rule. GPU times are medians of
     CUDA-event-timed calls queued behind a GPU sleep (the host hidden) over inputs rotated to
-    defeat L2; eager times are back-to-back calls as a user makes them, host included (wall
-    clock / calls), for the specs and SDPA alike. TFLOP/s counts 4*B*H*S*S*D (halved for
-    causal). Ratios are SDPA GPU time / spec GPU time: above 1.0 the spec is faster.
+    defeat L2; b2b times are the GPU's with the same calls back to back between two events, as a
+    model's or a decode loop's calls run (a kernel launched as a programmatic dependent starts
+    before the call ahead ends, which an event between two calls forbids); eager times are
+    back-to-back calls as a user makes them, host included (wall clock / calls), for the specs
+    and SDPA alike. TFLOP/s counts 4*B*H*S*S*D (halved for causal). Ratios are SDPA GPU time /
+    spec GPU time (per call): above 1.0 the spec is faster.
 
     \b
     Decode specs (decode: split_kv) are timed on decode cells instead (--cells): one step of

@@ -21,8 +21,8 @@ from __future__ import annotations
 from .report import BenchReport, BenchRun, Case, CaseResult, Timing, format_bench, parse_shape
 from .shared import (CAUSAL_CHOICES, CHECK_HEADS, DEFAULT_SHAPES, DTYPES, SDPA_BACKENDS, environment, input_sets,
                      sdpa_callable, time_timing)
-from .timing import time_calls, time_eager
+from .timing import time_back_to_back, time_calls, time_eager
 
 __all__ = ["BenchReport", "BenchRun", "CAUSAL_CHOICES", "CHECK_HEADS", "Case", "CaseResult", "DEFAULT_SHAPES",
            "DTYPES", "SDPA_BACKENDS", "Timing", "environment", "format_bench", "input_sets", "parse_shape",
-           "sdpa_callable", "time_calls", "time_eager", "time_timing"]
+           "sdpa_callable", "time_back_to_back", "time_calls", "time_eager", "time_timing"]

@@ -9,7 +9,7 @@ from ..verify.decode import paged_cache
 
 PAGE_SIZE = 16   # keys per page of `attngen bench --paged` (vLLM's default block size)
 from .report import BenchRun
-from .timing import time_calls, time_eager
+from .timing import time_back_to_back, time_calls, time_eager
 
 L2_MARGIN = 2.0   # rotate so that the buffers in flight exceed this many L2 sizes
 
@@ -74,6 +74,12 @@ def median_time_us(torch, fn, reps: int, rotate: int) -> float:
     return time_calls(torch, fn, [(i,) for i in range(rotate)], reps=reps)[0]
 
 
+def back_to_back_us(torch, fn, reps: int, rotate: int) -> float:
+    """GPU time per call of fn(i) with the calls back to back between two CUDA events (a decode loop's calls;
+    the split kernel, launched as a programmatic dependent, starts before the call ahead has ended)."""
+    return time_back_to_back(torch, fn, [(i,) for i in range(rotate)], reps=reps)
+
+
 def eager_time_us(torch, fn, reps: int, rotate: int) -> float:
     """fn(i) called back to back as a user calls it, host included (attngen bench's eager column)."""
     return time_eager(torch, fn, [(i,) for i in range(rotate)], reps=reps)
@@ -115,6 +121,7 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
         def paged_call(i):
             kernel(qs[i], pools[i][0], pools[i][1], cache_seqlens=lens, block_table=pools[i][2], causal=causal)
         out["attngen_us"] = median_time_us(torch, paged_call, reps, rotate)
+        out["attngen_b2b_us"] = back_to_back_us(torch, paged_call, reps, rotate)
         out["attngen_eager_us"] = eager_time_us(torch, paged_call, reps, rotate)
         out["splits"] = getattr(kernel, "last_splits", None)
         return out
@@ -122,6 +129,7 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
     def call(i):
         kernel(qs[i], ks[i], vs[i], causal=causal)
     out["attngen_us"] = median_time_us(torch, call, reps, rotate)
+    out["attngen_b2b_us"] = back_to_back_us(torch, call, reps, rotate)
     out["attngen_eager_us"] = eager_time_us(torch, call, reps, rotate)
     out["splits"] = getattr(kernel, "last_splits", None)
     names = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -136,6 +144,7 @@ def bench_cell(torch, kernel, cell: DecodeCell, *, backends=("flash", "cudnn"), 
                 return F.scaled_dot_product_attention(qs[i], ks[i], vs[i], enable_gqa=cell.heads != cell.kv_heads)
         try:
             out[f"{name}_us"] = median_time_us(torch, call, reps, rotate)
+            out[f"{name}_b2b_us"] = back_to_back_us(torch, call, reps, rotate)
             out[f"{name}_eager_us"] = eager_time_us(torch, call, reps, rotate)
         except RuntimeError as exc:
             out[f"{name}_us"] = None
@@ -197,33 +206,40 @@ def run_decode_bench(spec_paths, *, cells=None, dtypes=("fp16", "bf16"), backend
 def format_decode(report: dict, backends) -> str:
     lines = [f"GPU: {report['gpu']}; device-to-device copy {report['copy_gbps']:.0f} GB/s (read + write); "
              f"bytes = K + V read once per KV head" + ("; paged caches" if report["paged"] else ""),
-             f"{'cell':<26} {'spec':<26} {'us':>9} {'eager us':>9} {'splits':>6} {'GB/s':>6} {'%copy':>6} "
-             + " ".join(f"{b + ' us/eager':>16}" for b in backends) + f" {'vs fastest':>10}",
-             "(us: GPU time, calls queued behind a GPU sleep; eager: back-to-back calls, host included; "
-             "vs fastest compares GPU times)"]
+             f"{'cell':<26} {'spec':<26} {'us':>9} {'b2b us':>9} {'eager us':>9} {'splits':>6} {'GB/s':>6} {'%copy':>6} "
+             + " ".join(f"{b + ' us/b2b/eager':>22}" for b in backends) + f" {'vs fastest':>10}",
+             "(us: GPU time per call, calls queued behind a GPU sleep, an event on each side; b2b: GPU time per call "
+             "with the calls back to back, as a decode loop runs them; eager: back-to-back calls, host included; "
+             "GB/s, %copy and vs fastest come from us)"]
 
     def num(x):
         return f"{x:.1f}" if x else "-"
     for r in report["rows"]:
-        theirs = " ".join(f"{num(r.get(b + '_us')) + '/' + num(r.get(b + '_eager_us')):>16}" for b in backends)
-        theirs += "".join(f" {b} {num(r.get(b + '_us'))}/{num(r.get(b + '_eager_us'))}"
-                          for b in r.get("backends", ()) if b not in backends)
+        def three(b):
+            return "/".join(num(r.get(b + key)) for key in ("_us", "_b2b_us", "_eager_us"))
+        theirs = " ".join(f"{three(b):>22}" for b in backends)
+        theirs += "".join(f" {b} {three(b)}" for b in r.get("backends", ()) if b not in backends)
         vs = f"{r['vs_fastest']:>10.2f}" if r.get("vs_fastest") else f"{'-':>10}"
-        lines.append(f"{r['cell']:<26} {r['spec']:<26} {r['attngen_us']:>9.1f} {num(r.get('attngen_eager_us')):>9} "
+        lines.append(f"{r['cell']:<26} {r['spec']:<26} {r['attngen_us']:>9.1f} {num(r.get('attngen_b2b_us')):>9} "
+                     f"{num(r.get('attngen_eager_us')):>9} "
                      f"{r['splits'] or 1:>6} {r['gbps']:>6.0f} {r['pct_of_copy']:>5.0f}% {theirs} {vs}")
     return "\n".join(lines)
 
 
 def check_options(paths, plans, opts) -> list[str]:
     """Problems of `attngen bench`'s options with these decode specs (no GPU needed)."""
-    # Every call of a spec with score modifiers takes their arguments (softcap=, alibi_slopes=, sinks=), and
-    # one of an e4m3 cache takes e4m3 caches with their scales: the bench's cells carry neither.
-    taking = [p.spec.name for p in plans if p.score_variants or p.kv_dtype]
-    if taking:
-        return [f"{', '.join(taking)} {'takes' if len(taking) == 1 else 'take'} arguments the bench's decode cells do "
-                f"not carry (score modifiers' softcap=, alibi_slopes=, sinks=; e4m3 caches and their scales): time "
-                f"{'it' if len(taking) == 1 else 'them'} with `python3 docs/variants-h200/variant_bench.py OUT.json "
-                f"decode` or `python3 docs/measurements/fp8_kv_decode.py --json OUT.json` (in the repository)"]
+    # A call of a spec with score modifiers takes their arguments, one of an e4m3 cache takes e4m3 caches with
+    # their scales, one that appends takes the new tokens: the bench's cells carry none of them.
+    for p in plans:
+        for takes, what, script in (
+                (p.score_variants, "its score modifiers' arguments (softcap=, alibi_slopes=, sinks=)",
+                 "docs/variants-h200/variant_bench.py OUT.json decode"),
+                (p.kv_dtype, "e4m3 caches with their scales", "docs/measurements/fp8_kv_decode.py --json OUT.json"),
+                (p.append, "the new tokens it appends (k=, v=) with cache_seqlens",
+                 "docs/decode-h200/append_host.py OUT.json")):
+            if takes:
+                return [f"{p.spec.name} takes {what}, which the bench's decode cells do not carry: time it with "
+                        f"`python3 {script}` (in the repository)"]
     if opts.paged:
         contiguous = [p.spec.name for p in plans if not p.paged]
         if contiguous:

@@ -57,6 +57,9 @@ class Timing:
     status: str = "ok"         # ok | unsupported | failed-check | error
     note: str = ""
     eager_us: float | None = None     # back-to-back calls, host included (wall / calls)
+    # the GPU alone with the calls back to back (no event between two): what a loop of calls gets, a kernel
+    # launched as a programmatic dependent starting before the one ahead has ended (median_us cannot show that)
+    back_to_back_us: float | None = None
 
 
 @dataclass
@@ -122,11 +125,14 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def format_bench(report, backends) -> str:
-    """The bench table: one row per case and implementation (GPU time, and eager time: back to
-    back calls with the host included), ratios of GPU time against each SDPA backend."""
+    """The bench table: one row per case and implementation (GPU time per call; the GPU time of calls back
+    to back; eager time: back to back calls with the host included), ratios of GPU time per call against
+    each SDPA backend."""
     lines = [f"GPU: {report.gpu}; torch {report.environment['torch']}, CUDA {report.environment['cuda']}, "
              f"driver {report.environment['driver']}",
-             f"{'case':<30} {'impl':<24} {'time us':>9} {'eager us':>9} {'TFLOP/s':>8} {'spread':>6}  "
+             "(time: GPU per call, an event on each side; b2b: GPU per call with the calls back to back, as a model's "
+             "loop runs them; eager: back to back, host included; ratios compare time)",
+             f"{'case':<30} {'impl':<24} {'time us':>9} {'b2b us':>9} {'eager us':>9} {'TFLOP/s':>8} {'spread':>6}  "
              + " ".join(f"{'/' + b:>9}" for b in backends)]
     for r in report.results:
         for t in r.timings:
@@ -138,8 +144,8 @@ def format_bench(report, backends) -> str:
                 ref = r.get(f"sdpa:{b}")
                 ok = ref is not None and ref.status == "ok" and not t.impl.startswith("sdpa:")
                 ratios.append(f"{ref.median_us / t.median_us:>9.2f}" if ok else f"{'':>9}")
-            eager = f"{t.eager_us:>9.1f}" if t.eager_us is not None else f"{'-':>9}"
-            lines.append(f"{r.case.label:<30} {t.impl:<24} {t.median_us:>9.1f} {eager} {t.tflops:>8.1f} "
+            eager, b2b = (f"{us:>9.1f}" if us is not None else f"{'-':>9}" for us in (t.eager_us, t.back_to_back_us))
+            lines.append(f"{r.case.label:<30} {t.impl:<24} {t.median_us:>9.1f} {b2b} {eager} {t.tflops:>8.1f} "
                          f"{t.spread_pct:>5.1f}%  " + " ".join(ratios))
     lines.append("")
     lines.append("geometric-mean speed ratio (SDPA time / spec time) per spec:")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .report import Case, Timing
-from .timing import time_calls, time_eager
+from .timing import time_back_to_back, time_calls, time_eager
 
 DEFAULT_SHAPES = ((1, 8, 512, 64), (4, 16, 2048, 64), (4, 16, 2048, 128), (2, 16, 8192, 64), (2, 16, 8192, 128))
 SDPA_BACKENDS = ("flash", "cudnn", "efficient", "default")
@@ -29,10 +29,12 @@ def input_sets(torch, case: Case, device, generator) -> list[tuple]:
 
 
 def time_timing(torch, t: Timing, case: Case, fn, sets, *, reps: int, eager=None) -> None:
-    """Fill t's GPU time and spread (time_calls of fn), TFLOP/s of the case, and eager time
-    (time_eager of `eager`, the call as a user makes it; default fn)."""
+    """Fill t's GPU time and spread (time_calls of fn), TFLOP/s of the case, the GPU time of the calls back
+    to back (time_back_to_back of fn), and eager time (time_eager of `eager`, the call as a user makes it;
+    default fn)."""
     t.median_us, t.spread_pct = time_calls(torch, fn, sets, reps=reps)
     t.tflops = case.tflops(t.median_us)
+    t.back_to_back_us = time_back_to_back(torch, fn, sets, reps=reps)
     t.eager_us = time_eager(torch, eager or fn, sets, reps=reps)
 
 

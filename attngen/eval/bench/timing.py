@@ -1,5 +1,6 @@
-"""How a bench times a call on the GPU: CUDA events around calls queued behind a GPU sleep, and the
-eager time of the same calls back to back; what every call's bench times with."""
+"""How a bench times a call on the GPU: CUDA events around each call queued behind a GPU sleep, the same
+calls back to back between two events, and the eager time of the calls back to back (host included); what
+every call's bench times with."""
 from __future__ import annotations
 
 import statistics
@@ -71,6 +72,49 @@ def queue_behind_sleep(torch, fn, sets, reps: int, cycles: int) -> tuple[list[fl
     queued_ms = (time.perf_counter() - queuing) * 1e3
     torch.cuda.synchronize()
     return ([s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)], queued_ms, before.elapsed_time(after))
+
+
+def time_back_to_back(torch, fn, sets, *, reps: int, runs: int = 3) -> float:
+    """GPU microseconds per call of fn(*set) with `reps` calls back to back between two CUDA events, queued
+    behind a GPU sleep that covers their host time: as a model's or a decode loop's calls run. time_calls
+    records an event between every two calls, and no kernel starts before an event recorded ahead of it, so
+    a kernel launched as a programmatic dependent of the call ahead cannot show there what its launch hides;
+    here it can. The median of `runs` runs; a run whose queuing outlasted the sleep is queued again behind a
+    sleep sized from it, and a RuntimeWarning says so where that did not cover it either."""
+    fn(*sets[0])
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn(*sets[0])
+    cycles = sleep_cycles(time.perf_counter() - started, reps)
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(runs):
+        us, queued_ms, slept_ms = run_behind_sleep(torch, fn, sets, reps, cycles)
+        if queued_ms > slept_ms and cycles < SLEEP_CYCLES_MOST:
+            cycles = sleep_cycles(queued_ms / 1e3 / reps, reps)
+            us, queued_ms, slept_ms = run_behind_sleep(torch, fn, sets, reps, cycles)
+        if queued_ms > slept_ms:
+            warnings.warn(f"attngen bench: queuing {reps} calls back to back took the host {queued_ms:.1f} ms, longer "
+                          f"than the GPU's {slept_ms:.1f} ms sleep ahead of them, so their time includes the host's pace",
+                          RuntimeWarning, stacklevel=2)
+        per_call.append(us)
+    return statistics.median(per_call)
+
+
+def run_behind_sleep(torch, fn, sets, reps: int, cycles: int) -> tuple[float, float, float]:
+    """`reps` calls of fn back to back between two CUDA events, queued behind a GPU sleep of `cycles`: (GPU
+    microseconds per call, the host's milliseconds to queue them, the sleep's milliseconds on the GPU)."""
+    before, after, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    before.record()
+    torch.cuda._sleep(cycles)
+    after.record()
+    queuing = time.perf_counter()
+    for i in range(reps):
+        fn(*sets[i % len(sets)])
+    end.record()
+    queued_ms = (time.perf_counter() - queuing) * 1e3
+    torch.cuda.synchronize()
+    return after.elapsed_time(end) * 1000.0 / reps, queued_ms, before.elapsed_time(after)
 
 
 def time_eager(torch, fn, sets, *, reps: int, rounds: int = 5) -> float:
