@@ -249,3 +249,24 @@ def test_a_stopped_train_run_keeps_the_rows_it_measured(monkeypatch, tmp_path):
     done = json.loads(out.read_text())
     assert "partial" not in done and len(done["rows"]) == 2
     assert done["command"].startswith("attngen bench --train --train-cells 1x4x128x64 ")
+
+
+def test_the_train_table_gives_per_step_and_back_to_back_times_and_their_ratios():
+    """bench --train's table: per cell attngen's GPU time per step, the peers', the ratio to the fastest, the same
+    back to back (a training loop's steps: the backward's kernels may start before the step ahead ends) and
+    eager; a summary line for each ratio, naming the cells below 1.0x; a row without b2b (an older report) prints
+    '-' there."""
+    from attngen.eval.bench.train import format_train
+    row = {"cell": "1x8x512x64", "dtype": "bf16", "causal": True, "status": "ok", "tflops": 50.0, "ratio": 1.05,
+           "ratio_b2b": 0.98, "us": {"attngen": 100.0, "sdpa:cudnn": 105.0, "sdpa:flash": 150.0},
+           "b2b_us": {"attngen": 96.0, "sdpa:cudnn": 94.1, "sdpa:flash": 140.0},
+           "eager_us": {"attngen": 300.0, "sdpa:cudnn": 320.0}}
+    old = {k: v for k, v in row.items() if k not in ("b2b_us", "ratio_b2b")} | {"cell": "1x8x1024x64", "causal": False}
+    lines = format_train({"gpu": "stand-in", "torch": "t", "rounds": 3, "rows": [row, old]}).splitlines()
+    assert lines[1].split()[3:] == ["attngen", "us", "TFLOP/s", "cudnn", "us", "flash", "us", "x", "best", "b2b", "us",
+                                    "x", "b2b", "eager", "us", "cudnn", "eager"]
+    assert lines[3].split()[3:] == ["100.0", "50.0", "105.0", "150.0", "1.05", "96.0", "0.98", "300.0", "320.0"]
+    assert lines[4].split()[3:] == ["100.0", "50.0", "105.0", "150.0", "1.05", "-", "-", "300.0", "320.0"]
+    assert lines[-2] == "2 cells timed; geometric mean 1.05x the fastest SDPA backend; none below 1.0x"
+    assert lines[-1] == ("back to back: geometric mean 0.98x the fastest SDPA backend; below 1.0x: "
+                         "1x8x512x64 causal bf16 0.98x")

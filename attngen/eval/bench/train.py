@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 from typing import NamedTuple
 
-from .timing import time_calls, time_eager
+from .timing import time_back_to_back, time_calls, time_eager
 from ..verify.cases import error_bound
 
 GRID_HEAD_DIMS = (64, 128, 256)
@@ -157,17 +157,22 @@ def bench_cell(torch, attngen, cell: TrainCell, dtype, causal: bool, *, reps: in
                                               if e["bound"] is not None and not e["err"] <= e["bound"])
         return row
     each = {name: [] for name in steps}
+    b2b = {name: [] for name in steps}      # the steps back to back: as a training loop runs them
     for _ in range(rounds):
         for name, fn in steps.items():
             each[name].append(time_calls(torch, lambda fn=fn: fn(), [()], reps=reps)[0])
+            b2b[name].append(time_back_to_back(torch, lambda fn=fn: fn(), [()], reps=reps))
     row["us"] = {name: statistics.median(t) for name, t in each.items()}
     row["rounds_us"] = each
+    row["b2b_us"] = {name: statistics.median(t) for name, t in b2b.items()}
+    row["rounds_b2b_us"] = b2b
     row["eager_us"] = {name: time_eager(torch, lambda fn=fn: fn(), [()], reps=max(5, reps // 2))
                        for name, fn in steps.items()}
     peers = {n: t for n, t in row["us"].items() if n != "attngen"}
     if peers:
         best = min(peers, key=peers.get)
         row.update(best_peer=best, ratio=peers[best] / row["us"]["attngen"])
+        row["ratio_b2b"] = min(t for n, t in row["b2b_us"].items() if n != "attngen") / row["b2b_us"]["attngen"]
     row["tflops"] = row["flops"] / (row["us"]["attngen"] * 1e-6) / 1e12
     row["status"] = "ok"
     return row
@@ -202,9 +207,10 @@ def format_train(report: dict) -> str:
     lines = [f"GPU: {report['gpu']}; torch {report['torch']}; forward + backward through attngen.attention; "
              f"median of {report['rounds']} alternating rounds",
              f"{'cell':<20} {'dtype':<5} {'causal':>6} {'attngen us':>10} {'TFLOP/s':>8} {'cudnn us':>9} "
-             f"{'flash us':>9} {'x best':>7} {'eager us':>9} {'cudnn eager':>11}",
-             "(us: GPU time, calls queued behind a GPU sleep; eager: back-to-back steps, host included; "
-             "x best: the fastest SDPA backend's time / attngen's)"]
+             f"{'flash us':>9} {'x best':>7} {'b2b us':>9} {'x b2b':>6} {'eager us':>9} {'cudnn eager':>11}",
+             "(us: GPU time per step, steps queued behind a GPU sleep, an event on each side; b2b: GPU time per step "
+             "with the steps back to back, as a training loop runs them; eager: back-to-back steps, host included; "
+             "x best and x b2b: the fastest SDPA backend's time / attngen's)"]
 
     def num(x, w=9):
         return f"{x:>{w}.1f}" if x else f"{'-':>{w}}"
@@ -215,9 +221,10 @@ def format_train(report: dict) -> str:
             continue
         us, eager = r["us"], r["eager_us"]
         ratio = f"{r['ratio']:>7.2f}" if r.get("ratio") else f"{'-':>7}"
+        ratio_b2b = f"{r['ratio_b2b']:>6.2f}" if r.get("ratio_b2b") else f"{'-':>6}"
         lines.append(f"{head} {us['attngen']:>10.1f} {r['tflops']:>8.1f} {num(us.get('sdpa:cudnn'))} "
-                     f"{num(us.get('sdpa:flash'))} {ratio} {num(eager.get('attngen'))} "
-                     f"{num(eager.get('sdpa:cudnn'), 11)}")
+                     f"{num(us.get('sdpa:flash'))} {ratio} {num(r.get('b2b_us', {}).get('attngen'))} {ratio_b2b} "
+                     f"{num(eager.get('attngen'))} {num(eager.get('sdpa:cudnn'), 11)}")
     ok = [r for r in report["rows"] if r["status"] == "ok" and r.get("ratio")]
     if ok:
         import math
@@ -226,6 +233,13 @@ def format_train(report: dict) -> str:
                  for r in ok if r["ratio"] < 1.0]
         lines.append(f"{len(ok)} cells timed; geometric mean {geo:.2f}x the fastest SDPA backend; "
                      + (f"below 1.0x: {'; '.join(below)}" if below else "none below 1.0x"))
+        b2b = [r for r in ok if r.get("ratio_b2b")]
+        if b2b:
+            geo = math.exp(sum(math.log(r["ratio_b2b"]) for r in b2b) / len(b2b))
+            below = [f"{r['cell']} {'causal' if r['causal'] else 'full'} {r['dtype']} {r['ratio_b2b']:.2f}x"
+                     for r in b2b if r["ratio_b2b"] < 1.0]
+            lines.append(f"back to back: geometric mean {geo:.2f}x the fastest SDPA backend; "
+                         + (f"below 1.0x: {'; '.join(below)}" if below else "none below 1.0x"))
     return "\n".join(lines)
 
 
