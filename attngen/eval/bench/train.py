@@ -206,7 +206,7 @@ def run_train_bench(cells, *, dtypes=("bf16",), causals=(False, True), reps: int
 def format_train(report: dict) -> str:
     lines = [f"GPU: {report['gpu']}; torch {report['torch']}; forward + backward through attngen.attention; "
              f"median of {report['rounds']} alternating rounds",
-             f"{'cell':<20} {'dtype':<5} {'causal':>6} {'attngen us':>10} {'TFLOP/s':>8} {'cudnn us':>9} "
+             f"{'cell':<20} {'dtype':<8} {'causal':>6} {'attngen us':>10} {'TFLOP/s':>8} {'cudnn us':>9} "
              f"{'flash us':>9} {'x best':>7} {'b2b us':>9} {'x b2b':>6} {'eager us':>9} {'cudnn eager':>11}",
              "(us: GPU time per step, steps queued behind a GPU sleep, an event on each side; b2b: GPU time per step "
              "with the steps back to back, as a training loop runs them; eager: back-to-back steps, host included; "
@@ -215,7 +215,7 @@ def format_train(report: dict) -> str:
     def num(x, w=9):
         return f"{x:>{w}.1f}" if x else f"{'-':>{w}}"
     for r in report["rows"]:
-        head = f"{r['cell']:<20} {r['dtype']:<5} {str(r['causal']):>6}"
+        head = f"{r['cell']:<20} {r['dtype']:<8} {str(r['causal']):>6}"
         if r["status"] != "ok":
             lines.append(f"{head} {r['status']}")
             continue
