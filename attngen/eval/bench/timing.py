@@ -24,12 +24,8 @@ def sleep_cycles(host_seconds: float, reps: int) -> int:
 
 def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, float]:
     """Median and relative p10-p90 spread (percent) of fn(*set) in microseconds: GPU time, the calls
-    queued behind a GPU sleep that covers their host time (sleep_cycles, from one call's).
-
-    Where the host was still queuing when the GPU woke (its Python slower than the warm-up call said,
-    or the driver's launch queue full: the host then waits on the sleeping GPU), the later calls' events
-    time the host's pace: the calls are queued once more behind a sleep sized from that queuing time,
-    and a RuntimeWarning says so where that did not cover it either."""
+    queued behind a GPU sleep that covers their host time (sleep_cycles, from one call's; covered_by_sleep
+    queues them again where it did not)."""
     warmup = max(1, warmup)
     for i in range(warmup - 1):
         fn(*sets[i % len(sets)])
@@ -38,20 +34,30 @@ def time_calls(torch, fn, sets, *, reps: int, warmup: int = 5) -> tuple[float, f
     fn(*sets[(warmup - 1) % len(sets)])   # the last warm-up call's host time, the GPU idle (nothing to wait behind)
     host = time.perf_counter() - started
     torch.cuda.synchronize()
-    cycles = sleep_cycles(host, reps)
-    times, queued_ms, slept_ms = queue_behind_sleep(torch, fn, sets, reps, cycles)
-    if queued_ms > slept_ms and cycles < SLEEP_CYCLES_MOST:
-        cycles = sleep_cycles(queued_ms / 1e3 / reps, reps)
-        times, queued_ms, slept_ms = queue_behind_sleep(torch, fn, sets, reps, cycles)
-    if queued_ms > slept_ms:
-        warnings.warn(f"attngen bench: queuing {reps} calls took the host {queued_ms:.1f} ms, longer than the GPU's "
-                      f"{slept_ms:.1f} ms sleep ahead of them (a slow host, or the driver's launch queue full), so "
-                      f"their GPU times include the host's pace; fewer reps or fewer launches a call time the GPU alone",
-                      RuntimeWarning, stacklevel=2)
+    times, _ = covered_by_sleep(lambda cycles: queue_behind_sleep(torch, fn, sets, reps, cycles), reps,
+                                sleep_cycles(host, reps), "calls")
     times = sorted(times)
     med = statistics.median(times)
     p10, p90 = times[len(times) // 10], times[(len(times) * 9) // 10]
     return med, 100.0 * (p90 - p10) / med
+
+
+def covered_by_sleep(run, reps: int, cycles: int, what: str):
+    """run(cycles) -> (its result, the host's milliseconds to queue the `reps` calls, the sleep's milliseconds on
+    the GPU), behind a sleep of `cycles`. Where the host was still queuing when the GPU woke (its Python slower
+    than the warm-up call said, or the driver's launch queue full: the host then waits on the sleeping GPU), the
+    later calls' times include the host's pace: run again behind a sleep sized from that queuing time, and warn
+    where that did not cover it either. (The result, the cycles it ran behind.)"""
+    result, queued_ms, slept_ms = run(cycles)
+    if queued_ms > slept_ms and cycles < SLEEP_CYCLES_MOST:
+        cycles = sleep_cycles(queued_ms / 1e3 / reps, reps)
+        result, queued_ms, slept_ms = run(cycles)
+    if queued_ms > slept_ms:
+        warnings.warn(f"attngen bench: queuing {reps} {what} took the host {queued_ms:.1f} ms, longer than the GPU's "
+                      f"{slept_ms:.1f} ms sleep ahead of them (a slow host, or the driver's launch queue full), so "
+                      f"their GPU times include the host's pace; fewer reps or fewer launches a call time the GPU alone",
+                      RuntimeWarning, stacklevel=3)
+    return result, cycles
 
 
 def queue_behind_sleep(torch, fn, sets, reps: int, cycles: int) -> tuple[list[float], float, float]:
@@ -79,8 +85,7 @@ def time_back_to_back(torch, fn, sets, *, reps: int, runs: int = 3) -> float:
     behind a GPU sleep that covers their host time: as a model's or a decode loop's calls run. time_calls
     records an event between every two calls, and no kernel starts before an event recorded ahead of it, so
     a kernel launched as a programmatic dependent of the call ahead cannot show there what its launch hides;
-    here it can. The median of `runs` runs; a run whose queuing outlasted the sleep is queued again behind a
-    sleep sized from it, and a RuntimeWarning says so where that did not cover it either."""
+    here it can. The median of `runs` runs (covered_by_sleep: each run's calls queued before the GPU wakes)."""
     fn(*sets[0])
     torch.cuda.synchronize()
     started = time.perf_counter()
@@ -89,14 +94,8 @@ def time_back_to_back(torch, fn, sets, *, reps: int, runs: int = 3) -> float:
     torch.cuda.synchronize()
     per_call = []
     for _ in range(runs):
-        us, queued_ms, slept_ms = run_behind_sleep(torch, fn, sets, reps, cycles)
-        if queued_ms > slept_ms and cycles < SLEEP_CYCLES_MOST:
-            cycles = sleep_cycles(queued_ms / 1e3 / reps, reps)
-            us, queued_ms, slept_ms = run_behind_sleep(torch, fn, sets, reps, cycles)
-        if queued_ms > slept_ms:
-            warnings.warn(f"attngen bench: queuing {reps} calls back to back took the host {queued_ms:.1f} ms, longer "
-                          f"than the GPU's {slept_ms:.1f} ms sleep ahead of them, so their time includes the host's pace",
-                          RuntimeWarning, stacklevel=2)
+        us, cycles = covered_by_sleep(lambda cycles: run_behind_sleep(torch, fn, sets, reps, cycles), reps, cycles,
+                                      "calls back to back")
         per_call.append(us)
     return statistics.median(per_call)
 

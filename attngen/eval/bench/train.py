@@ -227,20 +227,20 @@ def format_train(report: dict) -> str:
                      f"{num(eager.get('attngen'))} {num(eager.get('sdpa:cudnn'), 11)}")
     ok = [r for r in report["rows"] if r["status"] == "ok" and r.get("ratio")]
     if ok:
-        import math
-        geo = math.exp(sum(math.log(r["ratio"]) for r in ok) / len(ok))
-        below = [f"{r['cell']} {'causal' if r['causal'] else 'full'} {r['dtype']} {r['ratio']:.2f}x"
-                 for r in ok if r["ratio"] < 1.0]
-        lines.append(f"{len(ok)} cells timed; geometric mean {geo:.2f}x the fastest SDPA backend; "
-                     + (f"below 1.0x: {'; '.join(below)}" if below else "none below 1.0x"))
+        lines.append(f"{len(ok)} cells timed; " + ratio_summary(ok, "ratio"))
         b2b = [r for r in ok if r.get("ratio_b2b")]
         if b2b:
-            geo = math.exp(sum(math.log(r["ratio_b2b"]) for r in b2b) / len(b2b))
-            below = [f"{r['cell']} {'causal' if r['causal'] else 'full'} {r['dtype']} {r['ratio_b2b']:.2f}x"
-                     for r in b2b if r["ratio_b2b"] < 1.0]
-            lines.append(f"back to back: geometric mean {geo:.2f}x the fastest SDPA backend; "
-                         + (f"below 1.0x: {'; '.join(below)}" if below else "none below 1.0x"))
+            lines.append("back to back: " + ratio_summary(b2b, "ratio_b2b"))
     return "\n".join(lines)
+
+
+def ratio_summary(rows, key: str) -> str:
+    """The geometric mean of rows' `key` ratio (the fastest SDPA backend's time / attngen's) and the cells below 1.0x."""
+    import math
+    geo = math.exp(sum(math.log(r[key]) for r in rows) / len(rows))
+    below = [f"{r['cell']} {'causal' if r['causal'] else 'full'} {r['dtype']} {r[key]:.2f}x" for r in rows if r[key] < 1.0]
+    return (f"geometric mean {geo:.2f}x the fastest SDPA backend; "
+            + (f"below 1.0x: {'; '.join(below)}" if below else "none below 1.0x"))
 
 
 __all__ = ["GRID_GROUPS", "GRID_HEAD_DIMS", "GRID_SEQLENS", "TrainCell", "bench_cell", "format_train", "grid_cells",
