@@ -1,6 +1,6 @@
 """The GPU timing the measurement scripts under docs/ share: the median of CUDA-event-timed calls (`med`: host
 gaps included), or `attngen bench`'s queued timing (`queued_med`: launches hidden); forward calls
-alternating over rounds on input sets (`alternating_sets`) and SDPA's cuDNN forward beside them
+alternating over rounds on input sets (`alternating_sets`; per call and back to back: `alternating_both`) and SDPA's cuDNN forward beside them
 (`cudnn_forward`); calls timed back to back (`back_to_back_us`); a forward cell as the table serves it
 (`forward_pick`); an earlier checkout's kernel beside today's (`old_kernel`); the comparison of the
 two backward classes' gradients in one row; and the report a script writes (`write_report`)."""
@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attngen.eval.bench import time_calls
+from attngen.eval.bench import time_back_to_back, time_calls
+from attngen.eval.bench.timing import run_behind_sleep
 
 
 def med(fn, reps=15):
@@ -51,20 +52,11 @@ def back_to_back_us(fn, sets, side=None, n: int = 30, runs: int = 3) -> float:
     """GPU us per call of fn(*set), n calls (the sets cycling) between two CUDA events, queued behind a GPU sleep so
     that the host's pace does not show: as a model's calls run, so a kernel launched as a programmatic dependent of
     the one ahead can start early (with an event between every two calls, as queued_med times, it cannot). side: a
-    small tensor scaled in place ahead of each call (a model's attention follows other kernels). Median of `runs`."""
-    per_call = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(3e7))   # about 15 ms: longer than the host takes to queue the n calls
-        start.record()
-        for j in range(n):
-            if side is not None:
-                side.mul_(1.0)
-            fn(*sets[j % len(sets)])
-        end.record()
-        torch.cuda.synchronize()
-        per_call.append(start.elapsed_time(end) * 1e3 / n)
-    return sorted(per_call)[runs // 2]
+    small tensor scaled in place ahead of each call (a model's attention follows other kernels). Median of `runs`,
+    each behind about 15 ms of sleep (longer than the host takes to queue the n calls): `attngen bench`'s
+    run_behind_sleep."""
+    call = fn if side is None else (lambda *a: (side.mul_(1.0), fn(*a)))
+    return sorted(run_behind_sleep(torch, call, sets, n, int(3e7))[0] for _ in range(runs))[runs // 2]
 
 
 def forward_pick(b: int, h: int, s: int, d: int, causal: bool, gen):
@@ -98,6 +90,18 @@ def alternating_sets(calls: dict, rounds: int) -> tuple[dict, dict]:
         for name, (fn, sets) in calls.items():
             each[name].append(time_calls(torch, fn, sets, reps=30)[0])
     return {name: statistics.median(t) for name, t in each.items()}, each
+
+
+def alternating_both(calls: dict, sets, rounds: int) -> tuple[dict, dict]:
+    """Each of `calls` ({name: fn}) timed per call (`attngen bench`'s queued timing, 30 calls) and back to back
+    (`attngen bench`'s b2b, 30 calls between two events) on `sets`, the calls alternating over `rounds` rounds:
+    ({name: {"us": median, "b2b_us": median}}, {name: {"us": its rounds, "b2b_us": its rounds}})."""
+    each = {name: {"us": [], "b2b_us": []} for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            each[name]["us"].append(time_calls(torch, fn, sets, reps=30)[0])
+            each[name]["b2b_us"].append(time_back_to_back(torch, fn, sets, reps=30))
+    return {name: {m: statistics.median(t) for m, t in w.items()} for name, w in each.items()}, each
 
 
 def old_kernel(new, old_dir: Path):

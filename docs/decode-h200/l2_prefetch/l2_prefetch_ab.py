@@ -11,18 +11,16 @@ over ROUNDS rounds, the caches rotated past L2. Outputs compared bit for bit wit
 
 Usage: python3 docs/decode-h200/l2_prefetch/l2_prefetch_ab.py OUT.json [ROUNDS]"""
 from pathlib import Path
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attngen.eval.bench.timing import time_back_to_back, time_calls
 from attngen.ops import library
 from attngen.runtime.calls import kernel_class
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "measurements"))
-from gpu_timing import write_report  # noqa: E402
+from gpu_timing import alternating_both, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 D = 128
@@ -60,13 +58,7 @@ def main(out_path, rounds="5"):
         calls["cudnn"] = cudnn
         first = calls["as built"](0)
         same = {name: bool(torch.equal(calls[name](0), first)) for name in kernels}
-        each = {name: {"us": [], "b2b_us": []} for name in calls}
-        sets = [(i,) for i in range(rot)]
-        for _ in range(int(rounds)):
-            for name, fn in calls.items():
-                each[name]["us"].append(time_calls(torch, fn, sets, reps=30)[0])
-                each[name]["b2b_us"].append(time_back_to_back(torch, fn, sets, reps=30))
-        med = {name: {m: statistics.median(t) for m, t in w.items()} for name, w in each.items()}
+        med, each = alternating_both(calls, [(i,) for i in range(rot)], int(rounds))
         row = {"cell": f"B{b} {h}/{hkv} Sk{sk}", "kv_mb": round(kv_bytes / 1e6, 1), "spec": plan.spec.name,
                "splits": built.last_splits, "same_bits": same, "median": med, "rounds": each,
                "tb_per_s_b2b": {n: round(kv_bytes / (m["b2b_us"] * 1e-6) / 1e12, 3) for n, m in med.items()}}

@@ -12,16 +12,14 @@ cycling past L2. Every output is compared with the contiguous call's.
 
 Usage: python3 docs/decode-h200/paged_auto/paged_auto_trial.py OUT.json [ROUNDS]"""
 from pathlib import Path
-import statistics
 import sys
 
 import torch
 
 import attngen
-from attngen.eval.bench.timing import time_back_to_back, time_calls
 from attngen.eval.verify.decode import paged_cache
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "measurements"))
-from gpu_timing import write_report  # noqa: E402
+from gpu_timing import alternating_both, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
@@ -59,13 +57,8 @@ def main(out_path, rounds="5"):
         reference = contiguous(*sets[0]).float()
         diffs = {n: (fn(*sets[0]).float() - reference).abs().max().item() for n, fn in calls.items()}
         attngen.check_errors()
-        each = {n: {"us": [], "b2b_us": []} for n in calls}
-        for _ in range(int(rounds)):
-            for n, fn in calls.items():
-                each[n]["us"].append(time_calls(torch, fn, sets, reps=30)[0])
-                each[n]["b2b_us"].append(time_back_to_back(torch, fn, sets, reps=30))
+        med, each = alternating_both(calls, sets, int(rounds))
         kv_bytes = 2 * b * HKV * sk * D * 2
-        med = {n: {m: statistics.median(t) for m, t in w.items()} for n, w in each.items()}
         for n in calls:
             row = {"cell": f"B{b} {HQ}/{HKV} Sk{sk}", "call": n, **{m: round(t, 2) for m, t in med[n].items()},
                    "vs_contiguous": round(med[n]["us"] / med["contiguous"]["us"], 3),
