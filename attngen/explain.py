@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, is_dataclass
 
 from .core.expression_variant import later_rows_see_more, sample_classes
+from .core.launch_rules import AWAITING_TWIN_MAX_SCORES
 from .plan import Plan
 
 
@@ -24,6 +25,16 @@ def roles_and_barriers(plan: Plan) -> list[str]:
     return out + [f"  {line}" for line in plan.schedule]
 
 
+def awaiting_twin_lines(plan: Plan) -> list[str]:
+    """The entry part's awaiting twins and when a call launches one (none without them)."""
+    twins = plan.parts[0].awaiting_twins
+    if not twins:
+        return []
+    return [f"awaiting twins: {', '.join(fn for _, fn in twins)}; launched as programmatic dependents (sm_90 and up) "
+            f"for calls of at most {AWAITING_TWIN_MAX_SCORES:,} scores (batch x heads x seqlen_q x seqlen_k, halved "
+            "when causal), the usual function for longer ones"]
+
+
 def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     s, t = plan.spec, plan.target
     kind = plan.kind
@@ -31,6 +42,7 @@ def explain(plan: Plan, regs_per_thread: int | None = None) -> str:
     out = [f"{s.name}: {kind.name} ({kind.title}), {s.dtype}, head_dim {plan.head_dim}, "
            f"masks {', '.join(plan.masks)}" + (f", scores {', '.join(v.name for v in scores)}" if scores else ""),
            f"target {t.name} ({t.gpu}, {t.arch}); functions: {', '.join(fn for _, fn in plan.functions)}",
+           *awaiting_twin_lines(plan),
            ""]
     padded = getattr(s, "padded", True)     # false: varlen: only, no padded function
     forward = [f"block: {plan.block_m} query rows x {plan.block_n}-key K/V tiles; "
@@ -112,7 +124,8 @@ def plan_dict(plan: Plan) -> dict:
         "functions": [name for _, name in plan.functions],
         "masks": list(plan.masks), "scores": [v.name for v in getattr(plan, "score_variants", ())],
         "expressions": expression_dict(getattr(plan, "expression", None), plan.block_m, plan.block_n),
-        "parts": [{"name": p.name, "file": p.file_name, "functions": dict(p.functions)} for p in plan.parts],
+        "parts": [{"name": p.name, "file": p.file_name, "functions": dict(p.functions),
+                   **({"awaiting_twins": dict(p.awaiting_twins)} if p.awaiting_twins else {})} for p in plan.parts],
         "regions": [{"name": r.name, "offset": r.offset, "bytes": r.bytes, "rows": r.rows, "cols": r.cols,
                      "elem": r.elem, "pitch_bytes": r.pitch_bytes, "swizzle": r.swizzle} for r in plan.regions],
         "smem_bytes": plan.smem_bytes, "smem_budget": plan.smem_budget, "smem_dynamic": plan.smem_dynamic,

@@ -105,6 +105,11 @@ AWAITS_PREDECESSOR = ("Launched as a programmatic dependent of the kernel ahead 
                       "that kernel's writes.")
 
 
+AWAITING_TWINS = ("Each entry point of a mask has an awaiting twin (<name>_awaits): the same kernel with a wait for the "
+                  "kernel ahead of it first, launched as a programmatic dependent for short calls on sm_90 and up "
+                  "(core.launch_rules.launches_awaiting_twin); long calls launch the usual entry point.")
+
+
 def header_lines(plan: Plan, part, spec_path: str, spec_text: str, described: str) -> list[str]:
     """A part's provenance header, comment lines; `described`: explain(plan), made once for every part
     of a bundle (each shows the same)."""
@@ -119,6 +124,8 @@ def header_lines(plan: Plan, part, spec_path: str, spec_text: str, described: st
     ]
     if part.awaits_predecessor:
         lines.append(AWAITS_PREDECESSOR)
+    if part.awaiting_twins:
+        lines.append(AWAITING_TWINS)
     lines += [
         "",
         "Spec:",

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 MMA = ROOT / "specs" / "h100_mma_d64_m128n64w4s2x3q.yaml"        # forward + varlen, fp16 d64
 WGMMA = ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml"                   # TMA tensor maps, sm_90 only
+TWINNED = ROOT / "specs" / "h100_wgmma_d128_persistent_q2.yaml"           # schedule.awaiting_twins, sm_90 only
 DECODE = ROOT / "specs" / "h200_decode_d128_fused.yaml"           # fused combine: split counters per stream
 DECODE_PAGED = ROOT / "specs" / "h200_decode_d128.yaml"           # paged: true (any page size)
 
@@ -50,6 +51,44 @@ def wgmma_or_skip(torch):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kind runs on sm_90 only")
     return load_once(WGMMA)
+
+
+def test_short_forward_calls_launch_the_awaiting_twin(torch):
+    """On sm_90 a short call of a spec with awaiting twins launches the twin as a programmatic dependent: placed
+    while the kernel ahead of it still runs, it waits for that kernel's writes itself. Calls queued back to back
+    with no sync, each behind torch kernels that write its queries and a row of its keys, give bit for bit what
+    the usual function gives launched the usual way, and the first is within the error rule of the fp32
+    reference. A long call launches the usual function."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kind runs on sm_90 only")
+    fwd = load_once(TWINNED)
+    twin = fwd._forward_entry("causal", 2, 8, 1024, 1024)
+    assert twin == fwd.entry["causal"] + "_awaits" and fwd.functions[twin].programmatic
+    assert not fwd.functions[fwd.entry["causal"]].programmatic
+    assert fwd._forward_entry("none", 2, 16, 8192, 8192) == fwd.entry["none"]
+    plain = attngen.load(TWINNED)
+    plain.awaiting_entry = {}                     # every call launches the usual function
+    d = fwd.plan.head_dim
+    q0, k, v = randn(torch, 2, 8, 1024, d), randn(torch, 2, 8, 1024, d), randn(torch, 2, 8, 1024, d)
+    new_rows = randn(torch, 6, 2, 8, d)
+    k0 = k.clone()
+
+    def calls(kernel, causal):
+        k.copy_(k0)
+        outs = []
+        for i in range(6):
+            k[:, :, 100 + i].copy_(new_rows[i])          # written by the kernel just ahead of the call
+            outs.append(kernel(q0 * (1.0 + i / 8), k, v, causal=causal))   # and so are its queries
+        return outs
+    for causal in (True, False):
+        early = calls(fwd, causal)
+        after = calls(plain, causal)
+        torch.cuda.synchronize()
+        for i, (a, b) in enumerate(zip(early, after)):
+            assert torch.equal(a, b), f"call {i}: the twin differs by {(a - b).abs().max().item()}"
+        k.copy_(k0)
+        k[:, :, 100].copy_(new_rows[0])
+        assert_close_to_reference(torch, early[0], q0, k, v, causal=causal)
 
 
 # -- no synchronization ------------------------------------------------------------------------------

@@ -70,8 +70,10 @@ def runtime_view(plan) -> dict:
         "target": plan.target, "masks": plan.masks,
         "mask_variants": tuple(map(id, plan.mask_variants)), "score_variants": tuple(map(id, plan.score_variants)),
         "mask_fields": mask_fields(plan),
-        "parts": tuple((p.name, p.file_name, p.functions, p.threads, p.awaits_predecessor) for p in plan.parts),
+        "parts": tuple((p.name, p.file_name, p.functions, p.threads, p.awaits_predecessor, p.awaiting_twins)
+                       for p in plan.parts),
         "functions": plan.functions, "entry_functions": plan.entry_functions,
+        "awaiting_entry_functions": plan.awaiting_entry_functions,
         "abi": plan.abi, "abi_size": plan.abi.size,
         "numbers": (plan.head_dim, plan.v_dim, plan.block_m, plan.block_n, plan.threads, plan.smem_bytes,
                     plan.smem_dynamic, plan.arch_suffix, plan.persistent),
@@ -277,16 +279,52 @@ def test_a_part_launched_as_a_programmatic_dependent_waits_before_it_reads_anyth
     (reading them takes well under a second)."""
     from spec_sample import PLANS
     generated = Path(__file__).resolve().parent.parent / "generated"
-    checked = 0
+    checked = twins = 0
     for plan in PLANS.values():
         for part in plan.parts:
-            if not part.awaits_predecessor:
+            if not part.awaits_predecessor and not part.awaiting_twins:
                 continue
             source = (generated / part.file_name).read_text()
-            for _key, name in part.functions:
-                _, _, body = source.partition(f"\n{name}(")
-                assert body, f"{part.file_name}: no entry point {name}"
-                first = body.split("{", 1)[1].strip().splitlines()[0]
-                assert first.split("::")[-1].startswith("await_predecessor();"), f"{name}: {first}"
-                checked += 1
-    assert checked > 500
+            # an awaiting twin waits first; the usual entry point it twins does not (its code stays as it was)
+            awaiting = part.functions if part.awaits_predecessor else part.awaiting_twins
+            usual = () if part.awaits_predecessor else part.functions
+            for names, waits in ((awaiting, True), (usual, False)):
+                for _key, name in names:
+                    _, _, body = source.partition(f"\n{name}(")
+                    assert body, f"{part.file_name}: no entry point {name}"
+                    first = body.split("{", 1)[1].strip().splitlines()[0]
+                    assert first.split("::")[-1].startswith("await_predecessor();") == waits, f"{name}: {first}"
+                    checked += 1
+            twins += len(part.awaiting_twins)
+    assert checked > 500 and twins >= 38
+
+
+def test_awaiting_twins_cover_every_mask_but_not_varlen():
+    """schedule.awaiting_twins: one twin per mask function, named <function>_awaits, and none for varlen
+    functions (a varlen call's work is not known on the host); without the key, no twin."""
+    from attngen.core.forward_plan import awaiting_twin_functions
+    functions = (("none", "f_none"), ("causal", "f_causal"), ("none_varlen", "f_none_varlen"))
+    assert awaiting_twin_functions(functions) == (("none", "f_none_awaits"), ("causal", "f_causal_awaits"))
+    twinned = full_plan("h100_wgmma_d128_persistent_q2_bf16")
+    assert twinned.awaiting_entry_functions == {m: f"{twinned.entry_functions[m]}_awaits" for m in ("none", "causal")}
+    assert recorded(twinned).awaiting_entry_functions == twinned.awaiting_entry_functions
+    plain = full_plan("h100_wgmma_d128_n176c2ps2r24x240ppet_bf16")
+    assert plain.awaiting_entry_functions == {} and "awaiting_twins" not in launch_record(plain)["parts"][0]
+
+
+def test_short_forward_calls_launch_the_awaiting_twin():
+    """launches_awaiting_twin: the twin for calls of at most the largest short cell measured faster as a
+    programmatic dependent (4x16x2048x2048 scores, a causal call's halved), the usual function above it;
+    a Kernel picks by that rule only where its plan has a twin for the mask."""
+    from types import SimpleNamespace
+    from attngen.core.launch_rules import launches_awaiting_twin
+    from attngen.runtime.kernel import Kernel
+    assert launches_awaiting_twin(4, 16, 2048, 2048, False) and launches_awaiting_twin(16, 16, 512, 512, False)
+    assert not launches_awaiting_twin(4, 16, 2048, 2049, False)
+    assert launches_awaiting_twin(8, 16, 2048, 2048, True) and not launches_awaiting_twin(8, 16, 2048, 2048, False)
+    assert not launches_awaiting_twin(2, 16, 8192, 8192, True) and not launches_awaiting_twin(1, 16, 16384, 16384, False)
+    kernel = SimpleNamespace(entry={"none": "f_none", "window": "f_window"}, awaiting_entry={"none": "f_none_awaits"})
+    pick = Kernel._forward_entry
+    assert pick(kernel, "none", 4, 16, 2048, 2048) == "f_none_awaits"
+    assert pick(kernel, "none", 2, 16, 8192, 8192) == "f_none"
+    assert pick(kernel, "window", 1, 1, 64, 64) == "f_window"

@@ -94,6 +94,9 @@ class Part:
     awaits_predecessor: bool = False           # its kernels wait for the kernel ahead of them on the stream
                                                # themselves (griddepcontrol.wait), so they are launched before
                                                # it ends (programmatic dependent launch, sm_90 and up)
+    awaiting_twins: tuple[tuple[str, str], ...] = ()   # (function key, name) of entry points compiled a second
+                                               # time as programmatic dependents (awaiting_twin_functions); the
+                                               # runtime launches them for short calls on sm_90 and up
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,12 @@ class ForwardPlan:
         return dict(self.parts[0].functions)
 
     @property
+    def awaiting_entry_functions(self) -> dict[str, str]:
+        """function key -> the entry part's awaiting twin of that key's function (none without
+        awaiting_twins)."""
+        return dict(self.parts[0].awaiting_twins)
+
+    @property
     def mask_cpp(self) -> dict[str, str]:
         """function key -> the C++ enumerator of the mask its kernel function is instantiated with."""
         cpp = {m.name: m.cpp for m in self.mask_variants}
@@ -272,6 +281,16 @@ def forward_functions(spec: ForwardSpec) -> tuple[tuple[str, str], ...]:
     one per mask for varlen sequences."""
     keys = (list(spec.masks) if spec.padded else []) + ([varlen_key(m) for m in spec.masks] if spec.varlen else [])
     return tuple((key, function_name(spec, key)) for key in keys)
+
+
+AWAITING_TWIN_SUFFIX = "_awaits"
+
+
+def awaiting_twin_functions(functions: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """(key, name) of the awaiting twin of each function of a mask (varlen functions have none: a
+    varlen call's work is not known on the host): the same body, with the wait for the kernel ahead
+    first, in a kernel function of its own, so the usual function's code is left as it was."""
+    return tuple((key, name + AWAITING_TWIN_SUFFIX) for key, name in functions if not is_varlen(key))
 
 
 def tile_swizzle(spec: ForwardSpec, file: str | None = None) -> Swizzle:

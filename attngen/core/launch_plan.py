@@ -63,6 +63,7 @@ class LaunchPart(NamedTuple):
     functions: tuple[tuple[str, str], ...]   # (function key, extern "C" function name)
     threads: int | None = None               # threads per block of its kernels; None: the plan's
     awaits_predecessor: bool = False         # launched as a programmatic dependent (core.forward_plan.Part)
+    awaiting_twins: tuple[tuple[str, str], ...] = ()   # (function key, name): core.forward_plan.Part's
 
 
 class LaunchPlan(NamedTuple):
@@ -116,6 +117,10 @@ class LaunchPlan(NamedTuple):
         return dict(self.parts[0].functions)
 
     @property
+    def awaiting_entry_functions(self) -> dict[str, str]:
+        return dict(self.parts[0].awaiting_twins)
+
+    @property
     def combine_part(self):
         return self.parts[1] if len(self.parts) > 1 else None
 
@@ -149,7 +154,8 @@ class LaunchPlan(NamedTuple):
             masks=tuple(record["masks"]), mask_variants=tuple(MASKS[m] for m in record["mask_variants"]),
             score_variants=tuple(SCORES[s] for s in record["score_variants"]),
             parts=tuple(LaunchPart(p["name"], p["file_name"], tuple(tuple(f) for f in p["functions"]), p["threads"],
-                                   p.get("awaits_predecessor", False)) for p in record["parts"]),
+                                   p.get("awaits_predecessor", False),
+                                   tuple(tuple(f) for f in p.get("awaiting_twins", ()))) for p in record["parts"]),
             abi=Abi(abi["name"], tuple(AbiField(**dict(zip(ABI_KEYS, f))) for f in abi["fields"]),
                     frozenset(abi["omitted"])),
             tensor_maps=tuple(TensorMapSpec(**dict(zip(MAP_KEYS, m))) for m in record["tensor_maps"]),
@@ -189,7 +195,8 @@ def launch_record(plan) -> dict:
         "mask_variants": [m.name for m in plan.mask_variants],
         "score_variants": [s.name for s in plan.score_variants],
         "parts": [{"name": p.name, "file_name": p.file_name, "functions": [list(f) for f in p.functions],
-                   "threads": p.threads, **({"awaits_predecessor": True} if p.awaits_predecessor else {})}
+                   "threads": p.threads, **({"awaits_predecessor": True} if p.awaits_predecessor else {}),
+                   **({"awaiting_twins": [list(f) for f in p.awaiting_twins]} if p.awaiting_twins else {})}
                   for p in plan.parts],
         "abi": {"name": plan.abi.name, "fields": [[getattr(f, k) for k in ABI_KEYS] for f in plan.abi.fields],
                 "omitted": sorted(plan.abi.omitted)},

@@ -28,6 +28,23 @@ def forward_grid(block_m: int, persistent: bool, target_sm_count: int, batch: in
     return blocks
 
 
+# The forward's awaiting twins (schedule.awaiting_twins; core.forward_plan.awaiting_twin_functions). Launched as
+# programmatic dependents, every short call measured back to back was 0.95-2.05 us faster (H200, 28 cells, d64 and
+# d128, both masks, up to 4x16x2048x2048 keys with no mask: 16.8 M scores per head of a batch, 268 M in all); the
+# wait moves the twin's main loops 16 bytes within their instruction-cache lines, which cost the long cells of
+# 2x16x8192x8192 and 1x16x16384x16384 (d128, no mask) 0.2-1.0 % (docs/performance/hopper.md). So calls of at most
+# the largest measured short cell's scores launch the twin, longer ones the usual entry point.
+AWAITING_TWIN_MAX_SCORES = 4 * 16 * 2048 * 2048
+
+
+def launches_awaiting_twin(batch: int, heads: int, seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
+    """A forward call short enough that its twin, launched as a programmatic dependent, pays: its
+    scores (batch x heads x seqlen_q x seqlen_k, about half of them under a causal mask) are at most
+    AWAITING_TWIN_MAX_SCORES."""
+    scores = batch * heads * seqlen_q * seqlen_k
+    return (scores // 2 if causal else scores) <= AWAITING_TWIN_MAX_SCORES
+
+
 def compile_arch(spec_name: str, target_arch: str, arch_suffix: str, arch: str) -> str:
     """The nvcc target for a GPU of `arch` (sm_90 -> sm_90a when the kernel needs it); ValueError
     when the kernel's arch-specific instructions do not exist on that GPU."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..compile import compile_source
+from ..core.launch_rules import launches_awaiting_twin
 from ..core.variants import call_mask, check_window, score_values
 from ..core.varlen_plan import is_varlen, mask_of, varlen_key
 from ..cubin import param_layout
@@ -162,6 +163,7 @@ class Kernel:
         self.libraries = libraries          # CUlibrary per part
         self.functions = functions          # function name -> Function, every part's
         self.entry = plan.entry_functions   # function key -> the function a call launches
+        self.awaiting_entry = plan.awaiting_entry_functions   # function key -> its awaiting twin (short calls)
         self.device = device                # torch.device it was loaded for (verify and bench allocate there)
         self.synchronize = synchronize
         self.dtype = getattr(torch, TORCH_DTYPE_NAMES[plan.spec.dtype])
@@ -230,7 +232,8 @@ class Kernel:
                 library = driver.load_library(result.cubin)
             except driver.DriverError as exc:
                 raise ToolError(f"cannot load the {arch} cubin of {label} ({part.name}): {exc}") from exc
-            for _key, name in part.functions:
+            twins = {name for _key, name in part.awaiting_twins}
+            for _key, name in part.functions + part.awaiting_twins:
                 try:
                     handle = driver.library_kernel(library, name)
                 except driver.DriverError as exc:
@@ -243,7 +246,7 @@ class Kernel:
                                     f"does not match Params ({plan.abi.size} B)")
                 functions[name] = Function(name, handle, part.threads or plan.threads,
                                            plan.smem_bytes if plan.smem_dynamic and part is plan.parts[0] else 0,
-                                           part.awaits_predecessor)
+                                           part.awaits_predecessor or name in twins)
             compiled.append(result)
             libraries.append(library)
         if synchronize is None:
@@ -509,6 +512,15 @@ class Kernel:
                 fn = fn._replace(programmatic=False)   # before sm_90: launched after the kernel ahead ends
             launches.append((fn, c_void_p(handles[name]), grid))
         return tuple(launches)
+
+    def _forward_entry(self, mask: str, batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> str:
+        """The function a forward call of this shape launches: the mask's awaiting twin where the plan
+        has one, the GPU launches programmatic dependents and the call is short
+        (core.launch_rules.launches_awaiting_twin); else the mask's entry point."""
+        twin = self.awaiting_entry.get(mask)
+        if twin is not None and launches_awaiting_twin(batch, heads, seqlen_q, seqlen_k, mask == "causal"):
+            return twin
+        return self.entry[mask]
 
     def _remember(self, key, prepared: Prepared) -> None:
         """Keep a prepared call for later calls of the same key (at most PREPARED_ENTRIES)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.abi import Abi
-from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, forward_functions, launch_min_blocks,
-                                  plan_abi, spec_variants)
+from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, awaiting_twin_functions,
+                                  forward_functions, launch_min_blocks, plan_abi, spec_variants)
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region, check_budget,
                             layout_regions, ring_stride)
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
@@ -277,7 +277,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     variants = spec_variants(spec)
     return ForwardPlan(
         spec=spec, kind=kind, title=title, target=target, **variants,
-        parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions),),
+        parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions,
+                    awaiting_twins=awaiting_twin_functions(functions) if spec.schedule.awaiting_twins else ()),),
         abi=plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False,
                      scores=variants["score_variants"], through_maps=tuple(m.tensor for m in maps if not m.store),
                      base=abi_base).with_fields(map_abi_fields(maps)),

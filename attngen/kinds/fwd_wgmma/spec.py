@@ -251,6 +251,13 @@ class Schedule(Strict):
         "Q tiles in shared memory: 2 lets a persistent block's producer load the next query block's Q "
         "while this one's K/V tiles still run (it waits for the Q tile used two query blocks before), "
         "rather than once this one's GEMMs are done; needs persistent"))
+    awaiting_twins: bool = Field(default=False, description=(
+        "compile each entry point of a mask (not varlen) a second time, as a programmatic dependent: its first "
+        "statement waits for the kernel ahead of it on the stream, so its blocks may be placed before that kernel "
+        "ends. On sm_90 and up the runtime launches the twin for short calls (core.launch_rules."
+        "launches_awaiting_twin: the hidden launch is worth 1-2 us there) and the usual entry point for long ones; "
+        "the usual entry point's code stays as it was, instruction for instruction (the wait would move its main "
+        "loops within their instruction-cache lines, which cost long calls up to 1 %)"))
 
 
 class WgmmaForwardSpec(ForwardSpec):

@@ -160,7 +160,7 @@ class Fp8ForwardKernel(Kernel):
         maps = shape_maps(self.plan, q, k, v_t, out, layout, v_transposed=True) if self._map_fields else None
         map_values = maps.values(pointers[:4]) if maps else ()
         values.extend(map_values)
-        prepared = Prepared(info, self._launches(info, (self.entry[mask], grid)), self._forward.pack(values),
+        prepared = Prepared(info, self._launches(info, (self._forward_entry(mask, batch, heads, seqlen_q, seqlen_k), grid)), self._forward.pack(values),
                             self._pointers, (lse_shape, maps))
         self._remember(key, prepared)
         self._run(prepared, pointers + map_values)
