@@ -29,11 +29,11 @@ def forward_grid(block_m: int, persistent: bool, target_sm_count: int, batch: in
 
 
 # The forward's awaiting twins (schedule.awaiting_twins; core.forward_plan.awaiting_twin_functions). Launched as
-# programmatic dependents, every short call measured back to back was 0.95-2.05 us faster (H200, 28 cells, d64 and
-# d128, both masks, up to 4x16x2048x2048 keys with no mask: 16.8 M scores per head of a batch, 268 M in all); the
-# wait moves the twin's main loops 16 bytes within their instruction-cache lines, which cost the long cells of
-# 2x16x8192x8192 and 1x16x16384x16384 (d128, no mask) 0.2-1.0 % (docs/performance/hopper.md). So calls of at most
-# the largest measured short cell's scores launch the twin, longer ones the usual entry point.
+# programmatic dependents, the twins made every short call measured 0.42-1.89 us faster back to back (H200, 28
+# bf16 cells, d64 and d128, both masks, up to 4x16x2048x2048 with no mask: 268 M scores); the wait moves a twin's
+# main loops 16 bytes within their instruction-cache lines, which cost the long cells 2x16x8192x8192 and
+# 1x16x16384x16384 (d128, no mask) 0.2-1.0 % when every call waited (docs/performance/hopper.md). So calls of at
+# most the largest measured short cell's scores launch the twin, longer ones the usual entry point.
 AWAITING_TWIN_MAX_SCORES = 4 * 16 * 2048 * 2048
 
 

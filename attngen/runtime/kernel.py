@@ -515,8 +515,8 @@ class Kernel:
 
     def _forward_entry(self, mask: str, batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> str:
         """The function a forward call of this shape launches: the mask's awaiting twin where the plan
-        has one, the GPU launches programmatic dependents and the call is short
-        (core.launch_rules.launches_awaiting_twin); else the mask's entry point."""
+        has one and the call is short (core.launch_rules.launches_awaiting_twin), else the mask's entry
+        point."""
         twin = self.awaiting_entry.get(mask)
         if twin is not None and launches_awaiting_twin(batch, heads, seqlen_q, seqlen_k, mask == "causal"):
             return twin

@@ -177,7 +177,8 @@ class ForwardKernel(Kernel):
         shape_maps = self._shape_maps(q, k, v, out, layout)
         maps = shape_maps.values(tuple(values[:4])) if shape_maps else ()
         values.extend(maps)
-        prepared = Prepared(info, self._launches(info, (self._forward_entry(mask, batch, heads, seqlen_q, seqlen_k), grid)), self._forward.pack(values),
+        function = self._forward_entry(mask, batch, heads, seqlen_q, seqlen_k)
+        prepared = Prepared(info, self._launches(info, (function, grid)), self._forward.pack(values),
                             self._pointers, (lse_shape, shape_maps))
         self._remember(key, prepared)   # no key when the caller gave lse_out
         self._run(prepared, tuple(values[:5]) + maps)

@@ -160,7 +160,8 @@ class Fp8ForwardKernel(Kernel):
         maps = shape_maps(self.plan, q, k, v_t, out, layout, v_transposed=True) if self._map_fields else None
         map_values = maps.values(pointers[:4]) if maps else ()
         values.extend(map_values)
-        prepared = Prepared(info, self._launches(info, (self._forward_entry(mask, batch, heads, seqlen_q, seqlen_k), grid)), self._forward.pack(values),
+        function = self._forward_entry(mask, batch, heads, seqlen_q, seqlen_k)
+        prepared = Prepared(info, self._launches(info, (function, grid)), self._forward.pack(values),
                             self._pointers, (lse_shape, maps))
         self._remember(key, prepared)
         self._run(prepared, pointers + map_values)
