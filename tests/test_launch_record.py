@@ -328,3 +328,28 @@ def test_short_forward_calls_launch_the_awaiting_twin():
     assert pick(kernel, "none", 4, 16, 2048, 2048) == "f_none_awaits"
     assert pick(kernel, "none", 2, 16, 8192, 8192) == "f_none"
     assert pick(kernel, "window", 1, 1, 64, 64) == "f_window"
+
+
+def test_pycuda_launches_an_awaiting_twin_as_the_function_it_twins(monkeypatch):
+    """A short forward call launches its awaiting twin; verify's PyCUDA launch of the same call launches the
+    usual function instead (PyCUDA launches no programmatic dependent), so the case compares the two."""
+    import contextlib
+    from types import SimpleNamespace
+    from attngen.eval.verify import pycuda_launch
+    from attngen.runtime.kernel import Function
+    monkeypatch.setattr(pycuda_launch, "argument_buffer", lambda params, gap, size: params)
+    launched = []
+    launcher = object.__new__(pycuda_launch.PycudaLauncher)
+    launcher.launches = 0
+    launcher._primary = lambda index: contextlib.nullcontext()
+    launcher._function = lambda kernel, index, fn: (lambda *a, **kw: launched.append(fn.name), 0, -1)
+    functions = {"f_causal": Function("f_causal", 1, 128, 0), "f_none": Function("f_none", 3, 128, 0),
+                 "f_causal_awaits": Function("f_causal_awaits", 2, 128, 0, True)}
+    stream = SimpleNamespace(cuda_stream=0)
+    kernel = SimpleNamespace(_torch=SimpleNamespace(cuda=SimpleNamespace(current_stream=lambda index: stream)),
+                             entry={"causal": "f_causal", "none": "f_none"},
+                             awaiting_entry={"causal": "f_causal_awaits"}, functions=functions)
+    for name in ("f_causal_awaits", "f_none"):
+        prepared = SimpleNamespace(info=SimpleNamespace(index=0), launches=((functions[name], None, (1, 1, 1)),))
+        launcher.launch(kernel, prepared, bytes(8))
+    assert launched == ["f_causal", "f_none"] and launcher.launches == 2
