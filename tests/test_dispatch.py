@@ -205,6 +205,22 @@ def test_dispatch_command_explains_and_refuses():
     assert run.exit_code == 2 and "--from" in run.output
 
 
+def test_dispatch_command_says_when_a_call_launches_an_awaiting_twin():
+    """A forward spec with awaiting twins: the line names the twin, the rule, and with --rows which one this call
+    launches (the twin up to 4x16x2048x2048 scores, causal halved); a spec without them has no such line."""
+    def run(*args):
+        result = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", "--head-dim", "128", *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+    short = run("--causal", "--seqlen", "2048", "--rows", str(4 * 16 * 2048))
+    assert "launch: attngen_h100_wgmma_d128_persistent_q2_bf16_causal_awaits" in short
+    assert "this call: the twin" in short
+    assert "this call: the usual function" in run("--seqlen", "8192", "--rows", str(2 * 16 * 8192))
+    assert "launch:" not in run("--causal", "--seqlen", "16384")          # h100_wgmma_d128_n176c2ps2r24x240ppet
+    as_json = json.loads(run("--seqlen", "1024", "--json"))
+    assert as_json["launch"].startswith("attngen_h100_wgmma_d128_persistent_q2_bf16_none_awaits")
+
+
 def test_table_from_bench_reports(tmp_path):
     from attngen.eval.dispatch_table import forward_entries, read_reports
     reports = read_reports([ROOT / "docs/hopper-h200/round3/grid_fp16.json"])

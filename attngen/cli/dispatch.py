@@ -147,8 +147,10 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
         raise click.UsageError(str(exc) + (f"\n(head_dim {asked} is served padded{padding})" if pair else "")) \
             from None
     others = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
+    launch = awaiting_twin_text(Path(specs_dir or SPECS_DIR) / f"{e.spec}.yaml", call, mask, seqlen, rows)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others],
+                               "launch": launch or None,
                                "sinks_joined_after": bool(joined),
                                "padded_head_dim": padded or None,
                                "padded_head_dim_v": (pair[1] if pair and asked_v and asked_v != asked else None)},
@@ -158,6 +160,8 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
                f"{f' window {window_keys} keys' if window_keys else ''}{f' rows {rows}' if rows else ''} -> {e.spec}"
                + padding + joined)
     click.echo(f"  why: {e.why}")
+    if launch:
+        click.echo(f"  launch: {launch}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:
         limit = f"<= {o.upto}" if o.upto is not None else "longer"
@@ -219,3 +223,24 @@ def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
         click.echo(f"{call:<21}{r['scores'] or '-':<20}{r['mask']:<8}"
                    + "".join(f"{COVERAGE_MARK[r['head_dims'][d]]:>5}" for d in COVERAGE_HEAD_DIMS))
     click.echo("Learned sinks train through the backward of their mask (no backward entry of their own).")
+
+
+def awaiting_twin_text(spec_path: Path, call: str, mask: str, seqlen: int, rows: int | None) -> str:
+    """How a forward call of the chosen spec is launched where the spec has an awaiting twin for the
+    mask (core.launch_rules.launches_awaiting_twin); '' otherwise, or where its launch record is not
+    committed and current."""
+    if call not in ("forward", "forward_fp8"):
+        return ""
+    from ..core.launch_rules import AWAITING_TWIN_MAX_SCORES, launches_awaiting_twin
+    from ..shipped import committed_launch
+    found = committed_launch(spec_path)
+    twin = found[0].awaiting_entry_functions.get(mask) if found is not None else None
+    if twin is None:
+        return ""
+    causal = mask == "causal"
+    text = (f"{twin} (its awaiting twin, a programmatic dependent) where rows x seqlen_k{' / 2' if causal else ''} "
+            f"<= {AWAITING_TWIN_MAX_SCORES:,}, else {found[0].entry_functions[mask]}")
+    if rows:
+        text += ("; this call: the twin" if launches_awaiting_twin(1, 1, rows, seqlen, causal)
+                 else "; this call: the usual function")
+    return text
