@@ -313,6 +313,8 @@ RULE_CASES = [
     ("rule_q_tiles", WGMMA, {"schedule": {"q_tiles": 2}}, "schedule.q_tiles", "without schedule.persistent: true"),
     ("rule_persistent_needs_padded_calls", WGMMA, {"schedule": {"persistent": True}, "varlen": "only"},
      "schedule.persistent", "a `varlen: only` cell has none"),
+    ("rule_awaiting_twins_need_padded_calls", WGMMA, {"schedule": {"awaiting_twins": True}, "varlen": "only"},
+     "schedule.awaiting_twins", "a `varlen: only` cell has none"),
     ("rule_pingpong", WGMMA, {"schedule": {"pingpong": True}}, "schedule.pingpong", "set schedule.overlap: true"),
     ("rule_softmax_block", WGMMA, {"schedule": {"softmax_block": True}}, "schedule.softmax_block", "set schedule.overlap: true"),
     ("rule_pingpong", merged(WGMMA, warps={"producer": 4, "consumer": 4}, tile={"block_m": 64, "block_n": 128},

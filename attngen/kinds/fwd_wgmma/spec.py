@@ -85,6 +85,15 @@ def rule_persistent_needs_padded_calls(s):
                                        "set varlen: true")
 
 
+def rule_awaiting_twins_need_padded_calls(s):
+    # A varlen call's work is not known on the host, so varlen functions get no twin
+    # (core.forward_plan.awaiting_twin_functions): on a `varlen: only` cell the key would change nothing.
+    if s.schedule.awaiting_twins and s.varlen == "only":
+        return "schedule.awaiting_twins", ("awaiting twins are made for the padded calls' entry points, and a "
+                                           "`varlen: only` cell has none: remove schedule.awaiting_twins, or set "
+                                           "varlen: true")
+
+
 def rule_epilogue_tile(s):
     if s.epilogue_tile == "own" and s.epilogue == "registers":
         return "epilogue_tile", "the registers epilogue stages nothing: use epilogue: shared or tma, or epilogue_tile: q"
@@ -282,7 +291,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_sinks = True
     takes_max_chains = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile, rule_q_tiles, rule_persistent_needs_padded_calls,
+             rule_epilogue_tile, rule_q_tiles, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
