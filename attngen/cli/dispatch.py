@@ -147,7 +147,8 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
         raise click.UsageError(str(exc) + (f"\n(head_dim {asked} is served padded{padding})" if pair else "")) \
             from None
     others = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
-    launch = awaiting_twin_text(Path(specs_dir or SPECS_DIR) / f"{e.spec}.yaml", call, mask, seqlen, rows)
+    launch = ("" if table_call(call).varlen else   # varlen functions have no twin
+              awaiting_twin_text(Path(specs_dir or SPECS_DIR) / f"{e.spec}.yaml", mask, seqlen, rows))
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others],
                                "launch": launch or None,
@@ -225,12 +226,10 @@ def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
     click.echo("Learned sinks train through the backward of their mask (no backward entry of their own).")
 
 
-def awaiting_twin_text(spec_path: Path, call: str, mask: str, seqlen: int, rows: int | None) -> str:
-    """How a forward call of the chosen spec is launched where the spec has an awaiting twin for the
-    mask (core.launch_rules.launches_awaiting_twin); '' otherwise, or where its launch record is not
-    committed and current."""
-    if call not in ("forward", "forward_fp8"):
-        return ""
+def awaiting_twin_text(spec_path: Path, mask: str, seqlen: int, rows: int | None) -> str:
+    """How a call of the chosen spec is launched where the spec has an awaiting twin for the mask (only
+    forward specs have them; core.launch_rules.launches_awaiting_twin); '' otherwise, or where its
+    launch record is not committed and current."""
     from ..core.launch_rules import AWAITING_TWIN_MAX_SCORES, launches_awaiting_twin
     from ..shipped import committed_launch
     found = committed_launch(spec_path)
