@@ -147,7 +147,10 @@ def test_compiles_without_spills_and_smem_matches_plan(compiled, path, arch):
     plan = rendered[path].plan
     assert len(res) == len(plan.parts)
     for part, part_res in zip(plan.parts, res):
-        assert sorted(f.name for f in part_res.functions) == sorted(fn for _, fn in part.functions)
+        assert sorted(f.name for f in part_res.functions) == sorted(fn for _, fn in part.functions + part.awaiting_twins)
+        registers = {f.name: f.registers for f in part_res.functions}
+        for key, twin in part.awaiting_twins:   # the same kernel with a wait first: the same registers
+            assert registers[twin] == registers[dict(part.functions)[key]], f"{twin} ({arch})"
         want = part.static_smem if part.static_smem is not None else 0 if plan.smem_dynamic else plan.smem_bytes
         for f in part_res.functions:
             assert not f.spills, f"{f.name} ({arch}) spills: {f.spill_stores} B stored, {f.spill_loads} B loaded"
