@@ -142,3 +142,42 @@ def test_row_groups_need_their_share_of_warps():
             "warps: {compute: 4}", f"warps: {warps}").replace("dtypes: [fp16, bf16]", "dtype: fp16")
         with pytest.raises(SpecError, match=key):
             make_plan(parse_spec(bad))
+
+
+def test_the_wgmma_form_reads_panels_over_two_warpgroups():
+    """mma: wgmma_m64nNk16: 64 group rows over two warpgroups, each scoring half a tile's keys (m64n32) and
+    holding half of O's columns (m64n256, V MN-major from the cache tile); Q, the ring's tiles and P in
+    1024-byte-aligned 128-byte-swizzled panels; compiled for sm_90a."""
+    p = make_plan(load_spec(ROOT / "specs" / "h200_decode_d576_mla_wgmma.yaml"))
+    f = p.fragments
+    assert (p.block_m, p.block_n, p.threads, p.arch_suffix) == (64, 64, 256, "a")
+    assert (f.s_keys, f.s_regs, f.o_cols, f.o_regs, f.k_steps_qk, f.k_steps_pv) == (32, 16, 256, 128, 36, 4)
+    assert (f.copy_rows, f.copy_passes, f.copy_chunks) == (32, 2, 9)
+    for name, rows in (("q", 64 * 9), ("kv0", 64 * 9), ("kv1", 64 * 9), ("p", 64)):
+        r = p.region(name)
+        assert r.offset % 1024 == 0 and r.rows == rows and r.pitch_bytes == 128, name
+    assert p.smem_bytes <= 232448
+    text = (ROOT / "generated" / "h200_decode_d576_mla_wgmma_split.cu").read_text()
+    assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16" in text
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in text
+    assert "cp_async_16(stage + kv_offset(" in text and "cp_async_16(sQ + q_offset(" in text
+    assert "ldmatrix" not in text and "p.v" not in text.replace("p.visible", "")
+    from attngen.explain import explain
+    explained = explain(p)
+    assert "wgmma per tile per warpgroup: 36 (Q.K^T, m64n32k16) + 4 (P.V, m64n256k16)" in explained
+
+
+def test_the_wgmma_form_needs_an_sm90a_target_and_its_shape():
+    import pytest
+    from attngen.errors import SpecError
+    from attngen.spec import parse_spec
+    text = (ROOT / "specs" / "h200_decode_d576_mla.yaml").read_text().split("\ncells:")[0] + "\n"
+    text = text.replace("dtypes: [fp16, bf16]", "dtype: fp16").replace(
+        "tile: {block_m: 16, block_n: 64}", "tile: {block_m: 64, block_n: 64}\nmma: wgmma_m64nNk16").replace(
+        "warps: {compute: 4}", "warps: {compute: 8}")
+    assert make_plan(parse_spec(text)).block_m == 64
+    for old, new, key in (("target: h200", "target: l4", "target"),
+                          ("block_m: 64, block_n: 64", "block_m: 32, block_n: 64", "block_m"),
+                          ("block_m: 64, block_n: 64", "block_m: 64, block_n: 96", "block_n")):
+        with pytest.raises(SpecError, match=key):
+            make_plan(parse_spec(text.replace(old, new)))

@@ -207,3 +207,49 @@ def test_two_row_groups_give_the_one_group_cell_s_bits(torch, heads, sq, page, c
     (o1, l1), (o2, l2) = outs
     assert torch.isfinite(o2).all()
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+WGMMA_CASES = [   # (batch, heads, new tokens, capacity, page size or 0, causal, dtype, splits)
+    (3, 128, 1, 1500, 0, False, "bfloat16", 1),
+    (3, 128, 1, 1500, 0, False, "bfloat16", 5),
+    (2, 128, 2, 2000, 16, True, "bfloat16", 3),
+    (2, 48, 1, 999, 64, False, "float16", 1),        # a partial block: 48 of 64 rows
+    (2, 16, 1, 777, 1, False, "bfloat16", 2),
+    (1, 64, 3, 4100, 0, True, "float16", 7),
+]
+
+
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=[f"B{c[0]}H{c[1]}q{c[2]}cap{c[3]}pg{c[4]}{'c' if c[5] else ''}"
+                                                   f"{c[6]}s{c[7]}" for c in WGMMA_CASES])
+def test_the_wgmma_cell_matches_fp32(torch, case):
+    """The wgmma cell (blocks of 64 group rows over two warpgroups, tiles in swizzled panels) against fp32
+    attention by FlashAttention's rule, at fixed split counts: 128 heads, a partial block (48 heads), fewer
+    heads than a block (16), pages of 1, 16 and 64, several causal new tokens."""
+    from pathlib import Path
+    b, h, sq, cap, page, causal, dtype_name, splits = case
+    dtype = getattr(torch, dtype_name)
+    root = Path(__file__).resolve().parent.parent
+    name = "h200_decode_d576_mla_wgmma" + ("_bf16" if dtype == torch.bfloat16 else "")
+    kernel = attngen.load(root / "specs" / f"{name}.yaml")
+    assert kernel.plan.block_m == 64 and kernel.plan.threads == 256
+    gen = torch.Generator(device="cuda").manual_seed(sum(case[:5]) + splits)
+    q = torch.randn((b, sq, h, D), generator=gen, device="cuda").to(dtype)
+    cache = torch.randn((b, cap, 1, D), generator=gen, device="cuda").to(dtype)
+    lens = torch.randint(max(sq, cap // 3), cap + 1, (b,), generator=gen, device="cuda").int()
+    lens[0] = cap
+    scale = 1 / math.sqrt(192)
+    kc, kwargs = cache, {}
+    if page:
+        pool, table = pages(torch, cache, page, gen)
+        kc, kwargs = pool, {"block_table": table}
+    out = torch.full((b, sq, h, DV), float("nan"), device="cuda", dtype=dtype)      # poisoned: every row written
+    o, lse = kernel(q, kc, kc[..., :DV], cache_seqlens=lens, causal=causal, scale=scale, layout="bshd",
+                    return_lse=True, num_splits=splits, out=out, **kwargs)
+    torch.cuda.synchronize()
+    assert o.data_ptr() == out.data_ptr() and kernel.last_splits == splits
+    ref, ref_lse = reference(torch, q, cache, lens, causal, scale, torch.float32)
+    low, _ = reference(torch, q, cache, lens, causal, scale, dtype)
+    err = (out.float() - ref).abs().max().item()
+    bound = 2 * (low - ref).abs().max().item() + 1e-5
+    assert torch.isfinite(out).all() and err <= bound, f"max error {err:.3g} over the bound {bound:.3g}"
+    assert (lse - ref_lse).abs().max().item() < 1e-3

@@ -70,6 +70,8 @@ MLA = {
     "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True, "opt_in": True},
 }
 
+MLA_WGMMA = dict(MLA, mma="wgmma_m64nNk16", tile={"block_m": 64, "block_n": 64}, warps={"compute": 8})
+
 BACKWARD_WGMMA = {
     "schema": 1, "name": "t_backward_wgmma", "target": "h100", "head_dim": 128, "backward": "wgmma_dq_red",
     "tile": {"block_m": 64, "block_n": 128}, "warps": {"compute": 8},
@@ -341,6 +343,11 @@ RULE_CASES = [
     ("rule_mla_v_columns", MLA, {"head_dim_v": 504}, "head_dim_v", "multiple of 64"),
     ("rule_mla_v_columns", MLA, {"head_dim": 448, "head_dim_v": 512}, "head_dim_v", "at most head_dim (448"),
     ("rule_mla_copy_steps", MLA, {"head_dim": 560}, "head_dim", "multiple of 64 (got 560)"),
+    ("rule_mla_wgmma_target", MLA_WGMMA, {"target": "l4"}, "target", "need an sm_90a GPU"),
+    ("rule_mla_rows", MLA_WGMMA, {"tile__block_m": 32}, "tile.block_m", "use block_m: 64 and warps: {compute: 8}"),
+    ("rule_mla_rows", MLA_WGMMA, {"warps": {"compute": 4}}, "tile.block_m", "over 2 warpgroups"),
+    ("rule_mla_keys_per_warp", MLA_WGMMA, {"tile__block_n": 96}, "tile.block_n", "panels of 64 keys"),
+    ("rule_mla_v_columns", MLA_WGMMA, {"head_dim_v": 448}, "head_dim_v", "a multiple of 128 up to 512"),
     ("rule_mla_swizzle", MLA, {"smem__swizzle": {"xor_bits": 2}}, "smem.swizzle", "xor_bits: 3"),
     ("rule_mla_ring", MLA, {"smem__stages": 1}, "smem.stages", "cp.async ring"),
     ("rule_mla_no_varlen", MLA, {"varlen": True}, "varlen", "per-sequence cache lengths"),

@@ -13,6 +13,12 @@ once. A bundle of two kernels:
   itself; otherwise a partial O and LSE in fp32.
 - combine: one warp per output row merges the splits by their LSE (templates/lib/split_combine.j2).
 
+Two forms of the split kernel, by `mma`: mma_m16n8k16 (any sm_80+ target; blocks of 16 or 32 group rows,
+warps each holding 16 rows) and wgmma_m64nNk16 (sm_90a; blocks of 64 group rows, one wgmma M, over two
+warpgroups that read 128-byte-swizzled panels of Q, the cache tiles and P from shared memory: the form for
+calls of many query heads per latent cache, DeepSeek's 128, whose mma.sync blocks were latency-bound with
+the tensor pipe a fifth busy).
+
 The call is the decode convention's (attngen.attention_with_kvcache, paged or contiguous, lengths per
 sequence, causal bottom-right for several new tokens)."""
 from __future__ import annotations
@@ -28,6 +34,7 @@ from ...core.kind import Kind
 from ...core.launch_rules import MAX_PAGE_SIZE, MAX_SPLITS, WIDE_COMBINE, WIDE_COMBINE_MIN_SPLITS, split_rule_text
 from ...core.layout import CHUNK_BYTES, Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse
+from ...core.wgmma import (PANEL_SWIZZLES, ROWS_PER_WARPGROUP, WARPGROUP, rule_target_has_sm90a, swizzled_tile)
 
 NAME = "decode_mla"
 TITLE = "split-KV decode over one shared latent cache (V = K's first head_dim_v columns, MLA) + LSE combine"
@@ -52,13 +59,21 @@ P_ROW_BYTES = 128           # the P tile's rows XOR their chunk with row & 7: wh
 # Registers each thread needs beside its O accumulators and S chains (addresses, the Q and K fragments
 # of a k-step, the softmax), from ptxas: h200_mla_d576 holds 64 + 24 and used 212 (sm_90, nvcc 13.0).
 REGISTER_MARGIN = 124
+MMA_SYNC, WGMMA = "mma_m16n8k16", "wgmma_m64nNk16"
+WGMMA_WARPGROUPS = 2        # the wgmma form's warpgroups: each scores half a tile's keys and holds half of O's columns
+PANEL = PANEL_SWIZZLES[0]   # the wgmma form's tiles: 128-byte swizzled panels (64 columns of 16-bit elements)
+# Registers each thread of the wgmma form needs beside its O and S accumulators (descriptors, the rows'
+# limits and softmax state, the copies' sources), from ptxas.
+WGMMA_REGISTER_MARGIN = 96
 
 
 class DecodeMlaSpec(ForwardSpec):
     decode: Literal["latent_split_kv"] = Field(description=(
         "latent_split_kv: split the cache's keys over blocks, V read from each key's own row (its first "
         "head_dim_v columns), and merge the slices by LSE (picks the latent-cache decode kind)"))
-    mma: Literal["mma_m16n8k16"] = Field(default="mma_m16n8k16", description="the fragment of both GEMMs")
+    mma: Literal["mma_m16n8k16", "wgmma_m64nNk16"] = Field(default=MMA_SYNC, description=(
+        "the fragment of both GEMMs: mma_m16n8k16 (warps of 16 rows; any target), wgmma_m64nNk16 (sm_90a: "
+        "blocks of 64 rows over two warpgroups reading swizzled panels, for calls of many query heads)"))
     head_dim: int = Field(ge=64, le=MAX_HEAD_DIM, description=(
         "columns of the queries and of each cache row (DeepSeek V2/V3: 576, 512 latent + 64 rotary)"))
     head_dim_v: Optional[int] = Field(default=None, ge=16, le=MAX_HEAD_DIM, description=(
@@ -73,11 +88,31 @@ class DecodeMlaSpec(ForwardSpec):
     takes_head_dim_v = True
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
-    register_margin = REGISTER_MARGIN
+
+    @property
+    def on_wgmma(self) -> bool:
+        return self.mma == WGMMA
+
+    @property
+    def register_margin(self) -> int:
+        return WGMMA_REGISTER_MARGIN if self.on_wgmma else REGISTER_MARGIN
 
     def register_need(self):
+        if self.on_wgmma:
+            return wgmma_o_cols(self) // 2 + wgmma_s_keys(self) // 2, \
+                "fp32 O accumulators of the warpgroup's columns and S of its keys"
         return o_registers(self) + 8 * score_chains(self.head_dim // 16) * keys_per_warp(self) // 8, \
             "fp32 O accumulators of the warp's columns and S accumulator chains"
+
+
+def wgmma_s_keys(s) -> int:
+    """Keys of a tile one warpgroup of the wgmma form scores (S's N)."""
+    return s.tile.block_n // WGMMA_WARPGROUPS
+
+
+def wgmma_o_cols(s) -> int:
+    """O columns one warpgroup of the wgmma form accumulates (P.V's N)."""
+    return s.v_dim // WGMMA_WARPGROUPS
 
 
 def row_groups(s) -> int:
@@ -117,6 +152,13 @@ def rule_mla_homogeneous(s):
 
 
 def rule_mla_rows(s):
+    if s.on_wgmma:
+        if s.tile.block_m != ROWS_PER_WARPGROUP or s.compute_warps != WGMMA_WARPGROUPS * WARPGROUP:
+            return "tile.block_m", (f"the wgmma form takes {ROWS_PER_WARPGROUP} group rows per block (one wgmma M) over "
+                                    f"{WGMMA_WARPGROUPS} warpgroups: use block_m: {ROWS_PER_WARPGROUP} and warps: "
+                                    f"{{compute: {WGMMA_WARPGROUPS * WARPGROUP}}} (got block_m {s.tile.block_m}, "
+                                    f"{s.compute_warps} warps)")
+        return None
     if s.tile.block_m not in (ROWS, 2 * ROWS):
         return "tile.block_m", (f"a block takes one or two 16-row fragments of group rows (query heads per KV head x "
                                 f"new tokens), each held by its own warps for S: use block_m: {ROWS} or {2 * ROWS} "
@@ -127,6 +169,16 @@ def rule_mla_rows(s):
 
 
 def rule_mla_keys_per_warp(s):
+    if s.on_wgmma:
+        keys = PANEL.columns(s.elem_bytes)
+        if s.tile.block_n % keys or wgmma_s_keys(s) > 256:
+            return "tile.block_n", (f"the wgmma form's P tile is whole swizzled panels of {keys} keys and each "
+                                    f"warpgroup scores half the tile (at most 256 keys, a wgmma N): use a multiple "
+                                    f"of {keys} up to 512 (got {s.tile.block_n})")
+        if s.tile.block_n % (4 * s.compute_warps):
+            return "tile.block_n", (f"a copy step of the {s.compute_warps} warps covers {4 * s.compute_warps} rows of "
+                                    f"a tile, so block_n must be a multiple of it (got {s.tile.block_n})")
+        return None
     unit = 16 * key_warps(s)
     p_keys = P_ROW_BYTES // s.elem_bytes
     if s.tile.block_n % p_keys:
@@ -141,10 +193,18 @@ def rule_mla_keys_per_warp(s):
 
 
 def rule_mla_v_columns(s):
-    unit = 16 * key_warps(s)
-    if s.v_dim % unit:
-        return "head_dim_v", (f"each of a row group's {key_warps(s)} warps accumulates an equal share of O's columns "
-                              f"in 16-column steps, so head_dim_v must be a multiple of {unit} (got {s.v_dim})")
+    if s.on_wgmma:
+        unit = WGMMA_WARPGROUPS * PANEL.columns(s.elem_bytes)
+        if s.v_dim % unit or wgmma_o_cols(s) > 256:
+            return "head_dim_v", (f"each of the wgmma form's {WGMMA_WARPGROUPS} warpgroups accumulates whole swizzled "
+                                  f"panels of O's columns, at most 256 (a wgmma N): head_dim_v must be a multiple of "
+                                  f"{unit} up to {WGMMA_WARPGROUPS * 256} (got {s.v_dim})")
+    else:
+        unit = 16 * key_warps(s)
+        if s.v_dim % unit:
+            return "head_dim_v", (f"each of a row group's {key_warps(s)} warps accumulates an equal share of O's "
+                                  f"columns in 16-column steps, so head_dim_v must be a multiple of {unit} (got "
+                                  f"{s.v_dim})")
     if s.v_dim > s.head_dim:
         return "head_dim_v", (f"V is the first head_dim_v columns of each cache row, so head_dim_v must be at most "
                               f"head_dim ({s.head_dim}; got {s.v_dim})")
@@ -178,7 +238,13 @@ rule_mla_always_rescales = refuse("softmax.rescale", lambda s: s.softmax.rescale
                               lambda s: "the kernel rescales its output at every tile; set softmax.rescale: always",
                               "rule_mla_always_rescales")
 
-DecodeMlaSpec.rules = (rule_mla_homogeneous, rule_mla_rows, rule_mla_keys_per_warp, rule_mla_v_columns, rule_mla_copy_steps, rule_mla_swizzle,
+
+def rule_mla_wgmma_target(s):
+    if s.on_wgmma:
+        return rule_target_has_sm90a(s)
+
+
+DecodeMlaSpec.rules = (rule_mla_wgmma_target, rule_mla_homogeneous, rule_mla_rows, rule_mla_keys_per_warp, rule_mla_v_columns, rule_mla_copy_steps, rule_mla_swizzle,
                        rule_mla_ring, rule_mla_no_varlen, rule_mla_no_q_registers, rule_mla_always_rescales)
 
 
@@ -201,7 +267,42 @@ class MlaFragments:
     combine_shapes: tuple   # (function key, columns per warp, splits per round) of each combine function
 
 
-def fragments(spec: DecodeMlaSpec, rows_per_warp: int, file) -> MlaFragments:
+@dataclass(frozen=True, kw_only=True)
+class MlaWgmmaFragments:
+    warpgroup_threads: int  # threads of one warpgroup
+    s_keys: int             # keys of a tile one warpgroup scores: S's N
+    s_regs: int             # its fp32 S accumulators per thread
+    o_cols: int             # O columns one warpgroup accumulates: P.V's N
+    o_regs: int             # its fp32 O accumulators per thread
+    k_steps_qk: int         # k16 steps of Q.K^T (head_dim / 16)
+    k_steps_pv: int         # k16 steps of P.V (block_n / 16)
+    panel_row_bytes: int    # bytes of one swizzled panel row (the swizzle's span)
+    swizzle_atom_bytes: int  # 8 panel rows: every descriptor's stride byte offset
+    descriptor_mode: int    # the swizzle in bits 62-63 of a wgmma descriptor
+    copy_rows: int          # tile rows one copy step covers (threads / 8)
+    copy_passes: int        # copy steps per tile (block_n / copy_rows): rows whose source a thread works out
+    copy_chunks: int        # 16-byte chunks a thread copies per row (chunks per row / 8)
+    combine_warps: int      # output rows per combine block
+    combine_shapes: tuple   # (function key, columns per warp, splits per round) of each combine function
+
+
+def wgmma_fragments(spec: DecodeMlaSpec) -> MlaWgmmaFragments:
+    threads = 32 * spec.compute_warps
+    chunks = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
+    wg_threads = 32 * WARPGROUP
+    return MlaWgmmaFragments(
+        warpgroup_threads=wg_threads, s_keys=wgmma_s_keys(spec),
+        s_regs=ROWS_PER_WARPGROUP * wgmma_s_keys(spec) // wg_threads, o_cols=wgmma_o_cols(spec),
+        o_regs=ROWS_PER_WARPGROUP * wgmma_o_cols(spec) // wg_threads, k_steps_qk=spec.head_dim // 16,
+        k_steps_pv=spec.tile.block_n // 16, panel_row_bytes=PANEL.row_bytes, swizzle_atom_bytes=8 * PANEL.row_bytes,
+        descriptor_mode=PANEL.descriptor_mode, copy_rows=threads // LOAD_CHUNKS,
+        copy_passes=spec.tile.block_n // (threads // LOAD_CHUNKS), copy_chunks=chunks // LOAD_CHUNKS,
+        combine_warps=COMBINE_WARPS, combine_shapes=combine_shapes(spec))
+
+
+def fragments(spec: DecodeMlaSpec, rows_per_warp: int, file) -> MlaFragments | MlaWgmmaFragments:
+    if spec.on_wgmma:
+        return wgmma_fragments(spec)
     kpw, threads = keys_per_warp(spec), 32 * spec.compute_warps
     chunks = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
     return MlaFragments(row_groups=row_groups(spec), key_warps=key_warps(spec), keys_per_warp=kpw, s_tiles=kpw // 8, score_chains=score_chains(spec.head_dim // 16),
@@ -213,9 +314,14 @@ def fragments(spec: DecodeMlaSpec, rows_per_warp: int, file) -> MlaFragments:
 
 
 def tiles(spec: DecodeMlaSpec, sw) -> list[Region]:
-    """The Q tile, then each ring stage's cache tile: K, whose first head_dim_v columns are V."""
+    """The Q tile, then each ring stage's cache tile: K, whose first head_dim_v columns are V (the wgmma form:
+    in swizzled panels)."""
     ctype, eb = ELEMENT_TYPES[spec.dtype][0], spec.elem_bytes
     d, bn, bm, desc = spec.head_dim, spec.tile.block_n, spec.tile.block_m, sw.describe()
+    if spec.on_wgmma:
+        return [swizzled_tile("q", bm, d, PANEL, ctype, "Q tile, loaded once", eb)] + [
+            swizzled_tile(f"kv{s}", bn, d, PANEL, ctype, f"cache tile (K; V its first {spec.v_dim} columns), stage {s}",
+                          eb) for s in range(spec.smem.stages)]
     regions = [Region("q", bm, d, ctype, eb, sw.pitch_bytes, swizzle=desc, per="Q tile, loaded once")]
     for s in range(spec.smem.stages):
         regions.append(Region(f"kv{s}", bn, d, ctype, eb, sw.pitch_bytes, swizzle=desc,
@@ -226,6 +332,13 @@ def tiles(spec: DecodeMlaSpec, sw) -> list[Region]:
 def shared_regions(spec: DecodeMlaSpec) -> list[Region]:
     """The P tile the warps hand from S to P.V, and each warp's row maxima and row sums."""
     ctype, eb, bn, warps = ELEMENT_TYPES[spec.dtype][0], spec.elem_bytes, spec.tile.block_n, spec.compute_warps
+    if spec.on_wgmma:
+        bm = spec.tile.block_m
+        return [swizzled_tile("p", bm, bn, PANEL, ctype, "P of the tile (both warpgroups' keys), A of P.V", eb),
+                Region("row_max", WGMMA_WARPGROUPS, bm, "float", 4, bm * 4,
+                       per="each warpgroup's row maxima of the tile's scores"),
+                Region("row_sum", WGMMA_WARPGROUPS, bm, "float", 4, bm * 4,
+                       per="each warpgroup's row sums over its keys, at the end")]
     return [Region("p", spec.tile.block_m, bn, ctype, eb, bn * eb, swizzle="xor 3 (16-byte chunks)",
                    per="P of the tile (every warp's keys), read by its row group's warps for P.V"),
             Region("row_max", warps, ROWS, "float", 4, ROWS * 4, per="each warp's row maxima of the tile's scores"),
@@ -248,7 +361,7 @@ def combine_shapes(spec: DecodeMlaSpec) -> tuple[tuple[str, int, int], ...]:
 
 
 def function_names(spec: DecodeMlaSpec) -> tuple[Part, ...]:
-    split = Part("split", "split.cu.j2", f"{spec.name}_split.cu",
+    split = Part("split", "split_wgmma.cu.j2" if spec.on_wgmma else "split.cu.j2", f"{spec.name}_split.cu",
                  tuple((mask, f"attngen_{spec.name}_split_{mask}") for mask in spec.masks), awaits_predecessor=True)
     combine = Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
                    (("combine", f"attngen_{spec.name}_combine"), (WIDE_COMBINE, f"attngen_{spec.name}_{WIDE_COMBINE}")),
@@ -261,27 +374,17 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
                      tiles=tiles)
     f = p.fragments
     stride = p.region("kv1").offset - p.region("kv0").offset if spec.smem.stages > 1 else 0
-    if f.row_groups == 1:
-        roles = (f"{spec.compute_warps} warps, all copying each cache tile (cp.async); for S warp w scores keys "
-                 f"[{f.keys_per_warp}w, {f.keys_per_warp}(w+1)) of the tile against all {ROWS} group rows; for O it "
-                 f"accumulates columns [{f.cols_per_warp}w, {f.cols_per_warp}(w+1)) over every key of the tile",)
+    if spec.on_wgmma:
+        roles, per_tile, threads_text, ring_text = wgmma_texts(spec, f)
     else:
-        kw = f.key_warps
-        roles = (f"{spec.compute_warps} warps, all copying each cache tile (cp.async), in {f.row_groups} row groups of "
-                 f"{kw} warps: warp w takes group rows [{ROWS}(w / {kw}), {ROWS}(w / {kw} + 1)); for S it scores keys "
-                 f"[{f.keys_per_warp}(w % {kw}), {f.keys_per_warp}(w % {kw} + 1)) of the tile against those rows; for "
-                 f"O it accumulates columns [{f.cols_per_warp}(w % {kw}), {f.cols_per_warp}(w % {kw} + 1)) over every "
-                 "key of the tile",)
+        roles, per_tile, threads_text, ring_text = mma_sync_texts(spec, f)
     schedule = ("split kernel, grid (num_splits, kv_heads x row_blocks, batch):",
                 "  rows: group row r = g x seqlen_q + t is query head kv_head x group + g, new token t",
                 "  keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence "
                 "(cache_seqlens[b] keys); an empty slice writes LSE -inf and a zero partial",
-                f"  ring of {spec.smem.stages} stages: the copy of tile i + {spec.smem.stages} is issued once tile i "
-                "is done, its page ids read a tile ahead",
-                "  per tile: S (warp's keys), row maxima through `row_max`, P into `p`, O += P V (warp's columns); "
-                "four __syncthreads",
-                "  end: the warps' row sums through `row_sum`; one split: O and LSE written, else fp32 partial O "
-                "and LSE per split",
+                ring_text, per_tile,
+                "  end: the " + ("warpgroups'" if spec.on_wgmma else "warps'") + " row sums through `row_sum`; one "
+                "split: O and LSE written, else fp32 partial O and LSE per split",
                 f"combine kernel, grid (ceil(batch x heads x seqlen_q / {COMBINE_WARPS}), {combine_slices(spec)}): a "
                 f"warp per row and slice of {spec.v_dim // combine_slices(spec)} columns weighs each split by "
                 f"exp(lse_s - lse), loading {COMBINE_BATCH} splits at a time, and writes O (and the first slice LSE); "
@@ -292,8 +395,7 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
     block_text = (f"block: one key slice (split) of one KV head and sequence, for {spec.tile.block_m} group rows "
                   f"(query heads per KV head x new tokens) in {spec.tile.block_n}-key cache tiles; grid (num_splits, kv_heads x "
                   "row_blocks, batch)",
-                  f"threads: {p.threads} = {spec.compute_warps} warps; each scores {f.keys_per_warp} keys of a tile "
-                  f"and accumulates {f.cols_per_warp} of O's {spec.v_dim} columns",
+                  f"threads: {p.threads} = {spec.compute_warps} warps; " + threads_text,
                   "masks: none (every key of the sequence), causal (bottom-right: new token t of seqlen_q sees the "
                   "keys up to len - seqlen_q + t)")
     # V is read from K's tile and its pointer is checked to be K's by the call, never read here; the LSE rows
@@ -310,18 +412,66 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
                          schedule=schedule, max_splits=spec.max_splits, paged=spec.paged, combine="kernel",
                          v_in_k=True, combine_slices=combine_slices(spec),
                          combine_wide_slices=combine_slices(spec, WIDE_COMBINE_SLICE_COLUMNS), copy_engine="cp.async ring (16-byte chunks), every warp copies",
+                         arch_suffix="a" if spec.on_wgmma else "",
                          pipeline_text=(f"copies: thread i copies chunks i % 8 + 8j of rows i / 8 + {f.copy_rows}k "
                                         f"of each cache tile ({f.copy_passes} rows, {f.copy_chunks} chunks each): a "
                                         "warp covers 4 rows x 128 contiguous bytes per step, and each thread "
-                                        "works out its rows' sources (page ids) once per tile, a tile ahead"))
+                                        "works out its rows' sources (page ids) once per tile, "
+                                        + ("as it issues the copy" if spec.on_wgmma else "a tile ahead")))
+
+
+def wgmma_texts(spec: DecodeMlaSpec, f: MlaWgmmaFragments) -> tuple:
+    """(roles, the per-tile schedule line, the threads line's rest, the ring line) of the wgmma form."""
+    roles = (f"{spec.compute_warps} warps in {WGMMA_WARPGROUPS} warpgroups, all copying each cache tile (cp.async) "
+             f"into 128-byte-swizzled panels; for S warpgroup w scores keys [{f.s_keys}w, {f.s_keys}(w+1)) of the tile "
+             f"against all {spec.tile.block_m} group rows (m64n{f.s_keys}k16, Q and K from shared memory); for O it "
+             f"accumulates columns [{f.o_cols}w, {f.o_cols}(w+1)) over every key of the tile (m64n{f.o_cols}k16, P "
+             "and V from shared memory)",)
+    per_tile = ("  per tile: S (warpgroup's keys), row maxima through `row_max`, P into the swizzled panel `p`, "
+                "O += P V (warpgroup's columns); three __syncthreads")
+    threads = f"each warpgroup scores {f.s_keys} keys of a tile and accumulates {f.o_cols} of O's {spec.v_dim} columns"
+    ring = (f"  ring of {spec.smem.stages} stages: the copy of tile i + {spec.smem.stages} is issued at the top of "
+            f"tile i + 1's step, once every warp is done with tile i; its page ids are read then")
+    return roles, per_tile, threads, ring
+
+
+def mma_sync_texts(spec: DecodeMlaSpec, f: MlaFragments) -> tuple:
+    """(roles, the per-tile schedule line, the threads line's rest, the ring line) of the mma.sync form."""
+    if f.row_groups == 1:
+        roles = (f"{spec.compute_warps} warps, all copying each cache tile (cp.async); for S warp w scores keys "
+                 f"[{f.keys_per_warp}w, {f.keys_per_warp}(w+1)) of the tile against all {ROWS} group rows; for O it "
+                 f"accumulates columns [{f.cols_per_warp}w, {f.cols_per_warp}(w+1)) over every key of the tile",)
+    else:
+        kw = f.key_warps
+        roles = (f"{spec.compute_warps} warps, all copying each cache tile (cp.async), in {f.row_groups} row groups of "
+                 f"{kw} warps: warp w takes group rows [{ROWS}(w / {kw}), {ROWS}(w / {kw} + 1)); for S it scores keys "
+                 f"[{f.keys_per_warp}(w % {kw}), {f.keys_per_warp}(w % {kw} + 1)) of the tile against those rows; for "
+                 f"O it accumulates columns [{f.cols_per_warp}(w % {kw}), {f.cols_per_warp}(w % {kw} + 1)) over every "
+                 "key of the tile",)
+    per_tile = ("  per tile: S (warp's keys), row maxima through `row_max`, P into `p`, O += P V (warp's columns); "
+                "four __syncthreads")
+    threads = f"each scores {f.keys_per_warp} keys of a tile and accumulates {f.cols_per_warp} of O's {spec.v_dim} columns"
+    ring = (f"  ring of {spec.smem.stages} stages: the copy of tile i + {spec.smem.stages} is issued once tile i "
+            "is done, its page ids read a tile ahead")
+    return roles, per_tile, threads, ring
 
 
 def explain(plan) -> list[str]:
     f = plan.fragments
-    return [f"fragments per warp: S {f.s_tiles} m16n8 tiles over {f.keys_per_warp} keys, summed in "
+    if plan.spec.on_wgmma:
+        fragment_lines = [
+            f"fragments per warpgroup: S m64n{f.s_keys} ({f.s_regs} fp32 registers per thread), O m64n{f.o_cols} "
+            f"({f.o_regs}); Q, K, P and V read from {f.panel_row_bytes}-byte-swizzled panels (descriptor mode "
+            f"{f.descriptor_mode}, SBO {f.swizzle_atom_bytes} B; V MN-major)",
+            f"wgmma per tile per warpgroup: {f.k_steps_qk} (Q.K^T, m64n{f.s_keys}k16) + {f.k_steps_pv} (P.V, "
+            f"m64n{f.o_cols}k16)"]
+    else:
+        fragment_lines = [
+            f"fragments per warp: S {f.s_tiles} m16n8 tiles over {f.keys_per_warp} keys, summed in "
             f"{f.score_chains} accumulator chains over the {f.k_steps_qk} k-steps; O {f.o_tiles} m16n8 tiles "
             f"({f.cols_per_warp} columns); Q read from its tile at every k-step",
-            f"mma.sync per tile per warp: {f.s_tiles * f.k_steps_qk} (Q.K^T) + {f.o_tiles * f.k_steps_pv} (P.V)",
+            f"mma.sync per tile per warp: {f.s_tiles * f.k_steps_qk} (Q.K^T) + {f.o_tiles * f.k_steps_pv} (P.V)"]
+    return fragment_lines + [
             f"V: the first {plan.v_dim} columns of each cache row, read from the K tile (the call's v_cache must be "
             f"k_cache[..., :{plan.v_dim}])",
             f"splits: at most {plan.max_splits}; the runtime picks " + split_rule_text(plan.combine),
