@@ -162,6 +162,9 @@ def test_the_wgmma_form_reads_panels_over_two_warpgroups():
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in text
     assert "cp_async_16(stage + kv_offset(" in text and "cp_async_16(sQ + q_offset(" in text
     assert "ldmatrix" not in text and "p.v" not in text.replace("p.visible", "")
+    # refill: during_scores: the ring's copy is issued behind S's wgmmas, before their wait
+    loop = text[text.index("for (int t = t_begin; t < t_end; ++t)"):]
+    assert loop.index("wgmma_ss_m64n32(s,") < loop.index("refill_ring(base") < loop.index("wgmma_wait<0>()")
     from attngen.explain import explain
     explained = explain(p)
     assert "wgmma per tile per warpgroup: 36 (Q.K^T, m64n32k16) + 4 (P.V, m64n256k16)" in explained

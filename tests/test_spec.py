@@ -344,6 +344,7 @@ RULE_CASES = [
     ("rule_mla_v_columns", MLA, {"head_dim": 448, "head_dim_v": 512}, "head_dim_v", "at most head_dim (448"),
     ("rule_mla_copy_steps", MLA, {"head_dim": 560}, "head_dim", "multiple of 64 (got 560)"),
     ("rule_mla_wgmma_target", MLA_WGMMA, {"target": "l4"}, "target", "need an sm_90a GPU"),
+    ("rule_mla_refill_on_wgmma", MLA, {"refill": "during_scores"}, "refill", "leave refill unset"),
     ("rule_mla_rows", MLA_WGMMA, {"tile__block_m": 32}, "tile.block_m", "use block_m: 64 and warps: {compute: 8}"),
     ("rule_mla_rows", MLA_WGMMA, {"warps": {"compute": 4}}, "tile.block_m", "over 2 warpgroups"),
     ("rule_mla_keys_per_warp", MLA_WGMMA, {"tile__block_n": 96}, "tile.block_n", "panels of 64 keys"),
@@ -690,7 +691,7 @@ def test_schema_command_lists_every_key():
                                          "slice_cost_from_tiles", "merge_rows", "paged", "combine", "kv_dtype", "append",
                                          "backward", "query_stages",
                                          "query_chunk", "warp_keys", "warp_split", "out_dtype", "group_split",
-                                         "k_rows"} == {
+                                         "k_rows", "refill"} == {
             "schema", "name", "description", "target", "dtype", "dtypes", "cells", "base_cell", "head_dim", "head_dim_v", "masks", "scores",
             "variant",
             "tile", "warps",

@@ -64,7 +64,7 @@ WGMMA_WARPGROUPS = 2        # the wgmma form's warpgroups: each scores half a ti
 PANEL = PANEL_SWIZZLES[0]   # the wgmma form's tiles: 128-byte swizzled panels (64 columns of 16-bit elements)
 # Registers each thread of the wgmma form needs beside its O and S accumulators (descriptors, the rows'
 # limits and softmax state, the copies' sources), from ptxas.
-WGMMA_REGISTER_MARGIN = 96
+WGMMA_REGISTER_MARGIN = 104
 
 
 class DecodeMlaSpec(ForwardSpec):
@@ -84,6 +84,9 @@ class DecodeMlaSpec(ForwardSpec):
         f"(a power of two from 1 to {MAX_PAGE_SIZE}, a kernel parameter); false: contiguous caches only"))
     max_splits: int = Field(default=MAX_SPLITS, ge=1, le=MAX_SPLITS, description=(
         "most key slices per (KV head, batch) the heuristic may choose; 1 turns splitting off"))
+    refill: Literal["before_scores", "during_scores"] = Field(default="before_scores", description=(
+        "the wgmma form: where a tile's step issues the ring's next copy: before_scores (right after the step's "
+        "barrier) or during_scores (once S's wgmmas are issued, while the tensor cores score)"))
     masks_taken = ("none", "causal")
     takes_head_dim_v = True
     key_unit = 16
@@ -244,7 +247,13 @@ def rule_mla_wgmma_target(s):
         return rule_target_has_sm90a(s)
 
 
-DecodeMlaSpec.rules = (rule_mla_wgmma_target, rule_mla_homogeneous, rule_mla_rows, rule_mla_keys_per_warp, rule_mla_v_columns, rule_mla_copy_steps, rule_mla_swizzle,
+def rule_mla_refill_on_wgmma(s):
+    if s.refill != "before_scores" and not s.on_wgmma:
+        return "refill", (f"refill: {s.refill} places the wgmma form's ring copies; the mma.sync form issues them at "
+                          "the end of a tile's step: leave refill unset")
+
+
+DecodeMlaSpec.rules = (rule_mla_wgmma_target, rule_mla_refill_on_wgmma, rule_mla_homogeneous, rule_mla_rows, rule_mla_keys_per_warp, rule_mla_v_columns, rule_mla_copy_steps, rule_mla_swizzle,
                        rule_mla_ring, rule_mla_no_varlen, rule_mla_no_q_registers, rule_mla_always_rescales)
 
 
@@ -282,6 +291,7 @@ class MlaWgmmaFragments:
     copy_rows: int          # tile rows one copy step covers (threads / 8)
     copy_passes: int        # copy steps per tile (block_n / copy_rows): rows whose source a thread works out
     copy_chunks: int        # 16-byte chunks a thread copies per row (chunks per row / 8)
+    refill_during_scores: bool  # a step issues the ring's copy after S's wgmmas, not before them
     combine_warps: int      # output rows per combine block
     combine_shapes: tuple   # (function key, columns per warp, splits per round) of each combine function
 
@@ -297,7 +307,8 @@ def wgmma_fragments(spec: DecodeMlaSpec) -> MlaWgmmaFragments:
         k_steps_pv=spec.tile.block_n // 16, panel_row_bytes=PANEL.row_bytes, swizzle_atom_bytes=8 * PANEL.row_bytes,
         descriptor_mode=PANEL.descriptor_mode, copy_rows=threads // LOAD_CHUNKS,
         copy_passes=spec.tile.block_n // (threads // LOAD_CHUNKS), copy_chunks=chunks // LOAD_CHUNKS,
-        combine_warps=COMBINE_WARPS, combine_shapes=combine_shapes(spec))
+        refill_during_scores=spec.refill == "during_scores", combine_warps=COMBINE_WARPS,
+        combine_shapes=combine_shapes(spec))
 
 
 def fragments(spec: DecodeMlaSpec, rows_per_warp: int, file) -> MlaFragments | MlaWgmmaFragments:
@@ -430,8 +441,10 @@ def wgmma_texts(spec: DecodeMlaSpec, f: MlaWgmmaFragments) -> tuple:
     per_tile = ("  per tile: S (warpgroup's keys), row maxima through `row_max`, P into the swizzled panel `p`, "
                 "O += P V (warpgroup's columns); three __syncthreads")
     threads = f"each warpgroup scores {f.s_keys} keys of a tile and accumulates {f.o_cols} of O's {spec.v_dim} columns"
-    ring = (f"  ring of {spec.smem.stages} stages: the copy of tile i + {spec.smem.stages} is issued at the top of "
-            f"tile i + 1's step, once every warp is done with tile i; its page ids are read then")
+    when = "once S's wgmmas are issued (refill: during_scores)" if f.refill_during_scores else \
+        "right after the step's barrier (refill: before_scores)"
+    ring = (f"  ring of {spec.smem.stages} stages: the copy of tile i + {spec.smem.stages} is issued in tile i + 1's "
+            f"step, every warp being done with tile i, {when}; its page ids are read then")
     return roles, per_tile, threads, ring
 
 
