@@ -293,7 +293,7 @@ __device__ __forceinline__ void fence_registers(float (&r)[kN]) {
 // (48 R2UR per K/V tile at d128) and each overlapped tile took 6-7 % longer (H100). The whole warp calls it.
 __device__ __forceinline__ int uniform_warp() { return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0); }
 
-// Make this thread's ordinary shared-memory writes visible to the async proxy (a TMA store reads there).
+// Make this thread's ordinary shared-memory writes visible to the async proxy (wgmma reads there).
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 __device__ __forceinline__ void wgmma_ss_m64n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
