@@ -42,6 +42,17 @@ def reference(torch, q, cache, lens, causal, scale, dtype):
     return torch.stack(outs), torch.stack(lses)
 
 
+def assert_matches_fp32(torch, out, lse, q, cache, lens, causal, scale, dtype):
+    """out within FlashAttention's rule of fp32 attention (2 x the error of the same attention in `dtype`, plus
+    a floor), finite, and LSE within 1e-3."""
+    ref, ref_lse = reference(torch, q, cache, lens, causal, scale, torch.float32)
+    low, _ = reference(torch, q, cache, lens, causal, scale, dtype)
+    err = (out.float() - ref).abs().max().item()
+    bound = 2 * (low - ref).abs().max().item() + 1e-5
+    assert torch.isfinite(out).all() and err <= bound, f"max error {err:.3g} over the bound {bound:.3g}"
+    assert (lse - ref_lse).abs().max().item() < 1e-3
+
+
 def pages(torch, cache, page, gen):
     """The contiguous cache (B, cap, 1, D) as a shuffled pool of pages (num_pages, page, 1, D) and its table."""
     b, cap = cache.shape[:2]
@@ -90,12 +101,7 @@ def test_mla_decode_matches_fp32(torch, case):
     out, lse = call()
     torch.cuda.synchronize()
     assert out.shape == (b, sq, h, DV) and out.dtype == dtype
-    ref, ref_lse = reference(torch, q, cache, lens, causal, scale, torch.float32)
-    low, _ = reference(torch, q, cache, lens, causal, scale, dtype)
-    err = (out.float() - ref).abs().max().item()
-    bound = 2 * (low - ref).abs().max().item() + 1e-5
-    assert torch.isfinite(out).all() and err <= bound, f"max error {err:.3g} over the bound {bound:.3g}"
-    assert (lse - ref_lse).abs().max().item() < 1e-3
+    assert_matches_fp32(torch, out, lse, q, cache, lens, causal, scale, dtype)
     # the second call of the shape takes the prepared path (its own output and workspace): the same answer
     again, again_lse = call()
     assert torch.equal(again, out) and torch.equal(again_lse, lse)
@@ -247,9 +253,4 @@ def test_the_wgmma_cell_matches_fp32(torch, case):
                     return_lse=True, num_splits=splits, out=out, **kwargs)
     torch.cuda.synchronize()
     assert o.data_ptr() == out.data_ptr() and kernel.last_splits == splits
-    ref, ref_lse = reference(torch, q, cache, lens, causal, scale, torch.float32)
-    low, _ = reference(torch, q, cache, lens, causal, scale, dtype)
-    err = (out.float() - ref).abs().max().item()
-    bound = 2 * (low - ref).abs().max().item() + 1e-5
-    assert torch.isfinite(out).all() and err <= bound, f"max error {err:.3g} over the bound {bound:.3g}"
-    assert (lse - ref_lse).abs().max().item() < 1e-3
+    assert_matches_fp32(torch, out, lse, q, cache, lens, causal, scale, dtype)

@@ -1,69 +1,24 @@
 """MLA decode: the 16-row cell (h200_decode_d576_mla_bf16, one block of 4 warps per SM) against the cell of
 32-row blocks (h200_decode_d576_mla_m32_bf16: two 16-row groups of 4 warps sharing each cache tile), each at
-its own split count, alternating in one process; GPU us per call queued behind a GPU sleep
-(docs/measurements/host_time.py's gpu_time), caches rotated past L2 (a fresh cache per call of a set of 4);
-bytes = the cache read once (B x keys x 576 x 2); several new tokens causal. (tests/test_gpu_mla_decode.py
-checks the two cells' bits.)
+its own split count, alternating in one process; the timing and bytes as mla_wgmma/mla_ab.py gives them.
+(tests/test_gpu_mla_decode.py checks the two cells' bits.)
 
 PAGE > 0: paged caches (pages of PAGE, each sequence's pages shuffled in a pool; bytes still B x keys x 576 x 2).
 
 Usage: python3 docs/decode-h200/mla_rows_ab.py OUT.json [ROUNDS] [PAGE]"""
-import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
-import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "docs" / "measurements"))
-import host_time  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent / "mla_wgmma"))
+import mla_ab  # noqa: E402
 import attngen  # noqa: E402
 
 out_path, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
 page = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-cells = {"rows16": attngen.load(ROOT / "specs" / "h200_decode_d576_mla_bf16.yaml"),
-         "rows32": attngen.load(ROOT / "specs" / "h200_decode_d576_mla_m32_bf16.yaml")}
-g = torch.Generator(device="cuda").manual_seed(0)
-rows = []
-for b, h, keys, sq in ((8, 128, 4096, 1), (8, 128, 8192, 1), (32, 128, 4096, 1), (64, 128, 2048, 1), (1, 128, 32768, 1),
-                       (8, 128, 4096, 2), (8, 64, 8192, 1), (32, 64, 4096, 1), (8, 32, 8192, 1), (32, 32, 4096, 1),
-                       (32, 16, 4096, 2), (32, 16, 8192, 1), (128, 16, 4096, 1)):
-    q = torch.randn((b, sq, h, 576), generator=g, device="cuda").bfloat16()
-    lens = torch.full((b,), keys, dtype=torch.int32, device="cuda")
-    table = None
-    if page:    # one pool per cache of the set; every pool's pages in one shuffled table (keys a multiple of page)
-        cols = keys // page
-        caches = [torch.randn((b * cols, page, 1, 576), generator=g, device="cuda").bfloat16() for _ in range(4)]
-        table = torch.randperm(b * cols, generator=g, device="cuda").int().view(b, cols)
-    else:
-        caches = [torch.randn((b, keys, 1, 576), generator=g, device="cuda").bfloat16() for _ in range(4)]
-    at = {"i": 0}
-
-    def runner(kernel):
-        def run():
-            c = caches[at["i"] % 4]
-            at["i"] += 1
-            return kernel(q, c, c[..., :512], cache_seqlens=lens, layout="bshd", scale=1 / math.sqrt(192),
-                          causal=sq > 1, block_table=table)
-        return run
-
-    calls = {n: runner(k) for n, k in cells.items()}
-    times = {n: [] for n in calls}
-    for _ in range(rounds):
-        for n, fn in calls.items():
-            times[n].append(host_time.gpu_time(fn, n=20, repeats=3))
-    splits = {n: k.last_splits for n, k in cells.items()}
-    gb = b * keys * 576 * 2 / 1e9
-    us = {n: round(statistics.median(v), 2) for n, v in times.items()}
-    row = {"cell": f"B{b} {h}/1 {keys} keys, {'one new token' if sq == 1 else f'{sq} new tokens'}", "gpu_us": us,
-           "TB_s": {n: round(gb / (t * 1e-6) / 1e3, 3) for n, t in us.items()},
-           "rows16/rows32": round(us["rows16"] / us["rows32"], 4), "splits": splits}
-    print(json.dumps(row), flush=True)
-    rows.append(row)
-    del caches
-    torch.cuda.empty_cache()
-command = f"python3 docs/decode-h200/mla_rows_ab.py OUT.json {rounds}" + (f" {page}" if page else "")
-json.dump({"command": command, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
-          open(out_path, "w"), indent=1)
+cells = {"rows16": attngen.load(mla_ab.ROOT / "specs" / "h200_decode_d576_mla_bf16.yaml"),
+         "rows32": attngen.load(mla_ab.ROOT / "specs" / "h200_decode_d576_mla_m32_bf16.yaml")}
+shapes = ((8, 128, 4096, 1), (8, 128, 8192, 1), (32, 128, 4096, 1), (64, 128, 2048, 1), (1, 128, 32768, 1),
+          (8, 128, 4096, 2), (8, 64, 8192, 1), (32, 64, 4096, 1), (8, 32, 8192, 1), (32, 32, 4096, 1),
+          (32, 16, 4096, 2), (32, 16, 8192, 1), (128, 16, 4096, 1))
+rows = mla_ab.cell_rows(cells, shapes, rounds, page, ("rows16/rows32", lambda us: us["rows16"] / us["rows32"]))
+mla_ab.write(out_path, f"python3 docs/decode-h200/mla_rows_ab.py OUT.json {rounds}" + (f" {page}" if page else ""), rows)

@@ -1,73 +1,25 @@
 """MLA decode: the wgmma cell (h200_decode_d576_mla_wgmma_bf16: blocks of 64 group rows over two warpgroups)
 against the mma.sync cells of 16-row blocks (h200_decode_d576_mla_bf16) and of 32-row blocks
-(h200_decode_d576_mla_m32_bf16), each at its own split count, alternating in one process; GPU us per call
-queued behind a GPU sleep
-(docs/measurements/host_time.py's gpu_time), caches rotated past L2 (a fresh cache per call of a set of 4);
-bytes = the cache read once (B x keys x 576 x 2); FLOPs 2 x B x heads x new tokens x keys x (576 + 512);
-several new tokens causal.
-
-PAGE > 0: paged caches (pages of PAGE, each sequence's pages shuffled in a pool; bytes still B x keys x 576 x 2).
+(h200_decode_d576_mla_m32_bf16), bf16; the timing, bytes and FLOPs as mla_ab.py beside this script gives them.
 
 Usage: python3 docs/decode-h200/mla_wgmma/mla_wgmma_ab.py OUT.json [ROUNDS] [PAGE]"""
-import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
-import torch
-
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "docs" / "measurements"))
-import host_time  # noqa: E402
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import mla_ab  # noqa: E402
 import attngen  # noqa: E402
 
 out_path, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
 page = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-cells = {"rows16": attngen.load(ROOT / "specs" / "h200_decode_d576_mla_bf16.yaml"),
-         "rows32": attngen.load(ROOT / "specs" / "h200_decode_d576_mla_m32_bf16.yaml"),
-         "wgmma": attngen.load(ROOT / "specs" / "h200_decode_d576_mla_wgmma_bf16.yaml")}
-g = torch.Generator(device="cuda").manual_seed(0)
-rows = []
-for b, h, keys, sq in ((8, 128, 4096, 1), (8, 128, 8192, 1), (32, 128, 4096, 1), (64, 128, 2048, 1), (1, 128, 32768, 1),
-                       (8, 128, 4096, 2), (8, 64, 8192, 1), (32, 64, 4096, 1), (8, 32, 8192, 1), (32, 32, 4096, 1),
-                       (32, 16, 4096, 2), (32, 16, 8192, 1), (128, 16, 4096, 1)):
-    q = torch.randn((b, sq, h, 576), generator=g, device="cuda").bfloat16()
-    lens = torch.full((b,), keys, dtype=torch.int32, device="cuda")
-    table = None
-    if page:    # one pool per cache of the set; every pool's pages in one shuffled table (keys a multiple of page)
-        cols = keys // page
-        caches = [torch.randn((b * cols, page, 1, 576), generator=g, device="cuda").bfloat16() for _ in range(4)]
-        table = torch.randperm(b * cols, generator=g, device="cuda").int().view(b, cols)
-    else:
-        caches = [torch.randn((b, keys, 1, 576), generator=g, device="cuda").bfloat16() for _ in range(4)]
-    at = {"i": 0}
-
-    def runner(kernel):
-        def run():
-            c = caches[at["i"] % 4]
-            at["i"] += 1
-            return kernel(q, c, c[..., :512], cache_seqlens=lens, layout="bshd", scale=1 / math.sqrt(192),
-                          causal=sq > 1, block_table=table)
-        return run
-
-    calls = {n: runner(k) for n, k in cells.items()}
-    times = {n: [] for n in calls}
-    for _ in range(rounds):
-        for n, fn in calls.items():
-            times[n].append(host_time.gpu_time(fn, n=20, repeats=3))
-    splits = {n: k.last_splits for n, k in cells.items()}
-    gb = b * keys * 576 * 2 / 1e9
-    gflop = 2 * b * h * sq * keys * (576 + 512) / 1e9
-    us = {n: round(statistics.median(v), 2) for n, v in times.items()}
-    row = {"cell": f"B{b} {h}/1 {keys} keys, {'one new token' if sq == 1 else f'{sq} new tokens'}", "gpu_us": us,
-           "TB_s": {n: round(gb / (t * 1e-6) / 1e3, 3) for n, t in us.items()},
-           "TFLOP_s": {n: round(gflop / (t * 1e-6) / 1e3, 1) for n, t in us.items()},
-           "best_mma_sync/wgmma": round(min(us["rows16"], us["rows32"]) / us["wgmma"], 4), "splits": splits}
-    print(json.dumps(row), flush=True)
-    rows.append(row)
-    del caches
-    torch.cuda.empty_cache()
-command = f"python3 docs/decode-h200/mla_wgmma/mla_wgmma_ab.py OUT.json {rounds}" + (f" {page}" if page else "")
-json.dump({"command": command, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
-          open(out_path, "w"), indent=1)
+cells = {"rows16": attngen.load(mla_ab.ROOT / "specs" / "h200_decode_d576_mla_bf16.yaml"),
+         "rows32": attngen.load(mla_ab.ROOT / "specs" / "h200_decode_d576_mla_m32_bf16.yaml"),
+         "wgmma": attngen.load(mla_ab.ROOT / "specs" / "h200_decode_d576_mla_wgmma_bf16.yaml")}
+shapes = ((8, 128, 4096, 1), (8, 128, 8192, 1), (32, 128, 4096, 1), (64, 128, 2048, 1), (1, 128, 32768, 1),
+          (8, 128, 4096, 2), (8, 64, 8192, 1), (32, 64, 4096, 1), (8, 32, 8192, 1), (32, 32, 4096, 1),
+          (32, 16, 4096, 2), (32, 16, 8192, 1), (128, 16, 4096, 1))
+rows = mla_ab.cell_rows(cells, shapes, rounds, page,
+                        ("best_mma_sync/wgmma", lambda us: min(us["rows16"], us["rows32"]) / us["wgmma"]))
+mla_ab.write(out_path, f"python3 docs/decode-h200/mla_wgmma/mla_wgmma_ab.py OUT.json {rounds}" + (f" {page}" if page else ""),
+             rows)
