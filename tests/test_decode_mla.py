@@ -108,6 +108,37 @@ def test_the_table_keys_the_latent_cells_on_v_head_dim():
                 assert e.spec == name
 
 
+def test_the_table_sends_many_query_rows_per_latent_cache_to_the_seesaw():
+    """Above 64 group rows (two row blocks) and from 2048 query rows (batch x heads x new tokens) the seesaw
+    cell serves; fewer rows, or one row block, stay on the shared-tile wgmma cell; 16 rows on mma.sync."""
+    entries = load_table(table_path(ROOT / "specs"))
+    for dtype, suffix in (("fp16", ""), ("bf16", "_bf16")):
+        for mask in ("none", "causal"):
+            for paged in (False, True):
+                def pick(group_rows, rows):
+                    return select(entries, "decode", "sm_90", dtype, 576, mask, 4096, paged=paged,
+                                  group_rows=group_rows, head_dim_v=512, rows=rows).spec
+                assert pick(128, 2048) == pick(256, 4096) == f"h200_decode_d576_mla_seesaw{suffix}"
+                assert pick(128, 1024) == pick(64, 4096) == pick(32, 4096) == f"h200_decode_d576_mla_wgmma{suffix}"
+                assert pick(16, 4096) == f"h200_decode_d576_mla{suffix}"
+
+
+def test_the_seesaw_hands_p_over_in_the_rotary_panel():
+    """The seesaw cell: each warpgroup scores whole 64-key tiles (m64n64), P.V from its own registers (RS) and
+    from the other's P in the tile's ninth panel (SS); named barriers pair the warpgroups, no block barrier in
+    the loop."""
+    p = make_plan(load_spec(ROOT / "specs" / "h200_decode_d576_mla_seesaw_bf16.yaml"))
+    f = p.fragments
+    assert (f.seesaw, f.s_keys, f.s_regs, f.o_cols, f.o_regs, f.p_panel) == (True, 64, 32, 256, 128, 8)
+    assert (f.copy_rows, f.copy_passes, f.copy_chunks) == (16, 4, 9)
+    assert [r.name for r in p.regions if r.name.startswith(("p", "row"))] == ["row_max", "row_sum"]
+    source = (ROOT / "generated" / "h200_decode_d576_mla_seesaw_bf16_split.cu").read_text()
+    loop = source[source.index("for (int a = t_begin;"):source.index("cp_async_wait<0>();\n    allow_dependents")]
+    assert "__syncthreads" not in loop and loop.count("bar_sync(") == 6 and loop.count("bar_arrive(") == 6
+    assert "wgmma_rs_m64n256(o, a[kc], v_desc(sKV, wg, kc))" in source
+    assert "wgmma_ss_m64n256_kmn(o, p_desc(sKV, kc), v_desc(sKV, wg, kc), 1)" in source
+
+
 def test_the_split_kernel_reads_v_from_the_cache_tile():
     source = (ROOT / "generated" / "h200_decode_d576_mla_split.cu").read_text()
     assert "ldmatrix_x4_trans(b, sKV + tile_offset(" in source      # P.V's B fragments from the K tile

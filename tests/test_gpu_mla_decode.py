@@ -76,6 +76,8 @@ CASES = [   # (batch, heads, new tokens, capacity, page size or 0, causal, dtype
     (2, 16, 1, 777, 1, False, "bfloat16"),
     (2, 32, 2, 2000, 16, True, "bfloat16"),
     (2, 16, 1, 2500, 64, False, "float16"),
+    (16, 128, 1, 900, 16, False, "bfloat16"),    # 2048 query rows of 128 per latent cache: the seesaw cell
+    (8, 128, 2, 1300, 0, True, "float16"),
 ]
 
 
@@ -225,17 +227,19 @@ WGMMA_CASES = [   # (batch, heads, new tokens, capacity, page size or 0, causal,
 ]
 
 
+@pytest.mark.parametrize("cell", ["wgmma", "seesaw"])
 @pytest.mark.parametrize("case", WGMMA_CASES, ids=[f"B{c[0]}H{c[1]}q{c[2]}cap{c[3]}pg{c[4]}{'c' if c[5] else ''}"
                                                    f"{c[6]}s{c[7]}" for c in WGMMA_CASES])
-def test_the_wgmma_cell_matches_fp32(torch, case):
-    """The wgmma cell (blocks of 64 group rows over two warpgroups, tiles in swizzled panels) against fp32
-    attention by FlashAttention's rule, at fixed split counts: 128 heads, a partial block (48 heads), fewer
-    heads than a block (16), pages of 1, 16 and 64, several causal new tokens."""
+def test_the_wgmma_cells_match_fp32(torch, case, cell):
+    """The wgmma cells (blocks of 64 group rows over two warpgroups, tiles in swizzled panels; the tile's
+    keys split between them, or alternate tiles each: the seesaw) against fp32 attention by FlashAttention's
+    rule, at fixed split counts: 128 heads, a partial block (48 heads), fewer heads than a block (16), pages
+    of 1, 16 and 64, several causal new tokens, odd tile counts per split."""
     from pathlib import Path
     b, h, sq, cap, page, causal, dtype_name, splits = case
     dtype = getattr(torch, dtype_name)
     root = Path(__file__).resolve().parent.parent
-    name = "h200_decode_d576_mla_wgmma" + ("_bf16" if dtype == torch.bfloat16 else "")
+    name = f"h200_decode_d576_mla_{cell}" + ("_bf16" if dtype == torch.bfloat16 else "")
     kernel = attngen.load(root / "specs" / f"{name}.yaml")
     assert kernel.plan.block_m == 64 and kernel.plan.threads == 256
     gen = torch.Generator(device="cuda").manual_seed(sum(case[:5]) + splits)

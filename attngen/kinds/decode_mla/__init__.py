@@ -65,6 +65,7 @@ PANEL = PANEL_SWIZZLES[0]   # the wgmma form's tiles: 128-byte swizzled panels (
 # Registers each thread of the wgmma form needs beside its O and S accumulators (descriptors, the rows'
 # limits and softmax state, the copies' sources), from ptxas.
 WGMMA_REGISTER_MARGIN = 104
+SEESAW_REGISTER_MARGIN = 64     # the seesaw schedule's, from ptxas likewise
 
 
 class DecodeMlaSpec(ForwardSpec):
@@ -87,6 +88,12 @@ class DecodeMlaSpec(ForwardSpec):
     refill: Literal["before_scores", "during_scores"] = Field(default="before_scores", description=(
         "the wgmma form: where a tile's step issues the ring's next copy: before_scores (right after the step's "
         "barrier) or during_scores (once S's wgmmas are issued, while the tensor cores score)"))
+    schedule: Literal["shared_tile", "seesaw"] = Field(default="shared_tile", description=(
+        "the wgmma form: how the two warpgroups divide a step. shared_tile: both score halves of one tile's keys, "
+        "their row maxima meet, then both take P.V of that tile (three block barriers a tile). seesaw: warpgroup 0 "
+        "scores the even tiles and warpgroup 1 the odd ones, each whole; the running maximum passes from one to "
+        "the other, each hands its P to the other through the tile's panel past V, and each warpgroup copies its "
+        "own tiles, so one's softmax runs beside the other's wgmmas"))
     masks_taken = ("none", "causal")
     takes_head_dim_v = True
     key_unit = 16
@@ -97,10 +104,19 @@ class DecodeMlaSpec(ForwardSpec):
         return self.mma == WGMMA
 
     @property
+    def seesaw(self) -> bool:
+        return self.on_wgmma and self.schedule == "seesaw"
+
+    @property
     def register_margin(self) -> int:
+        if self.seesaw:
+            return SEESAW_REGISTER_MARGIN
         return WGMMA_REGISTER_MARGIN if self.on_wgmma else REGISTER_MARGIN
 
     def register_need(self):
+        if self.seesaw:
+            return wgmma_o_cols(self) // 2 + wgmma_s_keys(self) // 2 + wgmma_s_keys(self) // 4, \
+                "fp32 O accumulators of the warpgroup's columns, S of its tile and P's A fragments"
         if self.on_wgmma:
             return wgmma_o_cols(self) // 2 + wgmma_s_keys(self) // 2, \
                 "fp32 O accumulators of the warpgroup's columns and S of its keys"
@@ -109,8 +125,9 @@ class DecodeMlaSpec(ForwardSpec):
 
 
 def wgmma_s_keys(s) -> int:
-    """Keys of a tile one warpgroup of the wgmma form scores (S's N)."""
-    return s.tile.block_n // WGMMA_WARPGROUPS
+    """Keys of a tile one warpgroup of the wgmma form scores (S's N): half of each tile, or (seesaw) every key
+    of its own tiles."""
+    return s.tile.block_n if s.seesaw else s.tile.block_n // WGMMA_WARPGROUPS
 
 
 def wgmma_o_cols(s) -> int:
@@ -253,7 +270,31 @@ def rule_mla_refill_on_wgmma(s):
                           "the end of a tile's step: leave refill unset")
 
 
-DecodeMlaSpec.rules = (rule_mla_wgmma_target, rule_mla_refill_on_wgmma, rule_mla_homogeneous, rule_mla_rows, rule_mla_keys_per_warp, rule_mla_v_columns, rule_mla_copy_steps, rule_mla_swizzle,
+def rule_mla_seesaw(s):
+    """The seesaw schedule: two warpgroups taking alternate tiles of a two-stage ring, P handed over in the
+    tile's panel past V (the rotary columns, which only S reads): a 64-row block over 64-key tiles, V a
+    whole number of panels and at least one panel of columns past it."""
+    if s.schedule != "seesaw":
+        return None
+    if not s.on_wgmma:
+        return "schedule", ("schedule: seesaw divides a step between the two warpgroups of the wgmma form: set mma "
+                            "to the wgmma fragment, or leave schedule unset")
+    panel_cols = PANEL.columns(s.elem_bytes)
+    if s.tile.block_m != s.tile.block_n:
+        return "tile.block_n", (f"schedule: seesaw hands P ({s.tile.block_m} rows x block_n keys) over in one "
+                                f"panel of a cache tile ({s.tile.block_n} rows): set block_n: {s.tile.block_m}")
+    if s.smem.stages != 2:
+        return "smem.stages", "schedule: seesaw alternates two tiles, one per warpgroup: set stages: 2"
+    if s.v_dim % panel_cols or s.head_dim - s.v_dim < panel_cols:
+        return "head_dim_v", (f"schedule: seesaw writes P into the cache tile's first panel past V: head_dim_v must "
+                              f"be a multiple of {panel_cols} with at least {panel_cols} columns of head_dim past it "
+                              f"(got {s.v_dim} of {s.head_dim}); use schedule: shared_tile")
+    if s.refill != "before_scores":
+        return "refill", ("schedule: seesaw places its copies itself (each warpgroup refills its stage once the "
+                          "other is done with it): leave refill unset")
+
+
+DecodeMlaSpec.rules = (rule_mla_wgmma_target, rule_mla_refill_on_wgmma, rule_mla_seesaw, rule_mla_homogeneous, rule_mla_rows, rule_mla_keys_per_warp, rule_mla_v_columns, rule_mla_copy_steps, rule_mla_swizzle,
                        rule_mla_ring, rule_mla_no_varlen, rule_mla_no_q_registers, rule_mla_always_rescales)
 
 
@@ -292,14 +333,16 @@ class MlaWgmmaFragments:
     copy_passes: int        # copy steps per tile (block_n / copy_rows): rows whose source a thread works out
     copy_chunks: int        # 16-byte chunks a thread copies per row (chunks per row / 8)
     refill_during_scores: bool  # a step issues the ring's copy after S's wgmmas, not before them
+    seesaw: bool            # warpgroups take alternate tiles (schedule: seesaw), each copying its own
+    p_panel: int            # seesaw: the cache tile's panel P is handed over in (the first past V)
     combine_warps: int      # output rows per combine block
     combine_shapes: tuple   # (function key, columns per warp, splits per round) of each combine function
 
 
 def wgmma_fragments(spec: DecodeMlaSpec) -> MlaWgmmaFragments:
-    threads = 32 * spec.compute_warps
-    chunks = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
     wg_threads = 32 * WARPGROUP
+    threads = wg_threads if spec.seesaw else 32 * spec.compute_warps    # the threads that copy a tile
+    chunks = spec.head_dim * spec.elem_bytes // CHUNK_BYTES
     return MlaWgmmaFragments(
         warpgroup_threads=wg_threads, s_keys=wgmma_s_keys(spec),
         s_regs=ROWS_PER_WARPGROUP * wgmma_s_keys(spec) // wg_threads, o_cols=wgmma_o_cols(spec),
@@ -307,7 +350,8 @@ def wgmma_fragments(spec: DecodeMlaSpec) -> MlaWgmmaFragments:
         k_steps_pv=spec.tile.block_n // 16, panel_row_bytes=PANEL.row_bytes, swizzle_atom_bytes=8 * PANEL.row_bytes,
         descriptor_mode=PANEL.descriptor_mode, copy_rows=threads // LOAD_CHUNKS,
         copy_passes=spec.tile.block_n // (threads // LOAD_CHUNKS), copy_chunks=chunks // LOAD_CHUNKS,
-        refill_during_scores=spec.refill == "during_scores", combine_warps=COMBINE_WARPS,
+        refill_during_scores=spec.refill == "during_scores", seesaw=spec.seesaw,
+        p_panel=spec.v_dim // PANEL.columns(spec.elem_bytes), combine_warps=COMBINE_WARPS,
         combine_shapes=combine_shapes(spec))
 
 
@@ -343,6 +387,13 @@ def tiles(spec: DecodeMlaSpec, sw) -> list[Region]:
 def shared_regions(spec: DecodeMlaSpec) -> list[Region]:
     """The P tile the warps hand from S to P.V, and each warp's row maxima and row sums."""
     ctype, eb, bn, warps = ELEMENT_TYPES[spec.dtype][0], spec.elem_bytes, spec.tile.block_n, spec.compute_warps
+    if spec.seesaw:
+        bm = spec.tile.block_m
+        return [Region("row_max", WGMMA_WARPGROUPS, bm, "float", 4, bm * 4,
+                       per="the running row maxima each warpgroup passes on (P itself goes into the cache tile's "
+                           "first panel past V)"),
+                Region("row_sum", WGMMA_WARPGROUPS, bm, "float", 4, bm * 4,
+                       per="each warpgroup's row sums over its tiles, at the end")]
     if spec.on_wgmma:
         bm = spec.tile.block_m
         return [swizzled_tile("p", bm, bn, PANEL, ctype, "P of the tile (both warpgroups' keys), A of P.V", eb),
@@ -372,7 +423,8 @@ def combine_shapes(spec: DecodeMlaSpec) -> tuple[tuple[str, int, int], ...]:
 
 
 def function_names(spec: DecodeMlaSpec) -> tuple[Part, ...]:
-    split = Part("split", "split_wgmma.cu.j2" if spec.on_wgmma else "split.cu.j2", f"{spec.name}_split.cu",
+    template = "split_seesaw.cu.j2" if spec.seesaw else "split_wgmma.cu.j2" if spec.on_wgmma else "split.cu.j2"
+    split = Part("split", template, f"{spec.name}_split.cu",
                  tuple((mask, f"attngen_{spec.name}_split_{mask}") for mask in spec.masks), awaits_predecessor=True)
     combine = Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
                    (("combine", f"attngen_{spec.name}_combine"), (WIDE_COMBINE, f"attngen_{spec.name}_{WIDE_COMBINE}")),
@@ -433,6 +485,8 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
 
 def wgmma_texts(spec: DecodeMlaSpec, f: MlaWgmmaFragments) -> tuple:
     """(roles, the per-tile schedule line, the threads line's rest, the ring line) of the wgmma form."""
+    if f.seesaw:
+        return seesaw_texts(spec, f)
     roles = (f"{spec.compute_warps} warps in {WGMMA_WARPGROUPS} warpgroups, all copying each cache tile (cp.async) "
              f"into 128-byte-swizzled panels; for S warpgroup w scores keys [{f.s_keys}w, {f.s_keys}(w+1)) of the tile "
              f"against all {spec.tile.block_m} group rows (m64n{f.s_keys}k16, Q and K from shared memory); for O it "
@@ -445,6 +499,23 @@ def wgmma_texts(spec: DecodeMlaSpec, f: MlaWgmmaFragments) -> tuple:
         "right after the step's barrier (refill: before_scores)"
     ring = (f"  ring of {spec.smem.stages} stages: the copy of tile i + {spec.smem.stages} is issued in tile i + 1's "
             f"step, every warp being done with tile i, {when}; its page ids are read then")
+    return roles, per_tile, threads, ring
+
+
+def seesaw_texts(spec: DecodeMlaSpec, f: MlaWgmmaFragments) -> tuple:
+    """(roles, the per-step schedule line, the threads line's rest, the ring line) of the seesaw schedule."""
+    roles = (f"{spec.compute_warps} warps in {WGMMA_WARPGROUPS} warpgroups; warpgroup w scores tile 2i + w of each "
+             f"pair against all {spec.tile.block_m} group rows (m64n{f.s_keys}k16, Q and K from shared memory) and "
+             f"accumulates O's columns [{f.o_cols}w, {f.o_cols}(w+1)) over both tiles (m64n{f.o_cols}k16: its own "
+             "P from registers, the other's from shared memory); it copies its own tiles (cp.async)",)
+    per_tile = ("  per pair of tiles: 0 scores A, takes the maximum m_A over the running one and passes it on; 1 scores "
+                "B, takes m_B over m_A and passes it back; 0's P.V of A runs from registers while 1 writes P_B to B's "
+                f"panel {f.p_panel}; 0 writes P_A rescaled to m_B into A's panel {f.p_panel}; each adds the other's P.V; "
+                "named barriers, no block barrier")
+    threads = (f"each warpgroup scores every {f.s_keys} keys of its tiles and accumulates {f.o_cols} of O's "
+               f"{spec.v_dim} columns")
+    ring = ("  ring of 2 stages, stage w warpgroup w's: it copies its next tile into it once the other warpgroup's "
+            "P.V is done with it; page ids are read then")
     return roles, per_tile, threads, ring
 
 
