@@ -345,11 +345,11 @@ RULE_CASES = [
     ("rule_mla_copy_steps", MLA, {"head_dim": 560}, "head_dim", "multiple of 64 (got 560)"),
     ("rule_mla_wgmma_target", MLA_WGMMA, {"target": "l4"}, "target", "need an sm_90a GPU"),
     ("rule_mla_refill_on_wgmma", MLA, {"refill": "during_scores"}, "refill", "leave refill unset"),
-    ("rule_mla_seesaw", MLA, {"schedule": "seesaw"}, "schedule", "the wgmma form"),
-    ("rule_mla_seesaw", MLA_WGMMA, {"schedule": "seesaw", "smem__stages": 3}, "smem.stages", "set stages: 2"),
-    ("rule_mla_seesaw", MLA_WGMMA, {"schedule": "seesaw", "head_dim": 512, "head_dim_v": 512}, "head_dim_v",
+    ("rule_mla_seesaw", MLA, {"warpgroups": "seesaw"}, "warpgroups", "the wgmma form"),
+    ("rule_mla_seesaw", MLA_WGMMA, {"warpgroups": "seesaw", "smem__stages": 3}, "smem.stages", "set stages: 2"),
+    ("rule_mla_seesaw", MLA_WGMMA, {"warpgroups": "seesaw", "head_dim": 512, "head_dim_v": 512}, "head_dim_v",
      "first panel past V"),
-    ("rule_mla_seesaw", MLA_WGMMA, {"schedule": "seesaw", "refill": "during_scores"}, "refill", "leave refill unset"),
+    ("rule_mla_seesaw", MLA_WGMMA, {"warpgroups": "seesaw", "refill": "during_scores"}, "refill", "leave refill unset"),
     ("rule_mla_rows", MLA_WGMMA, {"tile__block_m": 32}, "tile.block_m", "use block_m: 64 and warps: {compute: 8}"),
     ("rule_mla_rows", MLA_WGMMA, {"warps": {"compute": 4}}, "tile.block_m", "over 2 warpgroups"),
     ("rule_mla_keys_per_warp", MLA_WGMMA, {"tile__block_n": 96}, "tile.block_n", "panels of 64 keys"),
@@ -691,12 +691,12 @@ def test_schema_command_lists_every_key():
     for alt in (alt for alt in alternatives if "merge" not in alt["properties"]):
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
         # epilogue_tile; decode: decode, max_splits, slice_cost_from_tiles, merge_rows, paged, combine, kv_dtype,
-        # append; e4m3: out_dtype, and wgmma's e4m3 form k_rows; bwd_wgmma: group_split)
+        # append; e4m3: out_dtype, and wgmma's e4m3 form k_rows; bwd_wgmma: group_split; decode_mla: refill, warpgroups)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
                                          "slice_cost_from_tiles", "merge_rows", "paged", "combine", "kv_dtype", "append",
                                          "backward", "query_stages",
                                          "query_chunk", "warp_keys", "warp_split", "out_dtype", "group_split",
-                                         "k_rows", "refill"} == {
+                                         "k_rows", "refill", "warpgroups"} == {
             "schema", "name", "description", "target", "dtype", "dtypes", "cells", "base_cell", "head_dim", "head_dim_v", "masks", "scores",
             "variant",
             "tile", "warps",

@@ -17,7 +17,10 @@ Two forms of the split kernel, by `mma`: mma_m16n8k16 (any sm_80+ target; blocks
 warps each holding 16 rows) and wgmma_m64nNk16 (sm_90a; blocks of 64 group rows, one wgmma M, over two
 warpgroups that read 128-byte-swizzled panels of Q, the cache tiles and P from shared memory: the form for
 calls of many query heads per latent cache, DeepSeek's 128, whose mma.sync blocks were latency-bound with
-the tensor pipe a fifth busy).
+the tensor pipe a fifth busy). The wgmma form divides a step two ways, by `warpgroups`: shared_tile (both
+warpgroups score halves of one tile's keys and meet at block barriers) or seesaw (each scores alternate
+whole tiles; the running maximum and P pass between them through shared memory, P in the tile's first
+panel past V, and each copies its own tiles).
 
 The call is the decode convention's (attngen.attention_with_kvcache, paged or contiguous, lengths per
 sequence, causal bottom-right for several new tokens)."""
@@ -88,7 +91,7 @@ class DecodeMlaSpec(ForwardSpec):
     refill: Literal["before_scores", "during_scores"] = Field(default="before_scores", description=(
         "the wgmma form: where a tile's step issues the ring's next copy: before_scores (right after the step's "
         "barrier) or during_scores (once S's wgmmas are issued, while the tensor cores score)"))
-    schedule: Literal["shared_tile", "seesaw"] = Field(default="shared_tile", description=(
+    warpgroups: Literal["shared_tile", "seesaw"] = Field(default="shared_tile", description=(
         "the wgmma form: how the two warpgroups divide a step. shared_tile: both score halves of one tile's keys, "
         "their row maxima meet, then both take P.V of that tile (three block barriers a tile). seesaw: warpgroup 0 "
         "scores the even tiles and warpgroup 1 the odd ones, each whole; the running maximum passes from one to "
@@ -105,7 +108,7 @@ class DecodeMlaSpec(ForwardSpec):
 
     @property
     def seesaw(self) -> bool:
-        return self.on_wgmma and self.schedule == "seesaw"
+        return self.on_wgmma and self.warpgroups == "seesaw"
 
     @property
     def register_margin(self) -> int:
@@ -274,23 +277,23 @@ def rule_mla_seesaw(s):
     """The seesaw schedule: two warpgroups taking alternate tiles of a two-stage ring, P handed over in the
     tile's panel past V (the rotary columns, which only S reads): a 64-row block over 64-key tiles, V a
     whole number of panels and at least one panel of columns past it."""
-    if s.schedule != "seesaw":
+    if s.warpgroups != "seesaw":
         return None
     if not s.on_wgmma:
-        return "schedule", ("schedule: seesaw divides a step between the two warpgroups of the wgmma form: set mma "
-                            "to the wgmma fragment, or leave schedule unset")
+        return "warpgroups", ("warpgroups: seesaw divides a step between the two warpgroups of the wgmma form: set "
+                              "mma to the wgmma fragment, or leave warpgroups unset")
     panel_cols = PANEL.columns(s.elem_bytes)
     if s.tile.block_m != s.tile.block_n:
-        return "tile.block_n", (f"schedule: seesaw hands P ({s.tile.block_m} rows x block_n keys) over in one "
+        return "tile.block_n", (f"warpgroups: seesaw hands P ({s.tile.block_m} rows x block_n keys) over in one "
                                 f"panel of a cache tile ({s.tile.block_n} rows): set block_n: {s.tile.block_m}")
     if s.smem.stages != 2:
-        return "smem.stages", "schedule: seesaw alternates two tiles, one per warpgroup: set stages: 2"
+        return "smem.stages", "warpgroups: seesaw alternates two tiles, one per warpgroup: set stages: 2"
     if s.v_dim % panel_cols or s.head_dim - s.v_dim < panel_cols:
-        return "head_dim_v", (f"schedule: seesaw writes P into the cache tile's first panel past V: head_dim_v must "
+        return "head_dim_v", (f"warpgroups: seesaw writes P into the cache tile's first panel past V: head_dim_v must "
                               f"be a multiple of {panel_cols} with at least {panel_cols} columns of head_dim past it "
-                              f"(got {s.v_dim} of {s.head_dim}); use schedule: shared_tile")
+                              f"(got {s.v_dim} of {s.head_dim}); use warpgroups: shared_tile")
     if s.refill != "before_scores":
-        return "refill", ("schedule: seesaw places its copies itself (each warpgroup refills its stage once the "
+        return "refill", ("warpgroups: seesaw places its copies itself (each warpgroup refills its stage once the "
                           "other is done with it): leave refill unset")
 
 
@@ -333,7 +336,7 @@ class MlaWgmmaFragments:
     copy_passes: int        # copy steps per tile (block_n / copy_rows): rows whose source a thread works out
     copy_chunks: int        # 16-byte chunks a thread copies per row (chunks per row / 8)
     refill_during_scores: bool  # a step issues the ring's copy after S's wgmmas, not before them
-    seesaw: bool            # warpgroups take alternate tiles (schedule: seesaw), each copying its own
+    seesaw: bool            # warpgroups take alternate tiles (warpgroups: seesaw), each copying its own
     p_panel: int            # seesaw: the cache tile's panel P is handed over in (the first past V)
     combine_warps: int      # output rows per combine block
     combine_shapes: tuple   # (function key, columns per warp, splits per round) of each combine function
@@ -476,7 +479,8 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
                          v_in_k=True, combine_slices=combine_slices(spec),
                          combine_wide_slices=combine_slices(spec, WIDE_COMBINE_SLICE_COLUMNS), copy_engine="cp.async ring (16-byte chunks), every warp copies",
                          arch_suffix="a" if spec.on_wgmma else "",
-                         pipeline_text=(f"copies: thread i copies chunks i % 8 + 8j of rows i / 8 + {f.copy_rows}k "
+                         pipeline_text=(("copies (the warpgroup whose stage it is): " if spec.seesaw else "copies: ") +
+                                        f"thread i copies chunks i % 8 + 8j of rows i / 8 + {f.copy_rows}k "
                                         f"of each cache tile ({f.copy_passes} rows, {f.copy_chunks} chunks each): a "
                                         "warp covers 4 rows x 128 contiguous bytes per step, and each thread "
                                         "works out its rows' sources (page ids) once per tile, "
@@ -547,6 +551,9 @@ def explain(plan) -> list[str]:
             f"fragments per warpgroup: S m64n{f.s_keys} ({f.s_regs} fp32 registers per thread), O m64n{f.o_cols} "
             f"({f.o_regs}); Q, K, P and V read from {f.panel_row_bytes}-byte-swizzled panels (descriptor mode "
             f"{f.descriptor_mode}, SBO {f.swizzle_atom_bytes} B; V MN-major)",
+            f"wgmma per pair of tiles per warpgroup: {f.k_steps_qk} (Q.K^T of its tile, m64n{f.s_keys}k16) + "
+            f"{2 * f.k_steps_pv} (P.V of both, m64n{f.o_cols}k16: its own P from registers, the other's from its "
+            f"tile's panel {f.p_panel})" if f.seesaw else
             f"wgmma per tile per warpgroup: {f.k_steps_qk} (Q.K^T, m64n{f.s_keys}k16) + {f.k_steps_pv} (P.V, "
             f"m64n{f.o_cols}k16)"]
     else:
