@@ -321,7 +321,7 @@ __device__ __forceinline__ void wgmma_rs_m64n256(float (&d)[128], const uint32_t
 
 constexpr int kHeadDimV = 512;               // V's and O's columns: the first of each cache row
 constexpr int kWarpgroupThreads = 128;
-constexpr int kSKeys = 64;                    // keys of a tile (S's N): a warpgroup scores all of them
+constexpr int kSKeys = 64;                    // keys of a tile one warpgroup scores (S's N)
 constexpr int kSRegs = 32;                    // its fp32 S accumulators per thread
 constexpr int kOCols = 256;                    // O columns one warpgroup accumulates (P.V's N)
 constexpr int kORegs = 128;                    // its fp32 O accumulators per thread
@@ -337,7 +337,7 @@ constexpr int kKVPanelBytes = kBlockN * kPanelRowBytes;   // one panel of a cach
 constexpr int kPPanel = 8;                  // the cache tile's panel P is handed over in (past V)
 constexpr int kPanels = kChunksPerRow / kPanelChunks;     // panels of a cache tile (thread chunk j is in panel j)
 constexpr int kVPanels = kHeadDimV / (kPanelRowBytes / 2);  // V's: warpgroup w's P.V reads [kVPanels / 2 w, ...)
-constexpr int kCopyRows = 16;              // tile rows one copy step of a warpgroup covers
+constexpr int kCopyRows = 16;              // tile rows one copy step covers (8 threads a row)
 constexpr int kCopyPasses = 4;          // copy steps per tile: rows whose source each thread resolves
 constexpr int kCopyChunks = 9;          // 16-byte chunks a thread copies per row
 // Named barriers (0 is __syncthreads): one warpgroup arrives, the other waits, once per pair of tiles.
