@@ -518,8 +518,9 @@ def seesaw_texts(spec: DecodeMlaSpec, f: MlaWgmmaFragments) -> tuple:
                 "named barriers, no block barrier")
     threads = (f"each warpgroup scores every {f.s_keys} keys of its tiles and accumulates {f.o_cols} of O's "
                f"{spec.v_dim} columns")
-    ring = ("  ring of 2 stages, stage w warpgroup w's: it copies its next tile into it once the other warpgroup's "
-            "P.V is done with it; page ids are read then")
+    ring = ("  ring of 2 stages, stage w warpgroup w's: it copies its next tile into it in two groups, the half of V "
+            "only its own P.V reads once that is done, the rest once the other warpgroup's P.V is done with the "
+            "stage (S's k-steps follow the groups); page ids are read as each group is issued")
     return roles, per_tile, threads, ring
 
 
