@@ -371,21 +371,24 @@ __device__ __forceinline__ int q_offset(int row, int chunk) { return panel_offse
 
 // Descriptors of one k16 step. Q (A of S, K-major) and the tile's keys (B of S, K-major); P (A of P.V,
 // K-major, in the tile's panel kPPanel) and this warpgroup's columns of V (B of P.V, MN-major: keys are
-// rows, its kOCols columns span panels kKVPanelBytes apart, the leading offset).
+// rows, its kOCols columns span panels kKVPanelBytes apart, the leading offset). Each is its tile's
+// descriptor (the same in every step, so built once) plus the step's offset in 16-byte units: the start
+// address is the descriptor's low 14 bits and no tile reaches past them, so the add never carries.
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, int bytes) { return desc + (bytes >> 4); }
 __device__ __forceinline__ uint64_t q_desc(uint32_t sQ, int kk) {
-    return smem_desc(sQ + (kk / kKStepsPerPanel) * kQPanelBytes + (kk % kKStepsPerPanel) * kKStepBytes, 16,
-                     kSwizzleAtomBytes, kDescriptorMode);
+    return desc_plus(smem_desc(sQ, 16, kSwizzleAtomBytes, kDescriptorMode),
+                     (kk / kKStepsPerPanel) * kQPanelBytes + (kk % kKStepsPerPanel) * kKStepBytes);
 }
 __device__ __forceinline__ uint64_t k_desc(uint32_t sKV, int kk) {
-    return smem_desc(sKV + (kk / kKStepsPerPanel) * kKVPanelBytes + (kk % kKStepsPerPanel) * kKStepBytes, 16,
-                     kSwizzleAtomBytes, kDescriptorMode);
+    return desc_plus(smem_desc(sKV, 16, kSwizzleAtomBytes, kDescriptorMode),
+                     (kk / kKStepsPerPanel) * kKVPanelBytes + (kk % kKStepsPerPanel) * kKStepBytes);
 }
 __device__ __forceinline__ uint64_t p_desc(uint32_t sKV, int kc) {
-    return smem_desc(sKV + kPPanel * kKVPanelBytes + kc * kKStepBytes, 16, kSwizzleAtomBytes, kDescriptorMode);
+    return desc_plus(smem_desc(sKV, 16, kSwizzleAtomBytes, kDescriptorMode), kPPanel * kKVPanelBytes + kc * kKStepBytes);
 }
 __device__ __forceinline__ uint64_t v_desc(uint32_t sKV, int wg, int kc) {
-    return smem_desc(sKV + wg * (kOCols / (kPanelRowBytes / 2)) * kKVPanelBytes + kc * 16 * kPanelRowBytes,
-                     kKVPanelBytes, kSwizzleAtomBytes, kDescriptorMode);
+    return desc_plus(smem_desc(sKV, kKVPanelBytes, kSwizzleAtomBytes, kDescriptorMode),
+                     wg * (kOCols / (kPanelRowBytes / 2)) * kKVPanelBytes + kc * 16 * kPanelRowBytes);
 }
 
 __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" :: "r"(id), "n"(kThreads) : "memory"); }
@@ -580,8 +583,11 @@ __device__ __forceinline__ void pv_handed(float (&o)[kORegs], uint32_t sKV, int 
     wgmma_commit();
 }
 
+// x (per row) x by. Skipped where the warp's rows all keep their scale (by 1: the running maximum did not
+// move), as it mostly does once a block has seen a few tiles: the same bits, 2 kN fewer multiplies.
 template <int kN>
 __device__ __forceinline__ void scale_rows(float (&x)[kN], const float (&by)[2]) {
+    if (__all_sync(0xffffffffu, by[0] == 1.f && by[1] == 1.f)) return;
 #pragma unroll
     for (int v = 0; v < kN; ++v) x[v] *= by[(v >> 1) & 1];
 }
@@ -658,10 +664,12 @@ __device__ __forceinline__ void split(const Params& p) {
             }
             hand_over(smem, kSmem_kv0, s, to_b, rows, lane);
             bar_arrive(kPReadyA);
+            // the next tile's sources, worked out once for both of its copy groups while P_A.V runs
+            const TileSources next = tile_sources(p, c, (a + 2) * kBlockN, wtid);
             wgmma_wait<0>();
             fence_registers(o);
             // V's first half of A is read by this warpgroup alone: its next tile's copy starts now
-            if (a + 2 < t_end) copy_panels(sA, tile_sources(p, c, (a + 2) * kBlockN, wtid), wtid, 0, kVPanels / 2);
+            if (a + 2 < t_end) copy_panels(sA, next, wtid, 0, kVPanels / 2);
             cp_async_commit();
             scale_rows(o, to_b);
             if (has_b) {
@@ -669,8 +677,7 @@ __device__ __forceinline__ void split(const Params& p) {
                 pv_handed(o, sB, 0);
             }
             bar_sync(kStageFreeA);            // 1's P.V of A is done: the rest of stage 0 while B's runs
-            if (a + 2 < t_end)
-                copy_panels(sA, tile_sources(p, c, (a + 2) * kBlockN, wtid), wtid, kVPanels / 2, kPanels);
+            if (a + 2 < t_end) copy_panels(sA, next, wtid, kVPanels / 2, kPanels);
             cp_async_commit();
             wgmma_wait<0>();                  // outside the branch: ptxas would otherwise wait at every wgmma
             fence_registers(o);
@@ -705,19 +712,19 @@ __device__ __forceinline__ void split(const Params& p) {
             pv_handed(o, sA, 1);
             if (has_b) pv_own(o, s, sB, 1);
             else wgmma_commit();              // an empty group: the wait below counts the same
+            // the next tile's sources, worked out once for both of its copy groups while the P.Vs run
+            const TileSources next = tile_sources(p, c, (a + 3) * kBlockN, wtid);
             wgmma_wait<1>();
             bar_arrive(kStageFreeA);
             wgmma_wait<0>();                  // P_B.V done: V's second half of B is read by this warpgroup alone
             fence_registers(o);
-            if (a + 3 < t_end)
-                copy_panels(sB, tile_sources(p, c, (a + 3) * kBlockN, wtid), wtid, kVPanels / 2, kVPanels);
+            if (a + 3 < t_end) copy_panels(sB, next, wtid, kVPanels / 2, kVPanels);
             cp_async_commit();
             if (has_b) {
                 bar_sync(kStageFreeB);        // 0's P.V of B is done: the rest of stage 1
                 if (a + 3 < t_end) {
-                    const TileSources src = tile_sources(p, c, (a + 3) * kBlockN, wtid);
-                    copy_panels(sB, src, wtid, 0, kVPanels / 2);
-                    copy_panels(sB, src, wtid, kVPanels, kPanels);
+                    copy_panels(sB, next, wtid, 0, kVPanels / 2);
+                    copy_panels(sB, next, wtid, kVPanels, kPanels);
                 }
             }
             cp_async_commit();
