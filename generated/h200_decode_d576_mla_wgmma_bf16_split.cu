@@ -346,25 +346,37 @@ __device__ __forceinline__ int panel_offset(int row, int chunk, int panel_bytes)
 }
 __device__ __forceinline__ int kv_offset(int row, int chunk) { return panel_offset(row, chunk, kKVPanelBytes); }
 __device__ __forceinline__ int q_offset(int row, int chunk) { return panel_offset(row, chunk, kQPanelBytes); }
+// A k16 step's descriptor: its tile's (the same in every step, so built once) plus the step's offset in
+// 16-byte units. The start address is the descriptor's low 14 bits and no tile reaches past them, so the
+// add never carries.
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, int bytes) { return desc + (bytes >> 4); }
+// Accumulators x (per row) x by. Skipped where the warp's rows all keep their scale (by 1: the running
+// maximum did not move), as it mostly does once a block has seen a few tiles: the same bits, 2 kN fewer multiplies.
+template <int kN>
+__device__ __forceinline__ void scale_rows(float (&x)[kN], const float (&by)[2]) {
+    if (__all_sync(0xffffffffu, by[0] == 1.f && by[1] == 1.f)) return;
+#pragma unroll
+    for (int v = 0; v < kN; ++v) x[v] *= by[(v >> 1) & 1];
+}
 
-// Descriptors of one k16 step. Q (A of S, K-major) and this warpgroup's keys of the cache tile (B of S,
-// K-major, kSKeys rows from row kSKeys w); P (A of P.V, K-major) and this warpgroup's columns of V (B of
-// P.V, MN-major: keys are rows, its kOCols columns span panels kKVPanelBytes apart, the leading offset).
+// Descriptors of one k16 step (desc_plus). Q (A of S, K-major) and this warpgroup's keys of the cache tile
+// (B of S, K-major, kSKeys rows from row kSKeys w); P (A of P.V, K-major) and this warpgroup's columns of V
+// (B of P.V, MN-major: keys are rows, its kOCols columns span panels kKVPanelBytes apart, the leading offset).
 __device__ __forceinline__ uint64_t q_desc(uint32_t sQ, int kk) {
-    return smem_desc(sQ + (kk / kKStepsPerPanel) * kQPanelBytes + (kk % kKStepsPerPanel) * kKStepBytes, 16,
-                     kSwizzleAtomBytes, kDescriptorMode);
+    return desc_plus(smem_desc(sQ, 16, kSwizzleAtomBytes, kDescriptorMode),
+                     (kk / kKStepsPerPanel) * kQPanelBytes + (kk % kKStepsPerPanel) * kKStepBytes);
 }
 __device__ __forceinline__ uint64_t k_desc(uint32_t sKV, int wg, int kk) {
-    return smem_desc(sKV + (kk / kKStepsPerPanel) * kKVPanelBytes + wg * kSKeys * kPanelRowBytes +
-                     (kk % kKStepsPerPanel) * kKStepBytes, 16, kSwizzleAtomBytes, kDescriptorMode);
+    return desc_plus(smem_desc(sKV, 16, kSwizzleAtomBytes, kDescriptorMode),
+                     (kk / kKStepsPerPanel) * kKVPanelBytes + wg * kSKeys * kPanelRowBytes + (kk % kKStepsPerPanel) * kKStepBytes);
 }
 __device__ __forceinline__ uint64_t p_desc(uint32_t sP, int kc) {
-    return smem_desc(sP + (kc / kKStepsPerPanel) * kPPanelBytes + (kc % kKStepsPerPanel) * kKStepBytes, 16,
-                     kSwizzleAtomBytes, kDescriptorMode);
+    return desc_plus(smem_desc(sP, 16, kSwizzleAtomBytes, kDescriptorMode),
+                     (kc / kKStepsPerPanel) * kPPanelBytes + (kc % kKStepsPerPanel) * kKStepBytes);
 }
 __device__ __forceinline__ uint64_t v_desc(uint32_t sKV, int wg, int kc) {
-    return smem_desc(sKV + wg * (kOCols / (kPanelRowBytes / 2)) * kKVPanelBytes + kc * 16 * kPanelRowBytes,
-                     kKVPanelBytes, kSwizzleAtomBytes, kDescriptorMode);
+    return desc_plus(smem_desc(sKV, kKVPanelBytes, kSwizzleAtomBytes, kDescriptorMode),
+                     wg * (kOCols / (kPanelRowBytes / 2)) * kKVPanelBytes + kc * 16 * kPanelRowBytes);
 }
 
 struct MlaBlock {
@@ -555,8 +567,7 @@ __device__ __forceinline__ void split(const Params& p) {
             }
         fence_proxy_async_shared();              // P is read by wgmma
         __syncthreads();                         // P complete
-#pragma unroll
-        for (int v = 0; v < kORegs; ++v) o[v] *= alpha[(v >> 1) & 1];
+        scale_rows(o, alpha);
         wgmma_fence();
 #pragma unroll
         for (int kc = 0; kc < kKStepsPV; ++kc) wgmma_ss_m64n256_kmn(o, p_desc(sP, kc), v_desc(sKV, wg, kc), 1);

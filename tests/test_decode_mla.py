@@ -109,7 +109,7 @@ def test_the_table_keys_the_latent_cells_on_v_head_dim():
 
 
 def test_the_table_sends_many_query_rows_per_latent_cache_to_the_seesaw():
-    """Above 64 group rows (two row blocks) and from 2048 query rows (batch x heads x new tokens) the seesaw
+    """Above 64 group rows (two row blocks) and from 1024 query rows (batch x heads x new tokens) the seesaw
     cell serves; fewer rows, or one row block, stay on the shared-tile wgmma cell; 16 rows on mma.sync."""
     entries = load_table(table_path(ROOT / "specs"))
     for dtype, suffix in (("fp16", ""), ("bf16", "_bf16")):
@@ -118,8 +118,8 @@ def test_the_table_sends_many_query_rows_per_latent_cache_to_the_seesaw():
                 def pick(group_rows, rows):
                     return select(entries, "decode", "sm_90", dtype, 576, mask, 4096, paged=paged,
                                   group_rows=group_rows, head_dim_v=512, rows=rows).spec
-                assert pick(128, 2048) == pick(256, 4096) == f"h200_decode_d576_mla_seesaw{suffix}"
-                assert pick(128, 1024) == pick(64, 4096) == pick(32, 4096) == f"h200_decode_d576_mla_wgmma{suffix}"
+                assert pick(128, 1024) == pick(256, 4096) == f"h200_decode_d576_mla_seesaw{suffix}"
+                assert pick(128, 512) == pick(64, 4096) == pick(32, 4096) == f"h200_decode_d576_mla_wgmma{suffix}"
                 assert pick(16, 4096) == f"h200_decode_d576_mla{suffix}"
 
 

@@ -78,6 +78,7 @@ CASES = [   # (batch, heads, new tokens, capacity, page size or 0, causal, dtype
     (2, 16, 1, 2500, 64, False, "float16"),
     (16, 128, 1, 900, 16, False, "bfloat16"),    # 2048 query rows of 128 per latent cache: the seesaw cell
     (8, 128, 2, 1300, 0, True, "float16"),
+    (8, 128, 1, 2100, 64, False, "bfloat16"),    # 1024 query rows, pages of 64: the seesaw cell
 ]
 
 
