@@ -15,10 +15,12 @@ def kib(n: int) -> str:
 
 
 def roles_and_barriers(plan: Plan) -> list[str]:
-    """Roles, every mbarrier and the schedule of a plan whose warps hand work over (nothing otherwise)."""
-    if not plan.barriers:
+    """Roles, every mbarrier and the schedule of a plan whose warps hand work over or that states a schedule
+    (nothing otherwise)."""
+    if not plan.barriers and not plan.schedule:
         return []
-    out = ["warp roles and mbarriers (region bars):"] + [f"  {line}" for line in plan.roles]
+    heading = "warp roles and mbarriers (region bars):" if plan.barriers else "warp roles and schedule:"
+    out = [heading] + [f"  {line}" for line in plan.roles]
     for b in plan.barriers:
         out.append(f"  {b.name:<7} smem +{b.offset:<6} {b.arrivals:>4} arrivals per phase from {b.arrive}; "
                    f"{b.wait} wait")

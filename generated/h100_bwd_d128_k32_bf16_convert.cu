@@ -52,6 +52,20 @@
 //     total 201728 B (197.00 KiB) of 232448 B (227.00 KiB) budget, 87%
 //     dynamic: 201728 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
+//   warp roles and schedule:
+//     8 warps: all copy; warp w owns keys [32(w % 4), + 32) of the block and columns [64(w / 4), + 64) of their dK and dV; it scores (S^T, dP^T) chunk w / 4 of each pair of chunks, its partner w +- 4 the other, and in the dQ step 16 query rows x 128 columns (8 x 1 warps)
+//     main kernel, grid (key blocks, kv_heads, batch):
+//       load K, V of the block's keys and the first query block's Q, dO (cp.async, rows past the ends zero), LSE x log2 e and delta
+//       for each query head of the KV head, each query block that sees a key of the block:
+//         wait for this query block's Q, dO; __syncthreads
+//         per pair of chunks: each warp scores its chunk: S^T = K Q^T, P^T = exp2(m(S^T) scale_log2 - LSE log2 e) to shared (m: the score modifiers; masked: 0), dP^T = V dO^T, dS^T = P^T (dP^T - delta) m' to shared
+//           the pair's barrier (bar.sync, 64 threads); dV += P^T dO and dK += dS^T Q over both chunks, its columns (A fragments from the P^T and dS^T tiles)
+//         (deterministic: thread 0 waits for the block's turn at this query block); __syncthreads
+//         issue the next query block's Q, dO (cp.async, the same stage); load its LSE x log2 e and delta (registers)
+//         dQ accumulator += dS K (red.global.add, its rows, in register order: 128 contiguous bytes per warp add); the next LSE and delta to shared (deterministic: __syncthreads, then pass the turn)
+//       __syncthreads; each warp packs dK x scale and dV of its keys and columns into the K and V tiles; __syncthreads; each warp writes 16 rows out in 16-byte stores of whole rows (rows < seqlen_k)
+//     preprocess, convert: grid (ceil(seqlen_q / 8), heads, batch), 128 threads, head_dim / 8 threads per row
+//
 //   kernel parameters (Params, 344 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)

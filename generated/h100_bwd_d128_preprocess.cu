@@ -48,6 +48,20 @@
 //     total 166912 B (163.00 KiB) of 232448 B (227.00 KiB) budget, 72%
 //     dynamic: 166912 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
+//   warp roles and schedule:
+//     8 warps: all copy; warp w owns keys [16w, 16w + 16) of the block (dK, dV, S^T, dP^T), and in the dQ step 16 query rows x 128 columns (8 x 1 warps)
+//     main kernel, grid (key blocks, kv_heads, batch):
+//       load K, V of the block's keys and the first query block's Q, dO (cp.async, rows past the ends zero), LSE x log2 e and delta
+//       for each query head of the KV head, each query block that sees a key of the block:
+//         wait for this query block's Q, dO; __syncthreads
+//         S^T = K Q^T, P^T = exp2(m(S^T) scale_log2 - LSE log2 e) (m: the score modifiers; masked: 0); dV += P^T dO
+//         dP^T = V dO^T, dS^T = P^T (dP^T - delta) m'; dK += dS^T Q; dS^T to shared
+//         (deterministic: thread 0 waits for the block's turn at this query block); __syncthreads
+//         issue the next query block's Q, dO (cp.async, the same stage); load its LSE x log2 e and delta (registers)
+//         dQ accumulator += dS K (red.global.add, its rows, in register order: 128 contiguous bytes per warp add); the next LSE and delta to shared (deterministic: __syncthreads, then pass the turn)
+//       __syncthreads; each warp packs dK x scale and dV of its 16 keys into its rows of the K and V tiles, then writes them out in 16-byte stores of whole rows (rows < seqlen_k)
+//     preprocess, convert: grid (ceil(seqlen_q / 8), heads, batch), 128 threads, head_dim / 8 threads per row
+//
 //   kernel parameters (Params, 344 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)

@@ -48,6 +48,16 @@
 //     total 168448 B (164.50 KiB) of 232448 B (227.00 KiB) budget, 72%
 //     dynamic: 168448 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
+//   warp roles and schedule:
+//     4 warps, all copying each cache tile (cp.async); for S warp w scores keys [16w, 16(w+1)) of the tile against all 16 group rows; for O it accumulates columns [128w, 128(w+1)) over every key of the tile
+//     split kernel, grid (num_splits, kv_heads x row_blocks, batch):
+//       rows: group row r = g x seqlen_q + t is query head kv_head x group + g, new token t
+//       keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence (cache_seqlens[b] keys); an empty slice writes LSE -inf and a zero partial
+//       ring of 2 stages: the copy of tile i + 2 is issued once tile i is done, its page ids read a tile ahead
+//       per tile: S (warp's keys), row maxima through `row_max`, P into `p`, O += P V (warp's columns); four __syncthreads
+//       end: the warps' row sums through `row_sum`; one split: O and LSE written, else fp32 partial O and LSE per split
+//     combine kernel, grid (ceil(batch x heads x seqlen_q / 4), 4): a warp per row and slice of 128 columns weighs each split by exp(lse_s - lse), loading 8 splits at a time, and writes O (and the first slice LSE); from 31 splits combine_wide, grid y 8: slices of 64 columns, 32 splits at a time
+//
 //   kernel parameters (Params, 200 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)

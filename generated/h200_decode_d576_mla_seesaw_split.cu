@@ -36,7 +36,7 @@
 //   V: the first 512 columns of each cache row, read from the K tile (the call's v_cache must be k_cache[..., :512])
 //   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them), unless the cache has at most 24 tiles and one-tile slices fill at most 50% of the SMs
 //   paged cache: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; contiguous caches when the call passes no table
-//   copies (the warpgroup whose stage it is): thread i copies chunks i % 8 + 8j of rows i / 8 + 16k of each cache tile (4 rows, 9 chunks each): a warp covers 4 rows x 128 contiguous bytes per step, and each thread works out its rows' sources (page ids) once per tile, as it issues the copy
+//   copies (the warpgroup whose stage it is): thread i copies chunks i % 8 + 8j of rows i / 8 + 16k of each cache tile (4 rows, 9 chunks each): a warp covers 4 rows x 128 contiguous bytes per step, and each thread works out its rows' sources (page ids) once per tile, while the P.V wgmmas run, for both copy groups
 //   masks: none (every key of the sequence), causal (bottom-right: new token t of seqlen_q sees the keys up to len - seqlen_q + t)
 //
 //   shared memory:
@@ -48,6 +48,16 @@
 //     row_sum  221696     512    0.50  2x64 float          256  none                         each warpgroup's row sums over its tiles, at the end
 //     total 222208 B (217.00 KiB) of 232448 B (227.00 KiB) budget, 96%
 //     dynamic: 222208 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
+//
+//   warp roles and schedule:
+//     8 warps in 2 warpgroups; warpgroup w scores tile 2i + w of each pair against all 64 group rows (m64n64k16, Q and K from shared memory) and accumulates O's columns [256w, 256(w+1)) over both tiles (m64n256k16: its own P from registers, the other's from shared memory); it copies its own tiles (cp.async)
+//     split kernel, grid (num_splits, kv_heads x row_blocks, batch):
+//       rows: group row r = g x seqlen_q + t is query head kv_head x group + g, new token t
+//       keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence (cache_seqlens[b] keys); an empty slice writes LSE -inf and a zero partial
+//       ring of 2 stages, stage w warpgroup w's: it copies its next tile into it in two groups, the half of V only its own P.V reads once that is done, the rest once the other warpgroup's P.V is done with the stage (S's k-steps follow the groups); page ids are read once per tile, while the P.V wgmmas run
+//       per pair of tiles: 0 scores A, takes the maximum m_A over the running one and passes it on; 1 scores B, takes m_B over m_A and passes it back; 0's P.V of A runs from registers while 1 writes P_B to B's panel 8; 0 writes P_A rescaled to m_B into A's panel 8; each adds the other's P.V; named barriers, no block barrier
+//       end: the warpgroups' row sums through `row_sum`; one split: O and LSE written, else fp32 partial O and LSE per split
+//     combine kernel, grid (ceil(batch x heads x seqlen_q / 4), 4): a warp per row and slice of 128 columns weighs each split by exp(lse_s - lse), loading 8 splits at a time, and writes O (and the first slice LSE); from 31 splits combine_wide, grid y 8: slices of 64 columns, 32 splits at a time
 //
 //   kernel parameters (Params, 200 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous

@@ -50,6 +50,16 @@
 //     total 230400 B (225.00 KiB) of 232448 B (227.00 KiB) budget, 99%
 //     dynamic: 230400 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
+//   warp roles and schedule:
+//     8 warps in 2 warpgroups, all copying each cache tile (cp.async) into 128-byte-swizzled panels; for S warpgroup w scores keys [32w, 32(w+1)) of the tile against all 64 group rows (m64n32k16, Q and K from shared memory); for O it accumulates columns [256w, 256(w+1)) over every key of the tile (m64n256k16, P and V from shared memory)
+//     split kernel, grid (num_splits, kv_heads x row_blocks, batch):
+//       rows: group row r = g x seqlen_q + t is query head kv_head x group + g, new token t
+//       keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence (cache_seqlens[b] keys); an empty slice writes LSE -inf and a zero partial
+//       ring of 2 stages: the copy of tile i + 2 is issued in tile i + 1's step, every warp being done with tile i, once S's wgmmas are issued (refill: during_scores); its page ids are read then
+//       per tile: S (warpgroup's keys), row maxima through `row_max`, P into the swizzled panel `p`, O += P V (warpgroup's columns); three __syncthreads
+//       end: the warpgroups' row sums through `row_sum`; one split: O and LSE written, else fp32 partial O and LSE per split
+//     combine kernel, grid (ceil(batch x heads x seqlen_q / 4), 4): a warp per row and slice of 128 columns weighs each split by exp(lse_s - lse), loading 8 splits at a time, and writes O (and the first slice LSE); from 31 splits combine_wide, grid y 8: slices of 64 columns, 32 splits at a time
+//
 //   kernel parameters (Params, 200 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)

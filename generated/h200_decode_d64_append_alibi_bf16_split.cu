@@ -59,6 +59,15 @@
 //     total 107008 B (104.50 KiB) of 232448 B (227.00 KiB) budget, 46%
 //     dynamic: 107008 B exceed the 49152 B a block gets by default, so the kernel declares extern __shared__ and the launch raises the opt-in attribute
 //
+//   warp roles and schedule:
+//     4 warps: all copy each K/V tile (cp.async); warp w scores keys [32w, 32(w+1)) of the tile against all 16 group rows and keeps its own softmax state and O
+//     split kernel, grid (num_splits, kv_heads x row_blocks, batch):
+//       rows: group row r = g x seqlen_q + t is query head kv_head x group + g, new token t
+//       keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence (cache_seqlens[b] keys); an empty slice writes LSE -inf
+//       ring of 3 stages: cp.async of tile i + 2 while tile i is computed; one __syncthreads per tile
+//       end: the warps' (max, sum) through `stats`, their rescaled O through the ring; one split: O and LSE written, else fp32 partial O and LSE per split
+//     combine kernel, grid ceil(batch x heads x seqlen_q / 4): a warp per row weighs each split by exp(lse_s - lse) and writes O and LSE
+//
 //   kernel parameters (Params, 384 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)

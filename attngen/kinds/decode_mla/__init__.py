@@ -484,7 +484,8 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
                                         f"of each cache tile ({f.copy_passes} rows, {f.copy_chunks} chunks each): a "
                                         "warp covers 4 rows x 128 contiguous bytes per step, and each thread "
                                         "works out its rows' sources (page ids) once per tile, "
-                                        + ("as it issues the copy" if spec.on_wgmma else "a tile ahead")))
+                                        + ("while the P.V wgmmas run, for both copy groups" if spec.seesaw else
+                                           "as it issues the copy" if spec.on_wgmma else "a tile ahead")))
 
 
 def wgmma_texts(spec: DecodeMlaSpec, f: MlaWgmmaFragments) -> tuple:
@@ -520,7 +521,7 @@ def seesaw_texts(spec: DecodeMlaSpec, f: MlaWgmmaFragments) -> tuple:
                f"{spec.v_dim} columns")
     ring = ("  ring of 2 stages, stage w warpgroup w's: it copies its next tile into it in two groups, the half of V "
             "only its own P.V reads once that is done, the rest once the other warpgroup's P.V is done with the "
-            "stage (S's k-steps follow the groups); page ids are read as each group is issued")
+            "stage (S's k-steps follow the groups); page ids are read once per tile, while the P.V wgmmas run")
     return roles, per_tile, threads, ring
 
 
