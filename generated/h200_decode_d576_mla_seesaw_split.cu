@@ -380,7 +380,8 @@ __device__ __forceinline__ int kv_offset(int row, int chunk) { return panel_offs
 __device__ __forceinline__ int q_offset(int row, int chunk) { return panel_offset(row, chunk, kQPanelBytes); }
 // A k16 step's descriptor: its tile's (the same in every step, so built once) plus the step's offset in
 // 16-byte units. The start address is the descriptor's low 14 bits and no tile reaches past them, so the
-// add never carries.
+// add never carries. A 64-bit add, not lib/wgmma.j2's desc_advance (the low word only): with that form
+// ptxas moves the high word again before every wgmma here, and the shared-tile cell ran up to 1.3 % slower.
 __device__ __forceinline__ uint64_t desc_plus(uint64_t desc, int bytes) { return desc + (bytes >> 4); }
 // Accumulators x (per row) x by. Skipped where the warp's rows all keep their scale (by 1: the running
 // maximum did not move), as it mostly does once a block has seen a few tiles: the same bits, 2 kN fewer multiplies.
