@@ -36,7 +36,7 @@
 //   warpgroups: 2 consumer(s) x 64 rows + 1 producer; S 64 + O 64 fp32 accumulator registers per consumer thread
 //   wgmma per tile per consumer warpgroup: 8 x m64n128k16 (Q.K^T, SS) + 8 x m64n128k16 (P.V, RS, V MN-major)
 //   TMA: Q 32768 B once, K and V 32768 B each per stage, in 2 64-column panel(s) each, issued by thread 256 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows and columns past the tensor read as zeros; k: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows and columns past the tensor read as zeros; v: 4-D (head_dim, seq, heads, batch), box 64 x 128, 128B swizzle, rows and columns past the tensor read as zeros
-//   descriptors: 128-byte swizzle (mode 1), K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V (LBO 16384 B between panels, SBO 1024 B, k16 step +2048 B)
+//   descriptors: 128-byte swizzle (mode 1), K-major Q and K (SBO 1024 B, k16 step +32 B), MN-major V (LBO 16384 B between panels, SBO 1024 B, k16 step +2048 B); each tile's built once, a k-step's that plus its offset
 //   registers: setmaxnreg producer 24, consumer 240
 //   online softmax: exp2 with the scale folded in; rescale always; overlapped with the previous tile's P.V
 //   epilogue: registers (4-byte stores of the accumulators)

@@ -51,7 +51,7 @@
 //   warpgroups: 2 consumer(s) x 64 rows + 1 producer; S 96 + O 64 fp32 accumulator registers per consumer thread
 //   wgmma per tile per consumer warpgroup: 4 x m64n192k32 (Q.K^T, SS) + 6 x m64n128k32 (P.V, RS, V^T K-major), e4m3 operands
 //   TMA: Q 16384 B once, K and V 24576 B each per stage, in 1 128-column panel(s) each, issued by thread 256 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 128 x 128, 128B swizzle, rows and columns past the tensor read as zeros; k: 4-D (head_dim, seq, heads, batch), box 128 x 192 (one row in 2: 96 rows a copy), 128B swizzle, rows and columns past the tensor read as zeros; v^T: 4-D (seq, head_dim, heads, batch), box 64 x 128, 64B swizzle, rows and columns past the tensor read as zeros
-//   descriptors: 128-byte swizzle (mode 1), K-major Q and K (SBO 1024 B, k32 step +32 B), K-major V^T (64-byte swizzle, mode 2; 3 panel(s) of 64 keys, 8192 B apart; SBO 512 B, k32 step +32 B)
+//   descriptors: 128-byte swizzle (mode 1), K-major Q and K (SBO 1024 B, k32 step +32 B), K-major V^T (64-byte swizzle, mode 2; 3 panel(s) of 64 keys, 8192 B apart; SBO 512 B, k32 step +32 B); each tile's built once, a k-step's that plus its offset
 //   registers: setmaxnreg producer 24, consumer 240
 //   online softmax: exp2 with the scale and the q, k descales folded in; P = exp2(s - max + 8) rounded to e4m3 (the row sums take the power out); output x v descale, bf16; rescale always; overlapped with the previous tile's P.V
 //   epilogue: registers (4-byte stores of the accumulators)

@@ -32,7 +32,7 @@
 //   warpgroups: 2 consumer(s) x 64 rows + 1 producer; S 64 + O 80 fp32 accumulator registers per consumer thread
 //   wgmma per tile per consumer warpgroup: 10 x m64n128k16 (Q.K^T, SS) + 8 x m64n160k16 (P.V, RS, V MN-major)
 //   TMA: Q 40960 B once, K and V 40960 B each per stage, in 5 32-column panel(s) each, issued by thread 256 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 32 x 128, 64B swizzle, rows and columns past the tensor read as zeros; k: 4-D (head_dim, seq, heads, batch), box 32 x 128, 64B swizzle, rows and columns past the tensor read as zeros; v: 4-D (head_dim, seq, heads, batch), box 32 x 128, 64B swizzle, rows and columns past the tensor read as zeros
-//   descriptors: 64-byte swizzle (mode 2), K-major Q and K (SBO 512 B, k16 step +32 B), MN-major V (LBO 8192 B between panels, SBO 512 B, k16 step +1024 B)
+//   descriptors: 64-byte swizzle (mode 2), K-major Q and K (SBO 512 B, k16 step +32 B), MN-major V (LBO 8192 B between panels, SBO 512 B, k16 step +1024 B); each tile's built once, a k-step's that plus its offset
 //   registers: setmaxnreg producer 24, consumer 240
 //   online softmax: exp2 with the scale folded in; rescale always; overlapped with the previous tile's P.V
 //   epilogue: registers (4-byte stores of the accumulators)

@@ -34,7 +34,7 @@
 //   head_dim 40 padded to 48 columns: TMA fills columns 40..47 of Q and K with zeros (they add nothing to S)
 //   V 40 padded to 48 columns: TMA fills V's columns 40..47 with zeros; those O columns are not stored
 //   TMA: Q 18432 B once, K and V 12288 B each per stage, in 3 16-column panel(s) each, issued by thread 384 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 16 x 192, 32B swizzle, rows and columns past the tensor read as zeros; k: 4-D (head_dim, seq, heads, batch), box 16 x 128, 32B swizzle, rows and columns past the tensor read as zeros; v: 4-D (head_dim, seq, heads, batch), box 16 x 128, 32B swizzle, rows and columns past the tensor read as zeros
-//   descriptors: 32-byte swizzle (mode 3), K-major Q and K (SBO 256 B, k16 step +32 B), MN-major V (LBO 4096 B between panels, SBO 256 B, k16 step +512 B)
+//   descriptors: 32-byte swizzle (mode 3), K-major Q and K (SBO 256 B, k16 step +32 B), MN-major V (LBO 4096 B between panels, SBO 256 B, k16 step +512 B); each tile's built once, a k-step's that plus its offset
 //   registers: setmaxnreg producer 32, consumer 160
 //   online softmax: exp2 with the scale folded in; rescale always
 //   epilogue: registers (4-byte stores of the accumulators)

@@ -30,7 +30,7 @@
 //   warpgroups: 3 consumer(s) x 64 rows + 1 producer; S 64 + O 40 fp32 accumulator registers per consumer thread
 //   wgmma per tile per consumer warpgroup: 5 x m64n128k16 (Q.K^T, SS) + 8 x m64n80k16 (P.V, RS, V MN-major)
 //   TMA: Q 30720 B once, K and V 20480 B each per stage, in 5 16-column panel(s) each, issued by thread 384 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 16 x 192, 32B swizzle, rows and columns past the tensor read as zeros; k: 4-D (head_dim, seq, heads, batch), box 16 x 128, 32B swizzle, rows and columns past the tensor read as zeros; v: 4-D (head_dim, seq, heads, batch), box 16 x 128, 32B swizzle, rows and columns past the tensor read as zeros
-//   descriptors: 32-byte swizzle (mode 3), K-major Q and K (SBO 256 B, k16 step +32 B), MN-major V (LBO 4096 B between panels, SBO 256 B, k16 step +512 B)
+//   descriptors: 32-byte swizzle (mode 3), K-major Q and K (SBO 256 B, k16 step +32 B), MN-major V (LBO 4096 B between panels, SBO 256 B, k16 step +512 B); each tile's built once, a k-step's that plus its offset
 //   registers: setmaxnreg producer 32, consumer 160
 //   online softmax: exp2 with the scale folded in; rescale always
 //   epilogue: registers (4-byte stores of the accumulators)

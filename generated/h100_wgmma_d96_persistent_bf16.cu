@@ -35,7 +35,7 @@
 //   warpgroups: 3 consumer(s) x 64 rows + 1 producer; S 64 + O 48 fp32 accumulator registers per consumer thread
 //   wgmma per tile per consumer warpgroup: 6 x m64n128k16 (Q.K^T, SS) + 8 x m64n96k16 (P.V, RS, V MN-major)
 //   TMA: Q 36864 B once, K and V 24576 B each per stage, in 3 32-column panel(s) each, issued by thread 384 (producer); tensor maps: q: 4-D (head_dim, seq, heads, batch), box 32 x 192, 64B swizzle, rows and columns past the tensor read as zeros; k: 4-D (head_dim, seq, heads, batch), box 32 x 128, 64B swizzle, rows and columns past the tensor read as zeros; v: 4-D (head_dim, seq, heads, batch), box 32 x 128, 64B swizzle, rows and columns past the tensor read as zeros; o: 4-D (head_dim, seq, heads, batch), box 32 x 64, 64B swizzle, stored; rows and columns past the tensor are not written
-//   descriptors: 64-byte swizzle (mode 2), K-major Q and K (SBO 512 B, k16 step +32 B), MN-major V (LBO 8192 B between panels, SBO 512 B, k16 step +1024 B)
+//   descriptors: 64-byte swizzle (mode 2), K-major Q and K (SBO 512 B, k16 step +32 B), MN-major V (LBO 8192 B between panels, SBO 512 B, k16 step +1024 B); each tile's built once, a k-step's that plus its offset
 //   registers: setmaxnreg producer 32, consumer 160
 //   online softmax: exp2 with the scale folded in; rescale always
 //   epilogue: tma (staged in the Q tile, TMA bulk tensor store)

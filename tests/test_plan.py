@@ -542,6 +542,26 @@ def test_wgmma_layout_and_numbers():
     plain, own = render_for(o)[1], render_for(plan_of(text + "schedule: {overlap: true, softmax_block: true}\n"))[1]
     assert not o.fragments.softmax_block and "_own_block" not in plain and "nctaid" not in plain
     assert own.count("softmax_rows_own_block(") == 2 and "%%nctaid.x" in own   # its definition and the loop's call
+    # Q's k-step descriptors (also a ptxas matter): advanced from the warpgroup's by default, rebuilt from each
+    # step's address where asked; the two give the same value wherever Q can sit in shared memory
+    rebuilt = render_for(plan_of(text + "schedule: {overlap: true, q_descriptors: rebuilt}\n"))[1]
+    assert not o.fragments.q_steps_rebuilt and "return desc_advance(smem_desc(sQ + wg_row0" in plain
+    assert "return desc_advance(smem_desc(sQ" not in rebuilt and "return smem_desc(sQ + (kk / kKStepsPerPanel)" in rebuilt
+
+    def smem_desc(addr, lbo, sbo, mode):   # lib/wgmma.j2's, bit for bit
+        return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) & 0x3FFF) << 16 | ((sbo >> 4) & 0x3FFF) << 32 | mode << 62
+
+    def desc_advance(desc, nbytes):
+        return (desc & ~0xFFFFFFFF) | (((desc & 0xFFFFFFFF) + (nbytes >> 4)) & 0xFFFFFFFF)
+
+    f, row_bytes = o.fragments, o.fragments.panel_row_bytes
+    for s_q in range(0, 228 * 1024 - f.q_bytes + 1, 1024):
+        for wg_row0 in range(0, o.spec.tile.block_m, 64):
+            for kk in range(f.k_steps_qk):
+                step = (kk // f.k_steps_per_panel) * o.spec.tile.block_m * row_bytes + (kk % f.k_steps_per_panel) * 32
+                built = smem_desc(s_q + wg_row0 * row_bytes + step, 16, f.swizzle_atom_bytes, f.descriptor_mode)
+                assert desc_advance(smem_desc(s_q + wg_row0 * row_bytes, 16, f.swizzle_atom_bytes, f.descriptor_mode),
+                                    step) == built
     assert p.compile_arch("sm_90") == "sm_90a" and [m.tensor for m in p.tensor_maps] == ["q", "k", "v"]
     # the maps travel by value: three 128-byte, 64-byte aligned Params fields, Params a __grid_constant__
     assert [(f.name, f.size, f.align) for f in p.abi.fields[-3:]] == [("tma_q", 128, 64), ("tma_k", 128, 64),

@@ -33,6 +33,7 @@ class WgmmaFragments:
     consumer_registers: int
     overlap: bool           # softmax of tile t runs while P.V of tile t-1 is in flight
     softmax_block: bool     # ... in a basic block of its own, so that ptxas keeps it ahead of P.V's wait
+    q_steps_rebuilt: bool   # Q's k-step descriptors built from their addresses (else the warpgroup's + the offset)
     pingpong: bool          # the consumer warpgroups take turns issuing GEMMs (2 or 3 of them)
     panel_cols: int         # elements in one swizzled panel row (the TMA box width)
     panel_row_bytes: int    # bytes of one such row: 128, 64 or 32, the swizzle's span
@@ -203,6 +204,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           k_steps_pv=bn // k, k=k, mma_type=mma_type, producer_registers=regs.producer if regs else 0,
                           consumer_registers=regs.consumer if regs else 0, overlap=spec.schedule.overlap,
                           softmax_block=spec.schedule.softmax_block,
+                          q_steps_rebuilt=spec.schedule.q_descriptors == "rebuilt",
                           pingpong=spec.schedule.pingpong, panel_cols=cols, panel_row_bytes=panel.row_bytes,
                           descriptor_mode=panel.descriptor_mode, swizzle_atom_bytes=8 * panel.row_bytes,
                           k_major_lbo_bytes=16, k_step_bytes=32, k_steps_per_panel=panel.row_bytes // 32,
@@ -345,7 +347,9 @@ def explain(plan) -> list[str]:
               f"panel(s) of {f.vt.keys} keys, {f.vt.panel_bytes} B apart; SBO {8 * f.vt.panel.row_bytes} B, k{f.k} step "
               f"+32 B)" if f.vt else
               f"MN-major V (LBO {f.v_lbo_bytes} B between panels, SBO {f.swizzle_atom_bytes} B, k16 step "
-              f"+{f.v_step_bytes} B)"),
+              f"+{f.v_step_bytes} B)") +
+             ("; each tile's built once, a k-step's that plus its offset" +
+              (" (Q's rebuilt from each step's address)" if f.q_steps_rebuilt else "")),
              "registers: " + (f"setmaxnreg producer {f.producer_registers}, consumer {f.consumer_registers}"
                               if f.producer_registers else "no reallocation"),
              ("online softmax: exp2 with the scale and the q, k descales folded in; P = exp2(s - max + "

@@ -245,6 +245,11 @@ class Schedule(Strict):
         "on the grid's width, which is never 0 and which ptxas cannot fold): otherwise ptxas schedules that wait "
         "(WARPGROUP.DEPBAR) at the top of the softmax's last block, and most of the softmax runs after P.V is "
         "done; needs overlap. It paid with one consumer warpgroup and cost with two or three (H200)"))
+    q_descriptors: Literal["advanced", "rebuilt"] = Field(default="advanced", description=(
+        "how a k-step's descriptor of Q is made: advanced, the warpgroup's Q descriptor plus the step's offset "
+        "(as K's and V's are); rebuilt, each step's built from its address. The same values: only the code ptxas "
+        "schedules differs. Rebuilt paid in the three-warpgroup e4m3 d64 cell (full masks 1.00-1.02x the cell "
+        "before, advanced 0.98-1.00x; H200)"))
     pingpong: bool = Field(default=False, description=(
         "the consumer warpgroups take turns issuing their GEMMs (named barriers), so the others run their "
         "softmax while one's GEMMs use the tensor cores; needs overlap and 2 or 3 consumer warpgroups "
