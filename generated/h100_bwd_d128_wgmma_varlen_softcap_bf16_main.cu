@@ -468,8 +468,8 @@ __device__ __forceinline__ void fence_registers(float (&r)[kN]) {
 
 // A descriptor moved on by `bytes` (a multiple of 16) in its start address, the low 14 bits: one integer
 // add on the low word per wgmma in place of a descriptor built again from its address (four or five uniform
-// instructions; H200: the backward's step 1-2 % faster, the forward's tile loop 0-8 %). No shared-memory
-// address carries out of the field (>> 4, below 2^14).
+// instructions; H200: the backward's step 1-2 % faster, forward calls up to 8 %: docs/performance/hopper.md).
+// No shared-memory address carries out of the field (>> 4, below 2^14).
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
     const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
     return (desc & 0xFFFFFFFF00000000ull) | lo;

@@ -11,7 +11,7 @@ Usage: python3 docs/before-after-h200/forward_before_after.py OLD_GENERATED_DIR 
 Per shape, mask (none, causal) and dtype: each spec before and after and cuDNN, timed with `attngen
 bench`'s queued timing (30 calls behind a GPU sleep, input sets that defeat L2 reuse), all
 alternating over 5 rounds (ATTNGEN_ROUNDS=N in the environment: N); a figure is the median of its rounds. max_diff: the largest |O before -
-O after| of each spec (over the earlier versions) (0 where the change leaves the arithmetic alone; e4m3 specs: timed on the bench's
+O after| of each spec, over the earlier versions (0 where the change leaves the arithmetic alone; e4m3 specs: timed on the bench's
 quantized inputs beside the fp16 cells, their outputs not compared).
 """
 import os
