@@ -154,13 +154,15 @@ def test_merging_plans_split_by_slice_cost_and_kernel_plans_by_waves_below_128_t
     assert "slice cost" not in split_rule_text("kernel", 0, 1, 0)
 
 
-def test_e4m3_combine_kernel_cells_count_two_blocks_per_sm_from_16_blocks_or_8_and_256_tiles():
+def test_e4m3_combine_kernel_cells_count_two_blocks_per_sm_from_32_blocks_16_and_128_tiles_or_8_and_256():
     from attngen.core.launch_rules import split_blocks_per_sm
     from attngen.runtime.calls.decode import num_splits_for
     paged = make_plan(load_spec(ROOT / "specs/h200_decode_d128_kv_e4m3.yaml"))
     assert (paged.combine, paged.co_resident_blocks) == ("kernel", 2)
     assert [split_blocks_per_sm(2, b, t, True) for b, t in ((16, 128), (16, 64), (15, 255), (8, 256), (8, 255),
-                                                            (4, 1024))] == [2, 1, 1, 2, 1, 1]
+                                                            (4, 1024), (32, 64), (64, 64), (31, 127), (32, 63))
+            ] == [2, 1, 1, 2, 1, 1, 2, 2, 1, 1]
+    assert num_splits_for(paged, 64, 64, 132) == 4      # B8 32/8 at 8k keys, two per SM counted; one per SM: 2
     assert num_splits_for(paged, 16, 256, 132) == 16    # B2 32/8 at 32k keys: 45.0 us; one per SM counted, 8: 52.1
     assert num_splits_for(paged, 8, 1024, 132) == 31    # B1 32/8 at 128k keys: 79.9 us in 31; 16: 94.6
     assert num_splits_for(paged, 8, 128, 132) == 16     # at 16k keys one per SM: 21.3 us; 22 slices 22.8

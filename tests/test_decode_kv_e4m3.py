@@ -94,7 +94,9 @@ def test_dispatch_routes_only_e4m3_caches_to_e4m3_specs():
     for dtype, suffix in (("fp16", ""), ("bf16", "_bf16")):
         for head_dim in (64, 128):
             got = select(entries, "decode_kv_e4m3", "sm_90", dtype, head_dim, "causal", 32768)
-            assert got.spec == f"h200_decode_d{head_dim}_kv_e4m3_contiguous{suffix}"
+            # d128 bf16: the 2-stage ring on every grid; fp16 where the grid holds two blocks per SM (below)
+            ring = "_s2" if (head_dim, dtype) == (128, "bf16") else ""
+            assert got.spec == f"h200_decode_d{head_dim}_kv_e4m3_contiguous{ring}{suffix}"
             got = select(entries, "decode_kv_e4m3", "sm_90", dtype, head_dim, "none", 8192, paged=True)
             assert got.spec == f"h200_decode_d{head_dim}_kv_e4m3{suffix}"
             plain = select(entries, "decode", "sm_90", dtype, head_dim, "causal", 8192, paged=True)
@@ -158,6 +160,20 @@ class _FakeTorch:
 
 T = _FakeTorch
 
+
+
+def test_d128_fp16_contiguous_e4m3_calls_take_the_2_stage_ring_on_grids_of_two_blocks_per_sm():
+    from attngen.ops.table import load_table, select, table_path
+    entries = load_table(table_path(SPECS))
+    cell = "h200_decode_d128_kv_e4m3_contiguous"
+    for capacity, rows, ring in ((32768, 256, "_s2"),    # B8 32/8: 256 blocks in 4 slices (139.5 us; 3 stages 143.6)
+                                 (32768, 128, ""),       # B4 32/8
+                                 (32768, None, ""),
+                                 (4096, 512, ""),        # B16 32/8 at 4k: 128 blocks (45.3 us; 2 stages 47.5)
+                                 (4096, 1024, "_s2"),    # B32 32/8 at 4k (73.3 us; 3 stages 75.3)
+                                 (1024, 512, "")):
+        got = select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "none", capacity, group_rows=4, rows=rows)
+        assert got.spec == cell + ring, (capacity, rows, got.spec)
 
 def made_here(make, index):
     """gpu.persistent's stand-in: the fake torch makes its tensors where it is called."""

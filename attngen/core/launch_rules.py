@@ -121,8 +121,13 @@ CO_RESIDENT_MIN_TILES = 64
 # tiles (d128 B2 32/8 at 32k keys 52.1 -> 45.0 us in 16 slices, at 128k 175.2 -> 140.6; d256 B2 32/8 at 32k
 # 113.6 -> 96.2; d64 B8 32/1 at 128k 107.7 -> 80.7) and of 8 from 256 tiles (d128 B1 32/8 at 128k 94.6 -> 79.9
 # in 31); it lost at 8 blocks and 128 tiles (d128 B1 32/8 at 16k 21.3 -> 22.8) and at 64 tiles of d256 (4k
-# keys: 1.6-5.6 %), and at 64 tiles of d64 and d128 gained 0-5 %, left out with d256's loss.
-COMBINE_KERNEL_CO_RESIDENT = ((16, 128), (8, 256))
+# keys: 1.6-5.6 %), and at 64 tiles of d64 and d128 gained 0-5 %, left out with d256's loss. Grids of 32 blocks
+# and more from 64 tiles (the merging cells' CO_RESIDENT_MIN_BLOCKS and _TILES, which these cells had taken before)
+# keep the count (the sweep above timed grids of 8 and 16 blocks, and this pair fell out with it): counted, all 56
+# grids of d64, d128 and d256 where the two counts differ ran 1.07-1.42x faster, both forced (d128 B8 32/8 from pages
+# of 16 at 8k keys 56.3 -> 47.1 us in 4 slices against 2; through the entry point 65.5 -> 43.8;
+# docs/decode-h200/e4m3_routing/co_resident_64.json, entry_before1.json, entry_after1.json).
+COMBINE_KERNEL_CO_RESIDENT = ((CO_RESIDENT_MIN_BLOCKS, CO_RESIDENT_MIN_TILES), (16, 128), (8, 256))
 
 # A combine part may hold a second, wide function (decode_mla's): narrower column slices per warp and more
 # splits loaded at a time, for calls whose few rows each merge many splits. Calls of WIDE_COMBINE_MIN_SPLITS
