@@ -389,7 +389,7 @@ constexpr bool kFusedCombine = false;   // the last split block of a group merge
 using kv_t = uint8_t;
 constexpr int kKvChunksPerRow = kHeadDim / 16;
 constexpr int kKvPitchBytes = 80;
-constexpr float kKvFold = 1.0f;   // what kv_bytes's widened values lack (bf16: 2^8)
+constexpr float kKvFold = 1.0f;   // what kv_bytes's widened values lack (bf16 bit moves: 2^8)
 static_assert(kHeadDim % 32 == 0 && kThreads % kKvChunksPerRow == 0, "e4m3 tiles are read 32 columns at a time");
 
 __device__ __forceinline__ int kv_offset(int row, int chunk) { return row * kKvPitchBytes + (chunk << 4); }
@@ -840,7 +840,7 @@ __device__ __forceinline__ void attention(const Params& p) {
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     const DecodeBlock c = decode_block(p);
     // The e4m3 cache's scales (one per tensor, or per KV head): k's joins the softmax scale, v's the
-    // output; each times kKvFold, what kv_bytes's widened values lack (bf16: 2^8; fp16: 1).
+    // output; each times kKvFold, what kv_bytes's widened values lack (bf16 bit moves: 2^8; fp16: 1).
     const int scale_at = c.kv_head * p.kv_scale_stride;
     const float scale_log2 = p.scale_log2 * kKvFold * (p.k_scale != nullptr ? static_cast<const float*>(p.k_scale)[scale_at] : 1.f);
     const float v_factor = kKvFold * (p.v_scale != nullptr ? static_cast<const float*>(p.v_scale)[scale_at] : 1.f);

@@ -78,7 +78,7 @@ def test_rules_refuse_what_is_not_generated():
 
 def test_render_widens_bytes_in_registers():
     e4m3 = (GEN / "h200_decode_d128_kv_e4m3_split.cu").read_text()
-    bf16 = (GEN / "h200_decode_d128_kv_e4m3_bf16_split.cu").read_text()
+    bf16 = (GEN / "h200_decode_d64_kv_e4m3_bf16_split.cu").read_text()      # bf16 operands (no kv_mma)
     fp16 = (GEN / "h200_decode_d128_split.cu").read_text()
     for word in ("kv_bytes", "kv_offset", "p.k_scale", "p.v_scale", "kKvFold", "ld_shared_u2"):
         assert word in e4m3 and word not in fp16
@@ -86,6 +86,26 @@ def test_render_widens_bytes_in_registers():
     assert "cvt.rn.f16x2.e4m3x2" in e4m3 and "kv_pair" not in e4m3 and "kKvFold = 1.0f" in e4m3
     assert "fma.rn.bf16x2" in bf16 and "fma.rn.bf16x2" not in e4m3 and "kKvFold = 256.0f" in bf16
     assert "scale_log2 * kKvFold" in e4m3 and "p.kv_scale_stride" in e4m3
+    assert "q_to_fp16" not in e4m3 and "q_to_fp16" not in bf16
+
+
+def test_kv_mma_fp16_gives_bf16_queries_fp16_operands():
+    """kv_mma: fp16 on a bf16 cell: fp16 mma and cvt widening, Q's fragments converted once with the
+    power of two the softmax scale takes back, P packed as fp16, kKvFold 1; refused without an e4m3 cache
+    or where Q is not held in registers; for fp16 queries it changes no code."""
+    src = (GEN / "h200_decode_d128_kv_e4m3_bf16_split.cu").read_text()
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src and ".bf16.bf16" not in src
+    assert "cvt.rn.f16x2.e4m3x2" in src and "fma.rn.bf16x2" not in src and "kKvFold = 1.0f" in src
+    assert "scale_log2 *= q_to_fp16(qf);" in src and "pack_p(s[mt][2 * kc][0]" in src
+    plan = make_plan(parse_spec(_text(dtype="bf16", kv_mma="fp16"), "t.yaml"))
+    assert (plan.widens_to_fp16, plan.converts_q, plan.kv_fold) == (True, True, 1.0)
+    plain = make_plan(parse_spec(_text(dtype="bf16"), "t.yaml"))
+    assert (plain.widens_to_fp16, plain.converts_q, plain.kv_fold) == (False, False, 256.0)
+    same = make_plan(parse_spec(_text(kv_mma="fp16"), "t.yaml"))
+    assert (same.widens_to_fp16, same.converts_q) == (True, False)
+    with pytest.raises(SpecError) as e:
+        parse_spec(_text(kv_dtype=None, kv_mma="fp16"), "t.yaml")
+    assert "kv_mma" in str(e.value) and "kv_dtype: e4m3" in str(e.value)
 
 
 def test_dispatch_routes_only_e4m3_caches_to_e4m3_specs():

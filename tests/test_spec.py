@@ -245,6 +245,12 @@ RULE_CASES = [
      "without score modifiers or expressions"),
     ("rule_kv_e4m3_no_append", DECODE, {"kv_dtype": "e4m3", "append": True}, "kv_dtype",
      "an e4m3 KV cache is generated without append"),
+    ("rule_kv_mma_needs_e4m3", DECODE, {"kv_mma": "fp16"}, "kv_mma", "set kv_dtype: e4m3 or drop kv_mma"),
+    ("rule_kv_mma_holds_q", DECODE, {"kv_dtype": "e4m3", "kv_mma": "fp16", "head_dim": 256,
+                                     "tile": {"block_m": 16, "block_n": 64},
+                                     "smem": {"swizzle": {"xor_bits": 3}, "stages": 2, "async_copy": True,
+                                              "opt_in": True}}, "kv_mma",
+     "reads Q from its tile at every k-step"),
     ("rule_backward_no_rescale", BACKWARD, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
      "keeps no running max to rescale by"),
     ("rule_backward_no_rescale", BACKWARD_WGMMA, {"softmax": {"rescale": "on_max_change"}}, "softmax.rescale",
@@ -691,9 +697,9 @@ def test_schema_command_lists_every_key():
     for alt in (alt for alt in alternatives if "merge" not in alt["properties"]):
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
         # epilogue_tile; decode: decode, max_splits, slice_cost_from_tiles, merge_rows, paged, combine, kv_dtype,
-        # append; e4m3: out_dtype, and wgmma's e4m3 form k_rows; bwd_wgmma: group_split; decode_mla: refill, warpgroups)
+        # kv_mma, append; e4m3: out_dtype, and wgmma's e4m3 form k_rows; bwd_wgmma: group_split; decode_mla: refill, warpgroups)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
-                                         "slice_cost_from_tiles", "merge_rows", "paged", "combine", "kv_dtype", "append",
+                                         "slice_cost_from_tiles", "merge_rows", "paged", "combine", "kv_dtype", "kv_mma", "append",
                                          "backward", "query_stages",
                                          "query_chunk", "warp_keys", "warp_split", "out_dtype", "group_split",
                                          "k_rows", "refill", "warpgroups"} == {

@@ -75,6 +75,8 @@ class DecodePlan(ForwardPlan):
                                     # (launch_rules.split_blocks_per_sm): 2 for an e4m3 cell two of whose blocks fit
     kv_dtype: str = ""              # "e4m3": the K/V cache holds e4m3 (queries and output in the spec's dtype);
                                     # "": the cache is in the spec's dtype
+    kv_mma: str = ""                # e4m3 cache: "fp16": the tensor cores take fp16 operands whatever the queries'
+                                    # type (bf16 queries converted in registers); "": the queries' type
     kv_pitch_bytes: int = 0         # e4m3 cache: bytes per row of a K/V tile (head_dim, padded to an odd number
                                     # of 16-byte chunks so that 8 consecutive rows fall on 8 bank groups)
     combine_slices: int = 1         # warps sharing each output row's columns in the combine kernel (its grid y)
@@ -93,10 +95,21 @@ class DecodePlan(ForwardPlan):
 
     @property
     def kv_fold(self) -> float:
-        """The power of two an e4m3 cache's scales take back from the tiles' widened values: 1 for fp16,
-        whose tiles widen through cvt.rn.f16x2.e4m3x2 (exact values), KV_FOLD for bf16, whose bit moves
+        """The power of two an e4m3 cache's scales take back from the tiles' widened values: 1 where they
+        widen to fp16 through cvt.rn.f16x2.e4m3x2 (exact values), KV_FOLD for bf16, whose bit moves
         read e4m3 x 2^-8 (templates/decode_mma/split.cu.j2, kv_bytes)."""
-        return 1.0 if self.spec.dtype == "fp16" else KV_FOLD
+        return 1.0 if self.widens_to_fp16 else KV_FOLD
+
+    @property
+    def widens_to_fp16(self) -> bool:
+        """An e4m3 cache's tiles widen to fp16 (cvt.rn.f16x2.e4m3x2) and the tensor cores take fp16: fp16
+        queries, or bf16 ones with kv_mma fp16."""
+        return bool(self.kv_dtype) and (self.spec.dtype == "fp16" or self.kv_mma == "fp16")
+
+    @property
+    def converts_q(self) -> bool:
+        """bf16 queries become fp16 fragments in registers (kv_mma fp16), scaled by a power of two."""
+        return self.widens_to_fp16 and self.spec.dtype != "fp16"
 
     @property
     def fused_combine(self) -> bool:

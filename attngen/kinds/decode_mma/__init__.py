@@ -71,6 +71,12 @@ class DecodeSpec(ForwardSpec):
         "e4m3: the K and V caches hold e4m3 (torch.float8_e4m3fn) with fp32 scales k_scale, v_scale (one per "
         "tensor or per KV head); queries and output stay in dtype. The kernel reads half the bytes and widens "
         "the tiles to dtype in registers; unset: the caches are in dtype"))
+    kv_mma: Optional[Literal["fp16"]] = Field(default=None, description=(
+        "with kv_dtype e4m3: the tensor cores' operand type. fp16: bf16 queries are converted once per block to "
+        "fp16 (times a power of two that the block's largest |q| sets, which the scores take back; every bf16 value "
+        "in fp16's range converts exactly), P is rounded to fp16, and the tiles widen by one cvt.rn.f16x2.e4m3x2 per "
+        "byte pair as fp16 queries' do; the output stays in dtype. Unset: the queries' type (bf16: bit moves and an "
+        "fma per byte pair). For fp16 queries the two are the same"))
     key_unit = 16
     key_unit_why = "k16 steps of P.V"
     masks_taken = ("none", "causal", "window", "expr")
@@ -203,6 +209,13 @@ rule_kv_e4m3_no_append = refuse("kv_dtype", lambda s: bool(s.kv_dtype) and s.app
                                 lambda s: "an e4m3 KV cache is generated without append (the new tokens would need "
                                           "quantising to the cache's scales); drop append or kv_dtype",
                                 "rule_kv_e4m3_no_append")
+rule_kv_mma_needs_e4m3 = refuse("kv_mma", lambda s: s.kv_mma is not None and not s.kv_dtype,
+                               lambda s: "kv_mma sets the tensor cores' operands for an e4m3 KV cache; set "
+                                         "kv_dtype: e4m3 or drop kv_mma", "rule_kv_mma_needs_e4m3")
+rule_kv_mma_holds_q = refuse("kv_mma", lambda s: s.kv_mma is not None and not holds_q(s),
+                             lambda s: "kv_mma: fp16 converts Q's fragments once, in registers, and this plan reads "
+                                       "Q from its tile at every k-step (too few registers); drop kv_mma",
+                             "rule_kv_mma_holds_q")
 rule_kv_e4m3_plain_scores = refuse("kv_dtype", lambda s: bool(s.kv_dtype) and (bool(s.scores) or s.variant is not None),
                                    lambda s: "an e4m3 KV cache is generated without score modifiers or expressions "
                                              "(k_scale joins the softmax scale in the kernel); drop scores/variant "
@@ -213,7 +226,7 @@ DecodeSpec.rules = (rule_homogeneous, rule_head_dim_vector_loads, rule_head_dim,
                     rule_accumulators, rule_swizzle, rule_ring, rule_no_q_registers,
                     rule_decode_no_varlen, rule_decode_expressions_alone, rule_decode_always_rescales,
                     rule_kv_e4m3_head_dim, rule_kv_e4m3_plain_scores, rule_append_masks,
-                    rule_kv_e4m3_no_append)
+                    rule_kv_e4m3_no_append, rule_kv_mma_needs_e4m3, rule_kv_mma_holds_q)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,7 +396,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
                          slice_cost_min_tiles=spec.slice_cost_from_tiles if spec.combine == "kernel" else 0,
                          merge_rows=spec.merge_rows, row_mods_per_tile=row_mods_per_tile(spec, p.score_variants),
                          co_resident_blocks=co_resident_blocks(spec, p.occupancy),
-                         kv_dtype=spec.kv_dtype or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
+                         kv_dtype=spec.kv_dtype or "", kv_mma=spec.kv_mma or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
 
@@ -405,11 +418,15 @@ def explain(plan) -> list[str]:
              "it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; "
              "contiguous caches when the call passes no table"
              if plan.paged else "KV cache: contiguous only (paged: false)")] + (
-            [f"KV cache e4m3: K/V tiles of bytes (rows of {plan.kv_pitch_bytes} B), widened to {plan.spec.dtype} in "
+            [f"KV cache e4m3: K/V tiles of bytes (rows of {plan.kv_pitch_bytes} B), widened to "
+             f"{'fp16' if plan.widens_to_fp16 else plan.spec.dtype} in "
              "registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of "
              "byte pairs, two 8-column O tiles per chunk; "
              + ("cvt.rn.f16x2.e4m3x2 per byte pair); k_scale joins the softmax scale, v_scale the output"
-                if plan.spec.dtype == "fp16" else
+                + ("; kv_mma fp16: the bf16 Q fragments become fp16 in registers, times 2^e (e from the block's "
+                   "largest |q|, 2^-e joining the softmax scale), P is rounded to fp16, the output stays bf16"
+                   if plan.converts_q else "")
+                if plan.widens_to_fp16 else
                 "bit moves and one fma per byte pair); k_scale x 2^8 joins the softmax scale, v_scale x 2^8 the output")
              ] if plan.kv_dtype else []) + (
             ["append: a call's new tokens (k_new, v_new; seqlen_new <= seqlen_q) go into keys cache_seqlens .. "
