@@ -382,13 +382,22 @@ __device__ __forceinline__ const kv_t* kv_head_ptr(const void* base, int b, int 
 }
 
 // Bytes i and j of w (0..3) as an fp16x2 of their exact e4m3 values, byte i in the low half: one
-// cvt.rn.f16x2.e4m3x2 (F2FP) per pair, after a byte permute where the pair is not a 16-bit half of w.
-// Every e4m3 value is an fp16 value (subnormals included), and an e4m3 NaN byte stays NaN.
+// cvt.rn.f16x2.e4m3x2 (F2FP) per pair, which reads either 16-bit half of a register in place (F2FP's .H1
+// operand). Pairs 0,1 and 2,3 are w's halves; 0,2 and 1,3 the halves of one byte permute of w, which the
+// two calls on the same w share (V's pairs: one PRMT per two conversions, K's none). Every e4m3 value is an
+// fp16 value (subnormals included), and an e4m3 NaN byte stays NaN.
 template <int kI, int kJ>
 __device__ __forceinline__ uint32_t kv_bytes(uint32_t w) {
-    const unsigned short pair = static_cast<unsigned short>(__byte_perm(w, 0u, (kJ << 4) | kI));
+    static_assert((kI == 0 || kI == 2) && kJ == kI + 1 || (kI == 0 || kI == 1) && kJ == kI + 2,
+                  "kv_bytes reads the pairs 0,1 / 2,3 and 0,2 / 1,3");
+    constexpr bool kHalves = kJ == kI + 1;
+    const uint32_t x = kHalves ? w : __byte_perm(w, 0u, 0x3120);   // 0,2 low and 1,3 high
     uint32_t r;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(pair));
+    if constexpr (kI == 0) {
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(r) : "r"(x));
+    } else {
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(r) : "r"(x));
+    }
     return r;
 }
 

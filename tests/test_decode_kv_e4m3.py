@@ -195,6 +195,36 @@ def test_d128_fp16_contiguous_e4m3_calls_take_the_2_stage_ring_on_grids_of_two_b
         got = select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "none", capacity, group_rows=4, rows=rows)
         assert got.spec == cell + ring, (capacity, rows, got.spec)
 
+
+def test_2_stage_cells_count_two_blocks_per_sm_from_16_tiles():
+    """A merging cell of a 2-stage ring keeps one tile in flight per block: it counts its second block per SM
+    from 32 blocks and 16 tiles (measured best at 2k-6k keys, docs/decode-h200/e4m3_issue/short_counts.json);
+    the 3-stage cell and the combine-kernel cells keep their thresholds."""
+    from attngen.core.launch_rules import row_blocks
+    from attngen.runtime.calls.decode import num_splits_for
+    from attngen.runtime.kernel import bundle_of
+    plans = {n: bundle_of(f"specs/h200_decode_d128_kv_e4m3{n}.yaml")[0]
+             for n in ("_contiguous_s2", "_contiguous_s2_bf16", "_contiguous", "")}
+    assert [p.co_resident_min_tiles for p in plans.values()] == [16, 16, 0, 0]
+
+    def picks(plan, batch, heads, kv_heads):
+        blocks = batch * kv_heads * row_blocks(plan, heads, kv_heads, 1)
+        return [num_splits_for(plan, blocks, -(-keys // plan.block_n), 132) for keys in (2048, 4096, 6144, 8192)]
+    s2, s3 = plans["_contiguous_s2"], plans["_contiguous"]
+    assert picks(s2, 8, 32, 8) == [4, 4, 4, 4] and picks(s3, 8, 32, 8) == [2, 2, 2, 4]     # B8 32/8: 64 blocks
+    assert picks(s2, 4, 32, 8) == [8, 8, 8, 8] and picks(s3, 4, 32, 8) == [4, 4, 4, 8]     # B4 32/8: 32 blocks
+    assert picks(s2, 8, 8, 1)[:3] == picks(s3, 8, 8, 1)[:3]                                 # 8 blocks: unchanged
+    assert "the cache 16 tiles or more" in (GEN / "h200_decode_d128_kv_e4m3_contiguous_s2_split.cu").read_text()
+
+
+def test_widening_reads_the_words_halves_in_place():
+    """cvt.rn.f16x2.e4m3x2 takes either half of a 32-bit register (F2FP .H1): K's byte pairs are its word's
+    halves, V's share one permute (0,2 low, 1,3 high)."""
+    src = (GEN / "h200_decode_d128_kv_e4m3_contiguous_s2_split.cu").read_text()
+    assert "mov.b32 {lo, hi}, %1;\\ncvt.rn.f16x2.e4m3x2 %0, hi;" in src
+    assert "__byte_perm(w, 0u, 0x3120)" in src and "(kJ << 4) | kI" not in src
+
+
 def made_here(make, index):
     """gpu.persistent's stand-in: the fake torch makes its tensors where it is called."""
     return make()

@@ -73,6 +73,8 @@ class DecodePlan(ForwardPlan):
                                     # (launch_rules.num_splits); 0: the wave rule at every length
     co_resident_blocks: int = 1     # blocks per SM the split rule counts where a call's grid and cache are large
                                     # (launch_rules.split_blocks_per_sm): 2 for an e4m3 cell two of whose blocks fit
+    co_resident_min_tiles: int = 0  # merging cells: the tiles from which those blocks are counted; 0:
+                                    # launch_rules.CO_RESIDENT_MIN_TILES
     kv_dtype: str = ""              # "e4m3": the K/V cache holds e4m3 (queries and output in the spec's dtype);
                                     # "": the cache is in the spec's dtype
     kv_mma: str = ""                # e4m3 cache: "fp16": the tensor cores take fp16 operands whatever the queries'

@@ -96,6 +96,7 @@ class LaunchPlan(NamedTuple):
     unsplit_in_flight: int = 0      # decode: the split heuristic's bytes in flight per block
     slice_cost_min_tiles: int = 0   # decode: tiles from which a combine-kernel call takes the slice-cost count
     co_resident_blocks: int = 1     # decode: blocks per SM the split rule counts on large grids and caches
+    co_resident_min_tiles: int = 0  # decode: the tiles from which a merging cell counts them (0: the rule's own)
     kv_dtype: str = ""              # decode: the caches' element type where it is not the queries' ("e4m3")
     append: bool = False            # decode: the kernel writes a call's new tokens into the cache (append cells)
     v_in_k: bool = False            # decode: V is the first v_dim columns of each K row (one latent cache)
@@ -171,7 +172,7 @@ def _dq_accumulator(entry: dict) -> dict:
 NUMBERS = ("head_dim", "head_dim_v", "block_m", "block_n", "threads", "smem_bytes", "smem_dynamic", "arch_suffix",
            "persistent")
 DECODE_NUMBERS = ("max_splits", "paged", "combine", "unsplit_in_flight", "slice_cost_min_tiles", "co_resident_blocks",
-                  "kv_dtype", "append")
+                  "co_resident_min_tiles", "kv_dtype", "append")
 
 
 def has_launch_record(plan) -> bool:

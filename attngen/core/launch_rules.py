@@ -107,6 +107,14 @@ FREE_PARTIALS = 8
 # 32k; B2 32/8 slower up to 8k, faster from 16k): the thresholds keep to the cells that only gained.
 CO_RESIDENT_MIN_BLOCKS = 32
 CO_RESIDENT_MIN_TILES = 64
+# A merging cell of a 2-stage ring (one tile in flight per block: the d128 e4m3 `contiguous_s2` cells) counts its
+# two blocks per SM from TWO_STAGE_CO_RESIDENT_MIN_TILES tiles: a second block is its only second tile in flight.
+# Measured on the H200 (docs/decode-h200/e4m3_issue/short_counts.json, every count of 1-8 forced, 2k-6k keys, B4-16,
+# 32/8, 8/1 and 32/32 heads): at 16-48 tiles the counts of two per SM ran 1.01-1.12x the counts of one (B8 32/8 at 6k
+# keys 40.8 -> 36.4 us in 4 slices against 2; B4 32/32 at 6k 67.5 -> 61.0 in 2 against 1), B16 32/8 at 2k 0.99x;
+# the 3-stage cell ran within 1 % either way (its default count stays). Through the entry point, where the table serves
+# the 2-stage cells: 1.04-1.18x (docs/decode-h200/e4m3_issue/entry/).
+TWO_STAGE_CO_RESIDENT_MIN_TILES = 16
 # A combine-kernel cell's spec may set slice_cost_from_tiles: from that many tiles its calls take
 # the slice-cost count; the wave rule cut few KV heads into 64-128 two-tile slices whose partials the combine
 # kernel reads one split after another. Measured on the H200, every count forced, the old pick against the new in
@@ -194,17 +202,21 @@ def num_splits(blocks: int, n_tiles: int, sm_count: int, blocks_per_sm: int, max
     return splits
 
 
-def co_resident_thresholds(kernel_combine: bool) -> tuple[tuple[int, int], ...]:
+def co_resident_thresholds(kernel_combine: bool, min_tiles: int = 0) -> tuple[tuple[int, int], ...]:
     """The (blocks, tiles) pairs from either of which a cell of co-resident blocks counts them all:
-    COMBINE_KERNEL_CO_RESIDENT for a combine-kernel cell, else CO_RESIDENT_MIN_BLOCKS and _TILES."""
-    return COMBINE_KERNEL_CO_RESIDENT if kernel_combine else ((CO_RESIDENT_MIN_BLOCKS, CO_RESIDENT_MIN_TILES),)
+    COMBINE_KERNEL_CO_RESIDENT for a combine-kernel cell, else CO_RESIDENT_MIN_BLOCKS and the plan's
+    co_resident_min_tiles (0: CO_RESIDENT_MIN_TILES)."""
+    if kernel_combine:
+        return COMBINE_KERNEL_CO_RESIDENT
+    return ((CO_RESIDENT_MIN_BLOCKS, min_tiles or CO_RESIDENT_MIN_TILES),)
 
 
-def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int, kernel_combine: bool = False) -> int:
+def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int, kernel_combine: bool = False,
+                        min_tiles: int = 0) -> int:
     """The blocks per SM num_splits counts for a call of `blocks` blocks over `n_tiles` tiles
     (co_resident_thresholds)."""
     if any(blocks >= least_blocks and n_tiles >= least_tiles
-           for least_blocks, least_tiles in co_resident_thresholds(kernel_combine)):
+           for least_blocks, least_tiles in co_resident_thresholds(kernel_combine, min_tiles)):
         return co_resident_blocks
     return 1
 
@@ -236,7 +248,8 @@ def _wave_splits(blocks: int, n_tiles: int, slots: int, cap: int) -> int:
     return next(s for s in counts if efficiency(s) >= WAVE_EFFICIENCY * best)
 
 
-def split_rule_text(combine: str, in_flight: int = 0, co_resident_blocks: int = 1, slice_cost_min_tiles: int = 0) -> str:
+def split_rule_text(combine: str, in_flight: int = 0, co_resident_blocks: int = 1, slice_cost_min_tiles: int = 0,
+                    co_resident_min_tiles: int = 0) -> str:
     """How a plan's runtime picks its split count, for `attngen explain` and the generated headers."""
     slice_cost_text = (f"the count of least slice cost, waves x ({SLICE_FIXED_TILES:g} + tiles per slice) + "
                        f"{MERGE_TILES_PER_PARTIAL:g} per partial past {FREE_PARTIALS}")
@@ -254,7 +267,7 @@ def split_rule_text(combine: str, in_flight: int = 0, co_resident_blocks: int = 
                  f"({in_flight // 1024} KiB per block)")
     if co_resident_blocks > 1:
         where = " or ".join(f"{b} blocks or more and the cache {t} tiles or more"
-                            for b, t in co_resident_thresholds(combine == "kernel"))
+                            for b, t in co_resident_thresholds(combine == "kernel", co_resident_min_tiles))
         text += f"; {co_resident_blocks} blocks per SM counted (and no in-flight rule) where the grid has {where}"
     return text
 

@@ -22,7 +22,8 @@ from ...core import banks
 from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, KV_SCALE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
-from ...core.launch_rules import MAX_PAGE_SIZE, MAX_SPLITS, merging_key, split_rule_text
+from ...core.launch_rules import (MAX_PAGE_SIZE, MAX_SPLITS, TWO_STAGE_CO_RESIDENT_MIN_TILES, merging_key,
+                                  split_rule_text)
 from ...core.layout import CHUNK_BYTES, Occupancy, Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
 from ...core.variants import SCORES
@@ -275,6 +276,15 @@ def co_resident_blocks(spec: DecodeSpec, occupancy: Occupancy) -> int:
     return max(1, min(2, occupancy.by_smem())) if spec.kv_dtype else 1
 
 
+def co_resident_min_tiles(spec: DecodeSpec, co_resident: int) -> int:
+    """The tiles from which a merging cell counts its co-resident blocks: TWO_STAGE_CO_RESIDENT_MIN_TILES for a
+    2-stage ring, whose block keeps one tile in flight (the second block per SM is its second tile); 0 (the
+    rule's CO_RESIDENT_MIN_TILES) otherwise."""
+    if co_resident > 1 and spec.combine != "kernel" and spec.smem.stages == 2:
+        return TWO_STAGE_CO_RESIDENT_MIN_TILES
+    return 0
+
+
 def bank_patterns(plan) -> list[banks.Pattern]:
     """Every thread copies K/V; Q, K and V are read with the mma.sync lane maps (load_q_fragment,
     score_step and accumulate_pv in split.cu.j2). An e4m3 cache's tiles are read by other maps (8-byte
@@ -389,13 +399,15 @@ def plan(spec: DecodeSpec, file: str | None = None):
         unread += APPEND_FIELDS   # no new tokens: the struct and code of the kernels before append existed
     abi = plan_abi(p.mask_variants, varlen=False, reports_errors=True, unread=unread, scores=p.score_variants,
                    base=FORWARD_ABI.with_fields(DECODE_ABI_FIELDS + (KV_SCALE_ABI_FIELDS if spec.kv_dtype else ())))
+    co_resident = co_resident_blocks(spec, p.occupancy)
     return DecodePlan.of(p, parts=function_names(spec), abi=abi,
                          block_text=block_text, rows_per_warp=spec.tile.block_m, roles=roles, schedule=schedule,
                          q_in_registers=holds_q(spec), max_splits=spec.max_splits, paged=spec.paged,
                          combine=spec.combine, append=spec.append, unsplit_in_flight=unsplit_in_flight(spec),
                          slice_cost_min_tiles=spec.slice_cost_from_tiles if spec.combine == "kernel" else 0,
                          merge_rows=spec.merge_rows, row_mods_per_tile=row_mods_per_tile(spec, p.score_variants),
-                         co_resident_blocks=co_resident_blocks(spec, p.occupancy),
+                         co_resident_blocks=co_resident,
+                         co_resident_min_tiles=co_resident_min_tiles(spec, co_resident),
                          kv_dtype=spec.kv_dtype or "", kv_mma=spec.kv_mma or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
@@ -412,7 +424,8 @@ def explain(plan) -> list[str]:
             f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
             f"splits: at most {plan.max_splits}; the runtime picks "
-            + split_rule_text(plan.combine, plan.unsplit_in_flight, plan.co_resident_blocks, plan.slice_cost_min_tiles),
+            + split_rule_text(plan.combine, plan.unsplit_in_flight, plan.co_resident_blocks, plan.slice_cost_min_tiles,
+                              plan.co_resident_min_tiles),
             (f"paged KV: any page size from 1 to {MAX_PAGE_SIZE} keys (a power of two, page_size and page_shift "
              "in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in "
              "it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; "

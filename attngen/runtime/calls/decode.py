@@ -617,7 +617,7 @@ def kv_scale_values(torch, kv_scales, kv_heads: int, index: int, numbers_seen: d
 
 def num_splits_for(plan, blocks: int, n_tiles: int, sm_count: int) -> int:
     kernel_combine = plan.combine == "kernel"
-    per_sm = split_blocks_per_sm(plan.co_resident_blocks, blocks, n_tiles, kernel_combine)
+    per_sm = split_blocks_per_sm(plan.co_resident_blocks, blocks, n_tiles, kernel_combine, plan.co_resident_min_tiles)
     # the in-flight rule was measured with one block per SM: where two are counted it does not apply
     in_flight = plan.unsplit_in_flight if per_sm == 1 else 0
     slice_cost = not kernel_combine or 0 < plan.slice_cost_min_tiles <= n_tiles
