@@ -114,8 +114,8 @@ def test_dispatch_routes_only_e4m3_caches_to_e4m3_specs():
     for dtype, suffix in (("fp16", ""), ("bf16", "_bf16")):
         for head_dim in (64, 128):
             got = select(entries, "decode_kv_e4m3", "sm_90", dtype, head_dim, "causal", 32768)
-            # d128 bf16: the 2-stage ring on every grid; fp16 where the grid holds two blocks per SM (below)
-            ring = "_s2" if (head_dim, dtype) == (128, "bf16") else ""
+            # d128, one query row per KV head past 4096 keys: the 2-stage ring (by grid: below)
+            ring = "_s2" if head_dim == 128 else ""
             assert got.spec == f"h200_decode_d{head_dim}_kv_e4m3_contiguous{ring}{suffix}"
             got = select(entries, "decode_kv_e4m3", "sm_90", dtype, head_dim, "none", 8192, paged=True)
             assert got.spec == f"h200_decode_d{head_dim}_kv_e4m3{suffix}"
@@ -182,18 +182,37 @@ T = _FakeTorch
 
 
 
-def test_d128_fp16_contiguous_e4m3_calls_take_the_2_stage_ring_on_grids_of_two_blocks_per_sm():
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_d128_contiguous_e4m3_calls_take_the_2_stage_ring_but_on_128_blocks_and_few_long_rows(dtype):
+    """The table's ring for contiguous d128 e4m3 calls (docs/decode-h200/e4m3_route_short/: route_short*.json
+    timed each call, route_modes_*.json with a torch op before each, as a decode step calls): 3 stages where the
+    grid is 128 blocks of one slice, one per SM, and past 4096 keys for fewer than 128 query rows of 4 per KV
+    head; 2 stages elsewhere. bf16 queries take the same ring as fp16 (both on fp16 operands)."""
     from attngen.ops.table import load_table, select, table_path
     entries = load_table(table_path(SPECS))
     cell = "h200_decode_d128_kv_e4m3_contiguous"
-    for capacity, rows, ring in ((32768, 256, "_s2"),    # B8 32/8: 256 blocks in 4 slices (139.5 us; 3 stages 143.6)
-                                 (32768, 128, ""),       # B4 32/8
-                                 (32768, None, ""),
-                                 (4096, 512, ""),        # B16 32/8 at 4k: 128 blocks (45.3 us; 2 stages 47.5)
-                                 (4096, 1024, "_s2"),    # B32 32/8 at 4k (73.3 us; 3 stages 75.3)
-                                 (1024, 512, "")):
-        got = select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "none", capacity, group_rows=4, rows=rows)
-        assert got.spec == cell + ring, (capacity, rows, got.spec)
+    suffix = "_bf16" if dtype == "bf16" else ""
+    for capacity, group, rows, ring in ((32768, 4, 256, "_s2"),    # B8 32/8, fp16 with an op ahead (140.5 us; 3 stages 148.7)
+                                        (32768, 4, 128, "_s2"),    # B4 32/8 (76.4 us; 3 stages 78.8)
+                                        (16384, 4, 64, ""),        # B2 32/8 (28.7 us; 2 stages 31.1)
+                                        (8192, 4, 32, ""),         # B1 32/8
+                                        (32768, 4, None, ""),
+                                        (32768, 1, 32, "_s2"),     # B1 32/32 (75.7 us; 3 stages 78.0)
+                                        (8192, 1, 128, "_s2"),     # B4 32/32
+                                        # up to 4096 keys the 2-stage ring but where the grid is 128 blocks of one
+                                        # slice, one per SM
+                                        (2048, 4, 256, "_s2"),     # B8 32/8 at 2k (18.8 us; 3 stages 19.7)
+                                        (4096, 4, 128, "_s2"),     # B4 32/8 at 4k
+                                        (1024, 4, 32, "_s2"),      # B1 32/8
+                                        (4096, 4, 512, ""),        # B16 32/8: 128 blocks (2k 25.6 us; 2 stages 27.6)
+                                        (1024, 4, 512, ""),
+                                        (4096, 4, 1024, "_s2"),    # B32 32/8 at 4k (72.7 us; 3 stages 74.6)
+                                        (4096, 1, 64, "_s2"),      # B2 32/32 at 4k (26.9 us; 3 stages 28.5)
+                                        (1024, 1, 128, ""),        # B4 32/32: 128 blocks (16.7 us; 2 stages 17.8)
+                                        (2048, 1, 256, "_s2"),     # B8 32/32
+                                        (4096, 1, 1024, "_s2")):   # B32 32/32
+        got = select(entries, "decode_kv_e4m3", "sm_90", dtype, 128, "none", capacity, group_rows=group, rows=rows)
+        assert got.spec == cell + ring + suffix, (capacity, group, rows, got.spec)
 
 
 def test_2_stage_cells_count_two_blocks_per_sm_from_16_tiles():
