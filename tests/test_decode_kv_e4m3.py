@@ -298,3 +298,29 @@ def test_attention_with_kvcache_takes_the_scales():
     tree = ast.parse((ROOT / "attngen" / "ops" / "__init__.py").read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attention_with_kvcache")
     assert {"k_scale", "v_scale"} <= {a.arg for a in fn.args.kwonlyargs}
+
+
+def test_a_programmatic_split_launch_of_few_blocks_asks_for_a_lone_blocks_shared_memory():
+    """Where two blocks fit an SM, a programmatic split launch over no more blocks than SMs asks for more than
+    half the SM (docs/decode-h200/pdl_packing/smem_floor.json): no two of its blocks can then share one."""
+    from attngen.core.launch_rules import launches_alone, lone_block_smem
+    from attngen.runtime.calls.decode import DecodeKernel
+    from attngen.runtime.kernel import Function
+    sm, reserved = 233472, 1024                     # an H200 SM's bytes, the system's per block
+    alone = lone_block_smem(115200, sm, reserved)   # the 3-stage e4m3 d128 cell
+    assert 2 * (115200 + reserved) <= sm < 2 * (alone + reserved) and alone + reserved <= sm
+    assert lone_block_smem(172032, sm, reserved) == 172032     # one block per SM already
+    assert lone_block_smem(115200, 0, 0) == 115200             # the SM's size not known
+    assert launches_alone(True, 128, 132) and not launches_alone(True, 256, 132)
+    assert not launches_alone(False, 128, 132)                 # launched the usual way: placed as any grid
+
+    class Info:
+        smem_per_sm, smem_reserved, smem_optin, sm_count = sm, reserved, 232448, 132
+    split = Function("split", 1, 128, 115200, True)
+    combine = Function("combine", 2, 128, 0, True)
+    few = DecodeKernel._alone(Info, ((split, 11, (1, 128, 1)), (combine, 12, (4, 1, 1))))
+    assert few[0][0].smem_dynamic == alone and few[0][1:] == (11, (1, 128, 1)) and few[1][0] is combine
+    many = ((split, 11, (2, 128, 1)),)
+    assert DecodeKernel._alone(Info, many) is many
+    usual = ((split._replace(programmatic=False), 11, (1, 128, 1)),)
+    assert DecodeKernel._alone(Info, usual) is usual

@@ -221,6 +221,29 @@ def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int, kern
     return 1
 
 
+# A split kernel launched as a programmatic dependent of the kernel ahead may have its blocks placed while that
+# kernel's blocks still run: where two of its blocks fit an SM, the placement can put two of one call's blocks on
+# one SM and leave another SM without any, and a grid of no more blocks than SMs then ends with its doubled SMs.
+# Such a launch asks for more than half an SM's shared memory (lone_block_smem), so that no two of its blocks share
+# one. Measured on the H200 (docs/decode-h200/pdl_packing/smem_floor.json, fp16 queries, 128 blocks, the same bits):
+# the e4m3 d128 3-stage cell back to back 49.98 -> 40.77 us at B16 32/8, 4096 keys (launched the usual way 42.01),
+# 28.31 -> 23.26 at 2048, B8 32/8 at 4096 keys in 2 slices 30.91 -> 26.22; the d64 cell 23.18 -> 21.90 at B8 32/8
+# in 2 slices and level at one (34.29 -> 34.18); timed one call at a time or after a torch op (a decode step),
+# within 0.5 % either way.
+def lone_block_smem(smem_dynamic: int, smem_per_sm: int, reserved: int) -> int:
+    """The dynamic shared memory a block asks for so that no second block fits its SM (each takes its bytes
+    and `reserved`): `smem_dynamic` where that is already so or the SM's size is not known (0)."""
+    if not smem_per_sm:
+        return smem_dynamic
+    return max(smem_dynamic, smem_per_sm // 2 - reserved + 1)
+
+
+def launches_alone(programmatic: bool, blocks: int, sm_count: int) -> bool:
+    """A split launch asks for lone_block_smem: launched as a programmatic dependent, over no more blocks than
+    SMs (a larger grid needs its blocks to share SMs)."""
+    return programmatic and blocks <= sm_count
+
+
 def slice_cost(blocks: int, n_tiles: int, slots: int, splits: int) -> float:
     """The time of a call cut into `splits` slices, in K/V-tile times, where the split kernel merges
     (see SLICE_FIXED_TILES)."""

@@ -39,15 +39,17 @@ class DeviceInfo(Frozen):
 
     # Frozen, not a frozen dataclass: a first call defines this class (core.frozen says why); not a
     # NamedTuple, whose `index` would be tuple.index.
-    __slots__ = ("index", "handle", "context", "arch", "sm_count", "smem_optin")
+    __slots__ = ("index", "handle", "context", "arch", "sm_count", "smem_optin", "smem_per_sm", "smem_reserved")
 
     def __init__(self, index: int,     # torch's ordinal (cuda:N)
                  handle: int,          # CUdevice
                  context: int,         # its primary context (torch's)
                  arch: str,            # e.g. sm_90
                  sm_count: int,
-                 smem_optin: int):     # bytes of shared memory a block may opt into
-        super().__init__(index, handle, context, arch, sm_count, smem_optin)
+                 smem_optin: int,      # bytes of shared memory a block may opt into
+                 smem_per_sm: int = 0,     # bytes of shared memory of one SM (0: not known)
+                 smem_reserved: int = 0):  # bytes the system keeps of it per resident block
+        super().__init__(index, handle, context, arch, sm_count, smem_optin, smem_per_sm, smem_reserved)
 
 
 _devices: dict[int, DeviceInfo] = {}
@@ -66,7 +68,9 @@ def device_info(index: int) -> DeviceInfo:
                 minor = driver.device_attribute(dev, driver.DEV_COMPUTE_CAPABILITY_MINOR)
                 info = DeviceInfo(index, dev, driver.primary_context(dev), f"sm_{major}{minor}",
                                   driver.device_attribute(dev, driver.DEV_MULTIPROCESSOR_COUNT),
-                                  driver.device_attribute(dev, driver.DEV_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
+                                  driver.device_attribute(dev, driver.DEV_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+                                  driver.device_attribute(dev, driver.DEV_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+                                  driver.device_attribute(dev, driver.DEV_RESERVED_SHARED_MEMORY_PER_BLOCK))
                 _devices[index] = info
     return info
 

@@ -11,10 +11,12 @@ import numbers
 import threading
 
 from ...core.append_abi import APPEND_FIELDS
-from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, MAX_PAGE_SIZE, WIDE_COMBINE, WIDE_COMBINE_MIN_SPLITS, num_splits,
-                                  page_shift, row_blocks, split_blocks_per_sm, visited_tiles)
+from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, MAX_PAGE_SIZE, WIDE_COMBINE, WIDE_COMBINE_MIN_SPLITS,
+                                  launches_alone, lone_block_smem, num_splits, page_shift, row_blocks,
+                                  split_blocks_per_sm, visited_tiles)
 from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
+from .. import driver
 from ..gpu import error_word, persistent
 from ..kernel import LOAD_BYTES, MAX_GRID_YZ, Kernel, Prepared
 from .shared import ATTENTION_FIELDS, bhsd_strides, check_page_ids, layout_key, mask_fields, variant_key
@@ -321,7 +323,8 @@ class DecodeKernel(Kernel):
         launches = [(self.entry[self.plan.split_key(mask, splits)], (splits, kv_heads * blocks_per_row, batch))]
         if splits > 1 and not merges:
             launches.append(self._combine_launch(splits, batch * heads * seqlen_q))
-        prepared = Prepared(info, self._launches(info, *launches), self._decode.pack(values), self._pointers,
+        launched = self._alone(info, self._launches(info, *launches))
+        prepared = Prepared(info, launched, self._decode.pack(values), self._pointers,
                             ((batch, heads, seqlen_q), accum, counters, splits))
         if out_given is None:
             self._remember(key, prepared)
@@ -331,6 +334,24 @@ class DecodeKernel(Kernel):
         del held, held_counters
         self.last_splits = splits
         return (out, lse) if return_lse else out
+
+    def _configure(self, fn, info) -> None:
+        super()._configure(fn, info)
+        alone = lone_block_smem(fn.smem_dynamic, info.smem_per_sm, info.smem_reserved)
+        if fn.programmatic and fn.smem_dynamic and fn.smem_dynamic < alone <= info.smem_optin:
+            # a launch of this function may ask for a lone block's bytes (_alone)
+            driver.set_kernel_attribute(fn.handle, driver.ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, alone, info.handle)
+
+    @staticmethod
+    def _alone(info, launches: tuple) -> tuple:
+        """The call's launches, the split kernel's asking for a lone block's shared memory where
+        launch_rules.launches_alone holds (no two of its blocks on one SM)."""
+        fn, handle, grid = launches[0]
+        alone = lone_block_smem(fn.smem_dynamic, info.smem_per_sm, info.smem_reserved)
+        if (fn.smem_dynamic and fn.smem_dynamic < alone <= info.smem_optin
+                and launches_alone(fn.programmatic, grid[0] * grid[1] * grid[2], info.sm_count)):
+            return ((fn._replace(smem_dynamic=alone), handle, grid),) + launches[1:]
+        return launches
 
     def _combine_launch(self, splits: int, rows: int) -> tuple[str, tuple[int, int, int]]:
         """The combine function and grid that merge `splits` slices of `rows` output rows: the part's wide
