@@ -223,7 +223,8 @@ def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int, kern
 
 # A split kernel launched as a programmatic dependent of the kernel ahead may have its blocks placed while that
 # kernel's blocks still run: where two of its blocks fit an SM, the placement can put two of one call's blocks on
-# one SM and leave another SM without any, and a grid of no more blocks than SMs then ends with its doubled SMs.
+# one SM and leave another SM without any, and a grid of no more blocks than SMs then ends with its doubled SMs
+# (where the blocks landed was not read; a block too large to share an SM removed the loss).
 # Such a launch asks for more than half an SM's shared memory (lone_block_smem), so that no two of its blocks share
 # one. Measured on the H200 (docs/decode-h200/pdl_packing/smem_floor.json, fp16 queries, 128 blocks, the same bits):
 # the e4m3 d128 3-stage cell back to back 49.98 -> 40.77 us at B16 32/8, 4096 keys (launched the usual way 42.01),
