@@ -338,7 +338,8 @@ class DecodeKernel(Kernel):
     def _configure(self, fn, info) -> None:
         super()._configure(fn, info)
         alone = lone_block_smem(fn.smem_dynamic, info.smem_per_sm, info.smem_reserved)
-        if fn.programmatic and fn.smem_dynamic and fn.smem_dynamic < alone <= info.smem_optin:
+        if (fn.programmatic and driver.programmatic_launches(info.arch) and fn.smem_dynamic
+                and fn.smem_dynamic < alone <= info.smem_optin):
             # a launch of this function may ask for a lone block's bytes (_alone)
             driver.set_kernel_attribute(fn.handle, driver.ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, alone, info.handle)
 
