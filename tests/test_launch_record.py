@@ -353,3 +353,28 @@ def test_pycuda_launches_an_awaiting_twin_as_the_function_it_twins(monkeypatch):
         prepared = SimpleNamespace(info=SimpleNamespace(index=0), launches=((functions[name], None, (1, 1, 1)),))
         launcher.launch(kernel, prepared, bytes(8))
     assert launched == ["f_causal", "f_none"] and launcher.launches == 2
+
+
+def test_pycuda_launches_a_split_function_with_the_shared_memory_it_was_loaded_with(monkeypatch):
+    """A programmatic split launch of few blocks asks for a lone block's shared memory (launch_rules.launches_alone);
+    verify's PyCUDA launch, which waits for the kernel ahead, launches the function as loaded, so its shared-memory
+    limit, set once per function, always covers the launch whichever grid came first."""
+    import contextlib
+    from types import SimpleNamespace
+    from attngen.eval.verify import pycuda_launch
+    from attngen.runtime.kernel import Function
+    monkeypatch.setattr(pycuda_launch, "argument_buffer", lambda params, gap, size: params)
+    shared = []
+    launcher = object.__new__(pycuda_launch.PycudaLauncher)
+    launcher.launches = 0
+    launcher._primary = lambda index: contextlib.nullcontext()
+    launcher._function = lambda kernel, index, fn: (lambda *a, **kw: shared.append((fn.smem_dynamic, kw["shared"])),
+                                                    0, -1)
+    split = Function("split", 1, 128, 115200, True)
+    stream = SimpleNamespace(cuda_stream=0)
+    kernel = SimpleNamespace(_torch=SimpleNamespace(cuda=SimpleNamespace(current_stream=lambda index: stream)),
+                             entry={"none": "split"}, awaiting_entry={}, functions={"split": split})
+    for fn in (split, split._replace(smem_dynamic=115713)):
+        prepared = SimpleNamespace(info=SimpleNamespace(index=0), launches=((fn, None, (1, 128, 1)),))
+        launcher.launch(kernel, prepared, bytes(8))
+    assert shared == [(115200, 115200), (115200, 115200)]

@@ -93,12 +93,13 @@ class PycudaLauncher:
         if own_stream:
             torch.cuda.synchronize(index)
         # A short forward call's awaiting twin is launched here as the usual function it twins: PyCUDA
-        # launches no programmatic dependent, and so every such case checks the two bit for bit.
+        # launches no programmatic dependent, and so every such case checks the two bit for bit. Every
+        # function is launched as the kernel loaded it: a programmatic launch's lone-block shared memory
+        # (launch_rules.launches_alone) has no use in a launch that waits for the kernel ahead to end.
         usual = {twin: kernel.entry[key] for key, twin in kernel.awaiting_entry.items()}
         with self._primary(index):
             for fn, _handle, grid in prepared.launches:
-                if fn.name in usual:
-                    fn = kernel.functions[usual[fn.name]]
+                fn = kernel.functions[usual.get(fn.name, fn.name)]
                 f, gap, size = self._function(kernel, index, fn)
                 f(argument_buffer(bytes(params), gap, size), block=(fn.threads, 1, 1),
                   grid=tuple(int(g) for g in grid), shared=fn.smem_dynamic)
