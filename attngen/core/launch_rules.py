@@ -230,7 +230,7 @@ def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int, kern
 # the e4m3 d128 3-stage cell back to back 49.98 -> 40.77 us at B16 32/8, 4096 keys (launched the usual way 42.01),
 # 28.31 -> 23.26 at 2048, B8 32/8 at 4096 keys in 2 slices 30.91 -> 26.22; the d64 cell 23.18 -> 21.90 at B8 32/8
 # in 2 slices and level at one (34.29 -> 34.18); timed one call at a time or after a torch op (a decode step),
-# within 0.5 % either way.
+# 0.993-1.011x.
 def lone_block_smem(smem_dynamic: int, smem_per_sm: int, reserved: int) -> int:
     """The dynamic shared memory a block asks for so that no second block fits its SM (each takes its bytes
     and `reserved`): `smem_dynamic` where that is already so or the SM's size is not known (0)."""
