@@ -231,12 +231,14 @@ def split_blocks_per_sm(co_resident_blocks: int, blocks: int, n_tiles: int, kern
 # 28.31 -> 23.26 at 2048, B8 32/8 at 4096 keys in 2 slices 30.91 -> 26.22; the d64 cell 23.18 -> 21.90 at B8 32/8
 # in 2 slices and level at one (34.29 -> 34.18); timed one call at a time or after a torch op (a decode step),
 # 0.993-1.011x.
-def lone_block_smem(smem_dynamic: int, smem_per_sm: int, reserved: int) -> int:
+def lone_block_smem(smem_dynamic: int, smem_per_sm: int, reserved: int, smem_optin: int | None = None) -> int:
     """The dynamic shared memory a block asks for so that no second block fits its SM (each takes its bytes
-    and `reserved`): `smem_dynamic` where that is already so or the SM's size is not known (0)."""
-    if not smem_per_sm:
+    and `reserved`): `smem_dynamic` where that is already so, where the block has no dynamic shared memory,
+    where the SM's size is not known (0), or where a block may not opt into that much (`smem_optin`)."""
+    if not smem_dynamic or not smem_per_sm:
         return smem_dynamic
-    return max(smem_dynamic, smem_per_sm // 2 - reserved + 1)
+    alone = max(smem_dynamic, smem_per_sm // 2 - reserved + 1)
+    return smem_dynamic if smem_optin is not None and alone > smem_optin else alone
 
 
 def launches_alone(programmatic: bool, blocks: int, sm_count: int) -> bool:

@@ -337,9 +337,8 @@ class DecodeKernel(Kernel):
 
     def _configure(self, fn, info) -> None:
         super()._configure(fn, info)
-        alone = lone_block_smem(fn.smem_dynamic, info.smem_per_sm, info.smem_reserved)
-        if (fn.programmatic and driver.programmatic_launches(info.arch) and fn.smem_dynamic
-                and fn.smem_dynamic < alone <= info.smem_optin):
+        alone = lone_block_smem(fn.smem_dynamic, info.smem_per_sm, info.smem_reserved, info.smem_optin)
+        if fn.programmatic and driver.programmatic_launches(info.arch) and alone > fn.smem_dynamic:
             # a launch of this function may ask for a lone block's bytes (_alone)
             driver.set_kernel_attribute(fn.handle, driver.ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, alone, info.handle)
 
@@ -348,9 +347,8 @@ class DecodeKernel(Kernel):
         """The call's launches, the split kernel's asking for a lone block's shared memory where
         launch_rules.launches_alone holds (no two of its blocks on one SM)."""
         fn, handle, grid = launches[0]
-        alone = lone_block_smem(fn.smem_dynamic, info.smem_per_sm, info.smem_reserved)
-        if (fn.smem_dynamic and fn.smem_dynamic < alone <= info.smem_optin
-                and launches_alone(fn.programmatic, grid[0] * grid[1] * grid[2], info.sm_count)):
+        alone = lone_block_smem(fn.smem_dynamic, info.smem_per_sm, info.smem_reserved, info.smem_optin)
+        if alone > fn.smem_dynamic and launches_alone(fn.programmatic, grid[0] * grid[1] * grid[2], info.sm_count):
             return ((fn._replace(smem_dynamic=alone), handle, grid),) + launches[1:]
         return launches
 
