@@ -215,6 +215,37 @@ def test_d128_contiguous_e4m3_calls_take_the_2_stage_ring_but_on_128_blocks_and_
         assert got.spec == cell + ring + suffix, (capacity, group, rows, got.spec)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_d128_contiguous_e4m3_calls_of_few_rows_at_long_context_take_the_paged_capable_cell(dtype):
+    """Contiguous d128 e4m3 calls of up to 4 query rows per KV head go to the paged-capable cell (two blocks per SM
+    from 16 blocks and 128 tiles or 8 and 256; its combine kernel merges) past 16384 keys from 64 query rows and past
+    65536 keys below; 128 rows and more keep the 2-stage contiguous cell (docs/decode-h200/e4m3_b1/: through the entry
+    point 1.02-1.15x where the cell changed)."""
+    from attngen.ops.table import load_table, select, table_path
+    entries = load_table(table_path(SPECS))
+    suffix = "_bf16" if dtype == "bf16" else ""
+    s3, s2, paged = ("h200_decode_d128_kv_e4m3_contiguous", "h200_decode_d128_kv_e4m3_contiguous_s2",
+                     "h200_decode_d128_kv_e4m3")
+    for mask in ("none", "causal"):
+        for capacity, group, rows, cell in ((16384, 4, 64, s3),       # B2 32/8 at 16k: level (28.6 us both)
+                                            (16385, 4, 64, paged),
+                                            (32768, 4, 64, paged),    # B2 32/8 at 32k (42.9 us; 46.1 before)
+                                            (32768, 4, 96, paged),    # B3 32/8 (60.2 us; 68.3 before)
+                                            (131072, 2, 64, paged),   # B4 16/8
+                                            (65536, 4, 32, s3),       # B1 32/8 at 64k: level
+                                            (65537, 4, 32, paged),
+                                            (131072, 4, 32, paged),   # B1 32/8 at 128k (77.5 us; 83.0 before)
+                                            (131072, 4, 128, s2),     # B4 32/8
+                                            (32768, 4, 512, s2),
+                                            (131072, 1, 32, s2),      # 32/32 heads: their own bucket
+                                            (131072, 8, 8, s3 + "_pairs")):   # 8/1 heads: the pairs cell
+            got = select(entries, "decode_kv_e4m3", "sm_90", dtype, 128, mask, capacity, group_rows=group, rows=rows)
+            assert got.spec == cell + suffix, (mask, capacity, group, rows, got.spec)
+            paged_call = select(entries, "decode_kv_e4m3", "sm_90", dtype, 128, mask, capacity, paged=True,
+                                group_rows=group, rows=rows)
+            assert paged_call.spec == paged + suffix
+
+
 def test_2_stage_cells_count_two_blocks_per_sm_from_16_tiles():
     """A merging cell of a 2-stage ring keeps one tile in flight per block: it counts its second block per SM
     from 32 blocks and 16 tiles (measured best at 2k-6k keys, docs/decode-h200/e4m3_issue/short_counts.json);

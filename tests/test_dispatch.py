@@ -151,8 +151,11 @@ def test_contiguous_decode_routes_by_group_and_grid():
                   rows=64).spec == "h200_decode_d64_contiguous_bf16"
     assert select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "none", 32768, group_rows=8,
                   rows=64).spec == "h200_decode_d128_kv_e4m3_contiguous_pairs"
-    assert select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "none", 32768, group_rows=4,
+    assert select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "none", 16384, group_rows=4,
                   rows=64).spec == "h200_decode_d128_kv_e4m3_contiguous"
+    # past 16384 keys, 64-127 rows of 4 per KV head: the paged-capable cell (docs/decode-h200/e4m3_b1/)
+    assert select(entries, "decode_kv_e4m3", "sm_90", "fp16", 128, "none", 32768, group_rows=4,
+                  rows=64).spec == "h200_decode_d128_kv_e4m3"
     assert select(entries, "decode", "sm_90", "bf16", 128, "none", 8192, paged=True, group_rows=8,
                   rows=8).spec == "h200_decode_d128_bf16"
 

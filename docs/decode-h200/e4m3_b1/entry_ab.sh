@@ -1,0 +1,21 @@
+# entry_ab.py's two modes in turn, ROUNDS processes each: OUT_DIR/{before,after}[bf16][op]_N.json, then a summary.
+# Usage (GPU machine, repository root): bash docs/decode-h200/e4m3_b1/entry_ab.sh OUT_DIR OLD_TABLE [ROUNDS] [bf16|fp16] [op]
+set -e
+out=$1; old=$2; rounds=${3:-2}; q=${4:-}; op=${5:-}
+[ "$q" = fp16 ] && q=""
+[ -n "$op" ] && q="${q}op"
+mkdir -p "$out"
+for r in $(seq "$rounds"); do
+  python3 docs/decode-h200/e4m3_b1/entry_ab.py "$out/before${q}_$r.json" before "$old" ${4:-} $op > /dev/null
+  python3 docs/decode-h200/e4m3_b1/entry_ab.py "$out/after${q}_$r.json" after "$old" ${4:-} $op > /dev/null
+done
+python3 - "$out" "$rounds" "$q" <<'PY'
+import json, sys
+out, rounds, q = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+runs = {m: [json.load(open(f"{out}/{m}{q}_{r}.json"))["rows"] for r in range(1, rounds + 1)] for m in ("before", "after")}
+for i, row in enumerate(runs["before"][0]):
+    b = min(x[i]["us"] for x in runs["before"]); a = min(x[i]["us"] for x in runs["after"])
+    f = min(x[i]["fp16_us"] for x in runs["after"])
+    s = lambda m: ",".join(x.replace("h200_decode_d128_", "") for x in runs[m][0][i]["specs"])
+    print(f'{row["dtype"]}{q[-2:] == "op" and " op" or ""} {row["grid"]:18s} before {b:7.2f} ({s("before")}) after {a:7.2f} ({s("after")})  {b / a:.3f}x; 16-bit cache {f:7.2f}: {f / b:.2f}x -> {f / a:.2f}x')
+PY
