@@ -5,8 +5,10 @@ past 65536 (fewer rows): "before" reads the table as committed before (TABLE, e.
 One process per mode (the runtime keeps a shape's kernel once resolved), each call a CUDA graph of 30 calls (GPU us
 per call, caches rotated past L2), 5 replays, medians; the spec each call took is recorded. With `op`, a small torch
 op goes before each call in the graph (a decode step's attention follows other kernels); without, the calls run back
-to back. "after" also times the same calls on 16-bit caches of the query dtype (`fp16_us`). entry_ab.sh runs the two modes in turn.
-Usage: python3 docs/decode-h200/e4m3_b1/entry_ab.py OUT.json before|after [TABLE] [bf16] [op]"""
+to back. "after" also times the same calls on 16-bit caches of the query dtype (`fp16_us`). With `eager`, each call is
+also timed eager (`eager_us`: 20 calls back to back as a user makes them, host included, medians; no graph).
+entry_ab.sh runs the two modes in turn.
+Usage: python3 docs/decode-h200/e4m3_b1/entry_ab.py OUT.json before|after [TABLE] [bf16] [op] [eager]"""
 import json, statistics, sys
 import torch
 import attngen
@@ -15,6 +17,7 @@ import attngen.ops.dispatch as dispatch
 MODE = sys.argv[2]
 BF16 = "bf16" in sys.argv[3:]
 OP = "op" in sys.argv[3:]
+EAGER = "eager" in sys.argv[3:]
 side = torch.randn(4096, device="cuda")
 if MODE == "before":
     load = dispatch.load_table
@@ -69,6 +72,10 @@ for b, h, hkv, sk in CASES:
     times = [time_graph(g) for _ in range(5)]
     row = {"dtype": "bf16" if BF16 else "fp16", "op": OP, "grid": f"B{b} {h}/{hkv} Sk{sk}", "mode": MODE, "specs": sorted(set(SEEN)),
            "us": round(statistics.median(times), 2), "rounds": [round(t, 2) for t in times]}
+    if EAGER:
+        from attngen.eval.bench.decode import eager_time_us
+        row["eager_us"] = round(eager_time_us(torch, lambda i: attngen.attention_with_kvcache(
+            q, sets[i][0], sets[i][1], cache_seqlens=lens, k_scale=scales[0], v_scale=scales[1]), 20, len(sets)), 2)
     if MODE == "after":
         del g, sets; torch.cuda.empty_cache()
         copies16 = max(2, min(8, -(-200_000_000 // (4 * b * hkv * sk * 128))))
