@@ -55,6 +55,31 @@ def test_the_memo_serves_a_later_process(cache, monkeypatch):
     assert table.load_table(TABLE) == entries
 
 
+def test_verify_leaves_the_tables_memo_for_the_next_process(cache, monkeypatch):
+    """`attngen verify` parses the dispatch table once after its cases, so the first call after it reads the memo."""
+    from attngen.cli.verify import memo_dispatch_table
+    expected = strict_entries()
+    assert not memo_file().exists()
+    memo_dispatch_table()
+    assert memo_file().is_file()
+    table._PARSED.clear()                 # as a new process
+    refuse_parsing(monkeypatch)
+    assert table.load_table(TABLE) == expected
+
+
+def test_verify_runs_on_when_the_table_does_not_load(cache, monkeypatch):
+    """A table that does not load is the call's (and `attngen check`'s) to report: verify's memo step says nothing."""
+    import importlib
+    from attngen.errors import SpecError
+    verify_cli = importlib.import_module("attngen.cli.verify")     # the package's `verify` is the click command
+
+    def broken(_path):
+        raise SpecError("specs/dispatch/table.yaml: not YAML")
+    monkeypatch.setattr(table, "load_table", broken)
+    verify_cli.memo_dispatch_table()
+    assert not memo_file().exists()
+
+
 def test_the_memo_holds_the_strict_entries(cache):
     table.load_table(TABLE)
     assert table.read_memo(table.memo_key(table.read_table_text(TABLE))) == strict_entries()
