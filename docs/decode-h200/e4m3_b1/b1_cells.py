@@ -4,8 +4,8 @@ combine kernel) and the fp16-cache contiguous cell on an fp16 copy of the same c
 and at forced counts, timed two ways in alternating rounds: "b2b" (30 calls back to back between two events) and
 "op" (a small torch op before each call, as a decode step's attention follows other kernels). Each output is checked
 against the 3-stage cell's at its default count.
-Usage: python3 docs/decode-h200/e4m3_b1/b1_cells.py OUT.json [ROUNDS] [GRIDS] [KEYS]
-(GRIDS e.g. 1x32x8,1x64x8; KEYS e.g. 8192,32768)"""
+Usage: python3 docs/decode-h200/e4m3_b1/b1_cells.py OUT.json [ROUNDS] [GRIDS] [KEYS] [HEAD_DIM]
+(GRIDS e.g. 1x32x8,1x64x8; KEYS e.g. 8192,32768; HEAD_DIM 128, the default, or 64: d64 has no 2-stage cell)"""
 import json
 import statistics
 import sys
@@ -24,10 +24,13 @@ if len(sys.argv) > 4:
     KEYS = tuple(map(int, sys.argv[4].split(",")))
 COUNTS = (None, 8, 12, 16, 24, 32)
 SPECS = Path(attngen.__file__).resolve().parents[1] / "specs"
-names = {"s3": "h200_decode_d128_kv_e4m3_contiguous", "s2": "h200_decode_d128_kv_e4m3_contiguous_s2",
-         "pairs": "h200_decode_d128_kv_e4m3_contiguous_pairs", "paged": "h200_decode_d128_kv_e4m3"}
+D = int(sys.argv[5]) if len(sys.argv) > 5 else 128
+names = {"s3": f"h200_decode_d{D}_kv_e4m3_contiguous", "s2": f"h200_decode_d{D}_kv_e4m3_contiguous_s2",
+         "pairs": f"h200_decode_d{D}_kv_e4m3_contiguous_pairs", "paged": f"h200_decode_d{D}_kv_e4m3"}
+if D != 128:
+    del names["s2"]
 cells = {k: attngen.load(SPECS / f"{n}.yaml") for k, n in names.items()}
-fp16 = attngen.load(SPECS / "h200_decode_d128_contiguous.yaml")
+fp16 = attngen.load(SPECS / f"h200_decode_d{D}_contiguous.yaml")
 scales = {"k_scale": torch.tensor([0.7], device="cuda"), "v_scale": torch.tensor([1.3], device="cuda")}
 side = torch.randn(4096, device="cuda")
 
@@ -51,11 +54,11 @@ out = {"command": " ".join(["python3"] + sys.argv), "device": torch.cuda.get_dev
        "rows": []}
 for b, h, hkv in GRIDS:
     for sk in KEYS:
-        kv_bytes = 2 * b * hkv * sk * 128
+        kv_bytes = 2 * b * hkv * sk * D
         rot = max(2, min(8, int(3 * 60e6 // kv_bytes) + 1))
-        qs = [torch.randn(b, h, 1, 128, device="cuda", dtype=torch.float16) for _ in range(rot)]
-        k16 = [torch.randn(b, hkv, sk, 128, device="cuda", dtype=torch.float16) for _ in range(rot)]
-        v16 = [torch.randn(b, hkv, sk, 128, device="cuda", dtype=torch.float16) for _ in range(rot)]
+        qs = [torch.randn(b, h, 1, D, device="cuda", dtype=torch.float16) for _ in range(rot)]
+        k16 = [torch.randn(b, hkv, sk, D, device="cuda", dtype=torch.float16) for _ in range(rot)]
+        v16 = [torch.randn(b, hkv, sk, D, device="cuda", dtype=torch.float16) for _ in range(rot)]
         ks = [x.to(torch.float8_e4m3fn) for x in k16]
         vs = [x.to(torch.float8_e4m3fn) for x in v16]
         at = {"i": 0}

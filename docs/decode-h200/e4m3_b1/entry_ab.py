@@ -8,8 +8,9 @@ op goes before each call in the graph (a decode step's attention follows other k
 to back. "after" also times the same calls on 16-bit caches of the query dtype (`fp16_us`). With `eager`, each call is
 also timed eager (`eager_us`: 20 calls back to back as a user makes them, host included, medians; no graph).
 entry_ab.sh runs the two modes in turn.
+HEAD_DIM=64 in the environment: the d64 calls whose routing changed past 32768 keys (fp16) and their controls.
 Usage: python3 docs/decode-h200/e4m3_b1/entry_ab.py OUT.json before|after [TABLE] [bf16] [op] [eager]"""
-import json, statistics, sys
+import json, os, statistics, sys
 import torch
 import attngen
 import attngen.ops.dispatch as dispatch
@@ -32,6 +33,10 @@ dispatch.Dispatcher.entry = _recorded
 CASES = ([(2, 32, 8, sk) for sk in (16384, 32768, 65536, 131072)] + [(3, 32, 8, 32768)]
          + [(1, 32, 8, sk) for sk in (32768, 65536, 131072)] + [(4, 16, 8, sk) for sk in (32768, 131072)]
          + [(2, 16, 8, 131072), (4, 32, 8, 32768)])
+D = int(os.environ.get("HEAD_DIM", "128"))
+if D == 64:
+    CASES = ([(1, 32, 8, sk) for sk in (32768, 65536, 131072)] + [(2, 32, 8, sk) for sk in (65536, 131072)]
+             + [(3, 32, 8, 65536), (2, 16, 8, 131072), (4, 32, 8, 65536), (1, 32, 32, 131072)])
 scales = (torch.tensor([0.7], device="cuda"), torch.tensor([1.3], device="cuda"))
 dt = torch.bfloat16 if BF16 else torch.float16
 out = {"command": " ".join(["python3"] + sys.argv), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -62,15 +67,15 @@ def time_graph(g, calls=30):
 
 
 for b, h, hkv, sk in CASES:
-    q = torch.randn(b, h, 1, 128, device="cuda", dtype=dt)
+    q = torch.randn(b, h, 1, D, device="cuda", dtype=dt)
     lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
-    copies = max(2, min(8, -(-200_000_000 // (2 * b * hkv * sk * 128))))
-    sets = [tuple(torch.randn(b, hkv, sk, 128, device="cuda", dtype=torch.float16).to(torch.float8_e4m3fn) for _ in range(2))
+    copies = max(2, min(8, -(-200_000_000 // (2 * b * hkv * sk * D))))
+    sets = [tuple(torch.randn(b, hkv, sk, D, device="cuda", dtype=torch.float16).to(torch.float8_e4m3fn) for _ in range(2))
             for _ in range(copies)]
     SEEN.clear()
     g = graph(q, sets, lens)
     times = [time_graph(g) for _ in range(5)]
-    row = {"dtype": "bf16" if BF16 else "fp16", "op": OP, "grid": f"B{b} {h}/{hkv} Sk{sk}", "mode": MODE, "specs": sorted(set(SEEN)),
+    row = {"head_dim": D, "dtype": "bf16" if BF16 else "fp16", "op": OP, "grid": f"B{b} {h}/{hkv} Sk{sk}", "mode": MODE, "specs": sorted(set(SEEN)),
            "us": round(statistics.median(times), 2), "rounds": [round(t, 2) for t in times]}
     if EAGER:
         from attngen.eval.bench.decode import eager_time_us
@@ -78,8 +83,8 @@ for b, h, hkv, sk in CASES:
             q, sets[i][0], sets[i][1], cache_seqlens=lens, k_scale=scales[0], v_scale=scales[1]), 20, len(sets)), 2)
     if MODE == "after":
         del g, sets; torch.cuda.empty_cache()
-        copies16 = max(2, min(8, -(-200_000_000 // (4 * b * hkv * sk * 128))))
-        sets = [tuple(torch.randn(b, hkv, sk, 128, device="cuda", dtype=dt) for _ in range(2))
+        copies16 = max(2, min(8, -(-200_000_000 // (4 * b * hkv * sk * D))))
+        sets = [tuple(torch.randn(b, hkv, sk, D, device="cuda", dtype=dt) for _ in range(2))
                 for _ in range(copies16)]
         g = graph(q, sets, lens, e4m3=False)
         row["fp16_us"] = round(statistics.median(time_graph(g) for _ in range(5)), 2)

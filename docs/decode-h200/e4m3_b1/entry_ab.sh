@@ -1,4 +1,5 @@
-# entry_ab.py's two modes in turn, ROUNDS processes each: OUT_DIR/{before,after}[bf16][op]_N.json, then a summary.
+# entry_ab.py's two modes in turn, ROUNDS processes each: OUT_DIR/{before,after}[d64][bf16][op][eager]_N.json, then a summary
+# (HEAD_DIM=64 in the environment: the d64 calls).
 # Usage (GPU machine, repository root): bash docs/decode-h200/e4m3_b1/entry_ab.sh OUT_DIR OLD_TABLE [ROUNDS] [bf16|fp16] [op|b2b] [eager]
 set -e
 out=$1; old=$2; rounds=${3:-2}; q=${4:-}; op=${5:-}; eager=${6:-}
@@ -6,6 +7,7 @@ out=$1; old=$2; rounds=${3:-2}; q=${4:-}; op=${5:-}; eager=${6:-}
 [ "$op" = b2b ] && op=""
 [ -n "$op" ] && q="${q}op"
 [ -n "$eager" ] && q="${q}eager"
+[ "${HEAD_DIM:-128}" = 64 ] && q="d64${q}"
 mkdir -p "$out"
 for r in $(seq "$rounds"); do
   python3 docs/decode-h200/e4m3_b1/entry_ab.py "$out/before${q}_$r.json" before "$old" ${4:-} $op $eager > /dev/null
@@ -18,7 +20,7 @@ runs = {m: [json.load(open(f"{out}/{m}{q}_{r}.json"))["rows"] for r in range(1, 
 for i, row in enumerate(runs["before"][0]):
     b = min(x[i]["us"] for x in runs["before"]); a = min(x[i]["us"] for x in runs["after"])
     f = min(x[i]["fp16_us"] for x in runs["after"])
-    s = lambda m: ",".join(x.replace("h200_decode_d128_", "") for x in runs[m][0][i]["specs"])
+    s = lambda m: ",".join(x.replace("h200_decode_", "") for x in runs[m][0][i]["specs"])
     e = ""
     if "eager_us" in row:
         eb = min(x[i]["eager_us"] for x in runs["before"]); ea = min(x[i]["eager_us"] for x in runs["after"])
