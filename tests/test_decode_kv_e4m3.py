@@ -246,6 +246,30 @@ def test_d128_contiguous_e4m3_calls_of_few_rows_at_long_context_take_the_paged_c
             assert paged_call.spec == paged + suffix
 
 
+def test_d64_contiguous_fp16_e4m3_calls_of_few_rows_past_32k_keys_take_the_paged_capable_cell():
+    """Contiguous d64 e4m3 calls of fp16 queries, up to 4 query rows per KV head and fewer than 96 query rows, go to
+    the paged-capable cell (its combine kernel's two blocks per SM) past 32768 keys; 96 rows and more, 32/32 heads and
+    bf16 queries keep the contiguous cell (docs/decode-h200/e4m3_b1/entry_d64_summary.txt: 1.04-1.22x where the cell
+    changed; B3 32/8 0.936x back to back, so it stays)."""
+    from attngen.ops.table import load_table, select, table_path
+    entries = load_table(table_path(SPECS))
+    contiguous, paged = "h200_decode_d64_kv_e4m3_contiguous", "h200_decode_d64_kv_e4m3"
+    for mask in ("none", "causal"):
+        for capacity, group, rows, cell in ((32768, 4, 32, contiguous),   # B1 32/8 at 32k: level
+                                            (32769, 4, 32, paged),
+                                            (65536, 4, 32, paged),        # B1 32/8 at 64k (27.45 us; 31.59 before)
+                                            (131072, 4, 64, paged),       # B2 32/8 at 128k (94.85; 99.65 before)
+                                            (131072, 2, 32, paged),       # B2 16/8
+                                            (65536, 4, 96, contiguous),   # B3 32/8: the paged-capable cell 0.936x
+                                            (65536, 4, 128, contiguous),  # B4 32/8
+                                            (131072, 1, 32, contiguous),  # 32/32 heads: their own bucket
+                                            (131072, 8, 8, contiguous + "_pairs")):
+            got = select(entries, "decode_kv_e4m3", "sm_90", "fp16", 64, mask, capacity, group_rows=group, rows=rows)
+            assert got.spec == cell, (mask, capacity, group, rows, got.spec)
+        assert select(entries, "decode_kv_e4m3", "sm_90", "bf16", 64, mask, 131072, group_rows=4,
+                      rows=32).spec == contiguous + "_bf16"
+
+
 def test_2_stage_cells_count_two_blocks_per_sm_from_16_tiles():
     """A merging cell of a 2-stage ring keeps one tile in flight per block: it counts its second block per SM
     from 32 blocks and 16 tiles (measured best at 2k-6k keys, docs/decode-h200/e4m3_issue/short_counts.json);
