@@ -134,6 +134,66 @@ def test_varlen_and_kvcache_entry_points(torch):
         check(torch, od[b:b + 1], qd[b:b + 1], kd[b:b + 1, :, :n], vd[b:b + 1, :, :n])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_one_query_row_runs_the_decode_call(torch, dtype):
+    """attention() of one query row that sees every key (no mask, or causal aligned bottom-right, as transformers
+    and torch SDPA make a decode step) runs the decode call on the full cache, in both layouts, with its LSE, GQA
+    and MHA, at the head dims the decode table serves; top-left causal (the row sees
+    key 0 only) and two query rows keep the forward's kernels. Each against fp32 attention by the error rule."""
+    from attngen.ops import library
+    dt = getattr(torch, dtype)
+    for b, h, hkv, sk, d in ((2, 32, 8, 3000, 128), (1, 8, 8, 700, 64), (3, 16, 2, 5000, 96), (1, 4, 1, 1, 128)):
+        q, k, v = randn(torch, b, h, 1, d, dtype=dt), randn(torch, b, hkv, sk, d, dtype=dt), \
+            randn(torch, b, hkv, sk, d, dtype=dt)
+        library._FORWARD.clear()
+        check(torch, attngen.attention(q, k, v), q, k, v)
+        check(torch, attngen.attention(q, k, v, causal=True, alignment="bottom_right"), q, k, v)
+        o, lse = attngen.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="bshd",
+                                   causal=True, alignment="bottom_right", return_lse=True)
+        check(torch, o.transpose(1, 2), q, k, v)
+        with exact_fp32_matmul(torch):
+            ref_lse = torch.logsumexp((q.float() @ k.float().repeat_interleave(h // hkv, 1).transpose(-1, -2))
+                                      * d ** -0.5, -1)
+        assert lse.shape == (b, h, 1) and (lse - ref_lse).abs().max().item() < 1e-3
+        kernels = [kernel for key, kernel in library._FORWARD.items() if key[2] == d]
+        assert kernels and all(kernel is library.ONE_ROW_DECODE for kernel in kernels), kernels
+        library._FORWARD.clear()
+        check(torch, attngen.attention(q, k, v, causal=True), q, k, v, causal=True)   # top-left: key 0 only
+        q2 = randn(torch, b, h, 2, d, dtype=dt)
+        check(torch, attngen.attention(q2, k, v), q2, k, v)
+        assert all(kernel is not library.ONE_ROW_DECODE for kernel in library._FORWARD.values())
+
+
+def test_one_query_row_through_sdpa_compile_and_graphs(torch):
+    """The decode step as torch SDPA makes it (attngen.enable()), under torch.compile and in a CUDA graph: the same
+    output as the eager call's decode, bit for bit."""
+    import torch.nn.functional as F
+    q, k, v = randn(torch, 4, 32, 1, 128, dtype=torch.bfloat16), randn(torch, 4, 8, 4000, 128, dtype=torch.bfloat16), \
+        randn(torch, 4, 8, 4000, 128, dtype=torch.bfloat16)
+    eager = attngen.attention(q, k, v)
+    check(torch, eager, q, k, v)
+    attngen.enable()
+    try:
+        through = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    finally:
+        attngen.disable()
+    assert torch.equal(through, eager)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(lambda q, k, v: attngen.attention(q, k, v), fullgraph=True)(q, k, v)
+        assert torch.equal(compiled, eager)
+        static = q.clone()
+        attngen.attention(static, k, v)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = attngen.attention(static, k, v)
+        static.copy_(q)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(replayed, eager)
+
+
 def test_refuses_tensors_that_need_gradients_where_no_backward_exists(torch, monkeypatch):
     """attention() and attention_varlen() differentiate (tests/test_gpu_backward.py); decode does
     not, nor a head dim the table has a forward but no backward spec for, at it or above it (a head

@@ -128,7 +128,27 @@ def _joined(result, sinks, rows: str, return_lse: bool, merge: bool = False):
     return (out, lse) if return_lse else out
 
 
-_FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k, V head_dim, query rows) -> kernel
+_FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k, V head_dim, query rows, one-row route) -> kernel
+
+
+class OneRowDecode:
+    """attention() of one query row per head that sees every key (no mask, or causal aligned bottom-right: a
+    decode step as torch SDPA and transformers make it) as the decode call on a full cache: the forward's
+    kernels tile 64-128 query rows per block and read each KV head's keys once per query head, where the decode
+    kernels read them once for the head's group and split the keys across SMs (H200, bf16, 32/8 heads, d128:
+    B1 at 16k keys 194 against 24.5 us, B8 at 4k 101 against 34; docs/decode-h200/one_row/). Forward's call
+    signature; the decode call keys its own kernel by the call's heads, cache and rows. Tensors that need gradients
+    (a training step's forward, whose LSE its backward reads) keep the forward's kernels."""
+
+    def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse):
+        return kvcache(q, k, v, None, None, False, scale, None, layout, return_lse)
+
+    @staticmethod
+    def prepared(key):
+        return None     # forward() keeps no prepared call: the decode kernel keeps its own (one dict get more)
+
+
+ONE_ROW_DECODE = OneRowDecode()
 _PREPARED: dict = {}    # runtime call_key of a call made before -> (its kernel, the kernel's prepared call)
 
 
@@ -145,8 +165,11 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
         result = hit[0].run_prepared(hit[1], q, k, v, return_lse)
         if result is not None:
             return result
-    short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if layout == "bhsd" else k.shape[1], v.shape[-1],
-             q.shape[0] * q.shape[1] * q.shape[2])
+    bhsd = layout == "bhsd"
+    short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if bhsd else k.shape[1], v.shape[-1],
+             q.shape[0] * q.shape[1] * q.shape[2],
+             (q.shape[2] if bhsd else q.shape[1]) == 1 and (not causal or alignment == "bottom_right")
+             and not (q.requires_grad or k.requires_grad or v.requires_grad))
     kernel = _FORWARD.get(short)
     if kernel is None:
         if short[0] < 0:
@@ -155,8 +178,11 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
         if pad:
             return _cut(forward(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), causal, alignment,
                                 _scale(scale, short[2]), layout, return_lse), short[5], return_lse)
-        kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4],
-                                 head_dim_v=short[5] if short[5] != short[2] else 0, rows=short[6])
+        if short[7] and short[5] == short[2] and DISPATCH.serves("decode", short[0], q.dtype, short[2], "none"):
+            kernel = ONE_ROW_DECODE
+        else:
+            kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4],
+                                     head_dim_v=short[5] if short[5] != short[2] else 0, rows=short[6])
         if len(_FORWARD) >= 4096:
             _FORWARD.clear()
         _FORWARD[short] = kernel
