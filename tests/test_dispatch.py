@@ -208,6 +208,24 @@ def test_dispatch_command_explains_and_refuses():
     assert run.exit_code == 2 and "--from" in run.output
 
 
+def test_dispatch_command_names_the_one_row_route():
+    """A forward call's explanation says where a one-row call goes instead (the decode call, ops.library.OneRowDecode)
+    where the decode table serves the head dim, and gives the command that shows its kernel; not for a window, score
+    modifiers, a V head dim of its own, or another call."""
+    run = CliRunner().invoke(main, ["dispatch", "--head-dim", "128", "--seqlen", "4096"])
+    assert run.exit_code == 0 and "one query row: attngen.attention runs the decode call" in run.output, run.output
+    assert "attngen dispatch --call decode --dtype fp16 --head-dim 128 --seqlen 4096 --group-rows" in run.output
+    decode = CliRunner().invoke(main, ["dispatch", "--call", "decode", "--dtype", "fp16", "--head-dim", "128",
+                                       "--seqlen", "4096", "--group-rows", "4"])
+    assert decode.exit_code == 0 and "-> h200_decode_d128" in decode.output, decode.output
+    assert json.loads(CliRunner().invoke(main, ["dispatch", "--head-dim", "64", "--causal", "--json"]).output)[
+        "one_query_row"].startswith("attngen.attention runs the decode call")
+    for args in (["--window"], ["--scores", "softcap", "--causal"], ["--head-dim-v", "128", "--head-dim", "192"],
+                 ["--call", "backward"]):
+        run = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", *args])
+        assert run.exit_code == 0 and "one query row" not in run.output, (args, run.output)
+
+
 def test_dispatch_command_says_when_a_call_launches_an_awaiting_twin():
     """A forward spec with awaiting twins: the line names the twin, the rule, and with --rows which one this call
     launches (the twin up to 4x16x2048x2048 scores, causal halved); a spec without them has no such line."""

@@ -149,12 +149,14 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
     others = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     launch = ("" if table_call(call).varlen else   # varlen functions have no twin
               awaiting_twin_text(Path(specs_dir or SPECS_DIR) / f"{e.spec}.yaml", mask, seqlen, rows))
+    one_row = one_row_text(entries, call, arch, dtype, asked, asked_v, mask, asked_scores, seqlen)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others],
                                "launch": launch or None,
                                "sinks_joined_after": bool(joined),
                                "padded_head_dim": padded or None,
-                               "padded_head_dim_v": (pair[1] if pair and asked_v and asked_v != asked else None)},
+                               "padded_head_dim_v": (pair[1] if pair and asked_v and asked_v != asked else None),
+                               "one_query_row": one_row or None},
                               indent=2))
         return
     click.echo(f"{call_text(call, arch, dtype, asked, mask, seqlen, page_size, group_rows, asked_v, asked_scores)}"
@@ -163,6 +165,8 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
     click.echo(f"  why: {e.why}")
     if launch:
         click.echo(f"  launch: {launch}")
+    if one_row:
+        click.echo(f"  one query row: {one_row}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:
         limit = f"<= {o.upto}" if o.upto is not None else "longer"
@@ -224,6 +228,21 @@ def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
         click.echo(f"{call:<21}{r['scores'] or '-':<20}{r['mask']:<8}"
                    + "".join(f"{COVERAGE_MARK[r['head_dims'][d]]:>5}" for d in COVERAGE_HEAD_DIMS))
     click.echo("Learned sinks train through the backward of their mask (no backward entry of their own).")
+
+
+def one_row_text(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int, mask: str, scores: str,
+                 seqlen: int) -> str:
+    """What attngen.attention does instead for a forward call of one query row that sees every key (ops.library,
+    OneRowDecode: no mask, or causal aligned bottom-right; no gradient), where the decode table serves the head dim:
+    the command that shows its kernel; "" for any other call."""
+    from ..ops.table import candidates
+    if call != "forward" or mask not in ("none", "causal") or scores or head_dim_v or not candidates(
+            entries, "decode", arch, dtype, head_dim, "none"):
+        return ""
+    return ("attngen.attention runs the decode call on the whole cache instead where the call has one query row "
+            "that sees every key (no mask, or causal aligned bottom-right) and needs no gradient: "
+            f"attngen dispatch --call decode --dtype {dtype} --head-dim {head_dim} --seqlen {seqlen} --group-rows "
+            "HEADS/KV_HEADS")
 
 
 def awaiting_twin_text(spec_path: Path, mask: str, seqlen: int, rows: int | None) -> str:
