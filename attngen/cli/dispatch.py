@@ -235,13 +235,15 @@ def one_row_text(entries, call: str, arch: str, dtype: str, head_dim: int, head_
     """What attngen.attention does instead for a forward call of one query row that sees every key (ops.library,
     OneRowDecode: no mask, or causal aligned bottom-right; no gradient), where the decode table serves the head dim:
     the command that shows its kernel; "" for any other call."""
+    from ..core.calls import table_call
     from ..ops.table import candidates
-    if call != "forward" or mask not in ("none", "causal") or scores or head_dim_v or not candidates(
-            entries, "decode", arch, dtype, head_dim, "none"):
+    instead = table_call(call).one_row_call
+    if not instead or mask not in ("none", "causal") or scores or head_dim_v or not candidates(
+            entries, instead, arch, dtype, head_dim, "none"):
         return ""
-    return ("attngen.attention runs the decode call on the whole cache instead where the call has one query row "
+    return (f"attngen.attention runs the {instead} call on the whole cache instead where the call has one query row "
             "that sees every key (no mask, or causal aligned bottom-right) and needs no gradient: "
-            f"attngen dispatch --call decode --dtype {dtype} --head-dim {head_dim} --seqlen {seqlen} --group-rows "
+            f"attngen dispatch --call {instead} --dtype {dtype} --head-dim {head_dim} --seqlen {seqlen} --group-rows "
             "HEADS/KV_HEADS")
 
 

@@ -25,6 +25,8 @@ class TableCall(NamedTuple):
     kv_dtype: str = ""              # the element type of the KV cache its specs read where not the queries'
                                     # (their plans' kv_dtype)
     appends: bool = False           # its calls write new tokens into the KV cache: served by append specs only
+    one_row_call: str = ""          # the table call its calls of one query row that sees every key take instead
+                                    # (attngen.attention's decode steps: the decode call on the whole cache)
 
 
 class Call(NamedTuple):
@@ -49,7 +51,7 @@ class Call(NamedTuple):
         return tuple(m for m in (self.kernel, self.verify, self.bench, *self.more_modules) if m)
 
 
-ATTENTION = TableCall("forward")
+ATTENTION = TableCall("forward", one_row_call="decode")
 ATTENTION_VARLEN = TableCall("varlen", varlen=True, paged=True)      # paged: block_table= (paged K/V)
 ATTENTION_WITH_KVCACHE = TableCall("decode", paged=True)
 # attention_with_kvcache on an e4m3 cache (torch.float8_e4m3fn) with fp16/bf16 queries: its own call name,
