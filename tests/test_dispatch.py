@@ -220,6 +220,8 @@ def test_dispatch_command_names_the_one_row_route():
     assert decode.exit_code == 0 and "-> h200_decode_d128" in decode.output, decode.output
     assert json.loads(CliRunner().invoke(main, ["dispatch", "--head-dim", "64", "--causal", "--json"]).output)[
         "one_query_row"].startswith("attngen.attention runs the decode call")
+    padded = CliRunner().invoke(main, ["dispatch", "--head-dim", "112", "--dtype", "bf16"])   # runs at d128
+    assert "one query row" in padded.output and "--call decode --dtype bf16 --head-dim 128" in padded.output
     for args in (["--window"], ["--scores", "softcap", "--causal"], ["--head-dim-v", "128", "--head-dim", "192"],
                  ["--call", "backward"]):
         run = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", *args])

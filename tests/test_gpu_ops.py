@@ -159,6 +159,8 @@ def test_one_query_row_runs_the_decode_call(torch, dtype):
         assert kernels and all(kernel is library.ONE_ROW_DECODE for kernel in kernels), kernels
         library._FORWARD.clear()
         check(torch, attngen.attention(q, k, v, causal=True), q, k, v, causal=True)   # top-left: key 0 only
+        with pytest.raises(ValueError, match="applies to causal=True or a window only"):   # refused as before
+            attngen.attention(q, k, v, alignment="bottom_right")
         q2 = randn(torch, b, h, 2, d, dtype=dt)
         check(torch, attngen.attention(q2, k, v), q2, k, v)
         assert all(kernel is not library.ONE_ROW_DECODE for kernel in library._FORWARD.values())

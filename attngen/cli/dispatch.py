@@ -149,7 +149,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
     others = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     launch = ("" if table_call(call).varlen else   # varlen functions have no twin
               awaiting_twin_text(Path(specs_dir or SPECS_DIR) / f"{e.spec}.yaml", mask, seqlen, rows))
-    one_row = one_row_text(entries, call, arch, dtype, asked, asked_v, mask, asked_scores, seqlen)
+    one_row = one_row_text(entries, call, arch, dtype, head_dim, head_dim_v, mask, asked_scores, seqlen)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others],
                                "launch": launch or None,
@@ -233,8 +233,9 @@ def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
 def one_row_text(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int, mask: str, scores: str,
                  seqlen: int) -> str:
     """What attngen.attention does instead for a forward call of one query row that sees every key (ops.library,
-    OneRowDecode: no mask, or causal aligned bottom-right; no gradient), where the decode table serves the head dim:
-    the command that shows its kernel; "" for any other call."""
+    OneRowDecode: no mask, or causal aligned bottom-right; no input that requires a gradient), where the decode table
+    serves the head dim the call runs at (its own, or the one the forward pads it to): the command that shows its
+    kernel; "" for any other call."""
     from ..core.calls import table_call
     from ..ops.table import candidates
     instead = table_call(call).one_row_call
@@ -242,9 +243,9 @@ def one_row_text(entries, call: str, arch: str, dtype: str, head_dim: int, head_
             entries, instead, arch, dtype, head_dim, "none"):
         return ""
     return (f"attngen.attention runs the {instead} call on the whole cache instead where the call has one query row "
-            "that sees every key (no mask, or causal aligned bottom-right) and needs no gradient: "
+            "that sees every key (no mask, or causal aligned bottom-right) and no input requires a gradient: "
             f"attngen dispatch --call {instead} --dtype {dtype} --head-dim {head_dim} --seqlen {seqlen} --group-rows "
-            "HEADS/KV_HEADS")
+            "HEADS/KV_HEADS --rows BATCHxHEADS")
 
 
 def awaiting_twin_text(spec_path: Path, mask: str, seqlen: int, rows: int | None) -> str:

@@ -137,8 +137,10 @@ class OneRowDecode:
     kernels tile 64-128 query rows per block and read each KV head's keys once per query head, where the decode
     kernels read them once for the head's group and split the keys across SMs (H200, bf16, 32/8 heads, d128:
     B1 at 16k keys 194 against 24.5 us, B8 at 4k 101 against 34; docs/decode-h200/one_row/). Forward's call
-    signature; the decode call keys its own kernel by the call's heads, cache and rows. Tensors that need gradients
-    (a training step's forward, whose LSE its backward reads) keep the forward's kernels."""
+    signature; the decode call keys its own kernel by the call's heads, cache and rows. Eager tensors that need
+    gradients keep the forward's kernels. Inside a torch.compile graph no tensor says so, and a training step's
+    forward of one row takes the route: its output and LSE follow the forward's conventions (the backward reads
+    them), but the step then keeps no prepared forward call."""
 
     def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse):
         return kvcache(q, k, v, None, None, False, scale, None, layout, return_lse)
@@ -168,7 +170,8 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
     bhsd = layout == "bhsd"
     short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if bhsd else k.shape[1], v.shape[-1],
              q.shape[0] * q.shape[1] * q.shape[2],
-             (q.shape[2] if bhsd else q.shape[1]) == 1 and (not causal or alignment == "bottom_right")
+             (q.shape[2] if bhsd else q.shape[1]) == 1
+             and (alignment == "bottom_right" if causal else alignment is None)   # else the kernel's own refusal
              and not (q.requires_grad or k.requires_grad or v.requires_grad))
     kernel = _FORWARD.get(short)
     if kernel is None:
