@@ -22,6 +22,7 @@ import warnings
 
 import torch
 
+from ..core.calls import ATTENTION
 from ..core.variants import SCORES, call_mask, window_keys
 from ..runtime.calls.shared import call_key, variant_key
 from ..runtime import native as _native
@@ -181,7 +182,8 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
         if pad:
             return _cut(forward(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), causal, alignment,
                                 _scale(scale, short[2]), layout, return_lse), short[5], return_lse)
-        if short[7] and short[5] == short[2] and DISPATCH.serves("decode", short[0], q.dtype, short[2], "none"):
+        if short[7] and short[5] == short[2] and DISPATCH.serves(ATTENTION.one_row_call, short[0], q.dtype, short[2],
+                                                                 "none"):
             kernel = ONE_ROW_DECODE
         else:
             kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4],
