@@ -157,6 +157,10 @@ def test_one_query_row_runs_the_decode_call(torch, dtype):
         assert lse.shape == (b, h, 1) and (lse - ref_lse).abs().max().item() < 1e-3
         kernels = [kernel for key, kernel in library._FORWARD.items() if key[2] == d]
         assert kernels and all(kernel is library.ONE_ROW_DECODE for kernel in kernels), kernels
+        # a shape seen before takes forward()'s prepared call of the route (the decode kernel's own) on new tensors
+        q_new = randn(torch, b, h, 1, d, dtype=dt)
+        check(torch, attngen.attention(q_new, k, v), q_new, k, v)
+        assert any(hit[0] is library.ONE_ROW_DECODE for hit in library._PREPARED.values())
         library._FORWARD.clear()
         check(torch, attngen.attention(q, k, v, causal=True), q, k, v, causal=True)   # top-left: key 0 only
         with pytest.raises(ValueError, match="applies to causal=True or a window only"):   # refused as before

@@ -142,12 +142,25 @@ class OneRowDecode:
     forward of one row takes the route: its output and LSE follow the forward's conventions (the backward reads
     them), but the step then keeps no prepared forward call."""
 
+    def __init__(self):
+        self._made = threading.local()   # the decode kernel and prepared call of this thread's last call
+
     def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse):
-        return kvcache(q, k, v, None, None, False, scale, None, layout, return_lse)
+        result = kvcache(q, k, v, None, None, False, scale, None, layout, return_lse)
+        kernel = _DECODE.get(_kvcache_key(q, k, v, None, False, layout))
+        self._made.last = None if kernel is None else (
+            kernel, kernel.full_cache_prepared(q, k, v, scale, return_lse, layout))
+        return result
+
+    def prepared(self, key):
+        """What forward() keeps for the call just made on this thread (its _PREPARED entry: the decode kernel and
+        its prepared call), or None."""
+        made, self._made.last = getattr(self._made, "last", None), None
+        return made if made is not None and made[1] is not None else None
 
     @staticmethod
-    def prepared(key):
-        return None     # forward() keeps no prepared call: the decode kernel keeps its own (one dict get more)
+    def run_prepared(made, q, k, v, return_lse):
+        return made[0].run_full_cache(made[1], q, k, v, return_lse)
 
 
 ONE_ROW_DECODE = OneRowDecode()
@@ -549,9 +562,13 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 _DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
 
 
+def _kvcache_key(q, k_cache, v_cache, block_table, causal, layout) -> tuple:
+    return (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
+            None if block_table is None else block_table.shape, causal, layout)
+
+
 def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse):
-    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
-           None if block_table is None else block_table.shape, causal, layout)
+    key = _kvcache_key(q, k_cache, v_cache, block_table, causal, layout)
     kernel = _DECODE.get(key)
     if kernel is None:
         to = _decode_padding(q, v_cache, "causal" if causal else "none", "", block_table is not None)

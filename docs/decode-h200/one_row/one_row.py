@@ -2,7 +2,8 @@
 table) and torch SDPA (default backend, and flash alone), bhsd, GPU us per call in CUDA graphs of 20 calls over rotating
 K/V copies (past L2), medians of 5 replays; eager: 20 calls back to back, host included, medians of 5.
 Usage: python3 docs/decode-h200/one_row/one_row.py OUT.json (MODE=before|after: attngen.attention, the decode call and SDPA only;
-MODE=before gives one-row calls the forward kernel the table named before the one-row route; ENABLE=1: SDPA through attngen.enable())"""
+MODE=before gives one-row calls the forward kernel the table named before the one-row route; ENABLE=1: SDPA through attngen.enable();
+PREPARED=0: the route without forward()'s prepared call)"""
 import json, statistics, sys
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,8 @@ def as_before(q, k, v):
     library._FORWARD[key] = DISPATCH.kernel("forward", q.get_device(), q.dtype, d, "none", sk, rows=rows)
 if ENABLED:
     attngen.enable()
+if os.environ.get('PREPARED') == '0':   # the route without forward()'s prepared call (as 48bcf1df)
+    library.OneRowDecode.prepared = lambda self, key: None
 rows = []
 for dt in (torch.bfloat16,):
     for b, h, hkv, sk, d in CASES:

@@ -1,0 +1,22 @@
+# The one-row route with and without forward()'s prepared call (branch next/one-row-prepared), alternating
+# processes, two rounds, then SDPA through attngen.enable() with each: OUT_DIR/{plain,prepared}_N.json,
+# OUT_DIR/enabled_{plain,prepared}.json. Usage (GPU machine, repository root): bash docs/decode-h200/one_row/next_ab.sh OUT_DIR
+set -e
+out=$1; mkdir -p "$out"
+for r in 1 2; do
+  PREPARED=0 MODE=after python3 docs/decode-h200/one_row/one_row.py "$out/plain_$r.json" > /dev/null 2>&1
+  MODE=after python3 docs/decode-h200/one_row/one_row.py "$out/prepared_$r.json" > /dev/null 2>&1
+done
+PREPARED=0 ENABLE=1 python3 docs/decode-h200/one_row/one_row.py "$out/enabled_plain.json" > /dev/null 2>&1
+ENABLE=1 python3 docs/decode-h200/one_row/one_row.py "$out/enabled_prepared.json" > /dev/null 2>&1
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+runs = {m: [json.load(open(f"{out}/{m}_{r}.json"))["rows"] for r in (1, 2)] for m in ("plain", "prepared")}
+en = {m: json.load(open(f"{out}/enabled_{m}.json"))["rows"] for m in ("plain", "prepared")}
+for i, row in enumerate(runs["plain"][0]):
+    g = lambda m, w: min(x[i][w]["attention"] for x in runs[m])
+    print(f'{row["grid"]:22s} GPU {g("plain", "gpu_us"):8.2f} -> {g("prepared", "gpu_us"):8.2f}  eager '
+          f'{g("plain", "eager_us"):8.2f} -> {g("prepared", "eager_us"):8.2f}  sdpa eager '
+          f'{en["plain"][i]["eager_us"]["sdpa_through_attngen"]:8.2f} -> {en["prepared"][i]["eager_us"]["sdpa_through_attngen"]:8.2f}')
+PY
