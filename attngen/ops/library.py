@@ -164,6 +164,11 @@ class OneRowDecode:
 
 
 ONE_ROW_DECODE = OneRowDecode()
+# The most query rows per head the route takes: 1 (a decode step). A few rows (speculative decoding's drafts,
+# non-causal or bottom-right causal: each row sees the keys up to its own position, as the decode call's causal)
+# are the decode call's too; where its row blocks stop beating the forward's tiles is to be measured
+# (docs/decode-h200/one_row/one_row.py, SQ=).
+ROUTE_MAX_SEQLEN_Q = 1
 _PREPARED: dict = {}    # runtime call_key of a call made before -> (its kernel, the kernel's prepared call)
 
 
@@ -181,9 +186,9 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
         if result is not None:
             return result
     bhsd = layout == "bhsd"
-    short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if bhsd else k.shape[1], v.shape[-1],
-             q.shape[0] * q.shape[1] * q.shape[2],
-             (q.shape[2] if bhsd else q.shape[1]) == 1
+    seqlen_q, seqlen_k = (q.shape[2], k.shape[2]) if bhsd else (q.shape[1], k.shape[1])
+    short = (q.get_device(), q.dtype, q.shape[-1], causal, seqlen_k, v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2],
+             seqlen_q <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k
              and (alignment == "bottom_right" if causal else alignment is None)   # else the kernel's own refusal
              and not (q.requires_grad or k.requires_grad or v.requires_grad))
     kernel = _FORWARD.get(short)

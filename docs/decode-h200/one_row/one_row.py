@@ -34,7 +34,7 @@ def time_eager(fn, sets, calls=20):
 def sdpa(backend):
     def f(q, k, v):
         with sdpa_kernel([backend]) if backend else _null():
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, attn_mask=keep if SQ > 1 else None)
     return f
 
 class _null:
@@ -52,21 +52,27 @@ def as_before(q, k, v):
     # the forward's kernel for a one-row call, as the table gave it before the one-row route: the same key
     # forward() makes, resolved as it resolved every call then
     d, sk, rows = q.shape[-1], k.shape[2], q.shape[0] * q.shape[1] * q.shape[2]
-    key = (q.get_device(), q.dtype, d, False, sk, v.shape[-1], rows, True)
-    library._FORWARD[key] = DISPATCH.kernel("forward", q.get_device(), q.dtype, d, "none", sk, rows=rows)
+    key = (q.get_device(), q.dtype, d, SQ > 1, sk, v.shape[-1], rows, True)
+    library._FORWARD[key] = DISPATCH.kernel("forward", q.get_device(), q.dtype, d, "causal" if SQ > 1 else "none", sk,
+                                            rows=rows)
 if ENABLED:
     attngen.enable()
+SQ = int(os.environ.get('SQ', '1'))     # query rows per head; the route takes up to SQ of them (causal bottom-right)
+library.ROUTE_MAX_SEQLEN_Q = max(SQ, library.ROUTE_MAX_SEQLEN_Q)
 if os.environ.get('PREPARED') == '0':   # the route without forward()'s prepared call (as 48bcf1df)
     library.OneRowDecode.prepared = lambda self, key: None
 rows = []
 for dt in (torch.bfloat16,):
     for b, h, hkv, sk, d in CASES:
-        q = torch.randn(b, h, 1, d, device="cuda", dtype=dt)
+        q = torch.randn(b, h, SQ, d, device="cuda", dtype=dt)
         copies = max(2, min(8, -(-200_000_000 // (2 * b * hkv * sk * d * 2))))
         sets = [(q,) + tuple(torch.randn(b, hkv, sk, d, device="cuda", dtype=dt) for _ in range(2)) for _ in range(copies)]
-        ref = F.scaled_dot_product_attention(q.float(), sets[0][1].float(), sets[0][2].float(), enable_gqa=True)
-        fns = {"attention": lambda q, k, v: attngen.attention(q, k, v),
-               "with_kvcache": lambda q, k, v: attngen.attention_with_kvcache(q, k, v),
+        # SQ > 1: causal, bottom-right (each new token sees the keys up to its own position)
+        keep = (torch.arange(sk, device="cuda")[None, :] <= torch.arange(SQ, device="cuda")[:, None] + sk - SQ)
+        ref = F.scaled_dot_product_attention(q.float(), sets[0][1].float(), sets[0][2].float(), enable_gqa=True,
+                                             attn_mask=keep if SQ > 1 else None)
+        fns = {"attention": lambda q, k, v: attngen.attention(q, k, v, causal=SQ > 1, alignment="bottom_right"),
+               "with_kvcache": lambda q, k, v: attngen.attention_with_kvcache(q, k, v, causal=SQ > 1),
                "sdpa_default": sdpa(None), "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
                "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
         if ENABLED:
