@@ -170,6 +170,41 @@ def test_one_query_row_runs_the_decode_call(torch, dtype):
         assert all(kernel is not library.ONE_ROW_DECODE for kernel in library._FORWARD.values())
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_one_query_row_with_variants_runs_the_decode_call(torch, dtype):
+    """forward_variant's one-row route: softcap (Gemma 2), a sliding window as transformers passes it ((W - 1, W - 1)
+    with causal, bottom-right), ALiBi and learned sinks (gpt-oss) at one query row run the decode call, each against
+    fp32 attention of the same variant definitions by the error rule; top-left alignment keeps the forward's kernels."""
+    from attngen.core.variants import SCORES
+    from attngen.ops import library
+    dt = getattr(torch, dtype)
+    b, h, hkv, sk, d = 2, 16, 4, 3000, 128
+    q, k, v = randn(torch, b, h, 1, d, dtype=dt), randn(torch, b, hkv, sk, d, dtype=dt), randn(torch, b, hkv, sk, d,
+                                                                                           dtype=dt)
+    slopes = torch.rand(h, device="cuda") * 0.3
+    sinks = torch.randn(h, device="cuda")
+
+    def ref_check(out, **kw):
+        with exact_fp32_matmul(torch):
+            ref, _ = attention_torch(q.float(), k.float(), v.float(), scale=d ** -0.5, alignment="bottom_right", **kw)
+        low, _ = attention_torch(q, k, v, scale=d ** -0.5, alignment="bottom_right", **kw)
+        err = (out.float() - ref).abs().max().item()
+        assert err <= error_bound((low.float() - ref).abs().max().item()), err
+
+    library._VARIANT.clear()
+    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", softcap=30.0), mask="causal",
+              modifiers=((SCORES["softcap"], 30.0),))
+    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", window=(1023, 1023)), mask="window",
+              window=(1023, 0))
+    ref_check(attngen.attention(q, k, v, alibi_slopes=slopes), mask="none", modifiers=((SCORES["alibi"], slopes),))
+    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", sinks=sinks), mask="causal",
+              modifiers=((SCORES["sink"], sinks),))
+    assert library._VARIANT and all(kernel is library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values())
+    library._VARIANT.clear()
+    attngen.attention(q, k, v, causal=True, window=(1023, 0))    # top-left: the row sees key 0 only
+    assert all(kernel is not library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values())
+
+
 def test_one_query_row_through_sdpa_compile_and_graphs(torch):
     """The decode step as torch SDPA makes it (attngen.enable()), under torch.compile and in a CUDA graph: the same
     output as the eager call's decode, bit for bit."""

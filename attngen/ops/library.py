@@ -225,12 +225,44 @@ def call_scores(softcap, alibi_slopes, sinks=None) -> str:
     return "+".join(s.name for s in SCORES.values() if given.get(s.argument) is not None)
 
 
-def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks) -> tuple:
-    """forward_variant's key of the table's kernel for a call (_VARIANT)."""
+def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks, alignment=None) -> tuple:
+    """forward_variant's key of the table's kernel for a call (_VARIANT); its last field: whether the one-row route
+    may take it (a decode step's one query row that sees the keys a decode call's new token sees: bottom-right
+    aligned, or neither causal nor a window; no gradient)."""
     mask = call_mask(causal, window)
-    return (q.get_device(), q.dtype, q.shape[-1], mask, call_scores(softcap, alibi_slopes, sinks),
-            k.shape[2] if layout == "bhsd" else k.shape[1], v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2],
-            window_keys(causal, window) if mask == "window" else None)
+    bhsd = layout == "bhsd"
+    seqlen_q, seqlen_k = (q.shape[2], k.shape[2]) if bhsd else (q.shape[1], k.shape[1])
+    return (q.get_device(), q.dtype, q.shape[-1], mask, call_scores(softcap, alibi_slopes, sinks), seqlen_k,
+            v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2], window_keys(causal, window) if mask == "window" else None,
+            seqlen_q <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k
+            and (alignment == "bottom_right" or (mask == "none"))
+            and not (q.requires_grad or k.requires_grad or v.requires_grad
+                     or (alibi_slopes is not None and alibi_slopes.requires_grad)
+                     or (sinks is not None and sinks.requires_grad)))
+
+
+class OneRowDecodeVariant:
+    """OneRowDecode for forward_variant's calls: the decode call with the call's window (from the row's own position,
+    bottom-right, as the decode call counts it), softcap, ALiBi (the decode call's offset is the same: Sk - Sq) and
+    sinks (joined as the decode call joins them where no kernel of the others takes them)."""
+
+    def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes, sinks):
+        return kvcache_variant(q, k, v, None, None, causal, scale, None, layout, return_lse, window, softcap,
+                               alibi_slopes, sinks)
+
+
+ONE_ROW_DECODE_VARIANT = OneRowDecodeVariant()
+
+
+def _decode_serves(index: int, dtype, head_dim: int, mask: str, scores: str) -> bool:
+    """Whether the contiguous decode call runs this mask and these score modifiers at this head dim itself: a kernel of
+    them, or, for learned sinks no kernel of the others holds, one of the others with the sinks joined after."""
+    if DISPATCH.serves("decode", index, dtype, head_dim, mask, scores=scores):
+        return True
+    names = scores.split("+")
+    return ("sink" in names and DISPATCH.sinks_apart("decode", index, dtype, head_dim, 0, mask, scores, False)
+            and DISPATCH.serves("decode", index, dtype, head_dim, mask,
+                                scores="+".join(n for n in names if n != "sink")))
 
 
 def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
@@ -238,13 +270,15 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     """The eager forward call with variants (window, softcap, ALiBi, sinks): the table's kernel for the
     call's mask and score modifiers, then the kernel call (which keeps its own prepared calls). Sinks
     that no kernel of the other modifiers takes are joined after them (join_sinks)."""
-    short = _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks)
+    short = _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks, alignment)
     mask, scores = short[3], short[4]
     kernel = _VARIANT.get(short)
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        if sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
+        if short[9] and short[6] == short[2] and _decode_serves(short[0], q.dtype, short[2], mask, scores):
+            kernel = ONE_ROW_DECODE_VARIANT
+        elif sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
             kernel = _SINKS_APART
         else:
             pad = DISPATCH.padded_dims("forward", short[0], q.dtype, short[2], short[6], mask, scores)
@@ -1296,8 +1330,9 @@ class _PreparedStep:
         call: no kernel of the call's own tensors)."""
         causal, alignment, scale, layout, _ = self.options
         window, softcap = self.variants
-        kernel = _VARIANT.get(_variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks))
-        if kernel is None or kernel is _SINKS_APART:
+        kernel = _VARIANT.get(_variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks,
+                                                  alignment))
+        if kernel is None or kernel is _SINKS_APART or kernel is ONE_ROW_DECODE_VARIANT:
             return None
         prepared = kernel.prepared(call_key(q, k, v, causal, alignment, scale, True, layout,
                                             variant_key(window, softcap, alibi_slopes, sinks=sinks)))

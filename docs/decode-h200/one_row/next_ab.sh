@@ -14,6 +14,10 @@ for sq in 2 4 8; do   # speculative decoding's drafts: the route past one row (R
   SQ=$sq MODE=before python3 docs/decode-h200/one_row/one_row.py "$out/sq${sq}_before.json" > /dev/null 2>&1
   SQ=$sq MODE=after python3 docs/decode-h200/one_row/one_row.py "$out/sq${sq}_after.json" > /dev/null 2>&1
 done
+for variant in softcap sinks window; do   # forward_variant's route (err: against plain attention, not the variant's)
+  VARIANT=$variant MODE=before python3 docs/decode-h200/one_row/one_row.py "$out/${variant}_before.json" > /dev/null 2>&1
+  VARIANT=$variant MODE=after python3 docs/decode-h200/one_row/one_row.py "$out/${variant}_after.json" > /dev/null 2>&1
+done
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -24,10 +28,10 @@ for i, row in enumerate(runs["plain"][0]):
     print(f'{row["grid"]:22s} GPU {g("plain", "gpu_us"):8.2f} -> {g("prepared", "gpu_us"):8.2f}  eager '
           f'{g("plain", "eager_us"):8.2f} -> {g("prepared", "eager_us"):8.2f}  sdpa eager '
           f'{en["plain"][i]["eager_us"]["sdpa_through_attngen"]:8.2f} -> {en["prepared"][i]["eager_us"]["sdpa_through_attngen"]:8.2f}')
-for sq in (2, 4, 8):
-    b, a = (json.load(open(f"{out}/sq{sq}_{m}.json"))["rows"] for m in ("before", "after"))
+for sq in ("sq2", "sq4", "sq8", "softcap", "sinks", "window"):
+    b, a = (json.load(open(f"{out}/{sq}_{m}.json"))["rows"] for m in ("before", "after"))
     for x, y in zip(b, a):
-        print(f'Sq{sq} {x["grid"]:22s} GPU {x["gpu_us"]["attention"]:8.2f} -> {y["gpu_us"]["attention"]:8.2f} '
+        print(f'{sq} {x["grid"]:22s} GPU {x["gpu_us"]["attention"]:8.2f} -> {y["gpu_us"]["attention"]:8.2f} '
               f'(sdpa {y["gpu_us"]["sdpa_default"]:8.2f}) eager {x["eager_us"]["attention"]:8.2f} -> '
               f'{y["eager_us"]["attention"]:8.2f}; err {x["err"]["attention"]:.1e} / {y["err"]["attention"]:.1e}')
 PY
