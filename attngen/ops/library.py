@@ -235,7 +235,7 @@ def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, 
     return (q.get_device(), q.dtype, q.shape[-1], mask, call_scores(softcap, alibi_slopes, sinks), seqlen_k,
             v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2], window_keys(causal, window) if mask == "window" else None,
             seqlen_q <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k
-            and (alignment == "bottom_right" or (mask == "none"))
+            and (alignment is None if mask == "none" else alignment == "bottom_right")   # else the kernel's refusal
             and not (q.requires_grad or k.requires_grad or v.requires_grad
                      or (alibi_slopes is not None and alibi_slopes.requires_grad)
                      or (sinks is not None and sinks.requires_grad)))

@@ -69,8 +69,9 @@ for dt in (torch.bfloat16,):
         extra = ({"softcap": 30.0} if VARIANT == "softcap" else
                  {"sinks": torch.randn(h, device="cuda")} if VARIANT == "sinks" else
                  {"window": (1023, 1023)} if VARIANT == "window" else {})
-        fns = {"attention": lambda q, k, v: attngen.attention(q, k, v, causal=SQ > 1 or bool(extra),
-                                                              alignment="bottom_right", **extra),
+        causal = SQ > 1 or bool(extra)   # an alignment only with causal (a non-causal call given one is refused)
+        fns = {"attention": lambda q, k, v: attngen.attention(q, k, v, causal=causal,
+                                                              alignment="bottom_right" if causal else None, **extra),
                "with_kvcache": lambda q, k, v: attngen.attention_with_kvcache(q, k, v, causal=SQ > 1),
                "sdpa_default": sdpa(None), "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
                "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
