@@ -162,6 +162,10 @@ class OneRowDecode:
     def run_prepared(made, q, k, v, return_lse):
         return made[0].run_full_cache(made[1], q, k, v, return_lse)
 
+    @staticmethod
+    def native_forward(made, q, k, v, o):
+        return None     # a training step that adopted the route's prepared call keeps its Python node
+
 
 ONE_ROW_DECODE = OneRowDecode()
 # The most query rows per head the route takes: 1 (a decode step). A few rows (speculative decoding's drafts,
