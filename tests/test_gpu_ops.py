@@ -157,6 +157,10 @@ def test_one_query_row_runs_the_decode_call(torch, dtype):
         assert lse.shape == (b, h, 1) and (lse - ref_lse).abs().max().item() < 1e-3
         kernels = [kernel for key, kernel in library._FORWARD.items() if key[2] == d]
         assert kernels and all(kernel is library.ONE_ROW_DECODE for kernel in kernels), kernels
+        # a cache sliced out of a longer one (a static cache's first sk keys: strided heads and batch)
+        k_long, v_long = randn(torch, b, hkv, sk + 100, d, dtype=dt), randn(torch, b, hkv, sk + 100, d, dtype=dt)
+        ks, vs = k_long[:, :, :sk], v_long[:, :, :sk]
+        check(torch, attngen.attention(q, ks, vs), q, ks, vs)
         # a shape seen before takes forward()'s prepared call of the route (the decode kernel's own) on new tensors
         q_new = randn(torch, b, h, 1, d, dtype=dt)
         check(torch, attngen.attention(q_new, k, v), q_new, k, v)
