@@ -188,10 +188,11 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, dtype):
     slopes = torch.rand(h, device="cuda") * 0.3
     sinks = torch.randn(h, device="cuda")
 
-    def ref_check(out, **kw):
+    def ref_check(out, mask, **kw):
+        align = None if mask == "none" else "bottom_right"   # a full mask takes no alignment
         with exact_fp32_matmul(torch):
-            ref, _ = attention_torch(q.float(), k.float(), v.float(), scale=d ** -0.5, alignment="bottom_right", **kw)
-        low, _ = attention_torch(q, k, v, scale=d ** -0.5, alignment="bottom_right", **kw)
+            ref, _ = attention_torch(q.float(), k.float(), v.float(), scale=d ** -0.5, mask=mask, alignment=align, **kw)
+        low, _ = attention_torch(q, k, v, scale=d ** -0.5, mask=mask, alignment=align, **kw)
         err = (out.float() - ref).abs().max().item()
         assert err <= error_bound((low.float() - ref).abs().max().item()), err
 
