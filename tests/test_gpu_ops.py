@@ -174,6 +174,25 @@ def test_one_query_row_runs_the_decode_call(torch, dtype):
         assert all(kernel is not library.ONE_ROW_DECODE for kernel in library._FORWARD.values())
 
 
+@pytest.mark.parametrize("rows", [2, 4, 8])
+def test_a_few_query_rows_through_the_route_are_causal_bottom_right(torch, monkeypatch, rows):
+    """With ROUTE_MAX_SEQLEN_Q raised, a few query rows per head (speculative decoding's drafts), causal bottom-right,
+    run the decode call's causal: row t sees the keys up to Sk - Sq + t, against fp32 attention by the error rule,
+    first call and prepared call; no mask sees every key."""
+    from attngen.ops import library
+    monkeypatch.setattr(library, "ROUTE_MAX_SEQLEN_Q", 8)
+    library._FORWARD.clear()
+    for b, h, hkv, sk, d in ((2, 32, 8, 1000, 128), (3, 16, 2, 700, 64)):
+        q, k, v = randn(torch, b, h, rows, d), randn(torch, b, hkv, sk, d), randn(torch, b, hkv, sk, d)
+        for _ in range(2):      # the second call: forward()'s prepared call
+            q = randn(torch, b, h, rows, d)
+            check(torch, attngen.attention(q, k, v, causal=True, alignment="bottom_right"), q, k, v, causal=True,
+                  alignment="bottom_right")
+            check(torch, attngen.attention(q, k, v), q, k, v)
+    assert any(kernel is library.ONE_ROW_DECODE for kernel in library._FORWARD.values())
+    library._FORWARD.clear()
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_one_query_row_with_variants_runs_the_decode_call(torch, dtype):
     """forward_variant's one-row route: softcap (Gemma 2), a sliding window as transformers passes it ((W - 1, W - 1)

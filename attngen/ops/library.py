@@ -146,10 +146,13 @@ class OneRowDecode:
         self._made = threading.local()   # the decode kernel and prepared call of this thread's last call
 
     def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse):
-        result = kvcache(q, k, v, None, None, False, scale, None, layout, return_lse)
-        kernel = _DECODE.get(_kvcache_key(q, k, v, None, False, layout))
+        # one row sees every key (no mask: the plain decode kernel); a few rows, causal bottom-right, are the decode
+        # call's causal (each new token sees the keys up to its own position)
+        causal = causal and q.shape[2 if layout == "bhsd" else 1] > 1
+        result = kvcache(q, k, v, None, None, causal, scale, None, layout, return_lse)
+        kernel = _DECODE.get(_kvcache_key(q, k, v, None, causal, layout))
         self._made.last = None if kernel is None else (
-            kernel, kernel.full_cache_prepared(q, k, v, scale, return_lse, layout))
+            kernel, kernel.full_cache_prepared(q, k, v, scale, return_lse, layout, causal))
         return result
 
     def prepared(self, key):
