@@ -139,7 +139,7 @@ def test_one_query_row_runs_the_decode_call(torch, dtype):
     """attention() of one query row that sees every key (no mask, or causal aligned bottom-right, as transformers
     and torch SDPA make a decode step) runs the decode call on the full cache, in both layouts, with its LSE, GQA
     and MHA, at the head dims the decode table serves; top-left causal (the row sees
-    key 0 only) and two query rows keep the forward's kernels. Each against fp32 attention by the error rule."""
+    key 0 only) and more rows than the route takes keep the forward's kernels. Each against fp32 attention by the error rule."""
     from attngen.ops import library
     dt = getattr(torch, dtype)
     for b, h, hkv, sk, d in ((2, 32, 8, 3000, 128), (1, 8, 8, 700, 64), (3, 16, 2, 5000, 96), (1, 4, 1, 1, 128)):
@@ -169,18 +169,19 @@ def test_one_query_row_runs_the_decode_call(torch, dtype):
         check(torch, attngen.attention(q, k, v, causal=True), q, k, v, causal=True)   # top-left: key 0 only
         with pytest.raises(ValueError, match="applies to causal=True or a window only"):   # refused as before
             attngen.attention(q, k, v, alignment="bottom_right")
-        q2 = randn(torch, b, h, 2, d, dtype=dt)
-        check(torch, attngen.attention(q2, k, v), q2, k, v)
+        if sk > library.ROUTE_MAX_SEQLEN_Q:   # more rows than the route takes
+            q9 = randn(torch, b, h, library.ROUTE_MAX_SEQLEN_Q + 1, d, dtype=dt)
+            check(torch, attngen.attention(q9, k, v), q9, k, v)
         assert all(kernel is not library.ONE_ROW_DECODE for kernel in library._FORWARD.values())
 
 
 @pytest.mark.parametrize("rows", [2, 4, 8])
-def test_a_few_query_rows_through_the_route_are_causal_bottom_right(torch, monkeypatch, rows):
-    """With ROUTE_MAX_SEQLEN_Q raised, a few query rows per head (speculative decoding's drafts), causal bottom-right,
-    run the decode call's causal: row t sees the keys up to Sk - Sq + t, against fp32 attention by the error rule,
-    first call and prepared call; no mask sees every key."""
+def test_a_few_query_rows_through_the_route_are_causal_bottom_right(torch, rows):
+    """A few query rows per head (speculative decoding's drafts, up to ROUTE_MAX_SEQLEN_Q), causal bottom-right, run
+    the decode call's causal: row t sees the keys up to Sk - Sq + t, against fp32 attention by the error rule, first
+    call and prepared call; no mask sees every key."""
     from attngen.ops import library
-    monkeypatch.setattr(library, "ROUTE_MAX_SEQLEN_Q", 8)
+    assert rows <= library.ROUTE_MAX_SEQLEN_Q
     library._FORWARD.clear()
     for b, h, hkv, sk, d in ((2, 32, 8, 1000, 128), (3, 16, 2, 700, 64)):
         q, k, v = randn(torch, b, h, rows, d), randn(torch, b, hkv, sk, d), randn(torch, b, hkv, sk, d)

@@ -146,9 +146,7 @@ class OneRowDecode:
         self._made = threading.local()   # the decode kernel and prepared call of this thread's last call
 
     def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse):
-        # one row sees every key (no mask: the plain decode kernel); a few rows, causal bottom-right, are the decode
-        # call's causal (each new token sees the keys up to its own position)
-        causal = causal and q.shape[2 if layout == "bhsd" else 1] > 1
+        causal = _route_causal(causal, q, layout)
         result = kvcache(q, k, v, None, None, causal, scale, None, layout, return_lse)
         kernel = _DECODE.get(_kvcache_key(q, k, v, None, causal, layout))
         self._made.last = None if kernel is None else (
@@ -171,11 +169,20 @@ class OneRowDecode:
 
 
 ONE_ROW_DECODE = OneRowDecode()
-# The most query rows per head the route takes: 1 (a decode step). A few rows (speculative decoding's drafts,
-# non-causal or bottom-right causal: each row sees the keys up to its own position, as the decode call's causal)
-# are the decode call's too; where its row blocks stop beating the forward's tiles is to be measured
-# (docs/decode-h200/one_row/one_row.py, SQ=).
-ROUTE_MAX_SEQLEN_Q = 1
+
+
+def _route_causal(causal: bool, q, layout: str) -> bool:
+    """The decode call's causal for a routed call: one row aligned bottom-right sees every key, so the full-mask
+    kernel serves it (one launch fewer where the causal kernel splits); a few rows are the decode call's causal (each
+    new token sees the keys up to its own position)."""
+    return causal and q.shape[2 if layout == "bhsd" else 1] > 1
+
+
+# The most query rows per head the route takes: a decode step's one, or speculative decoding's few drafts (no mask,
+# or causal bottom-right: each row sees the keys up to its own position, as the decode call's causal). At 2, 4 and 8
+# rows the decode call measured 1.0-3.3x the forward's kernels on the H200, GPU and eager
+# (docs/decode-h200/one_row/README.md). forward_variant's route takes one row.
+ROUTE_MAX_SEQLEN_Q = 8
 _PREPARED: dict = {}    # runtime call_key of a call made before -> (its kernel, the kernel's prepared call)
 
 
@@ -195,9 +202,10 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
     bhsd = layout == "bhsd"
     seqlen_q, seqlen_k = (q.shape[2], k.shape[2]) if bhsd else (q.shape[1], k.shape[1])
     short = (q.get_device(), q.dtype, q.shape[-1], causal, seqlen_k, v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2],
-             seqlen_q <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k
-             and (alignment == "bottom_right" if causal else alignment is None)   # else the kernel's own refusal
-             and not (q.requires_grad or k.requires_grad or v.requires_grad))
+             # the route's mask, where it may take the call: 1 every key (a row of its own, or no mask), 2 causal rows
+             ((2 if causal and seqlen_q > 1 else 1) if seqlen_q <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k
+              and (alignment == "bottom_right" if causal else alignment is None)   # else the kernel's own refusal
+              and not (q.requires_grad or k.requires_grad or v.requires_grad) else 0))
     kernel = _FORWARD.get(short)
     if kernel is None:
         if short[0] < 0:
@@ -206,7 +214,8 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
         if pad:
             return _cut(forward(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), causal, alignment,
                                 _scale(scale, short[2]), layout, return_lse), short[5], return_lse)
-        if short[7] and short[5] == short[2] and DISPATCH.serves("decode", short[0], q.dtype, short[2], "none"):
+        if short[7] and short[5] == short[2] and DISPATCH.serves("decode", short[0], q.dtype, short[2],
+                                                                 ("none", "causal")[short[7] - 1]):
             kernel = ONE_ROW_DECODE
         else:
             kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4],
@@ -241,7 +250,7 @@ def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, 
     seqlen_q, seqlen_k = (q.shape[2], k.shape[2]) if bhsd else (q.shape[1], k.shape[1])
     return (q.get_device(), q.dtype, q.shape[-1], mask, call_scores(softcap, alibi_slopes, sinks), seqlen_k,
             v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2], window_keys(causal, window) if mask == "window" else None,
-            seqlen_q <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k
+            seqlen_q == 1 <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k   # one row (ROUTE_MAX_SEQLEN_Q 0: no route)
             and (alignment is None if mask == "none" else alignment == "bottom_right")   # else the kernel's refusal
             and not (q.requires_grad or k.requires_grad or v.requires_grad
                      or (alibi_slopes is not None and alibi_slopes.requires_grad)
@@ -254,6 +263,7 @@ class OneRowDecodeVariant:
     sinks (joined as the decode call joins them where no kernel of the others takes them)."""
 
     def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes, sinks):
+        causal = causal if window is not None else _route_causal(causal, q, layout)
         return kvcache_variant(q, k, v, None, None, causal, scale, None, layout, return_lse, window, softcap,
                                alibi_slopes, sinks)
 
@@ -283,7 +293,8 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        if short[9] and short[6] == short[2] and _decode_serves(short[0], q.dtype, short[2], mask, scores):
+        if short[9] and short[6] == short[2] and _decode_serves(
+                short[0], q.dtype, short[2], "none" if mask == "causal" else mask, scores):   # one row: every key
             kernel = ONE_ROW_DECODE_VARIANT
         elif sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
             kernel = _SINKS_APART
