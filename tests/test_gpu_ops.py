@@ -195,10 +195,11 @@ def test_a_few_query_rows_through_the_route_are_causal_bottom_right(torch, rows)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_one_query_row_with_variants_runs_the_decode_call(torch, dtype):
+def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dtype):
     """forward_variant's one-row route: softcap (Gemma 2), a sliding window as transformers passes it ((W - 1, W - 1)
     with causal, bottom-right), ALiBi and learned sinks (gpt-oss) at one query row run the decode call, each against
-    fp32 attention of the same variant definitions by the error rule; top-left alignment keeps the forward's kernels."""
+    fp32 attention of the same variant definitions by the error rule; top-left alignment keeps the forward's kernels.
+    The route takes softcap by default (ROUTE_VARIANTS); the others are checked with it widened."""
     from attngen.core.variants import SCORES
     from attngen.ops import library
     dt = getattr(torch, dtype)
@@ -216,6 +217,13 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, dtype):
         err = (out.float() - ref).abs().max().item()
         assert err <= error_bound((low.float() - ref).abs().max().item()), err
 
+    library._VARIANT.clear()
+    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", softcap=30.0), mask="causal",
+              modifiers=((SCORES["softcap"], 30.0),))
+    attngen.attention(q, k, v, causal=True, alignment="bottom_right", sinks=sinks)
+    assert [kernel is library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values()] == [True, False]
+    # every variant the decode call serves, as the route would run it with ROUTE_VARIANTS widened
+    monkeypatch.setattr(library, "ROUTE_VARIANTS", frozenset({"softcap", "window", "alibi", "sink"}))
     library._VARIANT.clear()
     ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", softcap=30.0), mask="causal",
               modifiers=((SCORES["softcap"], 30.0),))

@@ -269,6 +269,16 @@ class OneRowDecodeVariant:
 
 
 ONE_ROW_DECODE_VARIANT = OneRowDecodeVariant()
+# The variants whose one-row calls the route takes: softcap measured at or below the forward's kernels' time on the
+# H200, on the GPU and eager. The decode call serves windows, sinks and ALiBi too (GPU 2.4-8.9x), but their eager
+# calls cost 30-35 us more host time at small shapes than the forward's (docs/decode-h200/one_row/README.md).
+ROUTE_VARIANTS = frozenset({"softcap"})
+
+
+def _route_takes(mask: str, scores: str) -> bool:
+    """Whether the one-row route takes a call of this mask and these score modifiers (ROUTE_VARIANTS)."""
+    names = set(scores.split("+")) | ({"window"} if mask == "window" else set())
+    return names <= ROUTE_VARIANTS
 
 
 def _decode_serves(index: int, dtype, head_dim: int, mask: str, scores: str) -> bool:
@@ -293,7 +303,7 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        if short[9] and short[6] == short[2] and _decode_serves(
+        if short[9] and short[6] == short[2] and _route_takes(mask, scores) and _decode_serves(
                 short[0], q.dtype, short[2], "none" if mask == "causal" else mask, scores):   # one row: every key
             kernel = ONE_ROW_DECODE_VARIANT
         elif sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
