@@ -139,7 +139,7 @@ def test_one_query_row_runs_the_decode_call(torch, dtype):
     """attention() of one query row that sees every key (no mask, or causal aligned bottom-right, as transformers
     and torch SDPA make a decode step) runs the decode call on the full cache, in both layouts, with its LSE, GQA
     and MHA, at the head dims the decode table serves; top-left causal (the row sees
-    key 0 only) and two query rows keep the forward's kernels. Each against fp32 attention by the error rule."""
+    key 0 only) and more rows than the route takes keep the forward's kernels. Each against fp32 attention by the error rule."""
     from attngen.ops import library
     dt = getattr(torch, dtype)
     for b, h, hkv, sk, d in ((2, 32, 8, 3000, 128), (1, 8, 8, 700, 64), (3, 16, 2, 5000, 96), (1, 4, 1, 1, 128)):
@@ -157,13 +157,85 @@ def test_one_query_row_runs_the_decode_call(torch, dtype):
         assert lse.shape == (b, h, 1) and (lse - ref_lse).abs().max().item() < 1e-3
         kernels = [kernel for key, kernel in library._FORWARD.items() if key[2] == d]
         assert kernels and all(kernel is library.ONE_ROW_DECODE for kernel in kernels), kernels
+        # a cache sliced out of a longer one (a static cache's first sk keys: strided heads and batch)
+        k_long, v_long = randn(torch, b, hkv, sk + 100, d, dtype=dt), randn(torch, b, hkv, sk + 100, d, dtype=dt)
+        ks, vs = k_long[:, :, :sk], v_long[:, :, :sk]
+        check(torch, attngen.attention(q, ks, vs), q, ks, vs)
+        # a shape seen before takes forward()'s prepared call of the route (the decode kernel's own) on new tensors
+        q_new = randn(torch, b, h, 1, d, dtype=dt)
+        check(torch, attngen.attention(q_new, k, v), q_new, k, v)
+        assert any(hit[0] is library.ONE_ROW_DECODE for hit in library._PREPARED.values())
         library._FORWARD.clear()
         check(torch, attngen.attention(q, k, v, causal=True), q, k, v, causal=True)   # top-left: key 0 only
         with pytest.raises(ValueError, match="applies to causal=True or a window only"):   # refused as before
             attngen.attention(q, k, v, alignment="bottom_right")
-        q2 = randn(torch, b, h, 2, d, dtype=dt)
-        check(torch, attngen.attention(q2, k, v), q2, k, v)
+        if sk > library.ROUTE_MAX_SEQLEN_Q:   # more rows than the route takes
+            q9 = randn(torch, b, h, library.ROUTE_MAX_SEQLEN_Q + 1, d, dtype=dt)
+            check(torch, attngen.attention(q9, k, v), q9, k, v)
         assert all(kernel is not library.ONE_ROW_DECODE for kernel in library._FORWARD.values())
+
+
+@pytest.mark.parametrize("rows", [2, 4, 8])
+def test_a_few_query_rows_through_the_route_are_causal_bottom_right(torch, rows):
+    """A few query rows per head (speculative decoding's drafts, up to ROUTE_MAX_SEQLEN_Q), causal bottom-right, run
+    the decode call's causal: row t sees the keys up to Sk - Sq + t, against fp32 attention by the error rule, first
+    call and prepared call; no mask sees every key."""
+    from attngen.ops import library
+    assert rows <= library.ROUTE_MAX_SEQLEN_Q
+    library._FORWARD.clear()
+    for b, h, hkv, sk, d in ((2, 32, 8, 1000, 128), (3, 16, 2, 700, 64)):
+        q, k, v = randn(torch, b, h, rows, d), randn(torch, b, hkv, sk, d), randn(torch, b, hkv, sk, d)
+        for _ in range(2):      # the second call: forward()'s prepared call
+            q = randn(torch, b, h, rows, d)
+            check(torch, attngen.attention(q, k, v, causal=True, alignment="bottom_right"), q, k, v, causal=True,
+                  alignment="bottom_right")
+            check(torch, attngen.attention(q, k, v), q, k, v)
+    assert any(kernel is library.ONE_ROW_DECODE for kernel in library._FORWARD.values())
+    library._FORWARD.clear()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dtype):
+    """forward_variant's one-row route: softcap (Gemma 2), a sliding window as transformers passes it ((W - 1, W - 1)
+    with causal, bottom-right), ALiBi and learned sinks (gpt-oss) at one query row run the decode call, each against
+    fp32 attention of the same variant definitions by the error rule; top-left alignment keeps the forward's kernels.
+    The route takes softcap by default (ROUTE_VARIANTS); the others are checked with it widened."""
+    from attngen.core.variants import SCORES
+    from attngen.ops import library
+    dt = getattr(torch, dtype)
+    b, h, hkv, sk, d = 2, 16, 4, 3000, 128
+    q, k, v = randn(torch, b, h, 1, d, dtype=dt), randn(torch, b, hkv, sk, d, dtype=dt), randn(torch, b, hkv, sk, d,
+                                                                                           dtype=dt)
+    slopes = torch.rand(h, device="cuda") * 0.3
+    sinks = torch.randn(h, device="cuda")
+
+    def ref_check(out, mask, **kw):
+        align = None if mask == "none" else "bottom_right"   # a full mask takes no alignment
+        with exact_fp32_matmul(torch):
+            ref, _ = attention_torch(q.float(), k.float(), v.float(), scale=d ** -0.5, mask=mask, alignment=align, **kw)
+        low, _ = attention_torch(q, k, v, scale=d ** -0.5, mask=mask, alignment=align, **kw)
+        err = (out.float() - ref).abs().max().item()
+        assert err <= error_bound((low.float() - ref).abs().max().item()), err
+
+    library._VARIANT.clear()
+    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", softcap=30.0), mask="causal",
+              modifiers=((SCORES["softcap"], 30.0),))
+    attngen.attention(q, k, v, causal=True, alignment="bottom_right", sinks=sinks)
+    assert [kernel is library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values()] == [True, False]
+    # every variant the decode call serves, as the route would run it with ROUTE_VARIANTS widened
+    monkeypatch.setattr(library, "ROUTE_VARIANTS", frozenset({"softcap", "window", "alibi", "sink"}))
+    library._VARIANT.clear()
+    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", softcap=30.0), mask="causal",
+              modifiers=((SCORES["softcap"], 30.0),))
+    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", window=(1023, 1023)), mask="window",
+              window=(1023, 0))
+    ref_check(attngen.attention(q, k, v, alibi_slopes=slopes), mask="none", modifiers=((SCORES["alibi"], slopes),))
+    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", sinks=sinks), mask="causal",
+              modifiers=((SCORES["sink"], sinks),))
+    assert library._VARIANT and all(kernel is library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values())
+    library._VARIANT.clear()
+    attngen.attention(q, k, v, causal=True, window=(1023, 0))    # top-left: the row sees key 0 only
+    assert all(kernel is not library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values())
 
 
 def test_one_query_row_through_sdpa_compile_and_graphs(torch):

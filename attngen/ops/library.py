@@ -143,15 +143,47 @@ class OneRowDecode:
     forward of one row takes the route: its output and LSE follow the forward's conventions (the backward reads
     them), but the step then keeps no prepared forward call."""
 
+    def __init__(self):
+        self._made = threading.local()   # the decode kernel and prepared call of this thread's last call
+
     def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse):
-        return kvcache(q, k, v, None, None, False, scale, None, layout, return_lse)
+        causal = _route_causal(causal, q, layout)
+        result = kvcache(q, k, v, None, None, causal, scale, None, layout, return_lse)
+        kernel = _DECODE.get(_kvcache_key(q, k, v, None, causal, layout))
+        self._made.last = None if kernel is None else (
+            kernel, kernel.full_cache_prepared(q, k, v, scale, return_lse, layout, causal))
+        return result
+
+    def prepared(self, key):
+        """What forward() keeps for the call just made on this thread (its _PREPARED entry: the decode kernel and
+        its prepared call), or None."""
+        made, self._made.last = getattr(self._made, "last", None), None
+        return made if made is not None and made[1] is not None else None
 
     @staticmethod
-    def prepared(key):
-        return None     # forward() keeps no prepared call: the decode kernel keeps its own (one dict get more)
+    def run_prepared(made, q, k, v, return_lse):
+        return made[0].run_full_cache(made[1], q, k, v, return_lse)
+
+    @staticmethod
+    def native_forward(made, q, k, v, o):
+        return None     # a training step that adopted the route's prepared call keeps its Python node
 
 
 ONE_ROW_DECODE = OneRowDecode()
+
+
+def _route_causal(causal: bool, q, layout: str) -> bool:
+    """The decode call's causal for a routed call: one row aligned bottom-right sees every key, so the full-mask
+    kernel serves it (one launch fewer where the causal kernel splits); a few rows are the decode call's causal (each
+    new token sees the keys up to its own position)."""
+    return causal and q.shape[2 if layout == "bhsd" else 1] > 1
+
+
+# The most query rows per head the route takes: a decode step's one, or speculative decoding's few drafts (no mask,
+# or causal bottom-right: each row sees the keys up to its own position, as the decode call's causal). At 2, 4 and 8
+# rows the decode call measured 1.0-3.3x the forward's kernels on the H200, GPU and eager
+# (docs/decode-h200/one_row/README.md). forward_variant's route takes one row.
+ROUTE_MAX_SEQLEN_Q = 8
 _PREPARED: dict = {}    # runtime call_key of a call made before -> (its kernel, the kernel's prepared call)
 
 
@@ -169,11 +201,12 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
         if result is not None:
             return result
     bhsd = layout == "bhsd"
-    short = (q.get_device(), q.dtype, q.shape[-1], causal, k.shape[2] if bhsd else k.shape[1], v.shape[-1],
-             q.shape[0] * q.shape[1] * q.shape[2],
-             (q.shape[2] if bhsd else q.shape[1]) == 1
-             and (alignment == "bottom_right" if causal else alignment is None)   # else the kernel's own refusal
-             and not (q.requires_grad or k.requires_grad or v.requires_grad))
+    seqlen_q, seqlen_k = (q.shape[2], k.shape[2]) if bhsd else (q.shape[1], k.shape[1])
+    short = (q.get_device(), q.dtype, q.shape[-1], causal, seqlen_k, v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2],
+             # the route's mask, where it may take the call: 1 every key (a row of its own, or no mask), 2 causal rows
+             ((2 if causal and seqlen_q > 1 else 1) if seqlen_q <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k
+              and (alignment == "bottom_right" if causal else alignment is None)   # else the kernel's own refusal
+              and not (q.requires_grad or k.requires_grad or v.requires_grad) else 0))
     kernel = _FORWARD.get(short)
     if kernel is None:
         if short[0] < 0:
@@ -183,7 +216,7 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
             return _cut(forward(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), causal, alignment,
                                 _scale(scale, short[2]), layout, return_lse), short[5], return_lse)
         if short[7] and short[5] == short[2] and DISPATCH.serves(ATTENTION.one_row_call, short[0], q.dtype, short[2],
-                                                                 "none"):
+                                                                 ("none", "causal")[short[7] - 1]):
             kernel = ONE_ROW_DECODE
         else:
             kernel = DISPATCH.kernel("forward", short[0], q.dtype, short[2], "causal" if causal else "none", short[4],
@@ -209,12 +242,56 @@ def call_scores(softcap, alibi_slopes, sinks=None) -> str:
     return "+".join(s.name for s in SCORES.values() if given.get(s.argument) is not None)
 
 
-def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks) -> tuple:
-    """forward_variant's key of the table's kernel for a call (_VARIANT)."""
+def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks, alignment=None) -> tuple:
+    """forward_variant's key of the table's kernel for a call (_VARIANT); its last field: whether the one-row route
+    may take it (a decode step's one query row that sees the keys a decode call's new token sees: bottom-right
+    aligned, or neither causal nor a window; no gradient)."""
     mask = call_mask(causal, window)
-    return (q.get_device(), q.dtype, q.shape[-1], mask, call_scores(softcap, alibi_slopes, sinks),
-            k.shape[2] if layout == "bhsd" else k.shape[1], v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2],
-            window_keys(causal, window) if mask == "window" else None)
+    bhsd = layout == "bhsd"
+    seqlen_q, seqlen_k = (q.shape[2], k.shape[2]) if bhsd else (q.shape[1], k.shape[1])
+    return (q.get_device(), q.dtype, q.shape[-1], mask, call_scores(softcap, alibi_slopes, sinks), seqlen_k,
+            v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2], window_keys(causal, window) if mask == "window" else None,
+            seqlen_q == 1 <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k   # one row (ROUTE_MAX_SEQLEN_Q 0: no route)
+            and (alignment is None if mask == "none" else alignment == "bottom_right")   # else the kernel's refusal
+            and not (q.requires_grad or k.requires_grad or v.requires_grad
+                     or (alibi_slopes is not None and alibi_slopes.requires_grad)
+                     or (sinks is not None and sinks.requires_grad)))
+
+
+class OneRowDecodeVariant:
+    """OneRowDecode for forward_variant's calls: the decode call with the call's window (from the row's own position,
+    bottom-right, as the decode call counts it), softcap, ALiBi (the decode call's offset is the same: Sk - Sq) and
+    sinks (joined as the decode call joins them where no kernel of the others takes them)."""
+
+    def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes, sinks):
+        causal = causal if window is not None else _route_causal(causal, q, layout)
+        return kvcache_variant(q, k, v, None, None, causal, scale, None, layout, return_lse, window, softcap,
+                               alibi_slopes, sinks)
+
+
+ONE_ROW_DECODE_VARIANT = OneRowDecodeVariant()
+# The variants whose one-row calls the route takes: softcap measured at or below the forward's kernels' time on the
+# H200, on the GPU and eager. The decode call serves windows, sinks and ALiBi too (GPU 2.4-8.9x), but their eager
+# calls cost 30-35 us more host time at small shapes than the forward's (docs/decode-h200/one_row/README.md).
+ROUTE_VARIANTS = frozenset({"softcap"})
+
+
+def _route_takes(mask: str, scores: str) -> bool:
+    """Whether the one-row route takes a call of this mask and these score modifiers (ROUTE_VARIANTS)."""
+    names = set(scores.split("+")) | ({"window"} if mask == "window" else set())
+    return names <= ROUTE_VARIANTS
+
+
+def _decode_serves(index: int, dtype, head_dim: int, mask: str, scores: str) -> bool:
+    """Whether the contiguous decode call runs this mask and these score modifiers at this head dim itself: a kernel of
+    them, or, for learned sinks no kernel of the others holds, one of the others with the sinks joined after."""
+    if DISPATCH.serves(ATTENTION.one_row_call, index, dtype, head_dim, mask, scores=scores):
+        return True
+    names = scores.split("+")
+    return ("sink" in names and DISPATCH.sinks_apart(ATTENTION.one_row_call, index, dtype, head_dim, 0, mask, scores,
+                                                     False)
+            and DISPATCH.serves(ATTENTION.one_row_call, index, dtype, head_dim, mask,
+                                scores="+".join(n for n in names if n != "sink")))
 
 
 def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
@@ -222,13 +299,16 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     """The eager forward call with variants (window, softcap, ALiBi, sinks): the table's kernel for the
     call's mask and score modifiers, then the kernel call (which keeps its own prepared calls). Sinks
     that no kernel of the other modifiers takes are joined after them (join_sinks)."""
-    short = _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks)
+    short = _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks, alignment)
     mask, scores = short[3], short[4]
     kernel = _VARIANT.get(short)
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        if sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
+        if short[9] and short[6] == short[2] and _route_takes(mask, scores) and _decode_serves(
+                short[0], q.dtype, short[2], "none" if mask == "causal" else mask, scores):   # one row: every key
+            kernel = ONE_ROW_DECODE_VARIANT
+        elif sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
             kernel = _SINKS_APART
         else:
             pad = DISPATCH.padded_dims("forward", short[0], q.dtype, short[2], short[6], mask, scores)
@@ -551,9 +631,13 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 _DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
 
 
+def _kvcache_key(q, k_cache, v_cache, block_table, causal, layout) -> tuple:
+    return (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
+            None if block_table is None else block_table.shape, causal, layout)
+
+
 def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse):
-    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
-           None if block_table is None else block_table.shape, causal, layout)
+    key = _kvcache_key(q, k_cache, v_cache, block_table, causal, layout)
     kernel = _DECODE.get(key)
     if kernel is None:
         to = _decode_padding(q, v_cache, "causal" if causal else "none", "", block_table is not None)
@@ -1276,8 +1360,9 @@ class _PreparedStep:
         call: no kernel of the call's own tensors)."""
         causal, alignment, scale, layout, _ = self.options
         window, softcap = self.variants
-        kernel = _VARIANT.get(_variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks))
-        if kernel is None or kernel is _SINKS_APART:
+        kernel = _VARIANT.get(_variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks,
+                                                  alignment))
+        if kernel is None or kernel is _SINKS_APART or kernel is ONE_ROW_DECODE_VARIANT:
             return None
         prepared = kernel.prepared(call_key(q, k, v, causal, alignment, scale, True, layout,
                                             variant_key(window, softcap, alibi_slopes, sinks=sinks)))

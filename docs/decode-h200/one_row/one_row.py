@@ -2,7 +2,9 @@
 table) and torch SDPA (default backend, and flash alone), bhsd, GPU us per call in CUDA graphs of 20 calls over rotating
 K/V copies (past L2), medians of 5 replays; eager: 20 calls back to back, host included, medians of 5.
 Usage: python3 docs/decode-h200/one_row/one_row.py OUT.json (MODE=before|after: attngen.attention, the decode call and SDPA only;
-MODE=before gives one-row calls the forward kernel the table named before the one-row route; ENABLE=1: SDPA through attngen.enable())"""
+MODE=before turns the route off (library.ROUTE_MAX_SEQLEN_Q = 0: the forward's kernels); SQ=N: N query rows, causal
+bottom-right; VARIANT=softcap|sinks|window: attngen.attention with it; ENABLE=1: SDPA through attngen.enable();
+PREPARED=0: the route without forward()'s prepared call)"""
 import json, statistics, sys
 import torch
 import torch.nn.functional as F
@@ -33,7 +35,7 @@ def time_eager(fn, sets, calls=20):
 def sdpa(backend):
     def f(q, k, v):
         with sdpa_kernel([backend]) if backend else _null():
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, attn_mask=keep if SQ > 1 else None)
     return f
 
 class _null:
@@ -47,30 +49,35 @@ BEFORE = os.environ.get('MODE') == 'before'
 from attngen.ops import library
 from attngen.ops.dispatch import DISPATCH
 
-def as_before(q, k, v):
-    # the forward's kernel for a one-row call, as the table gave it before the one-row route: the same key
-    # forward() makes, resolved as it resolved every call then
-    d, sk, rows = q.shape[-1], k.shape[2], q.shape[0] * q.shape[1] * q.shape[2]
-    key = (q.get_device(), q.dtype, d, False, sk, v.shape[-1], rows, True)
-    library._FORWARD[key] = DISPATCH.kernel("forward", q.get_device(), q.dtype, d, "none", sk, rows=rows)
 if ENABLED:
     attngen.enable()
+SQ = int(os.environ.get('SQ', '1'))     # query rows per head; the route takes up to SQ of them (causal bottom-right)
+library.ROUTE_MAX_SEQLEN_Q = 0 if BEFORE else max(SQ, library.ROUTE_MAX_SEQLEN_Q)   # before: no route at all
+VARIANT = os.environ.get('VARIANT', '')   # softcap | sinks | window: attngen.attention with it (bottom-right, causal)
+if os.environ.get('PREPARED') == '0':   # the route without forward()'s prepared call (as 48bcf1df)
+    library.OneRowDecode.prepared = lambda self, key: None
 rows = []
 for dt in (torch.bfloat16,):
     for b, h, hkv, sk, d in CASES:
-        q = torch.randn(b, h, 1, d, device="cuda", dtype=dt)
+        q = torch.randn(b, h, SQ, d, device="cuda", dtype=dt)
         copies = max(2, min(8, -(-200_000_000 // (2 * b * hkv * sk * d * 2))))
         sets = [(q,) + tuple(torch.randn(b, hkv, sk, d, device="cuda", dtype=dt) for _ in range(2)) for _ in range(copies)]
-        ref = F.scaled_dot_product_attention(q.float(), sets[0][1].float(), sets[0][2].float(), enable_gqa=True)
-        fns = {"attention": lambda q, k, v: attngen.attention(q, k, v),
-               "with_kvcache": lambda q, k, v: attngen.attention_with_kvcache(q, k, v),
+        # SQ > 1: causal, bottom-right (each new token sees the keys up to its own position)
+        keep = (torch.arange(sk, device="cuda")[None, :] <= torch.arange(SQ, device="cuda")[:, None] + sk - SQ)
+        ref = F.scaled_dot_product_attention(q.float(), sets[0][1].float(), sets[0][2].float(), enable_gqa=True,
+                                             attn_mask=keep if SQ > 1 else None)
+        extra = ({"softcap": 30.0} if VARIANT == "softcap" else
+                 {"sinks": torch.randn(h, device="cuda")} if VARIANT == "sinks" else
+                 {"window": (1023, 1023)} if VARIANT == "window" else {})
+        causal = SQ > 1 or bool(extra)   # an alignment only with causal (a non-causal call given one is refused)
+        fns = {"attention": lambda q, k, v: attngen.attention(q, k, v, causal=causal,
+                                                              alignment="bottom_right" if causal else None, **extra),
+               "with_kvcache": lambda q, k, v: attngen.attention_with_kvcache(q, k, v, causal=SQ > 1),
                "sdpa_default": sdpa(None), "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
                "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
         if ENABLED:
             fns = {"sdpa_through_attngen": sdpa(None)}
         if os.environ.get('MODE'):
-            if BEFORE:
-                as_before(*sets[0])
             fns = {"attention": fns["attention"], "with_kvcache": fns["with_kvcache"], "sdpa_default": fns["sdpa_default"]}
         row = {"grid": f"B{b} {h}/{hkv} Sk{sk} d{d}", "dtype": str(dt)[6:], "gpu_us": {}, "eager_us": {}, "err": {}}
         for name, fn in fns.items():
