@@ -209,11 +209,12 @@ def test_dispatch_command_explains_and_refuses():
 
 
 def test_dispatch_command_names_the_one_row_route():
-    """A forward call's explanation says where a one-row call goes instead (the decode call, ops.library.OneRowDecode)
-    where the decode table serves the head dim, and gives the command that shows its kernel; not for a window, score
-    modifiers, a V head dim of its own, or another call."""
+    """A forward call's explanation says where a call of a few query rows goes instead (the decode call,
+    ops.library.OneRowDecode: up to ATTENTION.one_row_max_rows) where the decode table serves the head dim, and gives
+    the command that shows its kernel; softcap's with one row; not for a window, other score modifiers, a V head dim
+    of its own, or another call."""
     run = CliRunner().invoke(main, ["dispatch", "--head-dim", "128", "--seqlen", "4096"])
-    assert run.exit_code == 0 and "one query row: attngen.attention runs the decode call" in run.output, run.output
+    assert run.exit_code == 0 and "few query rows: attngen.attention runs the decode call" in run.output, run.output
     assert "attngen dispatch --call decode --dtype fp16 --head-dim 128 --seqlen 4096 --group-rows" in run.output
     decode = CliRunner().invoke(main, ["dispatch", "--call", "decode", "--dtype", "fp16", "--head-dim", "128",
                                        "--seqlen", "4096", "--group-rows", "4"])
@@ -221,11 +222,14 @@ def test_dispatch_command_names_the_one_row_route():
     assert json.loads(CliRunner().invoke(main, ["dispatch", "--head-dim", "64", "--causal", "--json"]).output)[
         "one_query_row"].startswith("attngen.attention runs the decode call")
     padded = CliRunner().invoke(main, ["dispatch", "--head-dim", "112", "--dtype", "bf16"])   # runs at d128
-    assert "one query row" in padded.output and "--call decode --dtype bf16 --head-dim 128" in padded.output
-    for args in (["--window"], ["--scores", "softcap", "--causal"], ["--head-dim-v", "128", "--head-dim", "192"],
+    assert "few query rows" in padded.output and "--call decode --dtype bf16 --head-dim 128" in padded.output
+    assert "up to 8 query rows per head" in run.output
+    softcap = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", "--scores", "softcap", "--causal"])
+    assert "few query rows" in softcap.output and "(with softcap: one row)" in softcap.output, softcap.output
+    for args in (["--window"], ["--scores", "sink", "--causal"], ["--head-dim-v", "128", "--head-dim", "192"],
                  ["--call", "backward"]):
         run = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", *args])
-        assert run.exit_code == 0 and "one query row" not in run.output, (args, run.output)
+        assert run.exit_code == 0 and "few query rows" not in run.output, (args, run.output)
 
 
 def test_dispatch_command_says_when_a_call_launches_an_awaiting_twin():

@@ -166,7 +166,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
     if launch:
         click.echo(f"  launch: {launch}")
     if one_row:
-        click.echo(f"  one query row: {one_row}")
+        click.echo(f"  few query rows: {one_row}")
     click.echo(f"  buckets of this key ({path}):")
     for o in others:
         limit = f"<= {o.upto}" if o.upto is not None else "longer"
@@ -232,20 +232,26 @@ def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
 
 def one_row_text(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int, mask: str, scores: str,
                  seqlen: int) -> str:
-    """What attngen.attention does instead for a forward call of one query row that sees every key (ops.library,
-    OneRowDecode: no mask, or causal aligned bottom-right; no input that requires a gradient), where the decode table
-    serves the head dim the call runs at (its own, or the one the forward pads it to): the command that shows its
-    kernel; "" for any other call."""
+    """What attngen.attention does instead for a forward call of a few query rows (ops.library, OneRowDecode: no
+    mask, or causal aligned bottom-right; the scores its table call names; no input that requires a gradient), where
+    the decode table serves the head dim the call runs at (its own, or the one the forward pads it to): the command
+    that shows its kernel; "" for any other call."""
     from ..core.calls import table_call
     from ..ops.table import candidates
-    instead = table_call(call).one_row_call
-    if not instead or mask not in ("none", "causal") or scores or head_dim_v or not candidates(
+    taken = table_call(call)
+    instead = taken.one_row_call
+    if not instead or mask not in ("none", "causal") or head_dim_v or not candidates(
             entries, instead, arch, dtype, head_dim, "none"):
         return ""
-    return (f"attngen.attention runs the {instead} call on the whole cache instead where the call has one query row "
-            "that sees every key (no mask, or causal aligned bottom-right) and no input requires a gradient: "
-            f"attngen dispatch --call {instead} --dtype {dtype} --head-dim {head_dim} --seqlen {seqlen} --group-rows "
-            "HEADS/KV_HEADS --rows BATCHxHEADS")
+    if scores and not set(scores.split("+")) <= set(taken.one_row_scores):
+        return ""
+    rows = taken.one_row_max_rows
+    with_scores = f" (with {scores}: one row)" if scores else ""
+    return (f"attngen.attention runs the {instead} call on the whole cache instead where the call has up to {rows} "
+            f"query rows per head{with_scores}, no mask or causal aligned bottom-right (each row sees the keys up to "
+            f"its own position), and no input requires a gradient: attngen dispatch --call {instead} --dtype {dtype} "
+            f"--head-dim {head_dim} --seqlen {seqlen} --group-rows HEADS/KV_HEADS x ROWS --rows BATCHxHEADSxROWS"
+            + (f" --scores {scores}" if scores else ""))
 
 
 def awaiting_twin_text(spec_path: Path, mask: str, seqlen: int, rows: int | None) -> str:

@@ -25,8 +25,11 @@ class TableCall(NamedTuple):
     kv_dtype: str = ""              # the element type of the KV cache its specs read where not the queries'
                                     # (their plans' kv_dtype)
     appends: bool = False           # its calls write new tokens into the KV cache: served by append specs only
-    one_row_call: str = ""          # the table call its calls of one query row that sees every key take instead
-                                    # (attngen.attention's decode steps: the decode call on the whole cache)
+    one_row_call: str = ""          # the table call its calls of a few query rows take instead (attngen.attention's
+                                    # decode steps: the decode call on the whole cache; no mask, or causal aligned
+                                    # bottom-right; no input that requires a gradient)
+    one_row_max_rows: int = 0       # the most query rows per head of such calls (speculative decoding's drafts)
+    one_row_scores: tuple[str, ...] = ()   # the score modifiers such calls may carry (one row: the route's variants)
 
 
 class Call(NamedTuple):
@@ -51,7 +54,9 @@ class Call(NamedTuple):
         return tuple(m for m in (self.kernel, self.verify, self.bench, *self.more_modules) if m)
 
 
-ATTENTION = TableCall("forward", one_row_call="decode")
+# one_row_max_rows 8 and softcap: measured on the H200 at or below the forward's kernels' time, on the GPU and
+# eager (docs/decode-h200/one_row/README.md); windows, sinks and ALiBi cost more host time at small shapes.
+ATTENTION = TableCall("forward", one_row_call="decode", one_row_max_rows=8, one_row_scores=("softcap",))
 ATTENTION_VARLEN = TableCall("varlen", varlen=True, paged=True)      # paged: block_table= (paged K/V)
 ATTENTION_WITH_KVCACHE = TableCall("decode", paged=True)
 # attention_with_kvcache on an e4m3 cache (torch.float8_e4m3fn) with fp16/bf16 queries: its own call name,

@@ -180,10 +180,9 @@ def _route_causal(causal: bool, q, layout: str) -> bool:
 
 
 # The most query rows per head the route takes: a decode step's one, or speculative decoding's few drafts (no mask,
-# or causal bottom-right: each row sees the keys up to its own position, as the decode call's causal). At 2, 4 and 8
-# rows the decode call measured 1.0-3.3x the forward's kernels on the H200, GPU and eager
-# (docs/decode-h200/one_row/README.md). forward_variant's route takes one row.
-ROUTE_MAX_SEQLEN_Q = 8
+# or causal bottom-right: each row sees the keys up to its own position, as the decode call's causal); forward_variant's
+# route takes one row. A module name so a measurement can turn the route off (0).
+ROUTE_MAX_SEQLEN_Q = ATTENTION.one_row_max_rows
 _PREPARED: dict = {}    # runtime call_key of a call made before -> (its kernel, the kernel's prepared call)
 
 
@@ -270,10 +269,8 @@ class OneRowDecodeVariant:
 
 
 ONE_ROW_DECODE_VARIANT = OneRowDecodeVariant()
-# The variants whose one-row calls the route takes: softcap measured at or below the forward's kernels' time on the
-# H200, on the GPU and eager. The decode call serves windows, sinks and ALiBi too (GPU 2.4-8.9x), but their eager
-# calls cost 30-35 us more host time at small shapes than the forward's (docs/decode-h200/one_row/README.md).
-ROUTE_VARIANTS = frozenset({"softcap"})
+# The variants whose one-row calls the route takes (the decode call serves windows, sinks and ALiBi too).
+ROUTE_VARIANTS = frozenset(ATTENTION.one_row_scores)
 
 
 def _route_takes(mask: str, scores: str) -> bool:
