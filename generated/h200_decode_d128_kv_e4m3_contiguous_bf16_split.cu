@@ -32,7 +32,7 @@
 //   block: one key slice (split) of one KV head and sequence, for 16 group rows (query heads per KV head x new tokens) in 128-key K/V tiles; grid (num_splits, kv_heads x row_blocks, batch)
 //   threads: 128 = 4 warps; every warp holds all 16 group rows and scores 32 keys of each tile
 //   fragments per warp: 1 x m16 group rows; S 1x4 m16n8 tiles over 32 keys, O 1x16 tiles, Q 32 registers; 80 fp32 accumulators per thread
-//   mma.sync per tile per warp: 32 (Q.K^T) + 32 (P.V)
+//   mma.sync per tile per warp: 32 (Q.K^T) + 32 (P.V); V's share widened into 64 registers right after the scores
 //   merge: 34816 B of fp32 O over the K/V ring (row pitch 136 floats)
 //   splits: at most 128; the runtime picks the count of least slice cost, waves x (4 + tiles per slice) + 0.25 per partial past 8 (num_splits: the split kernel merges), or none once the blocks keep 48 KiB of K/V per SM in flight (64 KiB per block); 2 blocks per SM counted (and no in-flight rule) where the grid has 32 blocks or more and the cache 64 tiles or more
 //   KV cache: contiguous only (paged: false)
@@ -583,8 +583,29 @@ __device__ __forceinline__ void score_tile(float (&s)[kMTiles][kNTiles][4], cons
 // an 8-column tile, the odd columns' one of another. O tile 2c + e (e = 0, 1) holds the chunk c's columns
 // 2n + e: lane quad q's accumulators of tiles 2c, 2c + 1 are columns 16c + 4q .. 16c + 4q + 3 (see
 // merge_and_store).
+// V's share of the tile is widened ahead of P.V, into vb[kc][dt] = the B registers of O tile dt at k-step kc
+// (widen_v, called right after the scores: it does not depend on P, so its loads and conversions fill the
+// issue slots of the score MMAs and the softmax; converted next to each MMA they serialised P.V on two registers).
+__device__ __forceinline__ void widen_v(uint32_t (&vb)[kKStepsPV][kDTiles][2], uint32_t sV, int key_w0, int lane) {
+#pragma unroll
+    for (int kc = 0; kc < kKStepsPV; ++kc)
+#pragma unroll
+        for (int dc = 0; dc < kHeadDim / 32; ++dc) {
+            // matrices: keys +0..7 and +8..15 of chunk 2dc (columns 32dc..), then the same of chunk 2dc + 1
+            uint32_t r[4];
+            ldmatrix_x4_trans(r, sV + kv_offset(key_w0 + 16 * kc + lane % 8 + (lane / 8) % 2 * 8, 2 * dc + lane / 16));
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                vb[kc][4 * dc + 2 * half][0] = kv_bytes<0, 2>(r[2 * half]);
+                vb[kc][4 * dc + 2 * half][1] = kv_bytes<0, 2>(r[2 * half + 1]);
+                vb[kc][4 * dc + 2 * half + 1][0] = kv_bytes<1, 3>(r[2 * half]);
+                vb[kc][4 * dc + 2 * half + 1][1] = kv_bytes<1, 3>(r[2 * half + 1]);
+            }
+        }
+}
+
 __device__ __forceinline__ void accumulate_pv(float (&o)[kMTiles][kDTiles][4], const float (&s)[kMTiles][kNTiles][4],
-                                              uint32_t sV, int key_w0, int lane) {
+                                              const uint32_t (&vb)[kKStepsPV][kDTiles][2]) {
 #pragma unroll
     for (int kc = 0; kc < kKStepsPV; ++kc) {
         uint32_t a[kMTiles][4];
@@ -596,21 +617,9 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[kMTiles][kDTiles][4], c
             a[mt][3] = pack_p(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
         }
 #pragma unroll
-        for (int dc = 0; dc < kHeadDim / 32; ++dc) {
-            // matrices: keys +0..7 and +8..15 of chunk 2dc (columns 32dc..), then the same of chunk 2dc + 1
-            uint32_t r[4];
-            ldmatrix_x4_trans(r, sV + kv_offset(key_w0 + 16 * kc + lane % 8 + (lane / 8) % 2 * 8, 2 * dc + lane / 16));
+        for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const uint32_t even0 = kv_bytes<0, 2>(r[2 * half]), even1 = kv_bytes<0, 2>(r[2 * half + 1]);
-                const uint32_t odd0 = kv_bytes<1, 3>(r[2 * half]), odd1 = kv_bytes<1, 3>(r[2 * half + 1]);
-#pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-                    mma_m16n8k16(o[mt][4 * dc + 2 * half], a[mt], even0, even1);
-                    mma_m16n8k16(o[mt][4 * dc + 2 * half + 1], a[mt], odd0, odd1);
-                }
-            }
-        }
+            for (int mt = 0; mt < kMTiles; ++mt) mma_m16n8k16(o[mt][dt], a[mt], vb[kc][dt][0], vb[kc][dt][1]);
     }
 }
 
@@ -849,6 +858,8 @@ __device__ __forceinline__ void attention(const Params& p) {
         const uint32_t slot = smem_addr + (i % kStages) * kStageStride;
         float s[kMTiles][kNTiles][4];
         score_tile(s, qf, smem_addr + kSmem_q, slot + kSmem_k0, key_w0, lane);
+        uint32_t vb[kKStepsPV][kDTiles][2];   // V widened now: it does not wait for P
+        widen_v(vb, slot + kSmem_v0, key_w0, lane);
         const int key0 = (first + i) * kBlockN + key_w0;
         // past the sequence, a causal row's own position
         if (key0 + kKeysPerWarp > mask_from || (kHasLeftBound<kMask> && key0 < mask_until)) {
@@ -876,7 +887,7 @@ __device__ __forceinline__ void attention(const Params& p) {
                     o[mt][dt][2 * h + 1] *= alpha;
                 }
             }
-        accumulate_pv(o, s, slot + kSmem_v0, key_w0, lane);
+        accumulate_pv(o, s, vb);
     }
     cp_async_wait_all();
     allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end): not

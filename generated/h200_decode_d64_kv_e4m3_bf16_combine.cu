@@ -34,7 +34,7 @@
 //   block: one key slice (split) of one KV head and sequence, for 16 group rows (query heads per KV head x new tokens) in 128-key K/V tiles; grid (num_splits, kv_heads x row_blocks, batch)
 //   threads: 128 = 4 warps; every warp holds all 16 group rows and scores 32 keys of each tile
 //   fragments per warp: 1 x m16 group rows; S 1x4 m16n8 tiles over 32 keys, O 1x8 tiles, Q 16 registers; 48 fp32 accumulators per thread
-//   mma.sync per tile per warp: 16 (Q.K^T) + 16 (P.V)
+//   mma.sync per tile per warp: 16 (Q.K^T) + 16 (P.V); V's share widened into 32 registers right after the scores
 //   merge: 18432 B of fp32 O over the K/V ring (row pitch 72 floats)
 //   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them), unless the cache has at most 24 tiles and one-tile slices fill at most 50% of the SMs; 2 blocks per SM counted (and no in-flight rule) where the grid has 32 blocks or more and the cache 64 tiles or more or 16 blocks or more and the cache 128 tiles or more or 8 blocks or more and the cache 256 tiles or more
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table

@@ -243,6 +243,13 @@ class DecodeFragments:
     merge_pitch: int        # floats per row of a warp's O in the merge buffer (head_dim + 8: conflict-free float2)
     merge_bytes: int        # the merge buffer (warps x block_m rows), over the K/V ring after the last tile
     combine_warps: int      # output rows per combine block
+    v_widened_ahead: bool   # e4m3 cache: a tile's V share is widened into registers right after the scores, not
+                            # next to each P.V mma (whose conversions then chained on two registers)
+
+
+# The fp32 accumulators and widened V registers a thread may hold together: ptxas (sm_90a) kept d128's 80 + 64
+# without spills (212-219 registers, two blocks of 128 threads per SM) and spilled d256's 136 + 64 in bf16 (40 B).
+V_AHEAD_MAX_HELD = 144
 
 
 def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
@@ -253,7 +260,9 @@ def fragments(spec: DecodeSpec, rows_per_warp: int, file) -> DecodeFragments:
                            k_steps_qk=spec.head_dim // 16, k_steps_pv=kpw // 16,
                            q_regs=q_registers(spec) if holds_q(spec) else 0, accumulators=accumulators(spec),
                            merge_pitch=pitch, merge_bytes=spec.compute_warps * spec.tile.block_m * pitch * 4,
-                           combine_warps=COMBINE_WARPS)
+                           combine_warps=COMBINE_WARPS,
+                           v_widened_ahead=spec.kv_dtype == "e4m3"
+                           and accumulators(spec) + 2 * (spec.head_dim // 8) * (kpw // 16) <= V_AHEAD_MAX_HELD)
 
 
 def unsplit_in_flight(spec: DecodeSpec) -> int:
@@ -421,7 +430,9 @@ def explain(plan) -> list[str]:
                f"few beside {f.accumulators} accumulators)")
             + f"; {f.accumulators} fp32 accumulators per thread",
             f"mma.sync per tile per warp: {f.m_tiles * f.n_tiles * f.k_steps_qk} (Q.K^T) + "
-            f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)",
+            f"{f.m_tiles * f.d_tiles * f.k_steps_pv} (P.V)"
+            + (f"; V's share widened into {2 * f.d_tiles * f.k_steps_pv} registers right after the scores"
+               if f.v_widened_ahead else ""),
             f"merge: {f.merge_bytes} B of fp32 O over the K/V ring (row pitch {f.merge_pitch} floats)",
             f"splits: at most {plan.max_splits}; the runtime picks "
             + split_rule_text(plan.combine, plan.unsplit_in_flight, plan.co_resident_blocks, plan.slice_cost_min_tiles,
