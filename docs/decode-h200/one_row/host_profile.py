@@ -1,0 +1,27 @@
+"""Host time of one-row calls through attngen.attention: plain and with variants (the route), per call, then cProfile."""
+import cProfile, pstats, time, io, sys
+import torch, attngen
+from attngen.ops import library
+torch.manual_seed(0)
+q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+k, v = (torch.randn(1, 8, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+sinks = torch.randn(32, device="cuda")
+calls = {"plain": lambda: attngen.attention(q, k, v),
+         "softcap": lambda: attngen.attention(q, k, v, causal=True, alignment="bottom_right", softcap=30.0),
+         "sinks": lambda: attngen.attention(q, k, v, causal=True, alignment="bottom_right", sinks=sinks),
+         "window": lambda: attngen.attention(q, k, v, causal=True, alignment="bottom_right", window=(1023, 1023)),
+         "kvcache_softcap": lambda: attngen.attention_with_kvcache(q, k, v, softcap=30.0),
+         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)}
+for name, fn in calls.items():
+    for _ in range(50): fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(400):
+        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+        if len(ts) % 50 == 0: torch.cuda.synchronize()
+    ts.sort(); print(f"{name:16s} host per call median {ts[len(ts)//2]*1e6:7.2f} us  p10 {ts[len(ts)//10]*1e6:7.2f}", flush=True)
+for name in ("softcap", "plain"):
+    pr = cProfile.Profile(); pr.enable()
+    for _ in range(300): calls[name]()
+    pr.disable(); torch.cuda.synchronize()
+    s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22); print(name, s.getvalue()[:6000])
