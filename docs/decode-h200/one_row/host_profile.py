@@ -1,7 +1,11 @@
-"""Host time of one-row calls through attngen.attention: plain and with variants (the route), per call, then cProfile."""
-import cProfile, pstats, time, io, sys
+"""Host time of one-row calls through attngen.attention: plain and with variants, per call, then cProfile.
+ROUTE_ALL=1: the route takes every variant the decode call serves (library.ROUTE_VARIANTS widened), as the trial
+tree that made host_profile.txt did; PROFILE=names (comma-separated, default softcap,plain) picks the profiled calls."""
+import cProfile, pstats, time, io, os
 import torch, attngen
 from attngen.ops import library
+if os.environ.get("ROUTE_ALL") == "1":
+    library.ROUTE_VARIANTS = frozenset({"softcap", "window", "alibi", "sink"})
 torch.manual_seed(0)
 q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
 k, v = (torch.randn(1, 8, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -20,7 +24,7 @@ for name, fn in calls.items():
         t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
         if len(ts) % 50 == 0: torch.cuda.synchronize()
     ts.sort(); print(f"{name:16s} host per call median {ts[len(ts)//2]*1e6:7.2f} us  p10 {ts[len(ts)//10]*1e6:7.2f}", flush=True)
-for name in ("softcap", "plain"):
+for name in os.environ.get("PROFILE", "softcap,plain").split(","):
     pr = cProfile.Profile(); pr.enable()
     for _ in range(300): calls[name]()
     pr.disable(); torch.cuda.synchronize()
