@@ -133,15 +133,15 @@ _FORWARD: dict = {}     # (device, dtype, head_dim, causal, seqlen_k, V head_dim
 
 
 class OneRowDecode:
-    """attention() of one query row per head that sees every key (no mask, or causal aligned bottom-right: a
-    decode step as torch SDPA and transformers make it) as the decode call on a full cache: the forward's
-    kernels tile 64-128 query rows per block and read each KV head's keys once per query head, where the decode
-    kernels read them once for the head's group and split the keys across SMs (H200, bf16, 32/8 heads, d128:
-    B1 at 16k keys 194 against 24.5 us, B8 at 4k 101 against 34; docs/decode-h200/one_row/). Forward's call
-    signature; the decode call keys its own kernel by the call's heads, cache and rows. Eager tensors that need
+    """attention() of a few query rows per head (ROUTE_MAX_SEQLEN_Q) with no mask or causal aligned bottom-right (a
+    decode step as torch SDPA and transformers make it, or a speculative step's drafts) as the decode call on a full
+    cache: the forward's kernels tile 64-128 query rows per block and read each KV head's keys once per query head,
+    where the decode kernels read them once for the head's group and split the keys across SMs (H200, bf16, 32/8
+    heads, d128: B1 at 16k keys 194 against 24.5 us, B8 at 4k 101 against 34; docs/decode-h200/one_row/). Forward's
+    call signature; the decode call keys its own kernel by the call's heads, cache and rows. Eager tensors that need
     gradients keep the forward's kernels. Inside a torch.compile graph no tensor says so, and a training step's
-    forward of one row takes the route: its output and LSE follow the forward's conventions (the backward reads
-    them), but the step then keeps no prepared forward call."""
+    forward of these rows takes the route: its output and LSE follow the forward's conventions (the backward reads
+    them); the step keeps its Python node (native_forward)."""
 
     def __init__(self):
         self._made = threading.local()   # the decode kernel and prepared call of this thread's last call
@@ -279,16 +279,17 @@ def _route_takes(mask: str, scores: str) -> bool:
     return names <= ROUTE_VARIANTS
 
 
-def _decode_serves(index: int, dtype, head_dim: int, mask: str, scores: str) -> bool:
-    """Whether the contiguous decode call runs this mask and these score modifiers at this head dim itself: a kernel of
-    them, or, for learned sinks no kernel of the others holds, one of the others with the sinks joined after."""
-    if DISPATCH.serves(ATTENTION.one_row_call, index, dtype, head_dim, mask, scores=scores):
+def _decode_serves(index: int, dtype, d: int, mask: str, scores: str, paged: bool = False) -> bool:
+    """Whether the decode call (paged or contiguous) runs this mask and these score modifiers at head dim d itself: a
+    kernel of them, or, for learned sinks no decode kernel of the others holds, one of the others with the sinks
+    joined after it (kvcache_variant)."""
+    call = ATTENTION.one_row_call
+    if DISPATCH.serves(call, index, dtype, d, mask, paged=paged, scores=scores):
         return True
     names = scores.split("+")
-    return ("sink" in names and DISPATCH.sinks_apart(ATTENTION.one_row_call, index, dtype, head_dim, 0, mask, scores,
-                                                     False)
-            and DISPATCH.serves(ATTENTION.one_row_call, index, dtype, head_dim, mask,
-                                scores="+".join(n for n in names if n != "sink")))
+    if "sink" not in names or not DISPATCH.sinks_apart(call, index, dtype, d, 0, mask, scores, paged):
+        return False
+    return DISPATCH.serves(call, index, dtype, d, mask, paged=paged, scores="+".join(n for n in names if n != "sink"))
 
 
 def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
@@ -442,20 +443,7 @@ def _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, c
     lengths = seqused_k if seqused_k is not None else cu_seqlens_k
     return (dv == d and (not causal or alignment in (None, "bottom_right")) and int32_vector(cu_seqlens_q, batch + 1)
             and int32_vector(lengths, batch if seqused_k is not None else batch + 1)
-            and _paged_decode_serves(index, q.dtype, d, scores))
-
-
-def _paged_decode_serves(index: int, dtype, d: int, scores: str) -> bool:
-    """Whether the paged decode call runs mask none with these score modifiers at head dim d itself: a
-    kernel of them, or, for learned sinks no decode kernel of the others holds, one of the others with the
-    sinks joined after it (kvcache_variant)."""
-    if DISPATCH.serves("decode", index, dtype, d, "none", paged=True, scores=scores):
-        return True
-    names = scores.split("+")
-    if "sink" not in names or not DISPATCH.sinks_apart("decode", index, dtype, d, 0, "none", scores, True):
-        return False
-    return DISPATCH.serves("decode", index, dtype, d, "none", paged=True,
-                           scores="+".join(n for n in names if n != "sink"))
+            and _decode_serves(index, q.dtype, d, "none", scores, paged=True))
 
 
 def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal, alignment,
