@@ -275,7 +275,7 @@ ROUTE_VARIANTS = frozenset(ATTENTION.one_row_scores)
 
 def _route_takes(mask: str, scores: str) -> bool:
     """Whether the one-row route takes a call of this mask and these score modifiers (ROUTE_VARIANTS)."""
-    names = set(scores.split("+")) | ({"window"} if mask == "window" else set())
+    names = {name for name in scores.split("+") if name} | ({"window"} if mask == "window" else set())   # "": none
     return names <= ROUTE_VARIANTS
 
 
