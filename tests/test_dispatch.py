@@ -211,8 +211,8 @@ def test_dispatch_command_explains_and_refuses():
 def test_dispatch_command_names_the_one_row_route():
     """A forward call's explanation says where a call of a few query rows goes instead (the decode call,
     ops.library.OneRowDecode: up to ATTENTION.one_row_max_rows) where the decode table serves the head dim, and gives
-    the command that shows its kernel; softcap's with one row; not for a window, other score modifiers, a V head dim
-    of its own, or another call."""
+    the command that shows its kernel; one row with a variant (softcap, sinks, ALiBi, a window) from the work
+    threshold on; not for a variant the decode table lacks at the head dim, a V head dim of its own, or another call."""
     run = CliRunner().invoke(main, ["dispatch", "--head-dim", "128", "--seqlen", "4096"])
     assert run.exit_code == 0 and "few query rows: attngen.attention runs the decode call" in run.output, run.output
     assert "attngen dispatch --call decode --dtype fp16 --head-dim 128 --seqlen 4096 --group-rows" in run.output
@@ -224,10 +224,13 @@ def test_dispatch_command_names_the_one_row_route():
     padded = CliRunner().invoke(main, ["dispatch", "--head-dim", "112", "--dtype", "bf16"])   # runs at d128
     assert "few query rows" in padded.output and "--call decode --dtype bf16 --head-dim 128" in padded.output
     assert "up to 8 query rows per head" in run.output
-    softcap = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", "--scores", "softcap", "--causal"])
-    assert "few query rows" in softcap.output and "(with softcap: one row)" in softcap.output, softcap.output
-    for args in (["--window"], ["--scores", "sink", "--causal"], ["--head-dim-v", "128", "--head-dim", "192"],
-                 ["--call", "backward"]):
+    for args, named in ((["--scores", "softcap", "--causal"], "softcap"), (["--scores", "sink", "--causal"], "sink"),
+                        (["--scores", "alibi"], "alibi"), (["--window", "--window-keys", "1024", "--causal"], "window")):
+        variant = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", *args])
+        assert "few query rows" in variant.output and f"one query row with {named} where batch x query heads x " \
+            "the keys it sees reach 131,072" in variant.output, (args, variant.output)
+    for args in (["--head-dim-v", "128", "--head-dim", "192"], ["--call", "backward"],
+                 ["--head-dim", "64", "--scores", "softcap"]):   # the decode table has no d64 softcap
         run = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", *args])
         assert run.exit_code == 0 and "few query rows" not in run.output, (args, run.output)
 

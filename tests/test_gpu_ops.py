@@ -199,43 +199,66 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dt
     """forward_variant's one-row route: softcap (Gemma 2), a sliding window as transformers passes it ((W - 1, W - 1)
     with causal, bottom-right), ALiBi and learned sinks (gpt-oss) at one query row run the decode call, each against
     fp32 attention of the same variant definitions by the error rule; top-left alignment keeps the forward's kernels.
-    The route takes softcap by default (ROUTE_VARIANTS); the others are checked with it widened."""
+    By default the route takes a call from ROUTE_VARIANT_MIN_WORK (batch x query heads x keys seen) on; with it 0,
+    every call, also gpt-oss's d64 sinks in a window and Gemma 2's d256 softcap in one. A call seen before replays
+    the decode kernel's prepared call (forward_variant's _PREPARED_VARIANT), on new values."""
     from attngen.core.variants import SCORES
     from attngen.ops import library
     dt = getattr(torch, dtype)
-    b, h, hkv, sk, d = 2, 16, 4, 3000, 128
-    q, k, v = randn(torch, b, h, 1, d, dtype=dt), randn(torch, b, hkv, sk, d, dtype=dt), randn(torch, b, hkv, sk, d,
-                                                                                           dtype=dt)
-    slopes = torch.rand(h, device="cuda") * 0.3
-    sinks = torch.randn(h, device="cuda")
+    bottom = {"causal": True, "alignment": "bottom_right"}
 
-    def ref_check(out, mask, **kw):
-        align = None if mask == "none" else "bottom_right"   # a full mask takes no alignment
-        with exact_fp32_matmul(torch):
-            ref, _ = attention_torch(q.float(), k.float(), v.float(), scale=d ** -0.5, mask=mask, alignment=align, **kw)
-        low, _ = attention_torch(q, k, v, scale=d ** -0.5, mask=mask, alignment=align, **kw)
-        err = (out.float() - ref).abs().max().item()
-        assert err <= error_bound((low.float() - ref).abs().max().item()), err
+    def clear():
+        library._VARIANT.clear()
+        library._PREPARED_VARIANT.clear()
 
-    library._VARIANT.clear()
-    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", softcap=30.0), mask="causal",
-              modifiers=((SCORES["softcap"], 30.0),))
-    attngen.attention(q, k, v, causal=True, alignment="bottom_right", sinks=sinks)
-    assert [kernel is library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values()] == [True, False]
-    # every variant the decode call serves, as the route would run it with ROUTE_VARIANTS widened
-    monkeypatch.setattr(library, "ROUTE_VARIANTS", frozenset({"softcap", "window", "alibi", "sink"}))
-    library._VARIANT.clear()
-    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", softcap=30.0), mask="causal",
-              modifiers=((SCORES["softcap"], 30.0),))
-    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", window=(1023, 1023)), mask="window",
-              window=(1023, 0))
-    ref_check(attngen.attention(q, k, v, alibi_slopes=slopes), mask="none", modifiers=((SCORES["alibi"], slopes),))
-    ref_check(attngen.attention(q, k, v, causal=True, alignment="bottom_right", sinks=sinks), mask="causal",
-              modifiers=((SCORES["sink"], sinks),))
-    assert library._VARIANT and all(kernel is library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values())
-    library._VARIANT.clear()
+    def routed():   # per kernel forward_variant took since clear(), in call order: whether it is the route
+        return [kernel is library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values()]
+
+    def run(b, h, hkv, sk, d, calls, rounds=1):
+        """Each call (its arguments, the reference's mask and modifiers) against fp32 attention; `rounds` > 1 replays
+        them on new values in the same tensors."""
+        q, k, v = randn(torch, b, h, 1, d, dtype=dt), randn(torch, b, hkv, sk, d, dtype=dt), \
+            randn(torch, b, hkv, sk, d, dtype=dt)
+        slopes, sinks = torch.rand(h, device="cuda") * 0.3, torch.randn(h, device="cuda")
+        for _ in range(rounds):
+            for kw, mask, ref_kw in calls(slopes, sinks):
+                out = attngen.attention(q, k, v, **kw)
+                align = None if mask == "none" else "bottom_right"   # a full mask takes no alignment
+                with exact_fp32_matmul(torch):
+                    ref, _ = attention_torch(q.float(), k.float(), v.float(), scale=d ** -0.5, mask=mask,
+                                             alignment=align, **ref_kw)
+                low, _ = attention_torch(q, k, v, scale=d ** -0.5, mask=mask, alignment=align, **ref_kw)
+                err = (out.float() - ref).abs().max().item()
+                assert err <= error_bound((low.float() - ref).abs().max().item()), (kw, err)
+            for t in (q, k, v, sinks):
+                t.copy_(torch.randn_like(t))
+            slopes.copy_(torch.rand_like(slopes) * 0.3)
+        return q, k, v
+
+    def four(slopes, sinks):   # softcap, a window of 1024 keys, ALiBi, sinks
+        return [(dict(bottom, softcap=30.0), "causal", {"modifiers": ((SCORES["softcap"], 30.0),)}),
+                (dict(bottom, window=(1023, 1023)), "window", {"window": (1023, 0)}),
+                ({"alibi_slopes": slopes}, "none", {"modifiers": ((SCORES["alibi"], slopes),)}),
+                (dict(bottom, sinks=sinks), "causal", {"modifiers": ((SCORES["sink"], sinks),)})]
+
+    clear()   # 2 x 16 query rows: with a threshold between, 3000 keys reach it and the window's 1024 do not
+    monkeypatch.setattr(library, "ROUTE_VARIANT_MIN_WORK", 65536)
+    run(2, 16, 4, 3000, 128, four)
+    assert routed() == [True, False, True, True]
+    monkeypatch.setattr(library, "ROUTE_VARIANT_MIN_WORK", 0)
+    clear()
+    q, k, v = run(2, 16, 4, 3000, 128, four, rounds=2)   # the second round replays the prepared calls
+    assert routed() == [True] * 4 and len(library._PREPARED_VARIANT) == 4 and all(
+        hit[0] is library.ONE_ROW_DECODE_VARIANT for hit in library._PREPARED_VARIANT.values())
+    clear()
     attngen.attention(q, k, v, causal=True, window=(1023, 0))    # top-left: the row sees key 0 only
-    assert all(kernel is not library.ONE_ROW_DECODE_VARIANT for kernel in library._VARIANT.values())
+    assert routed() == [False]
+    clear()   # gpt-oss (d64, sinks in a 128-key window) and Gemma 2's local layers (d256, softcap in a 4096-key window)
+    run(2, 64, 8, 700, 64, lambda slopes, sinks: [(dict(bottom, window=(127, 127), sinks=sinks), "window",
+                                                   {"window": (127, 0), "modifiers": ((SCORES["sink"], sinks),)})])
+    run(1, 16, 8, 5000, 256, lambda slopes, sinks: [(dict(bottom, window=(4095, 4095), softcap=50.0), "window",
+                                                     {"window": (4095, 0), "modifiers": ((SCORES["softcap"], 50.0),)})])
+    assert routed() == [True, True]
 
 
 def test_one_query_row_through_sdpa_compile_and_graphs(torch):

@@ -233,25 +233,28 @@ def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
 def one_row_text(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int, mask: str, scores: str,
                  seqlen: int) -> str:
     """What attngen.attention does instead for a forward call of a few query rows (ops.library, OneRowDecode: no
-    mask, or causal aligned bottom-right; the scores its table call names; no input that requires a gradient), where
-    the decode table serves the head dim the call runs at (its own, or the one the forward pads it to): the command
-    that shows its kernel; "" for any other call."""
+    mask, or causal aligned bottom-right; no input that requires a gradient; one row with the variants its table call
+    names, from its work threshold on), where the decode table serves the head dim the call runs at (its own, or the
+    one the forward pads it to), with the call's variants: the command that shows its kernel; "" for any other call."""
     from ..core.calls import table_call
     from ..ops.table import candidates
     taken = table_call(call)
     instead = taken.one_row_call
-    if not instead or mask not in ("none", "causal") or head_dim_v or not candidates(
-            entries, instead, arch, dtype, head_dim, "none"):
+    variants = [name for name in scores.split("+") if name] + (["window"] if mask == "window" else [])
+    decode_mask = "window" if mask == "window" else "none"   # one row aligned bottom-right sees every key causal gives
+    if not instead or head_dim_v or not set(variants) <= set(taken.one_row_variants) or not candidates(
+            entries, instead, arch, dtype, head_dim, decode_mask, scores=scores):
         return ""
-    if scores and not set(scores.split("+")) <= set(taken.one_row_scores):
-        return ""
-    rows = taken.one_row_max_rows
-    with_scores = f" (with {scores}: one row)" if scores else ""
-    return (f"attngen.attention runs the {instead} call on the whole cache instead where the call has up to {rows} "
-            f"query rows per head{with_scores}, no mask or causal aligned bottom-right (each row sees the keys up to "
-            f"its own position), and no input requires a gradient: attngen dispatch --call {instead} --dtype {dtype} "
-            f"--head-dim {head_dim} --seqlen {seqlen} --group-rows HEADS/KV_HEADS x ROWS --rows BATCHxHEADSxROWS"
-            + (f" --scores {scores}" if scores else ""))
+    if variants:
+        where = (f"one query row with {'+'.join(variants)} where batch x query heads x the keys it sees reach "
+                 f"{taken.one_row_variant_min_work:,}")
+    else:
+        where = f"up to {taken.one_row_max_rows} query rows per head, no mask or causal"
+    return (f"attngen.attention runs the {instead} call on the whole cache instead for {where}, aligned bottom-right "
+            f"(each row sees the keys up to its own position), and no input requiring a gradient: attngen dispatch "
+            f"--call {instead} --dtype {dtype} --head-dim {head_dim} --seqlen {seqlen} --group-rows HEADS/KV_HEADS x "
+            f"ROWS --rows BATCHxHEADSxROWS" + (f" --scores {scores}" if scores else "")
+            + (" --window --window-keys KEYS" if mask == "window" else ""))
 
 
 def awaiting_twin_text(spec_path: Path, mask: str, seqlen: int, rows: int | None) -> str:

@@ -29,7 +29,11 @@ class TableCall(NamedTuple):
                                     # decode steps: the decode call on the whole cache; no mask, or causal aligned
                                     # bottom-right; no input that requires a gradient)
     one_row_max_rows: int = 0       # the most query rows per head of such calls (speculative decoding's drafts)
-    one_row_scores: tuple[str, ...] = ()   # the score modifiers such calls may carry (one row: the route's variants)
+    one_row_variants: tuple[str, ...] = ()   # the variants such calls may carry, one row only: score modifiers, and
+                                             # "window" for a window (the row's own, bottom-right)
+    one_row_variant_min_work: int = 0   # such a call with variants takes the route from batch x query heads x the keys
+                                        # its row sees (a window's at most) up: below, the forward's kernel is the
+                                        # faster eager call
 
 
 class Call(NamedTuple):
@@ -54,9 +58,12 @@ class Call(NamedTuple):
         return tuple(m for m in (self.kernel, self.verify, self.bench, *self.more_modules) if m)
 
 
-# one_row_max_rows 8 and softcap: measured on the H200 at or below the forward's kernels' time, on the GPU and
-# eager (docs/decode-h200/one_row/README.md); windows, sinks and ALiBi cost more host time at small shapes.
-ATTENTION = TableCall("forward", one_row_call="decode", one_row_max_rows=8, one_row_scores=("softcap",))
+# one_row_max_rows 8: measured on the H200 at or below the forward's kernels' time, on the GPU and eager. Variants:
+# the decode call is 2.2-12x faster on the GPU, but at 32/8 heads its eager call (two launches) took 3-11 us more
+# where the forward's kernel is short: B1 and B2 at 1024 keys seen (32768 and 65536); from 131072 on (B1 at 4096
+# keys, B8 at 1024) less (docs/decode-h200/one_row/README.md, "Variants through the prepared call").
+ATTENTION = TableCall("forward", one_row_call="decode", one_row_max_rows=8,
+                      one_row_variants=("softcap", "sink", "alibi", "window"), one_row_variant_min_work=131072)
 ATTENTION_VARLEN = TableCall("varlen", varlen=True, paged=True)      # paged: block_table= (paged K/V)
 ATTENTION_WITH_KVCACHE = TableCall("decode", paged=True)
 # attention_with_kvcache on an e4m3 cache (torch.float8_e4m3fn) with fp16/bf16 queries: its own call name,

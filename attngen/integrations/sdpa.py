@@ -183,10 +183,12 @@ def _refused(exc, miss_key) -> str:
 
 
 def _rng(query):
-    """aten's (rng_state, unused, debug_attn_mask) of a call without dropout."""
+    """aten's (rng_state, unused, debug_attn_mask) of a call without dropout: no kernel reads them (the backward
+    reads the rng state only with dropout), so they are left unwritten, as allocations only (zeros would launch two
+    fill kernels a call)."""
     torch = _BOUND["torch"]
-    return (torch.zeros(2, dtype=torch.uint64, device=query.device),
-            torch.zeros((), dtype=torch.uint64, device=query.device),
+    return (torch.empty(2, dtype=torch.uint64, device=query.device),
+            torch.empty((), dtype=torch.uint64, device=query.device),
             torch.empty(0, dtype=query.dtype, device=query.device))
 
 

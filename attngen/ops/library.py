@@ -224,12 +224,17 @@ def forward(q, k, v, causal, alignment, scale, layout, return_lse):
             _FORWARD.clear()
         _FORWARD[short] = kernel
     result = kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse)
-    prepared = kernel.prepared(key) if key is not None else None
-    if prepared is not None:
-        if len(_PREPARED) >= 4096:
-            _PREPARED.clear()
-        _PREPARED[key] = (kernel, prepared)
+    _keep_prepared(_PREPARED, key, kernel, kernel.prepared(key) if key is not None else None)
     return result
+
+
+def _keep_prepared(cache: dict, key, kernel, prepared) -> None:
+    """cache[key] = (kernel, prepared) where the kernel made a prepared call (the cache emptied first at 4096)."""
+    if prepared is None:
+        return
+    if len(cache) >= 4096:
+        cache.clear()
+    cache[key] = (kernel, prepared)
 
 
 _VARIANT: dict = {}     # (device, dtype, head_dim, mask, scores, seqlen_k, V head_dim, query rows) -> kernel
@@ -257,26 +262,36 @@ def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, 
                      or (sinks is not None and sinks.requires_grad)))
 
 
-class OneRowDecodeVariant:
+class OneRowDecodeVariant(OneRowDecode):
     """OneRowDecode for forward_variant's calls: the decode call with the call's window (from the row's own position,
     bottom-right, as the decode call counts it), softcap, ALiBi (the decode call's offset is the same: Sk - Sq) and
-    sinks (joined as the decode call joins them where no kernel of the others takes them)."""
+    sinks (joined as the decode call joins them where no kernel of the others takes them: then no prepared call).
+    forward_variant keeps the decode kernel's prepared call, as forward() keeps OneRowDecode's."""
 
     def __call__(self, q, k, v, *, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes, sinks):
         causal = causal if window is not None else _route_causal(causal, q, layout)
-        return kvcache_variant(q, k, v, None, None, causal, scale, None, layout, return_lse, window, softcap,
-                               alibi_slopes, sinks)
+        result = kvcache_variant(q, k, v, None, None, causal, scale, None, layout, return_lse, window, softcap,
+                                 alibi_slopes, sinks)
+        kernel = _DECODE_VARIANT.get(_kvcache_variant_key(q, k, v, None, call_mask(causal, window),
+                                                          call_scores(softcap, alibi_slopes, sinks), layout))
+        self._made.last = None if kernel is None or kernel is _SINKS_APART else (
+            kernel, kernel.full_cache_prepared(q, k, v, scale, return_lse, layout, causal,
+                                               variant_key(window, softcap, alibi_slopes, sinks=sinks)))
+        return result
 
 
 ONE_ROW_DECODE_VARIANT = OneRowDecodeVariant()
-# The variants whose one-row calls the route takes (the decode call serves windows, sinks and ALiBi too).
-ROUTE_VARIANTS = frozenset(ATTENTION.one_row_scores)
+# The variants whose one-row calls the route takes, and the work from which it takes them (batch x query heads x the
+# keys the row sees); module names so a measurement can change them.
+ROUTE_VARIANTS = frozenset(ATTENTION.one_row_variants)
+ROUTE_VARIANT_MIN_WORK = ATTENTION.one_row_variant_min_work
 
 
-def _route_takes(mask: str, scores: str) -> bool:
-    """Whether the one-row route takes a call of this mask and these score modifiers (ROUTE_VARIANTS)."""
+def _route_takes(mask: str, scores: str, rows: int, keys: int) -> bool:
+    """Whether the one-row route takes a call of this mask and these score modifiers (ROUTE_VARIANTS) over `rows`
+    query rows (batch x heads) that each see `keys` keys (ROUTE_VARIANT_MIN_WORK)."""
     names = {name for name in scores.split("+") if name} | ({"window"} if mask == "window" else set())   # "": none
-    return names <= ROUTE_VARIANTS
+    return names <= ROUTE_VARIANTS and rows * keys >= ROUTE_VARIANT_MIN_WORK
 
 
 def _decode_serves(index: int, dtype, d: int, mask: str, scores: str, paged: bool = False) -> bool:
@@ -296,14 +311,32 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
                     sinks=None):
     """The eager forward call with variants (window, softcap, ALiBi, sinks): the table's kernel for the
     call's mask and score modifiers, then the kernel call (which keeps its own prepared calls). Sinks
-    that no kernel of the other modifiers takes are joined after them (join_sinks)."""
+    that no kernel of the other modifiers takes are joined after them (join_sinks). A call seen before goes
+    straight to its kernel's prepared call, as forward()'s do (the variants' tensors by address: the prepared call
+    reads them there); a window or softcap of a type a key cannot tell from an accepted one takes the full call."""
+    try:
+        # the key holds whether a tensor needs gradients: such calls keep the forward's kernels (the one-row route's
+        # condition), a training step's forward among them (_PreparedStep.outputs)
+        own = call_key(q, k, v, causal, alignment, scale, return_lse, layout,
+                       variant_key(window, softcap, alibi_slopes, sinks=sinks)) \
+            if _keyable_variants(window, softcap) else None   # the kernel's own key of the call
+        key = None if own is None else own + (
+            q.requires_grad or k.requires_grad or v.requires_grad or _needs_grad(alibi_slopes) or _needs_grad(sinks),)
+        hit = _PREPARED_VARIANT.get(key)
+    except (AttributeError, TypeError):
+        own = key = hit = None
+    if hit is not None:
+        result = hit[0].run_prepared(hit[1], q, k, v, return_lse)
+        if result is not None:
+            return result
     short = _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, sinks, alignment)
     mask, scores = short[3], short[4]
     kernel = _VARIANT.get(short)
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        if short[9] and short[6] == short[2] and _route_takes(mask, scores) and _decode_serves(
+        if short[9] and short[6] == short[2] and _route_takes(mask, scores, short[7], min(
+                short[5], short[8] or short[5])) and _decode_serves(
                 short[0], q.dtype, short[2], "none" if mask == "causal" else mask, scores):   # one row: every key
             kernel = ONE_ROW_DECODE_VARIANT
         elif sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
@@ -323,9 +356,19 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is _SINKS_APART:
         return _joined(forward_variant(q, k, v, causal, alignment, scale, layout, True, window, softcap, alibi_slopes),
                        sinks, layout, return_lse)
-    return kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse,
-                  window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
-                  sinks=sinks)
+    result = kernel(q, k, v, causal=causal, alignment=alignment, scale=scale, layout=layout, return_lse=return_lse,
+                    window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
+                    sinks=sinks)
+    _keep_prepared(_PREPARED_VARIANT, key, kernel, kernel.prepared(own) if key is not None else None)
+    return result
+
+
+_PREPARED_VARIANT: dict = {}   # forward_variant's _PREPARED: call_key with the call's variant_key -> (kernel, prepared)
+
+
+def _needs_grad(t) -> bool:
+    """Whether an optional tensor argument (ALiBi slopes, sinks) needs a gradient."""
+    return t is not None and t.requires_grad
 
 
 def sink_gradient(dout, out, lse, sinks, layout):
@@ -638,7 +681,14 @@ def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_
                   scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse)
 
 
-_DECODE_VARIANT: dict = {}   # (device, dtype, q shape, cache shape, table shape, mask, scores, layout) -> kernel
+_DECODE_VARIANT: dict = {}   # _kvcache_variant_key -> kernel
+
+
+def _kvcache_variant_key(q, k_cache, v_cache, block_table, mask: str, scores: str, layout: str) -> tuple:
+    """kvcache_variant's key of the table's kernel: device, dtype, q shape, cache shape, V head dim, table shape,
+    mask, score modifiers, layout."""
+    return (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
+            None if block_table is None else block_table.shape, mask, scores, layout)
 
 
 def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse,
@@ -647,8 +697,7 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
     the call's mask and score modifiers, then the kernel call (which keeps its own prepared calls). Sinks
     that no kernel of the other modifiers takes are joined after them (join_sinks)."""
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
-    key = (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
-           None if block_table is None else block_table.shape, mask, scores, layout)
+    key = _kvcache_variant_key(q, k_cache, v_cache, block_table, mask, scores, layout)
     kernel = _DECODE_VARIANT.get(key)
     if kernel is None and sinks is not None:
         if key[0] < 0:

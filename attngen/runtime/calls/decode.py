@@ -153,11 +153,13 @@ class DecodeKernel(Kernel):
         return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
                                 return_lse, layout, out, validate, key, (window, softcap, alibi_slopes, params, sinks))
 
-    def full_cache_prepared(self, q, k_cache, v_cache, scale, return_lse: bool, layout: str, causal: bool = False):
-        """The prepared call of a call on full caches (no cache_seqlens, no table, no variant; causal or not) made
-        before with these arguments, or None (attention()'s one-row route keeps it: run_full_cache)."""
+    def full_cache_prepared(self, q, k_cache, v_cache, scale, return_lse: bool, layout: str, causal: bool = False,
+                            variants: tuple = ()):
+        """The prepared call of a call on full caches (no cache_seqlens, no table; causal or not; `variants` the
+        call's variant_key) made before with these arguments, or None (attention()'s one-row route keeps it:
+        run_full_cache)."""
         return self._prepared.get(cache_call_key(q, k_cache, v_cache, None, None, causal, scale, None, return_lse,
-                                                 layout, ()))
+                                                 layout, variants))
 
     def run_full_cache(self, prepared, q, k_cache, v_cache, return_lse: bool):
         """Launch full_cache_prepared's call on new tensors of its shape; None when a pointer is not 16-byte aligned

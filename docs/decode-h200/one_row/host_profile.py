@@ -1,11 +1,19 @@
 """Host time of one-row calls through attngen.attention: plain and with variants, per call, then cProfile.
-ROUTE_ALL=1: the route takes every variant the decode call serves (library.ROUTE_VARIANTS widened), as the trial
-tree that made host_profile.txt did; PROFILE=names (comma-separated, default softcap,plain) picks the profiled calls."""
+ROUTE_ALL=1: the route takes every variant the decode call serves, whatever the call's work (library.ROUTE_VARIANTS
+widened, ROUTE_VARIANT_MIN_WORK 0), as the trial tree that made host_profile.txt did; PROFILE=names (comma-separated,
+default softcap,plain) picks the profiled calls; VARIANT_PREPARED=0: forward_variant keeps no prepared call
+(_PREPARED_VARIANT stays empty), as before it had them."""
 import cProfile, pstats, time, io, os
 import torch, attngen
 from attngen.ops import library
 if os.environ.get("ROUTE_ALL") == "1":
     library.ROUTE_VARIANTS = frozenset({"softcap", "window", "alibi", "sink"})
+    library.ROUTE_VARIANT_MIN_WORK = 0   # whatever the call's work
+if os.environ.get("VARIANT_PREPARED") == "0":
+    class _Unkept(dict):
+        def __setitem__(self, key, value):
+            pass
+    library._PREPARED_VARIANT = _Unkept()
 torch.manual_seed(0)
 q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
 k, v = (torch.randn(1, 8, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))

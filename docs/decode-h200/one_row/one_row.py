@@ -4,7 +4,8 @@ K/V copies (past L2), medians of 5 replays; eager: 20 calls back to back, host i
 Usage: python3 docs/decode-h200/one_row/one_row.py OUT.json (MODE=before|after: attngen.attention, the decode call and SDPA only;
 MODE=before turns the route off (library.ROUTE_MAX_SEQLEN_Q = 0: the forward's kernels); SQ=N: N query rows, causal
 bottom-right; VARIANT=softcap|sinks|window: attngen.attention with it; ENABLE=1: SDPA through attngen.enable();
-PREPARED=0: the route without forward()'s prepared call)"""
+PREPARED=0: the route without forward()'s prepared call; ROUTE_ALL=1: the route takes every variant the decode call
+serves whatever the call's work, library.ROUTE_VARIANTS widened and ROUTE_VARIANT_MIN_WORK 0)"""
 import json, statistics, sys
 import torch
 import torch.nn.functional as F
@@ -56,6 +57,9 @@ library.ROUTE_MAX_SEQLEN_Q = 0 if BEFORE else max(SQ, library.ROUTE_MAX_SEQLEN_Q
 VARIANT = os.environ.get('VARIANT', '')   # softcap | sinks | window: attngen.attention with it (bottom-right, causal)
 if os.environ.get('PREPARED') == '0':   # the route without forward()'s prepared call (as 48bcf1df)
     library.OneRowDecode.prepared = lambda self, key: None
+if os.environ.get('ROUTE_ALL') == '1':
+    library.ROUTE_VARIANTS = frozenset({"softcap", "window", "alibi", "sink"})
+    library.ROUTE_VARIANT_MIN_WORK = 0   # whatever the call's work
 rows = []
 for dt in (torch.bfloat16,):
     for b, h, hkv, sk, d in CASES:
