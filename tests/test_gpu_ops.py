@@ -247,9 +247,16 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dt
     assert routed() == [True, False, True, True]
     monkeypatch.setattr(library, "ROUTE_VARIANT_MIN_WORK", 0)
     clear()
+    full = []   # the route's full calls (a replay of its prepared call makes none)
+    whole = library.kvcache_variant
+    monkeypatch.setattr(library, "kvcache_variant", lambda *args: full.append(1) or whole(*args))
     q, k, v = run(2, 16, 4, 3000, 128, four, rounds=2)   # the second round replays the prepared calls
-    assert routed() == [True] * 4 and len(library._PREPARED_VARIANT) == 4 and all(
+    assert routed() == [True] * 4 and len(full) == 4 and len(library._PREPARED_VARIANT) == 4 and all(
         hit[0] is library.ONE_ROW_DECODE_VARIANT for hit in library._PREPARED_VARIANT.values())
+    q_grad = q.detach().clone().requires_grad_()   # a call of the same shape on a tensor that needs a gradient
+    with torch.no_grad():
+        attngen.attention(q_grad, k, v, causal=True, alignment="bottom_right", softcap=30.0)
+    assert routed()[-1] is False and len(full) == 4   # not the route's prepared call: the forward's kernel
     clear()
     attngen.attention(q, k, v, causal=True, window=(1023, 0))    # top-left: the row sees key 0 only
     assert routed() == [False]
@@ -259,6 +266,7 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dt
     run(1, 16, 8, 5000, 256, lambda slopes, sinks: [(dict(bottom, window=(4095, 4095), softcap=50.0), "window",
                                                      {"window": (4095, 0), "modifiers": ((SCORES["softcap"], 50.0),)})])
     assert routed() == [True, True]
+    clear()   # nothing routed under the test's threshold outlives it
 
 
 def test_one_query_row_through_sdpa_compile_and_graphs(torch):

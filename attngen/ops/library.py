@@ -282,16 +282,24 @@ class OneRowDecodeVariant(OneRowDecode):
 
 ONE_ROW_DECODE_VARIANT = OneRowDecodeVariant()
 # The variants whose one-row calls the route takes, and the work from which it takes them (batch x query heads x the
-# keys the row sees); module names so a measurement can change them.
+# keys the row sees); module names so a measurement can change them (then clearing _VARIANT and _PREPARED_VARIANT:
+# calls seen before keep the kernel they were given).
 ROUTE_VARIANTS = frozenset(ATTENTION.one_row_variants)
 ROUTE_VARIANT_MIN_WORK = ATTENTION.one_row_variant_min_work
 
 
 def _route_takes(mask: str, scores: str, rows: int, keys: int) -> bool:
     """Whether the one-row route takes a call of this mask and these score modifiers (ROUTE_VARIANTS) over `rows`
-    query rows (batch x heads) that each see `keys` keys (ROUTE_VARIANT_MIN_WORK)."""
+    query rows (batch x heads) that each see `keys` keys: from ROUTE_VARIANT_MIN_WORK on where it has a variant (none:
+    a window of two open sides, as forward()'s route, whatever its work)."""
     names = {name for name in scores.split("+") if name} | ({"window"} if mask == "window" else set())   # "": none
-    return names <= ROUTE_VARIANTS and rows * keys >= ROUTE_VARIANT_MIN_WORK
+    return names <= ROUTE_VARIANTS and (not names or rows * keys >= ROUTE_VARIANT_MIN_WORK)
+
+
+def _row_keys(seqlen_k: int, window) -> int:
+    """The keys one query row aligned bottom-right sees: the window's left side and the row's own key at most."""
+    left = None if window is None else window[0]
+    return seqlen_k if left is None or left < 0 else min(seqlen_k, left + 1)
 
 
 def _decode_serves(index: int, dtype, d: int, mask: str, scores: str, paged: bool = False) -> bool:
@@ -335,9 +343,9 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        if short[9] and short[6] == short[2] and _route_takes(mask, scores, short[7], min(
-                short[5], short[8] or short[5])) and _decode_serves(
-                short[0], q.dtype, short[2], "none" if mask == "causal" else mask, scores):   # one row: every key
+        if (short[9] and short[6] == short[2] and _route_takes(mask, scores, short[7], _row_keys(short[5], window))
+                and _decode_serves(short[0], q.dtype, short[2], "none" if mask == "causal" else mask,
+                                   scores)):   # one row: a causal one sees every key
             kernel = ONE_ROW_DECODE_VARIANT
         elif sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
             kernel = _SINKS_APART
