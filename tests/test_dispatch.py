@@ -229,6 +229,10 @@ def test_dispatch_command_names_the_one_row_route():
         variant = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", *args])
         assert "few query rows" in variant.output and f"one query row with {named} where batch x query heads x " \
             "the keys it sees reach 131,072" in variant.output, (args, variant.output)
+    # sinks beside softcap: no decode kernel holds both, so the softcap kernel runs with the sinks joined after it,
+    # as ops.library's route runs it
+    joined = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", "--scores", "softcap+sink", "--causal"])
+    assert "one query row with softcap+sink where" in joined.output, joined.output
     for args in (["--head-dim-v", "128", "--head-dim", "192"], ["--call", "backward"],
                  ["--head-dim", "64", "--scores", "softcap"]):   # the decode table has no d64 softcap
         run = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", *args])
