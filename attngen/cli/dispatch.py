@@ -237,23 +237,14 @@ def one_row_text(entries, call: str, arch: str, dtype: str, head_dim: int, head_
     names, from its work threshold on), where the decode table serves the head dim the call runs at (its own, or the
     one the forward pads it to), with the call's variants: the command that shows its kernel; "" for any other call."""
     from ..core.calls import table_call
-    from ..ops.table import candidates, sinks_apart
+    from ..ops.table import serves_joining_sinks
     taken = table_call(call)
     instead = taken.one_row_call
-    names = [name for name in scores.split("+") if name]
-    variants = names + (["window"] if mask == "window" else [])
+    variants = [name for name in scores.split("+") if name] + (["window"] if mask == "window" else [])
     decode_mask = "window" if mask == "window" else "none"   # one row aligned bottom-right sees every key causal gives
-
-    def served(modifiers: str) -> bool:
-        return bool(candidates(entries, instead, arch, dtype, head_dim, decode_mask, scores=modifiers))
-
-    if not instead or head_dim_v or not set(variants) <= set(taken.one_row_variants):
-        return ""
-    # as ops.library's _decode_serves: the decode call's kernel of these modifiers, or, for learned sinks no decode
-    # kernel of the others holds, the kernel of the others with the sinks joined after it
-    if not served(scores) and not ("sink" in names and sinks_apart(entries, instead, arch, dtype, head_dim, 0,
-                                                                    decode_mask, scores, False)
-                                   and served("+".join(n for n in names if n != "sink"))):
+    # as ops.library's _decode_serves: the sinks may be joined after the decode kernel of the other modifiers
+    if not instead or head_dim_v or not set(variants) <= set(taken.one_row_variants) or not serves_joining_sinks(
+            entries, instead, arch, dtype, head_dim, 0, decode_mask, scores):
         return ""
     if variants:
         where = (f"one query row with {'+'.join(variants)} where batch x query heads x the keys it sees reach "

@@ -9,14 +9,15 @@
 or by the registry's name: `attngen.integrations.sdpa.register()` (adds the name, activates nothing),
 then `torch.nn.attention.activate_flash_attention_impl("attngen")`.
 
-Activating overrides the CUDA kernels of aten's four flash ops (`_scaled_dot_product_flash_attention`
-and its backward, `_flash_attention_forward` and its backward) with Python kernels that run the
-table's forward and backward specs and return aten's tuples: out like q, the natural-log LSE fp32
-(B, H, Sq) contiguous ((H, total_q) for varlen), rng state (2,) and offset () uint64 left unwritten (as aten's
-own without dropout: nothing reads them), an empty debug mask. A call attngen does not serve (dropout, a debug mask, fp32, seqused_k, ALiBi through
-aten, a shape or head dim without a table entry, inputs a kernel refuses before it launches) runs
-torch's original kernel, captured with torch.library.get_kernel before the override. Forward and
-backward decide apart: the backward of either forward takes the other's out and LSE (both are
+Activating overrides the CUDA kernels of aten's four flash ops
+(`_scaled_dot_product_flash_attention` and its backward, `_flash_attention_forward` and its
+backward) with Python kernels that run the table's forward and backward specs and return aten's
+tuples: out like q, the natural-log LSE fp32 (B, H, Sq) contiguous ((H, total_q) for varlen), rng
+state (2,) and offset () uint64 left unwritten (as aten's own without dropout: nothing reads them),
+an empty debug mask. A call attngen does not serve (dropout, a debug mask, fp32, seqused_k, ALiBi
+through aten, a shape or head dim without a table entry, inputs a kernel refuses before it launches)
+runs torch's original kernel, captured with torch.library.get_kernel before the override. Forward
+and backward decide apart: the backward of either forward takes the other's out and LSE (both are
 aten's contract). So that SDPA picks the flash ops, activation also puts FLASH_ATTENTION first in
 its backend priority and turns its cuDNN backend off (torch 2.11 prefers cuDNN on Hopper), both
 restored by `disable()`. `STATS` counts the calls each side ran.

@@ -9,7 +9,8 @@ from pathlib import Path
 from ..core.calls import CALLS, HALF_DTYPES
 from ..shipped import shipped
 
-from .table import candidates, load_table, padded_dims, padded_head_dim, select, sinks_apart, table_path
+from .table import (candidates, load_table, padded_dims, padded_head_dim, select, serves_joining_sinks, sinks_apart,
+                    table_path)
 
 def specs_dir() -> Path:
     """The specs the library serves: attngen/specs in an installed wheel, else the repository's
@@ -100,6 +101,12 @@ class Dispatcher:
         """Whether a call with learned sinks runs its kernel without them and joins them after (no
         kernel of its score modifiers has them; ops.table.sinks_apart). Once per key."""
         return self._by_head_dims(sinks_apart, "sinks", call, index, dtype, head_dim, head_dim_v, mask, scores, paged)
+
+    def serves_joining_sinks(self, call: str, index: int, dtype, head_dim: int, mask: str, scores: str,
+                             paged: bool = False) -> bool:
+        """Whether the table runs the call at this head dim itself, learned sinks joined after the kernel of the
+        other modifiers where none holds them (ops.table.serves_joining_sinks). Once per key."""
+        return self._by_head_dims(serves_joining_sinks, "served", call, index, dtype, head_dim, 0, mask, scores, paged)
 
     def _by_head_dims(self, rule, what: str, call: str, index: int, dtype, head_dim: int, head_dim_v: int, mask,
                       scores: str, paged):

@@ -257,9 +257,7 @@ def _variant_kernel_key(q, k, v, causal, layout, window, softcap, alibi_slopes, 
             v.shape[-1], q.shape[0] * q.shape[1] * q.shape[2], window_keys(causal, window) if mask == "window" else None,
             seqlen_q == 1 <= ROUTE_MAX_SEQLEN_Q and seqlen_q <= seqlen_k   # one row (ROUTE_MAX_SEQLEN_Q 0: no route)
             and (alignment is None if mask == "none" else alignment == "bottom_right")   # else the kernel's refusal
-            and not (q.requires_grad or k.requires_grad or v.requires_grad
-                     or (alibi_slopes is not None and alibi_slopes.requires_grad)
-                     or (sinks is not None and sinks.requires_grad)))
+            and not _needs_grad(q, k, v, alibi_slopes, sinks))
 
 
 class OneRowDecodeVariant(OneRowDecode):
@@ -272,8 +270,8 @@ class OneRowDecodeVariant(OneRowDecode):
         causal = causal if window is not None else _route_causal(causal, q, layout)
         result = kvcache_variant(q, k, v, None, None, causal, scale, None, layout, return_lse, window, softcap,
                                  alibi_slopes, sinks)
-        kernel = _DECODE_VARIANT.get(_kvcache_variant_key(q, k, v, None, call_mask(causal, window),
-                                                          call_scores(softcap, alibi_slopes, sinks), layout))
+        kernel = _DECODE_VARIANT.get(_kvcache_key(q, k, v, None, call_mask(causal, window),
+                                                  call_scores(softcap, alibi_slopes, sinks), layout))
         self._made.last = None if kernel is None or kernel is _SINKS_APART else (
             kernel, kernel.full_cache_prepared(q, k, v, scale, return_lse, layout, causal,
                                                variant_key(window, softcap, alibi_slopes, sinks=sinks)))
@@ -306,13 +304,7 @@ def _decode_serves(index: int, dtype, d: int, mask: str, scores: str, paged: boo
     """Whether the decode call (paged or contiguous) runs this mask and these score modifiers at head dim d itself: a
     kernel of them, or, for learned sinks no decode kernel of the others holds, one of the others with the sinks
     joined after it (kvcache_variant)."""
-    call = ATTENTION.one_row_call
-    if DISPATCH.serves(call, index, dtype, d, mask, paged=paged, scores=scores):
-        return True
-    names = scores.split("+")
-    if "sink" not in names or not DISPATCH.sinks_apart(call, index, dtype, d, 0, mask, scores, paged):
-        return False
-    return DISPATCH.serves(call, index, dtype, d, mask, paged=paged, scores="+".join(n for n in names if n != "sink"))
+    return DISPATCH.serves_joining_sinks(ATTENTION.one_row_call, index, dtype, d, mask, scores, paged)
 
 
 def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, window, softcap, alibi_slopes,
@@ -328,8 +320,7 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
         own = call_key(q, k, v, causal, alignment, scale, return_lse, layout,
                        variant_key(window, softcap, alibi_slopes, sinks=sinks)) \
             if _keyable_variants(window, softcap) else None   # the kernel's own key of the call
-        key = None if own is None else own + (
-            q.requires_grad or k.requires_grad or v.requires_grad or _needs_grad(alibi_slopes) or _needs_grad(sinks),)
+        key = None if own is None else own + (_needs_grad(q, k, v, alibi_slopes, sinks),)
         hit = _PREPARED_VARIANT.get(key)
     except (AttributeError, TypeError):
         own = key = hit = None
@@ -374,9 +365,11 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
 _PREPARED_VARIANT: dict = {}   # forward_variant's _PREPARED: call_key with the call's variant_key -> (kernel, prepared)
 
 
-def _needs_grad(t) -> bool:
-    """Whether an optional tensor argument (ALiBi slopes, sinks) needs a gradient."""
-    return t is not None and t.requires_grad
+def _needs_grad(q, k, v, alibi_slopes, sinks) -> bool:
+    """Whether a variant call's tensors need a gradient (the one-row route's condition): q, k, v, and the ALiBi slopes
+    and sinks where given."""
+    return (q.requires_grad or k.requires_grad or v.requires_grad
+            or (alibi_slopes is not None and alibi_slopes.requires_grad) or (sinks is not None and sinks.requires_grad))
 
 
 def sink_gradient(dout, out, lse, sinks, layout):
@@ -667,9 +660,11 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 _DECODE: dict = {}      # (device, dtype, q shape, cache shape, table shape, causal, layout) -> kernel
 
 
-def _kvcache_key(q, k_cache, v_cache, block_table, causal, layout) -> tuple:
+def _kvcache_key(q, k_cache, v_cache, block_table, *call) -> tuple:
+    """kvcache's and kvcache_variant's key of the table's kernel: device, dtype, q shape, cache shape, V head dim,
+    table shape, then the call's options (causal, layout; or mask, score modifiers, layout)."""
     return (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
-            None if block_table is None else block_table.shape, causal, layout)
+            None if block_table is None else block_table.shape, *call)
 
 
 def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse):
@@ -689,14 +684,7 @@ def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_
                   scale=scale, num_splits=num_splits, layout=layout, return_lse=return_lse)
 
 
-_DECODE_VARIANT: dict = {}   # _kvcache_variant_key -> kernel
-
-
-def _kvcache_variant_key(q, k_cache, v_cache, block_table, mask: str, scores: str, layout: str) -> tuple:
-    """kvcache_variant's key of the table's kernel: device, dtype, q shape, cache shape, V head dim, table shape,
-    mask, score modifiers, layout."""
-    return (q.get_device(), q.dtype, q.shape, k_cache.shape, v_cache.shape[-1],
-            None if block_table is None else block_table.shape, mask, scores, layout)
+_DECODE_VARIANT: dict = {}   # _kvcache_key with mask, score modifiers and layout -> kernel
 
 
 def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, layout, return_lse,
@@ -705,7 +693,7 @@ def kvcache_variant(q, k_cache, v_cache, cache_seqlens, block_table, causal, sca
     the call's mask and score modifiers, then the kernel call (which keeps its own prepared calls). Sinks
     that no kernel of the other modifiers takes are joined after them (join_sinks)."""
     mask, scores = call_mask(causal, window), call_scores(softcap, alibi_slopes, sinks)
-    key = _kvcache_variant_key(q, k_cache, v_cache, block_table, mask, scores, layout)
+    key = _kvcache_key(q, k_cache, v_cache, block_table, mask, scores, layout)
     kernel = _DECODE_VARIANT.get(key)
     if kernel is None and sinks is not None:
         if key[0] < 0:

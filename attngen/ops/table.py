@@ -748,6 +748,18 @@ def sinks_apart(entries, call: str, arch: str, dtype: str, head_dim: int, head_d
     return not served(scores) and served(without)
 
 
+def serves_joining_sinks(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int, mask: str,
+                         scores: str, paged: bool = False) -> bool:
+    """Whether the table runs a call of these score modifiers at this head dim itself: an entry of them, or, for
+    learned sinks no entry of the others holds, one of the others with the sinks joined after it (sinks_apart)."""
+    if candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores):
+        return True
+    names = scores.split("+")
+    return ("sink" in names and sinks_apart(entries, call, arch, dtype, head_dim, head_dim_v, mask, scores, paged)
+            and bool(candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v,
+                                "+".join(n for n in names if n != "sink"))))
+
+
 def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int = 0,
                     mask: str | None = None, scores: str = "", paged: bool | None = None) -> int:
     """padded_dims's one head dim for a call whose V has q's head dim: the smallest served head dim above
