@@ -212,7 +212,8 @@ def test_dispatch_command_names_the_one_row_route():
     """A forward call's explanation says where a call of a few query rows goes instead (the decode call,
     ops.library.OneRowDecode: up to ATTENTION.one_row_max_rows) where the decode table serves the head dim, and gives
     the command that shows its kernel; one row with a variant (softcap, sinks, ALiBi, a window) from the work
-    threshold on; not for a variant the decode table lacks at the head dim, a V head dim of its own, or another call."""
+    threshold on, at the call's own head dim where the decode table has its variant there; not for a V head dim of its
+    own, or another call."""
     run = CliRunner().invoke(main, ["dispatch", "--head-dim", "128", "--seqlen", "4096"])
     assert run.exit_code == 0 and "few query rows: attngen.attention runs the decode call" in run.output, run.output
     assert "attngen dispatch --call decode --dtype fp16 --head-dim 128 --seqlen 4096 --group-rows" in run.output
@@ -233,8 +234,15 @@ def test_dispatch_command_names_the_one_row_route():
     # as ops.library's route runs it
     joined = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", "--scores", "softcap+sink", "--causal"])
     assert "one query row with softcap+sink where" in joined.output, joined.output
-    for args in (["--head-dim-v", "128", "--head-dim", "192"], ["--call", "backward"],
-                 ["--head-dim", "64", "--scores", "softcap"]):   # the decode table has no d64 softcap
+    # d96's variant forward runs padded to d128, but the route takes the call at d96 first, where the decode table has
+    # the variant (forward_variant asks before padding); a head dim with no decode cells of its own: the padded one
+    # (whatever its work there: the forward would copy q, k and v padded)
+    for dim, runs_at, where in (("96", "96", "softcap, whatever its work (the forward would pad the call)"),
+                                ("112", "128", "softcap where batch x query heads x the keys it sees reach 131,072")):
+        run = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", "--head-dim", dim, "--scores", "softcap"])
+        assert "(q, k and v zero-padded to head_dim 128)" in run.output and f"one query row with {where}" in \
+            run.output and f"--call decode --dtype bf16 --head-dim {runs_at} " in run.output, run.output
+    for args in (["--head-dim-v", "128", "--head-dim", "192"], ["--call", "backward"]):
         run = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", *args])
         assert run.exit_code == 0 and "few query rows" not in run.output, (args, run.output)
 
@@ -612,7 +620,8 @@ def test_coverage_says_served_padded_or_refused_per_head_dim():
     assert rows[("decode_append", False, "", "causal")]["160"] == "padded"     # d256's append kernel
     assert rows[("decode_kv_e4m3", False, "", "causal")]["96"] == "refused"    # an e4m3 cache is not padded
     assert rows[("decode_append", True, "", "causal")]["80"] == "padded"
-    assert rows[("decode", True, "softcap", "window")]["96"] == "padded"
+    assert rows[("decode", True, "softcap", "window")]["96"] == "served"
+    assert rows[("decode", True, "softcap", "window")]["80"] == "padded"
     assert rows[("decode", True, "softcap+alibi", "window")]["128"] == "served"
     # learned sinks beside modifiers no sink kernel has: that kernel, the sinks joined after it
     assert rows[("decode", False, "alibi+sink", "causal")]["96"] == "sinks after"

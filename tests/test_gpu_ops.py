@@ -200,8 +200,9 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dt
     with causal, bottom-right), ALiBi and learned sinks (gpt-oss) at one query row run the decode call, each against
     fp32 attention of the same variant definitions by the error rule; top-left alignment keeps the forward's kernels.
     By default the route takes a call from ROUTE_VARIANT_MIN_WORK (batch x query heads x keys seen) on; with it 0,
-    every call, also gpt-oss's d64 sinks in a window and Gemma 2's d256 softcap in one. A call seen before replays
-    the decode kernel's prepared call (forward_variant's _PREPARED_VARIANT), on new values."""
+    every call, also gpt-oss's d64 sinks in a window, Gemma 2's d256 softcap in one, and the four at d64 and d96; at
+    d96, whose variant forward pads, whatever the work. A call seen before replays the decode kernel's prepared call
+    (forward_variant's _PREPARED_VARIANT), on new values."""
     from attngen.core.variants import SCORES
     from attngen.ops import library
     dt = getattr(torch, dtype)
@@ -266,6 +267,15 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dt
     run(1, 16, 8, 5000, 256, lambda slopes, sinks: [(dict(bottom, window=(4095, 4095), softcap=50.0), "window",
                                                      {"window": (4095, 0), "modifiers": ((SCORES["softcap"], 50.0),)})])
     assert routed() == [True, True]
+    clear()   # d64 and d96 (Phi-3) hold every variant's decode cell too: all four routed at each
+    run(2, 16, 4, 3000, 64, four)
+    run(2, 32, 8, 2000, 96, four)
+    assert routed() == [True] * 8
+    monkeypatch.setattr(library, "ROUTE_VARIANT_MIN_WORK", 1 << 40)   # no call's work reaches it
+    clear()   # d96's variant forward runs padded to d128 (q, k and v copied): routed whatever the work; d64's does not
+    run(1, 32, 8, 1000, 96, four)
+    run(1, 32, 8, 1000, 64, four)
+    assert routed() == [True] * 4 + [False] * 4
     clear()   # nothing routed under the test's threshold outlives it
 
 

@@ -149,7 +149,12 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
     others = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     launch = ("" if table_call(call).varlen else   # varlen functions have no twin
               awaiting_twin_text(Path(specs_dir or SPECS_DIR) / f"{e.spec}.yaml", mask, seqlen, rows))
-    one_row = one_row_text(entries, call, arch, dtype, head_dim, head_dim_v, mask, asked_scores, seqlen)
+    # as ops.library runs it: forward_variant (score modifiers or a window) takes the route at the call's own head dim
+    # where the decode table serves it there, before padding; forward() pads first
+    own_dim = bool(pair) and bool(asked_scores or mask == "window")
+    one_row = (own_dim and one_row_text(entries, call, arch, dtype, asked, asked_v, mask, asked_scores, seqlen,
+                                        forward_pads=True)) \
+        or one_row_text(entries, call, arch, dtype, head_dim, head_dim_v, mask, asked_scores, seqlen)
     if as_json:
         click.echo(json.dumps({"spec": e.spec, "entry": e._asdict(), "bucket": [o._asdict() for o in others],
                                "launch": launch or None,
@@ -231,11 +236,13 @@ def _coverage(entries, arch: str, dtype: str, path, as_json: bool) -> None:
 
 
 def one_row_text(entries, call: str, arch: str, dtype: str, head_dim: int, head_dim_v: int, mask: str, scores: str,
-                 seqlen: int) -> str:
+                 seqlen: int, forward_pads: bool = False) -> str:
     """What attngen.attention does instead for a forward call of a few query rows (ops.library, OneRowDecode: no
     mask, or causal aligned bottom-right; no input that requires a gradient; one row with the variants its table call
     names, from its work threshold on), where the decode table serves the head dim the call runs at (its own, or the
-    one the forward pads it to), with the call's variants: the command that shows its kernel; "" for any other call."""
+    one the forward pads it to), with the call's variants: the command that shows its kernel; "" for any other call.
+    `forward_pads`: the forward would run the call padded (head_dim is the call's own), so the route takes a variant
+    call whatever its work, as ops.library's _route_takes."""
     from ..core.calls import table_call
     from ..ops.table import serves_joining_sinks
     taken = table_call(call)
@@ -246,7 +253,9 @@ def one_row_text(entries, call: str, arch: str, dtype: str, head_dim: int, head_
     if not instead or head_dim_v or not set(variants) <= set(taken.one_row_variants) or not serves_joining_sinks(
             entries, instead, arch, dtype, head_dim, 0, decode_mask, scores):
         return ""
-    if variants:
+    if variants and forward_pads:
+        where = f"one query row with {'+'.join(variants)}, whatever its work (the forward would pad the call)"
+    elif variants:
         where = (f"one query row with {'+'.join(variants)} where batch x query heads x the keys it sees reach "
                  f"{taken.one_row_variant_min_work:,}")
     else:

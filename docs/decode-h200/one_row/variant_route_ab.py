@@ -3,7 +3,7 @@ the one-row route off (forward_variant's kernels) and on (the four variants rout
 on: MIN_WORK=N sets it, 0 routes every call), in turn in one process: GPU us per call in CUDA graphs of 20 calls over
 rotating K/V copies (past L2), and eager us (20 calls back to back, host included), medians of 5 per round; ROUNDS rounds (default 3), each mode's best round kept. The
 first cell is timed twice (WARM_UP, default 1: its first pass, which runs while the process warms up, is dropped).
-Usage: python3 docs/decode-h200/one_row/variant_route_ab.py OUT.json [ROUNDS]"""
+Usage: [CASES=d64_d96|d96_small] python3 docs/decode-h200/one_row/variant_route_ab.py OUT.json [ROUNDS]"""
 import json, os, statistics, sys
 import torch
 import attngen
@@ -14,6 +14,14 @@ MIN_WORK = int(os.environ.get("MIN_WORK", library.ROUTE_VARIANT_MIN_WORK))
 CASES = [(b, 32, 8, sk, 128) for b, sk in ((1, 1024), (1, 4096), (1, 16384), (2, 1024), (8, 1024), (8, 4096),
                                            (32, 1024))] + \
     [(8, 32, 8, 4096, 64), (8, 32, 32, 4096, 128)]
+# CASES=d64_d96: the head dims whose decode variant cells came later (softcap, ALiBi and window at d64; those and sinks
+# at d96)
+if os.environ.get("CASES") == "d64_d96":
+    CASES = [(b, 32, 8, sk, d) for d in (64, 96) for b, sk in ((1, 1024), (1, 4096), (1, 16384), (8, 1024), (8, 4096),
+                                                               (32, 1024))] + [(8, 32, 32, 4096, 64)]
+# CASES=d96_small: d96 calls under the threshold, which the route takes where the forward would pad them
+if os.environ.get("CASES") == "d96_small":
+    CASES = [(b, 32, 8, sk, 96) for b, sk in ((1, 1024), (1, 4096), (1, 16384), (2, 1024), (1, 512))]
 
 
 def time_graph(fn, sets, calls=20):
