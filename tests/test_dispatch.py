@@ -541,7 +541,7 @@ def test_a_v_head_dim_of_its_own_pads_to_the_cheapest_served_pair(monkeypatch):
 
 def test_a_variant_missing_at_its_head_dim_pads_to_one_that_has_it(monkeypatch):
     """With the call's mask and score modifiers, a head dim whose kernels lack them runs at the smallest
-    head dim above that has them: a window backward at d96 at 128, a softcap backward at d32 at 64, a
+    head dim above that has them: a window backward at d80 at 96, a softcap backward at d32 at 64, a
     windowed decode at d32 at a served decode head dim with a window; a variant served at its own head dim
     and one served nowhere above pad to nothing; the table's own picks agree (ops.table.select)."""
     import types
@@ -554,7 +554,7 @@ def test_a_variant_missing_at_its_head_dim_pads_to_one_that_has_it(monkeypatch):
     def serves(call, d, mask, scores, paged=None):
         return any(e.call == call and e.arch == "sm_90" and e.dtype == "bf16" and e.head_dim == d and not e.head_dim_v
                    and e.mask == mask and e.scores == scores and (paged is None or e.paged == paged) for e in entries)
-    for call, d, mask, scores, paged in (("backward", 96, "window", "", None), ("backward", 32, "causal", "softcap", None),
+    for call, d, mask, scores, paged in (("backward", 80, "window", "", None), ("backward", 32, "causal", "softcap", None),
                                          ("decode", 32, "window", "", False), ("forward", 160, "causal", "softcap", None),
                                          ("varlen", 80, "causal", "softcap", False)):
         assert not serves(call, d, mask, scores, paged), (call, d, mask, scores)
@@ -562,7 +562,8 @@ def test_a_variant_missing_at_its_head_dim_pads_to_one_that_has_it(monkeypatch):
         assert to > d and serves(call, to, mask, scores, paged), (call, d, mask, scores, to)
         assert not any(serves(call, h, mask, scores, paged) for h in range(d + 1, to)), (call, d, to)
         select(entries, call, "sm_90", "bf16", to, mask, 2048, scores=scores, paged=bool(paged))   # no LookupError
-    assert dispatcher.padded_head_dim("backward", 0, "bf16", 96, 96, "window", "") == 128
+    assert dispatcher.padded_head_dim("backward", 0, "bf16", 80, 80, "window", "") == 96
+    assert dispatcher.padded_head_dim("backward", 0, "bf16", 96, 96, "window", "") == 0       # d96's window cell
     assert dispatcher.padded_head_dim("backward", 0, "bf16", 32, 32, "causal", "softcap") == 64
     assert dispatcher.padded_head_dim("backward", 0, "bf16", 128, 128, "window", "") == 0      # served there
     assert dispatcher.padded_head_dim("forward", 0, "bf16", 128, 128, "causal", "sink") == 0   # nothing above has it

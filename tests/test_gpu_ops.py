@@ -201,8 +201,8 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dt
     fp32 attention of the same variant definitions by the error rule; top-left alignment keeps the forward's kernels.
     By default the route takes a call from ROUTE_VARIANT_MIN_WORK (batch x query heads x keys seen) on; with it 0,
     every call, also gpt-oss's d64 sinks in a window, Gemma 2's d256 softcap in one, and the four at d64 and d96; at
-    d96, whose variant forward pads, whatever the work. A call seen before replays the decode kernel's prepared call
-    (forward_variant's _PREPARED_VARIANT), on new values."""
+    d96, where the variant's forward pads, whatever the work. A call seen before replays the decode kernel's prepared
+    call (forward_variant's _PREPARED_VARIANT), on new values."""
     from attngen.core.variants import SCORES
     from attngen.ops import library
     dt = getattr(torch, dtype)
@@ -272,10 +272,10 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dt
     run(2, 32, 8, 2000, 96, four)
     assert routed() == [True] * 8
     monkeypatch.setattr(library, "ROUTE_VARIANT_MIN_WORK", 1 << 40)   # no call's work reaches it
-    clear()   # d96's variant forward runs padded to d128 (q, k and v copied): routed whatever the work; d64's does not
-    run(1, 32, 8, 1000, 96, four)
+    clear()   # d96's softcap, ALiBi and sinks forward runs padded to d128 (q, k and v copied): routed whatever the work;
+    run(1, 32, 8, 1000, 96, four)   # its window has a d96 forward kernel, and d64 has all four: the threshold holds
     run(1, 32, 8, 1000, 64, four)
-    assert routed() == [True] * 4 + [False] * 4
+    assert routed() == [True, False, True, True] + [False] * 4
     clear()   # nothing routed under the test's threshold outlives it
 
 
