@@ -401,10 +401,12 @@ def test_a_mixed_step_sends_its_decode_rows_to_the_decode_kernel(torch, monkeypa
 
 
 # (head dim, dtype, modifiers, whether a paged decode kernel runs them at that head dim): gpt-oss's sinks,
-# softcap with ALiBi, softcap with sinks (the decode call joins those sinks after its softcap kernel), and
-# d64 softcap, which no paged decode kernel runs (its decode rows stay in the varlen kernel)
+# softcap with ALiBi, softcap with sinks (the decode call joins those sinks after its softcap kernel), and d64
+# softcap and softcap with ALiBi (the d64 decode cells of 2026-12-04; before them its decode rows stayed in the
+# varlen kernel, the `splits` False path, which no shipped variant takes now)
 MIXED_SCORES = [(64, "bf16", ("sinks",), True), (128, "fp16", ("softcap", "alibi"), True),
-                (128, "bf16", ("softcap", "sinks"), True), (64, "fp16", ("softcap",), False)]
+                (128, "bf16", ("softcap", "sinks"), True), (64, "fp16", ("softcap",), True),
+                (64, "bf16", ("softcap", "alibi"), True)]
 
 
 @pytest.mark.parametrize("head_dim,dtype,mods,splits", MIXED_SCORES,
