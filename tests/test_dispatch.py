@@ -657,3 +657,27 @@ def test_decode_calls_pass_their_rows_to_the_table(monkeypatch, layout):
     k_cache = Shaped(b, hkv, sk, d) if layout == "bhsd" else Shaped(b, sk, hkv, d)
     assert library._decode_kernel(q, k_cache, None, "causal", layout) == "kernel"
     assert (seen["rows"], seen["group_rows"], seen["seqlen"], seen["paged"]) == (b * h * sq, h // hkv * sq, sk, False)
+
+
+def test_table_ab_reads_another_table_and_records_the_specs(monkeypatch, tmp_path):
+    """attngen.eval.table_ab, the table A/B scripts' helper: a Dispatcher made after read_table_from(path) answers
+    from that file, and record_specs() lists the spec of each entry it resolves, in call order."""
+    import types
+    import attngen.runtime as runtime
+    from attngen.eval.table_ab import read_table_from, record_specs
+    from attngen.ops import dispatch
+    monkeypatch.setattr(runtime, "device_info", lambda index: types.SimpleNamespace(arch="sm_90"))
+    monkeypatch.setattr(dispatch, "load_table", dispatch.load_table)     # both helpers patch; undone after the test
+    monkeypatch.setattr(dispatch.Dispatcher, "entry", dispatch.Dispatcher.entry)
+    entries = [e for e in load_table(table_path(Path(__file__).parent.parent / "specs"))
+               if not (e.call == "forward" and e.arch == "sm_90" and e.dtype == "bf16" and e.head_dim == 96
+                       and e.mask == "window")]
+    other = tmp_path / "table.yaml"
+    other.write_text(dump_table(entries, "a table without d96 forward windows"))
+    seen = record_specs()
+    assert dispatch.Dispatcher().entry("forward", 0, "bf16", 96, "window", 2048).spec == "h100_wgmma_d96_window_bf16"
+    read_table_from(str(other))
+    with pytest.raises(LookupError):
+        dispatch.Dispatcher().entry("forward", 0, "bf16", 96, "window", 2048)
+    dispatch.Dispatcher().entry("forward", 0, "bf16", 128, "window", 2048)
+    assert seen[0] == "h100_wgmma_d96_window_bf16" and len(seen) == 2 and "d128" in seen[1]

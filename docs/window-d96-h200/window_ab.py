@@ -8,20 +8,13 @@ Usage: python3 docs/window-d96-h200/window_ab.py OUT.json before|after TABLE"""
 import json, statistics, sys
 import torch
 import attngen
-import attngen.ops.dispatch as dispatch
+from attngen.eval.table_ab import read_table_from, record_specs
 from attngen.eval.verify.cases import attention_torch
 
 MODE = sys.argv[2]
 if MODE == "before":
-    load = dispatch.load_table
-    dispatch.load_table = lambda path: load(sys.argv[3])
-SEEN = []
-_entry = dispatch.Dispatcher.entry
-def _recorded(self, *a, **kw):
-    e = _entry(self, *a, **kw)
-    SEEN.append(e.spec)
-    return e
-dispatch.Dispatcher.entry = _recorded
+    read_table_from(sys.argv[3])
+SEEN = record_specs()
 
 SHAPES = [(2, 32, 2048), (4, 32, 4096), (2, 32, 8192), (1, 32, 16384)]   # Phi-3-mini: 32 heads of 96
 W = (2047, 0)

@@ -13,7 +13,7 @@ Usage: python3 docs/decode-h200/e4m3_b1/entry_ab.py OUT.json before|after [TABLE
 import json, os, statistics, sys
 import torch
 import attngen
-import attngen.ops.dispatch as dispatch
+from attngen.eval.table_ab import read_table_from, record_specs
 
 MODE = sys.argv[2]
 BF16 = "bf16" in sys.argv[3:]
@@ -21,15 +21,8 @@ OP = "op" in sys.argv[3:]
 EAGER = "eager" in sys.argv[3:]
 side = torch.randn(4096, device="cuda")
 if MODE == "before":
-    load = dispatch.load_table
-    dispatch.load_table = lambda path: load(sys.argv[3])
-SEEN = []   # the specs the table gave the case's call (the runtime resolves a shape once)
-_entry = dispatch.Dispatcher.entry
-def _recorded(self, *a, **kw):
-    e = _entry(self, *a, **kw)
-    SEEN.append(e.spec)
-    return e
-dispatch.Dispatcher.entry = _recorded
+    read_table_from(sys.argv[3])
+SEEN = record_specs()   # the specs the table gave the case's call (the runtime resolves a shape once)
 CASES = ([(2, 32, 8, sk) for sk in (16384, 32768, 65536, 131072)] + [(3, 32, 8, 32768)]
          + [(1, 32, 8, sk) for sk in (32768, 65536, 131072)] + [(4, 16, 8, sk) for sk in (32768, 131072)]
          + [(2, 16, 8, 131072), (4, 32, 8, 32768)])

@@ -9,22 +9,15 @@ Usage: python3 docs/decode-h200/e4m3_route_short/entry_route.py OUT.json before|
 import json, statistics, sys
 import torch
 import attngen
-import attngen.ops.dispatch as dispatch
+from attngen.eval.table_ab import read_table_from, record_specs
 
 MODE = sys.argv[2]
 BF16 = "bf16" in sys.argv[3:]
 OP = "op" in sys.argv[3:]
 side = torch.randn(4096, device="cuda")
 if MODE == "before":
-    load = dispatch.load_table
-    dispatch.load_table = lambda path: load(sys.argv[3])
-SEEN = []   # the specs the table gave the case's call (the runtime resolves a shape once)
-_entry = dispatch.Dispatcher.entry
-def _recorded(self, *a, **kw):
-    e = _entry(self, *a, **kw)
-    SEEN.append(e.spec)
-    return e
-dispatch.Dispatcher.entry = _recorded
+    read_table_from(sys.argv[3])
+SEEN = record_specs()   # the specs the table gave the case's call (the runtime resolves a shape once)
 CASES = [(b, h, hkv, sk) for b, h, hkv in ((1, 32, 8), (2, 32, 8), (4, 32, 8), (8, 32, 8), (16, 32, 8), (32, 32, 8),
                                            (1, 32, 32), (2, 32, 32), (4, 32, 32), (8, 32, 32))
          for sk in ((1024, 2048, 4096) + ((8192, 16384, 32768) if b * hkv <= 64 else ()))]

@@ -9,21 +9,14 @@ Usage: python3 docs/decode-h200/one_row/variant_cells/kvcache_ab.py OUT.json bef
 import json, statistics, sys
 import torch
 import attngen
-import attngen.ops.dispatch as dispatch
+from attngen.eval.table_ab import read_table_from, record_specs
 from attngen.core.variants import SCORES
 from attngen.eval.verify.cases import attention_torch
 
 MODE = sys.argv[2]
 if MODE == "before":
-    load = dispatch.load_table
-    dispatch.load_table = lambda path: load(sys.argv[3])
-SEEN = []
-_entry = dispatch.Dispatcher.entry
-def _recorded(self, *a, **kw):
-    e = _entry(self, *a, **kw)
-    SEEN.append(e.spec)
-    return e
-dispatch.Dispatcher.entry = _recorded
+    read_table_from(sys.argv[3])
+SEEN = record_specs()
 
 # (name, B, Hq, Hkv, keys, d, page, variant kwargs): Phi-3-mini's decode (32/32 heads of 96, a 2047-key window),
 # GQA d96 and d64 with softcap, ALiBi or a window
