@@ -242,9 +242,18 @@ def test_dispatch_command_names_the_one_row_route():
         run = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", "--head-dim", dim, "--scores", "softcap"])
         assert "(q, k and v zero-padded to head_dim 128)" in run.output and f"one query row with {where}" in \
             run.output and f"--call decode --dtype bf16 --head-dim {runs_at} " in run.output, run.output
+    window = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", "--head-dim", "96", "--window", "--causal"])
+    assert "(q, k and v zero-padded" not in window.output and "one query row with window where batch x query " \
+        "heads x the keys it sees reach 131,072" in window.output, window.output   # d96's own window kernel
     for args in (["--head-dim-v", "128", "--head-dim", "192"], ["--call", "backward"]):
         run = CliRunner().invoke(main, ["dispatch", "--dtype", "bf16", *args])
         assert run.exit_code == 0 and "few query rows" not in run.output, (args, run.output)
+    # a variant the decode table lacks at the head dim (none in the shipped table now: a table without d64's softcap)
+    from attngen.cli.dispatch import one_row_text
+    entries = [e for e in load_table(table_path(Path(__file__).parent.parent / "specs"))
+               if not (e.call == "decode" and e.head_dim == 64 and "softcap" in e.scores)]
+    assert one_row_text(entries, "forward", "sm_90", "bf16", 64, 0, "none", "softcap", 2048) == ""
+    assert "one query row with alibi" in one_row_text(entries, "forward", "sm_90", "bf16", 64, 0, "none", "alibi", 2048)
 
 
 def test_dispatch_command_says_when_a_call_launches_an_awaiting_twin():
@@ -554,7 +563,8 @@ def test_a_variant_missing_at_its_head_dim_pads_to_one_that_has_it(monkeypatch):
     def serves(call, d, mask, scores, paged=None):
         return any(e.call == call and e.arch == "sm_90" and e.dtype == "bf16" and e.head_dim == d and not e.head_dim_v
                    and e.mask == mask and e.scores == scores and (paged is None or e.paged == paged) for e in entries)
-    for call, d, mask, scores, paged in (("backward", 80, "window", "", None), ("backward", 32, "causal", "softcap", None),
+    for call, d, mask, scores, paged in (("backward", 80, "window", "", None),
+                                         ("backward", 32, "causal", "softcap", None),
                                          ("decode", 32, "window", "", False), ("forward", 160, "causal", "softcap", None),
                                          ("varlen", 80, "causal", "softcap", False)):
         assert not serves(call, d, mask, scores, paged), (call, d, mask, scores)
@@ -669,6 +679,7 @@ def test_table_ab_reads_another_table_and_records_the_specs(monkeypatch, tmp_pat
     monkeypatch.setattr(runtime, "device_info", lambda index: types.SimpleNamespace(arch="sm_90"))
     monkeypatch.setattr(dispatch, "load_table", dispatch.load_table)     # both helpers patch; undone after the test
     monkeypatch.setattr(dispatch.Dispatcher, "entry", dispatch.Dispatcher.entry)
+    monkeypatch.setattr(dispatch.DISPATCH, "_entries", None)    # as in a process before its first call
     entries = [e for e in load_table(table_path(Path(__file__).parent.parent / "specs"))
                if not (e.call == "forward" and e.arch == "sm_90" and e.dtype == "bf16" and e.head_dim == 96
                        and e.mask == "window")]
@@ -681,3 +692,6 @@ def test_table_ab_reads_another_table_and_records_the_specs(monkeypatch, tmp_pat
         dispatch.Dispatcher().entry("forward", 0, "bf16", 96, "window", 2048)
     dispatch.Dispatcher().entry("forward", 0, "bf16", 128, "window", 2048)
     assert seen[0] == "h100_wgmma_d96_window_bf16" and len(seen) == 2 and "d128" in seen[1]
+    dispatch.DISPATCH._entries = []     # loaded: too late to change the table
+    with pytest.raises(RuntimeError, match="before the first attngen call"):
+        read_table_from(str(other))

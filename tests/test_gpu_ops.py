@@ -272,8 +272,8 @@ def test_one_query_row_with_variants_runs_the_decode_call(torch, monkeypatch, dt
     run(2, 32, 8, 2000, 96, four)
     assert routed() == [True] * 8
     monkeypatch.setattr(library, "ROUTE_VARIANT_MIN_WORK", 1 << 40)   # no call's work reaches it
-    clear()   # d96's softcap, ALiBi and sinks forward runs padded to d128 (q, k and v copied): routed whatever the work;
-    run(1, 32, 8, 1000, 96, four)   # its window has a d96 forward kernel, and d64 has all four: the threshold holds
+    clear()   # d96's softcap, ALiBi and sinks forward runs padded to d128 (q, k and v copied): routed whatever the
+    run(1, 32, 8, 1000, 96, four)   # work; its window has a d96 forward kernel, and d64 has all four: the threshold holds
     run(1, 32, 8, 1000, 64, four)
     assert routed() == [True, False, True, True] + [False] * 4
     clear()   # nothing routed under the test's threshold outlives it

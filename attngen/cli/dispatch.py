@@ -150,7 +150,9 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
     launch = ("" if table_call(call).varlen else   # varlen functions have no twin
               awaiting_twin_text(Path(specs_dir or SPECS_DIR) / f"{e.spec}.yaml", mask, seqlen, rows))
     # as ops.library runs it: forward_variant (score modifiers or a window) takes the route at the call's own head dim
-    # where the decode table serves it there, before padding; forward() pads first
+    # where the decode table serves it there, before padding; forward() pads first. (`pair` is the padding of the
+    # call without sinks where they are joined apart; the library asks with them, and takes the route in the
+    # sink-free call it makes then. No sm_90 forward call joins sinks apart today, so the two agree.)
     own_dim = bool(pair) and bool(asked_scores or mask == "window")
     one_row = (own_dim and one_row_text(entries, call, arch, dtype, asked, asked_v, mask, asked_scores, seqlen,
                                         forward_pads=True)) \

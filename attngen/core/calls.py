@@ -33,7 +33,7 @@ class TableCall(NamedTuple):
                                              # "window" for a window (the row's own, bottom-right)
     one_row_variant_min_work: int = 0   # such a call with variants takes the route from batch x query heads x the keys
                                         # its row sees (a window's at most) up: below, the forward's kernel is the
-                                        # faster eager call
+                                        # faster eager call, unless the forward pads the call (then any work)
 
 
 class Call(NamedTuple):
@@ -61,7 +61,9 @@ class Call(NamedTuple):
 # one_row_max_rows 8: measured on the H200 at or below the forward's kernels' time, on the GPU and eager. Variants:
 # the decode call is 2.2-12x faster on the GPU, but at 32/8 heads its eager call (two launches) took 3-11 us more
 # where the forward's kernel is short: B1 and B2 at 1024 keys seen (32768 and 65536); from 131072 on (B1 at 4096
-# keys, B8 at 1024) less (docs/decode-h200/one_row/README.md, "Variants through the prepared call").
+# keys, B8 at 1024) less (docs/decode-h200/one_row/README.md, "Variants through the prepared call"). A call the
+# forward would pad to another head dim takes the route at any work (the same README, "Decode variant cells at d64
+# and d96": padded, d96 B1 at 1k keys took 90-175 us eager).
 ATTENTION = TableCall("forward", one_row_call="decode", one_row_max_rows=8,
                       one_row_variants=("softcap", "sink", "alibi", "window"), one_row_variant_min_work=131072)
 ATTENTION_VARLEN = TableCall("varlen", varlen=True, paged=True)      # paged: block_table= (paged K/V)

@@ -291,7 +291,7 @@ def _route_takes(mask: str, scores: str, rows: int, keys: int, forward_pads: boo
     query rows (batch x heads) that each see `keys` keys: from ROUTE_VARIANT_MIN_WORK on where it has a variant (none:
     a window of two open sides, as forward()'s route, whatever its work), or whatever its work where the forward would
     run the call padded to another head dim (`forward_pads`: q, k and v copied at every call; H200, d96 B1 32/8 1k
-    keys bf16: 30-34 us on the GPU and 90-100 us eager padded, docs/decode-h200/one_row/README.md)."""
+    keys bf16, padded: 30-34 us on the GPU and 90-175 us eager, docs/decode-h200/one_row/variant_cells/)."""
     names = {name for name in scores.split("+") if name} | ({"window"} if mask == "window" else set())   # "": none
     return names <= ROUTE_VARIANTS and (not names or forward_pads or rows * keys >= ROUTE_VARIANT_MIN_WORK)
 
@@ -336,11 +336,11 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
-        if (short[9] and short[6] == short[2]
+        if (short[9] and short[6] == short[2]   # one row: a causal one sees every key
                 and _decode_serves(short[0], q.dtype, short[2], "none" if mask == "causal" else mask, scores)
                 and _route_takes(mask, scores, short[7], _row_keys(short[5], window), DISPATCH.padded_dims(
                     "forward", short[0], q.dtype, short[2], short[6], mask, scores) is not None)):
-            kernel = ONE_ROW_DECODE_VARIANT   # one row: a causal one sees every key
+            kernel = ONE_ROW_DECODE_VARIANT
         elif sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
             kernel = _SINKS_APART
         else:

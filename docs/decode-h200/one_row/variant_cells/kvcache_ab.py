@@ -96,9 +96,9 @@ for name, b, hq, hkv, sk, d, page, var in CASES:
     out = step(0).float()
     k0, v0 = (calls[0][0], calls[0][1])
     if page:   # the first copy's cache back in order for the reference
-        table = calls[0][2]["block_table"]
-        k0 = k0[table.flatten().long()].reshape(b, sk // page, hkv, page, d).permute(0, 2, 1, 3, 4).reshape(b, hkv, sk, d)
-        v0 = v0[table.flatten().long()].reshape(b, sk // page, hkv, page, d).permute(0, 2, 1, 3, 4).reshape(b, hkv, sk, d)
+        rows = calls[0][2]["block_table"].flatten().long()
+        k0 = k0[rows].reshape(b, sk // page, hkv, page, d).permute(0, 2, 1, 3, 4).reshape(b, hkv, sk, d)
+        v0 = v0[rows].reshape(b, sk // page, hkv, page, d).permute(0, 2, 1, 3, 4).reshape(b, hkv, sk, d)
     rep = hq // hkv
     ref, _ = attention_torch(q.float(), k0.float().repeat_interleave(rep, 1), v0.float().repeat_interleave(rep, 1),
                              scale=d ** -0.5, mask="window" if "window" in var else "causal", alignment="bottom_right",
