@@ -336,15 +336,14 @@ def forward_variant(q, k, v, causal, alignment, scale, layout, return_lse, windo
     if kernel is None:
         if short[0] < 0:
             raise ValueError(f"q is on {q.device}; attngen needs CUDA tensors (e.g. q.cuda())")
+        pad = DISPATCH.padded_dims("forward", short[0], q.dtype, short[2], short[6], mask, scores)   # None: as it is
         if (short[9] and short[6] == short[2]   # one row: a causal one sees every key
                 and _decode_serves(short[0], q.dtype, short[2], "none" if mask == "causal" else mask, scores)
-                and _route_takes(mask, scores, short[7], _row_keys(short[5], window), DISPATCH.padded_dims(
-                    "forward", short[0], q.dtype, short[2], short[6], mask, scores) is not None)):
+                and _route_takes(mask, scores, short[7], _row_keys(short[5], window), pad is not None)):
             kernel = ONE_ROW_DECODE_VARIANT
         elif sinks is not None and DISPATCH.sinks_apart("forward", short[0], q.dtype, short[2], short[6], mask, scores):
             kernel = _SINKS_APART
         else:
-            pad = DISPATCH.padded_dims("forward", short[0], q.dtype, short[2], short[6], mask, scores)
             if pad:
                 return _cut(forward_variant(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), causal, alignment,
                                             _scale(scale, short[2]), layout, return_lse, window, softcap,
