@@ -364,13 +364,20 @@ static_assert(kMergeBytes <= kStages * kStageStride, "the merge buffer lies over
 static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 feeds two 8-wide tiles at a time");
 constexpr bool kFusedCombine = false;   // the last split block of a group merges it
 
+// The threads that share a K/V row of `chunks` 16-byte chunks where its chunks are shared out (copy_rows_shared,
+// and the paged e4m3 copy): the largest power of two dividing the count. Thread t of a row copies chunks t,
+// t + that, ..., so that each copy instruction's lanes read whole 32-byte sectors (d96: 16-bit rows of 12
+// chunks, 4 threads of 3; e4m3 rows of 6, 2 threads of 3).
+__host__ __device__ constexpr int row_threads(int chunks) { return chunks & -chunks; }
+
 // e4m3 K/V cache: the tiles hold bytes, each row padded to an odd number of 16-byte chunks so that 8
 // consecutive rows start on 8 different bank groups (the K loads and V's ldmatrix read 8 rows at once).
 using kv_t = uint8_t;
 constexpr int kKvChunksPerRow = kHeadDim / 16;
+constexpr int kKvThreadsPerRow = row_threads(kKvChunksPerRow);
 constexpr int kKvPitchBytes = 144;
 constexpr float kKvFold = 1.0f;   // what kv_bytes's widened values lack (bf16 bit moves: 2^8)
-static_assert(kHeadDim % 32 == 0 && kThreads % kKvChunksPerRow == 0, "e4m3 tiles are read 32 columns at a time");
+static_assert(kHeadDim % 32 == 0 && kThreads % kKvThreadsPerRow == 0, "e4m3 tiles are read 32 columns at a time");
 
 __device__ __forceinline__ int kv_offset(int row, int chunk) { return row * kKvPitchBytes + (chunk << 4); }
 
@@ -454,26 +461,44 @@ __device__ __forceinline__ void load_q(unsigned char* smem, const Params& p, con
     }
 }
 
-// kRows keys from `row0` on (a whole contiguous run) into the K and V tiles of ring slot `slot`; keys
-// from rows_valid on are zeros. k and v point at the kv head's row 0 of the run.
-// e4m3: each thread copies one 16-byte chunk column (16 keys' columns) of every kRowStep-th row.
-template <int kRows>
-__device__ __forceinline__ void copy_kv_rows(uint32_t slot, const kv_t* k, const kv_t* v, const Params& p, int row0,
-                                             int rows_valid, int tid) {
-    constexpr int kRowStep = kThreads / kKvChunksPerRow;
-    static_assert(kRows % kRowStep == 0, "a tile is whole row steps");
-    const int row = tid / kKvChunksPerRow, chunk = tid % kKvChunksPerRow;
-    const kv_t* gk = k + (row0 + row) * p.k_row_stride + chunk * 16;
-    const kv_t* gv = v + (row0 + row) * p.v_row_stride + chunk * 16;
+// Rows [row0, row0 + kRows) of K and V (kRowChunks 16-byte chunks each) into the tiles at k_dst and v_dst
+// (rows from rows_valid on: zeros), `offset(row, chunk)` placing a chunk in a tile of kRowBytes-byte rows:
+// row_threads(kRowChunks) threads to a row, each keeping one global pointer per tensor that a constant row
+// step advances. The caller's layout moves a thread's chunks by whole rows from one row step to the next and
+// by 16 B per chunk within its group of row_threads chunks, so each thread works out one shared offset (every
+// other is an immediate of the copy: fewer registers live across the tile loop, where ptxas hoists them).
+template <int kRows, int kRowChunks, int kRowBytes, typename T, typename Offset>
+__device__ __forceinline__ void copy_rows_shared(uint32_t k_dst, uint32_t v_dst, const T* k, const T* v, const Params& p,
+                                                 int row0, int rows_valid, int tid, Offset offset) {
+    constexpr int kRowThreads = row_threads(kRowChunks), kChunksEach = kRowChunks / kRowThreads;
+    constexpr int kRowStep = kThreads / kRowThreads, kChunkElems = 16 / sizeof(T);
+    static_assert(kThreads % kRowThreads == 0 && kRows % kRowStep == 0, "a tile is whole row steps");
+    const int row = tid / kRowThreads, chunk = tid % kRowThreads;
+    const T* gk = k + (row0 + row) * p.k_row_stride + chunk * kChunkElems;
+    const T* gv = v + (row0 + row) * p.v_row_stride + chunk * kChunkElems;
+    const int at = offset(row, chunk);
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; ++i) {
         const int r = row + i * kRowStep;
         const bool valid = row0 + r < rows_valid;
-        cp_async_16(slot + kSmem_k0 + kv_offset(r, chunk), valid ? gk : k, valid ? 16 : 0);
-        cp_async_16(slot + kSmem_v0 + kv_offset(r, chunk), valid ? gv : v, valid ? 16 : 0);
+#pragma unroll
+        for (int c = 0; c < kChunksEach; ++c) {
+            const int on = c * kRowThreads * kChunkElems, to = at + 16 * c * kRowThreads + i * kRowStep * kRowBytes;
+            cp_async_16(k_dst + to, valid ? gk + on : k, valid ? 16 : 0);
+            cp_async_16(v_dst + to, valid ? gv + on : v, valid ? 16 : 0);
+        }
         gk += kRowStep * p.k_row_stride;
         gv += kRowStep * p.v_row_stride;
     }
+}
+
+// kRows keys from `row0` on (a whole contiguous run) into the K and V tiles of ring slot `slot`; keys
+// from rows_valid on are zeros. k and v point at the kv head's row 0 of the run.
+template <int kRows>
+__device__ __forceinline__ void copy_kv_rows(uint32_t slot, const kv_t* k, const kv_t* v, const Params& p, int row0,
+                                             int rows_valid, int tid) {
+    copy_rows_shared<kRows, kKvChunksPerRow, kKvPitchBytes>(slot + kSmem_k0, slot + kSmem_v0, k, v, p, row0,
+                                                            rows_valid, tid, [](int r, int c) { return kv_offset(r, c); });
 }
 
 // K and V of tile `tile` (keys tile * kBlockN ...) into ring stage `stage`; keys past the sequence are

@@ -66,7 +66,7 @@ def _text(**changes) -> str:
 def test_rules_refuse_what_is_not_generated():
     make_plan(parse_spec(_text(), "t.yaml"))
     with pytest.raises(SpecError) as e:
-        parse_spec(_text(head_dim=96, smem={"swizzle": {"xor_bits": 2, "row_shift": 1}, "stages": 4,
+        parse_spec(_text(head_dim=80, smem={"swizzle": {"xor_bits": 1}, "stages": 4,
                                            "async_copy": True, "opt_in": True}), "t.yaml")
     assert "head_dim" in str(e.value)
     with pytest.raises(SpecError) as e:
@@ -129,8 +129,13 @@ def test_dispatch_routes_only_e4m3_caches_to_e4m3_specs():
     assert entry_problem(e4m3_entry._replace(spec="h200_decode_d128"), plan_of("h200_decode_d128"))
     assert entry_problem(plain_entry._replace(spec="h200_decode_d128_kv_e4m3"), plan_of("h200_decode_d128_kv_e4m3"))
     assert not [e for e in entries if e.call == "decode" and "kv_e4m3" in e.spec]
+    # d96 (Phi-3) has a cell of its own, contiguous and paged; a head dim that is not a multiple of 32 has none
+    for dtype, suffix in (("fp16", ""), ("bf16", "_bf16")):
+        for paged in (False, True):
+            assert select(entries, "decode_kv_e4m3", "sm_90", dtype, 96, "causal", 8192, paged=paged).spec == \
+                f"h200_decode_d96_kv_e4m3{suffix}"
     with pytest.raises(LookupError):
-        select(entries, "decode_kv_e4m3", "sm_90", "fp16", 96, "causal", 8192)
+        select(entries, "decode_kv_e4m3", "sm_90", "fp16", 80, "causal", 8192)
 
 
 # -- the scales' checks, on stand-in tensors -------------------------------------------------------

@@ -14,7 +14,7 @@ import attngen
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
-CELLS = ("h200_decode_d64_kv_e4m3", "h200_decode_d128_kv_e4m3", "h200_decode_d256_kv_e4m3",
+CELLS = ("h200_decode_d64_kv_e4m3", "h200_decode_d96_kv_e4m3", "h200_decode_d128_kv_e4m3", "h200_decode_d256_kv_e4m3",
          "h200_decode_d64_kv_e4m3_contiguous", "h200_decode_d128_kv_e4m3_contiguous")
 SPECS = [c + s for c in CELLS for s in ("", "_bf16")]
 
@@ -136,10 +136,11 @@ def test_paged_against_fp32(torch, spec, page):
         check(torch, o, ref32, ref_low)
 
 
-def test_entry_point_routes_e4m3_caches(torch):
+@pytest.mark.parametrize("D", [128, 96])
+def test_entry_point_routes_e4m3_caches(torch, D):
     """attngen.attention_with_kvcache on e4m3 caches (a number and tensors as scales, contiguous and paged)
     matches the kernel loaded directly; an fp16 cache still goes to the fp16 cells."""
-    B, H, Hkv, S, D = 2, 32, 8, 512, 128
+    B, H, Hkv, S = 2, 32, 8, 512
     q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.float16)
     k8, ks = quantize(torch, torch.randn(B, Hkv, S, D, device="cuda"), False)
     v8, vs = quantize(torch, torch.randn(B, Hkv, S, D, device="cuda"), False)

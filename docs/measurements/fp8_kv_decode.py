@@ -1,8 +1,9 @@
 """One decode step on an e4m3 KV cache against the same step on an fp16 cache, on the GPU.
 
-    python3 docs/measurements/fp8_kv_decode.py [--json OUT.json] [--rounds 5] [--calls 30]
+    python3 docs/measurements/fp8_kv_decode.py [--json OUT.json] [--rounds 5] [--calls 30] [--cases d128|d96]
 
-Shapes: B 8 and B 1, 32 query heads over 8 KV heads, d128, Sq 1, 8k / 16k / 32k keys per sequence,
+Shapes (d128): B 8 and B 1, 32 query heads over 8 KV heads, d128, Sq 1, 8k / 16k / 32k keys per sequence;
+(d96, Phi-3-mini's head dim): 32/32 heads at B8 4k-16k and B1 16k-32k, and 32/8 at B8 8k-32k; each
 contiguous and paged (pages of 16, shuffled). Each case times attngen.attention_with_kvcache on fp16
 caches and on e4m3 caches (k_scale, v_scale per tensor) with CUDA events around `calls` calls replayed
 from a CUDA graph (GPU time alone: the host path is not what a serving loop pays per step), several
@@ -19,7 +20,9 @@ import torch
 
 import attngen
 
-CASES = [(b, 32, 8, 128, s) for b in (8, 1) for s in (8192, 16384, 32768)]
+CASES = {"d128": [(b, 32, 8, 128, s) for b in (8, 1) for s in (8192, 16384, 32768)],
+         "d96": [(8, 32, 32, 96, s) for s in (4096, 8192, 16384)] + [(1, 32, 32, 96, s) for s in (16384, 32768)]
+                + [(8, 32, 8, 96, s) for s in (8192, 16384, 32768)]}
 PAGE = 16
 
 
@@ -76,12 +79,13 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--cases", choices=sorted(CASES), default="d128")
     args = ap.parse_args()
     scales = (torch.tensor([0.02], device="cuda"), torch.tensor([0.01], device="cuda"))
     rows = []
     print(f"{'cache':>10} {'B':>2} {'Hq/Hkv':>6} {'keys':>6} {'fp16 us':>8} {'e4m3 us':>8} {'speedup':>7} "
           f"{'fp16 TB/s':>9} {'e4m3 TB/s':>9}")
-    for B, H, Hkv, D, S in CASES:
+    for B, H, Hkv, D, S in CASES[args.cases]:
         for paged in (False, True):
             q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.float16)
             lens = torch.full((B,), S, dtype=torch.int32, device="cuda")

@@ -194,14 +194,14 @@ rule_decode_always_rescales = refuse("softmax.rescale", lambda s: s.softmax.resc
                                      "rule_decode_always_rescales")
 
 
-KV_E4M3_HEAD_DIMS = (64, 128, 256)   # e4m3 tiles are read 32 columns (two 16-byte chunks) at a time, rows padded
-                                     # to an odd chunk count: 96 would need 3-chunk reads
+KV_E4M3_COLUMNS = 32   # e4m3 K/V tiles are read 32 columns (two 16-byte chunks) at a time
 
 
 def rule_kv_e4m3_head_dim(s):
-    if s.kv_dtype and s.head_dim not in KV_E4M3_HEAD_DIMS:
-        return "head_dim", (f"an e4m3 KV cache is generated for head_dim {', '.join(map(str, KV_E4M3_HEAD_DIMS))} "
-                            f"(got {s.head_dim}); leave kv_dtype unset for this head dim")
+    if s.kv_dtype and s.head_dim % KV_E4M3_COLUMNS:
+        return "head_dim", (f"an e4m3 KV cache is generated for head dims that are multiples of {KV_E4M3_COLUMNS} "
+                            f"(its tiles are read {KV_E4M3_COLUMNS} columns at a time; got {s.head_dim}); leave "
+                            "kv_dtype unset for this head dim")
 
 
 # k_scale joins the softmax scale inside the kernel, so a score modifier (which reads the scaled score)
