@@ -463,15 +463,18 @@ __device__ __forceinline__ void load_q(unsigned char* smem, const Params& p, con
 // Rows [row0, row0 + kRows) of K and V (kRowChunks 16-byte chunks each) into the tiles at k_dst and v_dst
 // (rows from rows_valid on: zeros), `offset(row, chunk)` placing a chunk in a tile of kRowBytes-byte rows:
 // row_threads(kRowChunks) threads to a row, each keeping one global pointer per tensor that a constant row
-// step advances. The caller's layout moves a thread's chunks by whole rows from one row step to the next and
-// by 16 B per chunk within its group of row_threads chunks, so each thread works out one shared offset (every
-// other is an immediate of the copy: fewer registers live across the tile loop, where ptxas hoists them).
-template <int kRows, int kRowChunks, int kRowBytes, typename T, typename Offset>
+// step advances. The layout repeats every kLayoutRows rows and moves a chunk only within aligned groups of
+// kLayoutChunks chunks (a swizzle's period and width; 1 and 1 for plain rows), so a thread's chunks move by
+// whole rows from one row step to the next and by 16 B within its group: each thread works out one shared offset,
+// and every other is an immediate of the copy (fewer registers live across the tile loop, where ptxas hoists them).
+template <int kRows, int kRowChunks, int kRowBytes, int kLayoutRows, int kLayoutChunks, typename T, typename Offset>
 __device__ __forceinline__ void copy_rows_shared(uint32_t k_dst, uint32_t v_dst, const T* k, const T* v, const Params& p,
                                                  int row0, int rows_valid, int tid, Offset offset) {
     constexpr int kRowThreads = row_threads(kRowChunks), kChunksEach = kRowChunks / kRowThreads;
     constexpr int kRowStep = kThreads / kRowThreads, kChunkElems = 16 / sizeof(T);
     static_assert(kThreads % kRowThreads == 0 && kRows % kRowStep == 0, "a tile is whole row steps");
+    static_assert(kRowStep % kLayoutRows == 0 && kRowThreads % kLayoutChunks == 0,
+                  "a row step is whole periods of the layout, and the layout keeps a chunk in its thread's group");
     const int row = tid / kRowThreads, chunk = tid % kRowThreads;
     const T* gk = k + (row0 + row) * p.k_row_stride + chunk * kChunkElems;
     const T* gv = v + (row0 + row) * p.v_row_stride + chunk * kChunkElems;
@@ -503,13 +506,11 @@ __device__ __forceinline__ void copy_kv_rows(uint32_t slot, const elem_t* k, con
         copy_tile_async<kRows, kThreads>(slot + kSmem_k0, k, p.k_row_stride, row0, rows_valid, tid);
         copy_tile_async<kRows, kThreads>(slot + kSmem_v0, v, p.v_row_stride, row0, rows_valid, tid);
     } else {
-        // what copy_rows_shared takes of the layout: the swizzle repeats within a row step, and it moves a chunk
-        // within its group of row_threads chunks
-        constexpr int kRowGroup = row_threads(kChunksPerRow), kRowStep = kThreads / kRowGroup;
-        static_assert(!kXorSwizzle || (kRowStep % ((kSwizzleMask + 1) << kSwizzleRowShift) == 0 && kSwizzleMask < kRowGroup),
-                      "a row step is whole swizzle periods, and the swizzle keeps a chunk in its group");
-        copy_rows_shared<kRows, kChunksPerRow, kTilePitchBytes>(slot + kSmem_k0, slot + kSmem_v0, k, v, p, row0,
-                                                                rows_valid, tid, [](int r, int c) { return tile_offset(r, c); });
+        // the swizzle's period (rows) and width (chunks), as tile_offset applies it
+        constexpr int kLayoutRows = kXorSwizzle ? (kSwizzleMask + 1) << kSwizzleRowShift : 1;
+        constexpr int kLayoutChunks = kXorSwizzle ? kSwizzleMask + 1 : 1;
+        copy_rows_shared<kRows, kChunksPerRow, kTilePitchBytes, kLayoutRows, kLayoutChunks>(
+            slot + kSmem_k0, slot + kSmem_v0, k, v, p, row0, rows_valid, tid, [](int r, int c) { return tile_offset(r, c); });
     }
 }
 
