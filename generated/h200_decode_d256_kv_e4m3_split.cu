@@ -392,7 +392,8 @@ constexpr int kKvThreadsPerRow = row_threads(kKvChunksPerRow);
 constexpr int kKvChunksPerThread = kKvChunksPerRow / kKvThreadsPerRow;
 constexpr int kKvPitchBytes = 272;
 constexpr float kKvFold = 1.0f;   // what kv_bytes's widened values lack (bf16 bit moves: 2^8)
-static_assert(kHeadDim % 32 == 0 && kThreads % kKvThreadsPerRow == 0, "e4m3 tiles are read 32 columns at a time");
+static_assert(kHeadDim % 32 == 0, "e4m3 tiles are read 32 columns at a time");
+static_assert(kThreads % kKvThreadsPerRow == 0, "the block's threads copy whole rows of e4m3 chunks");
 
 __device__ __forceinline__ int kv_offset(int row, int chunk) { return row * kKvPitchBytes + (chunk << 4); }
 
@@ -566,8 +567,9 @@ __device__ __forceinline__ void store_rows(unsigned char* smem, const Params& p,
 }
 
 // The K and V rows of a tile that spans pages into ring slot `slot`, row by row from their offsets in
-// `rows` (from rows_valid on: zeros); each thread copies one 16-byte chunk column (e4m3: kKvChunksPerThread
-// of them) of every kThreads / kChunksPerRow-th row, as copy_tile_async does.
+// `rows` (from rows_valid on: zeros). e4m3: each thread copies kKvChunksPerThread 16-byte chunk columns of every
+// kThreads / kKvThreadsPerRow-th row; 16-bit: as copy_tile_async does (by row steps where a copy group covers
+// whole rows, else chunk by chunk).
 __device__ __forceinline__ void gather_kv(uint32_t slot, const kv_t* k, const kv_t* v, const longlong2* rows,
                                           int rows_valid, int tid) {
     constexpr int kRowStep = kThreads / kKvThreadsPerRow;

@@ -383,7 +383,8 @@ constexpr int kKvChunksPerRow = kHeadDim / 16;
 constexpr int kKvThreadsPerRow = row_threads(kKvChunksPerRow);
 constexpr int kKvPitchBytes = 80;
 constexpr float kKvFold = 1.0f;   // what kv_bytes's widened values lack (bf16 bit moves: 2^8)
-static_assert(kHeadDim % 32 == 0 && kThreads % kKvThreadsPerRow == 0, "e4m3 tiles are read 32 columns at a time");
+static_assert(kHeadDim % 32 == 0, "e4m3 tiles are read 32 columns at a time");
+static_assert(kThreads % kKvThreadsPerRow == 0, "the block's threads copy whole rows of e4m3 chunks");
 
 __device__ __forceinline__ int kv_offset(int row, int chunk) { return row * kKvPitchBytes + (chunk << 4); }
 

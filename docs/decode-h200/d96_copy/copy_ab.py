@@ -49,7 +49,7 @@ def main():
         times = [fk.time_graph(g, calls) for _ in range(rounds)]
         us = statistics.median(times)
         kv_bytes = 2 * B * Hkv * S * D * (1 if cache == "e4m3" else 2)
-        row = {"cache": cache, "query": qdt, "batch": B, "heads": H, "kv_heads": Hkv, "head_dim": D, "keys": S,
+        row = {"cache": cache if cache == "e4m3" else qdt, "query": qdt, "batch": B, "heads": H, "kv_heads": Hkv, "head_dim": D, "keys": S,
                "layout": "paged16" if paged else "contiguous", "us": round(us, 2), "TB_s": round(kv_bytes / us / 1e6, 3),
                "rounds": [round(t, 2) for t in times]}
         rows.append(row)
