@@ -567,9 +567,8 @@ __device__ __forceinline__ void store_rows(unsigned char* smem, const Params& p,
 }
 
 // The K and V rows of a tile that spans pages into ring slot `slot`, row by row from their offsets in
-// `rows` (from rows_valid on: zeros). e4m3: each thread copies kKvChunksPerThread 16-byte chunk columns of every
-// kThreads / kKvThreadsPerRow-th row; 16-bit: as copy_tile_async does (by row steps where a copy group covers
-// whole rows, else chunk by chunk).
+// `rows` (from rows_valid on: zeros).
+// Each thread copies kKvChunksPerThread 16-byte chunk columns of every kThreads / kKvThreadsPerRow-th row.
 __device__ __forceinline__ void gather_kv(uint32_t slot, const kv_t* k, const kv_t* v, const longlong2* rows,
                                           int rows_valid, int tid) {
     constexpr int kRowStep = kThreads / kKvThreadsPerRow;

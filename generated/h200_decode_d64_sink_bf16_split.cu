@@ -484,12 +484,6 @@ static_assert(kMergeBytes <= kStages * kStageStride, "the merge buffer lies over
 static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 feeds two 8-wide tiles at a time");
 constexpr bool kFusedCombine = false;   // the last split block of a group merges it
 
-// The threads that share a K/V row of `chunks` 16-byte chunks where its chunks are shared out (copy_rows_shared,
-// and the paged e4m3 copy): the largest power of two dividing the count. Thread t of a row copies chunks t,
-// t + that, ..., so that each copy instruction's lanes read whole 32-byte sectors (d96: 16-bit rows of 12
-// chunks, 4 threads of 3; e4m3 rows of 6, 2 threads of 3).
-__host__ __device__ constexpr int row_threads(int chunks) { return chunks & -chunks; }
-
 // What one block computes. Group row r (of the KV head's group x seqlen_q rows) is query head
 // kv_head * group + r / seqlen_q, new token r % seqlen_q.
 struct DecodeBlock {
@@ -551,60 +545,14 @@ __device__ __forceinline__ void load_q(unsigned char* smem, const Params& p, con
     }
 }
 
-// Rows [row0, row0 + kRows) of K and V (kRowChunks 16-byte chunks each) into the tiles at k_dst and v_dst
-// (rows from rows_valid on: zeros), `offset(row, chunk)` placing a chunk in a tile of kRowBytes-byte rows:
-// row_threads(kRowChunks) threads to a row, each keeping one global pointer per tensor that a constant row
-// step advances. The layout repeats every kLayoutRows rows and moves a chunk only within aligned groups of
-// kLayoutChunks chunks (a swizzle's period and width; 1 and 1 for plain rows), so a thread's chunks move by
-// whole rows from one row step to the next and by 16 B within its group: each thread works out one shared offset,
-// and every other is an immediate of the copy (fewer registers live across the tile loop, where ptxas hoists them).
-template <int kRows, int kRowChunks, int kRowBytes, int kLayoutRows, int kLayoutChunks, typename T, typename Offset>
-__device__ __forceinline__ void copy_rows_shared(uint32_t k_dst, uint32_t v_dst, const T* k, const T* v, const Params& p,
-                                                 int row0, int rows_valid, int tid, Offset offset) {
-    constexpr int kRowThreads = row_threads(kRowChunks), kChunksEach = kRowChunks / kRowThreads;
-    constexpr int kRowStep = kThreads / kRowThreads, kChunkElems = 16 / sizeof(T);
-    static_assert(kThreads % kRowThreads == 0 && kRows % kRowStep == 0, "a tile is whole row steps");
-    static_assert(kRowStep % kLayoutRows == 0 && kRowThreads % kLayoutChunks == 0,
-                  "a row step is whole periods of the layout, and the layout keeps a chunk in its thread's group");
-    const int row = tid / kRowThreads, chunk = tid % kRowThreads;
-    const T* gk = k + (row0 + row) * p.k_row_stride + chunk * kChunkElems;
-    const T* gv = v + (row0 + row) * p.v_row_stride + chunk * kChunkElems;
-    const int at = offset(row, chunk);
-#pragma unroll
-    for (int i = 0; i < kRows / kRowStep; ++i) {
-        const int r = row + i * kRowStep;
-        const bool valid = row0 + r < rows_valid;
-#pragma unroll
-        for (int c = 0; c < kChunksEach; ++c) {
-            const int on = c * kRowThreads * kChunkElems, to = at + 16 * c * kRowThreads + i * kRowStep * kRowBytes;
-            cp_async_16(k_dst + to, valid ? gk + on : k, valid ? 16 : 0);
-            cp_async_16(v_dst + to, valid ? gv + on : v, valid ? 16 : 0);
-        }
-        gk += kRowStep * p.k_row_stride;
-        gv += kRowStep * p.v_row_stride;
-    }
-}
-
 // kRows keys from `row0` on (a whole contiguous run) into the K and V tiles of ring slot `slot`; keys
 // from rows_valid on are zeros. k and v point at the kv head's row 0 of the run.
-// Where a copy group covers whole rows, one chunk column per thread (copy_tile_async); otherwise (d96) the
-// rows' chunks shared out, which keeps one pointer per thread where the general copy worked out an address
-// per chunk: where the swizzle fits a row step (d96's does), else the general copy.
-constexpr int kLayoutRows = kXorSwizzle ? (kSwizzleMask + 1) << kSwizzleRowShift : 1;   // the swizzle's period
-constexpr int kLayoutChunks = kXorSwizzle ? kSwizzleMask + 1 : 1;                       // and its width
-constexpr int kSharedRowStep = kThreads / row_threads(kChunksPerRow);
-constexpr bool kCopyRowsShared = !kCopyByRowSteps && kThreads % row_threads(kChunksPerRow) == 0 &&
-                                 kSharedRowStep % kLayoutRows == 0 && row_threads(kChunksPerRow) % kLayoutChunks == 0;
+// A copy group covers whole rows: one chunk column per thread.
 template <int kRows>
 __device__ __forceinline__ void copy_kv_rows(uint32_t slot, const elem_t* k, const elem_t* v, const Params& p, int row0,
                                              int rows_valid, int tid) {
-    if constexpr (kCopyRowsShared && kRows % kSharedRowStep == 0) {
-        copy_rows_shared<kRows, kChunksPerRow, kTilePitchBytes, kLayoutRows, kLayoutChunks>(
-            slot + kSmem_k0, slot + kSmem_v0, k, v, p, row0, rows_valid, tid, [](int r, int c) { return tile_offset(r, c); });
-    } else {
-        copy_tile_async<kRows, kThreads>(slot + kSmem_k0, k, p.k_row_stride, row0, rows_valid, tid);
-        copy_tile_async<kRows, kThreads>(slot + kSmem_v0, v, p.v_row_stride, row0, rows_valid, tid);
-    }
+    copy_tile_async<kRows, kThreads>(slot + kSmem_k0, k, p.k_row_stride, row0, rows_valid, tid);
+    copy_tile_async<kRows, kThreads>(slot + kSmem_v0, v, p.v_row_stride, row0, rows_valid, tid);
 }
 
 // Paged caches (a block table given; any page size, a power of two): key j of a sequence lies in page
@@ -655,9 +603,9 @@ __device__ __forceinline__ void store_rows(unsigned char* smem, const Params& p,
 }
 
 // The K and V rows of a tile that spans pages into ring slot `slot`, row by row from their offsets in
-// `rows` (from rows_valid on: zeros). e4m3: each thread copies kKvChunksPerThread 16-byte chunk columns of every
-// kThreads / kKvThreadsPerRow-th row; 16-bit: as copy_tile_async does (by row steps where a copy group covers
-// whole rows, else chunk by chunk).
+// `rows` (from rows_valid on: zeros).
+// Each thread copies one 16-byte chunk column of every kThreads / kChunksPerRow-th row where a copy group covers
+// whole rows (as copy_tile_async), else chunk by chunk.
 __device__ __forceinline__ void gather_kv(uint32_t slot, const elem_t* k, const elem_t* v, const longlong2* rows,
                                           int rows_valid, int tid) {
     if constexpr (kCopyByRowSteps) {

@@ -603,13 +603,13 @@ __device__ __forceinline__ void copy_rows_shared(uint32_t k_dst, uint32_t v_dst,
 
 // kRows keys from `row0` on (a whole contiguous run) into the K and V tiles of ring slot `slot`; keys
 // from rows_valid on are zeros. k and v point at the kv head's row 0 of the run.
-// Where a copy group covers whole rows, one chunk column per thread (copy_tile_async); otherwise (d96) the
-// rows' chunks shared out, which keeps one pointer per thread where the general copy worked out an address
-// per chunk: where the swizzle fits a row step (d96's does), else the general copy.
+// A copy group does not cover whole rows (d96): the rows' chunks shared out, which keeps one pointer per thread
+// where the general copy worked out an address per chunk, where the swizzle fits a row step (d96's does); else
+// the general copy.
 constexpr int kLayoutRows = kXorSwizzle ? (kSwizzleMask + 1) << kSwizzleRowShift : 1;   // the swizzle's period
 constexpr int kLayoutChunks = kXorSwizzle ? kSwizzleMask + 1 : 1;                       // and its width
 constexpr int kSharedRowStep = kThreads / row_threads(kChunksPerRow);
-constexpr bool kCopyRowsShared = !kCopyByRowSteps && kThreads % row_threads(kChunksPerRow) == 0 &&
+constexpr bool kCopyRowsShared = kThreads % row_threads(kChunksPerRow) == 0 &&
                                  kSharedRowStep % kLayoutRows == 0 && row_threads(kChunksPerRow) % kLayoutChunks == 0;
 template <int kRows>
 __device__ __forceinline__ void copy_kv_rows(uint32_t slot, const elem_t* k, const elem_t* v, const Params& p, int row0,
@@ -671,9 +671,9 @@ __device__ __forceinline__ void store_rows(unsigned char* smem, const Params& p,
 }
 
 // The K and V rows of a tile that spans pages into ring slot `slot`, row by row from their offsets in
-// `rows` (from rows_valid on: zeros). e4m3: each thread copies kKvChunksPerThread 16-byte chunk columns of every
-// kThreads / kKvThreadsPerRow-th row; 16-bit: as copy_tile_async does (by row steps where a copy group covers
-// whole rows, else chunk by chunk).
+// `rows` (from rows_valid on: zeros).
+// Each thread copies one 16-byte chunk column of every kThreads / kChunksPerRow-th row where a copy group covers
+// whole rows (as copy_tile_async), else chunk by chunk.
 __device__ __forceinline__ void gather_kv(uint32_t slot, const elem_t* k, const elem_t* v, const longlong2* rows,
                                           int rows_valid, int tid) {
     if constexpr (kCopyByRowSteps) {
