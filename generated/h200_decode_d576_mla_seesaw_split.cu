@@ -603,6 +603,10 @@ __device__ __forceinline__ void pv_handed(float (&o)[kORegs], uint32_t sKV, int 
     wgmma_commit();
 }
 
+// Whether a pair has its tile B, as a type (the pair lambda's branches are if constexpr).
+template <bool kHas>
+struct TileB { static constexpr bool value = kHas; };
+
 template <Mask kMask>
 __device__ __forceinline__ void split(const Params& p) {
     extern __shared__ __align__(1024) unsigned char smem[];  // 222208 B: dynamic, opt-in
@@ -646,8 +650,11 @@ __device__ __forceinline__ void split(const Params& p) {
     // m: the running maximum, the same in both warpgroups after each pair; l: this warpgroup's tiles only
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-    for (int a = t_begin; a < t_end; a += 2) {
-        const bool has_b = a + 1 < t_end;     // the same in every thread: the barriers below pair up
+    // One pair of tiles from tile a: warpgroup 0's tile a and, where kHasB, warpgroup 1's tile a + 1. The pairs
+    // with both tiles run in the loop and a split's lone last tile after it, so that no branch on tile B's
+    // existence holds O's wgmmas in flight at its join (ptxas would inject warpgroup.arrive there: C7519).
+    auto pair = [&](int a, auto has_b_tag) {
+        constexpr bool has_b = decltype(has_b_tag)::value;
         float s[kSRegs], mx[2];
         if (wg == 0) {
             score_tile(s, mx, sQ, sA, p, a * kBlockN + 2 * (lane % 4), limit, 0, a != t_begin);
@@ -683,7 +690,7 @@ __device__ __forceinline__ void split(const Params& p) {
             if (a + 2 < t_end) copy_panels(sA, next, wtid, 0, kVPanels / 2);
             cp_async_commit();
             scale_rows(o, to_b);
-            if (has_b) {
+            if constexpr (has_b) {
                 bar_sync(kPReadyB);
                 pv_handed(o, sB, 0);
             }
@@ -692,9 +699,9 @@ __device__ __forceinline__ void split(const Params& p) {
             cp_async_commit();
             wgmma_wait<0>();                  // outside the branch: ptxas would otherwise wait at every wgmma
             fence_registers(o);
-            if (has_b) bar_arrive(kStageFreeB);
+            if constexpr (has_b) bar_arrive(kStageFreeB);
         } else {
-            if (has_b) {
+            if constexpr (has_b) {
                 score_tile(s, mx, sQ, sB, p, (a + 1) * kBlockN + 2 * (lane % 4), limit, 1, a != t_begin);
             } else {
                 mx[0] = mx[1] = -INFINITY;
@@ -712,7 +719,7 @@ __device__ __forceinline__ void split(const Params& p) {
             }
             bar_arrive(kMaxB);
             scale_rows(o, alpha);
-            if (has_b) {
+            if constexpr (has_b) {
                 exponentiate(s, ref_b, l);
                 const float one[2] = {1.f, 1.f};
                 hand_over(smem, kSmem_kv0 + kStageStride, s, one, rows, lane);
@@ -721,7 +728,7 @@ __device__ __forceinline__ void split(const Params& p) {
             // P_A.V first, so that stage 0 is free for warpgroup 0's copy sooner
             bar_sync(kPReadyA);
             pv_handed(o, sA, 1);
-            if (has_b) pv_own(o, s, sB, 1);
+            if constexpr (has_b) pv_own(o, s, sB, 1);
             else wgmma_commit();              // an empty group: the wait below counts the same
             // the next tile's sources, worked out once for both of its copy groups while the P.Vs run
             const TileSources next = tile_sources(p, c, (a + 3) * kBlockN, wtid);
@@ -731,7 +738,7 @@ __device__ __forceinline__ void split(const Params& p) {
             fence_registers(o);
             if (a + 3 < t_end) copy_panels(sB, next, wtid, kVPanels / 2, kVPanels);
             cp_async_commit();
-            if (has_b) {
+            if constexpr (has_b) {
                 bar_sync(kStageFreeB);        // 0's P.V of B is done: the rest of stage 1
                 if (a + 3 < t_end) {
                     copy_panels(sB, next, wtid, 0, kVPanels / 2);
@@ -740,7 +747,10 @@ __device__ __forceinline__ void split(const Params& p) {
             }
             cp_async_commit();
         }
-    }
+    };
+    int a = t_begin;
+    for (; a + 1 < t_end; a += 2) pair(a, TileB<true>{});   // the same bounds in every thread: the barriers pair up
+    if (a < t_end) pair(a, TileB<false>{});
     cp_async_wait<0>();
     allow_dependents();   // the combine's launch starts now (its blocks wait for this grid's end)
 
