@@ -483,21 +483,24 @@ __device__ __forceinline__ void load_q(unsigned char* smem, const Params& p, con
 // kLayoutChunks chunks (a swizzle's period and width; 1 and 1 for plain rows), so a thread's chunks move by
 // whole rows from one row step to the next and by 16 B within its group: each thread works out one shared offset,
 // and every other is an immediate of the copy (fewer registers live across the tile loop, where ptxas hoists them).
-template <int kRows, int kRowChunks, int kRowBytes, int kLayoutRows, int kLayoutChunks, typename T, typename Offset>
+template <int kRows, int kRowChunks, int kRowThreads, int kRowBytes, int kLayoutRows, int kLayoutChunks, typename T,
+          typename Offset>
 __device__ __forceinline__ void copy_rows_shared(uint32_t k_dst, uint32_t v_dst, const T* k, const T* v, const Params& p,
                                                  int row0, int rows_valid, int tid, Offset offset) {
-    constexpr int kRowThreads = row_threads(kRowChunks), kChunksEach = kRowChunks / kRowThreads;
-    constexpr int kRowStep = kThreads / kRowThreads, kChunkElems = 16 / sizeof(T);
-    static_assert(kThreads % kRowThreads == 0 && kRows % kRowStep == 0, "a tile is whole row steps");
+    constexpr int kChunksEach = kRowChunks / kRowThreads;
+    constexpr int kRowStep = kThreads / kRowThreads, kChunkElems = 16 / sizeof(T);   // threads past whole rows idle
+    static_assert(kRowChunks % kRowThreads == 0, "a row's threads share its chunks evenly");
     static_assert(kRowStep % kLayoutRows == 0 && kRowThreads % kLayoutChunks == 0,
                   "a row step is whole periods of the layout, and the layout keeps a chunk in its thread's group");
     const int row = tid / kRowThreads, chunk = tid % kRowThreads;
+    if (kThreads % kRowThreads != 0 && row >= kRowStep) return;
     const T* gk = k + (row0 + row) * p.k_row_stride + chunk * kChunkElems;
     const T* gv = v + (row0 + row) * p.v_row_stride + chunk * kChunkElems;
     const int at = offset(row, chunk);
 #pragma unroll
-    for (int i = 0; i < kRows / kRowStep; ++i) {
+    for (int i = 0; i < (kRows + kRowStep - 1) / kRowStep; ++i) {
         const int r = row + i * kRowStep;
+        if (kRows % kRowStep != 0 && r >= kRows) break;
         const bool valid = row0 + r < rows_valid;
 #pragma unroll
         for (int c = 0; c < kChunksEach; ++c) {
@@ -524,7 +527,7 @@ template <int kRows>
 __device__ __forceinline__ void copy_kv_rows(uint32_t slot, const elem_t* k, const elem_t* v, const Params& p, int row0,
                                              int rows_valid, int tid) {
     if constexpr (kCopyRowsShared && kRows % kSharedRowStep == 0) {
-        copy_rows_shared<kRows, kChunksPerRow, kTilePitchBytes, kLayoutRows, kLayoutChunks>(
+        copy_rows_shared<kRows, kChunksPerRow, row_threads(kChunksPerRow), kTilePitchBytes, kLayoutRows, kLayoutChunks>(
             slot + kSmem_k0, slot + kSmem_v0, k, v, p, row0, rows_valid, tid, [](int r, int c) { return tile_offset(r, c); });
     } else {
         copy_tile_async<kRows, kThreads>(slot + kSmem_k0, k, p.k_row_stride, row0, rows_valid, tid);

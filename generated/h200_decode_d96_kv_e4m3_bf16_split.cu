@@ -387,12 +387,14 @@ __host__ __device__ constexpr int row_threads(int chunks) { return chunks & -chu
 // consecutive rows start on 8 different bank groups (the K loads and V's ldmatrix read 8 rows at once).
 using kv_t = uint8_t;
 constexpr int kKvChunksPerRow = kHeadDim / 16;
-constexpr int kKvThreadsPerRow = row_threads(kKvChunksPerRow);
+// e4m3 rows are copied one chunk a thread, a row's chunks by adjacent threads, also where the block's threads are not
+// whole rows (d96: 6 chunks, 21 rows a step, 2 threads idle): a copy instruction then spans ~5 whole rows, where
+// 2 threads of 3 chunks spanned 16 rows' 32-byte pieces.
+constexpr int kKvThreadsPerRow = kKvChunksPerRow <= kThreads ? kKvChunksPerRow : row_threads(kKvChunksPerRow);
 constexpr int kKvChunksPerThread = kKvChunksPerRow / kKvThreadsPerRow;
 constexpr int kKvPitchBytes = 112;
 constexpr float kKvFold = 1.0f;   // what kv_bytes's widened values lack (bf16 bit moves: 2^8)
 static_assert(kHeadDim % 32 == 0, "e4m3 tiles are read 32 columns at a time");
-static_assert(kThreads % kKvThreadsPerRow == 0, "the block's threads copy whole rows of e4m3 chunks");
 
 __device__ __forceinline__ int kv_offset(int row, int chunk) { return row * kKvPitchBytes + (chunk << 4); }
 
@@ -520,21 +522,24 @@ __device__ __forceinline__ void load_q(unsigned char* smem, const Params& p, con
 // kLayoutChunks chunks (a swizzle's period and width; 1 and 1 for plain rows), so a thread's chunks move by
 // whole rows from one row step to the next and by 16 B within its group: each thread works out one shared offset,
 // and every other is an immediate of the copy (fewer registers live across the tile loop, where ptxas hoists them).
-template <int kRows, int kRowChunks, int kRowBytes, int kLayoutRows, int kLayoutChunks, typename T, typename Offset>
+template <int kRows, int kRowChunks, int kRowThreads, int kRowBytes, int kLayoutRows, int kLayoutChunks, typename T,
+          typename Offset>
 __device__ __forceinline__ void copy_rows_shared(uint32_t k_dst, uint32_t v_dst, const T* k, const T* v, const Params& p,
                                                  int row0, int rows_valid, int tid, Offset offset) {
-    constexpr int kRowThreads = row_threads(kRowChunks), kChunksEach = kRowChunks / kRowThreads;
-    constexpr int kRowStep = kThreads / kRowThreads, kChunkElems = 16 / sizeof(T);
-    static_assert(kThreads % kRowThreads == 0 && kRows % kRowStep == 0, "a tile is whole row steps");
+    constexpr int kChunksEach = kRowChunks / kRowThreads;
+    constexpr int kRowStep = kThreads / kRowThreads, kChunkElems = 16 / sizeof(T);   // threads past whole rows idle
+    static_assert(kRowChunks % kRowThreads == 0, "a row's threads share its chunks evenly");
     static_assert(kRowStep % kLayoutRows == 0 && kRowThreads % kLayoutChunks == 0,
                   "a row step is whole periods of the layout, and the layout keeps a chunk in its thread's group");
     const int row = tid / kRowThreads, chunk = tid % kRowThreads;
+    if (kThreads % kRowThreads != 0 && row >= kRowStep) return;
     const T* gk = k + (row0 + row) * p.k_row_stride + chunk * kChunkElems;
     const T* gv = v + (row0 + row) * p.v_row_stride + chunk * kChunkElems;
     const int at = offset(row, chunk);
 #pragma unroll
-    for (int i = 0; i < kRows / kRowStep; ++i) {
+    for (int i = 0; i < (kRows + kRowStep - 1) / kRowStep; ++i) {
         const int r = row + i * kRowStep;
+        if (kRows % kRowStep != 0 && r >= kRows) break;
         const bool valid = row0 + r < rows_valid;
 #pragma unroll
         for (int c = 0; c < kChunksEach; ++c) {
@@ -552,7 +557,7 @@ __device__ __forceinline__ void copy_rows_shared(uint32_t k_dst, uint32_t v_dst,
 template <int kRows>
 __device__ __forceinline__ void copy_kv_rows(uint32_t slot, const kv_t* k, const kv_t* v, const Params& p, int row0,
                                              int rows_valid, int tid) {
-    copy_rows_shared<kRows, kKvChunksPerRow, kKvPitchBytes, 1, 1>(slot + kSmem_k0, slot + kSmem_v0, k, v, p, row0,
+    copy_rows_shared<kRows, kKvChunksPerRow, kKvThreadsPerRow, kKvPitchBytes, 1, 1>(slot + kSmem_k0, slot + kSmem_v0, k, v, p, row0,
                                                                   rows_valid, tid,
                                                                   [](int r, int c) { return kv_offset(r, c); });
 }
@@ -607,13 +612,15 @@ __device__ __forceinline__ void store_rows(unsigned char* smem, const Params& p,
 // Each thread copies kKvChunksPerThread 16-byte chunk columns of every kThreads / kKvThreadsPerRow-th row.
 __device__ __forceinline__ void gather_kv(uint32_t slot, const kv_t* k, const kv_t* v, const longlong2* rows,
                                           int rows_valid, int tid) {
-    constexpr int kRowStep = kThreads / kKvThreadsPerRow;
+    constexpr int kRowStep = kThreads / kKvThreadsPerRow;   // threads past whole rows idle
     const int row = tid / kKvThreadsPerRow, chunk = tid % kKvThreadsPerRow;
+    if (kThreads % kKvThreadsPerRow != 0 && row >= kRowStep) return;
     k += chunk * 16;
     v += chunk * 16;
 #pragma unroll 4
-    for (int i = 0; i < kBlockN / kRowStep; ++i) {
+    for (int i = 0; i < (kBlockN + kRowStep - 1) / kRowStep; ++i) {
         const int r = row + i * kRowStep;
+        if (kBlockN % kRowStep != 0 && r >= kBlockN) break;
         const longlong2 at = rows[r];
         const int bytes = r < rows_valid ? 16 : 0;
 #pragma unroll
