@@ -133,8 +133,12 @@ def test_the_seesaw_hands_p_over_in_the_rotary_panel():
     assert (f.copy_rows, f.copy_passes, f.copy_chunks) == (16, 4, 9)
     assert [r.name for r in p.regions if r.name.startswith(("p", "row"))] == ["row_max", "row_sum"]
     source = (ROOT / "generated" / "h200_decode_d576_mla_seesaw_bf16_split.cu").read_text()
-    loop = source[source.index("for (int a = t_begin;"):source.index("cp_async_wait<0>();\n    allow_dependents")]
+    # the loop's body is one pair lambda: the pairs with both tiles in the loop, a split's lone last tile after it
+    body = source.index("auto pair = [&](int a, auto has_b_tag)")
+    loop = source[body:source.index("cp_async_wait<0>();\n    allow_dependents")]
     assert "__syncthreads" not in loop and loop.count("bar_sync(") == 6 and loop.count("bar_arrive(") == 6
+    assert "for (; a + 1 < t_end; a += 2) pair(a, TileB<true>{});" in loop
+    assert "if (a < t_end) pair(a, TileB<false>{});" in loop
     assert "wgmma_rs_m64n256(o, a[kc], v_desc(sKV, wg, kc))" in source
     assert "wgmma_ss_m64n256_kmn(o, p_desc(sKV, kc), v_desc(sKV, wg, kc), 1)" in source
 
