@@ -156,6 +156,15 @@ def test_entry_point_routes_e4m3_caches(torch, D):
     # repeated calls take the prepared path with new scale values read at launch
     o2 = attngen.attention_with_kvcache(q, k8, v8, cache_seqlens=lens, k_scale=ks * 1, v_scale=vs * 2)
     torch.testing.assert_close(o2.float(), 2 * o.float(), rtol=2e-3, atol=2e-3)
+    # numbers as scales: the same numbers again (the prepared call, the tensors kept for them), then a number not
+    # seen before (a new key: the full path makes its tensor), then a tensor and a number together, twice
+    again = attngen.attention_with_kvcache(q, k8, v8, cache_seqlens=lens, k_scale=float(ks), v_scale=float(vs))
+    assert torch.equal(again, o)
+    doubled = attngen.attention_with_kvcache(q, k8, v8, cache_seqlens=lens, k_scale=float(ks), v_scale=2 * float(vs))
+    torch.testing.assert_close(doubled.float(), 2 * o.float(), rtol=2e-3, atol=2e-3)
+    for _ in range(2):
+        mixed = attngen.attention_with_kvcache(q, k8, v8, cache_seqlens=lens, k_scale=ks, v_scale=2 * float(vs))
+        torch.testing.assert_close(mixed.float(), 2 * o.float(), rtol=2e-3, atol=2e-3)
     # an fp16 cache of the same (dequantised) values, no scales: the fp16 cells, the same answer
     plain = attngen.attention_with_kvcache(q, dequant(k8, ks, False).half(), dequant(v8, vs, False).half(),
                                            cache_seqlens=lens)

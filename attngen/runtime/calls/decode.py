@@ -197,25 +197,37 @@ class DecodeKernel(Kernel):
         (a tensor's shape, dtype and device; a number's value), whose pointers are new on every call."""
         key = None
         if out is None and not validate:
+            # spelled out for the two scales, no generators: this is every repeated call's host path
+            k_scale, v_scale = kv_scales
+            tensor = self._tensor_type
             try:
-                scale_key = tuple(layout_key(s) if isinstance(s, self._tensor_type) else ("number", s) for s in kv_scales)
                 key = cache_call_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
-                                     return_lse, layout, variants) + (scale_key,)
-                hash(key)
-                prepared = self._prepared.get(key)
+                                     return_lse, layout, variants) + (
+                    (layout_key(k_scale) if isinstance(k_scale, tensor) else ("number", k_scale),
+                     layout_key(v_scale) if isinstance(v_scale, tensor) else ("number", v_scale)),)
+                prepared = self._prepared.get(key)   # hashing the key: TypeError for an unhashable argument
             except (AttributeError, TypeError):
                 key = prepared = None
             if prepared is not None:
                 qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
-                held = self._scale_tensors
-                if not (qp | kp | vp) % LOAD_BYTES and all(s is None or isinstance(s, self._tensor_type)
-                                                           or (prepared.info.index, float(s)) in held for s in kv_scales):
-                    scales = tuple(s.data_ptr() if isinstance(s, self._tensor_type) else
-                                   0 if s is None else held[(prepared.info.index, float(s))].data_ptr()
-                                   for s in kv_scales)
-                    return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse, scales)
+                if not (qp | kp | vp) % LOAD_BYTES:
+                    index = prepared.info.index
+                    kptr, vptr = self._scale_pointer(k_scale, index), self._scale_pointer(v_scale, index)
+                    if kptr is not None and vptr is not None:
+                        return self._prepared_call(prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse,
+                                                   (kptr, vptr))
         return self._first_call(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
                                 layout, out, validate, key, variant_values, kv_scales)
+
+    def _scale_pointer(self, value, index: int):
+        """The address a prepared e4m3 call passes for one scale: a tensor's own, 0 for None, and for a number
+        the tensor its first call made (None when this device has none for it yet: the full path makes it)."""
+        if value is None:
+            return 0
+        if isinstance(value, self._tensor_type):
+            return value.data_ptr()
+        held = self._scale_tensors.get((index, float(value)))
+        return None if held is None else held.data_ptr()
 
     def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse, tail=()):
         """A prepared call's launch on these tensors; `tail`: the addresses its patch takes after the cache's (an e4m3
