@@ -500,9 +500,9 @@ __device__ __forceinline__ void load_q(unsigned char* smem, const Params& p, con
 
 // Rows [row0, row0 + kRows) of K and V (kRowChunks 16-byte chunks each) into the tiles at k_dst and v_dst
 // (rows from rows_valid on: zeros), `offset(row, chunk)` placing a chunk in a tile of kRowBytes-byte rows:
-// row_threads(kRowChunks) threads to a row, each keeping one global pointer per tensor that a constant row
-// step advances. The layout repeats every kLayoutRows rows and moves a chunk only within aligned groups of
-// kLayoutChunks chunks (a swizzle's period and width; 1 and 1 for plain rows), so a thread's chunks move by
+// kRowThreads threads to a row (threads past whole rows idle), each keeping one global pointer per tensor that a
+// constant row step advances. The layout repeats every kLayoutRows rows and moves a chunk only within aligned
+// groups of kLayoutChunks chunks (a swizzle's period and width; 1 and 1 for plain rows), so a thread's chunks move by
 // whole rows from one row step to the next and by 16 B within its group: each thread works out one shared offset,
 // and every other is an immediate of the copy (fewer registers live across the tile loop, where ptxas hoists them).
 template <int kRows, int kRowChunks, int kRowThreads, int kRowBytes, int kLayoutRows, int kLayoutChunks, typename T,
@@ -540,9 +540,8 @@ __device__ __forceinline__ void copy_rows_shared(uint32_t k_dst, uint32_t v_dst,
 template <int kRows>
 __device__ __forceinline__ void copy_kv_rows(uint32_t slot, const kv_t* k, const kv_t* v, const Params& p, int row0,
                                              int rows_valid, int tid) {
-    copy_rows_shared<kRows, kKvChunksPerRow, kKvThreadsPerRow, kKvPitchBytes, 1, 1>(slot + kSmem_k0, slot + kSmem_v0, k, v, p, row0,
-                                                                  rows_valid, tid,
-                                                                  [](int r, int c) { return kv_offset(r, c); });
+    copy_rows_shared<kRows, kKvChunksPerRow, kKvThreadsPerRow, kKvPitchBytes, 1, 1>(
+        slot + kSmem_k0, slot + kSmem_v0, k, v, p, row0, rows_valid, tid, [](int r, int c) { return kv_offset(r, c); });
 }
 
 // K and V of tile `tile` (keys tile * kBlockN ...) into ring stage `stage`; keys past the sequence are

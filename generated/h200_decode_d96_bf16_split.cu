@@ -478,9 +478,9 @@ __device__ __forceinline__ void load_q(unsigned char* smem, const Params& p, con
 
 // Rows [row0, row0 + kRows) of K and V (kRowChunks 16-byte chunks each) into the tiles at k_dst and v_dst
 // (rows from rows_valid on: zeros), `offset(row, chunk)` placing a chunk in a tile of kRowBytes-byte rows:
-// row_threads(kRowChunks) threads to a row, each keeping one global pointer per tensor that a constant row
-// step advances. The layout repeats every kLayoutRows rows and moves a chunk only within aligned groups of
-// kLayoutChunks chunks (a swizzle's period and width; 1 and 1 for plain rows), so a thread's chunks move by
+// kRowThreads threads to a row (threads past whole rows idle), each keeping one global pointer per tensor that a
+// constant row step advances. The layout repeats every kLayoutRows rows and moves a chunk only within aligned
+// groups of kLayoutChunks chunks (a swizzle's period and width; 1 and 1 for plain rows), so a thread's chunks move by
 // whole rows from one row step to the next and by 16 B within its group: each thread works out one shared offset,
 // and every other is an immediate of the copy (fewer registers live across the tile loop, where ptxas hoists them).
 template <int kRows, int kRowChunks, int kRowThreads, int kRowBytes, int kLayoutRows, int kLayoutChunks, typename T,
