@@ -650,7 +650,7 @@ __device__ __forceinline__ void split(const Params& p) {
     // m: the running maximum, the same in both warpgroups after each pair; l: this warpgroup's tiles only
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-    // One pair of tiles from tile a: warpgroup 0's tile a and, where kHasB, warpgroup 1's tile a + 1. The pairs
+    // One pair of tiles from tile a: warpgroup 0's tile a and, where has_b, warpgroup 1's tile a + 1. The pairs
     // with both tiles run in the loop and a split's lone last tile after it, so that no branch on tile B's
     // existence holds O's wgmmas in flight at its join (ptxas would inject warpgroup.arrive there: C7519).
     auto pair = [&](int a, auto has_b_tag) {

@@ -370,10 +370,9 @@ static_assert(kMergeBytes <= kStages * kStageStride, "the merge buffer lies over
 static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 feeds two 8-wide tiles at a time");
 constexpr bool kFusedCombine = false;   // the last split block of a group merges it
 
-// The threads that share a K/V row of `chunks` 16-byte chunks where its chunks are shared out (copy_rows_shared,
-// and the paged e4m3 copy): the largest power of two dividing the count. Thread t of a row copies chunks t,
-// t + that, ..., so that each copy instruction's lanes read whole 32-byte sectors (d96: 16-bit rows of 12
-// chunks, 4 threads of 3; e4m3 rows of 6, 2 threads of 3).
+// The threads that share a 16-bit K/V row of `chunks` 16-byte chunks (copy_rows_shared): the largest power of two
+// dividing the count. Thread t of a row copies chunks t, t + that, ..., so that each copy instruction's lanes read
+// whole 32-byte sectors (d96: rows of 12 chunks, 4 threads of 3). e4m3 rows take kKvThreadsPerRow: a thread a chunk.
 __host__ __device__ constexpr int row_threads(int chunks) { return chunks & -chunks; }
 
 // e4m3 K/V cache: the tiles hold bytes, each row padded to an odd number of 16-byte chunks so that 8

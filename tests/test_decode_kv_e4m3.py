@@ -384,3 +384,29 @@ def test_a_programmatic_split_launch_of_few_blocks_asks_for_a_lone_blocks_shared
     assert DecodeKernel._alone(Info, many) is many
     usual = ((split._replace(programmatic=False), 11, (1, 128, 1)),)
     assert DecodeKernel._alone(Info, usual) is usual
+
+
+def test_a_prepared_e4m3_call_takes_only_the_scale_pointers_it_may():
+    """_scale_pointer (a repeated call's scales): a tensor's address, 0 for None, the kept tensor of a number seen on
+    the device; None (the full path, which checks and says why) for a number not kept yet, a bool (whose key equals
+    1.0's) or anything that is no real number."""
+    from attngen.runtime.calls.decode import DecodeKernel
+
+    class Tensor:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+
+    kernel = DecodeKernel.__new__(DecodeKernel)
+    kernel._tensor_type = Tensor
+    kernel._scale_tensors = {(0, 1.0): Tensor(4096), (0, 0.5): Tensor(8192)}
+    assert kernel._scale_pointer(None, 0) == 0
+    assert kernel._scale_pointer(Tensor(1234), 0) == 1234
+    assert kernel._scale_pointer(1.0, 0) == 4096 and kernel._scale_pointer(1, 0) == 4096
+    assert kernel._scale_pointer(0.5, 0) == 8192
+    assert kernel._scale_pointer(0.5, 1) is None           # another device: its own tensor, made by the full path
+    assert kernel._scale_pointer(2.0, 0) is None
+    for odd in (True, False, 1 + 0j, "1.0", [1.0]):
+        assert kernel._scale_pointer(odd, 0) is None

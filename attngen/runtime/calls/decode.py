@@ -221,11 +221,14 @@ class DecodeKernel(Kernel):
 
     def _scale_pointer(self, value, index: int):
         """The address a prepared e4m3 call passes for one scale: a tensor's own, 0 for None, and for a number
-        the tensor its first call made (None when this device has none for it yet: the full path makes it)."""
+        the tensor its first call made; None where the full path must look: a number this device has no tensor for
+        yet, or a value that is no real number."""
         if value is None:
             return 0
         if isinstance(value, self._tensor_type):
             return value.data_ptr()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return None       # the full path refuses it in its words (True would otherwise pass as 1.0's key)
         held = self._scale_tensors.get((index, float(value)))
         return None if held is None else held.data_ptr()
 

@@ -1,7 +1,8 @@
 #!/bin/bash
-# The final checks of stop 118 on main (144dedb9), one device call (carry [".whl","out"]; out/before_pkg/attngen is
+# The final checks on main (144dedb9), one device call (out/before_pkg/attngen is
 # attngen at 93b0d6c9, git archive 93b0d6c9 attngen): first calls, cold full verify, GPU tests, the e4m3 host A/B, host_time.py.
 set -uo pipefail
+: "${OUT:?set OUT to a folder for the results}"
 export PYTHONUNBUFFERED=1
 export ATTNGEN_CACHE_DIR=/tmp/cache_cold
 rm -rf $ATTNGEN_CACHE_DIR

@@ -2,6 +2,7 @@
 # One device call (main at 5032d5cd, fp8_kv_decode.py with --eager): e4m3 d96 before (out/split_decode_main.cu.j2, 99dd6493's
 # template) and after, in turn, GPU and eager; the MLA seesaw's eager before (out/split_seesaw_main.cu.j2) and after, twice.
 set -uo pipefail
+: "${OUT:?set OUT to a folder for the results}"
 export PYTHONUNBUFFERED=1
 T=templates/decode_mma/split.cu.j2; cp $T /tmp/decode_now.j2
 for m in before after; do

@@ -1,7 +1,8 @@
 #!/bin/bash
-# One device call (main at 5032d5cd; out/split_decode_main.cu.j2 is 99dd6493's template): carry [".whl","out"].
+# One device call (main at 5032d5cd; out/split_decode_main.cu.j2 is 99dd6493's template). OUT: a folder for the results.
 # e4m3 d96 before (out/split_decode_main.cu.j2) / after, in turn, twice, GPU and eager (fp8_kv_decode.py --eager)
 set -uo pipefail
+: "${OUT:?set OUT to a folder for the results}"
 export PYTHONUNBUFFERED=1
 T=templates/decode_mma/split.cu.j2; cp $T /tmp/decode_now.j2
 for r in 1 2; do for m in before after; do

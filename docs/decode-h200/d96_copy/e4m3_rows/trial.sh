@@ -3,8 +3,9 @@
 #   main: main's template (out/split_decode_main.cu.j2) and main's table (out/table_main.yaml);
 #   rows: the branch's template (the one-chunk-a-thread e4m3 d96 copy), main's table;
 #   cell: the branch's template and table (contiguous d96 e4m3 calls on h200_decode_d96_kv_e4m3_contiguous).
-# Carry [".whl","out"]; docs aside.
+# out/split_decode_main.cu.j2 and out/table_main.yaml are 99dd6493's template and table (git show 99dd6493:PATH). OUT: a folder.
 set -uo pipefail
+: "${OUT:?set OUT to a folder for the results}"
 export PYTHONUNBUFFERED=1
 T=templates/decode_mma/split.cu.j2; cp $T /tmp/decode_rows.j2
 timeout 120 python3 -m attngen warm --jobs 16 specs/h200_decode_d96.yaml > /dev/null 2>&1

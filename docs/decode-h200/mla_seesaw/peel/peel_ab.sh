@@ -1,7 +1,8 @@
 #!/bin/bash
 # Run on the tree of 99dd6493 (main before the peel) with the peeled seesaw template (6f4c08d7's
-# templates/decode_mla/split_seesaw.cu.j2) copied to out/split_seesaw_peel.cu.j2; carry [".whl","out"].
+# templates/decode_mla/split_seesaw.cu.j2) copied to out/split_seesaw_peel.cu.j2. OUT: a folder for the results.
 set -uo pipefail
+: "${OUT:?set OUT to a folder for the results}"
 export PYTHONUNBUFFERED=1
 S=templates/decode_mla/split_seesaw.cu.j2; cp $S /tmp/seesaw_main.j2
 cp out/split_seesaw_peel.cu.j2 $S
