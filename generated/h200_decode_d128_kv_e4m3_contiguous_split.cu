@@ -363,11 +363,6 @@ static_assert(kMergeBytes <= kStages * kStageStride, "the merge buffer lies over
 static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 feeds two 8-wide tiles at a time");
 constexpr bool kFusedCombine = false;   // the last split block of a group merges it
 
-// The threads that share a 16-bit K/V row of `chunks` 16-byte chunks (copy_rows_shared): the largest power of two
-// dividing the count. Thread t of a row copies chunks t, t + that, ..., so that each copy instruction's lanes read
-// whole 32-byte sectors (d96: rows of 12 chunks, 4 threads of 3). e4m3 rows take kKvThreadsPerRow: a thread a chunk.
-__host__ __device__ constexpr int row_threads(int chunks) { return chunks & -chunks; }
-
 // e4m3 K/V cache: the tiles hold bytes, each row padded to an odd number of 16-byte chunks so that 8
 // consecutive rows start on 8 different bank groups (the K loads and V's ldmatrix read 8 rows at once).
 using kv_t = uint8_t;
@@ -375,7 +370,8 @@ constexpr int kKvChunksPerRow = kHeadDim / 16;
 // e4m3 rows are copied one chunk a thread, a row's chunks by adjacent threads, also where the block's threads are not
 // whole rows (d96: 6 chunks, 21 rows a step, 2 threads idle): a copy instruction then spans ~5 whole rows, where
 // 2 threads of 3 chunks spanned 16 rows' 32-byte pieces.
-constexpr int kKvThreadsPerRow = kKvChunksPerRow <= kThreads ? kKvChunksPerRow : row_threads(kKvChunksPerRow);
+constexpr int kKvThreadsPerRow = kKvChunksPerRow;
+static_assert(kKvThreadsPerRow <= kThreads, "a row's chunks fit the block's threads");
 constexpr int kKvPitchBytes = 144;
 constexpr float kKvFold = 1.0f;   // what kv_bytes's widened values lack (bf16 bit moves: 2^8)
 static_assert(kHeadDim % 32 == 0, "e4m3 tiles are read 32 columns at a time");

@@ -384,11 +384,6 @@ static_assert(kMergeBytes <= kStages * kStageStride, "the merge buffer lies over
 static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 feeds two 8-wide tiles at a time");
 constexpr bool kFusedCombine = false;   // the last split block of a group merges it
 
-// The threads that share a 16-bit K/V row of `chunks` 16-byte chunks (copy_rows_shared): the largest power of two
-// dividing the count. Thread t of a row copies chunks t, t + that, ..., so that each copy instruction's lanes read
-// whole 32-byte sectors (d96: rows of 12 chunks, 4 threads of 3). e4m3 rows take kKvThreadsPerRow: a thread a chunk.
-__host__ __device__ constexpr int row_threads(int chunks) { return chunks & -chunks; }
-
 // e4m3 K/V cache: the tiles hold bytes, each row padded to an odd number of 16-byte chunks so that 8
 // consecutive rows start on 8 different bank groups (the K loads and V's ldmatrix read 8 rows at once).
 using kv_t = uint8_t;
@@ -396,8 +391,8 @@ constexpr int kKvChunksPerRow = kHeadDim / 16;
 // e4m3 rows are copied one chunk a thread, a row's chunks by adjacent threads, also where the block's threads are not
 // whole rows (d96: 6 chunks, 21 rows a step, 2 threads idle): a copy instruction then spans ~5 whole rows, where
 // 2 threads of 3 chunks spanned 16 rows' 32-byte pieces.
-constexpr int kKvThreadsPerRow = kKvChunksPerRow <= kThreads ? kKvChunksPerRow : row_threads(kKvChunksPerRow);
-constexpr int kKvChunksPerThread = kKvChunksPerRow / kKvThreadsPerRow;
+constexpr int kKvThreadsPerRow = kKvChunksPerRow;
+static_assert(kKvThreadsPerRow <= kThreads, "a row's chunks fit the block's threads");
 constexpr int kKvPitchBytes = 80;
 constexpr float kKvFold = 1.0f;   // what kv_bytes's widened values lack (bf16 bit moves: 2^8)
 static_assert(kHeadDim % 32 == 0, "e4m3 tiles are read 32 columns at a time");
@@ -577,7 +572,7 @@ __device__ __forceinline__ void store_rows(unsigned char* smem, const Params& p,
 
 // The K and V rows of a tile that spans pages into ring slot `slot`, row by row from their offsets in
 // `rows` (from rows_valid on: zeros).
-// Each thread copies kKvChunksPerThread 16-byte chunk columns of every kThreads / kKvThreadsPerRow-th row.
+// Each thread copies one 16-byte chunk column of every kThreads / kKvThreadsPerRow-th row.
 __device__ __forceinline__ void gather_kv(uint32_t slot, const kv_t* k, const kv_t* v, const longlong2* rows,
                                           int rows_valid, int tid) {
     constexpr int kRowStep = kThreads / kKvThreadsPerRow;   // threads past whole rows idle
@@ -591,12 +586,8 @@ __device__ __forceinline__ void gather_kv(uint32_t slot, const kv_t* k, const kv
         if (kBlockN % kRowStep != 0 && r >= kBlockN) break;
         const longlong2 at = rows[r];
         const int bytes = r < rows_valid ? 16 : 0;
-#pragma unroll
-        for (int c = 0; c < kKvChunksPerThread; ++c) {
-            const int col = chunk + c * kKvThreadsPerRow, on = 16 * c * kKvThreadsPerRow;
-            cp_async_16(slot + kSmem_k0 + kv_offset(r, col), bytes_on(k + on, at.x), bytes);
-            cp_async_16(slot + kSmem_v0 + kv_offset(r, col), bytes_on(v + on, at.y), bytes);
-        }
+        cp_async_16(slot + kSmem_k0 + kv_offset(r, chunk), bytes_on(k, at.x), bytes);
+        cp_async_16(slot + kSmem_v0 + kv_offset(r, chunk), bytes_on(v, at.y), bytes);
     }
 }
 

@@ -500,7 +500,7 @@ constexpr bool kFusedCombine = false;   // the last split block of a group merge
 
 // The threads that share a 16-bit K/V row of `chunks` 16-byte chunks (copy_rows_shared): the largest power of two
 // dividing the count. Thread t of a row copies chunks t, t + that, ..., so that each copy instruction's lanes read
-// whole 32-byte sectors (d96: rows of 12 chunks, 4 threads of 3). e4m3 rows take kKvThreadsPerRow: a thread a chunk.
+// whole 32-byte sectors (d96: rows of 12 chunks, 4 threads of 3).
 __host__ __device__ constexpr int row_threads(int chunks) { return chunks & -chunks; }
 
 // What one block computes. Group row r (of the KV head's group x seqlen_q rows) is query head
