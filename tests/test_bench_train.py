@@ -189,6 +189,30 @@ def test_the_gpt_step_pairs_each_rounds_two_attentions():
     assert (got["eager"]["min"], got["eager"]["max"]) == (pytest.approx(8.54 / 10.62), pytest.approx(10.15 / 9.17))
 
 
+def test_the_paired_medians_interval_is_the_order_statistics_binomial_coverage_gives():
+    """median_interval: the j-th smallest and largest of n values, j the largest rank whose interval covers the
+    median with probability >= 0.95 under Bin(n, 1/2) (n = 6: the extremes, 1 - 2/64; n = 20: ranks 6 and 15,
+    0.9586, where ranks 7 and 14 would cover 0.8847); none below 6 values; the paired report carries it."""
+    import math
+    from attngen.eval.bench.gpt_step import median_interval, paired_ratios
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert median_interval([3.0, 1.0, 6.0, 2.0, 5.0, 4.0]) == (1.0, 6.0)
+    values = [float(v) for v in range(20, 0, -1)]
+    assert median_interval(values) == (6.0, 15.0)
+
+    def coverage(n, j):
+        return 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2 ** n
+    assert coverage(20, 6) >= 0.95 > coverage(20, 7)
+    for n in (6, 7, 30, 101, 300, 1000):   # the widest rank that keeps 0.95, never one more
+        low, high = median_interval([float(v) for v in range(n)])
+        j = int(low) + 1
+        assert high == n - j and coverage(n, j) >= 0.95 and (j == n // 2 or coverage(n, j + 1) < 0.95), n
+    rounds = {"sdpa eager": [10.0 + i for i in range(8)], "attngen eager": [10.0] * 8}
+    pair = paired_ratios(rounds)["eager"]
+    assert (pair["low"], pair["high"]) == (1.0, 1.7) and pair["median"] == pytest.approx(1.35)
+    assert paired_ratios({"sdpa eager": [9.0], "attngen eager": [10.0]})["eager"]["low"] is None
+
+
 def test_a_steps_gpu_time_is_not_taken_where_the_host_waited_on_the_gpu():
     """step_gpu_ms queues one step behind a GPU sleep; a host that took longer to queue it than the sleep
     lasts waited on the GPU (a full launch queue, a synchronization), so that step has no GPU time."""

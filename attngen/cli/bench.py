@@ -152,8 +152,9 @@ def _backends(ctx, param, value):
 @click.option("--train-cells", default=None, metavar="BxHq/HkvxSxD,...", callback=_train_cells,
               help="--train: the cells (default: d64, d128, d256 x 512 to 16k keys, 16k tokens x GQA 1, 4, 8 at "
                    "16 query heads)")
-@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
-              help="--train, --gpt-step: rounds the implementations alternate over (each figure is their median)")
+@click.option("--rounds", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="--train, --gpt-step: rounds the implementations alternate over (each figure is their median; "
+                   "--gpt-step: many short rounds, e.g. --rounds 300 --reps 3, bound the paired median tightly)")
 @click.option("--gpt-step", is_flag=True,
               help="time a small GPT's whole training step (forward, loss, backward, AdamW) with attngen.attention "
                    "and with SDPA, eager and under torch.compile; with --train, after the grid")
@@ -221,12 +222,14 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
 
     \b
     --gpt-step times a small GPT's training step as a training loop feels it (host and GPU,
-    --reps steps back to back) and its GPU time (each step queued alone behind a GPU sleep):
+    --reps steps back to back) and its GPU time (each step of the first 5 rounds queued alone
+    behind a GPU sleep):
     forward under autocast (one --dtype, default bf16), loss,
     backward and AdamW, with attngen.attention and with SDPA's own choice of backend, eager and
     torch.compile'd, from one initialization, the four alternating over --rounds rounds (the two
     of a mode back to back, each first in turn; "paired" is the median and range of each round's
-    SDPA / attngen); the first step's loss and qkv gradient are checked against SDPA's first.
+    SDPA / attngen, and from 6 rounds a 95 % interval for that median, which assumes nothing of
+    the host's noise); the first step's loss and qkv gradient are checked against SDPA's first.
     --gpt-model shapes it (default 4 layers, d_model 512, 8 heads of 64, 1024 tokens, batch 8).
 
     \b

@@ -5,7 +5,8 @@ SDPA (its own choice of backend), eager and under torch.compile, from one initia
 A step is what a training loop runs: forward, cross-entropy, zero_grad, backward, the optimizer's step. Its
 time is the host clock over `steps` steps back to back and the synchronize after them, / steps (host and GPU
 together, as the loop feels them); beside it, its GPU time (step_gpu_ms: each step alone queued behind a GPU
-sleep that covers its host time, CUDA events around it, the median over the steps), which says whether the
+sleep that covers its host time, CUDA events around it, the median over the steps of the first GPU_TIME_ROUNDS
+rounds), which says whether the
 step waits on the host or on the GPU. Steps queued together would not do: a step's hundreds of launches fill
 the driver's launch queue, and the host then waits on the GPU; where even one step's do (or a step
 synchronizes), its GPU time is reported as not measured. The four variants take turns over `rounds` rounds (drift in the GPU's clocks reaches all
@@ -20,6 +21,7 @@ Attention changes the loss little at initialization, but its backward feeds ever
 dv each reach their own third of the weight's rows), so a wrong attention shows there."""
 from __future__ import annotations
 
+import math
 import statistics
 from typing import NamedTuple
 
@@ -28,6 +30,8 @@ LOSS_RTOL = 1e-3          # first-step loss, attngen against SDPA (bf16 autocast
 GRAD_RTOL = 5e-2          # |first block's qkv weight gradient - SDPA's| / |SDPA's|
 VARIANTS = (("sdpa", False), ("attngen", False), ("sdpa", True), ("attngen", True))   # (attention, compiled)
 MODES = ("eager", "compiled")
+MEDIAN_LEVEL = 0.95       # the paired median's interval covers the true median at least this often
+GPU_TIME_ROUNDS = 5       # rounds whose steps are also timed alone for their GPU time (each behind a GPU sleep)
 
 
 def round_order(names, round_index: int) -> list:
@@ -40,17 +44,36 @@ def round_order(names, round_index: int) -> list:
     return order
 
 
+def median_interval(values, level: float = MEDIAN_LEVEL):
+    """A distribution-free interval for the median of the distribution `values` were drawn from: the j-th
+    smallest and j-th largest values, j the largest rank whose interval covers the median with probability
+    at least `level` (the count of values below the median is binomial with p = 1/2; nothing assumed of
+    their spread). None where even the smallest and largest do not reach `level` (2 to 5 values at 0.95)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    below, j = 0.0, 0    # below: P(at most j - 1 of the n values fall below the median)
+    while j < n // 2:
+        below_next = below + math.comb(n, j) / 2 ** n
+        if 1 - 2 * below_next < level:
+            break
+        below, j = below_next, j + 1
+    return None if j == 0 else (ordered[j - 1], ordered[n - j])
+
+
 def paired_ratios(rounds_ms: dict) -> dict:
-    """{mode: {"median", "min", "max", "attngen_faster", "rounds"}} of each round's SDPA ms / attngen ms of one
-    mode (the two ran back to back in that round); modes missing either side are left out."""
+    """{mode: {"median", "low", "high", "min", "max", "attngen_faster", "rounds"}} of each round's SDPA ms /
+    attngen ms of one mode (the two ran back to back in that round): low and high bound the median at
+    MEDIAN_LEVEL (median_interval; None where the rounds are too few); modes missing either side are left
+    out."""
     out = {}
     for mode in MODES:
         ours, theirs = rounds_ms.get(f"attngen {mode}"), rounds_ms.get(f"sdpa {mode}")
         if not ours or not theirs:
             continue
         ratios = [t / o for o, t in zip(ours, theirs)]
-        out[mode] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                     "attngen_faster": sum(r > 1.0 for r in ratios), "rounds": len(ratios)}
+        low, high = median_interval(ratios) or (None, None)
+        out[mode] = {"median": statistics.median(ratios), "low": low, "high": high, "min": min(ratios),
+                     "max": max(ratios), "attngen_faster": sum(r > 1.0 for r in ratios), "rounds": len(ratios)}
     return out
 
 
@@ -195,8 +218,9 @@ def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: i
                 step(x)
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - started) / steps * 1e3)
-            host = times[name][-1] / 1e3
-            gpu[name] += [step_gpu_ms(torch, step, x, host) for x in data]
+            if round_index < GPU_TIME_ROUNDS:   # the GPU time hardly moves; many rounds are for the host's sake
+                host = times[name][-1] / 1e3
+                gpu[name] += [step_gpu_ms(torch, step, x, host) for x in data]
     report["ms_per_step"] = {name: statistics.median(t) for name, t in times.items()}
     report["gpu_ms_per_step"] = {name: None if None in t else statistics.median(t) for name, t in gpu.items()}
     report["rounds_ms"] = times
@@ -242,7 +266,11 @@ def format_gpt_step(report: dict) -> str:
                  "host waited on the GPU; SDPA / attngen of the first; paired: the median of each round's "
                  "SDPA / attngen, the two run back to back, and the range over the rounds)")
     for mode, pair in paired.items():
-        lines.append(f"{mode}: attngen faster in {pair['attngen_faster']} of {pair['rounds']} rounds")
+        line = f"{mode}: attngen faster in {pair['attngen_faster']} of {pair['rounds']} rounds"
+        if pair.get("low") is not None:
+            line += (f"; the paired median lies in {pair['low']:.3f}-{pair['high']:.3f} "
+                     f"({MEDIAN_LEVEL:.0%} interval, distribution-free)")
+        lines.append(line)
     for name, why in report.get("failed", {}).items():
         lines.append(f"{name}: not run ({why})")
     if report["status"] != "ok":
@@ -250,5 +278,5 @@ def format_gpt_step(report: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_GPT", "GptShape", "format_gpt_step", "paired_ratios", "parse_gpt_shape", "round_order", "run_gpt_step",
+__all__ = ["DEFAULT_GPT", "GptShape", "format_gpt_step", "median_interval", "paired_ratios", "parse_gpt_shape", "round_order", "run_gpt_step",
            "step_gpu_ms"]
