@@ -112,6 +112,49 @@ def test_native_step_in_a_cuda_graph(native):
     assert all(torch.equal(a, b) for a, b in zip(captured, eager))
 
 
+def test_a_thread_with_no_context_current_runs_the_native_step(native):
+    """The native ops on a thread with no CUDA context current (autograd's device thread has none until a
+    runtime call there makes one; a fresh process whose first backward node is attngen's failed with
+    cuTensorMapReplaceAddress's CUDA_ERROR_INVALID_CONTEXT): they re-address the tensor maps and launch in
+    the GPU's primary context, and match the main thread's results bit for bit
+    (deterministic). The shape (1x128x8x64 bf16, bshd, causal) takes tensor maps on the H200's kernels."""
+    import threading
+    import torch
+    from attngen.ops import library
+    from attngen.runtime import driver
+    gen = torch.Generator(device="cuda").manual_seed(74)
+    qkv = torch.randn(1, 128, 3, 8, 64, generator=gen, device="cuda").to(torch.bfloat16)
+    leaves = [t.detach().clone().requires_grad_() for t in qkv.unbind(2)]
+    dout = torch.randn(1, 128, 8, 64, generator=gen, device="cuda").to(torch.bfloat16)
+    for _ in range(3):
+        torch.autograd.grad(attngen.attention(*leaves, causal=True, layout="bshd", deterministic=True), leaves, dout)
+    step = library._TRAIN[library.call_key(*leaves, True, None, None, True, "bshd")]
+    assert isinstance(step.native, torch.ScriptObject), step.native
+    q, k, v = (t.detach() for t in leaves)
+    o, lse = torch.ops.attngen_native.forward.default(q, k, v, step.native_address)
+    want = (o, lse, *torch.ops.attngen_native.backward.default(dout, q, k, v, o, lse, step.native_address))
+    seen = {}
+
+    def without_context():
+        try:
+            driver.set_current_context(None)
+            seen["before forward"] = driver.current_context()
+            to, tlse = torch.ops.attngen_native.forward.default(q, k, v, step.native_address)
+            driver.set_current_context(None)     # torch's own launches may have made one current
+            seen["before backward"] = driver.current_context()
+            seen["got"] = (to, tlse, *torch.ops.attngen_native.backward.default(dout, q, k, v, to, tlse,
+                                                                                  step.native_address))
+        except Exception as exc:     # reported on the test's thread
+            seen["error"] = exc
+    thread = threading.Thread(target=without_context)
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert "error" not in seen, seen.get("error")
+    assert seen["before forward"] is None and seen["before backward"] is None, seen
+    assert all(torch.equal(a, b) for a, b in zip(seen["got"], want))
+
+
 def test_the_native_library_is_built_once_per_torch(native, tmp_path, monkeypatch):
     """The library's place names the source and torch's build; a build into an empty cache compiles it
     and a second build finds it there."""

@@ -89,6 +89,31 @@ std::string error_name(CUresult rc) {
   return std::string(name) + ": " + text;
 }
 
+// A thread with no context current (autograd's device thread may have none) or another GPU's: `context`
+// current for the guard's life, then the thread's own again (on the error paths too), as Kernel._run does.
+class ContextCurrent {
+ public:
+  ContextCurrent(const Driver& d, CUcontext context) : d_(d) {
+    CUresult rc = d_.get_context(&previous_);
+    TORCH_CHECK(rc == CUDA_SUCCESS, "attngen: cuCtxGetCurrent failed: ", error_name(rc));
+    if (previous_ != context) {
+      rc = d_.set_context(context);
+      TORCH_CHECK(rc == CUDA_SUCCESS, "attngen: cuCtxSetCurrent failed: ", error_name(rc));
+      switched_ = true;
+    }
+  }
+  ~ContextCurrent() {
+    if (switched_) d_.set_context(previous_);
+  }
+  ContextCurrent(const ContextCurrent&) = delete;
+  ContextCurrent& operator=(const ContextCurrent&) = delete;
+
+ private:
+  const Driver& d_;
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
+
 // -- one prepared call: Params template, pointer fields, tensor maps, launches ----------------------
 
 constexpr size_t kParamsMax = 4096;   // CUDA's limit for a kernel's parameters (driver.PARAMS_MAX)
@@ -116,10 +141,13 @@ struct Program {
   std::vector<Launch> launches;
 
   // Params, pointers patched in and maps re-addressed, launched on torch's current stream of `device`
-  // with `context` (that device's primary context) current, as Kernel._run does.
+  // with `context` (that device's primary context) current, as Kernel._run does. The context is made
+  // current first: cuTensorMapReplaceAddress refuses a thread with none (CUDA_ERROR_INVALID_CONTEXT), and
+  // autograd's device thread has none until a runtime call there makes one current.
   void run(const int64_t* pointers, int64_t device, CUcontext context) const {
     alignas(64) thread_local uint8_t buffer[kParamsMax];
     const Driver& d = driver();
+    ContextCurrent in_context(d, context);
     std::memcpy(buffer, params.data(), params.size());
     for (size_t i = 0; i < pointer_offsets.size(); ++i) {
       if (pointer_offsets[i] >= 0) std::memcpy(buffer + pointer_offsets[i], &pointers[i], sizeof(int64_t));
@@ -131,19 +159,9 @@ struct Program {
       std::memcpy(buffer + slot.offset, &map, sizeof(CUtensorMap));
     }
     CUstream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-    CUcontext current = nullptr;
-    CUresult rc = d.get_context(&current);
-    TORCH_CHECK(rc == CUDA_SUCCESS, "attngen: cuCtxGetCurrent failed: ", error_name(rc));
-    // A thread with no context current (autograd's device thread may have none) or another GPU's:
-    // launch in this GPU's primary context, then give the thread back the one it had.
-    if (current != context) {
-      rc = d.set_context(context);
-      TORCH_CHECK(rc == CUDA_SUCCESS, "attngen: cuCtxSetCurrent failed: ", error_name(rc));
-    }
     void* args[1] = {buffer};
-    CUresult failed = CUDA_SUCCESS;
-    const Launch* at = nullptr;
     for (const Launch& l : launches) {
+      CUresult rc;
       if (l.programmatic) {
         CUlaunchAttribute attribute;
         std::memset(&attribute, 0, sizeof(attribute));
@@ -164,16 +182,9 @@ struct Program {
       } else {
         rc = d.launch(l.function, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem, stream, args, nullptr);
       }
-      if (rc != CUDA_SUCCESS) {
-        failed = rc;
-        at = &l;
-        break;
-      }
+      TORCH_CHECK(rc == CUDA_SUCCESS, "launch of ", l.name, " (grid=(", l.grid[0], ", ", l.grid[1], ", ", l.grid[2],
+                  "), block=(", l.threads, ", 1, 1), dynamic smem=", l.smem, " B) failed: ", error_name(rc));
     }
-    if (current != context) d.set_context(current);   // back to the thread's own, as Kernel._run does
-    TORCH_CHECK(failed == CUDA_SUCCESS, "launch of ", at->name, " (grid=(", at->grid[0], ", ", at->grid[1], ", ",
-                at->grid[2], "), block=(", at->threads, ", 1, 1), dynamic smem=", at->smem, " B) failed: ",
-                error_name(failed));
   }
 };
 
