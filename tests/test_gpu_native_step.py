@@ -114,10 +114,12 @@ def test_native_step_in_a_cuda_graph(native):
 
 def test_a_thread_with_no_context_current_runs_the_native_step(native):
     """The native ops on a thread with no CUDA context current (autograd's device thread has none until a
-    runtime call there makes one; a fresh process whose first backward node is attngen's failed with
-    cuTensorMapReplaceAddress's CUDA_ERROR_INVALID_CONTEXT): they re-address the tensor maps and launch in
-    the GPU's primary context, and match the main thread's results bit for bit
-    (deterministic). The shape (1x128x8x64 bf16, bshd, causal) takes tensor maps on the H200's kernels."""
+    runtime call there makes one; a process whose native library was built before its first call failed its
+    training loop's backward with cuTensorMapReplaceAddress's CUDA_ERROR_INVALID_CONTEXT): they re-address the
+    tensor maps and launch in the GPU's primary context, and match the main thread's results bit for bit
+    (deterministic). The shape (1x128x8x64 bf16, bshd, causal) takes tensor maps on the H200's kernels. The
+    deterministic backward's turn counters are zeroed by torch ahead of its kernels, which makes a context
+    current again: the forward is the call that starts with none."""
     import threading
     import torch
     from attngen.ops import library

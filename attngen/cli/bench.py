@@ -228,8 +228,9 @@ def bench(specs, shapes, dtypes, causal, backends, reps, json_file, plot_file, c
     backward and AdamW, with attngen.attention and with SDPA's own choice of backend, eager and
     torch.compile'd, from one initialization, the four alternating over --rounds rounds (the two
     of a mode back to back, each first in turn; "paired" is the median and range of each round's
-    SDPA / attngen, and from 6 rounds a 95 % interval for that median, which assumes nothing of
-    the host's noise); the first step's loss and qkv gradient are checked against SDPA's first.
+    SDPA / attngen, and from 6 rounds a 95 % interval for that median: order statistics, which
+    assume nothing of the noise's shape; the order within a round matters, so an even --rounds
+    balances it); the first step's loss and qkv gradient are checked against SDPA's first.
     --gpt-model shapes it (default 4 layers, d_model 512, 8 heads of 64, 1024 tokens, batch 8).
 
     \b

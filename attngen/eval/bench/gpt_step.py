@@ -48,7 +48,8 @@ def median_interval(values, level: float = MEDIAN_LEVEL):
     """A distribution-free interval for the median of the distribution `values` were drawn from: the j-th
     smallest and j-th largest values, j the largest rank whose interval covers the median with probability
     at least `level` (the count of values below the median is binomial with p = 1/2; nothing assumed of
-    their spread). None where even the smallest and largest do not reach `level` (2 to 5 values at 0.95)."""
+    their spread, but it does take the values as alike and independent). None where even the smallest and
+    largest do not reach `level` (1 to 5 values at 0.95)."""
     ordered = sorted(values)
     n = len(ordered)
     below, j = 0.0, 0    # below: P(at most j - 1 of the n values fall below the median)
@@ -268,8 +269,8 @@ def format_gpt_step(report: dict) -> str:
     for mode, pair in paired.items():
         line = f"{mode}: attngen faster in {pair['attngen_faster']} of {pair['rounds']} rounds"
         if pair.get("low") is not None:
-            line += (f"; the paired median lies in {pair['low']:.3f}-{pair['high']:.3f} "
-                     f"({MEDIAN_LEVEL:.0%} interval, distribution-free)")
+            line += (f"; a {MEDIAN_LEVEL:.0%} interval for the median round's SDPA / attngen: "
+                     f"{pair['low']:.3f}-{pair['high']:.3f} (distribution-free)")
         lines.append(line)
     for name, why in report.get("failed", {}).items():
         lines.append(f"{name}: not run ({why})")
