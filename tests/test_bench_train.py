@@ -159,6 +159,10 @@ def test_the_gpt_step_table_gives_each_mode_the_ratio_and_what_did_not_run():
     text = format_gpt_step(with_pairs)
     eager = next(line for line in text.splitlines() if line.startswith("eager "))
     assert eager.split()[4:6] == ["0.990", "(0.80-1.11)"] and "eager: attngen faster in 3 of 7 rounds" in text
+    assert "interval" not in text     # a report without one (as earlier JSONs) prints none
+    with_pairs["paired"]["eager"] |= {"low": 0.951, "high": 1.0404}
+    assert ("eager: attngen faster in 3 of 7 rounds; a 95% interval for the median round's SDPA / attngen: "
+            "0.951-1.040 (distribution-free)") in format_gpt_step(with_pairs)
     assert "attngen compiled: not run (BackendCompilerFailed)" in text
     wrong = _gpt_report("wrong: first-step loss differs from SDPA's by 0.1 (> 0.001)")
     for key in ("ms_per_step", "gpu_ms_per_step", "sdpa_over_attngen", "failed"):   # the check failed: no timing
