@@ -112,14 +112,18 @@ def test_native_step_in_a_cuda_graph(native):
     assert all(torch.equal(a, b) for a, b in zip(captured, eager))
 
 
-def test_a_thread_with_no_context_current_runs_the_native_step(native):
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic-dq"])
+def test_a_thread_with_no_context_current_runs_the_native_step(native, deterministic):
     """The native ops on a thread with no CUDA context current (autograd's device thread has none until a
     runtime call there makes one; a process whose native library was built before its first call failed its
     training loop's backward with cuTensorMapReplaceAddress's CUDA_ERROR_INVALID_CONTEXT): they re-address the
-    tensor maps and launch in the GPU's primary context, and match the main thread's results bit for bit
-    (deterministic). The shape (1x128x8x64 bf16, bshd, causal) takes tensor maps on the H200's kernels. The
-    deterministic backward's turn counters are zeroed by torch ahead of its kernels, which makes a context
-    current again: the forward is the call that starts with none."""
+    tensor maps and launch in the GPU's primary context, give the thread back none, and match the main
+    thread's results. The shape (1x128x8x64 bf16, bshd, causal) takes tensor maps on the H200's kernels.
+    Deterministic: bit for bit; torch zeroes the backward's turn counters ahead of its kernels, which makes a
+    context current again, so there the forward is the call that starts with none. Not deterministic (the
+    training loop's default): no torch launch precedes the backward's kernels either, so both calls start
+    with none; dQ's fp32 atomics land in any order, so the gradients are compared within 2 % of their
+    largest value (the outputs and LSE bit for bit)."""
     import threading
     import torch
     from attngen.ops import library
@@ -129,8 +133,9 @@ def test_a_thread_with_no_context_current_runs_the_native_step(native):
     leaves = [t.detach().clone().requires_grad_() for t in qkv.unbind(2)]
     dout = torch.randn(1, 128, 8, 64, generator=gen, device="cuda").to(torch.bfloat16)
     for _ in range(3):
-        torch.autograd.grad(attngen.attention(*leaves, causal=True, layout="bshd", deterministic=True), leaves, dout)
-    step = library._TRAIN[library.call_key(*leaves, True, None, None, True, "bshd")]
+        torch.autograd.grad(attngen.attention(*leaves, causal=True, layout="bshd", deterministic=deterministic),
+                            leaves, dout)
+    step = library._TRAIN[library.call_key(*leaves, True, None, None, deterministic, "bshd")]
     assert isinstance(step.native, torch.ScriptObject), step.native
     q, k, v = (t.detach() for t in leaves)
     o, lse = torch.ops.attngen_native.forward.default(q, k, v, step.native_address)
@@ -142,7 +147,8 @@ def test_a_thread_with_no_context_current_runs_the_native_step(native):
             driver.set_current_context(None)
             seen["before forward"] = driver.current_context()
             to, tlse = torch.ops.attngen_native.forward.default(q, k, v, step.native_address)
-            driver.set_current_context(None)     # torch's own launches may have made one current
+            seen["after forward"] = driver.current_context()
+            driver.set_current_context(None)
             seen["before backward"] = driver.current_context()
             seen["got"] = (to, tlse, *torch.ops.attngen_native.backward.default(dout, q, k, v, to, tlse,
                                                                                   step.native_address))
@@ -153,8 +159,15 @@ def test_a_thread_with_no_context_current_runs_the_native_step(native):
     thread.join()
     torch.cuda.synchronize()
     assert "error" not in seen, seen.get("error")
-    assert seen["before forward"] is None and seen["before backward"] is None, seen
-    assert all(torch.equal(a, b) for a, b in zip(seen["got"], want))
+    assert seen["before forward"] is None and seen["after forward"] is None and seen["before backward"] is None, \
+        {key: value for key, value in seen.items() if key != "got"}
+    got = seen["got"]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for name, a, b in zip(("dq", "dk", "dv"), got[2:], want[2:]):
+        if deterministic:
+            assert torch.equal(a, b), name
+        else:
+            assert (a.float() - b.float()).abs().max().item() <= 0.02 * b.float().abs().max().item(), name
 
 
 def test_the_native_library_is_built_once_per_torch(native, tmp_path, monkeypatch):
