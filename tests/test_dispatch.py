@@ -97,9 +97,10 @@ def test_a_variant_calls_kernel_key_holds_its_window_width():
     q = torch.empty(1, 8, 64, 64, dtype=torch.bfloat16)
     def key(causal, window):
         return _variant_kernel_key(q, q, q, causal, "bhsd", window, None, None, None)
-    assert key(True, (127, 0))[3] == "window" and key(True, (127, 0))[-1] == 128
+    # the width is the key's next-to-last field (the last: whether the one-row route may take the call)
+    assert key(True, (127, 0))[3] == "window" and key(True, (127, 0))[-2] == 128
     assert key(True, (127, 0)) != key(True, (4095, 0))
-    assert key(True, None)[-1] is None and key(True, (-1, 0))[3] == "causal"
+    assert key(True, None)[-2] is None and key(True, (-1, 0))[3] == "causal"
 
 
 def test_a_report_rewriting_a_key_keeps_its_window_width_bucket():
