@@ -204,6 +204,73 @@ def test_compiled_steps_take_the_shapes_native_step(native):
     _within_rule(torch, *leaves, dout, True, got, "bhsd", "compiled")
 
 
+@pytest.fixture
+def native_ops(native, monkeypatch):
+    """The native library's kernels in front of attngen's training ops (ATTNGEN_NATIVE_OPS=1: steps made
+    from now on are registered for them), released after the test; the Python ops' step lookups."""
+    import torch
+    from attngen.ops import library
+    monkeypatch.setenv(native.OPS_ENV, "1")
+    torch.ops.attngen_native.take_ops()
+    looked_up = []
+    plain_step = library._plain_step
+    monkeypatch.setattr(library, "_plain_step",
+                        lambda *args, **kw: looked_up.append(args[:3]) or plain_step(*args, **kw))
+    yield looked_up
+    torch.ops.attngen_native.release_ops()
+    torch.ops.attngen_native.forget_steps()
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_the_native_op_kernels_replay_a_compiled_steps_attention(native_ops, layout):
+    """With the library's kernels in front of attngen::attention_train and ::attention_backward, a
+    compiled training step's graphs reach the shape's native step without the Python ops (their step
+    lookup is not called once it is registered) and give the gradients of the same graphs through the
+    Python ops, bit for bit (deterministic); a dout of other strides goes on to the Python op."""
+    import torch
+    from attngen.ops import library
+    looked_up = native_ops
+    gen = torch.Generator(device="cuda").manual_seed(75)
+    qkv = torch.randn(2, 256, 3, 8, 64, generator=gen, device="cuda").to(torch.bfloat16)
+    if layout == "bhsd":
+        qkv = qkv.permute(0, 2, 3, 1, 4)       # (B, 3, H, S, D): bhsd views of the packed tensor
+        leaves = [t.detach().clone().requires_grad_() for t in qkv.unbind(1)]
+    else:
+        leaves = [t.detach().clone().requires_grad_() for t in qkv.unbind(2)]
+    dout = torch.randn_like(leaves[0])
+
+    def attend(q, k, v):
+        return attngen.attention(q, k, v, causal=True, layout=layout, deterministic=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, fullgraph=True)
+    for _ in range(3):
+        torch.autograd.grad(compiled(*leaves), leaves, dout)
+    entry = library._TRAIN[library.call_key(*leaves, True, None, None, True, layout)]
+    assert isinstance(entry.native, torch.ScriptObject), entry.native
+    q, k, v = (t.detach() for t in leaves)
+    assert torch.ops.attngen_native.served_step(q, k, v, True, None, None, layout, True) == entry.native_address
+    looked_up.clear()
+    served = torch.autograd.grad(compiled(*leaves), leaves, dout)
+    assert looked_up == [], "the Python ops were called for a registered shape"
+    # the same graphs through the Python ops
+    torch.ops.attngen_native.release_ops()
+    python = torch.autograd.grad(compiled(*leaves), leaves, dout)
+    assert len(looked_up) == 2       # attention_train's and attention_backward's
+    torch.ops.attngen_native.take_ops()
+    assert all(torch.equal(a, b) for a, b in zip(served, python))
+    _within_rule(torch, *leaves, dout, True, served, layout, "native op kernels")
+    # the ops called directly: the forward bit for bit the native step's; a dout it was not prepared for
+    # (other strides) goes on to the Python op, whose gradients are its own
+    o, lse = torch.ops.attngen.attention_train.default(q, k, v, True, None, None, layout, True)
+    want = torch.ops.attngen_native.forward.default(q, k, v, entry.native_address)
+    assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
+    looked_up.clear()
+    other = dout.transpose(1, 2).contiguous().transpose(1, 2)
+    got = torch.ops.attngen.attention_backward.default(other, q, k, v, o, lse, True, None, None, layout, True)
+    assert len(looked_up) == 1
+    _within_rule(torch, q, k, v, other, True, got, layout, "dout of other strides")
+
+
 def test_a_misaligned_call_after_the_native_step_is_refused_as_before(native):
     """Views 8 bytes off 16-byte alignment, of a shape whose native step exists: the native step hands
     them to attngen's own forward op, which refuses them with the message the Python node gives (and

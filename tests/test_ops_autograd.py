@@ -498,7 +498,9 @@ def test_a_shapes_native_step_is_made_once_and_never_replaced(monkeypatch):
         release.wait(5)
         return "forward launches"
 
+    registered = []
     fake_native = SimpleNamespace(unavailable=lambda: False, ready=lambda torch: True,
+                                  register_step=lambda *args: registered.append(args),
                                   make_step=lambda *args: made.append(SimpleNamespace(address=lambda: 1234)) or made[-1])
     monkeypatch.setattr(library, "_native", fake_native)
     step = library._PreparedStep(SimpleNamespace(native_backward=lambda *args: "backward launches"),
@@ -517,3 +519,37 @@ def test_a_shapes_native_step_is_made_once_and_never_replaced(monkeypatch):
     assert len(made) == 1 and step.native is made[0] and step.native_address == 1234 and not step.native_pending
     step._make_native(q, q, q, q, q, q)   # later calls find it made
     assert len(made) == 1
+    # registered once for the native op kernels, with the call's tensors and the forward's output strides
+    assert len(registered) == 1 and registered[0][1] is made[0] and registered[0][5] is step.output_strides
+
+
+def test_a_native_step_serves_the_ops_kernels_only_for_a_plain_call(monkeypatch):
+    """_make_native registers a plain call's native step for the ops' native kernels (take_ops), a
+    variant call's never (those kernels replay plain calls only); a registration that fails leaves the
+    step to the eager calls, with a warning that names the op kernels."""
+    from types import SimpleNamespace
+    from attngen.ops import library
+    registered = []
+
+    def register(*args):
+        registered.append(args)
+        if fail:
+            raise RuntimeError("no room")
+
+    fake_native = SimpleNamespace(unavailable=lambda: False, ready=lambda torch: True, register_step=register,
+                                  make_step=lambda *args: SimpleNamespace(address=lambda: 99))
+    monkeypatch.setattr(library, "_native", fake_native)
+    q = SimpleNamespace(is_cuda=True)
+    for variants, fail in ((None, False), ((None, 30.0), False), (None, True)):
+        step = library._PreparedStep(SimpleNamespace(native_backward=lambda *args: "backward launches"),
+                                     (True, None, None, "bshd", False), prepares=True, variants=variants)
+        step.forward_kernel = SimpleNamespace(native_forward=lambda *args: "forward launches")
+        step.forward_prepared, step.output_strides = "prepared", ((1, 2, 3, 4), (5, 6, 7))
+        registered.clear()
+        if fail:
+            with pytest.warns(RuntimeWarning, match="native op kernels do not serve this shape"):
+                step._make_native(q, q, q, q, q, q)
+        else:
+            step._make_native(q, q, q, q, q, q)
+        assert step.native_address == 99                       # the eager calls have it either way
+        assert len(registered) == (0 if variants else 1)

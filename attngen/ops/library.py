@@ -1455,6 +1455,13 @@ class _PreparedStep:
         except Exception as exc:    # the shape keeps the Python node; the step itself never fails for this
             warnings.warn(f"attngen: no native training step for this shape ({type(exc).__name__}: {exc}); "
                           f"it keeps the Python autograd node", RuntimeWarning, stacklevel=2)
+            return
+        if self.native is not None and self.variants is None:   # a plain call's: the ops' native kernels too
+            try:
+                _native.register_step(torch, self.native, q, k, v, self.output_strides)
+            except Exception as exc:   # the ops keep their Python kernels for this shape
+                warnings.warn(f"attngen: the native op kernels do not serve this shape ({type(exc).__name__}: "
+                              f"{exc}); attngen's ops keep their Python kernels for it", RuntimeWarning, stacklevel=2)
 
 
 _native_making = threading.Lock()   # _PreparedStep._make_native: one thread at a time
@@ -1637,6 +1644,7 @@ def _remember_step(key, step) -> None:
         return
     if len(_TRAIN) >= 4096:
         _TRAIN.clear()
+        _native.forget_steps(torch)
     _TRAIN[key] = step
 
 

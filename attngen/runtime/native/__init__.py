@@ -20,6 +20,11 @@ per process, and no process builds again until `attngen warm` is asked to (it re
 that will not load is moved aside and built again by the next process. ATTNGEN_NATIVE=0 turns it
 all off: every step then takes the Python node.
 
+ATTNGEN_NATIVE_OPS=1 also lets the library serve torch.compile's calls of attngen::attention_train and
+attngen::attention_backward (take_ops): a C++ kernel ahead of the ops' Python ones replays the native
+step of a shape it was registered for (register_step) and hands every other call on to them. Off
+unless asked for.
+
 Imports torch only inside its functions: `attngen warm` runs where torch may be missing.
 """
 from __future__ import annotations
@@ -39,6 +44,7 @@ from ...fsutil import cache_dir
 
 SOURCE = Path(__file__).with_name("train_step.cpp")
 ENV = "ATTNGEN_NATIVE"          # "0": never build or load it
+OPS_ENV = "ATTNGEN_NATIVE_OPS"  # "1": the library serves attngen's training ops too (take_ops)
 NAMESPACE = "attngen_native"
 POLL_SECONDS = 0.5              # how often a training step looks for a library being built elsewhere
 FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-w")
@@ -49,6 +55,10 @@ _state = {"loaded": False, "failed": None, "building": None, "next_look": 0.0}
 
 def enabled() -> bool:
     return os.environ.get(ENV, "").strip() != "0"
+
+
+def ops_enabled() -> bool:
+    return os.environ.get(OPS_ENV, "").strip() == "1"
 
 
 def compiler_command() -> list[str]:
@@ -262,7 +272,35 @@ def ready(torch) -> bool:
             _give_up(f"cannot load {path}: {exc}")
             return False
         _state["loaded"] = True
+        if ops_enabled():
+            _take_ops(torch)
         return True
+
+
+def _take_ops(torch) -> None:
+    """The library's kernels for attngen's training ops (take_ops); a library that cannot register them
+    says so once and leaves the ops to their Python kernels."""
+    try:
+        torch.ops.attngen_native.take_ops()
+    except (AttributeError, RuntimeError) as exc:
+        print(f"attngen: the native step does not serve attngen's training ops ({exc}); they keep their Python "
+              f"kernels", file=sys.stderr)
+
+
+def register_step(torch, step, q, k, v, output_strides) -> None:
+    """Let the library's op kernels (take_ops) replay `step` (a plain call's) for calls of q, k and v's key
+    with the step's options, its backward where out and lse have `output_strides` (the Python step's).
+    Nothing unless ATTNGEN_NATIVE_OPS=1."""
+    if not ops_enabled():
+        return
+    o_strides, lse_strides = output_strides
+    torch.ops.attngen_native.register_plain(step.address(), q, k, v, list(o_strides), list(lse_strides))
+
+
+def forget_steps(torch) -> None:
+    """The library's op kernels forget every step registered (the Python steps' cache was emptied)."""
+    if _state["loaded"]:
+        torch.ops.attngen_native.forget_steps()
 
 
 def make_step(torch, forward_prepared, forward_args, backward_prepared, backward_args, options, variants=None):
@@ -295,5 +333,6 @@ def main() -> int:
     return 0
 
 
-__all__ = ["ENV", "NAMESPACE", "SOURCE", "build", "build_command", "enabled", "failure_note", "library_path",
-           "main", "make_step", "ready", "unavailable"]
+__all__ = ["ENV", "NAMESPACE", "OPS_ENV", "SOURCE", "build", "build_command", "enabled", "failure_note",
+           "forget_steps", "library_path", "main", "make_step", "ops_enabled", "ready", "register_step",
+           "unavailable"]

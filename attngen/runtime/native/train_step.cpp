@@ -17,11 +17,13 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/custom_class.h>
@@ -30,11 +32,15 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <array>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace attngen_native {
@@ -463,6 +469,240 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dout, const Tensor& q,
   return {dq, dk, dv};
 }
 
+// -- attngen's own training ops, served here for the shapes that have a native step -------------------
+//
+// A torch.compile graph calls attngen::attention_train and attngen::attention_backward; through Python
+// each call costs the op's Python autograd kernel (register_autograd's), the CUDA implementation in
+// Python and its step lookup before it reaches the step's forward or backward above. take_ops puts a C++
+// kernel ahead of them: attention_train's at AutogradCUDA (ahead of the Python autograd kernel, which
+// is registered for the Autograd alias and stays registered), attention_backward's at ADInplaceOrView
+// (below torch's autograd fallback, above its CUDA implementation). Each finds the call's step by the
+// key the Python ops find it by (shapes, strides, dtypes, devices, options: call_key in
+// runtime/calls/shared.py), among the steps Python registered (register_plain), and replays it where
+// the Python op would have; every other call goes on to the Python kernels it would have reached:
+// a call that needs a gradient to the Python autograd kernel, the rest redispatched below.
+
+// What call_key holds of a plain training call; the tensors 4-D
+struct CallKey {
+  std::array<int64_t, 24> layout{};   // q, k, v: sizes then strides
+  std::array<int64_t, 3> dtypes{};
+  std::array<int64_t, 3> devices{};
+  bool causal = false;
+  bool deterministic = false;
+  std::optional<std::string> alignment;
+  std::optional<double> scale;
+  std::string layout_name;
+
+  bool operator==(const CallKey& o) const {
+    return layout == o.layout && dtypes == o.dtypes && devices == o.devices && causal == o.causal &&
+           deterministic == o.deterministic && alignment == o.alignment && scale == o.scale &&
+           layout_name == o.layout_name;
+  }
+};
+
+struct CallKeyHash {
+  size_t operator()(const CallKey& k) const {
+    size_t h = std::hash<std::string>()(k.layout_name) ^ (k.causal ? 0x9e37u : 0u) ^ (k.deterministic ? 0x79b9u : 0u);
+    auto mix = [&h](int64_t v) { h ^= std::hash<int64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    for (int64_t v : k.layout) mix(v);
+    for (int64_t v : k.dtypes) mix(v);
+    for (int64_t v : k.devices) mix(v);
+    return h;
+  }
+};
+
+// The key of a call, or none where a tensor is not 4-D (no step serves it)
+std::optional<CallKey> call_key(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                std::optional<c10::string_view> alignment, std::optional<double> scale,
+                                c10::string_view layout, bool deterministic) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return std::nullopt;
+  CallKey key;
+  const Tensor* tensors[3] = {&q, &k, &v};
+  for (int t = 0; t < 3; ++t) {
+    for (int d = 0; d < 4; ++d) {
+      key.layout[t * 8 + d] = tensors[t]->size(d);
+      key.layout[t * 8 + 4 + d] = tensors[t]->stride(d);
+    }
+    key.dtypes[t] = static_cast<int64_t>(tensors[t]->scalar_type());
+    key.devices[t] = tensors[t]->get_device();
+  }
+  key.causal = causal;
+  key.deterministic = deterministic;
+  if (alignment) key.alignment = std::string(*alignment);
+  key.scale = scale;
+  key.layout_name = std::string(layout);
+  return key;
+}
+
+// A registered step with the strides of the outputs its forward's prepared call was laid out for (the
+// Python step's output_strides: its backward replays only on those)
+struct Served {
+  c10::intrusive_ptr<Step> step;
+  std::vector<int64_t> o_strides, lse_strides;
+};
+
+struct Registry {
+  std::mutex lock;
+  std::unordered_map<CallKey, std::shared_ptr<const Served>, CallKeyHash> steps;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();   // never destroyed: a kernel may run while the process exits
+  return *r;
+}
+
+std::shared_ptr<const Served> find_step(const std::optional<CallKey>& key) {
+  if (!key) return nullptr;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> hold(r.lock);
+  auto it = r.steps.find(*key);
+  return it == r.steps.end() ? nullptr : it->second;
+}
+
+// The step at `address` (a plain call's: no variants) serves calls of q, k and v's key with its own
+// options; a later registration under the same key replaces it (the Python ops may have made two steps
+// of one key on two threads: either replays the call alike)
+void register_plain(int64_t address, const Tensor& q, const Tensor& k, const Tensor& v, std::vector<int64_t> o_strides,
+                    std::vector<int64_t> lse_strides) {
+  const Step* step = step_at(address);
+  TORCH_CHECK(!step->variants, "attngen native step: only a plain call's step serves attngen's training ops");
+  auto key = call_key(q, k, v, step->causal, step->alignment, step->scale, step->layout, step->deterministic);
+  TORCH_CHECK(key.has_value(), "attngen native step: q, k and v of a step are 4-D");
+  auto served = std::make_shared<Served>();
+  served->step = c10::intrusive_ptr<Step>::unsafe_reclaim_from_nonowning(const_cast<Step*>(step));
+  served->o_strides = std::move(o_strides);
+  served->lse_strides = std::move(lse_strides);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> hold(r.lock);
+  r.steps[*key] = std::move(served);
+}
+
+// Python forgot its steps (its cache was emptied): so does the registry
+void forget_steps() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> hold(r.lock);
+  r.steps.clear();
+}
+
+int64_t steps_served() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> hold(r.lock);
+  return static_cast<int64_t>(r.steps.size());
+}
+
+// The address of the step that serves this call, or 0 (the tests check the key against Python's)
+int64_t served_step(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                    std::optional<c10::string_view> alignment, std::optional<double> scale, c10::string_view layout,
+                    bool deterministic) {
+  auto served = find_step(call_key(q, k, v, causal, alignment, scale, layout, deterministic));
+  return served ? served->step->address() : 0;
+}
+
+// Whether the keys below `from` reach the CUDA kernel directly: real CUDA tensors, with no Python
+// (fake tensors, tracing modes), functionalization or other layer between: only they may be replayed
+bool reaches_cuda(c10::DispatchKeySet ks, c10::DispatchKeySet below) {
+  return (ks & below).highestPriorityTypeId() == c10::DispatchKey::CUDA;
+}
+
+using TrainSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
+                                                  std::optional<c10::string_view>, std::optional<double>,
+                                                  c10::string_view, bool);
+using BackwardSignature = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                             const Tensor&, const Tensor&, const Tensor&, bool,
+                                                             std::optional<c10::string_view>, std::optional<double>,
+                                                             c10::string_view, bool);
+
+const c10::OperatorHandle& train_handle() {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("attngen::attention_train", "");
+  return op;
+}
+
+std::tuple<Tensor, Tensor> attention_train_kernel(c10::DispatchKeySet ks, const Tensor& q, const Tensor& k,
+                                                  const Tensor& v, bool causal,
+                                                  std::optional<c10::string_view> alignment,
+                                                  std::optional<double> scale, c10::string_view layout,
+                                                  bool deterministic) {
+  if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+    // a call that records a gradient: the Python autograd kernel, as before (boxed, as the dispatcher calls it)
+    torch::jit::Stack stack;
+    stack.reserve(8);
+    stack.emplace_back(q);
+    stack.emplace_back(k);
+    stack.emplace_back(v);
+    stack.emplace_back(causal);
+    stack.emplace_back(alignment ? c10::IValue(std::string(*alignment)) : c10::IValue());
+    stack.emplace_back(scale ? c10::IValue(*scale) : c10::IValue());
+    stack.emplace_back(std::string(layout));
+    stack.emplace_back(deterministic);
+    train_handle().callBoxedForDispatchKey(c10::DispatchKey::Autograd, stack);
+    return {stack[0].toTensor(), stack[1].toTensor()};
+  }
+  if (reaches_cuda(ks, c10::after_ADInplaceOrView_keyset)) {
+    if (auto served = find_step(call_key(q, k, v, causal, alignment, scale, layout, deterministic))) {
+      return served->step->forward(q, k, v);
+    }
+  }
+  // what the Python autograd kernel does without a gradient: the kernels below autograd
+  static auto op = train_handle().typed<TrainSignature>();
+  at::AutoDispatchBelowAutograd below;
+  return op.redispatch(ks & c10::after_autograd_keyset, q, k, v, causal, alignment, scale, layout, deterministic);
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward_kernel(c10::DispatchKeySet ks, const Tensor& dout,
+                                                             const Tensor& q, const Tensor& k, const Tensor& v,
+                                                             const Tensor& out, const Tensor& lse, bool causal,
+                                                             std::optional<c10::string_view> alignment,
+                                                             std::optional<double> scale, c10::string_view layout,
+                                                             bool deterministic) {
+  if (reaches_cuda(ks, c10::after_ADInplaceOrView_keyset)) {
+    auto served = find_step(call_key(q, k, v, causal, alignment, scale, layout, deterministic));
+    // where the Python op replays the native step: out and lse of its forward's strides, dout of the
+    // backward's, every pointer the kernels read on 16 bytes (attention_backward_cuda)
+    if (served && out.strides() == c10::IntArrayRef(served->o_strides) &&
+        lse.strides() == c10::IntArrayRef(served->lse_strides) &&
+        dout.strides() == c10::IntArrayRef(served->step->dout_strides) && aligned(q) && aligned(k) && aligned(v) &&
+        aligned(out) && aligned(dout)) {
+      auto [dq, dk, dv, delta] = served->step->backward(dout, q, k, v, out, lse);
+      return {dq, dk, dv};
+    }
+  }
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("attngen::attention_backward", "")
+                       .typed<BackwardSignature>();
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, dout, q, k, v, out, lse, causal, alignment, scale,
+                       layout, deterministic);
+}
+
+// The registrations take_ops made, undone by release_ops (the tests'); one at a time
+std::mutex ops_lock;
+std::vector<std::unique_ptr<torch::Library>> taken_ops;
+
+// Serve attngen's training ops from here (once; again after release_ops). cpu_too: attention_train's
+// kernel also for CPU tensors, where it only hands calls on (the tests' CPU stand-ins of the ops)
+void take_ops(bool cpu_too) {
+  std::lock_guard<std::mutex> hold(ops_lock);
+  if (!taken_ops.empty()) return;
+  auto train = std::make_unique<torch::Library>(torch::Library::IMPL, "attngen", c10::DispatchKey::AutogradCUDA,
+                                                __FILE__, __LINE__);
+  train->impl("attention_train", TORCH_FN(attention_train_kernel));
+  taken_ops.push_back(std::move(train));
+  if (cpu_too) {
+    auto cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "attngen", c10::DispatchKey::AutogradCPU,
+                                                __FILE__, __LINE__);
+    cpu->impl("attention_train", TORCH_FN(attention_train_kernel));
+    taken_ops.push_back(std::move(cpu));
+  }
+  auto backward = std::make_unique<torch::Library>(torch::Library::IMPL, "attngen", c10::DispatchKey::ADInplaceOrView,
+                                                   __FILE__, __LINE__);
+  backward->impl("attention_backward", TORCH_FN(attention_backward_kernel));
+  taken_ops.push_back(std::move(backward));
+}
+
+void release_ops() {
+  std::lock_guard<std::mutex> hold(ops_lock);
+  taken_ops.clear();
+}
+
 // The build's self-test (runtime/native self_test): a failed check whose message formats a number must reach
 // Python as RuntimeError. A library carrying a C++ runtime of its own would end the process here instead.
 int64_t check_message(int64_t value) {
@@ -484,6 +724,15 @@ TORCH_LIBRARY(attngen_native, m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, int step) -> (Tensor, Tensor)");
   m.def("backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int step) -> (Tensor, Tensor, Tensor)");
   m.def("check_message(int value) -> int", &attngen_native::check_message);
+  m.def("register_plain(int step, Tensor q, Tensor k, Tensor v, int[] o_strides, int[] lse_strides) -> ()",
+        &attngen_native::register_plain);
+  m.def("forget_steps() -> ()", &attngen_native::forget_steps);
+  m.def("steps_served() -> int", &attngen_native::steps_served);
+  m.def("served_step(Tensor q, Tensor k, Tensor v, bool causal, str? alignment, float? scale, str layout, "
+        "bool deterministic) -> int",
+        &attngen_native::served_step);
+  m.def("take_ops(bool cpu_too=False) -> ()", &attngen_native::take_ops);
+  m.def("release_ops() -> ()", &attngen_native::release_ops);
 }
 
 TORCH_LIBRARY_IMPL(attngen_native, Autograd, m) { m.impl("train", &attngen_native::train); }
