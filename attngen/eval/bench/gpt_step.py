@@ -222,6 +222,9 @@ def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: i
             if round_index < GPU_TIME_ROUNDS:   # the GPU time hardly moves; many rounds are for the host's sake
                 host = times[name][-1] / 1e3
                 gpu[name] += [step_gpu_ms(torch, step, x, host) for x in data]
+    # whether the compiled graphs' attngen ops had the native library's kernels in front (ATTNGEN_NATIVE_OPS=1)
+    report["native_op_kernels"] = bool(torch._C._dispatch_has_kernel_for_dispatch_key("attngen::attention_train",
+                                                                                     "AutogradCUDA"))
     report["ms_per_step"] = {name: statistics.median(t) for name, t in times.items()}
     report["gpu_ms_per_step"] = {name: None if None in t else statistics.median(t) for name, t in gpu.items()}
     report["rounds_ms"] = times
@@ -272,6 +275,8 @@ def format_gpt_step(report: dict) -> str:
             line += (f"; a {MEDIAN_LEVEL:.0%} interval for the median round's SDPA / attngen: "
                      f"{pair['low']:.3f}-{pair['high']:.3f} (distribution-free)")
         lines.append(line)
+    if report.get("native_op_kernels"):
+        lines.append("attngen's training ops ran with the native library's kernels in front (ATTNGEN_NATIVE_OPS=1)")
     for name, why in report.get("failed", {}).items():
         lines.append(f"{name}: not run ({why})")
     if report["status"] != "ok":
