@@ -167,6 +167,8 @@ def test_the_gpt_step_table_gives_each_mode_the_ratio_and_what_did_not_run():
     assert "native library's kernels" not in text     # said only where they ran (ATTNGEN_NATIVE_OPS=1)
     assert ("attngen's training ops ran with the native library's kernels in front (ATTNGEN_NATIVE_OPS=1)"
             in format_gpt_step(with_pairs | {"native_op_kernels": True}))
+    counted = with_pairs | {"native_op_kernels": True, "native_op_counts": {"train_replayed": 4, "train_below": 1}}
+    assert "(ATTNGEN_NATIVE_OPS=1): train_replayed 4, train_below 1" in format_gpt_step(counted)
     wrong = _gpt_report("wrong: first-step loss differs from SDPA's by 0.1 (> 0.001)")
     for key in ("ms_per_step", "gpu_ms_per_step", "sdpa_over_attngen", "failed"):   # the check failed: no timing
         del wrong[key]

@@ -211,61 +211,68 @@ def native_ops(native, monkeypatch):
     import torch
     from attngen.ops import library
     monkeypatch.setenv(native.OPS_ENV, "1")
-    torch.ops.attngen_native.take_ops()
+    native.take_ops(torch)
     looked_up = []
     plain_step = library._plain_step
     monkeypatch.setattr(library, "_plain_step",
                         lambda *args, **kw: looked_up.append(args[:3]) or plain_step(*args, **kw))
     yield looked_up
-    torch.ops.attngen_native.release_ops()
+    native.release_ops(torch)
     torch.ops.attngen_native.forget_steps()
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
-def test_the_native_op_kernels_replay_a_compiled_steps_attention(native_ops, layout):
+def test_the_native_op_kernels_replay_a_compiled_steps_attention(native, native_ops, layout):
     """With the library's kernels in front of attngen::attention_train and ::attention_backward, a
-    compiled training step's graphs reach the shape's native step without the Python ops (their step
-    lookup is not called once it is registered) and give the gradients of the same graphs through the
+    compiled training step's graphs (q, k and v views of one packed projection, as a model makes them)
+    reach the shape's native step without the Python ops (their step lookup is not called once the step
+    is registered; the kernels count two replays) and give the gradients of the same graphs through the
     Python ops, bit for bit (deterministic); a dout of other strides goes on to the Python op."""
     import torch
     from attngen.ops import library
     looked_up = native_ops
     gen = torch.Generator(device="cuda").manual_seed(75)
-    qkv = torch.randn(2, 256, 3, 8, 64, generator=gen, device="cuda").to(torch.bfloat16)
+    packed = torch.randn(2, 256, 3, 8, 64, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    dout = torch.randn(2, 256, 8, 64, generator=gen, device="cuda").to(torch.bfloat16)
     if layout == "bhsd":
-        qkv = qkv.permute(0, 2, 3, 1, 4)       # (B, 3, H, S, D): bhsd views of the packed tensor
-        leaves = [t.detach().clone().requires_grad_() for t in qkv.unbind(1)]
-    else:
-        leaves = [t.detach().clone().requires_grad_() for t in qkv.unbind(2)]
-    dout = torch.randn_like(leaves[0])
+        dout = dout.transpose(1, 2).contiguous()
 
-    def attend(q, k, v):
-        return attngen.attention(q, k, v, causal=True, layout=layout, deterministic=True)
+    def views(packed):
+        return packed.unbind(2) if layout == "bshd" else packed.permute(0, 2, 3, 1, 4).unbind(1)
+
+    def attend(packed):
+        return attngen.attention(*views(packed), causal=True, layout=layout, deterministic=True)
     torch._dynamo.reset()
     compiled = torch.compile(attend, fullgraph=True)
     for _ in range(3):
-        torch.autograd.grad(compiled(*leaves), leaves, dout)
-    entry = library._TRAIN[library.call_key(*leaves, True, None, None, True, layout)]
+        torch.autograd.grad(compiled(packed), packed, dout)
+    q, k, v = (t.detach() for t in views(packed))
+    entry = library._TRAIN[library.call_key(q, k, v, True, None, None, True, layout)]
     assert isinstance(entry.native, torch.ScriptObject), entry.native
-    q, k, v = (t.detach() for t in leaves)
     assert torch.ops.attngen_native.served_step(q, k, v, True, None, None, layout, True) == entry.native_address
     looked_up.clear()
-    served = torch.autograd.grad(compiled(*leaves), leaves, dout)
+    before = native.op_counts(torch)
+    served = torch.autograd.grad(compiled(packed), packed, dout)
+    counts = native.op_counts(torch)
     assert looked_up == [], "the Python ops were called for a registered shape"
+    assert counts["train_replayed"] - before["train_replayed"] == 1, (before, counts)
+    assert counts["backward_replayed"] - before["backward_replayed"] == 1, (before, counts)
     # the same graphs through the Python ops
-    torch.ops.attngen_native.release_ops()
-    python = torch.autograd.grad(compiled(*leaves), leaves, dout)
+    native.release_ops(torch)
+    python = torch.autograd.grad(compiled(packed), packed, dout)
     assert len(looked_up) == 2       # attention_train's and attention_backward's
-    torch.ops.attngen_native.take_ops()
-    assert all(torch.equal(a, b) for a, b in zip(served, python))
-    _within_rule(torch, *leaves, dout, True, served, layout, "native op kernels")
+    native.take_ops(torch)
+    assert torch.equal(served[0], python[0])
+    _within_rule(torch, q, k, v, dout, True, views(served[0]), layout, "native op kernels")
     # the ops called directly: the forward bit for bit the native step's; a dout it was not prepared for
-    # (other strides) goes on to the Python op, whose gradients are its own
+    # (strides other than the prepared call's) goes on to the Python op, whose gradients are its own
     o, lse = torch.ops.attngen.attention_train.default(q, k, v, True, None, None, layout, True)
     want = torch.ops.attngen_native.forward.default(q, k, v, entry.native_address)
     assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
+    other = torch.empty(*o.shape[:-1], 2 * o.shape[-1], dtype=o.dtype, device=o.device)[..., :o.shape[-1]]
+    other.copy_(dout)                     # a slice of a wider tensor: rows twice as far apart
+    assert other.stride() != entry.dout_stride
     looked_up.clear()
-    other = dout.transpose(1, 2).contiguous().transpose(1, 2)
     got = torch.ops.attngen.attention_backward.default(other, q, k, v, o, lse, True, None, None, layout, True)
     assert len(looked_up) == 1
     _within_rule(torch, q, k, v, other, True, got, layout, "dout of other strides")

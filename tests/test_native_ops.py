@@ -6,8 +6,6 @@ tensors. Needs torch (CPU is enough), a C++ compiler and the CUDA toolkit's cuda
 built here, about 30 s); the replays themselves run in tests/test_gpu_native_step.py."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[gpu]' (the CPU build will do)")
@@ -23,8 +21,6 @@ def ops(tmp_path_factory):
     if not hasattr(torch.ops.attngen_native, "take_ops"):
         if not native.compiler_command():
             pytest.skip("no C++ compiler for the native library")
-        if shutil.which("nvcc") is None and not native.os.environ.get("CUDA_HOME"):
-            pytest.skip("no CUDA toolkit (cuda.h) for the native library")
         patch = pytest.MonkeyPatch()
         patch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path_factory.mktemp("native_cache")))
         try:
@@ -36,7 +32,7 @@ def ops(tmp_path_factory):
         torch.ops.load_library(str(path))
     import attngen.ops.library  # noqa: F401  (defines the attngen ops)
     yield torch.ops.attngen_native
-    torch.ops.attngen_native.release_ops()
+    native.release_ops(torch)
     torch.ops.attngen_native.forget_steps()
 
 
@@ -141,43 +137,54 @@ def taken(ops):
     shape = torch.randn(1, 2, 32, 16)
     step = _step(causal=True, dout_strides=shape.stride())
     ops.register_plain(step.address(), shape, shape, shape, list(shape.stride()), [64, 32, 1])
-    ops.take_ops(True)
+    native.take_ops(torch, cpu_too=True)
     yield calls, step
-    ops.release_ops()
+    native.release_ops(torch)
     ops.forget_steps()
     lib._destroy()
+
+
+def _counted(before):
+    """The op kernels' counts since `before` (native.op_counts), those that moved."""
+    return {name: n - before[name] for name, n in native.op_counts(torch).items() if n != before[name]}
 
 
 def test_the_kernels_stand_in_front_of_the_python_ones_until_released(ops, taken):
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     assert has("attngen::attention_train", "AutogradCUDA") and has("attngen::attention_train", "AutogradCPU")
     assert has("attngen::attention_backward", "ADInplaceOrView")
-    ops.release_ops()
+    native.release_ops(torch)
     assert not has("attngen::attention_train", "AutogradCUDA")
     assert not has("attngen::attention_backward", "ADInplaceOrView")
     assert has("attngen::attention_train", "Autograd")     # the Python autograd kernel, as registered
-    ops.take_ops(True)
+    native.take_ops(torch, cpu_too=True)
 
 
-def test_a_call_that_needs_a_gradient_takes_the_python_autograd_kernel(taken):
+def test_a_call_that_needs_a_gradient_takes_the_python_autograd_kernel(ops, taken):
     calls, _ = taken
     q, k, v = (torch.randn(1, 2, 32, 16, requires_grad=True) for _ in range(3))
+    before = native.op_counts(torch)
     o, lse = torch.ops.attngen.attention_train(q, k, v, True, None, None, "bhsd")
     assert o.grad_fn is not None and not lse.requires_grad
     dout = torch.randn_like(o)
     o.backward(dout)
     assert calls == ["train", "backward"]
+    # through the library's kernels: attention_train's to the autograd kernel, whose backward calls
+    # attention_backward, which the other kernel hands below (CPU tensors: nothing replayed)
+    assert _counted(before) == {"train_to_autograd": 1, "backward_below": 1}
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     _sdpa(*leaves, True, None, "bhsd")[0].backward(dout)
     for a, b in zip((q, k, v), leaves):
         assert torch.allclose(a.grad, b.grad, atol=1e-5)
 
 
-def test_a_call_without_a_gradient_goes_to_the_kernel_below(taken):
+def test_a_call_without_a_gradient_goes_to_the_kernel_below(ops, taken):
     """No gradient (grad mode off, or no input that needs one), tensors that are not CUDA tensors: the
     stand-in computes, though a step is registered for their key; outputs need no gradient."""
-    calls, _ = taken
+    calls, step = taken
     q, k, v = (torch.randn(1, 2, 32, 16, requires_grad=True) for _ in range(3))
+    assert ops.served_step(q, k, v, True, None, None, "bhsd", False) == step.address()
+    before = native.op_counts(torch)
     with torch.no_grad():
         o, lse = torch.ops.attngen.attention_train(q, k, v, True, None, None, "bhsd", False)
     plain = [x.detach() for x in (q, k, v)]
@@ -186,11 +193,14 @@ def test_a_call_without_a_gradient_goes_to_the_kernel_below(taken):
     assert torch.equal(o, _sdpa(*plain, True, None, "bhsd")[0]) and torch.equal(o2, o)
     dq, dk, dv = torch.ops.attngen.attention_backward(torch.randn_like(o), *plain, o, lse, True, None, None, "bhsd")
     assert calls[-1] == "backward" and dq.shape == q.shape
+    assert _counted(before) == {"train_below": 2, "backward_below": 1}
 
 
-def test_a_compiled_training_step_traces_through_the_kernels(taken):
+def test_a_compiled_training_step_traces_through_the_kernels(ops, taken):
     """torch.compile (fullgraph, aot_eager) traces a training step through the library's kernels (fake
-    tensors go through them to the Python kernels): the same gradients as eager."""
+    tensors go through them to the Python kernels), and its graphs call them: the same gradients as
+    eager. Then with the kernels released, the same step compiled again still gets its gradients (the
+    Python dispatcher's cache no longer names the released kernel)."""
     import attngen
     from attngen.ops import library
     calls, _ = taken
@@ -208,10 +218,21 @@ def test_a_compiled_training_step_traces_through_the_kernels(taken):
             x.grad = None
         calls.clear()
         torch._dynamo.reset()
+        before = native.op_counts(torch)
         torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v).backward()
         assert "train" in calls and "backward" in calls
+        counted = _counted(before)
+        assert counted.get("train_below", 0) >= 1 and counted.get("backward_below", 0) >= 1, counted
         for a, b in zip(eager, (x.grad for x in (q, k, v))):
             assert torch.allclose(a, b, atol=1e-5)
+        native.release_ops(torch)
+        for x in (q, k, v):
+            x.grad = None
+        torch._dynamo.reset()
+        torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v).backward()
+        for a, b in zip(eager, (x.grad for x in (q, k, v))):
+            assert b is not None and torch.allclose(a, b, atol=1e-5)
+        native.take_ops(torch, cpu_too=True)
     finally:
         patch.undo()
         torch._dynamo.reset()

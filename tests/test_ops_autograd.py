@@ -506,7 +506,8 @@ def test_a_shapes_native_step_is_made_once_and_never_replaced(monkeypatch):
     step = library._PreparedStep(SimpleNamespace(native_backward=lambda *args: "backward launches"),
                                  (False, None, None, "bhsd", False), prepares=True)
     step.forward_kernel, step.forward_prepared = SimpleNamespace(native_forward=native_forward), "prepared"
-    q = SimpleNamespace(is_cuda=True)
+    q = _FakeCudaTensor()
+    monkeypatch.setattr(library, "_TRAIN", {library.call_key(q, q, q, False, None, None, False, "bhsd"): step})
     first = threading.Thread(target=step._make_native, args=(q, q, q, q, q, q))
     first.start()
     assert entered.wait(5)
@@ -523,10 +524,23 @@ def test_a_shapes_native_step_is_made_once_and_never_replaced(monkeypatch):
     assert len(registered) == 1 and registered[0][1] is made[0] and registered[0][5] is step.output_strides
 
 
+class _FakeCudaTensor:
+    """What _make_native and call_key read of a CUDA tensor."""
+    is_cuda, shape, dtype = True, (1, 2, 8, 16), "bf16"
+
+    def stride(self):
+        return (256, 128, 16, 1)
+
+    def get_device(self):
+        return 0
+
+
 def test_a_native_step_serves_the_ops_kernels_only_for_a_plain_call(monkeypatch):
-    """_make_native registers a plain call's native step for the ops' native kernels (take_ops), a
-    variant call's never (those kernels replay plain calls only); a registration that fails leaves the
-    step to the eager calls, with a warning that names the op kernels."""
+    """_make_native registers a plain call's native step for the ops' native kernels (take_ops); not a
+    variant call's (those kernels replay plain calls only), not one whose options are of other types than
+    the ops pass (True, a float, a str: the C++ key holds them so), not one that _TRAIN does not hold for
+    its key (an autograd node's after the cache was emptied); a registration that fails leaves the step
+    to the eager calls, with a warning that names the op kernels."""
     from types import SimpleNamespace
     from attngen.ops import library
     registered = []
@@ -539,12 +553,25 @@ def test_a_native_step_serves_the_ops_kernels_only_for_a_plain_call(monkeypatch)
     fake_native = SimpleNamespace(unavailable=lambda: False, ready=lambda torch: True, register_step=register,
                                   make_step=lambda *args: SimpleNamespace(address=lambda: 99))
     monkeypatch.setattr(library, "_native", fake_native)
-    q = SimpleNamespace(is_cuda=True)
-    for variants, fail in ((None, False), ((None, 30.0), False), (None, True)):
+    q = _FakeCudaTensor()
+    plain = (True, None, None, "bshd", False)
+    cases = [  # options, variants, kept in _TRAIN, registration fails -> registered
+        (plain, None, True, False, 1),
+        (plain, (None, 30.0), True, False, 0),
+        (plain, None, False, False, 0),
+        ((1, None, None, "bshd", False), None, True, False, 0),
+        ((True, None, 1, "bshd", False), None, True, False, 0),
+        ((True, "bottom_right", 0.125, "bshd", True), None, True, False, 1),
+        (plain, None, True, True, 1),
+    ]
+    for options, variants, kept, fail, want in cases:
         step = library._PreparedStep(SimpleNamespace(native_backward=lambda *args: "backward launches"),
-                                     (True, None, None, "bshd", False), prepares=True, variants=variants)
+                                     options, prepares=True, variants=variants)
         step.forward_kernel = SimpleNamespace(native_forward=lambda *args: "forward launches")
         step.forward_prepared, step.output_strides = "prepared", ((1, 2, 3, 4), (5, 6, 7))
+        causal, alignment, scale, layout, deterministic = options
+        key = library.call_key(q, q, q, causal, alignment, scale, deterministic, layout)
+        monkeypatch.setattr(library, "_TRAIN", {key: step} if kept else {})
         registered.clear()
         if fail:
             with pytest.warns(RuntimeWarning, match="native op kernels do not serve this shape"):
@@ -552,4 +579,4 @@ def test_a_native_step_serves_the_ops_kernels_only_for_a_plain_call(monkeypatch)
         else:
             step._make_native(q, q, q, q, q, q)
         assert step.native_address == 99                       # the eager calls have it either way
-        assert len(registered) == (0 if variants else 1)
+        assert len(registered) == want, (options, variants, kept)

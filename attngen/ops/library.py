@@ -1282,6 +1282,11 @@ torch.library.register_autograd("attngen::attention_varlen_train", _attention_va
 torch.library.register_autograd("attngen::attention_varlen_variant_train", _attention_varlen_variant_gradients,
                                 setup_context=_attention_varlen_variant_setup, lib=LIB)
 
+# ATTNGEN_NATIVE_OPS=1: the native library loaded now where it is built, so that its kernels stand in front of
+# attention_train's and attention_backward's before any thread calls them (runtime/native take_ops)
+if _native.ops_enabled():
+    _native.ready(torch)
+
 
 
 # The eager training calls: the same forward, saved tensors and backward as the registered ops, as a
@@ -1456,12 +1461,26 @@ class _PreparedStep:
             warnings.warn(f"attngen: no native training step for this shape ({type(exc).__name__}: {exc}); "
                           f"it keeps the Python autograd node", RuntimeWarning, stacklevel=2)
             return
-        if self.native is not None and self.variants is None:   # a plain call's: the ops' native kernels too
+        if self.native is not None and self._serves_ops(q, k, v):   # the ops' native kernels too
             try:
                 _native.register_step(torch, self.native, q, k, v, self.output_strides)
             except Exception as exc:   # the ops keep their Python kernels for this shape
                 warnings.warn(f"attngen: the native op kernels do not serve this shape ({type(exc).__name__}: "
                               f"{exc}); attngen's ops keep their Python kernels for it", RuntimeWarning, stacklevel=2)
+
+    def _serves_ops(self, q, k, v) -> bool:
+        """Whether the ops' native kernels may replay this step: a plain call's, whose options are of the
+        types the ops pass (the C++ key holds them as the step does: bool, float, str), and the step _TRAIN
+        holds for its key (not one a cleared cache left to an autograd node, or a twin another thread made)."""
+        causal, alignment, scale, layout, deterministic = self.options
+        if self.variants is not None or type(causal) is not bool or type(deterministic) is not bool:
+            return False
+        if not (scale is None or type(scale) is float) or not (alignment is None or type(alignment) is str):
+            return False
+        try:
+            return _TRAIN.get(call_key(q, k, v, causal, alignment, scale, deterministic, layout)) is self
+        except (AttributeError, TypeError):
+            return False
 
 
 _native_making = threading.Lock()   # _PreparedStep._make_native: one thread at a time
@@ -1643,9 +1662,14 @@ def _remember_step(key, step) -> None:
     if key is None:
         return
     if len(_TRAIN) >= 4096:
-        _TRAIN.clear()
-        _native.forget_steps(torch)
+        forget_training_steps()
     _TRAIN[key] = step
+
+
+def forget_training_steps() -> None:
+    """Forget every shape's training step: _TRAIN and the native op kernels' registry alike."""
+    _TRAIN.clear()
+    _native.forget_steps(torch)
 
 
 def _sinks_joined(q, v, causal, window, softcap, alibi_slopes) -> bool:

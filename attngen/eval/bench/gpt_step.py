@@ -225,6 +225,9 @@ def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: i
     # whether the compiled graphs' attngen ops had the native library's kernels in front (ATTNGEN_NATIVE_OPS=1)
     report["native_op_kernels"] = bool(torch._C._dispatch_has_kernel_for_dispatch_key("attngen::attention_train",
                                                                                      "AutogradCUDA"))
+    if report["native_op_kernels"]:   # how they took the calls: replayed, or handed on to the Python kernels
+        from ...runtime import native
+        report["native_op_counts"] = native.op_counts(torch)
     report["ms_per_step"] = {name: statistics.median(t) for name, t in times.items()}
     report["gpu_ms_per_step"] = {name: None if None in t else statistics.median(t) for name, t in gpu.items()}
     report["rounds_ms"] = times
@@ -276,7 +279,9 @@ def format_gpt_step(report: dict) -> str:
                      f"{pair['low']:.3f}-{pair['high']:.3f} (distribution-free)")
         lines.append(line)
     if report.get("native_op_kernels"):
-        lines.append("attngen's training ops ran with the native library's kernels in front (ATTNGEN_NATIVE_OPS=1)")
+        counts = report.get("native_op_counts") or {}
+        lines.append("attngen's training ops ran with the native library's kernels in front (ATTNGEN_NATIVE_OPS=1)"
+                     + (": " + ", ".join(f"{name} {n}" for name, n in counts.items()) if counts else ""))
     for name, why in report.get("failed", {}).items():
         lines.append(f"{name}: not run ({why})")
     if report["status"] != "ok":

@@ -23,7 +23,8 @@ all off: every step then takes the Python node.
 ATTNGEN_NATIVE_OPS=1 also lets the library serve torch.compile's calls of attngen::attention_train and
 attngen::attention_backward (take_ops): a C++ kernel ahead of the ops' Python ones replays the native
 step of a shape it was registered for (register_step) and hands every other call on to them. Off
-unless asked for.
+unless asked for. attngen.ops loads a built library at import then, so that the kernels are in place
+before any thread calls the ops; a library built during the run takes them when it loads.
 
 Imports torch only inside its functions: `attngen warm` runs where torch may be missing.
 """
@@ -281,10 +282,44 @@ def _take_ops(torch) -> None:
     """The library's kernels for attngen's training ops (take_ops); a library that cannot register them
     says so once and leaves the ops to their Python kernels."""
     try:
-        torch.ops.attngen_native.take_ops()
+        take_ops(torch)
     except (AttributeError, RuntimeError) as exc:
         print(f"attngen: the native step does not serve attngen's training ops ({exc}); they keep their Python "
               f"kernels", file=sys.stderr)
+
+
+TAKEN_OPS = ("attention_train", "attention_backward")   # the attngen ops whose kernels take_ops puts in front
+
+
+def take_ops(torch, cpu_too: bool = False) -> None:
+    """Put the library's kernels in front of attngen's training ops (loaded library; once). torch's
+    dispatcher reads its tables without a lock: where other threads may call attngen's ops, take them
+    before those threads start (attngen.ops takes them at import where ATTNGEN_NATIVE_OPS=1 and the library
+    is built). cpu_too: attention_train's kernel for CPU tensors too (the tests' CPU stand-ins)."""
+    torch.ops.attngen_native.take_ops(cpu_too)
+    _forget_python_dispatch(torch)
+
+
+def release_ops(torch) -> None:
+    """Take the library's kernels away from attngen's training ops again (the tests')."""
+    torch.ops.attngen_native.release_ops()
+    _forget_python_dispatch(torch)
+
+
+def _forget_python_dispatch(torch) -> None:
+    """Empty the ops' Python dispatch caches: while tracing, torch's Python dispatcher remembers which key's
+    kernel served each key, and would keep calling a key whose kernel was since taken away (release_ops:
+    the calls that need a gradient then lost it)."""
+    for name in TAKEN_OPS:
+        cache = getattr(getattr(torch.ops.attngen, name).default, "_dispatch_cache", None)
+        if cache is not None:
+            cache.clear()
+
+
+def op_counts(torch) -> dict:
+    """How the library's op kernels took attngen's training ops' calls since it loaded."""
+    names = ("train_replayed", "train_to_autograd", "train_below", "backward_replayed", "backward_below")
+    return dict(zip(names, torch.ops.attngen_native.op_counts()))
 
 
 def register_step(torch, step, q, k, v, output_strides) -> None:
@@ -333,6 +368,6 @@ def main() -> int:
     return 0
 
 
-__all__ = ["ENV", "NAMESPACE", "OPS_ENV", "SOURCE", "build", "build_command", "enabled", "failure_note",
-           "forget_steps", "library_path", "main", "make_step", "ops_enabled", "ready", "register_step",
-           "unavailable"]
+__all__ = ["ENV", "NAMESPACE", "OPS_ENV", "SOURCE", "TAKEN_OPS", "build", "build_command", "enabled",
+           "failure_note", "forget_steps", "library_path", "main", "make_step", "op_counts", "ops_enabled", "ready",
+           "register_step", "release_ops", "take_ops", "unavailable"]

@@ -33,6 +33,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -598,7 +599,20 @@ int64_t served_step(const Tensor& q, const Tensor& k, const Tensor& v, bool caus
   return served ? served->step->address() : 0;
 }
 
-// Whether the keys below `from` reach the CUDA kernel directly: real CUDA tensors, with no Python
+// How the kernels took each call since the library loaded (op_counts): replayed, handed to the Python
+// autograd kernel (attention_train's calls that need a gradient), handed below
+enum Count { kTrainReplayed, kTrainToAutograd, kTrainBelow, kBackwardReplayed, kBackwardBelow, kCounts };
+std::array<std::atomic<int64_t>, kCounts> op_calls{};
+
+void count(Count c) { op_calls[c].fetch_add(1, std::memory_order_relaxed); }
+
+std::vector<int64_t> op_counts() {
+  std::vector<int64_t> counts;
+  for (const auto& c : op_calls) counts.push_back(c.load(std::memory_order_relaxed));
+  return counts;
+}
+
+// Whether the keys in `below` reach the CUDA kernel directly: real CUDA tensors, with no Python
 // (fake tensors, tracing modes), functionalization or other layer between: only they may be replayed
 bool reaches_cuda(c10::DispatchKeySet ks, c10::DispatchKeySet below) {
   return (ks & below).highestPriorityTypeId() == c10::DispatchKey::CUDA;
@@ -634,17 +648,20 @@ std::tuple<Tensor, Tensor> attention_train_kernel(c10::DispatchKeySet ks, const 
     stack.emplace_back(scale ? c10::IValue(*scale) : c10::IValue());
     stack.emplace_back(std::string(layout));
     stack.emplace_back(deterministic);
+    count(kTrainToAutograd);
     train_handle().callBoxedForDispatchKey(c10::DispatchKey::Autograd, stack);
     return {stack[0].toTensor(), stack[1].toTensor()};
   }
+  // below autograd, as the Python autograd kernel runs a call without a gradient
+  at::AutoDispatchBelowAutograd below;
   if (reaches_cuda(ks, c10::after_ADInplaceOrView_keyset)) {
     if (auto served = find_step(call_key(q, k, v, causal, alignment, scale, layout, deterministic))) {
+      count(kTrainReplayed);
       return served->step->forward(q, k, v);
     }
   }
-  // what the Python autograd kernel does without a gradient: the kernels below autograd
+  count(kTrainBelow);
   static auto op = train_handle().typed<TrainSignature>();
-  at::AutoDispatchBelowAutograd below;
   return op.redispatch(ks & c10::after_autograd_keyset, q, k, v, causal, alignment, scale, layout, deterministic);
 }
 
@@ -662,10 +679,12 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_kernel(c10::DispatchKeySet
         lse.strides() == c10::IntArrayRef(served->lse_strides) &&
         dout.strides() == c10::IntArrayRef(served->step->dout_strides) && aligned(q) && aligned(k) && aligned(v) &&
         aligned(out) && aligned(dout)) {
+      count(kBackwardReplayed);
       auto [dq, dk, dv, delta] = served->step->backward(dout, q, k, v, out, lse);
       return {dq, dk, dv};
     }
   }
+  count(kBackwardBelow);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("attngen::attention_backward", "")
                        .typed<BackwardSignature>();
@@ -682,6 +701,9 @@ std::vector<std::unique_ptr<torch::Library>> taken_ops;
 void take_ops(bool cpu_too) {
   std::lock_guard<std::mutex> hold(ops_lock);
   if (!taken_ops.empty()) return;
+  // the calls that need a gradient go to this kernel (register_autograd's); without it they could not
+  TORCH_CHECK(train_handle().hasKernelForDispatchKey(c10::DispatchKey::Autograd),
+              "attngen native step: attngen::attention_train has no autograd kernel to hand calls to");
   auto train = std::make_unique<torch::Library>(torch::Library::IMPL, "attngen", c10::DispatchKey::AutogradCUDA,
                                                 __FILE__, __LINE__);
   train->impl("attention_train", TORCH_FN(attention_train_kernel));
@@ -733,6 +755,7 @@ TORCH_LIBRARY(attngen_native, m) {
         &attngen_native::served_step);
   m.def("take_ops(bool cpu_too=False) -> ()", &attngen_native::take_ops);
   m.def("release_ops() -> ()", &attngen_native::release_ops);
+  m.def("op_counts() -> int[]", &attngen_native::op_counts);
 }
 
 TORCH_LIBRARY_IMPL(attngen_native, Autograd, m) { m.impl("train", &attngen_native::train); }

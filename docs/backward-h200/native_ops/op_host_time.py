@@ -34,7 +34,7 @@ for _ in range(3):
     train_once()
 step = library._plain_step(q, k, v, True, None, None, "bshd", False, make=False)
 assert step is not None and step.native is not None, "no native step for the shape"
-torch.ops.attngen_native.take_ops()
+native.take_ops(torch)
 served = torch.ops.attngen_native.served_step(q, k, v, True, None, None, "bshd", False)
 print("native step", step.native_address, "served", served == step.native_address)
 address = step.native_address
@@ -59,7 +59,7 @@ others = {
 }
 # the results agree: the native kernels' (served) and the Python kernels' (released), bit for bit forward
 with_native = train_op(q, k, v, True, None, None, "bshd")
-torch.ops.attngen_native.release_ops()
+native.release_ops(torch)
 with_python = train_op(q, k, v, True, None, None, "bshd")
 print("forward equal", all(torch.equal(a, b) for a, b in zip(with_native, with_python)))
 N = 200
@@ -79,10 +79,11 @@ def timed(f):
 res = {}
 for _ in range(9):
     for kernels in ("python kernels", "native kernels"):
-        (torch.ops.attngen_native.take_ops if kernels == "native kernels" else torch.ops.attngen_native.release_ops)()
+        (native.take_ops if kernels == "native kernels" else native.release_ops)(torch)
         for name, f in ops.items():
             res.setdefault(f"{name} ({kernels})", []).append(timed(f))
     for name, f in others.items():
         res.setdefault(name, []).append(timed(f))
 for name, t in res.items():
     print(f"{name:<52} {statistics.median(t):7.2f} us  (min {min(t):.2f})")
+print("op kernels' counts", native.op_counts(torch))   # replays against hand-ons over the whole run
