@@ -112,7 +112,9 @@ def native_step_finding(torch) -> Finding:
         return Finding("native training step", False, f"turned off ({native.ENV}=0)", need, note=True)
     path = native.library_path(torch)
     if path.is_file():
-        return Finding("native training step", True, f"built: {path}", need)
+        ops = (f"; its kernels serve torch.compile's attngen training ops ({native.OPS_ENV}=1)" if native.ops_enabled()
+               else "")
+        return Finding("native training step", True, f"built: {path}{ops}", need)
     note = native.failure_note(path)
     if note.is_file():
         first = (note.read_text(errors="replace").strip().splitlines() or ["(no message)"])[0].rstrip(":")

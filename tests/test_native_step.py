@@ -87,8 +87,11 @@ def test_doctor_says_whether_it_is_built_or_turned_off(tmp_path, monkeypatch):
     failed = native_step_finding(torch)
     assert not failed.ok and "did not compile" in failed.detail and "attngen warm" in failed.detail
     path.write_bytes(b"")
+    monkeypatch.delenv(native.OPS_ENV, raising=False)
     built = native_step_finding(torch)
-    assert built.ok and str(path) in built.detail
+    assert built.ok and str(path) in built.detail and "torch.compile" not in built.detail
+    monkeypatch.setenv(native.OPS_ENV, "1")
+    assert "serve torch.compile's attngen training ops (ATTNGEN_NATIVE_OPS=1)" in native_step_finding(torch).detail
     monkeypatch.setenv(native.ENV, "0")
     off = native_step_finding(torch)
     assert not off.ok and off.note and "ATTNGEN_NATIVE=0" in off.detail
