@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed: pip install
 
 from attngen.errors import ToolError   # noqa: E402
 from attngen.runtime import native     # noqa: E402
+from test_ops_autograd import _sdpa, eager_and_compiled_gradients, stand_in_gradients   # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -103,15 +104,6 @@ def test_only_a_plain_calls_step_is_registered(ops):
         ops.register_plain(step.address(), q, q, q, [1, 1, 1, 1], [1, 1, 1])
 
 
-def _sdpa(q, k, v, causal, scale, layout):
-    t = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
-    q, k, v = t(q), t(k), t(v)
-    s = (q.float() @ k.float().transpose(-1, -2)) * (scale or q.shape[-1] ** -0.5)
-    if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    return t((torch.softmax(s, -1) @ v.float()).to(q.dtype)), torch.logsumexp(s, -1)
-
-
 @pytest.fixture
 def taken(ops):
     """The ops' CPU stand-ins (torch SDPA) and the library's kernels in front of them, attention_train's for
@@ -125,11 +117,7 @@ def taken(ops):
 
     def backward_cpu(dout, q, k, v, out, lse, causal, alignment, scale, layout, deterministic=False):
         calls.append("backward")
-        leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
-        with torch.enable_grad():
-            o, _ = _sdpa(*leaves, causal, scale, layout)
-            o.backward(dout.float())
-        return tuple(x.grad.to(q.dtype) for x in leaves)
+        return stand_in_gradients(dout, q, k, v, causal, scale, layout)
 
     lib = torch.library.Library("attngen", "IMPL")
     lib.impl("attention_train", train_cpu, "CPU")
@@ -207,30 +195,17 @@ def test_a_compiled_training_step_traces_through_the_kernels(ops, taken):
     patch = pytest.MonkeyPatch()
     patch.setattr(library, "backward_kernel", lambda *args: None)   # the stand-ins need no GPU kernel
     try:
-        q, k, v = (torch.randn(1, 2, 32, 16, requires_grad=True) for _ in range(3))
-
-        def step(q, k, v):
-            return attngen.attention(q, k, v, causal=True).square().sum()
-
-        step(q, k, v).backward()
-        eager = [x.grad.clone() for x in (q, k, v)]
-        for x in (q, k, v):
-            x.grad = None
-        calls.clear()
-        torch._dynamo.reset()
-        before = native.op_counts(torch)
-        torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v).backward()
+        counts = []
+        eager, compiled = eager_and_compiled_gradients(attngen, lambda: (calls.clear(), counts.append(
+            native.op_counts(torch))))
         assert "train" in calls and "backward" in calls
-        counted = _counted(before)
+        counted = _counted(counts[0])
         assert counted.get("train_below", 0) >= 1 and counted.get("backward_below", 0) >= 1, counted
-        for a, b in zip(eager, (x.grad for x in (q, k, v))):
+        for a, b in zip(eager, compiled):
             assert torch.allclose(a, b, atol=1e-5)
         native.release_ops(torch)
-        for x in (q, k, v):
-            x.grad = None
-        torch._dynamo.reset()
-        torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v).backward()
-        for a, b in zip(eager, (x.grad for x in (q, k, v))):
+        eager, compiled = eager_and_compiled_gradients(attngen)
+        for a, b in zip(eager, compiled):
             assert b is not None and torch.allclose(a, b, atol=1e-5)
         native.take_ops(torch, cpu_too=True)
     finally:

@@ -19,6 +19,15 @@ def _sdpa(q, k, v, causal, scale, layout):
     return t((torch.softmax(s, -1) @ v.float()).to(q.dtype)), torch.logsumexp(s, -1)
 
 
+def stand_in_gradients(dout, q, k, v, causal, scale, layout):
+    """(dq, dk, dv) of _sdpa at dout, through autograd in fp32: the backward op's CPU stand-in."""
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    with torch.enable_grad():   # autograd runs a backward with gradients off
+        o, _ = _sdpa(*leaves, causal, scale, layout)
+        o.backward(dout.float())
+    return tuple(x.grad.to(q.dtype) for x in leaves)
+
+
 @pytest.fixture(scope="module")
 def cpu_ops():
     import attngen
@@ -31,11 +40,7 @@ def cpu_ops():
 
     def backward_cpu(dout, q, k, v, out, lse, causal, alignment, scale, layout):
         calls.append(("backward", tuple(out.shape), tuple(lse.shape), causal, layout))
-        leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
-        with torch.enable_grad():   # autograd runs a backward with gradients off
-            o, _ = _sdpa(*leaves, causal, scale, layout)
-            o.backward(dout.float())
-        return tuple(x.grad.to(q.dtype) for x in leaves)
+        return stand_in_gradients(dout, q, k, v, causal, scale, layout)
 
     lib = torch.library.Library("attngen", "IMPL")
     lib.impl("attention_train", train_cpu, "CPU")
@@ -74,8 +79,9 @@ def test_the_lse_takes_no_gradient(cpu_ops):
         lse.sum().backward()
 
 
-def test_compiled_training_step_has_no_graph_break(cpu_ops):
-    attngen, calls = cpu_ops
+def eager_and_compiled_gradients(attngen, before_compiled=lambda: None):
+    """q, k and v's gradients of a small training step (causal attention, squared and summed), eager and
+    then under torch.compile (fullgraph, aot_eager, compiled anew); before_compiled runs between the two."""
     q, k, v = (torch.randn(1, 2, 32, 16, requires_grad=True) for _ in range(3))
 
     def step(q, k, v):
@@ -85,10 +91,17 @@ def test_compiled_training_step_has_no_graph_break(cpu_ops):
     eager = [x.grad.clone() for x in (q, k, v)]
     for x in (q, k, v):
         x.grad = None
-    calls.clear()
+    before_compiled()
+    torch._dynamo.reset()
     torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v).backward()
+    return eager, [x.grad for x in (q, k, v)]
+
+
+def test_compiled_training_step_has_no_graph_break(cpu_ops):
+    attngen, calls = cpu_ops
+    eager, compiled = eager_and_compiled_gradients(attngen, calls.clear)
     assert "train" in calls and any(c[0] == "backward" for c in calls if isinstance(c, tuple))
-    for a, b in zip(eager, (x.grad for x in (q, k, v))):
+    for a, b in zip(eager, compiled):
         assert torch.allclose(a, b, atol=1e-5)
 
 
