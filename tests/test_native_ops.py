@@ -15,6 +15,9 @@ from attngen.runtime import native     # noqa: E402
 from test_ops_autograd import _sdpa, eager_and_compiled_gradients, stand_in_gradients   # noqa: E402
 
 
+_built = []   # the library the module built, where it built one
+
+
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
     """torch.ops.attngen_native, the library built (into a cache of the module's own) and loaded once per
@@ -31,6 +34,7 @@ def ops(tmp_path_factory):
         finally:
             patch.undo()
         torch.ops.load_library(str(path))
+        _built.append(path)
     import attngen.ops.library  # noqa: F401  (defines the attngen ops)
     yield torch.ops.attngen_native
     native.release_ops(torch)
@@ -211,3 +215,22 @@ def test_a_compiled_training_step_traces_through_the_kernels(ops, taken):
     finally:
         patch.undo()
         torch._dynamo.reset()
+
+
+def test_an_import_with_the_variable_set_puts_the_kernels_in_place(ops):
+    """A new process with ATTNGEN_NATIVE_OPS=1 whose cache holds the built library: importing attngen.ops loads
+    it and the kernels stand in front of the ops before any call; without the variable, nothing is loaded."""
+    import os
+    import subprocess
+    import sys
+    if not _built:
+        pytest.skip("the library was loaded before this module built one")
+    probe = ("import torch, attngen.ops.library; has = torch._C._dispatch_has_kernel_for_dispatch_key; "
+             "print(hasattr(torch.ops.attngen_native, 'take_ops') and has('attngen::attention_train', 'AutogradCUDA'),"
+             " has('attngen::attention_backward', 'ADInplaceOrView'))")
+    env = {**os.environ, "ATTNGEN_CACHE_DIR": str(_built[0].parent.parent)}
+    for value, want in (("1", "True True"), ("", "False False")):
+        done = subprocess.run([sys.executable, "-c", probe], env={**env, native.OPS_ENV: value}, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split()[-2:] == want.split(), (value, done.stdout, done.stderr[-2000:])

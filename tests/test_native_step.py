@@ -186,3 +186,25 @@ def test_a_training_process_starts_one_build_and_looks_for_it_again_later(fresh_
     assert not native.ready(torch) and native.unavailable()
     assert "ended without a library" in capsys.readouterr().err
 
+
+
+def test_an_imports_load_loads_a_built_library_and_builds_nothing(fresh_state, monkeypatch):
+    """load_built (attngen.ops's import where ATTNGEN_NATIVE_OPS=1): a library that is built is loaded and,
+    with the variable set, takes the ops; none built starts no build (a process that never trains)."""
+    started, loaded, taken = [], [], []
+    monkeypatch.setattr(native, "_start_build", lambda: started.append(1))
+    monkeypatch.setattr(native, "take_ops", lambda torch: taken.append(1))
+
+    class Ops:
+        @staticmethod
+        def load_library(p):
+            loaded.append(p)
+    torch = _torch()
+    torch.ops = Ops()
+    assert not native.load_built(torch) and started == [] and loaded == []
+    path = native.library_path(torch)
+    path.parent.mkdir(parents=True)
+    path.write_text("built")
+    monkeypatch.setenv(native.OPS_ENV, "1")
+    assert native.load_built(torch) and loaded == [str(path)] and taken == [1] and started == []
+    assert native.load_built(torch) and len(loaded) == 1

@@ -278,6 +278,20 @@ def ready(torch) -> bool:
         return True
 
 
+def load_built(torch) -> bool:
+    """ready(), where the library is already built; no build is started (an import's: a process that never
+    trains builds nothing)."""
+    if _state["loaded"]:
+        return True
+    if unavailable():
+        return False
+    try:
+        built = library_path(torch).is_file()
+    except OSError:
+        return False
+    return built and ready(torch)
+
+
 def _take_ops(torch) -> None:
     """The library's kernels for attngen's training ops (take_ops); a library that cannot register them
     says so once and leaves the ops to their Python kernels."""
@@ -369,5 +383,5 @@ def main() -> int:
 
 
 __all__ = ["ENV", "NAMESPACE", "OPS_ENV", "SOURCE", "TAKEN_OPS", "build", "build_command", "enabled",
-           "failure_note", "forget_steps", "library_path", "main", "make_step", "op_counts", "ops_enabled", "ready",
-           "register_step", "release_ops", "take_ops", "unavailable"]
+           "failure_note", "forget_steps", "library_path", "load_built", "main", "make_step", "op_counts",
+           "ops_enabled", "ready", "register_step", "release_ops", "take_ops", "unavailable"]
