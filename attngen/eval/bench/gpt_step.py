@@ -222,7 +222,7 @@ def run_gpt_step(shape: GptShape = DEFAULT_GPT, *, dtype: str = "bf16", steps: i
             if round_index < GPU_TIME_ROUNDS:   # the GPU time hardly moves; many rounds are for the host's sake
                 host = times[name][-1] / 1e3
                 gpu[name] += [step_gpu_ms(torch, step, x, host) for x in data]
-    # whether the compiled graphs' attngen ops had the native library's kernels in front (ATTNGEN_NATIVE_OPS=1)
+    # whether the compiled graphs' attngen ops had the native library's kernels in front (runtime/native take_ops)
     report["native_op_kernels"] = bool(torch._C._dispatch_has_kernel_for_dispatch_key("attngen::attention_train",
                                                                                      "AutogradCUDA"))
     if report["native_op_kernels"]:   # how they took the calls: replayed, or handed on to the Python kernels
@@ -280,7 +280,7 @@ def format_gpt_step(report: dict) -> str:
         lines.append(line)
     if report.get("native_op_kernels"):
         counts = report.get("native_op_counts") or {}
-        lines.append("attngen's training ops ran with the native library's kernels in front (ATTNGEN_NATIVE_OPS=1)"
+        lines.append("attngen's training ops ran with the native library's kernels in front of their Python ones"
                      + (": " + ", ".join(f"{name} {n}" for name, n in counts.items()) if counts else ""))
     for name, why in report.get("failed", {}).items():
         lines.append(f"{name}: not run ({why})")
