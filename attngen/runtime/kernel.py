@@ -148,6 +148,16 @@ class Function(NamedTuple):
                                 # part awaits_predecessor, on a GPU of sm_90 or later)
 
 
+def _compile_notice(label: str, part: str, number: int, parts: int):
+    """The default on_compile of a bundle's part: one line on stderr, naming the part where the bundle has
+    several (a backward spec compiles three: one line each, not three compiles of one)."""
+    what = label if parts == 1 else f"{label} ({part}, part {number} of {parts})"
+
+    def notice(arch):
+        print(f"compiling {what} for {arch} ...", file=sys.stderr, flush=True)
+    return notice
+
+
 class Kernel:
     """One compiled spec: every function of its bundle, callable on torch tensors by its call
     convention (attngen/runtime/calls: the class `load` returns is the convention's)."""
@@ -218,15 +228,13 @@ class Kernel:
         sources = tuple(sources)
         if len(sources) != len(plan.parts):
             raise ValueError(f"{label}: {len(sources)} source(s) for {len(plan.parts)} part(s)")
-        if on_compile is None:
-            def on_compile(a, name=label):
-                print(f"compiling {name} for {a} ...", file=sys.stderr, flush=True)
         if plan.abi.size > driver.PARAMS_MAX:
             raise ToolError(f"{label}: Params of {plan.abi.size} B exceed CUDA's {driver.PARAMS_MAX} B of kernel "
                             f"parameters")
         compiled, libraries, functions = [], [], {}
-        for part, source in zip(plan.parts, sources):
-            result = compile_source(source, arch, on_compile=on_compile)
+        for number, (part, source) in enumerate(zip(plan.parts, sources), 1):
+            notice = on_compile or _compile_notice(label, part.name, number, len(plan.parts))
+            result = compile_source(source, arch, on_compile=notice)
             layout = param_layout(result.cubin)
             try:
                 library = driver.load_library(result.cubin)
