@@ -240,6 +240,18 @@ bool aligned(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr())
 
 // -- the training step of one call shape ------------------------------------------------------------
 
+using BackwardSignature = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                             const Tensor&, const Tensor&, const Tensor&, bool,
+                                                             std::optional<c10::string_view>, std::optional<double>,
+                                                             c10::string_view, bool);
+
+// attngen::attention_backward, the plain call's: the Step's fallback calls it, the op kernel hands calls on to it
+const c10::TypedOperatorHandle<BackwardSignature>& backward_handle() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("attngen::attention_backward", "").typed<BackwardSignature>();
+  return op;
+}
+
 constexpr uint64_t kStepMagic = 0x6174746e67656e53ull;   // "attngenS": a handle that is a Step's address
 
 struct Step : torch::CustomClassHolder {
@@ -377,13 +389,7 @@ struct Step : torch::CustomClassHolder {
       return op.call(dout, q, k, v, o, lse, causal, alignment, scale, layout, window_ref(), softcap, alibi_slopes,
                      deterministic);
     }
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("attngen::attention_backward", "")
-                         .typed<std::tuple<Tensor, Tensor, Tensor>(
-                             const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, bool, std::optional<c10::string_view>, std::optional<double>,
-                             c10::string_view, bool)>();
-    return op.call(dout, q, k, v, o, lse, causal, alignment, scale, layout, deterministic);
+    return backward_handle().call(dout, q, k, v, o, lse, causal, alignment, scale, layout, deterministic);
   }
 
   // The ops take a Step by its address, an int: a custom-class argument costs the dispatcher's boxed
@@ -621,10 +627,6 @@ bool reaches_cuda(c10::DispatchKeySet ks, c10::DispatchKeySet below) {
 using TrainSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
                                                   std::optional<c10::string_view>, std::optional<double>,
                                                   c10::string_view, bool);
-using BackwardSignature = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                             const Tensor&, const Tensor&, const Tensor&, bool,
-                                                             std::optional<c10::string_view>, std::optional<double>,
-                                                             c10::string_view, bool);
 
 const c10::OperatorHandle& train_handle() {
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("attngen::attention_train", "");
@@ -685,11 +687,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_kernel(c10::DispatchKeySet
     }
   }
   count(kBackwardBelow);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("attngen::attention_backward", "")
-                       .typed<BackwardSignature>();
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, dout, q, k, v, out, lse, causal, alignment, scale,
-                       layout, deterministic);
+  return backward_handle().redispatch(ks & c10::after_ADInplaceOrView_keyset, dout, q, k, v, out, lse, causal,
+                                      alignment, scale, layout, deterministic);
 }
 
 // The registrations take_ops made, undone by release_ops (the tests'); one at a time
