@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jinja2
 
-from .core.constants import LN2, LOG2E
+from .core.constants import EXP2_CUBIC, LN2, LOG2E
 from .core.comment_text import comment_line
 from .core.input_errors import INPUT_ERRORS
 from .explain import explain
@@ -64,6 +64,7 @@ def environment(template_dir: str) -> jinja2.Environment:
     env.filters["asm_operands"] = asm_operands
     env.globals["input_errors"] = INPUT_ERRORS
     env.globals["LOG2E"], env.globals["LN2"] = LOG2E, LN2     # one definition each, in core.constants
+    env.globals["EXP2_CUBIC"] = tuple(cpp(c) for c in EXP2_CUBIC)
     return env
 
 

@@ -48,6 +48,7 @@ class WgmmaFragments:
     k_even_odd: bool        # e4m3 k_rows even_odd: a K stage holds the tile's even keys, then its odd ones
     p_log2_offset: int      # P is kept 2^this larger (e4m3: inside its range; 0 otherwise)
     max_chains: int         # running maxima per row in the softmax's scan (spec.softmax.max_chains)
+    fma_exp2: int           # of every 8 exponentials of a row, those on the FMA pipes (spec.softmax.fma_exp2)
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (the waiting warpgroup and the passing one)
     turn_barrier: int       # the first named barrier of the ping-pong turns (one per consumer warpgroup)
@@ -211,6 +212,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, vt=v_t,
                           k_even_odd=k_even_odd,
                           p_log2_offset=p_log2_offset, max_chains=spec.softmax.max_chains,
+                          fma_exp2=spec.softmax.fma_exp2,
                           rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32,
                           turn_barrier=TURN_BARRIER, epilogue_barrier=epilogue_barrier(consumers, spec.schedule.pingpong),
@@ -356,6 +358,7 @@ def explain(plan) -> list[str]:
               f"{f.p_log2_offset}) rounded to {f.mma_type} (the row sums take the power out); output x v descale, "
               f"{plan.spec.out_dtype}; rescale always" if f.vt else "online softmax: exp2 with the scale folded in; rescale always")
              + (f"; a row's max scanned in {f.max_chains} chains" if f.max_chains > 1 else "")
+             + (f"; {f.fma_exp2} of every 8 exponentials on the FMA pipes (a cubic)" if f.fma_exp2 else "")
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
              + (" (the softmax in a basic block of its own, ahead of that P.V's wait)" if f.softmax_block else "")
              + (f"; consumer warpgroups take turns issuing their GEMMs (named barriers 1-{f.consumer_warpgroups})"

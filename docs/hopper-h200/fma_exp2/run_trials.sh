@@ -1,0 +1,30 @@
+#!/bin/bash
+# softmax.fma_exp2's trials on the H200, one device call (about 8 minutes): warm (compile) the trials and their
+# committed specs, verify the trials, then time each against its committed spec, alternating in one process:
+# e4m3 through softmax_block/fp8_ab.py, fp16 through forward_specs_vs_cudnn.py (with cuDNN beside them).
+# Usage (repository root, GPU machine): OUT=DIR bash docs/hopper-h200/fma_exp2/run_trials.sh
+set -uo pipefail
+: "${OUT:?set OUT to the folder the reports go to}"
+export PYTHONUNBUFFERED=1
+T=docs/hopper-h200/fma_exp2/trial_specs
+FP8_BASES="specs/h100_wgmma_d128_fp8.yaml specs/h100_wgmma_d64_fp8_n128c3ps4r32x160pb.yaml"
+D64="specs/h100_wgmma_d64_persistent_q2.yaml specs/h100_wgmma_d64_persistent_q2_c3.yaml specs/h100_wgmma_d64_n128c1hs2oet.yaml specs/h100_wgmma_d64_n128c1ps3opb.yaml"
+D128="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_n128c2ps2r24x240ppet.yaml"
+s=$(date +%s); timeout 240 python3 -m attngen warm --jobs 16 $T/*.yaml $FP8_BASES $D64 $D128 > $OUT/warm.txt 2>&1
+echo "warm rc=$? secs=$(( $(date +%s)-s ))"
+s=$(date +%s); timeout 200 python3 -m attngen verify $T/*.yaml --json $OUT/verify_trials.json > $OUT/verify_trials.txt 2>&1
+echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_trials.txt | tail -3
+PAIRS=specs/h100_wgmma_d128_fp8.yaml:$T/h100_wgmma_d128_fp8_fe1.yaml,specs/h100_wgmma_d128_fp8.yaml:$T/h100_wgmma_d128_fp8_fe2.yaml
+PAIRS=$PAIRS,specs/h100_wgmma_d128_fp8.yaml:$T/h100_wgmma_d128_fp8_fe3.yaml,specs/h100_wgmma_d128_fp8.yaml:$T/h100_wgmma_d128_fp8_fe4.yaml
+PAIRS=$PAIRS,specs/h100_wgmma_d64_fp8_n128c3ps4r32x160pb.yaml:$T/h100_wgmma_d64_fp8_n128c3ps4r32x160pb_fe2.yaml
+timeout 150 python3 docs/hopper-h200/softmax_block/fp8_ab.py $OUT/fp8_ab.json 5 $PAIRS \
+  2x16x8192x128,1x16x16384x128,4x16x2048x128,2x16x8192x64,4x16x2048x64 2>&1 | grep -v '^compiling'
+ATTNGEN_ROUNDS=5 timeout 150 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/d64_ab.json \
+  16x16x512x64,8x16x1024x64,4x16x2048x64,2x16x1024x64,1x8x2048x64,1x8x1024x64 $D64 \
+  $T/h100_wgmma_d64_persistent_q2_fe1.yaml $T/h100_wgmma_d64_persistent_q2_fe2.yaml $T/h100_wgmma_d64_persistent_q2_fe3.yaml \
+  $T/h100_wgmma_d64_persistent_q2_c3_fe2.yaml $T/h100_wgmma_d64_n128c1hs2oet_fe2.yaml $T/h100_wgmma_d64_n128c1ps3opb_fe2.yaml \
+  2>&1 | grep -v '^compiling'
+ATTNGEN_ROUNDS=5 timeout 100 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/d128_ab.json \
+  16x16x512x128,8x16x1024x128,4x16x2048x128,1x8x512x128 $D128 \
+  $T/h100_wgmma_d128_persistent_q2_fe1.yaml $T/h100_wgmma_d128_persistent_q2_fe2.yaml \
+  $T/h100_wgmma_d128_n128c2ps2r24x240ppet_fe2.yaml 2>&1 | grep -v '^compiling'
