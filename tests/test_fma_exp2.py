@@ -28,16 +28,21 @@ def fma32(a, b, c):
 
 
 def exp2_fma(x: np.ndarray) -> np.ndarray:
-    """exp2_fma as the kernel computes it, then read as FTZ arithmetic reads it (a denormal is 0)."""
-    x = np.maximum(np.asarray(x, np.float32), np.float32(-127.0))
-    t = (MAGIC + np.floor(x)).astype(np.float32)      # __fadd_rd(x, MAGIC): exact from -127 up to 2^22
-    assert np.all((np.float64(x) + np.float64(MAGIC)) - np.float64(t) <= 1)   # t is x + MAGIC rounded down
-    f = (x - (t - MAGIC)).astype(np.float32)   # in [0, 1], 1 where x is just below an integer (-1e-30: 1 - 1e-30)
-    c1, c2, c3 = (np.float32(c) for c in EXP2_CUBIC)
-    p = fma32(fma32(fma32(c3, f, c2), f, c1), f, np.float32(1.0))
-    bits = (p.view(np.uint32).astype(np.uint64) + (t.view(np.uint32).astype(np.uint64) << 23)) & 0xFFFFFFFF
-    out = bits.astype(np.uint32).view(np.float32)
-    return np.where(np.abs(out) < np.finfo(np.float32).tiny, np.float32(0.0), out)
+    """exp2_fma as the kernel computes it."""
+    x = np.asarray(x, np.float32)
+    x = np.where(np.isnan(x), x, np.maximum(x, np.float32(-127.0)))   # max.NaN.f32: NaN stays NaN
+    with np.errstate(invalid="ignore"):
+        t = (MAGIC + np.floor(x)).astype(np.float32)      # __fadd_rd(x, MAGIC): exact from -127 up to 2^22
+        ok = ~np.isnan(x)
+        assert np.all((np.float64(x[ok]) + np.float64(MAGIC)) - np.float64(t[ok]) <= 1)   # x + MAGIC rounded down
+        f = (x - (t - MAGIC)).astype(np.float32)   # in [0, 1], 1 where x is just below an integer (-1e-30: 1 - 1e-30)
+        c1, c2, c3 = (np.float32(c) for c in EXP2_CUBIC)
+        p = fma32(fma32(fma32(c3, f, c2), f, c1), f, np.float32(1.0))
+    t_bits = np.where(np.isnan(t), np.float32(np.nan), t).view(np.uint32).astype(np.uint64)
+    t_bits = np.where(np.isnan(t), 0x7FFFFFFF, t_bits)      # the GPU's NaN
+    scale = (((t_bits << 23) + 0x3F800000) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        return (p * scale).astype(np.float32)
 
 
 def test_the_cubic_is_within_its_stated_error_where_softmax_calls_it():
@@ -61,13 +66,18 @@ def test_the_cubic_keeps_its_exponent_bits_at_127():
 
 @pytest.mark.parametrize("x", [-np.inf, -1e30, -1000.0, -200.0, -127.0, -126.5, -126.0001, -126.0, -125.5])
 def test_masked_and_vanishing_scores_give_zero(x):
-    # -inf (a masked score) and anything below -127 clamp to -127; from there to -126, n is -127 and the bits a
-    # denormal, which FTZ reads as 0 (as MUFU.EX2.FTZ gives 0 below 2^-126). From -126 up, a normal number.
+    # -inf (a masked score) and anything below -127 clamp to -127; from there to -126, n is -127 and 2^n's bits
+    # are 0: exactly 0 (as MUFU.EX2.FTZ gives 0 below 2^-126). From -126 up, a normal number.
     got = exp2_fma(np.float32([x]))[0]
     if x < -126:
         assert got == 0.0
     else:
         assert abs(got / 2.0 ** x - 1) < 8.6e-5
+
+
+def test_a_nan_score_stays_nan():
+    # The clamp keeps NaN, and 2^n's bits from a NaN t are a finite power of two: NaN * 0.5 is NaN, as MUFU gives.
+    assert np.isnan(exp2_fma(np.float32([np.nan]))[0])
 
 
 @pytest.mark.parametrize("share", [1, 2, 3, 4])

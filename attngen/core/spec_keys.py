@@ -91,7 +91,7 @@ class Softmax(Strict):
     fma_exp2: Literal[0, 1, 2, 3, 4] = Field(
         default=0,
         description="of every 8 exponentials of a row's scores, how many a thread computes on the FMA pipes "
-                    "(a cubic of the fraction, the exponent added as bits; relative error below 9e-5) rather "
+                    "(a cubic of the fraction times 2^n built as bits; relative error below 8.6e-5) rather "
                     "than the MUFU unit, which does 16 a cycle per SM: where the softmax waits on that unit, "
                     "the FMA pipes' idle issue slots take part of its work. The forward wgmma kinds take it")
 
