@@ -1,14 +1,15 @@
 """softmax.fma_exp2: a share of the softmax's exponentials on the FMA pipes (templates/lib/softmax.j2, exp2_fma).
 
-The arithmetic is checked here as the kernel does it, in float32 (numpy; the rounded-down add is exact in the range
-the clamp leaves, so floor stands for it): the error against 2^x, the clamp's zeros, the exponent bits. Then what a
-spec with the key renders and refuses, and in the SASS ptxas makes (where nvcc and cuobjdump are installed) that the
-MUFU unit's exponentials go down by the share. No GPU."""
+The arithmetic is checked here as the kernel does it, each step rounded to float32 (the rounded-down add is exact in
+the range the clamp leaves, so floor stands for it): the error against 2^x, the clamp's zeros, NaN, the exponent
+bits. Then what a spec with the key renders and refuses, and in the SASS ptxas makes (where nvcc and cuobjdump are
+installed) that the MUFU unit's exponentials go down by the share. No GPU, no numpy."""
 from __future__ import annotations
 
+import math
+import struct
 import subprocess
 
-import numpy as np
 import pytest
 import yaml
 
@@ -18,57 +19,78 @@ from attngen.errors import ToolError
 from attngen.render import render_for
 from test_softmax_block_sass import ROOT, cuda_tools, functions
 
-MAGIC = np.float32(12582912.0)   # 1.5 * 2^23: ulp 1 from 2^23 to 2^24
+MAGIC = 12582912.0   # 1.5 * 2^23: ulp 1 from 2^23 to 2^24
+GPU_NAN_BITS = 0x7FFFFFFF
 
 
-def fma32(a, b, c):
-    """float32 fma: the product is exact in float64 (24 + 24 bits), then one rounding to float64 and one to
-    float32 (a double rounding the kernel's FFMA does not make; at most an ulp of float32 apart)."""
-    return (np.float64(a) * np.float64(b) + np.float64(c)).astype(np.float32)
+def f32(x: float) -> float:
+    """x rounded to float32."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-def exp2_fma(x: np.ndarray) -> np.ndarray:
-    """exp2_fma as the kernel computes it."""
-    x = np.asarray(x, np.float32)
-    x = np.where(np.isnan(x), x, np.maximum(x, np.float32(-127.0)))   # max.NaN.f32: NaN stays NaN
-    with np.errstate(invalid="ignore"):
-        t = (MAGIC + np.floor(x)).astype(np.float32)      # __fadd_rd(x, MAGIC): exact from -127 up to 2^22
-        ok = ~np.isnan(x)
-        assert np.all((np.float64(x[ok]) + np.float64(MAGIC)) - np.float64(t[ok]) <= 1)   # x + MAGIC rounded down
-        f = (x - (t - MAGIC)).astype(np.float32)   # in [0, 1], 1 where x is just below an integer (-1e-30: 1 - 1e-30)
-        c1, c2, c3 = (np.float32(c) for c in EXP2_CUBIC)
-        p = fma32(fma32(fma32(c3, f, c2), f, c1), f, np.float32(1.0))
-    t_bits = np.where(np.isnan(t), np.float32(np.nan), t).view(np.uint32).astype(np.uint64)
-    t_bits = np.where(np.isnan(t), 0x7FFFFFFF, t_bits)      # the GPU's NaN
-    scale = (((t_bits << 23) + 0x3F800000) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
-    with np.errstate(invalid="ignore"):
-        return (p * scale).astype(np.float32)
+def bits(x: float) -> int:
+    return GPU_NAN_BITS if math.isnan(x) else struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def from_bits(b: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", b & 0xFFFFFFFF))[0]
+
+
+def fma32(a: float, b: float, c: float) -> float:
+    """float32 fma: the product of two float32 is exact in a double (24 + 24 bits), then one rounding to double and
+    one to float32 (a double rounding the kernel's FFMA does not make; at most an ulp of float32 apart)."""
+    return f32(a * b + c)
+
+
+C1, C2, C3 = (f32(c) for c in EXP2_CUBIC)
+assert (C1, C2, C3) == EXP2_CUBIC   # each coefficient is a float32, as the kernel's literal reads back
+
+
+def cubic(f: float) -> float:
+    return fma32(fma32(fma32(C3, f, C2), f, C1), f, 1.0)
+
+
+def exp2_fma(x: float) -> float:
+    """exp2_fma as the kernel computes it, in float32."""
+    x = f32(x)
+    if not math.isnan(x):
+        x = max(x, -127.0)                        # max.NaN.f32: NaN stays NaN
+    if math.isnan(x):
+        t, f = math.nan, math.nan
+    else:
+        t = MAGIC + math.floor(x)                 # __fadd_rd(x, MAGIC): exact from -127 up to 2^22
+        assert f32(t) == t and 0 <= (x + MAGIC) - t <= 1
+        f = f32(x - (t - MAGIC))                  # in [0, 1]: 1 where x is just below an integer (-1e-30)
+    scale = from_bits((bits(t) << 23) + 0x3F800000)   # 2^n, or 0 for n = -127
+    return f32(cubic(f) * scale)
+
+
+def points(lo: float, hi: float, n: int) -> list[float]:
+    return [f32(lo + (hi - lo) * i / (n - 1)) for i in range(n)]
 
 
 def test_the_cubic_is_within_its_stated_error_where_softmax_calls_it():
-    # Scores minus the row max, scaled (<= 0), and the e4m3 kernels' P kept 2^8 larger (<= 8); every float32 of
-    # [-1, 1] near 0 too, where f is tiny and the cubic's terms vanish.
-    x = np.concatenate([np.linspace(-126.0, 8.0, 2_000_003, dtype=np.float32),
-                        np.arange(-1 << 16, 1 << 16, dtype=np.float32) / np.float32(1 << 16),
-                        np.float32([-126.0, -0.0, 0.0, 1e-30, -1e-30, 7.999999, 8.0])])
-    got, want = exp2_fma(x).astype(np.float64), np.exp2(x.astype(np.float64))
-    rel = np.abs(got / want - 1)
-    assert rel.max() < 8.6e-5, (x[rel.argmax()], rel.max())
-    assert np.all(got > 0) and exp2_fma(np.float32([0.0]))[0] == 1.0   # p(0) = 1 exactly
+    # Scores minus the row max, scaled (<= 0), and the e4m3 kernels' P kept 2^8 larger (<= 8); float32 near 0 too,
+    # where f is tiny or just below 1; and the cubic's own extremes on [0, 1].
+    xs = (points(-126.0, 8.0, 60_001) + [i / 4096 for i in range(-4096, 4097)]
+          + [-126.0, -0.0, 0.0, 1e-30, -1e-30, 1e-40, 7.999999, 8.0] + points(-1.0, 0.0, 20_001))
+    worst = max(xs, key=lambda x: abs(exp2_fma(x) / 2.0 ** f32(x) - 1))
+    assert abs(exp2_fma(worst) / 2.0 ** f32(worst) - 1) < 8.6e-5, worst
+    assert exp2_fma(0.0) == 1.0   # p(0) = 1 exactly
+    assert all(exp2_fma(x) > 0 for x in xs)
 
 
 def test_the_cubic_keeps_its_exponent_bits_at_127():
-    f = np.linspace(0, 1, 100_001, dtype=np.float32)   # 1 included: x - floor(x) rounds to 1 for x just below 0
-    c1, c2, c3 = (np.float32(c) for c in EXP2_CUBIC)
-    p = fma32(fma32(fma32(c3, f, c2), f, c1), f, np.float32(1.0))
-    assert np.all((p.view(np.uint32) >> 23) == 127)   # in [1, 2): adding n << 23 scales by 2^n
+    # in [1, 2) on [0, 1] (1 included: x - floor(x) rounds to 1 for x just below 0), so that times 2^n is the
+    # exponent moved by n
+    assert all(bits(cubic(f)) >> 23 == 127 for f in points(0.0, 1.0, 20_001))
 
 
-@pytest.mark.parametrize("x", [-np.inf, -1e30, -1000.0, -200.0, -127.0, -126.5, -126.0001, -126.0, -125.5])
+@pytest.mark.parametrize("x", [-math.inf, -1e30, -1000.0, -200.0, -127.0, -126.5, -126.0001, -126.0, -125.5])
 def test_masked_and_vanishing_scores_give_zero(x):
     # -inf (a masked score) and anything below -127 clamp to -127; from there to -126, n is -127 and 2^n's bits
     # are 0: exactly 0 (as MUFU.EX2.FTZ gives 0 below 2^-126). From -126 up, a normal number.
-    got = exp2_fma(np.float32([x]))[0]
+    got = exp2_fma(x)
     if x < -126:
         assert got == 0.0
     else:
@@ -77,7 +99,8 @@ def test_masked_and_vanishing_scores_give_zero(x):
 
 def test_a_nan_score_stays_nan():
     # The clamp keeps NaN, and 2^n's bits from a NaN t are a finite power of two: NaN * 0.5 is NaN, as MUFU gives.
-    assert np.isnan(exp2_fma(np.float32([np.nan]))[0])
+    assert from_bits((GPU_NAN_BITS << 23) + 0x3F800000) == 0.5
+    assert math.isnan(exp2_fma(math.nan))
 
 
 @pytest.mark.parametrize("share", [1, 2, 3, 4])
