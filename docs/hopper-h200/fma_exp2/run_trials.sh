@@ -9,8 +9,9 @@ export PYTHONUNBUFFERED=1
 T=docs/hopper-h200/fma_exp2/trial_specs
 FP8_BASES="specs/h100_wgmma_d128_fp8.yaml specs/h100_wgmma_d64_fp8_n128c3ps4r32x160pb.yaml"
 D64="specs/h100_wgmma_d64_persistent_q2.yaml specs/h100_wgmma_d64_persistent_q2_c3.yaml specs/h100_wgmma_d64_n128c1hs2oet.yaml specs/h100_wgmma_d64_n128c1ps3opb.yaml"
+VARLEN="specs/h100_wgmma_d64_varlen.yaml"
 D128="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_n128c2ps2r24x240ppet.yaml"
-s=$(date +%s); timeout 240 python3 -m attngen warm --jobs 16 $T/*.yaml $FP8_BASES $D64 $D128 > $OUT/warm.txt 2>&1
+s=$(date +%s); timeout 240 python3 -m attngen warm --jobs 16 $T/*.yaml $FP8_BASES $D64 $D128 $VARLEN > $OUT/warm.txt 2>&1
 echo "warm rc=$? secs=$(( $(date +%s)-s ))"
 s=$(date +%s); timeout 200 python3 -m attngen verify $T/*.yaml --json $OUT/verify_trials.json > $OUT/verify_trials.txt 2>&1
 echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_trials.txt | tail -3
@@ -28,3 +29,7 @@ ATTNGEN_ROUNDS=5 timeout 100 python3 docs/hopper-h200/forward_specs_vs_cudnn.py 
   16x16x512x128,8x16x1024x128,4x16x2048x128,1x8x512x128 $D128 \
   $T/h100_wgmma_d128_persistent_q2_fe1.yaml $T/h100_wgmma_d128_persistent_q2_fe2.yaml \
   $T/h100_wgmma_d128_n128c2ps2r24x240ppet_fe2.yaml 2>&1 | grep -v '^compiling'
+timeout 60 python3 -m attngen bench --varlen specs/h100_wgmma_d64_varlen.yaml $T/h100_wgmma_d64_varlen_fe2.yaml --heads 16/16 \
+  --reps 30 --backends flash --json $OUT/varlen_a.json 2>&1 | grep -v '^compiling' | tail -6
+timeout 60 python3 -m attngen bench --varlen $T/h100_wgmma_d64_varlen_fe2.yaml specs/h100_wgmma_d64_varlen.yaml --heads 16/16 \
+  --reps 30 --backends flash --json $OUT/varlen_b.json 2>&1 | grep -v '^compiling' | tail -6
