@@ -7,7 +7,7 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
 export PYTHONUNBUFFERED=1
 T=docs/hopper-h200/fma_exp2/trial_specs
-FP8_BASES="specs/h100_wgmma_d128_fp8.yaml specs/h100_wgmma_d64_fp8_n128c3ps4r32x160pb.yaml"
+FP8_BASES="specs/h100_wgmma_d128_fp8.yaml specs/h100_wgmma_d64_fp8_n128c3ps4r32x160pb.yaml specs/h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2.yaml specs/h100_wgmma_d128_fp8_n192c2ps3r24x240pppbq2mc4.yaml"
 D64="specs/h100_wgmma_d64_persistent_q2.yaml specs/h100_wgmma_d64_persistent_q2_c3.yaml specs/h100_wgmma_d64_n128c1hs2oet.yaml specs/h100_wgmma_d64_n128c1ps3opb.yaml"
 VARLEN="specs/h100_wgmma_d64_varlen.yaml"
 D128="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_n128c2ps2r24x240ppet.yaml"
@@ -18,6 +18,8 @@ echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_tria
 PAIRS=specs/h100_wgmma_d128_fp8.yaml:$T/h100_wgmma_d128_fp8_fe1.yaml,specs/h100_wgmma_d128_fp8.yaml:$T/h100_wgmma_d128_fp8_fe2.yaml
 PAIRS=$PAIRS,specs/h100_wgmma_d128_fp8.yaml:$T/h100_wgmma_d128_fp8_fe3.yaml,specs/h100_wgmma_d128_fp8.yaml:$T/h100_wgmma_d128_fp8_fe4.yaml
 PAIRS=$PAIRS,specs/h100_wgmma_d64_fp8_n128c3ps4r32x160pb.yaml:$T/h100_wgmma_d64_fp8_n128c3ps4r32x160pb_fe2.yaml
+PAIRS=$PAIRS,specs/h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2.yaml:$T/h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2_fe2.yaml
+PAIRS=$PAIRS,specs/h100_wgmma_d128_fp8_n192c2ps3r24x240pppbq2mc4.yaml:$T/h100_wgmma_d128_fp8_n192c2ps3r24x240pppbq2mc4fe2.yaml
 timeout 150 python3 docs/hopper-h200/softmax_block/fp8_ab.py $OUT/fp8_ab.json 5 $PAIRS \
   2x16x8192x128,1x16x16384x128,4x16x2048x128,2x16x8192x64,4x16x2048x64 2>&1 | grep -v '^compiling'
 ATTNGEN_ROUNDS=5 timeout 150 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/d64_ab.json \
