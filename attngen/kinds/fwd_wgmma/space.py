@@ -65,9 +65,8 @@ def _show_blocks(v: tuple[bool, int]) -> str:
 def sweep_space(base: WgmmaForwardSpec) -> SearchSpace:
     """Tiles, roles (producer warpgroup or homogeneous, 1-3 consumer warpgroups), ring depth,
     register split, schedule, epilogue, blocks (one per query block, or persistent with one or
-    two Q tiles), the row max's chains, the exponentials on the FMA pipes and, for e4m3, K's row order,
-    around `base`; the spec rules
-    prune what does not fit."""
+    two Q tiles), the row max's chains, the exponentials on the FMA pipes and, for e4m3, K's row
+    order, around `base`; the spec rules prune what does not fit."""
     regs = (base.registers.producer, base.registers.consumer) if base.registers else None
     # k_rows is a key of the e4m3 spec alone: even_odd paid on some cells and cost on others
     # (docs/performance/hopper.md, "e4m3: K's even keys first"), so its sweep tries both.
