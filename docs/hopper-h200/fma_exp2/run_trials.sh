@@ -1,5 +1,6 @@
 #!/bin/bash
-# softmax.fma_exp2's trials on the H200, one device call (about 8 minutes): warm (compile) the trials and their
+# softmax.fma_exp2's trials on the H200, one device call (about 8 minutes): the exponentials' rate per SM with k of 8
+# on the FMA pipes (exp_rates.py), then warm (compile) the trials and their
 # committed specs, verify the trials, then time each against its committed spec, alternating in one process:
 # e4m3 through softmax_block/fp8_ab.py, fp16 through forward_specs_vs_cudnn.py (with cuDNN beside them).
 # Usage (repository root, GPU machine): OUT=DIR bash docs/hopper-h200/fma_exp2/run_trials.sh
@@ -11,6 +12,7 @@ FP8_BASES="specs/h100_wgmma_d128_fp8.yaml specs/h100_wgmma_d64_fp8_n128c3ps4r32x
 D64="specs/h100_wgmma_d64_persistent_q2.yaml specs/h100_wgmma_d64_persistent_q2_c3.yaml specs/h100_wgmma_d64_n128c1hs2oet.yaml specs/h100_wgmma_d64_n128c1ps3opb.yaml"
 VARLEN="specs/h100_wgmma_d64_varlen.yaml"
 D128="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_n128c2ps2r24x240ppet.yaml"
+timeout 60 python3 docs/hopper-h200/fma_exp2/exp_rates.py $OUT/exp_rates.json 2>&1 | tail -9
 s=$(date +%s); timeout 240 python3 -m attngen warm --jobs 16 $T/*.yaml $FP8_BASES $D64 $D128 $VARLEN > $OUT/warm.txt 2>&1
 echo "warm rc=$? secs=$(( $(date +%s)-s ))"
 s=$(date +%s); timeout 200 python3 -m attngen verify $T/*.yaml --json $OUT/verify_trials.json > $OUT/verify_trials.txt 2>&1
