@@ -127,6 +127,7 @@ def test_a_spec_carries_exp2_fma_only_when_it_sets_the_key(tmp_path):
     assert source.count("exp2_fma(") == 2   # the function and its one call
     assert "if ((c * 2) % 8 < 2) x = exp2_fma(fmaf(x, scale_log2, p_shift));" in source
     assert "2 of every 8 exponentials on the FMA pipes" in source   # the provenance header's plan line
+    assert 'asm("max.NaN.f32 %0, %0, 0fC2FE0000;"' in source   # the clamp keeps NaN (fmaxf would drop it)
 
 
 def mufu_exponentials(path, tmp_path) -> dict[str, int]:
@@ -140,7 +141,8 @@ def mufu_exponentials(path, tmp_path) -> dict[str, int]:
     cubin.write_bytes(result.cubin)
     sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     assert all(not f.spills for f in result.functions), result.functions
-    return {name.rsplit("_", 1)[-1]: sum("MUFU.EX2" in ins for ins in code) for name, code in functions(sass).items()}
+    return {name.rsplit("_", 1)[-1]: (sum("MUFU.EX2" in ins for ins in code), sum("FMNMX.NAN" in ins for ins in code))
+            for name, code in functions(sass).items()}
 
 
 @pytest.mark.parametrize("base", ["h100_wgmma_d128_fp8", "h100_wgmma_d64_n128c1ps3opb"])
@@ -150,6 +152,8 @@ def test_the_mufu_unit_takes_fewer_exponentials(base, tmp_path):
     before = mufu_exponentials(ROOT / "specs" / f"{base}.yaml", tmp_path)
     after = mufu_exponentials(trial_spec(tmp_path, base, 2), tmp_path)
     assert before.keys() == after.keys()
-    for mask, count in before.items():
-        # a quarter of a row's exponentials leave the MUFU unit in each copy of the loop ptxas keeps
-        assert after[mask] < count and (count - after[mask]) % 8 == 0, (mask, count, after[mask])
+    for mask, (count, clamps) in before.items():
+        # a quarter of a row's exponentials leave the MUFU unit in each copy of the loop ptxas keeps, and each one
+        # that leaves is an exp2_fma: one NaN-keeping clamp (FMNMX.NAN) apiece, none before
+        moved = count - after[mask][0]
+        assert clamps == 0 and moved > 0 and moved % 8 == 0 and after[mask][1] == moved, (mask, count, after[mask])

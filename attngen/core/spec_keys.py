@@ -93,7 +93,8 @@ class Softmax(Strict):
         description="of every 8 exponentials of a row's scores, how many a thread computes on the FMA pipes "
                     "(a cubic of the fraction times 2^n built as bits; relative error below 8.6e-5) rather "
                     "than the MUFU unit, which does 16 a cycle per SM: where the softmax waits on that unit, "
-                    "the FMA pipes' idle issue slots take part of its work. The forward wgmma kinds take it")
+                    "the FMA pipes' idle issue slots take part of its work (k of 8 exactly where a thread holds a multiple of 8 "
+                    "scores of a row, block_n a multiple of 32; else a few more). The forward wgmma kinds take it")
 
 
 Rule = Callable[["SpecBase"], Optional[tuple[str, str]]]
