@@ -112,8 +112,8 @@ def native_step_finding(torch) -> Finding:
         return Finding("native training step", False, f"turned off ({native.ENV}=0)", need, note=True)
     path = native.library_path(torch)
     if path.is_file():
-        ops = (f"; its kernels serve torch.compile's attngen training ops ({native.OPS_ENV}=1)" if native.ops_enabled()
-               else "")
+        ops = ("; its kernels serve torch.compile's attngen training ops" if native.ops_enabled()
+               else f"; its kernels do not serve torch.compile's attngen training ops ({native.OPS_ENV}=0)")
         return Finding("native training step", True, f"built: {path}{ops}", need)
     note = native.failure_note(path)
     if note.is_file():

@@ -206,8 +206,8 @@ def test_compiled_steps_take_the_shapes_native_step(native):
 
 @pytest.fixture
 def native_ops(native, monkeypatch):
-    """The native library's kernels in front of attngen's training ops (ATTNGEN_NATIVE_OPS=1: steps made
-    from now on are registered for them), released after the test; the Python ops' step lookups."""
+    """The native library's kernels in front of attngen's training ops (their default, set here all the same:
+    steps made from now on are registered for them), released after the test; the Python ops' step lookups."""
     import torch
     from attngen.ops import library
     monkeypatch.setenv(native.OPS_ENV, "1")

@@ -218,8 +218,8 @@ def test_a_compiled_training_step_traces_through_the_kernels(ops, taken):
 
 
 def test_an_import_with_the_variable_set_puts_the_kernels_in_place(ops):
-    """A new process with ATTNGEN_NATIVE_OPS=1 whose cache holds the built library: importing attngen.ops loads
-    it and the kernels stand in front of the ops before any call; without the variable, nothing is loaded."""
+    """A new process whose cache holds the built library: importing attngen.ops loads it and the kernels stand
+    in front of the ops before any call; with ATTNGEN_NATIVE_OPS=0, nothing is loaded."""
     import os
     import subprocess
     import sys
@@ -229,7 +229,7 @@ def test_an_import_with_the_variable_set_puts_the_kernels_in_place(ops):
              "print(hasattr(torch.ops.attngen_native, 'take_ops') and has('attngen::attention_train', 'AutogradCUDA'),"
              " has('attngen::attention_backward', 'ADInplaceOrView'))")
     env = {**os.environ, "ATTNGEN_CACHE_DIR": str(_built[0].parent.parent)}
-    for value, want in (("1", "True True"), ("", "False False")):
+    for value, want in (("", "True True"), ("0", "False False")):
         done = subprocess.run([sys.executable, "-c", probe], env={**env, native.OPS_ENV: value}, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]

@@ -89,9 +89,9 @@ def test_doctor_says_whether_it_is_built_or_turned_off(tmp_path, monkeypatch):
     path.write_bytes(b"")
     monkeypatch.delenv(native.OPS_ENV, raising=False)
     built = native_step_finding(torch)
-    assert built.ok and str(path) in built.detail and "torch.compile" not in built.detail
-    monkeypatch.setenv(native.OPS_ENV, "1")
-    assert "serve torch.compile's attngen training ops (ATTNGEN_NATIVE_OPS=1)" in native_step_finding(torch).detail
+    assert built.ok and str(path) in built.detail and "kernels serve torch.compile's" in built.detail
+    monkeypatch.setenv(native.OPS_ENV, "0")
+    assert "do not serve torch.compile's attngen training ops (ATTNGEN_NATIVE_OPS=0)" in native_step_finding(torch).detail
     monkeypatch.setenv(native.ENV, "0")
     off = native_step_finding(torch)
     assert not off.ok and off.note and "ATTNGEN_NATIVE=0" in off.detail
@@ -189,8 +189,8 @@ def test_a_training_process_starts_one_build_and_looks_for_it_again_later(fresh_
 
 
 def test_an_imports_load_loads_a_built_library_and_builds_nothing(fresh_state, monkeypatch):
-    """load_built (attngen.ops's import where ATTNGEN_NATIVE_OPS=1): a library that is built is loaded and,
-    with the variable set, takes the ops; none built starts no build (a process that never trains)."""
+    """load_built (attngen.ops's import unless ATTNGEN_NATIVE_OPS=0): a library that is built is loaded and
+    takes the ops; none built starts no build (a process that never trains)."""
     started, loaded, taken = [], [], []
     monkeypatch.setattr(native, "_start_build", lambda: started.append(1))
     monkeypatch.setattr(native, "take_ops", lambda torch: taken.append(1))
@@ -205,6 +205,5 @@ def test_an_imports_load_loads_a_built_library_and_builds_nothing(fresh_state, m
     path = native.library_path(torch)
     path.parent.mkdir(parents=True)
     path.write_text("built")
-    monkeypatch.setenv(native.OPS_ENV, "1")
     assert native.load_built(torch) and loaded == [str(path)] and taken == [1] and started == []
     assert native.load_built(torch) and len(loaded) == 1

@@ -1282,7 +1282,7 @@ torch.library.register_autograd("attngen::attention_varlen_train", _attention_va
 torch.library.register_autograd("attngen::attention_varlen_variant_train", _attention_varlen_variant_gradients,
                                 setup_context=_attention_varlen_variant_setup, lib=LIB)
 
-# ATTNGEN_NATIVE_OPS=1: the native library loaded now where it is built (no build is started here), so that its
+# the native library loaded now where it is built (no build is started here; ATTNGEN_NATIVE_OPS=0: not), so that its
 # kernels stand in front of attention_train's and attention_backward's before any thread calls them (take_ops)
 if _native.ops_enabled():
     _native.load_built(torch)

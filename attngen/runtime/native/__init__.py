@@ -20,11 +20,11 @@ per process, and no process builds again until `attngen warm` is asked to (it re
 that will not load is moved aside and built again by the next process. ATTNGEN_NATIVE=0 turns it
 all off: every step then takes the Python node.
 
-ATTNGEN_NATIVE_OPS=1 also lets the library serve torch.compile's calls of attngen::attention_train and
-attngen::attention_backward (take_ops): a C++ kernel ahead of the ops' Python ones replays the native
-step of a shape it was registered for (register_step) and hands every other call on to them. Off
-unless asked for. attngen.ops loads a built library at import then, so that the kernels are in place
-before any thread calls the ops; a library built during the run takes them when it loads.
+The library also serves torch.compile's calls of attngen::attention_train and attngen::attention_backward
+(take_ops): a C++ kernel ahead of the ops' Python ones replays the native step of a shape it was
+registered for (register_step) and hands every other call on to them; ATTNGEN_NATIVE_OPS=0 turns that
+off alone. attngen.ops loads a built library at import (it starts no build), so that the kernels are in
+place before any thread calls the ops; a library built during the run takes them when it loads.
 
 Imports torch only inside its functions: `attngen warm` runs where torch may be missing.
 """
@@ -45,7 +45,7 @@ from ...fsutil import cache_dir
 
 SOURCE = Path(__file__).with_name("train_step.cpp")
 ENV = "ATTNGEN_NATIVE"          # "0": never build or load it
-OPS_ENV = "ATTNGEN_NATIVE_OPS"  # "1": the library serves attngen's training ops too (take_ops)
+OPS_ENV = "ATTNGEN_NATIVE_OPS"  # "0": the library does not serve attngen's training ops (take_ops)
 NAMESPACE = "attngen_native"
 POLL_SECONDS = 0.5              # how often a training step looks for a library being built elsewhere
 FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-w")
@@ -59,7 +59,7 @@ def enabled() -> bool:
 
 
 def ops_enabled() -> bool:
-    return os.environ.get(OPS_ENV, "").strip() == "1"
+    return enabled() and os.environ.get(OPS_ENV, "").strip() != "0"
 
 
 def compiler_command() -> list[str]:
@@ -308,8 +308,8 @@ TAKEN_OPS = ("attention_train", "attention_backward")   # the attngen ops whose 
 def take_ops(torch, cpu_too: bool = False) -> None:
     """Put the library's kernels in front of attngen's training ops (loaded library; once). torch's
     dispatcher reads its tables without a lock: where other threads may call attngen's ops, take them
-    before those threads start (attngen.ops takes them at import where ATTNGEN_NATIVE_OPS=1 and the library
-    is built). cpu_too: attention_train's kernel for CPU tensors too (the tests' CPU stand-ins)."""
+    before those threads start (attngen.ops takes them at import where the library is built, unless
+    ATTNGEN_NATIVE_OPS=0). cpu_too: attention_train's kernel for CPU tensors too (the tests' CPU stand-ins)."""
     torch.ops.attngen_native.take_ops(cpu_too)
     _forget_python_dispatch(torch)
 
@@ -339,7 +339,7 @@ def op_counts(torch) -> dict:
 def register_step(torch, step, q, k, v, output_strides) -> None:
     """Let the library's op kernels (take_ops) replay `step` (a plain call's) for calls of q, k and v's key
     with the step's options, its backward where out and lse have `output_strides` (the Python step's).
-    Nothing unless ATTNGEN_NATIVE_OPS=1."""
+    Nothing where ATTNGEN_NATIVE_OPS=0."""
     if not ops_enabled():
         return
     o_strides, lse_strides = output_strides
