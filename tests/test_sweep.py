@@ -556,13 +556,13 @@ def test_a_kind_declares_its_own_axes():
     base = load_spec(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml")
     sp = S.default_space(base)
     assert sp.names == ("block_n", "warpgroups", "stages", "registers", "schedule", "epilogue", "blocks",
-                        "max_chains", "fma_exp2")
+                        "max_chains")
     assert S.choice_of(base, sp).tag == "n128c2ps3r24x240o"
     one = (False, 1)   # a block per query block: no tag, so earlier candidates keep their names
-    survivors, pruned = S.prune(base, sp, [sp.choice(176, (0, 2), 2, None, "overlap", "registers", one, 1, 0),
-                                           sp.choice(128, (0, 2), 2, None, "pingpong", "registers", one, 1, 0),
-                                           sp.choice(176, (1, 2), 3, (24, 240), "overlap", "tma", one, 1, 0),
-                                           sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", one, 1, 0)])
+    survivors, pruned = S.prune(base, sp, [sp.choice(176, (0, 2), 2, None, "overlap", "registers", one, 1),
+                                           sp.choice(128, (0, 2), 2, None, "pingpong", "registers", one, 1),
+                                           sp.choice(176, (1, 2), 3, (24, 240), "overlap", "tma", one, 1),
+                                           sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", one, 1)])
     first, tma = survivors
     assert first.name == "h100_wgmma_d128_n176c2hs2o"
     assert (first.plan.block_m, first.plan.producer_warps, first.plan.fragments.has_producer) == (128, 0, False)
@@ -576,8 +576,8 @@ def test_the_wgmma_space_scans_the_row_max_in_four_chains():
     part of a row is under 32 scores."""
     base = load_spec(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml")
     sp = S.default_space(base)
-    kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (False, 1), 4, 0),
-                                      sp.choice(64, (1, 2), 2, (24, 240), "pingpong", "tma", (False, 1), 4, 0)])
+    kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (False, 1), 4),
+                                      sp.choice(64, (1, 2), 2, (24, 240), "pingpong", "tma", (False, 1), 4)])
     assert [c.name for c in kept] == ["h100_wgmma_d128_n128c2ps2r24x240ppetmc4"]
     assert kept[0].spec.softmax.max_chains == 4 and kept[0].plan.fragments.max_chains == 4
     assert [p.reason for p in pruned] == ["spec rule: softmax.max_chains"]
@@ -590,8 +590,8 @@ def test_a_base_with_the_softmax_in_its_own_block_keeps_its_sequential_points():
     assert base.schedule.softmax_block and base.schedule.overlap
     sp = S.default_space(base)
     blocks = (True, 1)
-    kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 1), 3, None, "seq", "registers", blocks, 1, 0),
-                                      sp.choice(128, (1, 1), 3, None, "overlap", "registers", blocks, 1, 0)])
+    kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 1), 3, None, "seq", "registers", blocks, 1),
+                                      sp.choice(128, (1, 1), 3, None, "overlap", "registers", blocks, 1)])
     assert not pruned and [c.spec.schedule.softmax_block for c in kept] == [False, True]
     assert [c.spec.schedule.overlap for c in kept] == [False, True]
 
@@ -603,9 +603,9 @@ def test_the_wgmma_space_has_persistent_blocks():
     base = load_spec(ROOT / "specs" / "lab" / "h100_wgmma_d128.yaml")
     sp = S.default_space(base)
     assert sp.blocks == ((False, 1), (True, 1), (True, 2))
-    kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (True, 2), 1, 0),
-                                      sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (True, 1), 1, 0),
-                                      sp.choice(128, (0, 2), 2, None, "overlap", "tma", (True, 1), 1, 0)])
+    kept, pruned = S.prune(base, sp, [sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (True, 2), 1),
+                                      sp.choice(128, (1, 2), 2, (24, 240), "pingpong", "tma", (True, 1), 1),
+                                      sp.choice(128, (0, 2), 2, None, "overlap", "tma", (True, 1), 1)])
     assert [c.name for c in kept] == ["h100_wgmma_d128_n128c2ps2r24x240ppetpbq2",
                                       "h100_wgmma_d128_n128c2ps2r24x240ppetpb"]
     assert [(c.spec.schedule.persistent, c.spec.schedule.q_tiles) for c in kept] == [(True, 2), (True, 1)]
