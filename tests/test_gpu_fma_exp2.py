@@ -7,13 +7,13 @@ import functools
 from pathlib import Path
 
 import pytest
-import yaml
 
 import attngen
 from attngen.eval import verify
 from attngen.eval.verify.forward import verify_cases as forward_cases
 from attngen.eval.verify.forward_fp8 import check_fp8_case, verify_cases as fp8_cases
 from attngen.render import render_for
+from test_fma_exp2 import trial_spec
 from test_gpu_fp8 import needs_sm90a
 
 pytestmark = pytest.mark.gpu
@@ -27,15 +27,7 @@ SHARE = 4   # the most the key takes: every other exponential of a row
 def trial(base: str) -> Path:
     """specs/BASE.yaml (its first dtype) with softmax.fma_exp2: SHARE, as a spec file of its own."""
     import tempfile
-    data = yaml.safe_load((ROOT / "specs" / f"{base}.yaml").read_text())
-    data.pop("cells", None)
-    if "dtypes" in data:
-        data["dtype"] = data.pop("dtypes")[0]
-    data["name"] = f"{base}_fe{SHARE}"
-    data.setdefault("softmax", {})["fma_exp2"] = SHARE
-    path = Path(tempfile.mkdtemp()) / f"{data['name']}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return trial_spec(Path(tempfile.mkdtemp()), base, SHARE, first_dtype=True)
 
 
 @functools.lru_cache(maxsize=None)
