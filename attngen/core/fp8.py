@@ -11,6 +11,7 @@ from .abi import Abi, pointer
 from .forward_plan import FORWARD_ABI
 
 P_LOG2_OFFSET = 8       # P = exp2(s - max + 8) <= 256, inside e4m3's 448: its small values keep their bits
+E4M3_MAX = 448.0        # e4m3's largest finite value (conversions saturate to it)
 KEY_STEP = 32           # keys (and head-dim columns) per k32 step of an 8-bit mma
 FP8_FROM_ARCH = 89      # e4m3 tensor-core instructions: Ada (sm_89) and later; sm_80 has none
 

@@ -2,9 +2,11 @@
 TMA maps, explain."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...core.abi import Abi
+from ...core.fp8 import E4M3_MAX
 from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, awaiting_twin_functions,
                                   forward_functions, launch_min_blocks, plan_abi, spec_variants)
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region, check_budget,
@@ -49,6 +51,7 @@ class WgmmaFragments:
     p_log2_offset: int      # P is kept 2^this larger (e4m3: inside its range; 0 otherwise)
     max_chains: int         # running maxima per row in the softmax's scan (spec.softmax.max_chains)
     fma_exp2: int           # of every 8 exponentials of a row, those on the FMA pipes (spec.softmax.fma_exp2)
+    lazy_slack: float       # log2 units a tile's max may pass a row's kept max by (0: the max moves every tile)
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (the waiting warpgroup and the passing one)
     turn_barrier: int       # the first named barrier of the ping-pong turns (one per consumer warpgroup)
@@ -145,6 +148,20 @@ def epilogue_line(epilogue: str, own_tile: bool = False, barrier: int = 3) -> st
             }[epilogue]
 
 
+LAZY_SLACK_16BIT = 8.0   # a kept max lets 16-bit P reach 2^8: far inside fp16's and bf16's range, fp32 sums unharmed
+
+
+def lazy_rescale_slack(spec: WgmmaForwardSpec, p_log2_offset: int) -> float:
+    """softmax.lazy_rescale's slack: how many log2 units a tile's max may exceed a row's kept max before the row
+    moves it (0 without the key). P is then at most 2^(p_log2_offset + slack): 16-bit P 2^8; e4m3 P, kept
+    2^p_log2_offset larger already, what is left below its largest finite value, in eighths (0.75 at 8)."""
+    if not spec.softmax.lazy_rescale:
+        return 0.0
+    if spec.dtype != "e4m3":
+        return LAZY_SLACK_16BIT
+    return math.floor((math.log2(E4M3_MAX) - p_log2_offset) * 8) / 8
+
+
 def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_base: Abi = FORWARD_ABI,
              vt: bool = False, p_log2_offset: int = 0, k_even_odd: bool = False) -> ForwardPlan:
     """The plan of a wgmma forward spec of `kind`; vt: V comes transposed (e4m3: the B operand of an
@@ -212,7 +229,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           v_lbo_bytes=bn * panel.row_bytes, v_step_bytes=16 * panel.row_bytes, vt=v_t,
                           k_even_odd=k_even_odd,
                           p_log2_offset=p_log2_offset, max_chains=spec.softmax.max_chains,
-                          fma_exp2=spec.softmax.fma_exp2,
+                          fma_exp2=spec.softmax.fma_exp2, lazy_slack=lazy_rescale_slack(spec, p_log2_offset),
                           rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32,
                           turn_barrier=TURN_BARRIER, epilogue_barrier=epilogue_barrier(consumers, spec.schedule.pingpong),
@@ -359,6 +376,9 @@ def explain(plan) -> list[str]:
               f"{plan.spec.out_dtype}; rescale always" if f.vt else "online softmax: exp2 with the scale folded in; rescale always")
              + (f"; a row's max scanned in {f.max_chains} chains" if f.max_chains > 1 else "")
              + (f"; {f.fma_exp2} of every 8 exponentials on the FMA pipes (a cubic)" if f.fma_exp2 else "")
+             + (f"; a row keeps its max until a tile's passes it by {f.lazy_slack:g} (log2; P <= "
+                f"2^{f.p_log2_offset + f.lazy_slack:g}), O rescaled only in a warp where a row moved"
+                if f.lazy_slack else "")
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
              + (" (the softmax in a basic block of its own, ahead of that P.V's wait)" if f.softmax_block else "")
              + (f"; consumer warpgroups take turns issuing their GEMMs (named barriers 1-{f.consumer_warpgroups})"

@@ -296,6 +296,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_sinks = True
     takes_max_chains = True
     takes_fma_exp2 = True
+    takes_lazy_rescale = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
              rule_epilogue_tile, rule_q_tiles, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_pingpong, rule_registers, rule_threads)
