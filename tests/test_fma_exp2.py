@@ -111,16 +111,18 @@ def test_the_share_is_spread_along_the_row(share):
     assert all(sum(1 for c in picked if 8 * b <= c < 8 * b + 8) == share for b in range(6))
 
 
-def trial_spec(directory: Path, base: str, share: int, first_dtype: bool = False) -> Path:
-    """specs/BASE.yaml with softmax.fma_exp2: SHARE, written into DIRECTORY as a spec of its own;
-    first_dtype: its first dtype alone, without dispatch cells (a kernel to load and verify)."""
+def trial_spec(directory: Path, base: str, share: int, first_dtype: bool = False, *, softmax: dict | None = None,
+               suffix: str | None = None) -> Path:
+    """specs/BASE.yaml with softmax.fma_exp2: SHARE (or the `softmax` keys given, the name ending in `suffix`),
+    written into DIRECTORY as a spec of its own; first_dtype: its first dtype alone, without dispatch cells (a
+    kernel to load and verify)."""
     data = yaml.safe_load((ROOT / "specs" / f"{base}.yaml").read_text())
     if first_dtype:
         data.pop("cells", None)
         if "dtypes" in data:
             data["dtype"] = data.pop("dtypes")[0]
-    data["name"] = f"{base}_fe{share}"
-    data.setdefault("softmax", {})["fma_exp2"] = share
+    data["name"] = f"{base}_{suffix or f'fe{share}'}"
+    data.setdefault("softmax", {}).update(softmax or {"fma_exp2": share})
     path = directory / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -20,17 +20,8 @@ from test_softmax_block_sass import ROOT, cuda_tools, functions
 
 
 def lazy_trial(directory, base: str):
-    """specs/BASE.yaml with softmax.lazy_rescale: true (written as test_fma_exp2 writes its trials)."""
-    import yaml
-    path = trial_spec(directory, base, 0, first_dtype=True)
-    data = yaml.safe_load(path.read_text())
-    data["name"] = f"{base}_lz"
-    data["softmax"].pop("fma_exp2")
-    data["softmax"]["lazy_rescale"] = True
-    path.unlink()
-    out = directory / f"{base}_lz.yaml"
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
+    """specs/BASE.yaml (its first dtype) with softmax.lazy_rescale: true, as a spec file of its own."""
+    return trial_spec(directory, base, 0, first_dtype=True, softmax={"lazy_rescale": True}, suffix="lz")
 
 
 @pytest.mark.parametrize("base, slack", [("h100_wgmma_d128_fp8", 0.75), ("h100_wgmma_d64_persistent_q2", 8.0),
