@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-import attngen
 from attngen.eval import verify
 from attngen.eval.verify.forward import verify_cases as forward_cases
 from attngen.eval.verify.forward_fp8 import check_fp8_case, verify_cases as fp8_cases
 from attngen.render import render_for
 from test_fma_exp2 import trial_spec
 from test_gpu_fp8 import needs_sm90a
+from test_gpu_verify import load_once
 
 pytestmark = pytest.mark.gpu
 
@@ -30,15 +30,12 @@ def trial(base: str) -> Path:
     return trial_spec(Path(tempfile.mkdtemp()), base, SHARE, first_dtype=True)
 
 
-@functools.lru_cache(maxsize=None)
-def load_once(path: Path):
-    return attngen.load(path, synchronize=True)
-
-
-def cases_of(kernel):
-    """check(seed, label) of every case `attngen verify` runs on the kernel (the full suite)."""
+def assert_every_case_passes(kernel, first_seed: int):
+    """Every case `attngen verify` runs on the kernel (the full suite), seeded from first_seed."""
     cases = (fp8_cases if kernel.plan.spec.dtype == "e4m3" else forward_cases)(kernel, verify.FULL_SUITE, kernel.masks)
-    return [check for (_v, _f, _c, _n, check) in cases]
+    results = [check(first_seed + i, kernel.name) for i, (_v, _f, _c, _n, check) in enumerate(cases)]
+    assert results and all(r.passed for r in results), "\n".join(
+        f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
 
 
 @pytest.mark.parametrize("base", BASES)
@@ -46,9 +43,7 @@ def test_a_spec_with_the_fma_share_passes_every_case(base):
     needs_sm90a(ROOT / "specs" / f"{base}.yaml")
     kernel = load_once(trial(base))
     assert kernel.plan.fragments.fma_exp2 == SHARE
-    results = [check(3000 + i, kernel.name) for i, check in enumerate(cases_of(kernel))]
-    assert results and all(r.passed for r in results), "\n".join(
-        f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
+    assert_every_case_passes(kernel, 3000)
 
 
 @pytest.mark.parametrize("base", BASES)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from attngen.eval.verify import attention_torch, error_bound, exact_fp32_matmul
+from attngen.eval.verify import attention_torch, exact_fp32_matmul
 from attngen.render import render_for
-from test_gpu_fma_exp2 import cases_of
+from test_gpu_fma_exp2 import assert_every_case_passes
 from test_gpu_fp8 import needs_sm90a
+from test_gpu_runtime import error_and_bound
 from test_gpu_verify import load_once, torch  # noqa: F401 (torch: the fixture)
 from test_lazy_rescale import lazy_trial
 
@@ -42,9 +43,7 @@ def test_a_spec_with_a_kept_max_passes_every_case(base):
     needs_sm90a(ROOT / "specs" / f"{base}.yaml")
     kernel = load_once(trial(base))
     assert kernel.plan.fragments.lazy_slack > 0
-    results = [check(4000 + i, kernel.name) for i, check in enumerate(cases_of(kernel))]
-    assert results and all(r.passed for r in results), "\n".join(
-        f"{r.variant} {r.shape.label}: {'; '.join(r.problems)}" for r in results if not r.passed)
+    assert_every_case_passes(kernel, 4000)
 
 
 def rising(torch, d: int, trend: float, dtype, seqlen: int = 2048):
@@ -63,11 +62,7 @@ def rising(torch, d: int, trend: float, dtype, seqlen: int = 2048):
 def error_and_bound_16bit(torch, kernel, causal: bool) -> tuple[float, float]:
     """The kernel's largest error against the fp32 reference on rising scores, and the error rule's bound."""
     q, k, v = rising(torch, 64, 0.15, torch.float16)
-    with exact_fp32_matmul(torch):
-        ref, _ = attention_torch(q.float(), k.float(), v.float(), scale=64 ** -0.5, causal=causal)
-    low, _ = attention_torch(q, k, v, scale=64 ** -0.5, causal=causal)
-    out = kernel(q, k, v, causal=causal)
-    return (out.float() - ref).abs().max().item(), error_bound((low.float() - ref).abs().max().item())
+    return error_and_bound(torch, kernel(q, k, v, causal=causal), q, k, v, causal=causal)
 
 
 def error_e4m3(torch, kernel, causal: bool) -> float:
