@@ -5,14 +5,16 @@ timed alternating with the unablated kernel in one process, so that the GPU's cl
 Usage: python3 docs/hopper-h200/fwd_ablation/fwd_ablation.py OUT.json ROUNDS [NAME...]
        python3 docs/hopper-h200/fwd_ablation/fwd_ablation.py --check [NAME...]     (no GPU: each edit applies)
 
-The cells (CELLS): the e4m3 d128 spec of #61's 1000 TFLOP/s at 2x16x8192 and 4x16x2048, and the fp16 specs that
-serve the short d64 and d128 full-mask calls, all full masks. Every ablated source is compiled first, 16 nvcc at
+The cells (CELLS): the e4m3 d128 spec of #61's 1000 TFLOP/s at 2x16x8192 and 4x16x2048, its persistent ping-pong
+twin (the two consumer warpgroups' softmaxes in turns), and the fp16 specs that serve the short d64 and d128
+full-mask calls, all full masks. Every ablated source is compiled first, 16 nvcc at
 once (attngen's compile cache: a second run compiles nothing), then each cell is timed with `attngen bench`'s
 queued timing (30 calls behind a GPU sleep, input sets that defeat L2 reuse), the kernels alternating over
 ROUNDS rounds; a figure is the median of its rounds.
 
-An ablation is a list of (pattern, replacement[, required]) regular-expression edits of the generated source; each
-required one must match at least once in every cell's source (--check proves it without a GPU). What they take out:
+An ablation is a list of (pattern, replacement) regular-expression edits of the generated source (or lists of such
+edits, alternatives); each edit, or one of each list, must match in every cell's source (--check proves it without
+a GPU). What they take out:
   no_exp2      the exponential of every score (its argument stays: the FFMA, the row sum and P's rounding run)
   no_max       the row maximum: no fmaxf over the scores, no reduction over the quad (each lane keeps the first
                score it saw as its max)
@@ -30,9 +32,9 @@ from pathlib import Path
 ABLATIONS = {
     "full": [],
     "no_exp2": [(r"x = exp2f\((fmaf\(x, scale_log2, [^;]*\))\);", r"x = \1;")],
-    "no_max": [(r"mx = fmaxf\(mx, fmaxf\(score\(c\), score\(c \+ 1\)\)\);", "mx = fmaxf(mx, score(0));"),
-               (r"part\[j\] = fmaxf\(part\[j\], fmaxf\(score\(c \+ 2 \* j\), score\(c \+ 2 \* j \+ 1\)\)\);",
-                "part[j] = fmaxf(part[j], score(0));", False),   # max_chains: 4 only
+    "no_max": [[(r"mx = fmaxf\(mx, fmaxf\(score\(c\), score\(c \+ 1\)\)\);", "mx = fmaxf(mx, score(0));"),
+                (r"part\[j\] = fmaxf\(part\[j\], fmaxf\(score\(c \+ 2 \* j\), score\(c \+ 2 \* j \+ 1\)\)\);",
+                 "part[j] = fmaxf(part[j], score(0));")],   # one chain of pairs, or max_chains: 4
                (r"const float (m_new|m_tile) = group_max<kGroup>\(mx\);", r"const float \1 = mx;")],
     "no_sum": [(r"\n( *)sum \+= x;\n", r"\n\1(void)x;\n")],
     "no_rescale": [(r"o\[4 \* j \+ v\] \*= alpha\[v / 2\];", "(void)alpha;")],
@@ -66,19 +68,22 @@ def narrow_pv(source: str) -> str:
 
 # (spec, shapes BxHxSxD): full masks only (the cells #61's forward criteria miss).
 CELLS = [("specs/h100_wgmma_d128_fp8.yaml", ("2x16x8192x128", "4x16x2048x128")),
+         ("specs/h100_wgmma_d128_fp8_n192c2ps3r24x240pppbq2mc4.yaml", ("4x16x2048x128", "2x16x8192x128")),
          ("specs/h100_wgmma_d64_persistent_q2.yaml", ("2x16x1024x64", "4x16x2048x64", "2x16x8192x64")),
          ("specs/h100_wgmma_d128_persistent_q2.yaml", ("4x16x2048x128", "2x16x8192x128"))]
 
 
 def ablated(source: str, name: str) -> str:
-    """`source` with ablation `name`'s edits; every required edit must match."""
+    """`source` with ablation `name`'s edits; every edit (one of each list of alternatives) must match."""
     for edit in ABLATIONS[name]:
         if edit == "narrow_pv":
             source = narrow_pv(source)
             continue
-        pattern, replacement, *optional = edit
-        source, n = re.subn(pattern, replacement, source)
-        if n == 0 and optional != [False]:
+        n = 0
+        for pattern, replacement in edit if isinstance(edit, list) else [edit]:   # a list: alternatives, one must match
+            source, found = re.subn(pattern, replacement, source)
+            n += found
+        if n == 0:
             sys.exit(f"{name}: no match for {pattern!r}; update the ablation")
     return source
 
