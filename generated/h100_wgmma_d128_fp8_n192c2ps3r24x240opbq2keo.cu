@@ -790,16 +790,24 @@ __device__ __forceinline__ void rescale_output(float (&o)[kORegs], const float (
 // of one row. With the K stage's even keys first, the accumulators of lane t hold keys 16m + 4t and
 // 16m + 4t + 2 of each 16 (8-column group m) and 16m + 4t + 1, 16m + 4t + 3 (group m + kBlockN / 16): all four
 // of its register, in its own lane, so each register is two conversions and a merge.
-__device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][4], const float (&s)[kSRegs]) {
+template <typename Value>
+__device__ __forceinline__ void p_fragments_of(uint32_t (&pa)[kKStepsPV][4], Value&& value) {
 #pragma unroll
     for (int kc = 0; kc < kKStepsPV; ++kc)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const float* even = &s[4 * (2 * kc + half)];     // group m = 2kc + half: rows g (0, 1), g + 8 (2, 3)
-            const float* odd = even + kSRegs / 2;            // group m + kBlockN / 16
-            pa[kc][2 * half] = pack4_e4m3(even[0], odd[0], even[1], odd[1]);       // row g: keys 4t .. 4t + 3
-            pa[kc][2 * half + 1] = pack4_e4m3(even[2], odd[2], even[3], odd[3]);   // row g + 8
+            const int even = 4 * (2 * kc + half);     // group m = 2kc + half: rows g (+0, +1), g + 8 (+2, +3)
+            const int odd = even + kSRegs / 2;        // group m + kBlockN / 16
+            const float g0 = value(even), g1 = value(odd), g2 = value(even + 1), g3 = value(odd + 1);
+            pa[kc][2 * half] = pack4_e4m3(g0, g1, g2, g3);           // row g: keys 4t .. 4t + 3
+            const float h0 = value(even + 2), h1 = value(odd + 2), h2 = value(even + 3), h3 = value(odd + 3);
+            pa[kc][2 * half + 1] = pack4_e4m3(h0, h1, h2, h3);       // row g + 8
         }
+}
+
+// P's A registers from P in place in S.
+__device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][4], const float (&s)[kSRegs]) {
+    p_fragments_of(pa, [&](int v) { return s[v]; });
 }
 
 // Issue O += P.V over the tile's keys (one commit group).

@@ -761,7 +761,8 @@ __device__ __forceinline__ void rescale_output(float (&o)[kORegs], const float (
 // pair and offers pair a in one shuffle and pair b in the other (even lanes a first), so that every
 // reader of a shuffle gets the pair it needs; two shuffles move 16 keys of both rows. The choices by
 // lane are byte selectors, fixed per lane: one byte permute picks the offer, one builds each register.
-__device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][4], const float (&s)[kSRegs]) {
+template <typename Value>
+__device__ __forceinline__ void p_fragments_of(uint32_t (&pa)[kKStepsPV][4], Value&& value) {
     const int t = threadIdx.x % 4;
     const int quad0 = threadIdx.x % 32 & ~3;
     const int first = quad0 + (t < 2 ? 2 * t : 2 * t - 3);       // lanes 0, 2, 1, 3 of the quad
@@ -775,15 +776,22 @@ __device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][4], const 
     for (int kc = 0; kc < kKStepsPV; ++kc)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const float* a = &s[4 * (4 * kc + 2 * half)];       // 8-key tile of pair a: rows g (0, 1), g + 8 (2, 3)
-            const float* b = a + 4;                             // the next 8-key tile: pair b
-            const uint32_t pair_a = pack4_e4m3(a[0], a[1], a[2], a[3]);   // row g low half, row g + 8 high half
-            const uint32_t pair_b = pack4_e4m3(b[0], b[1], b[2], b[3]);
+            const int a = 4 * (4 * kc + 2 * half);      // 8-key tile of pair a: rows g (+0, +1), g + 8 (+2, +3)
+            const int b = a + 4;                        // the next 8-key tile: pair b
+            const float a0 = value(a), a1 = value(a + 1), a2 = value(a + 2), a3 = value(a + 3);
+            const uint32_t pair_a = pack4_e4m3(a0, a1, a2, a3);   // row g low half, row g + 8 high half
+            const float b0 = value(b), b1 = value(b + 1), b2 = value(b + 2), b3 = value(b + 3);
+            const uint32_t pair_b = pack4_e4m3(b0, b1, b2, b3);
             const uint32_t got1 = __shfl_sync(0xffffffffu, __byte_perm(pair_a, pair_b, offer1), first);
             const uint32_t got2 = __shfl_sync(0xffffffffu, __byte_perm(pair_a, pair_b, offer2), second);
             pa[kc][2 * half] = __byte_perm(got1, got2, row_g);       // row g: keys 4t .. 4t + 3
             pa[kc][2 * half + 1] = __byte_perm(got1, got2, row_g8);  // row g + 8
         }
+}
+
+// P's A registers from P in place in S.
+__device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][4], const float (&s)[kSRegs]) {
+    p_fragments_of(pa, [&](int v) { return s[v]; });
 }
 
 // Issue O += P.V over the tile's keys (one commit group).

@@ -744,14 +744,22 @@ __device__ __forceinline__ void rescale_output(float (&o)[kORegs], const float (
 
 // P rounded to the element type: the accumulators of key columns 16kc..16kc+15 are the A fragment
 // of k-step kc of P.V (the same register order as an mma.sync A fragment).
-__device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][4], const float (&s)[kSRegs]) {
+template <typename Value>
+__device__ __forceinline__ void p_fragments_of(uint32_t (&pa)[kKStepsPV][4], Value&& value) {
 #pragma unroll
     for (int kc = 0; kc < kKStepsPV; ++kc) {
-        pa[kc][0] = pack2(s[8 * kc], s[8 * kc + 1]);
-        pa[kc][1] = pack2(s[8 * kc + 2], s[8 * kc + 3]);
-        pa[kc][2] = pack2(s[8 * kc + 4], s[8 * kc + 5]);
-        pa[kc][3] = pack2(s[8 * kc + 6], s[8 * kc + 7]);
+        const float p0 = value(8 * kc), p1 = value(8 * kc + 1), p2 = value(8 * kc + 2), p3 = value(8 * kc + 3);
+        pa[kc][0] = pack2(p0, p1);
+        pa[kc][1] = pack2(p2, p3);
+        const float p4 = value(8 * kc + 4), p5 = value(8 * kc + 5), p6 = value(8 * kc + 6), p7 = value(8 * kc + 7);
+        pa[kc][2] = pack2(p4, p5);
+        pa[kc][3] = pack2(p6, p7);
     }
+}
+
+// P's A registers from P in place in S.
+__device__ __forceinline__ void p_fragments(uint32_t (&pa)[kKStepsPV][4], const float (&s)[kSRegs]) {
+    p_fragments_of(pa, [&](int v) { return s[v]; });
 }
 
 // Issue O += P.V over the tile's keys (one commit group).

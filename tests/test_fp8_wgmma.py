@@ -69,7 +69,7 @@ def test_lane_exchange_gives_the_a_registers():
     def acc(t, tile, row, e):          # what accumulator (tile, row half, e) of lane t holds: (row, key)
         return (row, 8 * tile + 2 * t + e)
 
-    def pack(t, tile):                 # pack4_e4m3(a[0], a[1], a[2], a[3]): bytes row g e0 e1, row g+8 e0 e1
+    def pack(t, tile):                 # pack4_e4m3(a0, a1, a2, a3): bytes row g e0 e1, row g+8 e0 e1
         return [acc(t, tile, 0, 0), acc(t, tile, 0, 1), acc(t, tile, 1, 0), acc(t, tile, 1, 1)]
 
     def byte_perm(x, y, selector):     # __byte_perm: bytes of x are 0..3, of y 4..7; nibble i picks byte i
@@ -95,7 +95,8 @@ def test_template_lines_match_the_simulation():
     source = (ROOT / "generated" / "h100_wgmma_d128_fp8_n192c2ps3r24x240opbq2.cu").read_text()   # k_rows: in_order
     for line in ("(t < 2 ? 2 * t : 2 * t - 3)", "(t < 2 ? 2 * t + 1 : 2 * t - 4)", "t % 2 ? 0x7654u : 0x3210u",
                  "t % 2 ? 0x3210u : 0x7654u", "t < 2 ? 0x5410u : 0x1054u", "t < 2 ? 0x7632u : 0x3276u",
-                 "pack4_e4m3(a[0], a[1], a[2], a[3])", "pack4_e4m3(b[0], b[1], b[2], b[3])",
+                 "const float a0 = value(a), a1 = value(a + 1), a2 = value(a + 2), a3 = value(a + 3);",
+                 "pack4_e4m3(a0, a1, a2, a3)", "pack4_e4m3(b0, b1, b2, b3)", "const int b = a + 4;",
                  "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3", "p_shift"):
         assert line in source, line
 
@@ -137,8 +138,10 @@ def test_even_odd_k_rows_in_the_spec_the_map_and_the_kernel():
     assert (k_map.box_rows, k_map.row_stride) == (192, 2) and "one row in 2: 96 rows a copy" in k_map.describe()
     for line in ("return j < kSRegs / 8 ? 16 * j + 2 * e : 16 * (j - kSRegs / 8) + 2 * e + 1;",
                  "const int key0 = n0 + 4 * (lane % 4);", "const int key = key0 + key_of_column(j, e);",
-                 "const float* odd = even + kSRegs / 2;", "pack4_e4m3(even[0], odd[0], even[1], odd[1])",
-                 "pack4_e4m3(even[2], odd[2], even[3], odd[3])",
+                 "const int odd = even + kSRegs / 2;",
+                 "const float g0 = value(even), g1 = value(odd), g2 = value(even + 1), g3 = value(odd + 1);",
+                 "const float h0 = value(even + 2), h1 = value(odd + 2), h2 = value(even + 3), h3 = value(odd + 3);",
+                 "pack4_e4m3(g0, g1, g2, g3)", "pack4_e4m3(h0, h1, h2, h3)",
                  "odd * (kBlockN / 2) * kPanelRowBytes", "at.k_row + t * kBlockN + odd"):
         assert line in source, line
     assert "__shfl_sync(0xffffffffu, __byte_perm(pair_a" not in source

@@ -58,7 +58,7 @@ PLANTED = [
     (WGMMA_D128_IN_ORDER, "row_g = t < 2 ? 0x5410u : 0x1054u", "row_g = 0x5410u"),
     # wgmma, k_rows: even_odd: a lane's A register packs its even and odd keys alternately; packed
     # evens first must fail it.
-    (WGMMA_D128, "pack4_e4m3(even[0], odd[0], even[1], odd[1])", "pack4_e4m3(even[0], even[1], odd[0], odd[1])"),
+    (WGMMA_D128, "pack4_e4m3(g0, g1, g2, g3)", "pack4_e4m3(g0, g2, g1, g3)"),
 ]
 
 

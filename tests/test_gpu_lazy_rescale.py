@@ -2,7 +2,8 @@
 spec with the key passes every case the verifier runs, e4m3 and 16-bit; on keys whose scores rise along the
 sequence (a row's max moves past the slack again and again) its output stays within the error rule (16-bit) or
 within twice the committed kernel's error (e4m3), both against an fp32 reference; and the same checks catch a
-kernel that never rescales, or an e4m3 slack that lets P pass 448."""
+kernel that never rescales, or an e4m3 slack that lets P pass 448. The same with softmax.kept_max_first (P at the
+kept maxima first), whose planted fault keeps that P where a row of the warp moved."""
 from __future__ import annotations
 
 import functools
@@ -26,23 +27,29 @@ E4M3, SIXTEEN = "h100_wgmma_d128_fp8", "h100_wgmma_d64_persistent_q2"
 NO_RESCALE = ("alpha[1] != 1.f)) rescale_output(o, alpha);", "alpha[1] != 1.f)) {}")   # a planted fault
 
 
+# softmax.kept_max_first planted: P at the kept max taken even where a row of the warp moved its max
+ALWAYS_KEPT = ("if (!__all_sync(0xffffffffu, kept)) return false;", "if (!__all_sync(0xffffffffu, true)) return false;")
+FIRST = [False, True]   # lazy_rescale alone, and with kept_max_first
+
+
 @functools.lru_cache(maxsize=None)
-def trial(base: str) -> Path:
-    return lazy_trial(Path(tempfile.mkdtemp()), base)
+def trial(base: str, kept_max_first: bool = False) -> Path:
+    return lazy_trial(Path(tempfile.mkdtemp()), base, kept_max_first)
 
 
-def planted(base: str, old: str, new: str):
+def planted(base: str, old: str, new: str, kept_max_first: bool = False):
     """The trial's kernel with `old` replaced by `new` in its source."""
-    plan, source, _ = render_for(trial(base))
+    plan, source, _ = render_for(trial(base, kept_max_first))
     assert old in source
-    return type(load_once(trial(base))).from_source(plan, source.replace(old, new), label="planted")
+    return type(load_once(trial(base, kept_max_first))).from_source(plan, source.replace(old, new), label="planted")
 
 
+@pytest.mark.parametrize("kept_max_first", FIRST, ids=["lazy", "kept_max_first"])
 @pytest.mark.parametrize("base", [E4M3, SIXTEEN])
-def test_a_spec_with_a_kept_max_passes_every_case(base):
+def test_a_spec_with_a_kept_max_passes_every_case(base, kept_max_first):
     needs_sm90a(ROOT / "specs" / f"{base}.yaml")
-    kernel = load_once(trial(base))
-    assert kernel.plan.fragments.lazy_slack > 0
+    kernel = load_once(trial(base, kept_max_first))
+    assert kernel.plan.fragments.lazy_slack > 0 and kernel.plan.fragments.kept_max_first == kept_max_first
     assert_every_case_passes(kernel, 4000)
 
 
@@ -76,24 +83,29 @@ def error_e4m3(torch, kernel, causal: bool) -> float:
     return (out.float() - ref).abs().max().item()
 
 
+@pytest.mark.parametrize("kept_max_first", FIRST, ids=["lazy", "kept_max_first"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_rising_maxima_16bit(torch, causal):
+def test_rising_maxima_16bit(torch, causal, kept_max_first):
+    """kept_max_first: the warps whose rows move take the usual step; planted, a kernel that keeps P at the kept
+    max there too fails as one that never rescales does."""
     needs_sm90a(ROOT / "specs" / f"{SIXTEEN}.yaml")
-    err, bound = error_and_bound_16bit(torch, load_once(trial(SIXTEEN)), causal)
+    err, bound = error_and_bound_16bit(torch, load_once(trial(SIXTEEN, kept_max_first)), causal)
     assert err <= bound, (err, bound)
-    err, bound = error_and_bound_16bit(torch, planted(SIXTEEN, *NO_RESCALE), causal)
-    assert err > bound, ("a kernel that never rescales passed", err, bound)
+    for fault in (NO_RESCALE, ALWAYS_KEPT) if kept_max_first else (NO_RESCALE,):
+        err, bound = error_and_bound_16bit(torch, planted(SIXTEEN, *fault, kept_max_first), causal)
+        assert err > bound, ("a planted kernel passed", fault, err, bound)
 
 
+@pytest.mark.parametrize("kept_max_first", FIRST, ids=["lazy", "kept_max_first"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_rising_maxima_e4m3(torch, causal):
+def test_rising_maxima_e4m3(torch, causal, kept_max_first):
     """P at up to 2^8.75 through e4m3 (its largest value 448): the kept max's error at most twice the committed
-    kernel's, whose P reaches 2^8; a kernel that never rescales, and one whose slack is 2 (P up to 2^10, clipped
-    at 448), fail the same test."""
+    kernel's, whose P reaches 2^8; a kernel that never rescales, one whose slack is 2 (P up to 2^10, clipped
+    at 448) and, with kept_max_first, one that keeps P at the kept max where a row moved, fail the same test."""
     needs_sm90a(ROOT / "specs" / f"{E4M3}.yaml")
     limit = 2 * error_e4m3(torch, load_once(ROOT / "specs" / f"{E4M3}.yaml"), causal) + 1e-3
-    assert error_e4m3(torch, load_once(trial(E4M3)), causal) <= limit
-    slack = load_once(trial(E4M3)).plan.fragments.lazy_slack
-    wide = (f"scale_log2 <= {slack!r}f ? row_max", "scale_log2 <= 2.0f ? row_max")
-    for fault in (NO_RESCALE, wide):
-        assert error_e4m3(torch, planted(E4M3, *fault), causal) > limit, fault
+    assert error_e4m3(torch, load_once(trial(E4M3, kept_max_first)), causal) <= limit
+    slack = load_once(trial(E4M3, kept_max_first)).plan.fragments.lazy_slack
+    wide = (f"scale_log2 <= {slack!r}f;", "scale_log2 <= 2.0f;")
+    for fault in (NO_RESCALE, wide) + ((ALWAYS_KEPT,) if kept_max_first else ()):
+        assert error_e4m3(torch, planted(E4M3, *fault, kept_max_first), causal) > limit, fault

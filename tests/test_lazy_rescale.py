@@ -19,8 +19,12 @@ from test_fma_exp2 import trial_spec
 from test_softmax_block_sass import ROOT, cuda_tools, functions
 
 
-def lazy_trial(directory, base: str):
-    """specs/BASE.yaml (its first dtype) with softmax.lazy_rescale: true, as a spec file of its own."""
+def lazy_trial(directory, base: str, kept_max_first: bool = False):
+    """specs/BASE.yaml (its first dtype) with softmax.lazy_rescale: true, as a spec file of its own; kept_max_first:
+    and softmax.kept_max_first: true."""
+    if kept_max_first:
+        return trial_spec(directory, base, 0, first_dtype=True, softmax={"lazy_rescale": True, "kept_max_first": True},
+                          suffix="km")
     return trial_spec(directory, base, 0, first_dtype=True, softmax={"lazy_rescale": True}, suffix="lz")
 
 
@@ -35,7 +39,8 @@ def test_the_slack_keeps_p_inside_its_type(tmp_path, base, slack):
     if plan.spec.dtype == "e4m3":   # P <= 2^(8 + slack) stays below e4m3's largest value, by less than an eighth
         assert f.p_log2_offset == P_LOG2_OFFSET and 2 ** (f.p_log2_offset + slack) <= E4M3_MAX < 2 ** (
             f.p_log2_offset + slack + 0.125)
-    assert f"(m_tile - row_max) * scale_log2 <= {slack!r}f ? row_max : m_tile;" in source
+    assert f"return (m_tile - row_max) * scale_log2 <= {slack!r}f;" in source
+    assert "const float m_new = keeps_max(m_tile, row_max, scale_log2) ? row_max : m_tile;" in source
     # the vote and its multiplies come after P's fragments, in both the overlapped loop and the sequential one
     assert source.count("p_fragments(pa, s);\n                    rescale_output_where_moved(o, alpha);") == 2
     assert "rescale_output(o, alpha);\n                    p_fragments(pa, s);" not in source

@@ -52,6 +52,7 @@ class WgmmaFragments:
     max_chains: int         # running maxima per row in the softmax's scan (spec.softmax.max_chains)
     fma_exp2: int           # of every 8 exponentials of a row, those on the FMA pipes (spec.softmax.fma_exp2)
     lazy_slack: float       # log2 units a tile's max may pass a row's kept max by (0: the max moves every tile)
+    kept_max_first: bool    # P made at the rows' kept maxima, the tile's max scanned beside it (spec.softmax.kept_max_first)
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (the waiting warpgroup and the passing one)
     turn_barrier: int       # the first named barrier of the ping-pong turns (one per consumer warpgroup)
@@ -230,6 +231,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           k_even_odd=k_even_odd,
                           p_log2_offset=p_log2_offset, max_chains=spec.softmax.max_chains,
                           fma_exp2=spec.softmax.fma_exp2, lazy_slack=lazy_rescale_slack(spec, p_log2_offset),
+                          kept_max_first=spec.softmax.kept_max_first,
                           rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32,
                           turn_barrier=TURN_BARRIER, epilogue_barrier=epilogue_barrier(consumers, spec.schedule.pingpong),
@@ -379,6 +381,8 @@ def explain(plan) -> list[str]:
              + (f"; a row keeps its max until a tile's passes it by {f.lazy_slack:g} (log2; P <= "
                 f"2^{f.p_log2_offset + f.lazy_slack:g}), O rescaled only in a warp where a row moved"
                 if f.lazy_slack else "")
+             + ("; P made at the kept maxima first, the tile's max scanned beside it (the usual step again only in a "
+                "warp where a row moved)" if f.kept_max_first else "")
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
              + (" (the softmax in a basic block of its own, ahead of that P.V's wait)" if f.softmax_block else "")
              + (f"; consumer warpgroups take turns issuing their GEMMs (named barriers 1-{f.consumer_warpgroups})"

@@ -126,6 +126,12 @@ rule_softmax_block = refuse(
     lambda s: ("the softmax's own block keeps it ahead of the wait for the previous tile's P.V, which only the "
                "overlapped schedule has: set schedule.overlap: true"),
     "rule_softmax_block")
+rule_kept_max_first = refuse(
+    "softmax.kept_max_first", lambda s: s.softmax.kept_max_first and s.schedule.softmax_block,
+    lambda s: ("P at the kept max is written into P.V's A registers as it is made, so it comes after the wait for "
+               "the previous tile's P.V, where schedule.softmax_block puts the softmax ahead of it: remove one of "
+               "the two"),
+    "rule_kept_max_first")
 
 
 def rule_pingpong(s):
@@ -297,9 +303,10 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_max_chains = True
     takes_fma_exp2 = True
     takes_lazy_rescale = True
+    takes_kept_max_first = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
              rule_epilogue_tile, rule_q_tiles, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
-             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_pingpong, rule_registers, rule_threads)
+             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
         panel = panel_swizzle(self)
