@@ -3,7 +3,8 @@
 # to at most 580 s), in place of ../lazy_rescale/run_trials.sh:
 #   check: warm every trial and its committed spec, verify the trials, run tests/test_gpu_lazy_rescale.py (both keys:
 #          every verify case, rising scores, planted faults) and the e4m3 P-layout planted faults of tests/test_gpu_fp8.py;
-#   time:  each committed spec, its lazy_rescale trial and its kept_max_first trial alternating in one process: e4m3
+#   time:  (warm again: a fresh machine has no cache) each committed spec, its lazy_rescale trial and its kept_max_first
+#          trial alternating in one process: e4m3
 #          through softmax_block/fp8_ab.py (committed:lazy and committed:kept pairs), 16-bit through
 #          forward_specs_vs_cudnn.py (the three and cuDNN), the lazy varlen cell by `attngen bench --varlen` both ways.
 # Each trial names its spec on its first line. bf16 trials are verified only.
@@ -42,15 +43,20 @@ time)
     { [ -e $KM/${n}_km.yaml ] || [ -e $KM/${n}km.yaml ]; } && continue
     case $t in *d64*) D64="$D64 $b $t" ;; *d128*) D128="$D128 $b $t" ;; esac
   done
-  timeout 150 python3 docs/hopper-h200/softmax_block/fp8_ab.py $OUT/fp8_ab.json 5 $FP8 \
+  # a machine held since `check` keeps its cubin cache; a fresh one compiles here first, all at once
+  s=$(date +%s); timeout 90 python3 -m attngen warm --no-native --jobs 16 $LZ/*.yaml $KM/*.yaml \
+    $(for t in $LZ/*.yaml $KM/*.yaml; do base_of $t; done | sort -u) > $OUT/warm_time.txt 2>&1
+  echo "warm rc=$? secs=$(( $(date +%s)-s ))"
+  timeout 130 python3 docs/hopper-h200/softmax_block/fp8_ab.py $OUT/fp8_ab.json 5 $FP8 \
     2x16x8192x128,1x16x16384x128,4x16x2048x128,8x16x1024x128,2x16x8192x64,4x16x2048x64 2>&1 | grep -v '^compiling'
-  ATTNGEN_ROUNDS=5 timeout 180 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/d64_ab.json \
+  ATTNGEN_ROUNDS=5 timeout 150 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/d64_ab.json \
     16x16x512x64,8x16x1024x64,4x16x2048x64,2x16x1024x64,1x8x2048x64,1x8x1024x64,2x16x8192x64 $D64 2>&1 | grep -v '^compiling'
-  ATTNGEN_ROUNDS=5 timeout 120 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/d128_ab.json \
+  ATTNGEN_ROUNDS=5 timeout 100 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/d128_ab.json \
     16x16x512x128,8x16x1024x128,4x16x2048x128,1x8x512x128,2x16x8192x128 $D128 2>&1 | grep -v '^compiling'
   V=$LZ/h100_wgmma_d64_varlen_lz.yaml; n=0
   for order in "$(base_of $V) $V" "$V $(base_of $V)"; do
-    timeout 40 python3 -m attngen bench --varlen $order --heads 16/16 --reps 30 --backends flash --json $OUT/varlen_$((++n)).json \
+    n=$((n + 1))   # here, not inside the pipeline below (a subshell)
+    timeout 35 python3 -m attngen bench --varlen $order --heads 16/16 --reps 30 --backends flash --json $OUT/varlen_$n.json \
       2>&1 | grep -v '^compiling' | tail -4
   done ;;
 *) echo "usage: OUT=DIR bash docs/hopper-h200/kept_max_first/run_trials.sh check|time"; exit 2 ;;

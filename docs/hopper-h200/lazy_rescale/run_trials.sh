@@ -34,6 +34,7 @@ ATTNGEN_ROUNDS=5 timeout 50 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $
   16x16x512x128,8x16x1024x128,4x16x2048x128,1x8x512x128 $D128 2>&1 | grep -v '^compiling'
 V=$T/h100_wgmma_d64_varlen_lz.yaml; n=0
 for order in "$(base_of $V) $V" "$V $(base_of $V)"; do
-  timeout 30 python3 -m attngen bench --varlen $order --heads 16/16 --reps 30 --backends flash --json $OUT/varlen_$((++n)).json \
+  n=$((n + 1))   # here, not inside the pipeline below (a subshell)
+  timeout 30 python3 -m attngen bench --varlen $order --heads 16/16 --reps 30 --backends flash --json $OUT/varlen_$n.json \
     2>&1 | grep -v '^compiling' | tail -4
 done
