@@ -30,6 +30,21 @@ def steady_worker(spec_paths, shapes, seed, device_index, tasks, results, worker
         results.put(("done", worker_id, index))
 
 
+def short_of_memory_worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
+    """steady_worker, but the second case of spec 2 runs out of GPU memory beside the other workers."""
+    while True:
+        index = tasks.get()
+        if index is None:
+            return
+        results.put(("start", worker_id, index))
+        for case in range(3):
+            if (index, case) == (2, 1):
+                results.put(("defer", index, case, ("placeholder", index, case)))
+            else:
+                results.put(("case", index, (index, case)))
+        results.put(("done", worker_id, index))
+
+
 def broken_worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
     index = tasks.get()
     results.put(("raise", worker_id, index, RuntimeError("the verifier broke")))
@@ -91,6 +106,26 @@ def test_specs_go_out_as_they_are_built_and_the_report_keeps_the_serial_order(st
     assert [c[:2] for c in stand_ins.compiled] == [(i, 4) for i in range(1, 5)]   # spec 1: 1, 2: 2, 4: 1
 
 
+def test_a_case_short_of_memory_runs_again_alone_in_its_place(stand_ins, monkeypatch):
+    """A case that ran out of GPU memory beside the other workers is run again by this process once they are done
+    (run_alone, with its spec's kernel and its own case), and its result takes the placeholder's place."""
+    monkeypatch.setattr(parallel, "_worker", short_of_memory_worker)
+    alone = []
+
+    def run_alone(kernel, case, kernel_index, seed, on_case):
+        alone.append((kernel.name, case, kernel_index))
+        on_case(("alone", kernel_index, case))
+        return ("alone", kernel_index, case)
+    monkeypatch.setattr(parallel, "run_alone", run_alone)
+    monkeypatch.setattr(runner, "verify_report", lambda kernels, cases, suite: types.SimpleNamespace(cases=cases))
+    heard = []
+    report = parallel.verify_streaming(SPECS, (), jobs=3, suite_name="quick", on_case=heard.append)
+    expected = [(i, c) for i in range(len(SPECS)) for c in range(3)]
+    expected[expected.index((2, 1))] = ("alone", 2, 1)
+    assert report.cases == expected and alone == [("k2", 1, 2)] and report.ran_alone == 1
+    assert ("alone", 2, 1) in heard and not any(h[0] == "placeholder" for h in heard)
+
+
 def test_a_failed_compile_raises_once_the_batch_ends_and_its_spec_is_not_loaded(stand_ins):
     stand_ins.fail_job = 2      # the second source of spec 2
     with pytest.raises(compile_module.ToolError, match="nvcc failed"):
@@ -126,3 +161,26 @@ def test_a_profiled_worker_writes_its_profile_even_when_it_stops_early(tmp_path)
     worker.join(timeout=120)
     assert worker.exitcode == 0
     assert pstats.Stats(str(tmp_path / "worker-3.prof")).total_calls > 0
+
+
+def test_the_runner_hands_back_a_case_short_of_memory(monkeypatch):
+    """In a worker (on_out_of_memory given) a case that raises torch's out-of-memory error is handed back, its
+    placeholder saying so, and on_case does not hear of it; in a serial run (none given) it is a failed case."""
+    import torch
+    monkeypatch.setattr(runner, "convention_of", lambda kernel: "forward")
+    kernel = types.SimpleNamespace(label="k", device=torch.device("cpu"))
+
+    def check(fails):
+        def run(seed, label):
+            if fails:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 MiB")
+            return runner.CaseResult(label, "f", "none", "shape", passed=True)
+        return run
+    cases = [("none", "f", types.SimpleNamespace(label="s"), i, check(i == 1)) for i in range(3)]
+    heard, handed = [], []
+    results = runner.Runner(0, heard.append, on_out_of_memory=lambda *a: handed.append(a)).run(kernel, cases, 4, "k")
+    assert [r.passed for r in heard] == [True, True] and [h[:2] for h in handed] == [(4, 1)]
+    assert handed[0][2] is results[1] and results[1].problems == [f"not run yet: {runner.OUT_OF_MEMORY_BESIDE_OTHERS}"]
+    heard.clear()
+    results = runner.Runner(0, heard.append).run(kernel, cases, 4, "k")
+    assert [r.passed for r in heard] == [True, False, True] and "OutOfMemoryError" in heard[1].problems[0]

@@ -175,6 +175,9 @@ def _verify_streaming(verification, paths, shapes, jobs: int, suite_name: str, s
                    "the cache", err=True)
     click.echo(f"verified {len(paths)} spec(s) in {jobs} worker processes sharing the GPU {sharing_words(sharing)} in "
                f"{time.perf_counter() - start:.1f} s", err=True)
+    if getattr(report, "ran_alone", 0):
+        click.echo(f"{report.ran_alone} case(s) ran out of GPU memory beside the other workers and ran again alone "
+                   "at the end", err=True)
     return report
 
 

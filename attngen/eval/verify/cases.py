@@ -218,6 +218,7 @@ class VerifyReport:
     torch_version: str
     suite: str
     cases: list[CaseResult]
+    ran_alone: int = 0      # worker runs: cases that ran out of GPU memory beside the other workers and ran again alone
 
     @property
     def failed(self) -> list[CaseResult]:

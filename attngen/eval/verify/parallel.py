@@ -10,7 +10,10 @@ index gives it in a serial run, so the report is the one a serial run makes, cas
 same order. A CUDA fault loses only its
 own worker's context: that worker's remaining cases of its spec are reported as not run (as a serial
 run reports them) and the worker stops; the other workers take the remaining specs. A worker that
-dies leaves the cases it had not reported marked as not run.
+dies leaves the cases it had not reported marked as not run. A case that runs out of GPU memory beside the
+other workers (8 of them filled an 80 GB H100 on the largest varlen backward cases) is not a result: the worker
+hands it back, and once the workers are done this process runs it again alone, with the whole GPU, as a
+serial run would (it fails only if it runs out there too).
 """
 from __future__ import annotations
 
@@ -77,7 +80,8 @@ def _work(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
                 return
             results.put(("start", worker_id, index))
             kernel = load_kernel(spec_paths[index])
-            runner = Runner(seed, lambda case, index=index: results.put(("case", index, case)))
+            runner = Runner(seed, lambda case, index=index: results.put(("case", index, case)),
+                            on_out_of_memory=lambda i, position, case: results.put(("defer", i, position, case)))
             runner.run(kernel, kernel_cases(kernel, shapes, kernel.masks), index, kernel.name)
             results.put(("done", worker_id, index))
             if runner.context_lost:
@@ -246,6 +250,7 @@ def _serve(spec_paths, shapes, seed: int, jobs: int, device_index: int, ready, a
 
     running: dict[int, int] = {}        # worker -> the spec index it runs
     finished: set[int] = set()
+    deferred: list[tuple[int, int]] = []    # (spec index, case position) of cases that ran out of memory
     error = None
     try:
         hand_out(first)
@@ -270,6 +275,10 @@ def _serve(spec_paths, shapes, seed: int, jobs: int, device_index: int, ready, a
                 received[index].append(case)
                 if on_case:
                     on_case(case)
+            elif kind == "defer":
+                _, index, position, case = message
+                received[index].append(case)        # its place in the report, until it runs alone
+                deferred.append((index, position))
             elif kind == "start":
                 running[message[1]] = message[2]
             elif kind == "done":
@@ -299,8 +308,19 @@ def _serve(spec_paths, shapes, seed: int, jobs: int, device_index: int, ready, a
         if len(received[index]) < len(expected[index]):
             _not_run(received[index], expected[index], kernels[index].name,
                      "no verify worker was left to run it (each lost its CUDA context or exited)", on_case)
-    return verify_report([k for k in kernels if k is not None],
-                         [case for cases in received for case in cases], suite_name)
+    for index, position in deferred:        # the workers are gone: each case alone on the GPU
+        received[index][position] = run_alone(kernels[index], expected[index][position], index, seed, on_case)
+    report = verify_report([k for k in kernels if k is not None], [case for cases in received for case in cases],
+                           suite_name)
+    if deferred:
+        report.ran_alone = len(deferred)
+    return report
+
+
+def run_alone(kernel, case: tuple, kernel_index: int, seed: int, on_case) -> CaseResult:
+    """One case of `kernel` run in this process, with the same seed as in a worker or a serial run."""
+    from .runner import Runner
+    return Runner(seed, on_case).run(kernel, [case], kernel_index, kernel.name)[0]
 
 
 def _not_run(got: list[CaseResult], cases: list[tuple], label: str, why: str, on_case) -> None:

@@ -11,11 +11,15 @@ from .rooms import convention_of
 
 class Runner:
     """Runs the cases it is handed, in order. A case that raises is a failed case; after a CUDA fault
-    that leaves the context unusable, every remaining case (of every kernel) is reported as not run."""
+    that leaves the context unusable, every remaining case (of every kernel) is reported as not run.
+    `on_out_of_memory(kernel_index, position, placeholder)`: where given (a worker beside others on one GPU),
+    a case that runs out of GPU memory is handed to it instead of failing, with the CaseResult that stands
+    in for it until it runs again alone (parallel.py); on_case does not hear of it."""
 
-    def __init__(self, seed: int, on_case):
+    def __init__(self, seed: int, on_case, on_out_of_memory=None):
         self.seed = seed
         self.on_case = on_case
+        self.on_out_of_memory = on_out_of_memory
         self.context_lost: str | None = None
 
     def run(self, kernel, cases, kernel_index: int, spec_label: str | None) -> list[CaseResult]:
@@ -24,7 +28,7 @@ class Runner:
         label = spec_label or kernel.label
         call = convention_of(kernel)
         results = []
-        for variant, function, shape, index, check in cases:
+        for position, (variant, function, shape, index, check) in enumerate(cases):
             start = time.perf_counter()
             ran = not self.context_lost
             if not ran:
@@ -38,6 +42,12 @@ class Runner:
                 except Exception as exc:
                     r = CaseResult(label, function, variant, shape, passed=False,
                                    problems=[f"{type(exc).__name__}: {exc}"])
+                    if self.on_out_of_memory is not None and out_of_memory(exc):
+                        release_cached_memory()
+                        r.problems = [f"not run yet: {OUT_OF_MEMORY_BESIDE_OTHERS}"]
+                        results.append(r)
+                        self.on_out_of_memory(kernel_index, position, r)
+                        continue
                     if not context_usable(kernel.device):
                         self.context_lost = f"after {label} {variant} {shape.label}"
             r.seconds = round(time.perf_counter() - start, 4)
@@ -47,6 +57,21 @@ class Runner:
             if self.on_case:
                 self.on_case(r)
         return results
+
+
+OUT_OF_MEMORY_BESIDE_OTHERS = "it ran out of GPU memory beside the other verify workers; it runs again alone at the end"
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """torch's out-of-memory error (the GPU's memory, not the host's)."""
+    import torch
+    return isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
+def release_cached_memory() -> None:
+    """Hand this process's cached GPU blocks back, so that the other workers sharing the GPU can use them."""
+    import torch
+    torch.cuda.empty_cache()
 
 
 def context_usable(device) -> bool:
