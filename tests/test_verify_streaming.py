@@ -19,30 +19,28 @@ from attngen.eval.verify import parallel
 SPECS = [str(i) for i in range(7)]      # spec i has i % 3 sources; spec 5 cannot run on the GPU
 
 
-def steady_worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
+def stand_in_worker(tasks, results, worker_id, short_of_memory=()):
+    """Three cases a spec; the (spec, case) pairs in short_of_memory are handed back as out of memory."""
     while True:
         index = tasks.get()
         if index is None:
             return
         results.put(("start", worker_id, index))
         for case in range(3):
-            results.put(("case", index, (index, case)))
-        results.put(("done", worker_id, index))
-
-
-def short_of_memory_worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
-    """steady_worker, but the second case of spec 2 runs out of GPU memory beside the other workers."""
-    while True:
-        index = tasks.get()
-        if index is None:
-            return
-        results.put(("start", worker_id, index))
-        for case in range(3):
-            if (index, case) == (2, 1):
+            if (index, case) in short_of_memory:
                 results.put(("defer", index, case, ("placeholder", index, case)))
             else:
                 results.put(("case", index, (index, case)))
         results.put(("done", worker_id, index))
+
+
+def steady_worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
+    stand_in_worker(tasks, results, worker_id)
+
+
+def short_of_memory_worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
+    """steady_worker, but the second case of spec 2 runs out of GPU memory beside the other workers."""
+    stand_in_worker(tasks, results, worker_id, short_of_memory={(2, 1)})
 
 
 def broken_worker(spec_paths, shapes, seed, device_index, tasks, results, worker_id):
