@@ -161,17 +161,23 @@ def test_a_profiled_worker_writes_its_profile_even_when_it_stops_early(tmp_path)
     assert pstats.Stats(str(tmp_path / "worker-3.prof")).total_calls > 0
 
 
+class ShortOfMemory(Exception):
+    """Stands in for torch.cuda.OutOfMemoryError (CI has no torch)."""
+
+
 def test_the_runner_hands_back_a_case_short_of_memory(monkeypatch):
-    """In a worker (on_out_of_memory given) a case that raises torch's out-of-memory error is handed back, its
-    placeholder saying so, and on_case does not hear of it; in a serial run (none given) it is a failed case."""
-    import torch
+    """In a worker (on_out_of_memory given) a case that runs out of GPU memory is handed back, its placeholder saying
+    so, and on_case does not hear of it; in a serial run (none given) it is a failed case."""
     monkeypatch.setattr(runner, "convention_of", lambda kernel: "forward")
-    kernel = types.SimpleNamespace(label="k", device=torch.device("cpu"))
+    monkeypatch.setattr(runner, "out_of_memory", lambda exc: isinstance(exc, ShortOfMemory))
+    monkeypatch.setattr(runner, "release_cached_memory", lambda: None)
+    monkeypatch.setattr(runner, "context_usable", lambda device: True)
+    kernel = types.SimpleNamespace(label="k", device=types.SimpleNamespace(type="cuda"))
 
     def check(fails):
         def run(seed, label):
             if fails:
-                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 MiB")
+                raise ShortOfMemory("CUDA out of memory. Tried to allocate 1024.00 MiB")
             return runner.CaseResult(label, "f", "none", "shape", passed=True)
         return run
     cases = [("none", "f", types.SimpleNamespace(label="s"), i, check(i == 1)) for i in range(3)]
@@ -181,4 +187,11 @@ def test_the_runner_hands_back_a_case_short_of_memory(monkeypatch):
     assert handed[0][2] is results[1] and results[1].problems == [f"not run yet: {runner.OUT_OF_MEMORY_BESIDE_OTHERS}"]
     heard.clear()
     results = runner.Runner(0, heard.append).run(kernel, cases, 4, "k")
-    assert [r.passed for r in heard] == [True, False, True] and "OutOfMemoryError" in heard[1].problems[0]
+    assert [r.passed for r in heard] == [True, False, True] and "ShortOfMemory" in heard[1].problems[0]
+
+
+def test_out_of_memory_is_torchs_gpu_error():
+    torch = pytest.importorskip("torch")
+    assert runner.out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    assert not runner.out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not runner.out_of_memory(MemoryError())
