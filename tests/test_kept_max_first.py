@@ -16,7 +16,7 @@ from attngen.compile import run_nvcc
 from attngen.core.fp8 import P_LOG2_OFFSET
 from attngen.errors import SpecError, ToolError
 from attngen.render import render_for
-from test_lazy_rescale import emulate_row, f32, lazy_trial
+from test_lazy_rescale import emulate_row, f32, lazy_trial, lazy_tile_step, tile_growth
 from test_softmax_block_sass import ROOT, cuda_tools, functions
 
 E4M3, SIXTEEN = "h100_wgmma_d128_fp8", "h100_wgmma_d64_persistent_q2"
@@ -112,9 +112,7 @@ def emulate_warp_kept_first(rows, tile, scale_log2, slack, offset):
         for (row_max, _, _), s in zip(state, tiles):
             shift = f32(offset - f32((0.0 if row_max == -math.inf else row_max) * scale_log2))
             p = [f32(2.0 ** f32(x * scale_log2 + shift)) if x != -math.inf else 0.0 for x in s]
-            m_tile = max([row_max] + s)
-            grow = (m_tile - row_max) * scale_log2 if row_max != -math.inf else math.nan
-            firsts.append((p, grow <= slack))
+            firsts.append((p, tile_growth(row_max, s, scale_log2)[1] <= slack))
         if all(kept for _, kept in firsts):
             for st, (p, _) in zip(state, firsts):
                 st[1] = f32(st[1] + f32(sum(p)))
@@ -122,14 +120,7 @@ def emulate_warp_kept_first(rows, tile, scale_log2, slack, offset):
             continue
         fell_back += 1
         for st, s in zip(state, tiles):
-            row_max, row_sum, o = st
-            m_tile = max([row_max] + s)
-            grow = (m_tile - row_max) * scale_log2 if row_max != -math.inf else math.nan
-            m_new = row_max if grow <= slack else m_tile
-            m_scaled = f32((0.0 if m_new == -math.inf else m_new) * scale_log2)
-            alpha = 1.0 if m_new == row_max else f32(2.0 ** (row_max * scale_log2 - m_scaled))
-            p = [f32(2.0 ** f32(x * scale_log2 + (offset - m_scaled))) if x != -math.inf else 0.0 for x in s]
-            st[:] = [m_new, f32(row_sum * alpha + f32(sum(p))), f32(o * alpha + sum(pi * (j + t0) / n for j, pi in enumerate(p)))]
+            lazy_tile_step(st, s, t0, n, scale_log2, slack, offset)
     out = [(o / row_sum, row_max * scale_log2 + math.log2(row_sum) - offset) for row_max, row_sum, o in state]
     return out, fell_back
 

@@ -66,23 +66,35 @@ def f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
+def tile_growth(row_max, s, scale_log2):
+    """(the tile's max with the row's, how far past the row's max it is in log2 units: NaN from -inf, as on the GPU)."""
+    m_tile = max([row_max] + s)
+    return m_tile, (m_tile - row_max) * scale_log2 if row_max != -math.inf else math.nan
+
+
+def lazy_tile_step(state, s, t0, n, scale_log2, slack, offset):
+    """The kernel's step on one tile `s` (keys t0.. of n) in float32, `state` = [row max, row sum, O for one value
+    column] updated in place: the max (kept within the slack), P = 2^(s scale - m scale + offset), alpha, sum, O.
+    Returns (alpha, P)."""
+    row_max, row_sum, o = state
+    m_tile, grow = tile_growth(row_max, s, scale_log2)
+    m_new = row_max if (slack and grow <= slack) else m_tile
+    m_scaled = f32((0.0 if m_new == -math.inf else m_new) * scale_log2)
+    alpha = 1.0 if m_new == row_max else f32(2.0 ** (row_max * scale_log2 - m_scaled))
+    p = [f32(2.0 ** f32(x * scale_log2 + (offset - m_scaled))) if x != -math.inf else 0.0 for x in s]
+    state[:] = [m_new, f32(row_sum * alpha + f32(sum(p))), f32(o * alpha + sum(pi * (j + t0) / n for j, pi in enumerate(p)))]
+    return alpha, p
+
+
 def emulate_row(scores, tile, scale_log2, slack, offset):
-    """The kernel's step per tile in float32 (max, kept max, P = 2^(s scale - m scale + offset), alpha, sum, O
-    for one value column): returns (O / sum, LSE in log2 units, the largest P, how many tiles rescaled)."""
-    row_max, row_sum, o, top, moves = -math.inf, 0.0, 0.0, 0.0, 0
+    """lazy_tile_step over a row's tiles: returns (O / sum, LSE in log2 units, the largest P, how many tiles
+    rescaled)."""
+    state, top, moves = [-math.inf, 0.0, 0.0], 0.0, 0
     for t0 in range(0, len(scores), tile):
-        s = scores[t0:t0 + tile]
-        m_tile = max([row_max] + s)
-        grow = (m_tile - row_max) * scale_log2 if row_max != -math.inf else math.nan   # NaN from -inf, as on the GPU
-        m_new = row_max if (slack and grow <= slack) else m_tile
-        m_scaled = f32((0.0 if m_new == -math.inf else m_new) * scale_log2)
-        alpha = 1.0 if m_new == row_max else f32(2.0 ** (row_max * scale_log2 - m_scaled))
+        alpha, p = lazy_tile_step(state, scores[t0:t0 + tile], t0, len(scores), scale_log2, slack, offset)
         moves += alpha != 1.0
-        row_max = m_new
-        p = [f32(2.0 ** f32(x * scale_log2 + (offset - m_scaled))) if x != -math.inf else 0.0 for x in s]
         top = max([top] + p)
-        row_sum = f32(row_sum * alpha + f32(sum(p)))
-        o = f32(o * alpha + sum(pi * (j + t0) / len(scores) for j, pi in enumerate(p)))
+    row_max, row_sum, o = state
     return o / row_sum, row_max * scale_log2 + math.log2(row_sum) - offset, top, moves
 
 
