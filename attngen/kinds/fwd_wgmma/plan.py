@@ -53,6 +53,7 @@ class WgmmaFragments:
     fma_exp2: int           # of every 8 exponentials of a row, those on the FMA pipes (spec.softmax.fma_exp2)
     lazy_slack: float       # log2 units a tile's max may pass a row's kept max by (0: the max moves every tile)
     kept_max_first: bool    # P made at the rows' kept maxima, the tile's max scanned beside it (spec.softmax.kept_max_first)
+    p_buffers: int          # registers sets holding P for P.V (spec.schedule.p_buffers; 2: made while the last P.V runs)
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (the waiting warpgroup and the passing one)
     turn_barrier: int       # the first named barrier of the ping-pong turns (one per consumer warpgroup)
@@ -232,7 +233,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           k_even_odd=k_even_odd,
                           p_log2_offset=p_log2_offset, max_chains=spec.softmax.max_chains,
                           fma_exp2=spec.softmax.fma_exp2, lazy_slack=lazy_rescale_slack(spec, p_log2_offset),
-                          kept_max_first=spec.softmax.kept_max_first,
+                          kept_max_first=spec.softmax.kept_max_first, p_buffers=spec.schedule.p_buffers,
                           rows_per_warpgroup=ROWS_PER_WARPGROUP,
                           turn_threads=2 * WARPGROUP * 32,
                           turn_barrier=TURN_BARRIER, epilogue_barrier=epilogue_barrier(consumers, spec.schedule.pingpong),
@@ -385,6 +386,7 @@ def explain(plan) -> list[str]:
              + ("; P made at the kept maxima first, the tile's max scanned beside it (the usual step again only in a "
                 "warp where a row moved)" if f.kept_max_first else "")
              + ("; overlapped with the previous tile's P.V" if f.overlap else "")
+             + ("; two P buffers: a tile's P made while the previous tile's P.V runs" if f.p_buffers == 2 else "")
              + (" (the softmax in a basic block of its own, ahead of that P.V's wait)" if f.softmax_block else "")
              + (f"; consumer warpgroups take turns issuing their GEMMs (named barriers 1-{f.consumer_warpgroups})"
                 if f.pingpong else ""),

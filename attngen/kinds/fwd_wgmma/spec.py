@@ -126,6 +126,12 @@ rule_softmax_block = refuse(
     lambda s: ("the softmax's own block keeps it ahead of the wait for the previous tile's P.V, which only the "
                "overlapped schedule has: set schedule.overlap: true"),
     "rule_softmax_block")
+rule_p_buffers = refuse(
+    "schedule.p_buffers", lambda s: s.schedule.p_buffers == 2 and not (s.schedule.overlap and s.softmax.kept_max_first),
+    lambda s: ("a second P buffer is written while the previous tile's P.V reads the first, which only the overlapped "
+               "schedule with P at the kept maxima does: set schedule.overlap: true and softmax.kept_max_first: true "
+               "(with lazy_rescale), or p_buffers: 1"),
+    "rule_p_buffers")
 rule_kept_max_first = refuse(
     "softmax.kept_max_first", lambda s: s.softmax.kept_max_first and s.schedule.softmax_block,
     lambda s: ("P at the kept max is written into P.V's A registers as it is made, so it comes after the wait for "
@@ -264,6 +270,10 @@ class Schedule(Strict):
         "K and V of a stage handed over on separate full/empty mbarriers, so K is refilled as soon as its "
         "S = Q.K^T is done; false: one pair per stage counts both (fewer arrivals per tile); unset: separate "
         "when the schedule overlaps (it needs only two stages then)"))
+    p_buffers: Literal[1, 2] = Field(default=1, description=(
+        "registers that hold P as P.V's A operand: 2 lets a warpgroup make tile t's P (at its rows' kept maxima) "
+        "while P.V of tile t-1 still reads the other buffer, and wait for that P.V only afterwards (or where a row "
+        "moved, before the rescale); needs overlap and softmax.kept_max_first. 1: tile t's P waits for that P.V"))
     persistent: bool = Field(default=False, description=(
         "launch one block per SM that loops over every query block: the producer loads the next block's "
         "Q and K/V while the consumers finish the last one (its epilogue); needs a producer warpgroup"))
@@ -306,7 +316,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_kept_max_first = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
              rule_epilogue_tile, rule_q_tiles, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
-             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_pingpong, rule_registers, rule_threads)
+             rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_p_buffers, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
         panel = panel_swizzle(self)
