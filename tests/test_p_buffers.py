@@ -1,0 +1,108 @@
+"""schedule.p_buffers: 2 (fwd_wgmma, with softmax.kept_max_first on the overlapped schedule): a tile's P is made at
+the kept maxima into a second register set while P.V of the tile before still reads the first, and that P.V is
+waited for only afterwards. Checked here without a GPU: the rule, the rendering (the loop in pairs of tiles, each
+buffer named where it is written and read, the wait after the kept P) and the SASS (the exponentials of a tile's
+kept P come before the wait, which ptxas would otherwise put at the top of their block; no spills)."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+
+from attngen.compile import run_nvcc
+from attngen.errors import SpecError, ToolError
+from attngen.render import render_for
+from test_softmax_block_sass import ROOT, cuda_tools, functions
+
+E4M3, SIXTEEN = "h100_wgmma_d128_fp8", "h100_wgmma_d128_n128c2ps2r24x240ppet"
+KEPT = {"lazy_rescale": True, "kept_max_first": True}
+
+
+def trial(directory, base: str, softmax: dict, schedule: dict, suffix: str):
+    """specs/BASE.yaml, its first dtype alone, with these softmax and schedule keys, written into DIRECTORY."""
+    data = yaml.safe_load((ROOT / "specs" / f"{base}.yaml").read_text())
+    data.pop("cells", None)
+    if "dtypes" in data:
+        data["dtype"] = data.pop("dtypes")[0]
+    data["name"] = f"{base}_{suffix}"
+    data.setdefault("softmax", {}).update(softmax)
+    data.setdefault("schedule", {}).update(schedule)
+    path = directory / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("softmax, schedule", [
+    ({"lazy_rescale": True}, {"p_buffers": 2}),                   # no P at the kept maxima
+    (KEPT, {"p_buffers": 2, "overlap": False}),                   # the sequential schedule
+])
+def test_the_rule(tmp_path, softmax, schedule):
+    from attngen.spec import load_spec
+    with pytest.raises(SpecError) as e:
+        load_spec(trial(tmp_path, E4M3, softmax, schedule, "pb"))
+    assert "schedule.p_buffers" in str(e.value) and "kept_max_first: true" in str(e.value)
+    load_spec(trial(tmp_path, E4M3, KEPT, {"p_buffers": 2}, "pb"))
+
+
+@pytest.mark.parametrize("base", [E4M3, SIXTEEN])
+def test_the_rendering(tmp_path, base):
+    _, one, _ = render_for(trial(tmp_path, base, KEPT, {}, "km"))
+    assert "pb[" not in one and "p_at_kept_max_own_block" not in one
+    plan, source, _ = render_for(trial(tmp_path, base, KEPT, {"p_buffers": 2}, "pb"))
+    assert plan.fragments.p_buffers == 2
+    assert "uint32_t pb[kKStepsPV][4];" in source
+    assert "for (int t = 1; t < tiles; t += 2) {" in source
+    # odd tiles' P in pb while P.V of the even tile before reads pa, and the other way round
+    for cur, prev in (("pb", "pa"), ("pa", "pb")):
+        step = source.index(f"const bool kept = p_at_kept_max_own_block({cur}, s,")
+        before, after = source[:step], source[step:]
+        assert before.rindex(f"issue_pv(o, {prev}, slot(") > before.rindex("issue_scores(s, sQ,")
+        # the wait for that P.V comes after the kept P, and before the rescale a warp where a row moved makes
+        assert after.index("wgmma_wait<0>();") < after.index("if (!kept) {") < after.index(f"p_fragments({cur}, s);")
+    # the last tile's P.V reads the buffer its P went to
+    assert "if ((tiles - 1) & 1) issue_pv(o, pb, slot(tiles - 1) + kSmem_v0);" in source
+    assert "else issue_pv(o, pa, slot(tiles - 1) + kSmem_v0);" in source
+    assert "two P buffers" in source   # the provenance header's plan line
+
+
+def exponentials_before_each_wait(code: list[str]) -> list[int]:
+    """In the order of the code: the exponentials between each wait that leaves one group (S ready, P.V running)
+    and the next wait for all (P.V done)."""
+    counts, count = [], None
+    for text in code:
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in text:
+            count = 0
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in text and count is not None:
+            counts.append(count)
+            count = None
+        elif "MUFU.EX2" in text and count is not None:
+            count += 1
+    return counts
+
+
+def test_the_kept_p_is_made_before_the_wait(tmp_path):
+    """SASS (nvcc 13 + cuobjdump, sm_90a; skipped without them) of the e4m3 d128 cell's full-mask function: with two
+    buffers every wait for P.V of the tile before has a tile's exponentials (96 a thread) ahead of it, in both
+    tiles of the pair; with one buffer none does (P goes into the registers that P.V reads). No spills."""
+    tools = cuda_tools()
+    if tools is None:
+        pytest.skip("nvcc and cuobjdump are needed to read the SASS")
+    nvcc, cuobjdump = tools
+    found = {}
+    for suffix, schedule in (("km", {}), ("pb", {"p_buffers": 2})):
+        plan, source, _ = render_for(trial(tmp_path, E4M3, KEPT, schedule, suffix))
+        try:
+            result = run_nvcc(source, "sm_90a", nvcc)
+        except ToolError as e:
+            pytest.skip(f"nvcc could not build for sm_90a here: {e}")
+        none = [f for f in result.functions if f.name.endswith("_none")]
+        assert none and not any(f.spills for f in none), result.functions
+        cubin = tmp_path / f"{suffix}.cubin"
+        cubin.write_bytes(result.cubin)
+        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        found[suffix] = exponentials_before_each_wait(next(ins for fn, ins in functions(sass).items()
+                                                           if fn.endswith("_none")))
+    per_tile = plan.spec.tile.block_n // 2   # a thread's scores of a tile: 64 rows x block_n over 128 threads
+    assert found["km"] and max(found["km"]) == 0, found
+    assert len(found["pb"]) >= 2 and min(found["pb"]) >= per_tile, found
