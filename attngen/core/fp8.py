@@ -14,10 +14,11 @@ E4M3_MAX = 448.0        # e4m3's largest finite value (conversions saturate to i
 P_LOG2_OFFSET = 8       # P = exp2(s - max + 8) <= 256, inside e4m3's 448: its small values keep their bits
 # With a kept max (softmax.lazy_rescale) P may pass 2^offset by the slack, and the slack is what is left below 448:
 # at 8 it is 0.75, and a warp of random rows moves its max in a fifth to over half of its tiles. At 5 it is 3.75, and
-# on the bench's inputs none does after a row's first tile (docs/hopper-h200/kept_max_first/fallback_rate.py). What
-# the lower power costs is at P's small end: values below 2^-11 of the row's max become subnormal, whose step (2^-14
-# of the max) is far finer than the rounding of the large values that set the error (3 mantissa bits): emulated,
-# offsets 8 down to 4 give the same output error (docs/hopper-h200/kept_max_first/p_offset_error.py).
+# on the bench's inputs a warp moves it in 0-0.1 % of the tiles after a row's first
+# (docs/hopper-h200/kept_max_first/fallback_rate.py). What the lower power costs is at P's small end: values below
+# 2^-11 of the row's max become subnormal, whose step (2^-14 of the max) is far finer than the rounding of the large
+# values that set the error (3 mantissa bits): emulated, offsets 8 down to 4 give the same output error
+# (docs/hopper-h200/kept_max_first/p_offset_error.py).
 P_LOG2_OFFSET_KEPT_MAX = 5
 
 
