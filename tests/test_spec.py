@@ -332,6 +332,8 @@ RULE_CASES = [
     ("rule_kept_max_first", WGMMA, {"schedule": {"overlap": True, "softmax_block": True},
                                     "softmax": {"lazy_rescale": True, "kept_max_first": True}},
      "softmax.kept_max_first", "remove one of the two"),
+    ("rule_p_buffers", WGMMA, {"schedule": {"overlap": True, "p_buffers": 2}, "softmax": {"lazy_rescale": True}},
+     "schedule.p_buffers", "softmax.kept_max_first: true"),
     ("rule_pingpong", merged(WGMMA, warps={"producer": 4, "consumer": 4}, tile={"block_m": 64, "block_n": 128},
                              registers={"producer": 24, "consumer": 232}),
      {"schedule": {"overlap": True, "pingpong": True}}, "schedule.pingpong", "use warps.consumer: 8"),
