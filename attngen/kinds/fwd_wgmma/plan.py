@@ -53,7 +53,7 @@ class WgmmaFragments:
     fma_exp2: int           # of every 8 exponentials of a row, those on the FMA pipes (spec.softmax.fma_exp2)
     lazy_slack: float       # log2 units a tile's max may pass a row's kept max by (0: the max moves every tile)
     kept_max_first: bool    # P made at the rows' kept maxima, the tile's max scanned beside it (spec.softmax.kept_max_first)
-    p_buffers: int          # registers sets holding P for P.V (spec.schedule.p_buffers; 2: made while the last P.V runs)
+    p_buffers: int          # register sets holding P for P.V (spec.schedule.p_buffers; 2: made while the last P.V runs)
     rows_per_warpgroup: int
     turn_threads: int       # threads counted by a ping-pong turn barrier (the waiting warpgroup and the passing one)
     turn_barrier: int       # the first named barrier of the ping-pong turns (one per consumer warpgroup)
