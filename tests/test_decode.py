@@ -279,3 +279,41 @@ def test_no_split_where_a_call_has_one_tile_or_one_split_allowed():
     for merges in (False, True):
         assert num_splits(8, 1, 132, 1, 128, least_slice_cost=merges) == 1
         assert num_splits(8, 64, 132, 1, 1, least_slice_cost=merges) == 1
+
+
+def interleaved_walk(first_tile: int, end: int, splits: int, split: int) -> list[int]:
+    """The tiles split `split` reads with split_tiles: interleaved, as the split kernel walks them (first, count
+    from interleaved_count, tile i = first + i x num_splits)."""
+    first = first_tile + split
+    count = (end - first + splits - 1) // splits if first < end else 0
+    return [first + i * splits for i in range(count)]
+
+
+@pytest.mark.parametrize("n_tiles,splits,left", [(1, 1, 0), (7, 3, 0), (16, 16, 0), (5, 8, 0), (100, 7, 13),
+                                                 (256, 16, 0), (3, 5, 2)])
+def test_interleaved_splits_read_every_tile_once(n_tiles, splits, left):
+    walks = [interleaved_walk(left, n_tiles, splits, s) for s in range(splits)]
+    tiles = sorted(t for w in walks for t in w)
+    assert tiles == list(range(left, n_tiles))
+    assert max(map(len, walks)) - min(map(len, walks)) <= 1   # as even as contiguous slices
+
+
+def test_split_tiles_interleaved_renders_every_num_splits_th_tile():
+    """split_tiles: interleaved walks tiles s, s + num_splits, ... and leaves tiles_per_split out of Params; the
+    default (slices) renders as before, one tile after another from s x tiles_per_split."""
+    from attngen.render import render_bundle
+    data = yaml.safe_load(D128.read_text())
+    data.pop("cells"), data.pop("dtypes")
+    plan, sources, _ = render_bundle(parse_spec(yaml.safe_dump({**data, "dtype": "fp16", "split_tiles": "interleaved"})))
+    split = sources[0]
+    assert plan.interleaved_splits and "tiles_per_split" not in [f.name for f in plan.abi.fields]
+    for text in ("const int count = interleaved_count(first, n_tiles, p.num_splits);",
+                 "load_kv(smem, smem_addr, p, c, first + (i + kStages - 1) * p.num_splits,",
+                 "const int key0 = (first + (i) * p.num_splits) * kBlockN + key_w0;",
+                 "tile_entries(p, c, first + (i + kStages) * p.num_splits, tid)"):
+        assert text in split, text
+    assert "tiles_per_split" not in split
+    assert "split s takes tiles s, s + num_splits" in explain(plan)
+    slices = (ROOT / "generated" / "h200_decode_d128_split.cu").read_text()
+    assert "interleaved_count" not in slices and "first + i + kStages - 1" in slices
+    assert "c.split * p.tiles_per_split" in slices

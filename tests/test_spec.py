@@ -706,9 +706,10 @@ def test_schema_command_lists_every_key():
     for alt in (alt for alt in alternatives if "merge" not in alt["properties"]):
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
         # epilogue_tile; decode: decode, max_splits, slice_cost_from_tiles, merge_rows, paged, combine, kv_dtype,
-        # kv_mma, append; e4m3: out_dtype, and wgmma's e4m3 form k_rows; bwd_wgmma: group_split; decode_mla: refill, warpgroups)
+        # kv_mma, append, split_tiles; e4m3: out_dtype, and wgmma's e4m3 form k_rows; bwd_wgmma: group_split; decode_mla: refill, warpgroups)
         assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
                                          "slice_cost_from_tiles", "merge_rows", "paged", "combine", "kv_dtype", "kv_mma", "append",
+                                         "split_tiles",
                                          "backward", "query_stages",
                                          "query_chunk", "warp_keys", "warp_split", "out_dtype", "group_split",
                                          "k_rows", "refill", "warpgroups"} == {

@@ -86,6 +86,8 @@ class DecodePlan(ForwardPlan):
                                     # which calls of many splits launch; 0: the part has none
     v_in_k: bool = False            # V is the first v_dim columns of each K row (one latent cache, as MLA's): the
                                     # kernel reads V from K's tiles, and a call's v_cache must be k_cache[..., :v_dim]
+    interleaved_splits: bool = False  # split s reads tiles s, s + num_splits, ... (split_tiles: interleaved); false:
+                                      # a contiguous run of tiles_per_split tiles
     row_mods_per_tile: bool = False  # the score modifiers' per-row values (RowMods) are made again at every tile
                                     # instead of held across the key loop (registers: kinds' row_mods_per_tile)
 

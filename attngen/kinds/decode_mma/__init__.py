@@ -68,6 +68,10 @@ class DecodeSpec(ForwardSpec):
         "combine: kernel: the split count is the slice cost's (as the merging cells', which always take it) "
         "where a call's cache has this many K/V tiles or more; below, and with 0, the wave rule. Measured per "
         "family: the slice cost's fewer, longer slices are faster for some builds and slower for others"))
+    split_tiles: Literal["slices", "interleaved"] = Field(default="slices", description=(
+        "which of a sequence's K/V tiles each split reads. slices: split s a contiguous run of tiles_per_split "
+        "tiles; interleaved: tiles s, s + num_splits, s + 2 num_splits, ..., so that the grid's blocks read "
+        "neighbouring tiles at any one time (the splits' partials merge by LSE in any order)"))
     kv_dtype: Optional[Literal["e4m3"]] = Field(default=None, description=(
         "e4m3: the K and V caches hold e4m3 (torch.float8_e4m3fn) with fp32 scales k_scale, v_scale (one per "
         "tensor or per KV head); queries and output stay in dtype. The kernel reads half the bytes and widens "
@@ -373,8 +377,10 @@ def plan(spec: DecodeSpec, file: str | None = None):
              f"{spec.tile.block_m} group rows and keeps its own softmax state and O",)
     schedule = ("split kernel, grid (num_splits, kv_heads x row_blocks, batch):",
                 "  rows: group row r = g x seqlen_q + t is query head kv_head x group + g, new token t",
-                "  keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence "
-                "(cache_seqlens[b] keys); an empty slice writes LSE -inf",
+                ("  keys: split s takes tiles s, s + num_splits, s + 2 x num_splits, ... of its sequence"
+                 if spec.split_tiles == "interleaved" else
+                 "  keys: split s takes tiles [s x tiles_per_split, (s + 1) x tiles_per_split) of its sequence")
+                + " (cache_seqlens[b] keys); an empty slice writes LSE -inf",
                 f"  ring of {spec.smem.stages} stages: cp.async of tile i + {spec.smem.stages - 1} while tile i "
                 "is computed; one __syncthreads per tile",
                 "  end: the warps' (max, sum) through `stats`, their rescaled O through the ring; one split: "
@@ -400,8 +406,9 @@ def plan(spec: DecodeSpec, file: str | None = None):
     unread = ("lse_batch_stride", "lse_head_stride") + tuple(
         f.name for m in p.mask_variants if not m.takes_window for f in m.abi_fields)
     x = p.expression_cuda
-    if x is not None and x.mask is not None and not x.mask_reads_head:
-        unread += ("tiles_per_split",)   # the blocks share the span their classification finds
+    if (x is not None and x.mask is not None and not x.mask_reads_head) or spec.split_tiles == "interleaved":
+        unread += ("tiles_per_split",)   # the blocks share the span their classification finds, or take every
+                                         # num_splits-th tile
     if not spec.paged:
         unread += PAGE_FIELDS   # contiguous caches only: no table, pool or page size
     if not spec.append:
@@ -414,7 +421,8 @@ def plan(spec: DecodeSpec, file: str | None = None):
                          q_in_registers=holds_q(spec), max_splits=spec.max_splits, paged=spec.paged,
                          combine=spec.combine, append=spec.append, unsplit_in_flight=unsplit_in_flight(spec),
                          slice_cost_min_tiles=spec.slice_cost_from_tiles if spec.combine == "kernel" else 0,
-                         merge_rows=spec.merge_rows, row_mods_per_tile=row_mods_per_tile(spec, p.score_variants),
+                         merge_rows=spec.merge_rows, interleaved_splits=spec.split_tiles == "interleaved",
+                         row_mods_per_tile=row_mods_per_tile(spec, p.score_variants),
                          co_resident_blocks=co_resident,
                          co_resident_min_tiles=co_resident_min_tiles(spec, co_resident),
                          kv_dtype=spec.kv_dtype or "", kv_mma=spec.kv_mma or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
