@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from attngen.compile import run_nvcc
-from attngen.core.fp8 import E4M3_MAX, P_LOG2_OFFSET, P_LOG2_OFFSET_KEPT_MAX
+from attngen.core.fp8 import E4M3_MAX, P_LOG2_OFFSET
 from attngen.errors import ToolError
 from attngen.render import render_for
 from test_fma_exp2 import trial_spec
@@ -28,7 +28,7 @@ def lazy_trial(directory, base: str, kept_max_first: bool = False):
     return trial_spec(directory, base, 0, first_dtype=True, softmax={"lazy_rescale": True}, suffix="lz")
 
 
-@pytest.mark.parametrize("base, slack", [("h100_wgmma_d128_fp8", 3.75), ("h100_wgmma_d64_persistent_q2", 8.0),
+@pytest.mark.parametrize("base, slack", [("h100_wgmma_d128_fp8", 0.75), ("h100_wgmma_d64_persistent_q2", 8.0),
                                          ("h100_wgmma_d128_persistent_q2", 8.0)])
 def test_the_slack_keeps_p_inside_its_type(tmp_path, base, slack):
     plan, source, _ = render_for(ROOT / "specs" / f"{base}.yaml")
@@ -36,8 +36,8 @@ def test_the_slack_keeps_p_inside_its_type(tmp_path, base, slack):
     plan, source, _ = render_for(lazy_trial(tmp_path, base))
     f = plan.fragments
     assert f.lazy_slack == slack
-    if plan.spec.dtype == "e4m3":   # P <= 2^(5 + slack) stays below e4m3's largest value, by less than an eighth
-        assert f.p_log2_offset == P_LOG2_OFFSET_KEPT_MAX and 2 ** (f.p_log2_offset + slack) <= E4M3_MAX < 2 ** (
+    if plan.spec.dtype == "e4m3":   # P <= 2^(8 + slack) stays below e4m3's largest value, by less than an eighth
+        assert f.p_log2_offset == P_LOG2_OFFSET and 2 ** (f.p_log2_offset + slack) <= E4M3_MAX < 2 ** (
             f.p_log2_offset + slack + 0.125)
     assert f"return (m_tile - row_max) * scale_log2 <= {slack!r}f;" in source
     assert "const float m_new = keeps_max(m_tile, row_max, scale_log2) ? row_max : m_tile;" in source
@@ -105,7 +105,7 @@ def test_the_kept_max_gives_the_exact_softmax(trend):
     and rescales fewer tiles than moving the max every tile does."""
     rng = random.Random(11)
     scale_log2 = f32(64 ** -0.5 * math.log2(math.e))
-    for slack, offset in ((8.0, 0), (0.75, P_LOG2_OFFSET), (3.75, P_LOG2_OFFSET_KEPT_MAX)):
+    for slack, offset in ((8.0, 0), (0.75, P_LOG2_OFFSET)):
         rescaled = rescaled_every = 0
         for _ in range(20):
             n = 192 * 12

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ...core.fp8 import FP8_ABI, p_log2_offset
+from ...core.fp8 import FP8_ABI, P_LOG2_OFFSET
 from ...core.kind import Kind
 from .e4m3 import WgmmaFp8Spec
 from .plan import WgmmaFragments, explain, plan_for
@@ -38,8 +38,7 @@ def plan(spec: WgmmaSpec, file: str | None = None):
 
 
 def plan_e4m3(spec: WgmmaFp8Spec, file: str | None = None):
-    return plan_for(spec, file, kind=E4M3, title=E4M3_TITLE, abi_base=FP8_ABI, vt=True,
-                    p_log2_offset=p_log2_offset(spec.softmax.lazy_rescale),
+    return plan_for(spec, file, kind=E4M3, title=E4M3_TITLE, abi_base=FP8_ABI, vt=True, p_log2_offset=P_LOG2_OFFSET,
                     k_even_odd=spec.k_rows == "even_odd")
 
 

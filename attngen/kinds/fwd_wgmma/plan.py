@@ -156,8 +156,7 @@ LAZY_SLACK_16BIT = 8.0   # a kept max lets 16-bit P reach 2^8: far inside fp16's
 def lazy_rescale_slack(spec: WgmmaForwardSpec, p_log2_offset: int) -> float:
     """softmax.lazy_rescale's slack: how many log2 units a tile's max may exceed a row's kept max before the row
     moves it (0 without the key). P is then at most 2^(p_log2_offset + slack): 16-bit P 2^8; e4m3 P, kept
-    2^p_log2_offset larger already, what is left below its largest finite value, in eighths (0.75 at 8, 3.75 at
-    5: core/fp8.py's p_log2_offset)."""
+    2^p_log2_offset larger already, what is left below its largest finite value, in eighths (0.75 at 8)."""
     if not spec.softmax.lazy_rescale:
         return 0.0
     if spec.dtype != "e4m3":

@@ -5,7 +5,7 @@ sums are taken of P before its rounding (as the kernels add them) and, for compa
 
 A lower offset moves P's small end into e4m3's subnormals (below 2^-(offset + 6) of the row's max) and flushes
 what is below 2^-(offset + 10) to zero; the error is set by the rounding of the large values (3 mantissa bits), so
-it does not move: core/fp8.py keeps P at 2^5 under a kept max (softmax.lazy_rescale), for a slack of 3.75.
+it does not move. (Under a kept max it does: kept_max_error.py. So core/fp8.py keeps P at 2^8 there too.)
 
 Usage: python3 docs/hopper-h200/kept_max_first/p_offset_error.py
 """

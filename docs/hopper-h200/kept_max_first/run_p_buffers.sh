@@ -1,7 +1,8 @@
 #!/bin/bash
-# One device call (at most 590 s): e4m3 P at 2^5 under a kept max, and schedule.p_buffers: 2, on the GPU.
+# One device call (at most 590 s): e4m3 under a kept max, and schedule.p_buffers: 2, on the GPU (run once with e4m3 P
+# at 2^5, since back at 2^8: README.md).
 #   the full `attngen verify` from an empty cache (every committed spec), then the trials warmed, then
-#   e4m3: each committed spec against its kept_max_first trial (now P at 2^5) and its p_buffers trial, alternating
+#   e4m3: each committed spec against its kept_max_first trial and its p_buffers trial, alternating
 #         (../softmax_block/fp8_ab.py); 16-bit: the kept_max_first cells against their p_buffers trials and cuDNN
 #         (../forward_specs_vs_cudnn.py); then `attngen verify` of every trial.
 # Usage (repository root, GPU machine): OUT=DIR bash docs/hopper-h200/kept_max_first/run_p_buffers.sh
