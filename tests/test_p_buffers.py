@@ -1,8 +1,9 @@
-"""schedule.p_buffers: 2 (fwd_wgmma, with softmax.kept_max_first on the overlapped schedule): a tile's P is made at
-the kept maxima into a second register set while P.V of the tile before still reads the first, and that P.V is
-waited for only afterwards. Checked here without a GPU: the rule, the rendering (the loop in pairs of tiles, each
-buffer named where it is written and read, the wait after the kept P) and the SASS (the exponentials of a tile's
-kept P come before the wait, which ptxas would otherwise put at the top of their block; no spills)."""
+"""schedule.p_buffers: 2 (fwd_wgmma, on the overlapped schedule): a tile's P is made into a second register set while
+P.V of the tile before still reads the first, and that P.V is waited for only afterwards: with
+softmax.kept_max_first at the kept maxima, otherwise by the usual step (only O's rescale after the wait). Checked here
+without a GPU: the rule, the rendering (the loop in pairs of tiles, each buffer named where it is written and read,
+the wait after P) and the SASS (a tile's exponentials, and with the usual step its e4m3 conversions, come before the
+wait, which ptxas would otherwise put at the top of their block; no spills)."""
 from __future__ import annotations
 
 import subprocess
@@ -17,6 +18,7 @@ from test_softmax_block_sass import ROOT, cuda_tools, functions
 
 E4M3, SIXTEEN = "h100_wgmma_d128_fp8", "h100_wgmma_d128_n128c2ps2r24x240ppet"
 KEPT = {"lazy_rescale": True, "kept_max_first": True}
+USUAL = {"lazy_rescale": False, "kept_max_first": False}   # the usual step (the committed d128 ppet sets KEPT)
 
 
 def trial(directory, base: str, softmax: dict, schedule: dict, suffix: str):
@@ -33,16 +35,17 @@ def trial(directory, base: str, softmax: dict, schedule: dict, suffix: str):
     return path
 
 
-@pytest.mark.parametrize("softmax, schedule", [
-    ({"lazy_rescale": True}, {"p_buffers": 2}),                   # no P at the kept maxima
-    (KEPT, {"p_buffers": 2, "overlap": False}),                   # the sequential schedule
+@pytest.mark.parametrize("softmax, schedule, says", [
+    (KEPT, {"p_buffers": 2, "overlap": False}, "set schedule.overlap: true"),   # the sequential schedule
+    (USUAL, {"p_buffers": 2, "softmax_block": True}, "drop schedule.softmax_block"),   # the tile makes its own block
 ])
-def test_the_rule(tmp_path, softmax, schedule):
+def test_the_rule(tmp_path, softmax, schedule, says):
     from attngen.spec import load_spec
     with pytest.raises(SpecError) as e:
         load_spec(trial(tmp_path, E4M3, softmax, schedule, "pb"))
-    assert "schedule.p_buffers" in str(e.value) and "kept_max_first: true" in str(e.value)
-    load_spec(trial(tmp_path, E4M3, KEPT, {"p_buffers": 2}, "pb"))
+    assert "schedule.p_buffers" in str(e.value) and says in str(e.value)
+    for kept in (KEPT, USUAL, {"lazy_rescale": True}):
+        load_spec(trial(tmp_path, E4M3, kept, {"p_buffers": 2}, "pb"))
 
 
 @pytest.mark.parametrize("base", [E4M3, SIXTEEN])
@@ -64,6 +67,22 @@ def test_the_rendering(tmp_path, base):
     assert "if ((tiles - 1) & 1) issue_pv(o, pb, slot(tiles - 1) + kSmem_v0);" in source
     assert "else issue_pv(o, pa, slot(tiles - 1) + kSmem_v0);" in source
     assert "two P buffers" in source   # the provenance header's plan line
+
+
+@pytest.mark.parametrize("base", [E4M3, SIXTEEN])
+def test_the_usual_step_with_two_buffers(tmp_path, base):
+    """Without kept_max_first: the tile's softmax and P's fragments go into the free buffer in a block of their own,
+    ahead of the wait for the previous P.V; O's rescale follows the wait."""
+    plan, source, _ = render_for(trial(tmp_path, base, USUAL, {"p_buffers": 2}, "pbu"))
+    assert plan.fragments.p_buffers == 2 and not plan.fragments.kept_max_first
+    assert "p_at_kept_max" not in source and "uint32_t pb[kKStepsPV][4];" in source
+    for cur, prev in (("pb", "pa"), ("pa", "pb")):
+        step = source.index(f"softmax_and_p_own_block({cur}, s, alpha, row_max, row_sum,")
+        before, after = source[:step], source[step:]
+        assert before.rindex(f"issue_pv(o, {prev}, slot(") > before.rindex("issue_scores(s, sQ,")
+        assert after.index("wgmma_wait<0>();") < after.index("rescale_output(o, alpha);")
+    lazy, _ = render_for(trial(tmp_path, base, {"lazy_rescale": True, "kept_max_first": False}, {"p_buffers": 2}, "pbl"))[1:]
+    assert "rescale_output_where_moved(o, alpha);" in lazy and "softmax_and_p_own_block(pb," in lazy
 
 
 def exponentials_before_each_wait(code: list[str]) -> list[int]:
@@ -106,3 +125,38 @@ def test_the_kept_p_is_made_before_the_wait(tmp_path):
     per_tile = plan.spec.tile.block_n // 2   # a thread's scores of a tile: 64 rows x block_n over 128 threads
     assert found["km"] and max(found["km"]) == 0, found
     assert len(found["pb"]) >= 2 and min(found["pb"]) >= per_tile, found
+
+
+def conversions_before_each_wait(code: list[str]) -> list[int]:
+    """As exponentials_before_each_wait, for the conversions of P to e4m3 pairs (F2FP)."""
+    return exponentials_before_each_wait([text.replace("F2FP", "MUFU.EX2") if "F2FP" in text else
+                                          text.replace("MUFU.EX2", "MUFU") for text in code])
+
+
+def test_the_usual_p_is_made_before_the_wait(tmp_path):
+    """SASS (sm_90a; skipped without nvcc and cuobjdump) of the committed e4m3 d128 cell's full-mask function and of
+    the same with two buffers and the usual step: with two, each wait for the previous P.V has a tile's exponentials
+    (96 a thread) and P's conversions to e4m3 (48) ahead of it; with one, the conversions all come after it. No
+    spills."""
+    tools = cuda_tools()
+    if tools is None:
+        pytest.skip("nvcc and cuobjdump are needed to read the SASS")
+    nvcc, cuobjdump = tools
+    found = {}
+    for suffix, schedule in (("one", {}), ("pbu", {"p_buffers": 2})):
+        plan, source, _ = render_for(trial(tmp_path, E4M3, USUAL, schedule, suffix))
+        try:
+            result = run_nvcc(source, "sm_90a", nvcc)
+        except ToolError as e:
+            pytest.skip(f"nvcc could not build for sm_90a here: {e}")
+        none = [f for f in result.functions if f.name.endswith("_none")]
+        assert none and not any(f.spills for f in none), result.functions
+        cubin = tmp_path / f"{suffix}.cubin"
+        cubin.write_bytes(result.cubin)
+        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        body = next(ins for fn, ins in functions(sass).items() if fn.endswith("_none"))
+        found[suffix] = (exponentials_before_each_wait(body), conversions_before_each_wait(body))
+    per_tile = plan.spec.tile.block_n // 2   # a thread's scores of a tile
+    exps, cvts = found["pbu"]
+    assert len(exps) >= 2 and min(exps) >= per_tile and min(cvts) >= per_tile // 2, found
+    assert max(found["one"][1]) == 0, found

@@ -127,10 +127,11 @@ rule_softmax_block = refuse(
                "overlapped schedule has: set schedule.overlap: true"),
     "rule_softmax_block")
 rule_p_buffers = refuse(
-    "schedule.p_buffers", lambda s: s.schedule.p_buffers == 2 and not (s.schedule.overlap and s.softmax.kept_max_first),
+    "schedule.p_buffers", lambda s: s.schedule.p_buffers == 2 and (not s.schedule.overlap or s.schedule.softmax_block),
     lambda s: ("a second P buffer is written while the previous tile's P.V reads the first, which only the overlapped "
-               "schedule with P at the kept maxima does: set schedule.overlap: true and softmax.kept_max_first: true "
-               "(with lazy_rescale), or p_buffers: 1"),
+               "schedule has: set schedule.overlap: true, or p_buffers: 1" if not s.schedule.overlap else
+               "with two P buffers the softmax and P's fragments already run in a basic block of their own ahead of the "
+               "previous tile's P.V: drop schedule.softmax_block"),
     "rule_p_buffers")
 rule_kept_max_first = refuse(
     "softmax.kept_max_first", lambda s: s.softmax.kept_max_first and s.schedule.softmax_block,
@@ -271,9 +272,10 @@ class Schedule(Strict):
         "S = Q.K^T is done; false: one pair per stage counts both (fewer arrivals per tile); unset: separate "
         "when the schedule overlaps (it needs only two stages then)"))
     p_buffers: Literal[1, 2] = Field(default=1, description=(
-        "registers that hold P as P.V's A operand: 2 lets a warpgroup make tile t's P (at its rows' kept maxima) "
-        "while P.V of tile t-1 still reads the other buffer, and wait for that P.V only afterwards (or where a row "
-        "moved, before the rescale); needs overlap and softmax.kept_max_first. 1: tile t's P waits for that P.V"))
+        "registers that hold P as P.V's A operand: 2 lets a warpgroup make tile t's P (with softmax.kept_max_first "
+        "at its rows' kept maxima, else by the usual step) while P.V of tile t-1 still reads the other buffer, and "
+        "wait for that P.V only afterwards, before O's rescale; needs overlap, not softmax_block (the two-buffer "
+        "tile gives the softmax its own block itself). 1: tile t's P waits for that P.V"))
     persistent: bool = Field(default=False, description=(
         "launch one block per SM that loops over every query block: the producer loads the next block's "
         "Q and K/V while the consumers finish the last one (its epilogue); needs a producer warpgroup"))
