@@ -100,28 +100,35 @@ def exponentials_before_each_wait(code: list[str]) -> list[int]:
     return counts
 
 
-def test_the_kept_p_is_made_before_the_wait(tmp_path):
-    """SASS (nvcc 13 + cuobjdump, sm_90a; skipped without them) of the e4m3 d128 cell's full-mask function: with two
-    buffers every wait for P.V of the tile before has a tile's exponentials (96 a thread) ahead of it, in both
-    tiles of the pair; with one buffer none does (P goes into the registers that P.V reads). No spills."""
+def full_mask_sass(tmp_path, softmax: dict, schedule: dict, suffix: str):
+    """(plan, the SASS lines of the full-mask function) of the e4m3 d128 cell with these keys, built for sm_90a; the
+    test is skipped without nvcc and cuobjdump or where nvcc cannot build for sm_90a. Its full-mask functions must
+    not spill."""
     tools = cuda_tools()
     if tools is None:
         pytest.skip("nvcc and cuobjdump are needed to read the SASS")
     nvcc, cuobjdump = tools
+    plan, source, _ = render_for(trial(tmp_path, E4M3, softmax, schedule, suffix))
+    try:
+        result = run_nvcc(source, "sm_90a", nvcc)
+    except ToolError as e:
+        pytest.skip(f"nvcc could not build for sm_90a here: {e}")
+    none = [f for f in result.functions if f.name.endswith("_none")]
+    assert none and not any(f.spills for f in none), result.functions
+    cubin = tmp_path / f"{suffix}.cubin"
+    cubin.write_bytes(result.cubin)
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return plan, next(ins for fn, ins in functions(sass).items() if fn.endswith("_none"))
+
+
+def test_the_kept_p_is_made_before_the_wait(tmp_path):
+    """SASS (nvcc 13 + cuobjdump, sm_90a; skipped without them) of the e4m3 d128 cell's full-mask function: with two
+    buffers every wait for P.V of the tile before has a tile's exponentials (96 a thread) ahead of it, in both
+    tiles of the pair; with one buffer none does (P goes into the registers that P.V reads). No spills."""
     found = {}
     for suffix, schedule in (("km", {}), ("pb", {"p_buffers": 2})):
-        plan, source, _ = render_for(trial(tmp_path, E4M3, KEPT, schedule, suffix))
-        try:
-            result = run_nvcc(source, "sm_90a", nvcc)
-        except ToolError as e:
-            pytest.skip(f"nvcc could not build for sm_90a here: {e}")
-        none = [f for f in result.functions if f.name.endswith("_none")]
-        assert none and not any(f.spills for f in none), result.functions
-        cubin = tmp_path / f"{suffix}.cubin"
-        cubin.write_bytes(result.cubin)
-        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-        found[suffix] = exponentials_before_each_wait(next(ins for fn, ins in functions(sass).items()
-                                                           if fn.endswith("_none")))
+        plan, body = full_mask_sass(tmp_path, KEPT, schedule, suffix)
+        found[suffix] = exponentials_before_each_wait(body)
     per_tile = plan.spec.tile.block_n // 2   # a thread's scores of a tile: 64 rows x block_n over 128 threads
     assert found["km"] and max(found["km"]) == 0, found
     assert len(found["pb"]) >= 2 and min(found["pb"]) >= per_tile, found
@@ -138,23 +145,9 @@ def test_the_usual_p_is_made_before_the_wait(tmp_path):
     the same with two buffers and the usual step: with two, each wait for the previous P.V has a tile's exponentials
     (96 a thread) and P's conversions to e4m3 (48) ahead of it; with one, the conversions all come after it. No
     spills."""
-    tools = cuda_tools()
-    if tools is None:
-        pytest.skip("nvcc and cuobjdump are needed to read the SASS")
-    nvcc, cuobjdump = tools
     found = {}
     for suffix, schedule in (("one", {}), ("pbu", {"p_buffers": 2})):
-        plan, source, _ = render_for(trial(tmp_path, E4M3, USUAL, schedule, suffix))
-        try:
-            result = run_nvcc(source, "sm_90a", nvcc)
-        except ToolError as e:
-            pytest.skip(f"nvcc could not build for sm_90a here: {e}")
-        none = [f for f in result.functions if f.name.endswith("_none")]
-        assert none and not any(f.spills for f in none), result.functions
-        cubin = tmp_path / f"{suffix}.cubin"
-        cubin.write_bytes(result.cubin)
-        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-        body = next(ins for fn, ins in functions(sass).items() if fn.endswith("_none"))
+        plan, body = full_mask_sass(tmp_path, USUAL, schedule, suffix)
         found[suffix] = (exponentials_before_each_wait(body), conversions_before_each_wait(body))
     per_tile = plan.spec.tile.block_n // 2   # a thread's scores of a tile
     exps, cvts = found["pbu"]
