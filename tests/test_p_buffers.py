@@ -85,9 +85,9 @@ def test_the_usual_step_with_two_buffers(tmp_path, base):
     assert "rescale_output_where_moved(o, alpha);" in lazy and "softmax_and_p_own_block(pb," in lazy
 
 
-def exponentials_before_each_wait(code: list[str]) -> list[int]:
-    """In the order of the code: the exponentials between each wait that leaves one group (S ready, P.V running)
-    and the next wait for all (P.V done)."""
+def exponentials_before_each_wait(code: list[str], opcode: str = "MUFU.EX2") -> list[int]:
+    """In the order of the code: the exponentials (or other instructions of `opcode`) between each wait that leaves
+    one group (S ready, P.V running) and the next wait for all (P.V done)."""
     counts, count = [], None
     for text in code:
         if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in text:
@@ -95,7 +95,7 @@ def exponentials_before_each_wait(code: list[str]) -> list[int]:
         elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in text and count is not None:
             counts.append(count)
             count = None
-        elif "MUFU.EX2" in text and count is not None:
+        elif opcode in text and count is not None:
             count += 1
     return counts
 
@@ -134,12 +134,6 @@ def test_the_kept_p_is_made_before_the_wait(tmp_path):
     assert len(found["pb"]) >= 2 and min(found["pb"]) >= per_tile, found
 
 
-def conversions_before_each_wait(code: list[str]) -> list[int]:
-    """As exponentials_before_each_wait, for the conversions of P to e4m3 pairs (F2FP)."""
-    return exponentials_before_each_wait([text.replace("F2FP", "MUFU.EX2") if "F2FP" in text else
-                                          text.replace("MUFU.EX2", "MUFU") for text in code])
-
-
 def test_the_usual_p_is_made_before_the_wait(tmp_path):
     """SASS (sm_90a; skipped without nvcc and cuobjdump) of the committed e4m3 d128 cell's full-mask function and of
     the same with two buffers and the usual step: with two, each wait for the previous P.V has a tile's exponentials
@@ -148,7 +142,7 @@ def test_the_usual_p_is_made_before_the_wait(tmp_path):
     found = {}
     for suffix, schedule in (("one", {}), ("pbu", {"p_buffers": 2})):
         plan, body = full_mask_sass(tmp_path, USUAL, schedule, suffix)
-        found[suffix] = (exponentials_before_each_wait(body), conversions_before_each_wait(body))
+        found[suffix] = (exponentials_before_each_wait(body), exponentials_before_each_wait(body, "F2FP"))
     per_tile = plan.spec.tile.block_n // 2   # a thread's scores of a tile
     exps, cvts = found["pbu"]
     assert len(exps) >= 2 and min(exps) >= per_tile and min(cvts) >= per_tile // 2, found
