@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call (at most about 400 s): split_tiles: interleaved on the GPU. Verifies every cell of the trial family
-# (docs/decode-h200/split_interleaved/il_decode_d128.yaml: the d128 decode family, each cell interleaved), then
-# times bare reads in three orders and the contiguous cells the table picks against their interleaved twins and cuDNN
+# (docs/decode-h200/split_interleaved/il_decode_d128.yaml: six cells of the d128 decode family, interleaved), then
+# times the contiguous cells the table picks against their interleaved twins and cuDNN
 # (interleaved_ab.py).
 # Usage (repository root, GPU machine): OUT=DIR bash docs/decode-h200/split_interleaved/run_interleaved.sh
 set -uo pipefail
