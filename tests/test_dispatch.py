@@ -265,12 +265,12 @@ def test_dispatch_command_says_when_a_call_launches_an_awaiting_twin():
         assert result.exit_code == 0, result.output
         return result.output
     short = run("--causal", "--seqlen", "2048", "--rows", str(4 * 16 * 2048))
-    assert "launch: attngen_h100_wgmma_d128_persistent_q2_bf16_causal_awaits" in short
+    assert "launch: attngen_h100_wgmma_d128_persistent_q2_kmpb_bf16_causal_awaits" in short
     assert "this call: the twin" in short
     assert "this call: the usual function" in run("--seqlen", "8192", "--rows", str(2 * 16 * 8192))
-    assert "launch:" not in run("--causal", "--seqlen", "16384")          # h100_wgmma_d128_n176c2ps2r24x240ppet
+    assert "launch:" not in run("--causal", "--seqlen", "16384", "--scores", "softcap")   # h100_wgmma_d128_softcap_bf16
     as_json = json.loads(run("--seqlen", "1024", "--json"))
-    assert as_json["launch"].startswith("attngen_h100_wgmma_d128_persistent_q2_bf16_none_awaits")
+    assert as_json["launch"].startswith("attngen_h100_wgmma_d128_persistent_q2_kmpb_bf16_none_awaits")
 
 
 def test_table_from_bench_reports(tmp_path):
@@ -351,9 +351,11 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     turns = "docs/hopper-h200/round4/turns_d64_causal.json"   # d64 causal after the empty turns (H200)
     small = "docs/hopper-h200/round4/persistent_c1_d64_grid.json"   # d64 with the one-consumer persistent spec
     chains = "docs/hopper-h200/round4/max_chains_d64_causal.json"   # d64 causal with a row max in four chains
+    # d128 from 1024 keys with P at the kept max in two buffers (H100; its 1x16x16384 bf16 full cell left out)
+    kmpb = "docs/hopper-h200/kept_max_first/p_buffers_h100/walk_kmpb_from1024.json"
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
                                     "--from", short, "--from", walk, "--from", long, "--from", turns, "--from", small,
-                                    "--from", chains, "--write", "--specs-dir", str(specs)])
+                                    "--from", chains, "--from", kmpb, "--write", "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
 
