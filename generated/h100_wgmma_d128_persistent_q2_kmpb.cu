@@ -770,6 +770,17 @@ __device__ __forceinline__ void softmax_rows(float (&s)[kSRegs], float (&alpha)[
                                                       [&](int c) -> float& { return s[4 * (c / 2) + 2 * h + c % 2]; });
 }
 
+// work() in a basic block of its own, ahead of the wait for P_(t-1).V_(t-1): ptxas schedules that wait
+// (WARPGROUP.DEPBAR) at the top of the basic block that holds it, so work sharing its block (the softmax of S_t,
+// P's fragments) ran only once P.V was done. The branch is on the grid's width: never 0, and read by asm so that
+// neither nvcc nor ptxas can fold it (read each tile: hoisted out of the loop, nvcc could unswitch the loop on it).
+template <typename Work>
+__device__ __forceinline__ void in_own_block(Work&& work) {
+    unsigned grid_x;
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(grid_x));
+    if (grid_x != 0u) work();
+}
+
 // Every tile, with no test: skipping the multiplies where no row's maximum moved (a warp vote and a branch, as
 // the MLA decode cells do) made these kernels 1-8 % slower on the H200 (the branch splits the block ptxas
 // schedules between the two wgmma waits).
@@ -835,20 +846,6 @@ __device__ __forceinline__ bool p_at_kept_max(uint32_t (&pa)[kKStepsPV][4], cons
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_sum[h] += sum[h];
     return true;
-}
-
-// schedule.p_buffers: 2: the same in a basic block of its own, ahead of the wait for the previous tile's P.V. In the
-// block that holds it, ptxas puts that wait (WARPGROUP.DEPBAR) at the block's top, ahead of the exponentials
-// (3 of a tile's 96 came before it at e4m3 d128); the branch on the grid's width (never 0, read by asm so that
-// neither nvcc nor ptxas can fold it) ends the block, as softmax_rows_own_block's does.
-__device__ __forceinline__ bool p_at_kept_max_own_block(uint32_t (&pa)[kKStepsPV][4], const float (&s)[kSRegs],
-                                                        const float (&row_max)[2], float (&row_sum)[2],
-                                                        float scale_log2) {
-    unsigned grid_x;
-    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(grid_x));
-    bool kept = false;
-    if (grid_x != 0u) kept = p_at_kept_max(pa, s, row_max, row_sum, scale_log2);
-    return kept;
 }
 
 // Issue O += P.V over the tile's keys (one commit group).
@@ -1210,7 +1207,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                     release_k(t);
                     modify_scores(s, n0, row0, lane, mods);
                     if (tile_needs_mask<kMask>(n0, row0, last_row, p)) mask_scores<kMask>(s, n0, row0, lane, p);
-                    const bool kept = p_at_kept_max_own_block(pb, s, row_max, row_sum, p.scale_log2);
+                    bool kept = false;   // P at the kept maxima, made ahead of the wait below
+                    in_own_block([&] { kept = p_at_kept_max(pb, s, row_max, row_sum, p.scale_log2); });
                     wgmma_wait<0>();   // P_(t-1).V_(t-1) is done: O and pa are free
                     fence_registers(o);
                     release_v(t - 1);
@@ -1234,7 +1232,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                         release_k(t + 1);
                         modify_scores(s, n0, row0, lane, mods);
                         if (tile_needs_mask<kMask>(n0, row0, last_row, p)) mask_scores<kMask>(s, n0, row0, lane, p);
-                        const bool kept = p_at_kept_max_own_block(pa, s, row_max, row_sum, p.scale_log2);
+                        bool kept = false;   // P at the kept maxima, made ahead of the wait below
+                        in_own_block([&] { kept = p_at_kept_max(pa, s, row_max, row_sum, p.scale_log2); });
                         wgmma_wait<0>();   // P_(t-1).V_(t-1) is done: O and pb are free
                         fence_registers(o);
                         release_v(t + 1 - 1);

@@ -721,15 +721,15 @@ __device__ __forceinline__ void softmax_rows(float (&s)[kSRegs], float (&alpha)[
                                                       [&](int c) -> float& { return s[4 * (c / 2) + 2 * h + c % 2]; });
 }
 
-// The softmax of S_t in a basic block of its own, ahead of the wait for P_(t-1).V_(t-1). ptxas schedules
-// that wait (WARPGROUP.DEPBAR) at the top of the softmax's last basic block, so most of the softmax ran
-// only once P.V was done. The branch is on the grid's width: never 0, and read by asm so that neither nvcc nor
-// ptxas can fold it (read each tile: hoisted out of the loop, nvcc could unswitch the loop on it).
-__device__ __forceinline__ void softmax_rows_own_block(float (&s)[kSRegs], float (&alpha)[2], float (&row_max)[2],
-                                                       float (&row_sum)[2], float scale_log2) {
+// work() in a basic block of its own, ahead of the wait for P_(t-1).V_(t-1): ptxas schedules that wait
+// (WARPGROUP.DEPBAR) at the top of the basic block that holds it, so work sharing its block (the softmax of S_t,
+// P's fragments) ran only once P.V was done. The branch is on the grid's width: never 0, and read by asm so that
+// neither nvcc nor ptxas can fold it (read each tile: hoisted out of the loop, nvcc could unswitch the loop on it).
+template <typename Work>
+__device__ __forceinline__ void in_own_block(Work&& work) {
     unsigned grid_x;
     asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(grid_x));
-    if (grid_x != 0u) softmax_rows(s, alpha, row_max, row_sum, scale_log2);
+    if (grid_x != 0u) work();
 }
 
 // Every tile, with no test: skipping the multiplies where no row's maximum moved (a warp vote and a branch, as
@@ -1017,7 +1017,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                     release_k(t);
                     modify_scores(s, n0, row0, lane, mods);
                     if (tile_needs_mask<kMask>(n0, row0, last_row, p)) mask_scores<kMask>(s, n0, row0, lane, p);
-                    softmax_rows_own_block(s, alpha, row_max, row_sum, p.scale_log2);
+                    in_own_block([&] { softmax_rows(s, alpha, row_max, row_sum, p.scale_log2); });
                     wgmma_wait<0>();   // P_(t-1).V_(t-1) is done: O and the A fragments are free
                     fence_registers(o);
                     release_v(t - 1);

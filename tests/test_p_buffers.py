@@ -51,14 +51,14 @@ def test_the_rule(tmp_path, softmax, schedule, says):
 @pytest.mark.parametrize("base", [E4M3, SIXTEEN])
 def test_the_rendering(tmp_path, base):
     _, one, _ = render_for(trial(tmp_path, base, KEPT, {}, "km"))
-    assert "pb[" not in one and "p_at_kept_max_own_block" not in one
+    assert "pb[" not in one and "in_own_block" not in one
     plan, source, _ = render_for(trial(tmp_path, base, KEPT, {"p_buffers": 2}, "pb"))
     assert plan.fragments.p_buffers == 2
     assert "uint32_t pb[kKStepsPV][4];" in source
     assert "for (int t = 1; t < tiles; t += 2) {" in source
     # odd tiles' P in pb while P.V of the even tile before reads pa, and the other way round
     for cur, prev in (("pb", "pa"), ("pa", "pb")):
-        step = source.index(f"const bool kept = p_at_kept_max_own_block({cur}, s,")
+        step = source.index(f"in_own_block([&] {{ kept = p_at_kept_max({cur}, s,")
         before, after = source[:step], source[step:]
         assert before.rindex(f"issue_pv(o, {prev}, slot(") > before.rindex("issue_scores(s, sQ,")
         # the wait for that P.V comes after the kept P, and before the rescale a warp where a row moved makes
@@ -77,12 +77,13 @@ def test_the_usual_step_with_two_buffers(tmp_path, base):
     assert plan.fragments.p_buffers == 2 and not plan.fragments.kept_max_first
     assert "p_at_kept_max" not in source and "uint32_t pb[kKStepsPV][4];" in source
     for cur, prev in (("pb", "pa"), ("pa", "pb")):
-        step = source.index(f"softmax_and_p_own_block({cur}, s, alpha, row_max, row_sum,")
+        step = source.index("in_own_block([&] {", source.index(f"issue_pv(o, {prev}, slot("))
+        assert source.index(f"p_fragments({cur}, s);", step) < source.index("wgmma_wait<0>();", step)
         before, after = source[:step], source[step:]
         assert before.rindex(f"issue_pv(o, {prev}, slot(") > before.rindex("issue_scores(s, sQ,")
         assert after.index("wgmma_wait<0>();") < after.index("rescale_output(o, alpha);")
     lazy, _ = render_for(trial(tmp_path, base, {"lazy_rescale": True, "kept_max_first": False}, {"p_buffers": 2}, "pbl"))[1:]
-    assert "rescale_output_where_moved(o, alpha);" in lazy and "softmax_and_p_own_block(pb," in lazy
+    assert "rescale_output_where_moved(o, alpha);" in lazy and "in_own_block([&] {" in lazy
 
 
 def exponentials_before_each_wait(code: list[str], opcode: str = "MUFU.EX2") -> list[int]:

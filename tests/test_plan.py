@@ -541,7 +541,8 @@ def test_wgmma_layout_and_numbers():
     from attngen.render import render_for
     plain, own = render_for(o)[1], render_for(plan_of(text + "schedule: {overlap: true, softmax_block: true}\n"))[1]
     assert not o.fragments.softmax_block and "_own_block" not in plain and "nctaid" not in plain
-    assert own.count("softmax_rows_own_block(") == 2 and "%%nctaid.x" in own   # its definition and the loop's call
+    assert own.count("in_own_block(") == 2 and "%%nctaid.x" in own   # its definition and the loop's call
+    assert "in_own_block([&] { softmax_rows(s, alpha, row_max, row_sum," in own
     # Q's k-step descriptors (also a ptxas matter): advanced from the warpgroup's by default, rebuilt from each
     # step's address where asked; the two give the same value wherever Q can sit in shared memory
     rebuilt = render_for(plan_of(text + "schedule: {overlap: true, q_descriptors: rebuilt}\n"))[1]

@@ -69,6 +69,12 @@ class WgmmaFragments:
     q_tiles: int           # Q tiles (schedule.q_tiles): a persistent block's i-th query block uses tile i % q_tiles
     q_tile_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
 
+    @property
+    def own_block(self) -> bool:
+        """A step of the overlapped loop runs in a basic block of its own, ahead of the previous tile's P.V wait:
+        the softmax (softmax_block) or P's making (two P buffers)."""
+        return self.softmax_block or self.p_buffers == 2
+
 
 @dataclass(frozen=True, kw_only=True)
 class TransposedV:
