@@ -1,0 +1,63 @@
+"""The kept-max cells that became specs beside the cells the table served before on the same calls, alternating in
+one process: d128 sinks (h100_wgmma_d128_sink_persistent_kmpb against sink_persistent and the sink cell), d256
+softcap (softcap_persistent_km against softcap_persistent) and d256 causal (persistent_km against persistent and
+persistent_n64), causal and with a causal window of 4095, in bf16 and fp16. GPU us (attngen bench's queued timing,
+input sets rotated past L2), median of 3 rounds, and the largest difference from the first cell's output
+(`attngen verify` checks each cell against fp32).
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json"""
+from pathlib import Path
+import json
+import math
+import sys
+
+import torch
+
+import attngen
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2] / "measurements"))   # the helpers the scripts share
+from gpu_timing import alternating_sets
+
+S = "specs/h100_wgmma_"
+SINK = ("d128 sinks", 128, 32, 8, {"sinks": True}, ("d128_sink_persistent", "d128_sink_persistent_kmpb", "d128_sink"))
+CAP = ("d256 softcap 50", 256, 16, 8, {"softcap": 50.0}, ("d256_softcap_persistent", "d256_softcap_persistent_km"))
+PLAIN = ("d256", 256, 16, 16, {}, ("d256_persistent", "d256_persistent_km", "d256_persistent_n64"))
+CAUSAL = ((8, 512), (4, 1024), (4, 2048), (2, 4096), (1, 8192), (1, 16384))
+WINDOW = ((2, 4096), (1, 8192), (1, 16384))
+GROUPS = [(SINK, "causal", CAUSAL), (SINK, "causal window 4095", WINDOW), (CAP, "causal", CAUSAL),
+          (CAP, "causal window 4095", WINDOW), (PLAIN, "causal", ((16, 1024), (4, 2048), (2, 4096), (2, 8192), (1, 16384)))]
+
+
+def input_sets(b, h, hk, s, d, dtype, gen):
+    one = (2 * b * h + 2 * b * hk) * s * d * 2
+    n = max(2, min(16, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / one)))
+    return [tuple(torch.randn(shape, generator=gen, device="cuda").to(dtype)
+                  for shape in ((b, h, s, d), (b, hk, s, d), (b, hk, s, d))) for _ in range(n)]
+
+
+rows, gen = [], torch.Generator(device="cuda")
+gen.manual_seed(0)
+for dtype, suffix in ((torch.bfloat16, "_bf16"), (torch.float16, "")):
+    for (label, d, h, hk, kw, names), mask, shapes in GROUPS:
+        cells = {n: attngen.load(f"{S}{n}{suffix}.yaml") for n in names}
+        for b, s in shapes:
+            call_kw = {"causal": True, **kw}
+            if mask.startswith("causal window"):
+                call_kw["window"] = (4095, 0)
+            if kw.get("sinks"):
+                call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
+            sets = input_sets(b, h, hk, s, d, dtype, gen)
+            calls = {n: ((lambda q, k_, v, k=k: k(q, k_, v, **call_kw)), sets) for n, k in cells.items()}
+            med, each = alternating_sets(calls, 3)
+            q, k_, v = sets[0]
+            out = {n: fn(q, k_, v).float() for n, (fn, _) in calls.items()}
+            first = out[names[0]]
+            row = {"call": f"{label}, {mask}", "dtype": str(dtype).split(".")[1], "shape": f"{b}x{h}/{hk}x{s}x{d}",
+                   "us": med, "rounds": each, f"{names[0]}_over_{names[1]}": med[names[0]] / med[names[1]],
+                   "max_diff": {n: float((o - first).abs().max()) for n, o in out.items() if n != names[0]}}
+            rows.append(row)
+            print(json.dumps({x: row[x] for x in ("call", "dtype", "shape", "us", f"{names[0]}_over_{names[1]}")}),
+                  flush=True)
+            sets = out = first = None
+            torch.cuda.empty_cache()
+Path(sys.argv[1]).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                         "rows": rows}, indent=1) + "\n")
