@@ -34,30 +34,35 @@ def input_sets(b, h, hk, s, d, dtype, gen):
                   for shape in ((b, h, s, d), (b, hk, s, d), (b, hk, s, d))) for _ in range(n)]
 
 
-rows, gen = [], torch.Generator(device="cuda")
-gen.manual_seed(0)
-for dtype, suffix in ((torch.bfloat16, "_bf16"), (torch.float16, "")):
-    for (label, d, h, hk, kw, names), mask, shapes in GROUPS:
-        cells = {n: attngen.load(f"{S}{n}{suffix}.yaml") for n in names}
-        for b, s in shapes:
-            call_kw = {"causal": True, **kw}
-            if mask.startswith("causal window"):
-                call_kw["window"] = (4095, 0)
-            if kw.get("sinks"):
-                call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
-            sets = input_sets(b, h, hk, s, d, dtype, gen)
-            calls = {n: ((lambda q, k_, v, k=k: k(q, k_, v, **call_kw)), sets) for n, k in cells.items()}
-            med, each = alternating_sets(calls, 3)
-            q, k_, v = sets[0]
-            out = {n: fn(q, k_, v).float() for n, (fn, _) in calls.items()}
-            first = out[names[0]]
-            row = {"call": f"{label}, {mask}", "dtype": str(dtype).split(".")[1], "shape": f"{b}x{h}/{hk}x{s}x{d}",
-                   "us": med, "rounds": each, f"{names[0]}_over_{names[1]}": med[names[0]] / med[names[1]],
-                   "max_diff": {n: float((o - first).abs().max()) for n, o in out.items() if n != names[0]}}
-            rows.append(row)
-            print(json.dumps({x: row[x] for x in ("call", "dtype", "shape", "us", f"{names[0]}_over_{names[1]}")}),
-                  flush=True)
-            sets = out = first = None
-            torch.cuda.empty_cache()
-Path(sys.argv[1]).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                         "rows": rows}, indent=1) + "\n")
+def main(report: str) -> None:
+    rows, gen = [], torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    for dtype, suffix in ((torch.bfloat16, "_bf16"), (torch.float16, "")):
+        for (label, d, h, hk, kw, names), mask, shapes in GROUPS:
+            cells = {n: attngen.load(f"{S}{n}{suffix}.yaml") for n in names}
+            for b, s in shapes:
+                call_kw = {"causal": True, **kw}
+                if mask.startswith("causal window"):
+                    call_kw["window"] = (4095, 0)
+                if kw.get("sinks"):
+                    call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
+                sets = input_sets(b, h, hk, s, d, dtype, gen)
+                calls = {n: ((lambda q, k_, v, k=k: k(q, k_, v, **call_kw)), sets) for n, k in cells.items()}
+                med, each = alternating_sets(calls, 3)
+                q, k_, v = sets[0]
+                out = {n: fn(q, k_, v).float() for n, (fn, _) in calls.items()}
+                first = out[names[0]]
+                row = {"call": f"{label}, {mask}", "dtype": str(dtype).split(".")[1], "shape": f"{b}x{h}/{hk}x{s}x{d}",
+                       "us": med, "rounds": each, f"{names[0]}_over_{names[1]}": med[names[0]] / med[names[1]],
+                       "max_diff": {n: float((o - first).abs().max()) for n, o in out.items() if n != names[0]}}
+                rows.append(row)
+                print(json.dumps({x: row[x] for x in ("call", "dtype", "shape", "us", f"{names[0]}_over_{names[1]}")}),
+                      flush=True)
+                sets = out = first = None
+                torch.cuda.empty_cache()
+    Path(report).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                        "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

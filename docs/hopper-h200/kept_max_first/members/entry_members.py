@@ -1,0 +1,43 @@
+"""attngen.attention on calls the three kept-max specs now serve, beside the new spec and the cell the table served
+before, loaded by path, alternating in one process (GPU us, attngen bench's queued timing, input sets rotated past L2,
+median of 3 rounds): the entry point should run at the new spec's time.
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/entry_members.py OUT.json"""
+from pathlib import Path
+import json
+import sys
+
+import torch
+
+import attngen
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2] / "measurements"))   # the helpers the scripts share
+sys.path.insert(0, str(HERE))
+from gpu_timing import alternating_sets
+from members_ab import input_sets
+
+S = "specs/h100_wgmma_"
+CALLS = (("d128 sinks, causal", 2, 32, 8, 4096, 128, {"sinks": True}, "d128_sink_persistent_kmpb_bf16", "d128_sink_persistent_bf16"),
+         ("d256 softcap 50, causal", 2, 16, 8, 4096, 256, {"softcap": 50.0}, "d256_softcap_persistent_km_bf16", "d256_softcap_persistent_bf16"),
+         ("d256, causal", 2, 16, 16, 4096, 256, {}, "d256_persistent_km_bf16", "d256_persistent_bf16"))
+rows, gen = [], torch.Generator(device="cuda")
+gen.manual_seed(1)
+for label, b, h, hk, s, d, kw, new, old in CALLS:
+    call_kw = {"causal": True, **kw}
+    if kw.get("sinks"):
+        call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
+    sets = input_sets(b, h, hk, s, d, torch.bfloat16, gen)
+    fns = {"attngen.attention": lambda q, k, v: attngen.attention(q, k, v, **call_kw)}
+    for name in (new, old):
+        kernel = attngen.load(f"{S}{name}.yaml")
+        fns[name] = lambda q, k, v, kernel=kernel: kernel(q, k, v, **call_kw)
+    med, each = alternating_sets({n: (f, sets) for n, f in fns.items()}, 3)
+    q, k, v = sets[0]
+    same = bool(torch.equal(fns["attngen.attention"](q, k, v), fns[new](q, k, v)))
+    row = {"call": label, "shape": f"{b}x{h}/{hk}x{s}x{d}", "dtype": "bf16", "us": med, "rounds": each,
+           "entry_output_equals_new_spec": same}
+    rows.append(row)
+    print(json.dumps({x: row[x] for x in ("call", "shape", "us", "entry_output_equals_new_spec")}), flush=True)
+    sets = None
+    torch.cuda.empty_cache()
+Path(sys.argv[1]).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                         "rows": rows}, indent=1) + "\n")
