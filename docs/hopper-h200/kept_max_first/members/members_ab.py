@@ -4,7 +4,8 @@ softcap (softcap_persistent_km against softcap_persistent) and d256 causal (pers
 persistent_n64), causal and with a causal window of 4095, in bf16 and fp16. GPU us (attngen bench's queued timing,
 input sets rotated past L2), median of 3 rounds, and the largest difference from the first cell's output
 (`attngen verify` checks each cell against fp32).
-Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json"""
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next]
+(next: the full-mask trials of NEXT instead)"""
 from pathlib import Path
 import json
 import math
@@ -25,6 +26,21 @@ CAUSAL = ((8, 512), (4, 1024), (4, 2048), (2, 4096), (1, 8192), (1, 16384))
 WINDOW = ((2, 4096), (1, 8192), (1, 16384))
 GROUPS = [(SINK, "causal", CAUSAL), (SINK, "causal window 4095", WINDOW), (CAP, "causal", CAUSAL),
           (CAP, "causal window 4095", WINDOW), (PLAIN, "causal", ((16, 1024), (4, 2048), (2, 4096), (2, 8192), (1, 16384)))]
+# `next`: full masks, the trials not yet specs (the fp16 ones in next/, the bf16 ones in ../other_cells/) beside the
+# cells the table serves there: d128 softcap (softcap_persistent to 2896 keys, softcap past it), d256 (persistent to
+# 2896 keys, the base cell past it)
+CAP_FULL = ("d128 softcap 50", 128, 32, 16, {"softcap": 50.0},
+            ("d128_softcap", "trial:t_d128_softcap_persistent_kmpb", "d128_softcap_persistent"))
+PLAIN_FULL = ("d256", 256, 16, 16, {}, ("d256", "trial:t_d256_km", "d256_persistent"))
+FULL = ((4, 2048), (2, 4096), (2, 8192), (1, 16384))
+NEXT = [(CAP_FULL, "full", FULL), (PLAIN_FULL, "full", FULL)]
+
+
+def spec_path(name: str, suffix: str) -> str:
+    """A committed cell's file, or a trial's ("trial:NAME": next/ holds the fp16 ones, ../other_cells/ the bf16)."""
+    if name.startswith("trial:"):
+        return str((HERE / "next" if not suffix else HERE.parent / "other_cells") / f"{name[6:]}{suffix}.yaml")
+    return f"{S}{name}{suffix}.yaml"
 
 
 def input_sets(b, h, hk, s, d, dtype, gen):
@@ -34,14 +50,14 @@ def input_sets(b, h, hk, s, d, dtype, gen):
                   for shape in ((b, h, s, d), (b, hk, s, d), (b, hk, s, d))) for _ in range(n)]
 
 
-def main(report: str) -> None:
+def main(report: str, groups=GROUPS) -> None:
     rows, gen = [], torch.Generator(device="cuda")
     gen.manual_seed(0)
     for dtype, suffix in ((torch.bfloat16, "_bf16"), (torch.float16, "")):
-        for (label, d, h, hk, kw, names), mask, shapes in GROUPS:
-            cells = {n: attngen.load(f"{S}{n}{suffix}.yaml") for n in names}
+        for (label, d, h, hk, kw, names), mask, shapes in groups:
+            cells = {n: attngen.load(spec_path(n, suffix)) for n in names}
             for b, s in shapes:
-                call_kw = {"causal": True, **kw}
+                call_kw = {"causal": mask != "full", **kw}
                 if mask.startswith("causal window"):
                     call_kw["window"] = (4095, 0)
                 if kw.get("sinks"):
@@ -65,4 +81,4 @@ def main(report: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], NEXT if sys.argv[2:] == ["next"] else GROUPS)
