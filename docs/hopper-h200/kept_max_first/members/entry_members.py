@@ -11,9 +11,9 @@ import torch
 import attngen
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "measurements"))   # the helpers the scripts share
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1] / "variants_persistent"))
 from gpu_timing import alternating_sets
-from members_ab import input_sets
+from model_calls import sets_for
 
 S = "specs/h100_wgmma_"
 CALLS = (("d128 sinks, causal", 2, 32, 8, 4096, 128, {"sinks": True}, "d128_sink_persistent_kmpb_bf16", "d128_sink_persistent_bf16"),
@@ -25,7 +25,7 @@ for label, b, h, hk, s, d, kw, new, old in CALLS:
     call_kw = {"causal": True, **kw}
     if kw.get("sinks"):
         call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
-    sets = input_sets(b, h, hk, s, d, torch.bfloat16, gen)
+    sets = sets_for(b, h, hk, s, d, gen)
     fns = {"attngen.attention": lambda q, k, v: attngen.attention(q, k, v, **call_kw)}
     for name in (new, old):
         kernel = attngen.load(f"{S}{name}.yaml")

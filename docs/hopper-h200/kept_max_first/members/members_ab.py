@@ -8,7 +8,6 @@ Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/me
 (next: the full-mask trials of NEXT instead)"""
 from pathlib import Path
 import json
-import math
 import sys
 
 import torch
@@ -17,6 +16,8 @@ import attngen
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2] / "measurements"))   # the helpers the scripts share
 from gpu_timing import alternating_sets
+sys.path.insert(0, str(HERE.parents[1] / "variants_persistent"))
+from model_calls import sets_for
 
 S = "specs/h100_wgmma_"
 SINK = ("d128 sinks", 128, 32, 8, {"sinks": True}, ("d128_sink_persistent", "d128_sink_persistent_kmpb", "d128_sink"))
@@ -49,13 +50,6 @@ def spec_path(name: str, suffix: str) -> str:
     return f"{S}{name}{suffix}.yaml"
 
 
-def input_sets(b, h, hk, s, d, dtype, gen):
-    one = (2 * b * h + 2 * b * hk) * s * d * 2
-    n = max(2, min(16, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / one)))
-    return [tuple(torch.randn(shape, generator=gen, device="cuda").to(dtype)
-                  for shape in ((b, h, s, d), (b, hk, s, d), (b, hk, s, d))) for _ in range(n)]
-
-
 def main(report: str, groups=GROUPS) -> None:
     rows, gen = [], torch.Generator(device="cuda")
     gen.manual_seed(0)
@@ -68,7 +62,7 @@ def main(report: str, groups=GROUPS) -> None:
                     call_kw["window"] = (4095, 0)
                 if kw.get("sinks"):
                     call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
-                sets = input_sets(b, h, hk, s, d, dtype, gen)
+                sets = sets_for(b, h, hk, s, d, gen, dtype)
                 calls = {n: ((lambda q, k_, v, k=k: k(q, k_, v, **call_kw)), sets) for n, k in cells.items()}
                 med, each = alternating_sets(calls, 3)
                 q, k_, v = sets[0]
