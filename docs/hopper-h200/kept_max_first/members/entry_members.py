@@ -1,7 +1,8 @@
 """attngen.attention on calls the three kept-max specs now serve, beside the new spec and the cell the table served
 before, loaded by path, alternating in one process (GPU us, attngen bench's queued timing, input sets rotated past L2,
 median of 3 rounds): the entry point should run at the new spec's time.
-Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/entry_members.py OUT.json"""
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/entry_members.py OUT.json [next]
+(next: the three specs made from the trials of run_next.sh, in place of the first three)"""
 from pathlib import Path
 import json
 import sys
@@ -16,13 +17,18 @@ from gpu_timing import alternating_sets
 from model_calls import sets_for
 
 S = "specs/h100_wgmma_"
-CALLS = (("d128 sinks, causal", 2, 32, 8, 4096, 128, {"sinks": True}, "d128_sink_persistent_kmpb_bf16", "d128_sink_persistent_bf16"),
-         ("d256 softcap 50, causal", 2, 16, 8, 4096, 256, {"softcap": 50.0}, "d256_softcap_persistent_km_bf16", "d256_softcap_persistent_bf16"),
-         ("d256, causal", 2, 16, 16, 4096, 256, {}, "d256_persistent_km_bf16", "d256_persistent_bf16"))
+CAUSAL = {"causal": True}
+CALLS = (("d128 sinks, causal", 2, 32, 8, 4096, 128, {**CAUSAL, "sinks": True}, "d128_sink_persistent_kmpb_bf16", "d128_sink_persistent_bf16"),
+         ("d256 softcap 50, causal", 2, 16, 8, 4096, 256, {**CAUSAL, "softcap": 50.0}, "d256_softcap_persistent_km_bf16", "d256_softcap_persistent_bf16"),
+         ("d256, causal", 2, 16, 16, 4096, 256, CAUSAL, "d256_persistent_km_bf16", "d256_persistent_bf16"))
+NEXT = (("d128 softcap 50, full", 2, 32, 16, 4096, 128, {"softcap": 50.0}, "d128_softcap_persistent_kmpb_bf16", "d128_softcap_bf16"),
+        ("d128 sinks, causal window 4095", 1, 32, 8, 8192, 128, {**CAUSAL, "window": (4095, 0), "sinks": True},
+         "d128_sink_window_persistent_kmpb_bf16", "d128_sink_bf16"),
+        ("d256, full", 1, 16, 16, 16384, 256, {}, "d256_km_bf16", "d256_persistent_bf16"))
 rows, gen = [], torch.Generator(device="cuda")
 gen.manual_seed(1)
-for label, b, h, hk, s, d, kw, new, old in CALLS:
-    call_kw = {"causal": True, **kw}
+for label, b, h, hk, s, d, kw, new, old in (NEXT if sys.argv[2:] == ["next"] else CALLS):
+    call_kw = dict(kw)
     if kw.get("sinks"):
         call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
     sets = sets_for(b, h, hk, s, d, gen)
