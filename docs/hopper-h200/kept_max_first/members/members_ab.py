@@ -4,8 +4,8 @@ softcap (softcap_persistent_km against softcap_persistent) and d256 causal (pers
 persistent_n64), causal and with a causal window of 4095, in bf16 and fp16. GPU us (attngen bench's queued timing,
 input sets rotated past L2), median of 3 rounds, and the largest difference from the first cell's output
 (`attngen verify` checks each cell against fp32).
-Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next]
-(next: the full-mask trials of NEXT instead)"""
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long]
+(next: the full-mask trials of NEXT instead; causal_long: d256 causal from 8192 keys, CAUSAL_LONG)"""
 from pathlib import Path
 import json
 import sys
@@ -40,6 +40,10 @@ FULL = ((4, 2048), (2, 4096), (2, 8192), (1, 16384))
 SINK_WINDOW = ("d128 sinks", 128, 32, 8, {"sinks": True},
                ("d128_sink_persistent", "trial:t_d128_sink_window_q1pb", "trial:t_d128_sink_window_km", "d128_sink"))
 NEXT = [(CAP_FULL, "full", FULL), (PLAIN_FULL, "full", FULL), (SINK_WINDOW, "causal window 4095", WINDOW)]
+# `causal_long`: d256 causal at 8192-16384 keys, where the persistent cell serves: the base cell with a kept max
+# (1.061x persistent at 1x16x16384 bf16 in members/h100/d256_full_cudnn.json, 0.976x at 2x16x8192) beside it
+PLAIN_CAUSAL = ("d256", 256, 16, 16, {}, ("d256_persistent", "trial:t_d256_km_causal", "d256_persistent_km"))
+CAUSAL_LONG = [(PLAIN_CAUSAL, "causal", ((2, 8192), (1, 16384)))]
 
 
 def spec_path(name: str, suffix: str) -> str:
@@ -81,4 +85,4 @@ def main(report: str, groups=GROUPS) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], NEXT if sys.argv[2:] == ["next"] else GROUPS)
+    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG}[sys.argv[2]] if sys.argv[2:] else GROUPS)
