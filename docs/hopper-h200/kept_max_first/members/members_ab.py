@@ -4,8 +4,9 @@ softcap (softcap_persistent_km against softcap_persistent) and d256 causal (pers
 persistent_n64), causal and with a causal window of 4095, in bf16 and fp16. GPU us (attngen bench's queued timing,
 input sets rotated past L2), median of 3 rounds, and the largest difference from the first cell's output
 (`attngen verify` checks each cell against fp32).
-Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long]
-(next: the full-mask trials of NEXT instead; causal_long: d256 causal from 8192 keys, CAUSAL_LONG)"""
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long|window]
+(next: the full-mask trials of NEXT instead; causal_long: d256 causal from 8192 keys, CAUSAL_LONG; window: the d128
+window trials of window/, WINDOWS)"""
 from pathlib import Path
 import json
 import sys
@@ -44,13 +45,26 @@ NEXT = [(CAP_FULL, "full", FULL), (PLAIN_FULL, "full", FULL), (SINK_WINDOW, "cau
 # (1.061x persistent at 1x16x16384 bf16 in members/h100/d256_full_cudnn.json, 0.976x at 2x16x8192) beside it
 PLAIN_CAUSAL = ("d256", 256, 16, 16, {}, ("d256_persistent", "trial:t_d256_km_causal", "d256_persistent_km"))
 CAUSAL_LONG = [(PLAIN_CAUSAL, "causal", ((2, 8192), (1, 16384)))]
+# `window`: the plain d128 window (Mistral's 4095 keys at 32/8 heads, Gemma 3 27B's local 1023 at 32/16) and Gemma 2
+# 27B's local softcap window, whose cells have no kept max yet: window_persistent (served to 5792 keys), the window
+# cell (past it) and softcap_persistent beside the trials of window/
+WIN_NAMES = ("d128_window_persistent", "trial:t_d128_window_kmpb", "trial:t_d128_window_q1pb", "trial:t_d128_window_km",
+             "d128_window")
+WIN_MISTRAL = ("d128", 128, 32, 8, {}, WIN_NAMES)
+WIN_GEMMA3 = ("d128", 128, 32, 16, {}, WIN_NAMES)
+CAP_WIN = ("d128 softcap 50", 128, 32, 16, {"softcap": 50.0},
+           ("d128_softcap_persistent", "trial:t_d128_softcap_window_kmpb", "trial:t_d128_softcap_window_q1pb"))
+WINDOWS = [(WIN_MISTRAL, "causal window 4095", ((4, 1024), (4, 2048), (2, 4096), (1, 8192), (1, 16384))),
+           (WIN_GEMMA3, "causal window 1023", ((4, 2048), (2, 4096), (1, 8192), (1, 16384))),
+           (CAP_WIN, "causal window 4095", ((2, 4096), (1, 8192), (1, 16384)))]
 
 
 def spec_path(name: str, suffix: str) -> str:
-    """A committed cell's file, or a trial's ("trial:NAME": in next/, else the bf16 ones of ../other_cells/)."""
+    """A committed cell's file, or a trial's ("trial:NAME": in next/ or window/, else the bf16 ones of ../other_cells/)."""
     if name.startswith("trial:"):
-        here = HERE / "next" / f"{name[6:]}{suffix}.yaml"
-        return str(here if here.exists() else HERE.parent / "other_cells" / f"{name[6:]}{suffix}.yaml")
+        file = f"{name[6:]}{suffix}.yaml"
+        return str(next((p for p in (HERE / "next" / file, HERE / "window" / file) if p.exists()),
+                        HERE.parent / "other_cells" / file))
     return f"{S}{name}{suffix}.yaml"
 
 
@@ -63,7 +77,7 @@ def main(report: str, groups=GROUPS) -> None:
             for b, s in shapes:
                 call_kw = {"causal": mask != "full", **kw}
                 if mask.startswith("causal window"):
-                    call_kw["window"] = (4095, 0)
+                    call_kw["window"] = (int(mask.split()[-1]), 0)
                 if kw.get("sinks"):
                     call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
                 sets = sets_for(b, h, hk, s, d, gen, dtype)
@@ -85,4 +99,4 @@ def main(report: str, groups=GROUPS) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG}[sys.argv[2]] if sys.argv[2:] else GROUPS)
+    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG, "window": WINDOWS}[sys.argv[2]] if sys.argv[2:] else GROUPS)
