@@ -23,8 +23,9 @@ CALLS = (
 )
 
 
-def sets_for(b, h, hk, s, d, gen, dtype=torch.bfloat16):
-    one = (2 * b * h + 2 * b * hk) * s * d * 2
+def sets_for(b, h, hk, s, d, gen, dtype=torch.bfloat16, dv=None):
+    dv = dv or d                                    # V's head dim (MLA's prefill: 192 for Q and K, 128 for V)
+    one = (b * h * (d + dv) + b * hk * (d + dv)) * s * 2
     n = max(2, min(16, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / one)))
     return [tuple(torch.randn(shape, generator=gen, device="cuda").to(dtype)
-                  for shape in ((b, h, s, d), (b, hk, s, d), (b, hk, s, d))) for _ in range(n)]
+                  for shape in ((b, h, s, d), (b, hk, s, d), (b, hk, s, dv))) for _ in range(n)]

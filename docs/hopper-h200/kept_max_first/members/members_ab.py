@@ -4,9 +4,9 @@ softcap (softcap_persistent_km against softcap_persistent) and d256 causal (pers
 persistent_n64), causal and with a causal window of 4095, in bf16 and fp16. GPU us (attngen bench's queued timing,
 input sets rotated past L2), median of 3 rounds, and the largest difference from the first cell's output
 (`attngen verify` checks each cell against fp32).
-Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long|window]
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long|window|d192]
 (next: the full-mask trials of NEXT instead; causal_long: d256 causal from 8192 keys, CAUSAL_LONG; window: the d128
-window trials of window/, WINDOWS)"""
+window trials of window/, WINDOWS; d192: the d192 trials of d192/, D192S)"""
 from pathlib import Path
 import json
 import sys
@@ -57,13 +57,23 @@ CAP_WIN = ("d128 softcap 50", 128, 32, 16, {"softcap": 50.0},
 WINDOWS = [(WIN_MISTRAL, "causal window 4095", ((4, 1024), (4, 2048), (2, 4096), (1, 8192), (1, 16384))),
            (WIN_GEMMA3, "causal window 1023", ((4, 2048), (2, 4096), (1, 8192), (1, 16384))),
            (CAP_WIN, "causal window 4095", ((2, 4096), (1, 8192), (1, 16384)))]
+# `d192`: the d192 cells (Q and K 192 wide; V 192, or 128 as MLA's prefill) with a kept max, the base cells and the
+# persistent ones, beside the cells the table serves (persistent to 11585 keys causal and 2896 full; then the base
+# cell, or n96 in fp16 at d192)
+D192 = ("d192", 192, 16, 16, {}, ("d192_persistent", "trial:t_d192_persistent_km", "d192", "trial:t_d192_km", "d192_n96"))
+D192_V128 = ("d192 v128", (192, 128), 16, 16, {},
+             ("d192_v128_persistent", "trial:t_d192_v128_persistent_km", "d192_v128", "trial:t_d192_v128_km"))
+D192_SHAPES = ((4, 2048), (2, 4096), (2, 8192), (1, 16384))
+D192S = [(D192, "causal", D192_SHAPES), (D192, "full", D192_SHAPES),
+         (D192_V128, "causal", D192_SHAPES), (D192_V128, "full", D192_SHAPES)]
 
 
 def spec_path(name: str, suffix: str) -> str:
-    """A committed cell's file, or a trial's ("trial:NAME": in next/ or window/, else the bf16 ones of ../other_cells/)."""
+    """A committed cell's file, or a trial's ("trial:NAME": in next/, window/ or d192/, else the bf16 ones of
+    ../other_cells/)."""
     if name.startswith("trial:"):
         file = f"{name[6:]}{suffix}.yaml"
-        return str(next((p for p in (HERE / "next" / file, HERE / "window" / file) if p.exists()),
+        return str(next((p for p in (HERE / "next" / file, HERE / "window" / file, HERE / "d192" / file) if p.exists()),
                         HERE.parent / "other_cells" / file))
     return f"{S}{name}{suffix}.yaml"
 
@@ -80,13 +90,15 @@ def main(report: str, groups=GROUPS) -> None:
                     call_kw["window"] = (int(mask.split()[-1]), 0)
                 if kw.get("sinks"):
                     call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
-                sets = sets_for(b, h, hk, s, d, gen, dtype)
+                d_qk, dv = d if isinstance(d, tuple) else (d, d)
+                sets = sets_for(b, h, hk, s, d_qk, gen, dtype, dv)
                 calls = {n: ((lambda q, k_, v, k=k: k(q, k_, v, **call_kw)), sets) for n, k in cells.items()}
                 med, each = alternating_sets(calls, 3)
                 q, k_, v = sets[0]
                 out = {n: fn(q, k_, v).float() for n, (fn, _) in calls.items()}
                 first = out[names[0]]
-                row = {"call": f"{label}, {mask}", "dtype": str(dtype).split(".")[1], "shape": f"{b}x{h}/{hk}x{s}x{d}",
+                shape = f"{b}x{h}/{hk}x{s}x{d_qk}" + (f"x{dv}" if dv != d_qk else "")
+                row = {"call": f"{label}, {mask}", "dtype": str(dtype).split(".")[1], "shape": shape,
                        "us": med, "rounds": each, f"{names[0]}_over_{names[1]}": med[names[0]] / med[names[1]],
                        "max_diff": {n: float((o - first).abs().max()) for n, o in out.items() if n != names[0]}}
                 rows.append(row)
@@ -99,4 +111,4 @@ def main(report: str, groups=GROUPS) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG, "window": WINDOWS}[sys.argv[2]] if sys.argv[2:] else GROUPS)
+    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG, "window": WINDOWS, "d192": D192S}[sys.argv[2]] if sys.argv[2:] else GROUPS)
