@@ -31,8 +31,8 @@ WINDOW = ((2, 4096), (1, 8192), (1, 16384))
 GROUPS = [(SINK, "causal", CAUSAL), (CAP, "causal", CAUSAL),
           (CAP, "causal window 4095", WINDOW), (PLAIN, "causal", ((16, 1024), (4, 2048), (2, 4096), (2, 8192), (1, 16384)))]
 # `next`: full masks, the trials not yet specs (the fp16 ones in next/, the bf16 ones in ../other_cells/) beside the
-# cells the table serves there: d128 softcap (softcap_persistent to 2896 keys, softcap past it), d256 (persistent to
-# 2896 keys, the base cell past it)
+# cells the table served there when it was written: d128 softcap (softcap_persistent to 2896 keys, softcap past it),
+# d256 (persistent to 2896 keys, the base cell past it); two of them have been specs since (README, "The trials")
 CAP_FULL = ("d128 softcap 50", 128, 32, 16, {"softcap": 50.0},
             ("d128_softcap", "trial:t_d128_softcap_persistent_kmpb", "d128_softcap_persistent"))
 PLAIN_FULL = ("d256", 256, 16, 16, {}, ("d256", "trial:t_d256_km", "d256_persistent"))
