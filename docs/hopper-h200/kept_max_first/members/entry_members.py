@@ -21,7 +21,9 @@ CAUSAL = {"causal": True}
 CALLS = (("d128 sinks, causal", 2, 32, 8, 4096, 128, {**CAUSAL, "sinks": True}, "d128_sink_persistent_kmpb_bf16", "d128_sink_persistent_bf16"),
          ("d256 softcap 50, causal", 2, 16, 8, 4096, 256, {**CAUSAL, "softcap": 50.0}, "d256_softcap_persistent_km_bf16", "d256_softcap_persistent_bf16"),
          ("d256, causal", 2, 16, 16, 4096, 256, CAUSAL, "d256_persistent_km_bf16", "d256_persistent_bf16"))
-NEXT = (("d128 softcap 50, full", 2, 32, 16, 4096, 128, {"softcap": 50.0}, "d128_softcap_persistent_kmpb_bf16", "d128_softcap_bf16"),
+NEXT = (("d128 softcap 50, full", 4, 32, 16, 1024, 128, {"softcap": 50.0}, "d128_softcap_persistent_kmpb_bf16",
+         "d128_softcap_persistent_bf16"),
+        ("d128 softcap 50, full", 2, 32, 16, 4096, 128, {"softcap": 50.0}, "d128_softcap_persistent_kmpb_bf16", "d128_softcap_bf16"),
         ("d128 sinks, causal window 4095", 1, 32, 8, 8192, 128, {**CAUSAL, "window": (4095, 0), "sinks": True},
          "d128_sink_window_persistent_kmpb_bf16", "d128_sink_bf16"),
         ("d256, full", 1, 16, 16, 16384, 256, {}, "d256_km_bf16", "d256_persistent_bf16"))
