@@ -4,9 +4,9 @@ softcap (softcap_persistent_km against softcap_persistent) and d256 causal (pers
 persistent_n64), causal and with a causal window of 4095, in bf16 and fp16. GPU us (attngen bench's queued timing,
 input sets rotated past L2), median of 3 rounds, and the largest difference from the first cell's output
 (`attngen verify` checks each cell against fp32).
-Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long|window|d192]
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long|window|alibi|d192]
 (next: the full-mask trials of NEXT instead; causal_long: d256 causal from 8192 keys, CAUSAL_LONG; window: the d128
-window trials of window/, WINDOWS; d192: the d192 trials of d192/, D192S)"""
+window trials of window/, WINDOWS; alibi: ALIBIS; d192: the d192 trials of d192/, D192S)"""
 from pathlib import Path
 import json
 import sys
@@ -57,6 +57,11 @@ CAP_WIN = ("d128 softcap 50", 128, 32, 16, {"softcap": 50.0},
 WINDOWS = [(WIN_MISTRAL, "causal window 4095", ((4, 1024), (4, 2048), (2, 4096), (1, 8192), (1, 16384))),
            (WIN_GEMMA3, "causal window 1023", ((4, 2048), (2, 4096), (1, 8192), (1, 16384))),
            (CAP_WIN, "causal window 4095", ((2, 4096), (1, 8192), (1, 16384)))]
+# `alibi`: the d128 ALiBi cell (the ping-pong tiles; it serves every ALiBi mask) beside its trial with a kept max, on
+# 32 heads of their own with the usual slopes 2^(-8 i / 32)
+ALIBI = ("d128 alibi", 128, 32, 32, {"alibi": True}, ("d128_alibi", "trial:t_d128_alibi_km"))
+ALIBIS = [(ALIBI, "causal", ((4, 2048), (2, 4096), (1, 8192))), (ALIBI, "full", ((4, 2048), (2, 4096))),
+          (ALIBI, "causal window 4095", ((1, 8192),))]
 # `d192`: the d192 cells (Q and K 192 wide; V 192, or 128 as MLA's prefill) with a kept max, the base cells and the
 # persistent ones, beside the cells the table serves (persistent to 11585 keys causal and 2896 full; then the base
 # cell, or n96 in fp16 at d192)
@@ -90,6 +95,8 @@ def main(report: str, groups=GROUPS) -> None:
                     call_kw["window"] = (int(mask.split()[-1]), 0)
                 if kw.get("sinks"):
                     call_kw["sinks"] = torch.randn(h, generator=gen, device="cuda")
+                if call_kw.pop("alibi", False):
+                    call_kw["alibi_slopes"] = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
                 d_qk, dv = d if isinstance(d, tuple) else (d, d)
                 sets = sets_for(b, h, hk, s, d_qk, gen, dtype, dv)
                 calls = {n: ((lambda q, k_, v, k=k: k(q, k_, v, **call_kw)), sets) for n, k in cells.items()}
@@ -111,4 +118,4 @@ def main(report: str, groups=GROUPS) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG, "window": WINDOWS, "d192": D192S}[sys.argv[2]] if sys.argv[2:] else GROUPS)
+    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG, "window": WINDOWS, "alibi": ALIBIS, "d192": D192S}[sys.argv[2]] if sys.argv[2:] else GROUPS)
