@@ -1,17 +1,25 @@
 #!/bin/bash
-# One device call (at most about 560 s): the kept-max trials of window/ (d128: the plain window's and the softcap
-# window's persistent walks, two Q tiles or one, and the window cell's ping-pong tiles) and of d192/ (the d192 and
-# d192_v128 base and persistent cells) verified, then timed beside the cells the table serves, fp16 and bf16:
-# Mistral's, Gemma 3 27B's and Gemma 2 27B's window calls (members_ab.py OUT window), d192 causal and full
-# (members_ab.py OUT d192), the d128 ALiBi cell (members_ab.py OUT alibi).
-# Usage (repository root, GPU machine): OUT=DIR bash docs/hopper-h200/kept_max_first/members/run_more.sh
+# Two device calls (at most about 450 and 240 s), the kept-max trials verified, then timed beside the cells the table
+# serves, fp16 and bf16:
+#   1: window/ (d128: the plain window's and the softcap window's persistent walks, two Q tiles or one, the window
+#      cell's ping-pong tiles; the ALiBi cell) on Mistral's, Gemma 3 27B's and Gemma 2 27B's window calls
+#      (members_ab.py OUT window) and ALiBi calls (members_ab.py OUT alibi), and varlen/ (the d64 and d128 varlen
+#      cells) on a mixed ragged batch (varlen_ab.py);
+#   2: d192/ (the d192 and d192_v128 base and persistent cells), causal and full (members_ab.py OUT d192).
+# Usage (repository root, GPU machine): OUT=DIR bash docs/hopper-h200/kept_max_first/members/run_more.sh 1|2
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
 export PYTHONUNBUFFERED=1
 HERE=docs/hopper-h200/kept_max_first/members
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 150 python3 -m attngen verify $HERE/window/*.yaml $HERE/d192/*.yaml > $OUT/verify_more.txt 2>&1
+if [ "${1:-}" = 2 ]; then
+  timeout 60 python3 -m attngen verify $HERE/d192/*.yaml > $OUT/verify_d192.txt 2>&1
+  echo "verify rc=$?"; grep -v ' pass$' $OUT/verify_d192.txt | tail -3
+  timeout 170 python3 $HERE/members_ab.py $OUT/d192_ab.json d192 2>&1 | grep -v '^compiling'
+  exit
+fi
+timeout 120 python3 -m attngen verify $HERE/window/*.yaml $HERE/varlen/*.yaml > $OUT/verify_more.txt 2>&1
 echo "verify rc=$?"; grep -v ' pass$' $OUT/verify_more.txt | tail -3
 timeout 150 python3 $HERE/members_ab.py $OUT/window_ab.json window 2>&1 | grep -v '^compiling'
-timeout 180 python3 $HERE/members_ab.py $OUT/d192_ab.json d192 2>&1 | grep -v '^compiling'
 timeout 60 python3 $HERE/members_ab.py $OUT/alibi_ab.json alibi 2>&1 | grep -v '^compiling'
+timeout 100 python3 $HERE/varlen_ab.py $OUT/varlen_ab.json 2>&1 | grep -v '^compiling'
