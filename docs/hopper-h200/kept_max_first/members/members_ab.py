@@ -54,9 +54,12 @@ WIN_MISTRAL = ("d128", 128, 32, 8, {}, WIN_NAMES)
 WIN_GEMMA3 = ("d128", 128, 32, 16, {}, WIN_NAMES)
 CAP_WIN = ("d128 softcap 50", 128, 32, 16, {"softcap": 50.0},
            ("d128_softcap_persistent", "trial:t_d128_softcap_window_kmpb", "trial:t_d128_softcap_window_q1pb"))
+# and d256's plain window (Gemma 3 12B's local layers: 16/8 heads, 1023 keys), served by window_persistent
+WIN_D256 = ("d256", 256, 16, 8, {}, ("d256_window_persistent", "trial:t_d256_window_persistent_km"))
 WINDOWS = [(WIN_MISTRAL, "causal window 4095", ((4, 1024), (4, 2048), (2, 4096), (1, 8192), (1, 16384))),
            (WIN_GEMMA3, "causal window 1023", ((4, 2048), (2, 4096), (1, 8192), (1, 16384))),
-           (CAP_WIN, "causal window 4095", ((2, 4096), (1, 8192), (1, 16384)))]
+           (CAP_WIN, "causal window 4095", ((2, 4096), (1, 8192), (1, 16384))),
+           (WIN_D256, "causal window 1023", ((4, 2048), (2, 4096), (1, 8192), (1, 16384)))]
 # `alibi`: the d128 ALiBi cell (the ping-pong tiles; it serves every ALiBi mask) beside its trial with a kept max, on
 # 32 heads of their own with the usual slopes 2^(-8 i / 32)
 ALIBI = ("d128 alibi", 128, 32, 32, {"alibi": True}, ("d128_alibi", "trial:t_d128_alibi_km"))

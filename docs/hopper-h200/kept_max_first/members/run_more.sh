@@ -2,7 +2,8 @@
 # Two device calls (at most about 450 and 240 s), the kept-max trials verified, then timed beside the cells the table
 # serves, fp16 and bf16:
 #   1: window/ (d128: the plain window's and the softcap window's persistent walks, two Q tiles or one, the window
-#      cell's ping-pong tiles; the ALiBi cell) on Mistral's, Gemma 3 27B's and Gemma 2 27B's window calls
+#      cell's ping-pong tiles; the ALiBi cell; d256's window_persistent) on Mistral's, Gemma 3 27B's and 12B's and
+#      Gemma 2 27B's window calls
 #      (members_ab.py OUT window) and ALiBi calls (members_ab.py OUT alibi), and varlen/ (the d64 and d128 varlen
 #      cells) on a mixed ragged batch (varlen_ab.py);
 #   2: d192/ (the d192 and d192_v128 base and persistent cells), causal and full (members_ab.py OUT d192).
