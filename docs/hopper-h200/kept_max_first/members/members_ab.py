@@ -4,9 +4,9 @@ softcap (softcap_persistent_km against softcap_persistent) and d256 causal (pers
 persistent_n64), causal and with a causal window of 4095, in bf16 and fp16. GPU us (attngen bench's queued timing,
 input sets rotated past L2), median of 3 rounds, and the largest difference from the first cell's output
 (`attngen verify` checks each cell against fp32).
-Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long|window|alibi|d192]
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long|window|alibi|d192|d64]
 (next: the full-mask trials of NEXT instead; causal_long: d256 causal from 8192 keys, CAUSAL_LONG; window: the d128
-window trials of window/, WINDOWS; alibi: ALIBIS; d192: the d192 trials of d192/, D192S)"""
+window trials of window/, WINDOWS; alibi: ALIBIS; d192: the d192 trials of d192/, D192S; d64: the lazy_rescale trials of d64/, D64S)"""
 from pathlib import Path
 import json
 import sys
@@ -65,6 +65,15 @@ WINDOWS = [(WIN_MISTRAL, "causal window 4095", ((4, 1024), (4, 2048), (2, 4096),
 ALIBI = ("d128 alibi", 128, 32, 32, {"alibi": True}, ("d128_alibi", "trial:t_d128_alibi_km"))
 ALIBIS = [(ALIBI, "causal", ((4, 2048), (2, 4096), (1, 8192))), (ALIBI, "full", ((4, 2048), (2, 4096))),
           (ALIBI, "causal window 4095", ((1, 8192),))]
+# `d64`: the three-warpgroup d64 cells with softmax.lazy_rescale alone (1.003-1.060x on the base cell in an H100 run):
+# gpt-oss's sinks (64/8 heads) causal and with a 4095-key window, the plain window of 1023 keys, causal and full
+C3_SINK = ("d64 sinks", 64, 64, 8, {"sinks": True}, ("d64_persistent_q2_c3_sink", "trial:t_d64_c3_sink_lazy"))
+C3_WINDOW = ("d64", 64, 16, 16, {}, ("d64_persistent_q2_c3_window", "trial:t_d64_c3_window_lazy"))
+C3 = ("d64", 64, 16, 16, {}, ("d64_persistent_q2_c3", "trial:t_d64_c3_lazy"))
+D64S = [(C3_SINK, "causal", ((2, 2048), (1, 4096), (1, 8192), (1, 16384))),
+        (C3_SINK, "causal window 4095", ((1, 8192), (1, 16384))),
+        (C3_WINDOW, "causal window 1023", ((8, 512), (4, 2048), (1, 8192), (1, 16384))),
+        (C3, "causal", ((8, 2048), (4, 4096), (2, 8192), (1, 16384))), (C3, "full", ((4, 4096), (2, 8192), (1, 16384)))]
 # `d192`: the d192 cells (Q and K 192 wide; V 192, or 128 as MLA's prefill) with a kept max, the base cells and the
 # persistent ones, beside the cells the table serves (persistent to 11585 keys causal and 2896 full; then the base
 # cell, or n96 in fp16 at d192)
@@ -77,11 +86,11 @@ D192S = [(D192, "causal", D192_SHAPES), (D192, "full", D192_SHAPES),
 
 
 def spec_path(name: str, suffix: str) -> str:
-    """A committed cell's file, or a trial's ("trial:NAME": in next/, window/ or d192/, else the bf16 ones of
-    ../other_cells/)."""
+    """A committed cell's file, or a trial's ("trial:NAME": in next/, window/, d192/ or d64/, else the bf16 ones
+    of ../other_cells/)."""
     if name.startswith("trial:"):
         file = f"{name[6:]}{suffix}.yaml"
-        return str(next((p for p in (HERE / "next" / file, HERE / "window" / file, HERE / "d192" / file) if p.exists()),
+        return str(next((p for p in (HERE / sub / file for sub in ("next", "window", "d192", "d64")) if p.exists()),
                         HERE.parent / "other_cells" / file))
     return f"{S}{name}{suffix}.yaml"
 
@@ -121,4 +130,4 @@ def main(report: str, groups=GROUPS) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG, "window": WINDOWS, "alibi": ALIBIS, "d192": D192S}[sys.argv[2]] if sys.argv[2:] else GROUPS)
+    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG, "window": WINDOWS, "alibi": ALIBIS, "d192": D192S, "d64": D64S}[sys.argv[2]] if sys.argv[2:] else GROUPS)
