@@ -85,8 +85,8 @@ def test_window_entries_route_by_width():
             return select(table, "forward", "sm_90", dtype, 64, "window", seqlen, scores="sink", window=window).spec
         assert served(window_keys(True, (127, 0))) == f"h100_wgmma_d64_persistent_q2_sink{suffix}"
         assert served(window_keys(True, (127, 0)), 512) == f"h100_wgmma_d64_persistent_q2_sink{suffix}"
-        assert served(window_keys(True, (4095, 0))) == f"h100_wgmma_d64_persistent_q2_c3_sink{suffix}"
-        assert served(None) == f"h100_wgmma_d64_persistent_q2_c3_sink{suffix}"
+        assert served(window_keys(True, (4095, 0))) == f"h100_wgmma_d64_persistent_q2_c3_sink_lazy{suffix}"
+        assert served(None) == f"h100_wgmma_d64_persistent_q2_c3_sink_lazy{suffix}"
 
 
 def test_a_variant_calls_kernel_key_holds_its_window_width():
@@ -402,7 +402,7 @@ def test_window_calls_have_their_own_mask():
     assert call_mask(True, (256, 0)) == "window" and call_mask(False, (-1, 0)) == "window"
     assert call_mask(False, (-1, -1)) == "none"
     entries = load_table(TABLE)
-    assert select(entries, "forward", "sm_90", "fp16", 128, "window", 8192).spec == "h100_wgmma_d128_window"
+    assert select(entries, "forward", "sm_90", "fp16", 128, "window", 8192).spec == "h100_wgmma_d128_window_persistent_kmpb"
 
 
 def backward_bench_report() -> dict:
