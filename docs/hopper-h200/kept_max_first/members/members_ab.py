@@ -4,9 +4,10 @@ softcap (softcap_persistent_km against softcap_persistent) and d256 causal (pers
 persistent_n64), causal and with a causal window of 4095, in bf16 and fp16. GPU us (attngen bench's queued timing,
 input sets rotated past L2), median of 3 rounds, and the largest difference from the first cell's output
 (`attngen verify` checks each cell against fp32).
-Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long|window|alibi|d192|d64]
+Usage (GPU machine, repository root): python3 docs/hopper-h200/kept_max_first/members/members_ab.py OUT.json [next|causal_long|window|alibi|d192|d64|dims]
 (next: the full-mask trials of NEXT instead; causal_long: d256 causal from 8192 keys, CAUSAL_LONG; window: the d128
-window trials of window/, WINDOWS; alibi: ALIBIS; d192: the d192 trials of d192/, D192S; d64: the lazy_rescale trials of d64/, D64S)"""
+window trials of window/, WINDOWS; alibi: ALIBIS; d192: the d192 trials of d192/, D192S; d64: the lazy_rescale trials of d64/, D64S;
+dims: the d32, d40, d80 and d160 trials of dims/, DIMS)"""
 from pathlib import Path
 import json
 import sys
@@ -83,14 +84,21 @@ D192_V128 = ("d192 v128", (192, 128), 16, 16, {},
 D192_SHAPES = ((4, 2048), (2, 4096), (2, 8192), (1, 16384))
 D192S = [(D192, "causal", D192_SHAPES), (D192, "full", D192_SHAPES),
          (D192_V128, "causal", D192_SHAPES), (D192_V128, "full", D192_SHAPES)]
+# `dims`: the other head dims' base cells (the table serves them at every length) with a kept max where it does not
+# spill (d32, d40: three consumer warpgroups at 160 registers; at d80 it spilled 32-88 B, at d160 4-8 B) and with
+# softmax.lazy_rescale alone (dims/), 16 heads
+DIM_SHAPES = ((8, 1024), (4, 2048), (2, 8192), (1, 16384))
+DIMS = [((f"d{d}", d, 16, 16, {}, (f"d{d}",) + tuple(f"trial:t_d{d}_{t}" for t in trials)), mask, DIM_SHAPES)
+        for d, trials in ((32, ("km", "lazy")), (40, ("km", "lazy")), (80, ("lazy",)), (160, ("lazy",)))
+        for mask in ("causal", "full")]
 
 
 def spec_path(name: str, suffix: str) -> str:
-    """A committed cell's file, or a trial's ("trial:NAME": in next/, window/, d192/ or d64/, else the bf16 ones
-    of ../other_cells/)."""
+    """A committed cell's file, or a trial's ("trial:NAME": in next/, window/, d192/, d64/ or dims/, else the bf16
+    ones of ../other_cells/)."""
     if name.startswith("trial:"):
         file = f"{name[6:]}{suffix}.yaml"
-        return str(next((p for p in (HERE / sub / file for sub in ("next", "window", "d192", "d64")) if p.exists()),
+        return str(next((p for p in (HERE / sub / file for sub in ("next", "window", "d192", "d64", "dims")) if p.exists()),
                         HERE.parent / "other_cells" / file))
     lab = Path(f"specs/lab/h100_wgmma_{name}.yaml")     # a cell the table no longer serves (d192_n96)
     return f"specs/lab/h100_wgmma_{name}{suffix}.yaml" if lab.exists() else f"{S}{name}{suffix}.yaml"
@@ -131,4 +139,4 @@ def main(report: str, groups=GROUPS) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG, "window": WINDOWS, "alibi": ALIBIS, "d192": D192S, "d64": D64S}[sys.argv[2]] if sys.argv[2:] else GROUPS)
+    main(sys.argv[1], {"next": NEXT, "causal_long": CAUSAL_LONG, "window": WINDOWS, "alibi": ALIBIS, "d192": D192S, "d64": D64S, "dims": DIMS}[sys.argv[2]] if sys.argv[2:] else GROUPS)
