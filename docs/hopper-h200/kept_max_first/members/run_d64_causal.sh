@@ -1,11 +1,10 @@
 #!/bin/bash
 # One device call (about 120 s): the d64 three-warpgroup cell with softmax.lazy_rescale alone (member `lazy` of
-# specs/h100_wgmma_d64_persistent_q2_c3.yaml, causal, the kernel of the trial d64/t_d64_c3_lazy.yaml; add it first:
-#   lazy: {description: ..., masks: [causal], softmax: {rescale: always, lazy_rescale: true}}
-# it was left out because the table's d64 causal entries are rebuilt from `attngen bench` reports) beside the cells
-# that serve d64 causal calls, on the two grids where the three-warpgroup cell wins (../../round4/turns_d64_causal.json's),
-# fp16 and bf16. The
-# report goes into tests/test_dispatch.py's rebuild (`attngen dispatch --from ... --write`) after turns_d64_causal.json.
+# specs/h100_wgmma_d64_persistent_q2_c3.yaml, causal, the kernel of the trial d64/t_d64_c3_lazy.yaml; not in the table
+# yet, because the table's d64 causal entries are rebuilt from `attngen bench` reports) beside the cells that serve d64
+# causal calls, on the two grids where the three-warpgroup cell wins (../../round4/turns_d64_causal.json's), fp16 and
+# bf16. The report goes into tests/test_dispatch.py's rebuild (`attngen dispatch --from ... --write`) after
+# turns_d64_causal.json.
 # Usage (repository root, GPU machine): OUT=DIR bash docs/hopper-h200/kept_max_first/members/run_d64_causal.sh
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
