@@ -353,9 +353,11 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     chains = "docs/hopper-h200/round4/max_chains_d64_causal.json"   # d64 causal with a row max in four chains
     # d128 from 1024 keys with P at the kept max in two buffers (H100; its 1x16x16384 bf16 full cell left out)
     kmpb = "docs/hopper-h200/kept_max_first/p_buffers_h100/walk_kmpb_from1024.json"
+    # d64 causal on the three-warpgroup cell with lazy_rescale alone (H200), where the three-warpgroup cell won
+    lazy = "docs/hopper-h200/kept_max_first/members/h200/made/d64_causal_lazy.json"
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
                                     "--from", short, "--from", walk, "--from", long, "--from", turns, "--from", small,
-                                    "--from", chains, "--from", kmpb, "--write", "--specs-dir", str(specs)])
+                                    "--from", chains, "--from", kmpb, "--from", lazy, "--write", "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
 
