@@ -523,3 +523,63 @@ def test_paged_varlen_refuses_bad_inputs(torch):
     sinks = torch.randn(4, device="cuda").requires_grad_()
     with pytest.raises(NotImplementedError, match="block_table"):
         attngen.attention_varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=True, sinks=sinks)
+
+
+# The Hopper kind's paged varlen member (TMA copies of a page's rows at a time; the rows of a sequence's last tile
+# past its keys zeroed in shared memory): page sizes from 1 (one copy per key) to 512 (a tile inside one page),
+# fp16 and bf16, every mask it has.
+HOPPER_PAGED = {"fp16": "h100_wgmma_d128_varlen_paged", "bf16": "h100_wgmma_d128_varlen_paged_bf16"}
+HOPPER_MASKS = [(True, None), (False, None), (True, (100, 0)), (False, (48, 17))]
+
+
+@functools.lru_cache(maxsize=None)
+def load_hopper(dtype: str):
+    return attngen.load(ROOT / "specs" / f"{HOPPER_PAGED[dtype]}.yaml", synchronize=True)
+
+
+@pytest.mark.parametrize("causal,window", HOPPER_MASKS, ids=["causal", "full", "causal-100", "two-sided"])
+@pytest.mark.parametrize("pg", (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_hopper_paged_varlen_against_reference(torch, dtype, pg, causal, window):
+    """The Hopper member on shuffled pages with NaN spare pages and page tails, into a NaN-filled output: each
+    sequence within the error rule of the fp32 reference; bit for bit its own packed varlen call on the same keys
+    (rows past a sequence's keys zeroed, where the packed call reads the next sequence's); the same again with the
+    keys from cu_seqlens_k, and on the prepared path."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the Hopper kind (wgmma, TMA) needs sm_90")
+    kernel = load_hopper(dtype)
+    assert kernel.plan.paged
+    dt = torch_dtype(torch, dtype)
+    q, k, v, cu_q, cu_k, g = packed(torch, MIXED, 8, 2, 128, dt, seed=7 * pg + (window or (0,))[0])
+    lens_k = [s[1] for s in MIXED]
+    kp, vp, table = page_pools(torch, k, v, lens_k, pg, g)
+    used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    kw = {"window": window} if window is not None else {}
+    kernel.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=causal, out=out,
+                  max_seqlen_q=max(s[0] for s in MIXED), **kw)
+    torch.cuda.synchronize()
+    attngen.check_errors()
+    check_sequences(torch, q, k, v, out, MIXED, causal, 128 ** -0.5, f"hopper d128 {dtype} page {pg}", window=window)
+    contiguous = kernel.varlen(q, k, v, cu_q, cu_k, causal=causal,
+                               alignment="bottom_right" if causal or window else None, **kw)
+    assert torch.equal(out, contiguous)
+    for _ in range(2):      # the full path, then the prepared one
+        again = kernel.varlen(q, kp, vp, cu_q, cu_k, block_table=table, causal=causal, **kw)
+        assert torch.equal(again, out)
+
+
+def test_hopper_paged_varlen_records_bad_pages(torch):
+    """A table entry outside the pools is clamped and recorded (check_errors raises), as the mma.sync cells do."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the Hopper kind (wgmma, TMA) needs sm_90")
+    kernel = load_hopper("fp16")
+    q, k, v, cu_q, cu_k, g = packed(torch, MIXED, 8, 2, 128, torch.float16, seed=11)
+    lens_k = [s[1] for s in MIXED]
+    kp, vp, table = page_pools(torch, k, v, lens_k, 16, g)
+    table[0, 0] = kp.shape[0] + 5
+    used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    kernel.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=True)
+    torch.cuda.synchronize()
+    with pytest.raises(InputError, match="block_table"):
+        attngen.check_errors()

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from ...core.fp8 import FP8_ABI, P_LOG2_OFFSET
 from ...core.kind import Kind
+from ...core.spec_keys import refuse
 from .e4m3 import WgmmaFp8Spec
 from .plan import WgmmaFragments, explain, plan_for
 from .space import sweep_space
@@ -29,8 +30,25 @@ TITLE = "wgmma + TMA attention forward (sm_90a)"
 E4M3_TITLE = "wgmma + TMA e4m3 attention forward (sm_90a)"
 
 
+# What a paged spec's varlen functions need: the producer warpgroup's issuing warp reads a tile's page ids (a
+# lane each) and its first lane copies each page's rows with TMA (templates/fwd_wgmma/copies.j2); masks none,
+# causal and window; score modifiers read only a sequence's lengths and the head, an expression variant may read
+# K/V-indexed tensors, so none.
+rule_paged_varlen = refuse(
+    "paged", lambda s: s.paged and (not s.varlen or not s.producer_warps or s.variant is not None
+                                    or set(s.masks) - {"none", "causal", "window"}),
+    lambda s: "paged: true reads K/V pages in the varlen functions, copied by a producer warpgroup: it needs "
+              "varlen: true (or only), warps: {producer: 4, consumer: ...}, masks none/causal/window and no "
+              "expression variant (score modifiers softcap, alibi and sink are taken)", "rule_paged_varlen")
+
+
 class WgmmaSpec(WgmmaForwardSpec):
     mma: Literal[FRAGMENT] = Field(description="wgmma_m64nNk16: Hopper wgmma + TMA (sm_90a)")
+    paged: bool = Field(default=False, description=(
+        "the varlen functions also read K/V from page pools through a block table (FlashAttention's "
+        "flash_attn_varlen_func(block_table=, seqused_k=)), of any power-of-two page size from 1 to 512 given "
+        "per call: TMA copies each page's rows of a tile; false: packed K/V only"))
+    rules = WgmmaForwardSpec.rules + (rule_paged_varlen,)
 
 
 def plan(spec: WgmmaSpec, file: str | None = None):

@@ -12,6 +12,7 @@ from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part,
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region, check_budget,
                             layout_regions, ring_stride)
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
+from ...core.varlen_plan import PAGED_VARLEN_ABI_FIELDS
 from ...core.wgmma import PANEL_SWIZZLES, PanelSwizzle, swizzled_tile
 from ...targets import TARGETS
 from .spec import ROWS_PER_WARPGROUP, WARPGROUP, WgmmaForwardSpec, panel_swizzle, tile_dim, tile_dim_v
@@ -68,6 +69,7 @@ class WgmmaFragments:
     o_stage_offset: int     # byte offset of the tile a staged epilogue writes O to: the Q tile's, or O's own
     q_tiles: int           # Q tiles (schedule.q_tiles): a persistent block's i-th query block uses tile i % q_tiles
     q_tile_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
+    page_box_rows: int = 0  # paged: the most key rows one TMA copy of a page moves (0: not paged)
 
     @property
     def own_block(self) -> bool:
@@ -170,6 +172,13 @@ def lazy_rescale_slack(spec: WgmmaForwardSpec, p_log2_offset: int) -> float:
     return math.floor((math.log2(E4M3_MAX) - p_log2_offset) * 8) / 8
 
 
+def page_box_rows(block_n: int) -> int:
+    """The most rows a paged tile's TMA copy moves: the largest power of two that divides block_n (copies of
+    one size tile it), at most 256 (a TMA box dimension's limit). A call's pages of fewer keys take copies of
+    one page each (the kernel's box_shift)."""
+    return min(block_n & -block_n, 256)
+
+
 def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_base: Abi = FORWARD_ABI,
              vt: bool = False, p_log2_offset: int = 0, k_even_odd: bool = False) -> ForwardPlan:
     """The plan of a wgmma forward spec of `kind`; vt: V comes transposed (e4m3: the B operand of an
@@ -201,6 +210,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
         tiles.append(swizzled_tile(f"v{s}", tdv, bn, v_t.panel, in_ctype, f"V^T tile, stage {s}", eb) if v_t else
                      swizzled_tile(f"v{s}", bn, tdv, panel, in_ctype, f"V tile, stage {s}", eb))
     persistent = spec.schedule.persistent
+    paged = bool(getattr(spec, "paged", False))
     separate_kv_barriers = (spec.schedule.overlap if spec.schedule.separate_kv_barriers is None
                             else spec.schedule.separate_kv_barriers)
     q_bars = "q_full" + (", q_empty" if persistent else "") + (f" [0..{q_tiles}) each" if q_tiles > 1 else "")
@@ -246,7 +256,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           has_producer=has_producer, separate_kv_barriers=separate_kv_barriers,
                           issuer_thread=issuer_thread, epilogue=spec.epilogue,
                           o_stage_offset=offset["o" if own_o else "q"],
-                          q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0)
+                          q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0,
+                          page_box_rows=page_box_rows(bn) if paged else 0)
     bars = barriers(stages, spec.compute_warps, k_bytes, v_bytes, q_bytes, issuer,
                     offset["bars"], persistent, separate_kv_barriers, q_tiles)
     functions = forward_functions(spec)
@@ -311,7 +322,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                     awaiting_twins=awaiting_twin_functions(functions) if spec.schedule.awaiting_twins else ()),),
         abi=plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False,
                      scores=variants["score_variants"], through_maps=tuple(m.tensor for m in maps if not m.store),
-                     base=abi_base).with_fields(map_abi_fields(maps)),
+                     base=abi_base).with_fields(map_abi_fields(maps) + (PAGED_VARLEN_ABI_FIELDS if paged else ())),
         params_qualifier="__grid_constant__ ",
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,
@@ -324,7 +335,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
         barriers=bars, kv_stage_stride=ring_stride(regions, "k", "v"), min_blocks_per_sm=min_blocks,
         fragments=frag, bank_report=(), roles=roles, schedule=schedule, arch_suffix="a",
         copy_engine=f"TMA (cp.async.bulk.tensor, {panel.row_bytes}-byte swizzle) on mbarriers",
-        tensor_maps=maps, persistent=persistent, head_dim_v=spec.v_dim if spec.v_dim != d else 0,
+        tensor_maps=maps, persistent=persistent, head_dim_v=spec.v_dim if spec.v_dim != d else 0, paged=paged,
     )
 
 
@@ -350,7 +361,12 @@ def varlen_lines(plan) -> list[str]:
                                 "next sequence)", plan.fragments.epilogue == "tma")) if on]
     return ["varlen: the maps see each packed (total, heads, dim) tensor as one batch; a block's TMA copies start "
             "at its sequence's first rows (keys past its end are masked, query rows past it are not stored)"
-            + ("; " + "; ".join(changes) if changes else "")]
+            + ("; " + "; ".join(changes) if changes else "")] + (
+        [f"paged varlen: with a block table, the K and V maps see the page pools (num_pages, page_size, heads, dim) "
+         f"as pages x heads x page rows; the issuing warp reads a tile's page ids (a lane each) and its first lane "
+         f"copies each page's rows, min(page_size, {plan.fragments.page_box_rows}) rows a copy; the consumers zero "
+         "the rows of a sequence's last tile past its keys (a pool's unused rows may hold anything)"]
+        if plan.paged else [])
 
 
 def explain(plan) -> list[str]:

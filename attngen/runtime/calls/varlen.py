@@ -210,15 +210,19 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
             if not (qp | kp | vp | (0 if out is None else out.data_ptr())) % LOAD_BYTES:
                 if out is None:
                     out = kernel._new_output(q)
-                lse_shape, batch = prepared.extra
+                lse_shape, batch, shape_maps = prepared.extra
                 if order_by is not None:     # not in the key: checked on every call that gives it
                     check_order_by(torch, order_by, batch, prepared.info.index)
                 lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
                 order = sequence_order(torch, order_seqused, order_cu, batch, prepared.info.index)
-                kernel._run(prepared, (qp, kp, vp, out.data_ptr(), lse.data_ptr() if return_lse else 0,
-                                       cu_seqlens_q.data_ptr(), 0 if cu_seqlens_k is None else cu_seqlens_k.data_ptr(),
-                                       0 if order is None else order.data_ptr(), block_table.data_ptr(),
-                                       0 if seqused_k is None else seqused_k.data_ptr()))
+                op = out.data_ptr()
+                pointers = (qp, kp, vp, op, lse.data_ptr() if return_lse else 0, cu_seqlens_q.data_ptr(),
+                            0 if cu_seqlens_k is None else cu_seqlens_k.data_ptr(),
+                            0 if order is None else order.data_ptr(), block_table.data_ptr(),
+                            0 if seqused_k is None else seqused_k.data_ptr())
+                if shape_maps is not None:
+                    pointers += shape_maps.values((qp, kp, vp, op))
+                kernel._run(prepared, pointers)
                 return (out, lse) if return_lse else out
     if not getattr(kernel.plan, "paged", False):
         raise ValueError(f"{kernel.label} reads packed K/V only: block_table needs a spec with paged: true")
@@ -302,13 +306,10 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     grid = plan.varlen_grid(batch, heads, max_seqlen_q)
     if grid[0] > MAX_GRID_X:
         raise ValueError(f"max_seqlen_q {max_seqlen_q} needs more than {MAX_GRID_X} blocks")
-    if kernel._map_fields:   # the paged call lays out no tensor maps (and its prepared path patches none)
-        raise ValueError(f"{kernel.label}: a paged varlen call reads K/V through its block table, not through "
-                         "tensor maps; this kernel has tensor-map fields")
     packer = getattr(kernel, "_paged_varlen_packer", None)
     if packer is None:
         packer = kernel._paged_varlen_packer = plan.abi.packer(
-            PER_CALL + tuple(f.name for f in kernel._mask_fields) + PAGED_VARLEN_FIELDS)
+            PER_CALL + tuple(f.name for f in kernel._mask_fields) + PAGED_VARLEN_FIELDS + kernel._map_fields)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
     if order_by is not None:
         check_order_by(torch, order_by, batch, index)
@@ -328,14 +329,33 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
         values.append(mask_values.get(f.name, f.default))
     values += [block_table.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0, sk[0], sv[0],
                block_table.stride(0), block_table.shape[1], num_pages, page, shift]
+    shape_maps = paged_maps(kernel, q, k, v, out, page)
+    maps = shape_maps.values(tuple(values[:4])) if shape_maps is not None else ()
+    pointers = PAGED_POINTER_VALUES(values) + maps
+    values.extend(maps)
     patch = getattr(kernel, "_paged_varlen_patch", None)
     if patch is None:
-        patch = kernel._paged_varlen_patch = plan.abi.patch(PAGED_POINTERS)
+        patch = kernel._paged_varlen_patch = plan.abi.patch(PAGED_POINTERS + kernel._map_fields)
     prepared = Prepared(info, kernel._launches(info, (kernel.entry[varlen_key(mask)], grid)), packer.pack(values),
-                        patch, ((heads, total_q), batch))
+                        patch, ((heads, total_q), batch, shape_maps))
     kernel._remember(key, prepared)   # no key when the caller gave lse_out, or validates
-    kernel._run(prepared, PAGED_POINTER_VALUES(values))
+    kernel._run(prepared, pointers)
     return (out, lse_out) if return_lse else out
+
+
+def paged_maps(kernel, q, k, v, out, page: int):
+    """The TMA tensor maps of a paged varlen call's shape, or None for a kernel without them: q and out as the
+    packed call sees them, and each page pool (num_pages, page_size, heads, dim) as (num_pages, heads, page_size,
+    dim), so a copy's coordinates are a page's rows, the head and the page id; a copy moves min(page_size, the
+    plan's page_box_rows) rows (the kernel's box_shift takes the same)."""
+    if not kernel._map_fields:
+        return None
+    from ..tma import ShapeMaps
+    box = min(page, kernel.plan.fragments.page_box_rows)
+    specs = tuple(m._replace(box_rows=box) if m.tensor in ("k", "v") else m for m in kernel.plan.tensor_maps)
+    views = {"q": q.unsqueeze(0).transpose(1, 2), "k": k.transpose(1, 2), "v": v.transpose(1, 2),
+             "o": out.unsqueeze(0).transpose(1, 2)}
+    return ShapeMaps(specs, views)
 
 
 def check_order_by(torch, order_by, batch: int, index: int) -> None:

@@ -1,0 +1,90 @@
+"""Paged varlen prefill on the Hopper kind (h100_wgmma_d128_varlen_paged) beside the mma.sync paged cell that serves
+such calls before it (h100_mma_d128_paged) and the Hopper kind's packed varlen cell on the same keys packed back to
+back (h100_wgmma_d128_varlen: what the pages cost), alternating in one process. One ragged batch of prompts (16
+sequences of 1 to 4096 tokens, as many queries as keys), 32/8 heads of 128 (Llama 3 8B), pools of shuffled pages of
+1 to 512 keys, causal (bottom-right) and full, bf16 and fp16. GPU µs (`attngen bench`'s queued timing over input sets
+rotated past L2), median of 3 rounds, and the largest difference between the Hopper member's output and the others'.
+Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/paged_ab.py OUT.json [PAGE ...]"""
+from pathlib import Path
+import json
+import math
+import sys
+
+import torch
+
+import attngen
+from attngen.runtime.calls.varlen import cu_seqlens
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(HERE.parents[1] / "measurements"))   # the helpers the scripts share
+from gpu_timing import alternating_sets, write_report
+
+LENGTHS = (1, 9, 60, 128, 256, 511, 700, 1024, 1, 2047, 33, 4096, 5, 64, 900, 1500)
+HEADS, KV_HEADS, D = 32, 8, 128
+PAGES = (1, 16, 64, 256, 512)
+
+
+def pools(k, v, pg: int, gen):
+    """k and v (packed) as pools (num_pages, pg, KV_HEADS, D) of shuffled pages, and the block table."""
+    need = [-(-n // pg) for n in LENGTHS]
+    order = torch.randperm(sum(need), generator=gen, device="cuda")
+    kp = torch.zeros((sum(need), pg, KV_HEADS, D), dtype=k.dtype, device="cuda")
+    vp = torch.zeros_like(kp)
+    table = torch.zeros((len(LENGTHS), max(need)), dtype=torch.int32, device="cuda")
+    at = start = 0
+    for b, (n, keys) in enumerate(zip(need, LENGTHS)):
+        ids = order[at:at + n]
+        table[b, :n] = ids.int()
+        for src, pool in ((k, kp), (v, vp)):
+            rows = torch.zeros((n * pg, KV_HEADS, D), dtype=src.dtype, device="cuda")
+            rows[:keys] = src[start:start + keys]
+            pool[ids] = rows.reshape(n, pg, KV_HEADS, D)
+        at, start = at + n, start + keys
+    return kp, vp, table
+
+
+def main(report: str, pages) -> None:
+    rows, gen = [], torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    total, longest = sum(LENGTHS), max(LENGTHS)
+    cu = cu_seqlens(torch, LENGTHS, "cuda")
+    used = torch.tensor(LENGTHS, dtype=torch.int32, device="cuda")
+    for dtype, suffix in ((torch.bfloat16, "_bf16"), (torch.float16, "")):
+        hopper = attngen.load(ROOT / "specs" / f"h100_wgmma_d128_varlen_paged{suffix}.yaml")
+        mma = attngen.load(ROOT / "specs" / f"h100_mma_d128_paged{suffix}.yaml")
+        packed = attngen.load(ROOT / "specs" / f"h100_wgmma_d128_varlen{suffix}.yaml")
+        one = total * (2 * HEADS + 2 * KV_HEADS) * D * 2
+        n = max(2, min(8, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / one)))
+        sets = [tuple(torch.randn(total, heads, D, generator=gen, device="cuda").to(dtype)
+                      for heads in (HEADS, KV_HEADS, KV_HEADS)) for _ in range(n)]
+        for causal in (True, False):
+            for pg in pages:
+                paged_sets = [(q,) + pools(k, v, pg, gen) for q, k, v in sets]
+                kw = {"causal": causal, "max_seqlen_q": longest}
+                calls = {
+                    "hopper_paged": ((lambda q, kp, vp, t: hopper.varlen(q, kp, vp, cu, None, block_table=t,
+                                                                          seqused_k=used, **kw)), paged_sets),
+                    "mma_paged": ((lambda q, kp, vp, t: mma.varlen(q, kp, vp, cu, None, block_table=t, seqused_k=used,
+                                                                    **kw)), paged_sets),
+                    "hopper_packed": ((lambda q, k, v: packed.varlen(q, k, v, cu, cu, alignment="bottom_right"
+                                                                      if causal else None, **kw)), sets)}
+                med, each = alternating_sets(calls, 3)
+                outs = {name: fn(*s[0]).float() for name, (fn, s) in calls.items()}
+                row = {"dtype": str(dtype).split(".")[1], "causal": causal, "page": pg, "heads": f"{HEADS}/{KV_HEADS}",
+                       "head_dim": D, "us": med, "rounds": each,
+                       "mma_over_hopper": med["mma_paged"] / med["hopper_paged"],
+                       "paged_over_packed": med["hopper_paged"] / med["hopper_packed"],
+                       "max_diff_mma": float((outs["hopper_paged"] - outs["mma_paged"]).abs().max()),
+                       "max_diff_packed": float((outs["hopper_paged"] - outs["hopper_packed"]).abs().max())}
+                rows.append(row)
+                print(json.dumps({x: row[x] for x in ("dtype", "causal", "page", "us", "mma_over_hopper",
+                                                      "paged_over_packed", "max_diff_mma", "max_diff_packed")}),
+                      flush=True)
+                paged_sets = outs = None
+                torch.cuda.empty_cache()
+        sets = None
+    write_report(report, rows)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], tuple(int(p) for p in sys.argv[2:]) or PAGES)
