@@ -650,11 +650,11 @@ struct MapOrigin {
     int q_row, k_row;   // the sequence's first rows in q and in k / v (0: padded)
     bool packed;        // varlen: batch coordinate 0 whatever the block's grid slice
     // Paged K/V (table set): the K and V maps see the page pools as (head_dim, page rows, heads, pages). The
-    // sequence's row of the block table, its keys, log2 of the page size and of the rows one copy moves, the
-    // pools' pages and the word input errors go to.
+    // sequence's row of the block table and its keys; the kernel's parameters (page size, pages, the error word),
+    // read where used rather than held in registers.
     const int* table = nullptr;
-    int keys = 0, page_shift = 0, box_shift = 0, num_pages = 0;
-    void* errors = nullptr;
+    int keys = 0;
+    const Params* params = nullptr;
     __device__ __forceinline__ int batch(const BlockCoords& c) const { return packed ? 0 : c.batch; }
 };
 
@@ -662,11 +662,14 @@ struct MapOrigin {
 // nearest page read instead); keys past the sequence's end read page 0, whose rows the consumers zero.
 __device__ __forceinline__ int page_of_key(const MapOrigin& at, int key) {
     if (key >= at.keys) return 0;
-    const int id = __ldg(at.table + (key >> at.page_shift));
-    const int page = min(max(id, 0), at.num_pages - 1);
-    if (page != id && at.errors != nullptr) atomicOr(static_cast<int*>(at.errors), kBadPage);
+    const int id = __ldg(at.table + (key >> at.params->page_shift));
+    const int page = min(max(id, 0), at.params->num_pages - 1);
+    if (page != id) report_input_error(*at.params, kBadPage);
     return page;
 }
+
+// log2 of the rows one copy of a page moves: a page, or kPageBoxShift's rows of a larger one.
+__device__ __forceinline__ int page_box_shift(const MapOrigin& at) { return min(at.params->page_shift, kPageBoxShift); }
 
 // Paged K (kIsV false) or V of tile t into ring position r's stage, by the issuing warp: a tile is kBlockN >>
 // box_shift copies of 2^box_shift rows of one page each; lane l reads the page of copy l (32 at a time; the
@@ -675,19 +678,19 @@ template <bool kIsV>
 __device__ __forceinline__ void load_kv_pages(uint32_t smem_addr, const void* map, const BlockCoords& c, const MapOrigin& at,
                                               int r, int t) {
     const int stage = r % kStages, lane = threadIdx.x % 32;
-    const int key0 = t * kBlockN, copies = kBlockN >> at.box_shift;
-    int page = lane < copies ? page_of_key(at, key0 + (lane << at.box_shift)) : 0;
+    const int box_shift = page_box_shift(at), key0 = t * kBlockN, copies = kBlockN >> box_shift;
+    int page = lane < copies ? page_of_key(at, key0 + (lane << box_shift)) : 0;
     if (r >= kStages) mbarrier_wait(smem_addr + (kIsV ? kEmptyV : kEmptyK) + stage * kBarrierBytes, ((r / kStages) & 1) ^ 1);
     const uint32_t full = smem_addr + (kIsV ? kFullV : kFullK) + stage * kBarrierBytes;
     if (lane == 0) mbarrier_arrive_expect_tx(full, kIsV ? kVTileBytes : kKTileBytes);
     const uint32_t dst = smem_addr + stage * kStageStride + (kIsV ? kSmem_v0 : kSmem_k0);
-    const int row_mask = (1 << at.page_shift) - 1;
+    const int row_mask = at.params->page_size - 1;
     for (int first = 0; first < copies; first += 32) {
-        if (first > 0) page = first + lane < copies ? page_of_key(at, key0 + ((first + lane) << at.box_shift)) : 0;
+        if (first > 0) page = first + lane < copies ? page_of_key(at, key0 + ((first + lane) << box_shift)) : 0;
         const int n = min(32, copies - first);
         for (int j = 0; j < n; ++j) {
             const int id = __shfl_sync(0xffffffffu, page, j);
-            const int row = (first + j) << at.box_shift;   // the copy's first row in the tile
+            const int row = (first + j) << box_shift;   // the copy's first row in the tile
             if (lane == 0) {
 #pragma unroll
                 for (int panel = 0; panel < (kIsV ? kPanelsV : kPanels); ++panel)
@@ -1043,7 +1046,8 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             // The item visits tiles t0 .. t0 + n_tiles - 1 (a literal 0 without a left bound, as in fwd_mma).
             int t0, n_tiles;
             block_tile_span<kMask>(c, p, t0, n_tiles);
-            if (!kHasProducer && tid == kIssuer) {  // homogeneous (one item): the rest as stages come back
+            // Homogeneous: the issuer's warp copies (its lanes read a paged tile's page ids; the issuer loads).
+            if (!kHasProducer && warp == kIssuer / 32) {  // homogeneous (one item): the rest as stages come back
                 prefetch_tensor_maps(maps);
                 load_block(smem_addr, maps, c, at, 0, t0, min(n_tiles, kStages), q_tile);
             }
@@ -1084,7 +1088,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                 if constexpr (kSeparateKVBarriers) {
                     __syncwarp();
                     if (lane == 0) mbarrier_arrive(stage_bar(kEmptyK, t));
-                    if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles)
+                    if (!kHasProducer && warp == kIssuer / 32 && t + kStages < n_tiles)
                         load_kv<false>(smem_addr, maps.tma_k, c, at, t + kStages, t0 + t + kStages);
                     __syncwarp();
                 }
@@ -1092,7 +1096,7 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
             auto release_v = [&](int t) {
                 __syncwarp();
                 if (lane == 0) mbarrier_arrive(stage_bar(kEmptyV, t));
-                if (!kHasProducer && tid == kIssuer && t + kStages < n_tiles) {
+                if (!kHasProducer && warp == kIssuer / 32 && t + kStages < n_tiles) {
                     if constexpr (!kSeparateKVBarriers) load_kv<false>(smem_addr, maps.tma_k, c, at, t + kStages, t0 + t + kStages);
                     load_kv<true>(smem_addr, maps.tma_v, c, at, t + kStages, t0 + t + kStages);
                 }
@@ -1346,8 +1350,7 @@ __device__ __forceinline__ void attention_varlen(const Params& p) {
     if (p.block_table != nullptr) {   // paged K/V: the sequence's keys from 0, in its pages
         const SequenceRows r = paged_sequence_rows(s);
         if (enter_sequence<kMask>(s, r))
-            attend<kMask, true>(s, p, MapOrigin{r.q0, 0, true, s.block_table, s.seqlen_k, s.page_shift,
-                                                min(s.page_shift, kPageBoxShift), s.num_pages, s.errors});
+            attend<kMask, true>(s, p, MapOrigin{r.q0, 0, true, s.block_table, s.seqlen_k, &p});
         return;
     }
     const SequenceRows r = sequence_rows(s);

@@ -525,32 +525,34 @@ def test_paged_varlen_refuses_bad_inputs(torch):
         attngen.attention_varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=True, sinks=sinks)
 
 
-# The Hopper kind's paged varlen member (TMA copies of a page's rows at a time; the rows of a sequence's last tile
+# The Hopper kind's paged varlen members (TMA copies of a page's rows at a time; the rows of a sequence's last tile
 # past its keys zeroed in shared memory): page sizes from 1 (one copy per key) to 512 (a tile inside one page),
-# fp16 and bf16, every mask it has.
-HOPPER_PAGED = {"fp16": "h100_wgmma_d128_varlen_paged", "bf16": "h100_wgmma_d128_varlen_paged_bf16"}
+# every mask they have; d128 (a producer warpgroup) in fp16 and bf16, d64 (homogeneous: a consumer warp copies) and
+# d256 (80-key tiles: copies of 16 rows at most).
+HOPPER_PAGED = {(128, "fp16"): "h100_wgmma_d128_varlen_paged", (128, "bf16"): "h100_wgmma_d128_varlen_paged_bf16",
+                (64, "bf16"): "h100_wgmma_d64_varlen_paged_bf16", (256, "bf16"): "h100_wgmma_d256_varlen_paged_bf16"}
 HOPPER_MASKS = [(True, None), (False, None), (True, (100, 0)), (False, (48, 17))]
 
 
 @functools.lru_cache(maxsize=None)
-def load_hopper(dtype: str):
-    return attngen.load(ROOT / "specs" / f"{HOPPER_PAGED[dtype]}.yaml", synchronize=True)
+def load_hopper(head_dim: int, dtype: str):
+    return attngen.load(ROOT / "specs" / f"{HOPPER_PAGED[head_dim, dtype]}.yaml", synchronize=True)
 
 
 @pytest.mark.parametrize("causal,window", HOPPER_MASKS, ids=["causal", "full", "causal-100", "two-sided"])
 @pytest.mark.parametrize("pg", (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_hopper_paged_varlen_against_reference(torch, dtype, pg, causal, window):
-    """The Hopper member on shuffled pages with NaN spare pages and page tails, into a NaN-filled output: each
-    sequence within the error rule of the fp32 reference; bit for bit its own packed varlen call on the same keys
-    (rows past a sequence's keys zeroed, where the packed call reads the next sequence's); the same again with the
-    keys from cu_seqlens_k, and on the prepared path."""
+@pytest.mark.parametrize("head_dim,dtype", list(HOPPER_PAGED), ids=[f"d{d}-{t}" for d, t in HOPPER_PAGED])
+def test_hopper_paged_varlen_against_reference(torch, head_dim, dtype, pg, causal, window):
+    """A Hopper member on shuffled pages with NaN spare pages and page tails, into a NaN-filled output: each sequence
+    within the error rule of the fp32 reference; bit for bit its own packed varlen call on the same keys (rows past
+    a sequence's keys zeroed, where the packed call reads the next sequence's); the same again with the keys from
+    cu_seqlens_k, on the full path and the prepared one."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the Hopper kind (wgmma, TMA) needs sm_90")
-    kernel = load_hopper(dtype)
+    kernel = load_hopper(head_dim, dtype)
     assert kernel.plan.paged
     dt = torch_dtype(torch, dtype)
-    q, k, v, cu_q, cu_k, g = packed(torch, MIXED, 8, 2, 128, dt, seed=7 * pg + (window or (0,))[0])
+    q, k, v, cu_q, cu_k, g = packed(torch, MIXED, 8, 2, head_dim, dt, seed=7 * pg + head_dim + (window or (0,))[0])
     lens_k = [s[1] for s in MIXED]
     kp, vp, table = page_pools(torch, k, v, lens_k, pg, g)
     used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
@@ -560,7 +562,8 @@ def test_hopper_paged_varlen_against_reference(torch, dtype, pg, causal, window)
                   max_seqlen_q=max(s[0] for s in MIXED), **kw)
     torch.cuda.synchronize()
     attngen.check_errors()
-    check_sequences(torch, q, k, v, out, MIXED, causal, 128 ** -0.5, f"hopper d128 {dtype} page {pg}", window=window)
+    check_sequences(torch, q, k, v, out, MIXED, causal, head_dim ** -0.5, f"hopper d{head_dim} {dtype} page {pg}",
+                    window=window)
     contiguous = kernel.varlen(q, k, v, cu_q, cu_k, causal=causal,
                                alignment="bottom_right" if causal or window else None, **kw)
     assert torch.equal(out, contiguous)
@@ -573,7 +576,7 @@ def test_hopper_paged_varlen_records_bad_pages(torch):
     """A table entry outside the pools is clamped and recorded (check_errors raises), as the mma.sync cells do."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the Hopper kind (wgmma, TMA) needs sm_90")
-    kernel = load_hopper("fp16")
+    kernel = load_hopper(128, "fp16")
     q, k, v, cu_q, cu_k, g = packed(torch, MIXED, 8, 2, 128, torch.float16, seed=11)
     lens_k = [s[1] for s in MIXED]
     kp, vp, table = page_pools(torch, k, v, lens_k, 16, g)

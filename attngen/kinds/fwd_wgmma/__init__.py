@@ -30,16 +30,16 @@ TITLE = "wgmma + TMA attention forward (sm_90a)"
 E4M3_TITLE = "wgmma + TMA e4m3 attention forward (sm_90a)"
 
 
-# What a paged spec's varlen functions need: the producer warpgroup's issuing warp reads a tile's page ids (a
-# lane each) and its first lane copies each page's rows with TMA (templates/fwd_wgmma/copies.j2); masks none,
-# causal and window; score modifiers read only a sequence's lengths and the head, an expression variant may read
+# What a paged spec's varlen functions need: the issuing warp (the producer's, or homogeneous a consumer warp) reads
+# a tile's page ids (a lane each) and its first lane copies each page's rows with TMA (templates/fwd_wgmma/copies.j2);
+# masks none, causal and window; score modifiers read only a sequence's lengths and the head, an expression variant may read
 # K/V-indexed tensors, so none.
 rule_paged_varlen = refuse(
-    "paged", lambda s: s.paged and (not s.varlen or not s.producer_warps or s.variant is not None
+    "paged", lambda s: s.paged and (not s.varlen or s.variant is not None
                                     or set(s.masks) - {"none", "causal", "window"}),
-    lambda s: "paged: true reads K/V pages in the varlen functions, copied by a producer warpgroup: it needs "
-              "varlen: true (or only), warps: {producer: 4, consumer: ...}, masks none/causal/window and no "
-              "expression variant (score modifiers softcap, alibi and sink are taken)", "rule_paged_varlen")
+    lambda s: "paged: true reads K/V pages in the varlen functions: it needs varlen: true (or only), masks "
+              "none/causal/window and no expression variant (score modifiers softcap, alibi and sink are taken)",
+    "rule_paged_varlen")
 
 
 class WgmmaSpec(WgmmaForwardSpec):

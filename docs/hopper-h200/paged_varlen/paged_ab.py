@@ -1,10 +1,11 @@
-"""Paged varlen prefill on the Hopper kind (h100_wgmma_d128_varlen_paged) beside the mma.sync paged cell that serves
-such calls before it (h100_mma_d128_paged) and the Hopper kind's packed varlen cell on the same keys packed back to
-back (h100_wgmma_d128_varlen: what the pages cost), alternating in one process. One ragged batch of prompts (16
-sequences of 1 to 4096 tokens, as many queries as keys), 32/8 heads of 128 (Llama 3 8B), pools of shuffled pages of
-1 to 512 keys, causal (bottom-right) and full, bf16 and fp16. GPU µs (`attngen bench`'s queued timing over input sets
+"""Paged varlen prefill on the Hopper kind (the `paged` members of h100_wgmma_d128_varlen and h100_wgmma_d64_varlen,
+h100_wgmma_d256's `varlen_paged`) beside the mma.sync paged cells that serve such calls before them
+(h100_mma_d{64,128,256}_paged) and the Hopper kind's packed varlen cells on the same keys packed back to back (what the
+pages cost), alternating in one process. One ragged batch of prompts (16 sequences of 1 to 4096 tokens, as many
+queries as keys), pools of shuffled pages: d128 32/8 heads (Llama 3 8B), pages of 1 to 512 keys, causal
+(bottom-right) and full; d64 64/8 (gpt-oss) and d256 16/8 (Gemma 3 12B), pages of 1, 16 and 256, causal; bf16 and fp16. GPU µs (`attngen bench`'s queued timing over input sets
 rotated past L2), median of 3 rounds, and the largest difference between the Hopper member's output and the others'.
-Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/paged_ab.py OUT.json [PAGE ...]"""
+Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/paged_ab.py OUT.json [HEAD_DIM ...]"""
 from pathlib import Path
 import json
 import math
@@ -20,15 +21,19 @@ sys.path.insert(0, str(HERE.parents[1] / "measurements"))   # the helpers the sc
 from gpu_timing import alternating_sets, write_report
 
 LENGTHS = (1, 9, 60, 128, 256, 511, 700, 1024, 1, 2047, 33, 4096, 5, 64, 900, 1500)
-HEADS, KV_HEADS, D = 32, 8, 128
-PAGES = (1, 16, 64, 256, 512)
+# (head dim, query heads, KV heads, Hopper member, mma.sync paged cell, Hopper packed cell, pages, masks (causal?))
+CELLS = ((128, 32, 8, "h100_wgmma_d128_varlen_paged", "h100_mma_d128_paged", "h100_wgmma_d128_varlen",
+          (1, 16, 64, 256, 512), (True, False)),
+         (64, 64, 8, "h100_wgmma_d64_varlen_paged", "h100_mma_d64_paged", "h100_wgmma_d64_varlen", (1, 16, 256), (True,)),
+         (256, 16, 8, "h100_wgmma_d256_varlen_paged", "h100_mma_d256_paged", "h100_wgmma_d256_varlen", (1, 16, 256),
+          (True,)))
 
 
 def pools(k, v, pg: int, gen):
-    """k and v (packed) as pools (num_pages, pg, KV_HEADS, D) of shuffled pages, and the block table."""
+    """k and v (packed) as pools (num_pages, pg, kv heads, head dim) of shuffled pages, and the block table."""
     need = [-(-n // pg) for n in LENGTHS]
     order = torch.randperm(sum(need), generator=gen, device="cuda")
-    kp = torch.zeros((sum(need), pg, KV_HEADS, D), dtype=k.dtype, device="cuda")
+    kp = torch.zeros((sum(need), pg) + tuple(k.shape[1:]), dtype=k.dtype, device="cuda")
     vp = torch.zeros_like(kp)
     table = torch.zeros((len(LENGTHS), max(need)), dtype=torch.int32, device="cuda")
     at = start = 0
@@ -36,28 +41,29 @@ def pools(k, v, pg: int, gen):
         ids = order[at:at + n]
         table[b, :n] = ids.int()
         for src, pool in ((k, kp), (v, vp)):
-            rows = torch.zeros((n * pg, KV_HEADS, D), dtype=src.dtype, device="cuda")
+            rows = torch.zeros((n * pg,) + tuple(src.shape[1:]), dtype=src.dtype, device="cuda")
             rows[:keys] = src[start:start + keys]
-            pool[ids] = rows.reshape(n, pg, KV_HEADS, D)
+            pool[ids] = rows.reshape((n, pg) + tuple(src.shape[1:]))
         at, start = at + n, start + keys
     return kp, vp, table
 
 
-def main(report: str, pages) -> None:
+def main(report: str, head_dims) -> None:
     rows, gen = [], torch.Generator(device="cuda")
     gen.manual_seed(0)
     total, longest = sum(LENGTHS), max(LENGTHS)
     cu = cu_seqlens(torch, LENGTHS, "cuda")
     used = torch.tensor(LENGTHS, dtype=torch.int32, device="cuda")
-    for dtype, suffix in ((torch.bfloat16, "_bf16"), (torch.float16, "")):
-        hopper = attngen.load(ROOT / "specs" / f"h100_wgmma_d128_varlen_paged{suffix}.yaml")
-        mma = attngen.load(ROOT / "specs" / f"h100_mma_d128_paged{suffix}.yaml")
-        packed = attngen.load(ROOT / "specs" / f"h100_wgmma_d128_varlen{suffix}.yaml")
-        one = total * (2 * HEADS + 2 * KV_HEADS) * D * 2
+    for (d, heads_q, heads_kv, hopper_name, mma_name, packed_name, pages, masks), (dtype, suffix) in \
+            ((c, t) for c in CELLS if c[0] in head_dims for t in ((torch.bfloat16, "_bf16"), (torch.float16, ""))):
+        hopper = attngen.load(ROOT / "specs" / f"{hopper_name}{suffix}.yaml")
+        mma = attngen.load(ROOT / "specs" / f"{mma_name}{suffix}.yaml")
+        packed = attngen.load(ROOT / "specs" / f"{packed_name}{suffix}.yaml")
+        one = total * (2 * heads_q + 2 * heads_kv) * d * 2
         n = max(2, min(8, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / one)))
-        sets = [tuple(torch.randn(total, heads, D, generator=gen, device="cuda").to(dtype)
-                      for heads in (HEADS, KV_HEADS, KV_HEADS)) for _ in range(n)]
-        for causal in (True, False):
+        sets = [tuple(torch.randn(total, heads, d, generator=gen, device="cuda").to(dtype)
+                      for heads in (heads_q, heads_kv, heads_kv)) for _ in range(n)]
+        for causal in masks:
             for pg in pages:
                 paged_sets = [(q,) + pools(k, v, pg, gen) for q, k, v in sets]
                 kw = {"causal": causal, "max_seqlen_q": longest}
@@ -70,14 +76,14 @@ def main(report: str, pages) -> None:
                                                                       if causal else None, **kw)), sets)}
                 med, each = alternating_sets(calls, 3)
                 outs = {name: fn(*s[0]).float() for name, (fn, s) in calls.items()}
-                row = {"dtype": str(dtype).split(".")[1], "causal": causal, "page": pg, "heads": f"{HEADS}/{KV_HEADS}",
-                       "head_dim": D, "us": med, "rounds": each,
+                row = {"head_dim": d, "dtype": str(dtype).split(".")[1], "causal": causal, "page": pg,
+                       "heads": f"{heads_q}/{heads_kv}", "us": med, "rounds": each,
                        "mma_over_hopper": med["mma_paged"] / med["hopper_paged"],
                        "paged_over_packed": med["hopper_paged"] / med["hopper_packed"],
                        "max_diff_mma": float((outs["hopper_paged"] - outs["mma_paged"]).abs().max()),
                        "max_diff_packed": float((outs["hopper_paged"] - outs["hopper_packed"]).abs().max())}
                 rows.append(row)
-                print(json.dumps({x: row[x] for x in ("dtype", "causal", "page", "us", "mma_over_hopper",
+                print(json.dumps({x: row[x] for x in ("head_dim", "dtype", "causal", "page", "us", "mma_over_hopper",
                                                       "paged_over_packed", "max_diff_mma", "max_diff_packed")}),
                       flush=True)
                 paged_sets = outs = None
@@ -87,4 +93,4 @@ def main(report: str, pages) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], tuple(int(p) for p in sys.argv[2:]) or PAGES)
+    main(sys.argv[1], tuple(int(d) for d in sys.argv[2:]) or (128, 64, 256))
