@@ -484,7 +484,8 @@ def test_write_from_a_backward_bench_report(tmp_path):
     report.write_text(json.dumps(backward_bench_report()))
     run = CliRunner().invoke(main, ["dispatch", "--from", str(report), "--write", "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
-    assert run.output.endswith(": 3 backward entries from 1 report(s)\n"), run.output
+    assert run.stdout.endswith(": 3 backward entries from 1 report(s)\n"), run.output
+    assert "measured by other reports were replaced" in run.stderr     # the keys' committed entries
     written = load_table(table_path(specs))
     mine = [e for e in written if e.measured and e.measured.startswith(str(report))]
     assert {(e.call, e.mask, e.upto, e.spec) for e in mine} == {("backward", "causal", None, "h100_bwd_d64"),
@@ -701,3 +702,23 @@ def test_table_ab_reads_another_table_and_records_the_specs(monkeypatch, tmp_pat
     dispatch.DISPATCH._entries = []     # loaded: too late to change the table
     with pytest.raises(RuntimeError, match="before the first attngen call"):
         read_table_from(str(other))
+
+
+def test_write_warns_when_it_drops_entries_other_reports_measured(tmp_path, monkeypatch):
+    """`attngen dispatch --from ONE --write` rewrites every entry of the report's keys: the entries other reports
+    measured for those keys go, and the command says so on stderr, naming the reports to give with --from; given
+    every report of those keys, it says nothing."""
+    import shutil
+    specs = tmp_path / "specs"
+    shutil.copytree(ROOT / "specs", specs)
+    monkeypatch.chdir(ROOT)            # the table cites reports relative to the working directory
+    lazy = "docs/hopper-h200/kept_max_first/members/h200/made/d64_causal_lazy.json"
+    run = CliRunner().invoke(main, ["dispatch", "--from", lazy, "--write", "--specs-dir", str(specs)])
+    assert run.exit_code == 0, run.output
+    assert "warning:" in run.stderr and "measured by other reports were replaced" in run.stderr
+    assert "docs/hopper-h200/" in run.stderr and "--from" in run.stderr
+    from attngen.eval.dispatch_table import dropped_elsewhere
+    old = Entry("forward", "sm_90", "bf16", 64, "causal", "a", us=1.0, measured="r1.json 1x1x1x64")
+    new = Entry("forward", "sm_90", "bf16", 64, "causal", "b", us=1.0, measured="r2.json 1x1x1x64")
+    assert dropped_elsewhere([old], [new], {"r2.json"}) == {"r1.json": 1}
+    assert dropped_elsewhere([old], [new], {"r1.json", "r2.json"}) == {}

@@ -99,9 +99,10 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
     if write or bench_files:
         if not (write and bench_files):
             raise click.UsageError("--write and --from go together: the reports to write the table from")
-        from ..eval.dispatch_table import bench_entries, entries_summary, merge, read_reports
+        from ..eval.dispatch_table import bench_entries, dropped_elsewhere, entries_summary, merge, read_reports
         try:
-            new = bench_entries(read_reports(bench_files))
+            reports = read_reports(bench_files)
+            new = bench_entries(reports)
         except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
             raise click.BadParameter(f"not an `attngen bench --json` or `attngen sweep --json` report: {exc}",
                                      param_hint="--from")
@@ -111,9 +112,16 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
         if missing:
             raise click.UsageError(f"the reports name specs that are not in {where}/: {', '.join(missing)}; commit "
                                    f"them first (`attngen sweep ... --write-best {where}` writes a sweep's winners)")
-        _write_table(path, merge(entries, new))
+        merged = merge(entries, new)
+        _write_table(path, merged)
         click.echo(json.dumps([e._asdict() for e in new], indent=2) if as_json else
                    f"wrote {path}: {entries_summary(new)} from {len(bench_files)} report(s)")
+        dropped = dropped_elsewhere(entries, merged, {cited for cited, _ in reports})
+        if dropped:
+            click.echo(f"attngen dispatch: warning: {sum(dropped.values())} entries measured by other reports were "
+                       "replaced (a report rewrites every entry of its keys): "
+                       + ", ".join(f"{n} of {src}" for src, n in sorted(dropped.items()))
+                       + "; to keep them, give those reports with --from too", err=True)
         return
     if window_keys is not None and not window:
         raise click.BadParameter("the width of a window call: give --window with it", param_hint="--window-keys")

@@ -266,6 +266,21 @@ def merge(existing, new) -> list[Entry]:
         + list(new)
 
 
+def dropped_elsewhere(existing, merged, reports) -> dict[str, int]:
+    """The entries of `existing` that `merged` no longer holds and that other reports than `reports` measured:
+    {the report an entry cites: entries dropped}. A report rewrites every entry of its keys, so a key that
+    several reports share keeps only this call's winners unless the others are given too."""
+    kept = set(map(repr, merged))
+    out: dict[str, int] = {}
+    for e in existing:
+        if repr(e) in kept or not e.measured:
+            continue
+        source = e.measured.split(" ", 1)[0]
+        if source not in reports:
+            out[source] = out.get(source, 0) + 1
+    return out
+
+
 # Reports run to a few MiB (a sweep of thousands of candidates); a report nests 7 levels.
 MAX_REPORT_BYTES = 64 * 1024 * 1024
 MAX_REPORT_DEPTH = 64
