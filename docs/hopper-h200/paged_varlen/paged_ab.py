@@ -83,13 +83,13 @@ def main(report: str, head_dims) -> None:
                        "max_diff_mma": float((outs["hopper_paged"] - outs["mma_paged"]).abs().max()),
                        "max_diff_packed": float((outs["hopper_paged"] - outs["hopper_packed"]).abs().max())}
                 rows.append(row)
+                write_report(report, rows)      # after every row: a call cut short keeps what it measured
                 print(json.dumps({x: row[x] for x in ("head_dim", "dtype", "causal", "page", "us", "mma_over_hopper",
                                                       "paged_over_packed", "max_diff_mma", "max_diff_packed")}),
                       flush=True)
                 paged_sets = outs = None
                 torch.cuda.empty_cache()
         sets = None
-    write_report(report, rows)
 
 
 if __name__ == "__main__":
