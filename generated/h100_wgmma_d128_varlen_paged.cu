@@ -121,13 +121,11 @@
 //     +576  unsigned char[128] tma_o            TMA tensor map of o, encoded by the runtime per call
 //     +704  const int*     block_table      int32 (batch, table_cols) with row stride table_stride: page ids of each sequence's keys, in order; null: k and v are packed (total_k, kv_heads, head_dim)
 //     +712  const int*     seqused_k        int32 (batch,): keys of each sequence (paged calls); null: from cu_seqlens_k
-//     +720  long long      k_page_stride    paged: elements between pages of the k pool
-//     +728  long long      v_page_stride    paged: elements between pages of the v pool
-//     +736  int            table_stride     elements between rows of block_table
-//     +740  int            table_cols       pages per row of block_table: a sequence holds at most table_cols x page_size keys
-//     +744  int            num_pages        pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
-//     +748  int            page_size        keys per page: a power of two, 1 to 512
-//     +752  int            page_shift       log2(page_size)
+//     +720  int            table_stride     elements between rows of block_table
+//     +724  int            table_cols       pages per row of block_table: a sequence holds at most table_cols x page_size keys
+//     +728  int            num_pages        pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
+//     +732  int            page_size        keys per page: a power of two, 1 to 512
+//     +736  int            page_shift       log2(page_size)
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -193,13 +191,11 @@ struct Params {
     alignas(64) unsigned char tma_o[128];  // +576: TMA tensor map of o, encoded by the runtime per call
     const int* block_table;  // +704: int32 (batch, table_cols) with row stride table_stride: page ids of each sequence's keys, in order; null: k and v are packed (total_k, kv_heads, head_dim)
     const int* seqused_k;  // +712: int32 (batch,): keys of each sequence (paged calls); null: from cu_seqlens_k
-    long long k_page_stride;  // +720: paged: elements between pages of the k pool
-    long long v_page_stride;  // +728: paged: elements between pages of the v pool
-    int table_stride;  // +736: elements between rows of block_table
-    int table_cols;  // +740: pages per row of block_table: a sequence holds at most table_cols x page_size keys
-    int num_pages;  // +744: pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
-    int page_size;  // +748: keys per page: a power of two, 1 to 512
-    int page_shift;  // +752: log2(page_size)
+    int table_stride;  // +720: elements between rows of block_table
+    int table_cols;  // +724: pages per row of block_table: a sequence holds at most table_cols x page_size keys
+    int num_pages;  // +728: pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
+    int page_size;  // +732: keys per page: a power of two, 1 to 512
+    int page_shift;  // +736: log2(page_size)
 };
 static_assert(offsetof(Params, o) == 0, "Params.o offset");
 static_assert(offsetof(Params, lse) == 8, "Params.lse offset");
@@ -231,13 +227,11 @@ static_assert(offsetof(Params, tma_v) == 448, "Params.tma_v offset");
 static_assert(offsetof(Params, tma_o) == 576, "Params.tma_o offset");
 static_assert(offsetof(Params, block_table) == 704, "Params.block_table offset");
 static_assert(offsetof(Params, seqused_k) == 712, "Params.seqused_k offset");
-static_assert(offsetof(Params, k_page_stride) == 720, "Params.k_page_stride offset");
-static_assert(offsetof(Params, v_page_stride) == 728, "Params.v_page_stride offset");
-static_assert(offsetof(Params, table_stride) == 736, "Params.table_stride offset");
-static_assert(offsetof(Params, table_cols) == 740, "Params.table_cols offset");
-static_assert(offsetof(Params, num_pages) == 744, "Params.num_pages offset");
-static_assert(offsetof(Params, page_size) == 748, "Params.page_size offset");
-static_assert(offsetof(Params, page_shift) == 752, "Params.page_shift offset");
+static_assert(offsetof(Params, table_stride) == 720, "Params.table_stride offset");
+static_assert(offsetof(Params, table_cols) == 724, "Params.table_cols offset");
+static_assert(offsetof(Params, num_pages) == 728, "Params.num_pages offset");
+static_assert(offsetof(Params, page_size) == 732, "Params.page_size offset");
+static_assert(offsetof(Params, page_shift) == 736, "Params.page_shift offset");
 static_assert(sizeof(Params) == 768, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;

@@ -106,13 +106,11 @@
 //     +448  unsigned char[128] tma_v            TMA tensor map of v, encoded by the runtime per call
 //     +576  const int*     block_table      int32 (batch, table_cols) with row stride table_stride: page ids of each sequence's keys, in order; null: k and v are packed (total_k, kv_heads, head_dim)
 //     +584  const int*     seqused_k        int32 (batch,): keys of each sequence (paged calls); null: from cu_seqlens_k
-//     +592  long long      k_page_stride    paged: elements between pages of the k pool
-//     +600  long long      v_page_stride    paged: elements between pages of the v pool
-//     +608  int            table_stride     elements between rows of block_table
-//     +612  int            table_cols       pages per row of block_table: a sequence holds at most table_cols x page_size keys
-//     +616  int            num_pages        pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
-//     +620  int            page_size        keys per page: a power of two, 1 to 512
-//     +624  int            page_shift       log2(page_size)
+//     +592  int            table_stride     elements between rows of block_table
+//     +596  int            table_cols       pages per row of block_table: a sequence holds at most table_cols x page_size keys
+//     +600  int            num_pages        pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
+//     +604  int            page_size        keys per page: a power of two, 1 to 512
+//     +608  int            page_shift       log2(page_size)
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //
@@ -177,13 +175,11 @@ struct Params {
     alignas(64) unsigned char tma_v[128];  // +448: TMA tensor map of v, encoded by the runtime per call
     const int* block_table;  // +576: int32 (batch, table_cols) with row stride table_stride: page ids of each sequence's keys, in order; null: k and v are packed (total_k, kv_heads, head_dim)
     const int* seqused_k;  // +584: int32 (batch,): keys of each sequence (paged calls); null: from cu_seqlens_k
-    long long k_page_stride;  // +592: paged: elements between pages of the k pool
-    long long v_page_stride;  // +600: paged: elements between pages of the v pool
-    int table_stride;  // +608: elements between rows of block_table
-    int table_cols;  // +612: pages per row of block_table: a sequence holds at most table_cols x page_size keys
-    int num_pages;  // +616: pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
-    int page_size;  // +620: keys per page: a power of two, 1 to 512
-    int page_shift;  // +624: log2(page_size)
+    int table_stride;  // +592: elements between rows of block_table
+    int table_cols;  // +596: pages per row of block_table: a sequence holds at most table_cols x page_size keys
+    int num_pages;  // +600: pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
+    int page_size;  // +604: keys per page: a power of two, 1 to 512
+    int page_shift;  // +608: log2(page_size)
 };
 static_assert(offsetof(Params, o) == 0, "Params.o offset");
 static_assert(offsetof(Params, lse) == 8, "Params.lse offset");
@@ -214,13 +210,11 @@ static_assert(offsetof(Params, tma_k) == 320, "Params.tma_k offset");
 static_assert(offsetof(Params, tma_v) == 448, "Params.tma_v offset");
 static_assert(offsetof(Params, block_table) == 576, "Params.block_table offset");
 static_assert(offsetof(Params, seqused_k) == 584, "Params.seqused_k offset");
-static_assert(offsetof(Params, k_page_stride) == 592, "Params.k_page_stride offset");
-static_assert(offsetof(Params, v_page_stride) == 600, "Params.v_page_stride offset");
-static_assert(offsetof(Params, table_stride) == 608, "Params.table_stride offset");
-static_assert(offsetof(Params, table_cols) == 612, "Params.table_cols offset");
-static_assert(offsetof(Params, num_pages) == 616, "Params.num_pages offset");
-static_assert(offsetof(Params, page_size) == 620, "Params.page_size offset");
-static_assert(offsetof(Params, page_shift) == 624, "Params.page_shift offset");
+static_assert(offsetof(Params, table_stride) == 592, "Params.table_stride offset");
+static_assert(offsetof(Params, table_cols) == 596, "Params.table_cols offset");
+static_assert(offsetof(Params, num_pages) == 600, "Params.num_pages offset");
+static_assert(offsetof(Params, page_size) == 604, "Params.page_size offset");
+static_assert(offsetof(Params, page_shift) == 608, "Params.page_shift offset");
 static_assert(sizeof(Params) == 640, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;

@@ -722,3 +722,33 @@ def test_write_warns_when_it_drops_entries_other_reports_measured(tmp_path, monk
     new = Entry("forward", "sm_90", "bf16", 64, "causal", "b", us=1.0, measured="r2.json 1x1x1x64")
     assert dropped_elsewhere([old], [new], {"r2.json"}) == {"r1.json": 1}
     assert dropped_elsewhere([old], [new], {"r1.json", "r2.json"}) == {}
+
+
+def test_paged_entries_split_by_page_size():
+    """A paged entry with min_page serves calls of that page size and up; smaller pages (and a call that names
+    no page size) take the entry without one. The committed table sends paged varlen prefill of pages of 16 and
+    more at d128 to the Hopper kind's paged member, pages of 1 to 8 to the mma.sync cell, which the Hopper member
+    trails there (one TMA copy per key; docs/hopper-h200/paged_varlen/)."""
+    gather = Entry("varlen", "sm_90", "bf16", 128, "causal", "gather", paged=True)
+    copies = Entry("varlen", "sm_90", "bf16", 128, "causal", "copies", paged=True, min_page=16)
+    whole = Entry("varlen", "sm_90", "bf16", 128, "causal", "whole", paged=True, min_page=256)
+    table = (gather, copies, whole)
+    picks = {page: select(table, "varlen", "sm_90", "bf16", 128, "causal", 4096, paged=True, page=page).spec
+             for page in (None, 1, 8, 16, 128, 256, 512)}
+    assert picks == {None: "gather", 1: "gather", 8: "gather", 16: "copies", 128: "copies", 256: "whole",
+                     512: "whole"}
+    entries = load_table(TABLE)
+    for page, spec in ((1, "h100_mma_d128_paged_bf16"), (8, "h100_mma_d128_paged_bf16"),
+                       (16, "h100_wgmma_d128_varlen_paged_bf16"), (512, "h100_wgmma_d128_varlen_paged_bf16")):
+        assert select(entries, "varlen", "sm_90", "bf16", 128, "causal", 4096, paged=True, page=page).spec == spec
+
+
+@pytest.mark.parametrize("extra,problem", [("mask: causal, spec: s, min_page: 16", "this entry is not paged"),
+                                          ("mask: causal, spec: s, paged: true, min_page: 24", "a power of two"),
+                                          ("mask: causal, spec: s, paged: true, min_page: 1024", "a power of two")])
+def test_min_page_is_a_paged_entrys_page_size(tmp_path, extra, problem):
+    path = tmp_path / "table.yaml"
+    path.write_text("entries:\n  - {call: varlen, arch: sm_90, dtype: fp16, head_dim: 128, " + extra + "}\n")
+    with pytest.raises(SpecError) as info:
+        load_table(path)
+    assert info.value.key == "entries[0].min_page" and problem in info.value.message

@@ -189,8 +189,8 @@ def test_paged_varlen_window_against_reference(torch, head_dim, dtype, pg, windo
     check_sequences(torch, q, k, v, out, MIXED, causal, head_dim ** -0.5, f"d{head_dim} {dtype} page {pg}",
                     window=window)
     if head_dim != 80:      # the paged cell's own packed path (d80 runs padded)
-        packed_out = load_once(head_dim, dtype).varlen(q, k, v, cu_q, cu_k, causal=causal, window=window,
-                                                       alignment="bottom_right")
+        cell = served_paged_cell(torch, q, kp, "window", {}, max(lens_k))
+        packed_out = cell.varlen(q, k, v, cu_q, cu_k, causal=causal, window=window, alignment="bottom_right")
         assert torch.equal(out, packed_out)
 
 
@@ -208,6 +208,18 @@ SCORE_CASES = [
 ]
 
 
+def served_paged_cell(torch, q, pool, mask: str, kw, seqlen: int):
+    """The kernel the table serves a paged varlen call of q's head dim on `pool`'s pages with this mask and these
+    score modifiers (softcap=, alibi_slopes=, sinks=) from: the packed call it is compared with runs the same cell,
+    since packed varlen calls may be served by other cells (the Hopper kind's) than paged ones, and pages of some
+    sizes by other cells than others (min_page)."""
+    from attngen.ops.dispatch import DISPATCH
+    from attngen.ops.library import call_scores
+    return DISPATCH.kernel("varlen", q.get_device(), q.dtype, q.shape[-1], mask, seqlen, paged=True,
+                           scores=call_scores(kw.get("softcap"), kw.get("alibi_slopes"), kw.get("sinks")),
+                           page=pool.shape[1])
+
+
 def modifiers_of(kw):
     """The reference's score modifiers of a call's keyword arguments (softcap=, alibi_slopes=, sinks=)."""
     return tuple((m, kw[m.argument]) for m in (SOFTCAP, ALIBI, SINK) if m.argument in kw)
@@ -218,10 +230,10 @@ def modifiers_of(kw):
                          ids=[f"d{d}-{t}-{'+'.join(m)}-{'w' if w else 'causal'}" for d, t, m, w in SCORE_CASES])
 def test_paged_varlen_scores_against_reference(torch, head_dim, dtype, mods, window, pg):
     """Softcap, ALiBi and learned sinks in the paged call (the scores members of h100_mma_d64 and d128 read
-    pages too; d256's softcap has h100_mma_d256_paged_softcap, with a window h100_mma_d256_paged_window_softcap): through attngen.attention_varlen, each
-    sequence's ALiBi offset and window from its own
-    key count (bottom-right), within the error rule of the fp32 reference with the same modifiers sequence
-    by sequence, NaN spare pages and tails, and bit for bit the packed varlen call (the same cell)."""
+    pages too; d256's softcap has h100_mma_d256_paged_softcap, with a window h100_mma_d256_paged_window_softcap):
+    through attngen.attention_varlen, each sequence's ALiBi offset and window from its own key count
+    (bottom-right), within the error rule of the fp32 reference with the same modifiers sequence by sequence, NaN
+    spare pages and tails, and bit for bit the served paged cell's packed varlen call."""
     dt = torch_dtype(torch, dtype)
     q, k, v, cu_q, cu_k, g = packed(torch, MIXED, 8, 2, head_dim, dt, seed=5 * pg + head_dim)
     lens_k = [s[1] for s in MIXED]
@@ -242,14 +254,9 @@ def test_paged_varlen_scores_against_reference(torch, head_dim, dtype, mods, win
     attngen.check_errors()
     check_sequences(torch, q, k, v, out, MIXED, causal, head_dim ** -0.5, f"d{head_dim} {dtype} page {pg}",
                     window=window, modifiers=modifiers_of(kw))
-    if head_dim != 256:
-        packed_out = attngen.attention_varlen(q, k, v, cu_q, cu_k, *longest, causal=causal, window=window,
-                                              alignment="bottom_right", **kw)
-    else:   # the paged cell's own packed path
-        member = "paged_window_softcap" if window else "paged_softcap"
-        cell = attngen.load(ROOT / "specs" / f"h100_mma_d256_{member}{'_bf16' if dtype == 'bf16' else ''}.yaml",
-                            synchronize=True)
-        packed_out = cell.varlen(q, k, v, cu_q, cu_k, causal=causal, window=window, alignment="bottom_right", **kw)
+    # the paged cell's own packed path
+    cell = served_paged_cell(torch, q, kp, "window" if window else "causal" if causal else "none", kw, longest[1])
+    packed_out = cell.varlen(q, k, v, cu_q, cu_k, causal=causal, window=window, alignment="bottom_right", **kw)
     # the varlen kernel's rows (without a window, single-query sequences may take the paged decode call)
     rows = [r for b, (sq, _) in enumerate(MIXED) if sq > 1 or window
             for r in range(int(cu_q[b]), int(cu_q[b + 1]))]
@@ -378,8 +385,9 @@ def test_a_mixed_step_sends_its_decode_rows_to_the_decode_kernel(torch, monkeypa
     assert calls == [(len(seqs), 1, 16, head_dim)], calls
     assert o.shape == q.shape and lse.shape == (16, q.shape[0]) and lse.is_contiguous()
     check_sequences(torch, q, k, v, o, seqs, causal, head_dim ** -0.5, f"d{head_dim} {dtype} mixed")
-    ov, lsev = load_once(head_dim, dtype).varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used,
-                                                 causal=causal, return_lse=True, max_seqlen_q=96)
+    cell = served_paged_cell(torch, q, kp, "causal" if causal else "none", {}, 2049)   # the varlen kernel it ran
+    ov, lsev = cell.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=causal, return_lse=True,
+                           max_seqlen_q=96)
     assert (o.float() - ov.float()).abs().max().item() < 2e-2
     assert (lse - lsev).abs().max().item() < 1e-3
     # rows of the prefill sequences are the varlen kernel's own, bit for bit
@@ -439,7 +447,9 @@ def test_a_mixed_step_with_score_modifiers(torch, monkeypatch, head_dim, dtype, 
     assert (calls[:1] == [(len(seqs), 1, 16, head_dim)]) if splits else not calls, calls
     check_sequences(torch, q, k, v, o, seqs, True, head_dim ** -0.5, f"d{head_dim} {dtype} mixed",
                     modifiers=modifiers_of(kw))
-    alone = attngen.attention_varlen(q, k, v, cu_q, cu_k, 96, 2049, causal=True, alignment="bottom_right", **kw)
+    # the paged cell's own packed path (packed varlen calls may be served by another cell)
+    alone = served_paged_cell(torch, q, kp, "causal", kw, 2049).varlen(q, k, v, cu_q, cu_k, causal=True,
+                                                                   alignment="bottom_right", **kw)
     prefill = torch.cat([torch.arange(int(cu_q[b]), int(cu_q[b + 1])) for b, s in enumerate(seqs) if s[0] > 1])
     assert torch.equal(o[prefill.cuda()], alone[prefill.cuda()])
     if not splits:

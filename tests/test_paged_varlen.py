@@ -119,10 +119,13 @@ def test_dispatch_cli_shows_the_paged_varlen_pick():
     from click.testing import CliRunner
     from attngen.cli import main
     runner = CliRunner()
-    for pg in (1, 16, 256, 512):
+    # pages of 1 to 8 keys: the mma.sync cell's gather; from 16 the Hopper kind's member (min_page 16)
+    for pg, cell in ((1, "h100_mma_d128_paged"), (8, "h100_mma_d128_paged"), (16, "h100_wgmma_d128_varlen_paged"),
+                     (512, "h100_wgmma_d128_varlen_paged")):
         result = runner.invoke(main, ["dispatch", "--call", "varlen", "--head-dim", "128", "--causal", "--page-size",
                                       str(pg)])
-        assert result.exit_code == 0 and "-> h100_mma_d128_paged" in result.output, result.output
+        assert result.exit_code == 0 and f"-> {cell}\n" in result.output, result.output
+        assert ("pages >= 16" in result.output) and ("<- chosen" in result.output)
     result = runner.invoke(main, ["dispatch", "--call", "varlen", "--head-dim", "64", "--page-size", "24"])
     assert result.exit_code != 0 and "power of two" in result.output
     result = runner.invoke(main, ["dispatch", "--call", "varlen", "--head-dim", "64", "--dtype", "bf16"])

@@ -150,7 +150,7 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
     padding = f" ({padding_text(asked, asked_v or asked, pair)})" if pair else ""
     try:
         e = select(entries, call, arch, dtype, head_dim, mask, seqlen, paged=paged, group_rows=group_rows,
-                   head_dim_v=head_dim_v, scores=scores, rows=rows, window=window_keys)
+                   head_dim_v=head_dim_v, scores=scores, rows=rows, window=window_keys, page=page_size or None)
     except LookupError as exc:
         raise click.UsageError(str(exc) + (f"\n(head_dim {asked} is served padded{padding})" if pair else "")) \
             from None
@@ -188,7 +188,8 @@ def dispatch(call, arch, dtype, head_dim, head_dim_v, causal, seqlen, window, wi
         group = f", group rows <= {o.max_group_rows}" if o.max_group_rows else ""
         width = f", window <= {o.max_window} keys" if o.max_window else ""
         grid = f", rows >= {o.min_rows}" if o.min_rows else ""
-        click.echo(f"    seqlen {limit:<8}{group}{width}{grid}: {o.why}{'   <- chosen' if o is e else ''}")
+        pages = f", pages >= {o.min_page}" if o.min_page else ""
+        click.echo(f"    seqlen {limit:<8}{group}{width}{grid}{pages}: {o.why}{'   <- chosen' if o is e else ''}")
 
 
 

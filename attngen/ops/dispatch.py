@@ -44,10 +44,11 @@ class Dispatcher:
 
     def entry(self, call: str, index: int, dtype, head_dim: int, mask: str, seqlen: int, *, paged: bool = False,
               group_rows: int = 1, head_dim_v: int = 0, scores: str = "", rows: int | None = None,
-              window: int | None = None):
+              window: int | None = None, page: int | None = None):
         """The table entry for a call on cuda:`index` (dtype: a torch dtype or fp16/bf16/e4m3; rows: the
         call's query rows, batch x heads x seqlen_q, where the table splits a bucket by grid size;
-        window: the keys a row's window spans, core.variants.window_keys, where it splits one by width)."""
+        window: the keys a row's window spans, core.variants.window_keys, where it splits one by width; page: a
+        paged call's page size, where it splits one by pages)."""
         from ..runtime import device_info
         name = TORCH_DTYPES.get(str(dtype), dtype)
         if name not in CALL_DTYPES.get(call, HALF_DTYPES):
@@ -56,17 +57,17 @@ class Dispatcher:
             raise TypeError(f"attngen's {call} kernels take {want} tensors (got {dtype})")
         return select(self.entries, call, device_info(index).arch, name, head_dim, mask, seqlen,
                       paged=paged, group_rows=group_rows, head_dim_v=head_dim_v, scores=scores, rows=rows,
-                      window=window)
+                      window=window, page=page)
 
     def kernel(self, call: str, index: int, dtype, head_dim: int, mask: str, seqlen: int, *, paged: bool = False,
                group_rows: int = 1, head_dim_v: int = 0, scores: str = "", rows: int | None = None,
-               window: int | None = None):
+               window: int | None = None, page: int | None = None):
         """The loaded kernel serving a call (see entry); `scores`: its score modifiers joined by "+"."""
-        key = (call, index, dtype, head_dim, mask, seqlen, paged, group_rows, head_dim_v, scores, rows, window)
+        key = (call, index, dtype, head_dim, mask, seqlen, paged, group_rows, head_dim_v, scores, rows, window, page)
         kernel = self._resolved.get(key)
         if kernel is None:
             e = self.entry(call, index, dtype, head_dim, mask, seqlen, paged=paged, group_rows=group_rows,
-                           head_dim_v=head_dim_v, scores=scores, rows=rows, window=window)
+                           head_dim_v=head_dim_v, scores=scores, rows=rows, window=window, page=page)
             kernel = self._load(e.spec, index)
             if len(self._resolved) >= RESOLVED_ENTRIES:
                 self._resolved.clear()

@@ -459,7 +459,7 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
                            alignment, scale, return_lse, variants)
     capacity = block_table.shape[-1] * k.shape[1] if getattr(block_table, "dim", lambda: 0)() == 2 else k.shape[1]
     kernel = DISPATCH.kernel("varlen", index, q.dtype, d, mask, max_seqlen_k if max_seqlen_k is not None else capacity,
-                             paged=True, head_dim_v=_head_dim_v(q, v), scores=scores)
+                             paged=True, head_dim_v=_head_dim_v(q, v), scores=scores, page=k.shape[1])
     if split and block_table.shape[0] >= 2:     # one sequence of several queries: nothing to split
         return _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, causal,
                            alignment, scale, return_lse, variants)

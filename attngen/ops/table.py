@@ -17,7 +17,10 @@ merges the slices wins back large grids of many query rows per KV head): of a bu
 one with the largest min_rows it reaches. An entry without `us` is unmeasured (chosen from its spec's target).
 Decode and varlen entries also key on `paged` (true: a paged cache through a block table, of any page
 size the spec's kernel reads; left out: contiguous caches or packed varlen K/V) and may set `max_group_rows`: the
-most query rows per KV head (heads / kv_heads x seqlen_q) they serve. A window entry may set `max_window`: the
+most query rows per KV head (heads / kv_heads x seqlen_q) they serve. A paged entry may set `min_page`: the
+smallest page size it serves, where a bucket's winner depends on the pages (a kernel that copies a page's rows at
+a time loses on small pages); of a bucket's entries a paged call takes the one with the largest min_page its page
+size reaches (then min_rows as above). A window entry may set `max_window`: the
 widest window it serves, in keys a query row may see (left + 1 + right, a causal call's right 0), where a
 narrow window's winner differs from a wide one's. Entries for a spec with score
 modifiers key on them too: `scores: softcap`, `alibi`, `softcap+alibi`, `sink` (the spec's `scores`, joined).
@@ -36,6 +39,7 @@ from typing import NamedTuple
 
 from .. import fsutil
 from ..core.calls import CALLS as CONVENTIONS, TABLE_CALLS, table_call
+from ..core.launch_rules import MAX_PAGE_SIZE
 from ..errors import AttngenError, SpecError
 
 # The calls the table serves and what serves each, from the one list of call conventions
@@ -71,6 +75,7 @@ class Entry(NamedTuple):
     scores: str = ""                    # the spec's score modifiers joined by "+" ("": none)
     max_window: int | None = None       # window entries: the widest window served, in keys a query row may see
                                         # (left + 1 + right; a causal call's right is 0); null: every window
+    min_page: int | None = None         # paged entries: the smallest page size served (a power of two); null: any
 
     @property
     def why(self) -> str:
@@ -89,7 +94,7 @@ class Entry(NamedTuple):
 KEY_FIELDS = ("call", "arch", "dtype", "head_dim", "mask", "paged", "head_dim_v", "scores")
 _KEY_FIELDS = operator.itemgetter(*map(Entry._fields.index, KEY_FIELDS))
 _BUCKET_FIELDS = operator.itemgetter(*map(Entry._fields.index, KEY_FIELDS + ("upto", "max_group_rows", "max_window",
-                                                                            "min_rows")))
+                                                                            "min_rows", "min_page")))
 _SPEC_FIELD = operator.itemgetter(Entry._fields.index("spec"))
 
 
@@ -152,8 +157,8 @@ def parse_table(text: str, file: str) -> tuple[Entry, ...]:
         raise SpecError(f"serves the same calls as entries[{first}] (line {_line(node, ('entries', first))}) but "
                         f"names spec {out[second].spec}, not {out[first].spec}", file=file, key=f"entries[{second}]",
                         line=_line(node, ("entries", second)),
-                        hint="keep the one measured faster; a bucket (key, upto, max_group_rows, max_window, min_rows) names "
-                             "one spec")
+                        hint="keep the one measured faster; a bucket (key, upto, max_group_rows, max_window, min_rows, "
+                             "min_page) names one spec")
     return tuple(out)
 
 
@@ -414,7 +419,8 @@ FIELDS = set(ENTRY_FIELDS)
 REQUIRED = tuple(name for name in ENTRY_FIELDS if name not in Entry._field_defaults)
 NULLABLE = {name for name, default in Entry._field_defaults.items() if default is None}
 # Integer fields and their least value: a bucket serves seqlen_k from 1; 0 means "none" where allowed.
-INTEGERS = {"head_dim": 1, "upto": 1, "max_group_rows": 1, "min_rows": 1, "head_dim_v": 0, "max_window": 1}
+INTEGERS = {"head_dim": 1, "upto": 1, "max_group_rows": 1, "min_rows": 1, "head_dim_v": 0, "max_window": 1,
+            "min_page": 1}
 BOOLEANS = ("paged",)
 # Far above any call's length or rows (batch x heads x seqlen_q), and exact as a float: a hostile
 # number is refused here, not an overflow in the bucketing's square roots.
@@ -526,6 +532,13 @@ def entry_problem_of(raw: dict) -> tuple[str | None, str, str] | None:
     if raw.get("max_window") is not None and raw["mask"] != "window":
         return ("max_window", f"max_window bounds a window call's width; this entry's mask is {raw['mask']}",
                 "leave max_window out, or make the entry's mask window")
+    page = raw.get("min_page")
+    if page is not None and not raw.get("paged"):
+        return ("min_page", "min_page bounds a paged call's page size; this entry is not paged",
+                "leave min_page out, or make the entry paged: true")
+    if page is not None and (page & (page - 1) or page > MAX_PAGE_SIZE):
+        return ("min_page", f"must be a page size, a power of two from 1 to {MAX_PAGE_SIZE} (got {page})",
+                "write the smallest page size measured")
     return None
 
 
@@ -571,7 +584,7 @@ def dump_table(entries, header: str) -> str:
     import yaml
     lines = [f"# {line}" if line else "#" for line in header.splitlines()] + ["entries:"]
     order = sorted(entries, key=lambda e: (e.key(), math.inf if e.upto is None else e.upto,
-                                           e.max_group_rows or 0, e.max_window or 0, e.min_rows or 0))
+                                           e.max_group_rows or 0, e.max_window or 0, e.min_rows or 0, e.min_page or 0))
     for e in order:
         row = {name: value for name, value in e._asdict().items()
                if value not in (None,) and not (name in ("paged", "head_dim_v", "scores") and not value)}
@@ -773,12 +786,13 @@ def padded_head_dim(entries, call: str, arch: str, dtype: str, head_dim: int, he
 
 def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, seqlen: int, *,
            paged: bool = False, group_rows: int = 1, head_dim_v: int = 0, scores: str = "",
-           rows: int | None = None, window: int | None = None) -> Entry:
+           rows: int | None = None, window: int | None = None, page: int | None = None) -> Entry:
     """The entry serving a call: among its key's entries, the first bucket whose upto covers
     `seqlen` (and whose max_group_rows covers `group_rows` and max_window the call's `window`, the
     keys a row's window spans, None for an unbounded side; the last bucket serves longer
-    sequences), and of that bucket's entries the one with the largest min_rows that `rows` (the
-    call's batch x heads x seqlen_q; None: the entry without min_rows) reaches.
+    sequences), and of that bucket's entries those of the largest min_page that `page` (a paged call's page
+    size; None: the entries without min_page) reaches, and of those the one with the largest min_rows that
+    `rows` (the call's batch x heads x seqlen_q; None: the entry without min_rows) reaches.
     LookupError with what exists and how to add the key when the key has no entry."""
     keyed = candidates(entries, call, arch, dtype, head_dim, mask, paged, head_dim_v, scores)
     keyed = [e for e in keyed if e.max_group_rows is None or group_rows <= e.max_group_rows] or keyed
@@ -788,6 +802,10 @@ def select(entries, call: str, arch: str, dtype: str, head_dim: int, mask: str, 
     bucket = next((e for e in keyed if e.upto is None or seqlen <= e.upto), keyed[-1])
     same = [e for e in keyed if (e.upto, e.max_group_rows, e.max_window)
             == (bucket.upto, bucket.max_group_rows, bucket.max_window)]
+    if any(e.min_page for e in same):
+        reached = [e for e in same if (e.min_page or 0) <= (page or 0)] or same
+        top = max(e.min_page or 0 for e in reached) if page else min(e.min_page or 0 for e in reached)
+        same = [e for e in reached if (e.min_page or 0) == top]
     return max((e for e in same if (e.min_rows or 0) <= (rows or 0)), key=lambda e: e.min_rows or 0,
                default=min(same, key=lambda e: e.min_rows or 0))
 

@@ -172,6 +172,11 @@ def lazy_rescale_slack(spec: WgmmaForwardSpec, p_log2_offset: int) -> float:
     return math.floor((math.log2(E4M3_MAX) - p_log2_offset) * 8) / 8
 
 
+# A paged plan's K and V maps address a page by its id (the pools' page stride is in the maps), so its Params
+# carries none of the pools' strides.
+PAGE_STRIDES = ("k_page_stride", "v_page_stride")
+
+
 def page_box_rows(block_n: int) -> int:
     """The most rows a paged tile's TMA copy moves: the largest power of two that divides block_n (copies of
     one size tile it), at most 256 (a TMA box dimension's limit). A call's pages of fewer keys take copies of
@@ -322,7 +327,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                     awaiting_twins=awaiting_twin_functions(functions) if spec.schedule.awaiting_twins else ()),),
         abi=plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False,
                      scores=variants["score_variants"], through_maps=tuple(m.tensor for m in maps if not m.store),
-                     base=abi_base).with_fields(map_abi_fields(maps) + (PAGED_VARLEN_ABI_FIELDS if paged else ())),
+                     base=abi_base).with_fields(map_abi_fields(maps) + (PAGED_VARLEN_ABI_FIELDS if paged else ()))
+        .without(PAGE_STRIDES if paged else ()),
         params_qualifier="__grid_constant__ ",
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,
