@@ -217,6 +217,8 @@ RULE_CASES = [
     ("rule_block_n", MMA, {"tile__block_n": 40}, "tile.block_n", "multiple of 16 for mma_m16n8k16"),
     ("rule_stages_need_async", MMA, {"smem__async_copy": False}, "smem.stages", "set smem.async_copy: true or stages: 1"),
     ("rule_paged_varlen", MMA, {"paged": True}, "paged", "it needs varlen: true"),
+    ("rule_paged_varlen", WGMMA, {"paged": True}, "paged", "it needs varlen: true"),
+    ("rule_page_copies", WGMMA, {"page_copies": "every_lane"}, "page_copies", "it needs paged: true"),
     ("rule_no_async_copy", SCALAR, {"smem__async_copy": True}, "smem.async_copy",
      "asynchronous copies are not generated for scalar; set smem.async_copy: false"),
     ("rule_no_q_in_registers", WMMA, {"smem__q_in_registers": True}, "smem.q_in_registers",
@@ -706,9 +708,10 @@ def test_schema_command_lists_every_key():
     assert set(merges[0]["required"]) == {"schema", "name", "merge", "head_dim"}
     for alt in (alt for alt in alternatives if "merge" not in alt["properties"]):
         # every forward kind has the forward keys; a kind may add its own (wgmma: registers, schedule, epilogue,
-        # epilogue_tile; decode: decode, max_splits, slice_cost_from_tiles, merge_rows, paged, combine, kv_dtype,
+        # epilogue_tile, page_copies; decode: decode, max_splits, slice_cost_from_tiles, merge_rows, paged, combine, kv_dtype,
         # kv_mma, append, split_tiles; e4m3: out_dtype, and wgmma's e4m3 form k_rows; bwd_wgmma: group_split; decode_mla: refill, warpgroups)
-        assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "decode", "max_splits",
+        assert set(alt["properties"]) - {"registers", "schedule", "epilogue", "epilogue_tile", "page_copies", "decode",
+                                         "max_splits",
                                          "slice_cost_from_tiles", "merge_rows", "paged", "combine", "kv_dtype", "kv_mma", "append",
                                          "split_tiles",
                                          "backward", "query_stages",

@@ -42,13 +42,23 @@ rule_paged_varlen = refuse(
     "rule_paged_varlen")
 
 
+rule_page_copies = refuse(
+    "page_copies", lambda s: s.page_copies != "first_lane" and not s.paged,
+    lambda s: "page_copies picks who issues a paged tile's copies: it needs paged: true (or leave it out)",
+    "rule_page_copies")
+
+
 class WgmmaSpec(WgmmaForwardSpec):
     mma: Literal[FRAGMENT] = Field(description="wgmma_m64nNk16: Hopper wgmma + TMA (sm_90a)")
     paged: bool = Field(default=False, description=(
         "the varlen functions also read K/V from page pools through a block table (FlashAttention's "
         "flash_attn_varlen_func(block_table=, seqused_k=)), of any power-of-two page size from 1 to 512 given "
         "per call: TMA copies each page's rows of a tile; false: packed K/V only"))
-    rules = WgmmaForwardSpec.rules + (rule_paged_varlen,)
+    page_copies: Literal["first_lane", "every_lane"] = Field(default="first_lane", description=(
+        "who issues a paged tile's copies (a page's rows each): first_lane, the issuing warp's first lane, one after "
+        "another, each page id handed to it by a shuffle; every_lane, each lane the copy whose page id it read (up to "
+        "32 at once); needs paged: true"))
+    rules = WgmmaForwardSpec.rules + (rule_paged_varlen, rule_page_copies)
 
 
 def plan(spec: WgmmaSpec, file: str | None = None):

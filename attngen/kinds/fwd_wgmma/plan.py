@@ -70,6 +70,7 @@ class WgmmaFragments:
     q_tiles: int           # Q tiles (schedule.q_tiles): a persistent block's i-th query block uses tile i % q_tiles
     q_tile_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
     page_box_rows: int = 0  # paged: the most key rows one TMA copy of a page moves (0: not paged)
+    page_copies: str = "first_lane"  # paged: who issues a tile's copies (spec.page_copies)
 
     @property
     def own_block(self) -> bool:
@@ -262,7 +263,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           issuer_thread=issuer_thread, epilogue=spec.epilogue,
                           o_stage_offset=offset["o" if own_o else "q"],
                           q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0,
-                          page_box_rows=page_box_rows(bn) if paged else 0)
+                          page_box_rows=page_box_rows(bn) if paged else 0,
+                          page_copies=getattr(spec, "page_copies", "first_lane"))
     bars = barriers(stages, spec.compute_warps, k_bytes, v_bytes, q_bytes, issuer,
                     offset["bars"], persistent, separate_kv_barriers, q_tiles)
     functions = forward_functions(spec)
@@ -370,7 +372,8 @@ def varlen_lines(plan) -> list[str]:
             + ("; " + "; ".join(changes) if changes else "")] + (
         [f"paged varlen: with a block table, the K and V maps see the page pools (num_pages, page_size, heads, dim) "
          f"as pages x heads x page rows; the issuing warp reads a tile's page ids (a lane each) and its first lane "
-         f"copies each page's rows, min(page_size, {plan.fragments.page_box_rows}) rows a copy; the consumers zero "
+         f"{'copies each page' if plan.fragments.page_copies == 'first_lane' else 'each lane copies its page'}'s rows, "
+         f"min(page_size, {plan.fragments.page_box_rows}) rows a copy; the consumers zero "
          "the rows of a sequence's last tile past its keys (a pool's unused rows may hold anything)"]
         if plan.paged else [])
 
