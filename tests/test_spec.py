@@ -219,6 +219,8 @@ RULE_CASES = [
     ("rule_paged_varlen", MMA, {"paged": True}, "paged", "it needs varlen: true"),
     ("rule_paged_varlen", WGMMA, {"paged": True}, "paged", "it needs varlen: true"),
     ("rule_page_copies", WGMMA, {"page_copies": "every_lane"}, "page_copies", "it needs paged: true"),
+    ("rule_page_copies", WGMMA, {"varlen": True, "paged": True, "page_copies": "gather", "warps": {"compute": 4},
+                                 "tile__block_m": 64, "registers": DELETE}, "page_copies", "needs warps: {producer: 4"),
     ("rule_no_async_copy", SCALAR, {"smem__async_copy": True}, "smem.async_copy",
      "asynchronous copies are not generated for scalar; set smem.async_copy: false"),
     ("rule_no_q_in_registers", WMMA, {"smem__q_in_registers": True}, "smem.q_in_registers",

@@ -43,8 +43,11 @@ rule_paged_varlen = refuse(
 
 
 rule_page_copies = refuse(
-    "page_copies", lambda s: s.page_copies != "first_lane" and not s.paged,
-    lambda s: "page_copies picks who issues a paged tile's copies: it needs paged: true (or leave it out)",
+    "page_copies", lambda s: s.page_copies != "first_lane" and (not s.paged or s.page_copies == "gather"
+                                                                 and not s.producer_warps),
+    lambda s: ("page_copies picks who copies a paged tile: it needs paged: true (or leave it out)" if not s.paged else
+               "page_copies: gather copies with the producer warpgroup's threads: it needs warps: {producer: 4, "
+               "consumer: ...}"),
     "rule_page_copies")
 
 
@@ -54,10 +57,11 @@ class WgmmaSpec(WgmmaForwardSpec):
         "the varlen functions also read K/V from page pools through a block table (FlashAttention's "
         "flash_attn_varlen_func(block_table=, seqused_k=)), of any power-of-two page size from 1 to 512 given "
         "per call: TMA copies each page's rows of a tile; false: packed K/V only"))
-    page_copies: Literal["first_lane", "every_lane"] = Field(default="first_lane", description=(
-        "who issues a paged tile's copies (a page's rows each): first_lane, the issuing warp's first lane, one after "
-        "another, each page id handed to it by a shuffle; every_lane, each lane the copy whose page id it read (up to "
-        "32 at once); needs paged: true"))
+    page_copies: Literal["first_lane", "every_lane", "gather"] = Field(default="first_lane", description=(
+        "who copies a paged tile: first_lane, the issuing warp's first lane, a TMA copy of a page's rows at a time, "
+        "each page id handed to it by a shuffle; every_lane, each lane of that warp the TMA copy whose page id it read "
+        "(up to 32 at once); gather, the producer warpgroup's 128 threads with cp.async, 16 bytes each, rows past "
+        "the keys zero-filled (needs a producer warpgroup); needs paged: true"))
     rules = WgmmaForwardSpec.rules + (rule_paged_varlen, rule_page_copies)
 
 

@@ -174,8 +174,16 @@ def lazy_rescale_slack(spec: WgmmaForwardSpec, p_log2_offset: int) -> float:
 
 
 # A paged plan's K and V maps address a page by its id (the pools' page stride is in the maps), so its Params
-# carries none of the pools' strides.
+# carries none of the pools' strides; a plan that gathers paged tiles with cp.async reads the pools' pointers and
+# strides instead (a page and a row within it: no batch stride).
 PAGE_STRIDES = ("k_page_stride", "v_page_stride")
+
+
+def unread_page_fields(paged: bool, gather: bool) -> tuple[str, ...]:
+    """The page and pool fields a plan's kernels never read (see PAGE_STRIDES)."""
+    if not paged:
+        return ()
+    return ("k_batch_stride", "v_batch_stride") if gather else PAGE_STRIDES
 
 
 def page_box_rows(block_n: int) -> int:
@@ -217,6 +225,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                      swizzled_tile(f"v{s}", bn, tdv, panel, in_ctype, f"V tile, stage {s}", eb))
     persistent = spec.schedule.persistent
     paged = bool(getattr(spec, "paged", False))
+    gather = paged and getattr(spec, "page_copies", "") == "gather"
     separate_kv_barriers = (spec.schedule.overlap if spec.schedule.separate_kv_barriers is None
                             else spec.schedule.separate_kv_barriers)
     q_bars = "q_full" + (", q_empty" if persistent else "") + (f" [0..{q_tiles}) each" if q_tiles > 1 else "")
@@ -328,9 +337,10 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
         parts=(Part("fwd", "kernel.cu.j2", f"{spec.name}.cu", functions,
                     awaiting_twins=awaiting_twin_functions(functions) if spec.schedule.awaiting_twins else ()),),
         abi=plan_abi(variants["mask_variants"], varlen=spec.varlen, reports_errors=False,
-                     scores=variants["score_variants"], through_maps=tuple(m.tensor for m in maps if not m.store),
+                     scores=variants["score_variants"],
+                     through_maps=tuple(m.tensor for m in maps if not m.store and not (gather and m.tensor in ("k", "v"))),
                      base=abi_base).with_fields(map_abi_fields(maps) + (PAGED_VARLEN_ABI_FIELDS if paged else ()))
-        .without(PAGE_STRIDES if paged else ()),
+        .without(unread_page_fields(paged, gather)),
         params_qualifier="__grid_constant__ ",
         ctype=ctype, ctype2=ctype2, ptx_type=ptx_type, head_dim=d, block_m=bm, block_n=bn,
         compute_warps=spec.compute_warps, producer_warps=spec.producer_warps, threads=threads,
@@ -371,10 +381,14 @@ def varlen_lines(plan) -> list[str]:
             "at its sequence's first rows (keys past its end are masked, query rows past it are not stored)"
             + ("; " + "; ".join(changes) if changes else "")] + (
         [f"paged varlen: with a block table, the K and V maps see the page pools (num_pages, page_size, heads, dim) "
-         f"as pages x heads x page rows; the issuing warp reads a tile's page ids (a lane each) and its first lane "
-         f"{'copies each page' if plan.fragments.page_copies == 'first_lane' else 'each lane copies its page'}'s rows, "
+         f"as pages x heads x page rows; the issuing warp reads a tile's page ids (a lane each) and "
+         f"{'its first lane copies each page' if plan.fragments.page_copies == 'first_lane' else 'each lane copies its page'}'s rows, "
          f"min(page_size, {plan.fragments.page_box_rows}) rows a copy; the consumers zero "
-         "the rows of a sequence's last tile past its keys (a pool's unused rows may hold anything)"]
+         "the rows of a sequence's last tile past its keys (a pool's unused rows may hold anything)"
+         if plan.fragments.page_copies != "gather" else
+         "paged varlen: with a block table, the producer warpgroup's 128 threads copy K and V with cp.async, 16 bytes "
+         "each, into the swizzled panels (rows past a sequence's keys zero-filled), each thread arriving on the "
+         "stage's full mbarrier once its copies land (128 arrivals per operand on a paged call)"]
         if plan.paged else [])
 
 

@@ -15,7 +15,7 @@ s=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - s) )); }
 timeout 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py > $OUT/paged_tests.txt 2>&1
 echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests.txt | head; tail -1 $OUT/paged_tests.txt
-t=$(left); [ $t -gt 20 ] && timeout $(( t < 200 ? t : 200 )) python3 $HERE/trials_ab.py $OUT/trials_ab.json 2>&1 | grep -v '^compiling'
+t=$(left); [ $t -gt 20 ] && timeout $(( t < 240 ? t : 240 )) python3 $HERE/trials_ab.py $OUT/trials_ab.json 2>&1 | grep -v '^compiling'
 t=$(left); [ $t -gt 60 ] && [ -f out/fa/test_flash_attn.py ] && {
   FA_SAMPLE=4 FA_TIME_BUDGET=$(( t - 30 )) FA_REPORT=$OUT/fa_varlen_causal.json timeout $t \
     bash docs/fa-tests/run.sh "test_flash_attn_varlen_causal" -n 8 > $OUT/fa_varlen_causal.txt 2>&1
