@@ -366,3 +366,70 @@ def test_a_bad_order_by_is_refused_on_the_prepared_path_too(bad, monkeypatch):
     k._prepared.clear()
     with pytest.raises(ValueError, match="order_by"):
         call(a, order_by=order_by)
+
+
+# -- the Hopper kind's paged call, on stand-in tensors ------------------------------------------------------
+
+class RecordedMaps:
+    """Stand-in ShapeMaps: records the map specs and views it is made with; a map's 'encoding' is 128 bytes of its
+    tensor's address's low byte."""
+    made: list = []
+
+    def __init__(self, specs, views, pointer_names=("q", "k", "v", "o")):
+        self.specs = specs
+        self.order = tuple(pointer_names.index(s.tensor) for s in specs)
+        RecordedMaps.made.append(self)
+
+    def values(self, pointers):
+        return tuple(bytes([pointers[at] % 251]) * 128 for at in self.order)
+
+
+@pytest.mark.parametrize("page,box", [(1, 1), (16, 16), (128, 128), (512, 128)])
+def test_a_hopper_paged_call_lays_out_maps_of_page_rows(monkeypatch, page, box):
+    """The Hopper member's paged call: its K and V maps copy min(page size, 128) rows of a page (the kernel's
+    box_shift takes the same), its Params carry the table, lengths and page size but no pool strides (the maps hold
+    them), and a repeated call of the layout patches its own tensors' maps and pointers in."""
+    import struct
+
+    from attngen.runtime import tma
+    from test_merge import HALF
+    from test_kv_append import I32
+    from test_varlen_backward_prepared import Tensor
+
+    monkeypatch.setattr(tma, "ShapeMaps", RecordedMaps)
+    RecordedMaps.made = []
+    k = paged_kernel("h100_wgmma_d128_varlen_paged", monkeypatch)
+    k._tensor_type = Tensor
+    names = {f.name for f in k.plan.abi.fields}
+    assert {"block_table", "seqused_k", "page_size", "page_shift", "num_pages", "table_cols", "table_stride",
+            "tma_q", "tma_k", "tma_v"} <= names
+    assert not {"k_page_stride", "v_page_stride", "k", "v", "k_row_stride"} & names
+    batch, pages = 4, 64
+
+    def args():
+        return dict(q=Tensor((40, 16, 128), HALF), k=Tensor((pages, page, 4, 128), HALF),
+                    v=Tensor((pages, page, 4, 128), HALF), cu_seqlens_q=Tensor((batch + 1,), I32),
+                    block_table=Tensor((batch, 8), I32), seqused_k=Tensor((batch,), I32))
+
+    def launched_params(prepared, pointers):
+        params = bytearray(prepared.template)
+        prepared.patch.pack_into(params, 0, pointers)
+        return {f.name: v for f, v in zip(k.plan.abi.fields, struct.unpack(k.plan.abi.struct_format(), bytes(params)))}
+
+    calls = [args(), args()]
+    for a in calls:
+        k.varlen(a["q"], a["k"], a["v"], a["cu_seqlens_q"], None, block_table=a["block_table"],
+                 seqused_k=a["seqused_k"], max_seqlen_q=16, causal=True, out=Tensor(a["q"].shape, HALF))
+    assert len(RecordedMaps.made) == 1        # one layout: its maps made once
+    boxes = {s.tensor: s.box_rows for s in RecordedMaps.made[0].specs}
+    assert boxes["k"] == boxes["v"] == box and boxes["q"] == 128
+    (p1, pointers1), (p2, pointers2) = k.launched
+    assert p2 is p1
+    for a, pointers in zip(calls, (pointers1, pointers2)):
+        got = launched_params(p1, pointers)
+        for field in ("cu_seqlens_q", "block_table", "seqused_k"):
+            assert got[field] == a[field].data_ptr(), field
+        for tensor in ("q", "k", "v"):
+            assert got[f"tma_{tensor}"] == bytes([a[tensor].data_ptr() % 251]) * 128, tensor
+        assert (got["num_pages"], got["page_size"], got["page_shift"], got["table_cols"]) == \
+            (pages, page, page.bit_length() - 1, 8)
