@@ -48,10 +48,19 @@ def pools(k, v, pg: int, gen):
     return kp, vp, table
 
 
+def input_sets(gen, d: int, heads_q: int, heads_kv: int, dtype):
+    """Packed (q, k, v) sets of the ragged batch, as many as take 3x the L2 (2 to 8)."""
+    total = sum(LENGTHS)
+    one = total * (2 * heads_q + 2 * heads_kv) * d * 2
+    n = max(2, min(8, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / one)))
+    return [tuple(torch.randn(total, heads, d, generator=gen, device="cuda").to(dtype)
+                  for heads in (heads_q, heads_kv, heads_kv)) for _ in range(n)]
+
+
 def main(report: str, head_dims) -> None:
     rows, gen = [], torch.Generator(device="cuda")
     gen.manual_seed(0)
-    total, longest = sum(LENGTHS), max(LENGTHS)
+    longest = max(LENGTHS)
     cu = cu_seqlens(torch, LENGTHS, "cuda")
     used = torch.tensor(LENGTHS, dtype=torch.int32, device="cuda")
     for (d, heads_q, heads_kv, hopper_name, mma_name, packed_name, pages, masks), (dtype, suffix) in \
@@ -59,10 +68,7 @@ def main(report: str, head_dims) -> None:
         hopper = attngen.load(ROOT / "specs" / f"{hopper_name}{suffix}.yaml")
         mma = attngen.load(ROOT / "specs" / f"{mma_name}{suffix}.yaml")
         packed = attngen.load(ROOT / "specs" / f"{packed_name}{suffix}.yaml")
-        one = total * (2 * heads_q + 2 * heads_kv) * d * 2
-        n = max(2, min(8, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / one)))
-        sets = [tuple(torch.randn(total, heads, d, generator=gen, device="cuda").to(dtype)
-                      for heads in (heads_q, heads_kv, heads_kv)) for _ in range(n)]
+        sets = input_sets(gen, d, heads_q, heads_kv, dtype)
         for causal in masks:
             for pg in pages:
                 paged_sets = [(q,) + pools(k, v, pg, gen) for q, k, v in sets]

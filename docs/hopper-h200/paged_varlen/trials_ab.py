@@ -9,7 +9,6 @@ input sets rotated past L2), median of 3 rounds, at pages of 1, 16, 64 and 256, 
 Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/trials_ab.py OUT.json [HEAD_DIM ...]"""
 from pathlib import Path
 import json
-import math
 import sys
 
 import torch
@@ -21,7 +20,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE.parents[1] / "measurements"))   # the helpers the scripts share
 sys.path.insert(0, str(HERE))
 from gpu_timing import alternating_sets, write_report
-from paged_ab import LENGTHS, pools
+from paged_ab import LENGTHS, input_sets, pools
 
 # (head dim, query heads, KV heads, trial, member, mma.sync paged cell)
 CELLS = ((128, 32, 8, "t_d128_paged_lanes", "h100_wgmma_d128_varlen_paged", "h100_mma_d128_paged"),
@@ -45,7 +44,7 @@ def with_nan_tails(kp, vp, table, pg: int):
 def main(report: str, head_dims) -> None:
     rows, gen = [], torch.Generator(device="cuda")
     gen.manual_seed(0)
-    total, longest = sum(LENGTHS), max(LENGTHS)
+    longest = max(LENGTHS)
     cu = cu_seqlens(torch, LENGTHS, "cuda")
     used = torch.tensor(LENGTHS, dtype=torch.int32, device="cuda")
     for (d, hq, hkv, trial_name, member_name, mma_name), (dtype, suffix) in \
@@ -53,10 +52,7 @@ def main(report: str, head_dims) -> None:
         trial = attngen.load(HERE / "trials" / f"{trial_name}{suffix}.yaml")
         member = attngen.load(ROOT / "specs" / f"{member_name}{suffix}.yaml")
         mma = attngen.load(ROOT / "specs" / f"{mma_name}{suffix}.yaml")
-        one = total * (2 * hq + 2 * hkv) * d * 2
-        n = max(2, min(8, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / one)))
-        sets = [tuple(torch.randn(total, heads, d, generator=gen, device="cuda").to(dtype)
-                      for heads in (hq, hkv, hkv)) for _ in range(n)]
+        sets = input_sets(gen, d, hq, hkv, dtype)
         for pg in PAGES:
             paged_sets = [(q,) + pools(k, v, pg, gen) for q, k, v in sets]
             kw = {"causal": True, "max_seqlen_q": longest}
