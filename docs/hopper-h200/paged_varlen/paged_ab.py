@@ -29,15 +29,16 @@ CELLS = ((128, 32, 8, "h100_wgmma_d128_varlen_paged", "h100_mma_d128_paged", "h1
           (True,)))
 
 
-def pools(k, v, pg: int, gen):
-    """k and v (packed) as pools (num_pages, pg, kv heads, head dim) of shuffled pages, and the block table."""
-    need = [-(-n // pg) for n in LENGTHS]
+def pools(k, v, pg: int, gen, lengths=LENGTHS):
+    """k and v (packed, sequences of `lengths` keys) as pools (num_pages, pg, kv heads, head dim) of shuffled pages,
+    and the block table."""
+    need = [-(-n // pg) for n in lengths]
     order = torch.randperm(sum(need), generator=gen, device="cuda")
     kp = torch.zeros((sum(need), pg) + tuple(k.shape[1:]), dtype=k.dtype, device="cuda")
     vp = torch.zeros_like(kp)
-    table = torch.zeros((len(LENGTHS), max(need)), dtype=torch.int32, device="cuda")
+    table = torch.zeros((len(lengths), max(need)), dtype=torch.int32, device="cuda")
     at = start = 0
-    for b, (n, keys) in enumerate(zip(need, LENGTHS)):
+    for b, (n, keys) in enumerate(zip(need, lengths)):
         ids = order[at:at + n]
         table[b, :n] = ids.int()
         for src, pool in ((k, kp), (v, vp)):

@@ -1,0 +1,49 @@
+"""Host time and GPU time per call of paged and packed varlen prefill through the entry point
+(attngen.attention_varlen), bf16 d128 32/8 heads (Llama 3 8B), causal: a short batch (4 prompts of 512, where the host
+shows) and the ragged batch of paged_ab.py (16 prompts of 1-4096). Pages of 16 and 256 (the table's Hopper members),
+pages of 8 (the mma.sync cell) and the packed call (the Hopper kind's varlen member). Rows round-robin over 7 rounds
+(docs/measurements/host_time.py's measure_rows): eager CPU µs/call (200 calls back to back, host clock), eager wall
+µs/call (plus the final synchronize), GPU µs/call (50 calls queued behind a GPU sleep).
+Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/eager_paged.py OUT.json"""
+from pathlib import Path
+import json
+import sys
+
+import torch
+
+import attngen
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "measurements"))
+sys.path.insert(0, str(HERE))
+import host_time
+from paged_ab import LENGTHS, pools
+
+BATCHES = {"4x512": (512,) * 4, "16 ragged 1-4096": LENGTHS}
+
+
+def main(report: str) -> None:
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    rows = []
+    for label, lengths in BATCHES.items():
+        total = sum(lengths)
+        q = torch.randn(total, 32, 128, generator=gen, device="cuda").bfloat16()
+        k, v = (torch.randn(total, 8, 128, generator=gen, device="cuda").bfloat16() for _ in range(2))
+        cu = host_time.cu_seqlens(lengths)
+        used = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        longest = max(lengths)
+        rows.append(host_time.row(f"{label} packed", lambda q=q, k=k, v=v, cu=cu, m=longest: attngen.attention_varlen(
+            q, k, v, cu, cu, m, m, causal=True, alignment="bottom_right")))
+        for pg in (8, 16, 256):
+            kp, vp, table = pools(k, v, pg, gen, lengths)
+            rows.append(host_time.row(f"{label} paged {pg}", lambda q=q, kp=kp, vp=vp, t=table, cu=cu, u=used,
+                                      m=longest: attngen.attention_varlen(q, kp, vp, cu, None, m, m, causal=True,
+                                                                          block_table=t, seqused_k=u)))
+    host_time.measure_rows()
+    Path(report).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                        "command": "python3 docs/hopper-h200/paged_varlen/eager_paged.py",
+                                        "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,35 @@
+#!/bin/bash
+# Two device calls owed after the paged members' Params lost the pools' strides and the table took `min_page`.
+#   verify: `attngen verify` over every spec from an empty cache; a process's first call from another empty cache and
+#           then with the cache verify left; tests/test_gpu_paged_varlen.py whole on the warm cache.
+#   trials: eager_paged.py (host and GPU time through the entry point), trials_ab.py, FlashAttention's
+#           test_flash_attn_varlen_causal (out/fa carried).
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh verify|trials
+set -uo pipefail
+: "${OUT:?set OUT to the folder the reports go to}"
+LIMIT=${LIMIT:-570}
+export PYTHONUNBUFFERED=1
+HERE=docs/hopper-h200/paged_varlen
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+s=$(date +%s)
+left() { echo $(( LIMIT - ($(date +%s) - s) )); }
+python3 -m compileall -q attngen
+if [ "${1:-}" = verify ]; then
+  export ATTNGEN_CACHE_DIR=$(mktemp -d)
+  timeout 280 python3 -m attngen verify > $OUT/verify_cold.txt 2> $OUT/verify_cold.err
+  echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_cold.txt | tail -4; tail -3 $OUT/verify_cold.err
+  for m in fwd dec; do ATTNGEN_CACHE_DIR=$(mktemp -d) timeout 90 python3 docs/measurements/first_call.py $m; done \
+    2>&1 | tee $OUT/first_call_empty_cache.txt
+  for m in fwd fwd dec dec; do timeout 60 python3 docs/measurements/first_call.py $m; done 2>&1 | tee $OUT/first_call.txt
+  t=$(left); timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py \
+    > $OUT/paged_tests.txt 2>&1
+  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests.txt | head; tail -1 $OUT/paged_tests.txt
+else
+  timeout 150 python3 $HERE/eager_paged.py $OUT/eager_paged.json 2>&1 | grep -v '^compiling'
+  t=$(left); [ $t -gt 20 ] && timeout $(( t < 240 ? t : 240 )) python3 $HERE/trials_ab.py $OUT/trials_ab.json 2>&1 | grep -v '^compiling'
+  t=$(left); [ $t -gt 60 ] && [ -f out/fa/test_flash_attn.py ] && {
+    FA_SAMPLE=4 FA_TIME_BUDGET=$(( t - 30 )) FA_REPORT=$OUT/fa_varlen_causal.json timeout $t \
+      bash docs/fa-tests/run.sh "test_flash_attn_varlen_causal" -n 8 > $OUT/fa_varlen_causal.txt 2>&1
+    echo "FA varlen causal rc=$?"; tail -4 $OUT/fa_varlen_causal.txt; }
+fi
+true
