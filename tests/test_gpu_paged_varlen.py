@@ -208,16 +208,31 @@ SCORE_CASES = [
 ]
 
 
-def served_paged_cell(torch, q, pool, mask: str, kw, seqlen: int):
-    """The kernel the table serves a paged varlen call of q's head dim on `pool`'s pages with this mask and these
-    score modifiers (softcap=, alibi_slopes=, sinks=) from: the packed call it is compared with runs the same cell,
-    since packed varlen calls may be served by other cells (the Hopper kind's) than paged ones, and pages of some
-    sizes by other cells than others (min_page)."""
+def served_paged_cell(torch, q, pool, mask: str, kw, seqlen: int, head_dim: int | None = None):
+    """The kernel the table serves a paged varlen call of q's head dim (or `head_dim`, the one it is padded to) on
+    `pool`'s pages with this mask and these score modifiers (softcap=, alibi_slopes=, sinks=) from: the packed call
+    it is compared with runs the same cell, since packed varlen calls may be served by other cells (the Hopper
+    kind's) than paged ones, and pages of some sizes by other cells than others (min_page)."""
     from attngen.ops.dispatch import DISPATCH
     from attngen.ops.library import call_scores
-    return DISPATCH.kernel("varlen", q.get_device(), q.dtype, q.shape[-1], mask, seqlen, paged=True,
+    return DISPATCH.kernel("varlen", q.get_device(), q.dtype, head_dim or q.shape[-1], mask, seqlen, paged=True,
                            scores=call_scores(kw.get("softcap"), kw.get("alibi_slopes"), kw.get("sinks")),
                            page=pool.shape[1])
+
+
+def served_packed_call(torch, q, k, v, cu_q, cu_k, pool, mask: str, kw, seqlen: int, **call):
+    """The packed varlen call of the cell served_paged_cell names, at the head dim the table runs the paged call at:
+    q, k and v zero-padded to it as the entry point pads them (no kernel of their own head dim), the scale of their
+    own head dim, the output cut back to it."""
+    from attngen.ops.dispatch import DISPATCH
+    from attngen.ops.library import call_scores
+    d = q.shape[-1]
+    pad = DISPATCH.padded_dims("varlen", q.get_device(), q.dtype, d, v.shape[-1], mask,
+                               call_scores(kw.get("softcap"), kw.get("alibi_slopes"), kw.get("sinks")), paged=True)
+    to = pad[0] if pad else d
+    pad = (lambda t: torch.nn.functional.pad(t, (0, to - d))) if to != d else (lambda t: t)
+    cell = served_paged_cell(torch, q, pool, mask, kw, seqlen, to)
+    return cell.varlen(pad(q), pad(k), pad(v), cu_q, cu_k, scale=d ** -0.5, **kw, **call)[..., :d]
 
 
 def modifiers_of(kw):
@@ -255,8 +270,8 @@ def test_paged_varlen_scores_against_reference(torch, head_dim, dtype, mods, win
     check_sequences(torch, q, k, v, out, MIXED, causal, head_dim ** -0.5, f"d{head_dim} {dtype} page {pg}",
                     window=window, modifiers=modifiers_of(kw))
     # the paged cell's own packed path
-    cell = served_paged_cell(torch, q, kp, "window" if window else "causal" if causal else "none", kw, longest[1])
-    packed_out = cell.varlen(q, k, v, cu_q, cu_k, causal=causal, window=window, alignment="bottom_right", **kw)
+    packed_out = served_packed_call(torch, q, k, v, cu_q, cu_k, kp, "window" if window else "causal" if causal else
+                                    "none", kw, longest[1], causal=causal, window=window, alignment="bottom_right")
     # the varlen kernel's rows (without a window, single-query sequences may take the paged decode call)
     rows = [r for b, (sq, _) in enumerate(MIXED) if sq > 1 or window
             for r in range(int(cu_q[b]), int(cu_q[b + 1]))]

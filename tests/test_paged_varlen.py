@@ -134,16 +134,20 @@ def test_dispatch_cli_shows_the_paged_varlen_pick():
 
 # -- the call's prepared path, on stand-in tensors ----------------------------------------------------
 
-def paged_kernel(name="h100_mma_d128_paged", monkeypatch=None):
-    """A ForwardKernel of the spec's plan whose launches are recorded instead of run."""
+def paged_kernel(name="h100_mma_d128_paged", monkeypatch=None, launch=False):
+    """A ForwardKernel of the spec's plan whose launches are recorded instead of run; launch: of the plan its
+    committed launch record gives (a LaunchPlan, what the dispatcher loads) rather than the planner's."""
     import types
+
+    from attngen.shipped import committed_launch
 
     from attngen.runtime.calls import forward, varlen
     from test_merge import HALF, FakeTensor, recording_kernel
     from test_kv_append import I32, fake_torch
     torch = fake_torch()
     torch.argsort = lambda t, **kw: types.SimpleNamespace(to=lambda dtype: FakeTensor(t.shape[:1], I32))
-    k = recording_kernel(forward.ForwardKernel, plan_of(name), HALF, torch)
+    plan = committed_launch(SPECS / f"{name}.yaml")[0] if launch else plan_of(name)
+    k = recording_kernel(forward.ForwardKernel, plan, HALF, torch)
     if monkeypatch is not None:
         monkeypatch.setattr(varlen, "error_word", lambda index: 1 << 42)
     k._setup()
@@ -384,11 +388,13 @@ class RecordedMaps:
         return tuple(bytes([pointers[at] % 251]) * 128 for at in self.order)
 
 
+@pytest.mark.parametrize("launch", [False, True], ids=["planned", "launch_record"])
 @pytest.mark.parametrize("page,box", [(1, 1), (16, 16), (128, 128), (512, 128)])
-def test_a_hopper_paged_call_lays_out_maps_of_page_rows(monkeypatch, page, box):
+def test_a_hopper_paged_call_lays_out_maps_of_page_rows(monkeypatch, page, box, launch):
     """The Hopper member's paged call: its K and V maps copy min(page size, 128) rows of a page (the kernel's
     box_shift takes the same), its Params carry the table, lengths and page size but no pool strides (the maps hold
-    them), and a repeated call of the layout patches its own tensors' maps and pointers in."""
+    them), and a repeated call of the layout patches its own tensors' maps and pointers in; alike from the planner's
+    plan and from the launch record the dispatcher loads."""
     import struct
 
     from attngen.runtime import tma
@@ -398,7 +404,8 @@ def test_a_hopper_paged_call_lays_out_maps_of_page_rows(monkeypatch, page, box):
 
     monkeypatch.setattr(tma, "ShapeMaps", RecordedMaps)
     RecordedMaps.made = []
-    k = paged_kernel("h100_wgmma_d128_varlen_paged", monkeypatch)
+    k = paged_kernel("h100_wgmma_d128_varlen_paged", monkeypatch, launch)
+    assert type(k.plan).__name__ == ("LaunchPlan" if launch else "ForwardPlan")
     k._tensor_type = Tensor
     names = {f.name for f in k.plan.abi.fields}
     assert {"block_table", "seqused_k", "page_size", "page_shift", "num_pages", "table_cols", "table_stride",

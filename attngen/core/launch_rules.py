@@ -449,3 +449,11 @@ def page_shift(page_size: int) -> int | None:
             or page_size & (page_size - 1):
         return None
     return page_size.bit_length() - 1
+
+
+def page_box_rows(block_n: int) -> int:
+    """The most rows a paged tile's TMA copy moves: the largest power of two that divides block_n (copies of
+    one size tile it), at most 256 (a TMA box dimension's limit). A call's pages of fewer keys take copies of
+    one page each (the kernel's box_shift). The plan's fragments and a call's tensor maps both take it."""
+    return min(block_n & -block_n, 256)
+

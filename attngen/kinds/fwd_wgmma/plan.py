@@ -9,6 +9,7 @@ from ...core.abi import Abi
 from ...core.fp8 import E4M3_MAX
 from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, awaiting_twin_functions,
                                   forward_functions, launch_min_blocks, plan_abi, spec_variants)
+from ...core.launch_rules import page_box_rows
 from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region, check_budget,
                             layout_regions, ring_stride)
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
@@ -184,13 +185,6 @@ def unread_page_fields(paged: bool, gather: bool) -> tuple[str, ...]:
     if not paged:
         return ()
     return ("k_batch_stride", "v_batch_stride") if gather else PAGE_STRIDES
-
-
-def page_box_rows(block_n: int) -> int:
-    """The most rows a paged tile's TMA copy moves: the largest power of two that divides block_n (copies of
-    one size tile it), at most 256 (a TMA box dimension's limit). A call's pages of fewer keys take copies of
-    one page each (the kernel's box_shift)."""
-    return min(block_n & -block_n, 256)
 
 
 def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_base: Abi = FORWARD_ABI,

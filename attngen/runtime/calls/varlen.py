@@ -13,7 +13,7 @@ from __future__ import annotations
 from operator import itemgetter
 
 from ...core.constants import LOG2E
-from ...core.launch_rules import page_shift
+from ...core.launch_rules import page_box_rows, page_shift
 from ...core.varlen_plan import MAX_PAGE_SIZE, PAGED_VARLEN_FIELDS, varlen_key
 from ..gpu import error_word
 from ..kernel import LOAD_BYTES, MAX_GRID_X, MAX_GRID_YZ, VARLEN_LAYOUT, Prepared
@@ -347,11 +347,11 @@ def paged_maps(kernel, q, k, v, out, page: int):
     """The TMA tensor maps of a paged varlen call's shape, or None for a kernel without them: q and out as the
     packed call sees them, and each page pool (num_pages, page_size, heads, dim) as (num_pages, heads, page_size,
     dim), so a copy's coordinates are a page's rows, the head and the page id; a copy moves min(page_size, the
-    plan's page_box_rows) rows (the kernel's box_shift takes the same)."""
+    block_n's page_box_rows) rows (the kernel's box_shift takes the same)."""
     if not kernel._map_fields:
         return None
     from ..tma import ShapeMaps
-    box = min(page, kernel.plan.fragments.page_box_rows)
+    box = min(page, page_box_rows(kernel.plan.block_n))
     specs = tuple(m._replace(box_rows=box) if m.tensor in ("k", "v") else m for m in kernel.plan.tensor_maps)
     views = {"q": q.unsqueeze(0).transpose(1, 2), "k": k.transpose(1, 2), "v": v.transpose(1, 2),
              "o": out.unsqueeze(0).transpose(1, 2)}

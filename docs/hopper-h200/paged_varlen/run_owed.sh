@@ -2,9 +2,10 @@
 # Two device calls owed after the paged members' Params lost the pools' strides and the table took `min_page`.
 #   verify: `attngen verify` over every spec from an empty cache; a process's first call from another empty cache and
 #           then with the cache verify left; tests/test_gpu_paged_varlen.py whole on the warm cache.
-#   trials: eager_paged.py (host and GPU time through the entry point), trials_ab.py, FlashAttention's
-#           test_flash_attn_varlen_causal (out/fa carried).
-# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh verify|trials
+#   tests:  tests/test_gpu_paged_varlen.py whole, eager_paged.py (host and GPU time through the entry point),
+#           FlashAttention's test_flash_attn_varlen_causal (out/fa carried).
+#   trials: trials_ab.py.
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh verify|tests|trials
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
 LIMIT=${LIMIT:-570}
@@ -24,12 +25,15 @@ if [ "${1:-}" = verify ]; then
   t=$(left); timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py \
     > $OUT/paged_tests.txt 2>&1
   echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests.txt | head; tail -1 $OUT/paged_tests.txt
-else
-  timeout 150 python3 $HERE/eager_paged.py $OUT/eager_paged.json 2>&1 | grep -v '^compiling'
-  t=$(left); [ $t -gt 20 ] && timeout $(( t < 240 ? t : 240 )) python3 $HERE/trials_ab.py $OUT/trials_ab.json 2>&1 | grep -v '^compiling'
+elif [ "${1:-}" = tests ]; then
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py > $OUT/paged_tests.txt 2>&1
+  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests.txt | head; tail -1 $OUT/paged_tests.txt
+  timeout 120 python3 $HERE/eager_paged.py $OUT/eager_paged.json 2>&1 | grep -v '^compiling'
   t=$(left); [ $t -gt 60 ] && [ -f out/fa/test_flash_attn.py ] && {
     FA_SAMPLE=4 FA_TIME_BUDGET=$(( t - 30 )) FA_REPORT=$OUT/fa_varlen_causal.json timeout $t \
       bash docs/fa-tests/run.sh "test_flash_attn_varlen_causal" -n 8 > $OUT/fa_varlen_causal.txt 2>&1
     echo "FA varlen causal rc=$?"; tail -4 $OUT/fa_varlen_causal.txt; }
+else
+  t=$(left); timeout $t python3 $HERE/trials_ab.py $OUT/trials_ab.json 2>&1 | grep -v '^compiling'
 fi
 true
