@@ -5,7 +5,8 @@
 #   tests:  tests/test_gpu_paged_varlen.py whole, eager_paged.py (host and GPU time through the entry point),
 #           FlashAttention's test_flash_attn_varlen_causal (out/fa carried).
 #   trials: trials_ab.py.
-# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh verify|tests|trials
+#   after:  once the members took the trials' copies: their GPU tests, paged_ab.py and eager_paged.py again.
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh verify|tests|trials|after
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
 LIMIT=${LIMIT:-570}
@@ -26,6 +27,7 @@ if [ "${1:-}" = verify ]; then
     > $OUT/paged_tests.txt 2>&1
   echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests.txt | head; tail -1 $OUT/paged_tests.txt
 elif [ "${1:-}" = tests ]; then
+  timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1     # every spec the table serves, 16 nvcc at once
   timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py > $OUT/paged_tests.txt 2>&1
   echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests.txt | head; tail -1 $OUT/paged_tests.txt
   timeout 120 python3 $HERE/eager_paged.py $OUT/eager_paged.json 2>&1 | grep -v '^compiling'
@@ -33,7 +35,16 @@ elif [ "${1:-}" = tests ]; then
     FA_SAMPLE=4 FA_TIME_BUDGET=$(( t - 30 )) FA_REPORT=$OUT/fa_varlen_causal.json timeout $t \
       bash docs/fa-tests/run.sh "test_flash_attn_varlen_causal" -n 8 > $OUT/fa_varlen_causal.txt 2>&1
     echo "FA varlen causal rc=$?"; tail -4 $OUT/fa_varlen_causal.txt; }
+elif [ "${1:-}" = after ]; then
+  timeout 150 python3 -m attngen warm --no-native 2>&1 | tail -1
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py -k "hopper or routes or pads or mixed" \
+    > $OUT/paged_tests_after.txt 2>&1
+  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests_after.txt | head; tail -1 $OUT/paged_tests_after.txt
+  t=$(left); timeout $(( t - 60 )) python3 $HERE/paged_ab.py $OUT/paged_ab_after.json 2>&1 | grep -v '^compiling' | cut -c1-220
+  t=$(left); timeout $t python3 $HERE/eager_paged.py $OUT/eager_paged_after.json 2>&1 | grep -v '^compiling'
 else
+  timeout 200 python3 -m attngen warm --no-native $HERE/trials/*.yaml specs/h100_wgmma_d{64,128}_varlen.yaml specs/h100_wgmma_d256.yaml \
+    specs/h100_mma_d{64,128,256}_paged{,_bf16}.yaml 2>&1 | tail -1
   t=$(left); timeout $t python3 $HERE/trials_ab.py $OUT/trials_ab.json 2>&1 | grep -v '^compiling'
 fi
 true
