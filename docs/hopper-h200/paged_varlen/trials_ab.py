@@ -2,7 +2,8 @@
 process, on paged_ab.py's ragged batch (16 prompts of 1 to 4096 tokens, causal): t_d128_paged_lanes and
 t_d256_paged_lanes (page_copies: every_lane, each lane of the issuing warp copying the page it read),
 t_d128_paged_gather (page_copies: gather, the producer warpgroup's threads copying with cp.async) and
-t_d64_paged_producer (d64 with a producer warpgroup and two ping-pong consumer warpgroups, every lane copying).
+t_d64_paged_producer (d64 with a producer warpgroup and two ping-pong consumer warpgroups, every lane copying),
+t_d256_paged_n64 (d256 on 64-key tiles: a copy of 64 rows from pages of 64, where 80-key tiles copy 16 rows at most).
 First each trial on pools whose spare pages and page tails are NaN: its paged output bit for bit its own packed call
 on the same keys, and the largest difference from the member's; then GPU µs (`attngen bench`'s queued timing over
 input sets rotated past L2), median of 3 rounds, at pages of 1, 16, 64 and 256, bf16 and fp16.
@@ -26,7 +27,8 @@ from paged_ab import LENGTHS, input_sets, pools
 CELLS = ((128, 32, 8, "t_d128_paged_lanes", "h100_wgmma_d128_varlen_paged", "h100_mma_d128_paged"),
          (128, 32, 8, "t_d128_paged_gather", "h100_wgmma_d128_varlen_paged", "h100_mma_d128_paged"),
          (64, 64, 8, "t_d64_paged_producer", "h100_wgmma_d64_varlen_paged", "h100_mma_d64_paged"),
-         (256, 16, 8, "t_d256_paged_lanes", "h100_wgmma_d256_varlen_paged", "h100_mma_d256_paged"))
+         (256, 16, 8, "t_d256_paged_lanes", "h100_wgmma_d256_varlen_paged", "h100_mma_d256_paged"),
+         (256, 16, 8, "t_d256_paged_n64", "h100_wgmma_d256_varlen_paged", "h100_mma_d256_paged"))
 PAGES = (1, 16, 64, 256)
 
 
