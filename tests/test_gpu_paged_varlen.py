@@ -227,12 +227,12 @@ def served_packed_call(torch, q, k, v, cu_q, cu_k, pool, mask: str, kw, seqlen: 
     from attngen.ops.dispatch import DISPATCH
     from attngen.ops.library import call_scores
     d = q.shape[-1]
-    pad = DISPATCH.padded_dims("varlen", q.get_device(), q.dtype, d, v.shape[-1], mask,
-                               call_scores(kw.get("softcap"), kw.get("alibi_slopes"), kw.get("sinks")), paged=True)
-    to = pad[0] if pad else d
-    pad = (lambda t: torch.nn.functional.pad(t, (0, to - d))) if to != d else (lambda t: t)
+    dims = DISPATCH.padded_dims("varlen", q.get_device(), q.dtype, d, v.shape[-1], mask,
+                                call_scores(kw.get("softcap"), kw.get("alibi_slopes"), kw.get("sinks")), paged=True)
+    to = dims[0] if dims else d
+    widen = (lambda t: torch.nn.functional.pad(t, (0, to - d))) if to != d else (lambda t: t)
     cell = served_paged_cell(torch, q, pool, mask, kw, seqlen, to)
-    return cell.varlen(pad(q), pad(k), pad(v), cu_q, cu_k, scale=d ** -0.5, **kw, **call)[..., :d]
+    return cell.varlen(widen(q), widen(k), widen(v), cu_q, cu_k, scale=d ** -0.5, **kw, **call)[..., :d]
 
 
 def modifiers_of(kw):

@@ -456,4 +456,3 @@ def page_box_rows(block_n: int) -> int:
     one size tile it), at most 256 (a TMA box dimension's limit). A call's pages of fewer keys take copies of
     one page each (the kernel's box_shift). The plan's fragments and a call's tensor maps both take it."""
     return min(block_n & -block_n, 256)
-
