@@ -4,7 +4,8 @@ shows) and the ragged batch of paged_ab.py (16 prompts of 1-4096). Pages of 16 a
 pages of 8 (the mma.sync cell) and the packed call (the Hopper kind's varlen member). Rows round-robin over 7 rounds
 (docs/measurements/host_time.py's measure_rows): eager CPU µs/call (200 calls back to back, host clock), eager wall
 µs/call (plus the final synchronize), GPU µs/call (50 calls queued behind a GPU sleep).
-Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/eager_paged.py OUT.json"""
+With --profile: cProfile of 200 paged calls of the short batch at pages of 16 instead, the 30 functions of most own time.
+Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/eager_paged.py OUT.json | --profile"""
 from pathlib import Path
 import json
 import sys
@@ -45,5 +46,32 @@ def main(report: str) -> None:
                                         "rows": rows}, indent=2) + "\n")
 
 
+def profile() -> None:
+    """Where a short paged step's host time goes: cProfile over 200 calls (after 20 unprofiled ones)."""
+    import cProfile
+    import pstats
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    lengths = BATCHES["4x512"]
+    q = torch.randn(sum(lengths), 32, 128, generator=gen, device="cuda").bfloat16()
+    k, v = (torch.randn(sum(lengths), 8, 128, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    cu = host_time.cu_seqlens(lengths)
+    used = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    kp, vp, table = pools(k, v, 16, gen, lengths)
+
+    def call():
+        return attngen.attention_varlen(q, kp, vp, cu, None, 512, 512, causal=True, block_table=table, seqused_k=used)
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(200):
+        call()
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(30)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    profile() if sys.argv[1] == "--profile" else main(sys.argv[1])
