@@ -6,7 +6,9 @@
 #           FlashAttention's test_flash_attn_varlen_causal (out/fa carried).
 #   trials: trials_ab.py.
 #   after:  once the members took the trials' copies: their GPU tests, paged_ab.py and eager_paged.py again.
-# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh verify|tests|trials|after
+#   next:   every spec verified again (from an empty cache), the paged tests whole, eager_paged.py --profile, and
+#           trials_ab.py at d256 (the 64-key tiles beside the 80-key ones).
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh verify|tests|trials|after|next
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
 LIMIT=${LIMIT:-570}
@@ -35,6 +37,14 @@ elif [ "${1:-}" = tests ]; then
     FA_SAMPLE=4 FA_TIME_BUDGET=$(( t - 30 )) FA_REPORT=$OUT/fa_varlen_causal.json timeout $t \
       bash docs/fa-tests/run.sh "test_flash_attn_varlen_causal" -n 8 > $OUT/fa_varlen_causal.txt 2>&1
     echo "FA varlen causal rc=$?"; tail -4 $OUT/fa_varlen_causal.txt; }
+elif [ "${1:-}" = next ]; then
+  export ATTNGEN_CACHE_DIR=$(mktemp -d)
+  timeout 200 python3 -m attngen verify > $OUT/verify_after.txt 2> $OUT/verify_after.err   # compiles in parallel too
+  echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_after.txt | tail -2; tail -2 $OUT/verify_after.err
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py > $OUT/paged_tests_next.txt 2>&1
+  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests_next.txt | head; tail -1 $OUT/paged_tests_next.txt
+  timeout 60 python3 $HERE/eager_paged.py --profile > $OUT/eager_profile.txt 2>&1; head -40 $OUT/eager_profile.txt
+  t=$(left); [ $t -gt 30 ] && timeout $t python3 $HERE/trials_ab.py $OUT/trials_d256.json 256 2>&1 | grep -v '^compiling'
 elif [ "${1:-}" = after ]; then
   timeout 150 python3 -m attngen warm --no-native 2>&1 | tail -1
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py -k "hopper or routes or pads or mixed" \
