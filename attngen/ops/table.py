@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from .. import fsutil
 from ..core.calls import CALLS as CONVENTIONS, TABLE_CALLS, table_call
-from ..core.launch_rules import MAX_PAGE_SIZE
+from ..core.launch_rules import MAX_PAGE_SIZE, page_shift
 from ..errors import AttngenError, SpecError
 
 # The calls the table serves and what serves each, from the one list of call conventions
@@ -536,7 +536,7 @@ def entry_problem_of(raw: dict) -> tuple[str | None, str, str] | None:
     if page is not None and not raw.get("paged"):
         return ("min_page", "min_page bounds a paged call's page size; this entry is not paged",
                 "leave min_page out, or make the entry paged: true")
-    if page is not None and (page & (page - 1) or page > MAX_PAGE_SIZE):
+    if page is not None and page_shift(page) is None:
         return ("min_page", f"must be a page size, a power of two from 1 to {MAX_PAGE_SIZE} (got {page})",
                 "write the smallest page size measured")
     return None

@@ -58,14 +58,25 @@ def input_sets(gen, d: int, heads_q: int, heads_kv: int, dtype):
                   for heads in (heads_q, heads_kv, heads_kv)) for _ in range(n)]
 
 
-def main(report: str, head_dims) -> None:
-    rows, gen = [], torch.Generator(device="cuda")
+def ragged_batch(lengths=LENGTHS):
+    """The batch's offsets (int32 cu_seqlens), key counts (int32 seqused_k) and longest sequence, and a generator
+    seeded at 0 for its inputs."""
+    gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    longest = max(LENGTHS)
-    cu = cu_seqlens(torch, LENGTHS, "cuda")
-    used = torch.tensor(LENGTHS, dtype=torch.int32, device="cuda")
+    return (cu_seqlens(torch, lengths, "cuda"), torch.tensor(lengths, dtype=torch.int32, device="cuda"), max(lengths),
+            gen)
+
+
+def cells_by_dtype(cells, head_dims):
+    """Each cell of a head dim in head_dims, in bf16 then fp16: (cell, (torch dtype, spec name suffix))."""
+    return ((c, t) for c in cells if c[0] in head_dims for t in ((torch.bfloat16, "_bf16"), (torch.float16, "")))
+
+
+def main(report: str, head_dims) -> None:
+    rows = []
+    cu, used, longest, gen = ragged_batch()
     for (d, heads_q, heads_kv, hopper_name, mma_name, packed_name, pages, masks), (dtype, suffix) in \
-            ((c, t) for c in CELLS if c[0] in head_dims for t in ((torch.bfloat16, "_bf16"), (torch.float16, ""))):
+            cells_by_dtype(CELLS, head_dims):
         hopper = attngen.load(ROOT / "specs" / f"{hopper_name}{suffix}.yaml")
         mma = attngen.load(ROOT / "specs" / f"{mma_name}{suffix}.yaml")
         packed = attngen.load(ROOT / "specs" / f"{packed_name}{suffix}.yaml")

@@ -15,13 +15,12 @@ import sys
 import torch
 
 import attngen
-from attngen.runtime.calls.varlen import cu_seqlens
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE.parents[1] / "measurements"))   # the helpers the scripts share
 sys.path.insert(0, str(HERE))
 from gpu_timing import alternating_sets, write_report
-from paged_ab import LENGTHS, input_sets, pools
+from paged_ab import LENGTHS, cells_by_dtype, input_sets, pools, ragged_batch
 
 # (head dim, query heads, KV heads, trial, member, mma.sync paged cell)
 CELLS = ((128, 32, 8, "t_d128_paged_lanes", "h100_wgmma_d128_varlen_paged", "h100_mma_d128_paged"),
@@ -44,13 +43,9 @@ def with_nan_tails(kp, vp, table, pg: int):
 
 
 def main(report: str, head_dims) -> None:
-    rows, gen = [], torch.Generator(device="cuda")
-    gen.manual_seed(0)
-    longest = max(LENGTHS)
-    cu = cu_seqlens(torch, LENGTHS, "cuda")
-    used = torch.tensor(LENGTHS, dtype=torch.int32, device="cuda")
-    for (d, hq, hkv, trial_name, member_name, mma_name), (dtype, suffix) in \
-            ((c, t) for c in CELLS if c[0] in head_dims for t in ((torch.bfloat16, "_bf16"), (torch.float16, ""))):
+    rows = []
+    cu, used, longest, gen = ragged_batch()
+    for (d, hq, hkv, trial_name, member_name, mma_name), (dtype, suffix) in cells_by_dtype(CELLS, head_dims):
         trial = attngen.load(HERE / "trials" / f"{trial_name}{suffix}.yaml")
         member = attngen.load(ROOT / "specs" / f"{member_name}{suffix}.yaml")
         mma = attngen.load(ROOT / "specs" / f"{mma_name}{suffix}.yaml")
