@@ -423,6 +423,39 @@ def test_a_mixed_step_sends_its_decode_rows_to_the_decode_kernel(torch, monkeypa
                     head_dim ** -0.5, f"d{head_dim} {dtype} mixed, graph replay")
 
 
+@pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])
+def test_a_prefill_of_equal_chunks_skips_the_split(torch, monkeypatch, head_dim, dtype):
+    """A paged step whose q holds batch x max_seqlen_q rows (max_seqlen_q >= 2) has no decode row: no decode launch,
+    and bit for bit the served varlen kernel's own call. The same count of rows with a single-query sequence and
+    rows past the last offset (q longer than the sequences need) keeps that sequence in the varlen kernel: every
+    sequence within the rule of fp32."""
+    from attngen.ops import library
+    calls = []
+    real = library.kvcache
+    monkeypatch.setattr(library, "kvcache", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    dt = torch_dtype(torch, dtype)
+    seqs = ((64, 300), (64, 64), (64, 1100), (64, 2049))
+    q, k, v, cu_q, cu_k, g = packed(torch, seqs, 16, 4, head_dim, dt, seed=13)
+    kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], 16, g)
+    used = torch.tensor([s[1] for s in seqs], dtype=torch.int32, device="cuda")
+    o = attngen.attention_varlen(q, kp, vp, cu_q, None, 64, 2049, causal=True, block_table=table, seqused_k=used)
+    torch.cuda.synchronize()
+    attngen.check_errors()
+    assert calls == [], calls
+    check_sequences(torch, q, k, v, o, seqs, True, head_dim ** -0.5, f"d{head_dim} {dtype} equal chunks")
+    cell = served_paged_cell(torch, q, kp, "causal", {}, 2049)
+    assert torch.equal(o, cell.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=True,
+                                      max_seqlen_q=64))
+    # 4 x 64 rows again, but sequence 1 has one query and the last 63 rows belong to no sequence
+    short = ((64, 300), (1, 64), (64, 1100), (64, 2049))
+    cu_short = torch.tensor([0, 64, 65, 129, 193], dtype=torch.int32, device="cuda")
+    o = attngen.attention_varlen(q, kp, vp, cu_short, None, 64, 2049, causal=True, block_table=table,
+                                 seqused_k=used)
+    torch.cuda.synchronize()
+    assert calls == [], calls
+    check_sequences(torch, q[:193], k, v, o[:193], short, True, head_dim ** -0.5, f"d{head_dim} {dtype} rows past")
+
+
 # (head dim, dtype, modifiers, whether a paged decode kernel runs them at that head dim): gpt-oss's sinks,
 # softcap with ALiBi, softcap with sinks (the decode call joins those sinks after its softcap kernel), and d64
 # softcap and softcap with ALiBi (the d64 decode cells of 2026-12-04; before them its decode rows stayed in the

@@ -450,8 +450,8 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
         return _cut(paged_varlen(_pad(q, pad[0]), _pad(k, pad[0]), _pad(v, pad[1]), cu_seqlens_q, cu_seqlens_k,
                                  block_table, seqused_k, max_seqlen_q, max_seqlen_k, causal, alignment,
                                  _scale(scale, d), return_lse, window, softcap, alibi_slopes, sinks), dv, return_lse)
-    split = mask != "window" and _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal,
-                                                     alignment, d, dv, scores)
+    split = mask != "window" and not _no_decode_rows(q, block_table, max_seqlen_q) and \
+        _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal, alignment, d, dv, scores)
     variants = (softcap, alibi_slopes, sinks) if scores else None
     if split and max_seqlen_q == 1:
         # Every sequence has at most one query (a decode step): the decode kernel alone.
@@ -467,6 +467,17 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, ma
                          alignment=alignment, scale=scale, return_lse=return_lse, block_table=block_table,
                          seqused_k=seqused_k, window=None if window is None else tuple(window), softcap=softcap,
                          alibi_slopes=alibi_slopes, sinks=sinks)
+
+
+def _no_decode_rows(q, block_table, max_seqlen_q) -> bool:
+    """Whether a paged varlen call's query rows show, on the host, that no sequence is a decode row: q holds
+    batch x max_seqlen_q rows with max_seqlen_q >= 2, so (no sequence above max_seqlen_q, FlashAttention's contract)
+    every sequence within q's rows has max_seqlen_q queries. Such a step (a prefill of equal chunks) has nothing to
+    split, and skips the split's torch ops and decode launch. Where q holds rows past cu_seqlens_q's last offset, a
+    single-query sequence may hide among them; it then stays in the varlen kernel, which serves it too (as it does
+    under a window)."""
+    return (isinstance(max_seqlen_q, int) and max_seqlen_q >= 2 and getattr(block_table, "dim", lambda: 0)() == 2
+            and q.shape[0] == block_table.shape[0] * max_seqlen_q)
 
 
 def _splits_decode_rows(q, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, causal, alignment, d: int,
