@@ -6,8 +6,9 @@
 #           FlashAttention's test_flash_attn_varlen_causal (out/fa carried).
 #   trials: trials_ab.py.
 #   after:  once the members took the trials' copies: their GPU tests, paged_ab.py and eager_paged.py again.
-#   next:   every spec verified again (from an empty cache), the paged tests whole, eager_paged.py --profile, and
-#           trials_ab.py at d256 (the 64-key tiles beside the 80-key ones).
+#   next:   every spec verified again (from an empty cache), the paged tests whole, eager_paged.py --profile and its
+#           host and GPU times (a prefill of equal chunks now skips the decode split), and trials_ab.py at d256 (the
+#           64-key tiles beside the 80-key ones).
 # Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh verify|tests|trials|after|next
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
@@ -44,6 +45,7 @@ elif [ "${1:-}" = next ]; then
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py > $OUT/paged_tests_next.txt 2>&1
   echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests_next.txt | head; tail -1 $OUT/paged_tests_next.txt
   timeout 60 python3 $HERE/eager_paged.py --profile > $OUT/eager_profile.txt 2>&1; head -40 $OUT/eager_profile.txt
+  timeout 120 python3 $HERE/eager_paged.py $OUT/eager_paged_next.json 2>&1 | grep -v '^compiling'
   t=$(left); [ $t -gt 30 ] && timeout $t python3 $HERE/trials_ab.py $OUT/trials_d256.json 256 2>&1 | grep -v '^compiling'
 elif [ "${1:-}" = after ]; then
   timeout 150 python3 -m attngen warm --no-native 2>&1 | tail -1
