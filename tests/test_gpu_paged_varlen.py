@@ -585,10 +585,11 @@ def test_paged_varlen_refuses_bad_inputs(torch):
 
 # The Hopper kind's paged varlen members (TMA copies of a page's rows at a time; the rows of a sequence's last tile
 # past its keys zeroed in shared memory): page sizes from 1 (one copy per key) to 512 (a tile inside one page),
-# every mask they have; d128 (a producer warpgroup) in fp16 and bf16, d64 (homogeneous: a consumer warp copies) and
-# d256 (80-key tiles: copies of 16 rows at most).
+# every mask they have; d128 (a producer warpgroup) in fp16 and bf16, d64 (homogeneous: a consumer warp copies),
+# d256 on 80-key tiles (copies of 16 rows at most; bf16) and on 64-key tiles (copies of up to 64 rows; fp16).
 HOPPER_PAGED = {(128, "fp16"): "h100_wgmma_d128_varlen_paged", (128, "bf16"): "h100_wgmma_d128_varlen_paged_bf16",
-                (64, "bf16"): "h100_wgmma_d64_varlen_paged_bf16", (256, "bf16"): "h100_wgmma_d256_varlen_paged_bf16"}
+                (64, "bf16"): "h100_wgmma_d64_varlen_paged_bf16", (256, "bf16"): "h100_wgmma_d256_varlen_paged_bf16",
+                (256, "fp16"): "h100_wgmma_d256_varlen_paged_n64"}
 HOPPER_MASKS = [(True, None), (False, None), (True, (100, 0)), (False, (48, 17))]
 
 

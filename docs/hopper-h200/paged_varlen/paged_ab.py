@@ -1,10 +1,13 @@
 """Paged varlen prefill on the Hopper kind (the `paged` members of h100_wgmma_d128_varlen and h100_wgmma_d64_varlen,
-h100_wgmma_d256's `varlen_paged`) beside the mma.sync paged cells that serve such calls before them
-(h100_mma_d{64,128,256}_paged) and the Hopper kind's packed varlen cells on the same keys packed back to back (what the
-pages cost), alternating in one process. One ragged batch of prompts (16 sequences of 1 to 4096 tokens, as many
-queries as keys), pools of shuffled pages: d128 32/8 heads (Llama 3 8B), pages of 1 to 512 keys, causal
-(bottom-right) and full; d64 64/8 (gpt-oss) and d256 16/8 (Gemma 3 12B), pages of 1, 16 and 256, causal; bf16 and fp16. GPU µs (`attngen bench`'s queued timing over input sets
-rotated past L2), median of 3 rounds, and the largest difference between the Hopper member's output and the others'.
+h100_wgmma_d256's `varlen_paged` and `varlen_paged_n64`) and through the entry point (attngen.attention_varlen: the
+member the table serves at each page size, the batch's single-token prompts split off to the paged decode kernel),
+beside the mma.sync paged cells that serve such calls before them (h100_mma_d{64,128,256}_paged) and the Hopper kind's
+packed varlen cells on the same keys packed back to back (what the pages cost), alternating in one process. One ragged
+batch of prompts (16 sequences of 1 to 4096 tokens, as many queries as keys), pools of shuffled pages: d128 32/8 heads
+(Llama 3 8B), pages of 1 to 512 keys, causal (bottom-right) and full; d64 64/8 (gpt-oss), pages of 1, 16 and 256, and
+d256 16/8 (Gemma 3 12B), pages of 1, 16, 64 and 256, causal; bf16 and fp16. GPU µs (`attngen bench`'s queued timing
+over input sets rotated past L2), median of 3 rounds, and the largest difference between the Hopper member's output
+and the others'.
 Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/paged_ab.py OUT.json [HEAD_DIM ...]"""
 from pathlib import Path
 import json
@@ -25,8 +28,10 @@ LENGTHS = (1, 9, 60, 128, 256, 511, 700, 1024, 1, 2047, 33, 4096, 5, 64, 900, 15
 CELLS = ((128, 32, 8, "h100_wgmma_d128_varlen_paged", "h100_mma_d128_paged", "h100_wgmma_d128_varlen",
           (1, 16, 64, 256, 512), (True, False)),
          (64, 64, 8, "h100_wgmma_d64_varlen_paged", "h100_mma_d64_paged", "h100_wgmma_d64_varlen", (1, 16, 256), (True,)),
-         (256, 16, 8, "h100_wgmma_d256_varlen_paged", "h100_mma_d256_paged", "h100_wgmma_d256_varlen", (1, 16, 256),
+         (256, 16, 8, "h100_wgmma_d256_varlen_paged", "h100_mma_d256_paged", "h100_wgmma_d256_varlen", (1, 16, 64, 256),
           (True,)))
+# Further Hopper members timed beside a head dim's first (the table serves each from its entry's min_page)
+MORE_MEMBERS = {256: ("h100_wgmma_d256_varlen_paged_n64",)}
 
 
 def pools(k, v, pg: int, gen, lengths=LENGTHS):
@@ -80,6 +85,7 @@ def main(report: str, head_dims) -> None:
         hopper = attngen.load(ROOT / "specs" / f"{hopper_name}{suffix}.yaml")
         mma = attngen.load(ROOT / "specs" / f"{mma_name}{suffix}.yaml")
         packed = attngen.load(ROOT / "specs" / f"{packed_name}{suffix}.yaml")
+        more = {name: attngen.load(ROOT / "specs" / f"{name}{suffix}.yaml") for name in MORE_MEMBERS.get(d, ())}
         sets = input_sets(gen, d, heads_q, heads_kv, dtype)
         for causal in masks:
             for pg in pages:
@@ -91,7 +97,15 @@ def main(report: str, head_dims) -> None:
                     "mma_paged": ((lambda q, kp, vp, t: mma.varlen(q, kp, vp, cu, None, block_table=t, seqused_k=used,
                                                                     **kw)), paged_sets),
                     "hopper_packed": ((lambda q, k, v: packed.varlen(q, k, v, cu, cu, alignment="bottom_right"
-                                                                      if causal else None, **kw)), sets)}
+                                                                      if causal else None, **kw)), sets),
+                    # the entry point: the member the table serves at this page size, and the decode split of the
+                    # batch's single-token prompts
+                    "entry": ((lambda q, kp, vp, t: attngen.attention_varlen(q, kp, vp, cu, None, longest, longest,
+                                                                             block_table=t, seqused_k=used,
+                                                                             causal=causal)), paged_sets)}
+                for name, member in more.items():
+                    calls[name] = ((lambda q, kp, vp, t, m=member: m.varlen(q, kp, vp, cu, None, block_table=t,
+                                                                             seqused_k=used, **kw)), paged_sets)
                 med, each = alternating_sets(calls, 3)
                 outs = {name: fn(*s[0]).float() for name, (fn, s) in calls.items()}
                 row = {"head_dim": d, "dtype": str(dtype).split(".")[1], "causal": causal, "page": pg,
@@ -99,7 +113,11 @@ def main(report: str, head_dims) -> None:
                        "mma_over_hopper": med["mma_paged"] / med["hopper_paged"],
                        "paged_over_packed": med["hopper_paged"] / med["hopper_packed"],
                        "max_diff_mma": float((outs["hopper_paged"] - outs["mma_paged"]).abs().max()),
-                       "max_diff_packed": float((outs["hopper_paged"] - outs["hopper_packed"]).abs().max())}
+                       "max_diff_packed": float((outs["hopper_paged"] - outs["hopper_packed"]).abs().max()),
+                       "entry_over_packed": med["entry"] / med["hopper_packed"]}
+                for name in more:
+                    row[f"{name}_over_packed"] = med[name] / med["hopper_packed"]
+                    row[f"max_diff_{name}"] = float((outs[name] - outs["hopper_packed"]).abs().max())
                 rows.append(row)
                 write_report(report, rows)      # after every row: a call cut short keeps what it measured
                 print(json.dumps({x: row[x] for x in ("head_dim", "dtype", "causal", "page", "us", "mma_over_hopper",

@@ -9,7 +9,10 @@
 #   next:   every spec verified again (from an empty cache), the paged tests whole, eager_paged.py --profile and its
 #           host and GPU times (a prefill of equal chunks now skips the decode split), and trials_ab.py at d256 (the
 #           64-key tiles beside the 80-key ones).
-# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh verify|tests|trials|after|next
+#   n64:    once d256's 64-key member served pages of 64 and more: every served cell compiled, the member verified, the
+#           paged tests whole, eager_paged.py's serving step (host profile, host and GPU times), paged_ab.py at d256.
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh
+#        verify|tests|trials|after|next|n64
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
 LIMIT=${LIMIT:-570}
@@ -47,6 +50,15 @@ elif [ "${1:-}" = next ]; then
   timeout 60 python3 $HERE/eager_paged.py --profile > $OUT/eager_profile.txt 2>&1; head -40 $OUT/eager_profile.txt
   timeout 120 python3 $HERE/eager_paged.py $OUT/eager_paged_next.json 2>&1 | grep -v '^compiling'
   t=$(left); [ $t -gt 30 ] && timeout $t python3 $HERE/trials_ab.py $OUT/trials_d256.json 256 2>&1 | grep -v '^compiling'
+elif [ "${1:-}" = n64 ]; then
+  timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1; echo "warm secs=$(( $(date +%s)-s ))"
+  timeout 90 python3 -m attngen verify specs/h100_wgmma_d256_varlen_paged_n64{,_bf16}.yaml > $OUT/verify_n64.txt 2>&1
+  echo "verify rc=$?"; tail -2 $OUT/verify_n64.txt | cut -c1-300
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py > $OUT/paged_tests_n64.txt 2>&1
+  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests_n64.txt | head; tail -1 $OUT/paged_tests_n64.txt
+  timeout 60 python3 $HERE/eager_paged.py --profile > $OUT/eager_profile_step.txt 2>&1; head -75 $OUT/eager_profile_step.txt | cut -c1-160
+  timeout 100 python3 $HERE/eager_paged.py $OUT/eager_paged_step.json 2>&1 | grep -v '^compiling'
+  t=$(left); timeout $t python3 $HERE/paged_ab.py $OUT/paged_ab_d256.json 256 2>&1 | grep -v '^compiling' | cut -c1-400
 elif [ "${1:-}" = after ]; then
   timeout 150 python3 -m attngen warm --no-native 2>&1 | tail -1
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py -k "hopper or routes or pads or mixed" \
