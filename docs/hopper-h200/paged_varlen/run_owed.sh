@@ -11,8 +11,11 @@
 #           64-key tiles beside the 80-key ones).
 #   n64:    once d256's 64-key member served pages of 64 and more: every served cell compiled, the member verified, the
 #           paged tests whole, eager_paged.py's serving step (host profile, host and GPU times), paged_ab.py at d256.
+#   grid:   every served cell compiled, the paged tests of d256 and of the Hopper members (the 64-key member's
+#           entries), then the short forward cells against cuDNN (forward_vs_cudnn.py, 3 rounds) after the kept-max
+#           members changed.
 # Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh
-#        verify|tests|trials|after|next|n64
+#        verify|tests|trials|after|next|n64|grid
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
 LIMIT=${LIMIT:-570}
@@ -59,6 +62,12 @@ elif [ "${1:-}" = n64 ]; then
   timeout 60 python3 $HERE/eager_paged.py --profile > $OUT/eager_profile_step.txt 2>&1; head -75 $OUT/eager_profile_step.txt | cut -c1-160
   timeout 100 python3 $HERE/eager_paged.py $OUT/eager_paged_step.json 2>&1 | grep -v '^compiling'
   t=$(left); timeout $t python3 $HERE/paged_ab.py $OUT/paged_ab_d256.json 256 2>&1 | grep -v '^compiling' | cut -c1-400
+elif [ "${1:-}" = grid ]; then
+  timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1; echo "warm secs=$(( $(date +%s)-s ))"
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py -k "d256 or hopper" \
+    > $OUT/paged_tests_d256.txt 2>&1
+  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests_d256.txt | head; tail -1 $OUT/paged_tests_d256.txt
+  t=$(left); timeout $t python3 docs/hopper-h200/forward_vs_cudnn.py $OUT/forward_vs_cudnn.json 3 2>&1 | grep -v '^compiling' | cut -c1-200
 elif [ "${1:-}" = after ]; then
   timeout 150 python3 -m attngen warm --no-native 2>&1 | tail -1
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py -k "hopper or routes or pads or mixed" \
