@@ -24,6 +24,12 @@ HERE=docs/hopper-h200/paged_varlen
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 s=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - s) )); }
+# paged_tests FILE SECONDS [PYTEST ARGS]: tests/test_gpu_paged_varlen.py into $OUT/FILE, then its failures and count
+paged_tests() {
+  local file=$1 limit=$2; shift 2
+  timeout $limit python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py "$@" > $OUT/$file 2>&1
+  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/$file | head; tail -1 $OUT/$file
+}
 python3 -m compileall -q attngen
 if [ "${1:-}" = verify ]; then
   export ATTNGEN_CACHE_DIR=$(mktemp -d)
@@ -32,13 +38,10 @@ if [ "${1:-}" = verify ]; then
   for m in fwd dec; do ATTNGEN_CACHE_DIR=$(mktemp -d) timeout 90 python3 docs/measurements/first_call.py $m; done \
     2>&1 | tee $OUT/first_call_empty_cache.txt
   for m in fwd fwd dec dec; do timeout 60 python3 docs/measurements/first_call.py $m; done 2>&1 | tee $OUT/first_call.txt
-  t=$(left); timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py \
-    > $OUT/paged_tests.txt 2>&1
-  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests.txt | head; tail -1 $OUT/paged_tests.txt
+  paged_tests paged_tests.txt $(left)
 elif [ "${1:-}" = tests ]; then
   timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1     # every spec the table serves, 16 nvcc at once
-  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py > $OUT/paged_tests.txt 2>&1
-  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests.txt | head; tail -1 $OUT/paged_tests.txt
+  paged_tests paged_tests.txt 240
   timeout 120 python3 $HERE/eager_paged.py $OUT/eager_paged.json 2>&1 | grep -v '^compiling'
   t=$(left); [ $t -gt 60 ] && [ -f out/fa/test_flash_attn.py ] && {
     FA_SAMPLE=4 FA_TIME_BUDGET=$(( t - 30 )) FA_REPORT=$OUT/fa_varlen_causal.json timeout $t \
@@ -48,8 +51,7 @@ elif [ "${1:-}" = next ]; then
   export ATTNGEN_CACHE_DIR=$(mktemp -d)
   timeout 200 python3 -m attngen verify > $OUT/verify_after.txt 2> $OUT/verify_after.err   # compiles in parallel too
   echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_after.txt | tail -2; tail -2 $OUT/verify_after.err
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py > $OUT/paged_tests_next.txt 2>&1
-  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests_next.txt | head; tail -1 $OUT/paged_tests_next.txt
+  paged_tests paged_tests_next.txt 200
   timeout 60 python3 $HERE/eager_paged.py --profile > $OUT/eager_profile.txt 2>&1; head -40 $OUT/eager_profile.txt
   timeout 120 python3 $HERE/eager_paged.py $OUT/eager_paged_next.json 2>&1 | grep -v '^compiling'
   t=$(left); [ $t -gt 30 ] && timeout $t python3 $HERE/trials_ab.py $OUT/trials_d256.json 256 2>&1 | grep -v '^compiling'
@@ -57,22 +59,17 @@ elif [ "${1:-}" = n64 ]; then
   timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1; echo "warm secs=$(( $(date +%s)-s ))"
   timeout 90 python3 -m attngen verify specs/h100_wgmma_d256_varlen_paged_n64{,_bf16}.yaml > $OUT/verify_n64.txt 2>&1
   echo "verify rc=$?"; tail -2 $OUT/verify_n64.txt | cut -c1-300
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py > $OUT/paged_tests_n64.txt 2>&1
-  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests_n64.txt | head; tail -1 $OUT/paged_tests_n64.txt
+  paged_tests paged_tests_n64.txt 150
   timeout 60 python3 $HERE/eager_paged.py --profile > $OUT/eager_profile_step.txt 2>&1; head -75 $OUT/eager_profile_step.txt | cut -c1-160
   timeout 100 python3 $HERE/eager_paged.py $OUT/eager_paged_step.json 2>&1 | grep -v '^compiling'
   t=$(left); timeout $t python3 $HERE/paged_ab.py $OUT/paged_ab_d256.json 256 2>&1 | grep -v '^compiling' | cut -c1-400
 elif [ "${1:-}" = grid ]; then
   timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1; echo "warm secs=$(( $(date +%s)-s ))"
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py -k "d256 or hopper" \
-    > $OUT/paged_tests_d256.txt 2>&1
-  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests_d256.txt | head; tail -1 $OUT/paged_tests_d256.txt
+  paged_tests paged_tests_d256.txt 150 -k "d256 or hopper"
   t=$(left); timeout $t python3 docs/hopper-h200/forward_vs_cudnn.py $OUT/forward_vs_cudnn.json 3 2>&1 | grep -v '^compiling' | cut -c1-200
 elif [ "${1:-}" = after ]; then
   timeout 150 python3 -m attngen warm --no-native 2>&1 | tail -1
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py -k "hopper or routes or pads or mixed" \
-    > $OUT/paged_tests_after.txt 2>&1
-  echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/paged_tests_after.txt | head; tail -1 $OUT/paged_tests_after.txt
+  paged_tests paged_tests_after.txt 150 -k "hopper or routes or pads or mixed"
   t=$(left); timeout $(( t - 60 )) python3 $HERE/paged_ab.py $OUT/paged_ab_after.json 2>&1 | grep -v '^compiling' | cut -c1-220
   t=$(left); timeout $t python3 $HERE/eager_paged.py $OUT/eager_paged_after.json 2>&1 | grep -v '^compiling'
 else
