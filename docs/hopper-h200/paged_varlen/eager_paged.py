@@ -8,7 +8,9 @@ host clock; a call of several launches may wait on the GPU's full launch queue),
 synchronize), GPU µs/call (50 calls queued behind a GPU sleep).
 With --profile: cProfile of 200 paged calls of the serving step at pages of 16 instead, the 30 functions of most own
 time and the 30 of most time with callees.
-Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/eager_paged.py OUT.json | --profile"""
+With a head dim of 256: Gemma 2 9B's 16/8 heads, and pages of 16, 64 and 256 (d256's Hopper members: 80-key tiles
+below pages of 64, 64-key tiles from there).
+Usage (GPU machine, repository root): python3 docs/hopper-h200/paged_varlen/eager_paged.py OUT.json [128|256] | --profile"""
 from pathlib import Path
 import json
 import sys
@@ -24,39 +26,42 @@ from paged_ab import LENGTHS, pools
 
 BATCHES = {"4x512": (512,) * 4, "16 ragged 1-4096": LENGTHS}
 STEP = ((512,) * 4 + (1,) * 12, (512,) * 4 + (2048,) * 12)     # a serving step: queries and keys per sequence
+SHAPES = {128: ((32, 8), (8, 16, 256)), 256: ((16, 8), (16, 64, 256))}   # head dim: (query, KV heads), page sizes
 
 
-def serving_step(gen, pg: int):
+def serving_step(gen, pg: int, d: int = 128):
     """The serving step's packed q, k, v, offsets and key counts, and its pools of pages of pg keys."""
     queries, keys = STEP
-    q = torch.randn(sum(queries), 32, 128, generator=gen, device="cuda").bfloat16()
-    k, v = (torch.randn(sum(keys), 8, 128, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    (hq, hkv), _ = SHAPES[d]
+    q = torch.randn(sum(queries), hq, d, generator=gen, device="cuda").bfloat16()
+    k, v = (torch.randn(sum(keys), hkv, d, generator=gen, device="cuda").bfloat16() for _ in range(2))
     kp, vp, table = pools(k, v, pg, gen, keys)
     return (q, k, v, host_time.cu_seqlens(queries), host_time.cu_seqlens(keys),
             torch.tensor(keys, dtype=torch.int32, device="cuda"), kp, vp, table)
 
 
-def main(report: str) -> None:
+def main(report: str, d: int = 128) -> None:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     rows = []
+    (hq, hkv), page_sizes = SHAPES[d]
     for label, lengths in BATCHES.items():
         total = sum(lengths)
-        q = torch.randn(total, 32, 128, generator=gen, device="cuda").bfloat16()
-        k, v = (torch.randn(total, 8, 128, generator=gen, device="cuda").bfloat16() for _ in range(2))
+        q = torch.randn(total, hq, d, generator=gen, device="cuda").bfloat16()
+        k, v = (torch.randn(total, hkv, d, generator=gen, device="cuda").bfloat16() for _ in range(2))
         cu = host_time.cu_seqlens(lengths)
         used = torch.tensor(lengths, dtype=torch.int32, device="cuda")
         longest = max(lengths)
         rows.append(host_time.row(f"{label} packed", lambda q=q, k=k, v=v, cu=cu, m=longest: attngen.attention_varlen(
             q, k, v, cu, cu, m, m, causal=True, alignment="bottom_right")))
-        for pg in (8, 16, 256):
+        for pg in page_sizes:
             kp, vp, table = pools(k, v, pg, gen, lengths)
             rows.append(host_time.row(f"{label} paged {pg}", lambda q=q, kp=kp, vp=vp, t=table, cu=cu, u=used,
                                       m=longest: attngen.attention_varlen(q, kp, vp, cu, None, m, m, causal=True,
                                                                           block_table=t, seqused_k=u)))
-    for pg in (16, 256):
-        q, k, v, cu_q, cu_k, used, kp, vp, table = serving_step(gen, pg)
-        if pg == 16:
+    for pg in page_sizes[1:]:
+        q, k, v, cu_q, cu_k, used, kp, vp, table = serving_step(gen, pg, d)
+        if pg == page_sizes[1]:
             rows.append(host_time.row("step 4x512 + 12 decode packed", lambda q=q, k=k, v=v, a=cu_q, b=cu_k:
                                       attngen.attention_varlen(q, k, v, a, b, 512, 2048, causal=True,
                                                                alignment="bottom_right")))
@@ -65,7 +70,8 @@ def main(report: str) -> None:
                                                                    block_table=t, seqused_k=u)))
     host_time.measure_rows()
     Path(report).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                        "command": "python3 docs/hopper-h200/paged_varlen/eager_paged.py",
+                                        "command": f"python3 docs/hopper-h200/paged_varlen/eager_paged.py OUT {d}",
+                                        "heads": [hq, hkv], "head_dim": d,
                                         "rows": rows}, indent=2) + "\n")
 
 
@@ -94,4 +100,4 @@ def profile() -> None:
 
 
 if __name__ == "__main__":
-    profile() if sys.argv[1] == "--profile" else main(sys.argv[1])
+    profile() if sys.argv[1] == "--profile" else main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 128)

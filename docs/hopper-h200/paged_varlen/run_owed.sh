@@ -14,8 +14,10 @@
 #   grid:   every served cell compiled, the paged tests of d256 and of the Hopper members (the 64-key member's
 #           entries), then the short forward cells against cuDNN (forward_vs_cudnn.py, 3 rounds) after the kept-max
 #           members changed.
+#   owed:   after d256's 64-key member: `attngen verify` over every spec from an empty cache (its text report), a
+#           process's first call from another empty cache and then warm, eager_paged.py at d256 (host and GPU times).
 # Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/paged_varlen/run_owed.sh
-#        verify|tests|trials|after|next|n64|grid
+#        verify|tests|trials|after|next|n64|grid|owed
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
 LIMIT=${LIMIT:-570}
@@ -63,6 +65,14 @@ elif [ "${1:-}" = n64 ]; then
   timeout 60 python3 $HERE/eager_paged.py --profile > $OUT/eager_profile_step.txt 2>&1; head -75 $OUT/eager_profile_step.txt | cut -c1-160
   timeout 100 python3 $HERE/eager_paged.py $OUT/eager_paged_step.json 2>&1 | grep -v '^compiling'
   t=$(left); timeout $t python3 $HERE/paged_ab.py $OUT/paged_ab_d256.json 256 2>&1 | grep -v '^compiling' | cut -c1-400
+elif [ "${1:-}" = owed ]; then
+  export ATTNGEN_CACHE_DIR=$(mktemp -d)
+  timeout 240 python3 -m attngen verify > $OUT/verify_owed.txt 2> $OUT/verify_owed.err
+  echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_owed.txt | tail -3; tail -2 $OUT/verify_owed.err
+  for m in fwd dec; do ATTNGEN_CACHE_DIR=$(mktemp -d) timeout 90 python3 docs/measurements/first_call.py $m; done \
+    2>&1 | tee $OUT/first_call_empty_cache.txt
+  for m in fwd fwd dec dec; do timeout 60 python3 docs/measurements/first_call.py $m; done 2>&1 | tee $OUT/first_call.txt
+  timeout $(left) python3 $HERE/eager_paged.py $OUT/eager_paged_d256.json 256 2>&1 | grep -v '^compiling'
 elif [ "${1:-}" = grid ]; then
   timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1; echo "warm secs=$(( $(date +%s)-s ))"
   paged_tests paged_tests_d256.txt 150 -k "d256 or hopper"
