@@ -96,6 +96,7 @@
 //     +288  int            num_pages        pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
 //     +292  int            page_size        keys per page: a power of two, 1 to 512
 //     +296  int            page_shift       log2(page_size)
+//     +300  int            single_queries_apart paged calls: 1 where a serving step's decode rows (sequences of exactly one query) are the paged decode kernel's, which writes them into the same output (its rows functions): this kernel leaves them alone; 0: every sequence is this kernel's
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -186,6 +187,7 @@ struct Params {
     int num_pages;  // +288: pages in the k and v pools; a page id outside [0, num_pages) is clamped, never read past
     int page_size;  // +292: keys per page: a power of two, 1 to 512
     int page_shift;  // +296: log2(page_size)
+    int single_queries_apart;  // +300: paged calls: 1 where a serving step's decode rows (sequences of exactly one query) are the paged decode kernel's, which writes them into the same output (its rows functions): this kernel leaves them alone; 0: every sequence is this kernel's
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -233,6 +235,7 @@ static_assert(offsetof(Params, table_cols) == 284, "Params.table_cols offset");
 static_assert(offsetof(Params, num_pages) == 288, "Params.num_pages offset");
 static_assert(offsetof(Params, page_size) == 292, "Params.page_size offset");
 static_assert(offsetof(Params, page_shift) == 296, "Params.page_shift offset");
+static_assert(offsetof(Params, single_queries_apart) == 300, "Params.single_queries_apart offset");
 static_assert(sizeof(Params) == 304, "Params size must match attngen/core/abi.py");
 
 using elem_t = half;
@@ -956,14 +959,15 @@ __device__ __forceinline__ int paged_keys(const Params& s, int b) {
 }
 
 // Sets s's lengths to the sequence of this grid slice and its block_table to the sequence's row; returns
-// the sequence and its rows (keys from 0: k and v stay at the pools' first page).
+// the sequence and its rows (keys from 0: k and v stay at the pools' first page). A sequence of one query
+// in a call whose decode rows the paged decode kernel writes (single_queries_apart) has no query rows here.
 __device__ __forceinline__ SequenceRows paged_sequence_rows(Params& s) {
     const int z = blockIdx.z;
     const int b = s.seq_order != nullptr ? min(max(s.seq_order[z], 0), static_cast<int>(gridDim.z) - 1) : z;
     const int q_end = min(max(s.cu_seqlens_q[b + 1], 0), s.total_q);
     const int q0 = min(max(s.cu_seqlens_q[b], 0), q_end);
     const int keys = min(max(paged_keys(s, b), 0), s.table_cols * s.page_size);
-    s.seqlen_q = q_end - q0;
+    s.seqlen_q = s.single_queries_apart && q_end - q0 == 1 ? 0 : q_end - q0;
     s.seqlen_k = keys;
     s.block_table += static_cast<long long>(b) * s.table_stride;
     return {b, q0, q_end, 0, keys};

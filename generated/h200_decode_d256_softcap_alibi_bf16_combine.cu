@@ -26,7 +26,7 @@
 //
 // Plan (attngen explain):
 //   h200_decode_d256_softcap_alibi_bf16: decode_mma (split-KV decode over group rows (mma.sync m16n8k16) + LSE combine), bf16, head_dim 256, masks none, causal, window, scores softcap, alibi
-//   target h200 (NVIDIA H200, sm_90); functions: attngen_h200_decode_d256_softcap_alibi_bf16_split_none, attngen_h200_decode_d256_softcap_alibi_bf16_split_causal, attngen_h200_decode_d256_softcap_alibi_bf16_split_window, attngen_h200_decode_d256_softcap_alibi_bf16_combine
+//   target h200 (NVIDIA H200, sm_90); functions: attngen_h200_decode_d256_softcap_alibi_bf16_split_none, attngen_h200_decode_d256_softcap_alibi_bf16_split_causal, attngen_h200_decode_d256_softcap_alibi_bf16_split_window, attngen_h200_decode_d256_softcap_alibi_bf16_split_none_rows, attngen_h200_decode_d256_softcap_alibi_bf16_combine, attngen_h200_decode_d256_softcap_alibi_bf16_combine_rows
 //
 //   block: one key slice (split) of one KV head and sequence, for 16 group rows (query heads per KV head x new tokens) in 64-key K/V tiles; grid (num_splits, kv_heads x row_blocks, batch)
 //   threads: 128 = 4 warps; every warp holds all 16 group rows and scores 16 keys of each tile
@@ -62,7 +62,7 @@
 //       end: the warps' (max, sum) through `stats`, their rescaled O through the ring; one split: O and LSE written, else fp32 partial O and LSE per split
 //     combine kernel, grid ceil(batch x heads x seqlen_q / 4): a warp per row weighs each split by exp(lse_s - lse) and writes O and LSE
 //
-//   kernel parameters (Params, 280 B by value):
+//   kernel parameters (Params, 296 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -104,6 +104,8 @@
 //     +264  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //     +268  int            page_size        keys per page of the k and v pools: a power of two, 1 to MAX_PAGE_SIZE (0: contiguous)
 //     +272  int            page_shift       log2(page_size): key j lies in table entry j >> page_shift, row j & (page_size - 1)
+//     +280  const void*    query_rows       int32 (batch + 1,): a serving step's rows functions (`_rows` keys) read sequence b's queries at rows query_rows[b] .. query_rows[b + 1] of a packed q (cu_seqlens_q; q and o's batch stride is their row stride): a sequence of exactly one query is decoded at its row, the others are left to the varlen kernel (its blocks return at once); null in other calls
+//     +288  int            query_total      rows functions: rows of q and o; query_rows is clamped to [0, query_total]
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -143,6 +145,9 @@ struct Params {
     float* lse_accum;  // +216: fp32 (num_splits, batch, heads, seqlen_q): each split's natural-log LSE
     int num_splits;  // +224: key slices per (KV head, batch); 1: the split kernel writes O itself
     unsigned char reserved_228[52];  // +228
+    const void* query_rows;  // +280: int32 (batch + 1,): a serving step's rows functions (`_rows` keys) read sequence b's queries at rows query_rows[b] .. query_rows[b + 1] of a packed q (cu_seqlens_q; q and o's batch stride is their row stride): a sequence of exactly one query is decoded at its row, the others are left to the varlen kernel (its blocks return at once); null in other calls
+    int query_total;  // +288: rows functions: rows of q and o; query_rows is clamped to [0, query_total]
+    unsigned char reserved_292[4];  // +292
 };
 static_assert(offsetof(Params, o) == 24, "Params.o offset");
 static_assert(offsetof(Params, lse) == 32, "Params.lse offset");
@@ -155,7 +160,9 @@ static_assert(offsetof(Params, seqlen_q) == 148, "Params.seqlen_q offset");
 static_assert(offsetof(Params, o_accum) == 208, "Params.o_accum offset");
 static_assert(offsetof(Params, lse_accum) == 216, "Params.lse_accum offset");
 static_assert(offsetof(Params, num_splits) == 224, "Params.num_splits offset");
-static_assert(sizeof(Params) == 280, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, query_rows) == 280, "Params.query_rows offset");
+static_assert(offsetof(Params, query_total) == 288, "Params.query_total offset");
+static_assert(sizeof(Params) == 296, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;
@@ -202,10 +209,26 @@ __device__ __forceinline__ void allow_dependents() {
 #endif
 }
 
+// A serving step's rows functions: sequence b's queries are rows query_rows[b] .. query_rows[b + 1] of the packed q
+// and o, clamped to [0, query_total] as the varlen kernel clamps its offsets. Its row where it has exactly one query
+// (a decode row: this kernel's), else -1 (the varlen kernel's rows, which nothing here reads or writes).
+__device__ __forceinline__ int step_row(const Params& p, int b) {
+    const int* rows = static_cast<const int*>(p.query_rows);
+    const int end = min(max(rows[b + 1], 0), p.query_total);
+    const int first = min(max(rows[b], 0), end);
+    return end - first == 1 ? first : -1;
+}
+
 constexpr int kSplitsPerLane = 4;  // LSEs a lane holds (max_splits / 32)
 
 // row = (batch * heads + head) * seqlen_q + t, of `rows` in all.
+// kStepRows: o's batch index is the step's packed row of the sequence's single query (step_row); a row of a
+// sequence that has none is the varlen kernel's, and left alone.
+template <bool kStepRows = false>
 __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, int lane) {
+    if constexpr (kStepRows) {
+        if (step_row(p, row / p.seqlen_q / p.heads) < 0) return;
+    }
     constexpr float kLog2e = 1.4426950408889634f;
     // Split s's LSE sits in lane s % 32, slot s / 32.
     float lse[kSplitsPerLane], mx = -INFINITY;
@@ -225,7 +248,8 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
     for (int j = 0; j < kSplitsPerLane; ++j) lse[j] = total == -INFINITY ? 0.f : exp2f((lse[j] - total) * kLog2e);
 
     const int t = row % p.seqlen_q, head = row / p.seqlen_q % p.heads, b = row / p.seqlen_q / p.heads;
-    elem_t* out = static_cast<elem_t*>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + t * p.o_row_stride;
+    const int out_b = kStepRows ? step_row(p, b) : b;
+    elem_t* out = static_cast<elem_t*>(p.o) + out_b * p.o_batch_stride + head * p.o_head_stride + t * p.o_row_stride;
     constexpr int kPairsPerLane = (kHeadDim + 63) / 64;   // column pairs 2 * lane + 64j of the row
     float2 acc[kPairsPerLane];
 #pragma unroll
@@ -266,11 +290,12 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
     if (p.lse != nullptr && lane == 0) p.lse[row] = total;
 }
 
+template <bool kStepRows>   // a serving step's decode rows (the rows function)
 __device__ __forceinline__ void combine(const Params& p) {
     allow_dependents();    // the kernel after this one (the next call's split kernel) may be placed now
     const int rows = p.batch * p.heads * p.seqlen_q;
     const int row = blockIdx.x * kCombineWarps + threadIdx.x / 32;   // ((batch * heads + head) * seqlen_q + t)
-    if (row < rows) combine_row(p, row, rows, threadIdx.x % 32);
+    if (row < rows) combine_row<kStepRows>(p, row, rows, threadIdx.x % 32);
 }
 
 }  // namespace attngen_h200_decode_d256_softcap_alibi_bf16
@@ -278,5 +303,10 @@ __device__ __forceinline__ void combine(const Params& p) {
 extern "C" __global__ void __launch_bounds__(32 * attngen_h200_decode_d256_softcap_alibi_bf16::kCombineWarps)
 attngen_h200_decode_d256_softcap_alibi_bf16_combine(const attngen_h200_decode_d256_softcap_alibi_bf16::Params p) {
     attngen_h200_decode_d256_softcap_alibi_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
-    attngen_h200_decode_d256_softcap_alibi_bf16::combine(p);
+    attngen_h200_decode_d256_softcap_alibi_bf16::combine<false>(p);
+}
+extern "C" __global__ void __launch_bounds__(32 * attngen_h200_decode_d256_softcap_alibi_bf16::kCombineWarps)
+attngen_h200_decode_d256_softcap_alibi_bf16_combine_rows(const attngen_h200_decode_d256_softcap_alibi_bf16::Params p) {
+    attngen_h200_decode_d256_softcap_alibi_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
+    attngen_h200_decode_d256_softcap_alibi_bf16::combine<true>(p);
 }

@@ -26,7 +26,7 @@
 //
 // Plan (attngen explain):
 //   h200_decode_d256_softcap_alibi_bf16: decode_mma (split-KV decode over group rows (mma.sync m16n8k16) + LSE combine), bf16, head_dim 256, masks none, causal, window, scores softcap, alibi
-//   target h200 (NVIDIA H200, sm_90); functions: attngen_h200_decode_d256_softcap_alibi_bf16_split_none, attngen_h200_decode_d256_softcap_alibi_bf16_split_causal, attngen_h200_decode_d256_softcap_alibi_bf16_split_window, attngen_h200_decode_d256_softcap_alibi_bf16_combine
+//   target h200 (NVIDIA H200, sm_90); functions: attngen_h200_decode_d256_softcap_alibi_bf16_split_none, attngen_h200_decode_d256_softcap_alibi_bf16_split_causal, attngen_h200_decode_d256_softcap_alibi_bf16_split_window, attngen_h200_decode_d256_softcap_alibi_bf16_split_none_rows, attngen_h200_decode_d256_softcap_alibi_bf16_combine, attngen_h200_decode_d256_softcap_alibi_bf16_combine_rows
 //
 //   block: one key slice (split) of one KV head and sequence, for 16 group rows (query heads per KV head x new tokens) in 64-key K/V tiles; grid (num_splits, kv_heads x row_blocks, batch)
 //   threads: 128 = 4 warps; every warp holds all 16 group rows and scores 16 keys of each tile
@@ -62,7 +62,7 @@
 //       end: the warps' (max, sum) through `stats`, their rescaled O through the ring; one split: O and LSE written, else fp32 partial O and LSE per split
 //     combine kernel, grid ceil(batch x heads x seqlen_q / 4): a warp per row weighs each split by exp(lse_s - lse) and writes O and LSE
 //
-//   kernel parameters (Params, 280 B by value):
+//   kernel parameters (Params, 296 B by value):
 //     +0    const void*    q                query (batch, heads, seqlen_q, head_dim), any strides, last dim contiguous
 //     +8    const void*    k                keys (batch, kv_heads, seqlen_k, head_dim)
 //     +16   const void*    v                values, shaped like k
@@ -104,6 +104,8 @@
 //     +264  int            num_pages        pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
 //     +268  int            page_size        keys per page of the k and v pools: a power of two, 1 to MAX_PAGE_SIZE (0: contiguous)
 //     +272  int            page_shift       log2(page_size): key j lies in table entry j >> page_shift, row j & (page_size - 1)
+//     +280  const void*    query_rows       int32 (batch + 1,): a serving step's rows functions (`_rows` keys) read sequence b's queries at rows query_rows[b] .. query_rows[b + 1] of a packed q (cu_seqlens_q; q and o's batch stride is their row stride): a sequence of exactly one query is decoded at its row, the others are left to the varlen kernel (its blocks return at once); null in other calls
+//     +288  int            query_total      rows functions: rows of q and o; query_rows is clamped to [0, query_total]
 //
 //   shared-memory bank conflicts (worst wavefronts per phase; 1 = conflict-free):
 //     K/V tile store (cp.async, 16 B)                       1  conflict-free
@@ -192,6 +194,8 @@ struct Params {
     int num_pages;  // +264: pages in the k and v pools (paged: k is (num_pages, kv_heads, page_size, head_dim) with batch stride = page stride); a page id outside [0, num_pages) is clamped, never read past
     int page_size;  // +268: keys per page of the k and v pools: a power of two, 1 to MAX_PAGE_SIZE (0: contiguous)
     int page_shift;  // +272: log2(page_size): key j lies in table entry j >> page_shift, row j & (page_size - 1)
+    const void* query_rows;  // +280: int32 (batch + 1,): a serving step's rows functions (`_rows` keys) read sequence b's queries at rows query_rows[b] .. query_rows[b + 1] of a packed q (cu_seqlens_q; q and o's batch stride is their row stride): a sequence of exactly one query is decoded at its row, the others are left to the varlen kernel (its blocks return at once); null in other calls
+    int query_total;  // +288: rows functions: rows of q and o; query_rows is clamped to [0, query_total]
 };
 static_assert(offsetof(Params, q) == 0, "Params.q offset");
 static_assert(offsetof(Params, k) == 8, "Params.k offset");
@@ -234,7 +238,9 @@ static_assert(offsetof(Params, split_counters) == 256, "Params.split_counters of
 static_assert(offsetof(Params, num_pages) == 264, "Params.num_pages offset");
 static_assert(offsetof(Params, page_size) == 268, "Params.page_size offset");
 static_assert(offsetof(Params, page_shift) == 272, "Params.page_shift offset");
-static_assert(sizeof(Params) == 280, "Params size must match attngen/core/abi.py");
+static_assert(offsetof(Params, query_rows) == 280, "Params.query_rows offset");
+static_assert(offsetof(Params, query_total) == 288, "Params.query_total offset");
+static_assert(sizeof(Params) == 296, "Params size must match attngen/core/abi.py");
 
 using elem_t = __nv_bfloat16;
 using elem2_t = __nv_bfloat162;
@@ -500,14 +506,27 @@ static_assert(kMergeBytes <= kStages * kStageStride, "the merge buffer lies over
 static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 feeds two 8-wide tiles at a time");
 constexpr bool kFusedCombine = false;   // the last split block of a group merges it
 
+// A serving step's rows functions: sequence b's queries are rows query_rows[b] .. query_rows[b + 1] of the packed q
+// and o, clamped to [0, query_total] as the varlen kernel clamps its offsets. Its row where it has exactly one query
+// (a decode row: this kernel's), else -1 (the varlen kernel's rows, which nothing here reads or writes).
+__device__ __forceinline__ int step_row(const Params& p, int b) {
+    const int* rows = static_cast<const int*>(p.query_rows);
+    const int end = min(max(rows[b + 1], 0), p.query_total);
+    const int first = min(max(rows[b], 0), end);
+    return end - first == 1 ? first : -1;
+}
+
 // What one block computes. Group row r (of the KV head's group x seqlen_q rows) is query head
 // kv_head * group + r / seqlen_q, new token r % seqlen_q.
 struct DecodeBlock {
     int split, kv_head, row0, batch;   // row0: first group row of the block
     int group, rows;                    // query heads per KV head; group rows of the KV head
     int seqlen;                         // keys of this sequence in the cache
+    int qo_batch;                       // q's and o's batch index: batch, or in a rows function the packed row of the
+                                        // sequence's single query (step_row), -1 where it has several (nothing to do)
 };
 
+template <bool kStepRows = false>
 __device__ __forceinline__ DecodeBlock decode_block(const Params& p) {
     const int group = p.heads / p.kv_heads;
     const int b = blockIdx.z;
@@ -519,7 +538,7 @@ __device__ __forceinline__ DecodeBlock decode_block(const Params& p) {
     }
     return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y) / p.row_blocks,
             static_cast<int>(blockIdx.y) % p.row_blocks * kBlockM, b, group, group * p.seqlen_q,
-            min(max(len, 0), p.seqlen_k)};
+            min(max(len, 0), p.seqlen_k), kStepRows ? step_row(p, b) : b};
 }
 
 // Keys [token_key_begin, token_key_end) are visible to new token t. Masks are bottom-right: the
@@ -553,7 +572,7 @@ __device__ __forceinline__ void load_q(unsigned char* smem, const Params& p, con
         const int row = i / kChunksPerRow, chunk = i % kChunksPerRow, r = c.row0 + row;
         uint4 val = make_uint4(0u, 0u, 0u, 0u);
         if (r < c.rows) {
-            const elem_t* src = static_cast<const elem_t*>(p.q) + c.batch * p.q_batch_stride +
+            const elem_t* src = static_cast<const elem_t*>(p.q) + c.qo_batch * p.q_batch_stride +
                                 (c.kv_head * c.group + r / p.seqlen_q) * p.q_head_stride + (r % p.seqlen_q) * p.q_row_stride;
             val = *reinterpret_cast<const uint4*>(src + chunk * 8);
         }
@@ -859,7 +878,7 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const float
         const int head = c.kv_head * c.group + r / p.seqlen_q, t = r % p.seqlen_q;
         const long long out_row = (static_cast<long long>(c.batch) * p.heads + head) * p.seqlen_q + t;
         if (p.num_splits == 1) {
-            elem_t* out = static_cast<elem_t*>(p.o) + c.batch * p.o_batch_stride + head * p.o_head_stride +
+            elem_t* out = static_cast<elem_t*>(p.o) + c.qo_batch * p.o_batch_stride + head * p.o_head_stride +
                           t * p.o_row_stride + d;
             uint2 pair = make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
             *reinterpret_cast<uint2*>(out) = pair;
@@ -876,7 +895,13 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const float
 constexpr int kSplitsPerLane = 4;  // LSEs a lane holds (max_splits / 32)
 
 // row = (batch * heads + head) * seqlen_q + t, of `rows` in all.
+// kStepRows: o's batch index is the step's packed row of the sequence's single query (step_row); a row of a
+// sequence that has none is the varlen kernel's, and left alone.
+template <bool kStepRows = false>
 __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, int lane) {
+    if constexpr (kStepRows) {
+        if (step_row(p, row / p.seqlen_q / p.heads) < 0) return;
+    }
     constexpr float kLog2e = 1.4426950408889634f;
     // Split s's LSE sits in lane s % 32, slot s / 32.
     float lse[kSplitsPerLane], mx = -INFINITY;
@@ -896,7 +921,8 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
     for (int j = 0; j < kSplitsPerLane; ++j) lse[j] = total == -INFINITY ? 0.f : exp2f((lse[j] - total) * kLog2e);
 
     const int t = row % p.seqlen_q, head = row / p.seqlen_q % p.heads, b = row / p.seqlen_q / p.heads;
-    elem_t* out = static_cast<elem_t*>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + t * p.o_row_stride;
+    const int out_b = kStepRows ? step_row(p, b) : b;
+    elem_t* out = static_cast<elem_t*>(p.o) + out_b * p.o_batch_stride + head * p.o_head_stride + t * p.o_row_stride;
     constexpr int kPairsPerLane = (kHeadDim + 63) / 64;   // column pairs 2 * lane + 64j of the row
     float2 acc[kPairsPerLane];
 #pragma unroll
@@ -940,6 +966,7 @@ __device__ __forceinline__ void combine_row(const Params& p, int row, int rows, 
 // Fused combine: once its partials are visible, each split block counts itself done on its group's
 // counter; the block that completes the count merges the group's rows and resets the counter for
 // the next call.
+template <bool kStepRows>
 __device__ __forceinline__ void combine_if_last(unsigned char* smem, const Params& p, const DecodeBlock& c, int tid) {
     int* last = reinterpret_cast<int*>(smem + kSmem_stats);   // the merge is done with the stats
     __threadfence();   // this thread's partial O and LSE reach L2 before the block counts itself done
@@ -956,18 +983,22 @@ __device__ __forceinline__ void combine_if_last(unsigned char* smem, const Param
     const int rows = p.batch * p.heads * p.seqlen_q, end = min(c.row0 + kBlockM, c.rows);
     for (int r = c.row0 + tid / 32; r < end; r += kComputeWarps) {
         const int head = c.kv_head * c.group + r / p.seqlen_q;
-        combine_row(p, (c.batch * p.heads + head) * p.seqlen_q + r % p.seqlen_q, rows, tid % 32);
+        combine_row<kStepRows>(p, (c.batch * p.heads + head) * p.seqlen_q + r % p.seqlen_q, rows, tid % 32);
     }
 }
 
 // kMerge: this block merges its group's splits when it is the group's last (fused combine).
-template <Mask kMask, bool kMerge = kFusedCombine>
+// kStepRows: a serving step's rows function (step_row): a block of a sequence of several queries returns at once.
+template <Mask kMask, bool kMerge = kFusedCombine, bool kStepRows = false>
 __device__ __forceinline__ void attention(const Params& p) {
     extern __shared__ __align__(128) unsigned char smem[];  // 208384 B: dynamic, opt-in
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    const DecodeBlock c = decode_block(p);
+    const DecodeBlock c = decode_block<kStepRows>(p);
+    if constexpr (kStepRows) {
+        if (c.qo_batch < 0) return;   // the varlen kernel's sequence: its rows are left alone
+    }
     const int n_tiles = (c.seqlen + kBlockN - 1) / kBlockN;
     // Tiles before the one holding token 0's first visible key are never visited (a window's left
     // bound); the splits share the tiles from there on.
@@ -1080,8 +1111,15 @@ __device__ __forceinline__ void attention(const Params& p) {
                           // earlier, where its waiting blocks would sit beside the splits' whole walk
     merge_and_store(smem, o, row_max, row_sum, p, c, tid);
     if constexpr (kMerge) {
-        if (p.num_splits > 1) combine_if_last(smem, p, c, tid);
+        if (p.num_splits > 1) combine_if_last<kStepRows>(smem, p, c, tid);
     }
+}
+
+// A serving step's decode rows (query_rows): the same block at the packed rows of its single-query sequences,
+// functions of their own so that a plain call's kernel keeps its code.
+template <Mask kMask>
+__device__ __forceinline__ void attention_rows(const Params& p) {
+    attention<kMask, kFusedCombine, true>(p);
 }
 
 }  // namespace attngen_h200_decode_d256_softcap_alibi_bf16
@@ -1102,4 +1140,10 @@ extern "C" __global__ void __launch_bounds__(attngen_h200_decode_d256_softcap_al
 attngen_h200_decode_d256_softcap_alibi_bf16_split_window(const attngen_h200_decode_d256_softcap_alibi_bf16::Params p) {
     attngen_h200_decode_d256_softcap_alibi_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
     attngen_h200_decode_d256_softcap_alibi_bf16::attention<attngen_h200_decode_d256_softcap_alibi_bf16::Mask::Window>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(attngen_h200_decode_d256_softcap_alibi_bf16::kThreads, attngen_h200_decode_d256_softcap_alibi_bf16::kMinBlocksPerSm)
+attngen_h200_decode_d256_softcap_alibi_bf16_split_none_rows(const attngen_h200_decode_d256_softcap_alibi_bf16::Params p) {
+    attngen_h200_decode_d256_softcap_alibi_bf16::await_predecessor();   // launched before the kernel ahead ends: nothing it writes is read before this
+    attngen_h200_decode_d256_softcap_alibi_bf16::attention_rows<attngen_h200_decode_d256_softcap_alibi_bf16::Mask::None>(p);
 }

@@ -30,16 +30,23 @@ def test_plan_is_a_two_part_bundle():
     p = make_plan(load_spec(D128))
     assert kind_of(p.spec).calls == "decode"
     split, combine = p.parts
+    # a serving step's decode rows (paged, mask none): functions of their own after the plain ones
     assert [fn for _, fn in split.functions] == ["attngen_h200_decode_d128_split_none",
-                                                 "attngen_h200_decode_d128_split_causal"]
-    assert combine.functions == (("combine", "attngen_h200_decode_d128_combine"),)
+                                                 "attngen_h200_decode_d128_split_causal",
+                                                 "attngen_h200_decode_d128_split_none_rows"]
+    assert combine.functions == (("combine", "attngen_h200_decode_d128_combine"),
+                                 ("combine_rows", "attngen_h200_decode_d128_combine_rows"))
+    assert p.step_rows and {"query_rows", "query_total"} <= set(combine.reads)
+    assert [p.body(key) for key, _ in split.functions] == ["attention", "attention", "attention_rows"]
+    assert [p.mask_cpp[key] for key, _ in split.functions] == ["Mask::None", "Mask::Causal", "Mask::None"]
     assert (combine.static_smem, combine.threads) == (0, 128) and split.static_smem is None
     # each waits for the kernel ahead of it itself (griddepcontrol.wait), so it is launched before that ends:
     # the combine behind its split kernel, the split kernel behind whatever the stream ran before
     assert combine.awaits_predecessor and split.awaits_predecessor
     names = [f.name for f in p.abi.fields]
-    assert names[-12:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks",
-                           "block_table", "table_stride", "split_counters", "num_pages", "page_size", "page_shift"]
+    assert names[-14:] == ["cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split", "row_blocks",
+                           "block_table", "table_stride", "split_counters", "num_pages", "page_size", "page_shift",
+                           "query_rows", "query_total"]
     assert "paged KV: any page size from 1 to 512 keys" in explain(p)
     f = p.fragments
     # each of 4 warps scores 32 of a 128-key tile for all 16 group rows

@@ -423,6 +423,101 @@ def test_a_mixed_step_sends_its_decode_rows_to_the_decode_kernel(torch, monkeypa
                     head_dim ** -0.5, f"d{head_dim} {dtype} mixed, graph replay")
 
 
+def decode_calls(monkeypatch, name: str = "kvcache"):
+    """The decode launches of a step's decode rows, recorded: ("rows", batch, Hq, D) for a rows call in place
+    (DecodeKernel.rows_call), q's shape for a decode call on the rows gathered by tensor ops (library.<name>)."""
+    from attngen.ops import library
+    from attngen.runtime.calls.decode import DecodeKernel
+    calls = []
+    real, rows_call = getattr(library, name), DecodeKernel.rows_call
+    monkeypatch.setattr(library, name, lambda *a, **kw: calls.append(tuple(a[0].shape)) or real(*a, **kw))
+
+    def recorded(self, q, k, v, lens, table, *a, **kw):
+        done = rows_call(self, q, k, v, lens, table, *a, **kw)
+        if done:
+            calls.append(("rows", table.shape[0]) + tuple(q.shape[1:]))
+        return done
+    monkeypatch.setattr(DecodeKernel, "rows_call", recorded)
+    return calls
+
+
+@pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_a_mixed_step_in_place_equals_the_split_by_tensor_ops(torch, monkeypatch, head_dim, dtype, causal):
+    """Without LSE a serving step's decode rows are decoded in place: the paged decode kernel's rows functions read
+    and write them at their packed rows, and the varlen kernel leaves them alone (single_queries_apart). Bit for bit
+    the step split by tensor ops (the same call with LSE), every row within the rule of fp32, at pages of 16 and 256;
+    then from a CUDA graph replayed after the lengths change."""
+    calls = decode_calls(monkeypatch)
+    dt = torch_dtype(torch, dtype)
+    seqs = ((1, 300), (17, 17), (0, 40), (1, 5), (96, 1100), (1, 1), (1, 2049), (3, 64), (0, 9), (1, 4100))
+    q, k, v, cu_q, cu_k, g = packed(torch, seqs, 16, 4, head_dim, dt, seed=31 + causal)
+    used = torch.tensor([s[1] for s in seqs], dtype=torch.int32, device="cuda")
+    for pg in (16, 256):
+        kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], pg, g)
+        with torch.no_grad():
+            o = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 4100, causal=causal, block_table=table,
+                                         seqused_k=used)
+            torch.cuda.synchronize()
+            attngen.check_errors()
+            assert calls == [("rows", len(seqs), 16, head_dim)], (pg, calls)
+            split, _ = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 4100, causal=causal, block_table=table,
+                                                seqused_k=used, return_lse=True)
+        assert calls[1:] == [(len(seqs), 1, 16, head_dim)], (pg, calls)
+        calls.clear()
+        assert torch.equal(o, split), f"pages of {pg}: {(o.float() - split.float()).abs().max().item()}"
+        check_sequences(torch, q, k, v, o, seqs, causal, head_dim ** -0.5, f"d{head_dim} {dtype} in place, pages {pg}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        o_graph = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 4100, causal=causal, block_table=table,
+                                           seqused_k=used)
+    shorter = [max(s[0], min(s[1], s[1] // 3 + 1)) for s in seqs]
+    used.copy_(torch.tensor(shorter, dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    k_short = torch.cat([k[int(cu_k[b]):int(cu_k[b]) + n] for b, n in enumerate(shorter)])
+    v_short = torch.cat([v[int(cu_k[b]):int(cu_k[b]) + n] for b, n in enumerate(shorter)])
+    check_sequences(torch, q, k_short, v_short, o_graph, [(s[0], n) for s, n in zip(seqs, shorter)], causal,
+                    head_dim ** -0.5, f"d{head_dim} {dtype} in place, graph replay")
+
+
+@pytest.mark.parametrize("name", ["h200_decode_d128_bf16", "h200_decode_d128_fused"])
+def test_rows_call_writes_only_the_single_query_rows(torch, name):
+    """DecodeKernel.rows_call alone (a combine-kernel cell, a fused one), into a NaN-filled output: each single-query
+    sequence's row bit for bit the plain decode call on the rows gathered (the same grid and splits), every other
+    row still NaN; with many splits and one, and again through the prepared path; offsets past q clamped."""
+    kernel = attngen.load(ROOT / "specs" / f"{name}.yaml", synchronize=True)
+    dt = torch.bfloat16 if name.endswith("bf16") else torch.float16
+    for keys in (9000, 16):    # many splits; a capacity of one tile, one split
+        seqs = ((1, 300), (17, 17), (0, 40), (1, 5), (96, 1100), (1, 1), (1, 2049), (3, 64), (1, 9000))
+        seqs = tuple((sq, min(sk, keys)) for sq, sk in seqs)
+        q, k, v, cu_q, cu_k, g = packed(torch, seqs, 32, 8, 128, dt, seed=7 + keys)
+        kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], 16, g, extra_cols=0)
+        used = torch.tensor([s[1] for s in seqs], dtype=torch.int32, device="cuda")
+        single = torch.tensor([s[0] == 1 for s in seqs], device="cuda")
+        rows = cu_q[:-1].long()
+        for round_ in range(2):    # the second call takes the prepared path
+            out = torch.full_like(q, float("nan"))
+            assert kernel.rows_call(q, kp, vp, used, table, cu_q, out)
+            torch.cuda.synchronize()
+            attngen.check_errors()
+            gathered = q[torch.where(single, rows, 0)].unsqueeze(1)
+            plain = kernel(gathered, kp, vp, cache_seqlens=torch.where(single, used, 0), block_table=table,
+                           layout="bshd").squeeze(1)
+            assert torch.equal(out[rows[single]], plain[single]), (keys, round_)
+            rest = torch.ones(q.shape[0], dtype=torch.bool, device="cuda")
+            rest[rows[single]] = False
+            assert torch.isnan(out[rest]).all(), (keys, round_)
+    # offsets past q's rows: clamped like the varlen kernel's, nothing written outside out
+    cut = cu_q.clone()
+    cut[-2:] = q.shape[0] + 5
+    out = torch.full_like(q, float("nan"))
+    assert kernel.rows_call(q, kp, vp, used, table, cut, out)
+    torch.cuda.synchronize()
+    assert torch.equal(out[rows[single][:-1]], plain[single][:-1])
+    assert torch.isnan(out[rows[single][-1]]).all()    # the last sequence lost its row to the clamp
+
+
 @pytest.mark.parametrize("head_dim,dtype", CELLS, ids=[f"d{d}-{t}" for d, t in CELLS])
 def test_a_prefill_of_equal_chunks_skips_the_split(torch, monkeypatch, head_dim, dtype):
     """A paged step whose q holds batch x max_seqlen_q rows (max_seqlen_q >= 2) has no decode row: no decode launch,
@@ -472,10 +567,7 @@ def test_a_mixed_step_with_score_modifiers(torch, monkeypatch, head_dim, dtype, 
     modifiers where it runs them at the head dim (once, for every single-query sequence), else stay in the
     varlen kernel; every row within the rule of the fp32 reference with the modifiers, and the prefill rows
     bit for bit the varlen kernel's alone."""
-    from attngen.ops import library
-    calls = []
-    real = library.kvcache_variant
-    monkeypatch.setattr(library, "kvcache_variant", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    calls = decode_calls(monkeypatch, "kvcache_variant")
     dt = torch_dtype(torch, dtype)
     seqs = ((1, 300), (17, 17), (0, 40), (1, 5), (96, 1100), (1, 1), (1, 2049), (3, 64))
     q, k, v, cu_q, cu_k, g = packed(torch, seqs, 16, 4, head_dim, dt, seed=21 + head_dim)
@@ -491,8 +583,10 @@ def test_a_mixed_step_with_score_modifiers(torch, monkeypatch, head_dim, dtype, 
                                      **kw)
     torch.cuda.synchronize()
     attngen.check_errors()
-    # once for the decode rows (a call that joins sinks calls itself again without them)
-    assert (calls[:1] == [(len(seqs), 1, 16, head_dim)]) if splits else not calls, calls
+    # once for the decode rows: in place, or (a call that joins sinks after the decode kernel of the others, which
+    # calls itself again without them) on the rows gathered by tensor ops
+    assert calls[:1] in ([("rows", len(seqs), 16, head_dim)], [(len(seqs), 1, 16, head_dim)]) if splits else \
+        not calls, calls
     check_sequences(torch, q, k, v, o, seqs, True, head_dim ** -0.5, f"d{head_dim} {dtype} mixed",
                     modifiers=modifiers_of(kw))
     # the paged cell's own packed path (packed varlen calls may be served by another cell)

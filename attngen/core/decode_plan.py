@@ -11,7 +11,7 @@ from .append_abi import APPEND_ABI_FIELDS, APPEND_FIELDS
 from .forward_plan import ForwardPlan
 # The split arithmetic (the heuristic, split_key, merges_in_kernel) lives in core.launch_rules: the
 # runtime's LaunchPlan runs it too.
-from .launch_rules import MERGING, merges_in_kernel, split_key
+from .launch_rules import MERGING, STEP_ROWS, merges_in_kernel, split_key
 
 DECODE_ABI_FIELDS = (
     pointer("cache_seqlens", "int32 (batch,): keys of each sequence in the cache; null: seqlen_k for all",
@@ -35,9 +35,16 @@ DECODE_ABI_FIELDS = (
           default=0),
     int32("page_shift", "log2(page_size): key j lies in table entry j >> page_shift, row j & (page_size - 1)",
           default=0),
+    pointer("query_rows", "int32 (batch + 1,): a serving step's rows functions (`_rows` keys) read sequence b's "
+            "queries at rows query_rows[b] .. query_rows[b + 1] of a packed q (cu_seqlens_q; q and o's batch stride "
+            "is their row stride): a sequence of exactly one query is decoded at its row, the others are left to "
+            "the varlen kernel (its blocks return at once); null in other calls", optional=True),
+    int32("query_total", "rows functions: rows of q and o; query_rows is clamped to [0, query_total]", default=0),
 )
 # The fields only a paged cache needs: a contiguous-only plan's Params leaves them out.
 PAGE_FIELDS = ("block_table", "table_stride", "num_pages", "page_size", "page_shift")
+# The fields only a plan with a serving step's rows functions reads (DecodePlan.step_rows); others leave them out.
+STEP_ROW_FIELDS = ("query_rows", "query_total")
 # One list: the append fields come last, so every other field keeps its offset in any plan.
 DECODE_ABI_FIELDS = DECODE_ABI_FIELDS + APPEND_ABI_FIELDS
 # The fields only an e4m3 KV cache needs, after DECODE_ABI_FIELDS in its plan's Params; a plan of fp16/bf16
@@ -90,6 +97,9 @@ class DecodePlan(ForwardPlan):
                                       # a contiguous run of tiles_per_split tiles
     row_mods_per_tile: bool = False  # the score modifiers' per-row values (RowMods) are made again at every tile
                                     # instead of held across the key loop (registers: kinds' row_mods_per_tile)
+    step_rows: bool = False         # the split part (and the combine part) also has rows functions (`_rows` keys) of
+                                    # mask none: a serving step's single-query sequences decoded in place in its packed
+                                    # q and o (query_rows), the varlen kernel taking the others in the same output
 
     @classmethod
     def of(cls, plan: ForwardPlan, **decode) -> "DecodePlan":
@@ -125,16 +135,19 @@ class DecodePlan(ForwardPlan):
         """The split part has a merging function per mask beside the plain one (combine: auto)."""
         return self.combine == "auto"
 
-    def split_key(self, mask: str, splits: int) -> str:
-        """The split function a call of `splits` slices launches for `mask`."""
-        return split_key(self.combine, mask, splits)
+    def split_key(self, mask: str, splits: int, step_rows: bool = False) -> str:
+        """The split function a call of `splits` slices launches for `mask` (step_rows: its rows function)."""
+        return split_key(self.combine, mask, splits, step_rows)
 
     def merges_in_kernel(self, splits: int) -> bool:
         """The split kernel a call launches merges the splits itself (no combine launch)."""
         return merges_in_kernel(self.combine, splits)
 
     def body(self, key: str) -> str:
-        return "attention_merging" if is_merging(key) else super().body(key)
+        """The C++ function a split entry point runs: attention, attention_merging, or their rows twins."""
+        plain = STEP_ROWS.mask(key)
+        body = "attention_merging" if is_merging(plain) else super().body(plain)
+        return body + "_rows" if is_rows(key) else body
 
     def expression_lines(self) -> list[str]:
         """A decode block's rows are several heads' new tokens: the expressions run per row (its head,
@@ -153,7 +166,7 @@ class DecodePlan(ForwardPlan):
         return lines
 
     def key_mask(self, key: str) -> str:
-        return merged_mask(key)
+        return merged_mask(STEP_ROWS.mask(key))
 
     @property
     def combine_part(self):
@@ -162,4 +175,5 @@ class DecodePlan(ForwardPlan):
 
 
 is_merging = MERGING.has
+is_rows = STEP_ROWS.has            # a serving step's rows function (split or combine)
 merged_mask = MERGING.mask        # the mask of a split function key, merging or plain

@@ -151,10 +151,18 @@ MERGING = KeySuffix("_merging")   # function key (and name) suffix of a mask's m
 merging_key = MERGING.key
 
 
-def split_key(combine: str, mask: str, splits: int) -> str:
+# A serving step's decode rows (core.decode_plan.STEP_ROW_FIELDS): function key (and name) suffix of the split and combine
+# functions that read each sequence's single query at its packed row (query_rows) and write its output there.
+STEP_ROWS = KeySuffix("_rows")
+rows_key = STEP_ROWS.key
+
+
+def split_key(combine: str, mask: str, splits: int, step_rows: bool = False) -> str:
     """The split function a decode call of `splits` slices launches for `mask` (`combine`: the
-    plan's; auto has a merging function per mask beside the plain one)."""
-    return merging_key(mask) if splits > 1 and combine == "auto" else mask
+    plan's; auto has a merging function per mask beside the plain one); step_rows: a serving step's
+    decode rows function of that mask."""
+    key = merging_key(mask) if splits > 1 and combine == "auto" else mask
+    return rows_key(key) if step_rows else key
 
 
 def merges_in_kernel(combine: str, splits: int) -> bool:

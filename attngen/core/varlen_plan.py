@@ -54,5 +54,8 @@ PAGED_VARLEN_ABI_FIELDS = (
           default=0),
     int32("page_size", "keys per page: a power of two, 1 to 512", default=0),
     int32("page_shift", "log2(page_size)", default=0),
+    int32("single_queries_apart", "paged calls: 1 where a serving step's decode rows (sequences of exactly one "
+          "query) are the paged decode kernel's, which writes them into the same output (its rows functions): "
+          "this kernel leaves them alone; 0: every sequence is this kernel's", default=0),
 )
 PAGED_VARLEN_FIELDS = tuple(f.name for f in PAGED_VARLEN_ABI_FIELDS)

@@ -515,6 +515,11 @@ def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, sequse
     and reads its keys once. Offsets past q's rows are clamped (the varlen kernel clamps them too).
     `variants`: (softcap, alibi_slopes, sinks) of a call with score modifiers, which both kernels apply (a
     single query at the end of its keys sees ALiBi's offset and softcap as the varlen kernel's row)."""
+    if not return_lse and seqused_k is not None:
+        out = _step_in_place(kernel, q, k, v, cu_seqlens_q, block_table, seqused_k, max_seqlen_q, causal, alignment,
+                             scale, variants)
+        if out is not None:
+            return out
     # Each torch op here costs the host several microseconds on every layer of a step: scalars stand in for
     # zero tensors, and the varlen kernel's blocks take the caller's lengths' longest-first order (computed
     # once per step for all layers: SequenceOrders), not one of the lengths made here per call.
@@ -548,6 +553,55 @@ def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, sequse
         lse_all[:, :total_q] = lse
     lse_all.index_copy_(1, rows, decoded[1].view(batch, heads).t())
     return out[:total_q], lse_all[:, :total_q].contiguous()
+
+
+_STEP_DECODE: dict = {}   # (device, dtype, q shape, pool shape, table shape, score modifiers) -> decode kernel or None
+
+
+def _step_in_place(kernel, q, k, v, cu_seqlens_q, block_table, seqused_k, max_seqlen_q, causal, alignment, scale,
+                   variants):
+    """_mixed_step without tensor ops: the paged decode kernel's rows functions (DecodeKernel.rows_call) read each
+    single-query sequence's query at its row of q and write its output at that row of one output, and the varlen
+    kernel (single_queries_apart) the other sequences' rows of it. Two launches, nothing copied; no LSE. None, having
+    launched nothing, where the table's decode kernel for the step has no rows functions (or pads the head dim, or
+    joins sinks after it), or its rows call does not fit (the caller then splits the step with tensor ops)."""
+    softcap, alibi_slopes, sinks = variants or (None, None, None)
+    decode = _step_decode(q, k, v, block_table, call_scores(softcap, alibi_slopes, sinks), sinks is not None)
+    if decode is None:
+        return None
+    out = q.new_empty(q.shape)
+    if not decode.rows_call(q, k, v, seqused_k, block_table, cu_seqlens_q, out, scale=scale, softcap=softcap,
+                            alibi_slopes=alibi_slopes, sinks=sinks):
+        return None
+    if kernel is not None:
+        kernel.varlen(q, k, v, cu_seqlens_q, None, max_seqlen_q=max_seqlen_q, causal=causal, alignment=alignment,
+                      scale=scale, block_table=block_table, seqused_k=seqused_k, out=out, softcap=softcap,
+                      alibi_slopes=alibi_slopes, sinks=sinks, single_queries_apart=True)
+    return out
+
+
+def _step_decode(q, k, v, block_table, scores: str, sinks: bool):
+    """The paged decode kernel of a step's decode rows (the one _mixed_step's decode call takes: mask none, the
+    step's score modifiers, (batch, 1, Hq, D) queries) where it has rows functions and serves the head dim and the
+    sinks itself; else None (also where the step has more sequences than query rows). Kept per shape."""
+    batch = block_table.shape[0]
+    if not 1 <= batch <= q.shape[0]:
+        return None
+    key = (q.get_device(), q.dtype, q.shape[1:], batch, k.shape, v.shape[-1], block_table.shape, scores, sinks)
+    if key in _STEP_DECODE:
+        return _STEP_DECODE[key]
+    decode = None
+    if not _decode_padding(q, v, "none", scores, True) and not (
+            sinks and DISPATCH.sinks_apart("decode", key[0], q.dtype, q.shape[-1], _head_dim_v(q, v), "none", scores,
+                                           True)):
+        rows = q.as_strided((batch, 1) + tuple(q.shape[1:]), (q.stride(0),) + tuple(q.stride()))
+        decode = _decode_kernel(rows, k, block_table, "none", "bshd", scores, head_dim_v=_head_dim_v(q, v))
+        if not getattr(decode.plan, "step_rows", False):
+            decode = None
+    if len(_STEP_DECODE) >= 4096:
+        _STEP_DECODE.clear()
+    _STEP_DECODE[key] = decode
+    return decode
 
 
 _BACKWARD: dict = {}    # (device, dtype, head_dim, mask, scores, seqlen_q, V head_dim) -> kernel

@@ -31,7 +31,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
+from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, PAGE_FIELDS, STEP_ROW_FIELDS, DecodePlan
 from ...core.forward_plan import ELEMENT_TYPES, FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.launch_rules import MAX_PAGE_SIZE, MAX_SPLITS, WIDE_COMBINE, WIDE_COMBINE_MIN_SPLITS, split_rule_text
@@ -468,7 +468,8 @@ def plan(spec: DecodeMlaSpec, file: str | None = None):
     # are contiguous; no append, no combine counters.
     # The causal offset is each sequence's own (its length), so the masks' fields are not read either.
     unread = ("v", "v_batch_stride", "v_head_stride", "v_row_stride", "lse_batch_stride", "lse_head_stride",
-              "split_counters") + APPEND_FIELDS + tuple(f.name for m in p.mask_variants for f in m.abi_fields)
+              "split_counters") + APPEND_FIELDS + STEP_ROW_FIELDS + tuple(f.name for m in p.mask_variants
+                                                                          for f in m.abi_fields)
     if not spec.paged:
         unread += PAGE_FIELDS
     abi = plan_abi(p.mask_variants, varlen=False, reports_errors=True, unread=unread,

@@ -19,11 +19,12 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ...core import banks
-from ...core.decode_plan import APPEND_FIELDS, DECODE_ABI_FIELDS, KV_SCALE_ABI_FIELDS, PAGE_FIELDS, DecodePlan
+from ...core.decode_plan import (APPEND_FIELDS, DECODE_ABI_FIELDS, KV_SCALE_ABI_FIELDS, PAGE_FIELDS, STEP_ROW_FIELDS,
+                                 DecodePlan, merged_mask)
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.launch_rules import (MAX_PAGE_SIZE, MAX_SPLITS, TWO_STAGE_CO_RESIDENT_MIN_TILES, merging_key,
-                                  split_rule_text)
+                                  rows_key, split_rule_text)
 from ...core.layout import CHUNK_BYTES, Occupancy, Region
 from ...core.spec_keys import ForwardSpec, HomogeneousWarps, XorSwizzle, refuse, rule_head_dim_vector_loads
 from ...core.variants import SCORES
@@ -341,17 +342,30 @@ def stats_region(spec: DecodeSpec) -> list[Region]:
                                "(page x page stride + row in page x row stride)")]
 
 
+def takes_step_rows(spec: DecodeSpec) -> bool:
+    """The spec has a serving step's rows functions (DecodePlan.step_rows): a paged cache of the queries' own
+    dtype, no append, mask none among its masks and no expression, which a step's decode rows are (one query
+    at the end of its keys sees every key under a bottom-right causal mask)."""
+    return spec.paged and not spec.append and not spec.kv_dtype and "none" in spec.masks and spec.variant is None
+
+
 def function_names(spec: DecodeSpec) -> tuple[Part, ...]:
-    """The split part (with combine: auto, a merging function per mask after the plain ones), and
-    the combine part unless the split kernel merges the splits itself."""
+    """The split part (with combine: auto, a merging function per mask after the plain ones; then a serving
+    step's rows functions of mask none), and the combine part unless the split kernel merges the splits itself
+    (its rows function after the plain one)."""
     keys = list(spec.masks) + ([merging_key(m) for m in spec.masks] if spec.combine == "auto" else [])
+    rows = takes_step_rows(spec)
+    if rows:
+        keys += [rows_key(key) for key in keys if merged_mask(key) == "none"]
     split = (Part("split", "split.cu.j2", f"{spec.name}_split.cu",
                   tuple((key, f"attngen_{spec.name}_split_{key}") for key in keys), awaits_predecessor=True),)
     if spec.combine != "kernel":
         return split
+    combine = ("combine",) + ((rows_key("combine"),) if rows else ())
     return split + (Part("combine", "combine.cu.j2", f"{spec.name}_combine.cu",
-                         (("combine", f"attngen_{spec.name}_combine"),), static_smem=0, threads=32 * COMBINE_WARPS,
-                         reads=COMBINE_READS + combine_variant_reads(spec), awaits_predecessor=True),)
+                         tuple((key, f"attngen_{spec.name}_{key}") for key in combine), static_smem=0,
+                         threads=32 * COMBINE_WARPS, reads=COMBINE_READS + (STEP_ROW_FIELDS if rows else ())
+                         + combine_variant_reads(spec), awaits_predecessor=True),)
 
 
 def combine_variant_reads(spec: DecodeSpec) -> tuple[str, ...]:
@@ -411,6 +425,8 @@ def plan(spec: DecodeSpec, file: str | None = None):
                                          # num_splits-th tile
     if not spec.paged:
         unread += PAGE_FIELDS   # contiguous caches only: no table, pool or page size
+    if not takes_step_rows(spec):
+        unread += STEP_ROW_FIELDS   # no rows functions: the struct of the kernels before they existed
     if not spec.append:
         unread += APPEND_FIELDS   # no new tokens: the struct and code of the kernels before append existed
     abi = plan_abi(p.mask_variants, varlen=False, reports_errors=True, unread=unread, scores=p.score_variants,
@@ -426,6 +442,7 @@ def plan(spec: DecodeSpec, file: str | None = None):
                          co_resident_blocks=co_resident,
                          co_resident_min_tiles=co_resident_min_tiles(spec, co_resident),
                          kv_dtype=spec.kv_dtype or "", kv_mma=spec.kv_mma or "", kv_pitch_bytes=kv_pitch(spec) if spec.kv_dtype else 0,
+                         step_rows=takes_step_rows(spec),
                          copy_engine="cp.async ring (16-byte chunks), every warp copies")
 
 

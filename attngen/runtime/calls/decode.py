@@ -12,7 +12,7 @@ import threading
 
 from ...core.append_abi import APPEND_FIELDS
 from ...core.launch_rules import (COMBINE_KERNEL_MIN_SLICE_TILES, MAX_PAGE_SIZE, WIDE_COMBINE, WIDE_COMBINE_MIN_SPLITS,
-                                  launches_alone, lone_block_smem, num_splits, page_shift, row_blocks,
+                                  launches_alone, lone_block_smem, num_splits, page_shift, row_blocks, rows_key,
                                   split_blocks_per_sm, visited_tiles)
 from ...core.constants import LOG2E
 from ...core.variants import BOTTOM_RIGHT
@@ -27,7 +27,7 @@ POINTERS = ("q", "k", "v", "o", "lse", "cache_seqlens", "o_accum", "lse_accum", 
 CONTIGUOUS_POINTERS = tuple(name for name in POINTERS if name != "block_table")
 PER_CALL = ATTENTION_FIELDS + ("errors", "cache_seqlens", "o_accum", "lse_accum", "num_splits", "tiles_per_split",
                                "row_blocks", "split_counters", "block_table", "table_stride", "num_pages",
-                               "page_size", "page_shift") + APPEND_FIELDS
+                               "page_size", "page_shift", "query_rows", "query_total") + APPEND_FIELDS
 MAX_KEYS = 2 ** 31 - 1          # keys are 32-bit in the kernel: a paged cache's capacity (pages x page size)
 # An e4m3 cache's spec (kv_dtype: e4m3) adds its scales (core.decode_plan.KV_SCALE_FIELDS) after these.
 KV_SCALE_POINTERS = ("k_scale", "v_scale")
@@ -107,6 +107,8 @@ class DecodeKernel(Kernel):
         self._pointers = self.plan.abi.patch((POINTERS if self._paged else CONTIGUOUS_POINTERS)
                                              + (KV_SCALE_POINTERS if self._kv8 else ())
                                              + (APPEND_POINTERS if self._append else ()))
+        # a serving step's rows calls (plan.step_rows: paged, no e4m3 scales, no append) patch its offsets too
+        self._rows_pointers = self.plan.abi.patch(POINTERS + ("query_rows",)) if self.plan.step_rows else None
         self._scale_tensors = {}     # (device, value) -> one-element fp32 tensor of a scale given as a number
         self._workspaces = {}        # (device, stream, thread) -> fp32 split partials
         self._counter_buffers = {}   # (device, stream) -> zeroed int32 split counters (fused combine)
@@ -168,6 +170,46 @@ class DecodeKernel(Kernel):
         if (qp | kp | vp) % LOAD_BYTES:
             return None
         return self._prepared_call(prepared, q, qp, kp, vp, None, None, return_lse)
+
+    def rows_call(self, q, k_cache, v_cache, cache_seqlens, block_table, query_rows, out, *, scale: float | None = None,
+                  softcap: float | None = None, alibi_slopes=None, sinks=None) -> bool:
+        """A serving step's decode rows, in place (a spec with step_rows): q (total_q, Hq, D) and out (total_q, Hq, Dv)
+        are packed by query_rows (cu_seqlens_q, int32 (batch + 1,)); each sequence with exactly one query is decoded
+        over its cache_seqlens[b] keys in block_table's pages (pools in FlashAttention's varlen layout, (num_pages,
+        page_size, Hkv, D)) and its output written at its row of out. Rows of other sequences are neither read nor
+        written: a paged varlen call with single_queries_apart writes them. No LSE. Returns False, launching nothing,
+        where the call does not fit the rows functions (the caller then splits the step with tensor ops): no
+        such functions, more sequences than rows, or rows not 16-byte apart."""
+        if self._rows_pointers is None:
+            return False
+        try:
+            key = ("rows", layout_key(q), layout_key(out), layout_key(k_cache), layout_key(v_cache),
+                   layout_key(cache_seqlens), layout_key(block_table), layout_key(query_rows), scale,
+                   variant_key(None, softcap, alibi_slopes, None, sinks))
+            prepared = self._prepared.get(key)
+        except (AttributeError, TypeError):
+            return False
+        if prepared is not None:
+            qp, kp, vp, op = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
+            if not (qp | kp | vp | op) % LOAD_BYTES:
+                self._prepared_call(prepared, None, qp, kp, vp, cache_seqlens, block_table, False,
+                                    (query_rows.data_ptr(),), out)
+                return True
+        tensor = self._tensor_type
+        if not (isinstance(block_table, tensor) and block_table.dim() == 2 and q.dim() == 3
+                and out.dim() == 3 and out.shape[:2] == q.shape[:2] and 1 <= block_table.shape[0] <= q.shape[0]
+                and not any(n % 8 for n in q.stride()[:2] + out.stride()[:2]) and isinstance(query_rows, tensor)
+                and query_rows.dtype == self._torch.int32 and query_rows.shape == (block_table.shape[0] + 1,)
+                and query_rows.is_contiguous() and query_rows.device == q.device):
+            return False
+        # (batch, 1, Hq, D) views whose batch stride is the packed row stride: the rows functions address sequence
+        # b's q and o at its row query_rows[b] (step_row), never at b; a view stays within q's and out's rows.
+        batch = block_table.shape[0]
+        qv = q.as_strided((batch, 1) + tuple(q.shape[1:]), (q.stride(0),) + tuple(q.stride()))
+        ov = out.as_strided((batch, 1) + tuple(out.shape[1:]), (out.stride(0),) + tuple(out.stride()))
+        self._first_call(qv, k_cache, v_cache, cache_seqlens, block_table, False, scale, None, False, "bshd", ov,
+                         False, key, (None, softcap, alibi_slopes, None, sinks), step=(query_rows, q.shape[0]))
+        return True
 
     def _append_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
                      layout, out, validate, variants, variant_values, kv_scales, append):
@@ -232,14 +274,15 @@ class DecodeKernel(Kernel):
         held = self._scale_tensors.get((index, float(value)))
         return None if held is None else held.data_ptr()
 
-    def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse, tail=()):
+    def _prepared_call(self, prepared, q, qp, kp, vp, cache_seqlens, block_table, return_lse, tail=(), out=None):
         """A prepared call's launch on these tensors; `tail`: the addresses its patch takes after the cache's (an e4m3
-        cache's scales, or an append's new tokens and arguments)."""
+        cache's scales, an append's new tokens and arguments, or a rows call's offsets); out: a rows call's."""
         lse_shape, accum, counters, splits = prepared.extra
         index = prepared.info.index
         if self._v_in_k and vp != kp:
             self._check_v_in_k(kp, vp)
-        out = self._new_output(q)
+        if out is None:
+            out = self._new_output(q)
         lse = q.new_empty(lse_shape, dtype=self._torch.float32) if return_lse else None
         o_accum = lse_accum = 0
         held = held_counters = None     # temporaries of a captured call, alive until its launches are queued
@@ -259,8 +302,10 @@ class DecodeKernel(Kernel):
         return (out, lse) if return_lse else out
 
     def _first_call(self, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
-                    layout, out, validate, key, variants, kv_scales=(None, None), append=(None,) * 6 + (True,)):
-        """Every check, the split count and the Params of a call; remembered under `key`."""
+                    layout, out, validate, key, variants, kv_scales=(None, None), append=(None,) * 6 + (True,),
+                    step=None):
+        """Every check, the split count and the Params of a call; remembered under `key`. step: (query_rows,
+        total rows) of a rows call (rows_call), which launches the rows functions and is remembered with its out."""
         if self._kv8:
             index, qs, ks, vs = self._e4m3_inputs(layout, q, k_cache, v_cache)
         else:
@@ -348,20 +393,23 @@ class DecodeKernel(Kernel):
                   heads * seqlen_q, seqlen_q, batch, heads, kv_heads, seqlen_q, capacity,
                   mask_values.pop("scale_log2", scale * LOG2E), error_word(index), lens_ptr, o_accum, lse_accum,
                   splits, tiles_per_split, blocks_per_row, counters_ptr, table_ptr,
-                  block_table.stride(0) if paged else 0, pool if paged else 0, page, shift, *appended]
+                  block_table.stride(0) if paged else 0, pool if paged else 0, page, shift,
+                  step[0].data_ptr() if step else 0, step[1] if step else 0, *appended]
         values += list(scale_values)
         values += [mask_values.get(f.name, f.default) for f in self._mask_fields]
-        launches = [(self.entry[self.plan.split_key(mask, splits)], (splits, kv_heads * blocks_per_row, batch))]
+        launches = [(self.entry[self.plan.split_key(mask, splits, step is not None)],
+                     (splits, kv_heads * blocks_per_row, batch))]
         if splits > 1 and not merges:
-            launches.append(self._combine_launch(splits, batch * heads * seqlen_q))
+            launches.append(self._combine_launch(splits, batch * heads * seqlen_q, step is not None))
         launched = self._alone(info, self._launches(info, *launches))
-        prepared = Prepared(info, launched, self._decode.pack(values), self._pointers,
-                            ((batch, heads, seqlen_q), accum, counters, splits))
-        if out_given is None:
+        prepared = Prepared(info, launched, self._decode.pack(values), self._pointers if step is None else
+                            self._rows_pointers, ((batch, heads, seqlen_q), accum, counters, splits))
+        if out_given is None or step is not None:
             self._remember(key, prepared)
         self._run(prepared, tuple(values[:5]) + ((lens_ptr, o_accum, lse_accum, table_ptr, counters_ptr) if self._paged
                                                  else (lens_ptr, o_accum, lse_accum, counters_ptr))
-                  + tuple(scale_values[:2]) + (tuple(appended[i] for i in APPEND_POINTER_VALUES) if self._append else ()))
+                  + tuple(scale_values[:2]) + (tuple(appended[i] for i in APPEND_POINTER_VALUES) if self._append else ())
+                  + ((step[0].data_ptr(),) if step else ()))
         del held, held_counters
         self.last_splits = splits
         return (out, lse) if return_lse else out
@@ -383,12 +431,14 @@ class DecodeKernel(Kernel):
             return ((fn._replace(smem_dynamic=alone), handle, grid),) + launches[1:]
         return launches
 
-    def _combine_launch(self, splits: int, rows: int) -> tuple[str, tuple[int, int, int]]:
+    def _combine_launch(self, splits: int, rows: int, step_rows: bool = False) -> tuple[str, tuple[int, int, int]]:
         """The combine function and grid that merge `splits` slices of `rows` output rows: the part's wide
-        function from WIDE_COMBINE_MIN_SPLITS splits where it has one, else its first."""
+        function from WIDE_COMBINE_MIN_SPLITS splits where it has one, else its first (step_rows: its rows
+        function, a serving step's decode rows)."""
         wide = self.plan.combine_wide_slices and splits >= WIDE_COMBINE_MIN_SPLITS
-        functions = self.plan.combine_part.functions
-        combine = self.functions[dict(functions)[WIDE_COMBINE] if wide else functions[0][1]]
+        functions = dict(self.plan.combine_part.functions)
+        combine = self.functions[functions[rows_key("combine")] if step_rows else functions[WIDE_COMBINE] if wide
+                                 else self.plan.combine_part.functions[0][1]]
         per_block = combine.threads // 32   # one output row per warp
         return combine.name, (-(-rows // per_block), self.plan.combine_wide_slices if wide else self.plan.combine_slices, 1)
 

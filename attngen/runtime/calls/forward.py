@@ -31,12 +31,14 @@ class ForwardKernel(Kernel):
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int | None = None, causal: bool = False,
                alignment: str | None = None, scale: float | None = None, return_lse: bool = False, out=None,
                lse_out=None, validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
-               params: dict | None = None, sinks=None, block_table=None, seqused_k=None, order_by=None):
+               params: dict | None = None, sinks=None, block_table=None, seqused_k=None, order_by=None,
+               single_queries_apart: bool = False):
         """Attention over varlen sequences of different lengths (see attngen.runtime.calls.varlen.varlen_call):
         q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1); returns o
         shaped like q, or (o, lse) with lse fp32 (Hq, total_q). With block_table (a spec with paged: true),
         k and v are page pools (num_pages, page_size, Hkv, D) and seqused_k (or cu_seqlens_k) gives each
-        sequence's keys (attngen.runtime.calls.varlen.paged_varlen_call)."""
+        sequence's keys (attngen.runtime.calls.varlen.paged_varlen_call); single_queries_apart leaves its
+        sequences of one query to the paged decode kernel (DecodeKernel.rows_call), which writes them into out."""
         if block_table is not None:
             if params:
                 raise ValueError("a paged varlen call takes no expression params: paged specs have no expression "
@@ -45,7 +47,10 @@ class ForwardKernel(Kernel):
                                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, causal=causal,
                                      alignment=alignment, scale=scale, return_lse=return_lse, out=out,
                                      lse_out=lse_out, validate=validate, window=window, softcap=softcap,
-                                     alibi_slopes=alibi_slopes, sinks=sinks, order_by=order_by)
+                                     alibi_slopes=alibi_slopes, sinks=sinks, order_by=order_by,
+                                     single_queries_apart=single_queries_apart)
+        if single_queries_apart:
+            raise ValueError("single_queries_apart is read with block_table (paged K/V) only")
         if order_by is not None:
             raise ValueError("order_by is read with block_table (paged K/V) only")
         if seqused_k is not None:

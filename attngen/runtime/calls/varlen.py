@@ -168,7 +168,7 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
                       max_seqlen_q: int | None = None, causal: bool = False, alignment: str | None = None,
                       scale: float | None = None, return_lse: bool = False, out=None, lse_out=None,
                       validate: bool = False, window=None, softcap: float | None = None, alibi_slopes=None,
-                      sinks=None, order_by=None):
+                      sinks=None, order_by=None, single_queries_apart: bool = False):
     """Varlen attention whose keys lie in page pools (a spec with `paged: true`), as FlashAttention's
     flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ..., block_table=, seqused_k=).
 
@@ -187,7 +187,9 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     masks include window); softcap, alibi_slopes and sinks as there, for a spec whose scores take them
     (ALiBi's offset from each sequence's own key count). order_by=(seqused_k, cu_seqlens_k): the key counts
     whose longest-first order the blocks take (default this call's; a serving step passes the caller's, which
-    every layer shares, so one order serves them all); the order changes the schedule, never the result."""
+    every layer shares, so one order serves them all); the order changes the schedule, never the result.
+    single_queries_apart: the call's sequences of exactly one query are left alone (neither read nor written):
+    a serving step's decode rows, which the paged decode kernel's rows call writes into the same out."""
     torch = kernel._torch
     order_seqused, order_cu = (seqused_k, cu_seqlens_k) if order_by is None else \
         order_by if isinstance(order_by, tuple) and len(order_by) == 2 else (None, None)   # refused below
@@ -201,7 +203,7 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
                    layout_key(block_table), None if seqused_k is None else layout_key(seqused_k),
                    None if cu_seqlens_k is None else layout_key(cu_seqlens_k), max_seqlen_q, causal, alignment,
                    scale, return_lse, variant_key(window, softcap, alibi_slopes, None, sinks),
-                   None if out is None else layout_key(out))
+                   None if out is None else layout_key(out), bool(single_queries_apart))
             prepared = kernel._prepared.get(key)
         except (AttributeError, TypeError):
             key = prepared = None
@@ -328,7 +330,7 @@ def paged_varlen_call(kernel, q, k, v, cu_seqlens_q, block_table, *, seqused_k=N
     for f in kernel._mask_fields:
         values.append(mask_values.get(f.name, f.default))
     values += [block_table.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0, sk[0], sv[0],
-               block_table.stride(0), block_table.shape[1], num_pages, page, shift]
+               block_table.stride(0), block_table.shape[1], num_pages, page, shift, int(bool(single_queries_apart))]
     shape_maps = paged_maps(kernel, q, k, v, out, page)
     maps = shape_maps.values(tuple(values[:4])) if shape_maps is not None else ()
     pointers = PAGED_POINTER_VALUES(values) + maps
