@@ -100,6 +100,7 @@ class LaunchPlan(NamedTuple):
     kv_dtype: str = ""              # decode: the caches' element type where it is not the queries' ("e4m3")
     append: bool = False            # decode: the kernel writes a call's new tokens into the cache (append cells)
     v_in_k: bool = False            # decode: V is the first v_dim columns of each K row (one latent cache)
+    step_rows: bool = False         # decode: rows functions of a serving step's decode rows (DecodePlan.step_rows)
     combine_slices: int = 1         # decode: warps sharing an output row's columns in the combine (its grid y)
     combine_wide_slices: int = 0    # decode: the same for the wide combine function (0: none)
     accum_row_block: int = 1        # backward: rows of the dQ accumulator's blocks
@@ -134,8 +135,8 @@ class LaunchPlan(NamedTuple):
     def varlen_grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
         return query_block_grid(self.block_m, batch, heads, max_seqlen_q)
 
-    def split_key(self, mask: str, splits: int) -> str:
-        return split_key(self.combine, mask, splits)
+    def split_key(self, mask: str, splits: int, step_rows: bool = False) -> str:
+        return split_key(self.combine, mask, splits, step_rows)
 
     def merges_in_kernel(self, splits: int) -> bool:
         return merges_in_kernel(self.combine, splits)
@@ -208,6 +209,8 @@ def launch_record(plan) -> dict:
         record["kv_cache"] = {name: getattr(plan, name) for name in DECODE_NUMBERS}
         if plan.v_in_k:     # recorded where it holds only: every other decode record stays as it was
             record["kv_cache"]["v_in_k"] = True
+        if plan.step_rows:
+            record["kv_cache"]["step_rows"] = True
         if plan.combine_slices > 1:
             record["kv_cache"]["combine_slices"] = plan.combine_slices
         if plan.combine_wide_slices:

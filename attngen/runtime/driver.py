@@ -48,7 +48,11 @@ class DriverError(RuntimeError):
 
     def __init__(self, call: str, code: int, name: str, text: str):
         super().__init__(f"{call} failed: {name}: {text}")
-        self.call, self.code, self.name = call, code, name
+        self.call, self.code, self.name, self.text = call, code, name, text
+
+    def __reduce__(self):
+        # rebuilt from its four arguments, so that it crosses a process boundary (verify's workers) as itself
+        return type(self), (self.call, self.code, self.name, self.text)
 
 
 _lib = None
