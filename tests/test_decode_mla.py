@@ -93,9 +93,11 @@ def test_the_wide_combine_takes_each_weight_with_one_shuffle():
     source = (ROOT / "generated" / "h200_decode_d576_mla_combine.cu").read_text()
     assert "combine<128, 8>(p);" in source and "combine<64, 32>(p);" in source
     assert "__shfl_sync(0xffffffffu, lse[s / 32], s % 32)" in source
-    # the decode_mma cells' combine (a warp per row) keeps its loop over every slot
+    # the decode_mma cells' combine (a warp per row; its plain function and a serving step's rows function) keeps its
+    # loop over every slot
     other = (ROOT / "generated" / "h200_decode_d128_combine.cu").read_text()
-    assert "combine(p);" in other and "if (s / 32 == j) w = __shfl_sync" in other
+    assert "combine<false>(p);" in other and "combine<true>(p);" in other
+    assert "if (s / 32 == j) w = __shfl_sync" in other
 
 
 def test_the_table_keys_the_latent_cells_on_v_head_dim():
