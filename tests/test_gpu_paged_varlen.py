@@ -467,6 +467,16 @@ def test_a_mixed_step_in_place_equals_the_split_by_tensor_ops(torch, monkeypatch
         calls.clear()
         assert torch.equal(o, split), f"pages of {pg}: {(o.float() - split.float()).abs().max().item()}"
         check_sequences(torch, q, k, v, o, seqs, causal, head_dim ** -0.5, f"d{head_dim} {dtype} in place, pages {pg}")
+        # the varlen kernel told single_queries_apart, alone into NaN: the decode rows untouched, the others the step's
+        cell = served_paged_cell(torch, q, kp, "causal" if causal else "none", {}, 4100)
+        alone = torch.full_like(q, float("nan"))
+        cell.varlen(q, kp, vp, cu_q, None, block_table=table, seqused_k=used, causal=causal, max_seqlen_q=96,
+                    out=alone, single_queries_apart=True)
+        torch.cuda.synchronize()
+        decode_rows = torch.tensor([int(cu_q[b]) for b, s in enumerate(seqs) if s[0] == 1], device="cuda")
+        prefill = torch.ones(q.shape[0], dtype=torch.bool, device="cuda")
+        prefill[decode_rows] = False
+        assert torch.isnan(alone[decode_rows]).all() and torch.equal(alone[prefill], o[prefill])
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
         o_graph = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 4100, causal=causal, block_table=table,
@@ -479,6 +489,30 @@ def test_a_mixed_step_in_place_equals_the_split_by_tensor_ops(torch, monkeypatch
     v_short = torch.cat([v[int(cu_k[b]):int(cu_k[b]) + n] for b, n in enumerate(shorter)])
     check_sequences(torch, q, k_short, v_short, o_graph, [(s[0], n) for s, n in zip(seqs, shorter)], causal,
                     head_dim ** -0.5, f"d{head_dim} {dtype} in place, graph replay")
+
+
+def test_a_step_the_rows_functions_cannot_take_is_split_by_tensor_ops(torch, monkeypatch):
+    """Lengths that are not contiguous (a view of every other element), in a mixed step and in a step of decode rows
+    only (max_seqlen_q 1, no varlen kernel): the rows call declines before launching anything and the step is split
+    by tensor ops as before, every row within the rule of fp32."""
+    calls = decode_calls(monkeypatch)
+    seqs = ((1, 300), (17, 17), (1, 5), (96, 1100), (1, 2049))
+    for label, seqs in (("mixed", seqs), ("decode rows only", tuple((1, sk) for _, sk in seqs))):
+        q, k, v, cu_q, cu_k, g = packed(torch, seqs, 16, 4, 128, torch.bfloat16, seed=41)
+        kp, vp, table = page_pools(torch, k, v, [s[1] for s in seqs], 16, g)
+        every_other = torch.zeros(2 * len(seqs), dtype=torch.int32, device="cuda")
+        every_other[::2] = torch.tensor([s[1] for s in seqs], dtype=torch.int32)
+        used = every_other[::2]
+        assert not used.is_contiguous()
+        longest = max(s[0] for s in seqs)
+        with torch.no_grad():
+            o = attngen.attention_varlen(q, kp, vp, cu_q, None, longest, 2049, causal=True, block_table=table,
+                                         seqused_k=used)
+        torch.cuda.synchronize()
+        attngen.check_errors()
+        assert calls == [(len(seqs), 1, 16, 128)], (label, calls)
+        calls.clear()
+        check_sequences(torch, q, k, v, o, seqs, True, 128 ** -0.5, f"d128 bf16 {label}, strided lengths")
 
 
 @pytest.mark.parametrize("name", ["h200_decode_d128_bf16", "h200_decode_d128_fused"])
@@ -497,7 +531,8 @@ def test_rows_call_writes_only_the_single_query_rows(torch, name):
         single = torch.tensor([s[0] == 1 for s in seqs], device="cuda")
         rows = cu_q[:-1].long()
         for round_ in range(2):    # the second call takes the prepared path
-            out = torch.full_like(q, float("nan"))
+            guarded = torch.full((q.shape[0] + 4,) + tuple(q.shape[1:]), float("nan"), dtype=dt, device="cuda")
+            out = guarded[2:-2]    # two NaN rows on each side: nothing may be written outside out
             assert kernel.rows_call(q, kp, vp, used, table, cu_q, out)
             torch.cuda.synchronize()
             attngen.check_errors()
@@ -507,13 +542,15 @@ def test_rows_call_writes_only_the_single_query_rows(torch, name):
             assert torch.equal(out[rows[single]], plain[single]), (keys, round_)
             rest = torch.ones(q.shape[0], dtype=torch.bool, device="cuda")
             rest[rows[single]] = False
-            assert torch.isnan(out[rest]).all(), (keys, round_)
+            assert torch.isnan(out[rest]).all() and torch.isnan(guarded[:2]).all() and torch.isnan(guarded[-2:]).all()
     # offsets past q's rows: clamped like the varlen kernel's, nothing written outside out
     cut = cu_q.clone()
     cut[-2:] = q.shape[0] + 5
-    out = torch.full_like(q, float("nan"))
+    guarded = torch.full((q.shape[0] + 4,) + tuple(q.shape[1:]), float("nan"), dtype=dt, device="cuda")
+    out = guarded[2:-2]
     assert kernel.rows_call(q, kp, vp, used, table, cut, out)
     torch.cuda.synchronize()
+    assert torch.isnan(guarded[:2]).all() and torch.isnan(guarded[-2:]).all()
     assert torch.equal(out[rows[single][:-1]], plain[single][:-1])
     assert torch.isnan(out[rows[single][-1]]).all()    # the last sequence lost its row to the clamp
 
@@ -558,6 +595,9 @@ def test_a_prefill_of_equal_chunks_skips_the_split(torch, monkeypatch, head_dim,
 MIXED_SCORES = [(64, "bf16", ("sinks",), True), (128, "fp16", ("softcap", "alibi"), True),
                 (128, "bf16", ("softcap", "sinks"), True), (64, "fp16", ("softcap",), True),
                 (64, "bf16", ("softcap", "alibi"), True)]
+# The cells whose decode call joins the sinks after its kernel of the other modifiers: their steps keep the split by
+# tensor ops (the rows functions run a kernel's own modifiers only); every other step above is decoded in place.
+JOINS_SINKS = {(128, "bf16", ("softcap", "sinks"))}
 
 
 @pytest.mark.parametrize("head_dim,dtype,mods,splits", MIXED_SCORES,
@@ -585,8 +625,14 @@ def test_a_mixed_step_with_score_modifiers(torch, monkeypatch, head_dim, dtype, 
     attngen.check_errors()
     # once for the decode rows: in place, or (a call that joins sinks after the decode kernel of the others, which
     # calls itself again without them) on the rows gathered by tensor ops
-    assert calls[:1] in ([("rows", len(seqs), 16, head_dim)], [(len(seqs), 1, 16, head_dim)]) if splits else \
-        not calls, calls
+    gathered = (head_dim, dtype, mods) in JOINS_SINKS
+    assert (calls[:1] == [(len(seqs), 1, 16, head_dim) if gathered else ("rows", len(seqs), 16, head_dim)]) \
+        if splits else not calls, calls
+    if splits and not gathered:     # in place: bit for bit the split by tensor ops (the call with LSE takes it)
+        with torch.no_grad():
+            split, _ = attngen.attention_varlen(q, kp, vp, cu_q, None, 96, 2049, causal=True, block_table=table,
+                                                seqused_k=used, return_lse=True, **kw)
+        assert torch.equal(o, split)
     check_sequences(torch, q, k, v, o, seqs, True, head_dim ** -0.5, f"d{head_dim} {dtype} mixed",
                     modifiers=modifiers_of(kw))
     # the paged cell's own packed path (packed varlen calls may be served by another cell)

@@ -179,7 +179,8 @@ class DecodeKernel(Kernel):
         page_size, Hkv, D)) and its output written at its row of out. Rows of other sequences are neither read nor
         written: a paged varlen call with single_queries_apart writes them. No LSE. Returns False, launching nothing,
         where the call does not fit the rows functions (the caller then splits the step with tensor ops): no
-        such functions, more sequences than rows, or rows not 16-byte apart."""
+        such functions, more sequences than rows, rows not 16-byte apart, a column stride or an address the kernel
+        cannot read in 16-byte vectors, or lengths that are not contiguous (the split by tensor ops copies them)."""
         if self._rows_pointers is None:
             return False
         try:
@@ -198,9 +199,11 @@ class DecodeKernel(Kernel):
         tensor = self._tensor_type
         if not (isinstance(block_table, tensor) and block_table.dim() == 2 and q.dim() == 3
                 and out.dim() == 3 and out.shape[:2] == q.shape[:2] and 1 <= block_table.shape[0] <= q.shape[0]
-                and not any(n % 8 for n in q.stride()[:2] + out.stride()[:2]) and isinstance(query_rows, tensor)
+                and not any(n % 8 for n in q.stride()[:2] + out.stride()[:2]) and q.stride(-1) == out.stride(-1) == 1
+                and not (q.data_ptr() | out.data_ptr()) % LOAD_BYTES and isinstance(query_rows, tensor)
                 and query_rows.dtype == self._torch.int32 and query_rows.shape == (block_table.shape[0] + 1,)
-                and query_rows.is_contiguous() and query_rows.device == q.device):
+                and query_rows.is_contiguous() and query_rows.device == q.device
+                and isinstance(cache_seqlens, tensor) and cache_seqlens.is_contiguous()):
             return False
         # (batch, 1, Hq, D) views whose batch stride is the packed row stride: the rows functions address sequence
         # b's q and o at its row query_rows[b] (step_row), never at b; a view stays within q's and out's rows.
