@@ -5,8 +5,11 @@
 #   ab:    step_rows_ab.py in the tree before (BEFORE, its own cache) and this one, alternating, ROUNDS rounds
 #          (plain paged decode calls, a plain paged prefill, the step, the ragged batch), then `attngen bench
 #          --serving` in both trees.
+#   tests: after the review's changes: every spec the table serves compiled (attngen warm), the step's tests of
+#          tests/test_gpu_paged_varlen.py, then the decode call's GPU test files whole (their plain calls' prepared path
+#          changed), within LIMIT seconds.
 # Everything under $OUT is also packed into $OUT/step_rows_out.tar.gz (the device tool returns few files).
-# Usage (repository root, GPU machine): OUT=DIR [BEFORE=DIR] [ROUNDS=N] bash run_step_rows.sh check|ab
+# Usage (repository root, GPU machine): OUT=DIR [BEFORE=DIR] [ROUNDS=N] [LIMIT=S] bash run_step_rows.sh check|ab|tests
 set -uo pipefail
 : "${OUT:?set OUT to the folder the reports go to}"
 export PYTHONUNBUFFERED=1
@@ -36,6 +39,15 @@ elif [ "${1:-}" = ab ]; then
     --serving --json $OUT/serving_before.json 2>&1 | grep -v '^compiling' | tail -8)
   ATTNGEN_CACHE_DIR=$after_cache timeout 90 python3 -m attngen bench --serving --json $OUT/serving_after.json 2>&1 \
     | grep -v '^compiling' | tail -8
+elif [ "${1:-}" = tests ]; then
+  timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1; echo "warm secs=$(( $(date +%s)-s ))"
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py \
+    -k "in_place or rows_call or cannot_take or score_modifiers or mixed_step" > $OUT/step_tests.txt 2>&1
+  echo "step tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/step_tests.txt | head; tail -1 $OUT/step_tests.txt
+  t=$(( ${LIMIT:-540} - ($(date +%s) - s) ))
+  timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged.py tests/test_gpu_decode.py \
+    tests/test_gpu_kv_append.py tests/test_gpu_runtime.py > $OUT/decode_tests.txt 2>&1
+  echo "decode tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/decode_tests.txt | head; tail -1 $OUT/decode_tests.txt
 fi
 tar czf $OUT/step_rows_out.tar.gz -C $OUT $(cd $OUT && ls | grep -v step_rows_out) 2>/dev/null
 true
