@@ -324,3 +324,21 @@ def test_split_tiles_interleaved_renders_every_num_splits_th_tile():
     slices = (ROOT / "generated" / "h200_decode_d128_split.cu").read_text()
     assert "interleaved_count" not in slices and "first + i + kStages - 1" in slices
     assert "c.split * p.tiles_per_split" in slices
+
+
+@pytest.mark.nvcc
+def test_a_paged_merging_cell_compiles_its_rows_functions():
+    """No shipped paged cell merges in its split kernel with combine: auto or two rows a warp, so none compiles
+    `none_merging_rows` or the two-row merge's rows path: a paged d128 bf16 cell with combine: auto and merge_rows: 2
+    (written here), rendered and compiled for sm_90: every function of its plan, none spilling."""
+    from attngen.compile import compile_source
+    from attngen.render import render_bundle
+    data = {k: v for k, v in yaml.safe_load(D128.read_text()).items() if k not in ("cells", "dtypes")}
+    data |= {"name": "t_decode_d128_paged_pairs", "dtype": "bf16", "combine": "auto", "merge_rows": 2}
+    plan, sources, _ = render_bundle(parse_spec(yaml.safe_dump(data), "t_decode_d128_paged_pairs.yaml"))
+    assert plan.step_rows and [key for key, _ in plan.parts[0].functions] == [
+        "none", "causal", "none_merging", "causal_merging", "none_rows", "none_merging_rows"]
+    assert "combine_rows<2, kStepRows>(p, pair, 2, rows, tid % 32);" in sources[0]
+    functions = compile_source(sources[0], "sm_90").functions
+    assert sorted(f.name for f in functions) == sorted(name for _, name in plan.parts[0].functions)
+    assert not any(f.spills for f in functions), [(f.name, f.spill_stores) for f in functions]
