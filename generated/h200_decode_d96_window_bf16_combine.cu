@@ -30,6 +30,7 @@
 //   merge: 26624 B of fp32 O over the K/V ring (row pitch 104 floats)
 //   splits: at most 128; the runtime picks the fewest whose wave efficiency is within 95% of the best (num_splits); where those are slices of one K/V tile, slices of 2 tiles if 8 of them remain (the combine kernel merges them), unless the cache has at most 24 tiles and one-tile slices fill at most 50% of the SMs
 //   paged KV: any page size from 1 to 512 keys (a power of two, page_size and page_shift in Params) through block_table; a tile's keys are gathered row by row (each row's page and row in it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; contiguous caches when the call passes no table
+//   serving step rows: the `_rows` functions (split none_rows, combine combine_rows) decode each sequence of exactly one query at its row query_rows[b] of a packed q and write its output at that row (the paged varlen kernel, told single_queries_apart, leaves it alone); every block of another sequence returns at once
 //   K/V pipeline: 4 stage(s), cp.async ring (16-byte chunks), every warp copies; Q kept in registers
 //   masks: none: every key of the sequence (cache_seqlens) is visible; causal: bottom-right, new token t of seqlen_q sees the keys up to position len - seqlen_q + t; window (left, right): keys len - seqlen_q + t - left .. len - seqlen_q + t + right, and the splits share the tiles from token 0's first visible key on (none before it is read)
 //

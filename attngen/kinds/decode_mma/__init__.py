@@ -20,7 +20,7 @@ from pydantic import Field
 
 from ...core import banks
 from ...core.decode_plan import (APPEND_FIELDS, DECODE_ABI_FIELDS, KV_SCALE_ABI_FIELDS, PAGE_FIELDS, STEP_ROW_FIELDS,
-                                 DecodePlan, merged_mask)
+                                 DecodePlan, is_rows, merged_mask)
 from ...core.forward_plan import FORWARD_ABI, Part, plan_abi, plan_forward
 from ...core.kind import Kind
 from ...core.launch_rules import (MAX_PAGE_SIZE, MAX_SPLITS, TWO_STAGE_CO_RESIDENT_MIN_TILES, merging_key,
@@ -467,6 +467,12 @@ def explain(plan) -> list[str]:
              "it worked out a tile ahead into `rows`), or copied as one run where a page holds whole tiles; "
              "contiguous caches when the call passes no table"
              if plan.paged else "KV cache: contiguous only (paged: false)")] + (
+            ["serving step rows: the `_rows` functions (split "
+             + ", ".join(key for key, _ in plan.parts[0].functions if is_rows(key))
+             + (", combine combine_rows" if plan.combine_part else "")
+             + ") decode each sequence of exactly one query at its row query_rows[b] of a packed q and write its output "
+             "at that row (the paged varlen kernel, told single_queries_apart, leaves it alone); every block of another "
+             "sequence returns at once"] if plan.step_rows else []) + (
             [f"KV cache e4m3: K/V tiles of bytes (rows of {plan.kv_pitch_bytes} B), widened to "
              f"{'fp16' if plan.widens_to_fp16 else plan.spec.dtype} in "
              "registers (K: 8-byte loads per 32 columns, Q's columns read in the same order; V: ldmatrix.trans of "
