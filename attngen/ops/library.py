@@ -555,7 +555,8 @@ def _mixed_step(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, sequse
     return out[:total_q], lse_all[:, :total_q].contiguous()
 
 
-_STEP_DECODE: dict = {}   # (device, dtype, q shape, pool shape, table shape, score modifiers) -> decode kernel or None
+_STEP_DECODE: dict = {}   # (device, dtype, q's heads and dim, batch, pool shape, V dim, table shape, modifiers, sinks)
+                          # -> decode kernel or None
 
 
 def _step_in_place(kernel, q, k, v, cu_seqlens_q, block_table, seqused_k, max_seqlen_q, causal, alignment, scale,

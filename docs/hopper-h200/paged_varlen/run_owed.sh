@@ -32,14 +32,19 @@ paged_tests() {
   timeout $limit python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_paged_varlen.py "$@" > $OUT/$file 2>&1
   echo "paged tests rc=$? secs=$(( $(date +%s)-s ))"; grep -E "^(FAILED|ERROR)" $OUT/$file | head; tail -1 $OUT/$file
 }
-python3 -m compileall -q attngen
-if [ "${1:-}" = verify ]; then
+# cold_verify NAME SECONDS: `attngen verify` of every spec from an empty cache into $OUT/NAME.txt and .err (that cache
+# then kept), then a process's first call from another empty cache and with that one, into $OUT/first_call*.txt
+cold_verify() {
   export ATTNGEN_CACHE_DIR=$(mktemp -d)
-  timeout 280 python3 -m attngen verify > $OUT/verify_cold.txt 2> $OUT/verify_cold.err
-  echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_cold.txt | tail -4; tail -3 $OUT/verify_cold.err
+  timeout $2 python3 -m attngen verify > $OUT/$1.txt 2> $OUT/$1.err
+  echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/$1.txt | tail -3; tail -3 $OUT/$1.err
   for m in fwd dec; do ATTNGEN_CACHE_DIR=$(mktemp -d) timeout 90 python3 docs/measurements/first_call.py $m; done \
     2>&1 | tee $OUT/first_call_empty_cache.txt
   for m in fwd fwd dec dec; do timeout 60 python3 docs/measurements/first_call.py $m; done 2>&1 | tee $OUT/first_call.txt
+}
+python3 -m compileall -q attngen
+if [ "${1:-}" = verify ]; then
+  cold_verify verify_cold 280
   paged_tests paged_tests.txt $(left)
 elif [ "${1:-}" = tests ]; then
   timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1     # every spec the table serves, 16 nvcc at once
@@ -66,12 +71,7 @@ elif [ "${1:-}" = n64 ]; then
   timeout 100 python3 $HERE/eager_paged.py $OUT/eager_paged_step.json 2>&1 | grep -v '^compiling'
   t=$(left); timeout $t python3 $HERE/paged_ab.py $OUT/paged_ab_d256.json 256 2>&1 | grep -v '^compiling' | cut -c1-400
 elif [ "${1:-}" = owed ]; then
-  export ATTNGEN_CACHE_DIR=$(mktemp -d)
-  timeout 240 python3 -m attngen verify > $OUT/verify_owed.txt 2> $OUT/verify_owed.err
-  echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_owed.txt | tail -3; tail -2 $OUT/verify_owed.err
-  for m in fwd dec; do ATTNGEN_CACHE_DIR=$(mktemp -d) timeout 90 python3 docs/measurements/first_call.py $m; done \
-    2>&1 | tee $OUT/first_call_empty_cache.txt
-  for m in fwd fwd dec dec; do timeout 60 python3 docs/measurements/first_call.py $m; done 2>&1 | tee $OUT/first_call.txt
+  cold_verify verify_owed 240
   timeout $(left) python3 $HERE/eager_paged.py $OUT/eager_paged_d256.json 256 2>&1 | grep -v '^compiling'
 elif [ "${1:-}" = grid ]; then
   timeout 200 python3 -m attngen warm --no-native 2>&1 | tail -1; echo "warm secs=$(( $(date +%s)-s ))"
