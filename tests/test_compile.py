@@ -350,3 +350,27 @@ def test_a_spec_with_one_mask_compiles(name, mask):
     for part in render_parts(plan, f"specs/{name}.yaml", ""):
         result = compile_source(part.source, arch)
         assert result.functions, part.file_name
+
+
+@pytest.mark.nvcc
+def test_item_overlap_keeps_every_wgmma_asynchronous():
+    """schedule.item_overlap writes a query block's rows of O out while the next block's first S is in flight. The
+    rows are packed before that S is issued, and the write-out sits on the one path from its issue to its wait, so
+    ptxas serializes no wgmma and injects no wait or arrive (C7510-C7520), and nothing spills (d128 and d64 persistent
+    cells with the key set here, compiled for sm_90a)."""
+    from attngen.render import render_bundle
+    from attngen.spec import parse_spec
+    import yaml
+    for name in ("h100_wgmma_d128_persistent_q2", "h100_wgmma_d64_persistent_q2"):
+        spec = load_spec(ROOT / "specs" / f"{name}.yaml")
+        data = spec.model_dump(mode="json", exclude_defaults=True, by_alias=True)
+        data["schedule"]["item_overlap"] = True
+        data["name"] = f"t_{name}_io"
+        plan, sources, _ = render_bundle(parse_spec(yaml.safe_dump(data), f"t_{name}_io.yaml"))
+        assert plan.fragments.item_overlap
+        source = sources[0]
+        issue = source.index("issue_scores(s, sQ, slot(0) + kSmem_k0, wg_row0);")
+        assert issue < source.index("write_out_done();   // the item before, beside this S", issue)
+        res = compile_source(source, "sm_90a")
+        assert not res.wgmma_warnings, res.wgmma_warnings
+        assert not any(f.spills for f in res.functions), [(f.name, f.spill_stores) for f in res.functions]

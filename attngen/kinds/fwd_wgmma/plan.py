@@ -70,6 +70,7 @@ class WgmmaFragments:
     o_stage_offset: int     # byte offset of the tile a staged epilogue writes O to: the Q tile's, or O's own
     q_tiles: int           # Q tiles (schedule.q_tiles): a persistent block's i-th query block uses tile i % q_tiles
     q_tile_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
+    item_overlap: bool = False  # the next query block's first S issued before this block's epilogue (schedule.item_overlap)
     page_box_rows: int = 0  # paged: the most key rows one TMA copy of a page moves (0: not paged)
     page_copies: str = "first_lane"  # paged: who issues a tile's copies (spec.page_copies)
 
@@ -266,6 +267,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           issuer_thread=issuer_thread, epilogue=spec.epilogue,
                           o_stage_offset=offset["o" if own_o else "q"],
                           q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0,
+                          item_overlap=spec.schedule.item_overlap,
                           page_box_rows=page_box_rows(bn) if paged else 0,
                           page_copies=getattr(spec, "page_copies", "first_lane"))
     bars = barriers(stages, spec.compute_warps, k_bytes, v_bytes, q_bytes, issuer,
@@ -321,6 +323,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                     "Q (the consumers arrive once their last GEMM of a block is done, before its epilogue)")
                  + (f"; with {q_tiles} Q tiles, block i's Q goes into tile i % {q_tiles} once block i - {q_tiles} "
                     f"handed it back, so it loads while block i - 1 still runs" if q_tiles > 1 else "")
+                 + ("; block i's rows of O are packed once its last P.V is done and written out beside block "
+                    "i + 1's first S" if spec.schedule.item_overlap else "")
                  if persistent else "  one query block per thread block"),
                 epilogue_line(spec.epilogue, own_o, epilogue_barrier(consumers, spec.schedule.pingpong)),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "

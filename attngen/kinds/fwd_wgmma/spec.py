@@ -75,6 +75,20 @@ def rule_q_tiles(s):
                                     "schedule.persistent: true each block has one: use q_tiles: 1")
 
 
+def rule_item_overlap(s):
+    if not s.schedule.item_overlap:
+        return None
+    missing = [key for key, ok in (("schedule.persistent: true", s.schedule.persistent),
+                                   ("schedule.overlap: true", s.schedule.overlap),
+                                   ("schedule.q_tiles: 2", s.schedule.q_tiles == 2),
+                                   ("epilogue: tma (or shared)", s.epilogue != "registers")) if not ok]
+    if missing:
+        return "schedule.item_overlap", ("a block's rows of O are written out from a staging tile while the next query "
+                                         "block's first S = Q.K^T (from the other Q tile of a persistent block, on the "
+                                         "overlapped schedule) runs; set " + " and ".join(missing)
+                                         + ", or item_overlap: false")
+
+
 def rule_persistent_needs_padded_calls(s):
     # A varlen block computes one query block (kernel.cu.j2: kLoop = kPersistent && !kVarlen), so without
     # padded functions the key would change nothing but the description.
@@ -283,6 +297,11 @@ class Schedule(Strict):
         "Q tiles in shared memory: 2 lets a persistent block's producer load the next query block's Q "
         "while this one's K/V tiles still run (it waits for the Q tile used two query blocks before), "
         "rather than once this one's GEMMs are done; needs persistent"))
+    item_overlap: bool = Field(default=False, description=(
+        "a persistent block's consumers write a query block's rows of O out (staged, stored, the tile handed back) "
+        "once the next query block's first S = Q.K^T (from the other Q tile) is issued, beside that GEMM, rather than "
+        "ahead of it; the rows are finished and packed as soon as the last P.V is done. Needs persistent, overlap, "
+        "q_tiles: 2 and a staged epilogue (tma or shared)"))
     awaiting_twins: bool = Field(default=False, description=(
         "compile each entry point of a mask (not varlen) a second time, as a programmatic dependent: its first "
         "statement waits for the kernel ahead of it on the stream, so its blocks may be placed before that kernel "
@@ -317,7 +336,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_lazy_rescale = True
     takes_kept_max_first = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile, rule_q_tiles, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
+             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_p_buffers, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
