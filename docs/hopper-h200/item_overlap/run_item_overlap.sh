@@ -1,20 +1,22 @@
 #!/bin/bash
 # One device call: the schedule.item_overlap trials verified, then each timed against its committed cell and cuDNN,
 # alternating (../forward_specs_vs_cudnn.py, 3 rounds), on the short cells those cells serve.
-# Usage (repository root, GPU machine): OUT=DIR bash docs/hopper-h200/item_overlap/run_item_overlap.sh
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh
 set -uo pipefail
 : "${OUT:?}"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 s=$(date +%s)
 T=docs/hopper-h200/item_overlap/trial_specs
-timeout 200 python3 -m attngen verify $T/*.yaml > $OUT/verify_io.txt 2>&1
-echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_io.txt | tail -4 | cut -c1-300
 C="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_persistent_q2_bf16.yaml
    specs/h100_wgmma_d128_persistent_q2_kmpb.yaml specs/h100_wgmma_d128_persistent_q2_kmpb_bf16.yaml
    specs/h100_wgmma_d64_persistent_q2.yaml specs/h100_wgmma_d64_persistent_q2_bf16.yaml
    specs/h100_wgmma_d64_persistent_q2_c3.yaml specs/h100_wgmma_d64_persistent_q2_c3_bf16.yaml"
-ATTNGEN_ROUNDS=3 timeout $((570 - ($(date +%s)-s))) python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/io_ab.json \
-  16x16x512x128,8x16x1024x128,2x16x1024x128,4x16x2048x128,16x16x512x64,8x16x1024x64,2x16x1024x64,4x16x2048x64,1x8x2048x64 \
+timeout 150 python3 -m attngen warm --no-native $C > $OUT/warm.txt 2>&1 &   # the committed cells, compiled beside the verify
+timeout 200 python3 -m attngen verify $T/*.yaml > $OUT/verify_io.txt 2>&1
+echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_io.txt | tail -4 | cut -c1-300
+wait; tail -1 $OUT/warm.txt
+ATTNGEN_ROUNDS=3 timeout $((${LIMIT:-400} - ($(date +%s)-s))) python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/io_ab.json \
+  16x16x512x128,8x16x1024x128,2x16x1024x128,16x16x512x64,8x16x1024x64,2x16x1024x64,4x16x2048x64 \
   $C $T/*.yaml 2>&1 | grep -v '^compiling' | cut -c1-250
 echo "ab secs=$(( $(date +%s)-s ))"
