@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call: the schedule.item_overlap trials verified, then each timed against its committed cell and cuDNN,
-# alternating (../forward_specs_vs_cudnn.py, 3 rounds), on the short cells those cells serve.
+# alternating (../forward_specs_vs_cudnn.py, 3 rounds), on the short cells those cells serve and one long one per head dim.
 # Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh
 set -uo pipefail
 : "${OUT:?}"
@@ -17,6 +17,6 @@ timeout 200 python3 -m attngen verify $T/*.yaml > $OUT/verify_io.txt 2>&1
 echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_io.txt | tail -4 | cut -c1-300
 wait; tail -1 $OUT/warm.txt
 ATTNGEN_ROUNDS=3 timeout $((${LIMIT:-400} - ($(date +%s)-s))) python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/io_ab.json \
-  16x16x512x128,8x16x1024x128,2x16x1024x128,16x16x512x64,8x16x1024x64,2x16x1024x64,4x16x2048x64 \
+  16x16x512x128,8x16x1024x128,2x16x1024x128,1x16x16384x128,16x16x512x64,8x16x1024x64,2x16x1024x64,4x16x2048x64,2x16x8192x64 \
   $C $T/*.yaml 2>&1 | grep -v '^compiling' | cut -c1-250
 echo "ab secs=$(( $(date +%s)-s ))"
