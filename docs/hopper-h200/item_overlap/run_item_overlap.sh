@@ -1,13 +1,26 @@
 #!/bin/bash
 # One device call: the schedule.item_overlap trials verified, then each timed against its committed cell and cuDNN,
 # alternating (../forward_specs_vs_cudnn.py, 3 rounds), on the short cells those cells serve and one long one per head dim.
-# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh
+# cells: once the d128 persistent_q2 family took its io member (full masks up to 724 keys): the family's four cells
+#   verified, then the member against the base cells, attngen.attention (the table's pick) and cuDNN, 5 rounds
+#   alternating, on cells the table gives it.
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh [cells]
 set -uo pipefail
 : "${OUT:?}"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 s=$(date +%s)
 T=docs/hopper-h200/item_overlap/trial_specs
+if [ "${1:-}" = cells ]; then
+  F="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_persistent_q2_bf16.yaml
+     specs/h100_wgmma_d128_persistent_q2_io.yaml specs/h100_wgmma_d128_persistent_q2_io_bf16.yaml"
+  timeout 150 python3 -m attngen verify $F > $OUT/verify_io_cells.txt 2>&1
+  echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_io_cells.txt | tail -3 | cut -c1-300
+  ATTNGEN_ENTRY=1 ATTNGEN_ROUNDS=5 timeout $((${LIMIT:-300} - ($(date +%s)-s))) python3 docs/hopper-h200/forward_specs_vs_cudnn.py \
+    $OUT/io_cells_ab.json 16x16x512x128,32x16x256x128,8x16x724x128 $F 2>&1 | grep -v '^compiling' | cut -c1-250
+  echo "ab secs=$(( $(date +%s)-s ))"
+  exit 0
+fi
 C="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_persistent_q2_bf16.yaml
    specs/h100_wgmma_d128_persistent_q2_kmpb.yaml specs/h100_wgmma_d128_persistent_q2_kmpb_bf16.yaml
    specs/h100_wgmma_d64_persistent_q2.yaml specs/h100_wgmma_d64_persistent_q2_bf16.yaml
