@@ -3,7 +3,7 @@
 # alternating (../forward_specs_vs_cudnn.py, 3 rounds), on the short cells those cells serve and one long one per head dim.
 # cells: once the d128 persistent_q2 family took its io member (full masks up to 724 keys): the family's four cells
 #   verified, then the member against the base cells, attngen.attention (the table's pick) and cuDNN, 5 rounds
-#   alternating, on cells the table gives it.
+#   alternating, on cells the table gives it; then tests/test_gpu_ops.py with the time left.
 # Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh [cells]
 set -uo pipefail
 : "${OUT:?}"
@@ -19,6 +19,8 @@ if [ "${1:-}" = cells ]; then
   ATTNGEN_ENTRY=1 ATTNGEN_ROUNDS=5 timeout $((${LIMIT:-300} - ($(date +%s)-s))) python3 docs/hopper-h200/forward_specs_vs_cudnn.py \
     $OUT/io_cells_ab.json 16x16x512x128,32x16x256x128,8x16x724x128 $F 2>&1 | grep -v '^compiling' | cut -c1-250
   echo "ab secs=$(( $(date +%s)-s ))"
+  t=$((${LIMIT:-300} + 60 - ($(date +%s)-s))); [ $t -gt 20 ] && timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_gpu_ops.py > $OUT/gpu_ops.txt 2>&1; echo "gpu ops tests rc=$?"; tail -1 $OUT/gpu_ops.txt
   exit 0
 fi
 C="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_persistent_q2_bf16.yaml
