@@ -359,6 +359,7 @@ RULE_CASES = [
     ("rule_fp8_calls", FP8, {"head_dim_v": 64}, "head_dim_v", "share Q's head dim"),
     ("rule_block_n_fp8", WGMMA_FP8, {"tile__block_n": 80}, "tile.block_n", "multiple of 32 (k32 steps of P.V"),
     ("rule_fp8_epilogue", WGMMA_FP8, {"epilogue": "tma"}, "epilogue", "write O from the registers"),
+    ("rule_q_tiles", WGMMA_FP8, {"schedule": {"q_tiles": 2}}, "schedule.q_tiles", "without schedule.persistent: true"),
     ("rule_mla_homogeneous", MLA, {"warps": {"producer": 1, "consumer": 4}}, "warps", "use warps: {compute: N}"),
     ("rule_mla_rows", MLA, {"tile__block_m": 48}, "tile.block_m", "use block_m: 16 or 32"),
     ("rule_mla_rows", MLA, {"tile__block_m": 32, "warps": {"compute": 5}}, "warps.compute", "a multiple of 2"),
