@@ -4,7 +4,11 @@
 # cells: once the d128 persistent_q2 family took its io member (full masks up to 724 keys): the family's four cells
 #   verified, then the member against the base cells, attngen.attention (the table's pick) and cuDNN, 5 rounds
 #   alternating, on cells the table gives it; then tests/test_gpu_ops.py with the time left.
-# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh [cells]
+# deferred: once the copies' read wait moved after the next S's softmax (retire_done): the trials verified, then the
+#   d128 persistent_q2 trial against its cell and cuDNN at 256-724 keys on small and large grids, the kmpb trial at
+#   1024-8192 keys and the d64 persistent_q2 and persistent_q2_c3 trials on their short cells, 5 rounds alternating;
+#   then every spec verified with the time left.
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh [cells|deferred]
 set -uo pipefail
 : "${OUT:?}"
 export PYTHONUNBUFFERED=1
@@ -21,6 +25,23 @@ if [ "${1:-}" = cells ]; then
   echo "ab secs=$(( $(date +%s)-s ))"
   t=$((${LIMIT:-300} + 60 - ($(date +%s)-s))); [ $t -gt 20 ] && timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_gpu_ops.py > $OUT/gpu_ops.txt 2>&1; echo "gpu ops tests rc=$?"; tail -1 $OUT/gpu_ops.txt
+  exit 0
+fi
+if [ "${1:-}" = deferred ]; then
+  timeout 200 python3 -m attngen verify $T/*.yaml > $OUT/verify_deferred.txt 2>&1
+  echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_deferred.txt | tail -4 | cut -c1-300
+  ab() { ATTNGEN_ROUNDS=5 timeout 200 python3 docs/hopper-h200/forward_specs_vs_cudnn.py "$@" 2>&1 | grep -v '^compiling' | cut -c1-250
+         echo "ab secs=$(( $(date +%s)-s ))"; }
+  ab $OUT/deferred_q2_ab.json 32x16x256x128,8x16x256x128,16x16x384x128,6x16x384x128,16x16x512x128,4x16x512x128,8x16x724x128 \
+    specs/h100_wgmma_d128_persistent_q2{,_bf16}.yaml $T/h100_wgmma_d128_persistent_q2_io{,_bf16}.yaml
+  ab $OUT/deferred_kmpb_ab.json 8x16x1024x128,4x16x2048x128,2x16x8192x128 \
+    specs/h100_wgmma_d128_persistent_q2_kmpb{,_bf16}.yaml $T/h100_wgmma_d128_persistent_q2_kmpb_io{,_bf16}.yaml
+  ab $OUT/deferred_d64_ab.json 2x16x1024x64,1x8x2048x64,16x16x512x64 \
+    specs/h100_wgmma_d64_persistent_q2{,_bf16}.yaml $T/h100_wgmma_d64_persistent_q2_io{,_bf16}.yaml
+  ab $OUT/deferred_c3_ab.json 16x16x512x64,8x16x1024x64,4x16x2048x64 \
+    specs/h100_wgmma_d64_persistent_q2_c3{,_bf16}.yaml $T/h100_wgmma_d64_persistent_q2_c3_io{,_bf16}.yaml
+  t=$((${LIMIT:-570} - ($(date +%s)-s))); [ $t -gt 60 ] && timeout $t python3 -m attngen verify > $OUT/verify_all.txt 2>&1
+  echo "verify all rc=$? secs=$(( $(date +%s)-s ))"; tail -3 $OUT/verify_all.txt | cut -c1-300
   exit 0
 fi
 C="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_persistent_q2_bf16.yaml
