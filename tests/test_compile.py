@@ -374,3 +374,19 @@ def test_item_overlap_keeps_every_wgmma_asynchronous():
         res = compile_source(source, "sm_90a")
         assert not res.wgmma_warnings, res.wgmma_warnings
         assert not any(f.spills for f in res.functions), [(f.name, f.spill_stores) for f in res.functions]
+
+
+@pytest.mark.nvcc
+def test_key_halves_fit_their_registers():
+    """schedule.key_halves: 2 runs four consumer warpgroups beside the producer, each with about 112 registers: a d64
+    block of 128 rows on 64-key tiles compiles for sm_90a with no spill and no serialized wgmma, the stage barriers
+    count one half's warps, and the second half hands its part over on the merge barrier before the epilogue."""
+    from attngen.render import render_bundle
+    plan, sources, _ = render_bundle(load_spec(ROOT / "docs/hopper-h200/key_halves/trial_specs/h100_wgmma_d64_kh2_n64.yaml"))
+    assert plan.fragments.key_halves == 2 and plan.fragments.consumer_warpgroups == 4
+    source = sources[0]
+    assert "mbarrier_init(smem_addr + kEmptyK + s * kBarrierBytes, kStageWarps);" in source
+    assert source.index("hand_over_half(merged, o, row_max, row_sum);") < source.index("merge_half(merged, o, row_max")
+    res = compile_source(source, "sm_90a")
+    assert not res.wgmma_warnings, res.wgmma_warnings
+    assert not any(f.spills for f in res.functions), [(f.name, f.spill_stores) for f in res.functions]

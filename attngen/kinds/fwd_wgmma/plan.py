@@ -10,7 +10,7 @@ from ...core.fp8 import E4M3_MAX
 from ...core.forward_plan import (ELEMENT_TYPES, FORWARD_ABI, ForwardPlan, Part, awaiting_twin_functions,
                                   forward_functions, launch_min_blocks, plan_abi, spec_variants)
 from ...core.launch_rules import page_box_rows
-from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Swizzle, TileCopy, barrier_region, check_budget,
+from ...core.layout import (MBARRIER_BYTES, Barrier, Budget, Region, Swizzle, TileCopy, barrier_region, check_budget,
                             layout_regions, ring_stride)
 from ...core.tensor_maps import TensorMapSpec, map_abi_fields
 from ...core.varlen_plan import PAGED_VARLEN_ABI_FIELDS
@@ -71,6 +71,8 @@ class WgmmaFragments:
     q_tiles: int           # Q tiles (schedule.q_tiles): a persistent block's i-th query block uses tile i % q_tiles
     q_tile_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
     item_overlap: bool = False  # the next query block's first S issued before this block's epilogue (schedule.item_overlap)
+    key_halves: int = 1     # warpgroups per row group of 64 query rows, splitting the block's key tiles (schedule.key_halves)
+    merge_barrier: int = 0  # key_halves 2: the first named barrier of the merge (one per row group)
     page_box_rows: int = 0  # paged: the most key rows one TMA copy of a page moves (0: not paged)
     page_copies: str = "first_lane"  # paged: who issues a tile's copies (spec.page_copies)
 
@@ -224,6 +226,12 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     separate_kv_barriers = (spec.schedule.overlap if spec.schedule.separate_kv_barriers is None
                             else spec.schedule.separate_kv_barriers)
     q_bars = "q_full" + (", q_empty" if persistent else "") + (f" [0..{q_tiles}) each" if q_tiles > 1 else "")
+    halves = spec.schedule.key_halves
+    if halves > 1:   # the second key half's O (fp32, in its threads' register order) and row maxima and sums
+        row_groups = consumers // halves
+        tiles.append(Region("merge", row_groups * (tdv // 2 + 4), WARPGROUP * 32, "float", 4, WARPGROUP * 32 * 4,
+                            per=f"key_halves: each row group's second key half hands the first its {tdv // 2} O "
+                                "accumulators, 2 row maxima and 2 row sums per thread, [register][thread]"))
     tiles.append(barrier_region("bars", (4 if separate_kv_barriers else 2) * stages + q_tiles * (1 + persistent),
                                 f"mbarriers {'full_k, full_v, empty_k, empty_v' if separate_kv_barriers else 'full, empty'} "
                                 f"[0..{stages}) each, " + q_bars))
@@ -268,9 +276,11 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           o_stage_offset=offset["o" if own_o else "q"],
                           q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0,
                           item_overlap=spec.schedule.item_overlap,
+                          key_halves=halves,
+                          merge_barrier=epilogue_barrier(consumers, spec.schedule.pingpong) + consumers,
                           page_box_rows=page_box_rows(bn) if paged else 0,
                           page_copies=getattr(spec, "page_copies", "first_lane"))
-    bars = barriers(stages, spec.compute_warps, k_bytes, v_bytes, q_bytes, issuer,
+    bars = barriers(stages, spec.compute_warps // halves, k_bytes, v_bytes, q_bytes, issuer,
                     offset["bars"], persistent, separate_kv_barriers, q_tiles)
     functions = forward_functions(spec)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).

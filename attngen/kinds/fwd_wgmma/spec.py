@@ -42,8 +42,13 @@ def tile_dim_v(s) -> int:
 
 
 def rule_warpgroups(s):
-    if s.compute_warps % WARPGROUP or not 1 <= s.compute_warps // WARPGROUP <= 3:
+    halves = s.schedule.key_halves
+    if s.compute_warps % WARPGROUP or not 1 <= s.compute_warps // WARPGROUP // halves <= 3 or \
+            s.compute_warps // WARPGROUP % halves:
         key = "warps.consumer" if s.producer_warps else "warps.compute"
+        if halves > 1:
+            return key, (f"with schedule.key_halves: {halves} each of 1 to 3 row groups of 64 query rows is {halves} "
+                         f"warpgroups of 4 warps: use {4 * halves} or {8 * halves} (got {s.compute_warps})")
         return key, (f"{s.mma} computes in warpgroups of 4 warps: use 4, 8 or 12 (1 to 3 warpgroups, "
                      f"got {s.compute_warps})")
     if s.producer_warps not in (0, WARPGROUP):
@@ -51,9 +56,11 @@ def rule_warpgroups(s):
 
 
 def rule_block_m_rows(s):
-    need = ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP)
+    halves = s.schedule.key_halves
+    need = ROWS_PER_WARPGROUP * (s.compute_warps // WARPGROUP) // halves
     if s.tile.block_m != need:
-        return "tile.block_m", (f"each consumer warpgroup owns {ROWS_PER_WARPGROUP} query rows (one m64 wgmma), so "
+        shared = f" ({halves} warpgroups per row group, schedule.key_halves)" if halves > 1 else ""
+        return "tile.block_m", (f"each consumer warpgroup owns {ROWS_PER_WARPGROUP} query rows (one m64 wgmma){shared}, so "
                                 f"block_m must be {need} for {s.compute_warps} compute warps (got {s.tile.block_m})")
 
 
@@ -87,6 +94,29 @@ def rule_item_overlap(s):
                                          "block's first S = Q.K^T (from the other Q tile of a persistent block, on the "
                                          "overlapped schedule) runs; set " + " and ".join(missing)
                                          + ", or item_overlap: false")
+
+
+def rule_key_halves(s):
+    if s.schedule.key_halves == 1:
+        return None
+    missing = [key for key, ok in (("warps.producer: 4", s.producer_warps),
+                                   ("schedule.overlap: false", not s.schedule.overlap),
+                                   ("schedule.persistent: false", not s.schedule.persistent),
+                                   ("varlen: false", s.varlen is False),
+                                   ("softmax.kept_max_first: false", not s.softmax.kept_max_first),
+                                   ("softmax.lazy_rescale: false", not s.softmax.lazy_rescale),
+                                   ("masks without window (none, causal)", set(s.masks) <= {"none", "causal"}),
+                                   ("no scores", not s.scores),
+                                   # a stage's tiles must all fall to one half: its empty barrier counts that half's warps
+                                   (f"smem.stages a multiple of {s.schedule.key_halves}",
+                                    s.smem.stages % s.schedule.key_halves == 0)) if not ok]
+    if s.dtype == "e4m3" or getattr(s, "paged", False):
+        missing.append("16-bit, unpaged inputs")
+    if missing:
+        return "schedule.key_halves", ("a query block's key tiles split between two warpgroups of each row group, "
+                                       "merged by their row maxima and sums before the epilogue, is generated for "
+                                       "the sequential schedule of a non-persistent, producer-fed 16-bit block: set "
+                                       + " and ".join(missing) + ", or key_halves: 1")
 
 
 def rule_persistent_needs_padded_calls(s):
@@ -302,6 +332,12 @@ class Schedule(Strict):
         "once the next query block's first S = Q.K^T (from the other Q tile) is issued, beside that GEMM, rather than "
         "ahead of it; the rows are finished and packed as soon as the last P.V is done. Needs persistent, overlap, "
         "q_tiles: 2 and a staged epilogue (tma or shared)"))
+    key_halves: Literal[1, 2] = Field(default=1, description=(
+        "warpgroups per row group of 64 query rows: 2 splits a query block's key tiles between two warpgroups "
+        "(even tiles and odd tiles), each with its own row maxima, sums and O, merged through shared memory before "
+        "the epilogue; so a block of 128 rows runs four chains of GEMM and softmax, for grids of about one block per "
+        "SM, where two chains leave the tensor cores idle. Needs a producer warpgroup and the sequential schedule "
+        "(four consumer warpgroups get about 112 registers each); not persistent"))
     awaiting_twins: bool = Field(default=False, description=(
         "compile each entry point of a mask (not varlen) a second time, as a programmatic dependent: its first "
         "statement waits for the kernel ahead of it on the stream, so its blocks may be placed before that kernel "
@@ -336,7 +372,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_lazy_rescale = True
     takes_kept_max_first = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
+             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_p_buffers, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
