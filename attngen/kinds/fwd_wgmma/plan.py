@@ -285,8 +285,12 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     functions = forward_functions(spec)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
-    consumer_role = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each; "
-                     f"S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {tdv})"
+    consumer_role = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each"
+                     + (f" (warpgroups w and w + {consumers // halves} share rows: w takes the even key tiles, w + "
+                        f"{consumers // halves} the odd ones and hands its O, row maxima and sums to w through region "
+                        f"merge (named barrier {epilogue_barrier(consumers, spec.schedule.pingpong) + consumers} + w); "
+                        f"w merges them and writes the rows)" if halves > 1 else "")
+                     + f"; S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {tdv})"
                      + (f"; setmaxnreg.inc to {regs.consumer}" if regs else ""))
     if has_producer:
         roles = (consumer_role,
