@@ -116,7 +116,7 @@ def epilogue_barrier(consumers: int, pingpong: bool) -> int:
 
 def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_bytes: int, issuer: str,
              base: int, persistent: bool = False, separate_kv_barriers: bool = True,
-             q_tiles: int = 1) -> tuple[Barrier, ...]:
+             q_tiles: int = 1, warps_of: str = "each consumer warp") -> tuple[Barrier, ...]:
     """Split: full_k, full_v, empty_k, empty_v per stage, so K of a stage is refilled as soon as the S
     GEMM that read it is done (the overlapped schedule needs it). Otherwise full and empty per stage,
     for K and V together. Then q_full per Q tile (and q_empty per Q tile when persistent)."""
@@ -125,13 +125,13 @@ def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_byt
         return f"{issuer} (arrive.expect_tx {nbytes} B; TMA completes the bytes)"
     both = f"{k_bytes} B each" if k_bytes == v_bytes else f"{k_bytes} and {v_bytes} B"
     pairs = ((("full_k", 1, copy(k_bytes), "consumer threads"), ("full_v", 1, copy(v_bytes), "consumer threads"),
-              ("empty_k", consumer_warps, "lane 0 of each consumer warp, once its S = Q.K^T of the stage completed",
+              ("empty_k", consumer_warps, f"lane 0 of {warps_of}, once its S = Q.K^T of the stage completed",
                issuer),
-              ("empty_v", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer))
+              ("empty_v", consumer_warps, f"lane 0 of {warps_of}, once its P.V of the stage completed", issuer))
              if separate_kv_barriers else
              (("full", 2, f"{issuer}, once for K and once for V (arrive.expect_tx {both})",
                "consumer threads"),
-              ("empty", consumer_warps, "lane 0 of each consumer warp, once its P.V of the stage completed", issuer)))
+              ("empty", consumer_warps, f"lane 0 of {warps_of}, once its P.V of the stage completed", issuer)))
     for kind, arrivals, arrive, wait in pairs:
         for s in range(stages):
             out.append(Barrier(f"{kind}{s}", s, at, arrivals, arrive, wait))
@@ -281,7 +281,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           page_box_rows=page_box_rows(bn) if paged else 0,
                           page_copies=getattr(spec, "page_copies", "first_lane"))
     bars = barriers(stages, spec.compute_warps // halves, k_bytes, v_bytes, q_bytes, issuer,
-                    offset["bars"], persistent, separate_kv_barriers, q_tiles)
+                    offset["bars"], persistent, separate_kv_barriers, q_tiles,
+                    "each consumer warp of the stage's key half" if halves > 1 else "each consumer warp")
     functions = forward_functions(spec)
     # setmaxnreg needs a fixed register cap at entry: __launch_bounds__(threads, 1).
     min_blocks = 1 if regs else launch_min_blocks(spec, target, threads, file)
@@ -317,8 +318,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                  "and O += P_(t-1).V_(t-1), wait for S_t only, arrive empty_k[s], softmax S_t while P.V runs, wait for "
                  "P.V, arrive empty_v[(t-1) % stages], rescale O"
                  if overlap else
-                 "  consumer: wait q_full once; per tile: wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, "
-                 "arrive empty[s]"),
+                 "  consumer: wait q_full once; per tile" + (" of its key half (even or odd tiles)" if halves > 1 else "")
+                 + ": wait full[s], S = Q.K^T, wait, softmax, O += P.V, wait, arrive empty[s]"),
                 (f"  ping-pong: consumer warpgroup w waits on named barrier {TURN_BARRIER} + w before issuing its "
                  f"GEMMs and arrives on warpgroup (w + 1) % {consumers}'s after, so the others' softmax runs under "
                  "one warpgroup's GEMMs"
