@@ -8,7 +8,9 @@
 #   d128 persistent_q2 trial against its cell and cuDNN at 256-724 keys on small and large grids, the kmpb trial at
 #   1024-8192 keys and the d64 persistent_q2 and persistent_q2_c3 trials on their short cells, 5 rounds alternating;
 #   then every spec verified with the time left.
-# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh [cells|deferred]
+# bucket: the io member (full masks from 363 keys) verified, then the base, the member and the non-persistent cell at
+#   256 keys on small and large grids and at 16x16x512, 4 rounds alternating (the table's buckets from these).
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh [cells|deferred|bucket]
 set -uo pipefail
 : "${OUT:?}"
 export PYTHONUNBUFFERED=1
@@ -25,6 +27,18 @@ if [ "${1:-}" = cells ]; then
   echo "ab secs=$(( $(date +%s)-s ))"
   t=$((${LIMIT:-300} + 60 - ($(date +%s)-s))); [ $t -gt 20 ] && timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_gpu_ops.py > $OUT/gpu_ops.txt 2>&1; echo "gpu ops tests rc=$?"; tail -1 $OUT/gpu_ops.txt
+  exit 0
+fi
+if [ "${1:-}" = bucket ]; then   # the io member committed: verified, then timed at 256 keys on small and large grids
+  F="specs/h100_wgmma_d128_persistent_q2.yaml specs/h100_wgmma_d128_persistent_q2_bf16.yaml
+     specs/h100_wgmma_d128_persistent_q2_io.yaml specs/h100_wgmma_d128_persistent_q2_io_bf16.yaml
+     specs/h100_wgmma_d128_n128c2ps2r24x240ppet.yaml specs/h100_wgmma_d128_n128c2ps2r24x240ppet_bf16.yaml"
+  timeout 150 python3 -m attngen verify specs/h100_wgmma_d128_persistent_q2_io.yaml specs/h100_wgmma_d128_persistent_q2_io_bf16.yaml > $OUT/verify_io_member.txt 2>&1
+  echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_io_member.txt | tail -3 | cut -c1-300
+  ATTNGEN_ROUNDS=4 timeout 200 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/io_bucket_ab.json \
+    1x8x256x128,2x16x256x128,4x16x256x128,8x16x256x128,16x16x256x128,32x16x256x128,16x16x512x128 $F 2>&1 \
+    | grep -v '^compiling' | cut -c1-250
+  echo "ab secs=$(( $(date +%s)-s ))"
   exit 0
 fi
 if [ "${1:-}" = deferred ]; then
