@@ -355,9 +355,13 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     kmpb = "docs/hopper-h200/kept_max_first/p_buffers_h100/walk_kmpb_from1024.json"
     # d64 causal on the three-warpgroup cell with lazy_rescale alone (H200), where the three-warpgroup cell won
     lazy = "docs/hopper-h200/kept_max_first/members/h200/made/d64_causal_lazy.json"
+    # d128 full masks at 256 keys (small and large grids) and 16x16x512 with the block's rows of O written out beside
+    # the next block's first S (H100): its member serves from 363 keys
+    io = "docs/hopper-h200/item_overlap/h100/io_dispatch.json"
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
                                     "--from", short, "--from", walk, "--from", long, "--from", turns, "--from", small,
-                                    "--from", chains, "--from", kmpb, "--from", lazy, "--write", "--specs-dir", str(specs)])
+                                    "--from", chains, "--from", kmpb, "--from", lazy, "--from", io, "--write",
+                                    "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
 
