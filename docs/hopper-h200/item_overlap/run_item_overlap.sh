@@ -10,7 +10,9 @@
 #   then every spec verified with the time left.
 # bucket: the io member (full masks from 363 keys) verified, then the base, the member and the non-persistent cell at
 #   256 keys on small and large grids and at 16x16x512, 4 rounds alternating (the table's buckets from these).
-# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh [cells|deferred|bucket]
+# served: the member in the table: every spec verified, the member against its base, attngen.attention and cuDNN
+#   (3 rounds), then tests/test_gpu_ops.py with the time left.
+# Usage (repository root, GPU machine): OUT=DIR [LIMIT=S] bash docs/hopper-h200/item_overlap/run_item_overlap.sh [cells|deferred|bucket|served]
 set -uo pipefail
 : "${OUT:?}"
 export PYTHONUNBUFFERED=1
@@ -27,6 +29,17 @@ if [ "${1:-}" = cells ]; then
   echo "ab secs=$(( $(date +%s)-s ))"
   t=$((${LIMIT:-300} + 60 - ($(date +%s)-s))); [ $t -gt 20 ] && timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_gpu_ops.py > $OUT/gpu_ops.txt 2>&1; echo "gpu ops tests rc=$?"; tail -1 $OUT/gpu_ops.txt
+  exit 0
+fi
+if [ "${1:-}" = served ]; then   # the member in the table: every spec verified, the entry point's pick timed, ops tests
+  timeout 230 python3 -m attngen verify > $OUT/verify_all.txt 2>&1
+  echo "verify all rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' $OUT/verify_all.txt | tail -3 | cut -c1-300
+  ATTNGEN_ENTRY=1 ATTNGEN_ROUNDS=3 timeout 90 python3 docs/hopper-h200/forward_specs_vs_cudnn.py $OUT/io_served_ab.json \
+    16x16x512x128,16x16x384x128,32x16x256x128 specs/h100_wgmma_d128_persistent_q2{,_bf16,_io,_io_bf16}.yaml 2>&1 \
+    | grep -v '^compiling' | cut -c1-250
+  echo "ab secs=$(( $(date +%s)-s ))"
+  t=$((${LIMIT:-330} - ($(date +%s)-s))); [ $t -gt 20 ] && timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_gpu_ops.py > $OUT/gpu_ops_served.txt 2>&1; echo "gpu ops tests rc=$?"; tail -1 $OUT/gpu_ops_served.txt
   exit 0
 fi
 if [ "${1:-}" = bucket ]; then   # the io member committed: verified, then timed at 256 keys on small and large grids
