@@ -227,6 +227,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                             else spec.schedule.separate_kv_barriers)
     q_bars = "q_full" + (", q_empty" if persistent else "") + (f" [0..{q_tiles}) each" if q_tiles > 1 else "")
     halves = spec.schedule.key_halves
+    merge_barrier = epilogue_barrier(consumers, spec.schedule.pingpong) + consumers   # after the epilogue's
     if halves > 1:   # the second key half's O (fp32, in its threads' register order) and row maxima and sums
         row_groups = consumers // halves
         tiles.append(Region("merge", row_groups * (tdv // 2 + 4), WARPGROUP * 32, "float", 4, WARPGROUP * 32 * 4,
@@ -277,7 +278,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0,
                           item_overlap=spec.schedule.item_overlap,
                           key_halves=halves,
-                          merge_barrier=epilogue_barrier(consumers, spec.schedule.pingpong) + consumers,
+                          merge_barrier=merge_barrier,
                           page_box_rows=page_box_rows(bn) if paged else 0,
                           page_copies=getattr(spec, "page_copies", "first_lane"))
     bars = barriers(stages, spec.compute_warps // halves, k_bytes, v_bytes, q_bytes, issuer,
@@ -289,7 +290,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     consumer_role = (f"consumer warpgroups 0..{consumers - 1} (warps 0..{spec.compute_warps - 1}): 64 query rows each"
                      + (f" (warpgroups w and w + {consumers // halves} share rows: w takes the even key tiles, w + "
                         f"{consumers // halves} the odd ones and hands its O, row maxima and sums to w through region "
-                        f"merge (named barrier {epilogue_barrier(consumers, spec.schedule.pingpong) + consumers} + w); "
+                        f"merge (named barrier {merge_barrier} + w); "
                         f"w merges them and writes the rows)" if halves > 1 else "")
                      + f"; S = Q.K^T (wgmma SS, N {bn}), online softmax, O += P.V (wgmma RS, N {tdv})"
                      + (f"; setmaxnreg.inc to {regs.consumer}" if regs else ""))
