@@ -35,9 +35,11 @@ PREBUILD_ENV = "ATTNGEN_PREBUILD"     # "0": never prebuild; "1": prebuild on CI
 PREBUILD_IMPORTS = ("pydantic", "jinja2", "yaml", "tqdm")
 
 
-def skip_reason(*, editable: bool = False, environ=None, which=shutil.which) -> str | None:
-    """Why this build leaves the cubins out, or None when it prebuilds them."""
+def skip_reason(*, editable: bool = False, environ=None, which=None) -> str | None:
+    """Why this build leaves the cubins out, or None when it prebuilds them. which: how nvcc is found (default
+    shutil.which, looked up at the call, so that a test's patch of it holds)."""
     env = os.environ if environ is None else environ
+    which = shutil.which if which is None else which
     asked = env.get(PREBUILD_ENV, "").strip()
     if editable:
         return "an editable install"
@@ -76,7 +78,7 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def prebuild(build_lib, *, editable: bool = False, environ=None, which=shutil.which, say=_say) -> int:
+def prebuild(build_lib, *, editable: bool = False, environ=None, which=None, say=_say) -> int:
     """Fill <build_lib>/attngen/prebuilt, or leave it out with one line saying why (nothing for an
     editable install, which has no wheel to carry it); how many cubins it holds."""
     target = Path(build_lib) / "attngen" / "prebuilt"
