@@ -195,3 +195,22 @@ def test_out_of_memory_is_torchs_gpu_error():
     assert runner.out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory"))
     assert not runner.out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert not runner.out_of_memory(MemoryError())
+
+
+def test_out_of_memory_is_the_drivers_too(monkeypatch):
+    """A module load that found no GPU memory beside the other workers runs again alone as well: the runtime's
+    driver error with CUDA_ERROR_OUT_OF_MEMORY, and PyCUDA's MemoryError (cuModuleGetFunction failed: out of
+    memory); other driver errors and the host's MemoryError stay failures."""
+    pytest.importorskip("torch")
+    import sys
+    import types
+    from attngen.runtime.driver import DriverError
+    assert runner.out_of_memory(DriverError("cuModuleLoadData", 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"))
+    assert not runner.out_of_memory(DriverError("cuLaunchKernel", 700, "CUDA_ERROR_ILLEGAL_ADDRESS", "illegal"))
+    pycuda_driver = types.ModuleType("pycuda.driver")
+    pycuda_driver.Error = type("Error", (Exception,), {})
+    pycuda_driver.MemoryError = type("MemoryError", (pycuda_driver.Error,), {})
+    monkeypatch.setitem(sys.modules, "pycuda.driver", pycuda_driver)
+    assert runner.out_of_memory(pycuda_driver.MemoryError("cuModuleGetFunction failed: out of memory"))
+    assert not runner.out_of_memory(pycuda_driver.Error("cuModuleGetFunction failed: invalid handle"))
+    assert not runner.out_of_memory(MemoryError())

@@ -26,6 +26,7 @@ import threading
 from ..errors import NoGpuError
 
 SUCCESS = 0
+OUT_OF_MEMORY = 2                  # CUDA_ERROR_OUT_OF_MEMORY
 # CUfunction_attribute
 ATTR_MAX_THREADS_PER_BLOCK = 0
 ATTR_NUM_REGS = 4

@@ -63,9 +63,18 @@ OUT_OF_MEMORY_BESIDE_OTHERS = "it ran out of GPU memory beside the other verify 
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    """torch's out-of-memory error (the GPU's memory, not the host's)."""
+    """The GPU's memory ran out (not the host's): torch's error, a driver call of attngen's runtime that returned
+    CUDA_ERROR_OUT_OF_MEMORY, or PyCUDA's error of the same (a module loaded beside the other workers' can find
+    no room: cuModuleGetFunction failed: out of memory)."""
+    import sys
     import torch
-    return isinstance(exc, torch.cuda.OutOfMemoryError)
+    from ...runtime.driver import OUT_OF_MEMORY, DriverError
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    if isinstance(exc, DriverError):
+        return exc.code == OUT_OF_MEMORY
+    pycuda_driver = sys.modules.get("pycuda.driver")   # imported only where PyCUDA launched the case
+    return pycuda_driver is not None and isinstance(exc, pycuda_driver.MemoryError)
 
 
 def release_cached_memory() -> None:
