@@ -1221,9 +1221,15 @@ __device__ __forceinline__ void attend(const Params& p, const Params& maps, cons
                 if (tiles > 0) {
                     wait_v(tiles - 1);
                     wait_turn(warpgroup);
-                    wgmma_fence();
-                    if ((tiles - 1) & 1) issue_pv(o, pb, slot(tiles - 1) + kSmem_v0);
-                    else issue_pv(o, pa, slot(tiles - 1) + kSmem_v0);
+                    // The fence in each arm, beside its issue (one fence ahead of the branch had ptxas inject a
+                    // warpgroup.arrive in each arm: C7519).
+                    if ((tiles - 1) & 1) {
+                        wgmma_fence();
+                        issue_pv(o, pb, slot(tiles - 1) + kSmem_v0);
+                    } else {
+                        wgmma_fence();
+                        issue_pv(o, pa, slot(tiles - 1) + kSmem_v0);
+                    }
                     pass_turn(warpgroup);
                     wgmma_wait<0>();
                     fence_registers(o);

@@ -158,6 +158,8 @@ def test_compiles_without_spills_and_smem_matches_plan(compiled, path, arch):
                                           f" ({'dynamic' if plan.smem_dynamic else 'static'})")
             assert f.registers <= 255
         assert part_res.cubin[:4] == b"\x7fELF"
+        # setmaxnreg ignored, a wgmma serialized or an arrive injected (`attngen compile` exits 1 on them too)
+        assert not part_res.wgmma_warnings, f"{path.name} ({arch}): {part_res.wgmma_warnings[0]}"
 
 
 @pytest.mark.nvcc
