@@ -358,9 +358,12 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     # d128 full masks at 256 keys (small and large grids) and 16x16x512 with the block's rows of O written out beside
     # the next block's first S (H100): its member serves from 363 keys
     io = "docs/hopper-h200/item_overlap/h100/io_dispatch.json"
+    # d128 causal at 384 keys (H100): the non-persistent ppet cell ahead of persistent_q2 on every grid timed, where
+    # a head's ramp of three query blocks leaves its middle block last
+    ramps = "docs/hopper-h200/short_ramps/h100/ramps_d128.json"
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
                                     "--from", short, "--from", walk, "--from", long, "--from", turns, "--from", small,
-                                    "--from", chains, "--from", kmpb, "--from", lazy, "--from", io, "--write",
+                                    "--from", chains, "--from", kmpb, "--from", lazy, "--from", io, "--from", ramps, "--write",
                                     "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))
