@@ -1,5 +1,5 @@
 #!/bin/bash
-# The next device call for short causal ramps (bf16; about 200 s on a warm cache): the table's picks through
+# The next device call for short causal ramps (bf16; about 550 s: a cold verify first): the table's picks through
 # attngen.attention beside the cells at 384 keys (the entries landed without an entry-point run), then the other
 # odd ramps the table's buckets were not measured at: d96 (192-row blocks) at 576 keys, d64 and d128 at 640 and 896,
 # d192 and d256 at 640, and d96 from 384 keys, whose persistent cell serves every causal call to 11585 keys from one
@@ -9,6 +9,12 @@ set -uo pipefail
 : "${OUT:?}"
 S=specs/h100_wgmma
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+# Owed since 82420007 (the kmpb fence) and 98d2c989 (the table): `attngen verify` over every spec from an empty cache,
+# then a process's first call with the cache it left (as docs/hopper-h200/kept_max_first/members/run_owed.sh does).
+export ATTNGEN_CACHE_DIR=$(mktemp -d); s=$(date +%s)
+timeout 280 python3 -m attngen verify > "$OUT/verify_cold.txt" 2> "$OUT/verify_cold.err"
+echo "verify rc=$? secs=$(( $(date +%s)-s ))"; grep -v ' pass$' "$OUT/verify_cold.txt" | tail -4
+for m in fwd fwd dec dec; do timeout 60 python3 docs/measurements/first_call.py $m; done 2>&1 | tee "$OUT/first_call.txt"
 ATTNGEN_ENTRY=1 ATTNGEN_ROUNDS=3 timeout 150 python3 docs/hopper-h200/forward_specs_vs_cudnn.py "$OUT/entry_384.json" \
   16x16x384x128,24x16x384x128,16x16x384x192,16x16x384x256,1x8x384x256 \
   ${S}_d128_n128c2ps2r24x240ppet_bf16.yaml ${S}_d128_persistent_q2_bf16.yaml ${S}_d192_km_bf16.yaml \
