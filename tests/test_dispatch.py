@@ -361,9 +361,12 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     # d128 causal at 384 keys (H100): the non-persistent ppet cell ahead of persistent_q2 on every grid timed, where
     # a head's ramp of three query blocks leaves its middle block last
     ramps = "docs/hopper-h200/short_ramps/h100/ramps_d128.json"
+    # d128 causal at 384 and 640 keys on 1x8 to 32x16 heads (H100), with two heads' middle query blocks in one unit
+    # of the persistent walk (schedule.middle_pairs): its member serves the large grids of both odd ramps
+    pairs = "docs/hopper-h200/middle_pairs/h100/pm_d128.json"
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
                                     "--from", short, "--from", walk, "--from", long, "--from", turns, "--from", small,
-                                    "--from", chains, "--from", kmpb, "--from", lazy, "--from", io, "--from", ramps, "--write",
+                                    "--from", chains, "--from", kmpb, "--from", lazy, "--from", io, "--from", ramps, "--from", pairs, "--write",
                                     "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))

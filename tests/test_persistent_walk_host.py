@@ -92,10 +92,28 @@ def host_compiler() -> str | None:
     return shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
+def middle_pairs_source() -> str:
+    """The window spec of GENERATED with schedule.middle_pairs, rendered here (the committed members that set it
+    carry only the causal mask)."""
+    import yaml
+    from attngen.render import render_bundle
+    from attngen.spec import load_spec, parse_spec
+    spec = load_spec(ROOT / "specs" / "h100_wgmma_d128_window_persistent.yaml")
+    data = spec.model_dump(mode="json", exclude_defaults=True, by_alias=True)
+    data["schedule"]["middle_pairs"] = True
+    data["masks"] = ["causal", "window"]
+    data["name"] = "t_window_persistent_pm"
+    plan, sources, _ = render_bundle(parse_spec(yaml.safe_dump(data), "t_window_persistent_pm.yaml"))
+    assert plan.fragments.middle_pairs
+    return sources[0]
+
+
 @pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler (g++, c++ or clang++) on PATH")
-def test_walk_takes_every_query_block_once(tmp_path):
+@pytest.mark.parametrize("walk", ["committed", "middle_pairs"])
+def test_walk_takes_every_query_block_once(tmp_path, walk):
+    text = GENERATED.read_text() if walk == "committed" else middle_pairs_source()
     source = tmp_path / "walk.cpp"
-    source.write_text(walk_source(GENERATED.read_text()))
+    source.write_text(walk_source(text))
     binary = tmp_path / "walk"
     build = subprocess.run([host_compiler(), "-std=c++17", "-O1", "-w", "-o", str(binary), str(source)],
                            capture_output=True, text=True)
@@ -104,5 +122,7 @@ def test_walk_takes_every_query_block_once(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:]
     grids, paired, failed = (int(w) for w in run.stdout.split()[1::2])
     assert failed == 0 and grids == 11 * 16 * 6 * 5
-    if "paired_middles" in GENERATED.read_text():
+    if walk == "middle_pairs":
         assert 0 < paired < grids   # both walks taken (the rule pairs some odd ramps, not all)
+    else:
+        assert "paired_middles" not in text and paired == 0

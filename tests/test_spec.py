@@ -329,6 +329,8 @@ RULE_CASES = [
     ("rule_q_tiles", WGMMA, {"schedule": {"q_tiles": 2}}, "schedule.q_tiles", "without schedule.persistent: true"),
     ("rule_item_overlap", WGMMA, {"schedule": {"item_overlap": True}, "epilogue": "tma"}, "schedule.item_overlap",
      "set schedule.persistent: true and schedule.overlap: true and schedule.q_tiles: 2, or item_overlap: false"),
+    ("rule_middle_pairs", WGMMA, {"schedule": {"middle_pairs": True}}, "schedule.middle_pairs",
+     "set schedule.persistent: true, or middle_pairs: false"),
     ("rule_item_overlap", WGMMA, {"schedule": {"item_overlap": True, "persistent": True, "overlap": True, "q_tiles": 2},
                                   "epilogue": "registers"}, "schedule.item_overlap", "set epilogue: tma (or shared)"),
     ("rule_key_halves", WGMMA, {"schedule": {"key_halves": 2, "overlap": True}, "warps": {"producer": 4, "consumer": 16},

@@ -71,6 +71,7 @@ class WgmmaFragments:
     q_tiles: int           # Q tiles (schedule.q_tiles): a persistent block's i-th query block uses tile i % q_tiles
     q_tile_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
     item_overlap: bool = False  # the next query block's first S issued before this block's epilogue (schedule.item_overlap)
+    middle_pairs: bool = False  # the persistent walk may take two heads' middle ramp blocks as one unit (schedule.middle_pairs)
     key_halves: int = 1     # warpgroups per row group of 64 query rows, splitting the block's key tiles (schedule.key_halves)
     merge_barrier: int = 0  # key_halves 2: the first named barrier of the merge (one per row group)
     page_box_rows: int = 0  # paged: the most key rows one TMA copy of a page moves (0: not paged)
@@ -277,6 +278,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           o_stage_offset=offset["o" if own_o else "q"],
                           q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0,
                           item_overlap=spec.schedule.item_overlap,
+                          middle_pairs=spec.schedule.middle_pairs,
                           key_halves=halves,
                           merge_barrier=merge_barrier,
                           page_box_rows=page_box_rows(bn) if paged else 0,
@@ -341,6 +343,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                     f"handed it back, so it loads while block i - 1 still runs" if q_tiles > 1 else "")
                  + ("; block i's rows of O are packed once its last P.V is done and written out beside block "
                     "i + 1's first S" if spec.schedule.item_overlap else "")
+                 + ("; heads of a ramp of 3 or 5 blocks may go in twos, their middle blocks one unit after both "
+                    "heads' other units" if spec.schedule.middle_pairs else "")
                  if persistent else "  one query block per thread block"),
                 epilogue_line(spec.epilogue, own_o, epilogue_barrier(consumers, spec.schedule.pingpong)),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "

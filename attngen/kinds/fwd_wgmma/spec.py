@@ -96,6 +96,12 @@ def rule_item_overlap(s):
                                          + ", or item_overlap: false")
 
 
+def rule_middle_pairs(s):
+    if s.schedule.middle_pairs and not s.schedule.persistent:
+        return "schedule.middle_pairs", ("two heads' middle query blocks share a unit of a persistent block's walk; "
+                                         "set schedule.persistent: true, or middle_pairs: false")
+
+
 def rule_key_halves(s):
     if s.schedule.key_halves == 1:
         return None
@@ -332,6 +338,12 @@ class Schedule(Strict):
         "once the next query block's first S = Q.K^T (from the other Q tile) is issued, beside that GEMM, rather than "
         "ahead of it; the rows are finished and packed as soon as the last P.V is done. Needs persistent, overlap, "
         "q_tiles: 2 and a staged epilogue (tma or shared)"))
+    middle_pairs: bool = Field(default=False, description=(
+        "a persistent block's walk of causal and window calls may take heads in twos where a head's ramp is 3 or 5 "
+        "query blocks: the first head's units, the second's, then one unit of the two heads' middle blocks, which "
+        "then read K/V tiles that are still in L2; otherwise each middle block comes alone at the end, after every "
+        "other head's tiles. The walk pairs them where the busiest block's work grows by at most 3 / (5 x ramp) "
+        "(16x16x384x128 causal on an H100: 55.0 -> 44.9 us). Needs persistent"))
     key_halves: Literal[1, 2] = Field(default=1, description=(
         "warpgroups per row group of 64 query rows: 2 splits a query block's key tiles between two warpgroups "
         "(even tiles and odd tiles), each with its own row maxima, sums and O, merged through shared memory before "
@@ -372,7 +384,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_lazy_rescale = True
     takes_kept_max_first = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
+             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_p_buffers, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
