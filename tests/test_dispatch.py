@@ -364,9 +364,13 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     # d128 causal at 384 and 640 keys on 1x8 to 32x16 heads (H100), with two heads' middle query blocks in one unit
     # of the persistent walk (schedule.middle_pairs): its member serves the large grids of both odd ramps
     pairs = "docs/hopper-h200/middle_pairs/h100/pm_d128.json"
+    # the same cells again once the member took L2 eviction hints (schedule.l2_hints); its trial members left out
+    hints = "docs/hopper-h200/middle_pairs/h100/l2/pm_l2_d128_served.json"
+    # d128 causal at 256 keys (two query blocks), where the 443-key bucket had reached: ppet from 46341 rows
+    two = "docs/hopper-h200/middle_pairs/h100/l2/pm_d128_256.json"
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
                                     "--from", short, "--from", walk, "--from", long, "--from", turns, "--from", small,
-                                    "--from", chains, "--from", kmpb, "--from", lazy, "--from", io, "--from", ramps, "--from", pairs, "--write",
+                                    "--from", chains, "--from", kmpb, "--from", lazy, "--from", io, "--from", ramps, "--from", pairs, "--from", hints, "--from", two, "--write",
                                     "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))

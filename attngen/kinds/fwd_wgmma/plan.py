@@ -72,6 +72,7 @@ class WgmmaFragments:
     q_tile_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
     item_overlap: bool = False  # the next query block's first S issued before this block's epilogue (schedule.item_overlap)
     middle_pairs: bool = False  # the persistent walk may take two heads' middle ramp blocks as one unit (schedule.middle_pairs)
+    l2_hints: bool = False  # TMA copies with L2 eviction priorities (schedule.l2_hints)
     key_halves: int = 1     # warpgroups per row group of 64 query rows, splitting the block's key tiles (schedule.key_halves)
     merge_barrier: int = 0  # key_halves 2: the first named barrier of the merge (one per row group)
     page_box_rows: int = 0  # paged: the most key rows one TMA copy of a page moves (0: not paged)
@@ -279,6 +280,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0,
                           item_overlap=spec.schedule.item_overlap,
                           middle_pairs=spec.schedule.middle_pairs,
+                          l2_hints=spec.schedule.l2_hints,
                           key_halves=halves,
                           merge_barrier=merge_barrier,
                           page_box_rows=page_box_rows(bn) if paged else 0,
