@@ -838,7 +838,7 @@ __device__ __forceinline__ void tma_store_rows(uint32_t sO, const P& p, const Bl
 // a head's k-th longest ramp block and its k-th shortest, whose tiles add up to about the same for
 // every k; each block after the ramp (a window's full width, about a ramp unit's tiles) is a unit of
 // its own. A head's units are adjacent (its K/V tiles stay in L2), and when the ramp is odd, each
-// head's middle ramp block comes last, one per unit, as the shortest work (schedule.middle_pairs: or paired, below). Units run in rounds of 2G
+// head's middle ramp block comes last, one per unit, as the shortest work (or, with schedule.middle_pairs, two heads' in one unit: below). Units run in rounds of 2G
 // positions: a block's two positions of a round are the two halves of one unit (a lone block's second
 // half is empty).
 // schedule.middle_pairs: heads may go in twos: the first head's units, the second's, then one unit of the

@@ -4,6 +4,7 @@
 # (3 and 5 query blocks of 128 rows: 257-384 and 513-640 keys), bf16, alternating with cuDNN in one process
 # (3 rounds). Run from the repository root on the device (about 400 s):
 #   bash .whl/setup.sh >/dev/null && export PYTHONPATH=/tmp/site:$PWD && OUT=$OUT bash docs/hopper-h200/middle_pairs/run_middle_pairs.sh
+# (the d64 member it names, h100_wgmma_d64_persistent_q2_mc4_pm, was dropped after this call: no gain)
 set -uo pipefail
 : "${OUT:?}"
 S=specs/h100_wgmma
