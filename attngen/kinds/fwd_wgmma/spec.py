@@ -346,7 +346,8 @@ class Schedule(Strict):
         "(16x16x384x128 causal on an H100: 55.0 -> 44.9 us). Needs persistent"))
     l2_hints: bool = Field(default=False, description=(
         "the TMA copies carry L2 eviction priorities: Q's loads and O's stores evict_first (each read or written "
-        "once), K's and V's loads evict_last (a head's tiles are read again by each of its query blocks)"))
+        "once), K's and V's loads evict_last (a head's tiles are read again by each of its query blocks); paged K/V, "
+        "V^T and even/odd K rows copy without a hint"))
     key_halves: Literal[1, 2] = Field(default=1, description=(
         "warpgroups per row group of 64 query rows: 2 splits a query block's key tiles between two warpgroups "
         "(even tiles and odd tiles), each with its own row maxima, sums and O, merged through shared memory before "
