@@ -183,12 +183,13 @@ def test_launch_on_a_side_stream(torch, phase4):
 # Persistent walks with more query blocks than SMs: causal calls then take a head's query blocks in
 # units (longest with shortest); 1-8 query blocks per head of 128 rows, 1-6 of 192 (the middle block
 # of an odd count comes last; with schedule.middle_pairs, two heads' middle blocks share a unit, and of an
-# odd count of heads the last middle block goes alone), seqlen_q above seqlen_k (bottom-right: the first
+# odd count of heads the last middle block goes alone; with epilogue_tile: own_in_turns the two warpgroups pass O's
+# tile at every item, full masks too), seqlen_q above seqlen_k (bottom-right: the first
 # query blocks see no key) and below, GQA; and blocks of 64 rows with one consumer warpgroup.
 PERSISTENT_SPECS = [ROOT / "specs" / f"h100_wgmma_{name}.yaml"
                     for name in ("d128_persistent_q2", "d64_persistent_q2", "d64_persistent_q2_c3", "d64_n128c1ps3opb",
                                  "d128_persistent_q2_pm", "d192_persistent_pm",
-                                 "d256_persistent_n64_pm")]
+                                 "d256_persistent_n64_pm", "d192_persistent_n96_pm_ot", "d256_persistent_n64_ot")]
 PERSISTENT_WALKS = (verify.Shape(2, 48, 16, 1024, 1024), verify.Shape(3, 40, 40, 300, 300, "bshd"),
                     verify.Shape(1, 96, 24, 640, 400), verify.Shape(2, 70, 70, 333, 900, "bshd"),
                     verify.Shape(2, 80, 80, 100, 100), verify.Shape(1, 160, 40, 256, 200, "bshd"),

@@ -398,6 +398,24 @@ def test_wgmma_own_epilogue_tile():
     assert "out of the Q tile" in " ".join(over_q.schedule)
 
 
+def test_wgmma_own_epilogue_tile_in_turns():
+    """epilogue_tile: own_in_turns stages O in a tile of one warpgroup's 64 rows (half of own's at two consumer
+    warpgroups), which the warpgroups take in turn on named barriers after the epilogue's (5 and 6); Q goes back
+    before the epilogue as with own."""
+    text = (spec_text(head_dim=256, block_m=128, block_n=64, warps="{producer: 4, consumer: 8}",
+                      mma="wgmma_m64nNk16", smem="{swizzle: {xor_bits: 3}, stages: 2, async_copy: true, opt_in: true}",
+                      target="h100") + "registers: {producer: 24, consumer: 240}\nepilogue: tma\n"
+            "schedule: {overlap: true, persistent: true}\n")
+    over_q, turns = plan_of(text), plan_of(text + "epilogue_tile: own_in_turns\n")
+    assert turns.region("o").offset % 1024 == 0 and turns.fragments.o_stage_offset == turns.region("o").offset
+    assert turns.smem_bytes == over_q.smem_bytes + 64 * 256 * 2
+    assert turns.fragments.o_tile_in_turns and turns.fragments.o_turn_barrier == turns.fragments.epilogue_barrier + 2
+    assert not over_q.fragments.o_tile_in_turns
+    assert "in its turn" in " ".join(turns.schedule) and "before its epilogue" in " ".join(turns.schedule)
+    with pytest.raises((BudgetError, SpecError)):   # a whole own tile does not fit at head_dim 256
+        plan_of(text + "epilogue_tile: own\n")
+
+
 def test_wgmma_two_q_tiles():
     """schedule.q_tiles: 2 (persistent) gives a second swizzled Q tile right after the first and a
     q_full / q_empty pair per tile, so the producer loads the next query block's Q into the other tile."""

@@ -73,6 +73,8 @@ class WgmmaFragments:
     item_overlap: bool = False  # the next query block's first S issued before this block's epilogue (schedule.item_overlap)
     middle_pairs: bool = False  # the persistent walk may take two heads' middle ramp blocks as one unit (schedule.middle_pairs)
     l2_hints: bool = False  # TMA copies with L2 eviction priorities (schedule.l2_hints)
+    o_tile_in_turns: bool = False  # O's own tile holds one warpgroup's rows, the two taking it in turn (epilogue_tile)
+    o_turn_barrier: int = 0  # o_tile_in_turns: named barrier o_turn_barrier + w: the tile is warpgroup w's
     key_halves: int = 1     # warpgroups per row group of 64 query rows, splitting the block's key tiles (schedule.key_halves)
     merge_barrier: int = 0  # key_halves 2: the first named barrier of the merge (one per row group)
     page_box_rows: int = 0  # paged: the most key rows one TMA copy of a page moves (0: not paged)
@@ -150,11 +152,15 @@ def barriers(stages: int, consumer_warps: int, k_bytes: int, v_bytes: int, q_byt
     return tuple(out)
 
 
-def epilogue_line(epilogue: str, own_tile: bool = False, barrier: int = 3) -> str:
+def epilogue_line(epilogue: str, own_tile: bool = False, barrier: int = 3, turn_barrier: int = 0) -> str:
     """The schedule's last step: how a consumer warpgroup writes its 64 rows of O (`barrier`: the
-    first of the staged epilogue's named barriers)."""
+    first of the staged epilogue's named barriers; turn_barrier: O's own tile holds one warpgroup's rows, the
+    first of the two named barriers that pass it)."""
     staging = ("  epilogue: each consumer warpgroup normalises O and writes its 64 rows " +
-               ("into its rows of O's own tile (swizzled like Q, 4-byte stores; Q went back before it)"
+               (f"into O's own tile of 64 rows in its turn (warpgroup 0 first; it waits on named barrier "
+                f"{turn_barrier} + w until the other warpgroup's rows were read out of it; swizzled like Q, 4-byte "
+                f"stores; Q went back before it)" if turn_barrier else
+                "into its rows of O's own tile (swizzled like Q, 4-byte stores; Q went back before it)"
                 if own_tile else
                 "over its rows of the Q tile (its last S GEMM has completed; swizzled like Q, 4-byte stores)") +
                f", then syncs its 128 threads on named barrier {barrier} + w; ")
@@ -207,7 +213,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     v_t = transposed_v(bn * eb, tdv) if vt else None
     consumers, producers = spec.compute_warps // WARPGROUP, spec.producer_warps // WARPGROUP
     staged = spec.epilogue != "registers"
-    own_o = staged and spec.epilogue_tile == "own"
+    own_o = staged and spec.epilogue_tile != "q"
+    o_in_turns = own_o and spec.epilogue_tile == "own_in_turns"
     q_tiles = spec.schedule.q_tiles
     over_q = "; each consumer warpgroup stages its rows of O over its rows of Q" if staged and not own_o else ""
     q_what = "Q tile, loaded once" if q_tiles == 1 else "Q tile 0: even query blocks of the block"
@@ -216,8 +223,10 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
         tiles.append(swizzled_tile("q1", bm, td, panel, in_ctype, "Q tile 1: odd query blocks, loaded while tile 0's "
                                                                   "block runs (and the other way round)", eb))
     if own_o:
-        tiles.append(swizzled_tile("o", bm, tdv, panel, ctype, "O staged for the epilogue (its own tile: Q is handed "
-                                                                "back before the epilogue)"))
+        tiles.append(swizzled_tile("o", ROWS_PER_WARPGROUP if o_in_turns else bm, tdv, panel, ctype,
+                                   "O staged for the epilogue (its own tile: Q is handed back before the epilogue)"
+                                   + ("; one warpgroup's rows, the two warpgroups taking it in turn" if o_in_turns
+                                      else "")))
     for s in range(stages):
         tiles.append(swizzled_tile(f"k{s}", bn, td, panel, in_ctype, f"K tile, stage {s}", eb))
         tiles.append(swizzled_tile(f"v{s}", tdv, bn, v_t.panel, in_ctype, f"V^T tile, stage {s}", eb) if v_t else
@@ -230,6 +239,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
     q_bars = "q_full" + (", q_empty" if persistent else "") + (f" [0..{q_tiles}) each" if q_tiles > 1 else "")
     halves = spec.schedule.key_halves
     merge_barrier = epilogue_barrier(consumers, spec.schedule.pingpong) + consumers   # after the epilogue's
+    o_turn_barrier = merge_barrier if o_in_turns else 0   # key_halves (the merge) is never beside it
     if halves > 1:   # the second key half's O (fp32, in its threads' register order) and row maxima and sums
         row_groups = consumers // halves
         tiles.append(Region("merge", row_groups * (tdv // 2 + 4), WARPGROUP * 32, "float", 4, WARPGROUP * 32 * 4,
@@ -281,6 +291,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           item_overlap=spec.schedule.item_overlap,
                           middle_pairs=spec.schedule.middle_pairs,
                           l2_hints=spec.schedule.l2_hints,
+                          o_tile_in_turns=o_in_turns, o_turn_barrier=o_turn_barrier,
                           key_halves=halves,
                           merge_barrier=merge_barrier,
                           page_box_rows=page_box_rows(bn) if paged else 0,
@@ -348,7 +359,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                  + ("; heads of a ramp of 3 or 5 blocks may go in twos, their middle blocks one unit after both "
                     "heads' other units" if spec.schedule.middle_pairs else "")
                  if persistent else "  one query block per thread block"),
-                epilogue_line(spec.epilogue, own_o, epilogue_barrier(consumers, spec.schedule.pingpong)),
+                epilogue_line(spec.epilogue, own_o, epilogue_barrier(consumers, spec.schedule.pingpong), o_turn_barrier),
                 f"up to {stages} tiles in flight; thread 0 initialises the mbarriers (fence.mbarrier_init), "
                 "one __syncthreads publishes them")
     variants = spec_variants(spec)

@@ -145,11 +145,19 @@ def rule_awaiting_twins_need_padded_calls(s):
 
 
 def rule_epilogue_tile(s):
-    if s.epilogue_tile == "own" and s.epilogue == "registers":
+    if s.epilogue_tile != "q" and s.epilogue == "registers":
         return "epilogue_tile", "the registers epilogue stages nothing: use epilogue: shared or tma, or epilogue_tile: q"
-    if s.epilogue_tile == "own" and not s.schedule.persistent:
+    if s.epilogue_tile != "q" and not s.schedule.persistent:
         return "epilogue_tile", ("an own O tile lets a persistent block's producer load the next Q during the epilogue; "
                                  "without schedule.persistent: true nothing reuses Q: use epilogue_tile: q")
+    if s.epilogue_tile == "own_in_turns":
+        # The turns are a pair of named barriers between exactly two warpgroups that stage every item's rows.
+        if s.compute_warps // WARPGROUP != 2 or s.schedule.key_halves > 1 or s.schedule.item_overlap or \
+                s.epilogue != "tma":
+            return "epilogue_tile", ("own_in_turns passes one warpgroup's tile between two consumer warpgroups that "
+                                     "each store their own rows of every item by TMA: use epilogue: tma and warps: {producer: 4, "
+                                     "consumer: 8} without schedule.key_halves or schedule.item_overlap, or "
+                                     "epilogue_tile: own")
 
 
 rule_async_copies = refuse(
@@ -367,11 +375,14 @@ class WgmmaForwardSpec(ForwardSpec):
     registers: Optional[Registers] = Field(
         default=None, description="registers per thread of each role after setmaxnreg; unset: no reallocation")
     schedule: Schedule = Schedule()
-    epilogue_tile: Literal["q", "own"] = Field(default="q", description=(
+    epilogue_tile: Literal["q", "own", "own_in_turns"] = Field(default="q", description=(
         "where a staged epilogue (shared, tma) writes O: q = over the Q tile (no more shared memory; a "
         "persistent block's producer loads the next Q only once O was read out of it); own = a tile of its "
         "own (block_m x head_dim_v more shared memory; Q is handed back as soon as the block's GEMMs are done, "
-        "so the next Q loads during the epilogue); needs schedule.persistent"))
+        "so the next Q loads during the epilogue); own_in_turns = a tile of one warpgroup's 64 rows x head_dim_v, "
+        "which the two consumer warpgroups take in turn (Q handed back as with own, for half the shared memory: "
+        "where the whole tile does not fit, as at head_dim 192 and 256); own and own_in_turns need "
+        "schedule.persistent"))
     epilogue: Literal["registers", "shared", "tma"] = Field(default="registers", description=(
         "how O leaves: registers = each thread stores its accumulator pairs (4-byte stores); shared = a "
         "consumer warpgroup writes its 64 normalised rows over its rows of the Q tile (swizzled like Q) "

@@ -2,7 +2,7 @@
 middle_pairs members: 50 calls back to back cycling through input sets that defeat L2 reuse, the host clock from
 the first call to the synchronize after the last (host and GPU both in it, as a model's eager calls feel them);
 the two calls alternating over 5 rounds, the median of the rounds. Usage:
-    python3 docs/hopper-h200/middle_pairs/entry_eager.py OUT.json
+    python3 docs/hopper-h200/middle_pairs/entry_eager.py OUT.json [SHAPES]   (SHAPES: BxHxSxD,... ; default below)
 """
 import json
 import statistics
@@ -33,10 +33,10 @@ def eager_us(fn, sets):
     return (time.perf_counter() - t0) / N * 1e6
 
 
-def main(out_path):
+def main(out_path, shapes=",".join(SHAPES)):
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for shape in SHAPES:
+    for shape in shapes.split(","):
         b, h, s, d = map(int, shape.split("x"))
         for dtype in ("fp16", "bf16"):
             sets = input_sets(torch, Case(b, h, s, d, dtype, True), torch.device("cuda"), gen)
@@ -55,6 +55,6 @@ def main(out_path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(*sys.argv[1:])
