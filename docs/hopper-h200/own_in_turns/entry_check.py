@@ -21,11 +21,13 @@ SHAPES = [("1x8x256x192", "causal"), ("3x25x384x192", "causal none"), ("16x16x51
           ("16x16x640x256", "causal"), ("7x16x1280x256", "causal"), ("1x8x512x256", "causal none")]
 
 
-def main(out_path):
+def main(out_path, shapes=SHAPES, seed=11):
+    """Each (shape, masks) of `shapes` through attngen.attention in fp16 and bf16, inputs drawn from `seed`; the
+    report to out_path; 1 on a failure."""
     table = load_table(table_path(Path(__file__).resolve().parents[3] / "specs"))   # the table attngen.attention reads
     rows, failed = [], 0
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    for shape, masks in SHAPES:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for shape, masks in shapes:
         b, h, s, d = map(int, shape.split("x"))
         for dtype in (torch.float16, torch.bfloat16):
             q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
