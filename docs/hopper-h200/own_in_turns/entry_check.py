@@ -1,7 +1,8 @@
 """attngen.attention at shapes the table now sends to the own_in_turns members (and the buckets around them), both
 masks, both dtypes, random inputs, against the fp32 reference with the error rule (<= 2x torch's own low-precision
 attention's error, plus the floor); a NaN anywhere fails. Prints one line per call (with the spec the table picked)
-and exits 1 on any failure. Usage: python3 docs/hopper-h200/own_in_turns/entry_check.py OUT.json
+and exits 1 on any failure. Usage: python3 docs/hopper-h200/own_in_turns/entry_check.py OUT.json [SHAPES]
+(SHAPES: BxHxSxD[xDv]:mask[+mask],... e.g. 16x16x640x192x128:causal+none; default: the list below)
 """
 import json
 import sys
@@ -21,6 +22,11 @@ SHAPES = [("1x8x256x192", "causal"), ("3x25x384x192", "causal none"), ("16x16x51
           ("16x16x640x256", "causal"), ("7x16x1280x256", "causal"), ("1x8x512x256", "causal none")]
 
 
+def parse_shapes(text):
+    """BxHxSxD[xDv]:mask[+mask],... (the command line's form) as main's (shape, masks) pairs."""
+    return [(item.split(":")[0], item.split(":")[1].replace("+", " ")) for item in text.split(",")]
+
+
 def main(out_path, shapes=SHAPES, seed=11):
     """Each (shape, masks) of `shapes` through attngen.attention in fp16 and bf16, inputs drawn from `seed`; the
     report to out_path; 1 on a failure."""
@@ -28,9 +34,10 @@ def main(out_path, shapes=SHAPES, seed=11):
     rows, failed = [], 0
     gen = torch.Generator(device="cuda").manual_seed(seed)
     for shape, masks in shapes:
-        b, h, s, d = map(int, shape.split("x"))
+        b, h, s, d, *dv = map(int, shape.split("x"))   # BxHxSxD, or BxHxSxDxDv: V's head dim apart
+        dv = dv[0] if dv else d
         for dtype in (torch.float16, torch.bfloat16):
-            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+            q, k, v = (torch.randn(b, h, s, n, device="cuda", dtype=dtype, generator=gen) for n in (d, d, dv))
             for mask in masks.split():
                 causal = mask == "causal"
                 out = attngen.attention(q, k, v, causal=causal)
@@ -41,7 +48,8 @@ def main(out_path, shapes=SHAPES, seed=11):
                 err = (out.float() - ref).abs().max().item()
                 bound = error_bound((low.float() - ref).abs().max().item())
                 name = "fp16" if dtype == torch.float16 else "bf16"
-                spec = select(table, "forward", "sm_90", name, d, mask, s, rows=b * h * s).spec
+                spec = select(table, "forward", "sm_90", name, d, mask, s, rows=b * h * s,
+                              head_dim_v=dv if dv != d else 0).spec
                 ok = err == err and err <= bound
                 failed += not ok
                 rows.append({"shape": shape, "dtype": name, "mask": mask, "spec": spec, "max_err": err, "bound": bound,
@@ -54,4 +62,6 @@ def main(out_path, shapes=SHAPES, seed=11):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    sys.exit(main(sys.argv[1], parse_shapes(sys.argv[2])) if len(sys.argv) == 3 else main(sys.argv[1]))
