@@ -156,14 +156,16 @@ def epilogue_line(epilogue: str, own_tile: bool = False, barrier: int = 3, turn_
     """The schedule's last step: how a consumer warpgroup writes its 64 rows of O (`barrier`: the
     first of the staged epilogue's named barriers; turn_barrier: O's own tile holds one warpgroup's rows, the
     first of the two named barriers that pass it)."""
-    staging = ("  epilogue: each consumer warpgroup normalises O and writes its 64 rows " +
-               (f"into O's own tile of 64 rows in its turn (warpgroup 0 first; it waits on named barrier "
-                f"{turn_barrier} + w until the other warpgroup's rows were read out of it; swizzled like Q, 4-byte "
-                f"stores; Q went back before it)" if turn_barrier else
-                "into its rows of O's own tile (swizzled like Q, 4-byte stores; Q went back before it)"
-                if own_tile else
-                "over its rows of the Q tile (its last S GEMM has completed; swizzled like Q, 4-byte stores)") +
-               f", then syncs its 128 threads on named barrier {barrier} + w; ")
+    if turn_barrier:
+        where = (f"into O's own tile of 64 rows in its turn (warpgroup 0 first; it waits on named barrier "
+                 f"{turn_barrier} + w until the other warpgroup's rows were read out of it; swizzled like Q, 4-byte "
+                 f"stores; Q went back before it)")
+    elif own_tile:
+        where = "into its rows of O's own tile (swizzled like Q, 4-byte stores; Q went back before it)"
+    else:
+        where = "over its rows of the Q tile (its last S GEMM has completed; swizzled like Q, 4-byte stores)"
+    staging = (f"  epilogue: each consumer warpgroup normalises O and writes its 64 rows {where}, then syncs its 128 "
+               f"threads on named barrier {barrier} + w; ")
     return {"registers": "  epilogue: each thread stores its normalised O pairs to global memory (4-byte stores)",
             "shared": staging + "its threads copy the rows out with 16-byte coalesced stores",
             "tma": staging + ("after fence.proxy.async its first thread issues one TMA store per panel "
