@@ -32,19 +32,3 @@ def test_a_spec_without_the_key_has_no_cache_policy():
         text = source(name)
         assert "cache_hint" not in text and "createpolicy" not in text, name
 
-
-def test_own_in_turns_members_stage_one_warpgroups_rows_and_pass_the_tile():
-    """epilogue_tile: own_in_turns: a warpgroup's rows of O go to row 0 of the 64-row tile (panels of 64 rows), the
-    TMA store reads them from there, and the two warpgroups pass the tile on their named barriers; a spec without the
-    key renders none of it."""
-    text = source("h100_wgmma_d256_persistent_n64_pm_ot")
-    assert "stage_output(sO, o, inv, row0 - c.m0 - wg_row0, lane)" in text
-    assert "(chunk / kPanelChunks) * (kRowsPerWarpgroup * kPanelRowBytes)" in text
-    store = text[text.index("void tma_store_rows("):]
-    assert "sO + panel * kRowsPerWarpgroup * kPanelRowBytes, kPanelCols * panel," in store[:store.index("bulk_commit_group();")]
-    loop = text[text.index("int o_turns = 0;"):]
-    assert loop.index("take_o_tile(warpgroup, o_turns);") < loop.index("pass_o_tile(warpgroup);") < \
-        loop.index("last_o_turn(warpgroup, o_turns);")
-    for name in ("h100_wgmma_d256_persistent_n64_pm", "h100_wgmma_d128_persistent_q2"):
-        plain = source(name)
-        assert "o_turns" not in plain and "kOTurnBarrier" not in plain and "kBlockM * kPanelRowBytes) + row" in plain
