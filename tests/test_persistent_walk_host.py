@@ -92,26 +92,31 @@ def host_compiler() -> str | None:
     return shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
-def middle_pairs_source() -> str:
-    """The window spec of GENERATED with schedule.middle_pairs, rendered here (the committed members that set it
-    carry only the causal mask)."""
+def rendered_walk_source(**schedule) -> str:
+    """The window spec of GENERATED with the given schedule keys (middle_pairs, short_first), rendered here (the
+    committed members that set them carry only the causal mask)."""
     import yaml
     from attngen.render import render_bundle
     from attngen.spec import load_spec, parse_spec
     spec = load_spec(ROOT / "specs" / "h100_wgmma_d128_window_persistent.yaml")
     data = spec.model_dump(mode="json", exclude_defaults=True, by_alias=True)
-    data["schedule"]["middle_pairs"] = True
+    data["schedule"].update(schedule)
     data["masks"] = ["causal", "window"]
-    data["name"] = "t_window_persistent_pm"
-    plan, sources, _ = render_bundle(parse_spec(yaml.safe_dump(data), "t_window_persistent_pm.yaml"))
-    assert plan.fragments.middle_pairs
+    data["name"] = "t_window_persistent_" + "_".join(sorted(schedule))
+    plan, sources, _ = render_bundle(parse_spec(yaml.safe_dump(data), f"{data['name']}.yaml"))
+    assert all(getattr(plan.fragments, key) == value for key, value in schedule.items())
     return sources[0]
 
 
+WALKS = {"committed": {}, "middle_pairs": {"middle_pairs": True}, "short_first": {"short_first": True},
+         "middle_pairs_short_first": {"middle_pairs": True, "short_first": True}}
+
+
 @pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler (g++, c++ or clang++) on PATH")
-@pytest.mark.parametrize("walk", ["committed", "middle_pairs"])
+@pytest.mark.parametrize("walk", list(WALKS))
 def test_walk_takes_every_query_block_once(tmp_path, walk):
-    text = GENERATED.read_text() if walk == "committed" else middle_pairs_source()
+    text = GENERATED.read_text() if walk == "committed" else rendered_walk_source(**WALKS[walk])
+    assert ("second ? ramp - 1 - k : k" in text) == bool(WALKS[walk].get("short_first"))   # the order the walk takes
     source = tmp_path / "walk.cpp"
     source.write_text(walk_source(text))
     binary = tmp_path / "walk"
@@ -122,7 +127,7 @@ def test_walk_takes_every_query_block_once(tmp_path, walk):
     assert run.returncode == 0, run.stdout[-3000:]
     grids, paired, failed = (int(w) for w in run.stdout.split()[1::2])
     assert failed == 0 and grids == 11 * 16 * 6 * 5
-    if walk == "middle_pairs":
+    if WALKS[walk].get("middle_pairs"):
         assert 0 < paired < grids   # both walks taken (the rule pairs some odd ramps, not all)
     else:
         assert "paired_middles" not in text and paired == 0

@@ -337,6 +337,8 @@ RULE_CASES = [
      "set schedule.persistent: true and schedule.overlap: true and schedule.q_tiles: 2, or item_overlap: false"),
     ("rule_middle_pairs", WGMMA, {"schedule": {"middle_pairs": True}}, "schedule.middle_pairs",
      "set schedule.persistent: true, or middle_pairs: false"),
+    ("rule_short_first", WGMMA, {"schedule": {"short_first": True}}, "schedule.short_first",
+     "set schedule.persistent: true, or short_first: false"),
     ("rule_item_overlap", WGMMA, {"schedule": {"item_overlap": True, "persistent": True, "overlap": True, "q_tiles": 2},
                                   "epilogue": "registers"}, "schedule.item_overlap", "set epilogue: tma (or shared)"),
     ("rule_key_halves", WGMMA, {"schedule": {"key_halves": 2, "overlap": True}, "warps": {"producer": 4, "consumer": 16},

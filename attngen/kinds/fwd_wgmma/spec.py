@@ -102,6 +102,12 @@ def rule_middle_pairs(s):
                                          "set schedule.persistent: true, or middle_pairs: false")
 
 
+def rule_short_first(s):
+    if s.schedule.short_first and not s.schedule.persistent:
+        return "schedule.short_first", ("the order of a unit's two query blocks in a persistent block's walk; "
+                                         "set schedule.persistent: true, or short_first: false")
+
+
 def rule_key_halves(s):
     if s.schedule.key_halves == 1:
         return None
@@ -352,6 +358,11 @@ class Schedule(Strict):
         "then read K/V tiles that are still in L2; otherwise each middle block comes alone at the end, after every "
         "other head's tiles. The walk pairs them where the busiest block's work grows by at most 3 / (5 x ramp) "
         "(16x16x384x128 causal on an H100: 55.0 -> 44.9 us). Needs persistent"))
+    short_first: bool = Field(default=False, description=(
+        "a persistent block takes a unit's shorter query block first, then the longer one (which reads the same "
+        "head's K/V tiles from the first again, a few tiles later, while they are still in L2); otherwise the longer "
+        "first, whose shorter partner reads those tiles again only after the longer one's whole walk. Needs "
+        "persistent"))
     l2_hints: bool = Field(default=False, description=(
         "the TMA copies carry L2 eviction priorities: Q's loads and O's stores evict_first (each read or written "
         "once), K's and V's loads evict_last (a head's tiles are read again by each of its query blocks); paged K/V, "
@@ -399,7 +410,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_lazy_rescale = True
     takes_kept_max_first = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
+             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_short_first, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_p_buffers, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
