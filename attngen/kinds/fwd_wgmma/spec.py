@@ -361,9 +361,9 @@ class Schedule(Strict):
     short_first: bool = Field(default=False, description=(
         "a persistent block takes a unit's shorter query block first, then the longer one (which reads the same "
         "head's K/V tiles from the first again, a few tiles later, while they are still in L2); otherwise the longer "
-        "first, whose shorter partner reads those tiles again only after the longer one's whole walk. Pays where a "
-        "head's K/V outgrow that distance in L2 (d256 16x16x512 causal on an H100: 117.5 -> 108.5 us); at d128 and "
-        "d192 it was slower. Needs persistent"))
+        "first, whose shorter partner reads those tiles again only after the longer one's whole walk. Pays where "
+        "what every SM streams through L2 during that walk evicts the tiles, as with d256's large K/V tiles (16x16x512 "
+        "causal on an H100: 117.5 -> 108.5 us); at d128 and d192 it was slower. Needs persistent"))
     l2_hints: bool = Field(default=False, description=(
         "the TMA copies carry L2 eviction priorities: Q's loads and O's stores evict_first (each read or written "
         "once), K's and V's loads evict_last (a head's tiles are read again by each of its query blocks); paged K/V, "
