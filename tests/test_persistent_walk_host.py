@@ -109,14 +109,17 @@ def rendered_walk_source(**schedule) -> str:
 
 
 WALKS = {"committed": {}, "middle_pairs": {"middle_pairs": True}, "short_first": {"short_first": True},
-         "middle_pairs_short_first": {"middle_pairs": True, "short_first": True}}
+         "middle_pairs_short_first": {"middle_pairs": True, "short_first": True},
+         "longest_alone": {"longest_alone": True}, "longest_alone_short_first": {"longest_alone": True, "short_first": True}}
 
 
 @pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler (g++, c++ or clang++) on PATH")
 @pytest.mark.parametrize("walk", list(WALKS))
 def test_walk_takes_every_query_block_once(tmp_path, walk):
     text = GENERATED.read_text() if walk == "committed" else rendered_walk_source(**WALKS[walk])
-    assert ("second ? ramp - 1 - k : k" in text) == bool(WALKS[walk].get("short_first"))   # the order the walk takes
+    short_first = "second ? top - j : j" if WALKS[walk].get("longest_alone") else "second ? ramp - 1 - k : k"
+    assert (short_first in text) == bool(WALKS[walk].get("short_first"))   # the order the walk takes
+    assert ("const int odd = ramp % 2, top = ramp - 1 - odd;" in text) == bool(WALKS[walk].get("longest_alone"))
     source = tmp_path / "walk.cpp"
     source.write_text(walk_source(text))
     binary = tmp_path / "walk"

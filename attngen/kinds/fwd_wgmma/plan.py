@@ -72,6 +72,7 @@ class WgmmaFragments:
     q_tile_stride: int     # bytes from Q tile 0 to Q tile 1 (0: one tile)
     item_overlap: bool = False  # the next query block's first S issued before this block's epilogue (schedule.item_overlap)
     middle_pairs: bool = False  # the persistent walk may take two heads' middle ramp blocks as one unit (schedule.middle_pairs)
+    longest_alone: bool = False  # an odd ramp's longest block a unit alone, the others in pairs (schedule.longest_alone)
     short_first: bool = False  # a persistent walk's unit takes its shorter query block first (schedule.short_first)
     l2_hints: bool = False  # TMA copies with L2 eviction priorities (schedule.l2_hints)
     o_tile_in_turns: bool = False  # O's own tile holds one warpgroup's rows, the two taking it in turn (epilogue_tile)
@@ -293,6 +294,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           q_tiles=q_tiles, q_tile_stride=offset["q1"] - offset["q"] if q_tiles > 1 else 0,
                           item_overlap=spec.schedule.item_overlap,
                           middle_pairs=spec.schedule.middle_pairs,
+                          longest_alone=spec.schedule.longest_alone,
                           short_first=spec.schedule.short_first,
                           l2_hints=spec.schedule.l2_hints,
                           o_tile_in_turns=o_in_turns, o_turn_barrier=o_turn_barrier,
@@ -362,6 +364,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                     "i + 1's first S" if spec.schedule.item_overlap else "")
                  + ("; heads of a ramp of 3 or 5 blocks may go in twos, their middle blocks one unit after both "
                     "heads' other units" if spec.schedule.middle_pairs else "")
+                 + ("; an odd ramp's longest block is a unit alone and the blocks before it pair up, so no middle "
+                    "block is left for the end" if spec.schedule.longest_alone else "")
                  + ("; a unit's shorter block first, then the longer, which reads the shorter's K/V tiles again "
                     "while they are in L2" if spec.schedule.short_first else "")
                  if persistent else "  one query block per thread block"),

@@ -108,6 +108,17 @@ def rule_short_first(s):
                                          "set schedule.persistent: true, or short_first: false")
 
 
+def rule_longest_alone(s):
+    if not s.schedule.longest_alone:
+        return None
+    if not s.schedule.persistent:
+        return "schedule.longest_alone", ("how a persistent block's walk splits an odd ramp into units; "
+                                          "set schedule.persistent: true, or longest_alone: false")
+    if s.schedule.middle_pairs:
+        return "schedule.longest_alone", ("an odd ramp's units are either the longest block alone and pairs of the "
+                                          "others, or pairs and a middle block (schedule.middle_pairs); set one of them")
+
+
 def rule_key_halves(s):
     if s.schedule.key_halves == 1:
         return None
@@ -364,6 +375,11 @@ class Schedule(Strict):
         "first, whose shorter partner reads those tiles again only after the longer one's whole walk. Pays where "
         "what every SM streams through L2 during that walk evicts the tiles, as with d256's large K/V tiles (16x16x512 "
         "causal on an H100: 117.5 -> 108.5 us); at d128 and d192 it was slower. Needs persistent"))
+    longest_alone: bool = Field(default=False, description=(
+        "where a causal (or a window's) ramp of query blocks is odd, its longest block is a unit of a persistent "
+        "block's walk alone and the blocks before it pair up, so every unit costs about the longest block and no "
+        "middle block is left for the end of the walk, where it reads its head's K/V from memory again; otherwise "
+        "pairs and a middle block. Needs persistent; not with middle_pairs"))
     l2_hints: bool = Field(default=False, description=(
         "the TMA copies carry L2 eviction priorities: Q's loads and O's stores evict_first (each read or written "
         "once), K's and V's loads evict_last (a head's tiles are read again by each of its query blocks); paged K/V, "
@@ -411,7 +427,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_lazy_rescale = True
     takes_kept_max_first = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_short_first, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
+             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_short_first, rule_longest_alone, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_p_buffers, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
