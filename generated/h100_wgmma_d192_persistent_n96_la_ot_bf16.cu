@@ -904,7 +904,8 @@ __device__ __forceinline__ WorkWalk work_walk(int m_blocks, const Params& p) {
         if (ramp < 2) return plain;
         const int widest = max(kv_tile_count<kMask>((ramp - 1) * kBlockM, p),
                                ramp < m_blocks ? kv_tile_count<kMask>(ramp * kBlockM, p) : 0);
-        const int unit = kv_tile_count<kMask>(0, p) + kv_tile_count<kMask>((ramp - 1) * kBlockM, p);
+        // An odd ramp's pairs end one block short of the longest (which goes alone).
+        const int unit = kv_tile_count<kMask>(0, p) + kv_tile_count<kMask>((ramp - 1 - ramp % 2) * kBlockM, p);
         if (4 * unit > 5 * widest) return plain;
     } else if constexpr (!kLaterRowsSeeMore<kMask>) {
         return plain;
