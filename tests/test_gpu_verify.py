@@ -192,7 +192,8 @@ PERSISTENT_SPECS = [ROOT / "specs" / f"h100_wgmma_{name}.yaml"
                                  "d256_persistent_n64_pm", "d192_persistent_n96_pm_ot", "d256_persistent_n64_ot",
                                  "d96_persistent_q2", "d192_v128_persistent_pm_ot",
                                  "d128_persistent_q2_sf", "d128_persistent_q2_pm_sf", "d192_persistent_n96_pm_ot_sf",
-                                 "d256_persistent_n64_pm_ot_sf")]
+                                 "d256_persistent_n64_pm_ot_sf", "d192_persistent_n64s3_pm_ot",
+                                 "d256_persistent_n64_pm_la_ot_sf", "d192_persistent_n96_pm_la_ot", "d192_persistent_n64s3_pm_la_ot")]
 PERSISTENT_WALKS = (verify.Shape(2, 48, 16, 1024, 1024), verify.Shape(3, 40, 40, 300, 300, "bshd"),
                     verify.Shape(1, 96, 24, 640, 400), verify.Shape(2, 70, 70, 333, 900, "bshd"),
                     verify.Shape(2, 80, 80, 100, 100), verify.Shape(1, 160, 40, 256, 200, "bshd"),

@@ -36,14 +36,18 @@ HOST_MAIN = r"""
 // Whether the walk pairs middle blocks (0 where the kernel's walk has no such choice).
 template <class W> auto pairs_middles(const W& w, int) -> decltype(w.paired_middles, int()) { return w.paired_middles; }
 template <class W> int pairs_middles(const W&, long) { return 0; }
+// Whether the walk took lone longest blocks (0 where the kernel's walk has no such choice).
+template <class W> auto takes_alone(const W& w, int) -> decltype(w.longest_alone, int()) { return w.longest_alone; }
+template <class W> int takes_alone(const W&, long) { return 0; }
 
 // Every grid: each (head_batch, query block) taken once; prints the grids counted and how many paired.
 template <Mask kMask>
-static bool covers(const Params& p, int resident, long& paired) {
+static bool covers(const Params& p, int resident, long& paired, long& alone) {
     gridDim.x = resident;
     const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM, head_batches = p.heads * p.batch;
     const WorkWalk w = work_walk<kMask>(m_blocks, p);
     paired += pairs_middles(w, 0);
+    alone += takes_alone(w, 0);
     std::vector<int> seen(static_cast<size_t>(head_batches) * m_blocks, 0);
     for (int b = 0; b < resident; ++b)
         for (int pos = b; pos < w.positions; pos += resident) {
@@ -58,7 +62,7 @@ static bool covers(const Params& p, int resident, long& paired) {
 }
 
 int main() {
-    long grids = 0, paired = 0, failed = 0;
+    long grids = 0, paired = 0, alone = 0, failed = 0;
     for (int m_blocks = 1; m_blocks <= 11; ++m_blocks)
         for (int head_batches : {1, 2, 3, 5, 8, 12, 16, 24, 33, 64, 96, 128, 129, 256, 511, 1000})
             for (int resident : {7, 13, 64, 100, 131, 132})
@@ -66,8 +70,8 @@ int main() {
                     Params p{1, head_batches, 1, m_blocks * kBlockM - (m_blocks > 1 ? 37 : 0), m_blocks * kBlockM,
                              -window_left, 0, 0};
                     if (head_batches % 2 == 0) p = Params{2, head_batches / 2, 1, p.seqlen_q, p.seqlen_k, p.window_lo, 0, 0};
-                    const bool ok = window_left < 0 ? covers<Mask::Causal>(p, resident, paired)
-                                                    : covers<Mask::Window>(p, resident, paired);
+                    const bool ok = window_left < 0 ? covers<Mask::Causal>(p, resident, paired, alone)
+                                                    : covers<Mask::Window>(p, resident, paired, alone);
                     ++grids;
                     if (!ok) {
                         ++failed;
@@ -75,7 +79,7 @@ int main() {
                                                  m_blocks, head_batches, resident, window_left);
                     }
                 }
-    printf("grids %ld paired %ld failed %ld\n", grids, paired, failed);
+    printf("grids %ld paired %ld alone %ld failed %ld\n", grids, paired, alone, failed);
     return failed != 0;
 }
 """
@@ -102,7 +106,7 @@ def rendered_walk_source(**schedule) -> str:
     data = spec.model_dump(mode="json", exclude_defaults=True, by_alias=True)
     data["schedule"].update(schedule)
     data["masks"] = ["causal", "window"]
-    data["name"] = "t_window_persistent_" + "_".join(sorted(schedule))
+    data["name"] = "t_window_" + "_".join(sorted(schedule))
     plan, sources, _ = render_bundle(parse_spec(yaml.safe_dump(data), f"{data['name']}.yaml"))
     assert all(getattr(plan.fragments, key) == value for key, value in schedule.items())
     return sources[0]
@@ -110,7 +114,9 @@ def rendered_walk_source(**schedule) -> str:
 
 WALKS = {"committed": {}, "middle_pairs": {"middle_pairs": True}, "short_first": {"short_first": True},
          "middle_pairs_short_first": {"middle_pairs": True, "short_first": True},
-         "longest_alone": {"longest_alone": True}, "longest_alone_short_first": {"longest_alone": True, "short_first": True}}
+         "longest_alone": {"longest_alone": True}, "longest_alone_short_first": {"longest_alone": True, "short_first": True},
+         "middle_pairs_longest_alone": {"middle_pairs": True, "longest_alone": True},
+         "middle_pairs_longest_alone_short_first": {"middle_pairs": True, "longest_alone": True, "short_first": True}}
 
 
 @pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler (g++, c++ or clang++) on PATH")
@@ -128,9 +134,14 @@ def test_walk_takes_every_query_block_once(tmp_path, walk):
     assert build.returncode == 0, build.stderr[-3000:]
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-3000:]
-    grids, paired, failed = (int(w) for w in run.stdout.split()[1::2])
-    assert failed == 0 and grids == 11 * 16 * 6 * 5
+    counts = dict(zip(run.stdout.split()[::2], (int(w) for w in run.stdout.split()[1::2])))
+    assert counts["failed"] == 0 and counts["grids"] == 11 * 16 * 6 * 5
     if WALKS[walk].get("middle_pairs"):
-        assert 0 < paired < grids   # both walks taken (the rule pairs some odd ramps, not all)
+        assert 0 < counts["paired"] < counts["grids"]   # both walks taken (the rule pairs some odd ramps, not all)
     else:
-        assert "paired_middles" not in text and paired == 0
+        assert "paired_middles" not in text and counts["paired"] == 0
+    if WALKS[walk].get("middle_pairs") and WALKS[walk].get("longest_alone"):
+        # The walk chooses per call: lone longest blocks on some odd ramps, paired middles on others.
+        assert 0 < counts["alone"] < counts["grids"] - counts["paired"]
+    else:
+        assert counts["alone"] == 0

@@ -341,8 +341,6 @@ RULE_CASES = [
      "set schedule.persistent: true, or short_first: false"),
     ("rule_longest_alone", WGMMA, {"schedule": {"longest_alone": True}}, "schedule.longest_alone",
      "set schedule.persistent: true, or longest_alone: false"),
-    ("rule_longest_alone", WGMMA, {"schedule": {"longest_alone": True, "middle_pairs": True, "persistent": True}},
-     "schedule.longest_alone", "(schedule.middle_pairs); set one of them"),
     ("rule_item_overlap", WGMMA, {"schedule": {"item_overlap": True, "persistent": True, "overlap": True, "q_tiles": 2},
                                   "epilogue": "registers"}, "schedule.item_overlap", "set epilogue: tma (or shared)"),
     ("rule_key_halves", WGMMA, {"schedule": {"key_halves": 2, "overlap": True}, "warps": {"producer": 4, "consumer": 16},

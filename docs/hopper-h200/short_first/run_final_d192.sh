@@ -14,7 +14,7 @@ timeout 120 python3 docs/hopper-h200/own_in_turns/entry_check.py "$OUT/entry_che
   > "$OUT/entry_check_d192.txt" 2>&1
 echo "entry_check rc=$?"; tail -1 "$OUT/entry_check_d192.txt"
 ATTNGEN_ENTRY=1 ATTNGEN_ROUNDS=3 timeout 150 python3 docs/hopper-h200/forward_specs_vs_cudnn.py "$OUT/final_d192.json" \
-  16x16x384x192,16x16x512x192,8x16x640x192,16x16x640x192,8x16x768x192,16x16x1024x192 \
+  1x8x384x192,2x16x512x192,1x16x768x192,16x16x384x192,16x16x512x192,8x16x640x192,16x16x640x192,8x16x768x192,16x16x1024x192 \
   ${S}_d192_persistent_n96_pm_ot.yaml ${S}_d192_persistent_n96_pm_ot_bf16.yaml 2>&1 | grep -v '^compiling' | grep causal | cut -c1-250
 timeout 120 python3 docs/hopper-h200/middle_pairs/entry_eager.py "$OUT/entry_eager_d192.json" \
   16x16x384x192,16x16x512x192,8x16x640x192,16x16x640x192,8x16x768x192 2>&1 | grep -v '^compiling'
