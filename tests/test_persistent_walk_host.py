@@ -80,6 +80,21 @@ int main() {
                     }
                 }
     printf("grids %ld paired %ld alone %ld failed %ld\n", grids, paired, alone, failed);
+    {   // The busiest resident block's work at 3x16x768 causal on 132 SMs, in query blocks (block m counts m + 1).
+        const Params p{3, 16, 16, 6 * kBlockM, 6 * kBlockM, 1, 0, 0};
+        gridDim.x = 132;
+        const WorkWalk w = work_walk<Mask::Causal>(6, p);
+        int busiest = 0;
+        for (int b = 0; b < 132; ++b) {
+            int load = 0;
+            for (int pos = b; pos < w.positions; pos += 132) {
+                BlockCoords c{};
+                if (work_coords<Mask::Causal>(pos, w, p, c)) load += c.m0 / kBlockM + 1;
+            }
+            busiest = max(busiest, load);
+        }
+        printf("busiest %d\n", busiest);
+    }
     return failed != 0;
 }
 """
@@ -116,7 +131,8 @@ WALKS = {"committed": {}, "middle_pairs": {"middle_pairs": True}, "short_first":
          "middle_pairs_short_first": {"middle_pairs": True, "short_first": True},
          "longest_alone": {"longest_alone": True}, "longest_alone_short_first": {"longest_alone": True, "short_first": True},
          "middle_pairs_longest_alone": {"middle_pairs": True, "longest_alone": True},
-         "middle_pairs_longest_alone_short_first": {"middle_pairs": True, "longest_alone": True, "short_first": True}}
+         "middle_pairs_longest_alone_short_first": {"middle_pairs": True, "longest_alone": True, "short_first": True},
+         "snake": {"snake": True}}
 
 
 @pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler (g++, c++ or clang++) on PATH")
@@ -145,3 +161,6 @@ def test_walk_takes_every_query_block_once(tmp_path, walk):
         assert 0 < counts["alone"] < counts["grids"] - counts["paired"]
     else:
         assert counts["alone"] == 0
+    # 48 heads of six query blocks on 132 SMs: 144 units of seven blocks' work take two rounds (14); dealt out
+    # longest first in a snake, the busiest block gets 8 (the mean is 7.6).
+    assert counts["busiest"] == (8 if WALKS[walk].get("snake") else 14)

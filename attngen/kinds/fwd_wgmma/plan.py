@@ -74,6 +74,7 @@ class WgmmaFragments:
     middle_pairs: bool = False  # the persistent walk may take two heads' middle ramp blocks as one unit (schedule.middle_pairs)
     longest_alone: bool = False  # an odd ramp's longest block a unit alone, the others in pairs (schedule.longest_alone)
     short_first: bool = False  # a persistent walk's unit takes its shorter query block first (schedule.short_first)
+    snake: bool = False  # a persistent walk deals causal query blocks longest first in a snake (schedule.snake)
     l2_hints: bool = False  # TMA copies with L2 eviction priorities (schedule.l2_hints)
     o_tile_in_turns: bool = False  # O's own tile holds one warpgroup's rows, the two taking it in turn (epilogue_tile)
     o_turn_barrier: int = 0  # o_tile_in_turns: named barrier o_turn_barrier + w: the tile is warpgroup w's
@@ -296,6 +297,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           middle_pairs=spec.schedule.middle_pairs,
                           longest_alone=spec.schedule.longest_alone,
                           short_first=spec.schedule.short_first,
+                          snake=spec.schedule.snake,
                           l2_hints=spec.schedule.l2_hints,
                           o_tile_in_turns=o_in_turns, o_turn_barrier=o_turn_barrier,
                           key_halves=halves,
@@ -351,9 +353,13 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                  "  a consumer warpgroup whose rows see no key of a tile (causal) waits full_k/full_v[s] and arrives "
                  "empty_k/empty_v[s] without computing"),
                 ("  persistent: one block per SM takes query blocks i, i + grid, ... (with more query blocks than "
-                 "SMs, in units of about equal work: causal, a head's k-th longest and k-th shortest block; a "
-                 "window, the same pairs over the blocks whose first row sees key 0, each block after them alone); "
-                 "ring positions and the "
+                 + ("SMs, causal: every head's longest block, then every head's next, dealt to the blocks forward in "
+                    "one round and back in the next; a window, in units of about equal work: the k-th longest and "
+                    "k-th shortest of the blocks whose first row sees key 0, each block after them alone); "
+                    if spec.schedule.snake else
+                    "SMs, in units of about equal work: causal, a head's k-th longest and k-th shortest block; a "
+                    "window, the same pairs over the blocks whose first row sees key 0, each block after them alone); ")
+                 + "ring positions and the "
                  "q_full/q_empty phases run on across them, and the producer waits q_empty before it loads the next "
                  + ("Q (the consumers arrive once the epilogue has read their staged rows of O out of the Q tile)"
                     if staged and not own_o else
@@ -365,7 +371,9 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                  + ("; heads of a ramp of 3 or 5 blocks may go in twos, their middle blocks one unit after both "
                     "heads' other units" if spec.schedule.middle_pairs else "")
                  + ("; an odd ramp's longest block is a unit alone and the blocks before it pair up, so no middle "
-                    "block is left for the end" if spec.schedule.longest_alone else "")
+                    "block is left for the end" + (" (where the walk counts no more work for the busiest block than "
+                                                   "with middle pairs)" if spec.schedule.middle_pairs else "")
+                    if spec.schedule.longest_alone else "")
                  + ("; a unit's shorter block first, then the longer, which reads the shorter's K/V tiles again "
                     "while they are in L2" if spec.schedule.short_first else "")
                  if persistent else "  one query block per thread block"),

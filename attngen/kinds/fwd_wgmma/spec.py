@@ -114,6 +114,18 @@ def rule_longest_alone(s):
                                           "set schedule.persistent: true, or longest_alone: false")
 
 
+def rule_snake(s):
+    if not s.schedule.snake:
+        return None
+    if not s.schedule.persistent:
+        return "schedule.snake", ("how a persistent block's walk deals out the query blocks; "
+                                  "set schedule.persistent: true, or snake: false")
+    units = [key for key in ("middle_pairs", "longest_alone", "short_first") if getattr(s.schedule, key)]
+    if units:
+        return "schedule.snake", (f"the snake deals single query blocks, so there are no units for {', '.join(units)} to "
+                                  f"shape; set {units[0]}: false, or snake: false")
+
+
 def rule_key_halves(s):
     if s.schedule.key_halves == 1:
         return None
@@ -378,6 +390,13 @@ class Schedule(Strict):
         "the busiest block no more work (strictly less where middle_pairs would pair two heads' middle blocks), "
         "middle_pairs' walk otherwise (8x16x640x256 causal on an H100: 90.4 -> 76.7 us; 16x16x640 keeps its "
         "paired middles). Needs persistent"))
+    snake: bool = Field(default=False, description=(
+        "a persistent block's walk of causal calls deals the query blocks out one at a time, longest first (every "
+        "head's last block, then every head's block before it, ...), to the resident blocks in a snake: forward in "
+        "even rounds, backward in odd ones, so the blocks' loads come out about equal at any grid (3x16x768: 8 "
+        "query blocks' work for the busiest block against the units' 14). A head's blocks then run far apart in "
+        "time, so its K/V tiles stay in L2 only where every head's fit at once. Trial; needs persistent; not with "
+        "middle_pairs, longest_alone or short_first"))
     l2_hints: bool = Field(default=False, description=(
         "the TMA copies carry L2 eviction priorities: Q's loads and O's stores evict_first (each read or written "
         "once), K's and V's loads evict_last (a head's tiles are read again by each of its query blocks); paged K/V, "
@@ -425,7 +444,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_lazy_rescale = True
     takes_kept_max_first = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_short_first, rule_longest_alone, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
+             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_short_first, rule_longest_alone, rule_snake, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_p_buffers, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
