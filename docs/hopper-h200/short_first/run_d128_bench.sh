@@ -5,8 +5,7 @@
 #   bash .whl/setup.sh >/dev/null && export PYTHONPATH=/tmp/site:$PWD && OUT=$OUT bash docs/hopper-h200/short_first/run_d128_bench.sh
 set -uo pipefail
 : "${OUT:?}"
-S=specs/h100_wgmma
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+source docs/hopper-h200/short_first/run_common.sh
 specs=(); for s in d128_n128c2ps2r24x240ppet d128_persistent_q2_pm d128_persistent_q2_kmpb d128_persistent_q2_pm_la; do
     specs+=("${S}_$s.yaml" "${S}_${s}_bf16.yaml"); done
 shapes=""; for k in 384 896; do for b in 1 2 3 4 6 8 12 16; do shapes="$shapes,${b}x16x${k}x128"; done; done

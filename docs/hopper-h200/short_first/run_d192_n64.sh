@@ -5,11 +5,7 @@
 #   bash .whl/setup.sh >/dev/null && export PYTHONPATH=/tmp/site:$PWD && OUT=$OUT bash docs/hopper-h200/short_first/run_d192_n64.sh
 set -uo pipefail
 : "${OUT:?}"
-S=specs/h100_wgmma
-D=docs/hopper-h200/short_first
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-both() { for s in "$@"; do echo "${S}_$s.yaml ${S}_${s}_bf16.yaml"; done; }
-bf() { for s in "$@"; do echo "${S}_${s}_bf16.yaml"; done; }
+source docs/hopper-h200/short_first/run_common.sh
 timeout 150 python3 -m attngen verify $(both d192_persistent_n64_pm_ot d192_persistent_n64s3_pm_ot) \
   > "$OUT/verify_n64.txt" 2> "$OUT/verify_n64.err"
 echo "verify rc=$?"; tail -1 "$OUT/verify_n64.txt"

@@ -5,8 +5,7 @@
 #   bash .whl/setup.sh >/dev/null && export PYTHONPATH=/tmp/site:$PWD && OUT=$OUT bash docs/hopper-h200/short_first/run_final.sh
 set -uo pipefail
 : "${OUT:?}"
-S=specs/h100_wgmma
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+source docs/hopper-h200/short_first/run_common.sh
 timeout 120 python3 docs/hopper-h200/own_in_turns/entry_check.py "$OUT/entry_check_sf.json" \
   16x16x384x256:causal,16x16x512x256:causal,3x16x640x256:causal,16x16x640x256:causal,8x16x768x256:causal,4x16x1448x256:causal \
   > "$OUT/entry_check_sf.txt" 2>&1

@@ -5,8 +5,7 @@
 #   bash .whl/setup.sh >/dev/null && export PYTHONPATH=/tmp/site:$PWD && OUT=$OUT bash docs/hopper-h200/short_first/run_final_d192.sh
 set -uo pipefail
 : "${OUT:?}"
-S=specs/h100_wgmma
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+source docs/hopper-h200/short_first/run_common.sh
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_verify.py -k "persistent_walks and n64s3" > "$OUT/walks_n64s3.txt" 2>&1
 echo "walks test rc=$?"; tail -1 "$OUT/walks_n64s3.txt"
 timeout 120 python3 docs/hopper-h200/own_in_turns/entry_check.py "$OUT/entry_check_d192.json" \

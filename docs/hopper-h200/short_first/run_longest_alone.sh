@@ -5,11 +5,7 @@
 #   bash .whl/setup.sh >/dev/null && export PYTHONPATH=/tmp/site:$PWD && OUT=$OUT bash docs/hopper-h200/short_first/run_longest_alone.sh
 set -uo pipefail
 : "${OUT:?}"
-S=specs/h100_wgmma
-D=docs/hopper-h200/short_first
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-both() { for s in "$@"; do echo "${S}_$s.yaml ${S}_${s}_bf16.yaml"; done; }
-bf() { for s in "$@"; do echo "${S}_${s}_bf16.yaml"; done; }
+source docs/hopper-h200/short_first/run_common.sh
 LA="d128_persistent_q2_la d192_persistent_n96_la_ot d192_persistent_n64s3_la_ot d256_persistent_n64_la_ot_sf"
 timeout 150 python3 -m attngen verify $(both $LA) > "$OUT/verify_la.txt" 2> "$OUT/verify_la.err"
 echo "verify rc=$?"; tail -1 "$OUT/verify_la.txt"
@@ -22,8 +18,7 @@ timeout 120 ncu --clock-control none --profile-from-start off -k 'regex:attngen'
        d256_persistent_n64_la_ot_sf) > "$OUT/ncu_la.csv" 2> "$OUT/ncu_la.err"
 echo "ncu rc=$?"
 export ATTNGEN_ENTRY=1 ATTNGEN_ROUNDS=3
-t() { timeout "$1" python3 docs/hopper-h200/forward_specs_vs_cudnn.py "$OUT/$2.json" "$3" "${@:4}" 2>&1 | grep -v '^compiling' | grep causal | cut -c1-300; }
-t 150 la_d256 16x16x384x256,8x16x640x256,16x16x640x256,8x16x896x256 $(both d256_persistent_n64_pm_ot_sf d256_persistent_n64_la_ot_sf)
-t 150 la_d192 16x16x384x192,8x16x640x192,16x16x640x192,8x16x896x192 \
+timed 150 la_d256 16x16x384x256,8x16x640x256,16x16x640x256,8x16x896x256 $(both d256_persistent_n64_pm_ot_sf d256_persistent_n64_la_ot_sf)
+timed 150 la_d192 16x16x384x192,8x16x640x192,16x16x640x192,8x16x896x192 \
   $(both d192_persistent_n96_pm_ot d192_persistent_n96_la_ot d192_persistent_n64s3_pm_ot d192_persistent_n64s3_la_ot)
-t 120 la_d128 16x16x384x128,8x16x640x128,16x16x640x128,8x16x896x128 $(both d128_persistent_q2_pm d128_persistent_q2_la)
+timed 120 la_d128 16x16x384x128,8x16x640x128,16x16x640x128,8x16x896x128 $(both d128_persistent_q2_pm d128_persistent_q2_la)

@@ -6,13 +6,8 @@
 #   bash .whl/setup.sh >/dev/null && export PYTHONPATH=/tmp/site:$PWD && OUT=$OUT bash docs/hopper-h200/short_first/run_pm_la.sh
 set -uo pipefail
 : "${OUT:?}"
-S=specs/h100_wgmma
-D=docs/hopper-h200/short_first
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+source docs/hopper-h200/short_first/run_common.sh
 NEW="d128_persistent_q2_pm_la d192_persistent_n96_pm_la_ot d192_persistent_n64s3_pm_la_ot d256_persistent_n64_pm_la_ot_sf"
-both() { for s in "$@"; do echo "${S}_$s.yaml ${S}_${s}_bf16.yaml"; done; }
-bf() { for s in "$@"; do echo "${S}_${s}_bf16.yaml"; done; }
-fp() { for s in "$@"; do echo "${S}_${s}.yaml"; done; }
 timeout 150 python3 -m attngen verify $(both $NEW) > "$OUT/verify_pm_la.txt" 2> "$OUT/verify_pm_la.err"
 echo "verify rc=$?"; tail -1 "$OUT/verify_pm_la.txt"
 timeout 120 python3 $D/walks_check.py $(bf $NEW) > "$OUT/walks_pm_la.txt" 2>&1
@@ -24,12 +19,10 @@ timeout 150 python3 docs/hopper-h200/own_in_turns/entry_check.py "$OUT/entry_che
   > "$OUT/entry_check_pm_la.txt" 2>&1
 echo "entry_check rc=$?"; tail -1 "$OUT/entry_check_pm_la.txt"
 export ATTNGEN_ENTRY=1 ATTNGEN_ROUNDS=3
-sh() { local d=$1 s=""; for k in 384 512 640 768 896 1152 1408; do for b in 1 2 3 4 6 8 12 16; do s="$s,${b}x16x${k}x$d"; done; done; echo ${s#,}; }
-t() { timeout "$1" python3 docs/hopper-h200/forward_specs_vs_cudnn.py "$OUT/$2.json" "$3" "${@:4}" 2>&1 | grep causal | cut -c1-300; }
-t 200 pm_la_d256 "$(sh 256)" $(bf d256_persistent_n64_pm_ot_sf d256_persistent_n64_pm_la_ot_sf)
-t 200 pm_la_d192 "$(sh 192)" $(bf d192_persistent_n96_pm_ot d192_persistent_n96_pm_la_ot d192_persistent_n64s3_pm_la_ot)
-t 150 pm_la_d128 "$(sh 128)" $(bf d128_persistent_q2_pm d128_persistent_q2_pm_la)
-t 120 pm_la_fp16 3x16x384x256,8x16x640x256,16x16x896x256,3x16x384x192,8x16x640x192,16x16x896x192 \
+timed 200 pm_la_d256 "$(wide_shapes 256)" $(bf d256_persistent_n64_pm_ot_sf d256_persistent_n64_pm_la_ot_sf)
+timed 200 pm_la_d192 "$(wide_shapes 192)" $(bf d192_persistent_n96_pm_ot d192_persistent_n96_pm_la_ot d192_persistent_n64s3_pm_la_ot)
+timed 150 pm_la_d128 "$(wide_shapes 128)" $(bf d128_persistent_q2_pm d128_persistent_q2_pm_la)
+timed 120 pm_la_fp16 3x16x384x256,8x16x640x256,16x16x896x256,3x16x384x192,8x16x640x192,16x16x896x192 \
   $(fp d256_persistent_n64_pm_ot_sf d256_persistent_n64_pm_la_ot_sf d192_persistent_n96_pm_ot d192_persistent_n96_pm_la_ot d192_persistent_n64s3_pm_la_ot)
 timeout 120 python3 docs/hopper-h200/middle_pairs/entry_eager.py "$OUT/entry_eager_pm_la.json" \
   4x16x384x256,8x16x640x256,16x16x896x256,8x16x640x192,16x16x896x192 2>&1 | grep -v '^compiling'

@@ -5,11 +5,7 @@
 #   bash .whl/setup.sh >/dev/null && export PYTHONPATH=/tmp/site:$PWD && OUT=$OUT bash docs/hopper-h200/short_first/run_trial.sh
 set -uo pipefail
 : "${OUT:?}"
-S=specs/h100_wgmma
-D=docs/hopper-h200/short_first
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-both() { for s in "$@"; do echo "${S}_$s.yaml ${S}_${s}_bf16.yaml"; done; }
-bf() { for s in "$@"; do echo "${S}_${s}_bf16.yaml"; done; }
+source docs/hopper-h200/short_first/run_common.sh
 SF="d128_persistent_q2_sf d128_persistent_q2_pm_sf d192_persistent_n96_pm_ot_sf d256_persistent_n64_pm_ot_sf"
 timeout 200 python3 -m attngen verify $(both $SF) > "$OUT/verify_sf.txt" 2> "$OUT/verify_sf.err"
 echo "verify rc=$?"; tail -1 "$OUT/verify_sf.txt"
@@ -22,9 +18,8 @@ timeout 150 ncu --clock-control none --profile-from-start off -k 'regex:attngen'
        d128_persistent_q2 d128_persistent_q2_sf) > "$OUT/ncu_sf.csv" 2> "$OUT/ncu_sf.err"
 echo "ncu rc=$?"
 export ATTNGEN_ENTRY=1 ATTNGEN_ROUNDS=3
-t() { timeout "$1" python3 docs/hopper-h200/forward_specs_vs_cudnn.py "$OUT/$2.json" "$3" "${@:4}" 2>&1 | grep -v '^compiling' | grep causal | cut -c1-300; }
-t 150 sf_d256 16x16x512x256,8x16x640x256,16x16x640x256,8x16x768x256,16x16x1024x256 \
+timed 150 sf_d256 16x16x512x256,8x16x640x256,16x16x640x256,8x16x768x256,16x16x1024x256 \
   $(bf d256_persistent_n64_pm_ot d256_persistent_n64_pm_ot_sf)
-t 120 sf_d192 16x16x512x192,8x16x640x192,16x16x640x192,16x16x1024x192 $(bf d192_persistent_n96_pm_ot d192_persistent_n96_pm_ot_sf)
-t 150 sf_d128 16x16x512x128,8x16x640x128,16x16x640x128,16x16x1024x128,4x16x2048x128 \
+timed 120 sf_d192 16x16x512x192,8x16x640x192,16x16x640x192,16x16x1024x192 $(bf d192_persistent_n96_pm_ot d192_persistent_n96_pm_ot_sf)
+timed 150 sf_d128 16x16x512x128,8x16x640x128,16x16x640x128,16x16x1024x128,4x16x2048x128 \
   $(bf d128_persistent_q2 d128_persistent_q2_sf d128_persistent_q2_pm d128_persistent_q2_pm_sf)
