@@ -368,9 +368,13 @@ def test_write_from_a_sweep_report_refuses_uncommitted_winners(tmp_path, monkeyp
     hints = "docs/hopper-h200/middle_pairs/h100/l2/pm_l2_d128_served.json"
     # d128 causal at 256 keys (two query blocks), where the 443-key bucket had reached: ppet from 46341 rows
     two = "docs/hopper-h200/middle_pairs/h100/l2/pm_d128_256.json"
+    # d128 causal at 384 and 896 keys (H100) with the member whose walk may take an odd ramp's longest blocks alone
+    alone = "docs/hopper-h200/short_first/h100/pm_la/pm_la_d128_bench.json"
+    # d128 causal at 768-1408 keys (H100) with the member whose walk may deal the query blocks out in a snake
+    snake = "docs/hopper-h200/short_first/h100/snake/snake_d128_bench.json"
     run = CliRunner().invoke(main, ["dispatch", "--from", bench, "--from", bench.replace("fp16", "bf16"),
                                     "--from", short, "--from", walk, "--from", long, "--from", turns, "--from", small,
-                                    "--from", chains, "--from", kmpb, "--from", lazy, "--from", io, "--from", ramps, "--from", pairs, "--from", hints, "--from", two, "--write",
+                                    "--from", chains, "--from", kmpb, "--from", lazy, "--from", io, "--from", ramps, "--from", pairs, "--from", hints, "--from", two, "--from", alone, "--from", snake, "--write",
                                     "--specs-dir", str(specs)])
     assert run.exit_code == 0, run.output
     assert sorted(map(repr, load_table(table_path(specs)))) == sorted(map(repr, load_table(TABLE)))

@@ -39,15 +39,19 @@ template <class W> int pairs_middles(const W&, long) { return 0; }
 // Whether the walk took lone longest blocks (0 where the kernel's walk has no such choice).
 template <class W> auto takes_alone(const W& w, int) -> decltype(w.longest_alone, int()) { return w.longest_alone; }
 template <class W> int takes_alone(const W&, long) { return 0; }
+// Whether the walk deals the query blocks out in the snake (0 where the kernel's walk has no snake).
+template <class W> auto takes_snake(const W& w, int) -> decltype(w.snake, int()) { return w.snake; }
+template <class W> int takes_snake(const W&, long) { return 0; }
 
 // Every grid: each (head_batch, query block) taken once; prints the grids counted and how many paired.
 template <Mask kMask>
-static bool covers(const Params& p, int resident, long& paired, long& alone) {
+static bool covers(const Params& p, int resident, long& paired, long& alone, long& snaked) {
     gridDim.x = resident;
     const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM, head_batches = p.heads * p.batch;
     const WorkWalk w = work_walk<kMask>(m_blocks, p);
     paired += pairs_middles(w, 0);
     alone += takes_alone(w, 0);
+    snaked += takes_snake(w, 0);
     std::vector<int> seen(static_cast<size_t>(head_batches) * m_blocks, 0);
     for (int b = 0; b < resident; ++b)
         for (int pos = b; pos < w.positions; pos += resident) {
@@ -62,7 +66,7 @@ static bool covers(const Params& p, int resident, long& paired, long& alone) {
 }
 
 int main() {
-    long grids = 0, paired = 0, alone = 0, failed = 0;
+    long grids = 0, paired = 0, alone = 0, snaked = 0, failed = 0;
     for (int m_blocks = 1; m_blocks <= 11; ++m_blocks)
         for (int head_batches : {1, 2, 3, 5, 8, 12, 16, 24, 33, 64, 96, 128, 129, 256, 511, 1000})
             for (int resident : {7, 13, 64, 100, 131, 132})
@@ -70,8 +74,8 @@ int main() {
                     Params p{1, head_batches, 1, m_blocks * kBlockM - (m_blocks > 1 ? 37 : 0), m_blocks * kBlockM,
                              -window_left, 0, 0};
                     if (head_batches % 2 == 0) p = Params{2, head_batches / 2, 1, p.seqlen_q, p.seqlen_k, p.window_lo, 0, 0};
-                    const bool ok = window_left < 0 ? covers<Mask::Causal>(p, resident, paired, alone)
-                                                    : covers<Mask::Window>(p, resident, paired, alone);
+                    const bool ok = window_left < 0 ? covers<Mask::Causal>(p, resident, paired, alone, snaked)
+                                                    : covers<Mask::Window>(p, resident, paired, alone, snaked);
                     ++grids;
                     if (!ok) {
                         ++failed;
@@ -79,9 +83,11 @@ int main() {
                                                  m_blocks, head_batches, resident, window_left);
                     }
                 }
-    printf("grids %ld paired %ld alone %ld failed %ld\n", grids, paired, alone, failed);
-    {   // The busiest resident block's work at 3x16x768 causal on 132 SMs, in query blocks (block m counts m + 1).
-        const Params p{3, 16, 16, 6 * kBlockM, 6 * kBlockM, 1, 0, 0};
+    printf("grids %ld paired %ld alone %ld snaked %ld failed %ld\n", grids, paired, alone, snaked, failed);
+    // The busiest resident block's work at 3x16x768 and 6x16x768 causal on 132 SMs, in query blocks (block m
+    // counts m + 1).
+    for (int batch : {3, 6}) {
+        const Params p{batch, 16, 16, 6 * kBlockM, 6 * kBlockM, 1, 0, 0};
         gridDim.x = 132;
         const WorkWalk w = work_walk<Mask::Causal>(6, p);
         int busiest = 0;
@@ -93,7 +99,7 @@ int main() {
             }
             busiest = max(busiest, load);
         }
-        printf("busiest %d\n", busiest);
+        printf("busiest%d %d\n", batch, busiest);
     }
     return failed != 0;
 }
@@ -121,7 +127,7 @@ def rendered_walk_source(**schedule) -> str:
     data = spec.model_dump(mode="json", exclude_defaults=True, by_alias=True)
     data["schedule"].update(schedule)
     data["masks"] = ["causal", "window"]
-    data["name"] = "t_window_" + "_".join(sorted(schedule))
+    data["name"] = "t_window_" + "_".join(sorted(schedule))[:39]
     plan, sources, _ = render_bundle(parse_spec(yaml.safe_dump(data), f"{data['name']}.yaml"))
     assert all(getattr(plan.fragments, key) == value for key, value in schedule.items())
     return sources[0]
@@ -132,7 +138,10 @@ WALKS = {"committed": {}, "middle_pairs": {"middle_pairs": True}, "short_first":
          "longest_alone": {"longest_alone": True}, "longest_alone_short_first": {"longest_alone": True, "short_first": True},
          "middle_pairs_longest_alone": {"middle_pairs": True, "longest_alone": True},
          "middle_pairs_longest_alone_short_first": {"middle_pairs": True, "longest_alone": True, "short_first": True},
-         "snake": {"snake": True}}
+         "snake": {"snake": True},
+         "middle_pairs_longest_alone_snake": {"middle_pairs": True, "longest_alone": True, "snake": True},
+         "middle_pairs_longest_alone_short_first_snake": {"middle_pairs": True, "longest_alone": True,
+                                                          "short_first": True, "snake": True}}
 
 
 @pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler (g++, c++ or clang++) on PATH")
@@ -161,6 +170,16 @@ def test_walk_takes_every_query_block_once(tmp_path, walk):
         assert 0 < counts["alone"] < counts["grids"] - counts["paired"]
     else:
         assert counts["alone"] == 0
+    snake, choice = WALKS[walk].get("snake"), WALKS[walk].get("snake") and WALKS[walk].get("middle_pairs")
+    if choice:   # the walk chooses per call: the snake on some causal grids, the units on the rest
+        assert 0 < counts["snaked"] < counts["grids"] / 5
+    elif snake:  # every causal grid with more query blocks than resident blocks
+        assert counts["snaked"] > 0
+    else:
+        assert "w.snake" not in text and counts["snaked"] == 0
     # 48 heads of six query blocks on 132 SMs: 144 units of seven blocks' work take two rounds (14); dealt out
     # longest first in a snake, the busiest block gets 8 (the mean is 7.6).
-    assert counts["busiest"] == (8 if WALKS[walk].get("snake") else 14)
+    assert counts["busiest3"] == (8 if snake else 14)
+    # 96 heads: 288 units take three rounds (21); the snake alone gives 16, but the choice keeps the units
+    # there (heads x batch above half the resident blocks: the snake would read K/V from memory again).
+    assert counts["busiest6"] == (16 if snake and not choice else 21)

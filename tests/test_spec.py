@@ -342,8 +342,9 @@ RULE_CASES = [
     ("rule_longest_alone", WGMMA, {"schedule": {"longest_alone": True}}, "schedule.longest_alone",
      "set schedule.persistent: true, or longest_alone: false"),
     ("rule_snake", WGMMA, {"schedule": {"snake": True}}, "schedule.snake", "set schedule.persistent: true, or snake: false"),
-    ("rule_snake", WGMMA, {"schedule": {"snake": True, "persistent": True, "middle_pairs": True}}, "schedule.snake",
-     "no units for middle_pairs to shape; set middle_pairs: false, or snake: false"),
+    ("rule_snake", WGMMA, {"schedule": {"snake": True, "persistent": True, "longest_alone": True}}, "schedule.snake",
+     "no units for longest_alone to shape; set middle_pairs: true (the walk then chooses per call between the snake "
+     "and the units), longest_alone: false, or snake: false"),
     ("rule_item_overlap", WGMMA, {"schedule": {"item_overlap": True, "persistent": True, "overlap": True, "q_tiles": 2},
                                   "epilogue": "registers"}, "schedule.item_overlap", "set epilogue: tma (or shared)"),
     ("rule_key_halves", WGMMA, {"schedule": {"key_halves": 2, "overlap": True}, "warps": {"producer": 4, "consumer": 16},

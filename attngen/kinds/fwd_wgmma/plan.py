@@ -356,6 +356,12 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                  + ("SMs, causal: every head's longest block, then every head's next, dealt to the blocks forward in "
                     "one round and back in the next; a window, in units of about equal work: the k-th longest and "
                     "k-th shortest of the blocks whose first row sees key 0, each block after them alone); "
+                    if spec.schedule.snake and not spec.schedule.middle_pairs else
+                    "SMs, in units of about equal work: causal, a head's k-th longest and k-th shortest block, or "
+                    "(where heads x batch is at most half the blocks and it gives the busiest block less work) "
+                    "every head's longest block, then every head's next, dealt forward in one round and back in the "
+                    "next; a window, the same pairs over the blocks whose first row sees key 0, each block after "
+                    "them alone); "
                     if spec.schedule.snake else
                     "SMs, in units of about equal work: causal, a head's k-th longest and k-th shortest block; a "
                     "window, the same pairs over the blocks whose first row sees key 0, each block after them alone); ")

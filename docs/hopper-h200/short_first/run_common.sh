@@ -9,3 +9,10 @@ fp() { for s in "$@"; do echo "${S}_${s}.yaml"; done; }
 wide_shapes() { local d=$1 s=""; for k in 384 512 640 768 896 1152 1408; do for b in 1 2 3 4 6 8 12 16; do s="$s,${b}x16x${k}x$d"; done; done; echo ${s#,}; }
 # timed SECONDS NAME SHAPES SPEC...: forward_specs_vs_cudnn.py into $OUT/NAME.json, its causal rows shown.
 timed() { timeout "$1" python3 docs/hopper-h200/forward_specs_vs_cudnn.py "$OUT/$2.json" "$3" "${@:4}" 2>&1 | grep causal | cut -c1-300; }
+# checked NAME MEMBER...: `attngen verify` of the members' fp16 and bf16 cells into $OUT/verify_NAME.txt (.err), then
+# the persistent walks' check of their bf16 cells into $OUT/walks_NAME.txt, both summaries shown.
+checked() {
+    timeout 150 python3 -m attngen verify $(both "${@:2}") > "$OUT/verify_$1.txt" 2> "$OUT/verify_$1.err"
+    echo "verify rc=$?"; tail -1 "$OUT/verify_$1.txt"
+    timeout 120 python3 $D/walks_check.py $(bf "${@:2}") 2>&1 | tee "$OUT/walks_$1.txt"
+}
