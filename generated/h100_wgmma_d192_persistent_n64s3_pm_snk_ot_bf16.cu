@@ -930,8 +930,7 @@ __device__ __forceinline__ int ramp_blocks(int m_blocks, const Params& p) {
 // 2m - floor(sum / hb) where none has; the most over the slots of each two rounds, added up (over 1654 grids of
 // 2-32 blocks and 1-66 heads x batch on 132 SMs: the busiest block's work in 789, at most 4 above it in the rest).
 constexpr int kMaxSnakeBlocks = 16;
-__device__ __forceinline__ bool snake_pays(int m_blocks, int head_batches, int resident, float units_work) {
-    if (2 * head_batches > resident || m_blocks > kMaxSnakeBlocks) return false;
+__device__ __forceinline__ int snake_work_bound(int m_blocks, int head_batches, int resident) {
     const int items = m_blocks * head_batches, item_rounds = (items + resident - 1) / resident;
     int snake = 0;
 #pragma unroll 1
@@ -952,8 +951,13 @@ __device__ __forceinline__ bool snake_pays(int m_blocks, int head_batches, int r
         }
         snake += most;
     }
+    return snake;
+}
+
+__device__ __forceinline__ bool snake_pays(int m_blocks, int head_batches, int resident, float units_work) {
+    if (2 * head_batches > resident || m_blocks > kMaxSnakeBlocks) return false;
     // A tenth less work: at equal work the snake ran 0.89-1.05x the units (2x16x640, 2x16x896, 1x16x1152, 1x16x1408).
-    return 10.0f * snake <= 9.0f * units_work;
+    return 10.0f * snake_work_bound(m_blocks, head_batches, resident) <= 9.0f * units_work;
 }
 
 template <Mask kMask>

@@ -106,11 +106,38 @@ int main() {
 """
 
 
-def walk_source(text: str) -> str:
+# The snake's bound on its busiest block (snake_work_bound) against the snake dealt out here, slot by slot.
+HOST_MAIN_SNAKE_BOUND = r"""
+int main() {
+    long grids = 0, exact = 0, below = 0, most_above = 0;
+    for (int resident : {132, 114, 78})
+        for (int m_blocks = 2; m_blocks <= kMaxSnakeBlocks; ++m_blocks)
+            for (int head_batches = 1; 2 * head_batches <= resident; ++head_batches) {
+                const int items = m_blocks * head_batches;
+                if (items <= resident) continue;   // one item a block: the walk returns before any choice
+                std::vector<int> load(resident, 0);
+                for (int i = 0; i < items; ++i) {   // item i: block m_blocks - 1 - i / head_batches, work i / hb off
+                    const int round = i / resident, slot = round % 2 ? resident - 1 - i % resident : i % resident;
+                    load[slot] += m_blocks - i / head_batches;
+                }
+                const int busiest = *std::max_element(load.begin(), load.end());
+                const int bound = snake_work_bound(m_blocks, head_batches, resident);
+                ++grids;
+                exact += bound == busiest;
+                below += bound < busiest;
+                if (resident == 132) most_above = max(most_above, static_cast<long>(bound - busiest));
+            }
+    printf("grids %ld exact %ld below %ld most_above %ld\n", grids, exact, below, most_above);
+    return below != 0;
+}
+"""
+
+
+def walk_source(text: str, main: str = HOST_MAIN) -> str:
     """The mask helpers and the walk's functions of a generated persistent forward, for a host build."""
     mask = text[text.index("enum class Mask"):text.index("struct BlockCoords")]
     walk = text[text.index("template <Mask kMask>\nconstexpr bool kRampWalk"):text.index("// The body of both calls")]
-    return HOST_PRELUDE + mask + "struct BlockCoords {\n    int m0, head, batch, kv_head;\n};\n" + walk + HOST_MAIN
+    return HOST_PRELUDE + mask + "struct BlockCoords {\n    int m0, head, batch, kv_head;\n};\n" + walk + main
 
 
 def host_compiler() -> str | None:
@@ -183,3 +210,20 @@ def test_walk_takes_every_query_block_once(tmp_path, walk):
     # 96 heads: 288 units take three rounds (21); the snake alone gives 16, but the choice keeps the units
     # there (heads x batch above half the resident blocks: the snake would read K/V from memory again).
     assert counts["busiest6"] == (16 if snake and not choice else 21)
+
+
+@pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler (g++, c++ or clang++) on PATH")
+def test_snake_bound_is_never_below_the_busiest_block(tmp_path):
+    """The walk takes the snake on an upper bound of its busiest block's work: never below the work the snake
+    deals that block (or the walk could take a snake that costs more than its rule allows), exact on many grids,
+    at most 4 above on 132 SMs (as the template's comment says)."""
+    source = tmp_path / "bound.cpp"
+    source.write_text(walk_source(rendered_walk_source(**WALKS["middle_pairs_longest_alone_snake"]), HOST_MAIN_SNAKE_BOUND))
+    binary = tmp_path / "bound"
+    build = subprocess.run([host_compiler(), "-std=c++17", "-O1", "-w", "-o", str(binary), str(source)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
+    counts = dict(zip(run.stdout.split()[::2], (int(w) for w in run.stdout.split()[1::2])))
+    assert run.returncode == 0 and counts["below"] == 0, run.stdout
+    assert counts["grids"] > 1000 and counts["exact"] > counts["grids"] // 3 and counts["most_above"] <= 4
