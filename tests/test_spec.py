@@ -345,6 +345,8 @@ RULE_CASES = [
     ("rule_snake", WGMMA, {"schedule": {"snake": True, "persistent": True, "longest_alone": True}}, "schedule.snake",
      "no units for longest_alone to shape; set middle_pairs: true (the walk then chooses per call between the snake "
      "and the units), longest_alone: false, or snake: false"),
+    ("rule_snake_tail", WGMMA, {"schedule": {"snake_tail": True, "snake": True, "persistent": True}}, "schedule.snake_tail",
+     "set schedule.snake, middle_pairs and longest_alone: true, or snake_tail: false"),
     ("rule_item_overlap", WGMMA, {"schedule": {"item_overlap": True, "persistent": True, "overlap": True, "q_tiles": 2},
                                   "epilogue": "registers"}, "schedule.item_overlap", "set epilogue: tma (or shared)"),
     ("rule_key_halves", WGMMA, {"schedule": {"key_halves": 2, "overlap": True}, "warps": {"producer": 4, "consumer": 16},

@@ -22,7 +22,7 @@ from ...core.fp8 import KEY_STEP, E4m3Types, rule_fp8_calls, rule_head_dim_k32
 from ...core.spec_keys import rule_threads
 from ...core.wgmma import rule_swizzle_panels, rule_target_has_sm90a
 from .spec import (FRAGMENT, MAX_N, WgmmaForwardSpec, rule_always_rescales, rule_async_copies, rule_block_m_rows,
-                   rule_item_overlap, rule_middle_pairs, rule_short_first, rule_longest_alone, rule_snake, rule_kept_max_first, rule_max_chains, rule_p_buffers, rule_pingpong,
+                   rule_item_overlap, rule_middle_pairs, rule_short_first, rule_longest_alone, rule_snake, rule_snake_tail, rule_kept_max_first, rule_max_chains, rule_p_buffers, rule_pingpong,
                    rule_key_halves, rule_q_in_shared, rule_q_tiles, rule_registers, rule_ring, rule_softmax_block, rule_warpgroups)
 
 
@@ -54,5 +54,5 @@ class WgmmaFp8Spec(E4m3Types, WgmmaForwardSpec):
     rules = (rule_target_has_sm90a, rule_head_dim_k32, rule_swizzle_panels, rule_fp8_epilogue, rule_fp8_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n_fp8, rule_async_copies, rule_q_in_shared, rule_ring,
              rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_p_buffers, rule_pingpong,
-             rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_short_first, rule_longest_alone, rule_snake, rule_key_halves, rule_registers, rule_threads)
+             rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_short_first, rule_longest_alone, rule_snake, rule_snake_tail, rule_key_halves, rule_registers, rule_threads)
 

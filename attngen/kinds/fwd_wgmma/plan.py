@@ -75,6 +75,7 @@ class WgmmaFragments:
     longest_alone: bool = False  # an odd ramp's longest block a unit alone, the others in pairs (schedule.longest_alone)
     short_first: bool = False  # a persistent walk's unit takes its shorter query block first (schedule.short_first)
     snake: bool = False  # a persistent walk deals causal query blocks longest first in a snake (schedule.snake)
+    snake_tail: bool = False  # ... or whole rounds of units first, the snake over the heads left (schedule.snake_tail)
     l2_hints: bool = False  # TMA copies with L2 eviction priorities (schedule.l2_hints)
     o_tile_in_turns: bool = False  # O's own tile holds one warpgroup's rows, the two taking it in turn (epilogue_tile)
     o_turn_barrier: int = 0  # o_tile_in_turns: named barrier o_turn_barrier + w: the tile is warpgroup w's
@@ -297,7 +298,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                           middle_pairs=spec.schedule.middle_pairs,
                           longest_alone=spec.schedule.longest_alone,
                           short_first=spec.schedule.short_first,
-                          snake=spec.schedule.snake,
+                          snake=spec.schedule.snake, snake_tail=spec.schedule.snake_tail,
                           l2_hints=spec.schedule.l2_hints,
                           o_tile_in_turns=o_in_turns, o_turn_barrier=o_turn_barrier,
                           key_halves=halves,
@@ -360,7 +361,8 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                     "SMs, in units of about equal work: causal, a head's k-th longest and k-th shortest block, or "
                     "(where heads x batch is at most half the blocks and it gives the busiest block less work) "
                     "every head's longest block, then every head's next, dealt forward in one round and back in the "
-                    "next; a window, the same pairs over the blocks whose first row sees key 0, each block after "
+                    "next" + ("; or whole rounds of units over the first heads, then that snake over the heads left"
+                              if spec.schedule.snake_tail else "") + "; a window, the same pairs over the blocks whose first row sees key 0, each block after "
                     "them alone); "
                     if spec.schedule.snake else
                     "SMs, in units of about equal work: causal, a head's k-th longest and k-th shortest block; a "

@@ -127,6 +127,13 @@ def rule_snake(s):
                                   f"call between the snake and the units), {units[0]}: false, or snake: false")
 
 
+def rule_snake_tail(s):
+    if s.schedule.snake_tail and not (s.schedule.snake and s.schedule.middle_pairs and s.schedule.longest_alone):
+        return "schedule.snake_tail", ("whole rounds of units, then the snake over the heads left: a choice of the "
+                                       "walk between units and the snake; set schedule.snake, middle_pairs and "
+                                       "longest_alone: true, or snake_tail: false")
+
+
 def rule_key_halves(s):
     if s.schedule.key_halves == 1:
         return None
@@ -402,6 +409,13 @@ class Schedule(Strict):
         "work than the units; the units otherwise (3x16x768x128 causal on an H100: 36.5 -> 26.5 us; more than 66 "
         "heads x batch on 132 SMs keep the units: the snake at 8x16 was 0.58-1.01x). "
         "Needs persistent; longest_alone and short_first only beside middle_pairs"))
+    snake_tail: bool = Field(default=False, description=(
+        "with snake beside middle_pairs and longest_alone: the walk may also take whole rounds of units (a head's "
+        "longest block alone on an odd ramp, the others in pairs) over the first heads, then the snake over the "
+        "heads left, where those are at most half the resident blocks, so grids of more heads x batch than that "
+        "even out their last round too (6x16x768 on 132 SMs: the busiest block's work 21 query blocks with the "
+        "units, 16 with two rounds of units and the snake over the last 8 heads, against a mean of 15.3). Taken "
+        "where it gives the busiest block a tenth less work than the units. Trial"))
     l2_hints: bool = Field(default=False, description=(
         "the TMA copies carry L2 eviction priorities: Q's loads and O's stores evict_first (each read or written "
         "once), K's and V's loads evict_last (a head's tiles are read again by each of its query blocks); paged K/V, "
@@ -449,7 +463,7 @@ class WgmmaForwardSpec(ForwardSpec):
     takes_lazy_rescale = True
     takes_kept_max_first = True
     rules = (rule_target_has_sm90a, rule_head_dim_vector_loads, rule_swizzle_panels, rule_staged_output_fits_q,
-             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_short_first, rule_longest_alone, rule_snake, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
+             rule_epilogue_tile, rule_q_tiles, rule_item_overlap, rule_middle_pairs, rule_short_first, rule_longest_alone, rule_snake, rule_snake_tail, rule_key_halves, rule_persistent_needs_padded_calls, rule_awaiting_twins_need_padded_calls,
              rule_warpgroups, rule_block_m_rows, rule_block_n, rule_async_copies, rule_q_in_shared, rule_ring, rule_always_rescales, rule_max_chains, rule_softmax_block, rule_kept_max_first, rule_p_buffers, rule_pingpong, rule_registers, rule_threads)
 
     def swizzled_row_chunks(self) -> int:
