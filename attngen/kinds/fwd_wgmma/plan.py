@@ -359,7 +359,7 @@ def plan_for(spec: WgmmaForwardSpec, file: str | None, *, kind, title: str, abi_
                     "k-th shortest of the blocks whose first row sees key 0, each block after them alone); "
                     if spec.schedule.snake and not spec.schedule.middle_pairs else
                     "SMs, in units of about equal work: causal, a head's k-th longest and k-th shortest block, or "
-                    "(where heads x batch is at most half the blocks and it gives the busiest block less work) "
+                    "(where heads x batch is at most half the blocks and it gives the busiest block a tenth less work) "
                     "every head's longest block, then every head's next, dealt forward in one round and back in the "
                     "next" + ("; or whole rounds of units over the first heads, then that snake over the heads left"
                               if spec.schedule.snake_tail else "") + "; a window, the same pairs over the blocks whose first row sees key 0, each block after "

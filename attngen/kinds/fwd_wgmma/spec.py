@@ -414,7 +414,7 @@ class Schedule(Strict):
         "longest block alone on an odd ramp, the others in pairs) over the first heads, then the snake over the "
         "heads left, where those are at most half the resident blocks, so grids of more heads x batch than that "
         "even out their last round too (6x16x768 on 132 SMs: the busiest block's work 21 query blocks with the "
-        "units, 16 with two rounds of units and the snake over the last 8 heads, against a mean of 15.3). Taken "
+        "units, 16 with one round of units over 44 heads and the snake over the other 52, against a mean of 15.3). Taken "
         "where it gives the busiest block a tenth less work than the units. Trial"))
     l2_hints: bool = Field(default=False, description=(
         "the TMA copies carry L2 eviction priorities: Q's loads and O's stores evict_first (each read or written "
