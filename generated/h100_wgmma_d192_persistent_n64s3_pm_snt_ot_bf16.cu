@@ -975,6 +975,10 @@ __device__ __forceinline__ int snake_tail_rounds(int m_blocks, int head_batches,
     for (int tries = 0; tries < 3; ++tries, ++unit_rounds) {
         const int left = head_batches - min(head_batches, unit_rounds * resident / per_head);
         if (left == 0) break;   // units alone
+        // The snake's busiest block does at least the longest block and the mean: where that already loses, skip
+        // the bound's passes (the choice is the same; less work ahead of the first copy).
+        const int mean = (left * m_blocks * (m_blocks + 1) / 2 + resident - 1) / resident;
+        if (static_cast<float>(unit_rounds * unit_work + max(m_blocks, mean)) > least) continue;
         const float work = static_cast<float>(unit_rounds * unit_work + snake_work_bound(m_blocks, left, resident));
         if (best < 0 ? work <= least : work < least) {   // fewer rounds of units where they tie
             least = work;
