@@ -1120,16 +1120,22 @@ __device__ __forceinline__ bool work_coords(int pos, const WorkWalk& w, const Pa
             if (pos < unit_positions) {   // whole rounds of units over the first unit_heads heads
                 const int in_round = pos % (2 * resident);
                 const int unit = pos / (2 * resident) * resident + in_round % resident, second = in_round / resident;
-                const int odd = w.m_blocks % 2, pairs = w.m_blocks / 2, top = w.m_blocks - 1 - odd;
-                head_batch = unit / (odd + pairs);
-                if (head_batch >= w.unit_heads) return false;   // the last round's places past the last whole head
-                const int k = unit % (odd + pairs);
-                if (k < odd) {   // an odd ramp's longest block, alone
+                const int ramp = w.m_blocks, pairs = ramp / 2;
+                // An odd ramp's longest block is a unit alone; the blocks before it pair up, j with ramp - 2 - j.
+                const int odd = ramp % 2, top = ramp - 1 - odd;
+                const int per_head = odd + pairs + (kRampWalk<kMask> ? w.m_blocks - ramp : 0);
+                const int k = unit % per_head;
+                head_batch = unit / per_head;
+                if (head_batch >= w.unit_heads) return false;   // past the last unit
+                if (k < odd) {   // the ramp's longest block
                     if (second) return false;
-                    m_block = w.m_blocks - 1;
-                } else {
+                    m_block = ramp - 1;
+                } else if (k - odd < pairs) {
                     const int j = k - odd;
                     m_block = second ? j : top - j;
+                } else {   // past the ramp: a unit of its own
+                    if (second) return false;
+                    m_block = ramp + (k - odd - pairs);
                 }
             } else {   // the snake over the heads left
                 const int left = p.heads * p.batch - w.unit_heads, at = pos - unit_positions;

@@ -7,10 +7,7 @@ set -uo pipefail
 : "${OUT:?}"
 source docs/hopper-h200/short_first/run_common.sh
 LA="d128_persistent_q2_la d192_persistent_n96_la_ot d192_persistent_n64s3_la_ot d256_persistent_n64_la_ot_sf"
-timeout 150 python3 -m attngen verify $(both $LA) > "$OUT/verify_la.txt" 2> "$OUT/verify_la.err"
-echo "verify rc=$?"; tail -1 "$OUT/verify_la.txt"
-timeout 150 python3 $D/walks_check.py $(bf $LA) > "$OUT/walks_la.txt" 2>&1
-echo "walks check rc=$?"; cat "$OUT/walks_la.txt" | head -12
+checked la $LA
 timeout 120 ncu --clock-control none --profile-from-start off -k 'regex:attngen' \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_active.min \
   --csv python3 $D/ncu_specs.py 8x16x640x128,8x16x640x192,8x16x640x256 \

@@ -8,10 +8,7 @@ set -uo pipefail
 : "${OUT:?}"
 source docs/hopper-h200/short_first/run_common.sh
 NEW="d128_persistent_q2_pm_la d192_persistent_n96_pm_la_ot d192_persistent_n64s3_pm_la_ot d256_persistent_n64_pm_la_ot_sf"
-timeout 150 python3 -m attngen verify $(both $NEW) > "$OUT/verify_pm_la.txt" 2> "$OUT/verify_pm_la.err"
-echo "verify rc=$?"; tail -1 "$OUT/verify_pm_la.txt"
-timeout 120 python3 $D/walks_check.py $(bf $NEW) > "$OUT/walks_pm_la.txt" 2>&1
-echo "walks check rc=$?"; head -8 "$OUT/walks_pm_la.txt"
+checked pm_la $NEW
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_verify.py -k "persistent_walks and pm_la" > "$OUT/walks_test.txt" 2>&1
 echo "walks test rc=$?"; tail -1 "$OUT/walks_test.txt"
 timeout 150 python3 docs/hopper-h200/own_in_turns/entry_check.py "$OUT/entry_check_pm_la.json" \
